@@ -1,0 +1,191 @@
+"""Typed configuration of a training run.
+
+The command line (``sparknet train``), the Spark trainer and the Spark ML ``Params`` all map
+onto these dataclasses instead of restating them. Each checks itself in ``__post_init__``;
+the docstring under each field is its ``--help`` text.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass, field, fields
+
+from sparknet.solvers import LRPolicy, SolverConfig, SolverType
+
+__all__ = ["Engine", "Strategy", "RunConfig", "DistributedConfig", "TrainConfig", "parse_enum"]
+
+
+def parse_enum(cls: type[enum.Enum], value, what: str):
+    """Accept an enum member or its value in any case; a clear ``ValueError`` otherwise."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).lower())
+    except ValueError:
+        raise ValueError(f"unknown {what} {value!r}; choose one of {[m.value for m in cls]}") from None
+
+
+class Engine(str, enum.Enum):
+    """Where training runs."""
+
+    LOCAL = "local"
+    """One process, no Spark."""
+    ROUNDS = "rounds"
+    """SparkNet's scheme: one Spark job per round, weights out by broadcast, back by aggregation."""
+    BARRIER = "barrier"
+    """One barrier stage whose tasks form a gloo process group and average by allreduce."""
+
+
+class Strategy(str, enum.Enum):
+    """How workers combine what they learn."""
+
+    AVERAGE = "average"
+    """SparkNet: tau local steps (or T seconds), then a sample-weighted average."""
+    SYNC = "sync"
+    """Gradients allreduced every step (large-batch SGD); barrier engine only."""
+    DILOCO = "diloco"
+    """Averaged parameter change as the gradient of a Nesterov outer step."""
+    EASGD = "easgd"
+    """Elastic averaging with a center variable."""
+    ASYNC = "async"
+    """Asynchronous pushes and pulls through a parameter server on the driver."""
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """What to train, on what, for how long (one process or many)."""
+
+    model: str = "lenet"
+    """Model zoo name (lenet, mlp, cifar_cnn, alexnet, char_lstm)."""
+    dataset: str = "mnist"
+    """Data set name (mnist, mnist-small, synthetic, shakespeare)."""
+    data: str | None = None
+    """Parquet file or folder with 'features' and 'label' columns (overrides --dataset)."""
+    steps: int = 10000
+    """Solver updates in all (per worker when training in parallel)."""
+    batch_size: int = 64
+    """Minibatch size of each worker."""
+    solver_type: SolverType = SolverType.SGD
+    """Update rule."""
+    lr: float = 0.01
+    """Base learning rate."""
+    momentum: float = 0.9
+    """Momentum (Adam's beta1)."""
+    weight_decay: float = 5e-4
+    """L2 weight decay."""
+    lr_policy: LRPolicy = LRPolicy.INV
+    """Learning-rate policy (Caffe's names, plus cosine)."""
+    gamma: float = 1e-4
+    """Policy factor (Caffe's LeNet solver: inv with gamma 1e-4, power 0.75)."""
+    power: float = 0.75
+    """Policy exponent."""
+    seed: int = 0
+    """Seed of the weights and of the data order."""
+    threads: int | None = None
+    """Torch threads per process (default: all cores in one process, 1 per Spark worker)."""
+    device: str = "cpu"
+    """cpu, cuda or auto."""
+    eval_every: int = 1000
+    """Steps between evaluations on the test set."""
+    metrics_out: str | None = None
+    """JSON-lines metrics file."""
+    quiet: bool = False
+    """No progress bar."""
+
+    def __post_init__(self):
+        self.solver_type = SolverType.parse(self.solver_type)
+        self.lr_policy = LRPolicy.parse(self.lr_policy)
+        if self.steps < 1:
+            raise ValueError(f"steps must be at least 1, got {self.steps}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch size must be at least 1, got {self.batch_size}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"learning rate must be a positive number, got {self.lr}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {self.threads}")
+        if self.eval_every < 1:
+            raise ValueError(f"eval_every must be at least 1, got {self.eval_every}")
+        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
+
+    def solver(self) -> SolverConfig:
+        """The solver these settings describe."""
+        return SolverConfig(type=self.solver_type, base_lr=self.lr, momentum=self.momentum,
+                            weight_decay=self.weight_decay, lr_policy=self.lr_policy, gamma=self.gamma,
+                            power=self.power, max_iter=self.steps)
+
+
+@dataclass(kw_only=True)
+class DistributedConfig:
+    """How training is spread over Spark workers."""
+
+    workers: int = 1
+    """Number of workers K (1 trains in one process without Spark)."""
+    engine: Engine = Engine.ROUNDS
+    """rounds or barrier (local when workers is 1)."""
+    strategy: Strategy = Strategy.AVERAGE
+    """How workers combine their work."""
+    tau: int | None = 50
+    """Local steps per round."""
+    round_seconds: float | None = None
+    """Seconds per round; a round ends after tau steps or this, whichever comes first."""
+    warmup_steps: int = 0
+    """Steps run on the driver before going parallel."""
+    rounds: int | None = None
+    """Stop after this many rounds (default: when --steps are used up)."""
+    epochs: float | None = None
+    """Stop after this many passes over the training data."""
+    target_accuracy: float | None = None
+    """Stop as soon as test accuracy reaches this."""
+    master: str | None = None
+    """Spark master URL (default local[K])."""
+    eval_every_rounds: int = 1
+    """Rounds between evaluations on the driver."""
+
+    def __post_init__(self):
+        self.engine = parse_enum(Engine, self.engine, "engine")
+        self.strategy = parse_enum(Strategy, self.strategy, "strategy")
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
+        if self.tau is not None and self.tau < 1:
+            raise ValueError(f"tau must be at least 1 (steps between synchronizations), got {self.tau}")
+        if self.round_seconds is not None and not self.round_seconds > 0:
+            raise ValueError(f"round_seconds must be positive, got {self.round_seconds}")
+        if self.tau is None and self.round_seconds is None:
+            raise ValueError("give tau, round_seconds, or both: a round needs an end")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be non-negative, got {self.warmup_steps}")
+        if self.rounds is not None and self.rounds < 1:
+            raise ValueError(f"rounds must be at least 1, got {self.rounds}")
+        if self.epochs is not None and not self.epochs > 0:
+            raise ValueError(f"epochs must be positive, got {self.epochs}")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ValueError(f"target_accuracy is a fraction in (0, 1], got {self.target_accuracy}")
+        if self.eval_every_rounds < 1:
+            raise ValueError(f"eval_every_rounds must be at least 1, got {self.eval_every_rounds}")
+        if self.strategy is Strategy.SYNC and self.engine is Engine.ROUNDS and self.workers > 1:
+            raise ValueError("the sync strategy allreduces gradients every step and needs --engine barrier")
+
+    @property
+    def resolved_master(self) -> str:
+        return self.master or f"local[{self.workers}]"
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Everything ``sparknet train`` takes."""
+
+    run: RunConfig = field(default_factory=RunConfig)
+    dist: DistributedConfig = field(default_factory=DistributedConfig)
+
+    def to_dict(self) -> dict:
+        def plain(v):
+            return v.value if isinstance(v, enum.Enum) else v
+
+        return {name: {k: plain(v) for k, v in asdict(part).items()} for name, part in (("run", self.run), ("dist", self.dist))}
+
+
+def config_fields(cls) -> list:
+    """The dataclass fields of a config class (for generating a command line)."""
+    return list(fields(cls))

@@ -1,0 +1,475 @@
+"""Net: the SparkNet API of Listing 1, in Python.
+
+>>> net = Net(zoo.lenet(), SolverConfig(base_lr=0.01))
+>>> net.set_training_data(mnist().train)
+>>> net.set_validation_data(mnist().test)
+>>> net.train(500)                       # doctest: +SKIP
+>>> net.test()                           # doctest: +SKIP
+0.981
+>>> w = net.get_weights(); net.set_weights(w)
+
+A ``Net`` wraps one model, its solver and its data. Data is turned into tensors once and
+kept in memory; ``train`` cycles through it, reshuffling every epoch. The same class runs
+on the driver (one process) and inside every Spark task.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sparknet.solvers import SolverConfig, build_optimizer, lr_multiplier
+from sparknet.weights import WeightCollection
+
+__all__ = ["Net", "TrainStats", "EvalResult", "resolve_device"]
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TrainStats:
+    """What one call of :meth:`Net.train` did."""
+
+    steps: int
+    """Optimizer updates made."""
+    samples: int
+    """Training samples processed."""
+    loss: float
+    """Mean training loss over those steps (NaN when no step ran)."""
+    last_loss: float
+    """Loss of the last step."""
+    wall_s: float
+    """Seconds spent."""
+    finite: bool = True
+    """False when a loss or a weight became NaN or infinite."""
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Loss and accuracy on validation data."""
+
+    loss: float
+    accuracy: float
+    samples: int
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """``"auto"`` means CUDA when available, else the CPU."""
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but torch sees no CUDA device; use --device cpu or auto")
+    return dev
+
+
+class _ModuleAdapter:
+    """Gives a plain ``torch.nn.Module`` and a loss the interface of a GraphModule."""
+
+    def __init__(self, module: torch.nn.Module, loss: LossFn | None):
+        self.module = module
+        self.loss_fn = loss if loss is not None else torch.nn.CrossEntropyLoss()
+
+    def loss(self, x, y):
+        out = self.module(x)
+        if isinstance(self.loss_fn, torch.nn.CrossEntropyLoss) and out.dim() == 3 and y.dim() == 2:
+            return self.loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1)), out
+        return self.loss_fn(out, y), out
+
+    def predict(self, x):
+        return self.module(x)
+
+    def layer_weights(self) -> OrderedDict:
+        out = OrderedDict((n, [p]) for n, p in self.module.named_parameters())
+        for n, b in self.module.named_buffers():
+            if b.is_floating_point():
+                out[n] = [b]
+        return out
+
+
+class _GraphAdapter:
+    """The same interface over a sparknet ``GraphModule``."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def loss(self, x, y):
+        return self.module.loss(x, y)
+
+    def predict(self, x):
+        return self.module(x)
+
+    def layer_weights(self) -> OrderedDict:
+        return self.module.layer_weights()
+
+
+def _is_netparams(obj) -> bool:
+    return type(obj).__name__ == "NetParams" and hasattr(obj, "build")
+
+
+def _is_graph_module(obj) -> bool:
+    return isinstance(obj, torch.nn.Module) and hasattr(obj, "loss") and hasattr(obj, "layer_weights")
+
+
+def _as_tensor(a, *, name: str) -> torch.Tensor:
+    if isinstance(a, torch.Tensor):
+        t = a
+    else:
+        arr = np.asarray(a)
+        if arr.dtype == object:
+            raise ValueError(f"{name} holds Python objects, not numbers")
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+    if t.dtype == torch.float64:
+        t = t.float()
+    elif t.dtype in (torch.int32, torch.int16, torch.int8, torch.uint8):
+        t = t.long()
+    return t
+
+
+def _collect(data, expected_label_ndim: int | None, batched: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Turn ``data`` (arrays pair, dataset with .x/.y, or iterable of samples/batches) into tensors."""
+    if hasattr(data, "x") and hasattr(data, "y"):
+        return _as_tensor(data.x, name="x"), _as_tensor(data.y, name="y")
+    if isinstance(data, tuple) and len(data) == 2 and all(hasattr(a, "shape") for a in data) and batched is not False:
+        x, y = _as_tensor(data[0], name="x"), _as_tensor(data[1], name="y")
+        if len(x) != len(y):
+            raise ValueError(f"features have {len(x)} rows but labels have {len(y)}")
+        return x, y
+    xs, ys = [], []
+    for item in data:
+        try:
+            x, y = item
+        except (TypeError, ValueError):
+            raise ValueError("training and validation data must yield (x, y) pairs") from None
+        xs.append(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+        ys.append(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
+    if not xs:
+        return torch.empty(0), torch.empty(0, dtype=torch.long)
+    if batched is None:
+        y0 = ys[0]
+        label_ndim = y0.ndim if hasattr(y0, "ndim") else 0
+        batched = label_ndim > (expected_label_ndim or 0)
+    if batched:
+        x = torch.cat([_as_tensor(a, name="x") for a in xs])
+        y = torch.cat([_as_tensor(a, name="y") for a in ys])
+    else:
+        x = _as_tensor(np.stack([np.asarray(a) for a in xs]), name="x")
+        y = _as_tensor(np.stack([np.asarray(a) for a in ys]), name="y")
+    if len(x) != len(y):
+        raise ValueError(f"features have {len(x)} rows but labels have {len(y)}")
+    return x, y
+
+
+def accuracy_count(pred: torch.Tensor, y: torch.Tensor) -> int:
+    """Number of correct arg-max predictions (class axis last, or axis 1 as in Caffe)."""
+    if pred.dim() == y.dim() + 1:
+        if pred.shape[:-1] == y.shape:
+            return int((pred.argmax(-1) == y).sum())
+        return int((pred.argmax(1) == y).sum())
+    if pred.dim() == y.dim() and pred.shape == y.shape:  # regression or binary outputs
+        return int(((pred > 0).long() == y.long()).sum())
+    raise ValueError(f"cannot compare predictions of shape {tuple(pred.shape)} with labels of shape {tuple(y.shape)}")
+
+
+class Net:
+    """One network, its solver and its data: SparkNet's ``Net`` (Listing 1).
+
+    Parameters
+    ----------
+    net : NetParams, GraphModule or torch.nn.Module
+        A layer-DSL definition (built here), an already built ``GraphModule``, or any
+        module whose ``forward(x)`` returns predictions.
+    solver : SolverConfig, optional
+        The update rule and learning-rate policy (default: SGD, lr 0.01, momentum 0.9).
+    loss : callable, optional
+        ``loss(prediction, y) -> scalar`` for a plain module (default: cross entropy).
+        A NetParams net carries its own loss layers.
+    batch_size : int, optional
+        Training minibatch size; defaults to the batch dimension of the net's first input
+        layer, else 64.
+    device : str or torch.device
+        ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or ``"auto"``.
+    seed : int, optional
+        Seeds the weight initialisation and the data shuffling.
+    """
+
+    def __init__(self, net, solver: SolverConfig | None = None, *, loss: LossFn | None = None,
+                 batch_size: int | None = None, device: str | torch.device = "cpu", seed: int | None = None):
+        self.device = resolve_device(device)
+        self.solver = solver or SolverConfig()
+        self.seed = seed
+        label_ndim = 0
+        if _is_netparams(net):
+            default_batch = _first_input_batch(net)
+            label_ndim = _label_sample_ndim(net)
+            if seed is not None:
+                module = net.build(seed=seed)
+            else:
+                module = net.build()
+            self.net_params = net
+        else:
+            self.net_params = None
+            default_batch = None
+            module = net
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"Net takes NetParams or a torch.nn.Module, got {type(net).__name__}")
+        if _is_graph_module(module):
+            if loss is not None:
+                raise ValueError("a NetParams net carries its own loss layers; do not pass loss=")
+            self._model = _GraphAdapter(module)
+            if self.net_params is None:
+                label_ndim = _label_sample_ndim(getattr(module, "net_params", None))
+        else:
+            self._model = _ModuleAdapter(module, loss)
+        self.module = module.to(self.device)
+        self._label_ndim = label_ndim
+        self.batch_size = int(batch_size or default_batch or 64)
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {self.batch_size}")
+        self.optimizer, self.scheduler = build_optimizer(module, self.solver)
+        self.iteration = 0
+        self._live = WeightCollection(self._model.layer_weights())
+        self._gen = torch.Generator().manual_seed(seed if seed is not None else torch.initial_seed() % (2**31))
+        self._train: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._val: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._shuffle = True
+        self._perm: torch.Tensor | None = None
+        self._pos = 0
+        self.epoch = 0
+
+    # -- data ------------------------------------------------------------------------------
+    def set_training_data(self, data, *, batch_size: int | None = None, shuffle: bool = True,
+                          batched: bool | None = None) -> None:
+        """Give the net its training data.
+
+        Parameters
+        ----------
+        data : ArrayDataset, (x, y) arrays, or iterable of (x, y)
+            Samples or whole batches (told apart by the label's rank, or by ``batched``).
+            Everything is turned into tensors once and kept in memory.
+        batch_size : int, optional
+            Overrides the net's minibatch size.
+        shuffle : bool
+            Reshuffle at the start of every epoch.
+        """
+        x, y = _collect(data, self._label_ndim, batched)
+        if len(x) == 0:
+            raise ValueError("training data is empty")
+        self._train = (x.to(self.device), y.to(self.device))
+        if batch_size is not None:
+            if batch_size < 1:
+                raise ValueError(f"batch_size must be positive, got {batch_size}")
+            self.batch_size = int(batch_size)
+        self._shuffle = shuffle
+        self._perm, self._pos, self.epoch = None, 0, 0
+
+    def set_validation_data(self, data, *, batched: bool | None = None) -> None:
+        """Give the net the data :meth:`test` measures accuracy on."""
+        x, y = _collect(data, self._label_ndim, batched)
+        if len(x) == 0:
+            raise ValueError("validation data is empty")
+        self._val = (x, y)
+
+    @property
+    def num_training_samples(self) -> int:
+        return 0 if self._train is None else len(self._train[0])
+
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self._train
+        n = len(x)
+        b = min(self.batch_size, n)
+        if self._perm is None or self._pos + b > n:
+            if self._perm is not None:
+                self.epoch += 1
+            self._perm = torch.randperm(n, generator=self._gen) if self._shuffle else torch.arange(n)
+            self._perm = self._perm.to(x.device)
+            self._pos = 0
+        idx = self._perm[self._pos:self._pos + b]
+        self._pos += b
+        return x.index_select(0, idx), y.index_select(0, idx)
+
+    # -- training --------------------------------------------------------------------------
+    def train(self, num_steps: int, max_seconds: float | None = None,
+              after_backward: Callable[[Net], None] | None = None) -> TrainStats:
+        """Run up to ``num_steps`` solver updates, or until ``max_seconds`` pass.
+
+        With a time budget at least one update runs. ``after_backward`` is called after
+        each update's gradients are computed and before the optimizer steps (a strategy
+        may allreduce gradients there).
+        """
+        if self._train is None:
+            raise ValueError("no training data: call set_training_data() first")
+        if num_steps < 0:
+            raise ValueError(f"num_steps must be non-negative, got {num_steps}")
+        module, opt, sched = self.module, self.optimizer, self.scheduler
+        iter_size = self.solver.iter_size
+        clip = self.solver.clip_gradients
+        module.train()
+        t0 = time.perf_counter()
+        deadline = None if max_seconds is None else t0 + max_seconds
+        steps = samples = 0
+        loss_sum = 0.0
+        last = math.nan
+        finite = True
+        for _ in range(num_steps):
+            if deadline is not None and steps and time.perf_counter() >= deadline:
+                break
+            opt.zero_grad(set_to_none=True)
+            step_loss = 0.0
+            for _ in range(iter_size):
+                xb, yb = self._next_batch()
+                loss, _ = self._model.loss(xb, yb)
+                (loss / iter_size if iter_size > 1 else loss).backward()
+                step_loss += loss.item()
+                samples += len(xb)
+            step_loss /= iter_size
+            if not math.isfinite(step_loss):
+                finite = False
+            if after_backward is not None:
+                after_backward(self)
+            if clip > 0:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+            opt.step()
+            sched.step()
+            self.iteration += 1
+            steps += 1
+            loss_sum += step_loss
+            last = step_loss
+        wall = time.perf_counter() - t0
+        return TrainStats(steps=steps, samples=samples, loss=loss_sum / steps if steps else math.nan,
+                          last_loss=last, wall_s=wall, finite=finite)
+
+    step = train  # Listing 3 spells it net.step(50)
+
+    def set_iteration(self, iteration: int) -> None:
+        """Move the solver's iteration counter (and so its learning rate) to ``iteration``."""
+        self.iteration = int(iteration)
+        self.scheduler.last_epoch = self.iteration
+        for group, base in zip(self.optimizer.param_groups, self.scheduler.base_lrs):
+            group["lr"] = base * lr_multiplier(self.solver, self.iteration)
+
+    @property
+    def learning_rate(self) -> float:
+        """The current learning rate of the first parameter group."""
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # -- evaluation ------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate(self, data=None, num_steps: int | None = None, batch_size: int = 1000) -> EvalResult:
+        """Mean loss and accuracy on the validation data (or on ``data``)."""
+        if data is not None:
+            x, y = _collect(data, self._label_ndim, None)
+        elif self._val is not None:
+            x, y = self._val
+        else:
+            raise ValueError("no validation data: call set_validation_data() first")
+        was_training = self.module.training
+        self.module.eval()
+        n = len(x) if num_steps is None else min(len(x), num_steps * batch_size)
+        correct = 0
+        loss_sum = 0.0
+        try:
+            for start in range(0, n, batch_size):
+                xb = x[start:start + batch_size].to(self.device)
+                yb = y[start:start + batch_size].to(self.device)
+                loss, pred = self._model.loss(xb, yb)
+                loss_sum += loss.item() * len(xb)
+                correct += accuracy_count(pred, yb)
+        finally:
+            self.module.train(was_training)
+        per_sample = y[0].numel() if len(y) else 1
+        return EvalResult(loss=loss_sum / max(n, 1), accuracy=correct / max(n * per_sample, 1), samples=n)
+
+    def test(self, num_steps: int | None = None) -> float:
+        """Accuracy on the validation data: all of it, or ``num_steps`` batches of 1000."""
+        return self.evaluate(num_steps=num_steps).accuracy
+
+    @torch.no_grad()
+    def predict(self, x) -> torch.Tensor:
+        """The net's prediction blob (logits) for a batch of features."""
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            return self._model.predict(_as_tensor(x, name="x").to(self.device))
+        finally:
+            self.module.train(was_training)
+
+    # -- weights ---------------------------------------------------------------------------
+    def get_weights(self) -> WeightCollection:
+        """A copy of the weights, keyed by layer name (or module parameter name)."""
+        return self._live.clone().to("cpu")
+
+    def set_weights(self, weights: WeightCollection) -> None:
+        """Overwrite the weights in place (the solver's momentum is kept)."""
+        weights.copy_into(self._live)
+
+    @property
+    def weights(self) -> WeightCollection:
+        """The live tensors (no copy): what engines flatten and load in place."""
+        return self._live
+
+    def get_flat(self) -> torch.Tensor:
+        """All weights as one float32 CPU buffer."""
+        return self._live.to_flat(torch.float32).cpu()
+
+    def set_flat(self, buffer: torch.Tensor) -> None:
+        """Load weights from one flat buffer made by :meth:`get_flat`."""
+        self._live.load_flat_(buffer.to(self.device))
+
+    # -- state for checkpoints --------------------------------------------------------------
+    def solver_state(self) -> dict:
+        """Optimizer, scheduler, iteration and data position (for checkpoints)."""
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "iteration": self.iteration,
+            "epoch": self.epoch,
+            "pos": self._pos,
+            "perm": None if self._perm is None else self._perm.cpu(),
+            "generator": self._gen.get_state(),
+        }
+
+    def load_solver_state(self, state: dict) -> None:
+        """Restore what :meth:`solver_state` returned."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.set_iteration(state["iteration"])
+        self.epoch, self._pos = state["epoch"], state["pos"]
+        self._perm = None if state["perm"] is None else state["perm"].to(self.device)
+        self._gen.set_state(state["generator"])
+
+    def reset_optimizer(self) -> None:
+        """Forget momentum and other solver history."""
+        self.optimizer.state.clear()
+
+    def __repr__(self) -> str:
+        return (f"Net({type(self.module).__name__}, solver={self.solver.type.value}, "
+                f"batch_size={self.batch_size}, device={self.device}, params={self._live.numel:,})")
+
+
+def _first_input_batch(net_params) -> int | None:
+    for layer in net_params.layers:
+        shape = getattr(layer, "shape", None)
+        if shape:
+            return int(shape[0])
+    return None
+
+
+def _label_sample_ndim(net_params) -> int:
+    """Rank of one label sample (0 for class labels, 1 for sequences), from the DSL inputs."""
+    if net_params is None:
+        return 0
+    inputs = [layer for layer in net_params.layers if getattr(layer, "shape", None)]
+    if len(inputs) < 2:
+        return 0
+    shape = list(inputs[1].shape)
+    while len(shape) > 1 and shape[-1] == 1:
+        shape.pop()
+    return len(shape) - 1

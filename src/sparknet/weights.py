@@ -1,0 +1,328 @@
+"""WeightCollection: an ordered map from layer name to that layer's tensors.
+
+This is SparkNet's unit of communication. A driver broadcasts one, workers train from it
+and send one back, and the driver averages them. Arithmetic works layer by layer; for the
+wire, :meth:`WeightCollection.to_flat` packs every tensor into one contiguous buffer and
+:meth:`WeightCollection.from_flat` unpacks it again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from os import PathLike
+
+import torch
+
+__all__ = ["WeightCollection"]
+
+
+class WeightCollection(Mapping[str, list[torch.Tensor]]):
+    """An ordered map from layer name to the list of that layer's tensors.
+
+    Parameters
+    ----------
+    layers : mapping or iterable of (name, tensors) pairs
+        Each value is a sequence of tensors (a layer's weight, bias, running statistics).
+        The tensors are kept as given (no copy); use :meth:`clone` for an independent copy.
+
+    Examples
+    --------
+    >>> a = WeightCollection({"ip": [torch.ones(2, 2), torch.zeros(2)]})
+    >>> b = (a + a) / 2
+    >>> b.allclose(a)
+    True
+    """
+
+    __slots__ = ("_layers",)
+
+    def __init__(self, layers: Mapping[str, Sequence[torch.Tensor]] | Iterable = ()):
+        items = layers.items() if isinstance(layers, Mapping) else layers
+        self._layers: OrderedDict[str, list[torch.Tensor]] = OrderedDict()
+        for name, tensors in items:
+            if not isinstance(name, str):
+                raise TypeError(f"layer names must be str, got {type(name).__name__}")
+            if isinstance(tensors, torch.Tensor):
+                tensors = [tensors]
+            tensors = list(tensors)
+            for i, t in enumerate(tensors):
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError(f"layer {name!r} tensor {i} is a {type(t).__name__}, not a torch.Tensor")
+            self._layers[name] = tensors
+
+    # -- Mapping ---------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> list[torch.Tensor]:
+        return self._layers[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._layers)
+
+    def __len__(self) -> int:
+        return len(self._layers)
+
+    def __repr__(self) -> str:
+        parts = ", ".join(
+            f"{name}: [{', '.join('x'.join(map(str, t.shape)) or 'scalar' for t in ts)}]"
+            for name, ts in self._layers.items()
+        )
+        return f"WeightCollection({parts})"
+
+    def tensors(self) -> Iterator[tuple[str, int, torch.Tensor]]:
+        """Yield ``(layer, index, tensor)`` in order."""
+        for name, ts in self._layers.items():
+            for i, t in enumerate(ts):
+                yield name, i, t
+
+    # -- sizes -----------------------------------------------------------------------------
+    @property
+    def numel(self) -> int:
+        """Number of elements across all tensors."""
+        return sum(t.numel() for _, _, t in self.tensors())
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the tensors occupy (and the size of :meth:`to_flat`'s buffer)."""
+        return sum(t.numel() * t.element_size() for _, _, t in self.tensors())
+
+    # -- checks ----------------------------------------------------------------------------
+    def check_compatible(self, other: WeightCollection) -> None:
+        """Raise ``ValueError`` naming the first layer or tensor where ``other`` differs."""
+        if not isinstance(other, WeightCollection):
+            raise TypeError(f"expected a WeightCollection, got {type(other).__name__}")
+        mine, theirs = list(self._layers), list(other._layers)
+        if mine != theirs:
+            for i, (a, b) in enumerate(zip(mine, theirs)):
+                if a != b:
+                    raise ValueError(f"layer names differ at position {i}: {a!r} vs {b!r}")
+            extra = mine[len(theirs):] or theirs[len(mine):]
+            raise ValueError(f"layer {extra[0]!r} is in one collection only")
+        for name in mine:
+            a_ts, b_ts = self._layers[name], other._layers[name]
+            if len(a_ts) != len(b_ts):
+                raise ValueError(f"layer {name!r} has {len(a_ts)} tensors in one collection and {len(b_ts)} in the other")
+            for i, (a, b) in enumerate(zip(a_ts, b_ts)):
+                if a.shape != b.shape:
+                    raise ValueError(f"layer {name!r} tensor {i}: shape {tuple(a.shape)} vs {tuple(b.shape)}")
+                if a.dtype != b.dtype:
+                    raise ValueError(f"layer {name!r} tensor {i}: dtype {a.dtype} vs {b.dtype}")
+
+    # -- arithmetic ------------------------------------------------------------------------
+    def _zip(self, other: WeightCollection, op) -> WeightCollection:
+        self.check_compatible(other)
+        return WeightCollection(
+            (name, [op(a, b) for a, b in zip(ts, other._layers[name])]) for name, ts in self._layers.items()
+        )
+
+    def _map(self, op) -> WeightCollection:
+        return WeightCollection((name, [op(t) for t in ts]) for name, ts in self._layers.items())
+
+    def __add__(self, other: WeightCollection) -> WeightCollection:
+        return self._zip(other, torch.add)
+
+    def __sub__(self, other: WeightCollection) -> WeightCollection:
+        return self._zip(other, torch.sub)
+
+    def __mul__(self, scalar: float) -> WeightCollection:
+        _check_scalar(scalar)
+        return self._map(lambda t: t * scalar)
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, scalar: float) -> WeightCollection:
+        _check_scalar(scalar)
+        if scalar == 0:
+            raise ZeroDivisionError("division of a WeightCollection by zero")
+        return self._map(lambda t: t / scalar)
+
+    def __neg__(self) -> WeightCollection:
+        return self._map(torch.neg)
+
+    def clone(self) -> WeightCollection:
+        """A deep copy, detached from autograd."""
+        return self._map(lambda t: t.detach().clone())
+
+    def zeros_like(self) -> WeightCollection:
+        """A collection of the same layout filled with zeros."""
+        return self._map(torch.zeros_like)
+
+    def to(self, *args, **kwargs) -> WeightCollection:
+        """Apply ``Tensor.to`` to every tensor (device or dtype)."""
+        return self._map(lambda t: t.to(*args, **kwargs))
+
+    def copy_into(self, target: WeightCollection) -> None:
+        """Copy these values into ``target``'s tensors in place, casting dtypes if needed."""
+        self._check_layout(target)
+        with torch.no_grad():
+            for (_, _, src), (_, _, dst) in zip(self.tensors(), target.tensors()):
+                dst.copy_(src)
+
+    def _check_layout(self, other: WeightCollection) -> None:
+        # Names and shapes, not dtypes: values are cast on copy.
+        mine, theirs = list(self.tensors()), list(other.tensors())
+        for (n1, i1, a), (n2, i2, b) in zip(mine, theirs):
+            if (n1, i1) != (n2, i2) or a.shape != b.shape:
+                raise ValueError(f"layer {n1!r} tensor {i1} {tuple(a.shape)} does not match {n2!r} tensor {i2} {tuple(b.shape)}")
+        if len(mine) != len(theirs):
+            raise ValueError(f"collections hold {len(mine)} and {len(theirs)} tensors")
+
+    @staticmethod
+    def mean(collections: Sequence[WeightCollection], weights: Sequence[float] | None = None) -> WeightCollection:
+        """The (weighted) mean of several collections.
+
+        Parameters
+        ----------
+        collections : sequence of WeightCollection
+            All with the same layer names, shapes and dtypes.
+        weights : sequence of float, optional
+            Non-negative weights (for SparkNet: the samples each worker processed). They need
+            not sum to one; they are normalised. Equal weights when omitted.
+        """
+        collections = list(collections)
+        if not collections:
+            raise ValueError("mean of no WeightCollections")
+        if weights is None:
+            weights = [1.0] * len(collections)
+        weights = [float(w) for w in weights]
+        if len(weights) != len(collections):
+            raise ValueError(f"{len(weights)} weights for {len(collections)} collections")
+        if any(w < 0 or not math.isfinite(w) for w in weights):
+            raise ValueError(f"weights must be finite and non-negative, got {weights}")
+        total = sum(weights)
+        if total <= 0:
+            raise ValueError("weights sum to zero: nothing to average")
+        first = collections[0]
+        for other in collections[1:]:
+            first.check_compatible(other)
+        out = []
+        for name, ts in first._layers.items():
+            layer = []
+            for i, t in enumerate(ts):
+                acc = torch.zeros_like(t, dtype=torch.float64 if t.is_floating_point() else t.dtype)
+                if t.is_floating_point():
+                    for c, w in zip(collections, weights):
+                        acc.add_(c._layers[name][i].to(torch.float64), alpha=w / total)
+                    layer.append(acc.to(t.dtype))
+                else:
+                    # Integer tensors (counters) cannot be averaged meaningfully: keep the largest.
+                    layer.append(torch.stack([c._layers[name][i] for c in collections]).max(dim=0).values)
+            out.append((name, layer))
+        return WeightCollection(out)
+
+    def allclose(self, other: WeightCollection, rtol: float = 1e-5, atol: float = 1e-8) -> bool:
+        """Whether every tensor is close to its counterpart (layouts must match)."""
+        self.check_compatible(other)
+        return all(torch.allclose(a, b, rtol=rtol, atol=atol) for (_, _, a), (_, _, b) in zip(self.tensors(), other.tensors()))
+
+    def max_abs_diff(self, other: WeightCollection) -> float:
+        """Largest absolute element-wise difference."""
+        self.check_compatible(other)
+        diffs = [(a - b).abs().max().item() for (_, _, a), (_, _, b) in zip(self.tensors(), other.tensors()) if a.numel()]
+        return max(diffs, default=0.0)
+
+    def is_finite(self) -> bool:
+        """Whether no tensor holds NaN or infinity."""
+        return all(bool(torch.isfinite(t).all()) for _, _, t in self.tensors() if t.is_floating_point())
+
+    # -- flat buffers ----------------------------------------------------------------------
+    def to_flat(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """All tensors, in order, packed into one contiguous 1-D tensor.
+
+        Parameters
+        ----------
+        dtype : torch.dtype, optional
+            The buffer's dtype. By default the common dtype of the tensors; a collection of
+            mixed dtypes needs an explicit one.
+        """
+        ts = [t for _, _, t in self.tensors()]
+        if dtype is None:
+            dtypes = {t.dtype for t in ts}
+            if len(dtypes) > 1:
+                raise ValueError(f"tensors have several dtypes {sorted(map(str, dtypes))}; pass dtype=")
+            dtype = dtypes.pop() if dtypes else torch.float32
+        if not ts:
+            return torch.empty(0, dtype=dtype)
+        return torch.cat([t.detach().reshape(-1).to(dtype) for t in ts])
+
+    @staticmethod
+    def from_flat(buffer: torch.Tensor, like: WeightCollection) -> WeightCollection:
+        """Unpack a buffer made by :meth:`to_flat` into the layout of ``like``.
+
+        The result's tensors take ``like``'s dtypes. A buffer of the wrong size raises
+        ``ValueError``.
+        """
+        if buffer.dim() != 1:
+            raise ValueError(f"a flat buffer is 1-D, got shape {tuple(buffer.shape)}")
+        if buffer.numel() != like.numel:
+            raise ValueError(f"buffer has {buffer.numel()} elements but the layout needs {like.numel}")
+        out, offset = [], 0
+        for name, ts in like._layers.items():
+            layer = []
+            for t in ts:
+                n = t.numel()
+                layer.append(buffer[offset:offset + n].view(t.shape).to(t.dtype).clone())
+                offset += n
+            out.append((name, layer))
+        return WeightCollection(out)
+
+    def load_flat_(self, buffer: torch.Tensor) -> None:
+        """Copy a flat buffer's values into these tensors in place."""
+        if buffer.numel() != self.numel:
+            raise ValueError(f"buffer has {buffer.numel()} elements but the layout needs {self.numel}")
+        offset = 0
+        with torch.no_grad():
+            for _, _, t in self.tensors():
+                n = t.numel()
+                t.copy_(buffer[offset:offset + n].view(t.shape))
+                offset += n
+
+    # -- files -----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Flat ``{"layer/index": tensor}`` dictionary (contiguous copies), for safetensors."""
+        # A layer name may itself hold "/": the index is always the part after the last one.
+        return {f"{name}/{i}": t.detach().contiguous().clone() for name, i, t in self.tensors()}
+
+    @staticmethod
+    def from_state_dict(state: Mapping[str, torch.Tensor], order: Sequence[str] | None = None) -> WeightCollection:
+        """Inverse of :meth:`state_dict`. ``order`` gives the layer order (default: as stored)."""
+        layers: OrderedDict[str, dict[int, torch.Tensor]] = OrderedDict()
+        for key, t in state.items():
+            name, sep, idx = key.rpartition("/")
+            if not sep or not idx.isdigit():
+                raise ValueError(f"key {key!r} is not of the form 'layer/index'")
+            layers.setdefault(name, {})[int(idx)] = t
+        names = list(order) if order is not None else list(layers)
+        out = []
+        for name in names:
+            if name not in layers:
+                raise ValueError(f"layer {name!r} missing from the stored weights")
+            by_idx = layers[name]
+            if sorted(by_idx) != list(range(len(by_idx))):
+                raise ValueError(f"layer {name!r} has tensor indices {sorted(by_idx)}")
+            out.append((name, [by_idx[i] for i in range(len(by_idx))]))
+        return WeightCollection(out)
+
+    def save(self, path: str | PathLike, metadata: Mapping[str, str] | None = None) -> None:
+        """Write to a safetensors file (layer order kept in the metadata)."""
+        from safetensors.torch import save_file
+
+        meta = {"sparknet.layers": "\n".join(self._layers)}
+        if metadata:
+            meta.update({str(k): str(v) for k, v in metadata.items()})
+        save_file(self.state_dict(), str(path), metadata=meta)
+
+    @staticmethod
+    def load(path: str | PathLike) -> WeightCollection:
+        """Read a file written by :meth:`save`."""
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}
+        order = meta.get("sparknet.layers")
+        return WeightCollection.from_state_dict(state, order.split("\n") if order else None)
+
+
+def _check_scalar(value) -> None:
+    if isinstance(value, (WeightCollection, torch.Tensor)) or not isinstance(value, (int, float)):
+        raise TypeError(f"a WeightCollection is scaled by a Python number, got {type(value).__name__}")
