@@ -1,0 +1,344 @@
+"""Caffe solver prototxt -> :class:`CaffeSolver` (a :class:`~sparknet.solvers.SolverConfig` plus
+Caffe's own run settings).
+
+>>> solver = load_solver_prototxt("mnist/lenet_solver.prototxt")      # doctest: +SKIP
+>>> solver.config.type, solver.config.lr_policy                       # doctest: +SKIP
+(<SolverType.SGD: 'sgd'>, <LRPolicy.INV: 'inv'>)
+>>> train_net = solver.load_net("TRAIN")                              # doctest: +SKIP
+
+Every solver type is read from the current ``type: "Adam"`` string and from the legacy
+``solver_type: ADAM`` enum; every learning-rate policy; ``momentum``, ``momentum2``,
+``delta``, ``rms_decay``, ``weight_decay``, ``regularization_type``, ``iter_size``,
+``max_iter``, ``clip_gradients``; and the settings only a Caffe run has (``net``,
+``test_iter``, ``test_interval``, ``display``, ``snapshot``, ``random_seed``, ...), which
+live on :class:`CaffeSolver` beside the ``SolverConfig``.
+
+The ``net:`` path in BVLC files is relative to Caffe's source root (``examples/mnist/...``).
+:func:`resolve_net_path` looks for it next to the solver file, then in the solver's parent
+folders, trying the path and then its shorter tails (``mnist/x``, ``x``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sparknet.caffe import _schema
+from sparknet.caffe.prototxt import PrototxtError, parse_text, read_text
+from sparknet.solvers import LRPolicy, SolverConfig, SolverType
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sparknet.caffe.prototxt import CaffeNet, DataBinding
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CaffeSolver", "NetStateSpec", "load_solver_prototxt", "resolve_net_path"]
+
+# Caffe's solver type strings (its registry names), and the legacy enum.
+_SOLVER_TYPES = {
+    "sgd": SolverType.SGD,
+    "nesterov": SolverType.NESTEROV,
+    "adagrad": SolverType.ADAGRAD,
+    "rmsprop": SolverType.RMSPROP,
+    "adadelta": SolverType.ADADELTA,
+    "adam": SolverType.ADAM,
+    "adamw": SolverType.ADAMW,
+}
+_LEGACY_SOLVER_TYPES = {
+    "SGD": SolverType.SGD,
+    "NESTEROV": SolverType.NESTEROV,
+    "ADAGRAD": SolverType.ADAGRAD,
+    "RMSPROP": SolverType.RMSPROP,
+    "ADADELTA": SolverType.ADADELTA,
+    "ADAM": SolverType.ADAM,
+}
+
+
+@dataclass(frozen=True)
+class NetStateSpec:
+    """A Caffe ``NetState``: the phase, level and stages a train or test net is built with."""
+
+    phase: str = "TEST"
+    """``"TRAIN"`` or ``"TEST"``."""
+    level: int = 0
+    """Caffe's net level (matched against a rule's ``min_level``/``max_level``)."""
+    stages: tuple[str, ...] = ()
+    """Stages (matched against a rule's ``stage``/``not_stage``)."""
+
+
+@dataclass(kw_only=True)
+class CaffeSolver:
+    """A parsed Caffe solver: the optimisation settings and Caffe's run settings.
+
+    Iteration counts (``test_interval``, ``display``, ``snapshot``, ``max_iter``) are in
+    Caffe's unit, optimizer updates; each update sees ``iter_size`` minibatches.
+    """
+
+    config: SolverConfig
+    """The update rule and learning-rate policy, for :func:`sparknet.solvers.build_optimizer`."""
+    net: str | None = None
+    """The ``net:`` (or ``train_net:``) path exactly as the file says it."""
+    net_path: Path | None = None
+    """``net`` resolved to a file that exists (see :func:`resolve_net_path`), else ``None``."""
+    net_text: str | None = None
+    """An inline ``net_param``/``train_net_param``, as prototxt text, when the solver has one."""
+    test_nets: tuple[str, ...] = ()
+    """Separate ``test_net:`` paths, as written (rare; most files use one ``net``)."""
+    train_state: NetStateSpec = field(default_factory=lambda: NetStateSpec("TRAIN"))
+    """State the training net is built with."""
+    test_states: tuple[NetStateSpec, ...] = ()
+    """One state per test net (``test_state``); empty means one plain TEST net."""
+    test_iter: tuple[int, ...] = ()
+    """Test batches per test net, one entry per test net."""
+    test_interval: int = 0
+    """Updates between tests (0: never)."""
+    test_compute_loss: bool = False
+    test_initialization: bool = True
+    """Run a test before the first update."""
+    display: int = 0
+    """Updates between progress lines (0: none)."""
+    average_loss: int = 1
+    """Displayed loss is averaged over this many updates."""
+    snapshot: int = 0
+    """Updates between snapshots (0: only at the end when ``snapshot_after_train``)."""
+    snapshot_prefix: str | None = None
+    snapshot_format: str = "BINARYPROTO"
+    snapshot_after_train: bool = True
+    random_seed: int | None = None
+    """Seed for initialisation and shuffling; ``None`` when the file leaves it at -1."""
+    solver_mode: str = "GPU"
+    device_id: int = 0
+    weights: tuple[str, ...] = ()
+    """``weights:`` .caffemodel files to fine-tune from."""
+    source_path: Path | None = None
+    """The solver file, when it was read from one."""
+
+    @property
+    def test_plan(self) -> list[tuple[NetStateSpec, int]]:
+        """``(state, test_iter)`` for each test net Caffe would run."""
+        states = self.test_states or (NetStateSpec("TEST"),)
+        if not self.test_iter:
+            return []
+        if len(self.test_iter) != len(states):
+            raise ValueError(
+                f"{self.source_path or '<text>'}: {len(self.test_iter)} test_iter values for {len(states)} test nets"
+            )
+        return list(zip(states, self.test_iter))
+
+    def load_net(
+        self,
+        phase: str = "TRAIN",
+        *,
+        stages: tuple[str, ...] | None = None,
+        level: int | None = None,
+        sources: dict[str, DataBinding | str] | None = None,
+        net: str | os.PathLike | None = None,
+    ) -> CaffeNet:
+        """Load the solver's net for ``phase``.
+
+        Parameters
+        ----------
+        phase : {"TRAIN", "TEST"}
+        stages, level : optional
+            The net state; defaults come from ``train_state`` (TRAIN) or the first
+            ``test_state`` (TEST), as Caffe does.
+        sources : dict, optional
+            Data source bindings, passed to :func:`~sparknet.caffe.load_net_prototxt`.
+        net : path, optional
+            Use this net file instead of the solver's ``net``.
+        """
+        from sparknet.caffe.prototxt import load_net_prototxt
+
+        phase = phase.upper()
+        if phase == "TRAIN":
+            state = self.train_state
+        else:
+            state = self.test_states[0] if self.test_states else NetStateSpec("TEST")
+        stages = tuple(state.stages) if stages is None else tuple(stages)
+        level = state.level if level is None else level
+        if net is not None:
+            target: Any = net
+        elif self.net_path is not None:
+            target = self.net_path
+        elif self.net_text is not None:
+            target = self.net_text
+        else:
+            raise FileNotFoundError(
+                f"{self.source_path or '<text>'}: the solver's net {self.net!r} was not found next to the "
+                "solver or in its parent folders; pass net=PATH"
+            )
+        return load_net_prototxt(target, phase=phase, stages=stages, level=level, sources=sources)
+
+
+def resolve_net_path(net: str, solver_path: Path | None) -> Path | None:
+    """Find the file a solver's ``net:`` names.
+
+    Tries, in order: an absolute path; ``net`` relative to the solver's folder and each of
+    its parent folders; the same for the shorter tails of ``net`` (``examples/mnist/x`` ->
+    ``mnist/x`` -> ``x``); finally the working directory (Caffe's own rule).
+    Returns ``None`` when nothing exists.
+    """
+    candidate = Path(net)
+    if candidate.is_absolute():
+        return candidate if candidate.is_file() else None
+    folders: list[Path] = []
+    if solver_path is not None:
+        start = solver_path.resolve().parent
+        folders = [start, *start.parents]
+    parts = candidate.parts
+    for i in range(len(parts)):
+        tail = Path(*parts[i:])
+        for folder in folders:
+            if (folder / tail).is_file():
+                return folder / tail
+    if candidate.is_file():
+        return candidate.resolve()
+    return None
+
+
+def _f(value: float) -> float:
+    """A float32 field as the shortest decimal that reads back to it (0.9, not 0.8999999761)."""
+    return float(str(np.float32(value)))
+
+
+def _state(msg: Any, default_phase: str) -> NetStateSpec:
+    phase = _schema.SolverParameter.DESCRIPTOR.file.pool.FindEnumTypeByName("caffe.Phase")
+    name = phase.values_by_number[msg.phase].name if msg.HasField("phase") else default_phase
+    return NetStateSpec(phase=name, level=int(msg.level), stages=tuple(msg.stage))
+
+
+def _solver_type(msg: Any, where: str) -> SolverType:
+    legacy = None
+    if msg.HasField("solver_type"):
+        enum = msg.DESCRIPTOR.fields_by_name["solver_type"].enum_type
+        legacy = _LEGACY_SOLVER_TYPES[enum.values_by_number[msg.solver_type].name]
+    if msg.HasField("type"):
+        key = msg.type.strip().lower()
+        if key not in _SOLVER_TYPES:
+            raise PrototxtError(
+                f"{where}: unknown solver type {msg.type!r}; Caffe's are SGD, Nesterov, AdaGrad, RMSProp, "
+                "AdaDelta, Adam",
+                path=where,
+            )
+        current = _SOLVER_TYPES[key]
+        if legacy is not None and legacy is not current:
+            raise PrototxtError(
+                f"{where}: type {msg.type!r} and solver_type {legacy.name} disagree; keep one", path=where
+            )
+        return current
+    return legacy if legacy is not None else SolverType.SGD
+
+
+def load_solver_prototxt(
+    path_or_text: str | os.PathLike, *, net: str | os.PathLike | None = None
+) -> CaffeSolver:
+    """Parse a Caffe solver prototxt.
+
+    Parameters
+    ----------
+    path_or_text : str or path
+        The solver file, or its text.
+    net : path, optional
+        Overrides the file's ``net:`` (the path is used as given).
+
+    Returns
+    -------
+    CaffeSolver
+
+    Raises
+    ------
+    PrototxtError
+        A syntax error (naming the file, line and column), an unknown solver type or
+        learning-rate policy, or values ``SolverConfig`` rejects (naming the file).
+    """
+    text, path, where = read_text(path_or_text)
+    msg = parse_text(text, _schema.SolverParameter(), where)
+
+    solver_type = _solver_type(msg, where)
+    policy_name = msg.lr_policy.strip().lower() if msg.HasField("lr_policy") else "fixed"
+    if not msg.HasField("lr_policy"):
+        logger.warning("%s: no lr_policy; using 'fixed'", where)
+    try:
+        policy = LRPolicy.parse(policy_name)
+    except ValueError as exc:
+        raise PrototxtError(f"{where}: {exc}", path=where) from None
+    if not msg.HasField("base_lr"):
+        raise PrototxtError(f"{where}: base_lr is not set", path=where)
+
+    settings: dict[str, Any] = dict(
+        type=solver_type,
+        base_lr=_f(msg.base_lr),
+        momentum=_f(msg.momentum),
+        momentum2=_f(msg.momentum2),
+        weight_decay=_f(msg.weight_decay),
+        regularization=msg.regularization_type,
+        delta=_f(msg.delta),
+        rms_decay=_f(msg.rms_decay),
+        lr_policy=policy,
+        gamma=_f(msg.gamma),
+        power=_f(msg.power),
+        stepsize=int(msg.stepsize),
+        stepvalues=tuple(int(v) for v in msg.stepvalue),
+        iter_size=int(msg.iter_size),
+        clip_gradients=_f(msg.clip_gradients),
+    )
+    if msg.max_iter > 0:
+        settings["max_iter"] = int(msg.max_iter)
+    else:
+        logger.warning("%s: no max_iter; using SolverConfig's default", where)
+    if policy is not LRPolicy.STEP and settings["stepsize"] <= 0:
+        settings.pop("stepsize")  # unused; Caffe's 0 would only matter to the step policy
+    try:
+        config = SolverConfig(**settings)
+    except ValueError as exc:
+        raise PrototxtError(f"{where}: {exc}", path=where) from None
+
+    net_field = None
+    if net is not None:
+        net_field = os.fspath(net)
+        net_path: Path | None = Path(net_field)
+    else:
+        net_field = msg.net if msg.HasField("net") else (msg.train_net if msg.HasField("train_net") else None)
+        net_path = resolve_net_path(net_field, path) if net_field else None
+        if net_field and net_path is None:
+            logger.warning("%s: net %r not found near the solver; pass net=PATH to load it", where, net_field)
+    net_text = None
+    for inline in ("net_param", "train_net_param"):
+        if msg.HasField(inline):
+            from google.protobuf import text_format
+
+            net_text = text_format.MessageToString(getattr(msg, inline))
+            break
+
+    enum = msg.DESCRIPTOR.fields_by_name
+    solver = CaffeSolver(
+        config=config,
+        net=net_field,
+        net_path=net_path,
+        net_text=net_text,
+        test_nets=tuple(msg.test_net),
+        train_state=_state(msg.train_state, "TRAIN") if msg.HasField("train_state") else NetStateSpec("TRAIN"),
+        test_states=tuple(_state(s, "TEST") for s in msg.test_state),
+        test_iter=tuple(int(v) for v in msg.test_iter),
+        test_interval=int(msg.test_interval),
+        test_compute_loss=bool(msg.test_compute_loss),
+        test_initialization=bool(msg.test_initialization),
+        display=int(msg.display),
+        average_loss=int(msg.average_loss),
+        snapshot=int(msg.snapshot),
+        snapshot_prefix=msg.snapshot_prefix if msg.HasField("snapshot_prefix") else None,
+        snapshot_format=enum["snapshot_format"].enum_type.values_by_number[msg.snapshot_format].name,
+        snapshot_after_train=bool(msg.snapshot_after_train),
+        random_seed=int(msg.random_seed) if msg.random_seed >= 0 else None,
+        solver_mode=enum["solver_mode"].enum_type.values_by_number[msg.solver_mode].name,
+        device_id=int(msg.device_id),
+        weights=tuple(msg.weights),
+        source_path=path,
+    )
+    logger.debug("%s: %s, lr policy %s", where, config.type.name, config.lr_policy.name)
+    return solver
