@@ -15,6 +15,7 @@ on the driver (one process) and inside every Spark task.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import time
@@ -427,13 +428,13 @@ class Net:
 
     # -- state for checkpoints --------------------------------------------------------------
     def solver_state(self) -> dict:
-        """Optimizer, scheduler, iteration and data position (for checkpoints)."""
+        """Optimizer, scheduler, iteration and data position (for checkpoints); a copy."""
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
             "iteration": self.iteration,
             "epoch": self.epoch,
             "pos": self._pos,
-            "perm": None if self._perm is None else self._perm.cpu(),
+            "perm": None if self._perm is None else self._perm.cpu().clone(),
             "generator": self._gen.get_state(),
         }
 

@@ -1,0 +1,124 @@
+"""Metrics of a training run: a JSON-lines file and one live progress line on the driver.
+
+Records are plain dicts with an ``"event"`` key:
+
+- ``{"event": "eval", "step", "samples", "wall_s", "loss", "test_accuracy"}``
+- ``{"event": "round", "round", "steps", "samples", "wall_s", "compute_s", "comm_s", "loss", "bytes", ...}``
+- ``{"event": "summary", "test_accuracy", "wall_s", "samples", "samples_per_s", ...}`` (last)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+__all__ = ["MetricsLogger", "read_metrics"]
+
+log = logging.getLogger(__name__)
+
+
+def _clean(value):
+    """JSON-safe values: NaN and infinity become None, numpy scalars become Python numbers."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):
+        return _clean(value.item())
+    if hasattr(value, "value") and type(value).__module__.startswith("sparknet"):
+        return value.value  # enums
+    return value
+
+
+class MetricsLogger:
+    """Writes metric records to a JSON-lines file and drives the progress line.
+
+    Parameters
+    ----------
+    path : str or Path, optional
+        JSON-lines file (parent folders are created). ``None`` keeps records in memory only.
+    progress : bool
+        Show a live progress line (only when standard error is a terminal).
+    total : int, optional
+        Total units (steps) for the progress line.
+    sinks : iterable of callables, optional
+        Extra receivers of every record (TensorBoard, MLflow...).
+    """
+
+    def __init__(self, path: str | os.PathLike | None = None, *, progress: bool = True, total: int | None = None,
+                 unit: str = "step", sinks: Iterable[Callable[[dict], None]] = ()):
+        self.path = Path(path) if path else None
+        self.records: list[dict] = []
+        self._sinks = list(sinks)
+        self._file = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "w", encoding="utf-8")
+        self._bar = None
+        if progress and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, unit=unit, dynamic_ncols=True, leave=True, file=sys.stderr)
+        self._t0 = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._t0
+
+    def write(self, record: dict) -> None:
+        """Record one event (written and flushed at once)."""
+        record = _clean(record)
+        self.records.append(record)
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        for sink in self._sinks:
+            try:
+                sink(record)
+            except Exception:  # a broken sink must not stop training; it is reported once per record
+                log.exception("metrics sink %r failed on a %s record", sink, record.get("event"))
+
+    def progress(self, advance: int = 0, **fields) -> None:
+        """Advance the progress line and show ``fields`` on it."""
+        if self._bar is None:
+            return
+        if advance:
+            self._bar.update(advance)
+        shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in fields.items() if v is not None}
+        self._bar.set_postfix(shown, refresh=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """Read a JSON-lines metrics file back into a list of records."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{n}: not a JSON record ({e.msg})") from None
+    return out

@@ -1,0 +1,123 @@
+"""Training in one process: the reference loop every distributed engine is measured against.
+
+Run it with::
+
+    sparknet train --model lenet --dataset mnist
+
+It builds the model, loads the data, trains ``--steps`` updates with evaluations on the
+test set every ``--eval-every`` steps, and writes ``eval`` records and a final ``summary``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+
+import numpy as np
+import torch
+
+from sparknet.config import RunConfig
+from sparknet.metrics import MetricsLogger
+from sparknet.net import Net
+
+__all__ = ["train_local", "load_training_data", "build_model", "seed_everything"]
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's generators."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def load_training_data(run: RunConfig):
+    """``(train, test, info)`` for ``run.dataset`` (or ``run.data``, a Parquet path).
+
+    ``info`` carries what the model needs to know (input shape, number of classes,
+    vocabulary for text).
+    """
+    from sparknet import datasets
+
+    if run.data is not None:
+        from sparknet._parquet import read_parquet_dataset
+
+        train, test, info = read_parquet_dataset(run.data)
+        return train, test, info
+    name = run.dataset.lower()
+    if name == "shakespeare":
+        corpus = datasets.shakespeare()
+        seq_len = 100
+        return (corpus.sequences("train", seq_len), corpus.sequences("validation", seq_len),
+                {"vocab_size": corpus.vocab_size, "corpus": corpus, "seq_len": seq_len})
+    data = datasets.load_dataset(name)
+    train, test = data.train, data.test
+    return train, test, {"input_shape": tuple(train.x.shape[1:]), "num_classes": int(train.y.max()) + 1}
+
+
+def build_model(run: RunConfig, info: dict):
+    """The zoo model ``run.model`` shaped for the data ``info`` describes."""
+    from sparknet import zoo
+
+    kwargs: dict = {"batch_size": run.batch_size}
+    name = run.model.lower()
+    if name == "char_lstm":
+        kwargs.update(vocab_size=info["vocab_size"], seq_len=info.get("seq_len", 100))
+    elif name in ("mlp",):
+        kwargs.update(input_shape=info["input_shape"], num_classes=info["num_classes"])
+    return zoo.get_model(name, **kwargs)
+
+
+def train_local(run: RunConfig) -> dict:
+    """Train in this process as ``run`` says; returns the summary record."""
+    threads = run.threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    seed_everything(run.seed)
+    train, test, info = load_training_data(run)
+    net_params = build_model(run, info)
+    net = Net(net_params, run.solver(), batch_size=run.batch_size, device=run.device, seed=run.seed)
+    net.set_training_data(train)
+    net.set_validation_data(test)
+    log.info("training %s on %s: %d samples, %d steps of %d, %d threads", run.model, run.dataset,
+             len(train), run.steps, run.batch_size, threads)
+    samples = 0
+    train_s = 0.0
+    last_eval = None
+    with MetricsLogger(run.metrics_out, progress=not run.quiet, total=run.steps) as metrics:
+        done = 0
+        while done < run.steps:
+            chunk = min(run.eval_every, run.steps - done)
+            # Train in short pieces so the progress line moves; evaluate at eval_every.
+            piece_done = 0
+            while piece_done < chunk:
+                piece = min(50, chunk - piece_done)
+                stats = net.train(piece)
+                piece_done += stats.steps
+                samples += stats.samples
+                train_s += stats.wall_s
+                metrics.progress(stats.steps, loss=stats.loss, lr=net.learning_rate,
+                                 acc=None if last_eval is None else last_eval.accuracy)
+                if not stats.finite:
+                    raise FloatingPointError(
+                        f"the loss became {stats.last_loss} at step {done + piece_done}; "
+                        "lower the learning rate (--lr) or check the data for NaN values")
+            done += piece_done
+            last_eval = net.evaluate()
+            metrics.write({"event": "eval", "step": done, "samples": samples, "wall_s": metrics.elapsed(),
+                           "loss": last_eval.loss, "test_accuracy": last_eval.accuracy})
+            metrics.progress(0, loss=stats.loss, acc=last_eval.accuracy)
+            log.info("step %d: test accuracy %.4f, test loss %.4f", done, last_eval.accuracy, last_eval.loss)
+        wall = metrics.elapsed()
+        summary = {
+            "event": "summary", "model": run.model, "dataset": run.dataset, "engine": "local", "workers": 1,
+            "steps": done, "samples": samples, "wall_s": wall, "train_s": train_s,
+            "samples_per_s": samples / train_s if train_s else None,
+            "test_accuracy": last_eval.accuracy, "test_loss": last_eval.loss, "threads": threads,
+            "rounds": 0, "bytes_communicated": 0,
+        }
+        if "corpus" in info:
+            summary["bits_per_char"] = last_eval.loss / np.log(2)
+        metrics.write(summary)
+    return summary

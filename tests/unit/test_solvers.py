@@ -1,0 +1,88 @@
+"""Solvers: every type builds and learns; Caffe's learning-rate formulas; lr_mult groups."""
+
+import math
+
+import pytest
+import torch
+
+from sparknet.solvers import LRPolicy, SolverConfig, SolverType, build_optimizer, lr_multiplier
+
+
+def _problem():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 8, generator=g)
+    w = torch.randn(8, 1, generator=g)
+    return x, x @ w
+
+
+@pytest.mark.parametrize("solver_type", list(SolverType))
+def test_every_solver_reduces_the_loss(solver_type):
+    torch.manual_seed(0)
+    x, y = _problem()
+    model = torch.nn.Linear(8, 1)
+    lr = {SolverType.ADADELTA: 1.0, SolverType.ADAGRAD: 0.1}.get(solver_type, 0.01)
+    delta = 1e-3 if solver_type is SolverType.ADADELTA else 1e-8  # AdaDelta starts with steps of sqrt(delta)
+    opt, sched = build_optimizer(model, SolverConfig(type=solver_type, base_lr=lr, momentum=0.9, delta=delta))
+    first = None
+    for _ in range(200):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        first = first if first is not None else loss.item()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    assert loss.item() < 0.5 * first
+
+
+def test_caffe_policies():
+    c = SolverConfig(lr_policy="inv", gamma=1e-4, power=0.75)
+    assert lr_multiplier(c, 1000) == pytest.approx((1 + 0.1) ** -0.75)
+    c = SolverConfig(lr_policy="step", gamma=0.1, stepsize=100)
+    assert lr_multiplier(c, 99) == 1.0 and lr_multiplier(c, 250) == pytest.approx(0.01)
+    c = SolverConfig(lr_policy="multistep", gamma=0.5, stepvalues=(10, 20))
+    assert [lr_multiplier(c, i) for i in (0, 10, 25)] == [1.0, 0.5, 0.25]
+    c = SolverConfig(lr_policy="exp", gamma=0.99)
+    assert lr_multiplier(c, 10) == pytest.approx(0.99**10)
+    c = SolverConfig(lr_policy="poly", power=2.0, max_iter=100)
+    assert lr_multiplier(c, 50) == pytest.approx(0.25) and lr_multiplier(c, 100) == 0.0
+    c = SolverConfig(lr_policy="sigmoid", gamma=0.1, stepsize=50)
+    assert lr_multiplier(c, 50) == pytest.approx(0.5)
+    c = SolverConfig(lr_policy="cosine", max_iter=100)
+    assert lr_multiplier(c, 50) == pytest.approx(0.5) and lr_multiplier(c, 0) == 1.0
+
+
+def test_scheduler_follows_the_policy_and_lr_mult():
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    groups = [{"params": [a], "lr_mult": 1.0}, {"params": [b], "lr_mult": 2.0, "decay_mult": 0.0}]
+    opt, sched = build_optimizer(groups, SolverConfig(base_lr=0.1, lr_policy="step", gamma=0.5, stepsize=2, weight_decay=0.01))
+    assert [g["lr"] for g in opt.param_groups] == [0.1, 0.2]
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.01, 0.0]
+    for _ in range(2):
+        opt.step()
+        sched.step()
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.05, 0.1])
+
+
+def test_l1_regularization_adds_the_sign():
+    p = torch.nn.Parameter(torch.tensor([2.0, -3.0]))
+    opt, _ = build_optimizer([p], SolverConfig(base_lr=1.0, momentum=0.0, weight_decay=0.1, regularization="L1"))
+    p.grad = torch.zeros(2)
+    opt.step()
+    assert p.detach().tolist() == pytest.approx([1.9, -2.9])
+
+
+@pytest.mark.parametrize("bad", [
+    {"base_lr": -0.1}, {"base_lr": float("nan")}, {"momentum": 1.0}, {"weight_decay": -1},
+    {"regularization": "L3"}, {"type": "lbfgs"}, {"lr_policy": "cyclic"}, {"iter_size": 0},
+    {"lr_policy": "step", "stepsize": 0}, {"stepvalues": (5, 3)}, {"type": "nesterov", "momentum": 0.0},
+])
+def test_bad_settings_are_clear_errors(bad):
+    with pytest.raises(ValueError):
+        SolverConfig(**bad)
+
+
+def test_round_trip_to_dict():
+    c = SolverConfig(type="Adam", lr_policy="multistep", stepvalues=[3, 7])
+    assert SolverConfig.from_dict(c.to_dict()) == c
+    assert c.type is SolverType.ADAM and c.lr_policy is LRPolicy.MULTISTEP
+    assert math.isclose(c.base_lr, 0.01)
