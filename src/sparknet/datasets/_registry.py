@@ -1,0 +1,88 @@
+"""Data sets by name, for the command line: :func:`load_dataset`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sparknet.datasets._array import Splits
+from sparknet.datasets._mnist import mnist, mnist_small
+from sparknet.datasets._shakespeare import shakespeare
+from sparknet.datasets._synthetic import synthetic, synthetic_sequences
+
+__all__ = ["DATASET_NAMES", "load_dataset"]
+
+
+def _held_out(num_samples: int, num_test: int | None) -> int:
+    return max(1, num_samples // 5) if num_test is None else num_test
+
+
+def _synthetic_splits(
+    num_samples: int = 10_000, num_test: int | None = None, seed: int = 0, **kwargs: Any
+) -> Splits:
+    n = _held_out(num_samples, num_test)
+    return Splits(
+        train=synthetic(num_samples, seed=seed, **kwargs),
+        validation=synthetic(n, seed=seed + 1, **kwargs),
+        test=synthetic(n, seed=seed + 2, **kwargs),
+    )
+
+
+def _synthetic_sequence_splits(
+    num_samples: int = 2_000, num_test: int | None = None, seed: int = 0, **kwargs: Any
+) -> Splits:
+    n = _held_out(num_samples, num_test)
+    return Splits(
+        train=synthetic_sequences(num_samples, seed=seed, **kwargs),
+        validation=synthetic_sequences(n, seed=seed + 1, **kwargs),
+        test=synthetic_sequences(n, seed=seed + 2, **kwargs),
+    )
+
+
+_LOADERS: dict[str, Callable[..., Any]] = {
+    "mnist": mnist,
+    "mnist-small": mnist_small,
+    "shakespeare": shakespeare,
+    "synthetic": _synthetic_splits,
+    "synthetic-sequences": _synthetic_sequence_splits,
+}
+
+#: The names :func:`load_dataset` accepts.
+DATASET_NAMES: tuple[str, ...] = tuple(_LOADERS)
+
+
+def load_dataset(name: str, **kwargs: Any) -> Any:
+    """Load a data set by name.
+
+    Parameters
+    ----------
+    name
+        One of :data:`DATASET_NAMES` (``_`` and ``-`` are interchangeable, case is
+        ignored):
+
+        - ``"mnist"``: :func:`mnist`, an ``MNIST`` (train / validation / test).
+        - ``"mnist-small"``: :func:`mnist_small`, an ``MNIST`` (4,000 / 1,000 / 1,000).
+        - ``"shakespeare"``: :func:`shakespeare`, a ``CharCorpus``.
+        - ``"synthetic"``: a :class:`Splits` of :func:`synthetic` sets of one task:
+          ``num_samples`` (default 10,000) to train, ``num_test`` (default a fifth of
+          that) each to validation and test, drawn with seeds ``seed``, ``seed + 1``,
+          ``seed + 2``; other keywords go to :func:`synthetic`.
+        - ``"synthetic-sequences"``: the same with :func:`synthetic_sequences`
+          (default 2,000 sequences).
+    **kwargs
+        Passed to the loader.
+
+    Returns
+    -------
+    MNIST, Splits or CharCorpus
+        Every image or synthetic set has ``.train``, ``.validation`` and ``.test``.
+
+    Raises
+    ------
+    ValueError
+        ``name`` is not known.
+    """
+    key = name.strip().lower().replace("_", "-")
+    if key not in _LOADERS:
+        raise ValueError(f"unknown data set {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+    return _LOADERS[key](**kwargs)
