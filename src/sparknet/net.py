@@ -209,8 +209,10 @@ class Net:
         self.solver = solver or SolverConfig()
         self.seed = seed
         label_ndim = 0
+        self._input_shape: tuple[int, ...] | None = None
         if _is_netparams(net):
             default_batch = _first_input_batch(net)
+            self._input_shape = _first_input_sample_shape(net)
             label_ndim = _label_sample_ndim(net)
             if seed is not None:
                 module = net.build(seed=seed)
@@ -262,7 +264,7 @@ class Net:
         shuffle : bool
             Reshuffle at the start of every epoch.
         """
-        x, y = _collect(data, self._label_ndim, batched)
+        x, y = self._fit_input(*_collect(data, self._label_ndim, batched))
         if len(x) == 0:
             raise ValueError("training data is empty")
         self._train = (x.to(self.device), y.to(self.device))
@@ -275,10 +277,21 @@ class Net:
 
     def set_validation_data(self, data, *, batched: bool | None = None) -> None:
         """Give the net the data :meth:`test` measures accuracy on."""
-        x, y = _collect(data, self._label_ndim, batched)
+        x, y = self._fit_input(*_collect(data, self._label_ndim, batched))
         if len(x) == 0:
             raise ValueError("validation data is empty")
         self._val = (x, y)
+
+    def _fit_input(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reshape flat feature rows to the net's input shape; a clear error when they cannot fit."""
+        shape = self._input_shape
+        if shape is None or len(x) == 0 or tuple(x.shape[1:]) == shape:
+            return x, y
+        per_sample = int(np.prod(x.shape[1:]))
+        if per_sample != int(np.prod(shape)):
+            raise ValueError(f"each sample has {per_sample} feature values {tuple(x.shape[1:])}, but the net's input "
+                             f"layer takes shape {shape} ({int(np.prod(shape))} values)")
+        return x.reshape(len(x), *shape), y
 
     @property
     def num_training_samples(self) -> int:
@@ -368,7 +381,7 @@ class Net:
     def evaluate(self, data=None, num_steps: int | None = None, batch_size: int = 1000) -> EvalResult:
         """Mean loss and accuracy on the validation data (or on ``data``)."""
         if data is not None:
-            x, y = _collect(data, self._label_ndim, None)
+            x, y = self._fit_input(*_collect(data, self._label_ndim, None))
         elif self._val is not None:
             x, y = self._val
         else:
@@ -460,6 +473,14 @@ def _first_input_batch(net_params) -> int | None:
         shape = getattr(layer, "shape", None)
         if shape:
             return int(shape[0])
+    return None
+
+
+def _first_input_sample_shape(net_params) -> tuple[int, ...] | None:
+    for layer in net_params.layers:
+        shape = getattr(layer, "shape", None)
+        if shape:
+            return tuple(int(d) for d in shape[1:])
     return None
 
 

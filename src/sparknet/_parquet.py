@@ -1,0 +1,77 @@
+"""Reading a Parquet data set (``features`` and ``label`` columns) without Spark.
+
+Used by ``sparknet train --data PATH`` in one process; the Spark engines read the same
+files through Spark. ``features`` may be a list of numbers or a Spark ML vector (stored
+by Spark as a struct of type, size, indices and values).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from sparknet.datasets import ArrayDataset
+
+__all__ = ["read_parquet_dataset", "features_to_numpy"]
+
+log = logging.getLogger(__name__)
+
+TEST_FRACTION = 0.1
+
+
+def features_to_numpy(column) -> np.ndarray:
+    """A pyarrow column of lists or ML vectors as a float32 ``[rows, values]`` array."""
+    import pyarrow as pa
+
+    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
+        lengths = np.asarray(col.value_lengths().fill_null(0))
+        if len(lengths) and (lengths != lengths[0]).any():
+            bad = int(np.argmax(lengths != lengths[0]))
+            raise ValueError(f"feature rows differ in length: row 0 has {lengths[0]} values, row {bad} has {lengths[bad]}")
+        if col.null_count:
+            raise ValueError(f"the features column has {col.null_count} null rows")
+        values = np.asarray(col.flatten(), dtype=np.float32)
+        return values.reshape(len(col), -1 if len(col) else 0)
+    if pa.types.is_struct(col.type) and {"type", "values"} <= {f.name for f in col.type}:
+        rows = col.to_pylist()
+        size = max((r["size"] or len(r["values"])) if r["type"] == 0 else len(r["values"]) for r in rows)
+        out = np.zeros((len(rows), size), dtype=np.float32)
+        for i, r in enumerate(rows):
+            if r["type"] == 0:  # sparse
+                out[i, r["indices"]] = r["values"]
+            else:
+                out[i] = r["values"]
+        return out
+    raise ValueError(f"the features column has type {col.type}; it must be an array of numbers or an ML Vector")
+
+
+def read_parquet_dataset(path: str, features_col: str = "features", label_col: str = "label"):
+    """``(train, test, info)`` from a Parquet file or folder; the last 10% of rows are the test set."""
+    import pyarrow.parquet as pq
+
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no Parquet data at {path}")
+    table = pq.read_table(p)
+    for col in (features_col, label_col):
+        if col not in table.column_names:
+            raise ValueError(f"{path} has no column {col!r} (columns: {table.column_names})")
+    x = features_to_numpy(table.column(features_col))
+    y_raw = np.asarray(table.column(label_col).to_numpy(zero_copy_only=False))
+    if not np.issubdtype(y_raw.dtype, np.number):
+        raise ValueError(f"the label column {label_col!r} is not numeric ({y_raw.dtype})")
+    if np.any(y_raw != np.round(y_raw)) or np.any(y_raw < 0):
+        raise ValueError(f"the label column {label_col!r} must hold class indices 0, 1, 2, ...")
+    y = y_raw.astype(np.int64)
+    if not np.isfinite(x).all():
+        raise ValueError("the features hold NaN or infinite values")
+    n_test = max(1, int(len(x) * TEST_FRACTION))
+    if len(x) < 2:
+        raise ValueError(f"{path} has {len(x)} rows; at least 2 are needed (one to train, one to test)")
+    train = ArrayDataset(x[:-n_test], y[:-n_test])
+    test = ArrayDataset(x[-n_test:], y[-n_test:])
+    log.info("read %d rows of %d features from %s (%d held out for testing)", len(x), x.shape[1], path, n_test)
+    return train, test, {"input_shape": tuple(x.shape[1:]), "num_classes": int(y.max()) + 1}
