@@ -1,0 +1,36 @@
+"""`sparknet train` in one process writes the metrics contract."""
+
+import json
+
+from sparknet.cli import main
+from sparknet.metrics import read_metrics
+
+
+def test_train_writes_eval_and_summary_records(tmp_path):
+    out = tmp_path / "m.jsonl"
+    rc = main(["train", "--model", "mlp", "--dataset", "synthetic", "--steps", "60", "--eval-every", "30",
+               "--batch-size", "32", "--lr", "0.05", "--lr-policy", "fixed", "--threads", "1",
+               "--metrics-out", str(out), "--quiet"])
+    assert rc == 0
+    records = read_metrics(out)
+    evals = [r for r in records if r["event"] == "eval"]
+    assert [r["step"] for r in evals] == [30, 60]
+    for r in evals:
+        assert set(r) >= {"step", "samples", "wall_s", "loss", "test_accuracy"}
+    summary = records[-1]
+    assert summary["event"] == "summary"
+    assert summary["samples"] == 60 * 32
+    assert summary["samples_per_s"] > 0
+    assert summary["test_accuracy"] > 0.5  # synthetic classes are separable; chance is 0.1
+    json.dumps(summary)
+
+
+def test_bad_flag_values_exit_with_a_message(capsys):
+    assert main(["train", "--steps", "0", "--quiet"]) == 2
+    assert main(["train", "--dataset", "imagenet-22k", "--steps", "1", "--quiet"]) == 2
+
+
+def test_version(capsys):
+    assert main(["version"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["torch"].startswith("2.13")
