@@ -1,6 +1,12 @@
 """Caffe compatibility: net and solver prototxt in, ``.caffemodel`` weights in and out.
 
-No pyspark here; the Spark engines and the CLI call these functions.
+>>> from sparknet.caffe import load_solver_prototxt, load_caffemodel_into
+>>> solver = load_solver_prototxt("lenet_solver.prototxt")       # doctest: +SKIP
+>>> train_net = solver.load_net("TRAIN")       # CaffeNet: NetParams + data binding + transform
+>>> module = train_net.build(seed=0)           # GraphModule                # doctest: +SKIP
+>>> optimizer, scheduler = build_optimizer(module, solver.config)         # doctest: +SKIP
+
+The core of this package never imports pyspark; the Spark engines and the CLI call it.
 """
 
 from sparknet.caffe.caffemodel import (
@@ -12,11 +18,29 @@ from sparknet.caffe.caffemodel import (
     read_caffemodel_layers,
     write_caffemodel,
 )
-from sparknet.caffe.prototxt import PrototxtError
+from sparknet.caffe.prototxt import (
+    DEFAULT_SOURCES,
+    SUPPORTED_LAYER_TYPES,
+    CaffeNet,
+    CaffeTransform,
+    DataBinding,
+    DataLayerSpec,
+    PrototxtError,
+    load_net_prototxt,
+    parse_net_prototxt,
+)
 from sparknet.caffe.solver import CaffeSolver, NetStateSpec, load_solver_prototxt, resolve_net_path
 
 __all__ = [
     "PrototxtError",
+    "CaffeNet",
+    "CaffeTransform",
+    "DataBinding",
+    "DataLayerSpec",
+    "DEFAULT_SOURCES",
+    "SUPPORTED_LAYER_TYPES",
+    "load_net_prototxt",
+    "parse_net_prototxt",
     "CaffeSolver",
     "NetStateSpec",
     "load_solver_prototxt",

@@ -8,7 +8,8 @@
 >>> print(describe_caffemodel("out.caffemodel"))                      # doctest: +SKIP
 
 Caffe's blob order per layer is sparknet's ``GraphModule.layer_weights()`` order: weight,
-then bias, then running statistics. Both the current ``layer`` and the legacy V1
+then bias, then running statistics. A Caffe ``BatchNorm`` has a third blob, the factor its
+stored mean and variance are multiplied by; reading divides it out and writing adds a 1. Both the current ``layer`` and the legacy V1
 ``layers`` field are read; a blob's shape is its ``shape`` or, in old files, the 4-D
 ``num/channels/height/width``; values are ``data`` (float32) or ``double_data`` (float64).
 Writing keeps each tensor's bits: float32 goes to ``data``, float64 to ``double_data``.
@@ -219,6 +220,16 @@ def _fit(array: np.ndarray, shape: tuple[int, ...], legacy: bool) -> np.ndarray 
     return None
 
 
+def _from_caffe_batch_norm(layer: CaffeModelLayer, wanted: int) -> list[np.ndarray]:
+    """A Caffe BatchNorm's blobs (mean * s, variance * s, [s]) as (mean, variance) when the net wants two."""
+    blobs = list(layer.blobs)
+    if layer.type == "BatchNorm" and len(blobs) == 3 and wanted == 2 and blobs[2].size == 1:
+        factor = float(blobs[2].reshape(-1)[0])
+        inverse = 0.0 if factor == 0 else 1.0 / factor
+        return [(blobs[0] * inverse).astype(blobs[0].dtype), (blobs[1] * inverse).astype(blobs[1].dtype)]
+    return blobs
+
+
 def load_caffemodel_into(
     target: Any, path: str | os.PathLike, *, strict: bool = False
 ) -> list[str]:
@@ -258,20 +269,21 @@ def load_caffemodel_into(
                 logger.info("%s: ignoring layer %r (%s): not in the net", path, layer.name, layer.type)
                 continue
             tensors = list(layers[layer.name])
-            if len(layer.blobs) > len(tensors):
+            blobs = _from_caffe_batch_norm(layer, len(tensors))
+            if len(blobs) > len(tensors):
                 raise GraphError(
-                    f"{path}: layer {layer.name!r} has {len(layer.blobs)} blobs in the file but "
+                    f"{path}: layer {layer.name!r} has {len(blobs)} blobs in the file but "
                     f"{len(tensors)} tensors in the net",
                     layer=layer.name,
                 )
-            if len(layer.blobs) < len(tensors):
+            if len(blobs) < len(tensors):
                 logger.info(
                     "%s: layer %r has %d blobs for %d tensors; the rest keep their values",
-                    path, layer.name, len(layer.blobs), len(tensors),
+                    path, layer.name, len(blobs), len(tensors),
                 )
             fitted = []
-            legacy = layer.legacy_shapes or (False,) * len(layer.blobs)
-            for i, (blob, tensor, old) in enumerate(zip(layer.blobs, tensors, legacy)):
+            legacy = layer.legacy_shapes or (False,) * len(blobs)
+            for i, (blob, tensor, old) in enumerate(zip(blobs, tensors, legacy)):
                 shape = tuple(int(d) for d in tensor.shape)
                 array = _fit(blob, shape, old)
                 if array is None:
@@ -334,6 +346,8 @@ def _layer_structure(net: Any) -> tuple[str | None, dict[str, Any]]:
         msg = _schema.LayerParameter(name=name, type=_dsl_type(layer))
         msg.bottom.extend(getattr(layer, "bottoms", None) or [])
         msg.top.extend(getattr(layer, "tops", None) or [name])
+        if msg.type == "Input" and getattr(layer, "shape", None):
+            msg.input_param.shape.add().dim.extend(int(d) for d in layer.shape)
         layers[name] = msg
     return None, layers
 
@@ -352,8 +366,11 @@ def _dsl_type(layer: Any) -> str:
         "EmbedLayer": "Embed", "EmbeddingLayer": "Embed",
     }
     if kind == "ActivationLayer":
-        fn = str(getattr(layer, "function", getattr(layer, "activation", "relu"))).lower()
-        return {"relu": "ReLU", "sigmoid": "Sigmoid", "tanh": "TanH"}.get(fn.split(".")[-1], fn)
+        fn = str(getattr(layer, "activation", "relu")).lower().split(".")[-1]
+        return {
+            "relu": "ReLU", "leaky_relu": "ReLU", "prelu": "PReLU", "sigmoid": "Sigmoid", "tanh": "TanH",
+            "elu": "ELU", "softplus": "BNLL", "abs": "AbsVal", "power": "Power", "swish": "Swish",
+        }.get(fn, fn)
     return mapping.get(kind, kind.removesuffix("Layer"))
 
 
@@ -390,7 +407,6 @@ def write_caffemodel(
     msg = _schema.NetParameter()
     if name or net_name:
         msg.name = name or net_name
-    written = set()
     order = list(structure) if structure else []
     order += [n for n in weights if n not in structure]
     for layer_name in order:
@@ -399,9 +415,11 @@ def write_caffemodel(
             layer.CopyFrom(structure[layer_name])
         else:
             layer.name = layer_name
-        for tensor in weights.get(layer_name, ()):
-            _array_to_blob(_to_numpy(tensor), layer.blobs.add())
-        written.add(layer_name)
+        arrays = [_to_numpy(tensor) for tensor in weights.get(layer_name, ())]
+        if layer.type == "BatchNorm" and len(arrays) == 2:
+            arrays.append(np.ones(1, dtype=arrays[0].dtype))  # Caffe's scale factor: the stats are final
+        for array in arrays:
+            _array_to_blob(array, layer.blobs.add())
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(msg.SerializeToString())

@@ -1,19 +1,74 @@
-"""Reading Caffe text-format files: path-or-text handling and errors that name the file."""
+"""Caffe net prototxt -> :class:`CaffeNet` (a sparknet :class:`~sparknet.layers.NetParams` plus its data).
+
+>>> net = load_net_prototxt("mnist/lenet_train_test.prototxt", phase="TRAIN")   # doctest: +SKIP
+>>> net.batch_size, net.data_binding.dataset, net.data_binding.split            # doctest: +SKIP
+(64, 'mnist', 'train')
+>>> module = net.build(seed=0)                                                   # doctest: +SKIP
+>>> x = net.transform(mnist_batch)        # Caffe's transform_param on sparknet's [0, 1] pixels
+
+Both the current ``layer {}`` syntax and the legacy V1 ``layers {}`` syntax (enum types
+such as ``CONVOLUTION``, ``blobs_lr``, ``weight_decay``) are read, and so are the old
+``input:``/``input_dim:``/``input_shape`` net fields. Layers are kept or dropped by
+Caffe's ``include``/``exclude`` rules for the requested phase, level and stages.
+
+Data layers
+-----------
+``Data``, ``ImageData``, ``HDF5Data`` and ``MemoryData`` layers become :class:`RDDLayer`
+inputs (one for the data top, an ``int64`` one for the label top) with the batch size of
+the layer. Their ``source`` is bound to a sparknet data set by a :class:`DataBinding`:
+the BVLC example sources are bound by default (``mnist_train_lmdb`` -> ``mnist``/train,
+``mnist_test_lmdb`` -> ``mnist``/test, the CIFAR-10 and ILSVRC-12 ones likewise); pass
+``sources={"my_lmdb": DataBinding(...)}`` (or ``"mnist:test"``) for others. A binding
+is matched by the full ``source``, then its last path component, then the layer name.
+
+``transform_param`` becomes a :class:`CaffeTransform` the data pipeline applies to each
+numpy batch. Caffe transforms raw pixel values (0-255): ``(x - mean) * scale`` after a
+crop and a mirror. sparknet's loaders already scale pixels (MNIST is in [0, 1]), so each
+binding records that ``native_scale`` (1/255 for the image sets) and the transform first
+undoes it. LeNet's ``scale: 0.00390625`` thus gives exactly Caffe's input values
+(``x * 255 / 256``).
+
+Deviations from Caffe, by design
+--------------------------------
+- A weight without a ``weight_filler`` keeps PyTorch's default initialisation instead of
+  Caffe's constant 0 (which only makes sense when weights are loaded afterwards).
+- Caffe's ``BatchNorm`` ``moving_average_fraction`` maps to PyTorch's momentum
+  ``1 - fraction``; its third blob (the scale factor) is handled by the ``.caffemodel``
+  reader and writer.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from google.protobuf import text_format
 
+from sparknet.caffe import _schema
 from sparknet.errors import GraphError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PrototxtError", "read_text", "parse_text"]
+__all__ = [
+    "PrototxtError",
+    "CaffeNet",
+    "CaffeTransform",
+    "DataBinding",
+    "DataLayerSpec",
+    "DEFAULT_SOURCES",
+    "SUPPORTED_LAYER_TYPES",
+    "load_net_prototxt",
+    "parse_net_prototxt",
+    "read_text",
+    "parse_text",
+]
 
 
 class PrototxtError(GraphError):
@@ -83,3 +138,978 @@ def parse_text(text: str, message: Any, name: str) -> Any:
         where = f"{name}:{line}:{column}" if line is not None else name
         raise PrototxtError(f"{where}: syntax error: {detail}", path=name, line=line, column=column) from None
     return message
+
+
+# --------------------------------------------------------------------------- data bindings
+
+
+@dataclass(frozen=True)
+class DataBinding:
+    """Which sparknet data set a Caffe data layer's ``source`` stands for.
+
+    Parameters
+    ----------
+    dataset : str or None
+        A name :func:`sparknet.datasets.load_dataset` knows (``"mnist"``), a name the
+        caller resolves itself (``"cifar10"``, ``"imagenet"``), or ``None`` when the
+        caller feeds the data directly.
+    split : str
+        ``"train"``, ``"validation"`` or ``"test"``.
+    sample_shape : tuple of int, optional
+        One sample's shape before cropping (``(1, 28, 28)``); needed when the layer does
+        not say it (``Data`` layers never do).
+    native_scale : float
+        The factor sparknet's loader already applied to raw pixel values: 1/255 when
+        it yields [0, 1] floats (MNIST), 1.0 when it yields raw values.
+    num_classes : int, optional
+        Label count, for information.
+    """
+
+    dataset: str | None
+    split: str = "train"
+    sample_shape: tuple[int, ...] | None = None
+    native_scale: float = 1.0
+    num_classes: int | None = None
+
+    @classmethod
+    def parse(cls, value: DataBinding | str) -> DataBinding:
+        """Accept a binding, or ``"name"`` / ``"name:split"`` for a known data set."""
+        if isinstance(value, DataBinding):
+            return value
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"a data binding must be a DataBinding or 'dataset[:split]', got {value!r}")
+        name, _, split = value.partition(":")
+        known = _KNOWN_DATASETS.get(name.lower())
+        if known is not None:
+            return replace(known, split=split or known.split)
+        return cls(name, split or "train")
+
+
+_MNIST = DataBinding("mnist", "train", (1, 28, 28), 1 / 255, 10)
+_CIFAR10 = DataBinding("cifar10", "train", (3, 32, 32), 1 / 255, 10)
+_IMAGENET = DataBinding("imagenet", "train", (3, 256, 256), 1 / 255, 1000)
+_KNOWN_DATASETS = {"mnist": _MNIST, "cifar10": _CIFAR10, "imagenet": _IMAGENET}
+
+DEFAULT_SOURCES: dict[str, DataBinding] = {
+    "mnist_train_lmdb": _MNIST,
+    "mnist_train_leveldb": _MNIST,
+    "mnist_test_lmdb": replace(_MNIST, split="test"),
+    "mnist_test_leveldb": replace(_MNIST, split="test"),
+    "cifar10_train_lmdb": _CIFAR10,
+    "cifar10_train_leveldb": _CIFAR10,
+    "cifar10_test_lmdb": replace(_CIFAR10, split="test"),
+    "cifar10_test_leveldb": replace(_CIFAR10, split="test"),
+    "ilsvrc12_train_lmdb": _IMAGENET,
+    "ilsvrc12_train_leveldb": _IMAGENET,
+    "ilsvrc12_val_lmdb": replace(_IMAGENET, split="validation"),
+    "ilsvrc12_val_leveldb": replace(_IMAGENET, split="validation"),
+}
+"""The BVLC example sources, keyed by their last path component."""
+
+
+def _find_binding(
+    source: str | None, layer: str, sources: Mapping[str, DataBinding | str]
+) -> DataBinding | None:
+    keys = []
+    if source:
+        keys += [source, source.rstrip("/").rsplit("/", 1)[-1]]
+    keys.append(layer)
+    for table in (sources, DEFAULT_SOURCES):
+        for key in keys:
+            if key in table:
+                return DataBinding.parse(table[key])
+    return None
+
+
+# --------------------------------------------------------------------------- transform
+
+
+@dataclass(frozen=True)
+class CaffeTransform:
+    """Caffe's ``transform_param`` as a function of a numpy batch ``[N, C, H, W]``.
+
+    The batch is taken in the binding's native units (sparknet's MNIST: [0, 1]); the
+    transform divides by ``native_scale`` to get Caffe's raw values, then, as Caffe's
+    ``DataTransformer`` does, subtracts the mean (``mean_file`` image or per-channel
+    ``mean_value``), crops to ``crop_size`` (random offsets in TRAIN, centred in TEST),
+    mirrors at random when ``mirror``, and multiplies by ``scale``.
+    """
+
+    scale: float = 1.0
+    mean_value: tuple[float, ...] = ()
+    mean_file: str | None = None
+    mean: np.ndarray | None = field(default=None, compare=False, repr=False)
+    """The ``mean_file`` image ``[C, H, W]`` once read (``None`` when not found)."""
+    mirror: bool = False
+    crop_size: int = 0
+    native_scale: float = 1.0
+    train: bool = True
+    """TRAIN phase: random crops; TEST: centred crops."""
+
+    @property
+    def is_identity(self) -> bool:
+        """True when the transform leaves sparknet's batches unchanged."""
+        return (
+            math.isclose(self.scale / self.native_scale, 1.0, rel_tol=1e-6)
+            and not self.mean_value
+            and self.mean_file is None
+            and not self.mirror
+            and not self.crop_size
+        )
+
+    def output_shape(self, sample_shape: tuple[int, ...]) -> tuple[int, ...]:
+        """One sample's shape after the transform."""
+        if self.crop_size and len(sample_shape) >= 2:
+            return tuple(sample_shape[:-2]) + (self.crop_size, self.crop_size)
+        return tuple(sample_shape)
+
+    def with_mean(self, mean: np.ndarray) -> CaffeTransform:
+        """A copy that subtracts ``mean`` (``[C, H, W]`` or ``[1, C, H, W]``), e.g. a mean computed from the data."""
+        array = np.asarray(mean, dtype=np.float32)
+        if array.ndim == 4:
+            array = array[0]
+        return replace(self, mean=array, mean_file=self.mean_file or "<array>")
+
+    def __call__(self, batch: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+        """Transform a batch ``[N, C, H, W]`` (or ``[N, ...]`` without crop or mirror)."""
+        x = np.asarray(batch, dtype=np.float32)
+        if self.native_scale != 1.0:
+            x = x / np.float32(self.native_scale)
+        if self.mean_file is not None:
+            if self.mean is None:
+                raise ValueError(
+                    f"transform_param names mean_file {self.mean_file!r}, which was not found; put it next "
+                    "to the prototxt or call transform.with_mean(array)"
+                )
+            x = x - self.mean[None]
+        elif self.mean_value:
+            mean = np.asarray(self.mean_value, dtype=np.float32)
+            if mean.size > 1:
+                if x.ndim < 2 or x.shape[1] != mean.size:
+                    raise ValueError(f"{mean.size} mean_value entries for a batch of shape {x.shape}")
+                mean = mean.reshape((1, -1) + (1,) * (x.ndim - 2))
+            x = x - mean
+        rng = rng if rng is not None else np.random.default_rng()
+        if self.crop_size:
+            x = self._crop(x, rng)
+        if self.mirror:
+            flip = rng.random(x.shape[0]) < 0.5
+            x = x.copy()
+            x[flip] = x[flip][..., ::-1]
+        if self.scale != 1.0:
+            x = x * np.float32(self.scale)
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+    def _crop(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        size = self.crop_size
+        height, width = x.shape[-2:]
+        if size > height or size > width:
+            raise ValueError(f"crop_size {size} is larger than the {height}x{width} images")
+        if not self.train:
+            top, left = (height - size) // 2, (width - size) // 2
+            return x[..., top:top + size, left:left + size]
+        out = np.empty(x.shape[:-2] + (size, size), dtype=x.dtype)
+        tops = rng.integers(0, height - size + 1, x.shape[0])
+        lefts = rng.integers(0, width - size + 1, x.shape[0])
+        for i, (top, left) in enumerate(zip(tops, lefts)):
+            out[i] = x[i, ..., top:top + size, left:left + size]
+        return out
+
+
+@dataclass(frozen=True)
+class DataLayerSpec:
+    """One Caffe data layer of a loaded net: where its batches come from and how they are transformed."""
+
+    layer: str
+    """The Caffe layer's name."""
+    type: str
+    """``Data``, ``ImageData``, ``HDF5Data`` or ``MemoryData``."""
+    tops: tuple[str, ...]
+    """The data blob, then the label blob when there is one."""
+    source: str | None
+    batch_size: int
+    binding: DataBinding | None
+    transform: CaffeTransform
+    shape: tuple[int, ...]
+    """The data blob's shape as the net sees it (batch first, after cropping)."""
+
+
+# --------------------------------------------------------------------------- CaffeNet
+
+
+@dataclass
+class CaffeNet:
+    """A Caffe net definition loaded for one phase: sparknet layers plus their data.
+
+    Attributes
+    ----------
+    net_params : NetParams
+        The layers, ready to :meth:`build`.
+    name : str
+        The net's ``name``.
+    phase : str
+        ``"TRAIN"`` or ``"TEST"``.
+    stages, level
+        The net state the layers were selected with.
+    data_layers : list of DataLayerSpec
+        The data layers (empty for deploy nets with ``Input`` layers).
+    inputs : dict of str to tuple of int
+        Every input blob and its declared shape.
+    proto : NetParameter
+        The selected layers in current (V2) syntax, without blobs; written into
+        ``.caffemodel`` files by :func:`~sparknet.caffe.write_caffemodel`.
+    layer_types : dict of str to str
+        sparknet layer name -> Caffe type.
+    source_path : pathlib.Path or None
+        The prototxt, when read from a file.
+    """
+
+    net_params: Any
+    name: str
+    phase: str
+    stages: tuple[str, ...] = ()
+    level: int = 0
+    data_layers: list[DataLayerSpec] = field(default_factory=list)
+    inputs: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    proto: Any = None
+    layer_types: dict[str, str] = field(default_factory=dict)
+    source_path: Path | None = None
+    _sparse_fillers: dict[str, tuple[float, float, int]] = field(default_factory=dict, repr=False)
+
+    @property
+    def transform(self) -> CaffeTransform | None:
+        """The first data layer's transform (``None`` without data layers)."""
+        return self.data_layers[0].transform if self.data_layers else None
+
+    @property
+    def batch_size(self) -> int | None:
+        """The first data layer's batch size, or the first input's leading dimension."""
+        if self.data_layers:
+            return self.data_layers[0].batch_size
+        first = next(iter(self.inputs.values()), None)
+        return first[0] if first else None
+
+    @property
+    def data_binding(self) -> DataBinding | None:
+        """The first data layer's binding."""
+        return self.data_layers[0].binding if self.data_layers else None
+
+    def build(self, seed: int | None = None) -> Any:
+        """Build the ``GraphModule``, applying Caffe's sparse Gaussian fillers the DSL lacks.
+
+        Parameters
+        ----------
+        seed : int, optional
+            Seed of the initial weights.
+        """
+        import torch
+
+        module = self.net_params.build(seed=seed)
+        if self._sparse_fillers:
+            generator = torch.Generator()
+            generator.manual_seed(seed if seed is not None else int(torch.randint(0, 2**31 - 1, ()).item()))
+            weights = module.layer_weights()
+            with torch.no_grad():
+                for layer, (mean, std, sparse) in self._sparse_fillers.items():
+                    weight = weights[layer][0]
+                    _sparse_gaussian_(weight, mean, std, sparse, generator)
+        return module
+
+
+def _sparse_gaussian_(weight: Any, mean: float, std: float, sparse: int, generator: Any) -> None:
+    """Caffe's Gaussian filler with ``sparse``: each weight is kept with probability sparse / num_outputs."""
+    import torch
+
+    values = torch.empty(weight.shape).normal_(mean, std, generator=generator)
+    keep = min(1.0, sparse / weight.shape[0])
+    mask = torch.empty(weight.shape).bernoulli_(keep, generator=generator)
+    weight.copy_((values * mask).to(weight.dtype))
+
+
+# --------------------------------------------------------------------------- net state
+
+
+_PHASES = {"TRAIN": 0, "TEST": 1}
+
+
+def _meets_rule(rule: Any, phase: int, level: int, stages: set[str]) -> bool:
+    """Caffe's ``Net::StateMeetsRule``."""
+    if rule.HasField("phase") and rule.phase != phase:
+        return False
+    if rule.HasField("min_level") and level < rule.min_level:
+        return False
+    if rule.HasField("max_level") and level > rule.max_level:
+        return False
+    if any(stage not in stages for stage in rule.stage):
+        return False
+    return not any(stage in stages for stage in rule.not_stage)
+
+
+def _included(layer: Any, phase: int, level: int, stages: set[str]) -> bool:
+    if len(layer.include) and len(layer.exclude):
+        raise ValueError(f"layer {layer.name!r} has both include and exclude rules; Caffe allows one kind")
+    if len(layer.include):
+        return any(_meets_rule(r, phase, level, stages) for r in layer.include)
+    return not any(_meets_rule(r, phase, level, stages) for r in layer.exclude)
+
+
+# --------------------------------------------------------------------------- V1 upgrade
+
+
+def _upgrade_v1(old: Any, where: str) -> Any:
+    """A V1 ``layers {}`` entry as a current ``LayerParameter`` (Caffe's UpgradeV1LayerParameter)."""
+    from sparknet.caffe.caffemodel import v1_type_name
+
+    if old.HasField("layer"):
+        raise PrototxtError(
+            f"{where}: layer {old.layer.name or old.name!r} uses the V0 format (layers {{ layer {{ ... }} }}); "
+            "upgrade the file with Caffe's upgrade_net_proto_text",
+            layer=old.layer.name or old.name,
+            path=where,
+        )
+    new = _schema.LayerParameter(name=old.name, type=v1_type_name(old.type))
+    new.bottom.extend(old.bottom)
+    new.top.extend(old.top)
+    new.include.extend(old.include)
+    new.exclude.extend(old.exclude)
+    new.loss_weight.extend(old.loss_weight)
+    new.blobs.extend(old.blobs)
+    count = max(len(old.blobs_lr), len(old.weight_decay), len(old.param))
+    for i in range(count):
+        spec = new.param.add()
+        if i < len(old.param) and old.param[i]:
+            spec.name = old.param[i]
+        if i < len(old.blobs_lr):
+            spec.lr_mult = old.blobs_lr[i]
+        if i < len(old.weight_decay):
+            spec.decay_mult = old.weight_decay[i]
+    targets = _schema.LayerParameter.DESCRIPTOR.fields_by_name
+    for descriptor, value in old.ListFields():
+        if descriptor.name.endswith("_param") and descriptor.name in targets and descriptor.message_type:
+            getattr(new, descriptor.name).CopyFrom(value)
+    # V1 data layers carried their transform in the data parameters.
+    for holder_name in ("data_param", "image_data_param", "window_data_param"):
+        if not old.HasField(holder_name):
+            continue
+        holder = getattr(old, holder_name)
+        transform = new.transform_param
+        for key in ("scale", "mean_file", "crop_size", "mirror"):
+            if holder.HasField(key) and not transform.HasField(key):
+                setattr(transform, key, getattr(holder, key))
+    return new
+
+
+def _legacy_inputs(net: Any, where: str) -> list[Any]:
+    """Input layers for the old ``input:`` + ``input_shape``/``input_dim`` net fields."""
+    layers = []
+    if not len(net.input):
+        return layers
+    dims = list(net.input_dim)
+    for i, name in enumerate(net.input):
+        layer = _schema.LayerParameter(name=name, type="Input")
+        layer.top.append(name)
+        shape = layer.input_param.shape.add()
+        if len(net.input_shape) > i:
+            shape.CopyFrom(net.input_shape[i])
+        elif len(dims) >= 4 * (i + 1):
+            shape.dim.extend(dims[4 * i:4 * i + 4])
+        else:
+            raise PrototxtError(
+                f"{where}: input {name!r} has no input_shape or 4 input_dim values", layer=name, path=where
+            )
+        layers.append(layer)
+    return layers
+
+
+# --------------------------------------------------------------------------- layer conversion
+
+
+def _f(value: float) -> float:
+    """A float32 field as the shortest decimal that reads back to it (0.9, not 0.8999999761)."""
+    return float(str(np.float32(value)))
+
+
+def _enum_name(message: Any, field_name: str) -> str:
+    descriptor = message.DESCRIPTOR.fields_by_name[field_name]
+    return descriptor.enum_type.values_by_number[getattr(message, field_name)].name
+
+
+class _Converter:
+    """Turns selected Caffe layers into sparknet DSL layers, one at a time."""
+
+    def __init__(self, where: str, folder: Path | None, phase: str, sources: Mapping[str, DataBinding | str]):
+        from sparknet import layers as dsl
+
+        self.dsl = dsl
+        self.where = where
+        self.folder = folder
+        self.phase = phase
+        self.sources = sources
+        self.out: list[Any] = []
+        self.names: set[str] = set()
+        self.layer_types: dict[str, str] = {}
+        self.data_layers: list[DataLayerSpec] = []
+        self.inputs: dict[str, tuple[int, ...]] = {}
+        self.sparse: dict[str, tuple[float, float, int]] = {}
+        self.param_names: dict[str, str] = {}
+
+    # -- helpers
+    def fail(self, layer: Any, message: str) -> PrototxtError:
+        return PrototxtError(f"{self.where}: layer {layer.name!r} ({layer.type}): {message}", layer=layer.name,
+                             path=self.where)
+
+    def unique(self, name: str) -> str:
+        if name not in self.names:
+            self.names.add(name)
+            return name
+        i = 1
+        while f"{name}_{i}" in self.names:
+            i += 1
+        logger.info("%s: a second layer named %r is called %r in sparknet", self.where, name, f"{name}_{i}")
+        self.names.add(f"{name}_{i}")
+        return f"{name}_{i}"
+
+    def filler(self, layer: Any, message: Any, has: bool, bias: bool = False) -> Any:
+        if not has:
+            return self.dsl.Filler("constant", value=0.0) if bias else None
+        kind = message.type.lower()
+        if kind not in ("constant", "gaussian", "xavier", "msra", "uniform", "positive_unitball"):
+            raise self.fail(layer, f"filler type {message.type!r} is not supported")
+        if kind == "gaussian" and message.sparse >= 0:
+            if bias:
+                raise self.fail(layer, "a sparse Gaussian bias filler is not supported")
+            self.sparse[layer.name] = (_f(message.mean), _f(message.std), int(message.sparse))
+        return self.dsl.Filler(
+            kind,
+            value=_f(message.value),
+            mean=_f(message.mean),
+            std=_f(message.std),
+            min=_f(message.min),
+            max=_f(message.max),
+            variance_norm=_enum_name(message, "variance_norm").lower(),
+        )
+
+    def multipliers(self, layer: Any, blobs: int) -> dict[str, Any]:
+        for spec in layer.param:
+            if spec.name:
+                if spec.name in self.param_names and self.param_names[spec.name] != layer.name:
+                    raise self.fail(
+                        layer,
+                        f"shares parameter {spec.name!r} with layer {self.param_names[spec.name]!r}; "
+                        "weight sharing is not supported",
+                    )
+                self.param_names[spec.name] = layer.name
+        lr = tuple(_f(layer.param[i].lr_mult) if i < len(layer.param) else 1.0 for i in range(blobs))
+        decay = tuple(_f(layer.param[i].decay_mult) if i < len(layer.param) else 1.0 for i in range(blobs))
+        return {"lr_mult": lr, "decay_mult": decay}
+
+    def pair(self, layer: Any, p: Any, single: str, prefix: str, default: int | None) -> tuple[int, int] | None:
+        """Caffe's ``single`` (repeated: 1 or 2 values) or ``prefix_h`` + ``prefix_w`` option as (h, w)."""
+        h, w = f"{prefix}_h", f"{prefix}_w"
+        if p.HasField(h) or p.HasField(w):
+            if not (p.HasField(h) and p.HasField(w)):
+                raise self.fail(layer, f"set both {h} and {w}, or {single}")
+            return (int(getattr(p, h)), int(getattr(p, w)))
+        values = [int(v) for v in getattr(p, single)]
+        if not values:
+            return None if default is None else (default, default)
+        if len(values) == 1:
+            return (values[0], values[0])
+        if len(values) == 2:
+            return (values[0], values[1])
+        raise self.fail(layer, f"{len(values)} {single} values: only 2-d spatial layers are supported")
+
+    def loss_weight(self, layer: Any) -> float:
+        return _f(layer.loss_weight[0]) if len(layer.loss_weight) else 1.0
+
+    # -- conversion
+    def add(self, layer: Any) -> None:
+        kind = layer.type
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            raise PrototxtError(
+                f"{self.where}: layer {layer.name!r} has type {kind!r}, which sparknet does not support "
+                f"(supported: {', '.join(sorted(SUPPORTED_LAYER_TYPES))})",
+                layer=layer.name,
+                path=self.where,
+            )
+        if kind not in _LOSS_TYPES and any(w != 0 for w in layer.loss_weight):
+            raise self.fail(layer, "a loss_weight on a layer that is not a loss is not supported")
+        made = handler(self, layer)
+        for item in made:
+            self.out.append(item)
+            self.layer_types[item.name] = "Input" if isinstance(item, self.dsl.RDDLayer) else kind
+
+    def common(self, layer: Any) -> dict[str, Any]:
+        return {"name": self.unique(layer.name), "bottoms": list(layer.bottom), "tops": list(layer.top)}
+
+    def input_layers(self, layer: Any) -> list[Any]:
+        shapes = list(layer.input_param.shape)
+        if not shapes:
+            raise self.fail(layer, "input_param has no shape")
+        if len(shapes) not in (1, len(layer.top)):
+            raise self.fail(layer, f"{len(shapes)} shapes for {len(layer.top)} tops")
+        made = []
+        for i, top in enumerate(layer.top):
+            shape = tuple(int(d) for d in shapes[i if len(shapes) > 1 else 0].dim)
+            made.append(self.rdd(layer, top, shape, "float32"))
+        return made
+
+    def rdd(self, layer: Any, top: str, shape: tuple[int, ...], dtype: str) -> Any:
+        if not shape or any(d <= 0 for d in shape):
+            raise self.fail(layer, f"blob {top!r} has shape {list(shape)}; every dimension must be positive")
+        self.inputs[top] = shape
+        self.names.add(top)
+        return self.dsl.RDDLayer(top, shape=shape, dtype=dtype)
+
+    def data_layer(self, layer: Any) -> list[Any]:
+        kind = layer.type
+        if not 1 <= len(layer.top) <= 2:
+            raise self.fail(layer, f"expected a data top and an optional label top, got {list(layer.top)}")
+        shape: tuple[int, ...] | None = None
+        source: str | None = None
+        if kind == "Data":
+            p = layer.data_param
+            source, batch = p.source, int(p.batch_size)
+        elif kind == "ImageData":
+            p = layer.image_data_param
+            source, batch = p.source, int(p.batch_size)
+            if p.new_height and p.new_width:
+                shape = (3 if p.is_color else 1, int(p.new_height), int(p.new_width))
+        elif kind == "HDF5Data":
+            p = layer.hdf5_data_param
+            source, batch = p.source, int(p.batch_size)
+        else:  # MemoryData
+            p = layer.memory_data_param
+            batch = int(p.batch_size)
+            shape = (int(p.channels), int(p.height), int(p.width))
+        binding = _find_binding(source, layer.name, self.sources)
+        if binding is not None and binding.sample_shape is not None and shape is None:
+            shape = tuple(binding.sample_shape)
+        if shape is None:
+            raise self.fail(
+                layer,
+                f"cannot tell the shape of source {source!r}; bind it to a data set with "
+                f"sources={{{source or layer.name!r}: DataBinding(dataset, split, sample_shape=(C, H, W))}}",
+            )
+        if batch <= 0:
+            raise self.fail(layer, "batch_size is not set")
+        transform = self.transform(layer, binding)
+        net_shape = (batch,) + transform.output_shape(shape)
+        made = [self.rdd(layer, layer.top[0], net_shape, "float32")]
+        if len(layer.top) == 2:
+            made.append(self.rdd(layer, layer.top[1], (batch,), "int64"))
+        self.data_layers.append(
+            DataLayerSpec(layer.name, kind, tuple(layer.top), source, batch, binding, transform, net_shape)
+        )
+        return made
+
+    def transform(self, layer: Any, binding: DataBinding | None) -> CaffeTransform:
+        t = layer.transform_param
+        mean = None
+        mean_file = t.mean_file if t.HasField("mean_file") else None
+        if mean_file:
+            from sparknet.caffe.caffemodel import read_binaryproto
+            from sparknet.caffe.solver import resolve_net_path
+
+            found = resolve_net_path(mean_file, self.folder / "x" if self.folder else None)
+            if found is not None:
+                mean = read_binaryproto(found)
+                mean = mean[0] if mean.ndim == 4 else mean
+            else:
+                logger.warning("%s: layer %r: mean_file %r not found; call transform.with_mean() before use",
+                               self.where, layer.name, mean_file)
+        if mean_file and len(t.mean_value):
+            raise self.fail(layer, "mean_file and mean_value cannot both be set")
+        return CaffeTransform(
+            scale=_f(t.scale),
+            mean_value=tuple(_f(v) for v in t.mean_value),
+            mean_file=mean_file,
+            mean=mean,
+            mirror=bool(t.mirror),
+            crop_size=int(t.crop_size),
+            native_scale=binding.native_scale if binding is not None else 1.0,
+            train=self.phase == "TRAIN",
+        )
+
+    def convolution(self, layer: Any) -> list[Any]:
+        p = layer.convolution_param
+        if p.axis != 1:
+            raise self.fail(layer, f"axis {p.axis}: only channel axis 1 is supported")
+        kernel = self.pair(layer, p, "kernel_size", "kernel", None)
+        if kernel is None:
+            raise self.fail(layer, "kernel_size is not set")
+        if not p.num_output:
+            raise self.fail(layer, "num_output is not set")
+        stride = self.pair(layer, p, "stride", "stride", 1)
+        pad = self.pair(layer, p, "pad", "pad", 0)
+        dilation = (int(p.dilation[0]),) * 2 if len(p.dilation) == 1 else tuple(int(d) for d in p.dilation) or (1, 1)
+        if len(dilation) != 2:
+            raise self.fail(layer, f"{len(dilation)} dilation values: only 2-d convolution is supported")
+        return [self.dsl.ConvLayer(
+            **self.common(layer), kernel=kernel, num_filters=int(p.num_output), stride=stride, pad=pad,
+            dilation=dilation, groups=int(p.group), bias=bool(p.bias_term),
+            weight_filler=self.filler(layer, p.weight_filler, p.HasField("weight_filler")),
+            bias_filler=self.filler(layer, p.bias_filler, p.HasField("bias_filler"), bias=True),
+            **self.multipliers(layer, 2 if p.bias_term else 1),
+        )]
+
+    def pooling(self, layer: Any) -> list[Any]:
+        p = layer.pooling_param
+        method = _enum_name(p, "pool")
+        if method == "STOCHASTIC":
+            raise self.fail(layer, "stochastic pooling is not supported")
+        if _enum_name(p, "round_mode") != "CEIL":
+            raise self.fail(layer, "round_mode FLOOR is not supported (Caffe's default CEIL is)")
+        kernel = None
+        if p.HasField("kernel_h") or p.HasField("kernel_w"):
+            if not (p.HasField("kernel_h") and p.HasField("kernel_w")):
+                raise self.fail(layer, "set both kernel_h and kernel_w, or kernel_size")
+            kernel = (int(p.kernel_h), int(p.kernel_w))
+        elif p.HasField("kernel_size"):
+            kernel = (int(p.kernel_size), int(p.kernel_size))
+        if kernel is None and not p.global_pooling:
+            raise self.fail(layer, "kernel_size is not set")
+        stride = (int(p.stride_h), int(p.stride_w)) if p.HasField("stride_h") else (int(p.stride), int(p.stride))
+        pad = (int(p.pad_h), int(p.pad_w)) if p.HasField("pad_h") else (int(p.pad), int(p.pad))
+        options: dict[str, Any] = {"pool": method.lower(), "global_pooling": bool(p.global_pooling)}
+        if not p.global_pooling:
+            options.update(kernel=kernel, stride=stride, pad=pad)
+        return [self.dsl.PoolLayer(**self.common(layer), **options)]
+
+    def inner_product(self, layer: Any) -> list[Any]:
+        p = layer.inner_product_param
+        if p.transpose:
+            raise self.fail(layer, "transpose: true is not supported")
+        if not p.num_output:
+            raise self.fail(layer, "num_output is not set")
+        return [self.dsl.LinearLayer(
+            **self.common(layer), num_outputs=int(p.num_output), bias=bool(p.bias_term), axis=int(p.axis),
+            weight_filler=self.filler(layer, p.weight_filler, p.HasField("weight_filler")),
+            bias_filler=self.filler(layer, p.bias_filler, p.HasField("bias_filler"), bias=True),
+            **self.multipliers(layer, 2 if p.bias_term else 1),
+        )]
+
+    def activation(self, layer: Any) -> list[Any]:
+        kind = layer.type
+        options: dict[str, Any] = {}
+        if kind == "ReLU":
+            options = {"activation": "relu", "negative_slope": _f(layer.relu_param.negative_slope)}
+        elif kind == "ELU":
+            options = {"activation": "elu", "alpha": _f(layer.elu_param.alpha)}
+        elif kind == "Power":
+            pp = layer.power_param
+            options = {"activation": "power", "power": _f(pp.power), "scale": _f(pp.scale), "shift": _f(pp.shift)}
+        elif kind == "Swish":
+            if _f(layer.swish_param.beta) != 1.0:
+                raise self.fail(layer, "swish beta other than 1 is not supported")
+            options = {"activation": "swish"}
+        else:
+            options = {"activation": _ACTIVATIONS[kind]}
+        return [self.dsl.ActivationLayer(**self.common(layer), **options)]
+
+    def prelu(self, layer: Any) -> list[Any]:
+        p = layer.prelu_param
+        if p.HasField("filler") and not (p.filler.type == "constant" and _f(p.filler.value) == 0.25):
+            logger.warning("%s: layer %r: PReLU filler ignored; slopes start at 0.25", self.where, layer.name)
+        return [self.dsl.ActivationLayer(**self.common(layer), activation="prelu",
+                                         channel_shared=bool(p.channel_shared))]
+
+    def dropout(self, layer: Any) -> list[Any]:
+        return [self.dsl.DropoutLayer(**self.common(layer), ratio=_f(layer.dropout_param.dropout_ratio))]
+
+    def lrn(self, layer: Any) -> list[Any]:
+        p = layer.lrn_param
+        return [self.dsl.LRNLayer(
+            **self.common(layer), local_size=int(p.local_size), alpha=_f(p.alpha), beta=_f(p.beta), k=_f(p.k),
+            norm_region=_enum_name(p, "norm_region").lower(),
+        )]
+
+    def batch_norm(self, layer: Any) -> list[Any]:
+        p = layer.batch_norm_param
+        return [self.dsl.BatchNormLayer(
+            **self.common(layer), eps=_f(p.eps), momentum=1.0 - _f(p.moving_average_fraction),
+            use_global_stats=bool(p.use_global_stats) if p.HasField("use_global_stats") else None,
+            **self.multipliers(layer, 3),
+        )]
+
+    def scale(self, layer: Any) -> list[Any]:
+        p = layer.scale_param
+        if len(layer.bottom) != 1:
+            raise self.fail(layer, "a Scale layer with a second bottom (the scale as an input) is not supported")
+        if p.num_axes != 1:
+            raise self.fail(layer, f"num_axes {p.num_axes}: only 1 is supported")
+        return [self.dsl.ScaleLayer(
+            **self.common(layer), bias_term=bool(p.bias_term), axis=int(p.axis),
+            weight_filler=self.filler(layer, p.filler, p.HasField("filler")),
+            bias_filler=self.filler(layer, p.bias_filler, p.HasField("bias_filler"), bias=True),
+            **self.multipliers(layer, 2 if p.bias_term else 1),
+        )]
+
+    def concat(self, layer: Any) -> list[Any]:
+        p = layer.concat_param
+        axis = int(p.axis) if p.HasField("axis") or not p.HasField("concat_dim") else int(p.concat_dim)
+        return [self.dsl.ConcatLayer(**self.common(layer), axis=axis)]
+
+    def eltwise(self, layer: Any) -> list[Any]:
+        p = layer.eltwise_param
+        coeffs = tuple(_f(c) for c in p.coeff) or None
+        return [self.dsl.EltwiseLayer(**self.common(layer), operation=_enum_name(p, "operation").lower(),
+                                      coeffs=coeffs)]
+
+    def slice(self, layer: Any) -> list[Any]:
+        p = layer.slice_param
+        axis = int(p.axis) if p.HasField("axis") or not p.HasField("slice_dim") else int(p.slice_dim)
+        return [self.dsl.SliceLayer(**self.common(layer), axis=axis,
+                                    slice_points=tuple(int(v) for v in p.slice_point))]
+
+    def split(self, layer: Any) -> list[Any]:
+        return [self.dsl.SplitLayer(**self.common(layer))]
+
+    def silence(self, layer: Any) -> list[Any]:
+        return [self.dsl.SilenceLayer(**self.common(layer))]
+
+    def flatten(self, layer: Any) -> list[Any]:
+        p = layer.flatten_param
+        return [self.dsl.FlattenLayer(**self.common(layer), axis=int(p.axis), end_axis=int(p.end_axis))]
+
+    def reshape(self, layer: Any) -> list[Any]:
+        p = layer.reshape_param
+        dims = tuple(int(d) for d in p.shape.dim)
+        if p.num_axes != -1 or p.axis < 0:
+            raise self.fail(layer, "reshape_param with num_axes or a negative axis is not supported")
+        return [self.dsl.ReshapeLayer(**self.common(layer), shape=(0,) * int(p.axis) + dims)]
+
+    def softmax(self, layer: Any) -> list[Any]:
+        return [self.dsl.SoftmaxLayer(**self.common(layer), axis=int(layer.softmax_param.axis))]
+
+    def softmax_loss(self, layer: Any) -> list[Any]:
+        lp = layer.loss_param
+        if lp.HasField("normalization"):
+            normalization = _enum_name(lp, "normalization").lower()
+        elif lp.HasField("normalize") and not lp.normalize:
+            normalization = "batch_size"
+        else:
+            normalization = "valid"
+        return [self.dsl.SoftmaxWithLoss(
+            **self.common(layer), axis=int(layer.softmax_param.axis), loss_weight=self.loss_weight(layer),
+            ignore_label=int(lp.ignore_label) if lp.HasField("ignore_label") else None,
+            normalization=normalization,
+        )]
+
+    def simple_loss(self, layer: Any) -> list[Any]:
+        cls = {"EuclideanLoss": self.dsl.EuclideanLoss,
+               "SigmoidCrossEntropyLoss": self.dsl.SigmoidCrossEntropyLoss}[layer.type]
+        return [cls(**self.common(layer), loss_weight=self.loss_weight(layer))]
+
+    def contrastive(self, layer: Any) -> list[Any]:
+        p = layer.contrastive_loss_param
+        return [self.dsl.ContrastiveLoss(**self.common(layer), loss_weight=self.loss_weight(layer),
+                                         margin=_f(p.margin), legacy_version=bool(p.legacy_version))]
+
+    def accuracy(self, layer: Any) -> list[Any]:
+        p = layer.accuracy_param
+        return [self.dsl.AccuracyLayer(
+            **self.common(layer), top_k=int(p.top_k), axis=int(p.axis),
+            ignore_label=int(p.ignore_label) if p.HasField("ignore_label") else None,
+        )]
+
+    def embed(self, layer: Any) -> list[Any]:
+        p = layer.embed_param
+        if not p.num_output or not p.input_dim:
+            raise self.fail(layer, "num_output and input_dim must be set")
+        return [self.dsl.EmbeddingLayer(
+            **self.common(layer), num_embeddings=int(p.input_dim), num_outputs=int(p.num_output),
+            bias=bool(p.bias_term),
+            weight_filler=self.filler(layer, p.weight_filler, p.HasField("weight_filler")),
+            bias_filler=self.filler(layer, p.bias_filler, p.HasField("bias_filler"), bias=True),
+            **self.multipliers(layer, 2 if p.bias_term else 1),
+        )]
+
+
+_ACTIVATIONS = {"Sigmoid": "sigmoid", "TanH": "tanh", "AbsVal": "abs", "BNLL": "softplus"}
+_LOSS_TYPES = {"SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss", "ContrastiveLoss"}
+_HANDLERS: dict[str, Callable[[_Converter, Any], list[Any]]] = {
+    "Input": _Converter.input_layers,
+    "Data": _Converter.data_layer,
+    "ImageData": _Converter.data_layer,
+    "HDF5Data": _Converter.data_layer,
+    "MemoryData": _Converter.data_layer,
+    "Convolution": _Converter.convolution,
+    "Pooling": _Converter.pooling,
+    "InnerProduct": _Converter.inner_product,
+    "ReLU": _Converter.activation,
+    "Sigmoid": _Converter.activation,
+    "TanH": _Converter.activation,
+    "ELU": _Converter.activation,
+    "AbsVal": _Converter.activation,
+    "BNLL": _Converter.activation,
+    "Power": _Converter.activation,
+    "Swish": _Converter.activation,
+    "PReLU": _Converter.prelu,
+    "Dropout": _Converter.dropout,
+    "LRN": _Converter.lrn,
+    "BatchNorm": _Converter.batch_norm,
+    "Scale": _Converter.scale,
+    "Concat": _Converter.concat,
+    "Eltwise": _Converter.eltwise,
+    "Slice": _Converter.slice,
+    "Split": _Converter.split,
+    "Silence": _Converter.silence,
+    "Flatten": _Converter.flatten,
+    "Reshape": _Converter.reshape,
+    "Softmax": _Converter.softmax,
+    "SoftmaxWithLoss": _Converter.softmax_loss,
+    "EuclideanLoss": _Converter.simple_loss,
+    "SigmoidCrossEntropyLoss": _Converter.simple_loss,
+    "ContrastiveLoss": _Converter.contrastive,
+    "Accuracy": _Converter.accuracy,
+    "Embed": _Converter.embed,
+}
+
+SUPPORTED_LAYER_TYPES: frozenset[str] = frozenset(_HANDLERS)
+"""The Caffe layer types :func:`load_net_prototxt` turns into sparknet layers."""
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _layer_line(text: str, name: str | None) -> int | None:
+    """The line of ``name: "<name>"`` in the prototxt, to point errors at (1-based)."""
+    if not name:
+        return None
+    pattern = re.compile(r"""(?<![\w])name\s*:\s*["']""" + re.escape(name) + r"""["']""")
+    match = pattern.search(text)
+    return text.count("\n", 0, match.start()) + 1 if match else None
+
+
+def parse_net_prototxt(path_or_text: str | os.PathLike) -> Any:
+    """Parse a net prototxt into Caffe's ``NetParameter`` message (no conversion)."""
+    text, _, where = read_text(path_or_text)
+    return parse_text(text, _schema.NetParameter(), where)
+
+
+def load_net_prototxt(
+    path_or_text: str | os.PathLike,
+    phase: str = "TRAIN",
+    sources: Mapping[str, DataBinding | str] | None = None,
+    *,
+    stages: tuple[str, ...] | list[str] = (),
+    level: int = 0,
+) -> CaffeNet:
+    """Load a Caffe net prototxt as sparknet layers for one phase.
+
+    Parameters
+    ----------
+    path_or_text : str or path
+        The ``.prototxt`` file, or its text.
+    phase : {"TRAIN", "TEST"}
+        Which layers to keep, by the layers' ``include``/``exclude`` rules.
+    sources : mapping, optional
+        Data source (or its last path component, or the data layer's name) ->
+        :class:`DataBinding` or ``"dataset[:split]"``; consulted before
+        :data:`DEFAULT_SOURCES`.
+    stages : sequence of str
+        The net state's stages (the MNIST autoencoder's TEST nets use ``test-on-train``
+        and ``test-on-test``; ``CaffeSolver.load_net`` passes the solver's).
+    level : int
+        The net state's level.
+
+    Returns
+    -------
+    CaffeNet
+
+    Raises
+    ------
+    PrototxtError
+        A syntax error (file, line and column), an unsupported layer type (file, layer
+        and type), a missing bottom or a shape that does not fit (file and layer, from
+        the layer DSL's ``GraphError``).
+    """
+    text, path, where = read_text(path_or_text)
+    phase_name = str(phase).upper()
+    if phase_name not in _PHASES:
+        raise ValueError(f"phase must be 'TRAIN' or 'TEST', got {phase!r}")
+    net = parse_text(text, _schema.NetParameter(), where)
+    if len(net.layer) and len(net.layers):
+        raise PrototxtError(f"{where}: mixes 'layer' and legacy 'layers' entries; use one", path=where)
+    all_layers = list(net.layer) if len(net.layer) else [_upgrade_v1(old, where) for old in net.layers]
+    all_layers = _legacy_inputs(net, where) + all_layers
+
+    state_stages = set(stages)
+    selected = []
+    for layer in all_layers:
+        try:
+            keep = _included(layer, _PHASES[phase_name], level, state_stages)
+        except ValueError as exc:
+            raise PrototxtError(f"{where}: {exc}", layer=layer.name, path=where) from None
+        if keep:
+            selected.append(layer)
+    if not selected:
+        raise PrototxtError(f"{where}: no layer is included in phase {phase_name} with stages {sorted(state_stages)}",
+                            path=where)
+
+    converter = _Converter(where, path.parent if path is not None else None, phase_name, dict(sources or {}))
+    from sparknet.layers import NetParams
+
+    try:
+        for layer in selected:
+            converter.add(layer)
+        net_params = NetParams(*converter.out, name=net.name or (path.stem if path else "net"))
+    except PrototxtError as exc:
+        raise _with_line(exc, text) from None
+    except GraphError as exc:
+        message = str(exc) + _excluded_hint(exc.layer, selected, all_layers, phase_name, stages)
+        raise _with_line(PrototxtError(f"{where}: {message}", layer=exc.layer, path=where), text) from exc
+
+    proto = _schema.NetParameter(name=net.name)
+    for layer in selected:
+        copy = proto.layer.add()
+        copy.CopyFrom(layer)
+        del copy.blobs[:]
+    logger.debug("%s: %s phase, %d layers", where, phase_name, len(net_params))
+    return CaffeNet(
+        net_params=net_params,
+        name=net.name,
+        phase=phase_name,
+        stages=tuple(stages),
+        level=level,
+        data_layers=converter.data_layers,
+        inputs=converter.inputs,
+        proto=proto,
+        layer_types=converter.layer_types,
+        source_path=path,
+        _sparse_fillers=converter.sparse,
+    )
+
+
+def _excluded_hint(name: str | None, selected: list[Any], all_layers: list[Any], phase: str, stages: Any) -> str:
+    """Say so when a missing bottom comes from a layer the phase, level or stages left out."""
+    chosen = {id(layer) for layer in selected}
+    produced = {top for layer in selected for top in layer.top}
+    for layer in selected:
+        if layer.name != name:
+            continue
+        for bottom in layer.bottom:
+            if bottom in produced:
+                continue
+            producers = [o for o in all_layers if id(o) not in chosen and bottom in o.top]
+            if producers:
+                rules = " or ".join(
+                    "{" + text_format.MessageToString(r, as_one_line=True) + "}" for o in producers for r in o.include
+                )
+                return (f" (blob {bottom!r} comes from layer {producers[0].name!r}, left out in phase {phase} "
+                        f"with stages {sorted(stages)}" + (f"; it is included for {rules}" if rules else "") + ")")
+    return ""
+
+
+def _with_line(exc: PrototxtError, text: str) -> PrototxtError:
+    """Add the layer's line to an error message, when the layer can be found in the text."""
+    line = _layer_line(text, exc.layer)
+    if line is None or exc.path is None:
+        return exc
+    message = str(exc)
+    prefix = f"{exc.path}: "
+    if message.startswith(prefix):
+        message = f"{exc.path}:{line}: " + message[len(prefix):]
+    return PrototxtError(message, layer=exc.layer, path=exc.path, line=line)
