@@ -1499,19 +1499,22 @@ class _LSTM(nn.LSTM):
 class _SoftmaxLoss(nn.Module):
     def __init__(self, axis: int, ndim: int, ignore_label: int | None, normalization: str):
         super().__init__()
-        self.axis, self.ignore_index, self.normalization = axis, ignore_label, normalization
+        self.axis, self.normalization = axis, normalization
+        self.ignore = -100 if ignore_label is None else ignore_label  # -100: cross_entropy's default
         self.last_axis = axis == ndim - 1  # classes last: [N, C] or [B, T, C]
 
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
         if labels.dtype != torch.long:
             labels = labels.long()
+        if self.normalization == "valid" and logits.dim() == 2 and labels.dim() == 1:
+            return F.cross_entropy(logits, labels, ignore_index=self.ignore)  # the common case
         classes = logits.shape[self.axis]
         if self.last_axis:
             x, t = logits.reshape(-1, classes), labels.reshape(-1)
         else:
             outer = math.prod(logits.shape[:self.axis])
             x, t = logits.reshape(outer, classes, -1), labels.reshape(outer, -1)
-        ignore = -100 if self.ignore_index is None else self.ignore_index
+        ignore = self.ignore
         if self.normalization == "valid":
             return F.cross_entropy(x, t, ignore_index=ignore)
         total = F.cross_entropy(x, t, ignore_index=ignore, reduction="sum")
@@ -1600,6 +1603,8 @@ class NetParams:
 
     # -- validation
     def _check_structure(self) -> None:
+        if not self.inputs:
+            raise GraphError("a net needs at least one RDDLayer (input)")
         producers: dict[str, str] = {}  # blob -> first layer writing it
         seen: set[str] = set()
         for layer in self._layers:
@@ -1627,8 +1632,6 @@ class NetParams:
                 raise GraphError(f"layer {layer.name!r} reads unknown blob {bottom!r}; known blobs: "
                                  f"{sorted(available)}", layer=layer.name)
             available.update(layer.tops)
-        if not self.inputs:
-            raise GraphError("a net needs at least one RDDLayer (input)")
 
     def _trace(self) -> list[tuple[Layer, list[Shape], list[Shape]]]:
         """Each layer with the shapes of its bottoms and tops, in order."""
@@ -1734,7 +1737,7 @@ def _plan(layers: Sequence[Layer], targets: set[str]) -> tuple[list[int], set[st
     keep: list[int] = []
     for index in range(len(layers) - 1, -1, -1):
         layer = layers[index]
-        if not any(top in needed for top in layer.tops):
+        if isinstance(layer, RDDLayer) or not any(top in needed for top in layer.tops):
             continue
         keep.append(index)
         needed.difference_update(t for t in layer.tops if t not in layer.bottoms)
