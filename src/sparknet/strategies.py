@@ -20,6 +20,10 @@ This module never imports pyspark.
 from __future__ import annotations
 
 import abc
+import enum
+import logging
+import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,7 +31,13 @@ import torch
 
 from sparknet.config import Strategy
 
-__all__ = ["TrainingStrategy", "WorkerState", "Average", "make_strategy"]
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "TrainingStrategy", "WorkerState", "Average", "DiLoCo", "EASGD", "Sync", "make_strategy", "register",
+    "Compressor", "NoCompression", "HalfCompression", "Int8Compression", "Compressed", "make_compressor",
+    "AutoTau",
+]
 
 
 @dataclass
@@ -82,11 +92,153 @@ class Average(TrainingStrategy):
 
     name = Strategy.AVERAGE
 
+    def __init__(self, **_ignored):
+        pass
+
     def apply(self, global_flat, mean_delta, num_workers):
         return global_flat + mean_delta
 
 
-_REGISTRY: dict[Strategy, Callable[..., TrainingStrategy]] = {Strategy.AVERAGE: Average}
+class DiLoCo(TrainingStrategy):
+    """DiLoCo (Douillard et al. 2023): the averaged change is the gradient of an outer optimizer.
+
+    The outer gradient is ``global - mean(worker weights) = -mean_delta``; the outer step is
+    SGD with Nesterov momentum, as ``torch.optim.SGD(nesterov=True)`` computes it::
+
+        v = momentum * v + g;   global -= outer_lr * (g + momentum * v)
+
+    With ``outer_lr=1`` and ``outer_momentum=0`` this is plain averaging. The momentum ``v``
+    is the driver's state (every rank's, identically, in the barrier engine).
+
+    Parameters
+    ----------
+    outer_lr : float
+        The paper's default, 0.7.
+    outer_momentum : float
+        The paper's default, 0.9.
+    nesterov : bool
+        Nesterov momentum (the paper's choice) or heavy-ball momentum.
+    """
+
+    name = Strategy.DILOCO
+
+    def __init__(self, outer_lr: float = 0.7, outer_momentum: float = 0.9, nesterov: bool = True, **_ignored):
+        if not outer_lr > 0:
+            raise ValueError(f"outer_lr must be positive, got {outer_lr}")
+        if not 0 <= outer_momentum < 1:
+            raise ValueError(f"outer_momentum must be in [0, 1), got {outer_momentum}")
+        self.outer_lr, self.outer_momentum, self.nesterov = float(outer_lr), float(outer_momentum), bool(nesterov)
+        self.velocity: torch.Tensor | None = None
+
+    def apply(self, global_flat, mean_delta, num_workers):
+        grad = -mean_delta
+        if self.velocity is None:
+            self.velocity = torch.zeros_like(global_flat)
+        self.velocity.mul_(self.outer_momentum).add_(grad)
+        step = grad + self.outer_momentum * self.velocity if self.nesterov else self.velocity
+        return global_flat - self.outer_lr * step
+
+    def state_dict(self):
+        return {"velocity": None if self.velocity is None else self.velocity.clone()}
+
+    def load_state_dict(self, state):
+        v = state.get("velocity")
+        self.velocity = None if v is None else v.clone()
+
+    def __repr__(self):
+        return f"DiLoCo(outer_lr={self.outer_lr}, outer_momentum={self.outer_momentum}, nesterov={self.nesterov})"
+
+
+class EASGD(TrainingStrategy):
+    """Synchronous elastic averaging SGD (Zhang, Choromanska, LeCun 2015).
+
+    Each worker keeps its own weights ``x_i``; the global weights are the center ``c``.
+    At every synchronization, with moving rate ``alpha``::
+
+        x_i <- x_i - alpha * (x_i - c)          (on the worker)
+        c   <- c + alpha * sum_i (x_i - c)      (on the driver; = c + beta * mean_i (x_i - c))
+
+    both from the values before the update. ``alpha`` defaults to ``beta / K`` with
+    ``beta = 0.9``, the paper's choice.
+    """
+
+    name = Strategy.EASGD
+    keeps_local_weights = True
+
+    def __init__(self, num_workers: int = 1, beta: float = 0.9, alpha: float | None = None, **_ignored):
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        self.num_workers = int(num_workers)
+        self.alpha = float(alpha) if alpha is not None else beta / self.num_workers
+        if not 0 < self.alpha * self.num_workers <= 1:
+            raise ValueError(f"alpha * K must be in (0, 1] for a stable center, got {self.alpha} * {self.num_workers}")
+
+    def worker_begin(self, state, net, global_flat):
+        if state.local_flat is None:
+            net.set_flat(global_flat)
+        else:
+            net.set_flat(state.local_flat)
+
+    def worker_delta(self, state, net, global_flat):
+        x = net.get_flat()
+        delta = x - global_flat
+        state.local_flat = x - self.alpha * delta
+        return delta
+
+    def apply(self, global_flat, mean_delta, num_workers):
+        return global_flat + (self.alpha * num_workers) * mean_delta
+
+    def __repr__(self):
+        return f"EASGD(alpha={self.alpha:.4g}, num_workers={self.num_workers})"
+
+
+class Sync(TrainingStrategy):
+    """The naive scheme: gradients averaged across workers at every step (large-batch SGD).
+
+    Needs a process group (the barrier engine): :meth:`after_backward` allreduces every
+    gradient as one flat buffer. Weights stay identical on every worker, so the round's
+    synchronization changes nothing and only marks where metrics are taken.
+    """
+
+    name = Strategy.SYNC
+    needs_gradient_hook = True
+
+    def __init__(self, group=None, **_ignored):
+        self.group = group
+        self.bytes_sent = 0
+
+    def after_backward(self, net) -> None:
+        import torch.distributed as dist
+
+        params = [p for p in net.module.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self.group)
+        flat /= dist.get_world_size(self.group)
+        self.bytes_sent += flat.numel() * flat.element_size()
+        offset = 0
+        for p, g in zip(params, grads):
+            n = g.numel()
+            if p.grad is None:
+                p.grad = flat[offset:offset + n].view_as(p).clone()
+            else:
+                p.grad.copy_(flat[offset:offset + n].view_as(p))
+            offset += n
+
+    def apply(self, global_flat, mean_delta, num_workers):
+        return global_flat + mean_delta
+
+    def __getstate__(self):
+        # A process group does not travel; each task sets its own.
+        return {"group": None, "bytes_sent": 0}
+
+
+_REGISTRY: dict[Strategy, Callable[..., TrainingStrategy]] = {
+    Strategy.AVERAGE: Average,
+    Strategy.DILOCO: DiLoCo,
+    Strategy.EASGD: EASGD,
+    Strategy.SYNC: Sync,
+}
 
 
 def register(name: Strategy, factory: Callable[..., TrainingStrategy]) -> None:
@@ -102,3 +254,187 @@ def make_strategy(name: Strategy | str, **options) -> TrainingStrategy:
     if key not in _REGISTRY:
         raise ValueError(f"strategy {key.value!r} is not available in this engine")
     return _REGISTRY[key](**options)
+
+
+# -- compression of what workers send ----------------------------------------------------------
+
+class CompressionKind(str, enum.Enum):
+    """How deltas are encoded on the wire."""
+
+    NONE = "none"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    INT8 = "int8"
+
+
+@dataclass
+class Compressed:
+    """An encoded delta: a payload tensor, per-chunk scales, and the original element count."""
+
+    payload: torch.Tensor
+    scales: torch.Tensor | None
+    numel: int
+
+    @property
+    def nbytes(self) -> int:
+        n = self.payload.numel() * self.payload.element_size()
+        if self.scales is not None:
+            n += self.scales.numel() * self.scales.element_size()
+        return n
+
+
+class Compressor(abc.ABC):
+    """Encodes a worker's flat float32 delta; error feedback state lives in the worker's state."""
+
+    kind: CompressionKind
+
+    @abc.abstractmethod
+    def compress(self, delta: torch.Tensor, state: WorkerState) -> Compressed:
+        """Encode ``delta`` (updating any residual kept in ``state``)."""
+
+    @abc.abstractmethod
+    def decompress(self, c: Compressed) -> torch.Tensor:
+        """The float32 delta ``c`` stands for."""
+
+
+class NoCompression(Compressor):
+    kind = CompressionKind.NONE
+
+    def compress(self, delta, state):
+        return Compressed(delta.float(), None, delta.numel())
+
+    def decompress(self, c):
+        return c.payload.float()
+
+
+class HalfCompression(Compressor):
+    """fp16 or bf16 with error feedback (the rounding error is added to the next delta)."""
+
+    def __init__(self, dtype: torch.dtype = torch.float16, error_feedback: bool = True):
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise ValueError(f"half compression takes float16 or bfloat16, got {dtype}")
+        self.dtype = dtype
+        self.kind = CompressionKind.FP16 if dtype is torch.float16 else CompressionKind.BF16
+        self.error_feedback = error_feedback
+
+    def compress(self, delta, state):
+        v = delta.float()
+        residual = state.extra.get("residual")
+        if self.error_feedback and residual is not None:
+            v = v + residual
+        q = v.to(self.dtype)
+        if self.error_feedback:
+            state.extra["residual"] = v - q.float()
+        return Compressed(q, None, delta.numel())
+
+    def decompress(self, c):
+        return c.payload.float()
+
+
+class Int8Compression(Compressor):
+    """Symmetric int8 quantisation in chunks (one float32 scale per chunk) with error feedback.
+
+    ``v = delta + residual``; each chunk is scaled so its largest magnitude maps to 127; the
+    part rounding lost becomes the next residual, so nothing is lost over rounds, only
+    delayed (Seide et al. 2014; Karimireddy et al. 2019). About 25% of the float32 bytes.
+    """
+
+    kind = CompressionKind.INT8
+
+    def __init__(self, chunk: int = 4096, error_feedback: bool = True):
+        if chunk < 1:
+            raise ValueError(f"chunk must be positive, got {chunk}")
+        self.chunk = int(chunk)
+        self.error_feedback = error_feedback
+
+    def compress(self, delta, state):
+        n = delta.numel()
+        v = delta.float()
+        residual = state.extra.get("residual")
+        if self.error_feedback and residual is not None:
+            v = v + residual
+        pad = (-n) % self.chunk
+        vp = torch.nn.functional.pad(v, (0, pad)).view(-1, self.chunk)
+        scales = vp.abs().amax(dim=1) / 127.0
+        safe = torch.where(scales > 0, scales, torch.ones_like(scales))
+        q = torch.clamp(torch.round(vp / safe[:, None]), -127, 127).to(torch.int8)
+        if self.error_feedback:
+            restored = (q.float() * scales[:, None]).reshape(-1)[:n]
+            state.extra["residual"] = v - restored
+        return Compressed(q.reshape(-1)[:n].contiguous(), scales.contiguous(), n)
+
+    def decompress(self, c):
+        n = c.numel
+        pad = (-n) % self.chunk
+        q = torch.nn.functional.pad(c.payload.float(), (0, pad)).view(-1, self.chunk)
+        return (q * c.scales[:, None]).reshape(-1)[:n]
+
+
+def make_compressor(kind: CompressionKind | str | None) -> Compressor:
+    """Build the compressor ``--compression`` names (none, fp16, bf16, int8)."""
+    from sparknet.config import parse_enum
+
+    k = parse_enum(CompressionKind, kind or "none", "compression")
+    if k is CompressionKind.NONE:
+        return NoCompression()
+    if k is CompressionKind.FP16:
+        return HalfCompression(torch.float16)
+    if k is CompressionKind.BF16:
+        return HalfCompression(torch.bfloat16)
+    return Int8Compression()
+
+
+# -- automatic tau -------------------------------------------------------------------------------
+
+class AutoTau:
+    """Chooses tau so synchronization stays under a target fraction of wall time.
+
+    With a step time ``C`` and a synchronization cost ``S`` per round, a round of tau steps
+    spends ``S / (S + tau * C)`` of its time communicating; keeping that at most ``f`` needs
+    ``tau >= S * (1 - f) / (f * C)`` — the SparkNet paper's rule that tau is a small multiple
+    of S/C. Medians of the last ``window`` rounds are used; tau is re-chosen every
+    ``every`` rounds, within ``[min_tau, max_tau]``.
+    """
+
+    def __init__(self, target_fraction: float = 0.1, min_tau: int = 1, max_tau: int = 1000,
+                 every: int = 3, window: int = 5, initial: int = 10):
+        if not 0 < target_fraction < 1:
+            raise ValueError(f"target_fraction must be in (0, 1), got {target_fraction}")
+        if not 1 <= min_tau <= max_tau:
+            raise ValueError(f"need 1 <= min_tau <= max_tau, got {min_tau}, {max_tau}")
+        if every < 1 or window < 1:
+            raise ValueError("every and window must be at least 1")
+        self.target_fraction, self.min_tau, self.max_tau = float(target_fraction), int(min_tau), int(max_tau)
+        self.every, self.window = int(every), int(window)
+        self.tau = min(max(int(initial), self.min_tau), self.max_tau)
+        self._step_s: list[float] = []
+        self._sync_s: list[float] = []
+        self._rounds = 0
+
+    def observe(self, steps: int, compute_s: float, sync_s: float) -> int:
+        """Record one round (local steps, seconds computing, seconds synchronizing); returns the tau to use next."""
+        if steps > 0 and compute_s > 0:
+            self._step_s.append(compute_s / steps)
+        self._sync_s.append(max(sync_s, 0.0))
+        self._step_s, self._sync_s = self._step_s[-self.window:], self._sync_s[-self.window:]
+        self._rounds += 1
+        if self._rounds % self.every == 0 and self._step_s:
+            self.tau = self.choose(statistics.median(self._step_s), statistics.median(self._sync_s))
+            log.info("auto tau: step %.4fs, sync %.4fs -> tau %d", statistics.median(self._step_s),
+                     statistics.median(self._sync_s), self.tau)
+        return self.tau
+
+    def choose(self, step_s: float, sync_s: float) -> int:
+        """The smallest tau that keeps ``sync_s / (sync_s + tau * step_s)`` within the target."""
+        if step_s <= 0:
+            return self.max_tau
+        f = self.target_fraction
+        tau = math.ceil(sync_s * (1 - f) / (f * step_s)) if sync_s > 0 else self.min_tau
+        return min(max(tau, self.min_tau), self.max_tau)
+
+    def state_dict(self) -> dict:
+        return {"tau": self.tau, "step_s": list(self._step_s), "sync_s": list(self._sync_s), "rounds": self._rounds}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.tau, self._rounds = int(state["tau"]), int(state["rounds"])
+        self._step_s, self._sync_s = list(state["step_s"]), list(state["sync_s"])
