@@ -435,3 +435,30 @@ def test_write_with_netparams_structure(tmp_path):
     assert [(layer.name, layer.type) for layer in layers] == [
         ("data", "Input"), ("conv", "Convolution"), ("flat", "Flatten"), ("sm", "Softmax")]
     assert isinstance(net.net_params["conv"], ConvLayer) and not isinstance(net.net_params["conv"], LinearLayer)
+
+
+@pytest.mark.parametrize("name", ["lenet", "cifar_cnn", "alexnet"])
+def test_zoo_net_exports_to_prototxt_and_back(name, tmp_path):
+    from sparknet import zoo
+
+    from sparknet.caffe import net_to_prototxt
+
+    original = getattr(zoo, name)()
+    text = net_to_prototxt(original)
+    back = load_net_prototxt(text, "TRAIN")
+    assert back.net_params.infer_shapes() == original.infer_shapes()
+    assert [type(layer) for layer in back.net_params] == [type(layer) for layer in original]
+    assert back.net_params["label"].dtype == "int64"  # an Input read as class labels
+    for layer in original:
+        if hasattr(layer, "lr_mult"):
+            mirrored = back.net_params[layer.name]
+            assert mirrored.lr_mult == layer.lr_mult[:2] and mirrored.decay_mult == layer.decay_mult[:2]
+
+
+@needs_models
+def test_caffenet_prototxt_round_trip():
+    from sparknet.caffe import net_to_prototxt
+
+    net = load_net_prototxt(MODELS / "mnist/lenet_train_test.prototxt", "TEST")
+    again = load_net_prototxt(net_to_prototxt(net), "TEST")
+    assert again.net_params == net.net_params and again.batch_size == 100

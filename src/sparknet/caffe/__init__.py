@@ -27,6 +27,7 @@ from sparknet.caffe.prototxt import (
     DataLayerSpec,
     PrototxtError,
     load_net_prototxt,
+    net_to_prototxt,
     parse_net_prototxt,
 )
 from sparknet.caffe.solver import CaffeSolver, NetStateSpec, load_solver_prototxt, resolve_net_path
@@ -41,6 +42,7 @@ __all__ = [
     "SUPPORTED_LAYER_TYPES",
     "load_net_prototxt",
     "parse_net_prototxt",
+    "net_to_prototxt",
     "CaffeSolver",
     "NetStateSpec",
     "load_solver_prototxt",

@@ -66,6 +66,7 @@ __all__ = [
     "SUPPORTED_LAYER_TYPES",
     "load_net_prototxt",
     "parse_net_prototxt",
+    "net_to_prototxt",
     "read_text",
     "parse_text",
 ]
@@ -794,7 +795,8 @@ class _Converter:
         kind = layer.type
         options: dict[str, Any] = {}
         if kind == "ReLU":
-            options = {"activation": "relu", "negative_slope": _f(layer.relu_param.negative_slope)}
+            slope = _f(layer.relu_param.negative_slope)
+            options = {"activation": "relu", "negative_slope": slope or None}
         elif kind == "ELU":
             options = {"activation": "elu", "alpha": _f(layer.elu_param.alpha)}
         elif kind == "Power":
@@ -1053,8 +1055,20 @@ def load_net_prototxt(
     from sparknet.layers import NetParams
 
     try:
+        available: set[str] = set()
         for layer in selected:
+            for bottom in layer.bottom:
+                if bottom not in available:
+                    hint = _excluded_hint(layer.name, selected, all_layers, phase_name, stages)
+                    raise PrototxtError(
+                        f"{where}: layer {layer.name!r} reads unknown blob {bottom!r}; known blobs: "
+                        f"{sorted(available)}{hint}",
+                        layer=layer.name,
+                        path=where,
+                    )
+            available.update(layer.top)
             converter.add(layer)
+        _class_labels_as_int64(converter)
         net_params = NetParams(*converter.out, name=net.name or (path.stem if path else "net"))
     except PrototxtError as exc:
         raise _with_line(exc, text) from None
@@ -1081,6 +1095,18 @@ def load_net_prototxt(
         source_path=path,
         _sparse_fillers=converter.sparse,
     )
+
+
+def _class_labels_as_int64(converter: _Converter) -> None:
+    """Make Input blobs that are read as class labels (softmax loss, accuracy, contrastive) int64."""
+    from sparknet import layers as dsl
+
+    label_kinds = (dsl.SoftmaxWithLoss, dsl.AccuracyLayer, dsl.ContrastiveLoss)
+    labels = {b for layer in converter.out if isinstance(layer, label_kinds) for b in layer.label_bottoms}
+    features = {b for layer in converter.out if not isinstance(layer, label_kinds) for b in layer.bottoms}
+    for i, layer in enumerate(converter.out):
+        if isinstance(layer, dsl.RDDLayer) and layer.name in labels - features and layer.dtype == "float32":
+            converter.out[i] = dsl.RDDLayer(layer.name, shape=layer.shape, dtype="int64")
 
 
 def _excluded_hint(name: str | None, selected: list[Any], all_layers: list[Any], phase: str, stages: Any) -> str:
@@ -1113,3 +1139,219 @@ def _with_line(exc: PrototxtError, text: str) -> PrototxtError:
     if message.startswith(prefix):
         message = f"{exc.path}:{line}: " + message[len(prefix):]
     return PrototxtError(message, layer=exc.layer, path=exc.path, line=line)
+
+
+# --------------------------------------------------------------------------- export
+
+
+def _set_filler(message: Any, filler: Any) -> None:
+    message.type = str(filler.type)
+    if str(filler.type) == "constant":
+        message.value = filler.value
+    elif str(filler.type) == "gaussian":
+        message.mean, message.std = filler.mean, filler.std
+    elif str(filler.type) == "uniform":
+        message.min, message.max = filler.min, filler.max
+    if str(filler.type) in ("xavier", "msra") and str(filler.variance_norm) != "fan_in":
+        message.variance_norm = _schema.FillerParameter.VarianceNorm.Value(str(filler.variance_norm).upper())
+
+
+def _set_learnable(msg: Any, layer: Any, blobs: int, weight: Any, bias: Any) -> None:
+    lr, decay = tuple(layer.lr_mult), tuple(layer.decay_mult)
+    if any(v != 1.0 for v in lr[:blobs] + decay[:blobs]):
+        for i in range(blobs):
+            spec = msg.param.add()
+            spec.lr_mult = lr[i] if i < len(lr) else 1.0
+            spec.decay_mult = decay[i] if i < len(decay) else 1.0
+    if layer.weight_filler is not None and weight is not None:
+        _set_filler(weight, layer.weight_filler)
+    if layer.bias_filler is not None and bias is not None:
+        _set_filler(bias, layer.bias_filler)
+
+
+def _export_layer(layer: Any, net: Any) -> Any:
+    from sparknet import layers as dsl
+
+    msg = _schema.LayerParameter(name=layer.name)
+    msg.bottom.extend(layer.bottoms)
+    msg.top.extend(layer.tops)
+
+    def unsupported(what: str) -> PrototxtError:
+        return PrototxtError(f"layer {layer.name!r} ({type(layer).__name__}): {what} has no Caffe equivalent",
+                             layer=layer.name)
+
+    if isinstance(layer, dsl.RDDLayer):
+        msg.type = "Input"
+        msg.input_param.shape.add().dim.extend(layer.shape)
+    elif isinstance(layer, dsl.ConvLayer):
+        msg.type = "Convolution"
+        p = msg.convolution_param
+        p.num_output = layer.num_filters
+        if layer.groups != 1:
+            p.group = layer.groups
+        if not layer.bias:
+            p.bias_term = False
+        for name, value, default in (("kernel", layer.kernel, None), ("stride", layer.stride, 1),
+                                     ("pad", layer.pad, 0)):
+            single = "kernel_size" if name == "kernel" else name
+            if value[0] == value[1]:
+                if value[0] != default:
+                    getattr(p, single).append(value[0])
+            else:
+                setattr(p, f"{name}_h", value[0])
+                setattr(p, f"{name}_w", value[1])
+        if layer.dilation != (1, 1):
+            p.dilation.extend(layer.dilation)
+        _set_learnable(msg, layer, 2 if layer.bias else 1, p.weight_filler, p.bias_filler)
+    elif isinstance(layer, dsl.PoolLayer):
+        msg.type = "Pooling"
+        p = msg.pooling_param
+        p.pool = _schema.message_class("PoolingParameter").PoolMethod.Value(str(layer.pool).upper())
+        if layer.global_pooling:
+            p.global_pooling = True
+        else:
+            for name, value, default in (("kernel", layer.kernel, None), ("stride", layer.stride, 1),
+                                         ("pad", layer.pad, 0)):
+                single = "kernel_size" if name == "kernel" else name
+                if value[0] == value[1]:
+                    if value[0] != default:
+                        setattr(p, single, value[0])
+                else:
+                    setattr(p, f"{name}_h", value[0])
+                    setattr(p, f"{name}_w", value[1])
+    elif isinstance(layer, dsl.LinearLayer):
+        msg.type = "InnerProduct"
+        p = msg.inner_product_param
+        p.num_output = layer.num_outputs
+        if not layer.bias:
+            p.bias_term = False
+        if layer.axis != 1:
+            p.axis = layer.axis
+        _set_learnable(msg, layer, 2 if layer.bias else 1, p.weight_filler, p.bias_filler)
+    elif isinstance(layer, dsl.ActivationLayer):
+        act = str(layer.activation)
+        simple = {"sigmoid": "Sigmoid", "tanh": "TanH", "abs": "AbsVal", "softplus": "BNLL", "swish": "Swish"}
+        if act in ("relu", "leaky_relu"):
+            msg.type = "ReLU"
+            slope = layer.negative_slope if layer.negative_slope is not None else (0.0 if act == "relu" else 0.01)
+            if slope:
+                msg.relu_param.negative_slope = slope
+        elif act in simple:
+            msg.type = simple[act]
+        elif act == "elu":
+            msg.type = "ELU"
+            msg.elu_param.alpha = layer.alpha
+        elif act == "power":
+            msg.type = "Power"
+            msg.power_param.power, msg.power_param.scale, msg.power_param.shift = layer.power, layer.scale, layer.shift
+        elif act == "prelu":
+            msg.type = "PReLU"
+            msg.prelu_param.channel_shared = layer.channel_shared
+        else:
+            raise unsupported(f"activation {act!r}")
+    elif isinstance(layer, dsl.DropoutLayer):
+        msg.type = "Dropout"
+        msg.dropout_param.dropout_ratio = layer.ratio
+    elif isinstance(layer, dsl.BatchNormLayer):
+        if layer.affine:
+            raise unsupported("affine batch norm (use BatchNorm + Scale)")
+        if layer.momentum is None:
+            raise unsupported("a cumulative-average batch norm (momentum=None)")
+        msg.type = "BatchNorm"
+        p = msg.batch_norm_param
+        p.moving_average_fraction, p.eps = 1.0 - layer.momentum, layer.eps
+        if layer.use_global_stats is not None:
+            p.use_global_stats = layer.use_global_stats
+    elif isinstance(layer, dsl.ScaleLayer):
+        msg.type = "Scale"
+        msg.scale_param.bias_term, msg.scale_param.axis = layer.bias_term, layer.axis
+        _set_learnable(msg, layer, 2 if layer.bias_term else 1, msg.scale_param.filler, msg.scale_param.bias_filler)
+    elif isinstance(layer, dsl.LRNLayer):
+        msg.type = "LRN"
+        p = msg.lrn_param
+        p.local_size, p.alpha, p.beta, p.k = layer.local_size, layer.alpha, layer.beta, layer.k
+        if str(layer.norm_region) == "within_channel":
+            p.norm_region = p.WITHIN_CHANNEL
+    elif isinstance(layer, dsl.ConcatLayer):
+        msg.type = "Concat"
+        msg.concat_param.axis = layer.axis
+    elif isinstance(layer, dsl.EltwiseLayer):
+        msg.type = "Eltwise"
+        msg.eltwise_param.operation = msg.eltwise_param.EltwiseOp.Value(str(layer.operation).upper())
+        msg.eltwise_param.coeff.extend(layer.coeffs or ())
+    elif isinstance(layer, dsl.SliceLayer):
+        msg.type = "Slice"
+        msg.slice_param.axis = layer.axis
+        msg.slice_param.slice_point.extend(layer.slice_points)
+    elif isinstance(layer, dsl.SplitLayer):
+        msg.type = "Split"
+    elif isinstance(layer, dsl.SilenceLayer):
+        msg.type = "Silence"
+    elif isinstance(layer, dsl.FlattenLayer):
+        msg.type = "Flatten"
+        msg.flatten_param.axis, msg.flatten_param.end_axis = layer.axis, layer.end_axis
+    elif isinstance(layer, dsl.ReshapeLayer):
+        msg.type = "Reshape"
+        msg.reshape_param.shape.dim.extend(layer.shape)
+    elif isinstance(layer, dsl.SoftmaxLayer):
+        msg.type = "Softmax"
+        msg.softmax_param.axis = layer.axis
+    elif isinstance(layer, dsl.EmbeddingLayer):
+        msg.type = "Embed"
+        p = msg.embed_param
+        p.num_output, p.input_dim, p.bias_term = layer.num_outputs, layer.num_embeddings, layer.bias
+        _set_learnable(msg, layer, 2 if layer.bias else 1, p.weight_filler, p.bias_filler)
+    elif isinstance(layer, dsl.SoftmaxWithLoss):
+        msg.type = "SoftmaxWithLoss"
+        if layer.axis != 1:
+            msg.softmax_param.axis = layer.axis
+        if layer.ignore_label is not None:
+            msg.loss_param.ignore_label = layer.ignore_label
+        if str(layer.normalization) != "valid":
+            msg.loss_param.normalization = msg.loss_param.NormalizationMode.Value(str(layer.normalization).upper())
+    elif isinstance(layer, (dsl.EuclideanLoss, dsl.SigmoidCrossEntropyLoss)):
+        msg.type = type(layer).__name__
+    elif isinstance(layer, dsl.ContrastiveLoss):
+        msg.type = "ContrastiveLoss"
+        msg.contrastive_loss_param.margin = layer.margin
+        msg.contrastive_loss_param.legacy_version = layer.legacy_version
+    elif isinstance(layer, dsl.AccuracyLayer):
+        msg.type = "Accuracy"
+        p = msg.accuracy_param
+        p.top_k, p.axis = layer.top_k, layer.axis
+        if layer.ignore_label is not None:
+            p.ignore_label = layer.ignore_label
+    else:
+        raise unsupported("this layer type")
+    if getattr(layer, "is_loss", False) and layer.loss_weight != 1.0:
+        msg.loss_weight.append(layer.loss_weight)
+    return msg
+
+
+def net_to_prototxt(net: Any) -> str:
+    """A Caffe net prototxt for a sparknet net, for ``sparknet caffe export``.
+
+    Parameters
+    ----------
+    net : CaffeNet, NetParams or GraphModule
+        A ``CaffeNet`` gives back its selected Caffe layers (data layers included); a
+        ``NetParams`` (or a ``GraphModule``'s) is translated layer by layer, inputs
+        becoming ``Input`` layers.
+
+    Returns
+    -------
+    str
+        Text that :func:`load_net_prototxt` (and Caffe) read back.
+
+    Raises
+    ------
+    PrototxtError
+        Naming the layer, for a sparknet layer Caffe has no equivalent of (RNN, LSTM, GELU).
+    """
+    if isinstance(net, CaffeNet):
+        return text_format.MessageToString(net.proto)
+    params = getattr(net, "net_params", net)
+    out = _schema.NetParameter(name=getattr(params, "name", "net"))
+    for layer in params:
+        out.layer.add().CopyFrom(_export_layer(layer, params))
+    return text_format.MessageToString(out)
