@@ -326,6 +326,8 @@ class Layer:
     is_loss = False
 
     def __post_init__(self) -> None:
+        if type(self)._infer is Layer._infer:
+            raise TypeError(f"{type(self).__name__} is a base class; use one of {sorted(LAYER_TYPES)}")
         if not isinstance(self.name, str) or not self.name:
             raise GraphError(f"a layer name must be a non-empty string, got {self.name!r}")
         self.bottoms = self._blob_names(self.bottoms, "bottoms")
@@ -920,6 +922,8 @@ class SliceLayer(Layer):
 
     def _check(self) -> None:
         points = tuple(self.slice_points)
+        if not all(isinstance(p, int) and not isinstance(p, bool) for p in points):
+            self._fail(f"slice_points must be ints, got {points}")
         if points and len(points) != len(self.tops) - 1:
             self._fail(f"{len(points)} slice_points for {len(self.tops)} tops "
                        f"(need {len(self.tops) - 1})")
@@ -1229,7 +1233,7 @@ class EuclideanLoss(LossLayer):
 
 @dataclass(kw_only=True)
 class SigmoidCrossEntropyLoss(LossLayer):
-    """Sigmoid cross-entropy of logits against targets in [0, 1], summed and divided by the batch size (Caffe)."""
+    """Sigmoid cross-entropy of logits against targets in [0, 1], summed, over the batch size (Caffe)."""
 
     def _infer(self, shapes: list[Shape]) -> list[Shape]:
         self._same_count(shapes)
@@ -1603,8 +1607,6 @@ class NetParams:
 
     # -- validation
     def _check_structure(self) -> None:
-        if not self.inputs:
-            raise GraphError("a net needs at least one RDDLayer (input)")
         producers: dict[str, str] = {}  # blob -> first layer writing it
         seen: set[str] = set()
         for layer in self._layers:
@@ -1632,6 +1634,8 @@ class NetParams:
                 raise GraphError(f"layer {layer.name!r} reads unknown blob {bottom!r}; known blobs: "
                                  f"{sorted(available)}", layer=layer.name)
             available.update(layer.tops)
+        if not self.inputs:
+            raise GraphError("a net needs at least one RDDLayer (input)")
 
     def _trace(self) -> list[tuple[Layer, list[Shape], list[Shape]]]:
         """Each layer with the shapes of its bottoms and tops, in order."""

@@ -104,13 +104,14 @@ def mlp(input_shape: Sequence[int] = (1, 28, 28), hidden: Sequence[int] = (512, 
 
 
 def _conv(name: str, bottom: str, filters: int, std: float, **kw: Any) -> ConvLayer:
+    """A cifar10_quick convolution: gaussian weights, zero bias, bias at twice the rate."""
     return ConvLayer(name, [bottom], num_filters=filters, lr_mult=_CAFFE_LR,
-                     weight_filler=Filler("gaussian", std=std),
-                     bias_filler=Filler("constant", value=kw.pop("bias_value", 0.0)), **kw)
+                     weight_filler=Filler("gaussian", std=std), bias_filler=Filler("constant"), **kw)
 
 
 def _ip(name: str, bottom: str, outputs: int, std: float, bias_value: float = 0.0,
         decay: Sequence[float] = (1.0, 1.0)) -> LinearLayer:
+    """A Caffe-style inner product: gaussian weights, constant bias, bias at twice the rate."""
     return LinearLayer(name, [bottom], num_outputs=outputs, lr_mult=_CAFFE_LR,
                        decay_mult=tuple(decay), weight_filler=Filler("gaussian", std=std),
                        bias_filler=Filler("constant", value=bias_value))

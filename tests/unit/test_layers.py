@@ -300,7 +300,8 @@ def test_activations(activation, fn):
 def test_activation_options():
     x = torch.rand(2, 3, 8, 8) + 0.5
     net = NetParams(data(),
-                    ActivationLayer("pow", ["data"], activation=Activation.POWER, power=2.0, scale=3.0, shift=1.0),
+                    ActivationLayer("pow", ["data"], activation=Activation.POWER, power=2.0, scale=3.0,
+                                    shift=1.0),
                     ActivationLayer("leak", ["data"], activation="relu", negative_slope=0.2),
                     ActivationLayer("prelu", ["data"], activation="prelu"))
     module = net.build()
@@ -496,7 +497,8 @@ def test_fillers_follow_caffe():
         LinearLayer("const", ["data"], num_outputs=4, weight_filler=Filler("constant", value=0.5),
                     bias_filler={"type": "constant", "value": -1.0}),
         LinearLayer("xavier", ["data"], num_outputs=400, weight_filler="xavier"),
-        LinearLayer("msra", ["data"], num_outputs=2000, weight_filler=Filler("msra", variance_norm="fan_out")),
+        LinearLayer("msra", ["data"], num_outputs=2000,
+                    weight_filler=Filler("msra", variance_norm="fan_out")),
         LinearLayer("ball", ["data"], num_outputs=3, weight_filler="positive_unitball"),
         LinearLayer("uniform", ["data"], num_outputs=3, weight_filler=Filler("uniform", min=2, max=3)),
     )
@@ -530,7 +532,10 @@ def test_pickle_deepcopy_and_trace():
 
 
 def test_cloudpickle():
-    cloudpickle = pytest.importorskip("cloudpickle")
+    try:
+        import cloudpickle
+    except ImportError:  # pyspark ships its own copy; importing it starts no Spark
+        cloudpickle = pytest.importorskip("pyspark.cloudpickle")
     module = small_net().build(seed=0).eval()
     x = torch.randn(2, 3, 6, 6)
     torch.testing.assert_close(cloudpickle.loads(cloudpickle.dumps(module))(x), module(x))
@@ -684,9 +689,18 @@ def test_bad_options_name_the_layer(make, culprit):
     assert isinstance(err, ValueError)
 
 
+def test_base_classes_are_not_layers():
+    from sparknet.layers import Layer, LossLayer
+
+    for base in (Layer, LossLayer):
+        with pytest.raises(TypeError, match="base class"):
+            base("x", ["y"])
+
+
 def test_net_needs_an_input_and_layers():
     with pytest.raises(GraphError, match="RDDLayer"):
-        NetParams(LinearLayer("ip", ["x"], num_outputs=2, tops=["x"]))
+        NetParams()
+    assert_graph_error("ip", NetParams, LinearLayer("ip", ["x"], num_outputs=2, tops=["x"]))
     with pytest.raises(TypeError):
         NetParams(data(), "conv1")  # type: ignore[arg-type]
 
