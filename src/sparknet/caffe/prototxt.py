@@ -46,13 +46,16 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from google.protobuf import text_format
 
 from sparknet.caffe import _schema
 from sparknet.errors import GraphError
+
+if TYPE_CHECKING:  # pragma: no cover - the layer DSL (and torch) load when a net is converted
+    from sparknet.layers import GraphModule, NetParams
 
 logger = logging.getLogger(__name__)
 
@@ -365,7 +368,7 @@ class CaffeNet:
         The prototxt, when read from a file.
     """
 
-    net_params: Any
+    net_params: NetParams
     name: str
     phase: str
     stages: tuple[str, ...] = ()
@@ -395,7 +398,7 @@ class CaffeNet:
         """The first data layer's binding."""
         return self.data_layers[0].binding if self.data_layers else None
 
-    def build(self, seed: int | None = None) -> Any:
+    def build(self, seed: int | None = None) -> GraphModule:
         """Build the ``GraphModule``, applying Caffe's sparse Gaussian fillers the DSL lacks.
 
         Parameters
