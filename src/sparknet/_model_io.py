@@ -1,0 +1,450 @@
+"""Saving a trained model to a folder and reading it back.
+
+A sparknet model folder holds::
+
+    sparknet_model.json     the manifest: format name and version, what each file is, checksums
+    net.json                the net definition, ``NetParams.to_dict()``   (layer-DSL nets)
+    module.pt               a pickled ``torch.nn.Module``                  (plain modules only)
+    weights.safetensors     the weights, ``WeightCollection.save``
+    solver.json             the solver it was trained with, ``SolverConfig.to_dict()`` (optional)
+    config.json             the run configuration, any JSON object (optional)
+
+A layer-DSL net is stored as data (JSON plus safetensors) and loads without running any
+code from the file. A plain ``torch.nn.Module`` can only be stored by pickling it: such a
+folder is for **trusted files only** (unpickling runs code named in the file), and
+:func:`load_model` refuses it unless called with ``allow_pickle=True``.
+
+The same content travels as a mapping of file name to bytes (:func:`pack_model`,
+:func:`unpack_model`): that is what a Spark ML model broadcasts to its executors and
+stores beside its metadata, so a model never crosses the wire as a pickled torch object.
+
+Examples
+--------
+>>> save_model("out/lenet", net)                       # doctest: +SKIP
+>>> loaded = load_model("out/lenet")                   # doctest: +SKIP
+>>> loaded.predict(x).argmax(1)                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import struct
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sparknet.net import Net
+from sparknet.solvers import SolverConfig
+from sparknet.weights import WeightCollection
+
+__all__ = [
+    "MANIFEST_NAME",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "SavedModel",
+    "pack_model",
+    "unpack_model",
+    "save_model",
+    "load_model",
+    "read_model_files",
+    "write_model_files",
+    "model_id",
+    "input_shape_of",
+]
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "sparknet_model.json"
+"""Name of the manifest file inside a model folder."""
+FORMAT_NAME = "sparknet.model"
+"""The manifest's ``format`` value."""
+FORMAT_VERSION = 1
+"""The newest format version this code writes and reads."""
+
+_NET_JSON = "net.json"
+_MODULE_PICKLE = "module.pt"
+_WEIGHTS = "weights.safetensors"
+_SOLVER = "solver.json"
+_CONFIG = "config.json"
+_KINDS = ("netparams", "module")
+
+
+@dataclass
+class SavedModel:
+    """A model read back from a folder or from packed files.
+
+    Attributes
+    ----------
+    net : Net
+        A :class:`~sparknet.net.Net` holding the stored weights (in eval mode); its
+        ``predict(x)`` returns the logits.
+    weights : WeightCollection
+        The stored weights (CPU tensors).
+    net_params : NetParams or None
+        The layer-DSL definition, for nets stored as JSON.
+    solver : SolverConfig or None
+        The solver the model was trained with, when stored.
+    config : dict or None
+        The run configuration, when stored.
+    input_shape : tuple of int or None
+        The shape of one sample the net takes (no batch dimension), when known.
+    manifest : dict
+        The manifest as read.
+    """
+
+    net: Net
+    weights: WeightCollection
+    net_params: Any = None
+    solver: SolverConfig | None = None
+    config: dict | None = None
+    input_shape: tuple[int, ...] | None = None
+    manifest: dict = field(default_factory=dict)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        """The torch module (weights loaded)."""
+        return self.net.module
+
+    @torch.no_grad()
+    def predict(self, x) -> torch.Tensor:
+        """Logits for a batch of features (reshaped to ``input_shape`` when that is known)."""
+        t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+        if self.input_shape is not None and tuple(t.shape[1:]) != self.input_shape:
+            t = t.reshape(len(t), *self.input_shape)
+        return self.net.predict(t)
+
+
+# -- what a net is ---------------------------------------------------------------------------
+def _is_netparams(obj) -> bool:
+    return hasattr(obj, "build") and hasattr(obj, "to_dict") and hasattr(obj, "layers")
+
+
+def input_shape_of(net_params) -> tuple[int, ...] | None:
+    """The per-sample shape of a layer-DSL net's first input (its batch dimension dropped)."""
+    for layer in getattr(net_params, "layers", ()):
+        shape = getattr(layer, "shape", None)
+        if shape:
+            return tuple(int(d) for d in list(shape)[1:])
+    return None
+
+
+def _netparams_from_dict(d: dict):
+    from sparknet.layers import NetParams
+
+    return NetParams.from_dict(d)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _weights_bytes(weights: WeightCollection) -> bytes:
+    """Safetensors bytes of ``weights`` (layer order in the metadata, as WeightCollection.save)."""
+    from safetensors.torch import save
+
+    return save(weights.to("cpu").state_dict(), metadata={"sparknet.layers": "\n".join(weights)})
+
+
+def _weights_from_bytes(data: bytes) -> WeightCollection:
+    from safetensors.torch import load
+
+    # safetensors' header: little-endian u64 length, then JSON with "__metadata__".
+    if len(data) < 8:
+        raise ValueError("weights file is truncated")
+    (n,) = struct.unpack("<Q", data[:8])
+    try:
+        header = json.loads(data[8:8 + n])
+    except ValueError as e:
+        raise ValueError(f"weights file has a corrupt header: {e}") from None
+    order = (header.get("__metadata__") or {}).get("sparknet.layers")
+    return WeightCollection.from_state_dict(load(data), order.split("\n") if order else None)
+
+
+# -- packing ---------------------------------------------------------------------------------
+def pack_model(net, weights: WeightCollection | None = None, *, solver: SolverConfig | None = None,
+               config: Mapping | None = None, input_shape=None,
+               metadata: Mapping[str, Any] | None = None) -> dict[str, bytes]:
+    """The files of a model folder, as a mapping of file name to bytes.
+
+    Parameters
+    ----------
+    net : Net, NetParams, GraphModule or torch.nn.Module
+        The model. A ``Net`` gives its definition, weights and solver. A NetParams (or a
+        GraphModule built from one, which keeps it as ``net_params``) is stored as JSON; any
+        other module is pickled (trusted files only).
+    weights : WeightCollection, optional
+        The weights; required with a NetParams, otherwise taken from the module.
+    solver : SolverConfig, optional
+        Stored as ``solver.json``.
+    config : mapping, optional
+        Any JSON-able run configuration, stored as ``config.json``.
+    input_shape : sequence of int, optional
+        The shape of one sample (no batch dimension); default: from the NetParams' first
+        input layer.
+    metadata : mapping, optional
+        JSON-able extra facts kept in the manifest under ``"metadata"``.
+
+    Returns
+    -------
+    dict of str to bytes
+        ``sparknet_model.json`` and the files it lists.
+    """
+    net_params = None
+    module = None
+    if isinstance(net, Net):
+        net_params = net.net_params
+        module = net.module
+        if weights is None:
+            weights = net.get_weights()
+        if solver is None:
+            solver = net.solver
+    elif _is_netparams(net):
+        net_params = net
+        if weights is None:
+            raise ValueError("a NetParams definition carries no weights: pass weights=")
+    elif isinstance(net, torch.nn.Module):
+        module = net
+        net_params = getattr(net, "net_params", None)
+        if not _is_netparams(net_params):
+            net_params = None
+    else:
+        raise TypeError(f"cannot save a {type(net).__name__}: give a Net, NetParams or torch.nn.Module")
+    if weights is None:
+        weights = Net(module).get_weights()
+    if input_shape is None and net_params is not None:
+        input_shape = input_shape_of(net_params)
+
+    files: dict[str, bytes] = {}
+    if net_params is not None:
+        kind = "netparams"
+        files[_NET_JSON] = json.dumps(net_params.to_dict(), indent=1, sort_keys=False).encode()
+    else:
+        kind = "module"
+        buf = io.BytesIO()
+        torch.save(module, buf)
+        files[_MODULE_PICKLE] = buf.getvalue()
+    files[_WEIGHTS] = _weights_bytes(weights)
+    if solver is not None:
+        files[_SOLVER] = json.dumps(solver.to_dict(), indent=1).encode()
+    if config is not None:
+        files[_CONFIG] = json.dumps(_jsonable(config), indent=1).encode()
+
+    manifest = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "kind": kind,
+        "net": _NET_JSON if kind == "netparams" else _MODULE_PICKLE,
+        "weights": _WEIGHTS,
+        "solver": _SOLVER if solver is not None else None,
+        "config": _CONFIG if config is not None else None,
+        "input_shape": None if input_shape is None else [int(d) for d in input_shape],
+        "num_parameters": int(weights.numel),
+        "torch_version": torch.__version__,
+        "sparknet_version": _sparknet_version(),
+        "sha256": {name: _sha256(data) for name, data in files.items()},
+        "metadata": _jsonable(dict(metadata or {})),
+    }
+    files[MANIFEST_NAME] = json.dumps(manifest, indent=1).encode()
+    return files
+
+
+def model_id(files: Mapping[str, bytes]) -> str:
+    """A content hash of packed model files (same content, same id)."""
+    h = hashlib.sha256()
+    for name in sorted(files):
+        if name == MANIFEST_NAME:
+            continue
+        h.update(name.encode() + b"\0" + _sha256(files[name]).encode())
+    return h.hexdigest()[:32]
+
+
+def _parse_manifest(data: bytes, where: str) -> dict:
+    try:
+        manifest = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{where}: {MANIFEST_NAME} is not valid JSON ({e}); the model folder is corrupt") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise ValueError(f"{where}: {MANIFEST_NAME} is not a sparknet model manifest "
+                         f"(expected format {FORMAT_NAME!r})")
+    version = manifest.get("format_version")
+    if not isinstance(version, int) or version < 1:
+        raise ValueError(f"{where}: {MANIFEST_NAME} has no valid format_version (got {version!r})")
+    if version > FORMAT_VERSION:
+        raise ValueError(f"{where}: the model was written in format version {version} by sparknet "
+                         f"{manifest.get('sparknet_version', '?')}; this sparknet reads up to version "
+                         f"{FORMAT_VERSION}: upgrade sparknet to load it")
+    for key in ("kind", "net", "weights"):
+        if key not in manifest:
+            raise ValueError(f"{where}: {MANIFEST_NAME} lacks the {key!r} entry; the model folder is corrupt")
+    if manifest["kind"] not in _KINDS:
+        raise ValueError(f"{where}: unknown model kind {manifest['kind']!r} in {MANIFEST_NAME}")
+    return manifest
+
+
+def unpack_model(files: Mapping[str, bytes], *, device: str | torch.device = "cpu", allow_pickle: bool = False,
+                 where: str = "model") -> SavedModel:
+    """Build the model that :func:`pack_model` packed.
+
+    Parameters
+    ----------
+    files : mapping of str to bytes
+        The packed files.
+    device : str or torch.device
+        Where the net lives.
+    allow_pickle : bool
+        Let a pickled plain ``torch.nn.Module`` load. Unpickling runs code named in the
+        file: only for files you trust.
+    where : str
+        Names the source in error messages.
+
+    Raises
+    ------
+    ValueError
+        A missing or corrupt manifest, a file missing or failing its checksum, a newer
+        format version, or a pickled module without ``allow_pickle``.
+    """
+    if MANIFEST_NAME not in files:
+        raise ValueError(f"{where}: no {MANIFEST_NAME}; not a sparknet model folder")
+    manifest = _parse_manifest(files[MANIFEST_NAME], where)
+    sums = manifest.get("sha256") or {}
+    for key in ("net", "weights", "solver", "config"):
+        name = manifest.get(key)
+        if name is None:
+            continue
+        if name not in files:
+            raise ValueError(f"{where}: {name} is listed in {MANIFEST_NAME} but missing")
+        if name in sums and _sha256(files[name]) != sums[name]:
+            raise ValueError(f"{where}: {name} does not match its checksum; the file is corrupt")
+
+    weights = _weights_from_bytes(files[manifest["weights"]])
+    net_params = None
+    if manifest["kind"] == "netparams":
+        try:
+            net_params = _netparams_from_dict(json.loads(files[manifest["net"]]))
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"{where}: cannot read the net definition {manifest['net']}: {e}") from e
+        net = Net(net_params, device=device)
+    else:
+        if not allow_pickle:
+            raise ValueError(f"{where}: this model is a pickled torch module ({manifest['net']}); loading it "
+                             "runs code from the file. Pass allow_pickle=True only if you trust it.")
+        module = torch.load(io.BytesIO(files[manifest["net"]]), map_location="cpu", weights_only=False)
+        net = Net(module, device=device)
+    net.set_weights(weights)
+    net.module.eval()
+    solver = None
+    if manifest.get("solver"):
+        solver = SolverConfig.from_dict(json.loads(files[manifest["solver"]]))
+    config = json.loads(files[manifest["config"]]) if manifest.get("config") else None
+    shape = manifest.get("input_shape")
+    return SavedModel(net=net, weights=weights, net_params=net_params, solver=solver, config=config,
+                      input_shape=None if shape is None else tuple(int(d) for d in shape), manifest=manifest)
+
+
+# -- folders ---------------------------------------------------------------------------------
+def write_model_files(path: str | os.PathLike, files: Mapping[str, bytes], *, overwrite: bool = False) -> Path:
+    """Write packed files as a model folder (atomically: a temporary folder, then a rename)."""
+    path = Path(path)
+    if path.exists():
+        if not overwrite:
+            raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
+        if not (path / MANIFEST_NAME).exists() and any(path.iterdir()):
+            raise ValueError(f"{path} exists and is not a sparknet model folder; not overwriting it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    log.info("saved model to %s", path)
+    return path
+
+
+def read_model_files(path: str | os.PathLike) -> dict[str, bytes]:
+    """The files of a model folder (the manifest and what it lists), as name to bytes."""
+    path = Path(path)
+    mpath = path / MANIFEST_NAME
+    if not mpath.is_file():
+        raise ValueError(f"{path}: no {MANIFEST_NAME}; not a sparknet model folder")
+    data = mpath.read_bytes()
+    manifest = _parse_manifest(data, str(path))
+    files = {MANIFEST_NAME: data}
+    for key in ("net", "weights", "solver", "config"):
+        name = manifest.get(key)
+        if name is None:
+            continue
+        if Path(name).name != name:
+            raise ValueError(f"{path}: {MANIFEST_NAME} names a file outside the folder: {name!r}")
+        fpath = path / name
+        if not fpath.is_file():
+            raise ValueError(f"{path}: {name} is listed in {MANIFEST_NAME} but missing")
+        files[name] = fpath.read_bytes()
+    return files
+
+
+def save_model(path: str | os.PathLike, net, weights: WeightCollection | None = None, *,
+               solver: SolverConfig | None = None, config: Mapping | None = None, input_shape=None,
+               metadata: Mapping[str, Any] | None = None, overwrite: bool = False) -> Path:
+    """Save a model to a folder; see :func:`pack_model` for the arguments.
+
+    A plain ``torch.nn.Module`` (not built from a NetParams) is pickled: the folder is then
+    for trusted use only.
+    """
+    files = pack_model(net, weights, solver=solver, config=config, input_shape=input_shape, metadata=metadata)
+    return write_model_files(path, files, overwrite=overwrite)
+
+
+def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu",
+               allow_pickle: bool = False) -> SavedModel:
+    """Load a model folder written by :func:`save_model`; see :func:`unpack_model`."""
+    return unpack_model(read_model_files(path), device=device, allow_pickle=allow_pickle, where=str(path))
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def _jsonable(obj):
+    """Enums to their values, tuples to lists, dataclass-free plain JSON (checked)."""
+    import enum
+
+    def conv(v):
+        if isinstance(v, enum.Enum):
+            return v.value
+        if isinstance(v, Mapping):
+            return {str(k): conv(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [conv(x) for x in v]
+        if isinstance(v, (np.integer,)):
+            return int(v)
+        if isinstance(v, (np.floating,)):
+            return float(v)
+        return v
+
+    out = conv(obj)
+    try:
+        json.dumps(out)
+    except TypeError as e:
+        raise TypeError(f"model config and metadata must be JSON-able: {e}") from None
+    return out
+
+
+def _sparknet_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("sparknet")
+    except Exception:  # noqa: BLE001 - a missing distribution only loses a label
+        return "unknown"
