@@ -1,0 +1,12 @@
+"""What users expect around a training run: plots, export, metrics sinks, a doctor, batch prediction.
+
+Importing this package registers the ``sparknet plot``, ``export``, ``doctor`` and ``predict``
+subcommands (:func:`sparknet.cli._load_plugins` imports it). Every heavy or optional
+dependency (pyspark, onnx, tensorboard, mlflow) is imported inside the function that needs it,
+so ``sparknet --help`` stays fast and works without the optional extras.
+"""
+
+from sparknet.tools import plot  # noqa: F401  (registers ``sparknet plot``)
+from sparknet.tools.plot import extract_curves, plot_metrics
+
+__all__ = ["plot_metrics", "extract_curves"]

@@ -1,0 +1,211 @@
+"""Learning curves from a metrics file: ``sparknet plot METRICS.jsonl``.
+
+One PNG with a 2×2 grid: loss (top) and accuracy (bottom), against wall time (left) and
+against training samples (right). Round records (the Spark engines) give the training loss
+and the validation accuracy, and each worker's own loss where the record carries
+``per_worker``; eval records (one process) give the test loss and test accuracy.
+
+Drawn with matplotlib's Agg renderer on a bare ``Figure`` (no pyplot, no display, no global
+state), so it works on a headless driver and inside a running program.
+
+Examples
+--------
+>>> plot_metrics("runs/lenet.jsonl", "runs/lenet.png")     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sparknet.cli import subcommand
+from sparknet.metrics import read_metrics
+
+__all__ = ["Curves", "extract_curves", "plot_metrics"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Series:
+    wall_s: list[float] = field(default_factory=list)
+    samples: list[float] = field(default_factory=list)
+    value: list[float] = field(default_factory=list)
+
+    def add(self, wall_s, samples, value) -> None:
+        if value is None or wall_s is None or samples is None:
+            return
+        self.wall_s.append(float(wall_s))
+        self.samples.append(float(samples))
+        self.value.append(float(value))
+
+    def __len__(self) -> int:
+        return len(self.value)
+
+
+@dataclass
+class Curves:
+    """The series a metrics file holds, each with wall-time and cumulative-sample coordinates.
+
+    Attributes
+    ----------
+    loss : dict of str to series
+        ``"train"`` (round records), ``"test"`` (eval records), ``"validation"`` (rounds
+        with ``val_loss``).
+    accuracy : dict of str to series
+        ``"validation"`` (rounds) and ``"test"`` (eval records).
+    worker_loss : dict of str to series
+        Training loss of each worker (``per_worker`` entries), keyed by the worker's rank or index.
+    """
+
+    loss: dict[str, _Series] = field(default_factory=dict)
+    accuracy: dict[str, _Series] = field(default_factory=dict)
+    worker_loss: dict[str, _Series] = field(default_factory=dict)
+
+    def _get(self, table: dict[str, _Series], key: str) -> _Series:
+        return table.setdefault(key, _Series())
+
+    @property
+    def empty(self) -> bool:
+        return not any(len(s) for t in (self.loss, self.accuracy, self.worker_loss) for s in t.values())
+
+
+def extract_curves(records: Iterable[dict]) -> Curves:
+    """Collect the plotted series from metric records (see :mod:`sparknet.metrics`).
+
+    The samples axis is cumulative: a round record's ``total_samples`` where present, else
+    the running sum of its ``samples``; an eval record's ``samples`` is already cumulative.
+    A worker's loss is placed at its round's coordinates, so the workers' curves line up
+    with the run's.
+    """
+    curves = Curves()
+    round_samples = 0.0
+    for rec in records:
+        event = rec.get("event")
+        wall = rec.get("wall_s")
+        if event == "round":
+            round_samples += float(rec.get("samples") or 0)
+            samples = rec.get("total_samples", round_samples)
+            curves._get(curves.loss, "train").add(wall, samples, rec.get("loss"))
+            curves._get(curves.loss, "validation").add(wall, samples, rec.get("val_loss"))
+            curves._get(curves.accuracy, "validation").add(wall, samples, rec.get("val_accuracy"))
+            for i, w in enumerate(rec.get("per_worker") or ()):
+                key = str(w.get("rank", w.get("index", i)))
+                curves._get(curves.worker_loss, key).add(wall, samples, w.get("loss"))
+        elif event == "eval":
+            samples = rec.get("samples")
+            curves._get(curves.loss, "test").add(wall, samples, rec.get("loss"))
+            curves._get(curves.accuracy, "test").add(wall, samples, rec.get("test_accuracy"))
+    for table in (curves.loss, curves.accuracy, curves.worker_loss):
+        for key in [k for k, s in table.items() if not len(s)]:
+            del table[key]
+    return curves
+
+
+def _worker_sort_key(key: str):
+    return (0, int(key)) if key.isdigit() else (1, key)
+
+
+def plot_metrics(metrics: str | os.PathLike | Sequence[dict], out: str | os.PathLike | None = None, *,
+                 title: str | None = None, dpi: int = 100) -> Path:
+    """Draw the learning curves of a run to a PNG file.
+
+    Parameters
+    ----------
+    metrics : path or list of dict
+        A JSON-lines metrics file (``--metrics-out``) or its records.
+    out : path, optional
+        The PNG to write (parent folders are created). Default: the metrics file with a
+        ``.png`` suffix; required when ``metrics`` is a list of records.
+    title : str, optional
+        Figure title (default: the metrics file's name and the run's summary, when present).
+    dpi : int
+        Resolution; the figure is 12×8 inches.
+
+    Returns
+    -------
+    Path
+        The PNG written.
+
+    Raises
+    ------
+    ValueError
+        When the records hold nothing to plot, or ``out`` is missing for a list of records.
+    """
+    from matplotlib.figure import Figure
+
+    if isinstance(metrics, (str, os.PathLike)):
+        source = Path(metrics)
+        records = read_metrics(source)
+        if out is None:
+            out = source.with_suffix(".png")
+        default_title = source.name
+    else:
+        records = list(metrics)
+        if out is None:
+            raise ValueError("give the PNG path to write (out=...) when plotting records")
+        default_title = "sparknet run"
+    curves = extract_curves(records)
+    if curves.empty:
+        raise ValueError("the metrics hold no round or eval records with a loss or an accuracy to plot")
+    summary = next((r for r in reversed(records) if r.get("event") == "summary"), None)
+    if title is None:
+        title = default_title
+        if summary:
+            facts = [f"{k}={summary[k]}" for k in ("model", "engine", "workers") if summary.get(k) is not None]
+            if summary.get("test_accuracy") is not None:
+                facts.append(f"test accuracy {summary['test_accuracy']:.4f}")
+            if facts:
+                title += " — " + ", ".join(facts)
+
+    fig = Figure(figsize=(12, 8), dpi=dpi, layout="constrained")
+    axes = fig.subplots(2, 2, squeeze=False)
+    styles = {"train": "-", "validation": "--", "test": "-o"}
+    for col, (xattr, xlabel) in enumerate((("wall_s", "wall time (s)"), ("samples", "training samples"))):
+        ax = axes[0][col]
+        for key in sorted(curves.worker_loss, key=_worker_sort_key):
+            s = curves.worker_loss[key]
+            ax.plot(getattr(s, xattr), s.value, lw=0.8, alpha=0.45, label=f"worker {key}")
+        for key, s in curves.loss.items():
+            ax.plot(getattr(s, xattr), s.value, styles.get(key, "-"), lw=1.8, ms=3, label=f"{key} loss")
+        ax.set_ylabel("loss")
+        ax = axes[1][col]
+        for key, s in curves.accuracy.items():
+            ax.plot(getattr(s, xattr), s.value, styles.get(key, "-"), lw=1.8, ms=3, label=f"{key} accuracy")
+        ax.set_ylabel("accuracy")
+        for row in (0, 1):
+            axes[row][col].set_xlabel(xlabel)
+            axes[row][col].grid(True, alpha=0.3)
+            handles, _ = axes[row][col].get_legend_handles_labels()
+            if handles:
+                axes[row][col].legend(fontsize="small", ncols=2 if len(handles) > 6 else 1)
+            else:
+                axes[row][col].text(0.5, 0.5, "not recorded", ha="center", va="center",
+                                    transform=axes[row][col].transAxes, color="gray")
+    fig.suptitle(title)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    log.info("wrote learning curves to %s", out)
+    return out
+
+
+@subcommand("plot", "draw learning curves (loss and accuracy against time and samples) from a metrics file")
+def _configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("metrics", help="JSON-lines metrics file written by 'sparknet train --metrics-out'")
+    p.add_argument("--out", default=None, help="PNG to write (default: the metrics file with .png)")
+    p.add_argument("--title", default=None, help="figure title")
+    p.add_argument("--dpi", type=int, default=100, help="resolution (default 100)")
+    p.set_defaults(_run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if not Path(args.metrics).exists():
+        raise FileNotFoundError(f"no metrics file at {args.metrics}")
+    path = plot_metrics(args.metrics, args.out, title=args.title, dpi=args.dpi)
+    print(path)
+    return 0
