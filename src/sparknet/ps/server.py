@@ -1,0 +1,407 @@
+"""The parameter server: one thread on the driver serving pushes and pulls over ZeroMQ.
+
+>>> with ParameterServer(initial_flat, "delta") as ps:        # doctest: +SKIP
+...     creds = ps.new_job()                                  # per Spark job (epoch)
+...     run_workers(ps.endpoint, creds)                       # they push and pull
+...     final = ps.weights()
+
+The server owns a ROUTER socket bound to ``tcp://HOST:PORT`` (port 0: the OS picks one;
+the host is loopback by default and never every interface unless asked for) and a thread
+that polls it with a short timeout, so :meth:`ParameterServer.stop` (set an event, join
+with a timeout, close the socket with no linger, terminate its own context) always
+returns. Each request is answered at once: a push is checked, combined into the server's
+copy by the :class:`~sparknet.ps.combiners.Combiner`, and answered with the new copy, so a
+worker pushes and pulls in one round trip and never waits for another worker.
+
+Every message goes through the same checks (see :mod:`sparknet.ps.wire`): structure, job
+id, dtype, element count against the model, HMAC, kind, base version, replay. A message
+that fails one is rejected: counted under its reason in :meth:`ParameterServer.stats`,
+logged (the first few per reason at WARNING, the rest at DEBUG), answered with an error
+message naming the reason, and the server goes on serving everyone else.
+
+Idempotence under Spark retries: the server remembers, per worker (partition), the highest
+step whose push it applied in the current job. A push from another attempt of the same
+partition for a step already applied is acknowledged with status ``DUPLICATE`` and the
+current copy, and not applied again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import zmq
+
+from sparknet.ps.combiners import Combiner, make_combiner
+from sparknet.ps.wire import (DTYPES, FLAG_SEND_DELTA, HEADER_SIZE, TAG_SIZE, Header, JobCredentials, Kind,
+                              Message, Reason, Status, WireError, decode, dtype_code, encode, verify)
+
+__all__ = ["ParameterServer", "staleness_bucket"]
+
+log = logging.getLogger(__name__)
+
+_POLL_MS = 50
+_LOUD_REJECTS = 10  # per reason, at WARNING; the rest at DEBUG
+_RETIRED_JOBS = 8  # earlier jobs whose stragglers get a signed "wrong_job" answer
+
+
+def staleness_bucket(s: int) -> str:
+    """The histogram bucket of a staleness value: ``"0"``, ``"1"``, ``"2-3"``, ``"4-7"``, ..."""
+    if s <= 1:
+        return str(max(s, 0))
+    lo = 1 << (s.bit_length() - 1)
+    return f"{lo}-{2 * lo - 1}"
+
+
+@dataclass
+class _JobState:
+    creds: JobCredentials
+    last_step: dict[tuple[int, int], int] = field(default_factory=dict)   # (worker, attempt) -> last accepted step
+    applied_step: dict[int, int] = field(default_factory=dict)            # worker -> highest applied push step
+
+
+class ParameterServer:
+    """Asynchronous parameter server on the driver.
+
+    Parameters
+    ----------
+    initial : array-like
+        The model's flat weights (a 1-D float buffer, e.g. ``Net.get_flat()``); copied.
+    combiner : str or Combiner
+        How pushes merge (``"mean"``, ``"delta"``, ``"staleness"``, ``"elastic"`` or an
+        instance).
+    host : str
+        Address to bind to: the driver's address on a cluster, loopback (the default) in
+        local mode. ``"0.0.0.0"`` binds every interface and is refused unless
+        ``allow_all_interfaces`` is set.
+    port : int
+        0 lets the OS pick a free port (see :attr:`endpoint`).
+    num_workers : int
+        Workers expected (passed to the combiner).
+    dtype : numpy dtype
+        The dtype of the server's copy and of every payload (float32).
+    allow_all_interfaces : bool
+        Permit binding a wildcard address.
+    """
+
+    def __init__(self, initial, combiner: str | Combiner = "delta", *, host: str = "127.0.0.1", port: int = 0,
+                 num_workers: int = 1, dtype=np.float32, allow_all_interfaces: bool = False):
+        if host in ("0.0.0.0", "*", "::", "") and not allow_all_interfaces:
+            raise ValueError(f"refusing to bind the parameter server to every interface ({host!r}); give the "
+                             "driver's address, or pass allow_all_interfaces=True if the network is trusted")
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be at least 1, got {num_workers}")
+        self._dtype = np.dtype(dtype)
+        self._dtype_code = dtype_code(self._dtype)
+        flat = np.array(np.asarray(initial).reshape(-1), dtype=self._dtype, copy=True)
+        if flat.size == 0:
+            raise ValueError("the model has no weights to serve")
+        self._flat = flat
+        self._numel = int(flat.size)
+        self.combiner = make_combiner(combiner)
+        self.num_workers = int(num_workers)
+        self.host = host
+        self._port = int(port)
+        self._version = 0
+        self._lock = threading.Lock()
+        self._job: _JobState | None = None
+        self._retired: dict[bytes, JobCredentials] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ctx: zmq.Context | None = None
+        self._sock: zmq.Socket | None = None
+        self._endpoint: str | None = None
+        self._failure: BaseException | None = None
+        # statistics
+        self._rejects: Counter[str] = Counter()
+        self._pushes_received = 0
+        self._pushes_applied = 0
+        self._duplicates = 0
+        self._pulls = 0
+        self._stale_sum = 0
+        self._stale_max = 0
+        self._stale_hist: Counter[str] = Counter()
+        self._applied_by_worker: Counter[int] = Counter()
+        self._bytes_in = 0
+        self._bytes_out = 0
+        self._busy_s = 0.0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def endpoint(self) -> str:
+        """``tcp://host:port`` the workers connect to (after :meth:`start`)."""
+        if self._endpoint is None:
+            raise RuntimeError("the parameter server is not started")
+        return self._endpoint
+
+    @property
+    def numel(self) -> int:
+        """Elements in the model's flat buffer."""
+        return self._numel
+
+    @property
+    def version(self) -> int:
+        """How many pushes the server has applied (its copy's version)."""
+        return self._version
+
+    @property
+    def send_delta(self) -> bool:
+        """Whether workers push deltas (by the combiner)."""
+        return self.combiner.sends_delta
+
+    def start(self) -> ParameterServer:
+        """Bind the socket and start the serving thread; returns self."""
+        if self._thread is not None:
+            raise RuntimeError("the parameter server is already started")
+        ctx = zmq.Context(io_threads=1)
+        sock = None
+        try:
+            sock = ctx.socket(zmq.ROUTER)
+            sock.setsockopt(zmq.LINGER, 0)
+            # Transport-level bound: a frame far beyond any valid message is dropped by ZeroMQ
+            # (disconnecting that peer) before it is ever buffered whole.
+            sock.setsockopt(zmq.MAXMSGSIZE, 2 * self._numel * self._dtype.itemsize + HEADER_SIZE + TAG_SIZE + (1 << 20))
+            host = f"[{self.host}]" if ":" in self.host else self.host
+            if ":" in self.host:
+                sock.setsockopt(zmq.IPV6, 1)
+            if self._port:
+                sock.bind(f"tcp://{host}:{self._port}")
+            else:
+                sock.bind(f"tcp://{host}:*")
+            self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        except BaseException:
+            if sock is not None:
+                sock.close(linger=0)
+            ctx.term()
+            raise
+        self._ctx, self._sock = ctx, sock
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._serve, name="sparknet-ps", daemon=True)
+        self._thread.start()
+        log.info("parameter server on %s: %d weights, %r, %d workers", self._endpoint, self._numel,
+                 self.combiner, self.num_workers)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving: signal the thread, join it (with ``timeout``), close the socket and context."""
+        thread = self._thread
+        self._stop.set()
+        try:
+            if thread is not None:
+                thread.join(timeout)
+                if thread.is_alive():
+                    log.error("the parameter server thread did not stop within %.1f s", timeout)
+        finally:
+            if self._sock is not None and (thread is None or not thread.is_alive()):
+                self._sock.close(linger=0)
+                self._sock = None
+            if self._ctx is not None and self._sock is None:
+                self._ctx.term()
+                self._ctx = None
+            self._thread = None
+            log.debug("parameter server on %s stopped", self._endpoint)
+
+    def __enter__(self) -> ParameterServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the serving thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def check_alive(self) -> None:
+        """Raise ``EngineError`` if the serving thread died."""
+        if self._failure is not None or (self._thread is not None and not self._thread.is_alive()):
+            from sparknet.errors import EngineError
+
+            raise EngineError(f"the parameter server on {self._endpoint} stopped unexpectedly: {self._failure!r}")
+
+    # -- jobs and state --------------------------------------------------------------------
+    def new_job(self, creds: JobCredentials | None = None) -> JobCredentials:
+        """Start serving a new job (one Spark job) under fresh (or given) credentials.
+
+        Messages of the previous job are rejected from now on (``wrong_job``); the replay and
+        idempotence tables start empty. The server's copy and version carry on.
+        """
+        creds = creds or JobCredentials.new()
+        with self._lock:
+            if self._job is not None:
+                # Kept only to sign the "wrong_job" answer a straggler of that job gets.
+                self._retired[self._job.creds.job_id] = self._job.creds
+                while len(self._retired) > _RETIRED_JOBS:
+                    self._retired.pop(next(iter(self._retired)))
+            self._job = _JobState(creds)
+        log.debug("parameter server job %s", creds.job_id.hex())
+        return creds
+
+    def weights(self) -> np.ndarray:
+        """A copy of the server's flat weights."""
+        with self._lock:
+            return self._flat.copy()
+
+    def set_weights(self, flat) -> None:
+        """Overwrite the server's copy (between jobs); the version is kept."""
+        arr = np.asarray(flat, dtype=self._dtype).reshape(-1)
+        if arr.size != self._numel:
+            raise ValueError(f"{arr.size} weights for a model of {self._numel}")
+        with self._lock:
+            self._flat = arr.copy()
+
+    def stats(self) -> dict:
+        """Counters: pushes, pulls, duplicates, rejects by reason, staleness (mean, max, histogram)."""
+        with self._lock:
+            applied = self._pushes_applied
+            return {
+                "version": self._version,
+                "pushes_received": self._pushes_received,
+                "pushes_applied": applied,
+                "duplicate_pushes": self._duplicates,
+                "pulls": self._pulls,
+                "rejected": dict(self._rejects),
+                "rejected_total": sum(self._rejects.values()),
+                "staleness_mean": self._stale_sum / applied if applied else 0.0,
+                "staleness_max": self._stale_max,
+                "staleness_histogram": dict(sorted(self._stale_hist.items(), key=lambda kv: int(kv[0].split("-")[0]))),
+                "applied_by_worker": {int(k): v for k, v in sorted(self._applied_by_worker.items())},
+                "bytes_in": self._bytes_in,
+                "bytes_out": self._bytes_out,
+                "busy_s": self._busy_s,
+            }
+
+    # -- serving ---------------------------------------------------------------------------
+    def _serve(self) -> None:
+        sock = self._sock
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        try:
+            while not self._stop.is_set():
+                if not poller.poll(_POLL_MS):
+                    continue
+                for _ in range(256):  # drain what is queued, then look at the stop flag again
+                    try:
+                        frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    t0 = time.perf_counter()
+                    out = self._handle(frames)
+                    if out is not None:
+                        sock.send_multipart(out, copy=True)
+                    self._busy_s += time.perf_counter() - t0
+        except zmq.ContextTerminated:
+            pass
+        except BaseException as e:  # the thread's own failure: recorded, logged, surfaced by check_alive()
+            self._failure = e
+            log.exception("the parameter server thread failed")
+        finally:
+            poller.unregister(sock)
+
+    def _reject(self, reason: Reason, detail: str, envelope: list, header: Header | None) -> list | None:
+        label = reason.label
+        with self._lock:
+            self._rejects[label] += 1
+            n = self._rejects[label]
+        who = "" if header is None else f" from worker {header.worker} attempt {header.attempt} step {header.step}"
+        level = logging.WARNING if n <= _LOUD_REJECTS else logging.DEBUG
+        log.log(level, "parameter server rejected a message%s: %s (%s; %d so far)", who, label, detail, n)
+        job = self._job
+        creds = self._retired.get(header.job_id) if header is not None else None
+        if creds is None and job is not None:
+            creds = job.creds
+        if creds is None:
+            return None  # no job, no key to sign an answer with: the sender's request times out
+        h = Header(Kind.ERROR, 0, creds.job_id, header.worker if header else 0, header.attempt if header else 0,
+                   header.step if header else 0, self._version, 0, int(reason))
+        return envelope + encode(h, None, creds.secret)
+
+    def _handle(self, frames: list) -> list | None:
+        # ROUTER: [identity, frames...]; a REQ peer adds an empty delimiter after the identity.
+        if len(frames) >= 2 and len(frames[1].buffer) == 0 and len(frames) == 5:
+            envelope, body = [frames[0].bytes, b""], frames[2:]
+        else:
+            envelope, body = [frames[0].bytes], frames[1:]
+        self._bytes_in += sum(len(f.buffer) for f in body)
+        header = None
+        try:
+            msg = decode(body)
+            header = msg.header
+            reply = self._process(msg, envelope)
+        except WireError as e:
+            return self._reject(e.reason, str(e), envelope, header)
+        except Exception as e:  # a bug in a combiner or here: counted and logged with its trace, serving goes on
+            log.exception("parameter server failed on a message")
+            return self._reject(Reason.INTERNAL, f"{type(e).__name__}: {e}", envelope, header)
+        self._bytes_out += sum(len(f) for f in reply[len(envelope):])
+        return reply
+
+    def _process(self, msg: Message, envelope: list) -> list:
+        h = msg.header
+        job = self._job
+        if job is None or h.job_id != job.creds.job_id:
+            raise WireError(Reason.WRONG_JOB, f"job id {h.job_id.hex()} is not the job being served")
+        if h.kind not in (Kind.PUSH, Kind.PULL):
+            raise WireError(Reason.BAD_KIND, f"a worker may not send {Kind(h.kind).name}")
+        if h.kind == Kind.PUSH:
+            if h.dtype != self._dtype_code:
+                raise WireError(Reason.WRONG_DTYPE, f"payload dtype {DTYPES[h.dtype]} is not the server's {self._dtype}")
+            if h.count > self._numel:
+                raise WireError(Reason.OVERSIZED, f"{h.count} elements for a model of {self._numel}")
+            if h.count != self._numel:
+                raise WireError(Reason.WRONG_COUNT, f"{h.count} elements for a model of {self._numel}")
+        elif h.count:
+            raise WireError(Reason.WRONG_COUNT, f"a pull carries no payload, got {h.count} elements")
+        if not verify(job.creds.secret, msg):
+            raise WireError(Reason.BAD_HMAC, "the tag does not authenticate the message")
+        # Authenticated from here on.
+        key = (h.worker, h.attempt)
+        with self._lock:
+            last = job.last_step.get(key)
+            if last is not None and h.step <= last:
+                raise WireError(Reason.REPLAY, f"step {h.step} is not after step {last}, the last accepted")
+            if h.version > self._version:
+                raise WireError(Reason.BAD_VERSION, f"base version {h.version} is newer than the server's {self._version}")
+            job.last_step[key] = h.step
+            if h.kind == Kind.PULL:
+                self._pulls += 1
+                status, mix, payload = Status.PULLED, 1.0, self._flat
+            else:
+                self._pushes_received += 1
+                applied_to = job.applied_step.get(h.worker, -1)
+                if h.step <= applied_to:
+                    # Another attempt of this partition already pushed this step: acknowledge only.
+                    self._duplicates += 1
+                    status, mix, payload = Status.DUPLICATE, 1.0, self._flat
+                    log.info("worker %d attempt %d: push of step %d was applied by an earlier attempt; not "
+                             "applied again", h.worker, h.attempt, h.step)
+                else:
+                    status = Status.APPLIED
+                    mix = float(self.combiner.reply_mix(num_workers=self.num_workers))
+                    payload = self._apply(msg, h)
+                    job.applied_step[h.worker] = h.step
+            reply = Header(Kind.REPLY, self._dtype_code, job.creds.job_id, h.worker, h.attempt, h.step, self._version,
+                           self._numel, int(status), FLAG_SEND_DELTA if self.combiner.sends_delta else 0, mix)
+            return envelope + encode(reply, payload, job.creds.secret)
+
+    def _apply(self, msg: Message, h: Header) -> np.ndarray:
+        """Combine one push (lock held); returns the buffer the reply carries."""
+        staleness = self._version - h.version
+        before = self._flat.copy() if self.combiner.reply_before_combine else None
+        out = self.combiner.combine(self._flat, msg.array(), staleness=staleness, num_workers=self.num_workers)
+        if out is not None:
+            out = np.asarray(out, dtype=self._dtype).reshape(-1)
+            if out.size != self._numel:
+                raise ValueError(f"{self.combiner!r} returned {out.size} weights for a model of {self._numel}")
+            self._flat = out if out.flags.c_contiguous and out.flags.writeable else out.copy()
+        self._version += 1
+        self._pushes_applied += 1
+        self._applied_by_worker[h.worker] += 1
+        self._stale_sum += staleness
+        self._stale_max = max(self._stale_max, staleness)
+        self._stale_hist[staleness_bucket(staleness)] += 1
+        return before if before is not None else self._flat
