@@ -6,7 +6,9 @@ dependency (pyspark, onnx, tensorboard, mlflow) is imported inside the function 
 so ``sparknet --help`` stays fast and works without the optional extras.
 """
 
-from sparknet.tools import plot  # noqa: F401  (registers ``sparknet plot``)
+from sparknet.tools import export, plot  # noqa: F401  (each registers its subcommand)
+from sparknet.tools.export import ExportFormat, export_model, export_onnx, export_torchscript, verify_onnx
 from sparknet.tools.plot import extract_curves, plot_metrics
 
-__all__ = ["plot_metrics", "extract_curves"]
+__all__ = ["plot_metrics", "extract_curves", "ExportFormat", "export_onnx", "export_torchscript", "export_model",
+           "verify_onnx"]
