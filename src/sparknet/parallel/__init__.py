@@ -1,0 +1,42 @@
+"""Model parallelism: layers split across workers, in a D x M layout of data x model parallelism.
+
+:func:`parallelize` splits the layers of a :class:`~sparknet.layers.GraphModule` across a
+model-parallel group with PyTorch's tensor parallelism (DTensor over a gloo ``DeviceMesh``);
+:func:`init_layout` makes the data- and model-parallel groups from an initialized default
+process group; :func:`dp_round` runs any training strategy over the data-parallel groups,
+each rank on its own shard. See ``docs/MODEL_PARALLEL.md``.
+"""
+
+from sparknet.parallel.mesh import (
+    ParallelLayout,
+    RoundResult,
+    average_over_dp_,
+    broadcast_over_dp_,
+    dp_round,
+    init_layout,
+    layout_coords,
+    replica_seed,
+    share_data_over_mp,
+)
+from sparknet.parallel.tensor import (
+    ConvColwiseParallel,
+    ParallelPlan,
+    TensorParallelModule,
+    WeightBudgetError,
+    build_parallel,
+    check_weight_budget,
+    gather_full_weights,
+    load_full_weights,
+    local_weight_bytes,
+    parallelize,
+    resolve_plan,
+    weight_bytes_per_rank,
+)
+
+__all__ = [
+    "ParallelLayout", "RoundResult", "init_layout", "layout_coords", "replica_seed", "share_data_over_mp",
+    "average_over_dp_", "broadcast_over_dp_", "dp_round",
+    "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "ConvColwiseParallel", "parallelize", "build_parallel",
+    "resolve_plan", "local_weight_bytes", "weight_bytes_per_rank", "check_weight_budget", "gather_full_weights",
+    "load_full_weights",
+]
