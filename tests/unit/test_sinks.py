@@ -1,0 +1,117 @@
+"""TensorBoard and MLflow sinks: the per-round metrics are read back from what they wrote."""
+
+import json
+import os
+
+import pytest
+from mlflow.tracking import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from sparknet import Net, zoo
+from sparknet._model_io import MANIFEST_NAME, save_model
+from sparknet.metrics import MetricsLogger
+from sparknet.tools.sinks import MLflowSink, TensorBoardSink, close_sinks, make_sinks, record_scalars
+
+
+def _records(rounds=5):
+    out = []
+    for r in range(1, rounds + 1):
+        out.append({"event": "round", "round": r, "steps": 10, "total_steps": 10 * r, "samples": 1280,
+                    "total_samples": 1280 * r, "wall_s": 0.5 * r, "round_s": 0.5, "compute_s": 0.4,
+                    "comm_s": 0.1, "loss": 2.0 / r, "val_accuracy": 0.5 + 0.05 * r, "bytes": 3_400_000, "tau": 10,
+                    "per_worker": [{"index": 0, "samples": 640, "loss": 2.1 / r},
+                                   {"index": 1, "samples": 640, "loss": 1.9 / r}]})
+    out.append({"event": "summary", "test_accuracy": 0.8, "wall_s": 2.6, "samples": 1280 * rounds,
+                "samples_per_s": 2461.5, "steps": 10 * rounds, "rounds": rounds, "model": "lenet"})
+    return out
+
+
+def test_scalars_are_against_the_training_step():
+    pairs = record_scalars(_records(3))
+    assert [step for step, _ in pairs] == [10, 20, 30, 30]
+    step, first = pairs[0]
+    assert first["train/loss"] == 2.0 and first["round/tau"] == 10 and first["round/bytes"] == 3_400_000
+    assert first["throughput/samples_per_s"] == pytest.approx(1280 / 0.5)
+    assert first["worker/1/loss"] == pytest.approx(1.9)
+    assert pairs[-1][1]["summary/test_accuracy"] == 0.8
+    evals = record_scalars([{"event": "eval", "step": 100, "samples": 6400, "wall_s": 2.0, "loss": 0.5,
+                             "test_accuracy": 0.9},
+                            {"event": "eval", "step": 200, "samples": 12800, "wall_s": 3.0, "loss": 0.4,
+                             "test_accuracy": 0.95}])
+    assert evals[1] == (200, {"test/loss": 0.4, "test/accuracy": 0.95, "throughput/samples_per_s": 6400.0})
+
+
+def test_tensorboard_event_files_hold_the_rounds(tmp_path):
+    logdir = tmp_path / "tb"
+    sink = TensorBoardSink(logdir)
+    try:
+        with MetricsLogger(tmp_path / "m.jsonl", progress=False, sinks=[sink]) as metrics:
+            for record in _records(5):
+                metrics.write(record)
+    finally:
+        sink.close()
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"train/loss", "validation/accuracy", "throughput/samples_per_s", "round/tau", "round/bytes",
+            "worker/0/loss", "worker/1/loss"} <= tags
+    loss = acc.Scalars("train/loss")
+    assert [e.step for e in loss] == [10, 20, 30, 40, 50]
+    assert [e.value for e in loss] == pytest.approx([2.0, 1.0, 2 / 3, 0.5, 0.4])
+    assert [e.value for e in acc.Scalars("round/bytes")] == [3_400_000] * 5
+    assert acc.Scalars("summary/test_accuracy")[0].value == pytest.approx(0.8)
+
+
+def test_mlflow_file_store_run_has_params_metrics_and_model(tmp_path):
+    folder = save_model(tmp_path / "model", Net(zoo.mlp(input_shape=[4], hidden=[8], num_classes=3), seed=0))
+    store = tmp_path / "mlruns"
+    env_before = os.environ.get("MLFLOW_ALLOW_FILE_STORE")
+    sinks = make_sinks(mlflow_uri=str(store), experiment="tests", run_name="r1",
+                       params={"run": {"lr": 0.05, "model": "lenet"}, "dist": {"workers": 2, "tau": 10}},
+                       model_dir=folder)
+    try:
+        with MetricsLogger(None, progress=False, sinks=sinks) as metrics:
+            for record in _records(4):
+                metrics.write(record)
+    finally:
+        close_sinks(sinks)
+    sink = sinks[0]
+    assert isinstance(sink, MLflowSink)
+    assert os.environ.get("MLFLOW_ALLOW_FILE_STORE") == env_before  # the opt-in did not leak
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")  # reading a file store back needs it too
+    try:
+        client = MlflowClient(tracking_uri=store.resolve().as_uri())
+        run = client.get_run(sink.run_id)
+        assert run.info.status == "FINISHED" and run.info.run_name == "r1"
+        assert run.data.params["run.lr"] == "0.05" and run.data.params["dist.tau"] == "10"
+        assert run.data.params["run.model"] == "lenet"
+        history = client.get_metric_history(sink.run_id, "train/loss")
+        assert sorted((m.step, m.value) for m in history) == [(10, 2.0), (20, 1.0), (30, pytest.approx(2 / 3)),
+                                                              (40, 0.5)]
+        acc = client.get_metric_history(sink.run_id, "validation/accuracy")
+        assert [m.step for m in sorted(acc, key=lambda m: m.step)] == [10, 20, 30, 40]
+        assert len(client.get_metric_history(sink.run_id, "worker/1/loss")) == 4
+        assert run.data.metrics["summary/test_accuracy"] == 0.8
+        names = {f.path for f in client.list_artifacts(sink.run_id, "model")}
+        assert f"model/{MANIFEST_NAME}" in names and "model/weights.safetensors" in names
+    finally:
+        if env_before is None:
+            os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+
+
+def test_failed_run_is_marked_failed(tmp_path):
+    store = tmp_path / "mlruns"
+    with pytest.raises(RuntimeError, match="boom"):
+        with MLflowSink(store, experiment="tests") as sink:
+            sink({"event": "round", "round": 1, "steps": 1, "loss": 1.0})
+            raise RuntimeError("boom")
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    try:
+        assert MlflowClient(store.resolve().as_uri()).get_run(sink.run_id).info.status == "FAILED"
+    finally:
+        os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+
+
+def test_make_sinks_without_any_is_empty():
+    assert make_sinks() == []
+    json.dumps(record_scalars(_records(1)))
