@@ -120,8 +120,11 @@ class SolverConfig:
             raise ValueError(f"delta must be positive, got {self.delta}")
         if not 0 < self.rms_decay < 1:
             raise ValueError(f"rms_decay must be in (0, 1), got {self.rms_decay}")
-        if self.gamma < 0:
-            raise ValueError(f"gamma must be non-negative, got {self.gamma}")
+        if not math.isfinite(self.gamma):
+            raise ValueError(f"gamma must be a finite number, got {self.gamma}")
+        if self.gamma < 0 and self.lr_policy is not LRPolicy.SIGMOID:
+            # Caffe's sigmoid policy decays the rate with a negative gamma; elsewhere it is a mistake.
+            raise ValueError(f"gamma must be non-negative for the {self.lr_policy.value} policy, got {self.gamma}")
         if self.lr_policy is LRPolicy.STEP and self.stepsize <= 0:
             raise ValueError(f"the step policy needs a positive stepsize, got {self.stepsize}")
         if list(self.stepvalues) != sorted(self.stepvalues):

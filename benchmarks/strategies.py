@@ -1,0 +1,103 @@
+"""Rounds, local steps and bytes to a target MNIST accuracy, for every strategy, K and tau.
+
+    python benchmarks/strategies.py                      # K in {2,4,8}, tau in {1,10,50,200}, target 98.5%
+    python benchmarks/strategies.py --quick              # a small grid on the 5k MNIST subset
+    python benchmarks/strategies.py --compression int8   # the same with int8 + error feedback
+
+K logical workers run one after another in one process (iterations are what is counted),
+through the same strategy code the Spark engines run (``sparknet.simulate``). Cells run in
+parallel processes, one thread each. Prints a table and saves JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing as mp
+import time
+from pathlib import Path
+
+STRATEGY_SOLVERS = {
+    # Each strategy with the inner solver it is used with: SparkNet averages SGD workers;
+    # DiLoCo's paper uses AdamW inside and Nesterov SGD outside.
+    "average": {"type": "sgd", "base_lr": 0.05, "momentum": 0.9},
+    "easgd": {"type": "sgd", "base_lr": 0.05, "momentum": 0.9},
+    "sync": {"type": "sgd", "base_lr": 0.05, "momentum": 0.9},
+    "diloco": {"type": "adamw", "base_lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-4},
+}
+
+
+def _cell(job: dict) -> dict:
+    import torch
+
+    torch.set_num_threads(1)
+    from sparknet import SolverConfig, zoo
+    from sparknet.datasets import mnist, mnist_small
+    from sparknet.simulate import simulate
+
+    data = mnist_small() if job["quick"] else mnist()
+    train, test = data.train, data.test
+    net = zoo.lenet(batch_size=job["batch_size"])
+    solver = SolverConfig(**{**STRATEGY_SOLVERS[job["strategy"]], **job.get("solver", {})})
+    t0 = time.perf_counter()
+    r = simulate(net, train, test, workers=job["workers"], tau=job["tau"], strategy=job["strategy"], solver=solver,
+                 batch_size=job["batch_size"], target_accuracy=job["target"], max_steps=job["max_steps"],
+                 eval_every_steps=job["eval_every"], compression=job["compression"], seed=job["seed"],
+                 strategy_options=job.get("options"))
+    out = {k: v for k, v in r.to_dict().items() if k != "history"}
+    out.update(job)
+    out["cell_s"] = time.perf_counter() - t0
+    out["curve"] = r.history
+    return out
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
+    p.add_argument("--taus", type=int, nargs="+", default=[1, 10, 50, 200])
+    p.add_argument("--strategies", nargs="+", default=["average", "diloco", "easgd", "sync"])
+    p.add_argument("--target", type=float, default=0.985)
+    p.add_argument("--max-steps", type=int, default=3000, help="local steps per worker at most")
+    p.add_argument("--eval-every", type=int, default=50, help="local steps between evaluations (whole rounds)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--compression", default="none")
+    p.add_argument("--diloco-outer-lr", type=float, default=0.7)
+    p.add_argument("--diloco-outer-momentum", type=float, default=0.9)
+    p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="5k MNIST subset, K in {2,4}, tau in {1,10,50}, target 95%%")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.workers, args.taus, args.target, args.max_steps = [2, 4], [1, 10, 50], 0.95, 1500
+    jobs = []
+    for strategy, k, tau in itertools.product(args.strategies, args.workers, args.taus):
+        if strategy == "sync" and tau != 1:
+            continue  # the naive scheme synchronizes every step
+        job = {"strategy": strategy, "workers": k, "tau": tau, "target": args.target, "max_steps": args.max_steps,
+               "eval_every": max(args.eval_every, tau), "batch_size": args.batch_size, "compression": args.compression,
+               "seed": args.seed, "quick": args.quick}
+        if strategy == "diloco":
+            job["options"] = {"outer_lr": args.diloco_outer_lr, "outer_momentum": args.diloco_outer_momentum}
+        jobs.append(job)
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(args.processes) as pool:
+        results = pool.map(_cell, jobs, chunksize=1)
+    print(f"{'strategy':9} {'K':>3} {'tau':>4} {'reached':>7} {'rounds':>6} {'steps/worker':>12} {'MB sent':>9} {'acc':>7}")
+    for r in results:
+        print(f"{r['strategy']:9} {r['workers']:>3} {r['tau']:>4} {str(r['reached']):>7} {r['rounds']:>6} "
+              f"{r['steps_per_worker']:>12} {r['bytes'] / 1e6:>9.1f} {r['accuracy']:>7.4f}")
+    name = "strategies_quick" if args.quick else "strategies"
+    if args.compression != "none":
+        name += f"_{args.compression}"
+    out = Path(args.out or f"benchmarks/results/{name}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "strategies", "args": vars(args), "wall_s": time.perf_counter() - t0,
+                               "results": results}, indent=1))
+    print(f"saved {out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
