@@ -1,0 +1,21 @@
+"""Training on Apache Spark: the rounds and barrier engines behind :class:`SparkTrainer`.
+
+>>> from sparknet.spark import SparkTrainer
+>>> result = SparkTrainer(zoo.lenet(), dist=DistributedConfig(workers=2, tau=50, rounds=20)).fit(df)  # doctest: +SKIP
+
+Importing this package imports pyspark; the rest of sparknet does not need it.
+"""
+
+from sparknet.spark._session import get_session
+from sparknet.spark.trainer import EngineOptions, SparkTrainer, TrainResult
+
+__all__ = ["SparkTrainer", "TrainResult", "EngineOptions", "get_session"]
+
+
+def __getattr__(name):
+    # The Spark ML classes live in sparknet.spark.ml; import them on first use only.
+    if name in ("SparkNetEstimator", "SparkNetModel"):
+        from sparknet.spark import ml
+
+        return getattr(ml, name)
+    raise AttributeError(f"module 'sparknet.spark' has no attribute {name!r}")

@@ -1,0 +1,254 @@
+"""Executor side of the barrier engine: one barrier stage, a gloo group, one allreduce per round.
+
+Every task of the stage runs :func:`run_barrier`:
+
+1. reads its partition's chunks into a :class:`~sparknet.net.Net` (once for the whole fit);
+2. rendezvous: rank 0 opens a ``TCPStore`` on a free port of its host (the OS picks it, so
+   no other process can take it in between) and ``BarrierTaskContext.allGather`` shares
+   ``host:port``; every rank then joins ``torch.distributed`` with the gloo backend and a
+   timeout on every collective;
+3. each round: local steps, then ONE ``all_reduce`` (sum) of one flat float32 buffer::
+
+       [ n_r * delta_r  (P values) | K rows of (samples, loss*samples, steps, compute_s, finite, processed) ]
+
+   where only rank r fills its own row. Every rank then holds the same sums, forms the same
+   sample-weighted mean and applies the same strategy step, so global weights stay
+   identical without any further message. Evaluation (when due) is one more tiny allreduce
+   of (correct, count, loss) over each rank's shard of the validation data, so every rank
+   sees the same accuracy and all stop together;
+4. rank 0 pushes a record per round to the driver over :mod:`sparknet.spark._channel` and
+   returns the final weights and the history when the stage ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pickle
+import socket
+import time
+from datetime import timedelta
+
+import numpy as np
+import torch
+
+from sparknet.spark._data import merge_chunks
+from sparknet.spark._rounds import StopRule, WorkerSpec, build_worker_net, task_device, worker_failure
+from sparknet.strategies import WorkerState
+
+__all__ = ["run_barrier", "FIELDS"]
+
+log = logging.getLogger(__name__)
+
+FIELDS = 6
+"""Per-worker values appended to the allreduced buffer: samples averaged (0 when not finite),
+loss*samples, steps, compute_s, finite, samples processed."""
+
+
+def run_barrier(payload_bc, params: dict, val_bc=None):
+    """The barrier stage's task function (``rdd.barrier().mapPartitionsWithIndex``)."""
+
+    def task(index: int, chunks):
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        rank = ctx.partitionId()
+        try:
+            yield from _run(ctx, rank, payload_bc, params, val_bc, chunks)
+        except Exception as exc:
+            raise worker_failure(rank, exc) from None
+
+    return task
+
+
+def _loopback_ifname() -> str | None:
+    try:
+        for _, name in socket.if_nameindex():
+            if name in ("lo", "lo0"):
+                return name
+    except OSError:  # pragma: no cover
+        pass
+    return None
+
+
+def _rendezvous(ctx, rank: int, world: int, params: dict):
+    """Join the gloo process group of this stage's tasks."""
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=params["rendezvous_timeout_s"])
+    if params["local"]:
+        host = "127.0.0.1"
+        ifname = _loopback_ifname()
+        if ifname and "GLOO_SOCKET_IFNAME" not in os.environ:
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    else:
+        host = ctx.getTaskInfos()[rank].address.rsplit(":", 1)[0]
+    store = None
+    if rank == 0:
+        store = dist.TCPStore(host, 0, world, True, timeout=timeout, wait_for_workers=False)
+        addresses = ctx.allGather(f"{host}:{store.port}")
+    else:
+        addresses = ctx.allGather("")
+    master_host, master_port = addresses[0].rsplit(":", 1)
+    if rank != 0:
+        store = dist.TCPStore(master_host, int(master_port), world, False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=params["collective_timeout_s"]))
+    return store
+
+
+def _run(ctx, rank: int, payload_bc, params: dict, val_bc, chunks):
+    import torch.distributed as dist
+
+    t_start = time.perf_counter()
+    packed, init_flat = payload_bc.value
+    spec: WorkerSpec = pickle.loads(packed[1])
+    world = params["workers"]
+    torch.set_num_threads(spec.threads)
+    x, y, _ = merge_chunks(chunks)
+    device, device_info = task_device(spec.device)
+    net = build_worker_net(spec, rank, x, y, device)
+    has_data = x is not None and len(x) > 0
+    val = None
+    if val_bc is not None:
+        vx, vy = val_bc.value
+        val = (vx[rank::world], vy[rank::world])
+    sender = None
+    store = None
+    history: list[dict] = []
+    try:
+        if rank == 0 and params.get("endpoint"):
+            from sparknet.spark._channel import MetricsSender
+
+            sender = MetricsSender(params["endpoint"], params["secret"])
+        store = _rendezvous(ctx, rank, world, params)
+        if sender is not None:
+            sender.send({"event": "ready", "fit": spec.fit_id, "setup_s": time.perf_counter() - t_start})
+        final = _round_loop(net, spec, rank, world, init_flat, has_data, val, params, sender, history)
+        yield ("worker", rank, {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
+                                "attempt": ctx.attemptNumber()})
+        if rank == 0:
+            yield ("result", final.numpy().tobytes(), history)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        del store
+        if sender is not None:
+            sender.close()
+
+
+def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_data: bool, val, params: dict,
+                sender, history: list) -> torch.Tensor:
+    """Train round after round until the stop rule says so; returns the final global weights."""
+    import torch.distributed as dist
+
+    strategy = spec.strategy
+    state = WorkerState()
+    global_flat = torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))
+    P = global_flat.numel()
+    buf = torch.zeros(P + world * FIELDS, dtype=torch.float32)
+    stop = StopRule(**params["stop"])
+    hook = strategy.after_backward if strategy.needs_gradient_hook else None
+    steps_done = samples_done = 0
+    total_bytes = 0
+    t0 = time.perf_counter()
+    eval_every = params["eval_every_rounds"]
+    nbytes_round = 2 * (world - 1) * buf.numel() * 4 if world > 1 else 0
+    r = 0
+    while True:
+        steps = stop.steps_for_round(steps_done)
+        t_round = time.perf_counter()
+        buf.zero_()
+        row = buf[P + rank * FIELDS:P + (rank + 1) * FIELDS]
+        if has_data and steps > 0:
+            strategy.worker_begin(state, net, global_flat.to(net.device))
+            stats = net.train(steps, max_seconds=params.get("round_seconds"), after_backward=hook)
+            delta = strategy.worker_delta(state, net, global_flat.to(net.device)).cpu()
+            finite = bool(stats.finite and torch.isfinite(delta).all())
+            if finite and stats.samples:
+                torch.mul(delta, float(stats.samples), out=buf[:P])
+            if not finite:
+                log.warning("worker %d: loss or weights became NaN/Inf in round %d; left out of the average", rank, r)
+            loss_sum = stats.loss * stats.samples if finite and stats.samples else 0.0
+            row.copy_(torch.tensor([stats.samples if finite else 0, loss_sum, stats.steps, stats.wall_s,
+                                    1.0 if finite else 0.0, stats.samples]))
+        else:
+            row[4] = 1.0
+        t_comm = time.perf_counter()
+        dist.all_reduce(buf)
+        allreduce_s = time.perf_counter() - t_comm
+        rows = buf[P:].view(world, FIELDS).double()
+        n_total = float(rows[:, 0].sum())
+        if n_total <= 0:
+            bad = [i for i in range(world) if rows[i, 4] == 0]
+            raise FloatingPointError(f"no worker produced finite weights in round {r} (non-finite: {bad})")
+        mean = buf[:P] / n_total
+        global_flat = strategy.apply(global_flat, mean, world)
+        round_steps = int(rows[:, 2].max())
+        steps_done += round_steps
+        round_samples = int(rows[:, 5].sum())
+        samples_done += round_samples
+        total_bytes += nbytes_round
+        accuracy = val_loss = None
+        r += 1
+        due = val is not None and (r % eval_every == 0)
+        if due:
+            accuracy, val_loss = _evaluate(net, global_flat, val, strategy.keeps_local_weights)
+        reason = stop.reason(r, steps_done, samples_done, accuracy)
+        if reason is not None and val is not None and not due:
+            accuracy, val_loss = _evaluate(net, global_flat, val, strategy.keeps_local_weights)
+        round_s = time.perf_counter() - t_round
+        compute_s = float(rows[:, 3].max())
+        record = {
+            "event": "round", "round": r, "steps": round_steps, "total_steps": steps_done,
+            "samples": round_samples, "total_samples": samples_done, "wall_s": time.perf_counter() - t0,
+            "round_s": round_s, "compute_s": compute_s, "comm_s": max(round_s - compute_s, 0.0),
+            "allreduce_s": allreduce_s,
+            "loss": float(rows[:, 1].sum() / n_total), "bytes": nbytes_round, "total_bytes": total_bytes,
+            "tau": steps if steps < StopRule.UNBOUNDED_STEPS else None, "workers": world,
+            "engine": "barrier", "strategy": getattr(strategy.name, "value", str(strategy.name)),
+            "per_worker": [{"rank": i, "samples": int(rows[i, 5]), "steps": int(rows[i, 2]),
+                            "loss": float(rows[i, 1] / rows[i, 0]) if rows[i, 0] > 0 else None,
+                            "compute_s": float(rows[i, 3]), "finite": bool(rows[i, 4] > 0)}
+                           for i in range(world)],
+        }
+        if accuracy is not None:
+            record["val_accuracy"] = accuracy
+            record["val_loss"] = val_loss
+        if int((rows[:, 4] == 0).sum()):
+            record["nonfinite_workers"] = int((rows[:, 4] == 0).sum())
+        if reason is not None:
+            record["stop_reason"] = reason
+        if rank == 0:
+            history.append(record)
+            if sender is not None:
+                sender.send(record)
+        if reason is not None:
+            return global_flat
+        if round_steps == 0:
+            raise RuntimeError("a round made no step on any worker; check tau, max_steps and the data")
+
+
+def _evaluate(net, global_flat, val, keep_local: bool) -> tuple[float, float]:
+    """Accuracy and loss of the global weights over all ranks' validation shards (same on every rank)."""
+    import torch.distributed as dist
+
+    local = net.get_flat() if keep_local else None
+    net.set_flat(global_flat)
+    x, y = val
+    correct = loss_sum = 0.0
+    count = 0
+    if len(x):
+        res = net.evaluate((x, y))
+        count = res.samples
+        correct = res.accuracy * res.samples
+        loss_sum = res.loss * res.samples
+    t = torch.tensor([correct, float(count), loss_sum], dtype=torch.float64)
+    dist.all_reduce(t)
+    if local is not None:
+        net.set_flat(local)
+    if t[1] <= 0:
+        return math.nan, math.nan
+    return float(t[0] / t[1]), float(t[2] / t[1])
+

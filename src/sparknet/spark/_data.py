@@ -1,0 +1,456 @@
+"""Training data from Spark into numpy arrays, checked before any training starts.
+
+Driver side, :func:`chunk_rdd` turns a DataFrame (a feature column of ``array<number>``, an
+ML ``Vector``, or ``binary`` plus an image shape; an integer or integral-double label column)
+or an RDD of ``(ndarray, label)`` into an RDD of *chunks* with one partition per worker::
+
+    (x: float32 [m, L], y: int64 [m], info: dict)
+
+DataFrames convert through Arrow (``mapInArrow``), never row by row. ``info`` counts what is
+wrong with the chunk's rows (lengths, nulls, NaN, non-integral labels, label range);
+:func:`check_stats` turns those counts into one clear ``ValueError`` on the driver before a
+single step is trained. Executor side, :func:`merge_chunks` concatenates a partition's
+chunks and sums their counts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["FeatureSource", "chunk_rdd", "merge_chunks", "check_stats", "partition_stats", "head_rows",
+           "local_arrays", "collect_arrays", "describe_skew", "CHUNK_BYTES"]
+
+log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 32 << 20
+"""Largest feature payload of one chunk (Arrow binary values must stay far below 2 GiB)."""
+_MAX_EXAMPLES = 4
+
+
+@dataclass(frozen=True)
+class FeatureSource:
+    """How the feature column is read: its kind and, when known, the values per row."""
+
+    kind: str
+    """``array`` (lists and ML vectors, read as array<float>), ``binary`` or ``pairs`` (an RDD)."""
+    expected_len: int | None
+    """Values per row the net takes (``None``: whatever the data has, the same in every row)."""
+    description: str
+    """What the user gave, for messages."""
+
+
+# -- executor side: chunks ----------------------------------------------------------------------
+def _new_info() -> dict:
+    return {"rows": 0, "lengths": [], "shapes": [], "bad_rows": 0, "null_x": 0, "nonfinite": 0, "null_y": 0,
+            "nonint_y": 0, "y_min": None, "y_max": None, "not_pairs": 0}
+
+
+def _add_example(info: dict, key: str, value) -> None:
+    if value not in info[key] and len(info[key]) < _MAX_EXAMPLES:
+        info[key].append(value)
+
+
+def _labels(y_raw: np.ndarray, info: dict) -> np.ndarray:
+    """Count label problems; return int64 labels (garbage where a problem was counted)."""
+    if y_raw.dtype.kind == "f":
+        finite = np.isfinite(y_raw)
+        integral = finite & (np.floor(y_raw) == y_raw)
+        info["nonint_y"] += int(len(y_raw) - integral.sum())
+        y = np.where(integral, y_raw, 0).astype(np.int64)
+    elif y_raw.dtype.kind in "iub":
+        y = y_raw.astype(np.int64, copy=False)
+    else:
+        info["nonint_y"] += len(y_raw)
+        y = np.zeros(len(y_raw), np.int64)
+    if len(y):
+        lo, hi = int(y.min()), int(y.max())
+        info["y_min"] = lo if info["y_min"] is None else min(lo, info["y_min"])
+        info["y_max"] = hi if info["y_max"] is None else max(hi, info["y_max"])
+    return y
+
+
+def _finish(x: np.ndarray, y: np.ndarray, info: dict) -> tuple[np.ndarray, np.ndarray, dict]:
+    info["rows"] += len(y)
+    if x.size:
+        info["nonfinite"] += int(len(x) - np.isfinite(x).all(axis=1).sum())
+    return x, y, info
+
+
+def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | None):
+    """One Arrow batch of (features, label) -> (x, y, info)."""
+    info = _new_info()
+    feats, labels = batch.column(0), batch.column(1)
+    n = len(batch)
+    info["null_y"] += labels.null_count
+    y = _labels(np.asarray(labels.fill_null(0).to_numpy(zero_copy_only=False)), info)
+    info["null_x"] += feats.null_count
+    if feats.null_count:
+        return _finish(np.empty((0, expected_len or 0), np.float32), y[:0], info)
+    if n == 0:
+        return _finish(np.empty((0, expected_len or 0), np.float32), y, info)
+    if kind == "binary":
+        offsets = np.frombuffer(feats.buffers()[1], dtype=np.int32)[feats.offset:feats.offset + n + 1]
+        lengths = np.diff(offsets)
+        numel = image_numel
+        for v in np.unique(lengths)[:_MAX_EXAMPLES]:
+            _add_example(info, "lengths", int(v))
+        ok = (lengths == numel) | (lengths == 4 * numel)
+        if not ok.all():
+            info["bad_rows"] += int(n - ok.sum())
+            return _finish(np.empty((0, numel), np.float32), y[:0], info)
+        if not (lengths == lengths[0]).all():  # uint8 and float32 rows mixed
+            info["bad_rows"] += int(n - (lengths == lengths[0]).sum())
+            return _finish(np.empty((0, numel), np.float32), y[:0], info)
+        data = np.frombuffer(feats.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
+        if lengths[0] == numel:
+            x = data.reshape(n, numel).astype(np.float32) / np.float32(255.0)
+        else:
+            x = data.view("<f4").reshape(n, numel).astype(np.float32, copy=True)
+        return _finish(x, y, info)
+    # list<float>
+    lengths = np.asarray(feats.value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
+    for v in np.unique(lengths)[:_MAX_EXAMPLES]:
+        _add_example(info, "lengths", int(v))
+    want = expected_len if expected_len is not None else (int(lengths[0]) if n else 0)
+    bad = int((lengths != want).sum())
+    if bad:
+        info["bad_rows"] += bad
+        return _finish(np.empty((0, want), np.float32), y[:0], info)
+    values = feats.flatten()
+    if values.null_count:
+        info["nonfinite"] += n  # a null inside a feature array: no number to train on
+        return _finish(np.empty((0, want), np.float32), y[:0], info)
+    x = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(n, want)
+    return _finish(x, y, info)
+
+
+def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None):
+    """The ``mapInArrow`` function: Arrow batches of (features, label) -> rows of chunk bytes."""
+
+    def convert(batches: Iterator) -> Iterator:
+        import pyarrow as pa  # executors import it only when they convert
+
+        for batch in batches:
+            row_bytes = max(1, (expected_len or image_numel or 1) * 4)
+            step = max(1, CHUNK_BYTES // row_bytes)
+            for start in range(0, max(len(batch), 1), step):
+                x, y, info = _arrow_batch(batch.slice(start, step), kind, expected_len, image_numel)
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([x.tobytes()], pa.binary()), pa.array([y.tobytes()], pa.binary()),
+                     pa.array([x.shape[1] if x.ndim == 2 else 0], pa.int64()), pa.array([json.dumps(info)])],
+                    names=["x", "y", "width", "info"])
+
+    return convert
+
+
+def _row_to_chunk(row) -> tuple[np.ndarray, np.ndarray, dict]:
+    y = np.frombuffer(row.y, dtype=np.int64)
+    width = int(row.width)
+    x = np.frombuffer(row.x, dtype=np.float32).reshape(len(y), width) if len(y) else np.empty((0, width), np.float32)
+    return x, y, json.loads(row.info)
+
+
+def pair_chunks(expected_len: int | None, chunk_rows: int = 4096):
+    """An RDD partition of ``(ndarray, label)`` pairs -> chunks."""
+
+    def convert(items: Iterable) -> Iterator:
+        xs, ys = [], []
+        info = _new_info()
+
+        def flush():
+            nonlocal xs, ys, info
+            y_raw = np.asarray(ys) if ys else np.zeros(0, np.int64)
+            if y_raw.dtype == object:
+                info["nonint_y"] += len(y_raw)
+                y_raw = np.zeros(len(y_raw), np.int64)
+            y = _labels(y_raw, info)
+            width = len(xs[0]) if xs else (expected_len or 0)
+            x = np.stack(xs) if xs else np.empty((0, width), np.float32)
+            out = _finish(x, y, info)
+            xs, ys, info = [], [], _new_info()
+            return out
+
+        width = expected_len
+        for item in items:
+            try:
+                a, label = item
+            except (TypeError, ValueError):
+                info["not_pairs"] += 1
+                continue
+            if a is None:
+                info["null_x"] += 1
+                continue
+            if label is None:
+                info["null_y"] += 1
+                continue
+            arr = np.asarray(a)
+            if arr.dtype == object or arr.dtype.kind not in "biuf":
+                info["not_pairs"] += 1
+                continue
+            _add_example(info, "shapes", list(arr.shape))
+            flat = arr.astype(np.float32, copy=False).reshape(-1)
+            if width is None:
+                width = flat.size
+            if flat.size != width:
+                info["bad_rows"] += 1
+                _add_example(info, "lengths", int(flat.size))
+                continue
+            _add_example(info, "lengths", int(flat.size))
+            xs.append(flat)
+            ys.append(label.item() if hasattr(label, "item") else label)
+            if len(xs) >= chunk_rows:
+                yield flush()
+        yield flush()
+
+    return convert
+
+
+def merge_chunks(chunks: Iterable) -> tuple[np.ndarray | None, np.ndarray | None, dict]:
+    """All chunks of a partition -> (x [n, L], y [n], summed info). ``x`` is ``None`` for no rows."""
+    xs, ys = [], []
+    total = _new_info()
+    for x, y, info in chunks:
+        for key in ("rows", "bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "not_pairs"):
+            total[key] += info[key]
+        for key in ("lengths", "shapes"):
+            for v in info[key]:
+                _add_example(total, key, v)
+        for key, pick in (("y_min", min), ("y_max", max)):
+            if info[key] is not None:
+                total[key] = info[key] if total[key] is None else pick(total[key], info[key])
+        if len(y):
+            xs.append(x)
+            ys.append(y)
+    widths = {x.shape[1] for x in xs}
+    if len(widths) > 1:
+        total["bad_rows"] += sum(len(y) for y in ys)
+        return None, None, total
+    if not xs:
+        return None, None, total
+    x = xs[0] if len(xs) == 1 else np.concatenate(xs)
+    y = ys[0] if len(ys) == 1 else np.concatenate(ys)
+    return x, y, total
+
+
+# -- driver side --------------------------------------------------------------------------------
+def _feature_expr(df, features_col: str, image_shape):
+    """(column expression as array<float> or binary, kind) for a DataFrame's feature column."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    fields = {f.name: f for f in df.schema.fields}
+    if features_col not in fields:
+        raise ValueError(f"feature column {features_col!r} not found; the DataFrame has columns {list(fields)}")
+    dtype = fields[features_col].dataType
+    numeric = (T.FloatType, T.DoubleType, T.IntegerType, T.LongType, T.ShortType, T.ByteType, T.DecimalType)
+    if isinstance(dtype, T.ArrayType) and isinstance(dtype.elementType, numeric):
+        return F.col(features_col).cast(T.ArrayType(T.FloatType())), "array"
+    if type(dtype).__name__ == "VectorUDT":
+        from pyspark.ml.functions import vector_to_array
+
+        return vector_to_array(F.col(features_col), "float32"), "array"
+    if isinstance(dtype, T.BinaryType):
+        if not image_shape:
+            raise ValueError(f"feature column {features_col!r} is binary: pass image_shape= (e.g. [1, 28, 28]) "
+                             "so its bytes can be read as uint8 pixels or float32 values")
+        return F.col(features_col), "binary"
+    raise ValueError(f"feature column {features_col!r} has type {dtype.simpleString()}; expected array<float>, "
+                     "array<double>, an ML Vector, or binary with image_shape")
+
+
+def _label_expr(df, label_col: str):
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    fields = {f.name: f for f in df.schema.fields}
+    if label_col not in fields:
+        raise ValueError(f"label column {label_col!r} not found; the DataFrame has columns {list(fields)}")
+    dtype = fields[label_col].dataType
+    if isinstance(dtype, (T.IntegerType, T.LongType, T.ShortType, T.ByteType)):
+        return F.col(label_col).cast(T.LongType())
+    if isinstance(dtype, (T.FloatType, T.DoubleType, T.DecimalType)):
+        return F.col(label_col).cast(T.DoubleType())
+    if isinstance(dtype, T.BooleanType):
+        return F.col(label_col).cast(T.LongType())
+    raise ValueError(f"label column {label_col!r} has type {dtype.simpleString()}; expected integer class ids "
+                     "(an integer column, or a double column holding whole numbers)")
+
+
+def is_dataframe(obj) -> bool:
+    return type(obj).__name__ == "DataFrame" and hasattr(obj, "schema") and hasattr(obj, "mapInArrow")
+
+
+def is_rdd(obj) -> bool:
+    return hasattr(obj, "mapPartitions") and hasattr(obj, "getNumPartitions") and not is_dataframe(obj)
+
+
+def chunk_rdd(data, *, features_col: str = "features", label_col: str = "label", image_shape=None,
+              expected_len: int | None = None, num_partitions: int | None = None):
+    """An RDD of chunks with ``num_partitions`` partitions (kept as they are when already so).
+
+    Checks the schema (no Spark job runs); row-level problems are counted in the chunks.
+
+    Returns
+    -------
+    (rdd, FeatureSource)
+    """
+    if is_dataframe(data):
+        feat, kind = _feature_expr(data, features_col, image_shape)
+        label = _label_expr(data, label_col)
+        image_numel = int(np.prod(image_shape)) if image_shape else None
+        if kind == "binary":
+            expected_len = image_numel
+        df = data.select(feat.alias("f"), label.alias("y"))
+        if num_partitions is not None and df.rdd.getNumPartitions() != num_partitions:
+            df = df.repartition(num_partitions)
+        out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel),
+                            "x binary, y binary, width long, info string")
+        rdd = out.rdd.map(_row_to_chunk, preservesPartitioning=True)
+        source = FeatureSource(kind, expected_len, f"DataFrame column {features_col!r}")
+    elif is_rdd(data):
+        rdd = data
+        if num_partitions is not None and rdd.getNumPartitions() != num_partitions:
+            rdd = rdd.repartition(num_partitions)
+        rdd = rdd.mapPartitions(pair_chunks(expected_len), preservesPartitioning=True)
+        source = FeatureSource("pairs", expected_len, "RDD of (features, label)")
+    else:
+        raise TypeError(f"training data must be a Spark DataFrame or an RDD of (ndarray, label), "
+                        f"got {type(data).__name__}")
+    if num_partitions is not None and rdd.getNumPartitions() != num_partitions:
+        raise ValueError(f"could not split the data into {num_partitions} partitions "
+                         f"(got {rdd.getNumPartitions()})")
+    return rdd, source
+
+
+def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_classes: int | None,
+                num_workers: int | None = None, sample_shape=None) -> dict:
+    """Sum per-partition counts and raise one clear ``ValueError`` for the first problem found.
+
+    Returns the summed counts plus ``"width"`` (values per row) and ``"rows_per_partition"``.
+    """
+    total = _new_info()
+    for s in stats:
+        for key in ("rows", "bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "not_pairs"):
+            total[key] += s[key]
+        for key in ("lengths", "shapes"):
+            for v in s[key]:
+                _add_example(total, key, v)
+        for key, pick in (("y_min", min), ("y_max", max)):
+            if s[key] is not None:
+                total[key] = s[key] if total[key] is None else pick(total[key], s[key])
+    total["rows_per_partition"] = [s["rows"] for s in stats]
+    if total["not_pairs"]:
+        raise ValueError(f"{what}: {total['not_pairs']} elements are not (numeric array, label) pairs")
+    if total["null_x"]:
+        raise ValueError(f"{what}: {total['null_x']} rows have a null feature value; drop or fill them first")
+    if total["null_y"]:
+        raise ValueError(f"{what}: {total['null_y']} rows have a null label; drop them first")
+    if total["bad_rows"] or len(total["lengths"]) > 1:
+        seen = sorted(total["lengths"])
+        if expected_len is not None:
+            shape = f" (shape {tuple(sample_shape)})" if sample_shape else ""
+            raise ValueError(f"{what}: feature rows must hold {expected_len} values for this net{shape}, "
+                             f"but rows hold {seen} values ({total['bad_rows']} rows do not fit)")
+        raise ValueError(f"{what}: feature rows differ in length ({seen} values); every row needs the same length")
+    if total["nonfinite"]:
+        raise ValueError(f"{what}: {total['nonfinite']} rows hold NaN or infinite feature values; "
+                         "clean or impute them first")
+    if total["nonint_y"]:
+        raise ValueError(f"{what}: {total['nonint_y']} labels are not whole numbers; labels are class ids 0..C-1")
+    rows = total["rows"]
+    if rows == 0:
+        raise ValueError(f"{what} is empty: there is nothing to train on")
+    if num_workers is not None and rows < num_workers:
+        raise ValueError(f"{what} has {rows} rows, fewer than the {num_workers} workers asked for; "
+                         f"use at most {rows} workers")
+    if num_classes is not None and (total["y_min"] < 0 or total["y_max"] >= num_classes):
+        raise ValueError(f"{what}: labels range over [{total['y_min']}, {total['y_max']}] but the net has "
+                         f"{num_classes} classes (labels must be 0..{num_classes - 1})")
+    if total["y_min"] is not None and total["y_min"] < 0:
+        raise ValueError(f"{what}: negative label {total['y_min']}; labels are class ids 0..C-1")
+    total["width"] = total["lengths"][0] if total["lengths"] else expected_len
+    return total
+
+
+def partition_stats(index: int, chunks: Iterable) -> Iterator[dict]:
+    """Executor: the summed counts of one partition's chunks (consumes them)."""
+    _, _, info = merge_chunks(chunks)
+    info["index"] = index
+    yield info
+
+
+def head_rows(quotas: list[int]):
+    """Executor: the first ``quotas[index]`` rows of a partition as one ``(x, y)`` (reads all chunks)."""
+
+    def take(index: int, chunks: Iterable) -> Iterator:
+        want = quotas[index]
+        xs, ys, got = [], [], 0
+        for x, y, _ in chunks:
+            if got < want and len(y):
+                k = min(want - got, len(y))
+                xs.append(np.array(x[:k]))
+                ys.append(np.array(y[:k]))
+                got += k
+        if xs:
+            yield np.concatenate(xs), np.concatenate(ys)
+
+    return take
+
+
+def local_arrays(data, *, sample_shape, what: str = "validation data") -> tuple[np.ndarray, np.ndarray]:
+    """``(x, y)`` numpy arrays of an ArrayDataset, an ``(x, y)`` pair or a list of pairs, in the net's shape."""
+    if hasattr(data, "x") and hasattr(data, "y"):
+        x, y = np.asarray(data.x), np.asarray(data.y)
+    elif isinstance(data, tuple) and len(data) == 2 and all(hasattr(a, "shape") for a in data):
+        x, y = np.asarray(data[0]), np.asarray(data[1])
+    else:
+        pairs = list(data)
+        if not pairs:
+            raise ValueError(f"{what} is empty")
+        x = np.stack([np.asarray(p[0]) for p in pairs])
+        y = np.asarray([p[1] for p in pairs])
+    if len(x) != len(y):
+        raise ValueError(f"{what}: {len(x)} feature rows but {len(y)} labels")
+    if len(x) == 0:
+        raise ValueError(f"{what} is empty")
+    x = x.astype(np.float32, copy=False)
+    if sample_shape is not None:
+        per = int(np.prod(x.shape[1:]))
+        if per != int(np.prod(sample_shape)):
+            raise ValueError(f"{what}: each row has {per} feature values but the net takes shape "
+                             f"{tuple(sample_shape)}")
+        x = x.reshape(len(x), *sample_shape)
+    if y.dtype.kind == "f":
+        if not np.all(np.floor(y) == y):
+            raise ValueError(f"{what}: labels are not whole numbers")
+    return x, y.astype(np.int64, copy=False)
+
+
+def collect_arrays(data, *, features_col: str, label_col: str, image_shape, expected_len: int | None,
+                   num_classes: int | None, sample_shape, what: str = "validation data"):
+    """A DataFrame or RDD collected to the driver as checked ``(x, y)`` arrays."""
+    rdd, _ = chunk_rdd(data, features_col=features_col, label_col=label_col, image_shape=image_shape,
+                       expected_len=expected_len)
+    chunks = rdd.collect()
+    x, y, info = merge_chunks(chunks)
+    check_stats([info], what=what, expected_len=expected_len, num_classes=num_classes, sample_shape=sample_shape)
+    if sample_shape is not None:
+        x = x.reshape(len(x), *sample_shape)
+    return x, y
+
+
+def describe_skew(rows_per_partition: list[int]) -> str | None:
+    """A warning text when partitions are very uneven, else ``None``."""
+    nonzero = [r for r in rows_per_partition if r]
+    if len(nonzero) < len(rows_per_partition):
+        return (f"{len(rows_per_partition) - len(nonzero)} of {len(rows_per_partition)} partitions are empty; "
+                "their workers will sit idle")
+    if nonzero and max(nonzero) > 2 * max(1, min(nonzero)):
+        return f"partitions are uneven ({min(nonzero)} to {max(nonzero)} rows)"
+    return None
+

@@ -1,0 +1,456 @@
+"""Executor side of the rounds engine (SparkNet's Listing 3), and what both engines share there.
+
+One fit runs these Spark jobs (the driver side is :mod:`sparknet.spark.trainer`):
+
+1. **stage** — ``chunks.mapPartitionsWithIndex(stage_partition)``, persisted: each partition's
+   chunks are concatenated once and written as two ``.npy`` files under the executor's local
+   directory; the persisted RDD keeps one small record per partition (rows, counts, host,
+   directory). Its blocks stay on the executor that wrote the files, so Spark schedules every
+   later round of that partition there.
+2. **rounds** — ``staged.mapPartitionsWithIndex(run_round)`` then ``treeAggregate``: a task
+   reads only the small record. Its :class:`Net` comes from a process-global cache keyed by
+   (fit id, partition); on a miss (another Python worker of the same machine, a restarted one)
+   the ``.npy`` files are memory-mapped, so every process on the machine shares one copy of the
+   data and nothing is converted again. A task that runs on a machine without the files
+   returns ``missing``, and the driver reruns that partition from the persisted chunks
+   (:func:`run_round_from_chunks`), which writes the files there.
+3. **cleanup** — removes the files and drops the cache entries.
+
+Between rounds a worker keeps its solver state (momentum, iteration, data position) and its
+strategy's :class:`~sparknet.strategies.WorkerState`. Python workers take partitions in no
+fixed order, so that state is also saved next to the data after every round
+(``p{i}.r{round}.state``) and a process whose copy is older loads it: the result does not
+depend on which process ran which round.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from sparknet.net import Net
+from sparknet.solvers import SolverConfig
+from sparknet.spark._data import merge_chunks
+from sparknet.strategies import TrainingStrategy, WorkerState
+
+__all__ = ["WorkerSpec", "StopRule", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net", "stage_partition", "run_round",
+           "run_round_from_chunks", "fold", "combine", "cleanup_partition", "worker_failure"]
+
+log = logging.getLogger(__name__)
+
+_PROBLEM_KEYS = ("bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "not_pairs")
+
+
+@dataclass
+class WorkerSpec:
+    """What every task of one fit needs; pickled once per fit (a broadcast or the barrier closure)."""
+
+    fit_id: str
+    net: Any
+    """NetParams or a torch.nn.Module (copied per partition)."""
+    loss: Any
+    solver: SolverConfig
+    batch_size: int
+    seed: int
+    threads: int
+    device: str
+    strategy: TrainingStrategy
+    sample_shape: tuple[int, ...]
+    start_iteration: int = 0
+    """Solver iteration the workers start at (the driver's warm-up steps)."""
+    options: dict = field(default_factory=dict)
+
+
+def worker_seed(seed: int, index: int) -> int:
+    """The seed of worker ``index``'s Net (its data order): distinct per partition, fixed per run."""
+    return int(seed) * 100_003 + int(index) + 1
+
+
+def task_device(requested: str) -> tuple[str, dict]:
+    """The device this task trains on, and a record of the decision.
+
+    With ``spark.task.resource.gpu.amount`` set, Spark assigns GPU addresses to the task; for
+    ``auto`` or ``cuda`` the task uses the first of them. When torch has no CUDA the task
+    falls back to the CPU and says why (logged and returned).
+    """
+    addresses: list[str] = []
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx is not None:
+            gpu = ctx.resources().get("gpu")
+            if gpu is not None:
+                addresses = list(gpu.addresses)
+    except Exception:  # pragma: no cover - outside a Spark task
+        addresses = []
+    info = {"gpu_addresses": addresses, "requested_device": requested}
+    req = (requested or "cpu").lower()
+    if req == "cpu":
+        info.update(device="cpu", device_reason="cpu requested")
+        return "cpu", info
+    if not torch.cuda.is_available():
+        reason = (f"Spark assigned GPU {addresses} to this task, but" if addresses else f"device {req!r} asked for, but") \
+            + f" torch {torch.__version__} sees no CUDA device; training on the CPU"
+        if addresses or req != "auto":
+            log.warning(reason)
+        info.update(device="cpu", device_reason=reason)
+        return "cpu", info
+    if addresses:
+        idx = int(addresses[0]) if addresses[0].isdigit() else 0
+        if idx >= torch.cuda.device_count():
+            idx = 0
+        dev = f"cuda:{idx}"
+        info.update(device=dev, device_reason=f"Spark assigned GPU {addresses[0]}")
+        return dev, info
+    dev = req if req.startswith("cuda") else "cuda"
+    info.update(device=dev, device_reason="no GPU assigned by Spark; using torch's default CUDA device")
+    return dev, info
+
+
+def build_worker_net(spec: WorkerSpec, index: int, x, y, device: str) -> Net:
+    """A worker's Net over its partition's data, built the same way in both engines."""
+    net_def = copy.deepcopy(spec.net) if isinstance(spec.net, torch.nn.Module) else spec.net
+    net = Net(net_def, spec.solver, loss=spec.loss, batch_size=spec.batch_size, device=device,
+              seed=worker_seed(spec.seed, index))
+    if x is not None and len(x):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only memory maps
+            net.set_training_data((x.reshape(len(x), *spec.sample_shape), y))
+    net.set_iteration(spec.start_iteration)
+    return net
+
+
+def pack_spec(spec: WorkerSpec) -> tuple[str, bytes]:
+    """The spec as it is broadcast: ``(fit_id, cloudpickle bytes)``.
+
+    Spark's broadcasts use plain pickle, which cannot carry a model class defined in the
+    user's script or notebook; cloudpickle can.
+    """
+    from pyspark import cloudpickle
+
+    return spec.fit_id, cloudpickle.dumps(spec)
+
+
+_SPECS: dict[str, WorkerSpec] = {}
+
+
+def unpack_spec(packed: tuple[str, bytes]) -> WorkerSpec:
+    """The spec of a packed broadcast value, unpickled once per process and fit."""
+    import pickle
+
+    fit_id, blob = packed
+    spec = _SPECS.get(fit_id)
+    if spec is None:
+        for old in [k for k in _SPECS if not any(key[0] == k for key in _CACHE)]:
+            del _SPECS[old]
+        spec = _SPECS[fit_id] = pickle.loads(blob)
+    return spec
+
+
+def worker_failure(rank: int, exc: BaseException) -> RuntimeError:
+    """An exception whose text the driver turns back into a WorkerError with this rank."""
+    tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-12:])
+    return RuntimeError(f"[sparknet-worker {rank}] {type(exc).__name__}: {exc}\n[sparknet-tail]\n{tail}"
+                        "[sparknet-end]")
+
+
+# -- the process-global cache -------------------------------------------------------------------
+@dataclass
+class _Entry:
+    net: Net
+    state: WorkerState
+    version: int
+    directory: str
+    device_info: dict
+
+
+_CACHE: dict[tuple[str, int], _Entry] = {}
+
+
+def _evict_finished() -> None:
+    """Drop cached nets of fits whose staging directory is gone (the fit ended)."""
+    for key in [k for k, e in _CACHE.items() if not os.path.isdir(e.directory)]:
+        del _CACHE[key]
+
+
+def cached_partitions() -> list[tuple[str, int]]:
+    """Keys of this process's cache (for tests and diagnostics)."""
+    return sorted(_CACHE)
+
+
+def _local_root(options: dict) -> str:
+    root = options.get("staging_dir")
+    if not root:
+        dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
+        root = dirs.split(",")[0] if dirs else tempfile.gettempdir()
+    return root
+
+
+def _fit_dir(root: str, fit_id: str) -> str:
+    return os.path.join(root, f"sparknet-{fit_id}")
+
+
+def _save_npy(path: str, array: np.ndarray) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        np.save(f, np.ascontiguousarray(array))
+    os.replace(tmp, path)
+
+
+def _write_partition(directory: str, index: int, x: np.ndarray, y: np.ndarray) -> None:
+    os.makedirs(directory, exist_ok=True)
+    _save_npy(os.path.join(directory, f"p{index}.y.npy"), y)
+    _save_npy(os.path.join(directory, f"p{index}.x.npy"), x)
+
+
+def _read_partition(directory: str, index: int):
+    xp, yp = os.path.join(directory, f"p{index}.x.npy"), os.path.join(directory, f"p{index}.y.npy")
+    if not (os.path.exists(xp) and os.path.exists(yp)):
+        return None
+    # copy-on-write maps: shared pages, writable arrays (torch wants them), never written to
+    return np.load(xp, mmap_mode="c"), np.load(yp, mmap_mode="c")
+
+
+# -- stage --------------------------------------------------------------------------------------
+def stage_partition(fit_id: str, options: dict):
+    """Task function of the stage job: chunks -> files on this machine + one small record."""
+
+    def stage(index: int, chunks):
+        _evict_finished()
+        x, y, info = merge_chunks(chunks)
+        directory = _fit_dir(_local_root(options), fit_id)
+        info.update(index=index, host=socket.gethostname(), dir=directory)
+        if x is not None and not any(info[k] for k in _PROBLEM_KEYS):
+            _write_partition(directory, index, x, y)
+        yield info
+
+    return stage
+
+
+def cleanup_partition(fit_id: str):
+    """Task function of the cleanup job: remove this partition's files; forget the fit here."""
+
+    def cleanup(index: int, records):
+        removed = 0
+        for rec in records:
+            if rec.get("host") == socket.gethostname() and os.path.isdir(rec["dir"]):
+                shutil.rmtree(rec["dir"], ignore_errors=True)
+                removed += 1
+        for key in [k for k in _CACHE if k[0] == fit_id]:
+            del _CACHE[key]
+        _SPECS.pop(fit_id, None)
+        yield removed
+
+    return cleanup
+
+
+# -- one round ----------------------------------------------------------------------------------
+def _state_path(directory: str, index: int, version: int) -> str:
+    return os.path.join(directory, f"p{index}.r{version}.state")
+
+
+def _sync_state(entry: _Entry, index: int, round_index: int) -> None:
+    """Bring the cached net's solver and strategy state to the end of the previous round."""
+    want = round_index - 1
+    if entry.version == want or want < 0:
+        return
+    path = _state_path(entry.directory, index, want)
+    if os.path.exists(path):
+        saved = torch.load(path, map_location=entry.net.device, weights_only=False)
+        entry.net.load_solver_state(saved["solver"])
+        entry.state = saved["worker"]
+        entry.version = want
+    else:
+        log.warning("partition %d: no saved solver state of round %d on %s; continuing from this process's "
+                    "state (round %d)", index, want, socket.gethostname(), entry.version)
+
+
+def _save_state(entry: _Entry, index: int, round_index: int) -> None:
+    path = _state_path(entry.directory, index, round_index)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    torch.save({"version": round_index, "solver": entry.net.solver_state(), "worker": entry.state}, tmp)
+    os.replace(tmp, path)
+    old = _state_path(entry.directory, index, round_index - 2)
+    if os.path.exists(old):
+        try:
+            os.remove(old)
+        except OSError:
+            pass
+    entry.version = round_index
+
+
+def _task_info() -> dict:
+    try:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        return {"attempt": ctx.attemptNumber(), "stage": ctx.stageId()} if ctx is not None else {"attempt": 0}
+    except Exception:  # pragma: no cover
+        return {"attempt": 0}
+
+
+def _train_round(spec_bc, weights_bc, params: dict, index: int, record: dict | None, chunks=None) -> dict:
+    t_task = time.perf_counter()
+    result = {"index": index, "n": 0, "steps": 0, "loss": float("nan"), "compute_s": 0.0, "delta": None,
+              "finite": True, "host": socket.gethostname(), "pid": os.getpid(), **_task_info()}
+    if record is not None and record["rows"] == 0:
+        for _ in chunks or ():
+            pass
+        result["empty"] = True
+        return result
+    spec = unpack_spec(spec_bc.value)  # once per Python worker and fit
+    torch.set_num_threads(spec.threads)
+    key = (spec.fit_id, index)
+    entry = _CACHE.get(key)
+    source = "cache"
+    if entry is None:
+        if chunks is not None:
+            x, y, _ = merge_chunks(chunks)
+            if x is None:
+                result["empty"] = True
+                return result
+            directory = _fit_dir(_local_root(spec.options), spec.fit_id)
+            _write_partition(directory, index, x, y)
+            source = "chunks"
+        else:
+            arrays = None
+            if record is not None and record.get("host") == socket.gethostname():
+                arrays = _read_partition(record["dir"], index)
+            if arrays is None:
+                result["missing"] = True
+                return result
+            x, y = arrays
+            directory = record["dir"]
+            source = "file"
+        device, device_info = task_device(spec.device)
+        net = build_worker_net(spec, index, x, y, device)
+        entry = _Entry(net=net, state=WorkerState(), version=-1, directory=directory, device_info=device_info)
+        _CACHE[key] = entry
+    elif chunks is not None:
+        for _ in chunks:  # the data is here already; drain the input so the worker can be reused
+            pass
+    round_index = params["round"]
+    _sync_state(entry, index, round_index)
+    net, strategy = entry.net, spec.strategy
+    global_flat = torch.from_numpy(np.asarray(weights_bc.value))
+    strategy.worker_begin(entry.state, net, global_flat)
+    hook = strategy.after_backward if strategy.needs_gradient_hook else None
+    stats = net.train(params["steps"], max_seconds=params.get("seconds"), after_backward=hook)
+    delta = strategy.worker_delta(entry.state, net, global_flat.to(net.device)).cpu()
+    finite = bool(stats.finite and torch.isfinite(delta).all())
+    _save_state(entry, index, round_index)
+    result.update(n=stats.samples, steps=stats.steps, loss=stats.loss, compute_s=stats.wall_s, finite=finite,
+                  source=source, device=entry.device_info.get("device"),
+                  gpu_addresses=entry.device_info.get("gpu_addresses"),
+                  device_reason=entry.device_info.get("device_reason"),
+                  delta=delta.numpy().astype(np.float32, copy=False) if finite else None,
+                  task_s=time.perf_counter() - t_task)
+    if not finite:
+        log.warning("partition %d: loss or weights became NaN/Inf in round %d; left out of the average",
+                    index, round_index)
+    return result
+
+
+def run_round(spec_bc, weights_bc, params: dict):
+    """Task function of a round: train from the broadcast weights; yields one result."""
+
+    def task(index: int, records):
+        record = None
+        for record in records:  # one small record; read it all so the Python worker is reused
+            pass
+        try:
+            _evict_finished()
+            yield _train_round(spec_bc, weights_bc, params, index, record)
+        except Exception as exc:
+            raise worker_failure(index, exc) from None
+
+    return task
+
+
+def run_round_from_chunks(spec_bc, weights_bc, params: dict):
+    """Task function of a round run from the persisted chunks (a partition missing on its machine)."""
+
+    def task(index: int, chunks):
+        try:
+            yield _train_round(spec_bc, weights_bc, params, index, None, chunks=chunks)
+        except Exception as exc:
+            raise worker_failure(index, exc) from None
+
+    return task
+
+
+# -- aggregation --------------------------------------------------------------------------------
+def _partial(result: dict) -> dict:
+    delta = result.pop("delta", None)
+    n = result["n"] if delta is not None else 0
+    return {"wsum": None if delta is None or n == 0 else delta * np.float32(n), "n": n,
+            "loss": result["loss"] * n if n else 0.0, "workers": [result]}
+
+
+def combine(a: dict | None, b: dict | None) -> dict | None:
+    """Sum two partial aggregates (sample-weighted delta sums, samples, losses, worker records)."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    if a["wsum"] is None:
+        wsum = b["wsum"]
+    elif b["wsum"] is None:
+        wsum = a["wsum"]
+    else:
+        wsum = a["wsum"].astype(np.float64) + b["wsum"]
+    return {"wsum": wsum, "n": a["n"] + b["n"], "loss": a["loss"] + b["loss"], "workers": a["workers"] + b["workers"]}
+
+
+def fold(acc: dict | None, result: dict) -> dict:
+    """treeAggregate's seqOp: add one worker's result."""
+    return combine(acc, _partial(dict(result)))
+
+
+# -- when to stop (driver of the rounds engine, every rank of the barrier engine) ---------------
+@dataclass
+class StopRule:
+    """The stopping rules of a fit, evaluated identically wherever the round loop runs."""
+
+    rounds: int | None = None
+    max_steps: int | None = None
+    """Local steps per worker, in all rounds."""
+    epochs: float | None = None
+    target_accuracy: float | None = None
+    dataset_rows: int = 0
+    tau: int | None = None
+    round_seconds: float | None = None
+
+    UNBOUNDED_STEPS = 1 << 40
+
+    def steps_for_round(self, steps_done: int) -> int:
+        """Local steps to ask of each worker this round (tau, capped by what ``max_steps`` leaves)."""
+        steps = self.tau if self.tau is not None else self.UNBOUNDED_STEPS
+        if self.max_steps is not None:
+            steps = min(steps, max(self.max_steps - steps_done, 0))
+        return steps
+
+    def reason(self, rounds_done: int, steps_done: int, samples_done: int, accuracy: float | None) -> str | None:
+        """Why to stop now (``None``: go on)."""
+        if self.target_accuracy is not None and accuracy is not None and accuracy >= self.target_accuracy:
+            return "target_accuracy"
+        if self.rounds is not None and rounds_done >= self.rounds:
+            return "rounds"
+        if self.max_steps is not None and steps_done >= self.max_steps:
+            return "max_steps"
+        if self.epochs is not None and self.dataset_rows and samples_done >= self.epochs * self.dataset_rows:
+            return "epochs"
+        return None

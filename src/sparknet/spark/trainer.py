@@ -1,0 +1,646 @@
+"""Driver side of the Spark engines: :class:`SparkTrainer`.
+
+>>> trainer = SparkTrainer(zoo.lenet(), solver=SolverConfig(base_lr=0.01),
+...                        dist=DistributedConfig(workers=2, engine="rounds", tau=50, rounds=20))
+>>> result = trainer.fit(train_df, validation=mnist().test)          # doctest: +SKIP
+>>> result.summary["test_accuracy"], result.history[-1]["loss"]      # doctest: +SKIP
+
+``fit`` runs, in order (each a Spark job under one job group per fit):
+
+1. the training data becomes an RDD of numpy chunks with one partition per worker, cached
+   (:mod:`sparknet.spark._data`); every problem in it (missing or non-numeric column, wrong
+   feature length, NaN, labels out of range, more workers than rows, no rows) is one clear
+   ``ValueError`` before any step is trained;
+2. warm start: ``dist.warmup_steps`` steps on the driver, on a bounded sample of the data;
+3. the engine: **rounds** (:mod:`sparknet.spark._rounds`; one Spark job per round, the
+   weights out as one broadcast buffer, the sample-weighted sum of the deltas back by
+   ``treeAggregate``) or **barrier** (:mod:`sparknet.spark._barrier`; one barrier stage, a gloo
+   group, one allreduce per round, per-round records to the driver over an authenticated
+   pyzmq channel);
+4. cleanup: broadcasts destroyed, caches and staged files removed, job group cleared.
+
+Both engines run the same :class:`~sparknet.strategies.TrainingStrategy` hooks.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from sparknet.config import DistributedConfig, Engine
+from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
+from sparknet.net import Net
+from sparknet.solvers import SolverConfig
+from sparknet.spark import _data
+from sparknet.spark._rounds import StopRule, WorkerSpec
+from sparknet.strategies import TrainingStrategy, make_strategy
+from sparknet.weights import WeightCollection
+
+__all__ = ["SparkTrainer", "TrainResult", "EngineOptions"]
+
+log = logging.getLogger(__name__)
+
+_WORKER_RE = re.compile(r"\[sparknet-worker (\d+)\] ([^\n]*)")
+_TAIL_RE = re.compile(r"\[sparknet-tail\]\n(.*?)\[sparknet-end\]", re.S)
+
+
+@dataclass(kw_only=True)
+class EngineOptions:
+    """Settings of the Spark engines beyond :class:`~sparknet.config.DistributedConfig`."""
+
+    staging_dir: str | None = None
+    """Rounds engine: where executors keep each partition's arrays (default: their Spark local directory)."""
+    storage_level: str = "MEMORY_AND_DISK"
+    """How Spark caches the converted training chunks (a ``pyspark.StorageLevel`` name)."""
+    warmup_max_samples: int = 20_000
+    """Most training rows collected to the driver for the warm-up steps."""
+    warmup_max_bytes: int = 256 << 20
+    """Most feature bytes collected to the driver for the warm-up steps."""
+    rendezvous_timeout_s: float = 180.0
+    """Barrier engine: longest wait for every task to start and join the process group."""
+    collective_timeout_s: float = 300.0
+    """Barrier engine: longest wait of one collective (the gloo process group's timeout)."""
+    driver_timeout_s: float | None = None
+    """Barrier engine: longest silence from the stage between two rounds before the driver cancels it
+    (default: collective_timeout_s + round_seconds + 60)."""
+
+    def __post_init__(self):
+        from pyspark import StorageLevel
+
+        if not hasattr(StorageLevel, str(self.storage_level)):
+            raise ValueError(f"unknown storage level {self.storage_level!r} (e.g. MEMORY_AND_DISK, DISK_ONLY)")
+        for name in ("warmup_max_samples", "warmup_max_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("rendezvous_timeout_s", "collective_timeout_s", "driver_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`SparkTrainer.fit` returns."""
+
+    weights: WeightCollection
+    """The final global weights."""
+    history: list[dict]
+    """One record per round (``{"event": "round", ...}``), as passed to ``on_round``."""
+    summary: dict
+    """rounds, bytes_communicated, wall_s, samples, samples_per_s, test_accuracy, stop_reason..."""
+    net: Net = field(repr=False)
+    """A driver-side Net holding the final weights (with the validation data, when given)."""
+
+
+def _input_shape(net) -> tuple[int, ...] | None:
+    """Sample shape of a NetParams net (first input layer's shape without the batch axis)."""
+    params = net if hasattr(net, "layers") and hasattr(net, "build") else getattr(net, "net_params", None)
+    for layer in getattr(params, "layers", None) or ():
+        shape = getattr(layer, "shape", None)
+        if shape:
+            return tuple(int(d) for d in shape[1:])
+    return None
+
+
+@contextmanager
+def _job(sc, group: str, description: str):
+    """Run Spark jobs under ``group`` with ``description``; clear both afterwards."""
+    sc.setJobGroup(group, description, interruptOnCancel=True)
+    try:
+        yield
+    finally:
+        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+            sc.setLocalProperty(key, None)
+
+
+def _task_error(exc: BaseException) -> EngineError:
+    """A failed Spark job as a WorkerError (rank and traceback tail) when a worker raised."""
+    text = str(exc)
+    m = _WORKER_RE.search(text)
+    if m:
+        tail = _TAIL_RE.search(text)
+        return WorkerError(m.group(2).strip(), rank=int(m.group(1)), log_tail=tail.group(1).strip() if tail else "")
+    lines = [ln for ln in text.splitlines() if ln.strip()][:6]
+    return EngineError("Spark job failed: " + "\n".join(lines))
+
+
+def _spark_call(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except (ValueError, TypeError, EngineError):
+        raise
+    except Exception as exc:
+        raise _task_error(exc) from exc
+
+
+class SparkTrainer:
+    """Trains one network across K Spark workers by periodic averaging (SparkNet, Listing 3).
+
+    Parameters
+    ----------
+    net : NetParams or torch.nn.Module
+        The network. A plain module takes ``loss=`` (default cross entropy) and its features
+        in the shape they come in (or ``image_shape`` in :meth:`fit`). A module must pickle
+        (its class importable on the executors).
+    solver : SolverConfig, optional
+        Each worker's local update rule (default: SGD, lr 0.01, momentum 0.9).
+    dist : DistributedConfig, optional
+        Workers, engine (``rounds`` or ``barrier``), strategy, tau and/or round_seconds,
+        warmup_steps, the stopping rules (rounds, epochs, target_accuracy), master,
+        eval_every_rounds.
+    loss : callable, optional
+        ``loss(prediction, y)`` for a plain module.
+    batch_size : int
+        Minibatch size of every worker.
+    seed : int
+        Seeds the initial weights, every worker's data order and the warm-up.
+    threads : int
+        Torch threads per task.
+    device : str
+        ``cpu``, ``cuda`` or ``auto``; with ``auto``/``cuda`` a task uses the GPU Spark assigned
+        it (``spark.task.resource.gpu.amount``) and falls back to the CPU, saying why, when
+        torch has no CUDA.
+    strategy : TrainingStrategy, optional
+        How workers combine (default: built from ``dist.strategy``).
+    spark : SparkSession, optional
+        Default: the active session, or a new one for ``dist.resolved_master``.
+    on_round : callable, optional
+        Called on the driver with every round record, as it happens.
+    max_steps : int, optional
+        Local steps per worker in all (a stopping rule, with ``dist.rounds``/``epochs``/
+        ``target_accuracy``; the first one reached stops training). Warm-up steps are not counted.
+    options : EngineOptions, optional
+        Timeouts, staging directory, cache level, warm-up sample bounds.
+    """
+
+    def __init__(self, net, *, solver: SolverConfig | None = None, dist: DistributedConfig | None = None, loss=None,
+                 batch_size: int = 64, seed: int = 0, threads: int = 1, device: str = "cpu",
+                 strategy: TrainingStrategy | None = None, spark=None, on_round: Callable[[dict], None] | None = None,
+                 max_steps: int | None = None, options: EngineOptions | None = None):
+        if not (isinstance(net, torch.nn.Module) or (hasattr(net, "build") and hasattr(net, "layers"))):
+            raise TypeError(f"net must be a NetParams or a torch.nn.Module, got {type(net).__name__}")
+        self.dist = dist or DistributedConfig(workers=2)
+        if self.dist.engine is Engine.LOCAL:
+            raise ValueError("engine 'local' trains in one process without Spark; use engine 'rounds' or 'barrier' "
+                             "here (or sparknet.Net for one process)")
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        if int(threads) < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        if max_steps is not None and int(max_steps) < 1:
+            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+        if device not in ("cpu", "cuda", "auto") and not str(device).startswith("cuda:"):
+            raise ValueError(f"device must be cpu, cuda or auto, got {device!r}")
+        self.strategy = strategy if strategy is not None else make_strategy(self.dist.strategy)
+        if self.strategy.needs_gradient_hook and self.dist.engine is Engine.ROUNDS:
+            raise ValueError(f"strategy {self.strategy!r} exchanges gradients every step and needs engine 'barrier'")
+        if self.strategy.needs_gradient_hook and self.dist.round_seconds is not None:
+            raise ValueError("a strategy that allreduces gradients every step needs a fixed tau, not round_seconds "
+                             "(workers would run different numbers of steps)")
+        self.net = net
+        self.solver = solver or SolverConfig()
+        self.loss = loss
+        self.batch_size = int(batch_size)
+        self.seed = int(seed)
+        self.threads = int(threads)
+        self.device = device
+        self.spark = spark
+        self.on_round = on_round
+        self.max_steps = None if max_steps is None else int(max_steps)
+        self.options = options or EngineOptions()
+
+    # -- fit ----------------------------------------------------------------------------------
+    def fit(self, train, validation=None, *, features_col: str = "features", label_col: str = "label",
+            image_shape=None) -> TrainResult:
+        """Train on ``train`` (a DataFrame or an RDD of ``(ndarray, label)``).
+
+        Parameters
+        ----------
+        train : DataFrame or RDD
+            Feature column of ``array<float>``/``array<double>``, an ML ``Vector`` (dense or
+            sparse), or ``binary`` with ``image_shape`` (uint8 pixels scaled to [0, 1], or
+            little-endian float32); an integer (or whole-number double) label column. An RDD
+            holds ``(ndarray, label)`` pairs. It is split into ``dist.workers`` partitions
+            (kept as they are when it already has that many; uneven and empty ones work).
+        validation : DataFrame, RDD, ArrayDataset or (x, y) arrays, optional
+            Evaluated on the driver (rounds) or in shards on the workers (barrier) every
+            ``dist.eval_every_rounds`` rounds, and at the end.
+        features_col, label_col : str
+            Column names of a DataFrame.
+        image_shape : sequence of int, optional
+            Shape of one sample (e.g. ``[1, 28, 28]``); needed for binary features and for plain
+            modules that take more than a flat vector.
+        """
+        t_fit = time.perf_counter()
+        dist = self.dist
+        K = dist.workers
+        stop_given = any(v is not None for v in (dist.rounds, self.max_steps, dist.epochs, dist.target_accuracy))
+        if not stop_given:
+            raise ValueError("give a stopping rule: dist.rounds, max_steps, dist.epochs or dist.target_accuracy")
+        if dist.target_accuracy is not None and validation is None:
+            raise ValueError("target_accuracy needs validation data to measure accuracy on")
+        from sparknet.spark._session import get_session, local_slots
+
+        spark = self.spark or get_session(dist.resolved_master)
+        sc = spark.sparkContext
+        if dist.engine is Engine.BARRIER:
+            slots = local_slots(sc.master) or sc.defaultParallelism
+            if K > slots:
+                raise ValueError(f"the barrier engine runs all {K} workers at once but {sc.master} has {slots} task "
+                                 f"slots; use at most {slots} workers or a bigger cluster")
+        sample_shape = _input_shape(self.net)
+        if image_shape is not None:
+            image_shape = tuple(int(d) for d in image_shape)
+            if any(d < 1 for d in image_shape):
+                raise ValueError(f"image_shape must hold positive sizes, got {image_shape}")
+            if sample_shape is not None and math.prod(image_shape) != math.prod(sample_shape):
+                raise ValueError(f"image_shape {image_shape} holds {math.prod(image_shape)} values but the net's input "
+                                 f"layer takes {sample_shape} ({math.prod(sample_shape)} values)")
+            sample_shape = sample_shape or image_shape
+        expected_len = math.prod(sample_shape) if sample_shape is not None else None
+        driver_net = Net(copy.deepcopy(self.net) if isinstance(self.net, torch.nn.Module) else self.net, self.solver,
+                         loss=self.loss, batch_size=self.batch_size, device="cpu", seed=self.seed)
+
+        from pyspark import StorageLevel
+
+        fit_id = uuid.uuid4().hex[:12]
+        group = f"sparknet-{fit_id}"
+        chunks, source = _data.chunk_rdd(train, features_col=features_col, label_col=label_col,
+                                         image_shape=image_shape, expected_len=expected_len, num_partitions=K)
+        chunks.persist(getattr(StorageLevel, self.options.storage_level))
+        staged = None
+        broadcasts = []
+        try:
+            if dist.engine is Engine.ROUNDS:
+                from sparknet.spark._rounds import stage_partition
+
+                staged = chunks.mapPartitionsWithIndex(
+                    stage_partition(fit_id, {"staging_dir": self.options.staging_dir}), preservesPartitioning=True)
+                staged.persist(StorageLevel.MEMORY_ONLY)
+                with _job(sc, group, "sparknet: convert, check and stage the training data"):
+                    stats = _spark_call(staged.collect)
+            else:
+                with _job(sc, group, "sparknet: convert and check the training data"):
+                    stats = _spark_call(chunks.mapPartitionsWithIndex(_data.partition_stats).collect)
+            stats.sort(key=lambda s: s["index"])
+            total = _data.check_stats(stats, what="training data", expected_len=expected_len, num_classes=None,
+                                      num_workers=K, sample_shape=sample_shape)
+            if sample_shape is None:
+                shapes = [tuple(s) for s in total["shapes"]]
+                width = int(total["width"])
+                sample_shape = shapes[0] if len(shapes) == 1 and math.prod(shapes[0]) == width else (width,)
+            num_classes = self._probe(driver_net, sample_shape)
+            _data.check_stats(stats, what="training data", expected_len=math.prod(sample_shape),
+                              num_classes=num_classes, num_workers=K, sample_shape=sample_shape)
+            skew = _data.describe_skew(total["rows_per_partition"])
+            if skew:
+                log.warning("%s", skew)
+            if self.strategy.needs_gradient_hook and 0 in total["rows_per_partition"]:
+                raise ValueError("a strategy that allreduces gradients every step needs data in every partition")
+            val = self._validation(validation, sample_shape, num_classes, features_col, label_col, image_shape)
+            if val is not None:
+                driver_net.set_validation_data(val)
+            warmup = self._warmup(sc, group, chunks, total, driver_net, sample_shape) if dist.warmup_steps else None
+            global_flat = self.strategy.init_global(driver_net.get_flat())
+            spec = WorkerSpec(fit_id=fit_id, net=self._net_for_workers(), loss=self.loss, solver=self.solver,
+                              batch_size=self.batch_size, seed=self.seed, threads=self.threads, device=self.device,
+                              strategy=self.strategy, sample_shape=tuple(sample_shape),
+                              start_iteration=dist.warmup_steps, options={"staging_dir": self.options.staging_dir})
+            stop = StopRule(rounds=dist.rounds, max_steps=self.max_steps, epochs=dist.epochs,
+                            target_accuracy=dist.target_accuracy, dataset_rows=int(total["rows"]), tau=dist.tau,
+                            round_seconds=dist.round_seconds)
+            t_train = time.perf_counter()
+            if dist.engine is Engine.ROUNDS:
+                global_flat, history, extra = self._run_rounds(sc, group, staged, chunks, spec, global_flat, stop,
+                                                               driver_net, broadcasts, t_fit)
+            else:
+                global_flat, history, extra = self._run_barrier(sc, group, chunks, spec, global_flat, stop, val,
+                                                                broadcasts, t_fit)
+            train_s = time.perf_counter() - t_train
+        finally:
+            self._cleanup(sc, group, fit_id, staged, chunks, broadcasts)
+
+        driver_net.set_flat(global_flat)
+        test = driver_net.evaluate() if val is not None else None
+        rounds = [h for h in history if h.get("event") == "round"]
+        samples = sum(h["samples"] for h in rounds)
+        round_time = sum(h["round_s"] for h in rounds)
+        summary = {
+            "engine": dist.engine.value, "strategy": getattr(self.strategy.name, "value", str(self.strategy.name)),
+            "workers": K, "tau": dist.tau, "round_seconds": dist.round_seconds, "rounds": len(rounds),
+            "total_steps": rounds[-1]["total_steps"] if rounds else 0, "samples": samples,
+            "bytes_communicated": sum(h["bytes"] for h in rounds), "wall_s": time.perf_counter() - t_fit,
+            "train_s": train_s, "setup_s": t_train - t_fit,
+            "samples_per_s": samples / round_time if round_time > 0 else None,
+            "loss": rounds[-1]["loss"] if rounds else None,
+            "test_accuracy": test.accuracy if test is not None else None,
+            "test_loss": test.loss if test is not None else None,
+            "stop_reason": rounds[-1].get("stop_reason") if rounds else None,
+            "data_rows": int(total["rows"]), "rows_per_partition": total["rows_per_partition"],
+            "sample_shape": list(sample_shape), "num_classes": num_classes, "input": source.description,
+            "warmup": warmup, **extra,
+        }
+        return TrainResult(weights=driver_net.get_weights(), history=history, summary=summary, net=driver_net)
+
+    # -- pieces of fit ------------------------------------------------------------------------
+    def _net_for_workers(self):
+        net = self.net
+        if isinstance(net, torch.nn.Module):
+            net = copy.deepcopy(net).cpu()
+        return net
+
+    @staticmethod
+    def _probe(driver_net: Net, sample_shape) -> int | None:
+        """Run the net on two zero samples: a clear error if the shape does not fit; the class count."""
+        try:
+            out = driver_net.predict(np.zeros((2, *sample_shape), np.float32))
+        except Exception as exc:
+            raise ValueError(f"the net cannot take features of shape {tuple(sample_shape)}: {exc}; "
+                             "pass image_shape= or fix the feature column") from exc
+        if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == 2:
+            return int(out.shape[1])
+        return None
+
+    def _validation(self, validation, sample_shape, num_classes, features_col, label_col, image_shape):
+        if validation is None:
+            return None
+        if _data.is_dataframe(validation) or _data.is_rdd(validation):
+            x, y = _spark_call(_data.collect_arrays, validation, features_col=features_col, label_col=label_col,
+                               image_shape=image_shape, expected_len=math.prod(sample_shape), num_classes=num_classes,
+                               sample_shape=sample_shape)
+        else:
+            x, y = _data.local_arrays(validation, sample_shape=sample_shape)
+        if num_classes is not None and len(y) and (y.min() < 0 or y.max() >= num_classes):
+            raise ValueError(f"validation data: labels range over [{y.min()}, {y.max()}] but the net has "
+                             f"{num_classes} classes")
+        return x, y
+
+    def _warmup(self, sc, group, chunks, total, driver_net: Net, sample_shape) -> dict:
+        """``warmup_steps`` on the driver, on a bounded sample of the training data."""
+        rows = total["rows_per_partition"]
+        n = sum(rows)
+        limit = min(n, self.options.warmup_max_samples,
+                    max(1, self.options.warmup_max_bytes // (4 * math.prod(sample_shape))))
+        quotas = [math.ceil(limit * r / n) for r in rows]
+        with _job(sc, group, "sparknet: sample the training data for the warm-up"):
+            parts = _spark_call(chunks.mapPartitionsWithIndex(_data.head_rows(quotas)).collect)
+        x = np.concatenate([p[0] for p in parts])
+        y = np.concatenate([p[1] for p in parts])
+        driver_net.set_training_data((x.reshape(len(x), *sample_shape), y))
+        stats = driver_net.train(self.dist.warmup_steps)
+        if not stats.finite:
+            raise EngineError("the warm-up on the driver produced NaN/Inf loss; lower the learning rate")
+        log.info("warm-up: %d steps on %d rows in %.1f s, loss %.4f", stats.steps, len(x), stats.wall_s, stats.loss)
+        return {"steps": stats.steps, "rows": len(x), "loss": stats.loss, "wall_s": stats.wall_s}
+
+    def _emit(self, record: dict) -> None:
+        if self.on_round is not None:
+            self.on_round(record)
+
+    # -- the rounds engine --------------------------------------------------------------------
+    def _run_rounds(self, sc, group, staged, chunks, spec, global_flat, stop: StopRule, driver_net, broadcasts,
+                    t_fit):
+        from sparknet.spark._rounds import combine, fold, run_round, run_round_from_chunks
+
+        K = self.dist.workers
+        depth = 2 if K > 8 else 1
+        spec_bc = sc.broadcast(self._pack(spec))
+        broadcasts.append(spec_bc)
+        nbytes = global_flat.numel() * 4
+        history: list[dict] = []
+        steps_done = samples_done = total_bytes = 0
+        missing_total = 0
+        r = 0
+        while True:
+            steps = stop.steps_for_round(steps_done)
+            params = {"round": r, "steps": steps, "seconds": self.dist.round_seconds}
+            t_round = time.perf_counter()
+            weights_bc = sc.broadcast(global_flat.numpy())
+            try:
+                with _job(sc, group, f"sparknet round {r + 1}"):
+                    acc = _spark_call(staged.mapPartitionsWithIndex(run_round(spec_bc, weights_bc, params))
+                                      .treeAggregate, None, fold, combine, depth)
+                    missing = sorted(w["index"] for w in acc["workers"] if w.get("missing"))
+                    if missing:
+                        missing_total += len(missing)
+                        log.warning("round %d: partitions %s are not staged where Spark ran them; rerunning them "
+                                    "from the cached chunks", r + 1, missing)
+                        acc["workers"] = [w for w in acc["workers"] if not w.get("missing")]
+                        redo = chunks.mapPartitionsWithIndex(run_round_from_chunks(spec_bc, weights_bc, params))
+                        for part in _spark_call(sc.runJob, redo, _fold_partition, missing):
+                            acc = combine(acc, part)
+            finally:
+                weights_bc.destroy()
+            workers = sorted(acc["workers"], key=lambda w: w["index"])
+            if acc["n"] == 0:
+                bad = [w["index"] for w in workers if not w.get("finite", True)]
+                raise EngineError(f"round {r + 1}: no worker produced finite weights (non-finite: {bad}); "
+                                  "lower the learning rate")
+            mean = torch.from_numpy((acc["wsum"] / acc["n"]).astype(np.float32))
+            global_flat = self.strategy.apply(global_flat, mean, K)
+            round_s = time.perf_counter() - t_round
+            trained = [w for w in workers if not w.get("empty")]
+            round_steps = max((w["steps"] for w in trained), default=0)
+            steps_done += round_steps
+            samples = sum(w["n"] for w in trained)
+            samples_done += samples
+            sent_back = sum(1 for w in trained if w.get("finite") and w["n"])
+            moved = nbytes * (len(trained) + sent_back)
+            total_bytes += moved
+            compute_s = max((w["compute_s"] for w in trained), default=0.0)
+            r += 1
+            record = {
+                "event": "round", "round": r, "steps": round_steps, "total_steps": steps_done, "samples": samples,
+                "total_samples": samples_done, "wall_s": 0.0, "round_s": round_s, "compute_s": compute_s,
+                "comm_s": max(round_s - compute_s, 0.0), "loss": acc["loss"] / acc["n"], "bytes": moved,
+                "total_bytes": total_bytes, "tau": steps if steps < StopRule.UNBOUNDED_STEPS else None,
+                "workers": K, "engine": "rounds", "strategy": getattr(self.strategy.name, "value", None),
+                "per_worker": [_worker_view(w) for w in workers],
+            }
+            nonfinite = [w["index"] for w in trained if not w.get("finite", True)]
+            if nonfinite:
+                record["nonfinite_workers"] = len(nonfinite)
+            if missing_total:
+                record["rerun_partitions"] = missing_total
+            accuracy = None
+            evaluate = driver_net._val is not None
+            if evaluate and r % self.dist.eval_every_rounds == 0:
+                accuracy = self._evaluate(driver_net, global_flat, record)
+            reason = stop.reason(r, steps_done, samples_done, accuracy)
+            if reason is not None and evaluate and "val_accuracy" not in record:
+                self._evaluate(driver_net, global_flat, record)
+            if reason is None and round_steps == 0:
+                raise EngineError(f"round {r}: no worker made a step; check tau, max_steps and the data")
+            if reason is not None:
+                record["stop_reason"] = reason
+            record["wall_s"] = time.perf_counter() - t_fit
+            history.append(record)
+            self._emit(record)
+            if reason is not None:
+                return global_flat, history, {"rerun_partitions": missing_total}
+
+    @staticmethod
+    def _evaluate(driver_net: Net, global_flat, record: dict) -> float:
+        t = time.perf_counter()
+        driver_net.set_flat(global_flat)
+        res = driver_net.evaluate()
+        record.update(val_accuracy=res.accuracy, val_loss=res.loss, eval_s=time.perf_counter() - t)
+        return res.accuracy
+
+    @staticmethod
+    def _pack(spec: WorkerSpec):
+        from sparknet.spark._rounds import pack_spec
+
+        try:
+            return pack_spec(spec)
+        except Exception as exc:
+            raise ValueError(f"the model, loss or strategy cannot be pickled for the executors: "
+                             f"{type(exc).__name__}: {exc}") from exc
+
+    # -- the barrier engine -------------------------------------------------------------------
+    def _run_barrier(self, sc, group, chunks, spec, global_flat, stop: StopRule, val, broadcasts, t_fit):
+        from sparknet.spark._barrier import run_barrier
+        from sparknet.spark._channel import MetricsReceiver, new_secret
+        from sparknet.spark._session import is_local_master
+
+        dist, opts = self.dist, self.options
+        K = dist.workers
+        local = is_local_master(sc.master)
+        secret = new_secret()
+        advertise = "127.0.0.1" if local else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
+        receiver = MetricsReceiver("127.0.0.1" if local else "*", advertise, secret)
+        try:
+            payload_bc = sc.broadcast((self._pack(spec), global_flat.numpy()))
+            broadcasts.append(payload_bc)
+            val_bc = None
+            if val is not None:
+                val_bc = sc.broadcast(val)
+                broadcasts.append(val_bc)
+            params = {"workers": K, "local": local, "endpoint": receiver.endpoint, "secret": secret,
+                      "rendezvous_timeout_s": opts.rendezvous_timeout_s,
+                      "collective_timeout_s": opts.collective_timeout_s, "round_seconds": dist.round_seconds,
+                      "eval_every_rounds": dist.eval_every_rounds, "stop": asdict(stop)}
+            stage = chunks.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
+            silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
+            outcome: dict = {}
+
+            def run_stage():
+                try:
+                    with _job(sc, group, f"sparknet barrier stage ({K} workers)"):
+                        outcome["rows"] = stage.collect()
+                except BaseException as exc:  # handed to the driver thread below
+                    outcome["error"] = exc
+
+            thread = threading.Thread(target=run_stage, name=f"sparknet-barrier-{spec.fit_id}", daemon=True)
+            history: list[dict] = []
+            seen: set[int] = set()
+            ready_at = None
+            thread.start()
+            last = time.perf_counter()
+            try:
+                while True:
+                    msg = receiver.recv(0.05)
+                    now = time.perf_counter()
+                    if msg is None:
+                        if not thread.is_alive():
+                            break
+                        limit = opts.rendezvous_timeout_s if ready_at is None else silence
+                        if now - last > limit:
+                            what = ("the barrier tasks did not all start and join the process group" if ready_at is None
+                                    else "the barrier stage sent no round record")
+                            raise DeadlineExceeded(f"{what} within {limit:.0f} s; the stage needs {K} free task slots "
+                                                   "at once and every worker alive (see the executor logs)")
+                        continue
+                    last = now
+                    if msg.get("event") == "ready":
+                        ready_at = now
+                    elif msg.get("event") == "round" and msg.get("round") not in seen:
+                        msg["wall_s"] = now - t_fit
+                        seen.add(msg["round"])
+                        history.append(msg)
+                        self._emit(msg)
+                thread.join(timeout=60)
+                while True:  # records that raced the end of the stage
+                    msg = receiver.recv(0.0)
+                    if msg is None:
+                        break
+                    if msg.get("event") == "round" and msg.get("round") not in seen:
+                        msg["wall_s"] = time.perf_counter() - t_fit
+                        seen.add(msg["round"])
+                        history.append(msg)
+                        self._emit(msg)
+            finally:
+                if thread.is_alive():
+                    sc.cancelJobGroup(group)
+                    thread.join(timeout=30)
+        finally:
+            receiver.close()
+        if "error" in outcome:
+            raise _task_error(outcome["error"]) from outcome["error"]
+        rows = outcome.get("rows") or []
+        results = [row for row in rows if row[0] == "result"]
+        if not results:
+            raise EngineError("the barrier stage ended without rank 0's result")
+        _, flat_bytes, full_history = results[0]
+        for rec in full_history:  # records the channel did not deliver
+            if rec["round"] not in seen:
+                rec["wall_s"] = time.perf_counter() - t_fit
+                seen.add(rec["round"])
+                history.append(rec)
+                self._emit(rec)
+        history.sort(key=lambda h: h["round"])
+        final = torch.from_numpy(np.frombuffer(flat_bytes, dtype=np.float32).copy())
+        workers = sorted((row[2] | {"rank": row[1]} for row in rows if row[0] == "worker"), key=lambda w: w["rank"])
+        return final, history, {"barrier_workers": workers, "metrics_rejected": receiver.rejected}
+
+    # -- cleanup ------------------------------------------------------------------------------
+    @staticmethod
+    def _cleanup(sc, group, fit_id, staged, chunks, broadcasts) -> None:
+        from sparknet.spark._rounds import cleanup_partition
+
+        if staged is not None:
+            try:
+                with _job(sc, group, "sparknet: remove staged data"):
+                    staged.mapPartitionsWithIndex(cleanup_partition(fit_id)).collect()
+            except Exception as exc:  # cleanup must not hide the real outcome
+                log.warning("could not remove the staged training data of fit %s: %s", fit_id, exc)
+            _quietly(staged.unpersist)
+        _quietly(chunks.unpersist)
+        for bc in broadcasts:
+            _quietly(bc.destroy)
+
+
+def _fold_partition(results):
+    """``sc.runJob`` function: fold one partition's round results."""
+    from sparknet.spark._rounds import fold
+
+    acc = None
+    for r in results:
+        acc = fold(acc, r)
+    return [acc] if acc is not None else []
+
+
+def _worker_view(w: dict) -> dict:
+    keys = ("index", "n", "steps", "loss", "compute_s", "task_s", "attempt", "finite", "source", "host", "pid",
+            "device", "gpu_addresses", "device_reason", "empty")
+    out = {k: w[k] for k in keys if k in w}
+    out["samples"] = out.pop("n", 0)
+    return out
+
+
+def _quietly(fn) -> None:
+    try:
+        fn()
+    except Exception as exc:  # pragma: no cover - best effort
+        log.debug("cleanup step failed: %s", exc)

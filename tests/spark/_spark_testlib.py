@@ -1,0 +1,85 @@
+"""Helpers shared by the Spark test modules: a session per module, small data, hand-run references."""
+
+from __future__ import annotations
+
+import copy
+import os
+import sys
+
+import numpy as np
+import torch
+
+from sparknet.net import Net
+from sparknet.solvers import SolverConfig
+from sparknet.spark._rounds import worker_seed
+
+BASE_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.executor.memory": "768m",
+    "spark.python.worker.reuse": "true",
+}
+
+
+def start_session(master: str, extra: dict | None = None):
+    """A SparkSession for one test module (stop it in the fixture's finalizer)."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(f"sparknet-tests-{master}")
+    for key, value in {**BASE_CONF, **(extra or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def blobs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Three Gaussian blobs in 2-D: float32 features, int64 labels."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    centers = np.array([[2.0, 0.0], [-2.0, 0.0], [0.0, 2.5]], dtype=np.float32)
+    x = (centers[y] + rng.normal(0, 0.6, (n, 2))).astype(np.float32)
+    return x, y.astype(np.int64)
+
+
+def mlp(seed: int = 0) -> torch.nn.Module:
+    """A small plain module (torch classes only, so executors unpickle it without test code)."""
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+
+
+def partitioned_rdd(sc, parts: list[tuple[np.ndarray, np.ndarray]]):
+    """An RDD of (ndarray, label) whose partition i holds exactly ``parts[i]``, in order."""
+    lists = [[(x[i], int(y[i])) for i in range(len(y))] for x, y in parts]
+    return sc.parallelize(lists, len(lists)).flatMap(lambda rows: rows)
+
+
+def flat(module: torch.nn.Module) -> torch.Tensor:
+    return Net(copy.deepcopy(module)).get_flat()
+
+
+def hand_rounds(model, solver: SolverConfig, parts, *, batch_size: int, seed: int, tau: int, rounds: int,
+                start: torch.Tensor | None = None) -> torch.Tensor:
+    """Listing 3 by hand in one process: K Nets built as the engines build them, averaged by samples."""
+    nets = []
+    for i, (x, y) in enumerate(parts):
+        if len(y) == 0:
+            continue
+        net = Net(copy.deepcopy(model), solver, batch_size=batch_size, seed=worker_seed(seed, i))
+        net.set_training_data((x, y))
+        nets.append(net)
+    g = flat(model) if start is None else start.clone()
+    for _ in range(rounds):
+        acc = torch.zeros_like(g, dtype=torch.float64)
+        total = 0
+        for net in nets:
+            net.set_flat(g)
+            stats = net.train(tau)
+            acc += net.get_flat().double() * stats.samples
+            total += stats.samples
+        g = (acc / total).float()
+    return g

@@ -1,0 +1,150 @@
+"""The rounds engine on local[2]: exactness, records, stopping rules, errors, cleanup."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from _spark_testlib import blobs, flat, hand_rounds, mlp, partitioned_rdd, start_session
+from sparknet.config import DistributedConfig
+from sparknet.errors import WorkerError
+from sparknet.net import Net
+from sparknet.solvers import SolverConfig
+from sparknet.spark import EngineOptions, SparkTrainer
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = start_session("local[2]")
+    yield session
+    session.stop()
+
+
+def _flat(result):
+    return result.weights.to_flat(torch.float32)
+
+
+def test_average_is_the_sample_weighted_mean_over_three_rounds_with_momentum(spark, tmp_path):
+    # uneven partitions: the mean is weighted 12:20; momentum makes each worker's solver state matter
+    x, y = blobs(32, seed=1)
+    parts = [(x[:12], y[:12]), (x[12:], y[12:])]
+    solver = SolverConfig(base_lr=0.05, momentum=0.9)
+    records = []
+    trainer = SparkTrainer(mlp(), solver=solver, batch_size=8, seed=3,
+                           dist=DistributedConfig(workers=2, engine="rounds", tau=3, rounds=3),
+                           on_round=records.append, options=EngineOptions(staging_dir=str(tmp_path)))
+    result = trainer.fit(partitioned_rdd(spark.sparkContext, parts))
+    expected = hand_rounds(mlp(), solver, parts, batch_size=8, seed=3, tau=3, rounds=3)
+    assert torch.allclose(_flat(result), expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(_flat(result), flat(mlp()), atol=1e-3)  # it did train
+
+    # one record per round, handed to on_round as it happened
+    assert records == result.history and [r["round"] for r in records] == [1, 2, 3]
+    last = records[-1]
+    for key in ("event", "round", "steps", "total_steps", "samples", "total_samples", "wall_s", "round_s",
+                "compute_s", "comm_s", "loss", "bytes", "tau", "workers", "engine", "strategy", "per_worker"):
+        assert key in last, key
+    assert last["event"] == "round" and last["engine"] == "rounds" and last["strategy"] == "average"
+    assert last["steps"] == 3 and last["total_steps"] == 9 and last["samples"] == 2 * 3 * 8
+    assert last["round_s"] >= last["compute_s"] > 0 and last["comm_s"] == pytest.approx(last["round_s"] - last["compute_s"])
+    nbytes = expected.numel() * 4
+    assert last["bytes"] == 4 * nbytes  # out to 2 workers, 2 deltas back
+    assert [w["index"] for w in last["per_worker"]] == [0, 1]
+    assert all(w["samples"] == 24 and w["steps"] == 3 and w["attempt"] == 0 for w in last["per_worker"])
+    s = result.summary
+    assert s["rounds"] == 3 and s["bytes_communicated"] == 12 * nbytes and s["stop_reason"] == "rounds"
+    assert s["rows_per_partition"] == [12, 20] and s["samples"] == 144 and s["samples_per_s"] > 0
+    # the staged files and state are gone, the job group is cleared
+    assert os.listdir(tmp_path) == []
+    assert spark.sparkContext.getLocalProperty("spark.jobGroup.id") is None
+
+
+def test_tau_one_plain_sgd_round_equals_one_large_batch_step(spark):
+    x, y = blobs(16, seed=2)
+    parts = [(x[:8], y[:8]), (x[8:], y[8:])]
+    solver = SolverConfig(base_lr=0.2, momentum=0.0, weight_decay=0.0)
+    trainer = SparkTrainer(mlp(1), solver=solver, batch_size=8, seed=0,
+                           dist=DistributedConfig(workers=2, engine="rounds", tau=1, rounds=1))
+    result = trainer.fit(partitioned_rdd(spark.sparkContext, parts))
+    big = Net(mlp(1), solver, batch_size=16, seed=0)
+    big.set_training_data((x, y))
+    big.train(1)
+    assert torch.allclose(_flat(result), big.get_flat(), atol=1e-6, rtol=1e-5)
+
+
+def test_stopping_rules_max_steps_epochs_and_target(spark):
+    x, y = blobs(64, seed=4)
+    df = spark.createDataFrame([(x[i].tolist(), int(y[i])) for i in range(len(y))], "features array<float>, label long")
+    df = df.repartition(2).cache()
+    solver = SolverConfig(base_lr=0.1)
+
+    # max_steps caps the last round: 4 + 4 + 2
+    res = SparkTrainer(mlp(), solver=solver, batch_size=8, max_steps=10,
+                       dist=DistributedConfig(workers=2, tau=4)).fit(df)
+    assert [h["steps"] for h in res.history] == [4, 4, 2] and res.summary["stop_reason"] == "max_steps"
+
+    # epochs: 64 rows, 2 workers x 2 steps x 8 = 32 samples a round -> 2 rounds for one epoch
+    res = SparkTrainer(mlp(), solver=solver, batch_size=8, dist=DistributedConfig(workers=2, tau=2, epochs=1.0)).fit(df)
+    assert res.summary["rounds"] == 2 and res.summary["stop_reason"] == "epochs"
+
+    # target accuracy, measured on the driver every round
+    res = SparkTrainer(mlp(), solver=solver, batch_size=8,
+                       dist=DistributedConfig(workers=2, tau=10, rounds=30, target_accuracy=0.9)).fit(df, validation=(x, y))
+    assert res.summary["stop_reason"] == "target_accuracy" and res.summary["rounds"] < 30
+    assert res.history[-1]["val_accuracy"] >= 0.9 and res.summary["test_accuracy"] >= 0.9
+    assert res.net.test() == pytest.approx(res.summary["test_accuracy"])
+
+
+def test_warm_start_on_the_driver_then_round_seconds(spark):
+    x, y = blobs(48, seed=5)
+    rdd = partitioned_rdd(spark.sparkContext, [(x[:24], y[:24]), (x[24:], y[24:])])
+    res = SparkTrainer(mlp(), solver=SolverConfig(base_lr=0.1), batch_size=8,
+                       dist=DistributedConfig(workers=2, tau=None, round_seconds=0.05, rounds=2, warmup_steps=5)).fit(rdd)
+    assert res.summary["warmup"]["steps"] == 5 and res.summary["warmup"]["rows"] == 48
+    assert all(h["tau"] is None and h["steps"] >= 1 for h in res.history)
+
+
+def _boom(pred, y):
+    raise RuntimeError("loss exploded on purpose")
+
+
+def test_a_failing_worker_surfaces_as_worker_error_with_rank(spark):
+    import pyspark.cloudpickle as cp
+
+    cp.register_pickle_by_value(sys.modules[__name__])
+    try:
+        x, y = blobs(16)
+        rdd = partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])])
+        trainer = SparkTrainer(mlp(), loss=_boom, batch_size=4, dist=DistributedConfig(workers=2, tau=1, rounds=1))
+        with pytest.raises(WorkerError) as info:
+            trainer.fit(rdd)
+    finally:
+        cp.unregister_pickle_by_value(sys.modules[__name__])
+    assert info.value.rank in (0, 1)
+    assert "loss exploded on purpose" in str(info.value) and "_boom" in info.value.log_tail
+    assert spark.sparkContext.getLocalProperty("spark.jobGroup.id") is None
+
+
+def test_a_partition_whose_files_vanished_is_rerun_from_the_cached_chunks(spark, tmp_path):
+    x, y = blobs(32, seed=6)
+    rdd = partitioned_rdd(spark.sparkContext, [(x[:16], y[:16]), (x[16:], y[16:])])
+
+    def wipe(record):  # as if the executor's disk and Python workers were lost after round 1
+        if record["round"] == 1:
+            for d in os.listdir(tmp_path):
+                shutil.rmtree(tmp_path / d)
+
+    res = SparkTrainer(mlp(), solver=SolverConfig(base_lr=0.1, momentum=0.0), batch_size=8, on_round=wipe,
+                       dist=DistributedConfig(workers=2, tau=2, rounds=3),
+                       options=EngineOptions(staging_dir=str(tmp_path))).fit(rdd)
+    assert res.summary["rounds"] == 3 and res.summary["rerun_partitions"] == 2
+    assert [w["source"] for w in res.history[1]["per_worker"]] == ["chunks", "chunks"]
+    assert all(w["source"] in ("cache", "file") for w in res.history[2]["per_worker"])
+    assert np.isfinite(res.history[-1]["loss"])
