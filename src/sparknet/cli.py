@@ -103,14 +103,49 @@ def _setup_logging(verbose: bool, quiet: bool) -> None:
 def _configure_train(p: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(p, RunConfig, title="training")
     add_dataclass_arguments(p, DistributedConfig, title="distributed training")
+    for extra in _train_extensions():
+        add_dataclass_arguments(p, extra, title=extra.__doc__.strip().splitlines()[0] if extra.__doc__ else None)
     p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
     p.set_defaults(_run=_run_train)
 
 
+def _train_extensions() -> list:
+    """Config dataclasses of optional parts that add flags to ``sparknet train``.
+
+    Each part's module exposes its dataclass as ``TRAIN_FLAGS`` and a runner
+    ``train_with(run, dist, flags) -> summary | None`` (``None``: not mine, go on).
+    """
+    import importlib
+
+    out = []
+    for module in _TRAIN_EXTENSION_MODULES:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name and module.startswith(e.name):
+                continue
+            raise
+        out.append(mod.TRAIN_FLAGS)
+    return out
+
+
+_TRAIN_EXTENSION_MODULES = ("sparknet.caffe.cli", "sparknet.ps.cli")
+
+
 def _run_train(args: argparse.Namespace) -> int:
+    import importlib
+
     run = _from_args(RunConfig, args)
     dist = _from_args(DistributedConfig, args)
-    if dist.workers == 1 and args.engine == Engine.ROUNDS.value and args.master is None:
+    summary = None
+    for extra in _train_extensions():
+        mod = importlib.import_module(extra.__module__)
+        summary = mod.train_with(run, dist, _from_args(extra, args))
+        if summary is not None:
+            break
+    if summary is not None:
+        pass
+    elif dist.workers == 1 and args.engine == Engine.ROUNDS.value and args.master is None:
         from sparknet.train import train_local
 
         summary = train_local(run)
