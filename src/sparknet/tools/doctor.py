@@ -1,0 +1,963 @@
+"""``sparknet doctor``: check a Spark cluster before training on it, and say what to fix.
+
+Checks, on the driver and on every executor (small Spark jobs, each with a timeout):
+
+``executors``
+    How many task slots and executors answered (a probe task per slot).
+``versions``
+    Python, Java, Spark (pyspark), torch and sparknet on each executor agree with the
+    driver's. A different Python minor version, torch or sparknet is a FAIL (pickled
+    functions and weights would not load, or would load differently); a different Java or
+    Python patch level is a WARN.
+``pickle``
+    The model and a training function pickle with cloudpickle (as Spark pickles closures)
+    on the driver, and load on every executor (which proves sparknet and torch import
+    there).
+``memory``
+    The estimated memory of one training task (see :func:`estimate_training_memory`)
+    against the smallest budget one task has (see :func:`task_memory_budget`).
+``barrier``
+    A barrier stage with one task per slot meets at ``allGather`` (the barrier engine's
+    rendezvous), and every task opens a TCP connection to a port the first task listens on
+    (as torch.distributed's store does).
+``skew``
+    Rows per partition of the given data set: max/mean above a ratio is a WARN.
+
+Each check gives :class:`CheckResult` rows (check, where, status OK/WARN/FAIL, detail, fix);
+every FAIL names a concrete fix. :func:`run_doctor` returns the rows;
+``sparknet doctor`` prints them as a table and exits 1 on any FAIL.
+
+Examples
+--------
+>>> results = run_doctor("local[2]", model="lenet")            # doctest: +SKIP
+>>> print(format_table(results))                               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+import json
+import logging
+import math
+import os
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from sparknet.cli import subcommand
+
+__all__ = ["Status", "CheckResult", "MemoryEstimate", "estimate_training_memory", "task_memory_budget",
+           "parse_memory", "format_bytes", "run_doctor", "format_table", "OPTIMIZER_STATE_COPIES",
+           "COMMUNICATION_COPIES", "MEMORY_HEADROOM"]
+
+log = logging.getLogger(__name__)
+
+OPTIMIZER_STATE_COPIES = {"sgd": 1, "nesterov": 1, "rmsprop": 1, "adagrad": 1, "adam": 2, "adamw": 2, "adadelta": 2}
+"""Copies of the weights each update rule keeps as state (SGD: its momentum buffer)."""
+COMMUNICATION_COPIES = 3
+"""Copies of the weights a worker holds to synchronize: the weights it received, its flat
+delta, and that delta's serialized bytes (one flat buffer per communication)."""
+MEMORY_HEADROOM = 0.8
+"""An estimate above this fraction of the budget is a WARN (above the budget: a FAIL)."""
+_MB = 1 << 20
+
+
+class Status(str, enum.Enum):
+    """Outcome of one check."""
+
+    OK = "OK"
+    WARN = "WARN"
+    FAIL = "FAIL"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One row of the doctor's table.
+
+    Attributes
+    ----------
+    check : str
+        ``executors``, ``versions``, ``pickle``, ``memory``, ``barrier``, ``skew``, ``data``.
+    where : str
+        ``driver``, ``cluster``, an executor (``executor HOST/PID``) or the data path.
+    status : Status
+        OK, WARN or FAIL.
+    detail : str
+        What was found.
+    fix : str
+        What to do (every FAIL has one; a WARN may).
+    """
+
+    check: str
+    where: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
+
+
+# -- memory ---------------------------------------------------------------------------------------
+_UNITS = {"": 1 << 20, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
+          "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+
+
+def parse_memory(value: str | int) -> int:
+    """Bytes in a Spark memory string (``512m``, ``2g``, ``1.5g``; a bare number is MiB, as Spark reads it)."""
+    if isinstance(value, int):
+        return value * _MB
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a memory size: {value!r} (use e.g. 512m or 2g)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def format_bytes(n: float) -> str:
+    """``1536 MiB`` style, for messages."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+def _spark_size(n_bytes: float) -> str:
+    """A Spark memory setting at least ``n_bytes``, rounded up to a whole 512 MiB (``2g``, ``1536m``)."""
+    mb = max(512, int(math.ceil(n_bytes / _MB / 512.0)) * 512)
+    return f"{mb // 1024}g" if mb % 1024 == 0 else f"{mb}m"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Estimated memory of one training task, in bytes, part by part.
+
+    ``total = runtime + weights + gradients + optimizer + communication + activations + data``.
+    """
+
+    weights: int
+    """Parameters and buffers."""
+    gradients: int
+    """One gradient per trainable parameter."""
+    optimizer: int
+    """Update-rule state: :data:`OPTIMIZER_STATE_COPIES` x the trainable parameters."""
+    communication: int
+    """:data:`COMMUNICATION_COPIES` x the weights (received weights, flat delta, its bytes)."""
+    activations: int
+    """Every blob of one minibatch, forward values and their gradients (2 x 4 bytes per value)."""
+    data: int = 0
+    """The worker's partition of the training data, held in memory for the whole run."""
+    runtime: int = 0
+    """The Python worker itself with torch imported (measured on the executors)."""
+
+    @property
+    def total(self) -> int:
+        return (self.weights + self.gradients + self.optimizer + self.communication + self.activations + self.data
+                + self.runtime)
+
+    def describe(self) -> str:
+        parts = [("runtime", self.runtime), ("weights", self.weights), ("gradients", self.gradients),
+                 ("optimizer", self.optimizer), ("communication", self.communication),
+                 ("activations", self.activations), ("data", self.data)]
+        return " + ".join(f"{name} {format_bytes(v)}" for name, v in parts if v)
+
+    def with_(self, **changes) -> MemoryEstimate:
+        return MemoryEstimate(**{**asdict(self), **changes})
+
+
+def estimate_training_memory(net, *, batch_size: int | None = None, solver_type: str = "sgd",
+                             module=None) -> MemoryEstimate:
+    """Estimate what one worker needs to train ``net``, without running it.
+
+    Parameters
+    ----------
+    net : NetParams or torch.nn.Module
+        The model. A NetParams gives activation sizes from its shape inference; for a plain
+        module the activations are not counted (zero).
+    batch_size : int, optional
+        Minibatch size (default: the net's input layer's).
+    solver_type : str
+        Update rule (``sgd``, ``adam``...): how many state copies it keeps.
+    module : torch.nn.Module, optional
+        The built module, when already at hand (built from ``net`` otherwise).
+
+    Returns
+    -------
+    MemoryEstimate
+        Weights, gradients and state at their element sizes; activations at 4 bytes a value.
+    """
+    if module is None:
+        module = net.build(seed=0) if hasattr(net, "build") else net
+    trainable = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    weights = (sum(p.numel() * p.element_size() for p in module.parameters())
+               + sum(b.numel() * b.element_size() for b in module.buffers()))
+    copies = OPTIMIZER_STATE_COPIES.get(str(getattr(solver_type, "value", solver_type)).lower(), 2)
+    activations = 0
+    if hasattr(net, "infer_shapes"):
+        shapes = net.infer_shapes()
+        first = next(iter(shapes.values()), None)
+        declared = first[0] if first else 1
+        per_sample = sum(math.prod(s[1:]) if len(s) > 1 else 1 for s in shapes.values())
+        activations = 2 * 4 * per_sample * (batch_size or declared)
+    return MemoryEstimate(weights=weights, gradients=trainable, optimizer=copies * trainable,
+                          communication=COMMUNICATION_COPIES * weights, activations=activations)
+
+
+@dataclass(frozen=True)
+class _Budget:
+    bytes: int
+    source: str
+    fix: str
+
+
+def task_memory_budget(*, declared_executor_memory: int | None = None, executor_cores: int | None = None,
+                       pyspark_worker_mb: int | None = None, host_available: int | None = None,
+                       tasks_on_host: int = 1, local: bool = False) -> list[_Budget]:
+    """The memory limits one training task runs under, smallest first.
+
+    - the declared executor memory (``spark.executor.memory``) shared by the executor's
+      task slots: sparknet counts it as what one executor may use in all, JVM and Python
+      workers together, as container-based cluster managers (YARN, Kubernetes) enforce
+      roughly. In local mode Spark does not enforce it; the doctor still holds a declared
+      value to it, so it answers as the cluster will;
+    - ``spark.executor.pyspark.memory`` per Python worker (Spark caps each worker's address
+      space with it), as the worker reports it;
+    - the memory available on the task's host (or its cgroup's limit) shared by the task
+      slots on that host.
+    """
+    out = []
+    if declared_executor_memory:
+        cores = max(1, executor_cores or 1)
+        where = " (declared; local mode does not enforce it)" if local else ""
+        out.append(_Budget(declared_executor_memory // cores,
+                           f"spark.executor.memory {format_bytes(declared_executor_memory)} / {cores} slots{where}",
+                           "spark.executor.memory"))
+    if pyspark_worker_mb:
+        out.append(_Budget(pyspark_worker_mb * _MB, f"spark.executor.pyspark.memory share {pyspark_worker_mb} MiB",
+                           "spark.executor.pyspark.memory"))
+    if host_available:
+        n = max(1, tasks_on_host)
+        out.append(_Budget(host_available // n, f"available on the host {format_bytes(host_available)} / {n} tasks",
+                           "host"))
+    return sorted(out, key=lambda b: b.bytes)
+
+
+# -- the executor probe (runs in Spark tasks) -------------------------------------------------------
+def _java_version(java: str | None = None, timeout: float = 10.0) -> str | None:
+    """The version ``java -version`` reports (``17.0.15``), or None."""
+    java = java or (os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else None)
+    java = java if java and os.path.exists(java) else shutil.which("java")
+    if not java:
+        return None
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r'version "([^"]+)"', out.stderr + out.stdout)
+    return m.group(1) if m else None
+
+
+def _host_available_bytes() -> int | None:
+    """Memory available to new allocations on this host: MemAvailable, capped by a cgroup limit."""
+    avail = None
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            avail = None
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        try:
+            with open(limit_file, encoding="ascii") as f:
+                raw = f.read().strip()
+            if not raw.isdigit() or int(raw) >= 1 << 60:
+                continue
+            with open(usage_file, encoding="ascii") as f:
+                free = int(raw) - int(f.read().strip())
+            avail = free if avail is None else min(avail, free)
+            break
+        except (OSError, ValueError):
+            continue
+    return avail
+
+
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
+    except (ImportError, OSError):
+        return None
+
+
+def _local_versions() -> dict[str, Any]:
+    import pyspark
+    import torch
+
+    import sparknet
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "pyspark": pyspark.__version__,
+            "sparknet": sparknet.__version__}
+
+
+def _probe(payload: bytes | None, hold_s: float):
+    """Spark task body: facts about this executor's Python worker as one JSON-able dict."""
+
+    def run(index, _rows):
+        t0 = time.perf_counter()
+        info: dict[str, Any] = {"task": index, "host": socket.gethostname(), "pid": os.getpid(),
+                                "executor_pid": os.getppid()}
+        try:
+            info.update(_local_versions())
+        except Exception as e:  # noqa: BLE001 - reported as a FAIL row
+            info["import_error"] = f"{type(e).__name__}: {e}"
+        info["java"] = _java_version()
+        info["rss"] = _rss_bytes()
+        info["host_available"] = _host_available_bytes()
+        mb = os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB")
+        info["pyspark_worker_mb"] = int(mb) if mb and mb.lstrip("-").isdigit() and int(mb) > 0 else None
+        if payload is not None:
+            try:
+                from pyspark import cloudpickle
+
+                cloudpickle.loads(payload)
+                info["unpickle"] = None
+            except Exception as e:  # noqa: BLE001 - reported as a FAIL row
+                info["unpickle"] = f"{type(e).__name__}: {e}"
+        # Hold the slot a moment so the other probe tasks land on the other slots.
+        time.sleep(max(0.0, hold_s - (time.perf_counter() - t0)))
+        yield json.dumps(info)
+
+    return run
+
+
+def _barrier_probe(local: bool, connect_timeout: float):
+    """Barrier task body: meet at allGather, then connect to a port the first task listens on."""
+
+    def run(_rows):
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        rank = ctx.partitionId()
+        server = None
+        try:
+            if rank == 0:
+                host = "127.0.0.1" if local else ctx.getTaskInfos()[0].address.rsplit(":", 1)[0]
+                server = socket.create_server((host if local else "", 0))
+                server.listen(len(ctx.getTaskInfos()))
+                addresses = ctx.allGather(f"{host}:{server.getsockname()[1]}")
+            else:
+                addresses = ctx.allGather("")
+            host, port = addresses[0].rsplit(":", 1)
+            error = ""
+            try:
+                with socket.create_connection((host, int(port)), timeout=connect_timeout):
+                    pass
+            except OSError as e:
+                error = f"{socket.gethostname()} could not connect to {host}:{port}: {e}"
+            results = ctx.allGather(error)
+        finally:
+            if server is not None:
+                server.close()
+        yield json.dumps({"rank": rank, "world": len(addresses), "errors": [e for e in results if e]})
+
+    return run
+
+
+# -- helpers on the driver --------------------------------------------------------------------------
+def _run_job(sc, description: str, fn: Callable[[], Any], timeout_s: float):
+    """Run ``fn`` (which starts Spark jobs) in a thread under its own job group, with a timeout.
+
+    Returns ``(value, error)``; on timeout the job group is cancelled and error says so.
+    """
+    group = f"sparknet-doctor-{uuid.uuid4().hex[:8]}"
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            sc.setJobGroup(group, f"sparknet doctor: {description}", interruptOnCancel=True)
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name=f"doctor-{description}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        sc.cancelJobGroup(group)
+        thread.join(10.0)
+        return None, TimeoutError(f"{description} did not finish within {timeout_s:.0f} s")
+    return box.get("value"), box.get("error")
+
+
+def _error_text(e: BaseException, limit: int = 300) -> str:
+    text = str(e)
+    # Py4J and Spark wrap Python errors in long traces: keep the last meaningful line.
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", ln):
+            text = ln
+            break
+    else:
+        text = lines[0] if lines else type(e).__name__
+    return text[:limit]
+
+
+def _major(version: str | None) -> str | None:
+    if not version:
+        return None
+    head = version.split(".")
+    return head[1] if head[0] == "1" and len(head) > 1 else head[0]  # 1.8 -> 8
+
+
+def _python_minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def _resolve_net(model: Any, batch_size: int | None):
+    """(name, NetParams or module) for a zoo name, a model folder, a NetParams or a module."""
+    import inspect
+
+    from sparknet import zoo
+
+    if isinstance(model, str):
+        if os.path.isdir(model):
+            from sparknet import _model_io
+
+            saved = _model_io.load_model(model)
+            return os.path.basename(os.path.normpath(model)), (saved.net_params or saved.module)
+        key = model.strip().lower().replace("-", "_")
+        if key not in zoo.MODELS:
+            raise ValueError(f"unknown model {model!r}: give a zoo name ({sorted(zoo.MODELS)}) or a model folder")
+        takes = inspect.signature(zoo.MODELS[key]).parameters
+        kwargs: dict[str, Any] = {}
+        if "batch_size" in takes and batch_size:
+            kwargs["batch_size"] = batch_size
+        if "vocab_size" in takes:
+            kwargs["vocab_size"] = 128
+        return key, zoo.get_model(key, **kwargs)
+    return type(model).__name__, model
+
+
+def _training_function(net_def, solver_dict: dict | None, batch_size: int):
+    """A training function like the engines ship to executors: builds the net, trains some steps."""
+
+    def train(x, y, steps: int = 1):
+        from sparknet.datasets import ArrayDataset
+        from sparknet.net import Net
+        from sparknet.solvers import SolverConfig
+
+        solver = SolverConfig.from_dict(solver_dict) if solver_dict else None
+        net = Net(net_def, solver, batch_size=batch_size, seed=0)
+        net.set_training_data(ArrayDataset(x, y))
+        return net.train(steps)
+
+    return train
+
+
+# -- the checks -----------------------------------------------------------------------------------------
+def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | None = None,
+               batch_size: int = 64, solver_type: str = "sgd", workers: int | None = None,
+               executor_memory: str | int | None = None, conf: dict[str, str] | None = None, spark=None,
+               train_fn: Callable | None = None, skew_ratio: float = 2.0, timeout_s: float = 120.0,
+               barrier: bool = True, features_col: str = "features") -> list[CheckResult]:
+    """Check a cluster (or ``local[K]``) for training ``model``; return one row per finding.
+
+    Parameters
+    ----------
+    master : str, optional
+        Spark master URL for a new session (default ``local[*]``); ignored when a session
+        is given or already running.
+    model : str, NetParams or torch.nn.Module
+        A zoo name (``lenet``, ``alexnet``...), a model folder, or the net itself.
+    data : str, optional
+        A Parquet file or folder of training data: rows per partition (skew) and the
+        partition's memory.
+    batch_size : int
+        Minibatch size of each worker.
+    solver_type : str
+        Update rule (its state counts towards memory).
+    workers : int, optional
+        Workers K the run will use (default: the session's default parallelism).
+    executor_memory : str or int, optional
+        The executors' memory (``2g``; an int is MiB). Set as ``spark.executor.memory`` on a
+        new session, and held against the model in any case.
+    conf : dict, optional
+        More Spark settings for a new session.
+    spark : SparkSession, optional
+        The session to use (left running).
+    train_fn : callable, optional
+        Your training function, to check that it pickles (default: one like sparknet's own).
+    skew_ratio : float
+        Largest over mean rows per partition above which the data is called skewed.
+    timeout_s : float
+        Limit of each Spark job the doctor runs.
+    barrier : bool
+        Run the barrier-stage check.
+
+    Returns
+    -------
+    list of CheckResult
+        In the order checked; any ``Status.FAIL`` means training would fail as things are.
+    """
+    from sparknet.spark._session import get_session, is_local_master
+
+    results: list[CheckResult] = []
+    add = results.append
+    t0 = time.perf_counter()
+
+    # The model, on the driver.
+    name, net = _resolve_net(model, batch_size)
+    import torch
+
+    module = net.build(seed=0) if hasattr(net, "build") else net
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"model must be a zoo name, a model folder, a NetParams or a torch.nn.Module, got {type(net)}")
+    estimate = estimate_training_memory(net, batch_size=batch_size, solver_type=solver_type, module=module)
+    payload = _check_pickle_on_driver(add, name, net, module, train_fn, batch_size)
+
+    own_session = spark is None and _no_active_session()
+    settings = dict(conf or {})
+    if executor_memory is not None:
+        settings["spark.executor.memory"] = (f"{executor_memory}m" if isinstance(executor_memory, int)
+                                             else str(executor_memory))
+    if spark is None:
+        try:
+            spark = get_session(master, app_name="sparknet-doctor", conf=settings)
+        except Exception as e:  # noqa: BLE001 - the finding: Spark would not start for training either
+            add(_session_failure(e, master, settings))
+            declared = settings.get("spark.executor.memory")
+            _check_memory(add, estimate, [], {}, declared=parse_memory(declared) if declared else None,
+                          cores=_executor_cores_from(settings, master or "local[*]", {}),
+                          local=is_local_master(master or "local[*]"), batch_size=batch_size)
+            return results
+    try:
+        sc = spark.sparkContext
+        running_master = sc.master
+        local = is_local_master(running_master)
+        slots = sc.defaultParallelism
+        K = workers or slots
+        _check_driver_versions(add, spark)
+        driver = _local_versions()
+        driver["java"] = _driver_java(spark)
+
+        probes, error = _run_job(sc, "probe executors",
+                                 lambda: [json.loads(s) for s in sc.parallelize(range(slots), slots)
+                                          .mapPartitionsWithIndex(_probe(payload, 0.3)).collect()], timeout_s)
+        if error is not None:
+            add(_probe_failure(error, timeout_s))
+            probes = []
+        executors = _group_executors(probes)
+        if probes:
+            hosts = {p["host"] for p in probes}
+            add(CheckResult("executors", "cluster", Status.OK,
+                            f"{len(probes)} task slots answered on {len(executors)} executor(s), {len(hosts)} host(s) "
+                            f"({running_master})"))
+        for key, tasks in executors.items():
+            where = "local executor" if local and len(executors) == 1 else f"executor {key}"
+            _check_executor_versions(add, where, tasks[0], driver)
+            _check_unpickle(add, where, tasks)
+
+        # Data first: the partition a worker holds counts towards its memory.
+        data_bytes = 0
+        if data is not None:
+            data_bytes = _check_data(add, spark, data, K, skew_ratio, features_col, timeout_s)
+        declared = settings.get("spark.executor.memory") or sc.getConf().get("spark.executor.memory", None)
+        cores = _executor_cores(sc, running_master, executors)
+        _check_memory(add, estimate.with_(data=data_bytes), probes, executors,
+                      declared=parse_memory(declared) if declared else None, cores=cores, local=local,
+                      batch_size=batch_size)
+        if barrier:
+            _check_barrier(add, sc, slots, local, timeout_s)
+    finally:
+        if own_session:
+            spark.stop()
+    log.info("doctor finished in %.1f s: %d checks, %d FAIL", time.perf_counter() - t0, len(results),
+             sum(r.status is Status.FAIL for r in results))
+    return results
+
+
+def _no_active_session() -> bool:
+    from pyspark.sql import SparkSession
+
+    return SparkSession.getActiveSession() is None
+
+
+def _driver_java(spark) -> str | None:
+    try:
+        return spark.sparkContext._jvm.System.getProperty("java.version")
+    except Exception:  # noqa: BLE001 - Spark Connect has no JVM handle here
+        return _java_version()
+
+
+def _check_driver_versions(add, spark) -> None:
+    v = _local_versions()
+    java = _driver_java(spark)
+    detail = (f"Python {v['python']}, Java {java or '?'}, Spark {spark.version} (pyspark {v['pyspark']}), "
+              f"torch {v['torch']}, sparknet {v['sparknet']}")
+    java_major = _major(java)
+    if java_major is not None and java_major.isdigit() and int(java_major) < 17:
+        add(CheckResult("versions", "driver", Status.FAIL, detail, "Spark 4 needs Java 17 or newer: set JAVA_HOME "
+                        "to a Java 17+ installation"))
+    else:
+        add(CheckResult("versions", "driver", Status.OK, detail))
+
+
+def _check_pickle_on_driver(add, name: str, net, module, train_fn, batch_size: int) -> bytes | None:
+    """Pickle the net definition, the module and the training function; the bytes executors load."""
+    import pickle
+
+    from pyspark import cloudpickle
+
+    from sparknet.config import RunConfig
+
+    fn = train_fn if train_fn is not None else _training_function(
+        net, RunConfig(batch_size=batch_size).solver().to_dict() if hasattr(net, "build") else None, batch_size)
+    what = "your training function" if train_fn is not None else "a training function"
+    payload = None
+    try:
+        t = time.perf_counter()
+        module_bytes = cloudpickle.dumps(module)
+        cloudpickle.loads(module_bytes)
+        payload = cloudpickle.dumps((net, fn))
+        pickle.loads(payload)
+        add(CheckResult("pickle", "driver", Status.OK,
+                        f"model {name} ({format_bytes(len(module_bytes))} pickled) and {what} "
+                        f"({format_bytes(len(payload))} with the net definition) pickle with cloudpickle "
+                        f"in {time.perf_counter() - t:.2f} s"))
+    except Exception as e:  # noqa: BLE001 - the finding
+        add(CheckResult("pickle", "driver", Status.FAIL, f"cloudpickle failed: {_error_text(e)}",
+                        "a closure sent to executors must capture plain values only: move open files, locks, "
+                        "sessions and sockets out of it (build them inside the function)"))
+        payload = None
+    return payload
+
+
+def _probe_failure(error: BaseException, timeout_s: float) -> CheckResult:
+    text = _error_text(error)
+    if isinstance(error, TimeoutError):
+        fix = ("no executor ran the probe in time: check that executors are registered (Spark UI) and that the "
+               f"cluster has free cores, or raise --timeout (now {timeout_s:.0f} s)")
+    elif "No module named 'sparknet'" in text or "No module named 'torch'" in text:
+        fix = ("install sparknet and torch on every node, or ship them: spark-submit --archives env.tar.gz#env "
+               "with spark.pyspark.python=./env/bin/python (a packed virtualenv or conda env)")
+    elif "different version" in text or "PYTHON_VERSION_MISMATCH" in text:
+        fix = ("executors run another Python than the driver: set spark.pyspark.python (and PYSPARK_PYTHON) to "
+               "the same Python version on every node")
+    else:
+        fix = "read the executor logs for the first failed task; rerun with --verbose"
+    return CheckResult("executors", "cluster", Status.FAIL, f"the probe job failed: {text}", fix)
+
+
+def _group_executors(probes: Sequence[dict]) -> dict[str, list[dict]]:
+    """Probe results grouped by executor: host and the Python daemon's parent (the executor JVM)."""
+    out: dict[str, list[dict]] = {}
+    for p in sorted(probes, key=lambda p: p["task"]):
+        out.setdefault(f"{p['host']}/{p['executor_pid']}", []).append(p)
+    return out
+
+
+def _check_executor_versions(add, where: str, probe: dict, driver: dict) -> None:
+    if probe.get("import_error"):
+        add(CheckResult("versions", where, Status.FAIL, f"cannot import on the executor: {probe['import_error']}",
+                        "install sparknet and torch on every node, or ship a packed environment with "
+                        "spark-submit --archives env.tar.gz#env and spark.pyspark.python=./env/bin/python"))
+        return
+    fails, warns = [], []
+    if _python_minor(probe["python"]) != _python_minor(driver["python"]):
+        fails.append(f"Python {probe['python']} (driver {driver['python']})")
+    elif probe["python"] != driver["python"]:
+        warns.append(f"Python {probe['python']} (driver {driver['python']})")
+    for key, label in (("torch", "torch"), ("sparknet", "sparknet"), ("pyspark", "pyspark")):
+        if probe.get(key) != driver.get(key):
+            fails.append(f"{label} {probe.get(key)} (driver {driver.get(key)})")
+    java = probe.get("java")
+    if java is None:
+        warns.append("could not run java -version on the executor")
+    elif _major(java) != _major(driver.get("java")):
+        warns.append(f"Java {java} (driver {driver.get('java')})")
+    detail = (f"Python {probe['python']}, Java {java or '?'}, pyspark {probe['pyspark']}, torch {probe['torch']}, "
+              f"sparknet {probe['sparknet']}")
+    if fails:
+        add(CheckResult("versions", where, Status.FAIL, "differs from the driver: " + "; ".join(fails + warns),
+                        "use one environment everywhere: pip install the driver's versions on every node "
+                        f"(torch=={driver['torch']}, sparknet=={driver['sparknet']}, pyspark=={driver['pyspark']}), "
+                        "or ship the driver's packed environment with spark-submit --archives"))
+    elif warns:
+        add(CheckResult("versions", where, Status.WARN, detail + "; " + "; ".join(warns),
+                        "the same Java and Python patch level everywhere avoids surprises"))
+    else:
+        add(CheckResult("versions", where, Status.OK, detail + " (as on the driver)"))
+
+
+def _check_unpickle(add, where: str, tasks: list[dict]) -> None:
+    errors = [t["unpickle"] for t in tasks if t.get("unpickle")]
+    if "unpickle" not in tasks[0]:
+        return  # nothing was sent (the driver-side pickle failed and says so)
+    if errors:
+        add(CheckResult("pickle", where, Status.FAIL, f"the model and training function do not load: {errors[0]}",
+                        "the executors must import every module the function uses: install it there or ship it "
+                        "with spark-submit --py-files / --archives"))
+    else:
+        add(CheckResult("pickle", where, Status.OK, f"the model and training function load in {len(tasks)} task(s)"))
+
+
+def _session_failure(error: BaseException, master: str | None, settings: dict) -> CheckResult:
+    text = _error_text(error)
+    m = re.search(r"INVALID_EXECUTOR_MEMORY|Executor memory (\d+) must be at least (\d+)", str(error))
+    if m:
+        least = re.search(r"must be at least (\d+)", str(error))
+        floor = int(least.group(1)) if least else 450 * _MB
+        fix = (f"set --conf spark.executor.memory={_spark_size(floor)} or more (Spark's own minimum is "
+               f"{format_bytes(floor)}; the memory row below says what the model needs)")
+        text = f"Spark refuses spark.executor.memory={settings.get('spark.executor.memory')}: " + text
+    elif "JAVA_HOME" in str(error) or "Java gateway" in str(error):
+        fix = "install Java 17 or newer and set JAVA_HOME to it"
+    else:
+        fix = f"check the master URL ({master or 'local[*]'}) and the --conf settings; rerun with --verbose"
+    return CheckResult("spark", "driver", Status.FAIL, f"could not start Spark: {text}", fix)
+
+
+def _executor_cores_from(settings: dict, master: str, executors: dict[str, list[dict]]) -> int:
+    from sparknet.spark._session import local_slots
+
+    value = settings.get("spark.executor.cores")
+    if value:
+        return int(value)
+    m = re.match(r"^local-cluster\[\s*\d+\s*,\s*(\d+)\s*,", master.strip())
+    if m:
+        return int(m.group(1))
+    slots = local_slots(master)
+    if slots is not None:
+        return slots
+    return max((len(t) for t in executors.values()), default=1)
+
+
+def _executor_cores(sc, master: str, executors: dict[str, list[dict]]) -> int:
+    return _executor_cores_from({"spark.executor.cores": sc.getConf().get("spark.executor.cores", None)}, master,
+                                executors)
+
+
+def _check_memory(add, estimate: MemoryEstimate, probes: list[dict], executors: dict[str, list[dict]], *,
+                  declared: int | None, cores: int, local: bool, batch_size: int) -> None:
+    """Hold the estimate (with each executor's measured runtime) against each executor's budget."""
+    if not probes:
+        budgets = task_memory_budget(declared_executor_memory=declared, executor_cores=cores, local=local)
+        _memory_row(add, "cluster", estimate, budgets, cores)
+        return
+    tasks_per_host: dict[str, int] = {}
+    for p in probes:
+        tasks_per_host[p["host"]] = tasks_per_host.get(p["host"], 0) + 1
+    for key, tasks in executors.items():
+        where = "local executor" if local and len(executors) == 1 else f"executor {key}"
+        probe = tasks[0]
+        runtime = max((t.get("rss") or 0) for t in tasks)
+        est = estimate.with_(runtime=runtime)
+        budgets = task_memory_budget(declared_executor_memory=declared, executor_cores=cores,
+                                     pyspark_worker_mb=probe.get("pyspark_worker_mb"),
+                                     host_available=probe.get("host_available"),
+                                     tasks_on_host=tasks_per_host[probe["host"]], local=local)
+        _memory_row(add, where, est, budgets, cores)
+
+
+def _memory_row(add, where: str, est: MemoryEstimate, budgets: list, cores: int) -> None:
+    need = est.total
+    detail = f"one task needs about {format_bytes(need)} ({est.describe()})"
+    if not budgets:
+        add(CheckResult("memory", where, Status.WARN, detail + "; no memory limit known",
+                        "set spark.executor.memory so the doctor can check it"))
+        return
+    tight = budgets[0]
+    detail += f"; budget {format_bytes(tight.bytes)} per task ({tight.source})"
+    if need <= MEMORY_HEADROOM * tight.bytes:
+        add(CheckResult("memory", where, Status.OK, detail))
+        return
+    status = Status.FAIL if need > tight.bytes else Status.WARN
+    want = need / MEMORY_HEADROOM
+    if tight.fix == "spark.executor.memory":
+        fix = (f"set --conf spark.executor.memory={_spark_size(want * max(1, cores))} "
+               f"(or fewer cores per executor, or a smaller --batch-size)")
+    elif tight.fix == "spark.executor.pyspark.memory":
+        fix = f"set --conf spark.executor.pyspark.memory={_spark_size(want * max(1, cores))} (or unset it)"
+    else:
+        fix = ("run fewer tasks per host (spark.executor.cores, local[K]) or a smaller --batch-size; "
+               f"each task needs {format_bytes(want)}")
+    if est.activations > est.total / 2:
+        fix += f"; activations dominate: halving --batch-size saves {format_bytes(est.activations / 2)}"
+    add(CheckResult("memory", where, status, detail, fix))
+
+
+def _check_data(add, spark, path: str, K: int, skew_ratio: float, features_col: str, timeout_s: float) -> int:
+    """Rows per partition of a Parquet data set; returns the bytes one worker holds (estimate)."""
+    from pyspark.sql import functions as F
+
+    sc = spark.sparkContext
+
+    def count():
+        df = spark.read.parquet(path)
+        parts = df.rdd.getNumPartitions()
+        rows = {r["p"]: r["n"] for r in df.groupBy(F.spark_partition_id().alias("p")).count()
+                .withColumnRenamed("count", "n").collect()}
+        width = None
+        if features_col in df.columns:
+            first = df.select(features_col).first()
+            if first is not None:
+                value = first[0]
+                width = len(value.toArray() if hasattr(value, "toArray") else value)
+        return parts, [int(rows.get(i, 0)) for i in range(parts)], width
+
+    if not os.path.exists(path) and "://" not in path:
+        add(CheckResult("data", path, Status.FAIL, "no such file or folder", "give the Parquet data's path"))
+        return 0
+    result, error = _run_job(sc, "count rows per partition", count, timeout_s)
+    if error is not None:
+        add(CheckResult("data", path, Status.FAIL, f"could not read it as Parquet: {_error_text(error)}",
+                        "give a Parquet file or folder with 'features' and 'label' columns"))
+        return 0
+    parts, rows, width = result
+    total = sum(rows)
+    if total == 0:
+        add(CheckResult("data", path, Status.FAIL, f"no rows in {parts} partition(s)", "give non-empty data"))
+        return 0
+    mean = total / len(rows)
+    ratio = max(rows) / mean
+    empty = sum(1 for r in rows if r == 0)
+    detail = (f"{total} rows in {parts} partitions: {min(rows)} to {max(rows)} rows, max/mean {ratio:.2f}"
+              + (f", {empty} empty" if empty else ""))
+    if parts != K:
+        # The engines repartition to K partitions (balanced) when the counts differ.
+        add(CheckResult("skew", path, Status.OK,
+                        detail + f"; training repartitions it into {K} even partitions"))
+        worker_rows = math.ceil(total / K)
+    elif ratio > skew_ratio or empty:
+        add(CheckResult("skew", path, Status.WARN, detail + f" (above {skew_ratio:g})",
+                        f"repartition before training: df.repartition({K}) (the slowest partition sets each "
+                        "epoch's pace and small partitions are cycled more often)"))
+        worker_rows = max(rows)
+    else:
+        add(CheckResult("skew", path, Status.OK, detail))
+        worker_rows = max(rows)
+    row_bytes = 4 * (width or 0) + 8
+    return int(worker_rows * row_bytes)
+
+
+def _check_barrier(add, sc, slots: int, local: bool, timeout_s: float) -> None:
+    def run():
+        rdd = sc.parallelize(range(slots), slots).barrier().mapPartitions(_barrier_probe(local, 10.0))
+        return [json.loads(s) for s in rdd.collect()]
+
+    t = time.perf_counter()
+    result, error = _run_job(sc, "barrier rendezvous", run, timeout_s)
+    if error is not None:
+        text = _error_text(error)
+        if isinstance(error, TimeoutError) or "slots" in text.lower() or "concurrent" in text.lower():
+            fix = (f"a barrier stage needs all {slots} slots at once: free the cluster or train with fewer workers "
+                   "(--workers), or use --engine rounds, which needs no barrier")
+        elif "dynamic allocation" in text.lower():
+            fix = "set --conf spark.dynamicAllocation.enabled=false for the barrier engine, or use --engine rounds"
+        else:
+            fix = "use --engine rounds (no barrier stage), and read the executor logs for the failed task"
+        add(CheckResult("barrier", "cluster", Status.FAIL, f"the barrier stage failed: {text}", fix))
+        return
+    errors = [e for r in result for e in r["errors"]]
+    if errors or len(result) != slots:
+        add(CheckResult("barrier", "cluster", Status.FAIL,
+                        f"{len(result)} of {slots} tasks met; {errors[0] if errors else ''}".strip("; "),
+                        "open the ports between executors (the barrier engine's tasks connect to each other on "
+                        "ephemeral ports), or use --engine rounds"))
+        return
+    add(CheckResult("barrier", "cluster", Status.OK,
+                    f"{slots} barrier tasks met at allGather and reached the first task's port "
+                    f"in {time.perf_counter() - t:.1f} s"))
+
+
+# -- the table ----------------------------------------------------------------------------------------
+def format_table(results: Iterable[CheckResult], *, width: int = 110) -> str:
+    """The rows as a plain-text table: check, where, status, detail; each fix on its own line below."""
+    results = list(results)
+    if not results:
+        return "(no checks ran)"
+    w_check = max(5, *(len(r.check) for r in results))
+    w_where = min(28, max(5, *(len(r.where) for r in results)))
+    w_status = 8
+    w_detail = max(30, width - w_check - w_where - w_status - 6)
+    lines = [f"{'check':<{w_check}}  {'where':<{w_where}}  {'status':<{w_status}}detail",
+             f"{'-' * w_check}  {'-' * w_where}  {'-' * (w_status - 2)}  {'-' * min(w_detail, 40)}"]
+    indent = " " * (w_check + w_where + w_status + 4)
+    for r in results:
+        where = r.where if len(r.where) <= w_where else "…" + r.where[-(w_where - 1):]
+        detail = textwrap.wrap(r.detail, w_detail) or [""]
+        lines.append(f"{r.check:<{w_check}}  {where:<{w_where}}  {r.status.value:<{w_status}}{detail[0]}")
+        lines.extend(indent + d for d in detail[1:])
+        if r.fix:
+            fix = textwrap.wrap("fix: " + r.fix, w_detail)
+            lines.extend(indent + f for f in fix)
+    counts = {s: sum(r.status is s for r in results) for s in Status}
+    lines.append("")
+    lines.append(f"{counts[Status.OK]} OK, {counts[Status.WARN]} WARN, {counts[Status.FAIL]} FAIL")
+    return "\n".join(lines)
+
+
+@subcommand("doctor", "check a Spark cluster before training: versions, memory, pickling, barrier, data skew")
+def _configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    p.add_argument("--model", default="lenet", help="zoo model name or model folder (default lenet)")
+    p.add_argument("--data", default=None, help="Parquet training data: partition skew and memory")
+    p.add_argument("--batch-size", type=int, default=64, help="minibatch size of each worker (default 64)")
+    p.add_argument("--solver-type", default="sgd", help="update rule: its state counts towards memory")
+    p.add_argument("--workers", type=int, default=None, help="workers K (default: the cluster's task slots)")
+    p.add_argument("--executor-memory", default=None,
+                   help="executor memory to check against (e.g. 2g); also set as spark.executor.memory")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="more Spark settings")
+    p.add_argument("--skew-ratio", type=float, default=2.0, help="max/mean rows per partition to warn above")
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds each check's Spark job may take")
+    p.add_argument("--no-barrier", action="store_true", help="skip the barrier-stage check")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
+    p.set_defaults(_run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    conf = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--conf takes KEY=VALUE, got {item!r}")
+        conf[key.strip()] = value.strip()
+    if args.executor_memory is not None:
+        parse_memory(args.executor_memory)  # a clear error before Spark starts
+    results = run_doctor(args.master, model=args.model, data=args.data, batch_size=args.batch_size,
+                         solver_type=args.solver_type, workers=args.workers, executor_memory=args.executor_memory,
+                         conf=conf, skew_ratio=args.skew_ratio, timeout_s=args.timeout, barrier=not args.no_barrier)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=1))
+    else:
+        print(format_table(results, width=max(80, shutil.get_terminal_size((120, 24)).columns)))
+    return 1 if any(r.status is Status.FAIL for r in results) else 0

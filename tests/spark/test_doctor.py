@@ -1,0 +1,110 @@
+"""`sparknet doctor` on local[2]: all OK for LeNet; FAIL with a fix when memory is too small."""
+
+import os
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparknet import zoo
+from sparknet.cli import main
+from sparknet.tools.doctor import (COMMUNICATION_COPIES, CheckResult, Status, estimate_training_memory, format_table,
+                                   parse_memory, run_doctor, task_memory_budget)
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("test-doctor")
+               .config("spark.ui.enabled", "false").config("spark.python.worker.reuse", "true").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def _by_check(results):
+    out = {}
+    for r in results:
+        out.setdefault(r.check, []).append(r)
+    return out
+
+
+def test_local_two_slots_is_all_ok(spark):
+    results = run_doctor(spark=spark, model="lenet", timeout_s=120)
+    checks = _by_check(results)
+    assert {"executors", "versions", "pickle", "memory", "barrier"} <= set(checks)
+    assert [r for r in results if r.status is not Status.OK] == []
+    assert "2 task slots" in checks["executors"][0].detail
+    assert any(r.where == "local executor" for r in checks["versions"])
+    assert "2 barrier tasks met" in checks["barrier"][0].detail
+    assert not spark.sparkContext._jsc.sc().isStopped()  # a session it was given is left running
+
+
+def test_model_too_big_for_the_executor_memory_fails_with_the_fix(spark, capsys):
+    # AlexNet (61 M parameters, batch 64) in 1 GiB shared by 2 task slots.
+    rc = main(["doctor", "--model", "alexnet", "--executor-memory", "1g", "--no-barrier", "--timeout", "120"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    memory_lines = [ln for ln in out.splitlines() if ln.startswith("memory")]
+    assert memory_lines and "FAIL" in memory_lines[0]
+    assert "fix: set --conf spark.executor.memory=" in out
+    assert "0 FAIL" not in out.splitlines()[-1]
+
+    results = run_doctor(spark=spark, model="alexnet", executor_memory="1g", barrier=False)
+    (memory,) = [r for r in results if r.check == "memory"]
+    assert memory.status is Status.FAIL
+    # the suggested size covers the estimate for both slots
+    suggested = memory.fix.split("spark.executor.memory=")[1].split()[0]
+    assert parse_memory(suggested) >= 2 * estimate_training_memory(zoo.alexnet(batch_size=64), batch_size=64).total
+    assert all(r.status is Status.OK for r in results if r.check != "memory")
+
+
+def test_partition_skew_warns(spark, tmp_path):
+    path = tmp_path / "skewed"
+    path.mkdir()
+    for i, rows in enumerate((95, 5)):  # two files: two partitions
+        table = pa.table({"features": [[float(i)] * 4] * rows, "label": [i] * rows})
+        pq.write_table(table, path / f"part-{i}.parquet")
+    results = run_doctor(spark=spark, model="lenet", data=str(path), workers=2, skew_ratio=1.5, barrier=False)
+    (skew,) = [r for r in results if r.check == "skew"]
+    assert skew.status is Status.WARN
+    assert "100 rows in 2 partitions: 5 to 95 rows, max/mean 1.90" in skew.detail
+    assert "repartition(2)" in skew.fix
+    # with another worker count the engines repartition evenly: no warning
+    results = run_doctor(spark=spark, model="lenet", data=str(path), workers=3, skew_ratio=1.5, barrier=False)
+    (skew,) = [r for r in results if r.check == "skew"]
+    assert skew.status is Status.OK and "3 even partitions" in skew.detail
+    missing = run_doctor(spark=spark, model="lenet", data=str(tmp_path / "nope"), barrier=False)
+    assert [r.status for r in missing if r.check == "data"] == [Status.FAIL]
+
+
+def test_estimate_counts_weights_state_and_activations():
+    net = zoo.lenet(batch_size=64)
+    est = estimate_training_memory(net, batch_size=32, solver_type="adam")
+    n_params = 431_080  # LeNet of Listing 2
+    assert est.weights == est.gradients == 4 * n_params
+    assert est.optimizer == 2 * 4 * n_params  # Adam keeps two moments
+    assert est.communication == COMMUNICATION_COPIES * 4 * n_params
+    per_sample = sum(v for k, v in {"data": 784, "label": 1, "conv1": 20 * 24 * 24, "pool1": 20 * 12 * 12,
+                                    "conv2": 50 * 8 * 8, "pool2": 50 * 4 * 4, "ip1": 500, "ip2": 10}.items())
+    assert est.activations >= 2 * 4 * per_sample * 32
+    assert estimate_training_memory(net, batch_size=64).activations > est.activations
+
+
+def test_budget_and_table_formatting():
+    budgets = task_memory_budget(declared_executor_memory=parse_memory("4g"), executor_cores=4,
+                                 host_available=parse_memory("64g"), tasks_on_host=8)
+    assert [b.bytes for b in budgets] == [parse_memory("1g"), parse_memory("8g")]
+    assert parse_memory("512") == parse_memory("512m") == 512 << 20
+    with pytest.raises(ValueError, match="memory size"):
+        parse_memory("lots")
+    table = format_table([CheckResult("memory", "executor a/1", Status.FAIL, "needs more", "set --conf x=1"),
+                          CheckResult("barrier", "cluster", Status.OK, "met")])
+    assert "fix: set --conf x=1" in table and table.splitlines()[-1] == "1 OK, 0 WARN, 1 FAIL"
