@@ -19,9 +19,11 @@ from sparknet.ps.client import PSClient, RejectedError, Reply
 from sparknet.ps.combiners import (COMBINERS, Combiner, DeltaCombiner, ElasticCombiner, MeanCombiner,
                                    StalenessAwareDeltaCombiner, make_combiner, register_combiner)
 from sparknet.ps.server import ParameterServer
+from sparknet.ps.session import AsyncConfig, AsyncSession, run_async
 from sparknet.ps.wire import JobCredentials, Kind, Reason, Status
 
 __all__ = [
+    "AsyncSession", "AsyncConfig", "run_async",
     "ParameterServer", "PSClient", "Reply", "RejectedError", "JobCredentials", "Kind", "Reason", "Status",
     "Combiner", "MeanCombiner", "DeltaCombiner", "StalenessAwareDeltaCombiner", "ElasticCombiner", "COMBINERS",
     "make_combiner", "register_combiner",

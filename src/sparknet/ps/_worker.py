@@ -1,0 +1,225 @@
+"""Executor side of asynchronous training: the function each partition's task runs.
+
+The driver (:mod:`sparknet.ps.session`) builds a :class:`TaskSpec` of plain values (the
+server's endpoint, the job's id and secret, the net as a dict or bytes, the solver as a
+dict, numbers) and hands :func:`train_partition` ``(spec)`` to ``mapPartitionsWithIndex``.
+Each task then:
+
+1. concatenates its partition's ``(x, y)`` blocks and builds its own :class:`~sparknet.net.Net`;
+2. pulls the server's current weights (step 0);
+3. trains, and every ``sync_interval`` steps (and after its last step) pushes its weights
+   or its change since the last pull (as the server's first reply asked) and loads what the
+   reply says (``local += mix * (reply - local)``), one round trip, waiting for nobody else;
+4. yields one record of what it did.
+
+Also here: :func:`scatter`, the executor half of the shuffle that repartitions the data
+between epochs. Nothing in this module runs on the driver.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["TaskSpec", "train_partition", "scatter", "blocks_from_chunks", "concat_blocks"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a task needs, as plain values (it travels in the job's closure)."""
+
+    endpoint: str
+    """``tcp://host:port`` of the parameter server."""
+    job_id: bytes
+    """This Spark job's id on the wire."""
+    secret: bytes
+    """This job's HMAC key (never sent over the server's socket)."""
+    net: dict
+    """``{"netparams": NetParams.to_dict()}`` or ``{"module": torch.save bytes}``."""
+    solver: dict
+    """``SolverConfig.to_dict()``."""
+    batch_size: int
+    sync_interval: int
+    seed: int
+    epoch: int
+    iteration: int
+    """The solver iteration this epoch starts at (keeps the learning-rate policy going across epochs)."""
+    shuffle: bool
+    """Reshuffle the partition's rows (every pass over it)."""
+    sample_shape: tuple[int, ...] | None
+    timeout_s: float
+    threads: int = 1
+    device: str = "cpu"
+    max_steps: int | None = None
+    """Most steps per task (default: one pass over the partition)."""
+    train_step: Callable | None = None
+    """A user's ``train_step(net, (x, y))``; None: ``net.train(1)`` on the partition."""
+    loss: Callable | None = None
+    """The loss of a plain module."""
+
+
+def blocks_from_chunks(chunks: Iterable) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(x, y, info)`` chunks of :mod:`sparknet.spark._data` -> ``(x, y)`` blocks (empty ones dropped)."""
+    for x, y, _ in chunks:
+        if len(y):
+            yield x, y
+
+
+def concat_blocks(blocks: Iterable) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """All ``(x, y)`` blocks of a partition as one ``(x, y)``; ``(None, None)`` when empty."""
+    xs, ys = [], []
+    for x, y in blocks:
+        if len(y):
+            xs.append(x)
+            ys.append(y)
+    if not xs:
+        return None, None
+    if len(xs) == 1:
+        return xs[0], ys[0]
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def scatter(seed: int, epoch: int, num_partitions: int):
+    """The ``mapPartitionsWithIndex`` function of the between-epoch shuffle.
+
+    Every row goes to a partition drawn uniformly at random (seeded by ``seed``, ``epoch``
+    and the source partition), as ``(target, (x_rows, y_rows))`` blocks for ``partitionBy``.
+    """
+
+    def run(index: int, blocks: Iterable) -> Iterator:
+        x, y = concat_blocks(blocks)
+        if x is None:
+            return
+        rng = np.random.default_rng([seed, epoch, index])
+        target = rng.integers(0, num_partitions, size=len(y))
+        order = np.argsort(target, kind="stable")
+        bounds = np.searchsorted(target[order], np.arange(num_partitions + 1))
+        for t in range(num_partitions):
+            idx = order[bounds[t]:bounds[t + 1]]
+            if len(idx):
+                yield t, (x[idx], y[idx])
+
+    return run
+
+
+def _build_net(spec: TaskSpec, index: int):
+    import io
+
+    import torch
+
+    from sparknet.net import Net
+    from sparknet.solvers import SolverConfig
+
+    if "netparams" in spec.net:
+        from sparknet.layers import NetParams
+
+        model = NetParams.from_dict(spec.net["netparams"])
+    else:
+        # The job's own closure (trusted like any Spark closure), never bytes from the server's socket.
+        model = torch.load(io.BytesIO(spec.net["module"]), map_location="cpu", weights_only=False)
+    seed = spec.seed + 1000 * index + 7919 * spec.epoch
+    net = Net(model, SolverConfig.from_dict(spec.solver), loss=spec.loss, batch_size=spec.batch_size,
+              device=spec.device, seed=seed)
+    if spec.iteration:
+        net.set_iteration(spec.iteration)
+    return net
+
+
+def _batches(x: np.ndarray, y: np.ndarray, batch: int, shuffle: bool, rng: np.random.Generator):
+    """Endless minibatches (whole ones only, unless the partition is smaller than one)."""
+    n = len(y)
+    b = min(batch, n)
+    while True:
+        order = rng.permutation(n) if shuffle else np.arange(n)
+        for start in range(0, n - b + 1, b):
+            idx = order[start:start + b]
+            yield x[idx], y[idx]
+
+
+def train_partition(spec: TaskSpec):
+    """The ``mapPartitionsWithIndex`` function that trains one partition against the server."""
+
+    def run(index: int, blocks: Iterable) -> Iterator[dict]:
+        t_start = time.perf_counter()
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        attempt = ctx.attemptNumber() if ctx is not None else 0
+        x, y = concat_blocks(blocks)
+        record = {"event": "task", "worker": index, "attempt": attempt, "epoch": spec.epoch, "rows": 0, "steps": 0,
+                  "samples": 0, "loss": math.nan, "last_loss": math.nan, "pushes": 0, "duplicates": 0,
+                  "comm_s": 0.0, "train_s": 0.0, "wall_s": 0.0, "max_latency_s": 0.0}
+        if x is None:
+            record["wall_s"] = time.perf_counter() - t_start
+            yield record
+            return
+        import torch
+
+        from sparknet.ps.client import PSClient
+        from sparknet.ps.wire import Status
+
+        torch.set_num_threads(spec.threads)
+        if spec.sample_shape is not None:
+            x = x.reshape(len(x), *spec.sample_shape)
+        net = _build_net(spec, index)
+        steps = max(1, len(y) // spec.batch_size)
+        if spec.max_steps is not None:
+            steps = min(steps, spec.max_steps)
+        if spec.train_step is None:
+            net.set_training_data((x, y), shuffle=spec.shuffle, batched=True)
+            batches = None
+        else:
+            batches = _batches(x, y, spec.batch_size, spec.shuffle,
+                               np.random.default_rng([spec.seed, spec.epoch, index]))
+        record["rows"] = len(y)
+        loss_sum = 0.0
+        losses = 0
+        with PSClient(spec.endpoint, spec.job_id, spec.secret, worker=index, attempt=attempt,
+                      timeout=spec.timeout_s) as client:
+            reply = client.pull(0)
+            record["comm_s"] += reply.latency_s
+            net.set_flat(torch.from_numpy(reply.weights))
+            base, base_version, send_delta = reply.weights, reply.version, reply.send_delta
+            for step in range(1, steps + 1):
+                t0 = time.perf_counter()
+                if batches is None:
+                    stats = net.train(1)
+                    loss, samples = stats.last_loss, stats.samples
+                else:
+                    xb, yb = next(batches)
+                    out = spec.train_step(net, (torch.from_numpy(xb), torch.from_numpy(yb)))
+                    loss = getattr(out, "last_loss", out)
+                    loss = float(loss) if isinstance(loss, (int, float)) or hasattr(loss, "item") else math.nan
+                    samples = len(yb)
+                record["train_s"] += time.perf_counter() - t0
+                record["samples"] += samples
+                if not math.isnan(loss):
+                    if not math.isfinite(loss):
+                        raise FloatingPointError(f"worker {index}: the loss became {loss} at step {step} of epoch "
+                                                 f"{spec.epoch}; lower the learning rate")
+                    loss_sum += loss
+                    losses += 1
+                    record["last_loss"] = loss
+                if step % spec.sync_interval == 0 or step == steps:
+                    flat = net.get_flat().numpy()
+                    reply = client.push(step, flat - base if send_delta else flat, base_version)
+                    record["pushes"] += 1
+                    record["duplicates"] += reply.status is Status.DUPLICATE
+                    record["comm_s"] += reply.latency_s
+                    record["max_latency_s"] = max(record["max_latency_s"], reply.latency_s)
+                    new = reply.weights if reply.mix >= 1.0 else flat + np.float32(reply.mix) * (reply.weights - flat)
+                    net.set_flat(torch.from_numpy(np.ascontiguousarray(new, dtype=np.float32)))
+                    base, base_version, send_delta = reply.weights, reply.version, reply.send_delta
+                record["steps"] = step
+        record["loss"] = loss_sum / losses if losses else math.nan
+        record["wall_s"] = time.perf_counter() - t_start
+        yield record
+
+    return run

@@ -1,0 +1,500 @@
+"""Driver side of asynchronous training: :class:`AsyncSession` (TensorOnSpark's session) and :func:`run_async`.
+
+>>> sess = AsyncSession(zoo.lenet(), SolverConfig(base_lr=0.01), combiner="delta")      # doctest: +SKIP
+>>> sess.run(data=train_df, batch_size=64, sync_interval=10, epochs=5,
+...          validation_data=mnist().test)                                             # doctest: +SKIP
+>>> sess.metrics["test_accuracy"], sess.metrics["staleness_mean"]                      # doctest: +SKIP
+>>> sess.weights                                                                       # doctest: +SKIP
+
+``run`` starts a :class:`~sparknet.ps.server.ParameterServer` on the driver (on an
+OS-picked port of the driver's address: loopback in local mode), then runs one Spark job per
+epoch. Each partition's task trains its own Net on its partition and pushes and pulls every
+``sync_interval`` steps without waiting for any other task
+(:func:`sparknet.ps._worker.train_partition`). Every epoch gets a fresh job id and HMAC
+secret, which reach the tasks inside the job's closure. Between epochs the rows are
+reshuffled across partitions (seeded), and each task reshuffles its own rows. The server is
+stopped, and cached data released, in ``finally``.
+
+A task that Spark retries pulls the current weights and trains again; its pushes for steps
+the failed attempt already had applied are acknowledged without being applied twice (the
+server keeps, per partition, the highest step it applied).
+
+Nothing here imports pyspark until a session runs.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from sparknet.errors import DeadlineExceeded, EngineError
+from sparknet.net import Net
+from sparknet.ps import _worker
+from sparknet.ps.combiners import COMBINERS, Combiner, make_combiner
+from sparknet.ps.server import ParameterServer
+from sparknet.solvers import SolverConfig
+from sparknet.weights import WeightCollection
+
+__all__ = ["AsyncConfig", "AsyncSession", "run_async"]
+
+log = logging.getLogger(__name__)
+
+_PY_ERROR = re.compile(r"^(\w*(?:Error|Exception|Exceeded|Interrupt)): (.+)$")
+
+
+@dataclass(kw_only=True)
+class AsyncConfig:
+    """Settings of ``--strategy async`` (asynchronous training through a parameter server)."""
+
+    sync_interval: int = 10
+    """Local steps between a worker's push-and-pull with the parameter server (async strategy)."""
+    combiner: str = "delta"
+    """How a push merges into the server's copy: mean, delta, staleness or elastic (async strategy)."""
+    ps_host: str | None = None
+    """Address the parameter server binds to (default: loopback in local mode, the driver's host on a cluster)."""
+
+    def __post_init__(self):
+        if self.sync_interval < 1:
+            raise ValueError(f"sync_interval must be at least 1, got {self.sync_interval}")
+        if str(self.combiner).lower() not in COMBINERS:
+            raise ValueError(f"unknown combiner {self.combiner!r}; choose one of {sorted(COMBINERS)}")
+        self.combiner = str(self.combiner).lower()
+
+
+def _identity(key: int) -> int:
+    return key
+
+
+def _sample_shape(net: Net) -> tuple[int, ...] | None:
+    params = net.net_params or getattr(net.module, "net_params", None)
+    for layer in getattr(params, "layers", None) or ():
+        shape = getattr(layer, "shape", None)
+        if shape:
+            return tuple(int(d) for d in shape[1:])
+    return None
+
+
+def _job_error(exc: BaseException, epoch: int) -> EngineError:
+    """A failed Spark job as an EngineError carrying the task's own Python error line."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    py = [m for m in (_PY_ERROR.match(ln) for ln in lines) if m and not m.group(1).startswith(("org.", "java."))]
+    what = f"{py[-1].group(1)}: {py[-1].group(2)}" if py else " ".join(lines[:3])
+    return EngineError(f"asynchronous training failed in epoch {epoch}: {what}")
+
+
+@contextmanager
+def _job_group(sc, group: str, description: str, timeout_s: float | None):
+    """Run Spark jobs under ``group``; cancel them after ``timeout_s``. Yields an event set on timeout."""
+    sc.setJobGroup(group, description, interruptOnCancel=True)
+    fired = threading.Event()
+    timer = None
+    if timeout_s is not None:
+        def cancel():
+            fired.set()
+            log.error("%s: no result within %.0f s; cancelling", description, timeout_s)
+            sc.cancelJobGroup(group)
+
+        timer = threading.Timer(timeout_s, cancel)
+        timer.daemon = True
+        timer.start()
+    try:
+        yield fired
+    finally:
+        if timer is not None:
+            timer.cancel()
+        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
+            sc.setLocalProperty(key, None)
+
+
+class AsyncSession:
+    """One model trained asynchronously on Spark through a parameter server on the driver.
+
+    TensorOnSpark's ``SparkSession``, renamed so as not to clash with pyspark's.
+
+    Parameters
+    ----------
+    net : Net, NetParams or torch.nn.Module
+        The model. A :class:`~sparknet.net.Net` is used as it is (its solver, batch size and
+        weights; it holds the final weights afterwards). A plain module must pickle.
+    solver : SolverConfig, optional
+        Every worker's local update rule (ignored for a ``Net``, which has its own).
+    combiner : str or Combiner
+        How pushes merge into the server's copy: ``"mean"``, ``"delta"``, ``"staleness"``,
+        ``"elastic"`` or a :class:`~sparknet.ps.Combiner` instance.
+    loss : callable, optional
+        ``loss(prediction, y)`` for a plain module.
+    seed : int
+        Seeds the initial weights, each task's data order and the between-epoch shuffle.
+    host : str, optional
+        Address the server binds to and the tasks connect to (default: ``127.0.0.1`` with a
+        local master, else ``spark.driver.host``). Never every interface by default.
+    port : int
+        Server port (0: the OS picks one).
+    threads : int
+        Torch threads per task.
+    device : str
+        Device of each task's net.
+    request_timeout_s : float
+        Longest wait of a task for one reply of the server.
+    epoch_timeout_s : float, optional
+        Longest wait for one epoch's Spark job; it is cancelled after that.
+    spark : SparkSession, optional
+        Needed only when ``run`` is given local arrays rather than an RDD or DataFrame.
+    validation_data : ArrayDataset or (x, y), optional
+        Evaluated on the driver after every epoch (``run`` takes it too).
+    """
+
+    def __init__(self, net, solver: SolverConfig | None = None, *, combiner: str | Combiner = "delta", loss=None,
+                 seed: int = 0, host: str | None = None, port: int = 0, threads: int = 1, device: str = "cpu",
+                 request_timeout_s: float = 120.0, epoch_timeout_s: float | None = None, spark=None,
+                 validation_data=None):
+        if isinstance(net, Net):
+            self.net = net
+        else:
+            self.net = Net(net, solver, loss=loss, seed=seed)
+        self.combiner = make_combiner(combiner)
+        self.loss = loss
+        self.seed = int(seed)
+        self.host = host
+        self.port = int(port)
+        if int(threads) < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        self.threads = int(threads)
+        self.device = device
+        if not request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be positive, got {request_timeout_s}")
+        self.request_timeout_s = float(request_timeout_s)
+        if epoch_timeout_s is not None and not epoch_timeout_s > 0:
+            raise ValueError(f"epoch_timeout_s must be positive, got {epoch_timeout_s}")
+        self.epoch_timeout_s = epoch_timeout_s
+        self.spark = spark
+        self.metrics: dict = {"epochs": [], "test_accuracy_by_epoch": []}
+        self._iteration = self.net.iteration
+        self._epochs_done = 0
+        self._validation = False
+        if validation_data is not None:
+            self.net.set_validation_data(validation_data)
+            self._validation = True
+
+    @property
+    def weights(self) -> WeightCollection:
+        """The trained weights (the server's final copy), a copy."""
+        return self.net.get_weights()
+
+    # -- what the tasks get ---------------------------------------------------------------------
+    def _net_spec(self) -> dict:
+        params = self.net.net_params or getattr(self.net.module, "net_params", None)
+        if params is not None and hasattr(params, "to_dict"):
+            return {"netparams": params.to_dict()}
+        buf = io.BytesIO()
+        torch.save(self.net.module.cpu(), buf)
+        self.net.module.to(self.net.device)
+        return {"module": buf.getvalue()}
+
+    def _server_host(self, sc) -> str:
+        if self.host:
+            return self.host
+        from sparknet.spark._session import is_local_master
+
+        if is_local_master(sc.master):
+            return "127.0.0.1"
+        host = sc.getConf().get("spark.driver.host")
+        if not host:
+            raise ValueError("cannot tell the driver's address (spark.driver.host is unset); pass host=")
+        return host
+
+    # -- data -----------------------------------------------------------------------------------
+    def _blocks(self, data, sc, num_workers, feed_names, image_shape, sample_shape):
+        """(RDD of (x, y) blocks with ``num_workers`` partitions, the RDD to unpersist, rows per partition)."""
+        from pyspark import StorageLevel
+
+        from sparknet.spark import _data
+
+        expected_len = math.prod(sample_shape) if sample_shape else None
+        if _data.is_dataframe(data) or _data.is_rdd(data):
+            features_col, label_col = feed_names
+            chunks, _ = _data.chunk_rdd(data, features_col=features_col, label_col=label_col,
+                                        image_shape=image_shape, expected_len=expected_len, num_partitions=num_workers)
+            chunks.persist(StorageLevel.MEMORY_AND_DISK)
+            try:
+                stats = chunks.mapPartitionsWithIndex(_data.partition_stats).collect()
+                stats.sort(key=lambda s: s["index"])
+                total = _data.check_stats(stats, what="training data", expected_len=expected_len, num_classes=None,
+                                          num_workers=num_workers, sample_shape=sample_shape)
+            except BaseException:
+                chunks.unpersist()
+                raise
+            skew = _data.describe_skew(total["rows_per_partition"])
+            if skew:
+                log.warning("%s", skew)
+            return chunks.mapPartitions(_worker.blocks_from_chunks, preservesPartitioning=True), chunks, \
+                total["rows_per_partition"]
+        # Local arrays: an ArrayDataset or (x, y), cut into one block per worker.
+        if hasattr(data, "x") and hasattr(data, "y"):
+            x, y = np.asarray(data.x), np.asarray(data.y)
+        elif isinstance(data, tuple) and len(data) == 2:
+            x, y = np.asarray(data[0]), np.asarray(data[1])
+        else:
+            raise TypeError(f"data must be a Spark DataFrame, an RDD of (ndarray, label), an ArrayDataset or "
+                            f"(x, y) arrays; got {type(data).__name__}")
+        if len(x) != len(y) or len(y) < num_workers:
+            raise ValueError(f"data has {len(x)} feature rows and {len(y)} labels for {num_workers} workers")
+        x = x.astype(np.float32, copy=False).reshape(len(x), -1)
+        if expected_len is not None and x.shape[1] != expected_len:
+            raise ValueError(f"each sample has {x.shape[1]} values but the net takes {sample_shape}")
+        parts = np.array_split(np.arange(len(y)), num_workers)
+        blocks = sc.parallelize([(x[p], y[p]) for p in parts], num_workers)
+        blocks.persist(StorageLevel.MEMORY_AND_DISK)
+        return blocks, blocks, [len(p) for p in parts]
+
+    # -- training -------------------------------------------------------------------------------
+    def run(self, train_step: Callable | None = None, data=None, *, batch_size: int = 64, sync_interval: int = 10,
+            epochs: int = 1, shuffle_within_partition: bool = True, repartition_between_epochs: bool = True,
+            feed_names: tuple[str, str] | None = None, num_workers: int | None = None, max_steps: int | None = None,
+            image_shape=None, validation_data=None, target_accuracy: float | None = None,
+            on_epoch: Callable[[dict], None] | None = None) -> dict:
+        """Train asynchronously on ``data`` for ``epochs`` passes; returns :attr:`metrics`.
+
+        Parameters
+        ----------
+        train_step : callable, optional
+            ``train_step(net, (x, y))`` run on each worker for every minibatch (tensors of
+            ``batch_size`` rows); it may return a loss. Default: ``net.train(1)`` on the
+            partition's data.
+        data : DataFrame, RDD, ArrayDataset or (x, y)
+            A DataFrame with a feature and a label column (``feed_names``), an RDD of
+            ``(ndarray, label)``, or local arrays (split into ``num_workers`` parts).
+        batch_size : int
+            Minibatch size of each worker.
+        sync_interval : int
+            Local steps between pushes (a push gets the server's copy back).
+        epochs : int
+            Passes over the data; each is one Spark job in which every task makes one pass
+            over its partition.
+        shuffle_within_partition : bool
+            Each task visits its rows in a random order.
+        repartition_between_epochs : bool
+            Move every row to a random partition (seeded) before the next epoch.
+        feed_names : (str, str), optional
+            The feature and label columns of a DataFrame (default ``("features", "label")``).
+        num_workers : int, optional
+            Partitions, one task each (default: the data's partition count; 2 for local arrays).
+        max_steps : int, optional
+            Most local steps per worker over the whole run (the last epoch stops early).
+        image_shape : sequence of int, optional
+            Shape of one sample for a plain module (a NetParams net knows its own).
+        validation_data : ArrayDataset, (x, y), DataFrame or RDD, optional
+            Evaluated on the driver after every epoch.
+        target_accuracy : float, optional
+            Stop after the first epoch reaching this validation accuracy.
+        on_epoch : callable, optional
+            Called on the driver with each epoch's record.
+        """
+        if data is None:
+            raise ValueError("run() needs data: a DataFrame, an RDD of (ndarray, label), or local arrays")
+        for name, value in (("batch_size", batch_size), ("sync_interval", sync_interval), ("epochs", epochs)):
+            if int(value) < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+        if target_accuracy is not None and not 0 < target_accuracy <= 1:
+            raise ValueError(f"target_accuracy is a fraction in (0, 1], got {target_accuracy}")
+        if train_step is not None and not callable(train_step):
+            raise TypeError("train_step must be callable as train_step(net, (x, y))")
+        feed_names = tuple(feed_names) if feed_names is not None else ("features", "label")
+        if len(feed_names) != 2:
+            raise ValueError(f"feed_names names the feature and the label column, got {feed_names}")
+        from sparknet.spark import _data
+
+        is_spark_data = _data.is_dataframe(data) or _data.is_rdd(data)
+        if is_spark_data:
+            sc = data.sparkSession.sparkContext if _data.is_dataframe(data) else data.context
+        else:
+            from sparknet.spark._session import get_session
+
+            sc = (self.spark or get_session()).sparkContext
+        K = int(num_workers or (data.rdd.getNumPartitions() if _data.is_dataframe(data) else
+                                data.getNumPartitions() if is_spark_data else 2))
+        if K < 1:
+            raise ValueError(f"num_workers must be at least 1, got {K}")
+        sample_shape = _sample_shape(self.net) or (tuple(int(d) for d in image_shape) if image_shape else None)
+        if validation_data is not None:
+            if _data.is_dataframe(validation_data) or _data.is_rdd(validation_data):
+                validation_data = _data.collect_arrays(
+                    validation_data, features_col=feed_names[0], label_col=feed_names[1], image_shape=image_shape,
+                    expected_len=math.prod(sample_shape) if sample_shape else None, num_classes=None,
+                    sample_shape=sample_shape)
+            self.net.set_validation_data(validation_data)
+            self._validation = True
+        evaluate = self._validation
+
+        t_run = time.perf_counter()
+        run_id = uuid.uuid4().hex[:12]
+        group = f"sparknet-async-{run_id}"
+        rdd, cached, rows = self._blocks(data, sc, K, feed_names, image_shape, sample_shape)
+        host = self._server_host(sc)
+        server = ParameterServer(self.net.get_flat().numpy(), self.combiner, host=host, port=self.port, num_workers=K)
+        net_spec = self._net_spec()
+        solver = self.net.solver.to_dict()
+        steps_done = 0
+        history: list[dict] = []
+        tasks: list[dict] = []
+        log.info("asynchronous training: %d workers, %d rows (%s per partition), %r, sync every %d steps, "
+                 "%d epochs", K, sum(rows), rows, self.combiner, sync_interval, epochs)
+        try:
+            server.start()
+            for e in range(epochs):
+                if max_steps is not None and steps_done >= max_steps:
+                    break
+                epoch = self._epochs_done
+                creds = server.new_job()
+                spec = _worker.TaskSpec(
+                    endpoint=server.endpoint, job_id=creds.job_id, secret=creds.secret, net=net_spec, solver=solver,
+                    batch_size=int(batch_size), sync_interval=int(sync_interval), seed=self.seed, epoch=epoch,
+                    iteration=self._iteration, shuffle=bool(shuffle_within_partition), sample_shape=sample_shape,
+                    timeout_s=self.request_timeout_s, threads=self.threads, device=self.device,
+                    max_steps=None if max_steps is None else max_steps - steps_done, train_step=train_step,
+                    loss=self.loss)
+                before = server.stats()
+                t0 = time.perf_counter()
+                with _job_group(sc, group, f"sparknet: asynchronous epoch {epoch}", self.epoch_timeout_s) as fired:
+                    try:
+                        records = rdd.mapPartitionsWithIndex(_worker.train_partition(spec)).collect()
+                    except Exception as exc:
+                        if fired.is_set():
+                            raise DeadlineExceeded(f"epoch {epoch} did not finish within {self.epoch_timeout_s:g} s "
+                                                   "and was cancelled") from exc
+                        raise _job_error(exc, epoch) from exc
+                wall = time.perf_counter() - t0
+                server.check_alive()
+                self.net.set_flat(torch.from_numpy(server.weights()))
+                stats = server.stats()
+                epoch_steps = max((r["steps"] for r in records), default=0)
+                steps_done += epoch_steps
+                self._iteration += epoch_steps
+                self._epochs_done += 1
+                tasks.extend(records)
+                record = self._epoch_record(epoch, records, before, stats, wall, t_run)
+                if evaluate:
+                    ev = self.net.evaluate()
+                    record.update(test_accuracy=ev.accuracy, test_loss=ev.loss)
+                    self.metrics["test_accuracy_by_epoch"].append(ev.accuracy)
+                history.append(record)
+                self.metrics["epochs"].append(record)
+                log.info("epoch %d: %d steps per worker, loss %.4f, %d pushes, staleness %.2f, %.1f s%s", epoch,
+                         epoch_steps, record["loss"], record["pushes_applied"], record["staleness_mean"], wall,
+                         f", test accuracy {record['test_accuracy']:.4f}" if evaluate else "")
+                if on_epoch is not None:
+                    on_epoch(record)
+                if target_accuracy is not None and evaluate and record["test_accuracy"] >= target_accuracy:
+                    log.info("test accuracy %.4f reached the target %.4f", record["test_accuracy"], target_accuracy)
+                    break
+                if repartition_between_epochs and e < epochs - 1:
+                    rdd = (rdd.mapPartitionsWithIndex(_worker.scatter(self.seed, epoch, K))
+                           .partitionBy(K, _identity).values())
+        finally:
+            server.stop()
+            cached.unpersist()
+        self._finish_metrics(server.stats(), history, tasks, K, sync_interval, t_run)
+        return self.metrics
+
+    @staticmethod
+    def _epoch_record(epoch, records, before, stats, wall, t_run) -> dict:
+        steps = sum(r["steps"] for r in records)
+        loss_w = [(r["loss"], r["steps"]) for r in records if r["steps"] and not math.isnan(r["loss"])]
+        applied = stats["pushes_applied"] - before["pushes_applied"]
+        stale = stats["staleness_mean"] * stats["pushes_applied"] - before["staleness_mean"] * before["pushes_applied"]
+        return {
+            "event": "epoch", "epoch": epoch, "wall_s": wall, "elapsed_s": time.perf_counter() - t_run,
+            "steps": steps, "steps_per_worker": max((r["steps"] for r in records), default=0),
+            "samples": sum(r["samples"] for r in records),
+            "loss": sum(l * n for l, n in loss_w) / sum(n for _, n in loss_w) if loss_w else math.nan,
+            "version": stats["version"], "pushes_applied": applied,
+            "duplicate_pushes": stats["duplicate_pushes"] - before["duplicate_pushes"],
+            "staleness_mean": stale / applied if applied else 0.0,
+            "retried_tasks": sum(1 for r in records if r["attempt"] > 0),
+            "comm_s": sum(r["comm_s"] for r in records), "train_s": sum(r["train_s"] for r in records),
+        }
+
+    def _finish_metrics(self, stats: dict, history, tasks, K, sync_interval, t_run) -> None:
+        samples = sum(h["samples"] for h in history)
+        train_wall = sum(h["wall_s"] for h in history)
+        self.metrics.update({
+            "workers": K, "sync_interval": sync_interval, "combiner": self.combiner.name,
+            "epochs_run": len(history), "steps_per_worker": sum(h["steps_per_worker"] for h in history),
+            "samples": samples, "wall_s": time.perf_counter() - t_run, "train_s": train_wall,
+            "samples_per_s": samples / train_wall if train_wall else None,
+            "pushes": stats["pushes_applied"], "pushes_received": stats["pushes_received"],
+            "duplicate_pushes": stats["duplicate_pushes"], "pulls": stats["pulls"],
+            "staleness_mean": stats["staleness_mean"], "staleness_max": stats["staleness_max"],
+            "staleness_histogram": stats["staleness_histogram"], "rejected": stats["rejected"],
+            "rejected_total": stats["rejected_total"], "server_version": stats["version"],
+            "bytes_communicated": stats["bytes_in"] + stats["bytes_out"], "server_busy_s": stats["busy_s"],
+            "test_accuracy": history[-1].get("test_accuracy") if history else None,
+            "test_loss": history[-1].get("test_loss") if history else None,
+            "tasks": tasks,
+        })
+
+
+def run_async(run, dist, *, sync_interval: int = 10, combiner: str = "delta", ps_host: str | None = None,
+              on_round: Callable[[dict], None] | None = None) -> dict:
+    """``sparknet train --strategy async``: train ``run``'s model on its data set with ``dist.workers`` workers.
+
+    The training set is cut into ``dist.workers`` partitions; every worker trains on its
+    own and pushes and pulls every ``sync_interval`` steps. Training stops after
+    ``run.steps`` local steps per worker, after ``dist.epochs`` epochs, or when
+    ``dist.target_accuracy`` is reached, whichever comes first. The test set is evaluated
+    after every epoch; each epoch's record goes to ``on_round`` and ``run.metrics_out``.
+
+    Returns
+    -------
+    dict
+        The summary record (test_accuracy, wall_s, samples_per_s, steps, rounds = epochs,
+        pushes, staleness, rejects...).
+    """
+    from sparknet.metrics import MetricsLogger
+    from sparknet.spark._session import get_session
+    from sparknet.train import build_model, load_training_data, seed_everything
+
+    cfg = AsyncConfig(sync_interval=sync_interval, combiner=combiner, ps_host=ps_host)
+    seed_everything(run.seed)
+    train, test, info = load_training_data(run)
+    K = dist.workers
+    spark = get_session(dist.resolved_master, app_name="sparknet-async")
+    net = Net(build_model(run, info), run.solver(), batch_size=run.batch_size, seed=run.seed)
+    sess = AsyncSession(net, combiner=cfg.combiner, seed=run.seed, host=cfg.ps_host, threads=run.threads or 1,
+                        device=run.device, spark=spark)
+    per_worker = max(1, (len(train) // K) // run.batch_size)
+    epochs = math.ceil(dist.epochs) if dist.epochs is not None else math.ceil(run.steps / per_worker)
+    max_steps = run.steps if dist.epochs is None else min(run.steps, math.ceil(dist.epochs * per_worker))
+    with MetricsLogger(run.metrics_out, progress=False) as metrics:
+        def emit(record):
+            metrics.write(record)
+            if on_round is not None:
+                on_round(record)
+
+        m = sess.run(data=train, batch_size=run.batch_size, sync_interval=cfg.sync_interval, epochs=epochs,
+                     num_workers=K, max_steps=max_steps, validation_data=test, target_accuracy=dist.target_accuracy,
+                     on_epoch=emit)
+        summary = {
+            "event": "summary", "model": run.model, "dataset": run.dataset, "engine": "ps", "strategy": "async",
+            "workers": K, "combiner": cfg.combiner, "sync_interval": cfg.sync_interval,
+            "steps": m["steps_per_worker"], "rounds": m["epochs_run"], "epochs": m["epochs_run"],
+            **{k: m[k] for k in ("samples", "wall_s", "train_s", "samples_per_s", "test_accuracy", "test_loss",
+                                 "pushes", "duplicate_pushes", "pulls", "staleness_mean", "staleness_max",
+                                 "staleness_histogram", "rejected", "bytes_communicated")},
+            "test_accuracy_by_epoch": m["test_accuracy_by_epoch"],
+        }
+        metrics.write(summary)
+    return summary

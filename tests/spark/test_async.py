@@ -1,0 +1,175 @@
+"""Asynchronous training through the parameter server, in Spark ``local[2,4]`` (4 task attempts).
+
+One SparkSession for the module. The data sets are tiny: these tests check behaviour
+(learning, push counts, retries, inputs, errors), not speed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+pyspark = pytest.importorskip("pyspark")
+
+from sparknet import Net, SolverConfig, zoo  # noqa: E402
+from sparknet.config import DistributedConfig, RunConfig  # noqa: E402
+from sparknet.datasets import synthetic  # noqa: E402
+from sparknet.errors import EngineError  # noqa: E402
+from sparknet.ps import AsyncSession, run_async  # noqa: E402
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+
+SHAPE = (20,)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pyspark.sql import SparkSession
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    session = (SparkSession.builder.master("local[2,4]").appName("test_async")
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.python.worker.reuse", "true").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def _data(n, seed):
+    return synthetic(n, shape=SHAPE, num_classes=3, seed=seed, noise=1.5)
+
+
+def _mlp():
+    return zoo.mlp(input_shape=list(SHAPE), hidden=[16], num_classes=3)
+
+
+def _pairs_rdd(spark, ds, parts=2):
+    return spark.sparkContext.parallelize(list(zip(ds.x, ds.y)), parts)
+
+
+def _pushes(rows, batch, interval):
+    steps = max(1, rows // batch)
+    return math.ceil(steps / interval) if steps % interval else steps // interval
+
+
+def _ps_threads():
+    return [t for t in threading.enumerate() if t.name == "sparknet-ps"]
+
+
+def test_learns_and_reports_pushes_pulls_and_staleness(spark):
+    train, test = _data(1200, 0), _data(400, 1)
+    sess = AsyncSession(_mlp(), SolverConfig(base_lr=0.05), combiner="delta", seed=3)
+    before = sess.net.evaluate(test).accuracy
+    m = sess.run(data=_pairs_rdd(spark, train), batch_size=30, sync_interval=4, epochs=2, validation_data=test)
+    assert m["test_accuracy"] >= 0.9 > before + 0.2
+    assert len(m["test_accuracy_by_epoch"]) == 2 and [e["epoch"] for e in m["epochs"]] == [0, 1]
+    # Every task pushes every 4 steps and after its last; nothing is rejected, nothing duplicated.
+    expected = sum(_pushes(t["rows"], 30, 4) for t in m["tasks"])
+    assert m["pushes"] == m["pushes_received"] == m["server_version"] == expected
+    assert m["pulls"] == 4 and m["duplicate_pushes"] == 0 and m["rejected_total"] == 0
+    assert sum(m["staleness_histogram"].values()) == expected
+    assert 0 <= m["staleness_mean"] <= m["staleness_max"]
+    # Repartitioned between epochs: the second epoch's partitions differ from the first's.
+    rows = [t["rows"] for t in m["tasks"]]
+    assert sum(rows[:2]) == sum(rows[2:]) == 1200 and rows[2:] != [600, 600]
+    # The session holds the server's final weights; the server is gone.
+    assert sess.net.evaluate(test).accuracy == pytest.approx(m["test_accuracy"])
+    assert sess.weights.allclose(sess.net.get_weights())
+    assert not _ps_threads()
+
+
+def test_a_retried_task_does_not_apply_its_pushes_twice(spark):
+    def failing_step(net, batch):  # nested, so that cloudpickle ships it by value
+        """Fails partition 0's first attempt at its 12th step (after pushes at steps 5 and 10)."""
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        if ctx.partitionId() == 0 and ctx.attemptNumber() == 0 and net.iteration == 11:
+            raise RuntimeError("injected failure")
+        net.set_training_data(batch, shuffle=False, batched=True)
+        return net.train(1)
+
+    train = _data(800, 0)  # 400 rows per partition, 20 steps of 20, pushes at 5, 10, 15, 20
+    sess = AsyncSession(_mlp(), SolverConfig(base_lr=0.05), combiner="delta")
+    m = sess.run(failing_step, _pairs_rdd(spark, train), batch_size=20, sync_interval=5, epochs=1,
+                 repartition_between_epochs=False)
+    assert [t["attempt"] for t in sorted(m["tasks"], key=lambda t: t["worker"])] == [1, 0]
+    assert m["epochs"][0]["retried_tasks"] == 1
+    # Attempt 0 of partition 0 applied steps 5 and 10; its retry re-pushed them: acknowledged, not applied.
+    assert m["pushes"] == 8 and m["duplicate_pushes"] == 2 and m["pushes_received"] == 10
+    assert m["tasks"][0]["duplicates"] + m["tasks"][1]["duplicates"] == 2
+    assert m["rejected_total"] == 0
+
+
+@pytest.mark.parametrize("combiner", ["mean", "staleness", "elastic"])
+def test_dataframe_input_and_other_combiners(spark, combiner):
+    train, test = _data(900, 0), _data(300, 1)
+    df = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(train.x, train.y)],
+                               "feats array<float>, target long").repartition(2)
+    sess = AsyncSession(_mlp(), SolverConfig(base_lr=0.05), combiner=combiner, seed=1)
+    m = sess.run(data=df, feed_names=("feats", "target"), batch_size=30, sync_interval=3, epochs=1,
+                 validation_data=test)
+    assert m["combiner"] == combiner and m["test_accuracy"] >= 0.8
+    assert m["pushes"] == sum(_pushes(t["rows"], 30, 3) for t in m["tasks"])
+
+
+def test_local_arrays_and_a_user_train_step_returning_a_loss(spark):
+    import torch
+
+    train, test = _data(600, 0), _data(300, 1)
+
+    def step(net, batch):
+        x, y = batch
+        net.optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net.module(x), y)
+        loss.backward()
+        net.optimizer.step()
+        return loss.item()
+
+    module = torch.nn.Sequential(torch.nn.Linear(20, 3))
+    sess = AsyncSession(Net(module, SolverConfig(base_lr=0.1), seed=0), combiner="delta", spark=spark)
+    m = sess.run(step, (train.x, train.y), batch_size=20, sync_interval=5, epochs=2, num_workers=2,
+                 validation_data=test)
+    assert m["test_accuracy"] >= 0.9
+    assert all(math.isfinite(t["loss"]) for t in m["tasks"])
+
+
+def test_bad_data_is_a_clear_error_before_training(spark):
+    bad = spark.sparkContext.parallelize([(np.zeros(7, np.float32), 0)] * 10, 2)
+    sess = AsyncSession(_mlp(), SolverConfig())
+    with pytest.raises(ValueError, match="20 values"):
+        sess.run(data=bad, batch_size=4)
+    assert not _ps_threads()
+
+
+@pytest.mark.slow  # Spark tries the task 4 times, each in a fresh Python worker
+def test_a_failing_train_step_is_an_engine_error_naming_it(spark):
+    def broken(net, batch):
+        raise ZeroDivisionError("the user's step is broken")
+
+    sess = AsyncSession(_mlp(), SolverConfig())
+    with pytest.raises(EngineError, match="ZeroDivisionError: the user's step is broken"):
+        sess.run(broken, _pairs_rdd(spark, _data(40, 0)), batch_size=10, repartition_between_epochs=False)
+    assert not _ps_threads()
+
+
+def test_run_async_the_command_lines_entry_point(spark, tmp_path):
+    from sparknet.metrics import read_metrics
+
+    run = RunConfig(model="mlp", dataset="synthetic", steps=40, batch_size=50, lr=0.05, seed=0,
+                    metrics_out=str(tmp_path / "m.jsonl"), quiet=True)
+    seen = []
+    summary = run_async(run, DistributedConfig(workers=2, strategy="async"), sync_interval=10, combiner="staleness",
+                        on_round=seen.append)
+    assert summary["strategy"] == "async" and summary["workers"] == 2 and summary["combiner"] == "staleness"
+    assert summary["steps"] == 40 and summary["rounds"] == len(seen) == 1
+    assert summary["test_accuracy"] > 0.5 and summary["pushes"] == 8
+    events = [r["event"] for r in read_metrics(tmp_path / "m.jsonl")]
+    assert events == ["epoch", "summary"]
