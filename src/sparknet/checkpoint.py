@@ -1,0 +1,239 @@
+"""Checkpoints: written atomically, kept in a rotation, read back exactly.
+
+A checkpoint is a folder ``ckpt-RRRRRRRR`` (the round) holding
+
+- ``weights.safetensors`` — the global weights (a :class:`WeightCollection`);
+- ``state.pt`` — solver, strategy, RNG and data-position state: tensors, numbers, strings,
+  lists and dicts only, read back with ``torch.load(weights_only=True)`` so no arbitrary
+  object is ever unpickled;
+- ``manifest.json`` — format version, round, steps, the model's fingerprint (layer names
+  and shapes), the run configuration, and a SHA-256 of the two other files.
+
+It is written under a temporary name and renamed into place, so a reader never sees half
+a checkpoint; the newest ``keep`` are kept. Any filesystem pyarrow understands works
+(a local path, ``file://``, ``hdfs://``, ``s3://``...).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sparknet.weights import WeightCollection
+
+__all__ = ["Checkpoint", "CheckpointManager", "model_fingerprint", "CheckpointError"]
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+_NAME = re.compile(r"^ckpt-(\d{8})$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, corrupt, or belongs to another model."""
+
+
+def model_fingerprint(weights: WeightCollection) -> str:
+    """A short hash of layer names, tensor shapes and dtypes: equal for the same architecture."""
+    h = hashlib.sha256()
+    for name, i, t in weights.tensors():
+        h.update(f"{name}/{i}:{tuple(t.shape)}:{t.dtype};".encode())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class Checkpoint:
+    """What :meth:`CheckpointManager.load` returns."""
+
+    round: int
+    weights: WeightCollection
+    state: dict
+    manifest: dict
+    path: str
+
+
+def _filesystem(uri: str):
+    from pyarrow import fs
+
+    try:
+        filesystem, path = fs.FileSystem.from_uri(uri)
+    except (ValueError, TypeError):
+        import os
+
+        filesystem, path = fs.LocalFileSystem(), os.path.abspath(uri)
+    return filesystem, path.rstrip("/") or "/"
+
+
+class CheckpointManager:
+    """Saves and finds checkpoints under one folder or URI.
+
+    Parameters
+    ----------
+    uri : str
+        A local folder or a filesystem URI.
+    keep : int
+        How many of the newest checkpoints to keep (older ones are deleted after a save).
+    """
+
+    def __init__(self, uri: str, keep: int = 3):
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.uri = str(uri)
+        self.keep = int(keep)
+        self.fs, self.root = _filesystem(self.uri)
+        try:
+            self.fs.create_dir(self.root, recursive=True)
+        except OSError as e:
+            raise CheckpointError(f"cannot create the checkpoint folder {self.uri}: {e}; choose a writable "
+                                  "--checkpoint-dir") from None
+
+    def check_writable(self) -> None:
+        """Fail now, before training, if the folder cannot be written."""
+        probe = f"{self.root}/.write-test-{uuid.uuid4().hex[:8]}"
+        try:
+            with self.fs.open_output_stream(probe) as f:
+                f.write(b"ok")
+            self.fs.delete_file(probe)
+        except OSError as e:
+            raise CheckpointError(f"the checkpoint folder {self.uri} is not writable ({e}); choose another "
+                                  "--checkpoint-dir or fix its permissions") from None
+
+    # -- writing ------------------------------------------------------------------------------
+    def save(self, round: int, weights: WeightCollection, state: dict | None = None, *,
+             config: dict | None = None, extra: dict | None = None) -> str:
+        """Write the checkpoint of ``round`` atomically; returns its path."""
+        if round < 0:
+            raise ValueError(f"round must be non-negative, got {round}")
+        from safetensors.torch import save as st_save
+
+        weights_bytes = st_save(weights.state_dict(), metadata={"sparknet.layers": "\n".join(weights)})
+        buf = io.BytesIO()
+        torch.save(_plain(state or {}), buf)
+        state_bytes = buf.getvalue()
+        manifest = {
+            "format": "sparknet-checkpoint", "format_version": FORMAT_VERSION, "round": int(round),
+            "time": time.time(), "fingerprint": model_fingerprint(weights), "numel": weights.numel,
+            "config": config or {}, "extra": extra or {},
+            "sha256": {"weights.safetensors": hashlib.sha256(weights_bytes).hexdigest(),
+                       "state.pt": hashlib.sha256(state_bytes).hexdigest()},
+        }
+        final = f"{self.root}/ckpt-{round:08d}"
+        tmp = f"{self.root}/.tmp-{round:08d}-{uuid.uuid4().hex[:8]}"
+        try:
+            self.fs.create_dir(tmp, recursive=True)
+            for name, data in (("weights.safetensors", weights_bytes), ("state.pt", state_bytes),
+                               ("manifest.json", json.dumps(manifest, indent=1, default=str).encode())):
+                with self.fs.open_output_stream(f"{tmp}/{name}") as f:
+                    f.write(data)
+            if self._exists(final):
+                self.fs.delete_dir(final)
+            self.fs.move(tmp, final)
+        except OSError as e:
+            self._quiet_delete(tmp)
+            raise CheckpointError(f"could not write checkpoint {final}: {e}") from None
+        log.info("checkpoint of round %d written to %s", round, final)
+        self._rotate()
+        return final
+
+    def _rotate(self) -> None:
+        rounds = self.rounds()
+        for r in rounds[:-self.keep]:
+            self._quiet_delete(f"{self.root}/ckpt-{r:08d}")
+
+    def _quiet_delete(self, path: str) -> None:
+        try:
+            if self._exists(path):
+                self.fs.delete_dir(path)
+        except OSError:
+            log.warning("could not delete %s", path)
+
+    def _exists(self, path: str) -> bool:
+        from pyarrow import fs
+
+        return self.fs.get_file_info(path).type != fs.FileType.NotFound
+
+    # -- reading ------------------------------------------------------------------------------
+    def rounds(self) -> list[int]:
+        """Rounds of the complete checkpoints present, oldest first."""
+        from pyarrow import fs
+
+        try:
+            infos = self.fs.get_file_info(fs.FileSelector(self.root, allow_not_found=True))
+        except OSError:
+            return []
+        out = []
+        for info in infos:
+            m = _NAME.match(info.base_name)
+            if m and info.type == fs.FileType.Directory and self._exists(f"{info.path}/manifest.json"):
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def latest(self) -> int | None:
+        """The newest checkpoint's round, or None."""
+        rounds = self.rounds()
+        return rounds[-1] if rounds else None
+
+    def load(self, round: int | None = None, *, expect_fingerprint: str | None = None) -> Checkpoint:
+        """Read a checkpoint (the newest by default), verifying hashes and, if given, the model."""
+        if round is None:
+            round = self.latest()
+            if round is None:
+                raise CheckpointError(f"no checkpoint in {self.uri} to resume from")
+        path = f"{self.root}/ckpt-{round:08d}"
+        try:
+            files = {}
+            for name in ("manifest.json", "weights.safetensors", "state.pt"):
+                with self.fs.open_input_stream(f"{path}/{name}") as f:
+                    files[name] = f.read()
+        except OSError as e:
+            raise CheckpointError(f"checkpoint {path} is incomplete: {e}") from None
+        try:
+            manifest = json.loads(files["manifest.json"])
+        except json.JSONDecodeError as e:
+            raise CheckpointError(f"{path}/manifest.json is not JSON ({e.msg})") from None
+        if manifest.get("format") != "sparknet-checkpoint" or manifest.get("format_version") != FORMAT_VERSION:
+            raise CheckpointError(f"{path} is not a sparknet checkpoint of format {FORMAT_VERSION}")
+        for name, digest in manifest.get("sha256", {}).items():
+            if hashlib.sha256(files[name]).hexdigest() != digest:
+                raise CheckpointError(f"{path}/{name} does not match its recorded SHA-256: the file is corrupt")
+        if expect_fingerprint is not None and manifest["fingerprint"] != expect_fingerprint:
+            raise CheckpointError(f"checkpoint {path} belongs to another model (fingerprint {manifest['fingerprint']}, "
+                                  f"this model's is {expect_fingerprint}); resume with the same --model, or choose "
+                                  "another --checkpoint-dir")
+        from safetensors.torch import load as st_load
+
+        state_dict = st_load(files["weights.safetensors"])
+        order = _safetensors_order(files["weights.safetensors"])
+        weights = WeightCollection.from_state_dict(state_dict, order)
+        state = torch.load(io.BytesIO(files["state.pt"]), weights_only=True)
+        return Checkpoint(round=int(manifest["round"]), weights=weights, state=state, manifest=manifest, path=path)
+
+
+def _safetensors_order(data: bytes) -> list[str] | None:
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + header_len])
+    layers = header.get("__metadata__", {}).get("sparknet.layers")
+    return layers.split("\n") if layers else None
+
+
+def _plain(value: Any):
+    """Keep what ``torch.load(weights_only=True)`` accepts; turn enums and tuples into plain values."""
+    if isinstance(value, dict):
+        return {str(k) if not isinstance(k, int) else k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, torch.Tensor) or value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "value") and hasattr(type(value), "__members__"):
+        return value.value
+    raise TypeError(f"checkpoint state holds a {type(value).__name__}; only tensors, numbers, strings, lists and "
+                    "dicts are stored")
