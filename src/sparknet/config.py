@@ -142,9 +142,26 @@ class DistributedConfig:
     """Spark master URL (default local[K])."""
     eval_every_rounds: int = 1
     """Rounds between evaluations on the driver."""
+    auto_tau: bool = False
+    """Choose tau while training so synchronization stays under --auto-tau-target of wall time."""
+    auto_tau_target: float = 0.1
+    """Largest fraction of wall time spent synchronizing that --auto-tau aims for."""
+    compression: str = "none"
+    """Encoding of the updates workers send: none, fp16, bf16 or int8 (with error feedback)."""
+    outer_lr: float = 0.7
+    """DiLoCo's outer learning rate."""
+    outer_momentum: float = 0.9
+    """DiLoCo's outer Nesterov momentum."""
+    easgd_beta: float = 0.9
+    """EASGD's moving rate times the number of workers (alpha = beta / K)."""
 
     def __post_init__(self):
         self.engine = parse_enum(Engine, self.engine, "engine")
+        self.compression = str(self.compression).lower()
+        if self.compression not in ("none", "fp16", "bf16", "int8"):
+            raise ValueError(f"unknown compression {self.compression!r}; choose none, fp16, bf16 or int8")
+        if not 0 < self.auto_tau_target < 1:
+            raise ValueError(f"auto_tau_target is a fraction in (0, 1), got {self.auto_tau_target}")
         self.strategy = parse_enum(Strategy, self.strategy, "strategy")
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
@@ -166,6 +183,14 @@ class DistributedConfig:
             raise ValueError(f"eval_every_rounds must be at least 1, got {self.eval_every_rounds}")
         if self.strategy is Strategy.SYNC and self.engine is Engine.ROUNDS and self.workers > 1:
             raise ValueError("the sync strategy allreduces gradients every step and needs --engine barrier")
+
+    def strategy_options(self) -> dict:
+        """Keyword arguments for :func:`sparknet.strategies.make_strategy`."""
+        if self.strategy is Strategy.DILOCO:
+            return {"outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum}
+        if self.strategy is Strategy.EASGD:
+            return {"num_workers": self.workers, "beta": self.easgd_beta}
+        return {}
 
     @property
     def resolved_master(self) -> str:
