@@ -1,0 +1,129 @@
+"""The barrier engine on local[2]: exactness, records during the stage, stopping together, errors."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from _spark_testlib import blobs, flat, hand_rounds, mlp, partitioned_rdd, start_session
+from sparknet.config import DistributedConfig
+from sparknet.errors import WorkerError
+from sparknet.net import Net
+from sparknet.solvers import SolverConfig
+from sparknet.spark import SparkTrainer
+from sparknet.spark._channel import MetricsReceiver, MetricsSender, new_secret
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = start_session("local[2]")
+    yield session
+    session.stop()
+
+
+def _flat(result):
+    return result.weights.to_flat(torch.float32)
+
+
+def test_barrier_average_is_the_sample_weighted_mean_with_records_during_the_stage(spark):
+    sc = spark.sparkContext
+    x, y = blobs(32, seed=1)
+    parts = [(x[:12], y[:12]), (x[12:], y[12:])]
+    solver = SolverConfig(base_lr=0.05, momentum=0.9)
+    seen = []
+
+    def on_round(record):
+        seen.append((record["round"], len(sc.statusTracker().getActiveJobsIds())))
+
+    result = SparkTrainer(mlp(), solver=solver, batch_size=8, seed=3, on_round=on_round,
+                          dist=DistributedConfig(workers=2, engine="barrier", tau=3, rounds=3)
+                          ).fit(partitioned_rdd(sc, parts))
+    expected = hand_rounds(mlp(), solver, parts, batch_size=8, seed=3, tau=3, rounds=3)
+    assert torch.allclose(_flat(result), expected, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(_flat(result), flat(mlp()), atol=1e-3)
+    # records reached the driver while the barrier job was still running
+    assert [r for r, _ in seen] == [1, 2, 3] and seen[0][1] >= 1
+    last = result.history[-1]
+    assert last["engine"] == "barrier" and last["steps"] == 3 and last["samples"] == 48 and last["total_steps"] == 9
+    assert last["round_s"] >= last["compute_s"] > 0 and 0 <= last["allreduce_s"] < last["round_s"]
+    assert [w["samples"] for w in last["per_worker"]] == [24, 24]
+    s = result.summary
+    assert s["rounds"] == 3 and s["bytes_communicated"] > 0 and s["metrics_rejected"] == 0
+    assert [w["rank"] for w in s["barrier_workers"]] == [0, 1]
+    assert sc.getLocalProperty("spark.jobGroup.id") is None
+
+
+def test_barrier_tau_one_plain_sgd_equals_one_large_batch_step(spark):
+    x, y = blobs(16, seed=2)
+    parts = [(x[:8], y[:8]), (x[8:], y[8:])]
+    solver = SolverConfig(base_lr=0.2, momentum=0.0, weight_decay=0.0)
+    result = SparkTrainer(mlp(1), solver=solver, batch_size=8,
+                          dist=DistributedConfig(workers=2, engine="barrier", tau=1, rounds=1)
+                          ).fit(partitioned_rdd(spark.sparkContext, parts))
+    big = Net(mlp(1), solver, batch_size=16, seed=0)
+    big.set_training_data((x, y))
+    big.train(1)
+    assert torch.allclose(_flat(result), big.get_flat(), atol=1e-6, rtol=1e-5)
+
+
+def test_barrier_ranks_stop_together_on_target_accuracy(spark):
+    x, y = blobs(64, seed=4)
+    rdd = partitioned_rdd(spark.sparkContext, [(x[:32], y[:32]), (x[32:], y[32:])])
+    res = SparkTrainer(mlp(), solver=SolverConfig(base_lr=0.1), batch_size=8,
+                       dist=DistributedConfig(workers=2, engine="barrier", tau=10, rounds=30, target_accuracy=0.9)
+                       ).fit(rdd, validation=blobs(50, seed=9))
+    assert res.summary["stop_reason"] == "target_accuracy" and res.summary["rounds"] < 30
+    assert res.history[-1]["val_accuracy"] >= 0.9
+    # the ranks' sharded evaluation agrees with the driver's evaluation of the same weights
+    assert res.history[-1]["val_accuracy"] == pytest.approx(res.summary["test_accuracy"])
+
+
+def _boom_on_rank_one(pred, y):
+    import torch.distributed as dist
+
+    if dist.get_rank() == 1:
+        raise RuntimeError("rank one fails on purpose")
+    return torch.nn.functional.cross_entropy(pred, y)
+
+
+def test_barrier_failure_names_the_rank(spark):
+    import pyspark.cloudpickle as cp
+
+    cp.register_pickle_by_value(sys.modules[__name__])
+    try:
+        x, y = blobs(16)
+        rdd = partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])])
+        trainer = SparkTrainer(mlp(), loss=_boom_on_rank_one, batch_size=4,
+                               dist=DistributedConfig(workers=2, engine="barrier", tau=2, rounds=2))
+        with pytest.raises(WorkerError) as info:
+            trainer.fit(rdd)
+    finally:
+        cp.unregister_pickle_by_value(sys.modules[__name__])
+    assert info.value.rank == 1 and "rank one fails on purpose" in str(info.value)
+    assert "_boom_on_rank_one" in info.value.log_tail
+
+
+def test_barrier_needs_a_slot_per_worker(spark):
+    x, y = blobs(30)
+    rdd = partitioned_rdd(spark.sparkContext, [(x[:10], y[:10]), (x[10:20], y[10:20]), (x[20:], y[20:])])
+    with pytest.raises(ValueError, match="task slots"):
+        SparkTrainer(mlp(), dist=DistributedConfig(workers=3, engine="barrier", tau=1, rounds=1)).fit(rdd)
+
+
+def test_metrics_channel_drops_what_does_not_verify():
+    secret = new_secret()
+    with MetricsReceiver("127.0.0.1", "127.0.0.1", secret) as rx:
+        forged = MetricsSender(rx.endpoint, new_secret())
+        honest = MetricsSender(rx.endpoint, secret)
+        try:
+            forged.send({"event": "round", "round": 99})
+            assert rx.recv(2.0) is None and rx.rejected == 1
+            honest.send({"event": "round", "round": 1, "loss": 0.5})
+            assert rx.recv(2.0) == {"event": "round", "round": 1, "loss": 0.5}
+        finally:
+            forged.close()
+            honest.close()

@@ -1,0 +1,155 @@
+"""Input kinds (array, ML vectors, binary images, RDDs) and bad input, checked before any training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from _spark_testlib import blobs, mlp, partitioned_rdd, start_session
+from sparknet.config import DistributedConfig
+from sparknet.solvers import SolverConfig
+from sparknet.spark import SparkTrainer
+from sparknet.spark import _data
+
+pytestmark = pytest.mark.spark
+
+
+# -- without Spark: the converters and the checks ------------------------------------------------
+def test_arrow_lists_and_binary_rows_become_float_chunks():
+    feats = pa.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], pa.list_(pa.float32()))
+    batch = pa.RecordBatch.from_arrays([feats, pa.array([0.0, 2.0, 1.0])], names=["f", "y"])
+    x, y, info = _data._arrow_batch(batch.slice(1, 2), "array", 2, None)
+    assert x.tolist() == [[3.0, 4.0], [5.0, 6.0]] and y.tolist() == [2, 1] and info["rows"] == 2
+
+    pixels = np.array([[0, 255, 51, 102], [255, 0, 0, 0]], np.uint8)
+    raw = pa.array([r.tobytes() for r in pixels], pa.binary())
+    x, _, info = _data._arrow_batch(pa.RecordBatch.from_arrays([raw, pa.array([1, 0])], names=["f", "y"]),
+                                    "binary", 4, 4)
+    assert np.allclose(x, pixels / 255.0) and info["bad_rows"] == 0
+    floats = pa.array([np.arange(4, dtype="<f4").tobytes()], pa.binary())
+    x, _, _ = _data._arrow_batch(pa.RecordBatch.from_arrays([floats, pa.array([1])], names=["f", "y"]), "binary", 4, 4)
+    assert x.tolist() == [[0.0, 1.0, 2.0, 3.0]]
+
+
+def test_row_problems_are_counted_not_raised_on_executors():
+    feats = pa.array([[1.0, 2.0], [3.0], None, [float("nan"), 1.0]], pa.list_(pa.float32()))
+    batch = pa.RecordBatch.from_arrays([feats, pa.array([0.5, None, 1.0, 7.0])], names=["f", "y"])
+    _, _, info = _data._arrow_batch(batch, "array", 2, None)
+    assert info["null_x"] == 1 and info["null_y"] == 1 and info["nonint_y"] == 1
+    pairs = [(np.zeros(3), 1), (np.zeros(4), 2), ("text", 0), (np.ones(3), 2)]
+    chunks = list(_data.pair_chunks(None)(pairs))
+    x, y, info = _data.merge_chunks(chunks)
+    assert info["bad_rows"] == 1 and info["not_pairs"] == 1 and x.shape == (2, 3) and y.tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rows": 0, "y_min": None, "y_max": None}, "is empty"),
+    ({"rows": 1}, "fewer than the 2 workers"),
+    ({"bad_rows": 3, "lengths": [2, 3]}, "must hold 2 values"),
+    ({"nonfinite": 2}, "NaN or infinite"),
+    ({"nonint_y": 1}, "not whole numbers"),
+    ({"y_max": 3}, r"labels range over \[0, 3\] but the net has 3 classes"),
+    ({"null_y": 1}, "null label"),
+])
+def test_check_stats_says_what_is_wrong(change, message):
+    stats = {**_data._new_info(), "rows": 10, "lengths": [2], "y_min": 0, "y_max": 2, **change}
+    with pytest.raises(ValueError, match=message):
+        _data.check_stats([stats], what="training data", expected_len=2, num_classes=3, num_workers=2)
+
+
+# -- on Spark -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def spark():
+    session = start_session("local[2]")
+    yield session
+    session.stop()
+
+
+def _fit(data, *, image_shape=None, net=None, rounds=1, on_round=None, workers=2, **kw):
+    trainer = SparkTrainer(net or mlp(), solver=SolverConfig(base_lr=0.1), batch_size=4, seed=0, on_round=on_round,
+                           dist=DistributedConfig(workers=workers, tau=2, rounds=rounds))
+    return trainer.fit(data, image_shape=image_shape, **kw)
+
+
+def test_every_input_kind_trains_to_the_same_weights(spark):
+    from pyspark.ml.linalg import Vectors, VectorUDT
+    from pyspark.sql import types as T
+
+    x, y = blobs(16, seed=3)
+    rows = [(x[i].tolist(), int(y[i])) for i in range(16)]
+    halves = [rows[:8], rows[8:]]  # two partitions, kept as they are
+
+    def df(schema, convert):
+        rdd = spark.sparkContext.parallelize(halves, 2).flatMap(lambda part: part).map(convert)
+        return spark.createDataFrame(rdd, schema)
+
+    kinds = {
+        "array<float>": df("features array<float>, label long", lambda r: (r[0], r[1])),
+        "array<double> + double label": df("features array<double>, label double", lambda r: (r[0], float(r[1]))),
+        "vector (dense and sparse)": df(T.StructType([T.StructField("features", VectorUDT()),
+                                                       T.StructField("label", T.IntegerType())]), lambda r: (
+            Vectors.dense(r[0]) if r[1] % 2 else Vectors.sparse(2, {i: v for i, v in enumerate(r[0]) if v}), r[1])),
+        "binary float32": df("features binary, label long",
+                             lambda r: (bytearray(np.asarray(r[0], "<f4").tobytes()), r[1])),
+        "rdd": partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])]),
+    }
+    weights = {}
+    for name, data in kinds.items():
+        res = _fit(data, image_shape=[2] if "binary" in name else None)
+        assert res.summary["rows_per_partition"] == [8, 8], name
+        weights[name] = res.weights.to_flat(torch.float32)
+    ref = weights.pop("rdd")
+    for name, w in weights.items():
+        assert torch.allclose(w, ref, atol=1e-6), name
+
+
+def test_a_flat_column_is_reshaped_for_a_conv_net_and_uneven_partitions_work(spark):
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.Flatten(), torch.nn.Linear(2 * 2 * 2, 3))
+    rng = np.random.default_rng(0)
+    imgs = rng.random((12, 16), dtype=np.float32)
+    labels = rng.integers(0, 3, 12)
+    rdd = spark.sparkContext.parallelize([[(imgs[i], int(labels[i])) for i in range(9)],
+                                          [(imgs[i], int(labels[i])) for i in range(9, 12)]], 2).flatMap(lambda p: p)
+    res = _fit(rdd, image_shape=[1, 4, 4], net=conv)
+    assert res.summary["sample_shape"] == [1, 4, 4] and res.summary["rows_per_partition"] == [9, 3]
+    assert [w["samples"] for w in res.history[0]["per_worker"]] == [8, 6]  # batch 4 (and 3 rows, twice)
+
+
+def test_an_empty_partition_sits_out(spark):
+    x, y = blobs(10)
+    rdd = partitioned_rdd(spark.sparkContext, [(x[:0], y[:0]), (x, y)])
+    res = _fit(rdd, rounds=2)
+    workers = res.history[-1]["per_worker"]
+    assert workers[0].get("empty") and workers[0]["samples"] == 0 and workers[1]["samples"] == 8
+    assert res.history[-1]["samples"] == 8 and res.history[-1]["bytes"] == 2 * res.weights.nbytes
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing column", "feature column 'features' not found"),
+    ("string column", "has type string"),
+    ("rows differ in length", "rows differ in length"),
+    ("wrong length for the net", "must hold 2 values"),
+    ("label out of range", r"labels range over \[0, 5\] but the net has 3 classes"),
+    ("more workers than rows", "fewer than the 2 workers"),
+    ("empty", "is empty"),
+    ("nan features", "NaN or infinite"),
+])
+def test_bad_input_is_refused_before_any_training(spark, case, message):
+    rows = {
+        "missing column": ("x array<float>, label long", [([1.0, 2.0], 0)] * 4),
+        "string column": ("features string, label long", [("1,2", 0)] * 4),
+        "rows differ in length": ("features array<float>, label long", [([1.0, 2.0], 0)] * 3 + [([1.0, 2.0, 3.0], 1)]),
+        "wrong length for the net": ("features array<float>, label long", [([1.0, 2.0, 3.0], 0)] * 4),
+        "label out of range": ("features array<float>, label long", [([1.0, 2.0], 0)] * 3 + [([1.0, 2.0], 5)]),
+        "more workers than rows": ("features array<float>, label long", [([1.0, 2.0], 0)]),
+        "empty": ("features array<float>, label long", []),
+        "nan features": ("features array<float>, label long", [([1.0, float("nan")], 0)] * 4),
+    }[case]
+    rounds = []
+    with pytest.raises(ValueError, match=message):
+        _fit(spark.createDataFrame(rows[1], rows[0]), on_round=rounds.append,
+             image_shape=[2] if case == "wrong length for the net" else None)
+    assert rounds == []
