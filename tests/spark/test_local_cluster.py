@@ -1,0 +1,80 @@
+"""The rounds engine on local-cluster[2,1,1024]: two executor JVMs, a fake GPU discovery script.
+
+As Spark's own TorchDistributor tests do, each worker "has" GPUs 0 and 1 through a discovery
+script and every task asks for one, so the GPU-assignment path runs without a GPU.
+"""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+import torch
+
+from _spark_testlib import blobs, hand_rounds, mlp, partitioned_rdd, start_session
+from sparknet.config import DistributedConfig
+from sparknet.solvers import SolverConfig
+from sparknet.spark import SparkTrainer
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    script = tmp_path_factory.mktemp("gpu") / "discover_gpus.sh"
+    script.write_text('#!/usr/bin/env bash\necho \'{"name":"gpu","addresses":["0","1"]}\'\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    session = start_session("local-cluster[2,1,1024]", {
+        "spark.worker.resource.gpu.amount": "2",
+        "spark.worker.resource.gpu.discoveryScript": str(script),
+        "spark.executor.resource.gpu.amount": "1",
+        "spark.task.resource.gpu.amount": "1",
+    })
+    yield session
+    session.stop()
+
+
+def test_rounds_engine_averages_exactly_across_two_executors(spark):
+    x, y = blobs(40, seed=7)
+    parts = [(x[:16], y[:16]), (x[16:], y[16:])]
+    solver = SolverConfig(base_lr=0.05, momentum=0.9)
+    result = SparkTrainer(mlp(), solver=solver, batch_size=8, seed=2,
+                          dist=DistributedConfig(workers=2, engine="rounds", tau=4, rounds=3)
+                          ).fit(partitioned_rdd(spark.sparkContext, parts))
+    expected = hand_rounds(mlp(), solver, parts, batch_size=8, seed=2, tau=4, rounds=3)
+    assert torch.allclose(result.weights.to_flat(torch.float32), expected, atol=1e-5, rtol=1e-5)
+    pids = {w["pid"] for h in result.history for w in h["per_worker"]}
+    assert len(pids) >= 2  # the partitions trained in different processes (two executors)
+
+
+def test_tasks_see_their_assigned_gpu_and_fall_back_to_the_cpu_without_cuda(spark):
+    assert not torch.cuda.is_available()
+    x, y = blobs(16, seed=8)
+    result = SparkTrainer(mlp(), solver=SolverConfig(base_lr=0.1), batch_size=4, device="auto",
+                          dist=DistributedConfig(workers=2, engine="rounds", tau=2, rounds=1)
+                          ).fit(partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])]))
+    for worker in result.history[0]["per_worker"]:
+        assert len(worker["gpu_addresses"]) == 1 and worker["gpu_addresses"][0] in ("0", "1")
+        assert worker["device"] == "cpu"
+        assert "assigned GPU" in worker["device_reason"] and "no CUDA" in worker["device_reason"]
+
+
+def test_the_fallback_is_logged(monkeypatch, caplog):
+    from pyspark import TaskContext
+
+    from sparknet.spark._rounds import task_device
+
+    class FakeResource:
+        addresses = ["1"]
+
+    class FakeContext:
+        def resources(self):
+            return {"gpu": FakeResource()}
+
+    monkeypatch.setattr(TaskContext, "get", classmethod(lambda cls: FakeContext()))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with caplog.at_level("WARNING", logger="sparknet.spark._rounds"):
+        device, info = task_device("cuda")
+    assert device == "cpu" and info["gpu_addresses"] == ["1"]
+    assert "Spark assigned GPU ['1']" in caplog.text and "training on the CPU" in caplog.text
+    assert task_device("cpu")[0] == "cpu"
