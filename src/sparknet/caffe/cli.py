@@ -1,0 +1,433 @@
+"""The command line's Caffe parts: ``sparknet train --prototxt/--solver`` and ``sparknet caffe``.
+
+::
+
+    sparknet train --solver lenet_solver.prototxt --workers 2
+    sparknet train --prototxt lenet_train_test.prototxt --solver lenet_solver.prototxt --weights init.caffemodel
+    sparknet caffe inspect lenet_train_test.prototxt        # layers, shapes, parameters
+    sparknet caffe inspect lenet_solver.prototxt            # the solver's settings
+    sparknet caffe inspect lenet_iter_10000.caffemodel      # the weights in the file
+    sparknet caffe export --model-dir out/lenet --out lenet # lenet.prototxt + lenet.caffemodel
+    sparknet caffe import --prototxt lenet.prototxt --weights lenet.caffemodel --out out/lenet
+
+Which settings win
+------------------
+The Caffe files decide a run; a ``sparknet train`` flag overrides them only when it is
+given with a value other than its default (the command line cannot tell ``--steps 10000``
+from no ``--steps``). The flags that map onto Caffe settings: ``--steps`` (``max_iter``),
+``--batch-size`` (the TRAIN data layer's ``batch_size``), ``--seed`` (``random_seed``),
+``--eval-every`` (``test_interval``), ``--lr``, ``--momentum``, ``--weight-decay``,
+``--solver-type``, ``--lr-policy``, ``--gamma``, ``--power``; and this module's own
+``--test-iter``, ``--display``, ``--snapshot-every``. ``--model``, ``--dataset`` and
+``--data`` do not apply: the net and its data layers say what to train on what (bind other
+sources with ``--caffe-sources``). Without a solver file, the ``sparknet train`` flags are
+the solver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sparknet.cli import subcommand
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sparknet.config import DistributedConfig, RunConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["TRAIN_FLAGS", "CaffeTrainFlags", "train_with", "describe_net", "describe_solver", "file_kind"]
+
+
+@dataclass(kw_only=True)
+class CaffeTrainFlags:
+    """Caffe files (train a Caffe net with its solver)"""
+
+    prototxt: str | None = None
+    """Caffe net prototxt to train (with --solver it replaces the solver's net)."""
+    solver: str | None = None
+    """Caffe solver prototxt (its net, max_iter, test_interval, test_iter, display and snapshot settings)."""
+    weights: str | None = None
+    """.caffemodel to start from (fine-tuning)."""
+    snapshot_dir: str | None = None
+    """Folder for <prefix>_iter_N.caffemodel snapshots and model folders (default: ./<snapshot_prefix name>)."""
+    snapshot_every: int | None = None
+    """Iterations between snapshots (default: the solver's snapshot; 0: only the final one)."""
+    test_iter: int | None = None
+    """Test batches per test net (default: the solver's test_iter)."""
+    display: int | None = None
+    """Iterations between progress log lines (default: the solver's display)."""
+    caffe_sources: str | None = None
+    """Bind data layer sources to data sets: SOURCE=DATASET[:SPLIT],... (e.g. mnist_train_lmdb=mnist-small)."""
+    max_train_samples: int | None = None
+    """Train on the first N samples of the training data only (quick runs)."""
+
+    def __post_init__(self):
+        for name in ("snapshot_every", "display"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {value}")
+        for name in ("test_iter", "max_train_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+
+    @property
+    def given(self) -> bool:
+        """Whether a Caffe file was given (the run is a Caffe run)."""
+        return self.prototxt is not None or self.solver is not None
+
+
+TRAIN_FLAGS = CaffeTrainFlags
+"""The dataclass whose fields ``sparknet train`` turns into flags."""
+
+# RunConfig field -> resolve_caffe_run argument, and RunConfig field -> SolverConfig field.
+_RUN_SETTINGS = {"steps": "max_iter", "batch_size": "batch_size", "seed": "seed", "eval_every": "test_interval"}
+_SOLVER_SETTINGS = {"solver_type": "type", "lr": "base_lr", "momentum": "momentum", "weight_decay": "weight_decay",
+                    "lr_policy": "lr_policy", "gamma": "gamma", "power": "power"}
+_NOT_APPLICABLE = ("model", "dataset", "data")
+
+
+def _changed(run: RunConfig) -> dict[str, Any]:
+    """The RunConfig fields whose values differ from their defaults (taken as given on the command line)."""
+    from sparknet.config import RunConfig
+
+    defaults = RunConfig()
+    return {f.name: getattr(run, f.name) for f in dataclasses.fields(RunConfig)
+            if getattr(run, f.name) != getattr(defaults, f.name)}
+
+
+def train_with(run: RunConfig, dist: DistributedConfig, flags: CaffeTrainFlags) -> dict | None:
+    """``sparknet train`` with Caffe files: ``None`` when none was given, else the run's summary record.
+
+    Parameters
+    ----------
+    run, dist : RunConfig, DistributedConfig
+        The ``sparknet train`` flags; see the module docstring for which ones override the
+        Caffe files.
+    flags : CaffeTrainFlags
+        This module's flags.
+    """
+    if not flags.given:
+        return None
+    from sparknet.caffe.train import resolve_caffe_run, train_caffe
+
+    changed = _changed(run)
+    for name in _NOT_APPLICABLE:
+        if name in changed:
+            logger.warning("--%s does not apply to a Caffe run (its data layers say what to train on); ignored",
+                           name.replace("_", "-"))
+    overrides = {caffe: changed[name] for name, caffe in _RUN_SETTINGS.items() if name in changed}
+    solver_overrides = {caffe: changed[name] for name, caffe in _SOLVER_SETTINGS.items() if name in changed}
+    if flags.solver is None:
+        # without a solver file the sparknet flags are the solver, defaults included
+        solver_overrides = {}
+        overrides.setdefault("max_iter", run.steps)
+        overrides.setdefault("test_interval", run.eval_every)
+    if overrides or solver_overrides:
+        logger.info("command-line settings over the Caffe files: %s", {**overrides, **solver_overrides})
+    from sparknet.caffe import PrototxtError
+
+    try:
+        plan = resolve_caffe_run(
+            flags.prototxt, flags.solver, weights=flags.weights, snapshot_dir=flags.snapshot_dir,
+            sources=flags.caffe_sources, test_iter=flags.test_iter, display=flags.display,
+            snapshot=flags.snapshot_every, solver_overrides=solver_overrides, default_solver=run.solver(),
+            max_train_samples=flags.max_train_samples, **overrides)
+    except PrototxtError as exc:
+        if "sources=" not in str(exc):
+            raise
+        # the library's hint names the Python argument; say what the command line takes
+        raise PrototxtError(f"{exc}; on the command line: --caffe-sources SOURCE=DATASET[:SPLIT]", layer=exc.layer,
+                            path=exc.path, line=exc.line, column=exc.column) from None
+    return train_caffe(plan, workers=dist.workers, dist=dist, metrics_out=run.metrics_out, progress=not run.quiet,
+                       threads=run.threads, device=run.device)
+
+
+# --------------------------------------------------------------------------- inspect
+
+
+_SOLVER_KEYS = re.compile(r"^\s*(base_lr|lr_policy|max_iter|net|train_net|solver_type|test_iter|test_interval|"
+                          r"snapshot_prefix|momentum|weight_decay)\s*:", re.M)
+
+
+def file_kind(path: str | Path) -> str:
+    """``"caffemodel"``, ``"solver"`` or ``"net"``, from the file's name and content."""
+    path = Path(path)
+    if path.suffix in (".caffemodel", ".binaryproto") or b"\0" in path.read_bytes()[:4096]:
+        return "caffemodel"
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if re.search(r"^\s*(layers?|input)\s*[{:]", text, re.M):
+        return "net"
+    return "solver" if _SOLVER_KEYS.search(text) else "net"
+
+
+def _table(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(row)]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
+def _param_counts(net) -> dict[str, int]:
+    """Learnable values per layer, without allocating the weights (built on torch's meta device)."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            module = net.net_params.build(seed=0)
+    except Exception:  # some layer cannot be built on meta tensors: build it for real
+        module = net.net_params.build(seed=0)
+    return {name: sum(t.numel() for t in module.layer_module(name).parameters())
+            for name in module.module_names}
+
+
+def _caffe_type(net, layer) -> str:
+    """The Caffe type of a sparknet layer; a data layer's blobs show as ``Data (layer name)``."""
+    for spec in net.data_layers:
+        if layer.name in spec.tops and not layer.bottoms:
+            return f"{spec.type} ({spec.layer})"
+    return net.layer_types.get(layer.name, type(layer).__name__)
+
+
+def describe_net(path: str | Path, *, phase: str = "TRAIN", stages: tuple[str, ...] = ()) -> str:
+    """A table of a net prototxt's layers for ``phase``: type, bottoms, tops, output shapes, parameters.
+
+    What ``sparknet caffe inspect NET`` prints.
+    """
+    from sparknet.caffe import load_net_prototxt
+
+    net = load_net_prototxt(path, phase=phase, stages=tuple(stages))
+    shapes = net.net_params.infer_shapes()
+    counts = _param_counts(net)
+    rows = [("layer", "type", "bottoms", "tops", "output shape", "params")]
+    for layer in net.net_params:
+        out = ", ".join("x".join(str(d) for d in shapes[t]) if shapes.get(t) else "scalar" for t in layer.tops)
+        rows.append((layer.name, _caffe_type(net, layer), ", ".join(layer.bottoms) or "-",
+                     ", ".join(layer.tops) or "-", out or "-", f"{counts.get(layer.name, 0):,}"))
+    lines = [f"{path}: net {net.name!r}, phase {net.phase}" + (f", stages {list(stages)}" if stages else "")]
+    lines += _table(rows, right=(5,))
+    total = sum(counts.values())
+    lines.append(f"{len(net.net_params)} layers, {total:,} learnable parameters")
+    for spec in net.data_layers:
+        binding = spec.binding
+        bound = f"{binding.dataset}:{binding.split}" if binding and binding.dataset else "unbound"
+        lines.append(f"data layer {spec.layer!r}: source {spec.source!r} -> {bound}, batch {spec.batch_size}, "
+                     f"transform scale {spec.transform.scale:g}"
+                     + (f", crop {spec.transform.crop_size}" if spec.transform.crop_size else "")
+                     + (", mirror" if spec.transform.mirror else ""))
+    return "\n".join(lines)
+
+
+def solver_settings(path: str | Path) -> dict[str, Any]:
+    """A solver prototxt's settings as plain values (what ``inspect --json`` prints)."""
+    from sparknet.caffe import load_solver_prototxt
+
+    solver = load_solver_prototxt(path)
+    settings = solver.config.to_dict()
+    kind = solver.config.type.value
+    relevant = {"stepsize": solver.config.lr_policy.value in ("step", "sigmoid"),
+                "stepvalues": solver.config.lr_policy.value == "multistep",
+                "momentum2": kind in ("adam", "adamw"),
+                "delta": kind in ("adagrad", "adadelta", "adam", "adamw", "rmsprop"),
+                "rms_decay": kind == "rmsprop"}
+    settings = {k: v for k, v in settings.items() if relevant.get(k, True)}
+    settings.update({
+        "net": solver.net, "net_path": str(solver.net_path) if solver.net_path else None,
+        "test_iter": list(solver.test_iter), "test_states": [list(s.stages) for s in solver.test_states],
+        "test_interval": solver.test_interval, "test_initialization": solver.test_initialization,
+        "display": solver.display, "average_loss": solver.average_loss, "snapshot": solver.snapshot,
+        "snapshot_prefix": solver.snapshot_prefix, "snapshot_after_train": solver.snapshot_after_train,
+        "random_seed": solver.random_seed, "solver_mode": solver.solver_mode, "weights": list(solver.weights),
+    })
+    return settings
+
+
+def describe_solver(path: str | Path) -> str:
+    """A solver prototxt's settings, one per line; what ``sparknet caffe inspect SOLVER`` prints."""
+    settings = solver_settings(path)
+    lines = [f"{path}: solver"]
+    width = max(len(k) for k in settings)
+    for key, value in settings.items():
+        if value is None or value == [] or value == ():
+            continue
+        lines.append(f"  {key.ljust(width)}  {value}")
+    if settings.get("net") and not settings.get("net_path"):
+        lines.append(f"  (net {settings['net']!r} not found near the solver: pass --prototxt to sparknet train)")
+    return "\n".join(lines)
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    kind = file_kind(path) if args.kind == "auto" else args.kind
+    if kind == "caffemodel":
+        from sparknet.caffe import describe_caffemodel, read_caffemodel_layers
+
+        if args.json:
+            layers = read_caffemodel_layers(path)
+            print(json.dumps([{"layer": l.name, "type": l.type, "blobs": [list(b.shape) for b in l.blobs],
+                               "params": l.num_params} for l in layers]))
+        else:
+            print(describe_caffemodel(path))
+    elif kind == "solver":
+        print(json.dumps(solver_settings(path)) if args.json else describe_solver(path))
+    else:
+        if args.json:
+            from sparknet.caffe import load_net_prototxt
+
+            net = load_net_prototxt(path, phase=args.phase, stages=tuple(args.stage))
+            shapes = net.net_params.infer_shapes()
+            counts = _param_counts(net)
+            print(json.dumps([{"layer": l.name, "type": _caffe_type(net, l), "bottoms": list(l.bottoms),
+                               "tops": list(l.tops), "shapes": [list(shapes.get(t) or ()) for t in l.tops],
+                               "params": counts.get(l.name, 0)} for l in net.net_params]))
+        else:
+            print(describe_net(path, phase=args.phase, stages=tuple(args.stage)))
+    return 0
+
+
+# --------------------------------------------------------------------------- export / import
+
+
+def export_model_dir(model_dir: str | Path, out_prefix: str | Path) -> tuple[Path, Path]:
+    """Write ``PREFIX.prototxt`` and ``PREFIX.caffemodel`` from a sparknet model folder.
+
+    A folder made from Caffe files (``sparknet caffe import`` or a Caffe run's snapshot)
+    gives back its original prototxt, data layers included; any other layer-DSL net is
+    translated layer by layer, its inputs becoming ``Input`` layers.
+
+    Raises
+    ------
+    ValueError
+        A folder holding a pickled torch module (no layer definitions to export), or a
+        layer Caffe has no equivalent of.
+    """
+    from sparknet._model_io import load_model
+    from sparknet.caffe import load_net_prototxt, net_to_prototxt, write_caffemodel
+
+    saved = load_model(model_dir)
+    if saved.net_params is None:
+        raise ValueError(f"{model_dir}: the model is a pickled torch module, not a layer-DSL net; "
+                         "only nets made of sparknet layers export to Caffe")
+    out_prefix = Path(out_prefix)
+    out_prefix.parent.mkdir(parents=True, exist_ok=True)
+    caffe = (saved.config or {}).get("caffe") or {}
+    text = caffe.get("net_prototxt")
+    definition: Any = saved.net_params
+    if text:
+        try:
+            definition = load_net_prototxt(text, phase=caffe.get("phase", "TRAIN"),
+                                           stages=tuple(caffe.get("stages") or ()))
+        except Exception as exc:  # the stored text should always load; fall back to a translation
+            logger.warning("%s: the stored Caffe prototxt does not load (%s); translating the net instead",
+                           model_dir, exc)
+            definition, text = saved.net_params, None
+    if not text:
+        text = net_to_prototxt(saved.net_params)
+    prototxt = out_prefix.with_name(out_prefix.name + ".prototxt")
+    prototxt.write_text(text, encoding="utf-8")
+    caffemodel = write_caffemodel(out_prefix.with_name(out_prefix.name + ".caffemodel"), saved.weights, definition)
+    return prototxt, caffemodel
+
+
+def import_caffe(prototxt: str | Path, out: str | Path, *, weights: str | Path | None = None,
+                 solver: str | Path | None = None, phase: str = "TRAIN", seed: int = 0,
+                 overwrite: bool = False) -> Path:
+    """A sparknet model folder from a Caffe net prototxt (and ``.caffemodel`` weights).
+
+    Parameters
+    ----------
+    prototxt : path
+        The net.
+    out : path
+        The model folder to write.
+    weights : path, optional
+        The weights; every layer with weights must be in the file. Without it the
+        weights are the fillers' (seeded by ``seed``).
+    solver : path, optional
+        Stored as the folder's ``solver.json``.
+    phase : {"TRAIN", "TEST"}
+        Which layers to keep.
+    """
+    from sparknet._model_io import save_model
+    from sparknet.caffe import load_caffemodel_into, load_net_prototxt, load_solver_prototxt
+    from sparknet.caffe.train import model_config
+    from sparknet.weights import WeightCollection
+
+    prototxt = Path(prototxt)
+    if not prototxt.is_file():
+        raise FileNotFoundError(f"no such net prototxt: {prototxt}")
+    net = load_net_prototxt(prototxt, phase=phase)
+    module = net.build(seed=seed)
+    if weights is not None:
+        if not Path(weights).is_file():
+            raise FileNotFoundError(f"no such .caffemodel: {weights}")
+        load_caffemodel_into(module, weights, strict=True)
+    else:
+        logger.warning("no --weights: the model folder holds the net's initial (filler) weights")
+    solver_config = load_solver_prototxt(solver).config if solver is not None else None
+    return save_model(out, net.net_params, WeightCollection(module.layer_weights()), solver=solver_config,
+                      config=model_config(net, prototxt.read_text(encoding="utf-8"),
+                                          weights=str(weights) if weights else None),
+                      overwrite=overwrite)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    if not Path(args.model_dir).is_dir():
+        raise FileNotFoundError(f"no model folder at {args.model_dir}")
+    prototxt, caffemodel = export_model_dir(args.model_dir, args.out)
+    print(prototxt)
+    print(caffemodel)
+    return 0
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    path = import_caffe(args.prototxt, args.out, weights=args.weights, solver=args.solver, phase=args.phase,
+                        seed=args.seed, overwrite=args.overwrite)
+    print(path)
+    return 0
+
+
+@subcommand("caffe", "Caffe files: inspect a prototxt or .caffemodel, export a model folder, import Caffe files")
+def _configure(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="caffe_command", required=True)
+
+    q = sub.add_parser("inspect", help="a net's layers and shapes, a solver's settings, or a .caffemodel's weights",
+                       description="Describe a Caffe file: a net prototxt (layers, bottoms, tops, output shapes, "
+                                   "parameter counts), a solver prototxt (its settings) or a .caffemodel.")
+    q.add_argument("file", help="a net prototxt, a solver prototxt or a .caffemodel")
+    q.add_argument("--kind", choices=["auto", "net", "solver", "caffemodel"], default="auto",
+                   help="what the file is (default: told from its name and content)")
+    q.add_argument("--phase", choices=["TRAIN", "TEST"], default="TRAIN", type=str.upper,
+                   help="which phase of a net to show (default TRAIN)")
+    q.add_argument("--stage", action="append", default=[], help="a net state stage (repeatable)")
+    q.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    q.set_defaults(_run=_run_inspect)
+
+    e = sub.add_parser("export", help="write PREFIX.prototxt and PREFIX.caffemodel from a sparknet model folder")
+    e.add_argument("--model-dir", required=True, help="sparknet model folder")
+    e.add_argument("--out", required=True, help="output prefix: PREFIX.prototxt and PREFIX.caffemodel are written")
+    e.set_defaults(_run=_run_export)
+
+    i = sub.add_parser("import", help="a sparknet model folder from a Caffe net prototxt and .caffemodel")
+    i.add_argument("--prototxt", required=True, help="Caffe net prototxt")
+    i.add_argument("--weights", default=None, help=".caffemodel with the weights (default: the fillers' weights)")
+    i.add_argument("--solver", default=None, help="solver prototxt to store with the model (optional)")
+    i.add_argument("--out", required=True, help="model folder to write")
+    i.add_argument("--phase", choices=["TRAIN", "TEST"], default="TRAIN", type=str.upper,
+                   help="which phase of the net to keep (default TRAIN)")
+    i.add_argument("--seed", type=int, default=0, help="seed of the filler weights when no --weights is given")
+    i.add_argument("--overwrite", action="store_true", help="replace an existing model folder")
+    i.set_defaults(_run=_run_import)

@@ -1,0 +1,957 @@
+"""Training from Caffe files: a net prototxt and a solver prototxt run as Caffe would run them.
+
+Run it with::
+
+    sparknet train --solver lenet_solver.prototxt --workers 2
+
+or from Python::
+
+    >>> plan = resolve_caffe_run(solver="lenet_solver.prototxt")           # doctest: +SKIP
+    >>> summary = train_caffe(plan, workers=2)                             # doctest: +SKIP
+
+What the solver says, and what sparknet does with it
+----------------------------------------------------
+- ``max_iter`` solver updates (per worker when training on Spark), with the solver's update
+  rule and learning-rate policy;
+- every ``test_interval`` updates (and before the first one when ``test_initialization``),
+  every TEST net (one per ``test_state``) runs on ``test_iter`` batches of its own data and
+  every output blob it leaves unconsumed (``accuracy``, ``loss``...) is reported, as
+  Caffe's ``Test net output #i`` lines are;
+- every ``display`` updates, a log line with the mean training loss and learning rate;
+- every ``snapshot`` updates (and at the end, when ``snapshot_after_train``), the weights as
+  ``<prefix>_iter_<N>.caffemodel`` and as a sparknet model folder ``<prefix>_iter_<N>/``.
+
+Data layers are bound to sparknet data sets (see :class:`~sparknet.caffe.DataBinding`); each
+net's ``transform_param`` is applied once when its data is loaded. Random transforms (mirror,
+random crops) are therefore drawn once per run, not once per epoch as Caffe draws them.
+A net without a label blob (the MNIST autoencoder) trains on its features alone; it is fed
+placeholder labels that no layer reads.
+
+One worker trains in this process with :class:`~sparknet.net.Net`; ``workers > 1`` (or an
+explicit Spark master or the barrier engine) trains through
+:class:`~sparknet.spark.SparkTrainer` on a DataFrame of the transformed data.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sparknet.caffe.prototxt import CaffeNet, DataBinding, load_net_prototxt
+from sparknet.caffe.solver import CaffeSolver, load_solver_prototxt, resolve_net_path
+from sparknet.solvers import SolverConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from sparknet.config import DistributedConfig
+    from sparknet.weights import WeightCollection
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "CaffeRun",
+    "CaffeTest",
+    "CaffeEvaluator",
+    "Snapshotter",
+    "resolve_caffe_run",
+    "parse_sources",
+    "load_net_data",
+    "train_caffe",
+]
+
+_DATASET_SCALE = {"mnist": 1 / 255, "mnist-small": 1 / 255, "mnist_small": 1 / 255}
+"""Data sets whose sparknet loader yields pixels scaled to [0, 1]."""
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class CaffeTest:
+    """One TEST net of a run and how much of its data each test reads."""
+
+    net: CaffeNet
+    """The net, loaded for its test state."""
+    iters: int | None
+    """Batches per test (Caffe's ``test_iter``); ``None``: the whole data set once."""
+    label: str
+    """A short name for records: its stages joined by ``+``, else ``"test"`` (or ``"test<i>"``)."""
+
+
+@dataclass(kw_only=True)
+class CaffeRun:
+    """A Caffe training run with every setting resolved (see :func:`resolve_caffe_run`)."""
+
+    train_net: CaffeNet
+    """The TRAIN-phase net."""
+    tests: list[CaffeTest] = field(default_factory=list)
+    """The TEST nets (empty: no testing)."""
+    solver: SolverConfig
+    """Update rule and learning-rate policy."""
+    max_iter: int
+    """Solver updates (per worker)."""
+    batch_size: int
+    """Training minibatch size."""
+    test_interval: int = 0
+    """Updates between tests (0: only at the end)."""
+    test_initialization: bool = True
+    """Test before the first update."""
+    display: int = 0
+    """Updates between progress lines (0: none)."""
+    snapshot: int = 0
+    """Updates between snapshots (0: none before the end)."""
+    snapshot_after_train: bool = True
+    """Snapshot once more when training ends."""
+    snapshot_dir: Path
+    """Where snapshots go."""
+    snapshot_prefix: str
+    """File name stem of the snapshots (``lenet`` -> ``lenet_iter_5000.caffemodel``)."""
+    seed: int = 0
+    """Seed of the initial weights and the data order."""
+    weights: tuple[Path, ...] = ()
+    """``.caffemodel`` files loaded into the net before training (fine-tuning), in order."""
+    sources: dict[str, DataBinding] = field(default_factory=dict)
+    """Data bindings given by the user (besides the BVLC defaults)."""
+    max_train_samples: int | None = None
+    """Use only the first N training samples (quick runs)."""
+    net_text: str | None = None
+    """The net prototxt as written (kept in the model folders)."""
+    net_path: Path | None = None
+    """The net prototxt's file."""
+    solver_path: Path | None = None
+    """The solver prototxt's file."""
+
+    @property
+    def primary_test(self) -> CaffeTest | None:
+        """The test whose numbers the summary reports: the last one reading a test or validation split."""
+        for test in reversed(self.tests):
+            binding = test.net.data_binding
+            if binding is not None and binding.split in ("test", "validation"):
+                return test
+        return self.tests[0] if self.tests else None
+
+    def describe(self) -> dict:
+        """The resolved settings as plain values (logged and written to the summary)."""
+        return {
+            "net": str(self.net_path) if self.net_path else self.train_net.name,
+            "solver_file": str(self.solver_path) if self.solver_path else None,
+            "solver": self.solver.to_dict(),
+            "max_iter": self.max_iter,
+            "batch_size": self.batch_size,
+            "test_interval": self.test_interval,
+            "test_iter": {t.label: t.iters for t in self.tests},
+            "display": self.display,
+            "snapshot": self.snapshot,
+            "snapshot_dir": str(self.snapshot_dir),
+            "snapshot_prefix": self.snapshot_prefix,
+            "seed": self.seed,
+            "weights": [str(w) for w in self.weights],
+        }
+
+
+def parse_sources(text: str | Mapping[str, Any] | None) -> dict[str, DataBinding]:
+    """Data bindings from ``"SOURCE=DATASET[:SPLIT],..."`` (or a mapping of the same).
+
+    MNIST-like names (``mnist``, ``mnist-small``) get MNIST's sample shape and pixel scale,
+    so Caffe's ``scale: 0.00390625`` keeps meaning what it means in Caffe.
+
+    Raises
+    ------
+    ValueError
+        An entry without ``=``.
+    """
+    if not text:
+        return {}
+    items = text.items() if isinstance(text, Mapping) else []
+    if isinstance(text, str):
+        pairs = []
+        for entry in (e.strip() for e in text.split(",")):
+            if not entry:
+                continue
+            if "=" not in entry:
+                raise ValueError(f"a data source binding reads SOURCE=DATASET[:SPLIT], got {entry!r}")
+            key, _, value = entry.partition("=")
+            pairs.append((key.strip(), value.strip()))
+        items = pairs
+    out: dict[str, DataBinding] = {}
+    for key, value in items:
+        if isinstance(value, DataBinding):
+            out[key] = value
+            continue
+        name, _, split = str(value).partition(":")
+        binding = DataBinding.parse(value)
+        scale = _DATASET_SCALE.get(name.lower())
+        if scale is not None and binding.sample_shape is None:
+            binding = DataBinding(name, split or "train", (1, 28, 28), scale, 10)
+        out[key] = binding
+    return out
+
+
+def _snapshot_stem(prefix: str | None, fallback: str) -> str:
+    stem = Path(prefix).name if prefix else ""
+    stem = re.sub(r"[^\w.-]+", "_", stem).strip("._")
+    return stem or re.sub(r"[^\w.-]+", "_", fallback).strip("._").lower() or "caffe"
+
+
+def _test_label(state_stages: Sequence[str], index: int, count: int) -> str:
+    if state_stages:
+        return "+".join(state_stages)
+    return "test" if count == 1 else f"test{index}"
+
+
+def resolve_caffe_run(
+    prototxt: str | os.PathLike | None = None,
+    solver: str | os.PathLike | None = None,
+    *,
+    weights: str | os.PathLike | Sequence[str | os.PathLike] | None = None,
+    snapshot_dir: str | os.PathLike | None = None,
+    sources: str | Mapping[str, Any] | None = None,
+    max_iter: int | None = None,
+    batch_size: int | None = None,
+    test_interval: int | None = None,
+    test_iter: int | None = None,
+    display: int | None = None,
+    snapshot: int | None = None,
+    seed: int | None = None,
+    solver_overrides: Mapping[str, Any] | None = None,
+    default_solver: SolverConfig | None = None,
+    max_train_samples: int | None = None,
+) -> CaffeRun:
+    """Read the Caffe files and settle every setting of the run.
+
+    The Caffe files decide; an argument given here (not ``None``) wins over them.
+
+    Parameters
+    ----------
+    prototxt : path, optional
+        The net. With a solver it replaces the solver's ``net:``.
+    solver : path, optional
+        The solver. Without it the run uses ``default_solver`` (or ``SolverConfig()``),
+        tests the whole TEST-phase data every ``test_interval`` (default: only at the end),
+        displays every 100 updates and snapshots only at the end.
+    weights : path or paths, optional
+        ``.caffemodel`` files to start from (default: the solver's ``weights:``).
+    snapshot_dir : path, optional
+        Default: a folder named after ``snapshot_prefix`` (its last component, e.g.
+        ``lenet``) in the current directory.
+    sources : str or mapping, optional
+        Extra data bindings, see :func:`parse_sources`.
+    max_iter, batch_size, test_interval, test_iter, display, snapshot, seed : int, optional
+        Override the files' values (``test_iter`` applies to every test net).
+    solver_overrides : mapping, optional
+        ``SolverConfig`` fields to change (``base_lr``, ``momentum``...).
+    default_solver : SolverConfig, optional
+        The solver when no solver file is given.
+    max_train_samples : int, optional
+        Train on the first N samples only.
+
+    Raises
+    ------
+    ValueError
+        Neither file given, or a bad override.
+    FileNotFoundError
+        A file that does not exist, or a solver whose ``net:`` cannot be found (the message
+        says to pass the net prototxt).
+    PrototxtError
+        A Caffe file that does not parse or build (file, line, layer).
+    """
+    if prototxt is None and solver is None:
+        raise ValueError("give a net prototxt, a solver prototxt, or both")
+    for name, value in (("max_iter", max_iter), ("batch_size", batch_size), ("test_iter", test_iter)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be at least 1, got {value}")
+    for name, value in (("test_interval", test_interval), ("display", display), ("snapshot", snapshot)):
+        if value is not None and value < 0:
+            raise ValueError(f"{name} must be non-negative, got {value}")
+    if max_train_samples is not None and max_train_samples < 1:
+        raise ValueError(f"max_train_samples must be at least 1, got {max_train_samples}")
+    bindings = parse_sources(sources)
+    net_file = Path(prototxt) if prototxt is not None else None
+    if net_file is not None and not net_file.is_file():
+        raise FileNotFoundError(f"no such net prototxt: {net_file}")
+
+    caffe_solver: CaffeSolver | None = None
+    if solver is not None:
+        solver_file = Path(solver)
+        if not solver_file.is_file():
+            raise FileNotFoundError(f"no such solver prototxt: {solver_file}")
+        caffe_solver = load_solver_prototxt(solver_file)
+        if net_file is None and caffe_solver.net_path is None and caffe_solver.net_text is None:
+            named = caffe_solver.net or (caffe_solver.test_nets[0] if caffe_solver.test_nets else None)
+            if named is None:
+                raise FileNotFoundError(f"{solver_file}: the solver names no net (net: or train_net:); "
+                                        "pass the net prototxt with --prototxt")
+            raise FileNotFoundError(
+                f"{solver_file}: its net {named!r} was not found next to the solver or in its parent folders; "
+                "pass the net prototxt with --prototxt PATH")
+
+    def load(phase: str, stages: tuple[str, ...] = (), level: int = 0) -> CaffeNet:
+        if caffe_solver is not None:
+            return caffe_solver.load_net(phase, stages=stages, level=level, sources=bindings, net=net_file)
+        return load_net_prototxt(net_file, phase=phase, sources=bindings, stages=stages, level=level)
+
+    train_net = load(caffe_solver.train_state.phase if caffe_solver else "TRAIN",
+                     caffe_solver.train_state.stages if caffe_solver else (),
+                     caffe_solver.train_state.level if caffe_solver else 0)
+    if caffe_solver is not None and train_net.phase != "TRAIN":
+        train_net = load("TRAIN")
+    _check_trainable(train_net)
+
+    tests: list[CaffeTest] = []
+    if caffe_solver is not None:
+        plan = caffe_solver.test_plan
+        for i, (state, iters) in enumerate(plan):
+            net = load("TEST", tuple(state.stages), state.level)
+            tests.append(CaffeTest(net=net, iters=test_iter or iters, label=_test_label(state.stages, i, len(plan))))
+    else:
+        try:
+            net = load("TEST")
+        except Exception as exc:  # a net without a TEST phase trains without tests
+            logger.info("%s: no usable TEST phase (%s); training without tests", net_file, exc)
+        else:
+            if net.data_layers:
+                tests.append(CaffeTest(net=net, iters=test_iter, label="test"))
+
+    if caffe_solver is not None:
+        config = caffe_solver.config
+        stem_fallback = caffe_solver.source_path.stem if caffe_solver.source_path else train_net.name
+        prefix = caffe_solver.snapshot_prefix
+    else:
+        config = default_solver or SolverConfig()
+        stem_fallback = train_net.name or (net_file.stem if net_file else "caffe")
+        prefix = None
+    if solver_overrides:
+        try:
+            config = replace(config, **dict(solver_overrides))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"bad solver override: {exc}") from None
+    iters_total = max_iter or (caffe_solver.config.max_iter if caffe_solver else config.max_iter)
+    if config.max_iter != iters_total:
+        config = replace(config, max_iter=iters_total)  # policies such as poly read max_iter
+
+    stem = _snapshot_stem(prefix, stem_fallback)
+    if snapshot_dir is None:
+        snapshot_dir = Path.cwd() / stem
+    weight_files: list[Path] = []
+    if weights is not None:
+        given = [weights] if isinstance(weights, (str, os.PathLike)) else list(weights)
+        weight_files = [Path(w) for w in given]
+    elif caffe_solver is not None and caffe_solver.weights:
+        for w in caffe_solver.weights:
+            found = resolve_net_path(w, caffe_solver.source_path)
+            if found is None:
+                raise FileNotFoundError(f"{caffe_solver.source_path}: weights file {w!r} not found; "
+                                        "pass --weights PATH")
+            weight_files.append(found)
+    for w in weight_files:
+        if not w.is_file():
+            raise FileNotFoundError(f"no such .caffemodel: {w}")
+
+    if caffe_solver is not None:
+        run_seed = seed if seed is not None else (caffe_solver.random_seed or 0)
+    else:
+        run_seed = seed if seed is not None else 0
+    batch = batch_size or train_net.batch_size or 64
+    if batch_size is not None and train_net.data_layers:
+        train_net = _with_batch(train_net, batch_size)
+    net_source = net_file or (caffe_solver.net_path if caffe_solver else None)
+    net_text = net_source.read_text(encoding="utf-8") if net_source else (caffe_solver.net_text if caffe_solver else None)
+    return CaffeRun(
+        train_net=train_net,
+        tests=tests,
+        solver=config,
+        max_iter=iters_total,
+        batch_size=batch,
+        test_interval=test_interval if test_interval is not None else (caffe_solver.test_interval if caffe_solver else 0),
+        test_initialization=caffe_solver.test_initialization if caffe_solver else False,
+        display=display if display is not None else (caffe_solver.display if caffe_solver else 100),
+        snapshot=snapshot if snapshot is not None else (caffe_solver.snapshot if caffe_solver else 0),
+        snapshot_after_train=caffe_solver.snapshot_after_train if caffe_solver else True,
+        snapshot_dir=Path(snapshot_dir),
+        snapshot_prefix=stem,
+        seed=int(run_seed),
+        weights=tuple(weight_files),
+        sources=bindings,
+        max_train_samples=max_train_samples,
+        net_text=net_text,
+        net_path=net_source,
+        solver_path=caffe_solver.source_path if caffe_solver else None,
+    )
+
+
+def _check_trainable(net: CaffeNet) -> None:
+    where = net.source_path or net.name
+    if not net.data_layers:
+        raise ValueError(f"{where}: the TRAIN net has no data layer (Data, ImageData, HDF5Data, MemoryData), so "
+                         "there is nothing to train on; a deploy net is for `sparknet caffe import`")
+    if net.data_binding is None or net.data_binding.dataset is None:
+        spec = net.data_layers[0]
+        raise ValueError(f"{where}: data layer {spec.layer!r} reads source {spec.source!r}, which is bound to no "
+                         "sparknet data set; bind it with --caffe-sources SOURCE=DATASET[:SPLIT]")
+    if not any(getattr(layer, "is_loss", False) for layer in net.net_params):
+        raise ValueError(f"{where}: the TRAIN net has no loss layer")
+
+
+def _with_batch(net: CaffeNet, batch_size: int) -> CaffeNet:
+    """The same net with its first data layer's batch size changed."""
+    from sparknet.layers import NetParams, RDDLayer
+
+    layers = [replace(layer, shape=(batch_size, *layer.shape[1:])) if isinstance(layer, RDDLayer) and layer.shape
+              else layer for layer in net.net_params]
+    params = NetParams(*layers, name=net.net_params.name)
+    data_layers = [replace(spec, batch_size=batch_size, shape=(batch_size, *spec.shape[1:])) for spec in net.data_layers]
+    return replace(net, net_params=params, data_layers=data_layers)
+
+
+# --------------------------------------------------------------------------- data
+
+
+class _DataCache:
+    """Loads each data set once per run."""
+
+    def __init__(self) -> None:
+        self._sets: dict[str, Any] = {}
+
+    def split(self, binding: DataBinding) -> Any:
+        from sparknet.datasets import load_dataset
+
+        name = binding.dataset
+        if name not in self._sets:
+            try:
+                self._sets[name] = load_dataset(name)
+            except (KeyError, ValueError) as exc:
+                raise ValueError(f"cannot load data set {name!r} for a Caffe data layer: {exc}; bind the source to "
+                                 "another data set with --caffe-sources SOURCE=DATASET[:SPLIT]") from None
+        data = self._sets[name]
+        part = getattr(data, binding.split, None)
+        if part is None:
+            raise ValueError(f"data set {name!r} has no split {binding.split!r}")
+        return part
+
+
+def load_net_data(net: CaffeNet, *, samples: int | None = None, seed: int = 0,
+                  cache: _DataCache | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The transformed data of a net's (first) data layer, as ``(x, y)`` arrays.
+
+    Parameters
+    ----------
+    net : CaffeNet
+        A net with a bound data layer.
+    samples : int, optional
+        Take the first ``samples`` rows (all when ``None`` or more than there are).
+    seed : int
+        Seed of random transforms (mirror, TRAIN-phase crops).
+    cache : optional
+        Shared loader cache.
+
+    Returns
+    -------
+    (ndarray, ndarray)
+        float32 features shaped as the net's data blob (without the batch axis), and int64
+        labels (zeros when the net reads no label).
+    """
+    spec = net.data_layers[0] if net.data_layers else None
+    if spec is None or spec.binding is None or spec.binding.dataset is None:
+        raise ValueError(f"{net.source_path or net.name}: no data layer bound to a data set")
+    part = (cache or _DataCache()).split(spec.binding)
+    n = len(part) if samples is None else min(int(samples), len(part))
+    if samples is not None and samples > len(part):
+        logger.warning("%s %s has %d samples; the test reads %d, so it uses all %d once", spec.binding.dataset,
+                       spec.binding.split, len(part), samples, len(part))
+    x = np.asarray(part.x[:n])
+    sample_shape = spec.binding.sample_shape or tuple(spec.shape[1:])
+    if x.ndim == 2 and len(sample_shape) > 1:
+        x = x.reshape(n, *sample_shape)
+    x = spec.transform(x, np.random.default_rng(seed)) if not spec.transform.is_identity else x.astype(np.float32)
+    want = tuple(spec.shape[1:])
+    if tuple(x.shape[1:]) != want:
+        raise ValueError(f"data layer {spec.layer!r}: samples of {spec.binding.dataset} have shape {tuple(x.shape[1:])} "
+                         f"after the transform, the net's data blob takes {want}")
+    has_label = len(spec.tops) > 1
+    y = np.asarray(part.y[:n]).astype(np.int64) if has_label else np.zeros(n, dtype=np.int64)
+    return np.ascontiguousarray(x, dtype=np.float32), y
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def _output_blobs(net: CaffeNet) -> list[str]:
+    """Blobs no later layer reads (Caffe's net outputs), in order."""
+    params = net.net_params
+    consumed: set[str] = set()
+    outputs: list[str] = []
+    for layer in reversed(params.layers):
+        for top in layer.tops:
+            if top not in consumed and top not in outputs and top not in layer.bottoms:
+                outputs.append(top)
+        consumed.update(layer.bottoms)
+    return list(reversed(outputs))
+
+
+class CaffeEvaluator:
+    """Runs a run's TEST nets on their data with given weights, as Caffe's ``Solver::Test`` does.
+
+    Parameters
+    ----------
+    tests : list of CaffeTest
+    seed : int
+        Seed of the test nets' construction (their weights are overwritten anyway).
+    cache : optional
+        Shared data cache.
+    """
+
+    def __init__(self, tests: Sequence[CaffeTest], *, seed: int = 0, cache: _DataCache | None = None,
+                 device: str = "cpu"):
+        import torch
+
+        self.tests = list(tests)
+        self.device = torch.device(device)
+        self._entries = []
+        cache = cache or _DataCache()
+        for test in self.tests:
+            module = test.net.build(seed=seed).to(self.device)
+            module.eval()
+            batch = test.net.batch_size or 100
+            x, y = load_net_data(test.net, samples=None if test.iters is None else test.iters * batch,
+                                 seed=seed, cache=cache)
+            outputs = [b for b in _output_blobs(test.net) if b not in module.input_names]
+            self._entries.append((test, module, batch, torch.from_numpy(x), torch.from_numpy(y), outputs))
+            logger.info("test net %s: %d samples in batches of %d, outputs %s", test.label, len(x), batch, outputs)
+
+    @property
+    def samples(self) -> dict[str, int]:
+        """Samples each test reads."""
+        return {test.label: len(x) for test, _, _, x, _, _ in self._entries}
+
+    def evaluate(self, weights: Mapping[str, Sequence[torch.Tensor]]) -> dict[str, dict[str, float]]:
+        """Every test net's outputs averaged over its batches, keyed by test label.
+
+        Loss blobs are reported with their ``loss_weight`` applied under ``"loss"`` (their
+        sum) as well as by name; accuracy under its blob name.
+        """
+        import torch
+
+        results: dict[str, dict[str, float]] = {}
+        with torch.no_grad():
+            for test, module, batch, x, y, outputs in self._entries:
+                _copy_weights(weights, module.layer_weights(), test.label)
+                sums = {name: 0.0 for name in outputs}
+                total = 0.0
+                count = 0
+                for start in range(0, len(x), batch):
+                    xb = x[start:start + batch].to(self.device)
+                    blobs = {module.feature_input: xb}
+                    if module.label_input is not None:
+                        blobs[module.label_input] = y[start:start + batch].to(self.device)
+                    out = module.run(blobs)
+                    n = len(xb)
+                    for name in outputs:
+                        value = out.get(name)
+                        if value is not None and value.dim() == 0:
+                            sums[name] += float(value) * n
+                    total += sum(float(out[top]) * w for top, w in module.loss_blobs.items() if top in out) * n
+                    count += n
+                values = {name: s / max(count, 1) for name, s in sums.items()}
+                if module.loss_blobs:
+                    values["loss"] = total / max(count, 1)
+                results[test.label] = values
+        return results
+
+
+def _copy_weights(source: Mapping[str, Sequence[Any]], target: Mapping[str, Sequence[Any]], label: str) -> None:
+    for name, tensors in target.items():
+        if name not in source:
+            raise ValueError(f"test net {label}: layer {name!r} has weights but the TRAIN net has no layer of "
+                             "that name; Caffe shares weights between phases by layer name")
+        for dst, src in zip(tensors, source[name]):
+            if tuple(dst.shape) != tuple(src.shape):
+                raise ValueError(f"test net {label}: layer {name!r} has shape {tuple(dst.shape)} in TEST and "
+                                 f"{tuple(src.shape)} in TRAIN")
+            dst.copy_(src.detach().to(dst.device, dst.dtype))
+
+
+def _accuracy_of(values: Mapping[str, float], net: CaffeNet) -> float | None:
+    from sparknet.layers import AccuracyLayer
+
+    for layer in net.net_params:
+        if isinstance(layer, AccuracyLayer) and layer.tops and layer.tops[0] in values:
+            return values[layer.tops[0]]
+    return None
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+class Snapshotter:
+    """Writes ``<dir>/<prefix>_iter_<N>.caffemodel`` and the model folder ``<dir>/<prefix>_iter_<N>/``."""
+
+    def __init__(self, run: CaffeRun):
+        self.run = run
+        self.written: list[dict] = []
+
+    def write(self, iteration: int, weights: WeightCollection) -> dict:
+        """Write one snapshot of ``weights`` (a WeightCollection of the TRAIN net) at ``iteration``."""
+        from sparknet._model_io import save_model
+        from sparknet.caffe.caffemodel import write_caffemodel
+
+        run = self.run
+        run.snapshot_dir.mkdir(parents=True, exist_ok=True)
+        stem = run.snapshot_dir / f"{run.snapshot_prefix}_iter_{iteration}"
+        caffemodel = write_caffemodel(stem.with_name(stem.name + ".caffemodel"), weights, run.train_net)
+        folder = save_model(stem, run.train_net.net_params, weights.to("cpu"), solver=run.solver,
+                            config=model_config(run.train_net, run.net_text, iteration=iteration),
+                            overwrite=True)
+        record = {"event": "snapshot", "step": iteration, "caffemodel": str(caffemodel), "model_dir": str(folder)}
+        self.written.append(record)
+        logger.info("Snapshotting to %s and %s", caffemodel, folder)
+        return record
+
+
+def model_config(net: CaffeNet, net_text: str | None, **extra: Any) -> dict:
+    """The ``config.json`` of a model folder made from a Caffe net: how to feed it, and its prototxt."""
+    transform = net.transform
+    caffe: dict[str, Any] = {"name": net.name, "phase": net.phase, "stages": list(net.stages)}
+    if net_text is not None:
+        caffe["net_prototxt"] = net_text
+    if net.source_path is not None:
+        caffe["source"] = str(net.source_path)
+    if transform is not None:
+        caffe["transform"] = {"scale": transform.scale, "native_scale": transform.native_scale,
+                              "mean_value": list(transform.mean_value), "mean_file": transform.mean_file,
+                              "mirror": transform.mirror, "crop_size": transform.crop_size}
+    if net.data_binding is not None:
+        caffe["dataset"] = net.data_binding.dataset
+    return {"caffe": {**caffe, **extra}}
+
+
+# --------------------------------------------------------------------------- training
+
+
+def _crossed(before: int, after: int, every: int) -> bool:
+    """Whether a multiple of ``every`` lies in ``(before, after]``."""
+    return every > 0 and after // every > before // every
+
+
+def _next_boundary(done: int, every: int, limit: int) -> int:
+    return limit if every <= 0 else min(limit, (done // every + 1) * every)
+
+
+class _RecordingStrategy:
+    """Wraps a training strategy and keeps the newest global weights on the driver.
+
+    The rounds engine calls ``apply`` on the driver once per round, just before it reports
+    the round; the Caffe runner reads :attr:`latest` in its ``on_round`` to test and
+    snapshot. Nothing extra travels to the executors (``latest`` is not pickled).
+    """
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name = inner.name
+        self.needs_gradient_hook = inner.needs_gradient_hook
+        self.keeps_local_weights = inner.keeps_local_weights
+        self.latest = None
+
+    def init_global(self, flat):
+        self.latest = self.inner.init_global(flat)
+        return self.latest
+
+    def worker_begin(self, state, net, global_flat):
+        return self.inner.worker_begin(state, net, global_flat)
+
+    def worker_delta(self, state, net, global_flat):
+        return self.inner.worker_delta(state, net, global_flat)
+
+    def apply(self, global_flat, mean_delta, num_workers):
+        self.latest = self.inner.apply(global_flat, mean_delta, num_workers)
+        return self.latest
+
+    def after_backward(self, net):
+        return self.inner.after_backward(net)
+
+    def state_dict(self):
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state):
+        return self.inner.load_state_dict(state)
+
+    def __getstate__(self):
+        return {**self.__dict__, "latest": None}
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
+
+
+def _format_outputs(results: Mapping[str, Mapping[str, float]]) -> str:
+    return "; ".join(f"{label}: " + ", ".join(f"{k} = {v:.4g}" for k, v in values.items())
+                     for label, values in results.items())
+
+
+class _Run:
+    """State shared by the local and Spark loops: metrics, tests, snapshots."""
+
+    def __init__(self, run: CaffeRun, metrics, evaluator: CaffeEvaluator | None, module):
+        self.run = run
+        self.metrics = metrics
+        self.evaluator = evaluator
+        self.snapshots = Snapshotter(run)
+        self.module = module
+        self.last_results: dict[str, dict[str, float]] | None = None
+        self.last_test_step: int | None = None
+
+    def weights_from_flat(self, flat) -> WeightCollection:
+        from sparknet.weights import WeightCollection
+
+        out = WeightCollection(self.module.layer_weights()).clone()
+        out.load_flat_(flat.detach().cpu())
+        return out
+
+    def test(self, step: int, samples: int, weights) -> dict:
+        results = self.evaluator.evaluate(weights)
+        self.last_results, self.last_test_step = results, step
+        primary = self.run.primary_test
+        values = results[primary.label]
+        record = {"event": "eval", "step": step, "samples": samples, "wall_s": self.metrics.elapsed(),
+                  "loss": values.get("loss"), "test_accuracy": _accuracy_of(values, primary.net),
+                  "outputs": results}
+        self.metrics.write(record)
+        logger.info("Iteration %d, Testing net: %s", step, _format_outputs(results))
+        return record
+
+    def display(self, step: int, loss: float, lr: float | None, samples: int) -> None:
+        self.metrics.write({"event": "train", "step": step, "samples": samples, "wall_s": self.metrics.elapsed(),
+                            "loss": loss, "lr": lr})
+        logger.info("Iteration %d, loss = %.6g%s", step, loss, "" if lr is None else f", lr = {lr:.6g}")
+
+    def snapshot(self, step: int, weights) -> None:
+        self.metrics.write(self.snapshots.write(step, weights))
+
+
+def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | None = None,
+                metrics_out: str | os.PathLike | None = None, progress: bool = True, threads: int | None = None,
+                device: str = "cpu", spark=None, sinks: Iterable[Callable[[dict], None]] = ()) -> dict:
+    """Train a resolved Caffe run; returns the summary record.
+
+    Parameters
+    ----------
+    run : CaffeRun
+        From :func:`resolve_caffe_run`.
+    workers : int
+        1 trains in this process; more train on Spark (``dist`` says how).
+    dist : DistributedConfig, optional
+        Engine, tau, strategy, master... (``dist.workers`` is ``workers``). With a Spark
+        master or the barrier engine even one worker trains on Spark.
+    metrics_out : path, optional
+        JSON-lines file: ``train`` records every ``display`` updates, ``eval`` records every
+        ``test_interval`` (with every test net's ``outputs``), ``snapshot`` records, Spark's
+        ``round`` records, and the ``summary`` last.
+    progress : bool
+        Show the progress line.
+    threads : int, optional
+        Torch threads (default: every core in one process, 1 per Spark worker).
+    device : str
+        ``cpu``, ``cuda`` or ``auto``.
+    spark : SparkSession, optional
+        The session to train in (default: the active one, or one for ``dist.resolved_master``).
+    sinks : iterable of callables
+        More receivers of every metrics record.
+    """
+    from sparknet.config import DistributedConfig, Engine
+    from sparknet.metrics import MetricsLogger
+
+    dist = dist if dist is not None else DistributedConfig(workers=workers)
+    if dist.workers != workers:
+        dist = replace(dist, workers=workers)
+    on_spark = workers > 1 or dist.master is not None or dist.engine is Engine.BARRIER
+    if dist.engine is Engine.LOCAL and workers > 1:
+        raise ValueError("engine 'local' trains in one process; use --engine rounds or barrier with --workers K")
+    if dist.engine is Engine.LOCAL:
+        on_spark = False
+
+    import torch
+
+    from sparknet.caffe.caffemodel import load_caffemodel_into
+    from sparknet.train import seed_everything
+
+    seed_everything(run.seed)
+    cache = _DataCache()
+    t0 = time.perf_counter()
+    x, y = load_net_data(run.train_net, samples=run.max_train_samples, seed=run.seed, cache=cache)
+    module = run.train_net.build(seed=run.seed)
+    for path in run.weights:
+        loaded = load_caffemodel_into(module, path)
+        logger.info("fine-tuning from %s (%d layers)", path, len(loaded))
+    evaluator = CaffeEvaluator(run.tests, seed=run.seed, cache=cache, device="cpu") if run.tests else None
+    logger.info("Caffe run %s: %d training samples of shape %s, %s", run.train_net.name, len(x), x.shape[1:],
+                run.describe())
+    setup_s = time.perf_counter() - t0
+    with MetricsLogger(metrics_out, progress=progress, total=run.max_iter, sinks=sinks) as metrics:
+        state = _Run(run, metrics, evaluator, module)
+        if on_spark:
+            summary = _train_spark(run, state, module, x, y, dist, threads or 1, device, spark)
+        else:
+            summary = _train_local(run, state, module, x, y, threads, device)
+        summary = {"event": "summary", **summary}
+        summary.update({
+            "model": run.train_net.name, "dataset": run.train_net.data_binding.dataset,
+            "setup_s": setup_s + summary.get("setup_s", 0.0), "caffe": run.describe(),
+            "test_outputs": state.last_results, "snapshots": [s["caffemodel"] for s in state.snapshots.written],
+            "train_samples": len(x),
+        })
+        if state.last_results is not None and run.primary_test is not None:
+            values = state.last_results[run.primary_test.label]
+            summary["test_accuracy"] = _accuracy_of(values, run.primary_test.net)
+            summary["test_loss"] = values.get("loss")
+        metrics.write(summary)
+    return summary
+
+
+def _train_local(run: CaffeRun, state: _Run, module, x, y, threads, device) -> dict:
+    import torch
+
+    from sparknet.net import Net
+
+    threads = threads or os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    net = Net(module, run.solver, batch_size=run.batch_size, device=device, seed=run.seed)
+    net.set_training_data((x, y))
+    metrics = state.metrics
+    done = samples = 0
+    train_s = 0.0
+    window_loss, window_steps = 0.0, 0
+    if state.evaluator is not None and run.test_initialization and run.test_interval > 0:
+        state.test(0, 0, net.weights)
+    while done < run.max_iter:
+        stop = min(_next_boundary(done, every, run.max_iter)
+                   for every in (run.display, run.test_interval, run.snapshot, 50))
+        stats = net.train(stop - done)
+        if not stats.finite:
+            raise FloatingPointError(f"the loss became {stats.last_loss} at iteration {done + stats.steps}; "
+                                     "lower base_lr (--lr) or check the data")
+        before, done = done, done + stats.steps
+        samples += stats.samples
+        train_s += stats.wall_s
+        window_loss += stats.loss * stats.steps
+        window_steps += stats.steps
+        metrics.progress(stats.steps, loss=stats.loss, lr=net.learning_rate)
+        if _crossed(before, done, run.display) or (done == run.max_iter and run.display and window_steps):
+            state.display(done, window_loss / window_steps, net.learning_rate, samples)
+            window_loss, window_steps = 0.0, 0
+        if state.evaluator is not None and (_crossed(before, done, run.test_interval)
+                                            or (done == run.max_iter and state.last_test_step != done)):
+            rec = state.test(done, samples, net.weights)
+            metrics.progress(0, acc=rec["test_accuracy"])
+        if _crossed(before, done, run.snapshot) and done != run.max_iter:
+            state.snapshot(done, net.get_weights())
+    if run.snapshot_after_train or (run.snapshot and run.max_iter % run.snapshot == 0):
+        state.snapshot(done, net.get_weights())
+    return {"engine": "local", "workers": 1, "steps": done, "samples": samples, "train_s": train_s,
+            "wall_s": metrics.elapsed(), "samples_per_s": samples / train_s if train_s else None,
+            "threads": threads, "rounds": 0, "bytes_communicated": 0}
+
+
+def _training_frame(spark, x: np.ndarray, y: np.ndarray, workdir: Path):
+    """The transformed training data as a Spark DataFrame (``features``, ``label``)."""
+    from sparknet.datasets import ArrayDataset
+    from sparknet.spark._session import is_local_master
+
+    if is_local_master(spark.sparkContext.master):
+        from sparknet.spark.run import dataset_as_parquet
+
+        path = dataset_as_parquet(ArrayDataset(x, y), workdir / "train.parquet")
+        return spark.read.parquet(str(path))
+    # executors elsewhere cannot read the driver's disk: ship the rows through Spark itself
+    rows = [(x[i].reshape(-1).tolist(), int(y[i])) for i in range(len(x))]
+    return spark.createDataFrame(rows, "features array<float>, label long")
+
+
+def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device, spark) -> dict:
+    from sparknet.config import Engine
+    from sparknet.solvers import lr_multiplier
+    from sparknet.spark import SparkTrainer, get_session
+    from sparknet.strategies import make_strategy
+
+    metrics = state.metrics
+    tau = dist.tau
+    if tau is not None and run.test_interval and run.test_interval % tau:
+        logger.warning("test_interval %d is not a multiple of tau %d: tests run at the end of the round that "
+                       "passes each multiple of test_interval", run.test_interval, tau)
+    rounds_engine = dist.engine is Engine.ROUNDS
+    strategy = _RecordingStrategy(make_strategy(dist.strategy)) if rounds_engine else None
+    validation = None
+    if not rounds_engine and run.primary_test is not None:
+        # the barrier engine tests in its own stage; its numbers are the primary test net's
+        validation = load_net_data(run.primary_test.net, samples=None if run.primary_test.iters is None else
+                                   run.primary_test.iters * (run.primary_test.net.batch_size or 100),
+                                   seed=run.seed)
+        every = max(1, (run.test_interval or run.max_iter) // (tau or 1))
+        dist = replace(dist, eval_every_rounds=every)
+        logger.warning("the barrier engine gives no weights between rounds: snapshots are written at the end only, "
+                       "and tests report the primary test net's loss and accuracy")
+    spark = spark or get_session(dist.resolved_master)
+    progress = {"steps": 0, "samples": 0, "window": 0.0, "window_steps": 0}
+
+    def on_round(record: dict) -> None:
+        # one timeline for every record of the run: seconds since the metrics logger started
+        metrics.write({**record, "wall_s": metrics.elapsed(), "fit_wall_s": record.get("wall_s")})
+        before = progress["steps"]
+        after = int(record.get("total_steps", before))
+        progress["steps"] = after
+        progress["samples"] = int(record.get("total_samples", progress["samples"]))
+        steps = after - before
+        progress["window"] += (record.get("loss") or 0.0) * steps
+        progress["window_steps"] += steps
+        metrics.progress(steps, round=record.get("round"), loss=record.get("loss"), tau=record.get("tau"))
+        finished = record.get("stop_reason") is not None
+        if (_crossed(before, after, run.display) or finished) and progress["window_steps"]:
+            lr = run.solver.base_lr * lr_multiplier(run.solver, after)
+            state.display(after, progress["window"] / progress["window_steps"], lr, progress["samples"])
+            progress["window"], progress["window_steps"] = 0.0, 0
+        flat = strategy.latest if strategy is not None else None
+        if flat is not None and state.evaluator is not None and (_crossed(before, after, run.test_interval)
+                                                                 or finished):
+            rec = state.test(after, progress["samples"], state.weights_from_flat(flat))
+            metrics.progress(0, acc=rec["test_accuracy"])
+        elif flat is None and "val_loss" in record:
+            metrics.write({"event": "eval", "step": after, "samples": progress["samples"],
+                           "wall_s": metrics.elapsed(), "loss": record.get("val_loss"),
+                           "test_accuracy": record.get("val_accuracy")})
+        if flat is not None and _crossed(before, after, run.snapshot) and not finished:
+            state.snapshot(after, state.weights_from_flat(flat))
+
+    if state.evaluator is not None and run.test_initialization and run.test_interval > 0:
+        from sparknet.weights import WeightCollection
+
+        state.test(0, 0, WeightCollection(module.layer_weights()))
+    trainer = SparkTrainer(module, solver=run.solver, dist=dist, batch_size=run.batch_size, seed=run.seed,
+                           threads=threads, device=device, strategy=strategy, spark=spark, on_round=on_round,
+                           max_steps=run.max_iter)
+    logger.info("training %s on Spark %s: %d workers, %s engine, tau=%s, %d rows", run.train_net.name,
+                spark.sparkContext.master, dist.workers, dist.engine.value, tau, len(x))
+    with tempfile.TemporaryDirectory(prefix="sparknet-caffe-") as workdir:
+        frame = _training_frame(spark, x, y, Path(workdir))
+        result = trainer.fit(frame, validation=validation)
+    weights = result.weights
+    if state.evaluator is not None and state.last_test_step != progress["steps"]:
+        state.test(progress["steps"], progress["samples"], weights)
+    if run.snapshot_after_train or (run.snapshot and progress["steps"] % run.snapshot == 0):
+        state.snapshot(progress["steps"], weights)
+    summary = {k: v for k, v in result.summary.items() if k not in ("test_accuracy", "test_loss")}
+    summary["steps"] = summary.get("total_steps")
+    summary["fit_s"] = summary.get("wall_s")
+    summary["wall_s"] = metrics.elapsed()
+    summary["master"] = spark.sparkContext.master
+    if validation is not None and result.summary.get("test_accuracy") is not None:
+        summary["test_accuracy"] = result.summary["test_accuracy"]
+        summary["test_loss"] = result.summary.get("test_loss")
+    return summary
