@@ -1,0 +1,758 @@
+"""The Spark ML face of sparknet: :class:`SparkNetEstimator` and :class:`SparkNetModel`.
+
+>>> from pyspark.ml import Pipeline
+>>> from pyspark.ml.feature import VectorAssembler
+>>> from sparknet import zoo
+>>> est = SparkNetEstimator(zoo.mlp(input_shape=[20], hidden=[32], num_classes=3),
+...                         workers=2, tau=20, rounds=10, lr=0.05)       # doctest: +SKIP
+>>> pipe = Pipeline(stages=[VectorAssembler(inputCols=cols, outputCol="features"), est])
+>>> model = pipe.fit(train_df)                                            # doctest: +SKIP
+>>> model.transform(test_df).select("label", "prediction", "probability")  # doctest: +SKIP
+
+The estimator's training ``Param``\\ s are generated from the fields of
+:class:`~sparknet.config.RunConfig` and :class:`~sparknet.config.DistributedConfig` (same
+names in camelCase, the field docstrings as their docs, the dataclasses' own checks); ``fit``
+runs :class:`~sparknet.spark.SparkTrainer` on the DataFrame's session.
+
+The model scores through an Arrow-batched pandas UDF. Its weights reach the executors as one
+broadcast of the model's files (net JSON and safetensors bytes, see
+:mod:`sparknet._model_io`) — never a pickled torch object — and each Python worker process
+builds the net once and keeps it in a process-level cache keyed by the model's content
+hash. Both classes save and load with Spark ML's ``MLWritable``/``MLReadable``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import inspect
+import json
+import logging
+import math
+import os
+import threading
+import typing
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from pyspark.ml import Estimator, Model
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol,
+                                     HasValidationIndicatorCol)
+from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable,
+                             DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter)
+
+from sparknet import _model_io
+from sparknet.config import DistributedConfig, RunConfig, parse_enum
+
+__all__ = ["SparkNetEstimator", "SparkNetModel"]
+
+log = logging.getLogger(__name__)
+
+_RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", "weight_decay", "lr_policy",
+               "gamma", "power", "seed", "threads", "device")
+"""RunConfig fields that become estimator Params."""
+_DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs",
+                "target_accuracy")
+"""DistributedConfig fields that become estimator Params."""
+_DOC_OVERRIDES = {
+    "workers": "Number of workers K (default: the session's default parallelism).",
+    "threads": "Torch threads per task (training and scoring; default 1).",
+}
+_NO_DEFAULT = {"workers"}  # resolved from the session at fit time
+
+
+# -- Params generated from the config dataclasses ---------------------------------------------
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
+
+
+def _base_type(tp) -> tuple[Any, bool]:
+    """(type, optional) of an annotation such as ``int | None``."""
+    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType")):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return (args[0] if len(args) == 1 else str), True
+    return tp, False
+
+
+def _field_docs(cls) -> dict[str, str]:
+    from sparknet.cli import field_docs
+
+    return field_docs(cls)
+
+
+def _field_converter(cls, fname: str, pname: str, base) -> Any:
+    """A typeConverter that converts like the field's type and runs the dataclass's own check."""
+    if isinstance(base, type) and issubclass(base, enum.Enum):
+        def convert_type(v):
+            parse = getattr(base, "parse", None)
+            member = parse(v) if parse is not None else parse_enum(base, v, fname.replace("_", " "))
+            return member.value
+    elif base is bool:
+        convert_type = TypeConverters.toBoolean
+    elif base is int:
+        convert_type = TypeConverters.toInt
+    elif base is float:
+        convert_type = TypeConverters.toFloat
+    else:
+        convert_type = TypeConverters.toString
+
+    def convert(value):
+        try:
+            value = convert_type(value)
+            cls(**{fname: value})  # the field's own validation, with every other field at its default
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"invalid value for param {pname!r}: {e}") from None
+        return value
+
+    convert.__name__ = f"to_{pname}"
+    return convert
+
+
+def _config_params() -> tuple[dict[str, Param], dict[str, tuple[type, str]], dict[str, Any], set[str]]:
+    """Params for the chosen config fields: (param name -> Param, param name -> (class, field),
+    param name -> default, names of optional params)."""
+    params: dict[str, Param] = {}
+    origin: dict[str, tuple[type, str]] = {}
+    defaults: dict[str, Any] = {}
+    optional: set[str] = set()
+    for cls, names in ((RunConfig, _RUN_FIELDS), (DistributedConfig, _DIST_FIELDS)):
+        hints = typing.get_type_hints(cls)
+        docs = _field_docs(cls)
+        by_name = {f.name: f for f in dataclasses.fields(cls)}
+        for fname in names:
+            pname = _camel(fname)
+            base, is_opt = _base_type(hints[fname])
+            doc = _DOC_OVERRIDES.get(fname) or docs.get(fname) or fname.replace("_", " ")
+            params[pname] = Param(Params._dummy(), pname, doc,
+                                  typeConverter=_field_converter(cls, fname, pname, base))
+            origin[pname] = (cls, fname)
+            if is_opt:
+                optional.add(pname)
+            f = by_name[fname]
+            default = f.default if f.default is not dataclasses.MISSING else dataclasses.MISSING
+            if fname not in _NO_DEFAULT and default is not dataclasses.MISSING and default is not None:
+                defaults[pname] = default.value if isinstance(default, enum.Enum) else default
+    return params, origin, defaults, optional
+
+
+def _to_net_dict(value) -> dict:
+    """typeConverter of ``net``: a NetParams (stored as its dict) or such a dict."""
+    if isinstance(value, Mapping):
+        d = dict(value)
+        if not isinstance(d.get("layers"), list):
+            raise TypeError("a net dict needs a 'layers' list (NetParams.to_dict())")
+        return d
+    if hasattr(value, "to_dict") and hasattr(value, "build"):
+        return value.to_dict()
+    raise TypeError(f"net must be a sparknet NetParams (or its to_dict()), got {type(value).__name__}; "
+                    "for a plain torch.nn.Module use sparknet.spark.SparkTrainer and SparkNetModel.from_net")
+
+
+def _to_shape(value) -> list[int]:
+    shape = TypeConverters.toListInt(value)
+    if not shape or any(d < 1 for d in shape):
+        raise ValueError(f"imageShape must be a non-empty list of positive ints, got {value!r}")
+    return shape
+
+
+def _add_accessors(cls, names: Sequence[str]) -> None:
+    """``getX``/``setX`` methods for the params named (generated, not restated)."""
+    for pname in names:
+        cap = pname[:1].upper() + pname[1:]
+        if not hasattr(cls, f"get{cap}"):
+            def getter(self, _p=pname):
+                return self.getOrDefault(getattr(self, _p))
+            getter.__name__, getter.__doc__ = f"get{cap}", f"Gets the value of {pname} or its default value."
+            setattr(cls, f"get{cap}", getter)
+        if not hasattr(cls, f"set{cap}"):
+            def setter(self, value, _p=pname):
+                return self._set(**{_p: value})
+            setter.__name__, setter.__doc__ = f"set{cap}", f"Sets the value of {pname}."
+            setattr(cls, f"set{cap}", setter)
+
+
+_CONFIG_PARAMS, _PARAM_ORIGIN, _CONFIG_DEFAULTS, _OPTIONAL = _config_params()
+
+
+class _ScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
+    """Params the model uses to score (shared with the estimator)."""
+
+    imageShape: Param[list[int]] = Param(
+        Params._dummy(), "imageShape",
+        "Shape of one sample without the batch dimension (e.g. [1, 28, 28]); flat features are reshaped "
+        "to it (default: the net's input shape).", typeConverter=_to_shape)
+    threads: Param[int] = Param(Params._dummy(), "threads", _DOC_OVERRIDES["threads"],
+                                typeConverter=_field_converter(RunConfig, "threads", "threads", int))
+    device: Param[str] = Param(Params._dummy(), "device", "cpu, cuda or auto (where each task runs the net).",
+                               typeConverter=_field_converter(RunConfig, "device", "device", str))
+    scoreBatchSize: Param[int] = Param(Params._dummy(), "scoreBatchSize",
+                                       "Rows per forward pass when scoring.", typeConverter=TypeConverters.toInt)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._setDefault(device="cpu", scoreBatchSize=1024)
+
+
+class _EstimatorParams(_ScoringParams, HasLabelCol, HasValidationIndicatorCol):
+    """Training params: one per chosen config field, plus ``net``."""
+
+    net: Param[dict] = Param(Params._dummy(), "net",
+                             "The network: a sparknet NetParams (kept as NetParams.to_dict()). When unset, "
+                             "the zoo model named by 'model' is made to fit the data.",
+                             typeConverter=_to_net_dict)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._setDefault(**_CONFIG_DEFAULTS)
+
+
+for _name, _param in _CONFIG_PARAMS.items():
+    if _name not in ("threads", "device"):
+        setattr(_EstimatorParams, _name, _param)
+_add_accessors(_ScoringParams, ["featuresCol", "predictionCol", "probabilityCol", "imageShape", "threads", "device",
+                                "scoreBatchSize"])
+_add_accessors(_EstimatorParams, ["labelCol", "validationIndicatorCol", *_CONFIG_PARAMS])
+
+
+def _set_params(instance: Params, params: Mapping[str, Any]) -> None:
+    """Set params given by camelCase or snake_case name; unknown names are a clear error."""
+    resolved = {}
+    for key, value in params.items():
+        name = key if instance.hasParam(key) else _camel(key)
+        if not instance.hasParam(name):
+            known = sorted(p.name for p in instance.params)
+            raise ValueError(f"{type(instance).__name__} has no parameter {key!r}; known: {known}")
+        resolved[name] = value
+    instance._set(**resolved)
+
+
+# -- column handling ------------------------------------------------------------------------------
+def _feature_kind(schema, col: str) -> str:
+    """``"vector"``, ``"array"`` or ``"binary"``; a clear ValueError for anything else."""
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql.types import ArrayType, BinaryType, NumericType
+
+    if col not in schema.fieldNames():
+        raise ValueError(f"features column {col!r} not found; the DataFrame has {schema.fieldNames()}")
+    dt = schema[col].dataType
+    if isinstance(dt, VectorUDT):
+        return "vector"
+    if isinstance(dt, ArrayType) and isinstance(dt.elementType, NumericType):
+        return "array"
+    if isinstance(dt, BinaryType):
+        return "binary"
+    raise ValueError(f"features column {col!r} is {dt.simpleString()}; it must be an ML Vector, an array of "
+                     "numbers, or binary (with imageShape)")
+
+
+def _features_as_array(schema, col: str):
+    """A Column of ``array<float>`` (or binary) for the features column."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    kind = _feature_kind(schema, col)
+    if kind == "vector":
+        return kind, vector_to_array(F.col(col), "float32")
+    if kind == "array":
+        return kind, F.col(col).cast("array<float>")
+    return kind, F.col(col)
+
+
+# -- executor side: the scoring UDF -------------------------------------------------------------
+_CACHE_SIZE = 2
+_MODEL_CACHE: OrderedDict[str, Any] = OrderedDict()
+_BUILDS: dict[str, int] = {}  # cache key -> times built in this process (for tests and logs)
+_CACHE_LOCK = threading.Lock()
+
+
+def _cached_model(key: str, files_bc, device: str, allow_pickle: bool):
+    """The model with content hash ``key``, built once per Python worker process."""
+    with _CACHE_LOCK:
+        cache_key = f"{key}@{device}"
+        model = _MODEL_CACHE.get(cache_key)
+        if model is None:
+            log.info("building model %s in process %d", key, os.getpid())
+            model = _model_io.unpack_model(files_bc.value, device=_executor_device(device), allow_pickle=allow_pickle)
+            _MODEL_CACHE[cache_key] = model
+            _BUILDS[cache_key] = _BUILDS.get(cache_key, 0) + 1
+            while len(_MODEL_CACHE) > _CACHE_SIZE:
+                _MODEL_CACHE.popitem(last=False)
+        else:
+            _MODEL_CACHE.move_to_end(cache_key)
+        return model
+
+
+def _executor_device(device: str) -> str:
+    if device in ("auto", "cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            try:
+                from pyspark import TaskContext
+
+                ctx = TaskContext.get()
+                gpus = ctx.resources().get("gpu") if ctx is not None else None
+                if gpus is not None and gpus.addresses:
+                    return f"cuda:{gpus.addresses[0]}"
+            except Exception:  # noqa: BLE001 - no task context: the default GPU
+                pass
+            return "cuda"
+        if device == "cuda":
+            raise ValueError("device 'cuda' was asked for but this executor's torch sees no CUDA device")
+        return "cpu"
+    return device
+
+
+def _decode_features(values, kind: str, shape: tuple[int, ...] | None) -> np.ndarray:
+    """One Arrow batch of feature cells (numpy arrays or bytes) to a float32 [n, *shape] array."""
+    n = len(values)
+    if n and any(v is None for v in values):
+        raise ValueError("the features column holds nulls; drop or fill them before transform()")
+    width = int(np.prod(shape)) if shape else None
+    if n == 0:
+        return np.zeros((0, *(shape or (0,))), dtype=np.float32)
+    if kind == "binary":
+        # As the trainer reads them: one byte per value (uint8 pixels, scaled to [0, 1]) or
+        # four (little-endian float32).
+        sizes = {len(v) for v in values}
+        if len(sizes) == 1 and width is not None and sizes == {4 * width}:
+            flat = [np.frombuffer(v, dtype="<f4") for v in values]
+        else:
+            flat = [np.frombuffer(v, dtype=np.uint8).astype(np.float32) / np.float32(255.0) for v in values]
+    else:
+        flat = list(values)
+    lengths = {len(v) for v in flat}
+    if len(lengths) != 1 or (width is not None and lengths != {width}):
+        want = f"{width} ({'x'.join(map(str, shape))})" if width is not None else "one length"
+        raise ValueError(f"feature vectors have lengths {sorted(lengths)[:5]}; the net takes {want}")
+    x = np.stack(flat).astype(np.float32, copy=False)
+    return x.reshape(n, *shape) if shape else x
+
+
+def _score_batches(batches, *, key: str, files_bc, kind: str, shape, threads: int, chunk: int,
+                   device: str, allow_pickle: bool) -> Iterator:
+    """Score Arrow batches: softmax probabilities and arg-max predictions."""
+    import pandas as pd
+    import torch
+
+    torch.set_num_threads(threads)
+    model = _cached_model(key, files_bc, device, allow_pickle)
+    shape = tuple(shape) if shape else None
+    for series in batches:
+        x = _decode_features(series.to_numpy(), kind, shape)
+        probs = []
+        with torch.no_grad():
+            for start in range(0, len(x), chunk):
+                logits = model.predict(torch.from_numpy(x[start:start + chunk]))
+                if logits.dim() != 2:
+                    raise ValueError(f"the net's output has shape {tuple(logits.shape)}; scoring needs "
+                                     "[batch, classes] logits")
+                probs.append(torch.softmax(logits.double(), dim=1).cpu().numpy())
+        p = np.concatenate(probs) if probs else np.zeros((0, 0))
+        yield pd.DataFrame({"prediction": p.argmax(axis=1).astype(np.float64) if len(p) else np.zeros(0),
+                            "probability": list(p)})
+
+
+# -- the estimator --------------------------------------------------------------------------------
+class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, DefaultParamsWritable):
+    """Trains a sparknet net on a DataFrame with :class:`~sparknet.spark.SparkTrainer`.
+
+    Parameters
+    ----------
+    net : NetParams, optional
+        The network (kept as its ``to_dict()``). Default: the zoo model named by ``model``,
+        sized to the data (input shape from the features, classes from the labels).
+    **params
+        Any Param by its camelCase name (``featuresCol``, ``labelCol``, ``predictionCol``,
+        ``probabilityCol``, ``imageShape``, ``scoreBatchSize``, ``validationIndicatorCol`` — rows
+        where it is true are held out and evaluated on, not trained on) or a training setting by its
+        config field name in camelCase or snake_case: ``model``, ``steps``, ``batchSize``,
+        ``solverType``, ``lr``, ``momentum``, ``weightDecay``, ``lrPolicy``, ``gamma``,
+        ``power``, ``seed``, ``threads``, ``device`` (:class:`~sparknet.config.RunConfig`) and
+        ``workers``, ``engine``, ``strategy``, ``tau``, ``roundSeconds``, ``warmupSteps``,
+        ``rounds``, ``epochs``, ``targetAccuracy``
+        (:class:`~sparknet.config.DistributedConfig`). ``explainParams()`` lists them with
+        their docs.
+
+    Raises
+    ------
+    ValueError
+        An unknown parameter or a bad value (unknown engine or strategy, ``tau=0``), at once;
+        settings that clash with each other, when ``fit`` starts and before any training.
+    """
+
+    def __init__(self, net=None, **params: Any) -> None:
+        super().__init__()
+        if net is not None:
+            params["net"] = net
+        _set_params(self, params)
+
+    def setParams(self, **params: Any) -> SparkNetEstimator:
+        """Set several params at once (camelCase or snake_case names)."""
+        _set_params(self, params)
+        return self
+
+    def getNet(self):
+        """The NetParams, or None when the zoo model named by ``model`` is used."""
+        if not self.isDefined(self.net) or self.getOrDefault(self.net) is None:
+            return None
+        from sparknet.layers import NetParams
+
+        return NetParams.from_dict(self.getOrDefault(self.net))
+
+    # -- configuration --------------------------------------------------------------------------
+    def _config_kwargs(self, cls) -> dict[str, Any]:
+        out = {}
+        for pname, (owner, fname) in _PARAM_ORIGIN.items():
+            if owner is not cls or not self.isDefined(getattr(self, pname)):
+                continue
+            value = self.getOrDefault(getattr(self, pname))
+            if value is None and pname not in _OPTIONAL:
+                raise ValueError(f"param {pname!r} cannot be None")
+            out[fname] = value
+        return out
+
+    def configs(self, default_workers: int | None = None) -> tuple[RunConfig, DistributedConfig]:
+        """The :class:`RunConfig` and :class:`DistributedConfig` these params describe (validated).
+
+        Parameters
+        ----------
+        default_workers : int, optional
+            Workers when ``workers`` is unset (``fit`` passes the session's default parallelism).
+        """
+        run = RunConfig(**self._config_kwargs(RunConfig))
+        dist_kwargs = self._config_kwargs(DistributedConfig)
+        dist_kwargs.setdefault("workers", default_workers or 1)
+        dist = DistributedConfig(**dist_kwargs)
+        return run, dist
+
+    def _resolve_net(self, dataset, run: RunConfig, kind: str):
+        """The NetParams to train and the per-sample input shape."""
+        net = self.getNet()
+        shape = tuple(self.getImageShape()) if self.isDefined(self.imageShape) else None
+        if net is None:
+            net = self._zoo_net(dataset, run, shape, kind)
+        if shape is None:
+            shape = _model_io.input_shape_of(net)
+        return net, shape
+
+    def _zoo_net(self, dataset, run: RunConfig, shape, kind: str):
+        """The zoo model named by ``model``, sized to the data where its function takes sizes."""
+        from pyspark.sql import functions as F
+
+        from sparknet import zoo
+
+        key = run.model.strip().lower().replace("-", "_")
+        if key not in zoo.MODELS:
+            raise ValueError(f"unknown model {run.model!r}; choose one of {sorted(zoo.MODELS)}")
+        takes = inspect.signature(zoo.MODELS[key]).parameters
+        kwargs: dict[str, Any] = {}
+        if "batch_size" in takes:
+            kwargs["batch_size"] = run.batch_size
+        need_shape = "input_shape" in takes and shape is None
+        if need_shape and kind == "binary":
+            raise ValueError("binary features need imageShape to size the model")
+        if need_shape or "num_classes" in takes:
+            _, feats = _features_as_array(dataset.schema, self.getFeaturesCol())
+            row = dataset.agg(F.max(F.col(self.getLabelCol())).alias("top"),
+                              F.max(F.size(feats)).alias("width")).first()
+            if row is None or row["top"] is None:
+                raise ValueError("the training DataFrame is empty")
+            if "num_classes" in takes:
+                kwargs["num_classes"] = int(row["top"]) + 1
+            if need_shape:
+                kwargs["input_shape"] = [int(row["width"])]
+        if shape is not None and "input_shape" in takes:
+            kwargs["input_shape"] = list(shape)
+        log.info("using zoo model %s(%s)", key, kwargs)
+        return zoo.get_model(key, **kwargs)
+
+    # -- fit --------------------------------------------------------------------------------------
+    def _fit(self, dataset) -> SparkNetModel:
+        from pyspark.sql import functions as F
+
+        spark = dataset.sparkSession
+        run, dist = self.configs(default_workers=spark.sparkContext.defaultParallelism)
+        features_col, label_col = self.getFeaturesCol(), self.getLabelCol()
+        kind = _feature_kind(dataset.schema, features_col)
+        if label_col not in dataset.schema.fieldNames():
+            raise ValueError(f"label column {label_col!r} not found; the DataFrame has {dataset.schema.fieldNames()}")
+        train, validation = dataset, None
+        if self.isDefined(self.validationIndicatorCol) and self.getValidationIndicatorCol():
+            ind = self.getValidationIndicatorCol()
+            if ind not in dataset.schema.fieldNames():
+                raise ValueError(f"validation indicator column {ind!r} not found")
+            train = dataset.filter(~F.coalesce(F.col(ind).cast("boolean"), F.lit(False)))
+            validation = dataset.filter(F.coalesce(F.col(ind).cast("boolean"), F.lit(False)))
+        if dist.target_accuracy is not None and validation is None:
+            raise ValueError("targetAccuracy needs validation rows: set validationIndicatorCol")
+        net_params, shape = self._resolve_net(train, run, kind)
+        image_shape = self.getImageShape() if self.isDefined(self.imageShape) else None
+        if kind == "binary" and image_shape is None:
+            if shape is None:
+                raise ValueError("binary features need imageShape")
+            image_shape = list(shape)
+
+        from sparknet.spark import SparkTrainer
+
+        solver = run.solver()
+        trainer = SparkTrainer(net_params, solver=solver, dist=dist, batch_size=run.batch_size, seed=run.seed,
+                               threads=run.threads or 1, device=run.device, spark=spark, max_steps=run.steps)
+        result = trainer.fit(train, validation, features_col=features_col, label_col=label_col,
+                             image_shape=image_shape)
+        summary = _plain(result.summary)
+        config = {"run": _plain(run), "dist": _plain(dist)}
+        files = _model_io.pack_model(net_params, result.weights, solver=solver, config=config, input_shape=shape,
+                                     metadata={"summary": summary})
+        model = SparkNetModel._from_files(files, allow_pickle=False)
+        self._copyValues(model)
+        if shape is not None and not model.isSet(model.imageShape):
+            model._set(imageShape=list(shape))
+        model.history = list(result.history)
+        model.summary = summary
+        return model
+
+
+def _plain(obj):
+    """JSON-able copy (enums to values, dataclasses to dicts); non-JSON leaves become strings."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        obj = dataclasses.asdict(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, Mapping):
+        return {str(k): _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    return str(obj)
+
+
+# -- the model ------------------------------------------------------------------------------------
+class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
+    """A trained net that scores a DataFrame: adds ``prediction`` and ``probability`` columns.
+
+    ``prediction`` is the arg-max class as a double, ``probability`` an ML ``DenseVector`` of
+    the softmax of the logits. Set ``predictionCol`` or ``probabilityCol`` to ``""`` to leave
+    that column out. Made by :meth:`SparkNetEstimator.fit`, by :meth:`from_net` (any trained
+    :class:`~sparknet.net.Net` or module), by :meth:`fromModelFolder`, or by ``load``.
+
+    Attributes
+    ----------
+    history : list
+        Per-round records of the training run (not saved).
+    summary : object
+        The trainer's summary (kept in the saved manifest's metadata as JSON).
+    """
+
+    def __init__(self, **params: Any) -> None:
+        super().__init__()
+        self._files: dict[str, bytes] | None = None
+        self._model_id: str | None = None
+        self._allow_pickle = False
+        self._saved: _model_io.SavedModel | None = None
+        self._bc = None
+        self._bc_owner = None
+        self.history: list = []
+        self.summary = None
+        _set_params(self, params)
+
+    # -- construction -----------------------------------------------------------------------------
+    @classmethod
+    def _from_files(cls, files: Mapping[str, bytes], *, allow_pickle: bool) -> SparkNetModel:
+        saved = _model_io.unpack_model(files, allow_pickle=allow_pickle)  # checks the files now, on the driver
+        model = cls()
+        model._files = dict(files)
+        model._model_id = _model_io.model_id(files)
+        model._allow_pickle = allow_pickle
+        model._saved = saved
+        if saved.input_shape is not None:
+            model._set(imageShape=list(saved.input_shape))
+        meta = saved.manifest.get("metadata") or {}
+        model.summary = meta.get("summary")
+        return model
+
+    @classmethod
+    def from_net(cls, net, weights=None, *, input_shape: Sequence[int] | None = None, **params: Any) -> SparkNetModel:
+        """A model from a trained :class:`~sparknet.net.Net`, NetParams plus weights, or module.
+
+        A plain ``torch.nn.Module`` travels to the executors pickled inside the model files;
+        this process made them, so they are trusted here. Saved and loaded again, such a model
+        needs ``SparkNetModel.load(path, allow_pickle=True)``.
+        """
+        files = _model_io.pack_model(net, weights, input_shape=input_shape)
+        model = cls._from_files(files, allow_pickle=True)
+        _set_params(model, params)
+        return model
+
+    @classmethod
+    def fromModelFolder(cls, path: str, *, allow_pickle: bool = False, **params: Any) -> SparkNetModel:
+        """A model from a sparknet model folder (:func:`sparknet._model_io.save_model`, local path)."""
+        model = cls._from_files(_model_io.read_model_files(path), allow_pickle=allow_pickle)
+        _set_params(model, params)
+        return model
+
+    def saveModelFolder(self, path: str, *, overwrite: bool = False) -> str:
+        """Write the model as a plain sparknet model folder (local path), as ``sparknet predict`` reads."""
+        return str(_model_io.write_model_files(path, self._require_files(), overwrite=overwrite))
+
+    def _require_files(self) -> dict[str, bytes]:
+        if self._files is None:
+            raise ValueError("this SparkNetModel holds no trained net; make it with SparkNetEstimator.fit, "
+                             "SparkNetModel.from_net or SparkNetModel.load")
+        return self._files
+
+    def _copy_state(self, other: SparkNetModel) -> SparkNetModel:
+        other._files, other._model_id, other._allow_pickle = self._files, self._model_id, self._allow_pickle
+        other._saved, other.history, other.summary = self._saved, list(self.history), self.summary
+        other._bc, other._bc_owner = self._bc, self._bc_owner
+        return other
+
+    def copy(self, extra=None) -> SparkNetModel:
+        """A copy sharing the trained net, with ``extra`` params applied."""
+        return self._copy_state(super().copy(extra))
+
+    # -- the trained net --------------------------------------------------------------------------
+    @property
+    def modelId(self) -> str:
+        """A content hash of the net and its weights (the executors' cache key)."""
+        self._require_files()
+        return self._model_id
+
+    @property
+    def net(self):
+        """The trained :class:`~sparknet.net.Net` on the driver."""
+        return self._loaded().net
+
+    @property
+    def weights(self):
+        """The trained weights (a :class:`~sparknet.weights.WeightCollection`)."""
+        return self._loaded().weights
+
+    def _loaded(self) -> _model_io.SavedModel:
+        if self._saved is None:
+            self._saved = _model_io.unpack_model(self._require_files(), allow_pickle=self._allow_pickle)
+        return self._saved
+
+    # -- scoring ----------------------------------------------------------------------------------
+    def _broadcast(self, sc):
+        """One broadcast of the model files per SparkContext (kept while this model lives)."""
+        owner = id(sc._jsc) if sc._jsc is not None else None
+        if self._bc is None or self._bc_owner != owner:
+            self._bc = sc.broadcast(self._require_files())
+            self._bc_owner = owner
+        return self._bc
+
+    def unpersist(self) -> None:
+        """Drop the broadcast weights from the executors (a later transform broadcasts again)."""
+        bc, self._bc, self._bc_owner = self._bc, None, None
+        if bc is not None:
+            try:
+                bc.unpersist()
+            except Exception as e:  # noqa: BLE001 - a stopped context has nothing left to drop
+                log.debug("could not unpersist the model broadcast: %s", e)
+
+    def _transform(self, dataset):
+        from pyspark.ml.functions import array_to_vector
+        from pyspark.sql import functions as F
+        from pyspark.sql.functions import pandas_udf
+        from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
+
+        self._require_files()
+        kind, feats = _features_as_array(dataset.schema, self.getFeaturesCol())
+        shape = self.getImageShape() if self.isDefined(self.imageShape) else None
+        if kind == "binary" and shape is None:
+            raise ValueError("binary features need imageShape")
+        pred_col, prob_col = self.getPredictionCol(), self.getProbabilityCol()
+        for col in (pred_col, prob_col):
+            if col and col in dataset.schema.fieldNames():
+                raise ValueError(f"output column {col!r} already exists in the DataFrame")
+        if not pred_col and not prob_col:
+            log.warning("predictionCol and probabilityCol are both empty: transform() adds nothing")
+            return dataset
+
+        bc = self._broadcast(dataset.sparkSession.sparkContext)
+        threads = self.getThreads() if self.isDefined(self.threads) and self.getThreads() else 1
+        score = functools.partial(_score_batches, key=self.modelId, files_bc=bc, kind=kind,
+                                  shape=list(shape) if shape else None, threads=int(threads),
+                                  chunk=int(self.getScoreBatchSize()), device=self.getDevice(),
+                                  allow_pickle=self._allow_pickle)
+
+        import pandas as pd
+
+        def score_udf(batches):
+            return score(batches)
+
+        # Real types, not the strings this module's ``annotations`` future would give: Spark
+        # reads the hints to pick the iterator-of-Series UDF kind.
+        score_udf.__annotations__ = {"batches": Iterator[pd.Series], "return": Iterator[pd.DataFrame]}
+
+        out_type = StructType([StructField("prediction", DoubleType()),
+                               StructField("probability", ArrayType(DoubleType()))])
+        udf = pandas_udf(score_udf, out_type)
+        tmp = f"__sparknet_{self._model_id[:8]}"
+        scored = dataset.withColumn(tmp, udf(feats))
+        cols = [F.col(c) for c in dataset.columns]
+        if pred_col:
+            cols.append(F.col(f"{tmp}.prediction").alias(pred_col))
+        if prob_col:
+            cols.append(array_to_vector(F.col(f"{tmp}.probability")).alias(prob_col))
+        return scored.select(*cols)
+
+    # -- persistence ------------------------------------------------------------------------------
+    def write(self) -> MLWriter:
+        """Spark ML writer: params as metadata, the model files as one Parquet table under ``data``."""
+        return _SparkNetModelWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _SparkNetModelReader(cls)
+
+    @classmethod
+    def load(cls, path: str, allow_pickle: bool = False) -> SparkNetModel:
+        """Load a model saved with ``save``; ``allow_pickle`` is needed (and only safe for trusted
+        files) when the model holds a pickled plain torch module."""
+        return _SparkNetModelReader(cls, allow_pickle=allow_pickle).load(path)
+
+
+class _SparkNetModelWriter(MLWriter):
+    def __init__(self, instance: SparkNetModel):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        files = self.instance._require_files()
+        DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
+                                         extraMetadata={"sparknetModelId": self.instance.modelId,
+                                                        "sparknetFormatVersion": _model_io.FORMAT_VERSION})
+        rows = [(name, bytearray(data)) for name, data in sorted(files.items())]
+        (self.sparkSession.createDataFrame(rows, "name string, content binary").coalesce(1)
+         .write.parquet(os.path.join(path, "data")))
+
+
+class _SparkNetModelReader(MLReader):
+    def __init__(self, cls, allow_pickle: bool = False):
+        super().__init__()
+        self.cls = cls
+        self.allow_pickle = allow_pickle
+
+    def load(self, path: str) -> SparkNetModel:
+        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        cls_name = f"{self.cls.__module__}.{self.cls.__name__}"
+        if metadata.get("class") != cls_name:
+            raise ValueError(f"{path} holds a {metadata.get('class')}, not a {cls_name}")
+        rows = self.sparkSession.read.parquet(os.path.join(path, "data")).collect()
+        files = {row["name"]: bytes(row["content"]) for row in rows}
+        model = self.cls._from_files(files, allow_pickle=self.allow_pickle)
+        model._resetUid(metadata["uid"])
+        DefaultParamsReader.getAndSetParams(model, metadata)
+        return model

@@ -1,0 +1,221 @@
+"""Spark ML face on local[2]: Pipeline fit/transform/evaluate, save/load, params, bad params."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from _spark_testlib import start_session
+from sparknet import zoo
+from sparknet.datasets import synthetic
+from sparknet.net import Net
+from sparknet.solvers import SolverConfig
+
+pytestmark = pytest.mark.spark
+
+WIDTH, CLASSES = 8, 3
+COLUMNS = [f"x{i}" for i in range(WIDTH)]
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = start_session("local[2]")
+    yield session
+    session.stop()
+
+
+def _frame(spark, ds):
+    import pandas as pd
+
+    pdf = pd.DataFrame(ds.x.astype("float64"), columns=COLUMNS)
+    pdf["label"] = ds.y.astype("int64")
+    return spark.createDataFrame(pdf)
+
+
+@pytest.fixture(scope="module")
+def data(spark):
+    train = _frame(spark, synthetic(400, shape=(WIDTH,), num_classes=CLASSES, seed=1, noise=1.5)).cache()
+    test = _frame(spark, synthetic(200, shape=(WIDTH,), num_classes=CLASSES, seed=2, noise=1.5)).cache()
+    return train, test
+
+
+def _estimator(**params):
+    from sparknet.spark.ml import SparkNetEstimator
+
+    kw = dict(workers=2, tau=10, rounds=4, lr=0.05, batchSize=32, seed=0)
+    kw.update(params)
+    return SparkNetEstimator(zoo.mlp(input_shape=[WIDTH], hidden=[16], num_classes=CLASSES), **kw)
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    from pyspark.ml import Pipeline
+    from pyspark.ml.feature import VectorAssembler
+
+    train, _ = data
+    pipeline = Pipeline(stages=[VectorAssembler(inputCols=COLUMNS, outputCol="features"), _estimator()])
+    return pipeline.fit(train)
+
+
+def _predictions(df):
+    rows = df.select("prediction", "probability").collect()
+    return np.array([r.prediction for r in rows]), np.array([r.probability.toArray() for r in rows])
+
+
+def test_pipeline_fit_transform_evaluate(fitted, data):
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql.types import DoubleType
+
+    _, test = data
+    scored = fitted.transform(test)
+    assert isinstance(scored.schema["prediction"].dataType, DoubleType)
+    assert isinstance(scored.schema["probability"].dataType, VectorUDT)
+    accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored)
+    assert accuracy > 0.7, accuracy  # chance is 1/3
+    pred, prob = _predictions(scored)
+    assert prob.shape == (200, CLASSES)
+    np.testing.assert_allclose(prob.sum(axis=1), 1.0, atol=1e-9)
+    assert np.array_equal(pred, prob.argmax(axis=1).astype(float))
+    model = fitted.stages[-1]
+    assert model.summary["rounds"] == 4 and model.summary["workers"] == 2
+    assert len(model.history) >= 4
+
+
+def test_transform_matches_the_driver_net(fitted, data):
+    # the executors' UDF and the driver-side Net agree
+    from pyspark.ml.functions import vector_to_array
+
+    _, test = data
+    scored = fitted.transform(test)
+    rows = scored.select(vector_to_array("features").alias("f"), "probability").collect()
+    x = torch.tensor(np.array([r.f for r in rows]), dtype=torch.float32)
+    want = torch.softmax(fitted.stages[-1].net.predict(x).double(), dim=1).numpy()
+    got = np.array([r.probability.toArray() for r in rows])
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-9)
+
+
+def test_model_is_built_once_per_worker_process(fitted, data):
+    import pandas as pd
+    from pyspark.sql.functions import pandas_udf
+
+    _, test = data
+    model = fitted.stages[-1]
+    for _ in range(2):
+        fitted.transform(test).select("prediction").collect()
+
+    def builds(s):
+        import os
+
+        from sparknet.spark import ml
+
+        counts = {k: v for k, v in ml._BUILDS.items() if k.startswith(model_id)}
+        return pd.Series([f"{os.getpid()} {sorted(counts.values())}"] * len(s))
+
+    model_id = model.modelId
+    builds.__annotations__ = {"s": pd.Series, "return": pd.Series}
+    seen = {r[0] for r in test.select(pandas_udf(builds, "string")("label")).collect()}
+    counts = [c for line in seen for c in [line.split(" ", 1)[1]]]
+    # every Python worker that scored built the model exactly once, over two transforms
+    assert "[1]" in counts and set(counts) <= {"[1]", "[]"}, seen
+
+
+def test_pipeline_save_load_gives_identical_predictions(fitted, data, tmp_path):
+    from pyspark.ml import PipelineModel
+
+    from sparknet import _model_io
+    from sparknet.spark.ml import SparkNetModel
+
+    _, test = data
+    path = str(tmp_path / "pipeline")
+    fitted.write().overwrite().save(path)
+    loaded = PipelineModel.load(path)
+    assert isinstance(loaded.stages[-1], SparkNetModel)
+    assert loaded.stages[-1].modelId == fitted.stages[-1].modelId
+    assert loaded.stages[-1].summary["rounds"] == 4
+    pred_a, prob_a = _predictions(fitted.transform(test))
+    pred_b, prob_b = _predictions(loaded.transform(test))
+    assert np.array_equal(pred_a, pred_b)
+    assert np.array_equal(prob_a, prob_b)
+    # the same model as a plain sparknet model folder (what `sparknet predict` reads)
+    folder = fitted.stages[-1].saveModelFolder(str(tmp_path / "folder"))
+    saved = _model_io.load_model(folder)
+    assert saved.weights.allclose(fitted.stages[-1].weights, rtol=0, atol=0)
+    assert saved.solver is not None and saved.config["dist"]["tau"] == 10
+
+
+def test_model_from_a_net_trained_in_process_scores_arrays(spark, data):
+    from pyspark.sql import functions as F
+
+    from sparknet.spark.ml import SparkNetModel
+
+    train_ds = synthetic(300, shape=(WIDTH,), num_classes=CLASSES, seed=1, noise=1.5)
+    net = Net(zoo.mlp(input_shape=[WIDTH], hidden=[16], num_classes=CLASSES), SolverConfig(base_lr=0.05),
+              batch_size=32, seed=0)
+    net.set_training_data(train_ds)
+    net.train(30)
+    _, test = data
+    df = test.select(F.array(*COLUMNS).alias("feats"), "label")
+    model = SparkNetModel.from_net(net, featuresCol="feats", probabilityCol="")
+    scored = model.transform(df)
+    assert "probability" not in scored.columns
+    rows = scored.collect()
+    x = np.array([r.feats for r in rows], dtype=np.float32)
+    assert [r.prediction for r in rows] == net.predict(x).argmax(1).double().tolist()
+
+
+def test_estimator_params_round_trip(tmp_path):
+    from sparknet.spark.ml import SparkNetEstimator
+
+    est = _estimator(engine="barrier", strategy="diloco", roundSeconds=2.5, warmup_steps=7, imageShape=[WIDTH],
+                     featuresCol="feats", validationIndicatorCol="is_val")
+    assert est.getEngine() == "barrier" and est.getWarmupSteps() == 7 and est.getTau() == 10
+    est.save(str(tmp_path / "est"))
+    loaded = SparkNetEstimator.load(str(tmp_path / "est"))
+
+    def params(e):
+        return {p.name: v for p, v in e.extractParamMap().items()}
+
+    assert params(loaded) == params(est)
+    assert loaded.uid == est.uid
+    assert loaded.getNet().to_dict() == est.getNet().to_dict()
+    run, dist = loaded.configs(default_workers=2)
+    assert dist.engine.value == "barrier" and dist.round_seconds == 2.5 and run.batch_size == 32
+    assert "Local steps per round" in loaded.explainParam("tau")
+
+
+@pytest.mark.parametrize("params, match", [
+    ({"engine": "spaceship"}, "unknown engine"),
+    ({"strategy": "magic"}, "unknown strategy"),
+    ({"tau": 0}, "tau must be at least 1"),
+    ({"lr": -1.0}, "learning rate"),
+    ({"workers": 0}, "workers must be at least 1"),
+    ({"solverType": "newton"}, "solver"),
+    ({"no_such_thing": 1}, "no parameter 'no_such_thing'"),
+])
+def test_bad_params_are_a_clear_value_error(params, match):
+    from sparknet.spark.ml import SparkNetEstimator
+
+    with pytest.raises(ValueError, match=match):
+        SparkNetEstimator(**params)
+    with pytest.raises(ValueError, match=match):
+        _estimator().setParams(**params)
+
+
+def test_bad_settings_fail_before_training(spark, data):
+    from pyspark.ml.feature import VectorAssembler
+
+    train, _ = data
+    assembled = VectorAssembler(inputCols=COLUMNS, outputCol="features").transform(train)
+    tracker = spark.sparkContext.statusTracker()
+    jobs_before = len(tracker.getJobIdsForGroup())
+    with pytest.raises(ValueError, match="give tau, round_seconds"):
+        _estimator(tau=None).fit(assembled)
+    with pytest.raises(ValueError, match="features column 'nope' not found"):
+        _estimator(featuresCol="nope").fit(assembled)
+    with pytest.raises(ValueError, match="features column 'x0' is double"):
+        _estimator(featuresCol="x0").fit(assembled)
+    with pytest.raises(ValueError, match="targetAccuracy needs validation rows"):
+        _estimator(targetAccuracy=0.9).fit(assembled)
+    assert len(tracker.getJobIdsForGroup()) == jobs_before  # no Spark job ran
