@@ -265,3 +265,21 @@ def test_a_failing_combiner_is_counted_and_serving_goes_on():
             r = c.push(2, np.ones(3, np.float32), 0)
             np.testing.assert_array_equal(r.weights, np.ones(3, np.float32))
         assert ps.stats()["rejected"] == {"internal": 1}
+
+
+def test_a_req_socket_client_is_served_too(server):
+    creds = server.new_job()
+    ctx = zmq.Context()
+    req = ctx.socket(zmq.REQ)
+    try:
+        req.setsockopt(zmq.LINGER, 0)
+        req.connect(server.endpoint)
+        req.send_multipart(encode(Header(Kind.PULL, 0, creds.job_id, 4, 0, 0, 0, 0), None, creds.secret))
+        assert req.poll(5000)
+        answer = decode(req.recv_multipart())
+    finally:
+        req.close(linger=0)
+        ctx.term()
+    assert verify(creds.secret, answer)
+    assert answer.header.kind == Kind.REPLY and answer.header.status == Status.PULLED
+    np.testing.assert_array_equal(answer.array(), np.zeros(N, np.float32))

@@ -20,7 +20,9 @@ from sparknet import Net, SolverConfig, zoo  # noqa: E402
 from sparknet.config import DistributedConfig, RunConfig  # noqa: E402
 from sparknet.datasets import synthetic  # noqa: E402
 from sparknet.errors import EngineError  # noqa: E402
-from sparknet.ps import AsyncSession, run_async  # noqa: E402
+from sparknet.ps import AsyncConfig, AsyncSession, run_async  # noqa: E402
+from sparknet.ps._worker import concat_blocks, scatter  # noqa: E402
+from sparknet.ps.session import _job_error  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -141,6 +143,16 @@ def test_local_arrays_and_a_user_train_step_returning_a_loss(spark):
     assert all(math.isfinite(t["loss"]) for t in m["tasks"])
 
 
+def test_an_rdd_of_rows_with_feed_names(spark):
+    from pyspark.sql import Row
+
+    train = _data(400, 0)
+    rows = spark.sparkContext.parallelize([Row(img=x, digit=int(y)) for x, y in zip(train.x, train.y)], 2)
+    sess = AsyncSession(_mlp(), SolverConfig(base_lr=0.05), combiner="delta")
+    m = sess.run(data=rows, feed_names=["img", "digit"], batch_size=20, sync_interval=5, epochs=1)
+    assert m["pushes"] == 4 and m["samples"] == 400  # 10 steps per partition, pushes at 5 and 10
+
+
 def test_bad_data_is_a_clear_error_before_training(spark):
     bad = spark.sparkContext.parallelize([(np.zeros(7, np.float32), 0)] * 10, 2)
     sess = AsyncSession(_mlp(), SolverConfig())
@@ -173,3 +185,38 @@ def test_run_async_the_command_lines_entry_point(spark, tmp_path):
     assert summary["test_accuracy"] > 0.5 and summary["pushes"] == 8
     events = [r["event"] for r in read_metrics(tmp_path / "m.jsonl")]
     assert events == ["epoch", "summary"]
+
+
+# -- pieces that need no Spark --------------------------------------------------------------------
+def test_scatter_moves_every_row_once_to_a_seeded_random_partition():
+    x = np.arange(100, dtype=np.float32).reshape(50, 2)
+    y = np.arange(50)
+    out = list(scatter(7, 0, 3)(1, [(x[:20], y[:20]), (x[20:], y[20:])]))
+    assert sorted({t for t, _ in out}) == [0, 1, 2]
+    got_y = np.concatenate([b[1] for _, b in out])
+    assert sorted(got_y.tolist()) == y.tolist()
+    for _, (bx, by) in out:
+        np.testing.assert_array_equal(bx[:, 0], 2 * by)  # rows stay with their labels
+    again = list(scatter(7, 0, 3)(1, [(x, y)]))
+    assert [t for t, _ in again] == [t for t, _ in out]
+    assert [b[1].tolist() for _, b in again] == [b[1].tolist() for _, b in out]
+    other = list(scatter(7, 1, 3)(1, [(x, y)]))  # another epoch, another draw
+    assert [b[1].tolist() for _, b in other] != [b[1].tolist() for _, b in out]
+    assert concat_blocks([]) == (None, None)
+
+
+def test_async_config_checks_itself():
+    assert AsyncConfig(combiner="Elastic").combiner == "elastic"
+    with pytest.raises(ValueError, match="sync_interval"):
+        AsyncConfig(sync_interval=0)
+    with pytest.raises(ValueError, match="unknown combiner"):
+        AsyncConfig(combiner="median")
+
+
+def test_job_error_keeps_the_tasks_python_error_line():
+    text = ("An error occurred while calling o1.collect.\norg.apache.spark.SparkException: Job aborted\n"
+            "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
+            '  File "x.py", line 3, in step\nFloatingPointError: worker 1: the loss became nan at step 7\n'
+            "\tat org.apache.spark.scheduler.Task.run(Task.scala:147)")
+    err = _job_error(RuntimeError(text), 3)
+    assert str(err) == "asynchronous training failed in epoch 3: FloatingPointError: worker 1: the loss became nan at step 7"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TaskSpec", "train_partition", "scatter", "blocks_from_chunks", "concat_blocks"]
+__all__ = ["TaskSpec", "train_partition", "scatter", "blocks_from_chunks", "concat_blocks", "pick_fields"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,19 @@ class TaskSpec:
     """A user's ``train_step(net, (x, y))``; None: ``net.train(1)`` on the partition."""
     loss: Callable | None = None
     """The loss of a plain module."""
+
+
+def pick_fields(names: tuple[str, str]):
+    """``row -> (row[features], row[label])`` for an RDD of Rows or dicts (TensorOnSpark's feed names)."""
+    features, label = names
+
+    def pick(row):
+        try:
+            return row[features], row[label]
+        except (KeyError, ValueError, TypeError, IndexError):
+            raise ValueError(f"an RDD element has no fields {features!r} and {label!r}: {type(row).__name__}") from None
+
+    return pick
 
 
 def blocks_from_chunks(chunks: Iterable) -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -287,7 +287,8 @@ class AsyncSession:
         repartition_between_epochs : bool
             Move every row to a random partition (seeded) before the next epoch.
         feed_names : (str, str), optional
-            The feature and label columns of a DataFrame (default ``("features", "label")``).
+            The feature and label columns of a DataFrame (default ``("features", "label")``), or
+            the fields of an RDD of Rows or dicts (default: the RDD holds ``(x, y)`` pairs).
         num_workers : int, optional
             Partitions, one task each (default: the data's partition count; 2 for local arrays).
         max_steps : int, optional
@@ -312,10 +313,15 @@ class AsyncSession:
             raise ValueError(f"target_accuracy is a fraction in (0, 1], got {target_accuracy}")
         if train_step is not None and not callable(train_step):
             raise TypeError("train_step must be callable as train_step(net, (x, y))")
-        feed_names = tuple(feed_names) if feed_names is not None else ("features", "label")
-        if len(feed_names) != 2:
-            raise ValueError(f"feed_names names the feature and the label column, got {feed_names}")
         from sparknet.spark import _data
+
+        if feed_names is not None:
+            feed_names = tuple(feed_names)
+            if len(feed_names) != 2:
+                raise ValueError(f"feed_names names the feature and the label field, got {feed_names}")
+            if _data.is_rdd(data):
+                data = data.map(_worker.pick_fields(feed_names))
+        feed_names = feed_names or ("features", "label")
 
         is_spark_data = _data.is_dataframe(data) or _data.is_rdd(data)
         if is_spark_data:
