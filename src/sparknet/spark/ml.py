@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import threading
+import types
 import typing
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -73,7 +74,7 @@ def _camel(name: str) -> str:
 
 def _base_type(tp) -> tuple[Any, bool]:
     """(type, optional) of an annotation such as ``int | None``."""
-    if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType")):
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return (args[0] if len(args) == 1 else str), True
     return tp, False
@@ -272,12 +273,13 @@ _CACHE_LOCK = threading.Lock()
 
 def _cached_model(key: str, files_bc, device: str, allow_pickle: bool):
     """The model with content hash ``key``, built once per Python worker process."""
+    device = _executor_device(device)
     with _CACHE_LOCK:
         cache_key = f"{key}@{device}"
         model = _MODEL_CACHE.get(cache_key)
         if model is None:
-            log.info("building model %s in process %d", key, os.getpid())
-            model = _model_io.unpack_model(files_bc.value, device=_executor_device(device), allow_pickle=allow_pickle)
+            log.info("building model %s on %s in process %d", key, device, os.getpid())
+            model = _model_io.unpack_model(files_bc.value, device=device, allow_pickle=allow_pickle)
             _MODEL_CACHE[cache_key] = model
             _BUILDS[cache_key] = _BUILDS.get(cache_key, 0) + 1
             while len(_MODEL_CACHE) > _CACHE_SIZE:
@@ -288,6 +290,7 @@ def _cached_model(key: str, files_bc, device: str, allow_pickle: bool):
 
 
 def _executor_device(device: str) -> str:
+    """The device a scoring task uses: the GPU Spark assigned it, else the CPU (``auto``)."""
     if device in ("auto", "cuda"):
         import torch
 
