@@ -922,7 +922,7 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
                                                                  or finished):
             rec = state.test(after, progress["samples"], state.weights_from_flat(flat))
             metrics.progress(0, acc=rec["test_accuracy"])
-        elif flat is None and "val_loss" in record:
+        elif flat is None and "val_loss" in record and not finished:  # the last round gets the full test below
             metrics.write({"event": "eval", "step": after, "samples": progress["samples"],
                            "wall_s": metrics.elapsed(), "loss": record.get("val_loss"),
                            "test_accuracy": record.get("val_accuracy")})
