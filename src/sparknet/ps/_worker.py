@@ -42,7 +42,7 @@ class TaskSpec:
     secret: bytes
     """This job's HMAC key (never sent over the server's socket)."""
     net: dict
-    """``{"netparams": NetParams.to_dict()}`` or ``{"module": torch.save bytes}``."""
+    """``{"netparams": NetParams.to_dict()}`` (plain data), or ``{"module": a torch.nn.Module}`` for a plain module."""
     solver: dict
     """``SolverConfig.to_dict()``."""
     batch_size: int
@@ -123,10 +123,6 @@ def scatter(seed: int, epoch: int, num_partitions: int):
 
 
 def _build_net(spec: TaskSpec, index: int):
-    import io
-
-    import torch
-
     from sparknet.net import Net
     from sparknet.solvers import SolverConfig
 
@@ -135,8 +131,7 @@ def _build_net(spec: TaskSpec, index: int):
 
         model = NetParams.from_dict(spec.net["netparams"])
     else:
-        # The job's own closure (trusted like any Spark closure), never bytes from the server's socket.
-        model = torch.load(io.BytesIO(spec.net["module"]), map_location="cpu", weights_only=False)
+        model = spec.net["module"]  # this task's own copy, unpickled by Spark from the job's closure
     seed = spec.seed + 1000 * index + 7919 * spec.epoch
     net = Net(model, SolverConfig.from_dict(spec.solver), loss=spec.loss, batch_size=spec.batch_size,
               device=spec.device, seed=seed)

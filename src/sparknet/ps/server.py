@@ -307,7 +307,7 @@ class ParameterServer:
         with self._lock:
             self._rejects[label] += 1
             n = self._rejects[label]
-        who = "" if header is None else f" from worker {header.worker} attempt {header.attempt} step {header.step}"
+        who = "" if header is None else f" (claiming worker {header.worker} attempt {header.attempt} step {header.step})"
         level = logging.WARNING if n <= _LOUD_REJECTS else logging.DEBUG
         log.log(level, "parameter server rejected a message%s: %s (%s; %d so far)", who, label, detail, n)
         job = self._job

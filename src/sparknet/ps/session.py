@@ -24,7 +24,7 @@ Nothing here imports pyspark until a session runs.
 
 from __future__ import annotations
 
-import io
+import copy
 import logging
 import math
 import re
@@ -197,10 +197,8 @@ class AsyncSession:
         params = self.net.net_params or getattr(self.net.module, "net_params", None)
         if params is not None and hasattr(params, "to_dict"):
             return {"netparams": params.to_dict()}
-        buf = io.BytesIO()
-        torch.save(self.net.module.cpu(), buf)
-        self.net.module.to(self.net.device)
-        return {"module": buf.getvalue()}
+        # A plain module travels in the job's closure (Spark's cloudpickle), on the CPU.
+        return {"module": copy.deepcopy(self.net.module).cpu()}
 
     def _server_host(self, sc) -> str:
         if self.host:
