@@ -79,6 +79,20 @@ def test_tau_one_plain_sgd_round_equals_one_large_batch_step(spark):
     assert torch.allclose(_flat(result), big.get_flat(), atol=1e-6, rtol=1e-5)
 
 
+def test_nine_workers_on_two_slots_tree_aggregate_and_state_that_follows_its_partition(spark):
+    # K > 8 aggregates in a tree (depth 2); nine partitions share two Python workers, so a
+    # round often finds a partition in another process than last time: its momentum must follow
+    x, y = blobs(54, seed=5)
+    parts = [(x[i * 6:(i + 1) * 6], y[i * 6:(i + 1) * 6]) for i in range(9)]
+    solver = SolverConfig(base_lr=0.05, momentum=0.9)
+    result = SparkTrainer(mlp(), solver=solver, batch_size=4, seed=1,
+                          dist=DistributedConfig(workers=9, engine="rounds", tau=2, rounds=2)
+                          ).fit(partitioned_rdd(spark.sparkContext, parts))
+    expected = hand_rounds(mlp(), solver, parts, batch_size=4, seed=1, tau=2, rounds=2)
+    assert torch.allclose(_flat(result), expected, atol=1e-5, rtol=1e-5)
+    assert [w["index"] for w in result.history[-1]["per_worker"]] == list(range(9))
+
+
 def test_stopping_rules_max_steps_epochs_and_target(spark):
     x, y = blobs(64, seed=4)
     df = spark.createDataFrame([(x[i].tolist(), int(y[i])) for i in range(len(y))], "features array<float>, label long")
@@ -96,7 +110,7 @@ def test_stopping_rules_max_steps_epochs_and_target(spark):
 
     # target accuracy, measured on the driver every round
     res = SparkTrainer(mlp(), solver=solver, batch_size=8,
-                       dist=DistributedConfig(workers=2, tau=10, rounds=30, target_accuracy=0.9)).fit(df, validation=(x, y))
+                       dist=DistributedConfig(workers=2, tau=10, rounds=30, target_accuracy=0.9)).fit(df, validation=df)
     assert res.summary["stop_reason"] == "target_accuracy" and res.summary["rounds"] < 30
     assert res.history[-1]["val_accuracy"] >= 0.9 and res.summary["test_accuracy"] >= 0.9
     assert res.net.test() == pytest.approx(res.summary["test_accuracy"])

@@ -1,0 +1,126 @@
+"""Per-round overhead of the two Spark engines for LeNet-sized weights (1.7 MB).
+
+    python benchmarks/spark_overhead.py                  # local[2], 25 rounds per engine, 5 warm-up
+    python benchmarks/spark_overhead.py --master local-cluster[2,1,1024] --rounds 40
+
+Overhead of a round = its wall time minus the longest worker's local training time
+(``round_s - compute_s`` in the round records): for the rounds engine that is the Spark job
+(broadcast of the weights, task launch, the deltas back by treeAggregate, the strategy step on
+the driver); for the barrier engine the allreduce, the strategy step and the record sent to
+the driver. Each engine trains LeNet (Listing 2) with K=2 workers, one thread each, tau=2,
+batch 64, on MNIST-shaped synthetic data; the first rounds warm the workers up and are left
+out, the median of the rest is reported. An empty Spark job is timed as well: the floor under
+the rounds engine. Prints and saves JSON under ``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def _session(master: str):
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from sparknet.spark import get_session
+
+    return get_session(master, conf={"spark.ui.enabled": "false", "spark.executor.memory": "768m",
+                                     "spark.sql.shuffle.partitions": "2"}, log_level="ERROR")
+
+
+def _data(spark, rows: int):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    half = rows // 2
+    parts = [[(rng.random((1, 28, 28), dtype=np.float32), int(rng.integers(0, 10))) for _ in range(half)]
+             for _ in range(2)]
+    return spark.sparkContext.parallelize(parts, 2).flatMap(lambda p: p).cache()
+
+
+def empty_jobs(spark, repeats: int) -> list[float]:
+    sc = spark.sparkContext
+    rdd = sc.parallelize(range(2), 2).cache()
+    rdd.count()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        rdd.map(lambda v: v).collect()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def engine_overhead(spark, data, engine: str, rounds: int, warmup: int, tau: int) -> dict:
+    from sparknet import DistributedConfig, SolverConfig, zoo
+    from sparknet.spark import SparkTrainer
+
+    records = []
+    trainer = SparkTrainer(zoo.lenet(), solver=SolverConfig(base_lr=0.01), batch_size=64, threads=1, spark=spark,
+                           dist=DistributedConfig(workers=2, engine=engine, tau=tau, rounds=rounds + warmup),
+                           on_round=records.append)
+    result = trainer.fit(data)
+    kept = records[warmup:]
+    overhead = [r["round_s"] - r["compute_s"] for r in kept]
+    out = {
+        "engine": engine, "rounds_measured": len(kept), "tau": tau,
+        "weights_bytes": result.weights.nbytes,
+        "overhead_s_median": statistics.median(overhead),
+        "overhead_s_p10": sorted(overhead)[len(overhead) // 10],
+        "overhead_s_p90": sorted(overhead)[(9 * len(overhead)) // 10],
+        "round_s_median": statistics.median(r["round_s"] for r in kept),
+        "compute_s_median": statistics.median(r["compute_s"] for r in kept),
+        "setup_s": result.summary["setup_s"],
+    }
+    if engine == "barrier":
+        out["allreduce_s_median"] = statistics.median(r["allreduce_s"] for r in kept)
+    else:
+        out["task_s_median"] = statistics.median(max(w.get("task_s", 0.0) for w in r["per_worker"]) for r in kept)
+    return out
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--rounds", type=int, default=25, help="rounds measured per engine")
+    ap.add_argument("--warmup", type=int, default=5, help="rounds left out at the start")
+    ap.add_argument("--tau", type=int, default=2)
+    ap.add_argument("--rows", type=int, default=2048, help="training rows (two partitions)")
+    ap.add_argument("--engines", default="rounds,barrier")
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "spark_overhead.json"))
+    args = ap.parse_args(argv)
+
+    spark = _session(args.master)
+    try:
+        data = _data(spark, args.rows)
+        empty = empty_jobs(spark, 20)
+        results = {
+            "benchmark": "spark_overhead", "master": spark.sparkContext.master, "spark": spark.version,
+            "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+            "load_average_before": os.getloadavg(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "empty_job_s_median": statistics.median(empty[5:]),
+            "engines": {},
+        }
+        for engine in args.engines.split(","):
+            results["engines"][engine] = engine_overhead(spark, data, engine, args.rounds, args.warmup, args.tau)
+        results["load_average_after"] = os.getloadavg()
+    finally:
+        spark.stop()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"empty Spark job: {results['empty_job_s_median'] * 1000:.1f} ms (median)")
+    for name, r in results["engines"].items():
+        print(f"{name:8s} overhead per round: {r['overhead_s_median'] * 1000:8.1f} ms median "
+              f"(p10 {r['overhead_s_p10'] * 1000:.1f}, p90 {r['overhead_s_p90'] * 1000:.1f}; "
+              f"round {r['round_s_median'] * 1000:.1f} ms, compute {r['compute_s_median'] * 1000:.1f} ms)")
+    print(f"saved {out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
