@@ -6,12 +6,14 @@ dependency (pyspark, onnx, tensorboard, mlflow) is imported inside the function 
 so ``sparknet --help`` stays fast and works without the optional extras.
 """
 
-from sparknet.tools import doctor, export, plot  # noqa: F401  (each registers its subcommand)
+from sparknet.tools import doctor, export, plot, predict  # noqa: F401  (each registers its subcommand)
 from sparknet.tools.doctor import CheckResult, Status, format_table, run_doctor
 from sparknet.tools.export import ExportFormat, export_model, export_onnx, export_torchscript, verify_onnx
 from sparknet.tools.plot import extract_curves, plot_metrics
+from sparknet.tools.predict import PredictResult
+from sparknet.tools.predict import predict as predict_parquet
 from sparknet.tools.sinks import MLflowSink, TensorBoardSink, close_sinks, make_sinks
 
 __all__ = ["plot_metrics", "extract_curves", "ExportFormat", "export_onnx", "export_torchscript", "export_model",
            "verify_onnx", "TensorBoardSink", "MLflowSink", "make_sinks", "close_sinks", "run_doctor", "CheckResult",
-           "Status", "format_table"]
+           "Status", "format_table", "predict_parquet", "PredictResult"]

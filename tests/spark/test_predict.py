@@ -1,0 +1,94 @@
+"""`sparknet predict`: a saved model scores Parquet through Spark; the output matches the net."""
+
+import json
+import os
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from sparknet import Net, zoo
+from sparknet._model_io import save_model
+from sparknet.cli import main
+from sparknet.tools.predict import predict
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    session = (SparkSession.builder.master("local[2]").appName("test-predict")
+               .config("spark.ui.enabled", "false").config("spark.python.worker.reuse", "true")
+               .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def model_and_data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("predict")
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 5)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0).astype(np.int64)
+    net = Net(zoo.mlp(input_shape=[5], hidden=[8], num_classes=3), batch_size=16, seed=0)
+    net.set_training_data((x, y))
+    net.train(20)
+    folder = save_model(root / "model", net)
+    data = root / "data.parquet"
+    pq.write_table(pa.table({"id": np.arange(60), "features": list(x), "label": y}), data)
+    return folder, data, net, x
+
+
+def _expected(net, x):
+    with torch.no_grad():
+        probs = torch.softmax(net.predict(torch.from_numpy(x)).double(), dim=1).numpy()
+    return probs.argmax(1), probs
+
+
+def test_predict_writes_inputs_plus_prediction_and_probability(spark, model_and_data, tmp_path):
+    folder, data, net, x = model_and_data
+    out = tmp_path / "scored"
+    result = predict(folder, str(data), str(out), spark=spark, partitions=2)
+    assert result.rows == 60
+    assert result.columns == ["id", "features", "label", "prediction", "probability"]
+    table = pq.read_table(out).to_pandas().sort_values("id")
+    classes, probs = _expected(net, x)
+    np.testing.assert_array_equal(table["prediction"].to_numpy(), classes.astype(np.float64))
+    got = np.stack(table["probability"].to_numpy())  # a plain list column, readable without Spark
+    np.testing.assert_allclose(got, probs, atol=1e-6)
+    np.testing.assert_allclose(got.sum(1), 1.0, atol=1e-9)
+    assert not spark.sparkContext._jsc.sc().isStopped()
+
+
+def test_predict_command(spark, model_and_data, tmp_path, capsys):
+    folder, data, _, _ = model_and_data
+    out = tmp_path / "cli"
+    args = ["predict", "--model", str(folder), "--data", str(data), "--out", str(out), "--probability-vector"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["rows"] == 60 and report["out"] == str(out)
+    from pyspark.ml.linalg import VectorUDT
+
+    assert isinstance(spark.read.parquet(str(out)).schema["probability"].dataType, VectorUDT)
+    assert main(args) == 2  # an existing output is refused before any Spark job (--overwrite replaces it)
+    with pytest.raises(ValueError, match="exists; pass --overwrite"):
+        predict(folder, str(data), str(out), spark=spark)
+
+
+def test_missing_inputs_are_clear(spark, model_and_data, tmp_path):
+    folder, data, _, _ = model_and_data
+    with pytest.raises(FileNotFoundError, match="no model folder"):
+        predict(tmp_path / "nope", str(data), str(tmp_path / "o"), spark=spark)
+    with pytest.raises(FileNotFoundError, match="no Parquet data"):
+        predict(folder, str(tmp_path / "nope.parquet"), str(tmp_path / "o"), spark=spark)
+    with pytest.raises(ValueError, match="features column"):
+        predict(folder, str(data), str(tmp_path / "o"), spark=spark, features_col="pixels")
