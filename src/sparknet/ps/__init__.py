@@ -19,7 +19,8 @@ from sparknet.ps.client import PSClient, RejectedError, Reply
 from sparknet.ps.combiners import (COMBINERS, Combiner, DeltaCombiner, ElasticCombiner, MeanCombiner,
                                    StalenessAwareDeltaCombiner, make_combiner, register_combiner)
 from sparknet.ps.server import ParameterServer
-from sparknet.ps.session import AsyncConfig, AsyncSession, run_async
+from sparknet.ps.cli import AsyncConfig
+from sparknet.ps.session import AsyncSession, run_async
 from sparknet.ps.wire import JobCredentials, Kind, Reason, Status
 
 __all__ = [

@@ -33,7 +33,6 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -41,35 +40,16 @@ import torch
 from sparknet.errors import DeadlineExceeded, EngineError
 from sparknet.net import Net
 from sparknet.ps import _worker
-from sparknet.ps.combiners import COMBINERS, Combiner, make_combiner
+from sparknet.ps.combiners import Combiner, make_combiner
 from sparknet.ps.server import ParameterServer
 from sparknet.solvers import SolverConfig
 from sparknet.weights import WeightCollection
 
-__all__ = ["AsyncConfig", "AsyncSession", "run_async"]
+__all__ = ["AsyncSession", "run_async"]
 
 log = logging.getLogger(__name__)
 
 _PY_ERROR = re.compile(r"^(\w*(?:Error|Exception|Exceeded|Interrupt)): (.+)$")
-
-
-@dataclass(kw_only=True)
-class AsyncConfig:
-    """Settings of ``--strategy async`` (asynchronous training through a parameter server)."""
-
-    sync_interval: int = 10
-    """Local steps between a worker's push-and-pull with the parameter server (async strategy)."""
-    combiner: str = "delta"
-    """How a push merges into the server's copy: mean, delta, staleness or elastic (async strategy)."""
-    ps_host: str | None = None
-    """Address the parameter server binds to (default: loopback in local mode, the driver's host on a cluster)."""
-
-    def __post_init__(self):
-        if self.sync_interval < 1:
-            raise ValueError(f"sync_interval must be at least 1, got {self.sync_interval}")
-        if str(self.combiner).lower() not in COMBINERS:
-            raise ValueError(f"unknown combiner {self.combiner!r}; choose one of {sorted(COMBINERS)}")
-        self.combiner = str(self.combiner).lower()
 
 
 def _identity(key: int) -> int:
@@ -468,6 +448,7 @@ def run_async(run, dist, *, sync_interval: int = 10, combiner: str = "delta", ps
         pushes, staleness, rejects...).
     """
     from sparknet.metrics import MetricsLogger
+    from sparknet.ps.cli import AsyncConfig
     from sparknet.spark._session import get_session
     from sparknet.train import build_model, load_training_data, seed_everything
 
