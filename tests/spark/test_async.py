@@ -213,6 +213,13 @@ def test_async_config_checks_itself():
         AsyncConfig(combiner="median")
 
 
+def test_the_cli_hook_only_takes_async_runs():
+    from sparknet.ps import cli
+
+    assert cli.TRAIN_FLAGS is AsyncConfig
+    assert cli.train_with(RunConfig(), DistributedConfig(workers=2), AsyncConfig()) is None
+
+
 def test_job_error_keeps_the_tasks_python_error_line():
     text = ("An error occurred while calling o1.collect.\norg.apache.spark.SparkException: Job aborted\n"
             "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
