@@ -11,19 +11,10 @@ import enum
 import math
 from dataclasses import asdict, dataclass, field, fields
 
+from sparknet._enums import parse_enum
 from sparknet.solvers import LRPolicy, SolverConfig, SolverType
 
 __all__ = ["Engine", "Strategy", "RunConfig", "DistributedConfig", "TrainConfig", "parse_enum"]
-
-
-def parse_enum(cls: type[enum.Enum], value, what: str):
-    """Accept an enum member or its value in any case; a clear ``ValueError`` otherwise."""
-    if isinstance(value, cls):
-        return value
-    try:
-        return cls(str(value).lower())
-    except ValueError:
-        raise ValueError(f"unknown {what} {value!r}; choose one of {[m.value for m in cls]}") from None
 
 
 class Engine(str, enum.Enum):

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
+from sparknet._enums import parse_enum
+
 __all__ = ["SolverType", "LRPolicy", "SolverConfig", "build_optimizer", "lr_multiplier"]
 
 
@@ -29,14 +31,9 @@ class SolverType(str, enum.Enum):
     ADADELTA = "adadelta"
 
     @classmethod
-    def parse(cls, value: SolverType | str) -> SolverType:
-        """Accept an enum member or a name in any case (``"Adam"``, ``"ADAM"``, ``"adam"``)."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            raise ValueError(f"unknown solver type {value!r}; choose one of {[m.value for m in cls]}") from None
+    def parse(cls, value) -> SolverType:
+        """Accept a member or a name in any case (``"Adam"``, ``"ADAM"``, ``"adam"``)."""
+        return parse_enum(cls, value, "solver type")
 
 
 class LRPolicy(str, enum.Enum):
@@ -52,13 +49,9 @@ class LRPolicy(str, enum.Enum):
     COSINE = "cosine"
 
     @classmethod
-    def parse(cls, value: LRPolicy | str) -> LRPolicy:
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(str(value).lower())
-        except ValueError:
-            raise ValueError(f"unknown learning-rate policy {value!r}; choose one of {[m.value for m in cls]}") from None
+    def parse(cls, value) -> LRPolicy:
+        """Accept a member or a name in any case."""
+        return parse_enum(cls, value, "learning-rate policy")
 
 
 @dataclass(kw_only=True)
