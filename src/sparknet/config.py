@@ -83,6 +83,12 @@ class RunConfig:
     """JSON-lines metrics file."""
     quiet: bool = False
     """No progress bar."""
+    save_model: str | None = None
+    """Save the trained model folder here (for predict, export and sample)."""
+    tensorboard: str | None = None
+    """Also write TensorBoard event files to this folder."""
+    mlflow: str | None = None
+    """Also log to MLflow at this tracking URI or folder ('' for ./mlruns)."""
 
     def __post_init__(self):
         self.solver_type = SolverType.parse(self.solver_type)

@@ -21,7 +21,7 @@ from sparknet.config import RunConfig
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
 
-__all__ = ["train_local", "load_training_data", "build_model", "seed_everything"]
+__all__ = ["train_local", "load_training_data", "build_model", "seed_everything", "run_sinks", "finish_run"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,33 @@ def build_model(run: RunConfig, info: dict):
     return zoo.get_model(name, **kwargs)
 
 
+def run_sinks(run: RunConfig, config: dict) -> list:
+    """The TensorBoard and MLflow sinks ``run`` asks for (none by default)."""
+    if run.tensorboard is None and run.mlflow is None:
+        return []
+    from sparknet.tools.sinks import make_sinks
+
+    return make_sinks(run.tensorboard, run.mlflow, run_name=f"{run.model}-{run.dataset}", params=config,
+                      model_dir=run.save_model)
+
+
+def finish_run(run: RunConfig, sinks: list, *, failed: bool, net_params=None, weights=None, solver=None,
+               config: dict | None = None, input_shape=None) -> None:
+    """Save the model folder (when asked and training succeeded), then close the sinks."""
+    try:
+        if not failed and run.save_model and net_params is not None:
+            from sparknet._model_io import save_model
+
+            save_model(run.save_model, net_params, weights, solver=solver, config=config, input_shape=input_shape,
+                       overwrite=True)
+            log.info("model saved to %s", run.save_model)
+    finally:
+        if sinks:
+            from sparknet.tools.sinks import close_sinks
+
+            close_sinks(sinks, failed=failed)
+
+
 def train_local(run: RunConfig) -> dict:
     """Train in this process as ``run`` says; returns the summary record."""
     threads = run.threads or os.cpu_count() or 1
@@ -82,10 +109,31 @@ def train_local(run: RunConfig) -> dict:
     net.set_validation_data(test)
     log.info("training %s on %s: %d samples, %d steps of %d, %d threads", run.model, run.dataset,
              len(train), run.steps, run.batch_size, threads)
+    config = {"run": _plain_config(run)}
+    sinks = run_sinks(run, config)
+    failed = True
+    try:
+        summary = _train_loop(run, net, metrics_args=(run.metrics_out, not run.quiet, run.steps, sinks), info=info,
+                              threads=threads)
+        failed = False
+    finally:
+        finish_run(run, sinks, failed=failed, net_params=net_params, weights=net.get_weights(), solver=run.solver(),
+                   config=config)
+    return summary
+
+
+def _plain_config(run: RunConfig) -> dict:
+    from dataclasses import asdict
+
+    return {k: getattr(v, "value", v) for k, v in asdict(run).items()}
+
+
+def _train_loop(run: RunConfig, net: Net, *, metrics_args, info: dict, threads: int) -> dict:
+    path, progress, total, sinks = metrics_args
     samples = 0
     train_s = 0.0
     last_eval = None
-    with MetricsLogger(run.metrics_out, progress=not run.quiet, total=run.steps) as metrics:
+    with MetricsLogger(path, progress=progress, total=total, sinks=sinks) as metrics:
         done = 0
         while done < run.steps:
             chunk = min(run.eval_every, run.steps - done)

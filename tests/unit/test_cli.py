@@ -34,3 +34,19 @@ def test_version(capsys):
     assert main(["version"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["torch"].startswith("2.13")
+
+
+def test_save_model_and_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from sparknet._model_io import load_model
+
+    model_dir, tb = tmp_path / "model", tmp_path / "tb"
+    rc = main(["train", "--model", "mlp", "--dataset", "synthetic", "--steps", "20", "--eval-every", "10",
+               "--threads", "1", "--save-model", str(model_dir), "--tensorboard", str(tb), "--quiet"])
+    assert rc == 0
+    saved = load_model(model_dir)
+    assert saved.weights.numel > 0
+    acc = EventAccumulator(str(tb))
+    acc.Reload()
+    assert acc.Tags()["scalars"], "no scalars were written"

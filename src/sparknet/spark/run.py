@@ -50,10 +50,11 @@ def _training_frame(spark, run: RunConfig, train):
     return spark.read.parquet(str(dataset_as_parquet(train, path)))
 
 
-def train_distributed(run: RunConfig, dist: DistributedConfig, *, sinks=(), extra_summary: dict | None = None) -> dict:
+def train_distributed(run: RunConfig, dist: DistributedConfig, *, extra_summary: dict | None = None) -> dict:
     """Train as ``run`` and ``dist`` say on Spark; returns the summary record."""
+    from sparknet.config import TrainConfig
     from sparknet.spark import SparkTrainer, get_session
-    from sparknet.train import build_model, load_training_data, seed_everything
+    from sparknet.train import build_model, finish_run, load_training_data, run_sinks, seed_everything
 
     seed_everything(run.seed)
     train, test, info = load_training_data(run)
@@ -62,6 +63,23 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, *, sinks=(), extr
     df = _training_frame(spark, run, train)
     rows_per_worker = len(train) / dist.workers
     total = run.steps if dist.rounds is None else dist.rounds * (dist.tau or 1)
+    config = TrainConfig(run=run, dist=dist).to_dict()
+    sinks = run_sinks(run, config)
+    failed = True
+    result = None
+    try:
+        summary, result = _fit(spark, df, test, info, run, dist, net_params, total, sinks, rows_per_worker,
+                               extra_summary)
+        failed = False
+    finally:
+        finish_run(run, sinks, failed=failed, net_params=net_params, weights=result.weights if result else None,
+                   solver=run.solver(), config=config)
+    return summary
+
+
+def _fit(spark, df, test, info, run, dist, net_params, total, sinks, rows_per_worker, extra_summary):
+    from sparknet.spark import SparkTrainer
+
     with MetricsLogger(run.metrics_out, progress=not run.quiet, total=total, sinks=sinks) as metrics:
         def on_round(record: dict) -> None:
             metrics.write(record)
@@ -82,4 +100,4 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, *, sinks=(), extr
         if "corpus" in info and summary.get("test_loss") is not None:
             summary["bits_per_char"] = summary["test_loss"] / np.log(2)
         metrics.write(summary)
-    return summary
+    return summary, result
