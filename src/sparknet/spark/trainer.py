@@ -115,10 +115,18 @@ def _input_shape(net) -> tuple[int, ...] | None:
 
 @contextmanager
 def _job(sc, group: str, description: str):
-    """Run Spark jobs under ``group`` with ``description``; clear both afterwards."""
+    """Run Spark jobs under ``group`` with ``description``; cancel them if the driver is interrupted;
+    clear both afterwards."""
     sc.setJobGroup(group, description, interruptOnCancel=True)
     try:
         yield
+    except BaseException as exc:
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: stop what runs on the cluster
+            try:
+                sc.cancelJobGroup(group)
+            except Exception:  # pragma: no cover - best effort
+                pass
+        raise
     finally:
         for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
             sc.setLocalProperty(key, None)
@@ -158,7 +166,8 @@ class SparkTrainer:
     dist : DistributedConfig, optional
         Workers, engine (``rounds`` or ``barrier``), strategy, tau and/or round_seconds,
         warmup_steps, the stopping rules (rounds, epochs, target_accuracy), master,
-        eval_every_rounds.
+        eval_every_rounds. Default: the rounds engine, tau 50, one worker per default task
+        slot of the session (then give ``max_steps``).
     loss : callable, optional
         ``loss(prediction, y)`` for a plain module.
     batch_size : int
@@ -190,7 +199,8 @@ class SparkTrainer:
                  max_steps: int | None = None, options: EngineOptions | None = None):
         if not (isinstance(net, torch.nn.Module) or (hasattr(net, "build") and hasattr(net, "layers"))):
             raise TypeError(f"net must be a NetParams or a torch.nn.Module, got {type(net).__name__}")
-        self.dist = dist or DistributedConfig(workers=2)
+        self.dist = dist or DistributedConfig(workers=1, tau=50)
+        self._workers_from_session = dist is None
         if self.dist.engine is Engine.LOCAL:
             raise ValueError("engine 'local' trains in one process without Spark; use engine 'rounds' or 'barrier' "
                              "here (or sparknet.Net for one process)")
@@ -243,6 +253,12 @@ class SparkTrainer:
             modules that take more than a flat vector.
         """
         t_fit = time.perf_counter()
+        from sparknet.spark._session import get_session, local_slots
+
+        spark = self.spark or get_session(None if self._workers_from_session else self.dist.resolved_master)
+        sc = spark.sparkContext
+        if self._workers_from_session:  # no DistributedConfig given: one worker per default task slot
+            self.dist.workers = max(1, sc.defaultParallelism)
         dist = self.dist
         K = dist.workers
         stop_given = any(v is not None for v in (dist.rounds, self.max_steps, dist.epochs, dist.target_accuracy))
@@ -250,10 +266,6 @@ class SparkTrainer:
             raise ValueError("give a stopping rule: dist.rounds, max_steps, dist.epochs or dist.target_accuracy")
         if dist.target_accuracy is not None and validation is None:
             raise ValueError("target_accuracy needs validation data to measure accuracy on")
-        from sparknet.spark._session import get_session, local_slots
-
-        spark = self.spark or get_session(dist.resolved_master)
-        sc = spark.sparkContext
         if dist.engine is Engine.BARRIER:
             slots = local_slots(sc.master) or sc.defaultParallelism
             if K > slots:

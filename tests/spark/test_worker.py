@@ -1,0 +1,105 @@
+"""Executor-side pieces of the rounds engine, run in this process without a SparkSession."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from _spark_testlib import blobs, flat, mlp
+from sparknet.solvers import SolverConfig
+from sparknet.spark import _rounds
+from sparknet.spark._data import pair_chunks
+from sparknet.spark._rounds import StopRule, WorkerSpec, combine, fold, pack_spec
+from sparknet.strategies import Average
+
+pytestmark = pytest.mark.spark  # imports pyspark
+
+
+class _Value:  # stands in for a Broadcast
+    def __init__(self, value):
+        self.value = value
+
+
+def _stage(tmp_path, fit_id, index, x, y):
+    chunks = list(pair_chunks(None)(zip(x, y)))
+    (record,) = _rounds.stage_partition(fit_id, {"staging_dir": str(tmp_path)})(index, iter(chunks))
+    return record
+
+
+def _run(spec_bc, weights, record, index, round_index):
+    return _rounds._train_round(spec_bc, _Value(weights), {"round": round_index, "steps": 3, "seconds": None},
+                                index, record)
+
+
+def test_solver_state_follows_a_partition_from_process_to_process(tmp_path, monkeypatch):
+    x, y = blobs(20, seed=3)
+    spec = WorkerSpec(fit_id="unit", net=mlp(), loss=None, solver=SolverConfig(base_lr=0.05, momentum=0.9),
+                      batch_size=8, seed=0, threads=1, device="cpu", strategy=Average(), sample_shape=(2,),
+                      options={"staging_dir": str(tmp_path)})
+    spec_bc = _Value(pack_spec(spec))
+    record = _stage(tmp_path, "unit", 0, x, y)
+    assert record["rows"] == 20 and record["dir"].startswith(str(tmp_path))
+
+    def three_rounds(caches):
+        g = flat(mlp()).numpy()
+        deltas = []
+        for r, cache in enumerate(caches):
+            monkeypatch.setattr(_rounds, "_CACHE", cache)
+            out = _run(spec_bc, g, record, 0, r)
+            deltas.append(out["delta"])
+            g = g + out["delta"]
+        return deltas, out
+
+    same_process = {}
+    expected, _ = three_rounds([same_process] * 3)
+    a, b = {}, {}
+    hopping, last = three_rounds([a, b, a])  # round 2 back in A, whose copy is a round old
+    assert last["source"] == "cache"
+    for want, got in zip(expected, hopping):
+        assert np.allclose(want, got, atol=1e-7)
+    assert b[("unit", 0)].version == 1 and a[("unit", 0)].version == 2
+
+
+def test_empty_and_missing_partitions(tmp_path, monkeypatch):
+    monkeypatch.setattr(_rounds, "_CACHE", {})
+    spec = WorkerSpec(fit_id="unit2", net=mlp(), loss=None, solver=SolverConfig(), batch_size=4, seed=0, threads=1,
+                      device="cpu", strategy=Average(), sample_shape=(2,), options={"staging_dir": str(tmp_path)})
+    spec_bc = _Value(pack_spec(spec))
+    g = flat(mlp()).numpy()
+    empty = _run(spec_bc, g, {"rows": 0}, 1, 0)
+    assert empty["empty"] and empty["n"] == 0 and empty["delta"] is None
+    elsewhere = _run(spec_bc, g, {"rows": 5, "host": "another-host", "dir": str(tmp_path)}, 2, 0)
+    assert elsewhere["missing"]
+    # the driver reruns a missing partition from its chunks
+    x, y = blobs(5)
+    out = _rounds._train_round(spec_bc, _Value(g), {"round": 0, "steps": 1, "seconds": None}, 2, None,
+                               chunks=iter(list(pair_chunks(None)(zip(x, y)))))
+    assert out["source"] == "chunks" and out["n"] == 4
+
+
+def test_fold_weights_by_samples_and_skips_empty_and_nonfinite():
+    results = [
+        {"index": 0, "n": 10, "loss": 1.0, "delta": np.full(3, 1.0, np.float32), "finite": True},
+        {"index": 1, "n": 30, "loss": 2.0, "delta": np.full(3, 2.0, np.float32), "finite": True},
+        {"index": 2, "n": 0, "loss": float("nan"), "delta": None, "empty": True},
+        {"index": 3, "n": 50, "loss": float("nan"), "delta": None, "finite": False},
+    ]
+    acc = None
+    for r in results[:2]:
+        acc = fold(acc, r)
+    other = None
+    for r in results[2:]:
+        other = fold(other, r)
+    acc = combine(acc, other)
+    assert acc["n"] == 40 and np.allclose(acc["wsum"] / acc["n"], 1.75) and acc["loss"] / acc["n"] == 1.75
+    assert sorted(w["index"] for w in acc["workers"]) == [0, 1, 2, 3]
+
+
+def test_stop_rule():
+    rule = StopRule(rounds=5, max_steps=12, epochs=None, tau=5, dataset_rows=100)
+    assert [rule.steps_for_round(done) for done in (0, 5, 10, 12)] == [5, 5, 2, 0]
+    assert rule.reason(2, 10, 0, None) is None and rule.reason(3, 12, 0, None) == "max_steps"
+    assert rule.reason(5, 1, 0, None) == "rounds"
+    assert StopRule(epochs=1.5, dataset_rows=100, tau=1).reason(1, 1, 150, None) == "epochs"
+    assert StopRule(target_accuracy=0.9, tau=1).reason(1, 1, 1, 0.95) == "target_accuracy"
+    assert StopRule(round_seconds=1.0, tau=None).steps_for_round(0) == StopRule.UNBOUNDED_STEPS
