@@ -1,0 +1,291 @@
+"""Reproductions of the SparkNet paper's experiments (Section 3), each a JSON file and a PNG plot.
+
+    sparknet experiment speedup-grid --quick            # Figure 3: speedup over K and tau, S = 0
+    sparknet experiment speedup-vs-overhead --quick     # Figure 4: speedup against S/C
+    sparknet experiment time-to-accuracy --quick        # Figure 5 on this machine
+    sparknet experiment tau-sensitivity --quick         # Figure 6
+    sparknet experiment slow-network --quick            # wall clock as the link slows
+
+>>> from sparknet.experiments import run_experiment
+>>> result = run_experiment("speedup-grid", quick=True, out="runs/experiments")   # doctest: +SKIP
+>>> result["speedup"]["average"]                                                   # doctest: +SKIP
+
+Every experiment module has a ``Config`` dataclass (its full defaults), a ``QUICK`` dict of
+overrides for ``--quick``, ``run(config, out_dir, quick=) -> dict`` and ``plot(result, path)``.
+:func:`run_experiment` writes ``NAME.json`` and ``NAME.png`` under the output folder.
+The simulation-based experiments (speedup-grid, speedup-vs-overhead) never import pyspark.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import importlib
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+__all__ = ["EXPERIMENTS", "DEFAULT_OUT", "get_experiment", "make_config", "run_experiment", "write_result",
+           "load_data", "make_model", "make_solver", "median_step_time", "parallel_map", "environment",
+           "first_reaching", "pyplot"]
+
+log = logging.getLogger(__name__)
+
+EXPERIMENTS: dict[str, str] = {
+    "speedup-grid": "sparknet.experiments.speedup_grid",
+    "speedup-vs-overhead": "sparknet.experiments.overhead",
+    "time-to-accuracy": "sparknet.experiments.time_to_accuracy",
+    "tau-sensitivity": "sparknet.experiments.tau_sensitivity",
+    "slow-network": "sparknet.experiments.slow_network",
+}
+"""Experiment name (as the command line spells it) to the module that runs it."""
+
+DEFAULT_OUT = "runs/experiments"
+"""Where results go unless told otherwise (relative to the working directory)."""
+
+
+def get_experiment(name: str) -> ModuleType:
+    """The module of experiment ``name``; ``ValueError`` naming the choices otherwise."""
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; choose one of {sorted(EXPERIMENTS)}")
+    return importlib.import_module(EXPERIMENTS[name])
+
+
+def make_config(name: str, *, quick: bool = False, **overrides: Any):
+    """The ``Config`` of experiment ``name``: full defaults, or ``--quick`` ones, then ``overrides``.
+
+    ``None`` values in ``overrides`` are ignored (a flag the user did not give).
+    """
+    module = get_experiment(name)
+    values = dict(module.QUICK) if quick else {}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    names = {f.name for f in dataclasses.fields(module.Config)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"experiment {name!r} has no option(s) {unknown}; it takes {sorted(names)}")
+    return module.Config(**values)
+
+
+def run_experiment(name: str, *, quick: bool = False, out: str | os.PathLike | None = None,
+                   plot: bool = True, spark=None, **overrides: Any) -> dict:
+    """Run experiment ``name`` and write ``NAME.json`` (and ``NAME.png``) under ``out``.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`EXPERIMENTS`.
+    quick : bool
+        The small version (a subset of MNIST, a smaller grid): minutes, not tens of minutes.
+    out : path, optional
+        Output folder (default :data:`DEFAULT_OUT`).
+    plot : bool
+        Also draw the PNG.
+    spark : SparkSession, optional
+        For the Spark-based experiments: run on this session (and leave it running) instead
+        of starting and stopping one of their own.
+    **overrides
+        Fields of the experiment's ``Config``.
+
+    Returns
+    -------
+    dict
+        The result as written to the JSON file (plus ``json_path`` / ``png_path``).
+    """
+    module = get_experiment(name)
+    config = make_config(name, quick=quick, **overrides)
+    out_dir = Path(out or DEFAULT_OUT)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log.info("experiment %s (%s) -> %s", name, "quick" if quick else "full", out_dir)
+    t0 = time.perf_counter()
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    env_before = environment()
+    body = (module.run(config, out_dir=out_dir, quick=quick) if spark is None
+            else module.run(config, out_dir=out_dir, quick=quick, spark=spark))
+    result = {"experiment": name, "quick": quick, "started": started, "wall_s": time.perf_counter() - t0,
+              "config": config_dict(config), "environment": env_before,
+              "load_average_after": _load_average(), **body}
+    json_path = out_dir / f"{name}.json"
+    write_result(result, json_path)
+    result["json_path"] = str(json_path)
+    if plot:
+        png_path = out_dir / f"{name}.png"
+        module.plot(result, png_path)
+        result["png_path"] = str(png_path)
+    log.info("experiment %s done in %.0f s: %s", name, result["wall_s"], json_path)
+    return result
+
+
+def config_dict(config) -> dict:
+    """A config dataclass as plain JSON values (tuples become lists)."""
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def _clean(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
+        try:
+            return _clean(value.item())
+        except (TypeError, ValueError):
+            return str(value)
+    return value
+
+
+def write_result(result: dict, path: str | os.PathLike) -> Path:
+    """Write ``result`` as JSON (NaN and infinity as ``null``), atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(_clean(result), indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (OSError, AttributeError):  # pragma: no cover - not on every platform
+        return None
+
+
+def environment() -> dict:
+    """What the numbers were measured on: versions, cores, and how busy the machine was."""
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
+            "machine": platform.machine(), "load_average": _load_average()}
+
+
+# -- shared pieces ---------------------------------------------------------------------------------
+
+def load_data(dataset: str, *, train_samples: int | None = None, test_samples: int | None = None):
+    """``(train, test)`` ArrayDatasets of ``dataset`` (``mnist`` or ``mnist-small``), optionally cut.
+
+    The cuts take the first samples (the splits are already shuffled), so every process and
+    every run sees the same subset.
+    """
+    from sparknet.datasets import load_dataset
+
+    data = load_dataset(dataset.lower())
+    train, test = data.train, data.test
+    if train_samples is not None and train_samples < len(train):
+        train = train.subset(train_samples)
+    if test_samples is not None and test_samples < len(test):
+        test = test.subset(test_samples)
+    return train, test
+
+
+def make_model(name: str, batch_size: int):
+    """A zoo net for 28x28 MNIST digits: ``lenet`` or ``mlp``."""
+    from sparknet import zoo
+
+    name = name.lower()
+    if name == "lenet":
+        return zoo.lenet(batch_size=batch_size)
+    if name == "mlp":
+        return zoo.mlp(batch_size=batch_size)
+    raise ValueError(f"unknown model {name!r} for the experiments; choose lenet or mlp")
+
+
+def make_solver(solver_type: str = "sgd", lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 0.0):
+    """A fixed-rate solver (no schedule, so counts do not depend on a horizon)."""
+    from sparknet.solvers import SolverConfig
+
+    return SolverConfig(type=solver_type, base_lr=lr, momentum=momentum, weight_decay=weight_decay,
+                        lr_policy="fixed")
+
+
+def first_reaching(curve: Iterable[dict], target: float, key: str = "accuracy") -> dict | None:
+    """The first record of ``curve`` whose ``key`` is at least ``target``."""
+    for record in curve:
+        value = record.get(key)
+        if value is not None and value >= target:
+            return record
+    return None
+
+
+def median_step_time(net_params, solver, train, *, batch_size: int, steps: int = 50, warmup: int = 5,
+                     threads: int = 1, seed: int = 0) -> dict:
+    """Time ``steps`` single solver steps of ``net_params`` on ``train``; median and spread, in seconds.
+
+    This is C(b) of the paper: the cost of one minibatch gradient and update.
+    """
+    import torch
+
+    from sparknet.net import Net
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        net = Net(net_params, solver, batch_size=batch_size, seed=seed)
+        net.set_training_data(train)
+        net.train(warmup)
+        times = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            net.train(1)
+            times.append(time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(previous)
+    times.sort()
+    q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
+    return {"median_s": statistics.median(times), "p10_s": q[0], "p90_s": q[-1], "steps": steps,
+            "batch_size": batch_size, "threads": threads}
+
+
+_WORKER_STATE: dict = {}
+
+
+def _pool_init(initializer: Callable | None, args: tuple) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    if initializer is not None:
+        initializer(*args)
+
+
+def parallel_map(fn: Callable[[dict], dict], jobs: list[dict], *, processes: int,
+                 initializer: Callable | None = None, initargs: tuple = ()) -> list[dict]:
+    """``[fn(job) for job in jobs]`` in ``processes`` spawned processes of one torch thread each.
+
+    Results come back in the order of ``jobs``. With ``processes <= 1`` everything runs here
+    (after ``initializer``), which is what tests use.
+    """
+    if processes <= 1 or len(jobs) <= 1:
+        import torch
+
+        previous = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            if initializer is not None:
+                initializer(*initargs)
+            return [fn(job) for job in jobs]
+        finally:
+            torch.set_num_threads(previous)
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(min(processes, len(jobs)), initializer=_pool_init,
+                                      initargs=(initializer, initargs)) as pool:
+        return pool.map(fn, jobs, chunksize=1)
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt

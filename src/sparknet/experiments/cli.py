@@ -1,0 +1,98 @@
+"""``sparknet experiment NAME [--quick] [--out DIR] [options]``: the paper's experiments.
+
+Each experiment's options are generated from the fields of its ``Config`` dataclass (the
+docstring under a field is its help); an option not given keeps the default of the mode
+(full, or ``--quick``). ``sparknet experiment all`` runs every experiment in order into one
+folder, so ``speedup-vs-overhead`` reads the grid that ``speedup-grid`` just wrote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import types
+import typing
+
+from sparknet.cli import field_docs, subcommand
+from sparknet.experiments import DEFAULT_OUT, EXPERIMENTS, get_experiment, run_experiment
+
+__all__ = ["add_config_arguments", "config_overrides"]
+
+log = logging.getLogger(__name__)
+
+
+def _unwrap(tp):
+    """(base type, is_tuple) of an annotation such as ``tuple[int, ...] | None``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = args[0] if len(args) == 1 else str
+        origin = typing.get_origin(tp)
+    if origin is tuple:
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        return (args[0] if args else str), True
+    return tp, False
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls) -> None:
+    """One ``--flag`` per field of ``cls``, every default ``None`` (= the mode's default)."""
+    group = parser.add_argument_group("options (default: the full or --quick setting)")
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        tp, is_tuple = _unwrap(hints[f.name])
+        default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = f"{docs.get(f.name, '')} (full default: {default})"
+        if tp is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif is_tuple:
+            group.add_argument(flag, type=tp, nargs="+", default=None, help=help_text)
+        else:
+            group.add_argument(flag, type=tp, default=None, help=help_text)
+
+
+def config_overrides(args: argparse.Namespace, cls) -> dict:
+    """The config fields the user gave on the command line."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: (tuple(v) if isinstance(v, list) else v) for k, v in vars(args).items()
+            if k in names and v is not None}
+
+
+def _run(args: argparse.Namespace) -> int:
+    names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
+    failed = []
+    for name in names:
+        overrides = config_overrides(args, get_experiment(name).Config) if args.experiment != "all" else {}
+        try:
+            result = run_experiment(name, quick=args.quick, out=args.out, **overrides)
+        except Exception as exc:
+            if args.experiment != "all":
+                raise
+            log.error("experiment %s failed: %s: %s", name, type(exc).__name__, exc)
+            failed.append(name)
+            continue
+        print(json.dumps({"experiment": name, "json": result.get("json_path"), "png": result.get("png_path"),
+                          "wall_s": round(result["wall_s"], 1), "summary": result.get("summary")}))
+    return 1 if failed else 0
+
+
+@subcommand("experiment", "reproduce the SparkNet paper's experiments (JSON + PNG per experiment)")
+def _configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="experiment", required=True, metavar="NAME")
+    for name in (*EXPERIMENTS, "all"):
+        if name == "all":
+            help_text = "every experiment in order, into one folder"
+            doc = help_text
+        else:
+            module = get_experiment(name)
+            doc = (module.__doc__ or name).strip()
+            help_text = doc.splitlines()[0]
+        p = sub.add_parser(name, help=help_text, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.add_argument("--quick", action="store_true", help="the small version (under 3 minutes on a quiet machine)")
+        p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+        if name != "all":
+            add_config_arguments(p, get_experiment(name).Config)
+    parser.set_defaults(_run=_run)

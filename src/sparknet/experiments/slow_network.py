@@ -1,0 +1,319 @@
+"""Wall-clock time to accuracy as the network slows: naive (sync), averaging and DiLoCo on Spark.
+
+    sparknet experiment slow-network --quick
+    sparknet experiment slow-network --link-latency 50ms --link-bandwidth 100Mbit
+
+What the SparkNet paper could only model (its Figure 4), measured: every exchange of the
+real Spark engine waits as long as it would over a link of the given latency and bandwidth
+(:class:`sparknet.link.LinkModel`), and the wall clock to the target accuracy is timed.
+
+How the link is applied, until the engines take a ``link=`` option of their own: the
+strategy the engine runs is wrapped in :class:`LinkDelayed`, whose hooks the engine calls
+exactly where the exchanges happen —
+
+- barrier engine: ``worker_delta`` runs on every rank just before the round's allreduce, and
+  ``after_backward`` (the naive scheme) just before each step's gradient allreduce; each
+  waits :meth:`LinkModel.allreduce_delay` for that buffer (a ring allreduce over K ranks);
+- rounds engine: ``worker_begin`` runs in each task right after it received the broadcast
+  weights (waits for their download) and ``worker_delta`` just before the task returns its
+  delta (waits for its upload).
+
+Every worker has its own link of this speed (the driver's is not the bottleneck). Not
+delayed: the barrier engine's tiny per-evaluation allreduce and its metrics channel.
+Slow cases are cut off after about ``max_seconds`` (a step budget planned from the measured
+step time C and the link's cost), and recorded as not reached.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparknet.experiments import first_reaching, load_data, make_model, make_solver, median_step_time, pyplot
+from sparknet.link import LinkModel
+from sparknet.strategies import TrainingStrategy, make_strategy
+
+__all__ = ["Config", "QUICK", "SCHEMES", "LinkDelayed", "run", "plot"]
+
+log = logging.getLogger(__name__)
+
+SCHEMES = ("naive", "average", "diloco")
+"""naive = gradients allreduced every step (sync); average = SparkNet; diloco = Nesterov outer step."""
+
+
+class LinkDelayed(TrainingStrategy):
+    """A strategy whose every exchange waits as if it crossed ``link`` (see the module docstring).
+
+    Parameters
+    ----------
+    inner : TrainingStrategy
+        The strategy that does the work; everything but the waits is its.
+    link : LinkModel
+        The link every worker's messages cross.
+    engine : str
+        ``barrier`` (allreduce per round / per step) or ``rounds`` (broadcast down, delta up).
+    world : int
+        Number of workers K.
+    """
+
+    def __init__(self, inner: TrainingStrategy, link: LinkModel, *, engine: str, world: int):
+        if engine not in ("barrier", "rounds"):
+            raise ValueError(f"engine must be barrier or rounds, got {engine!r}")
+        self.inner, self.link, self.engine, self.world = inner, link, engine, int(world)
+        self.waited_s = 0.0
+
+    @property
+    def name(self):
+        return self.inner.name
+
+    @property
+    def needs_gradient_hook(self) -> bool:
+        return self.inner.needs_gradient_hook
+
+    @property
+    def keeps_local_weights(self) -> bool:
+        return self.inner.keeps_local_weights
+
+    def init_global(self, flat):
+        return self.inner.init_global(flat)
+
+    def worker_begin(self, state, net, global_flat):
+        if self.engine == "rounds":
+            self.waited_s += self.link.wait(global_flat.numel() * 4)  # the broadcast weights, down
+        self.inner.worker_begin(state, net, global_flat)
+
+    def worker_delta(self, state, net, global_flat):
+        delta = self.inner.worker_delta(state, net, global_flat)
+        if self.inner.needs_gradient_hook:
+            return delta  # the naive scheme exchanges gradients every step, not deltas (the round's buffer is metrics)
+        nbytes = delta.numel() * 4
+        if self.engine == "rounds":
+            self.waited_s += self.link.wait(nbytes)  # the delta, up
+        else:
+            self.waited_s += self.link.wait_allreduce(nbytes, self.world)
+        return delta
+
+    def after_backward(self, net) -> None:
+        nbytes = 4 * sum(p.numel() for p in net.module.parameters() if p.requires_grad)
+        self.waited_s += self.link.wait_allreduce(nbytes, self.world)
+        self.inner.after_backward(net)
+
+    def apply(self, global_flat, mean_delta, num_workers):
+        return self.inner.apply(global_flat, mean_delta, num_workers)
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        return f"LinkDelayed({self.inner!r}, {self.link.describe()}, {self.engine})"
+
+
+@dataclass(kw_only=True)
+class Config:
+    """Settings of the slow-network runs."""
+
+    link_latency: tuple[str, ...] = ("10ms", "50ms")
+    """Latency of each link to try (paired with link_bandwidth), e.g. 50ms."""
+    link_bandwidth: tuple[str, ...] = ("100Mbit", "10Mbit")
+    """Bandwidth of each link to try (paired with link_latency), e.g. 100Mbit."""
+    include_free_link: bool = True
+    """Also run with no delay at all (the reference)."""
+    schemes: tuple[str, ...] = SCHEMES
+    """naive, average, diloco."""
+    engine: str = "barrier"
+    """Engine of averaging and DiLoCo: barrier or rounds (the naive scheme needs barrier)."""
+    workers: int = 2
+    """K."""
+    tau: int = 50
+    """Local steps per round of averaging and DiLoCo (and steps between evaluations of the naive scheme)."""
+    dataset: str = "mnist"
+    """mnist or mnist-small."""
+    train_samples: int | None = None
+    """Use only the first this many training samples."""
+    test_samples: int | None = None
+    """Evaluate on the first this many test samples (default all)."""
+    target: float = 0.98
+    """Target test accuracy."""
+    batch_size: int = 64
+    """Minibatch size of every worker."""
+    lr: float = 0.05
+    """SGD learning rate of the naive scheme and of averaging (fixed)."""
+    momentum: float = 0.9
+    """Momentum."""
+    diloco_lr: float = 1e-3
+    """DiLoCo's inner AdamW learning rate."""
+    max_steps: int = 3000
+    """Most local steps per worker."""
+    max_seconds: float = 100.0
+    """About the longest one run may train: its step budget is planned from C and the link."""
+    master: str | None = None
+    """Spark master (default local[K])."""
+    seed: int = 0
+    """Seed of the weights and data orders."""
+
+    def __post_init__(self):
+        self.link_latency = tuple(str(v) for v in self.link_latency)
+        self.link_bandwidth = tuple(str(v) for v in self.link_bandwidth)
+        if len(self.link_latency) != len(self.link_bandwidth):
+            raise ValueError(f"give one bandwidth per latency: {self.link_latency} vs {self.link_bandwidth}")
+        self.links()  # parse errors now
+        self.schemes = tuple(self.schemes)
+        bad = [s for s in self.schemes if s not in SCHEMES]
+        if bad or not self.schemes:
+            raise ValueError(f"unknown scheme(s) {bad}; choose from {list(SCHEMES)}")
+        if self.engine not in ("barrier", "rounds"):
+            raise ValueError(f"engine must be barrier or rounds, got {self.engine!r}")
+        if not 0 < self.target <= 1:
+            raise ValueError(f"target is an accuracy in (0, 1], got {self.target}")
+        for name in ("workers", "tau", "batch_size", "max_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not self.max_seconds > 0:
+            raise ValueError(f"max_seconds must be positive, got {self.max_seconds}")
+
+    def links(self) -> list[LinkModel]:
+        """The links to run, the free one first."""
+        links = [LinkModel()] if self.include_free_link else []
+        links += [LinkModel.parse(lat, bw) for lat, bw in zip(self.link_latency, self.link_bandwidth)]
+        if not links:
+            raise ValueError("no link to run: give --link-latency/--link-bandwidth or keep the free link")
+        return links
+
+
+QUICK: dict = {"dataset": "mnist-small", "target": 0.93, "link_latency": ("50ms",), "link_bandwidth": ("10Mbit",),
+               "tau": 25, "max_steps": 600, "max_seconds": 20.0}
+"""``--quick``: the 5,000-image subset to 93%, the free link and one slow one (50ms, 10Mbit)."""
+
+
+def _plan_steps(config: Config, scheme: str, link: LinkModel, step_s: float, nbytes: int) -> int:
+    """Steps per worker that fit in about ``max_seconds`` with this link's cost."""
+    if scheme == "naive":
+        per_step = step_s + link.allreduce_delay(nbytes, config.workers)
+    elif config.engine == "barrier":
+        per_step = step_s + link.allreduce_delay(nbytes, config.workers) / config.tau
+    else:
+        per_step = step_s + 2 * link.delay(nbytes) / config.tau
+    budget = max(config.tau, int(config.max_seconds / per_step) // config.tau * config.tau)
+    return min(config.max_steps, budget)
+
+
+def _one(config: Config, scheme: str, link: LinkModel, spark, df, test, step_s: float, nbytes: int) -> dict:
+    from sparknet.config import DistributedConfig
+    from sparknet.spark import SparkTrainer
+
+    engine = "barrier" if scheme == "naive" else config.engine
+    strategy = {"naive": "sync", "average": "average", "diloco": "diloco"}[scheme]
+    solver = (make_solver("adamw", config.diloco_lr, config.momentum, 1e-4) if scheme == "diloco"
+              else make_solver("sgd", config.lr, config.momentum))
+    steps = _plan_steps(config, scheme, link, step_s, nbytes)
+    wrapped = LinkDelayed(make_strategy(strategy), link, engine=engine, world=config.workers)
+    dist = DistributedConfig(workers=config.workers, engine=engine, strategy=strategy, tau=config.tau,
+                             target_accuracy=config.target, master=config.master)
+    trainer = SparkTrainer(make_model("lenet", config.batch_size), solver=solver, dist=dist,
+                           batch_size=config.batch_size, seed=config.seed, threads=1, spark=spark, max_steps=steps,
+                           strategy=wrapped if not link.is_free else None)
+    t0 = time.perf_counter()
+    result = trainer.fit(df, validation=(test.x, test.y))
+    wall = time.perf_counter() - t0
+    curve = [{"steps": h["total_steps"], "accuracy": h["val_accuracy"], "wall_s": h["wall_s"]}
+             for h in result.history if h.get("event") == "round" and h.get("val_accuracy") is not None]
+    hit = first_reaching(curve, config.target)
+    s = result.summary
+    return {"scheme": scheme, "link": link.to_dict(), "ok": True, "engine": engine, "strategy": strategy,
+            "reached": hit is not None, "time_to_target_s": hit["wall_s"] if hit else None,
+            "steps_to_target": hit["steps"] if hit else None, "step_budget": steps, "wall_s": wall,
+            "setup_s": s.get("setup_s"), "final_accuracy": curve[-1]["accuracy"] if curve else None,
+            "rounds": s.get("rounds"), "bytes_communicated": s.get("bytes_communicated"),
+            "modelled_link_s_per_step": (link.allreduce_delay(nbytes, config.workers) if scheme == "naive" else
+                                         (link.allreduce_delay(nbytes, config.workers) if engine == "barrier"
+                                          else 2 * link.delay(nbytes)) / config.tau),
+            "curve": curve}
+
+
+def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spark=None) -> dict:
+    """Every scheme over every link on one Spark session; returns the result body."""
+    from sparknet.datasets import cache_root
+    from sparknet.spark.run import dataset_as_parquet
+
+    train, test = load_data(config.dataset, train_samples=config.train_samples, test_samples=config.test_samples)
+    net_params = make_model("lenet", config.batch_size)
+    step = median_step_time(net_params, make_solver("sgd", config.lr, config.momentum), train,
+                            batch_size=config.batch_size, steps=20, threads=1)
+    nbytes = 4 * sum(p.numel() for p in net_params.build(seed=0).parameters())
+    links = config.links()
+    own = spark is None
+    runs = []
+    try:
+        if own:
+            from sparknet.spark import get_session
+
+            spark = get_session(config.master or f"local[{config.workers}]", app_name="sparknet-experiments")
+        path = Path(cache_root()) / "parquet" / f"{config.dataset.lower()}-train-{len(train)}.parquet"
+        df = spark.read.parquet(str(dataset_as_parquet(train, path)))
+        for link in links:
+            for scheme in config.schemes:
+                log.info("slow-network: %s over %s", scheme, link.describe())
+                t0 = time.perf_counter()
+                try:
+                    runs.append(_one(config, scheme, link, spark, df, test, step["median_s"], nbytes))
+                except Exception as exc:  # kept with its error
+                    log.error("slow-network: %s over %s failed: %s: %s", scheme, link.describe(),
+                              type(exc).__name__, exc)
+                    runs.append({"scheme": scheme, "link": link.to_dict(), "ok": False, "reached": False,
+                                 "error": f"{type(exc).__name__}: {exc}",
+                                 "traceback_tail": traceback.format_exc()[-2000:], "wall_s": time.perf_counter() - t0})
+    finally:
+        if own and spark is not None:
+            spark.stop()
+    summary = {f"{r['scheme']} @ {r['link']['label']}": (round(r["time_to_target_s"], 1) if r.get("reached") else
+                                                         "failed" if not r.get("ok") else "not reached")
+               for r in runs}
+    return {"target": config.target, "workers": config.workers, "model_bytes": nbytes, "step_time": step,
+            "links": [link.to_dict() for link in links], "runs": runs, "summary": summary,
+            "how": "strategy wrapper LinkDelayed around the real engine's hooks (see the module docstring)"}
+
+
+def plot(result: dict, path: str | Path) -> None:
+    """Grouped bars: time to the target for each scheme, one group per link."""
+    import numpy as np
+
+    plt = pyplot()
+    links = [lk["label"] for lk in result["links"]]
+    schemes = [s for s in SCHEMES if any(r["scheme"] == s for r in result["runs"])]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.9 * len(links) + 2), 4.2), layout="constrained")
+    width = 0.8 / max(len(schemes), 1)
+    colors = {"naive": "tab:red", "average": "tab:blue", "diloco": "tab:green"}
+    top = max([r.get("wall_s") or 0 for r in result["runs"]] + [1.0])
+    for i, scheme in enumerate(schemes):
+        for j, label in enumerate(links):
+            r = next((r for r in result["runs"] if r["scheme"] == scheme and r["link"]["label"] == label), None)
+            if r is None:
+                continue
+            x = j + (i - (len(schemes) - 1) / 2) * width
+            if r.get("reached"):
+                ax.bar(x, r["time_to_target_s"], width, color=colors[scheme], edgecolor="black", lw=0.5)
+                ax.text(x, r["time_to_target_s"], f"{r['time_to_target_s']:.0f}", ha="center", va="bottom", fontsize=7)
+            else:
+                h = r.get("wall_s") or 0
+                ax.bar(x, h, width, color="white", edgecolor=colors[scheme], hatch="//", lw=0.8)
+                note = "failed" if not r.get("ok") else f">{h:.0f}\n({(r.get('final_accuracy') or 0):.3f})"
+                ax.text(x, h, note, ha="center", va="bottom", fontsize=6)
+    for scheme in schemes:
+        ax.bar([], [], color=colors[scheme], label=scheme)
+    ax.set_xticks(range(len(links)), [("no delay" if lb.startswith("0s, inf") else lb) for lb in links])
+    ax.set_xlabel("link (latency, bandwidth) of every worker")
+    ax.set_ylabel("wall-clock seconds to target")
+    ax.set_ylim(0, top * 1.25)
+    ax.legend(fontsize=8, title="hatched: not reached (accuracy)", title_fontsize=7)
+    ax.set_title(f"Time to {result['target']} test accuracy over a slow link (K = {result['workers']}, "
+                 f"LeNet {result['model_bytes'] / 1e6:.2f} MB)", fontsize=10)
+    fig.savefig(path, dpi=90)
+    _ = np
+    plt.close(fig)

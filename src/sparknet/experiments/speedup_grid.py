@@ -1,0 +1,336 @@
+"""Figure 3 of the SparkNet paper: speedup over one worker for every K and tau, with S = 0.
+
+    sparknet experiment speedup-grid --quick       # K in {1,2,4}, tau in {1,5,25}, MNIST 5k subset
+    sparknet experiment speedup-grid               # K in {1,2,4,8,16}, tau in {1,2,5,10,25,100,500}
+
+Iterations are counted, not seconds, so the K logical workers of a cell run one after
+another in one process (:func:`sparknet.simulate.simulate`, the very strategy code the Spark
+engines run) and cells run in parallel processes. For each cell the speedup to test
+accuracy ``a`` is
+
+    N_a(b) / (tau * M_a(b, K, tau))
+
+where N_a(b) is the number of serial steps one worker with the same inner solver needs to
+reach ``a`` (evaluated every ``eval_every`` steps; averaging uses SGD with momentum, DiLoCo
+the AdamW of its paper, so each has its own N_a) and M_a the number of rounds of tau steps the K workers need (the
+averaged model exists only at round ends, so it is evaluated every round, or every few rounds
+when tau < ``eval_every``). The paper's Figure 3 caption prints the ratio the other way up;
+its text ("the ratio Na(b)/(tau Ma(b,K,tau)) (the speedup when S = 0)") and Figure 4 use this
+one, where more than 1 means faster than one worker.
+
+Checks written into the JSON:
+
+- the K=1 row of plain averaging is the single-worker run (averaging one worker changes
+  nothing), so its speedups are 1 up to the resolution ``ceil(N_a / tau) * tau`` of a round;
+- the tau=1 column of averaging is large-batch SGD: one step on K batches averaged. With
+  ``large_batch_reference`` the naive scheme (one worker, batch K*b) runs beside it.
+
+Cells that do not reach ``a`` within ``budget * N_a`` parallel steps are recorded with
+``speedup: null`` and shown hatched.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparknet.experiments import (first_reaching, load_data, make_model, make_solver, parallel_map, pyplot)
+
+__all__ = ["Config", "QUICK", "run", "plot", "speedup_table"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class Config:
+    """Settings of the speedup grid (full defaults; ``QUICK`` holds the quick ones)."""
+
+    workers: tuple[int, ...] = (1, 2, 4, 8, 16)
+    """Numbers of workers K (rows)."""
+    taus: tuple[int, ...] = (1, 2, 5, 10, 25, 100, 500)
+    """Local steps between synchronizations (columns)."""
+    strategies: tuple[str, ...] = ("average", "diloco")
+    """Strategies, one heatmap each."""
+    model: str = "mlp"
+    """lenet or mlp (the counts do not depend on the hardware; mlp makes the full grid fit in minutes here)."""
+    dataset: str = "mnist"
+    """mnist or mnist-small."""
+    train_samples: int | None = None
+    """Use only the first this many training samples (default all)."""
+    test_samples: int | None = 2000
+    """Measure accuracy on the first this many test samples (the same ones everywhere)."""
+    target: float = 0.97
+    """Target test accuracy a."""
+    batch_size: int = 64
+    """Minibatch size b of every worker."""
+    solver_type: str = "sgd"
+    """Every averaging (and EASGD) worker's update rule, and that of their single-worker baseline."""
+    lr: float = 0.05
+    """Learning rate (fixed)."""
+    momentum: float = 0.9
+    """Momentum."""
+    diloco_solver_type: str = "adamw"
+    """DiLoCo's inner update rule (the DiLoCo paper's AdamW); its speedups are against one worker with it."""
+    diloco_lr: float = 1e-3
+    """DiLoCo's inner learning rate (fixed)."""
+    diloco_weight_decay: float = 1e-4
+    """DiLoCo's inner weight decay."""
+    diloco_outer_lr: float = 0.7
+    """DiLoCo's outer learning rate."""
+    diloco_outer_momentum: float = 0.9
+    """DiLoCo's outer Nesterov momentum."""
+    eval_every: int = 50
+    """Steps between evaluations (whole rounds when tau is larger)."""
+    baseline_max_steps: int = 20000
+    """Most steps of the single-worker run that measures N_a."""
+    budget: float = 2.0
+    """A cell stops after budget * N_a parallel steps (speedup below 1/budget is 'not reached')."""
+    large_batch_reference: bool = True
+    """Also run the naive scheme (one worker, batch K*b) for every K > 1: the tau=1 column's twin."""
+    processes: int = 2
+    """Cells run in this many processes (one torch thread each)."""
+    seed: int = 0
+    """Seed of the weights and of every worker's data order."""
+
+    def __post_init__(self):
+        self.workers = tuple(int(k) for k in self.workers)
+        self.taus = tuple(int(t) for t in self.taus)
+        self.strategies = tuple(str(s).lower() for s in self.strategies)
+        if not self.workers or min(self.workers) < 1:
+            raise ValueError(f"workers must be positive numbers, got {self.workers}")
+        if not self.taus or min(self.taus) < 1:
+            raise ValueError(f"taus must be positive numbers of steps, got {self.taus}")
+        bad = [s for s in self.strategies if s not in ("average", "diloco", "easgd")]
+        if bad or not self.strategies:
+            raise ValueError(f"strategies must be among average, diloco, easgd; got {self.strategies}")
+        if not 0 < self.target <= 1:
+            raise ValueError(f"target is an accuracy in (0, 1], got {self.target}")
+        if not self.budget >= 1:
+            raise ValueError(f"budget is a multiple of N_a, at least 1, got {self.budget}")
+        for name in ("eval_every", "baseline_max_steps", "batch_size", "processes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+QUICK: dict = {
+    "workers": (1, 2, 4), "taus": (1, 5, 25), "dataset": "mnist-small", "test_samples": None, "target": 0.9,
+    "eval_every": 10, "baseline_max_steps": 1500,
+}
+"""``--quick``: the 5,000-image MNIST subset, a 3x3 grid, target 90%."""
+
+
+# -- work done in the pool's processes -----------------------------------------------------------
+
+_DATA: dict = {}
+
+
+def _load(dataset: str, train_samples: int | None, test_samples: int | None) -> None:
+    key = (dataset, train_samples, test_samples)
+    if _DATA.get("key") != key:
+        _DATA["key"] = key
+        _DATA["train"], _DATA["test"] = load_data(dataset, train_samples=train_samples, test_samples=test_samples)
+
+
+def _baseline(job: dict) -> dict:
+    """N_a(b): one worker, plain SGD, evaluated every ``eval_every`` steps until the target."""
+    from sparknet.net import Net
+
+    t0 = time.perf_counter()
+    net = Net(make_model(job["model"], job["batch_size"]), make_solver(**job["solver"]),  # same as simulate's
+              batch_size=job["batch_size"], seed=job["seed"])
+    net.set_training_data(_DATA["train"])
+    net.set_validation_data((_DATA["test"].x, _DATA["test"].y))
+    curve = []
+    steps = 0
+    reached = False
+    while steps < job["max_steps"]:
+        n = min(job["eval_every"], job["max_steps"] - steps)
+        net.train(n)
+        steps += n
+        acc = net.test()
+        curve.append({"steps": steps, "accuracy": acc})
+        if acc >= job["target"]:
+            reached = True
+            break
+    return {"kind": "baseline", "reached": reached, "N_a": steps if reached else None, "steps": steps,
+            "accuracy": curve[-1]["accuracy"] if curve else None, "curve": curve, "cell_s": time.perf_counter() - t0}
+
+
+def _cell(job: dict) -> dict:
+    """One (strategy, K, tau) cell, or a large-batch reference run, through ``simulate``."""
+    from sparknet.simulate import simulate
+
+    if job["kind"] == "baseline":
+        return _baseline(job)
+    t0 = time.perf_counter()
+    r = simulate(make_model(job["model"], job["batch_size"]), _DATA["train"], _DATA["test"], workers=job["workers"],
+                 tau=job["tau"], strategy=job["strategy"], solver=make_solver(**job["solver"]),
+                 batch_size=job["batch_size"], target_accuracy=job["target"], max_steps=job["max_steps"],
+                 eval_every_steps=job["eval_every"], seed=job["seed"], strategy_options=job.get("options"))
+    out = {k: v for k, v in job.items() if k not in ("options", "model", "target", "seed")}
+    out.update(reached=r.reached, rounds=r.rounds, steps_per_worker=r.steps_per_worker, accuracy=r.accuracy,
+               curve=[{"round": h["round"], "steps": h["steps"], "accuracy": h["accuracy"]} for h in r.history],
+               cell_s=time.perf_counter() - t0)
+    return out
+
+
+# -- the experiment -------------------------------------------------------------------------------
+
+def solver_for(config: Config, strategy: str) -> dict:
+    """The inner solver (``make_solver`` arguments) of a strategy's workers."""
+    if strategy == "diloco":
+        return {"solver_type": config.diloco_solver_type, "lr": config.diloco_lr, "momentum": config.momentum,
+                "weight_decay": config.diloco_weight_decay}
+    return {"solver_type": config.solver_type, "lr": config.lr, "momentum": config.momentum}
+
+
+def _solver_key(solver: dict) -> str:
+    return ",".join(f"{k}={solver[k]}" for k in sorted(solver))
+
+
+def _jobs(config: Config, n_a: dict[str, int]) -> list[dict]:
+    common = {"model": config.model, "batch_size": config.batch_size, "target": config.target, "seed": config.seed}
+    jobs = []
+    for strategy in config.strategies:
+        solver = solver_for(config, strategy)
+        limit = config.budget * n_a[_solver_key(solver)]
+        for k in config.workers:
+            for tau in config.taus:
+                job = {**common, "kind": "cell", "strategy": strategy, "workers": k, "tau": tau, "solver": solver,
+                       "max_steps": max(tau, math.ceil(limit / tau) * tau),
+                       "eval_every": max(config.eval_every, tau)}
+                if strategy == "diloco":
+                    job["options"] = {"outer_lr": config.diloco_outer_lr, "outer_momentum": config.diloco_outer_momentum}
+                jobs.append(job)
+    if config.large_batch_reference:
+        solver = solver_for(config, "average")
+        limit = config.budget * n_a[_solver_key(solver)]
+        for k in config.workers:
+            if k > 1:
+                jobs.append({**common, "kind": "large_batch", "strategy": "sync", "workers": k, "tau": 1,
+                             "solver": solver, "max_steps": math.ceil(limit), "eval_every": config.eval_every})
+    # Longest first (work grows with K), so the pool ends together.
+    jobs.sort(key=lambda j: -j["workers"])
+    return jobs
+
+
+def speedup_table(cells: list[dict], strategy: str, workers, taus) -> list[list[float | None]]:
+    """Rows K, columns tau: each cell's speedup (``None`` where the target was not reached)."""
+    by = {(c["workers"], c["tau"]): c.get("speedup") for c in cells if c.get("strategy") == strategy
+          and c.get("kind", "cell") == "cell"}
+    return [[by.get((k, t)) for t in taus] for k in workers]
+
+
+def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> dict:
+    """Measure N_a for each inner solver, then run every cell; returns the result body."""
+    initargs = (config.dataset, config.train_samples, config.test_samples)
+    solvers = {}
+    for strategy in (*config.strategies, *(("average",) if config.large_batch_reference else ())):
+        solver = solver_for(config, strategy)
+        solvers.setdefault(_solver_key(solver), solver)
+    base_jobs = [{"kind": "baseline", "model": config.model, "batch_size": config.batch_size, "solver": solver,
+                  "seed": config.seed, "target": config.target, "max_steps": config.baseline_max_steps,
+                  "eval_every": config.eval_every, "solver_key": key} for key, solver in solvers.items()]
+    log.info("speedup grid: measuring N_a for %d solver(s) (one worker, target %.3f)", len(base_jobs), config.target)
+    baselines = parallel_map(_cell, base_jobs, processes=config.processes, initializer=_load, initargs=initargs)
+    n_a: dict[str, int] = {}
+    for job, base in zip(base_jobs, baselines):
+        base["solver"] = job["solver"]
+        if not base["reached"]:
+            raise RuntimeError(f"one worker with {job['solver']} did not reach the target accuracy {config.target} "
+                               f"in {config.baseline_max_steps} steps (it reached {base['accuracy']:.4f}); lower the "
+                               "target or raise baseline_max_steps")
+        n_a[job["solver_key"]] = base["N_a"]
+    log.info("N_a = %s; running %d cells on %d processes", n_a, len(config.workers) * len(config.taus)
+             * len(config.strategies), config.processes)
+    results = parallel_map(_cell, _jobs(config, n_a), processes=config.processes, initializer=_load,
+                           initargs=initargs)
+    cells, large_batch = [], []
+    for r in results:
+        base_n = n_a[_solver_key(r["solver"])]
+        parallel_steps = r["rounds"] * r["tau"] if r["kind"] == "cell" else r["steps_per_worker"]
+        r["N_a"] = base_n
+        r["parallel_steps"] = parallel_steps if r["reached"] else None
+        r["speedup"] = base_n / parallel_steps if r["reached"] and parallel_steps else None
+        (cells if r["kind"] == "cell" else large_batch).append(r)
+    cells.sort(key=lambda c: (config.strategies.index(c["strategy"]), c["workers"], c["tau"]))
+    large_batch.sort(key=lambda c: c["workers"])
+    table = {s: speedup_table(cells, s, config.workers, config.taus) for s in config.strategies}
+    n_a_by_strategy = {s: n_a[_solver_key(solver_for(config, s))] for s in config.strategies}
+    return {"N_a": n_a_by_strategy, "baselines": baselines, "workers": list(config.workers),
+            "taus": list(config.taus), "strategies": list(config.strategies), "speedup": table, "cells": cells,
+            "large_batch": large_batch, "checks": _checks(n_a_by_strategy.get("average"), cells, large_batch)}
+
+
+def _checks(n_a: int | None, cells: list[dict], large_batch: list[dict]) -> dict:
+    checks: dict = {}
+    k1 = [c for c in cells if c["strategy"] == "average" and c["workers"] == 1]
+    if k1 and n_a:
+        # A round ends every tau steps, so one worker reaches a at ceil(N_a / tau) * tau at best.
+        expected = {str(c["tau"]): n_a / (math.ceil(n_a / c["tau"]) * c["tau"]) for c in k1}
+        checks["k1_average"] = {
+            "speedups": {str(c["tau"]): c["speedup"] for c in k1},
+            "expected_from_round_resolution": expected,
+            "max_abs_deviation_from_1": max((abs(c["speedup"] - 1) for c in k1 if c["speedup"] is not None),
+                                            default=None),
+            "all_reached": all(c["reached"] for c in k1),
+        }
+    tau1 = {c["workers"]: c["speedup"] for c in cells if c["strategy"] == "average" and c["tau"] == 1}
+    if large_batch:
+        checks["tau1_vs_large_batch"] = [
+            {"workers": lb["workers"], "average_tau1_speedup": tau1.get(lb["workers"]),
+             "large_batch_speedup": lb["speedup"]} for lb in large_batch]
+    col = [tau1[k] for k in sorted(tau1)]
+    if col and all(v is not None for v in col):
+        ks = sorted(tau1)
+        checks["tau1_sublinear"] = all(v <= k * 1.05 for k, v in zip(ks, col))
+    return checks
+
+
+def plot(result: dict, path: str | Path) -> None:
+    """One heatmap per strategy: rows K, columns tau, the speedup written in each cell."""
+    import numpy as np
+    from matplotlib.colors import LogNorm
+
+    plt = pyplot()
+    strategies = result["strategies"]
+    workers, taus = result["workers"], result["taus"]
+    values = [v for s in strategies for row in result["speedup"][s] for v in row if v]
+    vmax = max(values + [2.0])
+    vmin = min(values + [0.5])
+    fig, axes = plt.subplots(1, len(strategies), figsize=(max(0.75 * len(taus), 3.2) * len(strategies) + 1.2,
+                                                          0.5 * len(workers) + 2.0), squeeze=False,
+                             layout="constrained")
+    image = None
+    for ax, strategy in zip(axes[0], strategies):
+        table = np.array([[np.nan if v is None else v for v in row] for row in result["speedup"][strategy]], float)
+        masked = np.ma.masked_invalid(table)
+        ax.set_facecolor("#dddddd")
+        image = ax.imshow(masked, cmap="viridis", norm=LogNorm(vmin=vmin, vmax=vmax), aspect="auto")
+        for i in range(len(workers)):
+            for j in range(len(taus)):
+                v = table[i, j]
+                if np.isnan(v):
+                    ax.text(j, i, "—", ha="center", va="center", color="black", fontsize=8)
+                    ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="//", color="#888888",
+                                               lw=0))
+                else:
+                    ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8,
+                            color="white" if v < math.sqrt(vmin * vmax) else "black")
+        ax.set_xticks(range(len(taus)), [str(t) for t in taus])
+        ax.set_yticks(range(len(workers)), [str(k) for k in workers])
+        ax.set_xlabel("τ (steps between synchronizations)", fontsize=9)
+        ax.set_ylabel("K (workers)", fontsize=9)
+        solver = next((c["solver"] for c in result["cells"] if c["strategy"] == strategy), {})
+        ax.set_title(f"{strategy} ({solver.get('solver_type')} inside, N_a = {result['N_a'][strategy]})", fontsize=9)
+    cfg = result.get("config", {})
+    fig.suptitle(f"Speedup N_a/(τ·M_a) to {cfg.get('target')} test accuracy, S = 0 ({cfg.get('model')}, "
+                 f"{cfg.get('dataset')}, b={cfg.get('batch_size')}; — = not reached in {cfg.get('budget')}·N_a steps)",
+                 fontsize=9)
+    if image is not None:
+        fig.colorbar(image, ax=axes[0].tolist(), shrink=0.8, label="speedup")
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -1,0 +1,169 @@
+"""Figure 6 of the SparkNet paper: test accuracy against wall time for several tau, K workers on Spark.
+
+    sparknet experiment tau-sensitivity --quick     # MNIST 5k subset, tau in {5, 25, 100}
+    sparknet experiment tau-sensitivity             # LeNet on MNIST, tau in {10, 50, 200, 1000}
+
+Each tau is one :class:`~sparknet.spark.SparkTrainer` fit on the rounds engine (one Spark job
+per round: broadcast, tau local steps, tree aggregation), averaging, the same number of local
+steps per worker. The global weights are evaluated every ``eval_every`` steps (every
+``max(1, eval_every // tau)`` rounds). Evaluation runs on the driver between rounds; it is
+measurement, not training, so the curves are drawn against wall time minus the evaluation
+time (both are in the JSON).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparknet.experiments import load_data, make_model, pyplot
+
+__all__ = ["Config", "QUICK", "run", "plot"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(kw_only=True)
+class Config:
+    """Settings of the tau-sensitivity runs."""
+
+    taus: tuple[int, ...] = (10, 50, 200, 1000)
+    """Local steps per round, one fit each."""
+    workers: int = 2
+    """K."""
+    engine: str = "rounds"
+    """rounds (SparkNet's scheme) or barrier."""
+    strategy: str = "average"
+    """average or diloco."""
+    dataset: str = "mnist"
+    """mnist or mnist-small."""
+    train_samples: int | None = None
+    """Use only the first this many training samples."""
+    test_samples: int | None = None
+    """Evaluate on the first this many test samples (default all)."""
+    steps: int = 2000
+    """Local steps per worker of every fit."""
+    eval_every: int = 200
+    """Local steps between evaluations."""
+    batch_size: int = 64
+    """Minibatch size of every worker."""
+    lr: float = 0.05
+    """Base learning rate (inv policy, gamma 1e-4, power 0.75, as Caffe's LeNet solver)."""
+    momentum: float = 0.9
+    """Momentum."""
+    weight_decay: float = 5e-4
+    """Weight decay."""
+    master: str | None = None
+    """Spark master (default local[K])."""
+    seed: int = 0
+    """Seed of the weights and data orders."""
+
+    def __post_init__(self):
+        self.taus = tuple(int(t) for t in self.taus)
+        if not self.taus or min(self.taus) < 1:
+            raise ValueError(f"taus must be positive numbers of steps, got {self.taus}")
+        if self.engine not in ("rounds", "barrier"):
+            raise ValueError(f"engine must be rounds or barrier, got {self.engine!r}")
+        if self.strategy not in ("average", "diloco", "easgd"):
+            raise ValueError(f"strategy must be average, diloco or easgd, got {self.strategy!r}")
+        for name in ("workers", "steps", "eval_every", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+    def solver(self):
+        from sparknet.solvers import SolverConfig
+
+        return SolverConfig(type="sgd", base_lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
+                            lr_policy="inv", gamma=1e-4, power=0.75)
+
+
+QUICK: dict = {"dataset": "mnist-small", "taus": (5, 25, 100), "steps": 300, "eval_every": 25}
+"""``--quick``: the 5,000-image subset, 300 steps per worker, tau in {5, 25, 100}."""
+
+
+def _fit(config: Config, tau: int, spark, df, test) -> dict:
+    from sparknet.config import DistributedConfig
+    from sparknet.spark import SparkTrainer
+
+    dist = DistributedConfig(workers=config.workers, engine=config.engine, strategy=config.strategy, tau=tau,
+                             eval_every_rounds=max(1, config.eval_every // tau), master=config.master)
+    trainer = SparkTrainer(make_model("lenet", config.batch_size), solver=config.solver(), dist=dist,
+                           batch_size=config.batch_size, seed=config.seed, threads=1, spark=spark,
+                           max_steps=config.steps)
+    t0 = time.perf_counter()
+    result = trainer.fit(df, validation=(test.x, test.y))
+    wall = time.perf_counter() - t0
+    curve, eval_total = [], 0.0
+    rounds = [h for h in result.history if h.get("event") == "round"]
+    for h in rounds:
+        eval_total += h.get("eval_s") or 0.0
+        if h.get("val_accuracy") is not None:
+            curve.append({"round": h["round"], "steps": h["total_steps"], "accuracy": h["val_accuracy"],
+                          "wall_s": h["wall_s"], "train_wall_s": h["wall_s"] - eval_total})
+    s = result.summary
+    round_s = [h["round_s"] for h in rounds]
+    return {"tau": tau, "ok": True, "curve": curve, "wall_s": wall, "setup_s": s.get("setup_s"),
+            "rounds": s.get("rounds"), "final_accuracy": s.get("test_accuracy"),
+            "samples_per_s": s.get("samples_per_s"), "eval_s": eval_total,
+            "mean_round_s": sum(round_s) / len(round_s) if round_s else None,
+            "mean_comm_s": sum(h.get("comm_s", 0.0) for h in rounds) / len(rounds) if rounds else None}
+
+
+def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spark=None) -> dict:
+    """One fit per tau on one Spark session; returns the result body."""
+    from sparknet.datasets import cache_root
+    from sparknet.spark.run import dataset_as_parquet
+
+    train, test = load_data(config.dataset, train_samples=config.train_samples, test_samples=config.test_samples)
+    own = spark is None
+    runs = []
+    try:
+        if own:
+            from sparknet.spark import get_session
+
+            spark = get_session(config.master or f"local[{config.workers}]", app_name="sparknet-experiments")
+        path = Path(cache_root()) / "parquet" / f"{config.dataset.lower()}-train-{len(train)}.parquet"
+        df = spark.read.parquet(str(dataset_as_parquet(train, path)))
+        for tau in config.taus:
+            log.info("tau-sensitivity: tau = %d", tau)
+            t0 = time.perf_counter()
+            try:
+                runs.append(_fit(config, tau, spark, df, test))
+            except Exception as exc:  # kept with its error
+                log.error("tau-sensitivity: tau = %d failed: %s: %s", tau, type(exc).__name__, exc)
+                runs.append({"tau": tau, "ok": False, "error": f"{type(exc).__name__}: {exc}",
+                             "traceback_tail": traceback.format_exc()[-2000:], "wall_s": time.perf_counter() - t0})
+    finally:
+        if own and spark is not None:
+            spark.stop()
+    summary = {str(r["tau"]): ({"final_accuracy": r["final_accuracy"], "wall_s": round(r["wall_s"], 1)}
+                               if r.get("ok") else "failed") for r in runs}
+    return {"workers": config.workers, "engine": config.engine, "strategy": config.strategy, "runs": runs,
+            "summary": summary}
+
+
+def plot(result: dict, path: str | Path) -> None:
+    """Test accuracy against wall time (evaluation excluded), one line per tau."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2), layout="constrained")
+    for r in result["runs"]:
+        if r.get("ok") and r["curve"]:
+            ax.plot([p["train_wall_s"] for p in r["curve"]], [p["accuracy"] for p in r["curve"]], marker=".",
+                    label=f"τ = {r['tau']} ({r['rounds']} rounds, {r['wall_s']:.0f} s)")
+        elif not r.get("ok"):
+            ax.plot([], [], label=f"τ = {r['tau']}: failed")
+    cfg = result.get("config", {})
+    ax.set_xlabel("wall-clock seconds (evaluation time excluded)")
+    ax.set_ylabel("test accuracy")
+    accs = [p["accuracy"] for r in result["runs"] if r.get("ok") for p in r["curve"]]
+    if accs:
+        ax.set_ylim(max(min(accs), max(accs) - 0.15), min(1.0, max(accs) + 0.01))
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"τ sensitivity: K = {result['workers']}, {result['engine']} engine, {result['strategy']}, "
+                 f"{cfg.get('steps')} steps per worker ({cfg.get('dataset')})", fontsize=9)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

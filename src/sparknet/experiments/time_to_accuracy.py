@@ -1,0 +1,379 @@
+"""Figure 5 of the SparkNet paper on this machine: wall-clock time to a test accuracy, six ways.
+
+    sparknet experiment time-to-accuracy --quick     # MNIST 5k subset, a lower target
+    sparknet experiment time-to-accuracy             # LeNet to 99% on MNIST
+
+In one run, one after another, with the same LeNet, minibatch (per worker), solver and
+evaluation cadence (every ``eval_every`` local steps, on the same test set):
+
+- ``one-process``: :class:`~sparknet.net.Net` in this process (all cores);
+- ``rounds``: sparknet, K workers, the rounds engine (a Spark job per round), averaging;
+- ``barrier``: sparknet, K workers, the barrier engine (gloo allreduce per round), averaging;
+- ``sync``: sparknet, K workers, gradients allreduced every step (the naive scheme, barrier engine);
+- ``async``: sparknet's parameter server, K workers pushing every ``async_sync_interval`` steps
+  (it evaluates once per epoch, the only cadence its API offers);
+- ``torch-distributor``: Spark's ``TorchDistributor`` running a plain DDP training function on
+  K processes (:func:`ddp_train`), the launch overhead recorded.
+
+Time is measured from the call that starts training (data conversion, Spark jobs and process
+launch included) to the first evaluation at or above the target. An entry that fails is kept
+with its error.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparknet.experiments import first_reaching, load_data, make_model, pyplot
+
+__all__ = ["Config", "QUICK", "SYSTEMS", "run", "plot", "ddp_train"]
+
+log = logging.getLogger(__name__)
+
+SYSTEMS = ("one-process", "rounds", "barrier", "sync", "async", "torch-distributor")
+"""Every system this experiment can time."""
+
+
+@dataclass(kw_only=True)
+class Config:
+    """Settings of the time-to-accuracy comparison."""
+
+    systems: tuple[str, ...] = SYSTEMS
+    """Which systems to time, in order."""
+    dataset: str = "mnist"
+    """mnist or mnist-small."""
+    train_samples: int | None = None
+    """Use only the first this many training samples."""
+    test_samples: int | None = None
+    """Evaluate on the first this many test samples (default all)."""
+    target: float = 0.99
+    """Target test accuracy."""
+    workers: int = 2
+    """K for every distributed system."""
+    batch_size: int = 64
+    """Minibatch size of every worker (and of the single process)."""
+    lr: float = 0.05
+    """Base learning rate (every system)."""
+    momentum: float = 0.9
+    """Momentum."""
+    weight_decay: float = 5e-4
+    """Weight decay."""
+    lr_policy: str = "inv"
+    """Learning-rate policy (Caffe's LeNet solver: inv, gamma 1e-4, power 0.75)."""
+    gamma: float = 1e-4
+    """Policy factor."""
+    power: float = 0.75
+    """Policy exponent."""
+    eval_every: int = 100
+    """Local steps between evaluations; also tau of the rounds and barrier engines."""
+    max_steps: int = 10000
+    """Most local steps per worker (per process for one-process)."""
+    async_sync_interval: int = 10
+    """Steps between a worker's pushes to the parameter server."""
+    single_threads: int | None = None
+    """Torch threads of the one-process run (default: every core)."""
+    master: str | None = None
+    """Spark master (default local[K])."""
+    seed: int = 0
+    """Seed of the weights and data orders."""
+
+    def __post_init__(self):
+        self.systems = tuple(self.systems)
+        bad = [s for s in self.systems if s not in SYSTEMS]
+        if bad or not self.systems:
+            raise ValueError(f"unknown system(s) {bad}; choose from {list(SYSTEMS)}")
+        if not 0 < self.target <= 1:
+            raise ValueError(f"target is an accuracy in (0, 1], got {self.target}")
+        for name in ("workers", "batch_size", "eval_every", "max_steps", "async_sync_interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+    def solver(self):
+        from sparknet.solvers import SolverConfig
+
+        return SolverConfig(type="sgd", base_lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
+                            lr_policy=self.lr_policy, gamma=self.gamma, power=self.power)
+
+
+QUICK: dict = {"dataset": "mnist-small", "target": 0.95, "eval_every": 25, "max_steps": 800}
+"""``--quick``: the 5,000-image subset to 95%, evaluating every 25 steps."""
+
+
+def _entry(system: str, curve: list[dict], target: float, wall_s: float, **extra) -> dict:
+    hit = first_reaching(curve, target)
+    return {"system": system, "ok": True, "reached": hit is not None,
+            "time_to_target_s": hit["wall_s"] if hit else None, "steps_to_target": hit["steps"] if hit else None,
+            "final_accuracy": curve[-1]["accuracy"] if curve else None, "wall_s": wall_s, "curve": curve, **extra}
+
+
+# -- the systems ----------------------------------------------------------------------------------
+
+def _one_process(system: str, config: Config, train, test, **_) -> dict:
+    import torch
+
+    from sparknet.net import Net
+
+    threads = config.single_threads or os.cpu_count() or 1
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        t0 = time.perf_counter()
+        net = Net(make_model("lenet", config.batch_size), config.solver(), batch_size=config.batch_size,
+                  seed=config.seed)
+        net.set_training_data(train)
+        net.set_validation_data((test.x, test.y))
+        curve, steps = [], 0
+        while steps < config.max_steps:
+            n = min(config.eval_every, config.max_steps - steps)
+            net.train(n)
+            steps += n
+            acc = net.test()
+            curve.append({"steps": steps, "accuracy": acc, "wall_s": time.perf_counter() - t0})
+            if acc >= config.target:
+                break
+        return _entry("one-process", curve, config.target, time.perf_counter() - t0, threads=threads)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _spark_engine(system: str, config: Config, train, test, *, spark, df, **_) -> dict:
+    from sparknet.config import DistributedConfig
+    from sparknet.spark import SparkTrainer
+
+    engine, strategy = {"rounds": ("rounds", "average"), "barrier": ("barrier", "average"),
+                        "sync": ("barrier", "sync")}[system]
+    dist = DistributedConfig(workers=config.workers, engine=engine, strategy=strategy, tau=config.eval_every,
+                             target_accuracy=config.target, master=config.master)
+    trainer = SparkTrainer(make_model("lenet", config.batch_size), solver=config.solver(), dist=dist,
+                           batch_size=config.batch_size, seed=config.seed, threads=1, spark=spark,
+                           max_steps=config.max_steps)
+    t0 = time.perf_counter()
+    result = trainer.fit(df, validation=(test.x, test.y))
+    wall = time.perf_counter() - t0
+    curve = [{"steps": h["total_steps"], "accuracy": h["val_accuracy"], "wall_s": h["wall_s"]}
+             for h in result.history if h.get("event") == "round" and h.get("val_accuracy") is not None]
+    rounds = [h for h in result.history if h.get("event") == "round"]
+    s = result.summary
+    return _entry(system, curve, config.target, wall, engine=engine, strategy=strategy, tau=config.eval_every,
+                  setup_s=s.get("setup_s"), rounds=s.get("rounds"), samples_per_s=s.get("samples_per_s"),
+                  bytes_communicated=s.get("bytes_communicated"),
+                  median_round_comm_s=_median([h.get("comm_s") for h in rounds]),
+                  median_round_compute_s=_median([h.get("compute_s") for h in rounds]))
+
+
+def _median(values) -> float | None:
+    import statistics
+
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _async(system: str, config: Config, train, test, *, spark, **_) -> dict:
+    from sparknet.net import Net
+    from sparknet.ps import AsyncSession
+
+    t0 = time.perf_counter()
+    net = Net(make_model("lenet", config.batch_size), config.solver(), batch_size=config.batch_size, seed=config.seed)
+    session = AsyncSession(net, combiner="delta", seed=config.seed, threads=1, spark=spark)
+    per_worker = max(1, (len(train) // config.workers) // config.batch_size)
+    curve: list[dict] = []
+
+    def on_epoch(record: dict) -> None:
+        steps = (curve[-1]["steps"] if curve else 0) + int(record.get("steps_per_worker", 0))
+        curve.append({"steps": steps, "accuracy": record.get("test_accuracy"), "wall_s": time.perf_counter() - t0})
+
+    metrics = session.run(data=(train.x, train.y), batch_size=config.batch_size,
+                          sync_interval=config.async_sync_interval, epochs=math.ceil(config.max_steps / per_worker),
+                          num_workers=config.workers, max_steps=config.max_steps, validation_data=(test.x, test.y),
+                          target_accuracy=config.target, on_epoch=on_epoch)
+    return _entry("async", curve, config.target, time.perf_counter() - t0, sync_interval=config.async_sync_interval,
+                  eval_cadence_steps=per_worker, pushes=metrics.get("pushes"),
+                  staleness_mean=metrics.get("staleness_mean"), samples_per_s=metrics.get("samples_per_s"))
+
+
+def ddp_train(cfg: dict, t_call: float) -> dict:
+    """The DDP training function ``TorchDistributor`` runs on every process.
+
+    Plain PyTorch, as a user of Spark's ``TorchDistributor`` would write it: a gloo process
+    group, ``DistributedDataParallel`` around LeNet, each rank on its shard of the training
+    set, an evaluation of the whole test set (sharded, summed by allreduce) every
+    ``eval_every`` steps, and a stop on every rank at once when the target is reached.
+    Returns rank 0's curve (wall seconds counted from ``t_call``, the driver's call).
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from sparknet.solvers import SolverConfig, build_optimizer
+
+    t_start = time.time()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        t_group = time.time()
+        train, test = load_data(cfg["dataset"], train_samples=cfg["train_samples"], test_samples=cfg["test_samples"])
+        shard = train.shard(rank, world)
+        x = torch.from_numpy(shard.x).float()
+        y = torch.from_numpy(shard.y).long()
+        tx = torch.from_numpy(test.x[rank::world]).float()
+        ty = torch.from_numpy(test.y[rank::world]).long()
+        module = make_model("lenet", cfg["batch_size"]).build(seed=cfg["seed"])
+        model = DistributedDataParallel(module)
+        optimizer, scheduler = build_optimizer(module, SolverConfig(**cfg["solver"]))
+        gen = torch.Generator().manual_seed(cfg["seed"] + 1000 * rank)
+        b = cfg["batch_size"]
+        perm, pos = torch.randperm(len(x), generator=gen), 0
+        curve: list[dict] = []
+        steps = 0
+        t_first = None
+        while steps < cfg["max_steps"]:
+            model.train()
+            for _ in range(min(cfg["eval_every"], cfg["max_steps"] - steps)):
+                if pos + b > len(x):
+                    perm, pos = torch.randperm(len(x), generator=gen), 0
+                idx = perm[pos:pos + b]
+                pos += b
+                optimizer.zero_grad(set_to_none=True)
+                loss = F.cross_entropy(model(x[idx]), y[idx])
+                loss.backward()
+                optimizer.step()
+                scheduler.step()
+                steps += 1
+                if t_first is None:
+                    t_first = time.time()
+            module.eval()
+            with torch.no_grad():
+                correct = sum(int((module(tx[i:i + 1000]).argmax(1) == ty[i:i + 1000]).sum())
+                              for i in range(0, len(tx), 1000))
+            totals = torch.tensor([correct, len(tx)], dtype=torch.float64)
+            dist.all_reduce(totals)
+            acc = float(totals[0] / totals[1])
+            curve.append({"steps": steps, "accuracy": acc, "wall_s": time.time() - t_call})
+            if acc >= cfg["target"]:
+                break
+        return {"rank": rank, "world": world, "curve": curve, "launch_s": t_start - t_call,
+                "group_s": t_group - t_start, "first_step_s": (t_first or time.time()) - t_call}
+    finally:
+        dist.destroy_process_group()
+
+
+def _torch_distributor(system: str, config: Config, train, test, *, spark, **_) -> dict:
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    s = config.solver()
+    cfg = {"dataset": config.dataset, "train_samples": config.train_samples, "test_samples": config.test_samples,
+           "batch_size": config.batch_size, "seed": config.seed, "eval_every": config.eval_every,
+           "max_steps": config.max_steps, "target": config.target,
+           "solver": {"type": s.type.value, "base_lr": s.base_lr, "momentum": s.momentum,
+                      "weight_decay": s.weight_decay, "lr_policy": s.lr_policy.value, "gamma": s.gamma,
+                      "power": s.power}}
+    t0 = time.perf_counter()
+    t_call = time.time()
+    out = TorchDistributor(num_processes=config.workers, local_mode=True, use_gpu=False).run(ddp_train, cfg, t_call)
+    wall = time.perf_counter() - t0
+    if not out or not out.get("curve"):
+        raise RuntimeError(f"TorchDistributor returned no curve: {out!r}")
+    return _entry("torch-distributor", out["curve"], config.target, wall, launch_s=out["launch_s"],
+                  group_s=out["group_s"], first_step_s=out["first_step_s"], processes=config.workers)
+
+
+_RUNNERS = {"one-process": _one_process, "rounds": _spark_engine, "barrier": _spark_engine, "sync": _spark_engine,
+            "async": _async, "torch-distributor": _torch_distributor}
+
+
+def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spark=None) -> dict:
+    """Time every system in ``config.systems``; returns the result body."""
+    train, test = load_data(config.dataset, train_samples=config.train_samples, test_samples=config.test_samples)
+    needs_spark = any(s != "one-process" for s in config.systems)
+    own_session = False
+    df = None
+    entries = []
+    try:
+        if needs_spark and spark is None:
+            from sparknet.spark import get_session
+
+            spark = get_session(config.master or f"local[{config.workers}]", app_name="sparknet-experiments")
+            own_session = True
+        if needs_spark:
+            df = _training_frame(spark, config, train)
+        for system in config.systems:
+            log.info("time-to-accuracy: %s", system)
+            t0 = time.perf_counter()
+            try:
+                entry = _RUNNERS[system](system, config, train, test, spark=spark, df=df)
+            except Exception as exc:  # recorded, not dropped: the comparison shows what failed and why
+                log.error("time-to-accuracy: %s failed: %s: %s", system, type(exc).__name__, exc)
+                entry = {"system": system, "ok": False, "reached": False, "error": f"{type(exc).__name__}: {exc}",
+                         "traceback_tail": traceback.format_exc()[-2000:], "wall_s": time.perf_counter() - t0}
+            if entry.get("ok"):
+                log.info("time-to-accuracy: %s %s in %.1f s (final accuracy %.4f)", system,
+                         "reached the target" if entry["reached"] else "did NOT reach the target",
+                         entry["time_to_target_s"] or entry["wall_s"], entry["final_accuracy"] or float("nan"))
+            entries.append(entry)
+    finally:
+        if own_session and spark is not None:
+            spark.stop()
+    base = next((e for e in entries if e["system"] == "one-process" and e.get("reached")), None)
+    for e in entries:
+        e["speedup_vs_one_process"] = (base["time_to_target_s"] / e["time_to_target_s"]
+                                       if base and e.get("reached") and e.get("time_to_target_s") else None)
+    summary = {e["system"]: (round(e["time_to_target_s"], 1) if e.get("reached") else
+                             ("failed" if not e.get("ok") else "not reached")) for e in entries}
+    return {"target": config.target, "workers": config.workers, "entries": entries, "summary": summary}
+
+
+def _training_frame(spark, config: Config, train):
+    from sparknet.datasets import cache_root
+    from sparknet.spark.run import dataset_as_parquet
+
+    path = Path(cache_root()) / "parquet" / f"{config.dataset.lower()}-train-{len(train)}.parquet"
+    return spark.read.parquet(str(dataset_as_parquet(train, path)))
+
+
+def plot(result: dict, path: str | Path) -> None:
+    """Bars: time to the target per system (failed or not reached marked); beside them the curves."""
+    plt = pyplot()
+    entries = result["entries"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    names = [e["system"] for e in entries]
+    heights, colors, labels = [], [], []
+    for e in entries:
+        if e.get("reached"):
+            heights.append(e["time_to_target_s"])
+            colors.append("tab:blue" if e["system"] != "one-process" else "tab:gray")
+            labels.append(f"{e['time_to_target_s']:.0f} s")
+        elif e.get("ok"):
+            heights.append(e.get("wall_s") or 0)
+            colors.append("#cccccc")
+            labels.append(f"not reached\n({(e.get('final_accuracy') or 0):.3f})")
+        else:
+            heights.append(0)
+            colors.append("white")
+            labels.append("failed")
+    bars = ax.bar(range(len(names)), heights, color=colors, edgecolor="black", lw=0.5)
+    for bar, label in zip(bars, labels):
+        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), label, ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
+    ax.set_ylabel("wall-clock seconds to target")
+    ax.set_title(f"Time to {result['target']:.3f} test accuracy (K = {result['workers']})", fontsize=10)
+    for e in entries:
+        if e.get("curve"):
+            ax2.plot([p["wall_s"] for p in e["curve"]], [p["accuracy"] for p in e["curve"]], label=e["system"],
+                     marker="." if len(e["curve"]) < 30 else None)
+    ax2.axhline(result["target"], color="gray", lw=0.8, ls="--")
+    ax2.set_xlabel("wall-clock seconds")
+    ax2.set_ylabel("test accuracy")
+    lo = min([p["accuracy"] for e in entries for p in e.get("curve") or []] + [result["target"] - 0.05])
+    ax2.set_ylim(max(lo, result["target"] - 0.1), 1.0)
+    ax2.legend(fontsize=7)
+    ax2.set_title("test accuracy against wall time", fontsize=10)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
