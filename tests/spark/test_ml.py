@@ -163,6 +163,10 @@ def test_model_from_a_net_trained_in_process_scores_arrays(spark, data):
     rows = scored.collect()
     x = np.array([r.feats for r in rows], dtype=np.float32)
     assert [r.prediction for r in rows] == net.predict(x).argmax(1).double().tolist()
+    # binary features: little-endian float32 bytes, read with imageShape
+    blobs = spark.createDataFrame([(bytearray(row.astype("<f4").tobytes()),) for row in x[:20]], ["img"])
+    scored = model.copy({model.featuresCol: "img", model.imageShape: [WIDTH]}).transform(blobs)
+    assert [r.prediction for r in scored.collect()] == net.predict(x[:20]).argmax(1).double().tolist()
 
 
 def test_estimator_params_round_trip(tmp_path):

@@ -27,7 +27,6 @@ import dataclasses
 import enum
 import functools
 import inspect
-import json
 import logging
 import math
 import os
@@ -613,16 +612,6 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
             raise ValueError("this SparkNetModel holds no trained net; make it with SparkNetEstimator.fit, "
                              "SparkNetModel.from_net or SparkNetModel.load")
         return self._files
-
-    def _copy_state(self, other: SparkNetModel) -> SparkNetModel:
-        other._files, other._model_id, other._allow_pickle = self._files, self._model_id, self._allow_pickle
-        other._saved, other.history, other.summary = self._saved, list(self.history), self.summary
-        other._bc, other._bc_owner = self._bc, self._bc_owner
-        return other
-
-    def copy(self, extra=None) -> SparkNetModel:
-        """A copy sharing the trained net, with ``extra`` params applied."""
-        return self._copy_state(super().copy(extra))
 
     # -- the trained net --------------------------------------------------------------------------
     @property
