@@ -326,10 +326,10 @@ class AsyncSession:
         t_run = time.perf_counter()
         run_id = uuid.uuid4().hex[:12]
         group = f"sparknet-async-{run_id}"
-        rdd, cached, rows = self._blocks(data, sc, K, feed_names, image_shape, sample_shape)
-        host = self._server_host(sc)
-        server = ParameterServer(self.net.get_flat().numpy(), self.combiner, host=host, port=self.port, num_workers=K)
+        server = ParameterServer(self.net.get_flat().numpy(), self.combiner, host=self._server_host(sc),
+                                 port=self.port, num_workers=K)
         net_spec = self._net_spec()
+        rdd, cached, rows = self._blocks(data, sc, K, feed_names, image_shape, sample_shape)  # last: it caches
         solver = self.net.solver.to_dict()
         steps_done = 0
         history: list[dict] = []
