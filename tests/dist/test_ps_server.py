@@ -283,3 +283,18 @@ def test_a_req_socket_client_is_served_too(server):
     assert verify(creds.secret, answer)
     assert answer.header.kind == Kind.REPLY and answer.header.status == Status.PULLED
     np.testing.assert_array_equal(answer.array(), np.zeros(N, np.float32))
+
+
+def test_last_heard_moves_on_authenticated_messages_only(server):
+    creds = server.new_job()
+    t0 = server.last_heard
+    raw = Raw(server.endpoint)
+    try:
+        time.sleep(0.05)
+        raw.send(encode(Header(Kind.PULL, 0, creds.job_id, 0, 0, 0, 0, 0), None, b"x" * 32))  # bad tag
+        assert server.last_heard == t0
+        with PSClient(server.endpoint, creds.job_id, creds.secret, worker=0) as c:
+            c.pull(0)
+        assert server.last_heard > t0
+    finally:
+        raw.close()

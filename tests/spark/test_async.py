@@ -172,6 +172,20 @@ def test_a_failing_train_step_is_an_engine_error_naming_it(spark):
     assert not _ps_threads()
 
 
+def test_a_hung_task_is_cancelled_when_the_server_hears_nothing(spark):
+    from sparknet.errors import DeadlineExceeded
+
+    def hang(net, batch):
+        import time
+
+        time.sleep(120)
+
+    sess = AsyncSession(_mlp(), SolverConfig(), stall_timeout_s=6)
+    with pytest.raises(DeadlineExceeded, match="stalled: the parameter server heard from no worker for 6 s"):
+        sess.run(hang, _pairs_rdd(spark, _data(40, 0)), batch_size=10, repartition_between_epochs=False)
+    assert not _ps_threads()
+
+
 def test_run_async_the_command_lines_entry_point(spark, tmp_path):
     from sparknet.metrics import read_metrics
 

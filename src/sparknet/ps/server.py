@@ -116,6 +116,7 @@ class ParameterServer:
         self._sock: zmq.Socket | None = None
         self._endpoint: str | None = None
         self._failure: BaseException | None = None
+        self._last_heard = time.monotonic()
         # statistics
         self._rejects: Counter[str] = Counter()
         self._pushes_received = 0
@@ -238,8 +239,14 @@ class ParameterServer:
                 while len(self._retired) > _RETIRED_JOBS:
                     self._retired.pop(next(iter(self._retired)))
             self._job = _JobState(creds)
+            self._last_heard = time.monotonic()
         log.debug("parameter server job %s", creds.job_id.hex())
         return creds
+
+    @property
+    def last_heard(self) -> float:
+        """``time.monotonic()`` of the last authenticated message of the current job (or of :meth:`new_job`)."""
+        return self._last_heard
 
     def weights(self) -> np.ndarray:
         """A copy of the server's flat weights."""
@@ -359,6 +366,7 @@ class ParameterServer:
         if not verify(job.creds.secret, msg):
             raise WireError(Reason.BAD_HMAC, "the tag does not authenticate the message")
         # Authenticated from here on.
+        self._last_heard = time.monotonic()
         key = (h.worker, h.attempt)
         with self._lock:
             last = job.last_step.get(key)

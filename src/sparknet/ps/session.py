@@ -74,25 +74,37 @@ def _job_error(exc: BaseException, epoch: int) -> EngineError:
 
 
 @contextmanager
-def _job_group(sc, group: str, description: str, timeout_s: float | None):
-    """Run Spark jobs under ``group``; cancel them after ``timeout_s``. Yields an event set on timeout."""
-    sc.setJobGroup(group, description, interruptOnCancel=True)
-    fired = threading.Event()
-    timer = None
-    if timeout_s is not None:
-        def cancel():
-            fired.set()
-            log.error("%s: no result within %.0f s; cancelling", description, timeout_s)
-            sc.cancelJobGroup(group)
+def _job_group(sc, group: str, description: str, *, timeout_s: float | None, stall_s: float | None,
+               last_heard: Callable[[], float]):
+    """Run Spark jobs under ``group``, watched by a thread that cancels them when they run past
+    ``timeout_s`` or the parameter server hears from no worker for ``stall_s`` seconds.
 
-        timer = threading.Timer(timeout_s, cancel)
-        timer.daemon = True
-        timer.start()
+    Yields a list that holds, once the watchdog has cancelled the jobs, the reason why.
+    """
+    sc.setJobGroup(group, description, interruptOnCancel=True)
+    reason: list[str] = []
+    done = threading.Event()
+    t0 = time.monotonic()
+
+    def watch():
+        while not done.wait(1.0):
+            now = time.monotonic()
+            if timeout_s is not None and now - t0 > timeout_s:
+                reason.append(f"did not finish within {timeout_s:g} s")
+            elif stall_s is not None and now - last_heard() > stall_s:
+                reason.append(f"stalled: the parameter server heard from no worker for {stall_s:g} s")
+            if reason:
+                log.error("%s %s; cancelling it", description, reason[0])
+                sc.cancelJobGroup(group)
+                return
+
+    watchdog = threading.Thread(target=watch, name="sparknet-ps-watchdog", daemon=True)
+    watchdog.start()
     try:
-        yield fired
+        yield reason
     finally:
-        if timer is not None:
-            timer.cancel()
+        done.set()
+        watchdog.join(5.0)
         for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
             sc.setLocalProperty(key, None)
 
@@ -129,6 +141,10 @@ class AsyncSession:
         Longest wait of a task for one reply of the server.
     epoch_timeout_s : float, optional
         Longest wait for one epoch's Spark job; it is cancelled after that.
+    stall_timeout_s : float, optional
+        Cancel an epoch's job when the server hears from no worker for this long (a hung
+        task; the first pull of a task comes after its Python worker starts, and every push
+        after ``sync_interval`` steps: raise it for very slow steps).
     spark : SparkSession, optional
         Needed only when ``run`` is given local arrays rather than an RDD or DataFrame.
     validation_data : ArrayDataset or (x, y), optional
@@ -137,7 +153,8 @@ class AsyncSession:
 
     def __init__(self, net, solver: SolverConfig | None = None, *, combiner: str | Combiner = "delta", loss=None,
                  seed: int = 0, host: str | None = None, port: int = 0, threads: int = 1, device: str = "cpu",
-                 request_timeout_s: float = 120.0, epoch_timeout_s: float | None = None, spark=None,
+                 request_timeout_s: float = 120.0, epoch_timeout_s: float | None = None,
+                 stall_timeout_s: float | None = 600.0, spark=None,
                  validation_data=None):
         if isinstance(net, Net):
             self.net = net
@@ -158,6 +175,9 @@ class AsyncSession:
         if epoch_timeout_s is not None and not epoch_timeout_s > 0:
             raise ValueError(f"epoch_timeout_s must be positive, got {epoch_timeout_s}")
         self.epoch_timeout_s = epoch_timeout_s
+        if stall_timeout_s is not None and not stall_timeout_s > 0:
+            raise ValueError(f"stall_timeout_s must be positive, got {stall_timeout_s}")
+        self.stall_timeout_s = stall_timeout_s
         self.spark = spark
         self.metrics: dict = {"epochs": [], "test_accuracy_by_epoch": []}
         self._iteration = self.net.iteration
@@ -352,13 +372,13 @@ class AsyncSession:
                     loss=self.loss)
                 before = server.stats()
                 t0 = time.perf_counter()
-                with _job_group(sc, group, f"sparknet: asynchronous epoch {epoch}", self.epoch_timeout_s) as fired:
+                with _job_group(sc, group, f"sparknet: asynchronous epoch {epoch}", timeout_s=self.epoch_timeout_s,
+                                stall_s=self.stall_timeout_s, last_heard=lambda: server.last_heard) as cancelled:
                     try:
                         records = rdd.mapPartitionsWithIndex(_worker.train_partition(spec)).collect()
                     except Exception as exc:
-                        if fired.is_set():
-                            raise DeadlineExceeded(f"epoch {epoch} did not finish within {self.epoch_timeout_s:g} s "
-                                                   "and was cancelled") from exc
+                        if cancelled:
+                            raise DeadlineExceeded(f"epoch {epoch} {cancelled[0]}; its Spark job was cancelled") from exc
                         raise _job_error(exc, epoch) from exc
                 wall = time.perf_counter() - t0
                 server.check_alive()
