@@ -35,7 +35,6 @@ explicit Spark master or the barrier engine) trains through
 from __future__ import annotations
 
 import logging
-import math
 import os
 import re
 import tempfile
@@ -310,6 +309,9 @@ def resolve_caffe_run(
 
     tests: list[CaffeTest] = []
     if caffe_solver is not None:
+        if caffe_solver.test_nets:
+            logger.warning("%s: separate test_net files %s are not run; the TEST phase of the net is",
+                           caffe_solver.source_path, list(caffe_solver.test_nets))
         plan = caffe_solver.test_plan
         for i, (state, iters) in enumerate(plan):
             net = load("TEST", tuple(state.stages), state.level)
@@ -317,7 +319,7 @@ def resolve_caffe_run(
     else:
         try:
             net = load("TEST")
-        except Exception as exc:  # a net without a TEST phase trains without tests
+        except ValueError as exc:  # a net without a TEST phase trains without tests
             logger.info("%s: no usable TEST phase (%s); training without tests", net_file, exc)
         else:
             if net.data_layers:
@@ -777,8 +779,6 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
         raise ValueError("engine 'local' trains in one process; use --engine rounds or barrier with --workers K")
     if dist.engine is Engine.LOCAL:
         on_spark = False
-
-    import torch
 
     from sparknet.caffe.caffemodel import load_caffemodel_into
     from sparknet.train import seed_everything
