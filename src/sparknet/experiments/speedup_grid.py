@@ -26,7 +26,10 @@ Checks written into the JSON:
   ``large_batch_reference`` the naive scheme (one worker, batch K*b) runs beside it.
 
 Cells that do not reach ``a`` within ``budget * N_a`` parallel steps are recorded with
-``speedup: null`` and shown hatched.
+``speedup: null`` and shown hatched (``diverged: true`` when their accuracy fell to chance).
+The K=1 cells run first; where a single worker diverges (DiLoCo's outer momentum on top of
+a few inner steps can), the other cells of that column first run ``probe_fraction`` of the
+budget and stop there if they diverged too.
 """
 
 from __future__ import annotations
@@ -60,9 +63,9 @@ class Config:
     """mnist or mnist-small."""
     train_samples: int | None = None
     """Use only the first this many training samples (default all)."""
-    test_samples: int | None = 2000
-    """Measure accuracy on the first this many test samples (the same ones everywhere)."""
-    target: float = 0.97
+    test_samples: int | None = None
+    """Measure accuracy on the first this many test samples (default the whole test set)."""
+    target: float = 0.965
     """Target test accuracy a."""
     batch_size: int = 64
     """Minibatch size b of every worker."""
@@ -86,8 +89,12 @@ class Config:
     """Steps between evaluations (whole rounds when tau is larger)."""
     baseline_max_steps: int = 20000
     """Most steps of the single-worker run that measures N_a."""
-    budget: float = 2.0
+    budget: float = 1.5
     """A cell stops after budget * N_a parallel steps (speedup below 1/budget is 'not reached')."""
+    diverged_accuracy: float = 0.2
+    """A run whose accuracy ends at or below this (chance is 0.1) has diverged."""
+    probe_fraction: float = 0.2
+    """Cells of a (strategy, tau) whose single worker diverged first run this fraction of the budget."""
     large_batch_reference: bool = True
     """Also run the naive scheme (one worker, batch K*b) for every K > 1: the tau=1 column's twin."""
     processes: int = 2
@@ -108,6 +115,8 @@ class Config:
             raise ValueError(f"strategies must be among average, diloco, easgd; got {self.strategies}")
         if not 0 < self.target <= 1:
             raise ValueError(f"target is an accuracy in (0, 1], got {self.target}")
+        if not 0 < self.probe_fraction <= 1:
+            raise ValueError(f"probe_fraction must be in (0, 1], got {self.probe_fraction}")
         if not self.budget >= 1:
             raise ValueError(f"budget is a multiple of N_a, at least 1, got {self.budget}")
         for name in ("eval_every", "baseline_max_steps", "batch_size", "processes"):
@@ -166,12 +175,30 @@ def _cell(job: dict) -> dict:
     if job["kind"] == "baseline":
         return _baseline(job)
     t0 = time.perf_counter()
-    r = simulate(make_model(job["model"], job["batch_size"]), _DATA["train"], _DATA["test"], workers=job["workers"],
-                 tau=job["tau"], strategy=job["strategy"], solver=make_solver(**job["solver"]),
-                 batch_size=job["batch_size"], target_accuracy=job["target"], max_steps=job["max_steps"],
-                 eval_every_steps=job["eval_every"], seed=job["seed"], strategy_options=job.get("options"))
+
+    def attempt(max_steps: int):
+        return simulate(make_model(job["model"], job["batch_size"]), _DATA["train"], _DATA["test"],
+                        workers=job["workers"], tau=job["tau"], strategy=job["strategy"],
+                        solver=make_solver(**job["solver"]), batch_size=job["batch_size"],
+                        target_accuracy=job["target"], max_steps=max_steps, eval_every_steps=job["eval_every"],
+                        seed=job["seed"], strategy_options=job.get("options"))
+
+    diverged = False
+    probe = job.get("probe_steps")
+    if probe and probe < job["max_steps"]:
+        # Its single worker diverged: look at a short run first, and spend the whole budget only if
+        # this one is still learning (the same seeds make the probe the start of the full run).
+        r = attempt(probe)
+        diverged = not r.reached and not (r.accuracy > job["diverged_accuracy"])
+        if not r.reached and not diverged:
+            r = attempt(job["max_steps"])
+    else:
+        r = attempt(job["max_steps"])
+    if not r.reached and not diverged:
+        diverged = not (r.accuracy > job.get("diverged_accuracy", 0.0))
     out = {k: v for k, v in job.items() if k not in ("options", "model", "target", "seed")}
     out.update(reached=r.reached, rounds=r.rounds, steps_per_worker=r.steps_per_worker, accuracy=r.accuracy,
+               diverged=diverged, probed=bool(probe and probe < job["max_steps"]),
                curve=[{"round": h["round"], "steps": h["steps"], "accuracy": h["accuracy"]} for h in r.history],
                cell_s=time.perf_counter() - t0)
     return out
@@ -201,6 +228,8 @@ def _jobs(config: Config, n_a: dict[str, int]) -> list[dict]:
             for tau in config.taus:
                 job = {**common, "kind": "cell", "strategy": strategy, "workers": k, "tau": tau, "solver": solver,
                        "max_steps": max(tau, math.ceil(limit / tau) * tau),
+                       "probe_steps": max(tau, math.ceil(config.probe_fraction * limit / tau) * tau),
+                       "diverged_accuracy": config.diverged_accuracy,
                        "eval_every": max(config.eval_every, tau)}
                 if strategy == "diloco":
                     job["options"] = {"outer_lr": config.diloco_outer_lr, "outer_momentum": config.diloco_outer_momentum}
@@ -246,8 +275,21 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
         n_a[job["solver_key"]] = base["N_a"]
     log.info("N_a = %s; running %d cells on %d processes", n_a, len(config.workers) * len(config.taus)
              * len(config.strategies), config.processes)
-    results = parallel_map(_cell, _jobs(config, n_a), processes=config.processes, initializer=_load,
-                           initargs=initargs)
+    # Single workers first: a (strategy, tau) whose K = 1 run diverges has its other cells probed
+    # before they get the whole budget (divergence is what costs most: K workers for budget * N_a steps).
+    jobs = _jobs(config, n_a)
+    first = [j for j in jobs if j["kind"] == "cell" and j["workers"] == 1]
+    for j in first:
+        j["probe_steps"] = None
+    results = parallel_map(_cell, first, processes=config.processes, initializer=_load, initargs=initargs)
+    diverged_columns = {(r["strategy"], r["tau"]) for r in results if r["diverged"]}
+    rest = [j for j in jobs if not (j["kind"] == "cell" and j["workers"] == 1)]
+    for j in rest:
+        if (j["strategy"], j["tau"]) not in diverged_columns:
+            j["probe_steps"] = None
+    if diverged_columns:
+        log.info("single workers diverged for %s: probing those columns first", sorted(diverged_columns))
+    results += parallel_map(_cell, rest, processes=config.processes, initializer=_load, initargs=initargs)
     cells, large_batch = [], []
     for r in results:
         base_n = n_a[_solver_key(r["solver"])]

@@ -10,8 +10,9 @@ evaluation cadence (every ``eval_every`` local steps, on the same test set):
 - ``rounds``: sparknet, K workers, the rounds engine (a Spark job per round), averaging;
 - ``barrier``: sparknet, K workers, the barrier engine (gloo allreduce per round), averaging;
 - ``sync``: sparknet, K workers, gradients allreduced every step (the naive scheme, barrier engine);
-- ``async``: sparknet's parameter server, K workers pushing every ``async_sync_interval`` steps
-  (it evaluates once per epoch, the only cadence its API offers);
+- ``async``: sparknet's parameter server, K workers pushing their change every
+  ``async_sync_interval`` steps, each push moving the server by 1/K of it (it evaluates once
+  per epoch, the only cadence its API offers);
 - ``torch-distributor``: Spark's ``TorchDistributor`` running a plain DDP training function on
   K processes (:func:`ddp_train`), the launch overhead recorded.
 
@@ -76,6 +77,9 @@ class Config:
     """Most local steps per worker (per process for one-process)."""
     async_sync_interval: int = 10
     """Steps between a worker's pushes to the parameter server."""
+    async_scale: float | None = None
+    """Each push moves the server by this times the worker's change (delta combiner; default 1/K, the
+    asynchronous counterpart of averaging: a full-size step per push diverges with K workers)."""
     single_threads: int | None = None
     """Torch threads of the one-process run (default: every core)."""
     master: str | None = None
@@ -176,11 +180,12 @@ def _median(values) -> float | None:
 
 def _async(system: str, config: Config, train, test, *, spark, **_) -> dict:
     from sparknet.net import Net
-    from sparknet.ps import AsyncSession
+    from sparknet.ps import AsyncSession, DeltaCombiner
 
     t0 = time.perf_counter()
     net = Net(make_model("lenet", config.batch_size), config.solver(), batch_size=config.batch_size, seed=config.seed)
-    session = AsyncSession(net, combiner="delta", seed=config.seed, threads=1, spark=spark)
+    scale = config.async_scale if config.async_scale is not None else 1.0 / config.workers
+    session = AsyncSession(net, combiner=DeltaCombiner(scale=scale), seed=config.seed, threads=1, spark=spark)
     per_worker = max(1, (len(train) // config.workers) // config.batch_size)
     curve: list[dict] = []
 
@@ -193,6 +198,7 @@ def _async(system: str, config: Config, train, test, *, spark, **_) -> dict:
                           num_workers=config.workers, max_steps=config.max_steps, validation_data=(test.x, test.y),
                           target_accuracy=config.target, on_epoch=on_epoch)
     return _entry("async", curve, config.target, time.perf_counter() - t0, sync_interval=config.async_sync_interval,
+                  combiner=f"delta, scale {scale:g}",
                   eval_cadence_steps=per_worker, pushes=metrics.get("pushes"),
                   staleness_mean=metrics.get("staleness_mean"), samples_per_s=metrics.get("samples_per_s"))
 
@@ -359,6 +365,11 @@ def plot(result: dict, path: str | Path) -> None:
             colors.append("white")
             labels.append("failed")
     bars = ax.bar(range(len(names)), heights, color=colors, edgecolor="black", lw=0.5)
+    setup = [min(e.get("setup_s") or e.get("launch_s") or 0.0, h) for e, h in zip(entries, heights)]
+    if any(setup):
+        ax.bar(range(len(names)), setup, color="none", edgecolor="black", hatch="//", lw=0.5,
+               label="setup (data staging, process launch)")
+        ax.legend(fontsize=7, loc="upper left")
     for bar, label in zip(bars, labels):
         ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), label, ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)

@@ -1,0 +1,89 @@
+"""The Spark-based experiments (time to accuracy, tau sensitivity, slow network) on local[2], tiny data.
+
+Each runs in its quick mode cut down further (a few hundred MNIST images, a low target) and
+the JSON is checked for structure and sane values — never for timings.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from _spark_testlib import start_session
+from sparknet.experiments import run_experiment
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+TINY = dict(train_samples=400, test_samples=200)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = start_session("local[2]")
+    yield session
+    session.stop()
+
+
+def test_time_to_accuracy_records_every_system_reached_or_failed(spark, tmp_path):
+    systems = ("one-process", "rounds", "barrier", "sync", "async", "torch-distributor")
+    result = run_experiment("time-to-accuracy", quick=True, out=tmp_path, spark=spark, systems=systems, target=0.6,
+                            eval_every=10, max_steps=200, **TINY)
+    saved = json.loads((tmp_path / "time-to-accuracy.json").read_text())
+    assert (tmp_path / "time-to-accuracy.png").stat().st_size > 1000
+    assert [e["system"] for e in saved["entries"]] == list(systems)
+    assert set(saved["summary"]) == set(systems)
+    for e in saved["entries"]:
+        if not e["ok"]:
+            assert e["error"] and not e["reached"]  # a failure is kept with its error
+            continue
+        assert e["curve"], e["system"]
+        assert all(0 <= p["accuracy"] <= 1 and p["wall_s"] > 0 and p["steps"] > 0 for p in e["curve"])
+        walls = [p["wall_s"] for p in e["curve"]]
+        assert walls == sorted(walls)
+        if e["reached"]:
+            assert e["time_to_target_s"] > 0 and e["steps_to_target"] > 0
+            assert max(p["accuracy"] for p in e["curve"]) >= 0.6
+    by = {e["system"]: e for e in saved["entries"]}
+    # sparknet's own engines must work here; the one-process reference too.
+    for system in ("one-process", "rounds", "barrier", "sync"):
+        assert by[system]["ok"] and by[system]["reached"], by[system].get("error")
+    assert by["rounds"]["setup_s"] >= 0 and by["rounds"]["rounds"] >= 1
+    if by["torch-distributor"]["ok"]:
+        assert by["torch-distributor"]["launch_s"] > 0
+    assert result["summary"] == saved["summary"]
+
+
+def test_tau_sensitivity_gives_a_curve_per_tau(spark, tmp_path):
+    run_experiment("tau-sensitivity", quick=True, out=tmp_path, spark=spark, taus=(2, 10), steps=20, eval_every=10,
+                   **TINY)
+    saved = json.loads((tmp_path / "tau-sensitivity.json").read_text())
+    assert (tmp_path / "tau-sensitivity.png").stat().st_size > 1000
+    assert [r["tau"] for r in saved["runs"]] == [2, 10]
+    for r in saved["runs"]:
+        assert r["ok"], r.get("error")
+        assert r["rounds"] == 20 // r["tau"]
+        assert len(r["curve"]) == 2  # every 10 steps
+        assert [p["steps"] for p in r["curve"]] == [10, 20]
+        assert all(0 <= p["accuracy"] <= 1 and 0 <= p["train_wall_s"] <= p["wall_s"] for p in r["curve"])
+
+
+def test_slow_network_applies_the_link_inside_the_engine(spark, tmp_path):
+    run_experiment("slow-network", quick=True, out=tmp_path, spark=spark, link_latency=("20ms",),
+                   link_bandwidth=("100Mbit",), target=0.6, tau=10, max_steps=30, max_seconds=30.0, **TINY)
+    saved = json.loads((tmp_path / "slow-network.json").read_text())
+    assert (tmp_path / "slow-network.png").stat().st_size > 1000
+    assert [lk["label"] for lk in saved["links"]] == ["0s, inf", "20ms, 100Mbit"]
+    assert len(saved["runs"]) == 6
+    for r in saved["runs"]:
+        assert r["ok"], r.get("error")
+        assert r["curve"] and r["step_budget"] >= 10
+        assert r["engine"] == "barrier"
+        if r["link"]["label"] == "0s, inf":
+            assert r["modelled_link_s_per_step"] == 0
+        else:
+            assert r["modelled_link_s_per_step"] > 0
+    naive = [r for r in saved["runs"] if r["scheme"] == "naive"]
+    average = [r for r in saved["runs"] if r["scheme"] == "average"]
+    # The naive scheme pays the link every step, averaging once every tau steps.
+    assert naive[1]["modelled_link_s_per_step"] == pytest.approx(10 * average[1]["modelled_link_s_per_step"])
