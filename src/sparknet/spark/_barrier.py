@@ -190,15 +190,17 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
         round_samples = int(rows[:, 5].sum())
         samples_done += round_samples
         total_bytes += nbytes_round
+        round_s = time.perf_counter() - t_round
         accuracy = val_loss = None
         r += 1
+        t_eval = time.perf_counter()
         due = val is not None and (r % eval_every == 0)
         if due:
             accuracy, val_loss = _evaluate(net, global_flat, val, strategy.keeps_local_weights)
         reason = stop.reason(r, steps_done, samples_done, accuracy)
         if reason is not None and val is not None and not due:
             accuracy, val_loss = _evaluate(net, global_flat, val, strategy.keeps_local_weights)
-        round_s = time.perf_counter() - t_round
+        eval_s = time.perf_counter() - t_eval
         compute_s = float(rows[:, 3].max())
         record = {
             "event": "round", "round": r, "steps": round_steps, "total_steps": steps_done,
@@ -214,8 +216,7 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
                            for i in range(world)],
         }
         if accuracy is not None:
-            record["val_accuracy"] = accuracy
-            record["val_loss"] = val_loss
+            record.update(val_accuracy=accuracy, val_loss=val_loss, eval_s=eval_s)
         if int((rows[:, 4] == 0).sum()):
             record["nonfinite_workers"] = int((rows[:, 4] == 0).sum())
         if reason is not None:

@@ -45,8 +45,9 @@ from sparknet.solvers import SolverConfig
 from sparknet.spark._data import merge_chunks
 from sparknet.strategies import TrainingStrategy, WorkerState
 
-__all__ = ["WorkerSpec", "StopRule", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net", "stage_partition", "run_round",
-           "run_round_from_chunks", "fold", "combine", "cleanup_partition", "worker_failure"]
+__all__ = ["WorkerSpec", "StopRule", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
+           "stage_partition", "run_round", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
+           "worker_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +103,8 @@ def task_device(requested: str) -> tuple[str, dict]:
         info.update(device="cpu", device_reason="cpu requested")
         return "cpu", info
     if not torch.cuda.is_available():
-        reason = (f"Spark assigned GPU {addresses} to this task, but" if addresses else f"device {req!r} asked for, but") \
-            + f" torch {torch.__version__} sees no CUDA device; training on the CPU"
+        who = f"Spark assigned GPU {addresses} to this task" if addresses else f"device {req!r} was asked for"
+        reason = f"{who}, but torch {torch.__version__} sees no CUDA device; training on the CPU"
         if addresses or req != "auto":
             log.warning(reason)
         info.update(device="cpu", device_reason=reason)
@@ -365,7 +366,7 @@ def _train_round(spec_bc, weights_bc, params: dict, index: int, record: dict | N
 
 
 def run_round(spec_bc, weights_bc, params: dict):
-    """Task function of a round: train from the broadcast weights; yields one result."""
+    """Task function of a round: train from the broadcast weights; yields one partial aggregate."""
 
     def task(index: int, records):
         record = None
@@ -373,7 +374,7 @@ def run_round(spec_bc, weights_bc, params: dict):
             pass
         try:
             _evict_finished()
-            yield _train_round(spec_bc, weights_bc, params, index, record)
+            yield fold(None, _train_round(spec_bc, weights_bc, params, index, record))
         except Exception as exc:
             raise worker_failure(index, exc) from None
 
@@ -385,7 +386,7 @@ def run_round_from_chunks(spec_bc, weights_bc, params: dict):
 
     def task(index: int, chunks):
         try:
-            yield _train_round(spec_bc, weights_bc, params, index, None, chunks=chunks)
+            yield fold(None, _train_round(spec_bc, weights_bc, params, index, None, chunks=chunks))
         except Exception as exc:
             raise worker_failure(index, exc) from None
 

@@ -25,6 +25,7 @@ Both engines run the same :class:`~sparknet.strategies.TrainingStrategy` hooks.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 import re
@@ -232,7 +233,7 @@ class SparkTrainer:
 
     # -- fit ----------------------------------------------------------------------------------
     def fit(self, train, validation=None, *, features_col: str = "features", label_col: str = "label",
-            image_shape=None) -> TrainResult:
+            image_shape=None, initial_weights=None) -> TrainResult:
         """Train on ``train`` (a DataFrame or an RDD of ``(ndarray, label)``).
 
         Parameters
@@ -251,6 +252,8 @@ class SparkTrainer:
         image_shape : sequence of int, optional
             Shape of one sample (e.g. ``[1, 28, 28]``); needed for binary features and for plain
             modules that take more than a flat vector.
+        initial_weights : WeightCollection or flat tensor, optional
+            Weights to start from (before any warm-up) instead of the net's own initialisation.
         """
         t_fit = time.perf_counter()
         from sparknet.spark._session import get_session, local_slots
@@ -283,6 +286,11 @@ class SparkTrainer:
         expected_len = math.prod(sample_shape) if sample_shape is not None else None
         driver_net = Net(copy.deepcopy(self.net) if isinstance(self.net, torch.nn.Module) else self.net, self.solver,
                          loss=self.loss, batch_size=self.batch_size, device="cpu", seed=self.seed)
+        if initial_weights is not None:
+            if isinstance(initial_weights, WeightCollection):
+                driver_net.set_weights(initial_weights)
+            else:
+                driver_net.set_flat(torch.as_tensor(initial_weights, dtype=torch.float32).reshape(-1))
 
         from pyspark import StorageLevel
 
@@ -334,8 +342,9 @@ class SparkTrainer:
                             round_seconds=dist.round_seconds)
             t_train = time.perf_counter()
             if dist.engine is Engine.ROUNDS:
-                global_flat, history, extra = self._run_rounds(sc, group, staged, chunks, spec, global_flat, stop,
-                                                               driver_net, broadcasts, t_fit)
+                with _job(sc, group, f"sparknet rounds ({K} workers)"):  # each round sets its own description
+                    global_flat, history, extra = self._run_rounds(sc, group, staged, chunks, spec, global_flat,
+                                                                   stop, driver_net, broadcasts, t_fit)
             else:
                 global_flat, history, extra = self._run_barrier(sc, group, chunks, spec, global_flat, stop, val,
                                                                 broadcasts, t_fit)
@@ -423,10 +432,9 @@ class SparkTrainer:
     # -- the rounds engine --------------------------------------------------------------------
     def _run_rounds(self, sc, group, staged, chunks, spec, global_flat, stop: StopRule, driver_net, broadcasts,
                     t_fit):
-        from sparknet.spark._rounds import combine, fold, run_round, run_round_from_chunks
+        from sparknet.spark._rounds import combine, run_round, run_round_from_chunks
 
         K = self.dist.workers
-        depth = 2 if K > 8 else 1
         spec_bc = sc.broadcast(self._pack(spec))
         broadcasts.append(spec_bc)
         nbytes = global_flat.numel() * 4
@@ -440,18 +448,21 @@ class SparkTrainer:
             t_round = time.perf_counter()
             weights_bc = sc.broadcast(global_flat.numpy())
             try:
-                with _job(sc, group, f"sparknet round {r + 1}"):
-                    acc = _spark_call(staged.mapPartitionsWithIndex(run_round(spec_bc, weights_bc, params))
-                                      .treeAggregate, None, fold, combine, depth)
-                    missing = sorted(w["index"] for w in acc["workers"] if w.get("missing"))
-                    if missing:
-                        missing_total += len(missing)
-                        log.warning("round %d: partitions %s are not staged where Spark ran them; rerunning them "
-                                    "from the cached chunks", r + 1, missing)
-                        acc["workers"] = [w for w in acc["workers"] if not w.get("missing")]
-                        redo = chunks.mapPartitionsWithIndex(run_round_from_chunks(spec_bc, weights_bc, params))
-                        for part in _spark_call(sc.runJob, redo, _fold_partition, missing):
-                            acc = combine(acc, part)
+                sc.setJobDescription(f"sparknet round {r + 1}")
+                parts = staged.mapPartitionsWithIndex(run_round(spec_bc, weights_bc, params))
+                if K > 8:  # sum in a tree: K partial sums need not all reach the driver
+                    acc = _spark_call(parts.treeAggregate, None, combine, combine, 2)
+                else:
+                    acc = functools.reduce(combine, _spark_call(parts.collect), None)
+                missing = sorted(w["index"] for w in acc["workers"] if w.get("missing"))
+                if missing:
+                    missing_total += len(missing)
+                    log.warning("round %d: partitions %s are not staged where Spark ran them; rerunning them "
+                                "from the cached chunks", r + 1, missing)
+                    acc["workers"] = [w for w in acc["workers"] if not w.get("missing")]
+                    redo = chunks.mapPartitionsWithIndex(run_round_from_chunks(spec_bc, weights_bc, params))
+                    for part in _spark_call(sc.runJob, redo, _identity, missing):
+                        acc = combine(acc, part)
             finally:
                 weights_bc.destroy()
             workers = sorted(acc["workers"], key=lambda w: w["index"])
@@ -633,14 +644,8 @@ class SparkTrainer:
             _quietly(bc.destroy)
 
 
-def _fold_partition(results):
-    """``sc.runJob`` function: fold one partition's round results."""
-    from sparknet.spark._rounds import fold
-
-    acc = None
-    for r in results:
-        acc = fold(acc, r)
-    return [acc] if acc is not None else []
+def _identity(items):
+    return items
 
 
 def _worker_view(w: dict) -> dict:
