@@ -19,6 +19,7 @@ import copy
 import logging
 import math
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -128,7 +129,11 @@ def _as_tensor(a, *, name: str) -> torch.Tensor:
         arr = np.asarray(a)
         if arr.dtype == object:
             raise ValueError(f"{name} holds Python objects, not numbers")
-        t = torch.from_numpy(np.ascontiguousarray(arr))
+        arr = np.ascontiguousarray(arr)
+        with warnings.catch_warnings():
+            # Read-only arrays (memory-mapped data) are shared, not copied: Net never writes to its data.
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            t = torch.from_numpy(arr)
     if t.dtype == torch.float64:
         t = t.float()
     elif t.dtype in (torch.int32, torch.int16, torch.int8, torch.uint8):
