@@ -9,10 +9,10 @@ import torch
 
 from _spark_testlib import blobs, flat, hand_rounds, mlp, partitioned_rdd, start_session
 from sparknet.config import DistributedConfig
-from sparknet.errors import WorkerError
+from sparknet.errors import DeadlineExceeded, WorkerError
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
-from sparknet.spark import SparkTrainer
+from sparknet.spark import EngineOptions, SparkTrainer
 from sparknet.spark._channel import MetricsReceiver, MetricsSender, new_secret
 
 pytestmark = pytest.mark.spark
@@ -105,6 +105,22 @@ def test_barrier_failure_names_the_rank(spark):
         cp.unregister_pickle_by_value(sys.modules[__name__])
     assert info.value.rank == 1 and "rank one fails on purpose" in str(info.value)
     assert "_boom_on_rank_one" in info.value.log_tail
+
+
+def test_driver_wait_has_a_deadline_and_cancels_the_stage(spark):
+    import time
+
+    x, y = blobs(16)
+    rdd = partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])])
+    trainer = SparkTrainer(mlp(), batch_size=4, dist=DistributedConfig(workers=2, engine="barrier", tau=1, rounds=50),
+                           options=EngineOptions(rendezvous_timeout_s=0.001))
+    with pytest.raises(DeadlineExceeded, match="did not all start"):
+        trainer.fit(rdd)
+    tracker = spark.sparkContext.statusTracker()
+    deadline = time.time() + 60
+    while tracker.getActiveJobsIds() and time.time() < deadline:
+        time.sleep(0.5)
+    assert tracker.getActiveJobsIds() == []
 
 
 def test_barrier_needs_a_slot_per_worker(spark):

@@ -328,7 +328,8 @@ class SparkTrainer:
                 log.warning("%s", skew)
             if self.strategy.needs_gradient_hook and 0 in total["rows_per_partition"]:
                 raise ValueError("a strategy that allreduces gradients every step needs data in every partition")
-            val = self._validation(validation, sample_shape, num_classes, features_col, label_col, image_shape)
+            with _job(sc, group, "sparknet: collect the validation data"):
+                val = self._validation(validation, sample_shape, num_classes, features_col, label_col, image_shape)
             if val is not None:
                 driver_net.set_validation_data(val)
             warmup = self._warmup(sc, group, chunks, total, driver_net, sample_shape) if dist.warmup_steps else None
