@@ -35,7 +35,7 @@ from typing import Any
 
 __all__ = ["EXPERIMENTS", "DEFAULT_OUT", "get_experiment", "make_config", "run_experiment", "write_result",
            "load_data", "make_model", "make_solver", "median_step_time", "parallel_map", "environment",
-           "first_reaching", "pyplot"]
+           "first_reaching", "pyplot", "warm_up_spark", "training_frame"]
 
 log = logging.getLogger(__name__)
 
@@ -279,6 +279,32 @@ def parallel_map(fn: Callable[[dict], dict], jobs: list[dict], *, processes: int
     with mp.get_context("spawn").Pool(min(processes, len(jobs)), initializer=_pool_init,
                                       initargs=(initializer, initargs)) as pool:
         return pool.map(fn, jobs, chunksize=1)
+
+
+def training_frame(spark, dataset: str, train):
+    """``train`` as a Spark DataFrame read from Parquet (written once, cached beside the data set)."""
+    from sparknet.datasets import cache_root
+    from sparknet.spark.run import dataset_as_parquet
+
+    path = Path(cache_root()) / "parquet" / f"{dataset.lower()}-train-{len(train)}.parquet"
+    return spark.read.parquet(str(dataset_as_parquet(train, path)))
+
+
+def warm_up_spark(spark, df, *, workers: int, batch_size: int, engine: str = "rounds") -> float:
+    """One untimed single-step fit, so no timed run pays for starting Python workers and importing torch.
+
+    Returns the seconds it took.
+    """
+    from sparknet.config import DistributedConfig
+    from sparknet.spark import SparkTrainer
+
+    t0 = time.perf_counter()
+    dist = DistributedConfig(workers=workers, engine=engine, tau=1, rounds=1)
+    SparkTrainer(make_model("lenet", batch_size), dist=dist, batch_size=batch_size, threads=1, spark=spark,
+                 max_steps=1).fit(df)
+    seconds = time.perf_counter() - t0
+    log.info("Spark warm-up fit (%s engine, one step): %.1f s", engine, seconds)
+    return seconds
 
 
 def pyplot():

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.experiments import (first_reaching, load_data, make_model, make_solver, parallel_map, pyplot)
+from sparknet.experiments import load_data, make_model, make_solver, parallel_map, pyplot
 
 __all__ = ["Config", "QUICK", "run", "plot", "speedup_table"]
 

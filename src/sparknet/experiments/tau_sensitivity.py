@@ -19,7 +19,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.experiments import load_data, make_model, pyplot
+from sparknet.experiments import load_data, make_model, pyplot, training_frame, warm_up_spark
 
 __all__ = ["Config", "QUICK", "run", "plot"]
 
@@ -60,6 +60,8 @@ class Config:
     """Spark master (default local[K])."""
     seed: int = 0
     """Seed of the weights and data orders."""
+    warmup: bool = True
+    """Run one untimed single-step Spark fit first."""
 
     def __post_init__(self):
         self.taus = tuple(int(t) for t in self.taus)
@@ -114,19 +116,19 @@ def _fit(config: Config, tau: int, spark, df, test) -> dict:
 
 def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spark=None) -> dict:
     """One fit per tau on one Spark session; returns the result body."""
-    from sparknet.datasets import cache_root
-    from sparknet.spark.run import dataset_as_parquet
-
     train, test = load_data(config.dataset, train_samples=config.train_samples, test_samples=config.test_samples)
     own = spark is None
     runs = []
+    warmup_s = None
     try:
         if own:
             from sparknet.spark import get_session
 
             spark = get_session(config.master or f"local[{config.workers}]", app_name="sparknet-experiments")
-        path = Path(cache_root()) / "parquet" / f"{config.dataset.lower()}-train-{len(train)}.parquet"
-        df = spark.read.parquet(str(dataset_as_parquet(train, path)))
+        df = training_frame(spark, config.dataset, train)
+        if config.warmup:
+            warmup_s = warm_up_spark(spark, df, workers=config.workers, batch_size=config.batch_size,
+                                     engine=config.engine)
         for tau in config.taus:
             log.info("tau-sensitivity: tau = %d", tau)
             t0 = time.perf_counter()
@@ -141,8 +143,8 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
             spark.stop()
     summary = {str(r["tau"]): ({"final_accuracy": r["final_accuracy"], "wall_s": round(r["wall_s"], 1)}
                                if r.get("ok") else "failed") for r in runs}
-    return {"workers": config.workers, "engine": config.engine, "strategy": config.strategy, "runs": runs,
-            "summary": summary}
+    return {"workers": config.workers, "engine": config.engine, "strategy": config.strategy,
+            "spark_warmup_s": warmup_s, "runs": runs, "summary": summary}
 
 
 def plot(result: dict, path: str | Path) -> None:

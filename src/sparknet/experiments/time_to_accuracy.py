@@ -31,7 +31,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.experiments import first_reaching, load_data, make_model, pyplot
+from sparknet.experiments import first_reaching, load_data, make_model, pyplot, training_frame, warm_up_spark
 
 __all__ = ["Config", "QUICK", "SYSTEMS", "run", "plot", "ddp_train"]
 
@@ -86,6 +86,8 @@ class Config:
     """Spark master (default local[K])."""
     seed: int = 0
     """Seed of the weights and data orders."""
+    warmup: bool = True
+    """Run one untimed single-step Spark fit first (Python workers started, torch imported)."""
 
     def __post_init__(self):
         self.systems = tuple(self.systems)
@@ -300,6 +302,7 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
     train, test = load_data(config.dataset, train_samples=config.train_samples, test_samples=config.test_samples)
     needs_spark = any(s != "one-process" for s in config.systems)
     own_session = False
+    warmup_s = None
     df = None
     entries = []
     try:
@@ -309,7 +312,9 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
             spark = get_session(config.master or f"local[{config.workers}]", app_name="sparknet-experiments")
             own_session = True
         if needs_spark:
-            df = _training_frame(spark, config, train)
+            df = training_frame(spark, config.dataset, train)
+            if config.warmup:
+                warmup_s = warm_up_spark(spark, df, workers=config.workers, batch_size=config.batch_size)
         for system in config.systems:
             log.info("time-to-accuracy: %s", system)
             t0 = time.perf_counter()
@@ -333,15 +338,8 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
                                        if base and e.get("reached") and e.get("time_to_target_s") else None)
     summary = {e["system"]: (round(e["time_to_target_s"], 1) if e.get("reached") else
                              ("failed" if not e.get("ok") else "not reached")) for e in entries}
-    return {"target": config.target, "workers": config.workers, "entries": entries, "summary": summary}
-
-
-def _training_frame(spark, config: Config, train):
-    from sparknet.datasets import cache_root
-    from sparknet.spark.run import dataset_as_parquet
-
-    path = Path(cache_root()) / "parquet" / f"{config.dataset.lower()}-train-{len(train)}.parquet"
-    return spark.read.parquet(str(dataset_as_parquet(train, path)))
+    return {"target": config.target, "workers": config.workers, "spark_warmup_s": warmup_s, "entries": entries,
+            "summary": summary}
 
 
 def plot(result: dict, path: str | Path) -> None:
