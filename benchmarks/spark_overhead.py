@@ -5,12 +5,13 @@
 
 Overhead of a round = its wall time minus the longest worker's local training time
 (``round_s - compute_s`` in the round records): for the rounds engine that is the Spark job
-(broadcast of the weights, task launch, the deltas back by treeAggregate, the strategy step on
+(broadcast of the weights, task launch, the deltas back to the driver, the strategy step on
 the driver); for the barrier engine the allreduce, the strategy step and the record sent to
 the driver. Each engine trains LeNet (Listing 2) with K=2 workers, one thread each, tau=2,
 batch 64, on MNIST-shaped synthetic data; the first rounds warm the workers up and are left
-out, the median of the rest is reported. An empty Spark job is timed as well: the floor under
-the rounds engine. Prints and saves JSON under ``benchmarks/results/``.
+out, the median of the rest is reported. An empty Spark job is timed as well (before, and
+between the rounds under the same load): the floor under the rounds engine. Prints and saves
+JSON under ``benchmarks/results/``.
 """
 
 from __future__ import annotations
@@ -59,10 +60,20 @@ def engine_overhead(spark, data, engine: str, rounds: int, warmup: int, tau: int
     from sparknet import DistributedConfig, SolverConfig, zoo
     from sparknet.spark import SparkTrainer
 
-    records = []
+    records, floors = [], []
+    probe = spark.sparkContext.parallelize(range(2), 2).cache()
+    probe.count()
+
+    def on_round(record):
+        records.append(record)
+        if engine == "rounds":  # an empty job between two rounds: Spark's own floor, under the same load
+            t = time.perf_counter()
+            probe.map(lambda v: v).collect()
+            floors.append(time.perf_counter() - t)
+
     trainer = SparkTrainer(zoo.lenet(), solver=SolverConfig(base_lr=0.01), batch_size=64, threads=1, spark=spark,
                            dist=DistributedConfig(workers=2, engine=engine, tau=tau, rounds=rounds + warmup),
-                           on_round=records.append)
+                           on_round=on_round)
     result = trainer.fit(data)
     kept = records[warmup:]
     overhead = [r["round_s"] - r["compute_s"] for r in kept]
@@ -80,6 +91,9 @@ def engine_overhead(spark, data, engine: str, rounds: int, warmup: int, tau: int
         out["allreduce_s_median"] = statistics.median(r["allreduce_s"] for r in kept)
     else:
         out["task_s_median"] = statistics.median(max(w.get("task_s", 0.0) for w in r["per_worker"]) for r in kept)
+        out["in_task_extra_s_median"] = statistics.median(
+            max(w.get("task_s", 0.0) - w["compute_s"] for w in r["per_worker"]) for r in kept)
+        out["empty_job_between_rounds_s_median"] = statistics.median(floors[warmup:])
     return out
 
 
@@ -113,11 +127,16 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"empty Spark job: {results['empty_job_s_median'] * 1000:.1f} ms (median)")
+    print(f"load average {results['load_average_before'][0]:.1f} on {results['cpus']} cores; "
+          f"empty Spark job: {results['empty_job_s_median'] * 1000:.1f} ms (median)")
     for name, r in results["engines"].items():
         print(f"{name:8s} overhead per round: {r['overhead_s_median'] * 1000:8.1f} ms median "
               f"(p10 {r['overhead_s_p10'] * 1000:.1f}, p90 {r['overhead_s_p90'] * 1000:.1f}; "
               f"round {r['round_s_median'] * 1000:.1f} ms, compute {r['compute_s_median'] * 1000:.1f} ms)")
+        if "empty_job_between_rounds_s_median" in r:
+            print(f"{'':8s} an empty Spark job between the rounds took "
+                  f"{r['empty_job_between_rounds_s_median'] * 1000:.1f} ms; work inside the tasks beyond "
+                  f"training {r['in_task_extra_s_median'] * 1000:.1f} ms")
     print(f"saved {out}")
     return results
 

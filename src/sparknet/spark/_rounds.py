@@ -26,6 +26,7 @@ depend on which process ran which round.
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import os
 import shutil
@@ -181,6 +182,18 @@ class _Entry:
 _CACHE: dict[tuple[str, int], _Entry] = {}
 
 
+def _freeze_heap() -> None:
+    """Keep PySpark's per-task garbage collection cheap in this Python worker.
+
+    A reused Python worker runs ``gc.collect()`` after every task, before it takes the next
+    one. With torch imported (and its optimizers pulling in ``torch._dynamo``) that is a scan of
+    ~300k objects: 0.05-0.4 s on the critical path of every round. Freezing what is alive now
+    (modules, the cached nets) takes it out of that scan; :func:`cleanup_partition` unfreezes.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def _evict_finished() -> None:
     """Drop cached nets of fits whose staging directory is gone (the fit ended)."""
     for key in [k for k, e in _CACHE.items() if not os.path.isdir(e.directory)]:
@@ -236,6 +249,8 @@ def stage_partition(fit_id: str, options: dict):
         info.update(index=index, host=socket.gethostname(), dir=directory)
         if x is not None and not any(info[k] for k in _PROBLEM_KEYS):
             _write_partition(directory, index, x, y)
+        del x, y
+        _freeze_heap()
         yield info
 
     return stage
@@ -253,6 +268,7 @@ def cleanup_partition(fit_id: str):
         for key in [k for k in _CACHE if k[0] == fit_id]:
             del _CACHE[key]
         _SPECS.pop(fit_id, None)
+        gc.unfreeze()  # what the fit froze may now be garbage
         yield removed
 
     return cleanup
@@ -340,6 +356,7 @@ def _train_round(spec_bc, weights_bc, params: dict, index: int, record: dict | N
         net = build_worker_net(spec, index, x, y, device)
         entry = _Entry(net=net, state=WorkerState(), version=-1, directory=directory, device_info=device_info)
         _CACHE[key] = entry
+        _freeze_heap()
     elif chunks is not None:
         for _ in chunks:  # the data is here already; drain the input so the worker can be reused
             pass
