@@ -22,6 +22,7 @@ Every task of the stage runs :func:`run_barrier`:
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 
 from sparknet.spark._data import merge_chunks
-from sparknet.spark._rounds import StopRule, WorkerSpec, build_worker_net, task_device, worker_failure
+from sparknet.spark._rounds import StopRule, WorkerSpec, freeze_heap, build_worker_net, task_device, worker_failure
 from sparknet.strategies import WorkerState
 
 __all__ = ["run_barrier", "FIELDS"]
@@ -110,6 +111,8 @@ def _run(ctx, rank: int, payload_bc, params: dict, val_bc, chunks):
     device, device_info = task_device(spec.device)
     net = build_worker_net(spec, rank, x, y, device)
     has_data = x is not None and len(x) > 0
+    del chunks
+    freeze_heap()  # no full garbage collection of torch's modules in the middle of a round
     val = None
     if val_bc is not None:
         vx, vy = val_bc.value
@@ -131,6 +134,7 @@ def _run(ctx, rank: int, payload_bc, params: dict, val_bc, chunks):
         if rank == 0:
             yield ("result", final.numpy().tobytes(), history)
     finally:
+        gc.unfreeze()
         if dist.is_initialized():
             dist.destroy_process_group()
         del store

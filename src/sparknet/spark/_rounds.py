@@ -7,8 +7,10 @@ One fit runs these Spark jobs (the driver side is :mod:`sparknet.spark.trainer`)
    directory; the persisted RDD keeps one small record per partition (rows, counts, host,
    directory). Its blocks stay on the executor that wrote the files, so Spark schedules every
    later round of that partition there.
-2. **rounds** — ``staged.mapPartitionsWithIndex(run_round)`` then ``treeAggregate``: a task
-   reads only the small record. Its :class:`Net` comes from a process-global cache keyed by
+2. **rounds** — ``staged.mapPartitionsWithIndex(run_round)``: a task reads only the small
+   record and returns its sample-weighted delta already folded (:func:`fold`); the driver sums
+   the K partials (``treeAggregate`` of depth 2 past 8 workers). The task's
+   :class:`Net` comes from a process-global cache keyed by
    (fit id, partition); on a miss (another Python worker of the same machine, a restarted one)
    the ``.npy`` files are memory-mapped, so every process on the machine shares one copy of the
    data and nothing is converted again. A task that runs on a machine without the files
@@ -21,6 +23,9 @@ strategy's :class:`~sparknet.strategies.WorkerState`. Python workers take partit
 fixed order, so that state is also saved next to the data after every round
 (``p{i}.r{round}.state``) and a process whose copy is older loads it: the result does not
 depend on which process ran which round.
+
+A reused Python worker runs ``gc.collect()`` between tasks; the heap is frozen once the net is
+built (:func:`freeze_heap`) so that scan does not delay the next round.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from sparknet.strategies import TrainingStrategy, WorkerState
 
 __all__ = ["WorkerSpec", "StopRule", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
            "stage_partition", "run_round", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
-           "worker_failure"]
+           "freeze_heap", "worker_failure"]
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +187,7 @@ class _Entry:
 _CACHE: dict[tuple[str, int], _Entry] = {}
 
 
-def _freeze_heap() -> None:
+def freeze_heap() -> None:
     """Keep PySpark's per-task garbage collection cheap in this Python worker.
 
     A reused Python worker runs ``gc.collect()`` after every task, before it takes the next
@@ -250,7 +255,7 @@ def stage_partition(fit_id: str, options: dict):
         if x is not None and not any(info[k] for k in _PROBLEM_KEYS):
             _write_partition(directory, index, x, y)
         del x, y
-        _freeze_heap()
+        freeze_heap()
         yield info
 
     return stage
@@ -356,7 +361,7 @@ def _train_round(spec_bc, weights_bc, params: dict, index: int, record: dict | N
         net = build_worker_net(spec, index, x, y, device)
         entry = _Entry(net=net, state=WorkerState(), version=-1, directory=directory, device_info=device_info)
         _CACHE[key] = entry
-        _freeze_heap()
+        freeze_heap()
     elif chunks is not None:
         for _ in chunks:  # the data is here already; drain the input so the worker can be reused
             pass
