@@ -103,3 +103,11 @@ def test_stop_rule():
     assert StopRule(epochs=1.5, dataset_rows=100, tau=1).reason(1, 1, 150, None) == "epochs"
     assert StopRule(target_accuracy=0.9, tau=1).reason(1, 1, 1, 0.95) == "target_accuracy"
     assert StopRule(round_seconds=1.0, tau=None).steps_for_round(0) == StopRule.UNBOUNDED_STEPS
+
+
+def test_local_master_helpers():
+    from sparknet.spark._session import is_local_master, local_slots
+
+    assert local_slots("local[4]") == 4 and local_slots("local") == 1 and local_slots("local[3, 2]") == 3
+    assert local_slots("local-cluster[2,2,1024]") == 4 and local_slots("spark://h:7077") is None
+    assert is_local_master("local-cluster[2,1,1024]") and not is_local_master("yarn")
