@@ -367,7 +367,8 @@ def plot(result: dict, path: str | Path) -> None:
     if any(setup):
         ax.bar(range(len(names)), setup, color="none", edgecolor="black", hatch="//", lw=0.5,
                label="setup (data staging, process launch)")
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="upper right")
+    ax.set_ylim(0, max(heights + [1.0]) * 1.2)
     for bar, label in zip(bars, labels):
         ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), label, ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(names)), names, rotation=20, fontsize=8)
