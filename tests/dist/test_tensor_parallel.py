@@ -35,6 +35,7 @@ from sparknet.parallel import (
     init_layout,
     layout_coords,
     local_weight_bytes,
+    model_parallel_worker,
     parallelize,
     resolve_plan,
     share_data_over_mp,
@@ -186,6 +187,13 @@ def _equivalence(rank, out):
     out[f"cnn_pred_diff{rank}"] = float((pred - ref_pred).detach().abs().max())
     out[f"cnn_grad_diff{rank}"] = _compare_grads(cnn, cnn_ref)
 
+    # An engine's worker: the driver's whole weights in, split, pooled data, whole weights out.
+    whole = Net(_mlp(), seed=5).get_flat()
+    worker = model_parallel_worker(_mlp(), solver, 2, x=xs.numpy()[rank::2], y=ys.numpy()[rank::2],
+                                   whole_flat=whole.numpy(), batch_size=5, seed=0, data_seed=1)
+    out[f"worker_rows{rank}"] = worker.net.num_training_samples
+    out[f"worker_roundtrip{rank}"] = float((worker.whole_flat(worker.shard_flat) - whole).abs().max())
+
 
 @pytest.mark.timeout(180)
 def test_column_row_split_matches_unsplit_model():
@@ -210,6 +218,8 @@ def test_column_row_split_matches_unsplit_model():
     assert out["shapes0"] == {"ip0": (12, 16), "ip1": (4, 12), "ip2": (6, 4), "ip3": (2, 6)}
     whole = out["whole_flat0"]
     assert out["flat0"] == whole - (12 * 4 + 4 + 6 * 4 + 2 * 6 + 2)  # the other rank's halves
+    assert out["worker_rows0"] == out["worker_rows1"] == 15  # the replica's two partitions, pooled
+    assert out["worker_roundtrip0"] == out["worker_roundtrip1"] == 0.0
 
 
 # --------------------------------------------------------------------------- memory budget

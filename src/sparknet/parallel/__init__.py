@@ -9,12 +9,14 @@ each rank on its own shard. See ``docs/MODEL_PARALLEL.md``.
 
 from sparknet.parallel.mesh import (
     ParallelLayout,
+    ReplicaWorker,
     RoundResult,
     average_over_dp_,
     broadcast_over_dp_,
     dp_round,
     init_layout,
     layout_coords,
+    model_parallel_worker,
     replica_seed,
     share_data_over_mp,
 )
@@ -35,7 +37,7 @@ from sparknet.parallel.tensor import (
 
 __all__ = [
     "ParallelLayout", "RoundResult", "init_layout", "layout_coords", "replica_seed", "share_data_over_mp",
-    "average_over_dp_", "broadcast_over_dp_", "dp_round",
+    "average_over_dp_", "broadcast_over_dp_", "dp_round", "ReplicaWorker", "model_parallel_worker",
     "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "ConvColwiseParallel", "parallelize", "build_parallel",
     "resolve_plan", "local_weight_bytes", "weight_bytes_per_rank", "check_weight_budget", "gather_full_weights",
     "load_full_weights",

@@ -1,0 +1,245 @@
+"""Sampling text from a character-level language model (``sparknet sample``).
+
+>>> corpus = shakespeare()                                             # doctest: +SKIP
+>>> print(sample_text(net, corpus, prime="ROMEO:", length=300))        # doctest: +SKIP
+
+The model is any net mapping ``[B, T]`` character ids to ``[B, T, V]`` logits, as
+:func:`sparknet.zoo.char_lstm` does. Its recurrent layers start every sequence from a zero
+state (the DSL's LSTM carries no state between calls), so each new character is drawn
+from the logits of the last position of a window of the most recent ``context``
+characters, the same situation the model was trained in with truncated backpropagation
+through sequences of that length.
+
+The command line::
+
+    sparknet sample --model-dir runs/char_lstm/model --prime "ROMEO:" --length 300
+    sparknet sample --checkpoint weights.safetensors --corpus shakespeare --hidden 256 --num-layers 2
+
+A model folder (:func:`sparknet._model_io.save_model`) that stores the vocabulary in its
+manifest metadata (``{"vocab": "<the characters, in id order>"}``, as
+``examples/char_lstm.py`` writes) needs nothing else; otherwise ``--corpus`` rebuilds the
+vocabulary from the corpus the model was trained on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["Vocabulary", "sample_text", "load_char_model", "configure_sample", "run_sample"]
+
+log = logging.getLogger(__name__)
+
+
+class Vocabulary:
+    """A character vocabulary: id ``i`` is ``chars[i]``.
+
+    Parameters
+    ----------
+    chars : sequence of str
+        The characters in id order (a ``CharCorpus``'s ``vocab``, or a string of them).
+    """
+
+    def __init__(self, chars: Sequence[str] | str) -> None:
+        chars = list(chars)
+        if not chars or not all(isinstance(c, str) and len(c) == 1 for c in chars):
+            raise ValueError("a vocabulary is a non-empty sequence of single characters")
+        if len(set(chars)) != len(chars):
+            raise ValueError("the vocabulary repeats a character")
+        self.vocab = chars
+        self._index = {c: i for i, c in enumerate(chars)}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def encode(self, text: str) -> np.ndarray:
+        missing = sorted({c for c in text if c not in self._index})
+        if missing:
+            raise ValueError(f"characters not in the vocabulary: {missing!r}")
+        return np.array([self._index[c] for c in text], dtype=np.int64)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        return "".join(self.vocab[int(i)] for i in ids)
+
+
+def _codec(corpus: Any) -> Any:
+    if hasattr(corpus, "encode") and hasattr(corpus, "decode") and hasattr(corpus, "vocab"):
+        return corpus
+    return Vocabulary(corpus)
+
+
+def _module_of(net_or_module: Any) -> torch.nn.Module:
+    module = getattr(net_or_module, "module", None) if not isinstance(net_or_module, torch.nn.Module) else None
+    module = module if isinstance(module, torch.nn.Module) else net_or_module
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"sample_text takes a Net, a SavedModel or a torch.nn.Module, got {type(net_or_module).__name__}")
+    return module
+
+
+def _declared_context(module: torch.nn.Module) -> int | None:
+    params = getattr(module, "net_params", None)
+    for layer in getattr(params, "layers", ()) or ():
+        shape = getattr(layer, "shape", None)
+        if shape and len(shape) >= 2:
+            return int(shape[1])
+    return None
+
+
+@torch.no_grad()
+def sample_text(net_or_module: Any, corpus: Any, prime: str = "ROMEO:", length: int = 300,
+                temperature: float = 0.8, seed: int = 0, context: int | None = None) -> str:
+    """Generate ``length`` characters after ``prime``, one at a time.
+
+    Parameters
+    ----------
+    net_or_module : Net, SavedModel or torch.nn.Module
+        A model taking ``[B, T]`` ids and returning ``[B, T, V]`` logits.
+    corpus : CharCorpus, Vocabulary or sequence of str
+        What maps characters to ids (the vocabulary the model was trained with).
+    prime : str
+        Text to start from (every character must be in the vocabulary); it is not part of
+        the returned string. An empty prime starts from a newline when the vocabulary has
+        one, else from its first character.
+    length : int
+        Characters to generate.
+    temperature : float
+        Divides the logits: below 1 is more conservative, above 1 more varied; 0 always
+        takes the most likely character.
+    seed : int
+        Seeds the sampling (the global torch generator is not touched).
+    context : int, optional
+        Most recent characters the model sees at each step; default: the sequence length
+        of the net's input layer, else 100.
+
+    Returns
+    -------
+    str
+        The ``length`` generated characters.
+    """
+    if length < 0:
+        raise ValueError(f"length must be non-negative, got {length}")
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be a non-negative number, got {temperature}")
+    codec = _codec(corpus)
+    module = _module_of(net_or_module)
+    window = int(context or _declared_context(module) or 100)
+    if window < 1:
+        raise ValueError(f"context must be at least 1, got {window}")
+    if not prime:
+        prime = "\n" if "\n" in codec.vocab else codec.vocab[0]
+    ids = [int(i) for i in codec.encode(prime)]
+    gen = torch.Generator().manual_seed(int(seed))
+    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    was_training = module.training
+    module.eval()
+    out: list[int] = []
+    try:
+        for _ in range(length):
+            x = torch.tensor([ids[-window:]], dtype=torch.long, device=device)
+            logits = module(x)
+            logits = logits[0, -1].float().cpu()
+            if logits.numel() != len(codec.vocab):
+                raise ValueError(f"the model predicts {logits.numel()} classes but the vocabulary has "
+                                 f"{len(codec.vocab)} characters; give the corpus the model was trained on")
+            if temperature == 0:
+                nxt = int(logits.argmax())
+            else:
+                probs = torch.softmax(logits / temperature, dim=0)
+                nxt = int(torch.multinomial(probs, 1, generator=gen))
+            ids.append(nxt)
+            out.append(nxt)
+    finally:
+        module.train(was_training)
+    return codec.decode(out)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def configure_sample(parser: argparse.ArgumentParser) -> None:
+    """Add ``sparknet sample``'s arguments to ``parser`` and set its runner (``_run``)."""
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model-dir", help="a sparknet model folder (sparknet_model.json and its files)")
+    source.add_argument("--checkpoint", help="a safetensors weights file of zoo.char_lstm (with --corpus and the "
+                                             "model's --hidden, --num-layers, --seq-len)")
+    parser.add_argument("--corpus", default=None,
+                        help="the corpus the model was trained on, for its vocabulary: 'shakespeare' or a text file "
+                             "(default: the vocabulary stored in the model folder)")
+    parser.add_argument("--prime", default="ROMEO:", help="text to start from")
+    parser.add_argument("--length", type=int, default=300, help="characters to generate")
+    parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature (0: most likely)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampling")
+    parser.add_argument("--context", type=int, default=None, help="characters the model sees per step "
+                                                                  "(default: its declared sequence length)")
+    net = parser.add_argument_group("the net, with --checkpoint")
+    net.add_argument("--hidden", type=int, default=256, help="LSTM hidden size")
+    net.add_argument("--num-layers", type=int, default=2, help="stacked LSTM layers")
+    net.add_argument("--seq-len", type=int, default=100, help="sequence length it was trained on")
+    net.add_argument("--embed-dim", type=int, default=None, help="embedding width (default: --hidden)")
+    parser.add_argument("--json", action="store_true", help="print {\"prime\", \"text\"} as JSON")
+    parser.set_defaults(_run=run_sample)
+
+
+def _corpus_vocab(spec: str) -> list[str]:
+    if spec == "shakespeare":
+        from sparknet.datasets import shakespeare
+
+        return list(shakespeare().vocab)
+    from pathlib import Path
+
+    path = Path(spec)
+    if not path.is_file():
+        raise FileNotFoundError(f"--corpus {spec!r} is neither 'shakespeare' nor a text file")
+    return sorted(set(path.read_text(encoding="utf-8")))
+
+
+def load_char_model(args: argparse.Namespace) -> tuple[Any, Vocabulary]:
+    """The model and vocabulary ``sparknet sample`` was pointed at."""
+    if args.model_dir:
+        from sparknet._model_io import load_model
+
+        saved = load_model(args.model_dir)
+        stored = (saved.manifest.get("metadata") or {}).get("vocab")
+        if args.corpus:
+            vocab = _corpus_vocab(args.corpus)
+        elif stored:
+            vocab = list(stored)
+        else:
+            raise ValueError(f"{args.model_dir} stores no vocabulary; pass --corpus (e.g. --corpus shakespeare)")
+        return saved.net, Vocabulary(vocab)
+    from sparknet import zoo
+    from sparknet.net import Net
+    from sparknet.weights import WeightCollection
+
+    if not args.corpus:
+        raise ValueError("--checkpoint needs --corpus: the weights file carries no vocabulary")
+    vocab = _corpus_vocab(args.corpus)
+    net = Net(zoo.char_lstm(len(vocab), seq_len=args.seq_len, hidden=args.hidden, num_layers=args.num_layers,
+                            batch_size=1, embed_dim=args.embed_dim))
+    weights = WeightCollection.load(args.checkpoint)
+    try:
+        net.set_weights(weights)
+    except ValueError as e:
+        raise ValueError(f"{args.checkpoint} does not fit char_lstm(vocab={len(vocab)}, hidden={args.hidden}, "
+                         f"num_layers={args.num_layers}): {e}") from e
+    return net, Vocabulary(vocab)
+
+
+def run_sample(args: argparse.Namespace) -> int:
+    """``sparknet sample``: print the generated text (after the prime)."""
+    net, vocab = load_char_model(args)
+    text = sample_text(net, vocab, prime=args.prime, length=args.length, temperature=args.temperature,
+                       seed=args.seed, context=args.context)
+    if getattr(args, "json", False):
+        print(json.dumps({"prime": args.prime, "text": text}))
+    else:
+        print(args.prime + text)
+    return 0
