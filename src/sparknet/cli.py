@@ -159,6 +159,14 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
+@subcommand("sample", "generate text from a trained character model (char_lstm)")
+def _configure_sample(p: argparse.ArgumentParser) -> None:
+    from sparknet.sample import configure_sample, run_sample
+
+    configure_sample(p)
+    p.set_defaults(_run=run_sample)
+
+
 @subcommand("version", "print the versions sparknet runs with")
 def _configure_version(p: argparse.ArgumentParser) -> None:
     def run(args):
@@ -194,7 +202,7 @@ def _load_plugins() -> None:
     """Import modules that register further subcommands (each optional part registers its own)."""
     import importlib
 
-    for module in ("sparknet.caffe.cli", "sparknet.tools"):
+    for module in ("sparknet.caffe.cli", "sparknet.tools", "sparknet.experiments.cli"):
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as e:
