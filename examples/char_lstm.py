@@ -30,7 +30,6 @@ import datetime
 import json
 import logging
 import math
-import os
 import socket
 import sys
 import time

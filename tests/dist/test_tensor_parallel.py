@@ -157,6 +157,12 @@ def _equivalence(rank, out):
     out[f"grad_diff{rank}"] = _compare_grads(split, ref)
     out[f"shapes{rank}"] = {n: tuple(t.shape) for n, ts in split.layer_weights().items() for t in ts[:1]}
 
+    # Gradient clipping over the whole model (torch's refuses mixed DTensor and plain gradients).
+    norm = split.clip_grad_norm_(0.05)
+    ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
+    out[f"clip_norm_diff{rank}"] = float((norm - ref_norm).abs()) if ref_norm > 0.05 else 1.0  # it did clip
+    out[f"clipped_grad_diff{rank}"] = _compare_grads(split, ref)
+
     # Training through Net: SGD with momentum on DTensor parameters, three steps, against the
     # unsplit net (RMSprop is exercised by the budget test: its 1/sqrt(v) scaling magnifies
     # rounding differences near zero gradients beyond an absolute 1e-5).
@@ -202,6 +208,7 @@ def test_column_row_split_matches_unsplit_model():
         assert out[f"pred_diff{rank}"] < TOL
         assert out[f"loss_diff{rank}"] < TOL
         assert out[f"grad_diff{rank}"] < TOL
+        assert out[f"clip_norm_diff{rank}"] < TOL and out[f"clipped_grad_diff{rank}"] < TOL
         assert out[f"trained_diff{rank}"] < TOL
         assert out[f"cnn_pred_diff{rank}"] < TOL
         assert out[f"cnn_grad_diff{rank}"] < TOL

@@ -271,9 +271,9 @@ def dp_round(strategy: TrainingStrategy, state: WorkerState, net, global_flat: t
     """One round of any training strategy over the data-parallel group, on this rank's shard.
 
     The same loop as the barrier engine's, with the data-parallel group in place of the
-    whole world: local steps, then one allreduce of ``[n * delta | n, loss * n, steps,
-    compute_s]`` over the D replicas, then the strategy's step from the sample-weighted
-    mean delta. Each model-parallel rank does this for its own shard; ranks of one replica
+    whole world: local steps, then one sum-allreduce of ``[n * delta | n, loss * n]`` and a
+    two-number max-allreduce of ``[steps, compute_s]`` over the D replicas, then the
+    strategy's step from the sample-weighted mean delta. Each model-parallel rank does this for its own shard; ranks of one replica
     hold the same counts, so every shard takes the same weighting.
 
     ``train(steps, max_seconds)`` replaces ``net.train`` for the local steps when given (a

@@ -451,6 +451,41 @@ class TensorParallelModule(nn.Module):
         return OrderedDict((name, [_local(t) for t in tensors])
                            for name, tensors in self.module.layer_weights().items())
 
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float) -> Tensor:
+        """Scale the gradients so their norm over the *whole* model is at most ``max_norm``.
+
+        ``torch.nn.utils.clip_grad_norm_`` refuses a mix of DTensor and plain gradients. Here
+        the squares of the split shards are summed over the model-parallel group, replicated
+        pieces and whole layers are counted once, and every rank applies the same factor, so
+        the result equals clipping the unsplit model. Returns the total norm.
+        """
+        import torch.distributed as dist
+
+        split = torch.zeros((), dtype=torch.float64)
+        whole = torch.zeros((), dtype=torch.float64)
+        grads = []
+        for p in self.module.parameters():
+            g = p.grad
+            if g is None:
+                continue
+            local = _local(g)
+            grads.append(local)
+            squares = local.double().pow(2).sum()
+            placements = getattr(g, "placements", ())
+            if any(pl.is_shard() for pl in placements):
+                split += squares
+            else:
+                whole += squares
+        if self.mesh.size() > 1:
+            dist.all_reduce(split, group=self.mesh.get_group())
+        total = (split + whole).sqrt()
+        coef = float(max_norm) / (float(total) + 1e-6)
+        if coef < 1.0:
+            for local in grads:
+                local.mul_(coef)
+        return total.float()
+
 
 def parallelize(graph_module: GraphModule, mesh_or_groups: Any, plan: PlanLike | None = None) -> TensorParallelModule:
     """Split the layers of ``graph_module`` across a model-parallel group (in place).
