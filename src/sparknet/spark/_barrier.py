@@ -58,9 +58,40 @@ def run_barrier(payload_bc, params: dict, val_bc=None):
         try:
             yield from _run(ctx, rank, payload_bc, params, val_bc, chunks)
         except Exception as exc:
-            raise worker_failure(rank, exc) from None
+            failure = worker_failure(rank, exc)
+            _report_failure(params, rank, exc, str(failure))
+            raise failure from None
 
     return task
+
+
+def _report_failure(params: dict, rank: int, exc: BaseException, text: str) -> None:
+    """Tell the driver which rank failed first, and why, before Spark fails the stage.
+
+    When one rank raises, its peers soon fail too (their collectives lose the connection), and
+    Spark reports whichever task failure it handles first; the driver uses these reports to
+    name the rank that started it.
+    """
+    if not params.get("endpoint"):
+        return
+    try:
+        from sparknet.spark._channel import MetricsSender
+
+        sender = MetricsSender(params["endpoint"], params["secret"], send_timeout_ms=2000)
+        try:
+            sender.send({"event": "error", "rank": rank, "type": type(exc).__name__, "text": text[-8000:],
+                         "collective": _is_collective_failure(exc), "time": time.time()})
+        finally:
+            sender.close()
+    except Exception:  # pragma: no cover - the task fails anyway
+        log.debug("could not report the failure of rank %d to the driver", rank, exc_info=True)
+
+
+def _is_collective_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` looks like a consequence of a peer's failure (a broken or timed-out collective)."""
+    text = f"{type(exc).__name__}: {exc}"
+    return any(s in text for s in ("gloo", "Connection closed by peer", "Connection reset", "Broken pipe",
+                                   "DistBackendError", "DistNetworkError", "timed out", "Timed out"))
 
 
 def _loopback_ifname() -> str | None:

@@ -133,8 +133,8 @@ def _job(sc, group: str, description: str):
             sc.setLocalProperty(key, None)
 
 
-def _task_error(exc: BaseException) -> EngineError:
-    """A failed Spark job as a WorkerError (rank and traceback tail) when a worker raised."""
+def _task_error(exc: BaseException | str) -> EngineError:
+    """A failed Spark job (or a worker's own report) as a WorkerError with rank and traceback tail."""
     text = str(exc)
     m = _WORKER_RE.search(text)
     if m:
@@ -568,6 +568,7 @@ class SparkTrainer:
 
             thread = threading.Thread(target=run_stage, name=f"sparknet-barrier-{spec.fit_id}", daemon=True)
             history: list[dict] = []
+            errors: list[dict] = []
             seen: set[int] = set()
             ready_at = None
             thread.start()
@@ -587,7 +588,9 @@ class SparkTrainer:
                                                    "at once and every worker alive (see the executor logs)")
                         continue
                     last = now
-                    if msg.get("event") == "ready":
+                    if msg.get("event") == "error":
+                        errors.append(msg)
+                    elif msg.get("event") == "ready":
                         ready_at = now
                     elif msg.get("event") == "round" and msg.get("round") not in seen:
                         msg["wall_s"] = now - t_fit
@@ -596,10 +599,12 @@ class SparkTrainer:
                         self._emit(msg)
                 thread.join(timeout=60)
                 while True:  # records that raced the end of the stage
-                    msg = receiver.recv(0.0)
+                    msg = receiver.recv(0.5 if "error" in outcome else 0.0)
                     if msg is None:
                         break
-                    if msg.get("event") == "round" and msg.get("round") not in seen:
+                    if msg.get("event") == "error":
+                        errors.append(msg)
+                    elif msg.get("event") == "round" and msg.get("round") not in seen:
                         msg["wall_s"] = time.perf_counter() - t_fit
                         seen.add(msg["round"])
                         history.append(msg)
@@ -611,7 +616,10 @@ class SparkTrainer:
         finally:
             receiver.close()
         if "error" in outcome:
-            raise _task_error(outcome["error"]) from outcome["error"]
+            # the rank that failed first on its own, not a peer whose collective broke because of it
+            first = sorted(errors, key=lambda e: (bool(e.get("collective")), e.get("time", 0.0)))
+            cause = _task_error(first[0]["text"]) if first else _task_error(outcome["error"])
+            raise cause from outcome["error"]
         rows = outcome.get("rows") or []
         results = [row for row in rows if row[0] == "result"]
         if not results:
