@@ -213,7 +213,7 @@ class SparkTrainer:
             raise ValueError(f"max_steps must be at least 1, got {max_steps}")
         if device not in ("cpu", "cuda", "auto") and not str(device).startswith("cuda:"):
             raise ValueError(f"device must be cpu, cuda or auto, got {device!r}")
-        self.strategy = strategy if strategy is not None else make_strategy(self.dist.strategy)
+        self.strategy = strategy if strategy is not None else make_strategy(self.dist.strategy, **self.dist.strategy_options())
         if self.strategy.needs_gradient_hook and self.dist.engine is Engine.ROUNDS:
             raise ValueError(f"strategy {self.strategy!r} exchanges gradients every step and needs engine 'barrier'")
         if self.strategy.needs_gradient_hook and self.dist.round_seconds is not None:
