@@ -213,7 +213,13 @@ class SparkTrainer:
             raise ValueError(f"max_steps must be at least 1, got {max_steps}")
         if device not in ("cpu", "cuda", "auto") and not str(device).startswith("cuda:"):
             raise ValueError(f"device must be cpu, cuda or auto, got {device!r}")
-        self.strategy = strategy if strategy is not None else make_strategy(self.dist.strategy, **self.dist.strategy_options())
+        if self.dist.compression != "none" or self.dist.auto_tau:
+            # Both exist in the strategy layer (sparknet.strategies, sparknet.simulate) but the Spark engines do
+            # not carry them yet: refuse rather than silently ignore them.
+            raise ValueError("compression and auto_tau are not supported by the Spark engines yet; use "
+                             "sparknet.simulate to study them, or train with --compression none and a fixed --tau")
+        self.strategy = strategy if strategy is not None else make_strategy(self.dist.strategy,
+                                                                            **self.dist.strategy_options())
         if self.strategy.needs_gradient_hook and self.dist.engine is Engine.ROUNDS:
             raise ValueError(f"strategy {self.strategy!r} exchanges gradients every step and needs engine 'barrier'")
         if self.strategy.needs_gradient_hook and self.dist.round_seconds is not None:
