@@ -291,7 +291,12 @@ def is_rdd(obj) -> bool:
 
 def chunk_rdd(data, *, features_col: str = "features", label_col: str = "label", image_shape=None,
               expected_len: int | None = None, num_partitions: int | None = None):
-    """An RDD of chunks with ``num_partitions`` partitions (kept as they are when already so).
+    """An RDD of chunks with ``num_partitions`` partitions.
+
+    Partitions are kept as they are when there are already ``num_partitions`` of them and the
+    DataFrame does not read files. A DataFrame read from files is always dealt out again
+    (one shuffle, once per fit): files are split by byte ranges, and a small, well-compressed
+    Parquet file can leave a partition without any row group — an idle worker all run long.
 
     Checks the schema (no Spark job runs); row-level problems are counted in the chunks.
 
@@ -306,7 +311,7 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str = "label",
         if kind == "binary":
             expected_len = image_numel
         df = data.select(feat.alias("f"), label.alias("y"))
-        if num_partitions is not None and df.rdd.getNumPartitions() != num_partitions:
+        if num_partitions is not None and (df.rdd.getNumPartitions() != num_partitions or data.inputFiles()):
             df = df.repartition(num_partitions)
         out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel),
                             "x binary, y binary, width long, info string")
