@@ -180,7 +180,7 @@ def _median(values) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _async(system: str, config: Config, train, test, *, spark, **_) -> dict:
+def _async(system: str, config: Config, train, test, *, spark, df, **_) -> dict:
     from sparknet.net import Net
     from sparknet.ps import AsyncSession, DeltaCombiner
 
@@ -195,7 +195,8 @@ def _async(system: str, config: Config, train, test, *, spark, **_) -> dict:
         steps = (curve[-1]["steps"] if curve else 0) + int(record.get("steps_per_worker", 0))
         curve.append({"steps": steps, "accuracy": record.get("test_accuracy"), "wall_s": time.perf_counter() - t0})
 
-    metrics = session.run(data=(train.x, train.y), batch_size=config.batch_size,
+    # The DataFrame, not local arrays: shipping 50,000 images from the driver would fill its JVM heap.
+    metrics = session.run(data=df, batch_size=config.batch_size,
                           sync_interval=config.async_sync_interval, epochs=math.ceil(config.max_steps / per_worker),
                           num_workers=config.workers, max_steps=config.max_steps, validation_data=(test.x, test.y),
                           target_accuracy=config.target, on_epoch=on_epoch)
