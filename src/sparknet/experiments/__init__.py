@@ -35,7 +35,7 @@ from typing import Any
 
 __all__ = ["EXPERIMENTS", "DEFAULT_OUT", "get_experiment", "make_config", "run_experiment", "write_result",
            "load_data", "make_model", "make_solver", "median_step_time", "parallel_map", "environment",
-           "first_reaching", "pyplot", "warm_up_spark", "training_frame"]
+           "first_reaching", "pyplot", "warm_up_spark", "training_frame", "stop_session"]
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +305,14 @@ def warm_up_spark(spark, df, *, workers: int, batch_size: int, engine: str = "ro
     seconds = time.perf_counter() - t0
     log.info("Spark warm-up fit (%s engine, one step): %.1f s", engine, seconds)
     return seconds
+
+
+def stop_session(spark) -> None:
+    """Stop a session this experiment started; a session whose JVM already died must not hide the results."""
+    try:
+        spark.stop()
+    except Exception as exc:  # the results gathered so far are still written
+        log.warning("stopping the Spark session failed: %s: %s", type(exc).__name__, exc)
 
 
 def pyplot():

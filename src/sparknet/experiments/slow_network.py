@@ -38,6 +38,7 @@ from pathlib import Path
 
 from sparknet.experiments import (first_reaching, load_data, make_model, make_solver, median_step_time, pyplot,
                                   training_frame, warm_up_spark)
+from sparknet.experiments import stop_session as _stop
 from sparknet.link import LinkModel
 from sparknet.strategies import TrainingStrategy, make_strategy
 
@@ -283,7 +284,7 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
                                  "traceback_tail": traceback.format_exc()[-2000:], "wall_s": time.perf_counter() - t0})
     finally:
         if own and spark is not None:
-            spark.stop()
+            _stop(spark)
     _project(runs)
     summary = {f"{r['scheme']} @ {r['link']['label']}": (round(r["train_time_to_target_s"], 1) if r.get("reached") else
                                                          f"~{r['projected_train_time_to_target_s']:.0f} projected"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparknet.experiments import load_data, make_model, pyplot, training_frame, warm_up_spark
+from sparknet.experiments import stop_session as _stop
 
 __all__ = ["Config", "QUICK", "run", "plot"]
 
@@ -141,7 +142,7 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
                              "traceback_tail": traceback.format_exc()[-2000:], "wall_s": time.perf_counter() - t0})
     finally:
         if own and spark is not None:
-            spark.stop()
+            _stop(spark)
     summary = {str(r["tau"]): ({"final_accuracy": r["final_accuracy"], "wall_s": round(r["wall_s"], 1)}
                                if r.get("ok") else "failed") for r in runs}
     return {"workers": config.workers, "engine": config.engine, "strategy": config.strategy,

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparknet.experiments import first_reaching, load_data, make_model, pyplot, training_frame, warm_up_spark
+from sparknet.experiments import stop_session as _stop
 
 __all__ = ["Config", "QUICK", "SYSTEMS", "run", "plot", "ddp_train"]
 
@@ -332,7 +333,7 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
             entries.append(entry)
     finally:
         if own_session and spark is not None:
-            spark.stop()
+            _stop(spark)
     base = next((e for e in entries if e["system"] == "one-process" and e.get("reached")), None)
     for e in entries:
         e["speedup_vs_one_process"] = (base["time_to_target_s"] / e["time_to_target_s"]
