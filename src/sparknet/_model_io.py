@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sparknet.layers import NetParams
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.weights import WeightCollection
@@ -126,16 +127,12 @@ class SavedModel:
 
 # -- what a net is ---------------------------------------------------------------------------
 def _is_netparams(obj) -> bool:
-    return hasattr(obj, "build") and hasattr(obj, "to_dict") and hasattr(obj, "layers")
+    return isinstance(obj, NetParams)
 
 
 def input_shape_of(net_params) -> tuple[int, ...] | None:
     """The per-sample shape of a layer-DSL net's first input (its batch dimension dropped)."""
-    for layer in getattr(net_params, "layers", ()):
-        shape = getattr(layer, "shape", None)
-        if shape:
-            return tuple(int(d) for d in list(shape)[1:])
-    return None
+    return getattr(net_params, "sample_shape", None)
 
 
 def _netparams_from_dict(d: dict):

@@ -1660,6 +1660,12 @@ class NetParams:
         """The input layers, in order."""
         return [layer for layer in self._layers if isinstance(layer, RDDLayer)]
 
+    @property
+    def sample_shape(self) -> tuple[int, ...] | None:
+        """One sample's shape at the first input (its batch dimension dropped), or None without inputs."""
+        inputs = self.inputs
+        return tuple(int(d) for d in inputs[0].shape[1:]) if inputs else None
+
     def infer_shapes(self) -> dict[str, Shape]:
         """Blob name to shape (batch dimension first), computed with Caffe's rules.
 

@@ -18,21 +18,25 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["MetricsLogger", "read_metrics"]
+__all__ = ["MetricsLogger", "read_metrics", "json_safe"]
 
 log = logging.getLogger(__name__)
 
 
-def _clean(value):
-    """JSON-safe values: NaN and infinity become None, numpy scalars become Python numbers."""
+def json_safe(value):
+    """JSON-safe values: NaN and infinity become None, numpy and torch scalars become Python
+    numbers (other arrays their text), sparknet's enums their values."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if hasattr(value, "item") and callable(value.item):
-        return _clean(value.item())
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
+        try:
+            return json_safe(value.item())
+        except (TypeError, ValueError):  # an array of several elements
+            return str(value)
     if hasattr(value, "value") and type(value).__module__.startswith("sparknet"):
         return value.value  # enums
     return value
@@ -74,7 +78,7 @@ class MetricsLogger:
 
     def write(self, record: dict) -> None:
         """Record one event (written and flushed at once)."""
-        record = _clean(record)
+        record = json_safe(record)
         self.records.append(record)
         if self._file is not None:
             self._file.write(json.dumps(record) + "\n")

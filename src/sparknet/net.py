@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sparknet.layers import NetParams
 from sparknet.solvers import SolverConfig, build_optimizer, lr_multiplier
 from sparknet.weights import WeightCollection
 
@@ -112,10 +113,6 @@ class _GraphAdapter:
 
     def layer_weights(self) -> OrderedDict:
         return self.module.layer_weights()
-
-
-def _is_netparams(obj) -> bool:
-    return type(obj).__name__ == "NetParams" and hasattr(obj, "build")
 
 
 def _is_graph_module(obj) -> bool:
@@ -215,14 +212,11 @@ class Net:
         self.seed = seed
         label_ndim = 0
         self._input_shape: tuple[int, ...] | None = None
-        if _is_netparams(net):
-            default_batch = _first_input_batch(net)
-            self._input_shape = _first_input_sample_shape(net)
+        if isinstance(net, NetParams):
+            default_batch = net.inputs[0].shape[0] if net.inputs else None
+            self._input_shape = net.sample_shape
             label_ndim = _label_sample_ndim(net)
-            if seed is not None:
-                module = net.build(seed=seed)
-            else:
-                module = net.build()
+            module = net.build(seed=seed) if seed is not None else net.build()
             self.net_params = net
         else:
             self.net_params = None
@@ -473,27 +467,11 @@ class Net:
                 f"batch_size={self.batch_size}, device={self.device}, params={self._live.numel:,})")
 
 
-def _first_input_batch(net_params) -> int | None:
-    for layer in net_params.layers:
-        shape = getattr(layer, "shape", None)
-        if shape:
-            return int(shape[0])
-    return None
-
-
-def _first_input_sample_shape(net_params) -> tuple[int, ...] | None:
-    for layer in net_params.layers:
-        shape = getattr(layer, "shape", None)
-        if shape:
-            return tuple(int(d) for d in shape[1:])
-    return None
-
-
 def _label_sample_ndim(net_params) -> int:
     """Rank of one label sample (0 for class labels, 1 for sequences), from the DSL inputs."""
     if net_params is None:
         return 0
-    inputs = [layer for layer in net_params.layers if getattr(layer, "shape", None)]
+    inputs = net_params.inputs
     if len(inputs) < 2:
         return 0
     shape = list(inputs[1].shape)

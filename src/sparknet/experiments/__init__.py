@@ -23,7 +23,6 @@ import datetime as _dt
 import importlib
 import json
 import logging
-import math
 import os
 import platform
 import statistics
@@ -32,6 +31,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from sparknet.metrics import json_safe
 
 __all__ = ["EXPERIMENTS", "DEFAULT_OUT", "get_experiment", "make_config", "run_experiment", "write_result",
            "load_data", "make_model", "make_solver", "median_step_time", "parallel_map", "environment",
@@ -128,27 +129,12 @@ def config_dict(config) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(config), default=str))
 
 
-def _clean(value):
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
-        try:
-            return _clean(value.item())
-        except (TypeError, ValueError):
-            return str(value)
-    return value
-
-
 def write_result(result: dict, path: str | os.PathLike) -> Path:
     """Write ``result`` as JSON (NaN and infinity as ``null``), atomically."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(_clean(result), indent=1, default=str) + "\n")
+    tmp.write_text(json.dumps(json_safe(result), indent=1, default=str) + "\n")
     os.replace(tmp, path)
     return path
 
@@ -283,11 +269,9 @@ def parallel_map(fn: Callable[[dict], dict], jobs: list[dict], *, processes: int
 
 def training_frame(spark, dataset: str, train):
     """``train`` as a Spark DataFrame read from Parquet (written once, cached beside the data set)."""
-    from sparknet.datasets import cache_root
-    from sparknet.spark.run import dataset_as_parquet
+    from sparknet.spark.run import cached_training_frame
 
-    path = Path(cache_root()) / "parquet" / f"{dataset.lower()}-train-{len(train)}.parquet"
-    return spark.read.parquet(str(dataset_as_parquet(train, path)))
+    return cached_training_frame(spark, dataset, train)
 
 
 def warm_up_spark(spark, df, *, workers: int, batch_size: int, engine: str = "rounds") -> float:

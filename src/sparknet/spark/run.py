@@ -17,7 +17,7 @@ import numpy as np
 from sparknet.config import DistributedConfig, RunConfig
 from sparknet.metrics import MetricsLogger
 
-__all__ = ["train_distributed", "dataset_as_parquet"]
+__all__ = ["train_distributed", "dataset_as_parquet", "cached_training_frame"]
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +41,18 @@ def dataset_as_parquet(dataset, path: Path) -> Path:
     return path
 
 
+def cached_training_frame(spark, dataset: str, train):
+    """``train`` of data set ``dataset`` as a DataFrame read from Parquet written once beside the cache."""
+    from sparknet.datasets import cache_root
+
+    path = Path(cache_root()) / "parquet" / f"{dataset.lower()}-train-{len(train)}.parquet"
+    return spark.read.parquet(str(dataset_as_parquet(train, path)))
+
+
 def _training_frame(spark, run: RunConfig, train):
     if run.data is not None:
         return spark.read.parquet(run.data)
-    from sparknet.datasets import cache_root
-
-    path = Path(cache_root()) / "parquet" / f"{run.dataset.lower()}-train-{len(train)}.parquet"
-    return spark.read.parquet(str(dataset_as_parquet(train, path)))
+    return cached_training_frame(spark, run.dataset, train)
 
 
 def train_distributed(run: RunConfig, dist: DistributedConfig, *, extra_summary: dict | None = None) -> dict:

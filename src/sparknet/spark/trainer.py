@@ -107,11 +107,7 @@ class TrainResult:
 def _input_shape(net) -> tuple[int, ...] | None:
     """Sample shape of a NetParams net (first input layer's shape without the batch axis)."""
     params = net if hasattr(net, "layers") and hasattr(net, "build") else getattr(net, "net_params", None)
-    for layer in getattr(params, "layers", None) or ():
-        shape = getattr(layer, "shape", None)
-        if shape:
-            return tuple(int(d) for d in shape[1:])
-    return None
+    return getattr(params, "sample_shape", None)
 
 
 @contextmanager
