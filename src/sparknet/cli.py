@@ -143,13 +143,11 @@ def _run_train(args: argparse.Namespace) -> int:
         summary = mod.train_with(run, dist, _from_args(extra, args))
         if summary is not None:
             break
-    if summary is not None:
-        pass
-    elif dist.workers == 1 and args.engine == Engine.ROUNDS.value and args.master is None:
+    if summary is None and dist.workers == 1 and args.engine == Engine.ROUNDS.value and args.master is None:
         from sparknet.train import train_local
 
         summary = train_local(run)
-    else:
+    elif summary is None:
         from sparknet.spark.run import train_distributed
 
         summary = train_distributed(run, dist)

@@ -17,7 +17,7 @@ import random
 import numpy as np
 import torch
 
-from sparknet.config import RunConfig
+from sparknet.config import RunConfig, TrainConfig
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
 
@@ -109,12 +109,11 @@ def train_local(run: RunConfig) -> dict:
     net.set_validation_data(test)
     log.info("training %s on %s: %d samples, %d steps of %d, %d threads", run.model, run.dataset,
              len(train), run.steps, run.batch_size, threads)
-    config = {"run": _plain_config(run)}
+    config = {"run": TrainConfig(run=run).to_dict()["run"]}
     sinks = run_sinks(run, config)
     failed = True
     try:
-        summary = _train_loop(run, net, metrics_args=(run.metrics_out, not run.quiet, run.steps, sinks), info=info,
-                              threads=threads)
+        summary = _train_loop(run, net, sinks=sinks, info=info, threads=threads)
         failed = False
     finally:
         finish_run(run, sinks, failed=failed, net_params=net_params, weights=net.get_weights(), solver=run.solver(),
@@ -122,18 +121,11 @@ def train_local(run: RunConfig) -> dict:
     return summary
 
 
-def _plain_config(run: RunConfig) -> dict:
-    from dataclasses import asdict
-
-    return {k: getattr(v, "value", v) for k, v in asdict(run).items()}
-
-
-def _train_loop(run: RunConfig, net: Net, *, metrics_args, info: dict, threads: int) -> dict:
-    path, progress, total, sinks = metrics_args
+def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: int) -> dict:
     samples = 0
     train_s = 0.0
     last_eval = None
-    with MetricsLogger(path, progress=progress, total=total, sinks=sinks) as metrics:
+    with MetricsLogger(run.metrics_out, progress=not run.quiet, total=run.steps, sinks=sinks) as metrics:
         done = 0
         while done < run.steps:
             chunk = min(run.eval_every, run.steps - done)
