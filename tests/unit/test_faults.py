@@ -26,7 +26,7 @@ def test_parse_one_and_several():
     ("rank=one,round=1,kind=kill", "whole numbers"),
     ("rank=1,round=1,kind=kill,when=now", "not one of"),
     ("rank=1,rank=2,round=1,kind=kill", "given twice"),
-    ("rank=1 round=1 kind=kill", "whole numbers"),
+    ("rank=1 round=1 kind=kill", "missing round, kind"),
 ])
 def test_bad_specs_say_what_is_wrong(text, match):
     with pytest.raises(ValueError, match=match):
