@@ -151,6 +151,14 @@ class DistributedConfig:
     """DiLoCo's outer Nesterov momentum."""
     easgd_beta: float = 0.9
     """EASGD's moving rate times the number of workers (alpha = beta / K)."""
+    checkpoint_dir: str | None = None
+    """Write checkpoints to this folder or filesystem URI (weights, solver, strategy and RNG state, data position)."""
+    checkpoint_every: int = 10
+    """Rounds between checkpoints (one is also written at the end)."""
+    checkpoint_keep: int = 3
+    """How many of the newest checkpoints to keep."""
+    resume: bool = False
+    """Continue from the newest checkpoint in --checkpoint-dir (a fresh start when it holds none)."""
 
     def __post_init__(self):
         self.engine = parse_enum(Engine, self.engine, "engine")
@@ -178,6 +186,12 @@ class DistributedConfig:
             raise ValueError(f"target_accuracy is a fraction in (0, 1], got {self.target_accuracy}")
         if self.eval_every_rounds < 1:
             raise ValueError(f"eval_every_rounds must be at least 1, got {self.eval_every_rounds}")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be at least 1 round, got {self.checkpoint_every}")
+        if self.checkpoint_keep < 1:
+            raise ValueError(f"checkpoint_keep must be at least 1, got {self.checkpoint_keep}")
+        if self.resume and not self.checkpoint_dir:
+            raise ValueError("resume needs --checkpoint-dir: the folder whose newest checkpoint to continue from")
         if self.strategy is Strategy.SYNC and self.engine is Engine.ROUNDS and self.workers > 1:
             raise ValueError("the sync strategy allreduces gradients every step and needs --engine barrier")
 

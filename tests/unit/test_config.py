@@ -48,3 +48,18 @@ def test_help_texts_are_the_field_docstrings():
     docs = field_docs(DistributedConfig)
     assert "Local steps per round" in docs["tau"]
     assert "rounds or barrier" in docs["engine"]
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"checkpoint_every": 0}, "checkpoint_every"), ({"checkpoint_keep": 0}, "checkpoint_keep"),
+    ({"resume": True}, "resume needs --checkpoint-dir"),
+])
+def test_checkpoint_settings_are_checked(bad, match):
+    with pytest.raises(ValueError, match=match):
+        DistributedConfig(**bad)
+
+
+def test_checkpoint_flags_come_from_the_config():
+    args = build_parser().parse_args(["train", "--checkpoint-dir", "ckpts", "--resume", "--checkpoint-every", "5"])
+    assert args.checkpoint_dir == "ckpts" and args.resume is True and args.checkpoint_every == 5
+    assert args.checkpoint_keep == 3

@@ -5,6 +5,12 @@ tasks in their closure. Rank 0 PUSHes JSON records as two frames ``[body, mac]``
 ``mac = HMAC-SHA256(secret, body)``. The driver checks the MAC before it parses anything and
 drops what does not verify; bodies are JSON, never pickles, so a stranger who reaches the
 port can neither run code on the driver nor inject records.
+
+A record may carry one binary payload (three frames ``[body, payload, mac]``, the MAC over
+both): the barrier engine sends the global weights and strategy state this way every round,
+and each rank its solver state on checkpoint rounds, so the driver can restart a failed stage
+and write checkpoints. Payloads are :func:`encode_tree` bytes: a JSON skeleton plus one
+safetensors buffer, read back by :func:`decode_tree` without unpickling anything.
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ import json
 import logging
 import secrets
 
-__all__ = ["MetricsReceiver", "MetricsSender", "new_secret"]
+import numpy as np
+import torch
+
+__all__ = ["MetricsReceiver", "MetricsSender", "new_secret", "encode_tree", "decode_tree"]
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +34,72 @@ def new_secret() -> bytes:
     return secrets.token_bytes(32)
 
 
-def _mac(secret: bytes, body: bytes) -> bytes:
-    return hmac.new(secret, body, hashlib.sha256).digest()
+def _mac(secret: bytes, body: bytes, payload: bytes | None = None) -> bytes:
+    m = hmac.new(secret, body, hashlib.sha256)
+    if payload is not None:  # the body's length first, so no split of the bytes verifies twice
+        m = hmac.new(secret, len(body).to_bytes(8, "little") + body + payload, hashlib.sha256)
+    return m.digest()
+
+
+def encode_tree(obj) -> bytes:
+    """Dicts, lists, numbers, strings and tensors (or arrays) as bytes: no pickle.
+
+    The layout is an 8-byte length, a JSON skeleton in which every tensor is ``{"__t": key}``
+    and every dict with non-string keys ``{"__d": [[key, value], ...]}``, then one safetensors
+    buffer with the tensors.
+    """
+    from safetensors.torch import save
+
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(v):
+        if isinstance(v, np.ndarray):
+            v = torch.from_numpy(np.ascontiguousarray(v))
+        if isinstance(v, torch.Tensor):
+            key = str(len(tensors))
+            tensors[key] = v.detach().cpu().contiguous().clone()
+            return {"__t": key}
+        if isinstance(v, dict):
+            if all(isinstance(k, str) for k in v) and "__t" not in v and "__d" not in v:
+                return {k: walk(x) for k, x in v.items()}
+            return {"__d": [[walk(k), walk(x)] for k, x in v.items()]}
+        if isinstance(v, (list, tuple)):
+            return [walk(x) for x in v]
+        if isinstance(v, (np.integer, np.floating, np.bool_)):
+            return v.item()
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        raise TypeError(f"cannot encode a {type(v).__name__}; only tensors, arrays, numbers, strings, lists "
+                        "and dicts")
+
+    skeleton = json.dumps(walk(obj)).encode("utf-8")
+    return len(skeleton).to_bytes(8, "little") + skeleton + save(tensors)
+
+
+def decode_tree(data: bytes):
+    """What :func:`encode_tree` wrote (lists come back as lists, tensors as CPU tensors)."""
+    from safetensors.torch import load
+
+    n = int.from_bytes(data[:8], "little")
+    skeleton = json.loads(data[8:8 + n].decode("utf-8"))
+    tensors = load(bytes(data[8 + n:]))
+
+    def walk(v):
+        if isinstance(v, dict):
+            if set(v) == {"__t"}:
+                return tensors[v["__t"]]
+            if set(v) == {"__d"}:
+                return {_key(walk(k)): walk(x) for k, x in v["__d"]}
+            return {k: walk(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [walk(x) for x in v]
+        return v
+
+    return walk(skeleton)
+
+
+def _key(k):
+    return tuple(k) if isinstance(k, list) else k
 
 
 class MetricsReceiver:
@@ -56,12 +129,16 @@ class MetricsReceiver:
         self.rejected = 0
 
     def recv(self, timeout_s: float) -> dict | None:
-        """The next verified record, or ``None`` when none arrives within ``timeout_s``."""
+        """The next verified record, or ``None`` when none arrives within ``timeout_s``.
+
+        A record sent with a payload holds it as bytes under ``"payload"``.
+        """
         zmq = self._zmq
         if not self._sock.poll(int(timeout_s * 1000), zmq.POLLIN):
             return None
         frames = self._sock.recv_multipart(zmq.NOBLOCK)
-        if len(frames) != 2 or not hmac.compare_digest(_mac(self._secret, frames[0]), frames[1]):
+        payload = frames[1] if len(frames) == 3 else None
+        if len(frames) not in (2, 3) or not hmac.compare_digest(_mac(self._secret, frames[0], payload), frames[-1]):
             self.rejected += 1
             log.warning("dropped a metrics message that failed authentication (%d so far)", self.rejected)
             return None
@@ -70,7 +147,11 @@ class MetricsReceiver:
         except (UnicodeDecodeError, json.JSONDecodeError):
             self.rejected += 1
             return None
-        return record if isinstance(record, dict) else None
+        if not isinstance(record, dict):
+            return None
+        if payload is not None:
+            record["payload"] = payload
+        return record
 
     def close(self) -> None:
         self._sock.close(linger=0)
@@ -99,10 +180,12 @@ class MetricsSender:
         self._secret = secret
         self.dropped = 0
 
-    def send(self, record: dict) -> bool:
+    def send(self, record: dict, payload: bytes | None = None) -> bool:
+        """Push one record (and an optional binary payload); ``False`` when it could not be sent in time."""
         body = json.dumps(record, default=_jsonable).encode("utf-8")
+        frames = [body, _mac(self._secret, body)] if payload is None else [body, payload, _mac(self._secret, body, payload)]
         try:
-            self._sock.send_multipart([body, _mac(self._secret, body)])
+            self._sock.send_multipart(frames)
             return True
         except self._zmq.Again:
             self.dropped += 1
