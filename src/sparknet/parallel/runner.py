@@ -1,0 +1,334 @@
+"""One rank's whole run in the D x M layout: build the split net, train rounds, gather the weights.
+
+:func:`run_rank` is what every task of a model-parallel Spark barrier stage runs (see
+:mod:`sparknet.spark._model_parallel`), and what plain processes run too: it needs only an
+initialized default process group (gloo) and this rank's rows. It never imports pyspark.
+
+    job = ModelParallelJob(net=zoo.mlp(), solver=SolverConfig(base_lr=0.01), model_parallel=2, tau=20, rounds=5)
+    result = run_rank(job, x, y, validation=(vx, vy))     # on every rank of the default group
+    result["weights"]                                      # rank 0: the whole model's flat weights (bytes)
+
+:func:`default_plan` says which layers split when neither the DSL (``parallel=``) nor the
+caller does: consecutive Linear layers in column/row pairs whose split stays split between
+them (no collective inside the pair).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from sparknet.config import Strategy
+from sparknet.parallel.mesh import ParallelLayout, dp_round, init_layout, replica_seed, share_data_over_mp
+from sparknet.solvers import SolverConfig
+
+__all__ = ["ModelParallelJob", "run_rank", "weights_from_result", "default_plan", "effective_plan", "num_classes_of"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelParallelJob:
+    """Everything a rank needs to train its part of a D x M layout (plain, picklable values)."""
+
+    net: Any
+    """The :class:`~sparknet.layers.NetParams` to split."""
+    solver: SolverConfig = field(default_factory=SolverConfig)
+    """Every replica's update rule."""
+    model_parallel: int = 2
+    """``M``: ranks each replica is split across."""
+    strategy: str = "average"
+    """How the D replicas combine each round (average, diloco, easgd)."""
+    strategy_options: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of :func:`sparknet.strategies.make_strategy`."""
+    tau: int = 50
+    """Local steps per round."""
+    rounds: int | None = None
+    """Stop after this many rounds."""
+    max_steps: int | None = None
+    """Stop after this many local steps per replica."""
+    target_accuracy: float | None = None
+    """Stop as soon as validation accuracy reaches this."""
+    batch_size: int = 64
+    """Minibatch size of each replica."""
+    seed: int = 0
+    """Seeds the split weights and each replica's data order."""
+    threads: int = 1
+    """Torch threads per rank."""
+    plan: Mapping[str, str | None] | None = None
+    """Which layers split (layer name to column, row or None); ``None``: :func:`effective_plan`."""
+    max_weight_bytes: int | None = None
+    """Bytes of weights one rank may hold; over it, the build refuses before allocating."""
+    eval_every_rounds: int = 1
+    """Rounds between evaluations on the validation data (when given)."""
+    sample_shape: tuple[int, ...] | None = None
+    """Shape of one sample; flat feature rows are reshaped to it."""
+
+    def __post_init__(self):
+        if self.model_parallel < 1:
+            raise ValueError(f"model_parallel must be at least 1, got {self.model_parallel}")
+        if self.tau < 1:
+            raise ValueError(f"tau must be at least 1, got {self.tau}")
+        if self.rounds is None and self.max_steps is None and self.target_accuracy is None:
+            raise ValueError("give a stopping rule: rounds, max_steps or target_accuracy")
+        for name in ("rounds", "max_steps", "batch_size", "threads", "eval_every_rounds"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        key = Strategy(str(getattr(self.strategy, "value", self.strategy)).lower())
+        if key is Strategy.SYNC:
+            raise ValueError("the sync strategy allreduces whole gradients every step and does not know about "
+                             "split layers; use --strategy average, diloco or easgd with --model-parallel")
+        if key is Strategy.ASYNC:
+            raise ValueError("the async strategy (parameter server) does not split layers; use --strategy average, "
+                             "diloco or easgd with --model-parallel")
+        object.__setattr__(self, "strategy", key.value)
+
+
+# --------------------------------------------------------------------------- plans
+
+
+def _meta_module(net_params):
+    with torch.device("meta"):
+        return net_params.build(seed=0)
+
+
+def default_plan(net_params, model_parallel: int) -> dict[str, str]:
+    """Linear layers in column/row pairs: ``{first: "column", second: "row"}`` for each pair found.
+
+    Walks the Linear layers in order and pairs each with the next one when the first's
+    output, split column-wise, reaches the second through element-wise layers only (so
+    nothing is communicated inside the pair) and both sizes divide by ``M``. A Linear layer
+    that pairs with nothing stays whole. Built on the ``meta`` device: no memory is used.
+    """
+    from sparknet.errors import GraphError
+    from sparknet.layers import LinearLayer
+    from sparknet.parallel.tensor import resolve_plan
+
+    module = _meta_module(net_params)
+    linears = [layer.name for layer in net_params.layers if isinstance(layer, LinearLayer)]
+    off = {name: None for name in linears}  # the DSL's own parallel= fields play no part here
+    plan: dict[str, str] = {}
+    i = 0
+    while i + 1 < len(linears):
+        first, second = linears[i], linears[i + 1]
+        try:
+            resolved = resolve_plan(module, model_parallel, {**off, first: "column", second: "row"})
+        except GraphError:
+            i += 1
+            continue
+        if not resolved.gather[first] and resolved.row_input_dim[second] is not None:
+            plan.update({first: "column", second: "row"})
+            i += 2
+        else:
+            i += 1
+    return plan
+
+
+def effective_plan(net_params, model_parallel: int, plan: Mapping[str, str | None] | None = None) -> dict:
+    """The plan a run uses: ``plan`` when given, else the DSL's ``parallel=`` fields, else :func:`default_plan`.
+
+    Returns the resolved modes, layer name to ``"column"``/``"row"``.
+
+    Raises
+    ------
+    GraphError
+        A layer that cannot split as asked, or sizes that do not divide by ``M``.
+    ValueError
+        Nothing to split (say which layers with a plan).
+    """
+    from sparknet.parallel.tensor import resolve_plan
+
+    module = _meta_module(net_params)
+    declared = any(getattr(layer, "parallel", None) is not None for layer in net_params.layers)
+    chosen = plan if plan is not None else (None if declared else default_plan(net_params, model_parallel))
+    resolved = resolve_plan(module, model_parallel, chosen)
+    if not resolved.modes:
+        raise ValueError(f"nothing of the net {net_params.name!r} splits {model_parallel} ways: no pair of Linear "
+                         "layers whose sizes divide by the model-parallel degree; name the layers to split with "
+                         "--parallel-plan LAYER=column,LAYER=row")
+    return {name: mode.value for name, mode in resolved.modes.items()}
+
+
+def num_classes_of(net_params) -> int | None:
+    """Classes of the net's softmax loss (the size of its prediction's class axis), if it has one."""
+    from sparknet.layers import SoftmaxWithLoss
+
+    losses = [layer for layer in net_params.layers if isinstance(layer, SoftmaxWithLoss)]
+    if not losses:
+        return None
+    shapes = net_params.infer_shapes()
+    shape = shapes[losses[0].bottoms[0]]
+    axis = getattr(losses[0], "axis", 1)
+    return int(shape[axis if axis >= 0 else axis + len(shape)])
+
+
+# --------------------------------------------------------------------------- one rank's run
+
+
+def _evaluate(net, global_flat: torch.Tensor, val, layout: ParallelLayout, keep_local: bool) -> tuple[float, float]:
+    """Accuracy and loss of the global weights over every replica's share of ``val`` (equal on all ranks)."""
+    import torch.distributed as dist
+
+    local = net.get_flat() if keep_local else None
+    net.set_flat(global_flat)
+    x, y = val
+    x, y = x[layout.dp_rank::layout.data_parallel], y[layout.dp_rank::layout.data_parallel]
+    t = torch.zeros(3, dtype=torch.float64)
+    if len(x):  # the replica's M ranks run the split forward together on the same rows
+        res = net.evaluate((x, y))
+        t[:] = torch.tensor([res.accuracy * res.samples, float(res.samples), res.loss * res.samples])
+    if layout.data_parallel > 1:
+        dist.all_reduce(t, group=layout.dp_group)
+    if local is not None:
+        net.set_flat(local)
+    if t[1] <= 0:
+        return math.nan, math.nan
+    return float(t[0] / t[1]), float(t[2] / t[1])
+
+
+def _check_every_replica_has_data(has_data: bool, layout: ParallelLayout) -> None:
+    """Raise on every rank, together, when some replica has no rows (one tiny allreduce)."""
+    import torch.distributed as dist
+
+    t = torch.tensor([0.0 if has_data else 1.0])
+    dist.all_reduce(t)
+    if t.item() > 0:
+        raise ValueError(f"{int(t.item()) // layout.model_parallel} of {layout.data_parallel} model replicas have "
+                         "no training rows; give every group of --model-parallel consecutive partitions some data")
+
+
+def _stop_reason(job: ModelParallelJob, rounds_done: int, steps_done: int, accuracy: float | None) -> str | None:
+    if job.target_accuracy is not None and accuracy is not None and accuracy >= job.target_accuracy:
+        return "target_accuracy"
+    if job.rounds is not None and rounds_done >= job.rounds:
+        return "rounds"
+    if job.max_steps is not None and steps_done >= job.max_steps:
+        return "max_steps"
+    return None
+
+
+def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, validation=None, *,
+             on_round: Callable[[dict], None] | None = None) -> dict:
+    """Train this rank's part of the D x M layout; every rank of the default process group calls it.
+
+    Parameters
+    ----------
+    job : ModelParallelJob
+        The net, the solver, M, the strategy and the stopping rules.
+    x, y : ndarray or None
+        This rank's rows; a replica's M ranks pool theirs (:func:`share_data_over_mp`).
+    validation : (ndarray, ndarray), optional
+        The validation rows, the same on every rank; each replica evaluates its share.
+    on_round : callable, optional
+        Called on every rank with each round record.
+
+    Returns
+    -------
+    dict
+        ``rank``, ``dp_rank``, ``mp_rank``, ``weight_bytes`` (of the weights this rank held),
+        ``history`` (the round records) and, on rank 0 only, ``weights``: the whole model's
+        float32 weights as bytes in :meth:`WeightCollection.to_flat` order, and ``layers``:
+        ``[(name, [shape, ...]), ...]`` to rebuild the collection from them.
+    """
+    from sparknet.net import Net
+    from sparknet.parallel.tensor import build_parallel, gather_full_weights, local_weight_bytes
+    from sparknet.strategies import WorkerState, make_strategy
+
+    t0 = time.perf_counter()
+    torch.set_num_threads(job.threads)
+    layout = init_layout(job.model_parallel)
+    x, y = share_data_over_mp(x, y, layout)
+    has_data = x is not None and len(x) > 0
+    _check_every_replica_has_data(has_data, layout)
+    plan = job.plan if job.plan is not None else effective_plan(job.net, job.model_parallel)
+    module = build_parallel(job.net, layout, plan, seed=job.seed, max_weight_bytes=job.max_weight_bytes)
+    seed = replica_seed(layout, job.seed)
+    torch.manual_seed(seed)  # the same dropout masks on the replica's ranks
+    net = Net(module, job.solver, batch_size=job.batch_size, seed=seed)
+    net.set_training_data((x.reshape(len(x), *job.sample_shape) if job.sample_shape else x, y))
+    options = dict(job.strategy_options)
+    if job.strategy == Strategy.EASGD.value:
+        options["num_workers"] = layout.data_parallel
+    strategy, state = make_strategy(job.strategy, **options), WorkerState()
+    global_flat = strategy.init_global(net.get_flat())
+    history: list[dict] = []
+    steps_done = samples_done = 0
+    total_bytes = 0
+    r = 0
+    setup_s = time.perf_counter() - t0
+    while True:
+        steps = job.tau if job.max_steps is None else min(job.tau, job.max_steps - steps_done)
+        t_round = time.perf_counter()
+        res = dp_round(strategy, state, net, global_flat, layout, steps)
+        global_flat = res.global_flat
+        round_s = time.perf_counter() - t_round
+        r += 1
+        steps_done += res.steps
+        samples_done += res.samples
+        nbytes = 2 * (layout.data_parallel - 1) * res.nbytes if layout.data_parallel > 1 else 0
+        total_bytes += nbytes
+        accuracy = val_loss = None
+        t_eval = time.perf_counter()
+        if validation is not None and r % job.eval_every_rounds == 0:
+            accuracy, val_loss = _evaluate(net, global_flat, validation, layout, strategy.keeps_local_weights)
+        reason = _stop_reason(job, r, steps_done, accuracy)
+        if reason is not None and validation is not None and accuracy is None:
+            accuracy, val_loss = _evaluate(net, global_flat, validation, layout, strategy.keeps_local_weights)
+        if res.steps == 0 and reason is None:
+            raise RuntimeError("a round made no step; check tau, max_steps and the data")
+        record = {"event": "round", "round": r, "steps": res.steps, "total_steps": steps_done,
+                  "samples": res.samples, "total_samples": samples_done, "loss": res.loss,
+                  "round_s": round_s, "compute_s": res.compute_s, "allreduce_s": res.sync_s,
+                  "comm_s": max(round_s - res.compute_s, 0.0), "bytes": nbytes, "total_bytes": total_bytes,
+                  "tau": job.tau, "workers": layout.world_size, "data_parallel": layout.data_parallel,
+                  "model_parallel": layout.model_parallel, "engine": "barrier", "strategy": job.strategy,
+                  "wall_s": time.perf_counter() - t0}
+        if accuracy is not None:
+            record.update(val_accuracy=accuracy, val_loss=val_loss, eval_s=time.perf_counter() - t_eval)
+        if reason is not None:
+            record["stop_reason"] = reason
+        history.append(record)
+        if on_round is not None:
+            on_round(record)
+        if reason is not None:
+            break
+    if strategy.keeps_local_weights:
+        net.set_flat(global_flat)
+    out: dict = {"rank": layout.rank, "dp_rank": layout.dp_rank, "mp_rank": layout.mp_rank,
+                 "weight_bytes": local_weight_bytes(net), "setup_s": setup_s, "plan": dict(plan),
+                 "history": history if layout.rank == 0 else []}
+    if layout.dp_rank == 0:  # every replica holds the same global weights; replica 0 gathers its shards
+        whole = gather_full_weights(net)  # a collective over replica 0's model-parallel group
+        if layout.rank == 0:
+            out["weights"] = whole.to_flat(torch.float32).numpy().tobytes()
+            out["layers"] = [(name, [tuple(t.shape) for t in tensors]) for name, tensors in whole.items()]
+    return out
+
+
+def weights_from_result(result: Mapping[str, Any]):
+    """The :class:`~sparknet.weights.WeightCollection` of rank 0's :func:`run_rank` result."""
+    from collections import OrderedDict
+
+    from sparknet.weights import WeightCollection
+
+    flat = torch.from_numpy(np.frombuffer(result["weights"], dtype=np.float32).copy())
+    layers: OrderedDict[str, list[torch.Tensor]] = OrderedDict()
+    offset = 0
+    for name, shapes in result["layers"]:
+        tensors = []
+        for shape in shapes:
+            n = math.prod(shape)
+            tensors.append(flat[offset:offset + n].reshape(shape).clone())
+            offset += n
+        layers[name] = tensors
+    if offset != flat.numel():
+        raise ValueError(f"the gathered weights hold {flat.numel()} values but the layers describe {offset}")
+    return WeightCollection(layers)

@@ -1,0 +1,108 @@
+"""Executor side of model-parallel training: one barrier stage of W = D x M tasks.
+
+Every task of the stage runs :func:`model_parallel_task`:
+
+1. reads its partition's chunks (one partition per task);
+2. rendezvous: rank 0 opens a ``TCPStore`` on a port the OS picks, ``BarrierTaskContext.allGather``
+   shares ``host:port``, every rank joins a gloo process group whose collectives time out;
+3. :func:`sparknet.parallel.runner.run_rank`: the layout, the split net, the rounds over the
+   data-parallel groups, the whole weights gathered to rank 0;
+4. yields ``("rank", result)`` rows; the process group is destroyed in ``finally``.
+
+The driver side is :mod:`sparknet.parallel.spark`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import traceback
+from datetime import timedelta
+
+__all__ = ["model_parallel_task"]
+
+log = logging.getLogger(__name__)
+
+
+def _loopback_ifname() -> str | None:
+    try:
+        for _, name in socket.if_nameindex():
+            if name in ("lo", "lo0"):
+                return name
+    except OSError:  # pragma: no cover
+        pass
+    return None
+
+
+def _rendezvous(ctx, rank: int, world: int, params: dict):
+    """Join the gloo process group of this stage's tasks; returns the store (keep it alive)."""
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=params["rendezvous_timeout_s"])
+    if params["local"]:
+        host = "127.0.0.1"
+        ifname = _loopback_ifname()
+        if ifname and "GLOO_SOCKET_IFNAME" not in os.environ:
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname
+    else:
+        host = ctx.getTaskInfos()[rank].address.rsplit(":", 1)[0]
+    store = None
+    if rank == 0:
+        store = dist.TCPStore(host, 0, world, True, timeout=timeout, wait_for_workers=False)
+        addresses = ctx.allGather(f"{host}:{store.port}")
+    else:
+        addresses = ctx.allGather("")
+    master_host, master_port = addresses[0].rsplit(":", 1)
+    if rank != 0:
+        store = dist.TCPStore(master_host, int(master_port), world, False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=timedelta(seconds=params["collective_timeout_s"]))
+    return store
+
+
+def _failure(rank: int, exc: BaseException) -> RuntimeError:
+    """An exception whose first line names the rank and the cause (the driver shows it)."""
+    tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:])
+    return RuntimeError(f"[sparknet-mp-worker {rank}] {type(exc).__name__}: {exc}\n{tail}")
+
+
+def model_parallel_task(job_bc, params: dict, val_bc=None):
+    """The stage's task function (``rdd.barrier().mapPartitionsWithIndex``).
+
+    ``job_bc`` is a broadcast :class:`~sparknet.parallel.runner.ModelParallelJob`; ``params``
+    holds plain values: ``workers``, ``local``, ``rendezvous_timeout_s``, ``collective_timeout_s``;
+    ``val_bc`` a broadcast ``(x, y)`` of validation rows.
+    """
+
+    def task(index: int, chunks):
+        from pyspark import BarrierTaskContext
+
+        ctx = BarrierTaskContext.get()
+        rank = ctx.partitionId()
+        try:
+            yield from _run(ctx, rank, job_bc.value, params, None if val_bc is None else val_bc.value, chunks)
+        except Exception as exc:
+            raise _failure(rank, exc) from None
+
+    return task
+
+
+def _run(ctx, rank: int, job, params: dict, validation, chunks):
+    import torch.distributed as dist
+
+    from sparknet.parallel.runner import run_rank
+    from sparknet.spark._data import merge_chunks
+
+    x, y, _ = merge_chunks(chunks)
+    del chunks
+    store = None
+    try:
+        store = _rendezvous(ctx, rank, params["workers"], params)
+        result = run_rank(job, x, y, validation)
+        result.update(host=socket.gethostname(), pid=os.getpid(), attempt=ctx.attemptNumber())
+        yield ("rank", rank, result)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        del store
