@@ -129,7 +129,7 @@ def _train_extensions() -> list:
     return out
 
 
-_TRAIN_EXTENSION_MODULES = ("sparknet.caffe.cli", "sparknet.ps.cli")
+_TRAIN_EXTENSION_MODULES = ("sparknet.caffe.cli", "sparknet.parallel.cli", "sparknet.ps.cli")
 
 
 def _run_train(args: argparse.Namespace) -> int:
