@@ -115,11 +115,14 @@ def train_with(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlag
         if flags.parallel_plan is not None:
             raise ValueError("--parallel-plan needs --model-parallel M with M > 1")
         if flags.budget is not None:
+            from sparknet.parallel.runner import default_plan
             from sparknet.parallel.tensor import check_weight_budget
             from sparknet.train import build_model, load_training_data
 
             _, _, info = load_training_data(run)
-            need = check_weight_budget(build_model(run, info), flags.budget, 1)
+            net_params = build_model(run, info)
+            # the plan --model-parallel 2 would use, so the refusal can name the M that fits
+            need = check_weight_budget(net_params, flags.budget, 1, default_plan(net_params, 2))
             log.info("%s bytes of weights per worker, within --max-weight-bytes %s", f"{need:,}", f"{flags.budget:,}")
         return None
     reason = _refusals(run, dist, flags)
