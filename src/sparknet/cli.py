@@ -14,9 +14,11 @@ import enum
 import inspect
 import json
 import logging
+import os
 import sys
 import types
 import typing
+import warnings
 from collections.abc import Callable, Sequence
 
 from sparknet.config import DistributedConfig, Engine, RunConfig
@@ -92,11 +94,18 @@ def _from_args(cls, args: argparse.Namespace):
 
 
 def _setup_logging(verbose: bool, quiet: bool) -> None:
-    level = logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO
+    level = logging.DEBUG if verbose else logging.ERROR if quiet else logging.INFO
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     # Third-party chatter stays out of the user's way unless asked for.
     for noisy in ("py4j", "pyspark", "matplotlib", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
+    if verbose:  # Spark's JVMs read it when sparknet starts them (sparknet.spark._session)
+        os.environ["SPARKNET_SPARK_LOG_LEVEL"] = "INFO"
+
+
+def _quiet_warnings() -> None:
+    """Known warnings that say nothing to a sparknet user (only inside a command's run)."""
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
 
 
 @subcommand("train", "train a network (one process, or K Spark workers with --workers K)")
@@ -151,9 +160,8 @@ def _run_train(args: argparse.Namespace) -> int:
         from sparknet.spark.run import train_distributed
 
         summary = train_distributed(run, dist)
-    if not run.quiet:
-        keys = ("test_accuracy", "wall_s", "samples_per_s", "steps", "rounds")
-        print(json.dumps({k: summary.get(k) for k in keys if k in summary}))
+    keys = ("test_accuracy", "wall_s", "samples_per_s", "steps", "rounds")
+    print(json.dumps({k: summary.get(k) for k in keys if k in summary}))  # --quiet too: the run's result
     return 0
 
 
@@ -213,7 +221,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _setup_logging(getattr(args, "verbose", False), getattr(args, "quiet", False))
     try:
-        return int(args._run(args) or 0)
+        with warnings.catch_warnings():
+            _quiet_warnings()
+            return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
         log.error("%s", e)
         return 2

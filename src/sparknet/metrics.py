@@ -9,6 +9,7 @@ Records are plain dicts with an ``"event"`` key:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -67,10 +68,14 @@ class MetricsLogger:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "w", encoding="utf-8")
         self._bar = None
+        self._redirect = contextlib.ExitStack()
         if progress and sys.stderr.isatty():
             from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
 
             self._bar = tqdm(total=total, unit=unit, dynamic_ncols=True, leave=True, file=sys.stderr)
+            # Log records print above the line instead of breaking it.
+            self._redirect.enter_context(logging_redirect_tqdm(tqdm_class=tqdm))
         self._t0 = time.perf_counter()
 
     def elapsed(self) -> float:
@@ -100,6 +105,7 @@ class MetricsLogger:
 
     def close(self) -> None:
         if self._bar is not None:
+            self._redirect.close()
             self._bar.close()
             self._bar = None
         if self._file is not None:

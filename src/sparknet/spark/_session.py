@@ -1,4 +1,11 @@
-"""Getting a SparkSession for a master URL, with quiet logs (driver side)."""
+"""Getting a SparkSession for a master URL, with quiet logs (driver side).
+
+Spark's JVMs log through log4j2 from the moment they start, before ``setLogLevel`` can be
+called, so a session started here points the driver (and executors on this machine) at the
+``log4j2.properties`` shipped in this package: errors only, or the level in
+``$SPARKNET_SPARK_LOG_LEVEL`` (``sparknet --verbose`` sets it to INFO). A log4j2
+configuration of the user's own is left in place.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +13,10 @@ import logging
 import os
 import re
 import sys
+from importlib import resources
+from pathlib import Path
 
-__all__ = ["get_session", "is_local_master", "local_slots"]
+__all__ = ["get_session", "is_local_master", "local_slots", "quiet_log_settings", "spark_log_level", "LOG_LEVEL_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +44,111 @@ def local_slots(master: str | None) -> int | None:
     return None
 
 
+LOG_LEVEL_ENV = "SPARKNET_SPARK_LOG_LEVEL"
+"""Environment variable with Spark's log level for sessions sparknet starts (default ERROR)."""
+
+_LEVELS = ("OFF", "FATAL", "ERROR", "WARN", "INFO", "DEBUG", "TRACE", "ALL")
+_JAVA_OPTIONS = {"driver": "spark.driver.extraJavaOptions", "executor": "spark.executor.extraJavaOptions"}
+
+
+def spark_log_level(level: str | None = None) -> str:
+    """Spark's log level: ``level``, else ``$SPARKNET_SPARK_LOG_LEVEL``, else ``ERROR``."""
+    chosen = (level or os.environ.get(LOG_LEVEL_ENV) or "ERROR").strip().upper()
+    if chosen not in _LEVELS:
+        source = "log_level" if level else LOG_LEVEL_ENV
+        raise ValueError(f"Spark log level {chosen!r} (from {source}) is not one of {', '.join(_LEVELS)}; "
+                         f"use one of these, e.g. ERROR or WARN")
+    return chosen
+
+
+def _log4j_file() -> Path:
+    """This package's log4j2 properties as a file on disk (copied out when the package is zipped)."""
+    source = resources.files("sparknet.spark").joinpath("log4j2.properties")
+    path = Path(str(source))
+    if path.is_file():
+        return path
+    import hashlib
+    import tempfile
+
+    text = source.read_text(encoding="utf-8")
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"sparknet-log4j2-{digest}.properties"
+    if not path.is_file():
+        tmp = path.with_name(f"{path.name}.{os.getpid()}")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    return path
+
+
+def _spark_defaults() -> dict[str, str]:
+    """``spark-defaults.conf`` of the Spark installation pyspark launches, if there is one."""
+    conf_dir = _spark_conf_dir()
+    out: dict[str, str] = {}
+    if conf_dir is None or not (conf_dir / "spark-defaults.conf").is_file():
+        return out
+    for line in (conf_dir / "spark-defaults.conf").read_text(encoding="utf-8", errors="replace").splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = re.sub(r"\s+", " ", line, count=1).partition(" ")
+            out[key] = value.strip()
+    return out
+
+
+def _spark_conf_dir() -> Path | None:
+    if os.environ.get("SPARK_CONF_DIR"):
+        return Path(os.environ["SPARK_CONF_DIR"])
+    if os.environ.get("SPARK_HOME"):
+        return Path(os.environ["SPARK_HOME"]) / "conf"
+    try:
+        import pyspark
+    except ImportError:
+        return None
+    return Path(pyspark.__file__).parent / "conf"
+
+
+def _user_configures_log4j(options: str) -> bool:
+    return "log4j2.configurationFile" in options or "log4j.configurationFile" in options
+
+
+def quiet_log_settings(master: str | None, settings: dict[str, str], level: str) -> dict[str, str]:
+    """The JVM options that point new Spark JVMs at this package's log4j2 file at ``level``.
+
+    Returns the ``spark.{driver,executor}.extraJavaOptions`` to set: the user's own options
+    (from ``settings`` or ``spark-defaults.conf``) with ours appended. Nothing is returned for
+    a JVM whose options already name a log4j configuration, nor at all when
+    ``SPARK_CONF_DIR`` holds a ``log4j2.properties`` or ``PYSPARK_SUBMIT_ARGS`` sets Java
+    options. Executors get the file only where they run on this machine (a local master):
+    remote executors log to their cluster's files, not to this terminal.
+    """
+    conf_dir = _spark_conf_dir()
+    if conf_dir is not None and any((conf_dir / name).is_file() for name in ("log4j2.properties", "log4j2.xml")):
+        return {}
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+    if "JavaOptions" in submit_args or "java-options" in submit_args or "log4j" in submit_args:
+        return {}
+    # (a property named -Dspark... would be refused in executor options: Spark reserves the prefix)
+    ours = f"-Dlog4j2.configurationFile={_log4j_file().as_uri()} -DSPARKNET_SPARK_LOG_LEVEL={level}"
+    defaults = _spark_defaults()
+    out = {}
+    for role, key in _JAVA_OPTIONS.items():
+        if role == "executor" and not is_local_master(master or "local[*]"):
+            continue
+        current = str(settings.get(key, defaults.get(key, ""))).strip()
+        if _user_configures_log4j(current):
+            continue
+        out[key] = f"{current} {ours}".strip()
+    return out
+
+
 def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: dict | None = None,
-                log_level: str = "WARN"):
+                log_level: str | None = None):
     """The active SparkSession, or a new one for ``master``.
 
     A session that is already running is returned as it is (Spark allows one per process);
     when its master differs from the one asked for, that is logged. A new session gets
     ``PYSPARK_PYTHON`` set to this interpreter (so executors import the same sparknet and
-    torch), Python worker reuse on, and Spark's own logging at ``log_level``.
+    torch), Python worker reuse on, and Spark's own logging at ``log_level`` from the moment
+    its JVMs start (see :func:`quiet_log_settings`).
 
     Parameters
     ----------
@@ -53,11 +159,13 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         The application name a new session gets.
     conf : dict, optional
         Extra Spark settings for a new session.
-    log_level : str
-        Spark's log level (``WARN``, ``ERROR``...).
+    log_level : str, optional
+        Spark's log level (``ERROR``, ``WARN``, ``INFO``...); default ``$SPARKNET_SPARK_LOG_LEVEL``,
+        else ``ERROR``.
     """
     from pyspark.sql import SparkSession
 
+    level = spark_log_level(log_level)
     active = SparkSession.getActiveSession()
     if active is not None:
         running = active.sparkContext.master
@@ -72,10 +180,11 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
-    settings.update(conf or {})
+    settings.update({key: str(value) for key, value in (conf or {}).items()})
+    settings.update(quiet_log_settings(master, settings, level))
     for key, value in settings.items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(log_level)
+    spark.sparkContext.setLogLevel(level)
     log.info("started Spark %s on %s", spark.version, spark.sparkContext.master)
     return spark
