@@ -186,7 +186,7 @@ def _gather_rows(array: np.ndarray | None, group, group_size: int) -> np.ndarray
     longest = max(counts)
     t = torch.zeros(longest * width, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype)
     if local is not None and len(local):
-        t[: local.size] = torch.from_numpy(local.reshape(-1))
+        t[: local.size] = torch.from_numpy(np.require(local.reshape(-1), requirements="W"))  # read-only chunks copy
     parts = [torch.empty_like(t) for _ in range(group_size)]
     dist.all_gather(parts, t, group=group)
     rows = [p[: c * width].numpy().reshape(c, *tail) for p, c in zip(parts, counts) if c]
