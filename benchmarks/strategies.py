@@ -15,6 +15,7 @@ import argparse
 import itertools
 import json
 import multiprocessing as mp
+import os
 import time
 from pathlib import Path
 
@@ -52,6 +53,12 @@ def _cell(job: dict) -> dict:
     return out
 
 
+def _save(out: Path, args, t0: float, results: list[dict], *, complete: bool) -> None:
+    out.write_text(json.dumps({"benchmark": "strategies", "args": vars(args), "complete": complete,
+                               "load_average": list(os.getloadavg()), "wall_s": time.perf_counter() - t0,
+                               "results": results}, indent=1))
+
+
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, nargs="+", default=[2, 4, 8])
@@ -72,7 +79,7 @@ def main(argv=None) -> list[dict]:
     if args.quick:
         args.workers, args.taus, args.target, args.max_steps = [2, 4], [1, 10, 50], 0.95, 1500
     jobs = []
-    for strategy, k, tau in itertools.product(args.strategies, args.workers, args.taus):
+    for k, tau, strategy in itertools.product(args.workers, args.taus, args.strategies):
         if strategy == "sync" and tau != 1:
             continue  # the naive scheme synchronizes every step
         job = {"strategy": strategy, "workers": k, "tau": tau, "target": args.target, "max_steps": args.max_steps,
@@ -81,20 +88,27 @@ def main(argv=None) -> list[dict]:
         if strategy == "diloco":
             job["options"] = {"outer_lr": args.diloco_outer_lr, "outer_momentum": args.diloco_outer_momentum}
         jobs.append(job)
-    t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(args.processes) as pool:
-        results = pool.map(_cell, jobs, chunksize=1)
-    print(f"{'strategy':9} {'K':>3} {'tau':>4} {'reached':>7} {'rounds':>6} {'steps/worker':>12} {'MB sent':>9} {'acc':>7}")
-    for r in results:
-        print(f"{r['strategy']:9} {r['workers']:>3} {r['tau']:>4} {str(r['reached']):>7} {r['rounds']:>6} "
-              f"{r['steps_per_worker']:>12} {r['bytes'] / 1e6:>9.1f} {r['accuracy']:>7.4f}")
     name = "strategies_quick" if args.quick else "strategies"
     if args.compression != "none":
         name += f"_{args.compression}"
     out = Path(args.out or f"benchmarks/results/{name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "strategies", "args": vars(args), "wall_s": time.perf_counter() - t0,
-                               "results": results}, indent=1))
+    t0 = time.perf_counter()
+    results = []
+    with mp.get_context("spawn").Pool(args.processes) as pool:
+        # Saved after every cell, so a long grid stopped part-way keeps what it measured.
+        for r in pool.imap_unordered(_cell, jobs, chunksize=1):
+            results.append(r)
+            print(f"cell {len(results)}/{len(jobs)}: {r['strategy']} K={r['workers']} tau={r['tau']} "
+                  f"reached={r['reached']} rounds={r['rounds']}", flush=True)
+            _save(out, args, t0, results, complete=len(results) == len(jobs))
+    order = {(j["strategy"], j["workers"], j["tau"]): i for i, j in enumerate(jobs)}
+    results.sort(key=lambda r: order[(r["strategy"], r["workers"], r["tau"])])
+    print(f"{'strategy':9} {'K':>3} {'tau':>4} {'reached':>7} {'rounds':>6} {'steps/worker':>12} {'MB sent':>9} {'acc':>7}")
+    for r in results:
+        print(f"{r['strategy']:9} {r['workers']:>3} {r['tau']:>4} {str(r['reached']):>7} {r['rounds']:>6} "
+              f"{r['steps_per_worker']:>12} {r['bytes'] / 1e6:>9.1f} {r['accuracy']:>7.4f}")
+    _save(out, args, t0, results, complete=True)
     print(f"saved {out}")
     return results
 
