@@ -17,7 +17,14 @@ Every task of the stage runs :func:`run_barrier`:
    of (correct, count, loss) over each rank's shard of the validation data, so every rank
    sees the same accuracy and all stop together;
 4. rank 0 pushes a record per round to the driver over :mod:`sparknet.spark._channel` and
-   returns the final weights and the history when the stage ends.
+   returns the final weights and the history when the stage ends. Every
+   ``state_every_rounds`` rounds (and at the last) it also sends the global weights and the
+   strategy's state as a binary payload, so the driver can start a failed stage again from
+   them; on checkpoint rounds every rank sends its own solver and strategy state.
+
+A stage starts at round 0 or where ``payload["start"]`` says (a restart or a resumed fit);
+torch's global generator is reseeded every round from (seed, rank, round), as in the rounds
+engine, so a resumed fit repeats an uninterrupted one exactly.
 """
 
 from __future__ import annotations
@@ -34,8 +41,11 @@ from datetime import timedelta
 import numpy as np
 import torch
 
+from sparknet.faults import due_fault
+from sparknet.spark._channel import encode_tree
 from sparknet.spark._data import merge_chunks
-from sparknet.spark._rounds import StopRule, WorkerSpec, freeze_heap, build_worker_net, task_device, worker_failure
+from sparknet.spark._rounds import (StopRule, WorkerSpec, build_worker_net, export_worker_state, freeze_heap,
+                                    import_worker_state, round_seed, task_device, worker_failure)
 from sparknet.strategies import WorkerState
 
 __all__ = ["run_barrier", "FIELDS"]
@@ -80,7 +90,8 @@ def _report_failure(params: dict, rank: int, exc: BaseException, text: str) -> N
         sender = MetricsSender(params["endpoint"], params["secret"], send_timeout_ms=2000)
         try:
             sender.send({"event": "error", "rank": rank, "type": type(exc).__name__, "text": text[-8000:],
-                         "collective": _is_collective_failure(exc), "time": time.time()})
+                         "collective": _is_collective_failure(exc), "time": time.time(),
+                         "fatal": isinstance(exc, FloatingPointError)})
         finally:
             sender.close()
     except Exception:  # pragma: no cover - the task fails anyway
@@ -134,7 +145,7 @@ def _run(ctx, rank: int, payload_bc, params: dict, val_bc, chunks):
     import torch.distributed as dist
 
     t_start = time.perf_counter()
-    packed, init_flat = payload_bc.value
+    packed, init_flat, start = payload_bc.value
     spec: WorkerSpec = pickle.loads(packed[1])
     world = params["workers"]
     torch.set_num_threads(spec.threads)
@@ -152,14 +163,14 @@ def _run(ctx, rank: int, payload_bc, params: dict, val_bc, chunks):
     store = None
     history: list[dict] = []
     try:
-        if rank == 0 and params.get("endpoint"):
+        if params.get("endpoint") and (rank == 0 or params.get("checkpoint_every")):
             from sparknet.spark._channel import MetricsSender
 
             sender = MetricsSender(params["endpoint"], params["secret"])
         store = _rendezvous(ctx, rank, world, params)
-        if sender is not None:
+        if sender is not None and rank == 0:
             sender.send({"event": "ready", "fit": spec.fit_id, "setup_s": time.perf_counter() - t_start})
-        final = _round_loop(net, spec, rank, world, init_flat, has_data, val, params, sender, history)
+        final = _round_loop(net, spec, rank, world, init_flat, has_data, val, params, sender, history, start or {})
         yield ("worker", rank, {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
                                 "attempt": ctx.attemptNumber()})
         if rank == 0:
@@ -174,23 +185,31 @@ def _run(ctx, rank: int, payload_bc, params: dict, val_bc, chunks):
 
 
 def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_data: bool, val, params: dict,
-                sender, history: list) -> torch.Tensor:
+                sender, history: list, start: dict) -> torch.Tensor:
     """Train round after round until the stop rule says so; returns the final global weights."""
     import torch.distributed as dist
 
     strategy = spec.strategy
     state = WorkerState()
+    if start.get("strategy") is not None:
+        strategy.load_state_dict(start["strategy"])
+    saved = (start.get("workers") or {}).get(rank)
+    if saved is not None and has_data:
+        state = import_worker_state(net, saved)
+    elif start.get("iteration") is not None:
+        net.set_iteration(start["iteration"])  # a restart without solver state: momentum starts afresh
     global_flat = torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))
     P = global_flat.numel()
     buf = torch.zeros(P + world * FIELDS, dtype=torch.float32)
     stop = StopRule(**params["stop"])
     hook = strategy.after_backward if strategy.needs_gradient_hook else None
-    steps_done = samples_done = 0
-    total_bytes = 0
+    steps_done, samples_done = start.get("steps_done", 0), start.get("samples_done", 0)
+    total_bytes = start.get("total_bytes", 0)
     t0 = time.perf_counter()
     eval_every = params["eval_every_rounds"]
+    ckpt_every, state_every = params.get("checkpoint_every"), params.get("state_every_rounds", 1)
     nbytes_round = 2 * (world - 1) * buf.numel() * 4 if world > 1 else 0
-    r = 0
+    r = start.get("round", 0)
     while True:
         steps = stop.steps_for_round(steps_done)
         t_round = time.perf_counter()
@@ -198,7 +217,11 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
         row = buf[P + rank * FIELDS:P + (rank + 1) * FIELDS]
         if has_data and steps > 0:
             strategy.worker_begin(state, net, global_flat.to(net.device))
+            torch.manual_seed(round_seed(spec.seed, rank, r))
             stats = net.train(steps, max_seconds=params.get("round_seconds"), after_backward=hook)
+            fault = due_fault(spec.faults, rank, r + 1, params.get("restart", 0))
+            if fault is not None:
+                fault.fire(net)
             delta = strategy.worker_delta(state, net, global_flat.to(net.device)).cpu()
             finite = bool(stats.finite and torch.isfinite(delta).all())
             if finite and stats.samples:
@@ -256,10 +279,19 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
             record["nonfinite_workers"] = int((rows[:, 4] == 0).sum())
         if reason is not None:
             record["stop_reason"] = reason
+        if params.get("restart"):
+            record["restarts"] = params["restart"]
         if rank == 0:
             history.append(record)
             if sender is not None:
                 sender.send(record)
+                if r % state_every == 0 or reason is not None or (ckpt_every and r % ckpt_every == 0):
+                    sender.send({"event": "state", "round": r, "steps_done": steps_done, "samples_done": samples_done,
+                                 "total_bytes": total_bytes, "iteration": net.iteration},
+                                encode_tree({"global": global_flat, "strategy": strategy.state_dict()}))
+        if sender is not None and ckpt_every and has_data and (r % ckpt_every == 0 or reason is not None):
+            sender.send({"event": "worker_state", "round": r, "rank": rank},
+                        encode_tree(export_worker_state(net, state)))
         if reason is not None:
             return global_flat
         if round_steps == 0:

@@ -22,7 +22,13 @@ Between rounds a worker keeps its solver state (momentum, iteration, data positi
 strategy's :class:`~sparknet.strategies.WorkerState`. Python workers take partitions in no
 fixed order, so that state is also saved next to the data after every round
 (``p{i}.r{round}.state``) and a process whose copy is older loads it: the result does not
-depend on which process ran which round.
+depend on which process ran which round. A task that fails (an exception, its Python worker
+killed) leaves no trace: its cached net is dropped, and Spark's retry starts again from the
+previous round's saved state, so the lost attempt's work counts once and the result is the
+one an unfailed run gets. On checkpoint rounds each task also returns its state
+(:func:`export_worker_state`), and a resumed fit hands it back (``WorkerSpec.resume``). Every
+round reseeds torch's global generator from (seed, partition, round), so random layers
+(dropout) draw the same numbers whichever process runs the round.
 
 A reused Python worker runs ``gc.collect()`` between tasks; the heap is frozen once the net is
 built (:func:`freeze_heap`) so that scan does not delay the next round.
@@ -46,6 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sparknet.faults import due_fault
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.spark._data import merge_chunks
@@ -53,7 +60,7 @@ from sparknet.strategies import TrainingStrategy, WorkerState
 
 __all__ = ["WorkerSpec", "StopRule", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
            "stage_partition", "run_round", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
-           "freeze_heap", "worker_failure"]
+           "freeze_heap", "worker_failure", "export_worker_state", "import_worker_state", "round_seed"]
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +85,36 @@ class WorkerSpec:
     start_iteration: int = 0
     """Solver iteration the workers start at (the driver's warm-up steps)."""
     options: dict = field(default_factory=dict)
+    faults: tuple = ()
+    """Injected faults (:mod:`sparknet.faults`), for reliability tests."""
+    resume: dict | None = None
+    """A resumed fit: ``{"round": rounds done, "workers": {index: export_worker_state(...)}}``."""
 
 
 def worker_seed(seed: int, index: int) -> int:
     """The seed of worker ``index``'s Net (its data order): distinct per partition, fixed per run."""
     return int(seed) * 100_003 + int(index) + 1
+
+
+def round_seed(seed: int, index: int, round_index: int) -> int:
+    """The seed of torch's global generator for worker ``index`` in round ``round_index`` (from 0)."""
+    return (worker_seed(seed, index) * 1_000_003 + int(round_index)) % (2**63 - 1)
+
+
+def export_worker_state(net: Net, state: WorkerState) -> dict:
+    """What a worker carries from one round to the next (solver, data position, strategy state)."""
+    return {"solver": net.solver_state(), "local_flat": state.local_flat, "extra": dict(state.extra)}
+
+
+def import_worker_state(net: Net, saved: dict) -> WorkerState:
+    """Load :func:`export_worker_state`'s dict into ``net``; returns the strategy's worker state."""
+    solver = dict(saved["solver"])
+    if isinstance(solver.get("generator"), torch.Tensor):
+        solver["generator"] = solver["generator"].to(torch.uint8)
+    net.load_solver_state(solver)
+    local = saved.get("local_flat")
+    return WorkerState(local_flat=None if local is None else torch.as_tensor(local).clone(),
+                       extra=dict(saved.get("extra") or {}))
 
 
 def task_device(requested: str) -> tuple[str, dict]:
@@ -284,16 +316,20 @@ def _state_path(directory: str, index: int, version: int) -> str:
     return os.path.join(directory, f"p{index}.r{version}.state")
 
 
-def _sync_state(entry: _Entry, index: int, round_index: int) -> None:
+def _sync_state(entry: _Entry, index: int, round_index: int, resume: dict | None = None) -> None:
     """Bring the cached net's solver and strategy state to the end of the previous round."""
     want = round_index - 1
     if entry.version == want or want < 0:
         return
     path = _state_path(entry.directory, index, want)
     if os.path.exists(path):
+        # written by this fit's own tasks on this machine's local disk, never received over the network
         saved = torch.load(path, map_location=entry.net.device, weights_only=False)
         entry.net.load_solver_state(saved["solver"])
         entry.state = saved["worker"]
+        entry.version = want
+    elif resume is not None and want == resume["round"] - 1 and index in resume["workers"]:
+        entry.state = import_worker_state(entry.net, resume["workers"][index])
         entry.version = want
     else:
         log.warning("partition %d: no saved solver state of round %d on %s; continuing from this process's "
@@ -366,15 +402,26 @@ def _train_round(spec_bc, weights_bc, params: dict, index: int, record: dict | N
         for _ in chunks:  # the data is here already; drain the input so the worker can be reused
             pass
     round_index = params["round"]
-    _sync_state(entry, index, round_index)
-    net, strategy = entry.net, spec.strategy
-    global_flat = torch.from_numpy(np.asarray(weights_bc.value))
-    strategy.worker_begin(entry.state, net, global_flat)
-    hook = strategy.after_backward if strategy.needs_gradient_hook else None
-    stats = net.train(params["steps"], max_seconds=params.get("seconds"), after_backward=hook)
-    delta = strategy.worker_delta(entry.state, net, global_flat.to(net.device)).cpu()
-    finite = bool(stats.finite and torch.isfinite(delta).all())
-    _save_state(entry, index, round_index)
+    try:
+        _sync_state(entry, index, round_index, spec.resume)
+        entry.version = -2  # in the middle of a round: a retry in this process must reload the saved state
+        net, strategy = entry.net, spec.strategy
+        global_flat = torch.from_numpy(np.asarray(weights_bc.value))
+        strategy.worker_begin(entry.state, net, global_flat)
+        hook = strategy.after_backward if strategy.needs_gradient_hook else None
+        torch.manual_seed(round_seed(spec.seed, index, round_index))
+        stats = net.train(params["steps"], max_seconds=params.get("seconds"), after_backward=hook)
+        fault = due_fault(spec.faults, index, round_index + 1, result["attempt"])
+        if fault is not None:
+            fault.fire(net)
+        delta = strategy.worker_delta(entry.state, net, global_flat.to(net.device)).cpu()
+        finite = bool(stats.finite and torch.isfinite(delta).all())
+        _save_state(entry, index, round_index)
+    except BaseException:
+        _CACHE.pop(key, None)  # half a round of solver state must not leak into the retry
+        raise
+    if params.get("checkpoint"):
+        result["worker_state"] = export_worker_state(net, entry.state)
     result.update(n=stats.samples, steps=stats.steps, loss=stats.loss, compute_s=stats.wall_s, finite=finite,
                   source=source, device=entry.device_info.get("device"),
                   gpu_addresses=entry.device_info.get("gpu_addresses"),

@@ -20,6 +20,19 @@
 4. cleanup: broadcasts destroyed, caches and staged files removed, job group cleared.
 
 Both engines run the same :class:`~sparknet.strategies.TrainingStrategy` hooks.
+
+Reliability. A rounds-engine task that fails (its Python worker killed, an exception) is
+retried by Spark (``spark.task.maxFailures``; ``local[N,F]`` in local mode) from the previous
+round's saved state, and the round record counts the ``retries``. A failed barrier stage is
+started again from the newest global weights and strategy state the driver holds (rank 0
+sends them every ``EngineOptions.state_every_rounds`` rounds over the channel), at most
+``EngineOptions.max_restarts`` times. With ``dist.checkpoint_dir`` both engines write a
+checkpoint (:mod:`sparknet.checkpoint`) every ``dist.checkpoint_every`` rounds and at the
+end, holding everything a resumed fit needs to go on exactly as an uninterrupted one would:
+the global weights, the strategy's driver state, every worker's solver state, data position
+and strategy state, the round and sample counters, the driver's RNG states.
+``dist.resume`` continues from the newest one. ``EngineOptions.round_timeout_s`` bounds the
+driver's wait on one round of the rounds engine. Faults for tests: :mod:`sparknet.faults`.
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ import copy
 import functools
 import logging
 import math
+import random
 import re
 import threading
 import time
@@ -39,8 +53,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from sparknet.checkpoint import CheckpointError, CheckpointManager, model_fingerprint
 from sparknet.config import DistributedConfig, Engine
 from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
+from sparknet.faults import faults_from
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.spark import _data
@@ -75,6 +91,17 @@ class EngineOptions:
     driver_timeout_s: float | None = None
     """Barrier engine: longest silence from the stage between two rounds before the driver cancels it
     (default: collective_timeout_s + round_seconds + 60)."""
+    round_timeout_s: float | None = None
+    """Rounds engine: longest wait for one round's Spark job; past it the job is cancelled and a
+    DeadlineExceeded names the round and the tasks not finished (default: no deadline)."""
+    max_restarts: int = 3
+    """Barrier engine: how many times a failed stage is started again from the driver's newest state."""
+    state_every_rounds: int = 1
+    """Barrier engine: rounds between the global weights and strategy state sent to the driver (what a
+    restart starts from)."""
+    fault: str | None = None
+    """Injected faults for reliability tests, e.g. ``rank=1,round=3,kind=kill`` (see sparknet.faults;
+    default: the SPARKNET_FAULT environment variable of the driver)."""
 
     def __post_init__(self):
         from pyspark import StorageLevel
@@ -84,7 +111,12 @@ class EngineOptions:
         for name in ("warmup_max_samples", "warmup_max_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("rendezvous_timeout_s", "collective_timeout_s", "driver_timeout_s"):
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be 0 or more, got {self.max_restarts}")
+        if self.state_every_rounds < 1:
+            raise ValueError(f"state_every_rounds must be at least 1, got {self.state_every_rounds}")
+        faults_from(self.fault, {})  # a bad fault spec fails here, not on the executors
+        for name in ("rendezvous_timeout_s", "collective_timeout_s", "driver_timeout_s", "round_timeout_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
@@ -147,6 +179,102 @@ def _spark_call(fn, *args, **kwargs):
         raise
     except Exception as exc:
         raise _task_error(exc) from exc
+
+
+def _unfinished_tasks(sc, group: str) -> str:
+    """The tasks of ``group``'s active jobs that have not finished, in words (for a deadline error)."""
+    tracker = sc.statusTracker()
+    parts = []
+    for job_id in tracker.getJobIdsForGroup(group):
+        job = tracker.getJobInfo(job_id)
+        if job is None or job.status != "RUNNING":
+            continue
+        for stage_id in job.stageIds:
+            stage = tracker.getStageInfo(stage_id)
+            if stage is None or stage.numCompletedTasks >= stage.numTasks:
+                continue
+            running = _running_partitions(sc, stage_id, stage.currentAttemptId)
+            where = f"partitions {running} still running" if running else f"{stage.numActiveTasks} running"
+            parts.append(f"{stage.numTasks - stage.numCompletedTasks} of {stage.numTasks} tasks of stage "
+                         f"{stage_id} not finished ({where})")
+    return "; ".join(parts) or "no task left running"
+
+
+def _running_partitions(sc, stage_id: int, attempt: int) -> list[int]:
+    """Partition indices of a stage's running tasks, from the JVM's status store (empty if unavailable)."""
+    try:
+        seq = sc._jsc.sc().statusStore().taskList(stage_id, attempt, 100_000)
+        return sorted({int(seq.apply(i).index()) for i in range(seq.size()) if seq.apply(i).status() == "RUNNING"})
+    except Exception:  # pragma: no cover - an internal API; the counts still say enough
+        return []
+
+
+class _Watchdog:
+    """Cancels ``group``'s jobs when one round's wait passes ``timeout_s`` (no deadline when None)."""
+
+    def __init__(self, sc, group: str, timeout_s: float | None):
+        self.sc, self.group, self.timeout_s = sc, group, timeout_s
+        self.unfinished: str | None = None
+        self._timer: threading.Timer | None = None
+
+    def _fire(self) -> None:
+        try:
+            self.unfinished = _unfinished_tasks(self.sc, self.group)
+        except Exception as exc:  # pragma: no cover - the cancel matters more than the words
+            self.unfinished = f"(could not list them: {exc})"
+        self.sc.cancelJobGroup(self.group)
+
+    def __enter__(self):
+        if self.timeout_s is not None:
+            self._timer = threading.Timer(self.timeout_s, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer.join(timeout=30)
+
+    @property
+    def fired(self) -> bool:
+        return self.unfinished is not None
+
+
+class _Checkpoints:
+    """A fit's checkpoint folder: when to write, and the run's settings recorded beside the state."""
+
+    def __init__(self, dist: DistributedConfig, config: dict):
+        self.every = dist.checkpoint_every
+        self.manager = CheckpointManager(dist.checkpoint_dir, keep=dist.checkpoint_keep)
+        self.manager.check_writable()
+        self.config = config
+        self.written: list[int] = []
+
+    def due(self, rounds_done: int) -> bool:
+        return rounds_done % self.every == 0
+
+    def save(self, rounds_done: int, weights: WeightCollection, state: dict) -> str:
+        path = self.manager.save(rounds_done, weights, state, config=self.config)
+        self.written.append(rounds_done)
+        return path
+
+
+def _rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy_keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "numpy_pos": int(np_state[2]), "python": list(random.getstate()[1]),
+            "python_version": random.getstate()[0]}
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), state["numpy_pos"]))
+    random.setstate((state["python_version"], tuple(state["python"]), None))
+
+
+def _plain_config(obj) -> dict:
+    return {k: getattr(v, "value", v) for k, v in asdict(obj).items()}
 
 
 class SparkTrainer:
@@ -293,6 +421,7 @@ class SparkTrainer:
                 driver_net.set_weights(initial_weights)
             else:
                 driver_net.set_flat(torch.as_tensor(initial_weights, dtype=torch.float32).reshape(-1))
+        checkpoints, resume = self._open_checkpoints(driver_net)  # before any Spark job: a bad folder fails fast
 
         from pyspark import StorageLevel
 
@@ -325,6 +454,7 @@ class SparkTrainer:
             num_classes = self._probe(driver_net, sample_shape)
             _data.check_stats(stats, what="training data", expected_len=math.prod(sample_shape),
                               num_classes=num_classes, num_workers=K, sample_shape=sample_shape)
+            self._rows = list(total["rows_per_partition"])
             skew = _data.describe_skew(total["rows_per_partition"])
             if skew:
                 log.warning("%s", skew)
@@ -334,12 +464,21 @@ class SparkTrainer:
                 val = self._validation(validation, sample_shape, num_classes, features_col, label_col, image_shape)
             if val is not None:
                 driver_net.set_validation_data(val)
-            warmup = self._warmup(sc, group, chunks, total, driver_net, sample_shape) if dist.warmup_steps else None
-            global_flat = self.strategy.init_global(driver_net.get_flat())
+            warmup = None
+            if dist.warmup_steps and resume is None:  # a resumed run had its warm-up before its checkpoint
+                warmup = self._warmup(sc, group, chunks, total, driver_net, sample_shape)
+            if resume is not None:
+                driver_net.set_weights(resume["weights"])
+                global_flat = driver_net.get_flat()
+            else:
+                global_flat = self.strategy.init_global(driver_net.get_flat())
             spec = WorkerSpec(fit_id=fit_id, net=self._net_for_workers(), loss=self.loss, solver=self.solver,
                               batch_size=self.batch_size, seed=self.seed, threads=self.threads, device=self.device,
                               strategy=self.strategy, sample_shape=tuple(sample_shape),
-                              start_iteration=dist.warmup_steps, options={"staging_dir": self.options.staging_dir})
+                              start_iteration=dist.warmup_steps, options={"staging_dir": self.options.staging_dir},
+                              faults=faults_from(self.options.fault),
+                              resume=None if resume is None else {"round": resume["round"],
+                                                                  "workers": resume["workers"]})
             stop = StopRule(rounds=dist.rounds, max_steps=self.max_steps, epochs=dist.epochs,
                             target_accuracy=dist.target_accuracy, dataset_rows=int(total["rows"]), tau=dist.tau,
                             round_seconds=dist.round_seconds)
@@ -347,10 +486,11 @@ class SparkTrainer:
             if dist.engine is Engine.ROUNDS:
                 with _job(sc, group, f"sparknet rounds ({K} workers)"):  # each round sets its own description
                     global_flat, history, extra = self._run_rounds(sc, group, staged, chunks, spec, global_flat,
-                                                                   stop, driver_net, broadcasts, t_fit)
+                                                                   stop, driver_net, broadcasts, t_fit, checkpoints,
+                                                                   resume)
             else:
                 global_flat, history, extra = self._run_barrier(sc, group, chunks, spec, global_flat, stop, val,
-                                                                broadcasts, t_fit)
+                                                                broadcasts, t_fit, driver_net, checkpoints, resume)
             train_s = time.perf_counter() - t_train
         finally:
             self._cleanup(sc, group, fit_id, staged, chunks, broadcasts)
@@ -373,11 +513,48 @@ class SparkTrainer:
             "stop_reason": rounds[-1].get("stop_reason") if rounds else None,
             "data_rows": int(total["rows"]), "rows_per_partition": total["rows_per_partition"],
             "sample_shape": list(sample_shape), "num_classes": num_classes, "input": source.description,
-            "warmup": warmup, **extra,
+            "warmup": warmup, "retries": sum(h.get("retries", 0) for h in rounds),
+            "nonfinite_workers": sum(h.get("nonfinite_workers", 0) for h in rounds),
+            "resumed_from": None if resume is None else resume["round"],
+            "checkpoints": None if checkpoints is None else checkpoints.written, **extra,
         }
         return TrainResult(weights=driver_net.get_weights(), history=history, summary=summary, net=driver_net)
 
     # -- pieces of fit ------------------------------------------------------------------------
+    def _open_checkpoints(self, driver_net: Net) -> tuple[_Checkpoints | None, dict | None]:
+        """The checkpoint folder (checked writable) and, with ``dist.resume``, the state to resume from."""
+        dist = self.dist
+        if not dist.checkpoint_dir:
+            return None, None
+        config = {"dist": _plain_config(dist), "solver": _plain_config(self.solver), "batch_size": self.batch_size,
+                  "seed": self.seed, "max_steps": self.max_steps, "strategy": repr(self.strategy)}
+        checkpoints = _Checkpoints(dist, config)
+        if not dist.resume:
+            return checkpoints, None
+        if checkpoints.manager.latest() is None:
+            log.warning("--resume: no checkpoint in %s yet; starting from the beginning", dist.checkpoint_dir)
+            return checkpoints, None
+        ckpt = checkpoints.manager.load(expect_fingerprint=model_fingerprint(driver_net.get_weights()))
+        state = ckpt.state
+        workers = ckpt.manifest.get("config", {}).get("dist", {}).get("workers")
+        if workers != dist.workers:
+            raise CheckpointError(f"checkpoint {ckpt.path} was written by a run with {workers} workers; resume with "
+                                  f"--workers {workers} (each worker's solver state belongs to its partition)")
+        self.strategy.load_state_dict(state.get("strategy") or {})
+        _set_rng_state(state["rng"])
+        log.info("resuming from %s: round %d, %d steps per worker done", ckpt.path, ckpt.round, state["steps_done"])
+        return checkpoints, {"round": ckpt.round, "weights": ckpt.weights, "workers": state.get("workers") or {},
+                             "steps_done": state["steps_done"], "samples_done": state["samples_done"],
+                             "total_bytes": state["total_bytes"], "iteration": state.get("iteration")}
+
+    def _save_checkpoint(self, checkpoints: _Checkpoints, driver_net: Net, engine: str, rounds_done: int,
+                         global_flat, counters: dict, workers: dict, strategy_state: dict | None = None) -> str:
+        driver_net.set_flat(global_flat)
+        state = {"engine": engine, "round": rounds_done, **counters, "workers": workers,
+                 "strategy": self.strategy.state_dict() if strategy_state is None else strategy_state,
+                 "rng": _rng_state()}
+        return checkpoints.save(rounds_done, driver_net.get_weights(), state)
+
     def _net_for_workers(self):
         net = self.net
         if isinstance(net, torch.nn.Module):
@@ -434,7 +611,7 @@ class SparkTrainer:
 
     # -- the rounds engine --------------------------------------------------------------------
     def _run_rounds(self, sc, group, staged, chunks, spec, global_flat, stop: StopRule, driver_net, broadcasts,
-                    t_fit):
+                    t_fit, checkpoints: _Checkpoints | None = None, resume: dict | None = None):
         from sparknet.spark._rounds import combine, run_round, run_round_from_chunks
 
         K = self.dist.workers
@@ -445,30 +622,46 @@ class SparkTrainer:
         steps_done = samples_done = total_bytes = 0
         missing_total = 0
         r = 0
+        if resume is not None:
+            r, steps_done, samples_done = resume["round"], resume["steps_done"], resume["samples_done"]
+            total_bytes = resume["total_bytes"]
         while True:
             steps = stop.steps_for_round(steps_done)
-            params = {"round": r, "steps": steps, "seconds": self.dist.round_seconds}
+            # worker states come back on checkpoint rounds, and on the round that will surely be the last
+            last_round = stop.reason(r + 1, steps_done + steps, samples_done, None) is not None
+            want_state = checkpoints is not None and (checkpoints.due(r + 1) or last_round)
+            params = {"round": r, "steps": steps, "seconds": self.dist.round_seconds, "checkpoint": want_state}
             t_round = time.perf_counter()
             weights_bc = sc.broadcast(global_flat.numpy())
+            watchdog = _Watchdog(sc, group, self.options.round_timeout_s)
             try:
                 sc.setJobDescription(f"sparknet round {r + 1}")
-                parts = staged.mapPartitionsWithIndex(run_round(spec_bc, weights_bc, params))
-                if K > 8:  # sum in a tree: K partial sums need not all reach the driver
-                    acc = _spark_call(parts.treeAggregate, None, combine, combine, 2)
-                else:
-                    acc = functools.reduce(combine, _spark_call(parts.collect), None)
-                missing = sorted(w["index"] for w in acc["workers"] if w.get("missing"))
-                if missing:
-                    missing_total += len(missing)
-                    log.warning("round %d: partitions %s are not staged where Spark ran them; rerunning them "
-                                "from the cached chunks", r + 1, missing)
-                    acc["workers"] = [w for w in acc["workers"] if not w.get("missing")]
-                    redo = chunks.mapPartitionsWithIndex(run_round_from_chunks(spec_bc, weights_bc, params))
-                    for part in _spark_call(sc.runJob, redo, _identity, missing):
-                        acc = combine(acc, part)
+                with watchdog:
+                    parts = staged.mapPartitionsWithIndex(run_round(spec_bc, weights_bc, params))
+                    if K > 8:  # sum in a tree: K partial sums need not all reach the driver
+                        acc = _spark_call(parts.treeAggregate, None, combine, combine, 2)
+                    else:
+                        acc = functools.reduce(combine, _spark_call(parts.collect), None)
+                    missing = sorted(w["index"] for w in acc["workers"] if w.get("missing"))
+                    if missing:
+                        missing_total += len(missing)
+                        log.warning("round %d: partitions %s are not staged where Spark ran them; rerunning them "
+                                    "from the cached chunks", r + 1, missing)
+                        acc["workers"] = [w for w in acc["workers"] if not w.get("missing")]
+                        redo = chunks.mapPartitionsWithIndex(run_round_from_chunks(spec_bc, weights_bc, params))
+                        for part in _spark_call(sc.runJob, redo, _identity, missing):
+                            acc = combine(acc, part)
+            except Exception as exc:
+                if watchdog.fired:
+                    raise DeadlineExceeded(f"round {r + 1} did not finish within round_timeout_s="
+                                           f"{self.options.round_timeout_s:g} s and was cancelled: "
+                                           f"{watchdog.unfinished}; see those tasks' executor logs, or raise "
+                                           "round_timeout_s") from exc
+                raise
             finally:
                 weights_bc.destroy()
             workers = sorted(acc["workers"], key=lambda w: w["index"])
+            worker_states = {w["index"]: w.pop("worker_state") for w in workers if "worker_state" in w}
             if acc["n"] == 0:
                 bad = [w["index"] for w in workers if not w.get("finite", True)]
                 raise EngineError(f"round {r + 1}: no worker produced finite weights (non-finite: {bad}); "
@@ -494,9 +687,14 @@ class SparkTrainer:
                 "workers": K, "engine": "rounds", "strategy": getattr(self.strategy.name, "value", None),
                 "per_worker": [_worker_view(w) for w in workers],
             }
+            record["retries"] = sum(w.get("attempt", 0) for w in workers)
+            if record["retries"]:
+                log.warning("round %d: %d task attempt(s) failed and were retried by Spark", r, record["retries"])
             nonfinite = [w["index"] for w in trained if not w.get("finite", True)]
             if nonfinite:
                 record["nonfinite_workers"] = len(nonfinite)
+                log.warning("round %d: workers %s had NaN/Inf loss or weights and were left out of the average",
+                            r, nonfinite)
             if missing_total:
                 record["rerun_partitions"] = missing_total
             accuracy = None
@@ -510,6 +708,14 @@ class SparkTrainer:
                 raise EngineError(f"round {r}: no worker made a step; check tau, max_steps and the data")
             if reason is not None:
                 record["stop_reason"] = reason
+            if checkpoints is not None and (checkpoints.due(r) or reason is not None):
+                if not want_state:
+                    log.warning("round %d: the run stopped on %s before a checkpoint round; the final checkpoint "
+                                "holds no worker solver state, so a resume from it restarts the workers' solvers",
+                                r, reason)
+                counters = {"steps_done": steps_done, "samples_done": samples_done, "total_bytes": total_bytes}
+                record["checkpoint"] = self._save_checkpoint(checkpoints, driver_net, "rounds", r, global_flat,
+                                                             counters, worker_states)
             record["wall_s"] = time.perf_counter() - t_fit
             history.append(record)
             self._emit(record)
@@ -535,108 +741,39 @@ class SparkTrainer:
                              f"{type(exc).__name__}: {exc}") from exc
 
     # -- the barrier engine -------------------------------------------------------------------
-    def _run_barrier(self, sc, group, chunks, spec, global_flat, stop: StopRule, val, broadcasts, t_fit):
-        from sparknet.spark._barrier import run_barrier
-        from sparknet.spark._channel import MetricsReceiver, new_secret
-        from sparknet.spark._session import is_local_master
-
-        dist, opts = self.dist, self.options
-        K = dist.workers
-        local = is_local_master(sc.master)
-        secret = new_secret()
-        advertise = "127.0.0.1" if local else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
-        receiver = MetricsReceiver("127.0.0.1" if local else "*", advertise, secret)
-        try:
-            payload_bc = sc.broadcast((self._pack(spec), global_flat.numpy()))
-            broadcasts.append(payload_bc)
-            val_bc = None
-            if val is not None:
-                val_bc = sc.broadcast(val)
-                broadcasts.append(val_bc)
-            params = {"workers": K, "local": local, "endpoint": receiver.endpoint, "secret": secret,
-                      "rendezvous_timeout_s": opts.rendezvous_timeout_s,
-                      "collective_timeout_s": opts.collective_timeout_s, "round_seconds": dist.round_seconds,
-                      "eval_every_rounds": dist.eval_every_rounds, "stop": asdict(stop)}
-            stage = chunks.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
-            silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
-            outcome: dict = {}
-
-            def run_stage():
-                try:
-                    with _job(sc, group, f"sparknet barrier stage ({K} workers)"):
-                        outcome["rows"] = stage.collect()
-                except BaseException as exc:  # handed to the driver thread below
-                    outcome["error"] = exc
-
-            thread = threading.Thread(target=run_stage, name=f"sparknet-barrier-{spec.fit_id}", daemon=True)
-            history: list[dict] = []
-            errors: list[dict] = []
-            seen: set[int] = set()
-            ready_at = None
-            thread.start()
-            last = time.perf_counter()
+    def _run_barrier(self, sc, group, chunks, spec, global_flat, stop: StopRule, val, broadcasts, t_fit, driver_net,
+                     checkpoints: _Checkpoints | None = None, resume: dict | None = None):
+        """Run the barrier stage; start it again from the driver's newest state when it fails."""
+        opts = self.options
+        history: list[dict] = []
+        latest = {"round": 0, "global": global_flat, "strategy": None, "iteration": None, "workers": None,
+                  "steps_done": 0, "samples_done": 0, "total_bytes": 0}
+        if resume is not None:
+            latest.update({k: resume[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "workers")},
+                          strategy=self.strategy.state_dict())
+        restarts: list[dict] = []
+        while True:
+            stage = _BarrierStage(self, sc, group, spec, stop, val, broadcasts, t_fit, driver_net, checkpoints,
+                                  history, restart=len(restarts))
             try:
-                while True:
-                    msg = receiver.recv(0.05)
-                    now = time.perf_counter()
-                    if msg is None:
-                        if not thread.is_alive():
-                            break
-                        limit = opts.rendezvous_timeout_s if ready_at is None else silence
-                        if now - last > limit:
-                            what = ("the barrier tasks did not all start and join the process group" if ready_at is None
-                                    else "the barrier stage sent no round record")
-                            raise DeadlineExceeded(f"{what} within {limit:.0f} s; the stage needs {K} free task slots "
-                                                   "at once and every worker alive (see the executor logs)")
-                        continue
-                    last = now
-                    if msg.get("event") == "error":
-                        errors.append(msg)
-                    elif msg.get("event") == "ready":
-                        ready_at = now
-                    elif msg.get("event") == "round" and msg.get("round") not in seen:
-                        msg["wall_s"] = now - t_fit
-                        seen.add(msg["round"])
-                        history.append(msg)
-                        self._emit(msg)
-                thread.join(timeout=60)
-                while True:  # records that raced the end of the stage
-                    msg = receiver.recv(0.5 if "error" in outcome else 0.0)
-                    if msg is None:
-                        break
-                    if msg.get("event") == "error":
-                        errors.append(msg)
-                    elif msg.get("event") == "round" and msg.get("round") not in seen:
-                        msg["wall_s"] = time.perf_counter() - t_fit
-                        seen.add(msg["round"])
-                        history.append(msg)
-                        self._emit(msg)
-            finally:
-                if thread.is_alive():
-                    sc.cancelJobGroup(group)
-                    thread.join(timeout=30)
-        finally:
-            receiver.close()
-        if "error" in outcome:
-            # the rank that failed first on its own, not a peer whose collective broke because of it
-            first = sorted(errors, key=lambda e: (bool(e.get("collective")), e.get("time", 0.0)))
-            cause = _task_error(first[0]["text"]) if first else _task_error(outcome["error"])
-            raise cause from outcome["error"]
-        rows = outcome.get("rows") or []
-        results = [row for row in rows if row[0] == "result"]
-        if not results:
-            raise EngineError("the barrier stage ended without rank 0's result")
-        _, flat_bytes, full_history = results[0]
-        for rec in full_history:  # records the channel did not deliver
-            if rec["round"] not in seen:
-                rec["wall_s"] = time.perf_counter() - t_fit
-                seen.add(rec["round"])
-                history.append(rec)
-                self._emit(rec)
+                final, extra = stage.run(chunks, latest)
+                break
+            except _StageFailed as failed:
+                cause = failed.cause
+                if failed.fatal or len(restarts) >= opts.max_restarts:
+                    if restarts:
+                        log.error("the barrier stage failed %d times in all; giving up", len(restarts) + 1)
+                    raise cause from failed.__cause__
+                latest = stage.latest or latest
+                first_line = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+                restarts.append({"after_round": latest["round"], "error": first_line})
+                log.warning("barrier stage failed (%s); restart %d of at most %d from round %d", first_line,
+                            len(restarts), opts.max_restarts, latest["round"])
+                del history[sum(1 for h in history if h["round"] <= latest["round"]):]  # their work is redone
         history.sort(key=lambda h: h["round"])
-        final = torch.from_numpy(np.frombuffer(flat_bytes, dtype=np.float32).copy())
-        workers = sorted((row[2] | {"rank": row[1]} for row in rows if row[0] == "worker"), key=lambda w: w["rank"])
-        return final, history, {"barrier_workers": workers, "metrics_rejected": receiver.rejected}
+        extra.update(restarts=len(restarts), restart_log=restarts)
+        return final, history, extra
+
 
     # -- cleanup ------------------------------------------------------------------------------
     @staticmethod
@@ -672,3 +809,179 @@ def _quietly(fn) -> None:
         fn()
     except Exception as exc:  # pragma: no cover - best effort
         log.debug("cleanup step failed: %s", exc)
+
+
+class _StageFailed(Exception):
+    """One barrier stage failed: ``cause`` is the error to raise if it is not started again."""
+
+    def __init__(self, cause: BaseException, fatal: bool):
+        super().__init__(str(cause))
+        self.cause, self.fatal = cause, fatal
+
+
+class _BarrierStage:
+    """One barrier stage of a fit and the driver's side of its channel.
+
+    Records go to ``history`` (and ``on_round``) as they arrive; ``latest`` keeps the newest
+    global weights and strategy state rank 0 sent (what a restart starts from); on checkpoint
+    rounds the ranks' solver states are gathered and the checkpoint written as soon as the
+    round is complete.
+    """
+
+    def __init__(self, trainer: SparkTrainer, sc, group, spec, stop, val, broadcasts, t_fit, driver_net, checkpoints,
+                 history: list[dict], restart: int):
+        self.trainer, self.sc, self.group, self.spec, self.stop, self.val = trainer, sc, group, spec, stop, val
+        self.broadcasts, self.t_fit, self.driver_net, self.checkpoints = broadcasts, t_fit, driver_net, checkpoints
+        self.history, self.restart = history, restart
+        self.seen = {h["round"] for h in history}
+        self.latest: dict | None = None
+        self.pending: dict[int, dict] = {}  # round -> {"state": ..., "workers": {rank: state}}
+        self.errors: list[dict] = []
+
+    def _record(self, msg: dict, now: float) -> None:
+        if msg["round"] in self.seen:
+            return
+        msg["wall_s"] = now - self.t_fit
+        self.seen.add(msg["round"])
+        self.history.append(msg)
+        self.trainer._emit(msg)
+
+    def _handle(self, msg: dict, now: float) -> None:
+        from sparknet.spark._channel import decode_tree
+
+        event = msg.get("event")
+        if event == "error":
+            self.errors.append(msg)
+        elif event == "round":
+            self._record(msg, now)
+        elif event in ("state", "worker_state") and "payload" in msg:
+            tree = decode_tree(msg.pop("payload"))
+            slot = self.pending.setdefault(int(msg["round"]), {"state": None, "workers": {}})
+            if event == "state":
+                state = {k: msg[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration")}
+                state.update(global_flat=tree["global"], strategy=tree["strategy"])
+                slot["state"] = state
+                if self.latest is None or state["round"] >= self.latest["round"]:
+                    self.latest = {**state, "global": tree["global"], "workers": None}
+            else:
+                slot["workers"][int(msg["rank"])] = tree
+            self._maybe_checkpoint(int(msg["round"]))
+
+    def _maybe_checkpoint(self, r: int) -> None:
+        slot = self.pending.get(r)
+        if slot is None or slot["state"] is None:
+            return
+        ranks_with_data = sum(1 for n in self.trainer._rows if n > 0)
+        if self.latest is not None and self.latest["round"] == r and len(slot["workers"]) == ranks_with_data:
+            self.latest["workers"] = slot["workers"]  # a restart from here is exact
+        cp = self.checkpoints
+        final = any(h["round"] == r and h.get("stop_reason") for h in self.history)
+        if cp is None or not (cp.due(r) or final) or len(slot["workers"]) < ranks_with_data or r in cp.written:
+            return
+        state = slot["state"]
+        counters = {k: state[k] for k in ("steps_done", "samples_done", "total_bytes", "iteration")}
+        path = self.trainer._save_checkpoint(cp, self.driver_net, "barrier", r, state["global_flat"], counters,
+                                             slot["workers"], strategy_state=state["strategy"])
+        for h in self.history:
+            if h["round"] == r:
+                h["checkpoint"] = path
+        for old in [k for k in self.pending if k <= r]:
+            del self.pending[old]
+
+    def run(self, chunks, start: dict):
+        from sparknet.spark._barrier import run_barrier
+        from sparknet.spark._channel import MetricsReceiver, new_secret
+        from sparknet.spark._session import is_local_master
+
+        trainer, sc, group, spec = self.trainer, self.sc, self.group, self.spec
+        dist, opts = trainer.dist, trainer.options
+        K = dist.workers
+        local = is_local_master(sc.master)
+        secret = new_secret()
+        advertise = "127.0.0.1" if local else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
+        receiver = MetricsReceiver("127.0.0.1" if local else "*", advertise, secret)
+        t_fit = self.t_fit
+        outcome: dict = {}
+        try:
+            begin = {k: start[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration",
+                                           "strategy", "workers")}
+            flat = start["global"]
+            payload_bc = sc.broadcast((trainer._pack(spec), np.asarray(flat, dtype=np.float32), begin))
+            self.broadcasts.append(payload_bc)
+            val_bc = None
+            if self.val is not None:
+                val_bc = sc.broadcast(self.val)
+                self.broadcasts.append(val_bc)
+            params = {"workers": K, "local": local, "endpoint": receiver.endpoint, "secret": secret,
+                      "rendezvous_timeout_s": opts.rendezvous_timeout_s,
+                      "collective_timeout_s": opts.collective_timeout_s, "round_seconds": dist.round_seconds,
+                      "eval_every_rounds": dist.eval_every_rounds, "stop": asdict(self.stop), "restart": self.restart,
+                      "state_every_rounds": opts.state_every_rounds,
+                      "checkpoint_every": self.checkpoints.every if self.checkpoints is not None else None}
+            stage = chunks.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
+            silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
+
+            def run_stage():
+                try:
+                    with _job(sc, group, f"sparknet barrier stage ({K} workers)"):
+                        outcome["rows"] = stage.collect()
+                except BaseException as exc:  # handed to the driver thread below
+                    outcome["error"] = exc
+
+            thread = threading.Thread(target=run_stage, name=f"sparknet-barrier-{spec.fit_id}", daemon=True)
+            ready_at = None
+            thread.start()
+            last = time.perf_counter()
+            try:
+                while True:
+                    msg = receiver.recv(0.05)
+                    now = time.perf_counter()
+                    if msg is None:
+                        if not thread.is_alive():
+                            break
+                        limit = opts.rendezvous_timeout_s if ready_at is None else silence
+                        if now - last > limit:
+                            what = ("the barrier tasks did not all start and join the process group" if ready_at is None
+                                    else "the barrier stage sent no round record")
+                            raise DeadlineExceeded(f"{what} within {limit:.0f} s; the stage needs {K} free task slots "
+                                                   "at once and every worker alive (see the executor logs)")
+                        continue
+                    last = now
+                    if msg.get("event") == "ready":
+                        ready_at = now
+                    else:
+                        self._handle(msg, now)
+                thread.join(timeout=60)
+                while True:  # records that raced the end of the stage
+                    msg = receiver.recv(0.5 if "error" in outcome else 0.0)
+                    if msg is None:
+                        break
+                    self._handle(msg, time.perf_counter())
+            finally:
+                if thread.is_alive():
+                    sc.cancelJobGroup(group)
+                    thread.join(timeout=30)
+        finally:
+            receiver.close()
+        if "error" in outcome:
+            # the rank that failed first on its own, not a peer whose collective broke because of it
+            first = sorted(self.errors, key=lambda e: (bool(e.get("collective")), e.get("time", 0.0)))
+            cause = _task_error(first[0]["text"]) if first else _task_error(outcome["error"])
+            fatal = any(e.get("fatal") for e in self.errors)
+            raise _StageFailed(cause, fatal) from outcome["error"]
+        rows = outcome.get("rows") or []
+        results = [row for row in rows if row[0] == "result"]
+        if not results:
+            raise EngineError("the barrier stage ended without rank 0's result")
+        _, flat_bytes, full_history = results[0]
+        for rec in full_history:  # records the channel did not deliver
+            self._record(rec, time.perf_counter())
+        final = torch.from_numpy(np.frombuffer(flat_bytes, dtype=np.float32).copy())
+        if self.checkpoints is not None:
+            last_round = max((h["round"] for h in self.history), default=0)
+            self._maybe_checkpoint(last_round)
+            if last_round not in self.checkpoints.written:
+                raise EngineError(f"the barrier stage ended but the final checkpoint of round {last_round} could not "
+                                  "be assembled (some ranks' solver states did not reach the driver)")
+        workers = sorted((row[2] | {"rank": row[1]} for row in rows if row[0] == "worker"), key=lambda w: w["rank"])
+        return final, {"barrier_workers": workers, "metrics_rejected": receiver.rejected}
