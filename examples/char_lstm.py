@@ -2,6 +2,7 @@
 
     python examples/char_lstm.py --workers 2 --out runs/char_lstm
     sparknet sample --model-dir runs/char_lstm/model --prime "ROMEO:"
+    python examples/char_lstm.py --quick               # a tiny LSTM, 3 rounds on 20,000 characters (seconds)
 
 Paper 001's LSTM experiment, the SparkNet way: each worker trains ``zoo.char_lstm`` with
 RMSprop on its own partition of the corpus (blocks dealt round-robin) for a round (``--tau`` steps or ``--round-seconds``,
@@ -168,6 +169,8 @@ def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> N
         corpus.train = corpus.train[: args.train_chars]
     val = corpus.sequences("validation", args.eval_seq_len)
     probe = val.subset(min(len(val), args.eval_sequences), seed=0)
+    if args.final_sequences:
+        val = val.subset(min(len(val), args.final_sequences), seed=0)
     solver = SolverConfig(type="rmsprop", base_lr=args.lr, rms_decay=args.rms_decay, clip_gradients=args.clip,
                           lr_policy="inv", gamma=args.lr_gamma, power=0.75)
     net_def = zoo.char_lstm(corpus.vocab_size, seq_len=args.seq_len, hidden=args.hidden,
@@ -212,8 +215,8 @@ def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> N
         if layout is not None:  # every rank stops on the same round
             dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         elapsed_s = float(elapsed)
-        out_of_time = elapsed_s > budget_s - args.final_eval_s
-        if rounds % args.eval_every == 0 or out_of_time:
+        last = elapsed_s > budget_s - args.final_eval_s or (args.rounds is not None and rounds >= args.rounds)
+        if rounds % args.eval_every == 0 or last:
             net.set_flat(global_flat if ema is None else ema)
             bpc = _val_bpc(net, probe.x, probe.y, world)
             record = {"round": rounds, "steps": steps, "elapsed_s": round(elapsed_s, 1), "train_bpc": loss / LN2,
@@ -222,7 +225,7 @@ def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> N
             if rank == 0:
                 log.info("round %d step %d %.0fs: train %.3f bpc, validation %.3f bpc (sync %.1f ms)", rounds, steps,
                          elapsed_s, loss / LN2, bpc, sync_s * 1e3)
-            if bpc < args.target_bpc or out_of_time:
+            if bpc < args.target_bpc or last:
                 break
     probe_global = None
     if ema is not None:
@@ -253,6 +256,8 @@ def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> N
     print(f"\nvalidation: {final:.3f} bits per character after {wall / 60:.1f} min "
           f"({steps} steps per worker, {world} workers)\n")
     print(args.prime + text + "\n")
+    if args.result_file:
+        Path(args.result_file).write_text(json.dumps(result))
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -266,6 +271,9 @@ def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> N
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true",
+                   help="a tiny LSTM for 3 rounds of 10 steps on the first 20,000 characters (seconds); "
+                        "flags given explicitly still win")
     p.add_argument("--workers", type=int, default=2, help="worker processes (gloo on loopback)")
     p.add_argument("--strategy", default="average", help="average, diloco or easgd")
     p.add_argument("--ema", type=float, default=0.9,
@@ -274,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tau", type=int, default=1000, help="local steps between averagings (at most)")
     p.add_argument("--minutes", type=float, default=14.5, help="time budget, start to the end of the final evaluation")
     p.add_argument("--target-bpc", type=float, default=2.0, help="stop once validation bits per character is below")
+    p.add_argument("--rounds", type=int, default=None, help="stop after this many rounds (default: no limit)")
     p.add_argument("--round-seconds", type=float, default=4.0,
                    help="a round also ends after this many seconds (time-budgeted rounds: no straggler wait)")
     p.add_argument("--hidden", type=int, default=384)
@@ -291,6 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "lack context, so short windows overstate bits per character)")
     p.add_argument("--eval-sequences", type=int, default=40, help="validation windows per probe")
     p.add_argument("--final-eval-s", type=float, default=60.0, help="seconds kept for the final full evaluation")
+    p.add_argument("--final-sequences", type=int, default=None,
+                   help="evaluate the final weights on this many validation windows (default: all of them)")
     p.add_argument("--train-chars", type=int, default=None, help="use only the first N training characters")
     p.add_argument("--block-chars", type=int, default=1 << 16,
                    help="the training text is dealt to the workers in blocks of this many characters")
@@ -304,20 +315,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample-length", type=int, default=300)
     p.add_argument("--temperature", type=float, default=0.8)
     p.add_argument("--out", default=None, help="folder for the model and result.json")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON line at the end")
     return p
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+# What --quick sets, for every flag left at its default.
+QUICK = {"tau": 10, "rounds": 3, "round_seconds": 30.0, "hidden": 32, "embed_dim": 16, "seq_len": 32,
+         "batch_size": 8, "eval_every": 1, "eval_seq_len": 128, "eval_sequences": 4, "final_sequences": 16,
+         "final_eval_s": 0.0, "train_chars": 20_000, "block_chars": 2_000, "sample_length": 40,
+         "sample_context": 64, "target_bpc": 0.0}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.quick:
+        for name, value in QUICK.items():
+            if getattr(args, name) == parser.get_default(name):
+                setattr(args, name, value)
+    for name in ("workers", "tau", "seq_len", "batch_size", "hidden", "eval_every"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.rounds is not None and args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
+    return args
+
+
+def main(argv=None) -> dict:
+    """Run the example (``--workers`` processes); returns rank 0's result (also ``result.json`` under ``--out``)."""
+    import tempfile
+
+    args = parse_args(argv)
     _setup_logging()
     t_start = time.time()
     shakespeare()  # fetch and cache once, before the workers read it
-    if args.workers == 1:
-        _worker(0, 1, 0, args, t_start)
-    else:
-        mp.spawn(_worker, args=(args.workers, _free_port(), args, t_start), nprocs=args.workers, join=True)
-    return 0
+    with tempfile.TemporaryDirectory(prefix="char-lstm-") as tmp:
+        args.result_file = str(Path(tmp) / "result.json")
+        if args.workers == 1:
+            _worker(0, 1, 0, args, t_start)
+        else:
+            mp.spawn(_worker, args=(args.workers, _free_port(), args, t_start), nprocs=args.workers, join=True)
+        result = json.loads(Path(args.result_file).read_text())
+    if args.json:
+        print(json.dumps(result))
+    return result
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
+    sys.exit(0)
