@@ -122,8 +122,11 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
         info["bad_rows"] += bad
         return _finish(np.empty((0, want), np.float32), y[:0], info)
     values = feats.flatten()
-    if values.null_count:
-        info["nonfinite"] += n  # a null inside a feature array: no number to train on
+    if values.null_count:  # a null inside a feature array: no number to train on
+        import pyarrow.compute as pc
+
+        parents = np.asarray(pc.list_parent_indices(feats).to_numpy(zero_copy_only=False))
+        info["null_x"] += int(len(np.unique(parents[np.asarray(values.is_null().to_numpy(zero_copy_only=False))])))
         return _finish(np.empty((0, want), np.float32), y[:0], info)
     x = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(n, want)
     return _finish(x, y, info)
@@ -352,7 +355,8 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
     if total["not_pairs"]:
         raise ValueError(f"{what}: {total['not_pairs']} elements are not (numeric array, label) pairs")
     if total["null_x"]:
-        raise ValueError(f"{what}: {total['null_x']} rows have a null feature value; drop or fill them first")
+        raise ValueError(f"{what}: {total['null_x']} rows have a null feature value (the whole row, or a value "
+                         "inside it); drop or fill them first (e.g. DataFrame.dropna or na.fill)")
     if total["null_y"]:
         raise ValueError(f"{what}: {total['null_y']} rows have a null label; drop them first")
     if total["bad_rows"] or len(total["lengths"]) > 1:
@@ -423,16 +427,23 @@ def local_arrays(data, *, sample_shape, what: str = "validation data") -> tuple[
         raise ValueError(f"{what}: {len(x)} feature rows but {len(y)} labels")
     if len(x) == 0:
         raise ValueError(f"{what} is empty")
+    if x.dtype == object or x.dtype.kind not in "biuf":
+        raise ValueError(f"{what}: features are {x.dtype}, not numbers")
     x = x.astype(np.float32, copy=False)
+    bad = int(len(x) - np.isfinite(x.reshape(len(x), -1)).all(axis=1).sum())
+    if bad:
+        raise ValueError(f"{what}: {bad} rows hold NaN or infinite feature values; clean or impute them first")
     if sample_shape is not None:
         per = int(np.prod(x.shape[1:]))
         if per != int(np.prod(sample_shape)):
             raise ValueError(f"{what}: each row has {per} feature values but the net takes shape "
                              f"{tuple(sample_shape)}")
         x = x.reshape(len(x), *sample_shape)
+    if y.dtype.kind not in "biuf":
+        raise ValueError(f"{what}: labels are {y.dtype}; labels are class ids 0..C-1")
     if y.dtype.kind == "f":
         if not np.all(np.floor(y) == y):
-            raise ValueError(f"{what}: labels are not whole numbers")
+            raise ValueError(f"{what}: labels are not whole numbers; labels are class ids 0..C-1")
     return x, y.astype(np.int64, copy=False)
 
 
