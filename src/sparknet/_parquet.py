@@ -27,17 +27,30 @@ def features_to_numpy(column) -> np.ndarray:
 
     col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
-        lengths = np.asarray(col.value_lengths().fill_null(0))
+        value_type = col.type.value_type
+        if not (pa.types.is_integer(value_type) or pa.types.is_floating(value_type)):
+            raise ValueError(f"the features column has type {col.type}; it must be an array of numbers or an ML Vector")
+        if col.null_count:
+            raise ValueError(f"the features column has {col.null_count} null rows; drop or fill them first")
+        lengths = np.asarray(col.value_lengths())
         if len(lengths) and (lengths != lengths[0]).any():
             bad = int(np.argmax(lengths != lengths[0]))
-            raise ValueError(f"feature rows differ in length: row 0 has {lengths[0]} values, row {bad} has {lengths[bad]}")
-        if col.null_count:
-            raise ValueError(f"the features column has {col.null_count} null rows")
-        values = np.asarray(col.flatten(), dtype=np.float32)
+            raise ValueError(f"feature rows differ in length: row 0 has {lengths[0]} values, row {bad} has "
+                             f"{lengths[bad]}; every row needs the same number of values")
+        if len(lengths) and lengths[0] == 0:
+            raise ValueError("the feature rows are empty arrays; every row needs at least one value")
+        values = col.flatten()
+        if values.null_count:
+            import pyarrow.compute as pc
+
+            parents = np.asarray(pc.list_parent_indices(col))[np.asarray(values.is_null())]
+            raise ValueError(f"{len(np.unique(parents))} feature rows hold a null value (first: row {parents[0]}); "
+                             "drop or fill them first")
+        values = np.asarray(values, dtype=np.float32)
         return values.reshape(len(col), -1 if len(col) else 0)
     if pa.types.is_struct(col.type) and {"type", "values"} <= {f.name for f in col.type}:
         rows = col.to_pylist()
-        size = max((r["size"] or len(r["values"])) if r["type"] == 0 else len(r["values"]) for r in rows)
+        size = max(((r["size"] or len(r["values"])) if r["type"] == 0 else len(r["values"]) for r in rows), default=0)
         out = np.zeros((len(rows), size), dtype=np.float32)
         for i, r in enumerate(rows):
             if r["type"] == 0:  # sparse
@@ -55,19 +68,30 @@ def read_parquet_dataset(path: str, features_col: str = "features", label_col: s
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"no Parquet data at {path}")
-    table = pq.read_table(p)
+    try:
+        table = pq.read_table(p)
+    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"cannot read {path} as Parquet ({exc}); point --data at a Parquet file or a folder "
+                         "of Parquet files") from exc
     for col in (features_col, label_col):
         if col not in table.column_names:
-            raise ValueError(f"{path} has no column {col!r} (columns: {table.column_names})")
+            raise ValueError(f"{path} has no column {col!r} (columns: {table.column_names}); it needs "
+                             f"{features_col!r} (an array of numbers or an ML Vector) and {label_col!r} (class ids)")
     x = features_to_numpy(table.column(features_col))
-    y_raw = np.asarray(table.column(label_col).to_numpy(zero_copy_only=False))
+    labels = table.column(label_col)
+    if labels.null_count:
+        raise ValueError(f"the label column {label_col!r} has {labels.null_count} null values; drop those rows first")
+    y_raw = np.asarray(labels.to_numpy())
     if not np.issubdtype(y_raw.dtype, np.number):
-        raise ValueError(f"the label column {label_col!r} is not numeric ({y_raw.dtype})")
+        raise ValueError(f"the label column {label_col!r} is not numeric ({labels.type}); it must hold class ids "
+                         "0, 1, 2, ...")
     if np.any(y_raw != np.round(y_raw)) or np.any(y_raw < 0):
-        raise ValueError(f"the label column {label_col!r} must hold class indices 0, 1, 2, ...")
+        raise ValueError(f"the label column {label_col!r} must hold class ids 0, 1, 2, ... (it holds values from "
+                         f"{y_raw.min()} to {y_raw.max()}, not all whole and non-negative)")
     y = y_raw.astype(np.int64)
-    if not np.isfinite(x).all():
-        raise ValueError("the features hold NaN or infinite values")
+    bad = int(len(x) - np.isfinite(x).all(axis=1).sum()) if x.size else 0
+    if bad:
+        raise ValueError(f"{bad} feature rows hold NaN or infinite values; clean or impute them first")
     n_test = max(1, int(len(x) * TEST_FRACTION))
     if len(x) < 2:
         raise ValueError(f"{path} has {len(x)} rows; at least 2 are needed (one to train, one to test)")

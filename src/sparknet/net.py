@@ -172,6 +172,22 @@ def _collect(data, expected_label_ndim: int | None, batched: bool | None) -> tup
     return x, y
 
 
+def _check_finite(x: torch.Tensor, what: str) -> None:
+    """A clear error when floating-point features hold NaN or infinite values (they would train to NaN)."""
+    if x.is_floating_point() and x.numel() and not bool(torch.isfinite(x).all()):
+        bad = int((~torch.isfinite(x.reshape(len(x), -1))).any(dim=1).sum())
+        raise ValueError(f"{what}: {bad} rows hold NaN or infinite feature values; clean or impute them first")
+
+
+def _explain_loss_error(exc: IndexError, y: torch.Tensor, what: str) -> ValueError:
+    """torch's bare ``Target 7 is out of bounds`` as an error that says which labels and what to do."""
+    labels = ""
+    if y.numel() and not y.is_floating_point():
+        labels = f" (labels in this batch range over [{int(y.min())}, {int(y.max())}])"
+    return ValueError(f"{what}: the loss could not be computed: {exc}{labels}; labels must be class ids 0..C-1 "
+                      "for a net with C outputs")
+
+
 def accuracy_count(pred: torch.Tensor, y: torch.Tensor) -> int:
     """Number of correct arg-max predictions (class axis last, or axis 1 as in Caffe)."""
     if pred.dim() == y.dim() + 1:
@@ -279,6 +295,7 @@ class Net:
         x, y = self._fit_input(*_collect(data, self._label_ndim, batched))
         if len(x) == 0:
             raise ValueError("validation data is empty")
+        _check_finite(x, "validation data")
         self._val = (x, y)
 
     def _fit_input(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -340,7 +357,10 @@ class Net:
             step_loss = 0.0
             for _ in range(iter_size):
                 xb, yb = self._next_batch()
-                loss, _ = self._model.loss(xb, yb)
+                try:
+                    loss, _ = self._model.loss(xb, yb)
+                except IndexError as exc:
+                    raise _explain_loss_error(exc, yb, "training data") from exc
                 (loss / iter_size if iter_size > 1 else loss).backward()
                 step_loss += loss.item()
                 samples += len(xb)
@@ -394,7 +414,10 @@ class Net:
             for start in range(0, n, batch_size):
                 xb = x[start:start + batch_size].to(self.device)
                 yb = y[start:start + batch_size].to(self.device)
-                loss, pred = self._model.loss(xb, yb)
+                try:
+                    loss, pred = self._model.loss(xb, yb)
+                except IndexError as exc:
+                    raise _explain_loss_error(exc, yb, "validation data") from exc
                 loss_sum += loss.item() * len(xb)
                 correct += accuracy_count(pred, yb)
         finally:
