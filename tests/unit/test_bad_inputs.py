@@ -2,7 +2,7 @@
 
 Every case is a clear error (what is wrong, what to do) or documented handling, and nothing is
 lost: a corrupt cache is named, never silently replaced; a failed checkpoint leaves the last
-good one readable. The Spark engines' cases are in tests/spark/test_bad_inputs.py; cases
+good one readable. The Spark engines' cases are in tests/spark/test_bad_inputs_spark.py; cases
 already tested elsewhere are only listed in docs/RELIABILITY.md, with their test.
 """
 
@@ -43,8 +43,8 @@ def offline(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
 
 # -- the command line -------------------------------------------------------------------------------
 @pytest.mark.parametrize("flag, value, choices", [
-    ("--engine", "mpi", "'local', 'rounds', 'barrier'"),
-    ("--strategy", "gossip", "'average', 'sync', 'diloco', 'easgd', 'async'"),
+    pytest.param("--engine", "mpi", "'local', 'rounds', 'barrier'", id="engine"),
+    pytest.param("--strategy", "gossip", "'average', 'sync', 'diloco', 'easgd', 'async'", id="strategy"),
 ])
 def test_unknown_engine_or_strategy_on_the_command_line_lists_the_choices(capsys, flag, value, choices):
     with pytest.raises(SystemExit) as info:
@@ -55,9 +55,10 @@ def test_unknown_engine_or_strategy_on_the_command_line_lists_the_choices(capsys
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--workers", "2", "--tau", "0"], "tau must be at least 1 (steps between synchronizations), got 0"),
-    (["--lr", "-0.5"], "learning rate must be a positive number, got -0.5"),
-    (["--workers", "0"], "workers must be at least 1, got 0"),
+    pytest.param(["--workers", "2", "--tau", "0"], "tau must be at least 1 (steps between synchronizations), got 0",
+                 id="tau 0"),
+    pytest.param(["--lr", "-0.5"], "learning rate must be a positive number, got -0.5", id="negative lr"),
+    pytest.param(["--workers", "0"], "workers must be at least 1, got 0", id="no workers"),
 ])
 def test_bad_numbers_on_the_command_line_exit_2_with_the_reason(caplog, args, message):
     caplog.set_level(logging.ERROR)
@@ -148,9 +149,7 @@ def test_a_failed_save_leaves_the_last_good_checkpoint(tmp_path):
 
 # -- Parquet files (sparknet train --data PATH) ---------------------------------------------------
 _LIST = pa.list_(pa.float32())
-
-
-@pytest.mark.parametrize("case, table, message", [
+_PARQUET_CASES = [
     ("no rows", {"features": pa.array([], _LIST), "label": pa.array([], pa.int64())},
      "has 0 rows; at least 2 are needed"),
     ("no label column", {"features": pa.array([[1.0, 2.0]] * 3, _LIST)},
@@ -175,7 +174,10 @@ _LIST = pa.list_(pa.float32())
      "has 1 null values; drop those rows first"),
     ("negative labels", {"features": pa.array([[1.0, 2.0]] * 3, _LIST), "label": pa.array([0, -1, 1])},
      r"must hold class ids 0, 1, 2, ... \(it holds values from -1 to 1"),
-])
+]
+
+
+@pytest.mark.parametrize("case, table, message", _PARQUET_CASES, ids=[c[0] for c in _PARQUET_CASES])
 def test_bad_parquet_data_is_a_clear_error(tmp_path, case, table, message):
     path = tmp_path / "data.parquet"
     pq.write_table(pa.table(table), path)
