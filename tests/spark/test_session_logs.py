@@ -1,0 +1,93 @@
+"""Sessions that sparknet starts keep Spark's own logging out of the user's way from the JVM's start."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sparknet.spark._session import LOG_LEVEL_ENV, quiet_log_settings, spark_log_level
+
+pytestmark = pytest.mark.spark
+
+DRIVER, EXECUTOR = "spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"
+
+
+@pytest.fixture
+def clean_env(monkeypatch, tmp_path):
+    """No Spark configuration folder of the user's, no submit arguments, no level set."""
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    monkeypatch.delenv(LOG_LEVEL_ENV, raising=False)
+    return conf_dir
+
+
+def test_driver_and_local_executors_point_at_the_packaged_file(clean_env):
+    out = quiet_log_settings("local-cluster[2,1,1024]", {}, "ERROR")
+    assert set(out) == {DRIVER, EXECUTOR}
+    for options in out.values():
+        assert "-Dlog4j2.configurationFile=file:" in options and options.endswith("-DSPARKNET_SPARK_LOG_LEVEL=ERROR")
+        assert "-Dspark" not in options  # Spark refuses -Dspark... in executor options
+    path = out[DRIVER].split("configurationFile=file://")[1].split()[0]
+    assert "rootLogger.level" in open(path, encoding="utf-8").read()
+
+
+def test_remote_executors_keep_their_cluster_logging(clean_env):
+    assert set(quiet_log_settings("spark://10.0.0.1:7077", {}, "WARN")) == {DRIVER}
+    assert set(quiet_log_settings("yarn", {}, "WARN")) == {DRIVER}
+
+
+def test_user_options_are_kept_and_a_user_log4j_file_wins(clean_env):
+    out = quiet_log_settings("local[2]", {DRIVER: "-Xss4m -Dfoo=1"}, "ERROR")
+    assert out[DRIVER].startswith("-Xss4m -Dfoo=1 -Dlog4j2.configurationFile=")
+    mine = {DRIVER: "-Dlog4j2.configurationFile=/etc/my-log4j2.properties",
+            EXECUTOR: "-Dlog4j.configurationFile=/etc/old.properties"}
+    assert quiet_log_settings("local[2]", mine, "ERROR") == {}
+
+
+def test_spark_defaults_options_are_merged_not_replaced(clean_env):
+    (clean_env / "spark-defaults.conf").write_text(
+        "# site settings\nspark.driver.extraJavaOptions   -XX:+UseG1GC -Dsite=1\nspark.executor.memory 2g\n")
+    out = quiet_log_settings("local[2]", {}, "ERROR")
+    assert out[DRIVER].startswith("-XX:+UseG1GC -Dsite=1 -Dlog4j2.configurationFile=")
+
+
+def test_a_log4j_file_in_the_conf_dir_or_java_options_in_submit_args_leave_logging_alone(clean_env, monkeypatch):
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--driver-java-options -Dx=1 pyspark-shell")
+    assert quiet_log_settings("local[2]", {}, "ERROR") == {}
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS")
+    (clean_env / "log4j2.properties").write_text("rootLogger.level = info\n")
+    assert quiet_log_settings("local[2]", {}, "ERROR") == {}
+
+
+def test_log_level_from_argument_environment_or_default(clean_env, monkeypatch):
+    assert spark_log_level() == "ERROR"
+    monkeypatch.setenv(LOG_LEVEL_ENV, "info")
+    assert spark_log_level() == "INFO"
+    assert spark_log_level("warn") == "WARN"
+    with pytest.raises(ValueError, match="not one of"):
+        spark_log_level("loud")
+
+
+def test_a_new_session_starts_quiet(clean_env, tmp_path):
+    """A fresh process (the JVM starts once per process) prints no Spark chatter while it starts and runs a job."""
+    script = textwrap.dedent("""
+        from sparknet.spark import get_session
+        spark = get_session("local[1]", conf={"spark.ui.enabled": "false"})
+        try:
+            assert spark.sparkContext.parallelize(range(10), 2).sum() == 45
+            root = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getRootLogger()
+            print("root level", root.getLevel().toString())
+        finally:
+            spark.stop()
+    """)
+    proc = subprocess.run([sys.executable, "-W", "ignore::FutureWarning", "-c", script], capture_output=True,
+                          text=True, timeout=240, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "root level ERROR" in proc.stdout
+    for chatter in ("Using Spark's default log4j profile", "Setting default log level", " WARN ", " INFO "):
+        assert chatter not in proc.stderr, proc.stderr
