@@ -136,6 +136,18 @@ def test_an_empty_dataframe_partition_sits_out_in_the_barrier_engine(spark):
     assert torch.isfinite(res.weights.to_flat(torch.float32)).all()
 
 
+def test_an_empty_partition_is_refused_where_every_step_needs_every_worker(spark):
+    x, y = blobs(12)
+    rdd = partitioned_rdd(spark.sparkContext, [(x[:0], y[:0]), (x, y)])
+    rounds: list[dict] = []
+    trainer = SparkTrainer(mlp(), solver=SolverConfig(base_lr=0.1), batch_size=4, on_round=rounds.append,
+                           dist=DistributedConfig(workers=2, tau=2, rounds=1, engine="barrier", strategy="sync"))
+    with pytest.raises(ValueError, match="a strategy that allreduces gradients every step needs data in every "
+                                         "partition"):
+        trainer.fit(rdd)
+    assert rounds == [] and spark.sparkContext._jsc.getPersistentRDDs().size() == 0
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_model_that_cannot_be_pickled_is_refused_before_any_job(spark, engine):
     class WithLock(torch.nn.Module):
