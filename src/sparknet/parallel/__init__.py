@@ -4,7 +4,8 @@
 model-parallel group with PyTorch's tensor parallelism (DTensor over a gloo ``DeviceMesh``);
 :func:`init_layout` makes the data- and model-parallel groups from an initialized default
 process group; :func:`dp_round` runs any training strategy over the data-parallel groups,
-each rank on its own shard. See ``docs/MODEL_PARALLEL.md``.
+each rank on its own shard; :func:`run_rank` is one rank's whole run (what each task of a
+model-parallel Spark stage runs, :mod:`sparknet.parallel.spark`). See ``docs/MODEL_PARALLEL.md``.
 """
 
 from sparknet.parallel.mesh import (
@@ -20,6 +21,7 @@ from sparknet.parallel.mesh import (
     replica_seed,
     share_data_over_mp,
 )
+from sparknet.parallel.runner import ModelParallelJob, default_plan, effective_plan, run_rank
 from sparknet.parallel.tensor import (
     ConvColwiseParallel,
     ParallelPlan,
@@ -40,5 +42,5 @@ __all__ = [
     "average_over_dp_", "broadcast_over_dp_", "dp_round", "ReplicaWorker", "model_parallel_worker",
     "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "ConvColwiseParallel", "parallelize", "build_parallel",
     "resolve_plan", "local_weight_bytes", "weight_bytes_per_rank", "check_weight_budget", "gather_full_weights",
-    "load_full_weights",
+    "load_full_weights", "ModelParallelJob", "run_rank", "default_plan", "effective_plan",
 ]
