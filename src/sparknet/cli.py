@@ -160,7 +160,7 @@ def _run_train(args: argparse.Namespace) -> int:
         from sparknet.spark.run import train_distributed
 
         summary = train_distributed(run, dist)
-    keys = ("test_accuracy", "wall_s", "samples_per_s", "steps", "rounds")
+    keys = ("test_accuracy", "wall_s", "samples_per_s", "steps", "rounds", "weight_bytes_per_worker")
     print(json.dumps({k: summary.get(k) for k in keys if k in summary}))  # --quiet too: the run's result
     return 0
 
