@@ -155,7 +155,7 @@ def _run_train(args: argparse.Namespace) -> int:
     if summary is None and dist.workers == 1 and args.engine == Engine.ROUNDS.value and args.master is None:
         from sparknet.train import train_local
 
-        summary = train_local(run)
+        summary = train_local(run, dist)
     elif summary is None:
         from sparknet.spark.run import train_distributed
 
