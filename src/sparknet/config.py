@@ -143,8 +143,18 @@ class DistributedConfig:
     """Choose tau while training so synchronization stays under --auto-tau-target of wall time."""
     auto_tau_target: float = 0.1
     """Largest fraction of wall time spent synchronizing that --auto-tau aims for."""
+    auto_tau_min: int = 1
+    """Smallest tau --auto-tau may choose."""
+    auto_tau_max: int = 1000
+    """Largest tau --auto-tau may choose."""
+    auto_tau_every: int = 3
+    """Rounds between two choices of --auto-tau (each from the medians of the last 5 rounds)."""
     compression: str = "none"
     """Encoding of the updates workers send: none, fp16, bf16 or int8 (with error feedback)."""
+    link_latency: str | None = None
+    """Simulated slow network: every exchange of the Spark engines waits this latency (e.g. 50ms)."""
+    link_bandwidth: str | None = None
+    """Simulated slow network: and its bytes over this bandwidth (e.g. 100Mbit; bits per second)."""
     outer_lr: float = 0.7
     """DiLoCo's outer learning rate."""
     outer_momentum: float = 0.9
@@ -167,6 +177,11 @@ class DistributedConfig:
             raise ValueError(f"unknown compression {self.compression!r}; choose none, fp16, bf16 or int8")
         if not 0 < self.auto_tau_target < 1:
             raise ValueError(f"auto_tau_target is a fraction in (0, 1), got {self.auto_tau_target}")
+        if not 1 <= self.auto_tau_min <= self.auto_tau_max:
+            raise ValueError(f"need 1 <= auto_tau_min <= auto_tau_max, got {self.auto_tau_min}, {self.auto_tau_max}")
+        if self.auto_tau_every < 1:
+            raise ValueError(f"auto_tau_every must be at least 1 round, got {self.auto_tau_every}")
+        self.link()  # a bad latency or bandwidth fails here, saying how to write it
         self.strategy = parse_enum(Strategy, self.strategy, "strategy")
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
@@ -194,6 +209,20 @@ class DistributedConfig:
             raise ValueError("resume needs --checkpoint-dir: the folder whose newest checkpoint to continue from")
         if self.strategy is Strategy.SYNC and self.engine is Engine.ROUNDS and self.workers > 1:
             raise ValueError("the sync strategy allreduces gradients every step and needs --engine barrier")
+        if self.strategy is Strategy.SYNC and self.compression != "none":
+            raise ValueError("the sync strategy exchanges full gradients every step; compression applies to the "
+                             "updates of average, diloco and easgd: drop --compression or choose another strategy")
+        if self.strategy is Strategy.SYNC and self.auto_tau:
+            raise ValueError("the sync strategy synchronizes every step whatever tau is (tau only spaces its metric "
+                             "rounds); drop --auto-tau or choose another strategy")
+
+    def link(self):
+        """The simulated link of --link-latency/--link-bandwidth (``None`` when neither is given)."""
+        if self.link_latency is None and self.link_bandwidth is None:
+            return None
+        from sparknet.link import LinkModel
+
+        return LinkModel.parse(self.link_latency, self.link_bandwidth)
 
     def strategy_options(self) -> dict:
         """Keyword arguments for :func:`sparknet.strategies.make_strategy`."""

@@ -168,6 +168,23 @@ class LinkModel:
         transfer = 0.0 if self.bandwidth_bits_per_s is None else steps * (nbytes / world) * 8.0 / self.bandwidth_bits_per_s
         return steps * self.latency_s + transfer
 
+    def allgather_delay(self, nbytes: int, world: int) -> float:
+        """Seconds a ring all-gather of one ``nbytes`` message from each of ``world`` ranks takes.
+
+        ``world - 1`` steps, each rank forwarding one whole message to its neighbour per step
+        (what the engines use for compressed updates, which cannot be summed on the way).
+        Zero for one rank.
+        """
+        if world < 1:
+            raise ValueError(f"world must be at least 1, got {world}")
+        if world == 1:
+            return 0.0
+        return (world - 1) * self.delay(nbytes)
+
+    def wait_allgather(self, nbytes: int, world: int) -> float:
+        """Sleep for :meth:`allgather_delay`; returns the seconds slept."""
+        return self._sleep(self.allgather_delay(nbytes, world))
+
     def wait_allreduce(self, nbytes: int, world: int) -> float:
         """Sleep for :meth:`allreduce_delay`; returns the seconds slept."""
         return self._sleep(self.allreduce_delay(nbytes, world))

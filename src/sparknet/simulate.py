@@ -18,7 +18,7 @@ import torch
 from sparknet.config import Strategy, parse_enum
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
-from sparknet.strategies import WorkerState, make_compressor, make_strategy
+from sparknet.strategies import Downlink, WorkerState, make_compressor, make_strategy
 
 __all__ = ["SimulationResult", "simulate"]
 
@@ -112,13 +112,13 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
         nets.append(net)
         states.append(WorkerState())
     global_flat = strat.init_global(evaluator.get_flat())
-    # With compression the workers hold an approximation of the global weights, brought up to
-    # date each round by a compressed difference; the driver's exact weights keep what the
-    # compression has not yet delivered (error feedback on the way down).
-    seen = global_flat.clone()
-    down_state = WorkerState()
+    # The workers hold ``seen``, the global weights as the downlink delivered them (exact without
+    # compression; with it, each round's message is the compressed gap to the driver's exact
+    # weights, so what one message loses the next carries): the Spark engines' own Downlink.
+    down = Downlink(compressor, global_flat.numel())
+    sent = workers * down.message(global_flat).numel()  # the initial weights, down
+    seen = down.seen
     steps = rounds = 0
-    sent = workers * nbytes  # the initial weights, sent whole once
     acc = float("nan")
     reached = False
     while steps < max_steps:
@@ -134,13 +134,8 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
             acc_delta.add_(compressor.decompress(c), alpha=stats.samples)
             total += stats.samples
         global_flat = strat.apply(global_flat, acc_delta / max(total, 1), workers)
-        if compressor.kind.value == "none":
-            seen = global_flat
-            sent += workers * nbytes  # the global weights down
-        else:
-            down = compressor.compress(global_flat - seen, down_state)
-            seen = seen + compressor.decompress(down)
-            sent += workers * down.nbytes
+        sent += workers * down.message(global_flat).numel()  # the new global weights down
+        seen = down.seen
         steps += n
         rounds += 1
         if rounds % eval_rounds == 0 or steps >= max_steps:

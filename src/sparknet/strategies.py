@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "TrainingStrategy", "WorkerState", "Average", "DiLoCo", "EASGD", "Sync", "make_strategy", "register",
     "Compressor", "NoCompression", "HalfCompression", "Int8Compression", "Compressed", "make_compressor",
-    "AutoTau",
+    "CompressionKind", "Downlink", "AutoTau",
 ]
 
 
@@ -203,9 +203,12 @@ class Sync(TrainingStrategy):
     name = Strategy.SYNC
     needs_gradient_hook = True
 
-    def __init__(self, group=None, **_ignored):
+    def __init__(self, group=None, link=None, **_ignored):
         self.group = group
+        self.link = link
+        """A :class:`sparknet.link.LinkModel` every gradient allreduce waits for (the engine sets it)."""
         self.bytes_sent = 0
+        self.link_s = 0.0
 
     def after_backward(self, net) -> None:
         import torch.distributed as dist
@@ -213,6 +216,8 @@ class Sync(TrainingStrategy):
         params = [p for p in net.module.parameters() if p.requires_grad]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
+        if self.link is not None:
+            self.link_s += self.link.wait_allreduce(flat.numel() * flat.element_size(), dist.get_world_size(self.group))
         dist.all_reduce(flat, group=self.group)
         flat /= dist.get_world_size(self.group)
         self.bytes_sent += flat.numel() * flat.element_size()
@@ -229,8 +234,8 @@ class Sync(TrainingStrategy):
         return global_flat + mean_delta
 
     def __getstate__(self):
-        # A process group does not travel; each task sets its own.
-        return {"group": None, "bytes_sent": 0}
+        # A process group does not travel; each task sets its own (and its link).
+        return {"group": None, "link": None, "bytes_sent": 0, "link_s": 0.0}
 
 
 _REGISTRY: dict[Strategy, Callable[..., TrainingStrategy]] = {
@@ -296,6 +301,44 @@ class Compressor(abc.ABC):
     def decompress(self, c: Compressed) -> torch.Tensor:
         """The float32 delta ``c`` stands for."""
 
+    # -- one flat byte buffer per message (what the engines send) --------------------------------
+    def wire_nbytes(self, numel: int) -> int:
+        """Bytes of the wire message of a ``numel``-element delta (the same for every delta of that size)."""
+        return self._payload_itemsize * numel
+
+    _payload_itemsize = 4
+
+    def to_wire(self, c: Compressed) -> torch.Tensor:
+        """``c`` as one flat ``uint8`` tensor: the float32 scales (if any), then the payload."""
+        parts = [] if c.scales is None else [c.scales.float().contiguous().view(torch.uint8)]
+        parts.append(c.payload.contiguous().view(-1).view(torch.uint8))
+        return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+
+    def from_wire(self, buf: torch.Tensor, numel: int) -> Compressed:
+        """What :meth:`to_wire` wrote, for a delta of ``numel`` elements.
+
+        Raises
+        ------
+        ValueError
+            The buffer's length is not that of such a message (a message of another codec or model).
+        """
+        buf = torch.as_tensor(buf).reshape(-1)
+        if buf.dtype is not torch.uint8 or buf.numel() != self.wire_nbytes(numel):
+            raise ValueError(f"a {self.kind.value} message of {numel} values is {self.wire_nbytes(numel)} bytes, got "
+                             f"{buf.numel()} of {buf.dtype}; sender and receiver must use the same compression")
+        return self._unwire(buf, numel)
+
+    def _unwire(self, buf: torch.Tensor, numel: int) -> Compressed:
+        return Compressed(buf.clone().view(torch.float32), None, numel)
+
+    def encode(self, delta: torch.Tensor, state: WorkerState) -> torch.Tensor:
+        """:meth:`compress`, then :meth:`to_wire`."""
+        return self.to_wire(self.compress(delta, state))
+
+    def decode(self, buf, numel: int) -> torch.Tensor:
+        """The float32 delta a wire message stands for (the same on every machine: no randomness)."""
+        return self.decompress(self.from_wire(buf, numel))
+
 
 class NoCompression(Compressor):
     kind = CompressionKind.NONE
@@ -316,6 +359,11 @@ class HalfCompression(Compressor):
         self.dtype = dtype
         self.kind = CompressionKind.FP16 if dtype is torch.float16 else CompressionKind.BF16
         self.error_feedback = error_feedback
+
+    _payload_itemsize = 2
+
+    def _unwire(self, buf, numel):
+        return Compressed(buf.clone().view(self.dtype), None, numel)
 
     def compress(self, delta, state):
         v = delta.float()
@@ -346,6 +394,14 @@ class Int8Compression(Compressor):
             raise ValueError(f"chunk must be positive, got {chunk}")
         self.chunk = int(chunk)
         self.error_feedback = error_feedback
+
+    def wire_nbytes(self, numel):
+        return numel + 4 * math.ceil(numel / self.chunk)
+
+    def _unwire(self, buf, numel):
+        nscales = math.ceil(numel / self.chunk)
+        scales = buf[:4 * nscales].clone().view(torch.float32)
+        return Compressed(buf[4 * nscales:].clone().view(torch.int8), scales, numel)
 
     def compress(self, delta, state):
         n = delta.numel()
@@ -382,6 +438,58 @@ def make_compressor(kind: CompressionKind | str | None) -> Compressor:
     if k is CompressionKind.BF16:
         return HalfCompression(torch.bfloat16)
     return Int8Compression()
+
+
+class Downlink:
+    """The global weights sent to workers through a compressor: what the workers hold, kept by the sender.
+
+    Workers start each round from ``seen``, an approximation of the global weights that every
+    worker holds identically. Each round the sender encodes ``global - seen`` (the change since
+    the last message *plus* whatever earlier messages did not deliver, so no separate residual
+    is needed: the error feeds back by itself), and sender and workers both add the decoded
+    message to ``seen``. ``seen`` starts at zero, so the first message carries the initial
+    weights (in the codec's precision; what is lost arrives in later rounds). Without
+    compression the message is the global weights themselves and ``seen`` is exact.
+
+    Parameters
+    ----------
+    compressor : Compressor
+        The codec of the messages.
+    numel : int
+        Number of weights.
+    """
+
+    def __init__(self, compressor: Compressor, numel: int):
+        self.compressor, self.numel = compressor, int(numel)
+        self.seen = torch.zeros(self.numel, dtype=torch.float32)
+
+    @property
+    def exact(self) -> bool:
+        return self.compressor.kind is CompressionKind.NONE
+
+    def message(self, global_flat: torch.Tensor) -> torch.Tensor:
+        """The wire message bringing workers from ``seen`` towards ``global_flat``; updates ``seen``."""
+        if self.exact:
+            self.seen = global_flat.detach().float().clone()
+            return self.seen.view(torch.uint8).clone()
+        buf = self.compressor.encode(global_flat.float() - self.seen, WorkerState())
+        self.seen = self.receive(self.seen, buf)
+        return buf
+
+    def receive(self, seen: torch.Tensor, buf) -> torch.Tensor:
+        """A worker's new ``seen`` from its previous one and the round's message."""
+        if self.exact:
+            return torch.as_tensor(buf).reshape(-1).clone().view(torch.float32)
+        return seen + self.compressor.decode(buf, self.numel)
+
+    def state_dict(self) -> dict:
+        return {"seen": self.seen.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        seen = torch.as_tensor(state["seen"], dtype=torch.float32).reshape(-1)
+        if seen.numel() != self.numel:
+            raise ValueError(f"downlink state of {seen.numel()} weights does not fit a model of {self.numel}")
+        self.seen = seen.clone()
 
 
 # -- automatic tau -------------------------------------------------------------------------------

@@ -56,11 +56,11 @@ from sparknet.faults import due_fault
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.spark._data import merge_chunks
-from sparknet.strategies import TrainingStrategy, WorkerState
+from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_compressor
 
 __all__ = ["WorkerSpec", "StopRule", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
            "stage_partition", "run_round", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
-           "freeze_heap", "worker_failure", "export_worker_state", "import_worker_state", "round_seed"]
+           "freeze_heap", "worker_failure", "export_worker_state", "import_worker_state", "round_seed", "decode_updates"]
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,11 @@ class WorkerSpec:
     """Injected faults (:mod:`sparknet.faults`), for reliability tests."""
     resume: dict | None = None
     """A resumed fit: ``{"round": rounds done, "workers": {index: export_worker_state(...)}}``."""
+    compression: str = "none"
+    """Codec of the updates (:func:`sparknet.strategies.make_compressor`); not none: the rounds engine's
+    weights go down as :class:`~sparknet.strategies.Downlink` messages too."""
+    link: Any = None
+    """A :class:`sparknet.link.LinkModel` every exchange waits for (``None``: no simulated delay)."""
 
 
 def worker_seed(seed: int, index: int) -> int:
@@ -402,11 +407,23 @@ def _train_round(spec_bc, weights_bc, params: dict, index: int, record: dict | N
         for _ in chunks:  # the data is here already; drain the input so the worker can be reused
             pass
     round_index = params["round"]
+    compressed = spec.compression != "none"
+    link_s = 0.0
     try:
         _sync_state(entry, index, round_index, spec.resume)
+        if compressed and not params.get("full") and entry.state.extra.get("seen_round", -1) != round_index - 1:
+            # this process has not the weights the round's message is relative to (its state was lost)
+            result.update(need_full=True, task_s=time.perf_counter() - t_task)
+            return result
         entry.version = -2  # in the middle of a round: a retry in this process must reload the saved state
         net, strategy = entry.net, spec.strategy
-        global_flat = torch.from_numpy(np.asarray(weights_bc.value))
+        message = np.asarray(weights_bc.value)
+        if spec.link is not None:  # the broadcast weights (or the round's message), down
+            link_s += spec.link.wait(message.nbytes)
+        if compressed:
+            global_flat = _receive(spec, entry.state, message, params, round_index)
+        else:
+            global_flat = torch.from_numpy(message)
         strategy.worker_begin(entry.state, net, global_flat)
         hook = strategy.after_backward if strategy.needs_gradient_hook else None
         torch.manual_seed(round_seed(spec.seed, index, round_index))
@@ -416,22 +433,43 @@ def _train_round(spec_bc, weights_bc, params: dict, index: int, record: dict | N
             fault.fire(net)
         delta = strategy.worker_delta(entry.state, net, global_flat.to(net.device)).cpu()
         finite = bool(stats.finite and torch.isfinite(delta).all())
+        encoded = None
+        if compressed and finite:  # the error-feedback residual is worker state: saved with the round
+            encoded = make_compressor(spec.compression).encode(delta, entry.state).numpy()
         _save_state(entry, index, round_index)
     except BaseException:
         _CACHE.pop(key, None)  # half a round of solver state must not leak into the retry
         raise
+    if spec.link is not None:  # the update, up (only the small record when it is not finite)
+        link_s += spec.link.wait(0 if not finite else encoded.nbytes if compressed else delta.numel() * 4)
+    result["link_s"] = link_s
     if params.get("checkpoint"):
         result["worker_state"] = export_worker_state(net, entry.state)
     result.update(n=stats.samples, steps=stats.steps, loss=stats.loss, compute_s=stats.wall_s, finite=finite,
                   source=source, device=entry.device_info.get("device"),
                   gpu_addresses=entry.device_info.get("gpu_addresses"),
                   device_reason=entry.device_info.get("device_reason"),
-                  delta=delta.numpy().astype(np.float32, copy=False) if finite else None,
+                  delta=delta.numpy().astype(np.float32, copy=False) if finite and not compressed else None,
                   task_s=time.perf_counter() - t_task)
+    if encoded is not None:
+        result["encoded"] = encoded
     if not finite:
         log.warning("partition %d: loss or weights became NaN/Inf in round %d; left out of the average",
                     index, round_index)
     return result
+
+
+def _receive(spec: WorkerSpec, state: WorkerState, message: np.ndarray, params: dict, round_index: int):
+    """The worker's weights for this round from a compressed-downlink message (or the full weights)."""
+    if params.get("full"):
+        seen = torch.from_numpy(np.array(message, dtype=np.float32))
+    else:
+        down = Downlink(make_compressor(spec.compression), params["numel"])
+        prev = state.extra.get("seen")
+        seen = down.receive(down.seen if prev is None else torch.as_tensor(prev), torch.from_numpy(message))
+    state.extra["seen"] = seen
+    state.extra["seen_round"] = round_index
+    return seen
 
 
 def run_round(spec_bc, weights_bc, params: dict):
@@ -465,13 +503,21 @@ def run_round_from_chunks(spec_bc, weights_bc, params: dict):
 # -- aggregation --------------------------------------------------------------------------------
 def _partial(result: dict) -> dict:
     delta = result.pop("delta", None)
-    n = result["n"] if delta is not None else 0
+    encoded = result.pop("encoded", None)
+    n = result["n"] if delta is not None or encoded is not None else 0
+    encs = [(result["index"], n, encoded)] if encoded is not None and n else []
+    if encoded is not None:
+        result["sent_bytes"] = int(encoded.nbytes)
     return {"wsum": None if delta is None or n == 0 else delta * np.float32(n), "n": n,
-            "loss": result["loss"] * n if n else 0.0, "workers": [result]}
+            "loss": result["loss"] * n if n else 0.0, "workers": [result], "encs": encs}
 
 
 def combine(a: dict | None, b: dict | None) -> dict | None:
-    """Sum two partial aggregates (sample-weighted delta sums, samples, losses, worker records)."""
+    """Sum two partial aggregates (sample-weighted delta sums, samples, losses, worker records).
+
+    Compressed updates are not summed on the way (that would decode them where they pass):
+    their wire messages are listed, ``(index, samples, bytes)``, for the driver to decode.
+    """
     if a is None:
         return b
     if b is None:
@@ -482,7 +528,20 @@ def combine(a: dict | None, b: dict | None) -> dict | None:
         wsum = a["wsum"]
     else:
         wsum = a["wsum"].astype(np.float64) + b["wsum"]
-    return {"wsum": wsum, "n": a["n"] + b["n"], "loss": a["loss"] + b["loss"], "workers": a["workers"] + b["workers"]}
+    return {"wsum": wsum, "n": a["n"] + b["n"], "loss": a["loss"] + b["loss"], "workers": a["workers"] + b["workers"],
+            "encs": a.get("encs", []) + b.get("encs", [])}
+
+
+def decode_updates(encs: list, compression: str, numel: int) -> np.ndarray:
+    """The sample-weighted sum of the workers' compressed updates, decoded in worker order (float64).
+
+    The order is fixed so a resumed or retried fit sums exactly as an uninterrupted one.
+    """
+    codec = make_compressor(compression)
+    total = np.zeros(numel, dtype=np.float64)
+    for _, n, buf in sorted(encs, key=lambda e: e[0]):
+        total += codec.decode(torch.from_numpy(np.array(buf, dtype=np.uint8)), numel).numpy() * np.float32(n)
+    return total
 
 
 def fold(acc: dict | None, result: dict) -> dict:

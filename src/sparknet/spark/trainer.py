@@ -57,11 +57,12 @@ from sparknet.checkpoint import CheckpointError, CheckpointManager, model_finger
 from sparknet.config import DistributedConfig, Engine
 from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
 from sparknet.faults import faults_from
+from sparknet.link import LinkModel
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.spark import _data
 from sparknet.spark._rounds import StopRule, WorkerSpec
-from sparknet.strategies import TrainingStrategy, make_strategy
+from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, make_compressor, make_strategy
 from sparknet.weights import WeightCollection
 
 __all__ = ["SparkTrainer", "TrainResult", "EngineOptions"]
@@ -102,6 +103,11 @@ class EngineOptions:
     fault: str | None = None
     """Injected faults for reliability tests, e.g. ``rank=1,round=3,kind=kill`` (see sparknet.faults;
     default: the SPARKNET_FAULT environment variable of the driver)."""
+    link: LinkModel | None = None
+    """A simulated slow network (:class:`sparknet.link.LinkModel`): in the rounds engine each task waits
+    ``link.delay(bytes)`` for its download of the weights and again for its upload; in the barrier engine
+    every rank waits the collective's delay before each collective (each step's, for sync). The waits are
+    recorded per round (``link_s``). Default: ``dist.link_latency``/``dist.link_bandwidth``, else none."""
 
     def __post_init__(self):
         from pyspark import StorageLevel
@@ -116,6 +122,9 @@ class EngineOptions:
         if self.state_every_rounds < 1:
             raise ValueError(f"state_every_rounds must be at least 1, got {self.state_every_rounds}")
         faults_from(self.fault, {})  # a bad fault spec fails here, not on the executors
+        if self.link is not None and not isinstance(self.link, LinkModel):
+            raise ValueError(f"link must be a sparknet.link.LinkModel (e.g. LinkModel.parse('50ms', '100Mbit')), "
+                             f"got {type(self.link).__name__}")
         for name in ("rendezvous_timeout_s", "collective_timeout_s", "driver_timeout_s", "round_timeout_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
@@ -337,15 +346,13 @@ class SparkTrainer:
             raise ValueError(f"max_steps must be at least 1, got {max_steps}")
         if device not in ("cpu", "cuda", "auto") and not str(device).startswith("cuda:"):
             raise ValueError(f"device must be cpu, cuda or auto, got {device!r}")
-        if self.dist.compression != "none" or self.dist.auto_tau:
-            # Both exist in the strategy layer (sparknet.strategies, sparknet.simulate) but the Spark engines do
-            # not carry them yet: refuse rather than silently ignore them.
-            raise ValueError("compression and auto_tau are not supported by the Spark engines yet; use "
-                             "sparknet.simulate to study them, or train with --compression none and a fixed --tau")
         self.strategy = strategy if strategy is not None else make_strategy(self.dist.strategy,
                                                                             **self.dist.strategy_options())
         if self.strategy.needs_gradient_hook and self.dist.engine is Engine.ROUNDS:
             raise ValueError(f"strategy {self.strategy!r} exchanges gradients every step and needs engine 'barrier'")
+        if self.strategy.needs_gradient_hook and (self.dist.compression != "none" or self.dist.auto_tau):
+            raise ValueError(f"strategy {self.strategy!r} allreduces full gradients every step: --compression and "
+                             "--auto-tau apply to the round updates of average, diloco and easgd; drop them")
         if self.strategy.needs_gradient_hook and self.dist.round_seconds is not None:
             raise ValueError("a strategy that allreduces gradients every step needs a fixed tau, not round_seconds "
                              "(workers would run different numbers of steps)")
@@ -360,6 +367,9 @@ class SparkTrainer:
         self.on_round = on_round
         self.max_steps = None if max_steps is None else int(max_steps)
         self.options = options or EngineOptions()
+        self.link = self.options.link if self.options.link is not None else self.dist.link()
+        if self.link is not None and self.link.is_free:
+            self.link = None
 
     # -- fit ----------------------------------------------------------------------------------
     def fit(self, train, validation=None, *, features_col: str = "features", label_col: str = "label",
@@ -476,7 +486,7 @@ class SparkTrainer:
                               batch_size=self.batch_size, seed=self.seed, threads=self.threads, device=self.device,
                               strategy=self.strategy, sample_shape=tuple(sample_shape),
                               start_iteration=dist.warmup_steps, options={"staging_dir": self.options.staging_dir},
-                              faults=faults_from(self.options.fault),
+                              faults=faults_from(self.options.fault), compression=dist.compression, link=self.link,
                               resume=None if resume is None else {"round": resume["round"],
                                                                   "workers": resume["workers"]})
             stop = StopRule(rounds=dist.rounds, max_steps=self.max_steps, epochs=dist.epochs,
@@ -516,7 +526,11 @@ class SparkTrainer:
             "warmup": warmup, "retries": sum(h.get("retries", 0) for h in rounds),
             "nonfinite_workers": sum(h.get("nonfinite_workers", 0) for h in rounds),
             "resumed_from": None if resume is None else resume["round"],
-            "checkpoints": None if checkpoints is None else checkpoints.written, **extra,
+            "checkpoints": None if checkpoints is None else checkpoints.written,
+            "compression": dist.compression, "link": None if self.link is None else self.link.to_dict(),
+            "link_s": sum(h.get("link_s", 0.0) for h in rounds) if self.link is not None else None,
+            "auto_tau": dist.auto_tau, "final_tau": rounds[-1].get("next_tau", rounds[-1]["tau"]) if rounds else None,
+            **extra,
         }
         return TrainResult(weights=driver_net.get_weights(), history=history, summary=summary, net=driver_net)
 
@@ -545,7 +559,8 @@ class SparkTrainer:
         log.info("resuming from %s: round %d, %d steps per worker done", ckpt.path, ckpt.round, state["steps_done"])
         return checkpoints, {"round": ckpt.round, "weights": ckpt.weights, "workers": state.get("workers") or {},
                              "steps_done": state["steps_done"], "samples_done": state["samples_done"],
-                             "total_bytes": state["total_bytes"], "iteration": state.get("iteration")}
+                             "total_bytes": state["total_bytes"], "iteration": state.get("iteration"),
+                             "downlink": state.get("downlink"), "auto_tau": state.get("auto_tau")}
 
     def _save_checkpoint(self, checkpoints: _Checkpoints, driver_net: Net, engine: str, rounds_done: int,
                          global_flat, counters: dict, workers: dict, strategy_state: dict | None = None) -> str:
@@ -610,14 +625,31 @@ class SparkTrainer:
             self.on_round(record)
 
     # -- the rounds engine --------------------------------------------------------------------
+    def _auto_tau(self, resume: dict | None) -> AutoTau | None:
+        """The tau chooser of ``dist.auto_tau`` (restored from a resumed checkpoint), or None."""
+        dist = self.dist
+        if not dist.auto_tau:
+            return None
+        auto = AutoTau(target_fraction=dist.auto_tau_target, min_tau=dist.auto_tau_min, max_tau=dist.auto_tau_max,
+                       every=dist.auto_tau_every, initial=dist.tau or dist.auto_tau_min)
+        if resume is not None and resume.get("auto_tau"):
+            auto.load_state_dict(resume["auto_tau"])
+        return auto
+
     def _run_rounds(self, sc, group, staged, chunks, spec, global_flat, stop: StopRule, driver_net, broadcasts,
                     t_fit, checkpoints: _Checkpoints | None = None, resume: dict | None = None):
-        from sparknet.spark._rounds import combine, run_round, run_round_from_chunks
+        from sparknet.spark._rounds import combine, decode_updates, run_round, run_round_from_chunks
 
         K = self.dist.workers
         spec_bc = sc.broadcast(self._pack(spec))
         broadcasts.append(spec_bc)
-        nbytes = global_flat.numel() * 4
+        numel = global_flat.numel()
+        nbytes = numel * 4
+        codec = self.dist.compression
+        down = Downlink(make_compressor(codec), numel) if codec != "none" else None
+        if down is not None and resume is not None and resume.get("downlink"):
+            down.load_state_dict(resume["downlink"])
+        auto = self._auto_tau(resume)
         history: list[dict] = []
         steps_done = samples_done = total_bytes = 0
         missing_total = 0
@@ -626,21 +658,26 @@ class SparkTrainer:
             r, steps_done, samples_done = resume["round"], resume["steps_done"], resume["samples_done"]
             total_bytes = resume["total_bytes"]
         while True:
+            if auto is not None:
+                stop.tau = auto.tau
             steps = stop.steps_for_round(steps_done)
             # worker states come back on checkpoint rounds, and on the round that will surely be the last
             last_round = stop.reason(r + 1, steps_done + steps, samples_done, None) is not None
             want_state = checkpoints is not None and (checkpoints.due(r + 1) or last_round)
-            params = {"round": r, "steps": steps, "seconds": self.dist.round_seconds, "checkpoint": want_state}
+            params = {"round": r, "steps": steps, "seconds": self.dist.round_seconds, "checkpoint": want_state,
+                      "numel": numel}
             t_round = time.perf_counter()
-            weights_bc = sc.broadcast(global_flat.numpy())
+            message = global_flat.numpy() if down is None else down.message(global_flat).numpy()
+            weights_bc = sc.broadcast(message)
             watchdog = _Watchdog(sc, group, self.options.round_timeout_s)
+            full = []
             try:
                 sc.setJobDescription(f"sparknet round {r + 1}")
                 with watchdog:
                     parts = staged.mapPartitionsWithIndex(run_round(spec_bc, weights_bc, params))
-                    if K > 8:  # sum in a tree: K partial sums need not all reach the driver
+                    if K > 8 and down is None:  # sum in a tree: K partial sums need not all reach the driver
                         acc = _spark_call(parts.treeAggregate, None, combine, combine, 2)
-                    else:
+                    else:  # compressed updates are decoded on the driver only
                         acc = functools.reduce(combine, _spark_call(parts.collect), None)
                     missing = sorted(w["index"] for w in acc["workers"] if w.get("missing"))
                     if missing:
@@ -650,6 +687,17 @@ class SparkTrainer:
                         acc["workers"] = [w for w in acc["workers"] if not w.get("missing")]
                         redo = chunks.mapPartitionsWithIndex(run_round_from_chunks(spec_bc, weights_bc, params))
                         for part in _spark_call(sc.runJob, redo, _identity, missing):
+                            acc = combine(acc, part)
+                    full = sorted(w["index"] for w in acc["workers"] if w.get("need_full"))
+                    if full:  # their processes lost the weights the round's message is relative to
+                        log.warning("round %d: workers %s lost their copy of the weights; sending them in full",
+                                    r + 1, full)
+                        acc["workers"] = [w for w in acc["workers"] if not w.get("need_full")]
+                        full_bc = sc.broadcast(down.seen.numpy())
+                        broadcasts.append(full_bc)
+                        redo = chunks.mapPartitionsWithIndex(
+                            run_round_from_chunks(spec_bc, full_bc, {**params, "full": True}))
+                        for part in _spark_call(sc.runJob, redo, _identity, full):
                             acc = combine(acc, part)
             except Exception as exc:
                 if watchdog.fired:
@@ -666,18 +714,23 @@ class SparkTrainer:
                 bad = [w["index"] for w in workers if not w.get("finite", True)]
                 raise EngineError(f"round {r + 1}: no worker produced finite weights (non-finite: {bad}); "
                                   "lower the learning rate")
-            mean = torch.from_numpy((acc["wsum"] / acc["n"]).astype(np.float32))
+            wsum = acc["wsum"] if down is None else decode_updates(acc["encs"], codec, numel)
+            mean = torch.from_numpy((wsum / acc["n"]).astype(np.float32))
             global_flat = self.strategy.apply(global_flat, mean, K)
             round_s = time.perf_counter() - t_round
             trained = [w for w in workers if not w.get("empty")]
             round_steps = max((w["steps"] for w in trained), default=0)
             steps_done += round_steps
-            samples = sum(w["n"] for w in trained)
-            samples_done += samples
-            sent_back = sum(1 for w in trained if w.get("finite") and w["n"])
-            moved = nbytes * (len(trained) + sent_back)
+            samples_done += (samples := sum(w["n"] for w in trained))
+            if down is None:
+                sent_back = sum(1 for w in trained if w.get("finite") and w["n"])
+                moved = nbytes * (len(trained) + sent_back)
+            else:  # each worker's message down (the full weights for those that lost theirs), its update up
+                moved = (message.nbytes * len(trained) + nbytes * len(full)
+                         + sum(w.get("sent_bytes", 0) for w in trained))
             total_bytes += moved
-            compute_s = max((w["compute_s"] for w in trained), default=0.0)
+            slowest = max(trained, key=lambda w: w["compute_s"], default=None)
+            compute_s = slowest["compute_s"] if slowest is not None else 0.0
             r += 1
             record = {
                 "event": "round", "round": r, "steps": round_steps, "total_steps": steps_done, "samples": samples,
@@ -685,8 +738,13 @@ class SparkTrainer:
                 "comm_s": max(round_s - compute_s, 0.0), "loss": acc["loss"] / acc["n"], "bytes": moved,
                 "total_bytes": total_bytes, "tau": steps if steps < StopRule.UNBOUNDED_STEPS else None,
                 "workers": K, "engine": "rounds", "strategy": getattr(self.strategy.name, "value", None),
-                "per_worker": [_worker_view(w) for w in workers],
+                "compression": codec, "per_worker": [_worker_view(w) for w in workers],
             }
+            if self.link is not None:  # the tasks wait at once, as on a real network: the longest wait counts
+                record["link_s"] = max((w.get("link_s", 0.0) for w in trained), default=0.0)
+            if auto is not None and slowest is not None:
+                auto.observe(slowest["steps"], compute_s, record["comm_s"])
+                record["next_tau"] = auto.tau
             record["retries"] = sum(w.get("attempt", 0) for w in workers)
             if record["retries"]:
                 log.warning("round %d: %d task attempt(s) failed and were retried by Spark", r, record["retries"])
@@ -713,7 +771,9 @@ class SparkTrainer:
                     log.warning("round %d: the run stopped on %s before a checkpoint round; the final checkpoint "
                                 "holds no worker solver state, so a resume from it restarts the workers' solvers",
                                 r, reason)
-                counters = {"steps_done": steps_done, "samples_done": samples_done, "total_bytes": total_bytes}
+                counters = {"steps_done": steps_done, "samples_done": samples_done, "total_bytes": total_bytes,
+                            "downlink": None if down is None else down.state_dict(),
+                            "auto_tau": None if auto is None else auto.state_dict()}
                 record["checkpoint"] = self._save_checkpoint(checkpoints, driver_net, "rounds", r, global_flat,
                                                              counters, worker_states)
             record["wall_s"] = time.perf_counter() - t_fit
@@ -798,7 +858,7 @@ def _identity(items):
 
 def _worker_view(w: dict) -> dict:
     keys = ("index", "n", "steps", "loss", "compute_s", "task_s", "attempt", "finite", "source", "host", "pid",
-            "device", "gpu_addresses", "device_reason", "empty")
+            "device", "gpu_addresses", "device_reason", "empty", "link_s", "sent_bytes")
     out = {k: w[k] for k in keys if k in w}
     out["samples"] = out.pop("n", 0)
     return out
