@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+from sparknet.spark import _session
 from sparknet.spark._session import LOG_LEVEL_ENV, quiet_log_settings, spark_log_level
 
 pytestmark = pytest.mark.spark
@@ -17,7 +18,8 @@ DRIVER, EXECUTOR = "spark.driver.extraJavaOptions", "spark.executor.extraJavaOpt
 
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
-    """No Spark configuration folder of the user's, no submit arguments, no level set."""
+    """No Spark configuration folder of the user's, no submit arguments, no level set, no JVM yet."""
+    monkeypatch.setattr(_session, "_jvm_running", lambda: False)  # another module's session may have started one
     conf_dir = tmp_path / "conf"
     conf_dir.mkdir()
     monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
@@ -61,6 +63,12 @@ def test_a_log4j_file_in_the_conf_dir_or_java_options_in_submit_args_leave_loggi
     assert quiet_log_settings("local[2]", {}, "ERROR") == {}
     monkeypatch.delenv("PYSPARK_SUBMIT_ARGS")
     (clean_env / "log4j2.properties").write_text("rootLogger.level = info\n")
+    assert quiet_log_settings("local[2]", {}, "ERROR") == {}
+
+
+def test_a_running_driver_jvm_keeps_the_options_it_was_started_with(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "40000")  # what spark-submit gives the Python driver
     assert quiet_log_settings("local[2]", {}, "ERROR") == {}
 
 

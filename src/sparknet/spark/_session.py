@@ -106,6 +106,15 @@ def _spark_conf_dir() -> Path | None:
     return Path(pyspark.__file__).parent / "conf"
 
 
+def _jvm_running() -> bool:
+    """Whether this Python process already talks to a driver JVM (``spark-submit``, or an earlier session)."""
+    if os.environ.get("PYSPARK_GATEWAY_PORT"):
+        return True
+    context = sys.modules.get("pyspark.core.context") or sys.modules.get("pyspark.context")
+    spark_context = getattr(context, "SparkContext", None)
+    return getattr(spark_context, "_gateway", None) is not None
+
+
 def _user_configures_log4j(options: str) -> bool:
     return "log4j2.configurationFile" in options or "log4j.configurationFile" in options
 
@@ -116,10 +125,13 @@ def quiet_log_settings(master: str | None, settings: dict[str, str], level: str)
     Returns the ``spark.{driver,executor}.extraJavaOptions`` to set: the user's own options
     (from ``settings`` or ``spark-defaults.conf``) with ours appended. Nothing is returned for
     a JVM whose options already name a log4j configuration, nor at all when
-    ``SPARK_CONF_DIR`` holds a ``log4j2.properties`` or ``PYSPARK_SUBMIT_ARGS`` sets Java
-    options. Executors get the file only where they run on this machine (a local master):
-    remote executors log to their cluster's files, not to this terminal.
+    ``SPARK_CONF_DIR`` holds a ``log4j2.properties``, ``PYSPARK_SUBMIT_ARGS`` sets Java
+    options, or the driver's JVM already runs (under ``spark-submit``, whose options rule).
+    Executors get the file only where they run on this machine (a local master): remote
+    executors log to their cluster's files, not to this terminal.
     """
+    if _jvm_running():
+        return {}
     conf_dir = _spark_conf_dir()
     if conf_dir is not None and any((conf_dir / name).is_file() for name in ("log4j2.properties", "log4j2.xml")):
         return {}
