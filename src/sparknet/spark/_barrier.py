@@ -46,15 +46,16 @@ from sparknet.spark._channel import encode_tree
 from sparknet.spark._data import merge_chunks
 from sparknet.spark._rounds import (StopRule, WorkerSpec, build_worker_net, export_worker_state, freeze_heap,
                                     import_worker_state, round_seed, task_device, worker_failure)
-from sparknet.strategies import WorkerState
+from sparknet.strategies import AutoTau, WorkerState, make_compressor
 
 __all__ = ["run_barrier", "FIELDS"]
 
 log = logging.getLogger(__name__)
 
-FIELDS = 6
+FIELDS = 7
 """Per-worker values appended to the allreduced buffer: samples averaged (0 when not finite),
-loss*samples, steps, compute_s, finite, samples processed."""
+loss*samples, steps, compute_s, finite, samples processed, the rank's sync time of the previous
+round (-1 for none yet; what automatic tau reads, so every rank chooses the same tau)."""
 
 
 def run_barrier(payload_bc, params: dict, val_bc=None):
@@ -184,11 +185,43 @@ def _run(ctx, rank: int, payload_bc, params: dict, val_bc, chunks):
             sender.close()
 
 
+def _exchange(buf: torch.Tensor, P: int, world: int, rank: int, codec, link, sent: dict) -> torch.Tensor:
+    """The round's one collective; returns the ``world x FIELDS`` rows and leaves the weighted delta sum in
+    ``buf[:P]`` (identical on every rank). ``sent`` gets the link wait and the bytes that crossed.
+
+    Without compression: a sum-allreduce of ``buf`` (rank r filled its own row and ``n_r * delta_r``).
+    With it the updates cannot be summed on the way: every rank all-gathers one message per rank
+    (its row as float32 bytes, then its encoded delta) and decodes all of them in rank order.
+    """
+    import torch.distributed as dist
+
+    if codec is None:
+        nbytes = buf.numel() * 4
+        sent["link_s"] += link.wait_allreduce(nbytes, world) if link is not None else 0.0
+        dist.all_reduce(buf)
+        sent["bytes"] += 2 * (world - 1) * nbytes if world > 1 else 0
+        return buf[P:].view(world, FIELDS).double()
+    row = buf[P + rank * FIELDS:P + (rank + 1) * FIELDS].clone()
+    delta = sent.get("delta")
+    body = codec.encode(delta, sent["state"]) if delta is not None else torch.zeros(codec.wire_nbytes(P),
+                                                                                      dtype=torch.uint8)
+    message = torch.cat([row.view(torch.uint8), body])
+    sent["link_s"] += link.wait_allgather(message.numel(), world) if link is not None else 0.0
+    gathered = [torch.empty_like(message) for _ in range(world)]
+    dist.all_gather(gathered, message)
+    sent["bytes"] += world * (world - 1) * message.numel()
+    head = FIELDS * 4
+    rows = torch.stack([g[:head].clone().view(torch.float32) for g in gathered]).double()
+    buf[:P].zero_()
+    for i, g in enumerate(gathered):
+        if rows[i, 0] > 0:
+            buf[:P] += codec.decode(g[head:], P) * float(rows[i, 0])
+    return rows
+
+
 def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_data: bool, val, params: dict,
                 sender, history: list, start: dict) -> torch.Tensor:
     """Train round after round until the stop rule says so; returns the final global weights."""
-    import torch.distributed as dist
-
     strategy = spec.strategy
     state = WorkerState()
     if start.get("strategy") is not None:
@@ -202,19 +235,32 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
     P = global_flat.numel()
     buf = torch.zeros(P + world * FIELDS, dtype=torch.float32)
     stop = StopRule(**params["stop"])
+    auto = None
+    if params.get("auto_tau"):
+        auto = AutoTau(**params["auto_tau"])
+        if start.get("auto_tau"):
+            auto.load_state_dict(start["auto_tau"])
+    codec = make_compressor(spec.compression) if spec.compression != "none" else None
+    link = spec.link
+    if link is not None and hasattr(strategy, "link"):
+        strategy.link = link  # the gradient allreduce of every step waits too
     hook = strategy.after_backward if strategy.needs_gradient_hook else None
     steps_done, samples_done = start.get("steps_done", 0), start.get("samples_done", 0)
     total_bytes = start.get("total_bytes", 0)
     t0 = time.perf_counter()
     eval_every = params["eval_every_rounds"]
     ckpt_every, state_every = params.get("checkpoint_every"), params.get("state_every_rounds", 1)
-    nbytes_round = 2 * (world - 1) * buf.numel() * 4 if world > 1 else 0
     r = start.get("round", 0)
+    last_sync_s = -1.0  # this rank's sync time of the previous round (none yet in a new stage)
     while True:
+        if auto is not None:
+            stop.tau = auto.tau  # the same on every rank: chosen from allreduced values only
         steps = stop.steps_for_round(steps_done)
         t_round = time.perf_counter()
         buf.zero_()
         row = buf[P + rank * FIELDS:P + (rank + 1) * FIELDS]
+        grad_bytes0, grad_link0 = getattr(strategy, "bytes_sent", 0), getattr(strategy, "link_s", 0.0)
+        sent = {"link_s": 0.0, "bytes": 0, "state": state}
         if has_data and steps > 0:
             strategy.worker_begin(state, net, global_flat.to(net.device))
             torch.manual_seed(round_seed(spec.seed, rank, r))
@@ -224,19 +270,21 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
                 fault.fire(net)
             delta = strategy.worker_delta(state, net, global_flat.to(net.device)).cpu()
             finite = bool(stats.finite and torch.isfinite(delta).all())
-            if finite and stats.samples:
+            if finite and stats.samples and codec is None:
                 torch.mul(delta, float(stats.samples), out=buf[:P])
+            elif finite and stats.samples:
+                sent["delta"] = delta  # encoded (error feedback in this rank's state) by _exchange
             if not finite:
                 log.warning("worker %d: loss or weights became NaN/Inf in round %d; left out of the average", rank, r)
             loss_sum = stats.loss * stats.samples if finite and stats.samples else 0.0
             row.copy_(torch.tensor([stats.samples if finite else 0, loss_sum, stats.steps, stats.wall_s,
-                                    1.0 if finite else 0.0, stats.samples]))
+                                    1.0 if finite else 0.0, stats.samples, last_sync_s]))
         else:
-            row[4] = 1.0
+            row[4], row[6] = 1.0, last_sync_s
         t_comm = time.perf_counter()
-        dist.all_reduce(buf)
+        rows = _exchange(buf, P, world, rank, codec, link, sent)
         allreduce_s = time.perf_counter() - t_comm
-        rows = buf[P:].view(world, FIELDS).double()
+        last_sync_s = allreduce_s
         n_total = float(rows[:, 0].sum())
         if n_total <= 0:
             bad = [i for i in range(world) if rows[i, 4] == 0]
@@ -247,19 +295,24 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
         steps_done += round_steps
         round_samples = int(rows[:, 5].sum())
         samples_done += round_samples
+        grad_bytes = getattr(strategy, "bytes_sent", 0) - grad_bytes0  # sync: every step's gradient allreduce
+        link_s = sent["link_s"] + getattr(strategy, "link_s", 0.0) - grad_link0
+        nbytes_round = sent["bytes"] + (2 * (world - 1) * grad_bytes if world > 1 else 0)
         total_bytes += nbytes_round
         round_s = time.perf_counter() - t_round
         accuracy = val_loss = None
         r += 1
         t_eval = time.perf_counter()
         due = val is not None and (r % eval_every == 0)
+        evaluated = {"link_s": 0.0}
         if due:
-            accuracy, val_loss = _evaluate(net, global_flat, val, strategy.keeps_local_weights)
+            accuracy, val_loss = _evaluate(net, global_flat, val, strategy.keeps_local_weights, link, evaluated)
         reason = stop.reason(r, steps_done, samples_done, accuracy)
         if reason is not None and val is not None and not due:
-            accuracy, val_loss = _evaluate(net, global_flat, val, strategy.keeps_local_weights)
+            accuracy, val_loss = _evaluate(net, global_flat, val, strategy.keeps_local_weights, link, evaluated)
         eval_s = time.perf_counter() - t_eval
-        compute_s = float(rows[:, 3].max())
+        slowest = int(torch.argmax(rows[:, 3]))
+        compute_s = float(rows[slowest, 3])
         record = {
             "event": "round", "round": r, "steps": round_steps, "total_steps": steps_done,
             "samples": round_samples, "total_samples": samples_done, "wall_s": time.perf_counter() - t0,
@@ -268,11 +321,19 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
             "loss": float(rows[:, 1].sum() / n_total), "bytes": nbytes_round, "total_bytes": total_bytes,
             "tau": steps if steps < StopRule.UNBOUNDED_STEPS else None, "workers": world,
             "engine": "barrier", "strategy": getattr(strategy.name, "value", str(strategy.name)),
+            "compression": spec.compression,
             "per_worker": [{"rank": i, "samples": int(rows[i, 5]), "steps": int(rows[i, 2]),
                             "loss": float(rows[i, 1] / rows[i, 0]) if rows[i, 0] > 0 else None,
                             "compute_s": float(rows[i, 3]), "finite": bool(rows[i, 4] > 0)}
                            for i in range(world)],
         }
+        if link is not None:
+            record["link_s"] = link_s + evaluated["link_s"]
+        if auto is not None:
+            prev_sync = float(rows[:, 6].max())  # every rank's last sync time, the slowest's: the same everywhere
+            if prev_sync >= 0:
+                auto.observe(int(rows[slowest, 2]), compute_s, prev_sync)
+            record["next_tau"] = auto.tau
         if accuracy is not None:
             record.update(val_accuracy=accuracy, val_loss=val_loss, eval_s=eval_s)
         if int((rows[:, 4] == 0).sum()):
@@ -288,7 +349,8 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
                 if r % state_every == 0 or reason is not None or (ckpt_every and r % ckpt_every == 0):
                     sender.send({"event": "state", "round": r, "steps_done": steps_done, "samples_done": samples_done,
                                  "total_bytes": total_bytes, "iteration": net.iteration},
-                                encode_tree({"global": global_flat, "strategy": strategy.state_dict()}))
+                                encode_tree({"global": global_flat, "strategy": strategy.state_dict(),
+                                             "auto_tau": None if auto is None else auto.state_dict()}))
         if sender is not None and ckpt_every and has_data and (r % ckpt_every == 0 or reason is not None):
             sender.send({"event": "worker_state", "round": r, "rank": rank},
                         encode_tree(export_worker_state(net, state)))
@@ -298,7 +360,7 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
             raise RuntimeError("a round made no step on any worker; check tau, max_steps and the data")
 
 
-def _evaluate(net, global_flat, val, keep_local: bool) -> tuple[float, float]:
+def _evaluate(net, global_flat, val, keep_local: bool, link=None, waited: dict | None = None) -> tuple[float, float]:
     """Accuracy and loss of the global weights over all ranks' validation shards (same on every rank)."""
     import torch.distributed as dist
 
@@ -313,6 +375,8 @@ def _evaluate(net, global_flat, val, keep_local: bool) -> tuple[float, float]:
         correct = res.accuracy * res.samples
         loss_sum = res.loss * res.samples
     t = torch.tensor([correct, float(count), loss_sum], dtype=torch.float64)
+    if link is not None:
+        waited["link_s"] += link.wait_allreduce(t.numel() * 8, dist.get_world_size())
     dist.all_reduce(t)
     if local is not None:
         net.set_flat(local)

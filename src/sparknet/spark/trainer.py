@@ -807,9 +807,10 @@ class SparkTrainer:
         opts = self.options
         history: list[dict] = []
         latest = {"round": 0, "global": global_flat, "strategy": None, "iteration": None, "workers": None,
-                  "steps_done": 0, "samples_done": 0, "total_bytes": 0}
+                  "steps_done": 0, "samples_done": 0, "total_bytes": 0, "auto_tau": None}
         if resume is not None:
-            latest.update({k: resume[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "workers")},
+            latest.update({k: resume[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "workers",
+                                                  "auto_tau")},
                           strategy=self.strategy.state_dict())
         restarts: list[dict] = []
         while True:
@@ -919,7 +920,7 @@ class _BarrierStage:
             slot = self.pending.setdefault(int(msg["round"]), {"state": None, "workers": {}})
             if event == "state":
                 state = {k: msg[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration")}
-                state.update(global_flat=tree["global"], strategy=tree["strategy"])
+                state.update(global_flat=tree["global"], strategy=tree["strategy"], auto_tau=tree.get("auto_tau"))
                 slot["state"] = state
                 if self.latest is None or state["round"] >= self.latest["round"]:
                     self.latest = {**state, "global": tree["global"], "workers": None}
@@ -939,7 +940,7 @@ class _BarrierStage:
         if cp is None or not (cp.due(r) or final) or len(slot["workers"]) < ranks_with_data or r in cp.written:
             return
         state = slot["state"]
-        counters = {k: state[k] for k in ("steps_done", "samples_done", "total_bytes", "iteration")}
+        counters = {k: state[k] for k in ("steps_done", "samples_done", "total_bytes", "iteration", "auto_tau")}
         path = self.trainer._save_checkpoint(cp, self.driver_net, "barrier", r, state["global_flat"], counters,
                                              slot["workers"], strategy_state=state["strategy"])
         for h in self.history:
@@ -963,8 +964,8 @@ class _BarrierStage:
         t_fit = self.t_fit
         outcome: dict = {}
         try:
-            begin = {k: start[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration",
-                                           "strategy", "workers")}
+            begin = {k: start.get(k) for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration",
+                                               "strategy", "workers", "auto_tau")}
             flat = start["global"]
             payload_bc = sc.broadcast((trainer._pack(spec), np.asarray(flat, dtype=np.float32), begin))
             self.broadcasts.append(payload_bc)
@@ -977,7 +978,11 @@ class _BarrierStage:
                       "collective_timeout_s": opts.collective_timeout_s, "round_seconds": dist.round_seconds,
                       "eval_every_rounds": dist.eval_every_rounds, "stop": asdict(self.stop), "restart": self.restart,
                       "state_every_rounds": opts.state_every_rounds,
-                      "checkpoint_every": self.checkpoints.every if self.checkpoints is not None else None}
+                      "checkpoint_every": self.checkpoints.every if self.checkpoints is not None else None,
+                      "auto_tau": None if not dist.auto_tau else {
+                          "target_fraction": dist.auto_tau_target, "min_tau": dist.auto_tau_min,
+                          "max_tau": dist.auto_tau_max, "every": dist.auto_tau_every,
+                          "initial": dist.tau or dist.auto_tau_min}}
             stage = chunks.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
             silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
 
