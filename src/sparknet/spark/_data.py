@@ -1,13 +1,14 @@
 """Training data from Spark into numpy arrays, checked before any training starts.
 
 Driver side, :func:`chunk_rdd` turns a DataFrame (a feature column of ``array<number>``, an
-ML ``Vector``, or ``binary`` plus an image shape; an integer or integral-double label column)
-or an RDD of ``(ndarray, label)`` into an RDD of *chunks* with one partition per worker::
+ML ``Vector``, or ``binary`` plus an image shape; an integer or integral-double label column,
+or an ``array<long>`` label column for a sequence model, one class id per position) or an RDD
+of ``(ndarray, label)`` into an RDD of *chunks* with one partition per worker::
 
-    (x: float32 [m, L], y: int64 [m], info: dict)
+    (x: float32 [m, L], y: int64 [m] or [m, T], info: dict)
 
 DataFrames convert through Arrow (``mapInArrow``), never row by row. ``info`` counts what is
-wrong with the chunk's rows (lengths, nulls, NaN, non-integral labels, label range);
+wrong with the chunk's rows (lengths, nulls, NaN, non-integral labels, label lengths, label range);
 :func:`check_stats` turns those counts into one clear ``ValueError`` on the driver before a
 single step is trained. Executor side, :func:`merge_chunks` concatenates a partition's
 chunks and sums their counts.
@@ -46,8 +47,28 @@ class FeatureSource:
 
 # -- executor side: chunks ----------------------------------------------------------------------
 def _new_info() -> dict:
+    # label_lengths: examples of labels per row (0: one class id; T: one per position of a sequence);
+    # bad_labels: rows whose label does not have the length the other rows' labels have.
     return {"rows": 0, "lengths": [], "shapes": [], "bad_rows": 0, "null_x": 0, "nonfinite": 0, "null_y": 0,
-            "nonint_y": 0, "y_min": None, "y_max": None, "not_pairs": 0}
+            "nonint_y": 0, "y_min": None, "y_max": None, "not_pairs": 0, "label_lengths": [], "bad_labels": 0,
+            "label_col": None}
+
+
+_COUNTS = ("rows", "bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "not_pairs", "bad_labels")
+_EXAMPLES = ("lengths", "shapes", "label_lengths")
+
+
+def _add_info(total: dict, info: dict) -> None:
+    """Add one chunk's (or partition's) counts into ``total``."""
+    for key in _COUNTS:
+        total[key] += info.get(key, 0)
+    for key in _EXAMPLES:
+        for v in info.get(key, ()):
+            _add_example(total, key, v)
+    for key, pick in (("y_min", min), ("y_max", max)):
+        if info[key] is not None:
+            total[key] = info[key] if total[key] is None else pick(total[key], info[key])
+    total["label_col"] = total["label_col"] or info.get("label_col")
 
 
 def _add_example(info: dict, key: str, value) -> None:
@@ -56,7 +77,9 @@ def _add_example(info: dict, key: str, value) -> None:
 
 
 def _labels(y_raw: np.ndarray, info: dict) -> np.ndarray:
-    """Count label problems; return int64 labels (garbage where a problem was counted)."""
+    """Count label problems; return int64 labels of the same shape (garbage where a problem was counted)."""
+    if y_raw.ndim > 1:
+        return _labels(y_raw.reshape(-1), info).reshape(y_raw.shape)
     if y_raw.dtype.kind == "f":
         finite = np.isfinite(y_raw)
         integral = finite & (np.floor(y_raw) == y_raw)
@@ -81,13 +104,47 @@ def _finish(x: np.ndarray, y: np.ndarray, info: dict) -> tuple[np.ndarray, np.nd
     return x, y, info
 
 
+def _arrow_sequence_labels(labels, info: dict) -> np.ndarray | None:
+    """A list column of per-position labels -> int64 ``[n, T]``, or ``None`` when a row is unusable (counted)."""
+    n = len(labels)
+    if labels.null_count:
+        info["null_y"] += labels.null_count
+        return None
+    lengths = np.asarray(labels.value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
+    for v in np.unique(lengths)[:_MAX_EXAMPLES]:
+        _add_example(info, "label_lengths", int(v))
+    if n == 0:
+        return np.zeros((0, 0), np.int64)
+    width = int(lengths[0])
+    bad = int(((lengths != width) | (lengths == 0)).sum())
+    if bad:
+        info["bad_labels"] += bad
+        return None
+    values = labels.flatten()
+    if values.null_count:  # a null inside a label array: no class to train on at that position
+        import pyarrow.compute as pc
+
+        parents = np.asarray(pc.list_parent_indices(labels).to_numpy(zero_copy_only=False))
+        info["null_y"] += int(len(np.unique(parents[np.asarray(values.is_null().to_numpy(zero_copy_only=False))])))
+        return None
+    return _labels(np.asarray(values.to_numpy(zero_copy_only=False)).reshape(n, width), info)
+
+
 def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | None):
-    """One Arrow batch of (features, label) -> (x, y, info)."""
+    """One Arrow batch of (features, label) -> (x, y, info); the label is a number or a list of numbers."""
+    import pyarrow as pa
+
     info = _new_info()
     feats, labels = batch.column(0), batch.column(1)
     n = len(batch)
-    info["null_y"] += labels.null_count
-    y = _labels(np.asarray(labels.fill_null(0).to_numpy(zero_copy_only=False)), info)
+    if pa.types.is_list(labels.type) or pa.types.is_large_list(labels.type):
+        y = _arrow_sequence_labels(labels, info)
+        if y is None:
+            return _finish(np.empty((0, expected_len or 0), np.float32), np.zeros((0, 0), np.int64), info)
+    else:
+        info["null_y"] += labels.null_count
+        _add_example(info, "label_lengths", 0)
+        y = _labels(np.asarray(labels.fill_null(0).to_numpy(zero_copy_only=False)), info)
     info["null_x"] += feats.null_count
     if feats.null_count:
         return _finish(np.empty((0, expected_len or 0), np.float32), y[:0], info)
@@ -132,8 +189,14 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
     return _finish(x, y, info)
 
 
-def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None):
-    """The ``mapInArrow`` function: Arrow batches of (features, label) -> rows of chunk bytes."""
+_CHUNK_SCHEMA = "x binary, y binary, width long, label_width long, info string"
+
+
+def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None, label_col: str | None = None):
+    """The ``mapInArrow`` function: Arrow batches of (features, label) -> rows of chunk bytes.
+
+    ``label_width`` is 0 for one class id per row, else the labels per row (a sequence).
+    """
 
     def convert(batches: Iterator) -> Iterator:
         import pyarrow as pa  # executors import it only when they convert
@@ -143,34 +206,45 @@ def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None):
             step = max(1, CHUNK_BYTES // row_bytes)
             for start in range(0, max(len(batch), 1), step):
                 x, y, info = _arrow_batch(batch.slice(start, step), kind, expected_len, image_numel)
+                info["label_col"] = label_col
                 yield pa.RecordBatch.from_arrays(
                     [pa.array([x.tobytes()], pa.binary()), pa.array([y.tobytes()], pa.binary()),
-                     pa.array([x.shape[1] if x.ndim == 2 else 0], pa.int64()), pa.array([json.dumps(info)])],
-                    names=["x", "y", "width", "info"])
+                     pa.array([x.shape[1] if x.ndim == 2 else 0], pa.int64()),
+                     pa.array([y.shape[1] if y.ndim == 2 else 0], pa.int64()), pa.array([json.dumps(info)])],
+                    names=["x", "y", "width", "label_width", "info"])
 
     return convert
 
 
 def _row_to_chunk(row) -> tuple[np.ndarray, np.ndarray, dict]:
     y = np.frombuffer(row.y, dtype=np.int64)
+    label_width = int(row.label_width)
+    if label_width:
+        y = y.reshape(-1, label_width)
     width = int(row.width)
     x = np.frombuffer(row.x, dtype=np.float32).reshape(len(y), width) if len(y) else np.empty((0, width), np.float32)
     return x, y, json.loads(row.info)
 
 
 def pair_chunks(expected_len: int | None, chunk_rows: int = 4096):
-    """An RDD partition of ``(ndarray, label)`` pairs -> chunks."""
+    """An RDD partition of ``(ndarray, label)`` pairs -> chunks.
+
+    A label is one class id, or a 1-D array of class ids (one per position of a sequence);
+    every pair of a partition must have the same kind and length of label.
+    """
 
     def convert(items: Iterable) -> Iterator:
         xs, ys = [], []
         info = _new_info()
+        label_width = None  # 0: one class id per pair; T: T labels per pair
 
         def flush():
             nonlocal xs, ys, info
-            y_raw = np.asarray(ys) if ys else np.zeros(0, np.int64)
+            empty = (0, label_width) if label_width else (0,)
+            y_raw = np.asarray(ys) if ys else np.zeros(empty, np.int64)
             if y_raw.dtype == object:
-                info["nonint_y"] += len(y_raw)
-                y_raw = np.zeros(len(y_raw), np.int64)
+                info["nonint_y"] += y_raw.size
+                y_raw = np.zeros(y_raw.shape, np.int64)
             y = _labels(y_raw, info)
             width = len(xs[0]) if xs else (expected_len or 0)
             x = np.stack(xs) if xs else np.empty((0, width), np.float32)
@@ -191,6 +265,14 @@ def pair_chunks(expected_len: int | None, chunk_rows: int = 4096):
             if label is None:
                 info["null_y"] += 1
                 continue
+            label_ndim = np.ndim(label)
+            this_width = 0 if label_ndim == 0 else int(np.size(label))
+            if label_width is None:
+                label_width = this_width
+            _add_example(info, "label_lengths", this_width)
+            if label_ndim > 1 or this_width != label_width or (label_ndim == 1 and this_width == 0):
+                info["bad_labels"] += 1
+                continue
             arr = np.asarray(a)
             if arr.dtype == object or arr.dtype.kind not in "biuf":
                 info["not_pairs"] += 1
@@ -205,7 +287,10 @@ def pair_chunks(expected_len: int | None, chunk_rows: int = 4096):
                 continue
             _add_example(info, "lengths", int(flat.size))
             xs.append(flat)
-            ys.append(label.item() if hasattr(label, "item") else label)
+            if label_ndim:
+                ys.append(np.asarray(label))
+            else:
+                ys.append(label.item() if hasattr(label, "item") else label)
             if len(xs) >= chunk_rows:
                 yield flush()
         yield flush()
@@ -214,24 +299,20 @@ def pair_chunks(expected_len: int | None, chunk_rows: int = 4096):
 
 
 def merge_chunks(chunks: Iterable) -> tuple[np.ndarray | None, np.ndarray | None, dict]:
-    """All chunks of a partition -> (x [n, L], y [n], summed info). ``x`` is ``None`` for no rows."""
+    """All chunks of a partition -> (x [n, L], y [n] or [n, T], summed info). ``x`` is ``None`` for no rows."""
     xs, ys = [], []
     total = _new_info()
     for x, y, info in chunks:
-        for key in ("rows", "bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "not_pairs"):
-            total[key] += info[key]
-        for key in ("lengths", "shapes"):
-            for v in info[key]:
-                _add_example(total, key, v)
-        for key, pick in (("y_min", min), ("y_max", max)):
-            if info[key] is not None:
-                total[key] = info[key] if total[key] is None else pick(total[key], info[key])
+        _add_info(total, info)
         if len(y):
             xs.append(x)
             ys.append(y)
     widths = {x.shape[1] for x in xs}
     if len(widths) > 1:
         total["bad_rows"] += sum(len(y) for y in ys)
+        return None, None, total
+    if len({y.shape[1:] for y in ys}) > 1:
+        total["bad_labels"] += sum(len(y) for y in ys)
         return None, None, total
     if not xs:
         return None, None, total
@@ -274,14 +355,19 @@ def _label_expr(df, label_col: str):
     if label_col not in fields:
         raise ValueError(f"label column {label_col!r} not found; the DataFrame has columns {list(fields)}")
     dtype = fields[label_col].dataType
-    if isinstance(dtype, (T.IntegerType, T.LongType, T.ShortType, T.ByteType)):
+    whole = (T.IntegerType, T.LongType, T.ShortType, T.ByteType, T.BooleanType)
+    real = (T.FloatType, T.DoubleType, T.DecimalType)
+    if isinstance(dtype, whole):
         return F.col(label_col).cast(T.LongType())
-    if isinstance(dtype, (T.FloatType, T.DoubleType, T.DecimalType)):
+    if isinstance(dtype, real):
         return F.col(label_col).cast(T.DoubleType())
-    if isinstance(dtype, T.BooleanType):
-        return F.col(label_col).cast(T.LongType())
+    if isinstance(dtype, T.ArrayType) and isinstance(dtype.elementType, whole):  # one class id per position
+        return F.col(label_col).cast(T.ArrayType(T.LongType()))
+    if isinstance(dtype, T.ArrayType) and isinstance(dtype.elementType, real):
+        return F.col(label_col).cast(T.ArrayType(T.DoubleType()))
     raise ValueError(f"label column {label_col!r} has type {dtype.simpleString()}; expected integer class ids "
-                     "(an integer column, or a double column holding whole numbers)")
+                     "(an integer column, or a double column holding whole numbers), or array<long> with one "
+                     "class id per position for a sequence model")
 
 
 def is_dataframe(obj) -> bool:
@@ -316,8 +402,7 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str = "label",
         df = data.select(feat.alias("f"), label.alias("y"))
         if num_partitions is not None and (df.rdd.getNumPartitions() != num_partitions or data.inputFiles()):
             df = df.repartition(num_partitions)
-        out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel),
-                            "x binary, y binary, width long, info string")
+        out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel, label_col), _CHUNK_SCHEMA)
         rdd = out.rdd.map(_row_to_chunk, preservesPartitioning=True)
         source = FeatureSource(kind, expected_len, f"DataFrame column {features_col!r}")
     elif is_rdd(data):
@@ -339,19 +424,18 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
                 num_workers: int | None = None, sample_shape=None) -> dict:
     """Sum per-partition counts and raise one clear ``ValueError`` for the first problem found.
 
-    Returns the summed counts plus ``"width"`` (values per row) and ``"rows_per_partition"``.
+    Labels are one class id per row, or (a sequence model) one per position: then every row
+    holds as many labels as the features' first axis has positions (``sample_shape[0]``), and
+    ``num_classes`` is the vocabulary.
+
+    Returns the summed counts plus ``"width"`` (values per row), ``"label_width"`` (0, or the
+    labels per row of a sequence) and ``"rows_per_partition"``.
     """
     total = _new_info()
     for s in stats:
-        for key in ("rows", "bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "not_pairs"):
-            total[key] += s[key]
-        for key in ("lengths", "shapes"):
-            for v in s[key]:
-                _add_example(total, key, v)
-        for key, pick in (("y_min", min), ("y_max", max)):
-            if s[key] is not None:
-                total[key] = s[key] if total[key] is None else pick(total[key], s[key])
+        _add_info(total, s)
     total["rows_per_partition"] = [s["rows"] for s in stats]
+    labels = f"labels in column {total['label_col']!r}" if total["label_col"] else "labels"
     if total["not_pairs"]:
         raise ValueError(f"{what}: {total['not_pairs']} elements are not (numeric array, label) pairs")
     if total["null_x"]:
@@ -366,6 +450,19 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
             raise ValueError(f"{what}: feature rows must hold {expected_len} values for this net{shape}, "
                              f"but rows hold {seen} values ({total['bad_rows']} rows do not fit)")
         raise ValueError(f"{what}: feature rows differ in length ({seen} values); every row needs the same length")
+    label_lengths = sorted(total["label_lengths"])
+    if total["bad_labels"] or len(label_lengths) > 1:
+        seen = ", ".join("one class id" if v == 0 else f"{v} per-position ids" for v in label_lengths)
+        raise ValueError(f"{what}: {labels} differ in length (rows hold {seen}; {total['bad_labels']} rows do not "
+                         "fit); every row needs one class id, or the same number of ids (one per position of "
+                         "a sequence)")
+    label_width = label_lengths[0] if label_lengths else 0
+    if label_width and sample_shape:
+        positions = int(tuple(sample_shape)[0])
+        if label_width != positions:
+            raise ValueError(f"{what}: {labels} hold {label_width} ids per row but the features have {positions} "
+                             f"positions (shape {tuple(sample_shape)}); a sequence needs one label per position: "
+                             "cut features and labels to the same length")
     if total["nonfinite"]:
         raise ValueError(f"{what}: {total['nonfinite']} rows hold NaN or infinite feature values; "
                          "clean or impute them first")
@@ -378,11 +475,13 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
         raise ValueError(f"{what} has {rows} rows, fewer than the {num_workers} workers asked for; "
                          f"use at most {rows} workers")
     if num_classes is not None and (total["y_min"] < 0 or total["y_max"] >= num_classes):
+        vocabulary = " (its vocabulary: one class per token)" if label_width else ""
         raise ValueError(f"{what}: labels range over [{total['y_min']}, {total['y_max']}] but the net has "
-                         f"{num_classes} classes (labels must be 0..{num_classes - 1})")
+                         f"{num_classes} classes{vocabulary}; {labels} must be 0..{num_classes - 1}")
     if total["y_min"] is not None and total["y_min"] < 0:
-        raise ValueError(f"{what}: negative label {total['y_min']}; labels are class ids 0..C-1")
+        raise ValueError(f"{what}: negative label {total['y_min']} ({labels}); labels are class ids 0..C-1")
     total["width"] = total["lengths"][0] if total["lengths"] else expected_len
+    total["label_width"] = label_width
     return total
 
 
@@ -441,6 +540,13 @@ def local_arrays(data, *, sample_shape, what: str = "validation data") -> tuple[
         x = x.reshape(len(x), *sample_shape)
     if y.dtype.kind not in "biuf":
         raise ValueError(f"{what}: labels are {y.dtype}; labels are class ids 0..C-1")
+    if y.ndim > 2:
+        raise ValueError(f"{what}: labels have shape {y.shape}; give one class id per row, or one per position "
+                         "of a sequence ([rows, positions])")
+    if y.ndim == 2 and sample_shape is not None and y.shape[1] != int(tuple(sample_shape)[0]):
+        raise ValueError(f"{what}: labels hold {y.shape[1]} ids per row but the features have "
+                         f"{int(tuple(sample_shape)[0])} positions (shape {tuple(sample_shape)}); a sequence needs "
+                         "one label per position")
     if y.dtype.kind == "f":
         if not np.all(np.floor(y) == y):
             raise ValueError(f"{what}: labels are not whole numbers; labels are class ids 0..C-1")
