@@ -51,7 +51,8 @@ def main(argv=None, spark=None) -> dict:
     for name in ("workers", "sync_interval", "batch_size"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection notices say nothing to a user
     from sparknet import zoo
     from sparknet.datasets import mnist, mnist_small
     from sparknet.ps import AsyncSession

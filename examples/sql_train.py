@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None, spark=None) -> dict:
     """Run the example; returns the result (accuracy, rows, times). ``spark``: a session to reuse."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    logging.getLogger("py4j").setLevel(logging.WARNING)  # its connection notices say nothing to a user
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
 
     from sparknet import zoo
