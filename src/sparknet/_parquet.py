@@ -2,7 +2,9 @@
 
 Used by ``sparknet train --data PATH`` in one process; the Spark engines read the same
 files through Spark. ``features`` may be a list of numbers or a Spark ML vector (stored
-by Spark as a struct of type, size, indices and values).
+by Spark as a struct of type, size, indices and values). ``label`` holds class ids, or
+arrays of them (``array<long>``, one per position) for a sequence model such as ``char_lstm``,
+whose features are then token ids of the same vocabulary.
 """
 
 from __future__ import annotations
@@ -78,17 +80,10 @@ def read_parquet_dataset(path: str, features_col: str = "features", label_col: s
             raise ValueError(f"{path} has no column {col!r} (columns: {table.column_names}); it needs "
                              f"{features_col!r} (an array of numbers or an ML Vector) and {label_col!r} (class ids)")
     x = features_to_numpy(table.column(features_col))
-    labels = table.column(label_col)
-    if labels.null_count:
-        raise ValueError(f"the label column {label_col!r} has {labels.null_count} null values; drop those rows first")
-    y_raw = np.asarray(labels.to_numpy())
-    if not np.issubdtype(y_raw.dtype, np.number):
-        raise ValueError(f"the label column {label_col!r} is not numeric ({labels.type}); it must hold class ids "
-                         "0, 1, 2, ...")
-    if np.any(y_raw != np.round(y_raw)) or np.any(y_raw < 0):
-        raise ValueError(f"the label column {label_col!r} must hold class ids 0, 1, 2, ... (it holds values from "
-                         f"{y_raw.min()} to {y_raw.max()}, not all whole and non-negative)")
-    y = y_raw.astype(np.int64)
+    y = _labels_to_numpy(table.column(label_col), label_col)
+    if y.ndim == 2 and y.shape[1] != x.shape[1]:
+        raise ValueError(f"the label column {label_col!r} holds {y.shape[1]} ids per row but the features hold "
+                         f"{x.shape[1]} values; a sequence needs one label per position: cut both to one length")
     bad = int(len(x) - np.isfinite(x).all(axis=1).sum()) if x.size else 0
     if bad:
         raise ValueError(f"{bad} feature rows hold NaN or infinite values; clean or impute them first")
@@ -98,4 +93,41 @@ def read_parquet_dataset(path: str, features_col: str = "features", label_col: s
     train = ArrayDataset(x[:-n_test], y[:-n_test])
     test = ArrayDataset(x[-n_test:], y[-n_test:])
     log.info("read %d rows of %d features from %s (%d held out for testing)", len(x), x.shape[1], path, n_test)
-    return train, test, {"input_shape": tuple(x.shape[1:]), "num_classes": int(y.max()) + 1}
+    info = {"input_shape": tuple(x.shape[1:]), "num_classes": int(y.max()) + 1}
+    if y.ndim == 2:  # a sequence: features are token ids of the same vocabulary as the labels
+        if not np.all((x >= 0) & (x == np.round(x))):
+            raise ValueError(f"the label column {label_col!r} holds one id per position (a sequence) but the "
+                             "features are not all token ids (whole numbers 0, 1, 2, ...)")
+        vocab = max(int(x.max()), int(y.max())) + 1
+        info.update(num_classes=vocab, vocab_size=vocab, seq_len=int(y.shape[1]))
+    return train, test, info
+
+
+def _labels_to_numpy(column, label_col: str) -> np.ndarray:
+    """A label column as int64 ``[rows]`` (class ids) or ``[rows, positions]`` (array<long>: a sequence)."""
+    import pyarrow as pa
+
+    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if col.null_count:
+        raise ValueError(f"the label column {label_col!r} has {col.null_count} null values; drop those rows first")
+    sequence = pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type)
+    if sequence:
+        lengths = np.asarray(col.value_lengths())
+        if len(lengths) and ((lengths != lengths[0]).any() or lengths[0] == 0):
+            bad = int(np.argmax(lengths != lengths[0])) if (lengths != lengths[0]).any() else 0
+            raise ValueError(f"label rows of {label_col!r} differ in length: row 0 has {lengths[0]} ids, row {bad} "
+                             f"has {lengths[bad]}; a sequence needs one label per position, the same in every row")
+        values = col.flatten()
+        if values.null_count:
+            raise ValueError(f"the label column {label_col!r} has {values.null_count} null ids inside its arrays; "
+                             "drop or fill those rows first")
+        y_raw = np.asarray(values.to_numpy(zero_copy_only=False)).reshape(len(col), -1 if len(col) else 0)
+    else:
+        y_raw = np.asarray(col.to_numpy(zero_copy_only=False))
+    if not np.issubdtype(y_raw.dtype, np.number):
+        raise ValueError(f"the label column {label_col!r} is not numeric ({col.type}); it must hold class ids "
+                         "0, 1, 2, ... (or arrays of them, one per position of a sequence)")
+    if y_raw.size and (np.any(y_raw != np.round(y_raw)) or np.any(y_raw < 0)):
+        raise ValueError(f"the label column {label_col!r} must hold class ids 0, 1, 2, ... (it holds values from "
+                         f"{y_raw.min()} to {y_raw.max()}, not all whole and non-negative)")
+    return y_raw.astype(np.int64)

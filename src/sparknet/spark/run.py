@@ -23,18 +23,31 @@ log = logging.getLogger(__name__)
 
 
 def dataset_as_parquet(dataset, path: Path) -> Path:
-    """Write an ArrayDataset as Parquet (``features`` array<float>, ``label`` long), once."""
+    """Write an ArrayDataset as Parquet, once.
+
+    ``features`` is array<float> (array<long> for integer ids, as a text corpus has); ``label``
+    is long, or array<long> with one class id per position when ``y`` is ``[N, T]`` (a sequence).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    def list_column(values: np.ndarray):  # rows of a 2-D array as one Arrow list column, no object per row
+        rows, width = values.shape
+        offsets = pa.array(np.arange(0, (rows + 1) * width, width, dtype=np.int32))
+        return pa.ListArray.from_arrays(offsets, pa.array(values.reshape(-1)))
+
     if path.exists():
         return path
+    y = np.asarray(dataset.y)
+    if y.ndim not in (1, 2) or len(y) != len(dataset.x):
+        raise ValueError(f"cannot write {len(dataset.x)} feature rows with labels of shape {y.shape} as Parquet; "
+                         "labels must be [rows] (one class id each) or [rows, positions] (one per position)")
     path.parent.mkdir(parents=True, exist_ok=True)
-    x = np.ascontiguousarray(dataset.x.reshape(len(dataset.x), -1), dtype=np.float32)
-    width = x.shape[1]
-    offsets = pa.array(np.arange(0, (len(x) + 1) * width, width, dtype=np.int32))
-    features = pa.ListArray.from_arrays(offsets, pa.array(x.reshape(-1)))
-    table = pa.table({"features": features, "label": pa.array(dataset.y.astype(np.int64))})
+    x = dataset.x.reshape(len(dataset.x), -1)
+    integral = np.issubdtype(x.dtype, np.integer)
+    x = np.ascontiguousarray(x, dtype=np.int64 if integral else np.float32)
+    label = list_column(np.ascontiguousarray(y, dtype=np.int64)) if y.ndim == 2 else pa.array(y.astype(np.int64))
+    table = pa.table({"features": list_column(x), "label": label})
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     pq.write_table(table, tmp, row_group_size=8192)
     os.replace(tmp, path)
@@ -42,10 +55,15 @@ def dataset_as_parquet(dataset, path: Path) -> Path:
 
 
 def cached_training_frame(spark, dataset: str, train):
-    """``train`` of data set ``dataset`` as a DataFrame read from Parquet written once beside the cache."""
+    """``train`` of data set ``dataset`` as a DataFrame read from Parquet written once beside the cache.
+
+    The file name holds the rows and the shape of one sample and one label, so a data set cut
+    differently (another sequence length) gets its own file.
+    """
     from sparknet.datasets import cache_root
 
-    path = Path(cache_root()) / "parquet" / f"{dataset.lower()}-train-{len(train)}.parquet"
+    shape = "x".join(str(d) for d in (*np.shape(train.x)[1:], *np.shape(train.y)[1:])) or "1"
+    path = Path(cache_root()) / "parquet" / f"{dataset.lower()}-train-{len(train)}-{shape}.parquet"
     return spark.read.parquet(str(dataset_as_parquet(train, path)))
 
 
