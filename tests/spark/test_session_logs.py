@@ -90,6 +90,7 @@ def test_a_new_session_starts_quiet(clean_env, tmp_path):
             assert spark.sparkContext.parallelize(range(10), 2).sum() == 45
             root = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getRootLogger()
             print("root level", root.getLevel().toString())
+            print("driver memory", spark.conf.get("spark.driver.memory"))
         finally:
             spark.stop()
     """)
@@ -97,5 +98,13 @@ def test_a_new_session_starts_quiet(clean_env, tmp_path):
                           text=True, timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "root level ERROR" in proc.stdout
+    assert f"driver memory {_session.LOCAL_DRIVER_MEMORY}" in proc.stdout  # a local session's larger heap
     for chatter in ("Using Spark's default log4j profile", "Setting default log level", " WARN ", " INFO "):
         assert chatter not in proc.stderr, proc.stderr
+
+
+def test_a_users_driver_memory_wins(clean_env, monkeypatch):
+    assert not _session._user_sets_driver_memory(None)
+    assert _session._user_sets_driver_memory({"spark.driver.memory": "6g"})
+    (clean_env / "spark-defaults.conf").write_text("spark.driver.memory   4g\n")
+    assert _session._user_sets_driver_memory(None)

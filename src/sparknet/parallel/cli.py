@@ -156,9 +156,8 @@ def _train(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlags) -
     failed = True
     result = None
     try:
-        # In local mode the tasks share the driver's JVM: converting W partitions at once (MNIST, W = 4)
-        # overflows Spark's default 1g heap. A session already running is used as it is.
-        spark = get_session(dist.resolved_master, conf={"spark.driver.memory": "2g"} if _is_local(dist) else None)
+        # A local session gets a larger driver heap (get_session); one already running is used as it is.
+        spark = get_session(dist.resolved_master)
         df = spark.read.parquet(run.data) if run.data is not None else _training_frame(spark, run, train)
         with MetricsLogger(run.metrics_out, progress=not run.quiet, total=total, sinks=sinks) as metrics:
             log.info("training %s on %s: %d workers = %d copies x %d shards (barrier engine, %s, tau=%d) on %s",
@@ -181,12 +180,6 @@ def _train(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlags) -
         finish_run(run, sinks, failed=failed, net_params=net_params, weights=result.weights if result else None,
                    solver=run.solver(), config=config)
     return summary
-
-
-def _is_local(dist: DistributedConfig) -> bool:
-    from sparknet.spark._session import is_local_master
-
-    return is_local_master(dist.resolved_master)
 
 
 def _training_frame(spark, run: RunConfig, train):

@@ -152,6 +152,15 @@ def quiet_log_settings(master: str | None, settings: dict[str, str], level: str)
     return out
 
 
+LOCAL_DRIVER_MEMORY = "2g"
+"""The JVM heap a local session sparknet starts gets, unless the user sets ``spark.driver.memory``."""
+
+
+def _user_sets_driver_memory(conf: dict | None) -> bool:
+    return ("spark.driver.memory" in (conf or {}) or "spark.driver.memory" in _spark_defaults()
+            or "--driver-memory" in os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+
+
 def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: dict | None = None,
                 log_level: str | None = None):
     """The active SparkSession, or a new one for ``master``.
@@ -192,6 +201,10 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
     }
+    if is_local_master(master or "local[*]") and not _user_sets_driver_memory(conf):
+        # In local mode every task's rows pass through the one JVM; Spark's default 1 GiB heap
+        # runs out when four tasks convert MNIST at once.
+        settings["spark.driver.memory"] = LOCAL_DRIVER_MEMORY
     settings.update({key: str(value) for key, value in (conf or {}).items()})
     settings.update(quiet_log_settings(master, settings, level))
     for key, value in settings.items():
