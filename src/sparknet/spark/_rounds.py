@@ -442,7 +442,7 @@ def _train_round(spec_bc, weights_bc, params: dict, index: int, record: dict | N
         raise
     if spec.link is not None:  # the update, up (only the small record when it is not finite)
         link_s += spec.link.wait(0 if not finite else encoded.nbytes if compressed else delta.numel() * 4)
-    result["link_s"] = link_s
+        result["link_s"] = link_s
     if params.get("checkpoint"):
         result["worker_state"] = export_worker_state(net, entry.state)
     result.update(n=stats.samples, steps=stats.steps, loss=stats.loss, compute_s=stats.wall_s, finite=finite,
