@@ -80,9 +80,11 @@ def test_slow_network_applies_the_link_inside_the_engine(spark, tmp_path):
         assert r["curve"] and r["step_budget"] >= 10
         assert r["engine"] == "barrier"
         if r["link"]["label"] == "0s, inf":
-            assert r["modelled_link_s_per_step"] == 0
+            assert r["modelled_link_s_per_step"] == 0 and r["link_s"] is None  # a free link: no option, no wait
         else:
             assert r["modelled_link_s_per_step"] > 0
+            # the engine itself waited, at least the link's cost of the steps it ran
+            assert r["link_s"] >= r["modelled_link_s_per_step"] * (r["rounds"] * 10) * 0.999
     naive = [r for r in saved["runs"] if r["scheme"] == "naive"]
     average = [r for r in saved["runs"] if r["scheme"] == "average"]
     # The naive scheme pays the link every step, averaging once every tau steps.

@@ -72,51 +72,6 @@ def test_ring_allreduce_delay():
 
 # -- the strategy wrapper that applies a link ------------------------------------------------------
 
-def _tiny_net(seed=0):
-    from sparknet.net import Net
-
-    torch.manual_seed(seed)
-    module = torch.nn.Sequential(torch.nn.Linear(4, 3))
-    net = Net(module, make_solver("sgd", 0.1, 0.0), batch_size=8, seed=seed)
-    x = torch.randn(32, 4)
-    net.set_training_data((x.numpy(), (x[:, 0] > 0).long().numpy()))
-    return net
-
-
-@pytest.mark.parametrize("engine", ["barrier", "rounds"])
-def test_link_delayed_strategy_waits_for_what_each_exchange_sends_and_changes_nothing_else(engine):
-    from sparknet.experiments.slow_network import LinkDelayed
-    from sparknet.strategies import Average, WorkerState
-
-    link = LinkModel(latency_s=1e-4, bandwidth_bits_per_s=1e9)
-    wrapped = LinkDelayed(Average(), link, engine=engine, world=2)
-    plain = Average()
-    net_a, net_b = _tiny_net(), _tiny_net()
-    g = net_a.get_flat()
-    wrapped.worker_begin(WorkerState(), net_a, g)
-    plain.worker_begin(WorkerState(), net_b, g)
-    net_a.train(3)
-    net_b.train(3)
-    d_a = wrapped.worker_delta(WorkerState(), net_a, g)
-    d_b = plain.worker_delta(WorkerState(), net_b, g)
-    assert torch.equal(d_a, d_b)
-    assert torch.equal(wrapped.apply(g, d_a, 2), plain.apply(g, d_b, 2))
-    nbytes = g.numel() * 4
-    expected = (link.delay(nbytes) * 2 if engine == "rounds" else link.allreduce_delay(nbytes, 2))
-    assert wrapped.waited_s == pytest.approx(expected)
-    assert wrapped.name == plain.name and not wrapped.needs_gradient_hook
-
-
-def test_link_delayed_keeps_the_naive_schemes_gradient_hook():
-    from sparknet.experiments.slow_network import LinkDelayed
-    from sparknet.strategies import Sync
-
-    wrapped = LinkDelayed(Sync(), LinkModel(), engine="barrier", world=2)
-    assert wrapped.needs_gradient_hook
-    with pytest.raises(ValueError):
-        LinkDelayed(Sync(), LinkModel(), engine="local", world=2)
-
-
 def test_slow_network_config_pairs_latencies_with_bandwidths():
     cfg = make_config("slow-network", link_latency=("50ms",), link_bandwidth=("100Mbit",))
     links = cfg.links()

@@ -7,19 +7,19 @@ What the SparkNet paper could only model (its Figure 4), measured: every exchang
 real Spark engine waits as long as it would over a link of the given latency and bandwidth
 (:class:`sparknet.link.LinkModel`), and the wall clock to the target accuracy is timed.
 
-How the link is applied, until the engines take a ``link=`` option of their own: the
-strategy the engine runs is wrapped in :class:`LinkDelayed`, whose hooks the engine calls
-exactly where the exchanges happen —
+The link is an option of the engines themselves (``EngineOptions(link=...)``, the same as
+``sparknet train --link-latency 50ms --link-bandwidth 100Mbit``), which wait exactly where the
+exchanges happen —
 
-- barrier engine: ``worker_delta`` runs on every rank just before the round's allreduce, and
-  ``after_backward`` (the naive scheme) just before each step's gradient allreduce; each
-  waits :meth:`LinkModel.allreduce_delay` for that buffer (a ring allreduce over K ranks);
-- rounds engine: ``worker_begin`` runs in each task right after it received the broadcast
-  weights (waits for their download) and ``worker_delta`` just before the task returns its
-  delta (waits for its upload).
+- barrier engine: before the round's allreduce, every rank waits :meth:`LinkModel.allreduce_delay`
+  for that buffer (a ring allreduce over K ranks), and before each step's gradient allreduce
+  of the naive scheme; also before the tiny allreduce of each evaluation;
+- rounds engine: each task waits :meth:`LinkModel.delay` for its download of the broadcast
+  weights and again for the upload of its delta (the tasks' waits overlap, as on a network).
 
+The engines record what they waited (``link_s`` per round and in all), kept with each run.
 Every worker has its own link of this speed (the driver's is not the bottleneck). Not
-delayed: the barrier engine's tiny per-evaluation allreduce and its metrics channel.
+delayed: the barrier engine's metrics channel to the driver.
 A run whose link alone would take more than ``max_seconds`` gets fewer steps; if that keeps
 it from the target, the time it would have taken is projected (the link changes when things
 happen, not what is computed: the free-link run's training time plus its steps to the target
@@ -40,84 +40,13 @@ from sparknet.experiments import (first_reaching, load_data, make_model, make_so
                                   training_frame, warm_up_spark)
 from sparknet.experiments import stop_session as _stop
 from sparknet.link import LinkModel
-from sparknet.strategies import TrainingStrategy, make_strategy
 
-__all__ = ["Config", "QUICK", "SCHEMES", "LinkDelayed", "run", "plot"]
+__all__ = ["Config", "QUICK", "SCHEMES", "run", "plot"]
 
 log = logging.getLogger(__name__)
 
 SCHEMES = ("naive", "average", "diloco")
 """naive = gradients allreduced every step (sync); average = SparkNet; diloco = Nesterov outer step."""
-
-
-class LinkDelayed(TrainingStrategy):
-    """A strategy whose every exchange waits as if it crossed ``link`` (see the module docstring).
-
-    Parameters
-    ----------
-    inner : TrainingStrategy
-        The strategy that does the work; everything but the waits is its.
-    link : LinkModel
-        The link every worker's messages cross.
-    engine : str
-        ``barrier`` (allreduce per round / per step) or ``rounds`` (broadcast down, delta up).
-    world : int
-        Number of workers K.
-    """
-
-    def __init__(self, inner: TrainingStrategy, link: LinkModel, *, engine: str, world: int):
-        if engine not in ("barrier", "rounds"):
-            raise ValueError(f"engine must be barrier or rounds, got {engine!r}")
-        self.inner, self.link, self.engine, self.world = inner, link, engine, int(world)
-        self.waited_s = 0.0
-
-    @property
-    def name(self):
-        return self.inner.name
-
-    @property
-    def needs_gradient_hook(self) -> bool:
-        return self.inner.needs_gradient_hook
-
-    @property
-    def keeps_local_weights(self) -> bool:
-        return self.inner.keeps_local_weights
-
-    def init_global(self, flat):
-        return self.inner.init_global(flat)
-
-    def worker_begin(self, state, net, global_flat):
-        if self.engine == "rounds":
-            self.waited_s += self.link.wait(global_flat.numel() * 4)  # the broadcast weights, down
-        self.inner.worker_begin(state, net, global_flat)
-
-    def worker_delta(self, state, net, global_flat):
-        delta = self.inner.worker_delta(state, net, global_flat)
-        if self.inner.needs_gradient_hook:
-            return delta  # the naive scheme exchanges gradients every step, not deltas (the round's buffer is metrics)
-        nbytes = delta.numel() * 4
-        if self.engine == "rounds":
-            self.waited_s += self.link.wait(nbytes)  # the delta, up
-        else:
-            self.waited_s += self.link.wait_allreduce(nbytes, self.world)
-        return delta
-
-    def after_backward(self, net) -> None:
-        nbytes = 4 * sum(p.numel() for p in net.module.parameters() if p.requires_grad)
-        self.waited_s += self.link.wait_allreduce(nbytes, self.world)
-        self.inner.after_backward(net)
-
-    def apply(self, global_flat, mean_delta, num_workers):
-        return self.inner.apply(global_flat, mean_delta, num_workers)
-
-    def state_dict(self) -> dict:
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.inner.load_state_dict(state)
-
-    def __repr__(self) -> str:
-        return f"LinkDelayed({self.inner!r}, {self.link.describe()}, {self.engine})"
 
 
 @dataclass(kw_only=True)
@@ -218,7 +147,7 @@ def _plan_steps(config: Config, link_s_per_step: float) -> int:
 
 def _one(config: Config, scheme: str, link: LinkModel, spark, df, test, nbytes: int) -> dict:
     from sparknet.config import DistributedConfig
-    from sparknet.spark import SparkTrainer
+    from sparknet.spark import EngineOptions, SparkTrainer
 
     engine = "barrier" if scheme == "naive" else config.engine
     strategy = {"naive": "sync", "average": "average", "diloco": "diloco"}[scheme]
@@ -226,12 +155,11 @@ def _one(config: Config, scheme: str, link: LinkModel, spark, df, test, nbytes: 
               else make_solver("sgd", config.lr, config.momentum))
     per_step = _link_s_per_step(config, scheme, engine, link, nbytes)
     steps = _plan_steps(config, per_step)
-    wrapped = LinkDelayed(make_strategy(strategy), link, engine=engine, world=config.workers)
     dist = DistributedConfig(workers=config.workers, engine=engine, strategy=strategy, tau=config.tau,
                              target_accuracy=config.target, master=config.master)
     trainer = SparkTrainer(make_model("lenet", config.batch_size), solver=solver, dist=dist,
                            batch_size=config.batch_size, seed=config.seed, threads=1, spark=spark, max_steps=steps,
-                           strategy=wrapped if not link.is_free else None)
+                           options=EngineOptions(link=None if link.is_free else link))
     t0 = time.perf_counter()
     result = trainer.fit(df, validation=(test.x, test.y))
     wall = time.perf_counter() - t0
@@ -247,7 +175,7 @@ def _one(config: Config, scheme: str, link: LinkModel, spark, df, test, nbytes: 
             "steps_to_target": hit["steps"] if hit else None, "step_budget": steps, "wall_s": wall,
             "setup_s": s.get("setup_s"), "final_accuracy": curve[-1]["accuracy"] if curve else None,
             "rounds": s.get("rounds"), "bytes_communicated": s.get("bytes_communicated"),
-            "modelled_link_s_per_step": per_step, "capped": steps < config.max_steps, "curve": curve}
+            "modelled_link_s_per_step": per_step, "link_s": s.get("link_s"), "capped": steps < config.max_steps, "curve": curve}
 
 
 def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spark=None) -> dict:
@@ -294,7 +222,8 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
     return {"target": config.target, "workers": config.workers, "model_bytes": nbytes, "step_time": step,
             "spark_warmup_s": warmup_s,
             "links": [link.to_dict() for link in links], "runs": runs, "summary": summary,
-            "how": "strategy wrapper LinkDelayed around the real engine's hooks (see the module docstring)"}
+            "how": "the engines' own link option (EngineOptions.link): waits where each exchange happens, "
+                   "recorded as link_s (see the module docstring)"}
 
 
 def _project(runs: list[dict]) -> None:
