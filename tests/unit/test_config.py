@@ -63,3 +63,27 @@ def test_checkpoint_flags_come_from_the_config():
     args = build_parser().parse_args(["train", "--checkpoint-dir", "ckpts", "--resume", "--checkpoint-every", "5"])
     assert args.checkpoint_dir == "ckpts" and args.resume is True and args.checkpoint_every == 5
     assert args.checkpoint_keep == 3
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"auto_tau_min": 0}, "auto_tau_min"), ({"auto_tau_min": 50, "auto_tau_max": 10}, "auto_tau_max"),
+    ({"auto_tau_every": 0}, "auto_tau_every"), ({"link_latency": "5 parsecs"}, "50ms"),
+    ({"link_bandwidth": "100MB"}, "bits per second"),
+    ({"strategy": "sync", "engine": "barrier", "compression": "int8"}, "drop --compression"),
+    ({"strategy": "sync", "engine": "barrier", "auto_tau": True}, "drop --auto-tau"),
+])
+def test_engine_option_settings_are_checked(bad, match):
+    with pytest.raises(ValueError, match=match):
+        DistributedConfig(**bad)
+
+
+def test_link_and_auto_tau_flags_come_from_the_config():
+    from sparknet.cli import _from_args
+    from sparknet.link import LinkModel
+
+    args = build_parser().parse_args(["train", "--workers", "2", "--link-latency", "50ms", "--link-bandwidth",
+                                      "100Mbit", "--auto-tau", "--auto-tau-max", "200", "--compression", "int8"])
+    dist = _from_args(DistributedConfig, args)
+    assert dist.link() == LinkModel(0.05, 1e8)
+    assert dist.auto_tau and dist.auto_tau_max == 200 and dist.auto_tau_min == 1 and dist.compression == "int8"
+    assert DistributedConfig().link() is None

@@ -13,6 +13,7 @@ from sparknet.strategies import (
     Average,
     AutoTau,
     DiLoCo,
+    Downlink,
     Int8Compression,
     WorkerState,
     make_compressor,
@@ -100,6 +101,39 @@ def test_int8_error_feedback_loses_nothing_over_rounds():
     deltas = [torch.randn(1000) * 10 ** -k for k in range(6)]
     sent = sum(c.decompress(c.compress(d, st)) for d in deltas)
     assert torch.allclose(sent + st.extra["residual"], sum(deltas), atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["none", "fp16", "bf16", "int8"])
+def test_wire_messages_round_trip_and_have_the_announced_size(kind):
+    c = make_compressor(kind)
+    d = torch.randn(10_001)
+    reference = c.decompress(c.compress(d, WorkerState()))
+    buf = c.encode(d, WorkerState())
+    assert buf.dtype is torch.uint8 and buf.numel() == c.wire_nbytes(d.numel())
+    assert torch.equal(c.decode(buf, d.numel()), reference)
+    with pytest.raises(ValueError, match="same compression"):
+        c.decode(buf[:-1], d.numel())
+
+
+def test_downlink_error_feeds_back_through_what_the_workers_hold():
+    torch.manual_seed(0)
+    down = Downlink(Int8Compression(chunk=64), 1000)
+    target = torch.randn(1000)
+    worker = torch.zeros(1000)
+    for _ in range(4):  # the same global weights sent again: the gap shrinks to nothing quickly
+        worker = down.receive(worker, down.message(target))
+        assert torch.equal(worker, down.seen)  # the worker holds exactly what the sender thinks it holds
+    assert (worker - target).abs().max() < 1e-6 * target.abs().max() * 1000
+    exact = Downlink(make_compressor("none"), 1000)
+    assert torch.equal(exact.receive(None, exact.message(target)), target)
+
+
+def test_link_all_gather_delay():
+    from sparknet.link import LinkModel
+
+    link = LinkModel(0.01, 8e6)
+    assert link.allgather_delay(1000, 1) == 0.0
+    assert link.allgather_delay(1000, 4) == pytest.approx(3 * (0.01 + 1000 * 8 / 8e6))
 
 
 def test_auto_tau_rule_and_bounds():
