@@ -483,9 +483,13 @@ def run_async(run, dist, *, sync_interval: int = 10, combiner: str = "delta", ps
     per_worker = max(1, (len(train) // K) // run.batch_size)
     epochs = math.ceil(dist.epochs) if dist.epochs is not None else math.ceil(run.steps / per_worker)
     max_steps = run.steps if dist.epochs is None else min(run.steps, math.ceil(dist.epochs * per_worker))
-    with MetricsLogger(run.metrics_out, progress=False) as metrics:
+    with MetricsLogger(run.metrics_out, progress=not run.quiet, total=max_steps) as metrics:
         def emit(record):
             metrics.write(record)
+            wall = record.get("wall_s")
+            metrics.progress(record["steps_per_worker"], epoch=record["epoch"], loss=record.get("loss"),
+                             acc=record.get("test_accuracy"), stale=record.get("staleness_mean"),
+                             **{"samples/s": record["samples"] / wall if wall else None})
             if on_round is not None:
                 on_round(record)
 
