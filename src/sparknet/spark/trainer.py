@@ -19,7 +19,10 @@
    pyzmq channel);
 4. cleanup: broadcasts destroyed, caches and staged files removed, job group cleared.
 
-Both engines run the same :class:`~sparknet.strategies.TrainingStrategy` hooks.
+Both engines run the same :class:`~sparknet.strategies.TrainingStrategy` hooks, compress what
+workers send as ``dist.compression`` says (bytes counted as they cross), choose tau while
+training with ``dist.auto_tau``, and can wait as a slow network would (``EngineOptions.link``);
+docs/DESIGN.md's engine section says how each engine does each.
 
 Reliability. A rounds-engine task that fails (its Python worker killed, an exception) is
 retried by Spark (``spark.task.maxFailures``; ``local[N,F]`` in local mode) from the previous
