@@ -113,9 +113,13 @@ def _fit(spark, df, test, info, run, dist, net_params, total, sinks, rows_per_wo
         trainer = SparkTrainer(net_params, solver=run.solver(), dist=dist, batch_size=run.batch_size, seed=run.seed,
                                threads=run.threads or 1, device=run.device, spark=spark, on_round=on_round,
                                max_steps=run.steps)
-        log.info("training %s on %s with %d workers (%s engine, %s, tau=%s) on %s; %.0f rows per worker",
+        link = dist.link()
+        extras = "".join([f", {dist.compression} updates" if dist.compression != "none" else "",
+                          f", auto tau in [{dist.auto_tau_min}, {dist.auto_tau_max}]" if dist.auto_tau else "",
+                          f", link {link.describe()}" if link is not None and not link.is_free else ""])
+        log.info("training %s on %s with %d workers (%s engine, %s, tau=%s%s) on %s; %.0f rows per worker",
                  run.model, run.dataset if run.data is None else run.data, dist.workers, dist.engine.value,
-                 dist.strategy.value, dist.tau, spark.sparkContext.master, rows_per_worker)
+                 dist.strategy.value, dist.tau, extras, spark.sparkContext.master, rows_per_worker)
         result = trainer.fit(df, validation=test)
         summary = {"event": "summary", "model": run.model, "dataset": run.dataset if run.data is None else run.data,
                    "master": spark.sparkContext.master, "steps": result.summary.get("total_steps"),
