@@ -68,9 +68,23 @@ def cached_training_frame(spark, dataset: str, train):
 
 
 def _training_frame(spark, run: RunConfig, train):
-    if run.data is not None:
-        return spark.read.parquet(run.data)
-    return cached_training_frame(spark, run.dataset, train)
+    """The training rows as a DataFrame: ``train`` of the data set, or of ``--data`` without its test rows.
+
+    ``--data`` holds its test set in its last rows (see :mod:`sparknet._parquet`); the Spark
+    engines train on the same rows one process trains on, written once beside the cache under
+    a name that changes when the files do.
+    """
+    if run.data is None:
+        return cached_training_frame(spark, run.dataset, train)
+    import hashlib
+
+    root = Path(run.data).resolve()
+    files = sorted(p for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file())
+    stamp = hashlib.sha256(str(root).encode())
+    for p in files:
+        info = p.stat()
+        stamp.update(f"{p.relative_to(root) if p != root else ''}:{info.st_size}:{info.st_mtime_ns};".encode())
+    return cached_training_frame(spark, f"data-{root.stem}-{stamp.hexdigest()[:16]}", train)
 
 
 def train_distributed(run: RunConfig, dist: DistributedConfig, *, extra_summary: dict | None = None) -> dict:
