@@ -182,6 +182,7 @@ def test_sparknet_train_model_parallel_end_to_end(spark, tmp_path):
     (["--workers", "2", "--model-parallel", "2", "--parallel-plan", "ip1=sideways"], "LAYER=column"),
     (["--workers", "2", "--model-parallel", "2", "--parallel-plan", "conv9=column"], "conv9"),
     (["--workers", "2", "--model-parallel", "2", "--max-weight-bytes", "1e4"], "over the budget"),
+    (["--workers", "2", "--model-parallel", "2", "--link-latency", "50ms"], "drop --compression, --auto-tau"),
     (["--workers", "2", "--max-weight-bytes", "4e5"], "with --model-parallel 2 each rank would hold"),
 ])
 def test_what_cannot_run_is_refused_clearly(spark, tmp_path, caplog, extra, message):

@@ -90,8 +90,9 @@ def _refusals(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlags
     if dist.tau is None or dist.round_seconds is not None:
         return ("--model-parallel needs a fixed --tau and no --round-seconds: the workers of one model copy "
                 "must make the same steps")
-    if dist.compression != "none" or dist.auto_tau:
-        return "--model-parallel does not support --compression or --auto-tau; drop them"
+    if dist.compression != "none" or dist.auto_tau or dist.link() is not None:
+        return ("--model-parallel does not support --compression, --auto-tau or a simulated link; drop "
+                "--compression, --auto-tau, --link-latency and --link-bandwidth")
     if dist.warmup_steps:
         return "--model-parallel does not run a warm-up on the driver; drop --warmup-steps"
     if dist.epochs is not None:
