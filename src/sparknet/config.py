@@ -82,7 +82,7 @@ class RunConfig:
     metrics_out: str | None = None
     """JSON-lines metrics file."""
     quiet: bool = False
-    """No progress bar."""
+    """No progress line and no log lines but errors; the final JSON result line is still printed."""
     save_model: str | None = None
     """Save the trained model folder here (for predict, export and sample)."""
     tensorboard: str | None = None

@@ -160,7 +160,8 @@ def test_a_model_that_cannot_be_pickled_is_refused_before_any_job(spark, engine)
             return self.lin(x)
 
     df = spark.createDataFrame(_good_rows(), ROWS)
-    _refused(spark, engine, df, TypeError, "cannot pickle '_thread.lock'", trainer={"net": WithLock()})
+    _refused(spark, engine, df, TypeError, "model cannot be copied or pickled .*cannot pickle '_thread.lock'",
+             trainer={"net": WithLock()})
 
 
 @pytest.mark.parametrize("engine", ENGINES)

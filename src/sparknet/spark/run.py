@@ -99,7 +99,8 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, *, extra_summary:
     spark = get_session(dist.resolved_master)
     df = _training_frame(spark, run, train)
     rows_per_worker = len(train) / dist.workers
-    total = run.steps if dist.rounds is None else dist.rounds * (dist.tau or 1)
+    # With --rounds the bar counts rounds' steps; automatic tau changes them, so it counts --steps then.
+    total = run.steps if dist.rounds is None or dist.auto_tau else min(run.steps, dist.rounds * (dist.tau or 1))
     config = TrainConfig(run=run, dist=dist).to_dict()
     sinks = run_sinks(run, config)
     failed = True

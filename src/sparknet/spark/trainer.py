@@ -97,7 +97,9 @@ class EngineOptions:
     (default: collective_timeout_s + round_seconds + 60)."""
     round_timeout_s: float | None = None
     """Rounds engine: longest wait for one round's Spark job; past it the job is cancelled and a
-    DeadlineExceeded names the round and the tasks not finished (default: no deadline)."""
+    DeadlineExceeded names the round and the tasks not finished. Default: 30 minutes for the first
+    round of a fit, then 20 times the slowest step time seen so far times the round's steps, at
+    least 10 minutes (:func:`default_round_deadline`)."""
     max_restarts: int = 3
     """Barrier engine: how many times a failed stage is started again from the driver's newest state."""
     state_every_rounds: int = 1
@@ -219,6 +221,31 @@ def _running_partitions(sc, stage_id: int, attempt: int) -> list[int]:
         return sorted({int(seq.apply(i).index()) for i in range(seq.size()) if seq.apply(i).status() == "RUNNING"})
     except Exception:  # pragma: no cover - an internal API; the counts still say enough
         return []
+
+
+def _copy_module(module: torch.nn.Module) -> torch.nn.Module:
+    """A deep copy of the user's module for the driver, or a clear error when it cannot be copied."""
+    try:
+        return copy.deepcopy(module)
+    except Exception as exc:
+        raise TypeError(f"the model cannot be copied or pickled for the executors ({type(exc).__name__}: {exc}); "
+                        "keep locks, open files, sockets and generators out of the module's attributes (create "
+                        "them in forward, or drop them in __getstate__)") from exc
+
+
+FIRST_ROUND_DEADLINE_S = 1800.0
+MIN_ROUND_DEADLINE_S = 600.0
+
+
+def default_round_deadline(step_s: float | None, steps: int) -> float:
+    """The rounds engine's deadline for a round of ``steps`` when the user set none.
+
+    ``step_s`` is the slowest seconds per local step of the rounds so far (``None`` before the
+    first): a round may take 20 times as long as the slowest so far before it counts as hung.
+    """
+    if step_s is None:
+        return FIRST_ROUND_DEADLINE_S
+    return max(MIN_ROUND_DEADLINE_S, 20.0 * step_s * max(steps, 1))
 
 
 class _Watchdog:
@@ -427,7 +454,7 @@ class SparkTrainer:
                                  f"layer takes {sample_shape} ({math.prod(sample_shape)} values)")
             sample_shape = sample_shape or image_shape
         expected_len = math.prod(sample_shape) if sample_shape is not None else None
-        driver_net = Net(copy.deepcopy(self.net) if isinstance(self.net, torch.nn.Module) else self.net, self.solver,
+        driver_net = Net(_copy_module(self.net) if isinstance(self.net, torch.nn.Module) else self.net, self.solver,
                          loss=self.loss, batch_size=self.batch_size, device="cpu", seed=self.seed)
         if initial_weights is not None:
             if isinstance(initial_weights, WeightCollection):
@@ -656,6 +683,7 @@ class SparkTrainer:
         history: list[dict] = []
         steps_done = samples_done = total_bytes = 0
         missing_total = 0
+        slowest_step_s = None  # seconds per local step of the slowest round so far: the default deadline
         r = 0
         if resume is not None:
             r, steps_done, samples_done = resume["round"], resume["steps_done"], resume["samples_done"]
@@ -672,7 +700,8 @@ class SparkTrainer:
             t_round = time.perf_counter()
             message = global_flat.numpy() if down is None else down.message(global_flat).numpy()
             weights_bc = sc.broadcast(message)
-            watchdog = _Watchdog(sc, group, self.options.round_timeout_s)
+            deadline = self.options.round_timeout_s or default_round_deadline(slowest_step_s, steps)
+            watchdog = _Watchdog(sc, group, deadline)
             full = []
             try:
                 sc.setJobDescription(f"sparknet round {r + 1}")
@@ -705,7 +734,7 @@ class SparkTrainer:
             except Exception as exc:
                 if watchdog.fired:
                     raise DeadlineExceeded(f"round {r + 1} did not finish within round_timeout_s="
-                                           f"{self.options.round_timeout_s:g} s and was cancelled: "
+                                           f"{deadline:g} s and was cancelled: "
                                            f"{watchdog.unfinished}; see those tasks' executor logs, or raise "
                                            "round_timeout_s") from exc
                 raise
@@ -723,6 +752,8 @@ class SparkTrainer:
             round_s = time.perf_counter() - t_round
             trained = [w for w in workers if not w.get("empty")]
             round_steps = max((w["steps"] for w in trained), default=0)
+            if round_steps:
+                slowest_step_s = max(slowest_step_s or 0.0, round_s / round_steps)
             steps_done += round_steps
             samples_done += (samples := sum(w["n"] for w in trained))
             if down is None:
