@@ -57,8 +57,9 @@ def test_pairs_with_array_labels_keep_their_positions():
 
 
 @pytest.mark.parametrize("change, sample_shape, message", [
-    ({"y_max": 11}, (T,), r"labels range over \[0, 11\] but the net has 8 classes \(its vocabulary: one class per "
-                          r"token\); labels in column 'label' must be 0\.\.7"),
+    ({"y_max": 11}, (T,), r"labels range over \[0, 11\] but the net has 8 classes \(labels must be 0\.\.7\); "
+                          r"check column 'label' \(one label per position; a sequence model's classes are its "
+                          r"vocabulary"),
     ({"label_lengths": [11]}, (T,), r"labels in column 'label' hold 11 ids per row but the features have 12 positions"),
     ({"label_lengths": [11, 12], "bad_labels": 3}, None, r"labels in column 'label' differ in length .*3 rows"),
     ({"label_lengths": [0, 12]}, None, r"rows hold one class id, 12 per-position ids"),
@@ -138,8 +139,8 @@ def test_a_label_outside_the_vocabulary_names_the_column_and_the_range(spark):
     y = data.y.copy()
     y[7, 3] = 11
     df = sequence_frame(spark, data.x, y).withColumnRenamed("label", "next_chars")
-    with pytest.raises(ValueError, match=r"labels range over \[0, 11\] but the net has 8 classes \(its vocabulary"
-                                         r".*labels in column 'next_chars' must be 0\.\.7"):
+    with pytest.raises(ValueError, match=r"labels range over \[0, 11\] but the net has 8 classes \(labels must be "
+                                         r"0\.\.7\); check column 'next_chars' \(one label per position"):
         _data.collect_arrays(df, features_col="features", label_col="next_chars", image_shape=None, expected_len=T,
                              num_classes=V, sample_shape=(T,))
 

@@ -475,11 +475,14 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
         raise ValueError(f"{what} has {rows} rows, fewer than the {num_workers} workers asked for; "
                          f"use at most {rows} workers")
     if num_classes is not None and (total["y_min"] < 0 or total["y_max"] >= num_classes):
-        vocabulary = " (its vocabulary: one class per token)" if label_width else ""
+        where = f"; check column {total['label_col']!r}" if total["label_col"] else ""
+        if label_width:
+            where += " (one label per position; a sequence model's classes are its vocabulary, one per token)"
         raise ValueError(f"{what}: labels range over [{total['y_min']}, {total['y_max']}] but the net has "
-                         f"{num_classes} classes{vocabulary}; {labels} must be 0..{num_classes - 1}")
+                         f"{num_classes} classes (labels must be 0..{num_classes - 1}){where}")
     if total["y_min"] is not None and total["y_min"] < 0:
-        raise ValueError(f"{what}: negative label {total['y_min']} ({labels}); labels are class ids 0..C-1")
+        where = f" (column {total['label_col']!r})" if total["label_col"] else ""
+        raise ValueError(f"{what}: negative label {total['y_min']}; labels are class ids 0..C-1{where}")
     total["width"] = total["lengths"][0] if total["lengths"] else expected_len
     total["label_width"] = label_width
     return total
