@@ -143,6 +143,13 @@ def test_a_label_outside_the_vocabulary_names_the_column_and_the_range(spark):
                                          r"0\.\.7\); check column 'next_chars' \(one label per position"):
         _data.collect_arrays(df, features_col="features", label_col="next_chars", image_shape=None, expected_len=T,
                              num_classes=V, sample_shape=(T,))
+    # through fit: the class count is the net's vocabulary (its [N, T, V] output), refused before any round
+    rounds = []
+    trainer = SparkTrainer(char_net(), batch_size=8, spark=spark, on_round=rounds.append,
+                           dist=DistributedConfig(workers=2, tau=2, rounds=1))
+    with pytest.raises(ValueError, match=r"labels range over \[0, 11\] but the net has 8 classes"):
+        trainer.fit(df, label_col="next_chars")
+    assert rounds == []
 
 
 def test_label_length_that_does_not_fit_is_refused_before_training(spark):

@@ -64,7 +64,7 @@ __all__ = ["WorkerSpec", "StopRule", "pack_spec", "unpack_spec", "worker_seed", 
 
 log = logging.getLogger(__name__)
 
-_PROBLEM_KEYS = ("bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "not_pairs")
+_PROBLEM_KEYS = ("bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "not_pairs", "bad_labels")
 
 
 @dataclass

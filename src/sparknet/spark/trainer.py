@@ -411,8 +411,9 @@ class SparkTrainer:
         train : DataFrame or RDD
             Feature column of ``array<float>``/``array<double>``, an ML ``Vector`` (dense or
             sparse), or ``binary`` with ``image_shape`` (uint8 pixels scaled to [0, 1], or
-            little-endian float32); an integer (or whole-number double) label column. An RDD
-            holds ``(ndarray, label)`` pairs. It is split into ``dist.workers`` partitions
+            little-endian float32); an integer (or whole-number double) label column, or for a
+            sequence model an ``array<long>`` column with one label per position. An RDD holds
+            ``(ndarray, label)`` pairs (the label a 1-D array for a sequence model). It is split into ``dist.workers`` partitions
             (kept as they are when it already has that many; uneven and empty ones work).
         validation : DataFrame, RDD, ArrayDataset or (x, y) arrays, optional
             Evaluated on the driver (rounds) or in shards on the workers (barrier) every
@@ -616,6 +617,8 @@ class SparkTrainer:
                              "pass image_shape= or fix the feature column") from exc
         if isinstance(out, torch.Tensor) and out.dim() == 2 and out.shape[0] == 2:
             return int(out.shape[1])
+        if isinstance(out, torch.Tensor) and out.dim() == 3 and out.shape[0] == 2 and out.shape[1] == sample_shape[0]:
+            return int(out.shape[2])  # a sequence model: [N, T, vocabulary], a label per position
         return None
 
     def _validation(self, validation, sample_shape, num_classes, features_col, label_col, image_shape):
