@@ -75,6 +75,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="5k MNIST subset, K in {2,4}, tau in {1,10,50}, target 95%%")
     p.add_argument("--out", default=None)
+    p.add_argument("--resume", action="store_true", help="keep the cells already saved in the output file, run the rest")
     args = p.parse_args(argv)
     if args.quick:
         args.workers, args.taus, args.target, args.max_steps = [2, 4], [1, 10, 50], 0.95, 1500
@@ -95,9 +96,18 @@ def main(argv=None) -> list[dict]:
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     results = []
+    if args.resume and out.exists():
+        wanted = {(j["strategy"], j["workers"], j["tau"]) for j in jobs}
+        results = [r for r in json.loads(out.read_text())["results"]
+                   if (r["strategy"], r["workers"], r["tau"]) in wanted and r["target"] == args.target]
+        done = {(r["strategy"], r["workers"], r["tau"]) for r in results}
+        jobs_left = [j for j in jobs if (j["strategy"], j["workers"], j["tau"]) not in done]
+        print(f"resuming: {len(results)} cells saved, {len(jobs_left)} to run", flush=True)
+    else:
+        jobs_left = jobs
     with mp.get_context("spawn").Pool(args.processes) as pool:
         # Saved after every cell, so a long grid stopped part-way keeps what it measured.
-        for r in pool.imap_unordered(_cell, jobs, chunksize=1):
+        for r in pool.imap_unordered(_cell, jobs_left, chunksize=1):
             results.append(r)
             print(f"cell {len(results)}/{len(jobs)}: {r['strategy']} K={r['workers']} tau={r['tau']} "
                   f"reached={r['reached']} rounds={r['rounds']}", flush=True)
