@@ -328,10 +328,9 @@ def _sync_state(entry: _Entry, index: int, round_index: int, resume: dict | None
         return
     path = _state_path(entry.directory, index, want)
     if os.path.exists(path):
-        # written by this fit's own tasks on this machine's local disk, never received over the network
-        saved = torch.load(path, map_location=entry.net.device, weights_only=False)
-        entry.net.load_solver_state(saved["solver"])
-        entry.state = saved["worker"]
+        # written by this fit's own tasks on this machine's local disk: tensors, numbers and dicts only
+        saved = torch.load(path, map_location=entry.net.device, weights_only=True)
+        entry.state = import_worker_state(entry.net, saved["worker"])
         entry.version = want
     elif resume is not None and want == resume["round"] - 1 and index in resume["workers"]:
         entry.state = import_worker_state(entry.net, resume["workers"][index])
@@ -344,7 +343,7 @@ def _sync_state(entry: _Entry, index: int, round_index: int, resume: dict | None
 def _save_state(entry: _Entry, index: int, round_index: int) -> None:
     path = _state_path(entry.directory, index, round_index)
     tmp = f"{path}.{os.getpid()}.tmp"
-    torch.save({"version": round_index, "solver": entry.net.solver_state(), "worker": entry.state}, tmp)
+    torch.save({"version": round_index, "worker": export_worker_state(entry.net, entry.state)}, tmp)
     os.replace(tmp, path)
     old = _state_path(entry.directory, index, round_index - 2)
     if os.path.exists(old):
