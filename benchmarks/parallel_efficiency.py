@@ -179,7 +179,8 @@ def main(argv=None) -> dict:
     print(json.dumps(summary, indent=1))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"benchmark": "parallel_efficiency", "args": vars(args), "results": results}, indent=2))
+    out.write_text(json.dumps({"benchmark": "parallel_efficiency", "args": vars(args),
+                               "load_average": list(os.getloadavg()), "results": results}, indent=2))
     return results
 
 
