@@ -107,6 +107,20 @@ def test_barrier_failure_names_the_rank(spark):
     assert "_boom_on_rank_one" in info.value.log_tail
 
 
+def test_a_stuck_rank_is_named_when_its_peers_collective_times_out(spark):
+    # rank 1 hangs in round 2's local steps; rank 0 waits in the allreduce until the collective deadline
+    x, y = blobs(16)
+    rdd = partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])])
+    trainer = SparkTrainer(mlp(), batch_size=4, dist=DistributedConfig(workers=2, engine="barrier", tau=1, rounds=4),
+                           options=EngineOptions(collective_timeout_s=5, max_restarts=0,
+                                                 fault="rank=1,round=2,kind=hang,hang_s=60"))
+    with pytest.raises(WorkerError) as info:
+        trainer.fit(rdd)
+    assert info.value.rank == 1
+    assert "rank 1 did not reach round 2's exchange within collective_timeout_s=5 s" in str(info.value)
+    assert "rank 0 waited for it" in str(info.value)
+
+
 def test_driver_wait_has_a_deadline_and_cancels_the_stage(spark):
     import time
 

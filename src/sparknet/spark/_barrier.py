@@ -68,6 +68,10 @@ def run_barrier(payload_bc, params: dict, val_bc=None):
         rank = ctx.partitionId()
         try:
             yield from _run(ctx, rank, payload_bc, params, val_bc, chunks)
+        except StuckPeers as exc:  # this rank is fine; the error names the rank it waited for
+            failure = worker_failure(exc.ranks[0], exc)
+            _report_failure(params, exc.ranks[0], exc, str(failure), collective=False)
+            raise failure from None
         except Exception as exc:
             failure = worker_failure(rank, exc)
             _report_failure(params, rank, exc, str(failure))
@@ -76,7 +80,38 @@ def run_barrier(payload_bc, params: dict, val_bc=None):
     return task
 
 
-def _report_failure(params: dict, rank: int, exc: BaseException, text: str) -> None:
+class StuckPeers(RuntimeError):
+    """A collective timed out because other ranks never reached it: they are the ones to name."""
+
+    def __init__(self, ranks: list[int], waiter: int, round_index: int, timeout_s: float, cause: BaseException):
+        self.ranks = ranks
+        who = ", ".join(str(r) for r in ranks)
+        super().__init__(f"rank {who} did not reach round {round_index + 1}'s exchange within collective_timeout_s="
+                         f"{timeout_s:g} s (stuck in its local steps, or its process died); rank {waiter} waited for "
+                         f"it ({type(cause).__name__}). Look at that task's executor log, or raise "
+                         "EngineOptions.collective_timeout_s if its rounds are legitimately that long")
+
+
+class _Arrivals:
+    """Which ranks reached which collective, kept in the stage's TCPStore (one small write per round).
+
+    When a collective times out, the ranks whose mark is missing are the stuck (or dead) ones.
+    """
+
+    def __init__(self, store, rank: int, world: int):
+        self.store, self.rank, self.world = store, rank, world
+
+    def mark(self, tag: str) -> None:
+        self.store.set(f"arrived/{tag}/{self.rank}", "1")
+
+    def missing(self, tag: str) -> list[int]:
+        try:
+            return [r for r in range(self.world) if not self.store.check([f"arrived/{tag}/{r}"])]
+        except Exception:  # the store's host is gone too: nothing to tell
+            return []
+
+
+def _report_failure(params: dict, rank: int, exc: BaseException, text: str, *, collective: bool | None = None) -> None:
     """Tell the driver which rank failed first, and why, before Spark fails the stage.
 
     When one rank raises, its peers soon fail too (their collectives lose the connection), and
@@ -91,7 +126,8 @@ def _report_failure(params: dict, rank: int, exc: BaseException, text: str) -> N
         sender = MetricsSender(params["endpoint"], params["secret"], send_timeout_ms=2000)
         try:
             sender.send({"event": "error", "rank": rank, "type": type(exc).__name__, "text": text[-8000:],
-                         "collective": _is_collective_failure(exc), "time": time.time(),
+                         "collective": _is_collective_failure(exc) if collective is None else collective,
+                         "time": time.time(),
                          "fatal": isinstance(exc, FloatingPointError)})
         finally:
             sender.close()
@@ -171,7 +207,8 @@ def _run(ctx, rank: int, payload_bc, params: dict, val_bc, chunks):
         store = _rendezvous(ctx, rank, world, params)
         if sender is not None and rank == 0:
             sender.send({"event": "ready", "fit": spec.fit_id, "setup_s": time.perf_counter() - t_start})
-        final = _round_loop(net, spec, rank, world, init_flat, has_data, val, params, sender, history, start or {})
+        final = _round_loop(net, spec, rank, world, init_flat, has_data, val, params, sender, history, start or {},
+                            arrivals=_Arrivals(store, rank, world))
         yield ("worker", rank, {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
                                 "attempt": ctx.attemptNumber()})
         if rank == 0:
@@ -220,7 +257,7 @@ def _exchange(buf: torch.Tensor, P: int, world: int, rank: int, codec, link, sen
 
 
 def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_data: bool, val, params: dict,
-                sender, history: list, start: dict) -> torch.Tensor:
+                sender, history: list, start: dict, arrivals: _Arrivals | None = None) -> torch.Tensor:
     """Train round after round until the stop rule says so; returns the final global weights."""
     strategy = spec.strategy
     state = WorkerState()
@@ -282,7 +319,19 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
         else:
             row[4], row[6] = 1.0, last_sync_s
         t_comm = time.perf_counter()
-        rows = _exchange(buf, P, world, rank, codec, link, sent)
+        tag = f"{params.get('restart', 0)}/{r}"
+        if arrivals is not None:
+            arrivals.mark(tag)
+        try:
+            rows = _exchange(buf, P, world, rank, codec, link, sent)
+        except RuntimeError as exc:
+            # only a wait that ran to the deadline points at a stuck peer; a peer that failed on its own
+            # breaks the collective at once and reports its own error
+            timed_out = time.perf_counter() - t_comm >= 0.9 * params["collective_timeout_s"]
+            stuck = [i for i in arrivals.missing(tag) if i != rank] if arrivals is not None and timed_out else []
+            if stuck:
+                raise StuckPeers(stuck, rank, r, params["collective_timeout_s"], exc) from exc
+            raise
         allreduce_s = time.perf_counter() - t_comm
         last_sync_s = allreduce_s
         n_total = float(rows[:, 0].sum())
