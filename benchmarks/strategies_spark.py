@@ -40,6 +40,8 @@ def run_cell(strategy: str, engine: str, extra: list[str], args) -> dict:
         cmd = ["sparknet", "train", "--model", "lenet", "--dataset", "mnist", "--workers", str(args.workers),
                "--engine", engine, "--strategy", strategy, "--target-accuracy", str(args.target),
                "--steps", str(args.steps), "--threads", "1", "--quiet", "--metrics-out", str(metrics)]
+        if args.compression != "none":
+            cmd += ["--compression", args.compression]
         if "--eval-every-rounds" not in extra:
             cmd += ["--eval-every-rounds", str(args.eval_every_rounds)]
         cmd += extra
@@ -49,6 +51,7 @@ def run_cell(strategy: str, engine: str, extra: list[str], args) -> dict:
         records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     summary = next((r for r in reversed(records) if r.get("event") == "summary"), {})
     out = {"strategy": strategy, "engine": engine, "workers": args.workers, "target": args.target,
+           "compression": args.compression,
            "command": shlex.join(cmd[:cmd.index("--metrics-out")] + cmd[cmd.index("--metrics-out") + 2:]),
            "returncode": proc.returncode, "process_wall_s": wall, "load_average": list(os.getloadavg())}
     if proc.returncode != 0:
@@ -68,6 +71,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--steps", type=int, default=4000, help="local steps per worker at most")
     p.add_argument("--eval-every-rounds", type=int, default=2)
     p.add_argument("--only", nargs="*", default=None, help="strategy:engine cells to run (default: all)")
+    p.add_argument("--compression", default="none", help="none, fp16, bf16 or int8 for every cell")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds one cell may take")
     p.add_argument("--out", default="benchmarks/results/strategies_spark.json")
     args = p.parse_args(argv)
