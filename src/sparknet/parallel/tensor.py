@@ -305,7 +305,8 @@ def _styles():
 
         def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
             if not isinstance(module, nn.Conv2d):
-                raise TypeError(f"ConvColwiseParallel splits nn.Conv2d only, got {type(module).__name__}; use ColwiseParallel for nn.Linear")
+                raise TypeError(f"ConvColwiseParallel splits nn.Conv2d only, got {type(module).__name__}; "
+                                "use ColwiseParallel for nn.Linear")
             return distribute_module(module, device_mesh, self._partition, self._input, self._output)
 
     class _FlattenRowwise(ParallelStyle):
