@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["MetricsLogger", "read_metrics", "json_safe"]
+__all__ = ["MetricsLogger", "read_metrics", "json_safe", "rounds_summary"]
 
 log = logging.getLogger(__name__)
 
@@ -132,3 +132,24 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{n}: not a JSON record ({e.msg})") from None
     return out
+
+
+def rounds_summary(rounds: list[dict], test, *, t_fit: float, t_train: float, train_s: float) -> dict:
+    """The summary fields every round-based fit reports, from its round records.
+
+    ``test`` is the final evaluation (an object with ``accuracy`` and ``loss``) or ``None``;
+    ``t_fit`` and ``t_train`` are ``time.perf_counter()`` at the fit's start and when training began.
+    """
+    samples = sum(h["samples"] for h in rounds)
+    round_time = sum(h["round_s"] for h in rounds)
+    last = rounds[-1] if rounds else {}
+    return {
+        "rounds": len(rounds), "total_steps": last.get("total_steps", 0), "samples": samples,
+        "bytes_communicated": sum(h["bytes"] for h in rounds), "wall_s": time.perf_counter() - t_fit,
+        "train_s": train_s, "setup_s": t_train - t_fit,
+        "samples_per_s": samples / round_time if round_time > 0 else None,
+        "loss": last.get("loss"),
+        "test_accuracy": test.accuracy if test is not None else None,
+        "test_loss": test.loss if test is not None else None,
+        "stop_reason": last.get("stop_reason"),
+    }

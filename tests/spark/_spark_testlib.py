@@ -58,6 +58,13 @@ def partitioned_rdd(sc, parts: list[tuple[np.ndarray, np.ndarray]]):
     return sc.parallelize(lists, len(lists)).flatMap(lambda rows: rows)
 
 
+def two_blob_workers(sc):
+    """240 blob rows in two cached partitions of 120, and 300 other rows to validate on."""
+    x, y = blobs(240, seed=11)
+    rdd = partitioned_rdd(sc, [(x[:120], y[:120]), (x[120:], y[120:])]).cache()
+    return rdd, blobs(300, seed=12)
+
+
 def flat(module: torch.nn.Module) -> torch.Tensor:
     return Net(copy.deepcopy(module)).get_flat()
 

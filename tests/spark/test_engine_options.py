@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from _spark_testlib import blobs, partitioned_rdd, start_session
+from _spark_testlib import start_session, two_blob_workers
 from sparknet.config import DistributedConfig
 from sparknet.link import LinkModel
 from sparknet.solvers import SolverConfig
@@ -44,9 +44,7 @@ def spark():
 
 @pytest.fixture(scope="module")
 def data(spark):
-    x, y = blobs(240, seed=11)
-    rdd = partitioned_rdd(spark.sparkContext, [(x[:120], y[:120]), (x[120:], y[120:])]).cache()
-    return rdd, blobs(300, seed=12)
+    return two_blob_workers(spark.sparkContext)
 
 
 def _fit(data, engine, *, rounds=6, tau=4, options=None, strategy="average", **dist):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from _spark_testlib import blobs, mlp, partitioned_rdd, start_session
+from _spark_testlib import mlp, start_session, two_blob_workers
 from sparknet.checkpoint import CheckpointError, CheckpointManager
 from sparknet.config import DistributedConfig
 from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
@@ -34,9 +34,7 @@ def spark():
 
 @pytest.fixture(scope="module")
 def data(spark):
-    x, y = blobs(240, seed=11)
-    rdd = partitioned_rdd(spark.sparkContext, [(x[:120], y[:120]), (x[120:], y[120:])]).cache()
-    return rdd, blobs(300, seed=12)
+    return two_blob_workers(spark.sparkContext)
 
 
 def _fit(data, engine, rounds=10, fault=None, tau=4, strategy="average", options=None, **dist):

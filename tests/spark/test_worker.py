@@ -9,7 +9,8 @@ from _spark_testlib import blobs, flat, mlp
 from sparknet.solvers import SolverConfig
 from sparknet.spark import _rounds
 from sparknet.spark._data import pair_chunks
-from sparknet.spark._rounds import StopRule, WorkerSpec, combine, fold, pack_spec
+from sparknet.spark._rounds import WorkerSpec, combine, fold, pack_spec
+from sparknet.stopping import StopRule
 from sparknet.strategies import Average
 
 pytestmark = pytest.mark.spark  # imports pyspark

@@ -28,6 +28,7 @@ import torch
 from sparknet.config import Strategy
 from sparknet.parallel.mesh import ParallelLayout, dp_round, init_layout, replica_seed, share_data_over_mp
 from sparknet.solvers import SolverConfig
+from sparknet.stopping import StopRule
 
 __all__ = ["ModelParallelJob", "run_rank", "weights_from_result", "default_plan", "effective_plan", "num_classes_of"]
 
@@ -205,16 +206,6 @@ def _check_every_replica_has_data(has_data: bool, layout: ParallelLayout) -> Non
                          "no training rows; give every group of --model-parallel consecutive partitions some data")
 
 
-def _stop_reason(job: ModelParallelJob, rounds_done: int, steps_done: int, accuracy: float | None) -> str | None:
-    if job.target_accuracy is not None and accuracy is not None and accuracy >= job.target_accuracy:
-        return "target_accuracy"
-    if job.rounds is not None and rounds_done >= job.rounds:
-        return "rounds"
-    if job.max_steps is not None and steps_done >= job.max_steps:
-        return "max_steps"
-    return None
-
-
 def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, validation=None, *,
              on_round: Callable[[dict], None] | None = None) -> dict:
     """Train this rank's part of the D x M layout; every rank of the default process group calls it.
@@ -263,9 +254,10 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
     steps_done = samples_done = 0
     total_bytes = 0
     r = 0
+    stop = StopRule(rounds=job.rounds, max_steps=job.max_steps, target_accuracy=job.target_accuracy, tau=job.tau)
     setup_s = time.perf_counter() - t0
     while True:
-        steps = job.tau if job.max_steps is None else min(job.tau, job.max_steps - steps_done)
+        steps = stop.steps_for_round(steps_done)
         t_round = time.perf_counter()
         res = dp_round(strategy, state, net, global_flat, layout, steps)
         global_flat = res.global_flat
@@ -279,7 +271,7 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
         t_eval = time.perf_counter()
         if validation is not None and r % job.eval_every_rounds == 0:
             accuracy, val_loss = _evaluate(net, global_flat, validation, layout, strategy.keeps_local_weights)
-        reason = _stop_reason(job, r, steps_done, accuracy)
+        reason = stop.reason(r, steps_done, samples_done, accuracy)
         if reason is not None and validation is not None and accuracy is None:
             accuracy, val_loss = _evaluate(net, global_flat, validation, layout, strategy.keeps_local_weights)
         if res.steps == 0 and reason is None:

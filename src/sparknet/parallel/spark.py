@@ -32,6 +32,7 @@ import uuid
 from dataclasses import dataclass, replace
 
 from sparknet.errors import DeadlineExceeded, EngineError
+from sparknet.metrics import rounds_summary
 from sparknet.parallel.runner import ModelParallelJob, effective_plan, num_classes_of, weights_from_result
 from sparknet.parallel.tensor import check_weight_budget
 
@@ -210,19 +211,10 @@ def fit_model_parallel(net_params, train, *, job: ModelParallelJob, workers: int
         driver_net = Net(net_params, job.solver, batch_size=job.batch_size)
         driver_net.set_weights(weights)
         test = driver_net.evaluate(val)
-    samples = sum(h["samples"] for h in history)
-    round_time = sum(h["round_s"] for h in history)
     summary = {
         "engine": "barrier", "strategy": job.strategy, "workers": workers, "data_parallel": workers // m,
-        "model_parallel": m, "plan": plan, "tau": job.tau, "rounds": len(history),
-        "total_steps": history[-1]["total_steps"] if history else 0, "samples": samples,
-        "bytes_communicated": sum(h["bytes"] for h in history), "wall_s": time.perf_counter() - t_fit,
-        "train_s": train_s, "setup_s": t_train - t_fit,
-        "samples_per_s": samples / round_time if round_time > 0 else None,
-        "loss": history[-1]["loss"] if history else None,
-        "test_accuracy": test.accuracy if test is not None else None,
-        "test_loss": test.loss if test is not None else None,
-        "stop_reason": history[-1].get("stop_reason") if history else None,
+        "model_parallel": m, "plan": plan, "tau": job.tau,
+        **rounds_summary(history, test, t_fit=t_fit, t_train=t_train, train_s=train_s),
         "weight_bytes_per_worker": [r["weight_bytes"] for r in results], "whole_weight_bytes": whole_bytes,
         "max_weight_bytes": job.max_weight_bytes, "data_rows": int(total["rows"]), "rows_per_partition": rows,
         "sample_shape": list(sample_shape), "num_classes": num_classes, "input": source.description,

@@ -44,11 +44,12 @@ import torch
 from sparknet.faults import due_fault
 from sparknet.spark._channel import encode_tree
 from sparknet.spark._data import merge_chunks
-from sparknet.spark._rounds import (StopRule, WorkerSpec, build_worker_net, export_worker_state, freeze_heap,
+from sparknet.spark._rounds import (WorkerSpec, build_worker_net, export_worker_state, freeze_heap,
                                     import_worker_state, round_seed, task_device, worker_failure)
+from sparknet.stopping import StopRule
 from sparknet.strategies import AutoTau, WorkerState, make_compressor
 
-__all__ = ["run_barrier", "FIELDS"]
+__all__ = ["run_barrier", "rendezvous", "FIELDS"]
 
 log = logging.getLogger(__name__)
 
@@ -152,8 +153,11 @@ def _loopback_ifname() -> str | None:
     return None
 
 
-def _rendezvous(ctx, rank: int, world: int, params: dict):
-    """Join the gloo process group of this stage's tasks."""
+def rendezvous(ctx, rank: int, world: int, params: dict):
+    """Join the gloo process group of a barrier stage's tasks; returns the TCPStore (keep it alive).
+
+    ``params`` holds ``local``, ``rendezvous_timeout_s`` and ``collective_timeout_s``.
+    """
     import torch.distributed as dist
 
     timeout = timedelta(seconds=params["rendezvous_timeout_s"])
@@ -204,7 +208,7 @@ def _run(ctx, rank: int, payload_bc, params: dict, val_bc, chunks):
             from sparknet.spark._channel import MetricsSender
 
             sender = MetricsSender(params["endpoint"], params["secret"])
-        store = _rendezvous(ctx, rank, world, params)
+        store = rendezvous(ctx, rank, world, params)
         if sender is not None and rank == 0:
             sender.send({"event": "ready", "fit": spec.fit_id, "setup_s": time.perf_counter() - t_start})
         final = _round_loop(net, spec, rank, world, init_flat, has_data, val, params, sender, history, start or {},

@@ -18,47 +18,10 @@ import logging
 import os
 import socket
 import traceback
-from datetime import timedelta
 
 __all__ = ["model_parallel_task"]
 
 log = logging.getLogger(__name__)
-
-
-def _loopback_ifname() -> str | None:
-    try:
-        for _, name in socket.if_nameindex():
-            if name in ("lo", "lo0"):
-                return name
-    except OSError:  # pragma: no cover
-        pass
-    return None
-
-
-def _rendezvous(ctx, rank: int, world: int, params: dict):
-    """Join the gloo process group of this stage's tasks; returns the store (keep it alive)."""
-    import torch.distributed as dist
-
-    timeout = timedelta(seconds=params["rendezvous_timeout_s"])
-    if params["local"]:
-        host = "127.0.0.1"
-        ifname = _loopback_ifname()
-        if ifname and "GLOO_SOCKET_IFNAME" not in os.environ:
-            os.environ["GLOO_SOCKET_IFNAME"] = ifname
-    else:
-        host = ctx.getTaskInfos()[rank].address.rsplit(":", 1)[0]
-    store = None
-    if rank == 0:
-        store = dist.TCPStore(host, 0, world, True, timeout=timeout, wait_for_workers=False)
-        addresses = ctx.allGather(f"{host}:{store.port}")
-    else:
-        addresses = ctx.allGather("")
-    master_host, master_port = addresses[0].rsplit(":", 1)
-    if rank != 0:
-        store = dist.TCPStore(master_host, int(master_port), world, False, timeout=timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=params["collective_timeout_s"]))
-    return store
 
 
 def _failure(rank: int, exc: BaseException) -> RuntimeError:
@@ -92,13 +55,14 @@ def _run(ctx, rank: int, job, params: dict, validation, chunks):
     import torch.distributed as dist
 
     from sparknet.parallel.runner import run_rank
+    from sparknet.spark._barrier import rendezvous  # the barrier engine's own: TCPStore + gloo, bounded waits
     from sparknet.spark._data import merge_chunks
 
     x, y, _ = merge_chunks(chunks)
     del chunks
     store = None
     try:
-        store = _rendezvous(ctx, rank, params["workers"], params)
+        store = rendezvous(ctx, rank, params["workers"], params)
         result = run_rank(job, x, y, validation)
         result.update(host=socket.gethostname(), pid=os.getpid(), attempt=ctx.attemptNumber())
         yield ("rank", rank, result)

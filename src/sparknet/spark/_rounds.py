@@ -58,7 +58,7 @@ from sparknet.solvers import SolverConfig
 from sparknet.spark._data import merge_chunks
 from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_compressor
 
-__all__ = ["WorkerSpec", "StopRule", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
+__all__ = ["WorkerSpec", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
            "stage_partition", "run_round", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
            "freeze_heap", "worker_failure", "export_worker_state", "import_worker_state", "round_seed", "decode_updates"]
 
@@ -546,39 +546,3 @@ def decode_updates(encs: list, compression: str, numel: int) -> np.ndarray:
 def fold(acc: dict | None, result: dict) -> dict:
     """treeAggregate's seqOp: add one worker's result."""
     return combine(acc, _partial(dict(result)))
-
-
-# -- when to stop (driver of the rounds engine, every rank of the barrier engine) ---------------
-@dataclass
-class StopRule:
-    """The stopping rules of a fit, evaluated identically wherever the round loop runs."""
-
-    rounds: int | None = None
-    max_steps: int | None = None
-    """Local steps per worker, in all rounds."""
-    epochs: float | None = None
-    target_accuracy: float | None = None
-    dataset_rows: int = 0
-    tau: int | None = None
-    round_seconds: float | None = None
-
-    UNBOUNDED_STEPS = 1 << 40
-
-    def steps_for_round(self, steps_done: int) -> int:
-        """Local steps to ask of each worker this round (tau, capped by what ``max_steps`` leaves)."""
-        steps = self.tau if self.tau is not None else self.UNBOUNDED_STEPS
-        if self.max_steps is not None:
-            steps = min(steps, max(self.max_steps - steps_done, 0))
-        return steps
-
-    def reason(self, rounds_done: int, steps_done: int, samples_done: int, accuracy: float | None) -> str | None:
-        """Why to stop now (``None``: go on)."""
-        if self.target_accuracy is not None and accuracy is not None and accuracy >= self.target_accuracy:
-            return "target_accuracy"
-        if self.rounds is not None and rounds_done >= self.rounds:
-            return "rounds"
-        if self.max_steps is not None and steps_done >= self.max_steps:
-            return "max_steps"
-        if self.epochs is not None and self.dataset_rows and samples_done >= self.epochs * self.dataset_rows:
-            return "epochs"
-        return None

@@ -61,10 +61,12 @@ from sparknet.config import DistributedConfig, Engine
 from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
 from sparknet.faults import faults_from
 from sparknet.link import LinkModel
+from sparknet.metrics import rounds_summary
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.spark import _data
-from sparknet.spark._rounds import StopRule, WorkerSpec
+from sparknet.spark._rounds import WorkerSpec
+from sparknet.stopping import StopRule
 from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, make_compressor, make_strategy
 from sparknet.weights import WeightCollection
 
@@ -539,19 +541,10 @@ class SparkTrainer:
         driver_net.set_flat(global_flat)
         test = driver_net.evaluate() if val is not None else None
         rounds = [h for h in history if h.get("event") == "round"]
-        samples = sum(h["samples"] for h in rounds)
-        round_time = sum(h["round_s"] for h in rounds)
         summary = {
             "engine": dist.engine.value, "strategy": getattr(self.strategy.name, "value", str(self.strategy.name)),
-            "workers": K, "tau": dist.tau, "round_seconds": dist.round_seconds, "rounds": len(rounds),
-            "total_steps": rounds[-1]["total_steps"] if rounds else 0, "samples": samples,
-            "bytes_communicated": sum(h["bytes"] for h in rounds), "wall_s": time.perf_counter() - t_fit,
-            "train_s": train_s, "setup_s": t_train - t_fit,
-            "samples_per_s": samples / round_time if round_time > 0 else None,
-            "loss": rounds[-1]["loss"] if rounds else None,
-            "test_accuracy": test.accuracy if test is not None else None,
-            "test_loss": test.loss if test is not None else None,
-            "stop_reason": rounds[-1].get("stop_reason") if rounds else None,
+            "workers": K, "tau": dist.tau, "round_seconds": dist.round_seconds,
+            **rounds_summary(rounds, test, t_fit=t_fit, t_train=t_train, train_s=train_s),
             "data_rows": int(total["rows"]), "rows_per_partition": total["rows_per_partition"],
             "sample_shape": list(sample_shape), "num_classes": num_classes, "input": source.description,
             "warmup": warmup, "retries": sum(h.get("retries", 0) for h in rounds),
