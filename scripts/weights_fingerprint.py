@@ -1,0 +1,182 @@
+"""Fingerprints of the final weights of seeded runs: the check that a refactor kept behaviour.
+
+Run it (about two minutes on two cores)::
+
+    python scripts/weights_fingerprint.py --out /tmp/after.json
+    python scripts/weights_fingerprint.py --check scripts/weights_fingerprint.json
+
+Every run is seeded and counts steps, not seconds, so its final weights are a function of the
+code alone: the same code on the same machine gives the same SHA-256 of the final float32
+weights. ``scripts/weights_fingerprint.json`` holds the fingerprints recorded before the round
+loop became one loop; ``--check`` recomputes them and names every run whose weights moved.
+
+The runs: the rounds engine (average, diloco, easgd, int8, a warm start) and the barrier
+engine (average, diloco, easgd, sync, int8) in ``local[2]`` on two partitions of different
+sizes, the model-parallel stage with two data-parallel replicas, and the simulator (average,
+diloco, easgd, sync, int8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+
+def _digest(flat: torch.Tensor) -> str:
+    return hashlib.sha256(flat.detach().to(torch.float32).contiguous().numpy().tobytes()).hexdigest()
+
+
+def _blobs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n)
+    centers = np.array([[2.0, 0.0], [-2.0, 0.0], [0.0, 2.5]], dtype=np.float32)
+    x = (centers[y] + rng.normal(0, 0.6, (n, 2))).astype(np.float32)
+    return x, y.astype(np.int64)
+
+
+def _net():
+    from sparknet import zoo
+
+    return zoo.mlp(input_shape=(2,), hidden=(16,), num_classes=3, batch_size=8)
+
+
+def _solver():
+    from sparknet.solvers import SolverConfig
+
+    return SolverConfig(base_lr=0.05, momentum=0.9, weight_decay=1e-4)
+
+
+@contextlib.contextmanager
+def _last_evaluated():
+    """Record the weights of every Net evaluation in the block; ``["flat"]`` is the last (the final weights)."""
+    from sparknet.net import Net
+
+    seen: dict = {}
+    original = Net.evaluate
+
+    def evaluate(self, *args, **kwargs):
+        seen["flat"] = self.get_flat().clone()
+        return original(self, *args, **kwargs)
+
+    Net.evaluate = evaluate
+    try:
+        yield seen
+    finally:
+        Net.evaluate = original
+
+
+def simulator_runs() -> dict[str, str]:
+    from sparknet.datasets import ArrayDataset
+    from sparknet.simulate import simulate
+
+    x, y = _blobs(400, 1)
+    vx, vy = _blobs(200, 2)
+    train, test = ArrayDataset(x, y), ArrayDataset(vx, vy)
+    out = {}
+    for strategy, compression in (("average", "none"), ("diloco", "none"), ("easgd", "none"), ("sync", "none"),
+                                  ("average", "int8")):
+        with _last_evaluated() as last:
+            simulate(_net(), train, test, workers=3, tau=5, strategy=strategy, solver=_solver(), batch_size=8,
+                     max_steps=40, compression=compression, seed=3)
+        out[f"simulate/{strategy}/{compression}"] = _digest(last["flat"])
+    return out
+
+
+def spark_runs(spark) -> dict[str, str]:
+    from sparknet.config import DistributedConfig
+    from sparknet.spark import SparkTrainer
+
+    x, y = _blobs(210, 11)
+    val = _blobs(120, 12)
+    sc = spark.sparkContext
+    parts = [(x[:120], y[:120]), (x[120:], y[120:])]  # 120 and 90 rows: the weighting matters
+    rows = [[(px[i], int(py[i])) for i in range(len(py))] for px, py in parts]
+    rdd = sc.parallelize(rows, 2).flatMap(lambda r: r).cache()
+    cases = [
+        ("rounds", "average", {}), ("rounds", "diloco", {}), ("rounds", "easgd", {}),
+        ("rounds", "average", {"compression": "int8"}), ("rounds", "average", {"warmup_steps": 7}),
+        ("barrier", "average", {}), ("barrier", "diloco", {}), ("barrier", "easgd", {}), ("barrier", "sync", {}),
+        ("barrier", "average", {"compression": "int8"}),
+    ]
+    out = {}
+    for engine, strategy, extra in cases:
+        dist = DistributedConfig(workers=2, engine=engine, strategy=strategy, tau=6, rounds=4, **extra)
+        trainer = SparkTrainer(_net(), solver=_solver(), dist=dist, batch_size=8, seed=5, spark=spark)
+        result = trainer.fit(rdd, validation=val)
+        tag = "+".join(f"{k}={v}" for k, v in sorted(extra.items())) or "plain"
+        out[f"{engine}/{strategy}/{tag}"] = _digest(result.weights.to_flat())
+    return out
+
+
+def model_parallel_runs(spark) -> dict[str, str]:
+    from sparknet.parallel.runner import ModelParallelJob
+    from sparknet.parallel.spark import fit_model_parallel
+
+    x, y = _blobs(200, 21)
+    val = _blobs(100, 22)
+    df = spark.createDataFrame([(x[i].tolist(), int(y[i])) for i in range(len(y))], ["features", "label"])
+    out = {}
+    for strategy in ("average", "diloco"):
+        job = ModelParallelJob(net=_net(), solver=_solver(), model_parallel=1, strategy=strategy, tau=5, rounds=3,
+                               batch_size=8, seed=7)
+        res = fit_model_parallel(_net(), df, job=job, workers=2, validation=val, spark=spark)
+        out[f"model_parallel/{strategy}"] = _digest(res.weights.to_flat())
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write the fingerprints here (JSON)")
+    parser.add_argument("--check", help="compare with the fingerprints in this JSON file")
+    parser.add_argument("--only", choices=["simulate", "spark"], help="run one group only")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    found: dict[str, str] = {}
+    if args.only in (None, "simulate"):
+        found.update(simulator_runs())
+    if args.only in (None, "spark"):
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        spark = (SparkSession.builder.master("local[2]").appName("sparknet-fingerprint")
+                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+                 .config("spark.python.worker.reuse", "true").getOrCreate())
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            found.update(spark_runs(spark))
+            found.update(model_parallel_runs(spark))
+        finally:
+            spark.stop()
+    report = {"torch": torch.__version__, "wall_s": round(time.perf_counter() - t0, 1), "runs": found}
+    print(json.dumps(report, indent=2))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+    if args.check:
+        with open(args.check) as f:
+            expected = json.load(f)["runs"]
+        moved = sorted(k for k in found if k in expected and expected[k] != found[k])
+        missing = sorted(k for k in expected if k not in found and (args.only is None or k.startswith(
+            "simulate" if args.only == "simulate" else ("rounds", "barrier", "model_parallel"))))
+        for k in moved:
+            print(f"MOVED   {k}", file=sys.stderr)
+        for k in missing:
+            print(f"MISSING {k}", file=sys.stderr)
+        same = sum(1 for k in found if expected.get(k) == found[k])
+        print(f"{same} of {len(found)} runs bit-identical to {args.check}", file=sys.stderr)
+        return 1 if moved or missing else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
