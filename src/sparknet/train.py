@@ -12,90 +12,19 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 
 import numpy as np
 import torch
 
-from sparknet.checkpoint import CheckpointError
+from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
+from sparknet.checkpoint import CheckpointError, CheckpointManager, model_fingerprint
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
 
-__all__ = ["train_local", "load_training_data", "build_model", "seed_everything", "run_sinks", "finish_run"]
+__all__ = ["train_local"]
 
 log = logging.getLogger(__name__)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, numpy's and torch's generators."""
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-def load_training_data(run: RunConfig):
-    """``(train, test, info)`` for ``run.dataset`` (or ``run.data``, a Parquet path).
-
-    ``info`` carries what the model needs to know (input shape, number of classes,
-    vocabulary for text).
-    """
-    from sparknet import datasets
-
-    if run.data is not None:
-        from sparknet._parquet import read_parquet_dataset
-
-        train, test, info = read_parquet_dataset(run.data)
-        return train, test, info
-    name = run.dataset.lower()
-    if name == "shakespeare":
-        corpus = datasets.shakespeare()
-        seq_len = 100
-        return (corpus.sequences("train", seq_len), corpus.sequences("validation", seq_len),
-                {"vocab_size": corpus.vocab_size, "corpus": corpus, "seq_len": seq_len})
-    data = datasets.load_dataset(name)
-    train, test = data.train, data.test
-    return train, test, {"input_shape": tuple(train.x.shape[1:]), "num_classes": int(train.y.max()) + 1}
-
-
-def build_model(run: RunConfig, info: dict):
-    """The zoo model ``run.model`` shaped for the data ``info`` describes."""
-    from sparknet import zoo
-
-    kwargs: dict = {"batch_size": run.batch_size}
-    name = run.model.lower()
-    if name == "char_lstm":
-        kwargs.update(vocab_size=info["vocab_size"], seq_len=info.get("seq_len", 100))
-    elif name in ("mlp",):
-        kwargs.update(input_shape=info["input_shape"], num_classes=info["num_classes"])
-    return zoo.get_model(name, **kwargs)
-
-
-def run_sinks(run: RunConfig, config: dict) -> list:
-    """The TensorBoard and MLflow sinks ``run`` asks for (none by default)."""
-    if run.tensorboard is None and run.mlflow is None:
-        return []
-    from sparknet.tools.sinks import make_sinks
-
-    return make_sinks(run.tensorboard, run.mlflow, run_name=f"{run.model}-{run.dataset}", params=config,
-                      model_dir=run.save_model)
-
-
-def finish_run(run: RunConfig, sinks: list, *, failed: bool, net_params=None, weights=None, solver=None,
-               config: dict | None = None, input_shape=None) -> None:
-    """Save the model folder (when asked and training succeeded), then close the sinks."""
-    try:
-        if not failed and run.save_model and net_params is not None:
-            from sparknet._model_io import save_model
-
-            save_model(run.save_model, net_params, weights, solver=solver, config=config, input_shape=input_shape,
-                       overwrite=True)
-            log.info("model saved to %s", run.save_model)
-    finally:
-        if sinks:
-            from sparknet.tools.sinks import close_sinks
-
-            close_sinks(sinks, failed=failed)
 
 
 def train_local(run: RunConfig, dist: DistributedConfig | None = None) -> dict:
@@ -137,8 +66,6 @@ def _local_checkpoints(dist: DistributedConfig | None, net: Net, config: dict):
     """
     if dist is None or not dist.checkpoint_dir:
         return None, None
-    from sparknet.checkpoint import CheckpointManager, model_fingerprint
-
     manager = CheckpointManager(dist.checkpoint_dir, keep=dist.checkpoint_keep)
     manager.check_writable()
     manager.every = dist.checkpoint_every

@@ -1,0 +1,93 @@
+"""Training from the command line: the steps around a training loop, whichever engine runs it.
+
+``sparknet train`` seeds the generators, loads the data, builds the model, opens the
+metrics sinks, trains (in one process, on Spark, model-parallel, or through a parameter
+server), then saves the model folder and closes the sinks::
+
+    seed_everything(run.seed)
+    train, test, info = load_training_data(run)
+    net_params = build_model(run, info)
+    sinks = run_sinks(run, config)
+    try:
+        ...train...
+    finally:
+        finish_run(run, sinks, failed=..., net_params=net_params, weights=...)
+
+Every engine's entry point calls these functions, so the steps are written once.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import torch
+
+from sparknet import datasets, zoo
+from sparknet._model_io import save_model
+from sparknet._parquet import read_parquet_dataset
+from sparknet.config import RunConfig
+from sparknet.tools.sinks import close_sinks, make_sinks
+
+__all__ = ["seed_everything", "load_training_data", "build_model", "run_sinks", "finish_run"]
+
+log = logging.getLogger(__name__)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's and torch's generators."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def load_training_data(run: RunConfig):
+    """``(train, test, info)`` for ``run.dataset`` (or ``run.data``, a Parquet path).
+
+    ``info`` carries what the model needs to know (input shape, number of classes,
+    vocabulary for text).
+    """
+    if run.data is not None:
+        return read_parquet_dataset(run.data)
+    name = run.dataset.lower()
+    if name == "shakespeare":
+        corpus = datasets.shakespeare()
+        seq_len = 100
+        return (corpus.sequences("train", seq_len), corpus.sequences("validation", seq_len),
+                {"vocab_size": corpus.vocab_size, "corpus": corpus, "seq_len": seq_len})
+    data = datasets.load_dataset(name)
+    train, test = data.train, data.test
+    return train, test, {"input_shape": tuple(train.x.shape[1:]), "num_classes": int(train.y.max()) + 1}
+
+
+def build_model(run: RunConfig, info: dict):
+    """The zoo model ``run.model`` shaped for the data ``info`` describes."""
+    kwargs: dict = {"batch_size": run.batch_size}
+    name = run.model.lower()
+    if name == "char_lstm":
+        kwargs.update(vocab_size=info["vocab_size"], seq_len=info.get("seq_len", 100))
+    elif name in ("mlp",):
+        kwargs.update(input_shape=info["input_shape"], num_classes=info["num_classes"])
+    return zoo.get_model(name, **kwargs)
+
+
+def run_sinks(run: RunConfig, config: dict) -> list:
+    """The TensorBoard and MLflow sinks ``run`` asks for (none by default)."""
+    if run.tensorboard is None and run.mlflow is None:
+        return []
+    return make_sinks(run.tensorboard, run.mlflow, run_name=f"{run.model}-{run.dataset}", params=config,
+                      model_dir=run.save_model)
+
+
+def finish_run(run: RunConfig, sinks: list, *, failed: bool, net_params=None, weights=None, solver=None,
+               config: dict | None = None, input_shape=None) -> None:
+    """Save the model folder (when asked and training succeeded), then close the sinks."""
+    try:
+        if not failed and run.save_model and net_params is not None:
+            save_model(run.save_model, net_params, weights, solver=solver, config=config, input_shape=input_shape,
+                       overwrite=True)
+            log.info("model saved to %s", run.save_model)
+    finally:
+        if sinks:
+            close_sinks(sinks, failed=failed)
