@@ -2,8 +2,9 @@
 
 Iterations, not seconds, are what this counts: how many rounds and local steps a strategy
 needs to reach a target accuracy for a given K and tau (the SparkNet paper's Figure 3 is
-built this way, with S = 0). Workers train one after another on their own shards, from
-the same global weights, and their deltas are combined exactly as on Spark.
+built this way, with S = 0). It is :func:`sparknet.loop.run_rounds` with an
+:class:`~sparknet.loop.InProcessExchange`: workers train one after another on their own
+shards, from the same global weights, and their deltas are combined as on Spark.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from dataclasses import dataclass, field
 import torch
 
 from sparknet.config import Strategy, parse_enum
+from sparknet.loop import InProcessExchange, Progress, run_rounds
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
-from sparknet.strategies import Downlink, WorkerState, make_compressor, make_strategy
+from sparknet.stopping import StopRule
+from sparknet.strategies import make_strategy
 
 __all__ = ["SimulationResult", "simulate"]
 
@@ -75,76 +78,41 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
     test_x, test_y = (test.x, test.y) if eval_samples is None else (test.x[:eval_samples], test.y[:eval_samples])
     evaluator = Net(net_params, solver, batch_size=batch_size, seed=seed)
     evaluator.set_validation_data((test_x, test_y))
-    eval_rounds = max(1, math.ceil((eval_every_steps or tau) / tau))
-    nbytes = evaluator.get_flat().numel() * 4
-    history: list[dict] = []
-
+    options = dict(strategy_options or {})
+    options.setdefault("num_workers", workers)
+    strat = make_strategy(name, **options)
     if name is Strategy.SYNC:
         # Gradients averaged every step over K equal batches = one step on a K-times larger batch.
         net = Net(net_params, solver, batch_size=batch_size * workers, seed=seed)
         net.set_training_data(train)
-        steps = rounds = 0
-        acc = float("nan")
-        reached = False
-        while steps < max_steps:
-            n = min(tau, max_steps - steps)
-            net.train(n)
-            steps += n
-            rounds += 1
-            if rounds % eval_rounds == 0 or steps >= max_steps:
-                evaluator.set_flat(net.get_flat())
-                acc = evaluator.test()
-                history.append({"round": rounds, "steps": steps, "accuracy": acc})
-                if target_accuracy is not None and acc >= target_accuracy:
-                    reached = True
-                    break
-        return SimulationResult(name.value, workers, tau, reached, rounds, steps, steps * workers,
-                                2 * workers * nbytes * steps if workers > 1 else 0, acc, time.perf_counter() - t0, history)
+        nets = [net]
+    else:
+        nets = []
+        for i in range(workers):
+            net = Net(net_params, solver, batch_size=batch_size, seed=seed + 1000 * i)
+            net.set_training_data(train.shard(i, workers))
+            nets.append(net)
+    exchange = InProcessExchange(nets, strat, evaluator=evaluator, compression=compression)
+    history: list[dict] = []
 
-    options = dict(strategy_options or {})
-    options.setdefault("num_workers", workers)
-    strat = make_strategy(name, **options)
-    compressor = make_compressor(compression)
-    nets, states = [], []
-    for i in range(workers):
-        net = Net(net_params, solver, batch_size=batch_size, seed=seed + 1000 * i)
-        net.set_training_data(train.shard(i, workers))
-        nets.append(net)
-        states.append(WorkerState())
-    global_flat = strat.init_global(evaluator.get_flat())
-    # The workers hold ``seen``, the global weights as the downlink delivered them (exact without
-    # compression; with it, each round's message is the compressed gap to the driver's exact
-    # weights, so what one message loses the next carries): the Spark engines' own Downlink.
-    down = Downlink(compressor, global_flat.numel())
-    sent = workers * down.message(global_flat).numel()  # the initial weights, down
-    seen = down.seen
-    steps = rounds = 0
-    acc = float("nan")
-    reached = False
-    while steps < max_steps:
-        n = min(tau, max_steps - steps)
-        acc_delta = torch.zeros_like(global_flat)
-        total = 0
-        for net, state in zip(nets, states):
-            strat.worker_begin(state, net, seen)
-            stats = net.train(n)
-            delta = strat.worker_delta(state, net, seen)
-            c = compressor.compress(delta, state)
-            sent += c.nbytes  # the delta up
-            acc_delta.add_(compressor.decompress(c), alpha=stats.samples)
-            total += stats.samples
-        global_flat = strat.apply(global_flat, acc_delta / max(total, 1), workers)
-        sent += workers * down.message(global_flat).numel()  # the new global weights down
-        seen = down.seen
-        steps += n
-        rounds += 1
-        if rounds % eval_rounds == 0 or steps >= max_steps:
-            evaluator.set_flat(seen)
-            acc = evaluator.test()
-            history.append({"round": rounds, "steps": steps, "accuracy": acc, "bytes": sent})
-            log.debug("%s K=%d tau=%d round %d: accuracy %.4f", name.value, workers, tau, rounds, acc)
-            if target_accuracy is not None and acc >= target_accuracy:
-                reached = True
-                break
-    return SimulationResult(name.value, workers, tau, reached, rounds, steps, steps * workers,
+    def on_record(record: dict) -> None:
+        if "val_accuracy" in record:
+            history.append({"round": record["round"], "steps": record["total_steps"],
+                            "accuracy": record["val_accuracy"], "bytes": exchange.bytes_moved})
+            log.debug("%s K=%d tau=%d round %d: accuracy %.4f", name.value, workers, tau, record["round"],
+                      record["val_accuracy"])
+
+    stop = StopRule(max_steps=max_steps, target_accuracy=target_accuracy, tau=tau)
+    progress = Progress()
+    eval_rounds = max(1, math.ceil((eval_every_steps or tau) / tau))
+    run_rounds(exchange, strat, strat.init_global(evaluator.get_flat()), stop, progress=progress,
+               eval_every=eval_rounds, on_record=on_record)
+    acc = history[-1]["accuracy"]
+    reached = target_accuracy is not None and acc >= target_accuracy
+    steps = progress.steps_done
+    if name is Strategy.SYNC:  # every step's gradient, up and down
+        sent = 2 * workers * evaluator.get_flat().numel() * 4 * steps
+    else:
+        sent = exchange.bytes_moved
+    return SimulationResult(name.value, workers, tau, reached, progress.round, steps, steps * workers,
                             sent if workers > 1 else 0, acc, time.perf_counter() - t0, history)

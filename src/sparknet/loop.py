@@ -1,0 +1,335 @@
+"""The round loop: every worker runs tau local steps, then their updates become new global weights.
+
+This is SparkNet's Listing 3, and the only place sparknet runs it::
+
+    global_flat = strategy.init_global(initial_weights)
+    every round:
+        plan   = RoundPlan(steps=tau or what max_steps leaves, seconds=the time budget)
+        update = exchange.run_round(plan, global_flat)        # local steps; sum of samples * delta
+        mean   = weighted_mean(update.total, update.samples)  # the sample-weighted mean delta
+        global_flat = strategy.apply(global_flat, mean, K)    # average, DiLoCo, EASGD, sync
+        evaluate when due, record the round, checkpoint, stop when the StopRule says so
+
+Engines differ only in their :class:`Exchange` — how the workers' local steps run and how
+their deltas are summed:
+
+- :class:`InProcessExchange` (here): K nets in this process, one after another (the
+  simulator of :mod:`sparknet.simulate`, and one-process training with K = 1);
+- the rounds engine (:mod:`sparknet.spark.trainer`): one Spark job per round, the weights out
+  by broadcast, the deltas back by aggregation, on the driver;
+- the barrier engine and the data-parallel group of a model-parallel mesh
+  (:mod:`sparknet.collective`): one allreduce per round, the loop running on every rank.
+
+No pyspark import.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from sparknet.errors import EngineError
+from sparknet.net import TrainStats
+from sparknet.stopping import StopRule
+from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, WorkerState, make_compressor
+
+__all__ = ["RoundPlan", "RoundUpdate", "Progress", "Exchange", "InProcessExchange", "weighted_mean", "run_rounds"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """What the loop asks of every worker in one round."""
+
+    round: int
+    """Rounds done before this one (the first round is 0)."""
+    steps: int
+    """Local steps (tau, or what ``max_steps`` leaves; :attr:`StopRule.UNBOUNDED_STEPS` when only seconds bound it)."""
+    seconds: float | None = None
+    """The round's time budget: a worker stops after ``steps`` or this, whichever comes first."""
+    last: bool = False
+    """The stop rule will end the run after this round whatever the accuracy (workers send their state back)."""
+
+
+@dataclass(frozen=True)
+class RoundUpdate:
+    """What an exchange hands back for one round: the workers' deltas summed by samples, and counts."""
+
+    total: torch.Tensor
+    """``sum_i n_i * delta_i`` over the workers whose update counts (finite, with samples)."""
+    samples: float
+    """``sum_i n_i`` over those workers: what :func:`weighted_mean` divides by."""
+    loss_sum: float
+    """``sum_i n_i * loss_i`` over the same workers."""
+    steps: int
+    """Local steps of the worker that made the most."""
+    processed: int
+    """Samples every worker processed this round (non-finite ones too)."""
+    compute_s: float
+    """Seconds of local steps of the slowest worker."""
+    slowest_steps: int
+    """Local steps of the slowest worker (what automatic tau divides its time by)."""
+    nbytes: int = 0
+    """Bytes that crossed the network for this round."""
+    nonfinite: tuple[int, ...] = ()
+    """Workers whose loss or weights became NaN/Inf: left out of the mean."""
+    sync_s: float | None = None
+    """The synchronization time automatic tau observes (``None``: the round's time beyond computing)."""
+    observe: bool = True
+    """Whether automatic tau observes this round at all."""
+    fields: dict = field(default_factory=dict)
+    """Engine-specific fields of the round record (per-worker views, retries, link waits...)."""
+
+
+@dataclass
+class Progress:
+    """Counters of a fit, carried from round to round (and through checkpoints)."""
+
+    round: int = 0
+    steps_done: int = 0
+    """Local steps per worker (the most of any worker, summed over rounds)."""
+    samples_done: int = 0
+    total_bytes: int = 0
+
+
+class Exchange(abc.ABC):
+    """How one engine runs the workers' local steps and combines their deltas."""
+
+    engine: str = "local"
+    """The engine's name in round records."""
+    workers: int = 1
+    """K, as the strategy's outer step counts workers."""
+    compression: str = "none"
+    """The codec of the updates, as round records name it."""
+
+    @abc.abstractmethod
+    def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
+        """Every worker's local steps from ``global_flat``, and their sample-weighted sum of deltas."""
+
+    def evaluate(self, global_flat: torch.Tensor) -> tuple[float, float] | None:
+        """(accuracy, loss) of the global weights on the validation data (``None``: no validation data)."""
+        return None
+
+    def round_done(self, record: dict, global_flat: torch.Tensor, progress: Progress) -> None:
+        """Called after every round with its record (before it is emitted): checkpoints, state for a restart."""
+
+
+def weighted_mean(total: torch.Tensor, samples: float) -> torch.Tensor:
+    """The sample-weighted mean delta ``total / samples`` as float32 (``total`` is the weighted sum).
+
+    Raises
+    ------
+    EngineError
+        No worker's update counted (every one was empty or non-finite).
+    """
+    if not samples > 0:
+        raise EngineError("no worker produced finite weights this round (every loss or update was NaN/Inf, or no "
+                          "worker had data); lower the learning rate or check the data")
+    return (total / samples).to(torch.float32)
+
+
+def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torch.Tensor, stop: StopRule, *,
+               progress: Progress | None = None, auto: AutoTau | None = None, eval_every: int = 1,
+               on_record: Callable[[dict], None] | None = None, t0: float | None = None) -> torch.Tensor:
+    """Train round after round until ``stop`` says so; returns the final global weights.
+
+    Parameters
+    ----------
+    exchange : Exchange
+        The engine: runs the local steps and sums the deltas.
+    strategy : TrainingStrategy
+        Its :meth:`~TrainingStrategy.apply` makes the new global weights from the mean delta.
+    global_flat : Tensor
+        The global weights to start from (``strategy.init_global`` already applied).
+    stop : StopRule
+        How many steps a round takes and when to stop (``tau`` is overwritten by ``auto``).
+    progress : Progress, optional
+        Counters to continue from (a resumed fit or a restarted stage); updated in place.
+    auto : AutoTau, optional
+        Chooses tau from the rounds' compute and synchronization times.
+    eval_every : int
+        Rounds between evaluations (the last round is always evaluated).
+    on_record : callable, optional
+        Called with every round record.
+    t0 : float, optional
+        ``time.perf_counter()`` the records' ``wall_s`` counts from (default: now).
+    """
+    progress = progress if progress is not None else Progress()
+    t0 = time.perf_counter() if t0 is None else t0
+    K = exchange.workers
+    while True:
+        if auto is not None:
+            stop.tau = auto.tau
+        steps = stop.steps_for_round(progress.steps_done)
+        last = stop.reason(progress.round + 1, progress.steps_done + steps, progress.samples_done, None) is not None
+        plan = RoundPlan(round=progress.round, steps=steps, seconds=stop.round_seconds, last=last)
+        t_round = time.perf_counter()
+        update = exchange.run_round(plan, global_flat)
+        global_flat = strategy.apply(global_flat, weighted_mean(update.total, update.samples), K)
+        round_s = time.perf_counter() - t_round
+        progress.round += 1
+        progress.steps_done += update.steps
+        progress.samples_done += update.processed
+        progress.total_bytes += update.nbytes
+        r = progress.round
+        comm_s = max(round_s - update.compute_s, 0.0)
+        record = {
+            "event": "round", "round": r, "steps": update.steps, "total_steps": progress.steps_done,
+            "samples": update.processed, "total_samples": progress.samples_done, "wall_s": 0.0, "round_s": round_s,
+            "compute_s": update.compute_s, "comm_s": comm_s, "loss": update.loss_sum / update.samples,
+            "bytes": update.nbytes, "total_bytes": progress.total_bytes,
+            "tau": steps if steps < StopRule.UNBOUNDED_STEPS else None, "workers": K, "engine": exchange.engine,
+            "strategy": getattr(strategy.name, "value", str(strategy.name)), "compression": exchange.compression,
+            **update.fields,
+        }
+        if auto is not None:
+            if update.observe:
+                auto.observe(update.slowest_steps, update.compute_s, comm_s if update.sync_s is None else update.sync_s)
+            record["next_tau"] = auto.tau
+        if update.nonfinite:
+            record["nonfinite_workers"] = len(update.nonfinite)
+            log.warning("round %d: workers %s had NaN/Inf loss or weights and were left out of the average", r,
+                        list(update.nonfinite))
+        accuracy = None
+        eval_s = 0.0
+        if r % eval_every == 0:
+            accuracy, eval_s = _evaluate(exchange, global_flat, record, eval_s)
+        reason = stop.reason(r, progress.steps_done, progress.samples_done, accuracy)
+        if reason is not None and "val_accuracy" not in record:
+            _evaluate(exchange, global_flat, record, eval_s)
+        if reason is None and update.steps == 0:
+            raise EngineError(f"round {r}: no worker made a step; check tau, max_steps and the data")
+        if reason is not None:
+            record["stop_reason"] = reason
+        exchange.round_done(record, global_flat, progress)
+        record["wall_s"] = time.perf_counter() - t0
+        if on_record is not None:
+            on_record(record)
+        if reason is not None:
+            return global_flat
+
+
+def _evaluate(exchange: Exchange, global_flat: torch.Tensor, record: dict, eval_s: float):
+    t = time.perf_counter()
+    result = exchange.evaluate(global_flat)
+    if result is None:
+        return None, eval_s
+    eval_s += time.perf_counter() - t
+    record.update(val_accuracy=result[0], val_loss=result[1], eval_s=eval_s)
+    return result[0], eval_s
+
+
+class InProcessExchange(Exchange):
+    """K workers in this process, trained one after another from the same global weights.
+
+    What the simulator runs (iterations, not seconds, are what it measures) and what one-process
+    training runs with K = 1. With compression the workers' updates go up through the codec (error
+    feedback in each worker's state) and the global weights come down through a
+    :class:`~sparknet.strategies.Downlink`, exactly as in the Spark engines.
+
+    Parameters
+    ----------
+    nets : sequence of Net
+        The workers, each with its training data set.
+    strategy : TrainingStrategy
+        The worker hooks (``worker_begin``, ``worker_delta``).
+    evaluator : Net, optional
+        Scores the global weights (as the workers received them) on its validation data.
+    compression : str
+        Codec of the updates and of the weights sent down.
+    on_steps : callable, optional
+        Called with the :class:`~sparknet.net.TrainStats` of every ``piece`` local steps (a progress line).
+    """
+
+    engine = "local"
+
+    def __init__(self, nets: Sequence, strategy: TrainingStrategy, *, evaluator=None, compression: str = "none",
+                 on_steps: Callable | None = None, piece: int = 50):
+        self.nets, self.strategy, self.evaluator = list(nets), strategy, evaluator
+        self.workers = len(self.nets)
+        self.compression = str(getattr(compression, "value", compression))
+        self.compressor = make_compressor(self.compression)
+        self.states = [WorkerState() for _ in self.nets]
+        self._down: Downlink | None = None
+        self._delivered: torch.Tensor | None = None  # the global weights the last message carried
+        self.bytes_moved = 0
+        """Bytes sent so far: every weight message down, every update up."""
+        self.on_steps, self.piece = on_steps, int(piece)
+
+    def _deliver(self, global_flat: torch.Tensor) -> torch.Tensor:
+        """The workers' copy of ``global_flat``: one downlink message per new global weights."""
+        if self._down is None:
+            self._down = Downlink(self.compressor, global_flat.numel())
+        if self._delivered is not global_flat:
+            self.bytes_moved += self.workers * self._down.message(global_flat).numel()
+            self._delivered = global_flat
+        return self._down.seen
+
+    def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
+        moved = self.bytes_moved
+        seen = self._deliver(global_flat)
+        total = torch.zeros_like(global_flat)
+        samples = processed = steps = slowest_steps = 0
+        loss_sum = compute_s = 0.0
+        nonfinite = []
+        for i, (net, state) in enumerate(zip(self.nets, self.states)):
+            self.strategy.worker_begin(state, net, seen)
+            stats = self._train(net, plan)
+            delta = self.strategy.worker_delta(state, net, seen)
+            processed += stats.samples
+            steps = max(steps, stats.steps)
+            if stats.wall_s >= compute_s:
+                compute_s, slowest_steps = stats.wall_s, stats.steps
+            if not (stats.finite and torch.isfinite(delta).all()):
+                nonfinite.append(i)
+                continue
+            c = self.compressor.compress(delta, state)
+            self.bytes_moved += c.nbytes
+            total.add_(self.compressor.decompress(c), alpha=stats.samples)
+            samples += stats.samples
+            loss_sum += stats.loss * stats.samples
+        return RoundUpdate(total=total, samples=samples, loss_sum=loss_sum, steps=steps, processed=processed,
+                           compute_s=compute_s, slowest_steps=slowest_steps, nonfinite=tuple(nonfinite),
+                           nbytes=self.bytes_moved - moved)
+
+    def _train(self, net, plan: RoundPlan):
+        """The worker's local steps (in pieces of ``piece`` steps, reported to ``on_steps``, when it is set)."""
+        if self.on_steps is None:
+            return net.train(plan.steps, max_seconds=plan.seconds)
+        done = []
+        while sum(s.steps for s in done) < plan.steps:
+            stats = net.train(min(self.piece, plan.steps - sum(s.steps for s in done)))
+            self.on_steps(stats)
+            done.append(stats)
+            if stats.steps == 0:
+                break
+        return _sum_stats(done)
+
+    def evaluate(self, global_flat: torch.Tensor) -> tuple[float, float] | None:
+        if self.evaluator is None or getattr(self.evaluator, "_val", None) is None:
+            return None
+        self.evaluator.set_flat(self._deliver(global_flat))
+        res = self.evaluator.evaluate()
+        return res.accuracy, res.loss
+
+    @property
+    def seen(self) -> torch.Tensor | None:
+        """The weights the workers last received (the global weights, exactly, without compression)."""
+        return None if self._down is None else self._down.seen
+
+
+
+def _sum_stats(parts: list[TrainStats]) -> TrainStats:
+    """One :class:`~sparknet.net.TrainStats` for consecutive calls of ``Net.train``."""
+    steps = sum(p.steps for p in parts)
+    loss = sum(p.loss * p.steps for p in parts if p.steps) / steps if steps else math.nan
+    return TrainStats(steps=steps, samples=sum(p.samples for p in parts), loss=loss,
+                      last_loss=parts[-1].last_loss if parts else math.nan, wall_s=sum(p.wall_s for p in parts),
+                      finite=all(p.finite for p in parts))
