@@ -15,6 +15,7 @@ __all__ = [
     "EngineError",
     "WorkerError",
     "DeadlineExceeded",
+    "NonFiniteUpdate",
 ]
 
 
@@ -62,3 +63,10 @@ class WorkerError(EngineError):
 
 class DeadlineExceeded(EngineError, TimeoutError):
     """A wait passed its deadline (rendezvous, collective, server request, driver wait)."""
+
+
+class NonFiniteUpdate(EngineError, FloatingPointError):
+    """No worker's update of a round was finite (every loss or weight became NaN/Inf): training cannot go on.
+
+    A restart from the last good state would diverge the same way, so engines do not retry it.
+    """

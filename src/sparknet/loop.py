@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sparknet.errors import EngineError
+from sparknet.errors import EngineError, NonFiniteUpdate
 from sparknet.net import TrainStats
 from sparknet.stopping import StopRule
 from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, WorkerState, make_compressor
@@ -126,11 +126,11 @@ def weighted_mean(total: torch.Tensor, samples: float) -> torch.Tensor:
 
     Raises
     ------
-    EngineError
+    NonFiniteUpdate
         No worker's update counted (every one was empty or non-finite).
     """
     if not samples > 0:
-        raise EngineError("no worker produced finite weights this round (every loss or update was NaN/Inf, or no "
+        raise NonFiniteUpdate("no worker produced finite weights this round (every loss or update was NaN/Inf, or no "
                           "worker had data); lower the learning rate or check the data")
     return (total / samples).to(torch.float32)
 
@@ -172,7 +172,12 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
         plan = RoundPlan(round=progress.round, steps=steps, seconds=stop.round_seconds, last=last)
         t_round = time.perf_counter()
         update = exchange.run_round(plan, global_flat)
-        global_flat = strategy.apply(global_flat, weighted_mean(update.total, update.samples), K)
+        try:
+            mean = weighted_mean(update.total, update.samples)
+        except NonFiniteUpdate as exc:
+            raise NonFiniteUpdate(f"round {progress.round + 1}: {exc} (non-finite workers: {list(update.nonfinite)})") \
+                from None
+        global_flat = strategy.apply(global_flat, mean, K)
         round_s = time.perf_counter() - t_round
         progress.round += 1
         progress.steps_done += update.steps
@@ -208,6 +213,7 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
             raise EngineError(f"round {r}: no worker made a step; check tau, max_steps and the data")
         if reason is not None:
             record["stop_reason"] = reason
+        record["wall_s"] = time.perf_counter() - t0
         exchange.round_done(record, global_flat, progress)
         record["wall_s"] = time.perf_counter() - t0
         if on_record is not None:

@@ -14,7 +14,6 @@ import math
 import time
 from dataclasses import dataclass, field
 
-import torch
 
 from sparknet.config import Strategy, parse_enum
 from sparknet.loop import InProcessExchange, Progress, run_rounds

@@ -76,6 +76,13 @@ class TrainingStrategy(abc.ABC):
     def after_backward(self, net) -> None:  # pragma: no cover - only strategies that need it override
         """Called between backward and the optimizer step (gradient strategies)."""
 
+    def set_link(self, link) -> None:
+        """The simulated link every exchange of the strategy's own waits for (gradient strategies)."""
+
+    def gradient_traffic(self) -> tuple[int, float]:
+        """Bytes this worker has sent by :meth:`after_backward`, and seconds waited on the link for them."""
+        return 0, 0.0
+
     def state_dict(self) -> dict:
         """Driver-side state for checkpoints."""
         return {}
@@ -229,6 +236,12 @@ class Sync(TrainingStrategy):
             else:
                 p.grad.copy_(flat[offset:offset + n].view_as(p))
             offset += n
+
+    def set_link(self, link) -> None:
+        self.link = link
+
+    def gradient_traffic(self) -> tuple[int, float]:
+        return self.bytes_sent, self.link_s
 
     def apply(self, global_flat, mean_delta, num_workers):
         return global_flat + mean_delta

@@ -7,15 +7,10 @@ Every task of the stage runs :func:`run_barrier`:
    no other process can take it in between) and ``BarrierTaskContext.allGather`` shares
    ``host:port``; every rank then joins ``torch.distributed`` with the gloo backend and a
    timeout on every collective;
-3. each round: local steps, then ONE ``all_reduce`` (sum) of one flat float32 buffer::
-
-       [ n_r * delta_r  (P values) | K rows of (samples, loss*samples, steps, compute_s, finite, processed) ]
-
-   where only rank r fills its own row. Every rank then holds the same sums, forms the same
-   sample-weighted mean and applies the same strategy step, so global weights stay
-   identical without any further message. Evaluation (when due) is one more tiny allreduce
-   of (correct, count, loss) over each rank's shard of the validation data, so every rank
-   sees the same accuracy and all stop together;
+3. the round loop (:func:`sparknet.loop.run_rounds`) with a
+   :class:`~sparknet.collective.CollectiveExchange`: each round local steps, then ONE
+   ``all_reduce`` of one flat buffer holding every rank's weighted delta and counts, so every
+   rank forms the same mean, applies the same strategy step and sees the same evaluation;
 4. rank 0 pushes a record per round to the driver over :mod:`sparknet.spark._channel` and
    returns the final weights and the history when the stage ends. Every
    ``state_every_rounds`` rounds (and at the last) it also sends the global weights and the
@@ -31,7 +26,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import os
 import pickle
 import socket
@@ -41,22 +35,20 @@ from datetime import timedelta
 import numpy as np
 import torch
 
+from sparknet.collective import FIELDS, CollectiveExchange
+from sparknet.errors import NonFiniteUpdate
 from sparknet.faults import due_fault
+from sparknet.loop import Progress, run_rounds
 from sparknet.spark._channel import encode_tree
 from sparknet.spark._data import merge_chunks
 from sparknet.spark._rounds import (WorkerSpec, build_worker_net, export_worker_state, freeze_heap,
                                     import_worker_state, round_seed, task_device, worker_failure)
 from sparknet.stopping import StopRule
-from sparknet.strategies import AutoTau, WorkerState, make_compressor
+from sparknet.strategies import AutoTau, WorkerState
 
 __all__ = ["run_barrier", "rendezvous", "FIELDS"]
 
 log = logging.getLogger(__name__)
-
-FIELDS = 7
-"""Per-worker values appended to the allreduced buffer: samples averaged (0 when not finite),
-loss*samples, steps, compute_s, finite, samples processed, the rank's sync time of the previous
-round (-1 for none yet; what automatic tau reads, so every rank chooses the same tau)."""
 
 
 def run_barrier(payload_bc, params: dict, val_bc=None):
@@ -129,7 +121,7 @@ def _report_failure(params: dict, rank: int, exc: BaseException, text: str, *, c
             sender.send({"event": "error", "rank": rank, "type": type(exc).__name__, "text": text[-8000:],
                          "collective": _is_collective_failure(exc) if collective is None else collective,
                          "time": time.time(),
-                         "fatal": isinstance(exc, FloatingPointError)})
+                         "fatal": isinstance(exc, NonFiniteUpdate)})
         finally:
             sender.close()
     except Exception:  # pragma: no cover - the task fails anyway
@@ -226,38 +218,59 @@ def _run(ctx, rank: int, payload_bc, params: dict, val_bc, chunks):
             sender.close()
 
 
-def _exchange(buf: torch.Tensor, P: int, world: int, rank: int, codec, link, sent: dict) -> torch.Tensor:
-    """The round's one collective; returns the ``world x FIELDS`` rows and leaves the weighted delta sum in
-    ``buf[:P]`` (identical on every rank). ``sent`` gets the link wait and the bytes that crossed.
+class _BarrierExchange(CollectiveExchange):
+    """The barrier engine's exchange: names a stuck peer at the collective's deadline, and reports every
+    round to the driver (rank 0: the record and, when due, the global weights and strategy state; every
+    rank: its own state on checkpoint rounds)."""
 
-    Without compression: a sum-allreduce of ``buf`` (rank r filled its own row and ``n_r * delta_r``).
-    With it the updates cannot be summed on the way: every rank all-gathers one message per rank
-    (its row as float32 bytes, then its encoded delta) and decodes all of them in rank order.
-    """
-    import torch.distributed as dist
+    def __init__(self, *args, params: dict, sender, history: list, arrivals: _Arrivals | None, auto, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.params, self.sender, self.history, self.arrivals, self.auto = params, sender, history, arrivals, auto
+        self.eval_link_s = 0.0
 
-    if codec is None:
-        nbytes = buf.numel() * 4
-        sent["link_s"] += link.wait_allreduce(nbytes, world) if link is not None else 0.0
-        dist.all_reduce(buf)
-        sent["bytes"] += 2 * (world - 1) * nbytes if world > 1 else 0
-        return buf[P:].view(world, FIELDS).double()
-    row = buf[P + rank * FIELDS:P + (rank + 1) * FIELDS].clone()
-    delta = sent.get("delta")
-    body = codec.encode(delta, sent["state"]) if delta is not None else torch.zeros(codec.wire_nbytes(P),
-                                                                                      dtype=torch.uint8)
-    message = torch.cat([row.view(torch.uint8), body])
-    sent["link_s"] += link.wait_allgather(message.numel(), world) if link is not None else 0.0
-    gathered = [torch.empty_like(message) for _ in range(world)]
-    dist.all_gather(gathered, message)
-    sent["bytes"] += world * (world - 1) * message.numel()
-    head = FIELDS * 4
-    rows = torch.stack([g[:head].clone().view(torch.float32) for g in gathered]).double()
-    buf[:P].zero_()
-    for i, g in enumerate(gathered):
-        if rows[i, 0] > 0:
-            buf[:P] += codec.decode(g[head:], P) * float(rows[i, 0])
-    return rows
+    def run_round(self, plan, global_flat):
+        self.eval_link_s = 0.0
+        return super().run_round(plan, global_flat)
+
+    def _exchange(self, buf, P, plan, sent):
+        tag = f"{self.params.get('restart', 0)}/{plan.round}"
+        if self.arrivals is not None:
+            self.arrivals.mark(tag)
+        t_comm = time.perf_counter()
+        try:
+            return super()._exchange(buf, P, plan, sent)
+        except RuntimeError as exc:
+            # only a wait that ran to the deadline points at a stuck peer; a peer that failed on its own
+            # breaks the collective at once and reports its own error
+            timeout_s = self.params["collective_timeout_s"]
+            timed_out = time.perf_counter() - t_comm >= 0.9 * timeout_s
+            stuck = ([i for i in self.arrivals.missing(tag) if i != self.rank]
+                     if self.arrivals is not None and timed_out else [])
+            if stuck:
+                raise StuckPeers(stuck, self.rank, plan.round, timeout_s, exc) from exc
+            raise
+
+    def round_done(self, record, global_flat, progress):
+        params, sender, r = self.params, self.sender, progress.round
+        reason = record.get("stop_reason")
+        if self.link is not None:
+            record["link_s"] += self.eval_link_s
+        if params.get("restart"):
+            record["restarts"] = params["restart"]
+        ckpt_every, state_every = params.get("checkpoint_every"), params.get("state_every_rounds", 1)
+        if self.rank == 0:
+            self.history.append(record)
+            if sender is not None:
+                sender.send(record)
+                if r % state_every == 0 or reason is not None or (ckpt_every and r % ckpt_every == 0):
+                    sender.send({"event": "state", "round": r, "steps_done": progress.steps_done,
+                                 "samples_done": progress.samples_done, "total_bytes": progress.total_bytes,
+                                 "iteration": self.net.iteration},
+                                encode_tree({"global": global_flat, "strategy": self.strategy.state_dict(),
+                                             "auto_tau": None if self.auto is None else self.auto.state_dict()}))
+        if sender is not None and ckpt_every and self.has_data and (r % ckpt_every == 0 or reason is not None):
+            sender.send({"event": "worker_state", "round": r, "rank": self.rank},
+                        encode_tree(export_worker_state(self.net, self.state)))
 
 
 def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_data: bool, val, params: dict,
@@ -272,168 +285,23 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
         state = import_worker_state(net, saved)
     elif start.get("iteration") is not None:
         net.set_iteration(start["iteration"])  # a restart without solver state: momentum starts afresh
-    global_flat = torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))
-    P = global_flat.numel()
-    buf = torch.zeros(P + world * FIELDS, dtype=torch.float32)
-    stop = StopRule(**params["stop"])
     auto = None
     if params.get("auto_tau"):
         auto = AutoTau(**params["auto_tau"])
         if start.get("auto_tau"):
             auto.load_state_dict(start["auto_tau"])
-    codec = make_compressor(spec.compression) if spec.compression != "none" else None
-    link = spec.link
-    if link is not None and hasattr(strategy, "link"):
-        strategy.link = link  # the gradient allreduce of every step waits too
-    hook = strategy.after_backward if strategy.needs_gradient_hook else None
-    steps_done, samples_done = start.get("steps_done", 0), start.get("samples_done", 0)
-    total_bytes = start.get("total_bytes", 0)
-    t0 = time.perf_counter()
-    eval_every = params["eval_every_rounds"]
-    ckpt_every, state_every = params.get("checkpoint_every"), params.get("state_every_rounds", 1)
-    r = start.get("round", 0)
-    last_sync_s = -1.0  # this rank's sync time of the previous round (none yet in a new stage)
-    while True:
-        if auto is not None:
-            stop.tau = auto.tau  # the same on every rank: chosen from allreduced values only
-        steps = stop.steps_for_round(steps_done)
-        t_round = time.perf_counter()
-        buf.zero_()
-        row = buf[P + rank * FIELDS:P + (rank + 1) * FIELDS]
-        grad_bytes0, grad_link0 = getattr(strategy, "bytes_sent", 0), getattr(strategy, "link_s", 0.0)
-        sent = {"link_s": 0.0, "bytes": 0, "state": state}
-        if has_data and steps > 0:
-            strategy.worker_begin(state, net, global_flat.to(net.device))
-            torch.manual_seed(round_seed(spec.seed, rank, r))
-            stats = net.train(steps, max_seconds=params.get("round_seconds"), after_backward=hook)
-            fault = due_fault(spec.faults, rank, r + 1, params.get("restart", 0))
-            if fault is not None:
-                fault.fire(net)
-            delta = strategy.worker_delta(state, net, global_flat.to(net.device)).cpu()
-            finite = bool(stats.finite and torch.isfinite(delta).all())
-            if finite and stats.samples and codec is None:
-                torch.mul(delta, float(stats.samples), out=buf[:P])
-            elif finite and stats.samples:
-                sent["delta"] = delta  # encoded (error feedback in this rank's state) by _exchange
-            if not finite:
-                log.warning("worker %d: loss or weights became NaN/Inf in round %d; left out of the average", rank, r)
-            loss_sum = stats.loss * stats.samples if finite and stats.samples else 0.0
-            row.copy_(torch.tensor([stats.samples if finite else 0, loss_sum, stats.steps, stats.wall_s,
-                                    1.0 if finite else 0.0, stats.samples, last_sync_s]))
-        else:
-            row[4], row[6] = 1.0, last_sync_s
-        t_comm = time.perf_counter()
-        tag = f"{params.get('restart', 0)}/{r}"
-        if arrivals is not None:
-            arrivals.mark(tag)
-        try:
-            rows = _exchange(buf, P, world, rank, codec, link, sent)
-        except RuntimeError as exc:
-            # only a wait that ran to the deadline points at a stuck peer; a peer that failed on its own
-            # breaks the collective at once and reports its own error
-            timed_out = time.perf_counter() - t_comm >= 0.9 * params["collective_timeout_s"]
-            stuck = [i for i in arrivals.missing(tag) if i != rank] if arrivals is not None and timed_out else []
-            if stuck:
-                raise StuckPeers(stuck, rank, r, params["collective_timeout_s"], exc) from exc
-            raise
-        allreduce_s = time.perf_counter() - t_comm
-        last_sync_s = allreduce_s
-        n_total = float(rows[:, 0].sum())
-        if n_total <= 0:
-            bad = [i for i in range(world) if rows[i, 4] == 0]
-            raise FloatingPointError(f"no worker produced finite weights in round {r} (non-finite: {bad})")
-        mean = buf[:P] / n_total
-        global_flat = strategy.apply(global_flat, mean, world)
-        round_steps = int(rows[:, 2].max())
-        steps_done += round_steps
-        round_samples = int(rows[:, 5].sum())
-        samples_done += round_samples
-        grad_bytes = getattr(strategy, "bytes_sent", 0) - grad_bytes0  # sync: every step's gradient allreduce
-        link_s = sent["link_s"] + getattr(strategy, "link_s", 0.0) - grad_link0
-        nbytes_round = sent["bytes"] + (2 * (world - 1) * grad_bytes if world > 1 else 0)
-        total_bytes += nbytes_round
-        round_s = time.perf_counter() - t_round
-        accuracy = val_loss = None
-        r += 1
-        t_eval = time.perf_counter()
-        due = val is not None and (r % eval_every == 0)
-        evaluated = {"link_s": 0.0}
-        if due:
-            accuracy, val_loss = _evaluate(net, global_flat, val, strategy.keeps_local_weights, link, evaluated)
-        reason = stop.reason(r, steps_done, samples_done, accuracy)
-        if reason is not None and val is not None and not due:
-            accuracy, val_loss = _evaluate(net, global_flat, val, strategy.keeps_local_weights, link, evaluated)
-        eval_s = time.perf_counter() - t_eval
-        slowest = int(torch.argmax(rows[:, 3]))
-        compute_s = float(rows[slowest, 3])
-        record = {
-            "event": "round", "round": r, "steps": round_steps, "total_steps": steps_done,
-            "samples": round_samples, "total_samples": samples_done, "wall_s": time.perf_counter() - t0,
-            "round_s": round_s, "compute_s": compute_s, "comm_s": max(round_s - compute_s, 0.0),
-            "allreduce_s": allreduce_s,
-            "loss": float(rows[:, 1].sum() / n_total), "bytes": nbytes_round, "total_bytes": total_bytes,
-            "tau": steps if steps < StopRule.UNBOUNDED_STEPS else None, "workers": world,
-            "engine": "barrier", "strategy": getattr(strategy.name, "value", str(strategy.name)),
-            "compression": spec.compression,
-            "per_worker": [{"rank": i, "samples": int(rows[i, 5]), "steps": int(rows[i, 2]),
-                            "loss": float(rows[i, 1] / rows[i, 0]) if rows[i, 0] > 0 else None,
-                            "compute_s": float(rows[i, 3]), "finite": bool(rows[i, 4] > 0)}
-                           for i in range(world)],
-        }
-        if link is not None:
-            record["link_s"] = link_s + evaluated["link_s"]
-        if auto is not None:
-            prev_sync = float(rows[:, 6].max())  # every rank's last sync time, the slowest's: the same everywhere
-            if prev_sync >= 0:
-                auto.observe(int(rows[slowest, 2]), compute_s, prev_sync)
-            record["next_tau"] = auto.tau
-        if accuracy is not None:
-            record.update(val_accuracy=accuracy, val_loss=val_loss, eval_s=eval_s)
-        if int((rows[:, 4] == 0).sum()):
-            record["nonfinite_workers"] = int((rows[:, 4] == 0).sum())
-        if reason is not None:
-            record["stop_reason"] = reason
-        if params.get("restart"):
-            record["restarts"] = params["restart"]
-        if rank == 0:
-            history.append(record)
-            if sender is not None:
-                sender.send(record)
-                if r % state_every == 0 or reason is not None or (ckpt_every and r % ckpt_every == 0):
-                    sender.send({"event": "state", "round": r, "steps_done": steps_done, "samples_done": samples_done,
-                                 "total_bytes": total_bytes, "iteration": net.iteration},
-                                encode_tree({"global": global_flat, "strategy": strategy.state_dict(),
-                                             "auto_tau": None if auto is None else auto.state_dict()}))
-        if sender is not None and ckpt_every and has_data and (r % ckpt_every == 0 or reason is not None):
-            sender.send({"event": "worker_state", "round": r, "rank": rank},
-                        encode_tree(export_worker_state(net, state)))
-        if reason is not None:
-            return global_flat
-        if round_steps == 0:
-            raise RuntimeError("a round made no step on any worker; check tau, max_steps and the data")
 
+    def fire_fault(net, round_index: int) -> None:
+        fault = due_fault(spec.faults, rank, round_index + 1, params.get("restart", 0))
+        if fault is not None:
+            fault.fire(net)
 
-def _evaluate(net, global_flat, val, keep_local: bool, link=None, waited: dict | None = None) -> tuple[float, float]:
-    """Accuracy and loss of the global weights over all ranks' validation shards (same on every rank)."""
-    import torch.distributed as dist
-
-    local = net.get_flat() if keep_local else None
-    net.set_flat(global_flat)
-    x, y = val
-    correct = loss_sum = 0.0
-    count = 0
-    if len(x):
-        res = net.evaluate((x, y))
-        count = res.samples
-        correct = res.accuracy * res.samples
-        loss_sum = res.loss * res.samples
-    t = torch.tensor([correct, float(count), loss_sum], dtype=torch.float64)
-    if link is not None:
-        waited["link_s"] += link.wait_allreduce(t.numel() * 8, dist.get_world_size())
-    dist.all_reduce(t)
-    if local is not None:
-        net.set_flat(local)
-    if t[1] <= 0:
-        return math.nan, math.nan
-    return float(t[0] / t[1]), float(t[2] / t[1])
-
+    exchange = _BarrierExchange(net, strategy, rank=rank, world=world, state=state, has_data=has_data,
+                                validation=val, compression=spec.compression, link=spec.link,
+                                seed_for_round=lambda r: round_seed(spec.seed, rank, r), after_train=fire_fault,
+                                params=params, sender=sender, history=history, arrivals=arrivals, auto=auto)
+    progress = Progress(round=start.get("round", 0), steps_done=start.get("steps_done", 0),
+                        samples_done=start.get("samples_done", 0), total_bytes=start.get("total_bytes", 0))
+    global_flat = torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))
+    return run_rounds(exchange, strategy, global_flat, StopRule(**params["stop"]), progress=progress, auto=auto,
+                      eval_every=params["eval_every_rounds"])

@@ -1,0 +1,209 @@
+"""The round's exchange as one collective: the barrier engine's, and a model-parallel mesh's data-parallel group's.
+
+Every rank of a torch.distributed group runs :func:`sparknet.loop.run_rounds` with a
+:class:`CollectiveExchange`. Each round it runs the rank's local steps, then ONE
+``all_reduce`` (sum) of one flat float32 buffer::
+
+    [ n_r * delta_r  (P values) | world rows of FIELDS values ]
+
+where rank r fills only its own row (samples, loss * samples, steps, compute seconds, finite,
+samples processed, its previous sync time). Every rank then holds the same sums, forms the same
+sample-weighted mean and applies the same strategy step, so the global weights stay identical
+without any further message. With compression the updates cannot be summed on the way: every
+rank all-gathers one message per rank (its row, then its encoded delta) and decodes them in rank
+order. Evaluation is one more tiny allreduce of (correct, count, loss) over each rank's share of
+the validation data, so every rank sees the same accuracy and all stop together.
+
+No pyspark import.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+
+import torch
+
+from sparknet.loop import Exchange, RoundPlan, RoundUpdate
+from sparknet.strategies import TrainingStrategy, WorkerState, make_compressor
+
+__all__ = ["CollectiveExchange", "FIELDS", "evaluate_shards"]
+
+log = logging.getLogger(__name__)
+
+FIELDS = 7
+"""Per-rank values appended to the allreduced buffer: samples averaged (0 when not finite),
+loss*samples, steps, compute_s, finite, samples processed, the rank's sync time of the previous
+round (-1 for none yet; what automatic tau reads, so every rank chooses the same tau)."""
+
+
+class CollectiveExchange(Exchange):
+    """One rank's side of a round whose deltas meet in one collective over ``group``.
+
+    Parameters
+    ----------
+    net : Net
+        This rank's net (its training data set, unless ``has_data`` is False).
+    strategy : TrainingStrategy
+        The worker hooks; every rank applies the outer step identically.
+    rank, world : int
+        This rank's index in ``group`` and the group's size (K).
+    group : ProcessGroup, optional
+        Where the round's collective runs (default: the whole world).
+    state : WorkerState, optional
+        The strategy's state of this worker (a resumed fit's).
+    has_data : bool
+        False: this rank trains nothing and sends an empty row.
+    validation : (ndarray, ndarray), optional
+        This rank's share of the validation rows.
+    compression : str
+        Codec of the updates (``none``: one sum-allreduce).
+    link : LinkModel, optional
+        A simulated network every collective waits for.
+    seed_for_round : callable, optional
+        ``seed_for_round(round)`` reseeds torch's generator before the local steps.
+    after_train : callable, optional
+        ``after_train(net, round)`` after the local steps (fault injection).
+    engine : str
+        The engine's name in round records.
+    """
+
+    def __init__(self, net, strategy: TrainingStrategy, *, rank: int, world: int, group=None,
+                 state: WorkerState | None = None, has_data: bool = True, validation=None, compression: str = "none",
+                 link=None, seed_for_round: Callable[[int], int] | None = None,
+                 after_train: Callable[[object, int], None] | None = None, engine: str = "barrier"):
+        self.net, self.strategy, self.rank, self.world, self.group = net, strategy, rank, world, group
+        self.workers = world
+        self.state = state if state is not None else WorkerState()
+        self.has_data, self.validation, self.link = has_data, validation, link
+        self.compression = str(getattr(compression, "value", compression))
+        self.codec = None if self.compression == "none" else make_compressor(self.compression)
+        self.seed_for_round, self.after_train, self.engine = seed_for_round, after_train, engine
+        self.strategy.set_link(link)  # a gradient strategy's every-step allreduce waits too
+        self._hook = strategy.after_backward if strategy.needs_gradient_hook else None
+        self._buf: torch.Tensor | None = None
+        self._last_sync_s = -1.0  # this rank's sync time of the previous round (none yet in a new stage)
+
+    # -- one round ----------------------------------------------------------------------------
+    def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
+        P = global_flat.numel()
+        if self._buf is None:
+            self._buf = torch.zeros(P + self.world * FIELDS, dtype=torch.float32)
+        buf, net, strategy = self._buf, self.net, self.strategy
+        buf.zero_()
+        row = buf[P + self.rank * FIELDS:P + (self.rank + 1) * FIELDS]
+        grad_bytes0, grad_link0 = strategy.gradient_traffic()
+        sent = {"link_s": 0.0, "bytes": 0, "delta": None}
+        if self.has_data and plan.steps > 0:
+            strategy.worker_begin(self.state, net, global_flat.to(net.device))
+            if self.seed_for_round is not None:
+                torch.manual_seed(self.seed_for_round(plan.round))
+            stats = net.train(plan.steps, max_seconds=plan.seconds, after_backward=self._hook)
+            if self.after_train is not None:
+                self.after_train(net, plan.round)
+            delta = strategy.worker_delta(self.state, net, global_flat.to(net.device)).cpu()
+            finite = bool(stats.finite and torch.isfinite(delta).all())
+            if finite and stats.samples and self.codec is None:
+                torch.mul(delta, float(stats.samples), out=buf[:P])
+            elif finite and stats.samples:
+                sent["delta"] = delta  # encoded (error feedback in this rank's state) by _exchange
+            if not finite:
+                log.warning("worker %d: loss or weights became NaN/Inf in round %d; left out of the average",
+                            self.rank, plan.round)
+            loss_sum = stats.loss * stats.samples if finite and stats.samples else 0.0
+            row.copy_(torch.tensor([stats.samples if finite else 0, loss_sum, stats.steps, stats.wall_s,
+                                    1.0 if finite else 0.0, stats.samples, self._last_sync_s]))
+        else:
+            row[4], row[6] = 1.0, self._last_sync_s
+        t_comm = time.perf_counter()
+        rows = self._exchange(buf, P, plan, sent)
+        allreduce_s = time.perf_counter() - t_comm
+        prev_sync = float(rows[:, 6].max())  # every rank's last sync time, the slowest's: the same everywhere
+        self._last_sync_s = allreduce_s
+        grad_bytes, grad_link = (now - before for now, before in zip(strategy.gradient_traffic(),
+                                                                      (grad_bytes0, grad_link0)))
+        slowest = int(torch.argmax(rows[:, 3]))
+        fields = {
+            "allreduce_s": allreduce_s,
+            "per_worker": [{"rank": i, "samples": int(rows[i, 5]), "steps": int(rows[i, 2]),
+                            "loss": float(rows[i, 1] / rows[i, 0]) if rows[i, 0] > 0 else None,
+                            "compute_s": float(rows[i, 3]), "finite": bool(rows[i, 4] > 0)}
+                           for i in range(self.world)],
+        }
+        if self.link is not None:
+            fields["link_s"] = sent["link_s"] + grad_link
+        return RoundUpdate(
+            total=buf[:P], samples=float(rows[:, 0].sum()), loss_sum=float(rows[:, 1].sum()),
+            steps=int(rows[:, 2].max()), processed=int(rows[:, 5].sum()), compute_s=float(rows[slowest, 3]),
+            slowest_steps=int(rows[slowest, 2]),
+            nbytes=sent["bytes"] + (2 * (self.world - 1) * grad_bytes if self.world > 1 else 0),
+            nonfinite=tuple(i for i in range(self.world) if rows[i, 4] == 0),
+            sync_s=prev_sync, observe=prev_sync >= 0, fields=fields)
+
+    def _exchange(self, buf: torch.Tensor, P: int, plan: RoundPlan, sent: dict) -> torch.Tensor:
+        """The round's one collective; returns the ``world x FIELDS`` rows (float64) and leaves the weighted
+        delta sum in ``buf[:P]`` (identical on every rank). ``sent`` gets the link wait and the bytes."""
+        import torch.distributed as dist
+
+        world, rank, link, codec = self.world, self.rank, self.link, self.codec
+        if codec is None:
+            nbytes = buf.numel() * 4
+            sent["link_s"] += link.wait_allreduce(nbytes, world) if link is not None else 0.0
+            dist.all_reduce(buf, group=self.group)
+            sent["bytes"] += 2 * (world - 1) * nbytes if world > 1 else 0
+            return buf[P:].view(world, FIELDS).double()
+        row = buf[P + rank * FIELDS:P + (rank + 1) * FIELDS].clone()
+        delta = sent["delta"]
+        body = (codec.encode(delta, self.state) if delta is not None
+                else torch.zeros(codec.wire_nbytes(P), dtype=torch.uint8))
+        message = torch.cat([row.view(torch.uint8), body])
+        sent["link_s"] += link.wait_allgather(message.numel(), world) if link is not None else 0.0
+        gathered = [torch.empty_like(message) for _ in range(world)]
+        dist.all_gather(gathered, message, group=self.group)
+        sent["bytes"] += world * (world - 1) * message.numel()
+        head = FIELDS * 4
+        rows = torch.stack([g[:head].clone().view(torch.float32) for g in gathered]).double()
+        buf[:P].zero_()
+        for i, g in enumerate(gathered):
+            if rows[i, 0] > 0:
+                buf[:P] += codec.decode(g[head:], P) * float(rows[i, 0])
+        return rows
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def evaluate(self, global_flat: torch.Tensor) -> tuple[float, float] | None:
+        if self.validation is None:
+            return None
+        waited = {"link_s": 0.0}
+        result = evaluate_shards(self.net, global_flat, self.validation, group=self.group,
+                                 keep_local=self.strategy.keeps_local_weights, link=self.link, waited=waited)
+        self.eval_link_s = waited["link_s"]
+        return result
+
+
+def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, keep_local: bool = False, link=None,
+                    waited: dict | None = None) -> tuple[float, float]:
+    """Accuracy and loss of the global weights over every rank's share of the validation rows.
+
+    One allreduce of (correct, count, loss) over ``group``, so every rank gets the same
+    numbers; ``net`` gets its own weights back afterwards when ``keep_local`` (EASGD).
+    """
+    import torch.distributed as dist
+
+    local = net.get_flat() if keep_local else None
+    net.set_flat(global_flat)
+    x, y = validation
+    t = torch.zeros(3, dtype=torch.float64)
+    if len(x):
+        res = net.evaluate((x, y))
+        t[:] = torch.tensor([res.accuracy * res.samples, float(res.samples), res.loss * res.samples],
+                            dtype=torch.float64)
+    if link is not None and waited is not None:
+        waited["link_s"] += link.wait_allreduce(t.numel() * 8, dist.get_world_size(group))
+    dist.all_reduce(t, group=group)
+    if local is not None:
+        net.set_flat(local)
+    if t[1] <= 0:
+        return math.nan, math.nan
+    return float(t[0] / t[1]), float(t[2] / t[1])
