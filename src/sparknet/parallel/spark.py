@@ -5,13 +5,15 @@
 ...                             validation=mnist().test)
 >>> result.summary["weight_bytes_per_worker"], result.summary["test_accuracy"]  # doctest: +SKIP
 
-What it does, in order (every Spark job under one job group, cleared at the end):
+What it does, in order (every Spark job under one job group, each waited for with a deadline;
+the caller's own job group is left as it was):
 
 1. refuses what cannot run, before any task starts: workers not a multiple of M, more
    workers than task slots, a plan that does not split, a rank's weights over
    ``max_weight_bytes``;
 2. the training data becomes one partition per task (:func:`sparknet.spark._data.chunk_rdd`),
-   checked as the other engines check it; every replica (M consecutive partitions) must have rows;
+   checked as the other engines check it (at most ``data_timeout_s``); every replica (M consecutive
+   partitions) must have rows;
 3. one barrier stage: each task runs :func:`sparknet.spark._model_parallel.model_parallel_task`;
    the driver waits for it at most ``stage_timeout_s`` and cancels the job group otherwise;
 4. rank 0's gathered whole weights become a :class:`~sparknet.weights.WeightCollection`;
@@ -26,15 +28,15 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 import uuid
 from dataclasses import dataclass, replace
 
-from sparknet.errors import DeadlineExceeded, EngineError
+from sparknet.errors import EngineError
 from sparknet.metrics import rounds_summary
 from sparknet.parallel.runner import ModelParallelJob, effective_plan, num_classes_of, weights_from_result
 from sparknet.parallel.tensor import check_weight_budget
+from sparknet.spark._backend import run_with_deadline
 
 __all__ = ["fit_model_parallel", "ModelParallelResult", "StageOptions"]
 
@@ -51,9 +53,11 @@ class StageOptions:
     """Longest wait of one collective (the gloo group's timeout)."""
     stage_timeout_s: float = 24 * 3600.0
     """Longest the driver waits for the whole stage before cancelling it."""
+    data_timeout_s: float = 3600.0
+    """Longest wait for the Spark job that converts and checks the training data."""
 
     def __post_init__(self):
-        for name in ("rendezvous_timeout_s", "collective_timeout_s", "stage_timeout_s"):
+        for name in ("rendezvous_timeout_s", "collective_timeout_s", "stage_timeout_s", "data_timeout_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
@@ -77,18 +81,6 @@ def _sample_shape(net_params) -> tuple[int, ...]:
         raise ValueError(f"the net {net_params.name!r} declares no input shape; model parallelism needs a NetParams "
                          "whose first input layer has a shape")
     return tuple(int(d) for d in shape)
-
-
-def _spark_error(exc: BaseException) -> EngineError:
-    """The first worker's own words from a failed stage, when they are in the text."""
-    text = str(exc)
-    marker = "[sparknet-mp-worker "
-    if marker in text:
-        start = text.index(marker)
-        lines = text[start:].splitlines()
-        return EngineError("model-parallel worker " + lines[0][len(marker):].replace("]", ":", 1))
-    lines = [ln for ln in text.splitlines() if ln.strip()][:6]
-    return EngineError("Spark job failed: " + "\n".join(lines))
 
 
 def fit_model_parallel(net_params, train, *, job: ModelParallelJob, workers: int, validation=None, spark=None,
@@ -120,10 +112,13 @@ def fit_model_parallel(net_params, train, *, job: ModelParallelJob, workers: int
     ------
     ValueError
         A layout, plan, budget or data problem (before any task starts).
+    WorkerError
+        A worker failed; it carries the rank and the tail of the worker's traceback.
     EngineError
-        A worker failed; the message starts with its rank and error.
+        The stage failed otherwise (a Spark error).
     DeadlineExceeded
-        The stage ran past ``options.stage_timeout_s`` (it is cancelled).
+        The data check ran past ``options.data_timeout_s`` or the stage past
+        ``options.stage_timeout_s`` (its jobs are cancelled).
     """
     from pyspark import StorageLevel
 
@@ -159,8 +154,9 @@ def fit_model_parallel(net_params, train, *, job: ModelParallelJob, workers: int
     chunks.persist(StorageLevel.MEMORY_AND_DISK)
     broadcasts = []
     try:
-        sc.setJobGroup(group, "sparknet: convert and check the training data", interruptOnCancel=True)
-        stats = chunks.mapPartitionsWithIndex(_data.partition_stats).collect()
+        stats = run_with_deadline(sc, group, "sparknet: convert and check the training data",
+                                  chunks.mapPartitionsWithIndex(_data.partition_stats).collect,
+                                  timeout_s=options.data_timeout_s, what="the training data's conversion and check")
         stats.sort(key=lambda s: s["index"])
         total = _data.check_stats(stats, what="training data", expected_len=expected_len, num_classes=num_classes,
                                   num_workers=workers, sample_shape=sample_shape)
@@ -184,11 +180,10 @@ def fit_model_parallel(net_params, train, *, job: ModelParallelJob, workers: int
         log.info("model-parallel stage: %d workers = %d replicas x %d shards; plan %s; %s bytes of weights per "
                  "worker (%s whole)", workers, workers // m, m, plan, f"{per_rank:,}", f"{whole_bytes:,}")
         t_train = time.perf_counter()
-        out = _run_stage(sc, group, stage, workers, options.stage_timeout_s)
+        out = run_with_deadline(sc, group, f"sparknet model-parallel stage ({workers} workers)", stage.collect,
+                                timeout_s=options.stage_timeout_s, what="the model-parallel stage") or []
         train_s = time.perf_counter() - t_train
     finally:
-        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
-            sc.setLocalProperty(key, None)
         try:
             chunks.unpersist()
         except Exception:  # pragma: no cover - cleanup must not hide the outcome
@@ -222,30 +217,4 @@ def fit_model_parallel(net_params, train, *, job: ModelParallelJob, workers: int
                             for r in results],
     }
     return ModelParallelResult(weights=weights, history=history, summary=summary)
-
-
-def _run_stage(sc, group: str, stage, workers: int, timeout_s: float) -> list:
-    """``stage.collect()`` in a thread, waited for at most ``timeout_s``; the job group cancelled otherwise."""
-    outcome: dict = {}
-
-    def collect() -> None:
-        try:
-            sc.setJobGroup(group, f"sparknet model-parallel stage ({workers} workers)", interruptOnCancel=True)
-            outcome["rows"] = stage.collect()
-        except BaseException as exc:  # handed to the driver thread below
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=collect, name=f"{group}-stage", daemon=True)
-    thread.start()
-    try:
-        thread.join(timeout=timeout_s)
-        if thread.is_alive():
-            raise DeadlineExceeded(f"the model-parallel stage ran past {timeout_s:.0f} s and was cancelled")
-    finally:
-        if thread.is_alive():
-            sc.cancelJobGroup(group)
-            thread.join(timeout=60)
-    if "error" in outcome:
-        raise _spark_error(outcome["error"]) from outcome["error"]
-    return outcome.get("rows") or []
 

@@ -4,11 +4,17 @@ Every Spark job sparknet starts (the rounds and barrier engines, model paralleli
 parameter server's session, ``sparknet doctor``) runs through here:
 
 - :func:`job_group` runs jobs under a group and description, cancels them when the driver is
-  interrupted, and gives the caller's own group back afterwards;
-- :class:`Watchdog` cancels a group's jobs when one wait passes its deadline;
+  interrupted, and gives the caller's own group and description back afterwards (a notebook
+  that cancels its cell by job group keeps working after a fit);
+- :func:`run_with_deadline` runs one Spark action in a thread and waits for it at most a given
+  time: past it the jobs are cancelled and :class:`~sparknet.errors.DeadlineExceeded` names
+  what ran late and the tasks that had not finished;
+- :class:`Watchdog` cancels a group's jobs when one wait of the caller's own passes its deadline;
 - :func:`task_error` turns a failed job's text back into the :class:`~sparknet.errors.WorkerError`
-  a worker raised through :func:`sparknet.spark._rounds.worker_failure` (rank and log tail), and
-  :func:`spark_call` applies it to one Spark action.
+  a worker raised through :func:`sparknet.spark._rounds.worker_failure` (its rank and the tail of
+  its traceback), and :func:`spark_call` applies it to one Spark action.
+
+Nothing here imports pyspark: ``sc`` is the caller's ``SparkContext``.
 """
 
 from __future__ import annotations
@@ -16,35 +22,138 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
+from collections.abc import Callable
 from contextlib import contextmanager
+from typing import TypeVar
 
-from sparknet.errors import EngineError, WorkerError
+from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
 
-__all__ = ["job_group", "task_error", "spark_call", "Watchdog", "default_round_deadline"]
+__all__ = ["job_group", "run_with_deadline", "task_error", "spark_call", "Watchdog", "default_round_deadline"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 _WORKER_RE = re.compile(r"\[sparknet-worker (\d+)\] ([^\n]*)")
 _TAIL_RE = re.compile(r"\[sparknet-tail\]\n(.*?)\[sparknet-end\]", re.S)
+_JOB_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+CANCEL_GRACE_S = 30.0
+"""Longest wait for a cancelled action's thread to return before it is left behind (a daemon)."""
+_POLL_S = 1.0
 
 
 @contextmanager
 def job_group(sc, group: str, description: str):
-    """Run Spark jobs under ``group`` with ``description``; cancel them if the driver is interrupted;
-    clear both afterwards."""
+    """Run this thread's Spark jobs under ``group`` with ``description``.
+
+    The jobs are cancelled if the driver is interrupted (``KeyboardInterrupt``, ``SystemExit``).
+    On exit the thread's job group, description and interrupt-on-cancel setting are what they
+    were on entry: the caller's own, or none.
+    """
+    saved = {key: sc.getLocalProperty(key) for key in _JOB_PROPERTIES}
     sc.setJobGroup(group, description, interruptOnCancel=True)
     try:
         yield
     except BaseException as exc:
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: stop what runs on the cluster
-            try:
-                sc.cancelJobGroup(group)
-            except Exception:  # pragma: no cover - best effort
-                pass
+            _cancel(sc, group)
         raise
     finally:
-        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
-            sc.setLocalProperty(key, None)
+        for key, value in saved.items():
+            sc.setLocalProperty(key, value)
+
+
+def run_with_deadline(sc, group: str, description: str, action: Callable[[], T], *, timeout_s: float | None,
+                      what: str, stalled: Callable[[], str | None] | None = None) -> T:
+    """``action()`` (which runs Spark jobs) under ``group``, waited for at most ``timeout_s`` seconds.
+
+    The action runs in a daemon thread under :func:`job_group`; the calling thread waits. When
+    the deadline passes, or ``stalled()`` (asked about once a second) returns a reason, the
+    group's jobs are cancelled, the thread is given :data:`CANCEL_GRACE_S` to return (a thread
+    that does not is left behind as a daemon) and :class:`~sparknet.errors.DeadlineExceeded`
+    names ``what`` and the tasks that had not finished. An interrupt of the waiting thread
+    cancels the group the same way and propagates.
+
+    Parameters
+    ----------
+    timeout_s : float or None
+        Longest wait; ``None`` only where the user asked for no deadline (``stalled`` may still
+        end the wait).
+    what : str
+        What the action is, in words, for the error (``"epoch 3"``, ``"the model-parallel stage"``).
+
+    Returns
+    -------
+    The action's value.
+
+    Raises
+    ------
+    DeadlineExceeded
+        The deadline passed or ``stalled`` gave a reason; the jobs were cancelled.
+    WorkerError, EngineError
+        The action failed: a worker's failure decoded by :func:`task_error`. ``ValueError``,
+        ``TypeError`` and sparknet's own errors raised by the action propagate as they are.
+    """
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s}")
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            with job_group(sc, group, description):
+                outcome["value"] = action()
+        except BaseException as exc:  # handed to the waiting thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"{group}-action", daemon=True)
+    t0 = time.monotonic()
+    thread.start()
+    reason = None
+    try:
+        while thread.is_alive():
+            left = None if timeout_s is None else timeout_s - (time.monotonic() - t0)
+            if left is not None and left <= 0:
+                reason = f"did not finish within {timeout_s:g} s"
+                break
+            thread.join(_POLL_S if left is None else min(_POLL_S, left))
+            if thread.is_alive() and stalled is not None:
+                reason = stalled()
+                if reason:
+                    break
+    except BaseException:  # KeyboardInterrupt while waiting: stop what runs on the cluster
+        _cancel(sc, group)
+        thread.join(CANCEL_GRACE_S)
+        raise
+    if reason is not None:
+        unfinished = _describe_unfinished(sc, group)
+        log.error("%s %s; cancelling its Spark jobs", what, reason)
+        _cancel(sc, group)
+        thread.join(CANCEL_GRACE_S)
+        if thread.is_alive():
+            log.warning("the thread of %s did not return within %g s of the cancel; left behind", what,
+                        CANCEL_GRACE_S)
+        raise DeadlineExceeded(f"{what} {reason}; its Spark jobs were cancelled ({unfinished})")
+    if "error" in outcome:
+        exc = outcome["error"]
+        if isinstance(exc, (ValueError, TypeError, EngineError)) or not isinstance(exc, Exception):
+            raise exc
+        raise task_error(exc) from exc
+    return outcome["value"]
+
+
+def _cancel(sc, group: str) -> None:
+    try:
+        sc.cancelJobGroup(group)
+    except Exception:  # pragma: no cover - best effort: the caller's error matters more
+        log.debug("could not cancel job group %s", group, exc_info=True)
+
+
+def _describe_unfinished(sc, group: str) -> str:
+    try:
+        return _unfinished_tasks(sc, group)
+    except Exception as exc:  # pragma: no cover - the cancel matters more than the words
+        return f"could not list the unfinished tasks: {exc}"
 
 
 def task_error(exc: BaseException | str) -> EngineError:
@@ -59,6 +168,7 @@ def task_error(exc: BaseException | str) -> EngineError:
 
 
 def spark_call(fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` (a Spark action) with a failed job's error decoded by :func:`task_error`."""
     try:
         return fn(*args, **kwargs)
     except (ValueError, TypeError, EngineError):
@@ -119,15 +229,13 @@ class Watchdog:
         self._timer: threading.Timer | None = None
 
     def _fire(self) -> None:
-        try:
-            self.unfinished = _unfinished_tasks(self.sc, self.group)
-        except Exception as exc:  # pragma: no cover - the cancel matters more than the words
-            self.unfinished = f"(could not list them: {exc})"
-        self.sc.cancelJobGroup(self.group)
+        self.unfinished = _describe_unfinished(self.sc, self.group)
+        _cancel(self.sc, self.group)
 
     def __enter__(self):
         if self.timeout_s is not None:
-            self._timer = threading.Timer(self.timeout_s, self._fire)
+            # threading caps its waits (TIMEOUT_MAX); a longer one would raise in the timer's thread
+            self._timer = threading.Timer(min(self.timeout_s, threading.TIMEOUT_MAX), self._fire)
             self._timer.daemon = True
             self._timer.start()
         return self
@@ -135,7 +243,7 @@ class Watchdog:
     def __exit__(self, *exc):
         if self._timer is not None:
             self._timer.cancel()
-            self._timer.join(timeout=30)
+            self._timer.join(CANCEL_GRACE_S)
 
     @property
     def fired(self) -> bool:

@@ -9,6 +9,10 @@ Every task of the stage runs :func:`model_parallel_task`:
    data-parallel groups, the whole weights gathered to rank 0;
 4. yields ``("rank", result)`` rows; the process group is destroyed in ``finally``.
 
+A failing rank raises :func:`sparknet.spark._rounds.worker_failure`, as the other engines' tasks
+do; the driver turns it into a :class:`~sparknet.errors.WorkerError` with the rank and the tail
+of its traceback.
+
 The driver side is :mod:`sparknet.parallel.spark`.
 """
 
@@ -17,17 +21,12 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import traceback
+
+from sparknet.spark._rounds import worker_failure
 
 __all__ = ["model_parallel_task"]
 
 log = logging.getLogger(__name__)
-
-
-def _failure(rank: int, exc: BaseException) -> RuntimeError:
-    """An exception whose first line names the rank and the cause (the driver shows it)."""
-    tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-8:])
-    return RuntimeError(f"[sparknet-mp-worker {rank}] {type(exc).__name__}: {exc}\n{tail}")
 
 
 def model_parallel_task(job_bc, params: dict, val_bc=None):
@@ -46,7 +45,7 @@ def model_parallel_task(job_bc, params: dict, val_bc=None):
         try:
             yield from _run(ctx, rank, job_bc.value, params, None if val_bc is None else val_bc.value, chunks)
         except Exception as exc:
-            raise _failure(rank, exc) from None
+            raise worker_failure(rank, exc) from None  # the driver decodes it into a WorkerError
 
     return task
 

@@ -1,0 +1,176 @@
+"""The Spark backend on local[2]: job groups give the caller's back, deadlines cancel, worker failures decode."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from _spark_testlib import blobs, mlp, partitioned_rdd, start_session
+from sparknet.config import DistributedConfig
+from sparknet.errors import DeadlineExceeded, WorkerError
+from sparknet.solvers import SolverConfig
+from sparknet.spark import SparkTrainer
+from sparknet.spark._backend import job_group, run_with_deadline
+from sparknet.spark._model_parallel import model_parallel_task
+from sparknet.spark._rounds import run_round_from_chunks
+
+pytestmark = pytest.mark.spark
+
+_KEYS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = start_session("local[2]")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def sc(spark):
+    sc = spark.sparkContext
+    yield sc
+    for key in _KEYS:
+        sc.setLocalProperty(key, None)
+
+
+def _job_properties(sc) -> tuple:
+    return tuple(sc.getLocalProperty(key) for key in _KEYS)
+
+
+def _running_jobs(sc, group: str, wait_s: float = 20.0) -> list[int]:
+    """The group's jobs still running once the status tracker has caught up (at most ``wait_s``)."""
+    tracker = sc.statusTracker()
+    deadline = time.monotonic() + wait_s
+    while True:
+        running = [j for j in tracker.getJobIdsForGroup(group)
+                   if (info := tracker.getJobInfo(j)) is not None and info.status == "RUNNING"]
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.2)
+
+
+def _sleeper(seconds: float):
+    def sleep(index, rows):
+        import time
+
+        time.sleep(seconds)
+        yield index
+
+    return sleep
+
+
+def test_job_group_gives_the_callers_group_and_description_back(sc):
+    sc.setJobGroup("notebook-cell-7", "the caller's cell", interruptOnCancel=False)
+    before = _job_properties(sc)
+    assert before == ("notebook-cell-7", "the caller's cell", "false")
+
+    with job_group(sc, "sparknet-inner", "sparknet: inner work"):
+        assert _job_properties(sc) == ("sparknet-inner", "sparknet: inner work", "true")
+        assert sc.parallelize(range(4), 2).count() == 4
+    assert _job_properties(sc) == before
+
+    with pytest.raises(ZeroDivisionError):
+        with job_group(sc, "sparknet-inner", "sparknet: inner work"):
+            1 / 0
+    assert _job_properties(sc) == before
+    assert sc.statusTracker().getJobIdsForGroup("notebook-cell-7") == []  # the inner job ran under its own group
+
+    for key in _KEYS:
+        sc.setLocalProperty(key, None)
+    with job_group(sc, "sparknet-inner", "sparknet: inner work"):
+        pass
+    assert _job_properties(sc) == (None, None, None)
+
+
+def test_a_fit_leaves_the_callers_job_group_as_it_was(sc):
+    sc.setJobGroup("notebook-cell-8", "the caller's cell", interruptOnCancel=True)
+    before = _job_properties(sc)
+    x, y = blobs(16, seed=2)
+    trainer = SparkTrainer(mlp(1), solver=SolverConfig(base_lr=0.1), batch_size=8, seed=0,
+                           dist=DistributedConfig(workers=2, engine="rounds", tau=1, rounds=2))
+    result = trainer.fit(partitioned_rdd(sc, [(x[:8], y[:8]), (x[8:], y[8:])]))
+    assert result.summary["rounds"] == 2
+    assert _job_properties(sc) == before
+    # the caller's next job runs under the caller's group again: cancelling that group (a notebook's
+    # cell cancel) reaches it
+    sc.parallelize(range(2), 2).count()
+    assert len(sc.statusTracker().getJobIdsForGroup("notebook-cell-8")) == 1
+
+
+def test_a_job_past_its_deadline_is_cancelled_and_named(sc):
+    sc.setJobGroup("notebook-cell-9", "the caller's cell")
+    before = _job_properties(sc)
+    rdd = sc.parallelize(range(2), 2).mapPartitionsWithIndex(_sleeper(120))
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceeded) as e:
+        run_with_deadline(sc, "sparknet-test-late", "sparknet: a job that sleeps", rdd.collect, timeout_s=4,
+                          what="the sleeping job")
+    assert time.monotonic() - t0 < 60  # well before the tasks would have finished
+    message = str(e.value)
+    assert message.startswith("the sleeping job did not finish within 4 s; its Spark jobs were cancelled")
+    assert "2 of 2 tasks of stage" in message and ("partitions [0, 1] still running" in message
+                                                   or "2 running" in message)
+    assert sc.statusTracker().getJobIdsForGroup("sparknet-test-late")  # the job did run under the group
+    assert _running_jobs(sc, "sparknet-test-late") == []
+    assert _job_properties(sc) == before
+
+
+def test_a_stall_or_an_interrupt_of_the_wait_cancels_the_job(sc):
+    rdd = sc.parallelize(range(2), 2).mapPartitionsWithIndex(_sleeper(120))
+    asked = []
+
+    def stalled():
+        asked.append(time.monotonic())
+        return "stalled: nothing heard for 2 s" if len(asked) >= 2 else None
+
+    with pytest.raises(DeadlineExceeded, match="^the sleeping job stalled: nothing heard for 2 s; its Spark jobs"):
+        run_with_deadline(sc, "sparknet-test-stall", "sparknet: a job that sleeps", rdd.collect, timeout_s=None,
+                          what="the sleeping job", stalled=stalled)
+    assert _running_jobs(sc, "sparknet-test-stall") == []
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_with_deadline(sc, "sparknet-test-interrupt", "sparknet: a job that sleeps", rdd.collect, timeout_s=600,
+                          what="the sleeping job", stalled=interrupted)
+    assert _running_jobs(sc, "sparknet-test-interrupt") == []
+
+
+def test_a_rounds_task_failure_is_a_worker_error_with_its_rank_and_log_tail(sc):
+    spec_bc = sc.broadcast(None)  # no spec: the task fails as it unpacks it
+    rdd = sc.parallelize(range(4), 2).mapPartitionsWithIndex(run_round_from_chunks(spec_bc, spec_bc, {}))
+    try:
+        with pytest.raises(WorkerError) as e:
+            run_with_deadline(sc, "sparknet-test-rounds-failure", "sparknet: a failing round",
+                              lambda: sc.runJob(rdd, list, [1]), timeout_s=300, what="the round")
+    finally:
+        spec_bc.destroy()
+    assert e.value.rank == 1
+    assert str(e.value).startswith("worker 1: ")
+    assert "_train_round" in e.value.log_tail and "[sparknet" not in e.value.log_tail
+
+
+def test_a_model_parallel_rank_failure_decodes_the_same_way(sc):
+    def chunks(index, rows):
+        import time
+
+        if index == 0:
+            time.sleep(60)  # rank 0 is still reading when rank 1 fails
+        yield 42  # not an (x, y, info) chunk
+
+    job_bc = sc.broadcast(None)
+    stage = sc.parallelize(range(2), 2).mapPartitionsWithIndex(chunks).barrier().mapPartitionsWithIndex(
+        model_parallel_task(job_bc, {"workers": 2}))
+    try:
+        with pytest.raises(WorkerError) as e:
+            run_with_deadline(sc, "sparknet-test-mp-failure", "sparknet: a failing model-parallel stage",
+                              stage.collect, timeout_s=300, what="the model-parallel stage")
+    finally:
+        job_bc.destroy()
+    assert e.value.rank == 1
+    assert str(e.value).startswith("worker 1: TypeError: cannot unpack non-iterable int object")
+    assert "merge_chunks" in e.value.log_tail
+    assert _running_jobs(sc, "sparknet-test-mp-failure") == []
