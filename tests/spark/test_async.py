@@ -19,10 +19,10 @@ pyspark = pytest.importorskip("pyspark")
 from sparknet import Net, SolverConfig, zoo  # noqa: E402
 from sparknet.config import DistributedConfig, RunConfig  # noqa: E402
 from sparknet.datasets import synthetic  # noqa: E402
-from sparknet.errors import EngineError  # noqa: E402
+from sparknet.errors import WorkerError  # noqa: E402
 from sparknet.ps import AsyncConfig, AsyncSession, run_async  # noqa: E402
-from sparknet.ps._worker import concat_blocks, scatter  # noqa: E402
-from sparknet.ps.session import _job_error  # noqa: E402
+from sparknet.ps._worker import TaskSpec, concat_blocks, scatter, train_partition  # noqa: E402
+from sparknet.spark._backend import task_error  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -164,13 +164,14 @@ def test_bad_data_is_a_clear_error_before_training(spark):
 
 
 @pytest.mark.slow  # Spark tries the task 4 times, each in a fresh Python worker
-def test_a_failing_train_step_is_an_engine_error_naming_it(spark):
+def test_a_failing_train_step_is_a_worker_error_naming_it(spark):
     def broken(net, batch):
         raise ZeroDivisionError("the user's step is broken")
 
     sess = AsyncSession(_mlp(), SolverConfig())
-    with pytest.raises(EngineError, match="ZeroDivisionError: the user's step is broken"):
+    with pytest.raises(WorkerError, match="ZeroDivisionError: the user's step is broken") as e:
         sess.run(broken, _pairs_rdd(spark, _data(40, 0)), batch_size=10, repartition_between_epochs=False)
+    assert e.value.rank in (0, 1) and "in broken" in e.value.log_tail
     assert not _ps_threads()
 
 
@@ -236,10 +237,12 @@ def test_the_cli_hook_only_takes_async_runs():
     assert cli.train_with(RunConfig(), DistributedConfig(workers=2), AsyncConfig()) is None
 
 
-def test_job_error_keeps_the_tasks_python_error_line():
-    text = ("An error occurred while calling o1.collect.\norg.apache.spark.SparkException: Job aborted\n"
-            "org.apache.spark.api.python.PythonException: Traceback (most recent call last):\n"
-            '  File "x.py", line 3, in step\nFloatingPointError: worker 1: the loss became nan at step 7\n'
-            "\tat org.apache.spark.scheduler.Task.run(Task.scala:147)")
-    err = _job_error(RuntimeError(text), 3)
-    assert str(err) == "asynchronous training failed in epoch 3: FloatingPointError: worker 1: the loss became nan at step 7"
+def test_a_failing_task_reports_its_partition_in_the_shared_worker_format():
+    spec = TaskSpec(endpoint="tcp://127.0.0.1:1", job_id=b"j", secret=b"s", net={}, solver={}, batch_size=2,
+                    sync_interval=1, seed=0, epoch=0, iteration=0, shuffle=False, sample_shape=(7,), timeout_s=1.0)
+    blocks = [(np.zeros((4, 20), np.float32), np.zeros(4, np.int64))]  # 20 values do not make a (7,) sample
+    with pytest.raises(RuntimeError) as e:
+        list(train_partition(spec)(3, blocks))
+    err = task_error(e.value)
+    assert isinstance(err, WorkerError) and err.rank == 3
+    assert str(err).startswith("worker 3: ValueError: cannot reshape") and "_train_partition" in err.log_tail

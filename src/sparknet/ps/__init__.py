@@ -19,7 +19,7 @@ from sparknet.ps.client import PSClient, RejectedError, Reply
 from sparknet.ps.combiners import (COMBINERS, Combiner, DeltaCombiner, ElasticCombiner, MeanCombiner,
                                    StalenessAwareDeltaCombiner, make_combiner, register_combiner)
 from sparknet.ps.server import ParameterServer
-from sparknet.ps.cli import AsyncConfig
+from sparknet.ps.config import AsyncConfig
 from sparknet.ps.session import AsyncSession, run_async
 from sparknet.ps.wire import JobCredentials, Kind, Reason, Status
 

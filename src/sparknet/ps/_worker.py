@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sparknet.spark._rounds import worker_failure
+
 __all__ = ["TaskSpec", "train_partition", "scatter", "blocks_from_chunks", "concat_blocks", "pick_fields"]
 
 log = logging.getLogger(__name__)
@@ -152,82 +154,94 @@ def _batches(x: np.ndarray, y: np.ndarray, batch: int, shuffle: bool, rng: np.ra
 
 
 def train_partition(spec: TaskSpec):
-    """The ``mapPartitionsWithIndex`` function that trains one partition against the server."""
+    """The ``mapPartitionsWithIndex`` function that trains one partition against the server.
+
+    A failure raises :func:`sparknet.spark._rounds.worker_failure`, which the driver decodes into
+    a :class:`~sparknet.errors.WorkerError` naming the partition.
+    """
 
     def run(index: int, blocks: Iterable) -> Iterator[dict]:
-        t_start = time.perf_counter()
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        attempt = ctx.attemptNumber() if ctx is not None else 0
-        x, y = concat_blocks(blocks)
-        record = {"event": "task", "worker": index, "attempt": attempt, "epoch": spec.epoch, "rows": 0, "steps": 0,
-                  "samples": 0, "loss": math.nan, "last_loss": math.nan, "pushes": 0, "duplicates": 0,
-                  "comm_s": 0.0, "train_s": 0.0, "wall_s": 0.0, "max_latency_s": 0.0}
-        if x is None:
-            record["wall_s"] = time.perf_counter() - t_start
-            yield record
-            return
-        import torch
-
-        from sparknet.ps.client import PSClient
-        from sparknet.ps.wire import Status
-
-        torch.set_num_threads(spec.threads)
-        if spec.sample_shape is not None:
-            x = x.reshape(len(x), *spec.sample_shape)
-        net = _build_net(spec, index)
-        steps = max(1, len(y) // spec.batch_size)
-        if spec.max_steps is not None:
-            steps = min(steps, spec.max_steps)
-        if spec.train_step is None:
-            net.set_training_data((x, y), shuffle=spec.shuffle, batched=True)
-            batches = None
-        else:
-            batches = _batches(x, y, spec.batch_size, spec.shuffle,
-                               np.random.default_rng([spec.seed, spec.epoch, index]))
-        record["rows"] = len(y)
-        loss_sum = 0.0
-        losses = 0
-        with PSClient(spec.endpoint, spec.job_id, spec.secret, worker=index, attempt=attempt,
-                      timeout=spec.timeout_s) as client:
-            reply = client.pull(0)
-            record["comm_s"] += reply.latency_s
-            net.set_flat(torch.from_numpy(reply.weights))
-            base, base_version, send_delta = reply.weights, reply.version, reply.send_delta
-            for step in range(1, steps + 1):
-                t0 = time.perf_counter()
-                if batches is None:
-                    stats = net.train(1)
-                    loss, samples = stats.last_loss, stats.samples
-                else:
-                    xb, yb = next(batches)
-                    out = spec.train_step(net, (torch.from_numpy(xb), torch.from_numpy(yb)))
-                    loss = getattr(out, "last_loss", out)
-                    loss = float(loss) if isinstance(loss, (int, float)) or hasattr(loss, "item") else math.nan
-                    samples = len(yb)
-                record["train_s"] += time.perf_counter() - t0
-                record["samples"] += samples
-                if not math.isnan(loss):
-                    if not math.isfinite(loss):
-                        raise FloatingPointError(f"worker {index}: the loss became {loss} at step {step} of epoch "
-                                                 f"{spec.epoch}; lower the learning rate")
-                    loss_sum += loss
-                    losses += 1
-                    record["last_loss"] = loss
-                if step % spec.sync_interval == 0 or step == steps:
-                    flat = net.get_flat().numpy()
-                    reply = client.push(step, flat - base if send_delta else flat, base_version)
-                    record["pushes"] += 1
-                    record["duplicates"] += reply.status is Status.DUPLICATE
-                    record["comm_s"] += reply.latency_s
-                    record["max_latency_s"] = max(record["max_latency_s"], reply.latency_s)
-                    new = reply.weights if reply.mix >= 1.0 else flat + np.float32(reply.mix) * (reply.weights - flat)
-                    net.set_flat(torch.from_numpy(np.ascontiguousarray(new, dtype=np.float32)))
-                    base, base_version, send_delta = reply.weights, reply.version, reply.send_delta
-                record["steps"] = step
-        record["loss"] = loss_sum / losses if losses else math.nan
-        record["wall_s"] = time.perf_counter() - t_start
-        yield record
+        try:
+            yield from _train_partition(spec, index, blocks)
+        except Exception as exc:
+            raise worker_failure(index, exc) from None
 
     return run
+
+
+def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[dict]:
+    t_start = time.perf_counter()
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    attempt = ctx.attemptNumber() if ctx is not None else 0
+    x, y = concat_blocks(blocks)
+    record = {"event": "task", "worker": index, "attempt": attempt, "epoch": spec.epoch, "rows": 0, "steps": 0,
+              "samples": 0, "loss": math.nan, "last_loss": math.nan, "pushes": 0, "duplicates": 0,
+              "comm_s": 0.0, "train_s": 0.0, "wall_s": 0.0, "max_latency_s": 0.0}
+    if x is None:
+        record["wall_s"] = time.perf_counter() - t_start
+        yield record
+        return
+    import torch
+
+    from sparknet.ps.client import PSClient
+    from sparknet.ps.wire import Status
+
+    torch.set_num_threads(spec.threads)
+    if spec.sample_shape is not None:
+        x = x.reshape(len(x), *spec.sample_shape)
+    net = _build_net(spec, index)
+    steps = max(1, len(y) // spec.batch_size)
+    if spec.max_steps is not None:
+        steps = min(steps, spec.max_steps)
+    if spec.train_step is None:
+        net.set_training_data((x, y), shuffle=spec.shuffle, batched=True)
+        batches = None
+    else:
+        batches = _batches(x, y, spec.batch_size, spec.shuffle,
+                           np.random.default_rng([spec.seed, spec.epoch, index]))
+    record["rows"] = len(y)
+    loss_sum = 0.0
+    losses = 0
+    with PSClient(spec.endpoint, spec.job_id, spec.secret, worker=index, attempt=attempt,
+                  timeout=spec.timeout_s) as client:
+        reply = client.pull(0)
+        record["comm_s"] += reply.latency_s
+        net.set_flat(torch.from_numpy(reply.weights))
+        base, base_version, send_delta = reply.weights, reply.version, reply.send_delta
+        for step in range(1, steps + 1):
+            t0 = time.perf_counter()
+            if batches is None:
+                stats = net.train(1)
+                loss, samples = stats.last_loss, stats.samples
+            else:
+                xb, yb = next(batches)
+                out = spec.train_step(net, (torch.from_numpy(xb), torch.from_numpy(yb)))
+                loss = getattr(out, "last_loss", out)
+                loss = float(loss) if isinstance(loss, (int, float)) or hasattr(loss, "item") else math.nan
+                samples = len(yb)
+            record["train_s"] += time.perf_counter() - t0
+            record["samples"] += samples
+            if not math.isnan(loss):
+                if not math.isfinite(loss):
+                    raise FloatingPointError(f"the loss became {loss} at step {step} of epoch "
+                                             f"{spec.epoch}; lower the learning rate")
+                loss_sum += loss
+                losses += 1
+                record["last_loss"] = loss
+            if step % spec.sync_interval == 0 or step == steps:
+                flat = net.get_flat().numpy()
+                reply = client.push(step, flat - base if send_delta else flat, base_version)
+                record["pushes"] += 1
+                record["duplicates"] += reply.status is Status.DUPLICATE
+                record["comm_s"] += reply.latency_s
+                record["max_latency_s"] = max(record["max_latency_s"], reply.latency_s)
+                new = reply.weights if reply.mix >= 1.0 else flat + np.float32(reply.mix) * (reply.weights - flat)
+                net.set_flat(torch.from_numpy(np.ascontiguousarray(new, dtype=np.float32)))
+                base, base_version, send_delta = reply.weights, reply.version, reply.send_delta
+            record["steps"] = step
+    record["loss"] = loss_sum / losses if losses else math.nan
+    record["wall_s"] = time.perf_counter() - t_start
+    yield record
+

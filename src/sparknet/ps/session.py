@@ -13,7 +13,10 @@ epoch. Each partition's task trains its own Net on its partition and pushes and 
 (:func:`sparknet.ps._worker.train_partition`). Every epoch gets a fresh job id and HMAC
 secret, which reach the tasks inside the job's closure. Between epochs the rows are
 reshuffled across partitions (seeded), and each task reshuffles its own rows. The server is
-stopped, and cached data released, in ``finally``.
+stopped, and cached data released, in ``finally``. Every Spark job runs through
+:func:`sparknet.spark._backend.run_with_deadline`: under the session's job group (the caller's
+own is left as it was), with a deadline, and a failed task decoded into a
+:class:`~sparknet.errors.WorkerError` naming its partition.
 
 A task that Spark retries pulls the current weights and trains again; its pushes for steps
 the failed attempt already had applied are acknowledged without being applied twice (the
@@ -27,30 +30,25 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import re
-import threading
 import time
 import uuid
 from collections.abc import Callable
-from contextlib import contextmanager
 
 import numpy as np
 import torch
 
-from sparknet.errors import DeadlineExceeded, EngineError
 from sparknet.net import Net
 from sparknet.ps import _worker
 from sparknet.ps.combiners import Combiner, make_combiner
+from sparknet.ps.config import AsyncConfig
 from sparknet.ps.server import ParameterServer
 from sparknet.solvers import SolverConfig
+from sparknet.spark._backend import run_with_deadline
 from sparknet.weights import WeightCollection
 
 __all__ = ["AsyncSession", "run_async"]
 
 log = logging.getLogger(__name__)
-
-_PY_ERROR = re.compile(r"^(\w*(?:Error|Exception|Exceeded|Interrupt)): (.+)$")
-
 
 def _identity(key: int) -> int:
     return key
@@ -63,50 +61,6 @@ def _sample_shape(net: Net) -> tuple[int, ...] | None:
         if shape:
             return tuple(int(d) for d in shape[1:])
     return None
-
-
-def _job_error(exc: BaseException, epoch: int) -> EngineError:
-    """A failed Spark job as an EngineError carrying the task's own Python error line."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    py = [m for m in (_PY_ERROR.match(ln) for ln in lines) if m and not m.group(1).startswith(("org.", "java."))]
-    what = f"{py[-1].group(1)}: {py[-1].group(2)}" if py else " ".join(lines[:3])
-    return EngineError(f"asynchronous training failed in epoch {epoch}: {what}")
-
-
-@contextmanager
-def _job_group(sc, group: str, description: str, *, timeout_s: float | None, stall_s: float | None,
-               last_heard: Callable[[], float]):
-    """Run Spark jobs under ``group``, watched by a thread that cancels them when they run past
-    ``timeout_s`` or the parameter server hears from no worker for ``stall_s`` seconds.
-
-    Yields a list that holds, once the watchdog has cancelled the jobs, the reason why.
-    """
-    sc.setJobGroup(group, description, interruptOnCancel=True)
-    reason: list[str] = []
-    done = threading.Event()
-    t0 = time.monotonic()
-
-    def watch():
-        while not done.wait(1.0):
-            now = time.monotonic()
-            if timeout_s is not None and now - t0 > timeout_s:
-                reason.append(f"did not finish within {timeout_s:g} s")
-            elif stall_s is not None and now - last_heard() > stall_s:
-                reason.append(f"stalled: the parameter server heard from no worker for {stall_s:g} s")
-            if reason:
-                log.error("%s %s; cancelling it", description, reason[0])
-                sc.cancelJobGroup(group)
-                return
-
-    watchdog = threading.Thread(target=watch, name="sparknet-ps-watchdog", daemon=True)
-    watchdog.start()
-    try:
-        yield reason
-    finally:
-        done.set()
-        watchdog.join(5.0)
-        for key in ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel"):
-            sc.setLocalProperty(key, None)
 
 
 class AsyncSession:
@@ -145,6 +99,9 @@ class AsyncSession:
         Cancel an epoch's job when the server hears from no worker for this long (a hung
         task; the first pull of a task comes after its Python worker starts, and every push
         after ``sync_interval`` steps: raise it for very slow steps).
+    data_timeout_s : float
+        Longest wait for the Spark job that converts and checks the training data, and for the
+        one that collects Spark validation data to the driver.
     spark : SparkSession, optional
         Needed only when ``run`` is given local arrays rather than an RDD or DataFrame.
     validation_data : ArrayDataset or (x, y), optional
@@ -154,7 +111,7 @@ class AsyncSession:
     def __init__(self, net, solver: SolverConfig | None = None, *, combiner: str | Combiner = "delta", loss=None,
                  seed: int = 0, host: str | None = None, port: int = 0, threads: int = 1, device: str = "cpu",
                  request_timeout_s: float = 120.0, epoch_timeout_s: float | None = None,
-                 stall_timeout_s: float | None = 600.0, spark=None,
+                 stall_timeout_s: float | None = 600.0, data_timeout_s: float = 3600.0, spark=None,
                  validation_data=None):
         if isinstance(net, Net):
             self.net = net
@@ -178,6 +135,9 @@ class AsyncSession:
         if stall_timeout_s is not None and not stall_timeout_s > 0:
             raise ValueError(f"stall_timeout_s must be positive, got {stall_timeout_s}")
         self.stall_timeout_s = stall_timeout_s
+        if not data_timeout_s > 0:
+            raise ValueError(f"data_timeout_s must be positive, got {data_timeout_s}")
+        self.data_timeout_s = float(data_timeout_s)
         self.spark = spark
         self.metrics: dict = {"epochs": [], "test_accuracy_by_epoch": []}
         self._iteration = self.net.iteration
@@ -212,8 +172,21 @@ class AsyncSession:
             raise ValueError("cannot tell the driver's address (spark.driver.host is unset); pass host=")
         return host
 
+    def _stall_check(self, server: ParameterServer) -> Callable[[], str | None] | None:
+        """Why an epoch counts as hung: the server has heard from no worker for ``stall_timeout_s``."""
+        stall_s = self.stall_timeout_s
+        if stall_s is None:
+            return None
+
+        def stalled() -> str | None:
+            if time.monotonic() - server.last_heard > stall_s:
+                return f"stalled: the parameter server heard from no worker for {stall_s:g} s"
+            return None
+
+        return stalled
+
     # -- data -----------------------------------------------------------------------------------
-    def _blocks(self, data, sc, num_workers, feed_names, image_shape, sample_shape):
+    def _blocks(self, data, sc, group, num_workers, feed_names, image_shape, sample_shape):
         """(RDD of (x, y) blocks with ``num_workers`` partitions, the RDD to unpersist, rows per partition)."""
         from pyspark import StorageLevel
 
@@ -226,7 +199,10 @@ class AsyncSession:
                                         image_shape=image_shape, expected_len=expected_len, num_partitions=num_workers)
             chunks.persist(StorageLevel.MEMORY_AND_DISK)
             try:
-                stats = chunks.mapPartitionsWithIndex(_data.partition_stats).collect()
+                stats = run_with_deadline(sc, group, "sparknet: convert and check the training data",
+                                          chunks.mapPartitionsWithIndex(_data.partition_stats).collect,
+                                          timeout_s=self.data_timeout_s,
+                                          what="the training data's conversion and check")
                 stats.sort(key=lambda s: s["index"])
                 total = _data.check_stats(stats, what="training data", expected_len=expected_len, num_classes=None,
                                           num_workers=num_workers, sample_shape=sample_shape)
@@ -333,23 +309,27 @@ class AsyncSession:
         if K < 1:
             raise ValueError(f"num_workers must be at least 1, got {K}")
         sample_shape = _sample_shape(self.net) or (tuple(int(d) for d in image_shape) if image_shape else None)
+        run_id = uuid.uuid4().hex[:12]
+        group = f"sparknet-async-{run_id}"
         if validation_data is not None:
             if _data.is_dataframe(validation_data) or _data.is_rdd(validation_data):
-                validation_data = _data.collect_arrays(
-                    validation_data, features_col=feed_names[0], label_col=feed_names[1], image_shape=image_shape,
-                    expected_len=math.prod(sample_shape) if sample_shape else None, num_classes=None,
-                    sample_shape=sample_shape)
+                spark_validation = validation_data
+                validation_data = run_with_deadline(
+                    sc, group, "sparknet: collect the validation data",
+                    lambda: _data.collect_arrays(
+                        spark_validation, features_col=feed_names[0], label_col=feed_names[1],
+                        image_shape=image_shape, expected_len=math.prod(sample_shape) if sample_shape else None,
+                        num_classes=None, sample_shape=sample_shape),
+                    timeout_s=self.data_timeout_s, what="collecting the validation data")
             self.net.set_validation_data(validation_data)
             self._validation = True
         evaluate = self._validation
 
         t_run = time.perf_counter()
-        run_id = uuid.uuid4().hex[:12]
-        group = f"sparknet-async-{run_id}"
         server = ParameterServer(self.net.get_flat().numpy(), self.combiner, host=self._server_host(sc),
                                  port=self.port, num_workers=K)
         net_spec = self._net_spec()
-        rdd, cached, rows = self._blocks(data, sc, K, feed_names, image_shape, sample_shape)  # last: it caches
+        rdd, cached, rows = self._blocks(data, sc, group, K, feed_names, image_shape, sample_shape)  # last: it caches
         solver = self.net.solver.to_dict()
         steps_done = 0
         history: list[dict] = []
@@ -372,14 +352,10 @@ class AsyncSession:
                     loss=self.loss)
                 before = server.stats()
                 t0 = time.perf_counter()
-                with _job_group(sc, group, f"sparknet: asynchronous epoch {epoch}", timeout_s=self.epoch_timeout_s,
-                                stall_s=self.stall_timeout_s, last_heard=lambda: server.last_heard) as cancelled:
-                    try:
-                        records = rdd.mapPartitionsWithIndex(_worker.train_partition(spec)).collect()
-                    except Exception as exc:
-                        if cancelled:
-                            raise DeadlineExceeded(f"epoch {epoch} {cancelled[0]}; its Spark job was cancelled") from exc
-                        raise _job_error(exc, epoch) from exc
+                records = run_with_deadline(sc, group, f"sparknet: asynchronous epoch {epoch}",
+                                            rdd.mapPartitionsWithIndex(_worker.train_partition(spec)).collect,
+                                            timeout_s=self.epoch_timeout_s, what=f"asynchronous epoch {epoch}",
+                                            stalled=self._stall_check(server))
                 wall = time.perf_counter() - t0
                 server.check_alive()
                 self.net.set_flat(torch.from_numpy(server.weights()))
@@ -468,7 +444,6 @@ def run_async(run, dist, *, sync_interval: int = 10, combiner: str = "delta", ps
         pushes, staleness, rejects...).
     """
     from sparknet.metrics import MetricsLogger
-    from sparknet.ps.cli import AsyncConfig
     from sparknet.spark._session import get_session
     from sparknet.train import build_model, load_training_data, seed_everything
 
