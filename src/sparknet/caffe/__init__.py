@@ -29,8 +29,9 @@ from sparknet.caffe.prototxt import (
     load_net_prototxt,
     net_to_prototxt,
     parse_net_prototxt,
+    resolve_net_path,
 )
-from sparknet.caffe.solver import CaffeSolver, NetStateSpec, load_solver_prototxt, resolve_net_path
+from sparknet.caffe.solver import CaffeSolver, NetStateSpec, load_solver_prototxt
 
 __all__ = [
     "PrototxtError",

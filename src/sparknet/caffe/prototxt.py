@@ -46,16 +46,17 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import torch
 from google.protobuf import text_format
 
+from sparknet import layers as dsl
 from sparknet.caffe import _schema
+from sparknet.caffe.caffemodel import read_binaryproto, v1_type_name
 from sparknet.errors import GraphError
-
-if TYPE_CHECKING:  # pragma: no cover - the layer DSL (and torch) load when a net is converted
-    from sparknet.layers import GraphModule, NetParams
+from sparknet.layers import GraphModule, NetParams
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ __all__ = [
     "net_to_prototxt",
     "read_text",
     "parse_text",
+    "resolve_net_path",
 ]
 
 
@@ -126,6 +128,32 @@ def read_text(path_or_text: str | os.PathLike) -> tuple[str, Path | None, str]:
             raise FileNotFoundError(f"no such Caffe file: {path_or_text}")
         return path.read_text(encoding="utf-8"), path, str(path)
     return path_or_text, None, "<text>"
+
+
+def resolve_net_path(net: str, solver_path: Path | None) -> Path | None:
+    """Find the file a solver's ``net:`` names.
+
+    Tries, in order: an absolute path; ``net`` relative to the solver's folder and each of
+    its parent folders; the same for the shorter tails of ``net`` (``examples/mnist/x`` ->
+    ``mnist/x`` -> ``x``); finally the working directory (Caffe's own rule).
+    Returns ``None`` when nothing exists.
+    """
+    candidate = Path(net)
+    if candidate.is_absolute():
+        return candidate if candidate.is_file() else None
+    folders: list[Path] = []
+    if solver_path is not None:
+        start = solver_path.resolve().parent
+        folders = [start, *start.parents]
+    parts = candidate.parts
+    for i in range(len(parts)):
+        tail = Path(*parts[i:])
+        for folder in folders:
+            if (folder / tail).is_file():
+                return folder / tail
+    if candidate.is_file():
+        return candidate.resolve()
+    return None
 
 
 def parse_text(text: str, message: Any, name: str) -> Any:
@@ -406,8 +434,6 @@ class CaffeNet:
         seed : int, optional
             Seed of the initial weights.
         """
-        import torch
-
         module = self.net_params.build(seed=seed)
         if self._sparse_fillers:
             generator = torch.Generator()
@@ -422,8 +448,6 @@ class CaffeNet:
 
 def _sparse_gaussian_(weight: Any, mean: float, std: float, sparse: int, generator: Any) -> None:
     """Caffe's Gaussian filler with ``sparse``: each weight is kept with probability sparse / num_outputs."""
-    import torch
-
     values = torch.empty(weight.shape).normal_(mean, std, generator=generator)
     keep = min(1.0, sparse / weight.shape[0])
     mask = torch.empty(weight.shape).bernoulli_(keep, generator=generator)
@@ -462,8 +486,6 @@ def _included(layer: Any, phase: int, level: int, stages: set[str]) -> bool:
 
 def _upgrade_v1(old: Any, where: str) -> Any:
     """A V1 ``layers {}`` entry as a current ``LayerParameter`` (Caffe's UpgradeV1LayerParameter)."""
-    from sparknet.caffe.caffemodel import v1_type_name
-
     if old.HasField("layer"):
         raise PrototxtError(
             f"{where}: layer {old.layer.name or old.name!r} uses the V0 format (layers {{ layer {{ ... }} }}); "
@@ -542,8 +564,6 @@ class _Converter:
     """Turns selected Caffe layers into sparknet DSL layers, one at a time."""
 
     def __init__(self, where: str, folder: Path | None, phase: str, sources: Mapping[str, DataBinding | str]):
-        from sparknet import layers as dsl
-
         self.dsl = dsl
         self.where = where
         self.folder = folder
@@ -713,9 +733,6 @@ class _Converter:
         mean = None
         mean_file = t.mean_file if t.HasField("mean_file") else None
         if mean_file:
-            from sparknet.caffe.caffemodel import read_binaryproto
-            from sparknet.caffe.solver import resolve_net_path
-
             found = resolve_net_path(mean_file, self.folder / "x" if self.folder else None)
             if found is not None:
                 mean = read_binaryproto(found)
@@ -1055,8 +1072,6 @@ def load_net_prototxt(
                             path=where)
 
     converter = _Converter(where, path.parent if path is not None else None, phase_name, dict(sources or {}))
-    from sparknet.layers import NetParams
-
     try:
         available: set[str] = set()
         for layer in selected:
@@ -1102,8 +1117,6 @@ def load_net_prototxt(
 
 def _class_labels_as_int64(converter: _Converter) -> None:
     """Make Input blobs that are read as class labels (softmax loss, accuracy, contrastive) int64."""
-    from sparknet import layers as dsl
-
     label_kinds = (dsl.SoftmaxWithLoss, dsl.AccuracyLayer, dsl.ContrastiveLoss)
     labels = {b for layer in converter.out if isinstance(layer, label_kinds) for b in layer.label_bottoms}
     features = {b for layer in converter.out if not isinstance(layer, label_kinds) for b in layer.bottoms}
@@ -1173,8 +1186,6 @@ def _set_learnable(msg: Any, layer: Any, blobs: int, weight: Any, bias: Any) -> 
 
 
 def _export_layer(layer: Any, net: Any) -> Any:
-    from sparknet import layers as dsl
-
     msg = _schema.LayerParameter(name=layer.name)
     msg.bottom.extend(layer.bottoms)
     msg.top.extend(layer.tops)

@@ -24,16 +24,15 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+from google.protobuf import text_format
 
 from sparknet.caffe import _schema
-from sparknet.caffe.prototxt import PrototxtError, parse_text, read_text
+from sparknet.caffe.prototxt import (CaffeNet, DataBinding, PrototxtError, load_net_prototxt, parse_text, read_text,
+                                     resolve_net_path)
 from sparknet.solvers import LRPolicy, SolverConfig, SolverType
-
-if TYPE_CHECKING:  # pragma: no cover
-    from sparknet.caffe.prototxt import CaffeNet, DataBinding
 
 logger = logging.getLogger(__name__)
 
@@ -152,8 +151,6 @@ class CaffeSolver:
         net : path, optional
             Use this net file instead of the solver's ``net``.
         """
-        from sparknet.caffe.prototxt import load_net_prototxt
-
         phase = phase.upper()
         if phase == "TRAIN":
             state = self.train_state
@@ -173,32 +170,6 @@ class CaffeSolver:
                 "solver or in its parent folders; pass net=PATH"
             )
         return load_net_prototxt(target, phase=phase, stages=stages, level=level, sources=sources)
-
-
-def resolve_net_path(net: str, solver_path: Path | None) -> Path | None:
-    """Find the file a solver's ``net:`` names.
-
-    Tries, in order: an absolute path; ``net`` relative to the solver's folder and each of
-    its parent folders; the same for the shorter tails of ``net`` (``examples/mnist/x`` ->
-    ``mnist/x`` -> ``x``); finally the working directory (Caffe's own rule).
-    Returns ``None`` when nothing exists.
-    """
-    candidate = Path(net)
-    if candidate.is_absolute():
-        return candidate if candidate.is_file() else None
-    folders: list[Path] = []
-    if solver_path is not None:
-        start = solver_path.resolve().parent
-        folders = [start, *start.parents]
-    parts = candidate.parts
-    for i in range(len(parts)):
-        tail = Path(*parts[i:])
-        for folder in folders:
-            if (folder / tail).is_file():
-                return folder / tail
-    if candidate.is_file():
-        return candidate.resolve()
-    return None
 
 
 def _f(value: float) -> float:
@@ -310,8 +281,6 @@ def load_solver_prototxt(
     net_text = None
     for inline in ("net_param", "train_net_param"):
         if msg.HasField(inline):
-            from google.protobuf import text_format
-
             net_text = text_format.MessageToString(getattr(msg, inline))
             break
 
