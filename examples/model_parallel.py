@@ -8,8 +8,9 @@ one worker would hold are checked against ``--max-weight-bytes``: with too small
 run stops with the error (and the M that would fit). Each worker then builds only its own
 shards (:func:`sparknet.parallel.build_parallel`), trains with RMSprop for ``tau`` steps
 on its replica's shard of MNIST, and the replicas average every shard over their
-data-parallel group (:func:`sparknet.parallel.dp_round`). Replica 0 measures test accuracy
-after every round; at the end each worker reports the bytes of weights it held, and with
+data-parallel group: :func:`sparknet.parallel.run_rank`, the round loop every engine runs, with
+the data-parallel group's allreduce as its exchange. The replicas measure test accuracy
+together after every round; at the end each worker reports the bytes of weights it held, and with
 ``--out`` rank 0 saves the whole (gathered) model as an ordinary sparknet model folder.
 """
 
@@ -21,7 +22,6 @@ import json
 import logging
 import socket
 import sys
-import time
 import traceback
 
 import torch
@@ -30,19 +30,9 @@ import torch.multiprocessing as mp
 
 from sparknet.datasets import mnist
 from sparknet.layers import ActivationLayer, LinearLayer, NetParams, RDDLayer, SoftmaxWithLoss
-from sparknet.net import Net
-from sparknet.parallel import (
-    WeightBudgetError,
-    build_parallel,
-    check_weight_budget,
-    dp_round,
-    gather_full_weights,
-    init_layout,
-    local_weight_bytes,
-    replica_seed,
-)
+from sparknet.parallel import ModelParallelJob, WeightBudgetError, check_weight_budget, run_rank
+from sparknet.parallel.runner import weights_from_result
 from sparknet.solvers import SolverConfig
-from sparknet.strategies import WorkerState, make_strategy
 
 log = logging.getLogger("model_parallel")
 
@@ -86,39 +76,26 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> 
 
 
 def _train(rank: int, args: argparse.Namespace) -> dict:
-    layout = init_layout(args.model_parallel)
+    world = dist.get_world_size()
     net_def = wide_mlp(args.width, args.batch_size)
-    t0 = time.perf_counter()
-    module = build_parallel(net_def, layout, seed=args.seed, max_weight_bytes=args.max_weight_bytes)
-    seed = replica_seed(layout, args.seed)
-    torch.manual_seed(seed)
-    net = Net(module, SolverConfig(type="rmsprop", base_lr=args.lr, rms_decay=0.9), batch_size=args.batch_size,
-              seed=seed)
+    job = ModelParallelJob(net=net_def, solver=SolverConfig(type="rmsprop", base_lr=args.lr, rms_decay=0.9),
+                           model_parallel=args.model_parallel, strategy=args.strategy, tau=args.tau,
+                           rounds=args.rounds, batch_size=args.batch_size, seed=args.seed,
+                           max_weight_bytes=args.max_weight_bytes, sample_shape=(1, 28, 28))
     data = mnist()
-    net.set_training_data(data.train.shard(layout.dp_rank, layout.data_parallel))  # one shard per replica
-    strategy, state = make_strategy(args.strategy, num_workers=layout.data_parallel), WorkerState()
-    global_flat = strategy.init_global(net.get_flat())
-    history = []
-    for r in range(1, args.rounds + 1):
-        res = dp_round(strategy, state, net, global_flat, layout, steps=args.tau)
-        global_flat = res.global_flat
-        record = {"round": r, "loss": res.loss, "compute_s": res.compute_s, "sync_s": res.sync_s,
-                  "elapsed_s": time.perf_counter() - t0}
-        if layout.dp_rank == 0:  # every replica holds the same global weights; replica 0 measures them
-            record["test_accuracy"] = net.evaluate(data.test, batch_size=1000).accuracy
-            if rank == 0:
-                log.info("round %d: loss %.4f, test accuracy %.4f (compute %.2f s, sync %.1f ms)", r, res.loss,
-                         record["test_accuracy"], res.compute_s, res.sync_s * 1e3)
-        history.append(record)
-    result = {"rank": rank, "dp_rank": layout.dp_rank, "mp_rank": layout.mp_rank,
-              "weight_bytes": local_weight_bytes(net), "history": history}
-    if layout.dp_rank == 0 and args.out:
-        full = gather_full_weights(net)  # a collective over replica 0's model-parallel group
-        if rank == 0:
-            from sparknet._model_io import save_model
+    part = data.train.shard(rank, world)  # a replica's M ranks pool their parts (run_rank does it)
 
-            save_model(args.out, net_def, full, overwrite=True)
-    return result
+    def report(record: dict) -> None:
+        if rank == 0:
+            log.info("round %d: loss %.4f, test accuracy %.4f (compute %.2f s, sync %.1f ms)", record["round"],
+                     record["loss"], record["val_accuracy"], record["compute_s"], record["allreduce_s"] * 1e3)
+
+    result = run_rank(job, part.x, part.y, validation=(data.test.x, data.test.y), on_round=report)
+    if rank == 0 and args.out:
+        from sparknet._model_io import save_model
+
+        save_model(args.out, net_def, weights_from_result(result), overwrite=True)
+    return {k: result[k] for k in ("rank", "dp_rank", "mp_rank", "weight_bytes", "history")}
 
 
 def main(argv=None) -> int:
@@ -160,6 +137,7 @@ def main(argv=None) -> int:
     finally:
         manager.shutdown()
     final = next(r["history"][-1] for r in results if r["rank"] == 0)
+    final = {"test_accuracy": final["val_accuracy"], "elapsed_s": final["wall_s"]}
     summary = {"workers": args.workers, "data_parallel": args.workers // args.model_parallel,
                "model_parallel": args.model_parallel, "width": args.width, "whole_weight_bytes": whole,
                "weight_bytes_per_worker": [r["weight_bytes"] for r in results],

@@ -30,19 +30,21 @@ from sparknet.parallel import (
     WeightBudgetError,
     build_parallel,
     check_weight_budget,
-    dp_round,
     gather_full_weights,
     init_layout,
     layout_coords,
     local_weight_bytes,
-    model_parallel_worker,
     parallelize,
     resolve_plan,
     share_data_over_mp,
     weight_bytes_per_rank,
 )
+from sparknet.collective import CollectiveExchange
+from sparknet.loop import run_rounds
 from sparknet.solvers import SolverConfig
-from sparknet.strategies import Average, WorkerState
+from sparknet.stopping import StopRule
+from sparknet.strategies import Average
+from sparknet.weights import WeightCollection
 
 TOL = 1e-5
 
@@ -195,10 +197,12 @@ def _equivalence(rank, out):
 
     # An engine's worker: the driver's whole weights in, split, pooled data, whole weights out.
     whole = Net(_mlp(), seed=5).get_flat()
-    worker = model_parallel_worker(_mlp(), solver, 2, x=xs.numpy()[rank::2], y=ys.numpy()[rank::2],
-                                   whole_flat=whole.numpy(), batch_size=5, seed=0, data_seed=1)
-    out[f"worker_rows{rank}"] = worker.net.num_training_samples
-    out[f"worker_roundtrip{rank}"] = float((worker.whole_flat(worker.shard_flat) - whole).abs().max())
+    px, py = share_data_over_mp(xs.numpy()[rank::2], ys.numpy()[rank::2], layout)
+    out[f"worker_rows{rank}"] = len(px)
+    module = _mlp().build(seed=0)
+    WeightCollection(module.layer_weights()).load_flat_(whole)
+    split = Net(parallelize(module, layout))
+    out[f"worker_roundtrip{rank}"] = float((gather_full_weights(split).to_flat(torch.float32) - whole).abs().max())
 
 
 @pytest.mark.timeout(180)
@@ -311,23 +315,28 @@ def _data_parallel(rank, out):
     y = np.full(4, rank, np.int64)
     shared = share_data_over_mp(x, y, layout)  # M = 1: each keeps its own
     out[f"shared{rank}"] = float(shared[0].mean())
-    net = Net(_mlp(), SolverConfig(base_lr=0.1, momentum=0.0), batch_size=4, seed=0)
+    batch = 4 if rank == 0 else 2  # rank 0 processes 8 samples in its 2 steps, rank 1 only 4
+    net = Net(_mlp(), SolverConfig(base_lr=0.1, momentum=0.0), batch_size=batch, seed=0)
     net.set_training_data((x, y), shuffle=False)
     start = net.get_flat()
-    result = dp_round(Average(), WorkerState(), net, start, layout, steps=2)
-    out[f"global{rank}"] = result.global_flat
-    out[f"samples{rank}"] = result.samples
-    alone = Net(_mlp(), SolverConfig(base_lr=0.1, momentum=0.0), batch_size=4, seed=0)
+    exchange = CollectiveExchange(net, Average(), rank=layout.dp_rank, world=layout.data_parallel,
+                                  group=layout.dp_group)
+    records = []
+    out[f"global{rank}"] = run_rounds(exchange, Average(), start, StopRule(rounds=1, tau=2), on_record=records.append)
+    out[f"samples{rank}"] = records[0]["samples"]
+    alone = Net(_mlp(), SolverConfig(base_lr=0.1, momentum=0.0), batch_size=batch, seed=0)
     alone.set_training_data((x, y), shuffle=False)
     alone.train(2)
     out[f"alone{rank}"] = alone.get_flat()
 
 
 @pytest.mark.timeout(180)
-def test_dp_round_averages_over_the_data_parallel_group():
+def test_the_round_loop_averages_over_the_data_parallel_group_by_samples():
     out = _spawn(_data_parallel)
     assert out["shared0"] == 0.0 and out["shared1"] == 1.0
     assert torch.equal(out["global0"], out["global1"])
-    assert out["samples0"] == 16
-    expected = (out["alone0"] + out["alone1"]) / 2
-    assert torch.allclose(out["global0"], expected, atol=1e-6)
+    assert out["samples0"] == 12
+    weighted = (8 * out["alone0"] + 4 * out["alone1"]) / 12
+    plain = (out["alone0"] + out["alone1"]) / 2
+    assert torch.allclose(out["global0"], weighted, atol=1e-6)
+    assert not torch.allclose(out["global0"], plain, atol=1e-4)  # an unweighted mean fails this test

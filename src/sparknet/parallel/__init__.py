@@ -3,21 +3,16 @@
 :func:`parallelize` splits the layers of a :class:`~sparknet.layers.GraphModule` across a
 model-parallel group with PyTorch's tensor parallelism (DTensor over a gloo ``DeviceMesh``);
 :func:`init_layout` makes the data- and model-parallel groups from an initialized default
-process group; :func:`dp_round` runs any training strategy over the data-parallel groups,
-each rank on its own shard; :func:`run_rank` is one rank's whole run (what each task of a
-model-parallel Spark stage runs, :mod:`sparknet.parallel.spark`). See ``docs/MODEL_PARALLEL.md``.
+process group; :func:`run_rank` is one rank's whole run (what each task of a model-parallel
+Spark stage runs, :mod:`sparknet.parallel.spark`): the round loop of :mod:`sparknet.loop`
+with the data-parallel group's allreduce (:mod:`sparknet.collective`) as its exchange, each
+rank on its own shard. See ``docs/MODEL_PARALLEL.md``.
 """
 
 from sparknet.parallel.mesh import (
     ParallelLayout,
-    ReplicaWorker,
-    RoundResult,
-    average_over_dp_,
-    broadcast_over_dp_,
-    dp_round,
     init_layout,
     layout_coords,
-    model_parallel_worker,
     replica_seed,
     share_data_over_mp,
 )
@@ -38,8 +33,7 @@ from sparknet.parallel.tensor import (
 )
 
 __all__ = [
-    "ParallelLayout", "RoundResult", "init_layout", "layout_coords", "replica_seed", "share_data_over_mp",
-    "average_over_dp_", "broadcast_over_dp_", "dp_round", "ReplicaWorker", "model_parallel_worker",
+    "ParallelLayout", "init_layout", "layout_coords", "replica_seed", "share_data_over_mp",
     "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "ConvColwiseParallel", "parallelize", "build_parallel",
     "resolve_plan", "local_weight_bytes", "weight_bytes_per_rank", "check_weight_budget", "gather_full_weights",
     "load_full_weights", "ModelParallelJob", "run_rank", "default_plan", "effective_plan",

@@ -23,28 +23,19 @@ initialized it calls in ``finally``).
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from sparknet.strategies import TrainingStrategy, WorkerState
 
 __all__ = [
     "ParallelLayout",
     "layout_coords",
     "init_layout",
-    "broadcast_over_dp_",
-    "average_over_dp_",
     "share_data_over_mp",
-    "dp_round",
-    "RoundResult",
     "replica_seed",
-    "ReplicaWorker",
-    "model_parallel_worker",
 ]
 
 log = logging.getLogger(__name__)
@@ -205,202 +196,3 @@ def share_data_over_mp(x: np.ndarray | None, y: np.ndarray | None,
         return x, y
     group = layout.mp_group
     return (_gather_rows(x, group, layout.model_parallel), _gather_rows(y, group, layout.model_parallel))
-
-
-# --------------------------------------------------------------------------- averaging
-
-
-def broadcast_over_dp_(net, layout: ParallelLayout, src_dp_rank: int = 0) -> None:
-    """Make every replica's shard equal to replica ``src_dp_rank``'s (one flat broadcast)."""
-    import torch.distributed as dist
-
-    if layout.data_parallel == 1:
-        return
-    flat = net.get_flat()
-    dist.broadcast(flat, src=layout.dp_ranks[src_dp_rank], group=layout.dp_group)
-    net.set_flat(flat)
-
-
-def average_over_dp_(net, layout: ParallelLayout, samples: float | None = None) -> torch.Tensor:
-    """Average this rank's shard with the same shard in the other replicas, in place.
-
-    One flat float32 buffer of the local shard is allreduced over the data-parallel group
-    (weighted by ``samples`` when given, e.g. the samples each replica processed).
-
-    Returns
-    -------
-    Tensor
-        The averaged flat shard.
-    """
-    import torch.distributed as dist
-
-    flat = net.get_flat()
-    if layout.data_parallel == 1:
-        return flat
-    weight = 1.0 if samples is None else float(samples)
-    buf = torch.cat([flat * weight, torch.tensor([weight])])
-    dist.all_reduce(buf, group=layout.dp_group)
-    flat = buf[:-1] / buf[-1]
-    net.set_flat(flat)
-    return flat
-
-
-@dataclass(frozen=True)
-class RoundResult:
-    """One round of :func:`dp_round`, as every rank of the data-parallel group sees it."""
-
-    global_flat: torch.Tensor
-    """The new global weights of this rank's shard."""
-    samples: int
-    """Samples processed by all replicas (each replica counted once)."""
-    loss: float
-    """Sample-weighted mean training loss over the replicas."""
-    steps: int
-    """Local steps each replica made (the most of any)."""
-    compute_s: float
-    """Seconds of local training (the slowest replica)."""
-    sync_s: float
-    """Seconds in the allreduce."""
-    nbytes: int
-    """Bytes of the allreduced buffer."""
-
-
-def dp_round(strategy: TrainingStrategy, state: WorkerState, net, global_flat: torch.Tensor,
-             layout: ParallelLayout, steps: int, max_seconds: float | None = None,
-             train: Callable[[int, float | None], Any] | None = None) -> RoundResult:
-    """One round of any training strategy over the data-parallel group, on this rank's shard.
-
-    The same loop as the barrier engine's, with the data-parallel group in place of the
-    whole world: local steps, then one sum-allreduce of ``[n * delta | n, loss * n]`` and a
-    two-number max-allreduce of ``[steps, compute_s]`` over the D replicas, then the
-    strategy's step from the sample-weighted mean delta. Each model-parallel rank does this for its own shard; ranks of one replica
-    hold the same counts, so every shard takes the same weighting.
-
-    ``train(steps, max_seconds)`` replaces ``net.train`` for the local steps when given (a
-    custom loop, e.g. one carrying a recurrent state across batches); it returns a
-    :class:`~sparknet.net.TrainStats`.
-    """
-    import torch.distributed as dist
-
-    strategy.worker_begin(state, net, global_flat)
-    stats = (train or net.train)(steps, max_seconds)
-    delta = strategy.worker_delta(state, net, global_flat)
-    finite = bool(stats.finite and torch.isfinite(delta).all())
-    n = float(stats.samples) if finite else 0.0
-    loss = stats.loss if finite and stats.samples else 0.0
-    tail = torch.tensor([n, loss * n, float(stats.steps), stats.wall_s])
-    buf = torch.cat([delta * n, tail]) if finite else torch.cat([torch.zeros_like(delta), tail])
-    t0 = time.perf_counter()
-    if layout.data_parallel > 1:
-        dist.all_reduce(buf[: -2], group=layout.dp_group)
-        top = buf[-2:].clone()
-        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=layout.dp_group)
-        buf[-2:] = top
-    sync_s = time.perf_counter() - t0
-    p = delta.numel()
-    total = float(buf[p])
-    if total <= 0:
-        raise FloatingPointError("no replica produced finite weights in this round")
-    new_global = strategy.apply(global_flat, buf[:p] / total, layout.data_parallel)
-    if not strategy.keeps_local_weights:
-        net.set_flat(new_global)
-    return RoundResult(global_flat=new_global, samples=int(total), loss=float(buf[p + 1]) / total,
-                       steps=int(buf[p + 2]), compute_s=float(buf[p + 3]), sync_s=sync_s,
-                       nbytes=buf.numel() * 4)
-
-
-# --------------------------------------------------------------------------- an engine's worker
-
-
-@dataclass
-class ReplicaWorker:
-    """One rank's part of a model-parallel replica, ready for an engine's round loop.
-
-    An engine that averages over the whole world (the barrier engine) runs its loop over
-    ``group`` with ``rank``/``world`` instead of the global ones, starting from
-    ``shard_flat``; at the end :meth:`whole_flat` turns this rank's shard of the global
-    weights back into the whole model's flat buffer.
-    """
-
-    net: Any
-    """The :class:`~sparknet.net.Net` over the :class:`~sparknet.parallel.TensorParallelModule`."""
-    layout: ParallelLayout
-    shard_flat: torch.Tensor
-    """This rank's shard of the starting global weights (what ``net.get_flat()`` returns)."""
-    has_data: bool
-
-    @property
-    def group(self):
-        """The data-parallel group: where the round's allreduce runs."""
-        return self.layout.dp_group
-
-    @property
-    def rank(self) -> int:
-        """This rank's index in the data-parallel group (its replica)."""
-        return self.layout.dp_rank
-
-    @property
-    def world(self) -> int:
-        """Size of the data-parallel group (``D``)."""
-        return self.layout.data_parallel
-
-    def split_validation(self, x, y):
-        """This replica's share of the validation rows (the same on the replica's M ranks)."""
-        return x[self.rank::self.world], y[self.rank::self.world]
-
-    def whole_flat(self, shard_flat: torch.Tensor) -> torch.Tensor:
-        """The whole model's flat weights from this rank's shard: a collective over the replica."""
-        from sparknet.parallel.tensor import gather_full_weights
-
-        self.net.set_flat(shard_flat)
-        return gather_full_weights(self.net).to_flat(torch.float32)
-
-
-def model_parallel_worker(net_params, solver, model_parallel: int, *, x, y, whole_flat, batch_size: int,
-                          seed: int, data_seed: int, device: str = "cpu", plan=None,
-                          sample_shape: tuple[int, ...] | None = None, start_iteration: int = 0) -> ReplicaWorker:
-    """Set up one barrier task as a rank of a D x M layout (after the default group is initialized).
-
-    Parameters
-    ----------
-    net_params : NetParams
-        The net (its ``parallel=`` fields, or ``plan``, say what splits).
-    solver : SolverConfig
-        Every worker's update rule.
-    model_parallel : int
-        ``M``.
-    x, y : ndarray or None
-        This task's partition; the replica's ``M`` partitions are pooled so its ranks train
-        on the same rows.
-    whole_flat : array-like
-        The driver's starting weights, whole (``Net.get_flat()`` of the unsplit net).
-    batch_size, seed : int
-        Minibatch size and the seed the whole net is built with before the driver's
-        weights are loaded.
-    data_seed : int
-        Seed of the data order; it is offset per replica (equal within a replica).
-    plan : mapping, optional
-        Overrides of the DSL's ``parallel=`` fields.
-    sample_shape : tuple of int, optional
-        Shape of one sample; flat rows are reshaped to it.
-    start_iteration : int
-        The solver iteration to start at (after a warm-up).
-    """
-    from sparknet.net import Net
-    from sparknet.parallel.tensor import parallelize
-    from sparknet.weights import WeightCollection
-
-    layout = init_layout(model_parallel)
-    x, y = share_data_over_mp(x, y, layout)
-    module = net_params.build(seed=seed)
-    start = torch.as_tensor(np.asarray(whole_flat, dtype=np.float32))
-    WeightCollection(module.layer_weights()).load_flat_(start)
-    module = parallelize(module, layout, plan)
-    rseed = replica_seed(layout, data_seed)
-    torch.manual_seed(rseed)  # the same dropout masks on the replica's ranks
-    net = Net(module, solver, batch_size=batch_size, device=device, seed=rseed)
-    has_data = x is not None and len(x) > 0
-    if has_data:
-        net.set_training_data((x.reshape(len(x), *sample_shape) if sample_shape else x, y))
-    net.set_iteration(start_iteration)
-    return ReplicaWorker(net=net, layout=layout, shard_flat=net.get_flat(), has_data=has_data)

@@ -26,7 +26,9 @@ import numpy as np
 import torch
 
 from sparknet.config import Strategy
-from sparknet.parallel.mesh import ParallelLayout, dp_round, init_layout, replica_seed, share_data_over_mp
+from sparknet.collective import CollectiveExchange
+from sparknet.loop import run_rounds
+from sparknet.parallel.mesh import ParallelLayout, init_layout, replica_seed, share_data_over_mp
 from sparknet.solvers import SolverConfig
 from sparknet.stopping import StopRule
 
@@ -174,27 +176,6 @@ def num_classes_of(net_params) -> int | None:
 # --------------------------------------------------------------------------- one rank's run
 
 
-def _evaluate(net, global_flat: torch.Tensor, val, layout: ParallelLayout, keep_local: bool) -> tuple[float, float]:
-    """Accuracy and loss of the global weights over every replica's share of ``val`` (equal on all ranks)."""
-    import torch.distributed as dist
-
-    local = net.get_flat() if keep_local else None
-    net.set_flat(global_flat)
-    x, y = val
-    x, y = x[layout.dp_rank::layout.data_parallel], y[layout.dp_rank::layout.data_parallel]
-    t = torch.zeros(3, dtype=torch.float64)
-    if len(x):  # the replica's M ranks run the split forward together on the same rows
-        res = net.evaluate((x, y))
-        t[:] = torch.tensor([res.accuracy * res.samples, float(res.samples), res.loss * res.samples])
-    if layout.data_parallel > 1:
-        dist.all_reduce(t, group=layout.dp_group)
-    if local is not None:
-        net.set_flat(local)
-    if t[1] <= 0:
-        return math.nan, math.nan
-    return float(t[0] / t[1]), float(t[2] / t[1])
-
-
 def _check_every_replica_has_data(has_data: bool, layout: ParallelLayout) -> None:
     """Raise on every rank, together, when some replica has no rows (one tiny allreduce)."""
     import torch.distributed as dist
@@ -249,51 +230,27 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
     if job.strategy == Strategy.EASGD.value:
         options["num_workers"] = layout.data_parallel
     strategy, state = make_strategy(job.strategy, **options), WorkerState()
-    global_flat = strategy.init_global(net.get_flat())
+    val = None
+    if validation is not None:  # the replica's M ranks run the split forward together on the same rows
+        vx, vy = validation
+        val = (vx[layout.dp_rank::layout.data_parallel], vy[layout.dp_rank::layout.data_parallel])
+    exchange = CollectiveExchange(net, strategy, rank=layout.dp_rank, world=layout.data_parallel,
+                                  group=layout.dp_group, state=state, has_data=has_data, validation=val)
     history: list[dict] = []
-    steps_done = samples_done = 0
-    total_bytes = 0
-    r = 0
-    stop = StopRule(rounds=job.rounds, max_steps=job.max_steps, target_accuracy=job.target_accuracy, tau=job.tau)
-    setup_s = time.perf_counter() - t0
-    while True:
-        steps = stop.steps_for_round(steps_done)
-        t_round = time.perf_counter()
-        res = dp_round(strategy, state, net, global_flat, layout, steps)
-        global_flat = res.global_flat
-        round_s = time.perf_counter() - t_round
-        r += 1
-        steps_done += res.steps
-        samples_done += res.samples
-        nbytes = 2 * (layout.data_parallel - 1) * res.nbytes if layout.data_parallel > 1 else 0
-        total_bytes += nbytes
-        accuracy = val_loss = None
-        t_eval = time.perf_counter()
-        if validation is not None and r % job.eval_every_rounds == 0:
-            accuracy, val_loss = _evaluate(net, global_flat, validation, layout, strategy.keeps_local_weights)
-        reason = stop.reason(r, steps_done, samples_done, accuracy)
-        if reason is not None and validation is not None and accuracy is None:
-            accuracy, val_loss = _evaluate(net, global_flat, validation, layout, strategy.keeps_local_weights)
-        if res.steps == 0 and reason is None:
-            raise RuntimeError("a round made no step; check tau, max_steps and the data")
-        record = {"event": "round", "round": r, "steps": res.steps, "total_steps": steps_done,
-                  "samples": res.samples, "total_samples": samples_done, "loss": res.loss,
-                  "round_s": round_s, "compute_s": res.compute_s, "allreduce_s": res.sync_s,
-                  "comm_s": max(round_s - res.compute_s, 0.0), "bytes": nbytes, "total_bytes": total_bytes,
-                  "tau": job.tau, "workers": layout.world_size, "data_parallel": layout.data_parallel,
-                  "model_parallel": layout.model_parallel, "engine": "barrier", "strategy": job.strategy,
-                  "wall_s": time.perf_counter() - t0}
-        if accuracy is not None:
-            record.update(val_accuracy=accuracy, val_loss=val_loss, eval_s=time.perf_counter() - t_eval)
-        if reason is not None:
-            record["stop_reason"] = reason
+    mesh_fields = {"tau": job.tau, "workers": layout.world_size, "data_parallel": layout.data_parallel,
+                   "model_parallel": layout.model_parallel}
+
+    def record_round(record: dict) -> None:
+        record.update(mesh_fields)
         history.append(record)
         if on_round is not None:
             on_round(record)
-        if reason is not None:
-            break
-    if strategy.keeps_local_weights:
-        net.set_flat(global_flat)
+
+    stop = StopRule(rounds=job.rounds, max_steps=job.max_steps, target_accuracy=job.target_accuracy, tau=job.tau)
+    setup_s = time.perf_counter() - t0
+    global_flat = run_rounds(exchange, strategy, strategy.init_global(net.get_flat()), stop,
+                             eval_every=job.eval_every_rounds, on_record=record_round, t0=t0)
+    net.set_flat(global_flat)
     out: dict = {"rank": layout.rank, "dp_rank": layout.dp_rank, "mp_rank": layout.mp_rank,
                  "weight_bytes": local_weight_bytes(net), "setup_s": setup_s, "plan": dict(plan),
                  "history": history if layout.rank == 0 else []}
