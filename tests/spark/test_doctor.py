@@ -85,6 +85,33 @@ def test_partition_skew_warns(spark, tmp_path):
     assert [r.status for r in missing if r.check == "data"] == [Status.FAIL]
 
 
+def test_a_probe_past_its_timeout_or_failing_is_a_finding_with_advice(spark):
+    from sparknet.tools.doctor import _probe_failure, _run_job
+
+    sc = spark.sparkContext
+
+    def sleep(rows):
+        import time
+
+        time.sleep(120)
+        yield 0
+
+    value, error = _run_job(sc, "probe executors", sc.parallelize(range(2), 2).mapPartitions(sleep).collect, 3)
+    assert value is None and isinstance(error, TimeoutError)
+    assert str(error).startswith("probe executors did not finish within 3 s")
+    assert "no executor ran the probe in time" in _probe_failure(error, 3).fix
+    assert sc.getLocalProperty("spark.jobGroup.id") is None  # the caller's thread keeps its own (none)
+
+    def broken(rows):
+        raise ModuleNotFoundError("No module named 'sparknet'")
+        yield
+
+    value, error = _run_job(sc, "probe executors", sc.parallelize(range(2), 2).mapPartitions(broken).collect, 120)
+    finding = _probe_failure(error, 120)
+    assert finding.status is Status.FAIL and "ModuleNotFoundError: No module named 'sparknet'" in finding.detail
+    assert "install sparknet and torch on every node" in finding.fix
+
+
 def test_estimate_counts_weights_state_and_activations():
     net = zoo.lenet(batch_size=64)
     est = estimate_training_memory(net, batch_size=32, solver_type="adam")

@@ -48,7 +48,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -56,6 +55,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sparknet.cli import subcommand
+from sparknet.spark._backend import run_with_deadline
 
 __all__ = ["Status", "CheckResult", "MemoryEstimate", "estimate_training_memory", "task_memory_budget",
            "parse_memory", "format_bytes", "run_doctor", "format_table", "OPTIMIZER_STATE_COPIES",
@@ -393,28 +393,18 @@ def _barrier_probe(local: bool, connect_timeout: float):
 
 # -- helpers on the driver --------------------------------------------------------------------------
 def _run_job(sc, description: str, fn: Callable[[], Any], timeout_s: float):
-    """Run ``fn`` (which starts Spark jobs) in a thread under its own job group, with a timeout.
+    """Run ``fn`` (which starts Spark jobs) under its own job group, waited for at most ``timeout_s``.
 
-    Returns ``(value, error)``; on timeout the job group is cancelled and error says so.
+    Returns ``(value, error)``: a finding, not a failure of the doctor. On timeout the job group is
+    cancelled and the error is a :class:`~sparknet.errors.DeadlineExceeded` (a ``TimeoutError``);
+    otherwise it is Spark's own error, whose text the checks read for their advice.
     """
     group = f"sparknet-doctor-{uuid.uuid4().hex[:8]}"
-    box: dict[str, Any] = {}
-
-    def target():
-        try:
-            sc.setJobGroup(group, f"sparknet doctor: {description}", interruptOnCancel=True)
-            box["value"] = fn()
-        except BaseException as e:  # noqa: BLE001 - handed to the caller
-            box["error"] = e
-
-    thread = threading.Thread(target=target, name=f"doctor-{description}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        sc.cancelJobGroup(group)
-        thread.join(10.0)
-        return None, TimeoutError(f"{description} did not finish within {timeout_s:.0f} s")
-    return box.get("value"), box.get("error")
+    try:
+        return run_with_deadline(sc, group, f"sparknet doctor: {description}", fn, timeout_s=timeout_s,
+                                 what=description), None
+    except Exception as e:  # noqa: BLE001 - handed to the caller as a finding
+        return None, e.__cause__ if isinstance(e.__cause__, Exception) else e
 
 
 def _error_text(e: BaseException, limit: int = 300) -> str:
