@@ -41,7 +41,6 @@ driver's wait on one round of the rounds engine. Faults for tests: :mod:`sparkne
 from __future__ import annotations
 
 import copy
-import functools
 import logging
 import math
 import random
@@ -59,16 +58,16 @@ from sparknet.config import DistributedConfig, Engine
 from sparknet.errors import DeadlineExceeded, EngineError
 from sparknet.faults import faults_from
 from sparknet.link import LinkModel
+from sparknet.loop import Progress, run_rounds
 from sparknet.metrics import rounds_summary
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.spark import _data
-from sparknet.spark._backend import FIRST_ROUND_DEADLINE_S, MIN_ROUND_DEADLINE_S  # noqa: F401 - re-exported
-from sparknet.spark._backend import Watchdog as _Watchdog, default_round_deadline
 from sparknet.spark._backend import job_group as _job, spark_call as _spark_call, task_error as _task_error
 from sparknet.spark._rounds import WorkerSpec
+from sparknet.spark._rounds_exchange import SparkRoundsExchange
 from sparknet.stopping import StopRule
-from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, make_compressor, make_strategy
+from sparknet.strategies import AutoTau, TrainingStrategy, make_strategy
 from sparknet.weights import WeightCollection
 
 __all__ = ["SparkTrainer", "TrainResult", "EngineOptions"]
@@ -99,7 +98,8 @@ class EngineOptions:
     """Rounds engine: longest wait for one round's Spark job; past it the job is cancelled and a
     DeadlineExceeded names the round and the tasks not finished. Default: 30 minutes for the first
     round of a fit, then 20 times the slowest step time seen so far times the round's steps, at
-    least 10 minutes (:func:`default_round_deadline`)."""
+    least 10 minutes, bounded by round_seconds for time-budgeted rounds
+    (:func:`sparknet.spark._rounds_exchange.round_deadline`)."""
     max_restarts: int = 3
     """Barrier engine: how many times a failed stage is started again from the driver's newest state."""
     state_every_rounds: int = 1
@@ -548,161 +548,44 @@ class SparkTrainer:
 
     def _run_rounds(self, sc, group, staged, chunks, spec, global_flat, stop: StopRule, driver_net, broadcasts,
                     t_fit, checkpoints: _Checkpoints | None = None, resume: dict | None = None):
-        from sparknet.spark._rounds import combine, decode_updates, run_round, run_round_from_chunks
-
-        K = self.dist.workers
         spec_bc = sc.broadcast(self._pack(spec))
         broadcasts.append(spec_bc)
-        numel = global_flat.numel()
-        nbytes = numel * 4
-        codec = self.dist.compression
-        down = Downlink(make_compressor(codec), numel) if codec != "none" else None
-        if down is not None and resume is not None and resume.get("downlink"):
-            down.load_state_dict(resume["downlink"])
         auto = self._auto_tau(resume)
-        history: list[dict] = []
-        steps_done = samples_done = total_bytes = 0
-        missing_total = 0
-        slowest_step_s = None  # seconds per local step of the slowest round so far: the default deadline
-        r = 0
+
+        def wants_state(rounds_done: int, last: bool) -> bool:  # worker states come back on checkpoint rounds
+            return checkpoints is not None and (checkpoints.due(rounds_done) or last)
+
+        def checkpoint(record, global_flat, progress, worker_states, downlink_state):
+            r, reason = progress.round, record.get("stop_reason")
+            if checkpoints is None or not (checkpoints.due(r) or reason is not None):
+                return None
+            if worker_states is None:
+                log.warning("round %d: the run stopped on %s before a checkpoint round; the final checkpoint holds "
+                            "no worker solver state, so a resume from it restarts the workers' solvers", r, reason)
+            counters = {"steps_done": progress.steps_done, "samples_done": progress.samples_done,
+                        "total_bytes": progress.total_bytes, "downlink": downlink_state,
+                        "auto_tau": None if auto is None else auto.state_dict()}
+            return self._save_checkpoint(checkpoints, driver_net, "rounds", r, global_flat, counters,
+                                         worker_states or {})
+
+        exchange = SparkRoundsExchange(sc, group, staged, chunks, spec_bc, workers=self.dist.workers,
+                                       compression=self.dist.compression, driver_net=driver_net,
+                                       broadcasts=broadcasts, round_timeout_s=self.options.round_timeout_s,
+                                       link=self.link, checkpoint=checkpoint, wants_state=wants_state,
+                                       downlink_state=None if resume is None else resume.get("downlink"))
+        progress = Progress()
         if resume is not None:
-            r, steps_done, samples_done = resume["round"], resume["steps_done"], resume["samples_done"]
-            total_bytes = resume["total_bytes"]
-        while True:
-            if auto is not None:
-                stop.tau = auto.tau
-            steps = stop.steps_for_round(steps_done)
-            # worker states come back on checkpoint rounds, and on the round that will surely be the last
-            last_round = stop.reason(r + 1, steps_done + steps, samples_done, None) is not None
-            want_state = checkpoints is not None and (checkpoints.due(r + 1) or last_round)
-            params = {"round": r, "steps": steps, "seconds": self.dist.round_seconds, "checkpoint": want_state,
-                      "numel": numel}
-            t_round = time.perf_counter()
-            message = global_flat.numpy() if down is None else down.message(global_flat).numpy()
-            weights_bc = sc.broadcast(message)
-            deadline = self.options.round_timeout_s or default_round_deadline(slowest_step_s, steps)
-            watchdog = _Watchdog(sc, group, deadline)
-            full = []
-            try:
-                sc.setJobDescription(f"sparknet round {r + 1}")
-                with watchdog:
-                    parts = staged.mapPartitionsWithIndex(run_round(spec_bc, weights_bc, params))
-                    if K > 8 and down is None:  # sum in a tree: K partial sums need not all reach the driver
-                        acc = _spark_call(parts.treeAggregate, None, combine, combine, 2)
-                    else:  # compressed updates are decoded on the driver only
-                        acc = functools.reduce(combine, _spark_call(parts.collect), None)
-                    missing = sorted(w["index"] for w in acc["workers"] if w.get("missing"))
-                    if missing:
-                        missing_total += len(missing)
-                        log.warning("round %d: partitions %s are not staged where Spark ran them; rerunning them "
-                                    "from the cached chunks", r + 1, missing)
-                        acc["workers"] = [w for w in acc["workers"] if not w.get("missing")]
-                        redo = chunks.mapPartitionsWithIndex(run_round_from_chunks(spec_bc, weights_bc, params))
-                        for part in _spark_call(sc.runJob, redo, _identity, missing):
-                            acc = combine(acc, part)
-                    full = sorted(w["index"] for w in acc["workers"] if w.get("need_full"))
-                    if full:  # their processes lost the weights the round's message is relative to
-                        log.warning("round %d: workers %s lost their copy of the weights; sending them in full",
-                                    r + 1, full)
-                        acc["workers"] = [w for w in acc["workers"] if not w.get("need_full")]
-                        full_bc = sc.broadcast(down.seen.numpy())
-                        broadcasts.append(full_bc)
-                        redo = chunks.mapPartitionsWithIndex(
-                            run_round_from_chunks(spec_bc, full_bc, {**params, "full": True}))
-                        for part in _spark_call(sc.runJob, redo, _identity, full):
-                            acc = combine(acc, part)
-            except Exception as exc:
-                if watchdog.fired:
-                    raise DeadlineExceeded(f"round {r + 1} did not finish within round_timeout_s="
-                                           f"{deadline:g} s and was cancelled: "
-                                           f"{watchdog.unfinished}; see those tasks' executor logs, or raise "
-                                           "round_timeout_s") from exc
-                raise
-            finally:
-                weights_bc.destroy()
-            workers = sorted(acc["workers"], key=lambda w: w["index"])
-            worker_states = {w["index"]: w.pop("worker_state") for w in workers if "worker_state" in w}
-            if acc["n"] == 0:
-                bad = [w["index"] for w in workers if not w.get("finite", True)]
-                raise EngineError(f"round {r + 1}: no worker produced finite weights (non-finite: {bad}); "
-                                  "lower the learning rate")
-            wsum = acc["wsum"] if down is None else decode_updates(acc["encs"], codec, numel)
-            mean = torch.from_numpy((wsum / acc["n"]).astype(np.float32))
-            global_flat = self.strategy.apply(global_flat, mean, K)
-            round_s = time.perf_counter() - t_round
-            trained = [w for w in workers if not w.get("empty")]
-            round_steps = max((w["steps"] for w in trained), default=0)
-            if round_steps:
-                slowest_step_s = max(slowest_step_s or 0.0, round_s / round_steps)
-            steps_done += round_steps
-            samples_done += (samples := sum(w["n"] for w in trained))
-            if down is None:
-                sent_back = sum(1 for w in trained if w.get("finite") and w["n"])
-                moved = nbytes * (len(trained) + sent_back)
-            else:  # each worker's message down (the full weights for those that lost theirs), its update up
-                moved = (message.nbytes * len(trained) + nbytes * len(full)
-                         + sum(w.get("sent_bytes", 0) for w in trained))
-            total_bytes += moved
-            slowest = max(trained, key=lambda w: w["compute_s"], default=None)
-            compute_s = slowest["compute_s"] if slowest is not None else 0.0
-            r += 1
-            record = {
-                "event": "round", "round": r, "steps": round_steps, "total_steps": steps_done, "samples": samples,
-                "total_samples": samples_done, "wall_s": 0.0, "round_s": round_s, "compute_s": compute_s,
-                "comm_s": max(round_s - compute_s, 0.0), "loss": acc["loss"] / acc["n"], "bytes": moved,
-                "total_bytes": total_bytes, "tau": steps if steps < StopRule.UNBOUNDED_STEPS else None,
-                "workers": K, "engine": "rounds", "strategy": getattr(self.strategy.name, "value", None),
-                "compression": codec, "per_worker": [_worker_view(w) for w in workers],
-            }
-            if self.link is not None:  # the tasks wait at once, as on a real network: the longest wait counts
-                record["link_s"] = max((w.get("link_s", 0.0) for w in trained), default=0.0)
-            if auto is not None and slowest is not None:
-                auto.observe(slowest["steps"], compute_s, record["comm_s"])
-                record["next_tau"] = auto.tau
-            record["retries"] = sum(w.get("attempt", 0) for w in workers)
-            if record["retries"]:
-                log.warning("round %d: %d task attempt(s) failed and were retried by Spark", r, record["retries"])
-            nonfinite = [w["index"] for w in trained if not w.get("finite", True)]
-            if nonfinite:
-                record["nonfinite_workers"] = len(nonfinite)
-                log.warning("round %d: workers %s had NaN/Inf loss or weights and were left out of the average",
-                            r, nonfinite)
-            if missing_total:
-                record["rerun_partitions"] = missing_total
-            accuracy = None
-            evaluate = driver_net._val is not None
-            if evaluate and r % self.dist.eval_every_rounds == 0:
-                accuracy = self._evaluate(driver_net, global_flat, record)
-            reason = stop.reason(r, steps_done, samples_done, accuracy)
-            if reason is not None and evaluate and "val_accuracy" not in record:
-                self._evaluate(driver_net, global_flat, record)
-            if reason is None and round_steps == 0:
-                raise EngineError(f"round {r}: no worker made a step; check tau, max_steps and the data")
-            if reason is not None:
-                record["stop_reason"] = reason
-            if checkpoints is not None and (checkpoints.due(r) or reason is not None):
-                if not want_state:
-                    log.warning("round %d: the run stopped on %s before a checkpoint round; the final checkpoint "
-                                "holds no worker solver state, so a resume from it restarts the workers' solvers",
-                                r, reason)
-                counters = {"steps_done": steps_done, "samples_done": samples_done, "total_bytes": total_bytes,
-                            "downlink": None if down is None else down.state_dict(),
-                            "auto_tau": None if auto is None else auto.state_dict()}
-                record["checkpoint"] = self._save_checkpoint(checkpoints, driver_net, "rounds", r, global_flat,
-                                                             counters, worker_states)
-            record["wall_s"] = time.perf_counter() - t_fit
+            progress = Progress(round=resume["round"], steps_done=resume["steps_done"],
+                                samples_done=resume["samples_done"], total_bytes=resume["total_bytes"])
+        history: list[dict] = []
+
+        def on_record(record: dict) -> None:
             history.append(record)
             self._emit(record)
-            if reason is not None:
-                return global_flat, history, {"rerun_partitions": missing_total}
 
-    @staticmethod
-    def _evaluate(driver_net: Net, global_flat, record: dict) -> float:
-        t = time.perf_counter()
-        driver_net.set_flat(global_flat)
-        res = driver_net.evaluate()
-        record.update(val_accuracy=res.accuracy, val_loss=res.loss, eval_s=time.perf_counter() - t)
-        return res.accuracy
+        global_flat = run_rounds(exchange, self.strategy, global_flat, stop, progress=progress, auto=auto,
+                                 eval_every=self.dist.eval_every_rounds, on_record=on_record, t0=t_fit)
+        return global_flat, history, {"rerun_partitions": exchange.rerun_partitions}
 
     @staticmethod
     def _pack(spec: WorkerSpec):
@@ -765,18 +648,6 @@ class SparkTrainer:
         _quietly(chunks.unpersist)
         for bc in broadcasts:
             _quietly(bc.destroy)
-
-
-def _identity(items):
-    return items
-
-
-def _worker_view(w: dict) -> dict:
-    keys = ("index", "n", "steps", "loss", "compute_s", "task_s", "attempt", "finite", "source", "host", "pid",
-            "device", "gpu_addresses", "device_reason", "empty", "link_s", "sent_bytes")
-    out = {k: w[k] for k in keys if k in w}
-    out["samples"] = out.pop("n", 0)
-    return out
 
 
 def _quietly(fn) -> None:
@@ -875,7 +746,6 @@ class _BarrierStage:
         secret = new_secret()
         advertise = "127.0.0.1" if local else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
         receiver = MetricsReceiver("127.0.0.1" if local else "*", advertise, secret)
-        t_fit = self.t_fit
         outcome: dict = {}
         try:
             begin = {k: start.get(k) for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration",

@@ -1,0 +1,211 @@
+"""Driver side of the rounds engine: one Spark job per round is the round loop's exchange.
+
+Each round (:meth:`SparkRoundsExchange.run_round`): the global weights go out as one broadcast
+buffer (or, with compression, as the round's :class:`~sparknet.strategies.Downlink` message),
+every partition's task runs its local steps (:mod:`sparknet.spark._rounds`, the executor
+side) and returns its sample-weighted delta already folded, and the driver sums the K partials
+(``treeAggregate`` of depth 2 past 8 workers; compressed updates are decoded here, in worker
+order). A partition whose staged files are not where Spark ran it is rerun from the persisted
+chunks; a worker whose process lost the weights a compressed message is relative to gets them
+in full. A watchdog cancels the round's job past its deadline. What the loop does with the sum
+is :func:`sparknet.loop.run_rounds`'s business.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+
+import numpy as np
+import torch
+
+from sparknet.errors import DeadlineExceeded
+from sparknet.loop import Exchange, Progress, RoundPlan, RoundUpdate
+from sparknet.spark._backend import Watchdog, default_round_deadline, spark_call
+from sparknet.spark._rounds import combine, decode_updates, run_round, run_round_from_chunks
+from sparknet.stopping import StopRule
+from sparknet.strategies import Downlink, make_compressor
+
+__all__ = ["SparkRoundsExchange", "round_deadline"]
+
+log = logging.getLogger(__name__)
+
+
+def round_deadline(step_s: float | None, steps: int, seconds: float | None) -> float:
+    """The default deadline of a round of at most ``steps`` local steps and ``seconds`` seconds.
+
+    ``step_s`` is the slowest seconds per local step seen so far (``None`` before the first
+    round). A time-budgeted round (``steps`` unbounded) is bounded by its seconds instead of by
+    a step count no worker will reach.
+    """
+    if seconds is not None and step_s:
+        steps = min(steps, max(1, math.ceil(seconds / step_s)))
+    return default_round_deadline(step_s, min(steps, StopRule.UNBOUNDED_STEPS))
+
+
+class SparkRoundsExchange(Exchange):
+    """One Spark job per round over the staged partitions; the driver sums what the tasks fold.
+
+    Parameters
+    ----------
+    sc : SparkContext
+    group : str
+        The fit's job group (the watchdog cancels it).
+    staged, chunks : RDD
+        The staged partitions (one small record each) and the persisted training chunks.
+    spec_bc : Broadcast
+        The packed :class:`~sparknet.spark._rounds.WorkerSpec`.
+    workers : int
+        K.
+    compression : str
+        Codec of the updates and of the weights sent down.
+    driver_net : Net
+        Evaluates the global weights (when it holds validation data).
+    broadcasts : list
+        Where broadcasts that outlive a round are kept for the fit's cleanup.
+    round_timeout_s : float, optional
+        The user's deadline of one round (default: :func:`round_deadline`).
+    link : LinkModel, optional
+        A simulated network (the tasks wait; their waits are recorded).
+    checkpoint : callable, optional
+        ``checkpoint(record, global_flat, progress, worker_states, downlink_state) -> path or None``
+        after every round; the tasks send their state back when ``wants_state(round)`` says so.
+    wants_state : callable, optional
+        ``wants_state(rounds_done, last) -> bool``.
+    """
+
+    engine = "rounds"
+
+    def __init__(self, sc, group: str, staged, chunks, spec_bc, *, workers: int, compression: str, driver_net,
+                 broadcasts: list, round_timeout_s: float | None = None, link=None, checkpoint=None,
+                 wants_state=None, downlink_state: dict | None = None):
+        self.sc, self.group, self.staged, self.chunks, self.spec_bc = sc, group, staged, chunks, spec_bc
+        self.workers, self.driver_net, self.broadcasts = workers, driver_net, broadcasts
+        self.compression = str(getattr(compression, "value", compression))
+        self.round_timeout_s, self.link = round_timeout_s, link
+        self.checkpoint, self.wants_state = checkpoint, wants_state
+        self.numel = driver_net.get_flat().numel()
+        self.down = None
+        if self.compression != "none":
+            self.down = Downlink(make_compressor(self.compression), self.numel)
+            if downlink_state:
+                self.down.load_state_dict(downlink_state)
+        self.slowest_step_s: float | None = None  # seconds per local step of the slowest round so far
+        self.rerun_partitions = 0
+        self._want_state = False
+        self._worker_states: dict = {}
+
+    def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
+        sc, group, down, r = self.sc, self.group, self.down, plan.round
+        self._want_state = self.wants_state is not None and self.wants_state(r + 1, plan.last)
+        params = {"round": r, "steps": plan.steps, "seconds": plan.seconds, "checkpoint": self._want_state,
+                  "numel": self.numel}
+        t_round = time.perf_counter()
+        message = global_flat.numpy() if down is None else down.message(global_flat).numpy()
+        weights_bc = sc.broadcast(message)
+        deadline = self.round_timeout_s or round_deadline(self.slowest_step_s, plan.steps, plan.seconds)
+        watchdog = Watchdog(sc, group, deadline)
+        full = []
+        try:
+            sc.setJobDescription(f"sparknet round {r + 1}")
+            with watchdog:
+                acc = self._aggregate(self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, params)))
+                missing = sorted(w["index"] for w in acc["workers"] if w.get("missing"))
+                if missing:
+                    self.rerun_partitions += len(missing)
+                    log.warning("round %d: partitions %s are not staged where Spark ran them; rerunning them from "
+                                "the cached chunks", r + 1, missing)
+                    acc["workers"] = [w for w in acc["workers"] if not w.get("missing")]
+                    acc = self._rerun(acc, weights_bc, params, missing)
+                full = sorted(w["index"] for w in acc["workers"] if w.get("need_full"))
+                if full:  # their processes lost the weights the round's message is relative to
+                    log.warning("round %d: workers %s lost their copy of the weights; sending them in full", r + 1,
+                                full)
+                    acc["workers"] = [w for w in acc["workers"] if not w.get("need_full")]
+                    full_bc = sc.broadcast(down.seen.numpy())
+                    self.broadcasts.append(full_bc)
+                    acc = self._rerun(acc, full_bc, {**params, "full": True}, full)
+        except Exception as exc:
+            if watchdog.fired:
+                raise DeadlineExceeded(f"round {r + 1} did not finish within round_timeout_s={deadline:g} s and was "
+                                       f"cancelled: {watchdog.unfinished}; see those tasks' executor logs, or raise "
+                                       "round_timeout_s") from exc
+            raise
+        finally:
+            weights_bc.destroy()
+        return self._update(r, acc, message, full, time.perf_counter() - t_round)
+
+    def _aggregate(self, parts) -> dict:
+        if self.workers > 8 and self.down is None:  # sum in a tree: K partial sums need not all reach the driver
+            return spark_call(parts.treeAggregate, None, combine, combine, 2)
+        return functools.reduce(combine, spark_call(parts.collect), None)  # compressed: decoded here only
+
+    def _rerun(self, acc: dict, weights_bc, params: dict, partitions: list[int]) -> dict:
+        redo = self.chunks.mapPartitionsWithIndex(run_round_from_chunks(self.spec_bc, weights_bc, params))
+        for part in spark_call(self.sc.runJob, redo, _identity, partitions):
+            acc = combine(acc, part)
+        return acc
+
+    def _update(self, r: int, acc: dict, message: np.ndarray, full: list[int], round_s: float) -> RoundUpdate:
+        workers = sorted(acc["workers"], key=lambda w: w["index"])
+        self._worker_states = {w["index"]: w.pop("worker_state") for w in workers if "worker_state" in w}
+        trained = [w for w in workers if not w.get("empty")]
+        steps = max((w["steps"] for w in trained), default=0)
+        if steps:
+            self.slowest_step_s = max(self.slowest_step_s or 0.0, round_s / steps)
+        if acc["n"] == 0:
+            total = torch.zeros(self.numel)
+        elif self.down is None:
+            total = torch.from_numpy(acc["wsum"])
+        else:
+            total = torch.from_numpy(decode_updates(acc["encs"], self.compression, self.numel))
+        nbytes = self.numel * 4
+        if self.down is None:
+            moved = nbytes * (len(trained) + sum(1 for w in trained if w.get("finite") and w["n"]))
+        else:  # each worker's message down (the full weights for those that lost theirs), its update up
+            moved = message.nbytes * len(trained) + nbytes * len(full) + sum(w.get("sent_bytes", 0) for w in trained)
+        slowest = max(trained, key=lambda w: w["compute_s"], default=None)
+        fields = {"per_worker": [_worker_view(w) for w in workers],
+                  "retries": sum(w.get("attempt", 0) for w in workers)}
+        if fields["retries"]:
+            log.warning("round %d: %d task attempt(s) failed and were retried by Spark", r + 1,
+                        fields["retries"])
+        if self.link is not None:  # the tasks wait at once, as on a real network: the longest wait counts
+            fields["link_s"] = max((w.get("link_s", 0.0) for w in trained), default=0.0)
+        if self.rerun_partitions:
+            fields["rerun_partitions"] = self.rerun_partitions
+        return RoundUpdate(total=total, samples=acc["n"], loss_sum=acc["loss"], steps=steps,
+                           processed=sum(w["n"] for w in trained),
+                           compute_s=slowest["compute_s"] if slowest is not None else 0.0,
+                           slowest_steps=slowest["steps"] if slowest is not None else 0, nbytes=moved,
+                           nonfinite=tuple(w["index"] for w in trained if not w.get("finite", True)),
+                           observe=slowest is not None, fields=fields)
+
+    def evaluate(self, global_flat: torch.Tensor) -> tuple[float, float] | None:
+        if self.driver_net._val is None:
+            return None
+        self.driver_net.set_flat(global_flat)
+        res = self.driver_net.evaluate()
+        return res.accuracy, res.loss
+
+    def round_done(self, record: dict, global_flat: torch.Tensor, progress: Progress) -> None:
+        if self.checkpoint is None:
+            return
+        path = self.checkpoint(record, global_flat, progress, self._worker_states if self._want_state else None,
+                               None if self.down is None else self.down.state_dict())
+        if path is not None:
+            record["checkpoint"] = path
+
+
+def _identity(items):
+    return items
+
+
+def _worker_view(w: dict) -> dict:
+    keys = ("index", "n", "steps", "loss", "compute_s", "task_s", "attempt", "finite", "source", "host", "pid",
+            "device", "gpu_addresses", "device_reason", "empty", "link_s", "sent_bytes")
+    out = {k: w[k] for k in keys if k in w}
+    out["samples"] = out.pop("n", 0)
+    return out
