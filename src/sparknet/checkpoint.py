@@ -20,12 +20,14 @@ import hashlib
 import io
 import json
 import logging
+import random
 import re
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from sparknet.weights import WeightCollection
@@ -237,3 +239,37 @@ def _plain(value: Any):
         return value.value
     raise TypeError(f"checkpoint state holds a {type(value).__name__}; only tensors, numbers, strings, lists and "
                     "dicts are stored")
+
+
+class RoundCheckpoints:
+    """A fit's checkpoint folder: when to write, and the run's settings recorded beside the state."""
+
+    def __init__(self, folder: str, *, every: int, keep: int, config: dict):
+        self.every = every
+        self.manager = CheckpointManager(folder, keep=keep)
+        self.manager.check_writable()
+        self.config = config
+        self.written: list[int] = []
+
+    def due(self, rounds_done: int) -> bool:
+        return rounds_done % self.every == 0
+
+    def save(self, rounds_done: int, weights: WeightCollection, state: dict) -> str:
+        path = self.manager.save(rounds_done, weights, state, config=self.config)
+        self.written.append(rounds_done)
+        return path
+
+
+def rng_state() -> dict:
+    """Python's, numpy's and torch's global generator states (for a checkpoint)."""
+    np_state = np.random.get_state()
+    return {"torch": torch.get_rng_state(), "numpy_keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "numpy_pos": int(np_state[2]), "python": list(random.getstate()[1]),
+            "python_version": random.getstate()[0]}
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what :func:`rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), state["numpy_pos"]))
+    random.setstate((state["python_version"], tuple(state["python"]), None))

@@ -5,7 +5,8 @@ Run it with::
     sparknet train --model lenet --dataset mnist
 
 It builds the model, loads the data, trains ``--steps`` updates with evaluations on the
-test set every ``--eval-every`` steps, and writes ``eval`` records and a final ``summary``.
+test set every ``--eval-every`` steps (stopping early at ``--target-accuracy``, ``--rounds``
+or ``--epochs``), and writes ``eval`` records and a final ``summary``.
 """
 
 from __future__ import annotations
@@ -19,8 +20,11 @@ import torch
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
 from sparknet.checkpoint import CheckpointError, CheckpointManager, model_fingerprint
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
+from sparknet.loop import InProcessExchange, Progress, run_rounds
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
+from sparknet.stopping import StopRule
+from sparknet.strategies import Average
 
 __all__ = ["train_local"]
 
@@ -30,10 +34,13 @@ log = logging.getLogger(__name__)
 def train_local(run: RunConfig, dist: DistributedConfig | None = None) -> dict:
     """Train in this process as ``run`` says; returns the summary record.
 
-    ``dist`` is read for its checkpoint settings only (``checkpoint_dir``, ``checkpoint_every``,
-    ``checkpoint_keep``, ``resume``): here a round is one ``eval_every`` interval of steps, and
-    a checkpoint holds the weights, the solver with its data position and generator, and
-    torch's global generator, so a resumed run repeats an uninterrupted one exactly.
+    This is the round loop of :mod:`sparknet.loop` with one in-process worker: a round is one
+    ``eval_every`` interval of steps, evaluated at its end, and the run stops on the first of
+    ``run.steps`` and ``dist``'s stopping rules (``target_accuracy``, ``rounds``, ``epochs``).
+    ``dist`` also gives the checkpoint settings (``checkpoint_dir``, ``checkpoint_every``,
+    ``checkpoint_keep``, ``resume``): a checkpoint holds the weights, the solver with its data
+    position and generator, and torch's global generator, so a resumed run repeats an
+    uninterrupted one exactly.
     """
     threads = run.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -51,7 +58,7 @@ def train_local(run: RunConfig, dist: DistributedConfig | None = None) -> dict:
     failed = True
     try:
         summary = _train_loop(run, net, sinks=sinks, info=info, threads=threads, checkpoints=checkpoints,
-                              start=start)
+                              start=start, dist=dist)
         failed = False
     finally:
         finish_run(run, sinks, failed=failed, net_params=net_params, weights=net.get_weights(), solver=run.solver(),
@@ -88,56 +95,78 @@ def _local_checkpoints(dist: DistributedConfig | None, net: Net, config: dict):
     return manager, state
 
 
-def _save_local(checkpoints, net: Net, interval: int, *, steps: int, samples: int, train_s: float) -> None:
+def _save_local(checkpoints, net: Net, global_flat, interval: int, *, steps: int, samples: int,
+                train_s: float) -> None:
+    net.set_flat(global_flat)  # what the next round starts from
     state = {"engine": "local", "steps": steps, "samples": samples, "train_s": train_s,
              "solver": net.solver_state(), "torch_rng": torch.get_rng_state()}
     checkpoints.save(interval, net.get_weights(), state, config=checkpoints.config)
 
 
+class _LocalExchange(InProcessExchange):
+    """One in-process worker whose round is one ``eval_every`` interval: the progress line moves every 50
+    steps, a NaN loss stops the run at once, and each round writes its ``eval`` record and checkpoint."""
+
+    def __init__(self, net: Net, strategy, metrics: MetricsLogger, checkpoints, *, samples: int, train_s: float):
+        super().__init__([net], strategy, evaluator=net, on_steps=self._progress)
+        self.net, self.metrics, self.checkpoints = net, metrics, checkpoints
+        self.samples, self.train_s = samples, train_s
+        self.steps_done, self.accuracy, self.loss = 0, None, None
+
+    def _progress(self, stats) -> None:
+        self.steps_done += stats.steps
+        self.samples += stats.samples
+        self.train_s += stats.wall_s
+        self.loss = stats.loss
+        self.metrics.progress(stats.steps, loss=stats.loss, lr=self.net.learning_rate, acc=self.accuracy)
+        if not stats.finite:
+            raise FloatingPointError(f"the loss became {stats.last_loss} at step {self.steps_done}; lower the "
+                                     "learning rate (--lr) or check the data for NaN values")
+
+    def round_done(self, record: dict, global_flat, progress: Progress) -> None:
+        self.accuracy = record["val_accuracy"]
+        self.metrics.write({"event": "eval", "step": progress.steps_done, "samples": self.samples,
+                            "wall_s": self.metrics.elapsed(), "loss": record["val_loss"],
+                            "test_accuracy": record["val_accuracy"]})
+        self.metrics.progress(0, loss=self.loss, acc=self.accuracy)
+        log.info("step %d: test accuracy %.4f, test loss %.4f", progress.steps_done, record["val_accuracy"],
+                 record["val_loss"])
+        cp = self.checkpoints
+        if cp is not None and (progress.round % cp.every == 0 or "stop_reason" in record):
+            _save_local(cp, self.net, global_flat, progress.round, steps=progress.steps_done, samples=self.samples,
+                        train_s=self.train_s)
+
+
 def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: int, checkpoints=None,
-                start: dict | None = None) -> dict:
-    samples = 0 if start is None else int(start["samples"])
-    train_s = 0.0 if start is None else float(start["train_s"])
-    last_eval = None
+                start: dict | None = None, dist: DistributedConfig | None = None) -> dict:
+    """The round loop with one in-process worker: a round is ``eval_every`` steps, evaluated at its end."""
+    done = 0 if start is None else int(start["steps"])
+    stop_reason = None
     with MetricsLogger(run.metrics_out, progress=not run.quiet, total=run.steps, sinks=sinks) as metrics:
-        done = 0 if start is None else int(start["steps"])
-        interval = 0 if start is None else -(-done // run.eval_every)
+        strategy = Average()
+        exchange = _LocalExchange(net, strategy, metrics, checkpoints,
+                                  samples=0 if start is None else int(start["samples"]),
+                                  train_s=0.0 if start is None else float(start["train_s"]))
+        exchange.steps_done = done
         if start is not None:
             metrics.progress(done)
-        while done < run.steps:
-            chunk = min(run.eval_every, run.steps - done)
-            # Train in short pieces so the progress line moves; evaluate at eval_every.
-            piece_done = 0
-            while piece_done < chunk:
-                piece = min(50, chunk - piece_done)
-                stats = net.train(piece)
-                piece_done += stats.steps
-                samples += stats.samples
-                train_s += stats.wall_s
-                metrics.progress(stats.steps, loss=stats.loss, lr=net.learning_rate,
-                                 acc=None if last_eval is None else last_eval.accuracy)
-                if not stats.finite:
-                    raise FloatingPointError(
-                        f"the loss became {stats.last_loss} at step {done + piece_done}; "
-                        "lower the learning rate (--lr) or check the data for NaN values")
-            done += piece_done
-            last_eval = net.evaluate()
-            metrics.write({"event": "eval", "step": done, "samples": samples, "wall_s": metrics.elapsed(),
-                           "loss": last_eval.loss, "test_accuracy": last_eval.accuracy})
-            metrics.progress(0, loss=stats.loss, acc=last_eval.accuracy)
-            log.info("step %d: test accuracy %.4f, test loss %.4f", done, last_eval.accuracy, last_eval.loss)
-            interval += 1
-            if checkpoints is not None and (interval % checkpoints.every == 0 or done >= run.steps):
-                _save_local(checkpoints, net, interval, steps=done, samples=samples, train_s=train_s)
-        if last_eval is None:  # resumed from the end of the run: nothing left to train
-            last_eval = net.evaluate()
-        wall = metrics.elapsed()
+        if done < run.steps:
+            stop = StopRule(max_steps=run.steps, tau=run.eval_every, dataset_rows=net.num_training_samples,
+                            **({} if dist is None else {"rounds": dist.rounds, "epochs": dist.epochs,
+                                                        "target_accuracy": dist.target_accuracy}))
+            progress = Progress(round=-(-done // run.eval_every), steps_done=done,
+                                samples_done=exchange.samples)
+            records: list[dict] = []
+            net.set_flat(run_rounds(exchange, strategy, strategy.init_global(net.get_flat()), stop,
+                                    progress=progress, on_record=records.append))
+            done, stop_reason = progress.steps_done, records[-1].get("stop_reason")
+        last_eval = net.evaluate()
         summary = {
             "event": "summary", "model": run.model, "dataset": run.dataset, "engine": "local", "workers": 1,
-            "steps": done, "samples": samples, "wall_s": wall, "train_s": train_s,
-            "samples_per_s": samples / train_s if train_s else None,
+            "steps": done, "samples": exchange.samples, "wall_s": metrics.elapsed(), "train_s": exchange.train_s,
+            "samples_per_s": exchange.samples / exchange.train_s if exchange.train_s else None,
             "test_accuracy": last_eval.accuracy, "test_loss": last_eval.loss, "threads": threads,
-            "rounds": 0, "bytes_communicated": 0,
+            "rounds": 0, "bytes_communicated": 0, "stop_reason": stop_reason,
         }
         if start is not None:
             summary["resumed_from_step"] = int(start["steps"])

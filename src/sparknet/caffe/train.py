@@ -649,51 +649,6 @@ def _next_boundary(done: int, every: int, limit: int) -> int:
     return limit if every <= 0 else min(limit, (done // every + 1) * every)
 
 
-class _RecordingStrategy:
-    """Wraps a training strategy and keeps the newest global weights on the driver.
-
-    The rounds engine calls ``apply`` on the driver once per round, just before it reports
-    the round; the Caffe runner reads :attr:`latest` in its ``on_round`` to test and
-    snapshot. Nothing extra travels to the executors (``latest`` is not pickled).
-    """
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.name = inner.name
-        self.needs_gradient_hook = inner.needs_gradient_hook
-        self.keeps_local_weights = inner.keeps_local_weights
-        self.latest = None
-
-    def init_global(self, flat):
-        self.latest = self.inner.init_global(flat)
-        return self.latest
-
-    def worker_begin(self, state, net, global_flat):
-        return self.inner.worker_begin(state, net, global_flat)
-
-    def worker_delta(self, state, net, global_flat):
-        return self.inner.worker_delta(state, net, global_flat)
-
-    def apply(self, global_flat, mean_delta, num_workers):
-        self.latest = self.inner.apply(global_flat, mean_delta, num_workers)
-        return self.latest
-
-    def after_backward(self, net):
-        return self.inner.after_backward(net)
-
-    def state_dict(self):
-        return self.inner.state_dict()
-
-    def load_state_dict(self, state):
-        return self.inner.load_state_dict(state)
-
-    def __getstate__(self):
-        return {**self.__dict__, "latest": None}
-
-    def __repr__(self) -> str:
-        return repr(self.inner)
-
-
 def _format_outputs(results: Mapping[str, Mapping[str, float]]) -> str:
     return "; ".join(f"{label}: " + ", ".join(f"{k} = {v:.4g}" for k, v in values.items())
                      for label, values in results.items())
@@ -879,7 +834,6 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
     from sparknet.config import Engine
     from sparknet.solvers import lr_multiplier
     from sparknet.spark import SparkTrainer, get_session
-    from sparknet.strategies import make_strategy
 
     metrics = state.metrics
     tau = dist.tau
@@ -887,7 +841,6 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
         logger.warning("test_interval %d is not a multiple of tau %d: tests run at the end of the round that "
                        "passes each multiple of test_interval", run.test_interval, tau)
     rounds_engine = dist.engine is Engine.ROUNDS
-    strategy = _RecordingStrategy(make_strategy(dist.strategy)) if rounds_engine else None
     validation = None
     if not rounds_engine and run.primary_test is not None:
         # the barrier engine tests in its own stage; its numbers are the primary test net's
@@ -917,7 +870,7 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
             lr = run.solver.base_lr * lr_multiplier(run.solver, after)
             state.display(after, progress["window"] / progress["window_steps"], lr, progress["samples"])
             progress["window"], progress["window_steps"] = 0.0, 0
-        flat = strategy.latest if strategy is not None else None
+        flat = trainer.latest_flat if rounds_engine else None
         if flat is not None and state.evaluator is not None and (_crossed(before, after, run.test_interval)
                                                                  or finished):
             rec = state.test(after, progress["samples"], state.weights_from_flat(flat))
@@ -934,7 +887,7 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
 
         state.test(0, 0, WeightCollection(module.layer_weights()))
     trainer = SparkTrainer(module, solver=run.solver, dist=dist, batch_size=run.batch_size, seed=run.seed,
-                           threads=threads, device=device, strategy=strategy, spark=spark, on_round=on_round,
+                           threads=threads, device=device, spark=spark, on_round=on_round,
                            max_steps=run.max_iter)
     logger.info("training %s on Spark %s: %d workers, %s engine, tau=%s, %d rows", run.train_net.name,
                 spark.sparkContext.master, dist.workers, dist.engine.value, tau, len(x))

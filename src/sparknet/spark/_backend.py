@@ -29,7 +29,8 @@ from typing import TypeVar
 
 from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
 
-__all__ = ["job_group", "run_with_deadline", "task_error", "spark_call", "Watchdog", "default_round_deadline"]
+__all__ = ["job_group", "run_with_deadline", "cancel_group", "task_error", "spark_call", "Watchdog",
+           "default_round_deadline"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def job_group(sc, group: str, description: str):
         yield
     except BaseException as exc:
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: stop what runs on the cluster
-            _cancel(sc, group)
+            cancel_group(sc, group)
         raise
     finally:
         for key, value in saved.items():
@@ -122,13 +123,13 @@ def run_with_deadline(sc, group: str, description: str, action: Callable[[], T],
                 if reason:
                     break
     except BaseException:  # KeyboardInterrupt while waiting: stop what runs on the cluster
-        _cancel(sc, group)
+        cancel_group(sc, group)
         thread.join(CANCEL_GRACE_S)
         raise
     if reason is not None:
         unfinished = _describe_unfinished(sc, group)
         log.error("%s %s; cancelling its Spark jobs", what, reason)
-        _cancel(sc, group)
+        cancel_group(sc, group)
         thread.join(CANCEL_GRACE_S)
         if thread.is_alive():
             log.warning("the thread of %s did not return within %g s of the cancel; left behind", what,
@@ -142,7 +143,8 @@ def run_with_deadline(sc, group: str, description: str, action: Callable[[], T],
     return outcome["value"]
 
 
-def _cancel(sc, group: str) -> None:
+def cancel_group(sc, group: str) -> None:
+    """Cancel every running job of ``group`` (best effort: an error here must not hide the caller's)."""
     try:
         sc.cancelJobGroup(group)
     except Exception:  # pragma: no cover - best effort: the caller's error matters more
@@ -230,7 +232,7 @@ class Watchdog:
 
     def _fire(self) -> None:
         self.unfinished = _describe_unfinished(self.sc, self.group)
-        _cancel(self.sc, self.group)
+        cancel_group(self.sc, self.group)
 
     def __enter__(self):
         if self.timeout_s is not None:

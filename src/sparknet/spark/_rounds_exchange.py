@@ -22,13 +22,13 @@ import numpy as np
 import torch
 
 from sparknet.errors import DeadlineExceeded
-from sparknet.loop import Exchange, Progress, RoundPlan, RoundUpdate
-from sparknet.spark._backend import Watchdog, default_round_deadline, spark_call
+from sparknet.loop import Exchange, Progress, RoundPlan, RoundUpdate, run_rounds
+from sparknet.spark._backend import Watchdog, default_round_deadline, job_group, spark_call
 from sparknet.spark._rounds import combine, decode_updates, run_round, run_round_from_chunks
 from sparknet.stopping import StopRule
 from sparknet.strategies import Downlink, make_compressor
 
-__all__ = ["SparkRoundsExchange", "round_deadline"]
+__all__ = ["SparkRoundsExchange", "round_deadline", "run_rounds_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,8 @@ class SparkRoundsExchange(Exchange):
         self.rerun_partitions = 0
         self._want_state = False
         self._worker_states: dict = {}
+        self.latest: torch.Tensor | None = None
+        """The newest global weights (after the last round)."""
 
     def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
         sc, group, down, r = self.sc, self.group, self.down, plan.round
@@ -191,12 +193,64 @@ class SparkRoundsExchange(Exchange):
         return res.accuracy, res.loss
 
     def round_done(self, record: dict, global_flat: torch.Tensor, progress: Progress) -> None:
+        self.latest = global_flat
         if self.checkpoint is None:
             return
         path = self.checkpoint(record, global_flat, progress, self._worker_states if self._want_state else None,
                                None if self.down is None else self.down.state_dict())
         if path is not None:
             record["checkpoint"] = path
+
+
+def run_rounds_engine(trainer, sc, group: str, staged, chunks, spec, global_flat: torch.Tensor, stop: StopRule,
+                      validation, driver_net, broadcasts: list, t_fit: float, checkpoints=None,
+                      resume: dict | None = None):
+    """The rounds engine's fit: :func:`sparknet.loop.run_rounds` over a :class:`SparkRoundsExchange`.
+
+    ``trainer`` is the :class:`~sparknet.spark.SparkTrainer` whose fit this is (its settings, its
+    checkpoint writer, its ``on_round``); ``validation`` is evaluated on the driver, by ``driver_net``.
+    Returns the final global weights, the round records and the engine's summary fields.
+    """
+    spec_bc = sc.broadcast(trainer._pack(spec))
+    broadcasts.append(spec_bc)
+    auto = trainer._auto_tau(resume)
+
+    def wants_state(rounds_done: int, last: bool) -> bool:  # worker states come back on checkpoint rounds
+        return checkpoints is not None and (checkpoints.due(rounds_done) or last)
+
+    def checkpoint(record, global_flat, progress, worker_states, downlink_state):
+        r, reason = progress.round, record.get("stop_reason")
+        if checkpoints is None or not (checkpoints.due(r) or reason is not None):
+            return None
+        if worker_states is None:
+            log.warning("round %d: the run stopped on %s before a checkpoint round; the final checkpoint holds "
+                        "no worker solver state, so a resume from it restarts the workers' solvers", r, reason)
+        counters = {"steps_done": progress.steps_done, "samples_done": progress.samples_done,
+                    "total_bytes": progress.total_bytes, "downlink": downlink_state,
+                    "auto_tau": None if auto is None else auto.state_dict()}
+        return trainer._save_checkpoint(checkpoints, driver_net, "rounds", r, global_flat, counters,
+                                        worker_states or {})
+
+    exchange = SparkRoundsExchange(sc, group, staged, chunks, spec_bc, workers=trainer.dist.workers,
+                                   compression=trainer.dist.compression, driver_net=driver_net,
+                                   broadcasts=broadcasts, round_timeout_s=trainer.options.round_timeout_s,
+                                   link=trainer.link, checkpoint=checkpoint, wants_state=wants_state,
+                                   downlink_state=None if resume is None else resume.get("downlink"))
+    progress = Progress()
+    if resume is not None:
+        progress = Progress(round=resume["round"], steps_done=resume["steps_done"],
+                            samples_done=resume["samples_done"], total_bytes=resume["total_bytes"])
+    history: list[dict] = []
+
+    def on_record(record: dict) -> None:
+        history.append(record)
+        trainer.latest_flat = exchange.latest
+        trainer._emit(record)
+
+    with job_group(sc, group, f"sparknet rounds ({trainer.dist.workers} workers)"):  # each round names itself
+        global_flat = run_rounds(exchange, trainer.strategy, global_flat, stop, progress=progress, auto=auto,
+                                 eval_every=trainer.dist.eval_every_rounds, on_record=on_record, t0=t_fit)
+    return global_flat, history, {"rerun_partitions": exchange.rerun_partitions}
 
 
 def _identity(items):

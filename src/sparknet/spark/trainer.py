@@ -43,8 +43,6 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import random
-import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -53,24 +51,27 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from sparknet.checkpoint import CheckpointError, CheckpointManager, model_fingerprint
+from sparknet.checkpoint import CheckpointError, RoundCheckpoints, model_fingerprint, rng_state, set_rng_state
 from sparknet.config import DistributedConfig, Engine
-from sparknet.errors import DeadlineExceeded, EngineError
+from sparknet.errors import EngineError
 from sparknet.faults import faults_from
 from sparknet.link import LinkModel
-from sparknet.loop import Progress, run_rounds
 from sparknet.metrics import rounds_summary
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.spark import _data
-from sparknet.spark._backend import job_group as _job, spark_call as _spark_call, task_error as _task_error
+from sparknet.spark._backend import run_with_deadline
 from sparknet.spark._rounds import WorkerSpec
-from sparknet.spark._rounds_exchange import SparkRoundsExchange
+from sparknet.spark._barrier_stage import run_barrier_engine
+from sparknet.spark._rounds_exchange import run_rounds_engine
 from sparknet.stopping import StopRule
 from sparknet.strategies import AutoTau, TrainingStrategy, make_strategy
 from sparknet.weights import WeightCollection
 
 __all__ = ["SparkTrainer", "TrainResult", "EngineOptions"]
+
+CLEANUP_TIMEOUT_S = 300.0
+"""Longest wait for the job that removes a fit's staged files (a failure to remove them is only logged)."""
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,9 @@ class EngineOptions:
     round of a fit, then 20 times the slowest step time seen so far times the round's steps, at
     least 10 minutes, bounded by round_seconds for time-budgeted rounds
     (:func:`sparknet.spark._rounds_exchange.round_deadline`)."""
+    data_timeout_s: float = 3600.0
+    """Longest wait for one Spark job on the fit's data (conversion and check, staging, the validation
+    collect, the warm-up sample); past it the jobs are cancelled and a DeadlineExceeded says which."""
     max_restarts: int = 3
     """Barrier engine: how many times a failed stage is started again from the driver's newest state."""
     state_every_rounds: int = 1
@@ -130,7 +134,8 @@ class EngineOptions:
         if self.link is not None and not isinstance(self.link, LinkModel):
             raise ValueError(f"link must be a sparknet.link.LinkModel (e.g. LinkModel.parse('50ms', '100Mbit')), "
                              f"got {type(self.link).__name__}")
-        for name in ("rendezvous_timeout_s", "collective_timeout_s", "driver_timeout_s", "round_timeout_s"):
+        for name in ("rendezvous_timeout_s", "collective_timeout_s", "driver_timeout_s", "round_timeout_s",
+                     "data_timeout_s"):
             value = getattr(self, name)
             if value is not None and not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
@@ -164,38 +169,6 @@ def _copy_module(module: torch.nn.Module) -> torch.nn.Module:
         raise TypeError(f"the model cannot be copied or pickled for the executors ({type(exc).__name__}: {exc}); "
                         "keep locks, open files, sockets and generators out of the module's attributes (create "
                         "them in forward, or drop them in __getstate__)") from exc
-
-
-class _Checkpoints:
-    """A fit's checkpoint folder: when to write, and the run's settings recorded beside the state."""
-
-    def __init__(self, dist: DistributedConfig, config: dict):
-        self.every = dist.checkpoint_every
-        self.manager = CheckpointManager(dist.checkpoint_dir, keep=dist.checkpoint_keep)
-        self.manager.check_writable()
-        self.config = config
-        self.written: list[int] = []
-
-    def due(self, rounds_done: int) -> bool:
-        return rounds_done % self.every == 0
-
-    def save(self, rounds_done: int, weights: WeightCollection, state: dict) -> str:
-        path = self.manager.save(rounds_done, weights, state, config=self.config)
-        self.written.append(rounds_done)
-        return path
-
-
-def _rng_state() -> dict:
-    np_state = np.random.get_state()
-    return {"torch": torch.get_rng_state(), "numpy_keys": torch.from_numpy(np_state[1].astype(np.int64)),
-            "numpy_pos": int(np_state[2]), "python": list(random.getstate()[1]),
-            "python_version": random.getstate()[0]}
-
-
-def _set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(("MT19937", state["numpy_keys"].numpy().astype(np.uint32), state["numpy_pos"]))
-    random.setstate((state["python_version"], tuple(state["python"]), None))
 
 
 def _plain_config(obj) -> dict:
@@ -284,6 +257,9 @@ class SparkTrainer:
         self.max_steps = None if max_steps is None else int(max_steps)
         self.options = options or EngineOptions()
         self.link = self.options.link if self.options.link is not None else self.dist.link()
+        self.latest_flat: torch.Tensor | None = None
+        """The rounds engine's global weights after the newest round, as one flat buffer (what ``on_round`` may
+        read to test or snapshot them; the barrier engine keeps its weights on the executors until the end)."""
         if self.link is not None and self.link.is_free:
             self.link = None
 
@@ -366,11 +342,12 @@ class SparkTrainer:
                 staged = chunks.mapPartitionsWithIndex(
                     stage_partition(fit_id, {"staging_dir": self.options.staging_dir}), preservesPartitioning=True)
                 staged.persist(StorageLevel.MEMORY_ONLY)
-                with _job(sc, group, "sparknet: convert, check and stage the training data"):
-                    stats = _spark_call(staged.collect)
+                stats = self._data_job(sc, group, "sparknet: convert, check and stage the training data",
+                                       staged.collect, "the training data's conversion, check and staging")
             else:
-                with _job(sc, group, "sparknet: convert and check the training data"):
-                    stats = _spark_call(chunks.mapPartitionsWithIndex(_data.partition_stats).collect)
+                stats = self._data_job(sc, group, "sparknet: convert and check the training data",
+                                       chunks.mapPartitionsWithIndex(_data.partition_stats).collect,
+                                       "the training data's conversion and check")
             stats.sort(key=lambda s: s["index"])
             total = _data.check_stats(stats, what="training data", expected_len=expected_len, num_classes=None,
                                       num_workers=K, sample_shape=sample_shape)
@@ -387,8 +364,10 @@ class SparkTrainer:
                 log.warning("%s", skew)
             if self.strategy.needs_gradient_hook and 0 in total["rows_per_partition"]:
                 raise ValueError("a strategy that allreduces gradients every step needs data in every partition")
-            with _job(sc, group, "sparknet: collect the validation data"):
-                val = self._validation(validation, sample_shape, num_classes, features_col, label_col, image_shape)
+            val = self._data_job(sc, group, "sparknet: collect the validation data",
+                                 lambda: self._validation(validation, sample_shape, num_classes, features_col,
+                                                          label_col, image_shape),
+                                 "the validation data's collection")
             if val is not None:
                 driver_net.set_validation_data(val)
             warmup = None
@@ -410,14 +389,10 @@ class SparkTrainer:
                             target_accuracy=dist.target_accuracy, dataset_rows=int(total["rows"]), tau=dist.tau,
                             round_seconds=dist.round_seconds)
             t_train = time.perf_counter()
-            if dist.engine is Engine.ROUNDS:
-                with _job(sc, group, f"sparknet rounds ({K} workers)"):  # each round sets its own description
-                    global_flat, history, extra = self._run_rounds(sc, group, staged, chunks, spec, global_flat,
-                                                                   stop, driver_net, broadcasts, t_fit, checkpoints,
-                                                                   resume)
-            else:
-                global_flat, history, extra = self._run_barrier(sc, group, chunks, spec, global_flat, stop, val,
-                                                                broadcasts, t_fit, driver_net, checkpoints, resume)
+            run_engine = _ENGINES[dist.engine]
+            global_flat, history, extra = run_engine(self, sc, group, staged if staged is not None else chunks, chunks,
+                                                     spec, global_flat, stop, val, driver_net, broadcasts, t_fit,
+                                                     checkpoints, resume)
             train_s = time.perf_counter() - t_train
         finally:
             self._cleanup(sc, group, fit_id, staged, chunks, broadcasts)
@@ -443,14 +418,15 @@ class SparkTrainer:
         return TrainResult(weights=driver_net.get_weights(), history=history, summary=summary, net=driver_net)
 
     # -- pieces of fit ------------------------------------------------------------------------
-    def _open_checkpoints(self, driver_net: Net) -> tuple[_Checkpoints | None, dict | None]:
+    def _open_checkpoints(self, driver_net: Net) -> tuple[RoundCheckpoints | None, dict | None]:
         """The checkpoint folder (checked writable) and, with ``dist.resume``, the state to resume from."""
         dist = self.dist
         if not dist.checkpoint_dir:
             return None, None
         config = {"dist": _plain_config(dist), "solver": _plain_config(self.solver), "batch_size": self.batch_size,
                   "seed": self.seed, "max_steps": self.max_steps, "strategy": repr(self.strategy)}
-        checkpoints = _Checkpoints(dist, config)
+        checkpoints = RoundCheckpoints(dist.checkpoint_dir, every=dist.checkpoint_every, keep=dist.checkpoint_keep,
+                                       config=config)
         if not dist.resume:
             return checkpoints, None
         if checkpoints.manager.latest() is None:
@@ -463,19 +439,19 @@ class SparkTrainer:
             raise CheckpointError(f"checkpoint {ckpt.path} was written by a run with {workers} workers; resume with "
                                   f"--workers {workers} (each worker's solver state belongs to its partition)")
         self.strategy.load_state_dict(state.get("strategy") or {})
-        _set_rng_state(state["rng"])
+        set_rng_state(state["rng"])
         log.info("resuming from %s: round %d, %d steps per worker done", ckpt.path, ckpt.round, state["steps_done"])
         return checkpoints, {"round": ckpt.round, "weights": ckpt.weights, "workers": state.get("workers") or {},
                              "steps_done": state["steps_done"], "samples_done": state["samples_done"],
                              "total_bytes": state["total_bytes"], "iteration": state.get("iteration"),
                              "downlink": state.get("downlink"), "auto_tau": state.get("auto_tau")}
 
-    def _save_checkpoint(self, checkpoints: _Checkpoints, driver_net: Net, engine: str, rounds_done: int,
+    def _save_checkpoint(self, checkpoints: RoundCheckpoints, driver_net: Net, engine: str, rounds_done: int,
                          global_flat, counters: dict, workers: dict, strategy_state: dict | None = None) -> str:
         driver_net.set_flat(global_flat)
         state = {"engine": engine, "round": rounds_done, **counters, "workers": workers,
                  "strategy": self.strategy.state_dict() if strategy_state is None else strategy_state,
-                 "rng": _rng_state()}
+                 "rng": rng_state()}
         return checkpoints.save(rounds_done, driver_net.get_weights(), state)
 
     def _net_for_workers(self):
@@ -498,13 +474,17 @@ class SparkTrainer:
             return int(out.shape[2])  # a sequence model: [N, T, vocabulary], a label per position
         return None
 
+    def _data_job(self, sc, group: str, description: str, action, what: str):
+        """One Spark action on the fit's data, waited for at most ``options.data_timeout_s``."""
+        return run_with_deadline(sc, group, description, action, timeout_s=self.options.data_timeout_s, what=what)
+
     def _validation(self, validation, sample_shape, num_classes, features_col, label_col, image_shape):
         if validation is None:
             return None
         if _data.is_dataframe(validation) or _data.is_rdd(validation):
-            x, y = _spark_call(_data.collect_arrays, validation, features_col=features_col, label_col=label_col,
-                               image_shape=image_shape, expected_len=math.prod(sample_shape), num_classes=num_classes,
-                               sample_shape=sample_shape)
+            x, y = _data.collect_arrays(validation, features_col=features_col, label_col=label_col,
+                                        image_shape=image_shape, expected_len=math.prod(sample_shape),
+                                        num_classes=num_classes, sample_shape=sample_shape)
         else:
             x, y = _data.local_arrays(validation, sample_shape=sample_shape)
         if num_classes is not None and len(y) and (y.min() < 0 or y.max() >= num_classes):
@@ -519,8 +499,9 @@ class SparkTrainer:
         limit = min(n, self.options.warmup_max_samples,
                     max(1, self.options.warmup_max_bytes // (4 * math.prod(sample_shape))))
         quotas = [math.ceil(limit * r / n) for r in rows]
-        with _job(sc, group, "sparknet: sample the training data for the warm-up"):
-            parts = _spark_call(chunks.mapPartitionsWithIndex(_data.head_rows(quotas)).collect)
+        parts = self._data_job(sc, group, "sparknet: sample the training data for the warm-up",
+                               chunks.mapPartitionsWithIndex(_data.head_rows(quotas)).collect,
+                               "the warm-up sample's collection")
         x = np.concatenate([p[0] for p in parts])
         y = np.concatenate([p[1] for p in parts])
         driver_net.set_training_data((x.reshape(len(x), *sample_shape), y))
@@ -546,47 +527,6 @@ class SparkTrainer:
             auto.load_state_dict(resume["auto_tau"])
         return auto
 
-    def _run_rounds(self, sc, group, staged, chunks, spec, global_flat, stop: StopRule, driver_net, broadcasts,
-                    t_fit, checkpoints: _Checkpoints | None = None, resume: dict | None = None):
-        spec_bc = sc.broadcast(self._pack(spec))
-        broadcasts.append(spec_bc)
-        auto = self._auto_tau(resume)
-
-        def wants_state(rounds_done: int, last: bool) -> bool:  # worker states come back on checkpoint rounds
-            return checkpoints is not None and (checkpoints.due(rounds_done) or last)
-
-        def checkpoint(record, global_flat, progress, worker_states, downlink_state):
-            r, reason = progress.round, record.get("stop_reason")
-            if checkpoints is None or not (checkpoints.due(r) or reason is not None):
-                return None
-            if worker_states is None:
-                log.warning("round %d: the run stopped on %s before a checkpoint round; the final checkpoint holds "
-                            "no worker solver state, so a resume from it restarts the workers' solvers", r, reason)
-            counters = {"steps_done": progress.steps_done, "samples_done": progress.samples_done,
-                        "total_bytes": progress.total_bytes, "downlink": downlink_state,
-                        "auto_tau": None if auto is None else auto.state_dict()}
-            return self._save_checkpoint(checkpoints, driver_net, "rounds", r, global_flat, counters,
-                                         worker_states or {})
-
-        exchange = SparkRoundsExchange(sc, group, staged, chunks, spec_bc, workers=self.dist.workers,
-                                       compression=self.dist.compression, driver_net=driver_net,
-                                       broadcasts=broadcasts, round_timeout_s=self.options.round_timeout_s,
-                                       link=self.link, checkpoint=checkpoint, wants_state=wants_state,
-                                       downlink_state=None if resume is None else resume.get("downlink"))
-        progress = Progress()
-        if resume is not None:
-            progress = Progress(round=resume["round"], steps_done=resume["steps_done"],
-                                samples_done=resume["samples_done"], total_bytes=resume["total_bytes"])
-        history: list[dict] = []
-
-        def on_record(record: dict) -> None:
-            history.append(record)
-            self._emit(record)
-
-        global_flat = run_rounds(exchange, self.strategy, global_flat, stop, progress=progress, auto=auto,
-                                 eval_every=self.dist.eval_every_rounds, on_record=on_record, t0=t_fit)
-        return global_flat, history, {"rerun_partitions": exchange.rerun_partitions}
-
     @staticmethod
     def _pack(spec: WorkerSpec):
         from sparknet.spark._rounds import pack_spec
@@ -597,42 +537,6 @@ class SparkTrainer:
             raise ValueError(f"the model, loss or strategy cannot be pickled for the executors: "
                              f"{type(exc).__name__}: {exc}") from exc
 
-    # -- the barrier engine -------------------------------------------------------------------
-    def _run_barrier(self, sc, group, chunks, spec, global_flat, stop: StopRule, val, broadcasts, t_fit, driver_net,
-                     checkpoints: _Checkpoints | None = None, resume: dict | None = None):
-        """Run the barrier stage; start it again from the driver's newest state when it fails."""
-        opts = self.options
-        history: list[dict] = []
-        latest = {"round": 0, "global": global_flat, "strategy": None, "iteration": None, "workers": None,
-                  "steps_done": 0, "samples_done": 0, "total_bytes": 0, "auto_tau": None}
-        if resume is not None:
-            latest.update({k: resume[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "workers",
-                                                  "auto_tau")},
-                          strategy=self.strategy.state_dict())
-        restarts: list[dict] = []
-        while True:
-            stage = _BarrierStage(self, sc, group, spec, stop, val, broadcasts, t_fit, driver_net, checkpoints,
-                                  history, restart=len(restarts))
-            try:
-                final, extra = stage.run(chunks, latest)
-                break
-            except _StageFailed as failed:
-                cause = failed.cause
-                if failed.fatal or len(restarts) >= opts.max_restarts:
-                    if restarts:
-                        log.error("the barrier stage failed %d times in all; giving up", len(restarts) + 1)
-                    raise cause from failed.__cause__
-                latest = stage.latest or latest
-                first_line = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-                restarts.append({"after_round": latest["round"], "error": first_line})
-                log.warning("barrier stage failed (%s); restart %d of at most %d from round %d", first_line,
-                            len(restarts), opts.max_restarts, latest["round"])
-                del history[sum(1 for h in history if h["round"] <= latest["round"]):]  # their work is redone
-        history.sort(key=lambda h: h["round"])
-        extra.update(restarts=len(restarts), restart_log=restarts)
-        return final, history, extra
-
-
     # -- cleanup ------------------------------------------------------------------------------
     @staticmethod
     def _cleanup(sc, group, fit_id, staged, chunks, broadcasts) -> None:
@@ -640,8 +544,9 @@ class SparkTrainer:
 
         if staged is not None:
             try:
-                with _job(sc, group, "sparknet: remove staged data"):
-                    staged.mapPartitionsWithIndex(cleanup_partition(fit_id)).collect()
+                run_with_deadline(sc, group, "sparknet: remove staged data",
+                                  staged.mapPartitionsWithIndex(cleanup_partition(fit_id)).collect,
+                                  timeout_s=CLEANUP_TIMEOUT_S, what="the staged data's removal")
             except Exception as exc:  # cleanup must not hide the real outcome
                 log.warning("could not remove the staged training data of fit %s: %s", fit_id, exc)
             _quietly(staged.unpersist)
@@ -657,180 +562,6 @@ def _quietly(fn) -> None:
         log.debug("cleanup step failed: %s", exc)
 
 
-class _StageFailed(Exception):
-    """One barrier stage failed: ``cause`` is the error to raise if it is not started again."""
-
-    def __init__(self, cause: BaseException, fatal: bool):
-        super().__init__(str(cause))
-        self.cause, self.fatal = cause, fatal
-
-
-class _BarrierStage:
-    """One barrier stage of a fit and the driver's side of its channel.
-
-    Records go to ``history`` (and ``on_round``) as they arrive; ``latest`` keeps the newest
-    global weights and strategy state rank 0 sent (what a restart starts from); on checkpoint
-    rounds the ranks' solver states are gathered and the checkpoint written as soon as the
-    round is complete.
-    """
-
-    def __init__(self, trainer: SparkTrainer, sc, group, spec, stop, val, broadcasts, t_fit, driver_net, checkpoints,
-                 history: list[dict], restart: int):
-        self.trainer, self.sc, self.group, self.spec, self.stop, self.val = trainer, sc, group, spec, stop, val
-        self.broadcasts, self.t_fit, self.driver_net, self.checkpoints = broadcasts, t_fit, driver_net, checkpoints
-        self.history, self.restart = history, restart
-        self.seen = {h["round"] for h in history}
-        self.latest: dict | None = None
-        self.pending: dict[int, dict] = {}  # round -> {"state": ..., "workers": {rank: state}}
-        self.errors: list[dict] = []
-
-    def _record(self, msg: dict, now: float) -> None:
-        if msg["round"] in self.seen:
-            return
-        msg["wall_s"] = now - self.t_fit
-        self.seen.add(msg["round"])
-        self.history.append(msg)
-        self.trainer._emit(msg)
-
-    def _handle(self, msg: dict, now: float) -> None:
-        from sparknet.spark._channel import decode_tree
-
-        event = msg.get("event")
-        if event == "error":
-            self.errors.append(msg)
-        elif event == "round":
-            self._record(msg, now)
-        elif event in ("state", "worker_state") and "payload" in msg:
-            tree = decode_tree(msg.pop("payload"))
-            slot = self.pending.setdefault(int(msg["round"]), {"state": None, "workers": {}})
-            if event == "state":
-                state = {k: msg[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration")}
-                state.update(global_flat=tree["global"], strategy=tree["strategy"], auto_tau=tree.get("auto_tau"))
-                slot["state"] = state
-                if self.latest is None or state["round"] >= self.latest["round"]:
-                    self.latest = {**state, "global": tree["global"], "workers": None}
-            else:
-                slot["workers"][int(msg["rank"])] = tree
-            self._maybe_checkpoint(int(msg["round"]))
-
-    def _maybe_checkpoint(self, r: int) -> None:
-        slot = self.pending.get(r)
-        if slot is None or slot["state"] is None:
-            return
-        ranks_with_data = sum(1 for n in self.trainer._rows if n > 0)
-        if self.latest is not None and self.latest["round"] == r and len(slot["workers"]) == ranks_with_data:
-            self.latest["workers"] = slot["workers"]  # a restart from here is exact
-        cp = self.checkpoints
-        final = any(h["round"] == r and h.get("stop_reason") for h in self.history)
-        if cp is None or not (cp.due(r) or final) or len(slot["workers"]) < ranks_with_data or r in cp.written:
-            return
-        state = slot["state"]
-        counters = {k: state[k] for k in ("steps_done", "samples_done", "total_bytes", "iteration", "auto_tau")}
-        path = self.trainer._save_checkpoint(cp, self.driver_net, "barrier", r, state["global_flat"], counters,
-                                             slot["workers"], strategy_state=state["strategy"])
-        for h in self.history:
-            if h["round"] == r:
-                h["checkpoint"] = path
-        for old in [k for k in self.pending if k <= r]:
-            del self.pending[old]
-
-    def run(self, chunks, start: dict):
-        from sparknet.spark._barrier import run_barrier
-        from sparknet.spark._channel import MetricsReceiver, new_secret
-        from sparknet.spark._session import is_local_master
-
-        trainer, sc, group, spec = self.trainer, self.sc, self.group, self.spec
-        dist, opts = trainer.dist, trainer.options
-        K = dist.workers
-        local = is_local_master(sc.master)
-        secret = new_secret()
-        advertise = "127.0.0.1" if local else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
-        receiver = MetricsReceiver("127.0.0.1" if local else "*", advertise, secret)
-        outcome: dict = {}
-        try:
-            begin = {k: start.get(k) for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration",
-                                               "strategy", "workers", "auto_tau")}
-            flat = start["global"]
-            payload_bc = sc.broadcast((trainer._pack(spec), np.asarray(flat, dtype=np.float32), begin))
-            self.broadcasts.append(payload_bc)
-            val_bc = None
-            if self.val is not None:
-                val_bc = sc.broadcast(self.val)
-                self.broadcasts.append(val_bc)
-            params = {"workers": K, "local": local, "endpoint": receiver.endpoint, "secret": secret,
-                      "rendezvous_timeout_s": opts.rendezvous_timeout_s,
-                      "collective_timeout_s": opts.collective_timeout_s, "round_seconds": dist.round_seconds,
-                      "eval_every_rounds": dist.eval_every_rounds, "stop": asdict(self.stop), "restart": self.restart,
-                      "state_every_rounds": opts.state_every_rounds,
-                      "checkpoint_every": self.checkpoints.every if self.checkpoints is not None else None,
-                      "auto_tau": None if not dist.auto_tau else {
-                          "target_fraction": dist.auto_tau_target, "min_tau": dist.auto_tau_min,
-                          "max_tau": dist.auto_tau_max, "every": dist.auto_tau_every,
-                          "initial": dist.tau or dist.auto_tau_min}}
-            stage = chunks.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
-            silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
-
-            def run_stage():
-                try:
-                    with _job(sc, group, f"sparknet barrier stage ({K} workers)"):
-                        outcome["rows"] = stage.collect()
-                except BaseException as exc:  # handed to the driver thread below
-                    outcome["error"] = exc
-
-            thread = threading.Thread(target=run_stage, name=f"sparknet-barrier-{spec.fit_id}", daemon=True)
-            ready_at = None
-            thread.start()
-            last = time.perf_counter()
-            try:
-                while True:
-                    msg = receiver.recv(0.05)
-                    now = time.perf_counter()
-                    if msg is None:
-                        if not thread.is_alive():
-                            break
-                        limit = opts.rendezvous_timeout_s if ready_at is None else silence
-                        if now - last > limit:
-                            what = ("the barrier tasks did not all start and join the process group" if ready_at is None
-                                    else "the barrier stage sent no round record")
-                            raise DeadlineExceeded(f"{what} within {limit:.0f} s; the stage needs {K} free task slots "
-                                                   "at once and every worker alive (see the executor logs)")
-                        continue
-                    last = now
-                    if msg.get("event") == "ready":
-                        ready_at = now
-                    else:
-                        self._handle(msg, now)
-                thread.join(timeout=60)
-                while True:  # records that raced the end of the stage
-                    msg = receiver.recv(0.5 if "error" in outcome else 0.0)
-                    if msg is None:
-                        break
-                    self._handle(msg, time.perf_counter())
-            finally:
-                if thread.is_alive():
-                    sc.cancelJobGroup(group)
-                    thread.join(timeout=30)
-        finally:
-            receiver.close()
-        if "error" in outcome:
-            # the rank that failed first on its own, not a peer whose collective broke because of it
-            first = sorted(self.errors, key=lambda e: (bool(e.get("collective")), e.get("time", 0.0)))
-            cause = _task_error(first[0]["text"]) if first else _task_error(outcome["error"])
-            fatal = any(e.get("fatal") for e in self.errors)
-            raise _StageFailed(cause, fatal) from outcome["error"]
-        rows = outcome.get("rows") or []
-        results = [row for row in rows if row[0] == "result"]
-        if not results:
-            raise EngineError("the barrier stage ended without rank 0's result")
-        _, flat_bytes, full_history = results[0]
-        for rec in full_history:  # records the channel did not deliver
-            self._record(rec, time.perf_counter())
-        final = torch.from_numpy(np.frombuffer(flat_bytes, dtype=np.float32).copy())
-        if self.checkpoints is not None:
-            last_round = max((h["round"] for h in self.history), default=0)
-            self._maybe_checkpoint(last_round)
-            if last_round not in self.checkpoints.written:
-                raise EngineError(f"the barrier stage ended but the final checkpoint of round {last_round} could not "
-                                  "be assembled (some ranks' solver states did not reach the driver)")
-        workers = sorted((row[2] | {"rank": row[1]} for row in rows if row[0] == "worker"), key=lambda w: w["rank"])
-        return final, {"barrier_workers": workers, "metrics_rejected": receiver.rejected}
+_ENGINES = {Engine.ROUNDS: run_rounds_engine, Engine.BARRIER: run_barrier_engine}
+"""Each engine's driver side: ``run(trainer, sc, group, source, chunks, spec, global_flat, stop, validation,
+driver_net, broadcasts, t_fit, checkpoints, resume) -> (global_flat, history, summary fields)``."""

@@ -1,0 +1,248 @@
+"""Driver side of the barrier engine: one barrier stage per fit, supervised, restarted when it fails.
+
+The stage's tasks (:mod:`sparknet.spark._barrier`, the executor side) form a gloo group and run
+the round loop on every rank; rank 0 sends each round's record, and every few rounds the global
+weights and strategy state, over an authenticated pyzmq channel (:mod:`sparknet.spark._channel`).
+:class:`BarrierStage` runs the stage's Spark job in a thread and listens on the channel: records go
+to the fit's history and ``on_round`` as they arrive, a silent stage past its deadline is
+cancelled, the first rank that failed on its own is named, and checkpoints are assembled from the
+ranks' states. :func:`run_barrier_engine` starts a failed stage again from the newest state the
+driver holds, at most ``EngineOptions.max_restarts`` times.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+from sparknet.errors import DeadlineExceeded, EngineError
+from sparknet.spark._backend import cancel_group, job_group, task_error
+from sparknet.stopping import StopRule
+
+__all__ = ["BarrierStage", "run_barrier_engine"]
+
+log = logging.getLogger(__name__)
+
+
+def run_barrier_engine(trainer, sc, group: str, chunks, _chunks, spec, global_flat: torch.Tensor, stop: StopRule,
+                       validation, driver_net, broadcasts: list, t_fit: float, checkpoints=None,
+                       resume: dict | None = None):
+    """The barrier engine's fit: run the stage; start it again from the driver's newest state when it fails.
+
+    ``trainer`` is the :class:`~sparknet.spark.SparkTrainer` whose fit this is. Returns the final global
+    weights, the round records and the engine's summary fields.
+    """
+    opts = trainer.options
+    history: list[dict] = []
+    latest = {"round": 0, "global": global_flat, "strategy": None, "iteration": None, "workers": None,
+              "steps_done": 0, "samples_done": 0, "total_bytes": 0, "auto_tau": None}
+    if resume is not None:
+        latest.update({k: resume[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "workers",
+                                              "auto_tau")},
+                      strategy=trainer.strategy.state_dict())
+    restarts: list[dict] = []
+    while True:
+        stage = BarrierStage(trainer, sc, group, spec, stop, validation, broadcasts, t_fit, driver_net, checkpoints,
+                              history, restart=len(restarts))
+        try:
+            final, extra = stage.run(chunks, latest)
+            break
+        except _StageFailed as failed:
+            cause = failed.cause
+            if failed.fatal or len(restarts) >= opts.max_restarts:
+                if restarts:
+                    log.error("the barrier stage failed %d times in all; giving up", len(restarts) + 1)
+                raise cause from failed.__cause__
+            latest = stage.latest or latest
+            first_line = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+            restarts.append({"after_round": latest["round"], "error": first_line})
+            log.warning("barrier stage failed (%s); restart %d of at most %d from round %d", first_line,
+                        len(restarts), opts.max_restarts, latest["round"])
+            del history[sum(1 for h in history if h["round"] <= latest["round"]):]  # their work is redone
+    history.sort(key=lambda h: h["round"])
+    extra.update(restarts=len(restarts), restart_log=restarts)
+    return final, history, extra
+
+
+class _StageFailed(Exception):
+    """One barrier stage failed: ``cause`` is the error to raise if it is not started again."""
+
+    def __init__(self, cause: BaseException, fatal: bool):
+        super().__init__(str(cause))
+        self.cause, self.fatal = cause, fatal
+
+
+class BarrierStage:
+    """One barrier stage of a fit and the driver's side of its channel.
+
+    Records go to ``history`` (and ``on_round``) as they arrive; ``latest`` keeps the newest
+    global weights and strategy state rank 0 sent (what a restart starts from); on checkpoint
+    rounds the ranks' solver states are gathered and the checkpoint written as soon as the
+    round is complete.
+    """
+
+    def __init__(self, trainer, sc, group, spec, stop, val, broadcasts, t_fit, driver_net, checkpoints,
+                 history: list[dict], restart: int):
+        self.trainer, self.sc, self.group, self.spec, self.stop, self.val = trainer, sc, group, spec, stop, val
+        self.broadcasts, self.t_fit, self.driver_net, self.checkpoints = broadcasts, t_fit, driver_net, checkpoints
+        self.history, self.restart = history, restart
+        self.seen = {h["round"] for h in history}
+        self.latest: dict | None = None
+        self.pending: dict[int, dict] = {}  # round -> {"state": ..., "workers": {rank: state}}
+        self.errors: list[dict] = []
+
+    def _record(self, msg: dict, now: float) -> None:
+        if msg["round"] in self.seen:
+            return
+        msg["wall_s"] = now - self.t_fit
+        self.seen.add(msg["round"])
+        self.history.append(msg)
+        self.trainer._emit(msg)
+
+    def _handle(self, msg: dict, now: float) -> None:
+        from sparknet.spark._channel import decode_tree
+
+        event = msg.get("event")
+        if event == "error":
+            self.errors.append(msg)
+        elif event == "round":
+            self._record(msg, now)
+        elif event in ("state", "worker_state") and "payload" in msg:
+            tree = decode_tree(msg.pop("payload"))
+            slot = self.pending.setdefault(int(msg["round"]), {"state": None, "workers": {}})
+            if event == "state":
+                state = {k: msg[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration")}
+                state.update(global_flat=tree["global"], strategy=tree["strategy"], auto_tau=tree.get("auto_tau"))
+                slot["state"] = state
+                if self.latest is None or state["round"] >= self.latest["round"]:
+                    self.latest = {**state, "global": tree["global"], "workers": None}
+            else:
+                slot["workers"][int(msg["rank"])] = tree
+            self._maybe_checkpoint(int(msg["round"]))
+
+    def _maybe_checkpoint(self, r: int) -> None:
+        slot = self.pending.get(r)
+        if slot is None or slot["state"] is None:
+            return
+        ranks_with_data = sum(1 for n in self.trainer._rows if n > 0)
+        if self.latest is not None and self.latest["round"] == r and len(slot["workers"]) == ranks_with_data:
+            self.latest["workers"] = slot["workers"]  # a restart from here is exact
+        cp = self.checkpoints
+        final = any(h["round"] == r and h.get("stop_reason") for h in self.history)
+        if cp is None or not (cp.due(r) or final) or len(slot["workers"]) < ranks_with_data or r in cp.written:
+            return
+        state = slot["state"]
+        counters = {k: state[k] for k in ("steps_done", "samples_done", "total_bytes", "iteration", "auto_tau")}
+        path = self.trainer._save_checkpoint(cp, self.driver_net, "barrier", r, state["global_flat"], counters,
+                                             slot["workers"], strategy_state=state["strategy"])
+        for h in self.history:
+            if h["round"] == r:
+                h["checkpoint"] = path
+        for old in [k for k in self.pending if k <= r]:
+            del self.pending[old]
+
+    def run(self, chunks, start: dict):
+        from sparknet.spark._barrier import run_barrier
+        from sparknet.spark._channel import MetricsReceiver, new_secret
+        from sparknet.spark._session import is_local_master
+
+        trainer, sc, group, spec = self.trainer, self.sc, self.group, self.spec
+        dist, opts = trainer.dist, trainer.options
+        K = dist.workers
+        local = is_local_master(sc.master)
+        secret = new_secret()
+        advertise = "127.0.0.1" if local else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
+        receiver = MetricsReceiver("127.0.0.1" if local else "*", advertise, secret)
+        outcome: dict = {}
+        try:
+            begin = {k: start.get(k) for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration",
+                                               "strategy", "workers", "auto_tau")}
+            flat = start["global"]
+            payload_bc = sc.broadcast((trainer._pack(spec), np.asarray(flat, dtype=np.float32), begin))
+            self.broadcasts.append(payload_bc)
+            val_bc = None
+            if self.val is not None:
+                val_bc = sc.broadcast(self.val)
+                self.broadcasts.append(val_bc)
+            params = {"workers": K, "local": local, "endpoint": receiver.endpoint, "secret": secret,
+                      "rendezvous_timeout_s": opts.rendezvous_timeout_s,
+                      "collective_timeout_s": opts.collective_timeout_s, "round_seconds": dist.round_seconds,
+                      "eval_every_rounds": dist.eval_every_rounds, "stop": asdict(self.stop), "restart": self.restart,
+                      "state_every_rounds": opts.state_every_rounds,
+                      "checkpoint_every": self.checkpoints.every if self.checkpoints is not None else None,
+                      "auto_tau": None if not dist.auto_tau else {
+                          "target_fraction": dist.auto_tau_target, "min_tau": dist.auto_tau_min,
+                          "max_tau": dist.auto_tau_max, "every": dist.auto_tau_every,
+                          "initial": dist.tau or dist.auto_tau_min}}
+            stage = chunks.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
+            silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
+
+            def run_stage():
+                try:
+                    with job_group(sc, group, f"sparknet barrier stage ({K} workers)"):
+                        outcome["rows"] = stage.collect()
+                except BaseException as exc:  # handed to the driver thread below
+                    outcome["error"] = exc
+
+            thread = threading.Thread(target=run_stage, name=f"sparknet-barrier-{spec.fit_id}", daemon=True)
+            ready_at = None
+            thread.start()
+            last = time.perf_counter()
+            try:
+                while True:
+                    msg = receiver.recv(0.05)
+                    now = time.perf_counter()
+                    if msg is None:
+                        if not thread.is_alive():
+                            break
+                        limit = opts.rendezvous_timeout_s if ready_at is None else silence
+                        if now - last > limit:
+                            what = ("the barrier tasks did not all start and join the process group" if ready_at is None
+                                    else "the barrier stage sent no round record")
+                            raise DeadlineExceeded(f"{what} within {limit:.0f} s; the stage needs {K} free task slots "
+                                                   "at once and every worker alive (see the executor logs)")
+                        continue
+                    last = now
+                    if msg.get("event") == "ready":
+                        ready_at = now
+                    else:
+                        self._handle(msg, now)
+                thread.join(timeout=60)
+                while True:  # records that raced the end of the stage
+                    msg = receiver.recv(0.5 if "error" in outcome else 0.0)
+                    if msg is None:
+                        break
+                    self._handle(msg, time.perf_counter())
+            finally:
+                if thread.is_alive():
+                    cancel_group(sc, group)
+                    thread.join(timeout=30)
+        finally:
+            receiver.close()
+        if "error" in outcome:
+            # the rank that failed first on its own, not a peer whose collective broke because of it
+            first = sorted(self.errors, key=lambda e: (bool(e.get("collective")), e.get("time", 0.0)))
+            cause = task_error(first[0]["text"]) if first else task_error(outcome["error"])
+            fatal = any(e.get("fatal") for e in self.errors)
+            raise _StageFailed(cause, fatal) from outcome["error"]
+        rows = outcome.get("rows") or []
+        results = [row for row in rows if row[0] == "result"]
+        if not results:
+            raise EngineError("the barrier stage ended without rank 0's result")
+        _, flat_bytes, full_history = results[0]
+        for rec in full_history:  # records the channel did not deliver
+            self._record(rec, time.perf_counter())
+        final = torch.from_numpy(np.frombuffer(flat_bytes, dtype=np.float32).copy())
+        if self.checkpoints is not None:
+            last_round = max((h["round"] for h in self.history), default=0)
+            self._maybe_checkpoint(last_round)
+            if last_round not in self.checkpoints.written:
+                raise EngineError(f"the barrier stage ended but the final checkpoint of round {last_round} could not "
+                                  "be assembled (some ranks' solver states did not reach the driver)")
+        workers = sorted((row[2] | {"rank": row[1]} for row in rows if row[0] == "worker"), key=lambda w: w["rank"])
+        return final, {"barrier_workers": workers, "metrics_rejected": receiver.rejected}
