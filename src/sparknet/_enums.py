@@ -1,10 +1,26 @@
-"""Parsing sparknet's string enums from any case, with a clear error."""
+"""Enums shared by the configuration and the core, and parsing them from any case with a clear error."""
 
 from __future__ import annotations
 
 import enum
 
-__all__ = ["parse_enum"]
+__all__ = ["CompressionKind", "parse_enum"]
+
+
+class CompressionKind(enum.StrEnum):
+    """How workers encode the updates they send (``--compression``).
+
+    A ``StrEnum``: a member equals its value (``CompressionKind.INT8 == "int8"``) and prints as it.
+    """
+
+    NONE = "none"
+    """Float32 updates as they are."""
+    FP16 = "fp16"
+    """Half precision (IEEE float16)."""
+    BF16 = "bf16"
+    """Half precision (bfloat16: float32's range, fewer mantissa bits)."""
+    INT8 = "int8"
+    """One byte per value with a scale per chunk, the rounding error fed back into the next update."""
 
 
 def parse_enum(cls: type[enum.Enum], value, what: str):
@@ -12,6 +28,6 @@ def parse_enum(cls: type[enum.Enum], value, what: str):
     if isinstance(value, cls):
         return value
     try:
-        return cls(str(value).lower())
+        return cls(str(getattr(value, "value", value)).lower())  # a member of a look-alike enum reads as its value
     except ValueError:
         raise ValueError(f"unknown {what} {value!r}; choose one of {[m.value for m in cls]}") from None

@@ -11,10 +11,10 @@ import enum
 import math
 from dataclasses import asdict, dataclass, field, fields
 
-from sparknet._enums import parse_enum
+from sparknet._enums import CompressionKind, parse_enum
 from sparknet.solvers import LRPolicy, SolverConfig, SolverType
 
-__all__ = ["Engine", "Strategy", "RunConfig", "DistributedConfig", "TrainConfig", "parse_enum"]
+__all__ = ["Engine", "Strategy", "CompressionKind", "RunConfig", "DistributedConfig", "TrainConfig", "parse_enum"]
 
 
 class Engine(str, enum.Enum):
@@ -149,7 +149,7 @@ class DistributedConfig:
     """Largest tau --auto-tau may choose."""
     auto_tau_every: int = 3
     """Rounds between two choices of --auto-tau (each from the medians of the last 5 rounds)."""
-    compression: str = "none"
+    compression: CompressionKind = CompressionKind.NONE
     """Encoding of the updates workers send: none, fp16, bf16 or int8 (with error feedback)."""
     link_latency: str | None = None
     """Simulated slow network: every exchange of the Spark engines waits this latency (e.g. 50ms)."""
@@ -172,9 +172,7 @@ class DistributedConfig:
 
     def __post_init__(self):
         self.engine = parse_enum(Engine, self.engine, "engine")
-        self.compression = str(self.compression).lower()
-        if self.compression not in ("none", "fp16", "bf16", "int8"):
-            raise ValueError(f"unknown compression {self.compression!r}; choose none, fp16, bf16 or int8")
+        self.compression = parse_enum(CompressionKind, self.compression, "compression")
         if not 0 < self.auto_tau_target < 1:
             raise ValueError(f"auto_tau_target is a fraction in (0, 1), got {self.auto_tau_target}")
         if not 1 <= self.auto_tau_min <= self.auto_tau_max:
@@ -209,7 +207,7 @@ class DistributedConfig:
             raise ValueError("resume needs --checkpoint-dir: the folder whose newest checkpoint to continue from")
         if self.strategy is Strategy.SYNC and self.engine is Engine.ROUNDS and self.workers > 1:
             raise ValueError("the sync strategy allreduces gradients every step and needs --engine barrier")
-        if self.strategy is Strategy.SYNC and self.compression != "none":
+        if self.strategy is Strategy.SYNC and self.compression is not CompressionKind.NONE:
             raise ValueError("the sync strategy exchanges full gradients every step; compression applies to the "
                              "updates of average, diloco and easgd: drop --compression or choose another strategy")
         if self.strategy is Strategy.SYNC and self.auto_tau:
