@@ -28,7 +28,7 @@ from sparknet import datasets, zoo
 from sparknet._model_io import save_model
 from sparknet._parquet import read_parquet_dataset
 from sparknet.config import RunConfig
-from sparknet.tools.sinks import close_sinks, make_sinks
+from sparknet.sinks import close_sinks, make_sinks
 
 __all__ = ["seed_everything", "load_training_data", "build_model", "run_sinks", "finish_run"]
 

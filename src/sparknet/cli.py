@@ -1,96 +1,55 @@
 """The ``sparknet`` command.
 
-``sparknet train`` flags are generated from the fields of :class:`sparknet.config.RunConfig`
-and :class:`sparknet.config.DistributedConfig` (the docstring under each field is its help),
-so the command line never restates the configuration.
+``sparknet train`` flags are generated from the fields of :class:`sparknet.config.RunConfig`,
+:class:`sparknet.config.DistributedConfig` and the flag dataclasses of the Caffe files, model
+parallelism and the parameter server (the docstring under each field is its help), so the
+command line never restates the configuration. Which road a run takes is decided in one
+place, :func:`train_command`:
+
+============================================ ==========================================
+``--prototxt`` / ``--solver``                Caffe files (:mod:`sparknet.caffe.cli`)
+``--model-parallel M`` with M > 1            model parallelism (:mod:`sparknet.parallel.cli`)
+``--strategy async``                         the parameter server (:mod:`sparknet.ps`)
+one worker, the rounds engine, no master     one process (:mod:`sparknet.train`)
+anything else                                the Spark engines (:mod:`sparknet.spark.run`)
+============================================ ==========================================
+
+Every subcommand is listed in :data:`COMMANDS`.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import dataclasses
-import enum
-import inspect
 import json
 import logging
 import os
+import platform
 import sys
-import types
-import typing
 import warnings
 from collections.abc import Callable, Sequence
 
-from sparknet.config import DistributedConfig, Engine, RunConfig
+import torch
 
-__all__ = ["main", "build_parser"]
+from sparknet import __version__
+from sparknet._fields import add_dataclass_arguments, from_args
+from sparknet.caffe.cli import CaffeTrainFlags, train_caffe_files
+from sparknet.caffe.cli import configure_command as configure_caffe
+from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy
+from sparknet.errors import SparkNetError
+from sparknet.experiments.cli import configure_command as configure_experiment
+from sparknet.parallel.cli import ModelParallelFlags, check_unsplit, train_model_parallel
+from sparknet.ps.config import AsyncConfig
+from sparknet.ps.session import run_async
+from sparknet.sample import configure_sample, run_sample
+from sparknet.spark.run import train_distributed
+from sparknet.tools.export import configure_command as configure_export
+from sparknet.tools.plot import configure_command as configure_plot
+from sparknet.tools.predict import configure_command as configure_predict
+from sparknet.train import train_local
+
+__all__ = ["main", "build_parser", "train_command", "COMMANDS"]
 
 log = logging.getLogger("sparknet")
-
-_SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {}
-
-
-def subcommand(name: str, help: str):
-    """Register ``sparknet NAME``: decorates ``configure(parser)``, which sets ``_run`` as a default."""
-
-    def deco(configure):
-        _SUBCOMMANDS[name] = (help, configure)
-        return configure
-
-    return deco
-
-
-def field_docs(cls) -> dict[str, str]:
-    """The docstrings written under each field of a dataclass (its help texts)."""
-    try:
-        tree = ast.parse(inspect.getsource(cls))
-    except (OSError, TypeError):
-        return {}
-    docs: dict[str, str] = {}
-    body = tree.body[0].body
-    for node, nxt in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-def _base_type(tp):
-    """(type, optional) from an annotation such as ``int | None``."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return (args[0] if len(args) == 1 else str), True
-    return tp, False
-
-
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, *, skip: Sequence[str] = (), title: str | None = None) -> None:
-    """Add one ``--flag`` per field of ``cls`` (defaults taken from the dataclass)."""
-    group = parser.add_argument_group(title or cls.__name__)
-    hints = typing.get_type_hints(cls)
-    docs = field_docs(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        tp, optional = _base_type(hints[f.name])
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        help_text = docs.get(f.name, "")
-        if tp is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
-        elif isinstance(tp, type) and issubclass(tp, enum.Enum):
-            group.add_argument(flag, choices=[m.value for m in tp], default=default.value if isinstance(default, enum.Enum) else default,
-                               help=help_text)
-        elif typing.get_origin(tp) is tuple:
-            group.add_argument(flag, type=int, nargs="*", default=default, help=help_text)
-        else:
-            group.add_argument(flag, type=tp, default=default, help=help_text + (" (optional)" if optional and default is None else ""))
-    return None
-
-
-def _from_args(cls, args: argparse.Namespace):
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in vars(args).items() if k in names})
 
 
 def _setup_logging(verbose: bool, quiet: bool) -> None:
@@ -108,112 +67,114 @@ def _quiet_warnings() -> None:
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
 
 
-@subcommand("train", "train a network (one process, or K Spark workers with --workers K)")
 def _configure_train(p: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(p, RunConfig, title="training")
     add_dataclass_arguments(p, DistributedConfig, title="distributed training")
-    for extra in _train_extensions():
-        add_dataclass_arguments(p, extra, title=extra.__doc__.strip().splitlines()[0] if extra.__doc__ else None)
+    for flags in (CaffeTrainFlags, ModelParallelFlags, AsyncConfig):
+        add_dataclass_arguments(p, flags, title=flags.__doc__.strip().splitlines()[0])
     p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
     p.set_defaults(_run=_run_train)
 
 
-def _train_extensions() -> list:
-    """Config dataclasses of optional parts that add flags to ``sparknet train``.
+def train_command(run: RunConfig, dist: DistributedConfig, *, caffe: CaffeTrainFlags | None = None,
+                  model_parallel: ModelParallelFlags | None = None,
+                  parameter_server: AsyncConfig | None = None) -> dict:
+    """Train as ``sparknet train`` does: pick the one road these settings ask for; returns the summary record.
 
-    Each part's module exposes its dataclass as ``TRAIN_FLAGS`` and a runner
-    ``train_with(run, dist, flags) -> summary | None`` (``None``: not mine, go on).
+    Caffe files win over everything else; then ``--model-parallel M`` (M > 1); then the
+    parameter server (``--strategy async``); then one process (one worker, the rounds engine,
+    no ``--master``); otherwise the Spark engines. An unsplit run checks ``--max-weight-bytes``
+    and refuses ``--parallel-plan`` first.
     """
-    import importlib
-
-    out = []
-    for module in _TRAIN_EXTENSION_MODULES:
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name and module.startswith(e.name):
-                continue
-            raise
-        out.append(mod.TRAIN_FLAGS)
-    return out
-
-
-_TRAIN_EXTENSION_MODULES = ("sparknet.caffe.cli", "sparknet.parallel.cli", "sparknet.ps.cli")
+    caffe = caffe or CaffeTrainFlags()
+    model_parallel = model_parallel or ModelParallelFlags()
+    parameter_server = parameter_server or AsyncConfig()
+    if caffe.given:
+        return train_caffe_files(run, dist, caffe)
+    if model_parallel.model_parallel > 1:
+        return train_model_parallel(run, dist, model_parallel)
+    check_unsplit(run, model_parallel)
+    if dist.strategy is Strategy.ASYNC:
+        return run_async(run, dist, sync_interval=parameter_server.sync_interval,
+                         combiner=parameter_server.combiner, ps_host=parameter_server.ps_host)
+    if dist.workers == 1 and dist.engine is Engine.ROUNDS and dist.master is None:
+        return train_local(run, dist)
+    return train_distributed(run, dist)
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    import importlib
-
-    run = _from_args(RunConfig, args)
-    dist = _from_args(DistributedConfig, args)
-    summary = None
-    for extra in _train_extensions():
-        mod = importlib.import_module(extra.__module__)
-        summary = mod.train_with(run, dist, _from_args(extra, args))
-        if summary is not None:
-            break
-    if summary is None and dist.workers == 1 and args.engine == Engine.ROUNDS.value and args.master is None:
-        from sparknet.train import train_local
-
-        summary = train_local(run, dist)
-    elif summary is None:
-        from sparknet.spark.run import train_distributed
-
-        summary = train_distributed(run, dist)
+    summary = train_command(from_args(RunConfig, args), from_args(DistributedConfig, args),
+                            caffe=from_args(CaffeTrainFlags, args), model_parallel=from_args(ModelParallelFlags, args),
+                            parameter_server=from_args(AsyncConfig, args))
     keys = ("test_accuracy", "wall_s", "samples_per_s", "steps", "rounds", "weight_bytes_per_worker")
     print(json.dumps({k: summary.get(k) for k in keys if k in summary}))  # --quiet too: the run's result
     return 0
 
 
-@subcommand("sample", "generate text from a trained character model (char_lstm)")
 def _configure_sample(p: argparse.ArgumentParser) -> None:
-    from sparknet.sample import configure_sample, run_sample
-
     configure_sample(p)
     p.set_defaults(_run=run_sample)
 
 
-@subcommand("version", "print the versions sparknet runs with")
 def _configure_version(p: argparse.ArgumentParser) -> None:
-    def run(args):
-        import platform
+    p.set_defaults(_run=_run_version)
 
-        import torch
 
-        from sparknet import __version__
+def _run_version(args: argparse.Namespace) -> int:
+    info = {"sparknet": __version__, "python": platform.python_version(), "torch": torch.__version__}
+    try:
+        import pyspark  # heavy: loaded only to read its version
 
-        info = {"sparknet": __version__, "python": platform.python_version(), "torch": torch.__version__}
-        try:
-            import pyspark
+        info["pyspark"] = pyspark.__version__
+    except ImportError:
+        info["pyspark"] = None
+    print(json.dumps(info))
+    return 0
 
-            info["pyspark"] = pyspark.__version__
-        except ImportError:
-            info["pyspark"] = None
-        print(json.dumps(info))
-        return 0
 
-    p.set_defaults(_run=run)
+def _configure_doctor(p: argparse.ArgumentParser) -> None:
+    # Imported here, not at the top, until sparknet.tools.doctor stops importing this module
+    # (for its old registration decorator, see subcommand below): at the top it would be a cycle.
+    from sparknet.tools.doctor import _configure
+
+    _configure(p)
+
+
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "train": ("train a network (one process, or K Spark workers with --workers K)", _configure_train),
+    "sample": ("generate text from a trained character model (char_lstm)", _configure_sample),
+    "version": ("print the versions sparknet runs with", _configure_version),
+    "caffe": ("Caffe files: inspect a prototxt or .caffemodel, export a model folder, import Caffe files",
+              configure_caffe),
+    "doctor": ("check a Spark cluster before training: versions, memory, pickling, barrier, data skew",
+               _configure_doctor),
+    "export": ("export a trained model folder to ONNX or TorchScript for serving outside Spark", configure_export),
+    "plot": ("draw learning curves (loss and accuracy against time and samples) from a metrics file", configure_plot),
+    "predict": ("score Parquet data with a saved model through Spark (adds prediction and probability)",
+                configure_predict),
+    "experiment": ("reproduce the SparkNet paper's experiments (JSON + PNG per experiment)", configure_experiment),
+}
+"""``sparknet NAME``: its help line and the function that adds its arguments (and sets ``_run``)."""
+
+
+def subcommand(name: str, help: str):
+    """The old registration decorator: returns ``configure`` unchanged (commands are listed in :data:`COMMANDS`).
+
+    Kept only while :mod:`sparknet.tools.doctor` still decorates its parser with it.
+    """
+
+    def deco(configure):
+        return configure
+
+    return deco
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparknet", description="Deep-network training on Apache Spark with PyTorch.")
     sub = parser.add_subparsers(dest="command", required=True)
-    _load_plugins()
-    for name, (help_text, configure) in _SUBCOMMANDS.items():
+    for name, (help_text, configure) in COMMANDS.items():
         configure(sub.add_parser(name, help=help_text, description=help_text))
     return parser
-
-
-def _load_plugins() -> None:
-    """Import modules that register further subcommands (each optional part registers its own)."""
-    import importlib
-
-    for module in ("sparknet.caffe.cli", "sparknet.tools", "sparknet.experiments.cli"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module and not module.startswith(str(e.name)):
-                raise
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -230,13 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.error("interrupted")
         return 130
-    except Exception as e:
-        from sparknet.errors import SparkNetError
-
-        if isinstance(e, SparkNetError):
-            log.error("%s", e)
-            return 1
-        raise
+    except SparkNetError as e:
+        log.error("%s", e)
+        return 1
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ def test_quiet_train_prints_only_the_result_line(capsys):
     assert json.loads(lines[0])["steps"] == 20
 
 
-def test_pyspark_pandas_warning_is_hidden_inside_a_command_only():
+def test_pyspark_pandas_warning_is_hidden_inside_a_command_only(monkeypatch):
     def configure(p):
         def run(args):
             warnings.warn(PANDAS_NOTICE, FutureWarning, stacklevel=1)
@@ -28,13 +28,10 @@ def test_pyspark_pandas_warning_is_hidden_inside_a_command_only():
 
         p.set_defaults(_run=run)
 
-    cli.subcommand("warn-twice", "test only")(configure)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            assert cli.main(["warn-twice"]) == 0
-            warnings.warn(PANDAS_NOTICE, FutureWarning, stacklevel=1)  # outside the command: not filtered
-    finally:
-        del cli._SUBCOMMANDS["warn-twice"]
+    monkeypatch.setitem(cli.COMMANDS, "warn-twice", ("test only", configure))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert cli.main(["warn-twice"]) == 0
+        warnings.warn(PANDAS_NOTICE, FutureWarning, stacklevel=1)  # outside the command: not filtered
     messages = [str(w.message) for w in caught]
     assert messages == ["some other future change", PANDAS_NOTICE]

@@ -2,7 +2,8 @@
 
 import pytest
 
-from sparknet.cli import build_parser, field_docs
+from sparknet._fields import field_docs, from_args
+from sparknet.cli import build_parser
 from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy
 
 
@@ -78,12 +79,11 @@ def test_engine_option_settings_are_checked(bad, match):
 
 
 def test_link_and_auto_tau_flags_come_from_the_config():
-    from sparknet.cli import _from_args
     from sparknet.link import LinkModel
 
     args = build_parser().parse_args(["train", "--workers", "2", "--link-latency", "50ms", "--link-bandwidth",
                                       "100Mbit", "--auto-tau", "--auto-tau-max", "200", "--compression", "int8"])
-    dist = _from_args(DistributedConfig, args)
+    dist = from_args(DistributedConfig, args)
     assert dist.link() == LinkModel(0.05, 1e8)
     assert dist.auto_tau and dist.auto_tau_max == 200 and dist.auto_tau_min == 1 and dist.compression == "int8"
     assert DistributedConfig().link() is None

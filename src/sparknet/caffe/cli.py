@@ -33,16 +33,22 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from sparknet.cli import subcommand
+import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from sparknet.config import DistributedConfig, RunConfig
+from sparknet._model_io import load_model, save_model
+from sparknet.caffe import train as caffe_train
+from sparknet.caffe.caffemodel import describe_caffemodel, load_caffemodel_into, read_caffemodel_layers, write_caffemodel
+from sparknet.caffe.prototxt import PrototxtError, load_net_prototxt, net_to_prototxt
+from sparknet.caffe.solver import load_solver_prototxt
+from sparknet.config import DistributedConfig, RunConfig
+from sparknet.weights import WeightCollection
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TRAIN_FLAGS", "CaffeTrainFlags", "train_with", "describe_net", "describe_solver", "file_kind"]
+__all__ = ["CaffeTrainFlags", "train_caffe_files", "train_with", "describe_net", "describe_solver", "file_kind",
+           "configure_command"]
 
 
 @dataclass(kw_only=True)
@@ -83,10 +89,6 @@ class CaffeTrainFlags:
         """Whether a Caffe file was given (the run is a Caffe run)."""
         return self.prototxt is not None or self.solver is not None
 
-
-TRAIN_FLAGS = CaffeTrainFlags
-"""The dataclass whose fields ``sparknet train`` turns into flags."""
-
 # RunConfig field -> resolve_caffe_run argument, and RunConfig field -> SolverConfig field.
 _RUN_SETTINGS = {"steps": "max_iter", "batch_size": "batch_size", "seed": "seed", "eval_every": "test_interval"}
 _SOLVER_SETTINGS = {"solver_type": "type", "lr": "base_lr", "momentum": "momentum", "weight_decay": "weight_decay",
@@ -96,15 +98,13 @@ _NOT_APPLICABLE = ("model", "dataset", "data")
 
 def _changed(run: RunConfig) -> dict[str, Any]:
     """The RunConfig fields whose values differ from their defaults (taken as given on the command line)."""
-    from sparknet.config import RunConfig
-
     defaults = RunConfig()
     return {f.name: getattr(run, f.name) for f in dataclasses.fields(RunConfig)
             if getattr(run, f.name) != getattr(defaults, f.name)}
 
 
-def train_with(run: RunConfig, dist: DistributedConfig, flags: CaffeTrainFlags) -> dict | None:
-    """``sparknet train`` with Caffe files: ``None`` when none was given, else the run's summary record.
+def train_caffe_files(run: RunConfig, dist: DistributedConfig, flags: CaffeTrainFlags) -> dict:
+    """``sparknet train`` with Caffe files (``--prototxt`` and/or ``--solver``): the run's summary record.
 
     Parameters
     ----------
@@ -112,12 +112,10 @@ def train_with(run: RunConfig, dist: DistributedConfig, flags: CaffeTrainFlags) 
         The ``sparknet train`` flags; see the module docstring for which ones override the
         Caffe files.
     flags : CaffeTrainFlags
-        This module's flags.
+        This module's flags; a ``ValueError`` when they name no Caffe file.
     """
     if not flags.given:
-        return None
-    from sparknet.caffe.train import resolve_caffe_run, train_caffe
-
+        raise ValueError("a Caffe run needs --prototxt NET, --solver SOLVER or both")
     changed = _changed(run)
     for name in _NOT_APPLICABLE:
         if name in changed:
@@ -132,10 +130,8 @@ def train_with(run: RunConfig, dist: DistributedConfig, flags: CaffeTrainFlags) 
         overrides.setdefault("test_interval", run.eval_every)
     if overrides or solver_overrides:
         logger.info("command-line settings over the Caffe files: %s", {**overrides, **solver_overrides})
-    from sparknet.caffe import PrototxtError
-
     try:
-        plan = resolve_caffe_run(
+        plan = caffe_train.resolve_caffe_run(
             flags.prototxt, flags.solver, weights=flags.weights, snapshot_dir=flags.snapshot_dir,
             sources=flags.caffe_sources, test_iter=flags.test_iter, display=flags.display,
             snapshot=flags.snapshot_every, solver_overrides=solver_overrides, default_solver=run.solver(),
@@ -146,8 +142,13 @@ def train_with(run: RunConfig, dist: DistributedConfig, flags: CaffeTrainFlags) 
         # the library's hint names the Python argument; say what the command line takes
         raise PrototxtError(f"{exc}; on the command line: --caffe-sources SOURCE=DATASET[:SPLIT]", layer=exc.layer,
                             path=exc.path, line=exc.line, column=exc.column) from None
-    return train_caffe(plan, workers=dist.workers, dist=dist, metrics_out=run.metrics_out, progress=not run.quiet,
-                       threads=run.threads, device=run.device)
+    return caffe_train.train_caffe(plan, workers=dist.workers, dist=dist, metrics_out=run.metrics_out,
+                                   progress=not run.quiet, threads=run.threads, device=run.device)
+
+
+def train_with(run: RunConfig, dist: DistributedConfig, flags: CaffeTrainFlags) -> dict | None:
+    """:func:`train_caffe_files` when ``flags`` name a Caffe file, ``None`` otherwise (kept for existing callers)."""
+    return train_caffe_files(run, dist, flags) if flags.given else None
 
 
 # --------------------------------------------------------------------------- inspect
@@ -181,8 +182,6 @@ def _table(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> list[str
 
 def _param_counts(net) -> dict[str, int]:
     """Learnable values per layer, without allocating the weights (built on torch's meta device)."""
-    import torch
-
     try:
         with torch.device("meta"):
             module = net.net_params.build(seed=0)
@@ -205,8 +204,6 @@ def describe_net(path: str | Path, *, phase: str = "TRAIN", stages: tuple[str, .
 
     What ``sparknet caffe inspect NET`` prints.
     """
-    from sparknet.caffe import load_net_prototxt
-
     net = load_net_prototxt(path, phase=phase, stages=tuple(stages))
     shapes = net.net_params.infer_shapes()
     counts = _param_counts(net)
@@ -231,8 +228,6 @@ def describe_net(path: str | Path, *, phase: str = "TRAIN", stages: tuple[str, .
 
 def solver_settings(path: str | Path) -> dict[str, Any]:
     """A solver prototxt's settings as plain values (what ``inspect --json`` prints)."""
-    from sparknet.caffe import load_solver_prototxt
-
     solver = load_solver_prototxt(path)
     settings = solver.config.to_dict()
     kind = solver.config.type.value
@@ -273,8 +268,6 @@ def _run_inspect(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"no such file: {path}")
     kind = file_kind(path) if args.kind == "auto" else args.kind
     if kind == "caffemodel":
-        from sparknet.caffe import describe_caffemodel, read_caffemodel_layers
-
         if args.json:
             layers = read_caffemodel_layers(path)
             print(json.dumps([{"layer": l.name, "type": l.type, "blobs": [list(b.shape) for b in l.blobs],
@@ -285,8 +278,6 @@ def _run_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(solver_settings(path)) if args.json else describe_solver(path))
     else:
         if args.json:
-            from sparknet.caffe import load_net_prototxt
-
             net = load_net_prototxt(path, phase=args.phase, stages=tuple(args.stage))
             shapes = net.net_params.infer_shapes()
             counts = _param_counts(net)
@@ -314,9 +305,6 @@ def export_model_dir(model_dir: str | Path, out_prefix: str | Path) -> tuple[Pat
         A folder holding a pickled torch module (no layer definitions to export), or a
         layer Caffe has no equivalent of.
     """
-    from sparknet._model_io import load_model
-    from sparknet.caffe import load_net_prototxt, net_to_prototxt, write_caffemodel
-
     saved = load_model(model_dir)
     if saved.net_params is None:
         raise ValueError(f"{model_dir}: the model is a pickled torch module, not a layer-DSL net; "
@@ -361,11 +349,6 @@ def import_caffe(prototxt: str | Path, out: str | Path, *, weights: str | Path |
     phase : {"TRAIN", "TEST"}
         Which layers to keep.
     """
-    from sparknet._model_io import save_model
-    from sparknet.caffe import load_caffemodel_into, load_net_prototxt, load_solver_prototxt
-    from sparknet.caffe.train import model_config
-    from sparknet.weights import WeightCollection
-
     prototxt = Path(prototxt)
     if not prototxt.is_file():
         raise FileNotFoundError(f"no such net prototxt: {prototxt}")
@@ -379,8 +362,8 @@ def import_caffe(prototxt: str | Path, out: str | Path, *, weights: str | Path |
         logger.warning("no --weights: the model folder holds the net's initial (filler) weights")
     solver_config = load_solver_prototxt(solver).config if solver is not None else None
     return save_model(out, net.net_params, WeightCollection(module.layer_weights()), solver=solver_config,
-                      config=model_config(net, prototxt.read_text(encoding="utf-8"),
-                                          weights=str(weights) if weights else None),
+                      config=caffe_train.model_config(net, prototxt.read_text(encoding="utf-8"),
+                                                      weights=str(weights) if weights else None),
                       overwrite=overwrite)
 
 
@@ -400,8 +383,8 @@ def _run_import(args: argparse.Namespace) -> int:
     return 0
 
 
-@subcommand("caffe", "Caffe files: inspect a prototxt or .caffemodel, export a model folder, import Caffe files")
-def _configure(p: argparse.ArgumentParser) -> None:
+def configure_command(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``sparknet caffe`` (``sparknet.cli`` lists the command)."""
     sub = p.add_subparsers(dest="caffe_command", required=True)
 
     q = sub.add_parser("inspect", help="a net's layers and shapes, a solver's settings, or a .caffemodel's weights",

@@ -12,25 +12,20 @@ import argparse
 import dataclasses
 import json
 import logging
-import types
 import typing
 
-from sparknet.cli import field_docs, subcommand
+from sparknet._fields import base_type, field_docs
 from sparknet.experiments import DEFAULT_OUT, EXPERIMENTS, get_experiment, run_experiment
 
-__all__ = ["add_config_arguments", "config_overrides"]
+__all__ = ["add_config_arguments", "config_overrides", "configure_command"]
 
 log = logging.getLogger(__name__)
 
 
 def _unwrap(tp):
     """(base type, is_tuple) of an annotation such as ``tuple[int, ...] | None``."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        tp = args[0] if len(args) == 1 else str
-        origin = typing.get_origin(tp)
-    if origin is tuple:
+    tp, _ = base_type(tp)
+    if typing.get_origin(tp) is tuple:
         args = [a for a in typing.get_args(tp) if a is not Ellipsis]
         return (args[0] if args else str), True
     return tp, False
@@ -79,8 +74,8 @@ def _run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-@subcommand("experiment", "reproduce the SparkNet paper's experiments (JSON + PNG per experiment)")
-def _configure(parser: argparse.ArgumentParser) -> None:
+def configure_command(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``sparknet experiment`` (``sparknet.cli`` lists the command)."""
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="NAME")
     for name in (*EXPERIMENTS, "all"):
         if name == "all":

@@ -1,8 +1,8 @@
 """``sparknet train --model-parallel M``: layers split across workers, on Spark, from the command line.
 
-The ``train`` command turns the fields of :class:`ModelParallelFlags` (:data:`TRAIN_FLAGS`)
-into ``--model-parallel``, ``--parallel-plan`` and ``--max-weight-bytes`` and calls
-:func:`train_with`::
+The ``train`` command turns the fields of :class:`ModelParallelFlags` into
+``--model-parallel``, ``--parallel-plan`` and ``--max-weight-bytes``; with M > 1 it calls
+:func:`train_model_parallel`, otherwise :func:`check_unsplit` before the usual engines::
 
     sparknet train --model mlp --dataset mnist --workers 4 --engine barrier --model-parallel 2 \\
         --tau 20 --rounds 5 --solver-type rmsprop --lr 1e-3 --save-model runs/mlp-mp
@@ -22,9 +22,17 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy
+from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
+from sparknet._enums import CompressionKind
+from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy, TrainConfig
+from sparknet.metrics import MetricsLogger
+from sparknet.parallel.runner import ModelParallelJob, default_plan
+from sparknet.parallel.spark import fit_model_parallel
+from sparknet.parallel.tensor import check_weight_budget
+from sparknet.spark._session import get_session
+from sparknet.spark.run import cached_training_frame
 
-__all__ = ["ModelParallelFlags", "TRAIN_FLAGS", "train_with", "parse_plan"]
+__all__ = ["ModelParallelFlags", "train_model_parallel", "check_unsplit", "parse_plan"]
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +60,6 @@ class ModelParallelFlags:
     def budget(self) -> int | None:
         """``max_weight_bytes`` as a whole number of bytes."""
         return None if self.max_weight_bytes is None else int(self.max_weight_bytes)
-
-
-TRAIN_FLAGS = ModelParallelFlags
-"""The dataclass whose fields ``sparknet train`` turns into flags."""
 
 
 def parse_plan(text: str) -> dict[str, str | None]:
@@ -90,7 +94,7 @@ def _refusals(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlags
     if dist.tau is None or dist.round_seconds is not None:
         return ("--model-parallel needs a fixed --tau and no --round-seconds: the workers of one model copy "
                 "must make the same steps")
-    if dist.compression != "none" or dist.auto_tau or dist.link() is not None:
+    if dist.compression is not CompressionKind.NONE or dist.auto_tau or dist.link() is not None:
         return ("--model-parallel does not support --compression, --auto-tau or a simulated link; drop "
                 "--compression, --auto-tau, --link-latency and --link-bandwidth")
     if dist.warmup_steps:
@@ -105,27 +109,31 @@ def _refusals(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlags
     return None
 
 
-def train_with(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlags) -> dict | None:
-    """Train split across workers when ``--model-parallel`` > 1; ``None`` otherwise (not this part's run).
+def check_unsplit(run: RunConfig, flags: ModelParallelFlags) -> None:
+    """Before an unsplit run (M = 1): refuse ``--parallel-plan``, and a net over ``--max-weight-bytes``.
 
-    With ``--max-weight-bytes`` alone, the unsplit net is checked against the budget: over
-    it, :class:`~sparknet.parallel.WeightBudgetError` (a ``ValueError`` naming the M that
-    fits); within it, ``None`` and the usual engines train.
+    Over the budget, :class:`~sparknet.parallel.WeightBudgetError` (a ``ValueError`` naming the
+    M that fits); within it, the usual engines train.
     """
-    if flags.model_parallel == 1:
-        if flags.parallel_plan is not None:
-            raise ValueError("--parallel-plan needs --model-parallel M with M > 1")
-        if flags.budget is not None:
-            from sparknet.parallel.runner import default_plan
-            from sparknet.parallel.tensor import check_weight_budget
-            from sparknet.train import build_model, load_training_data
+    if flags.parallel_plan is not None:
+        raise ValueError("--parallel-plan needs --model-parallel M with M > 1")
+    if flags.budget is None:
+        return
+    _, _, info = load_training_data(run)
+    net_params = build_model(run, info)
+    # the plan --model-parallel 2 would use, so the refusal can name the M that fits
+    need = check_weight_budget(net_params, flags.budget, 1, default_plan(net_params, 2))
+    log.info("%s bytes of weights per worker, within --max-weight-bytes %s", f"{need:,}", f"{flags.budget:,}")
 
-            _, _, info = load_training_data(run)
-            net_params = build_model(run, info)
-            # the plan --model-parallel 2 would use, so the refusal can name the M that fits
-            need = check_weight_budget(net_params, flags.budget, 1, default_plan(net_params, 2))
-            log.info("%s bytes of weights per worker, within --max-weight-bytes %s", f"{need:,}", f"{flags.budget:,}")
-        return None
+
+def train_model_parallel(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlags) -> dict:
+    """Train split across ``flags.model_parallel`` workers per copy of the net; returns the summary record.
+
+    A run that model parallelism cannot do (see the module docstring) is refused with a
+    ``ValueError`` that says what to change, before anything starts.
+    """
+    if flags.model_parallel < 2:
+        raise ValueError("model-parallel training needs --model-parallel M with M > 1")
     reason = _refusals(run, dist, flags)
     if reason is not None:
         raise ValueError(reason)
@@ -133,13 +141,6 @@ def train_with(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlag
 
 
 def _train(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlags) -> dict:
-    from sparknet.config import TrainConfig
-    from sparknet.metrics import MetricsLogger
-    from sparknet.parallel.runner import ModelParallelJob
-    from sparknet.parallel.spark import fit_model_parallel
-    from sparknet.spark import get_session
-    from sparknet.train import build_model, finish_run, load_training_data, run_sinks, seed_everything
-
     seed_everything(run.seed)
     train, test, info = load_training_data(run)
     net_params = build_model(run, info)
@@ -159,7 +160,8 @@ def _train(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlags) -
     try:
         # A local session gets a larger driver heap (get_session); one already running is used as it is.
         spark = get_session(dist.resolved_master)
-        df = spark.read.parquet(run.data) if run.data is not None else _training_frame(spark, run, train)
+        df = (spark.read.parquet(run.data) if run.data is not None
+              else cached_training_frame(spark, run.dataset, train))
         with MetricsLogger(run.metrics_out, progress=not run.quiet, total=total, sinks=sinks) as metrics:
             log.info("training %s on %s: %d workers = %d copies x %d shards (barrier engine, %s, tau=%d) on %s",
                      run.model, run.dataset if run.data is None else run.data, dist.workers,
@@ -182,8 +184,3 @@ def _train(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlags) -
                    solver=run.solver(), config=config)
     return summary
 
-
-def _training_frame(spark, run: RunConfig, train):
-    from sparknet.spark.run import cached_training_frame
-
-    return cached_training_frame(spark, run.dataset, train)

@@ -31,7 +31,6 @@ import logging
 import math
 import os
 import threading
-import types
 import typing
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -45,8 +44,11 @@ from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionC
 from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable,
                              DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter)
 
-from sparknet import _model_io
+from sparknet import _model_io, zoo
+from sparknet._fields import base_type, field_docs
 from sparknet.config import DistributedConfig, RunConfig, parse_enum
+from sparknet.layers import NetParams
+from sparknet.spark.trainer import SparkTrainer
 
 __all__ = ["SparkNetEstimator", "SparkNetModel"]
 
@@ -70,20 +72,6 @@ _NO_DEFAULT = {"workers"}  # resolved from the session at fit time
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
-
-
-def _base_type(tp) -> tuple[Any, bool]:
-    """(type, optional) of an annotation such as ``int | None``."""
-    if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return (args[0] if len(args) == 1 else str), True
-    return tp, False
-
-
-def _field_docs(cls) -> dict[str, str]:
-    from sparknet.cli import field_docs
-
-    return field_docs(cls)
 
 
 def _field_converter(cls, fname: str, pname: str, base) -> Any:
@@ -123,11 +111,11 @@ def _config_params() -> tuple[dict[str, Param], dict[str, tuple[type, str]], dic
     optional: set[str] = set()
     for cls, names in ((RunConfig, _RUN_FIELDS), (DistributedConfig, _DIST_FIELDS)):
         hints = typing.get_type_hints(cls)
-        docs = _field_docs(cls)
+        docs = field_docs(cls)
         by_name = {f.name: f for f in dataclasses.fields(cls)}
         for fname in names:
             pname = _camel(fname)
-            base, is_opt = _base_type(hints[fname])
+            base, is_opt = base_type(hints[fname])
             doc = _DOC_OVERRIDES.get(fname) or docs.get(fname) or fname.replace("_", " ")
             params[pname] = Param(Params._dummy(), pname, doc,
                                   typeConverter=_field_converter(cls, fname, pname, base))
@@ -404,8 +392,6 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
         """The NetParams, or None when the zoo model named by ``model`` is used."""
         if not self.isDefined(self.net) or self.getOrDefault(self.net) is None:
             return None
-        from sparknet.layers import NetParams
-
         return NetParams.from_dict(self.getOrDefault(self.net))
 
     # -- configuration --------------------------------------------------------------------------
@@ -447,8 +433,6 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
     def _zoo_net(self, dataset, run: RunConfig, shape, kind: str):
         """The zoo model named by ``model``, sized to the data where its function takes sizes."""
         from pyspark.sql import functions as F
-
-        from sparknet import zoo
 
         key = run.model.strip().lower().replace("-", "_")
         if key not in zoo.MODELS:
@@ -500,8 +484,6 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
             if shape is None:
                 raise ValueError("binary features need imageShape")
             image_shape = list(shape)
-
-        from sparknet.spark import SparkTrainer
 
         solver = run.solver()
         trainer = SparkTrainer(net_params, solver=solver, dist=dist, batch_size=run.batch_size, seed=run.seed,

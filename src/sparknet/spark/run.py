@@ -8,14 +8,20 @@ record goes to the metrics file and the progress line.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from pathlib import Path
 
 import numpy as np
 
-from sparknet.config import DistributedConfig, RunConfig
+from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
+from sparknet._enums import CompressionKind
+from sparknet.config import DistributedConfig, RunConfig, TrainConfig
+from sparknet.datasets import cache_root
 from sparknet.metrics import MetricsLogger
+from sparknet.spark._session import get_session
+from sparknet.spark.trainer import SparkTrainer
 
 __all__ = ["train_distributed", "dataset_as_parquet", "cached_training_frame"]
 
@@ -60,8 +66,6 @@ def cached_training_frame(spark, dataset: str, train):
     The file name holds the rows and the shape of one sample and one label, so a data set cut
     differently (another sequence length) gets its own file.
     """
-    from sparknet.datasets import cache_root
-
     shape = "x".join(str(d) for d in (*np.shape(train.x)[1:], *np.shape(train.y)[1:])) or "1"
     path = Path(cache_root()) / "parquet" / f"{dataset.lower()}-train-{len(train)}-{shape}.parquet"
     return spark.read.parquet(str(dataset_as_parquet(train, path)))
@@ -76,8 +80,6 @@ def _training_frame(spark, run: RunConfig, train):
     """
     if run.data is None:
         return cached_training_frame(spark, run.dataset, train)
-    import hashlib
-
     root = Path(run.data).resolve()
     files = sorted(p for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file())
     stamp = hashlib.sha256(str(root).encode())
@@ -89,10 +91,6 @@ def _training_frame(spark, run: RunConfig, train):
 
 def train_distributed(run: RunConfig, dist: DistributedConfig, *, extra_summary: dict | None = None) -> dict:
     """Train as ``run`` and ``dist`` say on Spark; returns the summary record."""
-    from sparknet.config import TrainConfig
-    from sparknet.spark import SparkTrainer, get_session
-    from sparknet.train import build_model, finish_run, load_training_data, run_sinks, seed_everything
-
     seed_everything(run.seed)
     train, test, info = load_training_data(run)
     net_params = build_model(run, info)
@@ -116,8 +114,6 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, *, extra_summary:
 
 
 def _fit(spark, df, test, info, run, dist, net_params, total, sinks, rows_per_worker, extra_summary):
-    from sparknet.spark import SparkTrainer
-
     with MetricsLogger(run.metrics_out, progress=not run.quiet, total=total, sinks=sinks) as metrics:
         def on_round(record: dict) -> None:
             metrics.write(record)
@@ -129,7 +125,7 @@ def _fit(spark, df, test, info, run, dist, net_params, total, sinks, rows_per_wo
                                threads=run.threads or 1, device=run.device, spark=spark, on_round=on_round,
                                max_steps=run.steps)
         link = dist.link()
-        extras = "".join([f", {dist.compression} updates" if dist.compression != "none" else "",
+        extras = "".join([f", {dist.compression.value} updates" if dist.compression is not CompressionKind.NONE else "",
                           f", auto tau in [{dist.auto_tau_min}, {dist.auto_tau_max}]" if dist.auto_tau else "",
                           f", link {link.describe()}" if link is not None and not link.is_free else ""])
         log.info("training %s on %s with %d workers (%s engine, %s, tau=%s%s) on %s; %.0f rows per worker",

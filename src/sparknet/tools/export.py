@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sparknet.cli import subcommand
+from sparknet import _model_io
 
 __all__ = ["ExportFormat", "export_onnx", "export_torchscript", "export_model", "verify_onnx", "example_input_for"]
 
@@ -260,8 +260,6 @@ def export_model(model_dir: str | os.PathLike, format: ExportFormat | str, out: 
     Path
         The file written.
     """
-    from sparknet import _model_io
-
     try:
         fmt = ExportFormat(str(getattr(format, "value", format)).lower())
     except ValueError:
@@ -299,8 +297,8 @@ def _random_like(example: torch.Tensor, batch: int) -> torch.Tensor:
     return torch.zeros(shape, dtype=example.dtype)
 
 
-@subcommand("export", "export a trained model folder to ONNX or TorchScript for serving outside Spark")
-def _configure(p: argparse.ArgumentParser) -> None:
+def configure_command(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``sparknet export`` (``sparknet.cli`` lists the command)."""
     p.add_argument("--model-dir", required=True, help="sparknet model folder (as 'sparknet train' saves it)")
     p.add_argument("--format", required=True, choices=[f.value for f in ExportFormat], help="what to write")
     p.add_argument("--out", required=True, help="file to write (.onnx or .pt)")

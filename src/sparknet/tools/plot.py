@@ -22,7 +22,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparknet.cli import subcommand
 from sparknet.metrics import read_metrics
 
 __all__ = ["Curves", "extract_curves", "plot_metrics"]
@@ -136,7 +135,7 @@ def plot_metrics(metrics: str | os.PathLike | Sequence[dict], out: str | os.Path
     ValueError
         When the records hold nothing to plot, or ``out`` is missing for a list of records.
     """
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # matplotlib loads only when a figure is drawn
 
     if isinstance(metrics, (str, os.PathLike)):
         source = Path(metrics)
@@ -194,8 +193,8 @@ def plot_metrics(metrics: str | os.PathLike | Sequence[dict], out: str | os.Path
     return out
 
 
-@subcommand("plot", "draw learning curves (loss and accuracy against time and samples) from a metrics file")
-def _configure(p: argparse.ArgumentParser) -> None:
+def configure_command(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``sparknet plot`` (``sparknet.cli`` lists the command)."""
     p.add_argument("metrics", help="JSON-lines metrics file written by 'sparknet train --metrics-out'")
     p.add_argument("--out", default=None, help="PNG to write (default: the metrics file with .png)")
     p.add_argument("--title", default=None, help="figure title")

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.cli import subcommand
+from sparknet.spark._session import get_session
 
 __all__ = ["PredictResult", "predict"]
 
@@ -91,8 +91,7 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
     -------
     PredictResult
     """
-    from sparknet.spark._session import get_session
-    from sparknet.spark.ml import SparkNetModel
+    from sparknet.spark.ml import SparkNetModel  # imports pyspark: loaded when scoring starts
 
     if not Path(model_dir).is_dir():
         raise FileNotFoundError(f"no model folder at {model_dir}")
@@ -138,8 +137,8 @@ def _no_active_session() -> bool:
     return SparkSession.getActiveSession() is None
 
 
-@subcommand("predict", "score Parquet data with a saved model through Spark (adds prediction and probability)")
-def _configure(p: argparse.ArgumentParser) -> None:
+def configure_command(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``sparknet predict`` (``sparknet.cli`` lists the command)."""
     p.add_argument("--model", required=True, help="sparknet model folder")
     p.add_argument("--data", required=True, help="Parquet file or folder to score")
     p.add_argument("--out", required=True, help="Parquet folder to write")

@@ -1,0 +1,81 @@
+"""The configuration dataclasses read field by field: help texts, types and command-line flags.
+
+``sparknet train``'s flags, the Spark ML ``Params`` (:mod:`sparknet.spark.ml`) and the
+experiments' options are all generated from the config dataclasses with these helpers, so
+none of them restates a field: the docstring written under a field is its help text::
+
+    parser = argparse.ArgumentParser()
+    add_dataclass_arguments(parser, RunConfig, title="training")
+    run = from_args(RunConfig, parser.parse_args())
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import enum
+import inspect
+import types
+import typing
+from collections.abc import Sequence
+
+__all__ = ["field_docs", "base_type", "add_dataclass_arguments", "from_args"]
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The docstrings written under each field of a dataclass (its help texts)."""
+    try:
+        tree = ast.parse(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    docs: dict[str, str] = {}
+    body = tree.body[0].body
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def base_type(tp) -> tuple[typing.Any, bool]:
+    """``(type, optional)`` of an annotation such as ``int | None`` (a union of several types reads as str)."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return (args[0] if len(args) == 1 else str), True
+    return tp, False
+
+
+def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, *, skip: Sequence[str] = (),
+                            title: str | None = None) -> None:
+    """Add one ``--flag`` per field of ``cls`` to ``parser`` (defaults taken from the dataclass).
+
+    A bool field becomes ``--flag/--no-flag``, an enum field a choice of its values, a tuple
+    field a list of ints; ``title`` names the group in ``--help`` (default: the class name).
+    """
+    group = parser.add_argument_group(title or cls.__name__)
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        tp, optional = base_type(hints[f.name])
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        help_text = docs.get(f.name, "")
+        if tp is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        elif isinstance(tp, type) and issubclass(tp, enum.Enum):
+            group.add_argument(flag, choices=[m.value for m in tp],
+                               default=default.value if isinstance(default, enum.Enum) else default, help=help_text)
+        elif typing.get_origin(tp) is tuple:
+            group.add_argument(flag, type=int, nargs="*", default=default, help=help_text)
+        else:
+            group.add_argument(flag, type=tp, default=default,
+                               help=help_text + (" (optional)" if optional and default is None else ""))
+
+
+def from_args(cls, args: argparse.Namespace):
+    """An instance of the dataclass ``cls`` from the parsed flags of its fields (it checks itself)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in vars(args).items() if k in names})

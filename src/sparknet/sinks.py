@@ -1,0 +1,401 @@
+"""Metrics sinks: TensorBoard and MLflow, fed by :class:`sparknet.metrics.MetricsLogger`.
+
+A sink is a callable that takes each metric record (see :mod:`sparknet.metrics`) and has a
+``close()``. Both sinks here turn round and eval records into the same scalars, all against
+the training step (a round record's ``total_steps``; an eval record's ``step``):
+
+========================== ====================================================
+``train/loss``             training loss of the round (sample-weighted over workers)
+``validation/loss``        validation loss (rounds that evaluated)
+``validation/accuracy``    validation accuracy (rounds that evaluated)
+``test/loss``              test loss (eval records, one process)
+``test/accuracy``          test accuracy (eval records)
+``throughput/samples_per_s`` samples of the round over its wall time (eval: since the last eval)
+``round/tau``              local steps of the round
+``round/bytes``            bytes moved by the round
+``round/compute_s``        slowest worker's compute time in the round
+``round/comm_s``           the rest of the round's time (synchronization)
+``worker/<k>/loss``        each worker's own training loss (``per_worker``)
+``summary/<name>``         numbers of the final summary record (at the last step)
+========================== ====================================================
+
+Usage::
+
+    sinks = make_sinks(tensorboard_dir="runs/tb", mlflow_uri="./mlruns", params=config.to_dict(),
+                       model_dir="out/model")
+    try:
+        with MetricsLogger("m.jsonl", sinks=sinks) as metrics:
+            ...train, metrics.write(record)...
+    finally:
+        close_sinks(sinks)          # MLflow: logs the model folder, ends the run
+
+TensorBoard needs the ``tensorboard`` package (``pip install 'sparknet[tensorboard]'``);
+MLflow needs ``mlflow`` or ``mlflow-skinny`` (``pip install 'sparknet[mlflow]'``). Each is
+imported only when its sink is made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TensorBoardSink", "MLflowSink", "make_sinks", "close_sinks", "record_scalars", "resolve_tracking_uri",
+           "DEFAULT_MLFLOW_DIR"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MLFLOW_DIR = "mlruns"
+"""Folder of the MLflow file store used when no tracking URI is given (relative to the working directory)."""
+
+_ROUND_FIELDS = {"loss": "train/loss", "val_loss": "validation/loss", "val_accuracy": "validation/accuracy",
+                 "tau": "round/tau", "bytes": "round/bytes", "compute_s": "round/compute_s", "comm_s": "round/comm_s"}
+_EVAL_FIELDS = {"loss": "test/loss", "test_accuracy": "test/accuracy"}
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+class _StepTracker:
+    """Turns a stream of records into (step, scalars) pairs; keeps what throughput needs."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self._last_eval: tuple[float, float] | None = None  # (wall_s, samples)
+
+    def scalars(self, record: Mapping[str, Any]) -> tuple[int, dict[str, float]] | None:
+        event = record.get("event")
+        out: dict[str, float] = {}
+        if event == "round":
+            if record.get("total_steps") is not None:
+                self.step = int(record["total_steps"])
+            else:
+                self.step += int(record.get("steps") or 0)
+            for key, name in _ROUND_FIELDS.items():
+                v = _number(record.get(key))
+                if v is not None:
+                    out[name] = v
+            seconds = _number(record.get("round_s"))
+            if seconds is None:
+                parts = [_number(record.get(k)) for k in ("compute_s", "comm_s")]
+                seconds = sum(p for p in parts if p is not None) if any(p is not None for p in parts) else None
+            samples = _number(record.get("samples"))
+            if seconds and samples is not None:
+                out["throughput/samples_per_s"] = samples / seconds
+            for i, w in enumerate(record.get("per_worker") or ()):
+                v = _number(w.get("loss"))
+                if v is not None:
+                    out[f"worker/{w.get('rank', w.get('index', i))}/loss"] = v
+            return self.step, out
+        if event == "eval":
+            if record.get("step") is not None:
+                self.step = int(record["step"])
+            for key, name in _EVAL_FIELDS.items():
+                v = _number(record.get(key))
+                if v is not None:
+                    out[name] = v
+            wall, samples = _number(record.get("wall_s")), _number(record.get("samples"))
+            if wall is not None and samples is not None:
+                w0, s0 = self._last_eval or (0.0, 0.0)
+                if wall > w0:
+                    out["throughput/samples_per_s"] = (samples - s0) / (wall - w0)
+                self._last_eval = (wall, samples)
+            return self.step, out
+        if event == "summary":
+            for key, value in record.items():
+                v = _number(value)
+                if v is not None:
+                    out[f"summary/{key}"] = v
+            if record.get("steps") is not None and _number(record["steps"]) is not None:
+                self.step = max(self.step, int(record["steps"]))
+            return self.step, out
+        return None
+
+
+def record_scalars(records: Iterable[Mapping[str, Any]]) -> list[tuple[int, dict[str, float]]]:
+    """The ``(step, {name: value})`` pairs the sinks write for a sequence of records."""
+    tracker = _StepTracker()
+    return [item for item in (tracker.scalars(r) for r in records) if item is not None]
+
+
+# -- TensorBoard ----------------------------------------------------------------------------------
+class TensorBoardSink:
+    """Writes each round's and evaluation's scalars to TensorBoard event files.
+
+    Parameters
+    ----------
+    logdir : path
+        The run's folder (``tensorboard --logdir`` its parent to compare runs).
+    flush_secs : int
+        Most seconds between writes to disk (every round record is also flushed at once).
+
+    Notes
+    -----
+    Uses :class:`torch.utils.tensorboard.SummaryWriter`, which needs the ``tensorboard``
+    package. The final summary record is also written as text (``summary``).
+    """
+
+    def __init__(self, logdir: str | os.PathLike, *, flush_secs: int = 10) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:  # torch raises ImportError naming tensorboard
+            raise ImportError("the TensorBoard sink needs the tensorboard package: "
+                              "pip install 'sparknet[tensorboard]'") from e
+        self.logdir = Path(logdir)
+        self._writer = SummaryWriter(log_dir=str(self.logdir), flush_secs=flush_secs)
+        self._tracker = _StepTracker()
+        log.info("TensorBoard events go to %s", self.logdir)
+
+    def __call__(self, record: Mapping[str, Any]) -> None:
+        if self._writer is None:
+            raise RuntimeError("this TensorBoardSink is closed")
+        item = self._tracker.scalars(record)
+        if item is None:
+            return
+        step, scalars = item
+        for name, value in scalars.items():
+            self._writer.add_scalar(name, value, global_step=step)
+        if record.get("event") == "summary":
+            self._writer.add_text("summary", "```\n" + json.dumps(dict(record), indent=1, default=str) + "\n```",
+                                  global_step=step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the event file (idempotent)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+
+    def __enter__(self) -> TensorBoardSink:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"TensorBoardSink({str(self.logdir)!r})"
+
+
+# -- MLflow -----------------------------------------------------------------------------------------
+def resolve_tracking_uri(tracking_uri: str | os.PathLike | None) -> str:
+    """A tracking URI: ``None`` gives ``$MLFLOW_TRACKING_URI`` or the file store ``./mlruns``;
+    a plain path gives the file store there (as an absolute ``file:`` URI)."""
+    if tracking_uri is None:
+        tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_MLFLOW_DIR
+    uri = os.fspath(tracking_uri)
+    if "://" in uri or uri.startswith(("file:", "databricks")):
+        return uri  # a URI: sqlite:///..., http://..., file:///..., databricks
+    return Path(uri).expanduser().resolve().as_uri()
+
+
+@contextlib.contextmanager
+def _file_store_allowed(uri: str) -> Iterator[None]:
+    """MLflow 3 refuses its file store unless ``MLFLOW_ALLOW_FILE_STORE`` is true: opt in while we use it.
+
+    The file store is what the issue asks for by default (no server, no database, readable
+    with any MLflow); MLflow keeps it in maintenance mode. The variable is set only around
+    sparknet's own MLflow calls and restored after, unless the user set it.
+    """
+    if not uri.startswith("file:") or "MLFLOW_ALLOW_FILE_STORE" in os.environ:
+        yield
+        return
+    os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    try:
+        yield
+    finally:
+        os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+
+
+def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, name + "."))
+        else:
+            value = getattr(value, "value", value)  # enums
+            out[name] = value if isinstance(value, str) else json.dumps(value, default=str)
+    return out
+
+
+class MLflowSink:
+    """Logs a training run to MLflow: its parameters, per-round metrics by step, the model folder.
+
+    Parameters
+    ----------
+    tracking_uri : str or path, optional
+        Where runs go. Default: ``$MLFLOW_TRACKING_URI``, else a file store in ``./mlruns``
+        (no server needed; ``mlflow ui --backend-store-uri ./mlruns`` shows it). A plain
+        path is a file store there.
+    experiment : str
+        Experiment name (made when missing).
+    run_name : str, optional
+        The run's name in the UI.
+    params : mapping, optional
+        The run configuration (nested mappings are flattened to ``run.lr``-style names),
+        logged at once. More can follow with :meth:`log_params`.
+    tags : mapping, optional
+        Run tags.
+    model_dir : path, optional
+        A model folder logged as the ``model`` artifact at :meth:`close` (when it exists then).
+
+    Notes
+    -----
+    Uses :class:`mlflow.tracking.MlflowClient` (no global active run, so it can live beside
+    the user's own MLflow use). Metrics are logged as each record arrives; the summary
+    record's numbers are logged under ``summary/``.
+    """
+
+    def __init__(self, tracking_uri: str | os.PathLike | None = None, *, experiment: str = "sparknet",
+                 run_name: str | None = None, params: Mapping[str, Any] | None = None,
+                 tags: Mapping[str, str] | None = None, model_dir: str | os.PathLike | None = None) -> None:
+        try:
+            from mlflow.tracking import MlflowClient
+        except ImportError as e:
+            raise ImportError("the MLflow sink needs mlflow (or mlflow-skinny): pip install 'sparknet[mlflow]'") from e
+        self.tracking_uri = resolve_tracking_uri(tracking_uri)
+        self.model_dir = Path(model_dir) if model_dir is not None else None
+        self._tracker = _StepTracker()
+        self._closed = False
+        with _file_store_allowed(self.tracking_uri):
+            self.client = MlflowClient(tracking_uri=self.tracking_uri)
+            found = self.client.get_experiment_by_name(experiment)
+            self.experiment_id = found.experiment_id if found is not None else self.client.create_experiment(experiment)
+            run = self.client.create_run(self.experiment_id, run_name=run_name,
+                                         tags={"mlflow.source.name": "sparknet", **dict(tags or {})})
+        self.run_id: str = run.info.run_id
+        log.info("MLflow run %s in experiment %r at %s", self.run_id, experiment, self.tracking_uri)
+        if params:
+            self.log_params(params)
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Log parameters (nested mappings flattened with dots; values as strings)."""
+        from mlflow.entities import Param
+
+        flat = [Param(k, v[:6000]) for k, v in _flatten(params).items()]
+        with _file_store_allowed(self.tracking_uri):
+            for start in range(0, len(flat), 100):  # MLflow takes at most 100 params per batch
+                self.client.log_batch(self.run_id, params=flat[start:start + 100])
+
+    def __call__(self, record: Mapping[str, Any]) -> None:
+        if self._closed:
+            raise RuntimeError("this MLflowSink is closed")
+        item = self._tracker.scalars(record)
+        if item is None:
+            return
+        from mlflow.entities import Metric
+
+        step, scalars = item
+        if not scalars:
+            return
+        now = _now_ms()
+        metrics = [Metric(name, value, now, step) for name, value in scalars.items()]
+        with _file_store_allowed(self.tracking_uri):
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def log_model(self, model_dir: str | os.PathLike, artifact_path: str = "model") -> None:
+        """Log a model folder (every file in it) as an artifact of the run."""
+        model_dir = Path(model_dir)
+        if not model_dir.is_dir():
+            raise FileNotFoundError(f"no model folder at {model_dir}")
+        with _file_store_allowed(self.tracking_uri):
+            self.client.log_artifacts(self.run_id, str(model_dir), artifact_path=artifact_path)
+        log.info("logged %s to MLflow run %s as %r", model_dir, self.run_id, artifact_path)
+
+    def close(self, status: str = "FINISHED") -> None:
+        """Log the model folder (when given and present) and end the run (idempotent).
+
+        Parameters
+        ----------
+        status : str
+            ``FINISHED``, ``FAILED`` or ``KILLED``.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.model_dir is not None and status == "FINISHED":
+                if self.model_dir.is_dir():
+                    self.log_model(self.model_dir)
+                else:
+                    log.warning("model folder %s does not exist; not logged to MLflow", self.model_dir)
+        finally:
+            with _file_store_allowed(self.tracking_uri):
+                self.client.set_terminated(self.run_id, status=status)
+
+    def __enter__(self) -> MLflowSink:
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close("FINISHED" if exc_type is None else ("KILLED" if exc_type is KeyboardInterrupt else "FAILED"))
+
+    def __repr__(self) -> str:
+        return f"MLflowSink(run_id={self.run_id!r}, tracking_uri={self.tracking_uri!r})"
+
+
+def _now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+# -- wiring -----------------------------------------------------------------------------------------
+def make_sinks(tensorboard_dir: str | os.PathLike | None = None, mlflow_uri: str | os.PathLike | None = None, *,
+               experiment: str = "sparknet", run_name: str | None = None, params: Mapping[str, Any] | None = None,
+               model_dir: str | os.PathLike | None = None) -> list[Callable[[dict], None]]:
+    """The sinks a run asked for, ready for ``MetricsLogger(..., sinks=...)``.
+
+    Parameters
+    ----------
+    tensorboard_dir : path, optional
+        Make a :class:`TensorBoardSink` writing there.
+    mlflow_uri : str or path, optional
+        Make an :class:`MLflowSink` tracking there (a path is a file store; ``""`` means the
+        default ``./mlruns``).
+    experiment, run_name, params, model_dir
+        For the MLflow sink (see :class:`MLflowSink`).
+
+    Returns
+    -------
+    list
+        Zero, one or two sinks. Close them with :func:`close_sinks` in a ``finally``.
+    """
+    sinks: list[Callable[[dict], None]] = []
+    try:
+        if tensorboard_dir is not None:
+            sinks.append(TensorBoardSink(tensorboard_dir))
+        if mlflow_uri is not None:
+            sinks.append(MLflowSink(mlflow_uri or None, experiment=experiment, run_name=run_name, params=params,
+                                    model_dir=model_dir))
+    except BaseException:
+        close_sinks(sinks, failed=True)
+        raise
+    return sinks
+
+
+def close_sinks(sinks: Iterable[Any], *, failed: bool = False) -> None:
+    """Close every sink that has a ``close`` (each even when another fails; the first error is raised)."""
+    first: BaseException | None = None
+    for sink in sinks:
+        close = getattr(sink, "close", None)
+        if close is None:
+            continue
+        try:
+            if isinstance(sink, MLflowSink):
+                close("FAILED" if failed else "FINISHED")
+            else:
+                close()
+        except Exception as e:  # noqa: BLE001 - keep closing the others, report the first
+            log.warning("closing %r failed: %s", sink, e)
+            first = first or e
+    if first is not None:
+        raise first
