@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 from sparknet._enums import CompressionKind, parse_enum
+from sparknet.link import LinkModel
 from sparknet.solvers import LRPolicy, SolverConfig, SolverType
 
 __all__ = ["Engine", "Strategy", "CompressionKind", "RunConfig", "DistributedConfig", "TrainConfig", "parse_enum"]
@@ -218,8 +219,6 @@ class DistributedConfig:
         """The simulated link of --link-latency/--link-bandwidth (``None`` when neither is given)."""
         if self.link_latency is None and self.link_bandwidth is None:
             return None
-        from sparknet.link import LinkModel
-
         return LinkModel.parse(self.link_latency, self.link_bandwidth)
 
     def strategy_options(self) -> dict:
@@ -246,9 +245,5 @@ class TrainConfig:
         def plain(v):
             return v.value if isinstance(v, enum.Enum) else v
 
-        return {name: {k: plain(v) for k, v in asdict(part).items()} for name, part in (("run", self.run), ("dist", self.dist))}
-
-
-def config_fields(cls) -> list:
-    """The dataclass fields of a config class (for generating a command line)."""
-    return list(fields(cls))
+        return {name: {k: plain(v) for k, v in asdict(part).items()}
+                for name, part in (("run", self.run), ("dist", self.dist))}

@@ -39,7 +39,8 @@ import torch
 
 from sparknet._model_io import load_model, save_model
 from sparknet.caffe import train as caffe_train
-from sparknet.caffe.caffemodel import describe_caffemodel, load_caffemodel_into, read_caffemodel_layers, write_caffemodel
+from sparknet.caffe.caffemodel import (describe_caffemodel, load_caffemodel_into, read_caffemodel_layers,
+                                       write_caffemodel)
 from sparknet.caffe.prototxt import PrototxtError, load_net_prototxt, net_to_prototxt
 from sparknet.caffe.solver import load_solver_prototxt
 from sparknet.config import DistributedConfig, RunConfig

@@ -125,7 +125,8 @@ def _fit(spark, df, test, info, run, dist, net_params, total, sinks, rows_per_wo
                                threads=run.threads or 1, device=run.device, spark=spark, on_round=on_round,
                                max_steps=run.steps)
         link = dist.link()
-        extras = "".join([f", {dist.compression.value} updates" if dist.compression is not CompressionKind.NONE else "",
+        compressed = dist.compression is not CompressionKind.NONE
+        extras = "".join([f", {dist.compression.value} updates" if compressed else "",
                           f", auto tau in [{dist.auto_tau_min}, {dist.auto_tau_max}]" if dist.auto_tau else "",
                           f", link {link.describe()}" if link is not None and not link.is_free else ""])
         log.info("training %s on %s with %d workers (%s engine, %s, tau=%s%s) on %s; %.0f rows per worker",
