@@ -8,7 +8,8 @@ Paper 001's LSTM experiment, the SparkNet way: each worker trains ``zoo.char_lst
 RMSprop on its own partition of the corpus (blocks dealt round-robin) for a round (``--tau`` steps or ``--round-seconds``,
 whichever comes first: time-budgeted rounds, so no worker waits for a straggler), then the
 workers average their weights (one allreduce of one flat buffer over a gloo group on
-loopback, the same ``dp_round`` the model-parallel layout runs), and again, until the
+loopback: sparknet's round loop with the exchange the barrier engine runs, here with the
+example's own local steps), and again, until the
 validation bits per character reach ``--target-bpc`` or the time budget runs out. What is
 evaluated and kept is a moving average of the global weights over rounds (``--ema``).
 
@@ -45,10 +46,13 @@ import torch.multiprocessing as mp
 from sparknet import zoo
 from sparknet.datasets import shakespeare
 from sparknet.net import Net, TrainStats
-from sparknet.parallel import dp_round, init_layout, replica_seed
+from sparknet.collective import CollectiveExchange
+from sparknet.loop import Progress, run_rounds
+from sparknet.parallel import init_layout, replica_seed
 from sparknet.sample import sample_text
 from sparknet.solvers import SolverConfig
-from sparknet.strategies import WorkerState, make_strategy
+from sparknet.stopping import StopRule
+from sparknet.strategies import make_strategy
 
 log = logging.getLogger("char_lstm")
 
@@ -67,8 +71,7 @@ def _val_bpc(net: Net, x: np.ndarray, y: np.ndarray, group_size: int) -> float:
     xs, ys = x[rank::group_size], y[rank::group_size]
     res = net.evaluate((xs, ys), batch_size=256) if len(xs) else None
     t = torch.tensor([res.loss * res.samples if res else 0.0, float(res.samples if res else 0)], dtype=torch.float64)
-    if dist.is_initialized() and group_size > 1:
-        dist.all_reduce(t)
+    dist.all_reduce(t)
     return float(t[0] / t[1]) / LN2
 
 
@@ -150,9 +153,8 @@ def _setup_logging() -> None:
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, t_start: float) -> None:
     _setup_logging()  # spawned processes start with a fresh logging configuration
     torch.set_num_threads(args.threads)
-    if world > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=300))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
     try:
         _train(rank, world, args, t_start)
     except Exception:
@@ -161,6 +163,37 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, t_start:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+class _CharExchange(CollectiveExchange):
+    """The round loop's allreduce, plus what this example keeps beside it: a moving average of the global
+    weights over rounds (Polyak averaging, what is evaluated and kept) and a wall-clock budget every
+    worker agrees on (the slowest worker's clock decides, so all stop on the same round)."""
+
+    def __init__(self, net: Net, strategy, args: argparse.Namespace, *, rank: int, world: int, trainer, probe,
+                 t_start: float, ema):
+        super().__init__(net, strategy, rank=rank, world=world, train=trainer)
+        self.args, self.probe, self.t_start, self.ema = args, probe, t_start, ema
+        self.elapsed_s = 0.0
+
+    def new_global(self, global_flat: torch.Tensor, progress) -> None:
+        if self.ema is not None:  # with a short warm-up
+            decay = min(self.args.ema, (1 + progress.round) / (10 + progress.round))
+            self.ema.mul_(decay).add_(global_flat, alpha=1 - decay)
+
+    def evaluate(self, global_flat: torch.Tensor):
+        self.net.set_flat(global_flat if self.ema is None else self.ema)
+        return math.nan, _val_bpc(self.net, self.probe.x, self.probe.y, self.world)  # (no accuracy, bpc)
+
+    def stop_reason(self, record: dict, progress) -> str | None:
+        elapsed = torch.tensor([time.time() - self.t_start])
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        self.elapsed_s = float(elapsed)
+        if "val_loss" in record and record["val_loss"] < self.args.target_bpc:
+            return "target_bpc"
+        if self.elapsed_s > self.args.minutes * 60 - self.args.final_eval_s:
+            return "minutes"
+        return None
 
 
 def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> None:
@@ -175,8 +208,7 @@ def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> N
                           lr_policy="inv", gamma=args.lr_gamma, power=0.75)
     net_def = zoo.char_lstm(corpus.vocab_size, seq_len=args.seq_len, hidden=args.hidden,
                             num_layers=args.num_layers, batch_size=args.batch_size, embed_dim=args.embed_dim)
-    layout = init_layout(model_parallel=1) if world > 1 else None
-    seed = replica_seed(layout, args.seed) if layout else args.seed
+    seed = replica_seed(init_layout(model_parallel=1), args.seed)
     torch.manual_seed(seed)
     # The same initial weights on every worker, but each worker its own data order.
     net = Net(net_def.build(seed=args.seed), solver, batch_size=args.batch_size, seed=seed)
@@ -188,45 +220,31 @@ def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> N
         windows = np.lib.stride_tricks.sliding_window_view(shard, args.seq_len + 1)[::args.seq_len]
         net.set_training_data((np.ascontiguousarray(windows[:, :-1]), np.ascontiguousarray(windows[:, 1:])))
     strategy = make_strategy(args.strategy, num_workers=world)
-    state = WorkerState()
     global_flat = strategy.init_global(net.get_flat())
-    ema = global_flat.clone() if args.ema else None
-    history = []
-    steps = 0
-    rounds = 0
     bpc = _val_bpc(net, probe.x, probe.y, world)
     if rank == 0:
         log.info("%d workers, %s parameters, start bpc %.3f", world, f"{global_flat.numel():,}", bpc)
-    budget_s = args.minutes * 60
-    while True:
-        if layout is not None:
-            res = dp_round(strategy, state, net, global_flat, layout, steps=args.tau, max_seconds=args.round_seconds,
-                           train=trainer)
-            global_flat, loss, compute_s, sync_s, done = res.global_flat, res.loss, res.compute_s, res.sync_s, res.steps
-        else:
-            stats = (trainer or net.train)(args.tau, args.round_seconds)
-            global_flat, loss, compute_s, sync_s, done = net.get_flat(), stats.loss, stats.wall_s, 0.0, stats.steps
-        steps += done
-        rounds += 1
-        if ema is not None:  # Polyak averaging over rounds, with a short warm-up
-            decay = min(args.ema, (1 + rounds) / (10 + rounds))
-            ema.mul_(decay).add_(global_flat, alpha=1 - decay)
-        elapsed = torch.tensor([time.time() - t_start])
-        if layout is not None:  # every rank stops on the same round
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-        elapsed_s = float(elapsed)
-        last = elapsed_s > budget_s - args.final_eval_s or (args.rounds is not None and rounds >= args.rounds)
-        if rounds % args.eval_every == 0 or last:
-            net.set_flat(global_flat if ema is None else ema)
-            bpc = _val_bpc(net, probe.x, probe.y, world)
-            record = {"round": rounds, "steps": steps, "elapsed_s": round(elapsed_s, 1), "train_bpc": loss / LN2,
-                      "val_bpc": bpc, "compute_s": compute_s, "sync_s": sync_s}
-            history.append(record)
-            if rank == 0:
-                log.info("round %d step %d %.0fs: train %.3f bpc, validation %.3f bpc (sync %.1f ms)", rounds, steps,
-                         elapsed_s, loss / LN2, bpc, sync_s * 1e3)
-            if bpc < args.target_bpc or last:
-                break
+    exchange = _CharExchange(net, strategy, args, rank=rank, world=world, trainer=trainer, probe=probe,
+                             t_start=t_start, ema=global_flat.clone() if args.ema else None)
+    ema = exchange.ema
+    history = []
+    progress = Progress()
+
+    def on_record(record: dict) -> None:
+        if "val_loss" not in record:
+            return
+        entry = {"round": record["round"], "steps": record["total_steps"], "elapsed_s": round(exchange.elapsed_s, 1),
+                 "train_bpc": record["loss"] / LN2, "val_bpc": record["val_loss"], "compute_s": record["compute_s"],
+                 "sync_s": record["allreduce_s"]}
+        history.append(entry)
+        if rank == 0:
+            log.info("round %d step %d %.0fs: train %.3f bpc, validation %.3f bpc (sync %.1f ms)", entry["round"],
+                     entry["steps"], entry["elapsed_s"], entry["train_bpc"], entry["val_bpc"], entry["sync_s"] * 1e3)
+
+    stop = StopRule(rounds=args.rounds, tau=args.tau, round_seconds=args.round_seconds)
+    global_flat = run_rounds(exchange, strategy, global_flat, stop, progress=progress, eval_every=args.eval_every,
+                             on_record=on_record)
+    steps, rounds = progress.steps_done, progress.round
     probe_global = None
     if ema is not None:
         net.set_flat(global_flat)
@@ -352,7 +370,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="char-lstm-") as tmp:
         args.result_file = str(Path(tmp) / "result.json")
         if args.workers == 1:
-            _worker(0, 1, 0, args, t_start)
+            _worker(0, 1, _free_port(), args, t_start)
         else:
             mp.spawn(_worker, args=(args.workers, _free_port(), args, t_start), nprocs=args.workers, join=True)
         result = json.loads(Path(args.result_file).read_text())

@@ -66,6 +66,9 @@ class CollectiveExchange(Exchange):
         ``seed_for_round(round)`` reseeds torch's generator before the local steps.
     after_train : callable, optional
         ``after_train(net, round)`` after the local steps (fault injection).
+    train : callable, optional
+        ``train(steps, max_seconds) -> TrainStats`` in place of ``net.train`` (a custom local loop, e.g.
+        one that carries a recurrent state from batch to batch; no gradient strategy then).
     engine : str
         The engine's name in round records.
     """
@@ -73,14 +76,17 @@ class CollectiveExchange(Exchange):
     def __init__(self, net, strategy: TrainingStrategy, *, rank: int, world: int, group=None,
                  state: WorkerState | None = None, has_data: bool = True, validation=None, compression: str = "none",
                  link=None, seed_for_round: Callable[[int], int] | None = None,
-                 after_train: Callable[[object, int], None] | None = None, engine: str = "barrier"):
+                 after_train: Callable[[object, int], None] | None = None, engine: str = "barrier",
+                 train: Callable | None = None):
         self.net, self.strategy, self.rank, self.world, self.group = net, strategy, rank, world, group
         self.workers = world
         self.state = state if state is not None else WorkerState()
         self.has_data, self.validation, self.link = has_data, validation, link
         self.compression = str(getattr(compression, "value", compression))
         self.codec = None if self.compression == "none" else make_compressor(self.compression)
-        self.seed_for_round, self.after_train, self.engine = seed_for_round, after_train, engine
+        self.seed_for_round, self.after_train, self.engine, self.train = seed_for_round, after_train, engine, train
+        if train is not None and strategy.needs_gradient_hook:
+            raise ValueError(f"{strategy!r} allreduces gradients inside net.train; a custom train loop cannot run it")
         self.strategy.set_link(link)  # a gradient strategy's every-step allreduce waits too
         self._hook = strategy.after_backward if strategy.needs_gradient_hook else None
         self._buf: torch.Tensor | None = None
@@ -100,7 +106,10 @@ class CollectiveExchange(Exchange):
             strategy.worker_begin(self.state, net, global_flat.to(net.device))
             if self.seed_for_round is not None:
                 torch.manual_seed(self.seed_for_round(plan.round))
-            stats = net.train(plan.steps, max_seconds=plan.seconds, after_backward=self._hook)
+            if self.train is not None:
+                stats = self.train(plan.steps, plan.seconds)
+            else:
+                stats = net.train(plan.steps, max_seconds=plan.seconds, after_backward=self._hook)
             if self.after_train is not None:
                 self.after_train(net, plan.round)
             delta = strategy.worker_delta(self.state, net, global_flat.to(net.device)).cpu()

@@ -117,6 +117,13 @@ class Exchange(abc.ABC):
         """(accuracy, loss) of the global weights on the validation data (``None``: no validation data)."""
         return None
 
+    def new_global(self, global_flat: torch.Tensor, progress: Progress) -> None:
+        """Called with every round's new global weights, before they are evaluated (e.g. a moving average)."""
+
+    def stop_reason(self, record: dict, progress: Progress) -> str | None:
+        """A reason of the engine's own to stop after this round (on every rank alike), or ``None``."""
+        return None
+
     def round_done(self, record: dict, global_flat: torch.Tensor, progress: Progress) -> None:
         """Called after every round with its record (before it is emitted): checkpoints, state for a restart."""
 
@@ -183,6 +190,7 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
         progress.steps_done += update.steps
         progress.samples_done += update.processed
         progress.total_bytes += update.nbytes
+        exchange.new_global(global_flat, progress)
         r = progress.round
         comm_s = max(round_s - update.compute_s, 0.0)
         record = {
@@ -206,7 +214,8 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
         eval_s = 0.0
         if r % eval_every == 0:
             accuracy, eval_s = _evaluate(exchange, global_flat, record, eval_s)
-        reason = stop.reason(r, progress.steps_done, progress.samples_done, accuracy)
+        reason = (stop.reason(r, progress.steps_done, progress.samples_done, accuracy)
+                  or exchange.stop_reason(record, progress))
         if reason is not None and "val_accuracy" not in record:
             _evaluate(exchange, global_flat, record, eval_s)
         if reason is None and update.steps == 0:

@@ -192,8 +192,10 @@ class SparkRoundsExchange(Exchange):
         res = self.driver_net.evaluate()
         return res.accuracy, res.loss
 
-    def round_done(self, record: dict, global_flat: torch.Tensor, progress: Progress) -> None:
+    def new_global(self, global_flat: torch.Tensor, progress: Progress) -> None:
         self.latest = global_flat
+
+    def round_done(self, record: dict, global_flat: torch.Tensor, progress: Progress) -> None:
         if self.checkpoint is None:
             return
         path = self.checkpoint(record, global_flat, progress, self._worker_states if self._want_state else None,
