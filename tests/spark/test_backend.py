@@ -9,11 +9,12 @@ import pytest
 from _spark_testlib import blobs, mlp, partitioned_rdd, start_session
 from sparknet.config import DistributedConfig
 from sparknet.errors import DeadlineExceeded, WorkerError
+from sparknet.loop import RoundPlan
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
 from sparknet.spark._backend import job_group, run_with_deadline
 from sparknet.spark._model_parallel import model_parallel_task
-from sparknet.spark._rounds import run_round_from_chunks
+from sparknet.spark._rounds import RoundTask, run_round_from_chunks
 
 pytestmark = pytest.mark.spark
 
@@ -141,7 +142,7 @@ def test_a_stall_or_an_interrupt_of_the_wait_cancels_the_job(sc):
 
 def test_a_rounds_task_failure_is_a_worker_error_with_its_rank_and_log_tail(sc):
     spec_bc = sc.broadcast(None)  # no spec: the task fails as it unpacks it
-    rdd = sc.parallelize(range(4), 2).mapPartitionsWithIndex(run_round_from_chunks(spec_bc, spec_bc, {}))
+    rdd = sc.parallelize(range(4), 2).mapPartitionsWithIndex(run_round_from_chunks(spec_bc, spec_bc, RoundTask(plan=RoundPlan(round=0, steps=1), numel=0)))
     try:
         with pytest.raises(WorkerError) as e:
             run_with_deadline(sc, "sparknet-test-rounds-failure", "sparknet: a failing round",

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from _spark_testlib import blobs, flat, mlp
+from sparknet.loop import RoundPlan
 from sparknet.solvers import SolverConfig
 from sparknet.spark import _rounds
 from sparknet.spark._data import pair_chunks
@@ -27,9 +28,12 @@ def _stage(tmp_path, fit_id, index, x, y):
     return record
 
 
+def _task(round_index: int, steps: int) -> _rounds.RoundTask:
+    return _rounds.RoundTask(plan=RoundPlan(round=round_index, steps=steps), numel=0)
+
+
 def _run(spec_bc, weights, record, index, round_index):
-    return _rounds._train_round(spec_bc, _Value(weights), {"round": round_index, "steps": 3, "seconds": None},
-                                index, record)
+    return _rounds._train_round(spec_bc, _Value(weights), _task(round_index, 3), index, record)
 
 
 def test_solver_state_follows_a_partition_from_process_to_process(tmp_path, monkeypatch):
@@ -73,7 +77,7 @@ def test_empty_and_missing_partitions(tmp_path, monkeypatch):
     assert elsewhere["missing"]
     # the driver reruns a missing partition from its chunks
     x, y = blobs(5)
-    out = _rounds._train_round(spec_bc, _Value(g), {"round": 0, "steps": 1, "seconds": None}, 2, None,
+    out = _rounds._train_round(spec_bc, _Value(g), _task(0, 1), 2, None,
                                chunks=iter(list(pair_chunks(None)(zip(x, y)))))
     assert out["source"] == "chunks" and out["n"] == 4
 

@@ -171,11 +171,11 @@ def fit_model_parallel(net_params, train, *, job: ModelParallelJob, workers: int
         if val is not None:
             val_bc = sc.broadcast(val)
             broadcasts.append(val_bc)
-        from sparknet.spark._model_parallel import model_parallel_task
+        from sparknet.spark._model_parallel import GroupPlan, model_parallel_task
 
-        params = {"workers": workers, "local": is_local_master(sc.master),
-                  "rendezvous_timeout_s": options.rendezvous_timeout_s,
-                  "collective_timeout_s": options.collective_timeout_s}
+        params = GroupPlan(workers=workers, local=is_local_master(sc.master),
+                           rendezvous_timeout_s=options.rendezvous_timeout_s,
+                           collective_timeout_s=options.collective_timeout_s)
         stage = chunks.barrier().mapPartitionsWithIndex(model_parallel_task(job_bc, params, val_bc))
         log.info("model-parallel stage: %d workers = %d replicas x %d shards; plan %s; %s bytes of weights per "
                  "worker (%s whole)", workers, workers // m, m, plan, f"{per_rank:,}", f"{whole_bytes:,}")

@@ -30,6 +30,7 @@ import os
 import pickle
 import socket
 import time
+from dataclasses import field, dataclass, replace
 from datetime import timedelta
 
 import numpy as np
@@ -46,12 +47,48 @@ from sparknet.spark._rounds import (WorkerSpec, build_worker_net, export_worker_
 from sparknet.stopping import StopRule
 from sparknet.strategies import AutoTau, WorkerState
 
-__all__ = ["run_barrier", "rendezvous", "FIELDS"]
+__all__ = ["run_barrier", "rendezvous", "GroupPlan", "StagePlan", "FIELDS"]
 
 log = logging.getLogger(__name__)
 
 
-def run_barrier(payload_bc, params: dict, val_bc=None):
+@dataclass(frozen=True)
+class GroupPlan:
+    """How the tasks of a barrier stage form their gloo group (the barrier engine's and model parallelism's)."""
+
+    workers: int
+    """The group's size: one rank per task."""
+    local: bool
+    """The tasks run on this machine (``local[...]``): the group stays on loopback."""
+    rendezvous_timeout_s: float
+    """Longest wait for every rank to join."""
+    collective_timeout_s: float
+    """Longest wait of one collective."""
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """What every task of a barrier-engine stage gets from the driver, besides the weights and the data."""
+
+    group: GroupPlan
+    stop: StopRule
+    """The fit's stopping rules (each rank runs its own copy of the same rule)."""
+    endpoint: str | None = None
+    """The driver's metrics channel (``None``: no channel)."""
+    secret: bytes | None = field(default=None, repr=False)
+    """The channel's per-fit key."""
+    eval_every_rounds: int = 1
+    restart: int = 0
+    """How many times the stage was started again (0 for the first attempt)."""
+    state_every_rounds: int = 1
+    """Rounds between the global weights and strategy state sent to the driver."""
+    checkpoint_every: int | None = None
+    """Rounds between checkpoints (every rank then sends its own state), or ``None``."""
+    auto_tau: AutoTau | None = None
+    """The tau chooser (each rank loads the stage's start state into its own copy)."""
+
+
+def run_barrier(payload_bc, params: StagePlan, val_bc=None):
     """The barrier stage's task function (``rdd.barrier().mapPartitionsWithIndex``)."""
 
     def task(index: int, chunks):
@@ -104,19 +141,19 @@ class _Arrivals:
             return []
 
 
-def _report_failure(params: dict, rank: int, exc: BaseException, text: str, *, collective: bool | None = None) -> None:
+def _report_failure(params: StagePlan, rank: int, exc: BaseException, text: str, *, collective: bool | None = None) -> None:
     """Tell the driver which rank failed first, and why, before Spark fails the stage.
 
     When one rank raises, its peers soon fail too (their collectives lose the connection), and
     Spark reports whichever task failure it handles first; the driver uses these reports to
     name the rank that started it.
     """
-    if not params.get("endpoint"):
+    if not params.endpoint:
         return
     try:
         from sparknet.spark._channel import MetricsSender
 
-        sender = MetricsSender(params["endpoint"], params["secret"], send_timeout_ms=2000)
+        sender = MetricsSender(params.endpoint, params.secret, send_timeout_ms=2000)
         try:
             sender.send({"event": "error", "rank": rank, "type": type(exc).__name__, "text": text[-8000:],
                          "collective": _is_collective_failure(exc) if collective is None else collective,
@@ -145,15 +182,13 @@ def _loopback_ifname() -> str | None:
     return None
 
 
-def rendezvous(ctx, rank: int, world: int, params: dict):
-    """Join the gloo process group of a barrier stage's tasks; returns the TCPStore (keep it alive).
-
-    ``params`` holds ``local``, ``rendezvous_timeout_s`` and ``collective_timeout_s``.
-    """
+def rendezvous(ctx, rank: int, group: GroupPlan):
+    """Join the gloo process group of a barrier stage's tasks; returns the TCPStore (keep it alive)."""
     import torch.distributed as dist
 
-    timeout = timedelta(seconds=params["rendezvous_timeout_s"])
-    if params["local"]:
+    world = group.workers
+    timeout = timedelta(seconds=group.rendezvous_timeout_s)
+    if group.local:
         host = "127.0.0.1"
         ifname = _loopback_ifname()
         if ifname and "GLOO_SOCKET_IFNAME" not in os.environ:
@@ -170,17 +205,17 @@ def rendezvous(ctx, rank: int, world: int, params: dict):
     if rank != 0:
         store = dist.TCPStore(master_host, int(master_port), world, False, timeout=timeout)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=params["collective_timeout_s"]))
+                            timeout=timedelta(seconds=group.collective_timeout_s))
     return store
 
 
-def _run(ctx, rank: int, payload_bc, params: dict, val_bc, chunks):
+def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     import torch.distributed as dist
 
     t_start = time.perf_counter()
     packed, init_flat, start = payload_bc.value
     spec: WorkerSpec = pickle.loads(packed[1])
-    world = params["workers"]
+    world = params.group.workers
     torch.set_num_threads(spec.threads)
     x, y, _ = merge_chunks(chunks)
     device, device_info = task_device(spec.device)
@@ -196,11 +231,11 @@ def _run(ctx, rank: int, payload_bc, params: dict, val_bc, chunks):
     store = None
     history: list[dict] = []
     try:
-        if params.get("endpoint") and (rank == 0 or params.get("checkpoint_every")):
+        if params.endpoint and (rank == 0 or params.checkpoint_every):
             from sparknet.spark._channel import MetricsSender
 
-            sender = MetricsSender(params["endpoint"], params["secret"])
-        store = rendezvous(ctx, rank, world, params)
+            sender = MetricsSender(params.endpoint, params.secret)
+        store = rendezvous(ctx, rank, params.group)
         if sender is not None and rank == 0:
             sender.send({"event": "ready", "fit": spec.fit_id, "setup_s": time.perf_counter() - t_start})
         final = _round_loop(net, spec, rank, world, init_flat, has_data, val, params, sender, history, start or {},
@@ -223,7 +258,7 @@ class _BarrierExchange(CollectiveExchange):
     round to the driver (rank 0: the record and, when due, the global weights and strategy state; every
     rank: its own state on checkpoint rounds)."""
 
-    def __init__(self, *args, params: dict, sender, history: list, arrivals: _Arrivals | None, auto, **kwargs):
+    def __init__(self, *args, params: StagePlan, sender, history: list, arrivals: _Arrivals | None, auto, **kwargs):
         super().__init__(*args, **kwargs)
         self.params, self.sender, self.history, self.arrivals, self.auto = params, sender, history, arrivals, auto
         self.eval_link_s = 0.0
@@ -233,7 +268,7 @@ class _BarrierExchange(CollectiveExchange):
         return super().run_round(plan, global_flat)
 
     def _exchange(self, buf, P, plan, sent):
-        tag = f"{self.params.get('restart', 0)}/{plan.round}"
+        tag = f"{self.params.restart}/{plan.round}"
         if self.arrivals is not None:
             self.arrivals.mark(tag)
         t_comm = time.perf_counter()
@@ -242,7 +277,7 @@ class _BarrierExchange(CollectiveExchange):
         except RuntimeError as exc:
             # only a wait that ran to the deadline points at a stuck peer; a peer that failed on its own
             # breaks the collective at once and reports its own error
-            timeout_s = self.params["collective_timeout_s"]
+            timeout_s = self.params.group.collective_timeout_s
             timed_out = time.perf_counter() - t_comm >= 0.9 * timeout_s
             stuck = ([i for i in self.arrivals.missing(tag) if i != self.rank]
                      if self.arrivals is not None and timed_out else [])
@@ -255,9 +290,9 @@ class _BarrierExchange(CollectiveExchange):
         reason = record.get("stop_reason")
         if self.link is not None:
             record["link_s"] += self.eval_link_s
-        if params.get("restart"):
-            record["restarts"] = params["restart"]
-        ckpt_every, state_every = params.get("checkpoint_every"), params.get("state_every_rounds", 1)
+        if params.restart:
+            record["restarts"] = params.restart
+        ckpt_every, state_every = params.checkpoint_every, params.state_every_rounds
         if self.rank == 0:
             self.history.append(record)
             if sender is not None:
@@ -273,7 +308,7 @@ class _BarrierExchange(CollectiveExchange):
                         encode_tree(export_worker_state(self.net, self.state)))
 
 
-def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_data: bool, val, params: dict,
+def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_data: bool, val, params: StagePlan,
                 sender, history: list, start: dict, arrivals: _Arrivals | None = None) -> torch.Tensor:
     """Train round after round until the stop rule says so; returns the final global weights."""
     strategy = spec.strategy
@@ -285,14 +320,12 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
         state = import_worker_state(net, saved)
     elif start.get("iteration") is not None:
         net.set_iteration(start["iteration"])  # a restart without solver state: momentum starts afresh
-    auto = None
-    if params.get("auto_tau"):
-        auto = AutoTau(**params["auto_tau"])
-        if start.get("auto_tau"):
-            auto.load_state_dict(start["auto_tau"])
+    auto = params.auto_tau
+    if auto is not None and start.get("auto_tau"):
+        auto.load_state_dict(start["auto_tau"])
 
     def fire_fault(net, round_index: int) -> None:
-        fault = due_fault(spec.faults, rank, round_index + 1, params.get("restart", 0))
+        fault = due_fault(spec.faults, rank, round_index + 1, params.restart)
         if fault is not None:
             fault.fire(net)
 
@@ -303,5 +336,5 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
     progress = Progress(round=start.get("round", 0), steps_done=start.get("steps_done", 0),
                         samples_done=start.get("samples_done", 0), total_bytes=start.get("total_bytes", 0))
     global_flat = torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))
-    return run_rounds(exchange, strategy, global_flat, StopRule(**params["stop"]), progress=progress, auto=auto,
-                      eval_every=params["eval_every_rounds"])
+    return run_rounds(exchange, strategy, global_flat, replace(params.stop), progress=progress, auto=auto,
+                      eval_every=params.eval_every_rounds)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import asdict
 
 import numpy as np
 import torch
 
 from sparknet.errors import DeadlineExceeded, EngineError
 from sparknet.spark._backend import cancel_group, job_group, task_error
+from sparknet.spark._barrier import GroupPlan, StagePlan, run_barrier
 from sparknet.stopping import StopRule
 
 __all__ = ["BarrierStage", "run_barrier_engine"]
@@ -147,7 +147,6 @@ class BarrierStage:
             del self.pending[old]
 
     def run(self, chunks, start: dict):
-        from sparknet.spark._barrier import run_barrier
         from sparknet.spark._channel import MetricsReceiver, new_secret
         from sparknet.spark._session import is_local_master
 
@@ -169,16 +168,13 @@ class BarrierStage:
             if self.val is not None:
                 val_bc = sc.broadcast(self.val)
                 self.broadcasts.append(val_bc)
-            params = {"workers": K, "local": local, "endpoint": receiver.endpoint, "secret": secret,
-                      "rendezvous_timeout_s": opts.rendezvous_timeout_s,
-                      "collective_timeout_s": opts.collective_timeout_s, "round_seconds": dist.round_seconds,
-                      "eval_every_rounds": dist.eval_every_rounds, "stop": asdict(self.stop), "restart": self.restart,
-                      "state_every_rounds": opts.state_every_rounds,
-                      "checkpoint_every": self.checkpoints.every if self.checkpoints is not None else None,
-                      "auto_tau": None if not dist.auto_tau else {
-                          "target_fraction": dist.auto_tau_target, "min_tau": dist.auto_tau_min,
-                          "max_tau": dist.auto_tau_max, "every": dist.auto_tau_every,
-                          "initial": dist.tau or dist.auto_tau_min}}
+            auto = trainer._auto_tau(None)
+            params = StagePlan(
+                group=GroupPlan(workers=K, local=local, rendezvous_timeout_s=opts.rendezvous_timeout_s,
+                                collective_timeout_s=opts.collective_timeout_s),
+                stop=self.stop, endpoint=receiver.endpoint, secret=secret, eval_every_rounds=dist.eval_every_rounds,
+                restart=self.restart, state_every_rounds=opts.state_every_rounds,
+                checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None, auto_tau=auto)
             stage = chunks.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
             silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
 

@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 
+from sparknet.spark._barrier import GroupPlan, rendezvous
 from sparknet.spark._rounds import worker_failure
 
 __all__ = ["model_parallel_task"]
@@ -29,12 +30,11 @@ __all__ = ["model_parallel_task"]
 log = logging.getLogger(__name__)
 
 
-def model_parallel_task(job_bc, params: dict, val_bc=None):
+def model_parallel_task(job_bc, params: GroupPlan, val_bc=None):
     """The stage's task function (``rdd.barrier().mapPartitionsWithIndex``).
 
-    ``job_bc`` is a broadcast :class:`~sparknet.parallel.runner.ModelParallelJob`; ``params``
-    holds plain values: ``workers``, ``local``, ``rendezvous_timeout_s``, ``collective_timeout_s``;
-    ``val_bc`` a broadcast ``(x, y)`` of validation rows.
+    ``job_bc`` is a broadcast :class:`~sparknet.parallel.runner.ModelParallelJob`; ``params`` says
+    how the tasks form their gloo group; ``val_bc`` a broadcast ``(x, y)`` of validation rows.
     """
 
     def task(index: int, chunks):
@@ -50,18 +50,17 @@ def model_parallel_task(job_bc, params: dict, val_bc=None):
     return task
 
 
-def _run(ctx, rank: int, job, params: dict, validation, chunks):
+def _run(ctx, rank: int, job, params: GroupPlan, validation, chunks):
     import torch.distributed as dist
 
     from sparknet.parallel.runner import run_rank
-    from sparknet.spark._barrier import rendezvous  # the barrier engine's own: TCPStore + gloo, bounded waits
     from sparknet.spark._data import merge_chunks
 
     x, y, _ = merge_chunks(chunks)
     del chunks
     store = None
     try:
-        store = rendezvous(ctx, rank, params["workers"], params)
+        store = rendezvous(ctx, rank, params)  # the barrier engine's own: TCPStore + gloo, bounded waits
         result = run_rank(job, x, y, validation)
         result.update(host=socket.gethostname(), pid=os.getpid(), attempt=ctx.attemptNumber())
         yield ("rank", rank, result)

@@ -53,12 +53,13 @@ import numpy as np
 import torch
 
 from sparknet.faults import due_fault
+from sparknet.loop import RoundPlan
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.spark._data import merge_chunks
 from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_compressor
 
-__all__ = ["WorkerSpec", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
+__all__ = ["WorkerSpec", "RoundTask", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
            "stage_partition", "run_round", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
            "freeze_heap", "worker_failure", "export_worker_state", "import_worker_state", "round_seed", "decode_updates"]
 
@@ -94,6 +95,20 @@ class WorkerSpec:
     weights go down as :class:`~sparknet.strategies.Downlink` messages too."""
     link: Any = None
     """A :class:`sparknet.link.LinkModel` every exchange waits for (``None``: no simulated delay)."""
+
+
+@dataclass(frozen=True)
+class RoundTask:
+    """What every task of one round gets from the driver, besides the weights (a broadcast)."""
+
+    plan: RoundPlan
+    """The loop's plan: the round, its local steps and its seconds."""
+    numel: int
+    """Number of weights (what a compressed message decodes to)."""
+    send_state: bool = False
+    """Return the worker's state with the result (a checkpoint round)."""
+    full: bool = False
+    """The broadcast holds the whole weights, not the round's downlink message (a worker that lost its copy)."""
 
 
 def worker_seed(seed: int, index: int) -> int:
@@ -364,7 +379,7 @@ def _task_info() -> dict:
         return {"attempt": 0}
 
 
-def _train_round(spec_bc, weights_bc, params: dict, index: int, record: dict | None, chunks=None) -> dict:
+def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict | None, chunks=None) -> dict:
     t_task = time.perf_counter()
     result = {"index": index, "n": 0, "steps": 0, "loss": float("nan"), "compute_s": 0.0, "delta": None,
               "finite": True, "host": socket.gethostname(), "pid": os.getpid(), **_task_info()}
@@ -405,12 +420,12 @@ def _train_round(spec_bc, weights_bc, params: dict, index: int, record: dict | N
     elif chunks is not None:
         for _ in chunks:  # the data is here already; drain the input so the worker can be reused
             pass
-    round_index = params["round"]
+    round_index = task.plan.round
     compressed = spec.compression != "none"
     link_s = 0.0
     try:
         _sync_state(entry, index, round_index, spec.resume)
-        if compressed and not params.get("full") and entry.state.extra.get("seen_round", -1) != round_index - 1:
+        if compressed and not task.full and entry.state.extra.get("seen_round", -1) != round_index - 1:
             # this process has not the weights the round's message is relative to (its state was lost)
             result.update(need_full=True, task_s=time.perf_counter() - t_task)
             return result
@@ -420,13 +435,13 @@ def _train_round(spec_bc, weights_bc, params: dict, index: int, record: dict | N
         if spec.link is not None:  # the broadcast weights (or the round's message), down
             link_s += spec.link.wait(message.nbytes)
         if compressed:
-            global_flat = _receive(spec, entry.state, message, params, round_index)
+            global_flat = _receive(spec, entry.state, message, task)
         else:
             global_flat = torch.from_numpy(message)
         strategy.worker_begin(entry.state, net, global_flat)
         hook = strategy.after_backward if strategy.needs_gradient_hook else None
         torch.manual_seed(round_seed(spec.seed, index, round_index))
-        stats = net.train(params["steps"], max_seconds=params.get("seconds"), after_backward=hook)
+        stats = net.train(task.plan.steps, max_seconds=task.plan.seconds, after_backward=hook)
         fault = due_fault(spec.faults, index, round_index + 1, result["attempt"])
         if fault is not None:
             fault.fire(net)
@@ -442,7 +457,7 @@ def _train_round(spec_bc, weights_bc, params: dict, index: int, record: dict | N
     if spec.link is not None:  # the update, up (only the small record when it is not finite)
         link_s += spec.link.wait(0 if not finite else encoded.nbytes if compressed else delta.numel() * 4)
         result["link_s"] = link_s
-    if params.get("checkpoint"):
+    if task.send_state:
         result["worker_state"] = export_worker_state(net, entry.state)
     result.update(n=stats.samples, steps=stats.steps, loss=stats.loss, compute_s=stats.wall_s, finite=finite,
                   source=source, device=entry.device_info.get("device"),
@@ -458,45 +473,45 @@ def _train_round(spec_bc, weights_bc, params: dict, index: int, record: dict | N
     return result
 
 
-def _receive(spec: WorkerSpec, state: WorkerState, message: np.ndarray, params: dict, round_index: int):
+def _receive(spec: WorkerSpec, state: WorkerState, message: np.ndarray, task: RoundTask):
     """The worker's weights for this round from a compressed-downlink message (or the full weights)."""
-    if params.get("full"):
+    if task.full:
         seen = torch.from_numpy(np.array(message, dtype=np.float32))
     else:
-        down = Downlink(make_compressor(spec.compression), params["numel"])
+        down = Downlink(make_compressor(spec.compression), task.numel)
         prev = state.extra.get("seen")
         seen = down.receive(down.seen if prev is None else torch.as_tensor(prev), torch.from_numpy(message))
     state.extra["seen"] = seen
-    state.extra["seen_round"] = round_index
+    state.extra["seen_round"] = task.plan.round
     return seen
 
 
-def run_round(spec_bc, weights_bc, params: dict):
+def run_round(spec_bc, weights_bc, task: RoundTask):
     """Task function of a round: train from the broadcast weights; yields one partial aggregate."""
 
-    def task(index: int, records):
+    def run(index: int, records):
         record = None
         for record in records:  # one small record; read it all so the Python worker is reused
             pass
         try:
             _evict_finished()
-            yield fold(None, _train_round(spec_bc, weights_bc, params, index, record))
+            yield fold(None, _train_round(spec_bc, weights_bc, task, index, record))
         except Exception as exc:
             raise worker_failure(index, exc) from None
 
-    return task
+    return run
 
 
-def run_round_from_chunks(spec_bc, weights_bc, params: dict):
+def run_round_from_chunks(spec_bc, weights_bc, task: RoundTask):
     """Task function of a round run from the persisted chunks (a partition missing on its machine)."""
 
-    def task(index: int, chunks):
+    def run(index: int, chunks):
         try:
-            yield fold(None, _train_round(spec_bc, weights_bc, params, index, None, chunks=chunks))
+            yield fold(None, _train_round(spec_bc, weights_bc, task, index, None, chunks=chunks))
         except Exception as exc:
             raise worker_failure(index, exc) from None
 
-    return task
+    return run
 
 
 # -- aggregation --------------------------------------------------------------------------------

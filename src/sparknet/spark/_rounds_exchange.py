@@ -17,6 +17,7 @@ import functools
 import logging
 import math
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ import torch
 from sparknet.errors import DeadlineExceeded
 from sparknet.loop import Exchange, Progress, RoundPlan, RoundUpdate, run_rounds
 from sparknet.spark._backend import Watchdog, default_round_deadline, job_group, spark_call
-from sparknet.spark._rounds import combine, decode_updates, run_round, run_round_from_chunks
+from sparknet.spark._rounds import RoundTask, combine, decode_updates, run_round, run_round_from_chunks
 from sparknet.stopping import StopRule
 from sparknet.strategies import Downlink, make_compressor
 
@@ -102,8 +103,7 @@ class SparkRoundsExchange(Exchange):
     def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
         sc, group, down, r = self.sc, self.group, self.down, plan.round
         self._want_state = self.wants_state is not None and self.wants_state(r + 1, plan.last)
-        params = {"round": r, "steps": plan.steps, "seconds": plan.seconds, "checkpoint": self._want_state,
-                  "numel": self.numel}
+        task = RoundTask(plan=plan, numel=self.numel, send_state=self._want_state)
         t_round = time.perf_counter()
         message = global_flat.numpy() if down is None else down.message(global_flat).numpy()
         weights_bc = sc.broadcast(message)
@@ -113,14 +113,14 @@ class SparkRoundsExchange(Exchange):
         try:
             sc.setJobDescription(f"sparknet round {r + 1}")
             with watchdog:
-                acc = self._aggregate(self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, params)))
+                acc = self._aggregate(self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, task)))
                 missing = sorted(w["index"] for w in acc["workers"] if w.get("missing"))
                 if missing:
                     self.rerun_partitions += len(missing)
                     log.warning("round %d: partitions %s are not staged where Spark ran them; rerunning them from "
                                 "the cached chunks", r + 1, missing)
                     acc["workers"] = [w for w in acc["workers"] if not w.get("missing")]
-                    acc = self._rerun(acc, weights_bc, params, missing)
+                    acc = self._rerun(acc, weights_bc, task, missing)
                 full = sorted(w["index"] for w in acc["workers"] if w.get("need_full"))
                 if full:  # their processes lost the weights the round's message is relative to
                     log.warning("round %d: workers %s lost their copy of the weights; sending them in full", r + 1,
@@ -128,7 +128,7 @@ class SparkRoundsExchange(Exchange):
                     acc["workers"] = [w for w in acc["workers"] if not w.get("need_full")]
                     full_bc = sc.broadcast(down.seen.numpy())
                     self.broadcasts.append(full_bc)
-                    acc = self._rerun(acc, full_bc, {**params, "full": True}, full)
+                    acc = self._rerun(acc, full_bc, replace(task, full=True), full)
         except Exception as exc:
             if watchdog.fired:
                 raise DeadlineExceeded(f"round {r + 1} did not finish within round_timeout_s={deadline:g} s and was "
@@ -144,8 +144,8 @@ class SparkRoundsExchange(Exchange):
             return spark_call(parts.treeAggregate, None, combine, combine, 2)
         return functools.reduce(combine, spark_call(parts.collect), None)  # compressed: decoded here only
 
-    def _rerun(self, acc: dict, weights_bc, params: dict, partitions: list[int]) -> dict:
-        redo = self.chunks.mapPartitionsWithIndex(run_round_from_chunks(self.spec_bc, weights_bc, params))
+    def _rerun(self, acc: dict, weights_bc, task: RoundTask, partitions: list[int]) -> dict:
+        redo = self.chunks.mapPartitionsWithIndex(run_round_from_chunks(self.spec_bc, weights_bc, task))
         for part in spark_call(self.sc.runJob, redo, _identity, partitions):
             acc = combine(acc, part)
         return acc
