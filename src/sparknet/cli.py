@@ -42,6 +42,7 @@ from sparknet.ps.config import AsyncConfig
 from sparknet.ps.session import run_async
 from sparknet.sample import configure_sample, run_sample
 from sparknet.spark.run import train_distributed
+from sparknet.tools.doctor import configure_command as configure_doctor
 from sparknet.tools.export import configure_command as configure_export
 from sparknet.tools.plot import configure_command as configure_plot
 from sparknet.tools.predict import configure_command as configure_predict
@@ -132,14 +133,6 @@ def _run_version(args: argparse.Namespace) -> int:
     return 0
 
 
-def _configure_doctor(p: argparse.ArgumentParser) -> None:
-    # Imported here, not at the top, until sparknet.tools.doctor stops importing this module
-    # (for its old registration decorator, see subcommand below): at the top it would be a cycle.
-    from sparknet.tools.doctor import _configure
-
-    _configure(p)
-
-
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "train": ("train a network (one process, or K Spark workers with --workers K)", _configure_train),
     "sample": ("generate text from a trained character model (char_lstm)", _configure_sample),
@@ -147,7 +140,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "caffe": ("Caffe files: inspect a prototxt or .caffemodel, export a model folder, import Caffe files",
               configure_caffe),
     "doctor": ("check a Spark cluster before training: versions, memory, pickling, barrier, data skew",
-               _configure_doctor),
+               configure_doctor),
     "export": ("export a trained model folder to ONNX or TorchScript for serving outside Spark", configure_export),
     "plot": ("draw learning curves (loss and accuracy against time and samples) from a metrics file", configure_plot),
     "predict": ("score Parquet data with a saved model through Spark (adds prediction and probability)",
@@ -155,18 +148,6 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "experiment": ("reproduce the SparkNet paper's experiments (JSON + PNG per experiment)", configure_experiment),
 }
 """``sparknet NAME``: its help line and the function that adds its arguments (and sets ``_run``)."""
-
-
-def subcommand(name: str, help: str):
-    """The old registration decorator: returns ``configure`` unchanged (commands are listed in :data:`COMMANDS`).
-
-    Kept only while :mod:`sparknet.tools.doctor` still decorates its parser with it.
-    """
-
-    def deco(configure):
-        return configure
-
-    return deco
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,7 +13,7 @@ from sparknet.loop import RoundPlan
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
 from sparknet.spark._backend import job_group, run_with_deadline
-from sparknet.spark._model_parallel import model_parallel_task
+from sparknet.parallel._spark_task import model_parallel_task
 from sparknet.spark._rounds import RoundTask, run_round_from_chunks
 
 pytestmark = pytest.mark.spark

@@ -22,10 +22,6 @@ The package graph
     Its nodes are sparknet's sub-packages and top-level modules (``sparknet.spark``,
     ``sparknet.cli``, ...; the root ``__init__`` is the node ``sparknet``); every edge of the
     module graph between two different nodes is an edge between them.
-
-``KNOWN_EDGES`` lists imports that still close a cycle, each in a file being rewritten
-elsewhere, with the change that removes it. The graphs are checked without them; a test
-fails as soon as one is gone, so the list only shrinks.
 """
 
 from __future__ import annotations
@@ -36,19 +32,6 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 ROOT = "sparknet"
-
-# importer -> imported: the import to remove, and how.
-KNOWN_EDGES: dict[tuple[str, str], str] = {
-    ("sparknet.tools.doctor", "sparknet.cli"):
-        "doctor.py imports the old `subcommand` decorator; drop it and make `_configure` public "
-        "(sparknet.cli lists the command and can then import doctor at its top)",
-    ("sparknet.spark._model_parallel", "sparknet.parallel.runner"):
-        "the model-parallel stage's executor code imports parallel.runner while parallel.spark drives it "
-        "through sparknet.spark: move spark/_model_parallel.py into sparknet.parallel, beside parallel/spark.py",
-    ("sparknet.spark._model_parallel", "sparknet.parallel"):
-        "the same import (Python runs sparknet.parallel's __init__ first)",
-}
-
 
 def _modules() -> dict[str, Path]:
     out = {}
@@ -175,10 +158,6 @@ def _report(cycles: list[list[str]], edges: dict[tuple[str, str], list[str]], no
     return "\n".join(lines)
 
 
-def _graph_without_known() -> dict[tuple[str, str], list[str]]:
-    return {edge: where for edge, where in EDGES.items() if edge not in KNOWN_EDGES}
-
-
 def test_the_import_reader_sees_imports_at_module_level_and_inside_functions():
     # Module level, resolved to the submodule: train.py imports sparknet._app.
     assert ("sparknet.train", "sparknet._app") in EDGES
@@ -196,24 +175,17 @@ def test_the_import_reader_sees_imports_at_module_level_and_inside_functions():
 
 
 def test_no_cycle_among_modules():
-    edges = _graph_without_known()
     graph: dict[str, set[str]] = defaultdict(set)
-    for a, b in edges:
+    for a, b in EDGES:
         graph[a].add(b)
     cycles = _cycles(graph)
-    assert not cycles, "import cycles among modules:\n" + _report(cycles, edges)
+    assert not cycles, "import cycles among modules:\n" + _report(cycles, EDGES)
 
 
 def test_no_cycle_among_packages():
-    edges = _graph_without_known()
     graph: dict[str, set[str]] = defaultdict(set)
-    for a, b in edges:
+    for a, b in EDGES:
         if _node(a) != _node(b):
             graph[_node(a)].add(_node(b))
     cycles = _cycles(graph)
-    assert not cycles, "import cycles among packages:\n" + _report(cycles, edges, _node)
-
-
-def test_every_known_edge_still_exists():
-    gone = [f"{a} -> {b}" for a, b in KNOWN_EDGES if (a, b) not in EDGES]
-    assert not gone, "these imports are gone; remove them from KNOWN_EDGES: " + ", ".join(gone)
+    assert not cycles, "import cycles among packages:\n" + _report(cycles, EDGES, _node)

@@ -14,14 +14,14 @@ the caller's own job group is left as it was):
 2. the training data becomes one partition per task (:func:`sparknet.spark._data.chunk_rdd`),
    checked as the other engines check it (at most ``data_timeout_s``); every replica (M consecutive
    partitions) must have rows;
-3. one barrier stage: each task runs :func:`sparknet.spark._model_parallel.model_parallel_task`;
+3. one barrier stage: each task runs :func:`sparknet.parallel._spark_task.model_parallel_task`;
    the driver waits for it at most ``stage_timeout_s`` and cancels the job group otherwise;
 4. rank 0's gathered whole weights become a :class:`~sparknet.weights.WeightCollection`;
    the driver scores them on the validation data.
 
 The driver holds the whole model at the end (to evaluate and save it); the workers never do.
-This module imports pyspark only inside its functions; the executor side lives in
-:mod:`sparknet.spark._model_parallel`.
+This module imports pyspark only inside its functions; the executor side lives beside it, in
+:mod:`sparknet.parallel._spark_task`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,14 @@ from dataclasses import dataclass, replace
 
 from sparknet.errors import EngineError
 from sparknet.metrics import rounds_summary
+from sparknet.net import Net
+from sparknet.parallel._spark_task import model_parallel_task
 from sparknet.parallel.runner import ModelParallelJob, effective_plan, num_classes_of, weights_from_result
 from sparknet.parallel.tensor import check_weight_budget
+from sparknet.spark import _data
 from sparknet.spark._backend import run_with_deadline
+from sparknet.spark._barrier import GroupPlan
+from sparknet.spark._session import get_session, is_local_master, local_slots
 
 __all__ = ["fit_model_parallel", "ModelParallelResult", "StageOptions"]
 
@@ -120,10 +125,7 @@ def fit_model_parallel(net_params, train, *, job: ModelParallelJob, workers: int
         The data check ran past ``options.data_timeout_s`` or the stage past
         ``options.stage_timeout_s`` (its jobs are cancelled).
     """
-    from pyspark import StorageLevel
-
-    from sparknet.spark import _data
-    from sparknet.spark._session import get_session, is_local_master, local_slots
+    from pyspark import StorageLevel  # optional dependency: needed only to fit
 
     t_fit = time.perf_counter()
     options = options or StageOptions()
@@ -171,8 +173,6 @@ def fit_model_parallel(net_params, train, *, job: ModelParallelJob, workers: int
         if val is not None:
             val_bc = sc.broadcast(val)
             broadcasts.append(val_bc)
-        from sparknet.spark._model_parallel import GroupPlan, model_parallel_task
-
         params = GroupPlan(workers=workers, local=is_local_master(sc.master),
                            rendezvous_timeout_s=options.rendezvous_timeout_s,
                            collective_timeout_s=options.collective_timeout_s)
@@ -201,8 +201,6 @@ def fit_model_parallel(net_params, train, *, job: ModelParallelJob, workers: int
     history = results[0]["history"]
     test = None
     if val is not None:
-        from sparknet.net import Net
-
         driver_net = Net(net_params, job.solver, batch_size=job.batch_size)
         driver_net.set_weights(weights)
         test = driver_net.evaluate(val)

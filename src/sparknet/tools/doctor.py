@@ -54,12 +54,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from sparknet.cli import subcommand
 from sparknet.spark._backend import run_with_deadline
 
 __all__ = ["Status", "CheckResult", "MemoryEstimate", "estimate_training_memory", "task_memory_budget",
-           "parse_memory", "format_bytes", "run_doctor", "format_table", "OPTIMIZER_STATE_COPIES",
-           "COMMUNICATION_COPIES", "MEMORY_HEADROOM"]
+           "parse_memory", "format_bytes", "run_doctor", "format_table", "configure_command",
+           "OPTIMIZER_STATE_COPIES", "COMMUNICATION_COPIES", "MEMORY_HEADROOM"]
 
 log = logging.getLogger(__name__)
 
@@ -915,8 +914,8 @@ def format_table(results: Iterable[CheckResult], *, width: int = 110) -> str:
     return "\n".join(lines)
 
 
-@subcommand("doctor", "check a Spark cluster before training: versions, memory, pickling, barrier, data skew")
-def _configure(p: argparse.ArgumentParser) -> None:
+def configure_command(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``sparknet doctor`` (``sparknet.cli`` lists the command)."""
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     p.add_argument("--model", default="lenet", help="zoo model name or model folder (default lenet)")
     p.add_argument("--data", default=None, help="Parquet training data: partition skew and memory")

@@ -1,4 +1,4 @@
-"""Executor side of model-parallel training: one barrier stage of W = D x M tasks.
+"""Executor side of model-parallel training on Spark: one barrier stage of W = D x M tasks.
 
 Every task of the stage runs :func:`model_parallel_task`:
 
@@ -13,7 +13,7 @@ A failing rank raises :func:`sparknet.spark._rounds.worker_failure`, as the othe
 do; the driver turns it into a :class:`~sparknet.errors.WorkerError` with the rank and the tail
 of its traceback.
 
-The driver side is :mod:`sparknet.parallel.spark`.
+The driver side, beside it, is :mod:`sparknet.parallel.spark`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,11 @@ import logging
 import os
 import socket
 
+import torch.distributed as dist
+
+from sparknet.parallel.runner import run_rank
 from sparknet.spark._barrier import GroupPlan, rendezvous
+from sparknet.spark._data import merge_chunks
 from sparknet.spark._rounds import worker_failure
 
 __all__ = ["model_parallel_task"]
@@ -38,7 +42,7 @@ def model_parallel_task(job_bc, params: GroupPlan, val_bc=None):
     """
 
     def task(index: int, chunks):
-        from pyspark import BarrierTaskContext
+        from pyspark import BarrierTaskContext  # optional dependency: needed only where the task runs
 
         ctx = BarrierTaskContext.get()
         rank = ctx.partitionId()
@@ -51,11 +55,6 @@ def model_parallel_task(job_bc, params: GroupPlan, val_bc=None):
 
 
 def _run(ctx, rank: int, job, params: GroupPlan, validation, chunks):
-    import torch.distributed as dist
-
-    from sparknet.parallel.runner import run_rank
-    from sparknet.spark._data import merge_chunks
-
     x, y, _ = merge_chunks(chunks)
     del chunks
     store = None
