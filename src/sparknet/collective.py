@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import torch
 
+from sparknet._enums import CompressionKind
 from sparknet.loop import Exchange, RoundPlan, RoundUpdate
 from sparknet.strategies import TrainingStrategy, WorkerState, make_compressor
 
@@ -74,7 +75,8 @@ class CollectiveExchange(Exchange):
     """
 
     def __init__(self, net, strategy: TrainingStrategy, *, rank: int, world: int, group=None,
-                 state: WorkerState | None = None, has_data: bool = True, validation=None, compression: str = "none",
+                 state: WorkerState | None = None, has_data: bool = True, validation=None,
+                 compression: CompressionKind | str = CompressionKind.NONE,
                  link=None, seed_for_round: Callable[[int], int] | None = None,
                  after_train: Callable[[object, int], None] | None = None, engine: str = "barrier",
                  train: Callable | None = None):
@@ -82,8 +84,9 @@ class CollectiveExchange(Exchange):
         self.workers = world
         self.state = state if state is not None else WorkerState()
         self.has_data, self.validation, self.link = has_data, validation, link
-        self.compression = str(getattr(compression, "value", compression))
-        self.codec = None if self.compression == "none" else make_compressor(self.compression)
+        codec = make_compressor(compression)
+        self.compression = codec.kind
+        self.codec = None if codec.kind is CompressionKind.NONE else codec
         self.seed_for_round, self.after_train, self.engine, self.train = seed_for_round, after_train, engine, train
         if train is not None and strategy.needs_gradient_hook:
             raise ValueError(f"{strategy!r} allreduces gradients inside net.train; a custom train loop cannot run it")

@@ -44,6 +44,32 @@ class Strategy(str, enum.Enum):
     """Asynchronous pushes and pulls through a parameter server on the driver."""
 
 
+def check_device(device: str) -> None:
+    """``cpu``, ``cuda``, ``cuda:N`` or ``auto``; a clear ``ValueError`` otherwise."""
+    if device not in ("cpu", "cuda", "auto") and not str(device).startswith("cuda:"):
+        raise ValueError(f"device must be cpu, cuda or auto, got {device!r}")
+
+
+def check_per_step_strategy(dist: DistributedConfig, what: str) -> None:
+    """The rules of a strategy that allreduces gradients every step (``sync``), checked for every caller.
+
+    ``what`` names the strategy in the error. It needs the barrier engine (a process group), the
+    same number of steps on every worker (a fixed tau, no time budget), and it exchanges full
+    gradients, so neither compression nor automatic tau applies to it.
+    """
+    if dist.engine is Engine.ROUNDS and dist.workers > 1:
+        raise ValueError(f"{what} allreduces gradients every step and needs --engine barrier")
+    if dist.compression is not CompressionKind.NONE:
+        raise ValueError(f"{what} allreduces full gradients every step; compression applies to the updates of "
+                         "average, diloco and easgd: drop --compression or choose another strategy")
+    if dist.auto_tau:
+        raise ValueError(f"{what} allreduces full gradients every step whatever tau is (tau only spaces its metric "
+                         "rounds); drop --auto-tau or choose another strategy")
+    if dist.round_seconds is not None:
+        raise ValueError(f"{what} allreduces gradients every step and needs a fixed tau, not --round-seconds "
+                         "(workers would run different numbers of steps)")
+
+
 @dataclass(kw_only=True)
 class RunConfig:
     """What to train, on what, for how long (one process or many)."""
@@ -104,8 +130,7 @@ class RunConfig:
             raise ValueError(f"threads must be at least 1, got {self.threads}")
         if self.eval_every < 1:
             raise ValueError(f"eval_every must be at least 1, got {self.eval_every}")
-        if self.device not in ("cpu", "cuda", "auto") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device must be cpu, cuda or auto, got {self.device!r}")
+        check_device(self.device)
 
     def solver(self) -> SolverConfig:
         """The solver these settings describe."""
@@ -206,14 +231,8 @@ class DistributedConfig:
             raise ValueError(f"checkpoint_keep must be at least 1, got {self.checkpoint_keep}")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume needs --checkpoint-dir: the folder whose newest checkpoint to continue from")
-        if self.strategy is Strategy.SYNC and self.engine is Engine.ROUNDS and self.workers > 1:
-            raise ValueError("the sync strategy allreduces gradients every step and needs --engine barrier")
-        if self.strategy is Strategy.SYNC and self.compression is not CompressionKind.NONE:
-            raise ValueError("the sync strategy exchanges full gradients every step; compression applies to the "
-                             "updates of average, diloco and easgd: drop --compression or choose another strategy")
-        if self.strategy is Strategy.SYNC and self.auto_tau:
-            raise ValueError("the sync strategy synchronizes every step whatever tau is (tau only spaces its metric "
-                             "rounds); drop --auto-tau or choose another strategy")
+        if self.strategy is Strategy.SYNC:
+            check_per_step_strategy(self, "the sync strategy")
 
     def link(self):
         """The simulated link of --link-latency/--link-bandwidth (``None`` when neither is given)."""

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sparknet._enums import CompressionKind
 from sparknet.errors import EngineError, NonFiniteUpdate
 from sparknet.net import TrainStats
 from sparknet.stopping import StopRule
@@ -106,8 +107,8 @@ class Exchange(abc.ABC):
     """The engine's name in round records."""
     workers: int = 1
     """K, as the strategy's outer step counts workers."""
-    compression: str = "none"
-    """The codec of the updates, as round records name it."""
+    compression: CompressionKind = CompressionKind.NONE
+    """The codec of the updates (round records name it)."""
 
     @abc.abstractmethod
     def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
@@ -265,12 +266,13 @@ class InProcessExchange(Exchange):
 
     engine = "local"
 
-    def __init__(self, nets: Sequence, strategy: TrainingStrategy, *, evaluator=None, compression: str = "none",
+    def __init__(self, nets: Sequence, strategy: TrainingStrategy, *, evaluator=None,
+                 compression: CompressionKind | str = CompressionKind.NONE,
                  on_steps: Callable | None = None, piece: int = 50):
         self.nets, self.strategy, self.evaluator = list(nets), strategy, evaluator
         self.workers = len(self.nets)
-        self.compression = str(getattr(compression, "value", compression))
-        self.compressor = make_compressor(self.compression)
+        self.compressor = make_compressor(compression)
+        self.compression = self.compressor.kind
         self.states = [WorkerState() for _ in self.nets]
         self._down: Downlink | None = None
         self._delivered: torch.Tensor | None = None  # the global weights the last message carried

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 
-from sparknet.config import Strategy, parse_enum
+from sparknet.config import CompressionKind, Strategy, parse_enum
 from sparknet.loop import InProcessExchange, Progress, run_rounds
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
@@ -50,7 +50,7 @@ class SimulationResult:
 def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strategy | str = "average",
              solver: SolverConfig | None = None, batch_size: int = 64, target_accuracy: float | None = None,
              max_steps: int = 10000, eval_every_steps: int | None = None, eval_samples: int | None = None,
-             compression: str = "none", seed: int = 0, strategy_options: dict | None = None) -> SimulationResult:
+             compression: CompressionKind | str = CompressionKind.NONE, seed: int = 0, strategy_options: dict | None = None) -> SimulationResult:
     """Train ``workers`` logical workers with ``strategy`` until the target or ``max_steps``.
 
     Parameters

@@ -20,7 +20,6 @@ This module never imports pyspark.
 from __future__ import annotations
 
 import abc
-import enum
 import logging
 import math
 import statistics
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from sparknet._enums import CompressionKind, parse_enum
 from sparknet.config import Strategy
 
 log = logging.getLogger(__name__)
@@ -266,8 +266,6 @@ def register(name: Strategy, factory: Callable[..., TrainingStrategy]) -> None:
 
 def make_strategy(name: Strategy | str, **options) -> TrainingStrategy:
     """Build the strategy called ``name`` with its options."""
-    from sparknet.config import parse_enum
-
     key = parse_enum(Strategy, name, "strategy")
     if key not in _REGISTRY:
         raise ValueError(f"strategy {key.value!r} is not available in this engine")
@@ -275,15 +273,6 @@ def make_strategy(name: Strategy | str, **options) -> TrainingStrategy:
 
 
 # -- compression of what workers send ----------------------------------------------------------
-
-class CompressionKind(str, enum.Enum):
-    """How deltas are encoded on the wire."""
-
-    NONE = "none"
-    FP16 = "fp16"
-    BF16 = "bf16"
-    INT8 = "int8"
-
 
 @dataclass
 class Compressed:
@@ -441,9 +430,7 @@ class Int8Compression(Compressor):
 
 def make_compressor(kind: CompressionKind | str | None) -> Compressor:
     """Build the compressor ``--compression`` names (none, fp16, bf16, int8)."""
-    from sparknet.config import parse_enum
-
-    k = parse_enum(CompressionKind, kind or "none", "compression")
+    k = parse_enum(CompressionKind, kind or CompressionKind.NONE, "compression")
     if k is CompressionKind.NONE:
         return NoCompression()
     if k is CompressionKind.FP16:

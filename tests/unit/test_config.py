@@ -87,3 +87,19 @@ def test_link_and_auto_tau_flags_come_from_the_config():
     assert dist.link() == LinkModel(0.05, 1e8)
     assert dist.auto_tau and dist.auto_tau_max == 200 and dist.auto_tau_min == 1 and dist.compression == "int8"
     assert DistributedConfig().link() is None
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"engine": "rounds", "workers": 2}, "needs --engine barrier"),
+    ({"engine": "barrier", "workers": 2, "compression": "int8"}, "drop --compression"),
+    ({"engine": "barrier", "workers": 2, "auto_tau": True}, "drop --auto-tau"),
+    ({"engine": "barrier", "workers": 2, "round_seconds": 5.0}, "needs a fixed tau"),
+])
+def test_the_rules_of_a_per_step_strategy_are_checked_in_one_place(settings, words):
+    from sparknet.config import check_per_step_strategy
+
+    with pytest.raises(ValueError, match=words):
+        DistributedConfig(strategy="sync", **settings)
+    ok = DistributedConfig(strategy="average", **settings)  # the same settings suit a round strategy
+    with pytest.raises(ValueError, match=f"strategy Sync\\(\\) .*{words}"):
+        check_per_step_strategy(ok, "strategy Sync()")

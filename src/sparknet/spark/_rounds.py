@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sparknet._enums import CompressionKind
 from sparknet.faults import due_fault
 from sparknet.loop import RoundPlan
 from sparknet.net import Net
@@ -90,7 +91,7 @@ class WorkerSpec:
     """Injected faults (:mod:`sparknet.faults`), for reliability tests."""
     resume: dict | None = None
     """A resumed fit: ``{"round": rounds done, "workers": {index: export_worker_state(...)}}``."""
-    compression: str = "none"
+    compression: CompressionKind = CompressionKind.NONE
     """Codec of the updates (:func:`sparknet.strategies.make_compressor`); not none: the rounds engine's
     weights go down as :class:`~sparknet.strategies.Downlink` messages too."""
     link: Any = None
@@ -421,7 +422,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
         for _ in chunks:  # the data is here already; drain the input so the worker can be reused
             pass
     round_index = task.plan.round
-    compressed = spec.compression != "none"
+    compressed = spec.compression is not CompressionKind.NONE
     link_s = 0.0
     try:
         _sync_state(entry, index, round_index, spec.resume)

@@ -22,6 +22,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from sparknet._enums import CompressionKind, parse_enum
 from sparknet.errors import DeadlineExceeded
 from sparknet.loop import Exchange, Progress, RoundPlan, RoundUpdate, run_rounds
 from sparknet.spark._backend import Watchdog, default_round_deadline, job_group, spark_call
@@ -84,12 +85,12 @@ class SparkRoundsExchange(Exchange):
                  wants_state=None, downlink_state: dict | None = None):
         self.sc, self.group, self.staged, self.chunks, self.spec_bc = sc, group, staged, chunks, spec_bc
         self.workers, self.driver_net, self.broadcasts = workers, driver_net, broadcasts
-        self.compression = str(getattr(compression, "value", compression))
+        self.compression = parse_enum(CompressionKind, compression, "compression")
         self.round_timeout_s, self.link = round_timeout_s, link
         self.checkpoint, self.wants_state = checkpoint, wants_state
         self.numel = driver_net.get_flat().numel()
         self.down = None
-        if self.compression != "none":
+        if self.compression is not CompressionKind.NONE:
             self.down = Downlink(make_compressor(self.compression), self.numel)
             if downlink_state:
                 self.down.load_state_dict(downlink_state)

@@ -46,13 +46,13 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
 
 from sparknet.checkpoint import CheckpointError, RoundCheckpoints, model_fingerprint, rng_state, set_rng_state
-from sparknet.config import DistributedConfig, Engine
+from sparknet.config import DistributedConfig, Engine, check_device, check_per_step_strategy
 from sparknet.errors import EngineError
 from sparknet.faults import faults_from
 from sparknet.link import LinkModel
@@ -233,18 +233,11 @@ class SparkTrainer:
             raise ValueError(f"threads must be at least 1, got {threads}")
         if max_steps is not None and int(max_steps) < 1:
             raise ValueError(f"max_steps must be at least 1, got {max_steps}")
-        if device not in ("cpu", "cuda", "auto") and not str(device).startswith("cuda:"):
-            raise ValueError(f"device must be cpu, cuda or auto, got {device!r}")
+        check_device(device)
         self.strategy = strategy if strategy is not None else make_strategy(self.dist.strategy,
                                                                             **self.dist.strategy_options())
-        if self.strategy.needs_gradient_hook and self.dist.engine is Engine.ROUNDS:
-            raise ValueError(f"strategy {self.strategy!r} exchanges gradients every step and needs engine 'barrier'")
-        if self.strategy.needs_gradient_hook and (self.dist.compression != "none" or self.dist.auto_tau):
-            raise ValueError(f"strategy {self.strategy!r} allreduces full gradients every step: --compression and "
-                             "--auto-tau apply to the round updates of average, diloco and easgd; drop them")
-        if self.strategy.needs_gradient_hook and self.dist.round_seconds is not None:
-            raise ValueError("a strategy that allreduces gradients every step needs a fixed tau, not round_seconds "
-                             "(workers would run different numbers of steps)")
+        if self.strategy.needs_gradient_hook:
+            check_per_step_strategy(replace(self.dist, workers=max(self.dist.workers, 2)), f"strategy {self.strategy!r}")
         self.net = net
         self.solver = solver or SolverConfig()
         self.loss = loss
