@@ -40,9 +40,19 @@ from sparknet.net import TrainStats
 from sparknet.stopping import StopRule
 from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, WorkerState, make_compressor
 
-__all__ = ["RoundPlan", "RoundUpdate", "Progress", "Exchange", "InProcessExchange", "weighted_mean", "run_rounds"]
+__all__ = ["worker_seed", "round_seed", "RoundPlan", "RoundUpdate", "Progress", "Exchange", "InProcessExchange", "weighted_mean", "run_rounds"]
 
 log = logging.getLogger(__name__)
+
+
+def worker_seed(seed: int, index: int) -> int:
+    """The seed of worker ``index``'s Net (its data order): distinct per worker, fixed per run; every engine's."""
+    return int(seed) * 100_003 + int(index) + 1
+
+
+def round_seed(seed: int, index: int, round_index: int) -> int:
+    """The seed of worker ``index``'s random draws in round (or epoch) ``round_index``, counted from 0."""
+    return (worker_seed(seed, index) * 1_000_003 + int(round_index)) % (2**63 - 1)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 
 from sparknet.config import CompressionKind, Strategy, parse_enum
-from sparknet.loop import InProcessExchange, Progress, run_rounds
+from sparknet.loop import InProcessExchange, Progress, run_rounds, worker_seed
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.stopping import StopRule
@@ -88,7 +88,7 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
     else:
         nets = []
         for i in range(workers):
-            net = Net(net_params, solver, batch_size=batch_size, seed=seed + 1000 * i)
+            net = Net(net_params, solver, batch_size=batch_size, seed=worker_seed(seed, i))
             net.set_training_data(train.shard(i, workers))
             nets.append(net)
     exchange = InProcessExchange(nets, strat, evaluator=evaluator, compression=compression)

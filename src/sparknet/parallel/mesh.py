@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from sparknet.loop import worker_seed
+
 
 __all__ = [
     "ParallelLayout",
@@ -151,7 +153,7 @@ def replica_seed(layout: ParallelLayout, seed: int) -> int:
     whole activations): seed their :class:`~sparknet.net.Net` and ``torch.manual_seed``
     with this.
     """
-    return int(seed) + 1000 * layout.dp_rank
+    return worker_seed(seed, layout.dp_rank)
 
 
 # --------------------------------------------------------------------------- data

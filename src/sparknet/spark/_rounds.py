@@ -54,7 +54,7 @@ import torch
 
 from sparknet._enums import CompressionKind
 from sparknet.faults import due_fault
-from sparknet.loop import RoundPlan
+from sparknet.loop import RoundPlan, round_seed, worker_seed
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.spark._data import merge_chunks
@@ -110,16 +110,6 @@ class RoundTask:
     """Return the worker's state with the result (a checkpoint round)."""
     full: bool = False
     """The broadcast holds the whole weights, not the round's downlink message (a worker that lost its copy)."""
-
-
-def worker_seed(seed: int, index: int) -> int:
-    """The seed of worker ``index``'s Net (its data order): distinct per partition, fixed per run."""
-    return int(seed) * 100_003 + int(index) + 1
-
-
-def round_seed(seed: int, index: int, round_index: int) -> int:
-    """The seed of torch's global generator for worker ``index`` in round ``round_index`` (from 0)."""
-    return (worker_seed(seed, index) * 1_000_003 + int(round_index)) % (2**63 - 1)
 
 
 def export_worker_state(net: Net, state: WorkerState) -> dict:

@@ -486,8 +486,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
             image_shape = list(shape)
 
         solver = run.solver()
-        trainer = SparkTrainer(net_params, solver=solver, dist=dist, batch_size=run.batch_size, seed=run.seed,
-                               threads=run.threads or 1, device=run.device, spark=spark, max_steps=run.steps)
+        trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark)
         result = trainer.fit(train, validation, features_col=features_col, label_col=label_col,
                              image_shape=image_shape)
         summary = _plain(result.summary)

@@ -121,9 +121,7 @@ def _fit(spark, df, test, info, run, dist, net_params, total, sinks, rows_per_wo
                              acc=record.get("val_accuracy"), tau=record.get("tau"),
                              **{"samples/s": record["samples"] / record["round_s"] if record.get("round_s") else None})
 
-        trainer = SparkTrainer(net_params, solver=run.solver(), dist=dist, batch_size=run.batch_size, seed=run.seed,
-                               threads=run.threads or 1, device=run.device, spark=spark, on_round=on_round,
-                               max_steps=run.steps)
+        trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, on_round=on_round)
         link = dist.link()
         compressed = dist.compression is not CompressionKind.NONE
         extras = "".join([f", {dist.compression.value} updates" if compressed else "",

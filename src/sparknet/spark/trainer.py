@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from sparknet.checkpoint import CheckpointError, RoundCheckpoints, model_fingerprint, rng_state, set_rng_state
-from sparknet.config import DistributedConfig, Engine, check_device, check_per_step_strategy
+from sparknet.config import DistributedConfig, Engine, RunConfig, check_device, check_per_step_strategy
 from sparknet.errors import EngineError
 from sparknet.faults import faults_from
 from sparknet.link import LinkModel
@@ -215,6 +215,18 @@ class SparkTrainer:
     options : EngineOptions, optional
         Timeouts, staging directory, cache level, warm-up sample bounds.
     """
+
+    @classmethod
+    def from_config(cls, net, run: RunConfig, dist: DistributedConfig, **kwargs) -> SparkTrainer:
+        """A trainer for ``net`` as ``sparknet train`` would configure it.
+
+        ``run`` gives every worker's solver, batch size, seed, threads and device, and ``run.steps``
+        the local steps per worker at most; ``dist`` the workers, engine, strategy and stopping rules.
+        ``kwargs`` are the other keyword arguments of :class:`SparkTrainer` (``spark``, ``on_round``,
+        ``loss``, ``strategy``, ``options``).
+        """
+        return cls(net, solver=run.solver(), dist=dist, batch_size=run.batch_size, seed=run.seed,
+                   threads=run.threads or 1, device=run.device, max_steps=run.steps, **kwargs)
 
     def __init__(self, net, *, solver: SolverConfig | None = None, dist: DistributedConfig | None = None, loss=None,
                  batch_size: int = 64, seed: int = 0, threads: int = 1, device: str = "cpu",
