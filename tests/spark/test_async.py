@@ -17,7 +17,7 @@ import pytest
 pyspark = pytest.importorskip("pyspark")
 
 from sparknet import Net, SolverConfig, zoo  # noqa: E402
-from sparknet.config import DistributedConfig, RunConfig  # noqa: E402
+from sparknet.config import DistributedConfig, RunConfig, Strategy  # noqa: E402
 from sparknet.datasets import synthetic  # noqa: E402
 from sparknet.errors import WorkerError  # noqa: E402
 from sparknet.ps import AsyncConfig, AsyncSession, run_async  # noqa: E402
@@ -230,11 +230,20 @@ def test_async_config_checks_itself():
         AsyncConfig(combiner="median")
 
 
-def test_the_cli_hook_only_takes_async_runs():
-    from sparknet.ps import cli
+def test_sparknet_train_takes_the_parameter_server_only_with_strategy_async(monkeypatch, capsys):
+    from sparknet import cli
 
-    assert cli.TRAIN_FLAGS is AsyncConfig
-    assert cli.train_with(RunConfig(), DistributedConfig(workers=2), AsyncConfig()) is None
+    calls = []
+    monkeypatch.setattr(cli, "run_async",
+                        lambda run, dist, **flags: calls.append((dist.strategy, flags)) or {"steps": 1})
+    monkeypatch.setattr(cli, "train_distributed", lambda run, dist: {"steps": 2})
+    argv = ["train", "--workers", "2", "--sync-interval", "7", "--combiner", "elastic", "--ps-host", "10.0.0.1"]
+    assert cli.main(argv + ["--strategy", "async"]) == 0
+    assert calls == [(Strategy.ASYNC, {"sync_interval": 7, "combiner": "elastic", "ps_host": "10.0.0.1"})]
+    assert cli.main(argv + ["--strategy", "average"]) == 0
+    assert len(calls) == 1  # a synchronous strategy takes the Spark engines' road
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert printed == ['{"steps": 1}', '{"steps": 2}']
 
 
 def test_a_failing_task_reports_its_partition_in_the_shared_worker_format():

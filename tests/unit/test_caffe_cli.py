@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sparknet.caffe import load_net_prototxt, read_caffemodel, write_caffemodel
-from sparknet.caffe.cli import CaffeTrainFlags, file_kind, train_with
+from sparknet.caffe.cli import CaffeTrainFlags, file_kind, train_caffe_files
 from sparknet.caffe.train import load_net_data, resolve_caffe_run, train_caffe
 from sparknet.cli import main
 from sparknet.config import DistributedConfig, RunConfig
@@ -92,7 +92,7 @@ def test_prototxt_alone_uses_the_command_line_solver(tmp_path, monkeypatch):
     captured = {}
     monkeypatch.setattr("sparknet.caffe.train.train_caffe", lambda plan, **kw: captured.update(plan=plan, **kw) or {})
     run = RunConfig(steps=7, lr=0.05, lr_policy="fixed", eval_every=5)
-    train_with(run, DistributedConfig(), CaffeTrainFlags(prototxt=str(LENET_NET), snapshot_dir=str(tmp_path)))
+    train_caffe_files(run, DistributedConfig(), CaffeTrainFlags(prototxt=str(LENET_NET), snapshot_dir=str(tmp_path)))
     plan = captured["plan"]
     assert plan.max_iter == 7 and plan.test_interval == 5 and plan.display == 100
     assert plan.solver.base_lr == 0.05 and plan.solver.lr_policy.value == "fixed"
@@ -104,8 +104,9 @@ def test_the_solver_file_wins_unless_a_flag_is_given(tmp_path, monkeypatch):
     captured = {}
     monkeypatch.setattr("sparknet.caffe.train.train_caffe", lambda plan, **kw: captured.update(plan=plan, **kw) or {})
     monkeypatch.chdir(tmp_path)
-    assert train_with(RunConfig(), DistributedConfig(), CaffeTrainFlags()) is None  # not a Caffe run
-    train_with(RunConfig(), DistributedConfig(workers=2), CaffeTrainFlags(solver=str(LENET_SOLVER)))
+    with pytest.raises(ValueError, match="needs --prototxt NET, --solver SOLVER or both"):
+        train_caffe_files(RunConfig(), DistributedConfig(), CaffeTrainFlags())  # no Caffe file
+    train_caffe_files(RunConfig(), DistributedConfig(workers=2), CaffeTrainFlags(solver=str(LENET_SOLVER)))
     plan = captured["plan"]
     assert captured["workers"] == 2
     assert (plan.max_iter, plan.test_interval, plan.display, plan.snapshot) == (10000, 500, 100, 5000)
@@ -115,8 +116,8 @@ def test_the_solver_file_wins_unless_a_flag_is_given(tmp_path, monkeypatch):
     assert plan.snapshot_dir == tmp_path / "lenet" and plan.snapshot_prefix == "lenet"
     assert not (tmp_path / "examples").exists()
 
-    train_with(RunConfig(steps=300, batch_size=32, lr=0.02, seed=5), DistributedConfig(),
-               CaffeTrainFlags(solver=str(LENET_SOLVER), test_iter=3, snapshot_every=0, display=7))
+    train_caffe_files(RunConfig(steps=300, batch_size=32, lr=0.02, seed=5), DistributedConfig(),
+                      CaffeTrainFlags(solver=str(LENET_SOLVER), test_iter=3, snapshot_every=0, display=7))
     plan = captured["plan"]
     assert (plan.max_iter, plan.batch_size, plan.seed, plan.snapshot, plan.display) == (300, 32, 5, 0, 7)
     assert plan.solver.base_lr == 0.02 and plan.solver.momentum == 0.9 and plan.solver.max_iter == 300

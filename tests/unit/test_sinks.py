@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from sparknet import Net, zoo
 from sparknet._model_io import MANIFEST_NAME, save_model
 from sparknet.metrics import MetricsLogger
-from sparknet.tools.sinks import MLflowSink, TensorBoardSink, close_sinks, make_sinks, record_scalars
+from sparknet.sinks import MLflowSink, TensorBoardSink, close_sinks, make_sinks, record_scalars
 
 
 def _records(rounds=5):

@@ -48,8 +48,7 @@ from sparknet.weights import WeightCollection
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CaffeTrainFlags", "train_caffe_files", "train_with", "describe_net", "describe_solver", "file_kind",
-           "configure_command"]
+__all__ = ["CaffeTrainFlags", "train_caffe_files", "describe_net", "describe_solver", "file_kind", "configure_command"]
 
 
 @dataclass(kw_only=True)
@@ -145,11 +144,6 @@ def train_caffe_files(run: RunConfig, dist: DistributedConfig, flags: CaffeTrain
                             path=exc.path, line=exc.line, column=exc.column) from None
     return caffe_train.train_caffe(plan, workers=dist.workers, dist=dist, metrics_out=run.metrics_out,
                                    progress=not run.quiet, threads=run.threads, device=run.device)
-
-
-def train_with(run: RunConfig, dist: DistributedConfig, flags: CaffeTrainFlags) -> dict | None:
-    """:func:`train_caffe_files` when ``flags`` name a Caffe file, ``None`` otherwise (kept for existing callers)."""
-    return train_caffe_files(run, dist, flags) if flags.given else None
 
 
 # --------------------------------------------------------------------------- inspect

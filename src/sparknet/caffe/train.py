@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sparknet._app import seed_everything
 from sparknet.caffe.prototxt import CaffeNet, DataBinding, load_net_prototxt
 from sparknet.caffe.solver import CaffeSolver, load_solver_prototxt, resolve_net_path
 from sparknet.solvers import SolverConfig
@@ -736,7 +737,6 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
         on_spark = False
 
     from sparknet.caffe.caffemodel import load_caffemodel_into
-    from sparknet.train import seed_everything
 
     seed_everything(run.seed)
     cache = _DataCache()

@@ -25,7 +25,14 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from sparknet.layers import NetParams
+from sparknet.loop import round_seed
+from sparknet.net import Net
+from sparknet.ps.client import PSClient
+from sparknet.ps.wire import Status
+from sparknet.solvers import SolverConfig
 from sparknet.spark._rounds import worker_failure
 
 __all__ = ["TaskSpec", "train_partition", "scatter", "blocks_from_chunks", "concat_blocks", "pick_fields"]
@@ -125,16 +132,11 @@ def scatter(seed: int, epoch: int, num_partitions: int):
 
 
 def _build_net(spec: TaskSpec, index: int):
-    from sparknet.net import Net
-    from sparknet.solvers import SolverConfig
-
     if "netparams" in spec.net:
-        from sparknet.layers import NetParams
-
         model = NetParams.from_dict(spec.net["netparams"])
     else:
         model = spec.net["module"]  # this task's own copy, unpickled by Spark from the job's closure
-    seed = spec.seed + 1000 * index + 7919 * spec.epoch
+    seed = round_seed(spec.seed, index, spec.epoch)
     net = Net(model, SolverConfig.from_dict(spec.solver), loss=spec.loss, batch_size=spec.batch_size,
               device=spec.device, seed=seed)
     if spec.iteration:
@@ -171,7 +173,7 @@ def train_partition(spec: TaskSpec):
 
 def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[dict]:
     t_start = time.perf_counter()
-    from pyspark import TaskContext
+    from pyspark import TaskContext  # optional dependency: this runs in a Spark task
 
     ctx = TaskContext.get()
     attempt = ctx.attemptNumber() if ctx is not None else 0
@@ -183,11 +185,6 @@ def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[d
         record["wall_s"] = time.perf_counter() - t_start
         yield record
         return
-    import torch
-
-    from sparknet.ps.client import PSClient
-    from sparknet.ps.wire import Status
-
     torch.set_num_threads(spec.threads)
     if spec.sample_shape is not None:
         x = x.reshape(len(x), *spec.sample_shape)

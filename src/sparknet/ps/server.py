@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
+from sparknet.errors import EngineError
 from sparknet.ps.combiners import Combiner, make_combiner
 from sparknet.ps.wire import (DTYPES, FLAG_SEND_DELTA, HEADER_SIZE, TAG_SIZE, Header, JobCredentials, Kind,
                               Message, Reason, Status, WireError, decode, dtype_code, encode, verify)
@@ -220,8 +221,6 @@ class ParameterServer:
     def check_alive(self) -> None:
         """Raise ``EngineError`` if the serving thread died."""
         if self._failure is not None or (self._thread is not None and not self._thread.is_alive()):
-            from sparknet.errors import EngineError
-
             raise EngineError(f"the parameter server on {self._endpoint} stopped unexpectedly: {self._failure!r}")
 
     # -- jobs and state --------------------------------------------------------------------

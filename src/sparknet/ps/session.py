@@ -37,13 +37,17 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from sparknet._app import build_model, load_training_data, seed_everything
+from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
 from sparknet.ps import _worker
 from sparknet.ps.combiners import Combiner, make_combiner
 from sparknet.ps.config import AsyncConfig
 from sparknet.ps.server import ParameterServer
 from sparknet.solvers import SolverConfig
+from sparknet.spark import _data
 from sparknet.spark._backend import run_with_deadline
+from sparknet.spark._session import get_session, is_local_master
 from sparknet.weights import WeightCollection
 
 __all__ = ["AsyncSession", "run_async"]
@@ -163,8 +167,6 @@ class AsyncSession:
     def _server_host(self, sc) -> str:
         if self.host:
             return self.host
-        from sparknet.spark._session import is_local_master
-
         if is_local_master(sc.master):
             return "127.0.0.1"
         host = sc.getConf().get("spark.driver.host")
@@ -188,9 +190,7 @@ class AsyncSession:
     # -- data -----------------------------------------------------------------------------------
     def _blocks(self, data, sc, group, num_workers, feed_names, image_shape, sample_shape):
         """(RDD of (x, y) blocks with ``num_workers`` partitions, the RDD to unpersist, rows per partition)."""
-        from pyspark import StorageLevel
-
-        from sparknet.spark import _data
+        from pyspark import StorageLevel  # optional dependency: needed only once data is dealt
 
         expected_len = math.prod(sample_shape) if sample_shape else None
         if _data.is_dataframe(data) or _data.is_rdd(data):
@@ -287,8 +287,6 @@ class AsyncSession:
             raise ValueError(f"target_accuracy is a fraction in (0, 1], got {target_accuracy}")
         if train_step is not None and not callable(train_step):
             raise TypeError("train_step must be callable as train_step(net, (x, y))")
-        from sparknet.spark import _data
-
         if feed_names is not None:
             feed_names = tuple(feed_names)
             if len(feed_names) != 2:
@@ -301,8 +299,6 @@ class AsyncSession:
         if is_spark_data:
             sc = data.sparkSession.sparkContext if _data.is_dataframe(data) else data.context
         else:
-            from sparknet.spark._session import get_session
-
             sc = (self.spark or get_session()).sparkContext
         K = int(num_workers or (data.rdd.getNumPartitions() if _data.is_dataframe(data) else
                                 data.getNumPartitions() if is_spark_data else 2))
@@ -443,10 +439,6 @@ def run_async(run, dist, *, sync_interval: int = 10, combiner: str = "delta", ps
         The summary record (test_accuracy, wall_s, samples_per_s, steps, rounds = epochs,
         pushes, staleness, rejects...).
     """
-    from sparknet.metrics import MetricsLogger
-    from sparknet.spark._session import get_session
-    from sparknet.train import build_model, load_training_data, seed_everything
-
     cfg = AsyncConfig(sync_interval=sync_interval, combiner=combiner, ps_host=ps_host)
     seed_everything(run.seed)
     train, test, info = load_training_data(run)
