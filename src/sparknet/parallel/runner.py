@@ -1,7 +1,7 @@
 """One rank's whole run in the D x M layout: build the split net, train rounds, gather the weights.
 
 :func:`run_rank` is what every task of a model-parallel Spark barrier stage runs (see
-:mod:`sparknet.spark._model_parallel`), and what plain processes run too: it needs only an
+:mod:`sparknet.parallel._spark_task`), and what plain processes run too: it needs only an
 initialized default process group (gloo) and this rank's rows. It never imports pyspark.
 
     job = ModelParallelJob(net=zoo.mlp(), solver=SolverConfig(base_lr=0.01), model_parallel=2, tau=20, rounds=5)

@@ -3,7 +3,7 @@
 >>> from sparknet.spark import SparkTrainer
 >>> result = SparkTrainer(zoo.lenet(), dist=DistributedConfig(workers=2, tau=50, rounds=20)).fit(df)  # doctest: +SKIP
 
-Importing this package imports pyspark; the rest of sparknet does not need it.
+The engines import pyspark only where they run Spark jobs; the rest of sparknet never needs it.
 """
 
 from sparknet.spark._session import get_session
