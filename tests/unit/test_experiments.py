@@ -131,12 +131,15 @@ def test_grid_tau1_column_is_large_batch_sgd(grid):
 
 def test_simulated_k1_averaging_follows_the_single_worker_weights():
     from sparknet.experiments import load_data, make_model
+    from sparknet.loop import worker_seed
     from sparknet.net import Net
     from sparknet.simulate import simulate
 
     train, test = load_data("mnist-small", train_samples=300, test_samples=100)
     solver = make_solver("sgd", 0.05, 0.9)
-    net = Net(make_model("mlp", 16), solver, batch_size=16, seed=3)
+    # The run's initial weights (seed 3) and its one worker's data order (that worker's seed).
+    net = Net(make_model("mlp", 16), solver, batch_size=16, seed=worker_seed(3, 0))
+    net.set_flat(Net(make_model("mlp", 16), solver, batch_size=16, seed=3).get_flat())
     net.set_training_data(train)
     net.set_validation_data((test.x, test.y))
     accs = []

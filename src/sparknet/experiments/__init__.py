@@ -18,6 +18,7 @@ The simulation-based experiments (speedup-grid, speedup-vs-overhead) never impor
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import importlib
@@ -27,16 +28,25 @@ import os
 import platform
 import statistics
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from sparknet.metrics import json_safe
+import torch
 
-__all__ = ["EXPERIMENTS", "DEFAULT_OUT", "get_experiment", "make_config", "run_experiment", "write_result",
-           "load_data", "make_model", "make_solver", "median_step_time", "parallel_map", "environment",
-           "first_reaching", "pyplot", "warm_up_spark", "training_frame", "stop_session"]
+from sparknet import zoo
+from sparknet.config import DistributedConfig
+from sparknet.datasets import load_dataset
+from sparknet.metrics import json_safe
+from sparknet.net import Net
+from sparknet.solvers import SolverConfig
+
+__all__ = ["EXPERIMENTS", "DEFAULT_OUT", "ExperimentConfig", "SparkExperimentConfig", "get_experiment", "make_config",
+           "run_experiment", "write_result", "load_data", "make_model", "make_solver", "median_step_time",
+           "parallel_map", "environment", "first_reaching", "train_until", "measured", "spark_stage", "SparkFit",
+           "spark_fit", "pyplot"]
 
 log = logging.getLogger(__name__)
 
@@ -148,10 +158,69 @@ def _load_average() -> list[float] | None:
 
 def environment() -> dict:
     """What the numbers were measured on: versions, cores, and how busy the machine was."""
-    import torch
-
     return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
             "machine": platform.machine(), "load_average": _load_average()}
+
+
+# -- the settings every experiment shares -----------------------------------------------------------
+
+@dataclasses.dataclass(kw_only=True)
+class ExperimentConfig:
+    """What the training experiments set alike: the data, the minibatch, the workers' SGD and the seed.
+
+    Each experiment's ``Config`` extends it (``speedup-vs-overhead`` only reads the grid's) and
+    redeclares a field where its default differs; the command line reads every field's help here.
+    """
+
+    dataset: str = "mnist"
+    """mnist or mnist-small."""
+    train_samples: int | None = None
+    """Use only the first this many training samples (default all)."""
+    test_samples: int | None = None
+    """Evaluate on the first this many test samples (default the whole test set)."""
+    batch_size: int = 64
+    """Minibatch size of every worker (and of a single process)."""
+    lr: float = 0.05
+    """Learning rate of the workers' SGD (its base rate where a policy decays it)."""
+    momentum: float = 0.9
+    """Momentum."""
+    seed: int = 0
+    """Seed of the weights and of every worker's data order."""
+
+    def __post_init__(self):
+        self._check("batch_size")
+
+    def _check(self, *at_least_one: str, target: bool = False) -> None:
+        """``ValueError`` unless every named field is at least 1 (and, with ``target``, the target an accuracy)."""
+        if target and not 0 < self.target <= 1:
+            raise ValueError(f"target is an accuracy in (0, 1], got {self.target}")
+        for name in at_least_one:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+    def data(self):
+        """``(train, test)`` of these settings (:func:`load_data`)."""
+        return load_data(self.dataset, train_samples=self.train_samples, test_samples=self.test_samples)
+
+    def solver(self):
+        """The workers' solver: SGD at a fixed rate."""
+        return make_solver("sgd", self.lr, self.momentum)
+
+
+@dataclasses.dataclass(kw_only=True)
+class SparkExperimentConfig(ExperimentConfig):
+    """What the experiments that train LeNet on Spark add: K workers, the master, the warm-up fit."""
+
+    workers: int = 2
+    """Number of workers K."""
+    master: str | None = None
+    """Spark master (default local[K])."""
+    warmup: bool = True
+    """Run one untimed single-step Spark fit first (Python workers started, torch imported)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._check("workers")
 
 
 # -- shared pieces ---------------------------------------------------------------------------------
@@ -162,8 +231,6 @@ def load_data(dataset: str, *, train_samples: int | None = None, test_samples: i
     The cuts take the first samples (the splits are already shuffled), so every process and
     every run sees the same subset.
     """
-    from sparknet.datasets import load_dataset
-
     data = load_dataset(dataset.lower())
     train, test = data.train, data.test
     if train_samples is not None and train_samples < len(train):
@@ -175,8 +242,6 @@ def load_data(dataset: str, *, train_samples: int | None = None, test_samples: i
 
 def make_model(name: str, batch_size: int):
     """A zoo net for 28x28 MNIST digits: ``lenet`` or ``mlp``."""
-    from sparknet import zoo
-
     name = name.lower()
     if name == "lenet":
         return zoo.lenet(batch_size=batch_size)
@@ -185,12 +250,12 @@ def make_model(name: str, batch_size: int):
     raise ValueError(f"unknown model {name!r} for the experiments; choose lenet or mlp")
 
 
-def make_solver(solver_type: str = "sgd", lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 0.0):
-    """A fixed-rate solver (no schedule, so counts do not depend on a horizon)."""
-    from sparknet.solvers import SolverConfig
-
+def make_solver(solver_type: str = "sgd", lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 0.0,
+                **policy):
+    """A :class:`~sparknet.solvers.SolverConfig`; a fixed rate (so counts do not depend on a horizon) unless
+    ``policy`` (``lr_policy``, ``gamma``, ``power``) says otherwise."""
     return SolverConfig(type=solver_type, base_lr=lr, momentum=momentum, weight_decay=weight_decay,
-                        lr_policy="fixed")
+                        **{"lr_policy": "fixed", **policy})
 
 
 def first_reaching(curve: Iterable[dict], target: float, key: str = "accuracy") -> dict | None:
@@ -202,16 +267,31 @@ def first_reaching(curve: Iterable[dict], target: float, key: str = "accuracy") 
     return None
 
 
+def train_until(net, target: float, *, max_steps: int, eval_every: int, t0: float | None = None) -> list[dict]:
+    """Train ``net`` ``eval_every`` steps at a time, testing after each, until ``target`` or ``max_steps``.
+
+    Returns the curve: ``steps`` and ``accuracy`` per evaluation (and ``wall_s`` since ``t0`` when given).
+    """
+    curve: list[dict] = []
+    steps = 0
+    while steps < max_steps:
+        n = min(eval_every, max_steps - steps)
+        net.train(n)
+        steps += n
+        acc = net.test()
+        curve.append({"steps": steps, "accuracy": acc} if t0 is None else
+                     {"steps": steps, "accuracy": acc, "wall_s": time.perf_counter() - t0})
+        if acc >= target:
+            break
+    return curve
+
+
 def median_step_time(net_params, solver, train, *, batch_size: int, steps: int = 50, warmup: int = 5,
                      threads: int = 1, seed: int = 0) -> dict:
     """Time ``steps`` single solver steps of ``net_params`` on ``train``; median and spread, in seconds.
 
     This is C(b) of the paper: the cost of one minibatch gradient and update.
     """
-    import torch
-
-    from sparknet.net import Net
-
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -235,8 +315,6 @@ _WORKER_STATE: dict = {}
 
 
 def _pool_init(initializer: Callable | None, args: tuple) -> None:
-    import torch
-
     torch.set_num_threads(1)
     if initializer is not None:
         initializer(*args)
@@ -250,8 +328,6 @@ def parallel_map(fn: Callable[[dict], dict], jobs: list[dict], *, processes: int
     (after ``initializer``), which is what tests use.
     """
     if processes <= 1 or len(jobs) <= 1:
-        import torch
-
         previous = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
@@ -267,36 +343,89 @@ def parallel_map(fn: Callable[[dict], dict], jobs: list[dict], *, processes: int
         return pool.map(fn, jobs, chunksize=1)
 
 
-def training_frame(spark, dataset: str, train):
-    """``train`` as a Spark DataFrame read from Parquet (written once, cached beside the data set)."""
+def measured(what: str, keys: dict, run: Callable[..., dict], *args) -> dict:
+    """``run(*args)``; if it raises, a record of the failure instead: ``keys``, ``ok: False``, the error and the
+    tail of its traceback. A failed run is kept with its error, not dropped: the comparison shows what failed.
+    """
+    t0 = time.perf_counter()
+    try:
+        return run(*args)
+    except Exception as exc:  # kept with its error
+        log.error("%s failed: %s: %s", what, type(exc).__name__, exc)
+        return {**keys, "ok": False, "error": f"{type(exc).__name__}: {exc}",
+                "traceback_tail": traceback.format_exc()[-2000:], "wall_s": time.perf_counter() - t0}
+
+
+@contextlib.contextmanager
+def spark_stage(config: SparkExperimentConfig, train, spark=None, *, engine: str = "rounds", needed: bool = True):
+    """``(spark, df, warmup_s)`` for the fits of one experiment, on ``spark`` or on a session of its own.
+
+    A session started here (on ``config.master``, default ``local[K]``) is stopped on the way out;
+    ``df`` is ``train`` as a DataFrame read from Parquet (written once, cached beside the data
+    set); ``warmup_s`` the seconds of one untimed single-step fit on ``engine`` (``None`` without
+    ``config.warmup``), so no timed fit pays for starting Python workers and importing torch.
+    Without ``needed`` nothing is started: ``(spark, None, None)``.
+    """
+    if not needed:
+        yield spark, None, None
+        return
+    from sparknet.spark import get_session  # the Spark engine's modules only where an experiment uses Spark
     from sparknet.spark.run import cached_training_frame
 
-    return cached_training_frame(spark, dataset, train)
-
-
-def warm_up_spark(spark, df, *, workers: int, batch_size: int, engine: str = "rounds") -> float:
-    """One untimed single-step fit, so no timed run pays for starting Python workers and importing torch.
-
-    Returns the seconds it took.
-    """
-    from sparknet.config import DistributedConfig
-    from sparknet.spark import SparkTrainer
-
-    t0 = time.perf_counter()
-    dist = DistributedConfig(workers=workers, engine=engine, tau=1, rounds=1)
-    SparkTrainer(make_model("lenet", batch_size), dist=dist, batch_size=batch_size, threads=1, spark=spark,
-                 max_steps=1).fit(df)
-    seconds = time.perf_counter() - t0
-    log.info("Spark warm-up fit (%s engine, one step): %.1f s", engine, seconds)
-    return seconds
-
-
-def stop_session(spark) -> None:
-    """Stop a session this experiment started; a session whose JVM already died must not hide the results."""
+    own = spark is None
+    if own:
+        spark = get_session(config.master or f"local[{config.workers}]", app_name="sparknet-experiments")
     try:
-        spark.stop()
-    except Exception as exc:  # the results gathered so far are still written
-        log.warning("stopping the Spark session failed: %s: %s", type(exc).__name__, exc)
+        df = cached_training_frame(spark, config.dataset, train)
+        warmup_s = None
+        if config.warmup:
+            warmup_s = spark_fit(config, spark, df, engine=engine, tau=1, rounds=1, max_steps=1).wall_s
+            log.info("Spark warm-up fit (%s engine, one step): %.1f s", engine, warmup_s)
+        yield spark, df, warmup_s
+    finally:
+        if own:
+            try:
+                spark.stop()
+            except Exception as exc:  # a session whose JVM already died must not hide the results
+                log.warning("stopping the Spark session failed: %s: %s", type(exc).__name__, exc)
+
+
+@dataclasses.dataclass(frozen=True)
+class SparkFit:
+    """One timed :class:`~sparknet.spark.SparkTrainer` fit: its result and the seconds ``fit`` took."""
+
+    result: Any
+    wall_s: float
+
+    @property
+    def rounds(self) -> list[dict]:
+        """The round records of the fit's history."""
+        return [h for h in self.result.history if h.get("event") == "round"]
+
+    @property
+    def curve(self) -> list[dict]:
+        """``steps``, ``accuracy`` and ``wall_s`` of every evaluated round."""
+        return [{"steps": h["total_steps"], "accuracy": h["val_accuracy"], "wall_s": h["wall_s"]}
+                for h in self.rounds if h.get("val_accuracy") is not None]
+
+
+def spark_fit(config: SparkExperimentConfig, spark, df, test=None, *, max_steps: int, solver=None, link=None,
+              **dist) -> SparkFit:
+    """Fit LeNet on ``df`` with :class:`~sparknet.spark.SparkTrainer`, evaluating on ``test``; timed.
+
+    The experiment's workers and master and the keywords ``dist`` (engine, strategy, tau, ...) make the
+    :class:`~sparknet.config.DistributedConfig`; its batch size and seed go to the trainer (one torch
+    thread per worker); ``link`` (a :class:`~sparknet.link.LinkModel`) slows every exchange unless it is free.
+    """
+    from sparknet.spark import EngineOptions, SparkTrainer  # as in spark_stage
+
+    trainer = SparkTrainer(make_model("lenet", config.batch_size), solver=solver,
+                           dist=DistributedConfig(workers=config.workers, master=config.master, **dist),
+                           batch_size=config.batch_size, seed=config.seed, threads=1, spark=spark, max_steps=max_steps,
+                           options=EngineOptions(link=None if link is None or link.is_free else link))
+    t0 = time.perf_counter()
+    result = trainer.fit(df, validation=None if test is None else (test.x, test.y))
+    return SparkFit(result, time.perf_counter() - t0)
 
 
 def pyplot():

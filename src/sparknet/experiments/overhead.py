@@ -23,7 +23,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.experiments import load_data, make_model, make_solver, median_step_time, pyplot
+from sparknet.experiments import load_data, make_model, make_solver, median_step_time, pyplot, run_experiment
+from sparknet.experiments.speedup_grid import Config as GridConfig, solver_for
 
 __all__ = ["Config", "QUICK", "run", "plot", "naive_speedup", "periodic_speedup"]
 
@@ -89,8 +90,6 @@ def _grid(config: Config, out_dir: Path | None, quick: bool) -> tuple[dict, str]
             return grid, str(path)
         log.warning("%s is a %s grid; running the %s one", path, "quick" if grid.get("quick") else "full",
                     "quick" if quick else "full")
-    from sparknet.experiments import run_experiment
-
     log.info("no speedup grid to read: running it first")
     grid = run_experiment("speedup-grid", quick=quick, out=out_dir, plot=True)
     return grid, grid["json_path"]
@@ -101,13 +100,10 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
     import numpy as np
 
     grid, grid_path = _grid(config, out_dir, quick)
-    gcfg = grid["config"]
-    train, _ = load_data(gcfg["dataset"], train_samples=gcfg.get("train_samples"), test_samples=1)
-    from sparknet.experiments.speedup_grid import Config as GridConfig, solver_for
-
-    grid_config = GridConfig(**{k: v for k, v in gcfg.items() if k in GridConfig.__dataclass_fields__})
-    step = median_step_time(make_model(gcfg["model"], gcfg["batch_size"]), make_solver(**solver_for(grid_config, "average")),
-                            train, batch_size=gcfg["batch_size"], steps=config.timed_steps, threads=1)
+    gcfg = GridConfig(**{k: v for k, v in grid["config"].items() if k in GridConfig.__dataclass_fields__})
+    train, _ = load_data(gcfg.dataset, train_samples=gcfg.train_samples, test_samples=1)
+    step = median_step_time(make_model(gcfg.model, gcfg.batch_size), make_solver(**solver_for(gcfg, "average")),
+                            train, batch_size=gcfg.batch_size, steps=config.timed_steps, threads=1)
     c = step["median_s"]
     workers = config.workers or tuple(k for k in grid["workers"] if k > 1)
     missing = [k for k in workers if k not in grid["workers"]]
@@ -130,8 +126,8 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
         "naive_at_smallest_s": {str(e["workers"]): e["naive"][0] for e in curves},
         "all_speedups_positive": all(v is None or v > 0 for e in curves for s in grid["strategies"] for v in e[s]),
     }
-    return {"grid": grid_path, "C_s": c, "step_time": step, "model": gcfg["model"], "batch_size": gcfg["batch_size"],
-            "target": gcfg["target"], "N_a": grid["N_a"], "strategies": grid["strategies"], "s_over_c": s_over_c,
+    return {"grid": grid_path, "C_s": c, "step_time": step, "model": gcfg.model, "batch_size": gcfg.batch_size,
+            "target": gcfg.target, "N_a": grid["N_a"], "strategies": grid["strategies"], "s_over_c": s_over_c,
             "S_s": [s * c for s in s_over_c], "curves": curves, "checks": checks}
 
 

@@ -31,14 +31,11 @@ recorded beside them; one untimed single-step fit runs first.
 from __future__ import annotations
 
 import logging
-import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.experiments import (first_reaching, load_data, make_model, make_solver, median_step_time, pyplot,
-                                  training_frame, warm_up_spark)
-from sparknet.experiments import stop_session as _stop
+from sparknet.experiments import (SparkExperimentConfig, first_reaching, make_model, make_solver, measured,
+                                  median_step_time, pyplot, spark_fit, spark_stage)
 from sparknet.link import LinkModel
 
 __all__ = ["Config", "QUICK", "SCHEMES", "run", "plot"]
@@ -50,8 +47,8 @@ SCHEMES = ("naive", "average", "diloco")
 
 
 @dataclass(kw_only=True)
-class Config:
-    """Settings of the slow-network runs."""
+class Config(SparkExperimentConfig):
+    """Settings of the slow-network runs (the learning rate is that of the naive scheme and averaging)."""
 
     link_latency: tuple[str, ...] = ("10ms", "50ms")
     """Latency of each link to try (paired with link_bandwidth), e.g. 50ms."""
@@ -63,38 +60,19 @@ class Config:
     """naive, average, diloco."""
     engine: str = "barrier"
     """Engine of averaging and DiLoCo: barrier or rounds (the naive scheme needs barrier)."""
-    workers: int = 2
-    """K."""
     tau: int = 50
     """Local steps per round of averaging and DiLoCo (and steps between evaluations of the naive scheme)."""
-    dataset: str = "mnist"
-    """mnist or mnist-small."""
-    train_samples: int | None = None
-    """Use only the first this many training samples."""
-    test_samples: int | None = None
-    """Evaluate on the first this many test samples (default all)."""
     target: float = 0.98
     """Target test accuracy."""
-    batch_size: int = 64
-    """Minibatch size of every worker."""
-    lr: float = 0.05
-    """SGD learning rate of the naive scheme and of averaging (fixed)."""
-    momentum: float = 0.9
-    """Momentum."""
     diloco_lr: float = 1e-3
     """DiLoCo's inner AdamW learning rate."""
     max_steps: int = 3000
     """Most local steps per worker."""
     max_seconds: float = 100.0
     """About the longest one run may train: its step budget is planned from C and the link."""
-    master: str | None = None
-    """Spark master (default local[K])."""
-    seed: int = 0
-    """Seed of the weights and data orders."""
-    warmup: bool = True
-    """Run one untimed single-step Spark fit first."""
 
     def __post_init__(self):
+        super().__post_init__()
         self.link_latency = tuple(str(v) for v in self.link_latency)
         self.link_bandwidth = tuple(str(v) for v in self.link_bandwidth)
         if len(self.link_latency) != len(self.link_bandwidth):
@@ -106,11 +84,7 @@ class Config:
             raise ValueError(f"unknown scheme(s) {bad}; choose from {list(SCHEMES)}")
         if self.engine not in ("barrier", "rounds"):
             raise ValueError(f"engine must be barrier or rounds, got {self.engine!r}")
-        if not 0 < self.target <= 1:
-            raise ValueError(f"target is an accuracy in (0, 1], got {self.target}")
-        for name in ("workers", "tau", "batch_size", "max_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        self._check("tau", "max_steps", target=True)
         if not self.max_seconds > 0:
             raise ValueError(f"max_seconds must be positive, got {self.max_seconds}")
 
@@ -146,73 +120,43 @@ def _plan_steps(config: Config, link_s_per_step: float) -> int:
 
 
 def _one(config: Config, scheme: str, link: LinkModel, spark, df, test, nbytes: int) -> dict:
-    from sparknet.config import DistributedConfig
-    from sparknet.spark import EngineOptions, SparkTrainer
-
     engine = "barrier" if scheme == "naive" else config.engine
     strategy = {"naive": "sync", "average": "average", "diloco": "diloco"}[scheme]
-    solver = (make_solver("adamw", config.diloco_lr, config.momentum, 1e-4) if scheme == "diloco"
-              else make_solver("sgd", config.lr, config.momentum))
+    solver = make_solver("adamw", config.diloco_lr, config.momentum, 1e-4) if scheme == "diloco" else config.solver()
     per_step = _link_s_per_step(config, scheme, engine, link, nbytes)
     steps = _plan_steps(config, per_step)
-    dist = DistributedConfig(workers=config.workers, engine=engine, strategy=strategy, tau=config.tau,
-                             target_accuracy=config.target, master=config.master)
-    trainer = SparkTrainer(make_model("lenet", config.batch_size), solver=solver, dist=dist,
-                           batch_size=config.batch_size, seed=config.seed, threads=1, spark=spark, max_steps=steps,
-                           options=EngineOptions(link=None if link.is_free else link))
-    t0 = time.perf_counter()
-    result = trainer.fit(df, validation=(test.x, test.y))
-    wall = time.perf_counter() - t0
-    curve = [{"steps": h["total_steps"], "accuracy": h["val_accuracy"], "wall_s": h["wall_s"]}
-             for h in result.history if h.get("event") == "round" and h.get("val_accuracy") is not None]
+    fit = spark_fit(config, spark, df, test, solver=solver, engine=engine, strategy=strategy, tau=config.tau,
+                    target_accuracy=config.target, max_steps=steps, link=link)
+    curve = fit.curve
     hit = first_reaching(curve, config.target)
-    s = result.summary
+    s = fit.result.summary
     setup = s.get("setup_s") or 0.0
     return {"scheme": scheme, "link": link.to_dict(), "ok": True, "engine": engine, "strategy": strategy,
             "reached": hit is not None, "time_to_target_s": hit["wall_s"] if hit else None,
             "train_time_to_target_s": hit["wall_s"] - setup if hit else None,
             "train_wall_s": (curve[-1]["wall_s"] - setup) if curve else None,
-            "steps_to_target": hit["steps"] if hit else None, "step_budget": steps, "wall_s": wall,
+            "steps_to_target": hit["steps"] if hit else None, "step_budget": steps, "wall_s": fit.wall_s,
             "setup_s": s.get("setup_s"), "final_accuracy": curve[-1]["accuracy"] if curve else None,
             "rounds": s.get("rounds"), "bytes_communicated": s.get("bytes_communicated"),
-            "modelled_link_s_per_step": per_step, "link_s": s.get("link_s"), "capped": steps < config.max_steps, "curve": curve}
+            "modelled_link_s_per_step": per_step, "link_s": s.get("link_s"), "capped": steps < config.max_steps,
+            "curve": curve}
 
 
 def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spark=None) -> dict:
     """Every scheme over every link on one Spark session; returns the result body."""
-    train, test = load_data(config.dataset, train_samples=config.train_samples, test_samples=config.test_samples)
+    train, test = config.data()
     net_params = make_model("lenet", config.batch_size)
-    step = median_step_time(net_params, make_solver("sgd", config.lr, config.momentum), train,
-                            batch_size=config.batch_size, steps=20, threads=1)
+    step = median_step_time(net_params, config.solver(), train, batch_size=config.batch_size, steps=20, threads=1)
     nbytes = 4 * sum(p.numel() for p in net_params.build(seed=0).parameters())
     links = config.links()
-    own = spark is None
     runs = []
-    warmup_s = None
-    try:
-        if own:
-            from sparknet.spark import get_session
-
-            spark = get_session(config.master or f"local[{config.workers}]", app_name="sparknet-experiments")
-        df = training_frame(spark, config.dataset, train)
-        if config.warmup:
-            warmup_s = warm_up_spark(spark, df, workers=config.workers, batch_size=config.batch_size,
-                                     engine=config.engine)
+    with spark_stage(config, train, spark, engine=config.engine) as (session, df, warmup_s):
         for link in links:
             for scheme in config.schemes:
                 log.info("slow-network: %s over %s", scheme, link.describe())
-                t0 = time.perf_counter()
-                try:
-                    runs.append(_one(config, scheme, link, spark, df, test, nbytes))
-                except Exception as exc:  # kept with its error
-                    log.error("slow-network: %s over %s failed: %s: %s", scheme, link.describe(),
-                              type(exc).__name__, exc)
-                    runs.append({"scheme": scheme, "link": link.to_dict(), "ok": False, "reached": False,
-                                 "error": f"{type(exc).__name__}: {exc}",
-                                 "traceback_tail": traceback.format_exc()[-2000:], "wall_s": time.perf_counter() - t0})
-    finally:
-        if own and spark is not None:
-            _stop(spark)
+                runs.append(measured(f"slow-network: {scheme} over {link.describe()}",
+                                     {"scheme": scheme, "link": link.to_dict(), "reached": False},
+                                     _one, config, scheme, link, session, df, test, nbytes))
     _project(runs)
     summary = {f"{r['scheme']} @ {r['link']['label']}": (round(r["train_time_to_target_s"], 1) if r.get("reached") else
                                                          f"~{r['projected_train_time_to_target_s']:.0f} projected"

@@ -40,7 +40,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.experiments import load_data, make_model, make_solver, parallel_map, pyplot
+from sparknet.experiments import (ExperimentConfig, load_data, make_model, make_solver, parallel_map, pyplot,
+                                  train_until)
 
 __all__ = ["Config", "QUICK", "run", "plot", "speedup_table"]
 
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
-class Config:
+class Config(ExperimentConfig):
     """Settings of the speedup grid (full defaults; ``QUICK`` holds the quick ones)."""
 
     workers: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -59,22 +60,10 @@ class Config:
     """Strategies, one heatmap each."""
     model: str = "mlp"
     """lenet or mlp (the counts do not depend on the hardware; mlp makes the full grid fit in minutes here)."""
-    dataset: str = "mnist"
-    """mnist or mnist-small."""
-    train_samples: int | None = None
-    """Use only the first this many training samples (default all)."""
-    test_samples: int | None = None
-    """Measure accuracy on the first this many test samples (default the whole test set)."""
     target: float = 0.965
     """Target test accuracy a."""
-    batch_size: int = 64
-    """Minibatch size b of every worker."""
     solver_type: str = "sgd"
     """Every averaging (and EASGD) worker's update rule, and that of their single-worker baseline."""
-    lr: float = 0.05
-    """Learning rate (fixed)."""
-    momentum: float = 0.9
-    """Momentum."""
     diloco_solver_type: str = "adamw"
     """DiLoCo's inner update rule (the DiLoCo paper's AdamW); its speedups are against one worker with it."""
     diloco_lr: float = 1e-3
@@ -99,10 +88,9 @@ class Config:
     """Also run the naive scheme (one worker, batch K*b) for every K > 1: the tau=1 column's twin."""
     processes: int = 2
     """Cells run in this many processes (one torch thread each)."""
-    seed: int = 0
-    """Seed of the weights and of every worker's data order."""
 
     def __post_init__(self):
+        super().__post_init__()
         self.workers = tuple(int(k) for k in self.workers)
         self.taus = tuple(int(t) for t in self.taus)
         self.strategies = tuple(str(s).lower() for s in self.strategies)
@@ -113,15 +101,11 @@ class Config:
         bad = [s for s in self.strategies if s not in ("average", "diloco", "easgd")]
         if bad or not self.strategies:
             raise ValueError(f"strategies must be among average, diloco, easgd; got {self.strategies}")
-        if not 0 < self.target <= 1:
-            raise ValueError(f"target is an accuracy in (0, 1], got {self.target}")
         if not 0 < self.probe_fraction <= 1:
             raise ValueError(f"probe_fraction must be in (0, 1], got {self.probe_fraction}")
         if not self.budget >= 1:
             raise ValueError(f"budget is a multiple of N_a, at least 1, got {self.budget}")
-        for name in ("eval_every", "baseline_max_steps", "batch_size", "processes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        self._check("eval_every", "baseline_max_steps", "processes", target=True)
 
 
 QUICK: dict = {
@@ -152,18 +136,9 @@ def _baseline(job: dict) -> dict:
               batch_size=job["batch_size"], seed=job["seed"])
     net.set_training_data(_DATA["train"])
     net.set_validation_data((_DATA["test"].x, _DATA["test"].y))
-    curve = []
-    steps = 0
-    reached = False
-    while steps < job["max_steps"]:
-        n = min(job["eval_every"], job["max_steps"] - steps)
-        net.train(n)
-        steps += n
-        acc = net.test()
-        curve.append({"steps": steps, "accuracy": acc})
-        if acc >= job["target"]:
-            reached = True
-            break
+    curve = train_until(net, job["target"], max_steps=job["max_steps"], eval_every=job["eval_every"])
+    steps = curve[-1]["steps"] if curve else 0
+    reached = bool(curve) and curve[-1]["accuracy"] >= job["target"]
     return {"kind": "baseline", "reached": reached, "N_a": steps if reached else None, "steps": steps,
             "accuracy": curve[-1]["accuracy"] if curve else None, "curve": curve, "cell_s": time.perf_counter() - t0}
 

@@ -15,13 +15,10 @@ the JSON. One untimed single-step fit runs first.
 from __future__ import annotations
 
 import logging
-import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.experiments import load_data, make_model, pyplot, training_frame, warm_up_spark
-from sparknet.experiments import stop_session as _stop
+from sparknet.experiments import SparkExperimentConfig, make_solver, measured, pyplot, spark_fit, spark_stage
 
 __all__ = ["Config", "QUICK", "run", "plot"]
 
@@ -29,43 +26,24 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
-class Config:
+class Config(SparkExperimentConfig):
     """Settings of the tau-sensitivity runs."""
 
     taus: tuple[int, ...] = (10, 50, 200, 1000)
     """Local steps per round, one fit each."""
-    workers: int = 2
-    """K."""
     engine: str = "rounds"
     """rounds (SparkNet's scheme) or barrier."""
     strategy: str = "average"
     """average or diloco."""
-    dataset: str = "mnist"
-    """mnist or mnist-small."""
-    train_samples: int | None = None
-    """Use only the first this many training samples."""
-    test_samples: int | None = None
-    """Evaluate on the first this many test samples (default all)."""
     steps: int = 2000
     """Local steps per worker of every fit."""
     eval_every: int = 200
     """Local steps between evaluations."""
-    batch_size: int = 64
-    """Minibatch size of every worker."""
-    lr: float = 0.05
-    """Base learning rate (inv policy, gamma 1e-4, power 0.75, as Caffe's LeNet solver)."""
-    momentum: float = 0.9
-    """Momentum."""
     weight_decay: float = 5e-4
     """Weight decay."""
-    master: str | None = None
-    """Spark master (default local[K])."""
-    seed: int = 0
-    """Seed of the weights and data orders."""
-    warmup: bool = True
-    """Run one untimed single-step Spark fit first."""
 
     def __post_init__(self):
+        super().__post_init__()
         self.taus = tuple(int(t) for t in self.taus)
         if not self.taus or min(self.taus) < 1:
             raise ValueError(f"taus must be positive numbers of steps, got {self.taus}")
@@ -73,15 +51,11 @@ class Config:
             raise ValueError(f"engine must be rounds or barrier, got {self.engine!r}")
         if self.strategy not in ("average", "diloco", "easgd"):
             raise ValueError(f"strategy must be average, diloco or easgd, got {self.strategy!r}")
-        for name in ("workers", "steps", "eval_every", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        self._check("steps", "eval_every")
 
     def solver(self):
-        from sparknet.solvers import SolverConfig
-
-        return SolverConfig(type="sgd", base_lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
-                            lr_policy="inv", gamma=1e-4, power=0.75)
+        """SGD with Caffe's LeNet policy: inv, gamma 1e-4, power 0.75."""
+        return make_solver("sgd", self.lr, self.momentum, self.weight_decay, lr_policy="inv", gamma=1e-4, power=0.75)
 
 
 QUICK: dict = {"dataset": "mnist-small", "taus": (5, 25, 100), "steps": 300, "eval_every": 25}
@@ -89,27 +63,18 @@ QUICK: dict = {"dataset": "mnist-small", "taus": (5, 25, 100), "steps": 300, "ev
 
 
 def _fit(config: Config, tau: int, spark, df, test) -> dict:
-    from sparknet.config import DistributedConfig
-    from sparknet.spark import SparkTrainer
-
-    dist = DistributedConfig(workers=config.workers, engine=config.engine, strategy=config.strategy, tau=tau,
-                             eval_every_rounds=max(1, config.eval_every // tau), master=config.master)
-    trainer = SparkTrainer(make_model("lenet", config.batch_size), solver=config.solver(), dist=dist,
-                           batch_size=config.batch_size, seed=config.seed, threads=1, spark=spark,
-                           max_steps=config.steps)
-    t0 = time.perf_counter()
-    result = trainer.fit(df, validation=(test.x, test.y))
-    wall = time.perf_counter() - t0
+    fit = spark_fit(config, spark, df, test, solver=config.solver(), engine=config.engine, strategy=config.strategy,
+                    tau=tau, max_steps=config.steps, eval_every_rounds=max(1, config.eval_every // tau))
     curve, eval_total = [], 0.0
-    rounds = [h for h in result.history if h.get("event") == "round"]
+    rounds = fit.rounds
     for h in rounds:
         eval_total += h.get("eval_s") or 0.0
         if h.get("val_accuracy") is not None:
             curve.append({"round": h["round"], "steps": h["total_steps"], "accuracy": h["val_accuracy"],
                           "wall_s": h["wall_s"], "train_wall_s": h["wall_s"] - eval_total})
-    s = result.summary
+    s = fit.result.summary
     round_s = [h["round_s"] for h in rounds]
-    return {"tau": tau, "ok": True, "curve": curve, "wall_s": wall, "setup_s": s.get("setup_s"),
+    return {"tau": tau, "ok": True, "curve": curve, "wall_s": fit.wall_s, "setup_s": s.get("setup_s"),
             "rounds": s.get("rounds"), "final_accuracy": s.get("test_accuracy"),
             "samples_per_s": s.get("samples_per_s"), "eval_s": eval_total,
             "mean_round_s": sum(round_s) / len(round_s) if round_s else None,
@@ -118,31 +83,12 @@ def _fit(config: Config, tau: int, spark, df, test) -> dict:
 
 def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spark=None) -> dict:
     """One fit per tau on one Spark session; returns the result body."""
-    train, test = load_data(config.dataset, train_samples=config.train_samples, test_samples=config.test_samples)
-    own = spark is None
+    train, test = config.data()
     runs = []
-    warmup_s = None
-    try:
-        if own:
-            from sparknet.spark import get_session
-
-            spark = get_session(config.master or f"local[{config.workers}]", app_name="sparknet-experiments")
-        df = training_frame(spark, config.dataset, train)
-        if config.warmup:
-            warmup_s = warm_up_spark(spark, df, workers=config.workers, batch_size=config.batch_size,
-                                     engine=config.engine)
+    with spark_stage(config, train, spark, engine=config.engine) as (session, df, warmup_s):
         for tau in config.taus:
             log.info("tau-sensitivity: tau = %d", tau)
-            t0 = time.perf_counter()
-            try:
-                runs.append(_fit(config, tau, spark, df, test))
-            except Exception as exc:  # kept with its error
-                log.error("tau-sensitivity: tau = %d failed: %s: %s", tau, type(exc).__name__, exc)
-                runs.append({"tau": tau, "ok": False, "error": f"{type(exc).__name__}: {exc}",
-                             "traceback_tail": traceback.format_exc()[-2000:], "wall_s": time.perf_counter() - t0})
-    finally:
-        if own and spark is not None:
-            _stop(spark)
+            runs.append(measured(f"tau-sensitivity: tau = {tau}", {"tau": tau}, _fit, config, tau, session, df, test))
     summary = {str(r["tau"]): ({"final_accuracy": r["final_accuracy"], "wall_s": round(r["wall_s"], 1)}
                                if r.get("ok") else "failed") for r in runs}
     return {"workers": config.workers, "engine": config.engine, "strategy": config.strategy,

@@ -27,12 +27,11 @@ import logging
 import math
 import os
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.experiments import first_reaching, load_data, make_model, pyplot, training_frame, warm_up_spark
-from sparknet.experiments import stop_session as _stop
+from sparknet.experiments import (SparkExperimentConfig, first_reaching, load_data, make_model, make_solver, measured,
+                                  pyplot, spark_fit, spark_stage, train_until)
 
 __all__ = ["Config", "QUICK", "SYSTEMS", "run", "plot", "ddp_train"]
 
@@ -43,27 +42,13 @@ SYSTEMS = ("one-process", "rounds", "barrier", "sync", "async", "torch-distribut
 
 
 @dataclass(kw_only=True)
-class Config:
+class Config(SparkExperimentConfig):
     """Settings of the time-to-accuracy comparison."""
 
     systems: tuple[str, ...] = SYSTEMS
     """Which systems to time, in order."""
-    dataset: str = "mnist"
-    """mnist or mnist-small."""
-    train_samples: int | None = None
-    """Use only the first this many training samples."""
-    test_samples: int | None = None
-    """Evaluate on the first this many test samples (default all)."""
     target: float = 0.99
     """Target test accuracy."""
-    workers: int = 2
-    """K for every distributed system."""
-    batch_size: int = 64
-    """Minibatch size of every worker (and of the single process)."""
-    lr: float = 0.05
-    """Base learning rate (every system)."""
-    momentum: float = 0.9
-    """Momentum."""
     weight_decay: float = 5e-4
     """Weight decay."""
     lr_policy: str = "inv"
@@ -83,29 +68,19 @@ class Config:
     asynchronous counterpart of averaging: a full-size step per push diverges with K workers)."""
     single_threads: int | None = None
     """Torch threads of the one-process run (default: every core)."""
-    master: str | None = None
-    """Spark master (default local[K])."""
-    seed: int = 0
-    """Seed of the weights and data orders."""
-    warmup: bool = True
-    """Run one untimed single-step Spark fit first (Python workers started, torch imported)."""
 
     def __post_init__(self):
+        super().__post_init__()
         self.systems = tuple(self.systems)
         bad = [s for s in self.systems if s not in SYSTEMS]
         if bad or not self.systems:
             raise ValueError(f"unknown system(s) {bad}; choose from {list(SYSTEMS)}")
-        if not 0 < self.target <= 1:
-            raise ValueError(f"target is an accuracy in (0, 1], got {self.target}")
-        for name in ("workers", "batch_size", "eval_every", "max_steps", "async_sync_interval"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        self._check("eval_every", "max_steps", "async_sync_interval", target=True)
 
     def solver(self):
-        from sparknet.solvers import SolverConfig
-
-        return SolverConfig(type="sgd", base_lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay,
-                            lr_policy=self.lr_policy, gamma=self.gamma, power=self.power)
+        """SGD with this learning-rate policy (every system)."""
+        return make_solver("sgd", self.lr, self.momentum, self.weight_decay, lr_policy=self.lr_policy,
+                           gamma=self.gamma, power=self.power)
 
 
 QUICK: dict = {"dataset": "mnist-small", "target": 0.95, "eval_every": 25, "max_steps": 800}
@@ -121,7 +96,7 @@ def _entry(system: str, curve: list[dict], target: float, wall_s: float, **extra
 
 # -- the systems ----------------------------------------------------------------------------------
 
-def _one_process(system: str, config: Config, train, test, **_) -> dict:
+def _one_process(system: str, config: Config, train, test, spark, df) -> dict:
     import torch
 
     from sparknet.net import Net
@@ -135,41 +110,22 @@ def _one_process(system: str, config: Config, train, test, **_) -> dict:
                   seed=config.seed)
         net.set_training_data(train)
         net.set_validation_data((test.x, test.y))
-        curve, steps = [], 0
-        while steps < config.max_steps:
-            n = min(config.eval_every, config.max_steps - steps)
-            net.train(n)
-            steps += n
-            acc = net.test()
-            curve.append({"steps": steps, "accuracy": acc, "wall_s": time.perf_counter() - t0})
-            if acc >= config.target:
-                break
+        curve = train_until(net, config.target, max_steps=config.max_steps, eval_every=config.eval_every, t0=t0)
         return _entry("one-process", curve, config.target, time.perf_counter() - t0, threads=threads)
     finally:
         torch.set_num_threads(previous)
 
 
-def _spark_engine(system: str, config: Config, train, test, *, spark, df, **_) -> dict:
-    from sparknet.config import DistributedConfig
-    from sparknet.spark import SparkTrainer
-
+def _spark_engine(system: str, config: Config, train, test, spark, df) -> dict:
     engine, strategy = {"rounds": ("rounds", "average"), "barrier": ("barrier", "average"),
                         "sync": ("barrier", "sync")}[system]
-    dist = DistributedConfig(workers=config.workers, engine=engine, strategy=strategy, tau=config.eval_every,
-                             target_accuracy=config.target, master=config.master)
-    trainer = SparkTrainer(make_model("lenet", config.batch_size), solver=config.solver(), dist=dist,
-                           batch_size=config.batch_size, seed=config.seed, threads=1, spark=spark,
-                           max_steps=config.max_steps)
-    t0 = time.perf_counter()
-    result = trainer.fit(df, validation=(test.x, test.y))
-    wall = time.perf_counter() - t0
-    curve = [{"steps": h["total_steps"], "accuracy": h["val_accuracy"], "wall_s": h["wall_s"]}
-             for h in result.history if h.get("event") == "round" and h.get("val_accuracy") is not None]
-    rounds = [h for h in result.history if h.get("event") == "round"]
-    s = result.summary
-    return _entry(system, curve, config.target, wall, engine=engine, strategy=strategy, tau=config.eval_every,
-                  setup_s=s.get("setup_s"), rounds=s.get("rounds"), samples_per_s=s.get("samples_per_s"),
-                  bytes_communicated=s.get("bytes_communicated"),
+    fit = spark_fit(config, spark, df, test, solver=config.solver(), engine=engine, strategy=strategy,
+                    tau=config.eval_every, target_accuracy=config.target, max_steps=config.max_steps)
+    rounds = fit.rounds
+    s = fit.result.summary
+    return _entry(system, fit.curve, config.target, fit.wall_s, engine=engine, strategy=strategy,
+                  tau=config.eval_every, setup_s=s.get("setup_s"), rounds=s.get("rounds"),
+                  samples_per_s=s.get("samples_per_s"), bytes_communicated=s.get("bytes_communicated"),
                   median_round_comm_s=_median([h.get("comm_s") for h in rounds]),
                   median_round_compute_s=_median([h.get("compute_s") for h in rounds]))
 
@@ -181,7 +137,7 @@ def _median(values) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _async(system: str, config: Config, train, test, *, spark, df, **_) -> dict:
+def _async(system: str, config: Config, train, test, spark, df) -> dict:
     from sparknet.net import Net
     from sparknet.ps import AsyncSession, DeltaCombiner
 
@@ -221,7 +177,7 @@ def ddp_train(cfg: dict, t_call: float) -> dict:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from sparknet.solvers import SolverConfig, build_optimizer
+    from sparknet.solvers import build_optimizer
 
     t_start = time.time()
     torch.set_num_threads(1)
@@ -237,7 +193,7 @@ def ddp_train(cfg: dict, t_call: float) -> dict:
         ty = torch.from_numpy(test.y[rank::world]).long()
         module = make_model("lenet", cfg["batch_size"]).build(seed=cfg["seed"])
         model = DistributedDataParallel(module)
-        optimizer, scheduler = build_optimizer(module, SolverConfig(**cfg["solver"]))
+        optimizer, scheduler = build_optimizer(module, cfg["solver"])
         gen = torch.Generator().manual_seed(cfg["seed"] + 1000 * rank)
         b = cfg["batch_size"]
         perm, pos = torch.randperm(len(x), generator=gen), 0
@@ -275,16 +231,12 @@ def ddp_train(cfg: dict, t_call: float) -> dict:
         dist.destroy_process_group()
 
 
-def _torch_distributor(system: str, config: Config, train, test, *, spark, **_) -> dict:
+def _torch_distributor(system: str, config: Config, train, test, spark, df) -> dict:
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    s = config.solver()
     cfg = {"dataset": config.dataset, "train_samples": config.train_samples, "test_samples": config.test_samples,
            "batch_size": config.batch_size, "seed": config.seed, "eval_every": config.eval_every,
-           "max_steps": config.max_steps, "target": config.target,
-           "solver": {"type": s.type.value, "base_lr": s.base_lr, "momentum": s.momentum,
-                      "weight_decay": s.weight_decay, "lr_policy": s.lr_policy.value, "gamma": s.gamma,
-                      "power": s.power}}
+           "max_steps": config.max_steps, "target": config.target, "solver": config.solver()}
     t0 = time.perf_counter()
     t_call = time.time()
     out = TorchDistributor(num_processes=config.workers, local_mode=True, use_gpu=False).run(ddp_train, cfg, t_call)
@@ -301,39 +253,19 @@ _RUNNERS = {"one-process": _one_process, "rounds": _spark_engine, "barrier": _sp
 
 def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spark=None) -> dict:
     """Time every system in ``config.systems``; returns the result body."""
-    train, test = load_data(config.dataset, train_samples=config.train_samples, test_samples=config.test_samples)
-    needs_spark = any(s != "one-process" for s in config.systems)
-    own_session = False
-    warmup_s = None
-    df = None
+    train, test = config.data()
     entries = []
-    try:
-        if needs_spark and spark is None:
-            from sparknet.spark import get_session
-
-            spark = get_session(config.master or f"local[{config.workers}]", app_name="sparknet-experiments")
-            own_session = True
-        if needs_spark:
-            df = training_frame(spark, config.dataset, train)
-            if config.warmup:
-                warmup_s = warm_up_spark(spark, df, workers=config.workers, batch_size=config.batch_size)
+    needs_spark = any(s != "one-process" for s in config.systems)
+    with spark_stage(config, train, spark, needed=needs_spark) as (session, df, warmup_s):
         for system in config.systems:
             log.info("time-to-accuracy: %s", system)
-            t0 = time.perf_counter()
-            try:
-                entry = _RUNNERS[system](system, config, train, test, spark=spark, df=df)
-            except Exception as exc:  # recorded, not dropped: the comparison shows what failed and why
-                log.error("time-to-accuracy: %s failed: %s: %s", system, type(exc).__name__, exc)
-                entry = {"system": system, "ok": False, "reached": False, "error": f"{type(exc).__name__}: {exc}",
-                         "traceback_tail": traceback.format_exc()[-2000:], "wall_s": time.perf_counter() - t0}
+            entry = measured(f"time-to-accuracy: {system}", {"system": system, "reached": False}, _RUNNERS[system],
+                             system, config, train, test, session, df)
             if entry.get("ok"):
                 log.info("time-to-accuracy: %s %s in %.1f s (final accuracy %.4f)", system,
                          "reached the target" if entry["reached"] else "did NOT reach the target",
                          entry["time_to_target_s"] or entry["wall_s"], entry["final_accuracy"] or float("nan"))
             entries.append(entry)
-    finally:
-        if own_session and spark is not None:
-            _stop(spark)
     base = next((e for e in entries if e["system"] == "one-process" and e.get("reached")), None)
     for e in entries:
         e["speedup_vs_one_process"] = (base["time_to_target_s"] / e["time_to_target_s"]
