@@ -10,8 +10,9 @@
 >>> result = run_experiment("speedup-grid", quick=True, out="runs/experiments")   # doctest: +SKIP
 >>> result["speedup"]["average"]                                                   # doctest: +SKIP
 
-Every experiment module has a ``Config`` dataclass (its full defaults), a ``QUICK`` dict of
-overrides for ``--quick``, ``run(config, out_dir, quick=) -> dict`` and ``plot(result, path)``.
+Every experiment module has a ``Config`` dataclass (its full defaults; the training experiments'
+extend :class:`ExperimentConfig`), a ``QUICK`` dict of overrides for ``--quick``,
+``run(config, out_dir, quick=) -> dict`` and ``plot(result, path)``.
 :func:`run_experiment` writes ``NAME.json`` and ``NAME.png`` under the output folder.
 The simulation-based experiments (speedup-grid, speedup-vs-overhead) never import pyspark.
 """
@@ -24,6 +25,7 @@ import datetime as _dt
 import importlib
 import json
 import logging
+import multiprocessing
 import os
 import platform
 import statistics
@@ -45,8 +47,8 @@ from sparknet.solvers import SolverConfig
 
 __all__ = ["EXPERIMENTS", "DEFAULT_OUT", "ExperimentConfig", "SparkExperimentConfig", "get_experiment", "make_config",
            "run_experiment", "write_result", "load_data", "make_model", "make_solver", "median_step_time",
-           "parallel_map", "environment", "first_reaching", "train_until", "measured", "spark_stage", "SparkFit",
-           "spark_fit", "pyplot"]
+           "parallel_map", "torch_threads", "environment", "first_reaching", "train_until", "measured", "spark_stage",
+           "SparkFit", "spark_fit", "pyplot"]
 
 log = logging.getLogger(__name__)
 
@@ -292,9 +294,7 @@ def median_step_time(net_params, solver, train, *, batch_size: int, steps: int =
 
     This is C(b) of the paper: the cost of one minibatch gradient and update.
     """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         net = Net(net_params, solver, batch_size=batch_size, seed=seed)
         net.set_training_data(train)
         net.train(warmup)
@@ -303,15 +303,21 @@ def median_step_time(net_params, solver, train, *, batch_size: int, steps: int =
             t = time.perf_counter()
             net.train(1)
             times.append(time.perf_counter() - t)
-    finally:
-        torch.set_num_threads(previous)
     times.sort()
     q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
     return {"median_s": statistics.median(times), "p10_s": q[0], "p90_s": q[-1], "steps": steps,
             "batch_size": batch_size, "threads": threads}
 
 
-_WORKER_STATE: dict = {}
+@contextlib.contextmanager
+def torch_threads(threads: int):
+    """Run the block with ``threads`` torch threads, restoring the number it had before."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _pool_init(initializer: Callable | None, args: tuple) -> None:
@@ -328,17 +334,11 @@ def parallel_map(fn: Callable[[dict], dict], jobs: list[dict], *, processes: int
     (after ``initializer``), which is what tests use.
     """
     if processes <= 1 or len(jobs) <= 1:
-        previous = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with torch_threads(1):
             if initializer is not None:
                 initializer(*initargs)
             return [fn(job) for job in jobs]
-        finally:
-            torch.set_num_threads(previous)
-    import multiprocessing as mp
-
-    with mp.get_context("spawn").Pool(min(processes, len(jobs)), initializer=_pool_init,
+    with multiprocessing.get_context("spawn").Pool(min(processes, len(jobs)), initializer=_pool_init,
                                       initargs=(initializer, initargs)) as pool:
         return pool.map(fn, jobs, chunksize=1)
 
@@ -369,7 +369,8 @@ def spark_stage(config: SparkExperimentConfig, train, spark=None, *, engine: str
     if not needed:
         yield spark, None, None
         return
-    from sparknet.spark import get_session  # the Spark engine's modules only where an experiment uses Spark
+    # The Spark engine's modules load only where an experiment uses Spark (never in the simulation's processes).
+    from sparknet.spark import get_session
     from sparknet.spark.run import cached_training_frame
 
     own = spark is None

@@ -207,7 +207,8 @@ def _jobs(config: Config, n_a: dict[str, int]) -> list[dict]:
                        "diverged_accuracy": config.diverged_accuracy,
                        "eval_every": max(config.eval_every, tau)}
                 if strategy == "diloco":
-                    job["options"] = {"outer_lr": config.diloco_outer_lr, "outer_momentum": config.diloco_outer_momentum}
+                    job["options"] = {"outer_lr": config.diloco_outer_lr,
+                                      "outer_momentum": config.diloco_outer_momentum}
                 jobs.append(job)
     if config.large_batch_reference:
         solver = solver_for(config, "average")

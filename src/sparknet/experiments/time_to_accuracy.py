@@ -26,12 +26,14 @@ from __future__ import annotations
 import logging
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sparknet.experiments import (SparkExperimentConfig, first_reaching, load_data, make_model, make_solver, measured,
-                                  pyplot, spark_fit, spark_stage, train_until)
+                                  pyplot, spark_fit, spark_stage, torch_threads, train_until)
+from sparknet.net import Net
 
 __all__ = ["Config", "QUICK", "SYSTEMS", "run", "plot", "ddp_train"]
 
@@ -97,14 +99,8 @@ def _entry(system: str, curve: list[dict], target: float, wall_s: float, **extra
 # -- the systems ----------------------------------------------------------------------------------
 
 def _one_process(system: str, config: Config, train, test, spark, df) -> dict:
-    import torch
-
-    from sparknet.net import Net
-
     threads = config.single_threads or os.cpu_count() or 1
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         t0 = time.perf_counter()
         net = Net(make_model("lenet", config.batch_size), config.solver(), batch_size=config.batch_size,
                   seed=config.seed)
@@ -112,8 +108,6 @@ def _one_process(system: str, config: Config, train, test, spark, df) -> dict:
         net.set_validation_data((test.x, test.y))
         curve = train_until(net, config.target, max_steps=config.max_steps, eval_every=config.eval_every, t0=t0)
         return _entry("one-process", curve, config.target, time.perf_counter() - t0, threads=threads)
-    finally:
-        torch.set_num_threads(previous)
 
 
 def _spark_engine(system: str, config: Config, train, test, spark, df) -> dict:
@@ -131,14 +125,11 @@ def _spark_engine(system: str, config: Config, train, test, spark, df) -> dict:
 
 
 def _median(values) -> float | None:
-    import statistics
-
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
 
 
 def _async(system: str, config: Config, train, test, spark, df) -> dict:
-    from sparknet.net import Net
     from sparknet.ps import AsyncSession, DeltaCombiner
 
     t0 = time.perf_counter()
