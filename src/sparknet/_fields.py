@@ -24,17 +24,21 @@ __all__ = ["field_docs", "base_type", "add_dataclass_arguments", "from_args"]
 
 
 def field_docs(cls) -> dict[str, str]:
-    """The docstrings written under each field of a dataclass (its help texts)."""
-    try:
-        tree = ast.parse(inspect.getsource(cls))
-    except (OSError, TypeError):
-        return {}
+    """The docstrings written under each field of a dataclass and of the classes it extends (its help texts).
+
+    A field a subclass declares again keeps the subclass's text.
+    """
     docs: dict[str, str] = {}
-    body = tree.body[0].body
-    for node, nxt in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
+    for klass in reversed(cls.__mro__):
+        try:
+            tree = ast.parse(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
 
 

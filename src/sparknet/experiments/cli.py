@@ -35,9 +35,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls) -> None:
     """One ``--flag`` per field of ``cls``, every default ``None`` (= the mode's default)."""
     group = parser.add_argument_group("options (default: the full or --quick setting)")
     hints = typing.get_type_hints(cls)
-    docs = {}
-    for base in reversed(cls.__mro__):  # inherited fields keep their help; a redeclared field's own wins
-        docs.update(field_docs(base))
+    docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
         tp, is_tuple = _unwrap(hints[f.name])

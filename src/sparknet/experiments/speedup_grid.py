@@ -42,6 +42,9 @@ from pathlib import Path
 
 from sparknet.experiments import (ExperimentConfig, load_data, make_model, make_solver, parallel_map, pyplot,
                                   train_until)
+from sparknet.loop import worker_seed
+from sparknet.net import Net
+from sparknet.simulate import simulate
 
 __all__ = ["Config", "QUICK", "run", "plot", "speedup_table"]
 
@@ -129,11 +132,11 @@ def _load(dataset: str, train_samples: int | None, test_samples: int | None) -> 
 
 def _baseline(job: dict) -> dict:
     """N_a(b): one worker, plain SGD, evaluated every ``eval_every`` steps until the target."""
-    from sparknet.net import Net
-
     t0 = time.perf_counter()
-    net = Net(make_model(job["model"], job["batch_size"]), make_solver(**job["solver"]),  # same as simulate's
-              batch_size=job["batch_size"], seed=job["seed"])
+    model = make_model(job["model"], job["batch_size"])
+    # what simulate's one worker does: the run's initial weights, its worker 0's data order
+    net = Net(model, make_solver(**job["solver"]), batch_size=job["batch_size"], seed=worker_seed(job["seed"], 0))
+    net.set_flat(Net(model, seed=job["seed"]).get_flat())
     net.set_training_data(_DATA["train"])
     net.set_validation_data((_DATA["test"].x, _DATA["test"].y))
     curve = train_until(net, job["target"], max_steps=job["max_steps"], eval_every=job["eval_every"])
@@ -145,7 +148,6 @@ def _baseline(job: dict) -> dict:
 
 def _cell(job: dict) -> dict:
     """One (strategy, K, tau) cell, or a large-batch reference run, through ``simulate``."""
-    from sparknet.simulate import simulate
 
     if job["kind"] == "baseline":
         return _baseline(job)
