@@ -66,7 +66,7 @@ def job_group(sc, group: str, description: str):
 
 
 def run_with_deadline(sc, group: str, description: str, action: Callable[[], T], *, timeout_s: float | None,
-                      what: str, stalled: Callable[[], str | None] | None = None) -> T:
+                      what: str, stalled: Callable[[], str | None] | None = None, poll_s: float = _POLL_S) -> T:
     """``action()`` (which runs Spark jobs) under ``group``, waited for at most ``timeout_s`` seconds.
 
     The action runs in a daemon thread under :func:`job_group`; the calling thread waits. When
@@ -83,6 +83,9 @@ def run_with_deadline(sc, group: str, description: str, action: Callable[[], T],
         end the wait).
     what : str
         What the action is, in words, for the error (``"epoch 3"``, ``"the model-parallel stage"``).
+    stalled : callable, optional
+        Asked every ``poll_s`` seconds while the action runs (it may do the caller's own listening,
+        e.g. drain a channel); a reason it returns ends the wait as the deadline would.
 
     Returns
     -------
@@ -117,7 +120,7 @@ def run_with_deadline(sc, group: str, description: str, action: Callable[[], T],
             if left is not None and left <= 0:
                 reason = f"did not finish within {timeout_s:g} s"
                 break
-            thread.join(_POLL_S if left is None else min(_POLL_S, left))
+            thread.join(poll_s if left is None else min(poll_s, left))
             if thread.is_alive() and stalled is not None:
                 reason = stalled()
                 if reason:

@@ -13,14 +13,13 @@ driver holds, at most ``EngineOptions.max_restarts`` times.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 import numpy as np
 import torch
 
 from sparknet.errors import DeadlineExceeded, EngineError
-from sparknet.spark._backend import cancel_group, job_group, task_error
+from sparknet.spark._backend import run_with_deadline, task_error
 from sparknet.spark._barrier import GroupPlan, StagePlan, run_barrier
 from sparknet.stopping import StopRule
 
@@ -178,46 +177,34 @@ class BarrierStage:
             stage = chunks.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
             silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
 
-            def run_stage():
-                try:
-                    with job_group(sc, group, f"sparknet barrier stage ({K} workers)"):
-                        outcome["rows"] = stage.collect()
-                except BaseException as exc:  # handed to the driver thread below
-                    outcome["error"] = exc
+            clock = {"ready": None, "heard": time.perf_counter()}
 
-            thread = threading.Thread(target=run_stage, name=f"sparknet-barrier-{spec.fit_id}", daemon=True)
-            ready_at = None
-            thread.start()
-            last = time.perf_counter()
-            try:
-                while True:
-                    msg = receiver.recv(0.05)
-                    now = time.perf_counter()
-                    if msg is None:
-                        if not thread.is_alive():
-                            break
-                        limit = opts.rendezvous_timeout_s if ready_at is None else silence
-                        if now - last > limit:
-                            what = ("the barrier tasks did not all start and join the process group" if ready_at is None
-                                    else "the barrier stage sent no round record")
-                            raise DeadlineExceeded(f"{what} within {limit:.0f} s; the stage needs {K} free task slots "
-                                                   "at once and every worker alive (see the executor logs)")
-                        continue
-                    last = now
+            def listen() -> str | None:
+                """Drain the channel while the stage runs; a reason to cancel it when it is silent too long."""
+                while (msg := receiver.recv(0.0)) is not None:
+                    clock["heard"] = time.perf_counter()
                     if msg.get("event") == "ready":
-                        ready_at = now
+                        clock["ready"] = clock["heard"]
                     else:
-                        self._handle(msg, now)
-                thread.join(timeout=60)
-                while True:  # records that raced the end of the stage
-                    msg = receiver.recv(0.5 if "error" in outcome else 0.0)
-                    if msg is None:
-                        break
-                    self._handle(msg, time.perf_counter())
-            finally:
-                if thread.is_alive():
-                    cancel_group(sc, group)
-                    thread.join(timeout=30)
+                        self._handle(msg, clock["heard"])
+                limit = opts.rendezvous_timeout_s if clock["ready"] is None else silence
+                if time.perf_counter() - clock["heard"] <= limit:
+                    return None
+                what = ("the barrier tasks did not all start and join the process group" if clock["ready"] is None
+                        else "the barrier stage sent no round record")
+                return (f"stopped: {what} within {limit:.0f} s; the stage needs {K} free task slots at once and every "
+                        "worker alive (see the executor logs)")
+
+            try:
+                outcome["rows"] = run_with_deadline(sc, group, f"sparknet barrier stage ({K} workers)", stage.collect,
+                                                    timeout_s=None, what="the barrier stage", stalled=listen,
+                                                    poll_s=0.05)
+            except DeadlineExceeded:
+                raise
+            except EngineError as exc:  # the stage failed: the raw Spark error, to name the rank that failed first
+                outcome["error"] = exc.__cause__ if exc.__cause__ is not None else exc
+            while (msg := receiver.recv(0.5 if "error" in outcome else 0.0)) is not None:
+                self._handle(msg, time.perf_counter())  # records that raced the end of the stage
         finally:
             receiver.close()
         if "error" in outcome:
