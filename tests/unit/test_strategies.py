@@ -6,6 +6,7 @@ import torch
 
 from sparknet import SolverConfig, zoo
 from sparknet.datasets import synthetic
+from sparknet.loop import worker_seed
 from sparknet.net import Net
 from sparknet.simulate import simulate
 from sparknet.strategies import (
@@ -159,7 +160,8 @@ def test_one_logical_worker_is_plain_training():
     solver = SolverConfig(base_lr=0.05)
     r = simulate(net_params, train, test, workers=1, tau=7, solver=solver, batch_size=16, max_steps=35, seed=3)
     ref = Net(net_params, solver, batch_size=16, seed=3)
-    ref2 = Net(net_params, solver, batch_size=16, seed=3 + 0)  # worker 0 is seeded seed + 0
+    ref2 = Net(net_params, solver, batch_size=16, seed=worker_seed(3, 0))  # worker 0's data order
+    ref2.set_flat(ref.get_flat())  # from the run's initial weights
     ref2.set_training_data(train.shard(0, 1))
     ref2.train(35)
     ref.set_flat(ref2.get_flat())
