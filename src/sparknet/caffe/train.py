@@ -47,15 +47,24 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sparknet._app import seed_everything
+from sparknet._model_io import save_model
+from sparknet.caffe.caffemodel import load_caffemodel_into, write_caffemodel
 from sparknet.caffe.prototxt import CaffeNet, DataBinding, load_net_prototxt
 from sparknet.caffe.solver import CaffeSolver, load_solver_prototxt, resolve_net_path
-from sparknet.solvers import SolverConfig
+from sparknet.config import DistributedConfig, Engine
+from sparknet.datasets import ArrayDataset, load_dataset
+from sparknet.layers import AccuracyLayer, NetParams, RDDLayer
+from sparknet.metrics import MetricsLogger
+from sparknet.net import Net
+from sparknet.solvers import SolverConfig, lr_multiplier
+from sparknet.spark import SparkTrainer, get_session
+from sparknet.spark._session import is_local_master
+from sparknet.spark.run import dataset_as_parquet
+from sparknet.weights import WeightCollection
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from sparknet.config import DistributedConfig
-    from sparknet.weights import WeightCollection
 
 logger = logging.getLogger(__name__)
 
@@ -408,7 +417,6 @@ def _check_trainable(net: CaffeNet) -> None:
 
 def _with_batch(net: CaffeNet, batch_size: int) -> CaffeNet:
     """The same net with its first data layer's batch size changed."""
-    from sparknet.layers import NetParams, RDDLayer
 
     layers = [replace(layer, shape=(batch_size, *layer.shape[1:])) if isinstance(layer, RDDLayer) and layer.shape
               else layer for layer in net.net_params]
@@ -427,8 +435,6 @@ class _DataCache:
         self._sets: dict[str, Any] = {}
 
     def split(self, binding: DataBinding) -> Any:
-        from sparknet.datasets import load_dataset
-
         name = binding.dataset
         if name not in self._sets:
             try:
@@ -585,8 +591,6 @@ def _copy_weights(source: Mapping[str, Sequence[Any]], target: Mapping[str, Sequ
 
 
 def _accuracy_of(values: Mapping[str, float], net: CaffeNet) -> float | None:
-    from sparknet.layers import AccuracyLayer
-
     for layer in net.net_params:
         if isinstance(layer, AccuracyLayer) and layer.tops and layer.tops[0] in values:
             return values[layer.tops[0]]
@@ -605,8 +609,6 @@ class Snapshotter:
 
     def write(self, iteration: int, weights: WeightCollection) -> dict:
         """Write one snapshot of ``weights`` (a WeightCollection of the TRAIN net) at ``iteration``."""
-        from sparknet._model_io import save_model
-        from sparknet.caffe.caffemodel import write_caffemodel
 
         run = self.run
         run.snapshot_dir.mkdir(parents=True, exist_ok=True)
@@ -668,8 +670,6 @@ class _Run:
         self.last_test_step: int | None = None
 
     def weights_from_flat(self, flat) -> WeightCollection:
-        from sparknet.weights import WeightCollection
-
         out = WeightCollection(self.module.layer_weights()).clone()
         out.load_flat_(flat.detach().cpu())
         return out
@@ -724,8 +724,6 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
     sinks : iterable of callables
         More receivers of every metrics record.
     """
-    from sparknet.config import DistributedConfig, Engine
-    from sparknet.metrics import MetricsLogger
 
     dist = dist if dist is not None else DistributedConfig(workers=workers)
     if dist.workers != workers:
@@ -735,8 +733,6 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
         raise ValueError("engine 'local' trains in one process; use --engine rounds or barrier with --workers K")
     if dist.engine is Engine.LOCAL:
         on_spark = False
-
-    from sparknet.caffe.caffemodel import load_caffemodel_into
 
     seed_everything(run.seed)
     cache = _DataCache()
@@ -773,8 +769,6 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
 
 def _train_local(run: CaffeRun, state: _Run, module, x, y, threads, device) -> dict:
     import torch
-
-    from sparknet.net import Net
 
     threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
@@ -817,11 +811,8 @@ def _train_local(run: CaffeRun, state: _Run, module, x, y, threads, device) -> d
 
 def _training_frame(spark, x: np.ndarray, y: np.ndarray, workdir: Path):
     """The transformed training data as a Spark DataFrame (``features``, ``label``)."""
-    from sparknet.datasets import ArrayDataset
-    from sparknet.spark._session import is_local_master
 
     if is_local_master(spark.sparkContext.master):
-        from sparknet.spark.run import dataset_as_parquet
 
         path = dataset_as_parquet(ArrayDataset(x, y), workdir / "train.parquet")
         return spark.read.parquet(str(path))
@@ -831,10 +822,6 @@ def _training_frame(spark, x: np.ndarray, y: np.ndarray, workdir: Path):
 
 
 def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device, spark) -> dict:
-    from sparknet.config import Engine
-    from sparknet.solvers import lr_multiplier
-    from sparknet.spark import SparkTrainer, get_session
-
     metrics = state.metrics
     tau = dist.tau
     if tau is not None and run.test_interval and run.test_interval % tau:
@@ -883,7 +870,6 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
             state.snapshot(after, state.weights_from_flat(flat))
 
     if state.evaluator is not None and run.test_initialization and run.test_interval > 0:
-        from sparknet.weights import WeightCollection
 
         state.test(0, 0, WeightCollection(module.layer_weights()))
     trainer = SparkTrainer(module, solver=run.solver, dist=dist, batch_size=run.batch_size, seed=run.seed,

@@ -25,12 +25,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from sparknet.config import Strategy
 from sparknet.collective import CollectiveExchange
+from sparknet.config import Strategy
+from sparknet.errors import GraphError
+from sparknet.layers import LinearLayer, SoftmaxWithLoss
 from sparknet.loop import run_rounds
+from sparknet.net import Net
 from sparknet.parallel.mesh import ParallelLayout, init_layout, replica_seed, share_data_over_mp
+from sparknet.parallel.tensor import build_parallel, gather_full_weights, local_weight_bytes, resolve_plan
 from sparknet.solvers import SolverConfig
 from sparknet.stopping import StopRule
+from sparknet.strategies import WorkerState, make_strategy
+from sparknet.weights import WeightCollection
 
 __all__ = ["ModelParallelJob", "run_rank", "weights_from_result", "default_plan", "effective_plan", "num_classes_of"]
 
@@ -111,9 +117,6 @@ def default_plan(net_params, model_parallel: int) -> dict[str, str]:
     nothing is communicated inside the pair) and both sizes divide by ``M``. A Linear layer
     that pairs with nothing stays whole. Built on the ``meta`` device: no memory is used.
     """
-    from sparknet.errors import GraphError
-    from sparknet.layers import LinearLayer
-    from sparknet.parallel.tensor import resolve_plan
 
     module = _meta_module(net_params)
     linears = [layer.name for layer in net_params.layers if isinstance(layer, LinearLayer)]
@@ -147,7 +150,6 @@ def effective_plan(net_params, model_parallel: int, plan: Mapping[str, str | Non
     ValueError
         Nothing to split (say which layers with a plan).
     """
-    from sparknet.parallel.tensor import resolve_plan
 
     module = _meta_module(net_params)
     declared = any(getattr(layer, "parallel", None) is not None for layer in net_params.layers)
@@ -162,7 +164,6 @@ def effective_plan(net_params, model_parallel: int, plan: Mapping[str, str | Non
 
 def num_classes_of(net_params) -> int | None:
     """Classes of the net's softmax loss (the size of its prediction's class axis), if it has one."""
-    from sparknet.layers import SoftmaxWithLoss
 
     losses = [layer for layer in net_params.layers if isinstance(layer, SoftmaxWithLoss)]
     if not losses:
@@ -210,9 +211,6 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
         float32 weights as bytes in :meth:`WeightCollection.to_flat` order, and ``layers``:
         ``[(name, [shape, ...]), ...]`` to rebuild the collection from them.
     """
-    from sparknet.net import Net
-    from sparknet.parallel.tensor import build_parallel, gather_full_weights, local_weight_bytes
-    from sparknet.strategies import WorkerState, make_strategy
 
     t0 = time.perf_counter()
     torch.set_num_threads(job.threads)
@@ -265,8 +263,6 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
 def weights_from_result(result: Mapping[str, Any]):
     """The :class:`~sparknet.weights.WeightCollection` of rank 0's :func:`run_rank` result."""
     from collections import OrderedDict
-
-    from sparknet.weights import WeightCollection
 
     flat = torch.from_numpy(np.frombuffer(result["weights"], dtype=np.float32).copy())
     layers: OrderedDict[str, list[torch.Tensor]] = OrderedDict()

@@ -36,11 +36,11 @@ from datetime import timedelta
 import numpy as np
 import torch
 
-from sparknet.collective import FIELDS, CollectiveExchange
+from sparknet.collective import CollectiveExchange, FIELDS
 from sparknet.errors import NonFiniteUpdate
 from sparknet.faults import due_fault
 from sparknet.loop import Progress, run_rounds
-from sparknet.spark._channel import encode_tree
+from sparknet.spark._channel import MetricsSender, encode_tree
 from sparknet.spark._data import merge_chunks
 from sparknet.spark._rounds import (WorkerSpec, build_worker_net, export_worker_state, freeze_heap,
                                     import_worker_state, round_seed, task_device, worker_failure)
@@ -151,7 +151,6 @@ def _report_failure(params: StagePlan, rank: int, exc: BaseException, text: str,
     if not params.endpoint:
         return
     try:
-        from sparknet.spark._channel import MetricsSender
 
         sender = MetricsSender(params.endpoint, params.secret, send_timeout_ms=2000)
         try:
@@ -232,7 +231,6 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     history: list[dict] = []
     try:
         if params.endpoint and (rank == 0 or params.checkpoint_every):
-            from sparknet.spark._channel import MetricsSender
 
             sender = MetricsSender(params.endpoint, params.secret)
         store = rendezvous(ctx, rank, params.group)

@@ -21,6 +21,8 @@ import torch
 from sparknet.errors import DeadlineExceeded, EngineError
 from sparknet.spark._backend import run_with_deadline, task_error
 from sparknet.spark._barrier import GroupPlan, StagePlan, run_barrier
+from sparknet.spark._channel import MetricsReceiver, decode_tree, new_secret
+from sparknet.spark._session import is_local_master
 from sparknet.stopping import StopRule
 
 __all__ = ["BarrierStage", "run_barrier_engine"]
@@ -104,8 +106,6 @@ class BarrierStage:
         self.trainer._emit(msg)
 
     def _handle(self, msg: dict, now: float) -> None:
-        from sparknet.spark._channel import decode_tree
-
         event = msg.get("event")
         if event == "error":
             self.errors.append(msg)
@@ -146,9 +146,6 @@ class BarrierStage:
             del self.pending[old]
 
     def run(self, chunks, start: dict):
-        from sparknet.spark._channel import MetricsReceiver, new_secret
-        from sparknet.spark._session import is_local_master
-
         trainer, sc, group, spec = self.trainer, self.sc, self.group, self.spec
         dist, opts = trainer.dist, trainer.options
         K = dist.workers

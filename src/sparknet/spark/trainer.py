@@ -61,9 +61,10 @@ from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.spark import _data
 from sparknet.spark._backend import run_with_deadline
-from sparknet.spark._rounds import WorkerSpec
 from sparknet.spark._barrier_stage import run_barrier_engine
+from sparknet.spark._rounds import WorkerSpec, cleanup_partition, pack_spec, stage_partition
 from sparknet.spark._rounds_exchange import run_rounds_engine
+from sparknet.spark._session import get_session, local_slots
 from sparknet.stopping import StopRule
 from sparknet.strategies import AutoTau, TrainingStrategy, make_strategy
 from sparknet.weights import WeightCollection
@@ -294,7 +295,6 @@ class SparkTrainer:
             Weights to start from (before any warm-up) instead of the net's own initialisation.
         """
         t_fit = time.perf_counter()
-        from sparknet.spark._session import get_session, local_slots
 
         spark = self.spark or get_session(None if self._workers_from_session else self.dist.resolved_master)
         sc = spark.sparkContext
@@ -342,7 +342,6 @@ class SparkTrainer:
         broadcasts = []
         try:
             if dist.engine is Engine.ROUNDS:
-                from sparknet.spark._rounds import stage_partition
 
                 staged = chunks.mapPartitionsWithIndex(
                     stage_partition(fit_id, {"staging_dir": self.options.staging_dir}), preservesPartitioning=True)
@@ -534,8 +533,6 @@ class SparkTrainer:
 
     @staticmethod
     def _pack(spec: WorkerSpec):
-        from sparknet.spark._rounds import pack_spec
-
         try:
             return pack_spec(spec)
         except Exception as exc:
@@ -545,8 +542,6 @@ class SparkTrainer:
     # -- cleanup ------------------------------------------------------------------------------
     @staticmethod
     def _cleanup(sc, group, fit_id, staged, chunks, broadcasts) -> None:
-        from sparknet.spark._rounds import cleanup_partition
-
         if staged is not None:
             try:
                 run_with_deadline(sc, group, "sparknet: remove staged data",
