@@ -7,8 +7,9 @@ Run it (about two minutes on two cores)::
 
 Every run is seeded and counts steps, not seconds, so its final weights are a function of the
 code alone: the same code on the same machine gives the same SHA-256 of the final float32
-weights. ``scripts/weights_fingerprint.json`` holds the fingerprints recorded before the round
-loop became one loop; ``--check`` recomputes them and names every run whose weights moved.
+weights. ``scripts/weights_fingerprint.json`` holds the current fingerprints (``runs``), those
+recorded before the round loop became one loop, and why the runs that moved since moved;
+``--check`` recomputes them and names every run whose weights moved.
 
 The runs: the rounds engine (average, diloco, easgd, int8, a warm start) and the barrier
 engine (average, diloco, easgd, sync, int8) in ``local[2]`` on two partitions of different
