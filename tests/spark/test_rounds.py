@@ -128,6 +128,31 @@ def test_warm_start_on_the_driver_then_round_seconds(spark):
     assert all(h["tau"] is None and h["steps"] >= 1 for h in res.history)
 
 
+@pytest.mark.parametrize("engine", ["rounds", "barrier"])
+def test_the_workers_start_from_the_warmed_weights(spark, engine):
+    """A fit warmed up on the driver ends where a fit started from those warmed weights by hand ends."""
+    x, y = blobs(48, seed=6)
+    rdd = partitioned_rdd(spark.sparkContext, [(x[:24], y[:24]), (x[24:], y[24:])]).cache()
+    solver = SolverConfig(base_lr=0.1, momentum=0.0, lr_policy="fixed")  # no dependence on the solver's iteration
+    model = mlp(seed=2)
+    # the driver's warm-up, by hand: every row (fewer than the sample bound), in partition order, the fit's seed
+    warm = Net(mlp(seed=2), solver, batch_size=8, seed=4)
+    warm.set_training_data((x, y))
+    warm.train(6)
+    assert not torch.equal(warm.get_flat(), flat(model))
+
+    def fit(**kw):
+        return SparkTrainer(model, solver=solver, batch_size=8, seed=4,
+                            dist=DistributedConfig(workers=2, engine=engine, tau=3, rounds=2, **kw))
+
+    warmed = fit(warmup_steps=6).fit(rdd)
+    by_hand = fit().fit(rdd, initial_weights=warm.get_flat())
+    cold = fit().fit(rdd)
+    assert warmed.summary["warmup"]["steps"] == 6
+    assert torch.allclose(_flat(warmed), _flat(by_hand), atol=1e-6)
+    assert not torch.allclose(_flat(warmed), _flat(cold), atol=1e-4)
+
+
 def _boom(pred, y):
     raise RuntimeError("loss exploded on purpose")
 
