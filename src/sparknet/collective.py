@@ -93,6 +93,7 @@ class CollectiveExchange(Exchange):
         self.strategy.set_link(link)  # a gradient strategy's every-step allreduce waits too
         self._hook = strategy.after_backward if strategy.needs_gradient_hook else None
         self._buf: torch.Tensor | None = None
+        self.eval_link_s = 0.0  # the link wait of this round's evaluation
         self._last_sync_s = -1.0  # this rank's sync time of the previous round (none yet in a new stage)
 
     # -- one round ----------------------------------------------------------------------------
@@ -102,6 +103,7 @@ class CollectiveExchange(Exchange):
             self._buf = torch.zeros(P + self.world * FIELDS, dtype=torch.float32)
         buf, net, strategy = self._buf, self.net, self.strategy
         buf.zero_()
+        self.eval_link_s = 0.0
         row = buf[P + self.rank * FIELDS:P + (self.rank + 1) * FIELDS]
         grad_bytes0, grad_link0 = strategy.gradient_traffic()
         sent = {"link_s": 0.0, "bytes": 0, "delta": None}

@@ -50,14 +50,16 @@ def check_device(device: str) -> None:
         raise ValueError(f"device must be cpu, cuda or auto, got {device!r}")
 
 
-def check_per_step_strategy(dist: DistributedConfig, what: str) -> None:
+def check_per_step_strategy(dist: DistributedConfig, what: str, *, on_spark: bool = False) -> None:
     """The rules of a strategy that allreduces gradients every step (``sync``), checked for every caller.
 
-    ``what`` names the strategy in the error. It needs the barrier engine (a process group), the
+    ``what`` names the strategy in the error; ``on_spark``: it trains on Spark whatever the number of
+    workers (one worker alone trains in one process, where sync is plain training). It needs the barrier
+    engine (a process group), the
     same number of steps on every worker (a fixed tau, no time budget), and it exchanges full
     gradients, so neither compression nor automatic tau applies to it.
     """
-    if dist.engine is Engine.ROUNDS and dist.workers > 1:
+    if dist.engine is Engine.ROUNDS and (dist.workers > 1 or on_spark):
         raise ValueError(f"{what} allreduces gradients every step and needs --engine barrier")
     if dist.compression is not CompressionKind.NONE:
         raise ValueError(f"{what} allreduces full gradients every step; compression applies to the updates of "

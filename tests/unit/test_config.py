@@ -103,3 +103,12 @@ def test_the_rules_of_a_per_step_strategy_are_checked_in_one_place(settings, wor
     ok = DistributedConfig(strategy="average", **settings)  # the same settings suit a round strategy
     with pytest.raises(ValueError, match=f"strategy Sync\\(\\) .*{words}"):
         check_per_step_strategy(ok, "strategy Sync()")
+
+
+def test_on_spark_even_one_worker_needs_the_barrier_engine_for_a_per_step_strategy():
+    from sparknet.config import check_per_step_strategy
+
+    one = DistributedConfig(strategy="average", engine="rounds", workers=1)
+    check_per_step_strategy(one, "sync")  # one process: plain training
+    with pytest.raises(ValueError, match="needs --engine barrier"):
+        check_per_step_strategy(one, "sync", on_spark=True)

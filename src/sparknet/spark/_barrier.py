@@ -259,11 +259,6 @@ class _BarrierExchange(CollectiveExchange):
     def __init__(self, *args, params: StagePlan, sender, history: list, arrivals: _Arrivals | None, auto, **kwargs):
         super().__init__(*args, **kwargs)
         self.params, self.sender, self.history, self.arrivals, self.auto = params, sender, history, arrivals, auto
-        self.eval_link_s = 0.0
-
-    def run_round(self, plan, global_flat):
-        self.eval_link_s = 0.0
-        return super().run_round(plan, global_flat)
 
     def _exchange(self, buf, P, plan, sent):
         tag = f"{self.params.restart}/{plan.round}"

@@ -46,7 +46,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -250,7 +250,7 @@ class SparkTrainer:
         self.strategy = strategy if strategy is not None else make_strategy(self.dist.strategy,
                                                                             **self.dist.strategy_options())
         if self.strategy.needs_gradient_hook:
-            check_per_step_strategy(replace(self.dist, workers=max(self.dist.workers, 2)), f"strategy {self.strategy!r}")
+            check_per_step_strategy(self.dist, f"strategy {self.strategy!r}", on_spark=True)
         self.net = net
         self.solver = solver or SolverConfig()
         self.loss = loss
