@@ -346,11 +346,6 @@ class InProcessExchange(Exchange):
         res = self.evaluator.evaluate()
         return res.accuracy, res.loss
 
-    @property
-    def seen(self) -> torch.Tensor | None:
-        """The weights the workers last received (the global weights, exactly, without compression)."""
-        return None if self._down is None else self._down.seen
-
 
 
 def _sum_stats(parts: list[TrainStats]) -> TrainStats:

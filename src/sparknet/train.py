@@ -160,17 +160,20 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
             net.set_flat(run_rounds(exchange, strategy, strategy.init_global(net.get_flat()), stop,
                                     progress=progress, on_record=records.append))
             done, stop_reason = progress.steps_done, records[-1].get("stop_reason")
-        last_eval = net.evaluate()
+            accuracy, loss = records[-1]["val_accuracy"], records[-1]["val_loss"]  # the loop's last evaluation
+        else:  # resumed from the end of the run: nothing left to train
+            last = net.evaluate()
+            accuracy, loss = last.accuracy, last.loss
         summary = {
             "event": "summary", "model": run.model, "dataset": run.dataset, "engine": "local", "workers": 1,
             "steps": done, "samples": exchange.samples, "wall_s": metrics.elapsed(), "train_s": exchange.train_s,
             "samples_per_s": exchange.samples / exchange.train_s if exchange.train_s else None,
-            "test_accuracy": last_eval.accuracy, "test_loss": last_eval.loss, "threads": threads,
+            "test_accuracy": accuracy, "test_loss": loss, "threads": threads,
             "rounds": 0, "bytes_communicated": 0, "stop_reason": stop_reason,
         }
         if start is not None:
             summary["resumed_from_step"] = int(start["steps"])
         if "corpus" in info:
-            summary["bits_per_char"] = last_eval.loss / np.log(2)
+            summary["bits_per_char"] = loss / np.log(2)
         metrics.write(summary)
     return summary
