@@ -7,7 +7,6 @@ import threading
 import pytest
 
 from sparknet.spark._backend import FIRST_ROUND_DEADLINE_S, MIN_ROUND_DEADLINE_S, Watchdog, default_round_deadline
-from sparknet.spark._rounds_exchange import round_deadline
 from sparknet.stopping import StopRule
 
 
@@ -24,10 +23,10 @@ def test_later_rounds_get_twenty_times_the_slowest_step_time_and_at_least_ten_mi
 
 def test_a_time_budgeted_round_is_bounded_by_its_seconds_not_by_an_unbounded_step_count():
     # tau=None: the round asks for 2**40 steps and ends on round_seconds
-    assert round_deadline(None, StopRule.UNBOUNDED_STEPS, 30.0) == FIRST_ROUND_DEADLINE_S
-    later = round_deadline(0.5, StopRule.UNBOUNDED_STEPS, 300.0)  # about 600 steps fit in the budget
+    assert default_round_deadline(None, StopRule.UNBOUNDED_STEPS, 30.0) == FIRST_ROUND_DEADLINE_S
+    later = default_round_deadline(0.5, StopRule.UNBOUNDED_STEPS, 300.0)  # about 600 steps fit in the budget
     assert later == pytest.approx(20 * 300.0)
-    assert round_deadline(0.5, 100, 300.0) == default_round_deadline(0.5, 100)  # tau ends it first
+    assert default_round_deadline(0.5, 100, 300.0) == default_round_deadline(0.5, 100)  # tau ends it first
 
 
 def test_the_watchdog_of_a_time_budgeted_round_arms_without_error():
@@ -36,7 +35,7 @@ def test_the_watchdog_of_a_time_budgeted_round_arms_without_error():
     previous = threading.excepthook
     threading.excepthook = lambda args: errors.append(args.exc_value)
     try:
-        with Watchdog(None, "sparknet-test", round_deadline(0.01, StopRule.UNBOUNDED_STEPS, 2.0)) as dog:
+        with Watchdog(None, "sparknet-test", default_round_deadline(0.01, StopRule.UNBOUNDED_STEPS, 2.0)) as dog:
             assert dog._timer is not None and dog._timer.is_alive()
     finally:
         threading.excepthook = previous

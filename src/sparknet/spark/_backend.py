@@ -20,6 +20,7 @@ Nothing here imports pyspark: ``sc`` is the caller's ``SparkContext``.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -214,14 +215,18 @@ FIRST_ROUND_DEADLINE_S = 1800.0
 MIN_ROUND_DEADLINE_S = 600.0
 
 
-def default_round_deadline(step_s: float | None, steps: int) -> float:
-    """The rounds engine's deadline for a round of ``steps`` when the user set none.
+def default_round_deadline(step_s: float | None, steps: int, seconds: float | None = None) -> float:
+    """The rounds engine's deadline for a round of at most ``steps`` local steps and ``seconds`` seconds.
 
     ``step_s`` is the slowest seconds per local step of the rounds so far (``None`` before the
-    first): a round may take 20 times as long as the slowest so far before it counts as hung.
+    first): a round may take 20 times as long as the slowest so far before it counts as hung. A
+    time-budgeted round (``steps`` unbounded) counts the steps its ``seconds`` allow, not a step
+    count no worker will reach.
     """
     if step_s is None:
         return FIRST_ROUND_DEADLINE_S
+    if seconds is not None and step_s > 0:
+        steps = min(steps, max(1, math.ceil(seconds / step_s)))
     return max(MIN_ROUND_DEADLINE_S, 20.0 * step_s * max(steps, 1))
 
 

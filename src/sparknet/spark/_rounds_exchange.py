@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import time
 from dataclasses import replace
 
@@ -30,21 +29,9 @@ from sparknet.spark._rounds import RoundTask, combine, decode_updates, run_round
 from sparknet.stopping import StopRule
 from sparknet.strategies import Downlink, make_compressor
 
-__all__ = ["SparkRoundsExchange", "round_deadline", "run_rounds_engine"]
+__all__ = ["SparkRoundsExchange", "run_rounds_engine"]
 
 log = logging.getLogger(__name__)
-
-
-def round_deadline(step_s: float | None, steps: int, seconds: float | None) -> float:
-    """The default deadline of a round of at most ``steps`` local steps and ``seconds`` seconds.
-
-    ``step_s`` is the slowest seconds per local step seen so far (``None`` before the first
-    round). A time-budgeted round (``steps`` unbounded) is bounded by its seconds instead of by
-    a step count no worker will reach.
-    """
-    if seconds is not None and step_s:
-        steps = min(steps, max(1, math.ceil(seconds / step_s)))
-    return default_round_deadline(step_s, min(steps, StopRule.UNBOUNDED_STEPS))
 
 
 class SparkRoundsExchange(Exchange):
@@ -68,7 +55,7 @@ class SparkRoundsExchange(Exchange):
     broadcasts : list
         Where broadcasts that outlive a round are kept for the fit's cleanup.
     round_timeout_s : float, optional
-        The user's deadline of one round (default: :func:`round_deadline`).
+        The user's deadline of one round (default: :func:`~sparknet.spark._backend.default_round_deadline`).
     link : LinkModel, optional
         A simulated network (the tasks wait; their waits are recorded).
     checkpoint : callable, optional
@@ -108,7 +95,7 @@ class SparkRoundsExchange(Exchange):
         t_round = time.perf_counter()
         message = global_flat.numpy() if down is None else down.message(global_flat).numpy()
         weights_bc = sc.broadcast(message)
-        deadline = self.round_timeout_s or round_deadline(self.slowest_step_s, plan.steps, plan.seconds)
+        deadline = self.round_timeout_s or default_round_deadline(self.slowest_step_s, plan.steps, plan.seconds)
         watchdog = Watchdog(sc, group, deadline)
         full = []
         try:
