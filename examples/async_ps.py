@@ -2,12 +2,12 @@
 
     python examples/async_ps.py                        # MNIST, LeNet, 2 workers on local[2]
     python examples/async_ps.py --quick                # the 5,000-image subset, a small MLP
-    python examples/async_ps.py --combiner staleness --sync-interval 5
+    python examples/async_ps.py --combiner staleness --tau 5
     python examples/async_ps.py --master spark://127.0.0.1:7077
 
 No worker ever waits for another. :class:`~sparknet.ps.AsyncSession` starts a parameter
 server on the driver and runs one Spark job per epoch; each task trains its own copy of the
-network on its partition and, every ``--sync-interval`` local steps, pushes its change to the
+network on its partition and, every ``--tau`` local steps, pushes its change to the
 server and pulls the server's current weights back. The server merges each push as it
 arrives (``--combiner``: ``delta`` adds the change, ``staleness`` scales it down by how many
 other pushes landed since the worker's last pull, ``mean`` and ``elastic`` as in
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="partitions, one asynchronous worker each")
     p.add_argument("--combiner", default="delta", choices=["delta", "staleness", "mean", "elastic"],
                    help="how the server merges a push into its weights")
-    p.add_argument("--sync-interval", type=int, default=10, help="local steps between a worker's pushes")
+    p.add_argument("--tau", type=int, default=10, help="local steps between a worker's pushes")
     p.add_argument("--epochs", type=int, default=None, help="passes over the data (default 3, quick 2)")
     p.add_argument("--steps", type=int, default=None,
                    help="most local steps per worker (default: the epochs' worth; quick 60)")
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None, spark=None) -> dict:
     """Run the example; returns the result (accuracy, pushes, staleness). ``spark``: a session to reuse."""
     args = build_parser().parse_args(argv)
-    for name in ("workers", "sync_interval", "batch_size"):
+    for name in ("workers", "tau", "batch_size"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -77,10 +77,10 @@ def main(argv=None, spark=None) -> dict:
         solver = SolverConfig(base_lr=lr, momentum=0.9, weight_decay=5e-4)
         session = AsyncSession(net, solver, combiner=args.combiner, seed=0, spark=spark)
         log.info("training %s asynchronously: %d workers, push every %d steps, %s combiner",
-                 "an MLP" if args.quick else "LeNet", args.workers, args.sync_interval, args.combiner)
-        m = session.run(data=train, batch_size=args.batch_size, sync_interval=args.sync_interval, epochs=epochs,
+                 "an MLP" if args.quick else "LeNet", args.workers, args.tau, args.combiner)
+        m = session.run(data=train, batch_size=args.batch_size, tau=args.tau, epochs=epochs,
                         num_workers=args.workers, max_steps=steps, validation_data=data.test)
-        result = {"combiner": m["combiner"], "workers": m["workers"], "sync_interval": m["sync_interval"],
+        result = {"combiner": m["combiner"], "workers": m["workers"], "tau": m["tau"],
                   "epochs": m["epochs_run"], "steps_per_worker": m["steps_per_worker"], "samples": m["samples"],
                   "test_accuracy": m["test_accuracy"], "chance": 0.1, "pushes": m["pushes"],
                   "staleness_mean": m["staleness_mean"], "staleness_max": m["staleness_max"],

@@ -73,6 +73,7 @@ def _configure_train(p: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(p, DistributedConfig, title="distributed training")
     for flags in (CaffeTrainFlags, ModelParallelFlags, AsyncConfig):
         add_dataclass_arguments(p, flags, title=flags.__doc__.strip().splitlines()[0])
+    p.add_argument("--sync-interval", dest="tau", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # async's old name of --tau
     p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
     p.set_defaults(_run=_run_train)
 
@@ -96,8 +97,7 @@ def train_command(run: RunConfig, dist: DistributedConfig, *, caffe: CaffeTrainF
         return train_model_parallel(run, dist, model_parallel)
     check_unsplit(run, model_parallel)
     if dist.strategy is Strategy.ASYNC:
-        return run_async(run, dist, sync_interval=parameter_server.sync_interval,
-                         combiner=parameter_server.combiner, ps_host=parameter_server.ps_host)
+        return run_async(run, dist, combiner=parameter_server.combiner, ps_host=parameter_server.ps_host)
     if dist.workers == 1 and dist.engine is Engine.ROUNDS and dist.master is None:
         return train_local(run, dist)
     return train_distributed(run, dist)

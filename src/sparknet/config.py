@@ -217,6 +217,8 @@ class DistributedConfig:
             raise ValueError(f"round_seconds must be positive, got {self.round_seconds}")
         if self.tau is None and self.round_seconds is None:
             raise ValueError("give tau, round_seconds, or both: a round needs an end")
+        if self.strategy is Strategy.ASYNC and (self.tau is None or self.round_seconds is not None):
+            raise ValueError("the async strategy pushes every tau local steps: give --tau, not --round-seconds")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be non-negative, got {self.warmup_steps}")
         if self.rounds is not None and self.rounds < 1:

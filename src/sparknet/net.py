@@ -21,7 +21,7 @@ import math
 import time
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -480,10 +480,6 @@ class Net:
         self.epoch, self._pos = state["epoch"], state["pos"]
         self._perm = None if state["perm"] is None else state["perm"].to(self.device)
         self._gen.set_state(state["generator"])
-
-    def reset_optimizer(self) -> None:
-        """Forget momentum and other solver history."""
-        self.optimizer.state.clear()
 
     def __repr__(self) -> str:
         return (f"Net({type(self.module).__name__}, solver={self.solver.type.value}, "

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -266,8 +266,3 @@ def build_optimizer(model_or_groups, config: SolverConfig | None = None):
         opt = _L1Regularized(opt, decays)
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: lr_multiplier(config, it))
     return opt, scheduler
-
-
-def parameter_count(params: Iterable[torch.Tensor]) -> int:
-    """Number of elements in a set of tensors."""
-    return sum(p.numel() for p in params)

@@ -69,7 +69,7 @@ def test_learns_and_reports_pushes_pulls_and_staleness(spark):
     train, test = _data(1200, 0), _data(400, 1)
     sess = AsyncSession(_mlp(), SolverConfig(base_lr=0.05), combiner="delta", seed=3)
     before = sess.net.evaluate(test).accuracy
-    m = sess.run(data=_pairs_rdd(spark, train), batch_size=30, sync_interval=4, epochs=2, validation_data=test)
+    m = sess.run(data=_pairs_rdd(spark, train), batch_size=30, tau=4, epochs=2, validation_data=test)
     assert m["test_accuracy"] >= 0.85 > before + 0.2  # the data's ceiling is near 0.93
     assert len(m["test_accuracy_by_epoch"]) == 2 and [e["epoch"] for e in m["epochs"]] == [0, 1]
     # Every task pushes every 4 steps and after its last; nothing is rejected, nothing duplicated.
@@ -100,7 +100,7 @@ def test_a_retried_task_does_not_apply_its_pushes_twice(spark):
 
     train = _data(800, 0)  # 400 rows per partition, 20 steps of 20, pushes at 5, 10, 15, 20
     sess = AsyncSession(_mlp(), SolverConfig(base_lr=0.05), combiner="delta")
-    m = sess.run(failing_step, _pairs_rdd(spark, train), batch_size=20, sync_interval=5, epochs=1,
+    m = sess.run(failing_step, _pairs_rdd(spark, train), batch_size=20, tau=5, epochs=1,
                  repartition_between_epochs=False)
     assert [t["attempt"] for t in sorted(m["tasks"], key=lambda t: t["worker"])] == [1, 0]
     assert m["epochs"][0]["retried_tasks"] == 1
@@ -116,7 +116,7 @@ def test_dataframe_input_and_other_combiners(spark, combiner):
     df = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(train.x, train.y)],
                                "feats array<float>, target long").repartition(2)
     sess = AsyncSession(_mlp(), SolverConfig(base_lr=0.05), combiner=combiner, seed=1)
-    m = sess.run(data=df, feed_names=("feats", "target"), batch_size=30, sync_interval=3, epochs=1,
+    m = sess.run(data=df, feed_names=("feats", "target"), batch_size=30, tau=3, epochs=1,
                  validation_data=test)
     assert m["combiner"] == combiner and m["test_accuracy"] >= 0.8
     assert m["pushes"] == sum(_pushes(t["rows"], 30, 3) for t in m["tasks"])
@@ -137,7 +137,7 @@ def test_local_arrays_and_a_user_train_step_returning_a_loss(spark):
 
     module = torch.nn.Sequential(torch.nn.Linear(20, 3))
     sess = AsyncSession(Net(module, SolverConfig(base_lr=0.1), seed=0), combiner="delta", spark=spark)
-    m = sess.run(step, (train.x, train.y), batch_size=20, sync_interval=5, epochs=2, num_workers=2,
+    m = sess.run(step, (train.x, train.y), batch_size=20, tau=5, epochs=2, num_workers=2,
                  validation_data=test)
     # A linear model tops out near 0.93 on this data (chance is 0.33); asynchronous pushes make
     # the exact figure vary from run to run, so the bound leaves room below the ceiling.
@@ -151,7 +151,7 @@ def test_an_rdd_of_rows_with_feed_names(spark):
     train = _data(400, 0)
     rows = spark.sparkContext.parallelize([Row(img=x, digit=int(y)) for x, y in zip(train.x, train.y)], 2)
     sess = AsyncSession(_mlp(), SolverConfig(base_lr=0.05), combiner="delta")
-    m = sess.run(data=rows, feed_names=["img", "digit"], batch_size=20, sync_interval=5, epochs=1)
+    m = sess.run(data=rows, feed_names=["img", "digit"], batch_size=20, tau=5, epochs=1)
     assert m["pushes"] == 4 and m["samples"] == 400  # 10 steps per partition, pushes at 5 and 10
 
 
@@ -195,7 +195,7 @@ def test_run_async_the_command_lines_entry_point(spark, tmp_path):
     run = RunConfig(model="mlp", dataset="synthetic", steps=40, batch_size=50, lr=0.05, seed=0,
                     metrics_out=str(tmp_path / "m.jsonl"), quiet=True)
     seen = []
-    summary = run_async(run, DistributedConfig(workers=2, strategy="async"), sync_interval=10, combiner="staleness",
+    summary = run_async(run, DistributedConfig(workers=2, strategy="async", tau=10), combiner="staleness",
                         on_round=seen.append)
     assert summary["strategy"] == "async" and summary["workers"] == 2 and summary["combiner"] == "staleness"
     assert summary["steps"] == 40 and summary["rounds"] == len(seen) == 1
@@ -224,8 +224,8 @@ def test_scatter_moves_every_row_once_to_a_seeded_random_partition():
 
 def test_async_config_checks_itself():
     assert AsyncConfig(combiner="Elastic").combiner == "elastic"
-    with pytest.raises(ValueError, match="sync_interval"):
-        AsyncConfig(sync_interval=0)
+    with pytest.raises(ValueError, match="--tau, not --round-seconds"):
+        DistributedConfig(workers=2, strategy="async", round_seconds=1.0)
     with pytest.raises(ValueError, match="unknown combiner"):
         AsyncConfig(combiner="median")
 
@@ -235,11 +235,11 @@ def test_sparknet_train_takes_the_parameter_server_only_with_strategy_async(monk
 
     calls = []
     monkeypatch.setattr(cli, "run_async",
-                        lambda run, dist, **flags: calls.append((dist.strategy, flags)) or {"steps": 1})
+                        lambda run, dist, **flags: calls.append((dist.strategy, dist.tau, flags)) or {"steps": 1})
     monkeypatch.setattr(cli, "train_distributed", lambda run, dist: {"steps": 2})
     argv = ["train", "--workers", "2", "--sync-interval", "7", "--combiner", "elastic", "--ps-host", "10.0.0.1"]
     assert cli.main(argv + ["--strategy", "async"]) == 0
-    assert calls == [(Strategy.ASYNC, {"sync_interval": 7, "combiner": "elastic", "ps_host": "10.0.0.1"})]
+    assert calls == [(Strategy.ASYNC, 7, {"combiner": "elastic", "ps_host": "10.0.0.1"})]
     assert cli.main(argv + ["--strategy", "average"]) == 0
     assert len(calls) == 1  # a synchronous strategy takes the Spark engines' road
     printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
@@ -248,7 +248,7 @@ def test_sparknet_train_takes_the_parameter_server_only_with_strategy_async(monk
 
 def test_a_failing_task_reports_its_partition_in_the_shared_worker_format():
     spec = TaskSpec(endpoint="tcp://127.0.0.1:1", job_id=b"j", secret=b"s", net={}, solver={}, batch_size=2,
-                    sync_interval=1, seed=0, epoch=0, iteration=0, shuffle=False, sample_shape=(7,), timeout_s=1.0)
+                    tau=1, seed=0, epoch=0, iteration=0, shuffle=False, sample_shape=(7,), timeout_s=1.0)
     blocks = [(np.zeros((4, 20), np.float32), np.zeros(4, np.int64))]  # 20 values do not make a (7,) sample
     with pytest.raises(RuntimeError) as e:
         list(train_partition(spec)(3, blocks))

@@ -43,7 +43,7 @@ def test_pipeline_quick(spark):
 
 
 def test_async_ps_quick(spark):
-    result = _load("async_ps").main(["--quick", "--json", "--sync-interval", "5", "--steps", "40"], spark=spark)
+    result = _load("async_ps").main(["--quick", "--json", "--tau", "5", "--steps", "40"], spark=spark)
     assert result["steps_per_worker"] == 40 and result["workers"] == 2 and result["epochs"] == 2, result
     # Each worker pushes at least every 5 steps (and after an epoch's last step): all applied, none refused.
     assert result["pushes"] >= 2 * 40 // 5 and result["rejected"] == 0, result

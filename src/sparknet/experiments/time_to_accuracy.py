@@ -11,7 +11,7 @@ evaluation cadence (every ``eval_every`` local steps, on the same test set):
 - ``barrier``: sparknet, K workers, the barrier engine (gloo allreduce per round), averaging;
 - ``sync``: sparknet, K workers, gradients allreduced every step (the naive scheme, barrier engine);
 - ``async``: sparknet's parameter server, K workers pushing their change every
-  ``async_sync_interval`` steps, each push moving the server by 1/K of it (it evaluates once
+  ``async_tau`` steps, each push moving the server by 1/K of it (it evaluates once
   per epoch, the only cadence its API offers);
 - ``torch-distributor``: Spark's ``TorchDistributor`` running a plain DDP training function on
   K processes (:func:`ddp_train`), the launch overhead recorded.
@@ -63,7 +63,7 @@ class Config(SparkExperimentConfig):
     """Local steps between evaluations; also tau of the rounds and barrier engines."""
     max_steps: int = 10000
     """Most local steps per worker (per process for one-process)."""
-    async_sync_interval: int = 10
+    async_tau: int = 10
     """Steps between a worker's pushes to the parameter server."""
     async_scale: float | None = None
     """Each push moves the server by this times the worker's change (delta combiner; default 1/K, the
@@ -77,7 +77,7 @@ class Config(SparkExperimentConfig):
         bad = [s for s in self.systems if s not in SYSTEMS]
         if bad or not self.systems:
             raise ValueError(f"unknown system(s) {bad}; choose from {list(SYSTEMS)}")
-        self._check("eval_every", "max_steps", "async_sync_interval", target=True)
+        self._check("eval_every", "max_steps", "async_tau", target=True)
 
     def solver(self):
         """SGD with this learning-rate policy (every system)."""
@@ -145,10 +145,10 @@ def _async(system: str, config: Config, train, test, spark, df) -> dict:
 
     # The DataFrame, not local arrays: shipping 50,000 images from the driver would fill its JVM heap.
     metrics = session.run(data=df, batch_size=config.batch_size,
-                          sync_interval=config.async_sync_interval, epochs=math.ceil(config.max_steps / per_worker),
+                          tau=config.async_tau, epochs=math.ceil(config.max_steps / per_worker),
                           num_workers=config.workers, max_steps=config.max_steps, validation_data=(test.x, test.y),
                           target_accuracy=config.target, on_epoch=on_epoch)
-    return _entry("async", curve, config.target, time.perf_counter() - t0, sync_interval=config.async_sync_interval,
+    return _entry("async", curve, config.target, time.perf_counter() - t0, tau=config.async_tau,
                   combiner=f"delta, scale {scale:g}",
                   eval_cadence_steps=per_worker, pushes=metrics.get("pushes"),
                   staleness_mean=metrics.get("staleness_mean"), samples_per_s=metrics.get("samples_per_s"))

@@ -100,16 +100,6 @@ class ParallelLayout:
         """The process group of the ranks holding this replica."""
         return self.mesh.get_group("mp")
 
-    @property
-    def mp_ranks(self) -> list[int]:
-        """Global ranks of this rank's model-parallel group."""
-        return [self.dp_rank * self.model_parallel + i for i in range(self.model_parallel)]
-
-    @property
-    def dp_ranks(self) -> list[int]:
-        """Global ranks of this rank's data-parallel group."""
-        return [d * self.model_parallel + self.mp_rank for d in range(self.data_parallel)]
-
 
 def init_layout(model_parallel: int, *, device_type: str = "cpu") -> ParallelLayout:
     """Split the initialized default process group into D data-parallel x M model-parallel groups.

@@ -7,7 +7,7 @@ Each task then:
 
 1. concatenates its partition's ``(x, y)`` blocks and builds its own :class:`~sparknet.net.Net`;
 2. pulls the server's current weights (step 0);
-3. trains, and every ``sync_interval`` steps (and after its last step) pushes its weights
+3. trains, and every ``tau`` steps (and after its last step) pushes its weights
    or its change since the last pull (as the server's first reply asked) and loads what the
    reply says (``local += mix * (reply - local)``), one round trip, waiting for nobody else;
 4. yields one record of what it did.
@@ -55,7 +55,7 @@ class TaskSpec:
     solver: dict
     """``SolverConfig.to_dict()``."""
     batch_size: int
-    sync_interval: int
+    tau: int
     seed: int
     epoch: int
     iteration: int
@@ -227,7 +227,7 @@ def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[d
                 loss_sum += loss
                 losses += 1
                 record["last_loss"] = loss
-            if step % spec.sync_interval == 0 or step == steps:
+            if step % spec.tau == 0 or step == steps:
                 flat = net.get_flat().numpy()
                 reply = client.push(step, flat - base if send_delta else flat, base_version)
                 record["pushes"] += 1

@@ -1,7 +1,7 @@
 """Driver side of asynchronous training: :class:`AsyncSession` (TensorOnSpark's session) and :func:`run_async`.
 
 >>> sess = AsyncSession(zoo.lenet(), SolverConfig(base_lr=0.01), combiner="delta")      # doctest: +SKIP
->>> sess.run(data=train_df, batch_size=64, sync_interval=10, epochs=5,
+>>> sess.run(data=train_df, batch_size=64, tau=10, epochs=5,
 ...          validation_data=mnist().test)                                             # doctest: +SKIP
 >>> sess.metrics["test_accuracy"], sess.metrics["staleness_mean"]                      # doctest: +SKIP
 >>> sess.weights                                                                       # doctest: +SKIP
@@ -9,7 +9,7 @@
 ``run`` starts a :class:`~sparknet.ps.server.ParameterServer` on the driver (on an
 OS-picked port of the driver's address: loopback in local mode), then runs one Spark job per
 epoch. Each partition's task trains its own Net on its partition and pushes and pulls every
-``sync_interval`` steps without waiting for any other task
+``tau`` steps without waiting for any other task
 (:func:`sparknet.ps._worker.train_partition`). Every epoch gets a fresh job id and HMAC
 secret, which reach the tasks inside the job's closure. Between epochs the rows are
 reshuffled across partitions (seeded), and each task reshuffles its own rows. The server is
@@ -102,7 +102,7 @@ class AsyncSession:
     stall_timeout_s : float, optional
         Cancel an epoch's job when the server hears from no worker for this long (a hung
         task; the first pull of a task comes after its Python worker starts, and every push
-        after ``sync_interval`` steps: raise it for very slow steps).
+        after ``tau`` steps: raise it for very slow steps).
     data_timeout_s : float
         Longest wait for the Spark job that converts and checks the training data, and for the
         one that collects Spark validation data to the driver.
@@ -233,7 +233,7 @@ class AsyncSession:
         return blocks, blocks, [len(p) for p in parts]
 
     # -- training -------------------------------------------------------------------------------
-    def run(self, train_step: Callable | None = None, data=None, *, batch_size: int = 64, sync_interval: int = 10,
+    def run(self, train_step: Callable | None = None, data=None, *, batch_size: int = 64, tau: int = 10,
             epochs: int = 1, shuffle_within_partition: bool = True, repartition_between_epochs: bool = True,
             feed_names: tuple[str, str] | None = None, num_workers: int | None = None, max_steps: int | None = None,
             image_shape=None, validation_data=None, target_accuracy: float | None = None,
@@ -251,7 +251,7 @@ class AsyncSession:
             ``(ndarray, label)``, or local arrays (split into ``num_workers`` parts).
         batch_size : int
             Minibatch size of each worker.
-        sync_interval : int
+        tau : int
             Local steps between pushes (a push gets the server's copy back).
         epochs : int
             Passes over the data; each is one Spark job in which every task makes one pass
@@ -278,7 +278,7 @@ class AsyncSession:
         """
         if data is None:
             raise ValueError("run() needs data: a DataFrame, an RDD of (ndarray, label), or local arrays")
-        for name, value in (("batch_size", batch_size), ("sync_interval", sync_interval), ("epochs", epochs)):
+        for name, value in (("batch_size", batch_size), ("tau", tau), ("epochs", epochs)):
             if int(value) < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         if max_steps is not None and max_steps < 1:
@@ -331,7 +331,7 @@ class AsyncSession:
         history: list[dict] = []
         tasks: list[dict] = []
         log.info("asynchronous training: %d workers, %d rows (%s per partition), %r, sync every %d steps, "
-                 "%d epochs", K, sum(rows), rows, self.combiner, sync_interval, epochs)
+                 "%d epochs", K, sum(rows), rows, self.combiner, tau, epochs)
         try:
             server.start()
             for e in range(epochs):
@@ -341,7 +341,7 @@ class AsyncSession:
                 creds = server.new_job()
                 spec = _worker.TaskSpec(
                     endpoint=server.endpoint, job_id=creds.job_id, secret=creds.secret, net=net_spec, solver=solver,
-                    batch_size=int(batch_size), sync_interval=int(sync_interval), seed=self.seed, epoch=epoch,
+                    batch_size=int(batch_size), tau=int(tau), seed=self.seed, epoch=epoch,
                     iteration=self._iteration, shuffle=bool(shuffle_within_partition), sample_shape=sample_shape,
                     timeout_s=self.request_timeout_s, threads=self.threads, device=self.device,
                     max_steps=None if max_steps is None else max_steps - steps_done, train_step=train_step,
@@ -382,7 +382,7 @@ class AsyncSession:
         finally:
             server.stop()
             cached.unpersist()
-        self._finish_metrics(server.stats(), history, tasks, K, sync_interval, t_run)
+        self._finish_metrics(server.stats(), history, tasks, K, tau, t_run)
         return self.metrics
 
     @staticmethod
@@ -403,11 +403,11 @@ class AsyncSession:
             "comm_s": sum(r["comm_s"] for r in records), "train_s": sum(r["train_s"] for r in records),
         }
 
-    def _finish_metrics(self, stats: dict, history, tasks, K, sync_interval, t_run) -> None:
+    def _finish_metrics(self, stats: dict, history, tasks, K, tau, t_run) -> None:
         samples = sum(h["samples"] for h in history)
         train_wall = sum(h["wall_s"] for h in history)
         self.metrics.update({
-            "workers": K, "sync_interval": sync_interval, "combiner": self.combiner.name,
+            "workers": K, "tau": tau, "combiner": self.combiner.name,
             "epochs_run": len(history), "steps_per_worker": sum(h["steps_per_worker"] for h in history),
             "samples": samples, "wall_s": time.perf_counter() - t_run, "train_s": train_wall,
             "samples_per_s": samples / train_wall if train_wall else None,
@@ -423,12 +423,12 @@ class AsyncSession:
         })
 
 
-def run_async(run, dist, *, sync_interval: int = 10, combiner: str = "delta", ps_host: str | None = None,
+def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
               on_round: Callable[[dict], None] | None = None) -> dict:
     """``sparknet train --strategy async``: train ``run``'s model on its data set with ``dist.workers`` workers.
 
     The training set is cut into ``dist.workers`` partitions; every worker trains on its
-    own and pushes and pulls every ``sync_interval`` steps. Training stops after
+    own and pushes and pulls every ``dist.tau`` steps. Training stops after
     ``run.steps`` local steps per worker, after ``dist.epochs`` epochs, or when
     ``dist.target_accuracy`` is reached, whichever comes first. The test set is evaluated
     after every epoch; each epoch's record goes to ``on_round`` and ``run.metrics_out``.
@@ -439,7 +439,7 @@ def run_async(run, dist, *, sync_interval: int = 10, combiner: str = "delta", ps
         The summary record (test_accuracy, wall_s, samples_per_s, steps, rounds = epochs,
         pushes, staleness, rejects...).
     """
-    cfg = AsyncConfig(sync_interval=sync_interval, combiner=combiner, ps_host=ps_host)
+    cfg = AsyncConfig(combiner=combiner, ps_host=ps_host)
     seed_everything(run.seed)
     train, test, info = load_training_data(run)
     K = dist.workers
@@ -460,12 +460,12 @@ def run_async(run, dist, *, sync_interval: int = 10, combiner: str = "delta", ps
             if on_round is not None:
                 on_round(record)
 
-        m = sess.run(data=train, batch_size=run.batch_size, sync_interval=cfg.sync_interval, epochs=epochs,
+        m = sess.run(data=train, batch_size=run.batch_size, tau=dist.tau, epochs=epochs,
                      num_workers=K, max_steps=max_steps, validation_data=test, target_accuracy=dist.target_accuracy,
                      on_epoch=emit)
         summary = {
             "event": "summary", "model": run.model, "dataset": run.dataset, "engine": "ps", "strategy": "async",
-            "workers": K, "combiner": cfg.combiner, "sync_interval": cfg.sync_interval,
+            "workers": K, "combiner": cfg.combiner, "tau": dist.tau,
             "steps": m["steps_per_worker"], "rounds": m["epochs_run"], "epochs": m["epochs_run"],
             **{k: m[k] for k in ("samples", "wall_s", "train_s", "samples_per_s", "test_accuracy", "test_loss",
                                  "pushes", "duplicate_pushes", "pulls", "staleness_mean", "staleness_max",

@@ -37,6 +37,7 @@ built (:func:`freeze_heap`) so that scan does not delay the next round.
 from __future__ import annotations
 
 import copy
+import enum
 import gc
 import logging
 import os
@@ -46,7 +47,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -60,7 +61,7 @@ from sparknet.solvers import SolverConfig
 from sparknet.spark._data import merge_chunks
 from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_compressor
 
-__all__ = ["WorkerSpec", "RoundTask", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
+__all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
            "stage_partition", "run_round", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
            "freeze_heap", "worker_failure", "export_worker_state", "import_worker_state", "round_seed", "decode_updates"]
 
@@ -110,6 +111,87 @@ class RoundTask:
     """Return the worker's state with the result (a checkpoint round)."""
     full: bool = False
     """The broadcast holds the whole weights, not the round's downlink message (a worker that lost its copy)."""
+
+
+class WorkerStatus(str, enum.Enum):
+    """How a partition's round went."""
+
+    TRAINED = "trained"
+    """It ran its local steps (its update may still be non-finite: see ``finite``)."""
+    EMPTY = "empty"
+    """The partition has no rows; it sends nothing."""
+    MISSING = "missing"
+    """Its staged files are not on the machine Spark ran it on: the driver reruns it from the chunks."""
+    NEED_FULL = "need_full"
+    """Its process lost the weights a compressed message is relative to: the driver resends them whole."""
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """One partition's round, as its task reports it to the driver (its update travels beside it)."""
+
+    index: int
+    status: WorkerStatus = WorkerStatus.TRAINED
+    samples: int = 0
+    steps: int = 0
+    loss: float = float("nan")
+    compute_s: float = 0.0
+    """Seconds of the local steps."""
+    task_s: float | None = None
+    """Seconds of the whole task (loading the net, the state, the steps, the encoding)."""
+    finite: bool = True
+    host: str = ""
+    pid: int = 0
+    attempt: int = 0
+    """Spark's attempt number of this task (0: the first)."""
+    source: str | None = None
+    """Where the net's data came from: cache, file or chunks."""
+    device: str | None = None
+    gpu_addresses: tuple | None = None
+    device_reason: str | None = None
+    link_s: float | None = None
+    """Seconds waited on the simulated link."""
+    sent_bytes: int | None = None
+    """Bytes of a compressed update."""
+    worker_state: dict | None = field(default=None, repr=False)
+    """The worker's state (:func:`export_worker_state`) on checkpoint rounds."""
+
+    @property
+    def trained(self) -> bool:
+        return self.status is WorkerStatus.TRAINED
+
+    def record(self) -> dict:
+        """The round record's ``per_worker`` entry (what is known, without the worker's state)."""
+        out = {"index": self.index, "samples": self.samples, "steps": self.steps, "loss": self.loss,
+               "compute_s": self.compute_s, "task_s": self.task_s, "attempt": self.attempt, "finite": self.finite,
+               "source": self.source, "host": self.host, "pid": self.pid, "device": self.device,
+               "gpu_addresses": None if self.gpu_addresses is None else list(self.gpu_addresses),
+               "device_reason": self.device_reason, "link_s": self.link_s, "sent_bytes": self.sent_bytes}
+        if self.status is WorkerStatus.EMPTY:
+            out["empty"] = True
+        return {k: v for k, v in out.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class Partial:
+    """A partial aggregate of a round: what some workers sent, summed (``treeAggregate``'s value).
+
+    Compressed updates are not summed on the way (that would decode them where they pass): their
+    wire messages are listed, ``(index, samples, bytes)``, for the driver to decode in worker order.
+    """
+
+    wsum: np.ndarray | None
+    """Σ samples · delta of the finite uncompressed updates (``None``: none yet)."""
+    samples: int
+    """Σ samples of the updates that count."""
+    loss_sum: float
+    """Σ samples · loss of those updates."""
+    workers: tuple[WorkerReport, ...]
+    encoded: tuple[tuple[int, int, np.ndarray], ...] = ()
+
+    def without(self, status: WorkerStatus) -> Partial:
+        """This aggregate less the reports of that status (they sent no update)."""
+        return replace(self, workers=tuple(w for w in self.workers if w.status is not status))
 
 
 def export_worker_state(net: Net, state: WorkerState) -> dict:
@@ -248,11 +330,6 @@ def _evict_finished() -> None:
         del _CACHE[key]
 
 
-def cached_partitions() -> list[tuple[str, int]]:
-    """Keys of this process's cache (for tests and diagnostics)."""
-    return sorted(_CACHE)
-
-
 def _local_root(options: dict) -> str:
     root = options.get("staging_dir")
     if not root:
@@ -360,25 +437,27 @@ def _save_state(entry: _Entry, index: int, round_index: int) -> None:
     entry.version = round_index
 
 
-def _task_info() -> dict:
+def _attempt() -> int:
     try:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        return {"attempt": ctx.attemptNumber(), "stage": ctx.stageId()} if ctx is not None else {"attempt": 0}
+        return ctx.attemptNumber() if ctx is not None else 0
     except Exception:  # pragma: no cover
-        return {"attempt": 0}
+        return 0
 
 
-def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict | None, chunks=None) -> dict:
+Update = tuple[WorkerReport, np.ndarray | None, np.ndarray | None]
+"""What a task's round gives :func:`fold`: its report, its finite uncompressed delta, its encoded update."""
+
+
+def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict | None, chunks=None) -> Update:
     t_task = time.perf_counter()
-    result = {"index": index, "n": 0, "steps": 0, "loss": float("nan"), "compute_s": 0.0, "delta": None,
-              "finite": True, "host": socket.gethostname(), "pid": os.getpid(), **_task_info()}
+    report = WorkerReport(index=index, host=socket.gethostname(), pid=os.getpid(), attempt=_attempt())
     if record is not None and record["rows"] == 0:
         for _ in chunks or ():
             pass
-        result["empty"] = True
-        return result
+        return replace(report, status=WorkerStatus.EMPTY), None, None
     spec = unpack_spec(spec_bc.value)  # once per Python worker and fit
     torch.set_num_threads(spec.threads)
     key = (spec.fit_id, index)
@@ -388,8 +467,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
         if chunks is not None:
             x, y, _ = merge_chunks(chunks)
             if x is None:
-                result["empty"] = True
-                return result
+                return replace(report, status=WorkerStatus.EMPTY), None, None
             directory = _fit_dir(_local_root(spec.options), spec.fit_id)
             _write_partition(directory, index, x, y)
             source = "chunks"
@@ -398,8 +476,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
             if record is not None and record.get("host") == socket.gethostname():
                 arrays = _read_partition(record["dir"], index)
             if arrays is None:
-                result["missing"] = True
-                return result
+                return replace(report, status=WorkerStatus.MISSING), None, None
             x, y = arrays
             directory = record["dir"]
             source = "file"
@@ -418,8 +495,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
         _sync_state(entry, index, round_index, spec.resume)
         if compressed and not task.full and entry.state.extra.get("seen_round", -1) != round_index - 1:
             # this process has not the weights the round's message is relative to (its state was lost)
-            result.update(need_full=True, task_s=time.perf_counter() - t_task)
-            return result
+            return replace(report, status=WorkerStatus.NEED_FULL, task_s=time.perf_counter() - t_task), None, None
         entry.version = -2  # in the middle of a round: a retry in this process must reload the saved state
         net, strategy = entry.net, spec.strategy
         message = np.asarray(weights_bc.value)
@@ -433,7 +509,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
         hook = strategy.after_backward if strategy.needs_gradient_hook else None
         torch.manual_seed(round_seed(spec.seed, index, round_index))
         stats = net.train(task.plan.steps, max_seconds=task.plan.seconds, after_backward=hook)
-        fault = due_fault(spec.faults, index, round_index + 1, result["attempt"])
+        fault = due_fault(spec.faults, index, round_index + 1, report.attempt)
         if fault is not None:
             fault.fire(net)
         delta = strategy.worker_delta(entry.state, net, global_flat.to(net.device)).cpu()
@@ -447,21 +523,19 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
         raise
     if spec.link is not None:  # the update, up (only the small record when it is not finite)
         link_s += spec.link.wait(0 if not finite else encoded.nbytes if compressed else delta.numel() * 4)
-        result["link_s"] = link_s
-    if task.send_state:
-        result["worker_state"] = export_worker_state(net, entry.state)
-    result.update(n=stats.samples, steps=stats.steps, loss=stats.loss, compute_s=stats.wall_s, finite=finite,
-                  source=source, device=entry.device_info.get("device"),
-                  gpu_addresses=entry.device_info.get("gpu_addresses"),
-                  device_reason=entry.device_info.get("device_reason"),
-                  delta=delta.numpy().astype(np.float32, copy=False) if finite and not compressed else None,
-                  task_s=time.perf_counter() - t_task)
-    if encoded is not None:
-        result["encoded"] = encoded
+    info = entry.device_info
+    gpus = info.get("gpu_addresses")
+    report = replace(report, samples=stats.samples, steps=stats.steps, loss=stats.loss, compute_s=stats.wall_s,
+                     finite=finite, source=source, device=info.get("device"),
+                     gpu_addresses=None if gpus is None else tuple(gpus), device_reason=info.get("device_reason"),
+                     link_s=link_s if spec.link is not None else None,
+                     sent_bytes=None if encoded is None else int(encoded.nbytes),
+                     worker_state=export_worker_state(net, entry.state) if task.send_state else None,
+                     task_s=time.perf_counter() - t_task)
     if not finite:
         log.warning("partition %d: loss or weights became NaN/Inf in round %d; left out of the average",
                     index, round_index)
-    return result
+    return report, delta.numpy().astype(np.float32, copy=False) if finite and not compressed else None, encoded
 
 
 def _receive(spec: WorkerSpec, state: WorkerState, message: np.ndarray, task: RoundTask):
@@ -506,35 +580,28 @@ def run_round_from_chunks(spec_bc, weights_bc, task: RoundTask):
 
 
 # -- aggregation --------------------------------------------------------------------------------
-def _partial(result: dict) -> dict:
-    delta = result.pop("delta", None)
-    encoded = result.pop("encoded", None)
-    n = result["n"] if delta is not None or encoded is not None else 0
-    encs = [(result["index"], n, encoded)] if encoded is not None and n else []
-    if encoded is not None:
-        result["sent_bytes"] = int(encoded.nbytes)
-    return {"wsum": None if delta is None or n == 0 else delta * np.float32(n), "n": n,
-            "loss": result["loss"] * n if n else 0.0, "workers": [result], "encs": encs}
+def _partial(update: Update) -> Partial:
+    report, delta, encoded = update
+    n = report.samples if delta is not None or encoded is not None else 0
+    return Partial(wsum=None if delta is None or n == 0 else delta * np.float32(n), samples=n,
+                   loss_sum=report.loss * n if n else 0.0, workers=(report,),
+                   encoded=((report.index, n, encoded),) if encoded is not None and n else ())
 
 
-def combine(a: dict | None, b: dict | None) -> dict | None:
-    """Sum two partial aggregates (sample-weighted delta sums, samples, losses, worker records).
-
-    Compressed updates are not summed on the way (that would decode them where they pass):
-    their wire messages are listed, ``(index, samples, bytes)``, for the driver to decode.
-    """
+def combine(a: Partial | None, b: Partial | None) -> Partial | None:
+    """Sum two partial aggregates (sample-weighted delta sums, samples, losses, worker reports)."""
     if a is None:
         return b
     if b is None:
         return a
-    if a["wsum"] is None:
-        wsum = b["wsum"]
-    elif b["wsum"] is None:
-        wsum = a["wsum"]
+    if a.wsum is None:
+        wsum = b.wsum
+    elif b.wsum is None:
+        wsum = a.wsum
     else:
-        wsum = a["wsum"].astype(np.float64) + b["wsum"]
-    return {"wsum": wsum, "n": a["n"] + b["n"], "loss": a["loss"] + b["loss"], "workers": a["workers"] + b["workers"],
-            "encs": a.get("encs", []) + b.get("encs", [])}
+        wsum = a.wsum.astype(np.float64) + b.wsum
+    return Partial(wsum=wsum, samples=a.samples + b.samples, loss_sum=a.loss_sum + b.loss_sum,
+                   workers=a.workers + b.workers, encoded=a.encoded + b.encoded)
 
 
 def decode_updates(encs: list, compression: str, numel: int) -> np.ndarray:
@@ -549,6 +616,6 @@ def decode_updates(encs: list, compression: str, numel: int) -> np.ndarray:
     return total
 
 
-def fold(acc: dict | None, result: dict) -> dict:
-    """treeAggregate's seqOp: add one worker's result."""
-    return combine(acc, _partial(dict(result)))
+def fold(acc: Partial | None, update: Update) -> Partial:
+    """treeAggregate's seqOp: add one worker's update."""
+    return combine(acc, _partial(update))

@@ -25,7 +25,8 @@ from sparknet._enums import CompressionKind, parse_enum
 from sparknet.errors import DeadlineExceeded
 from sparknet.loop import Exchange, Progress, RoundPlan, RoundUpdate, run_rounds
 from sparknet.spark._backend import Watchdog, default_round_deadline, job_group, spark_call
-from sparknet.spark._rounds import RoundTask, combine, decode_updates, run_round, run_round_from_chunks
+from sparknet.spark._rounds import (Partial, RoundTask, WorkerStatus, combine, decode_updates, run_round,
+                                    run_round_from_chunks)
 from sparknet.stopping import StopRule
 from sparknet.strategies import Downlink, make_compressor
 
@@ -102,21 +103,19 @@ class SparkRoundsExchange(Exchange):
             sc.setJobDescription(f"sparknet round {r + 1}")
             with watchdog:
                 acc = self._aggregate(self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, task)))
-                missing = sorted(w["index"] for w in acc["workers"] if w.get("missing"))
+                missing = [w.index for w in acc.workers if w.status is WorkerStatus.MISSING]
                 if missing:
                     self.rerun_partitions += len(missing)
                     log.warning("round %d: partitions %s are not staged where Spark ran them; rerunning them from "
-                                "the cached chunks", r + 1, missing)
-                    acc["workers"] = [w for w in acc["workers"] if not w.get("missing")]
-                    acc = self._rerun(acc, weights_bc, task, missing)
-                full = sorted(w["index"] for w in acc["workers"] if w.get("need_full"))
+                                "the cached chunks", r + 1, sorted(missing))
+                    acc = self._rerun(acc.without(WorkerStatus.MISSING), weights_bc, task, missing)
+                full = sorted(w.index for w in acc.workers if w.status is WorkerStatus.NEED_FULL)
                 if full:  # their processes lost the weights the round's message is relative to
                     log.warning("round %d: workers %s lost their copy of the weights; sending them in full", r + 1,
                                 full)
-                    acc["workers"] = [w for w in acc["workers"] if not w.get("need_full")]
                     full_bc = sc.broadcast(down.seen.numpy())
                     self.broadcasts.append(full_bc)
-                    acc = self._rerun(acc, full_bc, replace(task, full=True), full)
+                    acc = self._rerun(acc.without(WorkerStatus.NEED_FULL), full_bc, replace(task, full=True), full)
         except Exception as exc:
             if watchdog.fired:
                 raise DeadlineExceeded(f"round {r + 1} did not finish within round_timeout_s={deadline:g} s and was "
@@ -127,50 +126,49 @@ class SparkRoundsExchange(Exchange):
             weights_bc.destroy()
         return self._update(r, acc, message, full, time.perf_counter() - t_round)
 
-    def _aggregate(self, parts) -> dict:
+    def _aggregate(self, parts) -> Partial:
         if self.workers > 8 and self.down is None:  # sum in a tree: K partial sums need not all reach the driver
             return spark_call(parts.treeAggregate, None, combine, combine, 2)
         return functools.reduce(combine, spark_call(parts.collect), None)  # compressed: decoded here only
 
-    def _rerun(self, acc: dict, weights_bc, task: RoundTask, partitions: list[int]) -> dict:
+    def _rerun(self, acc: Partial, weights_bc, task: RoundTask, partitions: list[int]) -> Partial:
         redo = self.chunks.mapPartitionsWithIndex(run_round_from_chunks(self.spec_bc, weights_bc, task))
-        for part in spark_call(self.sc.runJob, redo, _identity, partitions):
+        for part in spark_call(self.sc.runJob, redo, _identity, sorted(partitions)):
             acc = combine(acc, part)
         return acc
 
-    def _update(self, r: int, acc: dict, message: np.ndarray, full: list[int], round_s: float) -> RoundUpdate:
-        workers = sorted(acc["workers"], key=lambda w: w["index"])
-        self._worker_states = {w["index"]: w.pop("worker_state") for w in workers if "worker_state" in w}
-        trained = [w for w in workers if not w.get("empty")]
-        steps = max((w["steps"] for w in trained), default=0)
+    def _update(self, r: int, acc: Partial, message: np.ndarray, full: list[int], round_s: float) -> RoundUpdate:
+        workers = sorted(acc.workers, key=lambda w: w.index)
+        self._worker_states = {w.index: w.worker_state for w in workers if w.worker_state is not None}
+        trained = [w for w in workers if w.trained]
+        steps = max((w.steps for w in trained), default=0)
         if steps:
             self.slowest_step_s = max(self.slowest_step_s or 0.0, round_s / steps)
-        if acc["n"] == 0:
+        if acc.samples == 0:
             total = torch.zeros(self.numel)
         elif self.down is None:
-            total = torch.from_numpy(acc["wsum"])
+            total = torch.from_numpy(acc.wsum)
         else:
-            total = torch.from_numpy(decode_updates(acc["encs"], self.compression, self.numel))
+            total = torch.from_numpy(decode_updates(acc.encoded, self.compression, self.numel))
         nbytes = self.numel * 4
         if self.down is None:
-            moved = nbytes * (len(trained) + sum(1 for w in trained if w.get("finite") and w["n"]))
+            moved = nbytes * (len(trained) + sum(1 for w in trained if w.finite and w.samples))
         else:  # each worker's message down (the full weights for those that lost theirs), its update up
-            moved = message.nbytes * len(trained) + nbytes * len(full) + sum(w.get("sent_bytes", 0) for w in trained)
-        slowest = max(trained, key=lambda w: w["compute_s"], default=None)
-        fields = {"per_worker": [_worker_view(w) for w in workers],
-                  "retries": sum(w.get("attempt", 0) for w in workers)}
+            moved = message.nbytes * len(trained) + nbytes * len(full) + sum(w.sent_bytes or 0 for w in trained)
+        slowest = max(trained, key=lambda w: w.compute_s, default=None)
+        fields = {"per_worker": [w.record() for w in workers], "retries": sum(w.attempt for w in workers)}
         if fields["retries"]:
             log.warning("round %d: %d task attempt(s) failed and were retried by Spark", r + 1,
                         fields["retries"])
         if self.link is not None:  # the tasks wait at once, as on a real network: the longest wait counts
-            fields["link_s"] = max((w.get("link_s", 0.0) for w in trained), default=0.0)
+            fields["link_s"] = max((w.link_s or 0.0 for w in trained), default=0.0)
         if self.rerun_partitions:
             fields["rerun_partitions"] = self.rerun_partitions
-        return RoundUpdate(total=total, samples=acc["n"], loss_sum=acc["loss"], steps=steps,
-                           processed=sum(w["n"] for w in trained),
-                           compute_s=slowest["compute_s"] if slowest is not None else 0.0,
-                           slowest_steps=slowest["steps"] if slowest is not None else 0, nbytes=moved,
-                           nonfinite=tuple(w["index"] for w in trained if not w.get("finite", True)),
+        return RoundUpdate(total=total, samples=acc.samples, loss_sum=acc.loss_sum, steps=steps,
+                           processed=sum(w.samples for w in trained),
+                           compute_s=slowest.compute_s if slowest is not None else 0.0,
+                           slowest_steps=slowest.steps if slowest is not None else 0, nbytes=moved,
+                           nonfinite=tuple(w.index for w in trained if not w.finite),
                            observe=slowest is not None, fields=fields)
 
     def evaluate(self, global_flat: torch.Tensor) -> tuple[float, float] | None:
@@ -245,11 +243,3 @@ def run_rounds_engine(trainer, sc, group: str, staged, chunks, spec, global_flat
 
 def _identity(items):
     return items
-
-
-def _worker_view(w: dict) -> dict:
-    keys = ("index", "n", "steps", "loss", "compute_s", "task_s", "attempt", "finite", "source", "host", "pid",
-            "device", "gpu_addresses", "device_reason", "empty", "link_s", "sent_bytes")
-    out = {k: w[k] for k in keys if k in w}
-    out["samples"] = out.pop("n", 0)
-    return out
