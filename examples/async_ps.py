@@ -58,7 +58,7 @@ def main(argv=None, spark=None) -> dict:
     from sparknet.ps import AsyncSession
     from sparknet.solvers import SolverConfig
     from sparknet.spark import get_session
-    from sparknet.spark.run import cached_training_frame
+    from sparknet.spark.run import dataset_frame
 
     own = spark is None
     if own:
@@ -73,7 +73,7 @@ def main(argv=None, spark=None) -> dict:
             data, name = mnist(), "mnist"
             net = zoo.lenet()
             epochs, steps, lr = args.epochs or 3, args.steps, args.lr or 0.01
-        train = cached_training_frame(spark, name, data.train)  # features array<float>, label long
+        train = dataset_frame(spark, name, data.train)  # features array<float>, label long
         solver = SolverConfig(base_lr=lr, momentum=0.9, weight_decay=5e-4)
         session = AsyncSession(net, solver, combiner=args.combiner, seed=0, spark=spark)
         log.info("training %s asynchronously: %d workers, push every %d steps, %s combiner",

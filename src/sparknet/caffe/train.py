@@ -58,6 +58,7 @@ from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig, lr_multiplier
 from sparknet.spark import SparkTrainer, get_session
+from sparknet.spark._data import frame_from_arrays
 from sparknet.spark._session import is_local_master
 from sparknet.spark.run import dataset_as_parquet
 from sparknet.weights import WeightCollection
@@ -811,14 +812,9 @@ def _train_local(run: CaffeRun, state: _Run, module, x, y, threads, device) -> d
 
 def _training_frame(spark, x: np.ndarray, y: np.ndarray, workdir: Path):
     """The transformed training data as a Spark DataFrame (``features``, ``label``)."""
-
     if is_local_master(spark.sparkContext.master):
-
-        path = dataset_as_parquet(ArrayDataset(x, y), workdir / "train.parquet")
-        return spark.read.parquet(str(path))
-    # executors elsewhere cannot read the driver's disk: ship the rows through Spark itself
-    rows = [(x[i].reshape(-1).tolist(), int(y[i])) for i in range(len(x))]
-    return spark.createDataFrame(rows, "features array<float>, label long")
+        return spark.read.parquet(str(dataset_as_parquet(ArrayDataset(x, y), workdir / "train.parquet")))
+    return frame_from_arrays(spark, x, y)  # executors elsewhere cannot read the driver's disk
 
 
 def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device, spark) -> dict:

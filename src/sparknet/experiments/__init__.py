@@ -371,13 +371,13 @@ def spark_stage(config: SparkExperimentConfig, train, spark=None, *, engine: str
         return
     # The Spark engine's modules load only where an experiment uses Spark (never in the simulation's processes).
     from sparknet.spark import get_session
-    from sparknet.spark.run import cached_training_frame
+    from sparknet.spark.run import dataset_frame
 
     own = spark is None
     if own:
         spark = get_session(config.master or f"local[{config.workers}]", app_name="sparknet-experiments")
     try:
-        df = cached_training_frame(spark, config.dataset, train)
+        df = dataset_frame(spark, config.dataset, train)
         warmup_s = None
         if config.warmup:
             warmup_s = spark_fit(config, spark, df, engine=engine, tau=1, rounds=1, max_steps=1).wall_s

@@ -30,7 +30,7 @@ from sparknet.parallel.runner import ModelParallelJob, default_plan
 from sparknet.parallel.spark import fit_model_parallel
 from sparknet.parallel.tensor import check_weight_budget
 from sparknet.spark._session import get_session
-from sparknet.spark.run import cached_training_frame
+from sparknet.spark.run import training_frame
 
 __all__ = ["ModelParallelFlags", "train_model_parallel", "check_unsplit", "parse_plan"]
 
@@ -160,8 +160,7 @@ def _train(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlags) -
     try:
         # A local session gets a larger driver heap (get_session); one already running is used as it is.
         spark = get_session(dist.resolved_master)
-        df = (spark.read.parquet(run.data) if run.data is not None
-              else cached_training_frame(spark, run.dataset, train))
+        df = training_frame(spark, run, train)
         with MetricsLogger(run.metrics_out, progress=not run.quiet, total=total, sinks=sinks) as metrics:
             log.info("training %s on %s: %d workers = %d copies x %d shards (barrier engine, %s, tau=%d) on %s",
                      run.model, run.dataset if run.data is None else run.data, dist.workers,

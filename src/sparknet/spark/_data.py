@@ -24,12 +24,14 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["FeatureSource", "chunk_rdd", "merge_chunks", "check_stats", "partition_stats", "head_rows",
-           "local_arrays", "collect_arrays", "describe_skew", "CHUNK_BYTES"]
+           "local_arrays", "collect_arrays", "describe_skew", "arrays_table", "frame_from_arrays", "CHUNK_BYTES"]
 
 log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 32 << 20
 """Largest feature payload of one chunk (Arrow binary values must stay far below 2 GiB)."""
+SHIP_BYTES = 8 << 20
+"""Largest uncompressed piece of local arrays :func:`frame_from_arrays` sends as one row."""
 _MAX_EXAMPLES = 4
 
 
@@ -579,3 +581,57 @@ def describe_skew(rows_per_partition: list[int]) -> str | None:
         return f"partitions are uneven ({min(nonzero)} to {max(nonzero)} rows)"
     return None
 
+
+# -- local arrays into Spark ----------------------------------------------------------------------
+def arrays_table(x, y):
+    """Local arrays as an Arrow table: ``features`` list<float> (list<long> for integer ids), ``label``.
+
+    ``label`` is long, or list<long> with one class id per position when ``y`` is ``[N, T]`` (a sequence).
+    """
+    import pyarrow as pa
+
+    def list_column(values: np.ndarray):  # rows of a 2-D array as one Arrow list column, no object per row
+        rows, width = values.shape
+        offsets = pa.array(np.arange(0, (rows + 1) * width, width, dtype=np.int32))
+        return pa.ListArray.from_arrays(offsets, pa.array(values.reshape(-1)))
+
+    x, y = np.asarray(x), np.asarray(y)
+    if y.ndim not in (1, 2) or len(y) != len(x):
+        raise ValueError(f"cannot write {len(x)} feature rows with labels of shape {y.shape} as a table; "
+                         "labels must be [rows] (one class id each) or [rows, positions] (one per position)")
+    x = x.reshape(len(x), -1)
+    x = np.ascontiguousarray(x, dtype=np.int64 if np.issubdtype(x.dtype, np.integer) else np.float32)
+    label = list_column(np.ascontiguousarray(y, dtype=np.int64)) if y.ndim == 2 else pa.array(y.astype(np.int64))
+    return pa.table({"features": list_column(x), "label": label})
+
+
+def frame_from_arrays(spark, x, y):
+    """Local arrays as a DataFrame whose rows travel through Spark, not through a path on the driver's disk.
+
+    The table of :func:`arrays_table` is cut into pieces of at most :data:`SHIP_BYTES`, each an
+    Arrow IPC stream (zstd) in one row of a ``binary`` column; ``mapInArrow`` unpacks them on the
+    executors. Nothing is pickled but Spark's own task data, and no executor needs the driver's files.
+    """
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    table = arrays_table(x, y)
+    step = max(1, SHIP_BYTES * max(1, table.num_rows) // max(1, table.nbytes))
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    pieces = []
+    for start in range(0, max(1, table.num_rows), step):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+            writer.write_table(table.slice(start, step))
+        pieces.append((len(pieces), sink.getvalue().to_pybytes()))
+    blobs = spark.createDataFrame(spark.sparkContext.parallelize(pieces, len(pieces)), "piece int, blob binary")
+    return blobs.mapInArrow(_unpack_pieces, from_arrow_schema(table.schema))
+
+
+def _unpack_pieces(batches: Iterator) -> Iterator:
+    import pyarrow as pa
+
+    for batch in batches:
+        for blob in batch.column("blob").to_pylist():
+            with pa.ipc.open_stream(pa.py_buffer(blob)) as reader:
+                yield from reader

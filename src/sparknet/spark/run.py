@@ -1,8 +1,9 @@
 """``sparknet train --workers K``: the command line's road into the Spark engines.
 
-The data set becomes a Spark DataFrame the way a user's data would be one: it is written
-once as Parquet (cached beside the data set) and read with ``spark.read.parquet``; a
-``--data PATH`` is read directly. Training runs through :class:`SparkTrainer`; every round
+The data set becomes a Spark DataFrame the way a user's data would be one: on a local master
+it is written once as Parquet (cached beside the data set) and read with ``spark.read.parquet``;
+on a cluster, whose executors cannot read the driver's disk, its rows travel through Spark.
+``--data PATH`` is read on the driver (its last rows are the test set) and goes the same way. Training runs through :class:`SparkTrainer`; every round
 record goes to the metrics file and the progress line.
 """
 
@@ -20,73 +21,61 @@ from sparknet._enums import CompressionKind
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.datasets import cache_root
 from sparknet.metrics import MetricsLogger
-from sparknet.spark._session import get_session
+from sparknet.spark._data import arrays_table, frame_from_arrays
+from sparknet.spark._session import get_session, is_local_master
 from sparknet.spark.trainer import SparkTrainer
 
-__all__ = ["train_distributed", "dataset_as_parquet", "cached_training_frame"]
+__all__ = ["train_distributed", "dataset_as_parquet", "dataset_frame", "training_frame"]
 
 log = logging.getLogger(__name__)
 
 
 def dataset_as_parquet(dataset, path: Path) -> Path:
-    """Write an ArrayDataset as Parquet, once.
-
-    ``features`` is array<float> (array<long> for integer ids, as a text corpus has); ``label``
-    is long, or array<long> with one class id per position when ``y`` is ``[N, T]`` (a sequence).
-    """
-    import pyarrow as pa
+    """Write an ArrayDataset as Parquet, once (the columns of :func:`sparknet.spark._data.arrays_table`)."""
     import pyarrow.parquet as pq
-
-    def list_column(values: np.ndarray):  # rows of a 2-D array as one Arrow list column, no object per row
-        rows, width = values.shape
-        offsets = pa.array(np.arange(0, (rows + 1) * width, width, dtype=np.int32))
-        return pa.ListArray.from_arrays(offsets, pa.array(values.reshape(-1)))
 
     if path.exists():
         return path
-    y = np.asarray(dataset.y)
-    if y.ndim not in (1, 2) or len(y) != len(dataset.x):
-        raise ValueError(f"cannot write {len(dataset.x)} feature rows with labels of shape {y.shape} as Parquet; "
-                         "labels must be [rows] (one class id each) or [rows, positions] (one per position)")
+    table = arrays_table(dataset.x, dataset.y)
     path.parent.mkdir(parents=True, exist_ok=True)
-    x = dataset.x.reshape(len(dataset.x), -1)
-    integral = np.issubdtype(x.dtype, np.integer)
-    x = np.ascontiguousarray(x, dtype=np.int64 if integral else np.float32)
-    label = list_column(np.ascontiguousarray(y, dtype=np.int64)) if y.ndim == 2 else pa.array(y.astype(np.int64))
-    table = pa.table({"features": list_column(x), "label": label})
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     pq.write_table(table, tmp, row_group_size=8192)
     os.replace(tmp, path)
     return path
 
 
-def cached_training_frame(spark, dataset: str, train):
-    """``train`` of data set ``dataset`` as a DataFrame read from Parquet written once beside the cache.
+def dataset_frame(spark, dataset: str, train):
+    """``train`` of data set ``dataset`` as a DataFrame (``features``, ``label``) every executor can read.
 
-    The file name holds the rows and the shape of one sample and one label, so a data set cut
-    differently (another sequence length) gets its own file.
+    On a local master (every executor on this machine) it is read from Parquet written once beside
+    the cache; the file name holds the rows and the shape of one sample and one label, so a data
+    set cut differently (another sequence length) gets its own file. On a cluster the executors
+    cannot read the driver's disk, so the rows travel through Spark itself
+    (:func:`sparknet.spark._data.frame_from_arrays`).
     """
+    if not is_local_master(spark.sparkContext.master):
+        return frame_from_arrays(spark, train.x, train.y)
     shape = "x".join(str(d) for d in (*np.shape(train.x)[1:], *np.shape(train.y)[1:])) or "1"
     path = Path(cache_root()) / "parquet" / f"{dataset.lower()}-train-{len(train)}-{shape}.parquet"
     return spark.read.parquet(str(dataset_as_parquet(train, path)))
 
 
-def _training_frame(spark, run: RunConfig, train):
+def training_frame(spark, run: RunConfig, train):
     """The training rows as a DataFrame: ``train`` of the data set, or of ``--data`` without its test rows.
 
     ``--data`` holds its test set in its last rows (see :mod:`sparknet._parquet`); the Spark
     engines train on the same rows one process trains on, written once beside the cache under
-    a name that changes when the files do.
+    a name that changes when the files do (or shipped through Spark on a cluster).
     """
-    if run.data is None:
-        return cached_training_frame(spark, run.dataset, train)
+    if run.data is None or not is_local_master(spark.sparkContext.master):
+        return dataset_frame(spark, run.dataset, train)
     root = Path(run.data).resolve()
     files = sorted(p for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file())
     stamp = hashlib.sha256(str(root).encode())
     for p in files:
         info = p.stat()
         stamp.update(f"{p.relative_to(root) if p != root else ''}:{info.st_size}:{info.st_mtime_ns};".encode())
-    return cached_training_frame(spark, f"data-{root.stem}-{stamp.hexdigest()[:16]}", train)
+    return dataset_frame(spark, f"data-{root.stem}-{stamp.hexdigest()[:16]}", train)
 
 
 def train_distributed(run: RunConfig, dist: DistributedConfig, *, extra_summary: dict | None = None) -> dict:
@@ -95,7 +84,7 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, *, extra_summary:
     train, test, info = load_training_data(run)
     net_params = build_model(run, info)
     spark = get_session(dist.resolved_master)
-    df = _training_frame(spark, run, train)
+    df = training_frame(spark, run, train)
     rows_per_worker = len(train) / dist.workers
     # With --rounds the bar counts rounds' steps; automatic tau changes them, so it counts --steps then.
     total = run.steps if dist.rounds is None or dist.auto_tau else min(run.steps, dist.rounds * (dist.tau or 1))
