@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -178,7 +179,8 @@ def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[d
     ctx = TaskContext.get()
     attempt = ctx.attemptNumber() if ctx is not None else 0
     x, y = concat_blocks(blocks)
-    record = {"event": "task", "worker": index, "attempt": attempt, "epoch": spec.epoch, "rows": 0, "steps": 0,
+    record = {"event": "task", "worker": index, "host": socket.gethostname(), "attempt": attempt, "epoch": spec.epoch,
+              "rows": 0, "steps": 0,
               "samples": 0, "loss": math.nan, "last_loss": math.nan, "pushes": 0, "duplicates": 0,
               "comm_s": 0.0, "train_s": 0.0, "wall_s": 0.0, "max_latency_s": 0.0}
     if x is None:

@@ -400,6 +400,7 @@ class AsyncSession:
             "duplicate_pushes": stats["duplicate_pushes"] - before["duplicate_pushes"],
             "staleness_mean": stale / applied if applied else 0.0,
             "retried_tasks": sum(1 for r in records if r["attempt"] > 0),
+            "hosts": sorted({r["host"] for r in records}),
             "comm_s": sum(r["comm_s"] for r in records), "train_s": sum(r["train_s"] for r in records),
         }
 
