@@ -18,6 +18,10 @@ The same content travels as a mapping of file name to bytes (:func:`pack_model`,
 :func:`unpack_model`): that is what a Spark ML model broadcasts to its executors and
 stores beside its metadata, so a model never crosses the wire as a pickled torch object.
 
+A folder may be a local path or a URI that :func:`sparknet._fs.filesystem` accepts
+(``s3://``, ``s3a://``, ``gs://``, ``hdfs://``...). Its files are written in place with the
+manifest last, so a folder whose save stopped part way has no manifest and does not load.
+
 Examples
 --------
 >>> save_model("out/lenet", net)                       # doctest: +SKIP
@@ -32,9 +36,8 @@ import io
 import json
 import logging
 import os
-import shutil
+import posixpath
 import struct
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +45,9 @@ from typing import Any
 
 import numpy as np
 import torch
+from pyarrow import fs as pafs
 
+from sparknet._fs import filesystem
 from sparknet.layers import NetParams
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
@@ -78,6 +83,7 @@ _WEIGHTS = "weights.safetensors"
 _SOLVER = "solver.json"
 _CONFIG = "config.json"
 _KINDS = ("netparams", "module")
+_FILES = {MANIFEST_NAME, _NET_JSON, _MODULE_PICKLE, _WEIGHTS, _SOLVER, _CONFIG}
 
 
 @dataclass
@@ -349,55 +355,63 @@ def unpack_model(files: Mapping[str, bytes], *, device: str | torch.device = "cp
 
 
 # -- folders ---------------------------------------------------------------------------------
-def write_model_files(path: str | os.PathLike, files: Mapping[str, bytes], *, overwrite: bool = False) -> Path:
-    """Write packed files as a model folder (atomically: a temporary folder, then a rename)."""
-    path = Path(path)
-    if path.exists():
+def write_model_files(path: str | os.PathLike, files: Mapping[str, bytes], *,
+                      overwrite: bool = False) -> Path | str:
+    """Write packed files as a model folder, the manifest last.
+
+    With ``overwrite``, a folder holding a manifest, or only model files (a save that stopped
+    part way), is replaced; any other folder is left alone. Returns the folder: a ``Path``
+    when it is local, else the URI as given.
+    """
+    fs, root = filesystem(path)
+    info = fs.get_file_info(root)
+    if info.type != pafs.FileType.NotFound:
         if not overwrite:
             raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
-        if not (path / MANIFEST_NAME).exists() and any(path.iterdir()):
+        if info.type != pafs.FileType.Directory:
+            raise ValueError(f"{path} exists and is not a folder; not overwriting it")
+        names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(root))}
+        if MANIFEST_NAME not in names and not names <= _FILES:
             raise ValueError(f"{path} exists and is not a sparknet model folder; not overwriting it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    try:
-        for name, data in files.items():
-            (tmp / name).write_bytes(data)
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        fs.delete_dir(root)
+    fs.create_dir(root, recursive=True)
+    for name in [n for n in files if n != MANIFEST_NAME] + [MANIFEST_NAME]:
+        with fs.open_output_stream(f"{root}/{name}") as f:
+            f.write(files[name])
     log.info("saved model to %s", path)
-    return path
+    return Path(root) if isinstance(fs, pafs.LocalFileSystem) else os.fspath(path)
 
 
 def read_model_files(path: str | os.PathLike) -> dict[str, bytes]:
     """The files of a model folder (the manifest and what it lists), as name to bytes."""
-    path = Path(path)
-    mpath = path / MANIFEST_NAME
-    if not mpath.is_file():
-        raise ValueError(f"{path}: no {MANIFEST_NAME}; not a sparknet model folder")
-    data = mpath.read_bytes()
+    fs, root = filesystem(path)
+
+    def read(name: str) -> bytes:
+        try:
+            with fs.open_input_stream(f"{root}/{name}") as f:
+                return f.read()
+        except OSError:
+            if name == MANIFEST_NAME:
+                raise ValueError(f"{path}: no {MANIFEST_NAME}; not a sparknet model folder") from None
+            raise ValueError(f"{path}: {name} is listed in {MANIFEST_NAME} but missing") from None
+
+    data = read(MANIFEST_NAME)
     manifest = _parse_manifest(data, str(path))
     files = {MANIFEST_NAME: data}
     for key in ("net", "weights", "solver", "config"):
         name = manifest.get(key)
         if name is None:
             continue
-        if Path(name).name != name:
+        if posixpath.basename(name) != name or name in ("", ".", ".."):
             raise ValueError(f"{path}: {MANIFEST_NAME} names a file outside the folder: {name!r}")
-        fpath = path / name
-        if not fpath.is_file():
-            raise ValueError(f"{path}: {name} is listed in {MANIFEST_NAME} but missing")
-        files[name] = fpath.read_bytes()
+        files[name] = read(name)
     return files
 
 
 def save_model(path: str | os.PathLike, net, weights: WeightCollection | None = None, *,
                solver: SolverConfig | None = None, config: Mapping | None = None, input_shape=None,
-               metadata: Mapping[str, Any] | None = None, overwrite: bool = False) -> Path:
-    """Save a model to a folder; see :func:`pack_model` for the arguments.
+               metadata: Mapping[str, Any] | None = None, overwrite: bool = False) -> Path | str:
+    """Save a model to a folder or URI; see :func:`pack_model` for the arguments.
 
     A plain ``torch.nn.Module`` (not built from a NetParams) is pickled: the folder is then
     for trusted use only.
@@ -408,7 +422,7 @@ def save_model(path: str | os.PathLike, net, weights: WeightCollection | None = 
 
 def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu",
                allow_pickle: bool = False) -> SavedModel:
-    """Load a model folder written by :func:`save_model`; see :func:`unpack_model`."""
+    """Load a model folder (a path or URI) written by :func:`save_model`; see :func:`unpack_model`."""
     return unpack_model(read_model_files(path), device=device, allow_pickle=allow_pickle, where=str(path))
 
 

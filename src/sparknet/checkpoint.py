@@ -1,4 +1,4 @@
-"""Checkpoints: written atomically, kept in a rotation, read back exactly.
+"""Checkpoints: written manifest last, kept in a rotation, read back exactly.
 
 A checkpoint is a folder ``ckpt-RRRRRRRR`` (the round) holding
 
@@ -9,9 +9,12 @@ A checkpoint is a folder ``ckpt-RRRRRRRR`` (the round) holding
 - ``manifest.json`` — format version, round, steps, the model's fingerprint (layer names
   and shapes), the run configuration, and a SHA-256 of the two other files.
 
-It is written under a temporary name and renamed into place, so a reader never sees half
-a checkpoint; the newest ``keep`` are kept. Any filesystem pyarrow understands works
-(a local path, ``file://``, ``hdfs://``, ``s3://``...).
+The files are written in place, the manifest last: a folder without a manifest (a save
+that stopped part way) is incomplete, is never listed, and is deleted by the rotation, so a
+reader never sees half a checkpoint. Object stores, which cannot rename a folder, work the
+same way as a local disk. The newest ``keep`` are kept. A local path, ``file://``,
+``s3://`` (``s3a://``, ``s3n://``), ``gs://``, ``hdfs://`` or another scheme pyarrow can
+write is accepted (:func:`sparknet._fs.filesystem`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sparknet._fs import filesystem
 from sparknet.weights import WeightCollection
 
 __all__ = ["Checkpoint", "CheckpointManager", "model_fingerprint", "CheckpointError"]
@@ -42,6 +46,10 @@ _NAME = re.compile(r"^ckpt-(\d{8})$")
 
 class CheckpointError(ValueError):
     """A checkpoint is missing, corrupt, or belongs to another model."""
+
+
+class _Damaged(CheckpointError):
+    """A checkpoint's files are missing or fail their SHA-256: an older one may still load."""
 
 
 def model_fingerprint(weights: WeightCollection) -> str:
@@ -63,18 +71,6 @@ class Checkpoint:
     path: str
 
 
-def _filesystem(uri: str):
-    from pyarrow import fs
-
-    try:
-        filesystem, path = fs.FileSystem.from_uri(uri)
-    except (ValueError, TypeError):
-        import os
-
-        filesystem, path = fs.LocalFileSystem(), os.path.abspath(uri)
-    return filesystem, path.rstrip("/") or "/"
-
-
 class CheckpointManager:
     """Saves and finds checkpoints under one folder or URI.
 
@@ -91,7 +87,10 @@ class CheckpointManager:
             raise ValueError(f"keep must be at least 1, got {keep}")
         self.uri = str(uri)
         self.keep = int(keep)
-        self.fs, self.root = _filesystem(self.uri)
+        try:
+            self.fs, self.root = filesystem(self.uri)
+        except (ValueError, OSError) as e:
+            raise CheckpointError(f"cannot use {self.uri} as --checkpoint-dir: {str(e).splitlines()[0]}") from None
         try:
             self.fs.create_dir(self.root, recursive=True)
         except OSError as e:
@@ -112,7 +111,7 @@ class CheckpointManager:
     # -- writing ------------------------------------------------------------------------------
     def save(self, round: int, weights: WeightCollection, state: dict | None = None, *,
              config: dict | None = None, extra: dict | None = None) -> str:
-        """Write the checkpoint of ``round`` atomically; returns its path."""
+        """Write the checkpoint of ``round`` (the manifest last, which makes it complete); returns its path."""
         if round < 0:
             raise ValueError(f"round must be non-negative, got {round}")
         from safetensors.torch import save as st_save
@@ -129,26 +128,24 @@ class CheckpointManager:
                        "state.pt": hashlib.sha256(state_bytes).hexdigest()},
         }
         final = f"{self.root}/ckpt-{round:08d}"
-        tmp = f"{self.root}/.tmp-{round:08d}-{uuid.uuid4().hex[:8]}"
         try:
-            self.fs.create_dir(tmp, recursive=True)
+            if self._exists(final):  # an older save of this round goes first, its manifest with it
+                self.fs.delete_dir(final)
+            self.fs.create_dir(final, recursive=True)
             for name, data in (("weights.safetensors", weights_bytes), ("state.pt", state_bytes),
                                ("manifest.json", json.dumps(manifest, indent=1, default=str).encode())):
-                with self.fs.open_output_stream(f"{tmp}/{name}") as f:
+                with self.fs.open_output_stream(f"{final}/{name}") as f:
                     f.write(data)
-            if self._exists(final):
-                self.fs.delete_dir(final)
-            self.fs.move(tmp, final)
         except OSError as e:
-            self._quiet_delete(tmp)
+            self._quiet_delete(final)
             raise CheckpointError(f"could not write checkpoint {final}: {e}") from None
         log.info("checkpoint of round %d written to %s", round, final)
         self._rotate()
         return final
 
     def _rotate(self) -> None:
-        rounds = self.rounds()
-        for r in rounds[:-self.keep]:
+        complete, incomplete = self._scan()
+        for r in complete[:-self.keep] + incomplete:
             self._quiet_delete(f"{self.root}/ckpt-{r:08d}")
 
     def _quiet_delete(self, path: str) -> None:
@@ -165,19 +162,51 @@ class CheckpointManager:
 
     # -- reading ------------------------------------------------------------------------------
     def rounds(self) -> list[int]:
-        """Rounds of the complete checkpoints present, oldest first."""
+        """Rounds of the complete checkpoints present (their manifest and the files it lists), oldest first."""
+        return self._scan()[0]
+
+    def _scan(self) -> tuple[list[int], list[int]]:
+        """The rounds of the complete checkpoints and of the incomplete ones, each oldest first.
+
+        A folder that cannot be read now (a network error) is in neither list: it is neither
+        loaded nor deleted.
+        """
         from pyarrow import fs
 
         try:
             infos = self.fs.get_file_info(fs.FileSelector(self.root, allow_not_found=True))
         except OSError:
-            return []
-        out = []
+            return [], []
+        complete, incomplete = [], []
         for info in infos:
             m = _NAME.match(info.base_name)
-            if m and info.type == fs.FileType.Directory and self._exists(f"{info.path}/manifest.json"):
-                out.append(int(m.group(1)))
-        return sorted(out)
+            if not m or info.type != fs.FileType.Directory:
+                continue
+            try:
+                problem = self._incomplete(info.path)
+            except OSError as e:
+                log.warning("cannot read checkpoint %s now (%s); leaving it out", info.path, e)
+                continue
+            if problem:
+                log.warning("skipping incomplete checkpoint %s: %s", info.path, problem)
+            (incomplete if problem else complete).append(int(m.group(1)))
+        return sorted(complete), sorted(incomplete)
+
+    def _incomplete(self, path: str) -> str | None:
+        """Why the checkpoint folder ``path`` is incomplete, or None."""
+        from pyarrow import fs
+
+        names = {info.base_name for info in self.fs.get_file_info(fs.FileSelector(path))}
+        if "manifest.json" not in names:
+            return "no manifest.json (its save stopped before the end)"
+        with self.fs.open_input_stream(f"{path}/manifest.json") as f:
+            data = f.read()
+        try:
+            listed = list(json.loads(data)["sha256"])
+        except (ValueError, KeyError, TypeError):
+            return "manifest.json is cut short or not a checkpoint manifest"
+        missing = [name for name in listed if name not in names]
+        return f"{', '.join(missing)} missing" if missing else None
 
     def latest(self) -> int | None:
         """The newest checkpoint's round, or None."""
@@ -185,11 +214,24 @@ class CheckpointManager:
         return rounds[-1] if rounds else None
 
     def load(self, round: int | None = None, *, expect_fingerprint: str | None = None) -> Checkpoint:
-        """Read a checkpoint (the newest by default), verifying hashes and, if given, the model."""
-        if round is None:
-            round = self.latest()
-            if round is None:
-                raise CheckpointError(f"no checkpoint in {self.uri} to resume from")
+        """Read a checkpoint, verifying hashes and, if given, the model.
+
+        By default the newest complete one whose files match their SHA-256; a damaged one is
+        skipped with a warning and the one before it is read.
+        """
+        if round is not None:
+            return self._load(round, expect_fingerprint)
+        damaged = []
+        for r in reversed(self.rounds()):
+            try:
+                return self._load(r, expect_fingerprint)
+            except _Damaged as e:
+                log.warning("%s; trying the checkpoint before it", e)
+                damaged.append(str(e))
+        raise CheckpointError(f"no checkpoint in {self.uri} to resume from"
+                              + (f" ({'; '.join(damaged)})" if damaged else ""))
+
+    def _load(self, round: int, expect_fingerprint: str | None) -> Checkpoint:
         path = f"{self.root}/ckpt-{round:08d}"
         try:
             files = {}
@@ -197,16 +239,16 @@ class CheckpointManager:
                 with self.fs.open_input_stream(f"{path}/{name}") as f:
                     files[name] = f.read()
         except OSError as e:
-            raise CheckpointError(f"checkpoint {path} is incomplete: {e}") from None
+            raise _Damaged(f"checkpoint {path} is incomplete: {e}") from None
         try:
             manifest = json.loads(files["manifest.json"])
         except json.JSONDecodeError as e:
-            raise CheckpointError(f"{path}/manifest.json is not JSON ({e.msg})") from None
+            raise _Damaged(f"{path}/manifest.json is not JSON ({e.msg})") from None
         if manifest.get("format") != "sparknet-checkpoint" or manifest.get("format_version") != FORMAT_VERSION:
             raise CheckpointError(f"{path} is not a sparknet checkpoint of format {FORMAT_VERSION}")
         for name, digest in manifest.get("sha256", {}).items():
             if hashlib.sha256(files[name]).hexdigest() != digest:
-                raise CheckpointError(f"{path}/{name} does not match its recorded SHA-256: the file is corrupt")
+                raise _Damaged(f"{path}/{name} does not match its recorded SHA-256: the file is corrupt")
         if expect_fingerprint is not None and manifest["fingerprint"] != expect_fingerprint:
             raise CheckpointError(f"checkpoint {path} belongs to another model (fingerprint {manifest['fingerprint']}, "
                                   f"this model's is {expect_fingerprint}); resume with the same --model, or choose "

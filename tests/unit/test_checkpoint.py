@@ -1,4 +1,4 @@
-"""Checkpoints: atomic, rotated, verified, and exact for a Net's full state."""
+"""Checkpoints: written manifest last, rotated, verified, and exact for a Net's full state."""
 
 import os
 
@@ -93,3 +93,42 @@ def test_file_uri(tmp_path):
     mgr = CheckpointManager(f"file://{tmp_path}/uri")
     mgr.save(0, _net().get_weights())
     assert mgr.load().round == 0
+
+
+def test_a_save_that_stopped_before_its_manifest_is_never_listed_and_is_rotated_away(tmp_path, caplog):
+    mgr = CheckpointManager(str(tmp_path), keep=2)
+    first, second = _net(1).get_weights(), _net(2).get_weights()
+    mgr.save(1, first, {"step": 1})
+    mgr.save(2, second, {"step": 2})
+    os.remove(tmp_path / "ckpt-00000002" / "manifest.json")  # died before the manifest
+    mgr.save(3, second, {"step": 3})
+    (tmp_path / "ckpt-00000003" / "manifest.json").write_text('{"format": "sparknet-che')  # died in it
+    assert mgr.rounds() == [1] and mgr.latest() == 1
+    assert caplog.text.count("skipping incomplete checkpoint") >= 2
+    assert mgr.load().state == {"step": 1}
+    mgr.save(4, second, {"step": 4})
+    assert mgr.rounds() == [1, 4]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-00000001", "ckpt-00000004"]
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before(tmp_path, caplog):
+    mgr = CheckpointManager(str(tmp_path))
+    first, second = _net(1).get_weights(), _net(2).get_weights()
+    mgr.save(1, first, {"step": 1})
+    path = mgr.save(2, second, {"step": 2})
+    with open(os.path.join(path, "state.pt"), "ab") as f:
+        f.write(b"\x00")
+    ck = mgr.load()
+    assert ck.round == 1 and ck.weights.max_abs_diff(first) == 0.0
+    assert "state.pt does not match its recorded SHA-256" in caplog.text
+    with pytest.raises(CheckpointError, match="corrupt"):
+        mgr.load(2)  # asked for by round: no fallback
+
+
+def test_saving_a_round_again_replaces_it_whole(tmp_path):
+    mgr = CheckpointManager(str(tmp_path))
+    mgr.save(5, _net(1).get_weights(), {"step": 1})
+    second = _net(2).get_weights()
+    mgr.save(5, second, {"step": 2})
+    ck = mgr.load()
+    assert ck.round == 5 and ck.state == {"step": 2} and ck.weights.max_abs_diff(second) == 0.0
