@@ -27,7 +27,9 @@ current copy, and not applied again.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
 import threading
 import time
 from collections import Counter
@@ -65,6 +67,21 @@ class _JobState:
     applied_step: dict[int, int] = field(default_factory=dict)            # worker -> highest applied push step
 
 
+def _is_wildcard(host: str) -> bool:
+    """Whether binding ``host`` listens on every interface (a name that is not an IP literal is not)."""
+    host = host.strip().strip("[]")
+    if host in ("", "*"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        pass
+    try:  # the short forms the resolver accepts too: "0", "0.0", "0x0"...
+        return socket.inet_aton(host) == bytes(4)
+    except OSError:
+        return False
+
+
 class ParameterServer:
     """Asynchronous parameter server on the driver.
 
@@ -77,8 +94,9 @@ class ParameterServer:
         instance).
     host : str
         Address to bind to: the driver's address on a cluster, loopback (the default) in
-        local mode. ``"0.0.0.0"`` binds every interface and is refused unless
-        ``allow_all_interfaces`` is set.
+        local mode. A wildcard (``"*"``, ``""`` or any spelling of an unspecified address:
+        ``"0.0.0.0"``, ``"0"``, ``"::"``, ``"::0"``...) binds every interface and is refused
+        unless ``allow_all_interfaces`` is set.
     port : int
         0 lets the OS pick a free port (see :attr:`endpoint`).
     num_workers : int
@@ -91,7 +109,7 @@ class ParameterServer:
 
     def __init__(self, initial, combiner: str | Combiner = "delta", *, host: str = "127.0.0.1", port: int = 0,
                  num_workers: int = 1, dtype=np.float32, allow_all_interfaces: bool = False):
-        if host in ("0.0.0.0", "*", "::", "") and not allow_all_interfaces:
+        if _is_wildcard(host) and not allow_all_interfaces:
             raise ValueError(f"refusing to bind the parameter server to every interface ({host!r}); give the "
                              "driver's address, or pass allow_all_interfaces=True if the network is trusted")
         if num_workers < 1:
@@ -105,7 +123,7 @@ class ParameterServer:
         self._numel = int(flat.size)
         self.combiner = make_combiner(combiner)
         self.num_workers = int(num_workers)
-        self.host = host
+        self.host = host.strip()
         self._port = int(port)
         self._version = 0
         self._lock = threading.Lock()

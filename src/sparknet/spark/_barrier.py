@@ -25,10 +25,12 @@ engine, so a resumed fit repeats an uninterrupted one exactly.
 from __future__ import annotations
 
 import gc
+import ipaddress
 import logging
 import os
 import pickle
 import socket
+import struct
 import time
 from dataclasses import field, dataclass, replace
 from datetime import timedelta
@@ -47,7 +49,8 @@ from sparknet.spark._rounds import (WorkerSpec, build_worker_net, export_worker_
 from sparknet.stopping import StopRule
 from sparknet.strategies import AutoTau, WorkerState
 
-__all__ = ["run_barrier", "rendezvous", "GroupPlan", "StagePlan", "FIELDS"]
+__all__ = ["run_barrier", "rendezvous", "gloo_interface", "interface_for_address", "GroupPlan", "StagePlan",
+           "FIELDS"]
 
 log = logging.getLogger(__name__)
 
@@ -181,19 +184,97 @@ def _loopback_ifname() -> str | None:
     return None
 
 
+def _interface_addresses() -> list[tuple[str, str]]:
+    """(interface, address) pairs of this host: IPv4 by ``SIOCGIFADDR``, IPv6 from ``/proc/net/if_inet6`` (Linux)."""
+    pairs = []
+    try:
+        import fcntl
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            for _, name in socket.if_nameindex():
+                try:  # struct ifreq: the name, then a sockaddr_in whose address starts at byte 20
+                    reply = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+                    pairs.append((name, socket.inet_ntoa(reply[20:24])))
+                except OSError:  # the interface has no IPv4 address
+                    pass
+    except (ImportError, OSError):  # not Linux
+        pass
+    try:
+        with open("/proc/net/if_inet6") as f:
+            pairs += [(cols[5], str(ipaddress.ip_address(bytes.fromhex(cols[0])))) for cols in map(str.split, f)]
+    except (OSError, ValueError, IndexError):
+        pass
+    return pairs
+
+
+def interface_for_address(address: str) -> str | None:
+    """The name of this host's network interface that holds ``address`` (IPv4 or IPv6), or ``None``.
+
+    ``address`` must be an IP literal (brackets and a ``%zone`` are ignored); a name, or an address
+    no interface holds, gives ``None``.
+    """
+    try:
+        ip = ipaddress.ip_address(address.strip().strip("[]").split("%")[0])
+    except ValueError:
+        return None
+    return next((name for name, a in _interface_addresses() if ipaddress.ip_address(a) == ip), None)
+
+
+def _host_addresses(host: str) -> list[str]:
+    """``host``'s IP addresses: itself when it is one, else what it resolves to (nothing when it does not)."""
+    try:
+        return list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)))
+    except (OSError, UnicodeError):
+        return []
+
+
+def _route_source(host: str) -> str | None:
+    """The source address this host uses to reach ``host`` (a UDP ``connect`` sends nothing)."""
+    try:
+        family, _, _, _, addr = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect(addr)
+            return s.getsockname()[0]
+    except (OSError, UnicodeError, IndexError):
+        return None
+
+
+def gloo_interface(group: GroupPlan, spark_host: str, master_host: str) -> tuple[str | None, str]:
+    """The interface gloo should use on this executor (``None``: leave gloo to its default), and why.
+
+    On a cluster it is the interface holding this executor's Spark address (a name is resolved), else
+    ``SPARK_LOCAL_IP``'s, else the one the route to rank 0 leaves by. Gloo's own default resolves the
+    host's name, which many hosts map to 127.0.1.1: then ranks on different hosts cannot connect.
+    """
+    if group.local:
+        name = _loopback_ifname()
+        return name, ("local mode: every rank is on this machine" if name else
+                      "local mode, but no loopback interface was found; gloo uses its default")
+    candidates = [(spark_host, "this executor's Spark address"),
+                  (os.environ.get("SPARK_LOCAL_IP", ""), "SPARK_LOCAL_IP"),
+                  (_route_source(master_host) or "", f"the route to rank 0 at {master_host}")]
+    for host, why in candidates:
+        for address in _host_addresses(host) if host else []:
+            name = interface_for_address(address)
+            if name:
+                return name, f"it holds {address}, {why}"
+    return None, (f"no interface holds this executor's Spark address {spark_host!r}, SPARK_LOCAL_IP or the route "
+                  "to rank 0; gloo falls back to the address of this host's name (set GLOO_SOCKET_IFNAME on the "
+                  "executors if ranks on different hosts cannot connect)")
+
+
 def rendezvous(ctx, rank: int, group: GroupPlan):
-    """Join the gloo process group of a barrier stage's tasks; returns the TCPStore (keep it alive)."""
+    """Join the gloo process group of a barrier stage's tasks; returns the TCPStore (keep it alive).
+
+    Rank 0's TCPStore is reached at rank 0's Spark address (torch's store listens on every interface);
+    gloo's interface is :func:`gloo_interface`'s unless ``GLOO_SOCKET_IFNAME`` is set already (the
+    user's ``TP_SOCKET_IFNAME`` and ``GLOO_DEVICE_TRANSPORT`` are left alone too).
+    """
     import torch.distributed as dist
 
     world = group.workers
     timeout = timedelta(seconds=group.rendezvous_timeout_s)
-    if group.local:
-        host = "127.0.0.1"
-        ifname = _loopback_ifname()
-        if ifname and "GLOO_SOCKET_IFNAME" not in os.environ:
-            os.environ["GLOO_SOCKET_IFNAME"] = ifname
-    else:
-        host = ctx.getTaskInfos()[rank].address.rsplit(":", 1)[0]
+    host = "127.0.0.1" if group.local else ctx.getTaskInfos()[rank].address.rsplit(":", 1)[0].strip("[]")
     store = None
     if rank == 0:
         store = dist.TCPStore(host, 0, world, True, timeout=timeout, wait_for_workers=False)
@@ -203,8 +284,22 @@ def rendezvous(ctx, rank: int, group: GroupPlan):
     master_host, master_port = addresses[0].rsplit(":", 1)
     if rank != 0:
         store = dist.TCPStore(master_host, int(master_port), world, False, timeout=timeout)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=group.collective_timeout_s))
+    ifname = None
+    if "GLOO_SOCKET_IFNAME" in os.environ:  # the user's choice wins
+        log.info("rank %d: gloo uses GLOO_SOCKET_IFNAME=%s, as set", rank, os.environ["GLOO_SOCKET_IFNAME"])
+    else:
+        ifname, why = gloo_interface(group, host, master_host)
+        if ifname:
+            log.info("rank %d: gloo uses interface %s (%s)", rank, ifname, why)
+            os.environ["GLOO_SOCKET_IFNAME"] = ifname
+        else:
+            log.warning("rank %d: %s", rank, why)
+    try:
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=group.collective_timeout_s))
+    finally:  # gloo read it when the group was made; the worker process may run other tasks
+        if ifname:
+            del os.environ["GLOO_SOCKET_IFNAME"]
     return store
 
 

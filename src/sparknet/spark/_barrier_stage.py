@@ -151,8 +151,11 @@ class BarrierStage:
         K = dist.workers
         local = is_local_master(sc.master)
         secret = new_secret()
-        advertise = "127.0.0.1" if local else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
-        receiver = MetricsReceiver("127.0.0.1" if local else "*", advertise, secret)
+        host = "127.0.0.1" if local else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
+        # the largest message: a rank's solver and strategy state (a few copies of the weights, and its shuffle
+        # order at 8 bytes a row) or the global weights with the strategy's state
+        cap = 32 * len(start["global"]) + 8 * max(trainer._rows, default=0) + (1 << 20)
+        receiver = MetricsReceiver(host, host, secret, max_bytes=cap)
         outcome: dict = {}
         try:
             begin = {k: start.get(k) for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration",

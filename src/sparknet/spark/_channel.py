@@ -4,7 +4,9 @@ The driver binds a PULL socket and hands the endpoint and a random per-fit secre
 tasks in their closure. Rank 0 PUSHes JSON records as two frames ``[body, mac]`` where
 ``mac = HMAC-SHA256(secret, body)``. The driver checks the MAC before it parses anything and
 drops what does not verify; bodies are JSON, never pickles, so a stranger who reaches the
-port can neither run code on the driver nor inject records.
+port can neither run code on the driver nor inject records. The socket is bound to the
+driver's Spark address (never every interface), and a message of more than three frames or
+more bytes than the model can need is dropped unread.
 
 A record may carry one binary payload (three frames ``[body, payload, mac]``, the MAC over
 both): the barrier engine sends the global weights and strategy state this way every round,
@@ -108,14 +110,19 @@ class MetricsReceiver:
     Parameters
     ----------
     bind_host : str
-        Interface to bind (``127.0.0.1`` in local mode, ``*`` on a cluster).
+        The address to bind: the driver's Spark address (``spark.driver.host``) on a cluster,
+        ``127.0.0.1`` in local mode; never a wildcard.
     advertise_host : str
         The address executors connect to.
     secret : bytes
         The per-fit HMAC key.
+    max_bytes : int
+        The largest message accepted, all frames together (the caller sizes it from the model).
+        ZeroMQ disconnects a peer that announces a bigger frame before reading it; a message of
+        more frames or bytes than allowed is drained and dropped unread.
     """
 
-    def __init__(self, bind_host: str, advertise_host: str, secret: bytes):
+    def __init__(self, bind_host: str, advertise_host: str, secret: bytes, *, max_bytes: int = 1 << 28):
         import zmq
 
         self._zmq = zmq
@@ -123,27 +130,39 @@ class MetricsReceiver:
         self._sock = self._ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.RCVHWM, 10_000)
-        port = self._sock.bind_to_random_port(f"tcp://{bind_host}")
-        self.endpoint = f"tcp://{advertise_host}:{port}"
+        self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_bytes))
+        self._sock.setsockopt(zmq.IPV6, int(":" in bind_host))
+        port = self._sock.bind_to_random_port(f"tcp://{_bracketed(bind_host)}")
+        self.endpoint = f"tcp://{_bracketed(advertise_host)}:{port}"
         self._secret = secret
+        self._max_bytes = int(max_bytes)
         self.rejected = 0
 
     def recv(self, timeout_s: float) -> dict | None:
-        """The next verified record, or ``None`` when none arrives within ``timeout_s``.
+        """The next verified record, or ``None`` when none arrives within ``timeout_s`` (or it is dropped).
 
         A record sent with a payload holds it as bytes under ``"payload"``.
         """
         zmq = self._zmq
         if not self._sock.poll(int(timeout_s * 1000), zmq.POLLIN):
             return None
-        frames = self._sock.recv_multipart(zmq.NOBLOCK)
-        payload = frames[1] if len(frames) == 3 else None
-        if len(frames) not in (2, 3) or not hmac.compare_digest(_mac(self._secret, frames[0], payload), frames[-1]):
+        frames, count, size, more = [], 0, 0, True
+        while more:  # every part of the message, keeping at most three and max_bytes
+            frame = self._sock.recv(zmq.NOBLOCK, copy=False)
+            count, size, more = count + 1, size + len(frame), frame.more
+            if count <= 3 and size <= self._max_bytes:
+                frames.append(frame)
+        if count not in (2, 3) or size > self._max_bytes:
+            self.rejected += 1
+            log.warning("dropped a metrics message of %d frames and %d bytes (%d so far)", count, size, self.rejected)
+            return None
+        body, payload, mac = frames[0].bytes, frames[1].bytes if count == 3 else None, frames[-1].bytes
+        if not hmac.compare_digest(_mac(self._secret, body, payload), mac):
             self.rejected += 1
             log.warning("dropped a metrics message that failed authentication (%d so far)", self.rejected)
             return None
         try:
-            record = json.loads(frames[0].decode("utf-8"))
+            record = json.loads(body.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
             self.rejected += 1
             return None
@@ -176,6 +195,7 @@ class MetricsSender:
         self._sock.setsockopt(zmq.LINGER, 2000)
         self._sock.setsockopt(zmq.SNDTIMEO, send_timeout_ms)
         self._sock.setsockopt(zmq.IMMEDIATE, 0)
+        self._sock.setsockopt(zmq.IPV6, 1)  # the driver's address may be IPv6
         self._sock.connect(endpoint)
         self._secret = secret
         self.dropped = 0
@@ -198,6 +218,10 @@ class MetricsSender:
     def close(self) -> None:
         self._sock.close()
         self._ctx.term()
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def _jsonable(obj):

@@ -1,0 +1,235 @@
+"""Networking as on a real cluster, on loopback (no Spark).
+
+Gloo's interface is the one holding the executor's Spark address; the driver's metrics channel
+binds the address it is given and drops oversize, over-long and unsigned messages; the
+parameter server refuses every spelling of a wildcard address.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch.distributed as dist
+import zmq
+
+from sparknet.ps import ParameterServer
+from sparknet.spark import _barrier
+from sparknet.spark._barrier import GroupPlan, gloo_interface, interface_for_address, rendezvous
+from sparknet.spark._channel import MetricsReceiver, MetricsSender, new_secret
+
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="interface addresses are read the Linux way")
+CLUSTER = GroupPlan(workers=1, local=False, rendezvous_timeout_s=10, collective_timeout_s=10)
+NOWHERE = "203.0.113.77"  # TEST-NET-3: no interface holds it
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+# -- gloo's interface ------------------------------------------------------------------------
+
+@linux
+def test_interface_for_a_loopback_address_is_lo():
+    assert interface_for_address("127.0.0.1") == "lo"
+    if _has_ipv6_loopback():
+        assert interface_for_address("::1") == "lo"
+        assert interface_for_address("[::1]") == "lo"
+
+
+def test_an_address_no_interface_holds_has_no_interface():
+    assert interface_for_address(NOWHERE) is None
+    assert interface_for_address("not-an-address") is None
+
+
+@linux
+def test_gloo_interface_from_the_executors_spark_address_then_spark_local_ip(monkeypatch):
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    name, why = gloo_interface(CLUSTER, "127.0.0.1", "127.0.0.1")
+    assert name == "lo" and "Spark address" in why
+    monkeypatch.setattr(_barrier, "_route_source", lambda host: None)
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    name, why = gloo_interface(CLUSTER, NOWHERE, NOWHERE)
+    assert name == "lo" and "SPARK_LOCAL_IP" in why
+
+
+def test_gloo_interface_falls_back_to_gloos_default_and_says_what_to_set(monkeypatch):
+    monkeypatch.delenv("SPARK_LOCAL_IP", raising=False)
+    monkeypatch.setattr(_barrier, "_route_source", lambda host: None)
+    name, why = gloo_interface(CLUSTER, NOWHERE, NOWHERE)
+    assert name is None
+    assert NOWHERE in why and "GLOO_SOCKET_IFNAME" in why
+
+
+class _Ctx:
+    """A barrier task's context with one task at ``address``."""
+
+    def __init__(self, address: str):
+        self.address = address
+
+    def getTaskInfos(self):
+        return [SimpleNamespace(address=self.address)]
+
+    def allGather(self, message):
+        return [message]
+
+
+@pytest.fixture
+def fake_dist(monkeypatch):
+    """torch.distributed without a network: records the store's host and GLOO_SOCKET_IFNAME at init."""
+    seen = {}
+
+    class Store:
+        def __init__(self, host, port, world, is_master, **kwargs):
+            seen["store_host"], self.port = host, port or 29999
+
+    def init(backend, **kwargs):
+        seen["ifname"] = os.environ.get("GLOO_SOCKET_IFNAME")
+
+    monkeypatch.setattr(dist, "TCPStore", Store)
+    monkeypatch.setattr(dist, "init_process_group", init)
+    return seen
+
+
+@linux
+def test_rendezvous_sets_the_interface_for_the_group_only(fake_dist, monkeypatch, caplog):
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    with caplog.at_level(logging.INFO, logger="sparknet.spark._barrier"):
+        rendezvous(_Ctx("127.0.0.1:7077"), 0, CLUSTER)
+    assert fake_dist == {"store_host": "127.0.0.1", "ifname": "lo"}
+    assert "GLOO_SOCKET_IFNAME" not in os.environ  # restored once the group is made
+    assert "gloo uses interface lo" in caplog.text
+
+
+def test_rendezvous_keeps_the_users_interface(fake_dist, monkeypatch, caplog):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
+    with caplog.at_level(logging.INFO, logger="sparknet.spark._barrier"):
+        rendezvous(_Ctx("[::1]:7077"), 0, CLUSTER)
+    assert fake_dist == {"store_host": "::1", "ifname": "eth7"}
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"
+    assert "GLOO_SOCKET_IFNAME=eth7, as set" in caplog.text
+
+
+# -- the metrics channel ---------------------------------------------------------------------
+
+@pytest.fixture
+def rx():
+    secret = new_secret()
+    with MetricsReceiver("127.0.0.1", "127.0.0.1", secret, max_bytes=4096) as receiver:
+        receiver.secret = secret
+        yield receiver
+
+
+def _honest_record_arrives(rx) -> None:
+    sender = MetricsSender(rx.endpoint, rx.secret)
+    try:
+        assert sender.send({"event": "round", "round": 1})
+        assert rx.recv(5.0) == {"event": "round", "round": 1}
+    finally:
+        sender.close()
+
+
+def _push(rx, frames):
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(rx.endpoint)
+    sock.send_multipart(frames)
+    sock.close()
+    ctx.term()  # waits until the frames are written
+
+
+def test_the_receiver_binds_the_given_host_not_every_interface(rx):
+    bound = rx._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    assert bound.startswith("tcp://127.0.0.1:") and bound == rx.endpoint
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback")
+def test_the_receiver_binds_an_ipv6_address():
+    secret = new_secret()
+    with MetricsReceiver("::1", "::1", secret) as receiver:
+        assert receiver._sock.getsockopt_string(zmq.LAST_ENDPOINT) == receiver.endpoint
+        assert receiver.endpoint.startswith("tcp://[::1]:")
+        receiver.secret = secret
+        _honest_record_arrives(receiver)
+
+
+def _read(peer: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = peer.recv(n - len(data))
+        assert chunk, "the receiver hung up during the handshake"
+        data += chunk
+    return data
+
+
+def test_a_frame_claiming_more_than_the_cap_disconnects_its_peer_unread(rx):
+    # a raw ZMTP 3.0 PUSH peer: greeting, READY, then a frame header announcing 1 GiB (without the cap
+    # ZeroMQ would allocate it and wait for the bytes)
+    port = int(rx.endpoint.rsplit(":", 1)[1])
+    greeting = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20, b"\0") + b"\x00" + bytes(31)
+    ready = b"\x05READY" + b"\x0bSocket-Type" + (4).to_bytes(4, "big") + b"PUSH"
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as peer:
+        peer.sendall(greeting + b"\x04" + bytes([len(ready)]) + ready)
+        _read(peer, 64)
+        _read(peer, _read(peer, 2)[1])  # the receiver's greeting and READY: the handshake is done
+        peer.sendall(b"\x02" + (1 << 30).to_bytes(8, "big") + b"x" * 1024)
+        assert peer.recv(4096) == b""  # hung up at once (a 5 s timeout fails the test)
+    assert rx.recv(0.2) is None
+    _honest_record_arrives(rx)
+
+
+def test_a_frame_bigger_than_the_cap_is_dropped(rx):
+    _push(rx, [b"x" * 5000, b"mac"])
+    assert rx.recv(0.5) is None
+    _honest_record_arrives(rx)
+
+
+def test_frames_together_bigger_than_the_cap_are_dropped(rx):
+    _push(rx, [b"x" * 2000, b"y" * 2000, b"z" * 2000])
+    assert rx.recv(5.0) is None and rx.rejected == 1
+    _honest_record_arrives(rx)
+
+
+def test_a_message_of_four_frames_is_dropped_unparsed(rx):
+    sender = MetricsSender(rx.endpoint, rx.secret)
+    try:
+        sender._sock.send_multipart([b'{"event": "round", "round": 9}', b"p", b"q", b"mac"])
+        assert rx.recv(5.0) is None and rx.rejected == 1
+    finally:
+        sender.close()
+    _honest_record_arrives(rx)
+
+
+def test_an_unsigned_message_is_dropped(rx):
+    _push(rx, [b'{"event": "round", "round": 9}'])
+    assert rx.recv(5.0) is None and rx.rejected == 1
+    _push(rx, [b'{"event": "round", "round": 9}', b""])
+    assert rx.recv(5.0) is None and rx.rejected == 2
+    _honest_record_arrives(rx)
+
+
+# -- the parameter server's address -----------------------------------------------------------
+
+WILDCARDS = ["0.0.0.0", "*", "::", "", "0", "::0", "0:0:0:0:0:0:0:0", "0.0.0.0 ", " :: ", "[::]", "0.0"]
+
+
+@pytest.mark.parametrize("host", WILDCARDS)
+def test_the_parameter_server_refuses_every_spelling_of_every_interface(host):
+    with pytest.raises(ValueError, match="every interface"):
+        ParameterServer([0.0, 1.0], host=host)
+    ParameterServer([0.0, 1.0], host=host, allow_all_interfaces=True)  # asked for: allowed
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "driver-host", "10.0.0.1"])
+def test_the_parameter_server_takes_an_address_or_a_name(host):
+    assert ParameterServer([0.0, 1.0], host=host).host == host
