@@ -231,6 +231,11 @@ class ParameterServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the serving thread runs."""
+        return self._thread is not None and self._thread.is_alive()
+
     def check_alive(self) -> None:
         """Raise ``EngineError`` if the serving thread died."""
         if self._failure is not None or (self._thread is not None and not self._thread.is_alive()):
