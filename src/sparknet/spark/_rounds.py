@@ -111,6 +111,9 @@ class RoundTask:
     """Return the worker's state with the result (a checkpoint round)."""
     full: bool = False
     """The broadcast holds the whole weights, not the round's downlink message (a worker that lost its copy)."""
+    held: bool = False
+    """The driver holds every worker's state of the previous round: a task that finds no saved state on its
+    machine (its partition moved to another host) asks for it instead of starting its solver afresh."""
 
 
 class WorkerStatus(str, enum.Enum):
@@ -124,6 +127,8 @@ class WorkerStatus(str, enum.Enum):
     """Its staged files are not on the machine Spark ran it on: the driver reruns it from the chunks."""
     NEED_FULL = "need_full"
     """Its process lost the weights a compressed message is relative to: the driver resends them whole."""
+    NEED_STATE = "need_state"
+    """Its machine has not the worker's state of the previous round: the driver sends the one it holds."""
 
 
 @dataclass(frozen=True)
@@ -404,11 +409,16 @@ def _state_path(directory: str, index: int, version: int) -> str:
     return os.path.join(directory, f"p{index}.r{version}.state")
 
 
-def _sync_state(entry: _Entry, index: int, round_index: int, resume: dict | None = None) -> None:
-    """Bring the cached net's solver and strategy state to the end of the previous round."""
+def _sync_state(entry: _Entry, index: int, round_index: int, resume: dict | None = None, *,
+                quiet: bool = False) -> bool:
+    """Bring the cached net's solver and strategy state to the end of the previous round; whether it could.
+
+    ``resume`` is ``{"round": rounds done, "workers": {index: state}}``: a checkpoint's, or the
+    states the driver holds. ``quiet``: a state not found is the caller's to handle.
+    """
     want = round_index - 1
     if entry.version == want or want < 0:
-        return
+        return True
     path = _state_path(entry.directory, index, want)
     if os.path.exists(path):
         # written by this fit's own tasks on this machine's local disk: tensors, numbers and dicts only
@@ -419,8 +429,11 @@ def _sync_state(entry: _Entry, index: int, round_index: int, resume: dict | None
         entry.state = import_worker_state(entry.net, resume["workers"][index])
         entry.version = want
     else:
-        log.warning("partition %d: no saved solver state of round %d on %s; continuing from this process's "
-                    "state (round %d)", index, want, socket.gethostname(), entry.version)
+        if not quiet:
+            log.warning("partition %d: no saved solver state of round %d on %s; continuing from this process's "
+                        "state (round %d)", index, want, socket.gethostname(), entry.version)
+        return False
+    return True
 
 
 def _save_state(entry: _Entry, index: int, round_index: int) -> None:
@@ -451,7 +464,8 @@ Update = tuple[WorkerReport, np.ndarray | None, np.ndarray | None]
 """What a task's round gives :func:`fold`: its report, its finite uncompressed delta, its encoded update."""
 
 
-def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict | None, chunks=None) -> Update:
+def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict | None, chunks=None,
+                 states_bc=None) -> Update:
     t_task = time.perf_counter()
     report = WorkerReport(index=index, host=socket.gethostname(), pid=os.getpid(), attempt=_attempt())
     if record is not None and record["rows"] == 0:
@@ -492,7 +506,9 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
     compressed = spec.compression is not CompressionKind.NONE
     link_s = 0.0
     try:
-        _sync_state(entry, index, round_index, spec.resume)
+        held = states_bc.value if states_bc is not None else spec.resume
+        if not _sync_state(entry, index, round_index, held, quiet=task.held) and task.held:
+            return replace(report, status=WorkerStatus.NEED_STATE, task_s=time.perf_counter() - t_task), None, None
         if compressed and not task.full and entry.state.extra.get("seen_round", -1) != round_index - 1:
             # this process has not the weights the round's message is relative to (its state was lost)
             return replace(report, status=WorkerStatus.NEED_FULL, task_s=time.perf_counter() - t_task), None, None
@@ -567,12 +583,14 @@ def run_round(spec_bc, weights_bc, task: RoundTask):
     return run
 
 
-def run_round_from_chunks(spec_bc, weights_bc, task: RoundTask):
-    """Task function of a round run from the persisted chunks (a partition missing on its machine)."""
+def run_round_from_chunks(spec_bc, weights_bc, task: RoundTask, states_bc=None):
+    """Task function of a round run from the persisted chunks (a partition missing on its machine, or one
+    that needs the workers' states the driver holds, ``states_bc``)."""
 
     def run(index: int, chunks):
         try:
-            yield fold(None, _train_round(spec_bc, weights_bc, task, index, None, chunks=chunks))
+            yield fold(None, _train_round(spec_bc, weights_bc, task, index, None, chunks=chunks,
+                                          states_bc=states_bc))
         except Exception as exc:
             raise worker_failure(index, exc) from None
 

@@ -70,7 +70,7 @@ class SparkRoundsExchange(Exchange):
 
     def __init__(self, sc, group: str, staged, chunks, spec_bc, *, workers: int, compression: str, driver_net,
                  broadcasts: list, round_timeout_s: float | None = None, link=None, checkpoint=None,
-                 wants_state=None, downlink_state: dict | None = None):
+                 wants_state=None, downlink_state: dict | None = None, hold_states: bool = False):
         self.sc, self.group, self.staged, self.chunks, self.spec_bc = sc, group, staged, chunks, spec_bc
         self.workers, self.driver_net, self.broadcasts = workers, driver_net, broadcasts
         self.compression = parse_enum(CompressionKind, compression, "compression")
@@ -86,36 +86,45 @@ class SparkRoundsExchange(Exchange):
         self.rerun_partitions = 0
         self._want_state = False
         self._worker_states: dict = {}
+        self.hold_states = hold_states
+        self._held: dict | None = None  # {"round": rounds done, "workers": {index: state}} with hold_states
         self.latest: torch.Tensor | None = None
         """The newest global weights (after the last round)."""
 
     def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
         sc, group, down, r = self.sc, self.group, self.down, plan.round
         self._want_state = self.wants_state is not None and self.wants_state(r + 1, plan.last)
-        task = RoundTask(plan=plan, numel=self.numel, send_state=self._want_state)
+        task = RoundTask(plan=plan, numel=self.numel, send_state=self._want_state or self.hold_states,
+                         held=self.hold_states)
         t_round = time.perf_counter()
         message = global_flat.numpy() if down is None else down.message(global_flat).numpy()
         weights_bc = sc.broadcast(message)
         deadline = self.round_timeout_s or default_round_deadline(self.slowest_step_s, plan.steps, plan.seconds)
         watchdog = Watchdog(sc, group, deadline)
         full = []
+        states_bc = None
         try:
             sc.setJobDescription(f"sparknet round {r + 1}")
             with watchdog:
                 acc = self._aggregate(self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, task)))
-                missing = [w.index for w in acc.workers if w.status is WorkerStatus.MISSING]
-                if missing:
-                    self.rerun_partitions += len(missing)
-                    log.warning("round %d: partitions %s are not staged where Spark ran them; rerunning them from "
-                                "the cached chunks", r + 1, sorted(missing))
-                    acc = self._rerun(acc.without(WorkerStatus.MISSING), weights_bc, task, missing)
+                for status, why in ((WorkerStatus.MISSING, "are not staged where Spark ran them"),
+                                    (WorkerStatus.NEED_STATE, "moved to a host without their solver state")):
+                    redo = sorted(w.index for w in acc.workers if w.status is status)
+                    if redo:
+                        self.rerun_partitions += len(redo)
+                        log.warning("round %d: partitions %s %s; rerunning them from the cached chunks%s", r + 1,
+                                    redo, why, " with the state the driver holds" if self._held else "")
+                        if states_bc is None and self._held is not None:
+                            states_bc = sc.broadcast(self._held)
+                        acc = self._rerun(acc.without(status), weights_bc, task, redo, states_bc)
                 full = sorted(w.index for w in acc.workers if w.status is WorkerStatus.NEED_FULL)
                 if full:  # their processes lost the weights the round's message is relative to
                     log.warning("round %d: workers %s lost their copy of the weights; sending them in full", r + 1,
                                 full)
                     full_bc = sc.broadcast(down.seen.numpy())
                     self.broadcasts.append(full_bc)
-                    acc = self._rerun(acc.without(WorkerStatus.NEED_FULL), full_bc, replace(task, full=True), full)
+                    acc = self._rerun(acc.without(WorkerStatus.NEED_FULL), full_bc, replace(task, full=True), full,
+                                      states_bc)
         except Exception as exc:
             if watchdog.fired:
                 raise DeadlineExceeded(f"round {r + 1} did not finish within round_timeout_s={deadline:g} s and was "
@@ -124,6 +133,8 @@ class SparkRoundsExchange(Exchange):
             raise
         finally:
             weights_bc.destroy()
+            if states_bc is not None:
+                states_bc.destroy()
         return self._update(r, acc, message, full, time.perf_counter() - t_round)
 
     def _aggregate(self, parts) -> Partial:
@@ -131,8 +142,8 @@ class SparkRoundsExchange(Exchange):
             return spark_call(parts.treeAggregate, None, combine, combine, 2)
         return functools.reduce(combine, spark_call(parts.collect), None)  # compressed: decoded here only
 
-    def _rerun(self, acc: Partial, weights_bc, task: RoundTask, partitions: list[int]) -> Partial:
-        redo = self.chunks.mapPartitionsWithIndex(run_round_from_chunks(self.spec_bc, weights_bc, task))
+    def _rerun(self, acc: Partial, weights_bc, task: RoundTask, partitions: list[int], states_bc=None) -> Partial:
+        redo = self.chunks.mapPartitionsWithIndex(run_round_from_chunks(self.spec_bc, weights_bc, task, states_bc))
         for part in spark_call(self.sc.runJob, redo, _identity, sorted(partitions)):
             acc = combine(acc, part)
         return acc
@@ -140,6 +151,8 @@ class SparkRoundsExchange(Exchange):
     def _update(self, r: int, acc: Partial, message: np.ndarray, full: list[int], round_s: float) -> RoundUpdate:
         workers = sorted(acc.workers, key=lambda w: w.index)
         self._worker_states = {w.index: w.worker_state for w in workers if w.worker_state is not None}
+        if self.hold_states:
+            self._held = {"round": r + 1, "workers": self._worker_states}
         trained = [w for w in workers if w.trained]
         steps = max((w.steps for w in trained), default=0)
         if steps:
@@ -223,7 +236,8 @@ def run_rounds_engine(trainer, sc, group: str, staged, chunks, spec, global_flat
                                    compression=trainer.dist.compression, driver_net=driver_net,
                                    broadcasts=broadcasts, round_timeout_s=trainer.options.round_timeout_s,
                                    link=trainer.link, checkpoint=checkpoint, wants_state=wants_state,
-                                   downlink_state=None if resume is None else resume.get("downlink"))
+                                   downlink_state=None if resume is None else resume.get("downlink"),
+                                   hold_states=trainer.options.holds_worker_state(sc.master))
     progress = Progress()
     if resume is not None:
         progress = Progress(round=resume["round"], steps_done=resume["steps_done"],

@@ -64,7 +64,7 @@ from sparknet.spark._backend import run_with_deadline
 from sparknet.spark._barrier_stage import run_barrier_engine
 from sparknet.spark._rounds import WorkerSpec, cleanup_partition, pack_spec, stage_partition
 from sparknet.spark._rounds_exchange import run_rounds_engine
-from sparknet.spark._session import get_session, local_slots
+from sparknet.spark._session import get_session, is_local_master, local_slots
 from sparknet.stopping import StopRule
 from sparknet.strategies import AutoTau, TrainingStrategy, make_strategy
 from sparknet.weights import WeightCollection
@@ -84,7 +84,13 @@ class EngineOptions:
     staging_dir: str | None = None
     """Rounds engine: where executors keep each partition's arrays (default: their Spark local directory)."""
     storage_level: str = "MEMORY_AND_DISK"
-    """How Spark caches the converted training chunks (a ``pyspark.StorageLevel`` name)."""
+    """How Spark caches the converted training chunks (a ``pyspark.StorageLevel`` name; ``MEMORY_AND_DISK_2``
+    keeps a copy on a second host, so a partition that moves after a host is lost trains on the same rows in
+    the same order)."""
+    worker_state_on_driver: bool | None = None
+    """Rounds engine: every task also sends its solver and strategy state to the driver each round, and a
+    partition that moves to another host (a host lost) continues from it instead of from a fresh solver.
+    Default: on a cluster (not on a local master, whose executors share one disk and find the state there)."""
     warmup_max_samples: int = 20_000
     """Most training rows collected to the driver for the warm-up steps."""
     warmup_max_bytes: int = 256 << 20
@@ -118,6 +124,10 @@ class EngineOptions:
     ``link.delay(bytes)`` for its download of the weights and again for its upload; in the barrier engine
     every rank waits the collective's delay before each collective (each step's, for sync). The waits are
     recorded per round (``link_s``). Default: ``dist.link_latency``/``dist.link_bandwidth``, else none."""
+
+    def holds_worker_state(self, master: str) -> bool:
+        """Whether the driver holds the workers' states (:attr:`worker_state_on_driver`) on ``master``."""
+        return not is_local_master(master) if self.worker_state_on_driver is None else self.worker_state_on_driver
 
     def __post_init__(self):
         from pyspark import StorageLevel
