@@ -22,7 +22,7 @@ from sparknet.errors import DeadlineExceeded, EngineError
 from sparknet.spark._backend import run_with_deadline, task_error
 from sparknet.spark._barrier import GroupPlan, StagePlan, run_barrier
 from sparknet.spark._channel import MetricsReceiver, decode_tree, new_secret
-from sparknet.spark._session import is_local_master
+from sparknet.spark._session import is_local_master, local_slots
 from sparknet.stopping import StopRule
 
 __all__ = ["BarrierStage", "run_barrier_engine"]
@@ -64,10 +64,38 @@ def run_barrier_engine(trainer, sc, group: str, chunks, _chunks, spec, global_fl
             restarts.append({"after_round": latest["round"], "error": first_line})
             log.warning("barrier stage failed (%s); restart %d of at most %d from round %d", first_line,
                         len(restarts), opts.max_restarts, latest["round"])
+            _wait_for_slots(sc, trainer.dist.workers, opts.rendezvous_timeout_s, latest["round"], cause)
             del history[sum(1 for h in history if h["round"] <= latest["round"]):]  # their work is redone
     history.sort(key=lambda h: h["round"])
     extra.update(restarts=len(restarts), restart_log=restarts)
     return final, history, extra
+
+
+def task_slots(sc) -> int | None:
+    """Tasks the cluster can run at once now (executors lost are not counted); ``None`` if Spark cannot say."""
+    slots = local_slots(sc.master)
+    if slots is not None:
+        return slots
+    try:
+        jsc = sc._jsc.sc()
+        return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    except Exception:  # an internal Spark method: a version without it just skips the check
+        log.debug("could not count the cluster's task slots", exc_info=True)
+        return None
+
+
+def _wait_for_slots(sc, workers: int, timeout_s: float, round_done: int, cause: BaseException) -> None:
+    """Before a restart: wait (bounded) until the cluster can run all ``workers`` tasks at once again."""
+    deadline = time.monotonic() + timeout_s
+    slots = task_slots(sc)
+    while slots is not None and slots < workers and time.monotonic() < deadline:
+        time.sleep(1.0)
+        slots = task_slots(sc)
+    if slots is not None and slots < workers:
+        raise EngineError(f"the barrier stage failed after round {round_done} and cannot start again: it runs all "
+                          f"{workers} workers at once but the cluster has {slots} task slot(s) left (an executor or "
+                          f"host was lost and did not come back within {timeout_s:g} s); add executors, train with "
+                          "fewer --workers, or use --engine rounds, which finishes on the hosts left") from cause
 
 
 class _StageFailed(Exception):

@@ -87,6 +87,7 @@ class SparkRoundsExchange(Exchange):
         self._want_state = False
         self._worker_states: dict = {}
         self.hold_states = hold_states
+        self._hosts: list[str] | None = None  # where the last round's tasks ran
         self._held: dict | None = None  # {"round": rounds done, "workers": {index: state}} with hold_states
         self.latest: torch.Tensor | None = None
         """The newest global weights (after the last round)."""
@@ -169,7 +170,12 @@ class SparkRoundsExchange(Exchange):
         else:  # each worker's message down (the full weights for those that lost theirs), its update up
             moved = message.nbytes * len(trained) + nbytes * len(full) + sum(w.sent_bytes or 0 for w in trained)
         slowest = max(trained, key=lambda w: w.compute_s, default=None)
-        fields = {"per_worker": [w.record() for w in workers], "retries": sum(w.attempt for w in workers)}
+        fields = {"per_worker": [w.record() for w in workers], "retries": sum(w.attempt for w in workers),
+                  "hosts": sorted({w.host for w in workers})}
+        if self._hosts is not None and fields["hosts"] != self._hosts:  # a host lost, or one back
+            log.warning("round %d: the workers ran on %s (the round before: %s)", r + 1, ", ".join(fields["hosts"]),
+                        ", ".join(self._hosts))
+        self._hosts = fields["hosts"]
         if fields["retries"]:
             log.warning("round %d: %d task attempt(s) failed and were retried by Spark", r + 1,
                         fields["retries"])
