@@ -37,7 +37,6 @@ import json
 import logging
 import os
 import posixpath
-import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,28 +150,6 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _weights_bytes(weights: WeightCollection) -> bytes:
-    """Safetensors bytes of ``weights`` (layer order in the metadata, as WeightCollection.save)."""
-    from safetensors.torch import save
-
-    return save(weights.to("cpu").state_dict(), metadata={"sparknet.layers": "\n".join(weights)})
-
-
-def _weights_from_bytes(data: bytes) -> WeightCollection:
-    from safetensors.torch import load
-
-    # safetensors' header: little-endian u64 length, then JSON with "__metadata__".
-    if len(data) < 8:
-        raise ValueError("weights file is truncated")
-    (n,) = struct.unpack("<Q", data[:8])
-    try:
-        header = json.loads(data[8:8 + n])
-    except ValueError as e:
-        raise ValueError(f"weights file has a corrupt header: {e}") from None
-    order = (header.get("__metadata__") or {}).get("sparknet.layers")
-    return WeightCollection.from_state_dict(load(data), order.split("\n") if order else None)
-
-
 # -- packing ---------------------------------------------------------------------------------
 def pack_model(net, weights: WeightCollection | None = None, *, solver: SolverConfig | None = None,
                config: Mapping | None = None, input_shape=None,
@@ -236,7 +213,7 @@ def pack_model(net, weights: WeightCollection | None = None, *, solver: SolverCo
         buf = io.BytesIO()
         torch.save(module, buf)
         files[_MODULE_PICKLE] = buf.getvalue()
-    files[_WEIGHTS] = _weights_bytes(weights)
+    files[_WEIGHTS] = weights.to_bytes()
     if solver is not None:
         files[_SOLVER] = json.dumps(solver.to_dict(), indent=1).encode()
     if config is not None:
@@ -329,7 +306,7 @@ def unpack_model(files: Mapping[str, bytes], *, device: str | torch.device = "cp
         if name in sums and _sha256(files[name]) != sums[name]:
             raise ValueError(f"{where}: {name} does not match its checksum; the file is corrupt")
 
-    weights = _weights_from_bytes(files[manifest["weights"]])
+    weights = WeightCollection.from_bytes(files[manifest["weights"]])
     net_params = None
     if manifest["kind"] == "netparams":
         try:

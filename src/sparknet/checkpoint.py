@@ -114,9 +114,7 @@ class CheckpointManager:
         """Write the checkpoint of ``round`` (the manifest last, which makes it complete); returns its path."""
         if round < 0:
             raise ValueError(f"round must be non-negative, got {round}")
-        from safetensors.torch import save as st_save
-
-        weights_bytes = st_save(weights.state_dict(), metadata={"sparknet.layers": "\n".join(weights)})
+        weights_bytes = weights.to_bytes()
         buf = io.BytesIO()
         torch.save(_plain(state or {}), buf)
         state_bytes = buf.getvalue()
@@ -253,20 +251,9 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint {path} belongs to another model (fingerprint {manifest['fingerprint']}, "
                                   f"this model's is {expect_fingerprint}); resume with the same --model, or choose "
                                   "another --checkpoint-dir")
-        from safetensors.torch import load as st_load
-
-        state_dict = st_load(files["weights.safetensors"])
-        order = _safetensors_order(files["weights.safetensors"])
-        weights = WeightCollection.from_state_dict(state_dict, order)
+        weights = WeightCollection.from_bytes(files["weights.safetensors"])
         state = torch.load(io.BytesIO(files["state.pt"]), weights_only=True)
         return Checkpoint(round=int(manifest["round"]), weights=weights, state=state, manifest=manifest, path=path)
-
-
-def _safetensors_order(data: bytes) -> list[str] | None:
-    header_len = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + header_len])
-    layers = header.get("__metadata__", {}).get("sparknet.layers")
-    return layers.split("\n") if layers else None
 
 
 def _plain(value: Any):
@@ -292,6 +279,13 @@ class RoundCheckpoints:
         self.manager.check_writable()
         self.config = config
         self.written: list[int] = []
+
+    def resume(self, weights: WeightCollection) -> Checkpoint | None:
+        """The newest checkpoint, checked to be of the model of ``weights``; None (with a warning) if there is none."""
+        if self.manager.latest() is None:
+            log.warning("--resume: no checkpoint in %s yet; starting from the beginning", self.manager.uri)
+            return None
+        return self.manager.load(expect_fingerprint=model_fingerprint(weights))
 
     def due(self, rounds_done: int) -> bool:
         return rounds_done % self.every == 0

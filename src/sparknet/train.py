@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
-from sparknet.checkpoint import CheckpointError, CheckpointManager, model_fingerprint
+from sparknet.checkpoint import CheckpointError, RoundCheckpoints
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.loop import InProcessExchange, Progress, run_rounds
 from sparknet.metrics import MetricsLogger
@@ -67,21 +67,17 @@ def train_local(run: RunConfig, dist: DistributedConfig | None = None) -> dict:
 
 
 def _local_checkpoints(dist: DistributedConfig | None, net: Net, config: dict):
-    """The checkpoint manager ``dist`` asks for (or None) and the state to start from (or None).
+    """The checkpoints ``dist`` asks for (or None) and the state to start from (or None).
 
     A folder that cannot be written, or a checkpoint of another model, fails here, before training.
     """
     if dist is None or not dist.checkpoint_dir:
         return None, None
-    manager = CheckpointManager(dist.checkpoint_dir, keep=dist.checkpoint_keep)
-    manager.check_writable()
-    manager.every = dist.checkpoint_every
-    manager.config = config
-    if not dist.resume or manager.latest() is None:
-        if dist.resume:
-            log.info("no checkpoint in %s yet: starting from the beginning", dist.checkpoint_dir)
-        return manager, None
-    ckpt = manager.load(expect_fingerprint=model_fingerprint(net.get_weights()))
+    checkpoints = RoundCheckpoints(dist.checkpoint_dir, every=dist.checkpoint_every, keep=dist.checkpoint_keep,
+                                   config=config)
+    ckpt = checkpoints.resume(net.get_weights()) if dist.resume else None
+    if ckpt is None:
+        return checkpoints, None
     state = ckpt.state
     if state.get("engine") != "local":
         raise CheckpointError(f"checkpoint {ckpt.path} was written by the {state.get('engine')!r} engine; resume it "
@@ -92,7 +88,7 @@ def _local_checkpoints(dist: DistributedConfig | None, net: Net, config: dict):
     net.load_solver_state(solver)
     torch.set_rng_state(state["torch_rng"].to(torch.uint8))
     log.info("resuming from %s: step %d", ckpt.path, state["steps"])
-    return manager, state
+    return checkpoints, state
 
 
 def _save_local(checkpoints, net: Net, global_flat, interval: int, *, steps: int, samples: int,
@@ -100,7 +96,7 @@ def _save_local(checkpoints, net: Net, global_flat, interval: int, *, steps: int
     net.set_flat(global_flat)  # what the next round starts from
     state = {"engine": "local", "steps": steps, "samples": samples, "train_s": train_s,
              "solver": net.solver_state(), "torch_rng": torch.get_rng_state()}
-    checkpoints.save(interval, net.get_weights(), state, config=checkpoints.config)
+    checkpoints.save(interval, net.get_weights(), state)
 
 
 class _LocalExchange(InProcessExchange):
@@ -132,7 +128,7 @@ class _LocalExchange(InProcessExchange):
         log.info("step %d: test accuracy %.4f, test loss %.4f", progress.steps_done, record["val_accuracy"],
                  record["val_loss"])
         cp = self.checkpoints
-        if cp is not None and (progress.round % cp.every == 0 or "stop_reason" in record):
+        if cp is not None and (cp.due(progress.round) or "stop_reason" in record):
             _save_local(cp, self.net, global_flat, progress.round, steps=progress.steps_done, samples=self.samples,
                         train_s=self.train_s)
 

@@ -8,10 +8,13 @@ wire, :meth:`WeightCollection.to_flat` packs every tensor into one contiguous bu
 
 from __future__ import annotations
 
+import json
 import math
+import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from os import PathLike
+from pathlib import Path
 
 import torch
 
@@ -302,26 +305,39 @@ class WeightCollection(Mapping[str, list[torch.Tensor]]):
             out.append((name, [by_idx[i] for i in range(len(by_idx))]))
         return WeightCollection(out)
 
-    def save(self, path: str | PathLike, metadata: Mapping[str, str] | None = None) -> None:
-        """Write to a safetensors file (layer order kept in the metadata)."""
-        from safetensors.torch import save_file
+    def to_bytes(self, metadata: Mapping[str, str] | None = None) -> bytes:
+        """Safetensors bytes of the tensors (copied to the CPU), the layer order in the metadata."""
+        from safetensors.torch import save
 
         meta = {"sparknet.layers": "\n".join(self._layers)}
         if metadata:
             meta.update({str(k): str(v) for k, v in metadata.items()})
-        save_file(self.state_dict(), str(path), metadata=meta)
+        return save(self.to("cpu").state_dict(), metadata=meta)
+
+    @staticmethod
+    def from_bytes(data: bytes) -> WeightCollection:
+        """Read :meth:`to_bytes`'s bytes; ``ValueError`` if they are truncated or their header is corrupt."""
+        from safetensors.torch import load
+
+        # safetensors' header: little-endian u64 length, then JSON with "__metadata__".
+        if len(data) < 8:
+            raise ValueError("weights file is truncated")
+        (n,) = struct.unpack("<Q", data[:8])
+        try:
+            header = json.loads(data[8:8 + n])
+        except ValueError as e:
+            raise ValueError(f"weights file has a corrupt header: {e}") from None
+        order = (header.get("__metadata__") or {}).get("sparknet.layers")
+        return WeightCollection.from_state_dict(load(data), order.split("\n") if order else None)
+
+    def save(self, path: str | PathLike, metadata: Mapping[str, str] | None = None) -> None:
+        """Write to a safetensors file (:meth:`to_bytes`)."""
+        Path(path).write_bytes(self.to_bytes(metadata))
 
     @staticmethod
     def load(path: str | PathLike) -> WeightCollection:
         """Read a file written by :meth:`save`."""
-        from safetensors import safe_open
-
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            state = {k: f.get_tensor(k) for k in f.keys()}
-        order = meta.get("sparknet.layers")
-        return WeightCollection.from_state_dict(state, order.split("\n") if order else None)
-
+        return WeightCollection.from_bytes(Path(path).read_bytes())
 
 def _check_scalar(value) -> None:
     if isinstance(value, (WeightCollection, torch.Tensor)) or not isinstance(value, (int, float)):

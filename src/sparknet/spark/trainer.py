@@ -51,7 +51,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from sparknet.checkpoint import CheckpointError, RoundCheckpoints, model_fingerprint, rng_state, set_rng_state
+from sparknet.checkpoint import CheckpointError, RoundCheckpoints, rng_state, set_rng_state
 from sparknet.config import DistributedConfig, Engine, RunConfig, check_device, check_per_step_strategy
 from sparknet.errors import EngineError
 from sparknet.faults import faults_from
@@ -441,12 +441,9 @@ class SparkTrainer:
                   "seed": self.seed, "max_steps": self.max_steps, "strategy": repr(self.strategy)}
         checkpoints = RoundCheckpoints(dist.checkpoint_dir, every=dist.checkpoint_every, keep=dist.checkpoint_keep,
                                        config=config)
-        if not dist.resume:
+        ckpt = checkpoints.resume(driver_net.get_weights()) if dist.resume else None
+        if ckpt is None:
             return checkpoints, None
-        if checkpoints.manager.latest() is None:
-            log.warning("--resume: no checkpoint in %s yet; starting from the beginning", dist.checkpoint_dir)
-            return checkpoints, None
-        ckpt = checkpoints.manager.load(expect_fingerprint=model_fingerprint(driver_net.get_weights()))
         state = ckpt.state
         workers = ckpt.manifest.get("config", {}).get("dist", {}).get("workers")
         if workers != dist.workers:
