@@ -46,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--caffe-dir", default=None, help="folder holding mnist/lenet_solver.prototxt")
     p.add_argument("--workers", type=int, default=None, help="workers (default 2; --quick: 1)")
     p.add_argument("--tau", type=int, default=50, help="local iterations between averages (Spark)")
+    p.add_argument("--master", default=None, help="Spark master URL (default local[WORKERS]); trains on Spark")
     p.add_argument("--steps", type=int, default=None, help="iterations per worker (default: the solver's max_iter)")
     p.add_argument("--snapshot-dir", default=None, help="where snapshots go (default: ./lenet; --quick: a temp folder)")
     p.add_argument("--metrics-out", default=None, help="JSON-lines metrics file")
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None, *, spark=None) -> dict:
             plan = resolve_caffe_run(solver=solver, max_iter=args.steps, snapshot_dir=args.snapshot_dir)
         log.info("training %s with %s: %d iterations per worker, %d worker(s)", plan.net_path, solver,
                  plan.max_iter, workers)
-        dist = DistributedConfig(workers=workers, tau=args.tau)
+        dist = DistributedConfig(workers=workers, tau=args.tau, master=args.master)
         summary = train_caffe(plan, workers=workers, dist=dist, metrics_out=args.metrics_out,
                               progress=not args.quick, threads=1 if args.quick else None, spark=spark)
     result = {k: summary.get(k) for k in ("model", "engine", "workers", "steps", "test_accuracy", "test_loss",

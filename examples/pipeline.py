@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--tau", type=int, default=20)
     p.add_argument("--rounds", type=int, default=None, help="averaging rounds (default 30, quick 5)")
+    p.add_argument("--model-dir", default=None,
+                   help="where the fitted pipeline is saved and reloaded from: a location every host can reach "
+                        "(hdfs://, s3a://, a shared mount); default: a temporary folder on a local master, and on "
+                        "a cluster no save")
     p.add_argument("--json", action="store_true", help="print the result as one JSON line")
     return p
 
@@ -55,7 +59,7 @@ def main(argv=None, spark=None) -> dict:
 
     from sparknet import zoo
     from sparknet.datasets import synthetic
-    from sparknet.spark import get_session
+    from sparknet.spark import get_session, is_local_master
     from sparknet.spark.ml import SparkNetEstimator
 
     n_train, n_test, width, classes = (1200, 400, 16, 4) if args.quick else (20000, 4000, 32, 10)
@@ -78,13 +82,20 @@ def main(argv=None, spark=None) -> dict:
         evaluator = MulticlassClassificationEvaluator(metricName="accuracy")
         scored = model.transform(test)
         accuracy = evaluator.evaluate(scored)
-        with tempfile.TemporaryDirectory(prefix="sparknet-pipeline-") as tmp:
-            model.write().overwrite().save(f"{tmp}/model")
-            reloaded = PipelineModel.load(f"{tmp}/model")
-            before = [r.prediction for r in scored.select("prediction").collect()]
-            after = [r.prediction for r in reloaded.transform(test).select("prediction").collect()]
+        identical = None
+        if args.model_dir is None and not is_local_master(spark.sparkContext.master):
+            log.info("no --model-dir: executors on other hosts cannot read this machine's temporary folder, so the "
+                     "save and reload are left out")
+        else:
+            with tempfile.TemporaryDirectory(prefix="sparknet-pipeline-") as tmp:
+                folder = args.model_dir or f"{tmp}/model"
+                model.write().overwrite().save(folder)
+                reloaded = PipelineModel.load(folder)
+                before = [r.prediction for r in scored.select("prediction").collect()]
+                after = [r.prediction for r in reloaded.transform(test).select("prediction").collect()]
+                identical = before == after
         result = {"test_accuracy": accuracy, "chance": 1.0 / classes, "rounds": model.stages[-1].summary["rounds"],
-                  "reloaded_identical": before == after, "wall_s": time.perf_counter() - t0}
+                  "reloaded_identical": identical, "wall_s": time.perf_counter() - t0}
     finally:
         if own:
             spark.stop()

@@ -48,6 +48,22 @@ def write_digits_table(data, folder: Path) -> Path:
     return path
 
 
+def digits_view(spark, data, folder: Path):
+    """The MNIST table as a DataFrame: read from Parquet on a local master; on a cluster, whose executors cannot
+    read this machine's files, its rows are sent through Spark itself."""
+    from pyspark.sql import functions as F
+
+    from sparknet.spark import frame_from_arrays, is_local_master
+
+    if is_local_master(spark.sparkContext.master):
+        return spark.read.parquet(str(write_digits_table(data, folder)))
+    parts = [frame_from_arrays(spark, ds.x.reshape(len(ds.x), -1), ds.y)
+             .select(F.lit(split).alias("split"), F.col("label").cast("int").alias("label"),
+                     F.col("features").alias("pixels"))
+             for split, ds in (("train", data.train), ("test", data.test))]
+    return parts[0].unionByName(parts[1])
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -82,8 +98,7 @@ def main(argv=None, spark=None) -> dict:
     try:
         data = mnist_small() if args.quick else mnist()
         with tempfile.TemporaryDirectory(prefix="sparknet-sql-") as tmp:
-            table = write_digits_table(data, Path(tmp))
-            spark.read.parquet(str(table)).createOrReplaceTempView("digits")
+            digits_view(spark, data, Path(tmp)).createOrReplaceTempView("digits")
             train = spark.sql(args.query)
             test = spark.sql(TEST_QUERY)
             if args.quick:
