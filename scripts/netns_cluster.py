@@ -263,6 +263,10 @@ class NetnsCluster:
         if wait:
             self.wait_for_workers(sum(1 for pid in self._hosts.values() if pid))
 
+    def host_up(self, i: int) -> bool:
+        """Whether host ``i``'s worker was started and not killed since."""
+        return bool(self._hosts.get(i))
+
     def kill_host(self, i: int) -> None:
         """Lose host ``i`` as a machine is lost: every process in it killed at once, its link down."""
         self._kill_namespace(i)
