@@ -39,9 +39,9 @@ from sparknet.parallel._spark_task import model_parallel_task
 from sparknet.parallel.runner import ModelParallelJob, effective_plan, num_classes_of, weights_from_result
 from sparknet.parallel.tensor import check_weight_budget
 from sparknet.spark import _data
-from sparknet.spark._backend import run_with_deadline
+from sparknet.spark._backend import check_barrier_slots, quietly, run_with_deadline
 from sparknet.spark._barrier import GroupPlan
-from sparknet.spark._session import get_session, is_local_master, local_slots
+from sparknet.spark._session import get_session, is_local_master
 
 __all__ = ["fit_model_parallel", "ModelParallelResult", "StageOptions"]
 
@@ -140,10 +140,7 @@ def fit_model_parallel(net_params, train, *, job: ModelParallelJob, workers: int
     job = replace(job, net=net_params, plan=plan, sample_shape=sample_shape)
     spark = spark or get_session(f"local[{workers}]")
     sc = spark.sparkContext
-    slots = local_slots(sc.master) or sc.defaultParallelism
-    if workers > slots:
-        raise ValueError(f"the barrier stage runs all {workers} workers at once but {sc.master} has {slots} task slots; "
-                         f"use at most {slots} workers or a bigger cluster")
+    check_barrier_slots(sc, workers, "the barrier stage")
     expected_len = math.prod(sample_shape)
     num_classes = num_classes_of(net_params)
     val = _data.local_arrays(validation, sample_shape=sample_shape) if validation is not None else None
@@ -156,12 +153,9 @@ def fit_model_parallel(net_params, train, *, job: ModelParallelJob, workers: int
     chunks.persist(StorageLevel.MEMORY_AND_DISK)
     broadcasts = []
     try:
-        stats = run_with_deadline(sc, group, "sparknet: convert and check the training data",
-                                  chunks.mapPartitionsWithIndex(_data.partition_stats).collect,
-                                  timeout_s=options.data_timeout_s, what="the training data's conversion and check")
-        stats.sort(key=lambda s: s["index"])
-        total = _data.check_stats(stats, what="training data", expected_len=expected_len, num_classes=num_classes,
-                                  num_workers=workers, sample_shape=sample_shape)
+        _, total = _data.checked_partitions(sc, group, chunks, timeout_s=options.data_timeout_s,
+                                            expected_len=expected_len, num_classes=num_classes, num_workers=workers,
+                                            sample_shape=sample_shape)
         rows = total["rows_per_partition"]
         empty = [d for d in range(workers // m) if sum(rows[d * m:(d + 1) * m]) == 0]
         if empty:
@@ -184,15 +178,9 @@ def fit_model_parallel(net_params, train, *, job: ModelParallelJob, workers: int
                                 timeout_s=options.stage_timeout_s, what="the model-parallel stage") or []
         train_s = time.perf_counter() - t_train
     finally:
-        try:
-            chunks.unpersist()
-        except Exception:  # pragma: no cover - cleanup must not hide the outcome
-            log.debug("could not unpersist the training chunks", exc_info=True)
+        quietly(chunks.unpersist)
         for bc in broadcasts:
-            try:
-                bc.destroy()
-            except Exception:  # pragma: no cover
-                log.debug("could not destroy a broadcast", exc_info=True)
+            quietly(bc.destroy)
     results = sorted((row[2] for row in out if row[0] == "rank"), key=lambda r: r["rank"])
     if len(results) != workers or "weights" not in results[0]:
         raise EngineError(f"the model-parallel stage returned {len(results)} of {workers} results"

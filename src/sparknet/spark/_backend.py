@@ -29,9 +29,10 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
+from sparknet.spark._session import local_slots
 
 __all__ = ["job_group", "run_with_deadline", "cancel_group", "task_error", "spark_call", "Watchdog",
-           "default_round_deadline"]
+           "default_round_deadline", "check_barrier_slots", "quietly"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,22 @@ def job_group(sc, group: str, description: str):
     finally:
         for key, value in saved.items():
             sc.setLocalProperty(key, value)
+
+
+def check_barrier_slots(sc, workers: int, what: str) -> None:
+    """``ValueError`` unless ``sc`` has a task slot for each of ``workers`` barrier tasks (``what`` runs them)."""
+    slots = local_slots(sc.master) or sc.defaultParallelism
+    if workers > slots:
+        raise ValueError(f"{what} runs all {workers} workers at once but {sc.master} has {slots} task slots; "
+                         f"use at most {slots} workers or a bigger cluster")
+
+
+def quietly(fn: Callable[[], object]) -> None:
+    """Call ``fn``, a cleanup step (an unpersist, a broadcast's destroy): a failure is logged, never raised."""
+    try:
+        fn()
+    except Exception as exc:  # pragma: no cover - cleanup must not hide the outcome
+        log.debug("cleanup step failed: %s", exc)
 
 
 def run_with_deadline(sc, group: str, description: str, action: Callable[[], T], *, timeout_s: float | None,

@@ -23,7 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["FeatureSource", "chunk_rdd", "merge_chunks", "check_stats", "partition_stats", "head_rows",
+from sparknet.spark._backend import run_with_deadline
+
+__all__ = ["FeatureSource", "chunk_rdd", "merge_chunks", "check_stats", "checked_partitions", "partition_stats",
+           "head_rows",
            "local_arrays", "collect_arrays", "describe_skew", "arrays_table", "frame_from_arrays", "CHUNK_BYTES"]
 
 log = logging.getLogger(__name__)
@@ -488,6 +491,24 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
     total["width"] = total["lengths"][0] if total["lengths"] else expected_len
     total["label_width"] = label_width
     return total
+
+
+def checked_partitions(sc, group: str, chunks, *, timeout_s: float | None, expected_len: int | None,
+                       num_classes: int | None, num_workers: int, sample_shape, stats: list[dict] | None = None):
+    """Driver: convert and check the training data of ``chunks`` (an RDD from :func:`chunk_rdd`).
+
+    One Spark job under ``group`` counts each partition (:func:`partition_stats`), waited for at
+    most ``timeout_s``, unless ``stats`` already holds the counts (a job of the caller's that
+    also staged the data). Returns ``(stats, total)``: the per-partition counts in partition
+    order and :func:`check_stats`' summed ones, which raise ``ValueError`` for bad data.
+    """
+    if stats is None:
+        stats = run_with_deadline(sc, group, "sparknet: convert and check the training data",
+                                  chunks.mapPartitionsWithIndex(partition_stats).collect, timeout_s=timeout_s,
+                                  what="the training data's conversion and check")
+    stats.sort(key=lambda s: s["index"])
+    return stats, check_stats(stats, what="training data", expected_len=expected_len, num_classes=num_classes,
+                              num_workers=num_workers, sample_shape=sample_shape)
 
 
 def partition_stats(index: int, chunks: Iterable) -> Iterator[dict]:

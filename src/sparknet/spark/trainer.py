@@ -60,11 +60,11 @@ from sparknet.metrics import rounds_summary
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.spark import _data
-from sparknet.spark._backend import run_with_deadline
+from sparknet.spark._backend import check_barrier_slots, quietly, run_with_deadline
 from sparknet.spark._barrier_stage import run_barrier_engine
 from sparknet.spark._rounds import WorkerSpec, cleanup_partition, pack_spec, stage_partition
 from sparknet.spark._rounds_exchange import run_rounds_engine
-from sparknet.spark._session import get_session, is_local_master, local_slots
+from sparknet.spark._session import get_session, is_local_master
 from sparknet.stopping import StopRule
 from sparknet.strategies import AutoTau, TrainingStrategy, make_strategy
 from sparknet.weights import WeightCollection
@@ -318,10 +318,7 @@ class SparkTrainer:
         if dist.target_accuracy is not None and validation is None:
             raise ValueError("target_accuracy needs validation data to measure accuracy on")
         if dist.engine is Engine.BARRIER:
-            slots = local_slots(sc.master) or sc.defaultParallelism
-            if K > slots:
-                raise ValueError(f"the barrier engine runs all {K} workers at once but {sc.master} has {slots} task "
-                                 f"slots; use at most {slots} workers or a bigger cluster")
+            check_barrier_slots(sc, K, "the barrier engine")
         sample_shape = _input_shape(self.net)
         if image_shape is not None:
             image_shape = tuple(int(d) for d in image_shape)
@@ -351,20 +348,16 @@ class SparkTrainer:
         staged = None
         broadcasts = []
         try:
+            stats = None
             if dist.engine is Engine.ROUNDS:
-
                 staged = chunks.mapPartitionsWithIndex(
                     stage_partition(fit_id, {"staging_dir": self.options.staging_dir}), preservesPartitioning=True)
                 staged.persist(StorageLevel.MEMORY_ONLY)
                 stats = self._data_job(sc, group, "sparknet: convert, check and stage the training data",
                                        staged.collect, "the training data's conversion, check and staging")
-            else:
-                stats = self._data_job(sc, group, "sparknet: convert and check the training data",
-                                       chunks.mapPartitionsWithIndex(_data.partition_stats).collect,
-                                       "the training data's conversion and check")
-            stats.sort(key=lambda s: s["index"])
-            total = _data.check_stats(stats, what="training data", expected_len=expected_len, num_classes=None,
-                                      num_workers=K, sample_shape=sample_shape)
+            stats, total = _data.checked_partitions(sc, group, chunks, timeout_s=self.options.data_timeout_s,
+                                                    stats=stats, expected_len=expected_len, num_classes=None,
+                                                    num_workers=K, sample_shape=sample_shape)
             if sample_shape is None:
                 shapes = [tuple(s) for s in total["shapes"]]
                 width = int(total["width"])
@@ -556,17 +549,10 @@ class SparkTrainer:
                                   timeout_s=CLEANUP_TIMEOUT_S, what="the staged data's removal")
             except Exception as exc:  # cleanup must not hide the real outcome
                 log.warning("could not remove the staged training data of fit %s: %s", fit_id, exc)
-            _quietly(staged.unpersist)
-        _quietly(chunks.unpersist)
+            quietly(staged.unpersist)
+        quietly(chunks.unpersist)
         for bc in broadcasts:
-            _quietly(bc.destroy)
-
-
-def _quietly(fn) -> None:
-    try:
-        fn()
-    except Exception as exc:  # pragma: no cover - best effort
-        log.debug("cleanup step failed: %s", exc)
+            quietly(bc.destroy)
 
 
 _ENGINES = {Engine.ROUNDS: run_rounds_engine, Engine.BARRIER: run_barrier_engine}
