@@ -65,6 +65,11 @@ def _number(value) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _finite(pairs: Iterable[tuple[str, Any]]) -> dict[str, float]:
+    """``{name: value}`` for the ``(name, value)`` pairs whose value is a finite number, in order."""
+    return {name: v for name, v in ((name, _number(value)) for name, value in pairs) if v is not None}
+
+
 class _StepTracker:
     """Turns a stream of records into (step, scalars) pairs; keeps what throughput needs."""
 
@@ -74,16 +79,12 @@ class _StepTracker:
 
     def scalars(self, record: Mapping[str, Any]) -> tuple[int, dict[str, float]] | None:
         event = record.get("event")
-        out: dict[str, float] = {}
         if event == "round":
             if record.get("total_steps") is not None:
                 self.step = int(record["total_steps"])
             else:
                 self.step += int(record.get("steps") or 0)
-            for key, name in _ROUND_FIELDS.items():
-                v = _number(record.get(key))
-                if v is not None:
-                    out[name] = v
+            out = _finite((name, record.get(key)) for key, name in _ROUND_FIELDS.items())
             seconds = _number(record.get("round_s"))
             if seconds is None:
                 parts = [_number(record.get(k)) for k in ("compute_s", "comm_s")]
@@ -91,18 +92,13 @@ class _StepTracker:
             samples = _number(record.get("samples"))
             if seconds and samples is not None:
                 out["throughput/samples_per_s"] = samples / seconds
-            for i, w in enumerate(record.get("per_worker") or ()):
-                v = _number(w.get("loss"))
-                if v is not None:
-                    out[f"worker/{w.get('rank', w.get('index', i))}/loss"] = v
+            out.update(_finite((f"worker/{w.get('rank', w.get('index', i))}/loss", w.get("loss"))
+                               for i, w in enumerate(record.get("per_worker") or ())))
             return self.step, out
         if event == "eval":
             if record.get("step") is not None:
                 self.step = int(record["step"])
-            for key, name in _EVAL_FIELDS.items():
-                v = _number(record.get(key))
-                if v is not None:
-                    out[name] = v
+            out = _finite((name, record.get(key)) for key, name in _EVAL_FIELDS.items())
             wall, samples = _number(record.get("wall_s")), _number(record.get("samples"))
             if wall is not None and samples is not None:
                 w0, s0 = self._last_eval or (0.0, 0.0)
@@ -111,10 +107,7 @@ class _StepTracker:
                 self._last_eval = (wall, samples)
             return self.step, out
         if event == "summary":
-            for key, value in record.items():
-                v = _number(value)
-                if v is not None:
-                    out[f"summary/{key}"] = v
+            out = _finite((f"summary/{key}", value) for key, value in record.items())
             if record.get("steps") is not None and _number(record["steps"]) is not None:
                 self.step = max(self.step, int(record["steps"]))
             return self.step, out

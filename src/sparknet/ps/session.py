@@ -130,18 +130,12 @@ class AsyncSession:
             raise ValueError(f"threads must be at least 1, got {threads}")
         self.threads = int(threads)
         self.device = device
-        if not request_timeout_s > 0:
-            raise ValueError(f"request_timeout_s must be positive, got {request_timeout_s}")
-        self.request_timeout_s = float(request_timeout_s)
-        if epoch_timeout_s is not None and not epoch_timeout_s > 0:
-            raise ValueError(f"epoch_timeout_s must be positive, got {epoch_timeout_s}")
-        self.epoch_timeout_s = epoch_timeout_s
-        if stall_timeout_s is not None and not stall_timeout_s > 0:
-            raise ValueError(f"stall_timeout_s must be positive, got {stall_timeout_s}")
-        self.stall_timeout_s = stall_timeout_s
-        if not data_timeout_s > 0:
-            raise ValueError(f"data_timeout_s must be positive, got {data_timeout_s}")
-        self.data_timeout_s = float(data_timeout_s)
+        for name, value in (("request_timeout_s", request_timeout_s), ("epoch_timeout_s", epoch_timeout_s),
+                            ("stall_timeout_s", stall_timeout_s), ("data_timeout_s", data_timeout_s)):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        self.request_timeout_s, self.data_timeout_s = float(request_timeout_s), float(data_timeout_s)
+        self.epoch_timeout_s, self.stall_timeout_s = epoch_timeout_s, stall_timeout_s
         self.spark = spark
         self.metrics: dict = {"epochs": [], "test_accuracy_by_epoch": []}
         self._iteration = self.net.iteration
@@ -199,13 +193,9 @@ class AsyncSession:
                                         image_shape=image_shape, expected_len=expected_len, num_partitions=num_workers)
             chunks.persist(StorageLevel.MEMORY_AND_DISK)
             try:
-                stats = run_with_deadline(sc, group, "sparknet: convert and check the training data",
-                                          chunks.mapPartitionsWithIndex(_data.partition_stats).collect,
-                                          timeout_s=self.data_timeout_s,
-                                          what="the training data's conversion and check")
-                stats.sort(key=lambda s: s["index"])
-                total = _data.check_stats(stats, what="training data", expected_len=expected_len, num_classes=None,
-                                          num_workers=num_workers, sample_shape=sample_shape)
+                _, total = _data.checked_partitions(sc, group, chunks, timeout_s=self.data_timeout_s,
+                                                    expected_len=expected_len, num_classes=None,
+                                                    num_workers=num_workers, sample_shape=sample_shape)
             except BaseException:
                 chunks.unpersist()
                 raise
