@@ -50,7 +50,7 @@ from sparknet._app import seed_everything
 from sparknet._model_io import save_model
 from sparknet.caffe.caffemodel import load_caffemodel_into, write_caffemodel
 from sparknet.caffe.prototxt import CaffeNet, DataBinding, load_net_prototxt
-from sparknet.caffe.solver import CaffeSolver, load_solver_prototxt, resolve_net_path
+from sparknet.caffe.solver import CaffeSolver, NetStateSpec, load_solver_prototxt, resolve_net_path
 from sparknet.config import DistributedConfig, Engine
 from sparknet.datasets import ArrayDataset, load_dataset
 from sparknet.layers import AccuracyLayer, NetParams, RDDLayer
@@ -311,9 +311,8 @@ def resolve_caffe_run(
             return caffe_solver.load_net(phase, stages=stages, level=level, sources=bindings, net=net_file)
         return load_net_prototxt(net_file, phase=phase, sources=bindings, stages=stages, level=level)
 
-    train_net = load(caffe_solver.train_state.phase if caffe_solver else "TRAIN",
-                     caffe_solver.train_state.stages if caffe_solver else (),
-                     caffe_solver.train_state.level if caffe_solver else 0)
+    train_state = caffe_solver.train_state if caffe_solver is not None else NetStateSpec("TRAIN")
+    train_net = load(train_state.phase, train_state.stages, train_state.level)
     if caffe_solver is not None and train_net.phase != "TRAIN":
         train_net = load("TRAIN")
     _check_trainable(train_net)
@@ -339,67 +338,62 @@ def resolve_caffe_run(
     if caffe_solver is not None:
         config = caffe_solver.config
         stem_fallback = caffe_solver.source_path.stem if caffe_solver.source_path else train_net.name
-        prefix = caffe_solver.snapshot_prefix
     else:
         config = default_solver or SolverConfig()
         stem_fallback = train_net.name or (net_file.stem if net_file else "caffe")
-        prefix = None
     if solver_overrides:
         try:
             config = replace(config, **dict(solver_overrides))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"bad solver override: {exc}") from None
-    iters_total = max_iter or (caffe_solver.config.max_iter if caffe_solver else config.max_iter)
+    # the run settings the solver file gives, or those of a run without one
+    settings = caffe_solver or CaffeSolver(config=config, test_initialization=False, display=100)
+    iters_total = max_iter or settings.config.max_iter
     if config.max_iter != iters_total:
         config = replace(config, max_iter=iters_total)  # policies such as poly read max_iter
 
-    stem = _snapshot_stem(prefix, stem_fallback)
+    stem = _snapshot_stem(settings.snapshot_prefix, stem_fallback)
     if snapshot_dir is None:
         snapshot_dir = Path.cwd() / stem
     weight_files: list[Path] = []
     if weights is not None:
         given = [weights] if isinstance(weights, (str, os.PathLike)) else list(weights)
         weight_files = [Path(w) for w in given]
-    elif caffe_solver is not None and caffe_solver.weights:
-        for w in caffe_solver.weights:
-            found = resolve_net_path(w, caffe_solver.source_path)
+    else:
+        for w in settings.weights:
+            found = resolve_net_path(w, settings.source_path)
             if found is None:
-                raise FileNotFoundError(f"{caffe_solver.source_path}: weights file {w!r} not found; "
+                raise FileNotFoundError(f"{settings.source_path}: weights file {w!r} not found; "
                                         "pass --weights PATH")
             weight_files.append(found)
     for w in weight_files:
         if not w.is_file():
             raise FileNotFoundError(f"no such .caffemodel: {w}")
 
-    if caffe_solver is not None:
-        run_seed = seed if seed is not None else (caffe_solver.random_seed or 0)
-    else:
-        run_seed = seed if seed is not None else 0
     batch = batch_size or train_net.batch_size or 64
     if batch_size is not None and train_net.data_layers:
         train_net = _with_batch(train_net, batch_size)
-    net_source = net_file or (caffe_solver.net_path if caffe_solver else None)
-    net_text = net_source.read_text(encoding="utf-8") if net_source else (caffe_solver.net_text if caffe_solver else None)
+    net_source = net_file or settings.net_path
     return CaffeRun(
         train_net=train_net,
         tests=tests,
         solver=config,
         max_iter=iters_total,
         batch_size=batch,
-        test_interval=test_interval if test_interval is not None else (caffe_solver.test_interval if caffe_solver else 0),
-        test_initialization=caffe_solver.test_initialization if caffe_solver else False,
-        display=display if display is not None else (caffe_solver.display if caffe_solver else 100),
-        snapshot=snapshot if snapshot is not None else (caffe_solver.snapshot if caffe_solver else 0),
-        snapshot_after_train=caffe_solver.snapshot_after_train if caffe_solver else True,
+        test_interval=test_interval if test_interval is not None else settings.test_interval,
+        test_initialization=settings.test_initialization,
+        display=display if display is not None else settings.display,
+        snapshot=snapshot if snapshot is not None else settings.snapshot,
+        snapshot_after_train=settings.snapshot_after_train,
         snapshot_dir=Path(snapshot_dir),
         snapshot_prefix=stem,
-        seed=int(run_seed),
+        seed=int(seed if seed is not None else (settings.random_seed or 0)),
         weights=tuple(weight_files),
         sources=bindings,
         max_train_samples=max_train_samples,
-        net_text=net_text,
+        net_text=net_source.read_text(encoding="utf-8") if net_source else settings.net_text,
         net_path=net_source,
-        solver_path=caffe_solver.source_path if caffe_solver else None,
+        solver_path=settings.source_path,
     )
 
 
@@ -669,6 +663,7 @@ class _Run:
         self.module = module
         self.last_results: dict[str, dict[str, float]] | None = None
         self.last_test_step: int | None = None
+        self.window_loss, self.window_steps = 0.0, 0  # the training loss since the last display
 
     def weights_from_flat(self, flat) -> WeightCollection:
         out = WeightCollection(self.module.layer_weights()).clone()
@@ -694,6 +689,26 @@ class _Run:
 
     def snapshot(self, step: int, weights) -> None:
         self.metrics.write(self.snapshots.write(step, weights))
+
+    def advance(self, before: int, after: int, loss: float, *, samples: int, lr: float | None, finished: bool,
+                weights: Callable[[], WeightCollection] | None, display_at_end: bool = True) -> None:
+        """Steps ``before`` to ``after`` trained at mean loss ``loss``: display, test and snapshot where due.
+
+        ``weights()`` gives the weights at ``after`` (None: there are none, so no test or snapshot);
+        the display of the run's last steps comes only with ``display_at_end``.
+        """
+        self.window_loss += loss * (after - before)
+        self.window_steps += after - before
+        if (_crossed(before, after, self.run.display) or (finished and display_at_end)) and self.window_steps:
+            self.display(after, self.window_loss / self.window_steps, lr, samples)
+            self.window_loss, self.window_steps = 0.0, 0
+        if weights is None:
+            return
+        if self.evaluator is not None and (_crossed(before, after, self.run.test_interval) or finished):
+            rec = self.test(after, samples, weights())
+            self.metrics.progress(0, acc=rec["test_accuracy"])
+        if _crossed(before, after, self.run.snapshot) and not finished:
+            self.snapshot(after, weights())
 
 
 def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | None = None,
@@ -778,7 +793,6 @@ def _train_local(run: CaffeRun, state: _Run, module, x, y, threads, device) -> d
     metrics = state.metrics
     done = samples = 0
     train_s = 0.0
-    window_loss, window_steps = 0.0, 0
     if state.evaluator is not None and run.test_initialization and run.test_interval > 0:
         state.test(0, 0, net.weights)
     while done < run.max_iter:
@@ -791,18 +805,9 @@ def _train_local(run: CaffeRun, state: _Run, module, x, y, threads, device) -> d
         before, done = done, done + stats.steps
         samples += stats.samples
         train_s += stats.wall_s
-        window_loss += stats.loss * stats.steps
-        window_steps += stats.steps
         metrics.progress(stats.steps, loss=stats.loss, lr=net.learning_rate)
-        if _crossed(before, done, run.display) or (done == run.max_iter and run.display and window_steps):
-            state.display(done, window_loss / window_steps, net.learning_rate, samples)
-            window_loss, window_steps = 0.0, 0
-        if state.evaluator is not None and (_crossed(before, done, run.test_interval)
-                                            or (done == run.max_iter and state.last_test_step != done)):
-            rec = state.test(done, samples, net.weights)
-            metrics.progress(0, acc=rec["test_accuracy"])
-        if _crossed(before, done, run.snapshot) and done != run.max_iter:
-            state.snapshot(done, net.get_weights())
+        state.advance(before, done, stats.loss, samples=samples, lr=net.learning_rate,
+                      finished=done == run.max_iter, weights=net.get_weights, display_at_end=bool(run.display))
     if run.snapshot_after_train or (run.snapshot and run.max_iter % run.snapshot == 0):
         state.snapshot(done, net.get_weights())
     return {"engine": "local", "workers": 1, "steps": done, "samples": samples, "train_s": train_s,
@@ -835,7 +840,7 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
         logger.warning("the barrier engine gives no weights between rounds: snapshots are written at the end only, "
                        "and tests report the primary test net's loss and accuracy")
     spark = spark or get_session(dist.resolved_master)
-    progress = {"steps": 0, "samples": 0, "window": 0.0, "window_steps": 0}
+    progress = {"steps": 0, "samples": 0}
 
     def on_round(record: dict) -> None:
         # one timeline for every record of the run: seconds since the metrics logger started
@@ -844,26 +849,16 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
         after = int(record.get("total_steps", before))
         progress["steps"] = after
         progress["samples"] = int(record.get("total_samples", progress["samples"]))
-        steps = after - before
-        progress["window"] += (record.get("loss") or 0.0) * steps
-        progress["window_steps"] += steps
-        metrics.progress(steps, round=record.get("round"), loss=record.get("loss"), tau=record.get("tau"))
+        metrics.progress(after - before, round=record.get("round"), loss=record.get("loss"), tau=record.get("tau"))
         finished = record.get("stop_reason") is not None
-        if (_crossed(before, after, run.display) or finished) and progress["window_steps"]:
-            lr = run.solver.base_lr * lr_multiplier(run.solver, after)
-            state.display(after, progress["window"] / progress["window_steps"], lr, progress["samples"])
-            progress["window"], progress["window_steps"] = 0.0, 0
         flat = trainer.latest_flat if rounds_engine else None
-        if flat is not None and state.evaluator is not None and (_crossed(before, after, run.test_interval)
-                                                                 or finished):
-            rec = state.test(after, progress["samples"], state.weights_from_flat(flat))
-            metrics.progress(0, acc=rec["test_accuracy"])
-        elif flat is None and "val_loss" in record and not finished:  # the last round gets the full test below
+        state.advance(before, after, record.get("loss") or 0.0, samples=progress["samples"], finished=finished,
+                      lr=run.solver.base_lr * lr_multiplier(run.solver, after),
+                      weights=None if flat is None else lambda: state.weights_from_flat(flat))
+        if flat is None and "val_loss" in record and not finished:  # the last round gets the full test below
             metrics.write({"event": "eval", "step": after, "samples": progress["samples"],
                            "wall_s": metrics.elapsed(), "loss": record.get("val_loss"),
                            "test_accuracy": record.get("val_accuracy")})
-        if flat is not None and _crossed(before, after, run.snapshot) and not finished:
-            state.snapshot(after, state.weights_from_flat(flat))
 
     if state.evaluator is not None and run.test_initialization and run.test_interval > 0:
 
