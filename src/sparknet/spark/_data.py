@@ -495,13 +495,9 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
 
 def checked_partitions(sc, group: str, chunks, *, timeout_s: float | None, expected_len: int | None,
                        num_classes: int | None, num_workers: int, sample_shape, stats: list[dict] | None = None):
-    """Driver: convert and check the training data of ``chunks`` (an RDD from :func:`chunk_rdd`).
-
-    One Spark job under ``group`` counts each partition (:func:`partition_stats`), waited for at
-    most ``timeout_s``, unless ``stats`` already holds the counts (a job of the caller's that
-    also staged the data). Returns ``(stats, total)``: the per-partition counts in partition
-    order and :func:`check_stats`' summed ones, which raise ``ValueError`` for bad data.
-    """
+    """Driver: ``(stats, total)``, the counts of each partition of ``chunks`` (from :func:`chunk_rdd`) in order
+    and :func:`check_stats`' total of them (``ValueError`` for bad data). One Spark job under ``group`` counts
+    them, waited for at most ``timeout_s``, unless ``stats`` holds them already (the rounds engine's staging)."""
     if stats is None:
         stats = run_with_deadline(sc, group, "sparknet: convert and check the training data",
                                   chunks.mapPartitionsWithIndex(partition_stats).collect, timeout_s=timeout_s,
