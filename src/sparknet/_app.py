@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from sparknet import datasets, zoo
+from sparknet._fs import filesystem
 from sparknet._model_io import save_model
 from sparknet._parquet import read_parquet_dataset
 from sparknet.config import RunConfig
@@ -73,7 +74,13 @@ def build_model(run: RunConfig, info: dict):
 
 
 def run_sinks(run: RunConfig, config: dict) -> list:
-    """The TensorBoard and MLflow sinks ``run`` asks for (none by default)."""
+    """The TensorBoard and MLflow sinks ``run`` asks for (none by default), opened before training.
+
+    Also refuses, before any training, a ``--save-model`` URI whose scheme the filesystem layer
+    cannot write (``dbfs:/``...; see :func:`sparknet._fs.filesystem`), so it does not fail at the end.
+    """
+    if run.save_model:
+        filesystem(run.save_model)
     if run.tensorboard is None and run.mlflow is None:
         return []
     return make_sinks(run.tensorboard, run.mlflow, run_name=f"{run.model}-{run.dataset}", params=config,

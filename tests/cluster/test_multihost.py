@@ -58,7 +58,12 @@ def spark(cluster):
     try:
         yield session
     finally:
+        jvm = session.sparkContext._jvm
         session.stop()
+        # Spark leaves the driver's address in the JVM's system properties, where the next session
+        # in this process (a later test module's local one) would try to bind to the rig's gone bridge.
+        for key in ("spark.driver.host", "spark.driver.bindAddress"):
+            jvm.System.clearProperty(key)
 
 
 def _hosts(records) -> set[str]:
@@ -96,6 +101,71 @@ def test_the_estimator_fits_and_transforms_on_two_hosts(spark, cluster):
     scored = model.transform(frame(test)).select("label", "prediction").collect()
     accuracy = np.mean([r.label == r.prediction for r in scored])
     assert len(scored) == 200 and accuracy > 0.8
+
+
+def _scoring_files(root: Path):
+    """A small saved model and 60 rows of Parquet to score, under ``root``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sparknet import Net
+    from sparknet._model_io import save_model
+
+    x = np.random.default_rng(0).normal(size=(60, 5)).astype(np.float32)
+    net = Net(zoo.mlp(input_shape=[5], hidden=[8], num_classes=3), batch_size=16, seed=0)
+    model = save_model(root / "model", net)
+    data = root / "data.parquet"
+    pq.write_table(pa.table({"id": np.arange(60), "features": list(x)}), data)
+    return str(model), str(data)
+
+
+def test_predict_refuses_data_only_the_driver_has_before_scoring(spark, cluster, tmp_path, caplog):
+    from sparknet.cli import main
+
+    model, data = _scoring_files(tmp_path)
+    out = tmp_path / "scored"
+    assert main(["predict", "--master", cluster.master, "--model", model, "--data", data, "--out", str(out)]) == 2
+    message = caplog.text
+    assert f"--data {data} is not on every host" in message
+    assert cluster.hostname(1) in message and cluster.hostname(2) in message
+    assert "hdfs://" in message and "s3a://" in message and "Traceback" not in message
+    assert not out.exists()
+
+
+def test_predict_reads_and_writes_a_folder_every_host_mounts(spark, cluster, tmp_path):
+    """/var/tmp is the same folder on every host of the rig (only /tmp and the home are private)."""
+    import shutil
+    import tempfile
+
+    import pyarrow.parquet as pq
+
+    from sparknet.tools.predict import predict
+
+    shared = Path(tempfile.mkdtemp(prefix="sparknet-shared-", dir="/var/tmp"))
+    try:
+        model, data = _scoring_files(shared)
+        with pytest.raises(ValueError, match=f"--out {tmp_path / 'scored'} is not on every host"):
+            predict(model, data, str(tmp_path / "scored"), spark=spark)
+        assert sorted(p.name for p in shared.iterdir()) == ["data.parquet", "model"]  # the marker is gone
+        result = predict(model, data, str(shared / "scored"), spark=spark, partitions=2)
+        assert result.rows == 60
+        assert sorted(pq.read_table(shared / "scored").column("id").to_pylist()) == list(range(60))
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_spark_ml_save_and_load_refuse_a_folder_only_the_driver_has(spark, tmp_path):
+    from sparknet import Net
+    from sparknet.spark.ml import SparkNetEstimator, SparkNetModel
+
+    net = zoo.mlp(input_shape=[5], hidden=[8], num_classes=3)
+    for what, thing in (("estimator", SparkNetEstimator(net)), ("model", SparkNetModel.from_net(Net(net, seed=0)))):
+        with pytest.raises(ValueError, match=f"the save path {tmp_path / what} is not on every host.*s3a://"):
+            thing.save(str(tmp_path / what))
+        assert not (tmp_path / what).exists()
+    (tmp_path / "saved").mkdir()
+    with pytest.raises(ValueError, match="the saved model .* is not on every host"):
+        SparkNetModel.load(str(tmp_path / "saved"))
 
 
 def _blob_frame(spark, n=1200, seed=0):
@@ -137,3 +207,4 @@ def test_a_host_lost_mid_run_costs_nothing_in_the_rounds_engine(spark, cluster):
     moved = [r for r in hit.history if r.get("event") == "round" and r["round"] > 2]
     assert {w["host"] for r in moved for w in r["per_worker"]} == {cluster.hostname(2)}
     np.testing.assert_array_equal(hit.weights.to_flat().numpy(), calm.weights.to_flat().numpy())
+

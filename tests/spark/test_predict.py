@@ -86,9 +86,43 @@ def test_predict_command(spark, model_and_data, tmp_path, capsys):
 
 def test_missing_inputs_are_clear(spark, model_and_data, tmp_path):
     folder, data, _, _ = model_and_data
-    with pytest.raises(FileNotFoundError, match="no model folder"):
+    with pytest.raises(ValueError, match="not a sparknet model folder"):
         predict(tmp_path / "nope", str(data), str(tmp_path / "o"), spark=spark)
     with pytest.raises(FileNotFoundError, match="no Parquet data"):
         predict(folder, str(tmp_path / "nope.parquet"), str(tmp_path / "o"), spark=spark)
     with pytest.raises(ValueError, match="features column"):
         predict(folder, str(data), str(tmp_path / "o"), spark=spark, features_col="pixels")
+
+
+class _NoContext:
+    """A SparkContext with a master and nothing else: check_shared_path's short-cuts use no more."""
+
+    def __init__(self, master):
+        self.master = master
+
+    def __getattr__(self, name):
+        raise AssertionError(f"asked Spark for {name}")
+
+
+class _NoSpark:
+    def __init__(self, master):
+        self.sparkContext = _NoContext(master)
+
+
+@pytest.mark.parametrize("master,path", [("local[2]", "/only/here"), ("local-cluster[2,1,1024]", "file:///only/here"),
+                                         ("spark://h:7077", "hdfs://nn/data"), ("spark://h:7077", "s3a://b/k"),
+                                         ("yarn", "gs://b/k"), ("yarn", "abfss://c@a.dfs.core.windows.net/k"),
+                                         ("yarn", "dbfs:/x")])
+def test_check_shared_path_asks_nothing_on_a_local_master_or_for_a_remote_uri(master, path):
+    from sparknet.spark._shared_path import check_shared_path
+
+    check_shared_path(_NoSpark(master), path, what="--data")
+    check_shared_path(_NoSpark(master), path, what="--out", write=True)
+
+
+def test_check_shared_path_asks_the_executors_about_plain_paths_and_file_uris():
+    from sparknet.spark._shared_path import check_shared_path
+
+    for path in ("/only/here", "file:///only/here", "relative/path"):
+        with pytest.raises(AssertionError, match="asked Spark"):
+            check_shared_path(_NoSpark("spark://h:7077"), path, what="--data")

@@ -48,6 +48,7 @@ from sparknet import _model_io, zoo
 from sparknet._fields import base_type, field_docs
 from sparknet.config import DistributedConfig, RunConfig, parse_enum
 from sparknet.layers import NetParams
+from sparknet.spark._shared_path import check_shared_path
 from sparknet.spark.trainer import SparkTrainer
 
 __all__ = ["SparkNetEstimator", "SparkNetModel"]
@@ -459,6 +460,14 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
         log.info("using zoo model %s(%s)", key, kwargs)
         return zoo.get_model(key, **kwargs)
 
+    def write(self) -> MLWriter:
+        """Spark ML writer of the params; ``save(path)`` takes a path or URI every host can reach."""
+        return _EstimatorWriter(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _EstimatorReader(cls)
+
     # -- fit --------------------------------------------------------------------------------------
     def _fit(self, dataset) -> SparkNetModel:
         from pyspark.sql import functions as F
@@ -580,13 +589,15 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
 
     @classmethod
     def fromModelFolder(cls, path: str, *, allow_pickle: bool = False, **params: Any) -> SparkNetModel:
-        """A model from a sparknet model folder (:func:`sparknet._model_io.save_model`, local path)."""
+        """A model from a sparknet model folder (:func:`sparknet._model_io.save_model`): a local path
+        or a URI (``s3://``...) this process can read; the executors get the files by broadcast."""
         model = cls._from_files(_model_io.read_model_files(path), allow_pickle=allow_pickle)
         _set_params(model, params)
         return model
 
     def saveModelFolder(self, path: str, *, overwrite: bool = False) -> str:
-        """Write the model as a plain sparknet model folder (local path), as ``sparknet predict`` reads."""
+        """Write the model as a plain sparknet model folder (a local path or a URI, written by this
+        process), as ``sparknet predict`` reads."""
         return str(_model_io.write_model_files(path, self._require_files(), overwrite=overwrite))
 
     def _require_files(self) -> dict[str, bytes]:
@@ -684,7 +695,10 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
 
     # -- persistence ------------------------------------------------------------------------------
     def write(self) -> MLWriter:
-        """Spark ML writer: params as metadata, the model files as one Parquet table under ``data``."""
+        """Spark ML writer: params as metadata, the model files as one Parquet table under ``data``.
+
+        The executors write the folder, so ``save(path)`` takes a path or URI every host can reach;
+        on a cluster a path on this machine only is refused before anything is written."""
         return _SparkNetModelWriter(self)
 
     @classmethod
@@ -693,12 +707,30 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
 
     @classmethod
     def load(cls, path: str, allow_pickle: bool = False) -> SparkNetModel:
-        """Load a model saved with ``save``; ``allow_pickle`` is needed (and only safe for trusted
-        files) when the model holds a pickled plain torch module."""
+        """Load a model saved with ``save`` from a path or URI every host can reach; ``allow_pickle``
+        is needed (and only safe for trusted files) when the model holds a pickled plain torch module."""
         return _SparkNetModelReader(cls, allow_pickle=allow_pickle).load(path)
 
 
-class _SparkNetModelWriter(MLWriter):
+class _SharedPathWriter:
+    """Refuses a path the executors cannot write before writing (they write part of the folder)."""
+
+    def save(self, path: str) -> None:
+        check_shared_path(self.sparkSession, path, what="the save path", write=True)
+        super().save(path)
+
+
+class _EstimatorWriter(_SharedPathWriter, DefaultParamsWriter):
+    pass
+
+
+class _EstimatorReader(DefaultParamsReader):
+    def load(self, path: str):
+        check_shared_path(self.sparkSession, path, what="the saved estimator")
+        return super().load(path)
+
+
+class _SparkNetModelWriter(_SharedPathWriter, MLWriter):
     def __init__(self, instance: SparkNetModel):
         super().__init__()
         self.instance = instance
@@ -720,6 +752,7 @@ class _SparkNetModelReader(MLReader):
         self.allow_pickle = allow_pickle
 
     def load(self, path: str) -> SparkNetModel:
+        check_shared_path(self.sparkSession, path, what="the saved model")
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         cls_name = f"{self.cls.__module__}.{self.cls.__name__}"
         if metadata.get("class") != cls_name:

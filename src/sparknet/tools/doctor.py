@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sparknet.spark._backend import run_with_deadline
+from sparknet.spark._shared_path import SHARED_PATH_FIX, check_shared_path
 
 __all__ = ["Status", "CheckResult", "MemoryEstimate", "estimate_training_memory", "task_memory_budget",
            "parse_memory", "format_bytes", "run_doctor", "format_table", "configure_command",
@@ -824,6 +825,15 @@ def _check_data(add, spark, path: str, K: int, skew_ratio: float, features_col: 
 
     if not os.path.exists(path) and "://" not in path:
         add(CheckResult("data", path, Status.FAIL, "no such file or folder", "give the Parquet data's path"))
+        return 0
+    try:
+        check_shared_path(spark, path, what="the data", timeout_s=timeout_s)
+    except ValueError as e:
+        add(CheckResult("data", path, Status.FAIL, str(e).removesuffix(f"; {SHARED_PATH_FIX}"), SHARED_PATH_FIX))
+        return 0
+    except Exception as e:  # noqa: BLE001 - a finding: the executors could not be asked
+        add(CheckResult("data", path, Status.FAIL, f"could not ask the executors about it: {_error_text(e)}",
+                        "check that the executors run (the executors row above); rerun with --verbose"))
         return 0
     result, error = _run_job(sc, "count rows per partition", count, timeout_s)
     if error is not None:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparknet.spark._session import get_session
+from sparknet.spark._shared_path import check_shared_path
 
 __all__ = ["PredictResult", "predict"]
 
@@ -61,12 +62,14 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
     ----------
     model_dir : path
         A sparknet model folder (``sparknet train`` and ``SparkNetModel.saveModelFolder``
-        write them).
+        write them): a local path or a URI (``s3://``...); only this process reads it.
     data : str
-        Parquet file or folder (any Spark-readable path: local, ``hdfs://``, ``s3a://``)
-        with a features column: an array of numbers, an ML vector, or binary images.
+        Parquet file or folder with a features column: an array of numbers, an ML vector, or
+        binary images. The executors read it, so on a cluster it must be where every host can
+        read it (``hdfs://``, ``s3a://``, a shared mount); a path on this machine only is
+        refused before any work.
     out : str
-        Where to write the scored Parquet folder.
+        Where to write the scored Parquet folder (the executors write it: the same holds).
     spark : SparkSession, optional
         The session to use (left running); otherwise one is started for ``master`` and
         stopped at the end (an already running session is used and left running).
@@ -93,8 +96,6 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
     """
     from sparknet.spark.ml import SparkNetModel  # imports pyspark: loaded when scoring starts
 
-    if not Path(model_dir).is_dir():
-        raise FileNotFoundError(f"no model folder at {model_dir}")
     if "://" not in data and not Path(data).exists():
         raise FileNotFoundError(f"no Parquet data at {data}")
     if "://" not in out and Path(out).exists() and not overwrite:
@@ -111,6 +112,8 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
         spark = get_session(master, app_name="sparknet-predict")
     t0 = time.perf_counter()
     try:
+        check_shared_path(spark, data, what="--data")
+        check_shared_path(spark, out, what="--out", write=True)
         df = spark.read.parquet(data)
         if partitions is not None:
             df = df.repartition(partitions)
