@@ -10,7 +10,7 @@ from sparknet.loop import RoundPlan
 from sparknet.solvers import SolverConfig
 from sparknet.spark import _rounds
 from sparknet.spark._data import pair_chunks
-from sparknet.spark._rounds import WorkerSpec, combine, fold, pack_spec
+from sparknet.spark._rounds import WorkerReport, WorkerSpec, WorkerStatus, combine, fold, pack_spec
 from sparknet.stopping import StopRule
 from sparknet.strategies import Average
 
@@ -50,16 +50,17 @@ def test_solver_state_follows_a_partition_from_process_to_process(tmp_path, monk
         deltas = []
         for r, cache in enumerate(caches):
             monkeypatch.setattr(_rounds, "_CACHE", cache)
-            out = _run(spec_bc, g, record, 0, r)
-            deltas.append(out["delta"])
-            g = g + out["delta"]
-        return deltas, out
+            report, delta, encoded = _run(spec_bc, g, record, 0, r)
+            assert encoded is None and report.samples > 0
+            deltas.append(delta)
+            g = g + delta
+        return deltas, report
 
     same_process = {}
     expected, _ = three_rounds([same_process] * 3)
     a, b = {}, {}
     hopping, last = three_rounds([a, b, a])  # round 2 back in A, whose copy is a round old
-    assert last["source"] == "cache"
+    assert last.source == "cache"
     for want, got in zip(expected, hopping):
         assert np.allclose(want, got, atol=1e-7)
     assert b[("unit", 0)].version == 1 and a[("unit", 0)].version == 2
@@ -71,33 +72,35 @@ def test_empty_and_missing_partitions(tmp_path, monkeypatch):
                       device="cpu", strategy=Average(), sample_shape=(2,), options={"staging_dir": str(tmp_path)})
     spec_bc = _Value(pack_spec(spec))
     g = flat(mlp()).numpy()
-    empty = _run(spec_bc, g, {"rows": 0}, 1, 0)
-    assert empty["empty"] and empty["n"] == 0 and empty["delta"] is None
-    elsewhere = _run(spec_bc, g, {"rows": 5, "host": "another-host", "dir": str(tmp_path)}, 2, 0)
-    assert elsewhere["missing"]
+    empty, delta, _ = _run(spec_bc, g, {"rows": 0}, 1, 0)
+    assert empty.status is WorkerStatus.EMPTY and empty.samples == 0 and delta is None
+    elsewhere, delta, _ = _run(spec_bc, g, {"rows": 5, "host": "another-host", "dir": str(tmp_path)}, 2, 0)
+    assert elsewhere.status is WorkerStatus.MISSING and delta is None
     # the driver reruns a missing partition from its chunks
     x, y = blobs(5)
-    out = _rounds._train_round(spec_bc, _Value(g), _task(0, 1), 2, None,
-                               chunks=iter(list(pair_chunks(None)(zip(x, y)))))
-    assert out["source"] == "chunks" and out["n"] == 4
+    out, delta, _ = _rounds._train_round(spec_bc, _Value(g), _task(0, 1), 2, None,
+                                         chunks=iter(list(pair_chunks(None)(zip(x, y)))))
+    assert out.source == "chunks" and out.samples == 4 and delta.shape == g.shape
 
 
 def test_fold_weights_by_samples_and_skips_empty_and_nonfinite():
-    results = [
-        {"index": 0, "n": 10, "loss": 1.0, "delta": np.full(3, 1.0, np.float32), "finite": True},
-        {"index": 1, "n": 30, "loss": 2.0, "delta": np.full(3, 2.0, np.float32), "finite": True},
-        {"index": 2, "n": 0, "loss": float("nan"), "delta": None, "empty": True},
-        {"index": 3, "n": 50, "loss": float("nan"), "delta": None, "finite": False},
+    updates = [
+        (WorkerReport(index=0, samples=10, loss=1.0), np.full(3, 1.0, np.float32), None),
+        (WorkerReport(index=1, samples=30, loss=2.0), np.full(3, 2.0, np.float32), None),
+        (WorkerReport(index=2, status=WorkerStatus.EMPTY), None, None),
+        (WorkerReport(index=3, samples=50, loss=float("nan"), finite=False), None, None),
     ]
     acc = None
-    for r in results[:2]:
-        acc = fold(acc, r)
+    for u in updates[:2]:
+        acc = fold(acc, u)
     other = None
-    for r in results[2:]:
-        other = fold(other, r)
+    for u in updates[2:]:
+        other = fold(other, u)
     acc = combine(acc, other)
-    assert acc["n"] == 40 and np.allclose(acc["wsum"] / acc["n"], 1.75) and acc["loss"] / acc["n"] == 1.75
-    assert sorted(w["index"] for w in acc["workers"]) == [0, 1, 2, 3]
+    # 10 samples of 1.0 and 30 of 2.0: 1.75 (an unweighted mean would give 1.5); the NaN worker's 50 do not count
+    assert acc.samples == 40 and np.allclose(acc.wsum / acc.samples, 1.75) and acc.loss_sum / acc.samples == 1.75
+    assert sorted(w.index for w in acc.workers) == [0, 1, 2, 3]
+    assert [w.index for w in acc.without(WorkerStatus.EMPTY).workers] == [0, 1, 3]
 
 
 def test_stop_rule():
