@@ -169,9 +169,11 @@ def test_spark_ml_save_and_load_refuse_a_folder_only_the_driver_has(spark, tmp_p
 
 
 def _blob_frame(spark, n=1200, seed=0):
+    """Two partitions whose rows and their order are fixed (sliced, not shuffled): a ``repartition``'s rows
+    arrive in the order its shuffle blocks are fetched, which differs from one fit to the next."""
     ds = synthetic(n, shape=(6,), num_classes=3, seed=seed, noise=1.0)
     rows = [([float(v) for v in x], int(y)) for x, y in zip(ds.x, ds.y)]
-    return spark.createDataFrame(rows, "features array<double>, label long").repartition(2), ds
+    return spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), "features array<double>, label long"), ds
 
 
 def test_a_host_lost_mid_run_costs_nothing_in_the_rounds_engine(spark, cluster):

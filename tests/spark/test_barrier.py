@@ -39,8 +39,10 @@ def test_barrier_average_is_the_sample_weighted_mean_with_records_during_the_sta
     def on_round(record):
         seen.append((record["round"], len(sc.statusTracker().getActiveJobsIds())))
 
+    # a simulated link of 0.4 s a collective keeps the stage running well past round 1's record (the weights
+    # do not depend on it): without it the whole stage can end within one of the driver's 50 ms polls
     result = SparkTrainer(mlp(), solver=solver, batch_size=8, seed=3, on_round=on_round,
-                          dist=DistributedConfig(workers=2, engine="barrier", tau=3, rounds=3)
+                          dist=DistributedConfig(workers=2, engine="barrier", tau=3, rounds=3, link_latency="400ms")
                           ).fit(partitioned_rdd(sc, parts))
     expected = hand_rounds(mlp(), solver, parts, batch_size=8, seed=3, tau=3, rounds=3)
     assert torch.allclose(_flat(result), expected, atol=1e-5, rtol=1e-5)
