@@ -95,6 +95,9 @@ class RoundUpdate:
     """The synchronization time automatic tau observes (``None``: the round's time beyond computing)."""
     observe: bool = True
     """Whether automatic tau observes this round at all."""
+    workers: int | None = None
+    """Workers that ran this round, when fewer than the exchange's K (an elastic round on a cluster short of
+    task slots): what the strategy's outer step counts and the record names."""
     fields: dict = field(default_factory=dict)
     """Engine-specific fields of the round record (per-worker views, retries, link waits...)."""
 
@@ -195,7 +198,8 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
         except NonFiniteUpdate as exc:
             raise NonFiniteUpdate(f"round {progress.round + 1}: {exc} (non-finite workers: {list(update.nonfinite)})") \
                 from None
-        global_flat = strategy.apply(global_flat, mean, K)
+        k = update.workers or K
+        global_flat = strategy.apply(global_flat, mean, k)
         round_s = time.perf_counter() - t_round
         progress.round += 1
         progress.steps_done += update.steps
@@ -209,7 +213,7 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
             "samples": update.processed, "total_samples": progress.samples_done, "wall_s": 0.0, "round_s": round_s,
             "compute_s": update.compute_s, "comm_s": comm_s, "loss": update.loss_sum / update.samples,
             "bytes": update.nbytes, "total_bytes": progress.total_bytes,
-            "tau": steps if steps < StopRule.UNBOUNDED_STEPS else None, "workers": K, "engine": exchange.engine,
+            "tau": steps if steps < StopRule.UNBOUNDED_STEPS else None, "workers": k, "engine": exchange.engine,
             "strategy": getattr(strategy.name, "value", str(strategy.name)), "compression": exchange.compression,
             **update.fields,
         }

@@ -7,14 +7,13 @@ root) a rig that cannot start fails the run instead of skipping it.
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from _rig import rig_session
 from sparknet import zoo
 from sparknet.config import DistributedConfig, RunConfig
 from sparknet.datasets import synthetic
@@ -23,47 +22,11 @@ from sparknet.solvers import SolverConfig
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-_spec = importlib.util.spec_from_file_location(
-    "netns_cluster", Path(__file__).resolve().parents[2] / "scripts" / "netns_cluster.py")
-netns_cluster = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(netns_cluster)
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    why = netns_cluster.rig_unavailable()
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the multi-host rig cannot start under CI: {why}")
-        pytest.skip(why)
-    rig = netns_cluster.NetnsCluster(workers=2, memory="1536m")
-    rig.start()
-    try:
-        yield rig
-    finally:
-        rig.stop()
-
 
 @pytest.fixture(scope="module")
 def spark(cluster):
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.master(cluster.master).appName("sparknet-multihost-tests")
-    for key, value in {**cluster.driver_conf(), "spark.ui.enabled": "false", "spark.python.worker.reuse": "true",
-                       "spark.ui.showConsoleProgress": "false", "spark.task.maxFailures": "4"}.items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("ERROR")
-    try:
+    with rig_session(cluster, "sparknet-multihost-tests") as session:
         yield session
-    finally:
-        jvm = session.sparkContext._jvm
-        session.stop()
-        # Spark leaves the driver's address in the JVM's system properties, where the next session
-        # in this process (a later test module's local one) would try to bind to the rig's gone bridge.
-        for key in ("spark.driver.host", "spark.driver.bindAddress"):
-            jvm.System.clearProperty(key)
 
 
 def _hosts(records) -> set[str]:
@@ -210,3 +173,134 @@ def test_a_host_lost_mid_run_costs_nothing_in_the_rounds_engine(spark, cluster):
     assert {w["host"] for r in moved for w in r["per_worker"]} == {cluster.hostname(2)}
     np.testing.assert_array_equal(hit.weights.to_flat().numpy(), calm.weights.to_flat().numpy())
 
+
+
+def _mlp_trainer(spark, dist, **kwargs):
+    from sparknet.spark import SparkTrainer
+
+    return SparkTrainer(zoo.mlp(input_shape=[6], hidden=[16], num_classes=3),
+                        solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=16, seed=3, spark=spark,
+                        dist=dist, **kwargs)
+
+
+def test_the_barrier_engine_restarts_when_a_lost_host_comes_back(spark, cluster):
+    """Host 1 dies after round 2 and comes back a few seconds later: the stage starts again from the
+    driver's newest state once both slots are there, and the run completes."""
+    import threading
+
+    from sparknet.spark import EngineOptions
+
+    df, _ = _blob_frame(spark)
+    val = synthetic(300, shape=(6,), num_classes=3, seed=5, noise=1.0)
+    revive = threading.Timer(3.0, cluster.start_host, args=(1,))
+
+    def kill_after_round_two(record):
+        if record["round"] == 2 and not revive.is_alive() and cluster.host_up(1):
+            cluster.kill_host(1)
+            revive.start()
+
+    # a simulated link of 0.3 s a collective keeps round 3 running when host 1 dies
+    trainer = _mlp_trainer(spark, DistributedConfig(workers=2, engine="barrier", tau=10, rounds=6,
+                                                    link_latency="300ms"),
+                           on_round=kill_after_round_two, options=EngineOptions(rendezvous_timeout_s=90))
+    try:
+        result = trainer.fit(df, validation=(val.x, val.y))
+    finally:
+        revive.join(timeout=120)
+        if not cluster.host_up(1):
+            cluster.start_host(1)
+    s = result.summary
+    assert s["restarts"] == 1 and s["restart_log"][0]["after_round"] >= 2
+    assert [r["round"] for r in result.history if r.get("event") == "round"] == [1, 2, 3, 4, 5, 6]
+    assert s["test_accuracy"] > 0.8
+    assert {w["host"] for w in s["barrier_workers"]} == {cluster.hostname(1), cluster.hostname(2)}
+
+
+def test_the_barrier_engine_says_it_needs_k_slots_when_a_host_is_gone_for_good(spark, cluster):
+    from sparknet.errors import EngineError
+    from sparknet.spark import EngineOptions
+
+    df, _ = _blob_frame(spark)
+
+    def kill_after_round_two(record):
+        if record["round"] == 2 and cluster.host_up(1):
+            cluster.kill_host(1)
+
+    trainer = _mlp_trainer(spark, DistributedConfig(workers=2, engine="barrier", tau=10, rounds=6,
+                                                    link_latency="300ms"),
+                           on_round=kill_after_round_two, options=EngineOptions(rendezvous_timeout_s=20))
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(EngineError, match=r"runs all 2 workers at once but the cluster has 1 task slot\(s\) "
+                                              r"left .*use --engine rounds"):
+            trainer.fit(df)
+    finally:
+        if not cluster.host_up(1):
+            cluster.start_host(1)
+    assert time.monotonic() - t0 < 120  # it waited rendezvous_timeout_s for the host, not for ever
+
+
+def test_async_training_goes_on_when_a_host_dies_mid_epoch(spark, cluster, monkeypatch):
+    """Host 1 dies while both tasks push to the parameter server: Spark runs its task again on host 2,
+    the retried task's pushes for steps already applied count once, and the epoch completes."""
+    import threading
+
+    import torch
+
+    from sparknet import Net
+    from sparknet.ps import AsyncSession, ParameterServer
+    from sparknet.ps import session as session_module
+
+    df, _ = _blob_frame(spark, n=2400)
+    val = synthetic(300, shape=(6,), num_classes=3, seed=5, noise=1.0)
+    sc = spark.sparkContext
+
+    def slow_step(net, batch):  # 0.1 s a step: each task pushes every 0.5 s for 6 s or more
+        time.sleep(0.1)
+        x, y = batch
+        net.optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net.module(x), y)
+        loss.backward()
+        net.optimizer.step()
+        return loss.item()
+
+    done = threading.Event()
+    killed = []
+
+    servers = []
+
+    class WatchedServer(ParameterServer):  # the session's server, for the killer to watch
+        def start(self):
+            servers.append(self)
+            return super().start()
+
+    monkeypatch.setattr(session_module, "ParameterServer", WatchedServer)
+
+    def kill_when_both_tasks_run():
+        """Kill host 1 once both tasks have pushed: in the middle of the epoch."""
+        deadline = time.monotonic() + 120
+        while not done.is_set() and time.monotonic() < deadline:
+            if servers and len(servers[0].stats()["applied_by_worker"]) >= 2:
+                cluster.kill_host(1)
+                killed.append(servers[0].stats()["pushes_applied"])
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_when_both_tasks_run, daemon=True)
+    net = Net(zoo.mlp(input_shape=[6], hidden=[16], num_classes=3), SolverConfig(base_lr=0.05), seed=0)
+    sess = AsyncSession(net, combiner="delta", spark=spark)
+    killer.start()
+    try:
+        m = sess.run(slow_step, df, batch_size=16, tau=5, epochs=1, validation_data=(val.x, val.y))
+    finally:
+        done.set()
+        killer.join(timeout=130)
+        if not cluster.host_up(1):
+            cluster.start_host(1)
+    epoch = m["epochs"][0]
+    assert killed and epoch["retried_tasks"] == 1 and epoch["hosts"] == [cluster.hostname(2)]
+    assert sum(t["rows"] for t in m["tasks"]) == 2400
+    # every step's push applied once: the retried task's pushes for steps its dead attempt had pushed are
+    # acknowledged as duplicates, not applied again
+    assert epoch["pushes_applied"] == sum(-(-t["steps"] // 5) for t in m["tasks"]) and m["duplicate_pushes"] >= 1
+    assert m["test_accuracy"] > 0.8

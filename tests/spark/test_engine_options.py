@@ -148,3 +148,11 @@ def test_what_the_engines_still_refuse():
         SparkTrainer(_mlp(), dist=dist, strategy=Sync())
     with pytest.raises(ValueError, match="must be a sparknet.link.LinkModel"):
         EngineOptions(link="50ms")
+
+
+@pytest.mark.parametrize("name,value", [("elastic_after_s", -1.0), ("elastic_after_s", float("nan")),
+                                        ("round_timeout_s", 0.0), ("rendezvous_timeout_s", float("inf"))])
+def test_engine_options_refuse_impossible_seconds(name, value):
+    with pytest.raises(ValueError, match=f"{name} must be"):
+        EngineOptions(**{name: value})
+    assert EngineOptions(elastic_after_s=None).elastic_after_s is None  # never: K workers always, in waves

@@ -32,7 +32,7 @@ from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
 from sparknet.spark._session import local_slots
 
 __all__ = ["job_group", "run_with_deadline", "cancel_group", "task_error", "spark_call", "Watchdog",
-           "default_round_deadline", "check_barrier_slots", "quietly"]
+           "default_round_deadline", "check_barrier_slots", "task_slots", "quietly"]
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,19 @@ def check_barrier_slots(sc, workers: int, what: str) -> None:
     if workers > slots:
         raise ValueError(f"{what} runs all {workers} workers at once but {sc.master} has {slots} task slots; "
                          f"use at most {slots} workers or a bigger cluster")
+
+
+def task_slots(sc) -> int | None:
+    """Tasks the cluster can run at once now (executors lost are not counted); ``None`` if Spark cannot say."""
+    slots = local_slots(sc.master)
+    if slots is not None:
+        return slots
+    try:
+        jsc = sc._jsc.sc()
+        return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    except Exception:  # an internal Spark method: a version without it gives no count
+        log.debug("could not count the cluster's task slots", exc_info=True)
+        return None
 
 
 def quietly(fn: Callable[[], object]) -> None:

@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from sparknet.errors import DeadlineExceeded, EngineError
-from sparknet.spark._backend import run_with_deadline, task_error
+from sparknet.spark._backend import run_with_deadline, task_error, task_slots
 from sparknet.spark._barrier import GroupPlan, StagePlan, run_barrier
 from sparknet.spark._channel import MetricsReceiver, decode_tree, new_secret
-from sparknet.spark._session import is_local_master, local_slots
+from sparknet.spark._session import is_local_master
 from sparknet.stopping import StopRule
 
 __all__ = ["BarrierStage", "run_barrier_engine"]
@@ -69,19 +69,6 @@ def run_barrier_engine(trainer, sc, group: str, chunks, _chunks, spec, global_fl
     history.sort(key=lambda h: h["round"])
     extra.update(restarts=len(restarts), restart_log=restarts)
     return final, history, extra
-
-
-def task_slots(sc) -> int | None:
-    """Tasks the cluster can run at once now (executors lost are not counted); ``None`` if Spark cannot say."""
-    slots = local_slots(sc.master)
-    if slots is not None:
-        return slots
-    try:
-        jsc = sc._jsc.sc()
-        return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
-    except Exception:  # an internal Spark method: a version without it just skips the check
-        log.debug("could not count the cluster's task slots", exc_info=True)
-        return None
 
 
 def _wait_for_slots(sc, workers: int, timeout_s: float, round_done: int, cause: BaseException) -> None:

@@ -567,8 +567,11 @@ def _receive(spec: WorkerSpec, state: WorkerState, message: np.ndarray, task: Ro
     return seen
 
 
-def run_round(spec_bc, weights_bc, task: RoundTask):
-    """Task function of a round: train from the broadcast weights; yields one partial aggregate."""
+def run_round(spec_bc, weights_bc, task: RoundTask, states_bc=None):
+    """Task function of a round: train from the broadcast weights; yields one partial aggregate.
+
+    ``states_bc``: the workers' states the driver holds, for workers that sat out rounds (elastic rounds).
+    """
 
     def run(index: int, records):
         record = None
@@ -576,7 +579,7 @@ def run_round(spec_bc, weights_bc, task: RoundTask):
             pass
         try:
             _evict_finished()
-            yield fold(None, _train_round(spec_bc, weights_bc, task, index, record))
+            yield fold(None, _train_round(spec_bc, weights_bc, task, index, record, states_bc=states_bc))
         except Exception as exc:
             raise worker_failure(index, exc) from None
 

@@ -24,7 +24,7 @@ import torch
 from sparknet._enums import CompressionKind, parse_enum
 from sparknet.errors import DeadlineExceeded
 from sparknet.loop import Exchange, Progress, RoundPlan, RoundUpdate, run_rounds
-from sparknet.spark._backend import Watchdog, default_round_deadline, job_group, spark_call
+from sparknet.spark._backend import Watchdog, default_round_deadline, job_group, spark_call, task_slots
 from sparknet.spark._rounds import (Partial, RoundTask, WorkerStatus, combine, decode_updates, run_round,
                                     run_round_from_chunks)
 from sparknet.stopping import StopRule
@@ -64,13 +64,20 @@ class SparkRoundsExchange(Exchange):
         after every round; the tasks send their state back when ``wants_state(round)`` says so.
     wants_state : callable, optional
         ``wants_state(rounds_done, last) -> bool``.
+    hold_states : bool
+        The tasks send their state every round and the driver holds it (on a cluster): a partition that
+        moves to a host without its state continues from the driver's copy.
+    elastic_after_s : float, optional
+        With ``hold_states``: seconds the cluster may have fewer task slots than workers before a round
+        trains only as many workers as there are slots, in turn (``None``: never).
     """
 
     engine = "rounds"
 
     def __init__(self, sc, group: str, staged, chunks, spec_bc, *, workers: int, compression: str, driver_net,
                  broadcasts: list, round_timeout_s: float | None = None, link=None, checkpoint=None,
-                 wants_state=None, downlink_state: dict | None = None, hold_states: bool = False):
+                 wants_state=None, downlink_state: dict | None = None, hold_states: bool = False,
+                 elastic_after_s: float | None = None):
         self.sc, self.group, self.staged, self.chunks, self.spec_bc = sc, group, staged, chunks, spec_bc
         self.workers, self.driver_net, self.broadcasts = workers, driver_net, broadcasts
         self.compression = parse_enum(CompressionKind, compression, "compression")
@@ -89,6 +96,12 @@ class SparkRoundsExchange(Exchange):
         self.hold_states = hold_states
         self._hosts: list[str] | None = None  # where the last round's tasks ran
         self._held: dict | None = None  # {"round": rounds done, "workers": {index: state}} with hold_states
+        self.elastic_after_s = elastic_after_s
+        self._slots: int | None = None  # task slots at the start of the last round
+        self._short_since: float | None = None  # when the cluster was first seen short of task slots
+        self._turn = 0  # the first worker of the next elastic round
+        self._stale: set[int] = set()  # workers left out of a round since they last trained
+        self.elastic_rounds = 0
         self.latest: torch.Tensor | None = None
         """The newest global weights (after the last round)."""
 
@@ -98,16 +111,23 @@ class SparkRoundsExchange(Exchange):
         task = RoundTask(plan=plan, numel=self.numel, send_state=self._want_state or self.hold_states,
                          held=self.hold_states)
         t_round = time.perf_counter()
+        active = self._elastic_workers(r)
         message = global_flat.numpy() if down is None else down.message(global_flat).numpy()
         weights_bc = sc.broadcast(message)
         deadline = self.round_timeout_s or default_round_deadline(self.slowest_step_s, plan.steps, plan.seconds)
         watchdog = Watchdog(sc, group, deadline)
         full = []
         states_bc = None
+        if self._stale.intersection(range(self.workers) if active is None else active):
+            states_bc = sc.broadcast(self._held)  # workers back from a pause continue from the driver's copy
         try:
             sc.setJobDescription(f"sparknet round {r + 1}")
             with watchdog:
-                acc = self._aggregate(self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, task)))
+                tasks = self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, task, states_bc))
+                if active is None:
+                    acc = self._aggregate(tasks)
+                else:
+                    acc = self._run_partitions(tasks, active)
                 for status, why in ((WorkerStatus.MISSING, "are not staged where Spark ran them"),
                                     (WorkerStatus.NEED_STATE, "moved to a host without their solver state")):
                     redo = sorted(w.index for w in acc.workers if w.status is status)
@@ -136,7 +156,56 @@ class SparkRoundsExchange(Exchange):
             weights_bc.destroy()
             if states_bc is not None:
                 states_bc.destroy()
-        return self._update(r, acc, message, full, time.perf_counter() - t_round)
+        return self._update(r, acc, message, full, time.perf_counter() - t_round, active)
+
+    def _elastic_workers(self, r: int) -> list[int] | None:
+        """The workers of round ``r`` (``None``: all K), from the task slots the cluster has now.
+
+        On a cluster (``hold_states``): after the cluster has had fewer slots than workers for
+        ``elastic_after_s`` seconds, a round trains as many workers as there are slots, the next ones
+        in turn, so every partition's rows keep coming back. When slots are added (a host back, or a
+        new one), the partitions are staged again where Spark places the round's tasks, so the new
+        host takes work; once there are slots for all, every worker trains again.
+        """
+        if not self.hold_states or self._held is None:  # a first round holds no state to move or pause with
+            return None
+        slots = task_slots(self.sc)
+        if slots is None:
+            return None
+        if self._slots is not None and slots > self._slots:
+            log.warning("round %d: the cluster has %d task slot(s), %d more than the round before; the partitions "
+                        "are staged again where Spark runs this round's tasks", r + 1, slots, slots - self._slots)
+            self._restage()
+        self._slots = slots
+        if slots >= self.workers:
+            if self._short_since is not None:
+                log.warning("round %d: the cluster has task slots for all %d workers again; every round trains "
+                            "all of them", r + 1, self.workers)
+            self._short_since = None
+            return None
+        now = time.monotonic()
+        if self._short_since is None:
+            self._short_since = now
+            log.warning("round %d: the cluster has %d task slot(s) for %d workers; Spark runs the tasks in waves "
+                        "on the hosts left%s", r + 1, slots, self.workers,
+                        "" if self.elastic_after_s is None else
+                        f" (after {self.elastic_after_s:g} s each round trains {max(slots, 1)} worker(s) in turn)")
+        if self.elastic_after_s is None or now - self._short_since < self.elastic_after_s:
+            return None
+        n = max(slots, 1)
+        active = sorted((self._turn + j) % self.workers for j in range(n))
+        self._turn = (self._turn + n) % self.workers
+        return active
+
+    def _restage(self) -> None:
+        """Drop the staged partitions' records: the next job stages each partition again where it runs."""
+        level = self.staged.getStorageLevel()
+        self.staged.unpersist(blocking=True)
+        self.staged.persist(level)
+        self._stale = set(range(self.workers))  # a partition staged on a new host continues from the driver's state
+
+    def _run_partitions(self, tasks, partitions: list[int]) -> Partial:
+        return functools.reduce(combine, spark_call(self.sc.runJob, tasks, _identity, partitions), None)
 
     def _aggregate(self, parts) -> Partial:
         if self.workers > 8 and self.down is None:  # sum in a tree: K partial sums need not all reach the driver
@@ -145,15 +214,20 @@ class SparkRoundsExchange(Exchange):
 
     def _rerun(self, acc: Partial, weights_bc, task: RoundTask, partitions: list[int], states_bc=None) -> Partial:
         redo = self.chunks.mapPartitionsWithIndex(run_round_from_chunks(self.spec_bc, weights_bc, task, states_bc))
-        for part in spark_call(self.sc.runJob, redo, _identity, sorted(partitions)):
-            acc = combine(acc, part)
-        return acc
+        return combine(acc, self._run_partitions(redo, sorted(partitions)))
 
-    def _update(self, r: int, acc: Partial, message: np.ndarray, full: list[int], round_s: float) -> RoundUpdate:
+    def _update(self, r: int, acc: Partial, message: np.ndarray, full: list[int], round_s: float,
+                active: list[int] | None) -> RoundUpdate:
         workers = sorted(acc.workers, key=lambda w: w.index)
-        self._worker_states = {w.index: w.worker_state for w in workers if w.worker_state is not None}
-        if self.hold_states:
-            self._held = {"round": r + 1, "workers": self._worker_states}
+        states = {w.index: w.worker_state for w in workers if w.worker_state is not None}
+        if self.hold_states:  # a worker left out of the round keeps the state it had: it made no step
+            states = {**(self._held["workers"] if self._held else {}), **states}
+            self._held = {"round": r + 1, "workers": states}
+        self._worker_states = states
+        if active is not None:
+            self._stale = (self._stale | set(range(self.workers))) - set(active)
+        else:
+            self._stale = set()
         trained = [w for w in workers if w.trained]
         steps = max((w.steps for w in trained), default=0)
         if steps:
@@ -183,7 +257,10 @@ class SparkRoundsExchange(Exchange):
             fields["link_s"] = max((w.link_s or 0.0 for w in trained), default=0.0)
         if self.rerun_partitions:
             fields["rerun_partitions"] = self.rerun_partitions
-        return RoundUpdate(total=total, samples=acc.samples, loss_sum=acc.loss_sum, steps=steps,
+        if active is not None:
+            self.elastic_rounds += 1
+            fields["trained_workers"] = active
+        return RoundUpdate(workers=None if active is None else len(active),total=total, samples=acc.samples, loss_sum=acc.loss_sum, steps=steps,
                            processed=sum(w.samples for w in trained),
                            compute_s=slowest.compute_s if slowest is not None else 0.0,
                            slowest_steps=slowest.steps if slowest is not None else 0, nbytes=moved,
@@ -243,7 +320,8 @@ def run_rounds_engine(trainer, sc, group: str, staged, chunks, spec, global_flat
                                    broadcasts=broadcasts, round_timeout_s=trainer.options.round_timeout_s,
                                    link=trainer.link, checkpoint=checkpoint, wants_state=wants_state,
                                    downlink_state=None if resume is None else resume.get("downlink"),
-                                   hold_states=trainer.options.holds_worker_state(sc.master))
+                                   hold_states=trainer.options.holds_worker_state(sc.master),
+                                   elastic_after_s=trainer.options.elastic_after_s)
     progress = Progress()
     if resume is not None:
         progress = Progress(round=resume["round"], steps_done=resume["steps_done"],
@@ -258,7 +336,8 @@ def run_rounds_engine(trainer, sc, group: str, staged, chunks, spec, global_flat
     with job_group(sc, group, f"sparknet rounds ({trainer.dist.workers} workers)"):  # each round names itself
         global_flat = run_rounds(exchange, trainer.strategy, global_flat, stop, progress=progress, auto=auto,
                                  eval_every=trainer.dist.eval_every_rounds, on_record=on_record, t0=t_fit)
-    return global_flat, history, {"rerun_partitions": exchange.rerun_partitions}
+    return global_flat, history, {"rerun_partitions": exchange.rerun_partitions,
+                                  "elastic_rounds": exchange.elastic_rounds}
 
 
 def _identity(items):

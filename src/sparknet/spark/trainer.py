@@ -91,6 +91,14 @@ class EngineOptions:
     """Rounds engine: every task also sends its solver and strategy state to the driver each round, and a
     partition that moves to another host (a host lost) continues from it instead of from a fresh solver.
     Default: on a cluster (not on a local master, whose executors share one disk and find the state there)."""
+    elastic_after_s: float | None = 60.0
+    """Rounds engine: how long the cluster may have fewer task slots than workers (a host lost) before
+    each round trains only as many workers as there are slots, a different few each round in turn, so
+    that a round takes the time of one task again and every partition's rows still get their turn
+    (a host that comes back is used again from the next round). Until then, and always with ``None``,
+    Spark runs the K tasks in waves on the hosts left, and the weights are those of an undisturbed run.
+    Needs the driver to hold the workers' states (:attr:`worker_state_on_driver`, on by default on a
+    cluster)."""
     warmup_max_samples: int = 20_000
     """Most training rows collected to the driver for the warm-up steps."""
     warmup_max_bytes: int = 256 << 20
@@ -145,6 +153,8 @@ class EngineOptions:
         if self.link is not None and not isinstance(self.link, LinkModel):
             raise ValueError(f"link must be a sparknet.link.LinkModel (e.g. LinkModel.parse('50ms', '100Mbit')), "
                              f"got {type(self.link).__name__}")
+        if self.elastic_after_s is not None and not (math.isfinite(self.elastic_after_s) and self.elastic_after_s >= 0):
+            raise ValueError(f"elastic_after_s must be 0 or more seconds, or None (never), got {self.elastic_after_s}")
         for name in ("rendezvous_timeout_s", "collective_timeout_s", "driver_timeout_s", "round_timeout_s",
                      "data_timeout_s"):
             value = getattr(self, name)

@@ -1,0 +1,37 @@
+"""Shared pieces of the multi-host tests: the rig's module and a SparkSession on it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location(
+    "netns_cluster", Path(__file__).resolve().parents[2] / "scripts" / "netns_cluster.py")
+netns_cluster = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(netns_cluster)
+
+
+@contextmanager
+def rig_session(cluster, name: str, **conf: str):
+    """A SparkSession whose driver is on the rig's bridge (``conf``: more Spark settings), stopped on exit."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(cluster.master).appName(name)
+    for key, value in {**cluster.driver_conf(), "spark.ui.enabled": "false", "spark.python.worker.reuse": "true",
+                       "spark.ui.showConsoleProgress": "false", "spark.task.maxFailures": "4", **conf}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    try:
+        yield session
+    finally:
+        jvm = session.sparkContext._jvm
+        session.stop()
+        # Spark leaves the driver's address in the JVM's system properties, where the next session
+        # in this process (a later test module's local one) would try to bind to the rig's gone bridge.
+        for key in ("spark.driver.host", "spark.driver.bindAddress"):
+            jvm.System.clearProperty(key)

@@ -1,0 +1,28 @@
+"""The multi-host rig (scripts/netns_cluster.py) as a module-scoped fixture: two worker hosts.
+
+Needs root; under CI (``CI=true``, where the suite runs as root) a rig that cannot start fails
+the run instead of skipping it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from _rig import netns_cluster
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    why = netns_cluster.rig_unavailable()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the multi-host rig cannot start under CI: {why}")
+        pytest.skip(why)
+    rig = netns_cluster.NetnsCluster(workers=2, memory="1536m")
+    rig.start()
+    try:
+        yield rig
+    finally:
+        rig.stop()
