@@ -7,7 +7,14 @@ Run it (about two minutes on two cores)::
 
 Every run is seeded and counts steps, not seconds, so its final weights are a function of the
 code alone: the same code on the same machine gives the same SHA-256 of the final float32
-weights. ``scripts/weights_fingerprint.json`` holds the current fingerprints (``runs``), those
+weights. Another CPU (torch picks its kernels by the instructions a CPU has) or other library
+versions give other sums: to compare two commits, fingerprint both on one machine::
+
+    git worktree add /tmp/base BASE && PYTHONPATH=/tmp/base/src python /tmp/base/scripts/weights_fingerprint.py --out /tmp/base.json
+    python scripts/weights_fingerprint.py --check /tmp/base.json
+
+The report names the machine (``machine``), and ``--check`` says when the file was recorded on
+another one. ``scripts/weights_fingerprint.json`` holds the current fingerprints (``runs``), those
 recorded before the round loop became one loop, and why the runs that moved since moved;
 ``--check`` recomputes them and names every run whose weights moved.
 
@@ -133,6 +140,20 @@ def model_parallel_runs(spark) -> dict[str, str]:
     return out
 
 
+def machine() -> dict:
+    """What the fingerprints depend on besides the code: the CPU, its kernels and the libraries."""
+    import platform
+
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return {"cpu": model, "arch": platform.machine(), "torch": torch.__version__, "numpy": np.__version__,
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the fingerprints here (JSON)")
@@ -157,7 +178,7 @@ def main(argv=None) -> int:
             found.update(model_parallel_runs(spark))
         finally:
             spark.stop()
-    report = {"torch": torch.__version__, "wall_s": round(time.perf_counter() - t0, 1), "runs": found}
+    report = {"machine": machine(), "wall_s": round(time.perf_counter() - t0, 1), "runs": found}
     print(json.dumps(report, indent=2))
     if args.out:
         with open(args.out, "w") as f:
@@ -165,7 +186,12 @@ def main(argv=None) -> int:
             f.write("\n")
     if args.check:
         with open(args.check) as f:
-            expected = json.load(f)["runs"]
+            recorded = json.load(f)
+        expected = recorded["runs"]
+        if recorded.get("machine") != report["machine"]:
+            print(f"NOTE    {args.check} was recorded on another machine or with other libraries "
+                  f"({recorded.get('machine') or 'not named'}; this one: {report['machine']}): its sums need not "
+                  "match; fingerprint the base on this machine with --out and check against that", file=sys.stderr)
         moved = sorted(k for k in found if k in expected and expected[k] != found[k])
         missing = sorted(k for k in expected if k not in found and (args.only is None or k.startswith(
             "simulate" if args.only == "simulate" else ("rounds", "barrier", "model_parallel"))))

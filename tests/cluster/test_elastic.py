@@ -58,7 +58,7 @@ def test_a_host_gone_leaves_one_worker_a_round_in_turn_and_a_host_back_is_used_a
     trainer = SparkTrainer(zoo.mlp(input_shape=[6], hidden=[16], num_classes=3),
                            solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=16, seed=3,
                            dist=DistributedConfig(workers=2, tau=10, rounds=8), spark=spark, on_round=on_round,
-                           options=EngineOptions(elastic_after_s=0))
+                           options=EngineOptions(elastic_after_s=0, round_timeout_s=180))
     try:
         result = trainer.fit(df, validation=(val.x, val.y))
     finally:

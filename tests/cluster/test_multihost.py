@@ -151,7 +151,7 @@ def test_a_host_lost_mid_run_costs_nothing_in_the_rounds_engine(spark, cluster):
         trainer = SparkTrainer(zoo.mlp(input_shape=[6], hidden=[16], num_classes=3),
                                solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=16, seed=3,
                                dist=DistributedConfig(workers=2, tau=10, rounds=6), spark=spark, on_round=on_round,
-                               options=EngineOptions(storage_level="MEMORY_AND_DISK_2"))
+                               options=EngineOptions(storage_level="MEMORY_AND_DISK_2", round_timeout_s=180))
         return trainer.fit(df, validation=(val.x, val.y))
 
     calm = fit()
