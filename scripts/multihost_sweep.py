@@ -31,7 +31,9 @@ M = "$SPARKNET_MASTER"
 TRAIN = ["sparknet", "train", "--workers", "2", "--master", M, "--quiet"]
 
 
-def commands(work: Path, experiments: bool) -> dict[str, list[str]]:
+def commands(work: Path, shared: Path, experiments: bool) -> dict[str, list[str]]:
+    """The commands, by name. ``work`` is on the driver's disk only; ``shared`` is a folder every host mounts
+    (on the rig, under /var/tmp), for what executors read or write themselves (predict's data and output)."""
     quick = ["--steps", "60", "--tau", "30"]
     out = {
         "train mnist rounds": [*TRAIN, "--dataset", "mnist", "--lr", "0.05", *quick],
@@ -45,11 +47,15 @@ def commands(work: Path, experiments: bool) -> dict[str, list[str]]:
         "train synthetic mlp": [*TRAIN, "--model", "mlp", "--dataset", "synthetic", *quick],
         "train shakespeare char_lstm": [*TRAIN, "--model", "char_lstm", "--dataset", "shakespeare", "--steps", "20",
                                         "--tau", "10"],
+        "train synthetic-sequences char_lstm": [*TRAIN, "--model", "char_lstm", "--dataset", "synthetic-sequences",
+                                                *quick],
         "train --data": [*TRAIN, "--model", "mlp", "--data", str(work / "digits.parquet"), *quick],
         "train --model-parallel 2": [*TRAIN, "--model", "mlp", "--dataset", "mnist-small", "--engine", "barrier",
                                      "--model-parallel", "2", *quick],
         "train --save-model": [*TRAIN, "--model", "mlp", "--dataset", "mnist-small", "--save-model",
-                               str(work / "model"), *quick],
+                               str(shared / "model"), *quick],
+        "predict": ["sparknet", "predict", "--master", M, "--model", str(shared / "model"), "--data",
+                    str(shared / "digits.parquet"), "--out", str(shared / "scored")],
         "doctor": ["sparknet", "doctor", "--master", M, "--json"],
         "example async_ps": [sys.executable, "examples/async_ps.py", "--quick", "--json", "--master", M],
         "example pipeline": [sys.executable, "examples/pipeline.py", "--quick", "--master", M],
@@ -58,9 +64,11 @@ def commands(work: Path, experiments: bool) -> dict[str, list[str]]:
                                 "--master", M],
     }
     if experiments:
-        for name in ("speedup-grid", "speedup-vs-overhead", "time-to-accuracy", "tau-sensitivity", "slow-network"):
+        for name in ("time-to-accuracy", "tau-sensitivity", "slow-network"):  # these run on Spark
             out[f"experiment {name}"] = ["sparknet", "experiment", name, "--quick", "--master", M,
                                          "--out", str(work / name)]
+        for name in ("speedup-grid", "speedup-vs-overhead"):  # simulations in the driver's process: no master
+            out[f"experiment {name}"] = ["sparknet", "experiment", name, "--quick", "--out", str(work / name)]
     return out
 
 
@@ -88,13 +96,15 @@ def main(argv=None) -> int:
         return 2
     results = []
     with tempfile.TemporaryDirectory(prefix="sparknet-sweep-") as tmp, \
+            tempfile.TemporaryDirectory(prefix="sparknet-sweep-", dir="/var/tmp") as shared_tmp, \
             netns_cluster.NetnsCluster(workers=2, memory="1536m") as cluster:
-        work = Path(tmp)
+        work, shared = Path(tmp), Path(shared_tmp)  # the rig's hosts have a private /tmp but share /var/tmp
         from sparknet.datasets import mnist_small
         from sparknet.spark.run import dataset_as_parquet
 
         dataset_as_parquet(mnist_small().train, work / "digits.parquet")  # on the driver's disk only
-        for name, cmd in commands(work, args.experiments).items():
+        dataset_as_parquet(mnist_small().test, shared / "digits.parquet")  # every host sees this one
+        for name, cmd in commands(work, shared, args.experiments).items():
             if args.only and args.only not in name:
                 continue
             cmd = [c.replace(M, cluster.master) for c in cmd]

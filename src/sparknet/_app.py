@@ -59,7 +59,11 @@ def load_training_data(run: RunConfig):
                 {"vocab_size": corpus.vocab_size, "corpus": corpus, "seq_len": seq_len})
     data = datasets.load_dataset(name)
     train, test = data.train, data.test
-    return train, test, {"input_shape": tuple(train.x.shape[1:]), "num_classes": int(train.y.max()) + 1}
+    info = {"input_shape": tuple(train.x.shape[1:]), "num_classes": int(train.y.max()) + 1}
+    if np.ndim(train.y) == 2:  # token sequences, a label per position (synthetic-sequences)
+        vocab = int(max(train.x.max(), train.y.max())) + 1
+        info.update(vocab_size=vocab, seq_len=int(train.x.shape[1]), num_classes=vocab)
+    return train, test, info
 
 
 def build_model(run: RunConfig, info: dict):

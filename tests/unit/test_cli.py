@@ -50,3 +50,14 @@ def test_save_model_and_tensorboard(tmp_path):
     acc = EventAccumulator(str(tb))
     acc.Reload()
     assert acc.Tags()["scalars"], "no scalars were written"
+
+
+def test_every_built_in_sequence_data_set_trains_the_char_lstm(tmp_path):
+    """synthetic-sequences names its vocabulary from its tokens (it once failed with a KeyError)."""
+    out = tmp_path / "m.jsonl"
+    rc = main(["train", "--model", "char_lstm", "--dataset", "synthetic-sequences", "--steps", "60",
+               "--batch-size", "32", "--lr", "0.05", "--threads", "1", "--metrics-out", str(out), "--quiet"])
+    assert rc == 0
+    summary = read_metrics(out)[-1]
+    assert summary["event"] == "summary" and summary["steps"] == 60
+    assert summary["test_accuracy"] > 1 / 16 * 2  # the next token follows a rule; chance is 1/16
