@@ -22,6 +22,7 @@ def rig_session(cluster, name: str, **conf: str):
 
     builder = SparkSession.builder.master(cluster.master).appName(name)
     for key, value in {**cluster.driver_conf(), "spark.ui.enabled": "false", "spark.python.worker.reuse": "true",
+                       "spark.python.unix.domain.socket.enabled": "true",
                        "spark.ui.showConsoleProgress": "false", "spark.task.maxFailures": "4", **conf}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()

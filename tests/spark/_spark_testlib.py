@@ -20,6 +20,7 @@ BASE_CONF = {
     "spark.default.parallelism": "2",
     "spark.executor.memory": "768m",
     "spark.python.worker.reuse": "true",
+    "spark.python.unix.domain.socket.enabled": "true",  # as sparknet's own sessions (get_session) set it
 }
 
 
