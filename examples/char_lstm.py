@@ -51,7 +51,7 @@ from sparknet.loop import Progress, run_rounds
 from sparknet.parallel import init_layout, replica_seed
 from sparknet.sample import sample_text
 from sparknet.solvers import SolverConfig
-from sparknet.stopping import StopRule
+from sparknet.stopping import EvalPlan, StopRule
 from sparknet.strategies import make_strategy
 
 log = logging.getLogger("char_lstm")
@@ -181,7 +181,7 @@ class _CharExchange(CollectiveExchange):
             decay = min(self.args.ema, (1 + progress.round) / (10 + progress.round))
             self.ema.mul_(decay).add_(global_flat, alpha=1 - decay)
 
-    def evaluate(self, global_flat: torch.Tensor):
+    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None):  # always the whole probe set
         self.net.set_flat(global_flat if self.ema is None else self.ema)
         return math.nan, _val_bpc(self.net, self.probe.x, self.probe.y, self.world)  # (no accuracy, bpc)
 
@@ -242,8 +242,8 @@ def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> N
                      entry["steps"], entry["elapsed_s"], entry["train_bpc"], entry["val_bpc"], entry["sync_s"] * 1e3)
 
     stop = StopRule(rounds=args.rounds, tau=args.tau, round_seconds=args.round_seconds)
-    global_flat = run_rounds(exchange, strategy, global_flat, stop, progress=progress, eval_every=args.eval_every,
-                             on_record=on_record)
+    global_flat = run_rounds(exchange, strategy, global_flat, stop, progress=progress,
+                             evaluation=EvalPlan(every=args.eval_every), on_record=on_record)
     steps, rounds = progress.steps_done, progress.round
     probe_global = None
     if ema is not None:

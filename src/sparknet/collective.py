@@ -59,6 +59,8 @@ class CollectiveExchange(Exchange):
         False: this rank trains nothing and sends an empty row.
     validation : (ndarray, ndarray), optional
         This rank's share of the validation rows.
+    validation_rows : int, optional
+        Validation rows over all ranks (a screen scores its share of a sample of them).
     compression : str
         Codec of the updates (``none``: one sum-allreduce).
     link : LinkModel, optional
@@ -79,11 +81,12 @@ class CollectiveExchange(Exchange):
                  compression: CompressionKind | str = CompressionKind.NONE,
                  link=None, seed_for_round: Callable[[int], int] | None = None,
                  after_train: Callable[[object, int], None] | None = None, engine: str = "barrier",
-                 train: Callable | None = None):
+                 train: Callable | None = None, validation_rows: int | None = None):
         self.net, self.strategy, self.rank, self.world, self.group = net, strategy, rank, world, group
         self.workers = world
         self.state = state if state is not None else WorkerState()
         self.has_data, self.validation, self.link = has_data, validation, link
+        self.validation_rows = validation_rows
         codec = make_compressor(compression)
         self.compression = codec.kind
         self.codec = None if codec.kind is CompressionKind.NONE else codec
@@ -186,22 +189,24 @@ class CollectiveExchange(Exchange):
         return rows
 
     # -- evaluation ---------------------------------------------------------------------------
-    def evaluate(self, global_flat: torch.Tensor) -> tuple[float, float] | None:
+    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None) -> tuple[float, float] | None:
         if self.validation is None:
             return None
         waited = {"link_s": 0.0}
         result = evaluate_shards(self.net, global_flat, self.validation, group=self.group,
-                                 keep_local=self.strategy.keeps_local_weights, link=self.link, waited=waited)
+                                 keep_local=self.strategy.keeps_local_weights, link=self.link, waited=waited,
+                                 sample=None if rows is None else -(-rows // self.world))
         self.eval_link_s = waited["link_s"]
         return result
 
 
 def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, keep_local: bool = False, link=None,
-                    waited: dict | None = None) -> tuple[float, float]:
+                    waited: dict | None = None, sample: int | None = None) -> tuple[float, float]:
     """Accuracy and loss of the global weights over every rank's share of the validation rows.
 
     One allreduce of (correct, count, loss) over ``group``, so every rank gets the same
     numbers; ``net`` gets its own weights back afterwards when ``keep_local`` (EASGD).
+    ``sample``: each rank scores at most that many of its rows (a fixed random sample).
     """
     import torch.distributed as dist
 
@@ -210,7 +215,7 @@ def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, k
     x, y = validation
     t = torch.zeros(3, dtype=torch.float64)
     if len(x):
-        res = net.evaluate((x, y))
+        res = net.evaluate((x, y), sample=sample)
         t[:] = torch.tensor([res.accuracy * res.samples, float(res.samples), res.loss * res.samples],
                             dtype=torch.float64)
     if link is not None and waited is not None:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from sparknet._enums import CompressionKind, parse_enum
 from sparknet.link import LinkModel
+from sparknet.stopping import EvalPlan
 from sparknet.solvers import LRPolicy, SolverConfig, SolverType
 
 __all__ = ["Engine", "Strategy", "CompressionKind", "RunConfig", "DistributedConfig", "TrainConfig", "parse_enum"]
@@ -166,7 +167,11 @@ class DistributedConfig:
     master: str | None = None
     """Spark master URL (default local[K])."""
     eval_every_rounds: int = 1
-    """Rounds between evaluations on the driver."""
+    """Rounds between evaluations of the global weights."""
+    eval_screen_rows: int = 2000
+    """Between full evaluations, score only this fixed random sample of validation rows; the whole set is
+    scored when the sample comes near --target-accuracy, every 10th evaluation and at the end (0: always
+    the whole set)."""
     auto_tau: bool = False
     """Choose tau while training so synchronization stays under --auto-tau-target of wall time."""
     auto_tau_target: float = 0.1
@@ -229,6 +234,8 @@ class DistributedConfig:
             raise ValueError(f"target_accuracy is a fraction in (0, 1], got {self.target_accuracy}")
         if self.eval_every_rounds < 1:
             raise ValueError(f"eval_every_rounds must be at least 1, got {self.eval_every_rounds}")
+        if self.eval_screen_rows < 0:
+            raise ValueError(f"eval_screen_rows must be 0 (always the whole set) or more, got {self.eval_screen_rows}")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be at least 1 round, got {self.checkpoint_every}")
         if self.checkpoint_keep < 1:
@@ -237,6 +244,10 @@ class DistributedConfig:
             raise ValueError("resume needs --checkpoint-dir: the folder whose newest checkpoint to continue from")
         if self.strategy is Strategy.SYNC:
             check_per_step_strategy(self, "the sync strategy")
+
+    def evaluation(self) -> EvalPlan:
+        """When the round loop evaluates, and on how many rows (--eval-every-rounds, --eval-screen-rows)."""
+        return EvalPlan(every=self.eval_every_rounds, screen_rows=self.eval_screen_rows or None)
 
     def link(self):
         """The simulated link of --link-latency/--link-bandwidth (``None`` when neither is given)."""

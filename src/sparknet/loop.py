@@ -37,10 +37,11 @@ import torch
 from sparknet._enums import CompressionKind
 from sparknet.errors import EngineError, NonFiniteUpdate
 from sparknet.net import TrainStats
-from sparknet.stopping import StopRule
+from sparknet.stopping import EvalPlan, StopRule, screen_margin
 from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, WorkerState, make_compressor
 
-__all__ = ["worker_seed", "round_seed", "RoundPlan", "RoundUpdate", "Progress", "Exchange", "InProcessExchange", "weighted_mean", "run_rounds"]
+__all__ = ["worker_seed", "round_seed", "RoundPlan", "RoundUpdate", "Progress", "Exchange", "InProcessExchange",
+           "weighted_mean", "run_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +128,14 @@ class Exchange(abc.ABC):
     def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
         """Every worker's local steps from ``global_flat``, and their sample-weighted sum of deltas."""
 
-    def evaluate(self, global_flat: torch.Tensor) -> tuple[float, float] | None:
-        """(accuracy, loss) of the global weights on the validation data (``None``: no validation data)."""
+    validation_rows: int | None = None
+    """Rows of the validation data (``None``: not known); the same on every rank."""
+
+    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None) -> tuple[float, float] | None:
+        """(accuracy, loss) of the global weights on the validation data (``None``: no validation data).
+
+        ``rows``: on at most that many rows, the same fixed random sample each time (a screen).
+        """
         return None
 
     def new_global(self, global_flat: torch.Tensor, progress: Progress) -> None:
@@ -157,8 +164,9 @@ def weighted_mean(total: torch.Tensor, samples: float) -> torch.Tensor:
 
 
 def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torch.Tensor, stop: StopRule, *,
-               progress: Progress | None = None, auto: AutoTau | None = None, eval_every: int = 1,
-               on_record: Callable[[dict], None] | None = None, t0: float | None = None) -> torch.Tensor:
+               progress: Progress | None = None, auto: AutoTau | None = None,
+               evaluation: EvalPlan | None = None, on_record: Callable[[dict], None] | None = None,
+               t0: float | None = None) -> torch.Tensor:
     """Train round after round until ``stop`` says so; returns the final global weights.
 
     Parameters
@@ -175,8 +183,8 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
         Counters to continue from (a resumed fit or a restarted stage); updated in place.
     auto : AutoTau, optional
         Chooses tau from the rounds' compute and synchronization times.
-    eval_every : int
-        Rounds between evaluations (the last round is always evaluated).
+    evaluation : EvalPlan, optional
+        When to evaluate and on how many rows (default: every round, in full).
     on_record : callable, optional
         Called with every round record.
     t0 : float, optional
@@ -185,6 +193,7 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
     progress = progress if progress is not None else Progress()
     t0 = time.perf_counter() if t0 is None else t0
     K = exchange.workers
+    check = _Evaluation(exchange, evaluation or EvalPlan(), stop.target_accuracy)
     while True:
         if auto is not None:
             stop.tau = auto.tau
@@ -225,14 +234,11 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
             record["nonfinite_workers"] = len(update.nonfinite)
             log.warning("round %d: workers %s had NaN/Inf loss or weights and were left out of the average", r,
                         list(update.nonfinite))
-        accuracy = None
-        eval_s = 0.0
-        if r % eval_every == 0:
-            accuracy, eval_s = _evaluate(exchange, global_flat, record, eval_s)
+        accuracy = check.round(r, global_flat, record)
         reason = (stop.reason(r, progress.steps_done, progress.samples_done, accuracy)
                   or exchange.stop_reason(record, progress))
         if reason is not None and "val_accuracy" not in record:
-            _evaluate(exchange, global_flat, record, eval_s)
+            check.full(global_flat, record)
         if reason is None and update.steps == 0:
             raise EngineError(f"round {r}: no worker made a step; check tau, max_steps and the data")
         if reason is not None:
@@ -246,14 +252,42 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
             return global_flat
 
 
-def _evaluate(exchange: Exchange, global_flat: torch.Tensor, record: dict, eval_s: float):
-    t = time.perf_counter()
-    result = exchange.evaluate(global_flat)
-    if result is None:
-        return None, eval_s
-    eval_s += time.perf_counter() - t
-    record.update(val_accuracy=result[0], val_loss=result[1], eval_s=eval_s)
-    return result[0], eval_s
+class _Evaluation:
+    """The loop's evaluations (:class:`EvalPlan`): screens, full evaluations, and what the records say."""
+
+    def __init__(self, exchange: Exchange, plan: EvalPlan, target: float | None):
+        self.exchange, self.plan, self.target = exchange, plan, target
+        self.screening = plan.screens(exchange.validation_rows)
+        self.since_full = 0  # evaluations since the last full one
+
+    def round(self, r: int, global_flat: torch.Tensor, record: dict) -> float | None:
+        """Evaluate after round ``r`` when it is due; the whole set's accuracy when measured, else ``None``."""
+        if r % self.plan.every:
+            return None
+        if self.screening and self.since_full + 1 < self.plan.full_every:
+            rows = self.plan.screen_rows
+            t = time.perf_counter()
+            result = self.exchange.evaluate(global_flat, rows=rows)
+            if result is None:
+                return None
+            record.update(screen_accuracy=result[0], screen_loss=result[1], screen_rows=rows,
+                          eval_s=time.perf_counter() - t)
+            near = self.target is not None and result[0] >= self.target - screen_margin(self.target, rows)
+            if not near:
+                self.since_full += 1
+                return None
+        return self.full(global_flat, record)
+
+    def full(self, global_flat: torch.Tensor, record: dict) -> float | None:
+        """Evaluate on the whole validation set (``None``: there is none)."""
+        t = time.perf_counter()
+        result = self.exchange.evaluate(global_flat)
+        if result is None:
+            return None
+        self.since_full = 0
+        record.update(val_accuracy=result[0], val_loss=result[1],
+                      eval_s=record.get("eval_s", 0.0) + time.perf_counter() - t)
+        return result[0]
 
 
 class InProcessExchange(Exchange):
@@ -343,11 +377,16 @@ class InProcessExchange(Exchange):
                 break
         return _sum_stats(done)
 
-    def evaluate(self, global_flat: torch.Tensor) -> tuple[float, float] | None:
+    @property
+    def validation_rows(self) -> int | None:
+        val = None if self.evaluator is None else getattr(self.evaluator, "_val", None)
+        return None if val is None else len(val[0])
+
+    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None) -> tuple[float, float] | None:
         if self.evaluator is None or getattr(self.evaluator, "_val", None) is None:
             return None
         self.evaluator.set_flat(self._deliver(global_flat))
-        res = self.evaluator.evaluate()
+        res = self.evaluator.evaluate(sample=rows)
         return res.accuracy, res.loss
 
 

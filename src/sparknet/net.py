@@ -16,6 +16,7 @@ on the driver (one process) and inside every Spark task.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 import time
@@ -31,7 +32,7 @@ from sparknet.layers import NetParams
 from sparknet.solvers import SolverConfig, build_optimizer, lr_multiplier
 from sparknet.weights import WeightCollection
 
-__all__ = ["Net", "TrainStats", "EvalResult", "resolve_device"]
+__all__ = ["Net", "TrainStats", "EvalResult", "resolve_device", "fixed_sample"]
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +187,14 @@ def _explain_loss_error(exc: IndexError, y: torch.Tensor, what: str) -> ValueErr
         labels = f" (labels in this batch range over [{int(y.min())}, {int(y.max())}])"
     return ValueError(f"{what}: the loss could not be computed: {exc}{labels}; labels must be class ids 0..C-1 "
                       "for a net with C outputs")
+
+
+@functools.lru_cache(maxsize=16)
+def fixed_sample(n: int, k: int) -> np.ndarray:
+    """``k`` of the indices ``0..n-1``, drawn at random once and the same on every call (sorted)."""
+    if not 0 < k <= n:
+        raise ValueError(f"a sample of {k} rows out of {n} is not possible")
+    return np.sort(np.random.default_rng(0x5EED5).choice(n, size=k, replace=False))
 
 
 def accuracy_count(pred: torch.Tensor, y: torch.Tensor) -> int:
@@ -397,14 +406,22 @@ class Net:
 
     # -- evaluation ------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self, data=None, num_steps: int | None = None, batch_size: int = 1000) -> EvalResult:
-        """Mean loss and accuracy on the validation data (or on ``data``)."""
+    def evaluate(self, data=None, num_steps: int | None = None, batch_size: int = 1000, *,
+                 sample: int | None = None) -> EvalResult:
+        """Mean loss and accuracy on the validation data (or on ``data``).
+
+        ``sample``: score at most this many rows, a fixed random sample of them (the same rows on
+        every call for data of the same length): a quick estimate of the whole set's accuracy.
+        """
         if data is not None:
             x, y = self._fit_input(*_collect(data, self._label_ndim, None))
         elif self._val is not None:
             x, y = self._val
         else:
             raise ValueError("no validation data: call set_validation_data() first")
+        if sample is not None and sample < len(x):
+            rows = torch.tensor(fixed_sample(len(x), sample))
+            x, y = x[rows], y[rows]
         was_training = self.module.training
         self.module.eval()
         n = len(x) if num_steps is None else min(len(x), num_steps * batch_size)

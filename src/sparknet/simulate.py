@@ -19,7 +19,7 @@ from sparknet.config import CompressionKind, Strategy, parse_enum
 from sparknet.loop import InProcessExchange, Progress, run_rounds, worker_seed
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
-from sparknet.stopping import StopRule
+from sparknet.stopping import EvalPlan, StopRule
 from sparknet.strategies import make_strategy
 
 __all__ = ["SimulationResult", "simulate"]
@@ -105,7 +105,7 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
     progress = Progress()
     eval_rounds = max(1, math.ceil((eval_every_steps or tau) / tau))
     run_rounds(exchange, strat, strat.init_global(evaluator.get_flat()), stop, progress=progress,
-               eval_every=eval_rounds, on_record=on_record)
+               evaluation=EvalPlan(every=eval_rounds), on_record=on_record)
     acc = history[-1]["accuracy"]
     reached = target_accuracy is not None and acc >= target_accuracy
     steps = progress.steps_done

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -120,13 +121,20 @@ class _LocalExchange(InProcessExchange):
                                      "learning rate (--lr) or check the data for NaN values")
 
     def round_done(self, record: dict, global_flat, progress: Progress) -> None:
-        self.accuracy = record["val_accuracy"]
-        self.metrics.write({"event": "eval", "step": progress.steps_done, "samples": self.samples,
-                            "wall_s": self.metrics.elapsed(), "loss": record["val_loss"],
-                            "test_accuracy": record["val_accuracy"]})
+        out = {"event": "eval", "step": progress.steps_done, "samples": self.samples, "wall_s": self.metrics.elapsed()}
+        if "val_accuracy" in record:  # the whole test set
+            self.accuracy = record["val_accuracy"]
+            out.update(loss=record["val_loss"], test_accuracy=record["val_accuracy"])
+            log.info("step %d: test accuracy %.4f, test loss %.4f", progress.steps_done, record["val_accuracy"],
+                     record["val_loss"])
+        elif "screen_accuracy" in record:  # a fixed sample of it (EvalPlan)
+            self.accuracy = record["screen_accuracy"]
+            out.update(screen_loss=record["screen_loss"], screen_accuracy=record["screen_accuracy"],
+                       screen_rows=record["screen_rows"])
+            log.info("step %d: test accuracy %.4f on a sample of %d rows", progress.steps_done,
+                     record["screen_accuracy"], record["screen_rows"])
+        self.metrics.write(out)
         self.metrics.progress(0, loss=self.loss, acc=self.accuracy)
-        log.info("step %d: test accuracy %.4f, test loss %.4f", progress.steps_done, record["val_accuracy"],
-                 record["val_loss"])
         cp = self.checkpoints
         if cp is not None and (cp.due(progress.round) or "stop_reason" in record):
             _save_local(cp, self.net, global_flat, progress.round, steps=progress.steps_done, samples=self.samples,
@@ -153,8 +161,10 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
             progress = Progress(round=-(-done // run.eval_every), steps_done=done,
                                 samples_done=exchange.samples)
             records: list[dict] = []
+            evaluation = (dist or DistributedConfig()).evaluation()
             net.set_flat(run_rounds(exchange, strategy, strategy.init_global(net.get_flat()), stop,
-                                    progress=progress, on_record=records.append))
+                                    progress=progress, evaluation=replace(evaluation, every=1),
+                                    on_record=records.append))
             done, stop_reason = progress.steps_done, records[-1].get("stop_reason")
             accuracy, loss = records[-1]["val_accuracy"], records[-1]["val_loss"]  # the loop's last evaluation
         else:  # resumed from the end of the run: nothing left to train

@@ -156,3 +156,18 @@ def test_engine_options_refuse_impossible_seconds(name, value):
     with pytest.raises(ValueError, match=f"{name} must be"):
         EngineOptions(**{name: value})
     assert EngineOptions(elastic_after_s=None).elastic_after_s is None  # never: K workers always, in waves
+
+
+@pytest.mark.parametrize("engine", ["rounds", "barrier"])
+def test_rounds_between_full_evaluations_score_a_sample_and_the_last_one_the_whole_set(data, engine):
+    rdd, (vx, vy) = data
+    rows = len(vy) // 2  # a sample of half the rows: the smallest set a screen is made for
+    res = _fit(data, engine, rounds=4, eval_screen_rows=rows)
+    records = [h for h in res.history if h.get("event") == "round"]
+    assert ["val_accuracy" in r for r in records] == [False, False, False, True]
+    assert all(r["screen_rows"] == rows and 0 <= r["screen_accuracy"] <= 1 for r in records)
+    assert records[-1]["val_accuracy"] == res.summary["test_accuracy"]
+    # the sample is scored at the rounds in between; the whole set at the end, as without screens
+    whole = _fit(data, engine, rounds=4, eval_screen_rows=0)
+    assert all("val_accuracy" in r and "screen_accuracy" not in r for r in whole.history if r.get("event") == "round")
+    assert torch.equal(res.weights.to_flat(), whole.weights.to_flat())

@@ -13,9 +13,9 @@ from sparknet import zoo
 from sparknet.config import DistributedConfig, RunConfig
 from sparknet.errors import NonFiniteUpdate
 from sparknet.loop import InProcessExchange, Progress, run_rounds, weighted_mean
-from sparknet.net import Net
+from sparknet.net import Net, fixed_sample
 from sparknet.solvers import SolverConfig
-from sparknet.stopping import StopRule
+from sparknet.stopping import EvalPlan, StopRule, screen_margin
 from sparknet.strategies import Average
 from sparknet.train import train_local
 
@@ -72,11 +72,73 @@ def test_the_loop_stops_on_its_rule_and_evaluates_the_last_round():
     progress = Progress()
     records = []
     run_rounds(InProcessExchange([_net(8), _net(8, seed=1)], Average(), evaluator=evaluator), Average(),
-               evaluator.get_flat(), StopRule(max_steps=10, tau=4), progress=progress, eval_every=5,
-               on_record=records.append)
+               evaluator.get_flat(), StopRule(max_steps=10, tau=4), progress=progress,
+               evaluation=EvalPlan(every=5), on_record=records.append)
     assert [r["steps"] for r in records] == [4, 4, 2]  # max_steps caps the last round
     assert [("val_accuracy" in r) for r in records] == [False, False, True]  # evaluated when it stops
     assert records[-1]["stop_reason"] == "max_steps" and progress.round == 3 and progress.steps_done == 10
+
+
+class _Scripted(InProcessExchange):
+    """An in-process exchange whose accuracy follows a script: (whole set, sample) per round."""
+
+    validation_rows = 10_000
+
+    def __init__(self, nets, script):
+        super().__init__(nets, Average())
+        self.script, self.calls, self.round_index = script, [], 0
+
+    def run_round(self, plan, global_flat):
+        self.round_index = plan.round
+        return super().run_round(plan, global_flat)
+
+    def evaluate(self, global_flat, rows=None):
+        whole, sample = self.script[self.round_index]
+        self.calls.append((self.round_index + 1, rows))
+        return (whole if rows is None else sample), 0.1
+
+
+def test_screens_between_full_evaluations_and_the_stopping_rule_sees_the_whole_set():
+    # the sample reads high in round 3 (a full evaluation follows: 0.97, not yet), near in round 5 (full: 0.991)
+    script = [(0.5, 0.5), (0.8, 0.8), (0.97, 0.995), (0.98, 0.97), (0.991, 0.987), (0.995, 0.995)]
+    exchange = _Scripted([_net(8)], script)
+    records = []
+    run_rounds(exchange, Average(), exchange.nets[0].get_flat(), StopRule(rounds=6, tau=1, target_accuracy=0.99),
+               evaluation=EvalPlan(screen_rows=2000, full_every=10), on_record=records.append)
+    margin = screen_margin(0.99, 2000)
+    assert 0.99 - margin < 0.987 and 0.97 < 0.99 - margin  # round 4's sample is not near, round 5's is
+    assert exchange.calls == [(1, 2000), (2, 2000), (3, 2000), (3, None), (4, 2000), (5, 2000), (5, None)]
+    assert [r.get("val_accuracy") for r in records] == [None, None, 0.97, None, 0.991]
+    assert [r["screen_accuracy"] for r in records] == [0.5, 0.8, 0.995, 0.97, 0.987]
+    assert records[-1]["stop_reason"] == "target_accuracy" and records[-1]["round"] == 5
+
+
+def test_a_full_evaluation_every_so_often_and_at_the_end_and_none_for_a_small_set():
+    script = [(0.5, 0.4)] * 7
+    exchange = _Scripted([_net(8)], script)
+    records = []
+    run_rounds(exchange, Average(), exchange.nets[0].get_flat(), StopRule(rounds=7, tau=1),
+               evaluation=EvalPlan(screen_rows=2000, full_every=3), on_record=records.append)
+    assert ["val_accuracy" in r for r in records] == [False, False, True, False, False, True, True]
+    exchange = _Scripted([_net(8)], script)
+    exchange.validation_rows = 3999  # under twice the sample: every evaluation is whole
+    run_rounds(exchange, Average(), exchange.nets[0].get_flat(), StopRule(rounds=2, tau=1),
+               evaluation=EvalPlan(screen_rows=2000))
+    assert exchange.calls == [(1, None), (2, None)]
+
+
+def test_a_screen_scores_the_same_fixed_sample_of_rows_every_time():
+    x, y = _blobs(500, 2)
+    net = _net(8)
+    net.set_validation_data((x, y))
+    a, b = net.evaluate(sample=100), net.evaluate(sample=100)
+    assert a.samples == b.samples == 100 and a.accuracy == b.accuracy and a.loss == b.loss
+    assert net.evaluate(sample=1000).samples == 500  # a sample as large as the set is the set
+    rows = fixed_sample(500, 100)
+    whole = net.evaluate((x[rows], y[rows]))
+    assert whole.accuracy == a.accuracy and abs(whole.loss - a.loss) < 1e-6
+    with pytest.raises(ValueError, match="screen_rows must be 0"):
+        EvalPlan(screen_rows=-1)
 
 
 def test_one_process_training_is_the_loop_and_stops_at_the_target_accuracy(tmp_path):

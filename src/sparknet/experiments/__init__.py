@@ -421,7 +421,9 @@ def spark_fit(config: SparkExperimentConfig, spark, df, test=None, *, max_steps:
     from sparknet.spark import EngineOptions, SparkTrainer  # as in spark_stage
 
     trainer = SparkTrainer(make_model("lenet", config.batch_size), solver=solver,
-                           dist=DistributedConfig(workers=config.workers, master=config.master, **dist),
+                           # every evaluation over the whole test set: the experiments draw accuracy curves
+                           dist=DistributedConfig(workers=config.workers, master=config.master,
+                                                  **{"eval_screen_rows": 0, **dist}),
                            batch_size=config.batch_size, seed=config.seed, threads=1, spark=spark, max_steps=max_steps,
                            options=EngineOptions(link=None if link is None or link.is_free else link))
     t0 = time.perf_counter()

@@ -34,7 +34,7 @@ from sparknet.net import Net
 from sparknet.parallel.mesh import ParallelLayout, init_layout, replica_seed, share_data_over_mp
 from sparknet.parallel.tensor import build_parallel, gather_full_weights, local_weight_bytes, resolve_plan
 from sparknet.solvers import SolverConfig
-from sparknet.stopping import StopRule
+from sparknet.stopping import EvalPlan, StopRule
 from sparknet.strategies import WorkerState, make_strategy
 from sparknet.weights import WeightCollection
 
@@ -247,7 +247,7 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
     stop = StopRule(rounds=job.rounds, max_steps=job.max_steps, target_accuracy=job.target_accuracy, tau=job.tau)
     setup_s = time.perf_counter() - t0
     global_flat = run_rounds(exchange, strategy, strategy.init_global(net.get_flat()), stop,
-                             eval_every=job.eval_every_rounds, on_record=record_round, t0=t0)
+                             evaluation=EvalPlan(every=job.eval_every_rounds), on_record=record_round, t0=t0)
     net.set_flat(global_flat)
     out: dict = {"rank": layout.rank, "dp_rank": layout.dp_rank, "mp_rank": layout.mp_rank,
                  "weight_bytes": local_weight_bytes(net), "setup_s": setup_s, "plan": dict(plan),

@@ -46,7 +46,7 @@ from sparknet.spark._channel import MetricsSender, encode_tree
 from sparknet.spark._data import merge_chunks
 from sparknet.spark._rounds import (WorkerSpec, build_worker_net, export_worker_state, freeze_heap,
                                     import_worker_state, round_seed, task_device, worker_failure)
-from sparknet.stopping import StopRule
+from sparknet.stopping import EvalPlan, StopRule
 from sparknet.strategies import AutoTau, WorkerState
 
 __all__ = ["run_barrier", "rendezvous", "gloo_interface", "interface_for_address", "GroupPlan", "StagePlan",
@@ -80,7 +80,8 @@ class StagePlan:
     """The driver's metrics channel (``None``: no channel)."""
     secret: bytes | None = field(default=None, repr=False)
     """The channel's per-fit key."""
-    eval_every_rounds: int = 1
+    evaluation: EvalPlan = field(default_factory=EvalPlan)
+    """When the ranks evaluate, and on how many rows (each scores its share)."""
     restart: int = 0
     """How many times the stage was started again (0 for the first attempt)."""
     state_every_rounds: int = 1
@@ -317,10 +318,10 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     has_data = x is not None and len(x) > 0
     del chunks
     freeze_heap()  # no full garbage collection of torch's modules in the middle of a round
-    val = None
+    val, val_rows = None, None
     if val_bc is not None:
         vx, vy = val_bc.value
-        val = (vx[rank::world], vy[rank::world])
+        val, val_rows = (vx[rank::world], vy[rank::world]), len(vx)
     sender = None
     store = None
     history: list[dict] = []
@@ -331,8 +332,8 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
         store = rendezvous(ctx, rank, params.group)
         if sender is not None and rank == 0:
             sender.send({"event": "ready", "fit": spec.fit_id, "setup_s": time.perf_counter() - t_start})
-        final = _round_loop(net, spec, rank, world, init_flat, has_data, val, params, sender, history, start or {},
-                            arrivals=_Arrivals(store, rank, world))
+        final = _round_loop(net, spec, rank, world, init_flat, has_data, val, val_rows, params, sender, history,
+                            start or {}, arrivals=_Arrivals(store, rank, world))
         yield ("worker", rank, {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
                                 "attempt": ctx.attemptNumber()})
         if rank == 0:
@@ -396,8 +397,9 @@ class _BarrierExchange(CollectiveExchange):
                         encode_tree(export_worker_state(self.net, self.state)))
 
 
-def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_data: bool, val, params: StagePlan,
-                sender, history: list, start: dict, arrivals: _Arrivals | None = None) -> torch.Tensor:
+def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_data: bool, val, val_rows,
+                params: StagePlan, sender, history: list, start: dict,
+                arrivals: _Arrivals | None = None) -> torch.Tensor:
     """Train round after round until the stop rule says so; returns the final global weights."""
     strategy = spec.strategy
     state = WorkerState()
@@ -418,11 +420,12 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
             fault.fire(net)
 
     exchange = _BarrierExchange(net, strategy, rank=rank, world=world, state=state, has_data=has_data,
-                                validation=val, compression=spec.compression, link=spec.link,
+                                validation=val, validation_rows=val_rows,
+                                compression=spec.compression, link=spec.link,
                                 seed_for_round=lambda r: round_seed(spec.seed, rank, r), after_train=fire_fault,
                                 params=params, sender=sender, history=history, arrivals=arrivals, auto=auto)
     progress = Progress(round=start.get("round", 0), steps_done=start.get("steps_done", 0),
                         samples_done=start.get("samples_done", 0), total_bytes=start.get("total_bytes", 0))
     global_flat = torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))
     return run_rounds(exchange, strategy, global_flat, replace(params.stop), progress=progress, auto=auto,
-                      eval_every=params.eval_every_rounds)
+                      evaluation=params.evaluation)

@@ -267,11 +267,15 @@ class SparkRoundsExchange(Exchange):
                            nonfinite=tuple(w.index for w in trained if not w.finite),
                            observe=slowest is not None, fields=fields)
 
-    def evaluate(self, global_flat: torch.Tensor) -> tuple[float, float] | None:
+    @property
+    def validation_rows(self) -> int | None:
+        return None if self.driver_net._val is None else len(self.driver_net._val[0])
+
+    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None) -> tuple[float, float] | None:
         if self.driver_net._val is None:
             return None
         self.driver_net.set_flat(global_flat)
-        res = self.driver_net.evaluate()
+        res = self.driver_net.evaluate(sample=rows)
         return res.accuracy, res.loss
 
     def new_global(self, global_flat: torch.Tensor, progress: Progress) -> None:
@@ -335,7 +339,7 @@ def run_rounds_engine(trainer, sc, group: str, staged, chunks, spec, global_flat
 
     with job_group(sc, group, f"sparknet rounds ({trainer.dist.workers} workers)"):  # each round names itself
         global_flat = run_rounds(exchange, trainer.strategy, global_flat, stop, progress=progress, auto=auto,
-                                 eval_every=trainer.dist.eval_every_rounds, on_record=on_record, t0=t_fit)
+                                 evaluation=trainer.dist.evaluation(), on_record=on_record, t0=t_fit)
     return global_flat, history, {"rerun_partitions": exchange.rerun_partitions,
                                   "elastic_rounds": exchange.elastic_rounds}
 
