@@ -6,16 +6,12 @@ destroyed in ``finally`` and every collective has a timeout.
 
 from __future__ import annotations
 
-import datetime
-import socket
-import traceback
-
 import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from _two_ranks import run_two_ranks
 from sparknet.layers import (
     ActivationLayer,
     ConvLayer,
@@ -47,37 +43,6 @@ from sparknet.strategies import Average
 from sparknet.weights import WeightCollection
 
 TOL = 1e-5
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(fn, *args) -> dict:
-    """Run ``fn(rank, out, *args)`` in two gloo processes; return what they put in ``out``."""
-    manager = mp.Manager()
-    try:
-        out = manager.dict()
-        mp.spawn(_entry, args=(_free_port(), out, fn, args), nprocs=2, join=True)
-        errors = {k: v for k, v in out.items() if str(k).startswith("error")}
-        assert not errors, "\n".join(errors.values())
-        return dict(out)
-    finally:
-        manager.shutdown()
-
-
-def _entry(rank, port, out, fn, args):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        torch.set_num_threads(1)
-        fn(rank, out, *args)
-    except Exception:  # reported to the parent, which fails the test with the traceback
-        out[f"error{rank}"] = traceback.format_exc()
-    finally:
-        dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------- nets
@@ -207,7 +172,7 @@ def _equivalence(rank, out):
 
 @pytest.mark.timeout(180)
 def test_column_row_split_matches_unsplit_model():
-    out = _spawn(_equivalence)
+    out = run_two_ranks(_equivalence)
     for rank in (0, 1):
         assert out[f"pred_diff{rank}"] < TOL
         assert out[f"loss_diff{rank}"] < TOL
@@ -276,7 +241,7 @@ def test_mlp_over_one_workers_budget_trains_split_in_two():
     assert whole > BUDGET
     with pytest.raises(WeightBudgetError, match="model-parallel 2"):
         check_weight_budget(net, BUDGET, model_parallel=1)
-    out = _spawn(_budget)
+    out = run_two_ranks(_budget)
     for rank in (0, 1):
         before, after = out[f"loss{rank}"]
         assert after < 0.5 * before
@@ -332,7 +297,7 @@ def _data_parallel(rank, out):
 
 @pytest.mark.timeout(180)
 def test_the_round_loop_averages_over_the_data_parallel_group_by_samples():
-    out = _spawn(_data_parallel)
+    out = run_two_ranks(_data_parallel)
     assert out["shared0"] == 0.0 and out["shared1"] == 1.0
     assert torch.equal(out["global0"], out["global1"])
     assert out["samples0"] == 12

@@ -4,20 +4,16 @@ and the clear refusals."""
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
-import socket
-import traceback
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from _two_ranks import run_two_ranks
 from _spark_testlib import blobs, partitioned_rdd, start_session
 from sparknet.cli import main
 from sparknet.layers import ActivationLayer, LinearLayer, NetParams, RDDLayer, SoftmaxWithLoss
@@ -50,47 +46,25 @@ def tiny_net(batch_size: int = 8) -> NetParams:
 # --------------------------------------------------------------------------- the two-process reference
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _reference_rank(rank, port, out, x, y, solver, seed, tau, rounds):
+def _reference_rank(rank, out, x, y, solver, seed, tau, rounds):
     """By hand, without the runner or dp_round: one replica split in two, trained tau x rounds steps."""
     from sparknet.net import Net
     from sparknet.parallel import build_parallel, gather_full_weights, init_layout, replica_seed
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=60))
-    try:
-        torch.set_num_threads(1)
-        layout = init_layout(2)
-        module = build_parallel(tiny_net(), layout, {"ip1": "column", "ip2": "row"}, seed=seed)
-        torch.manual_seed(replica_seed(layout, seed))
-        net = Net(module, solver, batch_size=8, seed=replica_seed(layout, seed))
-        net.set_training_data((x, y))
-        for _ in range(rounds):
-            net.train(tau)
-        flat = gather_full_weights(net).to_flat(torch.float32)
-        if rank == 0:
-            out["flat"] = flat.numpy().copy()
-    except Exception:  # reported to the test, which fails with the traceback
-        out[f"error{rank}"] = traceback.format_exc()
-    finally:
-        dist.destroy_process_group()
+    layout = init_layout(2)
+    module = build_parallel(tiny_net(), layout, {"ip1": "column", "ip2": "row"}, seed=seed)
+    torch.manual_seed(replica_seed(layout, seed))
+    net = Net(module, solver, batch_size=8, seed=replica_seed(layout, seed))
+    net.set_training_data((x, y))
+    for _ in range(rounds):
+        net.train(tau)
+    flat = gather_full_weights(net).to_flat(torch.float32)
+    if rank == 0:
+        out["flat"] = flat.numpy().copy()
 
 
 def _reference(*args) -> torch.Tensor:
-    manager = mp.Manager()
-    try:
-        out = manager.dict()
-        mp.spawn(_reference_rank, args=(_free_port(), out, *args), nprocs=2, join=True)
-        errors = [v for k, v in out.items() if str(k).startswith("error")]
-        assert not errors, "\n".join(errors)
-        return torch.from_numpy(out["flat"])
-    finally:
-        manager.shutdown()
+    return torch.from_numpy(run_two_ranks(_reference_rank, *args)["flat"])
 
 
 # --------------------------------------------------------------------------- tests

@@ -1,0 +1,57 @@
+"""Two gloo processes on loopback, for the tests that check sparknet against a by-hand reference.
+
+``run_two_ranks(fn, *args)`` runs ``fn(rank, out, *args)`` in two spawned processes joined in
+one gloo group and returns what they put in ``out`` (a manager dict). A rank that raises
+reports its traceback there and the caller's assertion fails with it.
+
+Both ranks meet at a barrier before they tear the group down, and each leaves with
+``os._exit`` once its results are in ``out``: gloo's threads can otherwise abort the
+interpreter's own shutdown ("terminate called without an active exception", SIGABRT), which
+``mp.spawn`` reports as a failed process although the work was done.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_two_ranks(fn, *args, timeout_s: float = 60.0) -> dict:
+    manager = mp.Manager()
+    try:
+        out = manager.dict()
+        mp.spawn(_entry, args=(free_port(), out, fn, args, timeout_s), nprocs=2, join=True)
+        errors = {k: v for k, v in out.items() if str(k).startswith("error")}
+        assert not errors, "\n".join(errors.values())
+        return dict(out)
+    finally:
+        manager.shutdown()
+
+
+def _entry(rank, port, out, fn, args, timeout_s):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        torch.set_num_threads(1)
+        fn(rank, out, *args)
+        dist.barrier()  # neither rank closes its pairs while the other still uses them
+    except Exception:  # reported to the parent, which fails the test with the traceback
+        out[f"error{rank}"] = traceback.format_exc()
+    finally:
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # the results are in ``out``; skip an interpreter teardown that gloo can abort
