@@ -42,6 +42,10 @@ from sparknet.net import Net
 from sparknet.parallel import init_layout, local_weight_bytes, parallelize, weight_bytes_per_rank
 from sparknet.solvers import SolverConfig
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import LoadSampler  # noqa: E402
+
 PLAN = {"ip1": "column", "ip2": "row"}
 
 
@@ -147,6 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "model_parallel.json"))
     args = p.parse_args(argv)
 
+    load = LoadSampler().start()
     rows = []
     for width in args.widths:
         params = weight_bytes_per_rank(_net_def(width, args.batch), 1) // 4
@@ -168,7 +173,7 @@ def main(argv=None) -> int:
               file=sys.stderr, flush=True)
 
     meta = {"torch": torch.__version__, "python": platform.python_version(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "load_average": [round(v, 2) for v in os.getloadavg()],
+            "cpus": os.cpu_count(), **load.stop(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
             "net": "784 -> W -> W -> 10, ip1 column, ip2 row, ip3 whole; SGD momentum 0.9",
             "batch": args.batch, "steps": args.steps, "warmup": args.warmup}
@@ -184,7 +189,7 @@ def main(argv=None) -> int:
         print(f"| {r['width']} | {r['parameters'] / 1e6:.1f} M | {r['m1_1thread_s'] * 1e3:.1f} | "
               f"{r['m1_2threads_s'] * 1e3:.1f} | {r['m2_s'] * 1e3:.1f} | {r['speedup_m2_vs_1thread']:.2f}x | "
               f"{r['speedup_m2_vs_2threads']:.2f}x | {share:.1%} | {r['allreduce_activations_s'] * 1e3:.2f} |")
-    print(f"\nsaved {out}; load average during the run: {meta['load_average']}")
+    print(f"\nsaved {out}; load average before {meta['load_average_before']}, during {meta['load_average_during']}")
     return 0
 
 

@@ -18,53 +18,27 @@ import argparse
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import last_summary, timed_command  # noqa: E402
+
 _spec = importlib.util.spec_from_file_location("netns_cluster", ROOT / "scripts" / "netns_cluster.py")
 netns_cluster = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(netns_cluster)
 
 
-class LoadSampler:
-    """The 1-minute load average every ``every_s`` seconds while it runs."""
-
-    def __init__(self, every_s: float = 5.0):
-        self.every_s, self.samples, self._stop = every_s, [], threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self):
-        while not self._stop.wait(self.every_s):
-            self.samples.append(round(os.getloadavg()[0], 2))
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-
 def _run(cmd: list[str], env: dict, metrics: Path, timeout_s: float) -> dict:
-    before = os.getloadavg()
-    t0 = time.perf_counter()
-    with LoadSampler() as load:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s)
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    summary = next(r for r in reversed(records) if r.get("event") == "summary")
-    return {"command": " ".join(cmd), "command_wall_s": round(wall, 1), "summary": {
-        k: summary.get(k) for k in ("engine", "workers", "test_accuracy", "steps", "rounds", "stop_reason", "wall_s",
-                                    "train_s", "samples_per_s", "setup_s", "master")},
-            "load_average_before": [round(v, 2) for v in before], "load_average_during": load.samples}
+    out = timed_command(cmd, cwd=ROOT, env=env, timeout_s=timeout_s)
+    out.pop("stdout_tail", None)
+    summary = last_summary(metrics)
+    return {**out, "summary": {k: summary.get(k) for k in ("engine", "workers", "test_accuracy", "steps", "rounds",
+                                                           "stop_reason", "wall_s", "train_s", "samples_per_s",
+                                                           "setup_s", "master")}}
 
 
 def main(argv=None) -> int:

@@ -15,6 +15,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -22,6 +23,10 @@ import numpy as np
 import torch
 
 from sparknet import Net, SolverConfig, zoo
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import LoadSampler  # noqa: E402
 
 
 def bare_lenet() -> torch.nn.Module:
@@ -96,6 +101,7 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default="benchmarks/results/net_vs_bare.json")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    load = LoadSampler().start()
     x, y = make_data(args.samples, real=not args.synthetic)
 
     bare = BareLoop(x, y, args.batch_size)
@@ -116,6 +122,7 @@ def main(argv=None) -> dict:
         "steps_per_repeat": args.steps, "repeats": args.repeats, "data": "synthetic" if args.synthetic else "mnist",
         "samples_per_s": med, "all_samples_per_s": per_s, "ratio": med["sparknet"] / med["bare"],
         "torch": torch.__version__, "python": platform.python_version(), "cpus": torch.get_num_threads(),
+        **load.stop(),
     }
     print(json.dumps({k: result[k] for k in ("threads", "samples_per_s", "ratio")}, indent=None))
     out = Path(args.out)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _bench import LoadSampler  # noqa: E402
 from net_vs_bare import BareLoop, make_data  # noqa: E402
 
 
@@ -139,6 +140,7 @@ def main(argv=None) -> dict:
     p.add_argument("--skip", nargs="*", default=[], help="runs to skip: bare rounds barrier torch_distributor")
     p.add_argument("--out", default="benchmarks/results/parallel_efficiency.json")
     args = p.parse_args(argv)
+    load = LoadSampler().start()
     real = not args.synthetic
     results: dict = {}
     if "bare" not in args.skip:
@@ -169,6 +171,7 @@ def main(argv=None) -> dict:
             print("torch_distributor", json.dumps(results["torch_distributor"]))
     finally:
         spark.stop()
+        load.stop()
     limit = results.get("bare", {}).get("samples_per_s")
     if limit:
         for k, v in results.items():
@@ -180,7 +183,7 @@ def main(argv=None) -> dict:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "parallel_efficiency", "args": vars(args),
-                               "load_average": list(os.getloadavg()), "results": results}, indent=2))
+                               **load.to_dict(), "results": results}, indent=2))
     return results
 
 

@@ -28,11 +28,16 @@ import logging
 import multiprocessing as mp
 import os
 import platform
+import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import LoadSampler  # noqa: E402
 
 UNIT = 2.0 ** -12
 
@@ -86,6 +91,7 @@ def main(argv=None) -> dict:
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "ps_load.json"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    load = LoadSampler().start()
 
     from sparknet.ps import ParameterServer
 
@@ -144,6 +150,7 @@ def main(argv=None) -> dict:
         "config": {"clients": args.clients, "mode": args.mode, "seconds": args.seconds, "warmup_s": args.warmup,
                    "numel": args.numel, "payload_mb": mb, "combiner": "delta", "host": args.host},
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        **load.stop(),
         "pushes_sent": sent,
         "pushes_applied": stats["pushes_applied"],
         "pushes_measured": measured,

@@ -17,12 +17,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import LoadSampler  # noqa: E402
 
 from sparknet import SolverConfig, zoo
 from sparknet.datasets import mnist, mnist_small
@@ -50,7 +54,7 @@ def main(argv=None) -> int:
     data = mnist_small() if args.quick else mnist()
     target = args.target or (0.9 if args.quick else 0.965)
     net = zoo.mlp(input_shape=(1, 28, 28), hidden=(128,) if args.quick else (512, 256), num_classes=10, batch_size=64)
-    load_before = os.getloadavg()
+    load = LoadSampler().start()
     t0 = time.perf_counter()
     rows = []
     original = sim.worker_seed
@@ -67,6 +71,7 @@ def main(argv=None) -> int:
                     print(json.dumps(rows[-1]), flush=True)
     finally:
         sim.worker_seed = original
+        load.stop()
     summary = []
     for strategy in SOLVERS:
         for rule in RULES:
@@ -81,7 +86,7 @@ def main(argv=None) -> int:
         print(f"  {s['strategy']:8s} {s['rule']:20s} reached {s['reached']}/{s['runs']}  mean {s['steps_mean']:7.1f}  "
               f"min {s['steps_min']:5d}  max {s['steps_max']:5d}  stdev {s['steps_stdev']:6.1f}")
     report = {"benchmark": "seed_rule", "args": vars(args), "target": target, "summary": summary, "runs": rows,
-              "load_average_before": list(load_before), "load_average_after": list(os.getloadavg()),
+              **load.to_dict(),
               "wall_s": time.perf_counter() - t0}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))

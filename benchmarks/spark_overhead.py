@@ -25,6 +25,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import LoadSampler  # noqa: E402
+
 
 def _session(master: str):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -108,6 +112,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "spark_overhead.json"))
     args = ap.parse_args(argv)
 
+    load = LoadSampler(every_s=2.0).start()
     spark = _session(args.master)
     try:
         data = _data(spark, args.rows)
@@ -115,19 +120,21 @@ def main(argv=None) -> dict:
         results = {
             "benchmark": "spark_overhead", "master": spark.sparkContext.master, "spark": spark.version,
             "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-            "load_average_before": os.getloadavg(), "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "empty_job_s_median": statistics.median(empty[5:]),
             "engines": {},
         }
         for engine in args.engines.split(","):
             results["engines"][engine] = engine_overhead(spark, data, engine, args.rounds, args.warmup, args.tau)
-        results["load_average_after"] = os.getloadavg()
     finally:
         spark.stop()
+        load.stop()
+    results.update(load.to_dict())
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
-    print(f"load average {results['load_average_before'][0]:.1f} on {results['cpus']} cores; "
+    print(f"load average {results['load_average_before'][0]:.1f} before, {results['load_average_during']} during, "
+          f"on {results['cpus']} cores; "
           f"empty Spark job: {results['empty_job_s_median'] * 1000:.1f} ms (median)")
     for name, r in results["engines"].items():
         print(f"{name:8s} overhead per round: {r['overhead_s_median'] * 1000:8.1f} ms median "

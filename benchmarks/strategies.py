@@ -15,9 +15,13 @@ import argparse
 import itertools
 import json
 import multiprocessing as mp
-import os
 import time
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import LoadSampler  # noqa: E402
 
 STRATEGY_SOLVERS = {
     # Each strategy with the inner solver it is used with: SparkNet averages SGD workers;
@@ -53,9 +57,9 @@ def _cell(job: dict) -> dict:
     return out
 
 
-def _save(out: Path, args, t0: float, results: list[dict], *, complete: bool) -> None:
+def _save(out: Path, args, t0: float, results: list[dict], load: LoadSampler, *, complete: bool) -> None:
     out.write_text(json.dumps({"benchmark": "strategies", "args": vars(args), "complete": complete,
-                               "load_average": list(os.getloadavg()), "wall_s": time.perf_counter() - t0,
+                               **load.to_dict(), "wall_s": time.perf_counter() - t0,
                                "results": results}, indent=1))
 
 
@@ -95,6 +99,7 @@ def main(argv=None) -> list[dict]:
     out = Path(args.out or f"benchmarks/results/{name}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
+    load = LoadSampler(every_s=30.0).start()
     results = []
     if args.resume and out.exists():
         wanted = {(j["strategy"], j["workers"], j["tau"]) for j in jobs}
@@ -111,14 +116,15 @@ def main(argv=None) -> list[dict]:
             results.append(r)
             print(f"cell {len(results)}/{len(jobs)}: {r['strategy']} K={r['workers']} tau={r['tau']} "
                   f"reached={r['reached']} rounds={r['rounds']}", flush=True)
-            _save(out, args, t0, results, complete=len(results) == len(jobs))
+            _save(out, args, t0, results, load, complete=len(results) == len(jobs))
     order = {(j["strategy"], j["workers"], j["tau"]): i for i, j in enumerate(jobs)}
     results.sort(key=lambda r: order[(r["strategy"], r["workers"], r["tau"])])
     print(f"{'strategy':9} {'K':>3} {'tau':>4} {'reached':>7} {'rounds':>6} {'steps/worker':>12} {'MB sent':>9} {'acc':>7}")
     for r in results:
         print(f"{r['strategy']:9} {r['workers']:>3} {r['tau']:>4} {str(r['reached']):>7} {r['rounds']:>6} "
               f"{r['steps_per_worker']:>12} {r['bytes'] / 1e6:>9.1f} {r['accuracy']:>7.4f}")
-    _save(out, args, t0, results, complete=True)
+    load.stop()
+    _save(out, args, t0, results, load, complete=True)
     print(f"saved {out}")
     return results
 

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import LoadSampler  # noqa: E402
 
 # (strategy, engine, extra flags): the solver each strategy is used with, as in benchmarks/strategies.py.
 CELLS = [
@@ -45,15 +48,16 @@ def run_cell(strategy: str, engine: str, extra: list[str], args) -> dict:
         if "--eval-every-rounds" not in extra:
             cmd += ["--eval-every-rounds", str(args.eval_every_rounds)]
         cmd += extra
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-        wall = time.perf_counter() - t0
+        with LoadSampler() as load:
+            t0 = time.perf_counter()
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            wall = time.perf_counter() - t0
         records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     summary = next((r for r in reversed(records) if r.get("event") == "summary"), {})
     out = {"strategy": strategy, "engine": engine, "workers": args.workers, "target": args.target,
            "compression": args.compression,
            "command": shlex.join(cmd[:cmd.index("--metrics-out")] + cmd[cmd.index("--metrics-out") + 2:]),
-           "returncode": proc.returncode, "process_wall_s": wall, "load_average": list(os.getloadavg())}
+           "returncode": proc.returncode, "process_wall_s": wall, **load.to_dict()}
     if proc.returncode != 0:
         out["error"] = proc.stderr[-2000:]
     for key in ("test_accuracy", "rounds", "total_steps", "steps", "samples", "bytes_communicated", "wall_s",

@@ -36,6 +36,7 @@ from sparknet.caffe.cli import CaffeTrainFlags, train_caffe_files
 from sparknet.caffe.cli import configure_command as configure_caffe
 from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy
 from sparknet.errors import SparkNetError
+from sparknet.metrics import process_age_s
 from sparknet.experiments.cli import configure_command as configure_experiment
 from sparknet.parallel.cli import ModelParallelFlags, check_unsplit, train_model_parallel
 from sparknet.ps.config import AsyncConfig
@@ -108,7 +109,10 @@ def _run_train(args: argparse.Namespace) -> int:
                             caffe=from_args(CaffeTrainFlags, args), model_parallel=from_args(ModelParallelFlags, args),
                             parameter_server=from_args(AsyncConfig, args))
     keys = ("test_accuracy", "wall_s", "samples_per_s", "steps", "rounds", "weight_bytes_per_worker")
-    print(json.dumps({k: summary.get(k) for k in keys if k in summary}))  # --quiet too: the run's result
+    result = {k: summary.get(k) for k in keys if k in summary}
+    # wall_s is the fit (setup, rounds, evaluations); command_s what the user waited, from the process's start
+    result["command_s"] = process_age_s()
+    print(json.dumps(result))  # --quiet too: the run's result
     return 0
 
 

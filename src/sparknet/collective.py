@@ -189,6 +189,13 @@ class CollectiveExchange(Exchange):
         return rows
 
     # -- evaluation ---------------------------------------------------------------------------
+    def agree(self, due: bool) -> bool:
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if due else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
+
     def evaluate(self, global_flat: torch.Tensor, rows: int | None = None) -> tuple[float, float] | None:
         if self.validation is None:
             return None

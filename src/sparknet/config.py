@@ -172,6 +172,9 @@ class DistributedConfig:
     """Between full evaluations, score only this fixed random sample of validation rows; the whole set is
     scored when the sample comes near --target-accuracy, every 10th evaluation and at the end (0: always
     the whole set)."""
+    eval_budget: float = 0.05
+    """Largest share of the run's wall time evaluations may take: a due evaluation is put off to a later
+    round while they have taken more (1: never put off)."""
     auto_tau: bool = False
     """Choose tau while training so synchronization stays under --auto-tau-target of wall time."""
     auto_tau_target: float = 0.1
@@ -234,6 +237,8 @@ class DistributedConfig:
             raise ValueError(f"target_accuracy is a fraction in (0, 1], got {self.target_accuracy}")
         if self.eval_every_rounds < 1:
             raise ValueError(f"eval_every_rounds must be at least 1, got {self.eval_every_rounds}")
+        if not 0.0 < self.eval_budget <= 1.0:
+            raise ValueError(f"eval_budget is a share of the wall time in (0, 1], got {self.eval_budget}")
         if self.eval_screen_rows < 0:
             raise ValueError(f"eval_screen_rows must be 0 (always the whole set) or more, got {self.eval_screen_rows}")
         if self.checkpoint_every < 1:
@@ -246,8 +251,10 @@ class DistributedConfig:
             check_per_step_strategy(self, "the sync strategy")
 
     def evaluation(self) -> EvalPlan:
-        """When the round loop evaluates, and on how many rows (--eval-every-rounds, --eval-screen-rows)."""
-        return EvalPlan(every=self.eval_every_rounds, screen_rows=self.eval_screen_rows or None)
+        """When the round loop evaluates, and on how many rows (--eval-every-rounds, --eval-screen-rows,
+        --eval-budget)."""
+        return EvalPlan(every=self.eval_every_rounds, screen_rows=self.eval_screen_rows or None,
+                        budget=None if self.eval_budget >= 1.0 else self.eval_budget)
 
     def link(self):
         """The simulated link of --link-latency/--link-bandwidth (``None`` when neither is given)."""

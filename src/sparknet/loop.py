@@ -138,6 +138,11 @@ class Exchange(abc.ABC):
         """
         return None
 
+    def agree(self, due: bool) -> bool:
+        """Whether to evaluate, the same on every rank: an engine whose ranks each decide (from their own
+        clocks) takes any rank's yes."""
+        return due
+
     def new_global(self, global_flat: torch.Tensor, progress: Progress) -> None:
         """Called with every round's new global weights, before they are evaluated (e.g. a moving average)."""
 
@@ -193,7 +198,7 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
     progress = progress if progress is not None else Progress()
     t0 = time.perf_counter() if t0 is None else t0
     K = exchange.workers
-    check = _Evaluation(exchange, evaluation or EvalPlan(), stop.target_accuracy)
+    check = _Evaluation(exchange, evaluation or EvalPlan(), stop.target_accuracy, t0)
     while True:
         if auto is not None:
             stop.tau = auto.tau
@@ -234,7 +239,7 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
             record["nonfinite_workers"] = len(update.nonfinite)
             log.warning("round %d: workers %s had NaN/Inf loss or weights and were left out of the average", r,
                         list(update.nonfinite))
-        accuracy = check.round(r, global_flat, record)
+        accuracy = check.round(r, global_flat, record, last=last)
         reason = (stop.reason(r, progress.steps_done, progress.samples_done, accuracy)
                   or exchange.stop_reason(record, progress))
         if reason is not None and "val_accuracy" not in record:
@@ -255,15 +260,29 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
 class _Evaluation:
     """The loop's evaluations (:class:`EvalPlan`): screens, full evaluations, and what the records say."""
 
-    def __init__(self, exchange: Exchange, plan: EvalPlan, target: float | None):
-        self.exchange, self.plan, self.target = exchange, plan, target
+    def __init__(self, exchange: Exchange, plan: EvalPlan, target: float | None, t0: float):
+        self.exchange, self.plan, self.target, self.t0 = exchange, plan, target, t0
         self.screening = plan.screens(exchange.validation_rows)
         self.since_full = 0  # evaluations since the last full one
+        self.spent_s = 0.0  # seconds evaluating so far
+        self.done = 0  # evaluations so far
 
-    def round(self, r: int, global_flat: torch.Tensor, record: dict) -> float | None:
+    def round(self, r: int, global_flat: torch.Tensor, record: dict, *, last: bool = False) -> float | None:
         """Evaluate after round ``r`` when it is due; the whole set's accuracy when measured, else ``None``."""
         if r % self.plan.every:
             return None
+        if self.plan.budget is not None and not last:
+            over = self.done > 0 and self.spent_s > self.plan.budget * (time.perf_counter() - self.t0)
+            if not self.exchange.agree(not over):
+                return None
+        t = time.perf_counter()
+        try:
+            return self._round(global_flat, record)
+        finally:
+            self.done += 1
+            self.spent_s += time.perf_counter() - t
+
+    def _round(self, global_flat: torch.Tensor, record: dict) -> float | None:
         if self.screening and self.since_full + 1 < self.plan.full_every:
             rows = self.plan.screen_rows
             t = time.perf_counter()

@@ -15,11 +15,12 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["MetricsLogger", "read_metrics", "json_safe", "rounds_summary"]
+__all__ = ["MetricsLogger", "read_metrics", "json_safe", "rounds_summary", "LoadSampler", "process_age_s"]
 
 log = logging.getLogger(__name__)
 
@@ -153,3 +154,73 @@ def rounds_summary(rounds: list[dict], test, *, t_fit: float, t_train: float, tr
         "test_loss": test.loss if test is not None else None,
         "stop_reason": last.get("stop_reason"),
     }
+
+
+# -- what a figure was measured beside ----------------------------------------------------------------
+
+def _load_average() -> list[float] | None:
+    try:
+        return [round(v, 2) for v in os.getloadavg()]
+    except (OSError, AttributeError):  # not on every platform
+        return None
+
+
+class LoadSampler:
+    """The machine's load average before a measurement and every ``every_s`` seconds during it.
+
+    A time is only worth what the machine was doing beside it: ``load_average_before`` is the
+    (1, 5, 15)-minute triple when :meth:`start` is called, ``load_average_during`` the
+    1-minute figure sampled every ``every_s`` seconds until :meth:`stop` (a context manager
+    does both).
+    """
+
+    def __init__(self, every_s: float = 5.0):
+        self.every_s = every_s
+        self.before: list[float] | None = None
+        self.during: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sparknet-load-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            now = _load_average()
+            if now is not None:
+                self.during.append(now[0])
+
+    def start(self) -> LoadSampler:
+        self.before = _load_average()
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict:
+        """Stop sampling; returns :meth:`to_dict`."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.every_s + 5)
+        return self.to_dict()
+
+    def to_dict(self) -> dict:
+        return {"load_average_before": self.before, "load_average_during": list(self.during)}
+
+    def __enter__(self) -> LoadSampler:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started, its interpreter's start and imports included.
+
+    For a command (``sparknet train``, ``sparknet experiment``) this is what its user has
+    waited so far. Read from ``/proc`` (10 ms resolution); ``None`` where there is none.
+    """
+    try:
+        with open("/proc/self/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+        return round(uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"), 2)  # field 22: start time in ticks
+    except (OSError, ValueError, IndexError):
+        return None
+

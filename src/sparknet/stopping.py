@@ -67,6 +67,10 @@ class EvalPlan:
     fewer than twice as many rows."""
     full_every: int = 10
     """Evaluations between full ones at the most."""
+    budget: float | None = None
+    """Largest share of the loop's wall time its evaluations may take (``None``: no limit). A due
+    evaluation is put off to a later round while those so far have taken more; the first and the
+    last are never put off."""
 
     def __post_init__(self):
         if self.every < 1:
@@ -75,6 +79,8 @@ class EvalPlan:
             raise ValueError(f"screen_rows must be 0 (no screens) or more, got {self.screen_rows}")
         if self.full_every < 1:
             raise ValueError(f"full_every must be at least 1, got {self.full_every}")
+        if self.budget is not None and not 0.0 < self.budget <= 1.0:
+            raise ValueError(f"the evaluation budget is a share of the wall time in (0, 1], got {self.budget}")
 
     def screens(self, validation_rows: int | None) -> bool:
         """Whether a screen is worth it on a validation set of that many rows (``None``: not known, yes)."""

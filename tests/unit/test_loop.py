@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import time
 from pathlib import Path
 
 import numpy as np
@@ -125,6 +126,41 @@ def test_a_full_evaluation_every_so_often_and_at_the_end_and_none_for_a_small_se
     run_rounds(exchange, Average(), exchange.nets[0].get_flat(), StopRule(rounds=2, tau=1),
                evaluation=EvalPlan(screen_rows=2000))
     assert exchange.calls == [(1, None), (2, None)]
+
+
+class _Timed(_Scripted):
+    """Rounds of ``round_s`` seconds, evaluations of ``eval_s`` (slept, so the clock sees them)."""
+
+    def __init__(self, nets, script, round_s, eval_s):
+        super().__init__(nets, script)
+        self.round_s, self.eval_s = round_s, eval_s
+
+    def run_round(self, plan, global_flat):
+        time.sleep(self.round_s)
+        return super().run_round(plan, global_flat)
+
+    def evaluate(self, global_flat, rows=None):
+        time.sleep(self.eval_s)
+        return super().evaluate(global_flat, rows)
+
+
+def test_an_evaluation_budget_puts_off_evaluations_but_never_the_first_or_the_last():
+    # evaluations cost twice a round: a budget of a quarter of the wall time allows about one in six rounds
+    exchange = _Timed([_net(8)], [(0.5, 0.5)] * 24, round_s=0.02, eval_s=0.04)
+    records = []
+    run_rounds(exchange, Average(), exchange.nets[0].get_flat(), StopRule(rounds=24, tau=1),
+               evaluation=EvalPlan(budget=0.25), on_record=records.append)
+    evaluated = [r["round"] for r in records if "val_accuracy" in r]
+    assert evaluated[0] == 1 and evaluated[-1] == 24  # the first and the last are never put off
+    assert 3 <= len(evaluated) <= 12, evaluated  # far from every round (24 evaluations without a budget)
+    spent = sum(r.get("eval_s", 0.0) for r in records)
+    assert spent <= 0.25 * records[-1]["wall_s"] + 2 * exchange.eval_s  # within one evaluation of the budget
+    exchange = _Timed([_net(8)], [(0.5, 0.5)] * 6, round_s=0.0, eval_s=0.0)
+    run_rounds(exchange, Average(), exchange.nets[0].get_flat(), StopRule(rounds=6, tau=1),
+               evaluation=EvalPlan(budget=None))
+    assert [c[0] for c in exchange.calls] == [1, 2, 3, 4, 5, 6]  # no budget: every due round
+    with pytest.raises(ValueError, match="share of the wall time"):
+        EvalPlan(budget=0.0)
 
 
 def test_a_screen_scores_the_same_fixed_sample_of_rows_every_time():

@@ -41,7 +41,7 @@ import torch
 from sparknet import zoo
 from sparknet.config import DistributedConfig
 from sparknet.datasets import load_dataset
-from sparknet.metrics import json_safe
+from sparknet.metrics import LoadSampler, json_safe, process_age_s
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 
@@ -120,11 +120,13 @@ def run_experiment(name: str, *, quick: bool = False, out: str | os.PathLike | N
     t0 = time.perf_counter()
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     env_before = environment()
-    body = (module.run(config, out_dir=out_dir, quick=quick) if spark is None
-            else module.run(config, out_dir=out_dir, quick=quick, spark=spark))
+    with LoadSampler() as load:
+        body = (module.run(config, out_dir=out_dir, quick=quick) if spark is None
+                else module.run(config, out_dir=out_dir, quick=quick, spark=spark))
+    # wall_s: this call; process_s: since the process started (a command's user waited that long)
     result = {"experiment": name, "quick": quick, "started": started, "wall_s": time.perf_counter() - t0,
-              "config": config_dict(config), "environment": env_before,
-              "load_average_after": _load_average(), **body}
+              "process_s": process_age_s(), "config": config_dict(config), "environment": env_before,
+              **load.to_dict(), **body}
     json_path = out_dir / f"{name}.json"
     write_result(result, json_path)
     result["json_path"] = str(json_path)
@@ -151,17 +153,10 @@ def write_result(result: dict, path: str | os.PathLike) -> Path:
     return path
 
 
-def _load_average() -> list[float] | None:
-    try:
-        return [round(v, 2) for v in os.getloadavg()]
-    except (OSError, AttributeError):  # pragma: no cover - not on every platform
-        return None
-
-
 def environment() -> dict:
-    """What the numbers were measured on: versions, cores, and how busy the machine was."""
+    """What the numbers were measured on: versions and cores (the load beside them is sampled apart)."""
     return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
-            "machine": platform.machine(), "load_average": _load_average()}
+            "machine": platform.machine()}
 
 
 # -- the settings every experiment shares -----------------------------------------------------------
@@ -423,7 +418,7 @@ def spark_fit(config: SparkExperimentConfig, spark, df, test=None, *, max_steps:
     trainer = SparkTrainer(make_model("lenet", config.batch_size), solver=solver,
                            # every evaluation over the whole test set: the experiments draw accuracy curves
                            dist=DistributedConfig(workers=config.workers, master=config.master,
-                                                  **{"eval_screen_rows": 0, **dist}),
+                                                  **{"eval_screen_rows": 0, "eval_budget": 1.0, **dist}),
                            batch_size=config.batch_size, seed=config.seed, threads=1, spark=spark, max_steps=max_steps,
                            options=EngineOptions(link=None if link is None or link.is_free else link))
     t0 = time.perf_counter()

@@ -1,0 +1,36 @@
+"""What every benchmark here shares: the load average sampled while it runs, and a user's command timed.
+
+A figure is only worth what the machine was doing beside it: :class:`LoadSampler` records the
+1-minute load average before a run and every few seconds during it, and :func:`timed_command`
+times a command from its start (its interpreter, Spark session and JVMs included) to its end,
+which is what a user waits for.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+from sparknet.metrics import LoadSampler
+
+__all__ = ["LoadSampler", "timed_command", "last_summary"]
+
+
+def last_summary(metrics: Path) -> dict:
+    """The ``"event": "summary"`` record of a ``--metrics-out`` file."""
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return next(r for r in reversed(records) if r.get("event") == "summary")
+
+
+def timed_command(cmd: list[str], *, cwd: Path, env: dict | None = None, timeout_s: float = 1800.0) -> dict:
+    """Run ``cmd`` and time it from its start to its end; the load average beside it; raise if it failed."""
+    with LoadSampler() as load:
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+        wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return {"command": " ".join(cmd), "command_wall_s": round(wall, 1), "stdout_tail": proc.stdout[-2000:],
+            **load.to_dict()}

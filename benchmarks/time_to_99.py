@@ -1,0 +1,179 @@
+"""LeNet on MNIST to 99% test accuracy: two workers against one process and Spark's TorchDistributor.
+
+    python benchmarks/time_to_99.py                 # each run once, in one script
+    python benchmarks/time_to_99.py --repeats 2     # twice, the order of the runs turned round the second time
+
+Every run is the user's command, timed from its start to its end (Python, the Spark session and
+its JVMs, loading MNIST, the evaluations, the last test pass): what a user waits for. All stop at
+99% on the 10,000 test images or after 4,000 steps per worker, train LeNet with batch 64 per
+worker, SGD (lr 0.05, momentum 0.9, weight decay 5e-4, Caffe's inv policy), evaluate every
+50 steps per worker, and follow the same evaluation rule (sparknet's default: a fixed sample of
+2,000 test rows between whole passes, the whole set once the sample is within its sampling
+error of 99%):
+
+- ``one process``: ``sparknet train`` without Spark, two torch threads (all of this machine);
+- ``rounds`` and ``barrier``: ``sparknet train --workers 2 --tau 50`` on ``local[2]``;
+- ``torch_distributor``: Spark's TorchDistributor launching DDP on two local processes (one
+  thread each, gradients averaged every step), started in a process of its own (this script
+  with ``--torch-distributor-run``), the SparkSession it needs and its launch included.
+
+The load average is sampled before and every 5 s during each run; time nothing else meanwhile.
+Prints one JSON line per run and saves them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import last_summary, timed_command  # noqa: E402
+
+TARGET, MAX_STEPS, EVERY, BATCH, LR, SCREEN = 0.99, 4000, 50, 64, 0.05, 2000
+TRAIN = ["sparknet", "train", "--model", "lenet", "--dataset", "mnist", "--lr", str(LR), "--steps", str(MAX_STEPS),
+         "--target-accuracy", str(TARGET), "--batch-size", str(BATCH), "--eval-screen-rows", str(SCREEN), "--quiet"]
+RUNS = {
+    "one process, 2 threads": [*TRAIN, "--threads", "2", "--eval-every", str(EVERY)],
+    "rounds, 2 workers": [*TRAIN, "--workers", "2", "--tau", str(EVERY)],
+    "barrier, 2 workers": [*TRAIN, "--workers", "2", "--tau", str(EVERY), "--engine", "barrier"],
+}
+
+
+# -- the TorchDistributor run -----------------------------------------------------------------------
+def _ddp_to_target() -> dict:
+    """Each DDP process: its half of MNIST, LeNet, one step after another, an evaluation every EVERY steps."""
+    import torch
+    import torch.distributed as dist
+
+    from net_vs_bare import bare_lenet
+    from sparknet.datasets import mnist
+    from sparknet.net import fixed_sample
+    from sparknet.stopping import screen_margin
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        data = mnist()
+        x, y = torch.from_numpy(data.train.x[rank::world]), torch.from_numpy(data.train.y[rank::world])
+        tx, ty = torch.from_numpy(data.test.x), torch.from_numpy(data.test.y)
+        sample = torch.from_numpy(fixed_sample(len(ty), SCREEN).copy())
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(bare_lenet())
+        opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9, weight_decay=5e-4)
+        inv = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: (1 + 1e-4 * it) ** -0.75)  # Caffe's inv policy
+        loss_fn = torch.nn.CrossEntropyLoss()
+        g = torch.Generator().manual_seed(rank)
+
+        def accuracy(rows: torch.Tensor) -> float:
+            mine = rows[rank::world]
+            model.eval()
+            with torch.no_grad():
+                correct = sum(int((model(tx[mine[i:i + 1000]]).argmax(1) == ty[mine[i:i + 1000]]).sum())
+                              for i in range(0, len(mine), 1000))
+            model.train()
+            counts = torch.tensor([correct, len(mine)], dtype=torch.float64)
+            dist.all_reduce(counts)
+            return float(counts[0] / counts[1])
+
+        t0, eval_s, step, acc = time.perf_counter(), 0.0, 0, 0.0
+        order = torch.randperm(len(x), generator=g)
+        while step < MAX_STEPS:
+            for _ in range(EVERY):
+                start = (step * BATCH) % (len(x) - BATCH)
+                idx = order[start:start + BATCH]
+                loss = loss_fn(model(x[idx]), y[idx])
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                inv.step()
+                step += 1
+            t = time.perf_counter()
+            screen = accuracy(sample)
+            if screen >= TARGET - screen_margin(TARGET, SCREEN):
+                acc = accuracy(torch.arange(len(ty)))
+            eval_s += time.perf_counter() - t
+            if acc >= TARGET:
+                break
+        return {"rank": rank, "steps": step, "test_accuracy": acc, "loop_s": time.perf_counter() - t0,
+                "eval_s": eval_s}
+    finally:
+        dist.destroy_process_group()
+
+
+def torch_distributor_run(out: Path) -> None:
+    """The TorchDistributor command: a SparkSession on local[2], then DDP on two processes to the target."""
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    from sparknet.spark import get_session
+
+    t0 = time.perf_counter()
+    spark = get_session("local[2]", app_name="torch-distributor-to-99")
+    try:
+        t_launch = time.perf_counter()
+        result = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(_ddp_to_target)
+        out.write_text(json.dumps({**result, "session_s": t_launch - t0,
+                                   "distributor_s": time.perf_counter() - t_launch}) + "\n")
+    finally:
+        spark.stop()
+
+
+# -- the benchmark ----------------------------------------------------------------------------------
+def _run(name: str, work: Path, timeout_s: float) -> dict:
+    env = {**os.environ, "SPARKNET_BENCH_DIR": str(Path(__file__).resolve().parent),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])}
+    metrics = work / f"{name.split(',')[0].replace(' ', '_')}.json"
+    if name == "torch_distributor":
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--torch-distributor-run", str(metrics)]
+        out = timed_command(cmd, cwd=ROOT, env=env, timeout_s=timeout_s)
+        result = json.loads(metrics.read_text())
+        summary = {"test_accuracy": result["test_accuracy"], "steps": result["steps"],
+                   "in_loop_s": round(result["loop_s"], 1), "eval_s": round(result["eval_s"], 1),
+                   "session_s": round(result["session_s"], 1), "distributor_s": round(result["distributor_s"], 1)}
+    else:
+        out = timed_command([*RUNS[name], "--metrics-out", str(metrics)], cwd=ROOT, env=env, timeout_s=timeout_s)
+        s = last_summary(metrics)
+        summary = {k: s.get(k) for k in ("test_accuracy", "steps", "rounds", "stop_reason", "wall_s", "train_s",
+                                         "setup_s", "samples_per_s")}
+    out.pop("stdout_tail", None)
+    return {"run": name, **out, "summary": summary}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--only", default=None, help="run only the runs whose name contains this")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds each run may take")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "time_to_99.json"))
+    p.add_argument("--torch-distributor-run", metavar="OUT", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.torch_distributor_run:
+        torch_distributor_run(Path(args.torch_distributor_run))
+        return 0
+    names = [n for n in [*RUNS, "torch_distributor"] if args.only is None or args.only in n]
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="sparknet-bench-") as tmp:
+        for repeat in range(args.repeats):
+            for name in (names if repeat % 2 == 0 else names[::-1]):
+                runs.append({"repeat": repeat, **_run(name, Path(tmp), args.timeout)})
+                print(json.dumps(runs[-1]), flush=True)
+    report = {"benchmark": "time_to_99", "target": TARGET, "cpu_count": os.cpu_count(), "runs": runs}
+    base = [r["command_wall_s"] for r in runs if r["run"].startswith("one process")]
+    if base:
+        one = min(base)
+        report["against_one_process"] = {r["run"]: round(r["command_wall_s"] / one, 3) for r in runs}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
