@@ -5,6 +5,7 @@
     sparknet experiment time-to-accuracy --quick        # Figure 5 on this machine
     sparknet experiment tau-sensitivity --quick         # Figure 6
     sparknet experiment slow-network --quick            # wall clock as the link slows
+    sparknet experiment scaling --quick                 # the cost model: checked, then K = 2...256
 
 >>> from sparknet.experiments import run_experiment
 >>> result = run_experiment("speedup-grid", quick=True, out="runs/experiments")   # doctest: +SKIP
@@ -58,6 +59,7 @@ EXPERIMENTS: dict[str, str] = {
     "time-to-accuracy": "sparknet.experiments.time_to_accuracy",
     "tau-sensitivity": "sparknet.experiments.tau_sensitivity",
     "slow-network": "sparknet.experiments.slow_network",
+    "scaling": "sparknet.experiments.scaling",
 }
 """Experiment name (as the command line spells it) to the module that runs it."""
 

@@ -88,6 +88,23 @@ def task_slots(sc) -> int | None:
         return None
 
 
+def empty_job_s(spark, repeats: int = 20, warmup: int = 5) -> float:
+    """Median seconds of an empty Python job on two cached partitions (Spark's floor for one round)."""
+    import statistics
+
+    rdd = spark.sparkContext.parallelize(range(2), 2).cache()
+    try:
+        rdd.count()
+        times = []
+        for _ in range(warmup + repeats):
+            t = time.perf_counter()
+            rdd.map(lambda v: v).collect()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times[warmup:])
+    finally:
+        rdd.unpersist()
+
+
 def quietly(fn: Callable[[], object]) -> None:
     """Call ``fn``, a cleanup step (an unpersist, a broadcast's destroy): a failure is logged, never raised."""
     try:

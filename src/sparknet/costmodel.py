@@ -1,0 +1,197 @@
+"""What a run costs, on paper: a model of time to target for K workers, tau, model size and link speed.
+
+A round of K workers costs its local steps, its synchronisation and its evaluation::
+
+    round = tau * step_s * max(1, K / cores)            # compute; workers beyond the cores share them
+          + sync(engine, strategy, K, model bytes, link)  # the engine's own cost and the link's
+          + evaluation (validation rows, split over the ranks in the barrier engine)
+
+- the rounds engine pays one Spark job per round (``job_s``: Spark's own latency plus sparknet's
+  driver work, growing by ``job_s_per_worker`` with each task) and moves the weights down and the
+  update up through the driver, whose link carries all K of each
+  (:meth:`~sparknet.link.LinkModel.delay`);
+- the barrier engine pays one gloo ring allreduce of the flat buffer per round (``allreduce_s``
+  on this machine's loopback plus :meth:`~sparknet.link.LinkModel.allreduce_delay` on the
+  link); the naive scheme (``sync``) pays it every step instead.
+
+The link costs are the very functions the engines' simulated links wait for, so a prediction and
+a run over ``--link-latency/--link-bandwidth`` charge the same seconds. Time to target is
+``setup_s + rounds * round``, the rounds being ``steps_to_target / tau``. Steps to a target come
+from measurement (the simulator's grid) where there is one, and beyond the measured K from the
+power law fitted to it (:class:`StepsToTarget`): an extrapolation, and said to be one.
+
+:class:`Calibration` holds the machine's constants; :meth:`Calibration.measure` takes the step and
+evaluation times from this machine and the Spark job latency from a session.
+``sparknet experiment scaling`` checks the model against measured runs and plots its predictions.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field, replace
+
+from sparknet.link import LinkModel
+
+__all__ = ["Calibration", "RunShape", "StepsToTarget", "predict_round", "predict_run"]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The machine's constants (seconds). Defaults: this project's development machine (2 cores, LeNet,
+    batch 64, one thread per worker, Spark local[2], Unix-socket Python workers)."""
+
+    step_s: float = 0.0237
+    """One local step of one worker with a core to itself."""
+    cores: int = 2
+    """Cores the workers share: K workers on fewer cores each run K / cores times slower."""
+    threads_speedup: float = 1.67
+    """One process with a thread per core against one thread (a step's speed-up)."""
+    eval_s_per_row: float = 1.6e-4
+    """Scoring one validation row with one thread."""
+    job_s: float = 0.070
+    """The rounds engine's cost per round beyond compute: a Spark job, the broadcast, the driver's sum."""
+    job_s_per_worker: float = 0.005
+    """What each further task adds to a round of the rounds engine (scheduling, one result to fetch)."""
+    allreduce_s: float = 0.008
+    """The barrier engine's cost per allreduce of the model's buffer, free link."""
+    setup_s: float = 15.0
+    """From the command's start to the first round (interpreter, Spark session, data, staging)."""
+    model_bytes: int = 1_724_320
+    """float32 bytes of the model the constants were measured with (LeNet); compute and allreduce
+    scale with the model's size."""
+
+    @classmethod
+    def measure(cls, *, spark=None, batch_size: int = 64, steps: int = 30, **known) -> Calibration:
+        """Measure LeNet's step and evaluation times here (one thread) and, given ``spark``, the rounds
+        engine's cost per round from an empty Spark job's latency (times :data:`JOB_OVER_EMPTY`).
+
+        ``known`` overrides any constant (a value measured elsewhere, e.g. ``allreduce_s``).
+        """
+        import torch
+
+        from sparknet import zoo
+        from sparknet.net import Net
+        from sparknet.solvers import SolverConfig
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            net = Net(zoo.lenet(batch_size=batch_size), SolverConfig(base_lr=0.01), batch_size=batch_size)
+            g = torch.Generator().manual_seed(0)
+            x = torch.rand(max(2048, batch_size * 4), 1, 28, 28, generator=g)
+            y = torch.randint(0, 10, (len(x),), generator=g)
+            net.set_training_data((x, y))
+            net.set_validation_data((x, y))
+            net.train(5)
+            t = time.perf_counter()
+            net.train(steps)
+            step_s = (time.perf_counter() - t) / steps
+            t = time.perf_counter()
+            net.evaluate()
+            eval_s_per_row = (time.perf_counter() - t) / len(x)
+            values = {"step_s": step_s, "eval_s_per_row": eval_s_per_row, "model_bytes": net.get_flat().numel() * 4}
+        finally:
+            torch.set_num_threads(threads)
+        if spark is not None and "job_s" not in known:
+            from sparknet.spark._backend import empty_job_s
+
+            values["job_s"] = empty_job_s(spark) * JOB_OVER_EMPTY
+        return replace(cls(), **{**values, **known})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+JOB_OVER_EMPTY = 2.2
+"""The rounds engine's round beyond compute, as a multiple of an empty Spark job (measured: 65-79 ms against
+30-35 ms on local[2])."""
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """One run, as the model sees it."""
+
+    engine: str
+    """``"rounds"``, ``"barrier"`` or ``"local"`` (one process, no synchronisation)."""
+    workers: int
+    tau: int
+    steps: int
+    """Local steps per worker."""
+    strategy: str = "average"
+    """``"sync"`` allreduces gradients every step (barrier engine); every other strategy once a round."""
+    model_bytes: int | None = None
+    """float32 bytes of the model (default: the calibration's)."""
+    eval_rows: float = 0.0
+    """Validation rows scored per round on average (a full pass of 10,000 every round: 10,000)."""
+    threads: int = 1
+    """Torch threads of a one-process run (``engine="local"``)."""
+
+
+def _scale(cal: Calibration, shape: RunShape) -> float:
+    return (shape.model_bytes or cal.model_bytes) / cal.model_bytes
+
+
+def predict_round(shape: RunShape, cal: Calibration, link: LinkModel | None = None) -> dict:
+    """Seconds of one round of ``shape``, by part: ``compute``, ``sync``, ``link``, ``eval``, ``total``."""
+    link = link or LinkModel()
+    k, nbytes = shape.workers, int(shape.model_bytes or cal.model_bytes)
+    scale = _scale(cal, shape)
+    if shape.engine == "local":
+        speedup = cal.threads_speedup if shape.threads >= cal.cores else 1.0
+        compute = shape.tau * cal.step_s * scale / speedup
+        ev = shape.eval_rows * cal.eval_s_per_row / speedup
+        return {"compute": compute, "sync": 0.0, "link": 0.0, "eval": ev, "total": compute + ev}
+    share = max(1.0, k / cal.cores)
+    compute = shape.tau * cal.step_s * scale * share
+    if shape.engine == "rounds":
+        sync = cal.job_s + cal.job_s_per_worker * max(k - 2, 0)
+        on_link = 0.0 if link.is_free else link.delay(nbytes * k) + link.delay(nbytes * k)  # the driver's link
+        ev = shape.eval_rows * cal.eval_s_per_row / cal.threads_speedup  # the driver scores with its threads
+    elif shape.engine == "barrier":
+        syncs = shape.tau if shape.strategy == "sync" else 1
+        sync = syncs * cal.allreduce_s * scale * (2 * (k - 1) / k) / 1.0 if k > 1 else 0.0
+        on_link = syncs * link.allreduce_delay(nbytes, k)
+        ev = shape.eval_rows / k * cal.eval_s_per_row * share  # each rank scores its share
+        on_link += link.allreduce_delay(24, k) if shape.eval_rows else 0.0
+    else:
+        raise ValueError(f"unknown engine {shape.engine!r}; the model knows rounds, barrier and local")
+    return {"compute": compute, "sync": sync, "link": on_link, "eval": ev, "total": compute + sync + on_link + ev}
+
+
+def predict_run(shape: RunShape, cal: Calibration, link: LinkModel | None = None) -> dict:
+    """Seconds of a whole run of ``shape``: ``in_rounds`` (every round), ``command`` (setup included)."""
+    rounds = math.ceil(shape.steps / shape.tau)
+    per = predict_round(shape, cal, link)
+    last = predict_round(replace(shape, tau=shape.steps - (rounds - 1) * shape.tau), cal, link)
+    in_rounds = (rounds - 1) * per["total"] + last["total"]
+    return {"rounds": rounds, "round": per, "in_rounds": in_rounds, "command": cal.setup_s + in_rounds}
+
+
+@dataclass(frozen=True)
+class StepsToTarget:
+    """Local steps per worker to a target accuracy: measured points ``{(K, tau): steps}`` and a power law
+    ``steps = a * K ** -b`` fitted to them (at the smallest tau measured for each K) for the K beyond."""
+
+    measured: dict = field(default_factory=dict)
+
+    def fit(self) -> tuple[float, float]:
+        """``(a, b)`` of the power law, least squares on log-log over the measured K."""
+        best: dict[int, int] = {}
+        for (k, _tau), steps in self.measured.items():
+            best[k] = min(best.get(k, steps), steps)
+        if len(best) < 2:
+            raise ValueError("a power law needs steps measured at two worker counts at least")
+        xs = [math.log(k) for k in best]
+        ys = [math.log(best[k]) for k in best]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        return math.exp(my - slope * mx), -slope
+
+    def steps(self, workers: int, tau: int) -> tuple[int, bool]:
+        """(steps per worker, whether measured); an extrapolation rounds up to whole rounds of ``tau``."""
+        if (workers, tau) in self.measured:
+            return int(self.measured[(workers, tau)]), True
+        a, b = self.fit()
+        steps = a * workers ** -b
+        return int(math.ceil(steps / tau) * tau), False

@@ -1,0 +1,236 @@
+"""Beyond this machine: the cost model (sparknet.costmodel) checked against measured runs, then K = 2...256.
+
+    sparknet experiment scaling --quick     # constants measured here without Spark; the checks and the plot
+    sparknet experiment scaling             # also an empty Spark job's latency on local[2]
+
+Three steps:
+
+1. **Calibrate** (:meth:`~sparknet.costmodel.Calibration.measure`): LeNet's step and evaluation
+   times with one thread on this machine and, in the full run, an empty Spark job on ``local[2]``.
+2. **Check** every measured run found in the files given (``--measured``; by default this project's
+   own results when they are there): each run's shape (engine, K, tau, steps, rounds, link) goes
+   into the model, and the predicted time is set beside the measured one. In-round time
+   (the summary's samples over its in-round samples/s) for ``sparknet train`` runs; the training
+   wall time, evaluations included, for the slow-network experiment's runs (their evaluations
+   score the whole test set every round).
+3. **Predict** time to target for K = 2...256 workers with a core each, every tau and link
+   asked for, both engines, the model's size scaled (compute and allreduce with it): steps to
+   the target from the simulator's measurements (K = 2, 4, 8) and beyond from the power law fitted
+   to them, which the plot draws dashed.
+
+Nothing is trained here: the experiment runs in seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sparknet.costmodel import Calibration, RunShape, StepsToTarget, predict_run
+from sparknet.experiments import pyplot
+from sparknet.link import LinkModel
+
+__all__ = ["Config", "QUICK", "run", "plot", "check_point", "measured_points", "STEPS_TO_98_5"]
+
+log = logging.getLogger(__name__)
+
+STEPS_TO_98_5 = {(2, 10): 650, (2, 50): 700, (2, 200): 600, (4, 10): 450, (4, 50): 450, (4, 200): 600,
+                 (8, 10): 350, (8, 50): 350, (8, 200): 600}
+"""Local steps per worker for LeNet (SGD, lr 0.05, momentum 0.9, batch 64, averaging) to reach 98.5% on
+MNIST in the simulator (benchmarks/results/strategies.json, evaluated every 50 steps or every round)."""
+
+DEFAULT_MEASURED = ("benchmarks/results/time_to_99.json", "benchmarks/results/multihost_lenet.json",
+                    "benchmarks/results/quick_start.json", "docs/figures/slow-network.json")
+
+
+@dataclass(kw_only=True)
+class Config:
+    """Settings of the scaling predictions."""
+
+    workers: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128, 256)
+    """Worker counts predicted (a core each)."""
+    taus: tuple[int, ...] = (10, 50, 200)
+    """Local steps per round."""
+    links: tuple[str, ...] = ("free", "1ms,10Gbit", "10ms,1Gbit", "50ms,100Mbit")
+    """Links: ``free`` or ``LATENCY,BANDWIDTH``."""
+    model_scales: tuple[float, ...] = (1.0, 10.0)
+    """Model sizes as multiples of LeNet's."""
+    measured: tuple[str, ...] = DEFAULT_MEASURED
+    """Result files to check the model against (those absent are skipped)."""
+    spark: bool = True
+    """Measure an empty Spark job's latency on local[2] (else the calibration's default)."""
+    tolerance: float = 0.15
+    """The largest relative error a check passes with."""
+
+    def __post_init__(self):
+        self.workers = tuple(int(k) for k in self.workers)
+        self.taus = tuple(int(t) for t in self.taus)
+        if min(self.workers, default=2) < 1 or min(self.taus, default=1) < 1:
+            raise ValueError(f"workers and taus must be positive, got {self.workers} and {self.taus}")
+        for text in self.links:
+            parse_link(text)
+
+
+QUICK: dict = {"spark": False, "model_scales": (1.0,)}
+"""``--quick``: no Spark session (the calibration's job latency), LeNet's size only."""
+
+
+def parse_link(text: str) -> LinkModel:
+    """``free`` or ``LATENCY,BANDWIDTH`` (``10ms,1Gbit``)."""
+    if text == "free":
+        return LinkModel()
+    latency, _, bandwidth = text.partition(",")
+    return LinkModel.parse(latency or None, bandwidth or None)
+
+
+# -- the measured points --------------------------------------------------------------------------------
+
+def measured_points(paths) -> list[dict]:
+    """Every run in the result files that the model can predict: its shape, link and measured seconds."""
+    points = []
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            log.info("scaling: %s not found, skipped", path)
+            continue
+        data = json.loads(path.read_text())
+        if data.get("experiment") == "slow-network":
+            points += _slow_network_points(data, path.name)
+            continue
+        runs = data.get("runs")
+        if isinstance(runs, dict):
+            runs = [{"run": k, **v} for k, v in runs.items()]
+        if data.get("benchmark") == "quick_start":
+            runs = [{"run": "quick start", **data["quick_start"]}]
+        for run in runs or []:
+            point = _train_point(run, path.name)
+            if point is not None:
+                points.append(point)
+    return points
+
+
+def _train_point(run: dict, source: str) -> dict | None:
+    """A ``sparknet train`` run: its in-round seconds are its samples over its in-round samples/s."""
+    s, command = run.get("summary") or {}, run.get("command", "")
+    if not s.get("samples_per_s") or not s.get("steps"):
+        return None
+    argv = command.split()
+    flag = lambda name, default: argv[argv.index(name) + 1] if name in argv else default  # noqa: E731
+    workers = int(flag("--workers", "1"))
+    engine = "local" if workers == 1 and "--master" not in argv else flag("--engine", "rounds")
+    tau = int(flag("--tau", "50")) if engine != "local" else int(flag("--eval-every", "1000"))
+    steps = int(s.get("steps") or 0)
+    batch = int(flag("--batch-size", "64"))
+    samples = steps * batch * workers
+    shape = RunShape(engine=engine, workers=workers, tau=tau, steps=steps, threads=int(flag("--threads", "2")))
+    return {"source": source, "name": run.get("run"), "shape": shape, "link": "free",
+            "what": "in-round seconds", "measured_s": samples / s["samples_per_s"], "with_eval": False}
+
+
+def _slow_network_points(data: dict, source: str) -> list[dict]:
+    cfg, points = data["config"], []
+    for run in data["runs"]:
+        if not run.get("ok") or not run.get("steps_to_target"):
+            continue
+        link = run["link"]
+        strategy = "sync" if run["strategy"] == "sync" else "average"
+        shape = RunShape(engine=run["engine"], workers=int(data["workers"]), tau=int(cfg["tau"]),
+                         steps=int(run["steps_to_target"]), strategy=strategy, eval_rows=10_000.0)
+        model = LinkModel(latency_s=link["latency_s"], bandwidth_bits_per_s=link["bandwidth_bits_per_s"])
+        points.append({"source": source, "name": f"{run['scheme']} over {link['label']}", "shape": shape,
+                       "link": model, "what": "training seconds, evaluations included",
+                       "measured_s": run["train_time_to_target_s"], "with_eval": True})
+    return points
+
+
+def check_point(point: dict, cal: Calibration) -> dict:
+    """The model's seconds for one measured point, and its relative error."""
+    link = point["link"] if isinstance(point["link"], LinkModel) else parse_link(point["link"])
+    shape = point["shape"] if point["with_eval"] else replace(point["shape"], eval_rows=0.0)
+    predicted = predict_run(shape, cal, link)["in_rounds"]
+    error = predicted / point["measured_s"] - 1.0
+    return {"source": point["source"], "name": point["name"], "engine": shape.engine, "workers": shape.workers,
+            "tau": shape.tau, "steps": shape.steps, "link": link.describe(), "what": point["what"],
+            "measured_s": point["measured_s"], "predicted_s": predicted, "error": error}
+
+
+# -- the experiment -------------------------------------------------------------------------------------
+
+def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> dict:
+    spark = None
+    if config.spark:
+        from sparknet.spark import get_session
+
+        spark = get_session("local[2]", app_name="sparknet-scaling-calibration")
+    try:
+        cal = Calibration.measure(spark=spark)
+    finally:
+        if spark is not None:
+            spark.stop()
+    log.info("scaling: calibration %s", cal.to_dict())
+    checks = [check_point(p, cal) for p in measured_points(config.measured)]
+    for c in checks:
+        log.info("scaling: %-40s measured %7.1f s, predicted %7.1f s (%+.0f%%)", f"{c['source']}: {c['name']}",
+                 c["measured_s"], c["predicted_s"], 100 * c["error"])
+    steps = StepsToTarget(STEPS_TO_98_5)
+    a, b = steps.fit()
+    predictions = []
+    for scale in config.model_scales:
+        for link_text in config.links:
+            link = parse_link(link_text)
+            for tau in config.taus:
+                for engine in ("rounds", "barrier"):
+                    for k in config.workers:
+                        n, is_measured = steps.steps(k, tau)
+                        shape = RunShape(engine=engine, workers=k, tau=tau, steps=n,
+                                         model_bytes=int(cal.model_bytes * scale))
+                        one_core_each = replace(cal, cores=max(k, 1))
+                        p = predict_run(shape, one_core_each, link)
+                        predictions.append({"model_scale": scale, "link": link_text, "tau": tau, "engine": engine,
+                                            "workers": k, "steps_to_target": n, "steps_measured": is_measured,
+                                            "time_to_target_s": p["command"], "in_rounds_s": p["in_rounds"],
+                                            "round": p["round"]})
+    worst = max((abs(c["error"]) for c in checks), default=None)
+    return {"calibration": cal.to_dict(), "checks": checks, "worst_error": worst,
+            "within_tolerance": None if worst is None else worst <= config.tolerance,
+            "steps_to_target_fit": {"a": a, "b": b, "target": 0.985, "measured": {f"{k},{t}": v for (k, t), v in
+                                                                                 STEPS_TO_98_5.items()}},
+            "predictions": predictions}
+
+
+def plot(result: dict, path) -> None:
+    plt = pyplot()
+    preds = [p for p in result["predictions"] if p["model_scale"] == result["predictions"][0]["model_scale"]]
+    links = list(dict.fromkeys(p["link"] for p in preds))
+    tau = 50 if any(p["tau"] == 50 for p in preds) else preds[0]["tau"]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5))
+    for i, link in enumerate(links):
+        for engine, style in (("barrier", "-"), ("rounds", "--")):
+            rows = sorted((p for p in preds if p["link"] == link and p["engine"] == engine and p["tau"] == tau),
+                          key=lambda p: p["workers"])
+            ax.plot([p["workers"] for p in rows], [p["time_to_target_s"] for p in rows], style, color=f"C{i}",
+                    marker="o" if engine == "barrier" else "x", label=f"{engine}, {link}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.axvspan(8, max(p["workers"] for p in preds), color="0.92", zorder=0)
+    ax.text(9, ax.get_ylim()[1] * 0.6, "steps to target extrapolated", fontsize=8)
+    ax.set_xlabel("workers K (a core each)")
+    ax.set_ylabel("predicted time to 98.5%, setup included (s)")
+    ax.set_title(f"LeNet on MNIST, tau = {tau}")
+    ax.legend(fontsize=7)
+    checks = result["checks"]
+    if checks:
+        lim = max(max(c["measured_s"], c["predicted_s"]) for c in checks) * 1.1
+        bx.plot([0, lim], [0, lim], "k-", lw=0.8)
+        bx.fill_between([0, lim], [0, lim * 0.85], [0, lim * 1.15], color="0.9")
+        for c in checks:
+            bx.plot(c["measured_s"], c["predicted_s"], "o", color="C0" if c["engine"] == "barrier" else "C1")
+            bx.annotate(f"{c['name']}", (c["measured_s"], c["predicted_s"]), fontsize=6)
+        bx.set_xlabel("measured (s)")
+        bx.set_ylabel("predicted (s)")
+        bx.set_title(f"the model against measured runs (band: ±15%; worst {100 * result['worst_error']:.0f}%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

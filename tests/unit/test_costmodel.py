@@ -1,0 +1,88 @@
+"""The cost model (sparknet.costmodel) and ``sparknet experiment scaling``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from sparknet.costmodel import Calibration, RunShape, StepsToTarget, predict_round, predict_run
+from sparknet.experiments import run_experiment
+from sparknet.experiments.scaling import check_point, measured_points
+from sparknet.link import LinkModel
+
+CAL = Calibration(step_s=0.02, cores=2, eval_s_per_row=1e-4, job_s=0.07, job_s_per_worker=0.005, allreduce_s=0.008,
+                  setup_s=10.0, model_bytes=1_000_000, threads_speedup=1.6)
+
+
+def test_a_round_is_compute_sync_link_and_evaluation_and_the_link_costs_what_the_engines_wait():
+    link = LinkModel.parse("10ms", "100Mbit")
+    barrier = predict_round(RunShape(engine="barrier", workers=4, tau=50, steps=500, eval_rows=1000), CAL, link)
+    assert barrier["compute"] == pytest.approx(50 * 0.02 * 2)  # four workers on two cores
+    assert barrier["link"] == pytest.approx(link.allreduce_delay(1_000_000, 4) + link.allreduce_delay(24, 4))
+    assert barrier["eval"] == pytest.approx(1000 / 4 * 1e-4 * 2)
+    assert barrier["total"] == pytest.approx(sum(barrier[k] for k in ("compute", "sync", "link", "eval")))
+    rounds = predict_round(RunShape(engine="rounds", workers=4, tau=50, steps=500), CAL, link)
+    assert rounds["sync"] == pytest.approx(0.07 + 2 * 0.005)
+    assert rounds["link"] == pytest.approx(2 * link.delay(4_000_000))  # K weights down, K updates up, one driver link
+    naive = predict_round(RunShape(engine="barrier", workers=2, tau=50, steps=500, strategy="sync"), CAL, link)
+    assert naive["link"] == pytest.approx(50 * link.allreduce_delay(1_000_000, 2))  # every step
+    big = predict_round(RunShape(engine="barrier", workers=2, tau=50, steps=500, model_bytes=10_000_000), CAL)
+    assert big["compute"] == pytest.approx(10 * 50 * 0.02)  # compute scales with the model
+    local = predict_round(RunShape(engine="local", workers=1, tau=50, steps=500, threads=2), CAL)
+    assert local["compute"] == pytest.approx(50 * 0.02 / 1.6) and local["sync"] == 0.0
+    with pytest.raises(ValueError, match="unknown engine"):
+        predict_round(RunShape(engine="ring", workers=2, tau=1, steps=1), CAL)
+
+
+def test_a_run_is_setup_and_its_rounds_the_last_one_short():
+    shape = RunShape(engine="barrier", workers=2, tau=50, steps=120)
+    run = predict_run(shape, CAL)
+    assert run["rounds"] == 3
+    per = predict_round(shape, CAL)["total"]
+    last = predict_round(RunShape(engine="barrier", workers=2, tau=20, steps=120), CAL)["total"]
+    assert run["in_rounds"] == pytest.approx(2 * per + last)
+    assert run["command"] == pytest.approx(10.0 + run["in_rounds"])
+
+
+def test_steps_to_target_are_measured_where_measured_and_a_fitted_power_law_beyond():
+    steps = StepsToTarget({(2, 50): 800, (8, 50): 400, (4, 10): 570})
+    a, b = steps.fit()
+    assert b == pytest.approx(0.5, abs=0.02) and a * 2 ** -b == pytest.approx(800, rel=0.03)
+    assert steps.steps(2, 50) == (800, True)
+    n, measured = steps.steps(32, 50)
+    assert not measured and n % 50 == 0 and abs(n - a * 32 ** -b) < 50  # whole rounds
+    with pytest.raises(ValueError, match="two worker counts"):
+        StepsToTarget({(2, 50): 800}).fit()
+
+
+def test_a_check_compares_a_run_file_with_the_model(tmp_path):
+    summary = {"samples_per_s": 4000.0, "steps": 500, "rounds": 10}
+    path = tmp_path / "time_to_99.json"
+    path.write_text(json.dumps({"benchmark": "time_to_99", "runs": [
+        {"run": "barrier, 2 workers", "command": "sparknet train --workers 2 --tau 50 --engine barrier",
+         "summary": summary},
+        {"run": "no figures", "command": "sparknet train", "summary": {}}]}))
+    points = measured_points([path, tmp_path / "absent.json"])
+    assert len(points) == 1 and points[0]["shape"].engine == "barrier" and points[0]["shape"].steps == 500
+    assert points[0]["measured_s"] == pytest.approx(500 * 64 * 2 / 4000.0)
+    check = check_point(points[0], CAL)
+    expected = predict_run(RunShape(engine="barrier", workers=2, tau=50, steps=500), CAL)["in_rounds"]
+    assert check["predicted_s"] == pytest.approx(expected)
+    assert check["error"] == pytest.approx(expected / points[0]["measured_s"] - 1)
+
+
+def test_the_scaling_experiment_writes_its_checks_predictions_and_plot(tmp_path):
+    result = run_experiment("scaling", quick=True, out=tmp_path, plot=True, measured=(), workers=(2, 16),
+                            taus=(50,), links=("free", "50ms,100Mbit"))
+    assert result["checks"] == [] and result["within_tolerance"] is None
+    cal = result["calibration"]
+    assert 0.001 < cal["step_s"] < 1.0 and 0 < cal["eval_s_per_row"] < cal["step_s"]
+    preds = result["predictions"]
+    assert len(preds) == 2 * 2 * 2  # links x engines x K
+    slow = {p["engine"]: p for p in preds if p["workers"] == 16 and p["link"] == "50ms,100Mbit"}
+    free = {p["engine"]: p for p in preds if p["workers"] == 16 and p["link"] == "free"}
+    assert all(slow[e]["time_to_target_s"] > free[e]["time_to_target_s"] for e in slow)
+    assert not slow["barrier"]["steps_measured"] and math.isfinite(slow["barrier"]["time_to_target_s"])
+    assert (tmp_path / "scaling.png").stat().st_size > 10_000
