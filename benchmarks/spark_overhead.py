@@ -48,18 +48,6 @@ def _data(spark, rows: int):
     return spark.sparkContext.parallelize(parts, 2).flatMap(lambda p: p).cache()
 
 
-def empty_jobs(spark, repeats: int) -> list[float]:
-    sc = spark.sparkContext
-    rdd = sc.parallelize(range(2), 2).cache()
-    rdd.count()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        rdd.map(lambda v: v).collect()
-        times.append(time.perf_counter() - t)
-    return times
-
-
 def engine_overhead(spark, data, engine: str, rounds: int, warmup: int, tau: int) -> dict:
     from sparknet import DistributedConfig, SolverConfig, zoo
     from sparknet.spark import SparkTrainer
@@ -116,12 +104,13 @@ def main(argv=None) -> dict:
     spark = _session(args.master)
     try:
         data = _data(spark, args.rows)
-        empty = empty_jobs(spark, 20)
+        from sparknet.spark._backend import empty_job_s
+
         results = {
             "benchmark": "spark_overhead", "master": spark.sparkContext.master, "spark": spark.version,
             "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "empty_job_s_median": statistics.median(empty[5:]),
+            "empty_job_s_median": empty_job_s(spark, repeats=15, warmup=5),
             "engines": {},
         }
         for engine in args.engines.split(","):

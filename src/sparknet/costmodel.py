@@ -47,14 +47,16 @@ class Calibration:
     """Cores the workers share: K workers on fewer cores each run K / cores times slower."""
     threads_speedup: float = 1.67
     """One process with a thread per core against one thread (a step's speed-up)."""
-    eval_s_per_row: float = 1.6e-4
+    eval_s_per_row: float = 1.7e-4
     """Scoring one validation row with one thread."""
-    job_s: float = 0.070
+    job_s: float = 0.076
     """The rounds engine's cost per round beyond compute: a Spark job, the broadcast, the driver's sum."""
     job_s_per_worker: float = 0.005
     """What each further task adds to a round of the rounds engine (scheduling, one result to fetch)."""
-    allreduce_s: float = 0.008
-    """The barrier engine's cost per allreduce of the model's buffer, free link."""
+    allreduce_s: float = 0.0025
+    """One gloo allreduce of the model's buffer between two ranks on a free link."""
+    barrier_round_s: float = 0.003
+    """The barrier engine's cost per round beyond its allreduce (the counts, the records, the channel)."""
     setup_s: float = 15.0
     """From the command's start to the first round (interpreter, Spark session, data, staging)."""
     model_bytes: int = 1_724_320
@@ -87,9 +89,11 @@ class Calibration:
             t = time.perf_counter()
             net.train(steps)
             step_s = (time.perf_counter() - t) / steps
+            net.evaluate()  # the first pass allocates
             t = time.perf_counter()
-            net.evaluate()
-            eval_s_per_row = (time.perf_counter() - t) / len(x)
+            for _ in range(3):
+                net.evaluate()
+            eval_s_per_row = (time.perf_counter() - t) / (3 * len(x))
             values = {"step_s": step_s, "eval_s_per_row": eval_s_per_row, "model_bytes": net.get_flat().numel() * 4}
         finally:
             torch.set_num_threads(threads)
@@ -103,9 +107,10 @@ class Calibration:
         return asdict(self)
 
 
-JOB_OVER_EMPTY = 2.2
-"""The rounds engine's round beyond compute, as a multiple of an empty Spark job (measured: 65-79 ms against
-30-35 ms on local[2])."""
+JOB_OVER_EMPTY = 1.2
+"""The rounds engine's round beyond compute, as a multiple of an empty Spark job timed in a fresh session as
+:func:`~sparknet.spark._backend.empty_job_s` does (measured on local[2]: 76 ms against 64 ms; the same empty
+job run between two rounds takes 32 ms)."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,7 @@ def predict_round(shape: RunShape, cal: Calibration, link: LinkModel | None = No
         ev = shape.eval_rows * cal.eval_s_per_row / cal.threads_speedup  # the driver scores with its threads
     elif shape.engine == "barrier":
         syncs = shape.tau if shape.strategy == "sync" else 1
-        sync = syncs * cal.allreduce_s * scale * (2 * (k - 1) / k) / 1.0 if k > 1 else 0.0
+        sync = cal.barrier_round_s + syncs * cal.allreduce_s * scale * (2 * (k - 1) / k) if k > 1 else 0.0
         on_link = syncs * link.allreduce_delay(nbytes, k)
         ev = shape.eval_rows / k * cal.eval_s_per_row * share  # each rank scores its share
         on_link += link.allreduce_delay(24, k) if shape.eval_rows else 0.0

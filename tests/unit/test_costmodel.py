@@ -13,7 +13,7 @@ from sparknet.experiments.scaling import check_point, measured_points
 from sparknet.link import LinkModel
 
 CAL = Calibration(step_s=0.02, cores=2, eval_s_per_row=1e-4, job_s=0.07, job_s_per_worker=0.005, allreduce_s=0.008,
-                  setup_s=10.0, model_bytes=1_000_000, threads_speedup=1.6)
+                  barrier_round_s=0.003, setup_s=10.0, model_bytes=1_000_000, threads_speedup=1.6)
 
 
 def test_a_round_is_compute_sync_link_and_evaluation_and_the_link_costs_what_the_engines_wait():
@@ -22,12 +22,14 @@ def test_a_round_is_compute_sync_link_and_evaluation_and_the_link_costs_what_the
     assert barrier["compute"] == pytest.approx(50 * 0.02 * 2)  # four workers on two cores
     assert barrier["link"] == pytest.approx(link.allreduce_delay(1_000_000, 4) + link.allreduce_delay(24, 4))
     assert barrier["eval"] == pytest.approx(1000 / 4 * 1e-4 * 2)
+    assert barrier["sync"] == pytest.approx(0.003 + 0.008 * 2 * 3 / 4)  # a ring moves 2 (K - 1) / K buffers
     assert barrier["total"] == pytest.approx(sum(barrier[k] for k in ("compute", "sync", "link", "eval")))
     rounds = predict_round(RunShape(engine="rounds", workers=4, tau=50, steps=500), CAL, link)
     assert rounds["sync"] == pytest.approx(0.07 + 2 * 0.005)
     assert rounds["link"] == pytest.approx(2 * link.delay(4_000_000))  # K weights down, K updates up, one driver link
     naive = predict_round(RunShape(engine="barrier", workers=2, tau=50, steps=500, strategy="sync"), CAL, link)
     assert naive["link"] == pytest.approx(50 * link.allreduce_delay(1_000_000, 2))  # every step
+    assert naive["sync"] == pytest.approx(0.003 + 50 * 0.008)
     big = predict_round(RunShape(engine="barrier", workers=2, tau=50, steps=500, model_bytes=10_000_000), CAL)
     assert big["compute"] == pytest.approx(10 * 50 * 0.02)  # compute scales with the model
     local = predict_round(RunShape(engine="local", workers=1, tau=50, steps=500, threads=2), CAL)

@@ -222,12 +222,19 @@ def plot(result: dict, path) -> None:
     ax.legend(fontsize=7)
     checks = result["checks"]
     if checks:
-        lim = max(max(c["measured_s"], c["predicted_s"]) for c in checks) * 1.1
-        bx.plot([0, lim], [0, lim], "k-", lw=0.8)
-        bx.fill_between([0, lim], [0, lim * 0.85], [0, lim * 1.15], color="0.9")
+        lo = min(min(c["measured_s"], c["predicted_s"]) for c in checks) * 0.8
+        hi = max(max(c["measured_s"], c["predicted_s"]) for c in checks) * 1.2
+        bx.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        bx.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.9")
+        colors = {"barrier": "C0", "rounds": "C1", "local": "C2"}
         for c in checks:
-            bx.plot(c["measured_s"], c["predicted_s"], "o", color="C0" if c["engine"] == "barrier" else "C1")
-            bx.annotate(f"{c['name']}", (c["measured_s"], c["predicted_s"]), fontsize=6)
+            bx.plot(c["measured_s"], c["predicted_s"], "o", color=colors.get(c["engine"], "C3"))
+            bx.annotate(f"{c['name']} ({100 * c['error']:+.0f}%)", (c["measured_s"], c["predicted_s"]), fontsize=6)
+        bx.set_xscale("log")
+        bx.set_yscale("log")
+        for engine, color in colors.items():
+            bx.plot([], [], "o", color=color, label=engine)
+        bx.legend(fontsize=7)
         bx.set_xlabel("measured (s)")
         bx.set_ylabel("predicted (s)")
         bx.set_title(f"the model against measured runs (band: ±15%; worst {100 * result['worst_error']:.0f}%)")
