@@ -182,7 +182,8 @@ def main(argv=None) -> int:
             for name in (names if repeat % 2 == 0 else names[::-1]):
                 runs.append({"repeat": repeat, **_run(name, Path(tmp), args.timeout)})
                 print(json.dumps(runs[-1]), flush=True)
-    report = {"benchmark": "time_to_99", "target": TARGET, "eval_budget": args.eval_budget, "cpu_count": os.cpu_count(), "runs": runs}
+    report = {"benchmark": "time_to_99", "target": TARGET, "eval_budget": args.eval_budget, "cpu_count": os.cpu_count(),
+              "runs": runs}
     base = [r["command_wall_s"] for r in runs if r["run"].startswith("one process")]
     if base:
         one = min(base)

@@ -6,6 +6,7 @@ One SparkSession for the module. The data sets are tiny: these tests check behav
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
@@ -242,8 +243,9 @@ def test_sparknet_train_takes_the_parameter_server_only_with_strategy_async(monk
     assert calls == [(Strategy.ASYNC, 7, {"combiner": "elastic", "ps_host": "10.0.0.1"})]
     assert cli.main(argv + ["--strategy", "average"]) == 0
     assert len(calls) == 1  # a synchronous strategy takes the Spark engines' road
-    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
-    assert printed == ['{"steps": 1}', '{"steps": 2}']
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert [p["steps"] for p in printed] == [1, 2]
+    assert all(p["command_s"] > 0 for p in printed)  # the seconds since the command started, beside the result
 
 
 def test_a_failing_task_reports_its_partition_in_the_shared_worker_format():

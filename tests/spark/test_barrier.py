@@ -76,7 +76,8 @@ def test_barrier_ranks_stop_together_on_target_accuracy(spark):
     x, y = blobs(64, seed=4)
     rdd = partitioned_rdd(spark.sparkContext, [(x[:32], y[:32]), (x[32:], y[32:])])
     res = SparkTrainer(mlp(), solver=SolverConfig(base_lr=0.1), batch_size=8,
-                       dist=DistributedConfig(workers=2, engine="barrier", tau=10, rounds=30, target_accuracy=0.9)
+                       dist=DistributedConfig(workers=2, engine="barrier", tau=10, rounds=30, target_accuracy=0.9,
+                                              eval_budget=1.0)
                        ).fit(rdd, validation=blobs(50, seed=9))
     assert res.summary["stop_reason"] == "target_accuracy" and res.summary["rounds"] < 30
     assert res.history[-1]["val_accuracy"] >= 0.9

@@ -162,12 +162,23 @@ def test_engine_options_refuse_impossible_seconds(name, value):
 def test_rounds_between_full_evaluations_score_a_sample_and_the_last_one_the_whole_set(data, engine):
     rdd, (vx, vy) = data
     rows = len(vy) // 2  # a sample of half the rows: the smallest set a screen is made for
-    res = _fit(data, engine, rounds=4, eval_screen_rows=rows)
+    res = _fit(data, engine, rounds=4, eval_screen_rows=rows, eval_budget=1.0)
     records = [h for h in res.history if h.get("event") == "round"]
     assert ["val_accuracy" in r for r in records] == [False, False, False, True]
     assert all(r["screen_rows"] == rows and 0 <= r["screen_accuracy"] <= 1 for r in records)
     assert records[-1]["val_accuracy"] == res.summary["test_accuracy"]
     # the sample is scored at the rounds in between; the whole set at the end, as without screens
-    whole = _fit(data, engine, rounds=4, eval_screen_rows=0)
+    whole = _fit(data, engine, rounds=4, eval_screen_rows=0, eval_budget=1.0)
     assert all("val_accuracy" in r and "screen_accuracy" not in r for r in whole.history if r.get("event") == "round")
     assert torch.equal(res.weights.to_flat(), whole.weights.to_flat())
+
+
+@pytest.mark.parametrize("engine", ["rounds", "barrier"])
+def test_an_evaluation_budget_puts_evaluations_off_and_the_ranks_agree(data, engine):
+    # a budget of 0.1% of the wall time: after the first evaluation the next due one is put off to the
+    # last round (in the barrier engine every rank decides from its own clock and they agree, or it would hang)
+    res = _fit(data, engine, rounds=6, eval_screen_rows=0, eval_budget=0.001)
+    evaluated = [r["round"] for r in res.history if r.get("event") == "round" and "val_accuracy" in r]
+    assert evaluated[0] == 1 and evaluated[-1] == 6 and len(evaluated) < 6, evaluated
+    every = _fit(data, engine, rounds=6, eval_screen_rows=0, eval_budget=1.0)
+    assert torch.equal(res.weights.to_flat(), every.weights.to_flat())  # evaluation never moves the weights

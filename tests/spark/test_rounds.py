@@ -112,7 +112,8 @@ def test_stopping_rules_max_steps_epochs_and_target(spark):
 
     # target accuracy, measured on the driver every round
     res = SparkTrainer(mlp(), solver=solver, batch_size=8,
-                       dist=DistributedConfig(workers=2, tau=10, rounds=30, target_accuracy=0.9)).fit(df, validation=df)
+                       dist=DistributedConfig(workers=2, tau=10, rounds=30, target_accuracy=0.9,
+                                              eval_budget=1.0)).fit(df, validation=df)
     assert res.summary["stop_reason"] == "target_accuracy" and res.summary["rounds"] < 30
     assert res.history[-1]["val_accuracy"] >= 0.9 and res.summary["test_accuracy"] >= 0.9
     assert res.net.test() == pytest.approx(res.summary["test_accuracy"])

@@ -180,7 +180,7 @@ def test_a_screen_scores_the_same_fixed_sample_of_rows_every_time():
 def test_one_process_training_is_the_loop_and_stops_at_the_target_accuracy(tmp_path):
     run = RunConfig(model="mlp", dataset="synthetic", steps=2000, eval_every=20, batch_size=32, threads=1,
                     quiet=True, lr=0.05, metrics_out=str(tmp_path / "m.jsonl"))
-    first = train_local(run, DistributedConfig(target_accuracy=0.3))
+    first = train_local(run, DistributedConfig(target_accuracy=0.3, eval_budget=1.0))
     assert first["stop_reason"] == "target_accuracy" and first["steps"] < 2000
     assert first["test_accuracy"] >= 0.3
     whole = train_local(RunConfig(**{**run.__dict__, "steps": 60}), None)
