@@ -23,7 +23,10 @@ def rig_session(cluster, name: str, **conf: str):
     builder = SparkSession.builder.master(cluster.master).appName(name)
     for key, value in {**cluster.driver_conf(), "spark.ui.enabled": "false", "spark.python.worker.reuse": "true",
                        "spark.python.unix.domain.socket.enabled": "true",
-                       "spark.ui.showConsoleProgress": "false", "spark.task.maxFailures": "4", **conf}.items():
+                       "spark.ui.showConsoleProgress": "false", "spark.task.maxFailures": "4",
+                       # as get_session does: the first session of the test process starts its JVM, and MNIST
+                       # shipped from the driver (frame_from_arrays) outgrows Spark's default 1 GiB heap
+                       "spark.driver.memory": "2g", **conf}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")

@@ -152,8 +152,8 @@ def quiet_log_settings(master: str | None, settings: dict[str, str], level: str)
     return out
 
 
-LOCAL_DRIVER_MEMORY = "2g"
-"""The JVM heap a local session sparknet starts gets, unless the user sets ``spark.driver.memory``."""
+DRIVER_MEMORY = "2g"
+"""The JVM heap the driver of a session sparknet starts gets, unless the user sets ``spark.driver.memory``."""
 
 
 def _user_sets_driver_memory(conf: dict | None) -> bool:
@@ -204,10 +204,11 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         # round trip costs about 30 ms instead of 70 (the rounds engine runs one job per round)
         "spark.python.unix.domain.socket.enabled": "true",
     }
-    if is_local_master(master or "local[*]") and not _user_sets_driver_memory(conf):
-        # In local mode every task's rows pass through the one JVM; Spark's default 1 GiB heap
-        # runs out when four tasks convert MNIST at once.
-        settings["spark.driver.memory"] = LOCAL_DRIVER_MEMORY
+    if not _user_sets_driver_memory(conf):
+        # Spark's default 1 GiB heap runs out: in local mode every task's rows pass through the one JVM
+        # (four tasks converting MNIST at once); on a cluster, local arrays shipped through Spark
+        # (frame_from_arrays) live in the driver's heap, and each task that carries a piece is serialized there.
+        settings["spark.driver.memory"] = DRIVER_MEMORY
     settings.update({key: str(value) for key, value in (conf or {}).items()})
     settings.update(quiet_log_settings(master, settings, level))
     for key, value in settings.items():
