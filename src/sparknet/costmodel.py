@@ -20,15 +20,14 @@ a run over ``--link-latency/--link-bandwidth`` charge the same seconds. Time to 
 from measurement (the simulator's grid) where there is one, and beyond the measured K from the
 power law fitted to it (:class:`StepsToTarget`): an extrapolation, and said to be one.
 
-:class:`Calibration` holds the machine's constants; :meth:`Calibration.measure` takes the step and
-evaluation times from this machine and the Spark job latency from a session.
-``sparknet experiment scaling`` checks the model against measured runs and plots its predictions.
+:class:`Calibration` holds the machine's constants; ``sparknet experiment scaling``
+(:func:`sparknet.experiments.scaling.calibrate`) measures them on this machine, checks the model
+against measured runs and plots its predictions.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass, field, replace
 
 from sparknet.link import LinkModel
@@ -63,53 +62,13 @@ class Calibration:
     """float32 bytes of the model the constants were measured with (LeNet); compute and allreduce
     scale with the model's size."""
 
-    @classmethod
-    def measure(cls, *, spark=None, batch_size: int = 64, steps: int = 30, **known) -> Calibration:
-        """Measure LeNet's step and evaluation times here (one thread) and, given ``spark``, the rounds
-        engine's cost per round from an empty Spark job's latency (times :data:`JOB_OVER_EMPTY`).
-
-        ``known`` overrides any constant (a value measured elsewhere, e.g. ``allreduce_s``).
-        """
-        import torch
-
-        from sparknet import zoo
-        from sparknet.net import Net
-        from sparknet.solvers import SolverConfig
-
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            net = Net(zoo.lenet(batch_size=batch_size), SolverConfig(base_lr=0.01), batch_size=batch_size)
-            g = torch.Generator().manual_seed(0)
-            x = torch.rand(max(2048, batch_size * 4), 1, 28, 28, generator=g)
-            y = torch.randint(0, 10, (len(x),), generator=g)
-            net.set_training_data((x, y))
-            net.set_validation_data((x, y))
-            net.train(5)
-            t = time.perf_counter()
-            net.train(steps)
-            step_s = (time.perf_counter() - t) / steps
-            net.evaluate()  # the first pass allocates
-            t = time.perf_counter()
-            for _ in range(3):
-                net.evaluate()
-            eval_s_per_row = (time.perf_counter() - t) / (3 * len(x))
-            values = {"step_s": step_s, "eval_s_per_row": eval_s_per_row, "model_bytes": net.get_flat().numel() * 4}
-        finally:
-            torch.set_num_threads(threads)
-        if spark is not None and "job_s" not in known:
-            from sparknet.spark._backend import empty_job_s
-
-            values["job_s"] = empty_job_s(spark) * JOB_OVER_EMPTY
-        return replace(cls(), **{**values, **known})
-
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 JOB_OVER_EMPTY = 1.2
-"""The rounds engine's round beyond compute, as a multiple of an empty Spark job timed in a fresh session as
-:func:`~sparknet.spark._backend.empty_job_s` does (measured on local[2]: 76 ms against 64 ms; the same empty
+"""The rounds engine's round beyond compute (``Calibration.job_s``), as a multiple of an empty Spark job timed
+in a fresh session as :func:`~sparknet.spark._backend.empty_job_s` does (measured on local[2]: 76 ms against 64 ms; the same empty
 job run between two rounds takes 32 ms)."""
 
 
@@ -133,15 +92,11 @@ class RunShape:
     """Torch threads of a one-process run (``engine="local"``)."""
 
 
-def _scale(cal: Calibration, shape: RunShape) -> float:
-    return (shape.model_bytes or cal.model_bytes) / cal.model_bytes
-
-
 def predict_round(shape: RunShape, cal: Calibration, link: LinkModel | None = None) -> dict:
     """Seconds of one round of ``shape``, by part: ``compute``, ``sync``, ``link``, ``eval``, ``total``."""
     link = link or LinkModel()
     k, nbytes = shape.workers, int(shape.model_bytes or cal.model_bytes)
-    scale = _scale(cal, shape)
+    scale = nbytes / cal.model_bytes  # compute and allreduce grow with the model
     if shape.engine == "local":
         speedup = cal.threads_speedup if shape.threads >= cal.cores else 1.0
         compute = shape.tau * cal.step_s * scale / speedup
@@ -151,7 +106,7 @@ def predict_round(shape: RunShape, cal: Calibration, link: LinkModel | None = No
     compute = shape.tau * cal.step_s * scale * share
     if shape.engine == "rounds":
         sync = cal.job_s + cal.job_s_per_worker * max(k - 2, 0)
-        on_link = 0.0 if link.is_free else link.delay(nbytes * k) + link.delay(nbytes * k)  # the driver's link
+        on_link = 2 * link.delay(nbytes * k)  # K weights down and K updates up cross the driver's link
         ev = shape.eval_rows * cal.eval_s_per_row / cal.threads_speedup  # the driver scores with its threads
     elif shape.engine == "barrier":
         syncs = shape.tau if shape.strategy == "sync" else 1

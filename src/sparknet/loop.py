@@ -275,12 +275,10 @@ class _Evaluation:
             over = self.done > 0 and self.spent_s > self.plan.budget * (time.perf_counter() - self.t0)
             if not self.exchange.agree(not over):
                 return None
-        t = time.perf_counter()
-        try:
-            return self._round(global_flat, record)
-        finally:
-            self.done += 1
-            self.spent_s += time.perf_counter() - t
+        accuracy = self._round(global_flat, record)
+        self.done += 1
+        self.spent_s += record.get("eval_s", 0.0)  # the screen and the full pass, as the record has them
+        return accuracy
 
     def _round(self, global_flat: torch.Tensor, record: dict) -> float | None:
         if self.screening and self.since_full + 1 < self.plan.full_every:

@@ -5,7 +5,7 @@
 
 Three steps:
 
-1. **Calibrate** (:meth:`~sparknet.costmodel.Calibration.measure`): LeNet's step and evaluation
+1. **Calibrate** (:func:`calibrate`): LeNet's step and evaluation
    times with one thread on this machine and, in the full run, an empty Spark job on ``local[2]``.
 2. **Check** every measured run found in the files given (``--measured``; by default this project's
    own results when they are there): each run's shape (engine, K, tau, steps, rounds, link) goes
@@ -28,11 +28,17 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sparknet.costmodel import Calibration, RunShape, StepsToTarget, predict_run
-from sparknet.experiments import pyplot
-from sparknet.link import LinkModel
+import time
 
-__all__ = ["Config", "QUICK", "run", "plot", "check_point", "measured_points", "STEPS_TO_98_5"]
+import torch
+
+from sparknet import zoo
+from sparknet.costmodel import JOB_OVER_EMPTY, Calibration, RunShape, StepsToTarget, predict_run
+from sparknet.experiments import make_solver, pyplot, torch_threads
+from sparknet.link import LinkModel
+from sparknet.net import Net
+
+__all__ = ["Config", "QUICK", "run", "plot", "calibrate", "check_point", "measured_points", "STEPS_TO_98_5"]
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +89,42 @@ def parse_link(text: str) -> LinkModel:
         return LinkModel()
     latency, _, bandwidth = text.partition(",")
     return LinkModel.parse(latency or None, bandwidth or None)
+
+
+# -- the calibration ------------------------------------------------------------------------------------
+
+def calibrate(spark=None, *, batch_size: int = 64, rows: int = 2048, steps: int = 30) -> Calibration:
+    """The cost model's constants measured here: LeNet's step and its evaluation per row with one thread,
+    and, given ``spark``, the rounds engine's cost per round from an empty Spark job
+    (:data:`~sparknet.costmodel.JOB_OVER_EMPTY` times it).
+
+    The step is timed over ``steps`` steps in one call, as a worker runs its tau steps; the other
+    experiments' :func:`~sparknet.experiments.median_step_time` times single calls (C(b) of the paper),
+    which carry a call's own overhead and read about 10% higher.
+    """
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(rows, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (rows,), generator=g)
+    with torch_threads(1):
+        net = Net(zoo.lenet(batch_size=batch_size), make_solver("sgd", 0.01, 0.9, 5e-4), batch_size=batch_size)
+        net.set_training_data((x, y))
+        net.set_validation_data((x, y))
+        net.train(5)
+        t = time.perf_counter()
+        net.train(steps)
+        step_s = (time.perf_counter() - t) / steps
+        net.evaluate()  # the first pass allocates
+        t = time.perf_counter()
+        for _ in range(3):
+            net.evaluate()
+        eval_s_per_row = (time.perf_counter() - t) / (3 * rows)
+        model_bytes = net.get_flat().numel() * 4
+    values = {"step_s": step_s, "eval_s_per_row": eval_s_per_row, "model_bytes": model_bytes}
+    if spark is not None:
+        from sparknet.spark._backend import empty_job_s
+
+        values["job_s"] = empty_job_s(spark) * JOB_OVER_EMPTY
+    return Calibration(**values)
 
 
 # -- the measured points --------------------------------------------------------------------------------
@@ -165,7 +207,7 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
 
         spark = get_session("local[2]", app_name="sparknet-scaling-calibration")
     try:
-        cal = Calibration.measure(spark=spark)
+        cal = calibrate(spark)
     finally:
         if spark is not None:
             spark.stop()
