@@ -61,13 +61,14 @@ def bare_pair(steps: int, batch: int, n: int, real: bool) -> dict:
 
 
 def sparknet_run(spark, engine: str, df, steps: int, tau: int, batch: int) -> dict:
-    from sparknet import DistributedConfig, SolverConfig, zoo
+    from sparknet import DistributedConfig, SolverConfig, WorkerConfig, zoo
     from sparknet.spark import SparkTrainer
 
     rounds = []
-    trainer = SparkTrainer(zoo.lenet(batch_size=batch), solver=SolverConfig(base_lr=0.01, weight_decay=5e-4),
-                           dist=DistributedConfig(workers=2, engine=engine, tau=tau), batch_size=batch, threads=1,
-                           spark=spark, on_round=rounds.append, max_steps=steps)
+    worker = WorkerConfig(solver=SolverConfig(base_lr=0.01, weight_decay=5e-4), batch_size=batch, threads=1,
+                          steps=steps)
+    trainer = SparkTrainer(zoo.lenet(batch_size=batch), worker, DistributedConfig(workers=2, engine=engine, tau=tau),
+                           spark=spark, on_round=rounds.append)
     result = trainer.fit(df)
     recs = [r for r in rounds if r.get("event") == "round"][1:]  # the first round warms the workers up
     samples = sum(r["samples"] for r in recs)

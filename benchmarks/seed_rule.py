@@ -44,7 +44,7 @@ def main(argv=None) -> int:
     p.add_argument("--tau", type=int, default=10)
     p.add_argument("--target", type=float, default=None, help="default 0.965 (full MNIST) or 0.9 (--quick)")
     p.add_argument("--eval-every", type=int, default=50, help="local steps between evaluations")
-    p.add_argument("--max-steps", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--quick", action="store_true", help="the 5,000-image MNIST subset and the small MLP")
     p.add_argument("--out", default="benchmarks/results/seed_rule.json")
     args = p.parse_args(argv)
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
                 for seed in range(args.seeds):
                     r = sim.simulate(net, data.train, data.test, workers=args.workers, tau=args.tau, strategy=strategy,
                                      solver=SolverConfig(**solver), batch_size=64, target_accuracy=target,
-                                     max_steps=args.max_steps, eval_every_steps=args.eval_every, seed=seed)
+                                     steps=args.steps, eval_every_steps=args.eval_every, seed=seed)
                     rows.append({"strategy": strategy, "rule": rule, "seed": seed, "reached": r.reached,
                                  "steps_per_worker": r.steps_per_worker, "accuracy": r.accuracy})
                     print(json.dumps(rows[-1]), flush=True)

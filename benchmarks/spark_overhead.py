@@ -49,7 +49,7 @@ def _data(spark, rows: int):
 
 
 def engine_overhead(spark, data, engine: str, rounds: int, warmup: int, tau: int) -> dict:
-    from sparknet import DistributedConfig, SolverConfig, zoo
+    from sparknet import DistributedConfig, SolverConfig, WorkerConfig, zoo
     from sparknet.spark import SparkTrainer
 
     records, floors = [], []
@@ -63,9 +63,9 @@ def engine_overhead(spark, data, engine: str, rounds: int, warmup: int, tau: int
             probe.map(lambda v: v).collect()
             floors.append(time.perf_counter() - t)
 
-    trainer = SparkTrainer(zoo.lenet(), solver=SolverConfig(base_lr=0.01), batch_size=64, threads=1, spark=spark,
-                           dist=DistributedConfig(workers=2, engine=engine, tau=tau, rounds=rounds + warmup),
-                           on_round=on_round)
+    trainer = SparkTrainer(zoo.lenet(), WorkerConfig(solver=SolverConfig(base_lr=0.01), batch_size=64, threads=1),
+                           DistributedConfig(workers=2, engine=engine, tau=tau, rounds=rounds + warmup),
+                           spark=spark, on_round=on_round)
     result = trainer.fit(data)
     kept = records[warmup:]
     overhead = [r["round_s"] - r["compute_s"] for r in kept]

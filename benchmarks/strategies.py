@@ -47,7 +47,7 @@ def _cell(job: dict) -> dict:
     solver = SolverConfig(**{**STRATEGY_SOLVERS[job["strategy"]], **job.get("solver", {})})
     t0 = time.perf_counter()
     r = simulate(net, train, test, workers=job["workers"], tau=job["tau"], strategy=job["strategy"], solver=solver,
-                 batch_size=job["batch_size"], target_accuracy=job["target"], max_steps=job["max_steps"],
+                 batch_size=job["batch_size"], target_accuracy=job["target"], steps=job["steps"],
                  eval_every_steps=job["eval_every"], compression=job["compression"], seed=job["seed"],
                  strategy_options=job.get("options"))
     out = {k: v for k, v in r.to_dict().items() if k != "history"}
@@ -69,7 +69,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--taus", type=int, nargs="+", default=[1, 10, 50, 200])
     p.add_argument("--strategies", nargs="+", default=["average", "diloco", "easgd", "sync"])
     p.add_argument("--target", type=float, default=0.985)
-    p.add_argument("--max-steps", type=int, default=3000, help="local steps per worker at most")
+    p.add_argument("--steps", type=int, default=3000, help="local steps per worker at most")
     p.add_argument("--eval-every", type=int, default=50, help="local steps between evaluations (whole rounds)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--compression", default="none")
@@ -82,12 +82,12 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--resume", action="store_true", help="keep the cells already saved in the output file, run the rest")
     args = p.parse_args(argv)
     if args.quick:
-        args.workers, args.taus, args.target, args.max_steps = [2, 4], [1, 10, 50], 0.95, 1500
+        args.workers, args.taus, args.target, args.steps = [2, 4], [1, 10, 50], 0.95, 1500
     jobs = []
     for k, tau, strategy in itertools.product(args.workers, args.taus, args.strategies):
         if strategy == "sync" and tau != 1:
             continue  # the naive scheme synchronizes every step
-        job = {"strategy": strategy, "workers": k, "tau": tau, "target": args.target, "max_steps": args.max_steps,
+        job = {"strategy": strategy, "workers": k, "tau": tau, "target": args.target, "steps": args.steps,
                "eval_every": max(args.eval_every, tau), "batch_size": args.batch_size, "compression": args.compression,
                "seed": args.seed, "quick": args.quick}
         if strategy == "diloco":

@@ -79,7 +79,7 @@ def main(argv=None, spark=None) -> dict:
         log.info("training %s asynchronously: %d workers, push every %d steps, %s combiner",
                  "an MLP" if args.quick else "LeNet", args.workers, args.tau, args.combiner)
         m = session.run(data=train, batch_size=args.batch_size, tau=args.tau, epochs=epochs,
-                        num_workers=args.workers, max_steps=steps, validation_data=data.test)
+                        num_workers=args.workers, steps=steps, validation_data=data.test)
         result = {"combiner": m["combiner"], "workers": m["workers"], "tau": m["tau"],
                   "epochs": m["epochs_run"], "steps_per_worker": m["steps_per_worker"], "samples": m["samples"],
                   "test_accuracy": m["test_accuracy"], "chance": 0.1, "pushes": m["pushes"],

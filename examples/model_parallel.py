@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from sparknet.config import WorkerConfig
 from sparknet.datasets import mnist
 from sparknet.layers import ActivationLayer, LinearLayer, NetParams, RDDLayer, SoftmaxWithLoss
 from sparknet.parallel import ModelParallelJob, WeightBudgetError, check_weight_budget, run_rank
@@ -78,9 +79,10 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out) -> 
 def _train(rank: int, args: argparse.Namespace) -> dict:
     world = dist.get_world_size()
     net_def = wide_mlp(args.width, args.batch_size)
-    job = ModelParallelJob(net=net_def, solver=SolverConfig(type="rmsprop", base_lr=args.lr, rms_decay=0.9),
-                           model_parallel=args.model_parallel, strategy=args.strategy, tau=args.tau,
-                           rounds=args.rounds, batch_size=args.batch_size, seed=args.seed,
+    worker = WorkerConfig(solver=SolverConfig(type="rmsprop", base_lr=args.lr, rms_decay=0.9),
+                          batch_size=args.batch_size, seed=args.seed)
+    job = ModelParallelJob(net=net_def, worker=worker, model_parallel=args.model_parallel, strategy=args.strategy,
+                           tau=args.tau, rounds=args.rounds,
                            max_weight_bytes=args.max_weight_bytes, sample_shape=(1, 28, 28))
     data = mnist()
     part = data.train.shard(rank, world)  # a replica's M ranks pool their parts (run_rank does it)

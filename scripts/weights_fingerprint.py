@@ -93,13 +93,13 @@ def simulator_runs() -> dict[str, str]:
                                   ("average", "int8")):
         with _last_evaluated() as last:
             simulate(_net(), train, test, workers=3, tau=5, strategy=strategy, solver=_solver(), batch_size=8,
-                     max_steps=40, compression=compression, seed=3)
+                     steps=40, compression=compression, seed=3)
         out[f"simulate/{strategy}/{compression}"] = _digest(last["flat"])
     return out
 
 
 def spark_runs(spark) -> dict[str, str]:
-    from sparknet.config import DistributedConfig
+    from sparknet.config import DistributedConfig, WorkerConfig
     from sparknet.spark import SparkTrainer
 
     x, y = _blobs(210, 11)
@@ -117,7 +117,7 @@ def spark_runs(spark) -> dict[str, str]:
     out = {}
     for engine, strategy, extra in cases:
         dist = DistributedConfig(workers=2, engine=engine, strategy=strategy, tau=6, rounds=4, **extra)
-        trainer = SparkTrainer(_net(), solver=_solver(), dist=dist, batch_size=8, seed=5, spark=spark)
+        trainer = SparkTrainer(_net(), WorkerConfig(solver=_solver(), batch_size=8, seed=5), dist=dist, spark=spark)
         result = trainer.fit(rdd, validation=val)
         tag = "+".join(f"{k}={v}" for k, v in sorted(extra.items())) or "plain"
         out[f"{engine}/{strategy}/{tag}"] = _digest(result.weights.to_flat())
@@ -125,6 +125,7 @@ def spark_runs(spark) -> dict[str, str]:
 
 
 def model_parallel_runs(spark) -> dict[str, str]:
+    from sparknet.config import WorkerConfig
     from sparknet.parallel.runner import ModelParallelJob
     from sparknet.parallel.spark import fit_model_parallel
 
@@ -133,8 +134,8 @@ def model_parallel_runs(spark) -> dict[str, str]:
     df = spark.createDataFrame([(x[i].tolist(), int(y[i])) for i in range(len(y))], ["features", "label"])
     out = {}
     for strategy in ("average", "diloco"):
-        job = ModelParallelJob(net=_net(), solver=_solver(), model_parallel=1, strategy=strategy, tau=5, rounds=3,
-                               batch_size=8, seed=7)
+        job = ModelParallelJob(net=_net(), worker=WorkerConfig(solver=_solver(), batch_size=8, seed=7), model_parallel=1,
+                               strategy=strategy, tau=5, rounds=3)
         res = fit_model_parallel(_net(), df, job=job, workers=2, validation=val, spark=spark)
         out[f"model_parallel/{strategy}"] = _digest(res.weights.to_flat())
     return out

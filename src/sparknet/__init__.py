@@ -14,7 +14,7 @@ core never needs pyspark).
 """
 
 from sparknet import datasets, zoo
-from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy, TrainConfig
+from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy, TrainConfig, WorkerConfig
 from sparknet.errors import DatasetError, DeadlineExceeded, EngineError, GraphError, SparkNetError, WorkerError
 from sparknet.layers import (
     AccuracyLayer,
@@ -55,8 +55,8 @@ __all__ = [
     "DropoutLayer", "BatchNormLayer", "LRNLayer", "ConcatLayer", "EltwiseLayer", "FlattenLayer", "ReshapeLayer",
     "EmbeddingLayer", "RNNLayer", "LSTMLayer", "AccuracyLayer", "SoftmaxWithLoss", "Filler",
     # solvers and configuration
-    "SolverConfig", "SolverType", "LRPolicy", "RunConfig", "DistributedConfig", "TrainConfig", "Engine", "Strategy",
-    "TrainingStrategy", "make_strategy",
+    "SolverConfig", "SolverType", "LRPolicy", "WorkerConfig", "RunConfig", "DistributedConfig", "TrainConfig", "Engine",
+    "Strategy", "TrainingStrategy", "make_strategy",
     # errors
     "SparkNetError", "GraphError", "DatasetError", "EngineError", "WorkerError", "DeadlineExceeded",
     # modules

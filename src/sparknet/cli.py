@@ -69,12 +69,22 @@ def _quiet_warnings() -> None:
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
 
 
+class _OldName(argparse.Action):
+    """A flag's old name: still taken, with a warning naming the one to use (``--sync-interval`` is ``--tau``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        new = "--" + self.dest.replace("_", "-")
+        log.warning("%s is the old name of %s; use %s", option_string, new, new)
+        setattr(namespace, self.dest, values)
+
+
 def _configure_train(p: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(p, RunConfig, title="training")
     add_dataclass_arguments(p, DistributedConfig, title="distributed training")
     for flags in (CaffeTrainFlags, ModelParallelFlags, AsyncConfig):
         add_dataclass_arguments(p, flags, title=flags.__doc__.strip().splitlines()[0])
-    p.add_argument("--sync-interval", dest="tau", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS)  # async's old name of --tau
+    p.add_argument("--sync-interval", dest="tau", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                   action=_OldName)
     p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
     p.set_defaults(_run=_run_train)
 

@@ -16,7 +16,8 @@ from sparknet.link import LinkModel
 from sparknet.stopping import EvalPlan
 from sparknet.solvers import LRPolicy, SolverConfig, SolverType
 
-__all__ = ["Engine", "Strategy", "CompressionKind", "RunConfig", "DistributedConfig", "TrainConfig", "parse_enum"]
+__all__ = ["Engine", "Strategy", "CompressionKind", "WorkerConfig", "RunConfig", "DistributedConfig", "TrainConfig",
+           "parse_enum"]
 
 
 class Engine(str, enum.Enum):
@@ -71,6 +72,36 @@ def check_per_step_strategy(dist: DistributedConfig, what: str, *, on_spark: boo
     if dist.round_seconds is not None:
         raise ValueError(f"{what} allreduces gradients every step and needs a fixed tau, not --round-seconds "
                          "(workers would run different numbers of steps)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    """What every worker does on its own: its update rule, minibatch, seed, threads and device, and how many
+    local steps it makes at most. :class:`~sparknet.spark.SparkTrainer`, the model-parallel stage and the
+    parameter server's session take it; :meth:`RunConfig.worker` is what ``sparknet train`` gives them."""
+
+    solver: SolverConfig = field(default_factory=SolverConfig)
+    """Each worker's local update rule."""
+    batch_size: int = 64
+    """Minibatch size of every worker."""
+    seed: int = 0
+    """Seeds the initial weights, every worker's data order and the warm-up."""
+    threads: int = 1
+    """Torch threads per worker."""
+    device: str = "cpu"
+    """cpu, cuda, cuda:N or auto (a task uses the GPU Spark assigned it, else the CPU, saying why)."""
+    steps: int | None = None
+    """Local steps per worker in all (a stopping rule beside the rounds, epochs and target accuracy of
+    :class:`DistributedConfig`; the first one reached stops training). Warm-up steps are not counted."""
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+        if self.threads < 1:
+            raise ValueError(f"threads must be at least 1, got {self.threads}")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps must be at least 1, got {self.steps}")
+        check_device(self.device)
 
 
 @dataclass(kw_only=True)
@@ -140,6 +171,11 @@ class RunConfig:
         return SolverConfig(type=self.solver_type, base_lr=self.lr, momentum=self.momentum,
                             weight_decay=self.weight_decay, lr_policy=self.lr_policy, gamma=self.gamma,
                             power=self.power, max_iter=self.steps)
+
+    def worker(self) -> WorkerConfig:
+        """What each worker does under these settings (one thread per worker unless --threads says)."""
+        return WorkerConfig(solver=self.solver(), batch_size=self.batch_size, seed=self.seed,
+                            threads=self.threads or 1, device=self.device, steps=self.steps)
 
 
 @dataclass(kw_only=True)

@@ -4,7 +4,7 @@ This is SparkNet's Listing 3, and the only place sparknet runs it::
 
     global_flat = strategy.init_global(initial_weights)
     every round:
-        plan   = RoundPlan(steps=tau or what max_steps leaves, seconds=the time budget)
+        plan   = RoundPlan(steps=tau or what the steps rule leaves, seconds=the time budget)
         update = exchange.run_round(plan, global_flat)        # local steps; sum of samples * delta
         mean   = weighted_mean(update.total, update.samples)  # the sample-weighted mean delta
         global_flat = strategy.apply(global_flat, mean, K)    # average, DiLoCo, EASGD, sync
@@ -63,7 +63,8 @@ class RoundPlan:
     round: int
     """Rounds done before this one (the first round is 0)."""
     steps: int
-    """Local steps (tau, or what ``max_steps`` leaves; :attr:`StopRule.UNBOUNDED_STEPS` when only seconds bound it)."""
+    """Local steps (tau, or what :attr:`StopRule.steps` leaves; :attr:`StopRule.UNBOUNDED_STEPS` when only seconds
+    bound it)."""
     seconds: float | None = None
     """The round's time budget: a worker stops after ``steps`` or this, whichever comes first."""
     last: bool = False
@@ -245,7 +246,7 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
         if reason is not None and "val_accuracy" not in record:
             check.full(global_flat, record)
         if reason is None and update.steps == 0:
-            raise EngineError(f"round {r}: no worker made a step; check tau, max_steps and the data")
+            raise EngineError(f"round {r}: no worker made a step; check tau, steps and the data")
         if reason is not None:
             record["stop_reason"] = reason
         record["wall_s"] = time.perf_counter() - t0

@@ -49,9 +49,9 @@ class SimulationResult:
 
 def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strategy | str = "average",
              solver: SolverConfig | None = None, batch_size: int = 64, target_accuracy: float | None = None,
-             max_steps: int = 10000, eval_every_steps: int | None = None, eval_samples: int | None = None,
+             steps: int = 10000, eval_every_steps: int | None = None, eval_samples: int | None = None,
              compression: CompressionKind | str = CompressionKind.NONE, seed: int = 0, strategy_options: dict | None = None) -> SimulationResult:
-    """Train ``workers`` logical workers with ``strategy`` until the target or ``max_steps``.
+    """Train ``workers`` logical workers with ``strategy`` until the target or ``steps``.
 
     Parameters
     ----------
@@ -61,7 +61,7 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
         Training data (sharded evenly across workers) and the evaluation set.
     tau : int
         Local steps per round (for ``sync``: steps between evaluations).
-    max_steps : int
+    steps : int
         Local steps per worker at most.
     eval_every_steps : int, optional
         Evaluate the global weights every this many local steps (rounded up to whole
@@ -101,7 +101,7 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
             log.debug("%s K=%d tau=%d round %d: accuracy %.4f", name.value, workers, tau, record["round"],
                       record["val_accuracy"])
 
-    stop = StopRule(max_steps=max_steps, target_accuracy=target_accuracy, tau=tau)
+    stop = StopRule(steps=steps, target_accuracy=target_accuracy, tau=tau)
     progress = Progress()
     eval_rounds = max(1, math.ceil((eval_every_steps or tau) / tau))
     run_rounds(exchange, strat, strat.init_global(evaluator.get_flat()), stop, progress=progress,

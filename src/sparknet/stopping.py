@@ -18,7 +18,7 @@ class StopRule:
     """The stopping rules of a fit, evaluated identically wherever the round loop runs."""
 
     rounds: int | None = None
-    max_steps: int | None = None
+    steps: int | None = None
     """Local steps per worker, in all rounds."""
     epochs: float | None = None
     target_accuracy: float | None = None
@@ -29,11 +29,11 @@ class StopRule:
     UNBOUNDED_STEPS = 1 << 40
 
     def steps_for_round(self, steps_done: int) -> int:
-        """Local steps to ask of each worker this round (tau, capped by what ``max_steps`` leaves)."""
-        steps = self.tau if self.tau is not None else self.UNBOUNDED_STEPS
-        if self.max_steps is not None:
-            steps = min(steps, max(self.max_steps - steps_done, 0))
-        return steps
+        """Local steps to ask of each worker this round (tau, capped by what ``steps`` leaves)."""
+        ask = self.tau if self.tau is not None else self.UNBOUNDED_STEPS
+        if self.steps is not None:
+            ask = min(ask, max(self.steps - steps_done, 0))
+        return ask
 
     def reason(self, rounds_done: int, steps_done: int, samples_done: int, accuracy: float | None) -> str | None:
         """Why to stop now (``None``: go on)."""
@@ -41,8 +41,8 @@ class StopRule:
             return "target_accuracy"
         if self.rounds is not None and rounds_done >= self.rounds:
             return "rounds"
-        if self.max_steps is not None and steps_done >= self.max_steps:
-            return "max_steps"
+        if self.steps is not None and steps_done >= self.steps:
+            return "steps"
         if self.epochs is not None and self.dataset_rows and samples_done >= self.epochs * self.dataset_rows:
             return "epochs"
         return None

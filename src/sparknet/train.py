@@ -155,7 +155,7 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
         if start is not None:
             metrics.progress(done)
         if done < run.steps:
-            stop = StopRule(max_steps=run.steps, tau=run.eval_every, dataset_rows=net.num_training_samples,
+            stop = StopRule(steps=run.steps, tau=run.eval_every, dataset_rows=net.num_training_samples,
                             **({} if dist is None else {"rounds": dist.rounds, "epochs": dist.epochs,
                                                         "target_accuracy": dist.target_accuracy}))
             progress = Progress(round=-(-done // run.eval_every), steps_done=done,

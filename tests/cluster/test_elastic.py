@@ -14,7 +14,7 @@ import pytest
 
 from _rig import rig_session
 from sparknet import zoo
-from sparknet.config import DistributedConfig
+from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.datasets import synthetic
 from sparknet.solvers import SolverConfig
 from sparknet.spark._backend import task_slots
@@ -56,7 +56,7 @@ def test_a_host_gone_leaves_one_worker_a_round_in_turn_and_a_host_back_is_used_a
             events.append("back")
 
     trainer = SparkTrainer(zoo.mlp(input_shape=[6], hidden=[16], num_classes=3),
-                           solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=16, seed=3,
+                           WorkerConfig(solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=16, seed=3),
                            dist=DistributedConfig(workers=2, tau=10, rounds=8), spark=spark, on_round=on_round,
                            options=EngineOptions(elastic_after_s=0, round_timeout_s=180))
     try:

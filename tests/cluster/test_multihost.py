@@ -15,7 +15,7 @@ import pytest
 
 from _rig import rig_session
 from sparknet import zoo
-from sparknet.config import DistributedConfig, RunConfig
+from sparknet.config import DistributedConfig, RunConfig, WorkerConfig
 from sparknet.datasets import synthetic
 from sparknet.metrics import read_metrics
 from sparknet.solvers import SolverConfig
@@ -149,7 +149,7 @@ def test_a_host_lost_mid_run_costs_nothing_in_the_rounds_engine(spark, cluster):
 
     def fit(on_round=None):
         trainer = SparkTrainer(zoo.mlp(input_shape=[6], hidden=[16], num_classes=3),
-                               solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=16, seed=3,
+                               WorkerConfig(solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=16, seed=3),
                                dist=DistributedConfig(workers=2, tau=10, rounds=6), spark=spark, on_round=on_round,
                                options=EngineOptions(storage_level="MEMORY_AND_DISK_2", round_timeout_s=180))
         return trainer.fit(df, validation=(val.x, val.y))
@@ -179,8 +179,7 @@ def _mlp_trainer(spark, dist, **kwargs):
     from sparknet.spark import SparkTrainer
 
     return SparkTrainer(zoo.mlp(input_shape=[6], hidden=[16], num_classes=3),
-                        solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=16, seed=3, spark=spark,
-                        dist=dist, **kwargs)
+                        WorkerConfig(solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=16, seed=3), dist, spark=spark, **kwargs)
 
 
 def test_the_barrier_engine_restarts_when_a_lost_host_comes_back(spark, cluster):

@@ -231,7 +231,7 @@ def test_async_config_checks_itself():
         AsyncConfig(combiner="median")
 
 
-def test_sparknet_train_takes_the_parameter_server_only_with_strategy_async(monkeypatch, capsys):
+def test_sparknet_train_takes_the_parameter_server_only_with_strategy_async(monkeypatch, capsys, caplog):
     from sparknet import cli
 
     calls = []
@@ -241,6 +241,7 @@ def test_sparknet_train_takes_the_parameter_server_only_with_strategy_async(monk
     argv = ["train", "--workers", "2", "--sync-interval", "7", "--combiner", "elastic", "--ps-host", "10.0.0.1"]
     assert cli.main(argv + ["--strategy", "async"]) == 0
     assert calls == [(Strategy.ASYNC, 7, {"combiner": "elastic", "ps_host": "10.0.0.1"})]
+    assert "--sync-interval is the old name of --tau" in caplog.text  # taken, and the user told the one name
     assert cli.main(argv + ["--strategy", "average"]) == 0
     assert len(calls) == 1  # a synchronous strategy takes the Spark engines' road
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from _spark_testlib import blobs, mlp, partitioned_rdd, start_session
-from sparknet.config import DistributedConfig
+from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.errors import DeadlineExceeded, WorkerError
 from sparknet.loop import RoundPlan
 from sparknet.solvers import SolverConfig
@@ -89,7 +89,7 @@ def test_a_fit_leaves_the_callers_job_group_as_it_was(sc):
     sc.setJobGroup("notebook-cell-8", "the caller's cell", interruptOnCancel=True)
     before = _job_properties(sc)
     x, y = blobs(16, seed=2)
-    trainer = SparkTrainer(mlp(1), solver=SolverConfig(base_lr=0.1), batch_size=8, seed=0,
+    trainer = SparkTrainer(mlp(1), WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=8, seed=0),
                            dist=DistributedConfig(workers=2, engine="rounds", tau=1, rounds=2))
     result = trainer.fit(partitioned_rdd(sc, [(x[:8], y[:8]), (x[8:], y[8:])]))
     assert result.summary["rounds"] == 2

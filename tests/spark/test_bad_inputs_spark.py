@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from _spark_testlib import blobs, mlp, partitioned_rdd, start_session
-from sparknet.config import DistributedConfig
+from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import EngineOptions, SparkTrainer
 
@@ -34,7 +34,7 @@ def spark():
 
 
 def _trainer(engine: str, *, net=None, loss=None, workers: int = 2, on_round=None) -> SparkTrainer:
-    return SparkTrainer(net or mlp(), solver=SolverConfig(base_lr=0.1), loss=loss, batch_size=4, seed=0,
+    return SparkTrainer(net or mlp(), WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=4, seed=0), loss=loss,
                         on_round=on_round, dist=DistributedConfig(workers=workers, tau=2, rounds=1, engine=engine),
                         options=EngineOptions(rendezvous_timeout_s=60, collective_timeout_s=60))
 
@@ -140,7 +140,7 @@ def test_an_empty_partition_is_refused_where_every_step_needs_every_worker(spark
     x, y = blobs(12)
     rdd = partitioned_rdd(spark.sparkContext, [(x[:0], y[:0]), (x, y)])
     rounds: list[dict] = []
-    trainer = SparkTrainer(mlp(), solver=SolverConfig(base_lr=0.1), batch_size=4, on_round=rounds.append,
+    trainer = SparkTrainer(mlp(), WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=4), on_round=rounds.append,
                            dist=DistributedConfig(workers=2, tau=2, rounds=1, engine="barrier", strategy="sync"))
     with pytest.raises(ValueError, match="a strategy that allreduces gradients every step needs data in every "
                                          "partition"):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from _spark_testlib import blobs, flat, hand_rounds, mlp, partitioned_rdd, start_session
-from sparknet.config import DistributedConfig
+from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.errors import DeadlineExceeded, WorkerError
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
@@ -41,7 +41,7 @@ def test_barrier_average_is_the_sample_weighted_mean_with_records_during_the_sta
 
     # a simulated link of 0.4 s a collective keeps the stage running well past round 1's record (the weights
     # do not depend on it): without it the whole stage can end within one of the driver's 50 ms polls
-    result = SparkTrainer(mlp(), solver=solver, batch_size=8, seed=3, on_round=on_round,
+    result = SparkTrainer(mlp(), WorkerConfig(solver=solver, batch_size=8, seed=3), on_round=on_round,
                           dist=DistributedConfig(workers=2, engine="barrier", tau=3, rounds=3, link_latency="400ms")
                           ).fit(partitioned_rdd(sc, parts))
     expected = hand_rounds(mlp(), solver, parts, batch_size=8, seed=3, tau=3, rounds=3)
@@ -63,7 +63,7 @@ def test_barrier_tau_one_plain_sgd_equals_one_large_batch_step(spark):
     x, y = blobs(16, seed=2)
     parts = [(x[:8], y[:8]), (x[8:], y[8:])]
     solver = SolverConfig(base_lr=0.2, momentum=0.0, weight_decay=0.0)
-    result = SparkTrainer(mlp(1), solver=solver, batch_size=8,
+    result = SparkTrainer(mlp(1), WorkerConfig(solver=solver, batch_size=8),
                           dist=DistributedConfig(workers=2, engine="barrier", tau=1, rounds=1)
                           ).fit(partitioned_rdd(spark.sparkContext, parts))
     big = Net(mlp(1), solver, batch_size=16, seed=0)
@@ -75,7 +75,7 @@ def test_barrier_tau_one_plain_sgd_equals_one_large_batch_step(spark):
 def test_barrier_ranks_stop_together_on_target_accuracy(spark):
     x, y = blobs(64, seed=4)
     rdd = partitioned_rdd(spark.sparkContext, [(x[:32], y[:32]), (x[32:], y[32:])])
-    res = SparkTrainer(mlp(), solver=SolverConfig(base_lr=0.1), batch_size=8,
+    res = SparkTrainer(mlp(), WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=8),
                        dist=DistributedConfig(workers=2, engine="barrier", tau=10, rounds=30, target_accuracy=0.9,
                                               eval_budget=1.0)
                        ).fit(rdd, validation=blobs(50, seed=9))
@@ -100,7 +100,7 @@ def test_barrier_failure_names_the_rank(spark):
     try:
         x, y = blobs(16)
         rdd = partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])])
-        trainer = SparkTrainer(mlp(), loss=_boom_on_rank_one, batch_size=4,
+        trainer = SparkTrainer(mlp(), WorkerConfig(batch_size=4), loss=_boom_on_rank_one,
                                dist=DistributedConfig(workers=2, engine="barrier", tau=2, rounds=2))
         with pytest.raises(WorkerError) as info:
             trainer.fit(rdd)
@@ -114,7 +114,7 @@ def test_a_stuck_rank_is_named_when_its_peers_collective_times_out(spark):
     # rank 1 hangs in round 2's local steps; rank 0 waits in the allreduce until the collective deadline
     x, y = blobs(16)
     rdd = partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])])
-    trainer = SparkTrainer(mlp(), batch_size=4, dist=DistributedConfig(workers=2, engine="barrier", tau=1, rounds=4),
+    trainer = SparkTrainer(mlp(), WorkerConfig(batch_size=4), DistributedConfig(workers=2, engine="barrier", tau=1, rounds=4),
                            options=EngineOptions(collective_timeout_s=5, max_restarts=0,
                                                  fault="rank=1,round=2,kind=hang,hang_s=60"))
     with pytest.raises(WorkerError) as info:
@@ -129,7 +129,8 @@ def test_driver_wait_has_a_deadline_and_cancels_the_stage(spark):
 
     x, y = blobs(16)
     rdd = partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])])
-    trainer = SparkTrainer(mlp(), batch_size=4, dist=DistributedConfig(workers=2, engine="barrier", tau=1, rounds=50),
+    trainer = SparkTrainer(mlp(), WorkerConfig(batch_size=4),
+                           DistributedConfig(workers=2, engine="barrier", tau=1, rounds=50),
                            options=EngineOptions(rendezvous_timeout_s=0.001))
     with pytest.raises(DeadlineExceeded, match="did not all start"):
         trainer.fit(rdd)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from _spark_testlib import blobs, mlp, partitioned_rdd, start_session
-from sparknet.config import DistributedConfig
+from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
 from sparknet.spark import _data
@@ -68,8 +68,8 @@ def spark():
 
 
 def _fit(data, *, image_shape=None, net=None, rounds=1, on_round=None, workers=2, **kw):
-    trainer = SparkTrainer(net or mlp(), solver=SolverConfig(base_lr=0.1), batch_size=4, seed=0, on_round=on_round,
-                           dist=DistributedConfig(workers=workers, tau=2, rounds=rounds))
+    trainer = SparkTrainer(net or mlp(), WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=4, seed=0),
+                           DistributedConfig(workers=workers, tau=2, rounds=rounds), on_round=on_round)
     return trainer.fit(data, image_shape=image_shape, **kw)
 
 

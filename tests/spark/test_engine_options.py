@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from _spark_testlib import start_session, two_blob_workers
-from sparknet.config import DistributedConfig
+from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.link import LinkModel
 from sparknet.solvers import SolverConfig
 from sparknet.spark import EngineOptions, SparkTrainer
@@ -49,9 +49,9 @@ def data(spark):
 
 def _fit(data, engine, *, rounds=6, tau=4, options=None, strategy="average", **dist):
     rdd, val = data
-    trainer = SparkTrainer(_mlp(), solver=SOLVER, batch_size=8, seed=4, options=options or EngineOptions(),
-                           dist=DistributedConfig(workers=2, engine=engine, tau=tau, rounds=rounds, strategy=strategy,
-                                                  **dist))
+    trainer = SparkTrainer(_mlp(), WorkerConfig(solver=SOLVER, batch_size=8, seed=4),
+                           DistributedConfig(workers=2, engine=engine, tau=tau, rounds=rounds, strategy=strategy, **dist),
+                           options=options or EngineOptions())
     return trainer.fit(rdd, validation=val)
 
 

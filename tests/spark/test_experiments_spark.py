@@ -28,7 +28,7 @@ def spark():
 def test_time_to_accuracy_records_every_system_reached_or_failed(spark, tmp_path):
     systems = ("one-process", "rounds", "barrier", "sync", "async", "torch-distributor")
     result = run_experiment("time-to-accuracy", quick=True, out=tmp_path, spark=spark, systems=systems, target=0.6,
-                            eval_every=10, max_steps=200, **TINY)
+                            eval_every=10, steps=200, **TINY)
     saved = json.loads((tmp_path / "time-to-accuracy.json").read_text())
     assert (tmp_path / "time-to-accuracy.png").stat().st_size > 1000
     assert [e["system"] for e in saved["entries"]] == list(systems)
@@ -70,7 +70,7 @@ def test_tau_sensitivity_gives_a_curve_per_tau(spark, tmp_path):
 
 def test_slow_network_applies_the_link_inside_the_engine(spark, tmp_path):
     run_experiment("slow-network", quick=True, out=tmp_path, spark=spark, link_latency=("20ms",),
-                   link_bandwidth=("100Mbit",), target=0.6, tau=10, max_steps=30, max_seconds=30.0, **TINY)
+                   link_bandwidth=("100Mbit",), target=0.6, tau=10, steps=30, max_seconds=30.0, **TINY)
     saved = json.loads((tmp_path / "slow-network.json").read_text())
     assert (tmp_path / "slow-network.png").stat().st_size > 1000
     assert [lk["label"] for lk in saved["links"]] == ["0s, inf", "20ms, 100Mbit"]

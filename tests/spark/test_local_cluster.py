@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from _spark_testlib import blobs, hand_rounds, mlp, partitioned_rdd, start_session
-from sparknet.config import DistributedConfig
+from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
 
@@ -38,7 +38,7 @@ def test_rounds_engine_averages_exactly_across_two_executors(spark):
     x, y = blobs(40, seed=7)
     parts = [(x[:16], y[:16]), (x[16:], y[16:])]
     solver = SolverConfig(base_lr=0.05, momentum=0.9)
-    result = SparkTrainer(mlp(), solver=solver, batch_size=8, seed=2,
+    result = SparkTrainer(mlp(), WorkerConfig(solver=solver, batch_size=8, seed=2),
                           dist=DistributedConfig(workers=2, engine="rounds", tau=4, rounds=3)
                           ).fit(partitioned_rdd(spark.sparkContext, parts))
     expected = hand_rounds(mlp(), solver, parts, batch_size=8, seed=2, tau=4, rounds=3)
@@ -50,7 +50,7 @@ def test_rounds_engine_averages_exactly_across_two_executors(spark):
 def test_tasks_see_their_assigned_gpu_and_fall_back_to_the_cpu_without_cuda(spark):
     assert not torch.cuda.is_available()
     x, y = blobs(16, seed=8)
-    result = SparkTrainer(mlp(), solver=SolverConfig(base_lr=0.1), batch_size=4, device="auto",
+    result = SparkTrainer(mlp(), WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=4, device="auto"),
                           dist=DistributedConfig(workers=2, engine="rounds", tau=2, rounds=1)
                           ).fit(partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])]))
     for worker in result.history[0]["per_worker"]:

@@ -16,6 +16,7 @@ import torch
 from _two_ranks import run_two_ranks
 from _spark_testlib import blobs, partitioned_rdd, start_session
 from sparknet.cli import main
+from sparknet.config import WorkerConfig
 from sparknet.layers import ActivationLayer, LinearLayer, NetParams, RDDLayer, SoftmaxWithLoss
 from sparknet.parallel import WeightBudgetError
 from sparknet.parallel.runner import ModelParallelJob
@@ -73,7 +74,8 @@ def _reference(*args) -> torch.Tensor:
 def test_one_replica_split_in_two_equals_two_plain_processes(spark):
     x, y = blobs(48, seed=1)
     solver = SolverConfig(base_lr=0.05, momentum=0.9)
-    job = ModelParallelJob(net=tiny_net(), solver=solver, model_parallel=2, tau=3, rounds=3, batch_size=8, seed=5)
+    job = ModelParallelJob(net=tiny_net(), worker=WorkerConfig(solver=solver, batch_size=8, seed=5), model_parallel=2,
+                           tau=3, rounds=3)
     parts = [(x[:20], y[:20]), (x[20:], y[20:])]  # the replica pools them in partition order
     result = fit_model_parallel(tiny_net(), partitioned_rdd(spark.sparkContext, parts), job=job, workers=2,
                                 validation=(x, y), spark=spark)
@@ -97,8 +99,8 @@ def test_two_replicas_of_two_shards_train_and_each_worker_holds_about_half(spark
         LinearLayer("ip1", ["data"], num_outputs=256), ActivationLayer("relu1", ["ip1"], tops=["ip1"]),
         LinearLayer("ip2", ["ip1"], num_outputs=256), ActivationLayer("relu2", ["ip2"], tops=["ip2"]),
         LinearLayer("ip3", ["ip2"], num_outputs=3), SoftmaxWithLoss("loss", ["ip3", "label"]), name="wide")
-    job = ModelParallelJob(net=wide, solver=SolverConfig(base_lr=0.02, momentum=0.9), model_parallel=2, tau=5,
-                           rounds=4, batch_size=16, seed=0, max_weight_bytes=200_000)
+    job = ModelParallelJob(net=wide, worker=WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9), batch_size=16),
+                           model_parallel=2, tau=5, rounds=4, max_weight_bytes=200_000)
     with pytest.raises(WeightBudgetError, match="model-parallel 2"):  # unsplit, one worker's budget is too small
         fit_model_parallel(wide, None, workers=4,
                            job=ModelParallelJob(net=wide, model_parallel=1, rounds=1, max_weight_bytes=200_000),

@@ -15,7 +15,7 @@ import torch
 
 from _spark_testlib import mlp, start_session, two_blob_workers
 from sparknet.checkpoint import CheckpointError, CheckpointManager
-from sparknet.config import DistributedConfig
+from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
 from sparknet.solvers import SolverConfig
 from sparknet.spark import EngineOptions, SparkTrainer
@@ -41,7 +41,7 @@ def _fit(data, engine, rounds=10, fault=None, tau=4, strategy="average", options
     rdd, val = data
     opts = options or EngineOptions()
     opts.fault = fault
-    trainer = SparkTrainer(mlp(), solver=SOLVER, batch_size=8, seed=4, options=opts,
+    trainer = SparkTrainer(mlp(), WorkerConfig(solver=SOLVER, batch_size=8, seed=4), options=opts,
                            dist=DistributedConfig(workers=2, engine=engine, tau=tau, rounds=rounds,
                                                   strategy=strategy, **dist))
     return trainer.fit(rdd, validation=val)
@@ -127,7 +127,7 @@ def test_checkpoint_folder_problems_are_clear_before_training(data, tmp_path):
         _fit(data, "rounds", rounds=1, checkpoint_dir=str(blocked / "ckpt"))
     ckpt = str(tmp_path / "other")
     rdd, val = data
-    SparkTrainer(torch.nn.Sequential(torch.nn.Linear(2, 3)), solver=SOLVER, batch_size=8,
+    SparkTrainer(torch.nn.Sequential(torch.nn.Linear(2, 3)), WorkerConfig(solver=SOLVER, batch_size=8),
                  dist=DistributedConfig(workers=2, tau=2, rounds=1, checkpoint_dir=ckpt)).fit(rdd)
     with pytest.raises(CheckpointError, match="belongs to another model"):
         _fit(data, "rounds", rounds=2, checkpoint_dir=ckpt, resume=True)

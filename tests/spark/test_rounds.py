@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from _spark_testlib import blobs, flat, hand_rounds, mlp, partitioned_rdd, start_session
-from sparknet.config import DistributedConfig
+from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.errors import WorkerError
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
@@ -37,7 +37,7 @@ def test_average_is_the_sample_weighted_mean_over_three_rounds_with_momentum(spa
     parts = [(x[:12], y[:12]), (x[12:], y[12:])]
     solver = SolverConfig(base_lr=0.05, momentum=0.9)
     records = []
-    trainer = SparkTrainer(mlp(), solver=solver, batch_size=8, seed=3,
+    trainer = SparkTrainer(mlp(), WorkerConfig(solver=solver, batch_size=8, seed=3),
                            dist=DistributedConfig(workers=2, engine="rounds", tau=3, rounds=3),
                            on_round=records.append, options=EngineOptions(staging_dir=str(tmp_path)))
     result = trainer.fit(partitioned_rdd(spark.sparkContext, parts))
@@ -71,7 +71,7 @@ def test_tau_one_plain_sgd_round_equals_one_large_batch_step(spark):
     x, y = blobs(16, seed=2)
     parts = [(x[:8], y[:8]), (x[8:], y[8:])]
     solver = SolverConfig(base_lr=0.2, momentum=0.0, weight_decay=0.0)
-    trainer = SparkTrainer(mlp(1), solver=solver, batch_size=8, seed=0,
+    trainer = SparkTrainer(mlp(1), WorkerConfig(solver=solver, batch_size=8, seed=0),
                            dist=DistributedConfig(workers=2, engine="rounds", tau=1, rounds=1))
     # starting from given weights (as a resumed run does), not the module's own
     result = trainer.fit(partitioned_rdd(spark.sparkContext, parts), initial_weights=Net(mlp(7)).get_weights())
@@ -87,7 +87,7 @@ def test_nine_workers_on_two_slots_tree_aggregate_and_state_that_follows_its_par
     x, y = blobs(54, seed=5)
     parts = [(x[i * 6:(i + 1) * 6], y[i * 6:(i + 1) * 6]) for i in range(9)]
     solver = SolverConfig(base_lr=0.05, momentum=0.9)
-    result = SparkTrainer(mlp(), solver=solver, batch_size=4, seed=1,
+    result = SparkTrainer(mlp(), WorkerConfig(solver=solver, batch_size=4, seed=1),
                           dist=DistributedConfig(workers=9, engine="rounds", tau=2, rounds=2)
                           ).fit(partitioned_rdd(spark.sparkContext, parts))
     expected = hand_rounds(mlp(), solver, parts, batch_size=4, seed=1, tau=2, rounds=2)
@@ -95,23 +95,23 @@ def test_nine_workers_on_two_slots_tree_aggregate_and_state_that_follows_its_par
     assert [w["index"] for w in result.history[-1]["per_worker"]] == list(range(9))
 
 
-def test_stopping_rules_max_steps_epochs_and_target(spark):
+def test_stopping_rules_steps_epochs_and_target(spark):
     x, y = blobs(64, seed=4)
     df = spark.createDataFrame([(x[i].tolist(), int(y[i])) for i in range(len(y))], "features array<float>, label long")
     df = df.repartition(2).cache()
     solver = SolverConfig(base_lr=0.1)
 
-    # max_steps caps the last round: 4 + 4 + 2
-    res = SparkTrainer(mlp(), solver=solver, batch_size=8, max_steps=10,
+    # the steps rule caps the last round: 4 + 4 + 2
+    res = SparkTrainer(mlp(), WorkerConfig(solver=solver, batch_size=8, steps=10),
                        dist=DistributedConfig(workers=2, tau=4)).fit(df)
-    assert [h["steps"] for h in res.history] == [4, 4, 2] and res.summary["stop_reason"] == "max_steps"
+    assert [h["steps"] for h in res.history] == [4, 4, 2] and res.summary["stop_reason"] == "steps"
 
     # epochs: 64 rows, 2 workers x 2 steps x 8 = 32 samples a round -> 2 rounds for one epoch
-    res = SparkTrainer(mlp(), solver=solver, batch_size=8, dist=DistributedConfig(workers=2, tau=2, epochs=1.0)).fit(df)
+    res = SparkTrainer(mlp(), WorkerConfig(solver=solver, batch_size=8), DistributedConfig(workers=2, tau=2, epochs=1.0)).fit(df)
     assert res.summary["rounds"] == 2 and res.summary["stop_reason"] == "epochs"
 
     # target accuracy, measured on the driver every round
-    res = SparkTrainer(mlp(), solver=solver, batch_size=8,
+    res = SparkTrainer(mlp(), WorkerConfig(solver=solver, batch_size=8),
                        dist=DistributedConfig(workers=2, tau=10, rounds=30, target_accuracy=0.9,
                                               eval_budget=1.0)).fit(df, validation=df)
     assert res.summary["stop_reason"] == "target_accuracy" and res.summary["rounds"] < 30
@@ -122,7 +122,7 @@ def test_stopping_rules_max_steps_epochs_and_target(spark):
 def test_warm_start_on_the_driver_then_round_seconds(spark):
     x, y = blobs(48, seed=5)
     rdd = partitioned_rdd(spark.sparkContext, [(x[:24], y[:24]), (x[24:], y[24:])])
-    res = SparkTrainer(mlp(), solver=SolverConfig(base_lr=0.1), batch_size=8,
+    res = SparkTrainer(mlp(), WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=8),
                        dist=DistributedConfig(workers=2, tau=None, round_seconds=0.05, rounds=2, warmup_steps=5)
                        ).fit(rdd)
     assert res.summary["warmup"]["steps"] == 5 and res.summary["warmup"]["rows"] == 48
@@ -143,7 +143,7 @@ def test_the_workers_start_from_the_warmed_weights(spark, engine):
     assert not torch.equal(warm.get_flat(), flat(model))
 
     def fit(**kw):
-        return SparkTrainer(model, solver=solver, batch_size=8, seed=4,
+        return SparkTrainer(model, WorkerConfig(solver=solver, batch_size=8, seed=4),
                             dist=DistributedConfig(workers=2, engine=engine, tau=3, rounds=2, **kw))
 
     warmed = fit(warmup_steps=6).fit(rdd)
@@ -165,7 +165,7 @@ def test_a_failing_worker_surfaces_as_worker_error_with_rank(spark):
     try:
         x, y = blobs(16)
         rdd = partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])])
-        trainer = SparkTrainer(mlp(), loss=_boom, batch_size=4, dist=DistributedConfig(workers=2, tau=1, rounds=1))
+        trainer = SparkTrainer(mlp(), WorkerConfig(batch_size=4), DistributedConfig(workers=2, tau=1, rounds=1), loss=_boom)
         with pytest.raises(WorkerError) as info:
             trainer.fit(rdd)
     finally:
@@ -184,7 +184,7 @@ def test_a_partition_whose_files_vanished_is_rerun_from_the_cached_chunks(spark,
             for d in os.listdir(tmp_path):
                 shutil.rmtree(tmp_path / d)
 
-    res = SparkTrainer(mlp(), solver=SolverConfig(base_lr=0.1, momentum=0.0), batch_size=8, on_round=wipe,
+    res = SparkTrainer(mlp(), WorkerConfig(solver=SolverConfig(base_lr=0.1, momentum=0.0), batch_size=8), on_round=wipe,
                        dist=DistributedConfig(workers=2, tau=2, rounds=3),
                        options=EngineOptions(staging_dir=str(tmp_path))).fit(rdd)
     assert res.summary["rounds"] == 3 and res.summary["rerun_partitions"] == 2

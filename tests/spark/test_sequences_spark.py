@@ -10,7 +10,7 @@ import torch
 from _spark_testlib import start_session
 from sparknet import zoo
 from sparknet._parquet import read_parquet_dataset
-from sparknet.config import DistributedConfig, RunConfig
+from sparknet.config import DistributedConfig, RunConfig, WorkerConfig
 from sparknet.datasets import ArrayDataset, synthetic_sequences
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
@@ -106,7 +106,7 @@ def test_both_engines_train_a_char_model_from_parquet(spark, tmp_path, engine):
     train = synthetic_sequences(256, seq_len=T, vocab_size=V, seed=0)
     val = synthetic_sequences(64, seq_len=T, vocab_size=V, seed=1)
     df = spark.read.parquet(str(dataset_as_parquet(train, tmp_path / "train.parquet")))
-    trainer = SparkTrainer(char_net(), solver=SolverConfig(base_lr=0.05), batch_size=16, spark=spark,
+    trainer = SparkTrainer(char_net(), WorkerConfig(solver=SolverConfig(base_lr=0.05), batch_size=16), spark=spark,
                            dist=DistributedConfig(workers=2, tau=15, rounds=4, engine=engine))
     result = trainer.fit(df, validation=val)
     losses = [h["loss"] for h in result.history if h.get("event") == "round"]
@@ -123,7 +123,7 @@ def test_rdd_of_sequence_pairs_validated_on_a_dataframe(spark):
     train = synthetic_sequences(192, seq_len=T, vocab_size=V, seed=2)
     val = synthetic_sequences(48, seq_len=T, vocab_size=V, seed=3)
     rdd = spark.sparkContext.parallelize(list(zip(train.x, train.y)), 3)
-    trainer = SparkTrainer(char_net(), solver=SolverConfig(base_lr=0.05), batch_size=16, spark=spark,
+    trainer = SparkTrainer(char_net(), WorkerConfig(solver=SolverConfig(base_lr=0.05), batch_size=16), spark=spark,
                            dist=DistributedConfig(workers=2, tau=15, rounds=3))
     result = trainer.fit(rdd, validation=sequence_frame(spark, val.x, val.y))
     rows = result.summary["rows_per_partition"]
@@ -145,7 +145,7 @@ def test_a_label_outside_the_vocabulary_names_the_column_and_the_range(spark):
                              num_classes=V, sample_shape=(T,))
     # through fit: the class count is the net's vocabulary (its [N, T, V] output), refused before any round
     rounds = []
-    trainer = SparkTrainer(char_net(), batch_size=8, spark=spark, on_round=rounds.append,
+    trainer = SparkTrainer(char_net(), WorkerConfig(batch_size=8), spark=spark, on_round=rounds.append,
                            dist=DistributedConfig(workers=2, tau=2, rounds=1))
     with pytest.raises(ValueError, match=r"labels range over \[0, 11\] but the net has 8 classes"):
         trainer.fit(df, label_col="next_chars")
@@ -154,7 +154,7 @@ def test_a_label_outside_the_vocabulary_names_the_column_and_the_range(spark):
 
 def test_label_length_that_does_not_fit_is_refused_before_training(spark):
     data = synthetic_sequences(20, seq_len=T, vocab_size=V, seed=5)
-    trainer = SparkTrainer(char_net(), batch_size=16, spark=spark, dist=DistributedConfig(workers=2, tau=2, rounds=1))
+    trainer = SparkTrainer(char_net(), WorkerConfig(batch_size=16), DistributedConfig(workers=2, tau=2, rounds=1), spark=spark)
     short = sequence_frame(spark, data.x, data.y[:, :-1])
     with pytest.raises(ValueError, match=f"labels in column 'label' hold {T - 1} ids per row but the features have "
                                          f"{T} positions"):

@@ -24,7 +24,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "standalone_cluster.s
 JOB = r"""
 import json, os, sys, urllib.request
 from pyspark.sql import SparkSession
-from sparknet.config import DistributedConfig
+from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.datasets import synthetic
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from _spark_testlib import blobs, flat, mlp
+from sparknet.config import WorkerConfig
 from sparknet.loop import RoundPlan
 from sparknet.solvers import SolverConfig
 from sparknet.spark import _rounds
@@ -38,8 +39,9 @@ def _run(spec_bc, weights, record, index, round_index):
 
 def test_solver_state_follows_a_partition_from_process_to_process(tmp_path, monkeypatch):
     x, y = blobs(20, seed=3)
-    spec = WorkerSpec(fit_id="unit", net=mlp(), loss=None, solver=SolverConfig(base_lr=0.05, momentum=0.9),
-                      batch_size=8, seed=0, threads=1, device="cpu", strategy=Average(), sample_shape=(2,),
+    spec = WorkerSpec(fit_id="unit", net=mlp(), loss=None,
+                      worker=WorkerConfig(solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=8),
+                      strategy=Average(), sample_shape=(2,),
                       options={"staging_dir": str(tmp_path)})
     spec_bc = _Value(pack_spec(spec))
     record = _stage(tmp_path, "unit", 0, x, y)
@@ -68,8 +70,8 @@ def test_solver_state_follows_a_partition_from_process_to_process(tmp_path, monk
 
 def test_empty_and_missing_partitions(tmp_path, monkeypatch):
     monkeypatch.setattr(_rounds, "_CACHE", {})
-    spec = WorkerSpec(fit_id="unit2", net=mlp(), loss=None, solver=SolverConfig(), batch_size=4, seed=0, threads=1,
-                      device="cpu", strategy=Average(), sample_shape=(2,), options={"staging_dir": str(tmp_path)})
+    spec = WorkerSpec(fit_id="unit2", net=mlp(), loss=None, worker=WorkerConfig(batch_size=4), strategy=Average(),
+                      sample_shape=(2,), options={"staging_dir": str(tmp_path)})
     spec_bc = _Value(pack_spec(spec))
     g = flat(mlp()).numpy()
     empty, delta, _ = _run(spec_bc, g, {"rows": 0}, 1, 0)
@@ -104,9 +106,9 @@ def test_fold_weights_by_samples_and_skips_empty_and_nonfinite():
 
 
 def test_stop_rule():
-    rule = StopRule(rounds=5, max_steps=12, epochs=None, tau=5, dataset_rows=100)
+    rule = StopRule(rounds=5, steps=12, epochs=None, tau=5, dataset_rows=100)
     assert [rule.steps_for_round(done) for done in (0, 5, 10, 12)] == [5, 5, 2, 0]
-    assert rule.reason(2, 10, 0, None) is None and rule.reason(3, 12, 0, None) == "max_steps"
+    assert rule.reason(2, 10, 0, None) is None and rule.reason(3, 12, 0, None) == "steps"
     assert rule.reason(5, 1, 0, None) == "rounds"
     assert StopRule(epochs=1.5, dataset_rows=100, tau=1).reason(1, 1, 150, None) == "epochs"
     assert StopRule(target_accuracy=0.9, tau=1).reason(1, 1, 1, 0.95) == "target_accuracy"

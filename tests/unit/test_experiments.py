@@ -18,7 +18,7 @@ from sparknet.experiments.overhead import naive_speedup, periodic_speedup
 from sparknet.link import LinkModel, format_bandwidth, parse_bandwidth, parse_duration
 
 TINY_GRID = dict(workers=(1, 2), taus=(1, 4), strategies=("average", "diloco"), train_samples=600, test_samples=300,
-                 target=0.75, eval_every=4, baseline_max_steps=400, budget=2.0, processes=1)
+                 target=0.75, eval_every=4, baseline_steps=400, budget=2.0, processes=1)
 
 
 # -- the link model ------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def test_simulated_k1_averaging_follows_the_single_worker_weights():
         net.train(5)
         accs.append(net.test())
     r = simulate(make_model("mlp", 16), train, test, workers=1, tau=5, strategy="average", solver=solver,
-                 batch_size=16, max_steps=15, seed=3)
+                 batch_size=16, steps=15, seed=3)
     assert [h["accuracy"] for h in r.history] == pytest.approx(accs, abs=0.02)
 
 

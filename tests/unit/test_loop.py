@@ -73,11 +73,11 @@ def test_the_loop_stops_on_its_rule_and_evaluates_the_last_round():
     progress = Progress()
     records = []
     run_rounds(InProcessExchange([_net(8), _net(8, seed=1)], Average(), evaluator=evaluator), Average(),
-               evaluator.get_flat(), StopRule(max_steps=10, tau=4), progress=progress,
+               evaluator.get_flat(), StopRule(steps=10, tau=4), progress=progress,
                evaluation=EvalPlan(every=5), on_record=records.append)
-    assert [r["steps"] for r in records] == [4, 4, 2]  # max_steps caps the last round
+    assert [r["steps"] for r in records] == [4, 4, 2]  # the steps rule caps the last round
     assert [("val_accuracy" in r) for r in records] == [False, False, True]  # evaluated when it stops
-    assert records[-1]["stop_reason"] == "max_steps" and progress.round == 3 and progress.steps_done == 10
+    assert records[-1]["stop_reason"] == "steps" and progress.round == 3 and progress.steps_done == 10
 
 
 class _Scripted(InProcessExchange):
@@ -184,7 +184,7 @@ def test_one_process_training_is_the_loop_and_stops_at_the_target_accuracy(tmp_p
     assert first["stop_reason"] == "target_accuracy" and first["steps"] < 2000
     assert first["test_accuracy"] >= 0.3
     whole = train_local(RunConfig(**{**run.__dict__, "steps": 60}), None)
-    assert whole["stop_reason"] == "max_steps" and whole["steps"] == 60
+    assert whole["stop_reason"] == "steps" and whole["steps"] == 60
 
 
 def test_the_outer_update_and_the_weighted_mean_each_live_in_one_place():

@@ -158,7 +158,7 @@ def test_one_logical_worker_is_plain_training():
     train, test = _data()
     net_params = zoo.mlp(input_shape=(8,), hidden=(16,), num_classes=4, batch_size=16)
     solver = SolverConfig(base_lr=0.05)
-    r = simulate(net_params, train, test, workers=1, tau=7, solver=solver, batch_size=16, max_steps=35, seed=3)
+    r = simulate(net_params, train, test, workers=1, tau=7, solver=solver, batch_size=16, steps=35, seed=3)
     ref = Net(net_params, solver, batch_size=16, seed=3)
     ref2 = Net(net_params, solver, batch_size=16, seed=worker_seed(3, 0))  # worker 0's data order
     ref2.set_flat(ref.get_flat())  # from the run's initial weights
@@ -175,6 +175,6 @@ def test_every_strategy_learns_with_four_workers(strategy):
     train, test = _data()
     net_params = zoo.mlp(input_shape=(8,), hidden=(16,), num_classes=4, batch_size=16)
     r = simulate(net_params, train, test, workers=4, tau=5, strategy=strategy, solver=SolverConfig(base_lr=0.05),
-                 batch_size=16, target_accuracy=0.9, max_steps=400)
+                 batch_size=16, target_accuracy=0.9, steps=400)
     assert r.reached, r.history[-3:]
     assert np.isfinite(r.accuracy)

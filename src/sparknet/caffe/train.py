@@ -51,7 +51,7 @@ from sparknet._model_io import save_model
 from sparknet.caffe.caffemodel import load_caffemodel_into, write_caffemodel
 from sparknet.caffe.prototxt import CaffeNet, DataBinding, load_net_prototxt
 from sparknet.caffe.solver import CaffeSolver, NetStateSpec, load_solver_prototxt, resolve_net_path
-from sparknet.config import DistributedConfig, Engine
+from sparknet.config import DistributedConfig, Engine, WorkerConfig
 from sparknet.datasets import ArrayDataset, load_dataset
 from sparknet.layers import AccuracyLayer, NetParams, RDDLayer
 from sparknet.metrics import MetricsLogger
@@ -863,9 +863,9 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
     if state.evaluator is not None and run.test_initialization and run.test_interval > 0:
 
         state.test(0, 0, WeightCollection(module.layer_weights()))
-    trainer = SparkTrainer(module, solver=run.solver, dist=dist, batch_size=run.batch_size, seed=run.seed,
-                           threads=threads, device=device, spark=spark, on_round=on_round,
-                           max_steps=run.max_iter)
+    worker = WorkerConfig(solver=run.solver, batch_size=run.batch_size, seed=run.seed, threads=threads, device=device,
+                          steps=run.max_iter)
+    trainer = SparkTrainer(module, worker, dist, spark=spark, on_round=on_round)
     logger.info("training %s on Spark %s: %d workers, %s engine, tau=%s, %d rows", run.train_net.name,
                 spark.sparkContext.master, dist.workers, dist.engine.value, tau, len(x))
     with tempfile.TemporaryDirectory(prefix="sparknet-caffe-") as workdir:

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from sparknet import zoo
-from sparknet.config import DistributedConfig
+from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.datasets import load_dataset
 from sparknet.metrics import LoadSampler, json_safe, process_age_s
 from sparknet.net import Net
@@ -266,20 +266,20 @@ def first_reaching(curve: Iterable[dict], target: float, key: str = "accuracy") 
     return None
 
 
-def train_until(net, target: float, *, max_steps: int, eval_every: int, t0: float | None = None) -> list[dict]:
-    """Train ``net`` ``eval_every`` steps at a time, testing after each, until ``target`` or ``max_steps``.
+def train_until(net, target: float, *, steps: int, eval_every: int, t0: float | None = None) -> list[dict]:
+    """Train ``net`` ``eval_every`` steps at a time, testing after each, until ``target`` or ``steps`` in all.
 
     Returns the curve: ``steps`` and ``accuracy`` per evaluation (and ``wall_s`` since ``t0`` when given).
     """
     curve: list[dict] = []
-    steps = 0
-    while steps < max_steps:
-        n = min(eval_every, max_steps - steps)
+    done = 0
+    while done < steps:
+        n = min(eval_every, steps - done)
         net.train(n)
-        steps += n
+        done += n
         acc = net.test()
-        curve.append({"steps": steps, "accuracy": acc} if t0 is None else
-                     {"steps": steps, "accuracy": acc, "wall_s": time.perf_counter() - t0})
+        curve.append({"steps": done, "accuracy": acc} if t0 is None else
+                     {"steps": done, "accuracy": acc, "wall_s": time.perf_counter() - t0})
         if acc >= target:
             break
     return curve
@@ -377,7 +377,7 @@ def spark_stage(config: SparkExperimentConfig, train, spark=None, *, engine: str
         df = dataset_frame(spark, config.dataset, train)
         warmup_s = None
         if config.warmup:
-            warmup_s = spark_fit(config, spark, df, engine=engine, tau=1, rounds=1, max_steps=1).wall_s
+            warmup_s = spark_fit(config, spark, df, engine=engine, tau=1, rounds=1, steps=1).wall_s
             log.info("Spark warm-up fit (%s engine, one step): %.1f s", engine, warmup_s)
         yield spark, df, warmup_s
     finally:
@@ -407,7 +407,7 @@ class SparkFit:
                 for h in self.rounds if h.get("val_accuracy") is not None]
 
 
-def spark_fit(config: SparkExperimentConfig, spark, df, test=None, *, max_steps: int, solver=None, link=None,
+def spark_fit(config: SparkExperimentConfig, spark, df, test=None, *, steps: int, solver=None, link=None,
               **dist) -> SparkFit:
     """Fit LeNet on ``df`` with :class:`~sparknet.spark.SparkTrainer`, evaluating on ``test``; timed.
 
@@ -417,11 +417,12 @@ def spark_fit(config: SparkExperimentConfig, spark, df, test=None, *, max_steps:
     """
     from sparknet.spark import EngineOptions, SparkTrainer  # as in spark_stage
 
-    trainer = SparkTrainer(make_model("lenet", config.batch_size), solver=solver,
-                           # every evaluation over the whole test set: the experiments draw accuracy curves
-                           dist=DistributedConfig(workers=config.workers, master=config.master,
-                                                  **{"eval_screen_rows": 0, "eval_budget": 1.0, **dist}),
-                           batch_size=config.batch_size, seed=config.seed, threads=1, spark=spark, max_steps=max_steps,
+    worker = WorkerConfig(solver=solver or SolverConfig(), batch_size=config.batch_size, seed=config.seed, threads=1,
+                          steps=steps)
+    # every evaluation over the whole test set: the experiments draw accuracy curves
+    dist_config = DistributedConfig(workers=config.workers, master=config.master,
+                                    **{"eval_screen_rows": 0, "eval_budget": 1.0, **dist})
+    trainer = SparkTrainer(make_model("lenet", config.batch_size), worker, dist_config, spark=spark,
                            options=EngineOptions(link=None if link is None or link.is_free else link))
     t0 = time.perf_counter()
     result = trainer.fit(df, validation=None if test is None else (test.x, test.y))

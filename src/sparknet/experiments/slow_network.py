@@ -66,7 +66,7 @@ class Config(SparkExperimentConfig):
     """Target test accuracy."""
     diloco_lr: float = 1e-3
     """DiLoCo's inner AdamW learning rate."""
-    max_steps: int = 3000
+    steps: int = 3000
     """Most local steps per worker."""
     max_seconds: float = 100.0
     """About the longest one run may train: its step budget is planned from C and the link."""
@@ -84,7 +84,7 @@ class Config(SparkExperimentConfig):
             raise ValueError(f"unknown scheme(s) {bad}; choose from {list(SCHEMES)}")
         if self.engine not in ("barrier", "rounds"):
             raise ValueError(f"engine must be barrier or rounds, got {self.engine!r}")
-        self._check("tau", "max_steps", target=True)
+        self._check("tau", "steps", target=True)
         if not self.max_seconds > 0:
             raise ValueError(f"max_seconds must be positive, got {self.max_seconds}")
 
@@ -98,7 +98,7 @@ class Config(SparkExperimentConfig):
 
 
 QUICK: dict = {"dataset": "mnist-small", "target": 0.93, "link_latency": ("50ms",), "link_bandwidth": ("10Mbit",),
-               "tau": 25, "max_steps": 600, "max_seconds": 20.0}
+               "tau": 25, "steps": 600, "max_seconds": 20.0}
 """``--quick``: the 5,000-image subset to 93%, the free link and one slow one (50ms, 10Mbit)."""
 
 
@@ -112,11 +112,11 @@ def _link_s_per_step(config: Config, scheme: str, engine: str, link: LinkModel, 
 
 
 def _plan_steps(config: Config, link_s_per_step: float) -> int:
-    """``max_steps``, or fewer when the link alone would take more than ``max_seconds``."""
+    """``steps``, or fewer when the link alone would take more than ``max_seconds``."""
     if link_s_per_step <= 0:
-        return config.max_steps
+        return config.steps
     fit = int(config.max_seconds / link_s_per_step) // config.tau * config.tau
-    return min(config.max_steps, max(config.tau, fit))
+    return min(config.steps, max(config.tau, fit))
 
 
 def _one(config: Config, scheme: str, link: LinkModel, spark, df, test, nbytes: int) -> dict:
@@ -126,7 +126,7 @@ def _one(config: Config, scheme: str, link: LinkModel, spark, df, test, nbytes: 
     per_step = _link_s_per_step(config, scheme, engine, link, nbytes)
     steps = _plan_steps(config, per_step)
     fit = spark_fit(config, spark, df, test, solver=solver, engine=engine, strategy=strategy, tau=config.tau,
-                    target_accuracy=config.target, max_steps=steps, link=link)
+                    target_accuracy=config.target, steps=steps, link=link)
     curve = fit.curve
     hit = first_reaching(curve, config.target)
     s = fit.result.summary
@@ -138,7 +138,7 @@ def _one(config: Config, scheme: str, link: LinkModel, spark, df, test, nbytes: 
             "steps_to_target": hit["steps"] if hit else None, "step_budget": steps, "wall_s": fit.wall_s,
             "setup_s": s.get("setup_s"), "final_accuracy": curve[-1]["accuracy"] if curve else None,
             "rounds": s.get("rounds"), "bytes_communicated": s.get("bytes_communicated"),
-            "modelled_link_s_per_step": per_step, "link_s": s.get("link_s"), "capped": steps < config.max_steps,
+            "modelled_link_s_per_step": per_step, "link_s": s.get("link_s"), "capped": steps < config.steps,
             "curve": curve}
 
 

@@ -79,7 +79,7 @@ class Config(ExperimentConfig):
     """DiLoCo's outer Nesterov momentum."""
     eval_every: int = 50
     """Steps between evaluations (whole rounds when tau is larger)."""
-    baseline_max_steps: int = 20000
+    baseline_steps: int = 20000
     """Most steps of the single-worker run that measures N_a."""
     budget: float = 1.5
     """A cell stops after budget * N_a parallel steps (speedup below 1/budget is 'not reached')."""
@@ -108,12 +108,12 @@ class Config(ExperimentConfig):
             raise ValueError(f"probe_fraction must be in (0, 1], got {self.probe_fraction}")
         if not self.budget >= 1:
             raise ValueError(f"budget is a multiple of N_a, at least 1, got {self.budget}")
-        self._check("eval_every", "baseline_max_steps", "processes", target=True)
+        self._check("eval_every", "baseline_steps", "processes", target=True)
 
 
 QUICK: dict = {
     "workers": (1, 2, 4), "taus": (1, 5, 25), "dataset": "mnist-small", "test_samples": None, "target": 0.9,
-    "eval_every": 10, "baseline_max_steps": 1500,
+    "eval_every": 10, "baseline_steps": 1500,
 }
 """``--quick``: the 5,000-image MNIST subset, a 3x3 grid, target 90%."""
 
@@ -139,7 +139,7 @@ def _baseline(job: dict) -> dict:
     net.set_flat(Net(model, seed=job["seed"]).get_flat())
     net.set_training_data(_DATA["train"])
     net.set_validation_data((_DATA["test"].x, _DATA["test"].y))
-    curve = train_until(net, job["target"], max_steps=job["max_steps"], eval_every=job["eval_every"])
+    curve = train_until(net, job["target"], steps=job["steps"], eval_every=job["eval_every"])
     steps = curve[-1]["steps"] if curve else 0
     reached = bool(curve) and curve[-1]["accuracy"] >= job["target"]
     return {"kind": "baseline", "reached": reached, "N_a": steps if reached else None, "steps": steps,
@@ -153,29 +153,29 @@ def _cell(job: dict) -> dict:
         return _baseline(job)
     t0 = time.perf_counter()
 
-    def attempt(max_steps: int):
+    def attempt(steps: int):
         return simulate(make_model(job["model"], job["batch_size"]), _DATA["train"], _DATA["test"],
                         workers=job["workers"], tau=job["tau"], strategy=job["strategy"],
                         solver=make_solver(**job["solver"]), batch_size=job["batch_size"],
-                        target_accuracy=job["target"], max_steps=max_steps, eval_every_steps=job["eval_every"],
+                        target_accuracy=job["target"], steps=steps, eval_every_steps=job["eval_every"],
                         seed=job["seed"], strategy_options=job.get("options"))
 
     diverged = False
     probe = job.get("probe_steps")
-    if probe and probe < job["max_steps"]:
+    if probe and probe < job["steps"]:
         # Its single worker diverged: look at a short run first, and spend the whole budget only if
         # this one is still learning (the same seeds make the probe the start of the full run).
         r = attempt(probe)
         diverged = not r.reached and not (r.accuracy > job["diverged_accuracy"])
         if not r.reached and not diverged:
-            r = attempt(job["max_steps"])
+            r = attempt(job["steps"])
     else:
-        r = attempt(job["max_steps"])
+        r = attempt(job["steps"])
     if not r.reached and not diverged:
         diverged = not (r.accuracy > job.get("diverged_accuracy", 0.0))
     out = {k: v for k, v in job.items() if k not in ("options", "model", "target", "seed")}
     out.update(reached=r.reached, rounds=r.rounds, steps_per_worker=r.steps_per_worker, accuracy=r.accuracy,
-               diverged=diverged, probed=bool(probe and probe < job["max_steps"]),
+               diverged=diverged, probed=bool(probe and probe < job["steps"]),
                curve=[{"round": h["round"], "steps": h["steps"], "accuracy": h["accuracy"]} for h in r.history],
                cell_s=time.perf_counter() - t0)
     return out
@@ -204,7 +204,7 @@ def _jobs(config: Config, n_a: dict[str, int]) -> list[dict]:
         for k in config.workers:
             for tau in config.taus:
                 job = {**common, "kind": "cell", "strategy": strategy, "workers": k, "tau": tau, "solver": solver,
-                       "max_steps": max(tau, math.ceil(limit / tau) * tau),
+                       "steps": max(tau, math.ceil(limit / tau) * tau),
                        "probe_steps": max(tau, math.ceil(config.probe_fraction * limit / tau) * tau),
                        "diverged_accuracy": config.diverged_accuracy,
                        "eval_every": max(config.eval_every, tau)}
@@ -218,7 +218,7 @@ def _jobs(config: Config, n_a: dict[str, int]) -> list[dict]:
         for k in config.workers:
             if k > 1:
                 jobs.append({**common, "kind": "large_batch", "strategy": "sync", "workers": k, "tau": 1,
-                             "solver": solver, "max_steps": math.ceil(limit), "eval_every": config.eval_every})
+                             "solver": solver, "steps": math.ceil(limit), "eval_every": config.eval_every})
     # Longest first (work grows with K), so the pool ends together.
     jobs.sort(key=lambda j: -j["workers"])
     return jobs
@@ -239,7 +239,7 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
         solver = solver_for(config, strategy)
         solvers.setdefault(_solver_key(solver), solver)
     base_jobs = [{"kind": "baseline", "model": config.model, "batch_size": config.batch_size, "solver": solver,
-                  "seed": config.seed, "target": config.target, "max_steps": config.baseline_max_steps,
+                  "seed": config.seed, "target": config.target, "steps": config.baseline_steps,
                   "eval_every": config.eval_every, "solver_key": key} for key, solver in solvers.items()]
     log.info("speedup grid: measuring N_a for %d solver(s) (one worker, target %.3f)", len(base_jobs), config.target)
     baselines = parallel_map(_cell, base_jobs, processes=config.processes, initializer=_load, initargs=initargs)
@@ -248,8 +248,8 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
         base["solver"] = job["solver"]
         if not base["reached"]:
             raise RuntimeError(f"one worker with {job['solver']} did not reach the target accuracy {config.target} "
-                               f"in {config.baseline_max_steps} steps (it reached {base['accuracy']:.4f}); lower the "
-                               "target or raise baseline_max_steps")
+                               f"in {config.baseline_steps} steps (it reached {base['accuracy']:.4f}); lower the "
+                               "target or raise baseline_steps")
         n_a[job["solver_key"]] = base["N_a"]
     log.info("N_a = %s; running %d cells on %d processes", n_a, len(config.workers) * len(config.taus)
              * len(config.strategies), config.processes)

@@ -64,7 +64,7 @@ QUICK: dict = {"dataset": "mnist-small", "taus": (5, 25, 100), "steps": 300, "ev
 
 def _fit(config: Config, tau: int, spark, df, test) -> dict:
     fit = spark_fit(config, spark, df, test, solver=config.solver(), engine=config.engine, strategy=config.strategy,
-                    tau=tau, max_steps=config.steps, eval_every_rounds=max(1, config.eval_every // tau))
+                    tau=tau, steps=config.steps, eval_every_rounds=max(1, config.eval_every // tau))
     curve, eval_total = [], 0.0
     rounds = fit.rounds
     for h in rounds:

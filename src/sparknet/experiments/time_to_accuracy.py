@@ -61,7 +61,7 @@ class Config(SparkExperimentConfig):
     """Policy exponent."""
     eval_every: int = 100
     """Local steps between evaluations; also tau of the rounds and barrier engines."""
-    max_steps: int = 10000
+    steps: int = 10000
     """Most local steps per worker (per process for one-process)."""
     async_tau: int = 10
     """Steps between a worker's pushes to the parameter server."""
@@ -77,7 +77,7 @@ class Config(SparkExperimentConfig):
         bad = [s for s in self.systems if s not in SYSTEMS]
         if bad or not self.systems:
             raise ValueError(f"unknown system(s) {bad}; choose from {list(SYSTEMS)}")
-        self._check("eval_every", "max_steps", "async_tau", target=True)
+        self._check("eval_every", "steps", "async_tau", target=True)
 
     def solver(self):
         """SGD with this learning-rate policy (every system)."""
@@ -85,7 +85,7 @@ class Config(SparkExperimentConfig):
                            gamma=self.gamma, power=self.power)
 
 
-QUICK: dict = {"dataset": "mnist-small", "target": 0.95, "eval_every": 25, "max_steps": 800}
+QUICK: dict = {"dataset": "mnist-small", "target": 0.95, "eval_every": 25, "steps": 800}
 """``--quick``: the 5,000-image subset to 95%, evaluating every 25 steps."""
 
 
@@ -106,7 +106,7 @@ def _one_process(system: str, config: Config, train, test, spark, df) -> dict:
                   seed=config.seed)
         net.set_training_data(train)
         net.set_validation_data((test.x, test.y))
-        curve = train_until(net, config.target, max_steps=config.max_steps, eval_every=config.eval_every, t0=t0)
+        curve = train_until(net, config.target, steps=config.steps, eval_every=config.eval_every, t0=t0)
         return _entry("one-process", curve, config.target, time.perf_counter() - t0, threads=threads)
 
 
@@ -114,7 +114,7 @@ def _spark_engine(system: str, config: Config, train, test, spark, df) -> dict:
     engine, strategy = {"rounds": ("rounds", "average"), "barrier": ("barrier", "average"),
                         "sync": ("barrier", "sync")}[system]
     fit = spark_fit(config, spark, df, test, solver=config.solver(), engine=engine, strategy=strategy,
-                    tau=config.eval_every, target_accuracy=config.target, max_steps=config.max_steps)
+                    tau=config.eval_every, target_accuracy=config.target, steps=config.steps)
     rounds = fit.rounds
     s = fit.result.summary
     return _entry(system, fit.curve, config.target, fit.wall_s, engine=engine, strategy=strategy,
@@ -145,8 +145,8 @@ def _async(system: str, config: Config, train, test, spark, df) -> dict:
 
     # The DataFrame, not local arrays: shipping 50,000 images from the driver would fill its JVM heap.
     metrics = session.run(data=df, batch_size=config.batch_size,
-                          tau=config.async_tau, epochs=math.ceil(config.max_steps / per_worker),
-                          num_workers=config.workers, max_steps=config.max_steps, validation_data=(test.x, test.y),
+                          tau=config.async_tau, epochs=math.ceil(config.steps / per_worker),
+                          num_workers=config.workers, steps=config.steps, validation_data=(test.x, test.y),
                           target_accuracy=config.target, on_epoch=on_epoch)
     return _entry("async", curve, config.target, time.perf_counter() - t0, tau=config.async_tau,
                   combiner=f"delta, scale {scale:g}",
@@ -191,9 +191,9 @@ def ddp_train(cfg: dict, t_call: float) -> dict:
         curve: list[dict] = []
         steps = 0
         t_first = None
-        while steps < cfg["max_steps"]:
+        while steps < cfg["steps"]:
             model.train()
-            for _ in range(min(cfg["eval_every"], cfg["max_steps"] - steps)):
+            for _ in range(min(cfg["eval_every"], cfg["steps"] - steps)):
                 if pos + b > len(x):
                     perm, pos = torch.randperm(len(x), generator=gen), 0
                 idx = perm[pos:pos + b]
@@ -227,7 +227,7 @@ def _torch_distributor(system: str, config: Config, train, test, spark, df) -> d
 
     cfg = {"dataset": config.dataset, "train_samples": config.train_samples, "test_samples": config.test_samples,
            "batch_size": config.batch_size, "seed": config.seed, "eval_every": config.eval_every,
-           "max_steps": config.max_steps, "target": config.target, "solver": config.solver()}
+           "steps": config.steps, "target": config.target, "solver": config.solver()}
     t0 = time.perf_counter()
     t_call = time.time()
     out = TorchDistributor(num_processes=config.workers, local_mode=True, use_gpu=False).run(ddp_train, cfg, t_call)

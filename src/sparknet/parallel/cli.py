@@ -145,10 +145,9 @@ def _train(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlags) -
     train, test, info = load_training_data(run)
     net_params = build_model(run, info)
     options = {k: v for k, v in dist.strategy_options().items() if k != "num_workers"}
-    job = ModelParallelJob(net=net_params, solver=run.solver(), model_parallel=flags.model_parallel,
+    job = ModelParallelJob(net=net_params, worker=run.worker(), model_parallel=flags.model_parallel,
                            strategy=dist.strategy.value, strategy_options=options, tau=dist.tau, rounds=dist.rounds,
-                           max_steps=run.steps, target_accuracy=dist.target_accuracy, batch_size=run.batch_size,
-                           seed=run.seed, threads=run.threads or 1, eval_every_rounds=dist.eval_every_rounds,
+                           target_accuracy=dist.target_accuracy, eval_every_rounds=dist.eval_every_rounds,
                            plan=parse_plan(flags.parallel_plan) if flags.parallel_plan else None,
                            max_weight_bytes=flags.budget)
     config = TrainConfig(run=run, dist=dist).to_dict()

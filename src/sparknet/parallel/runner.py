@@ -4,7 +4,8 @@
 :mod:`sparknet.parallel._spark_task`), and what plain processes run too: it needs only an
 initialized default process group (gloo) and this rank's rows. It never imports pyspark.
 
-    job = ModelParallelJob(net=zoo.mlp(), solver=SolverConfig(base_lr=0.01), model_parallel=2, tau=20, rounds=5)
+    job = ModelParallelJob(net=zoo.mlp(), worker=WorkerConfig(solver=SolverConfig(base_lr=0.01)), model_parallel=2,
+                           tau=20, rounds=5)
     result = run_rank(job, x, y, validation=(vx, vy))     # on every rank of the default group
     result["weights"]                                      # rank 0: the whole model's flat weights (bytes)
 
@@ -26,14 +27,13 @@ import numpy as np
 import torch
 
 from sparknet.collective import CollectiveExchange
-from sparknet.config import Strategy
+from sparknet.config import Strategy, WorkerConfig
 from sparknet.errors import GraphError
 from sparknet.layers import LinearLayer, SoftmaxWithLoss
 from sparknet.loop import run_rounds
 from sparknet.net import Net
 from sparknet.parallel.mesh import ParallelLayout, init_layout, replica_seed, share_data_over_mp
 from sparknet.parallel.tensor import build_parallel, gather_full_weights, local_weight_bytes, resolve_plan
-from sparknet.solvers import SolverConfig
 from sparknet.stopping import EvalPlan, StopRule
 from sparknet.strategies import WorkerState, make_strategy
 from sparknet.weights import WeightCollection
@@ -49,8 +49,9 @@ class ModelParallelJob:
 
     net: Any
     """The :class:`~sparknet.layers.NetParams` to split."""
-    solver: SolverConfig = field(default_factory=SolverConfig)
-    """Every replica's update rule."""
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    """Every replica's solver, minibatch, seed (of the split weights and each replica's data order), threads
+    per rank and ``steps``, the local steps per replica at most (a stopping rule)."""
     model_parallel: int = 2
     """``M``: ranks each replica is split across."""
     strategy: str = "average"
@@ -61,16 +62,8 @@ class ModelParallelJob:
     """Local steps per round."""
     rounds: int | None = None
     """Stop after this many rounds."""
-    max_steps: int | None = None
-    """Stop after this many local steps per replica."""
     target_accuracy: float | None = None
     """Stop as soon as validation accuracy reaches this."""
-    batch_size: int = 64
-    """Minibatch size of each replica."""
-    seed: int = 0
-    """Seeds the split weights and each replica's data order."""
-    threads: int = 1
-    """Torch threads per rank."""
     plan: Mapping[str, str | None] | None = None
     """Which layers split (layer name to column, row or None); ``None``: :func:`effective_plan`."""
     max_weight_bytes: int | None = None
@@ -85,9 +78,9 @@ class ModelParallelJob:
             raise ValueError(f"model_parallel must be at least 1, got {self.model_parallel}")
         if self.tau < 1:
             raise ValueError(f"tau must be at least 1, got {self.tau}")
-        if self.rounds is None and self.max_steps is None and self.target_accuracy is None:
-            raise ValueError("give a stopping rule: rounds, max_steps or target_accuracy")
-        for name in ("rounds", "max_steps", "batch_size", "threads", "eval_every_rounds"):
+        if self.rounds is None and self.worker.steps is None and self.target_accuracy is None:
+            raise ValueError("give a stopping rule: rounds, worker.steps or target_accuracy")
+        for name in ("rounds", "eval_every_rounds"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
@@ -213,16 +206,17 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
     """
 
     t0 = time.perf_counter()
-    torch.set_num_threads(job.threads)
+    worker = job.worker
+    torch.set_num_threads(worker.threads)
     layout = init_layout(job.model_parallel)
     x, y = share_data_over_mp(x, y, layout)
     has_data = x is not None and len(x) > 0
     _check_every_replica_has_data(has_data, layout)
     plan = job.plan if job.plan is not None else effective_plan(job.net, job.model_parallel)
-    module = build_parallel(job.net, layout, plan, seed=job.seed, max_weight_bytes=job.max_weight_bytes)
-    seed = replica_seed(layout, job.seed)
+    module = build_parallel(job.net, layout, plan, seed=worker.seed, max_weight_bytes=job.max_weight_bytes)
+    seed = replica_seed(layout, worker.seed)
     torch.manual_seed(seed)  # the same dropout masks on the replica's ranks
-    net = Net(module, job.solver, batch_size=job.batch_size, seed=seed)
+    net = Net(module, worker.solver, batch_size=worker.batch_size, seed=seed)
     net.set_training_data((x.reshape(len(x), *job.sample_shape) if job.sample_shape else x, y))
     options = dict(job.strategy_options)
     if job.strategy == Strategy.EASGD.value:
@@ -244,7 +238,7 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
         if on_round is not None:
             on_round(record)
 
-    stop = StopRule(rounds=job.rounds, max_steps=job.max_steps, target_accuracy=job.target_accuracy, tau=job.tau)
+    stop = StopRule(rounds=job.rounds, steps=worker.steps, target_accuracy=job.target_accuracy, tau=job.tau)
     setup_s = time.perf_counter() - t0
     global_flat = run_rounds(exchange, strategy, strategy.init_global(net.get_flat()), stop,
                              evaluation=EvalPlan(every=job.eval_every_rounds), on_record=record_round, t0=t0)

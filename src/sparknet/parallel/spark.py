@@ -189,7 +189,7 @@ def fit_model_parallel(net_params, train, *, job: ModelParallelJob, workers: int
     history = results[0]["history"]
     test = None
     if val is not None:
-        driver_net = Net(net_params, job.solver, batch_size=job.batch_size)
+        driver_net = Net(net_params, job.worker.solver, batch_size=job.worker.batch_size)
         driver_net.set_weights(weights)
         test = driver_net.evaluate(val)
     summary = {

@@ -67,7 +67,7 @@ class TaskSpec:
     timeout_s: float
     threads: int = 1
     device: str = "cpu"
-    max_steps: int | None = None
+    steps: int | None = None
     """Most steps per task (default: one pass over the partition)."""
     train_step: Callable | None = None
     """A user's ``train_step(net, (x, y))``; None: ``net.train(1)`` on the partition."""
@@ -192,8 +192,8 @@ def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[d
         x = x.reshape(len(x), *spec.sample_shape)
     net = _build_net(spec, index)
     steps = max(1, len(y) // spec.batch_size)
-    if spec.max_steps is not None:
-        steps = min(steps, spec.max_steps)
+    if spec.steps is not None:
+        steps = min(steps, spec.steps)
     if spec.train_step is None:
         net.set_training_data((x, y), shuffle=spec.shuffle, batched=True)
         batches = None

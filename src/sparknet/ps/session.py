@@ -225,7 +225,7 @@ class AsyncSession:
     # -- training -------------------------------------------------------------------------------
     def run(self, train_step: Callable | None = None, data=None, *, batch_size: int = 64, tau: int = 10,
             epochs: int = 1, shuffle_within_partition: bool = True, repartition_between_epochs: bool = True,
-            feed_names: tuple[str, str] | None = None, num_workers: int | None = None, max_steps: int | None = None,
+            feed_names: tuple[str, str] | None = None, num_workers: int | None = None, steps: int | None = None,
             image_shape=None, validation_data=None, target_accuracy: float | None = None,
             on_epoch: Callable[[dict], None] | None = None) -> dict:
         """Train asynchronously on ``data`` for ``epochs`` passes; returns :attr:`metrics`.
@@ -255,7 +255,7 @@ class AsyncSession:
             the fields of an RDD of Rows or dicts (default: the RDD holds ``(x, y)`` pairs).
         num_workers : int, optional
             Partitions, one task each (default: the data's partition count; 2 for local arrays).
-        max_steps : int, optional
+        steps : int, optional
             Most local steps per worker over the whole run (the last epoch stops early).
         image_shape : sequence of int, optional
             Shape of one sample for a plain module (a NetParams net knows its own).
@@ -271,8 +271,8 @@ class AsyncSession:
         for name, value in (("batch_size", batch_size), ("tau", tau), ("epochs", epochs)):
             if int(value) < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
-        if max_steps is not None and max_steps < 1:
-            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
+        if steps is not None and steps < 1:
+            raise ValueError(f"steps must be at least 1, got {steps}")
         if target_accuracy is not None and not 0 < target_accuracy <= 1:
             raise ValueError(f"target_accuracy is a fraction in (0, 1], got {target_accuracy}")
         if train_step is not None and not callable(train_step):
@@ -325,7 +325,7 @@ class AsyncSession:
         try:
             server.start()
             for e in range(epochs):
-                if max_steps is not None and steps_done >= max_steps:
+                if steps is not None and steps_done >= steps:
                     break
                 epoch = self._epochs_done
                 creds = server.new_job()
@@ -334,7 +334,7 @@ class AsyncSession:
                     batch_size=int(batch_size), tau=int(tau), seed=self.seed, epoch=epoch,
                     iteration=self._iteration, shuffle=bool(shuffle_within_partition), sample_shape=sample_shape,
                     timeout_s=self.request_timeout_s, threads=self.threads, device=self.device,
-                    max_steps=None if max_steps is None else max_steps - steps_done, train_step=train_step,
+                    steps=None if steps is None else steps - steps_done, train_step=train_step,
                     loss=self.loss)
                 before = server.stats()
                 t0 = time.perf_counter()
@@ -440,8 +440,8 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
                         device=run.device, spark=spark)
     per_worker = max(1, (len(train) // K) // run.batch_size)
     epochs = math.ceil(dist.epochs) if dist.epochs is not None else math.ceil(run.steps / per_worker)
-    max_steps = run.steps if dist.epochs is None else min(run.steps, math.ceil(dist.epochs * per_worker))
-    with MetricsLogger(run.metrics_out, progress=not run.quiet, total=max_steps) as metrics:
+    steps = run.steps if dist.epochs is None else min(run.steps, math.ceil(dist.epochs * per_worker))
+    with MetricsLogger(run.metrics_out, progress=not run.quiet, total=steps) as metrics:
         def emit(record):
             metrics.write(record)
             wall = record.get("wall_s")
@@ -452,7 +452,7 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
                 on_round(record)
 
         m = sess.run(data=train, batch_size=run.batch_size, tau=dist.tau, epochs=epochs,
-                     num_workers=K, max_steps=max_steps, validation_data=test, target_accuracy=dist.target_accuracy,
+                     num_workers=K, steps=steps, validation_data=test, target_accuracy=dist.target_accuracy,
                      on_epoch=emit)
         summary = {
             "event": "summary", "model": run.model, "dataset": run.dataset, "engine": "ps", "strategy": "async",

@@ -1,7 +1,9 @@
 """Training on Apache Spark: the rounds and barrier engines behind :class:`SparkTrainer`.
 
 >>> from sparknet.spark import SparkTrainer
->>> result = SparkTrainer(zoo.lenet(), dist=DistributedConfig(workers=2, tau=50, rounds=20)).fit(df)  # doctest: +SKIP
+>>> trainer = SparkTrainer(zoo.lenet(), WorkerConfig(solver=SolverConfig(base_lr=0.05)),      # doctest: +SKIP
+...                        DistributedConfig(workers=2, tau=50, rounds=20))
+>>> result = trainer.fit(df)                                                              # doctest: +SKIP
 
 The engines import pyspark only where they run Spark jobs; the rest of sparknet never needs it.
 """

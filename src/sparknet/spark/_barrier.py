@@ -311,9 +311,9 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     packed, init_flat, start = payload_bc.value
     spec: WorkerSpec = pickle.loads(packed[1])
     world = params.group.workers
-    torch.set_num_threads(spec.threads)
+    torch.set_num_threads(spec.worker.threads)
     x, y, _ = merge_chunks(chunks)
-    device, device_info = task_device(spec.device)
+    device, device_info = task_device(spec.worker.device)
     net = build_worker_net(spec, rank, x, y, device)
     has_data = x is not None and len(x) > 0
     del chunks
@@ -422,7 +422,7 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
     exchange = _BarrierExchange(net, strategy, rank=rank, world=world, state=state, has_data=has_data,
                                 validation=val, validation_rows=val_rows,
                                 compression=spec.compression, link=spec.link,
-                                seed_for_round=lambda r: round_seed(spec.seed, rank, r), after_train=fire_fault,
+                                seed_for_round=lambda r: round_seed(spec.worker.seed, rank, r), after_train=fire_fault,
                                 params=params, sender=sender, history=history, arrivals=arrivals, auto=auto)
     progress = Progress(round=start.get("round", 0), steps_done=start.get("steps_done", 0),
                         samples_done=start.get("samples_done", 0), total_bytes=start.get("total_bytes", 0))

@@ -57,7 +57,7 @@ from sparknet._enums import CompressionKind
 from sparknet.faults import due_fault
 from sparknet.loop import RoundPlan, round_seed, worker_seed
 from sparknet.net import Net
-from sparknet.solvers import SolverConfig
+from sparknet.config import WorkerConfig
 from sparknet.spark._data import merge_chunks
 from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_compressor
 
@@ -78,11 +78,8 @@ class WorkerSpec:
     net: Any
     """NetParams or a torch.nn.Module (copied per partition)."""
     loss: Any
-    solver: SolverConfig
-    batch_size: int
-    seed: int
-    threads: int
-    device: str
+    worker: WorkerConfig
+    """Every worker's solver, minibatch, seed, threads and device (its ``steps`` rule stays on the driver)."""
     strategy: TrainingStrategy
     sample_shape: tuple[int, ...]
     start_iteration: int = 0
@@ -260,8 +257,8 @@ def task_device(requested: str) -> tuple[str, dict]:
 def build_worker_net(spec: WorkerSpec, index: int, x, y, device: str) -> Net:
     """A worker's Net over its partition's data, built the same way in both engines."""
     net_def = copy.deepcopy(spec.net) if isinstance(spec.net, torch.nn.Module) else spec.net
-    net = Net(net_def, spec.solver, loss=spec.loss, batch_size=spec.batch_size, device=device,
-              seed=worker_seed(spec.seed, index))
+    net = Net(net_def, spec.worker.solver, loss=spec.loss, batch_size=spec.worker.batch_size, device=device,
+              seed=worker_seed(spec.worker.seed, index))
     if x is not None and len(x):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only memory maps
@@ -473,7 +470,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
             pass
         return replace(report, status=WorkerStatus.EMPTY), None, None
     spec = unpack_spec(spec_bc.value)  # once per Python worker and fit
-    torch.set_num_threads(spec.threads)
+    torch.set_num_threads(spec.worker.threads)
     key = (spec.fit_id, index)
     entry = _CACHE.get(key)
     source = "cache"
@@ -494,7 +491,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
             x, y = arrays
             directory = record["dir"]
             source = "file"
-        device, device_info = task_device(spec.device)
+        device, device_info = task_device(spec.worker.device)
         net = build_worker_net(spec, index, x, y, device)
         entry = _Entry(net=net, state=WorkerState(), version=-1, directory=directory, device_info=device_info)
         _CACHE[key] = entry
@@ -523,7 +520,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
             global_flat = torch.from_numpy(message)
         strategy.worker_begin(entry.state, net, global_flat)
         hook = strategy.after_backward if strategy.needs_gradient_hook else None
-        torch.manual_seed(round_seed(spec.seed, index, round_index))
+        torch.manual_seed(round_seed(spec.worker.seed, index, round_index))
         stats = net.train(task.plan.steps, max_seconds=task.plan.seconds, after_backward=hook)
         fault = due_fault(spec.faults, index, round_index + 1, report.attempt)
         if fault is not None:

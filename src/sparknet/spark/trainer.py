@@ -1,7 +1,7 @@
 """Driver side of the Spark engines: :class:`SparkTrainer`.
 
->>> trainer = SparkTrainer(zoo.lenet(), solver=SolverConfig(base_lr=0.01),
-...                        dist=DistributedConfig(workers=2, engine="rounds", tau=50, rounds=20))
+>>> trainer = SparkTrainer(zoo.lenet(), WorkerConfig(solver=SolverConfig(base_lr=0.01), batch_size=64),
+...                        DistributedConfig(workers=2, engine="rounds", tau=50, rounds=20))
 >>> result = trainer.fit(train_df, validation=mnist().test)          # doctest: +SKIP
 >>> result.summary["test_accuracy"], result.history[-1]["loss"]      # doctest: +SKIP
 
@@ -52,13 +52,12 @@ import numpy as np
 import torch
 
 from sparknet.checkpoint import CheckpointError, RoundCheckpoints, rng_state, set_rng_state
-from sparknet.config import DistributedConfig, Engine, RunConfig, check_device, check_per_step_strategy
+from sparknet.config import DistributedConfig, Engine, RunConfig, WorkerConfig, check_per_step_strategy
 from sparknet.errors import EngineError
 from sparknet.faults import faults_from
 from sparknet.link import LinkModel
 from sparknet.metrics import rounds_summary
 from sparknet.net import Net
-from sparknet.solvers import SolverConfig
 from sparknet.spark import _data
 from sparknet.spark._backend import check_barrier_slots, quietly, run_with_deadline
 from sparknet.spark._barrier_stage import run_barrier_engine
@@ -193,7 +192,10 @@ def _copy_module(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _plain_config(obj) -> dict:
-    return {k: getattr(v, "value", v) for k, v in asdict(obj).items()}
+    def plain(v):
+        return {k: plain(x) for k, x in v.items()} if isinstance(v, dict) else getattr(v, "value", v)
+
+    return plain(asdict(obj))
 
 
 class SparkTrainer:
@@ -205,82 +207,59 @@ class SparkTrainer:
         The network. A plain module takes ``loss=`` (default cross entropy) and its features
         in the shape they come in (or ``image_shape`` in :meth:`fit`). A module must pickle
         (its class importable on the executors).
-    solver : SolverConfig, optional
-        Each worker's local update rule (default: SGD, lr 0.01, momentum 0.9).
+    worker : WorkerConfig, optional
+        What every worker does: its solver (default SGD, lr 0.01, momentum 0.9), minibatch, seed,
+        threads and device, and ``steps``, the local steps per worker at most (a stopping rule
+        beside ``dist.rounds``/``epochs``/``target_accuracy``; the first one reached stops
+        training). With device ``auto``/``cuda`` a task uses the GPU Spark assigned it
+        (``spark.task.resource.gpu.amount``) and falls back to the CPU, saying why.
     dist : DistributedConfig, optional
         Workers, engine (``rounds`` or ``barrier``), strategy, tau and/or round_seconds,
         warmup_steps, the stopping rules (rounds, epochs, target_accuracy), master,
         eval_every_rounds. Default: the rounds engine, tau 50, one worker per default task
-        slot of the session (then give ``max_steps``).
+        slot of the session (then give ``worker.steps``).
     loss : callable, optional
         ``loss(prediction, y)`` for a plain module.
-    batch_size : int
-        Minibatch size of every worker.
-    seed : int
-        Seeds the initial weights, every worker's data order and the warm-up.
-    threads : int
-        Torch threads per task.
-    device : str
-        ``cpu``, ``cuda`` or ``auto``; with ``auto``/``cuda`` a task uses the GPU Spark assigned
-        it (``spark.task.resource.gpu.amount``) and falls back to the CPU, saying why, when
-        torch has no CUDA.
     strategy : TrainingStrategy, optional
         How workers combine (default: built from ``dist.strategy``).
     spark : SparkSession, optional
         Default: the active session, or a new one for ``dist.resolved_master``.
     on_round : callable, optional
         Called on the driver with every round record, as it happens.
-    max_steps : int, optional
-        Local steps per worker in all (a stopping rule, with ``dist.rounds``/``epochs``/
-        ``target_accuracy``; the first one reached stops training). Warm-up steps are not counted.
     options : EngineOptions, optional
         Timeouts, staging directory, cache level, warm-up sample bounds.
     """
 
     @classmethod
     def from_config(cls, net, run: RunConfig, dist: DistributedConfig, **kwargs) -> SparkTrainer:
-        """A trainer for ``net`` as ``sparknet train`` would configure it.
+        """A trainer for ``net`` as ``sparknet train`` would configure it: ``run.worker()`` and ``dist``.
 
-        ``run`` gives every worker's solver, batch size, seed, threads and device, and ``run.steps``
-        the local steps per worker at most; ``dist`` the workers, engine, strategy and stopping rules.
         ``kwargs`` are the other keyword arguments of :class:`SparkTrainer` (``spark``, ``on_round``,
         ``loss``, ``strategy``, ``options``).
         """
-        return cls(net, solver=run.solver(), dist=dist, batch_size=run.batch_size, seed=run.seed,
-                   threads=run.threads or 1, device=run.device, max_steps=run.steps, **kwargs)
+        return cls(net, run.worker(), dist, **kwargs)
 
-    def __init__(self, net, *, solver: SolverConfig | None = None, dist: DistributedConfig | None = None, loss=None,
-                 batch_size: int = 64, seed: int = 0, threads: int = 1, device: str = "cpu",
+    def __init__(self, net, worker: WorkerConfig | None = None, dist: DistributedConfig | None = None, *, loss=None,
                  strategy: TrainingStrategy | None = None, spark=None, on_round: Callable[[dict], None] | None = None,
-                 max_steps: int | None = None, options: EngineOptions | None = None):
+                 options: EngineOptions | None = None):
         if not (isinstance(net, torch.nn.Module) or (hasattr(net, "build") and hasattr(net, "layers"))):
             raise TypeError(f"net must be a NetParams or a torch.nn.Module, got {type(net).__name__}")
+        if worker is not None and not isinstance(worker, WorkerConfig):
+            raise TypeError(f"worker must be a sparknet.WorkerConfig, got {type(worker).__name__}")
         self.dist = dist or DistributedConfig(workers=1, tau=50)
         self._workers_from_session = dist is None
         if self.dist.engine is Engine.LOCAL:
             raise ValueError("engine 'local' trains in one process without Spark; use engine 'rounds' or 'barrier' "
                              "here (or sparknet.Net for one process)")
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        if int(threads) < 1:
-            raise ValueError(f"threads must be at least 1, got {threads}")
-        if max_steps is not None and int(max_steps) < 1:
-            raise ValueError(f"max_steps must be at least 1, got {max_steps}")
-        check_device(device)
+        self.worker = worker or WorkerConfig()
         self.strategy = strategy if strategy is not None else make_strategy(self.dist.strategy,
                                                                             **self.dist.strategy_options())
         if self.strategy.needs_gradient_hook:
             check_per_step_strategy(self.dist, f"strategy {self.strategy!r}", on_spark=True)
         self.net = net
-        self.solver = solver or SolverConfig()
         self.loss = loss
-        self.batch_size = int(batch_size)
-        self.seed = int(seed)
-        self.threads = int(threads)
-        self.device = device
         self.spark = spark
         self.on_round = on_round
-        self.max_steps = None if max_steps is None else int(max_steps)
         self.options = options or EngineOptions()
         self.link = self.options.link if self.options.link is not None else self.dist.link()
         self.latest_flat: torch.Tensor | None = None
@@ -322,9 +301,9 @@ class SparkTrainer:
             self.dist.workers = max(1, sc.defaultParallelism)
         dist = self.dist
         K = dist.workers
-        stop_given = any(v is not None for v in (dist.rounds, self.max_steps, dist.epochs, dist.target_accuracy))
+        stop_given = any(v is not None for v in (dist.rounds, self.worker.steps, dist.epochs, dist.target_accuracy))
         if not stop_given:
-            raise ValueError("give a stopping rule: dist.rounds, max_steps, dist.epochs or dist.target_accuracy")
+            raise ValueError("give a stopping rule: worker.steps, dist.rounds, dist.epochs or dist.target_accuracy")
         if dist.target_accuracy is not None and validation is None:
             raise ValueError("target_accuracy needs validation data to measure accuracy on")
         if dist.engine is Engine.BARRIER:
@@ -339,8 +318,9 @@ class SparkTrainer:
                                  f"layer takes {sample_shape} ({math.prod(sample_shape)} values)")
             sample_shape = sample_shape or image_shape
         expected_len = math.prod(sample_shape) if sample_shape is not None else None
-        driver_net = Net(_copy_module(self.net) if isinstance(self.net, torch.nn.Module) else self.net, self.solver,
-                         loss=self.loss, batch_size=self.batch_size, device="cpu", seed=self.seed)
+        worker = self.worker
+        driver_net = Net(_copy_module(self.net) if isinstance(self.net, torch.nn.Module) else self.net, worker.solver,
+                         loss=self.loss, batch_size=worker.batch_size, device="cpu", seed=worker.seed)
         if initial_weights is not None:
             if isinstance(initial_weights, WeightCollection):
                 driver_net.set_weights(initial_weights)
@@ -395,14 +375,13 @@ class SparkTrainer:
                 global_flat = driver_net.get_flat()
             else:
                 global_flat = self.strategy.init_global(driver_net.get_flat())
-            spec = WorkerSpec(fit_id=fit_id, net=self._net_for_workers(), loss=self.loss, solver=self.solver,
-                              batch_size=self.batch_size, seed=self.seed, threads=self.threads, device=self.device,
+            spec = WorkerSpec(fit_id=fit_id, net=self._net_for_workers(), loss=self.loss, worker=worker,
                               strategy=self.strategy, sample_shape=tuple(sample_shape),
                               start_iteration=dist.warmup_steps, options={"staging_dir": self.options.staging_dir},
                               faults=faults_from(self.options.fault), compression=dist.compression, link=self.link,
                               resume=None if resume is None else {"round": resume["round"],
                                                                   "workers": resume["workers"]})
-            stop = StopRule(rounds=dist.rounds, max_steps=self.max_steps, epochs=dist.epochs,
+            stop = StopRule(rounds=dist.rounds, steps=worker.steps, epochs=dist.epochs,
                             target_accuracy=dist.target_accuracy, dataset_rows=int(total["rows"]), tau=dist.tau,
                             round_seconds=dist.round_seconds)
             t_train = time.perf_counter()
@@ -440,8 +419,7 @@ class SparkTrainer:
         dist = self.dist
         if not dist.checkpoint_dir:
             return None, None
-        config = {"dist": _plain_config(dist), "solver": _plain_config(self.solver), "batch_size": self.batch_size,
-                  "seed": self.seed, "max_steps": self.max_steps, "strategy": repr(self.strategy)}
+        config = {"dist": _plain_config(dist), "worker": _plain_config(self.worker), "strategy": repr(self.strategy)}
         checkpoints = RoundCheckpoints(dist.checkpoint_dir, every=dist.checkpoint_every, keep=dist.checkpoint_keep,
                                        config=config)
         ckpt = checkpoints.resume(driver_net.get_weights()) if dist.resume else None
