@@ -4,7 +4,8 @@ import pytest
 
 from sparknet._fields import field_docs, from_args
 from sparknet.cli import build_parser
-from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy
+from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy, WorkerConfig
+from sparknet.solvers import SolverType
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -25,6 +26,37 @@ def test_run_config_rejects(bad, match):
 def test_distributed_config_rejects(bad, match):
     with pytest.raises(ValueError, match=match):
         DistributedConfig(**bad)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"steps": 0}, "steps"), ({"batch_size": 0}, "batch_size"), ({"threads": 0}, "threads"), ({"device": "tpu"}, "device"),
+])
+def test_worker_config_rejects(bad, match):
+    with pytest.raises(ValueError, match=match):
+        WorkerConfig(**bad)
+
+
+def test_the_command_line_gives_every_trainer_one_worker_config():
+    run = RunConfig(steps=300, batch_size=32, seed=4, lr=0.05, solver_type="adam", device="cpu")
+    worker = run.worker()
+    assert (worker.steps, worker.batch_size, worker.seed, worker.threads, worker.device) == (300, 32, 4, 1, "cpu")
+    assert worker.solver == run.solver() and worker.solver.type is SolverType.ADAM and worker.solver.base_lr == 0.05
+    assert RunConfig(threads=3).worker().threads == 3
+
+
+def test_spark_trainer_names_the_worker_config_for_its_old_keywords():
+    from sparknet import zoo
+    from sparknet.spark import SparkTrainer
+
+    with pytest.raises(TypeError, match=r"takes batch_size, max_steps in a WorkerConfig: .*WorkerConfig\(batch_size=\.\.\., "
+                                        r"steps=\.\.\.\)"):
+        SparkTrainer(zoo.mlp(), dist=DistributedConfig(workers=2, rounds=1), batch_size=8, max_steps=10)
+    with pytest.raises(TypeError, match="unexpected keyword arguments: on_rund"):
+        SparkTrainer(zoo.mlp(), dist=DistributedConfig(workers=2, rounds=1), on_rund=print)
+    with pytest.raises(TypeError, match="worker must be a sparknet.WorkerConfig"):
+        SparkTrainer(zoo.mlp(), RunConfig(), DistributedConfig(workers=2, rounds=1))
+    trainer = SparkTrainer(zoo.mlp(), WorkerConfig(batch_size=8, steps=10), DistributedConfig(workers=2, rounds=1))
+    assert trainer.worker.steps == 10 and trainer.worker.batch_size == 8
 
 
 def test_enums_parse_any_case():

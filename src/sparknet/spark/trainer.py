@@ -241,7 +241,14 @@ class SparkTrainer:
 
     def __init__(self, net, worker: WorkerConfig | None = None, dist: DistributedConfig | None = None, *, loss=None,
                  strategy: TrainingStrategy | None = None, spark=None, on_round: Callable[[dict], None] | None = None,
-                 options: EngineOptions | None = None):
+                 options: EngineOptions | None = None, **moved):
+        unknown = sorted(set(moved) - {"solver", "batch_size", "seed", "threads", "device", "max_steps"})
+        if unknown:
+            raise TypeError(f"SparkTrainer got unexpected keyword arguments: {', '.join(unknown)}")
+        if moved:  # the keywords SparkTrainer took before WorkerConfig
+            fields = ", ".join(("steps" if k == "max_steps" else k) + "=..." for k in sorted(moved))
+            raise TypeError(f"SparkTrainer takes {', '.join(sorted(moved))} in a WorkerConfig: "
+                            f"SparkTrainer(net, WorkerConfig({fields}), dist)")
         if not (isinstance(net, torch.nn.Module) or (hasattr(net, "build") and hasattr(net, "layers"))):
             raise TypeError(f"net must be a NetParams or a torch.nn.Module, got {type(net).__name__}")
         if worker is not None and not isinstance(worker, WorkerConfig):
