@@ -39,8 +39,9 @@ try:
     sc = spark.sparkContext
     ds = synthetic(240, shape=(6,), num_classes=3, seed=1)
     df = spark.createDataFrame([([float(v) for v in x], int(y)) for x, y in zip(ds.x, ds.y)], ["features", "label"])
-    result = SparkTrainer(zoo.mlp(input_shape=[6], hidden=[8], num_classes=3), solver=SolverConfig(base_lr=0.05),
-                          dist=DistributedConfig(workers=2, tau=5, rounds=2), batch_size=16, spark=spark).fit(df)
+    result = SparkTrainer(zoo.mlp(input_shape=[6], hidden=[8], num_classes=3),
+                          WorkerConfig(solver=SolverConfig(base_lr=0.05), batch_size=16),
+                          DistributedConfig(workers=2, tau=5, rounds=2), spark=spark).fit(df)
     with urllib.request.urlopen(os.environ["SPARKNET_MASTER_UI"] + "/json/", timeout=10) as r:
         ui = json.load(r)
     print("RESULT " + json.dumps({
