@@ -35,6 +35,17 @@ def _wait_for_slots(sc, n: int, timeout_s: float = 120.0) -> None:
         time.sleep(0.5)
 
 
+def _wait_for_tasks_on(sc, hostname: str, timeout_s: float = 120.0) -> None:
+    """Until a task runs on ``hostname``: an executor counts as a slot when it registers, but takes
+    tasks only once it has started, a moment later."""
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while hostname not in sc.parallelize(range(2), 2).map(lambda _: socket.gethostname()).collect():
+        assert time.monotonic() < deadline, f"no task ran on {hostname} within {timeout_s:g} s"
+        time.sleep(0.5)
+
+
 def test_a_host_gone_leaves_one_worker_a_round_in_turn_and_a_host_back_is_used_again(spark, cluster):
     from sparknet.spark import EngineOptions, SparkTrainer
 

@@ -101,6 +101,7 @@ class SparkRoundsExchange(Exchange):
         self._short_since: float | None = None  # when the cluster was first seen short of task slots
         self._turn = 0  # the first worker of the next elastic round
         self._stale: set[int] = set()  # workers left out of a round since they last trained
+        self._misplaced = False  # Spark ran partitions away from their staged copies in the last round
         self.elastic_rounds = 0
         self.latest: torch.Tensor | None = None
         """The newest global weights (after the last round)."""
@@ -111,6 +112,9 @@ class SparkRoundsExchange(Exchange):
         task = RoundTask(plan=plan, numel=self.numel, send_state=self._want_state or self.hold_states,
                          held=self.hold_states)
         t_round = time.perf_counter()
+        if self._misplaced:
+            self._restage()
+            self._misplaced = False
         active = self._elastic_workers(r)
         message = global_flat.numpy() if down is None else down.message(global_flat).numpy()
         weights_bc = sc.broadcast(message)
@@ -138,6 +142,13 @@ class SparkRoundsExchange(Exchange):
                         if states_bc is None and self._held is not None:
                             states_bc = sc.broadcast(self._held)
                         acc = self._rerun(acc.without(status), weights_bc, task, redo, states_bc)
+                        if status is WorkerStatus.MISSING and self.hold_states:
+                            # the rerun went where the chunks are, not where Spark sent the task (a host
+                            # back, or one whose executor was not ready when the partitions were staged
+                            # again): without staging them where Spark runs them, every round reruns them
+                            log.warning("round %d: the next round stages every partition again where Spark runs "
+                                        "it", r + 1)
+                            self._misplaced = True
                 full = sorted(w.index for w in acc.workers if w.status is WorkerStatus.NEED_FULL)
                 if full:  # their processes lost the weights the round's message is relative to
                     log.warning("round %d: workers %s lost their copy of the weights; sending them in full", r + 1,
