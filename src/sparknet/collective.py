@@ -28,7 +28,9 @@ import torch
 
 from sparknet._enums import CompressionKind
 from sparknet.loop import Exchange, RoundPlan, RoundUpdate
+from sparknet.net import EvalResult
 from sparknet.strategies import TrainingStrategy, WorkerState, make_compressor
+from sparknet.task import Task, regression_metrics
 
 __all__ = ["CollectiveExchange", "FIELDS", "evaluate_shards"]
 
@@ -196,7 +198,7 @@ class CollectiveExchange(Exchange):
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item())
 
-    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None) -> tuple[float, float] | None:
+    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None):
         if self.validation is None:
             return None
         waited = {"link_s": 0.0}
@@ -208,28 +210,33 @@ class CollectiveExchange(Exchange):
 
 
 def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, keep_local: bool = False, link=None,
-                    waited: dict | None = None, sample: int | None = None) -> tuple[float, float]:
-    """Accuracy and loss of the global weights over every rank's share of the validation rows.
+                    waited: dict | None = None, sample: int | None = None) -> EvalResult:
+    """Loss and metrics of the global weights over every rank's share of the validation rows.
 
-    One allreduce of (correct, count, loss) over ``group``, so every rank gets the same
-    numbers; ``net`` gets its own weights back afterwards when ``keep_local`` (EASGD).
-    ``sample``: each rank scores at most that many of its rows (a fixed random sample).
+    One allreduce of (correct, count, loss) — a regression net's (count, loss) and its
+    :func:`~sparknet.task.regression_sums` — over ``group``, so every rank gets the same numbers;
+    ``net`` gets its own weights back afterwards when ``keep_local`` (EASGD). ``sample``: each rank
+    scores at most that many of its rows (a fixed random sample).
     """
     import torch.distributed as dist
 
+    regression = net.task is Task.REGRESSION
     local = net.get_flat() if keep_local else None
     net.set_flat(global_flat)
     x, y = validation
-    t = torch.zeros(3, dtype=torch.float64)
+    t = torch.zeros(7 if regression else 3, dtype=torch.float64)
     if len(x):
         res = net.evaluate((x, y), sample=sample)
-        t[:] = torch.tensor([res.accuracy * res.samples, float(res.samples), res.loss * res.samples],
-                            dtype=torch.float64)
+        first = [res.accuracy * res.samples] if not regression else []
+        t[:] = torch.tensor([*first, float(res.samples), res.loss * res.samples, *res.sums], dtype=torch.float64)
     if link is not None and waited is not None:
         waited["link_s"] += link.wait_allreduce(t.numel() * 8, dist.get_world_size(group))
     dist.all_reduce(t, group=group)
     if local is not None:
         net.set_flat(local)
-    if t[1] <= 0:
-        return math.nan, math.nan
-    return float(t[0] / t[1]), float(t[2] / t[1])
+    if regression:
+        n = int(t[0])
+        return EvalResult(loss=float(t[1] / t[0]) if n else math.nan, accuracy=math.nan, samples=n,
+                          metrics=regression_metrics(t[2:].tolist()), sums=tuple(t[2:].tolist()))
+    accuracy, loss = (float(t[0] / t[1]), float(t[2] / t[1])) if t[1] > 0 else (math.nan, math.nan)
+    return EvalResult(loss=loss, accuracy=accuracy, samples=int(t[1]), metrics={"accuracy": accuracy})

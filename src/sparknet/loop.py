@@ -36,7 +36,7 @@ import torch
 
 from sparknet._enums import CompressionKind
 from sparknet.errors import EngineError, NonFiniteUpdate
-from sparknet.net import TrainStats
+from sparknet.net import EvalResult, TrainStats
 from sparknet.stopping import EvalPlan, StopRule, screen_margin
 from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, WorkerState, make_compressor
 
@@ -132,8 +132,8 @@ class Exchange(abc.ABC):
     validation_rows: int | None = None
     """Rows of the validation data (``None``: not known); the same on every rank."""
 
-    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None) -> tuple[float, float] | None:
-        """(accuracy, loss) of the global weights on the validation data (``None``: no validation data).
+    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None) -> EvalResult | None:
+        """The global weights' loss and metrics on the validation data (``None``: no validation data).
 
         ``rows``: on at most that many rows, the same fixed random sample each time (a screen).
         """
@@ -243,7 +243,7 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
         accuracy = check.round(r, global_flat, record, last=last)
         reason = (stop.reason(r, progress.steps_done, progress.samples_done, accuracy)
                   or exchange.stop_reason(record, progress))
-        if reason is not None and "val_accuracy" not in record:
+        if reason is not None and "val_loss" not in record:
             check.full(global_flat, record)
         if reason is None and update.steps == 0:
             raise EngineError(f"round {r}: no worker made a step; check tau, steps and the data")
@@ -269,7 +269,8 @@ class _Evaluation:
         self.done = 0  # evaluations so far
 
     def round(self, r: int, global_flat: torch.Tensor, record: dict, *, last: bool = False) -> float | None:
-        """Evaluate after round ``r`` when it is due; the whole set's accuracy when measured, else ``None``."""
+        """Evaluate after round ``r`` when it is due; the whole set's score (accuracy, or R²) when measured,
+        else ``None``."""
         if r % self.plan.every:
             return None
         if self.plan.budget is not None and not last:
@@ -288,9 +289,9 @@ class _Evaluation:
             result = self.exchange.evaluate(global_flat, rows=rows)
             if result is None:
                 return None
-            record.update(screen_accuracy=result[0], screen_loss=result[1], screen_rows=rows,
-                          eval_s=time.perf_counter() - t)
-            near = self.target is not None and result[0] >= self.target - screen_margin(self.target, rows)
+            record.update({f"screen_{k}": v for k, v in result.metrics.items()}, screen_loss=result.loss,
+                          screen_rows=rows, eval_s=time.perf_counter() - t)
+            near = self.target is not None and result.score >= self.target - screen_margin(self.target, rows)
             if not near:
                 self.since_full += 1
                 return None
@@ -303,9 +304,9 @@ class _Evaluation:
         if result is None:
             return None
         self.since_full = 0
-        record.update(val_accuracy=result[0], val_loss=result[1],
+        record.update({f"val_{k}": v for k, v in result.metrics.items()}, val_loss=result.loss,
                       eval_s=record.get("eval_s", 0.0) + time.perf_counter() - t)
-        return result[0]
+        return result.score
 
 
 class InProcessExchange(Exchange):
@@ -400,12 +401,11 @@ class InProcessExchange(Exchange):
         val = None if self.evaluator is None else getattr(self.evaluator, "_val", None)
         return None if val is None else len(val[0])
 
-    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None) -> tuple[float, float] | None:
+    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None) -> EvalResult | None:
         if self.evaluator is None or getattr(self.evaluator, "_val", None) is None:
             return None
         self.evaluator.set_flat(self._deliver(global_flat))
-        res = self.evaluator.evaluate(sample=rows)
-        return res.accuracy, res.loss
+        return self.evaluator.evaluate(sample=rows)
 
 
 

@@ -150,7 +150,8 @@ def rounds_summary(rounds: list[dict], test, *, t_fit: float, t_train: float, tr
         "train_s": train_s, "setup_s": t_train - t_fit,
         "samples_per_s": samples / round_time if round_time > 0 else None,
         "loss": last.get("loss"),
-        "test_accuracy": test.accuracy if test is not None else None,
+        "test_accuracy": test.metrics.get("accuracy") if test is not None else None,
+        **({f"test_{k}": v for k, v in test.metrics.items()} if test is not None else {}),
         "test_loss": test.loss if test is not None else None,
         "stop_reason": last.get("stop_reason"),
     }

@@ -23,13 +23,14 @@ import time
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from sparknet.layers import NetParams
 from sparknet.solvers import SolverConfig, build_optimizer, lr_multiplier
+from sparknet.task import Task, infer_task, regression_metrics, regression_sums
 from sparknet.weights import WeightCollection
 
 __all__ = ["Net", "TrainStats", "EvalResult", "resolve_device", "fixed_sample"]
@@ -59,11 +60,21 @@ class TrainStats:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Loss and accuracy on validation data."""
+    """Loss and the task's metrics on validation data."""
 
     loss: float
     accuracy: float
+    """Fraction of labels predicted right (NaN for a regression net)."""
     samples: int
+    metrics: dict = field(default_factory=dict)
+    """The task's metrics by name: ``accuracy`` for classes; ``r2``, ``rmse`` and ``mae`` for numbers."""
+    sums: tuple = ()
+    """Regression: the additive sums the metrics come from (:func:`sparknet.task.regression_sums`)."""
+
+    @property
+    def score(self) -> float:
+        """The metric a target is set on: accuracy, or R² for a regression net."""
+        return self.metrics.get("r2", self.accuracy)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -79,14 +90,17 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 class _ModuleAdapter:
     """Gives a plain ``torch.nn.Module`` and a loss the interface of a GraphModule."""
 
-    def __init__(self, module: torch.nn.Module, loss: LossFn | None):
+    def __init__(self, module: torch.nn.Module, loss: LossFn | None, task: Task = Task.CLASSIFICATION):
         self.module = module
         self.loss_fn = loss if loss is not None else torch.nn.CrossEntropyLoss()
+        self.task = task
 
     def loss(self, x, y):
         out = self.module(x)
         if isinstance(self.loss_fn, torch.nn.CrossEntropyLoss) and out.dim() == 3 and y.dim() == 2:
             return self.loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1)), out
+        if self.task is Task.REGRESSION and out.shape != y.shape and out.numel() == y.numel():
+            y = y.reshape(out.shape)  # [n] labels for [n, 1] outputs: a loss would broadcast them to [n, n]
         return self.loss_fn(out, y), out
 
     def predict(self, x):
@@ -228,10 +242,15 @@ class Net:
         ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or ``"auto"``.
     seed : int, optional
         Seeds the weight initialisation and the data shuffling.
+    task : Task or str, optional
+        ``"classification"`` or ``"regression"``; by default a regression loss (``MSELoss``, ``L1Loss``,
+        ``HuberLoss``, ``SmoothL1Loss``, a ``EuclideanLoss`` layer) means regression. A regression net's
+        labels are float numbers and it is scored by R², RMSE and MAE.
     """
 
     def __init__(self, net, solver: SolverConfig | None = None, *, loss: LossFn | None = None,
-                 batch_size: int | None = None, device: str | torch.device = "cpu", seed: int | None = None):
+                 batch_size: int | None = None, device: str | torch.device = "cpu", seed: int | None = None,
+                 task: Task | str | None = None):
         self.device = resolve_device(device)
         self.solver = solver or SolverConfig()
         self.seed = seed
@@ -255,8 +274,10 @@ class Net:
             self._model = _GraphAdapter(module)
             if self.net_params is None:
                 label_ndim = _label_sample_ndim(getattr(module, "net_params", None))
+            self.task = infer_task(None, self.net_params or getattr(module, "net_params", None), task)
         else:
-            self._model = _ModuleAdapter(module, loss)
+            self.task = infer_task(loss, None, task)
+            self._model = _ModuleAdapter(module, loss, self.task)
         self.module = module.to(self.device)
         self._label_ndim = label_ndim
         self.batch_size = int(batch_size or default_batch or 64)
@@ -309,6 +330,8 @@ class Net:
 
     def _fit_input(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reshape flat feature rows to the net's input shape; a clear error when they cannot fit."""
+        if self.task is Task.REGRESSION and not y.is_floating_point():
+            y = y.float()
         shape = self._input_shape
         if shape is None or len(x) == 0 or tuple(x.shape[1:]) == shape:
             return x, y
@@ -427,6 +450,8 @@ class Net:
         n = len(x) if num_steps is None else min(len(x), num_steps * batch_size)
         correct = 0
         loss_sum = 0.0
+        sums = [0.0] * 5
+        regression = self.task is Task.REGRESSION
         try:
             for start in range(0, n, batch_size):
                 xb = x[start:start + batch_size].to(self.device)
@@ -436,15 +461,22 @@ class Net:
                 except IndexError as exc:
                     raise _explain_loss_error(exc, yb, "validation data") from exc
                 loss_sum += loss.item() * len(xb)
-                correct += accuracy_count(pred, yb)
+                if regression:
+                    sums = [a + b for a, b in zip(sums, regression_sums(pred, yb))]
+                else:
+                    correct += accuracy_count(pred, yb)
         finally:
             self.module.train(was_training)
+        if regression:
+            return EvalResult(loss=loss_sum / max(n, 1), accuracy=math.nan, samples=n,
+                              metrics=regression_metrics(sums), sums=tuple(sums))
         per_sample = y[0].numel() if len(y) else 1
-        return EvalResult(loss=loss_sum / max(n, 1), accuracy=correct / max(n * per_sample, 1), samples=n)
+        accuracy = correct / max(n * per_sample, 1)
+        return EvalResult(loss=loss_sum / max(n, 1), accuracy=accuracy, samples=n, metrics={"accuracy": accuracy})
 
     def test(self, num_steps: int | None = None) -> float:
-        """Accuracy on the validation data: all of it, or ``num_steps`` batches of 1000."""
-        return self.evaluate(num_steps=num_steps).accuracy
+        """The task's score on the validation data (accuracy, or R²): all of it, or ``num_steps`` batches of 1000."""
+        return self.evaluate(num_steps=num_steps).score
 
     @torch.no_grad()
     def predict(self, x) -> torch.Tensor:

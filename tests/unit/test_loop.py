@@ -14,7 +14,7 @@ from sparknet import zoo
 from sparknet.config import DistributedConfig, RunConfig
 from sparknet.errors import NonFiniteUpdate
 from sparknet.loop import InProcessExchange, Progress, run_rounds, weighted_mean
-from sparknet.net import Net, fixed_sample
+from sparknet.net import EvalResult, Net, fixed_sample
 from sparknet.solvers import SolverConfig
 from sparknet.stopping import EvalPlan, StopRule, screen_margin
 from sparknet.strategies import Average
@@ -96,7 +96,8 @@ class _Scripted(InProcessExchange):
     def evaluate(self, global_flat, rows=None):
         whole, sample = self.script[self.round_index]
         self.calls.append((self.round_index + 1, rows))
-        return (whole if rows is None else sample), 0.1
+        score = whole if rows is None else sample
+        return EvalResult(loss=0.1, accuracy=score, samples=rows or 10000, metrics={"accuracy": score})
 
 
 def test_screens_between_full_evaluations_and_the_stopping_rule_sees_the_whole_set():

@@ -60,6 +60,7 @@ from sparknet.net import Net
 from sparknet.config import WorkerConfig
 from sparknet.spark._data import merge_chunks
 from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_compressor
+from sparknet.task import Task
 
 __all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
            "stage_partition", "run_round", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
@@ -67,7 +68,7 @@ __all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial",
 
 log = logging.getLogger(__name__)
 
-_PROBLEM_KEYS = ("bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "not_pairs", "bad_labels")
+_PROBLEM_KEYS = ("bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "nonfinite_y", "not_pairs", "bad_labels")
 
 
 @dataclass
@@ -94,6 +95,8 @@ class WorkerSpec:
     weights go down as :class:`~sparknet.strategies.Downlink` messages too."""
     link: Any = None
     """A :class:`sparknet.link.LinkModel` every exchange waits for (``None``: no simulated delay)."""
+    task: Task = Task.CLASSIFICATION
+    """What the net learns: class ids, or numbers (float labels)."""
 
 
 @dataclass(frozen=True)
@@ -258,6 +261,7 @@ def build_worker_net(spec: WorkerSpec, index: int, x, y, device: str) -> Net:
     """A worker's Net over its partition's data, built the same way in both engines."""
     net_def = copy.deepcopy(spec.net) if isinstance(spec.net, torch.nn.Module) else spec.net
     net = Net(net_def, spec.worker.solver, loss=spec.loss, batch_size=spec.worker.batch_size, device=device,
+              task=spec.task,
               seed=worker_seed(spec.worker.seed, index))
     if x is not None and len(x):
         with warnings.catch_warnings():

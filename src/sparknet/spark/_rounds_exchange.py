@@ -282,12 +282,11 @@ class SparkRoundsExchange(Exchange):
     def validation_rows(self) -> int | None:
         return None if self.driver_net._val is None else len(self.driver_net._val[0])
 
-    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None) -> tuple[float, float] | None:
+    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None):
         if self.driver_net._val is None:
             return None
         self.driver_net.set_flat(global_flat)
-        res = self.driver_net.evaluate(sample=rows)
-        return res.accuracy, res.loss
+        return self.driver_net.evaluate(sample=rows)
 
     def new_global(self, global_flat: torch.Tensor, progress: Progress) -> None:
         self.latest = global_flat

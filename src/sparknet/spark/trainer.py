@@ -66,6 +66,7 @@ from sparknet.spark._rounds_exchange import run_rounds_engine
 from sparknet.spark._session import get_session, is_local_master
 from sparknet.stopping import StopRule
 from sparknet.strategies import AutoTau, TrainingStrategy, make_strategy
+from sparknet.task import Task, infer_task
 from sparknet.weights import WeightCollection
 
 __all__ = ["SparkTrainer", "TrainResult", "EngineOptions"]
@@ -228,6 +229,11 @@ class SparkTrainer:
         Called on the driver with every round record, as it happens.
     options : EngineOptions, optional
         Timeouts, staging directory, cache level, warm-up sample bounds.
+    task : Task or str, optional
+        ``"classification"`` (integer class ids) or ``"regression"`` (a double label, or an array of
+        doubles per row); default: regression for a regression loss (``torch.nn.MSELoss``, ``L1Loss``,
+        ``HuberLoss``, ``SmoothL1Loss``, a ``EuclideanLoss`` layer). A regression fit is scored by R², RMSE
+        and MAE (``val_r2``, ``test_r2``...), and ``dist.target_accuracy`` is a target on R².
     """
 
     @classmethod
@@ -241,7 +247,7 @@ class SparkTrainer:
 
     def __init__(self, net, worker: WorkerConfig | None = None, dist: DistributedConfig | None = None, *, loss=None,
                  strategy: TrainingStrategy | None = None, spark=None, on_round: Callable[[dict], None] | None = None,
-                 options: EngineOptions | None = None, **moved):
+                 options: EngineOptions | None = None, task: Task | str | None = None, **moved):
         unknown = sorted(set(moved) - {"solver", "batch_size", "seed", "threads", "device", "max_steps"})
         if unknown:
             raise TypeError(f"SparkTrainer got unexpected keyword arguments: {', '.join(unknown)}")
@@ -265,6 +271,7 @@ class SparkTrainer:
             check_per_step_strategy(self.dist, f"strategy {self.strategy!r}", on_spark=True)
         self.net = net
         self.loss = loss
+        self.task = infer_task(loss, net if hasattr(net, "layers") else getattr(net, "net_params", None), task)
         self.spark = spark
         self.on_round = on_round
         self.options = options or EngineOptions()
@@ -327,7 +334,7 @@ class SparkTrainer:
         expected_len = math.prod(sample_shape) if sample_shape is not None else None
         worker = self.worker
         driver_net = Net(_copy_module(self.net) if isinstance(self.net, torch.nn.Module) else self.net, worker.solver,
-                         loss=self.loss, batch_size=worker.batch_size, device="cpu", seed=worker.seed)
+                         loss=self.loss, batch_size=worker.batch_size, device="cpu", seed=worker.seed, task=self.task)
         if initial_weights is not None:
             if isinstance(initial_weights, WeightCollection):
                 driver_net.set_weights(initial_weights)
@@ -339,8 +346,10 @@ class SparkTrainer:
 
         fit_id = uuid.uuid4().hex[:12]
         group = f"sparknet-{fit_id}"
+        regression = self.task is Task.REGRESSION
         chunks, source = _data.chunk_rdd(train, features_col=features_col, label_col=label_col,
-                                         image_shape=image_shape, expected_len=expected_len, num_partitions=K)
+                                         image_shape=image_shape, expected_len=expected_len, num_partitions=K,
+                                         regression=regression)
         chunks.persist(getattr(StorageLevel, self.options.storage_level))
         staged = None
         broadcasts = []
@@ -354,14 +363,14 @@ class SparkTrainer:
                                        staged.collect, "the training data's conversion, check and staging")
             stats, total = _data.checked_partitions(sc, group, chunks, timeout_s=self.options.data_timeout_s,
                                                     stats=stats, expected_len=expected_len, num_classes=None,
-                                                    num_workers=K, sample_shape=sample_shape)
+                                                    num_workers=K, sample_shape=sample_shape, regression=regression)
             if sample_shape is None:
                 shapes = [tuple(s) for s in total["shapes"]]
                 width = int(total["width"])
                 sample_shape = shapes[0] if len(shapes) == 1 and math.prod(shapes[0]) == width else (width,)
-            num_classes = self._probe(driver_net, sample_shape)
+            num_classes = self._probe(driver_net, sample_shape) if self.task is Task.CLASSIFICATION else None
             _data.check_stats(stats, what="training data", expected_len=math.prod(sample_shape),
-                              num_classes=num_classes, num_workers=K, sample_shape=sample_shape)
+                              num_classes=num_classes, num_workers=K, sample_shape=sample_shape, regression=regression)
             self._rows = list(total["rows_per_partition"])
             skew = _data.describe_skew(total["rows_per_partition"])
             if skew:
@@ -382,7 +391,7 @@ class SparkTrainer:
                 global_flat = driver_net.get_flat()
             else:
                 global_flat = self.strategy.init_global(driver_net.get_flat())
-            spec = WorkerSpec(fit_id=fit_id, net=self._net_for_workers(), loss=self.loss, worker=worker,
+            spec = WorkerSpec(fit_id=fit_id, net=self._net_for_workers(), loss=self.loss, worker=worker, task=self.task,
                               strategy=self.strategy, sample_shape=tuple(sample_shape),
                               start_iteration=dist.warmup_steps, options={"staging_dir": self.options.staging_dir},
                               faults=faults_from(self.options.fault), compression=dist.compression, link=self.link,
@@ -483,9 +492,10 @@ class SparkTrainer:
         if _data.is_dataframe(validation) or _data.is_rdd(validation):
             x, y = _data.collect_arrays(validation, features_col=features_col, label_col=label_col,
                                         image_shape=image_shape, expected_len=math.prod(sample_shape),
-                                        num_classes=num_classes, sample_shape=sample_shape)
+                                        num_classes=num_classes, sample_shape=sample_shape,
+                                        regression=self.task is Task.REGRESSION)
         else:
-            x, y = _data.local_arrays(validation, sample_shape=sample_shape)
+            x, y = _data.local_arrays(validation, sample_shape=sample_shape, regression=self.task is Task.REGRESSION)
         if num_classes is not None and len(y) and (y.min() < 0 or y.max() >= num_classes):
             raise ValueError(f"validation data: labels range over [{y.min()}, {y.max()}] but the net has "
                              f"{num_classes} classes")

@@ -1,0 +1,106 @@
+"""Regression on real Spark (local[2]): a double label and a regression loss train and are scored by R²."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from _spark_testlib import start_session
+from sparknet.config import DistributedConfig, Engine, WorkerConfig
+from sparknet.solvers import SolverConfig
+from sparknet.spark import SparkTrainer
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = start_session("local[2]")
+    yield session
+    session.stop()
+
+
+def _table(n: int, outputs: int = 1, seed: int = 0):
+    """A learnable table: y = x·W + 0.5 + small noise, 6 features."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 6)).astype(np.float32)
+    w = np.random.default_rng(100).normal(size=(6, outputs)).astype(np.float32)
+    y = x @ w + 0.5 + rng.normal(0, 0.05, size=(n, outputs)).astype(np.float32)
+    return x, (y[:, 0] if outputs == 1 else y)
+
+
+def _frame(spark, x, y):
+    if y.ndim == 1:
+        rows = [([float(v) for v in a], float(b)) for a, b in zip(x, y)]
+        return spark.createDataFrame(rows, "features array<double>, label double").repartition(2)
+    rows = [([float(v) for v in a], [float(v) for v in b]) for a, b in zip(x, y)]
+    return spark.createDataFrame(rows, "features array<double>, label array<double>").repartition(2)
+
+
+def _net(outputs: int = 1) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, outputs))
+
+
+def test_a_double_label_and_mse_train_on_the_rounds_engine_to_r2_above_0_95(spark):
+    x, y = _table(1600)
+    vx, vy = _table(400, seed=1)
+    trainer = SparkTrainer(_net(), WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9), batch_size=32, seed=1),
+                           DistributedConfig(workers=2, tau=25, rounds=12), loss=torch.nn.MSELoss(), spark=spark)
+    result = trainer.fit(_frame(spark, x, y), validation=(vx, vy))
+    s = result.summary
+    assert s["test_r2"] >= 0.95, s
+    assert s["test_accuracy"] is None and s["test_rmse"] > 0 and s["test_mae"] > 0
+    # the metrics are those of the returned weights: recompute them here
+    net = _net()
+    flat = result.weights.to_flat(torch.float32)
+    torch.nn.utils.vector_to_parameters(flat, net.parameters())
+    with torch.no_grad():
+        pred = net(torch.from_numpy(vx)).numpy()[:, 0]
+    r2 = 1 - ((pred - vy) ** 2).sum() / ((vy - vy.mean()) ** 2).sum()
+    assert math.isclose(s["test_r2"], r2, rel_tol=1e-4)
+    assert math.isclose(s["test_rmse"], float(np.sqrt(((pred - vy) ** 2).mean())), rel_tol=1e-4)
+    rounds = [r for r in result.history if r.get("event") == "round"]
+    assert "val_accuracy" not in rounds[-1] and {"val_r2", "val_rmse", "val_mae", "val_loss"} <= set(rounds[-1])
+
+
+def test_target_accuracy_is_a_target_on_r2(spark):
+    x, y = _table(1600)
+    vx, vy = _table(400, seed=1)
+    trainer = SparkTrainer(_net(), WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9), batch_size=32, seed=1),
+                           DistributedConfig(workers=2, tau=25, rounds=40, target_accuracy=0.9),
+                           loss=torch.nn.MSELoss(), spark=spark)
+    result = trainer.fit(_frame(spark, x, y), validation=(vx, vy))
+    rounds = [r for r in result.history if r.get("event") == "round"]
+    assert result.summary["stop_reason"] == "target_accuracy" and len(rounds) < 40
+    assert rounds[-1]["val_r2"] >= 0.9 and all(r["val_r2"] < 0.9 for r in rounds[:-1] if "val_r2" in r)
+
+
+def test_vector_labels_and_huber_loss_train_on_the_barrier_engine(spark):
+    x, y = _table(1600, outputs=2)
+    vx, vy = _table(400, outputs=2, seed=1)
+    trainer = SparkTrainer(_net(2), WorkerConfig(solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=32, seed=1),
+                           DistributedConfig(workers=2, tau=25, rounds=12, engine=Engine.BARRIER),
+                           loss=torch.nn.HuberLoss(), spark=spark)
+    result = trainer.fit(_frame(spark, x, y), validation=_frame(spark, vx, vy))
+    assert result.summary["test_r2"] >= 0.95, result.summary
+
+
+def test_a_nan_label_is_refused_before_training(spark):
+    x, y = _table(200)
+    y[7] = np.nan
+    trainer = SparkTrainer(_net(), WorkerConfig(batch_size=32), DistributedConfig(workers=2, tau=5, rounds=1),
+                           loss=torch.nn.MSELoss(), spark=spark)
+    with pytest.raises(ValueError, match="1 labels in column 'label' are NaN or infinite"):
+        trainer.fit(_frame(spark, x, y))
+
+
+def test_fractional_labels_with_a_classification_loss_say_how_to_regress(spark):
+    x, y = _table(200)
+    trainer = SparkTrainer(_net(3), WorkerConfig(batch_size=32), DistributedConfig(workers=2, tau=5, rounds=1),
+                           spark=spark)
+    with pytest.raises(ValueError, match="not whole numbers.*torch.nn.MSELoss"):
+        trainer.fit(_frame(spark, x, y))
