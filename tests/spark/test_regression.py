@@ -104,3 +104,41 @@ def test_fractional_labels_with_a_classification_loss_say_how_to_regress(spark):
                            spark=spark)
     with pytest.raises(ValueError, match="not whole numbers.*torch.nn.MSELoss"):
         trainer.fit(_frame(spark, x, y))
+
+
+def _regression_net_params(batch: int = 32):
+    from sparknet.layers import ActivationLayer, EuclideanLoss, LinearLayer, NetParams, RDDLayer
+
+    return NetParams(RDDLayer("data", shape=[batch, 6]), RDDLayer("label", shape=[batch, 1]),
+                     LinearLayer("ip1", ["data"], num_outputs=16), ActivationLayer("relu1", ["ip1"], tops=["ip1"]),
+                     LinearLayer("ip2", ["ip1"], num_outputs=1), EuclideanLoss("loss", ["ip2", "label"]))
+
+
+def test_the_estimator_is_a_regressor_that_spark_s_regression_evaluator_and_cross_validator_take(spark):
+    from pyspark.ml.evaluation import RegressionEvaluator
+    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+
+    from sparknet.spark.ml import SparkNetEstimator
+
+    x, y = _table(1200)
+    vx, vy = _table(400, seed=1)
+    est = SparkNetEstimator(_regression_net_params(), workers=2, tau=25, rounds=10, lr=0.02, momentum=0.9,
+                            batch_size=32, seed=1)
+    model = est.fit(_frame(spark, x, y))
+    assert model.getTask() == "regression" and model.resolvedTask().value == "regression"
+    scored = model.transform(_frame(spark, vx, vy))
+    assert "probability" not in scored.columns and dict(scored.dtypes)["prediction"] == "double"
+    r2 = RegressionEvaluator(metricName="r2").evaluate(scored)
+    assert r2 >= 0.95
+    # the evaluator's RMSE is that of the predictions the model gives
+    rows = scored.select("label", "prediction").collect()
+    rmse = float(np.sqrt(np.mean([(r.label - r.prediction) ** 2 for r in rows])))
+    assert math.isclose(RegressionEvaluator(metricName="rmse").evaluate(scored), rmse, rel_tol=1e-9)
+
+    # CrossValidator picks the learning rate that trains (0.02) over one that barely moves (1e-5)
+    grid = ParamGridBuilder().addGrid(est.lr, [1e-5, 0.02]).build()
+    cv = CrossValidator(estimator=est, estimatorParamMaps=grid, evaluator=RegressionEvaluator(metricName="r2"),
+                        numFolds=2, seed=7)
+    cv_model = cv.fit(_frame(spark, x, y))
+    assert cv_model.avgMetrics[1] > 0.9 > cv_model.avgMetrics[0]
+    assert RegressionEvaluator(metricName="r2").evaluate(cv_model.transform(_frame(spark, vx, vy))) >= 0.95

@@ -50,6 +50,7 @@ from sparknet.config import DistributedConfig, RunConfig, parse_enum
 from sparknet.layers import NetParams
 from sparknet.spark._shared_path import check_shared_path
 from sparknet.spark.trainer import SparkTrainer
+from sparknet.task import Task, parse_task
 
 __all__ = ["SparkNetEstimator", "SparkNetModel"]
 
@@ -182,6 +183,11 @@ class _ScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
                                typeConverter=_field_converter(RunConfig, "device", "device", str))
     scoreBatchSize: Param[int] = Param(Params._dummy(), "scoreBatchSize",
                                        "Rows per forward pass when scoring.", typeConverter=TypeConverters.toInt)
+    task: Param[str] = Param(Params._dummy(), "task",
+                             "classification or regression (default: regression for a net whose loss is a "
+                             "regression loss, such as a EuclideanLoss layer). A regressor's prediction is its "
+                             "output (a double, or an ML vector for several outputs); it has no probability.",
+                             typeConverter=lambda v: parse_task(v).value)
 
     def __init__(self) -> None:
         super().__init__()
@@ -205,7 +211,7 @@ for _name, _param in _CONFIG_PARAMS.items():
     if _name not in ("threads", "device"):
         setattr(_EstimatorParams, _name, _param)
 _add_accessors(_ScoringParams, ["featuresCol", "predictionCol", "probabilityCol", "imageShape", "threads", "device",
-                                "scoreBatchSize"])
+                                "scoreBatchSize", "task"])
 _add_accessors(_EstimatorParams, ["labelCol", "validationIndicatorCol", *_CONFIG_PARAMS])
 
 
@@ -327,8 +333,8 @@ def _decode_features(values, kind: str, shape: tuple[int, ...] | None) -> np.nda
 
 
 def _score_batches(batches, *, key: str, files_bc, kind: str, shape, threads: int, chunk: int,
-                   device: str, allow_pickle: bool) -> Iterator:
-    """Score Arrow batches: softmax probabilities and arg-max predictions."""
+                   device: str, allow_pickle: bool, regression: bool = False) -> Iterator:
+    """Score Arrow batches: softmax probabilities and arg-max predictions (a regressor: its outputs)."""
     import pandas as pd
     import torch
 
@@ -341,11 +347,17 @@ def _score_batches(batches, *, key: str, files_bc, kind: str, shape, threads: in
         with torch.no_grad():
             for start in range(0, len(x), chunk):
                 logits = model.predict(torch.from_numpy(x[start:start + chunk]))
+                if regression:
+                    probs.append(logits.double().reshape(len(logits), -1).cpu().numpy())
+                    continue
                 if logits.dim() != 2:
                     raise ValueError(f"the net's output has shape {tuple(logits.shape)}; scoring needs "
                                      "[batch, classes] logits")
                 probs.append(torch.softmax(logits.double(), dim=1).cpu().numpy())
         p = np.concatenate(probs) if probs else np.zeros((0, 0))
+        if regression:
+            yield pd.DataFrame({"prediction": p[:, 0] if p.shape[1:] == (1,) else list(p)})
+            continue
         yield pd.DataFrame({"prediction": p.argmax(axis=1).astype(np.float64) if len(p) else np.zeros(0),
                             "probability": list(p)})
 
@@ -495,7 +507,8 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
             image_shape = list(shape)
 
         solver = run.solver()
-        trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark)
+        task = self.getTask() if self.isDefined(self.task) else None
+        trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, task=task)
         result = trainer.fit(train, validation, features_col=features_col, label_col=label_col,
                              image_shape=image_shape)
         summary = _plain(result.summary)
@@ -506,6 +519,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
         self._copyValues(model)
         if shape is not None and not model.isSet(model.imageShape):
             model._set(imageShape=list(shape))
+        model._set(task=trainer.task.value)
         model.history = list(result.history)
         model.summary = summary
         return model
@@ -629,6 +643,22 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         return self._saved
 
     # -- scoring ----------------------------------------------------------------------------------
+    def resolvedTask(self) -> Task:
+        """The ``task`` Param when set, else what the net's loss says."""
+        if self.isDefined(self.task) and self.getTask():
+            return parse_task(self.getTask())
+        return self.net.task
+
+    def _outputs(self, shape) -> int:
+        """Output values per row (a probe on the driver)."""
+        import torch
+
+        shape = tuple(shape) if shape else self._loaded().input_shape
+        if shape is None:
+            raise ValueError("set imageShape: the model does not know the shape of one sample")
+        with torch.no_grad():
+            return int(self.net.predict(torch.zeros(1, *shape)).numel())
+
     def _broadcast(self, sc):
         """One broadcast of the model files per SparkContext (kept while this model lives)."""
         owner = id(sc._jsc) if sc._jsc is not None else None
@@ -657,7 +687,8 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         shape = self.getImageShape() if self.isDefined(self.imageShape) else None
         if kind == "binary" and shape is None:
             raise ValueError("binary features need imageShape")
-        pred_col, prob_col = self.getPredictionCol(), self.getProbabilityCol()
+        regression = self.resolvedTask() is Task.REGRESSION
+        pred_col, prob_col = self.getPredictionCol(), "" if regression else self.getProbabilityCol()
         for col in (pred_col, prob_col):
             if col and col in dataset.schema.fieldNames():
                 raise ValueError(f"output column {col!r} already exists in the DataFrame")
@@ -670,7 +701,7 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         score = functools.partial(_score_batches, key=self.modelId, files_bc=bc, kind=kind,
                                   shape=list(shape) if shape else None, threads=int(threads),
                                   chunk=int(self.getScoreBatchSize()), device=self.getDevice(),
-                                  allow_pickle=self._allow_pickle)
+                                  allow_pickle=self._allow_pickle, regression=regression)
 
         import pandas as pd
 
@@ -681,14 +712,17 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         # reads the hints to pick the iterator-of-Series UDF kind.
         score_udf.__annotations__ = {"batches": Iterator[pd.Series], "return": Iterator[pd.DataFrame]}
 
-        out_type = StructType([StructField("prediction", DoubleType()),
-                               StructField("probability", ArrayType(DoubleType()))])
+        one_output = regression and self._outputs(shape) == 1
+        out_type = StructType([StructField("prediction", DoubleType() if not regression or one_output
+                                           else ArrayType(DoubleType()))]
+                              + ([] if regression else [StructField("probability", ArrayType(DoubleType()))]))
         udf = pandas_udf(score_udf, out_type)
         tmp = f"__sparknet_{self._model_id[:8]}"
         scored = dataset.withColumn(tmp, udf(feats))
         cols = [F.col(c) for c in dataset.columns]
         if pred_col:
-            cols.append(F.col(f"{tmp}.prediction").alias(pred_col))
+            pred = F.col(f"{tmp}.prediction")
+            cols.append((pred if not regression or one_output else array_to_vector(pred)).alias(pred_col))
         if prob_col:
             cols.append(array_to_vector(F.col(f"{tmp}.probability")).alias(prob_col))
         return scored.select(*cols)

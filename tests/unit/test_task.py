@@ -1,0 +1,82 @@
+"""What a net learns: the task inferred from its loss, the regression metrics, and a regression Net."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from sparknet import zoo
+from sparknet.layers import EuclideanLoss, LinearLayer, NetParams, RDDLayer
+from sparknet.net import Net
+from sparknet.solvers import SolverConfig
+from sparknet.task import Task, infer_task, regression_metrics, regression_sums
+
+
+@pytest.mark.parametrize("loss", [torch.nn.MSELoss(), torch.nn.L1Loss(), torch.nn.HuberLoss(), torch.nn.SmoothL1Loss()])
+def test_a_regression_loss_means_regression(loss):
+    assert infer_task(loss) is Task.REGRESSION
+
+
+def test_no_loss_or_a_classification_loss_means_classification_and_a_given_task_wins():
+    assert infer_task(None) is Task.CLASSIFICATION
+    assert infer_task(torch.nn.CrossEntropyLoss()) is Task.CLASSIFICATION
+    assert infer_task(torch.nn.CrossEntropyLoss(), task="regression") is Task.REGRESSION
+    assert infer_task(torch.nn.MSELoss(), task=Task.CLASSIFICATION) is Task.CLASSIFICATION
+    with pytest.raises(ValueError, match="task must be one of"):
+        infer_task(None, task="ranking")
+
+
+def _euclidean_net() -> NetParams:
+    return NetParams(RDDLayer("data", shape=[8, 3]), RDDLayer("label", shape=[8, 1]),
+                     LinearLayer("fc", ["data"], num_outputs=1), EuclideanLoss("loss", ["fc", "label"]))
+
+
+def test_a_euclidean_loss_layer_means_regression():
+    assert infer_task(None, _euclidean_net()) is Task.REGRESSION
+    assert infer_task(None, zoo.lenet()) is Task.CLASSIFICATION
+    assert Net(_euclidean_net()).task is Task.REGRESSION
+
+
+def test_the_metrics_are_r2_rmse_and_mae_of_the_summed_values():
+    y = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    pred = torch.tensor([1.5, 2.0, 2.0, 4.0])
+    m = regression_metrics(regression_sums(pred, y))
+    sse, sst = 0.25 + 0 + 1 + 0, ((y - y.mean()) ** 2).sum().item()
+    assert math.isclose(m["r2"], 1 - sse / sst) and math.isclose(m["rmse"], math.sqrt(sse / 4))
+    assert math.isclose(m["mae"], 1.5 / 4)
+    # sums add up: two halves give the whole
+    halves = np.add(regression_sums(pred[:2], y[:2]), regression_sums(pred[2:], y[2:]))
+    assert regression_metrics(halves) == pytest.approx(m)
+    assert math.isnan(regression_metrics([0, 0, 0, 0, 0])["r2"])
+
+
+def test_a_regression_net_takes_one_number_per_row_for_one_output_without_broadcasting():
+    torch.manual_seed(0)
+    module = torch.nn.Linear(3, 1)
+    net = Net(module, SolverConfig(base_lr=0.1), loss=torch.nn.MSELoss(), batch_size=8)
+    x = torch.randn(8, 3)
+    y = torch.arange(8)  # whole numbers: taken as floats to regress
+    net.set_validation_data((x.numpy(), y.numpy()))
+    res = net.evaluate()
+    with torch.no_grad():
+        want = ((module(x)[:, 0] - y.float()) ** 2).mean().item()  # [n, 1] against [n], not an [n, n] broadcast
+    assert math.isclose(res.loss, want, rel_tol=1e-5)
+    assert math.isnan(res.accuracy) and res.score == res.metrics["r2"] and set(res.metrics) == {"r2", "rmse", "mae"}
+
+
+def test_a_regression_net_learns_a_line():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 3)).astype(np.float32)
+    y = (x @ np.array([1.0, -2.0, 0.5], np.float32) + 1.0).astype(np.float32)
+    torch.manual_seed(0)
+    net = Net(torch.nn.Linear(3, 1), SolverConfig(base_lr=0.05, momentum=0.9), loss=torch.nn.MSELoss(), batch_size=32,
+              seed=0)
+    net.set_training_data((x, y))
+    net.set_validation_data((x, y))
+    before = net.evaluate().metrics["r2"]
+    net.train(300)
+    after = net.evaluate()
+    assert before < 0.5 and after.metrics["r2"] > 0.999 and after.metrics["rmse"] < 0.05
