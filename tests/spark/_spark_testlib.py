@@ -47,6 +47,15 @@ def blobs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return x, y.astype(np.int64)
 
 
+def regression_table(n: int, outputs: int = 1, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A learnable table: y = x·W + 0.5 + small noise over 6 features (W the same for every seed)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 6)).astype(np.float32)
+    w = np.random.default_rng(100).normal(size=(6, outputs)).astype(np.float32)
+    y = x @ w + 0.5 + rng.normal(0, 0.05, size=(n, outputs)).astype(np.float32)
+    return x, (y[:, 0] if outputs == 1 else y)
+
+
 def mlp(seed: int = 0) -> torch.nn.Module:
     """A small plain module (torch classes only, so executors unpickle it without test code)."""
     torch.manual_seed(seed)
@@ -55,7 +64,7 @@ def mlp(seed: int = 0) -> torch.nn.Module:
 
 def partitioned_rdd(sc, parts: list[tuple[np.ndarray, np.ndarray]]):
     """An RDD of (ndarray, label) whose partition i holds exactly ``parts[i]``, in order."""
-    lists = [[(x[i], int(y[i])) for i in range(len(y))] for x, y in parts]
+    lists = [[(x[i], y[i].item()) for i in range(len(y))] for x, y in parts]  # int class ids, or floats
     return sc.parallelize(lists, len(lists)).flatMap(lambda rows: rows)
 
 

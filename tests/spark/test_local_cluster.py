@@ -11,7 +11,7 @@ import stat
 import pytest
 import torch
 
-from _spark_testlib import blobs, hand_rounds, mlp, partitioned_rdd, start_session
+from _spark_testlib import blobs, hand_rounds, mlp, partitioned_rdd, regression_table, start_session
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
@@ -45,6 +45,20 @@ def test_rounds_engine_averages_exactly_across_two_executors(spark):
     assert torch.allclose(result.weights.to_flat(torch.float32), expected, atol=1e-5, rtol=1e-5)
     pids = {w["pid"] for h in result.history for w in h["per_worker"]}
     assert len(pids) >= 2  # the partitions trained in different processes (two executors)
+
+
+def test_an_rdd_of_float_labels_regresses_to_r2_above_0_95_on_two_executors(spark):
+    x, y = regression_table(1200)
+    vx, vy = regression_table(300, seed=1)
+    half = len(y) // 2
+    rdd = partitioned_rdd(spark.sparkContext, [(x[:half], y[:half]), (x[half:], y[half:])])
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    result = SparkTrainer(net, WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9), batch_size=32, seed=1),
+                          DistributedConfig(workers=2, tau=25, rounds=12), loss=torch.nn.L1Loss()
+                          ).fit(rdd, validation=(vx, vy))
+    assert result.summary["test_r2"] >= 0.95, result.summary
+    assert len({w["pid"] for h in result.history for w in h["per_worker"]}) >= 2
 
 
 def test_tasks_see_their_assigned_gpu_and_fall_back_to_the_cpu_without_cuda(spark):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from _spark_testlib import start_session
+from _spark_testlib import regression_table, start_session
 from sparknet.config import DistributedConfig, Engine, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
@@ -21,15 +21,6 @@ def spark():
     session = start_session("local[2]")
     yield session
     session.stop()
-
-
-def _table(n: int, outputs: int = 1, seed: int = 0):
-    """A learnable table: y = x·W + 0.5 + small noise, 6 features."""
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 6)).astype(np.float32)
-    w = np.random.default_rng(100).normal(size=(6, outputs)).astype(np.float32)
-    y = x @ w + 0.5 + rng.normal(0, 0.05, size=(n, outputs)).astype(np.float32)
-    return x, (y[:, 0] if outputs == 1 else y)
 
 
 def _frame(spark, x, y):
@@ -46,8 +37,8 @@ def _net(outputs: int = 1) -> torch.nn.Module:
 
 
 def test_a_double_label_and_mse_train_on_the_rounds_engine_to_r2_above_0_95(spark):
-    x, y = _table(1600)
-    vx, vy = _table(400, seed=1)
+    x, y = regression_table(1600)
+    vx, vy = regression_table(400, seed=1)
     trainer = SparkTrainer(_net(), WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9), batch_size=32, seed=1),
                            DistributedConfig(workers=2, tau=25, rounds=12), loss=torch.nn.MSELoss(), spark=spark)
     result = trainer.fit(_frame(spark, x, y), validation=(vx, vy))
@@ -68,8 +59,8 @@ def test_a_double_label_and_mse_train_on_the_rounds_engine_to_r2_above_0_95(spar
 
 
 def test_target_accuracy_is_a_target_on_r2(spark):
-    x, y = _table(1600)
-    vx, vy = _table(400, seed=1)
+    x, y = regression_table(1600)
+    vx, vy = regression_table(400, seed=1)
     trainer = SparkTrainer(_net(), WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9), batch_size=32, seed=1),
                            DistributedConfig(workers=2, tau=25, rounds=40, target_accuracy=0.9),
                            loss=torch.nn.MSELoss(), spark=spark)
@@ -80,8 +71,8 @@ def test_target_accuracy_is_a_target_on_r2(spark):
 
 
 def test_vector_labels_and_huber_loss_train_on_the_barrier_engine(spark):
-    x, y = _table(1600, outputs=2)
-    vx, vy = _table(400, outputs=2, seed=1)
+    x, y = regression_table(1600, outputs=2)
+    vx, vy = regression_table(400, outputs=2, seed=1)
     trainer = SparkTrainer(_net(2), WorkerConfig(solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=32, seed=1),
                            DistributedConfig(workers=2, tau=25, rounds=12, engine=Engine.BARRIER),
                            loss=torch.nn.HuberLoss(), spark=spark)
@@ -90,7 +81,7 @@ def test_vector_labels_and_huber_loss_train_on_the_barrier_engine(spark):
 
 
 def test_a_nan_label_is_refused_before_training(spark):
-    x, y = _table(200)
+    x, y = regression_table(200)
     y[7] = np.nan
     trainer = SparkTrainer(_net(), WorkerConfig(batch_size=32), DistributedConfig(workers=2, tau=5, rounds=1),
                            loss=torch.nn.MSELoss(), spark=spark)
@@ -99,7 +90,7 @@ def test_a_nan_label_is_refused_before_training(spark):
 
 
 def test_fractional_labels_with_a_classification_loss_say_how_to_regress(spark):
-    x, y = _table(200)
+    x, y = regression_table(200)
     trainer = SparkTrainer(_net(3), WorkerConfig(batch_size=32), DistributedConfig(workers=2, tau=5, rounds=1),
                            spark=spark)
     with pytest.raises(ValueError, match="not whole numbers.*torch.nn.MSELoss"):
@@ -120,8 +111,8 @@ def test_the_estimator_is_a_regressor_that_spark_s_regression_evaluator_and_cros
 
     from sparknet.spark.ml import SparkNetEstimator
 
-    x, y = _table(1200)
-    vx, vy = _table(400, seed=1)
+    x, y = regression_table(1200)
+    vx, vy = regression_table(400, seed=1)
     est = SparkNetEstimator(_regression_net_params(), workers=2, tau=25, rounds=10, lr=0.02, momentum=0.9,
                             batch_size=32, seed=1)
     model = est.fit(_frame(spark, x, y))
