@@ -1,4 +1,4 @@
-"""Regression on real Spark (local[2]): a double label and a regression loss train and are scored by R²."""
+"""Regression, and Spark ML's evaluators on sparknet's models, on real Spark (local[2])."""
 
 from __future__ import annotations
 
@@ -133,3 +133,31 @@ def test_the_estimator_is_a_regressor_that_spark_s_regression_evaluator_and_cros
     cv_model = cv.fit(_frame(spark, x, y))
     assert cv_model.avgMetrics[1] > 0.9 > cv_model.avgMetrics[0]
     assert RegressionEvaluator(metricName="r2").evaluate(cv_model.transform(_frame(spark, vx, vy))) >= 0.95
+
+
+def test_a_classifier_s_columns_are_what_spark_s_classification_evaluators_read(spark):
+    from pyspark.ml.evaluation import BinaryClassificationEvaluator, MulticlassClassificationEvaluator
+
+    from sparknet import zoo
+    from sparknet.spark.ml import SparkNetEstimator
+
+    x, target = regression_table(1200)
+    y = (target > np.median(target)).astype(np.int64)  # two classes from the same table
+    vx, vt = regression_table(400, seed=1)
+    vy = (vt > np.median(target)).astype(np.int64)
+
+    def frame(a, b):
+        rows = [([float(v) for v in r], int(c)) for r, c in zip(a, b)]
+        return spark.createDataFrame(rows, "features array<double>, label long").repartition(2)
+
+    est = SparkNetEstimator(zoo.mlp(input_shape=[6], hidden=[16], num_classes=2, batch_size=32), workers=2, tau=25,
+                            rounds=8, lr=0.05, momentum=0.9, batch_size=32, seed=1)
+    model = est.fit(frame(x, y))
+    scored = model.transform(frame(vx, vy))
+    assert {"prediction", "probability", "rawPrediction"} <= set(scored.columns)
+    auc = BinaryClassificationEvaluator().evaluate(scored)  # reads rawPrediction
+    accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored)
+    rows = scored.select("label", "prediction", "rawPrediction").collect()
+    assert math.isclose(accuracy, np.mean([r.label == r.prediction for r in rows]), rel_tol=1e-12)
+    assert all(int(np.argmax(r.rawPrediction.toArray())) == r.prediction for r in rows)
+    assert auc > 0.95 and accuracy > 0.9

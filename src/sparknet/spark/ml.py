@@ -40,7 +40,7 @@ import numpy as np
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol,
-                                     HasValidationIndicatorCol)
+                                     HasRawPredictionCol, HasValidationIndicatorCol)
 from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable,
                              DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter)
 
@@ -170,7 +170,7 @@ def _add_accessors(cls, names: Sequence[str]) -> None:
 _CONFIG_PARAMS, _PARAM_ORIGIN, _CONFIG_DEFAULTS, _OPTIONAL = _config_params()
 
 
-class _ScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol):
+class _ScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, HasRawPredictionCol):
     """Params the model uses to score (shared with the estimator)."""
 
     imageShape: Param[list[int]] = Param(
@@ -210,8 +210,8 @@ class _EstimatorParams(_ScoringParams, HasLabelCol, HasValidationIndicatorCol):
 for _name, _param in _CONFIG_PARAMS.items():
     if _name not in ("threads", "device"):
         setattr(_EstimatorParams, _name, _param)
-_add_accessors(_ScoringParams, ["featuresCol", "predictionCol", "probabilityCol", "imageShape", "threads", "device",
-                                "scoreBatchSize", "task"])
+_add_accessors(_ScoringParams, ["featuresCol", "predictionCol", "probabilityCol", "rawPredictionCol", "imageShape",
+                                "threads", "device", "scoreBatchSize", "task"])
 _add_accessors(_EstimatorParams, ["labelCol", "validationIndicatorCol", *_CONFIG_PARAMS])
 
 
@@ -334,7 +334,7 @@ def _decode_features(values, kind: str, shape: tuple[int, ...] | None) -> np.nda
 
 def _score_batches(batches, *, key: str, files_bc, kind: str, shape, threads: int, chunk: int,
                    device: str, allow_pickle: bool, regression: bool = False) -> Iterator:
-    """Score Arrow batches: softmax probabilities and arg-max predictions (a regressor: its outputs)."""
+    """Score Arrow batches: logits, softmax probabilities and arg-max predictions (a regressor: its outputs)."""
     import pandas as pd
     import torch
 
@@ -343,7 +343,7 @@ def _score_batches(batches, *, key: str, files_bc, kind: str, shape, threads: in
     shape = tuple(shape) if shape else None
     for series in batches:
         x = _decode_features(series.to_numpy(), kind, shape)
-        probs = []
+        probs, raws = [], []
         with torch.no_grad():
             for start in range(0, len(x), chunk):
                 logits = model.predict(torch.from_numpy(x[start:start + chunk]))
@@ -353,13 +353,14 @@ def _score_batches(batches, *, key: str, files_bc, kind: str, shape, threads: in
                 if logits.dim() != 2:
                     raise ValueError(f"the net's output has shape {tuple(logits.shape)}; scoring needs "
                                      "[batch, classes] logits")
+                raws.append(logits.double().cpu().numpy())
                 probs.append(torch.softmax(logits.double(), dim=1).cpu().numpy())
         p = np.concatenate(probs) if probs else np.zeros((0, 0))
         if regression:
             yield pd.DataFrame({"prediction": p[:, 0] if p.shape[1:] == (1,) else list(p)})
             continue
         yield pd.DataFrame({"prediction": p.argmax(axis=1).astype(np.float64) if len(p) else np.zeros(0),
-                            "probability": list(p)})
+                            "probability": list(p), "raw": list(np.concatenate(raws) if raws else p)})
 
 
 # -- the estimator --------------------------------------------------------------------------------
@@ -546,11 +547,13 @@ def _plain(obj):
 
 # -- the model ------------------------------------------------------------------------------------
 class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
-    """A trained net that scores a DataFrame: adds ``prediction`` and ``probability`` columns.
+    """A trained net that scores a DataFrame: adds ``prediction``, ``probability`` and ``rawPrediction``.
 
     ``prediction`` is the arg-max class as a double, ``probability`` an ML ``DenseVector`` of
-    the softmax of the logits. Set ``predictionCol`` or ``probabilityCol`` to ``""`` to leave
-    that column out. Made by :meth:`SparkNetEstimator.fit`, by :meth:`from_net` (any trained
+    the softmax of the logits, ``rawPrediction`` the logits (what Spark's
+    ``BinaryClassificationEvaluator`` reads). A regressor (``task`` regression) adds only
+    ``prediction``, its output. Set ``predictionCol``, ``probabilityCol`` or ``rawPredictionCol``
+    to ``""`` to leave that column out. Made by :meth:`SparkNetEstimator.fit`, by :meth:`from_net` (any trained
     :class:`~sparknet.net.Net` or module), by :meth:`fromModelFolder`, or by ``load``.
 
     Attributes
@@ -689,11 +692,12 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
             raise ValueError("binary features need imageShape")
         regression = self.resolvedTask() is Task.REGRESSION
         pred_col, prob_col = self.getPredictionCol(), "" if regression else self.getProbabilityCol()
-        for col in (pred_col, prob_col):
+        raw_col = "" if regression else self.getRawPredictionCol()
+        for col in (pred_col, prob_col, raw_col):
             if col and col in dataset.schema.fieldNames():
                 raise ValueError(f"output column {col!r} already exists in the DataFrame")
-        if not pred_col and not prob_col:
-            log.warning("predictionCol and probabilityCol are both empty: transform() adds nothing")
+        if not pred_col and not prob_col and not raw_col:
+            log.warning("predictionCol, probabilityCol and rawPredictionCol are empty: transform() adds nothing")
             return dataset
 
         bc = self._broadcast(dataset.sparkSession.sparkContext)
@@ -715,7 +719,8 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         one_output = regression and self._outputs(shape) == 1
         out_type = StructType([StructField("prediction", DoubleType() if not regression or one_output
                                            else ArrayType(DoubleType()))]
-                              + ([] if regression else [StructField("probability", ArrayType(DoubleType()))]))
+                              + ([] if regression else [StructField("probability", ArrayType(DoubleType())),
+                                                        StructField("raw", ArrayType(DoubleType()))]))
         udf = pandas_udf(score_udf, out_type)
         tmp = f"__sparknet_{self._model_id[:8]}"
         scored = dataset.withColumn(tmp, udf(feats))
@@ -725,6 +730,8 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
             cols.append((pred if not regression or one_output else array_to_vector(pred)).alias(pred_col))
         if prob_col:
             cols.append(array_to_vector(F.col(f"{tmp}.probability")).alias(prob_col))
+        if raw_col:
+            cols.append(array_to_vector(F.col(f"{tmp}.raw")).alias(raw_col))
         return scored.select(*cols)
 
     # -- persistence ------------------------------------------------------------------------------

@@ -100,7 +100,8 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
         raise FileNotFoundError(f"no Parquet data at {data}")
     if "://" not in out and Path(out).exists() and not overwrite:
         raise ValueError(f"{out} exists; pass --overwrite (overwrite=True) to replace it")
-    params = {"featuresCol": features_col, "predictionCol": prediction_col, "probabilityCol": probability_col}
+    params = {"featuresCol": features_col, "predictionCol": prediction_col, "probabilityCol": probability_col,
+              "rawPredictionCol": ""}
     if score_batch_size is not None:
         params["scoreBatchSize"] = score_batch_size
     if threads is not None:
