@@ -24,13 +24,14 @@ import math
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from sparknet._enums import CompressionKind
 from sparknet.loop import Exchange, RoundPlan, RoundUpdate
 from sparknet.net import EvalResult
 from sparknet.strategies import TrainingStrategy, WorkerState, make_compressor
-from sparknet.task import Task, regression_metrics
+from sparknet.task import Task, task_metrics
 
 __all__ = ["CollectiveExchange", "FIELDS", "evaluate_shards"]
 
@@ -213,30 +214,35 @@ def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, k
                     waited: dict | None = None, sample: int | None = None) -> EvalResult:
     """Loss and metrics of the global weights over every rank's share of the validation rows.
 
-    One allreduce of (correct, count, loss) — a regression net's (count, loss) and its
-    :func:`~sparknet.task.regression_sums` — over ``group``, so every rank gets the same numbers;
+    One allreduce of (correct, count, loss) — a regression or multi-label net's (count, loss) and its
+    :func:`~sparknet.task.task_sums` — over ``group``, so every rank gets the same numbers;
     ``net`` gets its own weights back afterwards when ``keep_local`` (EASGD). ``sample``: each rank
     scores at most that many of its rows (a fixed random sample).
     """
     import torch.distributed as dist
 
-    regression = net.task is Task.REGRESSION
+    float_labels = net.task.float_labels
     local = net.get_flat() if keep_local else None
     net.set_flat(global_flat)
     x, y = validation
-    t = torch.zeros(7 if regression else 3, dtype=torch.float64)
+    if float_labels:  # (count, loss) and the task's sums: 5 for regression, 2 + 3 per output for multi-label
+        width = 5 if net.task is Task.REGRESSION else 2 + 3 * (int(np.prod(y.shape[1:])) if y.ndim > 1 else 1)
+        t = torch.zeros(2 + width, dtype=torch.float64)
+    else:
+        t = torch.zeros(3, dtype=torch.float64)
     if len(x):
         res = net.evaluate((x, y), sample=sample)
-        first = [res.accuracy * res.samples] if not regression else []
+        first = [] if float_labels else [res.accuracy * res.samples]
         t[:] = torch.tensor([*first, float(res.samples), res.loss * res.samples, *res.sums], dtype=torch.float64)
     if link is not None and waited is not None:
         waited["link_s"] += link.wait_allreduce(t.numel() * 8, dist.get_world_size(group))
     dist.all_reduce(t, group=group)
     if local is not None:
         net.set_flat(local)
-    if regression:
-        n = int(t[0])
-        return EvalResult(loss=float(t[1] / t[0]) if n else math.nan, accuracy=math.nan, samples=n,
-                          metrics=regression_metrics(t[2:].tolist()), sums=tuple(t[2:].tolist()))
+    if float_labels:
+        n, sums = int(t[0]), t[2:].tolist()
+        metrics = task_metrics(net.task, sums)
+        return EvalResult(loss=float(t[1] / t[0]) if n else math.nan, accuracy=metrics.get("accuracy", math.nan),
+                          samples=n, metrics=metrics, sums=tuple(sums))
     accuracy, loss = (float(t[0] / t[1]), float(t[2] / t[1])) if t[1] > 0 else (math.nan, math.nan)
     return EvalResult(loss=loss, accuracy=accuracy, samples=int(t[1]), metrics={"accuracy": accuracy})

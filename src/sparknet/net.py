@@ -30,7 +30,7 @@ import torch
 
 from sparknet.layers import NetParams
 from sparknet.solvers import SolverConfig, build_optimizer, lr_multiplier
-from sparknet.task import Task, infer_task, regression_metrics, regression_sums
+from sparknet.task import Task, infer_task, task_metrics, task_sums
 from sparknet.weights import WeightCollection
 
 __all__ = ["Net", "TrainStats", "EvalResult", "resolve_device", "fixed_sample"]
@@ -69,7 +69,7 @@ class EvalResult:
     metrics: dict = field(default_factory=dict)
     """The task's metrics by name: ``accuracy`` for classes; ``r2``, ``rmse`` and ``mae`` for numbers."""
     sums: tuple = ()
-    """Regression: the additive sums the metrics come from (:func:`sparknet.task.regression_sums`)."""
+    """Regression and multi-label: the additive sums the metrics come from (:func:`sparknet.task.task_sums`)."""
 
     @property
     def score(self) -> float:
@@ -99,7 +99,7 @@ class _ModuleAdapter:
         out = self.module(x)
         if isinstance(self.loss_fn, torch.nn.CrossEntropyLoss) and out.dim() == 3 and y.dim() == 2:
             return self.loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1)), out
-        if self.task is Task.REGRESSION and out.shape != y.shape and out.numel() == y.numel():
+        if self.task.float_labels and out.shape != y.shape and out.numel() == y.numel():
             y = y.reshape(out.shape)  # [n] labels for [n, 1] outputs: a loss would broadcast them to [n, n]
         return self.loss_fn(out, y), out
 
@@ -330,7 +330,7 @@ class Net:
 
     def _fit_input(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reshape flat feature rows to the net's input shape; a clear error when they cannot fit."""
-        if self.task is Task.REGRESSION and not y.is_floating_point():
+        if self.task.float_labels and not y.is_floating_point():
             y = y.float()
         shape = self._input_shape
         if shape is None or len(x) == 0 or tuple(x.shape[1:]) == shape:
@@ -450,8 +450,8 @@ class Net:
         n = len(x) if num_steps is None else min(len(x), num_steps * batch_size)
         correct = 0
         loss_sum = 0.0
-        sums = [0.0] * 5
-        regression = self.task is Task.REGRESSION
+        sums: list[float] | None = None
+        float_labels = self.task.float_labels
         try:
             for start in range(0, n, batch_size):
                 xb = x[start:start + batch_size].to(self.device)
@@ -461,15 +461,19 @@ class Net:
                 except IndexError as exc:
                     raise _explain_loss_error(exc, yb, "validation data") from exc
                 loss_sum += loss.item() * len(xb)
-                if regression:
-                    sums = [a + b for a, b in zip(sums, regression_sums(pred, yb))]
+                if float_labels:
+                    batch = task_sums(self.task, pred, yb)
+                    sums = batch if sums is None else [a + b for a, b in zip(sums, batch)]
                 else:
                     correct += accuracy_count(pred, yb)
         finally:
             self.module.train(was_training)
-        if regression:
-            return EvalResult(loss=loss_sum / max(n, 1), accuracy=math.nan, samples=n,
-                              metrics=regression_metrics(sums), sums=tuple(sums))
+        if float_labels:
+            if sums is None:  # no rows
+                return EvalResult(loss=math.nan, accuracy=math.nan, samples=0)
+            metrics = task_metrics(self.task, sums)
+            return EvalResult(loss=loss_sum / max(n, 1), accuracy=metrics.get("accuracy", math.nan), samples=n,
+                              metrics=metrics, sums=tuple(sums))
         per_sample = y[0].numel() if len(y) else 1
         accuracy = correct / max(n * per_sample, 1)
         return EvalResult(loss=loss_sum / max(n, 1), accuracy=accuracy, samples=n, metrics={"accuracy": accuracy})

@@ -80,6 +80,33 @@ def test_vector_labels_and_huber_loss_train_on_the_barrier_engine(spark):
     assert result.summary["test_r2"] >= 0.95, result.summary
 
 
+def _multilabel_frame(spark, n: int, seed: int):
+    x, _ = regression_table(n, seed=seed)
+    y = np.stack([x[:, 0] > 0, x[:, 1] + x[:, 2] > 0, x[:, 3] - x[:, 4] > 0.5], axis=1).astype(np.float64)
+    rows = [([float(v) for v in a], [float(v) for v in b]) for a, b in zip(x, y)]
+    return spark.createDataFrame(rows, "features array<double>, label array<double>").repartition(2)
+
+
+@pytest.mark.parametrize("engine", [Engine.ROUNDS, Engine.BARRIER])
+def test_multilabel_with_bce_trains_and_is_scored_by_accuracy_and_f1(spark, engine):
+    trainer = SparkTrainer(_net(3), WorkerConfig(solver=SolverConfig(base_lr=0.2, momentum=0.9), batch_size=32, seed=1),
+                           DistributedConfig(workers=2, tau=25, rounds=10, engine=engine),
+                           loss=torch.nn.BCEWithLogitsLoss(), spark=spark)
+    result = trainer.fit(_multilabel_frame(spark, 1600, 0), validation=_multilabel_frame(spark, 400, 1))
+    s = result.summary
+    assert s["test_accuracy"] > 0.95 and s["test_f1"] > 0.93, s
+    assert {"val_accuracy", "val_f1"} <= set(result.history[-1])
+
+
+def test_a_multilabel_label_outside_0_1_is_refused(spark):
+    rows = [([0.1 * i] * 6, [1.0, 2.0 if i == 3 else 0.0]) for i in range(20)]
+    df = spark.createDataFrame(rows, "features array<double>, label array<double>")
+    trainer = SparkTrainer(_net(2), WorkerConfig(batch_size=8), DistributedConfig(workers=2, tau=5, rounds=1),
+                           loss=torch.nn.BCEWithLogitsLoss(), spark=spark)
+    with pytest.raises(ValueError, match=r"range over \[0, 2\]; a multi-label net takes 0 or 1"):
+        trainer.fit(df)
+
+
 def test_a_nan_label_is_refused_before_training(spark):
     x, y = regression_table(200)
     y[7] = np.nan

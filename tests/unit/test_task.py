@@ -80,3 +80,32 @@ def test_a_regression_net_learns_a_line():
     net.train(300)
     after = net.evaluate()
     assert before < 0.5 and after.metrics["r2"] > 0.999 and after.metrics["rmse"] < 0.05
+
+
+def test_bce_losses_mean_multilabel_and_its_metrics_are_accuracy_and_mean_f1():
+    from sparknet.task import multilabel_metrics, multilabel_sums
+
+    assert infer_task(torch.nn.BCEWithLogitsLoss()) is Task.MULTILABEL
+    assert infer_task(torch.nn.MultiLabelSoftMarginLoss()) is Task.MULTILABEL
+    y = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 1.0, 0.0]])
+    logits = torch.tensor([[2.0, -1.0, -3.0], [-1.0, 0.5, -2.0], [0.3, 0.2, -1.0]])  # 0: TP FN FP; 1: TP TP
+    m = multilabel_metrics(multilabel_sums(logits, y))
+    assert m["accuracy"] == 7 / 9
+    # label 0: tp 1, fp 1, fn 1 -> F1 0.5; label 1: tp 2 -> 1.0; label 2 never true nor predicted: left out
+    assert m["f1"] == pytest.approx((0.5 + 1.0) / 2)
+    halves = np.add(multilabel_sums(logits[:1], y[:1]), multilabel_sums(logits[1:], y[1:]))
+    assert multilabel_metrics(halves) == m
+
+
+def test_a_multilabel_net_learns_two_independent_labels():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 4)).astype(np.float32)
+    y = np.stack([x[:, 0] > 0, x[:, 1] + x[:, 2] > 0], axis=1).astype(np.int64)  # ints: taken as 0/1 floats
+    torch.manual_seed(0)
+    net = Net(torch.nn.Linear(4, 2), SolverConfig(base_lr=0.5, momentum=0.9), loss=torch.nn.BCEWithLogitsLoss(),
+              batch_size=32, seed=0)
+    net.set_training_data((x, y))
+    net.set_validation_data((x, y))
+    net.train(200)
+    res = net.evaluate()
+    assert res.metrics["accuracy"] > 0.95 and res.metrics["f1"] > 0.95 and res.score == res.accuracy

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sparknet.spark._backend import run_with_deadline
+from sparknet.task import Task
 
 __all__ = ["FeatureSource", "chunk_rdd", "merge_chunks", "check_stats", "checked_partitions", "partition_stats",
            "head_rows",
@@ -81,17 +82,22 @@ def _add_example(info: dict, key: str, value) -> None:
         info[key].append(value)
 
 
-def _labels(y_raw: np.ndarray, info: dict, regression: bool = False) -> np.ndarray:
+def _labels(y_raw: np.ndarray, info: dict, float_labels: bool = False) -> np.ndarray:
     """Count label problems; return labels of the same shape (garbage where a problem was counted):
-    int64 class ids, or float32 numbers for ``regression``."""
+    int64 class ids, or float32 numbers with ``float_labels``."""
     if y_raw.ndim > 1:
-        return _labels(y_raw.reshape(-1), info, regression).reshape(y_raw.shape)
-    if regression:
+        return _labels(y_raw.reshape(-1), info, float_labels).reshape(y_raw.shape)
+    if float_labels:
         if y_raw.dtype.kind not in "biuf":
             info["nonfinite_y"] += len(y_raw)
             return np.zeros(len(y_raw), np.float32)
         y = y_raw.astype(np.float32)
-        info["nonfinite_y"] += int(len(y) - np.isfinite(y).sum())
+        finite = np.isfinite(y)
+        info["nonfinite_y"] += int(len(y) - finite.sum())
+        if finite.any():
+            lo, hi = float(y[finite].min()), float(y[finite].max())
+            info["y_min"] = lo if info["y_min"] is None else min(lo, info["y_min"])
+            info["y_max"] = hi if info["y_max"] is None else max(hi, info["y_max"])
         return y
     if y_raw.dtype.kind == "f":
         finite = np.isfinite(y_raw)
@@ -117,7 +123,7 @@ def _finish(x: np.ndarray, y: np.ndarray, info: dict) -> tuple[np.ndarray, np.nd
     return x, y, info
 
 
-def _arrow_sequence_labels(labels, info: dict, regression: bool = False) -> np.ndarray | None:
+def _arrow_sequence_labels(labels, info: dict, float_labels: bool = False) -> np.ndarray | None:
     """A list column of per-position labels -> int64 ``[n, T]``, or ``None`` when a row is unusable (counted)."""
     n = len(labels)
     if labels.null_count:
@@ -140,10 +146,10 @@ def _arrow_sequence_labels(labels, info: dict, regression: bool = False) -> np.n
         parents = np.asarray(pc.list_parent_indices(labels).to_numpy(zero_copy_only=False))
         info["null_y"] += int(len(np.unique(parents[np.asarray(values.is_null().to_numpy(zero_copy_only=False))])))
         return None
-    return _labels(np.asarray(values.to_numpy(zero_copy_only=False)).reshape(n, width), info, regression)
+    return _labels(np.asarray(values.to_numpy(zero_copy_only=False)).reshape(n, width), info, float_labels)
 
 
-def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | None, regression: bool = False):
+def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | None, float_labels: bool = False):
     """One Arrow batch of (features, label) -> (x, y, info); the label is a number or a list of numbers."""
     import pyarrow as pa
 
@@ -151,13 +157,13 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
     feats, labels = batch.column(0), batch.column(1)
     n = len(batch)
     if pa.types.is_list(labels.type) or pa.types.is_large_list(labels.type):
-        y = _arrow_sequence_labels(labels, info, regression)
+        y = _arrow_sequence_labels(labels, info, float_labels)
         if y is None:
             return _finish(np.empty((0, expected_len or 0), np.float32), np.zeros((0, 0), np.int64), info)
     else:
         info["null_y"] += labels.null_count
         _add_example(info, "label_lengths", 0)
-        y = _labels(np.asarray(labels.fill_null(0).to_numpy(zero_copy_only=False)), info, regression)
+        y = _labels(np.asarray(labels.fill_null(0).to_numpy(zero_copy_only=False)), info, float_labels)
     info["null_x"] += feats.null_count
     if feats.null_count:
         return _finish(np.empty((0, expected_len or 0), np.float32), y[:0], info)
@@ -206,11 +212,11 @@ _CHUNK_SCHEMA = "x binary, y binary, width long, label_width long, info string"
 
 
 def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None, label_col: str | None = None,
-                 regression: bool = False):
+                 float_labels: bool = False):
     """The ``mapInArrow`` function: Arrow batches of (features, label) -> rows of chunk bytes.
 
     ``label_width`` is 0 for one label per row, else the labels per row (a sequence, or a vector to
-    regress); labels are int64 class ids, or float32 numbers for ``regression``.
+    regress); labels are int64 class ids, or float32 numbers with ``float_labels``.
     """
 
     def convert(batches: Iterator) -> Iterator:
@@ -220,7 +226,7 @@ def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None, l
             row_bytes = max(1, (expected_len or image_numel or 1) * 4)
             step = max(1, CHUNK_BYTES // row_bytes)
             for start in range(0, max(len(batch), 1), step):
-                x, y, info = _arrow_batch(batch.slice(start, step), kind, expected_len, image_numel, regression)
+                x, y, info = _arrow_batch(batch.slice(start, step), kind, expected_len, image_numel, float_labels)
                 info["label_col"] = label_col
                 yield pa.RecordBatch.from_arrays(
                     [pa.array([x.tobytes()], pa.binary()), pa.array([y.tobytes()], pa.binary()),
@@ -241,7 +247,7 @@ def _row_to_chunk(row, label_dtype=np.int64) -> tuple[np.ndarray, np.ndarray, di
     return x, y, json.loads(row.info)
 
 
-def pair_chunks(expected_len: int | None, chunk_rows: int = 4096, regression: bool = False):
+def pair_chunks(expected_len: int | None, chunk_rows: int = 4096, float_labels: bool = False):
     """An RDD partition of ``(ndarray, label)`` pairs -> chunks.
 
     A label is one class id, or a 1-D array of class ids (one per position of a sequence);
@@ -260,7 +266,7 @@ def pair_chunks(expected_len: int | None, chunk_rows: int = 4096, regression: bo
             if y_raw.dtype == object:
                 info["nonint_y"] += y_raw.size
                 y_raw = np.zeros(y_raw.shape, np.int64)
-            y = _labels(y_raw, info, regression)
+            y = _labels(y_raw, info, float_labels)
             width = len(xs[0]) if xs else (expected_len or 0)
             x = np.stack(xs) if xs else np.empty((0, width), np.float32)
             out = _finish(x, y, info)
@@ -395,8 +401,8 @@ def is_rdd(obj) -> bool:
 
 
 def chunk_rdd(data, *, features_col: str = "features", label_col: str = "label", image_shape=None,
-              expected_len: int | None = None, num_partitions: int | None = None, regression: bool = False):
-    """An RDD of chunks with ``num_partitions`` partitions (labels float32 numbers for ``regression``).
+              expected_len: int | None = None, num_partitions: int | None = None, float_labels: bool = False):
+    """An RDD of chunks with ``num_partitions`` partitions (float32 labels with ``float_labels``, else int64).
 
     Partitions are kept as they are when there are already ``num_partitions`` of them and the
     DataFrame does not read files. A DataFrame read from files is always dealt out again
@@ -418,15 +424,15 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str = "label",
         df = data.select(feat.alias("f"), label.alias("y"))
         if num_partitions is not None and (df.rdd.getNumPartitions() != num_partitions or data.inputFiles()):
             df = df.repartition(num_partitions)
-        out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel, label_col, regression), _CHUNK_SCHEMA)
-        label_dtype = np.float32 if regression else np.int64
+        out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel, label_col, float_labels), _CHUNK_SCHEMA)
+        label_dtype = np.float32 if float_labels else np.int64
         rdd = out.rdd.map(lambda row: _row_to_chunk(row, label_dtype), preservesPartitioning=True)
         source = FeatureSource(kind, expected_len, f"DataFrame column {features_col!r}")
     elif is_rdd(data):
         rdd = data
         if num_partitions is not None and rdd.getNumPartitions() != num_partitions:
             rdd = rdd.repartition(num_partitions)
-        rdd = rdd.mapPartitions(pair_chunks(expected_len, regression=regression), preservesPartitioning=True)
+        rdd = rdd.mapPartitions(pair_chunks(expected_len, float_labels=float_labels), preservesPartitioning=True)
         source = FeatureSource("pairs", expected_len, "RDD of (features, label)")
     else:
         raise TypeError(f"training data must be a Spark DataFrame or an RDD of (ndarray, label), "
@@ -438,15 +444,15 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str = "label",
 
 
 def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_classes: int | None,
-                num_workers: int | None = None, sample_shape=None, regression: bool = False) -> dict:
+                num_workers: int | None = None, sample_shape=None, task: Task = Task.CLASSIFICATION) -> dict:
     """Sum per-partition counts and raise one clear ``ValueError`` for the first problem found.
 
     Labels are one class id per row, or (a sequence model) one per position: then every row
     holds as many labels as the features' first axis has positions (``sample_shape[0]``), and
     ``num_classes`` is the vocabulary.
 
-    With ``regression`` labels are numbers (one per row, or a vector of the same length in every row),
-    checked only to be finite.
+    For regression labels are numbers (one per row, or a vector of the same length in every row),
+    checked to be finite; for multi-label, vectors of 0/1 (or of probabilities in [0, 1]).
 
     Returns the summed counts plus ``"width"`` (values per row), ``"label_width"`` (0, or the
     labels per row of a sequence) and ``"rows_per_partition"``.
@@ -477,10 +483,14 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
                          "fit); every row needs one class id, or the same number of ids (one per position of "
                          "a sequence)")
     label_width = label_lengths[0] if label_lengths else 0
-    if regression:
+    classes = task is Task.CLASSIFICATION
+    if not classes:
         if total["nonfinite_y"]:
             raise ValueError(f"{what}: {total['nonfinite_y']} {labels} are NaN or infinite (or not numbers); "
                              "drop or fix those rows first")
+        if task is Task.MULTILABEL and total["y_min"] is not None and (total["y_min"] < 0 or total["y_max"] > 1):
+            raise ValueError(f"{what}: {labels} range over [{total['y_min']:g}, {total['y_max']:g}]; a multi-label "
+                             "net takes 0 or 1 for each of its outputs (or a probability in [0, 1])")
     elif label_width and sample_shape:
         positions = int(tuple(sample_shape)[0])
         if label_width != positions:
@@ -490,7 +500,7 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
     if total["nonfinite"]:
         raise ValueError(f"{what}: {total['nonfinite']} rows hold NaN or infinite feature values; "
                          "clean or impute them first")
-    if total["nonint_y"] and not regression:
+    if total["nonint_y"] and classes:
         raise ValueError(f"{what}: {total['nonint_y']} labels are not whole numbers; labels are class ids 0..C-1 "
                          "(to regress numbers, give a regression loss such as torch.nn.MSELoss() or "
                          "task='regression')")
@@ -500,13 +510,13 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
     if num_workers is not None and rows < num_workers:
         raise ValueError(f"{what} has {rows} rows, fewer than the {num_workers} workers asked for; "
                          f"use at most {rows} workers")
-    if not regression and num_classes is not None and (total["y_min"] < 0 or total["y_max"] >= num_classes):
+    if classes and num_classes is not None and (total["y_min"] < 0 or total["y_max"] >= num_classes):
         where = f"; check column {total['label_col']!r}" if total["label_col"] else ""
         if label_width:
             where += " (one label per position; a sequence model's classes are its vocabulary, one per token)"
         raise ValueError(f"{what}: labels range over [{total['y_min']}, {total['y_max']}] but the net has "
                          f"{num_classes} classes (labels must be 0..{num_classes - 1}){where}")
-    if not regression and total["y_min"] is not None and total["y_min"] < 0:
+    if classes and total["y_min"] is not None and total["y_min"] < 0:
         where = f" (column {total['label_col']!r})" if total["label_col"] else ""
         raise ValueError(f"{what}: negative label {total['y_min']}; labels are class ids 0..C-1{where}")
     total["width"] = total["lengths"][0] if total["lengths"] else expected_len
@@ -516,7 +526,7 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
 
 def checked_partitions(sc, group: str, chunks, *, timeout_s: float | None, expected_len: int | None,
                        num_classes: int | None, num_workers: int, sample_shape, stats: list[dict] | None = None,
-                       regression: bool = False):
+                       task: Task = Task.CLASSIFICATION):
     """Driver: ``(stats, total)``, the counts of each partition of ``chunks`` (from :func:`chunk_rdd`) in order
     and :func:`check_stats`' total of them (``ValueError`` for bad data). One Spark job under ``group`` counts
     them, waited for at most ``timeout_s``, unless ``stats`` holds them already (the rounds engine's staging)."""
@@ -526,7 +536,7 @@ def checked_partitions(sc, group: str, chunks, *, timeout_s: float | None, expec
                                   what="the training data's conversion and check")
     stats.sort(key=lambda s: s["index"])
     return stats, check_stats(stats, what="training data", expected_len=expected_len, num_classes=num_classes,
-                              num_workers=num_workers, sample_shape=sample_shape, regression=regression)
+                              num_workers=num_workers, sample_shape=sample_shape, task=task)
 
 
 def partition_stats(index: int, chunks: Iterable) -> Iterator[dict]:
@@ -555,9 +565,9 @@ def head_rows(quotas: list[int]):
 
 
 def local_arrays(data, *, sample_shape, what: str = "validation data",
-                 regression: bool = False) -> tuple[np.ndarray, np.ndarray]:
+                 task: Task = Task.CLASSIFICATION) -> tuple[np.ndarray, np.ndarray]:
     """``(x, y)`` numpy arrays of an ArrayDataset, an ``(x, y)`` pair or a list of pairs, in the net's shape
-    (labels float32 numbers for ``regression``, else int64 class ids)."""
+    (float32 labels for regression and multi-label, else int64 class ids)."""
     if hasattr(data, "x") and hasattr(data, "y"):
         x, y = np.asarray(data.x), np.asarray(data.y)
     elif isinstance(data, tuple) and len(data) == 2 and all(hasattr(a, "shape") for a in data):
@@ -586,10 +596,13 @@ def local_arrays(data, *, sample_shape, what: str = "validation data",
         x = x.reshape(len(x), *sample_shape)
     if y.dtype.kind not in "biuf":
         raise ValueError(f"{what}: labels are {y.dtype}, not numbers")
-    if regression:
+    if task.float_labels:
         y = y.astype(np.float32)
         if not np.isfinite(y).all():
             raise ValueError(f"{what}: {int(y.size - np.isfinite(y).sum())} labels are NaN or infinite")
+        if task is Task.MULTILABEL and y.size and (y.min() < 0 or y.max() > 1):
+            raise ValueError(f"{what}: labels range over [{y.min():g}, {y.max():g}]; a multi-label net takes 0 or 1 "
+                             "for each of its outputs")
         return x, y
     if y.ndim > 2:
         raise ValueError(f"{what}: labels have shape {y.shape}; give one class id per row, or one per position "
@@ -605,14 +618,15 @@ def local_arrays(data, *, sample_shape, what: str = "validation data",
 
 
 def collect_arrays(data, *, features_col: str, label_col: str, image_shape, expected_len: int | None,
-                   num_classes: int | None, sample_shape, what: str = "validation data", regression: bool = False):
+                   num_classes: int | None, sample_shape, what: str = "validation data",
+                   task: Task = Task.CLASSIFICATION):
     """A DataFrame or RDD collected to the driver as checked ``(x, y)`` arrays."""
     rdd, _ = chunk_rdd(data, features_col=features_col, label_col=label_col, image_shape=image_shape,
-                       expected_len=expected_len, regression=regression)
+                       expected_len=expected_len, float_labels=task.float_labels)
     chunks = rdd.collect()
     x, y, info = merge_chunks(chunks)
     check_stats([info], what=what, expected_len=expected_len, num_classes=num_classes, sample_shape=sample_shape,
-                regression=regression)
+                task=task)
     if sample_shape is not None:
         x = x.reshape(len(x), *sample_shape)
     return x, y

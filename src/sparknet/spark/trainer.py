@@ -346,10 +346,9 @@ class SparkTrainer:
 
         fit_id = uuid.uuid4().hex[:12]
         group = f"sparknet-{fit_id}"
-        regression = self.task is Task.REGRESSION
         chunks, source = _data.chunk_rdd(train, features_col=features_col, label_col=label_col,
                                          image_shape=image_shape, expected_len=expected_len, num_partitions=K,
-                                         regression=regression)
+                                         float_labels=self.task.float_labels)
         chunks.persist(getattr(StorageLevel, self.options.storage_level))
         staged = None
         broadcasts = []
@@ -363,14 +362,14 @@ class SparkTrainer:
                                        staged.collect, "the training data's conversion, check and staging")
             stats, total = _data.checked_partitions(sc, group, chunks, timeout_s=self.options.data_timeout_s,
                                                     stats=stats, expected_len=expected_len, num_classes=None,
-                                                    num_workers=K, sample_shape=sample_shape, regression=regression)
+                                                    num_workers=K, sample_shape=sample_shape, task=self.task)
             if sample_shape is None:
                 shapes = [tuple(s) for s in total["shapes"]]
                 width = int(total["width"])
                 sample_shape = shapes[0] if len(shapes) == 1 and math.prod(shapes[0]) == width else (width,)
             num_classes = self._probe(driver_net, sample_shape) if self.task is Task.CLASSIFICATION else None
             _data.check_stats(stats, what="training data", expected_len=math.prod(sample_shape),
-                              num_classes=num_classes, num_workers=K, sample_shape=sample_shape, regression=regression)
+                              num_classes=num_classes, num_workers=K, sample_shape=sample_shape, task=self.task)
             self._rows = list(total["rows_per_partition"])
             skew = _data.describe_skew(total["rows_per_partition"])
             if skew:
@@ -493,9 +492,9 @@ class SparkTrainer:
             x, y = _data.collect_arrays(validation, features_col=features_col, label_col=label_col,
                                         image_shape=image_shape, expected_len=math.prod(sample_shape),
                                         num_classes=num_classes, sample_shape=sample_shape,
-                                        regression=self.task is Task.REGRESSION)
+                                        task=self.task)
         else:
-            x, y = _data.local_arrays(validation, sample_shape=sample_shape, regression=self.task is Task.REGRESSION)
+            x, y = _data.local_arrays(validation, sample_shape=sample_shape, task=self.task)
         if num_classes is not None and len(y) and (y.min() < 0 or y.max() >= num_classes):
             raise ValueError(f"validation data: labels range over [{y.min()}, {y.max()}] but the net has "
                              f"{num_classes} classes")
