@@ -221,7 +221,7 @@ def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, k
     """
     import torch.distributed as dist
 
-    float_labels = net.task.float_labels
+    float_labels, unlabelled = net.task.float_labels, net.task is Task.UNLABELLED
     local = net.get_flat() if keep_local else None
     net.set_flat(global_flat)
     x, y = validation
@@ -232,7 +232,7 @@ def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, k
         t = torch.zeros(3, dtype=torch.float64)
     if len(x):
         res = net.evaluate((x, y), sample=sample)
-        first = [] if float_labels else [res.accuracy * res.samples]
+        first = [] if float_labels else [0.0 if unlabelled else res.accuracy * res.samples]
         t[:] = torch.tensor([*first, float(res.samples), res.loss * res.samples, *res.sums], dtype=torch.float64)
     if link is not None and waited is not None:
         waited["link_s"] += link.wait_allreduce(t.numel() * 8, dist.get_world_size(group))
@@ -245,4 +245,6 @@ def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, k
         return EvalResult(loss=float(t[1] / t[0]) if n else math.nan, accuracy=metrics.get("accuracy", math.nan),
                           samples=n, metrics=metrics, sums=tuple(sums))
     accuracy, loss = (float(t[0] / t[1]), float(t[2] / t[1])) if t[1] > 0 else (math.nan, math.nan)
+    if unlabelled:  # scored by its loss alone
+        return EvalResult(loss=loss, accuracy=math.nan, samples=int(t[1]))
     return EvalResult(loss=loss, accuracy=accuracy, samples=int(t[1]), metrics={"accuracy": accuracy})

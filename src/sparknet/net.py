@@ -97,6 +97,8 @@ class _ModuleAdapter:
 
     def loss(self, x, y):
         out = self.module(x)
+        if self.task is Task.UNLABELLED:  # the input is the target (an autoencoder)
+            y = x.reshape(out.shape) if x.shape != out.shape and x.numel() == out.numel() else x
         if isinstance(self.loss_fn, torch.nn.CrossEntropyLoss) and out.dim() == 3 and y.dim() == 2:
             return self.loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1)), out
         if self.task.float_labels and out.shape != y.shape and out.numel() == y.numel():
@@ -461,6 +463,8 @@ class Net:
                 except IndexError as exc:
                     raise _explain_loss_error(exc, yb, "validation data") from exc
                 loss_sum += loss.item() * len(xb)
+                if self.task is Task.UNLABELLED:
+                    continue
                 if float_labels:
                     batch = task_sums(self.task, pred, yb)
                     sums = batch if sums is None else [a + b for a, b in zip(sums, batch)]
@@ -474,6 +478,8 @@ class Net:
             metrics = task_metrics(self.task, sums)
             return EvalResult(loss=loss_sum / max(n, 1), accuracy=metrics.get("accuracy", math.nan), samples=n,
                               metrics=metrics, sums=tuple(sums))
+        if self.task is Task.UNLABELLED:
+            return EvalResult(loss=loss_sum / max(n, 1), accuracy=math.nan, samples=n)
         per_sample = y[0].numel() if len(y) else 1
         accuracy = correct / max(n * per_sample, 1)
         return EvalResult(loss=loss_sum / max(n, 1), accuracy=accuracy, samples=n, metrics={"accuracy": accuracy})

@@ -11,6 +11,7 @@ split across workers gives the same metrics as one pass over all of it:
 
 - classification: accuracy (``correct / labels``), the score a target is set on;
 - regression: R² (``1 - SSE / SST`` over every label value, the score), RMSE and MAE;
+- unlabelled: the loss alone (no target can be set on it);
 - multi-label: accuracy over every label value (the score; an output above 0 is a 1) and F1, the
   mean over the labels of each one's F1 (labels never true nor predicted left out).
 """
@@ -32,6 +33,8 @@ class Task(str, enum.Enum):
     """Labels are real numbers (one per row, or a vector per row)."""
     MULTILABEL = "multilabel"
     """Labels are a 0 or 1 for each output (a vector per row; one number for one output)."""
+    UNLABELLED = "unlabelled"
+    """No labels: the loss takes the input (an autoencoder); scored by its loss alone."""
 
     @property
     def score(self) -> str:
@@ -41,7 +44,7 @@ class Task(str, enum.Enum):
     @property
     def float_labels(self) -> bool:
         """Whether the labels are float numbers (not int64 class ids)."""
-        return self is not Task.CLASSIFICATION
+        return self in (Task.REGRESSION, Task.MULTILABEL)
 
 
 _REGRESSION_LOSSES = (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.HuberLoss, torch.nn.SmoothL1Loss)

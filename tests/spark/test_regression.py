@@ -188,3 +188,27 @@ def test_a_classifier_s_columns_are_what_spark_s_classification_evaluators_read(
     assert math.isclose(accuracy, np.mean([r.label == r.prediction for r in rows]), rel_tol=1e-12)
     assert all(int(np.argmax(r.rawPrediction.toArray())) == r.prediction for r in rows)
     assert auc > 0.95 and accuracy > 0.9
+
+
+@pytest.mark.parametrize("engine", [Engine.ROUNDS, Engine.BARRIER])
+def test_an_autoencoder_trains_on_features_alone_and_is_scored_by_its_loss(spark, engine):
+    rng = np.random.default_rng(0)
+    basis = rng.normal(size=(3, 8)).astype(np.float32)
+
+    def frame(n, seed):  # 8 features on a 3-dimensional subspace: a 3-unit bottleneck can rebuild them
+        z = np.random.default_rng(seed).normal(size=(n, 3)).astype(np.float32)
+        return spark.createDataFrame([([float(v) for v in r],) for r in z @ basis], "features array<double>")
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 3), torch.nn.Linear(3, 8))
+    val = frame(300, 1)
+    first = SparkTrainer(net, WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9), batch_size=32, seed=1),
+                         DistributedConfig(workers=2, tau=1, rounds=1, engine=engine), loss=torch.nn.MSELoss(),
+                         spark=spark).fit(frame(1600, 0), validation=val, label_col=None)
+    trainer = SparkTrainer(net, WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9), batch_size=32, seed=1),
+                           DistributedConfig(workers=2, tau=25, rounds=12, engine=engine), loss=torch.nn.MSELoss(),
+                           spark=spark)
+    result = trainer.fit(frame(1600, 0), validation=val, label_col=None)
+    s = result.summary
+    assert s["test_accuracy"] is None and s["test_loss"] < first.summary["test_loss"] / 20, (s, first.summary)
+    assert "val_loss" in result.history[-1] and "val_accuracy" not in result.history[-1]

@@ -400,7 +400,7 @@ def is_rdd(obj) -> bool:
     return hasattr(obj, "mapPartitions") and hasattr(obj, "getNumPartitions") and not is_dataframe(obj)
 
 
-def chunk_rdd(data, *, features_col: str = "features", label_col: str = "label", image_shape=None,
+def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "label", image_shape=None,
               expected_len: int | None = None, num_partitions: int | None = None, float_labels: bool = False):
     """An RDD of chunks with ``num_partitions`` partitions (float32 labels with ``float_labels``, else int64).
 
@@ -410,6 +410,8 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str = "label",
     Parquet file can leave a partition without any row group — an idle worker all run long.
 
     Checks the schema (no Spark job runs); row-level problems are counted in the chunks.
+    ``label_col=None``: no labels (a DataFrame's features alone, an RDD of feature arrays), every
+    row's label a 0 no loss reads.
 
     Returns
     -------
@@ -417,7 +419,12 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str = "label",
     """
     if is_dataframe(data):
         feat, kind = _feature_expr(data, features_col, image_shape)
-        label = _label_expr(data, label_col)
+        if label_col is None:
+            from pyspark.sql import functions as F
+
+            label = F.lit(0).cast("long")
+        else:
+            label = _label_expr(data, label_col)
         image_numel = int(np.prod(image_shape)) if image_shape else None
         if kind == "binary":
             expected_len = image_numel
@@ -429,7 +436,7 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str = "label",
         rdd = out.rdd.map(lambda row: _row_to_chunk(row, label_dtype), preservesPartitioning=True)
         source = FeatureSource(kind, expected_len, f"DataFrame column {features_col!r}")
     elif is_rdd(data):
-        rdd = data
+        rdd = data if label_col is not None else data.map(lambda features: (features, 0), preservesPartitioning=True)
         if num_partitions is not None and rdd.getNumPartitions() != num_partitions:
             rdd = rdd.repartition(num_partitions)
         rdd = rdd.mapPartitions(pair_chunks(expected_len, float_labels=float_labels), preservesPartitioning=True)
@@ -567,7 +574,11 @@ def head_rows(quotas: list[int]):
 def local_arrays(data, *, sample_shape, what: str = "validation data",
                  task: Task = Task.CLASSIFICATION) -> tuple[np.ndarray, np.ndarray]:
     """``(x, y)`` numpy arrays of an ArrayDataset, an ``(x, y)`` pair or a list of pairs, in the net's shape
-    (float32 labels for regression and multi-label, else int64 class ids)."""
+    (float32 labels for regression and multi-label, else int64 class ids; a net without labels takes
+    an array of features, its labels zeros)."""
+    if task is Task.UNLABELLED:
+        x = np.asarray(data.x if hasattr(data, "x") else data[0] if isinstance(data, tuple) else data)
+        data = (x, np.zeros(len(x), np.int64))
     if hasattr(data, "x") and hasattr(data, "y"):
         x, y = np.asarray(data.x), np.asarray(data.y)
     elif isinstance(data, tuple) and len(data) == 2 and all(hasattr(a, "shape") for a in data):

@@ -272,6 +272,7 @@ class SparkTrainer:
         self.net = net
         self.loss = loss
         self.task = infer_task(loss, net if hasattr(net, "layers") else getattr(net, "net_params", None), task)
+        self._task_given = task is not None
         self.spark = spark
         self.on_round = on_round
         self.options = options or EngineOptions()
@@ -283,7 +284,7 @@ class SparkTrainer:
             self.link = None
 
     # -- fit ----------------------------------------------------------------------------------
-    def fit(self, train, validation=None, *, features_col: str = "features", label_col: str = "label",
+    def fit(self, train, validation=None, *, features_col: str = "features", label_col: str | None = "label",
             image_shape=None, initial_weights=None) -> TrainResult:
         """Train on ``train`` (a DataFrame or an RDD of ``(ndarray, label)``).
 
@@ -300,7 +301,9 @@ class SparkTrainer:
             Evaluated on the driver (rounds) or in shards on the workers (barrier) every
             ``dist.eval_every_rounds`` rounds, and at the end.
         features_col, label_col : str
-            Column names of a DataFrame.
+            Column names of a DataFrame. ``label_col=None`` (or ``task="unlabelled"``) trains without
+            labels: the loss takes the input (an autoencoder), the DataFrame needs no label column, an
+            RDD holds feature arrays, and the validation data is features alone.
         image_shape : sequence of int, optional
             Shape of one sample (e.g. ``[1, 28, 28]``); needed for binary features and for plain
             modules that take more than a flat vector.
@@ -320,6 +323,12 @@ class SparkTrainer:
             raise ValueError("give a stopping rule: worker.steps, dist.rounds, dist.epochs or dist.target_accuracy")
         if dist.target_accuracy is not None and validation is None:
             raise ValueError("target_accuracy needs validation data to measure accuracy on")
+        task = self._fit_task(label_col)
+        if task is Task.UNLABELLED:
+            label_col = None
+            if dist.target_accuracy is not None:
+                raise ValueError("a net trained without labels is scored by its loss alone; target_accuracy cannot "
+                                 "be set on it (give rounds, epochs or steps)")
         if dist.engine is Engine.BARRIER:
             check_barrier_slots(sc, K, "the barrier engine")
         sample_shape = _input_shape(self.net)
@@ -334,7 +343,7 @@ class SparkTrainer:
         expected_len = math.prod(sample_shape) if sample_shape is not None else None
         worker = self.worker
         driver_net = Net(_copy_module(self.net) if isinstance(self.net, torch.nn.Module) else self.net, worker.solver,
-                         loss=self.loss, batch_size=worker.batch_size, device="cpu", seed=worker.seed, task=self.task)
+                         loss=self.loss, batch_size=worker.batch_size, device="cpu", seed=worker.seed, task=task)
         if initial_weights is not None:
             if isinstance(initial_weights, WeightCollection):
                 driver_net.set_weights(initial_weights)
@@ -348,7 +357,7 @@ class SparkTrainer:
         group = f"sparknet-{fit_id}"
         chunks, source = _data.chunk_rdd(train, features_col=features_col, label_col=label_col,
                                          image_shape=image_shape, expected_len=expected_len, num_partitions=K,
-                                         float_labels=self.task.float_labels)
+                                         float_labels=task.float_labels)
         chunks.persist(getattr(StorageLevel, self.options.storage_level))
         staged = None
         broadcasts = []
@@ -362,14 +371,14 @@ class SparkTrainer:
                                        staged.collect, "the training data's conversion, check and staging")
             stats, total = _data.checked_partitions(sc, group, chunks, timeout_s=self.options.data_timeout_s,
                                                     stats=stats, expected_len=expected_len, num_classes=None,
-                                                    num_workers=K, sample_shape=sample_shape, task=self.task)
+                                                    num_workers=K, sample_shape=sample_shape, task=task)
             if sample_shape is None:
                 shapes = [tuple(s) for s in total["shapes"]]
                 width = int(total["width"])
                 sample_shape = shapes[0] if len(shapes) == 1 and math.prod(shapes[0]) == width else (width,)
-            num_classes = self._probe(driver_net, sample_shape) if self.task is Task.CLASSIFICATION else None
+            num_classes = self._probe(driver_net, sample_shape) if task is Task.CLASSIFICATION else None
             _data.check_stats(stats, what="training data", expected_len=math.prod(sample_shape),
-                              num_classes=num_classes, num_workers=K, sample_shape=sample_shape, task=self.task)
+                              num_classes=num_classes, num_workers=K, sample_shape=sample_shape, task=task)
             self._rows = list(total["rows_per_partition"])
             skew = _data.describe_skew(total["rows_per_partition"])
             if skew:
@@ -378,7 +387,7 @@ class SparkTrainer:
                 raise ValueError("a strategy that allreduces gradients every step needs data in every partition")
             val = self._data_job(sc, group, "sparknet: collect the validation data",
                                  lambda: self._validation(validation, sample_shape, num_classes, features_col,
-                                                          label_col, image_shape),
+                                                          label_col, image_shape, task),
                                  "the validation data's collection")
             if val is not None:
                 driver_net.set_validation_data(val)
@@ -390,7 +399,7 @@ class SparkTrainer:
                 global_flat = driver_net.get_flat()
             else:
                 global_flat = self.strategy.init_global(driver_net.get_flat())
-            spec = WorkerSpec(fit_id=fit_id, net=self._net_for_workers(), loss=self.loss, worker=worker, task=self.task,
+            spec = WorkerSpec(fit_id=fit_id, net=self._net_for_workers(), loss=self.loss, worker=worker, task=task,
                               strategy=self.strategy, sample_shape=tuple(sample_shape),
                               start_iteration=dist.warmup_steps, options={"staging_dir": self.options.staging_dir},
                               faults=faults_from(self.options.fault), compression=dist.compression, link=self.link,
@@ -467,6 +476,15 @@ class SparkTrainer:
             net = copy.deepcopy(net).cpu()
         return net
 
+    def _fit_task(self, label_col: str | None) -> Task:
+        """This fit's task: ``label_col=None`` trains without labels (the loss takes the input)."""
+        if label_col is not None or self.task is Task.UNLABELLED:
+            return self.task
+        if self._task_given:
+            raise ValueError(f"label_col=None trains without labels, but the trainer's task is {self.task.value!r}; "
+                             "give a label column, or task='unlabelled'")
+        return Task.UNLABELLED
+
     @staticmethod
     def _probe(driver_net: Net, sample_shape) -> int | None:
         """Run the net on two zero samples: a clear error if the shape does not fit; the class count."""
@@ -485,16 +503,16 @@ class SparkTrainer:
         """One Spark action on the fit's data, waited for at most ``options.data_timeout_s``."""
         return run_with_deadline(sc, group, description, action, timeout_s=self.options.data_timeout_s, what=what)
 
-    def _validation(self, validation, sample_shape, num_classes, features_col, label_col, image_shape):
+    def _validation(self, validation, sample_shape, num_classes, features_col, label_col, image_shape, task):
         if validation is None:
             return None
         if _data.is_dataframe(validation) or _data.is_rdd(validation):
             x, y = _data.collect_arrays(validation, features_col=features_col, label_col=label_col,
                                         image_shape=image_shape, expected_len=math.prod(sample_shape),
                                         num_classes=num_classes, sample_shape=sample_shape,
-                                        task=self.task)
+                                        task=task)
         else:
-            x, y = _data.local_arrays(validation, sample_shape=sample_shape, task=self.task)
+            x, y = _data.local_arrays(validation, sample_shape=sample_shape, task=task)
         if num_classes is not None and len(y) and (y.min() < 0 or y.max() >= num_classes):
             raise ValueError(f"validation data: labels range over [{y.min()}, {y.max()}] but the net has "
                              f"{num_classes} classes")
