@@ -765,6 +765,12 @@ class BatchNormLayer(_Learnable):
     Caffe's BatchNorm has no affine part (a :class:`ScaleLayer` follows it); its running
     mean and variance are kept as buffers (``running_mean``, ``running_var``).
 
+    With ``moving_average_fraction`` (λ) the statistics follow Caffe's rule exactly: the buffers
+    hold decayed *sums* (``mean ← λ·mean + batch mean``, ``var ← λ·var + m/(m-1)·batch var``) and a
+    third buffer ``scale_factor`` counts them (``s ← λ·s + 1``, all three starting at 0); at test
+    time the statistics are the sums divided by ``s``, so they carry no weight of a starting 0 or 1
+    (Caffe's three blobs, in its order).
+
     Parameters
     ----------
     eps : float
@@ -777,12 +783,15 @@ class BatchNormLayer(_Learnable):
         ``True``: always the running ones; ``False``: always the batch ones.
     affine : bool
         Learn a per-channel scale and bias as well (PyTorch's BatchNorm).
+    moving_average_fraction : float, optional
+        Caffe's λ: keep the statistics by Caffe's rule (``momentum`` is then not used).
     """
 
     eps: float = 1e-5
     momentum: float | None = 0.1
     use_global_stats: bool | None = None
     affine: bool = False
+    moving_average_fraction: float | None = None
 
     def _check(self) -> None:
         super()._check()
@@ -790,6 +799,8 @@ class BatchNormLayer(_Learnable):
             self._fail(f"eps must be > 0, got {self.eps}")
         if self.momentum is not None and not 0.0 <= self.momentum <= 1.0:
             self._fail(f"momentum must be in [0, 1] or None, got {self.momentum}")
+        if self.moving_average_fraction is not None and not 0.0 <= self.moving_average_fraction <= 1.0:
+            self._fail(f"moving_average_fraction must be in [0, 1], got {self.moving_average_fraction}")
 
     def _infer(self, shapes: list[Shape]) -> list[Shape]:
         if len(shapes[0]) < 2:
@@ -797,6 +808,9 @@ class BatchNormLayer(_Learnable):
         return [shapes[0]]
 
     def _build(self, shapes: list[Shape]) -> nn.Module:
+        if self.moving_average_fraction is not None:
+            return _CaffeBatchNorm(shapes[0][1], self.eps, self.moving_average_fraction, self.use_global_stats,
+                                   self.affine)
         return _BatchNorm(shapes[0][1], self.eps, self.momentum, self.use_global_stats, self.affine)
 
 
@@ -1374,6 +1388,40 @@ class _BatchNorm(nn.Module):
             return F.batch_norm(x, None, None, self.weight, self.bias, training=True, eps=self.eps)
         return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                             training=batch_stats, momentum=momentum or 0.0, eps=self.eps)
+
+
+class _CaffeBatchNorm(nn.Module):
+    """Batch norm whose statistics follow Caffe's rule: decayed sums and their scale factor."""
+
+    def __init__(self, channels: int, eps: float, fraction: float, use_global_stats: bool | None, affine: bool):
+        super().__init__()
+        self.eps, self.fraction, self.use_global_stats = eps, fraction, use_global_stats
+        if affine:
+            self.weight = nn.Parameter(torch.ones(channels))
+            self.bias = nn.Parameter(torch.zeros(channels))
+        else:
+            self.register_parameter("weight", None)
+            self.register_parameter("bias", None)
+        self.register_buffer("running_mean", torch.zeros(channels))
+        self.register_buffer("running_var", torch.zeros(channels))
+        self.register_buffer("scale_factor", torch.zeros(1))
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch_stats = self.training if self.use_global_stats is None else not self.use_global_stats
+        if not batch_stats:
+            s = float(self.scale_factor[0])
+            inverse = 0.0 if s == 0 else 1.0 / s
+            return F.batch_norm(x, self.running_mean * inverse, self.running_var * inverse, self.weight, self.bias,
+                                training=False, eps=self.eps)
+        if self.training:
+            with torch.no_grad():
+                dims = [0, *range(2, x.dim())]
+                m = x.numel() // x.shape[1]
+                lam = self.fraction
+                self.scale_factor.mul_(lam).add_(1.0)
+                self.running_mean.mul_(lam).add_(x.mean(dims))
+                self.running_var.mul_(lam).add_(x.var(dims, unbiased=False) * (m / (m - 1) if m > 1 else 1.0))
+        return F.batch_norm(x, None, None, self.weight, self.bias, training=True, eps=self.eps)
 
 
 class _Scale(nn.Module):

@@ -420,11 +420,14 @@ def test_batch_norm_caffemodel_round_trip(tmp_path):
     for name, tensors in source.layer_weights().items():
         for a, b in zip(tensors, target.layer_weights()[name]):
             assert torch.equal(a, b), name
-    # a Caffe file stores BatchNorm statistics multiplied by the factor in blob 3
+    # a Caffe file stores BatchNorm statistics multiplied by the factor in blob 3: the net keeps the three
+    # blobs as Caffe does, and its statistics are the sums divided by the factor
+    assert raw["bn1"][2].tolist() == [1.0]  # one training pass: s = 0 * λ + 1
     scaled = {"bn1": [raw["bn1"][0] * 4, raw["bn1"][1] * 4, np.array([4.0], dtype=np.float32)]}
     write_caffemodel(tmp_path / "scaled.caffemodel", scaled, net)
     load_caffemodel_into(target, tmp_path / "scaled.caffemodel")
-    np.testing.assert_allclose(target.layer_weights()["bn1"][0].numpy(), raw["bn1"][0], rtol=1e-6)
+    mean, _, factor = target.layer_weights()["bn1"]
+    np.testing.assert_allclose((mean / factor).numpy(), raw["bn1"][0], rtol=1e-6)
 
 
 def test_write_with_netparams_structure(tmp_path):
@@ -462,3 +465,32 @@ def test_caffenet_prototxt_round_trip():
     net = load_net_prototxt(MODELS / "mnist/lenet_train_test.prototxt", "TEST")
     again = load_net_prototxt(net_to_prototxt(net), "TEST")
     assert again.net_params == net.net_params and again.batch_size == 100
+
+
+BATCH_NORM = """
+name: "bn"
+input: "data"
+input_shape { dim: 4 dim: 2 dim: 3 dim: 3 }
+layer { name: "bn" type: "BatchNorm" bottom: "data" top: "out" batch_norm_param { moving_average_fraction: 0.9 } }
+"""
+
+
+def test_batch_norm_statistics_follow_caffe_s_rule_of_decayed_sums_and_a_scale_factor():
+    # batch_norm_layer.cpp: s <- λs + 1, mean <- λ mean + batch mean, var <- λ var + m/(m-1) batch var, all from 0;
+    # at test time the statistics are mean / s and var / s (no weight left on a starting 0 or 1)
+    module = load_net_prototxt(BATCH_NORM).build(seed=0)
+    batches = [torch.randn(4, 2, 3, 3, generator=torch.Generator().manual_seed(i)) * (i + 1) + i for i in range(3)]
+    module.train()
+    for b in batches:
+        module.run({"data": b})
+    lam, m = 0.9, 4 * 3 * 3
+    weights = [lam ** (len(batches) - 1 - i) for i in range(len(batches))]
+    s = sum(weights)
+    mean = sum(w * b.mean((0, 2, 3)) for w, b in zip(weights, batches)) / s
+    var = sum(w * b.var((0, 2, 3), unbiased=False) * m / (m - 1) for w, b in zip(weights, batches)) / s
+    module.eval()
+    x = torch.randn(4, 2, 3, 3)
+    got = module.run({"data": x})["out"]
+    want = (x - mean.view(1, 2, 1, 1)) / torch.sqrt(var.view(1, 2, 1, 1) + 1e-5)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert [t.tolist() for t in module.layer_weights()["bn"]][2] == pytest.approx([s])

@@ -32,9 +32,6 @@ Deviations from Caffe, by design
 --------------------------------
 - A weight without a ``weight_filler`` keeps PyTorch's default initialisation instead of
   Caffe's constant 0 (which only makes sense when weights are loaded afterwards).
-- Caffe's ``BatchNorm`` ``moving_average_fraction`` maps to PyTorch's momentum
-  ``1 - fraction``; its third blob (the scale factor) is handled by the ``.caffemodel``
-  reader and writer.
 """
 
 from __future__ import annotations
@@ -850,7 +847,7 @@ class _Converter:
     def batch_norm(self, layer: Any) -> list[Any]:
         p = layer.batch_norm_param
         return [self.dsl.BatchNormLayer(
-            **self.common(layer), eps=_f(p.eps), momentum=1.0 - _f(p.moving_average_fraction),
+            **self.common(layer), eps=_f(p.eps), moving_average_fraction=_f(p.moving_average_fraction),
             use_global_stats=bool(p.use_global_stats) if p.HasField("use_global_stats") else None,
             **self.multipliers(layer, 3),
         )]
@@ -1269,11 +1266,12 @@ def _export_layer(layer: Any, net: Any) -> Any:
     elif isinstance(layer, dsl.BatchNormLayer):
         if layer.affine:
             raise unsupported("affine batch norm (use BatchNorm + Scale)")
-        if layer.momentum is None:
+        if layer.moving_average_fraction is None and layer.momentum is None:
             raise unsupported("a cumulative-average batch norm (momentum=None)")
         msg.type = "BatchNorm"
         p = msg.batch_norm_param
-        p.moving_average_fraction, p.eps = 1.0 - layer.momentum, layer.eps
+        fraction = layer.moving_average_fraction
+        p.moving_average_fraction, p.eps = 1.0 - layer.momentum if fraction is None else fraction, layer.eps
         if layer.use_global_stats is not None:
             p.use_global_stats = layer.use_global_stats
     elif isinstance(layer, dsl.ScaleLayer):
