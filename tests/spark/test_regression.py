@@ -107,6 +107,25 @@ def test_a_multilabel_label_outside_0_1_is_refused(spark):
         trainer.fit(df)
 
 
+def test_two_feature_columns_are_concatenated_into_the_net_s_input(spark):
+    x, y = regression_table(1600)
+    vx, vy = regression_table(400, seed=1)
+
+    def frame(a, b):  # the first four features as an ML vector, the fifth and sixth as plain numbers
+        from pyspark.ml.linalg import Vectors
+
+        rows = [(Vectors.dense([float(v) for v in r[:4]]), float(r[4]), float(r[5]), float(t)) for r, t in zip(a, b)]
+        return spark.createDataFrame(rows, ["head", "e", "f", "label"]).repartition(2)
+
+    trainer = SparkTrainer(_net(), WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9), batch_size=32, seed=1),
+                           DistributedConfig(workers=2, tau=25, rounds=12), loss=torch.nn.MSELoss(), spark=spark)
+    result = trainer.fit(frame(x, y), validation=frame(vx, vy), features_col=["head", "e", "f"])
+    assert result.summary["test_r2"] >= 0.95, result.summary
+    # a column that is not there is named before any job runs
+    with pytest.raises(ValueError, match="feature column 'g' not found"):
+        trainer.fit(frame(x, y), features_col=["head", "g"])
+
+
 def test_a_nan_label_is_refused_before_training(spark):
     x, y = regression_table(200)
     y[7] = np.nan

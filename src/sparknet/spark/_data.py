@@ -343,17 +343,33 @@ def merge_chunks(chunks: Iterable) -> tuple[np.ndarray | None, np.ndarray | None
 
 
 # -- driver side --------------------------------------------------------------------------------
-def _feature_expr(df, features_col: str, image_shape):
-    """(column expression as array<float> or binary, kind) for a DataFrame's feature column."""
+def _feature_expr(df, features_col, image_shape):
+    """(column expression as array<float> or binary, kind) for a DataFrame's feature column, or for a
+    list of columns (numbers, arrays or ML vectors) concatenated in order into one array<float>."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
     fields = {f.name: f for f in df.schema.fields}
+    if isinstance(features_col, (list, tuple)):
+        if not features_col:
+            raise ValueError("features_col is an empty list; name at least one feature column")
+        parts = []
+        for name in features_col:
+            if name not in fields:
+                raise ValueError(f"feature column {name!r} not found; the DataFrame has columns {list(fields)}")
+            if _is_number(fields[name].dataType):
+                parts.append(F.array(F.col(name).cast(T.FloatType())))
+                continue
+            expr, kind = _feature_expr(df, name, None)
+            if kind != "array":
+                raise ValueError(f"feature column {name!r} is binary: only numbers, arrays and ML vectors can be "
+                                 "concatenated with other columns")
+            parts.append(expr)
+        return (parts[0] if len(parts) == 1 else F.concat(*parts)), "array"
     if features_col not in fields:
         raise ValueError(f"feature column {features_col!r} not found; the DataFrame has columns {list(fields)}")
     dtype = fields[features_col].dataType
-    numeric = (T.FloatType, T.DoubleType, T.IntegerType, T.LongType, T.ShortType, T.ByteType, T.DecimalType)
-    if isinstance(dtype, T.ArrayType) and isinstance(dtype.elementType, numeric):
+    if isinstance(dtype, T.ArrayType) and _is_number(dtype.elementType):
         return F.col(features_col).cast(T.ArrayType(T.FloatType())), "array"
     if type(dtype).__name__ == "VectorUDT":
         from pyspark.ml.functions import vector_to_array
@@ -366,6 +382,14 @@ def _feature_expr(df, features_col: str, image_shape):
         return F.col(features_col), "binary"
     raise ValueError(f"feature column {features_col!r} has type {dtype.simpleString()}; expected array<float>, "
                      "array<double>, an ML Vector, or binary with image_shape")
+
+
+def _is_number(dtype) -> bool:
+    """Whether a Spark SQL type is a number type."""
+    from pyspark.sql import types as T
+
+    return isinstance(dtype, (T.FloatType, T.DoubleType, T.IntegerType, T.LongType, T.ShortType, T.ByteType,
+                              T.DecimalType))
 
 
 def _label_expr(df, label_col: str):
@@ -434,7 +458,9 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "
         out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel, label_col, float_labels), _CHUNK_SCHEMA)
         label_dtype = np.float32 if float_labels else np.int64
         rdd = out.rdd.map(lambda row: _row_to_chunk(row, label_dtype), preservesPartitioning=True)
-        source = FeatureSource(kind, expected_len, f"DataFrame column {features_col!r}")
+        named = (f"column {features_col!r}" if isinstance(features_col, str)
+                 else "columns " + ", ".join(map(repr, features_col)))
+        source = FeatureSource(kind, expected_len, f"DataFrame {named}")
     elif is_rdd(data):
         rdd = data if label_col is not None else data.map(lambda features: (features, 0), preservesPartitioning=True)
         if num_partitions is not None and rdd.getNumPartitions() != num_partitions:

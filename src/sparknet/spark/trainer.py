@@ -45,7 +45,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -284,7 +284,8 @@ class SparkTrainer:
             self.link = None
 
     # -- fit ----------------------------------------------------------------------------------
-    def fit(self, train, validation=None, *, features_col: str = "features", label_col: str | None = "label",
+    def fit(self, train, validation=None, *, features_col: str | Sequence[str] = "features",
+            label_col: str | None = "label",
             image_shape=None, initial_weights=None) -> TrainResult:
         """Train on ``train`` (a DataFrame or an RDD of ``(ndarray, label)``).
 
@@ -301,7 +302,8 @@ class SparkTrainer:
             Evaluated on the driver (rounds) or in shards on the workers (barrier) every
             ``dist.eval_every_rounds`` rounds, and at the end.
         features_col, label_col : str
-            Column names of a DataFrame. ``label_col=None`` (or ``task="unlabelled"``) trains without
+            Column names of a DataFrame. ``features_col`` may be a list of columns (numbers, arrays,
+            ML vectors), concatenated in that order into each row's features. ``label_col=None`` (or ``task="unlabelled"``) trains without
             labels: the loss takes the input (an autoencoder), the DataFrame needs no label column, an
             RDD holds feature arrays, and the validation data is features alone.
         image_shape : sequence of int, optional
