@@ -149,8 +149,49 @@ def _arrow_sequence_labels(labels, info: dict, float_labels: bool = False) -> np
     return _labels(np.asarray(values.to_numpy(zero_copy_only=False)).reshape(n, width), info, float_labels)
 
 
-def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | None, float_labels: bool = False):
-    """One Arrow batch of (features, label) -> (x, y, info); the label is a number or a list of numbers."""
+_ENCODED = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
+"""How an encoded image file begins (PNG, JPEG, GIF, BMP): such bytes are decoded, not read as pixels."""
+
+
+def _decode_images(values: list[bytes], image_shape, info: dict) -> np.ndarray | None:
+    """Encoded image files -> float32 ``[n, C*H*W]`` pixels in [0, 1] (C 1: grey, 3: RGB, 4: RGBA), or
+    ``None`` when a file cannot be decoded to ``image_shape`` (counted as bad rows)."""
+    import io
+
+    from PIL import Image  # executors import it only when they decode files
+
+    c, h, w = (int(d) for d in image_shape)
+    mode = {1: "L", 3: "RGB", 4: "RGBA"}.get(c)
+    out = np.empty((len(values), c * h * w), np.float32)
+    for i, raw in enumerate(values):
+        try:
+            with Image.open(io.BytesIO(raw)) as img:
+                pixels = np.asarray(img.convert(mode) if mode else img)
+        except Exception:
+            pixels = None
+        if pixels is None or mode is None or pixels.shape[:2] != (h, w):
+            info["bad_rows"] += len(values) - i
+            _add_example(info, "lengths", -1 if pixels is None else int(pixels.size))
+            return None
+        out[i] = (pixels.reshape(h, w, c).transpose(2, 0, 1).reshape(-1) / np.float32(255.0))
+    return out
+
+
+def _spark_image_pixels(data: np.ndarray, n: int, image_shape) -> np.ndarray:
+    """Spark's image source (rows of height x width x channels bytes, BGR(A)) -> float32 ``[n, C*H*W]`` RGB(A)."""
+    c, h, w = (int(d) for d in image_shape)
+    hwc = data.reshape(n, h, w, c)
+    if c in (3, 4):
+        hwc = hwc[..., [2, 1, 0, *range(3, c)]]
+    return hwc.transpose(0, 3, 1, 2).reshape(n, c * h * w).astype(np.float32) / np.float32(255.0)
+
+
+def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | None, float_labels: bool = False,
+                 image_shape=None):
+    """One Arrow batch of (features, label) -> (x, y, info); the label is a number or a list of numbers.
+
+    Binary features are uint8 pixels or float32 values of ``image_numel``, or encoded image files
+    (PNG, JPEG, GIF, BMP; decoded to ``image_shape``); ``kind`` ``image`` is Spark's image source."""
     import pyarrow as pa
 
     info = _new_info()
@@ -169,10 +210,15 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
         return _finish(np.empty((0, expected_len or 0), np.float32), y[:0], info)
     if n == 0:
         return _finish(np.empty((0, expected_len or 0), np.float32), y, info)
-    if kind == "binary":
+    if kind in ("binary", "image"):
         offsets = np.frombuffer(feats.buffers()[1], dtype=np.int32)[feats.offset:feats.offset + n + 1]
         lengths = np.diff(offsets)
         numel = image_numel
+        data = np.frombuffer(feats.buffers()[2], dtype=np.uint8)
+        encoded = kind == "binary" and bytes(data[offsets[0]:offsets[0] + 8]).startswith(_ENCODED)
+        if encoded and image_shape is not None:
+            x = _decode_images([bytes(data[a:b]) for a, b in zip(offsets[:-1], offsets[1:])], image_shape, info)
+            return _finish(np.empty((0, numel), np.float32) if x is None else x, y[:0] if x is None else y, info)
         for v in np.unique(lengths)[:_MAX_EXAMPLES]:
             _add_example(info, "lengths", int(v))
         ok = (lengths == numel) | (lengths == 4 * numel)
@@ -182,7 +228,12 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
         if not (lengths == lengths[0]).all():  # uint8 and float32 rows mixed
             info["bad_rows"] += int(n - (lengths == lengths[0]).sum())
             return _finish(np.empty((0, numel), np.float32), y[:0], info)
-        data = np.frombuffer(feats.buffers()[2], dtype=np.uint8)[offsets[0]:offsets[-1]]
+        data = data[offsets[0]:offsets[-1]]
+        if kind == "image":
+            if lengths[0] != numel:
+                info["bad_rows"] += n
+                return _finish(np.empty((0, numel), np.float32), y[:0], info)
+            return _finish(_spark_image_pixels(data, n, image_shape), y, info)
         if lengths[0] == numel:
             x = data.reshape(n, numel).astype(np.float32) / np.float32(255.0)
         else:
@@ -212,7 +263,7 @@ _CHUNK_SCHEMA = "x binary, y binary, width long, label_width long, info string"
 
 
 def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None, label_col: str | None = None,
-                 float_labels: bool = False):
+                 float_labels: bool = False, image_shape=None):
     """The ``mapInArrow`` function: Arrow batches of (features, label) -> rows of chunk bytes.
 
     ``label_width`` is 0 for one label per row, else the labels per row (a sequence, or a vector to
@@ -226,7 +277,8 @@ def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None, l
             row_bytes = max(1, (expected_len or image_numel or 1) * 4)
             step = max(1, CHUNK_BYTES // row_bytes)
             for start in range(0, max(len(batch), 1), step):
-                x, y, info = _arrow_batch(batch.slice(start, step), kind, expected_len, image_numel, float_labels)
+                x, y, info = _arrow_batch(batch.slice(start, step), kind, expected_len, image_numel, float_labels,
+                                          image_shape)
                 info["label_col"] = label_col
                 yield pa.RecordBatch.from_arrays(
                     [pa.array([x.tobytes()], pa.binary()), pa.array([y.tobytes()], pa.binary()),
@@ -378,8 +430,13 @@ def _feature_expr(df, features_col, image_shape):
     if isinstance(dtype, T.BinaryType):
         if not image_shape:
             raise ValueError(f"feature column {features_col!r} is binary: pass image_shape= (e.g. [1, 28, 28]) "
-                             "so its bytes can be read as uint8 pixels or float32 values")
+                             "so its bytes can be read as uint8 pixels, float32 values or encoded image files")
         return F.col(features_col), "binary"
+    if isinstance(dtype, T.StructType) and {"data", "height", "width", "nChannels"} <= set(dtype.fieldNames()):
+        if not image_shape or len(image_shape) != 3:
+            raise ValueError(f"feature column {features_col!r} holds images (Spark's image source): pass "
+                             "image_shape=[channels, height, width] (every image must have that shape)")
+        return F.col(features_col).getField("data"), "image"
     raise ValueError(f"feature column {features_col!r} has type {dtype.simpleString()}; expected array<float>, "
                      "array<double>, an ML Vector, or binary with image_shape")
 
@@ -450,12 +507,13 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "
         else:
             label = _label_expr(data, label_col)
         image_numel = int(np.prod(image_shape)) if image_shape else None
-        if kind == "binary":
+        if kind in ("binary", "image"):
             expected_len = image_numel
         df = data.select(feat.alias("f"), label.alias("y"))
         if num_partitions is not None and (df.rdd.getNumPartitions() != num_partitions or data.inputFiles()):
             df = df.repartition(num_partitions)
-        out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel, label_col, float_labels), _CHUNK_SCHEMA)
+        out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel, label_col, float_labels,
+                                         tuple(image_shape) if image_shape else None), _CHUNK_SCHEMA)
         label_dtype = np.float32 if float_labels else np.int64
         rdd = out.rdd.map(lambda row: _row_to_chunk(row, label_dtype), preservesPartitioning=True)
         named = (f"column {features_col!r}" if isinstance(features_col, str)
