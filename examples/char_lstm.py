@@ -45,7 +45,7 @@ import torch.multiprocessing as mp
 
 from sparknet import zoo
 from sparknet.datasets import shakespeare
-from sparknet.net import Net, TrainStats
+from sparknet.net import EvalResult, Net, TrainStats
 from sparknet.collective import CollectiveExchange
 from sparknet.loop import Progress, run_rounds
 from sparknet.parallel import init_layout, replica_seed
@@ -183,7 +183,8 @@ class _CharExchange(CollectiveExchange):
 
     def evaluate(self, global_flat: torch.Tensor, rows: int | None = None):  # always the whole probe set
         self.net.set_flat(global_flat if self.ema is None else self.ema)
-        return math.nan, _val_bpc(self.net, self.probe.x, self.probe.y, self.world)  # (no accuracy, bpc)
+        bpc = _val_bpc(self.net, self.probe.x, self.probe.y, self.world)
+        return EvalResult(loss=bpc, accuracy=math.nan, samples=len(self.probe.x))  # scored by bits per char alone
 
     def stop_reason(self, record: dict, progress) -> str | None:
         elapsed = torch.tensor([time.time() - self.t_start])

@@ -95,15 +95,25 @@ class _ModuleAdapter:
         self.loss_fn = loss if loss is not None else torch.nn.CrossEntropyLoss()
         self.task = task
 
-    def loss(self, x, y):
+    def loss(self, x, y, w=None):
         out = self.module(x)
+        if w is not None:  # sample weights: the loss of each row, then their weighted mean
+            fn = copy.copy(self.loss_fn)
+            fn.reduction = "none"
+            per = self._loss(fn, out, x, y)
+            per = per.reshape(len(out), -1).mean(1) if per.dim() else per.expand(len(out))
+            return (per * w).sum() / w.sum().clamp_min(1e-12), out
+        return self._loss(self.loss_fn, out, x, y), out
+
+    def _loss(self, loss_fn, out, x, y):
         if self.task is Task.UNLABELLED:  # the input is the target (an autoencoder)
             y = x.reshape(out.shape) if x.shape != out.shape and x.numel() == out.numel() else x
-        if isinstance(self.loss_fn, torch.nn.CrossEntropyLoss) and out.dim() == 3 and y.dim() == 2:
-            return self.loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1)), out
+        if isinstance(loss_fn, torch.nn.CrossEntropyLoss) and out.dim() == 3 and y.dim() == 2:
+            per = loss_fn(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+            return per.reshape(len(out), -1) if per.dim() else per
         if self.task.float_labels and out.shape != y.shape and out.numel() == y.numel():
             y = y.reshape(out.shape)  # [n] labels for [n, 1] outputs: a loss would broadcast them to [n, n]
-        return self.loss_fn(out, y), out
+        return loss_fn(out, y)
 
     def predict(self, x):
         return self.module(x)
@@ -122,7 +132,10 @@ class _GraphAdapter:
     def __init__(self, module):
         self.module = module
 
-    def loss(self, x, y):
+    def loss(self, x, y, w=None):
+        if w is not None:
+            raise ValueError("sample weights need a torch.nn.Module net and a torch loss (loss=); a layer-DSL net's "
+                             "loss layers take no weights")
         return self.module.loss(x, y)
 
     def predict(self, x):
@@ -244,6 +257,10 @@ class Net:
         ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or ``"auto"``.
     seed : int, optional
         Seeds the weight initialisation and the data shuffling.
+    weighted : bool
+        The training labels carry each row's sample weight as one more, last, value (what the Spark
+        data path makes of a ``weight_col``): the loss is the weighted mean of the rows' losses.
+        Validation data carries no weights.
     task : Task or str, optional
         ``"classification"`` or ``"regression"``; by default a regression loss (``MSELoss``, ``L1Loss``,
         ``HuberLoss``, ``SmoothL1Loss``, a ``EuclideanLoss`` layer) means regression. A regression net's
@@ -252,7 +269,7 @@ class Net:
 
     def __init__(self, net, solver: SolverConfig | None = None, *, loss: LossFn | None = None,
                  batch_size: int | None = None, device: str | torch.device = "cpu", seed: int | None = None,
-                 task: Task | str | None = None):
+                 task: Task | str | None = None, weighted: bool = False):
         self.device = resolve_device(device)
         self.solver = solver or SolverConfig()
         self.seed = seed
@@ -282,6 +299,7 @@ class Net:
             self._model = _ModuleAdapter(module, loss, self.task)
         self.module = module.to(self.device)
         self._label_ndim = label_ndim
+        self.weighted = weighted
         self.batch_size = int(batch_size or default_batch or 64)
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {self.batch_size}")
@@ -343,6 +361,13 @@ class Net:
                              f"layer takes shape {shape} ({int(np.prod(shape))} values)")
         return x.reshape(len(x), *shape), y
 
+    def _split_weights(self, yb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training labels with the weight last -> (labels as the loss takes them, weights)."""
+        y, w = yb[:, :-1], yb[:, -1]
+        if y.shape[1] == 1 and self._label_ndim == 0:
+            y = y[:, 0]
+        return (y if self.task.float_labels else y.long()), w
+
     @property
     def num_training_samples(self) -> int:
         return 0 if self._train is None else len(self._train[0])
@@ -392,7 +417,7 @@ class Net:
             for _ in range(iter_size):
                 xb, yb = self._next_batch()
                 try:
-                    loss, _ = self._model.loss(xb, yb)
+                    loss, _ = self._model.loss(xb, *(self._split_weights(yb) if self.weighted else (yb,)))
                 except IndexError as exc:
                     raise _explain_loss_error(exc, yb, "training data") from exc
                 (loss / iter_size if iter_size > 1 else loss).backward()

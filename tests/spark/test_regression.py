@@ -126,6 +126,36 @@ def test_two_feature_columns_are_concatenated_into_the_net_s_input(spark):
         trainer.fit(frame(x, y), features_col=["head", "g"])
 
 
+def test_sample_weights_choose_which_rows_the_net_fits(spark):
+    # two halves of the table follow opposite maps; the weights say which one counts
+    x, y = regression_table(1600)
+    other = -(y - 0.5) + 0.5
+    labels = np.concatenate([y[:800], other[800:]])
+    weights = np.concatenate([np.ones(800), np.full(800, 0.01)])
+    rows = [([float(v) for v in a], float(b), float(c)) for a, b, c in zip(x, labels, weights)]
+    df = spark.createDataFrame(rows, "features array<double>, label double, w double").repartition(2)
+    vx, vy = regression_table(400, seed=1)
+
+    def fit(weight_col):
+        trainer = SparkTrainer(_net(), WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9), batch_size=32,
+                                                    seed=1),
+                               DistributedConfig(workers=2, tau=25, rounds=12), loss=torch.nn.MSELoss(), spark=spark)
+        return trainer.fit(df, validation=(vx, vy), weight_col=weight_col).summary["test_r2"]
+
+    weighted, plain = fit("w"), fit(None)
+    assert weighted >= 0.9 and plain < 0.3, (weighted, plain)
+
+
+def test_a_negative_weight_is_refused(spark):
+    x, y = regression_table(40)
+    rows = [([float(v) for v in a], float(b), -1.0 if i == 5 else 1.0) for i, (a, b) in enumerate(zip(x, y))]
+    df = spark.createDataFrame(rows, "features array<double>, label double, w double")
+    trainer = SparkTrainer(_net(), WorkerConfig(batch_size=8), DistributedConfig(workers=2, tau=2, rounds=1),
+                           loss=torch.nn.MSELoss(), spark=spark)
+    with pytest.raises(ValueError, match="1 rows have a null, NaN, infinite or negative sample weight"):
+        trainer.fit(df, weight_col="w")
+
+
 def test_a_nan_label_is_refused_before_training(spark):
     x, y = regression_table(200)
     y[7] = np.nan
@@ -231,3 +261,27 @@ def test_an_autoencoder_trains_on_features_alone_and_is_scored_by_its_loss(spark
     s = result.summary
     assert s["test_accuracy"] is None and s["test_loss"] < first.summary["test_loss"] / 20, (s, first.summary)
     assert "val_loss" in result.history[-1] and "val_accuracy" not in result.history[-1]
+
+
+def test_a_multilabel_model_s_prediction_is_what_spark_s_multilabel_evaluator_reads(spark):
+    from pyspark.ml.evaluation import MultilabelClassificationEvaluator
+    from pyspark.sql import functions as F
+
+    from sparknet.layers import ActivationLayer, LinearLayer, NetParams, RDDLayer, SigmoidCrossEntropyLoss
+    from sparknet.spark.ml import SparkNetEstimator
+
+    net = NetParams(RDDLayer("data", shape=[32, 6]), RDDLayer("label", shape=[32, 3]),
+                    LinearLayer("ip1", ["data"], num_outputs=16), ActivationLayer("relu1", ["ip1"], tops=["ip1"]),
+                    LinearLayer("ip2", ["ip1"], num_outputs=3), SigmoidCrossEntropyLoss("loss", ["ip2", "label"]))
+    est = SparkNetEstimator(net, task="multilabel", workers=2, tau=25, rounds=10, lr=0.2, momentum=0.9,
+                            batch_size=32, seed=1)
+    model = est.fit(_multilabel_frame(spark, 1600, 0))
+    scored = model.transform(_multilabel_frame(spark, 400, 1))
+    # the evaluator takes label sets as arrays of the indices that are 1
+    scored = scored.withColumn("labels", F.expr("transform(filter(sequence(0, 2), i -> label[i] > 0.5), "
+                                                "i -> cast(i as double))"))
+    # (micro F1 and Hamming loss: a row with no label true and none predicted makes the per-row ones 0/0)
+    assert MultilabelClassificationEvaluator(labelCol="labels", metricName="microF1Measure").evaluate(scored) > 0.93
+    assert MultilabelClassificationEvaluator(labelCol="labels", metricName="hammingLoss").evaluate(scored) < 0.05
+    first = scored.select("probability", "prediction").first()
+    assert [float(i) for i, p in enumerate(first.probability.toArray()) if p > 0.5] == list(first.prediction)

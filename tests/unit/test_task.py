@@ -109,3 +109,18 @@ def test_a_multilabel_net_learns_two_independent_labels():
     net.train(200)
     res = net.evaluate()
     assert res.metrics["accuracy"] > 0.95 and res.metrics["f1"] > 0.95 and res.score == res.accuracy
+
+
+def test_a_weighted_net_s_loss_is_the_weighted_mean_of_its_rows_losses():
+    torch.manual_seed(0)
+    module = torch.nn.Linear(3, 4)
+    x = torch.randn(6, 3)
+    y = torch.tensor([0, 1, 2, 3, 0, 1])
+    w = torch.tensor([1.0, 0.0, 2.0, 0.5, 0.0, 3.0])
+    net = Net(module, SolverConfig(base_lr=0.1, momentum=0.0), batch_size=6, weighted=True)
+    net.set_training_data((x.numpy(), np.column_stack([y.numpy(), w.numpy()]).astype(np.float32)), shuffle=False)
+    with torch.no_grad():
+        per = torch.nn.functional.cross_entropy(module(x), y, reduction="none")
+    want = float((per * w).sum() / w.sum())
+    stats = net.train(1)
+    assert math.isclose(stats.loss, want, rel_tol=1e-6)

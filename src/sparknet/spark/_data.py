@@ -56,11 +56,12 @@ def _new_info() -> dict:
     # label_lengths: examples of labels per row (0: one class id; T: one per position of a sequence);
     # bad_labels: rows whose label does not have the length the other rows' labels have.
     return {"rows": 0, "lengths": [], "shapes": [], "bad_rows": 0, "null_x": 0, "nonfinite": 0, "null_y": 0,
-            "nonint_y": 0, "nonfinite_y": 0, "y_min": None, "y_max": None, "not_pairs": 0, "label_lengths": [], "bad_labels": 0,
+            "nonint_y": 0, "nonfinite_y": 0, "bad_w": 0, "y_min": None, "y_max": None, "not_pairs": 0, "label_lengths": [], "bad_labels": 0,
             "label_col": None}
 
 
-_COUNTS = ("rows", "bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "nonfinite_y", "not_pairs", "bad_labels")
+_COUNTS = ("rows", "bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "nonfinite_y", "bad_w", "not_pairs",
+           "bad_labels")
 _EXAMPLES = ("lengths", "shapes", "label_lengths")
 
 
@@ -262,12 +263,25 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
 _CHUNK_SCHEMA = "x binary, y binary, width long, label_width long, info string"
 
 
+def _with_weights(y: np.ndarray, weights, info: dict) -> np.ndarray:
+    """Labels ``[n]`` or ``[n, L]`` and an Arrow column of sample weights -> float32 ``[n, L + 1]``, the weight
+    last (class ids stay exact: float32 holds integers up to 2^24). Null, NaN, infinite or negative weights
+    are counted."""
+    n = len(y)
+    if n == 0:
+        return np.zeros((0, (y.shape[1] if y.ndim == 2 else 1) + 1), np.float32)
+    w = np.asarray(weights.fill_null(np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
+    info["bad_w"] += int(n - (np.isfinite(w) & (w >= 0)).sum())
+    return np.column_stack([y.reshape(n, -1).astype(np.float32), w.astype(np.float32)])
+
+
 def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None, label_col: str | None = None,
-                 float_labels: bool = False, image_shape=None):
-    """The ``mapInArrow`` function: Arrow batches of (features, label) -> rows of chunk bytes.
+                 float_labels: bool = False, image_shape=None, weighted: bool = False):
+    """The ``mapInArrow`` function: Arrow batches of (features, label[, weight]) -> rows of chunk bytes.
 
     ``label_width`` is 0 for one label per row, else the labels per row (a sequence, or a vector to
-    regress); labels are int64 class ids, or float32 numbers with ``float_labels``.
+    regress); labels are int64 class ids, or float32 numbers with ``float_labels``. ``weighted``:
+    float32 labels with each row's sample weight as one more, last, value (:func:`_with_weights`).
     """
 
     def convert(batches: Iterator) -> Iterator:
@@ -277,8 +291,10 @@ def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None, l
             row_bytes = max(1, (expected_len or image_numel or 1) * 4)
             step = max(1, CHUNK_BYTES // row_bytes)
             for start in range(0, max(len(batch), 1), step):
-                x, y, info = _arrow_batch(batch.slice(start, step), kind, expected_len, image_numel, float_labels,
-                                          image_shape)
+                piece = batch.slice(start, step)
+                x, y, info = _arrow_batch(piece, kind, expected_len, image_numel, float_labels, image_shape)
+                if weighted:
+                    y = _with_weights(y, piece.column(2), info)
                 info["label_col"] = label_col
                 yield pa.RecordBatch.from_arrays(
                     [pa.array([x.tobytes()], pa.binary()), pa.array([y.tobytes()], pa.binary()),
@@ -449,6 +465,18 @@ def _is_number(dtype) -> bool:
                               T.DecimalType))
 
 
+def _weight_expr(df, weight_col: str):
+    from pyspark.sql import functions as F
+
+    fields = {f.name: f for f in df.schema.fields}
+    if weight_col not in fields:
+        raise ValueError(f"weight column {weight_col!r} not found; the DataFrame has columns {list(fields)}")
+    if not _is_number(fields[weight_col].dataType):
+        raise ValueError(f"weight column {weight_col!r} has type {fields[weight_col].dataType.simpleString()}; "
+                         "sample weights are numbers")
+    return F.col(weight_col).cast("double")
+
+
 def _label_expr(df, label_col: str):
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -482,7 +510,8 @@ def is_rdd(obj) -> bool:
 
 
 def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "label", image_shape=None,
-              expected_len: int | None = None, num_partitions: int | None = None, float_labels: bool = False):
+              expected_len: int | None = None, num_partitions: int | None = None, float_labels: bool = False,
+              weight_col: str | None = None):
     """An RDD of chunks with ``num_partitions`` partitions (float32 labels with ``float_labels``, else int64).
 
     Partitions are kept as they are when there are already ``num_partitions`` of them and the
@@ -492,7 +521,8 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "
 
     Checks the schema (no Spark job runs); row-level problems are counted in the chunks.
     ``label_col=None``: no labels (a DataFrame's features alone, an RDD of feature arrays), every
-    row's label a 0 no loss reads.
+    row's label a 0 no loss reads. ``weight_col``: a DataFrame's column of sample weights, carried as
+    one more, last, float32 value of every row's labels.
 
     Returns
     -------
@@ -509,17 +539,24 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "
         image_numel = int(np.prod(image_shape)) if image_shape else None
         if kind in ("binary", "image"):
             expected_len = image_numel
-        df = data.select(feat.alias("f"), label.alias("y"))
+        columns = [feat.alias("f"), label.alias("y")]
+        if weight_col is not None:
+            columns.append(_weight_expr(data, weight_col).alias("w"))
+        df = data.select(*columns)
         if num_partitions is not None and (df.rdd.getNumPartitions() != num_partitions or data.inputFiles()):
             df = df.repartition(num_partitions)
         out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel, label_col, float_labels,
-                                         tuple(image_shape) if image_shape else None), _CHUNK_SCHEMA)
-        label_dtype = np.float32 if float_labels else np.int64
+                                         tuple(image_shape) if image_shape else None, weight_col is not None),
+                            _CHUNK_SCHEMA)
+        label_dtype = np.float32 if float_labels or weight_col is not None else np.int64
         rdd = out.rdd.map(lambda row: _row_to_chunk(row, label_dtype), preservesPartitioning=True)
         named = (f"column {features_col!r}" if isinstance(features_col, str)
                  else "columns " + ", ".join(map(repr, features_col)))
         source = FeatureSource(kind, expected_len, f"DataFrame {named}")
     elif is_rdd(data):
+        if weight_col is not None:
+            raise ValueError("sample weights are read from a DataFrame column (weight_col); give the data as a "
+                             "DataFrame")
         rdd = data if label_col is not None else data.map(lambda features: (features, 0), preservesPartitioning=True)
         if num_partitions is not None and rdd.getNumPartitions() != num_partitions:
             rdd = rdd.repartition(num_partitions)
@@ -588,6 +625,9 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
             raise ValueError(f"{what}: {labels} hold {label_width} ids per row but the features have {positions} "
                              f"positions (shape {tuple(sample_shape)}); a sequence needs one label per position: "
                              "cut features and labels to the same length")
+    if total["bad_w"]:
+        raise ValueError(f"{what}: {total['bad_w']} rows have a null, NaN, infinite or negative sample weight; "
+                         "weights are numbers >= 0")
     if total["nonfinite"]:
         raise ValueError(f"{what}: {total['nonfinite']} rows hold NaN or infinite feature values; "
                          "clean or impute them first")

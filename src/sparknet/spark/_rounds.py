@@ -68,7 +68,8 @@ __all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial",
 
 log = logging.getLogger(__name__)
 
-_PROBLEM_KEYS = ("bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "nonfinite_y", "not_pairs", "bad_labels")
+_PROBLEM_KEYS = ("bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "nonfinite_y", "bad_w", "not_pairs",
+                 "bad_labels")
 
 
 @dataclass
@@ -97,6 +98,8 @@ class WorkerSpec:
     """A :class:`sparknet.link.LinkModel` every exchange waits for (``None``: no simulated delay)."""
     task: Task = Task.CLASSIFICATION
     """What the net learns: class ids, or numbers (float labels)."""
+    weighted: bool = False
+    """The labels carry each row's sample weight last (a ``weight_col``)."""
 
 
 @dataclass(frozen=True)
@@ -261,7 +264,7 @@ def build_worker_net(spec: WorkerSpec, index: int, x, y, device: str) -> Net:
     """A worker's Net over its partition's data, built the same way in both engines."""
     net_def = copy.deepcopy(spec.net) if isinstance(spec.net, torch.nn.Module) else spec.net
     net = Net(net_def, spec.worker.solver, loss=spec.loss, batch_size=spec.worker.batch_size, device=device,
-              task=spec.task,
+              task=spec.task, weighted=spec.weighted,
               seed=worker_seed(spec.worker.seed, index))
     if x is not None and len(x):
         with warnings.catch_warnings():

@@ -184,9 +184,12 @@ class _ScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, HasRaw
     scoreBatchSize: Param[int] = Param(Params._dummy(), "scoreBatchSize",
                                        "Rows per forward pass when scoring.", typeConverter=TypeConverters.toInt)
     task: Param[str] = Param(Params._dummy(), "task",
-                             "classification or regression (default: regression for a net whose loss is a "
-                             "regression loss, such as a EuclideanLoss layer). A regressor's prediction is its "
-                             "output (a double, or an ML vector for several outputs); it has no probability.",
+                             "classification, regression or multilabel (default: regression for a net whose "
+                             "loss is a regression loss, such as a EuclideanLoss layer). A regressor's prediction "
+                             "is its output (a double, or an ML vector for several outputs) and it has no "
+                             "probability; a multi-label model's prediction is the array of the indices of the "
+                             "labels it predicts (what MultilabelClassificationEvaluator reads), its probability "
+                             "each label's sigmoid.",
                              typeConverter=lambda v: parse_task(v).value)
 
     def __init__(self) -> None:
@@ -333,14 +336,16 @@ def _decode_features(values, kind: str, shape: tuple[int, ...] | None) -> np.nda
 
 
 def _score_batches(batches, *, key: str, files_bc, kind: str, shape, threads: int, chunk: int,
-                   device: str, allow_pickle: bool, regression: bool = False) -> Iterator:
-    """Score Arrow batches: logits, softmax probabilities and arg-max predictions (a regressor: its outputs)."""
+                   device: str, allow_pickle: bool, task: str = "classification") -> Iterator:
+    """Score Arrow batches: logits, softmax probabilities and arg-max predictions; a regressor: its outputs; a
+    multi-label net: the indices of the labels whose logit is above 0, and each label's sigmoid."""
     import pandas as pd
     import torch
 
     torch.set_num_threads(threads)
     model = _cached_model(key, files_bc, device, allow_pickle)
     shape = tuple(shape) if shape else None
+    regression, multilabel = task == "regression", task == "multilabel"
     for series in batches:
         x = _decode_features(series.to_numpy(), kind, shape)
         probs, raws = [], []
@@ -354,13 +359,18 @@ def _score_batches(batches, *, key: str, files_bc, kind: str, shape, threads: in
                     raise ValueError(f"the net's output has shape {tuple(logits.shape)}; scoring needs "
                                      "[batch, classes] logits")
                 raws.append(logits.double().cpu().numpy())
-                probs.append(torch.softmax(logits.double(), dim=1).cpu().numpy())
+                normalise = torch.sigmoid if multilabel else functools.partial(torch.softmax, dim=1)
+                probs.append(normalise(logits.double()).cpu().numpy())
         p = np.concatenate(probs) if probs else np.zeros((0, 0))
         if regression:
             yield pd.DataFrame({"prediction": p[:, 0] if p.shape[1:] == (1,) else list(p)})
             continue
-        yield pd.DataFrame({"prediction": p.argmax(axis=1).astype(np.float64) if len(p) else np.zeros(0),
-                            "probability": list(p), "raw": list(np.concatenate(raws) if raws else p)})
+        if multilabel:
+            prediction = [np.flatnonzero(row > 0.5).astype(np.float64) for row in p]
+        else:
+            prediction = p.argmax(axis=1).astype(np.float64) if len(p) else np.zeros(0)
+        yield pd.DataFrame({"prediction": prediction, "probability": list(p),
+                            "raw": list(np.concatenate(raws) if raws else p)})
 
 
 # -- the estimator --------------------------------------------------------------------------------
@@ -690,7 +700,8 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         shape = self.getImageShape() if self.isDefined(self.imageShape) else None
         if kind == "binary" and shape is None:
             raise ValueError("binary features need imageShape")
-        regression = self.resolvedTask() is Task.REGRESSION
+        task = self.resolvedTask()
+        regression = task is Task.REGRESSION
         pred_col, prob_col = self.getPredictionCol(), "" if regression else self.getProbabilityCol()
         raw_col = "" if regression else self.getRawPredictionCol()
         for col in (pred_col, prob_col, raw_col):
@@ -705,7 +716,7 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         score = functools.partial(_score_batches, key=self.modelId, files_bc=bc, kind=kind,
                                   shape=list(shape) if shape else None, threads=int(threads),
                                   chunk=int(self.getScoreBatchSize()), device=self.getDevice(),
-                                  allow_pickle=self._allow_pickle, regression=regression)
+                                  allow_pickle=self._allow_pickle, task=task.value)
 
         import pandas as pd
 
@@ -717,8 +728,8 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         score_udf.__annotations__ = {"batches": Iterator[pd.Series], "return": Iterator[pd.DataFrame]}
 
         one_output = regression and self._outputs(shape) == 1
-        out_type = StructType([StructField("prediction", DoubleType() if not regression or one_output
-                                           else ArrayType(DoubleType()))]
+        scalar = one_output or task is Task.CLASSIFICATION  # a multi-label prediction: the labels' indices
+        out_type = StructType([StructField("prediction", DoubleType() if scalar else ArrayType(DoubleType()))]
                               + ([] if regression else [StructField("probability", ArrayType(DoubleType())),
                                                         StructField("raw", ArrayType(DoubleType()))]))
         udf = pandas_udf(score_udf, out_type)
@@ -727,7 +738,7 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         cols = [F.col(c) for c in dataset.columns]
         if pred_col:
             pred = F.col(f"{tmp}.prediction")
-            cols.append((pred if not regression or one_output else array_to_vector(pred)).alias(pred_col))
+            cols.append((array_to_vector(pred) if regression and not one_output else pred).alias(pred_col))
         if prob_col:
             cols.append(array_to_vector(F.col(f"{tmp}.probability")).alias(prob_col))
         if raw_col:

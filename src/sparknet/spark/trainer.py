@@ -285,7 +285,7 @@ class SparkTrainer:
 
     # -- fit ----------------------------------------------------------------------------------
     def fit(self, train, validation=None, *, features_col: str | Sequence[str] = "features",
-            label_col: str | None = "label",
+            label_col: str | None = "label", weight_col: str | None = None,
             image_shape=None, initial_weights=None) -> TrainResult:
         """Train on ``train`` (a DataFrame or an RDD of ``(ndarray, label)``).
 
@@ -303,7 +303,10 @@ class SparkTrainer:
             ``dist.eval_every_rounds`` rounds, and at the end.
         features_col, label_col : str
             Column names of a DataFrame. ``features_col`` may be a list of columns (numbers, arrays,
-            ML vectors), concatenated in that order into each row's features. ``label_col=None`` (or ``task="unlabelled"``) trains without
+            ML vectors), concatenated in that order into each row's features.
+        weight_col : str, optional
+            A DataFrame column of sample weights (numbers >= 0): each worker's loss is the weighted
+            mean of its rows' losses (a plain module and a torch loss; metrics stay unweighted). ``label_col=None`` (or ``task="unlabelled"``) trains without
             labels: the loss takes the input (an autoencoder), the DataFrame needs no label column, an
             RDD holds feature arrays, and the validation data is features alone.
         image_shape : sequence of int, optional
@@ -326,6 +329,9 @@ class SparkTrainer:
         if dist.target_accuracy is not None and validation is None:
             raise ValueError("target_accuracy needs validation data to measure accuracy on")
         task = self._fit_task(label_col)
+        if weight_col is not None and not isinstance(self.net, torch.nn.Module):
+            raise ValueError("sample weights (weight_col) need a torch.nn.Module net and a torch loss (loss=); a "
+                             "layer-DSL net's loss layers take no weights")
         if task is Task.UNLABELLED:
             label_col = None
             if dist.target_accuracy is not None:
@@ -345,7 +351,8 @@ class SparkTrainer:
         expected_len = math.prod(sample_shape) if sample_shape is not None else None
         worker = self.worker
         driver_net = Net(_copy_module(self.net) if isinstance(self.net, torch.nn.Module) else self.net, worker.solver,
-                         loss=self.loss, batch_size=worker.batch_size, device="cpu", seed=worker.seed, task=task)
+                         loss=self.loss, batch_size=worker.batch_size, device="cpu", seed=worker.seed, task=task,
+                         weighted=weight_col is not None)
         if initial_weights is not None:
             if isinstance(initial_weights, WeightCollection):
                 driver_net.set_weights(initial_weights)
@@ -359,7 +366,7 @@ class SparkTrainer:
         group = f"sparknet-{fit_id}"
         chunks, source = _data.chunk_rdd(train, features_col=features_col, label_col=label_col,
                                          image_shape=image_shape, expected_len=expected_len, num_partitions=K,
-                                         float_labels=task.float_labels)
+                                         float_labels=task.float_labels, weight_col=weight_col)
         chunks.persist(getattr(StorageLevel, self.options.storage_level))
         staged = None
         broadcasts = []
@@ -402,6 +409,7 @@ class SparkTrainer:
             else:
                 global_flat = self.strategy.init_global(driver_net.get_flat())
             spec = WorkerSpec(fit_id=fit_id, net=self._net_for_workers(), loss=self.loss, worker=worker, task=task,
+                              weighted=weight_col is not None,
                               strategy=self.strategy, sample_shape=tuple(sample_shape),
                               start_iteration=dist.warmup_steps, options={"staging_dir": self.options.staging_dir},
                               faults=faults_from(self.options.fault), compression=dist.compression, link=self.link,
