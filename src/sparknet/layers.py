@@ -1390,20 +1390,14 @@ class _BatchNorm(nn.Module):
                             training=batch_stats, momentum=momentum or 0.0, eps=self.eps)
 
 
-class _CaffeBatchNorm(nn.Module):
+class _CaffeBatchNorm(_BatchNorm):
     """Batch norm whose statistics follow Caffe's rule: decayed sums and their scale factor."""
 
     def __init__(self, channels: int, eps: float, fraction: float, use_global_stats: bool | None, affine: bool):
-        super().__init__()
-        self.eps, self.fraction, self.use_global_stats = eps, fraction, use_global_stats
-        if affine:
-            self.weight = nn.Parameter(torch.ones(channels))
-            self.bias = nn.Parameter(torch.zeros(channels))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
-        self.register_buffer("running_mean", torch.zeros(channels))
-        self.register_buffer("running_var", torch.zeros(channels))
+        super().__init__(channels, eps, None, use_global_stats, affine)
+        self.fraction = fraction
+        del self.num_batches_tracked
+        self.running_var.zero_()  # Caffe's blobs all start at 0
         self.register_buffer("scale_factor", torch.zeros(1))
 
     def forward(self, x: Tensor) -> Tensor:

@@ -38,6 +38,19 @@ def start_session(master: str, extra: dict | None = None):
     return spark
 
 
+def module_session(master: str = "local[2]", extra: dict | None = None):
+    """A module-scoped ``spark`` fixture: one SparkSession for the module, stopped after its last test."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def spark():
+        session = start_session(master, extra)
+        yield session
+        session.stop()
+
+    return spark
+
+
 def blobs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Three Gaussian blobs in 2-D: float32 features, int64 labels."""
     rng = np.random.default_rng(seed)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from _spark_testlib import start_session
+from _spark_testlib import module_session
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer, _data
@@ -14,11 +14,7 @@ from sparknet.spark import SparkTrainer, _data
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[2]")
-    yield session
-    session.stop()
+spark = module_session("local[2]")
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from _spark_testlib import regression_table, start_session
+from _spark_testlib import module_session, regression_table
 from sparknet.config import DistributedConfig, Engine, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
@@ -16,11 +16,7 @@ from sparknet.spark import SparkTrainer
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[2]")
-    yield session
-    session.stop()
+spark = module_session("local[2]")
 
 
 def _frame(spark, x, y):
