@@ -428,8 +428,8 @@ class Net:
                 finite = False
             if after_backward is not None:
                 after_backward(self)
-            if clip > 0:
-                torch.nn.utils.clip_grad_norm_(module.parameters(), clip)
+            if clip > 0:  # Caffe clips the iter_size minibatches' summed gradient, before dividing it
+                torch.nn.utils.clip_grad_norm_(module.parameters(), clip / iter_size)
             opt.step()
             sched.step()
             self.iteration += 1

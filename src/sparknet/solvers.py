@@ -92,7 +92,8 @@ class SolverConfig:
     iter_size: int = 1
     """Gradient accumulation: minibatches per update."""
     clip_gradients: float = -1.0
-    """Clip the global gradient L2 norm to this value when positive."""
+    """Clip the global gradient L2 norm to this value when positive (as Caffe: the norm of the ``iter_size``
+    minibatches' summed gradient, before weight decay)."""
 
     def __post_init__(self):
         self.type = SolverType.parse(self.type)

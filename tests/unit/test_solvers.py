@@ -86,3 +86,35 @@ def test_round_trip_to_dict():
     assert SolverConfig.from_dict(c.to_dict()) == c
     assert c.type is SolverType.ADAM and c.lr_policy is LRPolicy.MULTISTEP
     assert math.isclose(c.base_lr, 0.01)
+
+
+def test_clip_gradients_clips_the_summed_gradient_of_iter_size_minibatches_as_caffe():
+    # sgd_solver.cpp ApplyUpdate: ClipGradients() on the accumulated diff, then Normalize (/ iter_size),
+    # then Regularize (+ decay * w), then the update
+    import torch
+
+    from sparknet.net import Net
+
+    torch.manual_seed(0)
+    module = torch.nn.Linear(4, 3)
+    x = torch.randn(8, 4)
+    y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    start = [p.detach().clone() for p in module.parameters()]
+    grads = []
+    for half in (slice(0, 4), slice(4, 8)):
+        module.zero_grad()
+        torch.nn.functional.cross_entropy(module(x[half]), y[half]).backward()
+        grads.append([p.grad.clone() for p in module.parameters()])
+    summed = [a + b for a, b in zip(*grads)]
+    norm = float(torch.sqrt(sum((g * g).sum() for g in summed)))
+    clip = 0.75 * norm  # clips the sum; the mean (half the norm) would pass unclipped
+    lr, decay = 0.1, 0.01
+    want = [w - lr * (g * clip / norm / 2 + decay * w) for w, g in zip(start, summed)]
+    for p, w in zip(module.parameters(), start):
+        p.data.copy_(w)
+    net = Net(module, SolverConfig(base_lr=lr, momentum=0.0, weight_decay=decay, iter_size=2, clip_gradients=clip),
+              batch_size=4)
+    net.set_training_data((x.numpy(), y.numpy()), shuffle=False)
+    net.train(1)
+    for got, w in zip(module.parameters(), want):
+        torch.testing.assert_close(got.detach(), w, rtol=1e-5, atol=1e-6)
