@@ -67,7 +67,8 @@ class EvalResult:
     """Fraction of labels predicted right (NaN for a regression net)."""
     samples: int
     metrics: dict = field(default_factory=dict)
-    """The task's metrics by name: ``accuracy`` for classes; ``r2``, ``rmse`` and ``mae`` for numbers."""
+    """The task's metrics by name: ``accuracy`` for classes; ``r2``, ``rmse`` and ``mae`` for numbers;
+    ``accuracy`` and ``f1`` for label sets; none for a net without labels (its loss alone)."""
     sums: tuple = ()
     """Regression and multi-label: the additive sums the metrics come from (:func:`sparknet.task.task_sums`)."""
 
@@ -262,9 +263,10 @@ class Net:
         data path makes of a ``weight_col``): the loss is the weighted mean of the rows' losses.
         Validation data carries no weights.
     task : Task or str, optional
-        ``"classification"`` or ``"regression"``; by default a regression loss (``MSELoss``, ``L1Loss``,
-        ``HuberLoss``, ``SmoothL1Loss``, a ``EuclideanLoss`` layer) means regression. A regression net's
-        labels are float numbers and it is scored by R², RMSE and MAE.
+        ``"classification"``, ``"regression"``, ``"multilabel"`` or ``"unlabelled"`` (:mod:`sparknet.task`);
+        by default inferred from the loss: a regression loss (``MSELoss``, ``L1Loss``, ``HuberLoss``,
+        ``SmoothL1Loss``, a ``EuclideanLoss`` layer) means regression, scored by R², RMSE and MAE;
+        ``BCEWithLogitsLoss`` or ``MultiLabelSoftMarginLoss`` multi-label; anything else classification.
     """
 
     def __init__(self, net, solver: SolverConfig | None = None, *, loss: LossFn | None = None,
