@@ -95,13 +95,15 @@ class _ModuleAdapter:
         self.module = module
         self.loss_fn = loss if loss is not None else torch.nn.CrossEntropyLoss()
         self.task = task
+        self._per_row_fn = None  # the loss without its reduction, made once (sample weights)
 
     def loss(self, x, y, w=None):
         out = self.module(x)
         if w is not None:  # sample weights: the loss of each row, then their weighted mean
-            fn = copy.copy(self.loss_fn)
-            fn.reduction = "none"
-            per = self._loss(fn, out, x, y)
+            if self._per_row_fn is None:
+                self._per_row_fn = copy.copy(self.loss_fn)
+                self._per_row_fn.reduction = "none"
+            per = self._loss(self._per_row_fn, out, x, y)
             per = per.reshape(len(out), -1).mean(1) if per.dim() else per.expand(len(out))
             return (per * w).sum() / w.sum().clamp_min(1e-12), out
         return self._loss(self.loss_fn, out, x, y), out

@@ -37,11 +37,6 @@ class Task(str, enum.Enum):
     """No labels: the loss takes the input (an autoencoder); scored by its loss alone."""
 
     @property
-    def score(self) -> str:
-        """The metric a target is set on (higher is better)."""
-        return "r2" if self is Task.REGRESSION else "accuracy"
-
-    @property
     def float_labels(self) -> bool:
         """Whether the labels are float numbers (not int64 class ids)."""
         return self in (Task.REGRESSION, Task.MULTILABEL)

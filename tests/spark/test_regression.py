@@ -69,8 +69,8 @@ def test_target_accuracy_is_a_target_on_r2(spark):
 def test_vector_labels_and_huber_loss_train_on_the_barrier_engine(spark):
     x, y = regression_table(1600, outputs=2)
     vx, vy = regression_table(400, outputs=2, seed=1)
-    trainer = SparkTrainer(_net(2), WorkerConfig(solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=32, seed=1),
-                           DistributedConfig(workers=2, tau=25, rounds=12, engine=Engine.BARRIER),
+    worker = WorkerConfig(solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=32, seed=1)
+    trainer = SparkTrainer(_net(2), worker, DistributedConfig(workers=2, tau=25, rounds=12, engine=Engine.BARRIER),
                            loss=torch.nn.HuberLoss(), spark=spark)
     result = trainer.fit(_frame(spark, x, y), validation=_frame(spark, vx, vy))
     assert result.summary["test_r2"] >= 0.95, result.summary

@@ -56,8 +56,8 @@ def _new_info() -> dict:
     # label_lengths: examples of labels per row (0: one class id; T: one per position of a sequence);
     # bad_labels: rows whose label does not have the length the other rows' labels have.
     return {"rows": 0, "lengths": [], "shapes": [], "bad_rows": 0, "null_x": 0, "nonfinite": 0, "null_y": 0,
-            "nonint_y": 0, "nonfinite_y": 0, "bad_w": 0, "y_min": None, "y_max": None, "not_pairs": 0, "label_lengths": [], "bad_labels": 0,
-            "label_col": None}
+            "nonint_y": 0, "nonfinite_y": 0, "bad_w": 0, "y_min": None, "y_max": None, "not_pairs": 0,
+            "label_lengths": [], "bad_labels": 0, "label_col": None}
 
 
 _COUNTS = ("rows", "bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "nonfinite_y", "bad_w", "not_pairs",
@@ -731,13 +731,11 @@ def local_arrays(data, *, sample_shape, what: str = "validation data",
         x = x.reshape(len(x), *sample_shape)
     if y.dtype.kind not in "biuf":
         raise ValueError(f"{what}: labels are {y.dtype}, not numbers")
-    if task.float_labels:
-        y = y.astype(np.float32)
-        if not np.isfinite(y).all():
-            raise ValueError(f"{what}: {int(y.size - np.isfinite(y).sum())} labels are NaN or infinite")
-        if task is Task.MULTILABEL and y.size and (y.min() < 0 or y.max() > 1):
-            raise ValueError(f"{what}: labels range over [{y.min():g}, {y.max():g}]; a multi-label net takes 0 or 1 "
-                             "for each of its outputs")
+    if task.float_labels:  # the checks of a DataFrame's labels (finite; in [0, 1] for multi-label)
+        info = _new_info()
+        y = _labels(y, info, float_labels=True)
+        info["rows"] = len(y)
+        check_stats([info], what=what, expected_len=None, num_classes=None, task=task)
         return x, y
     if y.ndim > 2:
         raise ValueError(f"{what}: labels have shape {y.shape}; give one class id per row, or one per position "

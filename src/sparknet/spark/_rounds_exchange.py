@@ -271,7 +271,8 @@ class SparkRoundsExchange(Exchange):
         if active is not None:
             self.elastic_rounds += 1
             fields["trained_workers"] = active
-        return RoundUpdate(workers=None if active is None else len(active),total=total, samples=acc.samples, loss_sum=acc.loss_sum, steps=steps,
+        return RoundUpdate(workers=None if active is None else len(active), total=total, samples=acc.samples,
+                           loss_sum=acc.loss_sum, steps=steps,
                            processed=sum(w.samples for w in trained),
                            compute_s=slowest.compute_s if slowest is not None else 0.0,
                            slowest_steps=slowest.steps if slowest is not None else 0, nbytes=moved,

@@ -230,10 +230,10 @@ class SparkTrainer:
     options : EngineOptions, optional
         Timeouts, staging directory, cache level, warm-up sample bounds.
     task : Task or str, optional
-        ``"classification"`` (integer class ids) or ``"regression"`` (a double label, or an array of
-        doubles per row); default: regression for a regression loss (``torch.nn.MSELoss``, ``L1Loss``,
-        ``HuberLoss``, ``SmoothL1Loss``, a ``EuclideanLoss`` layer). A regression fit is scored by R², RMSE
-        and MAE (``val_r2``, ``test_r2``...), and ``dist.target_accuracy`` is a target on R².
+        ``"classification"`` (integer class ids), ``"regression"`` (a double label, or an array of
+        doubles per row), ``"multilabel"`` (an array of 0/1 per row) or ``"unlabelled"``; default:
+        inferred from the loss (:mod:`sparknet.task`). A regression fit is scored by R², RMSE and MAE
+        (``val_r2``, ``test_r2``...), and ``dist.target_accuracy`` is a target on R².
     """
 
     @classmethod
@@ -296,19 +296,21 @@ class SparkTrainer:
             sparse), or ``binary`` with ``image_shape`` (uint8 pixels scaled to [0, 1], or
             little-endian float32); an integer (or whole-number double) label column, or for a
             sequence model an ``array<long>`` column with one label per position. An RDD holds
-            ``(ndarray, label)`` pairs (the label a 1-D array for a sequence model). It is split into ``dist.workers`` partitions
-            (kept as they are when it already has that many; uneven and empty ones work).
+            ``(ndarray, label)`` pairs (the label a 1-D array for a sequence model). It is split into
+            ``dist.workers`` partitions (kept as they are when it already has that many; uneven and empty
+            ones work).
         validation : DataFrame, RDD, ArrayDataset or (x, y) arrays, optional
             Evaluated on the driver (rounds) or in shards on the workers (barrier) every
             ``dist.eval_every_rounds`` rounds, and at the end.
         features_col, label_col : str
             Column names of a DataFrame. ``features_col`` may be a list of columns (numbers, arrays,
-            ML vectors), concatenated in that order into each row's features.
+            ML vectors), concatenated in that order into each row's features. ``label_col=None`` (or
+            ``task="unlabelled"``) trains without labels: the loss takes the input (an autoencoder), the
+            DataFrame needs no label column, an RDD holds feature arrays, and the validation data is
+            features alone.
         weight_col : str, optional
             A DataFrame column of sample weights (numbers >= 0): each worker's loss is the weighted
-            mean of its rows' losses (a plain module and a torch loss; metrics stay unweighted). ``label_col=None`` (or ``task="unlabelled"``) trains without
-            labels: the loss takes the input (an autoencoder), the DataFrame needs no label column, an
-            RDD holds feature arrays, and the validation data is features alone.
+            mean of its rows' losses (a plain module and a torch loss; metrics stay unweighted).
         image_shape : sequence of int, optional
             Shape of one sample (e.g. ``[1, 28, 28]``); needed for binary features and for plain
             modules that take more than a flat vector.
