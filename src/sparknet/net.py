@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from sparknet.layers import NetParams
+from sparknet.rowfile import RowStream
 from sparknet.solvers import SolverConfig, build_optimizer, lr_multiplier
 from sparknet.task import Task, infer_task, task_metrics, task_sums
 from sparknet.weights import WeightCollection
@@ -312,6 +313,7 @@ class Net:
         self._live = WeightCollection(self._model.layer_weights())
         self._gen = torch.Generator().manual_seed(seed if seed is not None else torch.initial_seed() % (2**31))
         self._train: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._stream: RowStream | None = None
         self._val: tuple[torch.Tensor, torch.Tensor] | None = None
         self._shuffle = True
         self._perm: torch.Tensor | None = None
@@ -325,18 +327,23 @@ class Net:
 
         Parameters
         ----------
-        data : ArrayDataset, (x, y) arrays, or iterable of (x, y)
-            Samples or whole batches (told apart by the label's rank, or by ``batched``).
-            Everything is turned into tensors once and kept in memory.
+        data : ArrayDataset, (x, y) arrays, iterable of (x, y), or RowStream
+            Samples or whole batches (told apart by the label's rank, or by ``batched``),
+            turned into tensors once and kept in memory; or a :class:`~sparknet.rowfile.RowStream`,
+            which hands out minibatches from disk through a bounded shuffle buffer (it shuffles
+            itself; ``shuffle`` is its own).
         batch_size : int, optional
             Overrides the net's minibatch size.
         shuffle : bool
             Reshuffle at the start of every epoch.
         """
-        x, y = self._fit_input(*_collect(data, self._label_ndim, batched))
-        if len(x) == 0:
-            raise ValueError("training data is empty")
-        self._train = (x.to(self.device), y.to(self.device))
+        if isinstance(data, RowStream):
+            self._stream, self._train = data, None
+        else:
+            x, y = self._fit_input(*_collect(data, self._label_ndim, batched))
+            if len(x) == 0:
+                raise ValueError("training data is empty")
+            self._stream, self._train = None, (x.to(self.device), y.to(self.device))
         if batch_size is not None:
             if batch_size < 1:
                 raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -374,9 +381,16 @@ class Net:
 
     @property
     def num_training_samples(self) -> int:
+        if self._stream is not None:
+            return self._stream.rows
         return 0 if self._train is None else len(self._train[0])
 
     def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._stream is not None:
+            xb, yb = self._stream.next_batch(self.batch_size)
+            self.epoch = self._stream.epoch
+            xb, yb = self._fit_input(torch.from_numpy(xb), torch.from_numpy(yb))
+            return xb.to(self.device), yb.to(self.device)
         x, y = self._train
         n = len(x)
         b = min(self.batch_size, n)
@@ -399,7 +413,7 @@ class Net:
         each update's gradients are computed and before the optimizer steps (a strategy
         may allreduce gradients there).
         """
-        if self._train is None:
+        if self._train is None and self._stream is None:
             raise ValueError("no training data: call set_training_data() first")
         if num_steps < 0:
             raise ValueError(f"num_steps must be non-negative, got {num_steps}")
@@ -559,6 +573,7 @@ class Net:
             "pos": self._pos,
             "perm": None if self._perm is None else self._perm.cpu().clone(),
             "generator": self._gen.get_state(),
+            **({"stream": self._stream.state()} if self._stream is not None else {}),
         }
 
     def load_solver_state(self, state: dict) -> None:
@@ -568,6 +583,8 @@ class Net:
         self.epoch, self._pos = state["epoch"], state["pos"]
         self._perm = None if state["perm"] is None else state["perm"].to(self.device)
         self._gen.set_state(state["generator"])
+        if self._stream is not None and "stream" in state:
+            self._stream.load_state(state["stream"])
 
     def __repr__(self) -> str:
         return (f"Net({type(self.module).__name__}, solver={self.solver.type.value}, "

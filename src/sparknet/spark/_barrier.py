@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import ipaddress
 import logging
+import contextlib
 import os
 import pickle
 import socket
@@ -43,8 +44,9 @@ from sparknet.errors import NonFiniteUpdate
 from sparknet.faults import due_fault
 from sparknet.loop import Progress, run_rounds
 from sparknet.spark._channel import MetricsSender, encode_tree
-from sparknet.spark._data import merge_chunks
-from sparknet.spark._rounds import (WorkerSpec, build_worker_net, export_worker_state, freeze_heap,
+from sparknet.rowfile import RowFile
+from sparknet.spark._data import merge_chunks, write_chunks
+from sparknet.spark._rounds import (WorkerSpec, build_worker_net, export_worker_state, fit_dir, freeze_heap,
                                     import_worker_state, round_seed, task_device, worker_failure)
 from sparknet.stopping import EvalPlan, StopRule
 from sparknet.strategies import AutoTau, WorkerState
@@ -312,10 +314,14 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     spec: WorkerSpec = pickle.loads(packed[1])
     world = params.group.workers
     torch.set_num_threads(spec.worker.threads)
-    x, y, _ = merge_chunks(chunks)
+    if spec.options.get("stream"):  # written to this machine's disk chunk by chunk, then streamed from it
+        data, _ = write_chunks(os.path.join(fit_dir(spec), f"rank{rank}"), chunks)
+        has_data = data is not None
+    else:
+        x, y, _ = merge_chunks(chunks)
+        data, has_data = (x, y), x is not None and len(x) > 0
     device, device_info = task_device(spec.worker.device)
-    net = build_worker_net(spec, rank, x, y, device)
-    has_data = x is not None and len(x) > 0
+    net = build_worker_net(spec, rank, data, device)
     del chunks
     freeze_heap()  # no full garbage collection of torch's modules in the middle of a round
     val, val_rows = None, None
@@ -340,6 +346,10 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
             yield ("result", final.numpy().tobytes(), history)
     finally:
         gc.unfreeze()
+        if isinstance(data, RowFile):
+            data.remove()
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(data.stem))
         if dist.is_initialized():
             dist.destroy_process_group()
         del store

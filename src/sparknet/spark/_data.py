@@ -16,17 +16,21 @@ chunks and sums their counts.
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
+from sparknet._enums import parse_enum
+from sparknet.rowfile import RowFile, RowFileWriter
 from sparknet.spark._backend import run_with_deadline
 from sparknet.task import Task
 
-__all__ = ["FeatureSource", "chunk_rdd", "merge_chunks", "check_stats", "checked_partitions", "partition_stats",
+__all__ = ["FeatureSource", "chunk_rdd", "merge_chunks", "write_chunks", "DataMode", "choose_data_mode", "task_memory", "check_stats", "checked_partitions", "partition_stats",
            "head_rows",
            "local_arrays", "collect_arrays", "describe_skew", "arrays_table", "frame_from_arrays", "CHUNK_BYTES"]
 
@@ -60,6 +64,9 @@ def _new_info() -> dict:
             "label_lengths": [], "bad_labels": 0, "label_col": None}
 
 
+PROBLEM_KEYS = ("bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "nonfinite_y", "bad_w", "not_pairs",
+                "bad_labels")
+"""Counts of rows a partition cannot train on (any one refuses the fit)."""
 _COUNTS = ("rows", "bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "nonfinite_y", "bad_w", "not_pairs",
            "bad_labels")
 _EXAMPLES = ("lengths", "shapes", "label_lengths")
@@ -408,6 +415,81 @@ def merge_chunks(chunks: Iterable) -> tuple[np.ndarray | None, np.ndarray | None
     x = xs[0] if len(xs) == 1 else np.concatenate(xs)
     y = ys[0] if len(ys) == 1 else np.concatenate(ys)
     return x, y, total
+
+
+def write_chunks(stem: str, chunks: Iterable) -> tuple[RowFile | None, dict]:
+    """A partition's chunks -> a :class:`~sparknet.rowfile.RowFile` at ``stem`` (one chunk held at a time) and
+    the summed info (:func:`merge_chunks`' counts). Nothing is kept for a partition with no rows or with
+    problems :func:`check_stats` refuses."""
+    total = _new_info()
+    rows, writer = RowFileWriter.write(stem, chunks, on_chunk=lambda chunk: _add_info(total, chunk[2]))
+    total["bad_rows"] += writer.bad_rows
+    total["bad_labels"] += writer.bad_labels
+    if rows is not None and any(total[k] for k in PROBLEM_KEYS):
+        rows.remove()
+        rows = None
+    return rows, total
+
+
+# -- driver side: in memory or streamed ---------------------------------------------------------
+class DataMode(str, enum.Enum):
+    """How a worker holds its partition: every row in memory, or streamed from local disk."""
+
+    AUTO = "auto"
+    MEMORY = "memory"
+    STREAM = "stream"
+
+
+STREAM_FRACTION = 0.5
+"""``auto`` streams a partition whose rows take more than this share of the memory one task has."""
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)b?\s*$", re.IGNORECASE)
+
+
+def memory_bytes(value: str, default_unit: str = "m") -> int:
+    """Bytes of a Spark memory setting (``"512m"``, ``"2g"``, ``"1024"`` = MiB)."""
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"cannot read the memory size {value!r} (e.g. 512m, 2g)")
+    unit = (m.group(2) or default_unit).lower()
+    return int(float(m.group(1)) * 1024 ** "bkmgtp".index(unit))
+
+
+def task_memory(sc) -> tuple[int, str]:
+    """Bytes of memory one training task has, and how that was worked out.
+
+    ``spark.executor.pyspark.memory`` (the Python workers' own limit) if set, else the executor's memory
+    (the driver's on a ``local[...]`` master), shared by the tasks one executor runs at once.
+    """
+    from sparknet.spark._session import _LOCAL_CLUSTER, is_local_master, local_slots
+
+    conf = sc.getConf()
+    master = sc.master or ""
+    cluster = _LOCAL_CLUSTER.match(master.strip())
+    if cluster:
+        slots = int(cluster.group(2))
+    elif is_local_master(master):
+        slots = local_slots(master) or 1
+    else:
+        slots = int(conf.get("spark.executor.cores", "1"))
+    key = "spark.executor.pyspark.memory"
+    if not conf.get(key, None):
+        key = "spark.driver.memory" if is_local_master(master) and not cluster else "spark.executor.memory"
+    total = memory_bytes(conf.get(key, "1g"))
+    return total // max(1, slots), f"{key} {conf.get(key, '1g')} over {slots} task slot(s)"
+
+
+def choose_data_mode(requested, partition_bytes: int, sc) -> tuple[DataMode, str]:
+    """``memory`` or ``stream`` for a fit whose largest partition's rows take ``partition_bytes``, and why."""
+    mode = parse_enum(DataMode, requested, "data mode")
+    size = f"the largest partition's rows take {partition_bytes / 2**20:,.0f} MiB"
+    if mode is not DataMode.AUTO:
+        return mode, f"{mode.value} as asked; {size}"
+    budget, source = task_memory(sc)
+    if partition_bytes > STREAM_FRACTION * budget:
+        return DataMode.STREAM, (f"streamed from local disk: {size}, more than {STREAM_FRACTION:.0%} of the "
+                                 f"{budget / 2**20:,.0f} MiB one task has ({source})")
+    return DataMode.MEMORY, f"in memory: {size}, at most {STREAM_FRACTION:.0%} of the {budget / 2**20:,.0f} MiB one " \
+                            f"task has ({source})"
 
 
 # -- driver side --------------------------------------------------------------------------------

@@ -3,8 +3,8 @@
 One fit runs these Spark jobs (the driver side is :mod:`sparknet.spark.trainer`):
 
 1. **stage** — ``chunks.mapPartitionsWithIndex(stage_partition)``, persisted: each partition's
-   chunks are concatenated once and written as two ``.npy`` files under the executor's local
-   directory; the persisted RDD keeps one small record per partition (rows, counts, host,
+   chunks are written one at a time as a :class:`~sparknet.rowfile.RowFile` under the executor's
+   local directory (the partition is never held whole); the persisted RDD keeps one small record per partition (rows, counts, host,
    directory). Its blocks stay on the executor that wrote the files, so Spark schedules every
    later round of that partition there.
 2. **rounds** — ``staged.mapPartitionsWithIndex(run_round)``: a task reads only the small
@@ -12,8 +12,9 @@ One fit runs these Spark jobs (the driver side is :mod:`sparknet.spark.trainer`)
    the K partials (``treeAggregate`` of depth 2 past 8 workers). The task's
    :class:`Net` comes from a process-global cache keyed by
    (fit id, partition); on a miss (another Python worker of the same machine, a restarted one)
-   the ``.npy`` files are memory-mapped, so every process on the machine shares one copy of the
-   data and nothing is converted again. A task that runs on a machine without the files
+   the row file is memory-mapped, so every process on the machine shares one copy of the data and
+   nothing is converted again, or, for a fit whose partitions are too big to hold
+   (``options["stream"]``), streamed through a bounded shuffle buffer. A task that runs on a machine without the files
    returns ``missing``, and the driver reruns that partition from the persisted chunks
    (:func:`run_round_from_chunks`), which writes the files there.
 3. **cleanup** — removes the files and drops the cache entries.
@@ -58,18 +59,17 @@ from sparknet.faults import due_fault
 from sparknet.loop import RoundPlan, round_seed, worker_seed
 from sparknet.net import Net
 from sparknet.config import WorkerConfig
-from sparknet.spark._data import merge_chunks
+from sparknet.rowfile import DEFAULT_BUFFER_BYTES, RowFile
+from sparknet.spark._data import write_chunks
 from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_compressor
 from sparknet.task import Task
 
 __all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
-           "stage_partition", "run_round", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
+           "fit_dir", "stage_partition", "run_round", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
            "freeze_heap", "worker_failure", "export_worker_state", "import_worker_state", "round_seed", "decode_updates"]
 
 log = logging.getLogger(__name__)
 
-_PROBLEM_KEYS = ("bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "nonfinite_y", "bad_w", "not_pairs",
-                 "bad_labels")
 
 
 @dataclass
@@ -260,16 +260,26 @@ def task_device(requested: str) -> tuple[str, dict]:
     return dev, info
 
 
-def build_worker_net(spec: WorkerSpec, index: int, x, y, device: str) -> Net:
-    """A worker's Net over its partition's data, built the same way in both engines."""
+def build_worker_net(spec: WorkerSpec, index: int, data, device: str) -> Net:
+    """A worker's Net over its partition's data, built the same way in both engines.
+
+    ``data``: the partition's :class:`~sparknet.rowfile.RowFile` (held in memory or streamed, as
+    ``spec.options["stream"]`` says), its ``(x, y)`` arrays, or ``None`` (no rows).
+    """
     net_def = copy.deepcopy(spec.net) if isinstance(spec.net, torch.nn.Module) else spec.net
+    seed = worker_seed(spec.worker.seed, index)
     net = Net(net_def, spec.worker.solver, loss=spec.loss, batch_size=spec.worker.batch_size, device=device,
-              task=spec.task, weighted=spec.weighted,
-              seed=worker_seed(spec.worker.seed, index))
-    if x is not None and len(x):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only memory maps
-            net.set_training_data((x.reshape(len(x), *spec.sample_shape), y))
+              task=spec.task, weighted=spec.weighted, seed=seed)
+    if isinstance(data, RowFile) and spec.options.get("stream"):
+        net.set_training_data(data.stream(seed=seed, buffer_bytes=spec.options.get("stream_buffer_bytes",
+                                                                                   DEFAULT_BUFFER_BYTES),
+                                          sample_shape=spec.sample_shape))
+    else:
+        x, y = data.arrays() if isinstance(data, RowFile) else data if data is not None else (None, None)
+        if x is not None and len(x):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # read-only memory maps
+                net.set_training_data((x.reshape(len(x), *spec.sample_shape), y))
     net.set_iteration(spec.start_iteration)
     return net
 
@@ -351,25 +361,13 @@ def _fit_dir(root: str, fit_id: str) -> str:
     return os.path.join(root, f"sparknet-{fit_id}")
 
 
-def _save_npy(path: str, array: np.ndarray) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        np.save(f, np.ascontiguousarray(array))
-    os.replace(tmp, path)
+def fit_dir(spec: WorkerSpec) -> str:
+    """The folder on this machine where the fit's tasks keep their partitions' rows and state."""
+    return _fit_dir(_local_root(spec.options), spec.fit_id)
 
 
-def _write_partition(directory: str, index: int, x: np.ndarray, y: np.ndarray) -> None:
-    os.makedirs(directory, exist_ok=True)
-    _save_npy(os.path.join(directory, f"p{index}.y.npy"), y)
-    _save_npy(os.path.join(directory, f"p{index}.x.npy"), x)
-
-
-def _read_partition(directory: str, index: int):
-    xp, yp = os.path.join(directory, f"p{index}.x.npy"), os.path.join(directory, f"p{index}.y.npy")
-    if not (os.path.exists(xp) and os.path.exists(yp)):
-        return None
-    # copy-on-write maps: shared pages, writable arrays (torch wants them), never written to
-    return np.load(xp, mmap_mode="c"), np.load(yp, mmap_mode="c")
+def _partition_stem(directory: str, index: int) -> str:
+    return os.path.join(directory, f"p{index}")
 
 
 # -- stage --------------------------------------------------------------------------------------
@@ -378,12 +376,9 @@ def stage_partition(fit_id: str, options: dict):
 
     def stage(index: int, chunks):
         _evict_finished()
-        x, y, info = merge_chunks(chunks)
         directory = _fit_dir(_local_root(options), fit_id)
+        _, info = write_chunks(_partition_stem(directory, index), chunks)
         info.update(index=index, host=socket.gethostname(), dir=directory)
-        if x is not None and not any(info[k] for k in _PROBLEM_KEYS):
-            _write_partition(directory, index, x, y)
-        del x, y
         freeze_heap()
         yield info
 
@@ -483,23 +478,21 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
     source = "cache"
     if entry is None:
         if chunks is not None:
-            x, y, _ = merge_chunks(chunks)
-            if x is None:
+            directory = fit_dir(spec)
+            rows, _ = write_chunks(_partition_stem(directory, index), chunks)
+            if rows is None:
                 return replace(report, status=WorkerStatus.EMPTY), None, None
-            directory = _fit_dir(_local_root(spec.options), spec.fit_id)
-            _write_partition(directory, index, x, y)
             source = "chunks"
         else:
-            arrays = None
+            rows = None
             if record is not None and record.get("host") == socket.gethostname():
-                arrays = _read_partition(record["dir"], index)
-            if arrays is None:
+                rows = RowFile.open(_partition_stem(record["dir"], index))
+            if rows is None:
                 return replace(report, status=WorkerStatus.MISSING), None, None
-            x, y = arrays
             directory = record["dir"]
             source = "file"
         device, device_info = task_device(spec.worker.device)
-        net = build_worker_net(spec, index, x, y, device)
+        net = build_worker_net(spec, index, rows, device)
         entry = _Entry(net=net, state=WorkerState(), version=-1, directory=directory, device_info=device_info)
         _CACHE[key] = entry
         freeze_heap()
