@@ -15,7 +15,15 @@ from pathlib import Path
 
 from sparknet.metrics import LoadSampler
 
-__all__ = ["LoadSampler", "timed_command", "last_summary"]
+__all__ = ["LoadSampler", "timed_command", "last_summary", "save_json"]
+
+
+def save_json(result: dict, out: str | Path) -> Path:
+    """Write ``result`` as indented JSON to ``out`` (its folder made if missing); the path written."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    return path
 
 
 def last_summary(metrics: Path) -> dict:

@@ -653,6 +653,9 @@ class LinearLayer(_Learnable):
         when the weight is fixed, e.g. loaded from a file).
     parallel : ParallelMode or str, optional
         ``"column"`` or ``"row"``: how model-parallel training splits the weight.
+    transpose : bool
+        Caffe's ``transpose``: the weight is kept as ``[K, num_outputs]`` and the top is
+        ``x @ W`` (Caffe's blob layout for such a layer); not split for model parallelism.
     """
 
     num_outputs: int
@@ -660,6 +663,7 @@ class LinearLayer(_Learnable):
     axis: int = 1
     num_inputs: int | None = None
     parallel: ParallelMode | str | None = None
+    transpose: bool = False
 
     def _check(self) -> None:
         super()._check()
@@ -668,6 +672,8 @@ class LinearLayer(_Learnable):
             self._positive_int(self.num_inputs, "num_inputs")
         if self.parallel is not None:
             self.parallel = _parse_enum(ParallelMode, self.parallel, "parallel mode", self.name)
+            if self.transpose:
+                self._fail("a transposed weight (transpose=True) is not split for model parallelism")
 
     def _infer(self, shapes: list[Shape]) -> list[Shape]:
         shape = shapes[0]
@@ -682,7 +688,7 @@ class LinearLayer(_Learnable):
         shape = shapes[0]
         axis = self._axis(self.axis, len(shape), minimum=1)
         return _InnerProduct(_prod(shape[axis:]), self.num_outputs, bias=self.bias,
-                             flatten_from=axis if len(shape) > axis + 1 else None)
+                             flatten_from=axis if len(shape) > axis + 1 else None, transpose=self.transpose)
 
 
 @dataclass(kw_only=True)
@@ -839,8 +845,9 @@ class LRNLayer(Layer):
     """Local response normalisation with Caffe's semantics (``alpha`` is divided by the window size).
 
     across_channels: ``y = x / (k + alpha/n * sum_{n channels} x^2) ** beta``;
-    within_channel: the sum runs over a ``local_size`` x ``local_size`` spatial window
-    (``n = local_size**2``), zero-padded.
+    within_channel: ``y = x / (1 + alpha/n * sum x^2) ** beta``, the sum over a ``local_size`` x
+    ``local_size`` spatial window (``n = local_size**2``), zero-padded. Caffe's within-channel LRN
+    has no ``k`` (its denominator adds 1), so ``k`` other than 1 is refused there.
     """
 
     local_size: int = 5
@@ -854,6 +861,9 @@ class LRNLayer(Layer):
         if self.local_size % 2 == 0:
             self._fail(f"local_size must be odd (as in Caffe), got {self.local_size}")
         self.norm_region = _parse_enum(NormRegion, self.norm_region, "norm_region", self.name)
+        if self.norm_region == NormRegion.WITHIN_CHANNEL and self.k != 1.0:
+            self._fail(f"k={self.k}: Caffe's within_channel LRN has no k (its denominator is "
+                       "(1 + alpha/n * sum x^2) ** beta); leave k at 1")
 
     def _infer(self, shapes: list[Shape]) -> list[Shape]:
         self._expect_ndim(shapes[0], 4)
@@ -1324,16 +1334,24 @@ LAYER_TYPES: dict[str, type[Layer]] = {
 
 
 class _InnerProduct(nn.Linear):
-    """``nn.Linear`` that first flattens the input from ``flatten_from`` (Caffe's InnerProduct)."""
+    """``nn.Linear`` that first flattens the input from ``flatten_from`` (Caffe's InnerProduct).
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, flatten_from: int | None):
+    With ``transpose`` the weight is held as ``[in_features, out_features]``, Caffe's layout of a
+    transposed InnerProduct blob.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, flatten_from: int | None,
+                 transpose: bool = False):
         super().__init__(in_features, out_features, bias=bias)
         self.flatten_from = flatten_from
+        self.transpose = transpose
+        if transpose:
+            self.weight = nn.Parameter(self.weight.detach().t().contiguous())
 
     def forward(self, x: Tensor) -> Tensor:
         if self.flatten_from is not None:
             x = x.flatten(self.flatten_from)
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight.t() if self.transpose else self.weight, self.bias)
 
 
 class _GlobalPool(nn.Module):

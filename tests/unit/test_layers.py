@@ -265,7 +265,7 @@ def test_dag_with_concat_and_eltwise():
 
 @pytest.mark.parametrize("region", ["across_channels", "within_channel"])
 def test_lrn_matches_caffe_formula(region):
-    size, alpha, beta, k = 3, 0.3, 0.75, 2.0
+    size, alpha, beta, k = 3, 0.3, 0.75, 2.0 if region == "across_channels" else 1.0  # within: Caffe adds 1
     net = NetParams(data((1, 5, 4, 4)), LRNLayer("lrn", ["data"], local_size=size, alpha=alpha,
                                                  beta=beta, k=k, norm_region=region))
     x = torch.randn(1, 5, 4, 4, dtype=torch.float64).float()

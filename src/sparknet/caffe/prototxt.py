@@ -797,12 +797,11 @@ class _Converter:
 
     def inner_product(self, layer: Any) -> list[Any]:
         p = layer.inner_product_param
-        if p.transpose:
-            raise self.fail(layer, "transpose: true is not supported")
         if not p.num_output:
             raise self.fail(layer, "num_output is not set")
         return [self.dsl.LinearLayer(
             **self.common(layer), num_outputs=int(p.num_output), bias=bool(p.bias_term), axis=int(p.axis),
+            transpose=bool(p.transpose),
             weight_filler=self.filler(layer, p.weight_filler, p.HasField("weight_filler")),
             bias_filler=self.filler(layer, p.bias_filler, p.HasField("bias_filler"), bias=True),
             **self.multipliers(layer, 2 if p.bias_term else 1),
@@ -839,9 +838,15 @@ class _Converter:
 
     def lrn(self, layer: Any) -> list[Any]:
         p = layer.lrn_param
+        region = _enum_name(p, "norm_region").lower()
+        k = _f(p.k)
+        if region == "within_channel" and k != 1.0:  # lrn_layer.cpp: the within-channel denominator adds 1, not k
+            logger.warning("%s: layer %r: k=%s is ignored by a WITHIN_CHANNEL LRN (as in Caffe)", self.where,
+                           layer.name, k)
+            k = 1.0
         return [self.dsl.LRNLayer(
-            **self.common(layer), local_size=int(p.local_size), alpha=_f(p.alpha), beta=_f(p.beta), k=_f(p.k),
-            norm_region=_enum_name(p, "norm_region").lower(),
+            **self.common(layer), local_size=int(p.local_size), alpha=_f(p.alpha), beta=_f(p.beta), k=k,
+            norm_region=region,
         )]
 
     def batch_norm(self, layer: Any) -> list[Any]:
@@ -1238,6 +1243,8 @@ def _export_layer(layer: Any, net: Any) -> Any:
             p.bias_term = False
         if layer.axis != 1:
             p.axis = layer.axis
+        if layer.transpose:
+            p.transpose = True
         _set_learnable(msg, layer, 2 if layer.bias else 1, p.weight_filler, p.bias_filler)
     elif isinstance(layer, dsl.ActivationLayer):
         act = str(layer.activation)

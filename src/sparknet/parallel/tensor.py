@@ -194,6 +194,8 @@ def resolve_plan(module: GraphModule, model_parallel: int, plan: PlanLike | None
                                  layer=name)
             size, what = layer.num_filters, "num_filters"
         elif isinstance(layer, LinearLayer):
+            if layer.transpose:
+                raise GraphError(f"layer {name!r}: a transposed weight (transpose=True) cannot be split", layer=name)
             if mode is ParallelMode.COLUMN:
                 size, what = layer.num_outputs, "num_outputs"
             else:
