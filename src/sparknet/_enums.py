@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["CompressionKind", "parse_enum"]
+__all__ = ["CompressionKind", "DataMode", "parse_enum"]
+
+
+class DataMode(enum.StrEnum):
+    """How a Spark worker holds its partition (``--data-mode``): every row in memory, streamed from its
+    executor's local disk, or ``auto``: chosen from the partition's size and the memory one task has."""
+
+    AUTO = "auto"
+    MEMORY = "memory"
+    STREAM = "stream"
 
 
 class CompressionKind(enum.StrEnum):

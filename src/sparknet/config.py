@@ -11,7 +11,7 @@ import enum
 import math
 from dataclasses import asdict, dataclass, field
 
-from sparknet._enums import CompressionKind, parse_enum
+from sparknet._enums import CompressionKind, DataMode, parse_enum
 from sparknet.link import LinkModel
 from sparknet.stopping import EvalPlan
 from sparknet.solvers import LRPolicy, SolverConfig, SolverType
@@ -221,6 +221,13 @@ class DistributedConfig:
     """Largest tau --auto-tau may choose."""
     auto_tau_every: int = 3
     """Rounds between two choices of --auto-tau (each from the medians of the last 5 rounds)."""
+    data_mode: DataMode = DataMode.AUTO
+    """How each worker holds its partition: memory (every row, shuffled as a whole each epoch), stream (the rows
+    stay on the executor's disk and pass through a shuffle window of --stream-buffer-mb), or auto: streamed when
+    the largest partition takes more than half the memory one task has (spark.executor.pyspark.memory, else the
+    executor's memory, over its task slots)."""
+    stream_buffer_mb: int = 64
+    """Streamed partitions: most MiB of rows a worker holds at once (its shuffle window)."""
     compression: CompressionKind = CompressionKind.NONE
     """Encoding of the updates workers send: none, fp16, bf16 or int8 (with error feedback)."""
     link_latency: str | None = None
@@ -245,6 +252,9 @@ class DistributedConfig:
     def __post_init__(self):
         self.engine = parse_enum(Engine, self.engine, "engine")
         self.compression = parse_enum(CompressionKind, self.compression, "compression")
+        self.data_mode = parse_enum(DataMode, self.data_mode, "data mode")
+        if self.stream_buffer_mb < 1:
+            raise ValueError(f"stream_buffer_mb must be at least 1, got {self.stream_buffer_mb}")
         if not 0 < self.auto_tau_target < 1:
             raise ValueError(f"auto_tau_target is a fraction in (0, 1), got {self.auto_tau_target}")
         if not 1 <= self.auto_tau_min <= self.auto_tau_max:

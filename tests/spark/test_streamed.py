@@ -13,7 +13,8 @@ from _spark_testlib import module_session, partitioned_rdd
 from sparknet.config import DistributedConfig, Engine, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
-from sparknet.spark._data import DataMode, choose_data_mode
+from sparknet._enums import DataMode
+from sparknet.spark._data import choose_data_mode
 from sparknet.spark.trainer import EngineOptions
 
 pytestmark = pytest.mark.spark
@@ -45,8 +46,9 @@ def data(spark):
 
 def _fit(spark, rdd, val, engine: Engine, mode: str = "stream", staging_dir=None):
     trainer = SparkTrainer(_net(), WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9), batch_size=50, seed=3),
-                           DistributedConfig(workers=2, tau=30, rounds=4, engine=engine), spark=spark,
-                           options=EngineOptions(data_mode=mode, stream_buffer_mb=1, staging_dir=staging_dir))
+                           DistributedConfig(workers=2, tau=30, rounds=4, engine=engine, data_mode=mode,
+                                             stream_buffer_mb=1),
+                           spark=spark, options=EngineOptions(staging_dir=staging_dir))
     return trainer.fit(rdd, validation=val)
 
 
@@ -88,4 +90,4 @@ def test_auto_streams_only_partitions_too_big_for_a_task(spark, data):
     rdd, val = data
     assert _fit(spark, rdd, val, Engine.ROUNDS, mode="auto").summary["data_mode"] == "memory"
     with pytest.raises(ValueError, match="data mode"):
-        EngineOptions(data_mode="disk")
+        DistributedConfig(workers=2, data_mode="disk")

@@ -16,7 +16,6 @@ chunks and sums their counts.
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 import re
@@ -25,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sparknet._enums import parse_enum
+from sparknet._enums import DataMode, parse_enum
 from sparknet.rowfile import RowFile, RowFileWriter
 from sparknet.spark._backend import run_with_deadline
 from sparknet.task import Task
@@ -432,14 +431,6 @@ def write_chunks(stem: str, chunks: Iterable) -> tuple[RowFile | None, dict]:
 
 
 # -- driver side: in memory or streamed ---------------------------------------------------------
-class DataMode(str, enum.Enum):
-    """How a worker holds its partition: every row in memory, or streamed from local disk."""
-
-    AUTO = "auto"
-    MEMORY = "memory"
-    STREAM = "stream"
-
-
 STREAM_FRACTION = 0.5
 """``auto`` streams a partition whose rows take more than this share of the memory one task has."""
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)b?\s*$", re.IGNORECASE)

@@ -161,6 +161,8 @@ class WorkerReport:
     """Seconds waited on the simulated link."""
     sent_bytes: int | None = None
     """Bytes of a compressed update."""
+    peak_rss_mb: float | None = None
+    """Peak resident memory of the Python worker that ran the task, in MiB (its whole life so far)."""
     worker_state: dict | None = field(default=None, repr=False)
     """The worker's state (:func:`export_worker_state`) on checkpoint rounds."""
 
@@ -174,7 +176,8 @@ class WorkerReport:
                "compute_s": self.compute_s, "task_s": self.task_s, "attempt": self.attempt, "finite": self.finite,
                "source": self.source, "host": self.host, "pid": self.pid, "device": self.device,
                "gpu_addresses": None if self.gpu_addresses is None else list(self.gpu_addresses),
-               "device_reason": self.device_reason, "link_s": self.link_s, "sent_bytes": self.sent_bytes}
+               "device_reason": self.device_reason, "link_s": self.link_s, "sent_bytes": self.sent_bytes,
+               "peak_rss_mb": self.peak_rss_mb}
         if self.status is WorkerStatus.EMPTY:
             out["empty"] = True
         return {k: v for k, v in out.items() if v is not None}
@@ -542,13 +545,21 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
                      finite=finite, source=source, device=info.get("device"),
                      gpu_addresses=None if gpus is None else tuple(gpus), device_reason=info.get("device_reason"),
                      link_s=link_s if spec.link is not None else None,
-                     sent_bytes=None if encoded is None else int(encoded.nbytes),
+                     sent_bytes=None if encoded is None else int(encoded.nbytes), peak_rss_mb=_peak_rss_mb(),
                      worker_state=export_worker_state(net, entry.state) if task.send_state else None,
                      task_s=time.perf_counter() - t_task)
     if not finite:
         log.warning("partition %d: loss or weights became NaN/Inf in round %d; left out of the average",
                     index, round_index)
     return report, delta.numpy().astype(np.float32, copy=False) if finite and not compressed else None, encoded
+
+
+def _peak_rss_mb() -> float | None:
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def _receive(spec: WorkerSpec, state: WorkerState, message: np.ndarray, task: RoundTask):

@@ -51,7 +51,6 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from sparknet._enums import parse_enum
 from sparknet.checkpoint import CheckpointError, RoundCheckpoints, rng_state, set_rng_state
 from sparknet.config import DistributedConfig, Engine, RunConfig, WorkerConfig, check_per_step_strategy
 from sparknet.errors import EngineError
@@ -88,14 +87,6 @@ class EngineOptions:
     """How Spark caches the converted training chunks (a ``pyspark.StorageLevel`` name; ``MEMORY_AND_DISK_2``
     keeps a copy on a second host, so a partition that moves after a host is lost trains on the same rows in
     the same order)."""
-    data_mode: str = "auto"
-    """How each worker holds its partition: ``"memory"`` (every row, shuffled as a whole each epoch),
-    ``"stream"`` (the rows stay on the executor's local disk and are read a window at a time through a
-    shuffle buffer of ``stream_buffer_mb``), or ``"auto"``: streamed when the largest partition's rows
-    take more than half the memory one task has (``spark.executor.pyspark.memory``, else the executor's
-    memory, over its task slots). The choice and its reason are in the fit's summary."""
-    stream_buffer_mb: int = 64
-    """Streamed partitions: most MiB of rows a worker holds at once (the shuffle window)."""
     worker_state_on_driver: bool | None = None
     """Rounds engine: every task also sends its solver and strategy state to the driver each round, and a
     partition that moves to another host (a host lost) continues from it instead of from a fresh solver.
@@ -151,9 +142,6 @@ class EngineOptions:
 
         if not hasattr(StorageLevel, str(self.storage_level)):
             raise ValueError(f"unknown storage level {self.storage_level!r} (e.g. MEMORY_AND_DISK, DISK_ONLY)")
-        self.data_mode = parse_enum(_data.DataMode, self.data_mode, "data mode").value
-        if self.stream_buffer_mb < 1:
-            raise ValueError(f"stream_buffer_mb must be at least 1, got {self.stream_buffer_mb}")
         for name in ("warmup_max_samples", "warmup_max_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -407,7 +395,7 @@ class SparkTrainer:
             if skew:
                 log.warning("%s", skew)
             row_bytes = 4 * math.prod(sample_shape) + 8 * (max(1, total["label_width"]) + (weight_col is not None))
-            data_mode, data_mode_why = _data.choose_data_mode(self.options.data_mode,
+            data_mode, data_mode_why = _data.choose_data_mode(dist.data_mode,
                                                               max(self._rows) * row_bytes, sc)
             log.info("training data: %s", data_mode_why)
             if self.strategy.needs_gradient_hook and 0 in total["rows_per_partition"]:
@@ -431,7 +419,7 @@ class SparkTrainer:
                               strategy=self.strategy, sample_shape=tuple(sample_shape),
                               start_iteration=dist.warmup_steps, options={"staging_dir": self.options.staging_dir,
                                        "stream": data_mode is _data.DataMode.STREAM,
-                                       "stream_buffer_bytes": self.options.stream_buffer_mb << 20},
+                                       "stream_buffer_bytes": dist.stream_buffer_mb << 20},
                               faults=faults_from(self.options.fault), compression=dist.compression, link=self.link,
                               resume=None if resume is None else {"round": resume["round"],
                                                                   "workers": resume["workers"]})
