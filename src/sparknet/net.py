@@ -30,7 +30,7 @@ import torch
 
 from sparknet.layers import NetParams
 from sparknet.rowfile import RowStream
-from sparknet.solvers import SolverConfig, build_optimizer, lr_multiplier
+from sparknet.solvers import SolverConfig, build_optimizer, check_gradient_hook, lr_multiplier
 from sparknet.task import Task, infer_task, task_metrics, task_sums
 from sparknet.weights import WeightCollection
 
@@ -411,15 +411,39 @@ class Net:
 
         With a time budget at least one update runs. ``after_backward`` is called after
         each update's gradients are computed and before the optimizer steps (a strategy
-        may allreduce gradients there).
+        may allreduce gradients there). A line-search solver (cg, lbfgs) evaluates the
+        step's ``iter_size`` minibatches again at every trial of its search, and refuses
+        ``after_backward``.
         """
         if self._train is None and self._stream is None:
             raise ValueError("no training data: call set_training_data() first")
         if num_steps < 0:
             raise ValueError(f"num_steps must be non-negative, got {num_steps}")
+        if after_backward is not None:
+            check_gradient_hook(self.solver, "an after_backward hook")
         module, opt, sched = self.module, self.optimizer, self.scheduler
         iter_size = self.solver.iter_size
         clip = self.solver.clip_gradients
+
+        def forward_backward(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+            """The minibatches' mean loss; their mean gradient accumulated into the weights' ``grad``."""
+            total = 0.0
+            for xb, yb in batches:
+                try:
+                    loss, _ = self._model.loss(xb, *(self._split_weights(yb) if self.weighted else (yb,)))
+                except IndexError as exc:
+                    raise _explain_loss_error(exc, yb, "training data") from exc
+                (loss / iter_size if iter_size > 1 else loss).backward()
+                total += loss.item()
+            return total / iter_size
+
+        def closure_of(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], float]:
+            """The same minibatches' loss and gradient, at whatever weights a line search tries."""
+            def closure() -> float:
+                opt.zero_grad(set_to_none=True)
+                return forward_backward(batches)
+            return closure
+
         module.train()
         t0 = time.perf_counter()
         deadline = None if max_seconds is None else t0 + max_seconds
@@ -430,25 +454,20 @@ class Net:
         for _ in range(num_steps):
             if deadline is not None and steps and time.perf_counter() >= deadline:
                 break
-            opt.zero_grad(set_to_none=True)
-            step_loss = 0.0
-            for _ in range(iter_size):
-                xb, yb = self._next_batch()
-                try:
-                    loss, _ = self._model.loss(xb, *(self._split_weights(yb) if self.weighted else (yb,)))
-                except IndexError as exc:
-                    raise _explain_loss_error(exc, yb, "training data") from exc
-                (loss / iter_size if iter_size > 1 else loss).backward()
-                step_loss += loss.item()
-                samples += len(xb)
-            step_loss /= iter_size
+            batches = [self._next_batch() for _ in range(iter_size)]
+            samples += sum(len(xb) for xb, _ in batches)
+            if self.solver.type.needs_closure:
+                step_loss = float(opt.step(closure_of(batches)))  # the loss before the update
+            else:
+                opt.zero_grad(set_to_none=True)
+                step_loss = forward_backward(batches)
+                if after_backward is not None:
+                    after_backward(self)
+                if clip > 0:  # Caffe clips the iter_size minibatches' summed gradient, before dividing it
+                    torch.nn.utils.clip_grad_norm_(module.parameters(), clip / iter_size)
+                opt.step()
             if not math.isfinite(step_loss):
                 finite = False
-            if after_backward is not None:
-                after_backward(self)
-            if clip > 0:  # Caffe clips the iter_size minibatches' summed gradient, before dividing it
-                torch.nn.utils.clip_grad_norm_(module.parameters(), clip / iter_size)
-            opt.step()
             sched.step()
             self.iteration += 1
             steps += 1

@@ -3,20 +3,26 @@
 A :class:`SolverConfig` says what to optimise with; :func:`build_optimizer` turns it into a
 ``torch.optim.Optimizer`` and a ``LambdaLR`` scheduler. Per-layer learning-rate and decay
 multipliers (Caffe's ``param { lr_mult decay_mult }``) become optimizer parameter groups.
+
+Two solvers search along a direction instead of stepping by the learning rate: nonlinear
+conjugate gradient (:class:`ConjugateGradient`, the optimizer seed 001's paper found fastest for
+its fully connected net) and L-BFGS (``torch.optim.LBFGS``). Their ``step`` takes a closure that
+evaluates the loss again on the same minibatch (:attr:`SolverType.needs_closure`).
 """
 
 from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from sparknet._enums import parse_enum
 
-__all__ = ["SolverType", "LRPolicy", "SolverConfig", "build_optimizer", "lr_multiplier"]
+__all__ = ["SolverType", "LRPolicy", "SolverConfig", "ConjugateGradient", "build_optimizer", "lr_multiplier",
+           "check_gradient_hook"]
 
 
 class SolverType(str, enum.Enum):
@@ -29,11 +35,20 @@ class SolverType(str, enum.Enum):
     RMSPROP = "rmsprop"
     ADAGRAD = "adagrad"
     ADADELTA = "adadelta"
+    CG = "cg"
+    """Nonlinear conjugate gradient (Polak-Ribiere+) with a line search: :class:`ConjugateGradient`."""
+    LBFGS = "lbfgs"
+    """L-BFGS with a strong-Wolfe line search: ``torch.optim.LBFGS``."""
 
     @classmethod
     def parse(cls, value) -> SolverType:
         """Accept a member or a name in any case (``"Adam"``, ``"ADAM"``, ``"adam"``)."""
         return parse_enum(cls, value, "solver type")
+
+    @property
+    def needs_closure(self) -> bool:
+        """Whether ``step`` takes a closure that evaluates the loss again (a line search)."""
+        return self in (SolverType.CG, SolverType.LBFGS)
 
 
 class LRPolicy(str, enum.Enum):
@@ -64,13 +79,16 @@ class SolverConfig:
     type: SolverType = SolverType.SGD
     """Update rule."""
     base_lr: float = 0.01
-    """Learning rate before the policy and the per-layer ``lr_mult`` scale it."""
+    """Learning rate before the policy and the per-layer ``lr_mult`` scale it. For cg, the first trial step
+    of its first line search is SGD's step (this rate times the gradient); for lbfgs, the first trial step
+    along its quasi-Newton direction (1.0 is the natural value)."""
     momentum: float = 0.9
     """SGD/Nesterov momentum; Adam's beta1."""
     momentum2: float = 0.999
     """Adam's beta2."""
     weight_decay: float = 0.0
-    """Regularisation strength (scaled per layer by ``decay_mult``)."""
+    """Regularisation strength (scaled per layer by ``decay_mult``). For cg and lbfgs the penalty
+    (``weight_decay/2 * |w|^2``, or ``weight_decay * |w|_1``) is part of the loss their line search lowers."""
     regularization: str = "L2"
     """``"L2"`` (weight decay) or ``"L1"`` (sign of the weights added to the gradient)."""
     delta: float = 1e-8
@@ -94,6 +112,13 @@ class SolverConfig:
     clip_gradients: float = -1.0
     """Clip the global gradient L2 norm to this value when positive (as Caffe: the norm of the ``iter_size``
     minibatches' summed gradient, before weight decay)."""
+    line_search_evals: int = 10
+    """cg and lbfgs: most loss evaluations one line search makes (each a forward and backward pass)."""
+    cg_restart: int = 50
+    """cg: restart from the steepest descent direction every this many steps (and whenever the
+    direction is not a descent direction)."""
+    history_size: int = 10
+    """lbfgs: curvature pairs kept (its memory)."""
 
     def __post_init__(self):
         self.type = SolverType.parse(self.type)
@@ -129,6 +154,12 @@ class SolverConfig:
             raise ValueError(f"iter_size must be at least 1, got {self.iter_size}")
         if self.type is SolverType.NESTEROV and self.momentum == 0:
             raise ValueError("the Nesterov solver needs a non-zero momentum")
+        for name in ("line_search_evals", "cg_restart", "history_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.type.needs_closure and self.clip_gradients > 0:
+            raise ValueError(f"the {self.type.value} solver chooses its step by a line search on the loss; a clipped "
+                             "gradient would not be the loss's gradient: drop clip_gradients")
 
     def replace(self, **changes) -> SolverConfig:
         """A copy with some fields changed (validated again)."""
@@ -191,25 +222,14 @@ def _groups(model_or_groups) -> list[dict]:
     return out
 
 
-class _L1Regularized(torch.optim.Optimizer):
-    """Wraps an optimizer and adds ``weight_decay * sign(w)`` to each gradient (Caffe's L1)."""
+class _Wrapped(torch.optim.Optimizer):
+    """An optimizer around another, sharing its groups and state so schedulers and ``state_dict`` see one."""
 
-    def __init__(self, inner: torch.optim.Optimizer, decays: Sequence[float]):
+    def __init__(self, inner: torch.optim.Optimizer):
         self.inner = inner
-        self._decays = list(decays)
-        # Share the inner optimizer's state so schedulers and state_dict see one optimizer.
         self.param_groups = inner.param_groups
         self.defaults = inner.defaults
         self.state = inner.state
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group, decay in zip(self.param_groups, self._decays):
-            if decay:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        p.grad.add_(torch.sign(p), alpha=decay)
-        return self.inner.step(closure)
 
     def zero_grad(self, set_to_none: bool = True):
         self.inner.zero_grad(set_to_none=set_to_none)
@@ -219,6 +239,292 @@ class _L1Regularized(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         self.inner.load_state_dict(state_dict)
+
+
+class _L1Regularized(_Wrapped):
+    """Wraps an optimizer and adds ``weight_decay * sign(w)`` to each gradient (Caffe's L1)."""
+
+    def __init__(self, inner: torch.optim.Optimizer, decays: Sequence[float]):
+        super().__init__(inner)
+        self._decays = list(decays)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:  # evaluated here, so the sign joins the gradients it makes
+            with torch.enable_grad():
+                loss = closure()
+        for group, decay in zip(self.param_groups, self._decays):
+            if decay:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.add_(torch.sign(p), alpha=decay)
+        self.inner.step()
+        return loss
+
+
+class _Penalized(_Wrapped):
+    """Wraps a line-search optimizer: the weight-decay penalty joins the loss its closure returns and the gradient.
+
+    The search then lowers the regularised loss itself: ``decay/2 * |w|^2`` (L2, gradient ``decay * w``) or
+    ``decay * |w|_1`` (L1, gradient ``decay * sign(w)``), each group with its own ``decay``.
+    """
+
+    def __init__(self, inner: torch.optim.Optimizer, penalties: Sequence[tuple[Sequence[torch.Tensor], float]],
+                 l1: bool):
+        super().__init__(inner)
+        self._penalties = [(list(params), decay) for params, decay in penalties if decay]
+        self._l1 = l1
+
+    def _penalize(self) -> float:
+        """Add the penalty's gradient to every gradient; the penalty."""
+        total = 0.0
+        for params, decay in self._penalties:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                if self._l1:
+                    total = total + decay * p.abs().sum()
+                    p.grad.add_(torch.sign(p), alpha=decay)
+                else:
+                    total = total + 0.5 * decay * p.square().sum()
+                    p.grad.add_(p, alpha=decay)
+        return float(total)
+
+    def step(self, closure=None):
+        """One step of the inner optimizer on the penalised loss; returns the closure's first loss, unpenalised."""
+        if closure is None:
+            raise ValueError("this solver's step needs a closure that evaluates the loss again")
+        losses = []
+
+        def penalized():
+            losses.append(closure())
+            with torch.no_grad():
+                return losses[-1] + self._penalize()
+
+        self.inner.step(penalized)
+        return losses[0]
+
+
+def _cubic_step(a: tuple[float, float, float], b: tuple[float, float, float]) -> float:
+    """The minimiser of the cubic through two trials ``(step, loss, slope)``, kept in the middle 80% between
+    them; their midpoint when the cubic has no minimum there or a trial is not finite."""
+    (ta, fa, sa), (tb, fb, sb) = a, b
+    mid = 0.5 * (ta + tb)
+    if not all(math.isfinite(v) for v in (fa, sa, fb, sb)):
+        return mid
+    d1 = sa + sb - 3.0 * (fa - fb) / (ta - tb)
+    disc = d1 * d1 - sa * sb
+    if disc < 0:
+        return mid
+    d2 = math.copysign(math.sqrt(disc), tb - ta)
+    denom = sb - sa + 2.0 * d2
+    if denom == 0:
+        return mid
+    t = tb - (tb - ta) * (sb + d2 - d1) / denom
+    lo, hi = min(ta, tb), max(ta, tb)
+    margin = 0.1 * (hi - lo)
+    return min(max(t, lo + margin), hi - margin) if math.isfinite(t) else mid
+
+
+def _line_search(phi: Callable[[float], tuple[float, float]], f0: float, slope0: float, t: float, *,
+                 max_evals: int, c1: float, c2: float) -> tuple[float, float]:
+    """A step along a descent direction that meets the strong Wolfe conditions, by bracketing and interpolation.
+
+    A trial ``t`` is accepted when it lowers the loss enough, ``f(t) <= f0 + c1 * t * slope0``, and the slope
+    has flattened, ``|slope(t)| <= c2 * |slope0|``. Otherwise it narrows a bracket ``[lo, hi]`` that holds such
+    a step: a trial that does not lower the loss enough (or is not finite) or that is already uphill becomes
+    ``hi``; one still steeply downhill becomes ``lo``. The next trial is four times ``lo`` while nothing bounds
+    the step from above, else the minimum of the cubic through ``lo`` and ``hi`` (:func:`_cubic_step`).
+
+    Parameters
+    ----------
+    phi : callable
+        ``phi(t) -> (loss, slope)`` at step ``t`` along the direction (the slope is the directional derivative).
+    f0, slope0 : float
+        The loss and the slope at ``t = 0``; ``slope0 < 0``.
+    t : float
+        The first trial step.
+    max_evals : int
+        Most calls of ``phi``; after them the trial with the lowest loss below ``f0`` is returned.
+    c1, c2 : float
+        The sufficient-decrease and curvature constants, ``0 < c1 < c2 < 1``.
+
+    Returns
+    -------
+    (float, float)
+        The step and the loss there; ``(0.0, f0)`` when no trial lowered the loss.
+    """
+    lo, hi = (0.0, f0, slope0), None
+    best = (0.0, f0)
+    for _ in range(max_evals):
+        f, slope = phi(t)
+        finite = math.isfinite(f) and math.isfinite(slope)
+        if finite and f < best[1]:
+            best = (t, f)
+        if not finite or f > f0 + c1 * t * slope0 or f >= lo[1]:
+            hi = (t, f, slope)  # not enough decrease: the step lies below t
+        elif abs(slope) <= -c2 * slope0:
+            return t, f
+        elif slope > 0:
+            hi = (t, f, slope)  # past a minimum
+        else:
+            lo = (t, f, slope)  # still steeply downhill
+        t = 4.0 * lo[0] if hi is None else _cubic_step(lo, hi)
+    return best
+
+
+def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+class ConjugateGradient(torch.optim.Optimizer):
+    """Nonlinear conjugate gradient, Polak-Ribiere+, with automatic restarts and a line search.
+
+    ``torch.optim`` has no conjugate gradient; this one follows Nocedal and Wright (*Numerical Optimization*,
+    2nd ed., sections 3.5 and 5.2). Like ``torch.optim.LBFGS``, :meth:`step` takes a closure that zeroes the
+    gradients, evaluates the loss on the same data, calls ``backward()`` and returns the loss. One step is one
+    update:
+
+    1. the loss ``f`` and the gradient ``g`` at the current weights, and the scaled gradient ``z``: ``g`` times
+       each group's ``lr``, so ``-z`` is SGD's step and a net's ``lr_mult`` ratios act as a diagonal
+       preconditioner;
+    2. the direction ``d = -z + beta * d_prev`` with ``beta = max(0, z.(g - g_prev) / (z_prev.g_prev))``
+       (Polak-Ribiere+); ``d = -z`` (a restart) at the first step, every ``restart`` steps, and whenever
+       ``d`` does not point downhill (``g.d >= 0``);
+    3. a line search along ``d`` (:func:`_line_search`, strong Wolfe conditions) whose first trial is ``t = 1``
+       (SGD's step) at the first step and after a failed search, else the previous step times the ratio of the
+       previous slope ``g_prev.d_prev`` to this one ``g.d`` (at most tenfold), Nocedal and Wright's rule. The
+       weights move to ``w + t * d``; when no trial within ``max_evals`` lowers the loss they stay, and the
+       next step restarts.
+
+    The loss is evaluated again at the start of every step, so each step may bring a new minibatch (as
+    :meth:`sparknet.Net.train` does): ``d_prev`` and ``g_prev`` then come from the previous minibatch, which
+    large batches keep close to the full-batch method. Its state (tensors and numbers) lives under the first
+    parameter, so ``state_dict()`` saves with ``torch.save`` and loads with ``torch.load(weights_only=True)``.
+
+    Parameters
+    ----------
+    params : iterable of tensors or of parameter groups
+        Groups may set their own ``lr``.
+    lr : float
+        Scale of the gradient in the direction (SGD's learning rate for the first trial step).
+    restart : int
+        Steps between scheduled restarts.
+    max_evals : int
+        Most loss evaluations of one line search.
+    c1, c2 : float
+        The sufficient-decrease and curvature constants of the strong Wolfe conditions, ``0 < c1 < c2 < 1``
+        (0.1 for ``c2``, a fairly exact search, is what conjugate gradient usually takes).
+    """
+
+    def __init__(self, params, lr: float = 0.01, *, restart: int = 50, max_evals: int = 10, c1: float = 1e-4,
+                 c2: float = 0.1):
+        if not lr > 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        if restart < 1 or max_evals < 1:
+            raise ValueError(f"restart and max_evals must be at least 1, got {restart} and {max_evals}")
+        if not 0 < c1 < c2 < 1:
+            raise ValueError(f"the line search needs 0 < c1 < c2 < 1, got c1={c1}, c2={c2}")
+        super().__init__(params, {"lr": lr, "restart": restart, "max_evals": max_evals, "c1": c1, "c2": c2})
+        self._params = [p for group in self.param_groups for p in group["params"]]
+
+    def _grad(self) -> torch.Tensor:
+        return _flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params])
+
+    def _lr(self) -> torch.Tensor:
+        """Each parameter's group ``lr``, as one flat vector."""
+        return torch.cat([torch.full((p.numel(),), float(group["lr"]), dtype=p.dtype, device=p.device)
+                          for group in self.param_groups for p in group["params"]])
+
+    def _move(self, x0: torch.Tensor, t: float, d: torch.Tensor) -> None:
+        """Set the weights to ``x0 + t * d``."""
+        offset = 0
+        for p in self._params:
+            n = p.numel()
+            p.copy_(x0[offset:offset + n].view_as(p)).add_(d[offset:offset + n].view_as(p), alpha=t)
+            offset += n
+
+    def _direction(self, state: dict, g: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Polak-Ribiere+ from the previous direction, or ``-z`` when it is time to restart."""
+        d_prev = state.get("direction")
+        if d_prev is not None and state["since_restart"] < self.defaults["restart"]:
+            beta = max(0.0, float(z.dot(g - state["prev_grad"])) / state["prev_zg"])
+            d = torch.add(-z, d_prev, alpha=beta)
+            if float(g.dot(d)) < 0:
+                return d
+        state["since_restart"] = 0
+        return -z
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One update; ``closure`` re-evaluates the loss with its gradients. Returns the loss before the update."""
+        if closure is None:
+            raise ValueError("ConjugateGradient.step needs a closure that re-evaluates the loss and its gradients "
+                             "(as torch.optim.LBFGS does)")
+        closure = torch.enable_grad()(closure)
+        state = self.state[self._params[0]]
+        options = self.defaults
+        loss = closure()
+        f0 = float(loss)
+        g = self._grad()
+        state["func_evals"] = state.get("func_evals", 0) + 1
+        state["n_iter"] = state.get("n_iter", 0) + 1
+        z = g * self._lr()
+        zg = float(z.dot(g))
+        if not (math.isfinite(f0) and math.isfinite(zg)) or zg == 0:
+            state.pop("direction", None)  # nothing to search along: restart at the next step
+            return loss
+        d = self._direction(state, g, z)
+        slope = float(g.dot(d))
+        prev_step = state.get("prev_step")
+        t = 1.0 if prev_step is None else prev_step * min(10.0, state["prev_slope"] / slope)
+        x0 = _flat([p.detach() for p in self._params])
+
+        def phi(step: float) -> tuple[float, float]:
+            self._move(x0, step, d)
+            state["func_evals"] += 1
+            return float(closure()), float(self._grad().dot(d))
+
+        t, _ = _line_search(phi, f0, slope, t, max_evals=options["max_evals"], c1=options["c1"], c2=options["c2"])
+        self._move(x0, t, d)
+        if t > 0:
+            state.update(direction=d, prev_grad=g, prev_zg=zg, prev_slope=slope, prev_step=t,
+                         since_restart=state["since_restart"] + 1)
+        else:
+            for key in ("direction", "prev_grad", "prev_step"):
+                state.pop(key, None)
+        return loss
+
+
+def _line_search_optimizer(config: SolverConfig, groups: list[dict]) -> torch.optim.Optimizer:
+    """The conjugate-gradient or L-BFGS optimizer over ``groups`` (``params`` and ``lr`` each)."""
+    if config.type is SolverType.CG:
+        return ConjugateGradient(groups, lr=config.base_lr, restart=config.cg_restart,
+                                 max_evals=config.line_search_evals)
+    rates = sorted({g["lr"] for g in groups})
+    if len(rates) > 1:
+        raise ValueError(f"the lbfgs solver takes one learning rate for all parameters (torch.optim.LBFGS has no "
+                         f"parameter groups), but this net's layers set lr_mult to make {rates}: give every layer "
+                         "the same lr_mult, or use the cg solver, which honours them")
+    # One iteration per step; max_eval counts the step's first evaluation, then the line search's.
+    return torch.optim.LBFGS([p for g in groups for p in g["params"]], lr=rates[0], max_iter=1,
+                             max_eval=1 + config.line_search_evals, history_size=config.history_size,
+                             line_search_fn="strong_wolfe")
+
+
+def check_gradient_hook(config: SolverConfig, what: str) -> None:
+    """Refuse a line-search solver (cg, lbfgs) where ``what`` changes the gradients at every step.
+
+    A strategy that allreduces gradients between backward and the update (``sync``) needs every worker to
+    evaluate the loss the same number of times per step; a line search evaluates each worker's own loss until
+    its own conditions hold.
+    """
+    if config.type.needs_closure:
+        raise ValueError(f"{what} combines the workers' gradients at every step, but the {config.type.value} "
+                         "solver's line search evaluates each worker's own loss a different number of times per "
+                         "step: train it as the local solver of averaging rounds (strategy average, diloco or "
+                         "easgd), or choose a gradient solver such as sgd or adam")
 
 
 def build_optimizer(model_or_groups, config: SolverConfig | None = None):
@@ -247,7 +553,13 @@ def build_optimizer(model_or_groups, config: SolverConfig | None = None):
         decays.append(decay if l1 else 0.0)
         torch_groups.append({"params": g["params"], "lr": config.base_lr * g["lr_mult"], "weight_decay": 0.0 if l1 else decay})
     t = config.type
-    if t is SolverType.SGD:
+    if t.needs_closure:
+        # The penalty joins the loss the line search lowers: no weight_decay inside the optimizer.
+        opt = _line_search_optimizer(config, [{"params": g["params"], "lr": g["lr"]} for g in torch_groups])
+        penalties = [(g["params"], config.weight_decay * g["decay_mult"]) for g in groups]
+        if any(decay for _, decay in penalties):
+            opt = _Penalized(opt, penalties, l1)
+    elif t is SolverType.SGD:
         opt = torch.optim.SGD(torch_groups, lr=config.base_lr, momentum=config.momentum)
     elif t is SolverType.NESTEROV:
         opt = torch.optim.SGD(torch_groups, lr=config.base_lr, momentum=config.momentum, nesterov=True)
@@ -263,7 +575,7 @@ def build_optimizer(model_or_groups, config: SolverConfig | None = None):
         opt = torch.optim.Adadelta(torch_groups, lr=config.base_lr, rho=config.momentum, eps=config.delta)
     else:  # pragma: no cover - the Enum is closed
         raise AssertionError(t)
-    if l1 and any(decays):
+    if l1 and any(decays) and not t.needs_closure:
         opt = _L1Regularized(opt, decays)
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: lr_multiplier(config, it))
     return opt, scheduler
