@@ -43,6 +43,7 @@ from sparknet.ps.config import AsyncConfig
 from sparknet.ps.session import run_async
 from sparknet.sample import configure_sample, run_sample
 from sparknet.spark.run import train_distributed
+from sparknet.tools.data import configure_command as configure_data
 from sparknet.tools.doctor import configure_command as configure_doctor
 from sparknet.tools.export import configure_command as configure_export
 from sparknet.tools.plot import configure_command as configure_plot
@@ -161,6 +162,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "predict": ("score Parquet data with a saved model through Spark (adds prediction and probability)",
                 configure_predict),
     "experiment": ("reproduce the SparkNet paper's experiments (JSON + PNG per experiment)", configure_experiment),
+    "data": ("make a data set at scale on Spark's executors as Parquet (extended-mnist)", configure_data),
 }
 """``sparknet NAME``: its help line and the function that adds its arguments (and sets ``_run``)."""
 

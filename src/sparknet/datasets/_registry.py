@@ -6,6 +6,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sparknet.datasets._array import Splits
+from sparknet.datasets._extended import Deformation
+from sparknet.datasets._extended_write import extended_arrays
 from sparknet.datasets._mnist import mnist, mnist_small
 from sparknet.datasets._shakespeare import shakespeare
 from sparknet.datasets._synthetic import synthetic, synthetic_sequences
@@ -39,9 +41,16 @@ def _synthetic_sequence_splits(
     )
 
 
+def _extended_mnist_splits(num_samples: int = 100_000, seed: int = 0, **kwargs: Any) -> Splits:
+    data = mnist()
+    train = extended_arrays(num_samples, seed=seed, deformation=Deformation(**kwargs), base=data.train)
+    return Splits(train=train, validation=data.validation, test=data.test)
+
+
 _LOADERS: dict[str, Callable[..., Any]] = {
     "mnist": mnist,
     "mnist-small": mnist_small,
+    "extended-mnist": _extended_mnist_splits,
     "shakespeare": shakespeare,
     "synthetic": _synthetic_splits,
     "synthetic-sequences": _synthetic_sequence_splits,
@@ -62,6 +71,11 @@ def load_dataset(name: str, **kwargs: Any) -> Any:
 
         - ``"mnist"``: :func:`mnist`, an ``MNIST`` (train / validation / test).
         - ``"mnist-small"``: :func:`mnist_small`, an ``MNIST`` (4,000 / 1,000 / 1,000).
+        - ``"extended-mnist"``: a :class:`Splits` whose ``train`` is the first ``num_samples``
+          (default 100,000) deformed digits of seed ``seed`` (:func:`extended_arrays`; other
+          keywords are :class:`Deformation` fields), made in this process, and whose
+          ``validation`` and ``test`` are MNIST's. Millions go to Parquet through Spark:
+          :func:`write_extended_mnist`.
         - ``"shakespeare"``: :func:`shakespeare`, a ``CharCorpus``.
         - ``"synthetic"``: a :class:`Splits` of :func:`synthetic` sets of one task:
           ``num_samples`` (default 10,000) to train, ``num_test`` (default a fifth of

@@ -1,0 +1,224 @@
+"""Extended MNIST as Parquet, made on Spark's executors: :func:`write_extended_mnist` and :func:`extended_mnist`.
+
+Driver side. The base digits reach the executors once, as a broadcast of their raw bytes
+(MNIST's 50,000 training images: 39 MB); ``spark.range(num_samples)`` gives each task its
+sample ids and :func:`sparknet.datasets._extended.arrow_samples` turns them into rows
+(``features`` binary: 784 uint8 pixels, row-major 28 x 28; ``label`` int; ``index`` long,
+the sample's number). A sample's bytes depend on the seed and its index only, so any number
+of partitions writes the same set. Nothing here imports pyspark: the session passed in does
+the work.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from pyarrow import fs as pafs
+
+from sparknet._fs import filesystem
+from sparknet.datasets._array import ArrayDataset
+from sparknet.datasets._extended import ROW_SCHEMA, SIDE, Deformation, arrow_samples, extended_samples
+from sparknet.datasets._mnist import _dataset, mnist
+
+__all__ = ["ExtendedWrite", "write_extended_mnist", "extended_mnist", "extended_arrays", "base_digits",
+           "SAMPLES_PER_PARTITION"]
+
+log = logging.getLogger(__name__)
+
+SAMPLES_PER_PARTITION = 100_000
+"""Most samples one partition (one Parquet file, about 25 MB) gets when ``num_partitions`` is not given."""
+_MODES = {"error": "errorifexists", "overwrite": "overwrite"}  # ours -> Spark's save modes
+_COLUMNS = {"features": "binary", "label": "integer"}
+
+
+@dataclass(frozen=True)
+class ExtendedWrite:
+    """What :func:`write_extended_mnist` wrote."""
+
+    path: str
+    """The Parquet folder."""
+    rows: int
+    """Samples written."""
+    partitions: int
+    """Spark partitions (Parquet files) they were written from."""
+    bytes: int | None
+    """Bytes of the folder's files (``None`` where the folder cannot be listed from here)."""
+    seconds: float
+    """Wall time of the Spark job, broadcast and writing included."""
+
+
+def base_digits(base: ArrayDataset | tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The base digits as uint8 ``[N, 28, 28]`` pixels 0..255 and uint8 labels.
+
+    Parameters
+    ----------
+    base
+        ``None``: MNIST's training split (:func:`sparknet.datasets.mnist`, cached after the first
+        fetch). An :class:`ArrayDataset` of images in [0, 1] (``[N, 1, 28, 28]`` or ``[N, 28, 28]``,
+        as :func:`mnist` gives them: pixel / 255), or an ``(images, labels)`` pair of uint8 pixels.
+
+    Raises
+    ------
+    ValueError
+        The images are not 28 x 28 digits in one of those forms, or the labels are not 0..255 integers.
+    """
+    if base is None:
+        base = mnist().train
+    x, y = (base.x, base.y) if isinstance(base, ArrayDataset) else base
+    x, y = np.asarray(x), np.asarray(y)
+    if x.ndim == 4 and x.shape[1] == 1:
+        x = x[:, 0]
+    if x.ndim != 3 or x.shape[1:] != (SIDE, SIDE) or len(x) == 0:
+        raise ValueError(f"base images must be [N, 28, 28] or [N, 1, 28, 28] with N >= 1, got {list(x.shape)}")
+    if x.dtype.kind == "f":
+        if not (np.isfinite(x).all() and x.min() >= 0 and x.max() <= 1):
+            raise ValueError("float base images must hold pixel / 255 in [0, 1] (as mnist() gives them)")
+        x = np.rint(x * np.float32(255)).astype(np.uint8)
+    elif x.dtype != np.uint8:
+        raise ValueError(f"base images must be uint8 pixels or floats in [0, 1], got {x.dtype}")
+    if y.shape != (len(x),) or y.dtype.kind not in "iu" or (len(y) and (y.min() < 0 or y.max() > 255)):
+        raise ValueError(f"base labels must be {len(x)} integers in 0..255, one per image, got {y.dtype}{list(y.shape)}")
+    return np.ascontiguousarray(x), y.astype(np.uint8)
+
+
+def _check_count(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _folder_files(path: str) -> list | None:
+    """``FileInfo`` of everything under ``path`` (empty when it does not exist; ``None`` when it cannot be listed)."""
+    try:
+        fs, inside = filesystem(path)
+        return fs.get_file_info(pafs.FileSelector(inside, recursive=True, allow_not_found=True))
+    except (OSError, ValueError):
+        return None
+
+
+def _folder_bytes(path: str) -> int | None:
+    """Bytes of the files under ``path`` (``None`` when this process cannot list it)."""
+    infos = _folder_files(path)
+    return None if infos is None else sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+
+
+def write_extended_mnist(spark, path: str | os.PathLike, num_samples: int, *, seed: int = 0,
+                         num_partitions: int | None = None, mode: str = "error",
+                         deformation: Deformation | None = None,
+                         base: ArrayDataset | tuple[np.ndarray, np.ndarray] | None = None) -> ExtendedWrite:
+    """Generate ``num_samples`` extended-MNIST digits on Spark's executors and write them as Parquet.
+
+    Sample ``i`` is base digit ``i mod N`` elastically distorted and jittered
+    (:func:`sparknet.datasets._extended.extended_samples`), with its label. The rows are
+    ``features`` (binary, 784 uint8 pixels, row-major 28 x 28), ``label`` (int) and ``index``
+    (long, ``i``); :func:`extended_mnist` reads them back for ``SparkTrainer.fit(df,
+    image_shape=(1, 28, 28))``.
+
+    Parameters
+    ----------
+    spark : SparkSession
+        The session whose executors generate and write (it is left running).
+    path
+        The Parquet folder to write: a path every executor can write (on a cluster ``hdfs://``,
+        ``s3a://`` or a shared mount; ``sparknet data extended-mnist`` checks this first).
+    num_samples
+        How many samples, at least 1.
+    seed
+        The deformations' seed (an integer >= 0). The same seed and index give the same bytes
+        on any machine and with any ``num_partitions``.
+    num_partitions
+        Spark partitions (one Parquet file each); default enough that none holds more than
+        :data:`SAMPLES_PER_PARTITION` samples, and at least Spark's default parallelism.
+    mode
+        ``"error"`` (refuse an existing ``path``) or ``"overwrite"``.
+    deformation
+        How far digits move (default :class:`Deformation`'s defaults).
+    base
+        The digits to deform (see :func:`base_digits`); default MNIST's 50,000 training images.
+
+    Returns
+    -------
+    ExtendedWrite
+        The folder, rows, partitions, bytes on disk and seconds.
+
+    Raises
+    ------
+    ValueError
+        An argument is out of range, the base digits are malformed, or ``path`` exists and
+        ``mode`` is ``"error"``.
+    DatasetError
+        MNIST is not cached and cannot be fetched.
+    """
+    num_samples = _check_count("num_samples", num_samples, 1)
+    seed = _check_count("seed", seed, 0)
+    if mode not in _MODES:
+        raise ValueError(f"mode must be 'error' or 'overwrite', got {mode!r}")
+    sc = spark.sparkContext
+    if num_partitions is None:
+        num_partitions = max(sc.defaultParallelism, -(-num_samples // SAMPLES_PER_PARTITION))
+    num_partitions = min(_check_count("num_partitions", num_partitions, 1), num_samples)
+    path = os.fspath(path)
+    if mode == "error" and _folder_files(path):
+        raise ValueError(f"{path} exists; pass mode='overwrite' (--overwrite) to replace it")
+    deformation = deformation or Deformation()
+    images, labels = base_digits(base)
+    t0 = time.perf_counter()
+    shared = sc.broadcast((images.tobytes(), labels.tobytes()))
+    try:
+        ids = spark.range(0, num_samples, 1, numPartitions=num_partitions)
+        rows = ids.mapInArrow(arrow_samples(shared, seed, deformation), ROW_SCHEMA)
+        rows.write.mode(_MODES[mode]).parquet(path)
+    finally:
+        shared.destroy()
+    seconds = time.perf_counter() - t0
+    written = ExtendedWrite(path=path, rows=num_samples, partitions=num_partitions, bytes=_folder_bytes(path),
+                            seconds=seconds)
+    log.info("wrote %d extended-MNIST samples (seed %d, %d partitions) to %s in %.1f s",
+             num_samples, seed, num_partitions, path, seconds)
+    return written
+
+
+def extended_mnist(spark, path: str | os.PathLike):
+    """Read a folder :func:`write_extended_mnist` wrote, as a DataFrame ready to train on.
+
+    Train with ``SparkTrainer.fit(df, image_shape=IMAGE_SHAPE)`` (``(1, 28, 28)``): the
+    ``features`` bytes become pixels / 255 in [0, 1], as ``sparknet train --dataset mnist``
+    scales them.
+
+    Returns
+    -------
+    DataFrame
+        Columns ``features`` (binary), ``label`` (int) and ``index`` (long).
+
+    Raises
+    ------
+    ValueError
+        The folder's rows lack ``features`` (binary) or ``label`` (int).
+    """
+    df = spark.read.parquet(os.fspath(path))
+    types = {f.name: f.dataType.typeName() for f in df.schema.fields}
+    for name, kind in _COLUMNS.items():
+        if types.get(name) != kind:
+            raise ValueError(f"{path} is not an extended-MNIST folder: column {name!r} is "
+                             f"{types.get(name, 'missing')}, not {kind}; write it with write_extended_mnist")
+    return df
+
+
+def extended_arrays(num_samples: int, *, seed: int = 0, deformation: Deformation | None = None,
+                    base: ArrayDataset | tuple[np.ndarray, np.ndarray] | None = None) -> ArrayDataset:
+    """The first ``num_samples`` of the set in this process, as :func:`mnist` gives images.
+
+    Returns
+    -------
+    ArrayDataset
+        float32 ``[num_samples, 1, 28, 28]`` (pixel / 255) and int64 labels: the same pixels
+        :func:`write_extended_mnist` writes for the same seed.
+    """
+    num_samples = _check_count("num_samples", num_samples, 0)
+    images, labels = base_digits(base)
+    x, y = extended_samples(images, labels, 0, num_samples, seed=seed, deformation=deformation)
+    return _dataset(x, y)
