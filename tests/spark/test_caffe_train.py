@@ -79,3 +79,21 @@ def test_barrier_engine_reports_its_own_tests_and_snapshots_at_the_end(spark, tm
     # no weights between rounds in this engine: the final snapshot only
     assert [r["step"] for r in records if r["event"] == "snapshot"] == [10]
     assert records[-1]["engine"] == "barrier" and records[-1]["steps"] == 10
+
+
+def test_the_autoencoder_solver_trains_on_two_spark_workers_without_labels(spark, tmp_path):
+    """Caffe's mnist_autoencoder solver (a net with no label blob) through the rounds engine, not one process."""
+    out = tmp_path / "ae.jsonl"
+    rc = main(["train", "--solver", str(MODELS / "mnist" / "mnist_autoencoder_solver.prototxt"), "--workers", "2",
+               "--tau", "10", "--steps", "40", "--eval-every", "20", "--test-iter", "2", "--display", "10",
+               "--caffe-sources", SMALL, "--max-train-samples", "500", "--snapshot-dir", str(tmp_path / "ae"),
+               "--metrics-out", str(out), "--quiet"])
+    assert rc == 0
+    records = read_metrics(out)
+    rounds = [r for r in records if r["event"] == "round"]
+    assert len(rounds) == 4 and all(r["workers"] == 2 for r in rounds)
+    evals = [r for r in records if r["event"] == "eval"]
+    first, last = evals[0]["outputs"]["test-on-test"], evals[-1]["outputs"]["test-on-test"]
+    assert last["cross_entropy_loss"] < 0.7 * first["cross_entropy_loss"], (first, last)
+    summary = records[-1]
+    assert summary["engine"] == "rounds" and summary["test_accuracy"] is None
