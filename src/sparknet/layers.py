@@ -1425,15 +1425,18 @@ class _CaffeBatchNorm(_BatchNorm):
             inverse = 0.0 if s == 0 else 1.0 / s
             return F.batch_norm(x, self.running_mean * inverse, self.running_var * inverse, self.weight, self.bias,
                                 training=False, eps=self.eps)
-        if self.training:
-            with torch.no_grad():
-                dims = [0, *range(2, x.dim())]
-                m = x.numel() // x.shape[1]
-                lam = self.fraction
-                self.scale_factor.mul_(lam).add_(1.0)
-                self.running_mean.mul_(lam).add_(x.mean(dims))
-                self.running_var.mul_(lam).add_(x.var(dims, unbiased=False) * (m / (m - 1) if m > 1 else 1.0))
-        return F.batch_norm(x, None, None, self.weight, self.bias, training=True, eps=self.eps)
+        if not self.training:
+            return F.batch_norm(x, None, None, self.weight, self.bias, training=True, eps=self.eps)
+        # One pass over x: with momentum 1, F.batch_norm writes the batch mean and its m/(m-1)-corrected
+        # variance (Caffe's bias correction) into the zeroed buffers, which are then added to the decayed sums.
+        mean, var = torch.zeros_like(self.running_mean), torch.zeros_like(self.running_var)
+        out = F.batch_norm(x, mean, var, self.weight, self.bias, training=True, momentum=1.0, eps=self.eps)
+        with torch.no_grad():
+            lam = self.fraction
+            self.scale_factor.mul_(lam).add_(1.0)
+            self.running_mean.mul_(lam).add_(mean)
+            self.running_var.mul_(lam).add_(var)
+        return out
 
 
 class _Scale(nn.Module):
