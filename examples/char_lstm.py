@@ -11,7 +11,9 @@ workers average their weights (one allreduce of one flat buffer over a gloo grou
 loopback: sparknet's round loop with the exchange the barrier engine runs, here with the
 example's own local steps), and again, until the
 validation bits per character reach ``--target-bpc`` or the time budget runs out. What is
-evaluated and kept is a moving average of the global weights over rounds (``--ema``).
+kept is a moving average of the global weights over rounds (``--ema``: the round loop's
+``WeightAverage``, what ``--weight-ema`` gives ``sparknet train``); every probe scores both it and
+the global weights, and the target is judged on the average.
 
 Truncated backpropagation through time: the corpus is cut into sequences of ``--seq-len``
 characters; each sequence starts from a zero LSTM state (the hidden state is *not* carried
@@ -47,7 +49,7 @@ from sparknet import zoo
 from sparknet.datasets import shakespeare
 from sparknet.net import EvalResult, Net, TrainStats
 from sparknet.collective import CollectiveExchange
-from sparknet.loop import Progress, run_rounds
+from sparknet.loop import Progress, WeightAverage, run_rounds
 from sparknet.parallel import init_layout, replica_seed
 from sparknet.sample import sample_text
 from sparknet.solvers import SolverConfig
@@ -166,23 +168,17 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, t_start:
 
 
 class _CharExchange(CollectiveExchange):
-    """The round loop's allreduce, plus what this example keeps beside it: a moving average of the global
-    weights over rounds (Polyak averaging, what is evaluated and kept) and a wall-clock budget every
-    worker agrees on (the slowest worker's clock decides, so all stop on the same round)."""
+    """The round loop's allreduce, scored in bits per character on the probe set, and a wall-clock budget
+    every worker agrees on (the slowest worker's clock decides, so all stop on the same round)."""
 
     def __init__(self, net: Net, strategy, args: argparse.Namespace, *, rank: int, world: int, trainer, probe,
-                 t_start: float, ema):
+                 t_start: float):
         super().__init__(net, strategy, rank=rank, world=world, train=trainer)
-        self.args, self.probe, self.t_start, self.ema = args, probe, t_start, ema
+        self.args, self.probe, self.t_start = args, probe, t_start
         self.elapsed_s = 0.0
 
-    def new_global(self, global_flat: torch.Tensor, progress) -> None:
-        if self.ema is not None:  # with a short warm-up
-            decay = min(self.args.ema, (1 + progress.round) / (10 + progress.round))
-            self.ema.mul_(decay).add_(global_flat, alpha=1 - decay)
-
     def evaluate(self, global_flat: torch.Tensor, rows: int | None = None):  # always the whole probe set
-        self.net.set_flat(global_flat if self.ema is None else self.ema)
+        self.net.set_flat(global_flat)
         bpc = _val_bpc(self.net, self.probe.x, self.probe.y, self.world)
         return EvalResult(loss=bpc, accuracy=math.nan, samples=len(self.probe.x))  # scored by bits per char alone
 
@@ -190,7 +186,8 @@ class _CharExchange(CollectiveExchange):
         elapsed = torch.tensor([time.time() - self.t_start])
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         self.elapsed_s = float(elapsed)
-        if "val_loss" in record and record["val_loss"] < self.args.target_bpc:
+        scored = "val_ema_loss" if self.args.ema else "val_loss"  # the weights the run keeps
+        if scored in record and record[scored] < self.args.target_bpc:
             return "target_bpc"
         if self.elapsed_s > self.args.minutes * 60 - self.args.final_eval_s:
             return "minutes"
@@ -226,8 +223,8 @@ def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> N
     if rank == 0:
         log.info("%d workers, %s parameters, start bpc %.3f", world, f"{global_flat.numel():,}", bpc)
     exchange = _CharExchange(net, strategy, args, rank=rank, world=world, trainer=trainer, probe=probe,
-                             t_start=t_start, ema=global_flat.clone() if args.ema else None)
-    ema = exchange.ema
+                             t_start=t_start)
+    ema = WeightAverage(args.ema, global_flat) if args.ema else None
     history = []
     progress = Progress()
 
@@ -235,7 +232,8 @@ def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> N
         if "val_loss" not in record:
             return
         entry = {"round": record["round"], "steps": record["total_steps"], "elapsed_s": round(exchange.elapsed_s, 1),
-                 "train_bpc": record["loss"] / LN2, "val_bpc": record["val_loss"], "compute_s": record["compute_s"],
+                 "train_bpc": record["loss"] / LN2, "val_bpc": record["val_ema_loss" if ema else "val_loss"],
+                 "val_bpc_global": record["val_loss"], "compute_s": record["compute_s"],
                  "sync_s": record["allreduce_s"]}
         history.append(entry)
         if rank == 0:
@@ -243,14 +241,12 @@ def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> N
                      entry["steps"], entry["elapsed_s"], entry["train_bpc"], entry["val_bpc"], entry["sync_s"] * 1e3)
 
     stop = StopRule(rounds=args.rounds, tau=args.tau, round_seconds=args.round_seconds)
-    global_flat = run_rounds(exchange, strategy, global_flat, stop, progress=progress,
-                             evaluation=EvalPlan(every=args.eval_every), on_record=on_record)
+    kept = run_rounds(exchange, strategy, global_flat, stop, progress=progress,
+                      evaluation=EvalPlan(every=args.eval_every), on_record=on_record, average=ema)
     steps, rounds = progress.steps_done, progress.round
-    probe_global = None
-    if ema is not None:
-        net.set_flat(global_flat)
-        probe_global = _val_bpc(net, probe.x, probe.y, world)
-    net.set_flat(global_flat if ema is None else ema)
+    # the last round is always scored: its val_loss is the last global weights' probe bits per character
+    probe_global = history[-1]["val_bpc_global"] if ema is not None else None
+    net.set_flat(kept)
     final = _val_bpc(net, val.x, val.y, world)
     if rank != 0:
         return

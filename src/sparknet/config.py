@@ -211,6 +211,11 @@ class DistributedConfig:
     eval_budget: float = 0.05
     """Largest share of the run's wall time evaluations may take: a due evaluation is put off to a later
     round while they have taken more (1: never put off)."""
+    weight_ema: float | None = None
+    """Keep a moving average of the global weights over rounds with this decay per round (in (0, 1), e.g. 0.9;
+    the first rounds use min(decay, (1 + r) / (10 + r))): every evaluation also scores it (val_ema_<metric>),
+    the target accuracy is judged on it, and the fit returns it (its summary says returned_weights "ema", with
+    the last global weights' scores as test_global_<metric>)."""
     auto_tau: bool = False
     """Choose tau while training so synchronization stays under --auto-tau-target of wall time."""
     auto_tau_target: float = 0.1
@@ -295,6 +300,15 @@ class DistributedConfig:
             raise ValueError("resume needs --checkpoint-dir: the folder whose newest checkpoint to continue from")
         if self.strategy is Strategy.SYNC:
             check_per_step_strategy(self, "the sync strategy")
+        if self.weight_ema is not None:
+            if not 0.0 < self.weight_ema < 1.0:
+                raise ValueError(f"weight_ema is a decay per round in (0, 1) (e.g. 0.9), got {self.weight_ema}")
+            if self.strategy is Strategy.ASYNC:
+                raise ValueError("weight_ema averages the global weights of the round loop; the async strategy has "
+                                 "no rounds: drop --weight-ema or choose another strategy")
+            if self.resume:
+                raise ValueError("weight_ema with resume: checkpoints do not hold the moving average, so a resumed "
+                                 "run could not continue it exactly; drop --weight-ema or --resume")
 
     def evaluation(self) -> EvalPlan:
         """When the round loop evaluates, and on how many rows (--eval-every-rounds, --eval-screen-rows,

@@ -41,7 +41,7 @@ from sparknet.stopping import EvalPlan, StopRule, screen_margin
 from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, WorkerState, make_compressor
 
 __all__ = ["worker_seed", "round_seed", "RoundPlan", "RoundUpdate", "Progress", "Exchange", "InProcessExchange",
-           "weighted_mean", "run_rounds"]
+           "WeightAverage", "average_summary", "weighted_mean", "run_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,11 @@ class Exchange(abc.ABC):
         """
         return None
 
+    def evaluate_average(self, flat: torch.Tensor, rows: int | None = None) -> EvalResult | None:
+        """Scores of the moving average of the global weights (:class:`WeightAverage`): weights no worker
+        receives; by default what :meth:`evaluate` says of them."""
+        return self.evaluate(flat, rows=rows)
+
     def agree(self, due: bool) -> bool:
         """Whether to evaluate, the same on every rank: an engine whose ranks each decide (from their own
         clocks) takes any rank's yes."""
@@ -169,11 +174,58 @@ def weighted_mean(total: torch.Tensor, samples: float) -> torch.Tensor:
     return (total / samples).to(torch.float32)
 
 
+class WeightAverage:
+    """An exponential moving average of the global weights over rounds (Polyak averaging).
+
+    After round ``r`` (rounds done, counted from 1) the average becomes
+    ``decay_r * average + (1 - decay_r) * global`` with ``decay_r = min(decay, (1 + r) / (10 + r))``:
+    a short warm-up, so the initial weights weigh little once a few rounds are done.
+
+    Parameters
+    ----------
+    decay : float
+        The decay per round, in (0, 1) (``DistributedConfig.weight_ema``).
+    flat : Tensor
+        The average to start from: the initial global weights (copied).
+    """
+
+    def __init__(self, decay: float, flat: torch.Tensor):
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"the moving average's decay is in (0, 1), got {decay}")
+        self.decay = float(decay)
+        self.flat = flat.detach().to(torch.float32).clone()
+
+    def decay_after(self, rounds_done: int) -> float:
+        """The decay applied after round ``rounds_done`` (the warm-up's or :attr:`decay`, the smaller)."""
+        return min(self.decay, (1 + rounds_done) / (10 + rounds_done))
+
+    def update(self, global_flat: torch.Tensor, rounds_done: int) -> None:
+        """Fold round ``rounds_done``'s new global weights into the average."""
+        d = self.decay_after(rounds_done)
+        self.flat.mul_(d).add_(global_flat, alpha=1 - d)
+
+
+def average_summary(rounds: list[dict], decay: float | None) -> dict:
+    """A fit's summary fields about which weights it returned.
+
+    Without a moving average (``decay`` is ``None``): none. With one: ``returned_weights`` is
+    ``"ema"`` (the fit returns the average; its ``test_<metric>`` fields are the average's),
+    ``weight_ema`` its decay, and ``test_global_<metric>`` / ``test_global_loss`` the last global
+    weights' scores on the validation data (the last round's ``val_<metric>``).
+    """
+    if decay is None:
+        return {}
+    last = rounds[-1] if rounds else {}
+    return {"returned_weights": "ema", "weight_ema": decay,
+            **{f"test_global_{k[4:]}": v for k, v in last.items()
+               if k.startswith("val_") and not k.startswith("val_ema_")}}
+
+
 def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torch.Tensor, stop: StopRule, *,
                progress: Progress | None = None, auto: AutoTau | None = None,
                evaluation: EvalPlan | None = None, on_record: Callable[[dict], None] | None = None,
-               t0: float | None = None) -> torch.Tensor:
-    """Train round after round until ``stop`` says so; returns the final global weights.
+               t0: float | None = None, average: WeightAverage | None = None) -> torch.Tensor:
+    """Train round after round until ``stop`` says so; returns the final global weights (or their average).
 
     Parameters
     ----------
@@ -195,11 +247,16 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
         Called with every round record.
     t0 : float, optional
         ``time.perf_counter()`` the records' ``wall_s`` counts from (default: now).
+    average : WeightAverage, optional
+        A moving average of the global weights, updated after every round. Every evaluation then scores
+        both: the global weights' ``val_<metric>`` (``screen_<metric>``) as without it, and the average's
+        ``val_ema_<metric>`` (``screen_ema_<metric>``); the target accuracy is judged on the average, and
+        the average is what is returned.
     """
     progress = progress if progress is not None else Progress()
     t0 = time.perf_counter() if t0 is None else t0
     K = exchange.workers
-    check = _Evaluation(exchange, evaluation or EvalPlan(), stop.target_accuracy, t0)
+    check = _Evaluation(exchange, evaluation or EvalPlan(), stop.target_accuracy, t0, average)
     while True:
         if auto is not None:
             stop.tau = auto.tau
@@ -221,6 +278,8 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
         progress.samples_done += update.processed
         progress.total_bytes += update.nbytes
         exchange.new_global(global_flat, progress)
+        if average is not None:
+            average.update(global_flat, progress.round)
         r = progress.round
         comm_s = max(round_s - update.compute_s, 0.0)
         record = {
@@ -255,14 +314,15 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
         if on_record is not None:
             on_record(record)
         if reason is not None:
-            return global_flat
+            return global_flat if average is None else average.flat
 
 
 class _Evaluation:
     """The loop's evaluations (:class:`EvalPlan`): screens, full evaluations, and what the records say."""
 
-    def __init__(self, exchange: Exchange, plan: EvalPlan, target: float | None, t0: float):
-        self.exchange, self.plan, self.target, self.t0 = exchange, plan, target, t0
+    def __init__(self, exchange: Exchange, plan: EvalPlan, target: float | None, t0: float,
+                 average: WeightAverage | None = None):
+        self.exchange, self.plan, self.target, self.t0, self.average = exchange, plan, target, t0, average
         self.screening = plan.screens(exchange.validation_rows)
         self.since_full = 0  # evaluations since the last full one
         self.spent_s = 0.0  # seconds evaluating so far
@@ -290,7 +350,9 @@ class _Evaluation:
             if result is None:
                 return None
             record.update({f"screen_{k}": v for k, v in result.metrics.items()}, screen_loss=result.loss,
-                          screen_rows=rows, eval_s=time.perf_counter() - t)
+                          screen_rows=rows)
+            result = self._average(result, record, "screen", rows)
+            record["eval_s"] = time.perf_counter() - t
             near = self.target is not None and result.score >= self.target - screen_margin(self.target, rows)
             if not near:
                 self.since_full += 1
@@ -304,9 +366,19 @@ class _Evaluation:
         if result is None:
             return None
         self.since_full = 0
-        record.update({f"val_{k}": v for k, v in result.metrics.items()}, val_loss=result.loss,
-                      eval_s=record.get("eval_s", 0.0) + time.perf_counter() - t)
+        record.update({f"val_{k}": v for k, v in result.metrics.items()}, val_loss=result.loss)
+        result = self._average(result, record, "val", None)
+        record["eval_s"] = record.get("eval_s", 0.0) + time.perf_counter() - t
         return result.score
+
+    def _average(self, result: EvalResult, record: dict, prefix: str, rows: int | None) -> EvalResult:
+        """With a moving average: its scores beside the global weights' (``<prefix>_ema_<metric>``), and its
+        result (what the target is judged on); without one: ``result``."""
+        if self.average is None:
+            return result
+        avg = self.exchange.evaluate_average(self.average.flat, rows=rows)
+        record.update({f"{prefix}_ema_{k}": v for k, v in avg.metrics.items()}, **{f"{prefix}_ema_loss": avg.loss})
+        return avg
 
 
 class InProcessExchange(Exchange):
@@ -405,6 +477,12 @@ class InProcessExchange(Exchange):
         if self.evaluator is None or getattr(self.evaluator, "_val", None) is None:
             return None
         self.evaluator.set_flat(self._deliver(global_flat))
+        return self.evaluator.evaluate(sample=rows)
+
+    def evaluate_average(self, flat: torch.Tensor, rows: int | None = None) -> EvalResult | None:
+        if self.evaluator is None or getattr(self.evaluator, "_val", None) is None:
+            return None
+        self.evaluator.set_flat(flat)  # as it is: no worker receives it, so no message goes down
         return self.evaluator.evaluate(sample=rows)
 
 

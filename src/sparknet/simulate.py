@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 
 from sparknet.config import CompressionKind, Strategy, parse_enum
-from sparknet.loop import InProcessExchange, Progress, run_rounds, worker_seed
+from sparknet.loop import InProcessExchange, Progress, WeightAverage, run_rounds, worker_seed
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.stopping import EvalPlan, StopRule
@@ -50,7 +50,8 @@ class SimulationResult:
 def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strategy | str = "average",
              solver: SolverConfig | None = None, batch_size: int = 64, target_accuracy: float | None = None,
              steps: int = 10000, eval_every_steps: int | None = None, eval_samples: int | None = None,
-             compression: CompressionKind | str = CompressionKind.NONE, seed: int = 0, strategy_options: dict | None = None) -> SimulationResult:
+             compression: CompressionKind | str = CompressionKind.NONE, seed: int = 0, strategy_options: dict | None = None,
+             weight_ema: float | None = None) -> SimulationResult:
     """Train ``workers`` logical workers with ``strategy`` until the target or ``steps``.
 
     Parameters
@@ -68,6 +69,10 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
         rounds); default every round.
     compression : str
         none, fp16, bf16 or int8 (with error feedback) for the workers' deltas.
+    weight_ema : float, optional
+        Keep a moving average of the global weights with this decay per round
+        (:class:`~sparknet.loop.WeightAverage`): the history's ``accuracy`` (and the target) is then the
+        average's, ``global_accuracy`` the global weights'.
     """
     if workers < 1 or tau < 1:
         raise ValueError(f"workers and tau must be at least 1, got {workers}, {tau}")
@@ -98,14 +103,18 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
         if "val_accuracy" in record:
             history.append({"round": record["round"], "steps": record["total_steps"],
                             "accuracy": record["val_accuracy"], "bytes": exchange.bytes_moved})
+            if weight_ema is not None:
+                history[-1].update(accuracy=record["val_ema_accuracy"], global_accuracy=record["val_accuracy"])
             log.debug("%s K=%d tau=%d round %d: accuracy %.4f", name.value, workers, tau, record["round"],
                       record["val_accuracy"])
 
     stop = StopRule(steps=steps, target_accuracy=target_accuracy, tau=tau)
     progress = Progress()
     eval_rounds = max(1, math.ceil((eval_every_steps or tau) / tau))
-    run_rounds(exchange, strat, strat.init_global(evaluator.get_flat()), stop, progress=progress,
-               evaluation=EvalPlan(every=eval_rounds), on_record=on_record)
+    global_flat = strat.init_global(evaluator.get_flat())
+    average = None if weight_ema is None else WeightAverage(weight_ema, global_flat)
+    run_rounds(exchange, strat, global_flat, stop, progress=progress,
+               evaluation=EvalPlan(every=eval_rounds), on_record=on_record, average=average)
     acc = history[-1]["accuracy"]
     reached = target_accuracy is not None and acc >= target_accuracy
     steps = progress.steps_done

@@ -21,7 +21,7 @@ import torch
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
 from sparknet.checkpoint import CheckpointError, RoundCheckpoints
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
-from sparknet.loop import InProcessExchange, Progress, run_rounds
+from sparknet.loop import InProcessExchange, Progress, WeightAverage, average_summary, run_rounds
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
 from sparknet.stopping import StopRule
@@ -145,7 +145,7 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
                 start: dict | None = None, dist: DistributedConfig | None = None) -> dict:
     """The round loop with one in-process worker: a round is ``eval_every`` steps, evaluated at its end."""
     done = 0 if start is None else int(start["steps"])
-    stop_reason = None
+    stop_reason, ema = None, None
     with MetricsLogger(run.metrics_out, progress=not run.quiet, total=run.steps, sinks=sinks) as metrics:
         strategy = Average()
         exchange = _LocalExchange(net, strategy, metrics, checkpoints,
@@ -162,11 +162,14 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
                                 samples_done=exchange.samples)
             records: list[dict] = []
             evaluation = (dist or DistributedConfig()).evaluation()
-            net.set_flat(run_rounds(exchange, strategy, strategy.init_global(net.get_flat()), stop,
+            global_flat = strategy.init_global(net.get_flat())
+            ema = None if dist is None or dist.weight_ema is None else WeightAverage(dist.weight_ema, global_flat)
+            net.set_flat(run_rounds(exchange, strategy, global_flat, stop,
                                     progress=progress, evaluation=replace(evaluation, every=1),
-                                    on_record=records.append))
+                                    on_record=records.append, average=ema))
             done, stop_reason = progress.steps_done, records[-1].get("stop_reason")
-            accuracy, loss = records[-1]["val_accuracy"], records[-1]["val_loss"]  # the loop's last evaluation
+            scored = "val_ema_" if ema is not None else "val_"  # the weights returned: the average, when kept
+            accuracy, loss = records[-1][scored + "accuracy"], records[-1][scored + "loss"]  # the last evaluation
         else:  # resumed from the end of the run: nothing left to train
             last = net.evaluate()
             accuracy, loss = last.accuracy, last.loss
@@ -176,6 +179,7 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
             "samples_per_s": exchange.samples / exchange.train_s if exchange.train_s else None,
             "test_accuracy": accuracy, "test_loss": loss, "threads": threads,
             "rounds": 0, "bytes_communicated": 0, "stop_reason": stop_reason,
+            **(average_summary(records, dist.weight_ema) if ema is not None else {}),
         }
         if start is not None:
             summary["resumed_from_step"] = int(start["steps"])

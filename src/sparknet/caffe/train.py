@@ -749,6 +749,9 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
         raise ValueError("engine 'local' trains in one process; use --engine rounds or barrier with --workers K")
     if dist.engine is Engine.LOCAL:
         on_spark = False
+    if dist.weight_ema is not None and not on_spark:
+        raise ValueError("weight_ema averages the global weights of rounds on Spark; a Caffe run in one process "
+                         "follows its solver step by step: drop --weight-ema or train on Spark (--workers K)")
 
     seed_everything(run.seed)
     cache = _DataCache()

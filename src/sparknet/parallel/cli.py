@@ -99,6 +99,8 @@ def _refusals(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlags
                 "--compression, --auto-tau, --link-latency and --link-bandwidth")
     if dist.warmup_steps:
         return "--model-parallel does not run a warm-up on the driver; drop --warmup-steps"
+    if dist.weight_ema is not None:
+        return "--model-parallel returns the global weights, not a moving average of them; drop --weight-ema"
     if dist.epochs is not None:
         return "--model-parallel stops on --steps, --rounds or --target-accuracy; use those instead of --epochs"
     if run.device != "cpu":

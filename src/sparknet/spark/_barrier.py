@@ -42,7 +42,7 @@ import torch
 from sparknet.collective import CollectiveExchange, FIELDS
 from sparknet.errors import NonFiniteUpdate
 from sparknet.faults import due_fault
-from sparknet.loop import Progress, run_rounds
+from sparknet.loop import Progress, WeightAverage, run_rounds
 from sparknet.spark._channel import MetricsSender, encode_tree
 from sparknet.rowfile import RowFile
 from sparknet.spark._data import merge_chunks, write_chunks
@@ -92,6 +92,8 @@ class StagePlan:
     """Rounds between checkpoints (every rank then sends its own state), or ``None``."""
     auto_tau: AutoTau | None = None
     """The tau chooser (each rank loads the stage's start state into its own copy)."""
+    weight_ema: float | None = None
+    """The decay of the moving average of the global weights the fit keeps and returns, or ``None``."""
 
 
 def run_barrier(payload_bc, params: StagePlan, val_bc=None):
@@ -365,6 +367,7 @@ class _BarrierExchange(CollectiveExchange):
     def __init__(self, *args, params: StagePlan, sender, history: list, arrivals: _Arrivals | None, auto, **kwargs):
         super().__init__(*args, **kwargs)
         self.params, self.sender, self.history, self.arrivals, self.auto = params, sender, history, arrivals, auto
+        self.average: WeightAverage | None = None  # the moving average a restart continues from
 
     def _exchange(self, buf, P, plan, sent):
         tag = f"{self.params.restart}/{plan.round}"
@@ -401,7 +404,8 @@ class _BarrierExchange(CollectiveExchange):
                                  "samples_done": progress.samples_done, "total_bytes": progress.total_bytes,
                                  "iteration": self.net.iteration},
                                 encode_tree({"global": global_flat, "strategy": self.strategy.state_dict(),
-                                             "auto_tau": None if self.auto is None else self.auto.state_dict()}))
+                                             "auto_tau": None if self.auto is None else self.auto.state_dict(),
+                                             **({} if self.average is None else {"average": self.average.flat})}))
         if sender is not None and ckpt_every and self.has_data and (r % ckpt_every == 0 or reason is not None):
             sender.send({"event": "worker_state", "round": r, "rank": self.rank},
                         encode_tree(export_worker_state(self.net, self.state)))
@@ -437,5 +441,9 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
     progress = Progress(round=start.get("round", 0), steps_done=start.get("steps_done", 0),
                         samples_done=start.get("samples_done", 0), total_bytes=start.get("total_bytes", 0))
     global_flat = torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))
+    if params.weight_ema is not None:
+        saved = start.get("average")  # a restarted stage continues the average rank 0 last sent
+        exchange.average = WeightAverage(params.weight_ema, global_flat if saved is None else
+                                         torch.from_numpy(np.array(saved, dtype=np.float32, copy=True)))
     return run_rounds(exchange, strategy, global_flat, replace(params.stop), progress=progress, auto=auto,
-                      evaluation=params.evaluation)
+                      evaluation=params.evaluation, average=exchange.average)

@@ -131,7 +131,8 @@ class BarrierStage:
             slot = self.pending.setdefault(int(msg["round"]), {"state": None, "workers": {}})
             if event == "state":
                 state = {k: msg[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration")}
-                state.update(global_flat=tree["global"], strategy=tree["strategy"], auto_tau=tree.get("auto_tau"))
+                state.update(global_flat=tree["global"], strategy=tree["strategy"], auto_tau=tree.get("auto_tau"),
+                             average=tree.get("average"))
                 slot["state"] = state
                 if self.latest is None or state["round"] >= self.latest["round"]:
                     self.latest = {**state, "global": tree["global"], "workers": None}
@@ -174,7 +175,7 @@ class BarrierStage:
         outcome: dict = {}
         try:
             begin = {k: start.get(k) for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration",
-                                               "strategy", "workers", "auto_tau")}
+                                               "strategy", "workers", "auto_tau", "average")}
             flat = start["global"]
             payload_bc = sc.broadcast((trainer._pack(spec), np.asarray(flat, dtype=np.float32), begin))
             self.broadcasts.append(payload_bc)
@@ -188,7 +189,8 @@ class BarrierStage:
                                 collective_timeout_s=opts.collective_timeout_s),
                 stop=self.stop, endpoint=receiver.endpoint, secret=secret, evaluation=dist.evaluation(),
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
-                checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None, auto_tau=auto)
+                checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None, auto_tau=auto,
+                weight_ema=dist.weight_ema)
             stage = chunks.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
             silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
 

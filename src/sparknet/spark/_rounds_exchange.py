@@ -23,7 +23,7 @@ import torch
 
 from sparknet._enums import CompressionKind, parse_enum
 from sparknet.errors import DeadlineExceeded
-from sparknet.loop import Exchange, Progress, RoundPlan, RoundUpdate, run_rounds
+from sparknet.loop import Exchange, Progress, RoundPlan, RoundUpdate, WeightAverage, run_rounds
 from sparknet.spark._backend import Watchdog, default_round_deadline, job_group, spark_call, task_slots
 from sparknet.spark._rounds import (Partial, RoundTask, WorkerStatus, combine, decode_updates, run_round,
                                     run_round_from_chunks)
@@ -349,8 +349,10 @@ def run_rounds_engine(trainer, sc, group: str, staged, chunks, spec, global_flat
         trainer._emit(record)
 
     with job_group(sc, group, f"sparknet rounds ({trainer.dist.workers} workers)"):  # each round names itself
+        average = None if trainer.dist.weight_ema is None else WeightAverage(trainer.dist.weight_ema, global_flat)
         global_flat = run_rounds(exchange, trainer.strategy, global_flat, stop, progress=progress, auto=auto,
-                                 evaluation=trainer.dist.evaluation(), on_record=on_record, t0=t_fit)
+                                 evaluation=trainer.dist.evaluation(), on_record=on_record, t0=t_fit,
+                                 average=average)
     return global_flat, history, {"rerun_partitions": exchange.rerun_partitions,
                                   "elastic_rounds": exchange.elastic_rounds}
 

@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 _RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", "weight_decay", "lr_policy",
                "gamma", "power", "seed", "threads", "device")
 """RunConfig fields that become estimator Params."""
-_DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs",
+_DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs", "weight_ema",
                 "target_accuracy", "data_mode", "stream_buffer_mb", "compression", "auto_tau", "auto_tau_target", "outer_lr", "outer_momentum",
                 "easgd_beta")
 """DistributedConfig fields that become estimator Params."""

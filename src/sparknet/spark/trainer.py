@@ -56,6 +56,7 @@ from sparknet.config import DistributedConfig, Engine, RunConfig, WorkerConfig, 
 from sparknet.errors import EngineError
 from sparknet.faults import faults_from
 from sparknet.link import LinkModel
+from sparknet.loop import average_summary
 from sparknet.metrics import rounds_summary
 from sparknet.net import Net
 from sparknet.spark import _data
@@ -442,6 +443,7 @@ class SparkTrainer:
             "engine": dist.engine.value, "strategy": getattr(self.strategy.name, "value", str(self.strategy.name)),
             "workers": K, "tau": dist.tau, "round_seconds": dist.round_seconds,
             **rounds_summary(rounds, test, t_fit=t_fit, t_train=t_train, train_s=train_s),
+            **average_summary(rounds, dist.weight_ema),
             "data_rows": int(total["rows"]), "rows_per_partition": total["rows_per_partition"],
             "sample_shape": list(sample_shape), "num_classes": num_classes, "input": source.description,
             "data_mode": data_mode.value, "data_mode_reason": data_mode_why,
