@@ -10,7 +10,7 @@ from sparknet.solvers import SolverType
 
 @pytest.mark.parametrize("bad, match", [
     ({"steps": 0}, "steps"), ({"batch_size": 0}, "batch size"), ({"lr": -0.1}, "learning rate"),
-    ({"solver_type": "lbfgs"}, "solver type"), ({"threads": 0}, "threads"), ({"device": "tpu"}, "device"),
+    ({"solver_type": "newton"}, "solver type"), ({"threads": 0}, "threads"), ({"device": "tpu"}, "device"),
 ])
 def test_run_config_rejects(bad, match):
     with pytest.raises(ValueError, match=match):
