@@ -282,12 +282,13 @@ def _with_weights(y: np.ndarray, weights, info: dict) -> np.ndarray:
 
 
 def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None, label_col: str | None = None,
-                 float_labels: bool = False, image_shape=None, weighted: bool = False):
+                 float_labels: bool = False, image_shape=None, weighted: bool = False, chunk_bytes: int = CHUNK_BYTES):
     """The ``mapInArrow`` function: Arrow batches of (features, label[, weight]) -> rows of chunk bytes.
 
     ``label_width`` is 0 for one label per row, else the labels per row (a sequence, or a vector to
     regress); labels are int64 class ids, or float32 numbers with ``float_labels``. ``weighted``:
     float32 labels with each row's sample weight as one more, last, value (:func:`_with_weights`).
+    ``chunk_bytes``: the most feature bytes of one chunk (:func:`chunk_bytes_for`).
     """
 
     def convert(batches: Iterator) -> Iterator:
@@ -295,7 +296,7 @@ def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None, l
 
         for batch in batches:
             row_bytes = max(1, (expected_len or image_numel or 1) * 4)
-            step = max(1, CHUNK_BYTES // row_bytes)
+            step = max(1, chunk_bytes // row_bytes)
             for start in range(0, max(len(batch), 1), step):
                 piece = batch.slice(start, step)
                 x, y, info = _arrow_batch(piece, kind, expected_len, image_numel, float_labels, image_shape)
@@ -469,6 +470,13 @@ def task_memory(sc) -> tuple[int, str]:
     return total // max(1, slots), f"{key} {conf.get(key, '1g')} over {slots} task slot(s)"
 
 
+def chunk_bytes_for(sc) -> int:
+    """Feature bytes of one chunk on this cluster: :data:`CHUNK_BYTES`, or a 64th of the memory one task has
+    when that is less (the executor's JVM holds a few copies of a chunk while it hands it to Python: a 512 MiB
+    executor runs out of heap on 32 MiB chunks), at least 1 MiB."""
+    return max(1 << 20, min(CHUNK_BYTES, task_memory(sc)[0] // 64))
+
+
 def choose_data_mode(requested, partition_bytes: int, sc) -> tuple[DataMode, str]:
     """``memory`` or ``stream`` for a fit whose largest partition's rows take ``partition_bytes``, and why."""
     mode = parse_enum(DataMode, requested, "data mode")
@@ -619,7 +627,8 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "
         if num_partitions is not None and (df.rdd.getNumPartitions() != num_partitions or data.inputFiles()):
             df = df.repartition(num_partitions)
         out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel, label_col, float_labels,
-                                         tuple(image_shape) if image_shape else None, weight_col is not None),
+                                         tuple(image_shape) if image_shape else None, weight_col is not None,
+                                         chunk_bytes_for(data.sparkSession.sparkContext)),
                             _CHUNK_SCHEMA)
         label_dtype = np.float32 if float_labels or weight_col is not None else np.int64
         rdd = out.rdd.map(lambda row: _row_to_chunk(row, label_dtype), preservesPartitioning=True)
