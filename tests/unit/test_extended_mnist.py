@@ -187,6 +187,25 @@ def test_base_digits_take_mnist_floats_back_to_their_bytes() -> None:
         base_digits((BASE_X, BASE_Y.astype(np.int64) + 300))
 
 
+def test_the_extended_mnist_data_set_by_name(tmp_path, monkeypatch) -> None:
+    """``load_dataset("extended-mnist")`` (``--dataset extended-mnist``) on base digits from IDX files."""
+    from test_datasets import _write_idx
+
+    from sparknet.datasets import IDX_ENV, load_dataset
+
+    for name, arr in (("train-images-idx3-ubyte", BASE_X), ("train-labels-idx1-ubyte", BASE_Y),
+                      ("t10k-images-idx3-ubyte", BASE_X[:4]), ("t10k-labels-idx1-ubyte", BASE_Y[:4])):
+        _write_idx(tmp_path / name, arr)
+    monkeypatch.setenv(IDX_ENV, str(tmp_path))
+    splits = load_dataset("extended_mnist", num_samples=25, seed=4, alpha=20.0)
+    n_train = N - N // 6  # mnist() keeps the last sixth of IDX training digits for validation
+    want = extended_arrays(25, seed=4, deformation=Deformation(alpha=20.0), base=(BASE_X[:n_train], BASE_Y[:n_train]))
+    assert np.array_equal(splits.train.x, want.x) and np.array_equal(splits.train.y, want.y)
+    assert len(splits.validation) == N - n_train and len(splits.test) == 4
+    with pytest.raises(ValueError, match="alpha"):
+        load_dataset("extended-mnist", num_samples=5, alpha=-1.0)
+
+
 def test_extended_arrays_scale_pixels_as_mnist_does() -> None:
     data = extended_arrays(30, seed=1, base=(BASE_X, BASE_Y))
     raw, labels = extended_samples(BASE_X, BASE_Y, 0, 30, seed=1)
@@ -214,3 +233,53 @@ def test_arrow_samples_turn_ids_into_the_rows_of_those_samples() -> None:
     assert np.array_equal(pixels[:1100], want) and np.array_equal(table.column("label").to_numpy()[:1100], labels)
     assert np.array_equal(pixels[-1], extended_samples(BASE_X, BASE_Y, 40, 41, seed=9)[0][0])
     assert table.schema.field("features").type == pa.binary() and table.schema.field("label").type == pa.int32()
+
+
+def test_the_commands_deadline_grows_with_the_samples() -> None:
+    from sparknet.tools.data import deadline_s
+
+    assert deadline_s(100, None) == 600 and deadline_s(5_000_000, None) == 5000
+    assert deadline_s(100, 30) == 30 and deadline_s(100, 0) is None
+    with pytest.raises(ValueError, match="--timeout"):
+        deadline_s(100, -1)
+
+
+_CHILD = """
+import sys
+from test_extended_mnist import _fingerprint
+print(_fingerprint())
+"""
+
+
+def _fingerprint() -> str:
+    """SHA-256 of 1,500 samples, of the float32 points they were read at and of their float64 smoothed fields
+    (where a last bit of BLAS's sums would show)."""
+    import hashlib
+
+    from sparknet.datasets._extended import _smoothed_fields, _source_points
+
+    x, _ = extended_samples(BASE_X, BASE_Y, 0, 1500, seed=11)
+    words = _random_words(11, 0, 1500)
+    floats = [*_source_points(words, Deformation()), _smoothed_fields(words, 4.0)]
+    return hashlib.sha256(x.tobytes() + b"".join(f.tobytes() for f in floats)).hexdigest()
+
+
+def test_the_bytes_do_not_depend_on_the_vector_units_or_the_blas_kernel() -> None:
+    """Another machine, as near as one process can get: numpy's loops without AVX, OpenBLAS's oldest x86 kernel on
+    one thread (where those switches exist); the same samples and the floats that made them, bit for bit."""
+    import os
+    import platform
+    import subprocess
+    import sys
+
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([here, *filter(None, [os.environ.get("PYTHONPATH")])])}
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        env["NPY_DISABLE_CPU_FEATURES"] = " ".join(f for f in __cpu_dispatch__ if __cpu_features__.get(f))
+        env["OPENBLAS_CORETYPE"] = "Prescott"
+    child = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True, text=True, timeout=120,
+                           check=True)
+    assert child.stdout.strip() == _fingerprint()

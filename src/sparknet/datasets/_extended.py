@@ -142,18 +142,27 @@ def _random_words(seed: int, start: int, count: int) -> np.ndarray:
     return bits.random_raw(count * WORDS_PER_SAMPLE).reshape(count, WORDS_PER_SAMPLE)
 
 
-def _displacements(words: np.ndarray, deformation: Deformation) -> np.ndarray:
-    """float32 ``[n, 2, 28, 28]``: each sample's (dx, dy) in pixels, from its first 392 words."""
+def _smoothed_fields(words: np.ndarray, sigma: float) -> np.ndarray:
+    """float64 ``[n, 2, 28, 28]`` of integers: each sample's two uniform fields (its first 392 words) smoothed.
+
+    The value is the field in units of ``2^-40`` of the uniform one: 16 random bits b become the odd
+    integer ``2b - 65535`` (uniform in (-1, 1) in units of 1/65536), and the Gaussian's integer weights
+    sum to 2^12 along each axis. Every sum stays below 2^40, so float64 BLAS gives it exactly.
+    """
     field_words = words[:, :_FIELD_WORDS]
     lanes = np.stack([(field_words >> np.uint64(16 * k)) & np.uint64(0xFFFF) for k in range(4)], axis=-1)
     n = len(words)
-    # 16 random bits b -> the odd integer 2b - 65535 in (-65536, 65536): uniform in (-1, 1) in units of 1/65536
     field = lanes.reshape(n * 2 * SIDE, SIDE).astype(np.float64) * 2.0 - (_FIELD_UNIT - 1)
-    g = _smoothing_matrix(deformation.sigma)
-    # Integers below 2^16 times weights summing to 2^12, twice: every sum stays below 2^40, so BLAS is exact.
+    g = _smoothing_matrix(sigma)
     rows = (field @ g.T).reshape(n * 2, SIDE, SIDE)
     both = (rows.transpose(0, 2, 1).reshape(-1, SIDE) @ g.T).reshape(n * 2, SIDE, SIDE).transpose(0, 2, 1)
-    return (both * (deformation.alpha * _FIELD_SCALE)).astype(np.float32).reshape(n, 2, SIDE, SIDE)
+    return both.reshape(n, 2, SIDE, SIDE)
+
+
+def _displacements(words: np.ndarray, deformation: Deformation) -> np.ndarray:
+    """float32 ``[n, 2, 28, 28]``: each sample's (dx, dy) in pixels."""
+    smoothed = _smoothed_fields(words, deformation.sigma)
+    return (smoothed * (deformation.alpha * _FIELD_SCALE)).astype(np.float32)
 
 
 def _inverse_affines(words: np.ndarray, deformation: Deformation) -> tuple[np.ndarray, ...]:
