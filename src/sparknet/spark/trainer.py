@@ -59,6 +59,7 @@ from sparknet.link import LinkModel
 from sparknet.loop import average_summary
 from sparknet.metrics import rounds_summary
 from sparknet.net import Net
+from sparknet.solvers import check_gradient_hook
 from sparknet.spark import _data
 from sparknet.spark._backend import check_barrier_slots, quietly, run_with_deadline
 from sparknet.spark._barrier_stage import run_barrier_engine
@@ -270,6 +271,7 @@ class SparkTrainer:
                                                                             **self.dist.strategy_options())
         if self.strategy.needs_gradient_hook:
             check_per_step_strategy(self.dist, f"strategy {self.strategy!r}", on_spark=True)
+            check_gradient_hook(self.worker.solver, f"strategy {self.strategy!r}")
         self.net = net
         self.loss = loss
         self.task = infer_task(loss, net if hasattr(net, "layers") else getattr(net, "net_params", None), task)
