@@ -76,6 +76,9 @@ def test_an_existing_folder_is_kept_unless_overwrite(spark, small, tmp_path):
         write_extended_mnist(spark, path, 10, num_partitions=1, base=small.train)
     write_extended_mnist(spark, path, 20, num_partitions=2, base=small.train, mode="overwrite")
     assert extended_mnist(spark, path).count() == 20
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="exists"):
+        write_extended_mnist(spark, tmp_path / "empty", 10, base=small.train)
     with pytest.raises(ValueError, match="mode"):
         write_extended_mnist(spark, path, 10, mode="append", base=small.train)
     with pytest.raises(ValueError, match="num_samples"):
@@ -86,6 +89,8 @@ def test_a_folder_of_other_rows_is_refused_by_the_reader(spark, tmp_path):
     spark.createDataFrame([([0.5] * 3, 1)], "features array<double>, label int").write.parquet(str(tmp_path / "x"))
     with pytest.raises(ValueError, match="column 'features' is array, not binary"):
         extended_mnist(spark, tmp_path / "x")
+    with pytest.raises(FileNotFoundError, match="no extended-MNIST folder at"):
+        extended_mnist(spark, tmp_path / "nothing")
 
 
 def test_the_trainer_reads_pixels_as_mnist_scales_them(spark, small, written):

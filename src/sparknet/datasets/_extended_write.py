@@ -81,7 +81,8 @@ def base_digits(base: ArrayDataset | tuple[np.ndarray, np.ndarray] | None = None
     elif x.dtype != np.uint8:
         raise ValueError(f"base images must be uint8 pixels or floats in [0, 1], got {x.dtype}")
     if y.shape != (len(x),) or y.dtype.kind not in "iu" or (len(y) and (y.min() < 0 or y.max() > 255)):
-        raise ValueError(f"base labels must be {len(x)} integers in 0..255, one per image, got {y.dtype}{list(y.shape)}")
+        raise ValueError(f"base labels must be {len(x)} integers in 0..255, one per image, "
+                         f"got {y.dtype}{list(y.shape)}")
     return np.ascontiguousarray(x), y.astype(np.uint8)
 
 
@@ -91,19 +92,23 @@ def _check_count(name: str, value, minimum: int) -> int:
     return int(value)
 
 
-def _folder_files(path: str) -> list | None:
-    """``FileInfo`` of everything under ``path`` (empty when it does not exist; ``None`` when it cannot be listed)."""
+def _exists(path: str) -> bool | None:
+    """Whether ``path`` exists (``None`` when this process cannot tell: Spark's own check decides then)."""
     try:
         fs, inside = filesystem(path)
-        return fs.get_file_info(pafs.FileSelector(inside, recursive=True, allow_not_found=True))
+        return fs.get_file_info(inside).type != pafs.FileType.NotFound
     except (OSError, ValueError):
         return None
 
 
 def _folder_bytes(path: str) -> int | None:
     """Bytes of the files under ``path`` (``None`` when this process cannot list it)."""
-    infos = _folder_files(path)
-    return None if infos is None else sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+    try:
+        fs, inside = filesystem(path)
+        infos = fs.get_file_info(pafs.FileSelector(inside, recursive=True))
+    except (OSError, ValueError):
+        return None
+    return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
 
 
 def write_extended_mnist(spark, path: str | os.PathLike, num_samples: int, *, seed: int = 0,
@@ -131,8 +136,9 @@ def write_extended_mnist(spark, path: str | os.PathLike, num_samples: int, *, se
         The deformations' seed (an integer >= 0). The same seed and index give the same bytes
         on any machine and with any ``num_partitions``.
     num_partitions
-        Spark partitions (one Parquet file each); default enough that none holds more than
-        :data:`SAMPLES_PER_PARTITION` samples, and at least Spark's default parallelism.
+        Spark partitions (one Parquet file each, at most ``num_samples``); default enough that
+        none holds more than :data:`SAMPLES_PER_PARTITION` samples, and at least Spark's default
+        parallelism.
     mode
         ``"error"`` (refuse an existing ``path``) or ``"overwrite"``.
     deformation
@@ -162,7 +168,7 @@ def write_extended_mnist(spark, path: str | os.PathLike, num_samples: int, *, se
         num_partitions = max(sc.defaultParallelism, -(-num_samples // SAMPLES_PER_PARTITION))
     num_partitions = min(_check_count("num_partitions", num_partitions, 1), num_samples)
     path = os.fspath(path)
-    if mode == "error" and _folder_files(path):
+    if mode == "error" and _exists(path):
         raise ValueError(f"{path} exists; pass mode='overwrite' (--overwrite) to replace it")
     deformation = deformation or Deformation()
     images, labels = base_digits(base)
@@ -196,10 +202,16 @@ def extended_mnist(spark, path: str | os.PathLike):
 
     Raises
     ------
+    FileNotFoundError
+        Nothing is at ``path``.
     ValueError
         The folder's rows lack ``features`` (binary) or ``label`` (int).
     """
-    df = spark.read.parquet(os.fspath(path))
+    path = os.fspath(path)
+    if _exists(path) is False:
+        raise FileNotFoundError(f"no extended-MNIST folder at {path}; write one with write_extended_mnist "
+                                "(or sparknet data extended-mnist)")
+    df = spark.read.parquet(path)
     types = {f.name: f.dataType.typeName() for f in df.schema.fields}
     for name, kind in _COLUMNS.items():
         if types.get(name) != kind:
