@@ -311,7 +311,7 @@ def _cubic_step(a: tuple[float, float, float], b: tuple[float, float, float]) ->
     them; their midpoint when the cubic has no minimum there or a trial is not finite."""
     (ta, fa, sa), (tb, fb, sb) = a, b
     mid = 0.5 * (ta + tb)
-    if not all(math.isfinite(v) for v in (fa, sa, fb, sb)):
+    if ta == tb or not all(math.isfinite(v) for v in (fa, sa, fb, sb)):
         return mid
     d1 = sa + sb - 3.0 * (fa - fb) / (ta - tb)
     disc = d1 * d1 - sa * sb
