@@ -5,8 +5,8 @@ A :class:`SolverConfig` says what to optimise with; :func:`build_optimizer` turn
 multipliers (Caffe's ``param { lr_mult decay_mult }``) become optimizer parameter groups.
 
 Two solvers search along a direction instead of stepping by the learning rate: nonlinear
-conjugate gradient (:class:`ConjugateGradient`, the optimizer seed 001's paper found fastest for
-its fully connected net) and L-BFGS (``torch.optim.LBFGS``). Their ``step`` takes a closure that
+conjugate gradient (:class:`ConjugateGradient`, the optimizer the 2017 data- and model-parallel
+Spark paper found fastest for its fully connected net) and L-BFGS (``torch.optim.LBFGS``). Their ``step`` takes a closure that
 evaluates the loss again on the same minibatch (:attr:`SolverType.needs_closure`).
 """
 
