@@ -207,6 +207,7 @@ class RowStream:
         self.epoch = 0
         self.pos = 0  # rows taken in this epoch
         self._order: np.ndarray | None = None  # the epoch's block order
+        self._window_starts: np.ndarray | None = None  # rows of the epoch before each window (and all of them)
         self._window = -1  # index of the window in the buffer
         self._wstart = 0  # epoch position of the window's first row
         self._wrows = 0
@@ -235,23 +236,27 @@ class RowStream:
             return np.arange(self.num_blocks)
         return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_blocks)
 
-    def _block_len(self, block: int) -> int:
-        return min(self.block_rows, self.file.rows - block * self.block_rows)
+    def _start_order(self) -> None:
+        """The epoch's block order and where each of its windows starts in the epoch (rows before it)."""
+        self._order = self._block_order()
+        lens = np.minimum(self.block_rows, self.file.rows - self._order * self.block_rows)
+        per_window = np.add.reduceat(lens, np.arange(0, self.num_blocks, self.window_blocks))
+        self._window_starts = np.concatenate([[0], np.cumsum(per_window)])
 
     def _load_window(self, w: int) -> None:
         """Read window ``w`` of the epoch (blocks ``w*W .. w*W+W-1`` of its order) into the buffer, shuffled."""
         if self._order is None:
-            self._order = self._block_order()
+            self._start_order()
         blocks = self._order[w * self.window_blocks:(w + 1) * self.window_blocks]
         n = 0
         for b in np.sort(blocks):  # file order: the reads go forward
-            m = self._block_len(int(b))
             start = int(b) * self.block_rows
+            m = min(self.block_rows, self.file.rows - start)
             _read_into(self._fx, start * self._x_numel * 4, self._wx[n:n + m])
             _read_into(self._fy, start * self._y_numel * self._y_dtype.itemsize, self._wy[n:n + m])
             n += m
         self._window, self._wrows = w, n
-        self._wstart = sum(self._block_len(int(b)) for b in self._order[:w * self.window_blocks])
+        self._wstart = int(self._window_starts[w])
         self._perm = (np.random.default_rng([self.seed, self.epoch, w]).permutation(n) if self.shuffle
                       else np.arange(n))
         self.windows_read += 1
@@ -296,11 +301,9 @@ class RowStream:
         self._new_epoch(int(state["epoch"]))
         pos = int(state["pos"])
         if pos:
-            self._order = self._block_order()
-            lens = np.array([self._block_len(int(b)) for b in self._order])
-            ends = np.cumsum(lens.reshape(-1)[:].astype(np.int64))
-            block_i = int(np.searchsorted(ends, pos, side="right"))
-            self._load_window(min(block_i, self.num_blocks - 1) // self.window_blocks)
+            self._start_order()
+            w = int(np.searchsorted(self._window_starts, pos, side="right")) - 1
+            self._load_window(min(w, len(self._window_starts) - 2))
         self.pos = pos
 
 

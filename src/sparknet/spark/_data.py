@@ -452,20 +452,15 @@ def task_memory(sc) -> tuple[int, str]:
     ``spark.executor.pyspark.memory`` (the Python workers' own limit) if set, else the executor's memory
     (the driver's on a ``local[...]`` master), shared by the tasks one executor runs at once.
     """
-    from sparknet.spark._session import _LOCAL_CLUSTER, is_local_master, local_slots
+    from sparknet.spark._session import executor_slots, is_local_master
 
     conf = sc.getConf()
-    master = sc.master or ""
-    cluster = _LOCAL_CLUSTER.match(master.strip())
-    if cluster:
-        slots = int(cluster.group(2))
-    elif is_local_master(master):
-        slots = local_slots(master) or 1
-    else:
-        slots = int(conf.get("spark.executor.cores", "1"))
+    master = (sc.master or "").strip()
+    slots = executor_slots(master) or int(conf.get("spark.executor.cores", "1"))
+    in_driver = is_local_master(master) and not master.startswith("local-cluster")  # local[...]: one JVM
     key = "spark.executor.pyspark.memory"
     if not conf.get(key, None):
-        key = "spark.driver.memory" if is_local_master(master) and not cluster else "spark.executor.memory"
+        key = "spark.driver.memory" if in_driver else "spark.executor.memory"
     total = memory_bytes(conf.get(key, "1g"))
     return total // max(1, slots), f"{key} {conf.get(key, '1g')} over {slots} task slot(s)"
 

@@ -44,6 +44,7 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -559,7 +560,8 @@ def _peak_rss_mb() -> float | None:
         import resource
     except ImportError:  # pragma: no cover - not on Windows
         return None
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 def _receive(spec: WorkerSpec, state: WorkerState, message: np.ndarray, task: RoundTask):

@@ -16,7 +16,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["get_session", "is_local_master", "local_slots", "quiet_log_settings", "spark_log_level", "LOG_LEVEL_ENV"]
+__all__ = ["get_session", "is_local_master", "local_slots", "executor_slots", "quiet_log_settings", "spark_log_level",
+           "LOG_LEVEL_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,13 @@ def local_slots(master: str | None) -> int | None:
     if m:
         return int(m.group(1)) * int(m.group(2))
     return None
+
+
+def executor_slots(master: str | None) -> int | None:
+    """Task slots of one executor of a local master (``local[4]`` -> 4, ``local-cluster[2,3,1024]`` -> 3, its
+    executors' cores), else ``None``."""
+    m = _LOCAL_CLUSTER.match((master or "").strip())
+    return int(m.group(2)) if m else local_slots(master)
 
 
 LOG_LEVEL_ENV = "SPARKNET_SPARK_LOG_LEVEL"
