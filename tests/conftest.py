@@ -33,6 +33,7 @@ class _Tiers:
         self.collected: Counter = Counter()  # tier -> items collected, or modules skipped as a whole
         self.outcomes: dict[str, tuple[str, str]] = {}  # nodeid -> (tier, "passed" | "failed" | "skipped")
         self.missing: list[str] = []
+        self.counted_workers = False
 
     def tier(self, nodeid: str) -> str | None:
         path = (self.config.rootpath / nodeid.split("::", 1)[0]).resolve()
@@ -62,6 +63,15 @@ class _Tiers:
         tier = self.tier(item.nodeid)
         if tier is not None:
             self.collected[tier] += 1
+
+    def pytest_xdist_node_collection_finished(self, node, ids) -> None:
+        """Under pytest-xdist the workers collect; the controller counts the first worker's list once."""
+        if not self.counted_workers:
+            self.counted_workers = True
+            for nodeid in ids:
+                tier = self.tier(nodeid)
+                if tier is not None:
+                    self.collected[tier] += 1
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
@@ -102,3 +112,15 @@ class _Tiers:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_Tiers(config), "sparknet-tiers")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``), a test module runs whole on one worker (its one
+    SparkSession and module fixtures stay one), and the multi-host tier runs on one worker, one rig
+    at a time."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        module = item.nodeid.split("::", 1)[0]
+        group = "cluster" if module.startswith("tests/cluster/") else module
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -1,4 +1,5 @@
-"""The multi-host rig (scripts/netns_cluster.py) as a module-scoped fixture: two worker hosts.
+"""The multi-host rig (scripts/netns_cluster.py) as a fixture: two worker hosts, started once for the tier
+(each module brings its own SparkSession to it, and a test that stops a host starts it again).
 
 Needs root; under CI (``CI=true``, where the suite runs as root) a rig that cannot start fails
 the run instead of skipping it.
@@ -13,7 +14,7 @@ import pytest
 from _rig import netns_cluster
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster():
     why = netns_cluster.rig_unavailable()
     if why:
