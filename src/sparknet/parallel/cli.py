@@ -22,15 +22,13 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
+from sparknet._app import build_model, load_training_data
 from sparknet._enums import CompressionKind
-from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy, TrainConfig
-from sparknet.metrics import MetricsLogger
+from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy
 from sparknet.parallel.runner import ModelParallelJob, default_plan
 from sparknet.parallel.spark import fit_model_parallel
 from sparknet.parallel.tensor import check_weight_budget
-from sparknet.spark._session import get_session
-from sparknet.spark.run import training_frame
+from sparknet.spark.run import train_distributed
 
 __all__ = ["ModelParallelFlags", "train_model_parallel", "check_unsplit", "parse_plan"]
 
@@ -143,44 +141,25 @@ def train_model_parallel(run: RunConfig, dist: DistributedConfig, flags: ModelPa
 
 
 def _train(run: RunConfig, dist: DistributedConfig, flags: ModelParallelFlags) -> dict:
-    seed_everything(run.seed)
-    train, test, info = load_training_data(run)
-    net_params = build_model(run, info)
     options = {k: v for k, v in dist.strategy_options().items() if k != "num_workers"}
-    job = ModelParallelJob(net=net_params, worker=run.worker(), model_parallel=flags.model_parallel,
-                           strategy=dist.strategy.value, strategy_options=options, tau=dist.tau, rounds=dist.rounds,
-                           target_accuracy=dist.target_accuracy, eval_every_rounds=dist.eval_every_rounds,
-                           plan=parse_plan(flags.parallel_plan) if flags.parallel_plan else None,
-                           max_weight_bytes=flags.budget)
-    config = TrainConfig(run=run, dist=dist).to_dict()
-    config["model_parallel"] = dataclasses.asdict(flags)
-    sinks = run_sinks(run, config)
-    total = run.steps if dist.rounds is None else min(run.steps, dist.rounds * dist.tau)
-    failed = True
-    result = None
-    try:
-        # A local session gets a larger driver heap (get_session); one already running is used as it is.
-        spark = get_session(dist.resolved_master)
-        df = training_frame(spark, run, train)
-        with MetricsLogger(run.metrics_out, progress=not run.quiet, total=total, sinks=sinks) as metrics:
-            log.info("training %s on %s: %d workers = %d copies x %d shards (barrier engine, %s, tau=%d) on %s",
-                     run.model, run.dataset if run.data is None else run.data, dist.workers,
-                     dist.workers // flags.model_parallel, flags.model_parallel, dist.strategy.value, dist.tau,
-                     spark.sparkContext.master)
-            result = fit_model_parallel(net_params, df, job=job, workers=dist.workers, validation=test, spark=spark)
-            for record in result.history:
-                metrics.write(record)
-                metrics.progress(record["steps"], round=record["round"], loss=record["loss"],
-                                 acc=record.get("val_accuracy"))
-            summary = {"event": "summary", "model": run.model,
-                       "dataset": run.dataset if run.data is None else run.data,
-                       "master": spark.sparkContext.master, "steps": result.summary["total_steps"], **result.summary}
-            metrics.write(summary)
-        log.info("weight bytes per worker: %s (whole model: %s)",
-                 ", ".join(f"{b:,}" for b in summary["weight_bytes_per_worker"]), f"{summary['whole_weight_bytes']:,}")
-        failed = False
-    finally:
-        finish_run(run, sinks, failed=failed, net_params=net_params, weights=result.weights if result else None,
-                   solver=run.solver(), config=config)
-    return summary
 
+    def fit(spark, df, test, net_params, on_round):
+        job = ModelParallelJob(net=net_params, worker=run.worker(), model_parallel=flags.model_parallel,
+                               strategy=dist.strategy.value, strategy_options=options, tau=dist.tau,
+                               rounds=dist.rounds, target_accuracy=dist.target_accuracy,
+                               eval_every_rounds=dist.eval_every_rounds,
+                               plan=parse_plan(flags.parallel_plan) if flags.parallel_plan else None,
+                               max_weight_bytes=flags.budget)
+        log.info("training %s on %s: %d workers = %d copies x %d shards (barrier engine, %s, tau=%d) on %s",
+                 run.model, run.dataset if run.data is None else run.data, dist.workers,
+                 dist.workers // flags.model_parallel, flags.model_parallel, dist.strategy.value, dist.tau,
+                 spark.sparkContext.master)
+        result = fit_model_parallel(net_params, df, job=job, workers=dist.workers, validation=test, spark=spark)
+        for record in result.history:
+            on_round(record)
+        log.info("weight bytes per worker: %s (whole model: %s)",
+                 ", ".join(f"{b:,}" for b in result.summary["weight_bytes_per_worker"]),
+                 f"{result.summary['whole_weight_bytes']:,}")
+        return result
+
+    return train_distributed(run, dist, fit=fit, config={"model_parallel": dataclasses.asdict(flags)})

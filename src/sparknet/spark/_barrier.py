@@ -45,7 +45,7 @@ from sparknet.faults import due_fault
 from sparknet.loop import Progress, WeightAverage, run_rounds
 from sparknet.spark._channel import MetricsSender, encode_tree
 from sparknet.rowfile import RowFile
-from sparknet.spark._data import merge_chunks, write_chunks
+from sparknet.spark._data import write_chunks
 from sparknet.spark._rounds import (WorkerSpec, build_worker_net, export_worker_state, fit_dir, freeze_heap,
                                     import_worker_state, round_seed, task_device, worker_failure)
 from sparknet.stopping import EvalPlan, StopRule
@@ -316,12 +316,9 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     spec: WorkerSpec = pickle.loads(packed[1])
     world = params.group.workers
     torch.set_num_threads(spec.worker.threads)
-    if spec.options.get("stream"):  # written to this machine's disk chunk by chunk, then streamed from it
-        data, _ = write_chunks(os.path.join(fit_dir(spec), f"rank{rank}"), chunks)
-        has_data = data is not None
-    else:
-        x, y, _ = merge_chunks(chunks)
-        data, has_data = (x, y), x is not None and len(x) > 0
+    # written to this machine's disk chunk by chunk, then mapped into memory or streamed, as the rounds engine does
+    data, _ = write_chunks(os.path.join(fit_dir(spec), f"rank{rank}"), chunks)
+    has_data = data is not None
     device, device_info = task_device(spec.worker.device)
     net = build_worker_net(spec, rank, data, device)
     del chunks

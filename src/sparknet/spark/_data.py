@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -434,25 +433,13 @@ def write_chunks(stem: str, chunks: Iterable) -> tuple[RowFile | None, dict]:
 # -- driver side: in memory or streamed ---------------------------------------------------------
 STREAM_FRACTION = 0.5
 """``auto`` streams a partition whose rows take more than this share of the memory one task has."""
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)b?\s*$", re.IGNORECASE)
-
-
-def memory_bytes(value: str, default_unit: str = "m") -> int:
-    """Bytes of a Spark memory setting (``"512m"``, ``"2g"``, ``"1024"`` = MiB)."""
-    m = _SIZE.match(str(value))
-    if not m:
-        raise ValueError(f"cannot read the memory size {value!r} (e.g. 512m, 2g)")
-    unit = (m.group(2) or default_unit).lower()
-    return int(float(m.group(1)) * 1024 ** "bkmgtp".index(unit))
-
-
 def task_memory(sc) -> tuple[int, str]:
     """Bytes of memory one training task has, and how that was worked out.
 
     ``spark.executor.pyspark.memory`` (the Python workers' own limit) if set, else the executor's memory
     (the driver's on a ``local[...]`` master), shared by the tasks one executor runs at once.
     """
-    from sparknet.spark._session import executor_slots, is_local_master
+    from sparknet.spark._session import executor_slots, is_local_master, parse_memory
 
     conf = sc.getConf()
     master = (sc.master or "").strip()
@@ -461,7 +448,7 @@ def task_memory(sc) -> tuple[int, str]:
     key = "spark.executor.pyspark.memory"
     if not conf.get(key, None):
         key = "spark.driver.memory" if in_driver else "spark.executor.memory"
-    total = memory_bytes(conf.get(key, "1g"))
+    total = parse_memory(conf.get(key, "1g"))
     return total // max(1, slots), f"{key} {conf.get(key, '1g')} over {slots} task slot(s)"
 
 

@@ -16,8 +16,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["get_session", "is_local_master", "local_slots", "executor_slots", "quiet_log_settings", "spark_log_level",
-           "LOG_LEVEL_ENV"]
+__all__ = ["get_session", "is_local_master", "local_slots", "executor_slots", "parse_memory", "quiet_log_settings",
+           "spark_log_level", "LOG_LEVEL_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,20 @@ def executor_slots(master: str | None) -> int | None:
     executors' cores), else ``None``."""
     m = _LOCAL_CLUSTER.match((master or "").strip())
     return int(m.group(2)) if m else local_slots(master)
+
+
+_MEMORY = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([bkmgt]?)(?:i?b)?\s*", re.IGNORECASE)
+
+
+def parse_memory(value: str | int) -> int:
+    """Bytes of a Spark memory setting (``512m``, ``2g``, ``1.5g``, ``1024``; a bare number is MiB, as Spark
+    reads it)."""
+    if isinstance(value, int):
+        return value << 20
+    m = _MEMORY.fullmatch(str(value))
+    if not m:
+        raise ValueError(f"not a memory size: {value!r} (use e.g. 512m or 2g)")
+    return int(float(m.group(1)) * 1024 ** "bkmgt".index((m.group(2) or "m").lower()))
 
 
 LOG_LEVEL_ENV = "SPARKNET_SPARK_LOG_LEVEL"

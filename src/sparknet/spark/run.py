@@ -78,23 +78,43 @@ def training_frame(spark, run: RunConfig, train):
     return dataset_frame(spark, f"data-{root.stem}-{stamp.hexdigest()[:16]}", train)
 
 
-def train_distributed(run: RunConfig, dist: DistributedConfig, *, extra_summary: dict | None = None) -> dict:
-    """Train as ``run`` and ``dist`` say on Spark; returns the summary record."""
+def train_distributed(run: RunConfig, dist: DistributedConfig, *, fit=None, config: dict | None = None) -> dict:
+    """Train as ``run`` and ``dist`` say on Spark; returns the summary record.
+
+    ``fit(spark, df, test, net_params, on_round)``, when given, trains instead of a :class:`SparkTrainer` (model
+    parallelism) and returns what ``SparkTrainer.fit`` does (``weights``, ``summary``); ``config``: more of the
+    run's settings to record beside ``run`` and ``dist``.
+    """
     seed_everything(run.seed)
     train, test, info = load_training_data(run)
     net_params = build_model(run, info)
     spark = get_session(dist.resolved_master)
     df = training_frame(spark, run, train)
-    rows_per_worker = len(train) / dist.workers
     # With --rounds the bar counts rounds' steps; automatic tau changes them, so it counts --steps then.
     total = run.steps if dist.rounds is None or dist.auto_tau else min(run.steps, dist.rounds * (dist.tau or 1))
-    config = TrainConfig(run=run, dist=dist).to_dict()
+    config = {**TrainConfig(run=run, dist=dist).to_dict(), **(config or {})}
     sinks = run_sinks(run, config)
     failed = True
     result = None
     try:
-        summary, result = _fit(spark, df, test, info, run, dist, net_params, total, sinks, rows_per_worker,
-                               extra_summary)
+        with MetricsLogger(run.metrics_out, progress=not run.quiet, total=total, sinks=sinks) as metrics:
+            def on_round(record: dict) -> None:
+                metrics.write(record)
+                metrics.progress(record.get("steps", 0), round=record.get("round"), loss=record.get("loss"),
+                                 acc=record.get("val_accuracy"), tau=record.get("tau"),
+                                 **{"samples/s": record["samples"] / record["round_s"] if record.get("round_s")
+                                    else None})
+
+            if fit is None:
+                result = _fit(spark, df, test, run, dist, net_params, on_round, len(train) / dist.workers)
+            else:
+                result = fit(spark, df, test, net_params, on_round)
+            summary = {"event": "summary", "model": run.model,
+                       "dataset": run.dataset if run.data is None else run.data, "master": spark.sparkContext.master,
+                       "steps": result.summary.get("total_steps"), **result.summary}
+            if "corpus" in info and summary.get("test_loss") is not None:
+                summary["bits_per_char"] = summary["test_loss"] / np.log(2)
+            metrics.write(summary)
         failed = False
     finally:
         finish_run(run, sinks, failed=failed, net_params=net_params, weights=result.weights if result else None,
@@ -102,28 +122,14 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, *, extra_summary:
     return summary
 
 
-def _fit(spark, df, test, info, run, dist, net_params, total, sinks, rows_per_worker, extra_summary):
-    with MetricsLogger(run.metrics_out, progress=not run.quiet, total=total, sinks=sinks) as metrics:
-        def on_round(record: dict) -> None:
-            metrics.write(record)
-            metrics.progress(record.get("steps", 0), round=record.get("round"), loss=record.get("loss"),
-                             acc=record.get("val_accuracy"), tau=record.get("tau"),
-                             **{"samples/s": record["samples"] / record["round_s"] if record.get("round_s") else None})
-
-        trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, on_round=on_round)
-        link = dist.link()
-        compressed = dist.compression is not CompressionKind.NONE
-        extras = "".join([f", {dist.compression.value} updates" if compressed else "",
-                          f", auto tau in [{dist.auto_tau_min}, {dist.auto_tau_max}]" if dist.auto_tau else "",
-                          f", link {link.describe()}" if link is not None and not link.is_free else ""])
-        log.info("training %s on %s with %d workers (%s engine, %s, tau=%s%s) on %s; %.0f rows per worker",
-                 run.model, run.dataset if run.data is None else run.data, dist.workers, dist.engine.value,
-                 dist.strategy.value, dist.tau, extras, spark.sparkContext.master, rows_per_worker)
-        result = trainer.fit(df, validation=test)
-        summary = {"event": "summary", "model": run.model, "dataset": run.dataset if run.data is None else run.data,
-                   "master": spark.sparkContext.master, "steps": result.summary.get("total_steps"),
-                   **result.summary, **(extra_summary or {})}
-        if "corpus" in info and summary.get("test_loss") is not None:
-            summary["bits_per_char"] = summary["test_loss"] / np.log(2)
-        metrics.write(summary)
-    return summary, result
+def _fit(spark, df, test, run, dist, net_params, on_round, rows_per_worker):
+    trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, on_round=on_round)
+    link = dist.link()
+    compressed = dist.compression is not CompressionKind.NONE
+    extras = "".join([f", {dist.compression.value} updates" if compressed else "",
+                      f", auto tau in [{dist.auto_tau_min}, {dist.auto_tau_max}]" if dist.auto_tau else "",
+                      f", link {link.describe()}" if link is not None and not link.is_free else ""])
+    log.info("training %s on %s with %d workers (%s engine, %s, tau=%s%s) on %s; %.0f rows per worker",
+             run.model, run.dataset if run.data is None else run.data, dist.workers, dist.engine.value,
+             dist.strategy.value, dist.tau, extras, spark.sparkContext.master, rows_per_worker)
+    return trainer.fit(df, validation=test)

@@ -55,6 +55,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sparknet.spark._backend import run_with_deadline
+from sparknet.spark._session import executor_slots, parse_memory
 from sparknet.spark._shared_path import SHARED_PATH_FIX, check_shared_path
 
 __all__ = ["Status", "CheckResult", "MemoryEstimate", "estimate_training_memory", "task_memory_budget",
@@ -112,20 +113,6 @@ class CheckResult:
 
 
 # -- memory ---------------------------------------------------------------------------------------
-_UNITS = {"": 1 << 20, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
-          "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
-
-
-def parse_memory(value: str | int) -> int:
-    """Bytes in a Spark memory string (``512m``, ``2g``, ``1.5g``; a bare number is MiB, as Spark reads it)."""
-    if isinstance(value, int):
-        return value * _MB
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"not a memory size: {value!r} (use e.g. 512m or 2g)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
 def format_bytes(n: float) -> str:
     """``1536 MiB`` style, for messages."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -736,18 +723,11 @@ def _session_failure(error: BaseException, master: str | None, settings: dict) -
 
 
 def _executor_cores_from(settings: dict, master: str, executors: dict[str, list[dict]]) -> int:
-    from sparknet.spark._session import local_slots
-
     value = settings.get("spark.executor.cores")
     if value:
         return int(value)
-    m = re.match(r"^local-cluster\[\s*\d+\s*,\s*(\d+)\s*,", master.strip())
-    if m:
-        return int(m.group(1))
-    slots = local_slots(master)
-    if slots is not None:
-        return slots
-    return max((len(t) for t in executors.values()), default=1)
+    slots = executor_slots(master)
+    return slots if slots is not None else max((len(t) for t in executors.values()), default=1)
 
 
 def _executor_cores(sc, master: str, executors: dict[str, list[dict]]) -> int:
