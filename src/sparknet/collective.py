@@ -24,14 +24,13 @@ import math
 import time
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from sparknet._enums import CompressionKind
 from sparknet.loop import Exchange, RoundPlan, RoundUpdate
 from sparknet.net import EvalResult
 from sparknet.strategies import TrainingStrategy, WorkerState, make_compressor
-from sparknet.task import Task, task_metrics
+from sparknet.task import Task, task_metrics, task_width
 
 __all__ = ["CollectiveExchange", "FIELDS", "evaluate_shards"]
 
@@ -214,37 +213,30 @@ def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, k
                     waited: dict | None = None, sample: int | None = None) -> EvalResult:
     """Loss and metrics of the global weights over every rank's share of the validation rows.
 
-    One allreduce of (correct, count, loss) — a regression or multi-label net's (count, loss) and its
-    :func:`~sparknet.task.task_sums` — over ``group``, so every rank gets the same numbers;
-    ``net`` gets its own weights back afterwards when ``keep_local`` (EASGD). ``sample``: each rank
+    One allreduce of (count, loss) and the task's :func:`~sparknet.task.task_sums` over ``group``, so
+    every rank gets the same numbers; ``net`` gets its own weights back afterwards when ``keep_local`` (EASGD). ``sample``: each rank
     scores at most that many of its rows (a fixed random sample).
     """
     import torch.distributed as dist
 
-    float_labels, unlabelled = net.task.float_labels, net.task is Task.UNLABELLED
+    unlabelled = net.task is Task.UNLABELLED
     local = net.get_flat() if keep_local else None
     net.set_flat(global_flat)
     x, y = validation
-    if float_labels:  # (count, loss) and the task's sums: 5 for regression, 2 + 3 per output for multi-label
-        width = 5 if net.task is Task.REGRESSION else 2 + 3 * (int(np.prod(y.shape[1:])) if y.ndim > 1 else 1)
-        t = torch.zeros(2 + width, dtype=torch.float64)
-    else:
-        t = torch.zeros(3, dtype=torch.float64)
-    if len(x):
+    t = torch.zeros(2 + (0 if unlabelled else task_width(net.task, tuple(y.shape[1:]))), dtype=torch.float64)
+    if len(x):  # (count, loss sum) and the task's sums
         res = net.evaluate((x, y), sample=sample)
-        first = [] if float_labels else [0.0 if unlabelled else res.accuracy * res.samples]
-        t[:] = torch.tensor([*first, float(res.samples), res.loss * res.samples, *res.sums], dtype=torch.float64)
+        t[:] = torch.tensor([float(res.samples), res.loss * res.samples, *res.sums], dtype=torch.float64)
     if link is not None and waited is not None:
         waited["link_s"] += link.wait_allreduce(t.numel() * 8, dist.get_world_size(group))
     dist.all_reduce(t, group=group)
     if local is not None:
         net.set_flat(local)
-    if float_labels:
-        n, sums = int(t[0]), t[2:].tolist()
-        metrics = task_metrics(net.task, sums)
-        return EvalResult(loss=float(t[1] / t[0]) if n else math.nan, accuracy=metrics.get("accuracy", math.nan),
-                          samples=n, metrics=metrics, sums=tuple(sums))
-    accuracy, loss = (float(t[0] / t[1]), float(t[2] / t[1])) if t[1] > 0 else (math.nan, math.nan)
+    n = int(t[0])
+    loss = float(t[1] / t[0]) if n else math.nan
     if unlabelled:  # scored by its loss alone
-        return EvalResult(loss=loss, accuracy=math.nan, samples=int(t[1]))
-    return EvalResult(loss=loss, accuracy=accuracy, samples=int(t[1]), metrics={"accuracy": accuracy})
+        return EvalResult(loss=loss, accuracy=math.nan, samples=n)
+    sums = t[2:].tolist()
+    metrics = task_metrics(net.task, sums)
+    return EvalResult(loss=loss, accuracy=metrics.get("accuracy", math.nan), samples=n, metrics=metrics,
+                      sums=tuple(sums))

@@ -68,10 +68,11 @@ class EvalResult:
     """Fraction of labels predicted right (NaN for a regression net)."""
     samples: int
     metrics: dict = field(default_factory=dict)
-    """The task's metrics by name: ``accuracy`` for classes; ``r2``, ``rmse`` and ``mae`` for numbers;
-    ``accuracy`` and ``f1`` for label sets; none for a net without labels (its loss alone)."""
+    """The task's metrics by name: ``accuracy`` (and ``top5_accuracy`` past five classes) for classes; ``r2``,
+    ``rmse`` and ``mae`` for numbers; ``accuracy``, ``f1`` and ``auc`` for label sets; none for a net without
+    labels (its loss alone)."""
     sums: tuple = ()
-    """Regression and multi-label: the additive sums the metrics come from (:func:`sparknet.task.task_sums`)."""
+    """The additive sums the metrics come from (:func:`sparknet.task.task_sums`); none for a net without labels."""
 
     @property
     def score(self) -> float:
@@ -228,17 +229,6 @@ def fixed_sample(n: int, k: int) -> np.ndarray:
     if not 0 < k <= n:
         raise ValueError(f"a sample of {k} rows out of {n} is not possible")
     return np.sort(np.random.default_rng(0x5EED5).choice(n, size=k, replace=False))
-
-
-def accuracy_count(pred: torch.Tensor, y: torch.Tensor) -> int:
-    """Number of correct arg-max predictions (class axis last, or axis 1 as in Caffe)."""
-    if pred.dim() == y.dim() + 1:
-        if pred.shape[:-1] == y.shape:
-            return int((pred.argmax(-1) == y).sum())
-        return int((pred.argmax(1) == y).sum())
-    if pred.dim() == y.dim() and pred.shape == y.shape:  # regression or binary outputs
-        return int(((pred > 0).long() == y.long()).sum())
-    raise ValueError(f"cannot compare predictions of shape {tuple(pred.shape)} with labels of shape {tuple(y.shape)}")
 
 
 class Net:
@@ -512,10 +502,8 @@ class Net:
         was_training = self.module.training
         self.module.eval()
         n = len(x) if num_steps is None else min(len(x), num_steps * batch_size)
-        correct = 0
         loss_sum = 0.0
         sums: list[float] | None = None
-        float_labels = self.task.float_labels
         try:
             for start in range(0, n, batch_size):
                 xb = x[start:start + batch_size].to(self.device)
@@ -525,26 +513,18 @@ class Net:
                 except IndexError as exc:
                     raise _explain_loss_error(exc, yb, "validation data") from exc
                 loss_sum += loss.item() * len(xb)
-                if self.task is Task.UNLABELLED:
-                    continue
-                if float_labels:
+                if self.task is not Task.UNLABELLED:
                     batch = task_sums(self.task, pred, yb)
                     sums = batch if sums is None else [a + b for a, b in zip(sums, batch)]
-                else:
-                    correct += accuracy_count(pred, yb)
         finally:
             self.module.train(was_training)
-        if float_labels:
-            if sums is None:  # no rows
-                return EvalResult(loss=math.nan, accuracy=math.nan, samples=0)
-            metrics = task_metrics(self.task, sums)
-            return EvalResult(loss=loss_sum / max(n, 1), accuracy=metrics.get("accuracy", math.nan), samples=n,
-                              metrics=metrics, sums=tuple(sums))
         if self.task is Task.UNLABELLED:
             return EvalResult(loss=loss_sum / max(n, 1), accuracy=math.nan, samples=n)
-        per_sample = y[0].numel() if len(y) else 1
-        accuracy = correct / max(n * per_sample, 1)
-        return EvalResult(loss=loss_sum / max(n, 1), accuracy=accuracy, samples=n, metrics={"accuracy": accuracy})
+        if sums is None:  # no rows
+            return EvalResult(loss=math.nan, accuracy=math.nan, samples=0)
+        metrics = task_metrics(self.task, sums)
+        return EvalResult(loss=loss_sum / max(n, 1), accuracy=metrics.get("accuracy", math.nan), samples=n,
+                          metrics=metrics, sums=tuple(sums))
 
     def test(self, num_steps: int | None = None) -> float:
         """The task's score on the validation data (accuracy, or R²): all of it, or ``num_steps`` batches of 1000."""

@@ -9,11 +9,16 @@ else class ids. Given explicitly it overrides that.
 A task scores a net by sums that add up over batches, ranks and partitions, so a validation set
 split across workers gives the same metrics as one pass over all of it:
 
-- classification: accuracy (``correct / labels``), the score a target is set on;
+- classification: accuracy (``correct / labels``), the score a target is set on, and with more than
+  :data:`TOP_K` classes the top-k accuracy (the label among the k highest outputs);
 - regression: R² (``1 - SSE / SST`` over every label value, the score), RMSE and MAE;
 - unlabelled: the loss alone (no target can be set on it);
-- multi-label: accuracy over every label value (the score; an output above 0 is a 1) and F1, the
-  mean over the labels of each one's F1 (labels never true nor predicted left out).
+- multi-label: accuracy over every label value (the score; an output above 0 is a 1); F1, the
+  mean over the labels of each one's F1 (labels never true nor predicted left out); and AUC, the
+  mean over the labels of each one's area under the ROC curve (labels whose rows are all one
+  value left out). The AUC is read off a histogram of the outputs' sigmoids in :data:`AUC_BINS`
+  equal bins, each label's positives and negatives counted apart (additive, as Keras' ``AUC``
+  with its 200 thresholds); outputs in the same bin count as ties.
 """
 
 from __future__ import annotations
@@ -23,7 +28,12 @@ import math
 
 import torch
 
-__all__ = ["Task", "infer_task", "parse_task"]
+__all__ = ["Task", "infer_task", "parse_task", "TOP_K", "AUC_BINS"]
+
+TOP_K = 5
+"""k of the top-k accuracy of a classifier (reported when it has more than k classes)."""
+AUC_BINS = 200
+"""Equal bins of the sigmoid of a multi-label output that its AUC is read from."""
 
 
 class Task(str, enum.Enum):
@@ -91,31 +101,97 @@ def regression_metrics(sums) -> dict[str, float]:
 
 
 def multilabel_sums(pred: torch.Tensor, y: torch.Tensor) -> list[float]:
-    """``[right, values, TP_1..TP_L, FP_1..FP_L, FN_1..FN_L]`` of one batch: an output above 0 is a 1."""
-    p = pred.detach().reshape(len(pred), -1) > 0
+    """``[right, values, TP_1..TP_L, FP_1..FP_L, FN_1..FN_L, POS_1..POS_L, NEG_1..NEG_L]`` of one batch: an
+    output above 0 is a 1; ``POS_l``/``NEG_l`` are label l's :data:`AUC_BINS` counts of the sigmoids of the
+    outputs of its positive and negative rows."""
+    logits = pred.detach().reshape(len(pred), -1)
+    p = logits > 0
     t = y.detach().reshape(len(y), -1) > 0.5
     if p.shape != t.shape:
         raise ValueError(f"cannot compare predictions of shape {tuple(pred.shape)} with labels of shape "
                          f"{tuple(y.shape)}")
     tp, fp, fn = (p & t).sum(0), (p & ~t).sum(0), (~p & t).sum(0)
+    labels = p.shape[1]
+    bins = (torch.sigmoid(logits.double()) * AUC_BINS).long().clamp_(0, AUC_BINS - 1)
+    slot = bins + AUC_BINS * torch.arange(labels).unsqueeze(0)  # label l's bins at l * AUC_BINS ...
+    hist = [torch.bincount(slot[mask], minlength=labels * AUC_BINS).double() for mask in (t, ~t)]
     return [float((p == t).sum()), float(t.numel()), *tp.double().tolist(), *fp.double().tolist(),
-            *fn.double().tolist()]
+            *fn.double().tolist(), *hist[0].tolist(), *hist[1].tolist()]
+
+
+def _auc(pos: list[float], neg: list[float]) -> float | None:
+    """Area under the ROC curve from histograms of the positives' and negatives' scores (ties count half)."""
+    n_pos, n_neg = sum(pos), sum(neg)
+    if n_pos <= 0 or n_neg <= 0:
+        return None
+    below = wins = 0.0
+    for p, n in zip(pos, neg):  # bins in increasing score
+        wins += p * (below + 0.5 * n)
+        below += n
+    return wins / (n_pos * n_neg)
 
 
 def multilabel_metrics(sums) -> dict[str, float]:
-    """Accuracy and mean per-label F1 from summed :func:`multilabel_sums`."""
+    """Accuracy, mean per-label F1 and mean per-label AUC from summed :func:`multilabel_sums`."""
     sums = [float(v) for v in sums]
     right, values, rest = sums[0], sums[1], sums[2:]
-    n = len(rest) // 3
-    tp, fp, fn = rest[:n], rest[n:2 * n], rest[2 * n:]
+    n = len(rest) // (3 + 2 * AUC_BINS)
+    tp, fp, fn = rest[:n], rest[n:2 * n], rest[2 * n:3 * n]
     f1 = [2 * a / (2 * a + b + c) for a, b, c in zip(tp, fp, fn) if 2 * a + b + c > 0]
-    return {"accuracy": right / values if values else math.nan, "f1": sum(f1) / len(f1) if f1 else math.nan}
+    pos, neg, B = rest[3 * n:3 * n + n * AUC_BINS], rest[3 * n + n * AUC_BINS:], AUC_BINS
+    aucs = [a for a in (_auc(pos[i * B:(i + 1) * B], neg[i * B:(i + 1) * B]) for i in range(n)) if a is not None]
+    return {"accuracy": right / values if values else math.nan, "f1": sum(f1) / len(f1) if f1 else math.nan,
+            "auc": sum(aucs) / len(aucs) if aucs else math.nan}
+
+
+def multilabel_width(labels: int) -> int:
+    """How many numbers :func:`multilabel_sums` gives for ``labels`` outputs."""
+    return 2 + labels * (3 + 2 * AUC_BINS)
+
+
+def classification_sums(pred: torch.Tensor, y: torch.Tensor) -> list[float]:
+    """``[right, labels, top-k right, wide]`` of one batch: the arg-max and the :data:`TOP_K` highest outputs
+    against the class ids (class axis last, or axis 1 as in Caffe); ``wide`` is 1 when there are more than
+    :data:`TOP_K` classes (0 for one output a label, an output above 0 being class 1)."""
+    if pred.dim() == y.dim() and pred.shape == y.shape:  # binary outputs
+        right = float(((pred > 0).long() == y.long()).sum())
+        return [right, float(y.numel()), right, 0.0]
+    if pred.dim() != y.dim() + 1:
+        raise ValueError(f"cannot compare predictions of shape {tuple(pred.shape)} with labels of shape "
+                         f"{tuple(y.shape)}")
+    scores = pred if pred.shape[:-1] == y.shape else pred.movedim(1, -1)
+    right = float((scores.argmax(-1) == y).sum())
+    classes = scores.shape[-1]
+    if classes <= TOP_K:
+        return [right, float(y.numel()), right, 0.0]
+    top = scores.topk(TOP_K, dim=-1).indices
+    return [right, float(y.numel()), float((top == y.unsqueeze(-1)).any(-1).sum()), 1.0]
+
+
+def classification_metrics(sums) -> dict[str, float]:
+    """Accuracy, and top-k accuracy for more than :data:`TOP_K` classes, from summed :func:`classification_sums`."""
+    right, labels, top, wide = (float(v) for v in sums)
+    out = {"accuracy": right / labels if labels else math.nan}
+    if wide > 0:
+        out[f"top{TOP_K}_accuracy"] = top / labels if labels else math.nan
+    return out
 
 
 def task_sums(task: Task, pred: torch.Tensor, y: torch.Tensor) -> list[float]:
-    """The additive sums a batch adds to a float-label task's metrics."""
-    return regression_sums(pred, y) if task is Task.REGRESSION else multilabel_sums(pred, y)
+    """The additive sums a batch adds to a labelled task's metrics."""
+    if task is Task.REGRESSION:
+        return regression_sums(pred, y)
+    return multilabel_sums(pred, y) if task is Task.MULTILABEL else classification_sums(pred, y)
+
+
+def task_width(task: Task, label_shape: tuple[int, ...]) -> int:
+    """How many numbers :func:`task_sums` gives for labels of ``label_shape`` (one row's)."""
+    if task is Task.REGRESSION:
+        return 5
+    return multilabel_width(math.prod(label_shape)) if task is Task.MULTILABEL else 4
 
 
 def task_metrics(task: Task, sums) -> dict[str, float]:
-    return regression_metrics(sums) if task is Task.REGRESSION else multilabel_metrics(sums)
+    if task is Task.REGRESSION:
+        return regression_metrics(sums)
+    return multilabel_metrics(sums) if task is Task.MULTILABEL else classification_metrics(sums)

@@ -84,14 +84,14 @@ def _multilabel_frame(spark, n: int, seed: int):
 
 
 @pytest.mark.parametrize("engine", [Engine.ROUNDS, Engine.BARRIER])
-def test_multilabel_with_bce_trains_and_is_scored_by_accuracy_and_f1(spark, engine):
+def test_multilabel_with_bce_trains_and_is_scored_by_accuracy_f1_and_auc(spark, engine):
     trainer = SparkTrainer(_net(3), WorkerConfig(solver=SolverConfig(base_lr=0.2, momentum=0.9), batch_size=32, seed=1),
                            DistributedConfig(workers=2, tau=25, rounds=10, engine=engine),
                            loss=torch.nn.BCEWithLogitsLoss(), spark=spark)
     result = trainer.fit(_multilabel_frame(spark, 1600, 0), validation=_multilabel_frame(spark, 400, 1))
     s = result.summary
-    assert s["test_accuracy"] > 0.95 and s["test_f1"] > 0.93, s
-    assert {"val_accuracy", "val_f1"} <= set(result.history[-1])
+    assert s["test_accuracy"] > 0.95 and s["test_f1"] > 0.93 and s["test_auc"] > 0.98, s
+    assert {"val_accuracy", "val_f1", "val_auc"} <= set(result.history[-1])
 
 
 def test_a_multilabel_label_outside_0_1_is_refused(spark):

@@ -97,6 +97,57 @@ def test_bce_losses_mean_multilabel_and_its_metrics_are_accuracy_and_mean_f1():
     assert multilabel_metrics(halves) == m
 
 
+def _exact_auc(scores: np.ndarray, truth: np.ndarray) -> float:
+    """Mann-Whitney: the share of (positive, negative) pairs the positive outscores, ties a half."""
+    pos, neg = scores[truth], scores[~truth]
+    return float(((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum())
+                 / (len(pos) * len(neg)))
+
+
+def test_multilabel_auc_is_each_label_s_pairwise_auc_averaged_and_adds_up_over_batches():
+    from sparknet.task import AUC_BINS, multilabel_metrics, multilabel_sums
+
+    rng = np.random.default_rng(0)
+    truth = rng.random((300, 3)) < np.array([0.3, 0.5, 0.7])
+    logits = torch.tensor(np.where(truth, 0.8, -0.8) * np.array([0.5, 1.0, 3.0]) + rng.normal(size=truth.shape))
+    y = torch.tensor(truth, dtype=torch.float32)
+    m = multilabel_metrics(multilabel_sums(logits, y))
+    # the AUC of the binned sigmoids, where scores in one bin tie, is the pairwise AUC of those bins
+    binned = np.minimum((torch.sigmoid(logits.double()).numpy() * AUC_BINS).astype(int), AUC_BINS - 1)
+    want = np.mean([_exact_auc(binned[:, j], truth[:, j]) for j in range(3)])
+    assert m["auc"] == pytest.approx(want, abs=1e-12)
+    # and within a bin's width of the unbinned AUC; better separated labels score higher
+    exact = [_exact_auc(logits[:, j].numpy(), truth[:, j]) for j in range(3)]
+    assert m["auc"] == pytest.approx(np.mean(exact), abs=0.01) and exact[0] < exact[1] < exact[2]
+    parts = np.add(multilabel_sums(logits[:100], y[:100]), multilabel_sums(logits[100:], y[100:]))
+    assert multilabel_metrics(parts) == pytest.approx(m)
+    # a label whose rows are all positive has no AUC and is left out of the mean
+    y_all = y.clone()
+    y_all[:, 0] = 1.0
+    assert multilabel_metrics(multilabel_sums(logits, y_all))["auc"] == pytest.approx(np.mean(
+        [_exact_auc(binned[:, j], truth[:, j]) for j in (1, 2)]), abs=1e-12)
+
+
+def test_top_k_accuracy_counts_a_label_among_the_k_highest_outputs_past_k_classes():
+    from sparknet.task import TOP_K, classification_metrics, classification_sums
+
+    torch.manual_seed(0)
+    logits = torch.randn(500, 10)
+    y = torch.randint(0, 10, (500,))
+    m = classification_metrics(classification_sums(logits, y))
+    rank = (logits > logits.gather(1, y[:, None])).sum(1)  # outputs above the label's own
+    assert m["accuracy"] == int((rank == 0).sum()) / 500
+    assert m[f"top{TOP_K}_accuracy"] == int((rank < TOP_K).sum()) / 500 and m["accuracy"] < m["top5_accuracy"]
+    # a class axis at 1 (Caffe's layout, a label per position) is read the same way
+    seq = torch.randn(4, 10, 7)  # [n, classes, positions]
+    ys = torch.randint(0, 10, (4, 7))
+    assert classification_metrics(classification_sums(seq, ys)) == classification_metrics(
+        classification_sums(seq.movedim(1, -1).reshape(-1, 10), ys.reshape(-1)))
+    # five classes or fewer: accuracy alone
+    assert set(classification_metrics(classification_sums(torch.randn(8, 5), torch.randint(0, 5, (8,))))) == {
+        "accuracy"}
+
+
 def test_a_multilabel_net_learns_two_independent_labels():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(512, 4)).astype(np.float32)
@@ -109,6 +160,7 @@ def test_a_multilabel_net_learns_two_independent_labels():
     net.train(200)
     res = net.evaluate()
     assert res.metrics["accuracy"] > 0.95 and res.metrics["f1"] > 0.95 and res.score == res.accuracy
+    assert res.metrics["auc"] > 0.99
 
 
 def test_a_weighted_net_s_loss_is_the_weighted_mean_of_its_rows_losses():
