@@ -1,8 +1,8 @@
 """Two gloo processes on loopback, for the tests that check sparknet against a by-hand reference.
 
 ``run_two_ranks(fn, *args)`` runs ``fn(rank, out, *args)`` in two spawned processes joined in
-one gloo group and returns what they put in ``out`` (a manager dict). A rank that raises
-reports its traceback there and the caller's assertion fails with it.
+one gloo group (they meet through a file in a fresh folder, not a port another process could take in
+between) and returns what they put in ``out`` (a manager dict). A rank that raises reports its traceback there and the caller's assertion fails with it.
 
 Both ranks meet at a barrier before they tear the group down, and each leaves with
 ``os._exit`` once its results are in ``out``: gloo's threads can otherwise abort the
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import sys
+import tempfile
 import traceback
 
 import torch
@@ -23,17 +23,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_two_ranks(fn, *args, timeout_s: float = 60.0) -> dict:
     manager = mp.Manager()
     try:
         out = manager.dict()
-        mp.spawn(_entry, args=(free_port(), out, fn, args, timeout_s), nprocs=2, join=True)
+        with tempfile.TemporaryDirectory(prefix="sparknet-two-ranks-") as folder:
+            store = os.path.join(folder, "store")
+            mp.spawn(_entry, args=(store, out, fn, args, timeout_s), nprocs=2, join=True)
         errors = {k: v for k, v in out.items() if str(k).startswith("error")}
         assert not errors, "\n".join(errors.values())
         return dict(out)
@@ -41,8 +37,8 @@ def run_two_ranks(fn, *args, timeout_s: float = 60.0) -> dict:
         manager.shutdown()
 
 
-def _entry(rank, port, out, fn, args, timeout_s):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+def _entry(rank, store, out, fn, args, timeout_s):
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
                             timeout=datetime.timedelta(seconds=timeout_s))
     try:
         torch.set_num_threads(1)

@@ -334,6 +334,46 @@ def test_each_lr_policy_sets_the_rate_of_each_update_by_caffe_s_formula(policy):
     assert (len(set(want)) == 1) == (policy == "fixed")  # every other policy moves the rate within 12 updates
 
 
+def test_multistep_moves_past_one_step_value_an_iteration_as_caffe_does():
+    values = (2, 2, 2, 7, 7)
+
+    def caffe_rate(it: int) -> float:  # sgd_solver.cpp: current_step_ advances at most once per iteration
+        step = 0
+        for i in range(it + 1):
+            if step < len(values) and i >= values[step]:
+                step += 1
+        return BASE_LR * 0.5**step
+
+    w = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    opt, sched = build_optimizer([w], SolverConfig(base_lr=BASE_LR, momentum=0.0, lr_policy="multistep", gamma=0.5,
+                                                   stepvalues=values))
+    rates = []
+    for _ in range(12):
+        with torch.no_grad():
+            w.zero_()
+        w.grad = torch.ones(1, dtype=torch.float64)
+        opt.step()
+        sched.step()
+        rates.append(-float(w.detach()))
+    want = [caffe_rate(it) for it in range(12)]
+    assert rates == pytest.approx(want, rel=1e-12, abs=1e-15)
+    assert want[2:5] == [BASE_LR / 2, BASE_LR / 4, BASE_LR / 8]  # the repeated 2 takes iterations 2, 3 and 4
+
+
+@pytest.mark.parametrize("solver", ["AdaGrad", "RMSProp"])
+def test_a_caffe_adagrad_or_rmsprop_solver_with_momentum_is_refused_as_caffe_refuses_it(solver):
+    from sparknet.caffe.prototxt import PrototxtError
+    from sparknet.caffe.solver import load_solver_prototxt
+
+    text = f'net: "n.prototxt"\ntype: "{solver}"\nbase_lr: 0.01\nlr_policy: "fixed"\nmax_iter: 10\n'
+    assert load_solver_prototxt(text + "momentum: 0\n").config.momentum == 0
+    with pytest.raises(PrototxtError, match=f"momentum cannot be used with {solver}"):
+        load_solver_prototxt(text + "momentum: 0.9\n")
+    if solver == "RMSProp":
+        with pytest.raises(PrototxtError, match="rms_decay should lie between 0 and 1"):
+            load_solver_prototxt(text + "rms_decay: 1.0\n")
+
+
 # --------------------------------------------------------------------------- solvers
 
 

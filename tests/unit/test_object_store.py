@@ -76,10 +76,19 @@ def s3():
         mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
         mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
         mp.setenv("NO_PROXY", "127.0.0.1")
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for attempt in range(3):  # a port found free may be taken by another process before moto binds it
+            proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                _wait_listening(port, proc)
+                break
+            except Exception as exc:
+                proc.kill()
+                proc.wait(timeout=10)
+                if attempt == 2 or not isinstance(exc, RuntimeError):  # RuntimeError: it exited, the port was taken
+                    raise
+                port = _free_port()
         try:
-            _wait_listening(port, proc)
             server = _S3(f"http://127.0.0.1:{port}")
             server.client.create_bucket(Bucket=BUCKET)
             yield server
