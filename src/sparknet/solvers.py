@@ -187,7 +187,12 @@ def lr_multiplier(config: SolverConfig, iteration: int) -> float:
     if p is LRPolicy.STEP:
         return config.gamma ** (it // config.stepsize)
     if p is LRPolicy.MULTISTEP:
-        return config.gamma ** sum(1 for v in config.stepvalues if it >= v)
+        # Caffe moves past at most one step value an iteration: a repeated value takes effect one iteration later
+        steps, at = 0, -1
+        for v in config.stepvalues:
+            at = max(v, at + 1)
+            steps += it >= at
+        return config.gamma**steps
     if p is LRPolicy.EXP:
         return config.gamma**it
     if p is LRPolicy.INV:

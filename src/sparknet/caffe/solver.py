@@ -258,6 +258,14 @@ def load_solver_prototxt(
         iter_size=int(msg.iter_size),
         clip_gradients=_f(msg.clip_gradients),
     )
+    if solver_type in (SolverType.ADAGRAD, SolverType.RMSPROP) and settings["momentum"]:
+        # Caffe refuses these too: its AdaGrad and RMSProp have no momentum term
+        name = "AdaGrad" if solver_type is SolverType.ADAGRAD else "RMSProp"
+        raise PrototxtError(f"{where}: momentum cannot be used with {name} (momentum: {settings['momentum']:g}); "
+                            "drop it, as Caffe requires", path=where)
+    if solver_type is SolverType.RMSPROP and not 0 <= settings["rms_decay"] < 1:
+        raise PrototxtError(f"{where}: rms_decay should lie between 0 and 1, got {settings['rms_decay']:g}",
+                            path=where)
     if msg.max_iter > 0:
         settings["max_iter"] = int(msg.max_iter)
     else:
