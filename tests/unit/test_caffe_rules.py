@@ -314,21 +314,27 @@ POLICIES = {  # sparknet's settings -> Caffe's formula for the rate at iteration
 }
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
-def test_each_lr_policy_sets_the_rate_of_each_update_by_caffe_s_formula(policy):
-    # Caffe's Step: ApplyUpdate uses GetLearningRate() at iter_ and only then ++iter_, so update k (from 0) moves
-    # the weights by rate(k) * diff. With diff = 1 and no momentum, each update's size is the rate itself.
-    settings, caffe_rate = POLICIES[policy]
+def _rates(config: SolverConfig, updates: int = 12) -> list[float]:
+    """The rate of each update: with diff = 1 and no momentum, each update's size is the rate itself."""
     w = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
-    opt, sched = build_optimizer([w], SolverConfig(base_lr=BASE_LR, momentum=0.0, lr_policy=policy, **settings))
+    opt, sched = build_optimizer([w], config)
     rates = []
-    for _ in range(12):
+    for _ in range(updates):
         with torch.no_grad():
             w.zero_()
         w.grad = torch.ones(1, dtype=torch.float64)
         opt.step()
         sched.step()
         rates.append(-float(w.detach()))
+    return rates
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_each_lr_policy_sets_the_rate_of_each_update_by_caffe_s_formula(policy):
+    # Caffe's Step: ApplyUpdate uses GetLearningRate() at iter_ and only then ++iter_, so update k (from 0) moves
+    # the weights by rate(k) * diff. With diff = 1 and no momentum, each update's size is the rate itself.
+    settings, caffe_rate = POLICIES[policy]
+    rates = _rates(SolverConfig(base_lr=BASE_LR, momentum=0.0, lr_policy=policy, **settings))
     want = [caffe_rate(it) for it in range(12)]
     assert rates == pytest.approx(want, rel=1e-12, abs=1e-15)
     assert (len(set(want)) == 1) == (policy == "fixed")  # every other policy moves the rate within 12 updates
@@ -344,17 +350,7 @@ def test_multistep_moves_past_one_step_value_an_iteration_as_caffe_does():
                 step += 1
         return BASE_LR * 0.5**step
 
-    w = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
-    opt, sched = build_optimizer([w], SolverConfig(base_lr=BASE_LR, momentum=0.0, lr_policy="multistep", gamma=0.5,
-                                                   stepvalues=values))
-    rates = []
-    for _ in range(12):
-        with torch.no_grad():
-            w.zero_()
-        w.grad = torch.ones(1, dtype=torch.float64)
-        opt.step()
-        sched.step()
-        rates.append(-float(w.detach()))
+    rates = _rates(SolverConfig(base_lr=BASE_LR, momentum=0.0, lr_policy="multistep", gamma=0.5, stepvalues=values))
     want = [caffe_rate(it) for it in range(12)]
     assert rates == pytest.approx(want, rel=1e-12, abs=1e-15)
     assert want[2:5] == [BASE_LR / 2, BASE_LR / 4, BASE_LR / 8]  # the repeated 2 takes iterations 2, 3 and 4
