@@ -2,7 +2,8 @@
 
 ``run_two_ranks(fn, *args)`` runs ``fn(rank, out, *args)`` in two spawned processes joined in
 one gloo group (they meet through a file in a fresh folder, not a port another process could take in
-between) and returns what they put in ``out`` (a manager dict). A rank that raises reports its traceback there and the caller's assertion fails with it.
+between) and returns what they put in ``out`` (a manager dict). A rank that raises reports its
+traceback there and the caller's assertion fails with it.
 
 Both ranks meet at a barrier before they tear the group down, and each leaves with
 ``os._exit`` once its results are in ``out``: gloo's threads can otherwise abort the

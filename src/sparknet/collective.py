@@ -214,8 +214,8 @@ def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, k
     """Loss and metrics of the global weights over every rank's share of the validation rows.
 
     One allreduce of (count, loss) and the task's :func:`~sparknet.task.task_sums` over ``group``, so
-    every rank gets the same numbers; ``net`` gets its own weights back afterwards when ``keep_local`` (EASGD). ``sample``: each rank
-    scores at most that many of its rows (a fixed random sample).
+    every rank gets the same numbers; ``net`` gets its own weights back afterwards when ``keep_local``
+    (EASGD). ``sample``: each rank scores at most that many of its rows (a fixed random sample).
     """
     import torch.distributed as dist
 

@@ -35,7 +35,8 @@ def _hosts(records) -> set[str]:
 
 # The README's command on all of MNIST once; the other engines on its 4,000-digit cut, the same road with a
 # fifteenth of the rows to ship to the hosts.
-@pytest.mark.parametrize("engine,strategy,dataset", [("rounds", "average", "mnist"), ("barrier", "average", "mnist-small"),
+@pytest.mark.parametrize("engine,strategy,dataset", [("rounds", "average", "mnist"),
+                                                     ("barrier", "average", "mnist-small"),
                                                      ("rounds", "async", "mnist-small")])
 def test_sparknet_train_on_mnist_uses_both_hosts(spark, cluster, tmp_path, engine, strategy, dataset):
     from sparknet.cli import train_command

@@ -129,7 +129,8 @@ def test_budget_and_table_formatting():
     budgets = task_memory_budget(declared_executor_memory=parse_memory("4g"), executor_cores=4,
                                  host_available=parse_memory("64g"), tasks_on_host=8)
     assert [b.bytes for b in budgets] == [parse_memory("1g"), parse_memory("8g")]
-    assert parse_memory("512") == parse_memory("512m") == 512 << 20
+    assert parse_memory("512") == parse_memory("512m") == parse_memory("512MiB") == 512 << 20
+    assert parse_memory("512b") == 512 and parse_memory("1p") == 1 << 50  # Spark's byte strings, b to p
     with pytest.raises(ValueError, match="memory size"):
         parse_memory("lots")
     table = format_table([CheckResult("memory", "executor a/1", Status.FAIL, "needs more", "set --conf x=1"),

@@ -10,8 +10,9 @@ of ``(ndarray, label)`` into an RDD of *chunks* with one partition per worker::
 DataFrames convert through Arrow (``mapInArrow``), never row by row. ``info`` counts what is
 wrong with the chunk's rows (lengths, nulls, NaN, non-integral labels, label lengths, label range);
 :func:`check_stats` turns those counts into one clear ``ValueError`` on the driver before a
-single step is trained. Executor side, :func:`merge_chunks` concatenates a partition's
-chunks and sums their counts.
+single step is trained. Executor side, :func:`write_chunks` writes a partition's chunks to a row
+file one at a time (both engines train from it) and :func:`merge_chunks` concatenates them in
+memory; both sum their counts.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def executor_slots(master: str | None) -> int | None:
     return int(m.group(2)) if m else local_slots(master)
 
 
-_MEMORY = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([bkmgt]?)(?:i?b)?\s*", re.IGNORECASE)
+_MEMORY = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([bkmgtp]?)(?:i?b)?\s*", re.IGNORECASE)
 
 
 def parse_memory(value: str | int) -> int:
@@ -63,7 +63,7 @@ def parse_memory(value: str | int) -> int:
     m = _MEMORY.fullmatch(str(value))
     if not m:
         raise ValueError(f"not a memory size: {value!r} (use e.g. 512m or 2g)")
-    return int(float(m.group(1)) * 1024 ** "bkmgt".index((m.group(2) or "m").lower()))
+    return int(float(m.group(1)) * 1024 ** "bkmgtp".index((m.group(2) or "m").lower()))
 
 
 LOG_LEVEL_ENV = "SPARKNET_SPARK_LOG_LEVEL"
