@@ -23,11 +23,13 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from sparknet._enums import CompressionKind
-from sparknet.loop import Exchange, RoundPlan, RoundUpdate
+from sparknet.config import Streaming
+from sparknet.loop import Exchange, RoundPlan, RoundUpdate, WorkerStream, check_streaming, late_update, whole_or
 from sparknet.net import EvalResult
 from sparknet.strategies import TrainingStrategy, WorkerState, make_compressor
 from sparknet.task import Task, task_metrics, task_width
@@ -40,6 +42,34 @@ FIELDS = 7
 """Per-rank values appended to the allreduced buffer: samples averaged (0 when not finite),
 loss*samples, steps, compute_s, finite, samples processed, the rank's sync time of the previous
 round (-1 for none yet; what automatic tau reads, so every rank chooses the same tau)."""
+
+
+@dataclass
+class _InFlight:
+    """A started exchange: the collective's handle, its buffer, and the link's wait still owed."""
+
+    work: object
+    buf: torch.Tensor
+    n: int
+    gathered: list | None
+    sent: dict
+    delay: float
+    t: float
+
+    @property
+    def nbytes(self) -> int:
+        return self.sent["bytes"]
+
+
+@dataclass
+class _Done:
+    """A finished exchange: every rank's row (float64), the weighted delta sum, and its times."""
+
+    rows: torch.Tensor
+    total: torch.Tensor
+    sent: dict
+    seconds: float
+    waited_s: float
 
 
 class CollectiveExchange(Exchange):
@@ -83,8 +113,13 @@ class CollectiveExchange(Exchange):
                  compression: CompressionKind | str = CompressionKind.NONE,
                  link=None, seed_for_round: Callable[[int], int] | None = None,
                  after_train: Callable[[object, int], None] | None = None, engine: str = "barrier",
-                 train: Callable | None = None, validation_rows: int | None = None):
+                 train: Callable | None = None, validation_rows: int | None = None,
+                 streaming: Streaming | None = None):
         self.net, self.strategy, self.rank, self.world, self.group = net, strategy, rank, world, group
+        check_streaming(strategy, streaming)
+        self.streaming, self.stream = streaming, WorkerStream()
+        self._arrived: slice | None = None  # the part whose new global weights this rank takes next round
+        self._in_flight: _InFlight | None = None  # an overlapped exchange still on its way
         self.workers = world
         self.state = state if state is not None else WorkerState()
         self.has_data, self.validation, self.link = has_data, validation, link
@@ -97,23 +132,31 @@ class CollectiveExchange(Exchange):
             raise ValueError(f"{strategy!r} allreduces gradients inside net.train; a custom train loop cannot run it")
         self.strategy.set_link(link)  # a gradient strategy's every-step allreduce waits too
         self._hook = strategy.after_backward if strategy.needs_gradient_hook else None
-        self._buf: torch.Tensor | None = None
+        self._bufs: list[torch.Tensor | None] = [None, None]  # an overlapped round fills one while the other travels
         self.eval_link_s = 0.0  # the link wait of this round's evaluation
         self._last_sync_s = -1.0  # this rank's sync time of the previous round (none yet in a new stage)
 
     # -- one round ----------------------------------------------------------------------------
     def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
-        P = global_flat.numel()
-        if self._buf is None:
-            self._buf = torch.zeros(P + self.world * FIELDS, dtype=torch.float32)
-        buf, net, strategy = self._buf, self.net, self.strategy
+        P, streaming = global_flat.numel(), self.streaming
+        part = slice(0, P) if streaming is None else streaming.part(plan.round, P, last=plan.last)
+        n = part.stop - part.start
+        slot = plan.round % 2 if streaming is not None and streaming.overlap else 0
+        if self._bufs[slot] is None or self._bufs[slot].numel() < n + self.world * FIELDS:
+            self._bufs[slot] = torch.zeros(n + self.world * FIELDS, dtype=torch.float32)
+        buf, net, strategy = self._bufs[slot][:n + self.world * FIELDS], self.net, self.strategy
         buf.zero_()
         self.eval_link_s = 0.0
-        row = buf[P + self.rank * FIELDS:P + (self.rank + 1) * FIELDS]
+        row = buf[n + self.rank * FIELDS:n + (self.rank + 1) * FIELDS]
         grad_bytes0, grad_link0 = strategy.gradient_traffic()
-        sent = {"link_s": 0.0, "bytes": 0, "delta": None}
+        sent = {"link_s": 0.0, "bytes": 0, "delta": None, "round": plan.round, "part": whole_or(part, P)}
         if self.has_data and plan.steps > 0:
-            strategy.worker_begin(self.state, net, global_flat.to(net.device))
+            if streaming is None:
+                strategy.worker_begin(self.state, net, global_flat.to(net.device))
+            elif self.stream.base is None:
+                self.stream.begin(net, global_flat.to(net.device))
+            elif self._arrived is not None:
+                self.stream.arrive(net, global_flat, self._arrived)
             if self.seed_for_round is not None:
                 torch.manual_seed(self.seed_for_round(plan.round))
             if self.train is not None:
@@ -122,30 +165,51 @@ class CollectiveExchange(Exchange):
                 stats = net.train(plan.steps, max_seconds=plan.seconds, after_backward=self._hook)
             if self.after_train is not None:
                 self.after_train(net, plan.round)
-            delta = strategy.worker_delta(self.state, net, global_flat.to(net.device)).cpu()
+            delta = (strategy.worker_delta(self.state, net, global_flat.to(net.device)).cpu() if streaming is None
+                     else self.stream.take(net, part))
             finite = bool(stats.finite and torch.isfinite(delta).all())
             if finite and stats.samples and self.codec is None:
-                torch.mul(delta, float(stats.samples), out=buf[:P])
+                torch.mul(delta, float(stats.samples), out=buf[:n])
             elif finite and stats.samples:
-                sent["delta"] = delta  # encoded (error feedback in this rank's state) by _exchange
+                sent["delta"] = delta  # encoded (error feedback in this rank's state) by _start
             if not finite:
                 log.warning("worker %d: loss or weights became NaN/Inf in round %d; left out of the average",
                             self.rank, plan.round)
+                if streaming is not None:
+                    self.stream.begin(net, global_flat.to(net.device))  # its own weights are lost
             loss_sum = stats.loss * stats.samples if finite and stats.samples else 0.0
             row.copy_(torch.tensor([stats.samples if finite else 0, loss_sum, stats.steps, stats.wall_s,
                                     1.0 if finite else 0.0, stats.samples, self._last_sync_s]))
+            compute_s = stats.wall_s
         else:
             row[4], row[6] = 1.0, self._last_sync_s
-        t_comm = time.perf_counter()
-        rows = self._exchange(buf, P, plan, sent)
-        allreduce_s = time.perf_counter() - t_comm
+            compute_s = 0.0
+        sent["gradient"] = grad_bytes0, grad_link0
+        if streaming is None or not streaming.overlap:
+            self._arrived = part
+            return self._update(self._finish(self._start(buf, n, plan, sent)))
+        # overlapped: this round's sums travel while the next round trains; the last round waits for both
+        arrived = None if self._in_flight is None else self._update(self._finish(self._in_flight))
+        self._in_flight = None
+        handle = self._start(buf, n, plan, sent)
+        if plan.last:
+            return late_update(arrived, self._update(self._finish(handle)))
+        self._in_flight = handle
+        self._arrived = None if arrived is None else (arrived.part or slice(0, P))
+        return late_update(arrived, RoundUpdate(
+            total=None, samples=0, loss_sum=0.0, steps=plan.steps if self.has_data else 0, processed=0,
+            compute_s=compute_s, slowest_steps=plan.steps, nbytes=handle.nbytes))
+
+    def _update(self, done: _Done) -> RoundUpdate:
+        """The round's update from its finished exchange: the sums, and every rank's row."""
+        rows, total, sent = done.rows, done.total, done.sent
         prev_sync = float(rows[:, 6].max())  # every rank's last sync time, the slowest's: the same everywhere
-        self._last_sync_s = allreduce_s
-        grad_bytes, grad_link = (now - before for now, before in zip(strategy.gradient_traffic(),
-                                                                      (grad_bytes0, grad_link0)))
+        self._last_sync_s = done.seconds
+        grad_bytes, grad_link = (now - before for now, before in zip(self.strategy.gradient_traffic(),
+                                                                      sent["gradient"]))
         slowest = int(torch.argmax(rows[:, 3]))
         fields = {
-            "allreduce_s": allreduce_s,
+            "allreduce_s": done.seconds,
             "per_worker": [{"rank": i, "samples": int(rows[i, 5]), "steps": int(rows[i, 2]),
                             "loss": float(rows[i, 1] / rows[i, 0]) if rows[i, 0] > 0 else None,
                             "compute_s": float(rows[i, 3]), "finite": bool(rows[i, 4] > 0)}
@@ -153,42 +217,71 @@ class CollectiveExchange(Exchange):
         }
         if self.link is not None:
             fields["link_s"] = sent["link_s"] + grad_link
+        if self.streaming is not None:
+            part = sent["part"]
+            fields.update(fragment=None if part is None else sent["round"] % self.streaming.fragments,
+                          overlap_wait_s=done.waited_s)
         return RoundUpdate(
-            total=buf[:P], samples=float(rows[:, 0].sum()), loss_sum=float(rows[:, 1].sum()),
+            total=total, samples=float(rows[:, 0].sum()), loss_sum=float(rows[:, 1].sum()),
             steps=int(rows[:, 2].max()), processed=int(rows[:, 5].sum()), compute_s=float(rows[slowest, 3]),
             slowest_steps=int(rows[slowest, 2]),
             nbytes=sent["bytes"] + (2 * (self.world - 1) * grad_bytes if self.world > 1 else 0),
             nonfinite=tuple(i for i in range(self.world) if rows[i, 4] == 0),
-            sync_s=prev_sync, observe=prev_sync >= 0, fields=fields)
+            sync_s=prev_sync, observe=prev_sync >= 0, fields=fields, part=sent["part"])
 
-    def _exchange(self, buf: torch.Tensor, P: int, plan: RoundPlan, sent: dict) -> torch.Tensor:
-        """The round's one collective; returns the ``world x FIELDS`` rows (float64) and leaves the weighted
-        delta sum in ``buf[:P]`` (identical on every rank). ``sent`` gets the link wait and the bytes."""
+    def _start(self, buf: torch.Tensor, n: int, plan: RoundPlan, sent: dict) -> _InFlight:
+        """Start the round's one collective over ``buf`` (``n`` weighted delta values, then the rows). Overlapped,
+        the simulated link's wait is what is left of it when the exchange is waited for; otherwise all of it,
+        before the collective starts."""
         import torch.distributed as dist
 
         world, rank, link, codec = self.world, self.rank, self.link, self.codec
+        overlapped = self.streaming is not None and self.streaming.overlap
+        t = time.perf_counter()
         if codec is None:
             nbytes = buf.numel() * 4
-            sent["link_s"] += link.wait_allreduce(nbytes, world) if link is not None else 0.0
-            dist.all_reduce(buf, group=self.group)
+            delay = link.allreduce_delay(nbytes, world) if link is not None else 0.0
+            if not overlapped:
+                sent["link_s"] += link.wait_allreduce(nbytes, world) if link is not None else 0.0
+                delay = 0.0
+            work = dist.all_reduce(buf, group=self.group, async_op=True)
             sent["bytes"] += 2 * (world - 1) * nbytes if world > 1 else 0
-            return buf[P:].view(world, FIELDS).double()
-        row = buf[P + rank * FIELDS:P + (rank + 1) * FIELDS].clone()
+            return _InFlight(work, buf, n, None, sent, delay, t)
+        row = buf[n + rank * FIELDS:n + (rank + 1) * FIELDS].clone()
         delta = sent["delta"]
         body = (codec.encode(delta, self.state) if delta is not None
-                else torch.zeros(codec.wire_nbytes(P), dtype=torch.uint8))
+                else torch.zeros(codec.wire_nbytes(n), dtype=torch.uint8))
         message = torch.cat([row.view(torch.uint8), body])
-        sent["link_s"] += link.wait_allgather(message.numel(), world) if link is not None else 0.0
+        delay = link.allgather_delay(message.numel(), world) if link is not None else 0.0
+        if not overlapped:
+            sent["link_s"] += link.wait_allgather(message.numel(), world) if link is not None else 0.0
+            delay = 0.0
         gathered = [torch.empty_like(message) for _ in range(world)]
-        dist.all_gather(gathered, message, group=self.group)
+        work = dist.all_gather(gathered, message, group=self.group, async_op=True)
         sent["bytes"] += world * (world - 1) * message.numel()
+        return _InFlight(work, buf, n, gathered, sent, delay, t)
+
+    def _finish(self, flight: _InFlight) -> _Done:
+        """Wait for an exchange (and what is left of its link's wait); the weighted delta sum lands in its
+        buffer's first ``n`` values, identical on every rank."""
+        t_wait = time.perf_counter()
+        left = flight.delay - (t_wait - flight.t)
+        if left > 0:
+            time.sleep(left)
+        if flight.delay:
+            flight.sent["link_s"] += max(left, 0.0)
+        flight.work.wait()
+        now = time.perf_counter()
+        buf, n, sent = flight.buf, flight.n, flight.sent
+        if flight.gathered is None:
+            return _Done(buf[n:].view(self.world, FIELDS).double(), buf[:n], sent, now - flight.t, now - t_wait)
         head = FIELDS * 4
-        rows = torch.stack([g[:head].clone().view(torch.float32) for g in gathered]).double()
-        buf[:P].zero_()
-        for i, g in enumerate(gathered):
+        rows = torch.stack([g[:head].clone().view(torch.float32) for g in flight.gathered]).double()
+        buf[:n].zero_()
+        for i, g in enumerate(flight.gathered):
             if rows[i, 0] > 0:
-                buf[:P] += codec.decode(g[head:], P) * float(rows[i, 0])
-        return rows
+                buf[:n] += self.codec.decode(g[head:], n) * float(rows[i, 0])
+        return _Done(rows, buf[:n], sent, now - flight.t, now - t_wait)
 
     # -- evaluation ---------------------------------------------------------------------------
     def agree(self, due: bool) -> bool:
@@ -203,7 +296,8 @@ class CollectiveExchange(Exchange):
             return None
         waited = {"link_s": 0.0}
         result = evaluate_shards(self.net, global_flat, self.validation, group=self.group,
-                                 keep_local=self.strategy.keeps_local_weights, link=self.link, waited=waited,
+                                 keep_local=self.strategy.keeps_local_weights or self.streaming is not None,
+                                 link=self.link, waited=waited,
                                  sample=None if rows is None else -(-rows // self.world))
         self.eval_link_s = waited["link_s"]
         return result

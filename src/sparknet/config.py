@@ -178,6 +178,37 @@ class RunConfig:
                             threads=self.threads or 1, device=self.device, steps=self.steps)
 
 
+@dataclass(frozen=True)
+class Streaming:
+    """How an exchange may run late or in parts (``--overlap``, ``--fragments``).
+
+    - ``overlap``: round r's exchange runs behind round r+1's local steps. Each worker goes on from
+      its own weights; when round r's average arrives (at the end of round r+1) the worker's
+      weights become the new global weights plus its own progress since it sent round r's update.
+      The outer step so comes one round late; the first round applies nothing, and the last one
+      waits for the update in flight and its own (the run returns every worker's work).
+    - ``fragments``: the flat weights are cut into F contiguous parts and round r exchanges part
+      r mod F only, so each exchange moves 1/F of the model; between its exchanges a part keeps
+      training on every worker. The last round exchanges whatever is left of every part.
+
+    Both as in streaming DiLoCo (Douillard et al. 2025): each worker's side is a :class:`WorkerStream`.
+    """
+
+    overlap: bool = False
+    fragments: int = 1
+
+    def __post_init__(self):
+        if self.fragments < 1:
+            raise ValueError(f"fragments must be at least 1, got {self.fragments}")
+
+    def part(self, round_index: int, numel: int, last: bool = False) -> slice:
+        """The weights round ``round_index`` (counted from 0) exchanges: the last round's, every one."""
+        if last or self.fragments == 1:
+            return slice(0, numel)
+        f = round_index % self.fragments
+        return slice(f * numel // self.fragments, (f + 1) * numel // self.fragments)
+
+
 @dataclass(kw_only=True)
 class DistributedConfig:
     """How training is spread over Spark workers."""
@@ -245,6 +276,12 @@ class DistributedConfig:
     """DiLoCo's outer Nesterov momentum."""
     easgd_beta: float = 0.9
     """EASGD's moving rate times the number of workers (alpha = beta / K)."""
+    overlap: bool = False
+    """Overlap each round's exchange with the next round's local steps (barrier engine; average or diloco): workers
+    go on from their own weights and take each round's average one round late."""
+    fragments: int = 1
+    """Streaming synchronisation: cut the weights into this many parts and exchange one part a round, in turn, so
+    each exchange moves 1/fragments of the model (barrier engine; average or diloco)."""
     checkpoint_dir: str | None = None
     """Write checkpoints to this folder or filesystem URI (weights, solver, strategy and RNG state, data position)."""
     checkpoint_every: int = 10
@@ -300,6 +337,7 @@ class DistributedConfig:
             raise ValueError("resume needs --checkpoint-dir: the folder whose newest checkpoint to continue from")
         if self.strategy is Strategy.SYNC:
             check_per_step_strategy(self, "the sync strategy")
+        self.streaming()  # --overlap and --fragments' own rules
         if self.weight_ema is not None:
             if not 0.0 < self.weight_ema < 1.0:
                 raise ValueError(f"weight_ema is a decay per round in (0, 1) (e.g. 0.9), got {self.weight_ema}")
@@ -315,6 +353,29 @@ class DistributedConfig:
         --eval-budget)."""
         return EvalPlan(every=self.eval_every_rounds, screen_rows=self.eval_screen_rows or None,
                         budget=None if self.eval_budget >= 1.0 else self.eval_budget)
+
+    def streaming(self) -> Streaming | None:
+        """How the round's exchange runs late or in parts (--overlap, --fragments); ``None``: neither."""
+        if self.fragments < 1:
+            raise ValueError(f"fragments must be at least 1 (1: the whole weights every round), got {self.fragments}")
+        if not self.overlap and self.fragments == 1:
+            return None
+        what = "--overlap" if self.overlap else "--fragments"
+        if self.strategy not in (Strategy.AVERAGE, Strategy.DILOCO):
+            raise ValueError(f"{what} applies each round's average late or a part at a time, which average and "
+                             f"diloco can and {self.strategy.value} cannot: choose --strategy average or diloco")
+        if self.workers == 1:
+            raise ValueError(f"{what} shapes the exchange between workers; one worker trains alone: give --workers")
+        if self.engine is Engine.ROUNDS:
+            raise ValueError(f"{what} needs the barrier engine: the rounds engine runs a round's local steps and its "
+                             "exchange as one Spark job (--engine barrier)")
+        if self.overlap and (self.round_seconds is not None or self.auto_tau):
+            raise ValueError("--overlap counts a round's steps before its sums arrive, so rounds need a fixed tau: "
+                             "drop --round-seconds and --auto-tau")
+        if self.fragments > 1 and self.compression is not CompressionKind.NONE:
+            raise ValueError("--fragments with --compression: the codecs' error feedback covers whole updates; "
+                             "drop one of them")
+        return Streaming(overlap=self.overlap, fragments=self.fragments)
 
     def link(self):
         """The simulated link of --link-latency/--link-bandwidth (``None`` when neither is given)."""

@@ -20,6 +20,11 @@ their deltas are summed:
 - the barrier engine and the data-parallel group of a model-parallel mesh
   (:mod:`sparknet.collective`): one allreduce per round, the loop running on every rank.
 
+With :class:`~sparknet.config.Streaming` an exchange may also run late or in parts: overlapped (a round's
+exchange runs behind the next round's local steps, whose workers go on from their own
+weights and take the average one round late) or streamed (one fragment of the weights a
+round, in turn); :class:`WorkerStream` keeps each worker's side of it.
+
 No pyspark import.
 """
 
@@ -30,18 +35,19 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from sparknet._enums import CompressionKind
+from sparknet.config import Streaming
 from sparknet.errors import EngineError, NonFiniteUpdate
 from sparknet.net import EvalResult, TrainStats
 from sparknet.stopping import EvalPlan, StopRule, screen_margin
 from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, WorkerState, make_compressor
 
 __all__ = ["worker_seed", "round_seed", "RoundPlan", "RoundUpdate", "Progress", "Exchange", "InProcessExchange",
-           "WeightAverage", "average_summary", "weighted_mean", "run_rounds"]
+           "WorkerStream", "check_streaming", "WeightAverage", "average_summary", "weighted_mean", "run_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +77,58 @@ class RoundPlan:
     """The stop rule will end the run after this round whatever the accuracy (workers send their state back)."""
 
 
+def check_streaming(strategy: TrainingStrategy, streaming: Streaming | None) -> None:
+    """Refuse an overlapped or streamed exchange for a strategy whose outer step cannot take one."""
+    if streaming is not None and not strategy.streams:
+        raise ValueError(f"overlapped or streamed exchanges (--overlap, --fragments) need a strategy that takes a "
+                         f"part of the weights a round late, average or diloco; {strategy!r} cannot")
+
+
+class WorkerStream:
+    """One worker's side of a :class:`~sparknet.config.Streaming` exchange: its weights between exchanges.
+
+    ``base`` holds, for every weight, where the worker's progress not yet sent counts from. :meth:`take`
+    sends a part's progress (the base moves to where the worker is, and that point is kept until the
+    part's new global weights come back); :meth:`arrive` takes them, keeping what the worker trained
+    since it sent that part.
+    """
+
+    def __init__(self):
+        self.base: torch.Tensor | None = None
+        self.sent: list[torch.Tensor] = []  # the worker's weights of each part sent and not yet back, oldest first
+
+    def begin(self, net, global_flat: torch.Tensor) -> None:
+        """Before the first round (or after a NaN): the worker starts from the global weights."""
+        net.set_flat(global_flat)
+        self.base = global_flat.detach().to(device="cpu", dtype=torch.float32).clone()
+        self.sent.clear()
+
+    def take(self, net, part: slice) -> torch.Tensor:
+        """The worker's progress on ``part`` since its base; the base moves to where the worker is."""
+        x = net.get_flat()[part].cpu()
+        delta = x - self.base[part]
+        self.base[part] = x
+        self.sent.append(x.clone())
+        return delta
+
+    def arrive(self, net, global_flat: torch.Tensor, part: slice) -> None:
+        """The global weights of ``part`` came back (the oldest part sent): they, plus what the worker trained
+        since it sent that part."""
+        sent = self.sent.pop(0) if self.sent else self.base[part].clone()
+        shift = global_flat[part].cpu() - sent
+        x = net.get_flat()
+        x[part] += shift.to(x.device)
+        self.base[part] += shift
+        net.set_flat(x)
+
+
 @dataclass(frozen=True)
 class RoundUpdate:
     """What an exchange hands back for one round: the workers' deltas summed by samples, and counts."""
 
-    total: torch.Tensor
-    """``sum_i n_i * delta_i`` over the workers whose update counts (finite, with samples)."""
+    total: torch.Tensor | None
+    """``sum_i n_i * delta_i`` over the workers whose update counts (finite, with samples); ``None``: no
+    exchange finished this round (the first round of an overlapped exchange)."""
     samples: float
     """``sum_i n_i`` over those workers: what :func:`weighted_mean` divides by."""
     loss_sum: float
@@ -102,6 +154,8 @@ class RoundUpdate:
     task slots): what the strategy's outer step counts and the record names."""
     fields: dict = field(default_factory=dict)
     """Engine-specific fields of the round record (per-worker views, retries, link waits...)."""
+    part: slice | None = None
+    """The weights ``total`` covers (a streamed exchange's fragment); ``None``: all of them."""
 
 
 @dataclass
@@ -172,6 +226,35 @@ def weighted_mean(total: torch.Tensor, samples: float) -> torch.Tensor:
         raise NonFiniteUpdate("no worker produced finite weights this round (every loss or update was NaN/Inf, or no "
                           "worker had data); lower the learning rate or check the data")
     return (total / samples).to(torch.float32)
+
+
+def whole_or(part: slice | None, numel: int) -> slice | None:
+    """``part``, or ``None`` when it covers all ``numel`` weights (what :attr:`RoundUpdate.part` says then)."""
+    return None if part is None or (part.start == 0 and part.stop == numel) else part
+
+
+def late_update(arrived: RoundUpdate | None, now: RoundUpdate) -> RoundUpdate:
+    """What an overlapped exchange hands the loop: the sums that ``arrived`` (the previous round's), with this
+    round's steps, times and bytes (``now``). In the last round ``now`` carries this round's sums too, over all
+    the weights, and the update is both together: the loop's one outer step takes the two means added.
+    """
+    if arrived is None:
+        return now
+    if now.total is None:  # this round's sums are on their way
+        return replace(arrived, steps=now.steps, compute_s=now.compute_s, slowest_steps=now.slowest_steps,
+                       nbytes=now.nbytes, fields={**arrived.fields, **now.fields})
+    total, samples, loss_sum = now.total.clone(), now.samples, now.loss_sum
+    if arrived.samples > 0:
+        part = arrived.part or slice(0, total.numel())
+        if samples > 0:
+            total[part] += arrived.total * (samples / arrived.samples)
+        else:
+            total.zero_()
+            total[part] = arrived.total
+            samples, loss_sum = arrived.samples, arrived.loss_sum
+    return replace(now, total=total, samples=samples, loss_sum=loss_sum, processed=arrived.processed + now.processed,
+                   nonfinite=tuple(sorted(set(arrived.nonfinite) | set(now.nonfinite))),
+                   fields={**arrived.fields, **now.fields})
 
 
 class WeightAverage:
@@ -265,13 +348,14 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
         plan = RoundPlan(round=progress.round, steps=steps, seconds=stop.round_seconds, last=last)
         t_round = time.perf_counter()
         update = exchange.run_round(plan, global_flat)
-        try:
-            mean = weighted_mean(update.total, update.samples)
-        except NonFiniteUpdate as exc:
-            raise NonFiniteUpdate(f"round {progress.round + 1}: {exc} (non-finite workers: {list(update.nonfinite)})") \
-                from None
         k = update.workers or K
-        global_flat = strategy.apply(global_flat, mean, k)
+        if update.total is not None:  # None: an overlapped exchange's first round, nothing back yet
+            try:
+                mean = weighted_mean(update.total, update.samples)
+            except NonFiniteUpdate as exc:
+                raise NonFiniteUpdate(f"round {progress.round + 1}: {exc} (non-finite workers: "
+                                      f"{list(update.nonfinite)})") from None
+            global_flat = strategy.apply(global_flat, mean, k, part=update.part)
         round_s = time.perf_counter() - t_round
         progress.round += 1
         progress.steps_done += update.steps
@@ -285,7 +369,8 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
         record = {
             "event": "round", "round": r, "steps": update.steps, "total_steps": progress.steps_done,
             "samples": update.processed, "total_samples": progress.samples_done, "wall_s": 0.0, "round_s": round_s,
-            "compute_s": update.compute_s, "comm_s": comm_s, "loss": update.loss_sum / update.samples,
+            "compute_s": update.compute_s, "comm_s": comm_s,
+            "loss": update.loss_sum / update.samples if update.samples else math.nan,
             "bytes": update.nbytes, "total_bytes": progress.total_bytes,
             "tau": steps if steps < StopRule.UNBOUNDED_STEPS else None, "workers": k, "engine": exchange.engine,
             "strategy": getattr(strategy.name, "value", str(strategy.name)), "compression": exchange.compression,
@@ -407,8 +492,13 @@ class InProcessExchange(Exchange):
 
     def __init__(self, nets: Sequence, strategy: TrainingStrategy, *, evaluator=None,
                  compression: CompressionKind | str = CompressionKind.NONE,
-                 on_steps: Callable | None = None, piece: int = 50):
+                 on_steps: Callable | None = None, piece: int = 50, streaming: Streaming | None = None):
         self.nets, self.strategy, self.evaluator = list(nets), strategy, evaluator
+        check_streaming(strategy, streaming)
+        self.streaming = streaming
+        self.streams = [WorkerStream() for _ in self.nets]
+        self._arrived: slice | None = None  # the part whose new global weights the workers take next round
+        self._in_flight: RoundUpdate | None = None  # an overlapped exchange's sums, applied a round late
         self.workers = len(self.nets)
         self.compressor = make_compressor(compression)
         self.compression = self.compressor.kind
@@ -431,29 +521,48 @@ class InProcessExchange(Exchange):
     def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
         moved = self.bytes_moved
         seen = self._deliver(global_flat)
-        total = torch.zeros_like(global_flat)
+        streaming = self.streaming
+        part = None if streaming is None else streaming.part(plan.round, seen.numel(), last=plan.last)
+        total = torch.zeros_like(global_flat if part is None else global_flat[part])
         samples = processed = steps = slowest_steps = 0
         loss_sum = compute_s = 0.0
         nonfinite = []
-        for i, (net, state) in enumerate(zip(self.nets, self.states)):
-            self.strategy.worker_begin(state, net, seen)
+        for i, (net, state, stream) in enumerate(zip(self.nets, self.states, self.streams)):
+            if streaming is None:
+                self.strategy.worker_begin(state, net, seen)
+            elif stream.base is None:
+                stream.begin(net, seen)
+            elif self._arrived is not None:
+                stream.arrive(net, seen, self._arrived)
             stats = self._train(net, plan)
-            delta = self.strategy.worker_delta(state, net, seen)
+            delta = self.strategy.worker_delta(state, net, seen) if streaming is None else stream.take(net, part)
             processed += stats.samples
             steps = max(steps, stats.steps)
             if stats.wall_s >= compute_s:
                 compute_s, slowest_steps = stats.wall_s, stats.steps
             if not (stats.finite and torch.isfinite(delta).all()):
                 nonfinite.append(i)
+                if streaming is not None:
+                    stream.begin(net, seen)  # its own weights are lost: it starts again from the global ones
                 continue
             c = self.compressor.compress(delta, state)
             self.bytes_moved += c.nbytes
             total.add_(self.compressor.decompress(c), alpha=stats.samples)
             samples += stats.samples
             loss_sum += stats.loss * stats.samples
-        return RoundUpdate(total=total, samples=samples, loss_sum=loss_sum, steps=steps, processed=processed,
-                           compute_s=compute_s, slowest_steps=slowest_steps, nonfinite=tuple(nonfinite),
-                           nbytes=self.bytes_moved - moved)
+        update = RoundUpdate(total=total, samples=samples, loss_sum=loss_sum, steps=steps, processed=processed,
+                             compute_s=compute_s, slowest_steps=slowest_steps, nonfinite=tuple(nonfinite),
+                             nbytes=self.bytes_moved - moved, part=whole_or(part, seen.numel()))
+        if streaming is None:
+            return update
+        if not streaming.overlap:
+            self._arrived = part
+            return update
+        arrived, self._in_flight = self._in_flight, (None if plan.last else update)
+        if plan.last:
+            return late_update(arrived, update)
+        self._arrived = None if arrived is None else (arrived.part or slice(0, seen.numel()))
+        return late_update(arrived, replace(update, total=None, samples=0, loss_sum=0.0, processed=0))
 
     def _train(self, net, plan: RoundPlan):
         """The worker's local steps (in pieces of ``piece`` steps, reported to ``on_steps``, when it is set)."""

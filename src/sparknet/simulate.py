@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 
-from sparknet.config import CompressionKind, Strategy, parse_enum
+from sparknet.config import CompressionKind, Strategy, Streaming, parse_enum
 from sparknet.loop import InProcessExchange, Progress, WeightAverage, run_rounds, worker_seed
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
@@ -51,7 +51,7 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
              solver: SolverConfig | None = None, batch_size: int = 64, target_accuracy: float | None = None,
              steps: int = 10000, eval_every_steps: int | None = None, eval_samples: int | None = None,
              compression: CompressionKind | str = CompressionKind.NONE, seed: int = 0, strategy_options: dict | None = None,
-             weight_ema: float | None = None) -> SimulationResult:
+             weight_ema: float | None = None, overlap: bool = False, fragments: int = 1) -> SimulationResult:
     """Train ``workers`` logical workers with ``strategy`` until the target or ``steps``.
 
     Parameters
@@ -73,6 +73,9 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
         Keep a moving average of the global weights with this decay per round
         (:class:`~sparknet.loop.WeightAverage`): the history's ``accuracy`` (and the target) is then the
         average's, ``global_accuracy`` the global weights'.
+    overlap, fragments : optional
+        Each round's average applied one round late, and one of ``fragments`` parts of the weights exchanged a
+        round (:class:`~sparknet.config.Streaming`; average and diloco).
     """
     if workers < 1 or tau < 1:
         raise ValueError(f"workers and tau must be at least 1, got {workers}, {tau}")
@@ -96,7 +99,8 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
             net = Net(net_params, solver, batch_size=batch_size, seed=worker_seed(seed, i))
             net.set_training_data(train.shard(i, workers))
             nets.append(net)
-    exchange = InProcessExchange(nets, strat, evaluator=evaluator, compression=compression)
+    streaming = Streaming(overlap=overlap, fragments=fragments) if overlap or fragments != 1 else None
+    exchange = InProcessExchange(nets, strat, evaluator=evaluator, compression=compression, streaming=streaming)
     history: list[dict] = []
 
     def on_record(record: dict) -> None:

@@ -56,6 +56,9 @@ class TrainingStrategy(abc.ABC):
     needs_gradient_hook: bool = False
     #: Whether workers keep their own weights between rounds instead of restarting from the global ones.
     keeps_local_weights: bool = False
+    #: Whether :meth:`apply` takes a part of the weights at a time, a round late (overlapped and streamed
+    #: exchanges, :class:`sparknet.loop.Streaming`); such a strategy leaves the worker hooks as they are here.
+    streams: bool = False
 
     def init_global(self, flat: torch.Tensor) -> torch.Tensor:
         """The global weights training starts from (driver side)."""
@@ -70,8 +73,13 @@ class TrainingStrategy(abc.ABC):
         return net.get_flat() - global_flat
 
     @abc.abstractmethod
-    def apply(self, global_flat: torch.Tensor, mean_delta: torch.Tensor, num_workers: int) -> torch.Tensor:
-        """New global weights from the sample-weighted mean of the workers' deltas."""
+    def apply(self, global_flat: torch.Tensor, mean_delta: torch.Tensor, num_workers: int,
+              part: slice | None = None) -> torch.Tensor:
+        """New global weights from the sample-weighted mean of the workers' deltas.
+
+        ``part``: the mean covers only ``global_flat[part]`` (a streamed exchange's fragment; only a
+        strategy that :attr:`streams` gets one); the rest of the weights stays as it is.
+        """
 
     def after_backward(self, net) -> None:  # pragma: no cover - only strategies that need it override
         """Called between backward and the optimizer step (gradient strategies)."""
@@ -98,12 +106,17 @@ class Average(TrainingStrategy):
     """SparkNet's scheme: the new global weights are the sample-weighted mean of the workers'."""
 
     name = Strategy.AVERAGE
+    streams = True
 
     def __init__(self, **_ignored):
         pass
 
-    def apply(self, global_flat, mean_delta, num_workers):
-        return global_flat + mean_delta
+    def apply(self, global_flat, mean_delta, num_workers, part=None):
+        if part is None:
+            return global_flat + mean_delta
+        out = global_flat.clone()
+        out[part] += mean_delta
+        return out
 
 
 class DiLoCo(TrainingStrategy):
@@ -128,6 +141,7 @@ class DiLoCo(TrainingStrategy):
     """
 
     name = Strategy.DILOCO
+    streams = True
 
     def __init__(self, outer_lr: float = 0.7, outer_momentum: float = 0.9, nesterov: bool = True, **_ignored):
         if not outer_lr > 0:
@@ -137,13 +151,18 @@ class DiLoCo(TrainingStrategy):
         self.outer_lr, self.outer_momentum, self.nesterov = float(outer_lr), float(outer_momentum), bool(nesterov)
         self.velocity: torch.Tensor | None = None
 
-    def apply(self, global_flat, mean_delta, num_workers):
+    def apply(self, global_flat, mean_delta, num_workers, part=None):
         grad = -mean_delta
         if self.velocity is None:
             self.velocity = torch.zeros_like(global_flat)
-        self.velocity.mul_(self.outer_momentum).add_(grad)
-        step = grad + self.outer_momentum * self.velocity if self.nesterov else self.velocity
-        return global_flat - self.outer_lr * step
+        velocity = self.velocity if part is None else self.velocity[part]  # a view: a fragment's momentum alone
+        velocity.mul_(self.outer_momentum).add_(grad)
+        step = grad + self.outer_momentum * velocity if self.nesterov else velocity
+        if part is None:
+            return global_flat - self.outer_lr * step
+        out = global_flat.clone()
+        out[part] -= self.outer_lr * step
+        return out
 
     def state_dict(self):
         return {"velocity": None if self.velocity is None else self.velocity.clone()}
@@ -192,7 +211,8 @@ class EASGD(TrainingStrategy):
         state.local_flat = x - self.alpha * delta
         return delta
 
-    def apply(self, global_flat, mean_delta, num_workers):
+    def apply(self, global_flat, mean_delta, num_workers, part=None):
+        _whole(self, part)
         return global_flat + (self.alpha * num_workers) * mean_delta
 
     def __repr__(self):
@@ -243,12 +263,19 @@ class Sync(TrainingStrategy):
     def gradient_traffic(self) -> tuple[int, float]:
         return self.bytes_sent, self.link_s
 
-    def apply(self, global_flat, mean_delta, num_workers):
+    def apply(self, global_flat, mean_delta, num_workers, part=None):
+        _whole(self, part)
         return global_flat + mean_delta
 
     def __getstate__(self):
         # A process group does not travel; each task sets its own (and its link).
         return {"group": None, "link": None, "bytes_sent": 0, "link_s": 0.0}
+
+
+def _whole(strategy: TrainingStrategy, part: slice | None) -> None:
+    if part is not None:
+        raise ValueError(f"{strategy!r} updates the whole weights at once; overlapped or streamed exchanges need "
+                         "average or diloco")
 
 
 _REGISTRY: dict[Strategy, Callable[..., TrainingStrategy]] = {

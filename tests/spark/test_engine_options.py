@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from _spark_testlib import start_session, two_blob_workers
-from sparknet.config import DistributedConfig, WorkerConfig
+from sparknet.config import DistributedConfig, Streaming, WorkerConfig
 from sparknet.link import LinkModel
 from sparknet.solvers import SolverConfig
 from sparknet.spark import EngineOptions, SparkTrainer
@@ -183,3 +183,19 @@ def test_an_evaluation_budget_puts_evaluations_off_and_the_ranks_agree(data, eng
     assert evaluated[0] == 1 and evaluated[-1] == 6 and len(evaluated) < 6, evaluated
     every = _fit(data, engine, rounds=6, eval_screen_rows=0, eval_budget=1.0)
     assert torch.equal(res.weights.to_flat(), every.weights.to_flat())  # evaluation never moves the weights
+
+
+def test_an_overlapped_streamed_barrier_fit_trains_and_moves_one_fragment_a_round(data):
+    res = _fit(data, "barrier", rounds=6, overlap=True, fragments=3)
+    assert res.summary["test_accuracy"] >= 0.95
+    assert res.summary["overlap"] is True and res.summary["fragments"] == 3
+    parts = [Streaming(fragments=3).part(r, P) for r in range(5)]
+    # what each round sends: its fragment (the last round: all that is left) and the ranks' rows, ring-allreduced
+    assert [h["bytes"] for h in res.history] == ([2 * 4 * (p.stop - p.start + 2 * FIELDS) for p in parts]
+                                                 + [2 * 4 * (P + 2 * FIELDS)])
+    # the fragment whose average each round applied: none in round 1 (round 1's travels behind round 2)
+    assert [h.get("fragment") for h in res.history] == [None, 0, 1, 2, 0, None]
+    assert [h["steps"] for h in res.history] == [4] * 6 and res.summary["total_steps"] == 24
+    with pytest.raises(ValueError, match="average or diloco"):
+        SparkTrainer(_mlp(), dist=DistributedConfig(workers=2, engine="barrier", rounds=1, overlap=True),
+                     strategy=Sync())

@@ -1,7 +1,9 @@
-"""Wall-clock time to accuracy as the network slows: naive (sync), averaging and DiLoCo on Spark.
+"""Wall-clock time to accuracy as the network slows: naive (sync), averaging, DiLoCo, and averaging with its
+exchange overlapped (and streamed in fragments) on Spark.
 
     sparknet experiment slow-network --quick
     sparknet experiment slow-network --link-latency 50ms --link-bandwidth 100Mbit
+    sparknet experiment slow-network --schemes average overlap streaming --link-latency 50ms --link-bandwidth 10Mbit
 
 What the SparkNet paper could only model (its Figure 4), measured: every exchange of the
 real Spark engine waits as long as it would over a link of the given latency and bandwidth
@@ -13,7 +15,9 @@ exchanges happen —
 
 - barrier engine: before the round's allreduce, every rank waits :meth:`LinkModel.allreduce_delay`
   for that buffer (a ring allreduce over K ranks), and before each step's gradient allreduce
-  of the naive scheme; also before the tiny allreduce of each evaluation;
+  of the naive scheme; also before the tiny allreduce of each evaluation. An overlapped exchange
+  (the overlap and streaming schemes) waits what is left of that delay once the next round's
+  steps are done;
 - rounds engine: each task waits :meth:`LinkModel.delay` for its download of the broadcast
   weights and again for the upload of its delta (the tasks' waits overlap, as on a network).
 
@@ -42,8 +46,11 @@ __all__ = ["Config", "QUICK", "SCHEMES", "run", "plot"]
 
 log = logging.getLogger(__name__)
 
-SCHEMES = ("naive", "average", "diloco")
-"""naive = gradients allreduced every step (sync); average = SparkNet; diloco = Nesterov outer step."""
+SCHEMES = ("naive", "average", "diloco", "overlap", "streaming")
+"""naive = gradients allreduced every step (sync); average = SparkNet; diloco = Nesterov outer step; overlap =
+averaging whose exchange runs behind the next round's steps; streaming = that, one of ``fragments`` parts of the
+weights an exchange (barrier engine, :class:`sparknet.config.Streaming`)."""
+_OVERLAPPED = {"overlap": 1, "streaming": None}  # scheme -> fragments (None: the config's)
 
 
 @dataclass(kw_only=True)
@@ -56,8 +63,10 @@ class Config(SparkExperimentConfig):
     """Bandwidth of each link to try (paired with link_latency), e.g. 100Mbit."""
     include_free_link: bool = True
     """Also run with no delay at all (the reference)."""
-    schemes: tuple[str, ...] = SCHEMES
-    """naive, average, diloco."""
+    schemes: tuple[str, ...] = ("naive", "average", "diloco")
+    """naive, average, diloco, overlap, streaming."""
+    fragments: int = 4
+    """Parts of the weights the streaming scheme exchanges in turn."""
     engine: str = "barrier"
     """Engine of averaging and DiLoCo: barrier or rounds (the naive scheme needs barrier)."""
     tau: int = 50
@@ -84,7 +93,7 @@ class Config(SparkExperimentConfig):
             raise ValueError(f"unknown scheme(s) {bad}; choose from {list(SCHEMES)}")
         if self.engine not in ("barrier", "rounds"):
             raise ValueError(f"engine must be barrier or rounds, got {self.engine!r}")
-        self._check("tau", "steps", target=True)
+        self._check("tau", "steps", "fragments", target=True)
         if not self.max_seconds > 0:
             raise ValueError(f"max_seconds must be positive, got {self.max_seconds}")
 
@@ -106,6 +115,8 @@ def _link_s_per_step(config: Config, scheme: str, engine: str, link: LinkModel, 
     """Seconds the link adds per local step: every step for the naive scheme, every tau steps otherwise."""
     if scheme == "naive":
         return link.allreduce_delay(nbytes, config.workers)
+    if scheme == "streaming":  # at most: an exchange hidden behind the steps costs less
+        return link.allreduce_delay(nbytes // config.fragments, config.workers) / config.tau
     if engine == "barrier":
         return link.allreduce_delay(nbytes, config.workers) / config.tau
     return 2 * link.delay(nbytes) / config.tau
@@ -120,13 +131,15 @@ def _plan_steps(config: Config, link_s_per_step: float) -> int:
 
 
 def _one(config: Config, scheme: str, link: LinkModel, spark, df, test, nbytes: int) -> dict:
-    engine = "barrier" if scheme == "naive" else config.engine
-    strategy = {"naive": "sync", "average": "average", "diloco": "diloco"}[scheme]
+    engine = "barrier" if scheme in ("naive", *_OVERLAPPED) else config.engine
+    strategy = {"naive": "sync", "diloco": "diloco"}.get(scheme, "average")
+    streaming = ({"overlap": True, "fragments": _OVERLAPPED[scheme] or config.fragments}
+                 if scheme in _OVERLAPPED else {})
     solver = make_solver("adamw", config.diloco_lr, config.momentum, 1e-4) if scheme == "diloco" else config.solver()
     per_step = _link_s_per_step(config, scheme, engine, link, nbytes)
     steps = _plan_steps(config, per_step)
     fit = spark_fit(config, spark, df, test, solver=solver, engine=engine, strategy=strategy, tau=config.tau,
-                    target_accuracy=config.target, steps=steps, link=link)
+                    target_accuracy=config.target, steps=steps, link=link, **streaming)
     curve = fit.curve
     hit = first_reaching(curve, config.target)
     s = fit.result.summary
@@ -137,6 +150,8 @@ def _one(config: Config, scheme: str, link: LinkModel, spark, df, test, nbytes: 
             "train_wall_s": (curve[-1]["wall_s"] - setup) if curve else None,
             "steps_to_target": hit["steps"] if hit else None, "step_budget": steps, "wall_s": fit.wall_s,
             "setup_s": s.get("setup_s"), "final_accuracy": curve[-1]["accuracy"] if curve else None,
+            "samples_per_s": s.get("samples_per_s"), "fragments": s.get("fragments"),
+            "bytes_per_exchange": max((h["bytes"] for h in fit.rounds[:-1]), default=None),
             "rounds": s.get("rounds"), "bytes_communicated": s.get("bytes_communicated"),
             "modelled_link_s_per_step": per_step, "link_s": s.get("link_s"), "capped": steps < config.steps,
             "curve": curve}
@@ -193,7 +208,8 @@ def plot(result: dict, path: str | Path) -> None:
     schemes = [s for s in SCHEMES if any(r["scheme"] == s for r in result["runs"])]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.9 * len(links) + 2), 4.2), layout="constrained")
     width = 0.8 / max(len(schemes), 1)
-    colors = {"naive": "tab:red", "average": "tab:blue", "diloco": "tab:green"}
+    colors = {"naive": "tab:red", "average": "tab:blue", "diloco": "tab:green", "overlap": "tab:purple",
+              "streaming": "tab:orange"}
     top = max([r.get("projected_train_time_to_target_s") or r.get("train_wall_s") or r.get("wall_s") or 0
                for r in result["runs"]] + [1.0])
     for i, scheme in enumerate(schemes):

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from sparknet.collective import CollectiveExchange, FIELDS
+from sparknet.config import Streaming
 from sparknet.errors import NonFiniteUpdate
 from sparknet.faults import due_fault
 from sparknet.loop import Progress, WeightAverage, run_rounds
@@ -94,6 +95,8 @@ class StagePlan:
     """The tau chooser (each rank loads the stage's start state into its own copy)."""
     weight_ema: float | None = None
     """The decay of the moving average of the global weights the fit keeps and returns, or ``None``."""
+    streaming: Streaming | None = None
+    """Whether the round's exchange overlaps the next round's steps, or moves a fragment at a time."""
 
 
 def run_barrier(payload_bc, params: StagePlan, val_bc=None):
@@ -366,22 +369,24 @@ class _BarrierExchange(CollectiveExchange):
         self.params, self.sender, self.history, self.arrivals, self.auto = params, sender, history, arrivals, auto
         self.average: WeightAverage | None = None  # the moving average a restart continues from
 
-    def _exchange(self, buf, P, plan, sent):
-        tag = f"{self.params.restart}/{plan.round}"
+    def _start(self, buf, n, plan, sent):
         if self.arrivals is not None:
-            self.arrivals.mark(tag)
+            self.arrivals.mark(f"{self.params.restart}/{plan.round}")
+        return super()._start(buf, n, plan, sent)
+
+    def _finish(self, flight):
         t_comm = time.perf_counter()
         try:
-            return super()._exchange(buf, P, plan, sent)
+            return super()._finish(flight)
         except RuntimeError as exc:
             # only a wait that ran to the deadline points at a stuck peer; a peer that failed on its own
             # breaks the collective at once and reports its own error
-            timeout_s = self.params.group.collective_timeout_s
+            timeout_s, r = self.params.group.collective_timeout_s, flight.sent["round"]
             timed_out = time.perf_counter() - t_comm >= 0.9 * timeout_s
-            stuck = ([i for i in self.arrivals.missing(tag) if i != self.rank]
+            stuck = ([i for i in self.arrivals.missing(f"{self.params.restart}/{r}") if i != self.rank]
                      if self.arrivals is not None and timed_out else [])
             if stuck:
-                raise StuckPeers(stuck, self.rank, plan.round, timeout_s, exc) from exc
+                raise StuckPeers(stuck, self.rank, r, timeout_s, exc) from exc
             raise
 
     def round_done(self, record, global_flat, progress):
@@ -434,7 +439,8 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
                                 validation=val, validation_rows=val_rows,
                                 compression=spec.compression, link=spec.link,
                                 seed_for_round=lambda r: round_seed(spec.worker.seed, rank, r), after_train=fire_fault,
-                                params=params, sender=sender, history=history, arrivals=arrivals, auto=auto)
+                                params=params, sender=sender, history=history, arrivals=arrivals, auto=auto,
+                                streaming=params.streaming)
     progress = Progress(round=start.get("round", 0), steps_done=start.get("steps_done", 0),
                         samples_done=start.get("samples_done", 0), total_bytes=start.get("total_bytes", 0))
     global_flat = torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))

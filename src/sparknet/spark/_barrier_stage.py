@@ -190,7 +190,7 @@ class BarrierStage:
                 stop=self.stop, endpoint=receiver.endpoint, secret=secret, evaluation=dist.evaluation(),
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None, auto_tau=auto,
-                weight_ema=dist.weight_ema)
+                weight_ema=dist.weight_ema, streaming=dist.streaming())
             stage = chunks.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
             silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
 

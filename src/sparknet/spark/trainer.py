@@ -56,7 +56,7 @@ from sparknet.config import DistributedConfig, Engine, RunConfig, WorkerConfig, 
 from sparknet.errors import EngineError
 from sparknet.faults import faults_from
 from sparknet.link import LinkModel
-from sparknet.loop import average_summary
+from sparknet.loop import average_summary, check_streaming
 from sparknet.metrics import rounds_summary
 from sparknet.net import Net
 from sparknet.solvers import check_gradient_hook
@@ -269,6 +269,7 @@ class SparkTrainer:
         self.worker = worker or WorkerConfig()
         self.strategy = strategy if strategy is not None else make_strategy(self.dist.strategy,
                                                                             **self.dist.strategy_options())
+        check_streaming(self.strategy, self.dist.streaming())
         if self.strategy.needs_gradient_hook:
             check_per_step_strategy(self.dist, f"strategy {self.strategy!r}", on_spark=True)
             check_gradient_hook(self.worker.solver, f"strategy {self.strategy!r}")
@@ -453,7 +454,8 @@ class SparkTrainer:
             "nonfinite_workers": sum(h.get("nonfinite_workers", 0) for h in rounds),
             "resumed_from": None if resume is None else resume["round"],
             "checkpoints": None if checkpoints is None else checkpoints.written,
-            "compression": dist.compression, "link": None if self.link is None else self.link.to_dict(),
+            "compression": dist.compression, "overlap": dist.overlap, "fragments": dist.fragments,
+            "link": None if self.link is None else self.link.to_dict(),
             "link_s": sum(h.get("link_s", 0.0) for h in rounds) if self.link is not None else None,
             "auto_tau": dist.auto_tau, "final_tau": rounds[-1].get("next_tau", rounds[-1]["tau"]) if rounds else None,
             **extra,
