@@ -186,9 +186,14 @@ def test_an_evaluation_budget_puts_evaluations_off_and_the_ranks_agree(data, eng
 
 
 def test_an_overlapped_streamed_barrier_fit_trains_and_moves_one_fragment_a_round(data):
-    res = _fit(data, "barrier", rounds=6, overlap=True, fragments=3)
+    link = LinkModel(latency_s=0.01)
+    res = _fit(data, "barrier", rounds=6, overlap=True, fragments=3, options=EngineOptions(link=link))
     assert res.summary["test_accuracy"] >= 0.95
-    assert res.summary["overlap"] is True and res.summary["fragments"] == 3
+    # round 1 waits only for its evaluation's allreduce; a later round for what is left of the previous exchange's
+    # delay once its own steps are done (nothing when they took longer), and its evaluation's when it has one
+    each = link.allreduce_delay(0, 2)  # latency-bound: 2 (K-1) hops, whatever the bytes
+    assert res.history[0]["link_s"] == pytest.approx(each)
+    assert all(0 <= h["link_s"] <= 2 * each + 0.005 for h in res.history), [h["link_s"] for h in res.history]
     parts = [Streaming(fragments=3).part(r, P) for r in range(5)]
     # what each round sends: its fragment (the last round: all that is left) and the ranks' rows, ring-allreduced
     assert [h["bytes"] for h in res.history] == ([2 * 4 * (p.stop - p.start + 2 * FIELDS) for p in parts]

@@ -393,7 +393,7 @@ class _BarrierExchange(CollectiveExchange):
         params, sender, r = self.params, self.sender, progress.round
         reason = record.get("stop_reason")
         if self.link is not None:
-            record["link_s"] += self.eval_link_s
+            record["link_s"] = record.get("link_s", 0.0) + self.eval_link_s  # none yet: an overlapped first round
         if params.restart:
             record["restarts"] = params.restart
         ckpt_every, state_every = params.checkpoint_every, params.state_every_rounds
