@@ -10,10 +10,18 @@ A run started on the whole ``tests/`` folder (the README's ``python -m pytest``)
 some tier collected no test at all: a folder that pytest silently stopped collecting (as
 ``dist`` once was, through pytest's default ``norecursedirs``) must not pass as green.
 A module skipped as a whole (an optional dependency missing) counts as collected.
+
+The suite's Spark JVMs (drivers, executors, the test clusters' daemons) compile with the client
+compiler only and collect with the serial collector (:func:`_quick_jvms`): a test's JVM lives a
+minute or less, and the optimising compiler's work for it is CPU the two-core machine's other
+tests wait for (a session's start and a few jobs: about 33 CPU-seconds, 20 with these options).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -34,6 +42,8 @@ class _Tiers:
         self.outcomes: dict[str, tuple[str, str]] = {}  # nodeid -> (tier, "passed" | "failed" | "skipped")
         self.missing: list[str] = []
         self.counted_workers = False
+        self.workers_of: dict[str, set[str]] = {}  # module (the tier for tests/cluster) -> xdist workers it ran on
+        self.split: list[str] = []
 
     def tier(self, nodeid: str) -> str | None:
         path = (self.config.rootpath / nodeid.split("::", 1)[0]).resolve()
@@ -83,16 +93,21 @@ class _Tiers:
                 self.collected[tier] += 1
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        worker = getattr(getattr(report, "node", None), "gateway", None)  # set on the xdist controller
+        if worker is not None:
+            self.workers_of.setdefault(_scope(report.nodeid), set()).add(worker.id)
         if report.failed or report.skipped:
             self.record(report.nodeid, report.outcome)
         elif report.when == "call":
             self.record(report.nodeid, "passed")
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) or not self.whole_folder():
+        if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED):
             return
-        self.missing = [tier for tier in TIERS if self.collected[tier] == 0]
-        if self.missing:
+        if self.whole_folder():
+            self.missing = [tier for tier in TIERS if self.collected[tier] == 0]
+        self.split = sorted(scope for scope, workers in self.workers_of.items() if len(workers) > 1)
+        if self.missing or self.split:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
@@ -108,19 +123,61 @@ class _Tiers:
         for tier in self.missing:
             terminalreporter.write_line(f"tests/{tier} collected no test: check norecursedirs and its test_*.py "
                                         "files (this run fails)", red=True, bold=True)
+        for scope in self.split:
+            terminalreporter.write_line(f"{scope} ran on several xdist workers ({', '.join(sorted(self.workers_of[scope]))}): "
+                                        "each started its own SparkSession or rig; run with --dist loadscope, "
+                                        "which tests/conftest.py keeps whole (this run fails)", red=True, bold=True)
+
+
+def _scope(nodeid: str) -> str:
+    """What must run whole on one xdist worker: a test module, or the multi-host tier (one rig at a time)."""
+    module = nodeid.split("::", 1)[0]
+    return "tests/cluster" if module.startswith("tests/cluster/") else module
+
+
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+"""Java options of every Spark JVM the suite starts (short-lived: the optimising compiler does not pay)."""
+
+
+def _quick_jvms(config: pytest.Config) -> None:
+    """Give the suite's Spark JVMs :data:`JVM_OPTIONS`, through Spark's own configuration.
+
+    A ``spark-defaults.conf`` in a fresh ``SPARK_CONF_DIR`` reaches every driver (the test modules'
+    sessions, sparknet's own, the commands run as subprocesses) and, through the application, every
+    executor; ``SPARK_DAEMON_JAVA_OPTS`` reaches the test clusters' masters and workers. A user's own
+    ``SPARK_CONF_DIR`` is left as it is. The xdist workers inherit the controller's.
+    """
+    if "SPARK_CONF_DIR" in os.environ:
+        return
+    folder = tempfile.mkdtemp(prefix="sparknet-tests-conf-")
+    Path(folder, "spark-defaults.conf").write_text(f"spark.driver.extraJavaOptions {JVM_OPTIONS}\n"
+                                                   f"spark.executor.extraJavaOptions {JVM_OPTIONS}\n")
+    os.environ["SPARK_CONF_DIR"] = folder
+    os.environ.setdefault("SPARK_DAEMON_JAVA_OPTS", JVM_OPTIONS)
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_Tiers(config), "sparknet-tiers")
+    _quick_jvms(config)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``), a test module runs whole on one worker (its one
-    SparkSession and module fixtures stay one), and the multi-host tier runs on one worker, one rig
-    at a time."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        module = item.nodeid.split("::", 1)[0]
-        group = "cluster" if module.startswith("tests/cluster/") else module
-        item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which would make its scheduler for --dist
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under pytest-xdist, a test module runs whole on one worker (its one SparkSession and module
+    fixtures stay one), the multi-host tier runs on one worker (one rig at a time), and the work goes
+    out in the order it was collected: the multi-host tier and the Spark modules, the longest, first.
+    (``--dist loadscope``, the suite's default; another ``--dist`` is xdist's own.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def __init__(self, config, log=None):
+            super().__init__(config, log)
+            config.option.loadscopereorder = False  # not by the number of tests: a Spark test outweighs many
+
+        def _split_scope(self, nodeid: str) -> str:
+            return _scope(nodeid)
+
+    return ModuleScheduling(config, log)
