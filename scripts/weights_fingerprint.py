@@ -20,7 +20,7 @@ recorded before the round loop became one loop, and why the runs that moved sinc
 
 The runs: the rounds engine (average, diloco, easgd, int8, a warm start) and the barrier
 engine (average, diloco, easgd, sync, int8) in ``local[2]`` on two partitions of different
-sizes, the model-parallel stage with two data-parallel replicas, and the simulator (average,
+sizes, the barrier engine with the net split in two (average, diloco), and the simulator (average,
 diloco, easgd, sync, int8).
 """
 
@@ -125,19 +125,18 @@ def spark_runs(spark) -> dict[str, str]:
 
 
 def model_parallel_runs(spark) -> dict[str, str]:
-    from sparknet.config import WorkerConfig
-    from sparknet.parallel.runner import ModelParallelJob
-    from sparknet.parallel.spark import fit_model_parallel
+    from sparknet.config import DistributedConfig, WorkerConfig
+    from sparknet.spark import SparkTrainer
 
     x, y = _blobs(200, 21)
     val = _blobs(100, 22)
     df = spark.createDataFrame([(x[i].tolist(), int(y[i])) for i in range(len(y))], ["features", "label"])
     out = {}
-    for strategy in ("average", "diloco"):
-        job = ModelParallelJob(net=_net(), worker=WorkerConfig(solver=_solver(), batch_size=8, seed=7), model_parallel=1,
-                               strategy=strategy, tau=5, rounds=3)
-        res = fit_model_parallel(_net(), df, job=job, workers=2, validation=val, spark=spark)
-        out[f"model_parallel/{strategy}"] = _digest(res.weights.to_flat())
+    for strategy in ("average", "diloco"):  # the net split in two across the stage's two tasks
+        dist = DistributedConfig(workers=2, engine="barrier", model_parallel=2, strategy=strategy, tau=5, rounds=3)
+        res = SparkTrainer(_net(), WorkerConfig(solver=_solver(), batch_size=8, seed=7), dist, spark=spark).fit(
+            df, validation=val)
+        out[f"model_parallel/{strategy}/m=2"] = _digest(res.weights.to_flat())
     return out
 
 

@@ -1,17 +1,17 @@
 """The ``sparknet`` command.
 
 ``sparknet train`` flags are generated from the fields of :class:`sparknet.config.RunConfig`,
-:class:`sparknet.config.DistributedConfig` and the flag dataclasses of the Caffe files, model
-parallelism and the parameter server (the docstring under each field is its help), so the
+:class:`sparknet.config.DistributedConfig` and the flag dataclasses of the Caffe files and the
+parameter server (the docstring under each field is its help), so the
 command line never restates the configuration. Which road a run takes is decided in one
 place, :func:`train_command`:
 
 ============================================ ==========================================
 ``--prototxt`` / ``--solver``                Caffe files (:mod:`sparknet.caffe.cli`)
-``--model-parallel M`` with M > 1            model parallelism (:mod:`sparknet.parallel.cli`)
 ``--strategy async``                         the parameter server (:mod:`sparknet.ps`)
 one worker, the rounds engine, no master     one process (:mod:`sparknet.train`)
-anything else                                the Spark engines (:mod:`sparknet.spark.run`)
+anything else                                the Spark engines (:mod:`sparknet.spark.run`), a net
+                                             split across workers (``--model-parallel M``) too
 ============================================ ==========================================
 
 Every subcommand is listed in :data:`COMMANDS`.
@@ -38,7 +38,6 @@ from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy
 from sparknet.errors import SparkNetError
 from sparknet.metrics import process_age_s
 from sparknet.experiments.cli import configure_command as configure_experiment
-from sparknet.parallel.cli import ModelParallelFlags, check_unsplit, train_model_parallel
 from sparknet.ps.config import AsyncConfig
 from sparknet.ps.session import run_async
 from sparknet.sample import configure_sample, run_sample
@@ -82,7 +81,7 @@ class _OldName(argparse.Action):
 def _configure_train(p: argparse.ArgumentParser) -> None:
     add_dataclass_arguments(p, RunConfig, title="training")
     add_dataclass_arguments(p, DistributedConfig, title="distributed training")
-    for flags in (CaffeTrainFlags, ModelParallelFlags, AsyncConfig):
+    for flags in (CaffeTrainFlags, AsyncConfig):
         add_dataclass_arguments(p, flags, title=flags.__doc__.strip().splitlines()[0])
     p.add_argument("--sync-interval", dest="tau", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
                    action=_OldName)
@@ -91,23 +90,17 @@ def _configure_train(p: argparse.ArgumentParser) -> None:
 
 
 def train_command(run: RunConfig, dist: DistributedConfig, *, caffe: CaffeTrainFlags | None = None,
-                  model_parallel: ModelParallelFlags | None = None,
                   parameter_server: AsyncConfig | None = None) -> dict:
     """Train as ``sparknet train`` does: pick the one road these settings ask for; returns the summary record.
 
-    Caffe files win over everything else; then ``--model-parallel M`` (M > 1); then the
-    parameter server (``--strategy async``); then one process (one worker, the rounds engine,
-    no ``--master``); otherwise the Spark engines. An unsplit run checks ``--max-weight-bytes``
-    and refuses ``--parallel-plan`` first.
+    Caffe files win over everything else; then the parameter server (``--strategy async``); then
+    one process (one worker, the rounds engine, no ``--master``); otherwise the Spark engines
+    (``--model-parallel M`` splits the net across the barrier engine's workers).
     """
     caffe = caffe or CaffeTrainFlags()
-    model_parallel = model_parallel or ModelParallelFlags()
     parameter_server = parameter_server or AsyncConfig()
     if caffe.given:
         return train_caffe_files(run, dist, caffe)
-    if model_parallel.model_parallel > 1:
-        return train_model_parallel(run, dist, model_parallel)
-    check_unsplit(run, model_parallel)
     if dist.strategy is Strategy.ASYNC:
         return run_async(run, dist, combiner=parameter_server.combiner, ps_host=parameter_server.ps_host)
     if dist.workers == 1 and dist.engine is Engine.ROUNDS and dist.master is None:
@@ -117,8 +110,7 @@ def train_command(run: RunConfig, dist: DistributedConfig, *, caffe: CaffeTrainF
 
 def _run_train(args: argparse.Namespace) -> int:
     summary = train_command(from_args(RunConfig, args), from_args(DistributedConfig, args),
-                            caffe=from_args(CaffeTrainFlags, args), model_parallel=from_args(ModelParallelFlags, args),
-                            parameter_server=from_args(AsyncConfig, args))
+                            caffe=from_args(CaffeTrainFlags, args), parameter_server=from_args(AsyncConfig, args))
     keys = ("test_accuracy", "test_r2", "test_rmse", "test_mae", "test_f1", "test_loss", "wall_s", "samples_per_s",
             "steps", "rounds", "weight_bytes_per_worker")
     result = {k: summary.get(k) for k in keys if k in summary}

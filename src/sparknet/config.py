@@ -17,7 +17,7 @@ from sparknet.stopping import EvalPlan
 from sparknet.solvers import LRPolicy, SolverConfig, SolverType
 
 __all__ = ["Engine", "Strategy", "CompressionKind", "WorkerConfig", "RunConfig", "DistributedConfig", "TrainConfig",
-           "parse_enum"]
+           "parse_enum", "parse_plan"]
 
 
 class Engine(str, enum.Enum):
@@ -209,6 +209,23 @@ class Streaming:
         return slice(f * numel // self.fragments, (f + 1) * numel // self.fragments)
 
 
+def parse_plan(text: str) -> dict[str, str | None]:
+    """``"ip1=column,ip2=row,ip3=none"`` -> ``{"ip1": "column", "ip2": "row", "ip3": None}``."""
+    plan: dict[str, str | None] = {}
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        name, sep, mode = item.partition("=")
+        mode = mode.strip().lower()
+        if not sep or not name.strip() or mode not in ("column", "row", "none"):
+            raise ValueError(f"--parallel-plan: {item!r} is not LAYER=column, LAYER=row or LAYER=none "
+                             "(e.g. --parallel-plan ip1=column,ip2=row)")
+        plan[name.strip()] = None if mode == "none" else mode
+    if not plan:
+        raise ValueError("--parallel-plan is empty; give LAYER=column|row|none pairs separated by commas")
+    return plan
+
+
 @dataclass(kw_only=True)
 class DistributedConfig:
     """How training is spread over Spark workers."""
@@ -282,6 +299,15 @@ class DistributedConfig:
     fragments: int = 1
     """Streaming synchronisation: cut the weights into this many parts and exchange one part a round, in turn, so
     each exchange moves 1/fragments of the model (barrier engine; average or diloco)."""
+    model_parallel: int = 1
+    """M: workers each copy of the net is split across, its layers cut in parts (barrier engine; workers a multiple
+    of M: D = workers / M copies average every tau steps)."""
+    parallel_plan: str | None = None
+    """Which layers split under --model-parallel, LAYER=column|row|none,... (default: the net's parallel= fields,
+    else consecutive Linear layers in column/row pairs)."""
+    max_weight_bytes: float | None = None
+    """Bytes of weights one worker may hold (e.g. 16e6); a run over it is refused before training, naming the
+    --model-parallel that fits."""
     checkpoint_dir: str | None = None
     """Write checkpoints to this folder or filesystem URI (weights, solver, strategy and RNG state, data position)."""
     checkpoint_every: int = 10
@@ -338,6 +364,7 @@ class DistributedConfig:
         if self.strategy is Strategy.SYNC:
             check_per_step_strategy(self, "the sync strategy")
         self.streaming()  # --overlap and --fragments' own rules
+        self._check_model_parallel()
         if self.weight_ema is not None:
             if not 0.0 < self.weight_ema < 1.0:
                 raise ValueError(f"weight_ema is a decay per round in (0, 1) (e.g. 0.9), got {self.weight_ema}")
@@ -347,6 +374,53 @@ class DistributedConfig:
             if self.resume:
                 raise ValueError("weight_ema with resume: checkpoints do not hold the moving average, so a resumed "
                                  "run could not continue it exactly; drop --weight-ema or --resume")
+
+    def _check_model_parallel(self) -> None:
+        """--model-parallel, --parallel-plan and --max-weight-bytes, and what a split net cannot do."""
+        m = self.model_parallel
+        if m < 1:
+            raise ValueError(f"--model-parallel must be at least 1, got {m}")
+        if self.max_weight_bytes is not None and not self.max_weight_bytes > 0:
+            raise ValueError(f"--max-weight-bytes must be positive, got {self.max_weight_bytes}")
+        if self.parallel_plan is not None:
+            parse_plan(self.parallel_plan)
+            if m == 1:
+                raise ValueError("--parallel-plan needs --model-parallel M with M > 1")
+        if m == 1:
+            return
+        refusal = None
+        if self.engine is not Engine.BARRIER:
+            refusal = (f"--model-parallel runs its workers together in one barrier stage; add --engine barrier "
+                       f"(the {self.engine.value} engine does not split layers)")
+        elif self.workers % m:
+            refusal = (f"{self.workers} workers do not divide into model-parallel groups of {m}; use --workers "
+                       f"{max(m, self.workers - self.workers % m)} or another multiple of {m}")
+        elif self.strategy in (Strategy.SYNC, Strategy.ASYNC):
+            refusal = (f"the {self.strategy.value} strategy does not know about split layers; use --strategy "
+                       "average, diloco or easgd with --model-parallel")
+        elif self.tau is None or self.round_seconds is not None:
+            refusal = ("--model-parallel needs a fixed --tau and no --round-seconds: the workers of one model copy "
+                       "must make the same steps")
+        elif (self.compression is not CompressionKind.NONE or self.auto_tau or self.link() is not None
+              or self.overlap or self.fragments > 1):
+            refusal = ("--model-parallel does not support compression, automatic tau, overlapped or streamed "
+                       "exchanges or a simulated link; drop --compression, --auto-tau, --overlap, --fragments, "
+                       "--link-latency and --link-bandwidth")
+        elif self.warmup_steps:
+            refusal = "--model-parallel does not run a warm-up on the driver; drop --warmup-steps"
+        elif self.weight_ema is not None:
+            refusal = "--model-parallel returns the global weights, not a moving average of them; drop --weight-ema"
+        elif self.epochs is not None:
+            refusal = "--model-parallel stops on --steps, --rounds or --target-accuracy; use those instead of --epochs"
+        elif self.checkpoint_dir is not None:
+            refusal = ("--model-parallel keeps each worker's part of the weights on its executor until the end; "
+                       "drop --checkpoint-dir")
+        if refusal is not None:
+            raise ValueError(refusal)
+
+    def plan(self) -> dict[str, str | None] | None:
+        """--parallel-plan as layer name -> ``"column"``, ``"row"`` or ``None`` (``None``: not given)."""
+        return None if self.parallel_plan is None else parse_plan(self.parallel_plan)
 
     def evaluation(self) -> EvalPlan:
         """When the round loop evaluates, and on how many rows (--eval-every-rounds, --eval-screen-rows,

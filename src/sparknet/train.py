@@ -24,6 +24,7 @@ from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.loop import InProcessExchange, Progress, WeightAverage, average_summary, run_rounds
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
+from sparknet.parallel.runner import split_budget
 from sparknet.stopping import StopRule
 from sparknet.strategies import Average
 
@@ -48,6 +49,8 @@ def train_local(run: RunConfig, dist: DistributedConfig | None = None) -> dict:
     seed_everything(run.seed)
     train, test, info = load_training_data(run)
     net_params = build_model(run, info)
+    if dist is not None and dist.max_weight_bytes is not None:
+        split_budget(net_params, dist)
     net = Net(net_params, run.solver(), batch_size=run.batch_size, device=run.device, seed=run.seed)
     net.set_training_data(train)
     net.set_validation_data(test)

@@ -13,7 +13,6 @@ from sparknet.loop import RoundPlan
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
 from sparknet.spark._backend import job_group, run_with_deadline
-from sparknet.parallel._spark_task import model_parallel_task
 from sparknet.spark._rounds import RoundTask, run_round_from_chunks
 
 pytestmark = pytest.mark.spark
@@ -152,26 +151,3 @@ def test_a_rounds_task_failure_is_a_worker_error_with_its_rank_and_log_tail(sc):
     assert e.value.rank == 1
     assert str(e.value).startswith("worker 1: ")
     assert "_train_round" in e.value.log_tail and "[sparknet" not in e.value.log_tail
-
-
-def test_a_model_parallel_rank_failure_decodes_the_same_way(sc):
-    def chunks(index, rows):
-        import time
-
-        if index == 0:
-            time.sleep(60)  # rank 0 is still reading when rank 1 fails
-        yield 42  # not an (x, y, info) chunk
-
-    job_bc = sc.broadcast(None)
-    stage = sc.parallelize(range(2), 2).mapPartitionsWithIndex(chunks).barrier().mapPartitionsWithIndex(
-        model_parallel_task(job_bc, {"workers": 2}))
-    try:
-        with pytest.raises(WorkerError) as e:
-            run_with_deadline(sc, "sparknet-test-mp-failure", "sparknet: a failing model-parallel stage",
-                              stage.collect, timeout_s=300, what="the model-parallel stage")
-    finally:
-        job_bc.destroy()
-    assert e.value.rank == 1
-    assert str(e.value).startswith("worker 1: TypeError: cannot unpack non-iterable int object")
-    assert "merge_chunks" in e.value.log_tail
-    assert _running_jobs(sc, "sparknet-test-mp-failure") == []

@@ -1,4 +1,4 @@
-"""Model parallelism in a Spark barrier stage (local[4]): exactness against two plain gloo
+"""Model parallelism in the barrier engine's stage (local[4]): exactness against two plain gloo
 processes, the full D = 2 x M = 2 layout, ``sparknet train --model-parallel`` end to end,
 and the clear refusals."""
 
@@ -16,12 +16,11 @@ import torch
 from _two_ranks import run_two_ranks
 from _spark_testlib import blobs, partitioned_rdd, start_session
 from sparknet.cli import main
-from sparknet.config import WorkerConfig
+from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.layers import ActivationLayer, LinearLayer, NetParams, RDDLayer, SoftmaxWithLoss
 from sparknet.parallel import WeightBudgetError
-from sparknet.parallel.runner import ModelParallelJob
-from sparknet.parallel.spark import fit_model_parallel
 from sparknet.solvers import SolverConfig
+from sparknet.spark import SparkTrainer
 
 pytestmark = pytest.mark.spark
 
@@ -74,11 +73,10 @@ def _reference(*args) -> torch.Tensor:
 def test_one_replica_split_in_two_equals_two_plain_processes(spark):
     x, y = blobs(48, seed=1)
     solver = SolverConfig(base_lr=0.05, momentum=0.9)
-    job = ModelParallelJob(net=tiny_net(), worker=WorkerConfig(solver=solver, batch_size=8, seed=5), model_parallel=2,
-                           tau=3, rounds=3)
+    trainer = SparkTrainer(tiny_net(), WorkerConfig(solver=solver, batch_size=8, seed=5),
+                           DistributedConfig(workers=2, engine="barrier", model_parallel=2, tau=3, rounds=3), spark=spark)
     parts = [(x[:20], y[:20]), (x[20:], y[20:])]  # the replica pools them in partition order
-    result = fit_model_parallel(tiny_net(), partitioned_rdd(spark.sparkContext, parts), job=job, workers=2,
-                                validation=(x, y), spark=spark)
+    result = trainer.fit(partitioned_rdd(spark.sparkContext, parts), validation=(x, y))
     expected = _reference(x, y, solver, 5, 3, 3)
     got = result.weights.to_flat(torch.float32)
     assert got.shape == expected.shape
@@ -99,15 +97,14 @@ def test_two_replicas_of_two_shards_train_and_each_worker_holds_about_half(spark
         LinearLayer("ip1", ["data"], num_outputs=256), ActivationLayer("relu1", ["ip1"], tops=["ip1"]),
         LinearLayer("ip2", ["ip1"], num_outputs=256), ActivationLayer("relu2", ["ip2"], tops=["ip2"]),
         LinearLayer("ip3", ["ip2"], num_outputs=3), SoftmaxWithLoss("loss", ["ip3", "label"]), name="wide")
-    job = ModelParallelJob(net=wide, worker=WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9), batch_size=16),
-                           model_parallel=2, tau=5, rounds=4, max_weight_bytes=200_000)
-    with pytest.raises(WeightBudgetError, match="model-parallel 2"):  # unsplit, one worker's budget is too small
-        fit_model_parallel(wide, None, workers=4,
-                           job=ModelParallelJob(net=wide, model_parallel=1, rounds=1, max_weight_bytes=200_000),
-                           spark=spark)
+    worker = WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9), batch_size=16)
     parts = [(x[i::4], y[i::4]) for i in range(4)]
-    result = fit_model_parallel(wide, partitioned_rdd(spark.sparkContext, parts), job=job, workers=4,
-                                validation=(x, y), spark=spark)
+    rdd = partitioned_rdd(spark.sparkContext, parts)
+    with pytest.raises(WeightBudgetError, match="model-parallel 2"):  # unsplit, one worker's budget is too small
+        SparkTrainer(wide, worker, DistributedConfig(workers=4, engine="barrier", rounds=1, max_weight_bytes=200_000),
+                     spark=spark).fit(rdd)
+    dist = DistributedConfig(workers=4, engine="barrier", model_parallel=2, tau=5, rounds=4, max_weight_bytes=200_000)
+    result = SparkTrainer(wide, worker, dist, spark=spark).fit(rdd, validation=(x, y))
     s = result.summary
     assert s["data_parallel"] == 2 and [w["dp_rank"] for w in s["barrier_workers"]] == [0, 0, 1, 1]
     whole = s["whole_weight_bytes"]
@@ -160,6 +157,9 @@ def test_sparknet_train_model_parallel_end_to_end(spark, tmp_path):
     (["--workers", "2", "--model-parallel", "2", "--max-weight-bytes", "1e4"], "over the budget"),
     (["--workers", "2", "--model-parallel", "2", "--link-latency", "50ms"], "drop --compression, --auto-tau"),
     (["--workers", "2", "--max-weight-bytes", "4e5"], "with --model-parallel 2 each rank would hold"),
+    (["--workers", "2", "--parallel-plan", "ip1=column"], "--parallel-plan needs --model-parallel M with M > 1"),
+    (["--workers", "2", "--model-parallel", "2", "--checkpoint-dir", "ckpt"], "drop --checkpoint-dir"),
+    (["--workers", "2", "--model-parallel", "2", "--device", "auto"], "use device cpu"),
 ])
 def test_what_cannot_run_is_refused_clearly(spark, tmp_path, caplog, extra, message):
     data = _parquet(tmp_path / "blobs.parquet", n=40)

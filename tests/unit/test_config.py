@@ -144,3 +144,32 @@ def test_on_spark_even_one_worker_needs_the_barrier_engine_for_a_per_step_strate
     check_per_step_strategy(one, "sync")  # one process: plain training
     with pytest.raises(ValueError, match="needs --engine barrier"):
         check_per_step_strategy(one, "sync", on_spark=True)
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"model_parallel": 0}, "at least 1"),
+    ({"model_parallel": 2, "workers": 4}, "add --engine barrier"),
+    ({"model_parallel": 2, "workers": 3, "engine": "barrier"}, "do not divide into model-parallel groups of 2"),
+    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "strategy": "sync"}, "does not know about split layers"),
+    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "round_seconds": 3.0}, "fixed --tau"),
+    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "overlap": True}, "drop --compression"),
+    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "warmup_steps": 5}, "drop --warmup-steps"),
+    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "epochs": 1.0}, "instead of --epochs"),
+    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "checkpoint_dir": "c"}, "drop --checkpoint-dir"),
+    ({"parallel_plan": "ip1=column"}, "needs --model-parallel M with M > 1"),
+    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "parallel_plan": "ip1=sideways"}, "LAYER=column"),
+    ({"max_weight_bytes": 0}, "must be positive"),
+])
+def test_what_a_split_net_cannot_do_is_refused_by_the_config(settings, words):
+    with pytest.raises(ValueError, match=words):
+        DistributedConfig(**settings)
+
+
+def test_the_parallel_plan_is_read_once_into_modes():
+    dist = DistributedConfig(workers=4, engine="barrier", model_parallel=2, parallel_plan="ip1=column, ip2=row,ip3=none")
+    assert dist.plan() == {"ip1": "column", "ip2": "row", "ip3": None}
+    assert DistributedConfig().plan() is None
+    flags = build_parser().parse_args(["train", "--model-parallel", "2", "--parallel-plan", "ip1=column",
+                                       "--max-weight-bytes", "1e6", "--workers", "2", "--engine", "barrier"])
+    from_flags = from_args(DistributedConfig, flags)
+    assert (from_flags.model_parallel, from_flags.plan(), from_flags.max_weight_bytes) == (2, {"ip1": "column"}, 1e6)

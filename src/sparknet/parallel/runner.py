@@ -1,7 +1,7 @@
 """One rank's whole run in the D x M layout: build the split net, train rounds, gather the weights.
 
-:func:`run_rank` is what every task of a model-parallel Spark barrier stage runs (see
-:mod:`sparknet.parallel._spark_task`), and what plain processes run too: it needs only an
+:func:`run_rank` is what every task of the barrier engine's stage runs for a split net (see
+:mod:`sparknet.spark._barrier`; ``DistributedConfig.model_parallel``), and what plain processes run too: it needs only an
 initialized default process group (gloo) and this rank's rows. It never imports pyspark.
 
     job = ModelParallelJob(net=zoo.mlp(), worker=WorkerConfig(solver=SolverConfig(base_lr=0.01)), model_parallel=2,
@@ -11,7 +11,7 @@ initialized default process group (gloo) and this rank's rows. It never imports 
 
 :func:`default_plan` says which layers split when neither the DSL (``parallel=``) nor the
 caller does: consecutive Linear layers in column/row pairs whose split stays split between
-them (no collective inside the pair).
+them (no collective inside the pair); :func:`split_budget` checks a fit's plan and weight budget.
 """
 
 from __future__ import annotations
@@ -29,16 +29,17 @@ import torch
 from sparknet.collective import CollectiveExchange
 from sparknet.config import Strategy, WorkerConfig
 from sparknet.errors import GraphError
-from sparknet.layers import LinearLayer, SoftmaxWithLoss
+from sparknet.layers import LinearLayer
 from sparknet.loop import run_rounds
 from sparknet.net import Net
 from sparknet.parallel.mesh import ParallelLayout, init_layout, replica_seed, share_data_over_mp
-from sparknet.parallel.tensor import build_parallel, gather_full_weights, local_weight_bytes, resolve_plan
+from sparknet.parallel.tensor import (build_parallel, check_weight_budget, gather_full_weights, local_weight_bytes,
+                                     resolve_plan)
 from sparknet.stopping import EvalPlan, StopRule
 from sparknet.strategies import WorkerState, make_strategy
 from sparknet.weights import WeightCollection
 
-__all__ = ["ModelParallelJob", "run_rank", "weights_from_result", "default_plan", "effective_plan", "num_classes_of"]
+__all__ = ["ModelParallelJob", "run_rank", "weights_from_result", "default_plan", "effective_plan", "split_budget"]
 
 log = logging.getLogger(__name__)
 
@@ -155,16 +156,19 @@ def effective_plan(net_params, model_parallel: int, plan: Mapping[str, str | Non
     return {name: mode.value for name, mode in resolved.modes.items()}
 
 
-def num_classes_of(net_params) -> int | None:
-    """Classes of the net's softmax loss (the size of its prediction's class axis), if it has one."""
+def split_budget(net_params, dist) -> tuple[dict | None, int, int]:
+    """A fit's model parallelism (``dist``: a :class:`~sparknet.config.DistributedConfig`), checked before any work.
 
-    losses = [layer for layer in net_params.layers if isinstance(layer, SoftmaxWithLoss)]
-    if not losses:
-        return None
-    shapes = net_params.infer_shapes()
-    shape = shapes[losses[0].bottoms[0]]
-    axis = getattr(losses[0], "axis", 1)
-    return int(shape[axis if axis >= 0 else axis + len(shape)])
+    Returns the plan the net splits by (``None``: it does not split), the bytes of weights one worker holds
+    and the whole net's. A worker over ``dist.max_weight_bytes`` is refused with a :class:`WeightBudgetError`
+    that names the model-parallel degree that fits (an unsplit net: under the plan M = 2 would use).
+    """
+    m, budget = dist.model_parallel, None if dist.max_weight_bytes is None else int(dist.max_weight_bytes)
+    whole = check_weight_budget(net_params, None, 1)
+    if m == 1:
+        return None, check_weight_budget(net_params, budget, 1, default_plan(net_params, 2) if budget else None), whole
+    plan = effective_plan(net_params, m, dist.plan())
+    return plan, check_weight_budget(net_params, budget, m, plan), whole
 
 
 # --------------------------------------------------------------------------- one rank's run

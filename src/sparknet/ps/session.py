@@ -40,6 +40,7 @@ import torch
 from sparknet._app import build_model, load_training_data, seed_everything
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
+from sparknet.parallel.runner import split_budget
 from sparknet.ps import _worker
 from sparknet.ps.combiners import Combiner, make_combiner
 from sparknet.ps.config import AsyncConfig
@@ -435,7 +436,9 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
     train, test, info = load_training_data(run)
     K = dist.workers
     spark = get_session(dist.resolved_master, app_name="sparknet-async")
-    net = Net(build_model(run, info), run.solver(), batch_size=run.batch_size, seed=run.seed)
+    net_params = build_model(run, info)
+    split_budget(net_params, dist)  # --max-weight-bytes
+    net = Net(net_params, run.solver(), batch_size=run.batch_size, seed=run.seed)
     sess = AsyncSession(net, combiner=cfg.combiner, seed=run.seed, host=cfg.ps_host, threads=run.threads or 1,
                         device=run.device, spark=spark)
     per_worker = max(1, (len(train) // K) // run.batch_size)

@@ -44,6 +44,7 @@ from sparknet.config import Streaming
 from sparknet.errors import NonFiniteUpdate
 from sparknet.faults import due_fault
 from sparknet.loop import Progress, WeightAverage, run_rounds
+from sparknet.parallel.runner import run_rank
 from sparknet.spark._channel import MetricsSender, encode_tree
 from sparknet.rowfile import RowFile
 from sparknet.spark._data import write_chunks
@@ -318,18 +319,20 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     packed, init_flat, start = payload_bc.value
     spec: WorkerSpec = pickle.loads(packed[1])
     world = params.group.workers
+    split = spec.model_parallel is not None
     torch.set_num_threads(spec.worker.threads)
     # written to this machine's disk chunk by chunk, then mapped into memory or streamed, as the rounds engine does
     data, _ = write_chunks(os.path.join(fit_dir(spec), f"rank{rank}"), chunks)
     has_data = data is not None
     device, device_info = task_device(spec.worker.device)
-    net = build_worker_net(spec, rank, data, device)
+    net = None if split else build_worker_net(spec, rank, data, device)
     del chunks
     freeze_heap()  # no full garbage collection of torch's modules in the middle of a round
     val, val_rows = None, None
     if val_bc is not None:
         vx, vy = val_bc.value
-        val, val_rows = (vx[rank::world], vy[rank::world]), len(vx)
+        # a split net's ranks score their replica's share together (run_rank deals it)
+        val, val_rows = ((vx, vy) if split else (vx[rank::world], vy[rank::world])), len(vx)
     sender = None
     store = None
     history: list[dict] = []
@@ -340,10 +343,13 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
         store = rendezvous(ctx, rank, params.group)
         if sender is not None and rank == 0:
             sender.send({"event": "ready", "fit": spec.fit_id, "setup_s": time.perf_counter() - t_start})
-        final = _round_loop(net, spec, rank, world, init_flat, has_data, val, val_rows, params, sender, history,
-                            start or {}, arrivals=_Arrivals(store, rank, world))
+        if split:
+            final, info = _split_rank(spec.model_parallel, rank, data, val, sender, history)
+        else:
+            final, info = _round_loop(net, spec, rank, world, init_flat, has_data, val, val_rows, params, sender,
+                                      history, start or {}, arrivals=_Arrivals(store, rank, world)), {}
         yield ("worker", rank, {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
-                                "attempt": ctx.attemptNumber()})
+                                "attempt": ctx.attemptNumber(), **info})
         if rank == 0:
             yield ("result", final.numpy().tobytes(), history)
     finally:
@@ -357,6 +363,23 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
         del store
         if sender is not None:
             sender.close()
+
+
+def _split_rank(job, rank: int, data: RowFile | None, val, sender, history: list) -> tuple[torch.Tensor | None, dict]:
+    """One rank of a net split across the stage (:func:`~sparknet.parallel.runner.run_rank`): rank 0 reports every
+    round as the barrier engine's rank 0 does, and returns the whole model's weights, which it gathers at the end."""
+    x, y = data.arrays() if data is not None else (None, None)
+
+    def report(record: dict) -> None:
+        if rank == 0:
+            history.append(record)
+            if sender is not None:
+                sender.send(record)
+
+    result = run_rank(job, x, y, val, on_round=report)
+    info = {k: result[k] for k in ("dp_rank", "mp_rank", "weight_bytes", "setup_s")}
+    whole = torch.from_numpy(np.frombuffer(result["weights"], dtype=np.float32)) if rank == 0 else None
+    return whole, info
 
 
 class _BarrierExchange(CollectiveExchange):

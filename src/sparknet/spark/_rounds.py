@@ -101,6 +101,9 @@ class WorkerSpec:
     """What the net learns: class ids, or numbers (float labels)."""
     weighted: bool = False
     """The labels carry each row's sample weight last (a ``weight_col``)."""
+    model_parallel: Any = None
+    """A :class:`~sparknet.parallel.runner.ModelParallelJob`: the barrier engine's tasks train the net split across
+    them (:func:`~sparknet.parallel.runner.run_rank`) instead of a whole copy each."""
 
 
 @dataclass(frozen=True)

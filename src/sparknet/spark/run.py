@@ -78,13 +78,8 @@ def training_frame(spark, run: RunConfig, train):
     return dataset_frame(spark, f"data-{root.stem}-{stamp.hexdigest()[:16]}", train)
 
 
-def train_distributed(run: RunConfig, dist: DistributedConfig, *, fit=None, config: dict | None = None) -> dict:
-    """Train as ``run`` and ``dist`` say on Spark; returns the summary record.
-
-    ``fit(spark, df, test, net_params, on_round)``, when given, trains instead of a :class:`SparkTrainer` (model
-    parallelism) and returns what ``SparkTrainer.fit`` does (``weights``, ``summary``); ``config``: more of the
-    run's settings to record beside ``run`` and ``dist``.
-    """
+def train_distributed(run: RunConfig, dist: DistributedConfig) -> dict:
+    """Train as ``run`` and ``dist`` say on Spark; returns the summary record."""
     seed_everything(run.seed)
     train, test, info = load_training_data(run)
     net_params = build_model(run, info)
@@ -92,7 +87,7 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, *, fit=None, conf
     df = training_frame(spark, run, train)
     # With --rounds the bar counts rounds' steps; automatic tau changes them, so it counts --steps then.
     total = run.steps if dist.rounds is None or dist.auto_tau else min(run.steps, dist.rounds * (dist.tau or 1))
-    config = {**TrainConfig(run=run, dist=dist).to_dict(), **(config or {})}
+    config = TrainConfig(run=run, dist=dist).to_dict()
     sinks = run_sinks(run, config)
     failed = True
     result = None
@@ -105,10 +100,7 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, *, fit=None, conf
                                  **{"samples/s": record["samples"] / record["round_s"] if record.get("round_s")
                                     else None})
 
-            if fit is None:
-                result = _fit(spark, df, test, run, dist, net_params, on_round, len(train) / dist.workers)
-            else:
-                result = fit(spark, df, test, net_params, on_round)
+            result = _fit(spark, df, test, run, dist, net_params, on_round, len(train) / dist.workers)
             summary = {"event": "summary", "model": run.model,
                        "dataset": run.dataset if run.data is None else run.data, "master": spark.sparkContext.master,
                        "steps": result.summary.get("total_steps"), **result.summary}
@@ -129,6 +121,7 @@ def _fit(spark, df, test, run, dist, net_params, on_round, rows_per_worker):
     extras = "".join([f", {dist.compression.value} updates" if compressed else "",
                       f", auto tau in [{dist.auto_tau_min}, {dist.auto_tau_max}]" if dist.auto_tau else "",
                       f", link {link.describe()}" if link is not None and not link.is_free else ""])
+    extras += f", {dist.model_parallel} parts each" if dist.model_parallel > 1 else ""
     log.info("training %s on %s with %d workers (%s engine, %s, tau=%s%s) on %s; %.0f rows per worker",
              run.model, run.dataset if run.data is None else run.data, dist.workers, dist.engine.value,
              dist.strategy.value, dist.tau, extras, spark.sparkContext.master, rows_per_worker)

@@ -59,6 +59,7 @@ from sparknet.link import LinkModel
 from sparknet.loop import average_summary, check_streaming
 from sparknet.metrics import rounds_summary
 from sparknet.net import Net
+from sparknet.parallel.runner import ModelParallelJob, split_budget
 from sparknet.solvers import check_gradient_hook
 from sparknet.spark import _data
 from sparknet.spark._backend import check_barrier_slots, quietly, run_with_deadline
@@ -267,6 +268,11 @@ class SparkTrainer:
             raise ValueError("engine 'local' trains in one process without Spark; use engine 'rounds' or 'barrier' "
                              "here (or sparknet.Net for one process)")
         self.worker = worker or WorkerConfig()
+        if (self.dist.model_parallel > 1 or self.dist.max_weight_bytes is not None) and not hasattr(net, "layers"):
+            raise ValueError("model parallelism and a weight budget (model_parallel, max_weight_bytes) need a "
+                             "NetParams net: its layers are what splits and what is counted")
+        if self.dist.model_parallel > 1 and self.worker.device != "cpu":
+            raise ValueError("model parallelism splits layers over CPU gloo groups; use device cpu")
         self.strategy = strategy if strategy is not None else make_strategy(self.dist.strategy,
                                                                             **self.dist.strategy_options())
         check_streaming(self.strategy, self.dist.streaming())
@@ -365,6 +371,16 @@ class SparkTrainer:
             else:
                 driver_net.set_flat(torch.as_tensor(initial_weights, dtype=torch.float32).reshape(-1))
         checkpoints, resume = self._open_checkpoints(driver_net)  # before any Spark job: a bad folder fails fast
+        m, split = dist.model_parallel, None
+        if hasattr(self.net, "layers") and (m > 1 or dist.max_weight_bytes is not None):
+            if m > 1 and sample_shape is None:
+                raise ValueError(f"the net {self.net.name!r} declares no input shape; model parallelism needs a "
+                                 "NetParams whose first input layer has a shape")
+            plan, per_worker, whole = split_budget(self.net, dist)
+            if m > 1:
+                split = {"plan": plan, "whole_weight_bytes": whole, "max_weight_bytes": dist.max_weight_bytes}
+                log.info("model parallelism: %d workers = %d copies x %d parts; plan %s; %s bytes of weights per "
+                         "worker (%s whole)", K, K // m, m, plan, f"{per_worker:,}", f"{whole:,}")
 
         from pyspark import StorageLevel
 
@@ -404,6 +420,13 @@ class SparkTrainer:
             log.info("training data: %s", data_mode_why)
             if self.strategy.needs_gradient_hook and 0 in total["rows_per_partition"]:
                 raise ValueError("a strategy that allreduces gradients every step needs data in every partition")
+            if split and (task is not Task.CLASSIFICATION or total["label_width"]):
+                raise ValueError("model parallelism takes one class id per row; a sequence model (char_lstm) trains "
+                                 "split with examples/char_lstm.py (see docs/MODEL_PARALLEL.md)")
+            empty = [d for d in range(K // m) if split and sum(self._rows[d * m:(d + 1) * m]) == 0]
+            if empty:
+                raise ValueError(f"model copies {empty} have no training rows (rows per partition: {self._rows}); "
+                                 "every group of model_parallel consecutive partitions needs data")
             val = self._data_job(sc, group, "sparknet: collect the validation data",
                                  lambda: self._validation(validation, sample_shape, num_classes, features_col,
                                                           label_col, image_shape, task),
@@ -426,7 +449,8 @@ class SparkTrainer:
                                        "stream_buffer_bytes": dist.stream_buffer_mb << 20},
                               faults=faults_from(self.options.fault), compression=dist.compression, link=self.link,
                               resume=None if resume is None else {"round": resume["round"],
-                                                                  "workers": resume["workers"]})
+                                                                  "workers": resume["workers"]},
+                              model_parallel=None if split is None else self._split_job(split["plan"], sample_shape))
             stop = StopRule(rounds=dist.rounds, steps=worker.steps, epochs=dist.epochs,
                             target_accuracy=dist.target_accuracy, dataset_rows=int(total["rows"]), tau=dist.tau,
                             round_seconds=dist.round_seconds)
@@ -460,6 +484,9 @@ class SparkTrainer:
             "auto_tau": dist.auto_tau, "final_tau": rounds[-1].get("next_tau", rounds[-1]["tau"]) if rounds else None,
             **extra,
         }
+        if split is not None:
+            summary.update(data_parallel=K // m, model_parallel=m, **split,
+                           weight_bytes_per_worker=[w["weight_bytes"] for w in summary["barrier_workers"]])
         return TrainResult(weights=driver_net.get_weights(), history=history, summary=summary, net=driver_net)
 
     # -- pieces of fit ------------------------------------------------------------------------
@@ -494,6 +521,16 @@ class SparkTrainer:
                  "strategy": self.strategy.state_dict() if strategy_state is None else strategy_state,
                  "rng": rng_state()}
         return checkpoints.save(rounds_done, driver_net.get_weights(), state)
+
+    def _split_job(self, plan: dict, sample_shape) -> ModelParallelJob:
+        """What every task of a split net's stage runs (:func:`~sparknet.parallel.runner.run_rank`)."""
+        dist = self.dist
+        return ModelParallelJob(net=self.net, worker=self.worker, model_parallel=dist.model_parallel,
+                                strategy=dist.strategy.value, tau=dist.tau, rounds=dist.rounds,
+                                strategy_options={k: v for k, v in dist.strategy_options().items() if k != "num_workers"},
+                                target_accuracy=dist.target_accuracy, eval_every_rounds=dist.eval_every_rounds,
+                                plan=plan, sample_shape=tuple(sample_shape),
+                                max_weight_bytes=None if dist.max_weight_bytes is None else int(dist.max_weight_bytes))
 
     def _net_for_workers(self):
         net = self.net
