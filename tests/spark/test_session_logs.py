@@ -91,6 +91,9 @@ def test_a_new_session_starts_quiet(clean_env, tmp_path):
             root = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getRootLogger()
             print("root level", root.getLevel().toString())
             print("driver memory", spark.conf.get("spark.driver.memory"))
+            # a worker forked by sparknet's daemon has torch loaded before its task imports anything
+            print("torch preloaded", spark.sparkContext.parallelize([0], 1).map(
+                lambda _: __import__("sys").modules.get("torch") is not None).collect())
         finally:
             spark.stop()
     """)
@@ -99,6 +102,7 @@ def test_a_new_session_starts_quiet(clean_env, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "root level ERROR" in proc.stdout
     assert f"driver memory {_session.DRIVER_MEMORY}" in proc.stdout  # a local session's larger heap
+    assert "torch preloaded [True]" in proc.stdout
     for chatter in ("Using Spark's default log4j profile", "Setting default log level", " WARN ", " INFO "):
         assert chatter not in proc.stderr, proc.stderr
 

@@ -174,6 +174,9 @@ def quiet_log_settings(master: str | None, settings: dict[str, str], level: str)
     return out
 
 
+DAEMON_MODULE_KEY, DAEMON_MODULE = "spark.python.daemon.module", "sparknet.spark._daemon"
+"""The Python daemon of a session sparknet starts (:mod:`sparknet.spark._daemon`), unless the user names one."""
+
 DRIVER_MEMORY = "2g"
 """The JVM heap the driver of a session sparknet starts gets, unless the user sets ``spark.driver.memory``."""
 
@@ -190,8 +193,9 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
     A session that is already running is returned as it is (Spark allows one per process);
     when its master differs from the one asked for, that is logged. A new session gets
     ``PYSPARK_PYTHON`` set to this interpreter (so executors import the same sparknet and
-    torch), Python worker reuse on, and Spark's own logging at ``log_level`` from the moment
-    its JVMs start (see :func:`quiet_log_settings`).
+    torch), Python worker reuse on, a Python daemon that forks its workers with torch and
+    sparknet already loaded (:data:`DAEMON_MODULE`), and Spark's own logging at ``log_level``
+    from the moment its JVMs start (see :func:`quiet_log_settings`).
 
     Parameters
     ----------
@@ -231,6 +235,8 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         # (four tasks converting MNIST at once); on a cluster, local arrays shipped through Spark
         # (frame_from_arrays) live in the driver's heap, and each task that carries a piece is serialized there.
         settings["spark.driver.memory"] = DRIVER_MEMORY
+    if DAEMON_MODULE_KEY not in _spark_defaults():
+        settings[DAEMON_MODULE_KEY] = DAEMON_MODULE  # workers forked with torch and sparknet already loaded
     settings.update({key: str(value) for key, value in (conf or {}).items()})
     settings.update(quiet_log_settings(master, settings, level))
     for key, value in settings.items():

@@ -1,0 +1,27 @@
+"""The Python worker daemon of the Spark sessions sparknet starts: pyspark's own, with torch loaded first.
+
+Spark starts one daemon per executor (``python -m <spark.python.daemon.module> pyspark.worker``)
+and the daemon forks a Python worker for each task slot that needs one. pyspark's daemon imports
+nothing heavy, so every worker it forks imports torch and sparknet's executor code itself: about
+three CPU-seconds each time, paid again by every worker a failed task, a new executor or a fresh
+session starts. This module imports them once, in the daemon, and then runs pyspark's daemon:
+the workers it forks find them loaded (shared copy-on-write pages). torch runs nothing here, so
+no thread pool exists before the fork (torch's own fork handlers reset it in the child anyway).
+
+:func:`sparknet.spark._session.get_session` sets ``spark.python.daemon.module`` to this module
+for the sessions it starts; a user's own session can set it too (``sparknet`` must be importable
+on the executors, as it is for training anyway).
+"""
+
+from pyspark import daemon
+
+try:  # loaded before the daemon forks its workers; a worker that cannot load them says why itself
+    import torch  # noqa: F401
+
+    import sparknet.spark._barrier  # noqa: F401  (the executor side of both engines, with the data path)
+    import sparknet.spark._rounds  # noqa: F401
+except ImportError:  # pragma: no cover - an executor without torch or sparknet
+    pass
+
+if __name__ == "__main__":
+    daemon.manager()
