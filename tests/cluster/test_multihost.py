@@ -46,8 +46,8 @@ def test_sparknet_train_on_mnist_uses_both_hosts(spark, cluster, tmp_path, engin
     run = RunConfig(model="lenet", dataset=dataset, steps=60, lr=lr, quiet=True, metrics_out=str(out))
     dist = DistributedConfig(workers=2, master=cluster.master, engine=engine, strategy=strategy, tau=30)
     summary = train_command(run, dist)
-    # the async run's pushes land in whatever order the hosts make them: runs of 60 or 90 steps ended anywhere from 0.51 to above 0.7
-    # (chance is 0.1); the synchronous engines' runs are repeatable
+    # the async run's pushes land in whatever order the hosts make them: runs of 60 or 90 steps ended anywhere
+    # from 0.51 to above 0.7 (chance is 0.1); the synchronous engines' runs are repeatable
     assert summary["test_accuracy"] > (0.4 if strategy == "async" else 0.7)
     assert summary["steps"] == 60
     if strategy == "async":
