@@ -87,13 +87,14 @@ def test_a_new_session_starts_quiet(clean_env, tmp_path):
         from sparknet.spark import get_session
         spark = get_session("local[1]", conf={"spark.ui.enabled": "false"})
         try:
-            assert spark.sparkContext.parallelize(range(10), 2).sum() == 45
+            # the job's Python workers are forked by sparknet's daemon: torch is loaded before the task imports it
+            rows = spark.sparkContext.parallelize(range(10), 2).map(
+                lambda x: (x, __import__("sys").modules.get("torch") is not None)).collect()
+            assert sum(x for x, _ in rows) == 45
+            print("torch preloaded", sorted({loaded for _, loaded in rows}))
             root = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getRootLogger()
             print("root level", root.getLevel().toString())
             print("driver memory", spark.conf.get("spark.driver.memory"))
-            # a worker forked by sparknet's daemon has torch loaded before its task imports anything
-            print("torch preloaded", spark.sparkContext.parallelize([0], 1).map(
-                lambda _: __import__("sys").modules.get("torch") is not None).collect())
         finally:
             spark.stop()
     """)
