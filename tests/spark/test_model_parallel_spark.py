@@ -116,6 +116,29 @@ def test_two_replicas_of_two_shards_train_and_each_worker_holds_about_half(spark
     assert s["test_accuracy"] == pytest.approx(last["val_accuracy"], abs=1e-6)  # the driver scores the same weights
 
 
+def test_a_failed_split_stage_starts_again_and_ends_as_an_undisturbed_fit(spark):
+    from sparknet.errors import WorkerError
+    from sparknet.spark import EngineOptions
+
+    x, y = blobs(64, seed=4)
+    rdd = partitioned_rdd(spark.sparkContext, [(x[:32], y[:32]), (x[32:], y[32:])])
+    worker = WorkerConfig(solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=8, seed=2)
+    dist = DistributedConfig(workers=2, engine="barrier", model_parallel=2, tau=2, rounds=3)
+
+    def fit(**options):
+        return SparkTrainer(tiny_net(), worker, dist, spark=spark, options=EngineOptions(**options)).fit(
+            rdd, validation=(x, y))
+
+    clean = fit()
+    hurt = fit(fault="rank=1,round=2,kind=raise")  # rank 1 fails after round 2's steps, on the first attempt
+    assert hurt.summary["restarts"] == 1 and hurt.summary["restart_log"][0]["after_round"] == 0
+    assert [h["round"] for h in hurt.history] == [1, 2, 3] and all(h.get("restarts") == 1 for h in hurt.history)
+    assert torch.equal(hurt.weights.to_flat(), clean.weights.to_flat())  # the restart trained from the start
+    with pytest.raises(WorkerError) as info:
+        fit(fault="rank=1,round=2,kind=raise", max_restarts=0)
+    assert info.value.rank == 1 and "injected fault" in str(info.value)
+
+
 def _parquet(path, n: int = 600) -> str:
     x, y = blobs(n, seed=3)
     offsets = pa.array(np.arange(0, (n + 1) * 2, 2, dtype=np.int32))

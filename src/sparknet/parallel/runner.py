@@ -186,7 +186,8 @@ def _check_every_replica_has_data(has_data: bool, layout: ParallelLayout) -> Non
 
 
 def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, validation=None, *,
-             on_round: Callable[[dict], None] | None = None) -> dict:
+             on_round: Callable[[dict], None] | None = None,
+             after_train: Callable[[object, int], None] | None = None) -> dict:
     """Train this rank's part of the D x M layout; every rank of the default process group calls it.
 
     Parameters
@@ -199,6 +200,8 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
         The validation rows, the same on every rank; each replica evaluates its share.
     on_round : callable, optional
         Called on every rank with each round record.
+    after_train : callable, optional
+        ``after_train(net, round)`` after every round's local steps (fault injection).
 
     Returns
     -------
@@ -231,7 +234,8 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
         vx, vy = validation
         val = (vx[layout.dp_rank::layout.data_parallel], vy[layout.dp_rank::layout.data_parallel])
     exchange = CollectiveExchange(net, strategy, rank=layout.dp_rank, world=layout.data_parallel,
-                                  group=layout.dp_group, state=state, has_data=has_data, validation=val)
+                                  group=layout.dp_group, state=state, has_data=has_data, validation=val,
+                                  after_train=after_train)
     history: list[dict] = []
     mesh_fields = {"tau": job.tau, "workers": layout.world_size, "data_parallel": layout.data_parallel,
                    "model_parallel": layout.model_parallel}

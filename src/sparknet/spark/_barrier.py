@@ -344,7 +344,7 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
         if sender is not None and rank == 0:
             sender.send({"event": "ready", "fit": spec.fit_id, "setup_s": time.perf_counter() - t_start})
         if split:
-            final, info = _split_rank(spec.model_parallel, rank, data, val, sender, history)
+            final, info = _split_rank(spec, rank, data, val, params, sender, history)
         else:
             final, info = _round_loop(net, spec, rank, world, init_flat, has_data, val, val_rows, params, sender,
                                       history, start or {}, arrivals=_Arrivals(store, rank, world)), {}
@@ -365,18 +365,34 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
             sender.close()
 
 
-def _split_rank(job, rank: int, data: RowFile | None, val, sender, history: list) -> tuple[torch.Tensor | None, dict]:
+def _fault_hook(spec: WorkerSpec, rank: int, restart: int):
+    """``after_train(net, round)``: fires the injected fault due for this rank, round and restart (tests)."""
+
+    def fire(net, round_index: int) -> None:
+        fault = due_fault(spec.faults, rank, round_index + 1, restart)
+        if fault is not None:
+            fault.fire(net)
+
+    return fire
+
+
+def _split_rank(spec: WorkerSpec, rank: int, data: RowFile | None, val, params: StagePlan, sender,
+                history: list) -> tuple[torch.Tensor | None, dict]:
     """One rank of a net split across the stage (:func:`~sparknet.parallel.runner.run_rank`): rank 0 reports every
-    round as the barrier engine's rank 0 does, and returns the whole model's weights, which it gathers at the end."""
+    round as the barrier engine's rank 0 does, and returns the whole model's weights, which it gathers at the end.
+    A restarted stage trains from its first round again (the parts of the weights never leave their ranks)."""
     x, y = data.arrays() if data is not None else (None, None)
 
     def report(record: dict) -> None:
+        if params.restart:
+            record["restarts"] = params.restart
         if rank == 0:
             history.append(record)
             if sender is not None:
                 sender.send(record)
 
-    result = run_rank(job, x, y, val, on_round=report)
+    result = run_rank(spec.model_parallel, x, y, val, on_round=report,
+                      after_train=_fault_hook(spec, rank, params.restart))
     info = {k: result[k] for k in ("dp_rank", "mp_rank", "weight_bytes", "setup_s")}
     whole = torch.from_numpy(np.frombuffer(result["weights"], dtype=np.float32)) if rank == 0 else None
     return whole, info
@@ -453,15 +469,11 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
     if auto is not None and start.get("auto_tau"):
         auto.load_state_dict(start["auto_tau"])
 
-    def fire_fault(net, round_index: int) -> None:
-        fault = due_fault(spec.faults, rank, round_index + 1, params.restart)
-        if fault is not None:
-            fault.fire(net)
-
     exchange = _BarrierExchange(net, strategy, rank=rank, world=world, state=state, has_data=has_data,
                                 validation=val, validation_rows=val_rows,
                                 compression=spec.compression, link=spec.link,
-                                seed_for_round=lambda r: round_seed(spec.worker.seed, rank, r), after_train=fire_fault,
+                                seed_for_round=lambda r: round_seed(spec.worker.seed, rank, r),
+                                after_train=_fault_hook(spec, rank, params.restart),
                                 params=params, sender=sender, history=history, arrivals=arrivals, auto=auto,
                                 streaming=params.streaming)
     progress = Progress(round=start.get("round", 0), steps_done=start.get("steps_done", 0),
