@@ -32,6 +32,7 @@ import torch
 
 from sparknet import __version__
 from sparknet._fields import add_dataclass_arguments, from_args
+from sparknet._malloc import keep_freed_memory
 from sparknet.caffe.cli import CaffeTrainFlags, train_caffe_files
 from sparknet.caffe.cli import configure_command as configure_caffe
 from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy
@@ -170,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    keep_freed_memory()  # the driver's own steps and evaluations (sparknet._malloc)
     _setup_logging(getattr(args, "verbose", False), getattr(args, "quiet", False))
     try:
         with warnings.catch_warnings():

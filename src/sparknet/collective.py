@@ -29,7 +29,8 @@ import torch
 
 from sparknet._enums import CompressionKind
 from sparknet.config import Streaming
-from sparknet.loop import Exchange, RoundPlan, RoundUpdate, WorkerStream, check_streaming, late_update, whole_or
+from sparknet.loop import (Exchange, RoundPlan, RoundUpdate, WorkerStream, check_streaming, late_update, seed_draws,
+                           whole_or)
 from sparknet.net import EvalResult
 from sparknet.strategies import TrainingStrategy, WorkerState, make_compressor
 from sparknet.task import Task, task_metrics, task_width
@@ -158,7 +159,7 @@ class CollectiveExchange(Exchange):
             elif self._arrived is not None:
                 self.stream.arrive(net, global_flat, self._arrived)
             if self.seed_for_round is not None:
-                torch.manual_seed(self.seed_for_round(plan.round))
+                seed_draws(self.seed_for_round(plan.round))
             if self.train is not None:
                 stats = self.train(plan.steps, plan.seconds)
             else:

@@ -46,7 +46,7 @@ from sparknet.net import EvalResult, TrainStats
 from sparknet.stopping import EvalPlan, StopRule, screen_margin
 from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, WorkerState, make_compressor
 
-__all__ = ["worker_seed", "round_seed", "RoundPlan", "RoundUpdate", "Progress", "Exchange", "InProcessExchange",
+__all__ = ["worker_seed", "seed_draws", "round_seed", "RoundPlan", "RoundUpdate", "Progress", "Exchange", "InProcessExchange",
            "WorkerStream", "check_streaming", "WeightAverage", "average_summary", "weighted_mean", "run_rounds"]
 
 log = logging.getLogger(__name__)
@@ -60,6 +60,18 @@ def worker_seed(seed: int, index: int) -> int:
 def round_seed(seed: int, index: int, round_index: int) -> int:
     """The seed of worker ``index``'s random draws in round (or epoch) ``round_index``, counted from 0."""
     return (worker_seed(seed, index) * 1_000_003 + int(round_index)) % (2**63 - 1)
+
+
+def seed_draws(seed: int) -> None:
+    """Seed torch's global generator (what dropout draws from) for a round.
+
+    Only the CPU's while CUDA is not in use: ``torch.manual_seed`` also queues a lazy seeding of
+    every CUDA device, which records a stack trace on each call (about 2 ms, every round).
+    """
+    if torch.cuda.is_initialized():
+        torch.manual_seed(seed)
+    else:
+        torch.default_generator.manual_seed(seed)
 
 
 @dataclass(frozen=True)

@@ -563,10 +563,12 @@ class Net:
         self._live.load_flat_(buffer.to(self.device))
 
     # -- state for checkpoints --------------------------------------------------------------
-    def solver_state(self) -> dict:
-        """Optimizer, scheduler, iteration and data position (for checkpoints); a copy."""
+    def solver_state(self, *, copy_tensors: bool = True) -> dict:
+        """Optimizer, scheduler, iteration and data position (for checkpoints); a copy, unless
+        ``copy_tensors=False`` (the optimizer's live tensors, for a caller that writes them out at once)."""
+        optimizer = self.optimizer.state_dict()
         return {
-            "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+            "optimizer": copy.deepcopy(optimizer) if copy_tensors else optimizer,
             "iteration": self.iteration,
             "epoch": self.epoch,
             "pos": self._pos,

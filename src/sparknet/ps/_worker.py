@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from sparknet._malloc import keep_freed_memory
 from sparknet.layers import NetParams
 from sparknet.loop import round_seed
 from sparknet.net import Net
@@ -137,6 +138,7 @@ def _build_net(spec: TaskSpec, index: int):
         model = NetParams.from_dict(spec.net["netparams"])
     else:
         model = spec.net["module"]  # this task's own copy, unpickled by Spark from the job's closure
+    keep_freed_memory()
     seed = round_seed(spec.seed, index, spec.epoch)
     net = Net(model, SolverConfig.from_dict(spec.solver), loss=spec.loss, batch_size=spec.batch_size,
               device=spec.device, seed=seed)

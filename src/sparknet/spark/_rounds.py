@@ -56,8 +56,10 @@ import numpy as np
 import torch
 
 from sparknet._enums import CompressionKind
+from sparknet._malloc import keep_freed_memory
+from sparknet._tensortree import load_tree, save_tree
 from sparknet.faults import due_fault
-from sparknet.loop import RoundPlan, round_seed, worker_seed
+from sparknet.loop import RoundPlan, round_seed, seed_draws, worker_seed
 from sparknet.net import Net
 from sparknet.config import WorkerConfig
 from sparknet.rowfile import DEFAULT_BUFFER_BYTES, RowFile
@@ -209,9 +211,11 @@ class Partial:
         return replace(self, workers=tuple(w for w in self.workers if w.status is not status))
 
 
-def export_worker_state(net: Net, state: WorkerState) -> dict:
-    """What a worker carries from one round to the next (solver, data position, strategy state)."""
-    return {"solver": net.solver_state(), "local_flat": state.local_flat, "extra": dict(state.extra)}
+def export_worker_state(net: Net, state: WorkerState, *, copy_tensors: bool = True) -> dict:
+    """What a worker carries from one round to the next (solver, data position, strategy state); with
+    ``copy_tensors=False`` it shares the optimizer's live tensors (to be written out at once)."""
+    return {"solver": net.solver_state(copy_tensors=copy_tensors), "local_flat": state.local_flat,
+            "extra": dict(state.extra)}
 
 
 def import_worker_state(net: Net, saved: dict) -> WorkerState:
@@ -232,6 +236,7 @@ def task_device(requested: str) -> tuple[str, dict]:
     ``auto`` or ``cuda`` the task uses the first of them. When torch has no CUDA the task
     falls back to the CPU and says why (logged and returned).
     """
+    keep_freed_memory()
     addresses: list[str] = []
     try:
         from pyspark import TaskContext
@@ -427,8 +432,7 @@ def _sync_state(entry: _Entry, index: int, round_index: int, resume: dict | None
         return True
     path = _state_path(entry.directory, index, want)
     if os.path.exists(path):
-        # written by this fit's own tasks on this machine's local disk: tensors, numbers and dicts only
-        saved = torch.load(path, map_location=entry.net.device, weights_only=True)
+        saved = load_tree(path, entry.net.device)  # this fit's own tasks wrote it: tensors, numbers and dicts
         entry.state = import_worker_state(entry.net, saved["worker"])
         entry.version = want
     elif resume is not None and want == resume["round"] - 1 and index in resume["workers"]:
@@ -443,10 +447,8 @@ def _sync_state(entry: _Entry, index: int, round_index: int, resume: dict | None
 
 
 def _save_state(entry: _Entry, index: int, round_index: int) -> None:
-    path = _state_path(entry.directory, index, round_index)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    torch.save({"version": round_index, "worker": export_worker_state(entry.net, entry.state)}, tmp)
-    os.replace(tmp, path)
+    save_tree(_state_path(entry.directory, index, round_index),
+              {"version": round_index, "worker": export_worker_state(entry.net, entry.state, copy_tensors=False)})
     old = _state_path(entry.directory, index, round_index - 2)
     if os.path.exists(old):
         try:
@@ -527,7 +529,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
             global_flat = torch.from_numpy(message)
         strategy.worker_begin(entry.state, net, global_flat)
         hook = strategy.after_backward if strategy.needs_gradient_hook else None
-        torch.manual_seed(round_seed(spec.worker.seed, index, round_index))
+        seed_draws(round_seed(spec.worker.seed, index, round_index))
         stats = net.train(task.plan.steps, max_seconds=task.plan.seconds, after_backward=hook)
         fault = due_fault(spec.faults, index, round_index + 1, report.attempt)
         if fault is not None:

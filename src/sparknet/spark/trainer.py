@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
+from sparknet._malloc import keep_freed_memory
 from sparknet.checkpoint import CheckpointError, RoundCheckpoints, rng_state, set_rng_state
 from sparknet.config import DistributedConfig, Engine, RunConfig, WorkerConfig, check_per_step_strategy
 from sparknet.errors import EngineError
@@ -328,7 +329,7 @@ class SparkTrainer:
             Weights to start from (before any warm-up) instead of the net's own initialisation.
         """
         t_fit = time.perf_counter()
-
+        keep_freed_memory()  # the driver's per-round sums and evaluations (sparknet._malloc)
         spark = self.spark or get_session(None if self._workers_from_session else self.dist.resolved_master)
         sc = spark.sparkContext
         if self._workers_from_session:  # no DistributedConfig given: one worker per default task slot

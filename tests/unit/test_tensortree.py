@@ -1,0 +1,83 @@
+"""The rounds engine's per-round state file: every value back as it went in, and a clear error otherwise."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from sparknet import SolverConfig, zoo
+from sparknet._tensortree import TreeFileError, load_tree, save_tree
+from sparknet.net import Net
+from sparknet.spark._rounds import export_worker_state
+from sparknet.strategies import WorkerState
+
+
+def _same(a, b):
+    assert type(a) is type(b), (a, b)
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    elif isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    elif isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _same(x, y)
+    elif isinstance(a, float) and a != a:
+        assert b != b
+    else:
+        assert a == b
+
+
+def test_a_tree_of_every_kind_comes_back_equal(tmp_path):
+    tree = {0: {"momentum_buffer": torch.randn(5, 3)}, "s": "x", "b": True, "n": None, "f": 0.1, "nan": float("nan"),
+            "i": -(2**62), "t": (0.9, 0.999), "l": [torch.tensor(3.0), torch.zeros(0), torch.tensor([True, False])],
+            "u8": torch.arange(7, dtype=torch.uint8), "i64": torch.arange(4), "bf": torch.ones(3, dtype=torch.bfloat16),
+            "a": np.arange(6, dtype=np.float64).reshape(2, 3), "strided": torch.randn(4, 4).t()}
+    path = tmp_path / "s.state"
+    save_tree(path, tree)
+    back = load_tree(path)
+    _same({**tree, "strided": tree["strided"].contiguous()}, back)
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+def test_a_worker_state_loads_into_a_net_and_it_trains_on_identically(tmp_path):
+    rng = np.random.default_rng(0)
+    x, y = rng.random((256, 1, 28, 28), dtype=np.float32), rng.integers(0, 10, 256)
+
+    def net():
+        n = Net(zoo.lenet(), SolverConfig(base_lr=0.01, momentum=0.9), batch_size=32, seed=3)
+        n.set_training_data((x, y))
+        return n
+
+    a = net()
+    a.train(5)
+    save_tree(tmp_path / "w.state", {"version": 1, "worker": export_worker_state(a, WorkerState())})
+    b = net()
+    b.set_flat(a.get_flat())
+    b.load_solver_state(load_tree(tmp_path / "w.state")["worker"]["solver"])
+    a.train(4)
+    b.train(4)
+    assert torch.equal(a.get_flat(), b.get_flat())
+
+
+@pytest.mark.parametrize("damage", ["empty", "not ours", "cut", "outline"])
+def test_a_damaged_file_is_a_clear_error(tmp_path, damage):
+    path = tmp_path / "s.state"
+    save_tree(path, {"w": torch.randn(100)})
+    data = path.read_bytes()
+    data = {"empty": b"", "not ours": b"PK\x03\x04" + data[4:], "cut": data[:len(data) // 2],
+            "outline": data[:20] + b"{" + data[21:]}[damage]
+    path.write_bytes(data)
+    with pytest.raises(TreeFileError):
+        load_tree(path)
+
+
+def test_what_it_cannot_hold_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(TypeError, match="set"):
+        save_tree(tmp_path / "s.state", {"x": {1, 2}})
+    assert not list(tmp_path.iterdir())
