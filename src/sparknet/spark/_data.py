@@ -607,7 +607,7 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "
         if weight_col is not None:
             columns.append(_weight_expr(data, weight_col).alias("w"))
         df = data.select(*columns)
-        if num_partitions is not None and (df.rdd.getNumPartitions() != num_partitions or data.inputFiles()):
+        if num_partitions is not None and (data.inputFiles() or df.rdd.getNumPartitions() != num_partitions):
             df = df.repartition(num_partitions)
         out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel, label_col, float_labels,
                                          tuple(image_shape) if image_shape else None, weight_col is not None,

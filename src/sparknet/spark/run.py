@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -81,9 +82,10 @@ def training_frame(spark, run: RunConfig, train):
 def train_distributed(run: RunConfig, dist: DistributedConfig) -> dict:
     """Train as ``run`` and ``dist`` say on Spark; returns the summary record."""
     seed_everything(run.seed)
-    train, test, info = load_training_data(run)
-    net_params = build_model(run, info)
-    spark = get_session(dist.resolved_master)
+    with ThreadPoolExecutor(1, thread_name_prefix="sparknet-prepare") as pool:
+        prepared = pool.submit(_prepare, run)  # while the Spark session's JVM starts (most of it is waiting)
+        spark = get_session(dist.resolved_master)
+        train, test, info, net_params = prepared.result()
     df = training_frame(spark, run, train)
     # With --rounds the bar counts rounds' steps; automatic tau changes them, so it counts --steps then.
     total = run.steps if dist.rounds is None or dist.auto_tau else min(run.steps, dist.rounds * (dist.tau or 1))
@@ -112,6 +114,15 @@ def train_distributed(run: RunConfig, dist: DistributedConfig) -> dict:
         finish_run(run, sinks, failed=failed, net_params=net_params, weights=result.weights if result else None,
                    solver=run.solver(), config=config)
     return summary
+
+
+def _prepare(run: RunConfig):
+    """The data set, the model, and the imports its optimizer will need (torch's compiler stack, 1-3 s)."""
+    train, test, info = load_training_data(run)
+    net_params = build_model(run, info)
+    import torch._dynamo  # noqa: F401  (imported by the first torch optimizer made; made in the fit)
+
+    return train, test, info, net_params
 
 
 def _fit(spark, df, test, run, dist, net_params, on_round, rows_per_worker):
