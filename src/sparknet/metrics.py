@@ -52,7 +52,9 @@ class MetricsLogger:
     path : str or Path, optional
         JSON-lines file (parent folders are created). ``None`` keeps records in memory only.
     progress : bool
-        Show a live progress line (only when standard error is a terminal).
+        Show the run's progress on standard error: a live line rewritten in place on a terminal; one
+        plain line per advance (a round, an evaluation interval) with the same fields, the time
+        elapsed and an estimate of the time left when it goes to a file, a pipe or a log collector.
     total : int, optional
         Total units (steps) for the progress line.
     sinks : iterable of callables, optional
@@ -69,8 +71,10 @@ class MetricsLogger:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "w", encoding="utf-8")
         self._bar = None
+        self._plain = progress and not sys.stderr.isatty()  # a log: plain lines, nothing redrawn
+        self._total, self._unit, self._done, self._fields = total, unit, 0, {}
         self._redirect = contextlib.ExitStack()
-        if progress and sys.stderr.isatty():
+        if progress and not self._plain:
             from tqdm import tqdm
             from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -96,13 +100,26 @@ class MetricsLogger:
                 log.exception("metrics sink %r failed on a %s record", sink, record.get("event"))
 
     def progress(self, advance: int = 0, **fields) -> None:
-        """Advance the progress line and show ``fields`` on it."""
+        """Advance the progress line and show ``fields`` on it (in a log: a line for each advance)."""
+        if self._plain:
+            self._done += advance
+            self._fields.update({k: v for k, v in fields.items() if v is not None})
+            if advance:
+                print(self._line(), file=sys.stderr, flush=True)
+            return
         if self._bar is None:
             return
         if advance:
             self._bar.update(advance)
         shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in fields.items() if v is not None}
         self._bar.set_postfix(shown, refresh=True)
+
+    def _line(self) -> str:
+        done, total, elapsed = self._done, self._total, self.elapsed()
+        head = f"{done:,}/{total:,} {self._unit}s ({100 * done / total:.0f}%)" if total else f"{done:,} {self._unit}s"
+        shown = "".join(f" {k}={_number(v)}" for k, v in self._fields.items())
+        left = f", about {_clock(elapsed / done * (total - done))} left" if total and 0 < done < total else ""
+        return f"[sparknet] {head}{shown} | {_clock(elapsed)} elapsed{left}"
 
     def close(self) -> None:
         if self._bar is not None:
@@ -118,6 +135,23 @@ class MetricsLogger:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _number(value) -> str:
+    """A field as a log line shows it: four significant digits, never an exponent above 1,000."""
+    if not isinstance(value, float):
+        return str(value)
+    return f"{value:.0f}" if 1e4 <= abs(value) < 1e15 else f"{value:.4g}"
+
+
+def _clock(seconds: float) -> str:
+    """``42s``, ``3m05s`` or ``1h02m``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -113,3 +114,22 @@ def test_a_users_driver_memory_wins(clean_env, monkeypatch):
     assert _session._user_sets_driver_memory({"spark.driver.memory": "6g"})
     (clean_env / "spark-defaults.conf").write_text("spark.driver.memory   4g\n")
     assert _session._user_sets_driver_memory(None)
+
+
+def test_sparknet_train_with_its_output_in_a_log_writes_one_progress_line_per_round(tmp_path):
+    """``sparknet train ... 2> run.log`` (nohup, CI, a scheduler's log): a plain line for every round."""
+    log_path, metrics = tmp_path / "run.log", tmp_path / "m.jsonl"
+    with open(log_path, "w") as err:
+        proc = subprocess.run([sys.executable, "-W", "ignore::FutureWarning", "-m", "sparknet.cli", "train",
+                               "--model", "mlp", "--dataset", "synthetic", "--workers", "2", "--steps", "60",
+                               "--tau", "20", "--master", "local[2]", "--metrics-out", str(metrics)],
+                              stdout=subprocess.PIPE, stderr=err, text=True, timeout=300, cwd=tmp_path)
+    text = log_path.read_text()
+    assert proc.returncode == 0, text[-3000:]
+    rounds = [json.loads(line) for line in metrics.read_text().splitlines() if '"event": "round"' in line]
+    lines = [line for line in text.splitlines() if line.startswith("[sparknet] ")]
+    assert len(rounds) == 3 and len(lines) == 3, text[-3000:]
+    for i, (line, record) in enumerate(zip(lines, rounds), 1):
+        assert line.startswith(f"[sparknet] {20 * i}/60 steps ({100 * i / 3:.0f}%) round={i} "), line
+        assert f"loss={record['loss']:.4g}" in line and " elapsed" in line
+    assert "\r" not in text  # nothing redrawn in a log

@@ -25,7 +25,8 @@ print(json.dumps({"tuned": tuned, "faults": resource.getrusage(resource.RUSAGE_S
 
 
 def _faults(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", _STEPS, mode], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", _STEPS, mode], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -35,4 +36,4 @@ def test_training_steps_reuse_the_heap_once_the_thresholds_are_set():
     assert tuned["tuned"] is True
     # LeNet's activations at batch 64 are mapped and unmapped every step under glibc's defaults
     assert plain["faults"] > 20 * 300, plain
-    assert tuned["faults"] < plain["faults"] / 10, (plain, tuned)
+    assert tuned["faults"] < plain["faults"] / 5, (plain, tuned)  # seen: 28,000-44,000 against 1-665

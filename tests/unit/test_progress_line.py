@@ -39,3 +39,26 @@ def test_progress_line_updates_in_place_and_log_lines_do_not_break_it(monkeypatc
     assert before.endswith("\r") and after.startswith("\n"), repr(out)
     # Nothing but the one log line ends a line: the progress line is rewritten with \r.
     assert out.count("\n") <= 2, repr(out)
+
+
+def test_in_a_log_each_advance_is_one_plain_line_with_the_same_fields(monkeypatch):
+    log_file = io.StringIO()  # not a terminal: a file, a pipe, a log collector
+    monkeypatch.setattr("sys.stderr", log_file)
+    with MetricsLogger(progress=True, total=100) as metrics:
+        metrics.progress(50, round=1, loss=0.51234, acc=0.9, tau=50, **{"samples/s": 1234.5})
+        metrics.progress(0, acc=0.93)  # an evaluation between advances: shown with the next line
+        metrics.progress(50, round=2, loss=0.25, tau=50)
+    lines = log_file.getvalue().splitlines()
+    assert len(lines) == 2 and "\r" not in log_file.getvalue(), lines
+    assert lines[0].startswith("[sparknet] 50/100 steps (50%) round=1 loss=0.5123 acc=0.9 tau=50 samples/s=1234 | ")
+    assert "elapsed, about " in lines[0] and lines[0].endswith(" left")
+    assert lines[1].startswith("[sparknet] 100/100 steps (100%) round=2 loss=0.25 acc=0.93 tau=50")
+    assert "left" not in lines[1]
+
+
+def test_no_progress_asked_prints_nothing(monkeypatch):
+    log_file = io.StringIO()
+    monkeypatch.setattr("sys.stderr", log_file)
+    with MetricsLogger(progress=False, total=10) as metrics:
+        metrics.progress(10, round=1)
+    assert log_file.getvalue() == ""
