@@ -4,11 +4,12 @@ glibc's malloc serves a block of more than its ``mmap`` threshold (128 KiB, rais
 blocks are freed) with a fresh ``mmap`` and trims the heap back past another threshold: a
 training step's activations and gradients (LeNet's first convolution alone is 2.9 MB at batch
 64) are then mapped, touched page by page and unmapped again every step. For LeNet on one
-thread that is some 1,700 minor page faults a step and 10% of the step's time in the kernel.
+thread that is about 2,000 minor page faults a step and a fifth of the step's time
+(``benchmarks/malloc_steps.py``).
 :func:`keep_freed_memory` sets both thresholds so such blocks come from the heap and stay there
 (the process keeps its peak heap: what it needed once, it needs again next step). It is called
-where sparknet trains: its executors' Python workers, the daemon that forks them, and its
-command line. Elsewhere (a user's own process, another C library) it is a no-op.
+where sparknet trains: its executors' Python workers, the daemon that forks them, its command
+line and a fit's driver. Where the C library is not glibc it is a no-op.
 """
 
 from __future__ import annotations

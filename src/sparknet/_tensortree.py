@@ -29,15 +29,21 @@ class TreeFileError(ValueError):
     """The file is not a tree file, or is cut short."""
 
 
-def _outline(obj: Any, tensors: list[torch.Tensor], offset: list[int]) -> Any:
+def _aligned(n: int) -> int:
+    """``n`` rounded up to the next multiple of :data:`_ALIGN`."""
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def _outline(obj: Any, tensors: list[tuple[torch.Tensor, int]], offset: list[int]) -> Any:
+    """The JSON outline of ``obj``; its tensors, with their byte counts, appended to ``tensors``."""
     if isinstance(obj, np.ndarray):
         return {"a": _outline(torch.from_numpy(np.ascontiguousarray(obj)), tensors, offset)}
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         nbytes = t.numel() * t.element_size()
         entry = {"t": [str(t.dtype).removeprefix("torch."), list(t.shape), offset[0], nbytes]}
-        tensors.append(t)
-        offset[0] += -(-nbytes // _ALIGN) * _ALIGN
+        tensors.append((t, nbytes))
+        offset[0] += _aligned(nbytes)
         return entry
     if isinstance(obj, dict):
         return {"d": [[_outline(k, tensors, offset), _outline(v, tensors, offset)] for k, v in obj.items()]}
@@ -52,19 +58,18 @@ def _outline(obj: Any, tensors: list[torch.Tensor], offset: list[int]) -> Any:
 
 def save_tree(path: str | os.PathLike, tree: Any) -> None:
     """Write ``tree`` to ``path`` (replaced whole: written beside it, then renamed)."""
-    tensors: list[torch.Tensor] = []
+    tensors: list[tuple[torch.Tensor, int]] = []
     header = json.dumps(_outline(tree, tensors, [0]), separators=(",", ":")).encode()
-    start = -(-(len(_MAGIC) + 8 + len(header)) // _ALIGN) * _ALIGN
+    start = _aligned(len(_MAGIC) + 8 + len(header))
     tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
         f.write(_MAGIC + struct.pack("<Q", len(header)) + header)
         pos = start
-        for t in tensors:
+        for t, nbytes in tensors:
             f.seek(pos)
-            nbytes = t.numel() * t.element_size()
             if nbytes:
                 f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-            pos += -(-nbytes // _ALIGN) * _ALIGN
+            pos += _aligned(nbytes)
         f.truncate(pos)
     os.replace(tmp, path)
 
@@ -80,7 +85,7 @@ def load_tree(path: str | os.PathLike, device: str | torch.device = "cpu") -> An
     head = len(_MAGIC) + 8
     if head + size > len(data):
         raise TreeFileError(f"{os.fspath(path)} is cut short")
-    start = -(-(head + size) // _ALIGN) * _ALIGN
+    start = _aligned(head + size)
     try:
         outline = json.loads(bytes(data[head:head + size]))
     except ValueError as exc:

@@ -19,7 +19,7 @@ from pyspark import daemon
 
 try:  # loaded before the daemon forks its workers; a worker that cannot load them says why itself
     import torch  # noqa: F401
-    import torch._dynamo  # noqa: F401  (what a torch optimizer imports when the first one is made: 1-3 s)
+    import torch._dynamo  # noqa: F401  (what a torch optimizer imports when the first one is made: about 1 s)
 
     import sparknet.spark._barrier  # noqa: F401  (the executor side of both engines, with the data path)
     import sparknet.spark._rounds  # noqa: F401

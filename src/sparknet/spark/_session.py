@@ -175,8 +175,10 @@ def quiet_log_settings(master: str | None, settings: dict[str, str], level: str)
 
 
 DAEMON_MODULE_KEY, DAEMON_MODULE = "spark.python.daemon.module", "sparknet.spark._daemon"
-MAX_DIRECT_RESULT_KEY, MAX_DIRECT_RESULT = "spark.task.maxDirectResultSize", "64m"
 """The Python daemon of a session sparknet starts (:mod:`sparknet.spark._daemon`), unless the user names one."""
+
+MAX_DIRECT_RESULT_KEY, MAX_DIRECT_RESULT = "spark.task.maxDirectResultSize", "64m"
+"""The largest task result a session sparknet starts sends with the task's status (Spark's default: 1 MiB)."""
 
 DRIVER_MEMORY = "2g"
 """The JVM heap the driver of a session sparknet starts gets, unless the user sets ``spark.driver.memory``."""
@@ -231,7 +233,7 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         # round trip costs about 30 ms instead of 70 (the rounds engine runs one job per round)
         "spark.python.unix.domain.socket.enabled": "true",
         # a rounds-engine task returns its update (the model's size) as its result: past 1 MiB Spark would
-        # park it in the block manager for the driver to fetch (about 25 ms more a round for LeNet's 1.7 MB);
+        # park it in the block manager for the driver to fetch (about 20 ms more a round for LeNet's 1.7 MB);
         # sent directly with the task's status instead, up to half the RPC message cap
         MAX_DIRECT_RESULT_KEY: MAX_DIRECT_RESULT,
         # the weights broadcast every round are float32 that LZ4 barely shrinks: compressing them costs the

@@ -117,7 +117,7 @@ def train_distributed(run: RunConfig, dist: DistributedConfig) -> dict:
 
 
 def _prepare(run: RunConfig):
-    """The data set, the model, and the imports its optimizer will need (torch's compiler stack, 1-3 s)."""
+    """The data set, the model, and the imports its optimizer will need (torch's compiler stack, about 1 s)."""
     train, test, info = load_training_data(run)
     net_params = build_model(run, info)
     import torch._dynamo  # noqa: F401  (imported by the first torch optimizer made; made in the fit)
