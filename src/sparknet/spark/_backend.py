@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
-from sparknet.spark._session import local_slots
+from sparknet.spark._session import is_connect, local_slots, session_master, session_parallelism
 
 __all__ = ["job_group", "run_with_deadline", "cancel_group", "task_error", "spark_call", "Watchdog",
            "default_round_deadline", "check_barrier_slots", "task_slots", "quietly"]
@@ -52,8 +52,20 @@ def job_group(sc, group: str, description: str):
 
     The jobs are cancelled if the driver is interrupted (``KeyboardInterrupt``, ``SystemExit``).
     On exit the thread's job group, description and interrupt-on-cancel setting are what they
-    were on entry: the caller's own, or none.
+    were on entry: the caller's own, or none. ``sc`` may be a Spark Connect session: the group is
+    then a tag on the thread's operations (``addTag``), cancelled with ``interruptTag``.
     """
+    if is_connect(sc):  # a Spark Connect session: this thread's operations carry the group as a tag
+        sc.addTag(group)
+        try:
+            yield
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                cancel_group(sc, group)
+            raise
+        finally:
+            sc.removeTag(group)
+        return
     saved = {key: sc.getLocalProperty(key) for key in _JOB_PROPERTIES}
     sc.setJobGroup(group, description, interruptOnCancel=True)
     try:
@@ -69,16 +81,17 @@ def job_group(sc, group: str, description: str):
 
 def check_barrier_slots(sc, workers: int, what: str) -> None:
     """``ValueError`` unless ``sc`` has a task slot for each of ``workers`` barrier tasks (``what`` runs them)."""
-    slots = local_slots(sc.master) or sc.defaultParallelism
+    master = session_master(sc) if is_connect(sc) else sc.master
+    slots = local_slots(master) or (session_parallelism(sc) if is_connect(sc) else sc.defaultParallelism)
     if workers > slots:
-        raise ValueError(f"{what} runs all {workers} workers at once but {sc.master} has {slots} task slots; "
+        raise ValueError(f"{what} runs all {workers} workers at once but {master} has {slots} task slots; "
                          f"use at most {slots} workers or a bigger cluster")
 
 
 def task_slots(sc) -> int | None:
     """Tasks the cluster can run at once now (executors lost are not counted); ``None`` if Spark cannot say."""
-    slots = local_slots(sc.master)
-    if slots is not None:
+    slots = local_slots(session_master(sc) if is_connect(sc) else sc.master)
+    if slots is not None or is_connect(sc):
         return slots
     try:
         jsc = sc._jsc.sc()
@@ -103,6 +116,14 @@ def empty_job_s(spark, repeats: int = 20, warmup: int = 5) -> float:
         return statistics.median(times[warmup:])
     finally:
         rdd.unpersist()
+
+
+class Held:
+    """A value carried in the task's closure and read as a broadcast is (``.value``): what a stage started from a
+    Spark Connect session, which has no broadcasts, ships its weights, validation data and models in."""
+
+    def __init__(self, value):
+        self.value = value
 
 
 def quietly(fn: Callable[[], object]) -> None:
@@ -197,12 +218,17 @@ def run_with_deadline(sc, group: str, description: str, action: Callable[[], T],
 def cancel_group(sc, group: str) -> None:
     """Cancel every running job of ``group`` (best effort: an error here must not hide the caller's)."""
     try:
-        sc.cancelJobGroup(group)
+        if is_connect(sc):
+            sc.interruptTag(group)
+        else:
+            sc.cancelJobGroup(group)
     except Exception:  # pragma: no cover - best effort: the caller's error matters more
         log.debug("could not cancel job group %s", group, exc_info=True)
 
 
 def _describe_unfinished(sc, group: str) -> str:
+    if is_connect(sc):
+        return "a Spark Connect client cannot list the unfinished tasks; see the Spark UI"
     try:
         return _unfinished_tasks(sc, group)
     except Exception as exc:  # pragma: no cover - the cancel matters more than the words

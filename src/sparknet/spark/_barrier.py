@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import gc
 import ipaddress
+import json
 import logging
 import contextlib
 import os
@@ -45,6 +46,7 @@ from sparknet.errors import NonFiniteUpdate
 from sparknet.faults import due_fault
 from sparknet.loop import Progress, WeightAverage, run_rounds
 from sparknet.parallel.runner import run_rank
+from sparknet.spark._backend import Held
 from sparknet.spark._channel import MetricsSender, encode_tree
 from sparknet.rowfile import RowFile
 from sparknet.spark._data import write_chunks
@@ -53,7 +55,7 @@ from sparknet.spark._rounds import (WorkerSpec, build_worker_net, export_worker_
 from sparknet.stopping import EvalPlan, StopRule
 from sparknet.strategies import AutoTau, WorkerState
 
-__all__ = ["run_barrier", "rendezvous", "gloo_interface", "interface_for_address", "GroupPlan", "StagePlan",
+__all__ = ["run_barrier", "run_barrier_frame", "RESULT_SCHEMA", "rendezvous", "gloo_interface", "interface_for_address", "GroupPlan", "StagePlan",
            "FIELDS"]
 
 log = logging.getLogger(__name__)
@@ -104,22 +106,55 @@ def run_barrier(payload_bc, params: StagePlan, val_bc=None):
     """The barrier stage's task function (``rdd.barrier().mapPartitionsWithIndex``)."""
 
     def task(index: int, chunks):
-        from pyspark import BarrierTaskContext
-
-        ctx = BarrierTaskContext.get()
-        rank = ctx.partitionId()
-        try:
-            yield from _run(ctx, rank, payload_bc, params, val_bc, chunks)
-        except StuckPeers as exc:  # this rank is fine; the error names the rank it waited for
-            failure = worker_failure(exc.ranks[0], exc)
-            _report_failure(params, exc.ranks[0], exc, str(failure), collective=False)
-            raise failure from None
-        except Exception as exc:
-            failure = worker_failure(rank, exc)
-            _report_failure(params, rank, exc, str(failure))
-            raise failure from None
+        yield from _guarded(payload_bc, params, val_bc, chunks)
 
     return task
+
+
+RESULT_SCHEMA = "kind string, rank long, payload binary, info string"
+"""The rows of :func:`run_barrier_frame`'s stage: a ``worker`` row per rank (its facts as JSON in ``info``), and
+rank 0's ``result`` (the final weights as float32 bytes in ``payload``, the round records as JSON in ``info``)."""
+
+
+def run_barrier_frame(payload: Held, params: StagePlan, val: Held | None, float_labels: bool):
+    """The barrier stage's task as a ``mapInArrow(..., barrier=True)`` function over :func:`~sparknet.spark._data.
+    chunk_frame`'s DataFrame: the stage a Spark Connect session runs. Results come back as rows
+    (:data:`RESULT_SCHEMA`), JSON and raw float32: nothing the client reads is unpickled."""
+
+    def task(batches):
+        import pyarrow as pa
+
+        from sparknet.spark._channel import _jsonable
+        from sparknet.spark._data import frame_chunks
+
+        for row in _guarded(payload, params, val, frame_chunks(batches, float_labels)):
+            if row[0] == "worker":
+                kind, rank, body, info = "worker", row[1], b"", row[2]
+            else:
+                kind, rank, body, info = "result", 0, row[1], row[2]
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([kind]), pa.array([rank], pa.int64()), pa.array([body], pa.binary()),
+                 pa.array([json.dumps(info, default=_jsonable)])], names=["kind", "rank", "payload", "info"])
+
+    return task
+
+
+def _guarded(payload_bc, params: StagePlan, val_bc, chunks):
+    """One rank's stage (:func:`_run`), its failure told to the driver and raised as a worker's failure."""
+    from pyspark import BarrierTaskContext
+
+    ctx = BarrierTaskContext.get()
+    rank = ctx.partitionId()
+    try:
+        yield from _run(ctx, rank, payload_bc, params, val_bc, chunks)
+    except StuckPeers as exc:  # this rank is fine; the error names the rank it waited for
+        failure = worker_failure(exc.ranks[0], exc)
+        _report_failure(params, exc.ranks[0], exc, str(failure), collective=False)
+        raise failure from None
+    except Exception as exc:
+        failure = worker_failure(rank, exc)
+        _report_failure(params, rank, exc, str(failure))
+        raise failure from None
 
 
 class StuckPeers(RuntimeError):

@@ -12,6 +12,7 @@ driver holds, at most ``EngineOptions.max_restarts`` times.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 
@@ -25,7 +26,7 @@ from sparknet.spark._channel import MetricsReceiver, decode_tree, new_secret
 from sparknet.spark._session import is_local_master
 from sparknet.stopping import StopRule
 
-__all__ = ["BarrierStage", "run_barrier_engine"]
+__all__ = ["BarrierStage", "run_barrier_engine", "run_connect_stage", "connect_refusal"]
 
 log = logging.getLogger(__name__)
 
@@ -246,3 +247,94 @@ class BarrierStage:
                                   "be assembled (some ranks' solver states did not reach the driver)")
         workers = sorted((row[2] | {"rank": row[1]} for row in rows if row[0] == "worker"), key=lambda w: w["rank"])
         return final, {"barrier_workers": workers, "metrics_rejected": receiver.rejected}
+
+
+def connect_refusal(trainer, train) -> str | None:
+    """Why this fit cannot run from a Spark Connect session, or ``None`` when it can.
+
+    Such a session has DataFrames and ``mapInArrow(..., barrier=True)`` but no SparkContext, RDDs,
+    broadcasts or way for the executors to reach the client: the barrier engine runs as one barrier stage
+    whose weights travel in its plan and whose results come back as rows (:func:`run_connect_stage`).
+    What needs more than that is refused here, before anything runs."""
+    from sparknet.config import Engine
+    from sparknet.spark._data import is_dataframe
+
+    dist = trainer.dist
+    if not is_dataframe(train):
+        return f"the training data is a {type(train).__name__}; a Spark Connect session trains on a DataFrame"
+    if dist.engine is not Engine.BARRIER:
+        return ("the rounds engine keeps each worker's state on its executor between one Spark job per round and "
+                "sends the weights by broadcast, which a Spark Connect session has no way to do; train with "
+                "engine='barrier' (--engine barrier), which runs the whole fit as one barrier stage")
+    if dist.checkpoint_dir or dist.resume:
+        return ("checkpoints are assembled on the driver from states the barrier stage sends over a socket the "
+                "executors open to it, and a Spark Connect client cannot be reached; train without checkpoint_dir "
+                "and resume, or from a classic session")
+    if dist.warmup_steps:
+        return ("warmup_steps trains on a sample of the data collected through an RDD, which a Spark Connect "
+                "session does not have; train without warm-up steps")
+    return None
+
+
+def run_connect_stage(trainer, spark, group, chunks, _chunks, spec, global_flat: torch.Tensor, stop: StopRule,
+                      validation, driver_net, broadcasts: list, t_fit: float, checkpoints=None,
+                      resume: dict | None = None):
+    """The barrier engine's fit from a Spark Connect session: one ``mapInArrow(..., barrier=True)`` stage.
+
+    ``chunks`` is :func:`~sparknet.spark._data.chunk_frame`'s DataFrame, one partition a worker. The packed spec,
+    the starting weights and the validation data travel in the stage's plan; rank 0 returns the final weights
+    and every round record as rows. Nothing reaches the client while the stage runs (the executors may not be
+    able to reach it), so the records go to ``on_round`` when the stage ends, each with ``wall_s`` counted from
+    the fit's start to the stage's launch plus rank 0's own time since its round loop began (its setup left
+    out). A stage that fails is started again from the fit's first round, at most ``max_restarts`` times; the
+    ranks bound every wait of theirs (``rendezvous_timeout_s``, ``collective_timeout_s``), and
+    ``driver_timeout_s``, when set, bounds the whole stage.
+    """
+    from dataclasses import replace
+
+    from sparknet.errors import NonFiniteUpdate
+    from sparknet.spark._backend import Held
+    from sparknet.spark._barrier import RESULT_SCHEMA, run_barrier_frame
+    from sparknet.spark._session import session_master
+
+    dist, opts = trainer.dist, trainer.options
+    K = dist.workers
+    payload = Held((trainer._pack(spec), np.asarray(global_flat, dtype=np.float32), {}))
+    val = Held(validation) if validation is not None else None
+    params = StagePlan(
+        group=GroupPlan(workers=K, local=is_local_master(session_master(spark)),
+                        rendezvous_timeout_s=opts.rendezvous_timeout_s, collective_timeout_s=opts.collective_timeout_s),
+        stop=stop, evaluation=dist.evaluation(), auto_tau=trainer._auto_tau(None), weight_ema=dist.weight_ema,
+        streaming=dist.streaming())
+    float_labels = spec.task.float_labels or spec.weighted
+    restarts: list[dict] = []
+    while True:
+        stage = chunks.mapInArrow(run_barrier_frame(payload, replace(params, restart=len(restarts)), val,
+                                                    float_labels), RESULT_SCHEMA, barrier=True)
+        t_launch = time.perf_counter()
+        try:
+            rows = run_with_deadline(spark, group, f"sparknet barrier stage ({K} workers)", stage.collect,
+                                     timeout_s=opts.driver_timeout_s, what="the barrier stage")
+            break
+        except DeadlineExceeded:
+            raise
+        except EngineError as exc:
+            text = f"{exc}\n{exc.__cause__ or ''}"
+            if NonFiniteUpdate.__name__ in text or len(restarts) >= opts.max_restarts:
+                raise
+            first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            restarts.append({"after_round": 0, "error": first_line})
+            log.warning("barrier stage failed (%s); restart %d of at most %d from the first round (a Spark Connect "
+                        "client holds no newer state)", first_line, len(restarts), opts.max_restarts)
+    results = [row for row in rows if row["kind"] == "result"]
+    if not results:
+        raise EngineError("the barrier stage ended without rank 0's result")
+    history = json.loads(results[0]["info"])
+    for record in history:
+        record["wall_s"] = (t_launch - t_fit) + float(record.get("wall_s", 0.0))
+        trainer._emit(record)
+    final = torch.from_numpy(np.frombuffer(results[0]["payload"], dtype=np.float32).copy())
+    workers = sorted((json.loads(row["info"]) | {"rank": int(row["rank"])} for row in rows if row["kind"] == "worker"),
+                     key=lambda w: w["rank"])
+    return final, history, {"barrier_workers": workers, "restarts": len(restarts), "restart_log": restarts,
+                            "connect": True}

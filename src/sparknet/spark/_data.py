@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -313,13 +313,15 @@ def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None, l
 
 
 def _row_to_chunk(row, label_dtype=np.int64) -> tuple[np.ndarray, np.ndarray, dict]:
-    y = np.frombuffer(row.y, dtype=label_dtype)
-    label_width = int(row.label_width)
+    """A chunk row (a Spark ``Row`` or a dict of one) -> ``(x, y, info)``."""
+    y = np.frombuffer(row["y"], dtype=label_dtype)
+    label_width = int(row["label_width"])
     if label_width:
         y = y.reshape(-1, label_width)
-    width = int(row.width)
-    x = np.frombuffer(row.x, dtype=np.float32).reshape(len(y), width) if len(y) else np.empty((0, width), np.float32)
-    return x, y, json.loads(row.info)
+    width = int(row["width"])
+    x = (np.frombuffer(row["x"], dtype=np.float32).reshape(len(y), width) if len(y)
+         else np.empty((0, width), np.float32))
+    return x, y, json.loads(row["info"])
 
 
 def pair_chunks(expected_len: int | None, chunk_rows: int = 4096, float_labels: bool = False):
@@ -438,12 +440,13 @@ def task_memory(sc) -> tuple[int, str]:
     """Bytes of memory one training task has, and how that was worked out.
 
     ``spark.executor.pyspark.memory`` (the Python workers' own limit) if set, else the executor's memory
-    (the driver's on a ``local[...]`` master), shared by the tasks one executor runs at once.
+    (the driver's on a ``local[...]`` master), shared by the tasks one executor runs at once. ``sc`` may be a
+    Spark Connect session (its settings are the server's).
     """
-    from sparknet.spark._session import executor_slots, is_local_master, parse_memory
+    from sparknet.spark._session import executor_slots, is_connect, is_local_master, parse_memory, session_master
 
-    conf = sc.getConf()
-    master = (sc.master or "").strip()
+    conf = sc.conf if is_connect(sc) else sc.getConf()
+    master = (session_master(sc) if is_connect(sc) else sc.master or "").strip()
     slots = executor_slots(master) or int(conf.get("spark.executor.cores", "1"))
     in_driver = is_local_master(master) and not master.startswith("local-cluster")  # local[...]: one JVM
     key = "spark.executor.pyspark.memory"
@@ -573,6 +576,59 @@ def is_rdd(obj) -> bool:
     return hasattr(obj, "mapPartitions") and hasattr(obj, "getNumPartitions") and not is_dataframe(obj)
 
 
+def chunk_frame(data, *, features_col: str | Sequence[str] = "features", label_col: str | None = "label",
+                image_shape=None, expected_len: int | None = None, num_partitions: int | None = None,
+                float_labels: bool = False, weight_col: str | None = None):
+    """A DataFrame's rows as a DataFrame of chunks (``x``, ``y``, ``width``, ``label_width``, ``info``; read
+    them with :func:`frame_chunks`), in ``num_partitions`` partitions: the conversion :func:`chunk_rdd` runs,
+    with nothing but DataFrame operations (what a Spark Connect session has).
+
+    Returns
+    -------
+    (DataFrame, FeatureSource)
+    """
+    from sparknet.spark._session import is_connect
+
+    feat, kind = _feature_expr(data, features_col, image_shape)
+    if label_col is None:
+        from pyspark.sql import functions as F
+
+        label = F.lit(0).cast("long")
+    else:
+        label = _label_expr(data, label_col)
+    image_numel = int(np.prod(image_shape)) if image_shape else None
+    if kind in ("binary", "image"):
+        expected_len = image_numel
+    columns = [feat.alias("f"), label.alias("y")]
+    if weight_col is not None:
+        columns.append(_weight_expr(data, weight_col).alias("w"))
+    df = data.select(*columns)
+    connect = is_connect(data)
+    # over Spark Connect the partition count cannot be asked without running a job: always dealt out
+    if num_partitions is not None and (connect or data.inputFiles() or df.rdd.getNumPartitions() != num_partitions):
+        df = df.repartition(num_partitions)
+    session = data.sparkSession
+    out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel, label_col, float_labels,
+                                     tuple(image_shape) if image_shape else None, weight_col is not None,
+                                     chunk_bytes_for(session if connect else session.sparkContext)),
+                        _CHUNK_SCHEMA)
+    named = (f"column {features_col!r}" if isinstance(features_col, str)
+             else "columns " + ", ".join(map(repr, features_col)))
+    return out, FeatureSource(kind, expected_len, f"DataFrame {named}")
+
+
+def frame_chunks(rows: Iterable, float_labels: bool) -> Iterator[tuple[np.ndarray, np.ndarray, dict]]:
+    """Rows (or Arrow batches) of :func:`chunk_frame`'s DataFrame -> ``(x, y, info)`` chunks; float32 labels with
+    ``float_labels`` (regression, multi-label, sample weights), else int64 class ids."""
+    label_dtype = np.float32 if float_labels else np.int64
+    for item in rows:
+        if hasattr(item, "to_pylist"):  # an Arrow record batch
+            for row in item.to_pylist():
+                yield _row_to_chunk(row, label_dtype)
+        else:
+            yield _row_to_chunk(item, label_dtype)
+
+
 def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "label", image_shape=None,
               expected_len: int | None = None, num_partitions: int | None = None, float_labels: bool = False,
               weight_col: str | None = None):
@@ -593,31 +649,11 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "
     (rdd, FeatureSource)
     """
     if is_dataframe(data):
-        feat, kind = _feature_expr(data, features_col, image_shape)
-        if label_col is None:
-            from pyspark.sql import functions as F
-
-            label = F.lit(0).cast("long")
-        else:
-            label = _label_expr(data, label_col)
-        image_numel = int(np.prod(image_shape)) if image_shape else None
-        if kind in ("binary", "image"):
-            expected_len = image_numel
-        columns = [feat.alias("f"), label.alias("y")]
-        if weight_col is not None:
-            columns.append(_weight_expr(data, weight_col).alias("w"))
-        df = data.select(*columns)
-        if num_partitions is not None and (data.inputFiles() or df.rdd.getNumPartitions() != num_partitions):
-            df = df.repartition(num_partitions)
-        out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel, label_col, float_labels,
-                                         tuple(image_shape) if image_shape else None, weight_col is not None,
-                                         chunk_bytes_for(data.sparkSession.sparkContext)),
-                            _CHUNK_SCHEMA)
+        frame, source = chunk_frame(data, features_col=features_col, label_col=label_col, image_shape=image_shape,
+                                    expected_len=expected_len, num_partitions=num_partitions,
+                                    float_labels=float_labels, weight_col=weight_col)
         label_dtype = np.float32 if float_labels or weight_col is not None else np.int64
-        rdd = out.rdd.map(lambda row: _row_to_chunk(row, label_dtype), preservesPartitioning=True)
-        named = (f"column {features_col!r}" if isinstance(features_col, str)
-                 else "columns " + ", ".join(map(repr, features_col)))
-        source = FeatureSource(kind, expected_len, f"DataFrame {named}")
+        rdd = frame.rdd.map(lambda row: _row_to_chunk(row, label_dtype), preservesPartitioning=True)
     elif is_rdd(data):
         if weight_col is not None:
             raise ValueError("sample weights are read from a DataFrame column (weight_col); give the data as a "
@@ -722,17 +758,36 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
 
 def checked_partitions(sc, group: str, chunks, *, timeout_s: float | None, expected_len: int | None,
                        num_classes: int | None, num_workers: int, sample_shape, stats: list[dict] | None = None,
-                       task: Task = Task.CLASSIFICATION):
-    """Driver: ``(stats, total)``, the counts of each partition of ``chunks`` (from :func:`chunk_rdd`) in order
-    and :func:`check_stats`' total of them (``ValueError`` for bad data). One Spark job under ``group`` counts
+                       task: Task = Task.CLASSIFICATION, float_labels: bool = False):
+    """Driver: ``(stats, total)``, the counts of each partition of ``chunks`` (from :func:`chunk_rdd`, or
+    :func:`chunk_frame`'s DataFrame, whose labels are float32 with ``float_labels``) in order and
+    :func:`check_stats`' total of them (``ValueError`` for bad data). One Spark job under ``group`` counts
     them, waited for at most ``timeout_s``, unless ``stats`` holds them already (the rounds engine's staging)."""
     if stats is None:
-        stats = run_with_deadline(sc, group, "sparknet: convert and check the training data",
-                                  chunks.mapPartitionsWithIndex(partition_stats).collect, timeout_s=timeout_s,
-                                  what="the training data's conversion and check")
+        if is_dataframe(chunks):  # chunk_frame's DataFrame (a Spark Connect session): one row of counts a partition
+            action = chunks.mapInArrow(frame_stats(float_labels), "info string").collect
+        else:
+            action = chunks.mapPartitionsWithIndex(partition_stats).collect
+        stats = run_with_deadline(sc, group, "sparknet: convert and check the training data", action,
+                                  timeout_s=timeout_s, what="the training data's conversion and check")
+        stats = [json.loads(row["info"]) if not isinstance(row, dict) else row for row in stats]
     stats.sort(key=lambda s: s["index"])
     return stats, check_stats(stats, what="training data", expected_len=expected_len, num_classes=num_classes,
                               num_workers=num_workers, sample_shape=sample_shape, task=task)
+
+
+def frame_stats(float_labels: bool):
+    """Executor, the ``mapInArrow`` function: :func:`partition_stats` of one partition of :func:`chunk_frame`'s
+    DataFrame, as one row holding its counts as JSON."""
+
+    def stats(batches: Iterator) -> Iterator:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        for info in partition_stats(TaskContext.get().partitionId(), frame_chunks(batches, float_labels)):
+            yield pa.RecordBatch.from_arrays([pa.array([json.dumps(info)])], names=["info"])
+
+    return stats
 
 
 def partition_stats(index: int, chunks: Iterable) -> Iterator[dict]:
@@ -819,9 +874,14 @@ def collect_arrays(data, *, features_col: str, label_col: str, image_shape, expe
                    num_classes: int | None, sample_shape, what: str = "validation data",
                    task: Task = Task.CLASSIFICATION):
     """A DataFrame or RDD collected to the driver as checked ``(x, y)`` arrays."""
-    rdd, _ = chunk_rdd(data, features_col=features_col, label_col=label_col, image_shape=image_shape,
-                       expected_len=expected_len, float_labels=task.float_labels)
-    chunks = rdd.collect()
+    if is_dataframe(data):  # DataFrame operations alone (a Spark Connect session has no RDDs)
+        frame, _ = chunk_frame(data, features_col=features_col, label_col=label_col, image_shape=image_shape,
+                               expected_len=expected_len, float_labels=task.float_labels)
+        chunks = frame_chunks(frame.collect(), task.float_labels)
+    else:
+        rdd, _ = chunk_rdd(data, features_col=features_col, label_col=label_col, image_shape=image_shape,
+                           expected_len=expected_len, float_labels=task.float_labels)
+        chunks = rdd.collect()
     x, y, info = merge_chunks(chunks)
     check_stats([info], what=what, expected_len=expected_len, num_classes=num_classes, sample_shape=sample_shape,
                 task=task)

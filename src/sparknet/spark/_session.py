@@ -16,7 +16,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["get_session", "is_local_master", "local_slots", "executor_slots", "parse_memory", "quiet_log_settings",
+__all__ = ["get_session", "is_connect", "session_master", "session_parallelism", "is_local_master", "local_slots", "executor_slots", "parse_memory", "quiet_log_settings",
            "spark_log_level", "LOG_LEVEL_ENV"]
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,32 @@ def is_local_master(master: str | None) -> bool:
     """Whether every executor of ``master`` runs on this machine (``local[...]`` or ``local-cluster[...]``)."""
     master = (master or "").strip()
     return bool(_LOCAL.match(master) or _LOCAL_CLUSTER.match(master))
+
+
+def is_connect(obj) -> bool:
+    """Whether ``obj`` (a SparkSession or a DataFrame) belongs to a Spark Connect session.
+
+    Such a session has no SparkContext, RDDs or broadcasts: only what the Connect protocol carries
+    (DataFrame operations, ``mapInArrow`` with ``barrier=True``, tags to cancel jobs by)."""
+    return type(obj).__module__.startswith("pyspark.sql.connect")
+
+
+def session_master(spark) -> str:
+    """The master URL of a session, classic or Spark Connect (the server's ``spark.master``)."""
+    if is_connect(spark):
+        return spark.conf.get("spark.master", "") or ""
+    return spark.sparkContext.master
+
+
+def session_parallelism(spark) -> int:
+    """The default number of workers for a session: its task slots (``local[4]`` -> 4); over Spark Connect,
+    where the SparkContext's count cannot be asked, ``spark.default.parallelism`` when set, else 2."""
+    if not is_connect(spark):
+        return spark.sparkContext.defaultParallelism
+    slots = local_slots(session_master(spark))
+    if slots is not None:
+        return slots
+    return int(spark.conf.get("spark.default.parallelism", "2") or 2)
 
 
 def local_slots(master: str | None) -> int | None:
@@ -218,7 +244,7 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
     level = spark_log_level(log_level)
     active = SparkSession.getActiveSession()
     if active is not None:
-        running = active.sparkContext.master
+        running = session_master(active)
         if master and master != running:
             log.warning("a SparkSession is already running on %s; using it instead of %s", running, master)
         return active

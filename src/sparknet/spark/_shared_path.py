@@ -8,6 +8,7 @@ lands scattered over the hosts' disks. :func:`check_shared_path` asks every exec
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import socket
@@ -15,9 +16,11 @@ import urllib.parse
 import uuid
 
 from sparknet.spark._backend import run_with_deadline
-from sparknet.spark._session import is_local_master
+from sparknet.spark._session import is_connect, is_local_master, session_master
 
 __all__ = ["SHARED_PATH_FIX", "check_shared_path"]
+
+log = logging.getLogger(__name__)
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 SHARED_PATH_TIMEOUT_S = 120.0
@@ -55,8 +58,16 @@ def check_shared_path(spark, path: str | os.PathLike, *, what: str, write: bool 
     DeadlineExceeded
         The job did not finish within ``timeout_s``.
     """
-    sc = spark.sparkContext
     local = _local_file_path(path)
+    if is_connect(spark):
+        # a Spark Connect client's own disk is not where the server and its executors read and write: a local
+        # master's executors share the server's disk; on a cluster there is no job to ask the executors with
+        # that sees this machine's files, so the path is the user's to choose
+        if local is not None and not is_local_master(session_master(spark)):
+            log.info("%s %s is a local path, read and written by the Spark Connect server's executors; it must be "
+                     "on every host of the cluster", what, path)
+        return
+    sc = spark.sparkContext
     if local is None or is_local_master(sc.master):
         return
     marker = None

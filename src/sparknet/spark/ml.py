@@ -48,6 +48,8 @@ from sparknet import _model_io, zoo
 from sparknet._fields import base_type, field_docs
 from sparknet.config import DistributedConfig, RunConfig, parse_enum
 from sparknet.layers import NetParams
+from sparknet.spark._backend import Held
+from sparknet.spark._session import is_connect, session_parallelism
 from sparknet.spark._shared_path import check_shared_path
 from sparknet.spark.trainer import SparkTrainer
 from sparknet.task import Task, parse_task
@@ -496,7 +498,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
         from pyspark.sql import functions as F
 
         spark = dataset.sparkSession
-        run, dist = self.configs(default_workers=spark.sparkContext.defaultParallelism)
+        run, dist = self.configs(default_workers=session_parallelism(spark))
         features_col, label_col = self.getFeaturesCol(), self.getLabelCol()
         kind = _feature_kind(dataset.schema, features_col)
         if label_col not in dataset.schema.fieldNames():
@@ -711,7 +713,10 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
             log.warning("predictionCol, probabilityCol and rawPredictionCol are empty: transform() adds nothing")
             return dataset
 
-        bc = self._broadcast(dataset.sparkSession.sparkContext)
+        session = dataset.sparkSession
+        # a Spark Connect session has no broadcasts: the model's files travel in the plan (a Python worker builds
+        # the model once all the same, by its content hash)
+        bc = Held(self._require_files()) if is_connect(session) else self._broadcast(session.sparkContext)
         threads = self.getThreads() if self.isDefined(self.threads) and self.getThreads() else 1
         score = functools.partial(_score_batches, key=self.modelId, files_bc=bc, kind=kind,
                                   shape=list(shape) if shape else None, threads=int(threads),

@@ -64,10 +64,10 @@ from sparknet.parallel.runner import ModelParallelJob, split_budget
 from sparknet.solvers import check_gradient_hook
 from sparknet.spark import _data
 from sparknet.spark._backend import check_barrier_slots, quietly, run_with_deadline
-from sparknet.spark._barrier_stage import run_barrier_engine
+from sparknet.spark._barrier_stage import connect_refusal, run_barrier_engine, run_connect_stage
 from sparknet.spark._rounds import WorkerSpec, cleanup_partition, pack_spec, stage_partition
 from sparknet.spark._rounds_exchange import run_rounds_engine
-from sparknet.spark._session import get_session, is_local_master
+from sparknet.spark._session import get_session, is_connect, is_local_master, session_parallelism
 from sparknet.stopping import StopRule
 from sparknet.strategies import AutoTau, TrainingStrategy, make_strategy
 from sparknet.task import Task, infer_task
@@ -331,9 +331,10 @@ class SparkTrainer:
         t_fit = time.perf_counter()
         keep_freed_memory()  # the driver's per-round sums and evaluations (sparknet._malloc)
         spark = self.spark or get_session(None if self._workers_from_session else self.dist.resolved_master)
-        sc = spark.sparkContext
+        connect = is_connect(spark)  # a Spark Connect session: DataFrame operations only, no SparkContext
+        sc = spark if connect else spark.sparkContext
         if self._workers_from_session:  # no DistributedConfig given: one worker per default task slot
-            self.dist.workers = max(1, sc.defaultParallelism)
+            self.dist.workers = max(1, session_parallelism(spark))
         dist = self.dist
         K = dist.workers
         stop_given = any(v is not None for v in (dist.rounds, self.worker.steps, dist.epochs, dist.target_accuracy))
@@ -350,6 +351,8 @@ class SparkTrainer:
             if dist.target_accuracy is not None:
                 raise ValueError("a net trained without labels is scored by its loss alone; target_accuracy cannot "
                                  "be set on it (give rounds, epochs or steps)")
+        if connect and (refusal := connect_refusal(self, train)) is not None:
+            raise ValueError(f"cannot train from a Spark Connect session: {refusal}")
         if dist.engine is Engine.BARRIER:
             check_barrier_slots(sc, K, "the barrier engine")
         sample_shape = _input_shape(self.net)
@@ -387,9 +390,10 @@ class SparkTrainer:
 
         fit_id = uuid.uuid4().hex[:12]
         group = f"sparknet-{fit_id}"
-        chunks, source = _data.chunk_rdd(train, features_col=features_col, label_col=label_col,
-                                         image_shape=image_shape, expected_len=expected_len, num_partitions=K,
-                                         float_labels=task.float_labels, weight_col=weight_col)
+        chunk = _data.chunk_frame if connect else _data.chunk_rdd  # a DataFrame of chunks, or an RDD of them
+        chunks, source = chunk(train, features_col=features_col, label_col=label_col, image_shape=image_shape,
+                               expected_len=expected_len, num_partitions=K, float_labels=task.float_labels,
+                               weight_col=weight_col)
         chunks.persist(getattr(StorageLevel, self.options.storage_level))
         staged = None
         broadcasts = []
@@ -403,7 +407,8 @@ class SparkTrainer:
                                        staged.collect, "the training data's conversion, check and staging")
             stats, total = _data.checked_partitions(sc, group, chunks, timeout_s=self.options.data_timeout_s,
                                                     stats=stats, expected_len=expected_len, num_classes=None,
-                                                    num_workers=K, sample_shape=sample_shape, task=task)
+                                                    num_workers=K, sample_shape=sample_shape, task=task,
+                                                    float_labels=task.float_labels or weight_col is not None)
             if sample_shape is None:
                 shapes = [tuple(s) for s in total["shapes"]]
                 width = int(total["width"])
@@ -456,7 +461,7 @@ class SparkTrainer:
                             target_accuracy=dist.target_accuracy, dataset_rows=int(total["rows"]), tau=dist.tau,
                             round_seconds=dist.round_seconds)
             t_train = time.perf_counter()
-            run_engine = _ENGINES[dist.engine]
+            run_engine = run_connect_stage if connect else _ENGINES[dist.engine]
             global_flat, history, extra = run_engine(self, sc, group, staged if staged is not None else chunks, chunks,
                                                      spec, global_flat, stop, val, driver_net, broadcasts, t_fit,
                                                      checkpoints, resume)

@@ -1,0 +1,147 @@
+"""Training and scoring from a Spark Connect session: a real Connect server (``remote("local[2]")``).
+
+The client has no SparkContext, RDDs or broadcasts and its executors may not reach it: the barrier
+engine runs as one ``mapInArrow(..., barrier=True)`` stage with its weights in the plan and its
+results as rows; the Estimator fits, transforms, saves and loads; what cannot work is refused first.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from _spark_testlib import BASE_CONF, blobs, mlp
+from sparknet import zoo
+from sparknet.config import DistributedConfig, WorkerConfig
+from sparknet.solvers import SolverConfig
+
+pytestmark = pytest.mark.spark
+
+pytest.importorskip("grpc_status", reason="Spark Connect's client needs grpcio-status (the [connect] extra)")
+
+
+@pytest.fixture(scope="module")
+def spark():
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.remote("local[2]").appName("sparknet-tests-connect")
+    for key, value in {**BASE_CONF, "spark.connect.grpc.binding.address": "127.0.0.1"}.items():
+        builder = builder.config(key, value)
+    with warnings.catch_warnings():  # the server takes them at its start; the client's later attempt warns
+        warnings.filterwarnings("ignore", message="Failed to set", category=UserWarning)
+        session = builder.getOrCreate()
+    try:
+        yield session
+    finally:
+        session.stop()  # stops the local Connect server and its SparkContext too
+
+
+def _frame(spark, x, y):
+    return spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(x, y)],
+                                 "features array<float>, label long")
+
+
+def _trainer(spark, engine="barrier", **dist):
+    from sparknet.spark import SparkTrainer
+
+    records = []
+    kw = dict(workers=2, tau=20, rounds=5, engine=engine)
+    kw.update(dist)
+    trainer = SparkTrainer(mlp(0), WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=32, seed=3),
+                           DistributedConfig(**kw), spark=spark, loss=torch.nn.CrossEntropyLoss(),
+                           on_round=records.append)
+    return trainer, records
+
+
+def test_session_is_connect(spark):
+    from sparknet.spark._session import is_connect, session_master, session_parallelism
+
+    assert is_connect(spark) and is_connect(spark.range(1))
+    assert session_master(spark) == "local[2]"
+    assert session_parallelism(spark) == 2
+    with pytest.raises(Exception, match="sparkContext|JVM_ATTRIBUTE_NOT_SUPPORTED"):
+        spark.sparkContext  # noqa: B018 - what made every fit fail before
+
+
+def test_trainer_fits_with_the_barrier_engine(spark):
+    x, y = blobs(1200, seed=1)
+    vx, vy = blobs(400, seed=2)
+    trainer, records = _trainer(spark)
+    result = trainer.fit(_frame(spark, x, y), (vx, vy))
+    assert result.summary["connect"] is True and result.summary["engine"] == "barrier"
+    assert result.summary["rows_per_partition"] and sum(result.summary["rows_per_partition"]) == 1200
+    assert [r["round"] for r in result.history] == [1, 2, 3, 4, 5]
+    assert records == result.history  # on_round saw every record, when the stage ended
+    assert result.history[-1]["total_steps"] == 100 and result.history[-1]["workers"] == 2
+    assert all(r["wall_s"] > 0 for r in result.history)
+    assert [w["rank"] for w in result.summary["barrier_workers"]] == [0, 1]
+    assert result.summary["test_accuracy"] >= 0.9
+    # the returned weights are what rank 0 ended with: scoring them here gives the last record's accuracy
+    assert result.summary["test_accuracy"] == pytest.approx(result.history[-1]["val_accuracy"], abs=1e-9)
+
+
+def test_rounds_engine_refused_with_the_reason(spark):
+    x, y = blobs(200, seed=1)
+    trainer, _ = _trainer(spark, engine="rounds")
+    with pytest.raises(ValueError, match="Spark Connect.*engine='barrier'"):
+        trainer.fit(_frame(spark, x, y))
+
+
+def test_checkpoints_refused_with_the_reason(spark, tmp_path):
+    x, y = blobs(200, seed=1)
+    trainer, _ = _trainer(spark, checkpoint_dir=str(tmp_path / "ck"))
+    with pytest.raises(ValueError, match="Spark Connect.*checkpoint"):
+        trainer.fit(_frame(spark, x, y))
+
+
+def test_bad_labels_get_the_classic_error(spark):
+    x, y = blobs(200, seed=1)
+    df = spark.createDataFrame([(row.tolist(), float(label) + 0.5) for row, label in zip(x, y)],
+                               "features array<float>, label double")
+    trainer, _ = _trainer(spark, rounds=1)
+    with pytest.raises(ValueError, match="not whole numbers"):
+        trainer.fit(df)
+
+
+def test_a_failed_rank_is_named(spark):
+    from sparknet.errors import WorkerError
+    from sparknet.spark import EngineOptions, SparkTrainer
+
+    x, y = blobs(400, seed=1)
+    trainer = SparkTrainer(mlp(0), WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=32),
+                           DistributedConfig(workers=2, tau=10, rounds=3, engine="barrier"), spark=spark,
+                           loss=torch.nn.CrossEntropyLoss(),
+                           options=EngineOptions(fault="rank=1,round=2,kind=raise", max_restarts=0))
+    with pytest.raises(WorkerError) as info:
+        trainer.fit(_frame(spark, x, y))
+    assert info.value.rank == 1
+
+
+def test_estimator_fits_transforms_saves_and_loads(spark, tmp_path):
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+
+    from sparknet.spark.ml import SparkNetEstimator, SparkNetModel
+
+    x, y = blobs(800, seed=4)
+    df = _frame(spark, x, y)
+    est = SparkNetEstimator(zoo.mlp(input_shape=[2], hidden=[16], num_classes=3), workers=2, tau=10, rounds=4,
+                            lr=0.1, batchSize=32, seed=0, engine="barrier")
+    model = est.fit(df)
+    assert [r["round"] for r in model.history] == [1, 2, 3, 4]
+    scored = model.transform(df)
+    assert {"prediction", "probability", "rawPrediction"} <= set(scored.columns)
+    accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored)
+    assert accuracy >= 0.9
+    model.save(str(tmp_path / "model"))
+    loaded = SparkNetModel.load(str(tmp_path / "model"))
+    first = [r.prediction for r in scored.select("prediction").limit(20).collect()]
+    again = [r.prediction for r in loaded.transform(df).select("prediction").limit(20).collect()]
+    assert first == again
+    est.save(str(tmp_path / "estimator"))
+    assert SparkNetEstimator.load(str(tmp_path / "estimator")).getOrDefault("tau") == 10
