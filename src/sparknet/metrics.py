@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["MetricsLogger", "read_metrics", "json_safe", "rounds_summary", "LoadSampler", "process_age_s"]
+__all__ = ["MetricsLogger", "in_notebook", "round_reporter", "rounds_total", "read_metrics", "json_safe", "rounds_summary", "LoadSampler", "process_age_s"]
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,10 @@ class MetricsLogger:
     path : str or Path, optional
         JSON-lines file (parent folders are created). ``None`` keeps records in memory only.
     progress : bool
-        Show the run's progress on standard error: a live line rewritten in place on a terminal; one
-        plain line per advance (a round, an evaluation interval) with the same fields, the time
-        elapsed and an estimate of the time left when it goes to a file, a pipe or a log collector.
+        Show the run's progress: a live line rewritten in place on a terminal; a notebook's bar in a
+        Jupyter kernel (``tqdm.auto``); one plain line per advance (a round, an evaluation interval) on
+        standard error with the same fields, the time elapsed and an estimate of the time left when it
+        goes to a file, a pipe or a log collector.
     total : int, optional
         Total units (steps) for the progress line.
     sinks : iterable of callables, optional
@@ -71,13 +72,17 @@ class MetricsLogger:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._file = open(self.path, "w", encoding="utf-8")
         self._bar = None
-        self._plain = progress and not sys.stderr.isatty()  # a log: plain lines, nothing redrawn
+        notebook = in_notebook()
+        self._plain = progress and not notebook and not sys.stderr.isatty()  # a log: plain lines, nothing redrawn
         self._total, self._unit, self._done, self._fields = total, unit, 0, {}
         self._redirect = contextlib.ExitStack()
         if progress and not self._plain:
-            from tqdm import tqdm
             from tqdm.contrib.logging import logging_redirect_tqdm
 
+            if notebook:  # a notebook's own bar (a widget where ipywidgets is installed)
+                from tqdm.auto import tqdm
+            else:
+                from tqdm import tqdm
             self._bar = tqdm(total=total, unit=unit, dynamic_ncols=True, leave=True, file=sys.stderr)
             # Log records print above the line instead of breaking it.
             self._redirect.enter_context(logging_redirect_tqdm(tqdm_class=tqdm))
@@ -135,6 +140,40 @@ class MetricsLogger:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def in_notebook() -> bool:
+    """Whether this process is a Jupyter kernel (IPython's ZMQ shell): a progress bar is then drawn in the notebook."""
+    shell = sys.modules.get("IPython")
+    if shell is None or "ipykernel" not in sys.modules:
+        return False
+    try:
+        ip = shell.get_ipython()
+    except Exception:  # noqa: BLE001 - an IPython without a running shell
+        return False
+    return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+
+
+def rounds_total(steps: int | None, dist) -> int | None:
+    """The steps a fit's progress line counts to: ``steps`` (the run's budget per worker), or fewer when
+    ``dist.rounds`` of ``dist.tau`` steps end it sooner (automatic tau changes a round's steps: then ``steps``)."""
+    if dist.rounds is None or dist.auto_tau:
+        return steps
+    bound = dist.rounds * (dist.tau or 1)
+    return bound if steps is None else min(steps, bound)
+
+
+def round_reporter(metrics: MetricsLogger) -> Callable[[dict], None]:
+    """An ``on_round`` for a Spark fit: writes each round record to ``metrics`` (its file and sinks) and advances
+    its progress line by the round's steps, showing the round, loss, validation accuracy, tau and samples/s."""
+
+    def on_round(record: dict) -> None:
+        metrics.write(record)
+        metrics.progress(record.get("steps", 0), round=record.get("round"), loss=record.get("loss"),
+                         acc=record.get("val_accuracy"), tau=record.get("tau"),
+                         **{"samples/s": record["samples"] / record["round_s"] if record.get("round_s") else None})
+
+    return on_round
 
 
 def _number(value) -> str:

@@ -223,3 +223,34 @@ def test_bad_settings_fail_before_training(spark, data):
     with pytest.raises(ValueError, match="targetAccuracy needs validation rows"):
         _estimator(targetAccuracy=0.9).fit(assembled)
     assert len(tracker.getJobIdsForGroup()) == jobs_before  # no Spark job ran
+
+
+def test_fit_shows_progress_and_calls_back_every_round(spark, data, tmp_path, capfd):
+    """The estimator's fit: each round record to every callback and to metricsOut, and (stderr being no
+    terminal here) one plain progress line per round; quiet=True draws none."""
+    from pyspark.ml.feature import VectorAssembler
+
+    from sparknet.metrics import read_metrics
+
+    train, _ = data
+    frame = VectorAssembler(inputCols=COLUMNS, outputCol="features").transform(train)
+    seen, rounds = [], []
+    est = _estimator(callbacks=[seen.append, lambda r: rounds.append(r["round"])],
+                     metricsOut=str(tmp_path / "m.jsonl"))
+    capfd.readouterr()
+    model = est.fit(frame)
+    err = capfd.readouterr().err
+    assert rounds == [1, 2, 3, 4]
+    assert [r["round"] for r in seen] == rounds and seen == model.history
+    assert [r["round"] for r in read_metrics(tmp_path / "m.jsonl")] == rounds
+    lines = [ln for ln in err.splitlines() if ln.startswith("[sparknet] ")]
+    assert [ln.split()[1] for ln in lines] == ["10/40", "20/40", "30/40", "40/40"], err
+    assert all("round=" in ln and "loss=" in ln and "elapsed" in ln for ln in lines)
+
+    _estimator(quiet=True).fit(frame)
+    assert not [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("[sparknet] ")]
+
+
+def test_callbacks_must_be_callables():
+    with pytest.raises(ValueError, match="callbacks must be callables"):
+        _estimator(callbacks=[1])

@@ -62,3 +62,27 @@ def test_no_progress_asked_prints_nothing(monkeypatch):
     with MetricsLogger(progress=False, total=10) as metrics:
         metrics.progress(10, round=1)
     assert log_file.getvalue() == ""
+
+
+def test_a_notebook_kernel_gets_a_bar_not_plain_lines(monkeypatch):
+    """In a Jupyter kernel (IPython's ZMQ shell; its stderr is no terminal) the bar is tqdm.auto's, not the plain
+    lines a log gets; anywhere else in_notebook() is false."""
+    import sys
+    import types
+
+    import tqdm.auto
+
+    from sparknet.metrics import in_notebook
+
+    assert not in_notebook()
+    shell_cls = type("ZMQInteractiveShell", (), {})
+    fake_ipython = types.SimpleNamespace(get_ipython=lambda: shell_cls())
+    monkeypatch.setitem(sys.modules, "IPython", fake_ipython)
+    monkeypatch.setitem(sys.modules, "ipykernel", types.ModuleType("ipykernel"))
+    monkeypatch.setattr("sys.stderr", io.StringIO())  # a kernel's stream: not a terminal
+    assert in_notebook()
+    with MetricsLogger(progress=True, total=10) as metrics:
+        assert metrics._bar is not None and not metrics._plain
+        assert isinstance(metrics._bar, tqdm.auto.tqdm)
+        metrics.progress(10, round=1)
+    assert "[sparknet]" not in sys.stderr.getvalue()

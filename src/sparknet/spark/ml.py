@@ -48,6 +48,7 @@ from sparknet import _model_io, zoo
 from sparknet._fields import base_type, field_docs
 from sparknet.config import DistributedConfig, RunConfig, parse_enum
 from sparknet.layers import NetParams
+from sparknet.metrics import MetricsLogger, round_reporter, rounds_total
 from sparknet.spark._backend import Held
 from sparknet.spark._session import is_connect, session_parallelism
 from sparknet.spark._shared_path import check_shared_path
@@ -59,7 +60,7 @@ __all__ = ["SparkNetEstimator", "SparkNetModel"]
 log = logging.getLogger(__name__)
 
 _RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", "weight_decay", "lr_policy",
-               "gamma", "power", "seed", "threads", "device")
+               "gamma", "power", "seed", "threads", "device", "metrics_out", "quiet")
 """RunConfig fields that become estimator Params."""
 _DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs", "weight_ema",
                 "target_accuracy", "data_mode", "stream_buffer_mb", "compression", "auto_tau", "auto_tau_target", "outer_lr", "outer_momentum",
@@ -68,6 +69,9 @@ _DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup
 _DOC_OVERRIDES = {
     "workers": "Number of workers K (default: the session's default parallelism).",
     "threads": "Torch threads per task (training and scoring; default 1).",
+    "quiet": "No progress while fit runs (default: a bar on a terminal or in a notebook, one plain line per round "
+             "on standard error when it goes to a log).",
+    "metrics_out": "A JSON-lines file on the driver that fit writes every round record to.",
 }
 _NO_DEFAULT = {"workers"}  # resolved from the session at fit time
 
@@ -384,13 +388,19 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
     net : NetParams, optional
         The network (kept as its ``to_dict()``). Default: the zoo model named by ``model``,
         sized to the data (input shape from the features, classes from the labels).
+    callbacks : callable or sequence of callables, optional
+        Each is called with every round record of ``fit`` (the records ``metricsOut`` writes and the
+        model's ``history`` keeps: ``round``, ``loss``, ``val_accuracy``, ``samples``, ``wall_s``...), as
+        the round ends (from a Spark Connect session: when the fit's stage ends). A callback that raises
+        is logged and training goes on. Not saved with the estimator.
     **params
         Any Param by its camelCase name (``featuresCol``, ``labelCol``, ``predictionCol``,
         ``probabilityCol``, ``imageShape``, ``scoreBatchSize``, ``validationIndicatorCol`` — rows
         where it is true are held out and evaluated on, not trained on) or a training setting by its
         config field name in camelCase or snake_case: ``model``, ``steps``, ``batchSize``,
         ``solverType``, ``lr``, ``momentum``, ``weightDecay``, ``lrPolicy``, ``gamma``,
-        ``power``, ``seed``, ``threads``, ``device`` (:class:`~sparknet.config.RunConfig`) and
+        ``power``, ``seed``, ``threads``, ``device``, ``quiet``, ``metricsOut``
+        (:class:`~sparknet.config.RunConfig`) and
         ``workers``, ``engine``, ``strategy``, ``tau``, ``roundSeconds``, ``warmupSteps``,
         ``rounds``, ``epochs``, ``targetAccuracy``
         (:class:`~sparknet.config.DistributedConfig`). ``explainParams()`` lists them with
@@ -403,10 +413,13 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
         settings that clash with each other, when ``fit`` starts and before any training.
     """
 
-    def __init__(self, net=None, **params: Any) -> None:
+    def __init__(self, net=None, *, callbacks=None, **params: Any) -> None:
         super().__init__()
         if net is not None:
             params["net"] = net
+        self.callbacks = [] if callbacks is None else [callbacks] if callable(callbacks) else list(callbacks)
+        if not all(callable(c) for c in self.callbacks):
+            raise ValueError("callbacks must be callables taking a round record (a dict), or a list of them")
         _set_params(self, params)
 
     def setParams(self, **params: Any) -> SparkNetEstimator:
@@ -521,9 +534,12 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
 
         solver = run.solver()
         task = self.getTask() if self.isDefined(self.task) else None
-        trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, task=task)
-        result = trainer.fit(train, validation, features_col=features_col, label_col=label_col,
-                             image_shape=image_shape)
+        with MetricsLogger(run.metrics_out, progress=not run.quiet, total=rounds_total(run.steps, dist),
+                           sinks=getattr(self, "callbacks", ())) as metrics:
+            trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, task=task,
+                                               on_round=round_reporter(metrics))
+            result = trainer.fit(train, validation, features_col=features_col, label_col=label_col,
+                                 image_shape=image_shape)
         summary = _plain(result.summary)
         config = {"run": _plain(run), "dist": _plain(dist)}
         files = _model_io.pack_model(net_params, result.weights, solver=solver, config=config, input_shape=shape,

@@ -21,7 +21,7 @@ from sparknet._app import build_model, finish_run, load_training_data, run_sinks
 from sparknet._enums import CompressionKind
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.datasets import cache_root
-from sparknet.metrics import MetricsLogger
+from sparknet.metrics import MetricsLogger, round_reporter, rounds_total
 from sparknet.spark._data import arrays_table, frame_from_arrays
 from sparknet.spark._session import get_session, is_local_master
 from sparknet.spark.trainer import SparkTrainer
@@ -87,22 +87,14 @@ def train_distributed(run: RunConfig, dist: DistributedConfig) -> dict:
         spark = get_session(dist.resolved_master)
         train, test, info, net_params = prepared.result()
     df = training_frame(spark, run, train)
-    # With --rounds the bar counts rounds' steps; automatic tau changes them, so it counts --steps then.
-    total = run.steps if dist.rounds is None or dist.auto_tau else min(run.steps, dist.rounds * (dist.tau or 1))
+    total = rounds_total(run.steps, dist)
     config = TrainConfig(run=run, dist=dist).to_dict()
     sinks = run_sinks(run, config)
     failed = True
     result = None
     try:
         with MetricsLogger(run.metrics_out, progress=not run.quiet, total=total, sinks=sinks) as metrics:
-            def on_round(record: dict) -> None:
-                metrics.write(record)
-                metrics.progress(record.get("steps", 0), round=record.get("round"), loss=record.get("loss"),
-                                 acc=record.get("val_accuracy"), tau=record.get("tau"),
-                                 **{"samples/s": record["samples"] / record["round_s"] if record.get("round_s")
-                                    else None})
-
-            result = _fit(spark, df, test, run, dist, net_params, on_round, len(train) / dist.workers)
+            result = _fit(spark, df, test, run, dist, net_params, round_reporter(metrics), len(train) / dist.workers)
             summary = {"event": "summary", "model": run.model,
                        "dataset": run.dataset if run.data is None else run.data, "master": spark.sparkContext.master,
                        "steps": result.summary.get("total_steps"), **result.summary}
