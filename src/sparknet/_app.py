@@ -80,25 +80,25 @@ def build_model(run: RunConfig, info: dict):
 def run_sinks(run: RunConfig, config: dict) -> list:
     """The TensorBoard and MLflow sinks ``run`` asks for (none by default), opened before training.
 
-    Also refuses, before any training, a ``--save-model`` URI whose scheme the filesystem layer
+    Also refuses, before any training, a ``--model-dir`` URI whose scheme the filesystem layer
     cannot write (``dbfs:/``...; see :func:`sparknet._fs.filesystem`), so it does not fail at the end.
     """
-    if run.save_model:
-        filesystem(run.save_model)
+    if run.model_dir:
+        filesystem(run.model_dir)
     if run.tensorboard is None and run.mlflow is None:
         return []
     return make_sinks(run.tensorboard, run.mlflow, run_name=f"{run.model}-{run.dataset}", params=config,
-                      model_dir=run.save_model)
+                      model_dir=run.model_dir)
 
 
 def finish_run(run: RunConfig, sinks: list, *, failed: bool, net_params=None, weights=None, solver=None,
                config: dict | None = None, input_shape=None) -> None:
     """Save the model folder (when asked and training succeeded), then close the sinks."""
     try:
-        if not failed and run.save_model and net_params is not None:
-            save_model(run.save_model, net_params, weights, solver=solver, config=config, input_shape=input_shape,
+        if not failed and run.model_dir and net_params is not None:
+            save_model(run.model_dir, net_params, weights, solver=solver, config=config, input_shape=input_shape,
                        overwrite=True)
-            log.info("model saved to %s", run.save_model)
+            log.info("model saved to %s", run.model_dir)
     finally:
         if sinks:
             close_sinks(sinks, failed=failed)

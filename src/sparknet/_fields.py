@@ -50,6 +50,38 @@ def base_type(tp) -> tuple[typing.Any, bool]:
     return tp, False
 
 
+class OldName(argparse.Action):
+    """A flag's old name: still taken, with a warning naming the one to use (``--sync-interval`` is ``--tau``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        import logging
+
+        new = "--" + self.dest.replace("_", "-")
+        logging.getLogger("sparknet").warning("%s is the old name of %s; use %s", option_string, new, new)
+        setattr(namespace, self.dest, values)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """``--help`` with every flag's default after its help (``(default: 0.01)``), except where there is none."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if ("%(default)" in text or default is None or default is argparse.SUPPRESS or default is False
+                or action.option_strings == [] or isinstance(action, (argparse._HelpAction, argparse._VersionAction))):
+            return text
+        if isinstance(default, (list, tuple)) and not default:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def choices_of(f: dataclasses.Field) -> list[str] | None:
+    """The values a str field accepts, when its metadata names them (``{"choices": callable}``, called lazily:
+    the lists live in modules the configuration does not import)."""
+    choices = f.metadata.get("choices")
+    return None if choices is None else list(choices() if callable(choices) else choices)
+
+
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, *, skip: Sequence[str] = (),
                             title: str | None = None) -> None:
     """Add one ``--flag`` per field of ``cls`` to ``parser`` (defaults taken from the dataclass).
@@ -67,6 +99,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, *, skip: Seque
         tp, optional = base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         help_text = docs.get(f.name, "")
+        choices = choices_of(f)
         if tp is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         elif isinstance(tp, type) and issubclass(tp, enum.Enum):
@@ -75,7 +108,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, *, skip: Seque
         elif typing.get_origin(tp) is tuple:
             group.add_argument(flag, type=int, nargs="*", default=default, help=help_text)
         else:
-            group.add_argument(flag, type=tp, default=default,
+            group.add_argument(flag, type=f.metadata.get("type", tp), default=default, choices=choices,
                                help=help_text + (" (optional)" if optional and default is None else ""))
 
 

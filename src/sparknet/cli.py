@@ -20,6 +20,7 @@ Every subcommand is listed in :data:`COMMANDS`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from sparknet import __version__
-from sparknet._fields import add_dataclass_arguments, from_args
+from sparknet._fields import HelpFormatter, OldName, add_dataclass_arguments, from_args
 from sparknet._malloc import keep_freed_memory
 from sparknet.caffe.cli import CaffeTrainFlags, train_caffe_files
 from sparknet.caffe.cli import configure_command as configure_caffe
@@ -50,7 +51,7 @@ from sparknet.tools.plot import configure_command as configure_plot
 from sparknet.tools.predict import configure_command as configure_predict
 from sparknet.train import train_local
 
-__all__ = ["main", "build_parser", "train_command", "COMMANDS"]
+__all__ = ["main", "build_parser", "parse_args", "read_config", "print_config", "train_command", "COMMANDS"]
 
 log = logging.getLogger("sparknet")
 
@@ -70,13 +71,8 @@ def _quiet_warnings() -> None:
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
 
 
-class _OldName(argparse.Action):
-    """A flag's old name: still taken, with a warning naming the one to use (``--sync-interval`` is ``--tau``)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        new = "--" + self.dest.replace("_", "-")
-        log.warning("%s is the old name of %s; use %s", option_string, new, new)
-        setattr(namespace, self.dest, values)
+_TRAIN_FLAGS = (RunConfig, DistributedConfig, CaffeTrainFlags, AsyncConfig)
+"""The dataclasses whose fields are ``sparknet train``'s flags (and the keys of a ``--config`` file)."""
 
 
 def _configure_train(p: argparse.ArgumentParser) -> None:
@@ -85,9 +81,74 @@ def _configure_train(p: argparse.ArgumentParser) -> None:
     for flags in (CaffeTrainFlags, AsyncConfig):
         add_dataclass_arguments(p, flags, title=flags.__doc__.strip().splitlines()[0])
     p.add_argument("--sync-interval", dest="tau", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
-                   action=_OldName)
+                   action=OldName)
+    p.add_argument("--save-model", dest="model_dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                   action=OldName)
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="a TOML file of settings: every flag is a key (lr = 0.05, batch_size = 64 or batch-size), "
+                        "the flags given here win over it")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the settings as a TOML file (the --config file and the flags merged) and exit")
     p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
     p.set_defaults(_run=_run_train)
+
+
+def _flag_fields() -> dict[str, object]:
+    """``sparknet train``'s settings: field name -> its dataclass field."""
+    return {f.name: f for cls in _TRAIN_FLAGS for f in dataclasses.fields(cls)}
+
+
+def read_config(path: str) -> dict:
+    """The settings of a ``--config`` TOML file as flag destinations (``batch-size`` and ``batch_size`` alike);
+    ``ValueError`` naming an unknown key or a table (the file is flat: one key per flag)."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ValueError(f"--config {path}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"--config {path}: not a TOML file ({e})") from None
+    fields = _flag_fields()
+    out = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if isinstance(value, dict):
+            raise ValueError(f"--config {path}: {key!r} is a table; write one key per flag, at the top level")
+        if name not in fields:
+            raise ValueError(f"--config {path}: unknown setting {key!r}; the keys are sparknet train's flags "
+                             "(see sparknet train --help)")
+        out[name] = value
+    return out
+
+
+def _toml_value(value) -> str | None:
+    """One value as TOML writes it (``None``: the setting is left out, TOML having no null)."""
+    import enum
+
+    if value is None:
+        return None
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))  # a JSON string is a TOML basic string
+
+
+def print_config(args: argparse.Namespace) -> str:
+    """The merged settings of a parsed ``sparknet train`` as a TOML file (what ``--config`` reads back)."""
+    lines = ["# sparknet train settings (sparknet train --config FILE)"]
+    for cls in _TRAIN_FLAGS:
+        lines.append(f"\n# {cls.__doc__.strip().splitlines()[0]}")
+        for name in (f.name for f in dataclasses.fields(cls)):
+            text = _toml_value(getattr(args, name))
+            lines.append(f"# {name} is not set" if text is None else f"{name} = {text}")
+    return "\n".join(lines) + "\n"
 
 
 def train_command(run: RunConfig, dist: DistributedConfig, *, caffe: CaffeTrainFlags | None = None,
@@ -110,6 +171,9 @@ def train_command(run: RunConfig, dist: DistributedConfig, *, caffe: CaffeTrainF
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    if args.print_config:
+        sys.stdout.write(print_config(args))
+        return 0
     summary = train_command(from_args(RunConfig, args), from_args(DistributedConfig, args),
                             caffe=from_args(CaffeTrainFlags, args), parameter_server=from_args(AsyncConfig, args))
     keys = ("test_accuracy", "test_r2", "test_rmse", "test_mae", "test_f1", "test_loss", "wall_s", "samples_per_s",
@@ -162,15 +226,30 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparknet", description="Deep-network training on Apache Spark with PyTorch.")
+    parser.add_argument("--version", action="version", version=f"sparknet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help_text, configure) in COMMANDS.items():
-        configure(sub.add_parser(name, help=help_text, description=help_text))
+        configure(sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter))
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line parsed; for ``sparknet train --config FILE``, the file's settings under the flags given."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if getattr(args, "config", None):
+        try:
+            settings = read_config(args.config)
+        except ValueError as e:
+            parser.error(str(e))
+        train = parser._subparsers._group_actions[0].choices["train"]  # the subcommand's own parser
+        train.set_defaults(**settings)  # the file's values become the defaults the flags given override
+        args = parser.parse_args(argv)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     keep_freed_memory()  # the driver's own steps and evaluations (sparknet._malloc)
     _setup_logging(getattr(args, "verbose", False), getattr(args, "quiet", False))
     try:

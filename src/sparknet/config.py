@@ -46,6 +46,30 @@ class Strategy(str, enum.Enum):
     """Asynchronous pushes and pulls through a parameter server on the driver."""
 
 
+def model_name(name: str) -> str:
+    """A zoo model's name as the zoo spells it (``char-lstm`` is ``char_lstm``)."""
+    return str(name).strip().lower().replace("-", "_")
+
+
+def model_names() -> list[str]:
+    """The zoo's model names (:data:`sparknet.zoo.MODELS`)."""
+    from sparknet.zoo import MODELS
+
+    return sorted(MODELS)
+
+
+def dataset_name(name: str) -> str:
+    """A data set's name as :func:`sparknet.datasets.load_dataset` lists it (``mnist_small`` is ``mnist-small``)."""
+    return str(name).strip().lower().replace("_", "-")
+
+
+def dataset_names() -> list[str]:
+    """The data sets ``--dataset`` takes (:data:`sparknet.datasets.DATASET_NAMES`)."""
+    from sparknet.datasets import DATASET_NAMES
+
+    return list(DATASET_NAMES)
+
+
 def check_device(device: str) -> None:
     """``cpu``, ``cuda``, ``cuda:N`` or ``auto``; a clear ``ValueError`` otherwise."""
     if device not in ("cpu", "cuda", "auto") and not str(device).startswith("cuda:"):
@@ -108,10 +132,10 @@ class WorkerConfig:
 class RunConfig:
     """What to train, on what, for how long (one process or many)."""
 
-    model: str = "lenet"
-    """Model zoo name (lenet, mlp, cifar_cnn, alexnet, char_lstm)."""
-    dataset: str = "mnist"
-    """Data set name (mnist, mnist-small, synthetic, shakespeare)."""
+    model: str = field(default="lenet", metadata={"choices": model_names, "type": model_name})
+    """Model zoo name."""
+    dataset: str = field(default="mnist", metadata={"choices": dataset_names, "type": dataset_name})
+    """Data set name (downloaded once and cached; --data trains on a Parquet table instead)."""
     data: str | None = None
     """Parquet file or folder with 'features' and 'label' columns (overrides --dataset)."""
     steps: int = 10000
@@ -144,8 +168,8 @@ class RunConfig:
     """JSON-lines metrics file."""
     quiet: bool = False
     """No progress line and no log lines but errors; the final JSON result line is still printed."""
-    save_model: str | None = None
-    """Save the trained model folder here (for predict, export and sample)."""
+    model_dir: str | None = None
+    """Save the trained model folder here (what predict, export and sample read with --model-dir)."""
     tensorboard: str | None = None
     """Also write TensorBoard event files to this folder."""
     mlflow: str | None = None
@@ -165,6 +189,13 @@ class RunConfig:
         if self.eval_every < 1:
             raise ValueError(f"eval_every must be at least 1, got {self.eval_every}")
         check_device(self.device)
+        self.model = model_name(self.model)
+        if self.model not in model_names():
+            raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(model_names())}")
+        self.dataset = dataset_name(self.dataset)
+        if self.data is None and self.dataset not in dataset_names():
+            raise ValueError(f"unknown data set {self.dataset!r}; choose one of {', '.join(dataset_names())}, or "
+                             "train on a Parquet table with --data")
 
     def solver(self) -> SolverConfig:
         """The solver these settings describe."""

@@ -93,7 +93,7 @@ def test_predict_refuses_data_only_the_driver_has_before_scoring(spark, cluster,
 
     model, data = _scoring_files(tmp_path)
     out = tmp_path / "scored"
-    assert main(["predict", "--master", cluster.master, "--model", model, "--data", data, "--out", str(out)]) == 2
+    assert main(["predict", "--master", cluster.master, "--model-dir", model, "--data", data, "--out", str(out)]) == 2
     message = caplog.text
     assert f"--data {data} is not on every host" in message
     assert cluster.hostname(1) in message and cluster.hostname(2) in message

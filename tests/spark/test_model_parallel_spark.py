@@ -155,7 +155,7 @@ def test_sparknet_train_model_parallel_end_to_end(spark, tmp_path):
     metrics, model = tmp_path / "run.jsonl", tmp_path / "model"
     code = main(["train", "--model", "mlp", "--data", data, "--workers", "2", "--engine", "barrier",
                  "--model-parallel", "2", "--tau", "10", "--rounds", "3", "--batch-size", "16", "--lr", "0.05",
-                 "--metrics-out", str(metrics), "--save-model", str(model), "--quiet"])
+                 "--metrics-out", str(metrics), "--model-dir", str(model), "--quiet"])
     assert code == 0
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["round"] for r in records if r["event"] == "round"] == [1, 2, 3]

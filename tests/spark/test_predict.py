@@ -72,7 +72,7 @@ def test_predict_writes_inputs_plus_prediction_and_probability(spark, model_and_
 def test_predict_command(spark, model_and_data, tmp_path, capsys):
     folder, data, _, _ = model_and_data
     out = tmp_path / "cli"
-    args = ["predict", "--model", str(folder), "--data", str(data), "--out", str(out), "--probability-vector"]
+    args = ["predict", "--model-dir", str(folder), "--data", str(data), "--out", str(out), "--probability-vector"]
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["rows"] == 60 and report["out"] == str(out)

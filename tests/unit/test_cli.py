@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from sparknet.cli import main
 from sparknet.metrics import read_metrics
 
@@ -27,7 +29,16 @@ def test_train_writes_eval_and_summary_records(tmp_path):
 
 def test_bad_flag_values_exit_with_a_message(capsys):
     assert main(["train", "--steps", "0", "--quiet"]) == 2
-    assert main(["train", "--dataset", "imagenet-22k", "--steps", "1", "--quiet"]) == 2
+    with pytest.raises(SystemExit) as info:  # refused by the flag's choices, before anything loads
+        main(["train", "--dataset", "imagenet-22k", "--steps", "1", "--quiet"])
+    assert info.value.code == 2 and "invalid choice: 'imagenet-22k'" in capsys.readouterr().err
+
+
+def test_a_config_file_value_is_checked_as_a_flag_is(tmp_path, caplog):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('dataset = "imagenet-22k"\nsteps = 1\n')
+    assert main(["train", "--config", str(cfg), "--quiet"]) == 2  # argparse leaves defaults unchecked: the config
+    assert "unknown data set 'imagenet-22k'" in caplog.text
 
 
 def test_version(capsys):
@@ -43,7 +54,7 @@ def test_save_model_and_tensorboard(tmp_path):
 
     model_dir, tb = tmp_path / "model", tmp_path / "tb"
     rc = main(["train", "--model", "mlp", "--dataset", "synthetic", "--steps", "20", "--eval-every", "10",
-               "--threads", "1", "--save-model", str(model_dir), "--tensorboard", str(tb), "--quiet"])
+               "--threads", "1", "--model-dir", str(model_dir), "--tensorboard", str(tb), "--quiet"])
     assert rc == 0
     saved = load_model(model_dir)
     assert saved.weights.numel > 0
@@ -61,3 +72,80 @@ def test_every_built_in_sequence_data_set_trains_the_char_lstm(tmp_path):
     summary = read_metrics(out)[-1]
     assert summary["event"] == "summary" and summary["steps"] == 60
     assert summary["test_accuracy"] > 1 / 16 * 2  # the next token follows a rule; chance is 1/16
+
+
+def test_config_file_and_flags_merge_and_print_config_round_trips(tmp_path, capsys):
+    from sparknet.cli import parse_args, print_config
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('model = "mlp"\nbatch-size = 16\nlr = 0.05\nengine = "barrier"\nworkers = 2\nauto_tau = true\n')
+    args = parse_args(["train", "--config", str(cfg), "--lr", "0.2"])
+    assert (args.model, args.batch_size, args.lr, args.engine, args.workers, args.auto_tau) == \
+        ("mlp", 16, 0.2, "barrier", 2, True)  # the flag given wins over the file
+    assert args.tau == 50 and args.dataset == "mnist"  # neither: the defaults
+    printed = print_config(args)
+    again = tmp_path / "again.toml"
+    again.write_text(printed)
+    assert print_config(parse_args(["train", "--config", str(again)])) == printed
+    assert main(["train", "--config", str(cfg), "--print-config"]) == 0
+    out = capsys.readouterr().out
+    assert "lr = 0.05" in out and 'engine = "barrier"' in out and "batch_size = 16" in out
+
+
+@pytest.mark.parametrize("text, match", [("lr_rate = 0.1\n", "unknown setting 'lr_rate'"),
+                                         ("[training]\nlr = 0.1\n", "is a table"),
+                                         ("lr = \n", "not a TOML file")])
+def test_a_bad_config_file_is_refused_by_name(tmp_path, capsys, text, match):
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(text)
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--config", str(cfg)])
+    assert info.value.code == 2 and match in capsys.readouterr().err
+
+
+def test_enumerated_flags_list_and_check_their_choices(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["train", "--model", "resnet9000"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "invalid choice: 'resnet9000'" in err and "lenet" in err
+    with pytest.raises(SystemExit):
+        main(["train", "--dataset", "imagenet"])
+    assert "mnist-small" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--combiner", "median-of-nothing"])
+    from sparknet.cli import parse_args
+
+    assert parse_args(["train", "--model", "char-lstm", "--dataset", "mnist_small"]).model == "char_lstm"
+    from sparknet.config import RunConfig
+
+    with pytest.raises(ValueError, match="unknown model 'resnet'"):
+        RunConfig(model="resnet")
+
+
+def test_help_shows_every_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Base learning rate. (default: 0.01)" in out
+    assert "(default: 50)" in out and "(default: rounds)" in out and "(default: None)" not in out
+
+
+def test_old_flag_names_warn_and_still_work(caplog):
+    from sparknet.cli import parse_args
+
+    with caplog.at_level("WARNING", logger="sparknet"):
+        args = parse_args(["train", "--save-model", "out/m"])
+        scored = parse_args(["predict", "--model", "out/m", "--data", "d", "--out", "o"])
+    assert args.model_dir == "out/m" and scored.model_dir == "out/m"
+    assert "--save-model is the old name of --model-dir" in caplog.text
+    assert "--model is the old name of --model-dir" in caplog.text
+
+
+def test_python_m_sparknet_and_version():
+    import subprocess
+    import sys
+
+    from sparknet import __version__
+
+    out = subprocess.run([sys.executable, "-m", "sparknet", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == f"sparknet {__version__}", out

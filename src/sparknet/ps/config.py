@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sparknet.ps.combiners import COMBINERS
 
@@ -16,8 +16,8 @@ class AsyncConfig:
     A worker pushes and pulls every ``--tau`` local steps, as the synchronous strategies average.
     """
 
-    combiner: str = "delta"
-    """How a push merges into the server's copy: mean, delta, staleness or elastic (async strategy)."""
+    combiner: str = field(default="delta", metadata={"choices": lambda: sorted(COMBINERS), "type": str.lower})
+    """How a push merges into the server's copy (async strategy)."""
     ps_host: str | None = None
     """Address the parameter server binds to (default: loopback in local mode, the driver's host on a cluster)."""
 

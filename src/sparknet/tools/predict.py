@@ -14,7 +14,7 @@ Examples
 --------
 ::
 
-    sparknet predict --model out/lenet --data mnist_test.parquet --out scored.parquet --master local[4]
+    sparknet predict --model-dir out/lenet --data mnist_test.parquet --out scored.parquet --master local[4]
 
 >>> predict("out/lenet", "mnist_test.parquet", "scored.parquet")   # doctest: +SKIP
 """
@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparknet._fields import OldName
 from sparknet.spark._session import get_session
 from sparknet.spark._shared_path import check_shared_path
 
@@ -143,7 +144,8 @@ def _no_active_session() -> bool:
 
 def configure_command(p: argparse.ArgumentParser) -> None:
     """The arguments of ``sparknet predict`` (``sparknet.cli`` lists the command)."""
-    p.add_argument("--model", required=True, help="sparknet model folder")
+    p.add_argument("--model-dir", default=None, help="sparknet model folder (as sparknet train --model-dir saves it)")
+    p.add_argument("--model", dest="model_dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS, action=OldName)
     p.add_argument("--data", required=True, help="Parquet file or folder to score")
     p.add_argument("--out", required=True, help="Parquet folder to write")
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
@@ -164,7 +166,9 @@ def configure_command(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    result = predict(args.model, args.data, args.out, master=args.master, features_col=args.features_col,
+    if args.model_dir is None:
+        raise ValueError("give the model folder to score with: --model-dir DIR")
+    result = predict(args.model_dir, args.data, args.out, master=args.master, features_col=args.features_col,
                      prediction_col=args.prediction_col, probability_col=args.probability_col,
                      probability_vector=args.probability_vector, overwrite=args.overwrite,
                      score_batch_size=args.score_batch_size, threads=args.threads, partitions=args.partitions,
