@@ -173,7 +173,7 @@ class RunConfig:
     tensorboard: str | None = None
     """Also write TensorBoard event files to this folder."""
     mlflow: str | None = None
-    """Also log to MLflow at this tracking URI or folder ('' for ./mlruns)."""
+    """Also log to MLflow at this tracking URI or path ('': the run active in the program, else ./mlflow.db)."""
 
     def __post_init__(self):
         self.solver_type = SolverType.parse(self.solver_type)

@@ -21,16 +21,17 @@ the training step (a round record's ``total_steps``; an eval record's ``step``):
 
 Usage::
 
-    sinks = make_sinks(tensorboard_dir="runs/tb", mlflow_uri="./mlruns", params=config.to_dict(),
+    sinks = make_sinks(tensorboard_dir="runs/tb", mlflow_uri="mlflow.db", params=config.to_dict(),
                        model_dir="out/model")
     try:
         with MetricsLogger("m.jsonl", sinks=sinks) as metrics:
             ...train, metrics.write(record)...
     finally:
-        close_sinks(sinks)          # MLflow: logs the model folder, ends the run
+        close_sinks(sinks)          # MLflow: logs the model as an MLflow model, ends the run it started
 
 TensorBoard needs the ``tensorboard`` package (``pip install 'sparknet[tensorboard]'``);
-MLflow needs ``mlflow`` or ``mlflow-skinny`` (``pip install 'sparknet[mlflow]'``). Each is
+MLflow needs ``mlflow`` or ``mlflow-skinny``, and SQLAlchemy for its default SQLite store
+(``pip install 'sparknet[mlflow]'``). Each is
 imported only when its sink is made.
 """
 
@@ -46,12 +47,13 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["TensorBoardSink", "MLflowSink", "make_sinks", "close_sinks", "record_scalars", "resolve_tracking_uri",
-           "DEFAULT_MLFLOW_DIR"]
+           "DEFAULT_MLFLOW_DB"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MLFLOW_DIR = "mlruns"
-"""Folder of the MLflow file store used when no tracking URI is given (relative to the working directory)."""
+DEFAULT_MLFLOW_DB = "mlflow.db"
+"""The SQLite file of the MLflow tracking store used when no tracking URI is given (in the working directory):
+a store current MLflow accepts as it is (its file store now needs an opt-in)."""
 
 _ROUND_FIELDS = {"loss": "train/loss", "val_loss": "validation/loss", "val_accuracy": "validation/accuracy",
                  "tau": "round/tau", "bytes": "round/bytes", "compute_s": "round/compute_s", "comm_s": "round/comm_s"}
@@ -180,14 +182,18 @@ class TensorBoardSink:
 
 # -- MLflow -----------------------------------------------------------------------------------------
 def resolve_tracking_uri(tracking_uri: str | os.PathLike | None) -> str:
-    """A tracking URI: ``None`` gives ``$MLFLOW_TRACKING_URI`` or the file store ``./mlruns``;
-    a plain path gives the file store there (as an absolute ``file:`` URI)."""
+    """A tracking URI: ``None`` gives ``$MLFLOW_TRACKING_URI`` or the SQLite store ``./mlflow.db``; a plain path
+    ending in ``.db`` or ``.sqlite`` gives a SQLite store there, any other plain path the file store there (as an
+    absolute ``file:`` URI)."""
     if tracking_uri is None:
-        tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_MLFLOW_DIR
+        tracking_uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_MLFLOW_DB
     uri = os.fspath(tracking_uri)
     if "://" in uri or uri.startswith(("file:", "databricks")):
         return uri  # a URI: sqlite:///..., http://..., file:///..., databricks
-    return Path(uri).expanduser().resolve().as_uri()
+    path = Path(uri).expanduser().resolve()
+    if path.suffix in (".db", ".sqlite"):
+        return f"sqlite:///{path}"
+    return path.as_uri()
 
 
 @contextlib.contextmanager
@@ -221,14 +227,15 @@ def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 class MLflowSink:
-    """Logs a training run to MLflow: its parameters, per-round metrics by step, the model folder.
+    """Logs a training run to MLflow: its parameters, per-round metrics by step, the model as an MLflow model.
 
     Parameters
     ----------
     tracking_uri : str or path, optional
-        Where runs go. Default: ``$MLFLOW_TRACKING_URI``, else a file store in ``./mlruns``
-        (no server needed; ``mlflow ui --backend-store-uri ./mlruns`` shows it). A plain
-        path is a file store there.
+        Where runs go. Default: the run active in this process (``mlflow.start_run()`` in the user's
+        notebook), which the sink joins; else ``$MLFLOW_TRACKING_URI``; else a SQLite store in
+        ``./mlflow.db`` (no server needed; ``mlflow ui --backend-store-uri sqlite:///mlflow.db`` shows
+        it). A plain path is a SQLite store when it ends in ``.db``, else a file store there.
     experiment : str
         Experiment name (made when missing).
     run_name : str, optional
@@ -239,34 +246,56 @@ class MLflowSink:
     tags : mapping, optional
         Run tags.
     model_dir : path, optional
-        A model folder logged as the ``model`` artifact at :meth:`close` (when it exists then).
+        A model folder logged at :meth:`close` (when it exists then) as the MLflow model ``model``
+        (the pyfunc flavour with an input signature, :mod:`sparknet.mlflow_model`):
+        ``mlflow.pyfunc.load_model(f"runs:/{run_id}/model").predict(pandas_df)`` scores with it, and
+        ``mlflow.register_model`` registers it.
+    nested : bool
+        With a run active in this process: start a child run of it instead of joining it.
 
     Notes
     -----
-    Uses :class:`mlflow.tracking.MlflowClient` (no global active run, so it can live beside
-    the user's own MLflow use). Metrics are logged as each record arrives; the summary
-    record's numbers are logged under ``summary/``.
+    Uses :class:`mlflow.tracking.MlflowClient`: no global state of MLflow's is set, so it lives beside
+    the user's own MLflow use. A joined run is the user's: the sink logs to it and leaves it open.
+    Metrics are logged as each record arrives; the summary record's numbers under ``summary/``.
     """
 
     def __init__(self, tracking_uri: str | os.PathLike | None = None, *, experiment: str = "sparknet",
                  run_name: str | None = None, params: Mapping[str, Any] | None = None,
-                 tags: Mapping[str, str] | None = None, model_dir: str | os.PathLike | None = None) -> None:
+                 tags: Mapping[str, str] | None = None, model_dir: str | os.PathLike | None = None,
+                 nested: bool = False) -> None:
         try:
+            import mlflow
             from mlflow.tracking import MlflowClient
         except ImportError as e:
             raise ImportError("the MLflow sink needs mlflow (or mlflow-skinny): pip install 'sparknet[mlflow]'") from e
-        self.tracking_uri = resolve_tracking_uri(tracking_uri)
+        active = mlflow.active_run()
+        if active is not None and tracking_uri is not None and resolve_tracking_uri(tracking_uri) != \
+                mlflow.get_tracking_uri():
+            active = None  # the user names another store: a run of its own there
+        self.tracking_uri = mlflow.get_tracking_uri() if active is not None else resolve_tracking_uri(tracking_uri)
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self._tracker = _StepTracker()
         self._closed = False
+        self.owns_run = active is None or nested  # a joined run is left open at close
         with _file_store_allowed(self.tracking_uri):
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
-            found = self.client.get_experiment_by_name(experiment)
-            self.experiment_id = found.experiment_id if found is not None else self.client.create_experiment(experiment)
-            run = self.client.create_run(self.experiment_id, run_name=run_name,
-                                         tags={"mlflow.source.name": "sparknet", **dict(tags or {})})
-        self.run_id: str = run.info.run_id
-        log.info("MLflow run %s in experiment %r at %s", self.run_id, experiment, self.tracking_uri)
+            if active is not None and not nested:
+                self.experiment_id, self.run_id = active.info.experiment_id, active.info.run_id
+                self.client.set_tag(self.run_id, "sparknet", "true")
+            else:
+                if active is not None:
+                    self.experiment_id = active.info.experiment_id
+                    tags = {"mlflow.parentRunId": active.info.run_id, **dict(tags or {})}
+                else:
+                    found = self.client.get_experiment_by_name(experiment)
+                    self.experiment_id = (found.experiment_id if found is not None
+                                          else self.client.create_experiment(experiment))
+                run = self.client.create_run(self.experiment_id, run_name=run_name,
+                                             tags={"mlflow.source.name": "sparknet", **dict(tags or {})})
+                self.run_id = run.info.run_id
+        how = "joined the active" if not self.owns_run else "nested" if active is not None else "started"
+        log.info("MLflow: %s run %s at %s", how, self.run_id, self.tracking_uri)
         if params:
             self.log_params(params)
 
@@ -296,13 +325,16 @@ class MLflowSink:
             self.client.log_batch(self.run_id, metrics=metrics)
 
     def log_model(self, model_dir: str | os.PathLike, artifact_path: str = "model") -> None:
-        """Log a model folder (every file in it) as an artifact of the run."""
+        """Log a model folder as the run's MLflow model ``artifact_path`` (pyfunc, with a signature)."""
+        from sparknet.mlflow_model import log_pyfunc_model
+
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
             raise FileNotFoundError(f"no model folder at {model_dir}")
         with _file_store_allowed(self.tracking_uri):
-            self.client.log_artifacts(self.run_id, str(model_dir), artifact_path=artifact_path)
-        log.info("logged %s to MLflow run %s as %r", model_dir, self.run_id, artifact_path)
+            log_pyfunc_model(self.client, self.run_id, model_dir, artifact_path)
+        log.info("logged %s to MLflow run %s as the model %r (runs:/%s/%s)", model_dir, self.run_id, artifact_path,
+                 self.run_id, artifact_path)
 
     def close(self, status: str = "FINISHED") -> None:
         """Log the model folder (when given and present) and end the run (idempotent).
@@ -322,8 +354,9 @@ class MLflowSink:
                 else:
                     log.warning("model folder %s does not exist; not logged to MLflow", self.model_dir)
         finally:
-            with _file_store_allowed(self.tracking_uri):
-                self.client.set_terminated(self.run_id, status=status)
+            if self.owns_run:
+                with _file_store_allowed(self.tracking_uri):
+                    self.client.set_terminated(self.run_id, status=status)
 
     def __enter__(self) -> MLflowSink:
         return self
@@ -352,8 +385,8 @@ def make_sinks(tensorboard_dir: str | os.PathLike | None = None, mlflow_uri: str
     tensorboard_dir : path, optional
         Make a :class:`TensorBoardSink` writing there.
     mlflow_uri : str or path, optional
-        Make an :class:`MLflowSink` tracking there (a path is a file store; ``""`` means the
-        default ``./mlruns``).
+        Make an :class:`MLflowSink` tracking there (``""``: the default, the active run or
+        ``./mlflow.db``; see :class:`MLflowSink`).
     experiment, run_name, params, model_dir
         For the MLflow sink (see :class:`MLflowSink`).
 

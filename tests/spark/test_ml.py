@@ -242,7 +242,8 @@ def test_fit_shows_progress_and_calls_back_every_round(spark, data, tmp_path, ca
     err = capfd.readouterr().err
     assert rounds == [1, 2, 3, 4]
     assert [r["round"] for r in seen] == rounds and seen == model.history
-    assert [r["round"] for r in read_metrics(tmp_path / "m.jsonl")] == rounds
+    written = read_metrics(tmp_path / "m.jsonl")
+    assert [r["round"] for r in written[:-1]] == rounds and written[-1]["event"] == "summary"
     lines = [ln for ln in err.splitlines() if ln.startswith("[sparknet] ")]
     assert [ln.split()[1] for ln in lines] == ["10/40", "20/40", "30/40", "40/40"], err
     assert all("round=" in ln and "loss=" in ln and "elapsed" in ln for ln in lines)
@@ -254,3 +255,32 @@ def test_fit_shows_progress_and_calls_back_every_round(spark, data, tmp_path, ca
 def test_callbacks_must_be_callables():
     with pytest.raises(ValueError, match="callbacks must be callables"):
         _estimator(callbacks=[1])
+
+
+def test_fit_logs_to_the_users_active_mlflow_run(spark, data, tmp_path):
+    """mlflow='' inside mlflow.start_run(): params, per-round metrics and an MLflow model in the user's own run;
+    mlflow.pyfunc.load_model scores a pandas frame as the Spark model does."""
+    import mlflow
+    import pandas as pd
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.ml.functions import vector_to_array
+
+    train, test = data
+    assembler = VectorAssembler(inputCols=COLUMNS, outputCol="features")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    try:
+        with mlflow.start_run() as mine:
+            model = _estimator(mlflow="", quiet=True).fit(assembler.transform(train))
+        client = mlflow.tracking.MlflowClient(uri)
+        assert [r.info.run_id for r in client.search_runs([mine.info.experiment_id])] == [mine.info.run_id]
+        run = client.get_run(mine.info.run_id)
+        assert run.data.params["dist.tau"] == "10"
+        assert len(client.get_metric_history(mine.info.run_id, "train/loss")) == 4
+        loaded = mlflow.pyfunc.load_model(f"runs:/{mine.info.run_id}/model")
+        rows = (model.transform(assembler.transform(test)).select(vector_to_array("features").alias("f"), "prediction")
+                .limit(50).collect())
+        out = loaded.predict(pd.DataFrame({"features": [np.asarray(r.f) for r in rows]}))
+        assert list(out["prediction"]) == [r.prediction for r in rows]
+    finally:
+        mlflow.set_tracking_uri(None)

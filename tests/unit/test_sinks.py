@@ -3,6 +3,9 @@
 import json
 import os
 
+import numpy as np
+import torch
+
 import pytest
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -93,7 +96,10 @@ def test_mlflow_file_store_run_has_params_metrics_and_model(tmp_path):
         assert len(client.get_metric_history(sink.run_id, "worker/1/loss")) == 4
         assert run.data.metrics["summary/test_accuracy"] == 0.8
         names = {f.path for f in client.list_artifacts(sink.run_id, "model")}
-        assert f"model/{MANIFEST_NAME}" in names and "model/weights.safetensors" in names
+        assert "model/MLmodel" in names  # an MLflow model (pyfunc), holding the sparknet folder
+        inner = {f.path for f in client.list_artifacts(sink.run_id, "model/artifacts/model")}  # the folder's name
+        assert f"model/artifacts/model/{MANIFEST_NAME}" in inner
+        assert "model/artifacts/model/weights.safetensors" in inner
     finally:
         if env_before is None:
             os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
@@ -115,3 +121,56 @@ def test_failed_run_is_marked_failed(tmp_path):
 def test_make_sinks_without_any_is_empty():
     assert make_sinks() == []
     json.dumps(record_scalars(_records(1)))
+
+
+def test_a_run_inside_the_users_active_run_logs_a_pyfunc_model(tmp_path, monkeypatch):
+    """sparknet train --mlflow '' inside mlflow.start_run(): it joins that run (no second run), leaves it open,
+    and logs an MLflow model that mlflow.pyfunc.load_model scores a pandas frame with; the store is SQLite."""
+    import mlflow
+    import pandas as pd
+
+    from sparknet._model_io import load_model
+    from sparknet.cli import main
+    from sparknet.datasets import synthetic
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    try:
+        mlflow.set_experiment("notebook")
+        with mlflow.start_run(run_name="mine") as mine:
+            rc = main(["train", "--model", "mlp", "--dataset", "synthetic", "--steps", "20", "--eval-every", "10",
+                       "--threads", "1", "--mlflow", "", "--model-dir", str(tmp_path / "m"), "--quiet"])
+            assert rc == 0
+            assert mlflow.active_run().info.run_id == mine.info.run_id  # still the user's, still open
+        client = mlflow.tracking.MlflowClient(uri)
+        runs = client.search_runs([mine.info.experiment_id])
+        assert [r.info.run_id for r in runs] == [mine.info.run_id]  # joined: no second run
+        run = client.get_run(mine.info.run_id)
+        assert run.info.status == "FINISHED" and "test/accuracy" in run.data.metrics and "run.lr" in run.data.params
+        model = mlflow.pyfunc.load_model(f"runs:/{mine.info.run_id}/model")
+        assert model.metadata.signature is not None
+        ds = synthetic(8, seed=5)
+        frame = pd.DataFrame({"features": [row.astype("float64") for row in ds.x.reshape(8, -1)]})
+        out = model.predict(frame)
+        want = load_model(tmp_path / "m").predict(torch.from_numpy(ds.x.reshape(8, -1))).argmax(1).double().numpy()
+        assert list(out["prediction"]) == list(want)
+        assert np.allclose(np.stack(out["probability"]).sum(axis=1), 1.0)
+        version = mlflow.register_model(f"runs:/{mine.info.run_id}/model", "sparknet-mlp")
+        assert int(version.version) == 1
+    finally:
+        mlflow.set_tracking_uri(None)
+
+
+def test_the_default_store_is_a_sqlite_file(tmp_path, monkeypatch):
+    from sparknet.sinks import resolve_tracking_uri
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert resolve_tracking_uri(None) == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    assert resolve_tracking_uri("runs/x.db") == f"sqlite:///{tmp_path.resolve() / 'runs' / 'x.db'}"
+    with MLflowSink(experiment="tests") as sink:
+        sink({"event": "round", "round": 1, "steps": 1, "loss": 1.0})
+    assert (tmp_path / "mlflow.db").exists() and "MLFLOW_ALLOW_FILE_STORE" not in os.environ
+    assert MlflowClient(resolve_tracking_uri(None)).get_run(sink.run_id).info.status == "FINISHED"

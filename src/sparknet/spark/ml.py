@@ -30,10 +30,13 @@ import inspect
 import logging
 import math
 import os
+import shutil
+import tempfile
 import threading
 import typing
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,6 +52,7 @@ from sparknet._fields import base_type, field_docs
 from sparknet.config import DistributedConfig, RunConfig, parse_enum
 from sparknet.layers import NetParams
 from sparknet.metrics import MetricsLogger, round_reporter, rounds_total
+from sparknet.sinks import close_sinks, make_sinks
 from sparknet.spark._backend import Held
 from sparknet.spark._session import is_connect, session_parallelism
 from sparknet.spark._shared_path import check_shared_path
@@ -60,7 +64,7 @@ __all__ = ["SparkNetEstimator", "SparkNetModel"]
 log = logging.getLogger(__name__)
 
 _RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", "weight_decay", "lr_policy",
-               "gamma", "power", "seed", "threads", "device", "metrics_out", "quiet")
+               "gamma", "power", "seed", "threads", "device", "metrics_out", "quiet", "mlflow")
 """RunConfig fields that become estimator Params."""
 _DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs", "weight_ema",
                 "target_accuracy", "data_mode", "stream_buffer_mb", "compression", "auto_tau", "auto_tau_target", "outer_lr", "outer_momentum",
@@ -72,6 +76,8 @@ _DOC_OVERRIDES = {
     "quiet": "No progress while fit runs (default: a bar on a terminal or in a notebook, one plain line per round "
              "on standard error when it goes to a log).",
     "metrics_out": "A JSON-lines file on the driver that fit writes every round record to.",
+    "mlflow": "Log fit to MLflow at this tracking URI or path ('': the run active in this program, which fit joins, "
+              "else ./mlflow.db): params, every round's metrics, and the model as an MLflow pyfunc model.",
 }
 _NO_DEFAULT = {"workers"}  # resolved from the session at fit time
 
@@ -534,16 +540,32 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
 
         solver = run.solver()
         task = self.getTask() if self.isDefined(self.task) else None
-        with MetricsLogger(run.metrics_out, progress=not run.quiet, total=rounds_total(run.steps, dist),
-                           sinks=getattr(self, "callbacks", ())) as metrics:
-            trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, task=task,
-                                               on_round=round_reporter(metrics))
-            result = trainer.fit(train, validation, features_col=features_col, label_col=label_col,
-                                 image_shape=image_shape)
-        summary = _plain(result.summary)
         config = {"run": _plain(run), "dist": _plain(dist)}
-        files = _model_io.pack_model(net_params, result.weights, solver=solver, config=config, input_shape=shape,
-                                     metadata={"summary": summary})
+        sinks = make_sinks(mlflow_uri=run.mlflow, run_name=f"{run.model}-estimator", params=config)
+        failed, scratch = True, None
+        try:
+            with MetricsLogger(run.metrics_out, progress=not run.quiet, total=rounds_total(run.steps, dist),
+                               sinks=[*sinks, *map(_rounds_only, getattr(self, "callbacks", ()))]) as metrics:
+                trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, task=task,
+                                                   on_round=round_reporter(metrics))
+                result = trainer.fit(train, validation, features_col=features_col, label_col=label_col,
+                                     image_shape=image_shape)
+                summary = _plain(result.summary)
+                metrics.write({"event": "summary", **summary})
+            files = _model_io.pack_model(net_params, result.weights, solver=solver, config=config, input_shape=shape,
+                                         metadata={"summary": summary})
+            if sinks:  # the MLflow model is made from the model's folder
+                scratch = tempfile.mkdtemp(prefix="sparknet-model-")
+                folder = _model_io.write_model_files(os.path.join(scratch, "model"), files)
+                for sink in sinks:
+                    sink.model_dir = Path(folder)
+            failed = False
+        finally:
+            try:
+                close_sinks(sinks, failed=failed)
+            finally:
+                if scratch is not None:
+                    shutil.rmtree(scratch, ignore_errors=True)
         model = SparkNetModel._from_files(files, allow_pickle=False)
         self._copyValues(model)
         if shape is not None and not model.isSet(model.imageShape):
@@ -552,6 +574,17 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
         model.history = list(result.history)
         model.summary = summary
         return model
+
+
+def _rounds_only(callback):
+    """A user's callback, given the round records alone (the fit's summary goes to metricsOut and MLflow)."""
+
+    def call(record: dict) -> None:
+        if record.get("event") == "round":
+            callback(record)
+
+    call.__qualname__ = f"rounds_only({getattr(callback, '__qualname__', callback)!s})"
+    return call
 
 
 def _plain(obj):

@@ -1,0 +1,148 @@
+"""A sparknet model folder as an MLflow model: the ``pyfunc`` flavour, with an input signature.
+
+What :class:`~sparknet.sinks.MLflowSink` logs at the end of a run, so that::
+
+    model = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
+    model.predict(pandas_df)          # a "features" column of arrays (or numeric columns, one value each)
+
+works in any process with sparknet installed, and the model can be registered and served. The
+folder itself (:func:`sparknet._model_io.save_model`: a JSON net, safetensors weights) is the MLflow
+model's one artifact, and the model is built from code (MLflow's "models from code"): nothing in it is a
+pickle.
+
+Predictions follow the net's task: a classifier gives ``prediction`` (the arg-max class, a double) and
+``probability`` (the softmax); a multi-label net the indices of labels above one half and each label's
+sigmoid; a regressor its outputs as ``prediction``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["SparkNetPyfunc", "save_pyfunc_model", "log_pyfunc_model", "signature_of", "score_frame", "ARTIFACT"]
+
+ARTIFACT = "sparknet_model"
+"""The name of the model folder among the MLflow model's artifacts."""
+
+try:  # the flavour's base class; without MLflow this module only says what it needs
+    from mlflow.pyfunc import PythonModel as _PythonModel
+except ImportError:  # pragma: no cover - MLflow is an extra
+    _PythonModel = object
+
+
+class SparkNetPyfunc(_PythonModel):
+    """The pyfunc wrapper: loads the sparknet folder once, scores pandas frames and arrays."""
+
+    def load_context(self, context) -> None:
+        from sparknet._model_io import load_model
+
+        self.saved = load_model(context.artifacts[ARTIFACT])
+
+    def predict(self, context, model_input, params=None):
+        return score_frame(self.saved, model_input)
+
+
+def _features(saved, model_input) -> np.ndarray:
+    """A pandas frame (a ``features`` column of arrays, or numeric columns) or an array -> float32 ``[n, ...]``."""
+    import pandas as pd
+
+    if isinstance(model_input, pd.DataFrame):
+        if "features" in model_input.columns:
+            x = np.stack([np.asarray(v, dtype=np.float32).reshape(-1) for v in model_input["features"]])
+        else:
+            x = model_input.to_numpy(dtype=np.float32)
+    else:
+        x = np.asarray(model_input, dtype=np.float32)
+    x = x.reshape(len(x), -1)
+    if saved.input_shape is not None:
+        if x.shape[1] != int(np.prod(saved.input_shape)):
+            raise ValueError(f"each row has {x.shape[1]} feature values but the model takes shape "
+                             f"{tuple(saved.input_shape)}")
+        x = x.reshape(len(x), *saved.input_shape)
+    return x
+
+
+def score_frame(saved, model_input):
+    """What :meth:`SparkNetPyfunc.predict` returns: a pandas frame of ``prediction`` (and ``probability``)."""
+    import pandas as pd
+    import torch
+
+    from sparknet.task import Task
+
+    logits = saved.predict(torch.from_numpy(_features(saved, model_input))).double()
+    task = saved.net.task
+    if task is Task.REGRESSION:
+        out = logits.reshape(len(logits), -1).numpy()
+        return pd.DataFrame({"prediction": out[:, 0] if out.shape[1] == 1 else list(out)})
+    if task is Task.MULTILABEL:
+        prob = torch.sigmoid(logits).numpy()
+        return pd.DataFrame({"prediction": [np.flatnonzero(p > 0.5).astype(np.float64) for p in prob],
+                             "probability": list(prob)})
+    prob = torch.softmax(logits, dim=1).numpy()
+    return pd.DataFrame({"prediction": prob.argmax(axis=1).astype(np.float64), "probability": list(prob)})
+
+
+def signature_of(saved):
+    """The MLflow signature of a model: a ``features`` column of float arrays in; ``prediction`` (and
+    ``probability``) out, as :func:`score_frame` gives them for the net's task."""
+    import torch
+    from mlflow.models import ModelSignature
+    from mlflow.types import DataType
+    from mlflow.types.schema import Array, ColSpec, Schema
+
+    from sparknet.task import Task
+
+    vector = Array(DataType.double)
+    task = saved.net.task
+    if task is Task.REGRESSION:
+        with torch.no_grad():
+            outputs = saved.predict(torch.zeros(1, *saved.input_shape)).numel()
+        out = [ColSpec(DataType.double if outputs == 1 else vector, "prediction")]
+    elif task is Task.MULTILABEL:
+        out = [ColSpec(vector, "prediction"), ColSpec(vector, "probability")]
+    else:
+        out = [ColSpec(DataType.double, "prediction"), ColSpec(vector, "probability")]
+    return ModelSignature(inputs=Schema([ColSpec(vector, "features")]), outputs=Schema(out))
+
+
+def save_pyfunc_model(model_dir: str | os.PathLike, path: str | os.PathLike) -> str:
+    """Write the sparknet folder ``model_dir`` as an MLflow pyfunc model at ``path`` (a new folder); returns it.
+
+    The model is built from code (``sparknet/_mlflow_code.py``), not a pickle; its signature is
+    :func:`signature_of`; its requirements are sparknet's and torch's versions as installed (named, not
+    inferred: inferring them would load the model in a second process)."""
+    import mlflow.pyfunc
+    import pandas as pd
+    import torch
+
+    from sparknet import __version__
+    from sparknet._model_io import load_model
+
+    saved = load_model(model_dir)
+    if saved.input_shape is None:
+        raise ValueError(f"the model folder {model_dir} does not say its input shape; an MLflow signature needs it")
+    example = pd.DataFrame({"features": [[0.0] * int(np.prod(saved.input_shape))]})
+    with warnings.catch_warnings():  # MLflow's advice to type-hint predict: the signature is given in full
+        warnings.filterwarnings("ignore", message=".*type hints.*", category=UserWarning)
+        mlflow.pyfunc.save_model(path=str(path), python_model=str(Path(__file__).with_name("_mlflow_code.py")),
+                                 artifacts={ARTIFACT: str(model_dir)}, signature=signature_of(saved),
+                                 input_example=example,
+                                 pip_requirements=[f"sparknet=={__version__}",
+                                                   f"torch=={torch.__version__.split('+')[0]}"])
+    return str(path)
+
+
+def log_pyfunc_model(client, run_id: str, model_dir: str | os.PathLike, artifact_path: str = "model") -> None:
+    """Log ``model_dir`` to ``run_id`` as an MLflow pyfunc model under ``artifact_path`` (``runs:/ID/model``)."""
+    staging = Path(tempfile.mkdtemp(prefix="sparknet-mlflow-"))
+    try:
+        save_pyfunc_model(model_dir, staging / "model")
+        client.log_artifacts(run_id, str(staging / "model"), artifact_path=artifact_path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
