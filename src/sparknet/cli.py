@@ -259,6 +259,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, FloatingPointError) as e:
         log.error("%s", e)
         return 2
+    except ImportError as e:  # an optional part not installed: the message says which extra has it
+        log.error("%s", e)
+        return 2
     except KeyboardInterrupt:
         log.error("interrupted")
         return 130

@@ -231,7 +231,7 @@ def test_import_then_export_round_trips_exactly(tmp_path, capsys):
     weights = net.build(seed=4).layer_weights()
     original = write_caffemodel(tmp_path / "lenet.caffemodel", weights, net)
     assert main(["caffe", "import", "--prototxt", str(LENET_NET), "--weights", str(original),
-                 "--solver", str(LENET_SOLVER), "--out", str(tmp_path / "model")]) == 0
+                 "--solver", str(LENET_SOLVER), "--model-dir", str(tmp_path / "model")]) == 0
     saved = load_model(tmp_path / "model")
     assert saved.solver.lr_policy.value == "inv" and saved.config["caffe"]["dataset"] == "mnist"
     x = torch.rand(3, 1, 28, 28)
@@ -271,7 +271,7 @@ def test_export_a_layer_dsl_model_folder(tmp_path):
 
 
 def test_import_missing_files_exit_2(tmp_path):
-    assert main(["caffe", "import", "--prototxt", str(tmp_path / "none.prototxt"), "--out", str(tmp_path / "m")]) == 2
+    assert main(["caffe", "import", "--prototxt", str(tmp_path / "none.prototxt"), "--model-dir", str(tmp_path / "m")]) == 2
     assert main(["caffe", "export", "--model-dir", str(tmp_path / "none"), "--out", str(tmp_path / "x")]) == 2
 
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from sparknet._fields import OldName
 from sparknet._model_io import load_model, save_model
 from sparknet.caffe import train as caffe_train
 from sparknet.caffe.caffemodel import (describe_caffemodel, load_caffemodel_into, read_caffemodel_layers,
@@ -372,7 +373,9 @@ def _run_export(args: argparse.Namespace) -> int:
 
 
 def _run_import(args: argparse.Namespace) -> int:
-    path = import_caffe(args.prototxt, args.out, weights=args.weights, solver=args.solver, phase=args.phase,
+    if args.model_dir is None:
+        raise ValueError("give the model folder to write: --model-dir DIR")
+    path = import_caffe(args.prototxt, args.model_dir, weights=args.weights, solver=args.solver, phase=args.phase,
                         seed=args.seed, overwrite=args.overwrite)
     print(path)
     return 0
@@ -403,7 +406,8 @@ def configure_command(p: argparse.ArgumentParser) -> None:
     i.add_argument("--prototxt", required=True, help="Caffe net prototxt")
     i.add_argument("--weights", default=None, help=".caffemodel with the weights (default: the fillers' weights)")
     i.add_argument("--solver", default=None, help="solver prototxt to store with the model (optional)")
-    i.add_argument("--out", required=True, help="model folder to write")
+    i.add_argument("--model-dir", default=None, help="model folder to write")
+    i.add_argument("--out", dest="model_dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS, action=OldName)
     i.add_argument("--phase", choices=["TRAIN", "TEST"], default="TRAIN", type=str.upper,
                    help="which phase of the net to keep (default TRAIN)")
     i.add_argument("--seed", type=int, default=0, help="seed of the filler weights when no --weights is given")

@@ -431,7 +431,10 @@ def spark_fit(config: SparkExperimentConfig, spark, df, test=None, *, steps: int
 
 def pyplot():
     """matplotlib's pyplot on the Agg backend (no display needed)."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as e:
+        raise ImportError("drawing figures needs matplotlib: pip install 'sparknet[plot]'") from e
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

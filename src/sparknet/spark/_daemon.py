@@ -35,5 +35,24 @@ gc.collect()
 gc.freeze()
 keep_freed_memory()  # the workers' steps reuse their heap instead of mapping fresh pages (sparknet._malloc)
 
+_worker = daemon.worker
+
+
+def _quiet_worker(sock, authenticated):
+    """pyspark's ``worker``, except that a worker whose socket the executor closed ends without a traceback.
+
+    The executor stops a Python worker that sat idle for a minute by closing its socket; the worker's last flush
+    then raises ``BrokenPipeError`` and pyspark's daemon prints its traceback: two tracebacks in the middle of
+    every run that starts a worker it stops using (a conversion job's, early on). The worker is gone either way
+    (the exit code ends it); only the noise goes. Any other error is pyspark's to report.
+    """
+    try:
+        return _worker(sock, authenticated)
+    except BrokenPipeError:
+        return 1
+
+
+daemon.worker = _quiet_worker  # manager() calls the module's own name
+
 if __name__ == "__main__":
     daemon.manager()

@@ -31,6 +31,19 @@ def is_local_master(master: str | None) -> bool:
     return bool(_LOCAL.match(master) or _LOCAL_CLUSTER.match(master))
 
 
+PYSPARK_MISSING = ("training on Spark needs pyspark, which sparknet leaves to the machine: pip install "
+                   "'sparknet[spark]' (or 'sparknet[local]' for one machine), or use the cluster's own pyspark")
+
+
+def require_pyspark():
+    """``pyspark.sql``, or an ``ImportError`` that says how to get pyspark (sparknet does not install it)."""
+    try:
+        import pyspark.sql
+    except ImportError as e:
+        raise ImportError(PYSPARK_MISSING) from e
+    return pyspark.sql
+
+
 def is_connect(obj) -> bool:
     """Whether ``obj`` (a SparkSession or a DataFrame) belongs to a Spark Connect session.
 
@@ -239,8 +252,7 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         Spark's log level (``ERROR``, ``WARN``, ``INFO``...); default ``$SPARKNET_SPARK_LOG_LEVEL``,
         else ``ERROR``.
     """
-    from pyspark.sql import SparkSession
-
+    SparkSession = require_pyspark().SparkSession
     level = spark_log_level(log_level)
     active = SparkSession.getActiveSession()
     if active is not None:

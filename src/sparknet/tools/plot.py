@@ -135,7 +135,10 @@ def plot_metrics(metrics: str | os.PathLike | Sequence[dict], out: str | os.Path
     ValueError
         When the records hold nothing to plot, or ``out`` is missing for a list of records.
     """
-    from matplotlib.figure import Figure  # matplotlib loads only when a figure is drawn
+    try:
+        from matplotlib.figure import Figure  # matplotlib loads only when a figure is drawn
+    except ImportError as e:
+        raise ImportError("sparknet plot needs matplotlib: pip install 'sparknet[plot]'") from e
 
     if isinstance(metrics, (str, os.PathLike)):
         source = Path(metrics)
