@@ -154,7 +154,17 @@ def _guarded(payload_bc, params: StagePlan, val_bc, chunks):
     except Exception as exc:
         failure = worker_failure(rank, exc)
         _report_failure(params, rank, exc, str(failure))
+        if not params.endpoint and _is_collective_failure(exc):
+            # no channel to tell the driver which rank failed first (a Spark Connect stage): a rank whose
+            # collective broke because a peer failed waits a moment, so that Spark fails the stage with the
+            # peer's own error (this task is killed meanwhile)
+            time.sleep(PEER_FAILURE_GRACE_S)
         raise failure from None
+
+
+PEER_FAILURE_GRACE_S = 5.0
+"""Without a channel to the driver: how long a rank whose collective broke waits before it fails, so the rank
+whose own failure broke it is the one Spark reports."""
 
 
 class StuckPeers(RuntimeError):
