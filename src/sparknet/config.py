@@ -290,6 +290,9 @@ class DistributedConfig:
     eval_budget: float = 0.05
     """Largest share of the run's wall time evaluations may take: a due evaluation is put off to a later
     round while they have taken more (1: never put off)."""
+    eval_overlap: bool = False
+    """Rounds engine: score each round's weights on the driver in a thread while the next round trains, off the
+    round's critical path; records come out, and the target is judged, one round late."""
     weight_ema: float | None = None
     """Keep a moving average of the global weights over rounds with this decay per round (in (0, 1), e.g. 0.9;
     the first rounds use min(decay, (1 + r) / (10 + r))): every evaluation also scores it (val_ema_<metric>),
@@ -386,6 +389,9 @@ class DistributedConfig:
             raise ValueError(f"eval_budget is a share of the wall time in (0, 1], got {self.eval_budget}")
         if self.eval_screen_rows < 0:
             raise ValueError(f"eval_screen_rows must be 0 (always the whole set) or more, got {self.eval_screen_rows}")
+        if self.eval_overlap and self.engine is not Engine.ROUNDS:
+            raise ValueError(f"eval_overlap (--eval-overlap) scores the weights on the driver behind the rounds "
+                             f"engine's jobs; the {self.engine.value} engine evaluates on its workers, in the round")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be at least 1 round, got {self.checkpoint_every}")
         if self.checkpoint_keep < 1:
@@ -457,7 +463,7 @@ class DistributedConfig:
         """When the round loop evaluates, and on how many rows (--eval-every-rounds, --eval-screen-rows,
         --eval-budget)."""
         return EvalPlan(every=self.eval_every_rounds, screen_rows=self.eval_screen_rows or None,
-                        budget=None if self.eval_budget >= 1.0 else self.eval_budget)
+                        budget=None if self.eval_budget >= 1.0 else self.eval_budget, overlap=self.eval_overlap)
 
     def streaming(self) -> Streaming | None:
         """How the round's exchange runs late or in parts (--overlap, --fragments); ``None``: neither."""

@@ -1,10 +1,10 @@
 """Fault injection for reliability tests: make worker r fail at round n, on one attempt only.
 
-A fault is written ``rank=1,round=3,kind=kill[,attempt=0]`` (several joined by ``;``), given
-to :class:`~sparknet.spark.EngineOptions` as ``fault=`` or in the environment variable
-``SPARKNET_FAULT`` of the driver. The driver parses it and ships it to the executors inside
-the job (so it reaches every worker however the cluster was started). Rounds count from 1,
-as in the round records.
+A fault is written ``rank=1,round=3,kind=kill[,attempt=0]`` (several joined by ``;``) and given
+to :class:`~sparknet.spark.EngineOptions` as ``fault=``: in code only, never read from the
+environment, so no setting a production run inherits can make its workers fail. The driver parses
+it and ships it to the executors inside the job (so it reaches every worker however the cluster was
+started). Rounds count from 1, as in the round records.
 
 Kinds:
 
@@ -27,15 +27,13 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Fault", "InjectedFault", "KINDS", "ENV_VAR", "parse_faults", "faults_from", "due_fault"]
+__all__ = ["Fault", "InjectedFault", "KINDS", "parse_faults", "faults_from", "due_fault"]
 
 log = logging.getLogger(__name__)
 
 KINDS = ("raise", "exit", "kill", "hang", "nan")
-ENV_VAR = "SPARKNET_FAULT"
 _KEYS = ("rank", "round", "kind", "attempt", "hang_s")
 _EXAMPLE = "e.g. rank=1,round=3,kind=kill"
 
@@ -129,12 +127,10 @@ def parse_faults(text: str | None) -> tuple[Fault, ...]:
     return tuple(_parse_one(part) for part in str(text).split(";") if part.strip())
 
 
-def faults_from(config: str | Fault | tuple | list | None = None, environ: Mapping[str, str] | None = None
-                ) -> tuple[Fault, ...]:
-    """The faults of a run: those configured, else those in ``$SPARKNET_FAULT`` (read on the driver)."""
+def faults_from(config: str | Fault | tuple | list | None = None) -> tuple[Fault, ...]:
+    """The faults a run was configured with (none by default; the environment is never read)."""
     if config is None or config == "" or config == ():
-        environ = os.environ if environ is None else environ
-        return parse_faults(environ.get(ENV_VAR))
+        return ()
     if isinstance(config, Fault):
         return (config,)
     if isinstance(config, str):

@@ -210,6 +210,12 @@ class Exchange(abc.ABC):
         receives; by default what :meth:`evaluate` says of them."""
         return self.evaluate(flat, rows=rows)
 
+    def background_evaluator(self) -> Exchange | None:
+        """An exchange whose :meth:`evaluate` and :meth:`evaluate_average` may run in another thread while this
+        one runs rounds (its own copy of the evaluating net), for :attr:`EvalPlan.overlap`; ``None``: this engine
+        cannot evaluate behind its rounds."""
+        return None
+
     def agree(self, due: bool) -> bool:
         """Whether to evaluate, the same on every rank: an engine whose ranks each decide (from their own
         clocks) takes any rank's yes."""
@@ -350,8 +356,27 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
     """
     progress = progress if progress is not None else Progress()
     t0 = time.perf_counter() if t0 is None else t0
-    K = exchange.workers
     check = _Evaluation(exchange, evaluation or EvalPlan(), stop.target_accuracy, t0, average)
+    if not check.plan.overlap:
+        return _loop(exchange, strategy, global_flat, stop, progress, auto, check, on_record, t0, average)
+    background = exchange.background_evaluator()
+    if background is None:
+        raise ValueError(f"the {exchange.engine} engine evaluates where it trains and cannot evaluate behind its "
+                         "rounds; train without eval_overlap (--eval-overlap), or with the rounds engine on Spark")
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="sparknet-eval") as pool:  # waits for an evaluation in flight
+        check.behind = (pool, background)
+        return _loop(exchange, strategy, global_flat, stop, progress, auto, check, on_record, t0, average)
+
+
+def _loop(exchange: Exchange, strategy: TrainingStrategy, global_flat: torch.Tensor, stop: StopRule,
+          progress: Progress, auto: AutoTau | None, check: _Evaluation, on_record, t0: float,
+          average: WeightAverage | None) -> torch.Tensor:
+    """:func:`run_rounds`' loop. With an overlapped evaluation (``check.behind``) a round's record waits in
+    ``pending`` while its weights are scored behind the next round, and is handed on (in round order) once scored."""
+    K = exchange.workers
+    pending: tuple[dict, object] | None = None  # (record, future) of the round scored behind this one
     while True:
         if auto is not None:
             stop.tau = auto.tau
@@ -396,9 +421,23 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
             record["nonfinite_workers"] = len(update.nonfinite)
             log.warning("round %d: workers %s had NaN/Inf loss or weights and were left out of the average", r,
                         list(update.nonfinite))
-        accuracy = check.round(r, global_flat, record, last=last)
+        behind = None
+        if check.behind is None:
+            accuracy = check.round(r, global_flat, record, last=last)
+        else:  # the previous round's score decides; this round's is scored while the next one trains
+            accuracy = None
+            if pending is not None:
+                (earlier, future), pending = pending, None
+                accuracy = future.result()
+                if on_record is not None:
+                    on_record(earlier)
+            if not last and stop.reason(r, progress.steps_done, progress.samples_done, accuracy) is None:
+                behind = check.submit(r, global_flat, record)
         reason = (stop.reason(r, progress.steps_done, progress.samples_done, accuracy)
                   or exchange.stop_reason(record, progress))
+        if reason is not None and behind is not None:
+            behind.result()  # the exchange stopped the run: this round is the last, scored now
+            behind = None
         if reason is not None and "val_loss" not in record:
             check.full(global_flat, record)
         if reason is None and update.steps == 0:
@@ -408,7 +447,9 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
         record["wall_s"] = time.perf_counter() - t0
         exchange.round_done(record, global_flat, progress)
         record["wall_s"] = time.perf_counter() - t0
-        if on_record is not None:
+        if behind is not None:
+            pending = (record, behind)
+        elif on_record is not None:
             on_record(record)
         if reason is not None:
             return global_flat if average is None else average.flat
@@ -424,56 +465,80 @@ class _Evaluation:
         self.since_full = 0  # evaluations since the last full one
         self.spent_s = 0.0  # seconds evaluating so far
         self.done = 0  # evaluations so far
+        self.behind = None  # (thread pool, evaluating exchange) of an overlapped evaluation
+
+    def due(self, r: int, last: bool) -> bool:
+        """Whether round ``r``'s weights are to be evaluated (every ``plan.every`` rounds, within the budget)."""
+        if r % self.plan.every:
+            return False
+        if self.plan.budget is not None and not last:
+            over = self.done > 0 and self.spent_s > self.plan.budget * (time.perf_counter() - self.t0)
+            if not self.exchange.agree(not over):
+                return False
+        return True
 
     def round(self, r: int, global_flat: torch.Tensor, record: dict, *, last: bool = False) -> float | None:
         """Evaluate after round ``r`` when it is due; the whole set's score (accuracy, or R²) when measured,
         else ``None``."""
-        if r % self.plan.every:
+        if not self.due(r, last):
             return None
-        if self.plan.budget is not None and not last:
-            over = self.done > 0 and self.spent_s > self.plan.budget * (time.perf_counter() - self.t0)
-            if not self.exchange.agree(not over):
-                return None
-        accuracy = self._round(global_flat, record)
+        return self._counted(global_flat, record, self.exchange, None if self.average is None else self.average.flat)
+
+    def submit(self, r: int, global_flat: torch.Tensor, record: dict):
+        """Round ``r``'s evaluation in the background when due: a future of what :meth:`round` returns (``None``
+        when none is due). It scores copies of the weights, so the loop goes on changing its own."""
+        if not self.due(r, False):
+            return None
+        pool, background = self.behind
+        avg = None if self.average is None else self.average.flat.clone()
+        record["eval_overlapped"] = True
+        return pool.submit(self._counted, global_flat.clone(), record, background, avg)
+
+    def _counted(self, global_flat, record, via, avg) -> float | None:
+        accuracy = self._round(global_flat, record, via, avg)
         self.done += 1
         self.spent_s += record.get("eval_s", 0.0)  # the screen and the full pass, as the record has them
         return accuracy
 
-    def _round(self, global_flat: torch.Tensor, record: dict) -> float | None:
+    def _round(self, global_flat: torch.Tensor, record: dict, via: Exchange, avg) -> float | None:
         if self.screening and self.since_full + 1 < self.plan.full_every:
             rows = self.plan.screen_rows
             t = time.perf_counter()
-            result = self.exchange.evaluate(global_flat, rows=rows)
+            result = via.evaluate(global_flat, rows=rows)
             if result is None:
                 return None
             record.update({f"screen_{k}": v for k, v in result.metrics.items()}, screen_loss=result.loss,
                           screen_rows=rows)
-            result = self._average(result, record, "screen", rows)
+            result = self._average(result, record, "screen", rows, via, avg)
             record["eval_s"] = time.perf_counter() - t
             near = self.target is not None and result.score >= self.target - screen_margin(self.target, rows)
             if not near:
                 self.since_full += 1
                 return None
-        return self.full(global_flat, record)
+        return self.full(global_flat, record, via, avg)
 
-    def full(self, global_flat: torch.Tensor, record: dict) -> float | None:
-        """Evaluate on the whole validation set (``None``: there is none)."""
+    def full(self, global_flat: torch.Tensor, record: dict, via: Exchange | None = None, avg=None) -> float | None:
+        """Evaluate on the whole validation set (``None``: there is none), by ``via`` (default: the exchange)."""
+        via = via or self.exchange
+        if avg is None and self.average is not None:
+            avg = self.average.flat
         t = time.perf_counter()
-        result = self.exchange.evaluate(global_flat)
+        result = via.evaluate(global_flat)
         if result is None:
             return None
         self.since_full = 0
         record.update({f"val_{k}": v for k, v in result.metrics.items()}, val_loss=result.loss)
-        result = self._average(result, record, "val", None)
+        result = self._average(result, record, "val", None, via, avg)
         record["eval_s"] = record.get("eval_s", 0.0) + time.perf_counter() - t
         return result.score
 
-    def _average(self, result: EvalResult, record: dict, prefix: str, rows: int | None) -> EvalResult:
-        """With a moving average: its scores beside the global weights' (``<prefix>_ema_<metric>``), and its
-        result (what the target is judged on); without one: ``result``."""
-        if self.average is None:
+    def _average(self, result: EvalResult, record: dict, prefix: str, rows: int | None, via: Exchange,
+                 avg) -> EvalResult:
+        """With a moving average (``avg``, its weights): its scores beside the global weights'
+        (``<prefix>_ema_<metric>``), and its result (what the target is judged on); without one: ``result``."""
+        if avg is None:
             return result
-        avg = self.exchange.evaluate_average(self.average.flat, rows=rows)
+        avg = via.evaluate_average(avg, rows=rows)
         record.update({f"{prefix}_ema_{k}": v for k, v in avg.metrics.items()}, **{f"{prefix}_ema_loss": avg.loss})
         return avg
 

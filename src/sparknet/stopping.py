@@ -71,6 +71,10 @@ class EvalPlan:
     """Largest share of the loop's wall time its evaluations may take (``None``: no limit). A due
     evaluation is put off to a later round while those so far have taken more; the first and the
     last are never put off."""
+    overlap: bool = False
+    """Evaluate a round's weights in a thread of their own while the next round trains (an engine whose loop
+    runs on the driver, with a second copy of its evaluating net): the record comes out, and the target is
+    judged, a round late; the last round is evaluated at once, as ever."""
 
     def __post_init__(self):
         if self.every < 1:

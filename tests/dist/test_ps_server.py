@@ -298,3 +298,23 @@ def test_last_heard_moves_on_authenticated_messages_only(server):
         assert server.last_heard > t0
     finally:
         raw.close()
+
+
+def test_a_signed_push_of_nan_or_inf_is_refused_counted_and_told(server):
+    """A worker that diverged: its correctly signed push holds NaN (or Inf). It never reaches the weights; the
+    server counts it under its reason and tells the worker, whose client raises; good pushes go on landing."""
+    creds = server.new_job()
+    with PSClient(server.endpoint, creds.job_id, creds.secret, worker=0, timeout=10) as c:
+        r = c.push(1, np.full(N, STEP, np.float32), 0)
+        assert r.status is Status.APPLIED
+        for step, bad in ((2, np.nan), (3, np.inf)):
+            delta = np.full(N, STEP, np.float32)
+            delta[7] = bad
+            with pytest.raises(RejectedError, match="nonfinite") as info:
+                c.push(step, delta, r.version)
+            assert info.value.reason == Reason.NONFINITE
+        np.testing.assert_array_equal(server.weights(), np.full(N, STEP, np.float32))  # untouched
+        assert c.push(4, np.full(N, STEP, np.float32), r.version).status is Status.APPLIED
+    stats = server.stats()
+    assert stats["rejected"] == {"nonfinite": 2} and stats["pushes_applied"] == 2
+    assert np.isfinite(server.weights()).all()

@@ -191,3 +191,42 @@ def test_a_partition_whose_files_vanished_is_rerun_from_the_cached_chunks(spark,
     assert [w["source"] for w in res.history[1]["per_worker"]] == ["chunks", "chunks"]
     assert all(w["source"] in ("cache", "file") for w in res.history[2]["per_worker"])
     assert np.isfinite(res.history[-1]["loss"])
+
+
+def test_an_overlapped_evaluation_scores_the_same_weights_a_round_late(spark):
+    """eval_overlap: each round's weights are scored in a driver thread while the next round's job runs. Training
+    is untouched (the same final weights, bit for bit); every record carries the same scores as without overlap,
+    handed on in round order; the target, seen a round late, ends the run one round later."""
+    x, y = blobs(400, seed=6)
+    vx, vy = blobs(300, seed=7)
+    df = spark.createDataFrame([(x[i].tolist(), int(y[i])) for i in range(len(y))], "features array<float>, label long")
+    df = df.repartition(2).cache()
+
+    def fit(overlap: bool, **dist):
+        seen = []
+        kw = dict(workers=2, tau=5, eval_budget=1.0, eval_screen_rows=0, eval_overlap=overlap)
+        kw.update(dist)
+        res = SparkTrainer(mlp(1), WorkerConfig(solver=SolverConfig(base_lr=0.05), batch_size=16, seed=2),
+                           DistributedConfig(**kw), on_round=seen.append).fit(df, validation=(vx, vy))
+        assert [r["round"] for r in seen] == [r["round"] for r in res.history]  # handed on in round order
+        return res, seen
+
+    plain, _ = fit(False, rounds=6)
+    behind, seen = fit(True, rounds=6)
+    assert torch.equal(_flat(plain), _flat(behind))
+    assert [r["val_accuracy"] for r in behind.history] == [r["val_accuracy"] for r in plain.history]
+    assert [r["val_loss"] for r in behind.history] == [r["val_loss"] for r in plain.history]
+    assert [r.get("eval_overlapped", False) for r in behind.history] == [True] * 5 + [False]  # the last: at once
+
+    target = 0.97
+    plain, _ = fit(False, rounds=40, target_accuracy=target)
+    behind, _ = fit(True, rounds=40, target_accuracy=target)
+    first = next(r["round"] for r in plain.history if r["val_accuracy"] >= target)
+    assert plain.summary["stop_reason"] == "target_accuracy" and plain.summary["rounds"] == first
+    assert behind.summary["stop_reason"] == "target_accuracy" and behind.summary["rounds"] == first + 1
+    assert [r["val_accuracy"] for r in behind.history[:first]] == [r["val_accuracy"] for r in plain.history]
+
+
+def test_overlap_is_refused_where_the_evaluation_runs_with_the_training():
+    with pytest.raises(ValueError, match="eval_overlap.*barrier engine evaluates on its workers"):
+        DistributedConfig(workers=2, engine="barrier", eval_overlap=True)

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from sparknet.faults import ENV_VAR, Fault, InjectedFault, due_fault, faults_from, parse_faults
+from sparknet.faults import Fault, InjectedFault, due_fault, faults_from, parse_faults
 from sparknet.net import Net
 
 
@@ -33,12 +33,11 @@ def test_bad_specs_say_what_is_wrong(text, match):
         parse_faults(text)
 
 
-def test_configuration_wins_over_the_environment():
-    env = {ENV_VAR: "rank=0,round=1,kind=raise"}
-    assert faults_from(None, env) == (Fault(rank=0, round=1, kind="raise"),)
-    assert faults_from("rank=1,round=2,kind=exit", env) == (Fault(rank=1, round=2, kind="exit"),)
-    assert faults_from(Fault(rank=2, round=1, kind="nan"), env)[0].rank == 2
-    assert faults_from(None, {}) == ()
+def test_faults_come_from_the_configuration_only(monkeypatch):
+    monkeypatch.setenv("SPARKNET_FAULT", "rank=0,round=1,kind=raise")  # what older versions read: ignored now
+    assert faults_from(None) == () and faults_from("") == ()
+    assert faults_from("rank=1,round=2,kind=exit") == (Fault(rank=1, round=2, kind="exit"),)
+    assert faults_from(Fault(rank=2, round=1, kind="nan"))[0].rank == 2
     with pytest.raises(TypeError):
         faults_from([object()])
 
@@ -66,3 +65,11 @@ def test_exit_and_kill_end_the_process(kind, code):
     proc = subprocess.run([sys.executable, "-c", src], timeout=60, env=os.environ.copy())
     assert proc.returncode == code
 
+
+
+def test_a_parameter_server_task_spec_never_shows_its_secret():
+    from sparknet.ps._worker import TaskSpec
+
+    spec = TaskSpec(endpoint="tcp://127.0.0.1:1", job_id=b"j" * 16, secret=b"s3cr3t-key-bytes", net={}, solver={},
+                    batch_size=8, tau=1, seed=0, epoch=0, iteration=0, shuffle=True, sample_shape=None, timeout_s=60.0)
+    assert "s3cr3t" not in repr(spec) and "secret" not in repr(spec)

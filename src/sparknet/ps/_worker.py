@@ -23,7 +23,7 @@ import math
 import socket
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -50,8 +50,8 @@ class TaskSpec:
     """``tcp://host:port`` of the parameter server."""
     job_id: bytes
     """This Spark job's id on the wire."""
-    secret: bytes
-    """This job's HMAC key (never sent over the server's socket)."""
+    secret: bytes = field(repr=False)
+    """This job's HMAC key (never sent over the server's socket, never in a repr or a log line)."""
     net: dict
     """``{"netparams": NetParams.to_dict()}`` (plain data), or ``{"module": a torch.nn.Module}`` for a plain module."""
     solver: dict
@@ -220,12 +220,12 @@ def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[d
                 xb, yb = next(batches)
                 out = spec.train_step(net, (torch.from_numpy(xb), torch.from_numpy(yb)))
                 loss = getattr(out, "last_loss", out)
-                loss = float(loss) if isinstance(loss, (int, float)) or hasattr(loss, "item") else math.nan
+                loss = float(loss) if isinstance(loss, (int, float)) or hasattr(loss, "item") else None
                 samples = len(yb)
             record["train_s"] += time.perf_counter() - t0
             record["samples"] += samples
-            if not math.isnan(loss):
-                if not math.isfinite(loss):
+            if loss is not None:  # None: a custom step that reports no loss
+                if not math.isfinite(loss):  # NaN included: it once passed as "no loss" and trained on
                     raise FloatingPointError(f"the loss became {loss} at step {step} of epoch "
                                              f"{spec.epoch}; lower the learning rate")
                 loss_sum += loss

@@ -397,6 +397,10 @@ class ParameterServer:
                 status, mix, payload = Status.PULLED, 1.0, self._flat
             else:
                 self._pushes_received += 1
+                if not np.isfinite(msg.array()).all():  # a diverged worker's push never reaches the weights
+                    bad = int((~np.isfinite(msg.array())).sum())
+                    raise WireError(Reason.NONFINITE, f"{bad} of {h.count} values are NaN or infinite; the "
+                                                      "worker diverged (lower its learning rate)")
                 applied_to = job.applied_step.get(h.worker, -1)
                 if h.step <= applied_to:
                     # Another attempt of this partition already pushed this step: acknowledge only.

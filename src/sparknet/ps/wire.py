@@ -133,6 +133,8 @@ class Reason(enum.IntEnum):
     """A base version newer than the server's own."""
     INTERNAL = 10
     """The server failed while handling an otherwise valid message (a bug; logged with a trace)."""
+    NONFINITE = 11
+    """An authenticated push holding NaN or infinite values (a worker that diverged): never combined."""
 
     @property
     def label(self) -> str:

@@ -13,6 +13,7 @@ is :func:`sparknet.loop.run_rounds`'s business.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import time
@@ -84,6 +85,7 @@ class SparkRoundsExchange(Exchange):
         self.round_timeout_s, self.link = round_timeout_s, link
         self.checkpoint, self.wants_state = checkpoint, wants_state
         self.numel = driver_net.get_flat().numel()
+        self._background = None
         self.down = None
         if self.compression is not CompressionKind.NONE:
             self.down = Downlink(make_compressor(self.compression), self.numel)
@@ -289,6 +291,15 @@ class SparkRoundsExchange(Exchange):
         self.driver_net.set_flat(global_flat)
         return self.driver_net.evaluate(sample=rows)
 
+    def background_evaluator(self) -> _DriverEvaluator:
+        """A copy of the driver's net (sharing its validation and warm-up tensors, which nothing writes) that scores
+        weights in a thread of its own while the next round's job runs: the driver's net is the checkpoints' too."""
+        if self._background is None:
+            net = self.driver_net
+            shared = [t for data in (net._val, getattr(net, "_train", None)) if data is not None for t in data]
+            self._background = _DriverEvaluator(copy.deepcopy(net, {id(t): t for t in shared}))
+        return self._background
+
     def new_global(self, global_flat: torch.Tensor, progress: Progress) -> None:
         self.latest = global_flat
 
@@ -299,6 +310,24 @@ class SparkRoundsExchange(Exchange):
                                None if self.down is None else self.down.state_dict())
         if path is not None:
             record["checkpoint"] = path
+
+
+class _DriverEvaluator(Exchange):
+    """Scores global weights on the driver with a net of its own (:meth:`SparkRoundsExchange.background_evaluator`)."""
+
+    engine = "rounds"
+
+    def __init__(self, net):
+        self.net = net
+
+    def run_round(self, plan, global_flat):  # pragma: no cover - it only evaluates
+        raise NotImplementedError("an evaluator runs no rounds")
+
+    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None):
+        if self.net._val is None:
+            return None
+        self.net.set_flat(global_flat)
+        return self.net.evaluate(sample=rows)
 
 
 def run_rounds_engine(trainer, sc, group: str, staged, chunks, spec, global_flat: torch.Tensor, stop: StopRule,

@@ -68,7 +68,7 @@ _RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", 
 """RunConfig fields that become estimator Params."""
 _DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs", "weight_ema",
                 "target_accuracy", "data_mode", "stream_buffer_mb", "compression", "auto_tau", "auto_tau_target", "outer_lr", "outer_momentum",
-                "easgd_beta", "overlap", "fragments")
+                "easgd_beta", "overlap", "fragments", "eval_overlap")
 """DistributedConfig fields that become estimator Params."""
 _DOC_OVERRIDES = {
     "workers": "Number of workers K (default: the session's default parallelism).",

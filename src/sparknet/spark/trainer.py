@@ -129,8 +129,8 @@ class EngineOptions:
     """Barrier engine: rounds between the global weights and strategy state sent to the driver (what a
     restart starts from)."""
     fault: str | None = None
-    """Injected faults for reliability tests, e.g. ``rank=1,round=3,kind=kill`` (see sparknet.faults;
-    default: the SPARKNET_FAULT environment variable of the driver)."""
+    """Injected faults for reliability tests, e.g. ``rank=1,round=3,kind=kill`` (see sparknet.faults; default none:
+    faults are set here only, never read from the environment)."""
     link: LinkModel | None = None
     """A simulated slow network (:class:`sparknet.link.LinkModel`): in the rounds engine each task waits
     ``link.delay(bytes)`` for its download of the weights and again for its upload; in the barrier engine
@@ -153,7 +153,7 @@ class EngineOptions:
             raise ValueError(f"max_restarts must be 0 or more, got {self.max_restarts}")
         if self.state_every_rounds < 1:
             raise ValueError(f"state_every_rounds must be at least 1, got {self.state_every_rounds}")
-        faults_from(self.fault, {})  # a bad fault spec fails here, not on the executors
+        faults_from(self.fault)  # a bad fault spec fails here, not on the executors
         if self.link is not None and not isinstance(self.link, LinkModel):
             raise ValueError(f"link must be a sparknet.link.LinkModel (e.g. LinkModel.parse('50ms', '100Mbit')), "
                              f"got {type(self.link).__name__}")
