@@ -98,13 +98,16 @@ def test_every_bad_message_is_rejected_and_counted_while_a_good_worker_trains(se
             "pickle": pickle_frames,
             "bad_kind": msg(kind=Kind.REPLY),
         }
-        expected = {"malformed": 2, "bad_hmac": 1, "oversized": 1, "wrong_dtype": 1, "wrong_count": 2,
+        expected = {"malformed": 2, "bad_hmac": 2, "oversized": 1, "wrong_dtype": 1, "wrong_count": 1,
                     "wrong_job": 1, "bad_kind": 1}
+        unauthenticated = {"malformed", "truncated", "bad_hmac", "wrong_job", "pickle"}  # no key signs them
         for name, frames in cases.items():
-            answer = raw.send(frames)
-            if name != "malformed" and name != "truncated":
+            answer = raw.send(frames, timeout=0.5 if name in unauthenticated else 5.0)
+            if name in unauthenticated:
+                assert answer is None, name  # nothing: no signed text of the sender's choosing
+            else:
                 assert answer is not None and answer.header.kind == Kind.ERROR, name
-                assert verify(creds.secret, answer)  # errors are signed by the server
+                assert verify(creds.secret, answer)  # the refusal of an authenticated message is signed
         # A replay: a valid push (as if captured on the wire) sent twice, then an older step.
         valid = msg(worker=1, step=5, data=np.zeros(N, np.float32))
         assert raw.send(valid).header.status == Status.APPLIED
@@ -318,3 +321,22 @@ def test_a_signed_push_of_nan_or_inf_is_refused_counted_and_told(server):
     stats = server.stats()
     assert stats["rejected"] == {"nonfinite": 2} and stats["pushes_applied"] == 2
     assert np.isfinite(server.weights()).all()
+
+
+def test_an_unsigned_push_with_no_dtype_is_refused_quietly(server, caplog):
+    """An unsigned PUSH claiming dtype 0 once raised a KeyError inside the server (a traceback per message) and an
+    unsigned PULL got an ERROR signed with the job's secret echoing the fields it chose. Both now get nothing, and
+    the log holds no traceback."""
+    creds = server.new_job()
+    raw = Raw(server.endpoint)
+    try:
+        with caplog.at_level("DEBUG", logger="sparknet.ps.server"):
+            for i in range(5):
+                frames = encode(Header(Kind.PUSH, 0, creds.job_id, 3, 0, 10 + i, 0, 0), None, b"k" * 32)
+                assert raw.send(frames, timeout=0.3) is None
+            pull = encode(Header(Kind.PULL, 0, creds.job_id, 7, 1, 99, 0, 0), None, b"k" * 32)
+            assert raw.send(pull, timeout=0.3) is None
+    finally:
+        raw.close()
+    assert server.stats()["rejected"] == {"bad_hmac": 6}
+    assert "Traceback" not in caplog.text and not any(r.exc_info for r in caplog.records)

@@ -326,7 +326,10 @@ class ParameterServer:
         finally:
             poller.unregister(sock)
 
-    def _reject(self, reason: Reason, detail: str, envelope: list, header: Header | None) -> list | None:
+    def _reject(self, reason: Reason, detail: str, envelope: list, header: Header | None,
+                creds: JobCredentials | None = None) -> list | None:
+        """Count and log a refusal; the answer, signed with ``creds``, goes only to a message that authenticated
+        under them: an unauthenticated peer gets nothing (no signed text of its choosing, no oracle)."""
         label = reason.label
         with self._lock:
             self._rejects[label] += 1
@@ -334,14 +337,10 @@ class ParameterServer:
         who = "" if header is None else f" (claiming worker {header.worker} attempt {header.attempt} step {header.step})"
         level = logging.WARNING if n <= _LOUD_REJECTS else logging.DEBUG
         log.log(level, "parameter server rejected a message%s: %s (%s; %d so far)", who, label, detail, n)
-        job = self._job
-        creds = self._retired.get(header.job_id) if header is not None else None
-        if creds is None and job is not None:
-            creds = job.creds
-        if creds is None:
-            return None  # no job, no key to sign an answer with: the sender's request times out
-        h = Header(Kind.ERROR, 0, creds.job_id, header.worker if header else 0, header.attempt if header else 0,
-                   header.step if header else 0, self._version, 0, int(reason))
+        if creds is None or header is None:
+            return None  # not authenticated: the sender's request times out
+        h = Header(Kind.ERROR, 0, creds.job_id, header.worker, header.attempt, header.step, self._version, 0,
+                   int(reason))
         return envelope + encode(h, None, creds.secret)
 
     def _handle(self, frames: list) -> list | None:
@@ -352,19 +351,34 @@ class ParameterServer:
             envelope, body = [frames[0].bytes], frames[1:]
         self._bytes_in += sum(len(f.buffer) for f in body)
         header = None
+        creds = None  # the credentials the message authenticated under, once it has
         try:
             msg = decode(body)
             header = msg.header
+            creds = self._authenticate(msg)
             reply = self._process(msg, envelope)
         except WireError as e:
-            return self._reject(e.reason, str(e), envelope, header)
+            return self._reject(e.reason, str(e), envelope, header, creds)
         except Exception as e:  # a bug in a combiner or here: counted and logged with its trace, serving goes on
             log.exception("parameter server failed on a message")
-            return self._reject(Reason.INTERNAL, f"{type(e).__name__}: {e}", envelope, header)
+            return self._reject(Reason.INTERNAL, f"{type(e).__name__}: {e}", envelope, header, creds)
         self._bytes_out += sum(len(f) for f in reply[len(envelope):])
         return reply
 
+    def _authenticate(self, msg: Message) -> JobCredentials:
+        """The credentials ``msg`` is signed with: the job served now, or one retired (whose stragglers are told
+        so). ``WireError`` for a message no known key signs: it is answered with nothing."""
+        h = msg.header
+        job = self._job
+        creds = job.creds if job is not None and h.job_id == job.creds.job_id else self._retired.get(h.job_id)
+        if creds is None:
+            raise WireError(Reason.WRONG_JOB, f"job id {h.job_id.hex()} is not one this server knows")
+        if not verify(creds.secret, msg):
+            raise WireError(Reason.BAD_HMAC, "the tag does not authenticate the message")
+        return creds
+
     def _process(self, msg: Message, envelope: list) -> list:
+        """Serve an authenticated message (:meth:`_authenticate`)."""
         h = msg.header
         job = self._job
         if job is None or h.job_id != job.creds.job_id:
@@ -373,16 +387,15 @@ class ParameterServer:
             raise WireError(Reason.BAD_KIND, f"a worker may not send {Kind(h.kind).name}")
         if h.kind == Kind.PUSH:
             if h.dtype != self._dtype_code:
-                raise WireError(Reason.WRONG_DTYPE, f"payload dtype {DTYPES[h.dtype]} is not the server's {self._dtype}")
+                raise WireError(Reason.WRONG_DTYPE, f"payload dtype code {h.dtype} "
+                                                    f"({DTYPES[h.dtype] if h.dtype in DTYPES else 'none'}) is not "
+                                                    f"the server's {self._dtype}")
             if h.count > self._numel:
                 raise WireError(Reason.OVERSIZED, f"{h.count} elements for a model of {self._numel}")
             if h.count != self._numel:
                 raise WireError(Reason.WRONG_COUNT, f"{h.count} elements for a model of {self._numel}")
         elif h.count:
             raise WireError(Reason.WRONG_COUNT, f"a pull carries no payload, got {h.count} elements")
-        if not verify(job.creds.secret, msg):
-            raise WireError(Reason.BAD_HMAC, "the tag does not authenticate the message")
-        # Authenticated from here on.
         self._last_heard = time.monotonic()
         key = (h.worker, h.attempt)
         with self._lock:
