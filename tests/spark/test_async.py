@@ -258,3 +258,24 @@ def test_a_failing_task_reports_its_partition_in_the_shared_worker_format():
     err = task_error(e.value)
     assert isinstance(err, WorkerError) and err.rank == 3
     assert str(err).startswith("worker 3: ValueError: cannot reshape") and "_train_partition" in err.log_tail
+
+
+@pytest.mark.parametrize("kind", ["raise", "exit", "kill", "nan"])
+def test_an_injected_fault_costs_one_attempt_and_no_pushes_twice(spark, kind):
+    """Each fault the synchronous engines are tested against, injected into worker 1 before its 2nd push: Spark
+    runs the task again (attempt 1), the retry's pushes of steps already applied are acknowledged, not applied;
+    a NaN worker fails its task clearly instead of pushing NaN; the epoch finishes and the model learns."""
+    train, test = _data(800, 0), _data(400, 1)  # 400 rows a partition: 20 steps of 20, pushes at 5, 10, 15, 20
+    sess = AsyncSession(_mlp(), SolverConfig(base_lr=0.05), combiner="delta", fault=f"rank=1,round=2,kind={kind}")
+    m = sess.run(data=_pairs_rdd(spark, train), batch_size=20, tau=5, epochs=1, repartition_between_epochs=False,
+                 validation_data=test)
+    tasks = sorted(m["tasks"], key=lambda t: t["worker"])
+    assert [t["attempt"] for t in tasks] == [0, 1] and m["epochs"][0]["retried_tasks"] == 1
+    # worker 1's first attempt applied its push of step 5, then failed; its retry pushed 5 again (a duplicate)
+    assert m["pushes"] == 8 and m["duplicate_pushes"] == 1 and m["rejected_total"] == 0
+    assert np.isfinite(sess.net.get_flat().numpy()).all() and m["test_accuracy"] >= 0.7
+
+
+def test_a_bad_fault_spec_is_refused_before_any_job():
+    with pytest.raises(ValueError, match="kind"):
+        AsyncSession(_mlp(), fault="rank=1,round=2,kind=melt")

@@ -31,6 +31,7 @@ import torch
 from sparknet._malloc import keep_freed_memory
 from sparknet.layers import NetParams
 from sparknet.loop import round_seed
+from sparknet.faults import due_fault
 from sparknet.net import Net
 from sparknet.ps.client import PSClient
 from sparknet.ps.wire import Status
@@ -72,6 +73,9 @@ class TaskSpec:
     """Most steps per task (default: one pass over the partition)."""
     train_step: Callable | None = None
     """A user's ``train_step(net, (x, y))``; None: ``net.train(1)`` on the partition."""
+    faults: tuple = ()
+    """Injected faults (:mod:`sparknet.faults`, tests): ``round`` counts the task's pushes from 1; a fault fires
+    after the steps before that push, on its ``attempt``."""
     loss: Callable | None = None
     """The loss of a plain module."""
 
@@ -232,7 +236,13 @@ def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[d
                 losses += 1
                 record["last_loss"] = loss
             if step % spec.tau == 0 or step == steps:
+                fault = due_fault(spec.faults, index, record["pushes"] + 1, attempt)
+                if fault is not None:
+                    fault.fire(net)
                 flat = net.get_flat().numpy()
+                if not np.isfinite(flat).all():  # never sent: the server would refuse it (and count it) anyway
+                    raise FloatingPointError(f"worker {index}: its weights hold NaN or infinite values at step "
+                                             f"{step} of epoch {spec.epoch}; lower the learning rate")
                 reply = client.push(step, flat - base if send_delta else flat, base_version)
                 record["pushes"] += 1
                 record["duplicates"] += reply.status is Status.DUPLICATE

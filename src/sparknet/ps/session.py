@@ -38,6 +38,7 @@ import numpy as np
 import torch
 
 from sparknet._app import build_model, load_training_data, seed_everything
+from sparknet.faults import faults_from
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
 from sparknet.parallel.runner import split_budget
@@ -111,13 +112,16 @@ class AsyncSession:
         Needed only when ``run`` is given local arrays rather than an RDD or DataFrame.
     validation_data : ArrayDataset or (x, y), optional
         Evaluated on the driver after every epoch (``run`` takes it too).
+    fault : str, optional
+        Injected faults for reliability tests (:mod:`sparknet.faults`, e.g. ``rank=1,round=2,kind=kill``): worker
+        ``rank`` fails before its ``round``-th push of an epoch, on that attempt only.
     """
 
     def __init__(self, net, solver: SolverConfig | None = None, *, combiner: str | Combiner = "delta", loss=None,
                  seed: int = 0, host: str | None = None, port: int = 0, threads: int = 1, device: str = "cpu",
                  request_timeout_s: float = 120.0, epoch_timeout_s: float | None = None,
                  stall_timeout_s: float | None = 600.0, data_timeout_s: float = 3600.0, spark=None,
-                 validation_data=None):
+                 validation_data=None, fault: str | None = None):
         if isinstance(net, Net):
             self.net = net
         else:
@@ -138,6 +142,7 @@ class AsyncSession:
         self.request_timeout_s, self.data_timeout_s = float(request_timeout_s), float(data_timeout_s)
         self.epoch_timeout_s, self.stall_timeout_s = epoch_timeout_s, stall_timeout_s
         self.spark = spark
+        self.faults = faults_from(fault)  # a bad spec fails here, not on the executors
         self.metrics: dict = {"epochs": [], "test_accuracy_by_epoch": []}
         self._iteration = self.net.iteration
         self._epochs_done = 0
@@ -336,7 +341,7 @@ class AsyncSession:
                     iteration=self._iteration, shuffle=bool(shuffle_within_partition), sample_shape=sample_shape,
                     timeout_s=self.request_timeout_s, threads=self.threads, device=self.device,
                     steps=None if steps is None else steps - steps_done, train_step=train_step,
-                    loss=self.loss)
+                    loss=self.loss, faults=self.faults)
                 before = server.stats()
                 t0 = time.perf_counter()
                 records = run_with_deadline(sc, group, f"sparknet: asynchronous epoch {epoch}",
