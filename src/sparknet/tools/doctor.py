@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from sparknet.solvers import SolverType
 from sparknet.spark._backend import run_with_deadline
 from sparknet.spark._session import executor_slots, parse_memory
 from sparknet.spark._shared_path import SHARED_PATH_FIX, check_shared_path
@@ -910,7 +911,8 @@ def configure_command(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="lenet", help="zoo model name or model folder (default lenet)")
     p.add_argument("--data", default=None, help="Parquet training data: partition skew and memory")
     p.add_argument("--batch-size", type=int, default=64, help="minibatch size of each worker (default 64)")
-    p.add_argument("--solver-type", default="sgd", help="update rule: its state counts towards memory")
+    p.add_argument("--solver-type", default="sgd", choices=[t.value for t in SolverType],
+                   help="update rule: its state counts towards memory")
     p.add_argument("--workers", type=int, default=None, help="workers K (default: the cluster's task slots)")
     p.add_argument("--executor-memory", default=None,
                    help="executor memory to check against (e.g. 2g); also set as spark.executor.memory")
