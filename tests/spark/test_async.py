@@ -73,6 +73,7 @@ def test_learns_and_reports_pushes_pulls_and_staleness(spark):
     m = sess.run(data=_pairs_rdd(spark, train), batch_size=30, tau=4, epochs=2, validation_data=test)
     assert m["test_accuracy"] >= 0.85 > before + 0.2  # the data's ceiling is near 0.93
     assert len(m["test_accuracy_by_epoch"]) == 2 and [e["epoch"] for e in m["epochs"]] == [0, 1]
+    assert [e["deadline_s"] for e in m["epochs"]] == [1800.0, 600.0]  # first epoch; then from its step time
     # Every task pushes every 4 steps and after its last; nothing is rejected, nothing duplicated.
     expected = sum(_pushes(t["rows"], 30, 4) for t in m["tasks"])
     assert m["pushes"] == m["pushes_received"] == m["server_version"] == expected
@@ -279,3 +280,13 @@ def test_an_injected_fault_costs_one_attempt_and_no_pushes_twice(spark, kind):
 def test_a_bad_fault_spec_is_refused_before_any_job():
     with pytest.raises(ValueError, match="kind"):
         AsyncSession(_mlp(), fault="rank=1,round=2,kind=melt")
+
+
+def test_an_epochs_default_deadline_follows_the_measured_step_time():
+    sess = AsyncSession(_mlp())
+    assert sess._epoch_deadline(None, None) == 1800.0  # nothing measured yet
+    slow = [{"steps": 100, "train_s": 50.0, "comm_s": 10.0}, {"steps": 80, "train_s": 20.0, "comm_s": 4.0}]
+    assert sess._epoch_deadline(slow, None) == pytest.approx(20 * 0.6 * 100)  # the slowest task's 0.6 s a step
+    assert sess._epoch_deadline(slow, 60) == pytest.approx(20 * 0.6 * 60)  # a step budget ends it sooner
+    assert sess._epoch_deadline([{"steps": 10, "train_s": 1.0, "comm_s": 0.0}], None) == 600.0  # at least 10 min
+    assert AsyncSession(_mlp(), epoch_timeout_s=5.0)._epoch_deadline(slow, None) == 5.0  # the user's wins

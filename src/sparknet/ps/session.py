@@ -48,7 +48,7 @@ from sparknet.ps.config import AsyncConfig
 from sparknet.ps.server import ParameterServer
 from sparknet.solvers import SolverConfig
 from sparknet.spark import _data
-from sparknet.spark._backend import run_with_deadline
+from sparknet.spark._backend import default_round_deadline, run_with_deadline
 from sparknet.spark._session import get_session, is_local_master
 from sparknet.weights import WeightCollection
 
@@ -100,7 +100,9 @@ class AsyncSession:
     request_timeout_s : float
         Longest wait of a task for one reply of the server.
     epoch_timeout_s : float, optional
-        Longest wait for one epoch's Spark job; it is cancelled after that.
+        Longest wait for one epoch's Spark job; it is cancelled after that. Default: 30 minutes for the first
+        epoch, then 20 times the slowest seconds per step of the last epoch's tasks times their steps, at least
+        10 minutes (each epoch record's ``deadline_s``).
     stall_timeout_s : float, optional
         Cancel an epoch's job when the server hears from no worker for this long (a hung
         task; the first pull of a task comes after its Python worker starts, and every push
@@ -344,9 +346,11 @@ class AsyncSession:
                     loss=self.loss, faults=self.faults)
                 before = server.stats()
                 t0 = time.perf_counter()
+                deadline = self._epoch_deadline(tasks[-K:] if tasks else None,
+                                                None if steps is None else steps - steps_done)
                 records = run_with_deadline(sc, group, f"sparknet: asynchronous epoch {epoch}",
                                             rdd.mapPartitionsWithIndex(_worker.train_partition(spec)).collect,
-                                            timeout_s=self.epoch_timeout_s, what=f"asynchronous epoch {epoch}",
+                                            timeout_s=deadline, what=f"asynchronous epoch {epoch}",
                                             stalled=self._stall_check(server))
                 wall = time.perf_counter() - t0
                 server.check_alive()
@@ -358,6 +362,7 @@ class AsyncSession:
                 self._epochs_done += 1
                 tasks.extend(records)
                 record = self._epoch_record(epoch, records, before, stats, wall, t_run)
+                record["deadline_s"] = deadline
                 if evaluate:
                     ev = self.net.evaluate()
                     record.update(test_accuracy=ev.accuracy, test_loss=ev.loss)
@@ -380,6 +385,19 @@ class AsyncSession:
             cached.unpersist()
         self._finish_metrics(server.stats(), history, tasks, K, tau, t_run)
         return self.metrics
+
+    def _epoch_deadline(self, last: list[dict] | None, steps_left: int | None) -> float:
+        """The longest wait for an epoch's job: ``epoch_timeout_s`` when set; else, as the rounds engine bounds a
+        round, 30 minutes for the first epoch, then 20 times the slowest seconds per step (training and pushes)
+        of the last epoch's tasks times the steps its slowest task made (at least 10 minutes)."""
+        if self.epoch_timeout_s is not None:
+            return float(self.epoch_timeout_s)
+        done = [r for r in last or () if r["steps"]]
+        if not done:
+            return default_round_deadline(None, 0)
+        step_s = max((r["train_s"] + r["comm_s"]) / r["steps"] for r in done)
+        steps = max(r["steps"] for r in done)
+        return default_round_deadline(step_s, steps if steps_left is None else min(steps, max(steps_left, 1)))
 
     @staticmethod
     def _epoch_record(epoch, records, before, stats, wall, t_run) -> dict:
