@@ -19,11 +19,7 @@ Every engine's entry point calls these functions, so the steps are written once.
 from __future__ import annotations
 
 import logging
-import os
 import random
-import shutil
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -33,7 +29,7 @@ from sparknet._fs import filesystem
 from sparknet._model_io import save_model
 from sparknet._parquet import read_parquet_dataset
 from sparknet.config import RunConfig
-from sparknet.sinks import MLflowSink, close_sinks, make_sinks
+from sparknet.sinks import close_sinks, make_sinks
 
 __all__ = ["seed_everything", "load_training_data", "build_model", "run_sinks", "finish_run"]
 
@@ -99,23 +95,15 @@ def finish_run(run: RunConfig, sinks: list, *, failed: bool, net_params=None, we
                config: dict | None = None, input_shape=None) -> None:
     """Save the model folder (when asked and training succeeded), then close the sinks (an MLflow sink logs the
     model as an MLflow model: from ``run.model_dir``, or from a folder saved for it alone)."""
-    scratch = None
+
+    def write(path: str):
+        return save_model(path, net_params, weights, solver=solver, config=config, input_shape=input_shape,
+                          overwrite=True)  # run.model_dir replaced as before; a scratch folder is new
+
     try:
         if not failed and run.model_dir and net_params is not None:
-            save_model(run.model_dir, net_params, weights, solver=solver, config=config, input_shape=input_shape,
-                       overwrite=True)
+            write(run.model_dir)
             log.info("model saved to %s", run.model_dir)
-        wanting = [s for s in sinks if isinstance(s, MLflowSink) and s.model_dir is None]
-        if wanting and not failed and net_params is not None:
-            scratch = tempfile.mkdtemp(prefix="sparknet-model-")
-            folder = save_model(os.path.join(scratch, "model"), net_params, weights, solver=solver, config=config,
-                                input_shape=input_shape)
-            for sink in wanting:
-                sink.model_dir = Path(folder)
     finally:
-        try:
-            if sinks:
-                close_sinks(sinks, failed=failed)
-        finally:
-            if scratch is not None:
-                shutil.rmtree(scratch, ignore_errors=True)
+        if sinks:
+            close_sinks(sinks, failed=failed, write_model=None if net_params is None else write)

@@ -228,8 +228,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparknet", description="Deep-network training on Apache Spark with PyTorch.")
     parser.add_argument("--version", action="version", version=f"sparknet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.commands = {}  # name -> its parser (parse_args sets train's defaults from a --config file)
     for name, (help_text, configure) in COMMANDS.items():
-        configure(sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter))
+        parser.commands[name] = sub.add_parser(name, help=help_text, description=help_text,
+                                               formatter_class=HelpFormatter)
+        configure(parser.commands[name])
     return parser
 
 
@@ -242,8 +245,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             settings = read_config(args.config)
         except ValueError as e:
             parser.error(str(e))
-        train = parser._subparsers._group_actions[0].choices["train"]  # the subcommand's own parser
-        train.set_defaults(**settings)  # the file's values become the defaults the flags given override
+        parser.commands["train"].set_defaults(**settings)  # the file's values: defaults the flags given override
         args = parser.parse_args(argv)
     return args
 

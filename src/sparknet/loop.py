@@ -47,7 +47,7 @@ from sparknet.stopping import EvalPlan, StopRule, screen_margin
 from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, WorkerState, make_compressor
 
 __all__ = ["worker_seed", "seed_draws", "round_seed", "RoundPlan", "RoundUpdate", "Progress", "Exchange", "InProcessExchange",
-           "WorkerStream", "check_streaming", "WeightAverage", "average_summary", "weighted_mean", "run_rounds"]
+           "WorkerStream", "NetScorer", "check_streaming", "WeightAverage", "average_summary", "weighted_mean", "run_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -210,10 +210,9 @@ class Exchange(abc.ABC):
         receives; by default what :meth:`evaluate` says of them."""
         return self.evaluate(flat, rows=rows)
 
-    def background_evaluator(self) -> Exchange | None:
-        """An exchange whose :meth:`evaluate` and :meth:`evaluate_average` may run in another thread while this
-        one runs rounds (its own copy of the evaluating net), for :attr:`EvalPlan.overlap`; ``None``: this engine
-        cannot evaluate behind its rounds."""
+    def background_evaluator(self) -> NetScorer | None:
+        """A scorer that may run in another thread while this exchange runs rounds (its own copy of the
+        evaluating net), for :attr:`EvalPlan.overlap`; ``None``: this engine cannot evaluate behind its rounds."""
         return None
 
     def agree(self, due: bool) -> bool:
@@ -431,10 +430,10 @@ def _loop(exchange: Exchange, strategy: TrainingStrategy, global_flat: torch.Ten
                 accuracy = future.result()
                 if on_record is not None:
                     on_record(earlier)
-            if not last and stop.reason(r, progress.steps_done, progress.samples_done, accuracy) is None:
-                behind = check.submit(r, global_flat, record)
-        reason = (stop.reason(r, progress.steps_done, progress.samples_done, accuracy)
-                  or exchange.stop_reason(record, progress))
+        reason = stop.reason(r, progress.steps_done, progress.samples_done, accuracy)
+        if check.behind is not None and not last and reason is None:
+            behind = check.submit(r, global_flat, record)
+        reason = reason or exchange.stop_reason(record, progress)
         if reason is not None and behind is not None:
             behind.result()  # the exchange stopped the run: this round is the last, scored now
             behind = None
@@ -500,7 +499,7 @@ class _Evaluation:
         self.spent_s += record.get("eval_s", 0.0)  # the screen and the full pass, as the record has them
         return accuracy
 
-    def _round(self, global_flat: torch.Tensor, record: dict, via: Exchange, avg) -> float | None:
+    def _round(self, global_flat: torch.Tensor, record: dict, via: Exchange | NetScorer, avg) -> float | None:
         if self.screening and self.since_full + 1 < self.plan.full_every:
             rows = self.plan.screen_rows
             t = time.perf_counter()
@@ -517,7 +516,8 @@ class _Evaluation:
                 return None
         return self.full(global_flat, record, via, avg)
 
-    def full(self, global_flat: torch.Tensor, record: dict, via: Exchange | None = None, avg=None) -> float | None:
+    def full(self, global_flat: torch.Tensor, record: dict, via: Exchange | NetScorer | None = None,
+             avg=None) -> float | None:
         """Evaluate on the whole validation set (``None``: there is none), by ``via`` (default: the exchange)."""
         via = via or self.exchange
         if avg is None and self.average is not None:
@@ -532,7 +532,7 @@ class _Evaluation:
         record["eval_s"] = record.get("eval_s", 0.0) + time.perf_counter() - t
         return result.score
 
-    def _average(self, result: EvalResult, record: dict, prefix: str, rows: int | None, via: Exchange,
+    def _average(self, result: EvalResult, record: dict, prefix: str, rows: int | None, via: Exchange | NetScorer,
                  avg) -> EvalResult:
         """With a moving average (``avg``, its weights): its scores beside the global weights'
         (``<prefix>_ema_<metric>``), and its result (what the target is judged on); without one: ``result``."""
@@ -541,6 +541,27 @@ class _Evaluation:
         avg = via.evaluate_average(avg, rows=rows)
         record.update({f"{prefix}_ema_{k}": v for k, v in avg.metrics.items()}, **{f"{prefix}_ema_loss": avg.loss})
         return avg
+
+
+class NetScorer:
+    """Scores weights with a :class:`~sparknet.net.Net` on its validation data (``None``: there is none, or no net):
+    the driver-side evaluation of an exchange, and, with a net of its own, an overlapped one's."""
+
+    def __init__(self, net):
+        self.net = net
+
+    @property
+    def scores(self) -> bool:
+        """Whether there is a net with validation data to score on."""
+        return self.net is not None and getattr(self.net, "_val", None) is not None
+
+    def evaluate(self, flat: torch.Tensor, rows: int | None = None) -> EvalResult | None:
+        if not self.scores:
+            return None
+        self.net.set_flat(flat)
+        return self.net.evaluate(sample=rows)
+
+    evaluate_average = evaluate  # a moving average's weights are scored as any others
 
 
 class InProcessExchange(Exchange):
@@ -571,6 +592,7 @@ class InProcessExchange(Exchange):
                  compression: CompressionKind | str = CompressionKind.NONE,
                  on_steps: Callable | None = None, piece: int = 50, streaming: Streaming | None = None):
         self.nets, self.strategy, self.evaluator = list(nets), strategy, evaluator
+        self._scorer = NetScorer(evaluator)
         check_streaming(strategy, streaming)
         self.streaming = streaming
         self.streams = [WorkerStream() for _ in self.nets]
@@ -660,16 +682,12 @@ class InProcessExchange(Exchange):
         return None if val is None else len(val[0])
 
     def evaluate(self, global_flat: torch.Tensor, rows: int | None = None) -> EvalResult | None:
-        if self.evaluator is None or getattr(self.evaluator, "_val", None) is None:
+        if not self._scorer.scores:  # before _deliver: no downlink message is made for nothing
             return None
-        self.evaluator.set_flat(self._deliver(global_flat))
-        return self.evaluator.evaluate(sample=rows)
+        return self._scorer.evaluate(self._deliver(global_flat), rows)
 
     def evaluate_average(self, flat: torch.Tensor, rows: int | None = None) -> EvalResult | None:
-        if self.evaluator is None or getattr(self.evaluator, "_val", None) is None:
-            return None
-        self.evaluator.set_flat(flat)  # as it is: no worker receives it, so no message goes down
-        return self.evaluator.evaluate(sample=rows)
+        return self._scorer.evaluate(flat, rows)  # as it is: no worker receives it, so no message goes down
 
 
 

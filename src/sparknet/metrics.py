@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-__all__ = ["MetricsLogger", "in_notebook", "round_reporter", "rounds_total", "read_metrics", "json_safe", "rounds_summary", "LoadSampler", "process_age_s"]
+__all__ = ["MetricsLogger", "in_notebook", "round_reporter", "rounds_total", "read_metrics", "json_safe",
+           "rounds_summary", "LoadSampler", "process_age_s"]
 
 log = logging.getLogger(__name__)
 

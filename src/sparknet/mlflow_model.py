@@ -69,23 +69,16 @@ def _features(saved, model_input) -> np.ndarray:
 
 
 def score_frame(saved, model_input):
-    """What :meth:`SparkNetPyfunc.predict` returns: a pandas frame of ``prediction`` (and ``probability``)."""
+    """What :meth:`SparkNetPyfunc.predict` returns: a pandas frame of ``prediction`` (and ``probability``), as the
+    Spark model scores (:func:`sparknet.task.score_columns`, its logits left out)."""
     import pandas as pd
     import torch
 
-    from sparknet.task import Task
+    from sparknet.task import score_columns
 
-    logits = saved.predict(torch.from_numpy(_features(saved, model_input))).double()
-    task = saved.net.task
-    if task is Task.REGRESSION:
-        out = logits.reshape(len(logits), -1).numpy()
-        return pd.DataFrame({"prediction": out[:, 0] if out.shape[1] == 1 else list(out)})
-    if task is Task.MULTILABEL:
-        prob = torch.sigmoid(logits).numpy()
-        return pd.DataFrame({"prediction": [np.flatnonzero(p > 0.5).astype(np.float64) for p in prob],
-                             "probability": list(prob)})
-    prob = torch.softmax(logits, dim=1).numpy()
-    return pd.DataFrame({"prediction": prob.argmax(axis=1).astype(np.float64), "probability": list(prob)})
+    columns = score_columns(saved.predict(torch.from_numpy(_features(saved, model_input))), saved.net.task)
+    columns.pop("raw", None)
+    return pd.DataFrame(columns)
 
 
 def signature_of(saved):

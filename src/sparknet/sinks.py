@@ -42,6 +42,8 @@ import json
 import logging
 import math
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -408,8 +410,31 @@ def make_sinks(tensorboard_dir: str | os.PathLike | None = None, mlflow_uri: str
     return sinks
 
 
-def close_sinks(sinks: Iterable[Any], *, failed: bool = False) -> None:
-    """Close every sink that has a ``close`` (each even when another fails; the first error is raised)."""
+def close_sinks(sinks: Iterable[Any], *, failed: bool = False,
+                write_model: Callable[[str], Any] | None = None) -> None:
+    """Close every sink that has a ``close`` (each even when another fails; the first error is raised).
+
+    ``write_model(path)`` writes the trained model as a folder at ``path`` (and returns it): when the run did not
+    fail, an MLflow sink given no model folder of its own logs one written so, into a scratch folder removed
+    once the sinks are closed."""
+    sinks = list(sinks)
+    wanting = [s for s in sinks if isinstance(s, MLflowSink) and s.model_dir is None]
+    scratch = None
+    try:
+        if wanting and not failed and write_model is not None:
+            scratch = tempfile.mkdtemp(prefix="sparknet-model-")
+            folder = Path(write_model(os.path.join(scratch, "model")))
+            for sink in wanting:
+                sink.model_dir = folder
+    finally:
+        try:
+            _close_each(sinks, failed)
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _close_each(sinks: list, failed: bool) -> None:
     first: BaseException | None = None
     for sink in sinks:
         close = getattr(sink, "close", None)

@@ -26,9 +26,10 @@ from __future__ import annotations
 import enum
 import math
 
+import numpy as np
 import torch
 
-__all__ = ["Task", "infer_task", "parse_task", "TOP_K", "AUC_BINS"]
+__all__ = ["Task", "infer_task", "parse_task", "score_columns", "TOP_K", "AUC_BINS"]
 
 TOP_K = 5
 """k of the top-k accuracy of a classifier (reported when it has more than k classes)."""
@@ -195,3 +196,23 @@ def task_metrics(task: Task, sums) -> dict[str, float]:
     if task is Task.REGRESSION:
         return regression_metrics(sums)
     return multilabel_metrics(sums) if task is Task.MULTILABEL else classification_metrics(sums)
+
+
+def score_columns(logits: torch.Tensor, task: Task) -> dict:
+    """What a scored batch gets from its net's outputs, by task (the Spark model's and the MLflow model's one rule):
+    a regressor's outputs as ``prediction`` (a number, or a list of them); a classifier's arg-max class (a double)
+    as ``prediction``, its softmax as ``probability`` and its logits as ``raw``; a multi-label net's labels whose
+    sigmoid is above one half as ``prediction``, each label's sigmoid as ``probability`` and its logits as ``raw``."""
+    logits = logits.double()
+    if task is Task.REGRESSION:
+        out = logits.reshape(len(logits), -1).cpu().numpy()
+        return {"prediction": out[:, 0] if out.shape[1:] == (1,) else list(out)}
+    if logits.dim() != 2:
+        raise ValueError(f"the net's output has shape {tuple(logits.shape)}; scoring needs [batch, classes] logits")
+    if task is Task.MULTILABEL:
+        p = torch.sigmoid(logits).cpu().numpy()
+        prediction = [np.flatnonzero(row > 0.5).astype(np.float64) for row in p]
+    else:
+        p = torch.softmax(logits, dim=1).cpu().numpy()
+        prediction = p.argmax(axis=1).astype(np.float64)
+    return {"prediction": prediction, "probability": list(p), "raw": list(logits.cpu().numpy())}

@@ -57,17 +57,16 @@ def job_group(sc, group: str, description: str):
     """
     if is_connect(sc):  # a Spark Connect session: this thread's operations carry the group as a tag
         sc.addTag(group)
-        try:
-            yield
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                cancel_group(sc, group)
-            raise
-        finally:
+
+        def restore():
             sc.removeTag(group)
-        return
-    saved = {key: sc.getLocalProperty(key) for key in _JOB_PROPERTIES}
-    sc.setJobGroup(group, description, interruptOnCancel=True)
+    else:
+        saved = {key: sc.getLocalProperty(key) for key in _JOB_PROPERTIES}
+        sc.setJobGroup(group, description, interruptOnCancel=True)
+
+        def restore():
+            for key, value in saved.items():
+                sc.setLocalProperty(key, value)
     try:
         yield
     except BaseException as exc:
@@ -75,14 +74,13 @@ def job_group(sc, group: str, description: str):
             cancel_group(sc, group)
         raise
     finally:
-        for key, value in saved.items():
-            sc.setLocalProperty(key, value)
+        restore()
 
 
 def check_barrier_slots(sc, workers: int, what: str) -> None:
     """``ValueError`` unless ``sc`` has a task slot for each of ``workers`` barrier tasks (``what`` runs them)."""
-    master = session_master(sc) if is_connect(sc) else sc.master
-    slots = local_slots(master) or (session_parallelism(sc) if is_connect(sc) else sc.defaultParallelism)
+    master = session_master(sc)
+    slots = local_slots(master) or session_parallelism(sc)
     if workers > slots:
         raise ValueError(f"{what} runs all {workers} workers at once but {master} has {slots} task slots; "
                          f"use at most {slots} workers or a bigger cluster")
@@ -90,7 +88,7 @@ def check_barrier_slots(sc, workers: int, what: str) -> None:
 
 def task_slots(sc) -> int | None:
     """Tasks the cluster can run at once now (executors lost are not counted); ``None`` if Spark cannot say."""
-    slots = local_slots(session_master(sc) if is_connect(sc) else sc.master)
+    slots = local_slots(session_master(sc))
     if slots is not None or is_connect(sc):
         return slots
     try:

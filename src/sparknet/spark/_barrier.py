@@ -55,8 +55,8 @@ from sparknet.spark._rounds import (WorkerSpec, build_worker_net, export_worker_
 from sparknet.stopping import EvalPlan, StopRule
 from sparknet.strategies import AutoTau, WorkerState
 
-__all__ = ["run_barrier", "run_barrier_frame", "RESULT_SCHEMA", "rendezvous", "gloo_interface", "interface_for_address", "GroupPlan", "StagePlan",
-           "FIELDS"]
+__all__ = ["run_barrier", "run_barrier_frame", "RESULT_SCHEMA", "rendezvous", "gloo_interface", "interface_for_address",
+           "GroupPlan", "StagePlan", "FIELDS"]
 
 log = logging.getLogger(__name__)
 

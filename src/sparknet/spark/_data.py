@@ -446,7 +446,7 @@ def task_memory(sc) -> tuple[int, str]:
     from sparknet.spark._session import executor_slots, is_connect, is_local_master, parse_memory, session_master
 
     conf = sc.conf if is_connect(sc) else sc.getConf()
-    master = (session_master(sc) if is_connect(sc) else sc.master or "").strip()
+    master = session_master(sc).strip()
     slots = executor_slots(master) or int(conf.get("spark.executor.cores", "1"))
     in_driver = is_local_master(master) and not master.startswith("local-cluster")  # local[...]: one JVM
     key = "spark.executor.pyspark.memory"
@@ -765,12 +765,14 @@ def checked_partitions(sc, group: str, chunks, *, timeout_s: float | None, expec
     them, waited for at most ``timeout_s``, unless ``stats`` holds them already (the rounds engine's staging)."""
     if stats is None:
         if is_dataframe(chunks):  # chunk_frame's DataFrame (a Spark Connect session): one row of counts a partition
-            action = chunks.mapInArrow(frame_stats(float_labels), "info string").collect
+            frame = chunks.mapInArrow(frame_stats(float_labels), "info string")
+
+            def action():
+                return [json.loads(row["info"]) for row in frame.collect()]
         else:
             action = chunks.mapPartitionsWithIndex(partition_stats).collect
         stats = run_with_deadline(sc, group, "sparknet: convert and check the training data", action,
                                   timeout_s=timeout_s, what="the training data's conversion and check")
-        stats = [json.loads(row["info"]) if not isinstance(row, dict) else row for row in stats]
     stats.sort(key=lambda s: s["index"])
     return stats, check_stats(stats, what="training data", expected_len=expected_len, num_classes=num_classes,
                               num_workers=num_workers, sample_shape=sample_shape, task=task)

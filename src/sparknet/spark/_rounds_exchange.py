@@ -24,7 +24,7 @@ import torch
 
 from sparknet._enums import CompressionKind, parse_enum
 from sparknet.errors import DeadlineExceeded
-from sparknet.loop import Exchange, Progress, RoundPlan, RoundUpdate, WeightAverage, run_rounds
+from sparknet.loop import Exchange, NetScorer, Progress, RoundPlan, RoundUpdate, WeightAverage, run_rounds
 from sparknet.spark._backend import Watchdog, default_round_deadline, job_group, spark_call, task_slots
 from sparknet.spark._rounds import (Partial, RoundTask, WorkerStatus, combine, decode_updates, run_round,
                                     run_round_from_chunks)
@@ -286,18 +286,15 @@ class SparkRoundsExchange(Exchange):
         return None if self.driver_net._val is None else len(self.driver_net._val[0])
 
     def evaluate(self, global_flat: torch.Tensor, rows: int | None = None):
-        if self.driver_net._val is None:
-            return None
-        self.driver_net.set_flat(global_flat)
-        return self.driver_net.evaluate(sample=rows)
+        return NetScorer(self.driver_net).evaluate(global_flat, rows)
 
-    def background_evaluator(self) -> _DriverEvaluator:
+    def background_evaluator(self) -> NetScorer:
         """A copy of the driver's net (sharing its validation and warm-up tensors, which nothing writes) that scores
         weights in a thread of its own while the next round's job runs: the driver's net is the checkpoints' too."""
         if self._background is None:
             net = self.driver_net
             shared = [t for data in (net._val, getattr(net, "_train", None)) if data is not None for t in data]
-            self._background = _DriverEvaluator(copy.deepcopy(net, {id(t): t for t in shared}))
+            self._background = NetScorer(copy.deepcopy(net, {id(t): t for t in shared}))
         return self._background
 
     def new_global(self, global_flat: torch.Tensor, progress: Progress) -> None:
@@ -310,24 +307,6 @@ class SparkRoundsExchange(Exchange):
                                None if self.down is None else self.down.state_dict())
         if path is not None:
             record["checkpoint"] = path
-
-
-class _DriverEvaluator(Exchange):
-    """Scores global weights on the driver with a net of its own (:meth:`SparkRoundsExchange.background_evaluator`)."""
-
-    engine = "rounds"
-
-    def __init__(self, net):
-        self.net = net
-
-    def run_round(self, plan, global_flat):  # pragma: no cover - it only evaluates
-        raise NotImplementedError("an evaluator runs no rounds")
-
-    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None):
-        if self.net._val is None:
-            return None
-        self.net.set_flat(global_flat)
-        return self.net.evaluate(sample=rows)
 
 
 def run_rounds_engine(trainer, sc, group: str, staged, chunks, spec, global_flat: torch.Tensor, stop: StopRule,

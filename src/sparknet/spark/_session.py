@@ -16,8 +16,8 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-__all__ = ["get_session", "is_connect", "session_master", "session_parallelism", "is_local_master", "local_slots", "executor_slots", "parse_memory", "quiet_log_settings",
-           "spark_log_level", "LOG_LEVEL_ENV"]
+__all__ = ["get_session", "is_connect", "session_master", "session_parallelism", "is_local_master", "local_slots",
+           "executor_slots", "parse_memory", "quiet_log_settings", "spark_log_level", "LOG_LEVEL_ENV"]
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +52,23 @@ def is_connect(obj) -> bool:
     return type(obj).__module__.startswith("pyspark.sql.connect")
 
 
+def _context(spark):
+    """A classic session's SparkContext (``spark`` itself when it is one)."""
+    return spark if hasattr(spark, "defaultParallelism") else spark.sparkContext
+
+
 def session_master(spark) -> str:
-    """The master URL of a session, classic or Spark Connect (the server's ``spark.master``)."""
+    """The master URL of a session (or its SparkContext), classic or Spark Connect (the server's ``spark.master``)."""
     if is_connect(spark):
         return spark.conf.get("spark.master", "") or ""
-    return spark.sparkContext.master
+    return _context(spark).master or ""
 
 
 def session_parallelism(spark) -> int:
-    """The default number of workers for a session: its task slots (``local[4]`` -> 4); over Spark Connect,
-    where the SparkContext's count cannot be asked, ``spark.default.parallelism`` when set, else 2."""
+    """The default number of workers for a session (or its SparkContext): its task slots (``local[4]`` -> 4); over
+    Spark Connect, where the SparkContext's count cannot be asked, ``spark.default.parallelism`` when set, else 2."""
     if not is_connect(spark):
-        return spark.sparkContext.defaultParallelism
+        return _context(spark).defaultParallelism
     slots = local_slots(session_master(spark))
     if slots is not None:
         return slots

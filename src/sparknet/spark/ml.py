@@ -30,13 +30,10 @@ import inspect
 import logging
 import math
 import os
-import shutil
-import tempfile
 import threading
 import typing
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,7 +54,7 @@ from sparknet.spark._backend import Held
 from sparknet.spark._session import is_connect, session_parallelism
 from sparknet.spark._shared_path import check_shared_path
 from sparknet.spark.trainer import SparkTrainer
-from sparknet.task import Task, parse_task
+from sparknet.task import Task, parse_task, score_columns
 
 __all__ = ["SparkNetEstimator", "SparkNetModel"]
 
@@ -349,40 +346,27 @@ def _decode_features(values, kind: str, shape: tuple[int, ...] | None) -> np.nda
 
 def _score_batches(batches, *, key: str, files_bc, kind: str, shape, threads: int, chunk: int,
                    device: str, allow_pickle: bool, task: str = "classification") -> Iterator:
-    """Score Arrow batches: logits, softmax probabilities and arg-max predictions; a regressor: its outputs; a
-    multi-label net: the indices of the labels whose logit is above 0, and each label's sigmoid."""
+    """Score Arrow batches as :func:`sparknet.task.score_columns` says: logits, softmax probabilities and arg-max
+    predictions; a regressor: its outputs; a multi-label net: the indices of the labels whose sigmoid is above one
+    half, and each label's sigmoid."""
     import pandas as pd
     import torch
 
     torch.set_num_threads(threads)
     model = _cached_model(key, files_bc, device, allow_pickle)
     shape = tuple(shape) if shape else None
-    regression, multilabel = task == "regression", task == "multilabel"
+    task = parse_task(task)
     for series in batches:
         x = _decode_features(series.to_numpy(), kind, shape)
-        probs, raws = [], []
         with torch.no_grad():
-            for start in range(0, len(x), chunk):
-                logits = model.predict(torch.from_numpy(x[start:start + chunk]))
-                if regression:
-                    probs.append(logits.double().reshape(len(logits), -1).cpu().numpy())
-                    continue
-                if logits.dim() != 2:
-                    raise ValueError(f"the net's output has shape {tuple(logits.shape)}; scoring needs "
-                                     "[batch, classes] logits")
-                raws.append(logits.double().cpu().numpy())
-                normalise = torch.sigmoid if multilabel else functools.partial(torch.softmax, dim=1)
-                probs.append(normalise(logits.double()).cpu().numpy())
-        p = np.concatenate(probs) if probs else np.zeros((0, 0))
-        if regression:
-            yield pd.DataFrame({"prediction": p[:, 0] if p.shape[1:] == (1,) else list(p)})
-            continue
-        if multilabel:
-            prediction = [np.flatnonzero(row > 0.5).astype(np.float64) for row in p]
+            parts = [model.predict(torch.from_numpy(x[start:start + chunk])) for start in range(0, len(x), chunk)]
+        if parts:
+            yield pd.DataFrame(score_columns(torch.cat(parts), task))
+        elif task is Task.REGRESSION:  # a batch of no rows
+            yield pd.DataFrame({"prediction": []})
         else:
-            prediction = p.argmax(axis=1).astype(np.float64) if len(p) else np.zeros(0)
-        yield pd.DataFrame({"prediction": prediction, "probability": list(p),
-                            "raw": list(np.concatenate(raws) if raws else p)})
+            yield pd.DataFrame({"prediction": [] if task is Task.MULTILABEL else np.zeros(0), "probability": [],
+                                "raw": []})
 
 
 # -- the estimator --------------------------------------------------------------------------------
@@ -542,7 +526,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
         task = self.getTask() if self.isDefined(self.task) else None
         config = {"run": _plain(run), "dist": _plain(dist)}
         sinks = make_sinks(mlflow_uri=run.mlflow, run_name=f"{run.model}-estimator", params=config)
-        failed, scratch = True, None
+        failed = True
         try:
             with MetricsLogger(run.metrics_out, progress=not run.quiet, total=rounds_total(run.steps, dist),
                                sinks=[*sinks, *map(_rounds_only, getattr(self, "callbacks", ()))]) as metrics:
@@ -554,18 +538,9 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
                 metrics.write({"event": "summary", **summary})
             files = _model_io.pack_model(net_params, result.weights, solver=solver, config=config, input_shape=shape,
                                          metadata={"summary": summary})
-            if sinks:  # the MLflow model is made from the model's folder
-                scratch = tempfile.mkdtemp(prefix="sparknet-model-")
-                folder = _model_io.write_model_files(os.path.join(scratch, "model"), files)
-                for sink in sinks:
-                    sink.model_dir = Path(folder)
             failed = False
-        finally:
-            try:
-                close_sinks(sinks, failed=failed)
-            finally:
-                if scratch is not None:
-                    shutil.rmtree(scratch, ignore_errors=True)
+        finally:  # the MLflow model is made from the model's folder
+            close_sinks(sinks, failed=failed, write_model=lambda path: _model_io.write_model_files(path, files))
         model = SparkNetModel._from_files(files, allow_pickle=False)
         self._copyValues(model)
         if shape is not None and not model.isSet(model.imageShape):
