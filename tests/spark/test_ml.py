@@ -257,10 +257,12 @@ def test_callbacks_must_be_callables():
         _estimator(callbacks=[1])
 
 
-def test_fit_logs_to_the_users_active_mlflow_run(spark, data, tmp_path):
+def test_fit_logs_to_the_users_active_mlflow_run(spark, data, tmp_path, monkeypatch):
     """mlflow='' inside mlflow.start_run(): params, per-round metrics and an MLflow model in the user's own run;
     mlflow.pyfunc.load_model scores a pandas frame as the Spark model does."""
     import mlflow
+
+    monkeypatch.chdir(tmp_path)  # a SQLite store keeps its artifacts in ./mlruns
     import pandas as pd
     from pyspark.ml.feature import VectorAssembler
     from pyspark.ml.functions import vector_to_array
