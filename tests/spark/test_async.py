@@ -277,6 +277,33 @@ def test_an_injected_fault_costs_one_attempt_and_no_pushes_twice(spark, kind):
     assert np.isfinite(sess.net.get_flat().numpy()).all() and m["test_accuracy"] >= 0.7
 
 
+@pytest.mark.parametrize("bound", ["epoch", "stall"])
+def test_a_hung_worker_ends_the_epoch_at_its_deadline_naming_the_task(spark, bound):
+    """A worker that hangs before its 2nd push (the fault the synchronous engines are tested against): the epoch
+    ends at its deadline, or when the server has heard from no worker for the stall timeout, with
+    ``DeadlineExceeded`` naming what it waited for and the task left; the epoch's jobs are cancelled, so the
+    next job runs at once, and the server is stopped."""
+    import time
+
+    from sparknet.errors import DeadlineExceeded
+
+    train = _data(800, 0)
+    limits = {"epoch_timeout_s": 12.0, "stall_timeout_s": None} if bound == "epoch" else {"stall_timeout_s": 6.0}
+    sess = AsyncSession(_mlp(), SolverConfig(base_lr=0.05), combiner="delta", spark=spark,
+                        fault="rank=1,round=2,kind=hang,hang_s=300", **limits)
+    t0 = time.monotonic()
+    with pytest.raises(DeadlineExceeded) as info:
+        sess.run(data=_pairs_rdd(spark, train), batch_size=20, tau=5, epochs=1, repartition_between_epochs=False)
+    waited = time.monotonic() - t0
+    message = str(info.value)
+    assert "epoch 0" in message and "partitions [1]" in message, message
+    assert ("stalled" in message) == (bound == "stall"), message
+    assert waited < 90, f"the epoch took {waited:.0f} s to end"
+    t1 = time.monotonic()  # the hung task was cancelled: the session's slots take a job at once
+    assert spark.sparkContext.parallelize(range(2), 2).map(lambda v: v + 1).collect() == [1, 2]
+    assert time.monotonic() - t1 < 30
+
+
 def test_a_bad_fault_spec_is_refused_before_any_job():
     with pytest.raises(ValueError, match="kind"):
         AsyncSession(_mlp(), fault="rank=1,round=2,kind=melt")

@@ -50,10 +50,10 @@ from sparknet.config import DistributedConfig, RunConfig, parse_enum
 from sparknet.layers import NetParams
 from sparknet.metrics import MetricsLogger, round_reporter, rounds_total
 from sparknet.sinks import close_sinks, make_sinks
-from sparknet.spark._backend import Held
+from sparknet.spark._backend import Held, run_with_deadline
 from sparknet.spark._session import is_connect, session_parallelism
 from sparknet.spark._shared_path import check_shared_path
-from sparknet.spark.trainer import SparkTrainer
+from sparknet.spark.trainer import EngineOptions, SparkTrainer
 from sparknet.task import Task, parse_task, score_columns
 
 __all__ = ["SparkNetEstimator", "SparkNetModel"]
@@ -475,8 +475,9 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
             raise ValueError("binary features need imageShape to size the model")
         if need_shape or "num_classes" in takes:
             _, feats = _features_as_array(dataset.schema, self.getFeaturesCol())
-            row = dataset.agg(F.max(F.col(self.getLabelCol())).alias("top"),
-                              F.max(F.size(feats)).alias("width")).first()
+            sizes = dataset.agg(F.max(F.col(self.getLabelCol())).alias("top"), F.max(F.size(feats)).alias("width"))
+            row = _bounded(dataset.sparkSession, "sparknet: size the model to the training data", sizes.first,
+                           "sizing the model to the training data (the largest label and feature width)")
             if row is None or row["top"] is None:
                 raise ValueError("the training DataFrame is empty")
             if "num_classes" in takes:
@@ -549,6 +550,15 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
         model.history = list(result.history)
         model.summary = summary
         return model
+
+
+def _bounded(spark, description: str, action, what: str):
+    """One Spark action of the Estimator's own (not the fit's), waited for at most the engines' data deadline."""
+    import uuid
+
+    sc = spark if is_connect(spark) else spark.sparkContext
+    return run_with_deadline(sc, f"sparknet-ml-{uuid.uuid4().hex[:12]}", description, action,
+                             timeout_s=EngineOptions.data_timeout_s, what=what)
 
 
 def _rounds_only(callback):
@@ -838,7 +848,9 @@ class _SparkNetModelReader(MLReader):
         cls_name = f"{self.cls.__module__}.{self.cls.__name__}"
         if metadata.get("class") != cls_name:
             raise ValueError(f"{path} holds a {metadata.get('class')}, not a {cls_name}")
-        rows = self.sparkSession.read.parquet(os.path.join(path, "data")).collect()
+        frame = self.sparkSession.read.parquet(os.path.join(path, "data"))
+        rows = _bounded(self.sparkSession, f"sparknet: read the model at {path}", frame.collect,
+                        f"reading the model's files at {path}")
         files = {row["name"]: bytes(row["content"]) for row in rows}
         model = self.cls._from_files(files, allow_pickle=self.allow_pickle)
         model._resetUid(metadata["uid"])
