@@ -29,8 +29,8 @@ import torch
 
 from sparknet._enums import CompressionKind
 from sparknet.config import Streaming
-from sparknet.loop import (Exchange, RoundPlan, RoundUpdate, WorkerStream, check_streaming, late_update, seed_draws,
-                           whole_or)
+from sparknet.loop import (Exchange, RoundPlan, RoundUpdate, WorkerStream, check_streaming, finite_update, late_update,
+                           seed_draws, whole_or)
 from sparknet.net import EvalResult
 from sparknet.strategies import TrainingStrategy, WorkerState, make_compressor
 from sparknet.task import Task, task_metrics, task_width
@@ -168,7 +168,7 @@ class CollectiveExchange(Exchange):
                 self.after_train(net, plan.round)
             delta = (strategy.worker_delta(self.state, net, global_flat.to(net.device)).cpu() if streaming is None
                      else self.stream.take(net, part))
-            finite = bool(stats.finite and torch.isfinite(delta).all())
+            finite = finite_update(stats, delta)
             if finite and stats.samples and self.codec is None:
                 torch.mul(delta, float(stats.samples), out=buf[:n])
             elif finite and stats.samples:

@@ -250,6 +250,13 @@ def whole_or(part: slice | None, numel: int) -> slice | None:
     return None if part is None or (part.start == 0 and part.stop == numel) else part
 
 
+def finite_update(stats: TrainStats, delta: torch.Tensor) -> bool:
+    """The one rule every engine applies to a worker's round: its update enters the average only if its loss
+    stayed finite and every value of the update is finite (the parameter server applies the same rule to a
+    push's values)."""
+    return bool(stats.finite and torch.isfinite(delta).all())
+
+
 def late_update(arrived: RoundUpdate | None, now: RoundUpdate) -> RoundUpdate:
     """What an overlapped exchange hands the loop: the sums that ``arrived`` (the previous round's), with this
     round's steps, times and bytes (``now``). In the last round ``now`` carries this round's sums too, over all
@@ -639,7 +646,7 @@ class InProcessExchange(Exchange):
             steps = max(steps, stats.steps)
             if stats.wall_s >= compute_s:
                 compute_s, slowest_steps = stats.wall_s, stats.steps
-            if not (stats.finite and torch.isfinite(delta).all()):
+            if not finite_update(stats, delta):
                 nonfinite.append(i)
                 if streaming is not None:
                     stream.begin(net, seen)  # its own weights are lost: it starts again from the global ones

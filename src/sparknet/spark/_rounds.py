@@ -59,7 +59,7 @@ from sparknet._enums import CompressionKind
 from sparknet._malloc import keep_freed_memory
 from sparknet._tensortree import load_tree, save_tree
 from sparknet.faults import due_fault
-from sparknet.loop import RoundPlan, round_seed, seed_draws, worker_seed
+from sparknet.loop import RoundPlan, finite_update, round_seed, seed_draws, worker_seed
 from sparknet.net import Net
 from sparknet.config import WorkerConfig
 from sparknet.rowfile import DEFAULT_BUFFER_BYTES, RowFile
@@ -535,7 +535,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
         if fault is not None:
             fault.fire(net)
         delta = strategy.worker_delta(entry.state, net, global_flat.to(net.device)).cpu()
-        finite = bool(stats.finite and torch.isfinite(delta).all())
+        finite = finite_update(stats, delta)
         encoded = None
         if compressed and finite:  # the error-feedback residual is worker state: saved with the round
             encoded = make_compressor(spec.compression).encode(delta, entry.state).numpy()
