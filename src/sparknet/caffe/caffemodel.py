@@ -145,17 +145,33 @@ def read_caffemodel_layers(path: str | os.PathLike) -> list[CaffeModelLayer]:
 
     Reads the ``layer`` field and the legacy V1 ``layers`` field (and the blobs of very old
     V0 layers nested in V1 ``layer``).
+
+    Raises
+    ------
+    ValueError
+        Naming the file, when it is not a binary ``NetParameter`` (cut short, bytes changed) or a
+        layer's name is not text.
+    GraphError
+        Naming the file and the layer, when a blob holds another number of values than its shape.
     """
     msg = _read_net(path)
     out: list[CaffeModelLayer] = []
-    for layer in msg.layer:
-        out.append(_layer_of(layer.name, layer.type, layer.blobs, path))
-    for layer in msg.layers:
+    for i, layer in enumerate(msg.layer):
+        out.append(_layer_of(_text(layer.name, i, path), _text(layer.type, i, path), layer.blobs, path))
+    for i, layer in enumerate(msg.layers, start=len(msg.layer)):
         blobs = layer.blobs if len(layer.blobs) else layer.layer.blobs
-        name = layer.name or layer.layer.name
-        kind = v1_type_name(layer.type) if layer.HasField("type") else layer.layer.type
+        name = _text(layer.name or layer.layer.name, i, path)
+        kind = v1_type_name(layer.type) if layer.HasField("type") else _text(layer.layer.type, i, path)
         out.append(_layer_of(name, kind, blobs, path))
     return out
+
+
+def _text(value: str | bytes, index: int, path: Any) -> str:
+    """A layer's name or type; protobuf gives the bytes of one that is not UTF-8, which no net's layer matches."""
+    if isinstance(value, bytes):
+        raise ValueError(f"{path}: layer {index} has a name or type that is not UTF-8 text ({value[:40]!r}); "
+                         "the file is corrupt")
+    return value
 
 
 def _layer_of(name: str, kind: str, blobs: Sequence[Any], path: Any) -> CaffeModelLayer:
@@ -183,6 +199,11 @@ def read_caffemodel(path: str | os.PathLike) -> OrderedDict[str, list[np.ndarray
         Layer name to its blobs (float32 from ``data``, float64 from ``double_data``), in
         file order; layers without blobs are left out. When two layers share a name (Caffe
         allows it), the later one with blobs wins, as in Caffe's ``CopyTrainedLayersFrom``.
+
+    Raises
+    ------
+    ValueError, GraphError
+        As :func:`read_caffemodel_layers`.
     """
     out: OrderedDict[str, list[np.ndarray]] = OrderedDict()
     for layer in read_caffemodel_layers(path):
@@ -255,6 +276,8 @@ def load_caffemodel_into(
     ------
     GraphError
         Naming the layer, when its blob count or a blob's shape differs from the net's.
+    ValueError
+        Naming the file, when it is not a ``.caffemodel`` (see :func:`read_caffemodel_layers`).
     """
     import torch
 

@@ -111,20 +111,31 @@ def read_text(path_or_text: str | os.PathLike) -> tuple[str, Path | None, str]:
     """Return ``(text, path or None, display name)`` for a file path or prototxt text.
 
     A ``str`` is taken as a path when such a file exists, as text when it contains a
-    newline, ``{`` or ``:``; otherwise it is a missing file (``FileNotFoundError``).
+    newline, ``{`` or ``:``; otherwise it is a missing file (``FileNotFoundError``). A file
+    that is not UTF-8 text is a :class:`PrototxtError` naming the line of the first bad byte.
     """
     if isinstance(path_or_text, os.PathLike):
         path = Path(path_or_text)
-        return path.read_text(encoding="utf-8"), path, str(path)
+        return _read_utf8(path), path, str(path)
     if not isinstance(path_or_text, str):
         raise TypeError(f"expected a path or prototxt text, got {type(path_or_text).__name__}")
     looks_like_text = any(c in path_or_text for c in "\n{:") and len(path_or_text) > 0
     if not looks_like_text or (len(path_or_text) < 4096 and os.path.isfile(path_or_text)):
         path = Path(path_or_text)
-        if not path.is_file():
+        if not os.path.isfile(path):
             raise FileNotFoundError(f"no such Caffe file: {path_or_text}")
-        return path.read_text(encoding="utf-8"), path, str(path)
+        return _read_utf8(path), path, str(path)
     return path_or_text, None, "<text>"
+
+
+def _read_utf8(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise PrototxtError(f"{path}:{line}: not a text file: byte {data[exc.start]:#04x} (at offset {exc.start}) "
+                            "is not UTF-8; a prototxt is UTF-8 text", path=str(path), line=line) from None
 
 
 def resolve_net_path(net: str, solver_path: Path | None) -> Path | None:
@@ -133,11 +144,12 @@ def resolve_net_path(net: str, solver_path: Path | None) -> Path | None:
     Tries, in order: an absolute path; ``net`` relative to the solver's folder and each of
     its parent folders; the same for the shorter tails of ``net`` (``examples/mnist/x`` ->
     ``mnist/x`` -> ``x``); finally the working directory (Caffe's own rule).
-    Returns ``None`` when nothing exists.
+    Returns ``None`` when nothing exists, or when ``net`` cannot be a path here (a name
+    longer than the system allows, a null character).
     """
     candidate = Path(net)
     if candidate.is_absolute():
-        return candidate if candidate.is_file() else None
+        return candidate if os.path.isfile(candidate) else None
     folders: list[Path] = []
     if solver_path is not None:
         start = solver_path.resolve().parent
@@ -146,9 +158,9 @@ def resolve_net_path(net: str, solver_path: Path | None) -> Path | None:
     for i in range(len(parts)):
         tail = Path(*parts[i:])
         for folder in folders:
-            if (folder / tail).is_file():
+            if os.path.isfile(folder / tail):  # os.path's: False, not OSError, for a name too long
                 return folder / tail
-    if candidate.is_file():
+    if os.path.isfile(candidate):
         return candidate.resolve()
     return None
 
@@ -656,7 +668,12 @@ class _Converter:
             )
         if kind not in _LOSS_TYPES and any(w != 0 for w in layer.loss_weight):
             raise self.fail(layer, "a loss_weight on a layer that is not a loss is not supported")
-        made = handler(self, layer)
+        try:
+            made = handler(self, layer)
+        except GraphError:
+            raise
+        except ValueError as exc:  # a value the layer DSL refuses (a negative filler std, a zero stride)
+            raise self.fail(layer, str(exc)) from None
         for item in made:
             self.out.append(item)
             self.layer_types[item.name] = "Input" if isinstance(item, self.dsl.RDDLayer) else kind

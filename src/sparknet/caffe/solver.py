@@ -119,14 +119,17 @@ class CaffeSolver:
 
     @property
     def test_plan(self) -> list[tuple[NetStateSpec, int]]:
-        """``(state, test_iter)`` for each test net Caffe would run."""
+        """``(state, test_iter)`` for each test net Caffe would run.
+
+        Raises :class:`PrototxtError` (naming the file) when the counts of ``test_iter`` and test nets differ.
+        """
         states = self.test_states or (NetStateSpec("TEST"),)
         if not self.test_iter:
             return []
         if len(self.test_iter) != len(states):
-            raise ValueError(
-                f"{self.source_path or '<text>'}: {len(self.test_iter)} test_iter values for {len(states)} test nets"
-            )
+            where = str(self.source_path or "<text>")
+            raise PrototxtError(f"{where}: {len(self.test_iter)} test_iter values for {len(states)} test nets; "
+                                "give one test_iter per test_state", path=where)
         return list(zip(states, self.test_iter))
 
     def load_net(
@@ -150,6 +153,13 @@ class CaffeSolver:
             Data source bindings, passed to :func:`~sparknet.caffe.load_net_prototxt`.
         net : path, optional
             Use this net file instead of the solver's ``net``.
+
+        Raises
+        ------
+        FileNotFoundError
+            The solver's ``net`` was not found and no ``net`` is given.
+        PrototxtError
+            The net is wrong (see :func:`~sparknet.caffe.load_net_prototxt`), or the inline ``net_param`` is empty.
         """
         phase = phase.upper()
         if phase == "TRAIN":
@@ -163,6 +173,10 @@ class CaffeSolver:
         elif self.net_path is not None:
             target = self.net_path
         elif self.net_text is not None:
+            if not self.net_text.strip():
+                where = str(self.source_path or "<text>")
+                raise PrototxtError(f"{where}: the solver's inline net_param is empty; give its layers, or a net: "
+                                    "file", path=where)
             target = self.net_text
         else:
             raise FileNotFoundError(
