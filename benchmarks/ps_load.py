@@ -42,7 +42,7 @@ from _bench import LoadSampler  # noqa: E402
 UNIT = 2.0 ** -12
 
 
-def client_loop(endpoint: str, job_id: bytes, secret: bytes, client: int, numel: int, ready, go, schedule,
+def client_loop(endpoint: str, job_id: bytes, secret: bytes, keys, client: int, numel: int, ready, go, schedule,
                 results) -> None:
     """One client: say it is ready, wait for ``go``, pull once, push its constant delta until the end.
 
@@ -56,7 +56,7 @@ def client_loop(endpoint: str, job_id: bytes, secret: bytes, client: int, numel:
     times: list[float] = []
     error = None
     try:
-        with PSClient(endpoint, job_id, secret, worker=client, timeout=60) as c:
+        with PSClient(endpoint, job_id, secret, keys=keys, worker=client, timeout=60) as c:
             ready.put(client)
             if not go.wait(600):
                 raise TimeoutError("no start signal within 600 s")
@@ -109,8 +109,8 @@ def main(argv=None) -> dict:
 
             results, ready, go, schedule = queue.Queue(), queue.Queue(), threading.Event(), [0.0, 0.0, 0.0]
             spawn = threading.Thread
-        workers = [spawn(target=client_loop, args=(server.endpoint, creds.job_id, creds.secret, c, args.numel,
-                                                   ready, go, schedule, results))
+        workers = [spawn(target=client_loop, args=(server.endpoint, creds.job_id, creds.secret, server.client_keys, c,
+                                                   args.numel, ready, go, schedule, results))
                    for c in range(args.clients)]
         for w in workers:
             w.start()

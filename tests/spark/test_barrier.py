@@ -153,8 +153,8 @@ def test_barrier_needs_a_slot_per_worker(spark):
 def test_metrics_channel_drops_what_does_not_verify():
     secret = new_secret()
     with MetricsReceiver("127.0.0.1", "127.0.0.1", secret) as rx:
-        forged = MetricsSender(rx.endpoint, new_secret())
-        honest = MetricsSender(rx.endpoint, secret)
+        forged = MetricsSender(rx.endpoint, new_secret(), rx.client_keys)
+        honest = MetricsSender(rx.endpoint, secret, rx.client_keys)
         try:
             forged.send({"event": "round", "round": 99})
             assert rx.recv(2.0) is None and rx.rejected == 1

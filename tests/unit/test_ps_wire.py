@@ -98,3 +98,29 @@ def test_dtype_codes():
 def test_wire_error_pickles():
     e = pickle.loads(pickle.dumps(WireError(Reason.REPLAY, "again")))
     assert e.reason is Reason.REPLAY and str(e) == "again"
+
+
+def test_transport_keys_never_show_a_secret_key():
+    from sparknet._transport import ServerKeys
+    from sparknet.ps._worker import TaskSpec
+
+    keys = ServerKeys.new()
+    assert keys.client.server_public == keys.public and keys.client.public != keys.public
+    for text in (repr(keys), repr(keys.client), str(keys)):
+        assert keys.secret.decode() not in text and keys.client.secret.decode() not in text
+    spec = TaskSpec(endpoint="tcp://127.0.0.1:1", job_id=b"j" * 16, secret=b"s" * 32, net={}, solver={}, batch_size=8,
+                    tau=1, seed=0, epoch=0, iteration=0, shuffle=True, sample_shape=None, timeout_s=60.0,
+                    keys=keys.client)
+    assert keys.client.secret.decode() not in repr(spec)
+    with pytest.raises(ValueError, match="40 bytes"):
+        type(keys.client)(keys.public, keys.public, b"short")
+
+
+def test_transport_limits_check_themselves():
+    from sparknet._transport import Limits
+
+    assert Limits.for_frame(100 * 10**6).dead_after_s == pytest.approx(40.0)
+    with pytest.raises(ValueError, match="handshake_s"):
+        Limits(handshake_s=0)
+    with pytest.raises(ValueError, match="at least heartbeat_s"):
+        Limits(heartbeat_s=10.0, dead_after_s=5.0)

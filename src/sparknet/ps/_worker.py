@@ -1,7 +1,7 @@
 """Executor side of asynchronous training: the function each partition's task runs.
 
 The driver (:mod:`sparknet.ps.session`) builds a :class:`TaskSpec` of plain values (the
-server's endpoint, the job's id and secret, the net as a dict or bytes, the solver as a
+server's endpoint and keys, the job's id and secret, the net as a dict or bytes, the solver as a
 dict, numbers) and hands :func:`train_partition` ``(spec)`` to ``mapPartitionsWithIndex``.
 Each task then:
 
@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from sparknet._malloc import keep_freed_memory
+from sparknet._transport import ClientKeys
 from sparknet.layers import NetParams
 from sparknet.loop import round_seed
 from sparknet.faults import due_fault
@@ -78,6 +79,9 @@ class TaskSpec:
     after the steps before that push, on its ``attempt``."""
     loss: Callable | None = None
     """The loss of a plain module."""
+    keys: ClientKeys | None = field(default=None, repr=False)
+    """The server's keys a worker connects with (its secret key never in a repr or a log line); the session
+    always sets them: a task without them cannot reach the server."""
 
 
 def pick_fields(names: tuple[str, str]):
@@ -209,7 +213,7 @@ def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[d
     record["rows"] = len(y)
     loss_sum = 0.0
     losses = 0
-    with PSClient(spec.endpoint, spec.job_id, spec.secret, worker=index, attempt=attempt,
+    with PSClient(spec.endpoint, spec.job_id, spec.secret, keys=spec.keys, worker=index, attempt=attempt,
                   timeout=spec.timeout_s) as client:
         reply = client.pull(0)
         record["comm_s"] += reply.latency_s

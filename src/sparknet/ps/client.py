@@ -1,11 +1,12 @@
 """The worker side of the parameter server: one DEALER socket, one request at a time.
 
->>> with PSClient(endpoint, creds.job_id, creds.secret, worker=3, attempt=0) as c:   # doctest: +SKIP
+>>> with PSClient(endpoint, creds.job_id, creds.secret, keys=server.client_keys, worker=3) as c:  # doctest: +SKIP
 ...     first = c.pull(step=0)                      # the server's copy, its version
 ...     reply = c.push(step=10, payload=delta, base_version=first.version)
 ...     reply.weights, reply.version, reply.mix
 
-Every request waits for its reply at most ``timeout`` seconds and raises
+The connection is a CurveZMQ client of the server's keys (``keys``: the server lets in no
+other), and every request waits for its reply at most ``timeout`` seconds and raises
 :class:`~sparknet.errors.DeadlineExceeded` naming the worker otherwise. A reply is accepted
 only if it authenticates under the job's secret and answers this request (same job,
 worker, attempt and step); anything else on the socket is logged and dropped. A rejection
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
+from sparknet._transport import ClientKeys, connect_keys
 from sparknet.errors import DeadlineExceeded, EngineError
 from sparknet.ps.wire import (DTYPES, FLAG_SEND_DELTA, Header, Kind, Reason, Status, WireError, decode, dtype_code,
                               encode, verify)
@@ -69,6 +71,8 @@ class PSClient:
         ``tcp://host:port`` of the server.
     job_id, secret : bytes
         The job's credentials (from the job's closure).
+    keys : ClientKeys
+        The server's :attr:`~sparknet.ps.server.ParameterServer.client_keys` (from the job's closure).
     worker : int
         Worker id (the Spark partition index).
     attempt : int
@@ -79,10 +83,12 @@ class PSClient:
         The payload dtype (the server's, float32).
     """
 
-    def __init__(self, endpoint: str, job_id: bytes, secret: bytes, *, worker: int, attempt: int = 0,
-                 timeout: float = 120.0, dtype=np.float32):
+    def __init__(self, endpoint: str, job_id: bytes, secret: bytes, *, keys: ClientKeys, worker: int,
+                 attempt: int = 0, timeout: float = 120.0, dtype=np.float32):
         if not timeout > 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
+        if not isinstance(keys, ClientKeys):
+            raise ValueError(f"keys must be the parameter server's client_keys, got {type(keys).__name__}")
         self.endpoint = endpoint
         self.job_id = bytes(job_id)
         self._secret = bytes(secret)
@@ -96,6 +102,7 @@ class PSClient:
         try:
             self._sock = self._ctx.socket(zmq.DEALER)
             self._sock.setsockopt(zmq.LINGER, 0)
+            connect_keys(self._sock, keys)
             self._sock.connect(endpoint)
         except BaseException:
             self._ctx.destroy(linger=0)

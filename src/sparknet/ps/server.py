@@ -13,11 +13,19 @@ returns. Each request is answered at once: a push is checked, combined into the 
 copy by the :class:`~sparknet.ps.combiners.Combiner`, and answered with the new copy, so a
 worker pushes and pulls in one round trip and never waits for another worker.
 
+Before a byte of a peer's is read, the socket bounds it (:mod:`sparknet._transport`): only a
+peer holding the client key the server made (:attr:`ParameterServer.client_keys`, handed to the
+workers with the job's secret) finishes the CurveZMQ handshake, so a stranger sends no frame at
+all; a frame bigger than the model can need disconnects its sender; a connection that has not
+finished its handshake within ``limits.handshake_s`` is closed; a peer that answers no heartbeat
+for ``limits.dead_after_s`` is closed.
+
 Every message goes through the same checks (see :mod:`sparknet.ps.wire`): structure, job
 id, dtype, element count against the model, HMAC, kind, base version, replay. A message
 that fails one is rejected: counted under its reason in :meth:`ParameterServer.stats`,
-logged (the first few per reason at WARNING, the rest at DEBUG), answered with an error
-message naming the reason, and the server goes on serving everyone else.
+logged (the first few per reason at WARNING, then a count at most once a minute, never a
+traceback), answered with an error message naming the reason if a job's key signs it (nothing
+otherwise), and the server goes on serving everyone else.
 
 Idempotence under Spark retries: the server remembers, per worker (partition), the highest
 step whose push it applied in the current job. A push from another attempt of the same
@@ -38,6 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
+from sparknet._transport import ClientKeys, Gate, Limits, LogThrottle, ServerKeys, guard_server
 from sparknet.errors import EngineError
 from sparknet.ps.combiners import Combiner, make_combiner
 from sparknet.ps.wire import (DTYPES, FLAG_SEND_DELTA, HEADER_SIZE, TAG_SIZE, Header, JobCredentials, Kind,
@@ -48,7 +57,8 @@ __all__ = ["ParameterServer", "staleness_bucket"]
 log = logging.getLogger(__name__)
 
 _POLL_MS = 50
-_LOUD_REJECTS = 10  # per reason, at WARNING; the rest at DEBUG
+_LOUD_REJECTS = 10  # per reason, at WARNING; then a count at most every _QUIET_S
+_QUIET_S = 60.0
 _RETIRED_JOBS = 8  # earlier jobs whose stragglers get a signed "wrong_job" answer
 
 
@@ -105,10 +115,14 @@ class ParameterServer:
         The dtype of the server's copy and of every payload (float32).
     allow_all_interfaces : bool
         Permit binding a wildcard address.
+    limits : Limits, optional
+        How long a peer may take to finish its handshake and stay silent (default: 10 s, and
+        30 s plus the time the biggest message takes at 10 MB/s).
     """
 
     def __init__(self, initial, combiner: str | Combiner = "delta", *, host: str = "127.0.0.1", port: int = 0,
-                 num_workers: int = 1, dtype=np.float32, allow_all_interfaces: bool = False):
+                 num_workers: int = 1, dtype=np.float32, allow_all_interfaces: bool = False,
+                 limits: Limits | None = None):
         if _is_wildcard(host) and not allow_all_interfaces:
             raise ValueError(f"refusing to bind the parameter server to every interface ({host!r}); give the "
                              "driver's address, or pass allow_all_interfaces=True if the network is trusted")
@@ -121,6 +135,10 @@ class ParameterServer:
             raise ValueError("the model has no weights to serve")
         self._flat = flat
         self._numel = int(flat.size)
+        # the largest frame: a push of the whole model (twice: room for a bigger dtype), header and tag
+        self._max_frame = 2 * self._numel * self._dtype.itemsize + HEADER_SIZE + TAG_SIZE + (1 << 20)
+        self._limits = limits or Limits.for_frame(self._max_frame)
+        self._keys = ServerKeys.new()
         self.combiner = make_combiner(combiner)
         self.num_workers = int(num_workers)
         self.host = host.strip()
@@ -133,11 +151,14 @@ class ParameterServer:
         self._thread: threading.Thread | None = None
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
+        self._gate: Gate | None = None
         self._endpoint: str | None = None
         self._failure: BaseException | None = None
         self._last_heard = time.monotonic()
         # statistics
         self._rejects: Counter[str] = Counter()
+        self._throttle = LogThrottle(log, "parameter server: messages rejected", loud=_LOUD_REJECTS,
+                                     every_s=_QUIET_S)
         self._pushes_received = 0
         self._pushes_applied = 0
         self._duplicates = 0
@@ -159,6 +180,12 @@ class ParameterServer:
         return self._endpoint
 
     @property
+    def client_keys(self) -> ClientKeys:
+        """The keys a worker connects with (:class:`~sparknet.ps.client.PSClient`'s ``keys``): hand them to the
+        workers as the job's secret is, never in a log line."""
+        return self._keys.client
+
+    @property
     def numel(self) -> int:
         """Elements in the model's flat buffer."""
         return self._numel
@@ -178,13 +205,12 @@ class ParameterServer:
         if self._thread is not None:
             raise RuntimeError("the parameter server is already started")
         ctx = zmq.Context(io_threads=1)
-        sock = None
+        sock = gate = None
         try:
+            gate = Gate(ctx, self._keys, log)  # bound before the socket: no handshake passes without it
             sock = ctx.socket(zmq.ROUTER)
             sock.setsockopt(zmq.LINGER, 0)
-            # Transport-level bound: a frame far beyond any valid message is dropped by ZeroMQ
-            # (disconnecting that peer) before it is ever buffered whole.
-            sock.setsockopt(zmq.MAXMSGSIZE, 2 * self._numel * self._dtype.itemsize + HEADER_SIZE + TAG_SIZE + (1 << 20))
+            guard_server(sock, self._keys, max_frame=self._max_frame, limits=self._limits)
             host = f"[{self.host}]" if ":" in self.host else self.host
             if ":" in self.host:
                 sock.setsockopt(zmq.IPV6, 1)
@@ -196,9 +222,11 @@ class ParameterServer:
         except BaseException:
             if sock is not None:
                 sock.close(linger=0)
+            if gate is not None:
+                gate.close()
             ctx.term()
             raise
-        self._ctx, self._sock = ctx, sock
+        self._ctx, self._sock, self._gate = ctx, sock, gate
         self._stop.clear()
         self._thread = threading.Thread(target=self._serve, name="sparknet-ps", daemon=True)
         self._thread.start()
@@ -207,7 +235,7 @@ class ParameterServer:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving: signal the thread, join it (with ``timeout``), close the socket and context."""
+        """Stop serving: signal the thread, join it (with ``timeout``), close the sockets and the context."""
         thread = self._thread
         self._stop.set()
         try:
@@ -219,6 +247,7 @@ class ParameterServer:
             if self._sock is not None and (thread is None or not thread.is_alive()):
                 self._sock.close(linger=0)
                 self._sock = None
+                self._gate.close()  # after the socket it guards (kept: its count stays in stats())
             if self._ctx is not None and self._sock is None:
                 self._ctx.term()
                 self._ctx = None
@@ -297,17 +326,20 @@ class ParameterServer:
                 "bytes_in": self._bytes_in,
                 "bytes_out": self._bytes_out,
                 "busy_s": self._busy_s,
+                "connections_refused": self._gate.refused if self._gate is not None else 0,
             }
 
     # -- serving ---------------------------------------------------------------------------
     def _serve(self) -> None:
-        sock = self._sock
+        sock, gate = self._sock, self._gate
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
+        poller.register(gate.socket, zmq.POLLIN)
         try:
             while not self._stop.is_set():
                 if not poller.poll(_POLL_MS):
                     continue
+                gate.serve()  # handshakes waiting for the key check
                 for _ in range(256):  # drain what is queued, then look at the stop flag again
                     try:
                         frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
@@ -325,18 +357,18 @@ class ParameterServer:
             log.exception("the parameter server thread failed")
         finally:
             poller.unregister(sock)
+            poller.unregister(gate.socket)
 
     def _reject(self, reason: Reason, detail: str, envelope: list, header: Header | None,
                 creds: JobCredentials | None = None) -> list | None:
-        """Count and log a refusal; the answer, signed with ``creds``, goes only to a message that authenticated
-        under them: an unauthenticated peer gets nothing (no signed text of its choosing, no oracle)."""
+        """Count and log a refusal (:class:`~sparknet._transport.LogThrottle`: a flood costs a few lines); the
+        answer, signed with ``creds``, goes only to a message that authenticated under them: an unauthenticated
+        peer gets nothing (no signed text of its choosing, no oracle)."""
         label = reason.label
         with self._lock:
             self._rejects[label] += 1
-            n = self._rejects[label]
         who = "" if header is None else f" (claiming worker {header.worker} attempt {header.attempt} step {header.step})"
-        level = logging.WARNING if n <= _LOUD_REJECTS else logging.DEBUG
-        log.log(level, "parameter server rejected a message%s: %s (%s; %d so far)", who, label, detail, n)
+        self._throttle(label, "parameter server rejected a message%s: %s, %s", who, label, detail)
         if creds is None or header is None:
             return None  # not authenticated: the sender's request times out
         h = Header(Kind.ERROR, 0, creds.job_id, header.worker, header.attempt, header.step, self._version, 0,
@@ -359,8 +391,9 @@ class ParameterServer:
             reply = self._process(msg, envelope)
         except WireError as e:
             return self._reject(e.reason, str(e), envelope, header, creds)
-        except Exception as e:  # a bug in a combiner or here: counted and logged with its trace, serving goes on
-            log.exception("parameter server failed on a message")
+        except Exception as e:  # a bug in a combiner or here: counted, the first few traced, serving goes on
+            if self._throttle.counts[Reason.INTERNAL.label] < _LOUD_REJECTS:
+                log.exception("parameter server failed on a message")
             return self._reject(Reason.INTERNAL, f"{type(e).__name__}: {e}", envelope, header, creds)
         self._bytes_out += sum(len(f) for f in reply[len(envelope):])
         return reply

@@ -11,7 +11,8 @@ OS-picked port of the driver's address: loopback in local mode), then runs one S
 epoch. Each partition's task trains its own Net on its partition and pushes and pulls every
 ``tau`` steps without waiting for any other task
 (:func:`sparknet.ps._worker.train_partition`). Every epoch gets a fresh job id and HMAC
-secret, which reach the tasks inside the job's closure. Between epochs the rows are
+secret, which reach the tasks inside the job's closure with the server's transport keys
+(:attr:`~sparknet.ps.server.ParameterServer.client_keys`). Between epochs the rows are
 reshuffled across partitions (seeded), and each task reshuffles its own rows. The server is
 stopped, and cached data released, in ``finally``. Every Spark job runs through
 :func:`sparknet.spark._backend.run_with_deadline`: under the session's job group (the caller's
@@ -338,8 +339,8 @@ class AsyncSession:
                 epoch = self._epochs_done
                 creds = server.new_job()
                 spec = _worker.TaskSpec(
-                    endpoint=server.endpoint, job_id=creds.job_id, secret=creds.secret, net=net_spec, solver=solver,
-                    batch_size=int(batch_size), tau=int(tau), seed=self.seed, epoch=epoch,
+                    endpoint=server.endpoint, job_id=creds.job_id, secret=creds.secret, keys=server.client_keys,
+                    net=net_spec, solver=solver, batch_size=int(batch_size), tau=int(tau), seed=self.seed, epoch=epoch,
                     iteration=self._iteration, shuffle=bool(shuffle_within_partition), sample_shape=sample_shape,
                     timeout_s=self.request_timeout_s, threads=self.threads, device=self.device,
                     steps=None if steps is None else steps - steps_done, train_step=train_step,
@@ -430,8 +431,9 @@ class AsyncSession:
             "duplicate_pushes": stats["duplicate_pushes"], "pulls": stats["pulls"],
             "staleness_mean": stats["staleness_mean"], "staleness_max": stats["staleness_max"],
             "staleness_histogram": stats["staleness_histogram"], "rejected": stats["rejected"],
-            "rejected_total": stats["rejected_total"], "server_version": stats["version"],
-            "bytes_communicated": stats["bytes_in"] + stats["bytes_out"], "server_busy_s": stats["busy_s"],
+            "rejected_total": stats["rejected_total"], "connections_refused": stats["connections_refused"],
+            "server_version": stats["version"], "bytes_communicated": stats["bytes_in"] + stats["bytes_out"],
+            "server_busy_s": stats["busy_s"],
             "test_accuracy": history[-1].get("test_accuracy") if history else None,
             "test_loss": history[-1].get("test_loss") if history else None,
             "tasks": tasks,

@@ -40,6 +40,7 @@ from datetime import timedelta
 import numpy as np
 import torch
 
+from sparknet._transport import ClientKeys
 from sparknet.collective import CollectiveExchange, FIELDS
 from sparknet.config import Streaming
 from sparknet.errors import NonFiniteUpdate
@@ -86,6 +87,8 @@ class StagePlan:
     """The driver's metrics channel (``None``: no channel)."""
     secret: bytes | None = field(default=None, repr=False)
     """The channel's per-fit key."""
+    keys: ClientKeys | None = field(default=None, repr=False)
+    """The channel's CurveZMQ client keys (its socket lets in no other peer)."""
     evaluation: EvalPlan = field(default_factory=EvalPlan)
     """When the ranks evaluate, and on how many rows (each scores its share)."""
     restart: int = 0
@@ -209,7 +212,7 @@ def _report_failure(params: StagePlan, rank: int, exc: BaseException, text: str,
         return
     try:
 
-        sender = MetricsSender(params.endpoint, params.secret, send_timeout_ms=2000)
+        sender = MetricsSender(params.endpoint, params.secret, params.keys, send_timeout_ms=2000)
         try:
             sender.send({"event": "error", "rank": rank, "type": type(exc).__name__, "text": text[-8000:],
                          "collective": _is_collective_failure(exc) if collective is None else collective,
@@ -384,7 +387,7 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     try:
         if params.endpoint and (rank == 0 or params.checkpoint_every):
 
-            sender = MetricsSender(params.endpoint, params.secret)
+            sender = MetricsSender(params.endpoint, params.secret, params.keys)
         store = rendezvous(ctx, rank, params.group)
         if sender is not None and rank == 0:
             sender.send({"event": "ready", "fit": spec.fit_id, "setup_s": time.perf_counter() - t_start})

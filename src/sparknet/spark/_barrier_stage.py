@@ -188,8 +188,8 @@ class BarrierStage:
             params = StagePlan(
                 group=GroupPlan(workers=K, local=local, rendezvous_timeout_s=opts.rendezvous_timeout_s,
                                 collective_timeout_s=opts.collective_timeout_s),
-                stop=self.stop, endpoint=receiver.endpoint, secret=secret, evaluation=dist.evaluation(),
-                restart=self.restart, state_every_rounds=opts.state_every_rounds,
+                stop=self.stop, endpoint=receiver.endpoint, secret=secret, keys=receiver.client_keys,
+                evaluation=dist.evaluation(), restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None, auto_tau=auto,
                 weight_ema=dist.weight_ema, streaming=dist.streaming())
             stage = chunks.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))

@@ -1,12 +1,16 @@
 """A small authenticated metrics channel from a barrier task to the driver (pyzmq PUSH -> PULL).
 
-The driver binds a PULL socket and hands the endpoint and a random per-fit secret to the
-tasks in their closure. Rank 0 PUSHes JSON records as two frames ``[body, mac]`` where
-``mac = HMAC-SHA256(secret, body)``. The driver checks the MAC before it parses anything and
-drops what does not verify; bodies are JSON, never pickles, so a stranger who reaches the
-port can neither run code on the driver nor inject records. The socket is bound to the
-driver's Spark address (never every interface), and a message of more than three frames or
-more bytes than the model can need is dropped unread.
+The driver binds a PULL socket and hands the endpoint, a random per-fit secret and the socket's
+CurveZMQ client keys to the tasks in their closure. Rank 0 PUSHes JSON records as two frames
+``[body, mac]`` where ``mac = HMAC-SHA256(secret, body)``. The driver checks the MAC before it
+parses anything and drops what does not verify; bodies are JSON, never pickles, so a stranger
+who reaches the port can neither run code on the driver nor inject records. The socket is bound
+to the driver's Spark address (never every interface) with the bounds of
+:mod:`sparknet._transport`: a peer without the client keys cannot finish the handshake (so it
+sends no frame, finished message or not), a frame bigger than the model can need disconnects its
+sender before it is buffered, an unfinished handshake is closed after ``limits.handshake_s``, a
+silent peer after ``limits.dead_after_s``. A message of more than three frames or more bytes than
+the model can need is dropped unread; log lines about dropped messages are throttled.
 
 A record may carry one binary payload (three frames ``[body, payload, mac]``, the MAC over
 both): the barrier engine sends the global weights and strategy state this way every round,
@@ -22,9 +26,13 @@ import hmac
 import json
 import logging
 import secrets
+import time
 
 import numpy as np
 import torch
+import zmq
+
+from sparknet._transport import ClientKeys, Gate, Limits, LogThrottle, ServerKeys, connect_keys, guard_server
 
 __all__ = ["MetricsReceiver", "MetricsSender", "new_secret", "encode_tree", "decode_tree"]
 
@@ -120,32 +128,62 @@ class MetricsReceiver:
         The largest message accepted, all frames together (the caller sizes it from the model).
         ZeroMQ disconnects a peer that announces a bigger frame before reading it; a message of
         more frames or bytes than allowed is drained and dropped unread.
+    limits : Limits, optional
+        How long a peer may take to finish its handshake and stay silent (default: from ``max_bytes``).
+
+    A sender connects with :attr:`client_keys`. The handshakes are checked by the thread that calls
+    :meth:`recv`, while it waits.
     """
 
-    def __init__(self, bind_host: str, advertise_host: str, secret: bytes, *, max_bytes: int = 1 << 28):
-        import zmq
-
-        self._zmq = zmq
+    def __init__(self, bind_host: str, advertise_host: str, secret: bytes, *, max_bytes: int = 1 << 28,
+                 limits: Limits | None = None):
+        self._keys = ServerKeys.new()
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.PULL)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.RCVHWM, 10_000)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, int(max_bytes))
-        self._sock.setsockopt(zmq.IPV6, int(":" in bind_host))
-        port = self._sock.bind_to_random_port(f"tcp://{_bracketed(bind_host)}")
+        self._gate = self._sock = None
+        try:
+            self._gate = Gate(self._ctx, self._keys, log)  # before the socket binds: no handshake passes without it
+            self._sock = self._ctx.socket(zmq.PULL)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.setsockopt(zmq.RCVHWM, 10_000)
+            guard_server(self._sock, self._keys, max_frame=int(max_bytes),
+                         limits=limits or Limits.for_frame(int(max_bytes)))
+            self._sock.setsockopt(zmq.IPV6, int(":" in bind_host))
+            port = self._sock.bind_to_random_port(f"tcp://{_bracketed(bind_host)}")
+        except BaseException:
+            self.close()
+            raise
         self.endpoint = f"tcp://{_bracketed(advertise_host)}:{port}"
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._gate.socket, zmq.POLLIN)
         self._secret = secret
         self._max_bytes = int(max_bytes)
+        self._throttle = LogThrottle(log, "metrics messages dropped")
         self.rejected = 0
+
+    @property
+    def client_keys(self) -> ClientKeys:
+        """The keys a :class:`MetricsSender` connects with (they travel with the per-fit secret)."""
+        return self._keys.client
+
+    @property
+    def refused(self) -> int:
+        """Connections refused at the handshake for a key other than :attr:`client_keys`."""
+        return self._gate.refused
 
     def recv(self, timeout_s: float) -> dict | None:
         """The next verified record, or ``None`` when none arrives within ``timeout_s`` (or it is dropped).
 
         A record sent with a payload holds it as bytes under ``"payload"``.
         """
-        zmq = self._zmq
-        if not self._sock.poll(int(timeout_s * 1000), zmq.POLLIN):
-            return None
+        deadline = time.monotonic() + timeout_s
+        while True:  # answer handshakes while waiting for a message
+            ready = dict(self._poller.poll(max(0, round((deadline - time.monotonic()) * 1000))))
+            self._gate.serve()
+            if self._sock in ready:
+                break
+            if time.monotonic() >= deadline:
+                return None
         frames, count, size, more = [], 0, 0, True
         while more:  # every part of the message, keeping at most three and max_bytes
             frame = self._sock.recv(zmq.NOBLOCK, copy=False)
@@ -154,12 +192,12 @@ class MetricsReceiver:
                 frames.append(frame)
         if count not in (2, 3) or size > self._max_bytes:
             self.rejected += 1
-            log.warning("dropped a metrics message of %d frames and %d bytes (%d so far)", count, size, self.rejected)
+            self._throttle("shape", "dropped a metrics message of %d frames and %d bytes", count, size)
             return None
         body, payload, mac = frames[0].bytes, frames[1].bytes if count == 3 else None, frames[-1].bytes
         if not hmac.compare_digest(_mac(self._secret, body, payload), mac):
             self.rejected += 1
-            log.warning("dropped a metrics message that failed authentication (%d so far)", self.rejected)
+            self._throttle("hmac", "dropped a metrics message that failed authentication")
             return None
         try:
             record = json.loads(body.decode("utf-8"))
@@ -173,8 +211,16 @@ class MetricsReceiver:
         return record
 
     def close(self) -> None:
-        self._sock.close(linger=0)
-        self._ctx.term()
+        """Close the socket, then its gate, then the context (idempotent)."""
+        if self._sock is not None:
+            self._sock.close(linger=0)
+            self._sock = None
+        if self._gate is not None:  # after the socket it guards
+            self._gate.close()
+            self._gate = None
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
 
     def __enter__(self):
         return self
@@ -184,19 +230,24 @@ class MetricsReceiver:
 
 
 class MetricsSender:
-    """Executor side (rank 0): PUSH JSON records to the driver; never blocks a round for long."""
+    """Executor side (rank 0): PUSH JSON records to the driver; never blocks a round for long.
 
-    def __init__(self, endpoint: str, secret: bytes, send_timeout_ms: int = 5000):
-        import zmq
+    ``keys`` are the receiver's :attr:`MetricsReceiver.client_keys`.
+    """
 
-        self._zmq = zmq
+    def __init__(self, endpoint: str, secret: bytes, keys: ClientKeys, send_timeout_ms: int = 5000):
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.PUSH)
-        self._sock.setsockopt(zmq.LINGER, 2000)
-        self._sock.setsockopt(zmq.SNDTIMEO, send_timeout_ms)
-        self._sock.setsockopt(zmq.IMMEDIATE, 0)
-        self._sock.setsockopt(zmq.IPV6, 1)  # the driver's address may be IPv6
-        self._sock.connect(endpoint)
+        try:
+            self._sock = self._ctx.socket(zmq.PUSH)
+            self._sock.setsockopt(zmq.LINGER, 2000)
+            self._sock.setsockopt(zmq.SNDTIMEO, send_timeout_ms)
+            self._sock.setsockopt(zmq.IMMEDIATE, 0)
+            self._sock.setsockopt(zmq.IPV6, 1)  # the driver's address may be IPv6
+            connect_keys(self._sock, keys)
+            self._sock.connect(endpoint)
+        except BaseException:
+            self._ctx.destroy(linger=0)
+            raise
         self._secret = secret
         self.dropped = 0
 
@@ -210,7 +261,7 @@ class MetricsSender:
         try:
             self._sock.send_multipart(frames)
             return True
-        except self._zmq.Again:
+        except zmq.Again:
             self.dropped += 1
             log.warning("metrics channel to the driver is full or gone; dropped a %s record", record.get("event"))
             return False
