@@ -200,8 +200,10 @@ class CheckpointManager:
         with self.fs.open_input_stream(f"{path}/manifest.json") as f:
             data = f.read()
         try:
-            listed = list(json.loads(data)["sha256"])
-        except (ValueError, KeyError, TypeError):
+            listed = json.loads(data)["sha256"]
+        except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: JSON nested too deep to read
+            listed = None
+        if not isinstance(listed, dict):
             return "manifest.json is cut short or not a checkpoint manifest"
         missing = [name for name in listed if name not in names]
         return f"{', '.join(missing)} missing" if missing else None
@@ -240,20 +242,57 @@ class CheckpointManager:
             raise _Damaged(f"checkpoint {path} is incomplete: {e}") from None
         try:
             manifest = json.loads(files["manifest.json"])
-        except json.JSONDecodeError as e:
-            raise _Damaged(f"{path}/manifest.json is not JSON ({e.msg})") from None
-        if manifest.get("format") != "sparknet-checkpoint" or manifest.get("format_version") != FORMAT_VERSION:
+        except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested too deep to read
+            raise _Damaged(f"{path}/manifest.json is not JSON ({e})") from None
+        if (not isinstance(manifest, dict) or manifest.get("format") != "sparknet-checkpoint"
+                or manifest.get("format_version") != FORMAT_VERSION):
             raise CheckpointError(f"{path} is not a sparknet checkpoint of format {FORMAT_VERSION}")
-        for name, digest in manifest.get("sha256", {}).items():
-            if hashlib.sha256(files[name]).hexdigest() != digest:
+        _check_manifest(manifest, round, path)
+        for name in _HASHED:
+            if hashlib.sha256(files[name]).hexdigest() != manifest["sha256"][name]:
                 raise _Damaged(f"{path}/{name} does not match its recorded SHA-256: the file is corrupt")
         if expect_fingerprint is not None and manifest["fingerprint"] != expect_fingerprint:
             raise CheckpointError(f"checkpoint {path} belongs to another model (fingerprint {manifest['fingerprint']}, "
                                   f"this model's is {expect_fingerprint}); resume with the same --model, or choose "
                                   "another --checkpoint-dir")
-        weights = WeightCollection.from_bytes(files["weights.safetensors"])
-        state = torch.load(io.BytesIO(files["state.pt"]), weights_only=True)
-        return Checkpoint(round=int(manifest["round"]), weights=weights, state=state, manifest=manifest, path=path)
+        try:
+            weights = WeightCollection.from_bytes(files["weights.safetensors"])
+        except ValueError as e:
+            raise _Damaged(f"{path}/weights.safetensors cannot be read: {e}") from None
+        if model_fingerprint(weights) != manifest["fingerprint"]:
+            raise _Damaged(f"{path}/weights.safetensors holds another model (fingerprint {model_fingerprint(weights)}) "
+                           f"than its manifest records ({manifest['fingerprint']}): the checkpoint is corrupt")
+        try:
+            state = torch.load(io.BytesIO(files["state.pt"]), weights_only=True)
+        except Exception as e:  # noqa: BLE001 - torch's restricted unpickler fails on a bad file with any of a dozen types
+            raise _Damaged(f"{path}/state.pt cannot be read ({type(e).__name__}: {e})") from None
+        if not isinstance(state, dict):
+            raise _Damaged(f"{path}/state.pt holds a {type(state).__name__}, not a checkpoint's state (a dict)")
+        return Checkpoint(round=round, weights=weights, state=state, manifest=manifest, path=path)
+
+
+_HASHED = ("weights.safetensors", "state.pt")
+"""The files a manifest records the SHA-256 of."""
+
+
+def _check_manifest(manifest: dict, round: int, path: str) -> None:
+    """Raise :class:`_Damaged` naming the first entry of a parsed manifest that is missing or of the wrong type."""
+    def fail(problem: str):
+        raise _Damaged(f"{path}/manifest.json {problem}: the checkpoint is corrupt")
+
+    sums = manifest.get("sha256")
+    if not isinstance(sums, dict) or sorted(sums) != sorted(_HASHED):
+        fail(f"records SHA-256 sums for {sorted(sums) if isinstance(sums, dict) else sums!r}, not for "
+             f"{' and '.join(_HASHED)}")
+    if not all(isinstance(digest, str) for digest in sums.values()):
+        fail("records a SHA-256 sum that is not a string")
+    if type(manifest.get("round")) is not int or manifest["round"] != round:
+        fail(f"records round {manifest.get('round')!r} in the folder of round {round}")
+    if not isinstance(manifest.get("fingerprint"), str):
+        fail(f"records the fingerprint {manifest.get('fingerprint')!r}, not a string")
+    for key in ("config", "extra"):
+        if not isinstance(manifest.get(key, {}), dict):
+            fail(f"records a {key} that is not a JSON object ({type(manifest[key]).__name__})")
 
 
 def _plain(value: Any):

@@ -316,19 +316,29 @@ class WeightCollection(Mapping[str, list[torch.Tensor]]):
 
     @staticmethod
     def from_bytes(data: bytes) -> WeightCollection:
-        """Read :meth:`to_bytes`'s bytes; ``ValueError`` if they are truncated or their header is corrupt."""
+        """Read :meth:`to_bytes`'s bytes; ``ValueError`` if they are truncated or corrupt (header or tensors)."""
+        from safetensors import SafetensorError
         from safetensors.torch import load
 
         # safetensors' header: little-endian u64 length, then JSON with "__metadata__".
         if len(data) < 8:
             raise ValueError("weights file is truncated")
         (n,) = struct.unpack("<Q", data[:8])
+        if n > len(data) - 8:
+            raise ValueError(f"weights file is cut short: its header claims {n} bytes, {len(data) - 8} follow")
         try:
             header = json.loads(data[8:8 + n])
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested too deep to read
             raise ValueError(f"weights file has a corrupt header: {e}") from None
-        order = (header.get("__metadata__") or {}).get("sparknet.layers")
-        return WeightCollection.from_state_dict(load(data), order.split("\n") if order else None)
+        meta = header.get("__metadata__") if isinstance(header, dict) else None
+        order = meta.get("sparknet.layers") if isinstance(meta, dict) else None
+        if not isinstance(header, dict) or not isinstance(meta or {}, dict) or not isinstance(order or "", str):
+            raise ValueError("weights file has a corrupt header: not the JSON object of a safetensors file")
+        try:
+            state = load(bytes(data))
+        except SafetensorError as e:
+            raise ValueError(f"weights file is corrupt: {e}") from None
+        return WeightCollection.from_state_dict(state, order.split("\n") if order else None)
 
     def save(self, path: str | PathLike, metadata: Mapping[str, str] | None = None) -> None:
         """Write to a safetensors file (:meth:`to_bytes`)."""
