@@ -36,6 +36,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -178,6 +179,13 @@ def pack_model(net, weights: WeightCollection | None = None, *, solver: SolverCo
     -------
     dict of str to bytes
         ``sparknet_model.json`` and the files it lists.
+
+    Raises
+    ------
+    TypeError
+        A plain module that cannot be pickled, or a configuration or metadata that is not JSON-able.
+    ValueError
+        A NetParams without ``weights``.
     """
     net_params = None
     module = None
@@ -211,7 +219,11 @@ def pack_model(net, weights: WeightCollection | None = None, *, solver: SolverCo
     else:
         kind = "module"
         buf = io.BytesIO()
-        torch.save(module, buf)
+        try:
+            torch.save(module, buf)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:  # a lambda, a lock or a local class inside it
+            raise TypeError(f"cannot save this {type(module).__name__}: it cannot be pickled ({e}); build the net "
+                            "from a NetParams (stored as JSON), or keep what cannot be pickled off the module") from None
         files[_MODULE_PICKLE] = buf.getvalue()
     files[_WEIGHTS] = weights.to_bytes()
     if solver is not None:
@@ -249,15 +261,16 @@ def model_id(files: Mapping[str, bytes]) -> str:
 
 
 def _parse_manifest(data: bytes, where: str) -> dict:
+    """The manifest, checked entry by entry: a ``ValueError`` naming ``where`` and the first entry that is wrong."""
     try:
         manifest = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested too deep to read
         raise ValueError(f"{where}: {MANIFEST_NAME} is not valid JSON ({e}); the model folder is corrupt") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise ValueError(f"{where}: {MANIFEST_NAME} is not a sparknet model manifest "
                          f"(expected format {FORMAT_NAME!r})")
     version = manifest.get("format_version")
-    if not isinstance(version, int) or version < 1:
+    if type(version) is not int or version < 1:
         raise ValueError(f"{where}: {MANIFEST_NAME} has no valid format_version (got {version!r})")
     if version > FORMAT_VERSION:
         raise ValueError(f"{where}: the model was written in format version {version} by sparknet "
@@ -268,7 +281,62 @@ def _parse_manifest(data: bytes, where: str) -> dict:
             raise ValueError(f"{where}: {MANIFEST_NAME} lacks the {key!r} entry; the model folder is corrupt")
     if manifest["kind"] not in _KINDS:
         raise ValueError(f"{where}: unknown model kind {manifest['kind']!r} in {MANIFEST_NAME}")
+
+    def wrong(key: str, what: str):
+        return ValueError(f"{where}: {MANIFEST_NAME}'s {key!r} entry is {str(manifest[key])[:80]!r}, not {what}; "
+                          "the model folder is corrupt")
+
+    for key in ("net", "weights", "solver", "config"):
+        name = manifest.get(key)
+        if name is None and key in ("solver", "config"):
+            continue
+        if not isinstance(name, str) or posixpath.basename(name) != name or name in ("", ".", ".."):
+            raise wrong(key, "the name of a file in the folder")
+    sums = manifest.get("sha256")
+    if sums is not None and not (isinstance(sums, dict) and all(isinstance(v, str) for v in sums.values())):
+        raise wrong("sha256", "file names and their SHA-256 sums")
+    shape = manifest.get("input_shape")
+    if shape is not None and not (isinstance(shape, list) and shape
+                                  and all(type(d) is int and d > 0 for d in shape)):
+        raise wrong("input_shape", "a list of positive whole numbers")
+    if not isinstance(manifest.get("metadata", {}), dict):
+        raise wrong("metadata", "a JSON object")
     return manifest
+
+
+def _json_file(files: Mapping[str, bytes], name: str, where: str):
+    try:
+        return json.loads(files[name])
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested too deep to read
+        raise ValueError(f"{where}: {name} is not valid JSON ({e}); the model folder is corrupt") from None
+
+
+def _shapes(weights: WeightCollection) -> list[tuple[str, int, tuple[int, ...]]]:
+    return [(name, i, tuple(t.shape)) for name, i, t in weights.tensors()]
+
+
+def _definition(files: Mapping[str, bytes], manifest: dict, weights: WeightCollection, where: str):
+    """The stored NetParams, checked to build and to fit the stored weights before any tensor is allocated."""
+    name = manifest["net"]
+    try:
+        net_params = _netparams_from_dict(_json_file(files, name, where))
+        with torch.device("meta"):  # shapes only: a definition of 10**12 outputs costs nothing before it is refused
+            wanted = WeightCollection(net_params.build(seed=0).layer_weights())
+    except ValueError as e:
+        raise ValueError(f"{where}: cannot read the net definition {name}: {e}") from e
+    except (TypeError, KeyError, AttributeError, RuntimeError, RecursionError) as e:  # a value of the wrong type
+        raise ValueError(f"{where}: cannot read the net definition {name}: {type(e).__name__}: {e}") from None
+    if _shapes(wanted) != _shapes(weights):
+        diff = next(((a, b) for a, b in zip(_shapes(wanted), _shapes(weights)) if a != b), None)
+        detail = (f"the net's {diff[0]} against the file's {diff[1]}" if diff else
+                  f"{len(_shapes(wanted))} tensors in the net, {len(_shapes(weights))} in the file")
+        raise ValueError(f"{where}: {manifest['weights']} does not fit the net of {name} ({detail}); "
+                         "the model folder is corrupt")
+    shape = manifest.get("input_shape")
+    if shape is not None and net_params.sample_shape is not None and np.prod(shape) != np.prod(net_params.sample_shape):
+        raise ValueError(f"{where}: {MANIFEST_NAME}'s input_shape {shape} does not fit the net's input "
+                         f"{list(net_params.sample_shape)}; the model folder is corrupt")
+    return net_params
 
 
 def unpack_model(files: Mapping[str, bytes], *, device: str | torch.device = "cpu", allow_pickle: bool = False,
@@ -290,7 +358,9 @@ def unpack_model(files: Mapping[str, bytes], *, device: str | torch.device = "cp
     Raises
     ------
     ValueError
-        A missing or corrupt manifest, a file missing or failing its checksum, a newer
+        Naming ``where``: a missing or corrupt manifest (an entry missing or of the wrong
+        type), a file missing or failing its checksum, a file that cannot be read (weights,
+        net definition, solver, configuration), weights that do not fit the net, a newer
         format version, or a pickled module without ``allow_pickle``.
     """
     if MANIFEST_NAME not in files:
@@ -306,13 +376,13 @@ def unpack_model(files: Mapping[str, bytes], *, device: str | torch.device = "cp
         if name in sums and _sha256(files[name]) != sums[name]:
             raise ValueError(f"{where}: {name} does not match its checksum; the file is corrupt")
 
-    weights = WeightCollection.from_bytes(files[manifest["weights"]])
+    try:
+        weights = WeightCollection.from_bytes(files[manifest["weights"]])
+    except ValueError as e:
+        raise ValueError(f"{where}: cannot read {manifest['weights']}: {e}") from None
     net_params = None
     if manifest["kind"] == "netparams":
-        try:
-            net_params = _netparams_from_dict(json.loads(files[manifest["net"]]))
-        except (ValueError, TypeError, KeyError) as e:
-            raise ValueError(f"{where}: cannot read the net definition {manifest['net']}: {e}") from e
+        net_params = _definition(files, manifest, weights, where)
         net = Net(net_params, device=device)
     else:
         if not allow_pickle:
@@ -324,11 +394,17 @@ def unpack_model(files: Mapping[str, bytes], *, device: str | torch.device = "cp
     net.module.eval()
     solver = None
     if manifest.get("solver"):
-        solver = SolverConfig.from_dict(json.loads(files[manifest["solver"]]))
-    config = json.loads(files[manifest["config"]]) if manifest.get("config") else None
+        try:
+            solver = SolverConfig.from_dict(_json_file(files, manifest["solver"], where))
+        except (ValueError, TypeError, AttributeError) as e:  # a setting missing, unknown or of the wrong type
+            raise ValueError(f"{where}: cannot read the solver {manifest['solver']}: {e}") from None
+    config = _json_file(files, manifest["config"], where) if manifest.get("config") else None
+    if config is not None and not isinstance(config, dict):
+        raise ValueError(f"{where}: {manifest['config']} holds a {type(config).__name__}, not a configuration "
+                         "(a JSON object); the model folder is corrupt")
     shape = manifest.get("input_shape")
     return SavedModel(net=net, weights=weights, net_params=net_params, solver=solver, config=config,
-                      input_shape=None if shape is None else tuple(int(d) for d in shape), manifest=manifest)
+                      input_shape=None if shape is None else tuple(shape), manifest=manifest)
 
 
 # -- folders ---------------------------------------------------------------------------------
@@ -338,7 +414,9 @@ def write_model_files(path: str | os.PathLike, files: Mapping[str, bytes], *,
 
     With ``overwrite``, a folder holding a manifest, or only model files (a save that stopped
     part way), is replaced; any other folder is left alone. Returns the folder: a ``Path``
-    when it is local, else the URI as given.
+    when it is local, else the URI as given. A write that fails (``OSError``) deletes the
+    folder it started before the error is raised; a save killed part way leaves a folder
+    without a manifest, which does not load.
     """
     fs, root = filesystem(path)
     info = fs.get_file_info(root)
@@ -352,9 +430,16 @@ def write_model_files(path: str | os.PathLike, files: Mapping[str, bytes], *,
             raise ValueError(f"{path} exists and is not a sparknet model folder; not overwriting it")
         fs.delete_dir(root)
     fs.create_dir(root, recursive=True)
-    for name in [n for n in files if n != MANIFEST_NAME] + [MANIFEST_NAME]:
-        with fs.open_output_stream(f"{root}/{name}") as f:
-            f.write(files[name])
+    try:
+        for name in [n for n in files if n != MANIFEST_NAME] + [MANIFEST_NAME]:
+            with fs.open_output_stream(f"{root}/{name}") as f:
+                f.write(files[name])
+    except OSError:
+        try:
+            fs.delete_dir(root)
+        except OSError:
+            log.warning("could not delete %s after its save failed; it is incomplete and does not load", path)
+        raise
     log.info("saved model to %s", path)
     return Path(root) if isinstance(fs, pafs.LocalFileSystem) else os.fspath(path)
 
@@ -373,15 +458,12 @@ def read_model_files(path: str | os.PathLike) -> dict[str, bytes]:
             raise ValueError(f"{path}: {name} is listed in {MANIFEST_NAME} but missing") from None
 
     data = read(MANIFEST_NAME)
-    manifest = _parse_manifest(data, str(path))
+    manifest = _parse_manifest(data, str(path))  # its file names are names of files in the folder
     files = {MANIFEST_NAME: data}
     for key in ("net", "weights", "solver", "config"):
         name = manifest.get(key)
-        if name is None:
-            continue
-        if posixpath.basename(name) != name or name in ("", ".", ".."):
-            raise ValueError(f"{path}: {MANIFEST_NAME} names a file outside the folder: {name!r}")
-        files[name] = read(name)
+        if name is not None:
+            files[name] = read(name)
     return files
 
 
