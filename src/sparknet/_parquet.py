@@ -51,20 +51,59 @@ def features_to_numpy(column) -> np.ndarray:
         values = np.asarray(values, dtype=np.float32)
         return values.reshape(len(col), -1 if len(col) else 0)
     if pa.types.is_struct(col.type) and {"type", "values"} <= {f.name for f in col.type}:
-        rows = col.to_pylist()
-        size = max(((r["size"] or len(r["values"])) if r["type"] == 0 else len(r["values"]) for r in rows), default=0)
-        out = np.zeros((len(rows), size), dtype=np.float32)
-        for i, r in enumerate(rows):
-            if r["type"] == 0:  # sparse
-                out[i, r["indices"]] = r["values"]
-            else:
-                out[i] = r["values"]
-        return out
+        return _vectors_to_numpy(col.to_pylist())
     raise ValueError(f"the features column has type {col.type}; it must be an array of numbers or an ML Vector")
 
 
+MAX_VECTOR_SIZE = 1 << 24
+"""The widest sparse ML vector read (its ``size``): it is made dense, so a small file could otherwise ask for
+any amount of memory."""
+
+
+def _vectors_to_numpy(rows: list) -> np.ndarray:
+    """Spark ML vectors (type 0: sparse, with ``size`` and ``indices``; type 1: dense) as float32 ``[rows, size]``."""
+    widths = []
+    for i, r in enumerate(rows):
+        if r is None or r.get("values") is None or r.get("type") not in (0, 1):
+            raise ValueError(f"feature row {i} is not an ML vector ({r if r is None else dict(r)}); drop or fill it "
+                             "first")
+        if None in r["values"]:
+            raise ValueError(f"feature row {i} holds a null value; drop or fill it first")
+        if r["type"] == 1:
+            widths.append(len(r["values"]))
+            continue
+        size, indices = r.get("size"), r.get("indices")
+        if (size is None or not 0 <= size <= MAX_VECTOR_SIZE or indices is None or len(indices) != len(r["values"])
+                or not all(j is not None and 0 <= j < size for j in indices)):
+            raise ValueError(f"feature row {i} is a sparse ML vector whose size ({size}, at most {MAX_VECTOR_SIZE}) "
+                             f"and indices ({indices}) do not fit its {len(r['values'])} values")
+        widths.append(size)
+    if widths and min(widths) != max(widths):
+        bad = next(i for i, w in enumerate(widths) if w != widths[0])
+        raise ValueError(f"feature rows differ in length: row 0 has {widths[0]} values, row {bad} has {widths[bad]}; "
+                         "every row needs the same number of values")
+    if widths and widths[0] == 0:
+        raise ValueError("the feature rows are empty vectors; every row needs at least one value")
+    out = np.zeros((len(rows), widths[0] if widths else 0), dtype=np.float32)
+    with np.errstate(over="ignore"):  # a value beyond float32's range becomes inf, which the reader refuses
+        for i, r in enumerate(rows):
+            out[i, r["indices"] if r["type"] == 0 else slice(None)] = r["values"]
+    return out
+
+
 def read_parquet_dataset(path: str, features_col: str = "features", label_col: str = "label"):
-    """``(train, test, info)`` from a Parquet file or folder; the last 10% of rows are the test set."""
+    """``(train, test, info)`` from a Parquet file or folder; the last 10% of rows are the test set.
+
+    Raises
+    ------
+    FileNotFoundError
+        Nothing is at ``path``.
+    ValueError
+        Naming ``path`` and what is wrong: not Parquet, a column missing or of another type, null
+        values, NaN or infinite features, rows of different lengths, labels that are not class ids,
+        fewer than 2 rows.
+    """
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     p = Path(path)
@@ -72,12 +111,29 @@ def read_parquet_dataset(path: str, features_col: str = "features", label_col: s
         raise FileNotFoundError(f"no Parquet data at {path}")
     try:
         table = pq.read_table(p)
-    except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+    except (OSError, ValueError, pa.ArrowException) as exc:  # ArrowInvalid is a ValueError; not all of Arrow's are
         raise ValueError(f"cannot read {path} as Parquet ({exc}); point --data at a Parquet file or a folder "
                          "of Parquet files") from exc
+    try:
+        x, y = _arrays(table, features_col, label_col)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    n_test = max(1, int(len(x) * TEST_FRACTION))
+    train = ArrayDataset(x[:-n_test], y[:-n_test])
+    test = ArrayDataset(x[-n_test:], y[-n_test:])
+    log.info("read %d rows of %d features from %s (%d held out for testing)", len(x), x.shape[1], path, n_test)
+    info = {"input_shape": tuple(x.shape[1:]), "num_classes": int(y.max()) + 1}
+    if y.ndim == 2:  # a sequence: features are token ids of the same vocabulary as the labels
+        vocab = max(int(x.max()), int(y.max())) + 1
+        info.update(num_classes=vocab, vocab_size=vocab, seq_len=int(y.shape[1]))
+    return train, test, info
+
+
+def _arrays(table, features_col: str, label_col: str) -> tuple[np.ndarray, np.ndarray]:
+    """The features (float32 ``[rows, values]``) and labels (int64) of a table, checked for training."""
     for col in (features_col, label_col):
         if col not in table.column_names:
-            raise ValueError(f"{path} has no column {col!r} (columns: {table.column_names}); it needs "
+            raise ValueError(f"the table has no column {col!r} (columns: {table.column_names}); it needs "
                              f"{features_col!r} (an array of numbers or an ML Vector) and {label_col!r} (class ids)")
     x = features_to_numpy(table.column(features_col))
     y = _labels_to_numpy(table.column(label_col), label_col)
@@ -87,20 +143,18 @@ def read_parquet_dataset(path: str, features_col: str = "features", label_col: s
     bad = int(len(x) - np.isfinite(x).all(axis=1).sum()) if x.size else 0
     if bad:
         raise ValueError(f"{bad} feature rows hold NaN or infinite values; clean or impute them first")
-    n_test = max(1, int(len(x) * TEST_FRACTION))
     if len(x) < 2:
-        raise ValueError(f"{path} has {len(x)} rows; at least 2 are needed (one to train, one to test)")
-    train = ArrayDataset(x[:-n_test], y[:-n_test])
-    test = ArrayDataset(x[-n_test:], y[-n_test:])
-    log.info("read %d rows of %d features from %s (%d held out for testing)", len(x), x.shape[1], path, n_test)
-    info = {"input_shape": tuple(x.shape[1:]), "num_classes": int(y.max()) + 1}
-    if y.ndim == 2:  # a sequence: features are token ids of the same vocabulary as the labels
-        if not np.all((x >= 0) & (x == np.round(x))):
-            raise ValueError(f"the label column {label_col!r} holds one id per position (a sequence) but the "
-                             "features are not all token ids (whole numbers 0, 1, 2, ...)")
-        vocab = max(int(x.max()), int(y.max())) + 1
-        info.update(num_classes=vocab, vocab_size=vocab, seq_len=int(y.shape[1]))
-    return train, test, info
+        raise ValueError(f"the table has {len(x)} rows; at least 2 are needed (one to train, one to test)")
+    if y.ndim == 2 and not np.all((x >= 0) & (x == np.round(x))):
+        raise ValueError(f"the label column {label_col!r} holds one id per position (a sequence) but the "
+                         "features are not all token ids (whole numbers 0, 1, 2, ...)")
+    if y.ndim == 2 and x.max() >= MAX_CLASS_ID:
+        raise ValueError(f"the features hold token id {x.max():.0f}; ids of a sequence must be below {MAX_CLASS_ID}")
+    return x, y
+
+
+MAX_CLASS_ID = 1 << 31
+"""Class ids (and a sequence's token ids) must be below this."""
 
 
 def _labels_to_numpy(column, label_col: str) -> np.ndarray:
@@ -130,4 +184,6 @@ def _labels_to_numpy(column, label_col: str) -> np.ndarray:
     if y_raw.size and (np.any(y_raw != np.round(y_raw)) or np.any(y_raw < 0)):
         raise ValueError(f"the label column {label_col!r} must hold class ids 0, 1, 2, ... (it holds values from "
                          f"{y_raw.min()} to {y_raw.max()}, not all whole and non-negative)")
+    if y_raw.size and y_raw.max() >= MAX_CLASS_ID:  # a float 1e30 or a uint64 would not even fit an int64
+        raise ValueError(f"the label column {label_col!r} holds {y_raw.max()}; class ids must be below {MAX_CLASS_ID}")
     return y_raw.astype(np.int64)
