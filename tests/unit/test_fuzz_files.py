@@ -25,6 +25,7 @@ records a run's::
 from __future__ import annotations
 
 import copy
+import errno
 import hashlib
 import json
 import logging
@@ -45,7 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from google.protobuf import text_format
 from hypothesis import strategies as st
 
@@ -108,13 +109,14 @@ class Tally:
         self.name = name
         self.counts: Counter = Counter()
         self.bad: dict[str, str] = {}  # wrong ending -> its first case
+        self.last: str | None = None  # the label of the last case, when it ended rightly
 
     @property
     def cases(self) -> int:
         return sum(self.counts.values())
 
-    def run(self, call, expected: tuple[type, ...], names: str, describe, judge=lambda result: "ok") -> None:
-        """Run ``call()`` and tally how it ended.
+    def run(self, call, expected: tuple[type, ...], names: str, describe, judge=lambda result: "ok") -> Exception | None:
+        """Run ``call()``, tally how it ended, and return what it raised (None when it returned).
 
         ``expected``: the exact exception types allowed; ``names``: what their message must contain (the
         file); ``judge(result)``: the label of a case that returned, after checking what it returned (an
@@ -135,16 +137,35 @@ class Tally:
                 self._wrong(f"{kind} not naming {names}", str(exc), describe)
             else:
                 self.counts[kind] += 1
-            return
+                self.last = kind
+            return exc
         try:
-            self.counts[judge(result)] += 1
+            self.last = judge(result)
+            self.counts[self.last] += 1
         except AssertionError as exc:
             self._wrong("returned wrongly", str(exc), describe)
+        return None
+
+    def then(self, after: str) -> None:
+        """Add what followed to the last case's label (``"PermissionError"`` -> ``"PermissionError, then ..."``)."""
+        if self.last is not None:
+            self.counts[self.last] -= 1
+            self.counts[f"{self.last}, then {after}"] += 1
+            self.counts = +self.counts  # drop the labels left at 0
+            self.last = None
 
     def _wrong(self, label: str, detail: str, describe) -> None:
+        self.last = None
         self.counts[label] += 1
         if label not in self.bad:
             self.bad[label] = f"{detail.strip()[-1500:]}\n  on: {describe()[:1500]}"
+
+    def fail(self, label: str, detail: str) -> None:
+        """The last case ended wrongly after all (what followed it was wrong)."""
+        if self.last is not None:
+            self.counts[self.last] -= 1
+            self.counts = +self.counts
+        self._wrong(label, detail, lambda: "")
 
     def report(self) -> str:
         wrong = {k: v for k, v in self.counts.items() if k in self.bad}
@@ -174,14 +195,15 @@ def tallies(tmp_path_factory):
     print(f"fuzz tally written to {out}")
 
 
-def _fuzz(strategy, case, cases: int = CASES):
-    """Run ``case`` on ``cases`` values of ``strategy`` (derandomized: the same cases on every run)."""
-    @settings(FUZZ, max_examples=cases)
-    @given(strategy)
+def _fuzz(strategy, case, regressions=(), cases: int = CASES):
+    """Run ``case`` on ``regressions`` (the inputs of bugs the fuzzing found, fixed since), then on ``cases``
+    values of ``strategy`` (derandomized: the same cases on every run)."""
     def run(value):
         case(value)
 
-    run()
+    for value in regressions:
+        run = example(value)(run)
+    settings(FUZZ, max_examples=cases)(given(strategy)(run))()
 
 
 def _finish(tally: Tally, cases: int = CASES) -> None:
@@ -581,6 +603,19 @@ def _copy_models(to: Path) -> None:
         (to / name).write_bytes(blob.SerializeToString())
 
 
+_LENET_DEPLOY = """name: "LeNet"
+layer { name: "data" type: "Input" top: "data" input_param { shape: { dim: 64 dim: 1 dim: 28 dim: 28 } } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1"
+        convolution_param { num_output: 20 kernel_size: 5 weight_filler { type: "gaussian" std: 0.01 } } }
+layer { name: "ip1" type: "InnerProduct" bottom: "conv1" top: "ip1" inner_product_param { num_output: 10 } }
+"""
+NET_REGRESSIONS = [
+    (("zoo/regression.prototxt", _LENET_DEPLOY), ([], []), [("set", 40, 0xFF)]),  # UnicodeDecodeError
+    (("zoo/regression.prototxt", _LENET_DEPLOY.replace("std: 0.01", "std: -1")), ([], []), []),  # bare ValueError
+]
+"""Inputs that broke the reader once: a byte that is not UTF-8; a filler the layer DSL refuses (negative std)."""
+
+
 @needs_models
 def test_fuzzed_net_prototxt_loads_or_is_a_prototxt_error(tmp_path, tallies):
     tally = tallies["net prototxt"] = Tally("net prototxt")
@@ -599,8 +634,20 @@ def test_fuzzed_net_prototxt_loads_or_is_a_prototxt_error(tmp_path, tallies):
                   judge=lambda net: "ok" if net.net_params.inputs and net.phase == phase else "")
         path.write_text(text)  # the next case's mean file or net is the real one again
 
-    _fuzz(text_file(seeds), case)
+    _fuzz(text_file(seeds), case, NET_REGRESSIONS)
     _finish(tally)
+
+
+_SOLVER = 'net: "lenet_train_test.prototxt"\nbase_lr: 0.01\nlr_policy: "fixed"\nmax_iter: 100\n'
+SOLVER_REGRESSIONS = [
+    (("mnist/regression_solver.prototxt", _SOLVER + "test_iter: 100\ntest_iter: 100\n"), ([], []), []),
+    (("mnist/regression_solver.prototxt", _SOLVER.replace('net: "lenet_train_test.prototxt"', "train_net_param {}")),
+     ([], []), []),
+    (("mnist/regression_solver.prototxt", _SOLVER.replace("lenet_train_test", "a" * 5000)), ([], []), []),
+    (("mnist/regression_solver.prototxt", _SOLVER), ([], []), [("insert", 0, b"\xc3\x28")]),
+]
+"""Inputs that broke the reader once: two test_iter values for one test net (a bare ValueError from test_plan), an
+empty inline net (FileNotFoundError), a net path too long for the system (OSError), a byte that is not UTF-8."""
 
 
 @needs_models
@@ -624,7 +671,7 @@ def test_fuzzed_solver_prototxt_loads_or_is_a_prototxt_error(tmp_path, tallies):
         tally.run(lambda: load(path), (PrototxtError,), str(path), describe)
         path.write_text(text)
 
-    _fuzz(text_file(seeds), case)
+    _fuzz(text_file(seeds), case, SOLVER_REGRESSIONS)
     _finish(tally)
 
 
@@ -761,7 +808,9 @@ def test_fuzzed_caffemodel_reads_or_is_a_value_error_naming_the_file(tmp_path, t
         describe = lambda: f"{name} edited {edits}: {len(mutated)} bytes"  # noqa: E731
         tally.run(lambda: read(target), (ValueError, GraphError), str(path), describe)
 
-    _fuzz(st.tuples(st.sampled_from(seeds), st.lists(CAFFEMODEL_EDIT, min_size=1, max_size=3)), case)
+    mlp = seeds[1]
+    not_utf8 = [(mlp, [("set", mlp[1].index(b"ip1") + 1, 0xFF)])]  # a layer name made bytes: TypeError once
+    _fuzz(st.tuples(st.sampled_from(seeds), st.lists(CAFFEMODEL_EDIT, min_size=1, max_size=3)), case, not_utf8)
     _finish(tally)
 
 
@@ -806,6 +855,31 @@ def mutate_checkpoint(folder: Path, edits) -> None:
             except (ValueError, KeyError, TypeError, IndexError, RecursionError):
                 continue
             manifest_path.write_text(json.dumps(manifest))
+
+
+def _at(doc, key: str) -> int:
+    """The place (for :data:`JSON_EDIT`) of the first value under ``key`` in a JSON document."""
+    return next(i for i, path in enumerate(_paths(doc)) if path and path[-1] == key)
+
+
+_CKPT_MANIFEST = {"format": "", "format_version": 1, "round": 2, "time": 0.0, "fingerprint": "", "numel": 1,
+                  "config": {"model": ""}, "extra": {}, "sha256": {"weights.safetensors": "", "state.pt": ""}}
+"""The keys of a checkpoint's manifest, in the order it writes them (to place the regressions' edits)."""
+CHECKPOINT_REGRESSIONS = [
+    [("manifest.json", ([("deep", 0, 100_000)], []))],  # RecursionError
+    [("manifest.json", ([("set", _at(_CKPT_MANIFEST, "sha256"), [{}, {}])], []))],  # TypeError: unhashable
+    [("manifest.json", ([("set", _at(_CKPT_MANIFEST, "sha256"), [])], []))],  # AttributeError: no .items()
+    [("manifest.json", ([("drop", _at(_CKPT_MANIFEST, "fingerprint"))], []))],  # KeyError
+    [("manifest.json", ([("set", _at(_CKPT_MANIFEST, "round"), [])], []))],  # TypeError from int()
+    [("state.pt", [("truncate", 100)], True)],  # RuntimeError from torch.load
+    [("state.pt", [("truncate", 0)], True)],  # EOFError
+    [("weights.safetensors", ("header", (([("whole", None)], []), True)), True)],  # AttributeError
+    [("weights.safetensors", ("header", (([("drop", 1)], []), True)), True)],  # ValueError without the path
+    [("weights.safetensors", ("bytes", [("truncate", 300)]), True)],  # SafetensorError
+]
+"""Inputs that broke resuming once (the exception each raised): a manifest nested 100,000 deep; its sha256 a list;
+no fingerprint; its round a list; a state.pt or a weights file cut short or its header spoilt, with the SHA-256
+brought along."""
 
 
 class _Records(logging.Handler):
@@ -854,7 +928,7 @@ def test_fuzzed_checkpoint_resumes_or_is_refused_or_skipped(tmp_path, tallies):
         tally.run(resume, (CheckpointError,), str(root), describe, judge)
 
     try:
-        _fuzz(st.lists(CHECKPOINT_EDIT, min_size=1, max_size=3), case)
+        _fuzz(st.lists(CHECKPOINT_EDIT, min_size=1, max_size=3), case, CHECKPOINT_REGRESSIONS)
     finally:
         logging.getLogger("sparknet.checkpoint").removeHandler(records)
     _finish(tally)
@@ -892,11 +966,34 @@ def mutate_model(folder: Path, edits) -> None:
 
 
 def _model_seeds(folder: Path) -> list[Path]:
-    mlp = _small_net()
-    lenet = Net(zoo.lenet(batch_size=2), SolverConfig(base_lr=0.01, lr_policy="step", stepsize=10), batch_size=2,
-                seed=0)
-    return [_model_io.save_model(folder / "mlp", mlp, config={"run": {"steps": 3}}, metadata={"vocab": "abc"}),
-            _model_io.save_model(folder / "lenet", lenet)]
+    """Model folders ``save_model`` wrote: a trained MLP with its solver, configuration and metadata, and a small
+    convolutional net from a Caffe prototxt (convolution, batch norm, scale: running statistics among its weights)."""
+    conv = Net(load_net_prototxt(_SMALL_CAFFE_NET, "TEST").net_params,
+               SolverConfig(base_lr=0.01, lr_policy="step", stepsize=10), batch_size=2, seed=0)
+    return [_model_io.save_model(folder / "mlp", _small_net(), config={"run": {"steps": 3}}, metadata={"vocab": "abc"}),
+            _model_io.save_model(folder / "conv", conv)]
+
+
+_MODEL_MANIFEST = {"format": "", "format_version": 1, "kind": "", "net": "", "weights": "", "solver": "", "config": ""}
+"""The first keys of a model folder's manifest, in the order it writes them (to place the regressions' edits)."""
+
+
+def _model_regressions(seeds: list[Path]) -> list:
+    """Inputs that broke loading once (the exception each raised)."""
+    mlp, conv = seeds
+    net = json.loads((conv / "net.json").read_text())
+    return [
+        (mlp, [("sparknet_model.json", ([("set", _at(_MODEL_MANIFEST, "net"), ["net.json"])], []), False)]),  # TypeError
+        (mlp, [("sparknet_model.json", ([("deep", 0, 100_000)], []), False)]),  # RecursionError
+        (mlp, [("solver.json", ([("whole", [])], []), True)]),  # TypeError: ** must be a mapping
+        (mlp, [("solver.json", ([("set", _at({"type": 0, "base_lr": 0}, "base_lr"), [])], []), True)]),  # TypeError
+        (mlp, [("solver.json", ([("deep", 0, 100_000)], []), True)]),  # RecursionError
+        (mlp, [("weights.safetensors", ("header", (([("whole", 5)], []), True)), True)]),  # AttributeError
+        (mlp, [("weights.safetensors", ("header", (([("deep", 0, 100_000)], []), True)), True)]),  # RecursionError
+        (conv, [("weights.safetensors", ("bytes", [("truncate", 1000)]), True)]),  # SafetensorError
+        (conv, [("weights.safetensors", ("bytes", [("set", 9, 0)]), True)]),  # ValueError without the folder
+        (conv, [("net.json", ([("set", _at(net, "num_filters"), 10**12)], []), True)]),  # 100 TB asked for
+    ]
 
 
 def test_fuzzed_model_folder_loads_or_is_a_value_error(tmp_path, tallies):
@@ -919,7 +1016,8 @@ def test_fuzzed_model_folder_loads_or_is_a_value_error(tmp_path, tallies):
             f"{p.name} {p.read_bytes()[:1500]!r}" for p in sorted(target.iterdir()) if p.suffix == ".json")
         tally.run(load, (ValueError,), str(target), describe)
 
-    _fuzz(st.tuples(st.sampled_from(seeds), st.lists(MODEL_EDIT, min_size=1, max_size=3)), case)
+    _fuzz(st.tuples(st.sampled_from(seeds), st.lists(MODEL_EDIT, min_size=1, max_size=3)), case,
+          _model_regressions(seeds))
     _finish(tally)
 
 
@@ -1132,6 +1230,17 @@ def build_table(seed: pa.Table, edits) -> pa.Table:
     return pa.table(columns)
 
 
+PARQUET_REGRESSIONS = [
+    ("vectors", [("null row", "features", 0)], 4, []),  # TypeError: 'NoneType' object is not subscriptable
+    ("vectors", [("vector", 0, "indices", [99])], 4, []),  # IndexError: index 99 is out of bounds
+    ("vectors", [("vector", 0, "indices", [2**31 - 1, 0])], 4, []),  # (-1 as Spark would never write it) IndexError
+    ("classes", [("label type", "float64"), ("label value", 0, 1e30)], 4, []),  # a label of -2**63, silently
+    ("classes", [("features type", "list<float64>"), ("ragged", "features", 1, 2)], 4, []),  # no file name
+]
+"""Inputs the reader once failed on: a null ML vector, a sparse vector's index beyond its size, a label beyond
+int64 (cast to a negative class id without a word), and every message without the file's name."""
+
+
 def test_fuzzed_parquet_reads_or_is_a_value_error_naming_the_file(tmp_path, tallies):
     tally = tallies["parquet"] = Tally("parquet")
     seeds = _parquet_seeds()
@@ -1153,5 +1262,179 @@ def test_fuzzed_parquet_reads_or_is_a_value_error_naming_the_file(tmp_path, tall
         describe = lambda: f"{name} edited {edits}, row groups of {group}, bytes {byte_edits}: {table.schema}"  # noqa: E731
         tally.run(read, (ValueError,), str(path), describe)
 
-    _fuzz(PARQUET_CASE, case)
+    _fuzz(PARQUET_CASE, case, PARQUET_REGRESSIONS)
     _finish(tally)
+
+
+# -- the writers, failing ----------------------------------------------------------------------------
+class _CutStream:
+    """An output stream that writes the first ``keep`` of the bytes it is given, then fails (a full disk)."""
+
+    def __init__(self, stream, keep: float, path: str):
+        self.stream, self.keep, self.path = stream, keep, path
+
+    def write(self, data) -> None:
+        self.stream.write(bytes(data)[:int(len(data) * self.keep)])
+        raise OSError(errno.ENOSPC, "No space left on device (injected)", self.path)
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _FailingFS:
+    """A pyarrow filesystem that fails once: the ``at``-th time it does ``op`` (``open``: opening a file to write;
+    ``write``: writing a file, after part of its bytes; ``create_dir``; ``delete_dir``)."""
+
+    def __init__(self, fs, op: str, at: int, keep: float = 0.5):
+        self._fs, self.op, self.at, self.keep = fs, op, at, keep
+        self.done: Counter = Counter()
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+    def _due(self, op: str) -> bool:
+        self.done[op] += 1
+        return op == self.op and self.done[op] == self.at + 1
+
+    def create_dir(self, path, *args, **kwargs):
+        if self._due("create_dir"):
+            raise OSError(errno.EACCES, "Permission denied (injected)", path)
+        return self._fs.create_dir(path, *args, **kwargs)
+
+    def delete_dir(self, path, *args, **kwargs):
+        if self._due("delete_dir"):
+            raise OSError(errno.EBUSY, "Device or resource busy (injected)", path)
+        return self._fs.delete_dir(path, *args, **kwargs)
+
+    def open_output_stream(self, path, *args, **kwargs):
+        if self._due("open"):
+            raise OSError(errno.EACCES, "Permission denied (injected)", path)
+        stream = self._fs.open_output_stream(path, *args, **kwargs)
+        return _CutStream(stream, self.keep, path) if self._due("write") else stream
+
+
+FAILURE = st.one_of(
+    st.tuples(st.sampled_from(["open", "write"]), st.integers(0, 6), st.floats(0, 1)),
+    st.tuples(st.sampled_from(["create_dir", "delete_dir"]), st.just(0), st.just(0.0)),
+    st.tuples(st.just("none"), st.just(0), st.just(0.0)),
+)
+"""Which filesystem call fails: the ``n``-th file opened or written (cut after that fraction of its bytes), the
+folder's creation, the old folder's deletion; or none."""
+CONTENT = st.sampled_from(["fine"] * 6 + ["config with an object", "module with a lambda"])
+"""What is saved: a net and a configuration that store, or one of them that cannot be stored."""
+_SAVE_ERRORS = (OSError, PermissionError, NotADirectoryError, FileExistsError, ValueError, TypeError)
+"""The errors a save may end in: the filesystem's, a target that is not a model folder, content that cannot be stored."""
+
+
+def _same(a, b) -> bool:
+    return a.max_abs_diff(b) == 0 if list(a) == list(b) and _model_io._shapes(a) == _model_io._shapes(b) else False
+
+
+def test_a_model_save_that_fails_leaves_no_folder_that_loads(tmp_path, tallies):
+    tally = tallies["save_model failing"] = Tally("save_model failing")
+    old, new = _small_net(seed=0), _small_net(seed=1)
+    root = tmp_path / "cases"
+    real = _model_io.filesystem
+
+    def case(value):
+        before, overwrite, content, (op, at, keep) = value
+        shutil.rmtree(root, ignore_errors=True)
+        root.mkdir()
+        target = root / "model"
+        if before == "the old model":
+            _model_io.save_model(target, old)
+        elif before == "a file":
+            target.write_bytes(b"not a model")
+        elif before == "another folder":
+            target.mkdir()
+            (target / "notes.txt").write_text("mine")
+        elif before == "under a file":
+            (root / "file").write_bytes(b"x")
+            target = root / "file" / "model"
+        net, config = new, {"steps": 3}
+        if content == "config with an object":
+            config = {"steps": object()}
+        elif content == "module with a lambda":
+            net = torch.nn.Linear(6, 3)
+            net.hook = lambda x: x
+
+        def failing(path):
+            fs, where = real(path)
+            return _FailingFS(fs, op, at, keep), where
+
+        def save():
+            with mock.patch.object(_model_io, "filesystem", failing):
+                return _model_io.save_model(target, net, config=config, overwrite=overwrite)
+
+        error = tally.run(save, _SAVE_ERRORS, "", lambda: f"{value}", judge=lambda path: "saved")
+        try:
+            loaded = _model_io.load_model(target)
+        except (ValueError, FileNotFoundError):
+            loaded = None
+        describe = f"{value}: the save {'returned' if error is None else f'raised {error!r}'}"
+        left = sorted(p.name for p in target.iterdir()) if target.is_dir() else []
+        if loaded is not None and _same(loaded.weights, new.get_weights()) and loaded.config == {"steps": 3}:
+            tally.then("loads the new model")
+        elif loaded is not None and before == "the old model" and _same(loaded.weights, old.get_weights()):
+            tally.then("loads the old model")
+        elif loaded is not None:
+            tally.fail("loads a mix", f"the folder loads neither model whole: {describe}")
+        elif before == "a file" and target.read_bytes() == b"not a model":
+            tally.then("nothing loads (the file is untouched)")
+        elif before == "another folder" and left == ["notes.txt"]:
+            tally.then("nothing loads (the other folder is untouched)")
+        elif left:
+            tally.fail("leaves files", f"a folder that does not load is left ({left}): {describe}")
+        else:
+            tally.then("nothing loads")
+
+    _fuzz(st.tuples(st.sampled_from(["nothing", "the old model", "a file", "another folder", "under a file"]),
+                    st.booleans(), CONTENT, FAILURE), case, cases=WRITE_CASES)
+    _finish(tally, WRITE_CASES)
+
+
+def test_a_checkpoint_save_that_fails_leaves_the_last_good_one(tmp_path, tallies):
+    tally = tallies["checkpoint save failing"] = Tally("checkpoint save failing")
+    net = _small_net()
+    saved = {r: (net.get_weights() * float(r), {"step": r}) for r in (1, 2, 3)}
+    seed = tmp_path / "seed"
+    manager = CheckpointManager(str(seed))
+    for r in (1, 2):
+        manager.save(r, saved[r][0], saved[r][1])
+    root = tmp_path / "ck"
+
+    def case(value):
+        round_, content, (op, at, keep) = value
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.copytree(seed, root)
+        writer = CheckpointManager(str(root))
+        writer.fs = _FailingFS(writer.fs, op, at, keep)
+        weights, state = saved[round_]
+        if content == "state with an object":
+            state = {"step": round_, "sampler": object()}
+        error = tally.run(lambda: writer.save(round_, weights, state), (OSError, PermissionError, CheckpointError,
+                                                                        TypeError), "", lambda: f"{value}",
+                          judge=lambda path: "saved")
+        reader = CheckpointManager(str(root))
+        checkpoint = reader.load()
+        describe = f"{value}: the save {'returned' if error is None else f'raised {error!r}'}; {reader.rounds()} listed"
+        # a failed save of round 3 leaves round 2; one of round 2 again, the old round 2 or (deleted first) round 1
+        expected = {round_} if error is None else {2} if round_ == 3 else {1, 2}
+        whole = (checkpoint.round in expected and _same(checkpoint.weights, saved[checkpoint.round][0])
+                 and checkpoint.state == saved[checkpoint.round][1])
+        if not whole:
+            tally.fail("resumes wrongly", f"resumes round {checkpoint.round}: {describe}")
+        elif error is not None and (root / f"ckpt-{round_:08d}").exists() and round_ not in reader.rounds():
+            tally.fail("leaves a folder", f"the failed save's folder is left: {describe}")
+        else:
+            tally.then(f"resumes round {checkpoint.round}")
+
+    _fuzz(st.tuples(st.sampled_from([2, 3]), st.sampled_from(["fine"] * 6 + ["state with an object"]), FAILURE),
+          case, cases=WRITE_CASES)
+    _finish(tally, WRITE_CASES)
