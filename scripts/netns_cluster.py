@@ -273,6 +273,24 @@ class NetnsCluster:
         self._hosts[i] = None
         _run("ip", "link", "set", self._veth(i)[0], "down", check=False)
 
+    def kill_executors(self, i: int) -> int:
+        """Lose host ``i``'s executors as a crashed executor is lost (SIGKILL to each executor JVM; its Python
+        workers end with it); the host and its worker daemon stay up, and the master starts new executors.
+        Returns how many were killed."""
+        killed = 0
+        for pid in (int(p) for p in _run("ip", "netns", "pids", self.netns(i), check=False).stdout.split()):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"CoarseGrainedExecutorBackend" in cmdline:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+                except ProcessLookupError:
+                    pass
+        return killed
+
     def _kill_namespace(self, i: int) -> None:
         for _ in range(50):  # bounded: a process forking while we kill is caught on the next pass
             pids = [int(p) for p in _run("ip", "netns", "pids", self.netns(i), check=False).stdout.split()]
