@@ -124,10 +124,13 @@ class SavedModel:
 
     @torch.no_grad()
     def predict(self, x) -> torch.Tensor:
-        """Logits for a batch of features (reshaped to ``input_shape`` when that is known)."""
+        """Logits for a batch of features, each sample reshaped to the net's input: a layer-DSL net's own
+        sample shape (``input_shape`` holds as many values: :func:`unpack_model` checks it), else ``input_shape``
+        when that is known."""
         t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
-        if self.input_shape is not None and tuple(t.shape[1:]) != self.input_shape:
-            t = t.reshape(len(t), *self.input_shape)
+        shape = getattr(self.net_params, "sample_shape", None) or self.input_shape
+        if shape is not None and tuple(t.shape[1:]) != tuple(shape):
+            t = t.reshape(len(t), *shape)
         return self.net.predict(t)
 
 

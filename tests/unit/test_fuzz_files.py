@@ -29,6 +29,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -750,7 +751,18 @@ CAFFEMODEL_EDIT = st.one_of(
 """A byte edit, or one of the file's protobuf length fields rewritten: one less, one more, or another number."""
 
 
-def mutate_caffemodel(data: bytes, edits) -> bytes:
+CAFFEMODEL_CHANGE = st.one_of(st.tuples(st.just("message"), st.lists(MESSAGE_EDIT, min_size=1, max_size=4)),
+                              st.tuples(st.just("bytes"), st.lists(CAFFEMODEL_EDIT, min_size=1, max_size=3)))
+"""The parsed file edited (a blob's shape or values, a layer's name, a blob or a layer repeated or removed) and
+written back, or its bytes and length fields."""
+
+
+def mutate_caffemodel(data: bytes, change) -> bytes:
+    kind, edits = change
+    if kind == "message":
+        net = _schema.NetParameter()
+        net.ParseFromString(data)
+        return apply_message(net, edits).SerializeToString()
     for edit in edits:
         if edit[0] != "length":
             data = apply_bytes(data, [edit])
@@ -813,8 +825,8 @@ def test_fuzzed_caffemodel_reads_or_is_a_value_error_naming_the_file(tmp_path, t
         tally.run(lambda: read(target), (ValueError, GraphError), str(path), describe)
 
     mlp = seeds[1]
-    not_utf8 = [(mlp, [("set", mlp[1].index(b"ip1") + 1, 0xFF)])]  # a layer name made bytes: TypeError once
-    _fuzz(st.tuples(st.sampled_from(seeds), st.lists(CAFFEMODEL_EDIT, min_size=1, max_size=3)), case, not_utf8)
+    not_utf8 = [(mlp, ("bytes", [("set", mlp[1].index(b"ip1") + 1, 0xFF)]))]  # a layer name made bytes: TypeError
+    _fuzz(st.tuples(st.sampled_from(seeds), CAFFEMODEL_CHANGE), case, not_utf8)
     _finish(tally)
 
 
@@ -980,7 +992,8 @@ def _model_seeds(folder: Path) -> list[Path]:
             _model_io.save_model(folder / "conv", conv)]
 
 
-_MODEL_MANIFEST = {"format": "", "format_version": 1, "kind": "", "net": "", "weights": "", "solver": "", "config": ""}
+_MODEL_MANIFEST = {"format": "", "format_version": 1, "kind": "", "net": "", "weights": "", "solver": "", "config": "",
+                   "input_shape": [1]}
 """The first keys of a model folder's manifest, in the order it writes them (to place the regressions' edits)."""
 
 
@@ -1000,6 +1013,8 @@ def _model_regressions(seeds: list[Path]) -> list:
         (conv, [("weights.safetensors", ("bytes", [("truncate", 1000)]), True)]),  # SafetensorError
         (conv, [("weights.safetensors", ("bytes", [("set", 9, 0)]), True)]),  # ValueError without the folder
         (conv, [("net.json", ([("set", _at(net, "num_filters"), 10**12)], []), True)]),  # 100 TB asked for
+        (conv, [("sparknet_model.json", ([("drop", _at(_MODEL_MANIFEST, "input_shape") + 1)], []), False)]),
+        # ^ input_shape [6, 6] for the net's (1, 6, 6): predict's RuntimeError (conv2d given 2 channels)
     ]
 
 
@@ -1079,8 +1094,15 @@ PARQUET_CASE = st.tuples(st.sampled_from(["classes", "sequence", "vectors"]),
 
 
 def _ints(values) -> list:
-    return [None if v is None else int(max(min(v, 2**62), -2**62)) if isinstance(v, (int, float)) and np.isfinite(v)
-            else 0 for v in values]
+    """Numbers as int64 values (clamped; a non-finite one or another type as 0), None kept."""
+    def one(v):
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+            return 0
+        return int(max(min(v, 2**62), -2**62))
+
+    return [one(v) for v in values]
 
 
 def _column(kind: str, rows: list) -> pa.Array:
