@@ -21,7 +21,7 @@ import torch
 
 from sparknet._enums import parse_enum
 
-__all__ = ["SolverType", "LRPolicy", "SolverConfig", "ConjugateGradient", "build_optimizer", "lr_multiplier",
+__all__ = ["SolverType", "LRPolicy", "SolverConfig", "CaffeSGD", "ConjugateGradient", "build_optimizer", "lr_multiplier",
            "check_gradient_hook"]
 
 
@@ -119,6 +119,11 @@ class SolverConfig:
     direction is not a descent direction)."""
     history_size: int = 10
     """lbfgs: curvature pairs kept (its memory)."""
+    caffe_history: bool = False
+    """sgd and nesterov: keep Caffe's momentum history, the step itself (``v = momentum * v + lr * g``,
+    ``w -= v``), instead of PyTorch's, the gradients' sum (``v = momentum * v + g``, ``w -= lr * v``). The two
+    are the same while the rate stays the same; when it changes, Caffe's history keeps the steps already
+    taken at the old rate and PyTorch's is rescaled by the new one. A Caffe solver file sets it."""
 
     def __post_init__(self):
         self.type = SolverType.parse(self.type)
@@ -157,6 +162,8 @@ class SolverConfig:
         for name in ("line_search_evals", "cg_restart", "history_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.caffe_history and self.type not in (SolverType.SGD, SolverType.NESTEROV):
+            raise ValueError(f"caffe_history is a rule of the sgd and nesterov solvers, not of {self.type.value}")
         if self.type.needs_closure and self.clip_gradients > 0:
             raise ValueError(f"the {self.type.value} solver chooses its step by a line search on the loss; a clipped "
                              "gradient would not be the loss's gradient: drop clip_gradients")
@@ -225,6 +232,49 @@ def _groups(model_or_groups) -> list[dict]:
     if not out:
         raise ValueError("the model has no trainable parameters")
     return out
+
+
+class CaffeSGD(torch.optim.Optimizer):
+    """SGD with momentum as Caffe's ``SGDSolver`` and ``NesterovSolver`` compute it: the history is the step.
+
+    Each update, with ``d = grad + weight_decay * w`` and ``lr`` the group's rate now::
+
+        sgd:       v = momentum * v + lr * d;              w -= v
+        nesterov:  v' = momentum * v + lr * d;  w -= (1 + momentum) * v' - momentum * v;  v = v'
+
+    (Caffe's ``sgd_solver.cpp`` and ``nesterov_solver.cpp``). While the rate is constant this is
+    ``torch.optim.SGD`` exactly; after a change of rate, the history keeps the steps taken at the old
+    rate. The history is kept under ``momentum_buffer``, as ``torch.optim.SGD`` keeps its own.
+    """
+
+    def __init__(self, params, lr: float, momentum: float = 0.9, weight_decay: float = 0.0, nesterov: bool = False):
+        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay,
+                                  "nesterov": nesterov})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, m, wd = group["lr"], group["momentum"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                d = p.grad if not wd else p.grad.add(p, alpha=wd)
+                state = self.state[p]
+                v = state.get("momentum_buffer")
+                if v is None:
+                    v = state["momentum_buffer"] = torch.zeros_like(p)
+                if group["nesterov"]:
+                    before = v.clone()
+                    v.mul_(m).add_(d, alpha=lr)
+                    p.sub_(v, alpha=1 + m).add_(before, alpha=m)
+                else:
+                    v.mul_(m).add_(d, alpha=lr)
+                    p.sub_(v)
+        return loss
 
 
 class _Wrapped(torch.optim.Optimizer):
@@ -564,6 +614,8 @@ def build_optimizer(model_or_groups, config: SolverConfig | None = None):
         penalties = [(g["params"], config.weight_decay * g["decay_mult"]) for g in groups]
         if any(decay for _, decay in penalties):
             opt = _Penalized(opt, penalties, l1)
+    elif t in (SolverType.SGD, SolverType.NESTEROV) and config.caffe_history:
+        opt = CaffeSGD(torch_groups, lr=config.base_lr, momentum=config.momentum, nesterov=t is SolverType.NESTEROV)
     elif t is SolverType.SGD:
         opt = torch.optim.SGD(torch_groups, lr=config.base_lr, momentum=config.momentum)
     elif t is SolverType.NESTEROV:

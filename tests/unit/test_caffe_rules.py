@@ -27,8 +27,10 @@ Every rule whose state or scaling could differ from Caffe's, and where its test 
   lr policies: the rate each update applies (update k uses      here: test_each_lr_policy_sets_the_rate_of_each_update_by_caffe_s_formula
     iteration k's rate)
   SGD: decay before momentum; Caffe's history holds the rate    here: test_sgd_matches_caffe_while_the_rate_is_constant_and_differs_after_it_changes
-    (a documented difference)
-  Nesterov: step back, then over-step                           here: test_nesterov_matches_caffe_at_a_constant_rate
+    (PyTorch's rule by default; Caffe's with caffe_history,     here: test_caffe_history_follows_caffe_through_every_change_of_rate,
+    which a Caffe solver file sets)                             test_a_caffe_solver_file_gets_caffe_s_momentum_history_and_sparknet_s_own_default_keeps_pytorch_s
+  Nesterov: step back, then over-step                           here: test_nesterov_matches_caffe_at_a_constant_rate,
+                                                                test_caffe_history_follows_caffe_through_every_change_of_rate
   AdaGrad                                                       here: test_adagrad_matches_caffe
   RMSProp                                                       here: test_rmsprop_matches_caffe
   AdaDelta (momentum as the decay, the rate applied last)       here: test_adadelta_matches_caffe
@@ -56,7 +58,7 @@ from sparknet.caffe import load_caffemodel_into, load_net_prototxt, net_to_proto
 from sparknet.errors import GraphError
 from sparknet.layers import LinearLayer, LRNLayer, NetParams, RDDLayer
 from sparknet.net import Net
-from sparknet.solvers import SolverConfig, build_optimizer
+from sparknet.solvers import SolverConfig, build_optimizer, lr_multiplier
 
 torch.set_num_threads(1)
 
@@ -389,8 +391,9 @@ def test_sgd_matches_caffe_while_the_rate_is_constant_and_differs_after_it_chang
     ``rate_t b``. While the rate is constant ``v = rate b`` and the two are the same; at the first update after
     the rate changes (here iteration 5 of a step policy) PyTorch's step is smaller by exactly
     ``m * v * (1 - rate_5 / rate_4)``, the old history rescaled to the new rate at once where Caffe lets it decay.
-    Making sparknet follow Caffe here would move the final weights of existing seeded runs (their float rounding
-    changes even at a constant rate), so sparknet keeps PyTorch's rule.
+    Making sparknet's own solvers follow Caffe here would move the final weights of existing seeded runs (their
+    float rounding changes even at a constant rate), so ``SolverConfig`` keeps PyTorch's rule by default; a Caffe
+    solver file gets Caffe's (``caffe_history``: the next tests).
     """
     m, gamma = 0.9, 0.1
     config = SolverConfig(base_lr=0.05, momentum=m, weight_decay=0.01, lr_policy="step", stepsize=5, gamma=gamma)
@@ -417,6 +420,68 @@ def test_nesterov_matches_caffe_at_a_constant_rate():
     ours, caffe = _sparknet_path(config, 10), _caffe_path(config, 10, update, lambda it: 0.05)
     assert all(_close(a, b) for a, b in zip(ours, caffe))
     assert not _close(ours[-1], _caffe_path(config, 10, _caffe_sgd(m), lambda it: 0.05)[-1])  # not plain momentum
+
+
+def _caffe_nesterov(momentum: float) -> Update:
+    def update(state: dict, diff: torch.Tensor, rate: float, it: int) -> torch.Tensor:
+        previous = state.get("h", torch.zeros_like(diff))
+        state["h"] = momentum * previous + rate * diff
+        return (1 + momentum) * state["h"] - momentum * previous
+    return update
+
+
+@pytest.mark.parametrize("solver", ["sgd", "nesterov"])
+@pytest.mark.parametrize("policy", [{"lr_policy": "step", "stepsize": 5, "gamma": 0.1},
+                                    {"lr_policy": "multistep", "stepvalues": (2, 3, 6), "gamma": 0.3},
+                                    {"lr_policy": "inv", "gamma": 0.5, "power": 0.75}], ids=["step", "multistep", "inv"])
+def test_caffe_history_follows_caffe_through_every_change_of_rate(solver, policy):
+    """With ``caffe_history`` (what a Caffe solver file sets) the history is Caffe's, the step itself: the weights
+    follow sgd_solver.cpp / nesterov_solver.cpp through every change of rate, where PyTorch's rule parts from them
+    at the first change."""
+    m = 0.9
+    config = SolverConfig(type=solver, base_lr=0.05, momentum=m, weight_decay=0.01, caffe_history=True, **policy)
+    update = _caffe_sgd(m) if solver == "sgd" else _caffe_nesterov(m)
+    ours = _sparknet_path(config, 10)
+    caffe = _caffe_path(config, 10, update, lambda it: 0.05 * lr_multiplier(config, it))
+    assert all(_close(a, b) for a, b in zip(ours, caffe)), [float((a - b).abs().max()) for a, b in zip(ours, caffe)]
+    pytorch = _sparknet_path(config.replace(caffe_history=False), 10)
+    assert not torch.allclose(pytorch[-1], caffe[-1], rtol=1e-6, atol=0)  # the test tells the two rules apart
+
+
+def test_a_caffe_solver_file_gets_caffe_s_momentum_history_and_sparknet_s_own_default_keeps_pytorch_s():
+    from sparknet.caffe.solver import load_solver_prototxt
+
+    base = 'base_lr: 0.01\nlr_policy: "step"\nstepsize: 100\ngamma: 0.1\nmax_iter: 1000\nmomentum: 0.9\n'
+    assert load_solver_prototxt(base).config.caffe_history
+    assert load_solver_prototxt(base + 'type: "Nesterov"\n').config.caffe_history
+    assert not load_solver_prototxt(base + 'type: "Adam"\nmomentum2: 0.999\n').config.caffe_history
+    assert not SolverConfig().caffe_history  # seeded runs of sparknet's own solvers keep their weights
+    with pytest.raises(ValueError, match="caffe_history"):
+        SolverConfig(type="adam", caffe_history=True)
+
+
+def test_caffe_history_state_round_trips_through_the_optimizer_state():
+    """A checkpoint keeps Caffe's history as it keeps PyTorch's (``momentum_buffer``), so a resumed run goes on
+    exactly."""
+    config = SolverConfig(base_lr=0.05, momentum=0.9, weight_decay=0.01, caffe_history=True, lr_policy="step",
+                          stepsize=3, gamma=0.5)
+    whole = _sparknet_path(config, 8)
+    w = torch.nn.Parameter(_problem()[2].clone())
+    opt, sched = build_optimizer([w], config)
+    for _ in range(4):
+        w.grad = _grad(w)
+        opt.step()
+        sched.step()
+    saved, sched_saved, w_saved = opt.state_dict(), sched.state_dict(), w.detach().clone()
+    w2 = torch.nn.Parameter(w_saved)
+    opt2, sched2 = build_optimizer([w2], config)
+    opt2.load_state_dict(saved)
+    sched2.load_state_dict(sched_saved)
+    for _ in range(4):
+        w2.grad = _grad(w2)
+        opt2.step()
+        sched2.step()
+    assert torch.equal(w2.detach(), whole[-1])
 
 
 STEP_RATE = {"lr_policy": "step", "stepsize": 4, "gamma": 0.5}  # the adaptive rules agree even as the rate changes

@@ -183,7 +183,14 @@ class CaffeSolver:
                 f"{self.source_path or '<text>'}: the solver's net {self.net!r} was not found next to the "
                 "solver or in its parent folders; pass net=PATH"
             )
-        return load_net_prototxt(target, phase=phase, stages=stages, level=level, sources=sources)
+        try:
+            return load_net_prototxt(target, phase=phase, stages=stages, level=level, sources=sources)
+        except PrototxtError as exc:
+            if net is not None or self.source_path is None or str(self.source_path) in str(exc):
+                raise
+            # the file at fault is the net: say which solver named it
+            raise PrototxtError(f"{exc} (the net of {self.source_path})", layer=exc.layer, path=exc.path,
+                                line=exc.line, column=exc.column) from None
 
 
 def _f(value: float) -> float:
@@ -271,6 +278,7 @@ def load_solver_prototxt(
         stepvalues=tuple(int(v) for v in msg.stepvalue),
         iter_size=int(msg.iter_size),
         clip_gradients=_f(msg.clip_gradients),
+        caffe_history=solver_type in (SolverType.SGD, SolverType.NESTEROV),  # Caffe's momentum rule, exactly
     )
     if solver_type in (SolverType.ADAGRAD, SolverType.RMSPROP) and settings["momentum"]:
         # Caffe refuses these too: its AdaGrad and RMSProp have no momentum term
