@@ -10,7 +10,8 @@ each on its own run: the rounds engine (``--rounds`` rounds of tau=50) and the a
 parameter server (``--epochs`` epochs, tau=10, learning rate 0.01: at 0.05 two asynchronous LeNet workers diverge). While a run trains, a seeded chaos thread waits
 45-90 s, then either kills a random worker host outright (every process in it, its link down) and
 brings it back 15-30 s later, or kills a random host's executor (the host's worker daemon starts
-a new one). It goes on until the run ends. Each engine then trains again, undisturbed, with the
+a new one). It goes on for ``--minutes`` (10), or until the run ends if that is sooner; a run
+still training then finishes calm. Each engine then trains again, undisturbed, with the
 same settings and seed.
 
 What the report holds, for each engine: every chaos event with its time from the run's start;
@@ -50,8 +51,8 @@ class Chaos:
     """A thread that, until stopped, waits ``every`` seconds (uniform in the range), then kills a random host (back
     after ``down`` seconds) or a random host's executors; every event is recorded with its time."""
 
-    def __init__(self, cluster, *, seed: int, every=(45.0, 90.0), down=(15.0, 30.0)):
-        self.cluster, self.every, self.down = cluster, every, down
+    def __init__(self, cluster, *, seed: int, every=(45.0, 90.0), down=(15.0, 30.0), window_s: float = 600.0):
+        self.cluster, self.every, self.down, self.window_s = cluster, every, down, window_s
         self.rng = random.Random(seed)
         self.events: list[dict] = []
         self.errors: list[str] = []
@@ -66,6 +67,9 @@ class Chaos:
     def _run(self) -> None:
         hosts = list(range(1, self.cluster.workers + 1))
         while not self._stop.wait(self.rng.uniform(*self.every)):
+            if time.monotonic() - self._t0 > self.window_s:  # the soak's window is over: the run goes on calm
+                self._note("window over", 0)
+                return
             host = self.rng.choice(hosts)
             try:
                 if self.rng.random() < 0.5:
@@ -154,7 +158,8 @@ def soak(cluster, spark, data, engine: str, *, chaos: bool, args) -> dict:
     events, errors = [], []
     try:
         if chaos:
-            with Chaos(cluster, seed=args.seed, every=tuple(args.every), down=tuple(args.down)) as c:
+            with Chaos(cluster, seed=args.seed, every=tuple(args.every), down=tuple(args.down),
+                       window_s=60 * args.minutes) as c:
                 out = run(spark, data, seed=args.seed, on_round=on_record, **size)
             events, errors = c.events, c.errors
         else:
@@ -163,19 +168,22 @@ def soak(cluster, spark, data, engine: str, *, chaos: bool, args) -> dict:
     except Exception as exc:  # a lost run is the soak's failure: reported, not raised
         out, outcome = {}, f"failed: {type(exc).__name__}: {exc}"
     wall = time.perf_counter() - t0
-    return {"engine": engine, "chaos": chaos, "outcome": outcome, "wall_s": round(wall, 1), **out,
+    return {"engine": engine, "chaos": chaos, "outcome": outcome, "wall_s": round(wall, 1),
+            "chaos_s": round(min(wall, 60 * args.minutes), 1) if chaos else 0.0, **out,
             "records_seen": len(seen), "events": events, "chaos_errors": errors, **sampler.stop()}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engines", nargs="+", choices=["rounds", "async"], default=["rounds", "async"])
-    p.add_argument("--rounds", type=int, default=150, help="rounds of the rounds engine's runs (tau=50)")
+    p.add_argument("--rounds", type=int, default=80, help="rounds of the rounds engine's runs (tau=50)")
     p.add_argument("--epochs", type=int, default=16, help="epochs of the parameter server's runs (tau=10)")
     p.add_argument("--every", type=float, nargs=2, default=[45.0, 90.0], metavar=("MIN", "MAX"),
                    help="seconds between chaos events")
     p.add_argument("--down", type=float, nargs=2, default=[15.0, 30.0], metavar=("MIN", "MAX"),
                    help="seconds a killed host stays down")
+    p.add_argument("--minutes", type=float, default=10.0,
+                   help="how long the chaos lasts (it stops sooner if the run ends; the run goes on calm after it)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--tolerance", type=float, default=0.5, help="accuracy points the disturbed run may lose")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "chaos_soak.json"))
