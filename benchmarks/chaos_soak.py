@@ -7,12 +7,13 @@
 The rig is scripts/netns_cluster.py: two worker hosts of one core each, in their own network and
 mount namespaces, a standalone master and the driver on a private bridge. Two engines are soaked,
 each on its own run: the rounds engine (``--rounds`` rounds of tau=50) and the asynchronous
-parameter server (``--epochs`` epochs, tau=10, learning rate 0.01: at 0.05 two asynchronous LeNet workers diverge). While a run trains, a seeded chaos thread waits
-45-90 s, then either kills a random worker host outright (every process in it, its link down) and
-brings it back 15-30 s later, or kills a random host's executor (the host's worker daemon starts
-a new one). It goes on for ``--minutes`` (10), or until the run ends if that is sooner; a run
-still training then finishes calm. Each engine then trains again, undisturbed, with the
-same settings and seed.
+parameter server (``--epochs`` epochs, tau=10, learning rate 0.01: at 0.05 two asynchronous
+LeNet workers diverge). While a run trains, a seeded chaos thread waits 45-90 s, then either
+kills a random worker host outright (every process in it, its link down) and brings it back
+15-30 s later, or kills a random host's executor (the host's worker daemon starts a new one).
+It goes on for ``--minutes`` (10), or until the run ends if that is sooner; a run still
+training then finishes calm. Each engine then trains again, undisturbed, with the same settings
+and seed.
 
 What the report holds, for each engine: every chaos event with its time from the run's start;
 the run's wall time from the fit's start (data shipped, evaluation included); what the run's

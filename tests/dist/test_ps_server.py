@@ -102,10 +102,14 @@ def test_every_bad_message_is_rejected_and_counted_while_a_good_worker_trains(se
             "wrong_job": msg(job=other.job_id, secret=other.secret),
             "pickle": pickle_frames,
             "bad_kind": msg(kind=Kind.REPLY),
+            # a PULL no key signs, with a worker, attempt and step of the sender's choosing: once answered with
+            # an ERROR signed with the job's secret that echoed the job id and those fields
+            "unsigned_pull": encode(Header(Kind.PULL, 1, creds.job_id, 7, 3, 99, 0, 0), None, b"x" * 32),
         }
-        expected = {"malformed": 2, "bad_hmac": 2, "oversized": 1, "wrong_dtype": 1, "wrong_count": 1,
+        expected = {"malformed": 2, "bad_hmac": 3, "oversized": 1, "wrong_dtype": 1, "wrong_count": 1,
                     "wrong_job": 1, "bad_kind": 1}
-        unauthenticated = {"malformed", "truncated", "bad_hmac", "wrong_job", "pickle"}  # no key signs them
+        # no key signs these
+        unauthenticated = {"malformed", "truncated", "bad_hmac", "wrong_job", "pickle", "unsigned_pull"}
         for name, frames in cases.items():
             answer = raw.send(frames, timeout=0.5 if name in unauthenticated else 5.0)
             if name in unauthenticated:

@@ -433,7 +433,8 @@ def _caffe_nesterov(momentum: float) -> Update:
 @pytest.mark.parametrize("solver", ["sgd", "nesterov"])
 @pytest.mark.parametrize("policy", [{"lr_policy": "step", "stepsize": 5, "gamma": 0.1},
                                     {"lr_policy": "multistep", "stepvalues": (2, 3, 6), "gamma": 0.3},
-                                    {"lr_policy": "inv", "gamma": 0.5, "power": 0.75}], ids=["step", "multistep", "inv"])
+                                    {"lr_policy": "inv", "gamma": 0.5, "power": 0.75}],
+                         ids=["step", "multistep", "inv"])
 def test_caffe_history_follows_caffe_through_every_change_of_rate(solver, policy):
     """With ``caffe_history`` (what a Caffe solver file sets) the history is Caffe's, the step itself: the weights
     follow sgd_solver.cpp / nesterov_solver.cpp through every change of rate, where PyTorch's rule parts from them
