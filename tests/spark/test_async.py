@@ -277,6 +277,19 @@ def test_an_injected_fault_costs_one_attempt_and_no_pushes_twice(spark, kind):
     assert np.isfinite(sess.net.get_flat().numpy()).all() and m["test_accuracy"] >= 0.7
 
 
+def test_a_diverging_run_fails_clearly_and_never_reaches_the_servers_weights(spark):
+    """A learning rate far too high: every worker's loss becomes NaN or infinite. Each task fails (its loss
+    checked every step, a push of non-finite values refused by the server), Spark's retries fail alike, and the
+    epoch ends in a ``WorkerError`` that says so; the session's model is left finite. (A NaN loss once passed as
+    "no loss" and the run finished "successfully" on NaN weights.)"""
+    train = _data(800, 0)
+    sess = AsyncSession(_mlp(), SolverConfig(base_lr=1e4, momentum=0.9), combiner="delta", spark=spark)
+    with pytest.raises(WorkerError, match=r"loss became (nan|inf|-inf)|nonfinite") as info:
+        sess.run(data=_pairs_rdd(spark, train), batch_size=20, tau=5, epochs=1, repartition_between_epochs=False)
+    assert "lower the learning rate" in str(info.value), str(info.value)
+    assert np.isfinite(sess.net.get_flat().numpy()).all()
+
+
 @pytest.mark.parametrize("bound", ["epoch", "stall"])
 def test_a_hung_worker_ends_the_epoch_at_its_deadline_naming_the_task(spark, bound):
     """A worker that hangs before its 2nd push (the fault the synchronous engines are tested against): the epoch
