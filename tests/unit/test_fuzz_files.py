@@ -64,6 +64,8 @@ from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.spark._data import arrays_table
 
+pytestmark = pytest.mark.filterwarnings("ignore:invalid octal escape sequence:DeprecationWarning")  # protobuf's, on '\\777'
+
 MODELS = Path(__file__).resolve().parents[2].parent / "shared" / "caffe-models"
 needs_models = pytest.mark.skipif(not MODELS.is_dir(), reason=f"BVLC Caffe files not found at {MODELS}")
 
