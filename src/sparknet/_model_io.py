@@ -299,8 +299,7 @@ def _parse_manifest(data: bytes, where: str) -> dict:
     if sums is not None and not (isinstance(sums, dict) and all(isinstance(v, str) for v in sums.values())):
         raise wrong("sha256", "file names and their SHA-256 sums")
     shape = manifest.get("input_shape")
-    if shape is not None and not (isinstance(shape, list) and shape
-                                  and all(type(d) is int and d > 0 for d in shape)):
+    if shape is not None and not (isinstance(shape, list) and all(type(d) is int and d > 0 for d in shape)):
         raise wrong("input_shape", "a list of positive whole numbers")
     if not isinstance(manifest.get("metadata", {}), dict):
         raise wrong("metadata", "a JSON object")
