@@ -35,6 +35,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import os
 import pickle
 import posixpath
@@ -226,7 +227,8 @@ def pack_model(net, weights: WeightCollection | None = None, *, solver: SolverCo
             torch.save(module, buf)
         except (pickle.PicklingError, TypeError, AttributeError) as e:  # a lambda, a lock or a local class inside it
             raise TypeError(f"cannot save this {type(module).__name__}: it cannot be pickled ({e}); build the net "
-                            "from a NetParams (stored as JSON), or keep what cannot be pickled off the module") from None
+                            "from a NetParams (stored as JSON), or keep what cannot be pickled off the "
+                            "module") from None
         files[_MODULE_PICKLE] = buf.getvalue()
     files[_WEIGHTS] = weights.to_bytes()
     if solver is not None:
@@ -334,10 +336,10 @@ def _definition(files: Mapping[str, bytes], manifest: dict, weights: WeightColle
                   f"{len(_shapes(wanted))} tensors in the net, {len(_shapes(weights))} in the file")
         raise ValueError(f"{where}: {manifest['weights']} does not fit the net of {name} ({detail}); "
                          "the model folder is corrupt")
-    shape = manifest.get("input_shape")
-    if shape is not None and net_params.sample_shape is not None and np.prod(shape) != np.prod(net_params.sample_shape):
+    shape, own = manifest.get("input_shape"), net_params.sample_shape
+    if shape is not None and own is not None and math.prod(shape) != math.prod(own):
         raise ValueError(f"{where}: {MANIFEST_NAME}'s input_shape {shape} does not fit the net's input "
-                         f"{list(net_params.sample_shape)}; the model folder is corrupt")
+                         f"{list(own)}; the model folder is corrupt")
     return net_params
 
 

@@ -264,7 +264,7 @@ class CheckpointManager:
                            f"than its manifest records ({manifest['fingerprint']}): the checkpoint is corrupt")
         try:
             state = torch.load(io.BytesIO(files["state.pt"]), weights_only=True)
-        except Exception as e:  # noqa: BLE001 - torch's restricted unpickler fails on a bad file with any of a dozen types
+        except Exception as e:  # noqa: BLE001 - torch's restricted unpickler fails on a bad file with a dozen types
             raise _Damaged(f"{path}/state.pt cannot be read ({type(e).__name__}: {e})") from None
         if not isinstance(state, dict):
             raise _Damaged(f"{path}/state.pt holds a {type(state).__name__}, not a checkpoint's state (a dict)")
@@ -277,22 +277,22 @@ _HASHED = ("weights.safetensors", "state.pt")
 
 def _check_manifest(manifest: dict, round: int, path: str) -> None:
     """Raise :class:`_Damaged` naming the first entry of a parsed manifest that is missing or of the wrong type."""
-    def fail(problem: str):
-        raise _Damaged(f"{path}/manifest.json {problem}: the checkpoint is corrupt")
+    def damaged(problem: str) -> _Damaged:
+        return _Damaged(f"{path}/manifest.json {problem}: the checkpoint is corrupt")
 
     sums = manifest.get("sha256")
     if not isinstance(sums, dict) or sorted(sums) != sorted(_HASHED):
-        fail(f"records SHA-256 sums for {sorted(sums) if isinstance(sums, dict) else sums!r}, not for "
-             f"{' and '.join(_HASHED)}")
+        raise damaged(f"records SHA-256 sums for {sorted(sums) if isinstance(sums, dict) else sums!r}, not for "
+                      f"{' and '.join(_HASHED)}")
     if not all(isinstance(digest, str) for digest in sums.values()):
-        fail("records a SHA-256 sum that is not a string")
+        raise damaged("records a SHA-256 sum that is not a string")
     if type(manifest.get("round")) is not int or manifest["round"] != round:
-        fail(f"records round {manifest.get('round')!r} in the folder of round {round}")
+        raise damaged(f"records round {manifest.get('round')!r} in the folder of round {round}")
     if not isinstance(manifest.get("fingerprint"), str):
-        fail(f"records the fingerprint {manifest.get('fingerprint')!r}, not a string")
+        raise damaged(f"records the fingerprint {manifest.get('fingerprint')!r}, not a string")
     for key in ("config", "extra"):
         if not isinstance(manifest.get(key, {}), dict):
-            fail(f"records a {key} that is not a JSON object ({type(manifest[key]).__name__})")
+            raise damaged(f"records a {key} that is not a JSON object ({type(manifest[key]).__name__})")
 
 
 def _plain(value: Any):

@@ -335,7 +335,7 @@ class WeightCollection(Mapping[str, list[torch.Tensor]]):
         if not isinstance(header, dict) or not isinstance(meta or {}, dict) or not isinstance(order or "", str):
             raise ValueError("weights file has a corrupt header: not the JSON object of a safetensors file")
         try:
-            state = load(bytes(data))
+            state = load(data)
         except SafetensorError as e:
             raise ValueError(f"weights file is corrupt: {e}") from None
         return WeightCollection.from_state_dict(state, order.split("\n") if order else None)
