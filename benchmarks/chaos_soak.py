@@ -177,8 +177,8 @@ def soak(cluster, spark, data, engine: str, *, chaos: bool, args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--engines", nargs="+", choices=["rounds", "async"], default=["rounds", "async"])
-    p.add_argument("--rounds", type=int, default=80, help="rounds of the rounds engine's runs (tau=50)")
-    p.add_argument("--epochs", type=int, default=16, help="epochs of the parameter server's runs (tau=10)")
+    p.add_argument("--rounds", type=int, default=150, help="rounds of the rounds engine's runs (tau=50)")
+    p.add_argument("--epochs", type=int, default=20, help="epochs of the parameter server's runs (tau=10)")
     p.add_argument("--every", type=float, nargs=2, default=[45.0, 90.0], metavar=("MIN", "MAX"),
                    help="seconds between chaos events")
     p.add_argument("--down", type=float, nargs=2, default=[15.0, 30.0], metavar=("MIN", "MAX"),
