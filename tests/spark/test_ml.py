@@ -286,3 +286,15 @@ def test_fit_logs_to_the_users_active_mlflow_run(spark, data, tmp_path, monkeypa
         assert list(out["prediction"]) == [r.prediction for r in rows]
     finally:
         mlflow.set_tracking_uri(None)
+
+
+def test_the_output_probe_reads_an_image_shape_laid_out_otherwise_as_the_nets_own_input():
+    """imageShape says how a column's values are laid out ([784] for flat pixels); the probe that counts the
+    model's outputs gives the net its own input shape ((1, 28, 28)), as the model's predict does."""
+    from sparknet import Net, zoo
+    from sparknet._model_io import pack_model
+    from sparknet.spark.ml import SparkNetModel
+
+    net = Net(zoo.lenet())
+    model = SparkNetModel._from_files(pack_model(net, input_shape=(1, 28, 28)), allow_pickle=False)
+    assert model._outputs([784]) == 10 and model._outputs(None) == 10

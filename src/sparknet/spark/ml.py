@@ -705,8 +705,8 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         shape = tuple(shape) if shape else self._loaded().input_shape
         if shape is None:
             raise ValueError("set imageShape: the model does not know the shape of one sample")
-        with torch.no_grad():
-            return int(self.net.predict(torch.zeros(1, *shape)).numel())
+        with torch.no_grad():  # reshaped to the net's own input, as the model's predict does
+            return int(self._loaded().predict(torch.zeros(1, *shape)).numel())
 
     def _broadcast(self, sc):
         """One broadcast of the model files per SparkContext (kept while this model lives)."""
