@@ -87,39 +87,47 @@ def test_the_rounds_engine_survives_killed_executors_and_a_lost_host(spark, clus
     # each failure is in the records: the partitions whose executors were lost ran again from the cached chunks
     # with the state the driver holds (rerun_partitions counts them from the start), and the rounds without
     # host 2 ran on host 1 alone
-    assert not rounds[1].get("rerun_partitions") and rounds[2].get("rerun_partitions", 0) >= 1, rounds[2]
+    assert rounds[2].get("rerun_partitions", 0) > rounds[1].get("rerun_partitions", 0), rounds[2]
     assert {h for r in rounds[4:6] for h in r["hosts"]} == {cluster.hostname(1)}, [r["hosts"] for r in rounds]
     assert hit.summary["samples"] == sum(r["samples"] for r in rounds)
     assert np.isfinite(hit.weights.to_flat().numpy()).all()
     assert hit.summary["test_accuracy"] >= calm.summary["test_accuracy"] - 0.005, (hit.summary, calm.summary)
 
 
-def test_the_parameter_server_survives_an_executor_killed_mid_epoch(spark, cluster, data):
+def test_the_parameter_server_survives_executors_killed_mid_epoch(spark, cluster, data):
+    """Worker 1 is held at its 2nd push (an injected hang of its first attempt) while every executor is killed:
+    Spark runs the lost task again on the executors that replace them, its pushes of steps already applied are
+    acknowledged and not applied twice, and the epoch's record counts the retry."""
     from sparknet.ps import AsyncSession
 
     df, val = data
 
-    def run(on_epoch):
+    def run(fault=None, during=None):
         sess = AsyncSession(zoo.mlp(input_shape=list(SHAPE), hidden=[32], num_classes=3),
-                            SolverConfig(base_lr=0.05, momentum=0.9), combiner="delta", spark=spark, seed=3)
-        return sess.run(data=df, batch_size=8, tau=5, epochs=3, validation_data=(val.x, val.y),
-                        repartition_between_epochs=False, on_epoch=on_epoch)
+                            SolverConfig(base_lr=0.05, momentum=0.9), combiner="delta", spark=spark, seed=3,
+                            fault=fault)
+        killer = threading.Thread(target=during, daemon=True) if during else None
+        if killer:
+            killer.start()
+        try:
+            return sess.run(data=df, batch_size=8, tau=5, epochs=1, validation_data=(val.x, val.y),
+                            repartition_between_epochs=False)
+        finally:
+            if killer:
+                killer.join(timeout=120)
 
-    calm = run(None)
+    calm = run()
     killed = []
 
-    def kill_soon():  # a second into epoch 1 (each epoch is several seconds of steps): its tasks are running
-        time.sleep(1.0)
-        killed.append(cluster.kill_executors(1))
+    def kill_during_the_hang():  # the epoch's tasks start within seconds; worker 1 then waits 90 s at push 2
+        time.sleep(15.0)
+        killed.append(cluster.kill_executors(1) + cluster.kill_executors(2))
 
-    def on_epoch(record):
-        if record["epoch"] == 0:
-            threading.Thread(target=kill_soon, daemon=True).start()
-
-    hit = run(on_epoch)
-    assert killed == [1]
-    assert len(hit["epochs"]) == 3 and all(np.isfinite(e["loss"]) for e in hit["epochs"])
-    epoch1 = hit["epochs"][1]
-    assert epoch1["retried_tasks"] >= 1, epoch1  # the lost task ran again, and the record says so
-    assert hit["rejected_total"] == 0
-    assert hit["test_accuracy"] >= calm["test_accuracy"] - 0.005, (hit["test_accuracy"], calm["test_accuracy"])
+    hit = run("rank=1,round=2,kind=hang,hang_s=90", kill_during_the_hang)
+    assert killed == [2]
+    epoch = hit["epochs"][0]
+    assert epoch["retried_tasks"] >= 1, epoch  # the lost task ran again, and the record says so
+    assert hit["duplicate_pushes"] >= 1 and hit["rejected_total"] == 0, hit
+    assert np.isfinite(epoch["loss"])
+    # the order of asynchronous pushes differs from run to run: 2 points (12 of 600 rows) of slack
+    assert hit["test_accuracy"] >= calm["test_accuracy"] - 0.02, (hit["test_accuracy"], calm["test_accuracy"])
