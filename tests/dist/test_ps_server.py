@@ -190,6 +190,35 @@ def test_retried_attempt_does_not_apply_its_pushes_twice(server):
     np.testing.assert_array_equal(server.weights(), np.full(N, 3 * STEP, np.float32))
 
 
+def test_a_task_of_a_stage_spark_submits_again_is_a_new_attempt_not_a_replay(server):
+    """Spark numbers the task attempts of a stage it submits again (an executor lost with an epoch's shuffle
+    output) from 0 again. A task's identity on the wire is Spark's task attempt id, unique to each attempt, so the
+    server takes such a task as a retry (pushes already applied acknowledged as duplicates), not as replays of
+    the first attempt (in a chaos soak, 10 such pushes were refused, each costing the task an attempt)."""
+    from sparknet.ps._worker import wire_attempt
+
+    class Context:  # what pyspark's TaskContext answers: attempt 0 of a stage submitted again, new task attempt id
+        def attemptNumber(self):
+            return 0
+
+        def taskAttemptId(self):
+            return 7 + (1 << 32)
+
+    resubmitted = wire_attempt(Context())
+    assert wire_attempt(None) == 0 and resubmitted == 7  # the id's low 32 bits: the header's attempt is a u32
+    creds = server.new_job()
+    delta = np.full(N, STEP, np.float32)
+    keys = server.client_keys
+    with PSClient(server.endpoint, creds.job_id, creds.secret, keys=keys, worker=0, attempt=0) as first:
+        r = first.pull(0)
+        r = first.push(5, delta, r.version)
+    with PSClient(server.endpoint, creds.job_id, creds.secret, keys=keys, worker=0, attempt=resubmitted) as again:
+        r = again.pull(0)
+        statuses = [again.push(s, delta, r.version).status for s in (5, 10)]
+    assert statuses == [Status.DUPLICATE, Status.APPLIED]
+    assert server.stats()["rejected_total"] == 0
+
+
 def test_new_job_rejects_the_old_jobs_messages(server):
     old = server.new_job()
     with PSClient(server.endpoint, old.job_id, old.secret, keys=server.client_keys, worker=0) as c:

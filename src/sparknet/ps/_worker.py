@@ -182,6 +182,16 @@ def train_partition(spec: TaskSpec):
     return run
 
 
+def wire_attempt(ctx) -> int:
+    """This task attempt's identity on the wire, unique within the application: Spark's task attempt id (its low
+    32 bits; 0 without a task context).
+
+    Not the attempt number: a stage that Spark submits again (an executor was lost with the shuffle output an
+    epoch reads) numbers its tasks' attempts from 0 again, and such a task would take its first attempt's
+    identity; the server would then refuse its steps as replays."""
+    return 0 if ctx is None else ctx.taskAttemptId() & 0xFFFFFFFF
+
+
 def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[dict]:
     t_start = time.perf_counter()
     from pyspark import TaskContext  # optional dependency: this runs in a Spark task
@@ -213,7 +223,8 @@ def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[d
     record["rows"] = len(y)
     loss_sum = 0.0
     losses = 0
-    with PSClient(spec.endpoint, spec.job_id, spec.secret, keys=spec.keys, worker=index, attempt=attempt,
+    with PSClient(spec.endpoint, spec.job_id, spec.secret, keys=spec.keys, worker=index,
+                  attempt=wire_attempt(ctx),
                   timeout=spec.timeout_s) as client:
         reply = client.pull(0)
         record["comm_s"] += reply.latency_s

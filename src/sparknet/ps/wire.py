@@ -19,7 +19,8 @@ kind       u8      1 push, 2 pull, 3 reply, 4 error (:class:`Kind`)
 dtype      u8      0 none (empty payload), 1 float32, 2 float64, 3 float16 (:data:`DTYPES`)
 job_id     16s     random id of the training job (one Spark job: one epoch)
 worker     u32     worker id (the Spark partition index)
-attempt    u32     the task's attempt number (0 first, 1 on Spark's first retry, ...)
+attempt    u32     the task attempt: Spark's task attempt id (its low 32 bits), unique to each
+                   attempt, also in a stage Spark submits again
 step       u64     the worker's local step the message is sent at; strictly increasing
                    within one worker attempt (the pull that starts a task is step 0)
 version    u64     push or pull: the server version the worker last pulled;
