@@ -211,7 +211,8 @@ def test_the_barrier_engine_restarts_when_a_lost_host_comes_back(spark, cluster)
     try:
         result = trainer.fit(df, validation=(val.x, val.y))
     finally:
-        revive.join(timeout=120)
+        if revive.is_alive() or revive.finished.is_set():  # started (a fit that failed before round 2 never did)
+            revive.join(timeout=120)
         if not cluster.host_up(1):
             cluster.start_host(1)
     s = result.summary

@@ -177,19 +177,26 @@ class MetricsReceiver:
         A record sent with a payload holds it as bytes under ``"payload"``.
         """
         deadline = time.monotonic() + timeout_s
-        while True:  # answer handshakes while waiting for a message
+        frame = None
+        while frame is None:  # answer handshakes while waiting for a message
             ready = dict(self._poller.poll(max(0, round((deadline - time.monotonic()) * 1000))))
             self._gate.serve()
             if self._sock in ready:
-                break
+                try:
+                    frame = self._sock.recv(zmq.NOBLOCK, copy=False)
+                    continue
+                except zmq.Again:  # its sender's connection went (a host lost) between the poll and the read
+                    pass
             if time.monotonic() >= deadline:
                 return None
-        frames, count, size, more = [], 0, 0, True
-        while more:  # every part of the message, keeping at most three and max_bytes
-            frame = self._sock.recv(zmq.NOBLOCK, copy=False)
+        frames, count, size = [], 0, 0
+        while True:  # every part of the message (libzmq delivers them together), keeping three and max_bytes
             count, size, more = count + 1, size + len(frame), frame.more
             if count <= 3 and size <= self._max_bytes:
                 frames.append(frame)
+            if not more:
+                break
+            frame = self._sock.recv(zmq.NOBLOCK, copy=False)
         if count not in (2, 3) or size > self._max_bytes:
             self.rejected += 1
             self._throttle("shape", "dropped a metrics message of %d frames and %d bytes", count, size)
