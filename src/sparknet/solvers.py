@@ -267,10 +267,10 @@ class CaffeSGD(torch.optim.Optimizer):
                 v = state.get("momentum_buffer")
                 if v is None:
                     v = state["momentum_buffer"] = torch.zeros_like(p)
-                if group["nesterov"]:
-                    before = v.clone()
+                if group["nesterov"]:  # w -= (1 + m) v' - m v, with no copy of v
+                    p.add_(v, alpha=m)
                     v.mul_(m).add_(d, alpha=lr)
-                    p.sub_(v, alpha=1 + m).add_(before, alpha=m)
+                    p.sub_(v, alpha=1 + m)
                 else:
                     v.mul_(m).add_(d, alpha=lr)
                     p.sub_(v)
