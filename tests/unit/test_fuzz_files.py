@@ -851,6 +851,19 @@ CHECKPOINT_EDIT = st.one_of(
 brought along (True) or left (False), or a file removed."""
 
 
+def _record_sha(manifest_path: Path, name: str, path: Path) -> None:
+    """Write ``path``'s SHA-256 into the manifest's ``sha256`` entry ``name``, when the manifest is there and can
+    take it (a fuzzed manifest may not)."""
+    if not manifest_path.exists():
+        return
+    try:
+        manifest = json.loads(manifest_path.read_bytes())
+        manifest["sha256"][name] = _sha(path.read_bytes())
+    except (ValueError, KeyError, TypeError, IndexError, RecursionError):
+        return
+    manifest_path.write_text(json.dumps(manifest))
+
+
 def mutate_checkpoint(folder: Path, edits) -> None:
     for edit in edits:
         if edit[0] == "remove":
@@ -865,14 +878,8 @@ def mutate_checkpoint(folder: Path, edits) -> None:
         data = path.read_bytes()
         path.write_bytes(mutate_weights(data, edit[1]) if edit[0] == "weights.safetensors"
                          else apply_bytes(data, edit[1]))
-        manifest_path = folder / "manifest.json"
-        if edit[2] and manifest_path.exists():  # the SHA-256 brought along: a file written wrong, not damaged after
-            try:
-                manifest = json.loads(manifest_path.read_bytes())
-                manifest["sha256"][edit[0]] = _sha(path.read_bytes())
-            except (ValueError, KeyError, TypeError, IndexError, RecursionError):
-                continue
-            manifest_path.write_text(json.dumps(manifest))
+        if edit[2]:  # the SHA-256 brought along: a file written wrong, not damaged after
+            _record_sha(folder / "manifest.json", edit[0], path)
 
 
 def _at(doc, key: str) -> int:
@@ -975,14 +982,8 @@ def mutate_model(folder: Path, edits) -> None:
         data = path.read_bytes()
         weights = edit[0] == "weights.safetensors"
         path.write_bytes(mutate_weights(data, edit[1]) if weights else mutate_json(data, edit[1]))
-        manifest_path = folder / _model_io.MANIFEST_NAME
-        if edit[2] and edit[0] != _model_io.MANIFEST_NAME and manifest_path.exists():
-            try:
-                manifest = json.loads(manifest_path.read_bytes())
-                manifest["sha256"][edit[0]] = _sha(path.read_bytes())
-            except (ValueError, KeyError, TypeError, IndexError, RecursionError):
-                continue
-            manifest_path.write_text(json.dumps(manifest))
+        if edit[2] and edit[0] != _model_io.MANIFEST_NAME:
+            _record_sha(folder / _model_io.MANIFEST_NAME, edit[0], path)
 
 
 def _model_seeds(folder: Path) -> list[Path]:
