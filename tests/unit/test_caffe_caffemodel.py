@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from _protobuf_wire import varint
 from sparknet.caffe.caffemodel import (
     describe_caffemodel,
     load_caffemodel_into,
@@ -21,21 +22,12 @@ from sparknet.errors import GraphError
 
 
 # --- an independent encoder of Caffe's wire format (field numbers from caffe.proto) -------------
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        bits, n = n & 0x7F, n >> 7
-        out.append(bits | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _field(number: int, payload: bytes) -> bytes:  # length-delimited
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
 def _vfield(number: int, value: int) -> bytes:  # varint
-    return _varint(number << 3) + _varint(value)
+    return varint(number << 3) + varint(value)
 
 
 def _blob(array: np.ndarray, legacy: bool = False) -> bytes:
@@ -43,7 +35,7 @@ def _blob(array: np.ndarray, legacy: bool = False) -> bytes:
         dims = [1] * (4 - array.ndim) + list(array.shape)
         head = b"".join(_vfield(i + 1, d) for i, d in enumerate(dims))
     else:  # shape=7 { dim=1 packed }
-        head = _field(7, _field(1, b"".join(_varint(d) for d in array.shape)))
+        head = _field(7, _field(1, b"".join(varint(d) for d in array.shape)))
     if array.dtype == np.float64:
         values = _field(8, struct.pack(f"<{array.size}d", *array.ravel()))
     else:

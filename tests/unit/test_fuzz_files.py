@@ -51,6 +51,7 @@ from google.protobuf import text_format
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
+from _protobuf_wire import varint
 from sparknet import _model_io, zoo
 from sparknet._parquet import read_parquet_dataset
 from sparknet.caffe import (PrototxtError, describe_caffemodel, load_caffemodel_into, load_net_prototxt,
@@ -709,15 +710,6 @@ def _read_varint(data: bytes, at: int, end: int) -> tuple[int, int]:
     raise ValueError("a varint cut short")
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        bits, n = n & 0x7F, n >> 7
-        out.append(bits | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _wire_lengths(data: bytes, start: int = 0, end: int | None = None, depth: int = 0) -> list[tuple[int, int]]:
     """``(offset, size)`` of every length field of a protobuf message, nested messages included."""
     end = len(data) if end is None else end
@@ -775,7 +767,7 @@ def mutate_caffemodel(data: bytes, change) -> bytes:
         at, size = lengths[edit[1] % len(lengths)]
         old, _ = _read_varint(data, at, len(data))
         new = {"one less": max(old - 1, 0), "one more": old + 1}.get(edit[2], edit[2])
-        data = data[:at] + _varint(new) + data[at + size:]
+        data = data[:at] + varint(new) + data[at + size:]
     return data
 
 
