@@ -48,9 +48,9 @@ def _data(spark, rows: int):
     return spark.sparkContext.parallelize(parts, 2).flatMap(lambda p: p).cache()
 
 
-def engine_overhead(spark, data, engine: str, rounds: int, warmup: int, tau: int) -> dict:
+def engine_overhead(spark, data, engine: str, rounds: int, warmup: int, tau: int, transport: str = "socket") -> dict:
     from sparknet import DistributedConfig, SolverConfig, WorkerConfig, zoo
-    from sparknet.spark import SparkTrainer
+    from sparknet.spark import EngineOptions, SparkTrainer
 
     records, floors = [], []
     probe = spark.sparkContext.parallelize(range(2), 2).cache()
@@ -65,12 +65,13 @@ def engine_overhead(spark, data, engine: str, rounds: int, warmup: int, tau: int
 
     trainer = SparkTrainer(zoo.lenet(), WorkerConfig(solver=SolverConfig(base_lr=0.01), batch_size=64, threads=1),
                            DistributedConfig(workers=2, engine=engine, tau=tau, rounds=rounds + warmup),
-                           spark=spark, on_round=on_round)
+                           spark=spark, on_round=on_round, options=EngineOptions(rounds_transport=transport))
     result = trainer.fit(data)
     kept = records[warmup:]
     overhead = [r["round_s"] - r["compute_s"] for r in kept]
     out = {
         "engine": engine, "rounds_measured": len(kept), "tau": tau,
+        "rounds_transport": result.summary.get("rounds_transport"),
         "weights_bytes": result.weights.nbytes,
         "overhead_s_median": statistics.median(overhead),
         "overhead_s_p10": sorted(overhead)[len(overhead) // 10],
@@ -97,6 +98,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--tau", type=int, default=2)
     ap.add_argument("--rows", type=int, default=2048, help="training rows (two partitions)")
     ap.add_argument("--engines", default="rounds,barrier")
+    ap.add_argument("--transport", default="socket", choices=["socket", "spark"],
+                    help="how the rounds engine moves weights and updates (EngineOptions.rounds_transport)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "spark_overhead.json"))
     args = ap.parse_args(argv)
 
@@ -114,7 +117,8 @@ def main(argv=None) -> dict:
             "engines": {},
         }
         for engine in args.engines.split(","):
-            results["engines"][engine] = engine_overhead(spark, data, engine, args.rounds, args.warmup, args.tau)
+            results["engines"][engine] = engine_overhead(spark, data, engine, args.rounds, args.warmup, args.tau,
+                                                          args.transport)
     finally:
         spark.stop()
         load.stop()

@@ -1,8 +1,8 @@
 """The bounds a ZeroMQ socket listening on the driver puts on its peers before it reads a byte of theirs.
 
-Two driver sockets face the cluster network: the parameter server's ROUTER
-(:mod:`sparknet.ps.server`) and the barrier engine's metrics PULL (:mod:`sparknet.spark._channel`).
-Both are set up here, the same way:
+Three driver sockets face the cluster network: the parameter server's ROUTER
+(:mod:`sparknet.ps.server`), the barrier engine's metrics PULL (:mod:`sparknet.spark._channel`) and the
+rounds engine's relay ROUTER (:mod:`sparknet.spark._relay`). All are set up here, the same way:
 
 - **CurveZMQ** (X25519 key exchange, then XSalsa20-Poly1305 on every frame). The driver makes a
   server keypair and one client keypair per server; the workers get the client keypair and the

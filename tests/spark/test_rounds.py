@@ -81,18 +81,65 @@ def test_tau_one_plain_sgd_round_equals_one_large_batch_step(spark):
     assert torch.allclose(_flat(result), big.get_flat(), atol=1e-6, rtol=1e-5)
 
 
-def test_nine_workers_on_two_slots_tree_aggregate_and_state_that_follows_its_partition(spark):
-    # K > 8 aggregates in a tree (depth 2); nine partitions share two Python workers, so a
-    # round often finds a partition in another process than last time: its momentum must follow
+@pytest.mark.parametrize("transport", ["socket", "spark"])
+def test_nine_workers_on_two_slots_and_state_that_follows_its_partition(spark, transport):
+    # through Spark, K > 8 aggregates in a tree (depth 2); through the driver's socket, the driver sums the
+    # nine updates; nine partitions share two Python workers, so a round often finds a partition in another
+    # process than last time: its momentum must follow (and a prefetched message must be the round's)
     x, y = blobs(54, seed=5)
     parts = [(x[i * 6:(i + 1) * 6], y[i * 6:(i + 1) * 6]) for i in range(9)]
     solver = SolverConfig(base_lr=0.05, momentum=0.9)
     result = SparkTrainer(mlp(), WorkerConfig(solver=solver, batch_size=4, seed=1),
-                          dist=DistributedConfig(workers=9, engine="rounds", tau=2, rounds=2)
+                          dist=DistributedConfig(workers=9, engine="rounds", tau=2, rounds=2),
+                          options=EngineOptions(rounds_transport=transport)
                           ).fit(partitioned_rdd(spark.sparkContext, parts))
+    assert result.summary["rounds_transport"] == transport
     expected = hand_rounds(mlp(), solver, parts, batch_size=4, seed=1, tau=2, rounds=2)
     assert torch.allclose(_flat(result), expected, atol=1e-5, rtol=1e-5)
     assert [w["index"] for w in result.history[-1]["per_worker"]] == list(range(9))
+
+
+def _fit_three_rounds(spark, transport: str, compression: str = "none"):
+    x, y = blobs(32, seed=1)
+    parts = [(x[:12], y[:12]), (x[12:], y[12:])]
+    solver = SolverConfig(base_lr=0.05, momentum=0.9)
+    return SparkTrainer(mlp(), WorkerConfig(solver=solver, batch_size=8, seed=3),
+                        dist=DistributedConfig(workers=2, engine="rounds", tau=3, rounds=3, compression=compression),
+                        options=EngineOptions(rounds_transport=transport)
+                        ).fit(partitioned_rdd(spark.sparkContext, parts))
+
+
+@pytest.mark.parametrize("compression", ["none", "int8"])
+def test_weights_through_the_drivers_socket_are_bit_identical_to_sparks_broadcasts(spark, compression):
+    results = {t: _fit_three_rounds(spark, t, compression) for t in ("spark", "socket")}
+    assert {t: r.summary["rounds_transport"] for t, r in results.items()} == {"spark": "spark", "socket": "socket"}
+    assert torch.equal(_flat(results["spark"]), _flat(results["socket"]))
+    assert [r["bytes"] for r in results["spark"].history] == [r["bytes"] for r in results["socket"].history]
+
+
+def test_a_driver_socket_the_tasks_cannot_reach_falls_back_to_spark_for_the_rest_of_the_fit(spark, monkeypatch,
+                                                                                           caplog):
+    import zmq
+
+    from sparknet.spark import _rounds_exchange
+    from sparknet.spark._relay import RelayAddress, RoundRelay
+
+    with zmq.Context() as ctx, ctx.socket(zmq.ROUTER) as sock:  # a port nothing listens on
+        port = sock.bind_to_random_port("tcp://127.0.0.1")
+        sock.unbind(f"tcp://127.0.0.1:{port}")
+
+    class Firewalled(RoundRelay):  # what executors behind a firewall see: an address they cannot reach
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.address = RelayAddress(f"tcp://127.0.0.1:{port}", self.address.keys, reach_s=1.0)
+
+    monkeypatch.setattr(_rounds_exchange, "RoundRelay", Firewalled)
+    with caplog.at_level("WARNING", logger="sparknet.spark._rounds_exchange"):
+        fell_back = _fit_three_rounds(spark, "socket")
+    assert fell_back.summary["rounds_transport"] == "spark"
+    assert any("could not reach the driver's socket" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    assert torch.equal(_flat(fell_back), _flat(_fit_three_rounds(spark, "spark")))
 
 
 def test_stopping_rules_steps_epochs_and_target(spark):

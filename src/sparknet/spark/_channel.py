@@ -86,12 +86,12 @@ def encode_tree(obj) -> bytes:
     return len(skeleton).to_bytes(8, "little") + skeleton + save(tensors)
 
 
-def decode_tree(data: bytes):
+def decode_tree(data: bytes | memoryview):
     """What :func:`encode_tree` wrote (lists come back as lists, tensors as CPU tensors)."""
     from safetensors.torch import load
 
     n = int.from_bytes(data[:8], "little")
-    skeleton = json.loads(data[8:8 + n].decode("utf-8"))
+    skeleton = json.loads(bytes(data[8:8 + n]).decode("utf-8"))
     tensors = load(bytes(data[8 + n:]))
 
     def walk(v):

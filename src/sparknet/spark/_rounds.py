@@ -8,8 +8,13 @@ One fit runs these Spark jobs (the driver side is :mod:`sparknet.spark.trainer`)
    directory). Its blocks stay on the executor that wrote the files, so Spark schedules every
    later round of that partition there.
 2. **rounds** — ``staged.mapPartitionsWithIndex(run_round)``: a task reads only the small
-   record and returns its sample-weighted delta already folded (:func:`fold`); the driver sums
-   the K partials (``treeAggregate`` of depth 2 past 8 workers). The task's
+   record, fetches the round's weights from the driver's relay (:mod:`sparknet.spark._relay`;
+   usually already there: its Python worker asked for them when its last task ended), trains, puts
+   its delta in the relay and returns a small report naming its task attempt; the driver reads the
+   deltas in partition order and sums them as :func:`fold` would have. Through Spark instead
+   (``rounds_transport="spark"``, or once a task could not reach the relay) the weights are a
+   broadcast and the task returns its sample-weighted delta already folded; the driver sums the K
+   partials (``treeAggregate`` of depth 2 past 8 workers). The task's
    :class:`Net` comes from a process-global cache keyed by
    (fit id, partition); on a miss (another Python worker of the same machine, a restarted one)
    the row file is memory-mapped, so every process on the machine shares one copy of the data and
@@ -63,7 +68,9 @@ from sparknet.loop import RoundPlan, finite_update, round_seed, seed_draws, work
 from sparknet.net import Net
 from sparknet.config import WorkerConfig
 from sparknet.rowfile import DEFAULT_BUFFER_BYTES, RowFile
+from sparknet.spark._channel import encode_tree
 from sparknet.spark._data import write_chunks
+from sparknet.spark._relay import RelayUnreachable, relay_client
 from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_compressor
 from sparknet.task import Task
 
@@ -106,6 +113,9 @@ class WorkerSpec:
     model_parallel: Any = None
     """A :class:`~sparknet.parallel.runner.ModelParallelJob`: the barrier engine's tasks train the net split across
     them (:func:`~sparknet.parallel.runner.run_rank`) instead of a whole copy each."""
+    relay: Any = None
+    """The rounds engine's :class:`~sparknet.spark._relay.RelayAddress`: where the tasks fetch the round's weights
+    and put their updates (``None``: through Spark's broadcasts and task results)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +133,9 @@ class RoundTask:
     held: bool = False
     """The driver holds every worker's state of the previous round: a task that finds no saved state on its
     machine (its partition moved to another host) asks for it instead of starting its solver afresh."""
+    relayed: bool = False
+    """The weights come from, and the update goes to, the driver's relay (``WorkerSpec.relay``), not the round's
+    broadcast and the task's result."""
 
 
 class WorkerStatus(str, enum.Enum):
@@ -138,6 +151,8 @@ class WorkerStatus(str, enum.Enum):
     """Its process lost the weights a compressed message is relative to: the driver resends them whole."""
     NEED_STATE = "need_state"
     """Its machine has not the worker's state of the previous round: the driver sends the one it holds."""
+    UNREACHABLE = "unreachable"
+    """Its task could not reach the driver's relay: the driver reruns it through Spark's broadcast."""
 
 
 @dataclass(frozen=True)
@@ -171,6 +186,11 @@ class WorkerReport:
     """Peak resident memory of the Python worker that ran the task, in MiB (its whole life so far)."""
     worker_state: dict | None = field(default=None, repr=False)
     """The worker's state (:func:`export_worker_state`) on checkpoint rounds."""
+    relay_attempt: int | None = None
+    """Spark's task attempt id under which the update was put in the driver's relay (``None``: it travels in
+    this result, or there is none)."""
+    state_attempt: int | None = None
+    """The same for the worker's state (``None``: it travels in :attr:`worker_state`, or is not sent)."""
 
     @property
     def trained(self) -> bool:
@@ -205,6 +225,19 @@ class Partial:
     """Σ samples · loss of those updates."""
     workers: tuple[WorkerReport, ...]
     encoded: tuple[tuple[int, int, np.ndarray], ...] = ()
+    relayed: tuple[tuple[int, int, int], ...] = ()
+    """``(index, samples, attempt)`` of updates waiting in the driver's relay (:meth:`resolved` fetches them)."""
+
+    def resolved(self, take) -> Partial:
+        """This one worker's aggregate with its relayed update fetched: ``take(index, attempt, samples)`` gives
+        ``delta * float32(samples)`` (uncompressed) or the encoded bytes, as the task would have folded them."""
+        if not self.relayed:
+            return self
+        (index, n, attempt), = self.relayed
+        got = take(index, attempt, n)
+        if got.dtype == np.float32:
+            return replace(self, wsum=got, relayed=())
+        return replace(self, encoded=((index, n, got),), relayed=())
 
     def without(self, status: WorkerStatus) -> Partial:
         """This aggregate less the reports of that status (they sent no update)."""
@@ -458,14 +491,15 @@ def _save_state(entry: _Entry, index: int, round_index: int) -> None:
     entry.version = round_index
 
 
-def _attempt() -> int:
+def _attempt() -> tuple[int, int]:
+    """Spark's attempt number of this task (0: the first) and its attempt id (unique in the application)."""
     try:
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
-        return ctx.attemptNumber() if ctx is not None else 0
+        return (ctx.attemptNumber(), ctx.taskAttemptId()) if ctx is not None else (0, 0)
     except Exception:  # pragma: no cover
-        return 0
+        return 0, 0
 
 
 Update = tuple[WorkerReport, np.ndarray | None, np.ndarray | None]
@@ -475,7 +509,8 @@ Update = tuple[WorkerReport, np.ndarray | None, np.ndarray | None]
 def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict | None, chunks=None,
                  states_bc=None) -> Update:
     t_task = time.perf_counter()
-    report = WorkerReport(index=index, host=socket.gethostname(), pid=os.getpid(), attempt=_attempt())
+    attempt, attempt_id = _attempt()
+    report = WorkerReport(index=index, host=socket.gethostname(), pid=os.getpid(), attempt=attempt)
     if record is not None and record["rows"] == 0:
         for _ in chunks or ():
             pass
@@ -518,9 +553,19 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
         if compressed and not task.full and entry.state.extra.get("seen_round", -1) != round_index - 1:
             # this process has not the weights the round's message is relative to (its state was lost)
             return replace(report, status=WorkerStatus.NEED_FULL, task_s=time.perf_counter() - t_task), None, None
+        client = None
+        if task.relayed:  # the round's weights from the driver's socket, before anything of the round is done
+            client = relay_client(spec.relay)
+            try:
+                message = client.get(round_index, "full" if task.full else "message")
+            except RelayUnreachable as exc:
+                log.warning("partition %d: %s; the driver sends the weights through Spark instead", index, exc)
+                return replace(report, status=WorkerStatus.UNREACHABLE,
+                               task_s=time.perf_counter() - t_task), None, None
+        else:
+            message = np.asarray(weights_bc.value)
         entry.version = -2  # in the middle of a round: a retry in this process must reload the saved state
         net, strategy = entry.net, spec.strategy
-        message = np.asarray(weights_bc.value)
         if spec.link is not None:  # the broadcast weights (or the round's message), down
             link_s += spec.link.wait(message.nbytes)
         if compressed:
@@ -539,7 +584,20 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
         encoded = None
         if compressed and finite:  # the error-feedback residual is worker state: saved with the round
             encoded = make_compressor(spec.compression).encode(delta, entry.state).numpy()
-        _save_state(entry, index, round_index)
+        if client is not None and finite:  # the update to the driver's socket; the result names this attempt
+            received = client.put(round_index, index, attempt_id, encoded if compressed else delta.numpy())
+        state_put = None
+        if client is not None and task.send_state:  # the driver holds it, or writes it in a checkpoint
+            state = encode_tree(export_worker_state(net, entry.state, copy_tensors=False))
+            if spec.relay.state_bytes is not None and len(state) <= spec.relay.state_bytes:
+                state_put = client.put(round_index, index, attempt_id, state, kind="state")
+        _save_state(entry, index, round_index)  # while the update travels
+        if client is not None and finite:
+            received()
+        if state_put is not None:
+            state_put()
+        if client is not None and not task.plan.last:
+            client.prefetch(round_index + 1)
     except BaseException:
         _CACHE.pop(key, None)  # half a round of solver state must not leak into the retry
         raise
@@ -552,11 +610,16 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
                      gpu_addresses=None if gpus is None else tuple(gpus), device_reason=info.get("device_reason"),
                      link_s=link_s if spec.link is not None else None,
                      sent_bytes=None if encoded is None else int(encoded.nbytes), peak_rss_mb=_peak_rss_mb(),
-                     worker_state=export_worker_state(net, entry.state) if task.send_state else None,
+                     worker_state=export_worker_state(net, entry.state) if task.send_state and state_put is None
+                     else None,
+                     relay_attempt=attempt_id if client is not None and finite else None,
+                     state_attempt=attempt_id if state_put is not None else None,
                      task_s=time.perf_counter() - t_task)
     if not finite:
         log.warning("partition %d: loss or weights became NaN/Inf in round %d; left out of the average",
                     index, round_index)
+    if client is not None:
+        return report, None, None
     return report, delta.numpy().astype(np.float32, copy=False) if finite and not compressed else None, encoded
 
 
@@ -618,10 +681,12 @@ def run_round_from_chunks(spec_bc, weights_bc, task: RoundTask, states_bc=None):
 # -- aggregation --------------------------------------------------------------------------------
 def _partial(update: Update) -> Partial:
     report, delta, encoded = update
-    n = report.samples if delta is not None or encoded is not None else 0
+    relayed = report.relay_attempt is not None
+    n = report.samples if delta is not None or encoded is not None or relayed else 0
     return Partial(wsum=None if delta is None or n == 0 else delta * np.float32(n), samples=n,
                    loss_sum=report.loss * n if n else 0.0, workers=(report,),
-                   encoded=((report.index, n, encoded),) if encoded is not None and n else ())
+                   encoded=((report.index, n, encoded),) if encoded is not None and n else (),
+                   relayed=((report.index, n, report.relay_attempt),) if relayed and n else ())
 
 
 def combine(a: Partial | None, b: Partial | None) -> Partial | None:
@@ -637,7 +702,7 @@ def combine(a: Partial | None, b: Partial | None) -> Partial | None:
     else:
         wsum = a.wsum.astype(np.float64) + b.wsum
     return Partial(wsum=wsum, samples=a.samples + b.samples, loss_sum=a.loss_sum + b.loss_sum,
-                   workers=a.workers + b.workers, encoded=a.encoded + b.encoded)
+                   workers=a.workers + b.workers, encoded=a.encoded + b.encoded, relayed=a.relayed + b.relayed)
 
 
 def decode_updates(encs: list, compression: str, numel: int) -> np.ndarray:

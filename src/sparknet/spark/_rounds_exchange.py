@@ -1,11 +1,14 @@
 """Driver side of the rounds engine: one Spark job per round is the round loop's exchange.
 
-Each round (:meth:`SparkRoundsExchange.run_round`): the global weights go out as one broadcast
-buffer (or, with compression, as the round's :class:`~sparknet.strategies.Downlink` message),
-every partition's task runs its local steps (:mod:`sparknet.spark._rounds`, the executor
-side) and returns its sample-weighted delta already folded, and the driver sums the K partials
-(``treeAggregate`` of depth 2 past 8 workers; compressed updates are decoded here, in worker
-order). A partition whose staged files are not where Spark ran it is rerun from the persisted
+Each round (:meth:`SparkRoundsExchange.run_round`): the global weights (or, with compression, the
+round's :class:`~sparknet.strategies.Downlink` message) are published in the fit's relay, a socket on
+the driver (:mod:`sparknet.spark._relay`), every partition's task fetches them, runs its local steps
+(:mod:`sparknet.spark._rounds`, the executor side) and puts its update back there, and the driver sums
+the updates in partition order (compressed ones are decoded here, in worker order), bit for bit as
+it sums them when they travel through Spark: a broadcast down and each task's sample-weighted delta,
+already folded, in its result (``treeAggregate`` of depth 2 past 8 workers), which is what
+``EngineOptions.rounds_transport="spark"`` asks for and what a fit falls back to when a task cannot
+reach the relay. A partition whose staged files are not where Spark ran it is rerun from the persisted
 chunks; a worker whose process lost the weights a compressed message is relative to gets them
 in full. A watchdog cancels the round's job past its deadline. What the loop does with the sum
 is :func:`sparknet.loop.run_rounds`'s business.
@@ -26,6 +29,9 @@ from sparknet._enums import CompressionKind, parse_enum
 from sparknet.errors import DeadlineExceeded
 from sparknet.loop import Exchange, NetScorer, Progress, RoundPlan, RoundUpdate, WeightAverage, run_rounds
 from sparknet.spark._backend import Watchdog, default_round_deadline, job_group, spark_call, task_slots
+from sparknet.spark._channel import decode_tree
+from sparknet.spark._relay import RoundRelay
+from sparknet.spark._session import is_local_master
 from sparknet.spark._rounds import (Partial, RoundTask, WorkerStatus, combine, decode_updates, run_round,
                                     run_round_from_chunks)
 from sparknet.stopping import StopRule
@@ -71,6 +77,9 @@ class SparkRoundsExchange(Exchange):
     elastic_after_s : float, optional
         With ``hold_states``: seconds the cluster may have fewer task slots than workers before a round
         trains only as many workers as there are slots, in turn (``None``: never).
+    relay : RoundRelay, optional
+        The driver's socket the weights and updates travel through (:mod:`sparknet.spark._relay`; the spec's
+        ``relay`` is its address); ``None``, or once a task could not reach it: Spark's broadcasts and results.
     """
 
     engine = "rounds"
@@ -78,7 +87,7 @@ class SparkRoundsExchange(Exchange):
     def __init__(self, sc, group: str, staged, chunks, spec_bc, *, workers: int, compression: str, driver_net,
                  broadcasts: list, round_timeout_s: float | None = None, link=None, checkpoint=None,
                  wants_state=None, downlink_state: dict | None = None, hold_states: bool = False,
-                 elastic_after_s: float | None = None):
+                 elastic_after_s: float | None = None, relay=None):
         self.sc, self.group, self.staged, self.chunks, self.spec_bc = sc, group, staged, chunks, spec_bc
         self.workers, self.driver_net, self.broadcasts = workers, driver_net, broadcasts
         self.compression = parse_enum(CompressionKind, compression, "compression")
@@ -105,6 +114,7 @@ class SparkRoundsExchange(Exchange):
         self._stale: set[int] = set()  # workers left out of a round since they last trained
         self._misplaced = False  # Spark ran partitions away from their staged copies in the last round
         self.elastic_rounds = 0
+        self.relay = relay
         self.latest: torch.Tensor | None = None
         """The newest global weights (after the last round)."""
 
@@ -119,7 +129,12 @@ class SparkRoundsExchange(Exchange):
             self._misplaced = False
         active = self._elastic_workers(r)
         message = global_flat.numpy() if down is None else down.message(global_flat).numpy()
-        weights_bc = sc.broadcast(message)
+        weights_bc = None
+        if self.relay is not None:
+            self.relay.publish(r, message=message)
+            task = replace(task, relayed=True)
+        else:
+            weights_bc = sc.broadcast(message)
         deadline = self.round_timeout_s or default_round_deadline(self.slowest_step_s, plan.steps, plan.seconds)
         watchdog = Watchdog(sc, group, deadline)
         full = []
@@ -131,9 +146,20 @@ class SparkRoundsExchange(Exchange):
             with watchdog:
                 tasks = self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, task, states_bc))
                 if active is None:
-                    acc = self._aggregate(tasks)
+                    acc = self._aggregate(tasks, r)
                 else:
-                    acc = self._run_partitions(tasks, active)
+                    acc = self._run_partitions(tasks, active, r)
+                unreachable = sorted(w.index for w in acc.workers if w.status is WorkerStatus.UNREACHABLE)
+                if unreachable:  # nothing of the round was done there: the same tasks, through Spark
+                    log.warning("round %d: partitions %s could not reach the driver's socket at %s; the weights and "
+                                "updates go through Spark's broadcasts and task results from now on", r + 1,
+                                unreachable, self.relay.address.endpoint)
+                    self.relay.close()
+                    self.relay = None
+                    task = replace(task, relayed=False)
+                    weights_bc = sc.broadcast(message)
+                    again = self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, task, states_bc))
+                    acc = combine(acc.without(WorkerStatus.UNREACHABLE), self._run_partitions(again, unreachable, r))
                 for status, why in ((WorkerStatus.MISSING, "are not staged where Spark ran them"),
                                     (WorkerStatus.NEED_STATE, "moved to a host without their solver state")):
                     redo = sorted(w.index for w in acc.workers if w.status is status)
@@ -143,7 +169,7 @@ class SparkRoundsExchange(Exchange):
                                     redo, why, " with the state the driver holds" if self._held else "")
                         if states_bc is None and self._held is not None:
                             states_bc = sc.broadcast(self._held)
-                        acc = self._rerun(acc.without(status), weights_bc, task, redo, states_bc)
+                        acc = self._rerun(acc.without(status), weights_bc, task, redo, states_bc, r)
                         if status is WorkerStatus.MISSING and self.hold_states:
                             # the rerun went where the chunks are, not where Spark sent the task (a host
                             # back, or one whose executor was not ready when the partitions were staged
@@ -155,10 +181,14 @@ class SparkRoundsExchange(Exchange):
                 if full:  # their processes lost the weights the round's message is relative to
                     log.warning("round %d: workers %s lost their copy of the weights; sending them in full", r + 1,
                                 full)
-                    full_bc = sc.broadcast(down.seen.numpy())
-                    self.broadcasts.append(full_bc)
+                    full_bc = None
+                    if task.relayed:
+                        self.relay.publish(r, full=down.seen.numpy())
+                    else:
+                        full_bc = sc.broadcast(down.seen.numpy())
+                        self.broadcasts.append(full_bc)
                     acc = self._rerun(acc.without(WorkerStatus.NEED_FULL), full_bc, replace(task, full=True), full,
-                                      states_bc)
+                                      states_bc, r)
         except Exception as exc:
             if watchdog.fired:
                 raise DeadlineExceeded(f"round {r + 1} did not finish within round_timeout_s={deadline:g} s and was "
@@ -166,7 +196,8 @@ class SparkRoundsExchange(Exchange):
                                        "round_timeout_s") from exc
             raise
         finally:
-            weights_bc.destroy()
+            if weights_bc is not None:
+                weights_bc.destroy()
             if states_bc is not None:
                 states_bc.destroy()
         return self._update(r, acc, message, full, time.perf_counter() - t_round, active)
@@ -217,17 +248,35 @@ class SparkRoundsExchange(Exchange):
         self.staged.persist(level)
         self._stale = set(range(self.workers))  # a partition staged on a new host continues from the driver's state
 
-    def _run_partitions(self, tasks, partitions: list[int]) -> Partial:
-        return functools.reduce(combine, spark_call(self.sc.runJob, tasks, _identity, partitions), None)
+    def _sum(self, parts: list, r: int) -> Partial:
+        """The partitions' results summed in partition order, each relayed update fetched from the relay first (so
+        the sum is the one of the updates travelling in the results)."""
+        if self.relay is not None:
+            relay, scale = self.relay, self.down is None
 
-    def _aggregate(self, parts) -> Partial:
-        if self.workers > 8 and self.down is None:  # sum in a tree: K partial sums need not all reach the driver
-            return spark_call(parts.treeAggregate, None, combine, combine, 2)
-        return functools.reduce(combine, spark_call(parts.collect), None)  # compressed: decoded here only
+            def take(index, attempt, samples):
+                return relay.take(r, index, attempt, samples, scale=scale)
 
-    def _rerun(self, acc: Partial, weights_bc, task: RoundTask, partitions: list[int], states_bc=None) -> Partial:
+            def with_state(w):  # a worker's state that came through the relay
+                if w.state_attempt is None:
+                    return w
+                return replace(w, worker_state=decode_tree(relay.take_state(r, w.index, w.state_attempt)),
+                               state_attempt=None)
+
+            parts = [replace(p, workers=tuple(with_state(w) for w in p.workers)).resolved(take) for p in parts]
+        return functools.reduce(combine, parts, None)
+
+    def _run_partitions(self, tasks, partitions: list[int], r: int) -> Partial:
+        return self._sum(spark_call(self.sc.runJob, tasks, _identity, partitions), r)
+
+    def _aggregate(self, parts, r: int) -> Partial:
+        if self.workers > 8 and self.down is None and self.relay is None:
+            return spark_call(parts.treeAggregate, None, combine, combine, 2)  # K partial sums need not reach the driver
+        return self._sum(spark_call(parts.collect), r)  # relayed or compressed: summed or decoded here only  # relayed or compressed: summed or decoded here only
+
+    def _rerun(self, acc: Partial, weights_bc, task: RoundTask, partitions: list[int], states_bc, r: int) -> Partial:
         redo = self.chunks.mapPartitionsWithIndex(run_round_from_chunks(self.spec_bc, weights_bc, task, states_bc))
-        return combine(acc, self._run_partitions(redo, sorted(partitions)))
+        return combine(acc, self._run_partitions(redo, sorted(partitions), r))
 
     def _update(self, r: int, acc: Partial, message: np.ndarray, full: list[int], round_s: float,
                 active: list[int] | None) -> RoundUpdate:
@@ -318,6 +367,26 @@ def run_rounds_engine(trainer, sc, group: str, staged, chunks, spec, global_flat
     checkpoint writer, its ``on_round``); ``validation`` is evaluated on the driver, by ``driver_net``.
     Returns the final global weights, the round records and the engine's summary fields.
     """
+    relay = None
+    if trainer.options.rounds_transport == "socket":
+        host = "127.0.0.1" if is_local_master(sc.master) else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
+        numel = int(global_flat.numel())
+        compressed = parse_enum(CompressionKind, trainer.dist.compression, "compression") is not CompressionKind.NONE
+        # a worker's state: its solver's (a few copies of the weights) and strategy's, and its shuffle order (8 bytes a row)
+        state_bytes = 32 * numel + 8 * max(trainer._rows, default=0) + (1 << 20)
+        relay = RoundRelay(host, host, max_bytes=8 * numel + (1 << 20), update_bytes=None if compressed else 4 * numel,
+                           state_bytes=state_bytes)
+        spec = replace(spec, relay=relay.address)
+    try:
+        return _run(trainer, sc, group, staged, chunks, spec, global_flat, stop, driver_net, broadcasts, t_fit,
+                    checkpoints, resume, relay)
+    finally:
+        if relay is not None:
+            relay.close()
+
+
+def _run(trainer, sc, group, staged, chunks, spec, global_flat, stop, driver_net, broadcasts, t_fit, checkpoints,
+         resume, relay):
     spec_bc = sc.broadcast(trainer._pack(spec))
     broadcasts.append(spec_bc)
     auto = trainer._auto_tau(resume)
@@ -344,7 +413,7 @@ def run_rounds_engine(trainer, sc, group: str, staged, chunks, spec, global_flat
                                    link=trainer.link, checkpoint=checkpoint, wants_state=wants_state,
                                    downlink_state=None if resume is None else resume.get("downlink"),
                                    hold_states=trainer.options.holds_worker_state(sc.master),
-                                   elastic_after_s=trainer.options.elastic_after_s)
+                                   elastic_after_s=trainer.options.elastic_after_s, relay=relay)
     progress = Progress()
     if resume is not None:
         progress = Progress(round=resume["round"], steps_done=resume["steps_done"],
@@ -362,7 +431,8 @@ def run_rounds_engine(trainer, sc, group: str, staged, chunks, spec, global_flat
                                  evaluation=trainer.dist.evaluation(), on_record=on_record, t0=t_fit,
                                  average=average)
     return global_flat, history, {"rerun_partitions": exchange.rerun_partitions,
-                                  "elastic_rounds": exchange.elastic_rounds}
+                                  "elastic_rounds": exchange.elastic_rounds,
+                                  "rounds_transport": "spark" if exchange.relay is None else "socket"}
 
 
 def _identity(items):

@@ -103,6 +103,12 @@ class EngineOptions:
     Spark runs the K tasks in waves on the hosts left, and the weights are those of an undisturbed run.
     Needs the driver to hold the workers' states (:attr:`worker_state_on_driver`, on by default on a
     cluster)."""
+    rounds_transport: str = "socket"
+    """Rounds engine: how the weights and updates travel. ``socket``: through an authenticated socket on the
+    driver beside each round's Spark job (CurveZMQ, one key per fit; :mod:`sparknet.spark._relay`), so a round
+    costs little more than Spark's job; should a task not reach it (a firewall between the executors and the
+    driver), that fit goes on through Spark. ``spark``: through a broadcast and the task results, nothing
+    but Spark's own connections."""
     warmup_max_samples: int = 20_000
     """Most training rows collected to the driver for the warm-up steps."""
     warmup_max_bytes: int = 256 << 20
@@ -149,6 +155,8 @@ class EngineOptions:
         for name in ("warmup_max_samples", "warmup_max_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.rounds_transport not in ("socket", "spark"):
+            raise ValueError(f"rounds_transport must be 'socket' or 'spark', got {self.rounds_transport!r}")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be 0 or more, got {self.max_restarts}")
         if self.state_every_rounds < 1:
