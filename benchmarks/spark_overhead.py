@@ -2,11 +2,14 @@
 
     python benchmarks/spark_overhead.py                  # local[2], 25 rounds per engine, 5 warm-up
     python benchmarks/spark_overhead.py --master local-cluster[2,1,1024] --rounds 40
+    python benchmarks/spark_overhead.py --engines rounds --transport spark   # weights by broadcast, updates in results
+    sudo python scripts/netns_cluster.py --workers 2 -- \
+        python benchmarks/spark_overhead.py --master '$SPARKNET_MASTER' --engines rounds   # two worker hosts
 
 Overhead of a round = its wall time minus the longest worker's local training time
 (``round_s - compute_s`` in the round records): for the rounds engine that is the Spark job
-(broadcast of the weights, task launch, the deltas back to the driver, the strategy step on
-the driver); for the barrier engine the allreduce, the strategy step and the record sent to
+(task launch and results, the weights and deltas through the driver's relay socket, or through a
+broadcast and the task results with ``--transport spark``; the strategy step on the driver); for the barrier engine the allreduce, the strategy step and the record sent to
 the driver. Each engine trains LeNet (Listing 2) with K=2 workers, one thread each, tau=2,
 batch 64, on MNIST-shaped synthetic data; the first rounds warm the workers up and are left
 out, the median of the rest is reported. An empty Spark job is timed as well (before, and

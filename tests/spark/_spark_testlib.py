@@ -38,6 +38,18 @@ def start_session(master: str, extra: dict | None = None):
     return spark
 
 
+def stop_session(session, extra: dict | None = None) -> None:
+    """Stop a module's session and take its ``extra`` settings out of the JVM, which outlives it.
+
+    The first session of a test process starts the JVM with its settings as system properties, and every
+    later SparkContext in that JVM reads them: a GPU amount per task left behind by the local-cluster
+    module would keep every task of a later ``local[2]`` session waiting for a GPU that is not there."""
+    jvm = session.sparkContext._jvm
+    session.stop()
+    for key in extra or {}:
+        jvm.java.lang.System.clearProperty(key)
+
+
 def module_session(master: str = "local[2]", extra: dict | None = None):
     """A module-scoped ``spark`` fixture: one SparkSession for the module, stopped after its last test."""
     import pytest
@@ -46,7 +58,7 @@ def module_session(master: str = "local[2]", extra: dict | None = None):
     def spark():
         session = start_session(master, extra)
         yield session
-        session.stop()
+        stop_session(session, extra)
 
     return spark
 

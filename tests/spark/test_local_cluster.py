@@ -11,7 +11,7 @@ import stat
 import pytest
 import torch
 
-from _spark_testlib import blobs, hand_rounds, mlp, partitioned_rdd, regression_table, start_session
+from _spark_testlib import blobs, hand_rounds, mlp, partitioned_rdd, regression_table, start_session, stop_session
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
@@ -24,14 +24,15 @@ def spark(tmp_path_factory):
     script = tmp_path_factory.mktemp("gpu") / "discover_gpus.sh"
     script.write_text('#!/usr/bin/env bash\necho \'{"name":"gpu","addresses":["0","1"]}\'\n')
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    session = start_session("local-cluster[2,1,1024]", {
+    gpus = {
         "spark.worker.resource.gpu.amount": "2",
         "spark.worker.resource.gpu.discoveryScript": str(script),
         "spark.executor.resource.gpu.amount": "1",
         "spark.task.resource.gpu.amount": "1",
-    })
+    }
+    session = start_session("local-cluster[2,1,1024]", gpus)
     yield session
-    session.stop()
+    stop_session(session, gpus)
 
 
 def test_rounds_engine_averages_exactly_across_two_executors(spark):
