@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import zmq
 from zmq.utils import z85
 
-__all__ = ["ClientKeys", "ServerKeys", "Limits", "Gate", "LogThrottle", "guard_server", "connect_keys"]
+__all__ = ["ClientKeys", "ServerKeys", "Limits", "Gate", "LogThrottle", "guard_server", "bound_peers", "connect_keys"]
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 """Where libzmq asks a context's ZAP handler about each handshake (RFC 27)."""
@@ -111,16 +111,22 @@ class Limits:
 
 def guard_server(sock: zmq.Socket, keys: ServerKeys, *, max_frame: int, limits: Limits) -> None:
     """Set every bound on a listening socket (before it binds; its context's :class:`Gate` bound first)."""
-    sock.setsockopt(zmq.MAXMSGSIZE, int(max_frame))
-    sock.setsockopt(zmq.HANDSHAKE_IVL, round(limits.handshake_s * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_IVL, round(limits.heartbeat_s * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(limits.dead_after_s * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TTL, min(round(limits.dead_after_s * 1000), 6_553_500))  # the wire's most
+    bound_peers(sock, max_frame=max_frame, limits=limits)
     sock.setsockopt(zmq.CURVE_SERVER, 1)
     sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
     sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
     sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
     sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)  # no ZAP handler in the context: every handshake fails
+
+
+def bound_peers(sock: zmq.Socket, *, max_frame: int, limits: Limits) -> None:
+    """The bounds of :func:`guard_server` but CurveZMQ: for a socket only this machine's user can reach (an
+    ``ipc://`` endpoint in a folder of its own), where the file system says who may connect."""
+    sock.setsockopt(zmq.MAXMSGSIZE, int(max_frame))
+    sock.setsockopt(zmq.HANDSHAKE_IVL, round(limits.handshake_s * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_IVL, round(limits.heartbeat_s * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(limits.dead_after_s * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TTL, min(round(limits.dead_after_s * 1000), 6_553_500))  # the wire's most
 
 
 def connect_keys(sock: zmq.Socket, keys: ClientKeys) -> None:

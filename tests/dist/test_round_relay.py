@@ -9,6 +9,8 @@ cannot be reached is reported as such within the reach deadline.
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 
 import numpy as np
@@ -153,3 +155,22 @@ def test_a_relay_nobody_listens_on_is_reported_unreachable_within_the_reach_dead
         assert time.perf_counter() - t < 3.0
     finally:
         c.close()
+
+
+def test_a_local_relay_is_a_unix_socket_in_a_folder_only_its_user_can_open_removed_at_close():
+    """A local master's executors share the driver's machine: the relay listens on a Unix socket in a folder of
+    mode 0700 (the file system keeps other users out) and skips CurveZMQ's encryption."""
+    with RoundRelay("127.0.0.1", "127.0.0.1", max_bytes=8 * N, update_bytes=4 * N, limits=FAST, local=True) as relay:
+        assert relay.address.endpoint.startswith("ipc://") and relay.address.keys is None
+        folder = os.path.dirname(relay.address.endpoint[len("ipc://"):])
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
+        c = RelayClient(relay.address)
+        try:
+            weights = np.arange(N, dtype=np.float32)
+            relay.publish(0, message=weights)
+            assert np.array_equal(c.get(0), weights)
+            c.put(0, 0, 1, weights)()
+            assert np.array_equal(relay.take(0, 0, 1, 3, scale=True), weights * np.float32(3))
+        finally:
+            c.close()
+    assert not os.path.exists(folder)

@@ -26,13 +26,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 
 import numpy as np
 import zmq
 
-from sparknet._transport import ClientKeys, Gate, Limits, LogThrottle, ServerKeys, connect_keys, guard_server
+from sparknet._transport import (ClientKeys, Gate, Limits, LogThrottle, ServerKeys, bound_peers, connect_keys,
+                                 guard_server)
 from sparknet.spark._channel import _bracketed
 
 __all__ = ["RelayAddress", "RoundRelay", "RelayClient", "RelayUnreachable", "relay_client", "close_clients"]
@@ -56,7 +59,8 @@ class RelayUnreachable(ConnectionError):
 class RelayAddress:
     """Where a task finds the relay: its endpoint and the fit's client keys (pickled with the worker spec)."""
 
-    def __init__(self, endpoint: str, keys: ClientKeys, reach_s: float = 10.0, state_bytes: int | None = None):
+    def __init__(self, endpoint: str, keys: ClientKeys | None, reach_s: float = 10.0,
+                 state_bytes: int | None = None):
         self.endpoint, self.keys, self.reach_s = endpoint, keys, float(reach_s)
         self.state_bytes = state_bytes
         """The largest encoded worker state the relay takes (a bigger one travels in the task's result)."""
@@ -68,6 +72,10 @@ class RelayAddress:
 class RoundRelay:
     """Driver side: a ROUTER socket bound to ``bind_host`` on a free port, served by a thread of its own.
 
+    With ``local`` (every executor on this machine: a local master) it listens instead on a Unix socket in a
+    folder of its own that only this user can open, without CurveZMQ: the file system keeps other users out,
+    and the weights are not encrypted and decrypted twice a round on cores the workers train on.
+
     ``max_bytes`` is the largest update a task may send (the model's weights as float32 plus a little);
     ``update_bytes`` the exact size of an uncompressed update (``None``: compressed updates, of any size up to
     ``max_bytes``); ``state_bytes`` the largest worker state (:func:`~sparknet.spark._channel.encode_tree` bytes
@@ -75,8 +83,10 @@ class RoundRelay:
     """
 
     def __init__(self, bind_host: str, advertise_host: str, *, max_bytes: int, update_bytes: int | None,
-                 state_bytes: int | None = None, limits: Limits | None = None, reach_s: float = 10.0):
-        self._keys = ServerKeys.new()
+                 state_bytes: int | None = None, limits: Limits | None = None, reach_s: float = 10.0,
+                 local: bool = False):
+        self._keys = None if local else ServerKeys.new()
+        self._dir = None
         self._ctx = zmq.Context()
         self._gate = self._sock = None
         self._thread = None
@@ -93,15 +103,24 @@ class RoundRelay:
         self._throttle = LogThrottle(log, "relay requests refused")
         self.served = self.received = self.refused_requests = 0
         try:
-            self._gate = Gate(self._ctx, self._keys, log)
-            self._sock = self._ctx.socket(zmq.ROUTER)
-            self._sock.setsockopt(zmq.LINGER, 0)
-            self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)
-            guard_server(self._sock, self._keys, max_frame=frame + 4096, limits=limits or Limits.for_frame(frame))
-            self._sock.setsockopt(zmq.IPV6, int(":" in bind_host))
-            port = self._sock.bind_to_random_port(f"tcp://{_bracketed(bind_host)}")
-            self.address = RelayAddress(f"tcp://{_bracketed(advertise_host)}:{port}", self._keys.client, reach_s,
-                                        self._state_bytes)
+            limits = limits or Limits.for_frame(frame)
+            if local:
+                self._dir = tempfile.mkdtemp(prefix="sparknet-relay-")  # mode 0700: this user's alone
+                self._sock = self._ctx.socket(zmq.ROUTER)
+                self._sock.setsockopt(zmq.LINGER, 0)
+                bound_peers(self._sock, max_frame=frame + 4096, limits=limits)
+                endpoint = f"ipc://{self._dir}/relay"
+                self._sock.bind(endpoint)
+                self.address = RelayAddress(endpoint, None, reach_s, self._state_bytes)
+            else:
+                self._gate = Gate(self._ctx, self._keys, log)
+                self._sock = self._ctx.socket(zmq.ROUTER)
+                self._sock.setsockopt(zmq.LINGER, 0)
+                guard_server(self._sock, self._keys, max_frame=frame + 4096, limits=limits)
+                self._sock.setsockopt(zmq.IPV6, int(":" in bind_host))
+                port = self._sock.bind_to_random_port(f"tcp://{_bracketed(bind_host)}")
+                self.address = RelayAddress(f"tcp://{_bracketed(advertise_host)}:{port}", self._keys.client, reach_s,
+                                            self._state_bytes)
             pipe = f"inproc://sparknet-relay-wake-{id(self)}"
             self._wake_in = self._ctx.socket(zmq.PAIR)  # the serving thread's end
             self._wake_in.bind(pipe)
@@ -153,11 +172,13 @@ class RoundRelay:
     def _serve(self) -> None:
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._gate.socket, zmq.POLLIN)
+        if self._gate is not None:
+            poller.register(self._gate.socket, zmq.POLLIN)
         poller.register(self._wake_in, zmq.POLLIN)
         while not self._stop.is_set():
             ready = dict(poller.poll(100))
-            self._gate.serve()
+            if self._gate is not None:
+                self._gate.serve()
             if self._wake_in in ready:
                 while self._wake_in.poll(0):
                     self._wake_in.recv()
@@ -257,6 +278,9 @@ class RoundRelay:
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
         with self._lock:
             self._parked.clear()
             self._updates.clear()
@@ -287,7 +311,8 @@ class RelayClient:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.IPV6, 1)
-        connect_keys(sock, self.address.keys)
+        if self.address.keys is not None:  # None: a Unix socket on this machine (RoundRelay's ``local``)
+            connect_keys(sock, self.address.keys)
         sock.connect(self.address.endpoint)
         self._sock = sock
 

@@ -369,13 +369,14 @@ def run_rounds_engine(trainer, sc, group: str, staged, chunks, spec, global_flat
     """
     relay = None
     if trainer.options.rounds_transport == "socket":
-        host = "127.0.0.1" if is_local_master(sc.master) else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
+        local = is_local_master(sc.master)  # every executor on this machine: a Unix socket, no CurveZMQ
+        host = "127.0.0.1" if local else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
         numel = int(global_flat.numel())
         compressed = parse_enum(CompressionKind, trainer.dist.compression, "compression") is not CompressionKind.NONE
         # a worker's state: its solver's (a few copies of the weights) and strategy's, and its shuffle order (8 bytes a row)
         state_bytes = 32 * numel + 8 * max(trainer._rows, default=0) + (1 << 20)
         relay = RoundRelay(host, host, max_bytes=8 * numel + (1 << 20), update_bytes=None if compressed else 4 * numel,
-                           state_bytes=state_bytes)
+                           state_bytes=state_bytes, local=local)
         spec = replace(spec, relay=relay.address)
     try:
         return _run(trainer, sc, group, staged, chunks, spec, global_flat, stop, driver_net, broadcasts, t_fit,
