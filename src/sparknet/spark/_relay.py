@@ -16,7 +16,9 @@ job carries only the round's small records; the bytes go beside it:
 
 The socket has the bounds of :mod:`sparknet._transport` (CurveZMQ with one client key per fit, so a peer
 that passes the handshake belongs to this fit; the largest frame the model can need; handshake and
-heartbeat deadlines). Frames are JSON and raw array bytes, never pickles. A task that cannot reach the
+heartbeat deadlines). On a local master it is a Unix socket in a folder only the driver's user can open,
+without CurveZMQ: there the file system says who may connect, and encrypting the model four times a round
+on the cores the workers train on cost as much as the broadcast it replaces. Frames are JSON and raw array bytes, never pickles. A task that cannot reach the
 driver (a firewall between executors and the driver) says so in its result and the driver goes back to
 Spark's broadcasts and task results for the rest of the fit.
 """
