@@ -18,6 +18,7 @@ import argparse
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -41,6 +42,27 @@ def _run(cmd: list[str], env: dict, metrics: Path, timeout_s: float) -> dict:
                                                            "setup_s", "master")}}
 
 
+_EMPTY_JOB = ("import json, sys\n"
+              "from sparknet.spark import get_session\n"
+              "from sparknet.spark._backend import empty_job_s\n"
+              "spark = get_session(sys.argv[1])\n"
+              "try:\n"
+              "    print(json.dumps({'empty_job_s': empty_job_s(spark)}))\n"
+              "finally:\n"
+              "    spark.stop()\n")
+
+
+def _empty_job(cluster, timeout: float) -> dict:
+    """The median seconds of an empty Spark job on the rig (a fresh session, as a run's)."""
+    done = subprocess.run([sys.executable, "-c", _EMPTY_JOB, cluster.master], env=cluster.env(), capture_output=True,
+                          text=True, timeout=timeout)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    if done.returncode or not lines:
+        print(f"multihost_lenet: the empty-job probe failed: {done.stderr[-2000:]}", file=sys.stderr)
+        return {}
+    return json.loads(lines[-1])
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="300 steps and no target (a smoke run)")
@@ -60,13 +82,16 @@ def main(argv=None) -> int:
                                                str(one)], dict(os.environ), one, args.timeout)
         print(json.dumps(runs["one process, 2 threads"]), flush=True)
         with netns_cluster.NetnsCluster(workers=2, memory="2g") as cluster:
+            empty_job = _empty_job(cluster, args.timeout)  # the cluster's own job latency, for the cost model
+            print(json.dumps(empty_job), flush=True)
             for engine in ("rounds", "barrier"):
                 out = Path(tmp) / f"{engine}.jsonl"
                 cmd = [*train, "--workers", "2", "--master", cluster.master, "--engine", engine, "--tau", "50",
                        "--metrics-out", str(out)]
                 runs[f"2 hosts, {engine} engine"] = _run(cmd, cluster.env(), out, args.timeout)
                 print(json.dumps(runs[f"2 hosts, {engine} engine"]), flush=True)
-    report = {"benchmark": "multihost_lenet", "quick": args.quick, "cpu_count": os.cpu_count(), "runs": runs}
+    report = {"benchmark": "multihost_lenet", "quick": args.quick, "cpu_count": os.cpu_count(), **empty_job,
+              "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     return 0

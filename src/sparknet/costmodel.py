@@ -41,7 +41,9 @@ class Calibration:
     batch 64, one thread per worker, Spark local[2], Unix-socket Python workers)."""
 
     step_s: float = 0.0237
-    """One local step of one worker with a core to itself."""
+    """One local step of one worker with a core to itself (SGD with momentum)."""
+    solver_step: dict = field(default_factory=lambda: {"sgd": 1.0, "adamw": 1.15})
+    """A step of each local solver, relative to :attr:`step_s` (AdamW updates two moments a weight)."""
     cores: int = 2
     """Cores the workers share: K workers on fewer cores each run K / cores times slower."""
     threads_speedup: float = 1.67
@@ -90,6 +92,8 @@ class RunShape:
     """Validation rows scored per round on average (a full pass of 10,000 every round: 10,000)."""
     threads: int = 1
     """Torch threads of a one-process run (``engine="local"``)."""
+    solver: str = "sgd"
+    """The workers' local solver (its step time is :attr:`Calibration.solver_step` of it)."""
 
 
 def predict_round(shape: RunShape, cal: Calibration, link: LinkModel | None = None) -> dict:
@@ -97,13 +101,14 @@ def predict_round(shape: RunShape, cal: Calibration, link: LinkModel | None = No
     link = link or LinkModel()
     k, nbytes = shape.workers, int(shape.model_bytes or cal.model_bytes)
     scale = nbytes / cal.model_bytes  # compute and allreduce grow with the model
+    step_s = cal.step_s * cal.solver_step.get(shape.solver, 1.0)
     if shape.engine == "local":
         speedup = cal.threads_speedup if shape.threads >= cal.cores else 1.0
-        compute = shape.tau * cal.step_s * scale / speedup
+        compute = shape.tau * step_s * scale / speedup
         ev = shape.eval_rows * cal.eval_s_per_row / speedup
         return {"compute": compute, "sync": 0.0, "link": 0.0, "eval": ev, "total": compute + ev}
     share = max(1.0, k / cal.cores)
-    compute = shape.tau * cal.step_s * scale * share
+    compute = shape.tau * step_s * scale * share
     if shape.engine == "rounds":
         sync = cal.job_s + cal.job_s_per_worker * max(k - 2, 0)
         on_link = 2 * link.delay(nbytes * k)  # K weights down and K updates up cross the driver's link

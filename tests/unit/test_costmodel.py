@@ -38,6 +38,19 @@ def test_a_round_is_compute_sync_link_and_evaluation_and_the_link_costs_what_the
         predict_round(RunShape(engine="ring", workers=2, tau=1, steps=1), CAL)
 
 
+def test_a_solvers_step_and_a_clusters_own_job_latency_are_priced():
+    cal = Calibration(**{**CAL.to_dict(), "solver_step": {"sgd": 1.0, "adamw": 1.3}})
+    sgd = predict_round(RunShape(engine="barrier", workers=2, tau=50, steps=500), cal)
+    adamw = predict_round(RunShape(engine="barrier", workers=2, tau=50, steps=500, solver="adamw"), cal)
+    assert adamw["compute"] == pytest.approx(1.3 * sgd["compute"]) and adamw["sync"] == sgd["sync"]
+    shape = RunShape(engine="rounds", workers=2, tau=50, steps=500)
+    point = {"source": "x", "name": "two hosts", "shape": shape, "link": "free", "what": "in-round seconds",
+             "measured_s": 10.0, "with_eval": False}
+    here = check_point(point, cal)["predicted_s"]
+    there = check_point({**point, "job_s": 0.17}, cal)["predicted_s"]  # a cluster whose job takes 0.1 s longer
+    assert there - here == pytest.approx(10 * 0.1)  # ten rounds
+
+
 def test_a_run_is_setup_and_its_rounds_the_last_one_short():
     shape = RunShape(engine="barrier", workers=2, tau=50, steps=120)
     run = predict_run(shape, CAL)

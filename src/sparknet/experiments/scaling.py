@@ -105,21 +105,28 @@ def calibrate(spark=None, *, batch_size: int = 64, rows: int = 2048, steps: int 
     g = torch.Generator().manual_seed(0)
     x = torch.rand(rows, 1, 28, 28, generator=g)
     y = torch.randint(0, 10, (rows,), generator=g)
-    with torch_threads(1):
-        net = Net(zoo.lenet(batch_size=batch_size), make_solver("sgd", 0.01, 0.9, 5e-4), batch_size=batch_size)
+
+    def step_time(solver) -> float:
+        net = Net(zoo.lenet(batch_size=batch_size), solver, batch_size=batch_size)
         net.set_training_data((x, y))
-        net.set_validation_data((x, y))
         net.train(5)
         t = time.perf_counter()
         net.train(steps)
-        step_s = (time.perf_counter() - t) / steps
+        return (time.perf_counter() - t) / steps
+
+    with torch_threads(1):
+        step_s = step_time(make_solver("sgd", 0.01, 0.9, 5e-4))
+        adamw_s = step_time(make_solver("adamw", 0.001, 0.9, 1e-4))
+        net = Net(zoo.lenet(batch_size=batch_size), make_solver("sgd", 0.01, 0.9, 5e-4), batch_size=batch_size)
+        net.set_validation_data((x, y))
         net.evaluate()  # the first pass allocates
         t = time.perf_counter()
         for _ in range(3):
             net.evaluate()
         eval_s_per_row = (time.perf_counter() - t) / (3 * rows)
         model_bytes = net.get_flat().numel() * 4
-    values = {"step_s": step_s, "eval_s_per_row": eval_s_per_row, "model_bytes": model_bytes}
+    values = {"step_s": step_s, "solver_step": {"sgd": 1.0, "adamw": adamw_s / step_s}, "eval_s_per_row": eval_s_per_row,
+              "model_bytes": model_bytes}
     if spark is not None:
         from sparknet.spark._backend import empty_job_s
 
@@ -149,6 +156,8 @@ def measured_points(paths) -> list[dict]:
         for run in runs or []:
             point = _train_point(run, path.name)
             if point is not None:
+                if data.get("empty_job_s") and "--master" in run.get("command", ""):  # that cluster's own latency
+                    point["job_s"] = data["empty_job_s"] * JOB_OVER_EMPTY
                 points.append(point)
     return points
 
@@ -179,7 +188,8 @@ def _slow_network_points(data: dict, source: str) -> list[dict]:
         link = run["link"]
         strategy = "sync" if run["strategy"] == "sync" else "average"
         shape = RunShape(engine=run["engine"], workers=int(data["workers"]), tau=int(cfg["tau"]),
-                         steps=int(run["steps_to_target"]), strategy=strategy, eval_rows=10_000.0)
+                         steps=int(run["steps_to_target"]), strategy=strategy, eval_rows=10_000.0,
+                         solver="adamw" if run["strategy"] == "diloco" else "sgd")  # DiLoCo's inner AdamW
         model = LinkModel(latency_s=link["latency_s"], bandwidth_bits_per_s=link["bandwidth_bits_per_s"])
         points.append({"source": source, "name": f"{run['scheme']} over {link['label']}", "shape": shape,
                        "link": model, "what": "training seconds, evaluations included",
@@ -191,6 +201,8 @@ def check_point(point: dict, cal: Calibration) -> dict:
     """The model's seconds for one measured point, and its relative error."""
     link = point["link"] if isinstance(point["link"], LinkModel) else parse_link(point["link"])
     shape = point["shape"] if point["with_eval"] else replace(point["shape"], eval_rows=0.0)
+    if point.get("job_s"):  # the Spark job latency measured on the run's own cluster
+        cal = replace(cal, job_s=point["job_s"])
     predicted = predict_run(shape, cal, link)["in_rounds"]
     error = predicted / point["measured_s"] - 1.0
     return {"source": point["source"], "name": point["name"], "engine": shape.engine, "workers": shape.workers,
