@@ -101,3 +101,16 @@ def test_the_scaling_experiment_writes_its_checks_predictions_and_plot(tmp_path)
     assert all(slow[e]["time_to_target_s"] > free[e]["time_to_target_s"] for e in slow)
     assert not slow["barrier"]["steps_measured"] and math.isfinite(slow["barrier"]["time_to_target_s"])
     assert (tmp_path / "scaling.png").stat().st_size > 10_000
+
+
+def test_a_result_file_with_its_own_constants_and_job_latency_is_priced_with_them(tmp_path):
+    run = {"command": "sparknet train --workers 2 --master spark://h:7077 --engine rounds --tau 50",
+           "summary": {"samples_per_s": 1000.0, "steps": 500}}
+    path = tmp_path / "multihost.json"
+    path.write_text(json.dumps({"benchmark": "multihost_lenet", "empty_job_s": 0.2,
+                                "calibration": {"step_s": 0.04, "eval_s_per_row": 2e-4}, "runs": {"r": run}}))
+    (point,) = measured_points([path])
+    assert point["job_s"] == pytest.approx(0.2 * 1.2) and point["calibration"]["step_s"] == 0.04
+    checked = check_point(point, CAL)  # CAL's own step (0.02) and job (0.07) are not used for this point
+    rounds = 10
+    assert checked["predicted_s"] == pytest.approx(rounds * (50 * 0.04 + 0.24))

@@ -47,7 +47,7 @@ STEPS_TO_98_5 = {(2, 10): 650, (2, 50): 700, (2, 200): 600, (4, 10): 450, (4, 50
 """Local steps per worker for LeNet (SGD, lr 0.05, momentum 0.9, batch 64, averaging) to reach 98.5% on
 MNIST in the simulator (benchmarks/results/strategies.json, evaluated every 50 steps or every round)."""
 
-DEFAULT_MEASURED = ("benchmarks/results/time_to_99.json", "benchmarks/results/multihost_lenet.json",
+DEFAULT_MEASURED = ("benchmarks/results/time_to_99.json", "benchmarks/results/multihost_lenet_relay.json",
                     "benchmarks/results/quick_start.json", "docs/figures/slow-network.json")
 
 
@@ -69,6 +69,10 @@ class Config:
     """Measure an empty Spark job's latency on local[2] (else the calibration's default)."""
     tolerance: float = 0.15
     """The largest relative error a check passes with."""
+    calibration: str | None = None
+    """A scaling.json whose calibration is used instead of this machine's now (the measured points were taken
+    on the day it was measured; a machine's step time drifts between days). Its solver ratios, if it has none,
+    are measured here: a ratio of two steps moves less than either."""
 
     def __post_init__(self):
         self.workers = tuple(int(k) for k in self.workers)
@@ -158,6 +162,8 @@ def measured_points(paths) -> list[dict]:
             if point is not None:
                 if data.get("empty_job_s") and "--master" in run.get("command", ""):  # that cluster's own latency
                     point["job_s"] = data["empty_job_s"] * JOB_OVER_EMPTY
+                if data.get("calibration"):  # the machine's step and evaluation on the day the runs were taken
+                    point["calibration"] = data["calibration"]
                 points.append(point)
     return points
 
@@ -201,6 +207,8 @@ def check_point(point: dict, cal: Calibration) -> dict:
     """The model's seconds for one measured point, and its relative error."""
     link = point["link"] if isinstance(point["link"], LinkModel) else parse_link(point["link"])
     shape = point["shape"] if point["with_eval"] else replace(point["shape"], eval_rows=0.0)
+    if point.get("calibration"):  # the constants its benchmark measured beside it
+        cal = replace(cal, **point["calibration"])
     if point.get("job_s"):  # the Spark job latency measured on the run's own cluster
         cal = replace(cal, job_s=point["job_s"])
     predicted = predict_run(shape, cal, link)["in_rounds"]
@@ -223,6 +231,11 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
     finally:
         if spark is not None:
             spark.stop()
+    here = cal
+    if config.calibration:
+        stored = json.loads(Path(config.calibration).read_text())["calibration"]
+        cal = Calibration(**{**stored, "solver_step": stored.get("solver_step") or here.solver_step})
+        log.info("scaling: this machine now %s; using %s's", here.to_dict(), config.calibration)
     log.info("scaling: calibration %s", cal.to_dict())
     checks = [check_point(p, cal) for p in measured_points(config.measured)]
     for c in checks:
@@ -247,7 +260,8 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
                                             "time_to_target_s": p["command"], "in_rounds_s": p["in_rounds"],
                                             "round": p["round"]})
     worst = max((abs(c["error"]) for c in checks), default=None)
-    return {"calibration": cal.to_dict(), "checks": checks, "worst_error": worst,
+    return {"calibration": cal.to_dict(), "calibration_from": config.calibration, "measured_here": here.to_dict(),
+            "checks": checks, "worst_error": worst,
             "within_tolerance": None if worst is None else worst <= config.tolerance,
             "steps_to_target_fit": {"a": a, "b": b, "target": 0.985, "measured": {f"{k},{t}": v for (k, t), v in
                                                                                  STEPS_TO_98_5.items()}},
