@@ -40,7 +40,7 @@ from sparknet._transport import (ClientKeys, Gate, Limits, LogThrottle, ServerKe
                                  guard_server)
 from sparknet.spark._channel import _bracketed
 
-__all__ = ["RelayAddress", "RoundRelay", "RelayClient", "RelayUnreachable", "relay_client", "close_clients"]
+__all__ = ["RelayAddress", "RoundRelay", "RelayClient", "RelayUnreachable", "relay_client"]
 
 log = logging.getLogger(__name__)
 
@@ -328,8 +328,8 @@ class RelayClient:
             return self._nonce, frames  # not connected yet: the caller's wait sends them
         return self._nonce, None
 
-    def _request(self, frames: list, nbytes: int, timeout_s: float | None = None, nonce: int | None = None):
-        deadline_s = timeout_s if timeout_s is not None else 60.0 + nbytes / _SLOWEST_LINK
+    def _request(self, frames: list | None, nbytes: int, nonce: int | None = None):
+        deadline_s = 60.0 + nbytes / _SLOWEST_LINK
         if not self._reached:
             deadline_s = min(deadline_s, self.address.reach_s)
         end = time.monotonic() + deadline_s
@@ -383,13 +383,7 @@ class RelayClient:
         data = np.ascontiguousarray(update) if isinstance(update, np.ndarray) else np.frombuffer(update, np.uint8)
         nonce, unsent = self._send([{"op": "put", "round": round_index, "index": index, "attempt": attempt,
                                      "kind": kind}, memoryview(data)])
-        if unsent is not None:
-            return lambda: self._request(unsent, data.nbytes, nonce=nonce)
-
-        def held():
-            self._request(None, data.nbytes, nonce=nonce)
-
-        return held
+        return lambda: self._request(unsent, data.nbytes, nonce=nonce)  # unsent: None, or what is left to send
 
     def prefetch(self, round_index: int) -> None:
         """Ask now for round ``round_index``'s message: the driver answers when it publishes it, while Spark starts
@@ -426,8 +420,3 @@ def relay_client(address: RelayAddress) -> RelayClient:
         client = _CLIENTS[key] = RelayClient(address)
     return client
 
-
-def close_clients(endpoint: str | None = None) -> None:
-    """Close this process's clients (of one endpoint, or all)."""
-    for key in [k for k, c in _CLIENTS.items() if endpoint is None or c.address.endpoint == endpoint]:
-        _CLIENTS.pop(key).close()

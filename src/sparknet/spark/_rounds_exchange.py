@@ -272,7 +272,7 @@ class SparkRoundsExchange(Exchange):
     def _aggregate(self, parts, r: int) -> Partial:
         if self.workers > 8 and self.down is None and self.relay is None:
             return spark_call(parts.treeAggregate, None, combine, combine, 2)  # K partial sums need not reach the driver
-        return self._sum(spark_call(parts.collect), r)  # relayed or compressed: summed or decoded here only  # relayed or compressed: summed or decoded here only
+        return self._sum(spark_call(parts.collect), r)  # relayed or compressed: summed or decoded here only
 
     def _rerun(self, acc: Partial, weights_bc, task: RoundTask, partitions: list[int], states_bc, r: int) -> Partial:
         redo = self.chunks.mapPartitionsWithIndex(run_round_from_chunks(self.spec_bc, weights_bc, task, states_bc))

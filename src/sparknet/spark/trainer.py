@@ -105,8 +105,9 @@ class EngineOptions:
     cluster)."""
     rounds_transport: str = "socket"
     """Rounds engine: how the weights and updates travel. ``socket``: through an authenticated socket on the
-    driver beside each round's Spark job (CurveZMQ, one key per fit; :mod:`sparknet.spark._relay`), so a round
-    costs little more than Spark's job; should a task not reach it (a firewall between the executors and the
+    driver beside each round's Spark job (:mod:`sparknet.spark._relay`: a Unix socket only the user can open on a
+    local master, TCP with CurveZMQ and one key per fit on a cluster), so a round costs little more than Spark's
+    job; should a task not reach it (a firewall between the executors and the
     driver), that fit goes on through Spark. ``spark``: through a broadcast and the task results, nothing
     but Spark's own connections."""
     warmup_max_samples: int = 20_000
