@@ -34,7 +34,7 @@ from sparknet.solvers import SolverConfig, build_optimizer, check_gradient_hook,
 from sparknet.task import Task, infer_task, task_metrics, task_sums
 from sparknet.weights import WeightCollection
 
-__all__ = ["Net", "TrainStats", "EvalResult", "resolve_device", "fixed_sample"]
+__all__ = ["Net", "TrainStats", "EvalResult", "FeatureDict", "resolve_device", "fixed_sample"]
 
 EVAL_BATCH = 256
 """Rows scored at once by :meth:`Net.evaluate`: LeNet scores 10,000 MNIST digits 25-40% faster in batches of
@@ -133,6 +133,69 @@ class _ModuleAdapter:
             if b.is_floating_point():
                 out[n] = [b]
         return out
+
+
+class FeatureDict(torch.nn.Module):
+    """A module called with a dict of named feature tensors, cut from each row's flat features.
+
+    Spark hands a worker each row's feature columns concatenated into one flat float32 row (that is
+    what travels, is staged and is streamed). This wraps the user's module so that its ``forward``
+    receives ``{column: tensor}`` instead: a number column as a ``[n]`` tensor, an array or vector
+    column as ``[n, d]``, or ``[n, *shape]`` where the user gave the column a shape. The columns
+    are cut in ``layout`` order.
+
+    It is not the module's parent: it shares the module's parameters, buffers and children, so its
+    weights carry the module's own names (``fc.weight``, not ``module.fc.weight``) and one state dict
+    loads into either. ``wrapped`` is the user's module.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        Takes a dict of tensors.
+    layout : sequence of (name, shape)
+        Each column's name and the shape of one row of it (``()`` for a number).
+    """
+
+    def __init__(self, module: torch.nn.Module, layout):
+        super().__init__()
+        if not isinstance(module, torch.nn.Module):
+            raise TypeError(f"FeatureDict wraps a torch.nn.Module, got {type(module).__name__}")
+        layout = tuple((str(name), tuple(int(d) for d in shape)) for name, shape in layout)
+        names = [name for name, _ in layout]
+        if not layout or len(set(names)) != len(names):
+            raise ValueError(f"a dict of features needs distinct column names, got {names}")
+        if any(d < 1 for _, shape in layout for d in shape):
+            raise ValueError(f"feature shapes must hold positive sizes, got {dict(layout)}")
+        self.layout = layout
+        self.width = sum(math.prod(shape) for _, shape in layout)
+        # Shared, not registered: the wrapper's named parameters and state dict are the module's own.
+        for name in ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set"):
+            object.__setattr__(self, name, getattr(module, name))
+        object.__setattr__(self, "wrapped", module)
+
+    def forward(self, x: torch.Tensor):
+        return self.wrapped(self.split(x))
+
+    def split(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``{column: tensor}`` of a batch of flat rows ``[n, width]`` (or ``[width]`` for one row)."""
+        rows = x.reshape(1 if x.dim() == 1 else len(x), -1)
+        if rows.shape[1] != self.width:
+            raise ValueError(f"each row holds {rows.shape[1]} feature values, but the columns "
+                             f"{[name for name, _ in self.layout]} hold {self.width}")
+        out, at = {}, 0
+        for name, shape in self.layout:
+            size = math.prod(shape)
+            out[name] = rows[:, at:at + size].reshape(len(rows), *shape)
+            at += size
+        return out
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.wrapped.train(mode)  # the module's own flag: the wrapper does not hold it as a child
+        return self
+
+    def extra_repr(self) -> str:
+        return f"wrapped={type(self.wrapped).__name__}, layout={dict(self.layout)}"
 
 
 class _GraphAdapter:
@@ -426,6 +489,8 @@ class Net:
                 try:
                     loss, _ = self._model.loss(xb, *(self._split_weights(yb) if self.weighted else (yb,)))
                 except IndexError as exc:
+                    if self.task is not Task.CLASSIFICATION:  # labels that index nothing: the net's own error
+                        raise
                     raise _explain_loss_error(exc, yb, "training data") from exc
                 (loss / iter_size if iter_size > 1 else loss).backward()
                 total += loss.item()
@@ -515,6 +580,8 @@ class Net:
                 try:
                     loss, pred = self._model.loss(xb, yb)
                 except IndexError as exc:
+                    if self.task is not Task.CLASSIFICATION:  # labels that index nothing: the net's own error
+                        raise
                     raise _explain_loss_error(exc, yb, "validation data") from exc
                 loss_sum += loss.item() * len(xb)
                 if self.task is not Task.UNLABELLED:

@@ -86,6 +86,30 @@ def test_trainer_fits_with_the_barrier_engine(spark):
     assert result.summary["test_accuracy"] == pytest.approx(result.history[-1]["val_accuracy"], abs=1e-9)
 
 
+def test_two_feature_columns_reach_the_net_as_a_dict(spark):
+    from sparknet.spark import SparkTrainer
+
+    class Columns(torch.nn.Module):
+        def __init__(self, body):
+            super().__init__()
+            self.body = body
+
+        def forward(self, columns):
+            return self.body(torch.stack([columns["a"], columns["b"]], 1))
+
+    x, y = blobs(1200, seed=1)
+    vx, vy = blobs(400, seed=2)
+    frame = spark.createDataFrame([(float(r[0]), float(r[1]), int(t)) for r, t in zip(x, y)], "a double, b double, "
+                                  "label long")
+    trainer = SparkTrainer(Columns(mlp(0)), WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=32, seed=3),
+                           DistributedConfig(workers=2, tau=20, rounds=5, engine="barrier"), spark=spark,
+                           loss=torch.nn.CrossEntropyLoss())
+    result = trainer.fit(frame, ({"a": vx[:, 0], "b": vx[:, 1]}, vy), features_col=["a", "b"], features_as="dict")
+    assert result.summary["connect"] is True and result.summary["feature_columns"] == {"a": [], "b": []}
+    assert result.summary["test_accuracy"] >= 0.9
+    assert list(result.weights) == [n for n, _ in Columns(mlp(0)).named_parameters()]
+
+
 def test_rounds_engine_refused_with_the_reason(spark):
     x, y = blobs(200, seed=1)
     trainer, _ = _trainer(spark, engine="rounds")

@@ -122,6 +122,87 @@ def test_two_feature_columns_are_concatenated_into_the_net_s_input(spark):
         trainer.fit(frame(x, y), features_col=["head", "g"])
 
 
+def _dict_net() -> torch.nn.Module:
+    class ByColumn(torch.nn.Module):
+        """Takes {"head": [n, 2, 2], "e": [n], "f": [n]}: fails on one concatenated tensor."""
+
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.grid = torch.nn.Linear(4, 16)
+            self.scalars = torch.nn.Linear(2, 16)
+            self.out = torch.nn.Linear(16, 1)
+
+        def forward(self, columns):
+            assert columns["head"].shape[1:] == (2, 2) and columns["e"].dim() == 1, {k: v.shape for k, v in
+                                                                                     columns.items()}
+            hidden = self.grid(columns["head"].flatten(1)) + self.scalars(torch.stack([columns["e"], columns["f"]], 1))
+            return self.out(torch.relu(hidden))
+
+    return ByColumn()
+
+
+def _columns_frame(spark, x, y, *, bad_row: int | None = None):
+    """The first four features as an ML vector ``head``, the fifth and sixth as numbers ``e`` and ``f``; the
+    columns in another order than the net reads them."""
+    from pyspark.ml.linalg import Vectors
+
+    rows = [(float(t), float(r[5]), Vectors.dense([float(v) for v in (r[:3] if i == bad_row else r[:4])]),
+             float(r[4])) for i, (r, t) in enumerate(zip(x, y))]
+    return spark.createDataFrame(rows, ["label", "f", "head", "e"]).repartition(2)
+
+
+@pytest.mark.parametrize("engine", [Engine.ROUNDS, Engine.BARRIER])
+def test_feature_columns_reach_the_net_as_a_dict_by_name(spark, engine):
+    x, y = regression_table(1600)
+    vx, vy = regression_table(400, seed=1)
+    trainer = SparkTrainer(_dict_net(), WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9), batch_size=32,
+                                                     seed=1),
+                           DistributedConfig(workers=2, tau=25, rounds=12, engine=engine), loss=torch.nn.MSELoss(),
+                           spark=spark)
+    # validation as arrays by column: the rounds engine; as a DataFrame with the same columns: the barrier engine
+    validation = ({"head": vx[:, :4], "e": vx[:, 4], "f": vx[:, 5]}, vy) if engine is Engine.ROUNDS \
+        else _columns_frame(spark, vx, vy)
+    result = trainer.fit(_columns_frame(spark, x, y), validation=validation, features_col=["head", "e", "f"],
+                         features_as="dict", image_shape={"head": [2, 2]})
+    s = result.summary
+    assert s["test_r2"] >= 0.95, s
+    assert s["feature_columns"] == {"head": [2, 2], "e": [], "f": []}, s["feature_columns"]
+    assert "'head', 'e', 'f' as a dict" in s["input"]
+    # the weights carry the module's own names, and score the validation rows as the summary says
+    net = _dict_net()
+    assert list(result.weights) == [n for n, _ in net.named_parameters()]
+    net.load_state_dict({n: result.weights[n][0] for n in result.weights})
+    with torch.no_grad():
+        pred = net({"head": torch.from_numpy(vx[:, :4]).reshape(-1, 2, 2), "e": torch.from_numpy(vx[:, 4]),
+                    "f": torch.from_numpy(vx[:, 5])}).numpy()[:, 0]
+    r2 = 1 - ((pred - vy) ** 2).sum() / ((vy - vy.mean()) ** 2).sum()
+    assert math.isclose(s["test_r2"], r2, rel_tol=1e-4)
+
+
+def test_a_dict_of_columns_is_refused_clearly_where_it_cannot_work(spark):
+    x, y = regression_table(64)
+    trainer = SparkTrainer(_dict_net(), WorkerConfig(batch_size=8), DistributedConfig(workers=2, tau=5, rounds=1),
+                           loss=torch.nn.MSELoss(), spark=spark)
+    # concatenated (the default), the same net cannot take the columns: said before training
+    with pytest.raises(ValueError, match="the net cannot take features"):
+        trainer.fit(_columns_frame(spark, x, y), features_col=["head", "e", "f"])
+    # one row's vector holds 3 values where the first row's holds 4
+    with pytest.raises(ValueError, match=r"columns 'head' \[2, 2\], 'e', 'f'\): feature rows must hold 6 values .* \(1 rows do not fit\)"):
+        trainer.fit(_columns_frame(spark, x, y, bad_row=40), features_col=["head", "e", "f"], features_as="dict",
+                    image_shape={"head": [2, 2]})
+    with pytest.raises(ValueError, match=r"gives column 'head' the shape \(3, 2\), but its rows hold 4 values"):
+        trainer.fit(_columns_frame(spark, x, y), features_col=["head", "e", "f"], features_as="dict",
+                    image_shape={"head": [3, 2]})
+    with pytest.raises(ValueError, match="image_shape is a dict of shapes by column"):
+        trainer.fit(_columns_frame(spark, x, y), features_col=["head", "e", "f"], features_as="dict",
+                    image_shape=[2, 2])
+    with pytest.raises(ValueError, match="features_as must be one of concat, dict"):
+        trainer.fit(_columns_frame(spark, x, y), features_col=["head", "e", "f"], features_as="dicts")
+    with pytest.raises(ValueError, match="from a DataFrame's columns"):
+        trainer.fit(spark.sparkContext.parallelize([(a, b) for a, b in zip(x, y)]), features_as="dict")
+
+
 def test_sample_weights_choose_which_rows_the_net_fits(spark):
     # two halves of the table follow opposite maps; the weights say which one counts
     x, y = regression_table(1600)

@@ -138,3 +138,64 @@ def test_custom_loss_for_regression():
     net.set_training_data((x, y))
     first = net.train(1).loss
     assert net.train(200).last_loss < 0.01 * first
+
+
+class _ByName(torch.nn.Module):
+    """Takes {"xy": [n, 2], "t": [n]}."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.xy = torch.nn.Linear(2, 8)
+        self.t = torch.nn.Linear(1, 8)
+        self.norm = torch.nn.BatchNorm1d(8)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, columns):
+        return self.head(self.norm(self.xy(columns["xy"]) + self.t(columns["t"][:, None])))
+
+
+def test_feature_dict_cuts_flat_rows_into_named_columns_and_keeps_the_module_s_names():
+    import copy
+    import pickle
+
+    from sparknet.net import FeatureDict
+
+    inner = _ByName()
+    net = FeatureDict(inner, [("xy", (2,)), ("t", ())])
+    flat = torch.arange(12, dtype=torch.float32).reshape(4, 3)
+    parts = net.split(flat)
+    assert torch.equal(parts["xy"], flat[:, :2]) and torch.equal(parts["t"], flat[:, 2])
+    inner.eval()
+    net.eval()
+    assert torch.equal(net(flat), inner({"xy": flat[:, :2], "t": flat[:, 2]}))
+    # the module's own weight names; one state dict loads into either
+    assert [n for n, _ in net.named_parameters()] == [n for n, _ in inner.named_parameters()]
+    assert list(net.state_dict()) == list(inner.state_dict())
+    _ByName().load_state_dict(net.state_dict())
+    # train/eval reach the module itself; copies and pickles keep the weights shared
+    net.train()
+    assert inner.training and inner.norm.training
+    for twin in (copy.deepcopy(net), pickle.loads(pickle.dumps(net))):
+        assert twin.head.weight is twin.wrapped.head.weight
+        with torch.no_grad():
+            twin.head.weight.add_(1.0)
+        assert torch.equal(twin.wrapped.head.weight, inner.head.weight + 1.0)
+    with pytest.raises(ValueError, match=r"each row holds 4 feature values, but the columns \['xy', 't'\] hold 3"):
+        net(torch.zeros(2, 4))
+    with pytest.raises(ValueError, match="distinct column names"):
+        FeatureDict(inner, [("xy", (2,)), ("xy", ())])
+
+
+def test_a_net_that_takes_a_dict_trains_through_net():
+    from sparknet.net import FeatureDict
+
+    x, y = blobs()
+    rows = np.concatenate([x, (x[:, :1] * 0.5)], axis=1)  # a third column the net reads as "t"
+    net = Net(FeatureDict(_ByName(), [("xy", (2,)), ("t", ())]), SolverConfig(base_lr=0.1, momentum=0.9),
+              batch_size=32, seed=0)
+    net.set_training_data((rows, y))
+    net.set_validation_data((rows, y))
+    net.train(150)
+    assert net.test() > 0.95
+    assert list(net.get_weights())[:2] == ["xy.weight", "xy.bias"]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -524,6 +525,108 @@ def _feature_expr(df, features_col, image_shape):
                      "array<double>, an ML Vector, or binary with image_shape")
 
 
+FEATURES_AS = ("concat", "dict")
+"""How a list of feature columns reaches the net: concatenated into one array, or as a dict by column."""
+
+
+def feature_layout(df, columns: Sequence[str], shapes: dict | None = None) -> tuple[tuple[str, tuple], ...]:
+    """Each feature column's name and the shape of one row of it, for a net that takes a dict of them.
+
+    A number column is ``()``; an array or ML vector column ``(d,)``, ``d`` read from the first
+    row where every column is set (one small job), or the shape ``shapes`` gives it (whose size
+    must be ``d``). Raises ``ValueError`` for a missing column, a type a dict cannot hold, an empty
+    DataFrame or a shape that does not fit.
+    """
+    from pyspark.sql import functions as F
+
+    if isinstance(columns, str):
+        columns = [columns]
+    if not columns:
+        raise ValueError("features_col is an empty list; name at least one feature column")
+    if len(set(columns)) != len(columns):
+        raise ValueError(f"features_col names a column twice: {list(columns)}")
+    shapes = dict(shapes or {})
+    unknown = sorted(set(shapes) - set(columns))
+    if unknown:
+        raise ValueError(f"image_shape gives shapes of {unknown}, which are not among the feature columns "
+                         f"{list(columns)}")
+    fields = {f.name: f for f in df.schema.fields}
+    sized = {}
+    for name in columns:
+        if name not in fields:
+            raise ValueError(f"feature column {name!r} not found; the DataFrame has columns {list(fields)}")
+        if _is_number(fields[name].dataType):
+            continue
+        expr, kind = _feature_expr(df, name, None)
+        if kind != "array":
+            raise ValueError(f"feature column {name!r} is {fields[name].dataType.simpleString()}: a dict of feature "
+                             "columns holds numbers, arrays and ML vectors")
+        sized[name] = expr
+    widths = {}
+    if sized:
+        row = df.select(*[F.size(e).alias(f"c{i}") for i, e in enumerate(sized.values())]) \
+            .where(" AND ".join(f"c{i} >= 0" for i in range(len(sized)))).first()
+        if row is None:
+            raise ValueError(f"the feature columns {list(sized)} are empty or null in every row")
+        widths = dict(zip(sized, (int(v) for v in row)))
+    layout = []
+    for name in columns:
+        shape = (widths[name],) if name in widths else ()
+        if name in shapes:
+            given = tuple(int(d) for d in shapes[name])
+            if any(d < 1 for d in given) or math.prod(given) != math.prod(shape):
+                raise ValueError(f"image_shape gives column {name!r} the shape {given}, but its rows hold "
+                                 f"{math.prod(shape)} values")
+            shape = given
+        layout.append((name, shape))
+    return tuple(layout)
+
+
+def dict_features(df, layout, column: str):
+    """``df`` with ``column``: the layout's columns concatenated into one array<float> per row.
+
+    A row whose array or vector holds another number of values than the layout says gets an
+    empty part, so the row no longer has the net's length and the data checks count it.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    fields = {f.name: f for f in df.schema.fields}
+    parts = []
+    for name, shape in layout:
+        if name not in fields:
+            raise ValueError(f"feature column {name!r} not found; the DataFrame has columns {list(fields)}")
+        if _is_number(fields[name].dataType):
+            parts.append(F.array(F.col(name).cast(T.FloatType())))
+            continue
+        expr, _ = _feature_expr(df, name, None)
+        parts.append(F.when(F.size(expr) == math.prod(shape), expr)
+                     .otherwise(F.when(expr.isNotNull(), F.array().cast(T.ArrayType(T.FloatType())))))
+    return df.withColumn(column, parts[0] if len(parts) == 1 else F.concat(*parts))
+
+
+def dict_arrays(data, layout):
+    """Local validation data for a net that takes a dict: ``({column: array}, labels)`` becomes flat rows in
+    the layout's order; anything else is returned as it is (already flat rows)."""
+    if not (isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], dict)):
+        return data
+    columns, y = data
+    names = [name for name, _ in layout]
+    if set(columns) != set(names):
+        raise ValueError(f"validation data: the dict holds columns {sorted(columns)}, the net takes {names}")
+    n = len(y)
+    parts = []
+    for name, shape in layout:
+        a = np.asarray(columns[name])
+        if a.dtype == object or a.dtype.kind not in "biuf":
+            raise ValueError(f"validation data: column {name!r} holds {a.dtype}, not numbers")
+        if len(a) != n or (n and np.size(a[0]) != math.prod(shape)):
+            raise ValueError(f"validation data: column {name!r} has shape {a.shape}; the net takes {n} rows of "
+                             f"shape {shape}")
+        parts.append(a.reshape(n, -1).astype(np.float32, copy=False))
+    return np.concatenate(parts, axis=1), y
+
+
 def _is_number(dtype) -> bool:
     """Whether a Spark SQL type is a number type."""
     from pyspark.sql import types as T
@@ -758,7 +861,7 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
 
 def checked_partitions(sc, group: str, chunks, *, timeout_s: float | None, expected_len: int | None,
                        num_classes: int | None, num_workers: int, sample_shape, stats: list[dict] | None = None,
-                       task: Task = Task.CLASSIFICATION, float_labels: bool = False):
+                       task: Task = Task.CLASSIFICATION, float_labels: bool = False, what: str = "training data"):
     """Driver: ``(stats, total)``, the counts of each partition of ``chunks`` (from :func:`chunk_rdd`, or
     :func:`chunk_frame`'s DataFrame, whose labels are float32 with ``float_labels``) in order and
     :func:`check_stats`' total of them (``ValueError`` for bad data). One Spark job under ``group`` counts
@@ -774,7 +877,7 @@ def checked_partitions(sc, group: str, chunks, *, timeout_s: float | None, expec
         stats = run_with_deadline(sc, group, "sparknet: convert and check the training data", action,
                                   timeout_s=timeout_s, what="the training data's conversion and check")
     stats.sort(key=lambda s: s["index"])
-    return stats, check_stats(stats, what="training data", expected_len=expected_len, num_classes=num_classes,
+    return stats, check_stats(stats, what=what, expected_len=expected_len, num_classes=num_classes,
                               num_workers=num_workers, sample_shape=sample_shape, task=task)
 
 

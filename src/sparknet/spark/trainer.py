@@ -41,6 +41,7 @@ driver's wait on one round of the rounds engine. Faults for tests: :mod:`sparkne
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -59,7 +60,7 @@ from sparknet.faults import faults_from
 from sparknet.link import LinkModel
 from sparknet.loop import average_summary, check_streaming
 from sparknet.metrics import rounds_summary
-from sparknet.net import Net
+from sparknet.net import FeatureDict, Net
 from sparknet.parallel.runner import ModelParallelJob, split_budget
 from sparknet.solvers import check_gradient_hook
 from sparknet.spark import _data
@@ -205,6 +206,26 @@ def _copy_module(module: torch.nn.Module) -> torch.nn.Module:
                         "them in forward, or drop them in __getstate__)") from exc
 
 
+def _worker_copy(net):
+    """What the executors build their nets from: a NetParams, or a CPU copy of a module."""
+    return copy.deepcopy(net).cpu() if isinstance(net, torch.nn.Module) else net
+
+
+def _unused_column(df, name: str) -> str:
+    """``name``, or ``name_2``, ``name_3``... whichever the DataFrame does not have."""
+    taken = set(df.columns)
+    candidates = (name if i == 1 else f"{name}_{i}" for i in range(1, len(taken) + 2))
+    return next(c for c in candidates if c not in taken)
+
+
+def _data_named(layout) -> str:
+    """The training data, for messages: with a dict of feature columns, the columns and their shapes."""
+    if layout is None:
+        return "training data"
+    return "training data (a dict of the columns " + ", ".join(
+        f"{name!r} {list(shape)}" if shape else repr(name) for name, shape in layout) + ")"
+
+
 def _plain_config(obj) -> dict:
     def plain(v):
         return {k: plain(x) for k, x in v.items()} if isinstance(v, dict) else getattr(v, "value", v)
@@ -306,7 +327,7 @@ class SparkTrainer:
     # -- fit ----------------------------------------------------------------------------------
     def fit(self, train, validation=None, *, features_col: str | Sequence[str] = "features",
             label_col: str | None = "label", weight_col: str | None = None,
-            image_shape=None, initial_weights=None) -> TrainResult:
+            image_shape=None, initial_weights=None, features_as: str = "concat") -> TrainResult:
         """Train on ``train`` (a DataFrame or an RDD of ``(ndarray, label)``).
 
         Parameters
@@ -324,7 +345,8 @@ class SparkTrainer:
             ``dist.eval_every_rounds`` rounds, and at the end.
         features_col, label_col : str
             Column names of a DataFrame. ``features_col`` may be a list of columns (numbers, arrays,
-            ML vectors), concatenated in that order into each row's features. ``label_col=None`` (or
+            ML vectors), concatenated in that order into each row's features, or passed to the net
+            as a dict (``features_as="dict"``). ``label_col=None`` (or
             ``task="unlabelled"``) trains without labels: the loss takes the input (an autoencoder), the
             DataFrame needs no label column, an RDD holds feature arrays, and the validation data is
             features alone.
@@ -333,9 +355,17 @@ class SparkTrainer:
             mean of its rows' losses (a plain module and a torch loss; metrics stay unweighted).
         image_shape : sequence of int, optional
             Shape of one sample (e.g. ``[1, 28, 28]``); needed for binary features and for plain
-            modules that take more than a flat vector.
+            modules that take more than a flat vector. With ``features_as="dict"``, a dict of shapes by
+            column (e.g. ``{"pixels": [1, 28, 28]}``) for the columns the net takes in another shape.
         initial_weights : WeightCollection or flat tensor, optional
             Weights to start from (before any warm-up) instead of the net's own initialisation.
+        features_as : str
+            ``"concat"`` (default): the feature columns are concatenated into one tensor per batch.
+            ``"dict"``: a plain module's ``forward`` takes ``{column: tensor}`` (:class:`~sparknet.net.FeatureDict`):
+            a number column as ``[n]``, an array or vector column as ``[n, d]`` (``d`` read from the
+            first row; every row must hold as many), or in the shape ``image_shape`` gives it. The
+            training data must be a DataFrame; validation data is a DataFrame with the same columns
+            or ``({column: array}, labels)``. The returned weights carry the module's own names.
         """
         t_fit = time.perf_counter()
         keep_freed_memory()  # the driver's per-round sums and evaluations (sparknet._malloc)
@@ -362,6 +392,21 @@ class SparkTrainer:
                                  "be set on it (give rounds, epochs or steps)")
         if connect and (refusal := connect_refusal(self, train)) is not None:
             raise ValueError(f"cannot train from a Spark Connect session: {refusal}")
+        if features_as not in _data.FEATURES_AS:
+            raise ValueError(f"features_as must be one of {', '.join(_data.FEATURES_AS)}, got {features_as!r}")
+        net = self.net
+        dict_shapes = None
+        if features_as == "dict":
+            if not isinstance(self.net, torch.nn.Module) or _input_shape(self.net) is not None:
+                raise ValueError("features_as='dict' passes the columns to a plain torch.nn.Module's forward as a "
+                                 "dict; a NetParams net takes one input blob (use the default, concatenated)")
+            if not _data.is_dataframe(train):
+                raise ValueError("features_as='dict' reads the dict's entries from a DataFrame's columns; give the "
+                                 "training data as a DataFrame")
+            if image_shape is not None and not isinstance(image_shape, dict):
+                raise ValueError("with features_as='dict', image_shape is a dict of shapes by column, e.g. "
+                                 "{'pixels': [1, 28, 28]}")
+            dict_shapes, image_shape = image_shape, None
         if dist.engine is Engine.BARRIER:
             check_barrier_slots(sc, K, "the barrier engine")
         sample_shape = _input_shape(self.net)
@@ -375,7 +420,23 @@ class SparkTrainer:
             sample_shape = sample_shape or image_shape
         expected_len = math.prod(sample_shape) if sample_shape is not None else None
         worker = self.worker
-        driver_net = Net(_copy_module(self.net) if isinstance(self.net, torch.nn.Module) else self.net, worker.solver,
+        fit_id = uuid.uuid4().hex[:12]
+        group = f"sparknet-{fit_id}"
+        layout = None
+        if features_as == "dict":  # the columns' sizes (one small job), then one array column the data path reads
+            layout = self._data_job(sc, group, "sparknet: read the feature columns' sizes",
+                                    lambda: _data.feature_layout(train, features_col, dict_shapes),
+                                    "the feature columns' sizes")
+            features_col = _unused_column(train, "sparknet_features")
+            train = _data.dict_features(train, layout, features_col)
+            if _data.is_dataframe(validation):
+                validation = _data.dict_features(validation, layout, features_col)
+            elif validation is not None:
+                validation = _data.dict_arrays(validation, layout)
+            net = FeatureDict(net, layout)
+            sample_shape, expected_len = (net.width,), net.width
+            log.info("features: the net takes a dict of the columns %s", dict(layout))
+        driver_net = Net(_copy_module(net) if isinstance(net, torch.nn.Module) else net, worker.solver,
                          loss=self.loss, batch_size=worker.batch_size, device="cpu", seed=worker.seed, task=task,
                          weighted=weight_col is not None)
         if initial_weights is not None:
@@ -397,12 +458,13 @@ class SparkTrainer:
 
         from pyspark import StorageLevel
 
-        fit_id = uuid.uuid4().hex[:12]
-        group = f"sparknet-{fit_id}"
         chunk = _data.chunk_frame if connect else _data.chunk_rdd  # a DataFrame of chunks, or an RDD of them
         chunks, source = chunk(train, features_col=features_col, label_col=label_col, image_shape=image_shape,
                                expected_len=expected_len, num_partitions=K, float_labels=task.float_labels,
                                weight_col=weight_col)
+        if layout is not None:
+            source = dataclasses.replace(source, description=f"DataFrame columns {', '.join(map(repr, dict(layout)))} "
+                                                             "as a dict")
         chunks.persist(getattr(StorageLevel, self.options.storage_level))
         staged = None
         broadcasts = []
@@ -417,13 +479,15 @@ class SparkTrainer:
             stats, total = _data.checked_partitions(sc, group, chunks, timeout_s=self.options.data_timeout_s,
                                                     stats=stats, expected_len=expected_len, num_classes=None,
                                                     num_workers=K, sample_shape=sample_shape, task=task,
-                                                    float_labels=task.float_labels or weight_col is not None)
+                                                    float_labels=task.float_labels or weight_col is not None,
+                                                    what=_data_named(layout))
             if sample_shape is None:
                 shapes = [tuple(s) for s in total["shapes"]]
                 width = int(total["width"])
                 sample_shape = shapes[0] if len(shapes) == 1 and math.prod(shapes[0]) == width else (width,)
-            num_classes = self._probe(driver_net, sample_shape) if task is Task.CLASSIFICATION else None
-            _data.check_stats(stats, what="training data", expected_len=math.prod(sample_shape),
+            outputs = self._probe(driver_net, sample_shape)  # every net: a shape that does not fit fails here
+            num_classes = outputs if task is Task.CLASSIFICATION else None
+            _data.check_stats(stats, what=_data_named(layout), expected_len=math.prod(sample_shape),
                               num_classes=num_classes, num_workers=K, sample_shape=sample_shape, task=task)
             self._rows = list(total["rows_per_partition"])
             skew = _data.describe_skew(total["rows_per_partition"])
@@ -456,7 +520,7 @@ class SparkTrainer:
                 global_flat = driver_net.get_flat()
             else:
                 global_flat = self.strategy.init_global(driver_net.get_flat())
-            spec = WorkerSpec(fit_id=fit_id, net=self._net_for_workers(), loss=self.loss, worker=worker, task=task,
+            spec = WorkerSpec(fit_id=fit_id, net=_worker_copy(net), loss=self.loss, worker=worker, task=task,
                               weighted=weight_col is not None,
                               strategy=self.strategy, sample_shape=tuple(sample_shape),
                               start_iteration=dist.warmup_steps, options={"staging_dir": self.options.staging_dir,
@@ -488,6 +552,7 @@ class SparkTrainer:
             **average_summary(rounds, dist.weight_ema),
             "data_rows": int(total["rows"]), "rows_per_partition": total["rows_per_partition"],
             "sample_shape": list(sample_shape), "num_classes": num_classes, "input": source.description,
+            "feature_columns": None if layout is None else {name: list(shape) for name, shape in layout},
             "data_mode": data_mode.value, "data_mode_reason": data_mode_why,
             "warmup": warmup, "retries": sum(h.get("retries", 0) for h in rounds),
             "nonfinite_workers": sum(h.get("nonfinite_workers", 0) for h in rounds),
@@ -546,12 +611,6 @@ class SparkTrainer:
                                 target_accuracy=dist.target_accuracy, eval_every_rounds=dist.eval_every_rounds,
                                 plan=plan, sample_shape=tuple(sample_shape),
                                 max_weight_bytes=None if dist.max_weight_bytes is None else int(dist.max_weight_bytes))
-
-    def _net_for_workers(self):
-        net = self.net
-        if isinstance(net, torch.nn.Module):
-            net = copy.deepcopy(net).cpu()
-        return net
 
     def _fit_task(self, label_col: str | None) -> Task:
         """This fit's task: ``label_col=None`` trains without labels (the loss takes the input)."""
