@@ -21,7 +21,7 @@ import torch
 
 from sparknet._enums import parse_enum
 
-__all__ = ["SolverType", "LRPolicy", "SolverConfig", "CaffeSGD", "ConjugateGradient", "build_optimizer", "lr_multiplier",
+__all__ = ["SolverType", "LRPolicy", "SolverConfig", "CaffeSGD", "CaffeAdam", "ConjugateGradient", "build_optimizer", "lr_multiplier",
            "check_gradient_hook"]
 
 
@@ -124,6 +124,11 @@ class SolverConfig:
     ``w -= v``), instead of PyTorch's, the gradients' sum (``v = momentum * v + g``, ``w -= lr * v``). The two
     are the same while the rate stays the same; when it changes, Caffe's history keeps the steps already
     taken at the old rate and PyTorch's is rescaled by the new one. A Caffe solver file sets it."""
+    caffe_delta: bool = False
+    """adam: add ``delta`` to ``sqrt(v)`` before the bias correction, as Caffe's ``adam_solver.cpp`` does
+    (``lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + delta)``), instead of after it, as PyTorch does
+    (``lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + delta)``). The two part where ``sqrt(v)`` is near
+    ``delta``: with a large delta, or in a net's rarely moved weights. A Caffe solver file sets it."""
 
     def __post_init__(self):
         self.type = SolverType.parse(self.type)
@@ -164,6 +169,8 @@ class SolverConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.caffe_history and self.type not in (SolverType.SGD, SolverType.NESTEROV):
             raise ValueError(f"caffe_history is a rule of the sgd and nesterov solvers, not of {self.type.value}")
+        if self.caffe_delta and self.type is not SolverType.ADAM:
+            raise ValueError(f"caffe_delta is a rule of the adam solver, not of {self.type.value}")
         if self.type.needs_closure and self.clip_gradients > 0:
             raise ValueError(f"the {self.type.value} solver chooses its step by a line search on the loss; a clipped "
                              "gradient would not be the loss's gradient: drop clip_gradients")
@@ -274,6 +281,49 @@ class CaffeSGD(torch.optim.Optimizer):
                 else:
                     v.mul_(m).add_(d, alpha=lr)
                     p.sub_(v)
+        return loss
+
+
+class CaffeAdam(torch.optim.Optimizer):
+    """Adam as Caffe's ``AdamSolver`` computes it: ``delta`` joins ``sqrt(v)`` before the bias correction.
+
+    Each update, with ``d = grad + weight_decay * w``, ``t`` the update's number from 1 and ``lr`` the
+    group's rate now::
+
+        m = b1 * m + (1 - b1) * d;   v = b2 * v + (1 - b2) * d²
+        w -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + delta)
+
+    (Caffe's ``adam_solver.cpp``). The moments are kept under ``exp_avg`` and ``exp_avg_sq`` and the
+    count under ``step``, as ``torch.optim.Adam`` keeps its own.
+    """
+
+    def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0):
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                d = p.grad if not wd else p.grad.add(p, alpha=wd)
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                t = int(state["step"])
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(b1).add_(d, alpha=1 - b1)
+                v.mul_(b2).addcmul_(d, d, value=1 - b2)
+                p.addcdiv_(m, v.sqrt().add_(eps), value=-lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t))
         return loss
 
 
@@ -620,6 +670,8 @@ def build_optimizer(model_or_groups, config: SolverConfig | None = None):
         opt = torch.optim.SGD(torch_groups, lr=config.base_lr, momentum=config.momentum)
     elif t is SolverType.NESTEROV:
         opt = torch.optim.SGD(torch_groups, lr=config.base_lr, momentum=config.momentum, nesterov=True)
+    elif t is SolverType.ADAM and config.caffe_delta:
+        opt = CaffeAdam(torch_groups, lr=config.base_lr, betas=(config.momentum, config.momentum2), eps=config.delta)
     elif t is SolverType.ADAM:
         opt = torch.optim.Adam(torch_groups, lr=config.base_lr, betas=(config.momentum, config.momentum2), eps=config.delta)
     elif t is SolverType.ADAMW:

@@ -455,10 +455,15 @@ def test_a_caffe_solver_file_gets_caffe_s_momentum_history_and_sparknet_s_own_de
     base = 'base_lr: 0.01\nlr_policy: "step"\nstepsize: 100\ngamma: 0.1\nmax_iter: 1000\nmomentum: 0.9\n'
     assert load_solver_prototxt(base).config.caffe_history
     assert load_solver_prototxt(base + 'type: "Nesterov"\n').config.caffe_history
-    assert not load_solver_prototxt(base + 'type: "Adam"\nmomentum2: 0.999\n').config.caffe_history
+    adam = load_solver_prototxt(base + 'type: "Adam"\nmomentum2: 0.999\n').config
+    assert not adam.caffe_history and adam.caffe_delta  # Adam's own Caffe rule instead
+    assert not load_solver_prototxt(base).config.caffe_delta
     assert not SolverConfig().caffe_history  # seeded runs of sparknet's own solvers keep their weights
     with pytest.raises(ValueError, match="caffe_history"):
         SolverConfig(type="adam", caffe_history=True)
+    assert not SolverConfig(type="adam").caffe_delta
+    with pytest.raises(ValueError, match="caffe_delta is a rule of the adam solver, not of adamw"):
+        SolverConfig(type="adamw", caffe_delta=True)
 
 
 def test_caffe_history_state_round_trips_through_the_optimizer_state():
@@ -544,7 +549,8 @@ def _caffe_adam(beta1: float, beta2: float, delta: Callable[[int], float]) -> Up
 
 
 def test_adam_differs_from_caffe_only_in_where_delta_enters():
-    """A documented difference: PyTorch's Adam adds delta after the bias correction, Caffe's before it.
+    """sparknet's own Adam (not a Caffe solver file's): PyTorch's adds delta after the bias correction, Caffe's
+    before it.
 
     Caffe steps by ``rate * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + delta)``; PyTorch by
     ``rate / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + delta)``, which is Caffe's step with delta
@@ -562,3 +568,33 @@ def test_adam_differs_from_caffe_only_in_where_delta_enters():
     caffe = _caffe_path(config, 10, _caffe_adam(b1, b2, lambda t: delta), _step_rate(0.01))
     moved = (ours[-1] - _problem()[2]).abs()
     assert float(((ours[-1] - caffe[-1]).abs() / moved).max()) > 0.05  # Caffe's delta slows its small steps more
+
+
+def test_a_caffe_adam_adds_delta_where_caffe_does_and_resumes_exactly():
+    """``caffe_delta`` (a Caffe solver file's Adam) follows adam_solver.cpp with the large delta that tells the
+    two placements apart, through a change of rate; a saved optimizer state resumes on the same path."""
+    b1, b2, delta = 0.9, 0.999, 0.05
+    config = SolverConfig(type="adam", base_lr=0.01, momentum=b1, momentum2=b2, weight_decay=0.01, delta=delta,
+                          caffe_delta=True, **STEP_RATE)
+    ours = _sparknet_path(config, 10)
+    caffe = _caffe_path(config, 10, _caffe_adam(b1, b2, lambda t: delta), _step_rate(0.01))
+    assert all(_close(a, b) for a, b in zip(ours, caffe)), [float((a - b).abs().max()) for a, b in zip(ours, caffe)]
+    pytorch = _sparknet_path(config.replace(caffe_delta=False), 10)
+    assert not torch.allclose(pytorch[-1], caffe[-1], rtol=1e-6, atol=0)
+    # six updates, the optimizer and schedule saved, four more in a fresh pair: the same weights as ten in one
+    w = torch.nn.Parameter(_problem()[2].clone())
+    opt, sched = build_optimizer([w], config)
+    for _ in range(6):
+        w.grad = _grad(w)
+        opt.step()
+        sched.step()
+    saved, sched_saved = opt.state_dict(), sched.state_dict()
+    w2 = torch.nn.Parameter(w.detach().clone())
+    opt2, sched2 = build_optimizer([w2], config)
+    opt2.load_state_dict(saved)
+    sched2.load_state_dict(sched_saved)
+    for _ in range(4):
+        w2.grad = _grad(w2)
+        opt2.step()
+        sched2.step()
+    assert torch.equal(w2.detach(), ours[-1])

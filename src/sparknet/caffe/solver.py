@@ -279,6 +279,7 @@ def load_solver_prototxt(
         iter_size=int(msg.iter_size),
         clip_gradients=_f(msg.clip_gradients),
         caffe_history=solver_type in (SolverType.SGD, SolverType.NESTEROV),  # Caffe's momentum rule, exactly
+        caffe_delta=solver_type is SolverType.ADAM,  # and where Adam's delta enters
     )
     if solver_type in (SolverType.ADAGRAD, SolverType.RMSPROP) and settings["momentum"]:
         # Caffe refuses these too: its AdaGrad and RMSProp have no momentum term
