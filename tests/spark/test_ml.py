@@ -169,7 +169,7 @@ def test_model_from_a_net_trained_in_process_scores_arrays(spark, data):
     assert [r.prediction for r in scored.collect()] == net.predict(x[:20]).argmax(1).double().tolist()
 
 
-def test_estimator_params_round_trip(tmp_path):
+def test_estimator_params_round_trip(spark, tmp_path):  # save and load need the module's session
     from sparknet.spark.ml import SparkNetEstimator
 
     est = _estimator(engine="barrier", strategy="diloco", roundSeconds=2.5, warmup_steps=7, imageShape=[WIDTH],
