@@ -19,10 +19,13 @@ spark = module_session("local[2]")
 
 @pytest.fixture(scope="module")
 def image_dir(tmp_path_factory):
+    return write_images(tmp_path_factory.mktemp("images"))
+
+
+def write_images(root):
     """120 RGB PNGs of 6 x 8 pixels in class0/ and class1/: class 0 is red on the left half, class 1 on the right."""
     from PIL import Image
 
-    root = tmp_path_factory.mktemp("images")
     rng = np.random.default_rng(0)
     for label in (0, 1):
         (root / f"class{label}").mkdir()

@@ -1,4 +1,5 @@
-"""The rounds engine on local-cluster[2,1,1024]: two executor JVMs, a fake GPU discovery script.
+"""The rounds engine on local-cluster[2,1,1024]: two executor JVMs, a fake GPU discovery script; and every
+learning task of the local[2] modules again, across the two executors.
 
 As Spark's own TorchDistributor tests do, each worker "has" GPUs 0 and 1 through a discovery
 script and every task asks for one, so the GPU-assignment path runs without a GPU.
@@ -93,3 +94,50 @@ def test_the_fallback_is_logged(monkeypatch, caplog):
     assert device == "cpu" and info["gpu_addresses"] == ["1"]
     assert "Spark assigned GPU ['1']" in caplog.text and "training on the CPU" in caplog.text
     assert task_device("cpu")[0] == "cpu"
+
+
+# -- every learning task of the local[2] modules, here across two executor JVMs --------------------------------
+# The same test bodies, called with this module's session: what they check on local[2] holds with each partition
+# in another executor process.
+
+def test_multilabel_trains_and_is_scored_across_two_executors(spark):
+    from test_regression import Engine, test_multilabel_with_bce_trains_and_is_scored_by_accuracy_f1_and_auc as body
+
+    body(spark, Engine.ROUNDS)
+
+
+def test_an_autoencoder_trains_without_labels_across_two_executors(spark):
+    from test_regression import Engine, test_an_autoencoder_trains_on_features_alone_and_is_scored_by_its_loss as body
+
+    body(spark, Engine.BARRIER)
+
+
+def test_sample_weights_choose_the_fit_across_two_executors(spark):
+    from test_regression import test_sample_weights_choose_which_rows_the_net_fits as body
+
+    body(spark)
+
+
+@pytest.mark.parametrize("features_as", ["concat", "dict"])
+def test_two_feature_columns_reach_the_net_across_two_executors(spark, features_as):
+    from test_regression import Engine, test_feature_columns_reach_the_net_as_a_dict_by_name as as_dict
+    from test_regression import test_two_feature_columns_are_concatenated_into_the_net_s_input as concatenated
+
+    concatenated(spark) if features_as == "concat" else as_dict(spark, Engine.ROUNDS)
+
+
+def test_spark_s_evaluators_and_cross_validator_take_the_models_across_two_executors(spark):
+    from test_regression import (test_a_classifier_s_columns_are_what_spark_s_classification_evaluators_read,
+                                 test_a_multilabel_model_s_prediction_is_what_spark_s_multilabel_evaluator_reads,
+                                 test_the_estimator_is_a_regressor_that_spark_s_regression_evaluator_and_cross_validator_take)
+
+    test_the_estimator_is_a_regressor_that_spark_s_regression_evaluator_and_cross_validator_take(spark)
+    test_a_classifier_s_columns_are_what_spark_s_classification_evaluators_read(spark)
+    test_a_multilabel_model_s_prediction_is_what_spark_s_multilabel_evaluator_reads(spark)
+
+
+def test_spark_s_image_source_trains_across_two_executors(spark, tmp_path_factory):
+    from test_image_sources import test_a_net_trains_on_a_directory_of_images as body
+    from test_image_sources import write_images
+
+    body(spark, write_images(tmp_path_factory.mktemp("images")), "image")
