@@ -43,8 +43,10 @@ built (:func:`freeze_heap`) so that scan does not delay the next round.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import enum
 import gc
+import json
 import logging
 import os
 import shutil
@@ -75,7 +77,7 @@ from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_co
 from sparknet.task import Task
 
 __all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
-           "fit_dir", "stage_partition", "run_round", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
+           "fit_dir", "stage_partition", "run_round", "ROUND_TASK", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
            "freeze_heap", "worker_failure", "export_worker_state", "import_worker_state", "round_seed", "decode_updates"]
 
 log = logging.getLogger(__name__)
@@ -136,6 +138,30 @@ class RoundTask:
     relayed: bool = False
     """The weights come from, and the update goes to, the driver's relay (``WorkerSpec.relay``), not the round's
     broadcast and the task's result."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> RoundTask:
+        fields = json.loads(text)
+        return cls(**{**fields, "plan": RoundPlan(**fields["plan"])})
+
+
+ROUND_TASK = "sparknet.round_task"
+"""The Spark job property that carries a round's :class:`RoundTask` (as JSON) to the tasks of a fit's one relayed
+round RDD, whose function stays the same from round to round."""
+
+
+def _job_task() -> RoundTask:
+    """This task's round, from its job's :data:`ROUND_TASK` property."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    text = ctx.getLocalProperty(ROUND_TASK) if ctx is not None else None
+    if not text:
+        raise RuntimeError(f"this round's Spark job carries no {ROUND_TASK} property")
+    return RoundTask.from_json(text)
 
 
 class WorkerStatus(str, enum.Enum):
@@ -645,10 +671,11 @@ def _receive(spec: WorkerSpec, state: WorkerState, message: np.ndarray, task: Ro
     return seen
 
 
-def run_round(spec_bc, weights_bc, task: RoundTask, states_bc=None):
+def run_round(spec_bc, weights_bc, task: RoundTask | None, states_bc=None):
     """Task function of a round: train from the broadcast weights; yields one partial aggregate.
 
-    ``states_bc``: the workers' states the driver holds, for workers that sat out rounds (elastic rounds).
+    ``task=None``: each job says its round in its :data:`ROUND_TASK` property, so one RDD serves every relayed
+    round. ``states_bc``: the workers' states the driver holds, for workers that sat out rounds (elastic rounds).
     """
 
     def run(index: int, records):
@@ -657,7 +684,8 @@ def run_round(spec_bc, weights_bc, task: RoundTask, states_bc=None):
             pass
         try:
             _evict_finished()
-            yield fold(None, _train_round(spec_bc, weights_bc, task, index, record, states_bc=states_bc))
+            yield fold(None, _train_round(spec_bc, weights_bc, task if task is not None else _job_task(), index,
+                                          record, states_bc=states_bc))
         except Exception as exc:
             raise worker_failure(index, exc) from None
 

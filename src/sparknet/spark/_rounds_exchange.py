@@ -32,7 +32,7 @@ from sparknet.spark._backend import Watchdog, default_round_deadline, job_group,
 from sparknet.spark._channel import decode_tree
 from sparknet.spark._relay import RoundRelay
 from sparknet.spark._session import is_local_master
-from sparknet.spark._rounds import (Partial, RoundTask, WorkerStatus, combine, decode_updates, run_round,
+from sparknet.spark._rounds import (ROUND_TASK, Partial, RoundTask, WorkerStatus, combine, decode_updates, run_round,
                                     run_round_from_chunks)
 from sparknet.stopping import StopRule
 from sparknet.strategies import Downlink, make_compressor
@@ -115,6 +115,7 @@ class SparkRoundsExchange(Exchange):
         self._misplaced = False  # Spark ran partitions away from their staged copies in the last round
         self.elastic_rounds = 0
         self.relay = relay
+        self._relayed_tasks = None  # the fit's one RDD of relayed rounds (its jobs carry their round in a property)
         self.latest: torch.Tensor | None = None
         """The newest global weights (after the last round)."""
 
@@ -144,7 +145,7 @@ class SparkRoundsExchange(Exchange):
         try:
             sc.setJobDescription(f"sparknet round {r + 1}")
             with watchdog:
-                tasks = self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, task, states_bc))
+                tasks = self._round_tasks(task, weights_bc, states_bc)
                 if active is None:
                     acc = self._aggregate(tasks, r)
                 else:
@@ -196,11 +197,22 @@ class SparkRoundsExchange(Exchange):
                                        "round_timeout_s") from exc
             raise
         finally:
+            sc.setLocalProperty(ROUND_TASK, None)
             if weights_bc is not None:
                 weights_bc.destroy()
             if states_bc is not None:
                 states_bc.destroy()
         return self._update(r, acc, message, full, time.perf_counter() - t_round, active)
+
+    def _round_tasks(self, task: RoundTask, weights_bc, states_bc):
+        """The round's tasks. Relayed, with nothing broadcast, they are one RDD for the whole fit whose jobs carry
+        their round in the :data:`ROUND_TASK` property: no Python RDD and closure to build and ship each round."""
+        if task.relayed and weights_bc is None and states_bc is None:
+            if self._relayed_tasks is None:
+                self._relayed_tasks = self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, None, None))
+            self.sc.setLocalProperty(ROUND_TASK, task.to_json())
+            return self._relayed_tasks
+        return self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, task, states_bc))
 
     def _elastic_workers(self, r: int) -> list[int] | None:
         """The workers of round ``r`` (``None``: all K), from the task slots the cluster has now.
