@@ -177,7 +177,7 @@ def _run_train(args: argparse.Namespace) -> int:
     summary = train_command(from_args(RunConfig, args), from_args(DistributedConfig, args),
                             caffe=from_args(CaffeTrainFlags, args), parameter_server=from_args(AsyncConfig, args))
     keys = ("test_accuracy", "test_r2", "test_rmse", "test_mae", "test_f1", "test_loss", "wall_s", "samples_per_s",
-            "steps", "rounds", "weight_bytes_per_worker")
+            "steps", "rounds", "weight_bytes_per_worker", "rounds_transport", "data_mode")
     result = {k: summary.get(k) for k in keys if k in summary}
     # wall_s is the fit (setup, rounds, evaluations); command_s what the user waited, from the process's start
     result["command_s"] = process_age_s()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -29,13 +30,15 @@ def spark():
     session.stop()
 
 
-def test_lenet_solver_on_two_workers_tests_and_snapshots_between_rounds(spark, tmp_path):
+def test_lenet_solver_on_two_workers_tests_and_snapshots_between_rounds(spark, tmp_path, capsys):
     out, snaps = tmp_path / "m.jsonl", tmp_path / "snaps"
     rc = main(["train", "--solver", str(LENET_SOLVER), "--workers", "2", "--tau", "5", "--steps", "10",
                "--eval-every", "5", "--test-iter", "2", "--display", "5", "--snapshot-every", "5",
                "--caffe-sources", SMALL, "--max-train-samples", "256", "--snapshot-dir", str(snaps),
                "--metrics-out", str(out), "--quiet"])
     assert rc == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the result line, --quiet too
+    assert printed["rounds"] == 2 and printed["rounds_transport"] == "socket" and printed["data_mode"] == "memory"
     records = read_metrics(out)
     rounds = [r for r in records if r["event"] == "round"]
     assert [(r["round"], r["total_steps"], r["workers"]) for r in rounds] == [(1, 5, 2), (2, 10, 2)]
