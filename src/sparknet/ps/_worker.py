@@ -37,7 +37,7 @@ from sparknet.net import Net
 from sparknet.ps.client import PSClient
 from sparknet.ps.wire import Status
 from sparknet.solvers import SolverConfig
-from sparknet.spark._rounds import worker_failure
+from sparknet.spark._rounds import task_attempt, worker_failure
 
 __all__ = ["TaskSpec", "train_partition", "scatter", "blocks_from_chunks", "concat_blocks", "pick_fields"]
 
@@ -182,22 +182,16 @@ def train_partition(spec: TaskSpec):
     return run
 
 
-def wire_attempt(ctx) -> int:
-    """This task attempt's identity on the wire, unique within the application: Spark's task attempt id (its low
-    32 bits; 0 without a task context).
-
-    Not the attempt number: a stage that Spark submits again (an executor was lost with the shuffle output an
-    epoch reads) numbers its tasks' attempts from 0 again, and such a task would take its first attempt's
-    identity; the server would then refuse its steps as replays."""
-    return 0 if ctx is None else ctx.taskAttemptId() & 0xFFFFFFFF
+def wire_attempt(ctx=None) -> int:
+    """This task attempt's identity on the wire, unique within the application: the low 32 bits of Spark's task
+    attempt id (:func:`~sparknet.spark._rounds.task_attempt`; 0 outside a task). Not the attempt number, which a
+    stage submitted again starts from 0 again: the server would refuse such a task's steps as replays."""
+    return task_attempt(ctx)[1] & 0xFFFFFFFF
 
 
 def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[dict]:
     t_start = time.perf_counter()
-    from pyspark import TaskContext  # optional dependency: this runs in a Spark task
-
-    ctx = TaskContext.get()
-    attempt = ctx.attemptNumber() if ctx is not None else 0
+    attempt, _ = task_attempt()
     x, y = concat_blocks(blocks)
     record = {"event": "task", "worker": index, "host": socket.gethostname(), "attempt": attempt, "epoch": spec.epoch,
               "rows": 0, "steps": 0,
@@ -224,7 +218,7 @@ def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[d
     loss_sum = 0.0
     losses = 0
     with PSClient(spec.endpoint, spec.job_id, spec.secret, keys=spec.keys, worker=index,
-                  attempt=wire_attempt(ctx),
+                  attempt=wire_attempt(),
                   timeout=spec.timeout_s) as client:
         reply = client.pull(0)
         record["comm_s"] += reply.latency_s

@@ -77,7 +77,7 @@ from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_co
 from sparknet.task import Task
 
 __all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
-           "fit_dir", "stage_partition", "run_round", "ROUND_TASK", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
+           "fit_dir", "stage_partition", "run_round", "ROUND_TASK", "task_attempt", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
            "freeze_heap", "worker_failure", "export_worker_state", "import_worker_state", "round_seed", "decode_updates"]
 
 log = logging.getLogger(__name__)
@@ -517,15 +517,19 @@ def _save_state(entry: _Entry, index: int, round_index: int) -> None:
     entry.version = round_index
 
 
-def _attempt() -> tuple[int, int]:
-    """Spark's attempt number of this task (0: the first) and its attempt id (unique in the application)."""
-    try:
-        from pyspark import TaskContext
+def task_attempt(ctx=None) -> tuple[int, int]:
+    """Spark's attempt number of this task (0: the first) and its attempt id (unique in the application);
+    ``(0, 0)`` outside a task. ``ctx``: the task's ``TaskContext`` (default: looked up).
 
+    The attempt number alone does not name an attempt: a stage that Spark submits again (an executor lost with
+    the shuffle output it read) numbers its tasks' attempts from 0 again. The attempt id does."""
+    if ctx is None:
+        try:
+            from pyspark import TaskContext
+        except ImportError:  # pragma: no cover - pyspark is there wherever a task runs
+            return 0, 0
         ctx = TaskContext.get()
-        return (ctx.attemptNumber(), ctx.taskAttemptId()) if ctx is not None else (0, 0)
-    except Exception:  # pragma: no cover
-        return 0, 0
+    return (ctx.attemptNumber(), ctx.taskAttemptId()) if ctx is not None else (0, 0)
 
 
 Update = tuple[WorkerReport, np.ndarray | None, np.ndarray | None]
@@ -535,7 +539,7 @@ Update = tuple[WorkerReport, np.ndarray | None, np.ndarray | None]
 def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict | None, chunks=None,
                  states_bc=None) -> Update:
     t_task = time.perf_counter()
-    attempt, attempt_id = _attempt()
+    attempt, attempt_id = task_attempt()
     report = WorkerReport(index=index, host=socket.gethostname(), pid=os.getpid(), attempt=attempt)
     if record is not None and record["rows"] == 0:
         for _ in chunks or ():
