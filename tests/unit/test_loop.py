@@ -201,3 +201,18 @@ def test_the_outer_update_and_the_weighted_mean_each_live_in_one_place():
                 means.append(where)
     assert outer == ["loop.py"]
     assert means == ["loop.py"]
+
+
+def test_an_update_counts_only_when_its_loss_and_every_value_are_finite():
+    from sparknet.loop import finite_update
+    from sparknet.net import TrainStats
+
+    ok, diverged = (TrainStats(steps=1, samples=1, loss=0.1, last_loss=0.1, wall_s=0.0, finite=f) for f in (True, False))
+    delta = torch.tensor([-3e38, 3e38] * 500 + [1.0])  # finite, near float32's largest
+    assert finite_update(ok, delta) and not finite_update(diverged, delta)
+    assert finite_update(ok, torch.zeros(0))
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for at in (0, 500, 1000):
+            hit = delta.clone()
+            hit[at] = bad
+            assert not finite_update(ok, hit), (bad, at)
