@@ -260,28 +260,36 @@ class CaffeSGD(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, m, wd = group["lr"], group["momentum"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                d = p.grad if not wd else p.grad.add(p, alpha=wd)
-                state = self.state[p]
-                v = state.get("momentum_buffer")
-                if v is None:
-                    v = state["momentum_buffer"] = torch.zeros_like(p)
-                if group["nesterov"]:  # w -= (1 + m) v' - m v, with no copy of v
-                    p.add_(v, alpha=m)
-                    v.mul_(m).add_(d, alpha=lr)
-                    p.sub_(v, alpha=1 + m)
-                else:
-                    v.mul_(m).add_(d, alpha=lr)
-                    p.sub_(v)
-        return loss
+        return _caffe_step(self, closure, self._update)
+
+    @staticmethod
+    def _update(p: torch.Tensor, d: torch.Tensor, state: dict, group: dict) -> None:
+        lr, m = group["lr"], group["momentum"]
+        v = state.get("momentum_buffer")
+        if v is None:
+            v = state["momentum_buffer"] = torch.zeros_like(p)
+        if group["nesterov"]:  # w -= (1 + m) v' - m v, with no copy of v
+            p.add_(v, alpha=m)
+            v.mul_(m).add_(d, alpha=lr)
+            p.sub_(v, alpha=1 + m)
+        else:
+            v.mul_(m).add_(d, alpha=lr)
+            p.sub_(v)
+
+
+def _caffe_step(opt: torch.optim.Optimizer, closure, update) -> torch.Tensor | None:
+    """One step of a Caffe rule: ``update(p, d, state, group)`` for every weight with a gradient, ``d`` the gradient
+    with the weight decay added (Caffe's Regularize, before ComputeUpdateValue)."""
+    loss = None
+    if closure is not None:
+        with torch.enable_grad():
+            loss = closure()
+    for group in opt.param_groups:
+        wd = group["weight_decay"]
+        for p in group["params"]:
+            if p.grad is not None:
+                update(p, p.grad if not wd else p.grad.add(p, alpha=wd), opt.state[p], group)
+    return loss
 
 
 class CaffeAdam(torch.optim.Optimizer):
@@ -303,28 +311,21 @@ class CaffeAdam(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            lr, (b1, b2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                d = p.grad if not wd else p.grad.add(p, alpha=wd)
-                state = self.state[p]
-                if not state:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
-                state["step"] += 1
-                t = int(state["step"])
-                m, v = state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(b1).add_(d, alpha=1 - b1)
-                v.mul_(b2).addcmul_(d, d, value=1 - b2)
-                p.addcdiv_(m, v.sqrt().add_(eps), value=-lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t))
-        return loss
+        return _caffe_step(self, closure, self._update)
+
+    @staticmethod
+    def _update(p: torch.Tensor, d: torch.Tensor, state: dict, group: dict) -> None:
+        lr, (b1, b2), eps = group["lr"], group["betas"], group["eps"]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
+        state["step"] += 1
+        t = int(state["step"])
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m.mul_(b1).add_(d, alpha=1 - b1)
+        v.mul_(b2).addcmul_(d, d, value=1 - b2)
+        p.addcdiv_(m, v.sqrt().add_(eps), value=-lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t))
 
 
 class _Wrapped(torch.optim.Optimizer):

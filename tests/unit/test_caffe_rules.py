@@ -471,23 +471,27 @@ def test_caffe_history_state_round_trips_through_the_optimizer_state():
     exactly."""
     config = SolverConfig(base_lr=0.05, momentum=0.9, weight_decay=0.01, caffe_history=True, lr_policy="step",
                           stepsize=3, gamma=0.5)
-    whole = _sparknet_path(config, 8)
+    assert torch.equal(_resumed_path(config, 4, 4), _sparknet_path(config, 8)[-1])
+
+
+def _resumed_path(config: SolverConfig, before: int, after: int) -> torch.Tensor:
+    """The weights after ``before`` updates, the optimizer and schedule saved and loaded into a fresh pair, and
+    ``after`` more."""
     w = torch.nn.Parameter(_problem()[2].clone())
     opt, sched = build_optimizer([w], config)
-    for _ in range(4):
+    for _ in range(before):
         w.grad = _grad(w)
         opt.step()
         sched.step()
-    saved, sched_saved, w_saved = opt.state_dict(), sched.state_dict(), w.detach().clone()
-    w2 = torch.nn.Parameter(w_saved)
+    w2 = torch.nn.Parameter(w.detach().clone())
     opt2, sched2 = build_optimizer([w2], config)
-    opt2.load_state_dict(saved)
-    sched2.load_state_dict(sched_saved)
-    for _ in range(4):
+    opt2.load_state_dict(opt.state_dict())
+    sched2.load_state_dict(sched.state_dict())
+    for _ in range(after):
         w2.grad = _grad(w2)
         opt2.step()
         sched2.step()
-    assert torch.equal(w2.detach(), whole[-1])
+    return w2.detach()
 
 
 STEP_RATE = {"lr_policy": "step", "stepsize": 4, "gamma": 0.5}  # the adaptive rules agree even as the rate changes
@@ -581,20 +585,4 @@ def test_a_caffe_adam_adds_delta_where_caffe_does_and_resumes_exactly():
     assert all(_close(a, b) for a, b in zip(ours, caffe)), [float((a - b).abs().max()) for a, b in zip(ours, caffe)]
     pytorch = _sparknet_path(config.replace(caffe_delta=False), 10)
     assert not torch.allclose(pytorch[-1], caffe[-1], rtol=1e-6, atol=0)
-    # six updates, the optimizer and schedule saved, four more in a fresh pair: the same weights as ten in one
-    w = torch.nn.Parameter(_problem()[2].clone())
-    opt, sched = build_optimizer([w], config)
-    for _ in range(6):
-        w.grad = _grad(w)
-        opt.step()
-        sched.step()
-    saved, sched_saved = opt.state_dict(), sched.state_dict()
-    w2 = torch.nn.Parameter(w.detach().clone())
-    opt2, sched2 = build_optimizer([w2], config)
-    opt2.load_state_dict(saved)
-    sched2.load_state_dict(sched_saved)
-    for _ in range(4):
-        w2.grad = _grad(w2)
-        opt2.step()
-        sched2.step()
-    assert torch.equal(w2.detach(), ours[-1])
+    assert torch.equal(_resumed_path(config, 6, 4), ours[-1])  # saved after six updates: the same ten
