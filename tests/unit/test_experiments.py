@@ -236,3 +236,41 @@ def test_sparknet_experiment_subcommand_runs_the_grid(tmp_path, capsys):
     assert line["experiment"] == "speedup-grid"
     saved = json.loads((tmp_path / "speedup-grid.json").read_text())
     assert saved["speedup"]["average"][0][0] > 0 and not math.isnan(saved["speedup"]["average"][0][0])
+
+
+# -- extended MNIST ----------------------------------------------------------------------------------
+
+def test_extended_mnist_is_made_once_cached_and_tested_on_mnist(tmp_path, monkeypatch):
+    import numpy as np
+
+    from sparknet.datasets import extended_arrays, mnist
+    from sparknet.experiments import load_data
+
+    monkeypatch.setenv("SPARKNET_CACHE", str(tmp_path))
+    train, test = load_data("extended-mnist", train_samples=40, test_samples=30)
+    assert train.x.shape == (40, 1, 28, 28) and train.x.dtype == np.float32 and train.y.dtype == np.int64
+    assert np.array_equal(train.x, extended_arrays(40).x) and np.array_equal(train.y, extended_arrays(40).y)
+    assert np.array_equal(test.x, mnist().test.x[:30]) and np.array_equal(test.y, mnist().test.y[:30])
+    (cached,) = (tmp_path / "extended_mnist").glob("train-40-seed0-*.x.npy")
+    again, _ = load_data("extended_mnist", train_samples=40)
+    assert not again.x.flags.writeable and np.array_equal(again.x, train.x)  # memory-mapped from the cache
+    np.save(cached, np.zeros((3, 1, 28, 28), np.float32))
+    with pytest.raises(Exception, match="delete it"):
+        load_data("extended-mnist", train_samples=40)
+
+
+def test_tagged_grid_on_extended_mnist_is_written_beside_the_untagged_one(tmp_path, monkeypatch):
+    from sparknet.cli import main
+
+    monkeypatch.setenv("SPARKNET_CACHE", str(tmp_path / "cache"))
+    rc = main(["experiment", "speedup-grid", "--quick", "--out", str(tmp_path), "--tag", "extended",
+               "--dataset", "extended-mnist", "--train-samples", "300", "--test-samples", "100", "--workers", "1",
+               "--taus", "2", "--strategies", "average", "--target", "0.3", "--eval-every", "2", "--processes", "1",
+               "--no-large-batch-reference"])
+    assert rc == 0
+    saved = json.loads((tmp_path / "speedup-grid-extended.json").read_text())
+    assert (tmp_path / "speedup-grid-extended.png").exists() and not (tmp_path / "speedup-grid.json").exists()
+    assert saved["config"]["dataset"] == "extended-mnist" and saved["config"]["train_samples"] == 300
+    assert saved["speedup"]["average"][0][0] > 0
+    with pytest.raises(ValueError, match="tag"):
+        run_experiment("speedup-grid", out=tmp_path, tag="../elsewhere")

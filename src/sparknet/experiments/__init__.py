@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
+import hashlib
 import importlib
 import json
 import logging
@@ -37,11 +38,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 
 from sparknet import zoo
 from sparknet.config import DistributedConfig, WorkerConfig
-from sparknet.datasets import load_dataset
+from sparknet.datasets import ArrayDataset, Deformation, cache_root, extended_arrays, load_dataset, mnist
+from sparknet.datasets._cache import atomic_write, exclusive
+from sparknet.errors import DatasetError
 from sparknet.metrics import LoadSampler, json_safe, process_age_s
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
@@ -65,6 +69,9 @@ EXPERIMENTS: dict[str, str] = {
 
 DEFAULT_OUT = "runs/experiments"
 """Where results go unless told otherwise (relative to the working directory)."""
+
+EXTENDED_SAMPLES = 100_000
+"""Deformed digits an extended-MNIST experiment makes unless ``train_samples`` says otherwise."""
 
 
 def get_experiment(name: str) -> ModuleType:
@@ -90,7 +97,7 @@ def make_config(name: str, *, quick: bool = False, **overrides: Any):
 
 
 def run_experiment(name: str, *, quick: bool = False, out: str | os.PathLike | None = None,
-                   plot: bool = True, spark=None, **overrides: Any) -> dict:
+                   plot: bool = True, spark=None, tag: str | None = None, **overrides: Any) -> dict:
     """Run experiment ``name`` and write ``NAME.json`` (and ``NAME.png``) under ``out``.
 
     Parameters
@@ -106,6 +113,9 @@ def run_experiment(name: str, *, quick: bool = False, out: str | os.PathLike | N
     spark : SparkSession, optional
         For the Spark-based experiments: run on this session (and leave it running) instead
         of starting and stopping one of their own.
+    tag : str, optional
+        Write ``NAME-TAG.json`` and ``NAME-TAG.png`` instead, beside the untagged results
+        (letters, digits, ``.``, ``_`` and ``-`` only).
     **overrides
         Fields of the experiment's ``Config``.
 
@@ -115,6 +125,9 @@ def run_experiment(name: str, *, quick: bool = False, out: str | os.PathLike | N
         The result as written to the JSON file (plus ``json_path`` / ``png_path``).
     """
     module = get_experiment(name)
+    if tag is not None and not (tag and all(c.isalnum() or c in "._-" for c in tag) and tag[0] != "."):
+        raise ValueError(f"tag must be letters, digits, '.', '_' or '-' (not starting with '.'), got {tag!r}")
+    stem = name if tag is None else f"{name}-{tag}"
     config = make_config(name, quick=quick, **overrides)
     out_dir = Path(out or DEFAULT_OUT)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -129,11 +142,11 @@ def run_experiment(name: str, *, quick: bool = False, out: str | os.PathLike | N
     result = {"experiment": name, "quick": quick, "started": started, "wall_s": time.perf_counter() - t0,
               "process_s": process_age_s(), "config": config_dict(config), "environment": env_before,
               **load.to_dict(), **body}
-    json_path = out_dir / f"{name}.json"
+    json_path = out_dir / f"{stem}.json"
     write_result(result, json_path)
     result["json_path"] = str(json_path)
     if plot:
-        png_path = out_dir / f"{name}.png"
+        png_path = out_dir / f"{stem}.png"
         module.plot(result, png_path)
         result["png_path"] = str(png_path)
     log.info("experiment %s done in %.0f s: %s", name, result["wall_s"], json_path)
@@ -172,9 +185,9 @@ class ExperimentConfig:
     """
 
     dataset: str = "mnist"
-    """mnist or mnist-small."""
+    """mnist, mnist-small or extended-mnist (deformed MNIST digits, tested on MNIST's 10,000 test digits)."""
     train_samples: int | None = None
-    """Use only the first this many training samples (default all)."""
+    """Use only the first this many training samples (default all; extended-mnist: make this many, default 100,000)."""
     test_samples: int | None = None
     """Evaluate on the first this many test samples (default the whole test set)."""
     batch_size: int = 64
@@ -188,6 +201,9 @@ class ExperimentConfig:
 
     def __post_init__(self):
         self._check("batch_size")
+        for name in ("train_samples", "test_samples"):
+            if getattr(self, name) is not None:
+                self._check(name)
 
     def _check(self, *at_least_one: str, target: bool = False) -> None:
         """``ValueError`` unless every named field is at least 1 (and, with ``target``, the target an accuracy)."""
@@ -225,18 +241,59 @@ class SparkExperimentConfig(ExperimentConfig):
 # -- shared pieces ---------------------------------------------------------------------------------
 
 def load_data(dataset: str, *, train_samples: int | None = None, test_samples: int | None = None):
-    """``(train, test)`` ArrayDatasets of ``dataset`` (``mnist`` or ``mnist-small``), optionally cut.
+    """``(train, test)`` ArrayDatasets of ``dataset`` (mnist, mnist-small or extended-mnist), optionally cut.
 
     The cuts take the first samples (the splits are already shuffled), so every process and
-    every run sees the same subset.
+    every run sees the same subset. ``extended-mnist`` trains on the first ``train_samples``
+    (default :data:`EXTENDED_SAMPLES`) deformed digits of seed 0 and tests on MNIST's test digits;
+    the digits are made once and cached on disk, then memory-mapped, so the processes of one
+    experiment share one copy (:func:`extended_train`).
     """
-    data = load_dataset(dataset.lower())
-    train, test = data.train, data.test
+    if dataset.strip().lower().replace("_", "-") == "extended-mnist":
+        train, test = extended_train(train_samples or EXTENDED_SAMPLES), mnist().test
+    else:
+        data = load_dataset(dataset.lower())
+        train, test = data.train, data.test
     if train_samples is not None and train_samples < len(train):
         train = train.subset(train_samples)
     if test_samples is not None and test_samples < len(test):
         test = test.subset(test_samples)
     return train, test
+
+
+def extended_train(num_samples: int, *, seed: int = 0) -> ArrayDataset:
+    """The first ``num_samples`` extended-MNIST digits of ``seed`` (:func:`~sparknet.datasets.extended_arrays`).
+
+    Made once (a million took three minutes on one busy core here) and cached under the data cache as
+    float32 ``.npy`` files named by the count, the seed and the deformation's settings; read back
+    memory-mapped and read-only, so every process on the machine shares one copy of the pages.
+
+    Raises
+    ------
+    ValueError
+        ``num_samples`` is below 1.
+    DatasetError
+        The cached files do not hold what their name says (delete them and run again).
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be at least 1, got {num_samples}")
+    deformation = Deformation()
+    digest = hashlib.sha256(repr(deformation).encode()).hexdigest()[:12]
+    images = cache_root() / "extended_mnist" / f"train-{num_samples}-seed{seed}-{digest}.x.npy"
+    labels = images.with_name(images.name.replace(".x.npy", ".y.npy"))
+    if not images.exists():
+        with exclusive(images.with_name(f".{images.name}.lock")):
+            if not images.exists():  # not made by another process while this one waited
+                log.info("making %d extended-MNIST digits (seed %d) for %s", num_samples, seed, images)
+                data = extended_arrays(num_samples, seed=seed, deformation=deformation)
+                for path, array in ((labels, data.y), (images, data.x)):  # images last: they mark the pair complete
+                    with atomic_write(path) as f:
+                        np.save(f, np.ascontiguousarray(array))
+    x, y = np.load(images, mmap_mode="r"), np.load(labels)
+    if x.shape != (num_samples, 1, 28, 28) or x.dtype != np.float32 or y.shape != (num_samples,):
+        raise DatasetError(f"cached {images} holds {x.dtype} {list(x.shape)} and {len(y)} labels, not {num_samples} "
+                           "digits; delete it and its .y.npy and run again")
+    return ArrayDataset(x, y)
 
 
 def make_model(name: str, batch_size: int):

@@ -62,7 +62,7 @@ def _run(args: argparse.Namespace) -> int:
     for name in names:
         overrides = config_overrides(args, get_experiment(name).Config) if args.experiment != "all" else {}
         try:
-            result = run_experiment(name, quick=args.quick, out=args.out, **overrides)
+            result = run_experiment(name, quick=args.quick, out=args.out, tag=getattr(args, "tag", None), **overrides)
         except Exception as exc:
             if args.experiment != "all":
                 raise
@@ -89,5 +89,7 @@ def configure_command(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--quick", action="store_true", help="the small version (under 3 minutes on a quiet machine)")
         p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
         if name != "all":
+            p.add_argument("--tag", default=None,
+                           help=f"write {name}-TAG.json and .png, beside the untagged results (default {name}.json)")
             add_config_arguments(p, get_experiment(name).Config)
     parser.set_defaults(_run=_run)

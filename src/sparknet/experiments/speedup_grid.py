@@ -2,6 +2,8 @@
 
     sparknet experiment speedup-grid --quick       # K in {1,2,4}, tau in {1,5,25}, MNIST 5k subset
     sparknet experiment speedup-grid               # K in {1,2,4,8,16}, tau in {1,2,5,10,25,100,500}
+    sparknet experiment speedup-grid --dataset extended-mnist --train-samples 1000000 --target 0.985 \
+        --eval-every 25 --strategies average --taus 1 5 25 100 --tag extended   # a task of thousands of steps
 
 Iterations are counted, not seconds, so the K logical workers of a cell run one after
 another in one process (:func:`sparknet.simulate.simulate`, the very strategy code the Spark
@@ -321,7 +323,7 @@ def plot(result: dict, path: str | Path) -> None:
     values = [v for s in strategies for row in result["speedup"][s] for v in row if v]
     vmax = max(values + [2.0])
     vmin = min(values + [0.5])
-    fig, axes = plt.subplots(1, len(strategies), figsize=(max(0.75 * len(taus), 3.2) * len(strategies) + 1.2,
+    fig, axes = plt.subplots(1, len(strategies), figsize=(max(0.75 * len(taus), 3.6) * len(strategies) + 1.2,
                                                           0.5 * len(workers) + 2.0), squeeze=False,
                              layout="constrained")
     image = None
@@ -347,7 +349,7 @@ def plot(result: dict, path: str | Path) -> None:
         solver = next((c["solver"] for c in result["cells"] if c["strategy"] == strategy), {})
         ax.set_title(f"{strategy} ({solver.get('solver_type')} inside, N_a = {result['N_a'][strategy]})", fontsize=9)
     cfg = result.get("config", {})
-    fig.suptitle(f"Speedup N_a/(τ·M_a) to {cfg.get('target')} test accuracy, S = 0 ({cfg.get('model')}, "
+    fig.suptitle(f"Speedup N_a/(τ·M_a) to {cfg.get('target')} test accuracy, S = 0\n({cfg.get('model')}, "
                  f"{cfg.get('dataset')}, b={cfg.get('batch_size')}; — = not reached in {cfg.get('budget')}·N_a steps)",
                  fontsize=9)
     if image is not None:
