@@ -52,3 +52,15 @@ def test_a_report_is_frozen_pickles_and_its_record_leaves_out_what_is_unknown():
     acc = Partial(wsum=None, samples=0, loss_sum=0.0,
                   workers=(report, WorkerReport(index=3, status=WorkerStatus.MISSING)))
     assert [w.index for w in acc.without(WorkerStatus.MISSING).workers] == [2]
+
+
+def test_a_round_task_travels_as_json_in_its_job_property_and_comes_back_whole():
+    from sparknet.loop import RoundPlan
+    from sparknet.spark._rounds import ROUND_TASK, RoundTask, _job_task
+
+    for task in (RoundTask(plan=RoundPlan(round=7, steps=50), numel=431080, relayed=True),
+                 RoundTask(plan=RoundPlan(round=0, steps=2**62, seconds=2.5, last=True), numel=3, send_state=True,
+                           full=True, held=True, relayed=True)):
+        assert RoundTask.from_json(task.to_json()) == task
+    with pytest.raises(RuntimeError, match=f"carries no {ROUND_TASK} property"):
+        _job_task()  # outside a Spark task there is no job to read it from
