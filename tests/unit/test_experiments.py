@@ -224,6 +224,37 @@ def test_command_line_flags_come_from_the_config():
     assert config_overrides(args, SlowConfig) == {"link_latency": ("50ms",), "link_bandwidth": ("100Mbit",)}
 
 
+def test_grid_learning_rate_policy_reaches_the_workers_solver(monkeypatch):
+    from types import SimpleNamespace
+
+    from sparknet.experiments import speedup_grid as g
+    from sparknet.experiments.cli import add_config_arguments, config_overrides
+    from sparknet.solvers import LRPolicy
+
+    # fixed (the default) keeps the solver's arguments, and so earlier results' keys, as they were
+    assert g.solver_for(g.Config(**g.QUICK), "average") == {"solver_type": "sgd", "lr": 0.05, "momentum": 0.9}
+    p = argparse.ArgumentParser()
+    add_config_arguments(p, g.Config)
+    flags = config_overrides(p.parse_args(["--lr-policy", "inv", "--gamma", "1e-3", "--power", "0.5"]), g.Config)
+    assert flags == {"lr_policy": "inv", "gamma": 1e-3, "power": 0.5}
+    config = g.Config(**{**g.QUICK, **flags})
+    seen = []
+
+    def fake_simulate(model, train, test, *, solver, **kwargs):
+        seen.append(solver)
+        return SimpleNamespace(reached=True, rounds=1, steps_per_worker=2, accuracy=1.0, history=[])
+
+    monkeypatch.setattr(g, "simulate", fake_simulate)
+    monkeypatch.setattr(g, "_DATA", {"train": None, "test": None})
+    jobs = g._jobs(config, {g._solver_key(g.solver_for(config, s)): 100 for s in config.strategies})
+    g._cell(next(j for j in jobs if j["strategy"] == "average"))
+    g._cell(next(j for j in jobs if j["strategy"] == "diloco"))
+    assert seen[0].lr_policy is LRPolicy.INV and (seen[0].gamma, seen[0].power) == (1e-3, 0.5)
+    assert seen[1].lr_policy is LRPolicy.FIXED  # DiLoCo's inner AdamW keeps its fixed rate
+    with pytest.raises(ValueError):
+        g.Config(**g.QUICK, lr_policy="sometimes")
+
+
 def test_sparknet_experiment_subcommand_runs_the_grid(tmp_path, capsys):
     import sparknet.experiments.cli  # noqa: F401  (registers the subcommand until the CLI loads it itself)
     from sparknet.cli import main

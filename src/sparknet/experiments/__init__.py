@@ -264,7 +264,7 @@ def load_data(dataset: str, *, train_samples: int | None = None, test_samples: i
 def extended_train(num_samples: int, *, seed: int = 0) -> ArrayDataset:
     """The first ``num_samples`` extended-MNIST digits of ``seed`` (:func:`~sparknet.datasets.extended_arrays`).
 
-    Made once (a million took three minutes on one busy core here) and cached under the data cache as
+    Made once (a million take about three minutes on one core) and cached under the data cache as
     float32 ``.npy`` files named by the count, the seed and the deformation's settings; read back
     memory-mapped and read-only, so every process on the machine shares one copy of the pages.
 

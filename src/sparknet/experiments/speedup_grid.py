@@ -69,6 +69,15 @@ class Config(ExperimentConfig):
     """Target test accuracy a."""
     solver_type: str = "sgd"
     """Every averaging (and EASGD) worker's update rule, and that of their single-worker baseline."""
+    lr_policy: str = "fixed"
+    """Learning-rate policy of those workers and their baseline (fixed, inv, step, ...; Caffe's LeNet solver: inv,
+    gamma 1e-4, power 0.75). Each worker decays its rate by its own local steps, as the single worker does."""
+    gamma: float = 1e-4
+    """Policy factor (inv: 1e-4 in Caffe's LeNet solver; step: the factor at every stepsize steps)."""
+    power: float = 0.75
+    """Policy exponent (inv)."""
+    stepsize: int = 10000
+    """Steps between the step policy's decays."""
     diloco_solver_type: str = "adamw"
     """DiLoCo's inner update rule (the DiLoCo paper's AdamW); its speedups are against one worker with it."""
     diloco_lr: float = 1e-3
@@ -111,6 +120,8 @@ class Config(ExperimentConfig):
         if not self.budget >= 1:
             raise ValueError(f"budget is a multiple of N_a, at least 1, got {self.budget}")
         self._check("eval_every", "baseline_steps", "processes", target=True)
+        self.lr_policy = str(self.lr_policy).lower()
+        make_solver(**solver_for(self, "average"))  # an unknown policy or a bad factor fails here, not in the pool
 
 
 QUICK: dict = {
@@ -190,7 +201,11 @@ def solver_for(config: Config, strategy: str) -> dict:
     if strategy == "diloco":
         return {"solver_type": config.diloco_solver_type, "lr": config.diloco_lr, "momentum": config.momentum,
                 "weight_decay": config.diloco_weight_decay}
-    return {"solver_type": config.solver_type, "lr": config.lr, "momentum": config.momentum}
+    solver = {"solver_type": config.solver_type, "lr": config.lr, "momentum": config.momentum}
+    if config.lr_policy != "fixed":
+        # (a fixed rate keeps the arguments, and so the results' solver keys, as they were)
+        solver.update(lr_policy=config.lr_policy, gamma=config.gamma, power=config.power, stepsize=config.stepsize)
+    return solver
 
 
 def _solver_key(solver: dict) -> str:
