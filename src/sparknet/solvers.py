@@ -134,7 +134,7 @@ class SolverConfig:
         self.type = SolverType.parse(self.type)
         self.lr_policy = LRPolicy.parse(self.lr_policy)
         self.regularization = str(self.regularization).upper()
-        self.stepvalues = tuple(int(v) for v in self.stepvalues)
+        self.stepvalues = tuple(_iteration(v, "stepvalues") for v in self.stepvalues)
         if not (math.isfinite(self.base_lr) and self.base_lr > 0):
             raise ValueError(f"base_lr must be a positive number, got {self.base_lr}")
         if not 0 <= self.momentum < 1:
@@ -239,6 +239,20 @@ def _groups(model_or_groups) -> list[dict]:
     if not out:
         raise ValueError("the model has no trainable parameters")
     return out
+
+
+def _iteration(value, name: str) -> int:
+    """An iteration number given as a whole number (an int, or a float such as JSON may hold); ``ValueError``
+    for anything else (a fraction, NaN, an infinity, a string that is not a number)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must hold whole numbers of iterations, got {value!r}") from None
+    if not math.isfinite(number) or number != int(number):
+        raise ValueError(f"{name} must hold whole numbers of iterations, got {value!r}")
+    return int(number)
 
 
 class CaffeSGD(torch.optim.Optimizer):

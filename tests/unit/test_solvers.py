@@ -123,3 +123,10 @@ def test_clip_gradients_clips_the_summed_gradient_of_iter_size_minibatches_as_ca
     net.train(1)
     for got, w in zip(module.parameters(), want):
         torch.testing.assert_close(got.detach(), w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [float("-inf"), float("nan"), 1.5, "x", None])
+def test_stepvalues_that_are_not_whole_numbers_are_refused_clearly(bad):
+    assert SolverConfig(lr_policy="multistep", stepvalues=[100, 200.0]).stepvalues == (100, 200)  # JSON's 200.0
+    with pytest.raises(ValueError, match="stepvalues must hold whole numbers of iterations"):
+        SolverConfig(lr_policy="multistep", stepvalues=[100, bad])
