@@ -489,18 +489,9 @@ def _feature_expr(df, features_col, image_shape):
     if isinstance(features_col, (list, tuple)):
         if not features_col:
             raise ValueError("features_col is an empty list; name at least one feature column")
-        parts = []
-        for name in features_col:
-            if name not in fields:
-                raise ValueError(f"feature column {name!r} not found; the DataFrame has columns {list(fields)}")
-            if _is_number(fields[name].dataType):
-                parts.append(F.array(F.col(name).cast(T.FloatType())))
-                continue
-            expr, kind = _feature_expr(df, name, None)
-            if kind != "array":
-                raise ValueError(f"feature column {name!r} is binary: only numbers, arrays and ML vectors can be "
-                                 "concatenated with other columns")
-            parts.append(expr)
+        parts = [_column_array(df, fields, name, "feature column {name!r} is binary: only numbers, arrays and ML "
+                                                  "vectors can be concatenated with other columns")[0]
+                 for name in features_col]
         return (parts[0] if len(parts) == 1 else F.concat(*parts)), "array"
     if features_col not in fields:
         raise ValueError(f"feature column {features_col!r} not found; the DataFrame has columns {list(fields)}")
@@ -529,6 +520,9 @@ FEATURES_AS = ("concat", "dict")
 """How a list of feature columns reaches the net: concatenated into one array, or as a dict by column."""
 
 
+_NOT_IN_A_DICT = "feature column {name!r} is {type}: a dict of feature columns holds numbers, arrays and ML vectors"
+
+
 def feature_layout(df, columns: Sequence[str], shapes: dict | None = None) -> tuple[tuple[str, tuple], ...]:
     """Each feature column's name and the shape of one row of it, for a net that takes a dict of them.
 
@@ -553,15 +547,9 @@ def feature_layout(df, columns: Sequence[str], shapes: dict | None = None) -> tu
     fields = {f.name: f for f in df.schema.fields}
     sized = {}
     for name in columns:
-        if name not in fields:
-            raise ValueError(f"feature column {name!r} not found; the DataFrame has columns {list(fields)}")
-        if _is_number(fields[name].dataType):
-            continue
-        expr, kind = _feature_expr(df, name, None)
-        if kind != "array":
-            raise ValueError(f"feature column {name!r} is {fields[name].dataType.simpleString()}: a dict of feature "
-                             "columns holds numbers, arrays and ML vectors")
-        sized[name] = expr
+        expr, number = _column_array(df, fields, name, _NOT_IN_A_DICT)
+        if not number:
+            sized[name] = expr
     widths = {}
     if sized:
         row = df.select(*[F.size(e).alias(f"c{i}") for i, e in enumerate(sized.values())]) \
@@ -594,13 +582,8 @@ def dict_features(df, layout, column: str):
     fields = {f.name: f for f in df.schema.fields}
     parts = []
     for name, shape in layout:
-        if name not in fields:
-            raise ValueError(f"feature column {name!r} not found; the DataFrame has columns {list(fields)}")
-        if _is_number(fields[name].dataType):
-            parts.append(F.array(F.col(name).cast(T.FloatType())))
-            continue
-        expr, _ = _feature_expr(df, name, None)
-        parts.append(F.when(F.size(expr) == math.prod(shape), expr)
+        expr, number = _column_array(df, fields, name, _NOT_IN_A_DICT)
+        parts.append(expr if number else F.when(F.size(expr) == math.prod(shape), expr)
                      .otherwise(F.when(expr.isNotNull(), F.array().cast(T.ArrayType(T.FloatType())))))
     return df.withColumn(column, parts[0] if len(parts) == 1 else F.concat(*parts))
 
@@ -625,6 +608,23 @@ def dict_arrays(data, layout):
                              f"shape {shape}")
         parts.append(a.reshape(n, -1).astype(np.float32, copy=False))
     return np.concatenate(parts, axis=1), y
+
+
+def _column_array(df, fields: dict, name: str, refusal: str):
+    """``(expression, is_number)``: one member of a list of feature columns as array<float> (a number as an
+    array of one). ``refusal`` (formatted with ``name`` and ``type``) is the error for a column that is neither
+    a number, an array nor an ML vector."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if name not in fields:
+        raise ValueError(f"feature column {name!r} not found; the DataFrame has columns {list(fields)}")
+    if _is_number(fields[name].dataType):
+        return F.array(F.col(name).cast(T.FloatType())), True
+    expr, kind = _feature_expr(df, name, None)
+    if kind != "array":
+        raise ValueError(refusal.format(name=name, type=fields[name].dataType.simpleString()))
+    return expr, False
 
 
 def _is_number(dtype) -> bool:
