@@ -76,7 +76,7 @@ def main(argv=None) -> int:
     train = ["sparknet", "train", "--model", "lenet", "--dataset", "mnist", "--lr", "0.05", "--quiet"]
     train += ["--steps", "300"] if args.quick else ["--steps", "4000", "--target-accuracy", "0.99"]
     runs = {}
-    from sparknet.experiments.scaling import calibrate
+    from sparknet.experiments.scaling import calibrate, calibration_around
 
     # this machine's step and evaluation before and after the runs (its speed moves by a fifth within an hour), so
     # the cost model prices these runs with the constants of their hour: the mean of the two readings
@@ -98,11 +98,8 @@ def main(argv=None) -> int:
                 print(json.dumps(runs[f"2 hosts, {engine} engine"]), flush=True)
     after = calibrate().to_dict()
     print(json.dumps({"calibration_after": after}), flush=True)
-    readings = {k: [before[k], after[k]] for k in ("step_s", "eval_s_per_row")}
-    mean = {k: sum(v) / 2 for k, v in readings.items()}
-    mean["solver_step"] = {s: (before["solver_step"][s] + after["solver_step"][s]) / 2 for s in before["solver_step"]}
     report = {"benchmark": "multihost_lenet", "quick": args.quick, "cpu_count": os.cpu_count(), **empty_job,
-              "calibration": mean, "calibration_readings": readings, "runs": runs}
+              **calibration_around(before, after), "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     return 0

@@ -55,7 +55,9 @@ class Calibration:
     job_s_per_worker: float = 0.005
     """What each further task adds to a round of the rounds engine (scheduling, one result to fetch)."""
     allreduce_s: float = 0.0025
-    """One gloo allreduce of the model's buffer between two ranks on a free link."""
+    """One gloo allreduce of the model's buffer between two ranks on a free link: what it adds to a step of two
+    one-thread ranks running side by side (its own time and the wait for the slower rank; measured by
+    :func:`sparknet.experiments.scaling.allreduce_step_cost`)."""
     barrier_round_s: float = 0.003
     """The barrier engine's cost per round beyond its allreduce (the counts, the records, the channel)."""
     setup_s: float = 15.0

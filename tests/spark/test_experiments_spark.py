@@ -79,12 +79,17 @@ def test_slow_network_applies_the_link_inside_the_engine(spark, tmp_path):
         assert r["ok"], r.get("error")
         assert r["curve"] and r["step_budget"] >= 10
         assert r["engine"] == "barrier"
+        # timed from the first round's start: the stage's launch (its tasks start, write their partitions and join
+        # the process group) is recorded beside the setup, not counted as training
+        assert 0 < r["launch_s"] < r["wall_s"] - r["setup_s"]
+        assert r["train_wall_s"] == pytest.approx(r["curve"][-1]["wall_s"] - r["setup_s"] - r["launch_s"])
         if r["link"]["label"] == "0s, inf":
             assert r["modelled_link_s_per_step"] == 0 and r["link_s"] is None  # a free link: no option, no wait
         else:
             assert r["modelled_link_s_per_step"] > 0
             # the engine itself waited, at least the link's cost of the steps it ran
             assert r["link_s"] >= r["modelled_link_s_per_step"] * (r["rounds"] * 10) * 0.999
+    assert set(saved["calibration"]) >= {"step_s", "eval_s_per_row", "allreduce_s"}  # the cost model's, this hour
     naive = [r for r in saved["runs"] if r["scheme"] == "naive"]
     average = [r for r in saved["runs"] if r["scheme"] == "average"]
     # The naive scheme pays the link every step, averaging once every tau steps.

@@ -94,6 +94,8 @@ def test_the_scaling_experiment_writes_its_checks_predictions_and_plot(tmp_path)
     assert result["checks"] == [] and result["within_tolerance"] is None
     cal = result["calibration"]
     assert 0.001 < cal["step_s"] < 1.0 and 0 < cal["eval_s_per_row"] < cal["step_s"]
+    # measured by two processes in a process group, not the default constant
+    assert 0.0 <= cal["allreduce_s"] < cal["step_s"] * 10 and cal["allreduce_s"] != Calibration().allreduce_s
     preds = result["predictions"]
     assert len(preds) == 2 * 2 * 2  # links x engines x K
     slow = {p["engine"]: p for p in preds if p["workers"] == 16 and p["link"] == "50ms,100Mbit"}
@@ -114,3 +116,19 @@ def test_a_result_file_with_its_own_constants_and_job_latency_is_priced_with_the
     checked = check_point(point, CAL)  # CAL's own step (0.02) and job (0.07) are not used for this point
     rounds = 10
     assert checked["predicted_s"] == pytest.approx(rounds * (50 * 0.04 + 0.24))
+
+
+def test_a_slow_network_run_is_priced_with_the_constants_measured_beside_it(tmp_path):
+    run = {"scheme": "naive", "strategy": "sync", "engine": "barrier", "ok": True, "steps_to_target": 100,
+           "train_time_to_target_s": 20.0, "link": {"latency_s": 0.0, "bandwidth_bits_per_s": None, "label": "free"}}
+    body = {"experiment": "slow-network", "config": {"tau": 50}, "workers": 2, "runs": [run]}
+    path = tmp_path / "slow-network.json"
+    path.write_text(json.dumps(body))
+    (plain,) = measured_points([path])
+    assert "calibration" not in plain
+    own = {"step_s": 0.05, "eval_s_per_row": 3e-4, "allreduce_s": 0.02, "solver_step": {"sgd": 1.0, "adamw": 1.1}}
+    path.write_text(json.dumps({**body, "calibration": own}))
+    (point,) = measured_points([path])
+    assert point["calibration"] == own
+    round_s = 50 * 0.05 + 0.003 + 50 * 0.02 + 10_000 / 2 * 3e-4  # steps, the round's and 50 steps' allreduces, eval
+    assert check_point(point, CAL)["predicted_s"] == pytest.approx(2 * round_s)

@@ -38,7 +38,8 @@ from sparknet.experiments import make_solver, pyplot, torch_threads
 from sparknet.link import LinkModel
 from sparknet.net import Net
 
-__all__ = ["Config", "QUICK", "run", "plot", "calibrate", "check_point", "measured_points", "STEPS_TO_98_5"]
+__all__ = ["Config", "QUICK", "run", "plot", "calibrate", "calibration_around", "check_point", "measured_points",
+           "STEPS_TO_98_5"]
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,10 @@ def parse_link(text: str) -> LinkModel:
 
 # -- the calibration ------------------------------------------------------------------------------------
 
-def calibrate(spark=None, *, batch_size: int = 64, rows: int = 2048, steps: int = 30) -> Calibration:
+def calibrate(spark=None, *, batch_size: int = 64, rows: int = 2048, steps: int = 30,
+              allreduce: bool = True) -> Calibration:
     """The cost model's constants measured here: LeNet's step and its evaluation per row with one thread,
+    with ``allreduce`` what a gradient allreduce adds to a step of two ranks (:func:`allreduce_step_cost`),
     and, given ``spark``, the rounds engine's cost per round from an empty Spark job
     (:data:`~sparknet.costmodel.JOB_OVER_EMPTY` times it).
 
@@ -130,11 +133,86 @@ def calibrate(spark=None, *, batch_size: int = 64, rows: int = 2048, steps: int 
         model_bytes = net.get_flat().numel() * 4
     values = {"step_s": step_s, "solver_step": {"sgd": 1.0, "adamw": adamw_s / step_s}, "eval_s_per_row": eval_s_per_row,
               "model_bytes": model_bytes}
+    if allreduce:
+        values["allreduce_s"] = allreduce_step_cost(batch_size=batch_size, rows=rows, steps=steps)
     if spark is not None:
         from sparknet.spark._backend import empty_job_s
 
         values["job_s"] = empty_job_s(spark) * JOB_OVER_EMPTY
     return Calibration(**values)
+
+
+ALLREDUCE_DEADLINE_S = 180.0
+"""Longest wait for :func:`allreduce_step_cost`'s two processes (their start, imports and steps)."""
+
+
+def allreduce_step_cost(*, batch_size: int = 64, rows: int = 2048, steps: int = 30, repeats: int = 2) -> float:
+    """Seconds a gloo allreduce of LeNet's gradient adds to each step of two one-thread ranks running side by side
+    on this machine, as the naive scheme (:class:`~sparknet.strategies.Sync`) runs them: its own time and the wait
+    for the slower rank.
+
+    Two fresh processes (a process group over loopback through a file in a temporary folder) each time ``steps``
+    steps without the allreduce and ``steps`` with it, alternating ``repeats`` times; the medians' difference per
+    step, rank 0's. Both processes are ended in ``finally``.
+    """
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="sparknet-calibration-") as tmp:
+        out = Path(tmp) / "rank0.json"
+        ctx = mp.start_processes(_allreduce_rank, args=(tmp, batch_size, rows, steps, repeats), nprocs=2,
+                                 join=False, start_method="spawn")
+        try:
+            deadline = time.monotonic() + ALLREDUCE_DEADLINE_S
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the allreduce calibration did not finish within {ALLREDUCE_DEADLINE_S:g} s")
+        finally:
+            for proc in ctx.processes:
+                if proc.is_alive():
+                    proc.terminate()
+                    proc.join(5.0)
+        return json.loads(out.read_text())["allreduce_s"]
+
+
+def _allreduce_rank(rank: int, tmp: str, batch_size: int, rows: int, steps: int, repeats: int) -> None:
+    import statistics
+
+    import torch.distributed as dist
+
+    from sparknet.strategies import Sync
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=2)
+    try:
+        g = torch.Generator().manual_seed(rank)
+        net = Net(zoo.lenet(batch_size=batch_size), make_solver("sgd", 0.01, 0.9, 5e-4), batch_size=batch_size)
+        net.set_training_data((torch.rand(rows, 1, 28, 28, generator=g), torch.randint(0, 10, (rows,), generator=g)))
+        sync = Sync()
+        net.train(5, after_backward=sync.after_backward)  # the group's connections, the first steps' allocations
+        plain, synced = [], []
+        for _ in range(repeats):
+            for hook, times in ((None, plain), (sync.after_backward, synced)):
+                dist.barrier()
+                t = time.perf_counter()
+                net.train(steps, after_backward=hook)
+                times.append((time.perf_counter() - t) / steps)
+        if rank == 0:
+            Path(tmp, "rank0.json").write_text(json.dumps(
+                {"allreduce_s": max(0.0, statistics.median(synced) - statistics.median(plain))}))
+    finally:
+        dist.destroy_process_group()
+
+
+def calibration_around(before: dict, after: dict) -> dict:
+    """Two readings of :func:`calibrate` taken just before and just after a benchmark's runs, as the result
+    file keeps them: ``calibration`` (their mean: this machine's speed moves by a fifth within an hour, and
+    :func:`measured_points` prices the runs with the constants of their hour) and ``calibration_readings``."""
+    readings = {k: [before[k], after[k]] for k in ("step_s", "eval_s_per_row", "allreduce_s")}
+    mean = {k: sum(v) / 2 for k, v in readings.items()}
+    mean["solver_step"] = {s: (before["solver_step"][s] + after["solver_step"][s]) / 2 for s in before["solver_step"]}
+    return {"calibration": mean, "calibration_readings": readings}
 
 
 # -- the measured points --------------------------------------------------------------------------------
@@ -149,7 +227,10 @@ def measured_points(paths) -> list[dict]:
             continue
         data = json.loads(path.read_text())
         if data.get("experiment") == "slow-network":
-            points += _slow_network_points(data, path.name)
+            for point in _slow_network_points(data, path.name):
+                if data.get("calibration"):  # measured beside its runs
+                    point["calibration"] = data["calibration"]
+                points.append(point)
             continue
         runs = data.get("runs")
         if isinstance(runs, dict):

@@ -28,8 +28,12 @@ A run whose link alone would take more than ``max_seconds`` gets fewer steps; if
 it from the target, the time it would have taken is projected (the link changes when things
 happen, not what is computed: the free-link run's training time plus its steps to the target
 times the link's cost per step) and marked as projected. Times are counted from the
-end of each fit's setup (data staging, the same for every scheme and link) and the setup is
-recorded beside them; one untimed single-step fit runs first.
+start of each fit's first round: its setup (data staging) and the barrier stage's launch (its
+tasks start, write their partitions and join the process group), the same for every scheme and
+link, are left out and recorded beside them (``setup_s``, ``launch_s``); one untimed
+single-step fit runs first. The cost model's constants
+(:func:`sparknet.experiments.scaling.calibrate`) are read just before and just after the runs and
+kept with them, so ``sparknet experiment scaling`` prices these runs with this hour's machine.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from pathlib import Path
 
 from sparknet.experiments import (SparkExperimentConfig, first_reaching, make_model, make_solver, measured,
                                   median_step_time, pyplot, spark_fit, spark_stage)
+from sparknet.experiments.scaling import calibrate, calibration_around
 from sparknet.link import LinkModel
 
 __all__ = ["Config", "QUICK", "SCHEMES", "run", "plot"]
@@ -143,13 +148,13 @@ def _one(config: Config, scheme: str, link: LinkModel, spark, df, test, nbytes: 
     curve = fit.curve
     hit = first_reaching(curve, config.target)
     s = fit.result.summary
-    setup = s.get("setup_s") or 0.0
+    setup = (s.get("setup_s") or 0.0) + (s.get("launch_s") or 0.0)  # the first round's start
     return {"scheme": scheme, "link": link.to_dict(), "ok": True, "engine": engine, "strategy": strategy,
             "reached": hit is not None, "time_to_target_s": hit["wall_s"] if hit else None,
             "train_time_to_target_s": hit["wall_s"] - setup if hit else None,
             "train_wall_s": (curve[-1]["wall_s"] - setup) if curve else None,
             "steps_to_target": hit["steps"] if hit else None, "step_budget": steps, "wall_s": fit.wall_s,
-            "setup_s": s.get("setup_s"), "final_accuracy": curve[-1]["accuracy"] if curve else None,
+            "setup_s": s.get("setup_s"), "launch_s": s.get("launch_s"), "final_accuracy": curve[-1]["accuracy"] if curve else None,
             "samples_per_s": s.get("samples_per_s"), "fragments": s.get("fragments"),
             "bytes_per_exchange": max((h["bytes"] for h in fit.rounds[:-1]), default=None),
             "rounds": s.get("rounds"), "bytes_communicated": s.get("bytes_communicated"),
@@ -165,6 +170,7 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
     nbytes = 4 * sum(p.numel() for p in net_params.build(seed=0).parameters())
     links = config.links()
     runs = []
+    before = calibrate().to_dict()  # the cost model's constants of this hour (sparknet experiment scaling)
     with spark_stage(config, train, spark, engine=config.engine) as (session, df, warmup_s):
         for link in links:
             for scheme in config.schemes:
@@ -172,6 +178,7 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
                 runs.append(measured(f"slow-network: {scheme} over {link.describe()}",
                                      {"scheme": scheme, "link": link.to_dict(), "reached": False},
                                      _one, config, scheme, link, session, df, test, nbytes))
+    after = calibrate().to_dict()
     _project(runs)
     summary = {f"{r['scheme']} @ {r['link']['label']}": (round(r["train_time_to_target_s"], 1) if r.get("reached") else
                                                          f"~{r['projected_train_time_to_target_s']:.0f} projected"
@@ -179,7 +186,7 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
                                                          "failed" if not r.get("ok") else "not reached")
                for r in runs}
     return {"target": config.target, "workers": config.workers, "model_bytes": nbytes, "step_time": step,
-            "spark_warmup_s": warmup_s,
+            "spark_warmup_s": warmup_s, **calibration_around(before, after),
             "links": [link.to_dict() for link in links], "runs": runs, "summary": summary,
             "how": "the engines' own link option (EngineOptions.link): waits where each exchange happens, "
                    "recorded as link_s (see the module docstring)"}

@@ -48,6 +48,7 @@ def run_barrier_engine(trainer, sc, group: str, chunks, _chunks, spec, global_fl
                                               "auto_tau")},
                       strategy=trainer.strategy.state_dict())
     restarts: list[dict] = []
+    t_engine, ready_at = time.perf_counter(), None
     while True:
         stage = BarrierStage(trainer, sc, group, spec, stop, validation, broadcasts, t_fit, driver_net, checkpoints,
                               history, restart=len(restarts))
@@ -55,6 +56,7 @@ def run_barrier_engine(trainer, sc, group: str, chunks, _chunks, spec, global_fl
             final, extra = stage.run(chunks, latest)
             break
         except _StageFailed as failed:
+            ready_at = ready_at or stage.ready_at
             cause = failed.cause
             if failed.fatal or len(restarts) >= opts.max_restarts:
                 if restarts:
@@ -68,7 +70,11 @@ def run_barrier_engine(trainer, sc, group: str, chunks, _chunks, spec, global_fl
             _wait_for_slots(sc, trainer.dist.workers, opts.rendezvous_timeout_s, latest["round"], cause)
             del history[sum(1 for h in history if h["round"] <= latest["round"]):]  # their work is redone
     history.sort(key=lambda h: h["round"])
-    extra.update(restarts=len(restarts), restart_log=restarts)
+    ready_at = ready_at or stage.ready_at
+    # the first stage's launch: its tasks start, write their partitions and join the process group (setup_s ends
+    # where the engine starts; the rounds engine's staging jobs run before that, inside setup_s)
+    extra.update(restarts=len(restarts), restart_log=restarts,
+                 launch_s=None if ready_at is None else ready_at - t_engine)
     return final, history, extra
 
 
@@ -112,6 +118,8 @@ class BarrierStage:
         self.latest: dict | None = None
         self.pending: dict[int, dict] = {}  # round -> {"state": ..., "workers": {rank: state}}
         self.errors: list[dict] = []
+        self.ready_at: float | None = None
+        """When rank 0 said every rank had started and joined the process group (``time.perf_counter()``)."""
 
     def _record(self, msg: dict, now: float) -> None:
         if msg["round"] in self.seen:
@@ -174,6 +182,7 @@ class BarrierStage:
         cap = 32 * len(start["global"]) + 8 * max(trainer._rows, default=0) + (1 << 20)
         receiver = MetricsReceiver(host, host, secret, max_bytes=cap)
         outcome: dict = {}
+        clock = {"ready": None, "heard": time.perf_counter()}
         try:
             begin = {k: start.get(k) for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration",
                                                "strategy", "workers", "auto_tau", "average")}
@@ -194,8 +203,6 @@ class BarrierStage:
                 weight_ema=dist.weight_ema, streaming=dist.streaming())
             stage = chunks.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
             silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
-
-            clock = {"ready": None, "heard": time.perf_counter()}
 
             def listen() -> str | None:
                 """Drain the channel while the stage runs; a reason to cancel it when it is silent too long."""
@@ -225,6 +232,7 @@ class BarrierStage:
                 self._handle(msg, time.perf_counter())  # records that raced the end of the stage
         finally:
             receiver.close()
+            self.ready_at = clock["ready"]
         if "error" in outcome:
             # the rank that failed first on its own, not a peer whose collective broke because of it
             first = sorted(self.errors, key=lambda e: (bool(e.get("collective")), e.get("time", 0.0)))
