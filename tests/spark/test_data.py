@@ -153,3 +153,23 @@ def test_bad_input_is_refused_before_any_training(spark, case, message):
         _fit(spark.createDataFrame(rows[1], rows[0]), on_round=rounds.append,
              image_shape=[2] if case == "wrong length for the net" else None)
     assert rounds == []
+
+
+def test_rows_from_the_driver_are_shuffled_once_into_the_same_partitions(spark, tmp_path):
+    """Rows handed to Spark by the driver live in the partition objects, and every task over them carries them: the
+    rounds engine's job a round would ship the data each round. One shuffle keeps every row in its partition and
+    order and ends that; data read from files, or already shuffled, is left as it is."""
+    sc = spark.sparkContext
+    local = sc.parallelize(range(40), 2).map(lambda v: (v, v * v))
+    assert _data.ships_local_data(local) and _data.ships_local_data(local.cache())  # a cache does not end the path
+    cut = _data.without_local_data(local, 2)
+    assert not _data.ships_local_data(cut)
+    assert cut.glom().collect() == local.glom().collect()  # the same rows, partitions and order
+    assert _data.without_local_data(local, 3) is local  # a split the caller makes itself (it shuffles anyway)
+    shuffled = local.repartition(2)
+    assert not _data.ships_local_data(shuffled) and _data.without_local_data(shuffled, 2) is shuffled
+    path = str(tmp_path / "rows.txt")
+    (tmp_path / "rows.txt").write_text("\n".join(map(str, range(10))))
+    assert not _data.ships_local_data(sc.textFile(path, 2))
+    frame = spark.createDataFrame([(float(i), i % 2) for i in range(8)], ["x", "label"])
+    assert _data.ships_local_data(frame.rdd)  # a DataFrame of local rows too

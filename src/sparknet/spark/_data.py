@@ -775,6 +775,47 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "
     return rdd, source
 
 
+def ships_local_data(rdd, *, most_rdds: int = 1000) -> bool:
+    """Whether every task over ``rdd`` carries rows the driver handed to Spark (``sc.parallelize``, a DataFrame made
+    from local rows or arrays): a path of narrow dependencies from ``rdd`` to a ``ParallelCollectionRDD``.
+
+    Spark keeps such rows in the partition objects themselves, and a task is sent with its partition: every job over
+    ``rdd``, or over an RDD derived from it without a shuffle, serializes the partition's rows into each task again,
+    even when an RDD in between is cached. A shuffle ends the path (its partitions name map outputs, not rows).
+    Walks at most ``most_rdds`` RDDs of the lineage (a longer one counts as not shipping local data)."""
+    stack, seen = [rdd._jrdd.rdd()], 0
+    while stack and seen < most_rdds:
+        node = stack.pop()
+        seen += 1
+        deps = node.dependencies()
+        if deps.isEmpty():
+            if node.getClass().getSimpleName() == "ParallelCollectionRDD":
+                return True
+            continue
+        it = deps.iterator()
+        while it.hasNext():
+            dep = it.next()
+            if dep.getClass().getSimpleName() != "ShuffleDependency":
+                stack.append(dep.rdd())
+    return False
+
+
+def _partition_key(index: int) -> int:
+    return index
+
+
+def without_local_data(rdd, num_partitions: int):
+    """``rdd`` with the same records in the same partitions and order, behind a shuffle when
+    :func:`ships_local_data` (once, at the fit's start), so that the rounds engine's jobs, one a round, do not carry
+    the driver's rows in every task: each record is keyed by its partition's index and sent to that partition."""
+    if rdd.getNumPartitions() != num_partitions or not ships_local_data(rdd):
+        return rdd
+    log.info("training data: the rows came from the driver (sc.parallelize or local rows) and would travel in every "
+             "round's tasks; shuffled once into the same partitions instead")
+    keyed = rdd.mapPartitionsWithIndex(lambda index, records: ((index, r) for r in records))
+    return keyed.partitionBy(num_partitions, _partition_key).values()
+
+
 def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_classes: int | None,
                 num_workers: int | None = None, sample_shape=None, task: Task = Task.CLASSIFICATION) -> dict:
     """Sum per-partition counts and raise one clear ``ValueError`` for the first problem found.

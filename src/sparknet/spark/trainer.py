@@ -465,6 +465,8 @@ class SparkTrainer:
         if layout is not None:
             source = dataclasses.replace(source, description=f"DataFrame columns {', '.join(map(repr, dict(layout)))} "
                                                              "as a dict")
+        if dist.engine is Engine.ROUNDS and not connect:  # a job a round: no partition may carry the rows
+            chunks = _data.without_local_data(chunks, K)
         chunks.persist(getattr(StorageLevel, self.options.storage_level))
         staged = None
         broadcasts = []
