@@ -417,14 +417,20 @@ def write_model_files(path: str | os.PathLike, files: Mapping[str, bytes], *,
     """Write packed files as a model folder, the manifest last.
 
     With ``overwrite``, a folder holding a manifest, or only model files (a save that stopped
-    part way), is replaced; any other folder is left alone. Returns the folder: a ``Path``
-    when it is local, else the URI as given. A write that fails (``OSError``) deletes the
-    folder it started before the error is raised; a save killed part way leaves a folder
-    without a manifest, which does not load.
+    part way), is replaced; any other folder is left alone. The new model is written whole
+    beside it first (``<folder>.saving-<id>``) and only then takes its place: on a local disk by
+    two renames (the old folder moved aside, then deleted), on an object store, which cannot
+    rename a folder, by deleting the old objects and copying the new ones in, the manifest last.
+    A save that fails before the swap leaves the old model as it was; one that fails in an object
+    store's copy says where the new model lies whole. Returns the folder: a ``Path`` when it is
+    local, else the URI as given. A new folder whose write fails (``OSError``) is deleted before
+    the error is raised; a save killed part way leaves a folder without a manifest, which does not
+    load.
     """
     fs, root = filesystem(path)
     info = fs.get_file_info(root)
-    if info.type != pafs.FileType.NotFound:
+    replace = info.type != pafs.FileType.NotFound
+    if replace:
         if not overwrite:
             raise FileExistsError(f"{path} exists; pass overwrite=True to replace it")
         if info.type != pafs.FileType.Directory:
@@ -432,20 +438,67 @@ def write_model_files(path: str | os.PathLike, files: Mapping[str, bytes], *,
         names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(root))}
         if MANIFEST_NAME not in names and not names <= _FILES:
             raise ValueError(f"{path} exists and is not a sparknet model folder; not overwriting it")
-        fs.delete_dir(root)
-    fs.create_dir(root, recursive=True)
+    target = f"{root}.saving-{os.urandom(4).hex()}" if replace else root
+    _write_folder(fs, target, files, str(path))
+    if replace:
+        _swap_in(fs, target, root, [n for n in files if n != MANIFEST_NAME] + [MANIFEST_NAME], str(path))
+    log.info("saved model to %s", path)
+    return Path(root) if isinstance(fs, pafs.LocalFileSystem) else os.fspath(path)
+
+
+def _write_folder(fs, folder: str, files: Mapping[str, bytes], path: str) -> None:
+    """``files`` into a new ``folder``, the manifest last; the folder is deleted if a write fails."""
+    fs.create_dir(folder, recursive=True)
     try:
         for name in [n for n in files if n != MANIFEST_NAME] + [MANIFEST_NAME]:
-            with fs.open_output_stream(f"{root}/{name}") as f:
+            with fs.open_output_stream(f"{folder}/{name}") as f:
                 f.write(files[name])
     except OSError:
         try:
-            fs.delete_dir(root)
+            fs.delete_dir(folder)
         except OSError:
-            log.warning("could not delete %s after its save failed; it is incomplete and does not load", path)
+            log.warning("could not delete %s after the save of %s failed; it is incomplete and does not load",
+                        folder, path)
         raise
-    log.info("saved model to %s", path)
-    return Path(root) if isinstance(fs, pafs.LocalFileSystem) else os.fspath(path)
+
+
+def _swap_in(fs, saved: str, root: str, names: list[str], path: str) -> None:
+    """The whole new model in ``saved`` takes the place of the old one in ``root``."""
+    if fs.type_name == "local":
+        aside = f"{root}.replaced-{os.urandom(4).hex()}"
+        try:
+            fs.move(root, aside)
+        except OSError:
+            _quietly_delete(fs, saved)
+            raise
+        try:
+            fs.move(saved, root)
+        except OSError:
+            try:
+                fs.move(aside, root)
+            except OSError:
+                log.error("the old model of %s is at %s and the new one at %s: the swap failed half way", path,
+                          aside, saved)
+                raise
+            _quietly_delete(fs, saved)
+            raise
+        _quietly_delete(fs, aside)
+        return
+    try:  # an object store: no folder renames; the old objects go, the new ones are copied in, the manifest last
+        fs.delete_dir(root)
+        for name in names:
+            fs.copy_file(f"{saved}/{name}", f"{root}/{name}")
+    except OSError as exc:
+        raise OSError(f"could not put the new model in place of the old one at {path} ({exc}); the new model is "
+                      f"whole at {saved}") from exc
+    _quietly_delete(fs, saved)
+
+
+def _quietly_delete(fs, folder: str) -> None:
+    try:
+        fs.delete_dir(folder)
+    except OSError:
+        log.warning("could not delete %s (left from a model save); delete it by hand", folder)
 
 
 def read_model_files(path: str | os.PathLike) -> dict[str, bytes]:

@@ -1411,7 +1411,10 @@ def test_a_model_save_that_fails_leaves_no_folder_that_loads(tmp_path, tallies):
             loaded = None
         describe = f"{value}: the save {'returned' if error is None else f'raised {error!r}'}"
         left = sorted(p.name for p in target.iterdir()) if target.is_dir() else []
-        if loaded is not None and _same(loaded.weights, new.get_weights()) and loaded.config == {"steps": 3}:
+        if error is not None and before == "the old model" and not (
+                loaded is not None and _same(loaded.weights, old.get_weights())):
+            tally.fail("loses the old model", f"a save that failed did not leave the old model as it was: {describe}")
+        elif loaded is not None and _same(loaded.weights, new.get_weights()) and loaded.config == {"steps": 3}:
             tally.then("loads the new model")
         elif loaded is not None and before == "the old model" and _same(loaded.weights, old.get_weights()):
             tally.then("loads the old model")

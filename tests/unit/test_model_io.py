@@ -116,3 +116,4 @@ def test_overwrite_rules(tmp_path, trained):
     with pytest.raises(ValueError, match="not a sparknet model folder"):
         mio.save_model(other, net, overwrite=True)
     assert (other / "keep.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m", "other"]  # the swap leaves no folder beside them

@@ -200,6 +200,46 @@ def test_a_model_folder_round_trip_on_s3(s3):
         mio.load_model(s3.uri("models/none"))
 
 
+def test_a_model_overwritten_on_s3_is_replaced_whole_and_a_failed_save_keeps_the_old_one(s3, monkeypatch):
+    from sparknet import zoo
+
+    def net(seed):
+        return Net(zoo.mlp(input_shape=[6], hidden=[8], num_classes=3), SolverConfig(base_lr=0.1), batch_size=16,
+                   seed=seed)
+
+    old, new = net(0), net(1)
+    uri = s3.uri("models/swap")
+    mio.save_model(uri, old, config={"v": 1})
+    real = mio.filesystem
+
+    class Failing:  # the object store refuses the third file written: the new model's copy beside the old one
+        def __init__(self, fs):
+            self._fs, self.opened = fs, 0
+
+        def __getattr__(self, name):
+            return getattr(self._fs, name)
+
+        def open_output_stream(self, where, *args, **kwargs):
+            self.opened += 1
+            if self.opened == 3:
+                raise OSError("refused (injected)")
+            return self._fs.open_output_stream(where, *args, **kwargs)
+
+    monkeypatch.setattr(mio, "filesystem", lambda path: (Failing(real(path)[0]), real(path)[1]))
+    with pytest.raises(OSError, match="injected"):
+        mio.save_model(uri, new, config={"v": 2}, overwrite=True)
+    monkeypatch.undo()
+    kept = mio.load_model(uri)
+    assert kept.config == {"v": 1} and _same(kept.weights, old.get_weights())
+    assert not [k for k in s3.keys("models") if ".saving-" in k]  # nothing of the failed save is left
+    assert mio.save_model(uri, new, config={"v": 2}, overwrite=True) == uri
+    loaded = mio.load_model(uri)
+    assert loaded.config == {"v": 2} and _same(loaded.weights, new.get_weights())
+    assert s3.keys("models/swap") == sorted(f"models/swap/{n}" for n in (
+        mio.MANIFEST_NAME, "net.json", "weights.safetensors", "solver.json", "config.json"))
+    assert not [k for k in s3.keys("models") if ".saving-" in k or ".replaced-" in k]
+
+
 # -- schemes pyarrow cannot write -------------------------------------------------------------
 @pytest.mark.parametrize("uri, hint", [("dbfs:/x/ckpt", "FUSE path /dbfs/"),
                                        ("foo://x/ckpt", "this pyarrow cannot write foo://")])
