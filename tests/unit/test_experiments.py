@@ -305,3 +305,13 @@ def test_tagged_grid_on_extended_mnist_is_written_beside_the_untagged_one(tmp_pa
     assert saved["speedup"]["average"][0][0] > 0
     with pytest.raises(ValueError, match="tag"):
         run_experiment("speedup-grid", out=tmp_path, tag="../elsewhere")
+
+
+def test_a_speedup_grid_plot_names_a_decaying_rate():
+    from sparknet.experiments.speedup_grid import _rate_words
+
+    assert _rate_words({"solver_type": "sgd", "lr": 0.05, "momentum": 0.9}) == ""  # a fixed rate: as before
+    inv = {"solver_type": "sgd", "lr": 0.05, "lr_policy": "inv", "gamma": 1e-4, "power": 0.75, "stepsize": None}
+    assert _rate_words(inv) == "\nlr 0.05, inv (gamma 0.0001, power 0.75)"
+    step = {"lr": 0.1, "lr_policy": "step", "gamma": 0.1, "power": None, "stepsize": 100}
+    assert _rate_words(step) == "\nlr 0.1, step (gamma 0.1, stepsize 100)"

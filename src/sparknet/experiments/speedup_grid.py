@@ -208,6 +208,18 @@ def solver_for(config: Config, strategy: str) -> dict:
     return solver
 
 
+def _rate_words(solver: dict) -> str:
+    """The learning rate's policy for a plot's title: nothing for a fixed rate, else a second line
+    ``"lr 0.05, inv (gamma 0.0001, power 0.75)"``."""
+    policy = solver.get("lr_policy", "fixed")
+    if policy == "fixed":
+        return ""
+    knobs = {"step": ("gamma", "stepsize"), "exp": ("gamma",), "inv": ("gamma", "power"), "poly": ("power",)}
+    args = ", ".join(f"{k} {solver[k]:g}" for k in knobs.get(policy, ("gamma", "power", "stepsize"))
+                     if solver.get(k) is not None)
+    return f"\nlr {solver.get('lr'):g}, {policy}" + (f" ({args})" if args else "")
+
+
 def _solver_key(solver: dict) -> str:
     return ",".join(f"{k}={solver[k]}" for k in sorted(solver))
 
@@ -362,7 +374,8 @@ def plot(result: dict, path: str | Path) -> None:
         ax.set_xlabel("τ (steps between synchronizations)", fontsize=9)
         ax.set_ylabel("K (workers)", fontsize=9)
         solver = next((c["solver"] for c in result["cells"] if c["strategy"] == strategy), {})
-        ax.set_title(f"{strategy} ({solver.get('solver_type')} inside, N_a = {result['N_a'][strategy]})", fontsize=9)
+        ax.set_title(f"{strategy} ({solver.get('solver_type')} inside, N_a = {result['N_a'][strategy]})"
+                     + _rate_words(solver), fontsize=9)
     cfg = result.get("config", {})
     fig.suptitle(f"Speedup N_a/(τ·M_a) to {cfg.get('target')} test accuracy, S = 0\n({cfg.get('model')}, "
                  f"{cfg.get('dataset')}, b={cfg.get('batch_size')}; — = not reached in {cfg.get('budget')}·N_a steps)",
