@@ -94,6 +94,17 @@ def test_missing_inputs_are_clear(spark, model_and_data, tmp_path):
         predict(folder, str(data), str(tmp_path / "o"), spark=spark, features_col="pixels")
 
 
+def test_a_scoring_job_past_its_deadline_is_cancelled_and_says_so(spark, model_and_data, tmp_path):
+    from sparknet.errors import DeadlineExceeded
+
+    folder, data, _, _ = model_and_data
+    with pytest.raises(DeadlineExceeded, match="the scoring and writing job did not finish within 0.001 s"):
+        predict(folder, str(data), str(tmp_path / "late"), spark=spark, timeout_s=0.001)
+    assert not spark.sparkContext._jsc.sc().isStopped()  # the caller's session keeps running
+    result = predict(folder, str(data), str(tmp_path / "late"), spark=spark, overwrite=True)  # and works again
+    assert result.rows == 60
+
+
 class _NoContext:
     """A SparkContext with a master and nothing else: check_shared_path's short-cuts use no more."""
 

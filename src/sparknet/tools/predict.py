@@ -30,12 +30,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparknet._fields import OldName
-from sparknet.spark._session import get_session
+from sparknet.spark._backend import run_with_deadline
+from sparknet.spark._session import get_session, is_connect
 from sparknet.spark._shared_path import check_shared_path
 
 __all__ = ["PredictResult", "predict"]
 
 log = logging.getLogger(__name__)
+
+
+PREDICT_TIMEOUT_S = 24 * 3600.0
+"""Default longest wait for ``sparknet predict``'s scoring and writing job (``--timeout``)."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,7 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
             features_col: str = "features", prediction_col: str = "prediction",
             probability_col: str = "probability", probability_vector: bool = False, overwrite: bool = False,
             score_batch_size: int | None = None, threads: int | None = None, partitions: int | None = None,
-            allow_pickle: bool = False) -> PredictResult:
+            allow_pickle: bool = False, timeout_s: float | None = PREDICT_TIMEOUT_S) -> PredictResult:
     """Score a Parquet data set with a saved model and write the result as Parquet.
 
     Parameters
@@ -90,6 +95,10 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
         Repartition the input to this many partitions first (to use more executors).
     allow_pickle : bool
         Allow a model folder that holds a pickled torch module (trusted files only).
+    timeout_s : float or None
+        Longest wait for the scoring and writing job (default a day); past it the job is cancelled
+        and :class:`~sparknet.errors.DeadlineExceeded` says which tasks had not finished. ``None``:
+        no deadline.
 
     Returns
     -------
@@ -124,10 +133,16 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
             from pyspark.ml.functions import vector_to_array
 
             scored = scored.withColumn(probability_col, vector_to_array(scored[probability_col]))
-        scored.write.mode("overwrite" if overwrite else "errorifexists").parquet(out)
-        written = spark.read.parquet(out)
-        result = PredictResult(out=out, rows=written.count(), columns=written.columns,
-                               seconds=time.perf_counter() - t0)
+        def write() -> PredictResult:
+            scored.write.mode("overwrite" if overwrite else "errorifexists").parquet(out)
+            written = spark.read.parquet(out)
+            return PredictResult(out=out, rows=written.count(), columns=written.columns,
+                                 seconds=time.perf_counter() - t0)
+
+        group = f"sparknet-predict-{os.urandom(4).hex()}"
+        result = run_with_deadline(spark if is_connect(spark) else spark.sparkContext, group,
+                                   f"sparknet predict: score {data} into {out}", write, timeout_s=timeout_s,
+                                   what="the scoring and writing job")
     finally:
         model.unpersist()
         if own_session:
@@ -161,6 +176,8 @@ def configure_command(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", type=int, default=None, help="repartition the input first")
     p.add_argument("--allow-pickle", action="store_true",
                    help="allow a model folder holding a pickled torch module (trusted files only)")
+    p.add_argument("--timeout", type=float, default=PREDICT_TIMEOUT_S,
+                   help="seconds the scoring and writing job may take before it is cancelled (default: a day)")
     p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
     p.set_defaults(_run=_run)
 
@@ -172,7 +189,7 @@ def _run(args: argparse.Namespace) -> int:
                      prediction_col=args.prediction_col, probability_col=args.probability_col,
                      probability_vector=args.probability_vector, overwrite=args.overwrite,
                      score_batch_size=args.score_batch_size, threads=args.threads, partitions=args.partitions,
-                     allow_pickle=args.allow_pickle)
+                     allow_pickle=args.allow_pickle, timeout_s=args.timeout)
     print(json.dumps({"out": result.out, "rows": result.rows, "columns": result.columns,
                       "seconds": round(result.seconds, 2)}))
     return 0
