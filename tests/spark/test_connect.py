@@ -117,6 +117,15 @@ def test_rounds_engine_refused_with_the_reason(spark):
         trainer.fit(_frame(spark, x, y))
 
 
+def test_the_parameter_server_is_refused_with_the_reason(spark):
+    from sparknet.ps import AsyncSession
+
+    x, y = blobs(200, seed=1)
+    session = AsyncSession(mlp(0), SolverConfig(base_lr=0.1), loss=torch.nn.CrossEntropyLoss())
+    with pytest.raises(ValueError, match="parameter server cannot run from a Spark Connect session.*engine='barrier'"):
+        session.run(data=_frame(spark, x, y), num_workers=2, steps=5)
+
+
 def test_checkpoints_refused_with_the_reason(spark, tmp_path):
     x, y = blobs(200, seed=1)
     trainer, _ = _trainer(spark, checkpoint_dir=str(tmp_path / "ck"))

@@ -50,7 +50,7 @@ from sparknet.ps.server import ParameterServer
 from sparknet.solvers import SolverConfig
 from sparknet.spark import _data
 from sparknet.spark._backend import default_round_deadline, run_with_deadline
-from sparknet.spark._session import get_session, is_local_master
+from sparknet.spark._session import get_session, is_connect, is_local_master
 from sparknet.weights import WeightCollection
 
 __all__ = ["AsyncSession", "run_async"]
@@ -295,6 +295,12 @@ class AsyncSession:
         feed_names = feed_names or ("features", "label")
 
         is_spark_data = _data.is_dataframe(data) or _data.is_rdd(data)
+        session = data.sparkSession if _data.is_dataframe(data) else self.spark
+        if session is not None and is_connect(session):
+            raise ValueError("the asynchronous parameter server cannot run from a Spark Connect session: its workers "
+                             "are RDD tasks that reach a server on the driver, and a Connect client has no RDDs and "
+                             "cannot be reached from the executors; train with SparkTrainer (engine='barrier'), which "
+                             "runs from Connect, or from a classic session")
         if is_spark_data:
             sc = data.sparkSession.sparkContext if _data.is_dataframe(data) else data.context
         else:
