@@ -654,7 +654,9 @@ class Net:
         self.set_iteration(state["iteration"])
         self.epoch, self._pos = state["epoch"], state["pos"]
         self._perm = None if state["perm"] is None else state["perm"].to(self.device)
-        self._gen.set_state(state["generator"])
+        # the data order's generator is the CPU's: its state read back onto a GPU (load_tree(path, "cuda")), or
+        # as another integer type, is a CPU byte tensor again
+        self._gen.set_state(torch.as_tensor(state["generator"]).to(device="cpu", dtype=torch.uint8))
         if self._stream is not None and "stream" in state:
             self._stream.load_state(state["stream"])
 

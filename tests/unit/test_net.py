@@ -95,7 +95,7 @@ def test_solver_state_resume_is_exact():
     a = Net(model(), SolverConfig(base_lr=0.05, lr_policy="step", stepsize=7, gamma=0.5), batch_size=16, seed=1)
     a.set_training_data((x, y))
     a.train(13)
-    w, state = a.get_weights(), a.solver_state()
+    w, state, again = a.get_weights(), a.solver_state(), a.solver_state()
     a.train(11)
     b = Net(model(), SolverConfig(base_lr=0.05, lr_policy="step", stepsize=7, gamma=0.5), batch_size=16, seed=99)
     b.set_training_data((x, y))
@@ -104,6 +104,14 @@ def test_solver_state_resume_is_exact():
     b.train(11)
     assert b.get_weights().max_abs_diff(a.get_weights()) == 0.0
     assert b.learning_rate == a.learning_rate
+    # the data order's generator state read back as another integer type (a file's, or onto a GPU: see
+    # scripts/gpu_check.py) is the CPU byte tensor the generator takes
+    c = Net(model(), SolverConfig(base_lr=0.05, lr_policy="step", stepsize=7, gamma=0.5), batch_size=16, seed=99)
+    c.set_training_data((x, y))
+    c.set_weights(w)
+    c.load_solver_state({**again, "generator": again["generator"].to(torch.int64)})
+    c.train(11)
+    assert c.get_weights().max_abs_diff(a.get_weights()) == 0.0
 
 
 def test_nan_loss_is_reported_not_hidden():

@@ -279,10 +279,7 @@ def export_worker_state(net: Net, state: WorkerState, *, copy_tensors: bool = Tr
 
 def import_worker_state(net: Net, saved: dict) -> WorkerState:
     """Load :func:`export_worker_state`'s dict into ``net``; returns the strategy's worker state."""
-    solver = dict(saved["solver"])
-    if isinstance(solver.get("generator"), torch.Tensor):
-        solver["generator"] = solver["generator"].to(torch.uint8)
-    net.load_solver_state(solver)
+    net.load_solver_state(saved["solver"])
     local = saved.get("local_flat")
     return WorkerState(local_flat=None if local is None else torch.as_tensor(local).clone(),
                        extra=dict(saved.get("extra") or {}))
