@@ -11,6 +11,10 @@ B. A worker's state carried between rounds, as the rounds engine carries it: sol
    momentum buffers come back exactly and the next steps match those of the net that never stopped.
 C. Caffe's update rules (``CaffeSGD``, ``CaffeAdam``): ten steps from the same gradients on both devices.
 D. A model folder saved from the GPU net and loaded on the CPU scores as the GPU net does.
+F. A rounds-engine task's own code (``_train_round``, no Spark): three rounds of one partition on the device,
+   the third in a fresh process's place resuming from the state file, against the same on the CPU and against
+   the process that kept going (the weights each round makes).
+G. A barrier-engine rank's rounds (``CollectiveExchange``) on the device in a one-rank gloo group, against the CPU.
 E. The command a user runs: ``sparknet train --model lenet --dataset mnist --device cuda`` to 99% test accuracy,
    and the same on the CPU with all its cores, each timed from the command's start.
 
@@ -141,6 +145,97 @@ def check_model_folder() -> dict:
     return {"max_abs_diff": diff, "ok": diff < 1e-3}
 
 
+def check_worker_rounds() -> dict:
+    """A rounds-engine task's own code on the device, without Spark: three rounds of partition 0, the first from
+    its chunks, the second from the process's cache, the third in a "new process" (the cache emptied) that resumes
+    from the state file the second wrote; the same on the CPU. The updates must agree to TF32 rounding."""
+    import numpy as np
+
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:  # a GPU machine without Spark: the task's code needs only pyspark's copy of cloudpickle
+        import types
+
+        import cloudpickle
+
+        shim = types.ModuleType("pyspark")
+        shim.cloudpickle = cloudpickle
+        sys.modules["pyspark"] = shim
+    from sparknet.config import WorkerConfig
+    from sparknet.loop import RoundPlan
+    from sparknet.spark import _data as spark_data
+    from sparknet.spark import _rounds
+    from sparknet.spark._backend import Held
+    from sparknet.strategies import make_strategy
+
+    x, y = _data()
+    pairs = [(x[i].numpy().reshape(-1), int(y[i])) for i in range(1024)]
+
+    def rounds(device: str, resume: bool) -> tuple[list, list]:
+        with tempfile.TemporaryDirectory() as tmp:
+            spec = _rounds.WorkerSpec(fit_id=f"check-{device.replace(':', '')}-{int(resume)}",
+                                      net=zoo.lenet(batch_size=64), loss=None,
+                                      worker=WorkerConfig(solver=SolverConfig(base_lr=0.01, momentum=0.9),
+                                                          batch_size=64, seed=4, device=device),
+                                      strategy=make_strategy("average"), sample_shape=(1, 28, 28),
+                                      options={"staging_dir": tmp})
+            spec_bc = Held(_rounds.pack_spec(spec))
+            weights = _net("cpu").get_flat().numpy().astype(np.float32)
+            got, seen = [], []
+            try:
+                for r in range(3):
+                    if r == 2 and resume:
+                        _rounds._CACHE.clear()  # a new Python worker: only the state file of round 1 is left
+                    task = _rounds.RoundTask(plan=RoundPlan(round=r, steps=10), numel=weights.size)
+                    chunks = spark_data.pair_chunks(784)(iter(pairs))
+                    report, delta, _ = _rounds._train_round(spec_bc, Held(weights), task, 0, None, chunks=chunks)
+                    assert delta is not None and report.finite, report
+                    weights = weights + delta  # one worker: the average is its update
+                    got.append(torch.from_numpy(weights.copy()))
+                    seen.append(report.source)
+            finally:
+                _rounds._CACHE.clear()
+            return got, seen
+
+    cpu, _ = rounds("cpu", resume=True)
+    gpu_on, _ = rounds(GPU, resume=False)
+    gpu, sources = rounds(GPU, resume=True)
+    # compared as the weights they make (a round's update is small beside the weights, so the devices' rounding,
+    # which check A measures on the weights, is a large part of it)
+    against_cpu = [_rel(a, b) for a, b in zip(gpu, cpu)]
+    resumed = _rel(gpu[2], gpu_on[2])  # the third round from the state file, against the process that kept going
+    return {"sources": sources, "weights_rel_diff_vs_cpu": against_cpu, "resumed_vs_kept_going": resumed,
+            "ok": sources == ["chunks", "cache", "chunks"] and max(against_cpu) < 0.02 and resumed < 1e-3}
+
+
+def check_barrier_rank() -> dict:
+    """A barrier-engine rank's round (:class:`~sparknet.collective.CollectiveExchange`, the exchange every rank
+    runs) on the device, in a one-rank gloo group: three rounds against the same on the CPU."""
+    import torch.distributed as dist
+
+    from sparknet.collective import CollectiveExchange
+    from sparknet.loop import RoundPlan
+    from sparknet.strategies import make_strategy
+
+    means = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=0, world_size=1)
+        try:
+            for device in ("cpu", GPU):
+                net = _net(device)
+                exchange = CollectiveExchange(net, make_strategy("average"), rank=0, world=1)
+                global_flat, got = net.get_flat().clone(), []
+                for r in range(3):
+                    update = exchange.run_round(RoundPlan(round=r, steps=10), global_flat)
+                    global_flat = global_flat + update.total / update.samples
+                    got.append(global_flat)
+                means[device] = got
+        finally:
+            dist.destroy_process_group()
+    diffs = [_rel(a, b) for a, b in zip(means[GPU], means["cpu"])]  # the weights each round makes
+    return {"weights_rel_diff_vs_cpu": diffs, "ok": max(diffs) < 0.02}
+
+
 def check_command(device: str, threads: int, out_dir: Path, timeout_s: float) -> dict:
     metrics = out_dir / f"train_{device}.jsonl"
     cmd = [sys.executable, "-m", "sparknet", "train", "--model", "lenet", "--dataset", "mnist", "--lr", "0.05",
@@ -180,7 +275,8 @@ def main(argv=None) -> int:
     report = {"device": torch.cuda.get_device_name(0) if GPU.startswith("cuda") else GPU, "torch": torch.__version__, "cpus": os.cpu_count(),
               "load_average_before": list(os.getloadavg())}
     checks = {"A net on cuda": check_net, "B worker state through a file": check_state,
-              "C Caffe's rules": check_caffe_rules, "D model folder from the GPU": check_model_folder}
+              "C Caffe's rules": check_caffe_rules, "D model folder from the GPU": check_model_folder,
+              "F a rounds-engine task's rounds": check_worker_rounds, "G a barrier-engine rank's rounds": check_barrier_rank}
     if not args.skip_command:
         checks[f"E command, {GPU}"] = lambda: check_command(GPU, 1, out_dir, args.timeout)
         checks["E command, cpu"] = lambda: check_command("cpu", os.cpu_count() or 1, out_dir, args.timeout)
@@ -190,11 +286,13 @@ def main(argv=None) -> int:
         try:
             result = fn()
         except Exception as exc:  # a check that breaks is a failed check, reported with the others
-            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            import traceback
+
+            result = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-2500:]}
         result["seconds"] = round(time.perf_counter() - t, 2)
         report[name] = result
         failed += [] if result["ok"] else [name]
-        print(f"{'ok  ' if result['ok'] else 'FAIL'} {name}: " + json.dumps(result, default=str)[:600], flush=True)
+        print(f"{'ok  ' if result['ok'] else 'FAIL'} {name}: " + json.dumps(result, default=str)[:3000], flush=True)
     report["load_average_after"] = list(os.getloadavg())
     (out_dir / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     print(f"gpu_check: {len(checks) - len(failed)} of {len(checks)} checks passed" + (f"; failed: {failed}" if failed

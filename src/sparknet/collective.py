@@ -166,7 +166,8 @@ class CollectiveExchange(Exchange):
                 stats = net.train(plan.steps, max_seconds=plan.seconds, after_backward=self._hook)
             if self.after_train is not None:
                 self.after_train(net, plan.round)
-            delta = (strategy.worker_delta(self.state, net, global_flat.to(net.device)).cpu() if streaming is None
+            # the strategies compare get_flat()'s CPU copy with the global weights: on the CPU, whatever the net's device
+            delta = (strategy.worker_delta(self.state, net, global_flat.cpu()) if streaming is None
                      else self.stream.take(net, part))
             finite = finite_update(stats, delta)
             if finite and stats.samples and self.codec is None:

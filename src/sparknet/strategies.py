@@ -69,7 +69,8 @@ class TrainingStrategy(abc.ABC):
         net.set_flat(global_flat)
 
     def worker_delta(self, state: WorkerState, net, global_flat: torch.Tensor) -> torch.Tensor:
-        """The worker's message for this round: its weights minus the global weights."""
+        """The worker's message for this round: its weights minus the global weights (``global_flat`` on the CPU,
+        as :meth:`~sparknet.net.Net.get_flat` is, whatever device the net trains on)."""
         return net.get_flat() - global_flat
 
     @abc.abstractmethod

@@ -606,7 +606,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
         fault = due_fault(spec.faults, index, round_index + 1, report.attempt)
         if fault is not None:
             fault.fire(net)
-        delta = strategy.worker_delta(entry.state, net, global_flat.to(net.device)).cpu()
+        delta = strategy.worker_delta(entry.state, net, global_flat.cpu())  # get_flat() is a CPU copy on any device
         finite = finite_update(stats, delta)
         encoded = None
         if compressed and finite:  # the error-feedback residual is worker state: saved with the round
