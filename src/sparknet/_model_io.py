@@ -438,19 +438,20 @@ def write_model_files(path: str | os.PathLike, files: Mapping[str, bytes], *,
         names = {i.base_name for i in fs.get_file_info(pafs.FileSelector(root))}
         if MANIFEST_NAME not in names and not names <= _FILES:
             raise ValueError(f"{path} exists and is not a sparknet model folder; not overwriting it")
+    order = [n for n in files if n != MANIFEST_NAME] + [MANIFEST_NAME]  # a folder loads once its manifest is there
     target = f"{root}.saving-{os.urandom(4).hex()}" if replace else root
-    _write_folder(fs, target, files, str(path))
+    _write_folder(fs, target, files, order, str(path))
     if replace:
-        _swap_in(fs, target, root, [n for n in files if n != MANIFEST_NAME] + [MANIFEST_NAME], str(path))
+        _swap_in(fs, target, root, order, str(path))
     log.info("saved model to %s", path)
     return Path(root) if isinstance(fs, pafs.LocalFileSystem) else os.fspath(path)
 
 
-def _write_folder(fs, folder: str, files: Mapping[str, bytes], path: str) -> None:
-    """``files`` into a new ``folder``, the manifest last; the folder is deleted if a write fails."""
+def _write_folder(fs, folder: str, files: Mapping[str, bytes], order: list[str], path: str) -> None:
+    """``files`` into a new ``folder`` in ``order`` (the manifest last); the folder is deleted if a write fails."""
     fs.create_dir(folder, recursive=True)
     try:
-        for name in [n for n in files if n != MANIFEST_NAME] + [MANIFEST_NAME]:
+        for name in order:
             with fs.open_output_stream(f"{folder}/{name}") as f:
                 f.write(files[name])
     except OSError:

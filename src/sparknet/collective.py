@@ -166,7 +166,7 @@ class CollectiveExchange(Exchange):
                 stats = net.train(plan.steps, max_seconds=plan.seconds, after_backward=self._hook)
             if self.after_train is not None:
                 self.after_train(net, plan.round)
-            # the strategies compare get_flat()'s CPU copy with the global weights: on the CPU, whatever the net's device
+            # the strategies compare get_flat()'s CPU copy with the global weights: on the CPU, whatever the device
             delta = (strategy.worker_delta(self.state, net, global_flat.cpu()) if streaming is None
                      else self.stream.take(net, part))
             finite = finite_update(stats, delta)

@@ -98,10 +98,9 @@ def parse_link(text: str) -> LinkModel:
 
 # -- the calibration ------------------------------------------------------------------------------------
 
-def calibrate(spark=None, *, batch_size: int = 64, rows: int = 2048, steps: int = 30,
-              allreduce: bool = True) -> Calibration:
+def calibrate(spark=None, *, batch_size: int = 64, rows: int = 2048, steps: int = 30) -> Calibration:
     """The cost model's constants measured here: LeNet's step and its evaluation per row with one thread,
-    with ``allreduce`` what a gradient allreduce adds to a step of two ranks (:func:`allreduce_step_cost`),
+    what a gradient allreduce adds to a step of two ranks (:func:`allreduce_step_cost`),
     and, given ``spark``, the rounds engine's cost per round from an empty Spark job
     (:data:`~sparknet.costmodel.JOB_OVER_EMPTY` times it).
 
@@ -132,9 +131,8 @@ def calibrate(spark=None, *, batch_size: int = 64, rows: int = 2048, steps: int 
         eval_s_per_row = (time.perf_counter() - t) / (3 * rows)
         model_bytes = net.get_flat().numel() * 4
     values = {"step_s": step_s, "solver_step": {"sgd": 1.0, "adamw": adamw_s / step_s}, "eval_s_per_row": eval_s_per_row,
-              "model_bytes": model_bytes}
-    if allreduce:
-        values["allreduce_s"] = allreduce_step_cost(batch_size=batch_size, rows=rows, steps=steps)
+              "model_bytes": model_bytes,
+              "allreduce_s": allreduce_step_cost(batch_size=batch_size, rows=rows, steps=steps)}
     if spark is not None:
         from sparknet.spark._backend import empty_job_s
 
