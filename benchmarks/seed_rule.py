@@ -4,7 +4,7 @@
     python benchmarks/seed_rule.py --seeds 3 --quick   # a small MLP on the 5k subset to 90%
 
 The simulator seeded worker i's data order with ``seed + 1000 * i``; every engine now uses
-``sparknet.loop.worker_seed(seed, i)`` (the Spark engines' rule). A different seed is a
+``sparknet.step.worker_seed(seed, i)`` (the Spark engines' rule). A different seed is a
 different data order, so single runs move; what must not move is the distribution. For each
 strategy this runs the simulator with both rules over several base seeds and reports, per
 rule, the local steps per worker to reach the target (evaluated every ``--eval-every`` steps) and the final
@@ -30,7 +30,7 @@ from _bench import LoadSampler  # noqa: E402
 
 from sparknet import SolverConfig, zoo
 from sparknet.datasets import mnist, mnist_small
-from sparknet.loop import worker_seed
+from sparknet.step import worker_seed
 
 SOLVERS = {"average": {"type": "sgd", "base_lr": 0.05, "momentum": 0.9},
            "diloco": {"type": "adamw", "base_lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-4}}

@@ -29,10 +29,10 @@ import torch
 
 from sparknet._enums import CompressionKind
 from sparknet.config import Streaming
-from sparknet.loop import (Exchange, RoundPlan, RoundUpdate, WorkerStream, check_streaming, finite_update, late_update,
-                           seed_draws, whole_or)
+from sparknet.loop import Exchange, RoundPlan, RoundUpdate, check_streaming, late_update, whole_or
 from sparknet.net import EvalResult
-from sparknet.strategies import TrainingStrategy, WorkerState, make_compressor
+from sparknet.step import WorkerStep
+from sparknet.strategies import TrainingStrategy, WorkerState
 from sparknet.task import Task, task_metrics, task_width
 
 __all__ = ["CollectiveExchange", "FIELDS", "evaluate_shards"]
@@ -118,24 +118,25 @@ class CollectiveExchange(Exchange):
                  streaming: Streaming | None = None):
         self.net, self.strategy, self.rank, self.world, self.group = net, strategy, rank, world, group
         check_streaming(strategy, streaming)
-        self.streaming, self.stream = streaming, WorkerStream()
+        self.streaming = streaming
+        self.step = WorkerStep(net, strategy, state=state, compression=compression, streaming=streaming,
+                               seed=seed_for_round, after_train=after_train, train=train)
         self._arrived: slice | None = None  # the part whose new global weights this rank takes next round
         self._in_flight: _InFlight | None = None  # an overlapped exchange still on its way
         self.workers = world
-        self.state = state if state is not None else WorkerState()
         self.has_data, self.validation, self.link = has_data, validation, link
         self.validation_rows = validation_rows
-        codec = make_compressor(compression)
-        self.compression = codec.kind
-        self.codec = None if codec.kind is CompressionKind.NONE else codec
-        self.seed_for_round, self.after_train, self.engine, self.train = seed_for_round, after_train, engine, train
-        if train is not None and strategy.needs_gradient_hook:
-            raise ValueError(f"{strategy!r} allreduces gradients inside net.train; a custom train loop cannot run it")
+        self.codec, self.engine = self.step.codec, engine
+        self.compression = CompressionKind.NONE if self.codec is None else self.codec.kind
         self.strategy.set_link(link)  # a gradient strategy's every-step allreduce waits too
-        self._hook = strategy.after_backward if strategy.needs_gradient_hook else None
         self._bufs: list[torch.Tensor | None] = [None, None]  # an overlapped round fills one while the other travels
         self.eval_link_s = 0.0  # the link wait of this round's evaluation
         self._last_sync_s = -1.0  # this rank's sync time of the previous round (none yet in a new stage)
+
+    @property
+    def state(self) -> WorkerState:
+        """This worker's strategy and codec state."""
+        return self.step.state
 
     # -- one round ----------------------------------------------------------------------------
     def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
@@ -145,41 +146,23 @@ class CollectiveExchange(Exchange):
         slot = plan.round % 2 if streaming is not None and streaming.overlap else 0
         if self._bufs[slot] is None or self._bufs[slot].numel() < n + self.world * FIELDS:
             self._bufs[slot] = torch.zeros(n + self.world * FIELDS, dtype=torch.float32)
-        buf, net, strategy = self._bufs[slot][:n + self.world * FIELDS], self.net, self.strategy
+        buf = self._bufs[slot][:n + self.world * FIELDS]
         buf.zero_()
         self.eval_link_s = 0.0
         row = buf[n + self.rank * FIELDS:n + (self.rank + 1) * FIELDS]
-        grad_bytes0, grad_link0 = strategy.gradient_traffic()
-        sent = {"link_s": 0.0, "bytes": 0, "delta": None, "round": plan.round, "part": whole_or(part, P)}
+        grad_bytes0, grad_link0 = self.strategy.gradient_traffic()
+        sent = {"link_s": 0.0, "bytes": 0, "message": None, "round": plan.round, "part": whole_or(part, P)}
         if self.has_data and plan.steps > 0:
-            if streaming is None:
-                strategy.worker_begin(self.state, net, global_flat.to(net.device))
-            elif self.stream.base is None:
-                self.stream.begin(net, global_flat.to(net.device))
-            elif self._arrived is not None:
-                self.stream.arrive(net, global_flat, self._arrived)
-            if self.seed_for_round is not None:
-                seed_draws(self.seed_for_round(plan.round))
-            if self.train is not None:
-                stats = self.train(plan.steps, plan.seconds)
-            else:
-                stats = net.train(plan.steps, max_seconds=plan.seconds, after_backward=self._hook)
-            if self.after_train is not None:
-                self.after_train(net, plan.round)
-            # the strategies compare get_flat()'s CPU copy with the global weights: on the CPU, whatever the device
-            delta = (strategy.worker_delta(self.state, net, global_flat.cpu()) if streaming is None
-                     else self.stream.take(net, part))
-            finite = finite_update(stats, delta)
-            if finite and stats.samples and self.codec is None:
-                torch.mul(delta, float(stats.samples), out=buf[:n])
-            elif finite and stats.samples:
-                sent["delta"] = delta  # encoded (error feedback in this rank's state) by _start
+            result = self.step.run(plan.steps, global_flat, round=plan.round, seconds=plan.seconds, part=part,
+                                   arrived=self._arrived)
+            stats, finite = result.stats, result.finite
+            if result.counts and self.codec is None:
+                torch.mul(result.delta, float(stats.samples), out=buf[:n])
+            sent["message"] = result.message
             if not finite:
                 log.warning("worker %d: loss or weights became NaN/Inf in round %d; left out of the average",
                             self.rank, plan.round)
-                if streaming is not None:
-                    self.stream.begin(net, global_flat.to(net.device))  # its own weights are lost
-            loss_sum = stats.loss * stats.samples if finite and stats.samples else 0.0
+            loss_sum = stats.loss * stats.samples if result.counts else 0.0
             row.copy_(torch.tensor([stats.samples if finite else 0, loss_sum, stats.steps, stats.wall_s,
                                     1.0 if finite else 0.0, stats.samples, self._last_sync_s]))
             compute_s = stats.wall_s
@@ -250,9 +233,7 @@ class CollectiveExchange(Exchange):
             sent["bytes"] += 2 * (world - 1) * nbytes if world > 1 else 0
             return _InFlight(work, buf, n, None, sent, delay, t)
         row = buf[n + rank * FIELDS:n + (rank + 1) * FIELDS].clone()
-        delta = sent["delta"]
-        body = (codec.encode(delta, self.state) if delta is not None
-                else torch.zeros(codec.wire_nbytes(n), dtype=torch.uint8))
+        body = sent["message"] if sent["message"] is not None else torch.zeros(codec.wire_nbytes(n), dtype=torch.uint8)
         message = torch.cat([row.view(torch.uint8), body])
         delay = link.allgather_delay(message.numel(), world) if link is not None else 0.0
         if not overlapped:

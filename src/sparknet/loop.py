@@ -42,36 +42,15 @@ import torch
 from sparknet._enums import CompressionKind
 from sparknet.config import Streaming
 from sparknet.errors import EngineError, NonFiniteUpdate
-from sparknet.net import EvalResult, TrainStats
+from sparknet.net import EvalResult
 from sparknet.stopping import EvalPlan, StopRule, screen_margin
-from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, WorkerState, make_compressor
+from sparknet.step import WorkerStep, sum_stats
+from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, make_compressor
 
-__all__ = ["worker_seed", "seed_draws", "round_seed", "RoundPlan", "RoundUpdate", "Progress", "Exchange", "InProcessExchange",
-           "WorkerStream", "NetScorer", "check_streaming", "WeightAverage", "average_summary", "weighted_mean", "run_rounds"]
+__all__ = ["RoundPlan", "RoundUpdate", "Progress", "Exchange", "InProcessExchange", "NetScorer", "check_streaming",
+           "WeightAverage", "average_summary", "weighted_mean", "run_rounds"]
 
 log = logging.getLogger(__name__)
-
-
-def worker_seed(seed: int, index: int) -> int:
-    """The seed of worker ``index``'s Net (its data order): distinct per worker, fixed per run; every engine's."""
-    return int(seed) * 100_003 + int(index) + 1
-
-
-def round_seed(seed: int, index: int, round_index: int) -> int:
-    """The seed of worker ``index``'s random draws in round (or epoch) ``round_index``, counted from 0."""
-    return (worker_seed(seed, index) * 1_000_003 + int(round_index)) % (2**63 - 1)
-
-
-def seed_draws(seed: int) -> None:
-    """Seed torch's global generator (what dropout draws from) for a round.
-
-    Only the CPU's while CUDA is not in use: ``torch.manual_seed`` also queues a lazy seeding of
-    every CUDA device, which records a stack trace on each call (about 2 ms, every round).
-    """
-    if torch.cuda.is_initialized():
-        torch.manual_seed(seed)
-    else:
-        torch.default_generator.manual_seed(seed)
 
 
 @dataclass(frozen=True)
@@ -94,44 +73,6 @@ def check_streaming(strategy: TrainingStrategy, streaming: Streaming | None) -> 
     if streaming is not None and not strategy.streams:
         raise ValueError(f"overlapped or streamed exchanges (--overlap, --fragments) need a strategy that takes a "
                          f"part of the weights a round late, average or diloco; {strategy!r} cannot")
-
-
-class WorkerStream:
-    """One worker's side of a :class:`~sparknet.config.Streaming` exchange: its weights between exchanges.
-
-    ``base`` holds, for every weight, where the worker's progress not yet sent counts from. :meth:`take`
-    sends a part's progress (the base moves to where the worker is, and that point is kept until the
-    part's new global weights come back); :meth:`arrive` takes them, keeping what the worker trained
-    since it sent that part.
-    """
-
-    def __init__(self):
-        self.base: torch.Tensor | None = None
-        self.sent: list[torch.Tensor] = []  # the worker's weights of each part sent and not yet back, oldest first
-
-    def begin(self, net, global_flat: torch.Tensor) -> None:
-        """Before the first round (or after a NaN): the worker starts from the global weights."""
-        net.set_flat(global_flat)
-        self.base = global_flat.detach().to(device="cpu", dtype=torch.float32).clone()
-        self.sent.clear()
-
-    def take(self, net, part: slice) -> torch.Tensor:
-        """The worker's progress on ``part`` since its base; the base moves to where the worker is."""
-        x = net.get_flat()[part].cpu()
-        delta = x - self.base[part]
-        self.base[part] = x
-        self.sent.append(x.clone())
-        return delta
-
-    def arrive(self, net, global_flat: torch.Tensor, part: slice) -> None:
-        """The global weights of ``part`` came back (the oldest part sent): they, plus what the worker trained
-        since it sent that part."""
-        sent = self.sent.pop(0) if self.sent else self.base[part].clone()
-        shift = global_flat[part].cpu() - sent
-        x = net.get_flat()
-        x[part] += shift.to(x.device)
-        self.base[part] += shift
-        net.set_flat(x)
 
 
 @dataclass(frozen=True)
@@ -248,15 +189,6 @@ def weighted_mean(total: torch.Tensor, samples: float) -> torch.Tensor:
 def whole_or(part: slice | None, numel: int) -> slice | None:
     """``part``, or ``None`` when it covers all ``numel`` weights (what :attr:`RoundUpdate.part` says then)."""
     return None if part is None or (part.start == 0 and part.stop == numel) else part
-
-
-def finite_update(stats: TrainStats, delta: torch.Tensor) -> bool:
-    """The one rule every engine applies to a worker's round: its update enters the average only if its loss
-    stayed finite and every value of the update is finite (the parameter server applies the same rule to a
-    push's values)."""
-    # The largest magnitude is finite exactly when every value is (amax carries a NaN through): one pass, and a
-    # tenth of isfinite().all()'s time on a LeNet-sized update.
-    return bool(stats.finite) and (delta.numel() == 0 or math.isfinite(float(delta.abs().amax())))
 
 
 def late_update(arrived: RoundUpdate | None, now: RoundUpdate) -> RoundUpdate:
@@ -604,13 +536,14 @@ class InProcessExchange(Exchange):
         self._scorer = NetScorer(evaluator)
         check_streaming(strategy, streaming)
         self.streaming = streaming
-        self.streams = [WorkerStream() for _ in self.nets]
         self._arrived: slice | None = None  # the part whose new global weights the workers take next round
         self._in_flight: RoundUpdate | None = None  # an overlapped exchange's sums, applied a round late
         self.workers = len(self.nets)
         self.compressor = make_compressor(compression)
         self.compression = self.compressor.kind
-        self.states = [WorkerState() for _ in self.nets]
+        self.steps = [WorkerStep(net, strategy, compression=compression, streaming=streaming, gradient_hook=False,
+                                 train=None if on_steps is None else self._pieces(net))
+                      for net in self.nets]
         self._down: Downlink | None = None
         self._delivered: torch.Tensor | None = None  # the global weights the last message carried
         self.bytes_moved = 0
@@ -635,27 +568,21 @@ class InProcessExchange(Exchange):
         samples = processed = steps = slowest_steps = 0
         loss_sum = compute_s = 0.0
         nonfinite = []
-        for i, (net, state, stream) in enumerate(zip(self.nets, self.states, self.streams)):
-            if streaming is None:
-                self.strategy.worker_begin(state, net, seen)
-            elif stream.base is None:
-                stream.begin(net, seen)
-            elif self._arrived is not None:
-                stream.arrive(net, seen, self._arrived)
-            stats = self._train(net, plan)
-            delta = self.strategy.worker_delta(state, net, seen) if streaming is None else stream.take(net, part)
+        for i, step in enumerate(self.steps):
+            result = step.run(plan.steps, seen, round=plan.round, seconds=plan.seconds, part=part,
+                              arrived=self._arrived)
+            stats = result.stats
             processed += stats.samples
             steps = max(steps, stats.steps)
             if stats.wall_s >= compute_s:
                 compute_s, slowest_steps = stats.wall_s, stats.steps
-            if not finite_update(stats, delta):
+            if not result.finite:
                 nonfinite.append(i)
-                if streaming is not None:
-                    stream.begin(net, seen)  # its own weights are lost: it starts again from the global ones
                 continue
-            c = self.compressor.compress(delta, state)
-            self.bytes_moved += c.nbytes
-            total.add_(self.compressor.decompress(c), alpha=stats.samples)
+            self.bytes_moved += result.nbytes
+            delta = result.delta if result.message is None else self.compressor.decode(result.message,
+                                                                                        result.delta.numel())
+            total.add_(delta, alpha=stats.samples)
             samples += stats.samples
             loss_sum += stats.loss * stats.samples
         update = RoundUpdate(total=total, samples=samples, loss_sum=loss_sum, steps=steps, processed=processed,
@@ -672,18 +599,20 @@ class InProcessExchange(Exchange):
         self._arrived = None if arrived is None else (arrived.part or slice(0, seen.numel()))
         return late_update(arrived, replace(update, total=None, samples=0, loss_sum=0.0, processed=0))
 
-    def _train(self, net, plan: RoundPlan):
-        """The worker's local steps (in pieces of ``piece`` steps, reported to ``on_steps``, when it is set)."""
-        if self.on_steps is None:
-            return net.train(plan.steps, max_seconds=plan.seconds)
-        done = []
-        while sum(s.steps for s in done) < plan.steps:
-            stats = net.train(min(self.piece, plan.steps - sum(s.steps for s in done)))
-            self.on_steps(stats)
-            done.append(stats)
-            if stats.steps == 0:
-                break
-        return _sum_stats(done)
+    def _pieces(self, net):
+        """The worker's local steps in pieces of ``piece`` steps, each reported to ``on_steps``."""
+
+        def train(steps: int, seconds: float | None):
+            done = []
+            while sum(s.steps for s in done) < steps:
+                stats = net.train(min(self.piece, steps - sum(s.steps for s in done)))
+                self.on_steps(stats)
+                done.append(stats)
+                if stats.steps == 0:
+                    break
+            return sum_stats(done)
+
+        return train
 
     @property
     def validation_rows(self) -> int | None:
@@ -699,11 +628,3 @@ class InProcessExchange(Exchange):
         return self._scorer.evaluate(flat, rows)  # as it is: no worker receives it, so no message goes down
 
 
-
-def _sum_stats(parts: list[TrainStats]) -> TrainStats:
-    """One :class:`~sparknet.net.TrainStats` for consecutive calls of ``Net.train``."""
-    steps = sum(p.steps for p in parts)
-    loss = sum(p.loss * p.steps for p in parts if p.steps) / steps if steps else math.nan
-    return TrainStats(steps=steps, samples=sum(p.samples for p in parts), loss=loss,
-                      last_loss=parts[-1].last_loss if parts else math.nan, wall_s=sum(p.wall_s for p in parts),
-                      finite=all(p.finite for p in parts))

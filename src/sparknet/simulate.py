@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 
 from sparknet.config import CompressionKind, Strategy, Streaming, parse_enum
-from sparknet.loop import InProcessExchange, Progress, WeightAverage, run_rounds, worker_seed
+from sparknet.loop import InProcessExchange, Progress, WeightAverage, run_rounds
+from sparknet.step import worker_seed
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.stopping import EvalPlan, StopRule

@@ -11,7 +11,7 @@ import torch
 
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
-from sparknet.loop import worker_seed
+from sparknet.step import worker_seed
 
 BASE_CONF = {
     "spark.ui.enabled": "false",

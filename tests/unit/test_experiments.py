@@ -131,7 +131,7 @@ def test_grid_tau1_column_is_large_batch_sgd(grid):
 
 def test_simulated_k1_averaging_follows_the_single_worker_weights():
     from sparknet.experiments import load_data, make_model
-    from sparknet.loop import worker_seed
+    from sparknet.step import worker_seed
     from sparknet.net import Net
     from sparknet.simulate import simulate
 

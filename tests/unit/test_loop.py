@@ -204,7 +204,7 @@ def test_the_outer_update_and_the_weighted_mean_each_live_in_one_place():
 
 
 def test_an_update_counts_only_when_its_loss_and_every_value_are_finite():
-    from sparknet.loop import finite_update
+    from sparknet.step import finite_update
     from sparknet.net import TrainStats
 
     ok, diverged = (TrainStats(steps=1, samples=1, loss=0.1, last_loss=0.1, wall_s=0.0, finite=f) for f in (True, False))

@@ -6,7 +6,7 @@ import torch
 
 from sparknet import SolverConfig, zoo
 from sparknet.datasets import synthetic
-from sparknet.loop import worker_seed
+from sparknet.step import worker_seed
 from sparknet.net import Net
 from sparknet.simulate import simulate
 from sparknet.strategies import (

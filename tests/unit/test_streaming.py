@@ -1,4 +1,4 @@
-"""Overlapped and streamed exchanges (config.Streaming, loop.WorkerStream), against rounds worked by hand."""
+"""Overlapped and streamed exchanges (config.Streaming, step.WorkerStream), against rounds worked by hand."""
 
 from __future__ import annotations
 

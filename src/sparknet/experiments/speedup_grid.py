@@ -44,7 +44,7 @@ from pathlib import Path
 
 from sparknet.experiments import (ExperimentConfig, load_data, make_model, make_solver, parallel_map, pyplot,
                                   train_until)
-from sparknet.loop import worker_seed
+from sparknet.step import worker_seed
 from sparknet.net import Net
 from sparknet.simulate import simulate
 

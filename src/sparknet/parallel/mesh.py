@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from sparknet.loop import worker_seed
+from sparknet.step import worker_seed
 
 
 __all__ = [

@@ -31,7 +31,7 @@ import torch
 from sparknet._malloc import keep_freed_memory
 from sparknet._transport import ClientKeys
 from sparknet.layers import NetParams
-from sparknet.loop import round_seed
+from sparknet.step import round_seed
 from sparknet.faults import due_fault
 from sparknet.net import Net
 from sparknet.ps.client import PSClient

@@ -66,13 +66,14 @@ from sparknet._enums import CompressionKind
 from sparknet._malloc import keep_freed_memory
 from sparknet._tensortree import load_tree, save_tree
 from sparknet.faults import due_fault
-from sparknet.loop import RoundPlan, finite_update, round_seed, seed_draws, worker_seed
+from sparknet.loop import RoundPlan
 from sparknet.net import Net
 from sparknet.config import WorkerConfig
 from sparknet.rowfile import DEFAULT_BUFFER_BYTES, RowFile
 from sparknet.spark._channel import encode_tree
 from sparknet.spark._data import write_chunks
 from sparknet.spark._relay import RelayUnreachable, relay_client
+from sparknet.step import WorkerStep, round_seed, worker_seed
 from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_compressor
 from sparknet.task import Task
 
@@ -592,34 +593,29 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
         else:
             message = np.asarray(weights_bc.value)
         entry.version = -2  # in the middle of a round: a retry in this process must reload the saved state
-        net, strategy = entry.net, spec.strategy
+        net = entry.net
         if spec.link is not None:  # the broadcast weights (or the round's message), down
             link_s += spec.link.wait(message.nbytes)
         if compressed:
             global_flat = _receive(spec, entry.state, message, task)
         else:
             global_flat = torch.from_numpy(message)
-        strategy.worker_begin(entry.state, net, global_flat)
-        hook = strategy.after_backward if strategy.needs_gradient_hook else None
-        seed_draws(round_seed(spec.worker.seed, index, round_index))
-        stats = net.train(task.plan.steps, max_seconds=task.plan.seconds, after_backward=hook)
-        fault = due_fault(spec.faults, index, round_index + 1, report.attempt)
-        if fault is not None:
-            fault.fire(net)
-        delta = strategy.worker_delta(entry.state, net, global_flat.cpu())  # get_flat() is a CPU copy on any device
-        finite = finite_update(stats, delta)
-        encoded = None
-        if compressed and finite:  # the error-feedback residual is worker state: saved with the round
-            encoded = make_compressor(spec.compression).encode(delta, entry.state).numpy()
-        if client is not None and finite:  # the update to the driver's socket; the result names this attempt
-            received = client.put(round_index, index, attempt_id, encoded if compressed else delta.numpy())
+        faults = spec.faults
+        step = WorkerStep(net, spec.strategy, state=entry.state, compression=spec.compression,
+                          seed=lambda r: round_seed(spec.worker.seed, index, r),
+                          after_train=lambda net, r: _fire(net, faults, index, r, report.attempt))
+        result = step.run(task.plan.steps, global_flat, round=round_index, seconds=task.plan.seconds)
+        stats, finite, sends = result.stats, result.finite, result.counts
+        encoded = None if result.message is None else result.message.numpy()
+        if client is not None and sends:  # the update to the driver's socket; the result names this attempt
+            received = client.put(round_index, index, attempt_id, encoded if compressed else result.delta.numpy())
         state_put = None
         if client is not None and task.send_state:  # the driver holds it, or writes it in a checkpoint
             state = encode_tree(export_worker_state(net, entry.state, copy_tensors=False))
             if spec.relay.state_bytes is not None and len(state) <= spec.relay.state_bytes:
                 state_put = client.put(round_index, index, attempt_id, state, kind="state")
         _save_state(entry, index, round_index)  # while the update travels
-        if client is not None and finite:
+        if client is not None and sends:
             received()
         if state_put is not None:
             state_put()
@@ -629,7 +625,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
         _CACHE.pop(key, None)  # half a round of solver state must not leak into the retry
         raise
     if spec.link is not None:  # the update, up (only the small record when it is not finite)
-        link_s += spec.link.wait(0 if not finite else encoded.nbytes if compressed else delta.numel() * 4)
+        link_s += spec.link.wait(result.nbytes if sends else 0)
     info = entry.device_info
     gpus = info.get("gpu_addresses")
     report = replace(report, samples=stats.samples, steps=stats.steps, loss=stats.loss, compute_s=stats.wall_s,
@@ -639,7 +635,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
                      sent_bytes=None if encoded is None else int(encoded.nbytes), peak_rss_mb=_peak_rss_mb(),
                      worker_state=export_worker_state(net, entry.state) if task.send_state and state_put is None
                      else None,
-                     relay_attempt=attempt_id if client is not None and finite else None,
+                     relay_attempt=attempt_id if client is not None and sends else None,
                      state_attempt=attempt_id if state_put is not None else None,
                      task_s=time.perf_counter() - t_task)
     if not finite:
@@ -647,7 +643,14 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
                     index, round_index)
     if client is not None:
         return report, None, None
-    return report, delta.numpy().astype(np.float32, copy=False) if finite and not compressed else None, encoded
+    return report, result.delta.numpy() if sends and not compressed else None, encoded
+
+
+def _fire(net, faults, index: int, round_index: int, attempt: int) -> None:
+    """Fire the fault due to partition ``index`` after round ``round_index``'s steps (fault injection)."""
+    fault = due_fault(faults, index, round_index + 1, attempt)
+    if fault is not None:
+        fault.fire(net)
 
 
 def _peak_rss_mb() -> float | None:

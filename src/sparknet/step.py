@@ -1,0 +1,215 @@
+"""One worker's local work in a round, written once: every exchange calls :class:`WorkerStep`.
+
+A round on a worker is always the same five steps, whatever carries its update afterwards::
+
+    begin    the net starts from the global weights (or, keeping its own, from where it was)
+    train    the round's local steps (tau, or its seconds)
+    delta    the worker's message: its weights minus the global weights
+    check    the update counts only if its loss and every value stayed finite
+    compress the message through the round's codec (error feedback in the worker's state)
+
+The device rule lives here too: the net trains on its own device, and everything an exchange sums,
+sends or keeps (the global weights, the delta, the wire message) is a float32 CPU tensor.
+
+No pyspark import.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from sparknet._enums import CompressionKind
+from sparknet.config import Streaming
+from sparknet.net import TrainStats
+from sparknet.strategies import TrainingStrategy, WorkerState, make_compressor
+
+__all__ = ["worker_seed", "round_seed", "seed_draws", "finite_update", "WorkerStream", "StepResult", "WorkerStep",
+           "sum_stats"]
+
+log = logging.getLogger(__name__)
+
+
+def worker_seed(seed: int, index: int) -> int:
+    """The seed of worker ``index``'s Net (its data order): distinct per worker, fixed per run; every engine's."""
+    return int(seed) * 100_003 + int(index) + 1
+
+
+def round_seed(seed: int, index: int, round_index: int) -> int:
+    """The seed of worker ``index``'s random draws in round (or epoch) ``round_index``, counted from 0."""
+    return (worker_seed(seed, index) * 1_000_003 + int(round_index)) % (2**63 - 1)
+
+
+def seed_draws(seed: int) -> None:
+    """Seed torch's global generator (what dropout draws from) for a round.
+
+    Only the CPU's while CUDA is not in use: ``torch.manual_seed`` also queues a lazy seeding of
+    every CUDA device, which records a stack trace on each call (about 2 ms, every round).
+    """
+    if torch.cuda.is_initialized():
+        torch.manual_seed(seed)
+    else:
+        torch.default_generator.manual_seed(seed)
+
+
+def finite_update(stats: TrainStats, delta: torch.Tensor) -> bool:
+    """The one rule for a worker's round: its update enters the average only if its loss stayed finite and
+    every value of the update is finite (the parameter server applies the same rule to a push's values)."""
+    # The largest magnitude is finite exactly when every value is (amax carries a NaN through): one pass, and a
+    # tenth of isfinite().all()'s time on a LeNet-sized update.
+    return bool(stats.finite) and (delta.numel() == 0 or math.isfinite(float(delta.abs().amax())))
+
+
+def sum_stats(parts: list[TrainStats]) -> TrainStats:
+    """One :class:`~sparknet.net.TrainStats` for consecutive calls of ``Net.train``."""
+    steps = sum(p.steps for p in parts)
+    loss = sum(p.loss * p.steps for p in parts if p.steps) / steps if steps else math.nan
+    return TrainStats(steps=steps, samples=sum(p.samples for p in parts), loss=loss,
+                      last_loss=parts[-1].last_loss if parts else math.nan, wall_s=sum(p.wall_s for p in parts),
+                      finite=all(p.finite for p in parts))
+
+
+class WorkerStream:
+    """One worker's side of a :class:`~sparknet.config.Streaming` exchange: its weights between exchanges.
+
+    ``base`` holds, for every weight, where the worker's progress not yet sent counts from. :meth:`take`
+    sends a part's progress (the base moves to where the worker is, and that point is kept until the
+    part's new global weights come back); :meth:`arrive` takes them, keeping what the worker trained
+    since it sent that part.
+    """
+
+    def __init__(self):
+        self.base: torch.Tensor | None = None
+        self.sent: list[torch.Tensor] = []  # the worker's weights of each part sent and not yet back, oldest first
+
+    def begin(self, net, global_flat: torch.Tensor) -> None:
+        """Before the first round (or after a NaN): the worker starts from the global weights."""
+        net.set_flat(global_flat)
+        self.base = global_flat.detach().to(device="cpu", dtype=torch.float32).clone()
+        self.sent.clear()
+
+    def take(self, net, part: slice) -> torch.Tensor:
+        """The worker's progress on ``part`` since its base; the base moves to where the worker is."""
+        x = net.get_flat()[part].cpu()
+        delta = x - self.base[part]
+        self.base[part] = x
+        self.sent.append(x.clone())
+        return delta
+
+    def arrive(self, net, global_flat: torch.Tensor, part: slice) -> None:
+        """The global weights of ``part`` came back (the oldest part sent): they, plus what the worker trained
+        since it sent that part."""
+        sent = self.sent.pop(0) if self.sent else self.base[part].clone()
+        shift = global_flat[part].cpu() - sent
+        x = net.get_flat()
+        x[part] += shift.to(x.device)
+        self.base[part] += shift
+        net.set_flat(x)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one worker's round gives its exchange."""
+
+    stats: TrainStats
+    """The local steps' counts, loss and seconds."""
+    delta: torch.Tensor | None
+    """The update (float32, CPU) when it is finite; ``None`` when it is not (it must not enter the average)."""
+    message: torch.Tensor | None = None
+    """The compressed update as one ``uint8`` wire message (a codec other than none, a finite update with
+    samples); ``None`` otherwise."""
+
+    @property
+    def finite(self) -> bool:
+        return self.delta is not None
+
+    @property
+    def counts(self) -> bool:
+        """Whether the update enters the sample-weighted sum (finite, with samples)."""
+        return self.delta is not None and self.stats.samples > 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the update as it is sent (its wire message, or its float32 values)."""
+        return int(self.message.numel()) if self.message is not None else 4 * int(self.delta.numel())
+
+
+class WorkerStep:
+    """One worker's round: begin from the global weights, train, take the delta, check it, compress it.
+
+    Parameters
+    ----------
+    net : Net
+        The worker's net, holding its training data.
+    strategy : TrainingStrategy
+        Its worker hooks (``worker_begin``, ``worker_delta``; ``after_backward`` every step for a gradient
+        strategy, when ``gradient_hook``).
+    state : WorkerState, optional
+        The strategy's and the codec's state of this worker (a resumed one's).
+    compression : str
+        The codec of the update.
+    streaming : Streaming, optional
+        An overlapped or streamed exchange: the worker keeps its own weights (:class:`WorkerStream`) and sends
+        one part's progress a round.
+    seed : callable, optional
+        ``seed(round)`` reseeds torch's generator before the local steps (dropout draws the same numbers
+        whichever process runs the round).
+    after_train : callable, optional
+        ``after_train(net, round)`` after the local steps (fault injection).
+    train : callable, optional
+        ``train(steps, max_seconds) -> TrainStats`` in place of ``net.train`` (a custom local loop).
+    gradient_hook : bool
+        Run a gradient strategy's ``after_backward`` in every step (False where the workers share no
+        process group, as K nets in one process).
+    """
+
+    def __init__(self, net, strategy: TrainingStrategy, *, state: WorkerState | None = None,
+                 compression: CompressionKind | str = CompressionKind.NONE, streaming: Streaming | None = None,
+                 seed: Callable[[int], int] | None = None, after_train: Callable | None = None,
+                 train: Callable | None = None, gradient_hook: bool = True):
+        if train is not None and gradient_hook and strategy.needs_gradient_hook:
+            raise ValueError(f"{strategy!r} allreduces gradients inside net.train; a custom train loop cannot run it")
+        self.net, self.strategy, self.streaming = net, strategy, streaming
+        self.state = state if state is not None else WorkerState()
+        self.stream = WorkerStream()
+        codec = make_compressor(compression)
+        self.codec = None if codec.kind is CompressionKind.NONE else codec
+        self.seed, self.after_train, self.train = seed, after_train, train
+        self.hook = strategy.after_backward if gradient_hook and strategy.needs_gradient_hook else None
+
+    def run(self, steps: int, global_flat: torch.Tensor, *, round: int = 0, seconds: float | None = None,
+            part: slice | None = None, arrived: slice | None = None) -> StepResult:
+        """Round ``round``: ``steps`` local steps (or ``seconds``) from ``global_flat``.
+
+        Streamed, the worker goes on from its own weights, first taking the new global weights of ``arrived``
+        (the part that came back), and sends its progress on ``part``.
+        """
+        net, strategy, stream = self.net, self.strategy, self.stream
+        global_flat = global_flat.cpu()  # the exchange's buffers are on the CPU; set_flat moves them to the net's device
+        if self.streaming is None:
+            strategy.worker_begin(self.state, net, global_flat)
+        elif stream.base is None:
+            stream.begin(net, global_flat)
+        elif arrived is not None:
+            stream.arrive(net, global_flat, arrived)
+        if self.seed is not None:
+            seed_draws(self.seed(round))
+        if self.train is not None:
+            stats = self.train(steps, seconds)
+        else:
+            stats = net.train(steps, max_seconds=seconds, after_backward=self.hook)
+        if self.after_train is not None:
+            self.after_train(net, round)
+        delta = strategy.worker_delta(self.state, net, global_flat) if self.streaming is None else stream.take(net, part)
+        if not finite_update(stats, delta):
+            if self.streaming is not None:
+                stream.begin(net, global_flat)  # its own weights are lost: it starts again from the global ones
+            return StepResult(stats, None)
+        message = None
+        if self.codec is not None and stats.samples:  # the error-feedback residual is the worker's state
+            message = self.codec.encode(delta, self.state)
+        return StepResult(stats, delta, message)
