@@ -44,7 +44,7 @@ from sparknet._model_io import load_model, save_model  # noqa: E402
 from sparknet._tensortree import load_tree, save_tree  # noqa: E402
 from sparknet.net import Net  # noqa: E402
 from sparknet.solvers import SolverConfig, build_optimizer  # noqa: E402
-from sparknet.spark._rounds import export_worker_state, import_worker_state  # noqa: E402
+from sparknet.spark.rounds.executor import export_worker_state, import_worker_state  # noqa: E402
 from sparknet.strategies import WorkerState  # noqa: E402
 
 
@@ -164,7 +164,7 @@ def check_worker_rounds() -> dict:
     from sparknet.config import WorkerConfig
     from sparknet.loop import RoundPlan
     from sparknet.spark import _data as spark_data
-    from sparknet.spark import _rounds
+    from sparknet.spark.rounds import executor as _rounds
     from sparknet.spark._backend import Held
     from sparknet.strategies import make_strategy
 

@@ -13,7 +13,7 @@ from sparknet.loop import RoundPlan
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
 from sparknet.spark._backend import job_group, run_with_deadline
-from sparknet.spark._rounds import RoundTask, run_round_from_chunks
+from sparknet.spark.rounds.executor import RoundTask, run_round_from_chunks
 
 pytestmark = pytest.mark.spark
 

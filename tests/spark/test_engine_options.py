@@ -18,7 +18,7 @@ from sparknet.config import DistributedConfig, Streaming, WorkerConfig
 from sparknet.link import LinkModel
 from sparknet.solvers import SolverConfig
 from sparknet.spark import EngineOptions, SparkTrainer
-from sparknet.spark._barrier import FIELDS
+from sparknet.spark.barrier.executor import FIELDS
 from sparknet.strategies import Sync
 
 pytestmark = pytest.mark.spark

@@ -78,7 +78,7 @@ def test_tasks_see_their_assigned_gpu_and_fall_back_to_the_cpu_without_cuda(spar
 def test_the_fallback_is_logged(monkeypatch, caplog):
     from pyspark import TaskContext
 
-    from sparknet.spark._rounds import task_device
+    from sparknet.spark.rounds.executor import task_device
 
     class FakeResource:
         addresses = ["1"]
@@ -89,7 +89,7 @@ def test_the_fallback_is_logged(monkeypatch, caplog):
 
     monkeypatch.setattr(TaskContext, "get", classmethod(lambda cls: FakeContext()))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with caplog.at_level("WARNING", logger="sparknet.spark._rounds"):
+    with caplog.at_level("WARNING", logger="sparknet.spark.rounds.executor"):
         device, info = task_device("cuda")
     assert device == "cpu" and info["gpu_addresses"] == ["1"]
     assert "Spark assigned GPU ['1']" in caplog.text and "training on the CPU" in caplog.text

@@ -121,7 +121,7 @@ def test_a_driver_socket_the_tasks_cannot_reach_falls_back_to_spark_for_the_rest
                                                                                            caplog):
     import zmq
 
-    from sparknet.spark import _rounds_exchange
+    from sparknet.spark.rounds import driver as _rounds_exchange
     from sparknet.spark._relay import RelayAddress, RoundRelay
 
     with zmq.Context() as ctx, ctx.socket(zmq.ROUTER) as sock:  # a port nothing listens on
@@ -134,7 +134,7 @@ def test_a_driver_socket_the_tasks_cannot_reach_falls_back_to_spark_for_the_rest
             self.address = RelayAddress(f"tcp://127.0.0.1:{port}", self.address.keys, reach_s=1.0)
 
     monkeypatch.setattr(_rounds_exchange, "RoundRelay", Firewalled)
-    with caplog.at_level("WARNING", logger="sparknet.spark._rounds_exchange"):
+    with caplog.at_level("WARNING", logger="sparknet.spark.rounds.driver"):
         fell_back = _fit_three_rounds(spark, "socket")
     assert fell_back.summary["rounds_transport"] == "spark"
     assert any("could not reach the driver's socket" in r.getMessage() for r in caplog.records)

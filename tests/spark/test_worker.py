@@ -9,9 +9,9 @@ from _spark_testlib import blobs, flat, mlp
 from sparknet.config import WorkerConfig
 from sparknet.loop import RoundPlan
 from sparknet.solvers import SolverConfig
-from sparknet.spark import _rounds
+from sparknet.spark.rounds import executor as _rounds
 from sparknet.spark._data import pair_chunks
-from sparknet.spark._rounds import WorkerReport, WorkerSpec, WorkerStatus, combine, fold, pack_spec
+from sparknet.spark.rounds.executor import WorkerReport, WorkerSpec, WorkerStatus, combine, fold, pack_spec
 from sparknet.stopping import StopRule
 from sparknet.strategies import Average
 

@@ -18,8 +18,8 @@ import torch.distributed as dist
 import zmq
 
 from sparknet.ps import ParameterServer
-from sparknet.spark import _barrier
-from sparknet.spark._barrier import GroupPlan, gloo_interface, interface_for_address, rendezvous
+from sparknet.spark.barrier import executor as _barrier
+from sparknet.spark.barrier.executor import GroupPlan, gloo_interface, interface_for_address, rendezvous
 from sparknet.spark._channel import MetricsReceiver, MetricsSender, new_secret
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="interface addresses are read the Linux way")
@@ -103,7 +103,7 @@ def fake_dist(monkeypatch):
 @linux
 def test_rendezvous_sets_the_interface_for_the_group_only(fake_dist, monkeypatch, caplog):
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
-    with caplog.at_level(logging.INFO, logger="sparknet.spark._barrier"):
+    with caplog.at_level(logging.INFO, logger="sparknet.spark.barrier.executor"):
         rendezvous(_Ctx("127.0.0.1:7077"), 0, CLUSTER)
     assert fake_dist == {"store_host": "127.0.0.1", "ifname": "lo"}
     assert "GLOO_SOCKET_IFNAME" not in os.environ  # restored once the group is made
@@ -112,7 +112,7 @@ def test_rendezvous_sets_the_interface_for_the_group_only(fake_dist, monkeypatch
 
 def test_rendezvous_keeps_the_users_interface(fake_dist, monkeypatch, caplog):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth7")
-    with caplog.at_level(logging.INFO, logger="sparknet.spark._barrier"):
+    with caplog.at_level(logging.INFO, logger="sparknet.spark.barrier.executor"):
         rendezvous(_Ctx("[::1]:7077"), 0, CLUSTER)
     assert fake_dist == {"store_host": "::1", "ifname": "eth7"}
     assert os.environ["GLOO_SOCKET_IFNAME"] == "eth7"

@@ -11,7 +11,7 @@ import pickle
 import numpy as np
 import pytest
 
-from sparknet.spark._rounds import Partial, WorkerReport, WorkerStatus, combine, fold
+from sparknet.spark.rounds.executor import Partial, WorkerReport, WorkerStatus, combine, fold
 
 
 def _update(index, samples, delta, *, finite=True, loss=1.0):
@@ -56,7 +56,7 @@ def test_a_report_is_frozen_pickles_and_its_record_leaves_out_what_is_unknown():
 
 def test_a_round_task_travels_as_json_in_its_job_property_and_comes_back_whole():
     from sparknet.loop import RoundPlan
-    from sparknet.spark._rounds import ROUND_TASK, RoundTask, _job_task
+    from sparknet.spark.rounds.executor import ROUND_TASK, RoundTask, _job_task
 
     for task in (RoundTask(plan=RoundPlan(round=7, steps=50), numel=431080, relayed=True),
                  RoundTask(plan=RoundPlan(round=0, steps=2**62, seconds=2.5, last=True), numel=3, send_state=True,

@@ -9,7 +9,7 @@ import torch
 from sparknet import SolverConfig, zoo
 from sparknet._tensortree import TreeFileError, load_tree, save_tree
 from sparknet.net import Net
-from sparknet.spark._rounds import export_worker_state
+from sparknet.spark.rounds.executor import export_worker_state
 from sparknet.strategies import WorkerState
 
 

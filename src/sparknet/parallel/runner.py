@@ -1,7 +1,7 @@
 """One rank's whole run in the D x M layout: build the split net, train rounds, gather the weights.
 
 :func:`run_rank` is what every task of the barrier engine's stage runs for a split net (see
-:mod:`sparknet.spark._barrier`; ``DistributedConfig.model_parallel``), and what plain processes run too: it needs only an
+:mod:`sparknet.spark.barrier.executor`; ``DistributedConfig.model_parallel``), and what plain processes run too: it needs only an
 initialized default process group (gloo) and this rank's rows. It never imports pyspark.
 
     job = ModelParallelJob(net=zoo.mlp(), worker=WorkerConfig(solver=SolverConfig(base_lr=0.01)), model_parallel=2,

@@ -37,7 +37,7 @@ from sparknet.net import Net
 from sparknet.ps.client import PSClient
 from sparknet.ps.wire import Status
 from sparknet.solvers import SolverConfig
-from sparknet.spark._rounds import task_attempt, worker_failure
+from sparknet.spark.rounds.executor import task_attempt, worker_failure
 
 __all__ = ["TaskSpec", "train_partition", "scatter", "blocks_from_chunks", "concat_blocks", "pick_fields"]
 
@@ -169,7 +169,7 @@ def _batches(x: np.ndarray, y: np.ndarray, batch: int, shuffle: bool, rng: np.ra
 def train_partition(spec: TaskSpec):
     """The ``mapPartitionsWithIndex`` function that trains one partition against the server.
 
-    A failure raises :func:`sparknet.spark._rounds.worker_failure`, which the driver decodes into
+    A failure raises :func:`sparknet.spark.rounds.executor.worker_failure`, which the driver decodes into
     a :class:`~sparknet.errors.WorkerError` naming the partition.
     """
 
@@ -184,7 +184,7 @@ def train_partition(spec: TaskSpec):
 
 def wire_attempt(ctx=None) -> int:
     """This task attempt's identity on the wire, unique within the application: the low 32 bits of Spark's task
-    attempt id (:func:`~sparknet.spark._rounds.task_attempt`; 0 outside a task). Not the attempt number, which a
+    attempt id (:func:`~sparknet.spark.rounds.executor.task_attempt`; 0 outside a task). Not the attempt number, which a
     stage submitted again starts from 0 again: the server would refuse such a task's steps as replays."""
     return task_attempt(ctx)[1] & 0xFFFFFFFF
 

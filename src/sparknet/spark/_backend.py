@@ -11,7 +11,7 @@ parameter server's session, ``sparknet doctor``) runs through here:
   what ran late and the tasks that had not finished;
 - :class:`Watchdog` cancels a group's jobs when one wait of the caller's own passes its deadline;
 - :func:`task_error` turns a failed job's text back into the :class:`~sparknet.errors.WorkerError`
-  a worker raised through :func:`sparknet.spark._rounds.worker_failure` (its rank and the tail of
+  a worker raised through :func:`sparknet.spark.rounds.executor.worker_failure` (its rank and the tail of
   its traceback), and :func:`spark_call` applies it to one Spark action.
 
 Nothing here imports pyspark: ``sc`` is the caller's ``SparkContext``.

@@ -21,8 +21,8 @@ try:  # loaded before the daemon forks its workers; a worker that cannot load th
     import torch  # noqa: F401
     import torch._dynamo  # noqa: F401  (what a torch optimizer imports when the first one is made: about 1 s)
 
-    import sparknet.spark._barrier  # noqa: F401  (the executor side of both engines, with the data path)
-    import sparknet.spark._rounds  # noqa: F401
+    import sparknet.spark.barrier.executor  # noqa: F401  (the executor side of both engines, with the data path)
+    import sparknet.spark.rounds.executor  # noqa: F401
     from sparknet._malloc import keep_freed_memory
 except ImportError:  # pragma: no cover - an executor without torch or sparknet
     def keep_freed_memory():

@@ -12,9 +12,9 @@
    feature length, NaN, labels out of range, more workers than rows, no rows) is one clear
    ``ValueError`` before any step is trained;
 2. warm start: ``dist.warmup_steps`` steps on the driver, on a bounded sample of the data;
-3. the engine: **rounds** (:mod:`sparknet.spark._rounds`; one Spark job per round, the
+3. the engine: **rounds** (:mod:`sparknet.spark.rounds.executor`; one Spark job per round, the
    weights out as one broadcast buffer, the sample-weighted sum of the deltas back by
-   ``treeAggregate``) or **barrier** (:mod:`sparknet.spark._barrier`; one barrier stage, a gloo
+   ``treeAggregate``) or **barrier** (:mod:`sparknet.spark.barrier.executor`; one barrier stage, a gloo
    group, one allreduce per round, per-round records to the driver over an authenticated
    pyzmq channel);
 4. cleanup: broadcasts destroyed, caches and staged files removed, job group cleared.
@@ -53,11 +53,10 @@ import numpy as np
 import torch
 
 from sparknet._malloc import keep_freed_memory
-from sparknet.checkpoint import CheckpointError, RoundCheckpoints, rng_state, set_rng_state
+from sparknet.checkpoint import CheckpointError, RoundCheckpoints, set_rng_state
 from sparknet.config import DistributedConfig, Engine, RunConfig, WorkerConfig, check_per_step_strategy
 from sparknet.errors import EngineError
 from sparknet.faults import faults_from
-from sparknet.link import LinkModel
 from sparknet.loop import average_summary, check_streaming
 from sparknet.metrics import rounds_summary
 from sparknet.net import FeatureDict, Net
@@ -65,12 +64,13 @@ from sparknet.parallel.runner import ModelParallelJob, split_budget
 from sparknet.solvers import check_gradient_hook
 from sparknet.spark import _data
 from sparknet.spark._backend import check_barrier_slots, quietly, run_with_deadline
-from sparknet.spark._barrier_stage import connect_refusal, run_barrier_engine, run_connect_stage
-from sparknet.spark._rounds import WorkerSpec, cleanup_partition, pack_spec, stage_partition
-from sparknet.spark._rounds_exchange import run_rounds_engine
-from sparknet.spark._session import get_session, is_connect, is_local_master, session_parallelism
+from sparknet.spark.barrier.driver import connect_refusal, run_barrier_engine, run_connect_stage
+from sparknet.spark.engine import EngineOptions, EngineRun
+from sparknet.spark.rounds.executor import WorkerSpec, cleanup_partition, stage_partition
+from sparknet.spark.rounds.driver import run_rounds_engine
+from sparknet.spark._session import get_session, is_connect, session_parallelism
 from sparknet.stopping import StopRule
-from sparknet.strategies import AutoTau, TrainingStrategy, make_strategy
+from sparknet.strategies import TrainingStrategy, make_strategy
 from sparknet.task import Task, infer_task
 from sparknet.weights import WeightCollection
 
@@ -80,100 +80,6 @@ CLEANUP_TIMEOUT_S = 300.0
 """Longest wait for the job that removes a fit's staged files (a failure to remove them is only logged)."""
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(kw_only=True)
-class EngineOptions:
-    """Settings of the Spark engines beyond :class:`~sparknet.config.DistributedConfig`."""
-
-    staging_dir: str | None = None
-    """Rounds engine: where executors keep each partition's arrays (default: their Spark local directory)."""
-    storage_level: str = "MEMORY_AND_DISK"
-    """How Spark caches the converted training chunks (a ``pyspark.StorageLevel`` name; ``MEMORY_AND_DISK_2``
-    keeps a copy on a second host, so a partition that moves after a host is lost trains on the same rows in
-    the same order)."""
-    worker_state_on_driver: bool | None = None
-    """Rounds engine: every task also sends its solver and strategy state to the driver each round, and a
-    partition that moves to another host (a host lost) continues from it instead of from a fresh solver.
-    Default: on a cluster (not on a local master, whose executors share one disk and find the state there)."""
-    elastic_after_s: float | None = 60.0
-    """Rounds engine: how long the cluster may have fewer task slots than workers (a host lost) before
-    each round trains only as many workers as there are slots, a different few each round in turn, so
-    that a round takes the time of one task again and every partition's rows still get their turn
-    (a host that comes back is used again from the next round). Until then, and always with ``None``,
-    Spark runs the K tasks in waves on the hosts left, and the weights are those of an undisturbed run.
-    Needs the driver to hold the workers' states (:attr:`worker_state_on_driver`, on by default on a
-    cluster)."""
-    rounds_transport: str = "socket"
-    """Rounds engine: how the weights and updates travel. ``socket``: through an authenticated socket on the
-    driver beside each round's Spark job (:mod:`sparknet.spark._relay`: a Unix socket only the user can open on a
-    local master, TCP with CurveZMQ and one key per fit on a cluster), so a round costs little more than Spark's
-    job; should a task not reach it (a firewall between the executors and the
-    driver), that fit goes on through Spark. ``spark``: through a broadcast and the task results, nothing
-    but Spark's own connections."""
-    warmup_max_samples: int = 20_000
-    """Most training rows collected to the driver for the warm-up steps."""
-    warmup_max_bytes: int = 256 << 20
-    """Most feature bytes collected to the driver for the warm-up steps."""
-    rendezvous_timeout_s: float = 180.0
-    """Barrier engine: longest wait for every task to start and join the process group."""
-    collective_timeout_s: float = 300.0
-    """Barrier engine: longest wait of one collective (the gloo process group's timeout)."""
-    driver_timeout_s: float | None = None
-    """Barrier engine: longest silence from the stage between two rounds before the driver cancels it
-    (default: collective_timeout_s + round_seconds + 60)."""
-    round_timeout_s: float | None = None
-    """Rounds engine: longest wait for one round's Spark job; past it the job is cancelled and a
-    DeadlineExceeded names the round and the tasks not finished. Default: 30 minutes for the first
-    round of a fit, then 20 times the slowest step time seen so far times the round's steps, at
-    least 10 minutes, bounded by round_seconds for time-budgeted rounds
-    (:func:`sparknet.spark._backend.default_round_deadline`)."""
-    data_timeout_s: float = 3600.0
-    """Longest wait for one Spark job on the fit's data (conversion and check, staging, the validation
-    collect, the warm-up sample); past it the jobs are cancelled and a DeadlineExceeded says which."""
-    max_restarts: int = 3
-    """Barrier engine: how many times a failed stage is started again from the driver's newest state."""
-    state_every_rounds: int = 1
-    """Barrier engine: rounds between the global weights and strategy state sent to the driver (what a
-    restart starts from)."""
-    fault: str | None = None
-    """Injected faults for reliability tests, e.g. ``rank=1,round=3,kind=kill`` (see sparknet.faults; default none:
-    faults are set here only, never read from the environment)."""
-    link: LinkModel | None = None
-    """A simulated slow network (:class:`sparknet.link.LinkModel`): in the rounds engine each task waits
-    ``link.delay(bytes)`` for its download of the weights and again for its upload; in the barrier engine
-    every rank waits the collective's delay before each collective (each step's, for sync). The waits are
-    recorded per round (``link_s``). Default: ``dist.link_latency``/``dist.link_bandwidth``, else none."""
-
-    def holds_worker_state(self, master: str) -> bool:
-        """Whether the driver holds the workers' states (:attr:`worker_state_on_driver`) on ``master``."""
-        return not is_local_master(master) if self.worker_state_on_driver is None else self.worker_state_on_driver
-
-    def __post_init__(self):
-        from pyspark import StorageLevel
-
-        if not hasattr(StorageLevel, str(self.storage_level)):
-            raise ValueError(f"unknown storage level {self.storage_level!r} (e.g. MEMORY_AND_DISK, DISK_ONLY)")
-        for name in ("warmup_max_samples", "warmup_max_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.rounds_transport not in ("socket", "spark"):
-            raise ValueError(f"rounds_transport must be 'socket' or 'spark', got {self.rounds_transport!r}")
-        if self.max_restarts < 0:
-            raise ValueError(f"max_restarts must be 0 or more, got {self.max_restarts}")
-        if self.state_every_rounds < 1:
-            raise ValueError(f"state_every_rounds must be at least 1, got {self.state_every_rounds}")
-        faults_from(self.fault)  # a bad fault spec fails here, not on the executors
-        if self.link is not None and not isinstance(self.link, LinkModel):
-            raise ValueError(f"link must be a sparknet.link.LinkModel (e.g. LinkModel.parse('50ms', '100Mbit')), "
-                             f"got {type(self.link).__name__}")
-        if self.elastic_after_s is not None and not (math.isfinite(self.elastic_after_s) and self.elastic_after_s >= 0):
-            raise ValueError(f"elastic_after_s must be 0 or more seconds, or None (never), got {self.elastic_after_s}")
-        for name in ("rendezvous_timeout_s", "collective_timeout_s", "driver_timeout_s", "round_timeout_s",
-                     "data_timeout_s"):
-            value = getattr(self, name)
-            if value is not None and not (math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number of seconds, got {value}")
 
 
 @dataclass
@@ -390,7 +296,7 @@ class SparkTrainer:
             if dist.target_accuracy is not None:
                 raise ValueError("a net trained without labels is scored by its loss alone; target_accuracy cannot "
                                  "be set on it (give rounds, epochs or steps)")
-        if connect and (refusal := connect_refusal(self, train)) is not None:
+        if connect and (refusal := connect_refusal(dist, train)) is not None:
             raise ValueError(f"cannot train from a Spark Connect session: {refusal}")
         if features_as not in _data.FEATURES_AS:
             raise ValueError(f"features_as must be one of {', '.join(_data.FEATURES_AS)}, got {features_as!r}")
@@ -535,11 +441,14 @@ class SparkTrainer:
             stop = StopRule(rounds=dist.rounds, steps=worker.steps, epochs=dist.epochs,
                             target_accuracy=dist.target_accuracy, dataset_rows=int(total["rows"]), tau=dist.tau,
                             round_seconds=dist.round_seconds)
+            run = EngineRun(sc=sc, group=group, source=staged if staged is not None else chunks, chunks=chunks,
+                            spec=spec, global_flat=global_flat, stop=stop, validation=val, driver_net=driver_net,
+                            broadcasts=broadcasts, t_fit=t_fit, dist=dist, options=self.options,
+                            strategy=self.strategy, link=self.link, rows=tuple(self._rows), emit=self._emit,
+                            checkpoints=checkpoints, resume=resume)
             t_train = time.perf_counter()
             run_engine = run_connect_stage if connect else _ENGINES[dist.engine]
-            global_flat, history, extra = run_engine(self, sc, group, staged if staged is not None else chunks, chunks,
-                                                     spec, global_flat, stop, val, driver_net, broadcasts, t_fit,
-                                                     checkpoints, resume)
+            global_flat, history, extra = run_engine(run)
             train_s = time.perf_counter() - t_train
         finally:
             self._cleanup(sc, group, fit_id, staged, chunks, broadcasts)
@@ -595,14 +504,6 @@ class SparkTrainer:
                              "steps_done": state["steps_done"], "samples_done": state["samples_done"],
                              "total_bytes": state["total_bytes"], "iteration": state.get("iteration"),
                              "downlink": state.get("downlink"), "auto_tau": state.get("auto_tau")}
-
-    def _save_checkpoint(self, checkpoints: RoundCheckpoints, driver_net: Net, engine: str, rounds_done: int,
-                         global_flat, counters: dict, workers: dict, strategy_state: dict | None = None) -> str:
-        driver_net.set_flat(global_flat)
-        state = {"engine": engine, "round": rounds_done, **counters, "workers": workers,
-                 "strategy": self.strategy.state_dict() if strategy_state is None else strategy_state,
-                 "rng": rng_state()}
-        return checkpoints.save(rounds_done, driver_net.get_weights(), state)
 
     def _split_job(self, plan: dict, sample_shape) -> ModelParallelJob:
         """What every task of a split net's stage runs (:func:`~sparknet.parallel.runner.run_rank`)."""
@@ -675,29 +576,12 @@ class SparkTrainer:
         log.info("warm-up: %d steps on %d rows in %.1f s, loss %.4f", stats.steps, len(x), stats.wall_s, stats.loss)
         return {"steps": stats.steps, "rows": len(x), "loss": stats.loss, "wall_s": stats.wall_s}
 
-    def _emit(self, record: dict) -> None:
+    def _emit(self, record: dict, latest: torch.Tensor | None = None) -> None:
+        """A round record to ``on_round``; ``latest``: the global weights after it (the rounds engine's)."""
+        if latest is not None:
+            self.latest_flat = latest
         if self.on_round is not None:
             self.on_round(record)
-
-    # -- the rounds engine --------------------------------------------------------------------
-    def _auto_tau(self, resume: dict | None) -> AutoTau | None:
-        """The tau chooser of ``dist.auto_tau`` (restored from a resumed checkpoint), or None."""
-        dist = self.dist
-        if not dist.auto_tau:
-            return None
-        auto = AutoTau(target_fraction=dist.auto_tau_target, min_tau=dist.auto_tau_min, max_tau=dist.auto_tau_max,
-                       every=dist.auto_tau_every, initial=dist.tau or dist.auto_tau_min)
-        if resume is not None and resume.get("auto_tau"):
-            auto.load_state_dict(resume["auto_tau"])
-        return auto
-
-    @staticmethod
-    def _pack(spec: WorkerSpec):
-        try:
-            return pack_spec(spec)
-        except Exception as exc:
-            raise ValueError(f"the model, loss or strategy cannot be pickled for the executors: "
-                             f"{type(exc).__name__}: {exc}") from exc
 
     # -- cleanup ------------------------------------------------------------------------------
     @staticmethod
@@ -716,5 +600,4 @@ class SparkTrainer:
 
 
 _ENGINES = {Engine.ROUNDS: run_rounds_engine, Engine.BARRIER: run_barrier_engine}
-"""Each engine's driver side: ``run(trainer, sc, group, source, chunks, spec, global_flat, stop, validation,
-driver_net, broadcasts, t_fit, checkpoints, resume) -> (global_flat, history, summary fields)``."""
+"""Each engine's driver side: ``run(EngineRun) -> (global_flat, history, summary fields)``."""

@@ -361,7 +361,11 @@ def pack_spec(spec: WorkerSpec) -> tuple[str, bytes]:
     """
     from pyspark import cloudpickle
 
-    return spec.fit_id, cloudpickle.dumps(spec)
+    try:
+        return spec.fit_id, cloudpickle.dumps(spec)
+    except Exception as exc:
+        raise ValueError(f"the model, loss or strategy cannot be pickled for the executors: "
+                         f"{type(exc).__name__}: {exc}") from exc
 
 
 _SPECS: dict[str, WorkerSpec] = {}

@@ -3,7 +3,7 @@
 Each round (:meth:`SparkRoundsExchange.run_round`): the global weights (or, with compression, the
 round's :class:`~sparknet.strategies.Downlink` message) are published in the fit's relay, a socket on
 the driver (:mod:`sparknet.spark._relay`), every partition's task fetches them, runs its local steps
-(:mod:`sparknet.spark._rounds`, the executor side) and puts its update back there, and the driver sums
+(:mod:`sparknet.spark.rounds.executor`, the executor side) and puts its update back there, and the driver sums
 the updates in partition order (compressed ones are decoded here, in worker order), bit for bit as
 it sums them when they travel through Spark: a broadcast down and each task's sample-weighted delta,
 already folded, in its result (``treeAggregate`` of depth 2 past 8 workers), which is what
@@ -32,9 +32,9 @@ from sparknet.spark._backend import Watchdog, default_round_deadline, job_group,
 from sparknet.spark._channel import decode_tree
 from sparknet.spark._relay import RoundRelay
 from sparknet.spark._session import is_local_master
-from sparknet.spark._rounds import (ROUND_TASK, Partial, RoundTask, WorkerStatus, combine, decode_updates, run_round,
-                                    run_round_from_chunks)
-from sparknet.stopping import StopRule
+from sparknet.spark.engine import EngineRun
+from sparknet.spark.rounds.executor import (ROUND_TASK, Partial, RoundTask, WorkerStatus, combine, decode_updates,
+                                           pack_spec, run_round, run_round_from_chunks)
 from sparknet.strategies import Downlink, make_compressor
 
 __all__ = ["SparkRoundsExchange", "run_rounds_engine"]
@@ -53,7 +53,7 @@ class SparkRoundsExchange(Exchange):
     staged, chunks : RDD
         The staged partitions (one small record each) and the persisted training chunks.
     spec_bc : Broadcast
-        The packed :class:`~sparknet.spark._rounds.WorkerSpec`.
+        The packed :class:`~sparknet.spark.rounds.executor.WorkerSpec`.
     workers : int
         K.
     compression : str
@@ -370,39 +370,35 @@ class SparkRoundsExchange(Exchange):
             record["checkpoint"] = path
 
 
-def run_rounds_engine(trainer, sc, group: str, staged, chunks, spec, global_flat: torch.Tensor, stop: StopRule,
-                      validation, driver_net, broadcasts: list, t_fit: float, checkpoints=None,
-                      resume: dict | None = None):
+def run_rounds_engine(run: EngineRun):
     """The rounds engine's fit: :func:`sparknet.loop.run_rounds` over a :class:`SparkRoundsExchange`.
 
-    ``trainer`` is the :class:`~sparknet.spark.SparkTrainer` whose fit this is (its settings, its
-    checkpoint writer, its ``on_round``); ``validation`` is evaluated on the driver, by ``driver_net``.
-    Returns the final global weights, the round records and the engine's summary fields.
+    The validation data is evaluated on the driver, by ``run.driver_net``. Returns the final global weights, the
+    round records and the engine's summary fields.
     """
-    relay = None
-    if trainer.options.rounds_transport == "socket":
+    sc, spec, relay = run.sc, run.spec, None
+    if run.options.rounds_transport == "socket":
         local = is_local_master(sc.master)  # every executor on this machine: a Unix socket, no CurveZMQ
         host = "127.0.0.1" if local else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
-        numel = int(global_flat.numel())
-        compressed = parse_enum(CompressionKind, trainer.dist.compression, "compression") is not CompressionKind.NONE
+        numel = int(run.global_flat.numel())
+        compressed = parse_enum(CompressionKind, run.dist.compression, "compression") is not CompressionKind.NONE
         # a worker's state: its solver's (a few copies of the weights) and strategy's, and its shuffle order (8 bytes a row)
-        state_bytes = 32 * numel + 8 * max(trainer._rows, default=0) + (1 << 20)
+        state_bytes = 32 * numel + 8 * max(run.rows, default=0) + (1 << 20)
         relay = RoundRelay(host, host, max_bytes=8 * numel + (1 << 20), update_bytes=None if compressed else 4 * numel,
                            state_bytes=state_bytes, local=local)
         spec = replace(spec, relay=relay.address)
     try:
-        return _run(trainer, sc, group, staged, chunks, spec, global_flat, stop, driver_net, broadcasts, t_fit,
-                    checkpoints, resume, relay)
+        return _run(run, spec, relay)
     finally:
         if relay is not None:
             relay.close()
 
 
-def _run(trainer, sc, group, staged, chunks, spec, global_flat, stop, driver_net, broadcasts, t_fit, checkpoints,
-         resume, relay):
-    spec_bc = sc.broadcast(trainer._pack(spec))
-    broadcasts.append(spec_bc)
-    auto = trainer._auto_tau(resume)
+def _run(run: EngineRun, spec, relay):
+    sc, checkpoints, resume, dist = run.sc, run.checkpoints, run.resume, run.dist
+    spec_bc = sc.broadcast(pack_spec(spec))
+    run.broadcasts.append(spec_bc)
+    auto = run.auto_tau(None if resume is None else resume.get("auto_tau"))
 
     def wants_state(rounds_done: int, last: bool) -> bool:  # worker states come back on checkpoint rounds
         return checkpoints is not None and (checkpoints.due(rounds_done) or last)
@@ -417,16 +413,15 @@ def _run(trainer, sc, group, staged, chunks, spec, global_flat, stop, driver_net
         counters = {"steps_done": progress.steps_done, "samples_done": progress.samples_done,
                     "total_bytes": progress.total_bytes, "downlink": downlink_state,
                     "auto_tau": None if auto is None else auto.state_dict()}
-        return trainer._save_checkpoint(checkpoints, driver_net, "rounds", r, global_flat, counters,
-                                        worker_states or {})
+        return run.save_checkpoint("rounds", r, global_flat, counters, worker_states or {})
 
-    exchange = SparkRoundsExchange(sc, group, staged, chunks, spec_bc, workers=trainer.dist.workers,
-                                   compression=trainer.dist.compression, driver_net=driver_net,
-                                   broadcasts=broadcasts, round_timeout_s=trainer.options.round_timeout_s,
-                                   link=trainer.link, checkpoint=checkpoint, wants_state=wants_state,
+    exchange = SparkRoundsExchange(sc, run.group, run.source, run.chunks, spec_bc, workers=dist.workers,
+                                   compression=dist.compression, driver_net=run.driver_net,
+                                   broadcasts=run.broadcasts, round_timeout_s=run.options.round_timeout_s,
+                                   link=run.link, checkpoint=checkpoint, wants_state=wants_state,
                                    downlink_state=None if resume is None else resume.get("downlink"),
-                                   hold_states=trainer.options.holds_worker_state(sc.master),
-                                   elastic_after_s=trainer.options.elastic_after_s, relay=relay)
+                                   hold_states=run.options.holds_worker_state(sc.master),
+                                   elastic_after_s=run.options.elastic_after_s, relay=relay)
     progress = Progress()
     if resume is not None:
         progress = Progress(round=resume["round"], steps_done=resume["steps_done"],
@@ -435,14 +430,12 @@ def _run(trainer, sc, group, staged, chunks, spec, global_flat, stop, driver_net
 
     def on_record(record: dict) -> None:
         history.append(record)
-        trainer.latest_flat = exchange.latest
-        trainer._emit(record)
+        run.emit(record, exchange.latest)
 
-    with job_group(sc, group, f"sparknet rounds ({trainer.dist.workers} workers)"):  # each round names itself
-        average = None if trainer.dist.weight_ema is None else WeightAverage(trainer.dist.weight_ema, global_flat)
-        global_flat = run_rounds(exchange, trainer.strategy, global_flat, stop, progress=progress, auto=auto,
-                                 evaluation=trainer.dist.evaluation(), on_record=on_record, t0=t_fit,
-                                 average=average)
+    with job_group(sc, run.group, f"sparknet rounds ({dist.workers} workers)"):  # each round names itself
+        average = None if dist.weight_ema is None else WeightAverage(dist.weight_ema, run.global_flat)
+        global_flat = run_rounds(exchange, run.strategy, run.global_flat, run.stop, progress=progress, auto=auto,
+                                 evaluation=dist.evaluation(), on_record=on_record, t0=run.t_fit, average=average)
     return global_flat, history, {"rerun_partitions": exchange.rerun_partitions,
                                   "elastic_rounds": exchange.elastic_rounds,
                                   "rounds_transport": "spark" if exchange.relay is None else "socket"}

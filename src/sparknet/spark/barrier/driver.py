@@ -1,6 +1,6 @@
 """Driver side of the barrier engine: one barrier stage per fit, supervised, restarted when it fails.
 
-The stage's tasks (:mod:`sparknet.spark._barrier`, the executor side) form a gloo group and run
+The stage's tasks (:mod:`sparknet.spark.barrier.executor`, the executor side) form a gloo group and run
 the round loop on every rank; rank 0 sends each round's record, and every few rounds the global
 weights and strategy state, over an authenticated pyzmq channel (:mod:`sparknet.spark._channel`).
 :class:`BarrierStage` runs the stage's Spark job in a thread and listens on the channel: records go
@@ -21,39 +21,36 @@ import torch
 
 from sparknet.errors import DeadlineExceeded, EngineError
 from sparknet.spark._backend import run_with_deadline, task_error, task_slots
-from sparknet.spark._barrier import GroupPlan, StagePlan, run_barrier
+from sparknet.spark.barrier.executor import GroupPlan, StagePlan, run_barrier
+from sparknet.spark.engine import EngineRun
+from sparknet.spark.rounds.executor import pack_spec
 from sparknet.spark._channel import MetricsReceiver, decode_tree, new_secret
 from sparknet.spark._session import is_local_master
-from sparknet.stopping import StopRule
 
 __all__ = ["BarrierStage", "run_barrier_engine", "run_connect_stage", "connect_refusal"]
 
 log = logging.getLogger(__name__)
 
 
-def run_barrier_engine(trainer, sc, group: str, chunks, _chunks, spec, global_flat: torch.Tensor, stop: StopRule,
-                       validation, driver_net, broadcasts: list, t_fit: float, checkpoints=None,
-                       resume: dict | None = None):
+def run_barrier_engine(run: EngineRun):
     """The barrier engine's fit: run the stage; start it again from the driver's newest state when it fails.
 
-    ``trainer`` is the :class:`~sparknet.spark.SparkTrainer` whose fit this is. Returns the final global
-    weights, the round records and the engine's summary fields.
+    Returns the final global weights, the round records and the engine's summary fields.
     """
-    opts = trainer.options
+    opts, resume = run.options, run.resume
     history: list[dict] = []
-    latest = {"round": 0, "global": global_flat, "strategy": None, "iteration": None, "workers": None,
+    latest = {"round": 0, "global": run.global_flat, "strategy": None, "iteration": None, "workers": None,
               "steps_done": 0, "samples_done": 0, "total_bytes": 0, "auto_tau": None}
     if resume is not None:
         latest.update({k: resume[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "workers",
                                               "auto_tau")},
-                      strategy=trainer.strategy.state_dict())
+                      strategy=run.strategy.state_dict())
     restarts: list[dict] = []
     t_engine, ready_at = time.perf_counter(), None
     while True:
-        stage = BarrierStage(trainer, sc, group, spec, stop, validation, broadcasts, t_fit, driver_net, checkpoints,
-                              history, restart=len(restarts))
+        stage = BarrierStage(run, history, restart=len(restarts))
         try:
-            final, extra = stage.run(chunks, latest)
+            final, extra = stage.run(latest)
             break
         except _StageFailed as failed:
             ready_at = ready_at or stage.ready_at
@@ -67,7 +64,7 @@ def run_barrier_engine(trainer, sc, group: str, chunks, _chunks, spec, global_fl
             restarts.append({"after_round": latest["round"], "error": first_line})
             log.warning("barrier stage failed (%s); restart %d of at most %d from round %d", first_line,
                         len(restarts), opts.max_restarts, latest["round"])
-            _wait_for_slots(sc, trainer.dist.workers, opts.rendezvous_timeout_s, latest["round"], cause)
+            _wait_for_slots(run.sc, run.dist.workers, opts.rendezvous_timeout_s, latest["round"], cause)
             del history[sum(1 for h in history if h["round"] <= latest["round"]):]  # their work is redone
     history.sort(key=lambda h: h["round"])
     ready_at = ready_at or stage.ready_at
@@ -109,10 +106,8 @@ class BarrierStage:
     round is complete.
     """
 
-    def __init__(self, trainer, sc, group, spec, stop, val, broadcasts, t_fit, driver_net, checkpoints,
-                 history: list[dict], restart: int):
-        self.trainer, self.sc, self.group, self.spec, self.stop, self.val = trainer, sc, group, spec, stop, val
-        self.broadcasts, self.t_fit, self.driver_net, self.checkpoints = broadcasts, t_fit, driver_net, checkpoints
+    def __init__(self, run: EngineRun, history: list[dict], restart: int):
+        self.fit, self.checkpoints = run, run.checkpoints
         self.history, self.restart = history, restart
         self.seen = {h["round"] for h in history}
         self.latest: dict | None = None
@@ -124,10 +119,10 @@ class BarrierStage:
     def _record(self, msg: dict, now: float) -> None:
         if msg["round"] in self.seen:
             return
-        msg["wall_s"] = now - self.t_fit
+        msg["wall_s"] = now - self.fit.t_fit
         self.seen.add(msg["round"])
         self.history.append(msg)
-        self.trainer._emit(msg)
+        self.fit.emit(msg)
 
     def _handle(self, msg: dict, now: float) -> None:
         event = msg.get("event")
@@ -153,7 +148,7 @@ class BarrierStage:
         slot = self.pending.get(r)
         if slot is None or slot["state"] is None:
             return
-        ranks_with_data = sum(1 for n in self.trainer._rows if n > 0)
+        ranks_with_data = sum(1 for n in self.fit.rows if n > 0)
         if self.latest is not None and self.latest["round"] == r and len(slot["workers"]) == ranks_with_data:
             self.latest["workers"] = slot["workers"]  # a restart from here is exact
         cp = self.checkpoints
@@ -162,24 +157,24 @@ class BarrierStage:
             return
         state = slot["state"]
         counters = {k: state[k] for k in ("steps_done", "samples_done", "total_bytes", "iteration", "auto_tau")}
-        path = self.trainer._save_checkpoint(cp, self.driver_net, "barrier", r, state["global_flat"], counters,
-                                             slot["workers"], strategy_state=state["strategy"])
+        path = self.fit.save_checkpoint("barrier", r, state["global_flat"], counters, slot["workers"],
+                                         strategy_state=state["strategy"])
         for h in self.history:
             if h["round"] == r:
                 h["checkpoint"] = path
         for old in [k for k in self.pending if k <= r]:
             del self.pending[old]
 
-    def run(self, chunks, start: dict):
-        trainer, sc, group, spec = self.trainer, self.sc, self.group, self.spec
-        dist, opts = trainer.dist, trainer.options
+    def run(self, start: dict):
+        run = self.fit
+        sc, group, spec, dist, opts = run.sc, run.group, run.spec, run.dist, run.options
         K = dist.workers
         local = is_local_master(sc.master)
         secret = new_secret()
         host = "127.0.0.1" if local else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
         # the largest message: a rank's solver and strategy state (a few copies of the weights, and its shuffle
         # order at 8 bytes a row) or the global weights with the strategy's state
-        cap = 32 * len(start["global"]) + 8 * max(trainer._rows, default=0) + (1 << 20)
+        cap = 32 * len(start["global"]) + 8 * max(run.rows, default=0) + (1 << 20)
         receiver = MetricsReceiver(host, host, secret, max_bytes=cap)
         outcome: dict = {}
         clock = {"ready": None, "heard": time.perf_counter()}
@@ -187,21 +182,21 @@ class BarrierStage:
             begin = {k: start.get(k) for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration",
                                                "strategy", "workers", "auto_tau", "average")}
             flat = start["global"]
-            payload_bc = sc.broadcast((trainer._pack(spec), np.asarray(flat, dtype=np.float32), begin))
-            self.broadcasts.append(payload_bc)
+            payload_bc = sc.broadcast((pack_spec(spec), np.asarray(flat, dtype=np.float32), begin))
+            run.broadcasts.append(payload_bc)
             val_bc = None
-            if self.val is not None:
-                val_bc = sc.broadcast(self.val)
-                self.broadcasts.append(val_bc)
-            auto = trainer._auto_tau(None)
+            if run.validation is not None:
+                val_bc = sc.broadcast(run.validation)
+                run.broadcasts.append(val_bc)
+            auto = run.auto_tau()
             params = StagePlan(
                 group=GroupPlan(workers=K, local=local, rendezvous_timeout_s=opts.rendezvous_timeout_s,
                                 collective_timeout_s=opts.collective_timeout_s),
-                stop=self.stop, endpoint=receiver.endpoint, secret=secret, keys=receiver.client_keys,
+                stop=run.stop, endpoint=receiver.endpoint, secret=secret, keys=receiver.client_keys,
                 evaluation=dist.evaluation(), restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None, auto_tau=auto,
                 weight_ema=dist.weight_ema, streaming=dist.streaming())
-            stage = chunks.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
+            stage = run.source.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
             silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
 
             def listen() -> str | None:
@@ -257,7 +252,7 @@ class BarrierStage:
         return final, {"barrier_workers": workers, "metrics_rejected": receiver.rejected}
 
 
-def connect_refusal(trainer, train) -> str | None:
+def connect_refusal(dist, train) -> str | None:
     """Why this fit cannot run from a Spark Connect session, or ``None`` when it can.
 
     Such a session has DataFrames and ``mapInArrow(..., barrier=True)`` but no SparkContext, RDDs,
@@ -267,7 +262,6 @@ def connect_refusal(trainer, train) -> str | None:
     from sparknet.config import Engine
     from sparknet.spark._data import is_dataframe
 
-    dist = trainer.dist
     if not is_dataframe(train):
         return f"the training data is a {type(train).__name__}; a Spark Connect session trains on a DataFrame"
     if dist.engine is not Engine.BARRIER:
@@ -284,12 +278,10 @@ def connect_refusal(trainer, train) -> str | None:
     return None
 
 
-def run_connect_stage(trainer, spark, group, chunks, _chunks, spec, global_flat: torch.Tensor, stop: StopRule,
-                      validation, driver_net, broadcasts: list, t_fit: float, checkpoints=None,
-                      resume: dict | None = None):
+def run_connect_stage(run: EngineRun):
     """The barrier engine's fit from a Spark Connect session: one ``mapInArrow(..., barrier=True)`` stage.
 
-    ``chunks`` is :func:`~sparknet.spark._data.chunk_frame`'s DataFrame, one partition a worker. The packed spec,
+    ``run.chunks`` is :func:`~sparknet.spark._data.chunk_frame`'s DataFrame, one partition a worker. The packed spec,
     the starting weights and the validation data travel in the stage's plan; rank 0 returns the final weights
     and every round record as rows. Nothing reaches the client while the stage runs (the executors may not be
     able to reach it), so the records go to ``on_round`` when the stage ends, each with ``wall_s`` counted from
@@ -302,22 +294,22 @@ def run_connect_stage(trainer, spark, group, chunks, _chunks, spec, global_flat:
 
     from sparknet.errors import NonFiniteUpdate
     from sparknet.spark._backend import Held
-    from sparknet.spark._barrier import RESULT_SCHEMA, run_barrier_frame
+    from sparknet.spark.barrier.executor import RESULT_SCHEMA, run_barrier_frame
     from sparknet.spark._session import session_master
 
-    dist, opts = trainer.dist, trainer.options
+    spark, group, spec, dist, opts = run.sc, run.group, run.spec, run.dist, run.options
     K = dist.workers
-    payload = Held((trainer._pack(spec), np.asarray(global_flat, dtype=np.float32), {}))
-    val = Held(validation) if validation is not None else None
+    payload = Held((pack_spec(spec), np.asarray(run.global_flat, dtype=np.float32), {}))
+    val = Held(run.validation) if run.validation is not None else None
     params = StagePlan(
         group=GroupPlan(workers=K, local=is_local_master(session_master(spark)),
                         rendezvous_timeout_s=opts.rendezvous_timeout_s, collective_timeout_s=opts.collective_timeout_s),
-        stop=stop, evaluation=dist.evaluation(), auto_tau=trainer._auto_tau(None), weight_ema=dist.weight_ema,
+        stop=run.stop, evaluation=dist.evaluation(), auto_tau=run.auto_tau(), weight_ema=dist.weight_ema,
         streaming=dist.streaming())
     float_labels = spec.task.float_labels or spec.weighted
     restarts: list[dict] = []
     while True:
-        stage = chunks.mapInArrow(run_barrier_frame(payload, replace(params, restart=len(restarts)), val,
+        stage = run.chunks.mapInArrow(run_barrier_frame(payload, replace(params, restart=len(restarts)), val,
                                                     float_labels), RESULT_SCHEMA, barrier=True)
         t_launch = time.perf_counter()
         try:
@@ -339,8 +331,8 @@ def run_connect_stage(trainer, spark, group, chunks, _chunks, spec, global_flat:
         raise EngineError("the barrier stage ended without rank 0's result")
     history = json.loads(results[0]["info"])
     for record in history:
-        record["wall_s"] = (t_launch - t_fit) + float(record.get("wall_s", 0.0))
-        trainer._emit(record)
+        record["wall_s"] = (t_launch - run.t_fit) + float(record.get("wall_s", 0.0))
+        run.emit(record)
     final = torch.from_numpy(np.frombuffer(results[0]["payload"], dtype=np.float32).copy())
     workers = sorted((json.loads(row["info"]) | {"rank": int(row["rank"])} for row in rows if row["kind"] == "worker"),
                      key=lambda w: w["rank"])

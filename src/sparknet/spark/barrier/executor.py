@@ -51,7 +51,7 @@ from sparknet.spark._backend import Held
 from sparknet.spark._channel import MetricsSender, encode_tree
 from sparknet.rowfile import RowFile
 from sparknet.spark._data import write_chunks
-from sparknet.spark._rounds import (WorkerSpec, build_worker_net, export_worker_state, fit_dir, freeze_heap,
+from sparknet.spark.rounds.executor import (WorkerSpec, build_worker_net, export_worker_state, fit_dir, freeze_heap,
                                     import_worker_state, round_seed, task_device, worker_failure)
 from sparknet.stopping import EvalPlan, StopRule
 from sparknet.strategies import AutoTau, WorkerState
