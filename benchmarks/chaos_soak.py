@@ -195,8 +195,8 @@ def main(argv=None) -> int:
         return 2
     from sparknet._app import build_model, load_training_data
     from sparknet.config import RunConfig
-    from sparknet.spark._data import frame_from_arrays
-    from sparknet.spark._session import get_session
+    from sparknet.spark.data import frame_from_arrays
+    from sparknet.spark.session import get_session
 
     runs = []
     with netns_cluster.NetnsCluster(workers=2, memory="2g") as cluster:

@@ -44,7 +44,7 @@ def _run(cmd: list[str], env: dict, metrics: Path, timeout_s: float) -> dict:
 
 _EMPTY_JOB = ("import json, sys\n"
               "from sparknet.spark import get_session\n"
-              "from sparknet.spark._backend import empty_job_s\n"
+              "from sparknet.spark.backend import empty_job_s\n"
               "spark = get_session(sys.argv[1])\n"
               "try:\n"
               "    print(json.dumps({'empty_job_s': empty_job_s(spark)}))\n"

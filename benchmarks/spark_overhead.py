@@ -110,7 +110,7 @@ def main(argv=None) -> dict:
     spark = _session(args.master)
     try:
         data = _data(spark, args.rows)
-        from sparknet.spark._backend import empty_job_s
+        from sparknet.spark.backend import empty_job_s
 
         results = {
             "benchmark": "spark_overhead", "master": spark.sparkContext.master, "spark": spark.version,

@@ -40,7 +40,7 @@ KEYS = ("data_mode", "data_mode_reason", "test_accuracy", "samples_per_s", "trai
 
 
 def _session(master: str, conf: dict | None = None):
-    from sparknet.spark._session import get_session
+    from sparknet.spark.session import get_session
 
     return get_session(master, app_name="sparknet-bench-streamed", conf={"spark.ui.enabled": "false", **(conf or {})})
 

@@ -276,7 +276,7 @@ def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> N
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        from sparknet._model_io import save_model
+        from sparknet.model_io import save_model
 
         save_model(out / "model", net_def, net.get_weights(), solver=solver, metadata={"vocab": "".join(corpus.vocab), "corpus": "shakespeare",
                                                   "validation_bpc": final}, overwrite=True)

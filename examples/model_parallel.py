@@ -94,7 +94,7 @@ def _train(rank: int, args: argparse.Namespace) -> dict:
 
     result = run_rank(job, part.x, part.y, validation=(data.test.x, data.test.y), on_round=report)
     if rank == 0 and args.out:
-        from sparknet._model_io import save_model
+        from sparknet.model_io import save_model
 
         save_model(args.out, net_def, weights_from_result(result), overwrite=True)
     return {k: result[k] for k in ("rank", "dp_rank", "mp_rank", "weight_bytes", "history")}

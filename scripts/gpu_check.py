@@ -40,7 +40,7 @@ GPU = "cuda"
 sys.path.insert(0, str(ROOT / "src"))
 
 from sparknet import zoo  # noqa: E402
-from sparknet._model_io import load_model, save_model  # noqa: E402
+from sparknet.model_io import load_model, save_model  # noqa: E402
 from sparknet._tensortree import load_tree, save_tree  # noqa: E402
 from sparknet.net import Net  # noqa: E402
 from sparknet.solvers import SolverConfig, build_optimizer  # noqa: E402
@@ -163,9 +163,9 @@ def check_worker_rounds() -> dict:
         sys.modules["pyspark"] = shim
     from sparknet.config import WorkerConfig
     from sparknet.loop import RoundPlan
-    from sparknet.spark import _data as spark_data
+    from sparknet.spark import data as spark_data
     from sparknet.spark.rounds import executor as _rounds
-    from sparknet.spark._backend import Held
+    from sparknet.spark.backend import Held
     from sparknet.strategies import make_strategy
 
     x, y = _data()

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from sparknet.spark._session import DAEMON_MODULE, DAEMON_MODULE_KEY
+from sparknet.spark.session import DAEMON_MODULE, DAEMON_MODULE_KEY
 
 TESTS = Path(__file__).resolve().parent
 TIERS = tuple(sorted(d.name for d in TESTS.iterdir() if d.is_dir() and any(d.glob("test_*.py"))))
@@ -147,7 +147,7 @@ def _quick_jvms(config: pytest.Config) -> None:
     A ``spark-defaults.conf`` in a fresh ``SPARK_CONF_DIR`` reaches every driver (the test modules'
     sessions, sparknet's own, the commands run as subprocesses) and, through the application, every
     executor; it also gives the test modules' own sessions the Python daemon sparknet's sessions
-    get (:data:`sparknet.spark._session.DAEMON_MODULE`: workers forked with torch loaded); ``SPARK_DAEMON_JAVA_OPTS`` reaches the test clusters' masters and workers. A user's own
+    get (:data:`sparknet.spark.session.DAEMON_MODULE`: workers forked with torch loaded); ``SPARK_DAEMON_JAVA_OPTS`` reaches the test clusters' masters and workers. A user's own
     ``SPARK_CONF_DIR`` is left as it is. The xdist workers inherit the controller's.
     """
     if "SPARK_CONF_DIR" in os.environ:

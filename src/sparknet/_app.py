@@ -26,7 +26,7 @@ import torch
 
 from sparknet import datasets, zoo
 from sparknet._fs import filesystem
-from sparknet._model_io import save_model
+from sparknet.model_io import save_model
 from sparknet._parquet import read_parquet_dataset
 from sparknet.config import RunConfig
 from sparknet.sinks import close_sinks, make_sinks

@@ -62,7 +62,7 @@ def _setup_logging(verbose: bool, quiet: bool) -> None:
     # Third-party chatter stays out of the user's way unless asked for.
     for noisy in ("py4j", "pyspark", "matplotlib", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if verbose else logging.WARNING)
-    if verbose:  # Spark's JVMs read it when sparknet starts them (sparknet.spark._session)
+    if verbose:  # Spark's JVMs read it when sparknet starts them (sparknet.spark.session)
         os.environ["SPARKNET_SPARK_LOG_LEVEL"] = "INFO"
 
 

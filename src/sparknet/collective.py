@@ -33,7 +33,7 @@ from sparknet.loop import Exchange, RoundPlan, RoundUpdate, check_streaming, lat
 from sparknet.net import EvalResult
 from sparknet.step import WorkerStep
 from sparknet.strategies import TrainingStrategy, WorkerState
-from sparknet.task import Task, task_metrics, task_width
+from sparknet.labels import Task, task_metrics, task_width
 
 __all__ = ["CollectiveExchange", "FIELDS", "evaluate_shards"]
 
@@ -290,7 +290,7 @@ def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, k
                     waited: dict | None = None, sample: int | None = None) -> EvalResult:
     """Loss and metrics of the global weights over every rank's share of the validation rows.
 
-    One allreduce of (count, loss) and the task's :func:`~sparknet.task.task_sums` over ``group``, so
+    One allreduce of (count, loss) and the task's :func:`~sparknet.labels.task_sums` over ``group``, so
     every rank gets the same numbers; ``net`` gets its own weights back afterwards when ``keep_local``
     (EASGD). ``sample``: each rank scores at most that many of its rows (a fixed random sample).
     """

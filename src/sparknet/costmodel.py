@@ -72,7 +72,7 @@ class Calibration:
 
 JOB_OVER_EMPTY = 1.2
 """The rounds engine's round beyond compute (``Calibration.job_s``), as a multiple of an empty Spark job timed
-in a fresh session as :func:`~sparknet.spark._backend.empty_job_s` does (measured on local[2]: 76 ms against 64 ms; the same empty
+in a fresh session as :func:`~sparknet.spark.backend.empty_job_s` does (measured on local[2]: 76 ms against 64 ms; the same empty
 job run between two rounds takes 32 ms)."""
 
 

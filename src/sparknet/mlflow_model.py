@@ -6,7 +6,7 @@ What :class:`~sparknet.sinks.MLflowSink` logs at the end of a run, so that::
     model.predict(pandas_df)          # a "features" column of arrays (or numeric columns, one value each)
 
 works in any process with sparknet installed, and the model can be registered and served. The
-folder itself (:func:`sparknet._model_io.save_model`: a JSON net, safetensors weights) is the MLflow
+folder itself (:func:`sparknet.model_io.save_model`: a JSON net, safetensors weights) is the MLflow
 model's one artifact, and the model is built from code (MLflow's "models from code"): nothing in it is a
 pickle.
 
@@ -40,7 +40,7 @@ class SparkNetPyfunc(_PythonModel):
     """The pyfunc wrapper: loads the sparknet folder once, scores pandas frames and arrays."""
 
     def load_context(self, context) -> None:
-        from sparknet._model_io import load_model
+        from sparknet.model_io import load_model
 
         self.saved = load_model(context.artifacts[ARTIFACT])
 
@@ -70,11 +70,11 @@ def _features(saved, model_input) -> np.ndarray:
 
 def score_frame(saved, model_input):
     """What :meth:`SparkNetPyfunc.predict` returns: a pandas frame of ``prediction`` (and ``probability``), as the
-    Spark model scores (:func:`sparknet.task.score_columns`, its logits left out)."""
+    Spark model scores (:func:`sparknet.labels.score_columns`, its logits left out)."""
     import pandas as pd
     import torch
 
-    from sparknet.task import score_columns
+    from sparknet.labels import score_columns
 
     columns = score_columns(saved.predict(torch.from_numpy(_features(saved, model_input))), saved.net.task)
     columns.pop("raw", None)
@@ -89,7 +89,7 @@ def signature_of(saved):
     from mlflow.types import DataType
     from mlflow.types.schema import Array, ColSpec, Schema
 
-    from sparknet.task import Task
+    from sparknet.labels import Task
 
     vector = Array(DataType.double)
     task = saved.net.task
@@ -115,7 +115,7 @@ def save_pyfunc_model(model_dir: str | os.PathLike, path: str | os.PathLike) -> 
     import torch
 
     from sparknet import __version__
-    from sparknet._model_io import load_model
+    from sparknet.model_io import load_model
 
     saved = load_model(model_dir)
     if saved.input_shape is None:

@@ -31,7 +31,7 @@ import torch
 from sparknet.layers import NetParams
 from sparknet.rowfile import RowStream
 from sparknet.solvers import SolverConfig, build_optimizer, check_gradient_hook, lr_multiplier
-from sparknet.task import Task, infer_task, task_metrics, task_sums
+from sparknet.labels import Task, infer_task, task_metrics, task_sums
 from sparknet.weights import WeightCollection
 
 __all__ = ["Net", "TrainStats", "EvalResult", "FeatureDict", "resolve_device", "fixed_sample"]
@@ -76,7 +76,7 @@ class EvalResult:
     ``rmse`` and ``mae`` for numbers; ``accuracy``, ``f1`` and ``auc`` for label sets; none for a net without
     labels (its loss alone)."""
     sums: tuple = ()
-    """The additive sums the metrics come from (:func:`sparknet.task.task_sums`); none for a net without labels."""
+    """The additive sums the metrics come from (:func:`sparknet.labels.task_sums`); none for a net without labels."""
 
     @property
     def score(self) -> float:
@@ -323,7 +323,7 @@ class Net:
         data path makes of a ``weight_col``): the loss is the weighted mean of the rows' losses.
         Validation data carries no weights.
     task : Task or str, optional
-        ``"classification"``, ``"regression"``, ``"multilabel"`` or ``"unlabelled"`` (:mod:`sparknet.task`);
+        ``"classification"``, ``"regression"``, ``"multilabel"`` or ``"unlabelled"`` (:mod:`sparknet.labels`);
         by default inferred from the loss: a regression loss (``MSELoss``, ``L1Loss``, ``HuberLoss``,
         ``SmoothL1Loss``, a ``EuclideanLoss`` layer) means regression, scored by R², RMSE and MAE;
         ``BCEWithLogitsLoss`` or ``MultiLabelSoftMarginLoss`` multi-label; anything else classification.

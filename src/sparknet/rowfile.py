@@ -94,7 +94,7 @@ class RowFileWriter:
     """Append ``(x [m, L] float32, y [m, ...])`` chunks to a row file; :meth:`close` publishes it.
 
     Rows whose width (or label shape) differs from the first chunk's make the partition unusable, as
-    :func:`sparknet.spark._data.merge_chunks` rules: :attr:`bad_rows` / :attr:`bad_labels` count every
+    :func:`sparknet.spark.data.merge_chunks` rules: :attr:`bad_rows` / :attr:`bad_labels` count every
     row then, and nothing is published.
     """
 

@@ -15,7 +15,7 @@ The command line::
     sparknet sample --model-dir runs/char_lstm/model --prime "ROMEO:" --length 300
     sparknet sample --checkpoint weights.safetensors --corpus shakespeare --hidden 256 --num-layers 2
 
-A model folder (:func:`sparknet._model_io.save_model`) that stores the vocabulary in its
+A model folder (:func:`sparknet.model_io.save_model`) that stores the vocabulary in its
 manifest metadata (``{"vocab": "<the characters, in id order>"}``, as
 ``examples/char_lstm.py`` writes) needs nothing else; otherwise ``--corpus`` rebuilds the
 vocabulary from the corpus the model was trained on.
@@ -204,7 +204,7 @@ def _corpus_vocab(spec: str) -> list[str]:
 def load_char_model(args: argparse.Namespace) -> tuple[Any, Vocabulary]:
     """The model and vocabulary ``sparknet sample`` was pointed at."""
     if args.model_dir:
-        from sparknet._model_io import load_model
+        from sparknet.model_io import load_model
 
         saved = load_model(args.model_dir)
         stored = (saved.manifest.get("metadata") or {}).get("vocab")

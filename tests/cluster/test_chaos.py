@@ -41,7 +41,7 @@ def data(spark):
 
 
 def _wait_for_slots(sc, n: int, timeout_s: float = 120.0) -> None:
-    from sparknet.spark._backend import task_slots
+    from sparknet.spark.backend import task_slots
 
     deadline = time.monotonic() + timeout_s
     while task_slots(sc) != n:

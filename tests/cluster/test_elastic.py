@@ -17,7 +17,7 @@ from sparknet import zoo
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.datasets import synthetic
 from sparknet.solvers import SolverConfig
-from sparknet.spark._backend import task_slots
+from sparknet.spark.backend import task_slots
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

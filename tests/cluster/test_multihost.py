@@ -78,7 +78,7 @@ def _scoring_files(root: Path):
     import pyarrow.parquet as pq
 
     from sparknet import Net
-    from sparknet._model_io import save_model
+    from sparknet.model_io import save_model
 
     x = np.random.default_rng(0).normal(size=(60, 5)).astype(np.float32)
     net = Net(zoo.mlp(input_shape=[5], hidden=[8], num_classes=3), batch_size=16, seed=0)

@@ -23,7 +23,7 @@ from sparknet.datasets import synthetic  # noqa: E402
 from sparknet.errors import WorkerError  # noqa: E402
 from sparknet.ps import AsyncConfig, AsyncSession, run_async  # noqa: E402
 from sparknet.ps._worker import TaskSpec, concat_blocks, scatter, train_partition  # noqa: E402
-from sparknet.spark._backend import task_error  # noqa: E402
+from sparknet.spark.backend import task_error  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 

@@ -12,7 +12,7 @@ from sparknet.errors import DeadlineExceeded, WorkerError
 from sparknet.loop import RoundPlan
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
-from sparknet.spark._backend import job_group, run_with_deadline
+from sparknet.spark.backend import job_group, run_with_deadline
 from sparknet.spark.rounds.executor import RoundTask, run_round_from_chunks
 
 pytestmark = pytest.mark.spark

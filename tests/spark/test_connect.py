@@ -60,7 +60,7 @@ def _trainer(spark, engine="barrier", **dist):
 
 
 def test_session_is_connect(spark):
-    from sparknet.spark._session import is_connect, session_master, session_parallelism
+    from sparknet.spark.session import is_connect, session_master, session_parallelism
 
     assert is_connect(spark) and is_connect(spark.range(1))
     assert session_master(spark) == "local[2]"

@@ -11,7 +11,7 @@ from _spark_testlib import blobs, mlp, partitioned_rdd, start_session
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
-from sparknet.spark import _data
+from sparknet.spark import data as spark_data
 
 pytestmark = pytest.mark.spark
 
@@ -20,27 +20,27 @@ pytestmark = pytest.mark.spark
 def test_arrow_lists_and_binary_rows_become_float_chunks():
     feats = pa.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], pa.list_(pa.float32()))
     batch = pa.RecordBatch.from_arrays([feats, pa.array([0.0, 2.0, 1.0])], names=["f", "y"])
-    x, y, info = _data._arrow_batch(batch.slice(1, 2), "array", 2, None)
+    x, y, info = spark_data._arrow_batch(batch.slice(1, 2), "array", 2, None)
     assert x.tolist() == [[3.0, 4.0], [5.0, 6.0]] and y.tolist() == [2, 1] and info["rows"] == 2
 
     pixels = np.array([[0, 255, 51, 102], [255, 0, 0, 0]], np.uint8)
     raw = pa.array([r.tobytes() for r in pixels], pa.binary())
-    x, _, info = _data._arrow_batch(pa.RecordBatch.from_arrays([raw, pa.array([1, 0])], names=["f", "y"]),
+    x, _, info = spark_data._arrow_batch(pa.RecordBatch.from_arrays([raw, pa.array([1, 0])], names=["f", "y"]),
                                     "binary", 4, 4)
     assert np.allclose(x, pixels / 255.0) and info["bad_rows"] == 0
     floats = pa.array([np.arange(4, dtype="<f4").tobytes()], pa.binary())
-    x, _, _ = _data._arrow_batch(pa.RecordBatch.from_arrays([floats, pa.array([1])], names=["f", "y"]), "binary", 4, 4)
+    x, _, _ = spark_data._arrow_batch(pa.RecordBatch.from_arrays([floats, pa.array([1])], names=["f", "y"]), "binary", 4, 4)
     assert x.tolist() == [[0.0, 1.0, 2.0, 3.0]]
 
 
 def test_row_problems_are_counted_not_raised_on_executors():
     feats = pa.array([[1.0, 2.0], [3.0], None, [float("nan"), 1.0]], pa.list_(pa.float32()))
     batch = pa.RecordBatch.from_arrays([feats, pa.array([0.5, None, 1.0, 7.0])], names=["f", "y"])
-    _, _, info = _data._arrow_batch(batch, "array", 2, None)
+    _, _, info = spark_data._arrow_batch(batch, "array", 2, None)
     assert info["null_x"] == 1 and info["null_y"] == 1 and info["nonint_y"] == 1
     pairs = [(np.zeros(3), 1), (np.zeros(4), 2), ("text", 0), (np.ones(3), 2)]
-    chunks = list(_data.pair_chunks(None)(pairs))
-    x, y, info = _data.merge_chunks(chunks)
+    chunks = list(spark_data.pair_chunks(None)(pairs))
+    x, y, info = spark_data.merge_chunks(chunks)
     assert info["bad_rows"] == 1 and info["not_pairs"] == 1 and x.shape == (2, 3) and y.tolist() == [1, 2]
 
 
@@ -54,9 +54,9 @@ def test_row_problems_are_counted_not_raised_on_executors():
     ({"null_y": 1}, "null label"),
 ])
 def test_check_stats_says_what_is_wrong(change, message):
-    stats = {**_data._new_info(), "rows": 10, "lengths": [2], "y_min": 0, "y_max": 2, **change}
+    stats = {**spark_data._new_info(), "rows": 10, "lengths": [2], "y_min": 0, "y_max": 2, **change}
     with pytest.raises(ValueError, match=message):
-        _data.check_stats([stats], what="training data", expected_len=2, num_classes=3, num_workers=2)
+        spark_data.check_stats([stats], what="training data", expected_len=2, num_classes=3, num_workers=2)
 
 
 # -- on Spark -----------------------------------------------------------------------------------
@@ -161,15 +161,15 @@ def test_rows_from_the_driver_are_shuffled_once_into_the_same_partitions(spark, 
     order and ends that; data read from files, or already shuffled, is left as it is."""
     sc = spark.sparkContext
     local = sc.parallelize(range(40), 2).map(lambda v: (v, v * v))
-    assert _data.ships_local_data(local) and _data.ships_local_data(local.cache())  # a cache does not end the path
-    cut = _data.without_local_data(local, 2)
-    assert not _data.ships_local_data(cut)
+    assert spark_data.ships_local_data(local) and spark_data.ships_local_data(local.cache())  # a cache does not end the path
+    cut = spark_data.without_local_data(local, 2)
+    assert not spark_data.ships_local_data(cut)
     assert cut.glom().collect() == local.glom().collect()  # the same rows, partitions and order
-    assert _data.without_local_data(local, 3) is local  # a split the caller makes itself (it shuffles anyway)
+    assert spark_data.without_local_data(local, 3) is local  # a split the caller makes itself (it shuffles anyway)
     shuffled = local.repartition(2)
-    assert not _data.ships_local_data(shuffled) and _data.without_local_data(shuffled, 2) is shuffled
+    assert not spark_data.ships_local_data(shuffled) and spark_data.without_local_data(shuffled, 2) is shuffled
     path = str(tmp_path / "rows.txt")
     (tmp_path / "rows.txt").write_text("\n".join(map(str, range(10))))
-    assert not _data.ships_local_data(sc.textFile(path, 2))
+    assert not spark_data.ships_local_data(sc.textFile(path, 2))
     frame = spark.createDataFrame([(float(i), i % 2) for i in range(8)], ["x", "label"])
-    assert _data.ships_local_data(frame.rdd)  # a DataFrame of local rows too
+    assert spark_data.ships_local_data(frame.rdd)  # a DataFrame of local rows too

@@ -124,7 +124,7 @@ def test_model_is_built_once_per_worker_process(fitted, data):
 def test_pipeline_save_load_gives_identical_predictions(fitted, data, tmp_path):
     from pyspark.ml import PipelineModel
 
-    from sparknet import _model_io
+    from sparknet import model_io
     from sparknet.spark.ml import SparkNetModel
 
     _, test = data
@@ -140,7 +140,7 @@ def test_pipeline_save_load_gives_identical_predictions(fitted, data, tmp_path):
     assert np.array_equal(prob_a, prob_b)
     # the same model as a plain sparknet model folder (what `sparknet predict` reads)
     folder = fitted.stages[-1].saveModelFolder(str(tmp_path / "folder"))
-    saved = _model_io.load_model(folder)
+    saved = model_io.load_model(folder)
     assert saved.weights.allclose(fitted.stages[-1].weights, rtol=0, atol=0)
     assert saved.solver is not None and saved.config["dist"]["tau"] == 10
 
@@ -292,7 +292,7 @@ def test_the_output_probe_reads_an_image_shape_laid_out_otherwise_as_the_nets_ow
     """imageShape says how a column's values are laid out ([784] for flat pixels); the probe that counts the
     model's outputs gives the net its own input shape ((1, 28, 28)), as the model's predict does."""
     from sparknet import Net, zoo
-    from sparknet._model_io import pack_model
+    from sparknet.model_io import pack_model
     from sparknet.spark.ml import SparkNetModel
 
     net = Net(zoo.lenet())

@@ -149,7 +149,7 @@ def _parquet(path, n: int = 600) -> str:
 
 
 def test_sparknet_train_model_parallel_end_to_end(spark, tmp_path):
-    from sparknet._model_io import load_model
+    from sparknet.model_io import load_model
 
     data = _parquet(tmp_path / "blobs.parquet")
     metrics, model = tmp_path / "run.jsonl", tmp_path / "model"

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sparknet import Net, zoo
-from sparknet._model_io import save_model
+from sparknet.model_io import save_model
 from sparknet.cli import main
 from sparknet.tools.predict import predict
 
@@ -125,14 +125,14 @@ class _NoSpark:
                                          ("yarn", "gs://b/k"), ("yarn", "abfss://c@a.dfs.core.windows.net/k"),
                                          ("yarn", "dbfs:/x")])
 def test_check_shared_path_asks_nothing_on_a_local_master_or_for_a_remote_uri(master, path):
-    from sparknet.spark._shared_path import check_shared_path
+    from sparknet.spark.shared_path import check_shared_path
 
     check_shared_path(_NoSpark(master), path, what="--data")
     check_shared_path(_NoSpark(master), path, what="--out", write=True)
 
 
 def test_check_shared_path_asks_the_executors_about_plain_paths_and_file_uris():
-    from sparknet.spark._shared_path import check_shared_path
+    from sparknet.spark.shared_path import check_shared_path
 
     for path in ("/only/here", "file:///only/here", "relative/path"):
         with pytest.raises(AssertionError, match="asked Spark"):

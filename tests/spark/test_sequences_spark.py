@@ -14,7 +14,7 @@ from sparknet.config import DistributedConfig, RunConfig, WorkerConfig
 from sparknet.datasets import ArrayDataset, synthetic_sequences
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
-from sparknet.spark import _data
+from sparknet.spark import data as spark_data
 from sparknet.spark.run import dataset_as_parquet, train_distributed
 
 pytestmark = pytest.mark.spark
@@ -35,23 +35,23 @@ def sequence_frame(spark, x: np.ndarray, y: list) -> object:
 def test_arrow_list_labels_become_one_label_per_position():
     feats = pa.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 0.0, 1.0]], pa.list_(pa.float32()))
     labels = pa.array([[2, 3, 4], [5, 6, 7], [0, 1, 2]], pa.list_(pa.int64()))
-    x, y, info = _data._arrow_batch(pa.RecordBatch.from_arrays([feats, labels], names=["f", "y"]).slice(1, 2),
+    x, y, info = spark_data._arrow_batch(pa.RecordBatch.from_arrays([feats, labels], names=["f", "y"]).slice(1, 2),
                                     "array", 3, None)
     assert y.shape == (2, 3) and y.tolist() == [[5, 6, 7], [0, 1, 2]] and x.shape == (2, 3)
     assert info["label_lengths"] == [3] and (info["y_min"], info["y_max"]) == (0, 7)
 
     ragged = pa.array([[1, 2, 3], [1, 2], [1, 2, 3]], pa.list_(pa.int64()))
-    _, y, info = _data._arrow_batch(pa.RecordBatch.from_arrays([feats, ragged], names=["f", "y"]), "array", 3, None)
+    _, y, info = spark_data._arrow_batch(pa.RecordBatch.from_arrays([feats, ragged], names=["f", "y"]), "array", 3, None)
     assert len(y) == 0 and info["bad_labels"] == 1 and sorted(info["label_lengths"]) == [2, 3]
     holes = pa.array([[1, None, 3], None, [1, 2, 3]], pa.list_(pa.int64()))
-    _, _, info = _data._arrow_batch(pa.RecordBatch.from_arrays([feats, holes], names=["f", "y"]), "array", 3, None)
+    _, _, info = spark_data._arrow_batch(pa.RecordBatch.from_arrays([feats, holes], names=["f", "y"]), "array", 3, None)
     assert info["null_y"] == 1
 
 
 def test_pairs_with_array_labels_keep_their_positions():
     x = np.arange(12, dtype=np.float32).reshape(4, 3)
     pairs = [(x[0], np.array([1, 2, 3])), (x[1], [4, 5, 6]), (x[2], np.array([1, 2])), (x[3], np.array([0, 0, 7]))]
-    out, y, info = _data.merge_chunks(list(_data.pair_chunks(None, chunk_rows=2)(pairs)))
+    out, y, info = spark_data.merge_chunks(list(spark_data.pair_chunks(None, chunk_rows=2)(pairs)))
     assert y.tolist() == [[1, 2, 3], [4, 5, 6], [0, 0, 7]] and out.shape == (3, 3)
     assert info["bad_labels"] == 1 and info["y_max"] == 7
 
@@ -65,12 +65,12 @@ def test_pairs_with_array_labels_keep_their_positions():
     ({"label_lengths": [0, 12]}, None, r"rows hold one class id, 12 per-position ids"),
 ])
 def test_check_stats_says_what_is_wrong_with_sequence_labels(change, sample_shape, message):
-    stats = {**_data._new_info(), "rows": 10, "lengths": [T], "label_lengths": [T], "y_min": 0, "y_max": V - 1,
+    stats = {**spark_data._new_info(), "rows": 10, "lengths": [T], "label_lengths": [T], "y_min": 0, "y_max": V - 1,
              "label_col": "label", **change}
     with pytest.raises(ValueError, match=message):
-        _data.check_stats([stats], what="training data", expected_len=T, num_classes=V, sample_shape=sample_shape)
+        spark_data.check_stats([stats], what="training data", expected_len=T, num_classes=V, sample_shape=sample_shape)
     ok = {**stats, "y_max": V - 1, "label_lengths": [T], "bad_labels": 0}
-    assert _data.check_stats([ok], what="training data", expected_len=T, num_classes=V,
+    assert spark_data.check_stats([ok], what="training data", expected_len=T, num_classes=V,
                              sample_shape=(T,))["label_width"] == T
 
 
@@ -141,7 +141,7 @@ def test_a_label_outside_the_vocabulary_names_the_column_and_the_range(spark):
     df = sequence_frame(spark, data.x, y).withColumnRenamed("label", "next_chars")
     with pytest.raises(ValueError, match=r"labels range over \[0, 11\] but the net has 8 classes \(labels must be "
                                          r"0\.\.7\); check column 'next_chars' \(one label per position"):
-        _data.collect_arrays(df, features_col="features", label_col="next_chars", image_shape=None, expected_len=T,
+        spark_data.collect_arrays(df, features_col="features", label_col="next_chars", image_shape=None, expected_len=T,
                              num_classes=V, sample_shape=(T,))
     # through fit: the class count is the net's vocabulary (its [N, T, V] output), refused before any round
     rounds = []

@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from sparknet.spark import _session
-from sparknet.spark._session import LOG_LEVEL_ENV, quiet_log_settings, spark_log_level
+from sparknet.spark import session as spark_session
+from sparknet.spark.session import LOG_LEVEL_ENV, quiet_log_settings, spark_log_level
 
 pytestmark = pytest.mark.spark
 
@@ -20,7 +20,7 @@ DRIVER, EXECUTOR = "spark.driver.extraJavaOptions", "spark.executor.extraJavaOpt
 @pytest.fixture
 def clean_env(monkeypatch, tmp_path):
     """No Spark configuration folder of the user's, no submit arguments, no level set, no JVM yet."""
-    monkeypatch.setattr(_session, "_jvm_running", lambda: False)  # another module's session may have started one
+    monkeypatch.setattr(spark_session, "_jvm_running", lambda: False)  # another module's session may have started one
     conf_dir = tmp_path / "conf"
     conf_dir.mkdir()
     monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
@@ -103,17 +103,17 @@ def test_a_new_session_starts_quiet(clean_env, tmp_path):
                           text=True, timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "root level ERROR" in proc.stdout
-    assert f"driver memory {_session.DRIVER_MEMORY}" in proc.stdout  # a local session's larger heap
+    assert f"driver memory {spark_session.DRIVER_MEMORY}" in proc.stdout  # a local session's larger heap
     assert "torch preloaded [True]" in proc.stdout
     for chatter in ("Using Spark's default log4j profile", "Setting default log level", " WARN ", " INFO "):
         assert chatter not in proc.stderr, proc.stderr
 
 
 def test_a_users_driver_memory_wins(clean_env, monkeypatch):
-    assert not _session._user_sets_driver_memory(None)
-    assert _session._user_sets_driver_memory({"spark.driver.memory": "6g"})
+    assert not spark_session._user_sets_driver_memory(None)
+    assert spark_session._user_sets_driver_memory({"spark.driver.memory": "6g"})
     (clean_env / "spark-defaults.conf").write_text("spark.driver.memory   4g\n")
-    assert _session._user_sets_driver_memory(None)
+    assert spark_session._user_sets_driver_memory(None)
 
 
 def test_sparknet_train_with_its_output_in_a_log_writes_one_progress_line_per_round(tmp_path):

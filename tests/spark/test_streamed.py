@@ -14,7 +14,7 @@ from sparknet.config import DistributedConfig, Engine, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
 from sparknet._enums import DataMode
-from sparknet.spark._data import choose_data_mode
+from sparknet.spark.data import choose_data_mode
 from sparknet.spark.trainer import EngineOptions
 
 pytestmark = pytest.mark.spark

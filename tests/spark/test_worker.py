@@ -10,7 +10,7 @@ from sparknet.config import WorkerConfig
 from sparknet.loop import RoundPlan
 from sparknet.solvers import SolverConfig
 from sparknet.spark.rounds import executor as _rounds
-from sparknet.spark._data import pair_chunks
+from sparknet.spark.data import pair_chunks
 from sparknet.spark.rounds.executor import WorkerReport, WorkerSpec, WorkerStatus, combine, fold, pack_spec
 from sparknet.stopping import StopRule
 from sparknet.strategies import Average
@@ -116,7 +116,7 @@ def test_stop_rule():
 
 
 def test_local_master_helpers():
-    from sparknet.spark._session import is_local_master, local_slots
+    from sparknet.spark.session import is_local_master, local_slots
 
     assert local_slots("local[4]") == 4 and local_slots("local") == 1 and local_slots("local[3, 2]") == 3
     assert local_slots("local-cluster[2,2,1024]") == 4 and local_slots("spark://h:7077") is None

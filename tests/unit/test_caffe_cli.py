@@ -59,7 +59,7 @@ def test_train_lenet_from_its_solver_end_to_end(tmp_path):
     assert summary["test_accuracy"] == evals[-1]["test_accuracy"] > 0.4  # 10 classes: chance is 0.1
 
     # each snapshot is a .caffemodel and a model folder holding the same weights
-    from sparknet._model_io import load_model
+    from sparknet.model_io import load_model
 
     final = read_caffemodel(snaps / "lenet_iter_30.caffemodel")
     folder = load_model(snaps / "lenet_iter_30")
@@ -225,7 +225,7 @@ def test_inspect_a_solver_and_a_caffemodel(tmp_path, capsys):
 
 
 def test_import_then_export_round_trips_exactly(tmp_path, capsys):
-    from sparknet._model_io import load_model
+    from sparknet.model_io import load_model
 
     net = load_net_prototxt(LENET_NET, "TRAIN")
     weights = net.build(seed=4).layer_weights()
@@ -253,7 +253,7 @@ def test_import_then_export_round_trips_exactly(tmp_path, capsys):
 
 def test_export_a_layer_dsl_model_folder(tmp_path):
     from sparknet import zoo
-    from sparknet._model_io import save_model
+    from sparknet.model_io import save_model
     from sparknet.weights import WeightCollection
 
     params = zoo.lenet()

@@ -50,7 +50,7 @@ def test_version(capsys):
 def test_save_model_and_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from sparknet._model_io import load_model
+    from sparknet.model_io import load_model
 
     model_dir, tb = tmp_path / "model", tmp_path / "tb"
     rc = main(["train", "--model", "mlp", "--dataset", "synthetic", "--steps", "20", "--eval-every", "10",

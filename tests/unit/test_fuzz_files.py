@@ -52,7 +52,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from _protobuf_wire import varint
-from sparknet import _model_io, zoo
+from sparknet import model_io, zoo
 from sparknet._parquet import read_parquet_dataset
 from sparknet.caffe import (PrototxtError, describe_caffemodel, load_caffemodel_into, load_net_prototxt,
                             load_solver_prototxt, read_caffemodel, write_caffemodel)
@@ -63,7 +63,7 @@ from sparknet.datasets import synthetic
 from sparknet.errors import GraphError
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
-from sparknet.spark._data import arrays_table
+from sparknet.spark.data import arrays_table
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid octal escape sequence:DeprecationWarning")  # protobuf's, on '\\777'
 
@@ -974,8 +974,8 @@ def mutate_model(folder: Path, edits) -> None:
         data = path.read_bytes()
         weights = edit[0] == "weights.safetensors"
         path.write_bytes(mutate_weights(data, edit[1]) if weights else mutate_json(data, edit[1]))
-        if edit[2] and edit[0] != _model_io.MANIFEST_NAME:
-            _record_sha(folder / _model_io.MANIFEST_NAME, edit[0], path)
+        if edit[2] and edit[0] != model_io.MANIFEST_NAME:
+            _record_sha(folder / model_io.MANIFEST_NAME, edit[0], path)
 
 
 def _model_seeds(folder: Path) -> list[Path]:
@@ -983,8 +983,8 @@ def _model_seeds(folder: Path) -> list[Path]:
     convolutional net from a Caffe prototxt (convolution, batch norm, scale: running statistics among its weights)."""
     conv = Net(load_net_prototxt(_SMALL_CAFFE_NET, "TEST").net_params,
                SolverConfig(base_lr=0.01, lr_policy="step", stepsize=10), batch_size=2, seed=0)
-    return [_model_io.save_model(folder / "mlp", _small_net(), config={"run": {"steps": 3}}, metadata={"vocab": "abc"}),
-            _model_io.save_model(folder / "conv", conv)]
+    return [model_io.save_model(folder / "mlp", _small_net(), config={"run": {"steps": 3}}, metadata={"vocab": "abc"}),
+            model_io.save_model(folder / "conv", conv)]
 
 
 _MODEL_MANIFEST = {"format": "", "format_version": 1, "kind": "", "net": "", "weights": "", "solver": "", "config": "",
@@ -1019,7 +1019,7 @@ def test_fuzzed_model_folder_loads_or_is_a_value_error(tmp_path, tallies):
     target = tmp_path / "model"
 
     def load():
-        saved = _model_io.load_model(target)
+        saved = model_io.load_model(target)
         if saved.input_shape is not None:
             saved.predict(torch.zeros(2, *saved.input_shape))
         return saved
@@ -1372,7 +1372,7 @@ def test_a_model_save_that_fails_leaves_no_folder_that_loads(tmp_path, tallies):
     tally = tallies["save_model failing"] = Tally("save_model failing")
     old, new = _small_net(seed=0), _small_net(seed=1)
     root = tmp_path / "cases"
-    real = _model_io.filesystem
+    real = model_io.filesystem
 
     def case(value):
         before, overwrite, content, (op, at, keep) = value
@@ -1380,7 +1380,7 @@ def test_a_model_save_that_fails_leaves_no_folder_that_loads(tmp_path, tallies):
         root.mkdir()
         target = root / "model"
         if before == "the old model":
-            _model_io.save_model(target, old)
+            model_io.save_model(target, old)
         elif before == "a file":
             target.write_bytes(b"not a model")
         elif before == "another folder":
@@ -1401,12 +1401,12 @@ def test_a_model_save_that_fails_leaves_no_folder_that_loads(tmp_path, tallies):
             return _FailingFS(fs, op, at, keep), where
 
         def save():
-            with mock.patch.object(_model_io, "filesystem", failing):
-                return _model_io.save_model(target, net, config=config, overwrite=overwrite)
+            with mock.patch.object(model_io, "filesystem", failing):
+                return model_io.save_model(target, net, config=config, overwrite=overwrite)
 
         error = tally.run(save, _SAVE_ERRORS, "", lambda: f"{value}", judge=lambda path: "saved")
         try:
-            loaded = _model_io.load_model(target)
+            loaded = model_io.load_model(target)
         except (ValueError, FileNotFoundError):
             loaded = None
         describe = f"{value}: the save {'returned' if error is None else f'raised {error!r}'}"

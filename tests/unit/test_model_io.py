@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from sparknet import _model_io as mio
+from sparknet import model_io as mio
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 

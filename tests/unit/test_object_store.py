@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from sparknet import _model_io as mio
+from sparknet import model_io as mio
 from sparknet.checkpoint import CheckpointError, CheckpointManager
 from sparknet.config import DistributedConfig, RunConfig
 from sparknet.net import Net

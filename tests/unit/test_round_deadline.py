@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from sparknet.spark._backend import FIRST_ROUND_DEADLINE_S, MIN_ROUND_DEADLINE_S, Watchdog, default_round_deadline
+from sparknet.spark.backend import FIRST_ROUND_DEADLINE_S, MIN_ROUND_DEADLINE_S, Watchdog, default_round_deadline
 from sparknet.stopping import StopRule
 
 

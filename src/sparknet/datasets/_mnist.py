@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from sparknet.datasets._array import ArrayDataset, Splits
-from sparknet.datasets._cache import (
+from sparknet.datasets.cache import (
     Archive,
     cache_root,
     fetch_archive,

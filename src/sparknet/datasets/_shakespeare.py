@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from sparknet.datasets._array import ArrayDataset
-from sparknet.datasets._cache import (
+from sparknet.datasets.cache import (
     Archive,
     atomic_write,
     cache_root,

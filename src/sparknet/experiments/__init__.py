@@ -44,7 +44,7 @@ import torch
 from sparknet import zoo
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.datasets import ArrayDataset, Deformation, cache_root, extended_arrays, load_dataset, mnist
-from sparknet.datasets._cache import atomic_write, exclusive
+from sparknet.datasets.cache import atomic_write, exclusive
 from sparknet.errors import DatasetError
 from sparknet.metrics import LoadSampler, json_safe, process_age_s
 from sparknet.net import Net

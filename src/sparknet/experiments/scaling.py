@@ -134,7 +134,7 @@ def calibrate(spark=None, *, batch_size: int = 64, rows: int = 2048, steps: int 
               "model_bytes": model_bytes,
               "allreduce_s": allreduce_step_cost(batch_size=batch_size, rows=rows, steps=steps)}
     if spark is not None:
-        from sparknet.spark._backend import empty_job_s
+        from sparknet.spark.backend import empty_job_s
 
         values["job_s"] = empty_job_s(spark) * JOB_OVER_EMPTY
     return Calibration(**values)

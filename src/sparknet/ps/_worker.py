@@ -98,7 +98,7 @@ def pick_fields(names: tuple[str, str]):
 
 
 def blocks_from_chunks(chunks: Iterable) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """``(x, y, info)`` chunks of :mod:`sparknet.spark._data` -> ``(x, y)`` blocks (empty ones dropped)."""
+    """``(x, y, info)`` chunks of :mod:`sparknet.spark.data` -> ``(x, y)`` blocks (empty ones dropped)."""
     for x, y, _ in chunks:
         if len(y):
             yield x, y

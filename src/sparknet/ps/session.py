@@ -15,7 +15,7 @@ secret, which reach the tasks inside the job's closure with the server's transpo
 (:attr:`~sparknet.ps.server.ParameterServer.client_keys`). Between epochs the rows are
 reshuffled across partitions (seeded), and each task reshuffles its own rows. The server is
 stopped, and cached data released, in ``finally``. Every Spark job runs through
-:func:`sparknet.spark._backend.run_with_deadline`: under the session's job group (the caller's
+:func:`sparknet.spark.backend.run_with_deadline`: under the session's job group (the caller's
 own is left as it was), with a deadline, and a failed task decoded into a
 :class:`~sparknet.errors.WorkerError` naming its partition.
 
@@ -48,9 +48,9 @@ from sparknet.ps.combiners import Combiner, make_combiner
 from sparknet.ps.config import AsyncConfig
 from sparknet.ps.server import ParameterServer
 from sparknet.solvers import SolverConfig
-from sparknet.spark import _data
-from sparknet.spark._backend import default_round_deadline, run_with_deadline
-from sparknet.spark._session import get_session, is_connect, is_local_master
+from sparknet.spark import data as spark_data
+from sparknet.spark.backend import default_round_deadline, run_with_deadline
+from sparknet.spark.session import get_session, is_connect, is_local_master
 from sparknet.weights import WeightCollection
 
 __all__ = ["AsyncSession", "run_async"]
@@ -196,19 +196,19 @@ class AsyncSession:
         from pyspark import StorageLevel  # optional dependency: needed only once data is dealt
 
         expected_len = math.prod(sample_shape) if sample_shape else None
-        if _data.is_dataframe(data) or _data.is_rdd(data):
+        if spark_data.is_dataframe(data) or spark_data.is_rdd(data):
             features_col, label_col = feed_names
-            chunks, _ = _data.chunk_rdd(data, features_col=features_col, label_col=label_col,
+            chunks, _ = spark_data.chunk_rdd(data, features_col=features_col, label_col=label_col,
                                         image_shape=image_shape, expected_len=expected_len, num_partitions=num_workers)
             chunks.persist(StorageLevel.MEMORY_AND_DISK)
             try:
-                _, total = _data.checked_partitions(sc, group, chunks, timeout_s=self.data_timeout_s,
+                _, total = spark_data.checked_partitions(sc, group, chunks, timeout_s=self.data_timeout_s,
                                                     expected_len=expected_len, num_classes=None,
                                                     num_workers=num_workers, sample_shape=sample_shape)
             except BaseException:
                 chunks.unpersist()
                 raise
-            skew = _data.describe_skew(total["rows_per_partition"])
+            skew = spark_data.describe_skew(total["rows_per_partition"])
             if skew:
                 log.warning("%s", skew)
             return chunks.mapPartitions(_worker.blocks_from_chunks, preservesPartitioning=True), chunks, \
@@ -290,22 +290,22 @@ class AsyncSession:
             feed_names = tuple(feed_names)
             if len(feed_names) != 2:
                 raise ValueError(f"feed_names names the feature and the label field, got {feed_names}")
-            if _data.is_rdd(data):
+            if spark_data.is_rdd(data):
                 data = data.map(_worker.pick_fields(feed_names))
         feed_names = feed_names or ("features", "label")
 
-        is_spark_data = _data.is_dataframe(data) or _data.is_rdd(data)
-        session = data.sparkSession if _data.is_dataframe(data) else self.spark
+        is_spark_data = spark_data.is_dataframe(data) or spark_data.is_rdd(data)
+        session = data.sparkSession if spark_data.is_dataframe(data) else self.spark
         if session is not None and is_connect(session):
             raise ValueError("the asynchronous parameter server cannot run from a Spark Connect session: its workers "
                              "are RDD tasks that reach a server on the driver, and a Connect client has no RDDs and "
                              "cannot be reached from the executors; train with SparkTrainer (engine='barrier'), which "
                              "runs from Connect, or from a classic session")
         if is_spark_data:
-            sc = data.sparkSession.sparkContext if _data.is_dataframe(data) else data.context
+            sc = data.sparkSession.sparkContext if spark_data.is_dataframe(data) else data.context
         else:
             sc = (self.spark or get_session()).sparkContext
-        K = int(num_workers or (data.rdd.getNumPartitions() if _data.is_dataframe(data) else
+        K = int(num_workers or (data.rdd.getNumPartitions() if spark_data.is_dataframe(data) else
                                 data.getNumPartitions() if is_spark_data else 2))
         if K < 1:
             raise ValueError(f"num_workers must be at least 1, got {K}")
@@ -313,11 +313,11 @@ class AsyncSession:
         run_id = uuid.uuid4().hex[:12]
         group = f"sparknet-async-{run_id}"
         if validation_data is not None:
-            if _data.is_dataframe(validation_data) or _data.is_rdd(validation_data):
+            if spark_data.is_dataframe(validation_data) or spark_data.is_rdd(validation_data):
                 spark_validation = validation_data
                 validation_data = run_with_deadline(
                     sc, group, "sparknet: collect the validation data",
-                    lambda: _data.collect_arrays(
+                    lambda: spark_data.collect_arrays(
                         spark_validation, features_col=feed_names[0], label_col=feed_names[1],
                         image_shape=image_shape, expected_len=math.prod(sample_shape) if sample_shape else None,
                         num_classes=None, sample_shape=sample_shape),

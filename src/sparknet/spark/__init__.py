@@ -8,8 +8,8 @@
 The engines import pyspark only where they run Spark jobs; the rest of sparknet never needs it.
 """
 
-from sparknet.spark._data import frame_from_arrays
-from sparknet.spark._session import get_session, is_local_master
+from sparknet.spark.data import frame_from_arrays
+from sparknet.spark.session import get_session, is_local_master
 from sparknet.spark.trainer import EngineOptions, SparkTrainer, TrainResult
 
 __all__ = ["SparkTrainer", "TrainResult", "EngineOptions", "get_session", "frame_from_arrays", "is_local_master"]

@@ -8,7 +8,7 @@ session starts. This module imports them once, in the daemon, and then runs pysp
 the workers it forks find them loaded (shared copy-on-write pages). torch runs nothing here, so
 no thread pool exists before the fork (torch's own fork handlers reset it in the child anyway).
 
-:func:`sparknet.spark._session.get_session` sets ``spark.python.daemon.module`` to this module
+:func:`sparknet.spark.session.get_session` sets ``spark.python.daemon.module`` to this module
 for the sessions it starts; a user's own session can set it too (``sparknet`` must be importable
 on the executors, as it is for training anyway).
 """

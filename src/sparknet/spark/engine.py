@@ -21,7 +21,7 @@ from sparknet.config import DistributedConfig
 from sparknet.faults import faults_from
 from sparknet.link import LinkModel
 from sparknet.net import Net
-from sparknet.spark._session import is_local_master
+from sparknet.spark.session import is_local_master
 from sparknet.spark.rounds.executor import WorkerSpec
 from sparknet.stopping import StopRule
 from sparknet.strategies import AutoTau, TrainingStrategy
@@ -74,7 +74,7 @@ class EngineOptions:
     DeadlineExceeded names the round and the tasks not finished. Default: 30 minutes for the first
     round of a fit, then 20 times the slowest step time seen so far times the round's steps, at
     least 10 minutes, bounded by round_seconds for time-budgeted rounds
-    (:func:`sparknet.spark._backend.default_round_deadline`)."""
+    (:func:`sparknet.spark.backend.default_round_deadline`)."""
     data_timeout_s: float = 3600.0
     """Longest wait for one Spark job on the fit's data (conversion and check, staging, the validation
     collect, the warm-up sample); past it the jobs are cancelled and a DeadlineExceeded says which."""

@@ -16,7 +16,7 @@ runs :class:`~sparknet.spark.SparkTrainer` on the DataFrame's session.
 
 The model scores through an Arrow-batched pandas UDF. Its weights reach the executors as one
 broadcast of the model's files (net JSON and safetensors bytes, see
-:mod:`sparknet._model_io`) — never a pickled torch object — and each Python worker process
+:mod:`sparknet.model_io`) — never a pickled torch object — and each Python worker process
 builds the net once and keeps it in a process-level cache keyed by the model's content
 hash. Both classes save and load with Spark ML's ``MLWritable``/``MLReadable``.
 """
@@ -44,17 +44,17 @@ from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionC
 from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable,
                              DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter)
 
-from sparknet import _model_io, zoo
+from sparknet import model_io, zoo
 from sparknet._fields import base_type, field_docs
 from sparknet.config import DistributedConfig, RunConfig, parse_enum
 from sparknet.layers import NetParams
 from sparknet.metrics import MetricsLogger, round_reporter, rounds_total
 from sparknet.sinks import close_sinks, make_sinks
-from sparknet.spark._backend import Held, run_with_deadline
-from sparknet.spark._session import is_connect, session_parallelism
-from sparknet.spark._shared_path import check_shared_path
+from sparknet.spark.backend import Held, run_with_deadline
+from sparknet.spark.session import is_connect, session_parallelism
+from sparknet.spark.shared_path import check_shared_path
 from sparknet.spark.trainer import EngineOptions, SparkTrainer
-from sparknet.task import Task, parse_task, score_columns
+from sparknet.labels import Task, parse_task, score_columns
 
 __all__ = ["SparkNetEstimator", "SparkNetModel"]
 
@@ -286,7 +286,7 @@ def _cached_model(key: str, files_bc, device: str, allow_pickle: bool):
         model = _MODEL_CACHE.get(cache_key)
         if model is None:
             log.info("building model %s on %s in process %d", key, device, os.getpid())
-            model = _model_io.unpack_model(files_bc.value, device=device, allow_pickle=allow_pickle)
+            model = model_io.unpack_model(files_bc.value, device=device, allow_pickle=allow_pickle)
             _MODEL_CACHE[cache_key] = model
             _BUILDS[cache_key] = _BUILDS.get(cache_key, 0) + 1
             while len(_MODEL_CACHE) > _CACHE_SIZE:
@@ -346,7 +346,7 @@ def _decode_features(values, kind: str, shape: tuple[int, ...] | None) -> np.nda
 
 def _score_batches(batches, *, key: str, files_bc, kind: str, shape, threads: int, chunk: int,
                    device: str, allow_pickle: bool, task: str = "classification") -> Iterator:
-    """Score Arrow batches as :func:`sparknet.task.score_columns` says: logits, softmax probabilities and arg-max
+    """Score Arrow batches as :func:`sparknet.labels.score_columns` says: logits, softmax probabilities and arg-max
     predictions; a regressor: its outputs; a multi-label net: the indices of the labels whose sigmoid is above one
     half, and each label's sigmoid."""
     import pandas as pd
@@ -456,7 +456,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
         if net is None:
             net = self._zoo_net(dataset, run, shape, kind)
         if shape is None:
-            shape = _model_io.input_shape_of(net)
+            shape = model_io.input_shape_of(net)
         return net, shape
 
     def _zoo_net(self, dataset, run: RunConfig, shape, kind: str):
@@ -537,11 +537,11 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
                                      image_shape=image_shape)
                 summary = _plain(result.summary)
                 metrics.write({"event": "summary", **summary})
-            files = _model_io.pack_model(net_params, result.weights, solver=solver, config=config, input_shape=shape,
+            files = model_io.pack_model(net_params, result.weights, solver=solver, config=config, input_shape=shape,
                                          metadata={"summary": summary})
             failed = False
         finally:  # the MLflow model is made from the model's folder
-            close_sinks(sinks, failed=failed, write_model=lambda path: _model_io.write_model_files(path, files))
+            close_sinks(sinks, failed=failed, write_model=lambda path: model_io.write_model_files(path, files))
         model = SparkNetModel._from_files(files, allow_pickle=False)
         self._copyValues(model)
         if shape is not None and not model.isSet(model.imageShape):
@@ -615,7 +615,7 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         self._files: dict[str, bytes] | None = None
         self._model_id: str | None = None
         self._allow_pickle = False
-        self._saved: _model_io.SavedModel | None = None
+        self._saved: model_io.SavedModel | None = None
         self._bc = None
         self._bc_owner = None
         self.history: list = []
@@ -625,10 +625,10 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
     # -- construction -----------------------------------------------------------------------------
     @classmethod
     def _from_files(cls, files: Mapping[str, bytes], *, allow_pickle: bool) -> SparkNetModel:
-        saved = _model_io.unpack_model(files, allow_pickle=allow_pickle)  # checks the files now, on the driver
+        saved = model_io.unpack_model(files, allow_pickle=allow_pickle)  # checks the files now, on the driver
         model = cls()
         model._files = dict(files)
-        model._model_id = _model_io.model_id(files)
+        model._model_id = model_io.model_id(files)
         model._allow_pickle = allow_pickle
         model._saved = saved
         if saved.input_shape is not None:
@@ -645,23 +645,23 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         this process made them, so they are trusted here. Saved and loaded again, such a model
         needs ``SparkNetModel.load(path, allow_pickle=True)``.
         """
-        files = _model_io.pack_model(net, weights, input_shape=input_shape)
+        files = model_io.pack_model(net, weights, input_shape=input_shape)
         model = cls._from_files(files, allow_pickle=True)
         _set_params(model, params)
         return model
 
     @classmethod
     def fromModelFolder(cls, path: str, *, allow_pickle: bool = False, **params: Any) -> SparkNetModel:
-        """A model from a sparknet model folder (:func:`sparknet._model_io.save_model`): a local path
+        """A model from a sparknet model folder (:func:`sparknet.model_io.save_model`): a local path
         or a URI (``s3://``...) this process can read; the executors get the files by broadcast."""
-        model = cls._from_files(_model_io.read_model_files(path), allow_pickle=allow_pickle)
+        model = cls._from_files(model_io.read_model_files(path), allow_pickle=allow_pickle)
         _set_params(model, params)
         return model
 
     def saveModelFolder(self, path: str, *, overwrite: bool = False) -> str:
         """Write the model as a plain sparknet model folder (a local path or a URI, written by this
         process), as ``sparknet predict`` reads."""
-        return str(_model_io.write_model_files(path, self._require_files(), overwrite=overwrite))
+        return str(model_io.write_model_files(path, self._require_files(), overwrite=overwrite))
 
     def _require_files(self) -> dict[str, bytes]:
         if self._files is None:
@@ -686,9 +686,9 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         """The trained weights (a :class:`~sparknet.weights.WeightCollection`)."""
         return self._loaded().weights
 
-    def _loaded(self) -> _model_io.SavedModel:
+    def _loaded(self) -> model_io.SavedModel:
         if self._saved is None:
-            self._saved = _model_io.unpack_model(self._require_files(), allow_pickle=self._allow_pickle)
+            self._saved = model_io.unpack_model(self._require_files(), allow_pickle=self._allow_pickle)
         return self._saved
 
     # -- scoring ----------------------------------------------------------------------------------
@@ -830,7 +830,7 @@ class _SparkNetModelWriter(_SharedPathWriter, MLWriter):
         files = self.instance._require_files()
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
                                          extraMetadata={"sparknetModelId": self.instance.modelId,
-                                                        "sparknetFormatVersion": _model_io.FORMAT_VERSION})
+                                                        "sparknetFormatVersion": model_io.FORMAT_VERSION})
         rows = [(name, bytearray(data)) for name, data in sorted(files.items())]
         (self.sparkSession.createDataFrame(rows, "name string, content binary").coalesce(1)
          .write.parquet(os.path.join(path, "data")))

@@ -22,8 +22,8 @@ from sparknet._enums import CompressionKind
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.datasets import cache_root
 from sparknet.metrics import MetricsLogger, round_reporter, rounds_total
-from sparknet.spark._data import arrays_table, frame_from_arrays
-from sparknet.spark._session import get_session, is_local_master
+from sparknet.spark.data import arrays_table, frame_from_arrays
+from sparknet.spark.session import get_session, is_local_master
 from sparknet.spark.trainer import SparkTrainer
 
 __all__ = ["train_distributed", "dataset_as_parquet", "dataset_frame", "training_frame"]
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 
 def dataset_as_parquet(dataset, path: Path) -> Path:
-    """Write an ArrayDataset as Parquet, once (the columns of :func:`sparknet.spark._data.arrays_table`)."""
+    """Write an ArrayDataset as Parquet, once (the columns of :func:`sparknet.spark.data.arrays_table`)."""
     import pyarrow.parquet as pq
 
     if path.exists():
@@ -52,7 +52,7 @@ def dataset_frame(spark, dataset: str, train):
     the cache; the file name holds the rows and the shape of one sample and one label, so a data
     set cut differently (another sequence length) gets its own file. On a cluster the executors
     cannot read the driver's disk, so the rows travel through Spark itself
-    (:func:`sparknet.spark._data.frame_from_arrays`).
+    (:func:`sparknet.spark.data.frame_from_arrays`).
     """
     if not is_local_master(spark.sparkContext.master):
         return frame_from_arrays(spark, train.x, train.y)

@@ -8,7 +8,7 @@
 ``fit`` runs, in order (each a Spark job under one job group per fit):
 
 1. the training data becomes an RDD of numpy chunks with one partition per worker, cached
-   (:mod:`sparknet.spark._data`); every problem in it (missing or non-numeric column, wrong
+   (:mod:`sparknet.spark.data`); every problem in it (missing or non-numeric column, wrong
    feature length, NaN, labels out of range, more workers than rows, no rows) is one clear
    ``ValueError`` before any step is trained;
 2. warm start: ``dist.warmup_steps`` steps on the driver, on a bounded sample of the data;
@@ -62,16 +62,16 @@ from sparknet.metrics import rounds_summary
 from sparknet.net import FeatureDict, Net
 from sparknet.parallel.runner import ModelParallelJob, split_budget
 from sparknet.solvers import check_gradient_hook
-from sparknet.spark import _data
-from sparknet.spark._backend import check_barrier_slots, quietly, run_with_deadline
+from sparknet.spark import data as spark_data
+from sparknet.spark.backend import check_barrier_slots, quietly, run_with_deadline
 from sparknet.spark.barrier.driver import connect_refusal, run_barrier_engine, run_connect_stage
 from sparknet.spark.engine import EngineOptions, EngineRun
 from sparknet.spark.rounds.executor import WorkerSpec, cleanup_partition, stage_partition
 from sparknet.spark.rounds.driver import run_rounds_engine
-from sparknet.spark._session import get_session, is_connect, session_parallelism
+from sparknet.spark.session import get_session, is_connect, session_parallelism
 from sparknet.stopping import StopRule
 from sparknet.strategies import TrainingStrategy, make_strategy
-from sparknet.task import Task, infer_task
+from sparknet.labels import Task, infer_task
 from sparknet.weights import WeightCollection
 
 __all__ = ["SparkTrainer", "TrainResult", "EngineOptions"]
@@ -172,7 +172,7 @@ class SparkTrainer:
     task : Task or str, optional
         ``"classification"`` (integer class ids), ``"regression"`` (a double label, or an array of
         doubles per row), ``"multilabel"`` (an array of 0/1 per row) or ``"unlabelled"``; default:
-        inferred from the loss (:mod:`sparknet.task`). A regression fit is scored by R², RMSE and MAE
+        inferred from the loss (:mod:`sparknet.labels`). A regression fit is scored by R², RMSE and MAE
         (``val_r2``, ``test_r2``...), and ``dist.target_accuracy`` is a target on R².
     """
 
@@ -298,15 +298,15 @@ class SparkTrainer:
                                  "be set on it (give rounds, epochs or steps)")
         if connect and (refusal := connect_refusal(dist, train)) is not None:
             raise ValueError(f"cannot train from a Spark Connect session: {refusal}")
-        if features_as not in _data.FEATURES_AS:
-            raise ValueError(f"features_as must be one of {', '.join(_data.FEATURES_AS)}, got {features_as!r}")
+        if features_as not in spark_data.FEATURES_AS:
+            raise ValueError(f"features_as must be one of {', '.join(spark_data.FEATURES_AS)}, got {features_as!r}")
         net = self.net
         dict_shapes = None
         if features_as == "dict":
             if not isinstance(self.net, torch.nn.Module) or _input_shape(self.net) is not None:
                 raise ValueError("features_as='dict' passes the columns to a plain torch.nn.Module's forward as a "
                                  "dict; a NetParams net takes one input blob (use the default, concatenated)")
-            if not _data.is_dataframe(train):
+            if not spark_data.is_dataframe(train):
                 raise ValueError("features_as='dict' reads the dict's entries from a DataFrame's columns; give the "
                                  "training data as a DataFrame")
             if image_shape is not None and not isinstance(image_shape, dict):
@@ -331,14 +331,14 @@ class SparkTrainer:
         layout = None
         if features_as == "dict":  # the columns' sizes (one small job), then one array column the data path reads
             layout = self._data_job(sc, group, "sparknet: read the feature columns' sizes",
-                                    lambda: _data.feature_layout(train, features_col, dict_shapes),
+                                    lambda: spark_data.feature_layout(train, features_col, dict_shapes),
                                     "the feature columns' sizes")
             features_col = _unused_column(train, "sparknet_features")
-            train = _data.dict_features(train, layout, features_col)
-            if _data.is_dataframe(validation):
-                validation = _data.dict_features(validation, layout, features_col)
+            train = spark_data.dict_features(train, layout, features_col)
+            if spark_data.is_dataframe(validation):
+                validation = spark_data.dict_features(validation, layout, features_col)
             elif validation is not None:
-                validation = _data.dict_arrays(validation, layout)
+                validation = spark_data.dict_arrays(validation, layout)
             net = FeatureDict(net, layout)
             sample_shape, expected_len = (net.width,), net.width
             log.info("features: the net takes a dict of the columns %s", dict(layout))
@@ -364,7 +364,7 @@ class SparkTrainer:
 
         from pyspark import StorageLevel
 
-        chunk = _data.chunk_frame if connect else _data.chunk_rdd  # a DataFrame of chunks, or an RDD of them
+        chunk = spark_data.chunk_frame if connect else spark_data.chunk_rdd  # a DataFrame of chunks, or an RDD of them
         chunks, source = chunk(train, features_col=features_col, label_col=label_col, image_shape=image_shape,
                                expected_len=expected_len, num_partitions=K, float_labels=task.float_labels,
                                weight_col=weight_col)
@@ -372,7 +372,7 @@ class SparkTrainer:
             source = dataclasses.replace(source, description=f"DataFrame columns {', '.join(map(repr, dict(layout)))} "
                                                              "as a dict")
         if dist.engine is Engine.ROUNDS and not connect:  # a job a round: no partition may carry the rows
-            chunks = _data.without_local_data(chunks, K)
+            chunks = spark_data.without_local_data(chunks, K)
         chunks.persist(getattr(StorageLevel, self.options.storage_level))
         staged = None
         broadcasts = []
@@ -384,7 +384,7 @@ class SparkTrainer:
                 staged.persist(StorageLevel.MEMORY_ONLY)
                 stats = self._data_job(sc, group, "sparknet: convert, check and stage the training data",
                                        staged.collect, "the training data's conversion, check and staging")
-            stats, total = _data.checked_partitions(sc, group, chunks, timeout_s=self.options.data_timeout_s,
+            stats, total = spark_data.checked_partitions(sc, group, chunks, timeout_s=self.options.data_timeout_s,
                                                     stats=stats, expected_len=expected_len, num_classes=None,
                                                     num_workers=K, sample_shape=sample_shape, task=task,
                                                     float_labels=task.float_labels or weight_col is not None,
@@ -395,14 +395,14 @@ class SparkTrainer:
                 sample_shape = shapes[0] if len(shapes) == 1 and math.prod(shapes[0]) == width else (width,)
             outputs = self._probe(driver_net, sample_shape)  # every net: a shape that does not fit fails here
             num_classes = outputs if task is Task.CLASSIFICATION else None
-            _data.check_stats(stats, what=_data_named(layout), expected_len=math.prod(sample_shape),
+            spark_data.check_stats(stats, what=_data_named(layout), expected_len=math.prod(sample_shape),
                               num_classes=num_classes, num_workers=K, sample_shape=sample_shape, task=task)
             self._rows = list(total["rows_per_partition"])
-            skew = _data.describe_skew(total["rows_per_partition"])
+            skew = spark_data.describe_skew(total["rows_per_partition"])
             if skew:
                 log.warning("%s", skew)
             row_bytes = 4 * math.prod(sample_shape) + 8 * (max(1, total["label_width"]) + (weight_col is not None))
-            data_mode, data_mode_why = _data.choose_data_mode(dist.data_mode,
+            data_mode, data_mode_why = spark_data.choose_data_mode(dist.data_mode,
                                                               max(self._rows) * row_bytes, sc)
             log.info("training data: %s", data_mode_why)
             if self.strategy.needs_gradient_hook and 0 in total["rows_per_partition"]:
@@ -432,7 +432,7 @@ class SparkTrainer:
                               weighted=weight_col is not None,
                               strategy=self.strategy, sample_shape=tuple(sample_shape),
                               start_iteration=dist.warmup_steps, options={"staging_dir": self.options.staging_dir,
-                                       "stream": data_mode is _data.DataMode.STREAM,
+                                       "stream": data_mode is spark_data.DataMode.STREAM,
                                        "stream_buffer_bytes": dist.stream_buffer_mb << 20},
                               faults=faults_from(self.options.fault), compression=dist.compression, link=self.link,
                               resume=None if resume is None else {"round": resume["round"],
@@ -545,13 +545,13 @@ class SparkTrainer:
     def _validation(self, validation, sample_shape, num_classes, features_col, label_col, image_shape, task):
         if validation is None:
             return None
-        if _data.is_dataframe(validation) or _data.is_rdd(validation):
-            x, y = _data.collect_arrays(validation, features_col=features_col, label_col=label_col,
+        if spark_data.is_dataframe(validation) or spark_data.is_rdd(validation):
+            x, y = spark_data.collect_arrays(validation, features_col=features_col, label_col=label_col,
                                         image_shape=image_shape, expected_len=math.prod(sample_shape),
                                         num_classes=num_classes, sample_shape=sample_shape,
                                         task=task)
         else:
-            x, y = _data.local_arrays(validation, sample_shape=sample_shape, task=task)
+            x, y = spark_data.local_arrays(validation, sample_shape=sample_shape, task=task)
         if num_classes is not None and len(y) and (y.min() < 0 or y.max() >= num_classes):
             raise ValueError(f"validation data: labels range over [{y.min()}, {y.max()}] but the net has "
                              f"{num_classes} classes")
@@ -565,7 +565,7 @@ class SparkTrainer:
                     max(1, self.options.warmup_max_bytes // (4 * math.prod(sample_shape))))
         quotas = [math.ceil(limit * r / n) for r in rows]
         parts = self._data_job(sc, group, "sparknet: sample the training data for the warm-up",
-                               chunks.mapPartitionsWithIndex(_data.head_rows(quotas)).collect,
+                               chunks.mapPartitionsWithIndex(spark_data.head_rows(quotas)).collect,
                                "the warm-up sample's collection")
         x = np.concatenate([p[0] for p in parts])
         y = np.concatenate([p[1] for p in parts])

@@ -20,9 +20,9 @@ import logging
 import uuid
 
 from sparknet.datasets import write_extended_mnist
-from sparknet.spark._backend import run_with_deadline
-from sparknet.spark._session import get_session
-from sparknet.spark._shared_path import check_shared_path
+from sparknet.spark.backend import run_with_deadline
+from sparknet.spark.session import get_session
+from sparknet.spark.shared_path import check_shared_path
 
 __all__ = ["configure_command", "deadline_s"]
 

@@ -55,9 +55,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sparknet.solvers import SolverType
-from sparknet.spark._backend import run_with_deadline
-from sparknet.spark._session import executor_slots, parse_memory
-from sparknet.spark._shared_path import SHARED_PATH_FIX, check_shared_path
+from sparknet.spark.backend import run_with_deadline
+from sparknet.spark.session import executor_slots, parse_memory
+from sparknet.spark.shared_path import SHARED_PATH_FIX, check_shared_path
 
 __all__ = ["Status", "CheckResult", "MemoryEstimate", "estimate_training_memory", "task_memory_budget",
            "parse_memory", "format_bytes", "run_doctor", "format_table", "configure_command",
@@ -427,9 +427,9 @@ def _resolve_net(model: Any, batch_size: int | None):
 
     if isinstance(model, str):
         if os.path.isdir(model):
-            from sparknet import _model_io
+            from sparknet import model_io
 
-            saved = _model_io.load_model(model)
+            saved = model_io.load_model(model)
             return os.path.basename(os.path.normpath(model)), (saved.net_params or saved.module)
         key = model.strip().lower().replace("-", "_")
         if key not in zoo.MODELS:
@@ -505,7 +505,7 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
     list of CheckResult
         In the order checked; any ``Status.FAIL`` means training would fail as things are.
     """
-    from sparknet.spark._session import get_session, is_local_master
+    from sparknet.spark.session import get_session, is_local_master
 
     results: list[CheckResult] = []
     add = results.append

@@ -1,7 +1,7 @@
 """Export a trained net for serving outside Spark: ONNX and TorchScript.
 
 ``sparknet export --model-dir DIR --format onnx --out model.onnx`` reads a sparknet model
-folder (:mod:`sparknet._model_io`) and writes one file that needs neither sparknet nor Spark
+folder (:mod:`sparknet.model_io`) and writes one file that needs neither sparknet nor Spark
 to run: an ONNX model (ONNX Runtime, or any ONNX backend) or a TorchScript archive
 (``torch.jit.load``). Both take a batch of samples in the net's input shape, with any batch
 size, and return the logits (the blob feeding the loss; apply a softmax for probabilities).
@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sparknet import _model_io
+from sparknet import model_io
 
 __all__ = ["ExportFormat", "export_onnx", "export_torchscript", "export_model", "verify_onnx", "example_input_for"]
 
@@ -241,7 +241,7 @@ def export_model(model_dir: str | os.PathLike, format: ExportFormat | str, out: 
     Parameters
     ----------
     model_dir : path
-        A folder written by :func:`sparknet._model_io.save_model`.
+        A folder written by :func:`sparknet.model_io.save_model`.
     format : ExportFormat or str
         ``"onnx"`` or ``"torchscript"``.
     out : path
@@ -265,7 +265,7 @@ def export_model(model_dir: str | os.PathLike, format: ExportFormat | str, out: 
     except ValueError:
         raise ValueError(f"unknown export format {format!r}; choose one of "
                          f"{[f.value for f in ExportFormat]}") from None
-    saved = _model_io.load_model(model_dir, allow_pickle=allow_pickle)
+    saved = model_io.load_model(model_dir, allow_pickle=allow_pickle)
     module = saved.module
     example = example_input_for(saved)
     if fmt is ExportFormat.ONNX:

@@ -1,6 +1,6 @@
 """``sparknet predict``: batch scoring of Parquet data through Spark with a saved model.
 
-Reads a sparknet model folder (:mod:`sparknet._model_io`) and a Parquet data set, scores
+Reads a sparknet model folder (:mod:`sparknet.model_io`) and a Parquet data set, scores
 every row with :meth:`sparknet.spark.ml.SparkNetModel.transform` (an Arrow-batched pandas
 UDF; the weights reach the executors as one broadcast), and writes Parquet with the input
 columns plus ``prediction`` (the arg-max class, a double) and ``probability`` (the softmax
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparknet._fields import OldName
-from sparknet.spark._backend import run_with_deadline
-from sparknet.spark._session import get_session, is_connect
-from sparknet.spark._shared_path import check_shared_path
+from sparknet.spark.backend import run_with_deadline
+from sparknet.spark.session import get_session, is_connect
+from sparknet.spark.shared_path import check_shared_path
 
 __all__ = ["PredictResult", "predict"]
 

@@ -20,12 +20,12 @@ import numpy as np
 import torch
 
 from sparknet.errors import DeadlineExceeded, EngineError
-from sparknet.spark._backend import run_with_deadline, task_error, task_slots
+from sparknet.spark.backend import run_with_deadline, task_error, task_slots
 from sparknet.spark.barrier.executor import GroupPlan, StagePlan, run_barrier
 from sparknet.spark.engine import EngineRun
 from sparknet.spark.rounds.executor import pack_spec
 from sparknet.spark._channel import MetricsReceiver, decode_tree, new_secret
-from sparknet.spark._session import is_local_master
+from sparknet.spark.session import is_local_master
 
 __all__ = ["BarrierStage", "run_barrier_engine", "run_connect_stage", "connect_refusal"]
 
@@ -260,7 +260,7 @@ def connect_refusal(dist, train) -> str | None:
     whose weights travel in its plan and whose results come back as rows (:func:`run_connect_stage`).
     What needs more than that is refused here, before anything runs."""
     from sparknet.config import Engine
-    from sparknet.spark._data import is_dataframe
+    from sparknet.spark.data import is_dataframe
 
     if not is_dataframe(train):
         return f"the training data is a {type(train).__name__}; a Spark Connect session trains on a DataFrame"
@@ -281,7 +281,7 @@ def connect_refusal(dist, train) -> str | None:
 def run_connect_stage(run: EngineRun):
     """The barrier engine's fit from a Spark Connect session: one ``mapInArrow(..., barrier=True)`` stage.
 
-    ``run.chunks`` is :func:`~sparknet.spark._data.chunk_frame`'s DataFrame, one partition a worker. The packed spec,
+    ``run.chunks`` is :func:`~sparknet.spark.data.chunk_frame`'s DataFrame, one partition a worker. The packed spec,
     the starting weights and the validation data travel in the stage's plan; rank 0 returns the final weights
     and every round record as rows. Nothing reaches the client while the stage runs (the executors may not be
     able to reach it), so the records go to ``on_round`` when the stage ends, each with ``wall_s`` counted from
@@ -293,9 +293,9 @@ def run_connect_stage(run: EngineRun):
     from dataclasses import replace
 
     from sparknet.errors import NonFiniteUpdate
-    from sparknet.spark._backend import Held
+    from sparknet.spark.backend import Held
     from sparknet.spark.barrier.executor import RESULT_SCHEMA, run_barrier_frame
-    from sparknet.spark._session import session_master
+    from sparknet.spark.session import session_master
 
     spark, group, spec, dist, opts = run.sc, run.group, run.spec, run.dist, run.options
     K = dist.workers

@@ -47,10 +47,10 @@ from sparknet.errors import NonFiniteUpdate
 from sparknet.faults import due_fault
 from sparknet.loop import Progress, WeightAverage, run_rounds
 from sparknet.parallel.runner import run_rank
-from sparknet.spark._backend import Held
+from sparknet.spark.backend import Held
 from sparknet.spark._channel import MetricsSender, encode_tree
 from sparknet.rowfile import RowFile
-from sparknet.spark._data import write_chunks
+from sparknet.spark.data import write_chunks
 from sparknet.spark.rounds.executor import (WorkerSpec, build_worker_net, export_worker_state, fit_dir, freeze_heap,
                                     import_worker_state, round_seed, task_device, worker_failure)
 from sparknet.stopping import EvalPlan, StopRule
@@ -120,7 +120,7 @@ rank 0's ``result`` (the final weights as float32 bytes in ``payload``, the roun
 
 
 def run_barrier_frame(payload: Held, params: StagePlan, val: Held | None, float_labels: bool):
-    """The barrier stage's task as a ``mapInArrow(..., barrier=True)`` function over :func:`~sparknet.spark._data.
+    """The barrier stage's task as a ``mapInArrow(..., barrier=True)`` function over :func:`~sparknet.spark.data.
     chunk_frame`'s DataFrame: the stage a Spark Connect session runs. Results come back as rows
     (:data:`RESULT_SCHEMA`), JSON and raw float32: nothing the client reads is unpickled."""
 
@@ -128,7 +128,7 @@ def run_barrier_frame(payload: Held, params: StagePlan, val: Held | None, float_
         import pyarrow as pa
 
         from sparknet.spark._channel import _jsonable
-        from sparknet.spark._data import frame_chunks
+        from sparknet.spark.data import frame_chunks
 
         for row in _guarded(payload, params, val, frame_chunks(batches, float_labels)):
             if row[0] == "worker":

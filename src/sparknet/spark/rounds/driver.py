@@ -28,10 +28,10 @@ import torch
 from sparknet._enums import CompressionKind, parse_enum
 from sparknet.errors import DeadlineExceeded
 from sparknet.loop import Exchange, NetScorer, Progress, RoundPlan, RoundUpdate, WeightAverage, run_rounds
-from sparknet.spark._backend import Watchdog, default_round_deadline, job_group, spark_call, task_slots
+from sparknet.spark.backend import Watchdog, default_round_deadline, job_group, spark_call, task_slots
 from sparknet.spark._channel import decode_tree
 from sparknet.spark._relay import RoundRelay
-from sparknet.spark._session import is_local_master
+from sparknet.spark.session import is_local_master
 from sparknet.spark.engine import EngineRun
 from sparknet.spark.rounds.executor import (ROUND_TASK, Partial, RoundTask, WorkerStatus, combine, decode_updates,
                                            pack_spec, run_round, run_round_from_chunks)
@@ -63,7 +63,7 @@ class SparkRoundsExchange(Exchange):
     broadcasts : list
         Where broadcasts that outlive a round are kept for the fit's cleanup.
     round_timeout_s : float, optional
-        The user's deadline of one round (default: :func:`~sparknet.spark._backend.default_round_deadline`).
+        The user's deadline of one round (default: :func:`~sparknet.spark.backend.default_round_deadline`).
     link : LinkModel, optional
         A simulated network (the tasks wait; their waits are recorded).
     checkpoint : callable, optional

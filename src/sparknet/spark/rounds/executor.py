@@ -71,11 +71,11 @@ from sparknet.net import Net
 from sparknet.config import WorkerConfig
 from sparknet.rowfile import DEFAULT_BUFFER_BYTES, RowFile
 from sparknet.spark._channel import encode_tree
-from sparknet.spark._data import write_chunks
+from sparknet.spark.data import write_chunks
 from sparknet.spark._relay import RelayUnreachable, relay_client
 from sparknet.step import WorkerStep, round_seed, worker_seed
 from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_compressor
-from sparknet.task import Task
+from sparknet.labels import Task
 
 __all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
            "fit_dir", "stage_partition", "run_round", "ROUND_TASK", "task_attempt", "run_round_from_chunks", "fold", "combine", "cleanup_partition",

@@ -12,7 +12,7 @@ from sparknet import zoo
 from sparknet.layers import EuclideanLoss, LinearLayer, NetParams, RDDLayer
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
-from sparknet.task import Task, infer_task, regression_metrics, regression_sums
+from sparknet.labels import Task, infer_task, regression_metrics, regression_sums
 
 
 @pytest.mark.parametrize("loss", [torch.nn.MSELoss(), torch.nn.L1Loss(), torch.nn.HuberLoss(), torch.nn.SmoothL1Loss()])
@@ -83,7 +83,7 @@ def test_a_regression_net_learns_a_line():
 
 
 def test_bce_losses_mean_multilabel_and_its_metrics_are_accuracy_and_mean_f1():
-    from sparknet.task import multilabel_metrics, multilabel_sums
+    from sparknet.labels import multilabel_metrics, multilabel_sums
 
     assert infer_task(torch.nn.BCEWithLogitsLoss()) is Task.MULTILABEL
     assert infer_task(torch.nn.MultiLabelSoftMarginLoss()) is Task.MULTILABEL
@@ -105,7 +105,7 @@ def _exact_auc(scores: np.ndarray, truth: np.ndarray) -> float:
 
 
 def test_multilabel_auc_is_each_label_s_pairwise_auc_averaged_and_adds_up_over_batches():
-    from sparknet.task import AUC_BINS, multilabel_metrics, multilabel_sums
+    from sparknet.labels import AUC_BINS, multilabel_metrics, multilabel_sums
 
     rng = np.random.default_rng(0)
     truth = rng.random((300, 3)) < np.array([0.3, 0.5, 0.7])
@@ -129,7 +129,7 @@ def test_multilabel_auc_is_each_label_s_pairwise_auc_averaged_and_adds_up_over_b
 
 
 def test_top_k_accuracy_counts_a_label_among_the_k_highest_outputs_past_k_classes():
-    from sparknet.task import TOP_K, classification_metrics, classification_sums
+    from sparknet.labels import TOP_K, classification_metrics, classification_sums
 
     torch.manual_seed(0)
     logits = torch.randn(500, 10)

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
-from sparknet.spark._session import is_connect, local_slots, session_master, session_parallelism
+from sparknet.spark.session import is_connect, local_slots, session_master, session_parallelism
 
 __all__ = ["job_group", "run_with_deadline", "cancel_group", "task_error", "spark_call", "Watchdog",
            "default_round_deadline", "check_barrier_slots", "task_slots", "quietly"]

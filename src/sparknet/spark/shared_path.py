@@ -15,8 +15,8 @@ import socket
 import urllib.parse
 import uuid
 
-from sparknet.spark._backend import run_with_deadline
-from sparknet.spark._session import is_connect, is_local_master, session_master
+from sparknet.spark.backend import run_with_deadline
+from sparknet.spark.session import is_connect, is_local_master, session_master
 
 __all__ = ["SHARED_PATH_FIX", "check_shared_path"]
 

@@ -27,8 +27,8 @@ import numpy as np
 
 from sparknet._enums import DataMode, parse_enum
 from sparknet.rowfile import RowFile, RowFileWriter
-from sparknet.spark._backend import run_with_deadline
-from sparknet.task import Task
+from sparknet.spark.backend import run_with_deadline
+from sparknet.labels import Task
 
 __all__ = ["FeatureSource", "chunk_rdd", "merge_chunks", "write_chunks", "DataMode", "choose_data_mode", "task_memory", "check_stats", "checked_partitions", "partition_stats",
            "head_rows",
@@ -444,7 +444,7 @@ def task_memory(sc) -> tuple[int, str]:
     (the driver's on a ``local[...]`` master), shared by the tasks one executor runs at once. ``sc`` may be a
     Spark Connect session (its settings are the server's).
     """
-    from sparknet.spark._session import executor_slots, is_connect, is_local_master, parse_memory, session_master
+    from sparknet.spark.session import executor_slots, is_connect, is_local_master, parse_memory, session_master
 
     conf = sc.conf if is_connect(sc) else sc.getConf()
     master = session_master(sc).strip()
@@ -690,7 +690,7 @@ def chunk_frame(data, *, features_col: str | Sequence[str] = "features", label_c
     -------
     (DataFrame, FeatureSource)
     """
-    from sparknet.spark._session import is_connect
+    from sparknet.spark.session import is_connect
 
     feat, kind = _feature_expr(data, features_col, image_shape)
     if label_col is None:
