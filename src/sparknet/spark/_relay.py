@@ -36,9 +36,8 @@ import time
 import numpy as np
 import zmq
 
-from sparknet._transport import (ClientKeys, Gate, Limits, LogThrottle, ServerKeys, bound_peers, connect_keys,
-                                 guard_server)
-from sparknet.spark._channel import _bracketed
+from sparknet._transport import (ClientKeys, Limits, LogThrottle, ServerKeys, bound_peers, bracketed, connect_keys,
+                                 listen)
 
 __all__ = ["RelayAddress", "RoundRelay", "RelayClient", "RelayUnreachable", "relay_client"]
 
@@ -115,13 +114,9 @@ class RoundRelay:
                 self._sock.bind(endpoint)
                 self.address = RelayAddress(endpoint, None, reach_s, self._state_bytes)
             else:
-                self._gate = Gate(self._ctx, self._keys, log)
-                self._sock = self._ctx.socket(zmq.ROUTER)
-                self._sock.setsockopt(zmq.LINGER, 0)
-                guard_server(self._sock, self._keys, max_frame=frame + 4096, limits=limits)
-                self._sock.setsockopt(zmq.IPV6, int(":" in bind_host))
-                port = self._sock.bind_to_random_port(f"tcp://{_bracketed(bind_host)}")
-                self.address = RelayAddress(f"tcp://{_bracketed(advertise_host)}:{port}", self._keys.client, reach_s,
+                self._sock, self._gate, port = listen(self._ctx, zmq.ROUTER, self._keys, bind_host,
+                                                      max_frame=frame + 4096, limits=limits, logger=log)
+                self.address = RelayAddress(f"tcp://{bracketed(advertise_host)}:{port}", self._keys.client, reach_s,
                                             self._state_bytes)
             pipe = f"inproc://sparknet-relay-wake-{id(self)}"
             self._wake_in = self._ctx.socket(zmq.PAIR)  # the serving thread's end

@@ -30,9 +30,9 @@ from sparknet.rowfile import RowFile, RowFileWriter
 from sparknet.spark.backend import run_with_deadline
 from sparknet.labels import Task
 
-__all__ = ["FeatureSource", "chunk_rdd", "merge_chunks", "write_chunks", "DataMode", "choose_data_mode", "task_memory", "check_stats", "checked_partitions", "partition_stats",
-           "head_rows",
-           "local_arrays", "collect_arrays", "describe_skew", "arrays_table", "frame_from_arrays", "CHUNK_BYTES"]
+__all__ = ["FeatureSource", "chunk_rdd", "merge_chunks", "write_chunks", "DataMode", "choose_data_mode", "task_memory",
+           "check_stats", "checked_partitions", "partition_stats", "head_rows", "local_arrays", "collect_arrays",
+           "describe_skew", "arrays_table", "frame_from_arrays", "CHUNK_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +79,19 @@ def _add_info(total: dict, info: dict) -> None:
     for key in _EXAMPLES:
         for v in info.get(key, ()):
             _add_example(total, key, v)
-    for key, pick in (("y_min", min), ("y_max", max)):
-        if info[key] is not None:
-            total[key] = info[key] if total[key] is None else pick(total[key], info[key])
+    if info["y_min"] is not None:
+        _add_range(total, info["y_min"], info["y_max"])
     total["label_col"] = total["label_col"] or info.get("label_col")
 
 
 def _add_example(info: dict, key: str, value) -> None:
     if value not in info[key] and len(info[key]) < _MAX_EXAMPLES:
         info[key].append(value)
+
+
+def _add_range(info: dict, lo, hi) -> None:
+    info["y_min"] = lo if info["y_min"] is None else min(lo, info["y_min"])
+    info["y_max"] = hi if info["y_max"] is None else max(hi, info["y_max"])
 
 
 def _labels(y_raw: np.ndarray, info: dict, float_labels: bool = False) -> np.ndarray:
@@ -103,9 +107,7 @@ def _labels(y_raw: np.ndarray, info: dict, float_labels: bool = False) -> np.nda
         finite = np.isfinite(y)
         info["nonfinite_y"] += int(len(y) - finite.sum())
         if finite.any():
-            lo, hi = float(y[finite].min()), float(y[finite].max())
-            info["y_min"] = lo if info["y_min"] is None else min(lo, info["y_min"])
-            info["y_max"] = hi if info["y_max"] is None else max(hi, info["y_max"])
+            _add_range(info, float(y[finite].min()), float(y[finite].max()))
         return y
     if y_raw.dtype.kind == "f":
         finite = np.isfinite(y_raw)
@@ -118,9 +120,7 @@ def _labels(y_raw: np.ndarray, info: dict, float_labels: bool = False) -> np.nda
         info["nonint_y"] += len(y_raw)
         y = np.zeros(len(y_raw), np.int64)
     if len(y):
-        lo, hi = int(y.min()), int(y.max())
-        info["y_min"] = lo if info["y_min"] is None else min(lo, info["y_min"])
-        info["y_max"] = hi if info["y_max"] is None else max(hi, info["y_max"])
+        _add_range(info, int(y.min()), int(y.max()))
     return y
 
 
@@ -129,6 +129,20 @@ def _finish(x: np.ndarray, y: np.ndarray, info: dict) -> tuple[np.ndarray, np.nd
     if x.size:
         info["nonfinite"] += int(len(x) - np.isfinite(x).all(axis=1).sum())
     return x, y, info
+
+
+def _rows_with_nulls(lists, values) -> int:
+    """How many rows of an Arrow list array (``values``: its flattened values) hold a null."""
+    import pyarrow.compute as pc
+
+    parents = np.asarray(pc.list_parent_indices(lists).to_numpy(zero_copy_only=False))
+    return int(len(np.unique(parents[np.asarray(values.is_null().to_numpy(zero_copy_only=False))])))
+
+
+def _refused(info: dict, key: str, count: int, width: int, y: np.ndarray):
+    """Count ``count`` unusable rows under ``key``; the batch becomes a chunk of no rows."""
+    info[key] += count
+    return _finish(np.empty((0, width), np.float32), y[:0], info)
 
 
 def _arrow_sequence_labels(labels, info: dict, float_labels: bool = False) -> np.ndarray | None:
@@ -149,10 +163,7 @@ def _arrow_sequence_labels(labels, info: dict, float_labels: bool = False) -> np
         return None
     values = labels.flatten()
     if values.null_count:  # a null inside a label array: no class to train on at that position
-        import pyarrow.compute as pc
-
-        parents = np.asarray(pc.list_parent_indices(labels).to_numpy(zero_copy_only=False))
-        info["null_y"] += int(len(np.unique(parents[np.asarray(values.is_null().to_numpy(zero_copy_only=False))])))
+        info["null_y"] += _rows_with_nulls(labels, values)
         return None
     return _labels(np.asarray(values.to_numpy(zero_copy_only=False)).reshape(n, width), info, float_labels)
 
@@ -213,9 +224,8 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
         info["null_y"] += labels.null_count
         _add_example(info, "label_lengths", 0)
         y = _labels(np.asarray(labels.fill_null(0).to_numpy(zero_copy_only=False)), info, float_labels)
-    info["null_x"] += feats.null_count
     if feats.null_count:
-        return _finish(np.empty((0, expected_len or 0), np.float32), y[:0], info)
+        return _refused(info, "null_x", feats.null_count, expected_len or 0, y)
     if n == 0:
         return _finish(np.empty((0, expected_len or 0), np.float32), y, info)
     if kind in ("binary", "image"):
@@ -231,16 +241,13 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
             _add_example(info, "lengths", int(v))
         ok = (lengths == numel) | (lengths == 4 * numel)
         if not ok.all():
-            info["bad_rows"] += int(n - ok.sum())
-            return _finish(np.empty((0, numel), np.float32), y[:0], info)
+            return _refused(info, "bad_rows", int(n - ok.sum()), numel, y)
         if not (lengths == lengths[0]).all():  # uint8 and float32 rows mixed
-            info["bad_rows"] += int(n - (lengths == lengths[0]).sum())
-            return _finish(np.empty((0, numel), np.float32), y[:0], info)
+            return _refused(info, "bad_rows", int(n - (lengths == lengths[0]).sum()), numel, y)
         data = data[offsets[0]:offsets[-1]]
         if kind == "image":
             if lengths[0] != numel:
-                info["bad_rows"] += n
-                return _finish(np.empty((0, numel), np.float32), y[:0], info)
+                return _refused(info, "bad_rows", n, numel, y)
             return _finish(_spark_image_pixels(data, n, image_shape), y, info)
         if lengths[0] == numel:
             x = data.reshape(n, numel).astype(np.float32) / np.float32(255.0)
@@ -254,15 +261,10 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
     want = expected_len if expected_len is not None else (int(lengths[0]) if n else 0)
     bad = int((lengths != want).sum())
     if bad:
-        info["bad_rows"] += bad
-        return _finish(np.empty((0, want), np.float32), y[:0], info)
+        return _refused(info, "bad_rows", bad, want, y)
     values = feats.flatten()
     if values.null_count:  # a null inside a feature array: no number to train on
-        import pyarrow.compute as pc
-
-        parents = np.asarray(pc.list_parent_indices(feats).to_numpy(zero_copy_only=False))
-        info["null_x"] += int(len(np.unique(parents[np.asarray(values.is_null().to_numpy(zero_copy_only=False))])))
-        return _finish(np.empty((0, want), np.float32), y[:0], info)
+        return _refused(info, "null_x", _rows_with_nulls(feats, values), want, y)
     x = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(n, want)
     return _finish(x, y, info)
 
@@ -485,17 +487,14 @@ def _feature_expr(df, features_col, image_shape):
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    fields = {f.name: f for f in df.schema.fields}
     if isinstance(features_col, (list, tuple)):
         if not features_col:
             raise ValueError("features_col is an empty list; name at least one feature column")
-        parts = [_column_array(df, fields, name, "feature column {name!r} is binary: only numbers, arrays and ML "
-                                                  "vectors can be concatenated with other columns")[0]
+        parts = [_column_array(df, name, "feature column {name!r} is binary: only numbers, arrays and ML "
+                                         "vectors can be concatenated with other columns")[0]
                  for name in features_col]
         return (parts[0] if len(parts) == 1 else F.concat(*parts)), "array"
-    if features_col not in fields:
-        raise ValueError(f"feature column {features_col!r} not found; the DataFrame has columns {list(fields)}")
-    dtype = fields[features_col].dataType
+    dtype = _column_type(df, features_col, "feature")
     if isinstance(dtype, T.ArrayType) and _is_number(dtype.elementType):
         return F.col(features_col).cast(T.ArrayType(T.FloatType())), "array"
     if type(dtype).__name__ == "VectorUDT":
@@ -544,10 +543,9 @@ def feature_layout(df, columns: Sequence[str], shapes: dict | None = None) -> tu
     if unknown:
         raise ValueError(f"image_shape gives shapes of {unknown}, which are not among the feature columns "
                          f"{list(columns)}")
-    fields = {f.name: f for f in df.schema.fields}
     sized = {}
     for name in columns:
-        expr, number = _column_array(df, fields, name, _NOT_IN_A_DICT)
+        expr, number = _column_array(df, name, _NOT_IN_A_DICT)
         if not number:
             sized[name] = expr
     widths = {}
@@ -579,10 +577,9 @@ def dict_features(df, layout, column: str):
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    fields = {f.name: f for f in df.schema.fields}
     parts = []
     for name, shape in layout:
-        expr, number = _column_array(df, fields, name, _NOT_IN_A_DICT)
+        expr, number = _column_array(df, name, _NOT_IN_A_DICT)
         parts.append(expr if number else F.when(F.size(expr) == math.prod(shape), expr)
                      .otherwise(F.when(expr.isNotNull(), F.array().cast(T.ArrayType(T.FloatType())))))
     return df.withColumn(column, parts[0] if len(parts) == 1 else F.concat(*parts))
@@ -610,21 +607,28 @@ def dict_arrays(data, layout):
     return np.concatenate(parts, axis=1), y
 
 
-def _column_array(df, fields: dict, name: str, refusal: str):
+def _column_array(df, name: str, refusal: str):
     """``(expression, is_number)``: one member of a list of feature columns as array<float> (a number as an
     array of one). ``refusal`` (formatted with ``name`` and ``type``) is the error for a column that is neither
     a number, an array nor an ML vector."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    if name not in fields:
-        raise ValueError(f"feature column {name!r} not found; the DataFrame has columns {list(fields)}")
-    if _is_number(fields[name].dataType):
+    dtype = _column_type(df, name, "feature")
+    if _is_number(dtype):
         return F.array(F.col(name).cast(T.FloatType())), True
     expr, kind = _feature_expr(df, name, None)
     if kind != "array":
-        raise ValueError(refusal.format(name=name, type=fields[name].dataType.simpleString()))
+        raise ValueError(refusal.format(name=name, type=dtype.simpleString()))
     return expr, False
+
+
+def _column_type(df, name: str, what: str):
+    """The Spark SQL type of ``df``'s column ``name``; ``ValueError`` (a ``what`` column) when it has none."""
+    types = {f.name: f.dataType for f in df.schema.fields}
+    if name not in types:
+        raise ValueError(f"{what} column {name!r} not found; the DataFrame has columns {list(types)}")
+    return types[name]
 
 
 def _is_number(dtype) -> bool:
@@ -638,12 +642,9 @@ def _is_number(dtype) -> bool:
 def _weight_expr(df, weight_col: str):
     from pyspark.sql import functions as F
 
-    fields = {f.name: f for f in df.schema.fields}
-    if weight_col not in fields:
-        raise ValueError(f"weight column {weight_col!r} not found; the DataFrame has columns {list(fields)}")
-    if not _is_number(fields[weight_col].dataType):
-        raise ValueError(f"weight column {weight_col!r} has type {fields[weight_col].dataType.simpleString()}; "
-                         "sample weights are numbers")
+    dtype = _column_type(df, weight_col, "weight")
+    if not _is_number(dtype):
+        raise ValueError(f"weight column {weight_col!r} has type {dtype.simpleString()}; sample weights are numbers")
     return F.col(weight_col).cast("double")
 
 
@@ -651,10 +652,7 @@ def _label_expr(df, label_col: str):
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    fields = {f.name: f for f in df.schema.fields}
-    if label_col not in fields:
-        raise ValueError(f"label column {label_col!r} not found; the DataFrame has columns {list(fields)}")
-    dtype = fields[label_col].dataType
+    dtype = _column_type(df, label_col, "label")
     whole = (T.IntegerType, T.LongType, T.ShortType, T.ByteType, T.BooleanType)
     real = (T.FloatType, T.DoubleType, T.DecimalType)
     if isinstance(dtype, whole):
@@ -800,7 +798,8 @@ def ships_local_data(rdd, *, most_rdds: int = 1000) -> bool:
     return False
 
 
-def _partition_key(index: int) -> int:
+def partition_key(index: int) -> int:
+    """The ``partitionFunc`` that sends a record keyed by a partition's index to that partition."""
     return index
 
 
@@ -813,7 +812,7 @@ def without_local_data(rdd, num_partitions: int):
     log.info("training data: the rows came from the driver (sc.parallelize or local rows) and would travel in every "
              "round's tasks; shuffled once into the same partitions instead")
     keyed = rdd.mapPartitionsWithIndex(lambda index, records: ((index, r) for r in records))
-    return keyed.partitionBy(num_partitions, _partition_key).values()
+    return keyed.partitionBy(num_partitions, partition_key).values()
 
 
 def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_classes: int | None,
@@ -1010,9 +1009,8 @@ def local_arrays(data, *, sample_shape, what: str = "validation data",
         raise ValueError(f"{what}: labels hold {y.shape[1]} ids per row but the features have "
                          f"{int(tuple(sample_shape)[0])} positions (shape {tuple(sample_shape)}); a sequence needs "
                          "one label per position")
-    if y.dtype.kind == "f":
-        if not np.all(np.floor(y) == y):
-            raise ValueError(f"{what}: labels are not whole numbers; labels are class ids 0..C-1")
+    if y.dtype.kind == "f" and not np.all(np.floor(y) == y):
+        raise ValueError(f"{what}: labels are not whole numbers; labels are class ids 0..C-1")
     return x, y.astype(np.int64, copy=False)
 
 
