@@ -1,33 +1,11 @@
 """Combiners: how a worker's push merges into the parameter server's copy.
 
-A combiner is a small object the server calls once per accepted push, on the server's
-own thread (so it needs no locking)::
-
-    class Combiner:
-        sends_delta: bool          # workers push weights - last pulled weights (else their weights)
-        reply_before_combine: bool # the reply carries the copy from before this push merged
-        def combine(self, server, pushed, *, staleness, num_workers) -> ndarray | None
-        def reply_mix(self, *, num_workers) -> float   # how far the worker moves toward the reply
-
-``server`` is the server's flat float32 copy, to update in place (or return a new array of
-the same shape, which replaces it); ``pushed`` is the worker's read-only flat buffer;
-``staleness`` is how many pushes other workers had applied since this worker last pulled.
-The reply tells the worker to set ``local += mix * (reply - local)``: a mix of 1 means "take
-the server's copy".
-
-Built in (:data:`COMBINERS`, by the names the command line takes):
-
-- ``mean``: :class:`MeanCombiner`, the server copy becomes the mean of itself and the pushed
-  weights (TensorOnSpark's default).
-- ``delta``: :class:`DeltaCombiner`, adds the worker's change since its last pull
-  (DistBelief's Downpour SGD).
-- ``staleness``: :class:`StalenessAwareDeltaCombiner`, the change scaled by 1/(1+staleness).
-- ``elastic``: :class:`ElasticCombiner`, asynchronous elastic averaging (EASGD): the center
-  moves toward the worker by alpha and the worker toward the center by alpha.
-
-A user-defined combiner subclasses :class:`Combiner`; :func:`register_combiner` gives it a
-name. Combiners run on the driver only: nothing of them reaches the executors but the two
-numbers the reply carries.
+The server calls its combiner once per accepted push, on the server's own thread (so it needs
+no locking); the reply tells the worker to set ``local += mix * (reply - local)``. Built in
+(:data:`COMBINERS`, by the names the command line takes): ``mean``, ``delta``, ``staleness``,
+``elastic``. A user-defined combiner subclasses :class:`Combiner`; :func:`register_combiner`
+gives it a name. Combiners run on the driver only: nothing of them reaches the executors but
+the two numbers the reply carries.
 
 >>> import numpy as np
 >>> server = np.zeros(3, np.float32)

@@ -14,11 +14,8 @@ copy by the :class:`~sparknet.ps.combiners.Combiner`, and answered with the new 
 worker pushes and pulls in one round trip and never waits for another worker.
 
 Before a byte of a peer's is read, the socket bounds it (:mod:`sparknet._transport`): only a
-peer holding the client key the server made (:attr:`ParameterServer.client_keys`, handed to the
-workers with the job's secret) finishes the CurveZMQ handshake, so a stranger sends no frame at
-all; a frame bigger than the model can need disconnects its sender; a connection that has not
-finished its handshake within ``limits.handshake_s`` is closed; a peer that answers no heartbeat
-for ``limits.dead_after_s`` is closed.
+peer holding :attr:`ParameterServer.client_keys` (handed to the workers with the job's secret)
+finishes the handshake, and a frame bigger than the model can need disconnects its sender.
 
 Every message goes through the same checks (see :mod:`sparknet.ps.wire`): structure, job
 id, dtype, element count against the model, HMAC, kind, base version, replay. A message

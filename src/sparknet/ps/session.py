@@ -6,18 +6,11 @@
 >>> sess.metrics["test_accuracy"], sess.metrics["staleness_mean"]                      # doctest: +SKIP
 >>> sess.weights                                                                       # doctest: +SKIP
 
-``run`` starts a :class:`~sparknet.ps.server.ParameterServer` on the driver (on an
-OS-picked port of the driver's address: loopback in local mode), then runs one Spark job per
-epoch. Each partition's task trains its own Net on its partition and pushes and pulls every
-``tau`` steps without waiting for any other task
-(:func:`sparknet.ps._worker.train_partition`). Every epoch gets a fresh job id and HMAC
-secret, which reach the tasks inside the job's closure with the server's transport keys
-(:attr:`~sparknet.ps.server.ParameterServer.client_keys`). Between epochs the rows are
-reshuffled across partitions (seeded), and each task reshuffles its own rows. The server is
-stopped, and cached data released, in ``finally``. Every Spark job runs through
-:func:`sparknet.spark.backend.run_with_deadline`: under the session's job group (the caller's
-own is left as it was), with a deadline, and a failed task decoded into a
-:class:`~sparknet.errors.WorkerError` naming its partition.
+``run`` starts a :class:`~sparknet.ps.server.ParameterServer` on the driver (loopback in local
+mode), then runs one Spark job per epoch (:func:`sparknet.ps._worker.train_partition` in each
+task), each under a fresh job id and HMAC secret that reach the tasks inside the job's closure
+with the server's transport keys. Between epochs the rows are reshuffled across partitions
+(seeded). Every Spark job runs through :func:`sparknet.spark.backend.run_with_deadline`.
 
 A task that Spark retries pulls the current weights and trains again; its pushes for steps
 the failed attempt already had applied are acknowledged without being applied twice (the

@@ -6,11 +6,8 @@ CurveZMQ client keys to the tasks in their closure. Rank 0 PUSHes JSON records a
 parses anything and drops what does not verify; bodies are JSON, never pickles, so a stranger
 who reaches the port can neither run code on the driver nor inject records. The socket is bound
 to the driver's Spark address (never every interface) with the bounds of
-:mod:`sparknet._transport`: a peer without the client keys cannot finish the handshake (so it
-sends no frame, finished message or not), a frame bigger than the model can need disconnects its
-sender before it is buffered, an unfinished handshake is closed after ``limits.handshake_s``, a
-silent peer after ``limits.dead_after_s``. A message of more than three frames or more bytes than
-the model can need is dropped unread; log lines about dropped messages are throttled.
+:mod:`sparknet._transport`. A message of more than three frames or more bytes than the model can
+need is dropped unread; log lines about dropped messages are throttled.
 
 A record may carry one binary payload (three frames ``[body, payload, mac]``, the MAC over
 both): the barrier engine sends the global weights and strategy state this way every round,

@@ -14,13 +14,10 @@ job carries only the round's small records; the bytes go beside it:
 - the driver reads each partition's update by the attempt its result names, in partition order, and
   sums exactly as it sums task results (the final weights are bit-identical to Spark's path).
 
-The socket has the bounds of :mod:`sparknet._transport` (CurveZMQ with one client key per fit, so a peer
-that passes the handshake belongs to this fit; the largest frame the model can need; handshake and
-heartbeat deadlines). On a local master it is a Unix socket in a folder only the driver's user can open,
-without CurveZMQ: there the file system says who may connect, and encrypting the model four times a round
-on the cores the workers train on cost as much as the broadcast it replaces. Frames are JSON and raw array bytes, never pickles. A task that cannot reach the
-driver (a firewall between executors and the driver) says so in its result and the driver goes back to
-Spark's broadcasts and task results for the rest of the fit.
+The socket has the bounds of :mod:`sparknet._transport` (CurveZMQ with one client key per fit); on a
+local master it is a Unix socket instead (:class:`RoundRelay`'s ``local``). Frames are JSON and raw array
+bytes, never pickles. A task that cannot reach the driver (a firewall between executors and the driver)
+says so in its result and the driver goes back to Spark's broadcasts and task results for the rest of the fit.
 """
 
 from __future__ import annotations
