@@ -44,6 +44,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -124,8 +125,24 @@ def record_scalars(records: Iterable[Mapping[str, Any]]) -> list[tuple[int, dict
     return [item for item in (tracker.scalars(r) for r in records) if item is not None]
 
 
+class _Sink:
+    """What both sinks do with a record: refuse it once closed, turn it into scalars, hand them to ``_write``."""
+
+    _closed = False
+
+    def __call__(self, record: Mapping[str, Any]) -> None:
+        if self._closed:
+            raise RuntimeError(f"this {type(self).__name__} is closed")
+        item = self._tracker.scalars(record)
+        if item is not None:
+            self._write(*item, record)
+
+    def __enter__(self):
+        return self
+
+
 # -- TensorBoard ----------------------------------------------------------------------------------
-class TensorBoardSink:
+class TensorBoardSink(_Sink):
     """Writes each round's and evaluation's scalars to TensorBoard event files.
 
     Parameters
@@ -152,13 +169,7 @@ class TensorBoardSink:
         self._tracker = _StepTracker()
         log.info("TensorBoard events go to %s", self.logdir)
 
-    def __call__(self, record: Mapping[str, Any]) -> None:
-        if self._writer is None:
-            raise RuntimeError("this TensorBoardSink is closed")
-        item = self._tracker.scalars(record)
-        if item is None:
-            return
-        step, scalars = item
+    def _write(self, step: int, scalars: dict[str, float], record: Mapping[str, Any]) -> None:
         for name, value in scalars.items():
             self._writer.add_scalar(name, value, global_step=step)
         if record.get("event") == "summary":
@@ -168,12 +179,9 @@ class TensorBoardSink:
 
     def close(self) -> None:
         """Flush and close the event file (idempotent)."""
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()
-
-    def __enter__(self) -> TensorBoardSink:
-        return self
+        if not self._closed:
+            self._closed = True
+            self._writer.close()
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -228,7 +236,7 @@ def _flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
-class MLflowSink:
+class MLflowSink(_Sink):
     """Logs a training run to MLflow: its parameters, per-round metrics by step, the model as an MLflow model.
 
     Parameters
@@ -278,7 +286,6 @@ class MLflowSink:
         self.tracking_uri = mlflow.get_tracking_uri() if active is not None else resolve_tracking_uri(tracking_uri)
         self.model_dir = Path(model_dir) if model_dir is not None else None
         self._tracker = _StepTracker()
-        self._closed = False
         self.owns_run = active is None or nested  # a joined run is left open at close
         with _file_store_allowed(self.tracking_uri):
             self.client = MlflowClient(tracking_uri=self.tracking_uri)
@@ -310,18 +317,12 @@ class MLflowSink:
             for start in range(0, len(flat), 100):  # MLflow takes at most 100 params per batch
                 self.client.log_batch(self.run_id, params=flat[start:start + 100])
 
-    def __call__(self, record: Mapping[str, Any]) -> None:
-        if self._closed:
-            raise RuntimeError("this MLflowSink is closed")
-        item = self._tracker.scalars(record)
-        if item is None:
-            return
+    def _write(self, step: int, scalars: dict[str, float], record: Mapping[str, Any]) -> None:
         from mlflow.entities import Metric
 
-        step, scalars = item
         if not scalars:
             return
-        now = _now_ms()
+        now = int(time.time() * 1000)
         metrics = [Metric(name, value, now, step) for name, value in scalars.items()]
         with _file_store_allowed(self.tracking_uri):
             self.client.log_batch(self.run_id, metrics=metrics)
@@ -360,20 +361,11 @@ class MLflowSink:
                 with _file_store_allowed(self.tracking_uri):
                     self.client.set_terminated(self.run_id, status=status)
 
-    def __enter__(self) -> MLflowSink:
-        return self
-
     def __exit__(self, exc_type, *exc) -> None:
         self.close("FINISHED" if exc_type is None else ("KILLED" if exc_type is KeyboardInterrupt else "FAILED"))
 
     def __repr__(self) -> str:
         return f"MLflowSink(run_id={self.run_id!r}, tracking_uri={self.tracking_uri!r})"
-
-
-def _now_ms() -> int:
-    import time
-
-    return int(time.time() * 1000)
 
 
 # -- wiring -----------------------------------------------------------------------------------------

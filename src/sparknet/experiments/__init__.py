@@ -136,8 +136,7 @@ def run_experiment(name: str, *, quick: bool = False, out: str | os.PathLike | N
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     env_before = environment()
     with LoadSampler() as load:
-        body = (module.run(config, out_dir=out_dir, quick=quick) if spark is None
-                else module.run(config, out_dir=out_dir, quick=quick, spark=spark))
+        body = module.run(config, out_dir=out_dir, quick=quick, **({} if spark is None else {"spark": spark}))
     # wall_s: this call; process_s: since the process started (a command's user waited that long)
     result = {"experiment": name, "quick": quick, "started": started, "wall_s": time.perf_counter() - t0,
               "process_s": process_age_s(), "config": config_dict(config), "environment": env_before,
@@ -161,10 +160,8 @@ def config_dict(config) -> dict:
 def write_result(result: dict, path: str | os.PathLike) -> Path:
     """Write ``result`` as JSON (NaN and infinity as ``null``), atomically."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(json_safe(result), indent=1, default=str) + "\n")
-    os.replace(tmp, path)
+    with atomic_write(path) as f:
+        f.write((json.dumps(json_safe(result), indent=1, default=str) + "\n").encode())
     return path
 
 
@@ -299,11 +296,9 @@ def extended_train(num_samples: int, *, seed: int = 0) -> ArrayDataset:
 def make_model(name: str, batch_size: int):
     """A zoo net for 28x28 MNIST digits: ``lenet`` or ``mlp``."""
     name = name.lower()
-    if name == "lenet":
-        return zoo.lenet(batch_size=batch_size)
-    if name == "mlp":
-        return zoo.mlp(batch_size=batch_size)
-    raise ValueError(f"unknown model {name!r} for the experiments; choose lenet or mlp")
+    if name not in ("lenet", "mlp"):
+        raise ValueError(f"unknown model {name!r} for the experiments; choose lenet or mlp")
+    return getattr(zoo, name)(batch_size=batch_size)
 
 
 def make_solver(solver_type: str = "sgd", lr: float = 0.05, momentum: float = 0.9, weight_decay: float = 0.0,
@@ -398,9 +393,11 @@ def parallel_map(fn: Callable[[dict], dict], jobs: list[dict], *, processes: int
 
 
 def measured(what: str, keys: dict, run: Callable[..., dict], *args) -> dict:
-    """``run(*args)``; if it raises, a record of the failure instead: ``keys``, ``ok: False``, the error and the
-    tail of its traceback. A failed run is kept with its error, not dropped: the comparison shows what failed.
+    """``run(*args)``, logged as ``what``; if it raises, a record of the failure instead: ``keys``, ``ok: False``,
+    the error and the tail of its traceback. A failed run is kept with its error, not dropped: the comparison shows
+    what failed.
     """
+    log.info("%s", what)
     t0 = time.perf_counter()
     try:
         return run(*args)

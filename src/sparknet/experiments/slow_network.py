@@ -38,7 +38,6 @@ kept with them, so ``sparknet experiment scaling`` prices these runs with this h
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,8 +47,6 @@ from sparknet.experiments.scaling import calibrate, calibration_around
 from sparknet.link import LinkModel
 
 __all__ = ["Config", "QUICK", "SCHEMES", "run", "plot"]
-
-log = logging.getLogger(__name__)
 
 SCHEMES = ("naive", "average", "diloco", "overlap", "streaming")
 """naive = gradients allreduced every step (sync); average = SparkNet; diloco = Nesterov outer step; overlap =
@@ -175,7 +172,6 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
     with spark_stage(config, train, spark, engine=config.engine) as (session, df, warmup_s):
         for link in links:
             for scheme in config.schemes:
-                log.info("slow-network: %s over %s", scheme, link.describe())
                 runs.append(measured(f"slow-network: {scheme} over {link.describe()}",
                                      {"scheme": scheme, "link": link.to_dict(), "reached": False},
                                      _one, config, scheme, link, session, df, test, nbytes))

@@ -14,15 +14,12 @@ the JSON. One untimed single-step fit runs first.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from sparknet.experiments import SparkExperimentConfig, make_solver, measured, pyplot, spark_fit, spark_stage
 
 __all__ = ["Config", "QUICK", "run", "plot"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -87,7 +84,6 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
     runs = []
     with spark_stage(config, train, spark, engine=config.engine) as (session, df, warmup_s):
         for tau in config.taus:
-            log.info("tau-sensitivity: tau = %d", tau)
             runs.append(measured(f"tau-sensitivity: tau = {tau}", {"tau": tau}, _fit, config, tau, session, df, test))
     summary = {str(r["tau"]): ({"final_accuracy": r["final_accuracy"], "wall_s": round(r["wall_s"], 1)}
                                if r.get("ok") else "failed") for r in runs}

@@ -249,7 +249,6 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
     needs_spark = any(s != "one-process" for s in config.systems)
     with spark_stage(config, train, spark, needed=needs_spark) as (session, df, warmup_s):
         for system in config.systems:
-            log.info("time-to-accuracy: %s", system)
             entry = measured(f"time-to-accuracy: {system}", {"system": system, "reached": False}, _RUNNERS[system],
                              system, config, train, test, session, df)
             if entry.get("ok"):
