@@ -117,15 +117,12 @@ class RowFileWriter:
             return
         if self._x_shape is None:
             self._x_shape, self._y_shape, self._y_dtype = tuple(x.shape[1:]), tuple(y.shape[1:]), y.dtype.str
+        if not (self.bad_rows or self.bad_labels):  # the first misfit makes every row so far count as bad
+            if tuple(x.shape[1:]) != self._x_shape:
+                self.bad_rows = self.rows
+            elif tuple(y.shape[1:]) != self._y_shape:
+                self.bad_labels = self.rows
         if self.bad_rows or self.bad_labels:
-            self._count_bad(m)
-            return
-        if tuple(x.shape[1:]) != self._x_shape:
-            self.bad_rows = self.rows
-            self._count_bad(m)
-            return
-        if tuple(y.shape[1:]) != self._y_shape:
-            self.bad_labels = self.rows
             self._count_bad(m)
             return
         self._fx.write(np.ascontiguousarray(x, dtype=np.float32).data)
