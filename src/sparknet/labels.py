@@ -145,11 +145,6 @@ def multilabel_metrics(sums) -> dict[str, float]:
             "auc": sum(aucs) / len(aucs) if aucs else math.nan}
 
 
-def multilabel_width(labels: int) -> int:
-    """How many numbers :func:`multilabel_sums` gives for ``labels`` outputs."""
-    return 2 + labels * (3 + 2 * AUC_BINS)
-
-
 def classification_sums(pred: torch.Tensor, y: torch.Tensor) -> list[float]:
     """``[right, labels, top-k right, wide]`` of one batch: the arg-max and the :data:`TOP_K` highest outputs
     against the class ids (class axis last, or axis 1 as in Caffe); ``wide`` is 1 when there are more than
@@ -189,7 +184,7 @@ def task_width(task: Task, label_shape: tuple[int, ...]) -> int:
     """How many numbers :func:`task_sums` gives for labels of ``label_shape`` (one row's)."""
     if task is Task.REGRESSION:
         return 5
-    return multilabel_width(math.prod(label_shape)) if task is Task.MULTILABEL else 4
+    return 2 + math.prod(label_shape) * (3 + 2 * AUC_BINS) if task is Task.MULTILABEL else 4
 
 
 def task_metrics(task: Task, sums) -> dict[str, float]:

@@ -240,6 +240,14 @@ class Filler:
             return (fan_in + fan_out) / 2.0
         return fan_in
 
+    def _fill_scaled(self, tensor: Tensor, fan: float) -> None:
+        """Fill by ``xavier`` (uniform, variance ``1/fan``) or ``msra`` (normal, variance ``2/fan``)."""
+        if self.type == FillerType.XAVIER:
+            scale = math.sqrt(3.0 / max(fan, 1e-12))
+            tensor.uniform_(-scale, scale)
+        else:
+            tensor.normal_(0.0, math.sqrt(2.0 / max(fan, 1e-12)))
+
     def fill_(self, tensor: Tensor) -> Tensor:
         """Fill ``tensor`` in place (with the global torch generator) and return it."""
         with torch.no_grad():
@@ -250,11 +258,8 @@ class Filler:
                 tensor.normal_(self.mean, self.std)
             elif kind == FillerType.UNIFORM:
                 tensor.uniform_(self.min, self.max)
-            elif kind == FillerType.XAVIER:
-                scale = math.sqrt(3.0 / max(self._fan(tensor), 1e-12))
-                tensor.uniform_(-scale, scale)
-            elif kind == FillerType.MSRA:
-                tensor.normal_(0.0, math.sqrt(2.0 / max(self._fan(tensor), 1e-12)))
+            elif kind in (FillerType.XAVIER, FillerType.MSRA):
+                self._fill_scaled(tensor, self._fan(tensor))
             else:  # positive_unitball: each output's weights are positive and sum to one
                 tensor.uniform_(0.0, 1.0)
                 rows = tensor.view(tensor.shape[0], -1) if tensor.dim() > 0 else tensor.view(1, 1)
@@ -403,10 +408,8 @@ class Layer:
 
     def to_dict(self) -> dict[str, Any]:
         """The layer as plain JSON-able values, with its class name under ``"type"``."""
-        out: dict[str, Any] = {"type": type(self).__name__}
-        for f in dataclasses.fields(self):
-            out[f.name] = _plain(getattr(self, f.name))
-        return out
+        fields = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {"type": type(self).__name__, **fields}
 
 
 @dataclass(kw_only=True)
@@ -974,7 +977,7 @@ class SliceLayer(Layer):
         return [shape[:axis] + (hi - lo,) + shape[axis + 1:] for lo, hi in zip(bounds, bounds[1:])]
 
     def _build(self, shapes: list[Shape]) -> nn.Module:
-        return _Slice(self._axis(self.axis, len(shapes[0])), self._points(shapes[0]))
+        return _Slice(self._axis(self.axis, len(shapes[0])), list(self._points(shapes[0])))
 
 
 @dataclass(kw_only=True)
@@ -1188,10 +1191,12 @@ class LossLayer(Layer):
         if self.loss_weight < 0:
             self._fail(f"loss_weight must be >= 0, got {self.loss_weight}")
 
-    def _same_count(self, shapes: list[Shape]) -> None:
+    def _same_count(self, shapes: list[Shape]) -> list[Shape]:
+        """The scalar top of a loss whose two bottoms hold as many elements."""
         if _prod(shapes[0]) != _prod(shapes[1]):
             self._fail(f"bottoms {self.bottoms[0]!r} {shapes[0]} and {self.bottoms[1]!r} "
                        f"{shapes[1]} have different element counts")
+        return [()]
 
 
 def _class_axis_check(layer: Layer, shapes: list[Shape], axis: int) -> tuple[int, int, int]:
@@ -1247,9 +1252,7 @@ class SoftmaxWithLoss(LossLayer):
 class EuclideanLoss(LossLayer):
     """Caffe's Euclidean loss: ``sum((a - b)**2) / (2 * N)`` with ``N`` the batch size."""
 
-    def _infer(self, shapes: list[Shape]) -> list[Shape]:
-        self._same_count(shapes)
-        return [()]
+    _infer = LossLayer._same_count
 
     def _build(self, shapes: list[Shape]) -> nn.Module:
         return _EuclideanLoss()
@@ -1259,9 +1262,7 @@ class EuclideanLoss(LossLayer):
 class SigmoidCrossEntropyLoss(LossLayer):
     """Sigmoid cross-entropy of logits against targets in [0, 1], summed, over the batch size (Caffe)."""
 
-    def _infer(self, shapes: list[Shape]) -> list[Shape]:
-        self._same_count(shapes)
-        return [()]
+    _infer = LossLayer._same_count
 
     def _build(self, shapes: list[Shape]) -> nn.Module:
         return _SigmoidCrossEntropyLoss()
@@ -1354,10 +1355,19 @@ class _InnerProduct(nn.Linear):
         return F.linear(x, self.weight.t() if self.transpose else self.weight, self.bias)
 
 
-class _GlobalPool(nn.Module):
-    def __init__(self, is_max: bool):
+class _Options(nn.Module):
+    """A module without tensors: its constructor's arguments, named by ``_options``, become attributes."""
+
+    _options: tuple[str, ...] = ()
+
+    def __init__(self, *values: Any) -> None:
         super().__init__()
-        self.is_max = is_max
+        for name, value in zip(self._options, values, strict=True):
+            setattr(self, name, value)
+
+
+class _GlobalPool(_Options):
+    _options = ("is_max",)
 
     def forward(self, x: Tensor) -> Tensor:
         return x.amax(dim=(2, 3), keepdim=True) if self.is_max else x.mean(dim=(2, 3), keepdim=True)
@@ -1368,10 +1378,8 @@ class _Abs(nn.Module):
         return x.abs()
 
 
-class _Power(nn.Module):
-    def __init__(self, power: float, scale: float, shift: float):
-        super().__init__()
-        self.power, self.scale, self.shift = power, scale, shift
+class _Power(_Options):
+    _options = ("power", "scale", "shift")
 
     def forward(self, x: Tensor) -> Tensor:
         y = x * self.scale + self.shift if (self.scale != 1.0 or self.shift != 0.0) else x
@@ -1397,13 +1405,17 @@ class _BatchNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         batch_stats = self.training if self.use_global_stats is None else not self.use_global_stats
+        if batch_stats and not self.training:  # batch statistics, running ones left alone
+            return F.batch_norm(x, None, None, self.weight, self.bias, training=True, eps=self.eps)
+        return self._normalize(x, batch_stats)
+
+    def _normalize(self, x: Tensor, batch_stats: bool) -> Tensor:
+        """Normalise in training mode (``batch_stats``: updating the running statistics) or with them."""
         momentum = self.momentum
-        if batch_stats and self.training:
+        if batch_stats:
             self.num_batches_tracked.add_(1)
             if momentum is None:
                 momentum = 1.0 / float(self.num_batches_tracked)
-        if batch_stats and not self.training:  # batch statistics, running ones left alone
-            return F.batch_norm(x, None, None, self.weight, self.bias, training=True, eps=self.eps)
         return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias,
                             training=batch_stats, momentum=momentum or 0.0, eps=self.eps)
 
@@ -1418,15 +1430,12 @@ class _CaffeBatchNorm(_BatchNorm):
         self.running_var.zero_()  # Caffe's blobs all start at 0
         self.register_buffer("scale_factor", torch.zeros(1))
 
-    def forward(self, x: Tensor) -> Tensor:
-        batch_stats = self.training if self.use_global_stats is None else not self.use_global_stats
+    def _normalize(self, x: Tensor, batch_stats: bool) -> Tensor:
         if not batch_stats:
             s = float(self.scale_factor[0])
             inverse = 0.0 if s == 0 else 1.0 / s
             return F.batch_norm(x, self.running_mean * inverse, self.running_var * inverse, self.weight, self.bias,
                                 training=False, eps=self.eps)
-        if not self.training:
-            return F.batch_norm(x, None, None, self.weight, self.bias, training=True, eps=self.eps)
         # One pass over x: with momentum 1, F.batch_norm writes the batch mean and its m/(m-1)-corrected
         # variance (Caffe's bias correction) into the zeroed buffers, which are then added to the decayed sums.
         mean, var = torch.zeros_like(self.running_mean), torch.zeros_like(self.running_var)
@@ -1451,10 +1460,8 @@ class _Scale(nn.Module):
         return y if self.bias is None else y + self.bias.view(self.view)
 
 
-class _LRN(nn.Module):
-    def __init__(self, size: int, alpha: float, beta: float, k: float, within: bool):
-        super().__init__()
-        self.size, self.alpha, self.beta, self.k, self.within = size, alpha, beta, k, within
+class _LRN(_Options):
+    _options = ("size", "alpha", "beta", "k", "within")
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.within:
@@ -1464,50 +1471,35 @@ class _LRN(nn.Module):
         return x / (avg * self.alpha + self.k).pow(self.beta)
 
 
-class _Concat(nn.Module):
-    def __init__(self, axis: int):
-        super().__init__()
-        self.axis = axis
+class _Concat(_Options):
+    _options = ("axis",)
 
     def forward(self, *xs: Tensor) -> Tensor:
         return torch.cat(xs, dim=self.axis)
 
 
-class _Eltwise(nn.Module):
-    def __init__(self, operation: str, coeffs: tuple[float, ...] | None):
-        super().__init__()
-        self.operation, self.coeffs = operation, coeffs
+class _Eltwise(_Options):
+    _options = ("operation", "coeffs")
 
     def forward(self, *xs: Tensor) -> Tensor:
-        if self.operation == "sum":
-            if self.coeffs is None:
-                out = xs[0]
-                for x in xs[1:]:
-                    out = out + x
-                return out
-            out = xs[0] * self.coeffs[0]
-            for c, x in zip(self.coeffs[1:], xs[1:]):
-                out = out + x * c
-            return out
-        out = xs[0]
-        for x in xs[1:]:
-            out = out * x if self.operation == "prod" else torch.maximum(out, x)
+        out = xs[0] if self.coeffs is None else xs[0] * self.coeffs[0]
+        for i, x in enumerate(xs[1:], start=1):
+            if self.operation == "sum":
+                out = out + (x if self.coeffs is None else x * self.coeffs[i])
+            else:
+                out = out * x if self.operation == "prod" else torch.maximum(out, x)
         return out
 
 
-class _Slice(nn.Module):
-    def __init__(self, axis: int, points: tuple[int, ...]):
-        super().__init__()
-        self.axis, self.points = axis, list(points)
+class _Slice(_Options):
+    _options = ("axis", "points")
 
     def forward(self, x: Tensor) -> tuple[Tensor, ...]:
         return torch.tensor_split(x, self.points, dim=self.axis)
 
 
-class _Split(nn.Module):
-    def __init__(self, count: int):
-        super().__init__()
-        self.count = count
+class _Split(_Options):
+    _options = ("count",)
 
     def forward(self, x: Tensor) -> tuple[Tensor, ...]:
         return (x,) * self.count
@@ -1518,19 +1510,15 @@ class _Silence(nn.Module):
         return ()
 
 
-class _Flatten(nn.Module):
-    def __init__(self, start: int, end: int):
-        super().__init__()
-        self.start, self.end = start, end
+class _Flatten(_Options):
+    _options = ("start", "end")
 
     def forward(self, x: Tensor) -> Tensor:
         return x.flatten(self.start, self.end)
 
 
-class _Reshape(nn.Module):
-    def __init__(self, shape: tuple[int, ...]):
-        super().__init__()
-        self.shape = shape
+class _Reshape(_Options):
+    _options = ("shape",)
 
     def forward(self, x: Tensor) -> Tensor:
         return x.reshape([x.shape[i] if d == 0 else d for i, d in enumerate(self.shape)])
@@ -1604,10 +1592,8 @@ class _SigmoidCrossEntropyLoss(nn.Module):
         return F.binary_cross_entropy_with_logits(logits, targets, reduction="sum") / logits.shape[0]
 
 
-class _ContrastiveLoss(nn.Module):
-    def __init__(self, margin: float, legacy: bool):
-        super().__init__()
-        self.margin, self.legacy = margin, legacy
+class _ContrastiveLoss(_Options):
+    _options = ("margin", "legacy")
 
     def forward(self, a: Tensor, b: Tensor, similar: Tensor) -> Tensor:
         dist_sq = (a - b).pow(2).flatten(1).sum(1)
@@ -1619,10 +1605,8 @@ class _ContrastiveLoss(nn.Module):
         return (y * dist_sq + (1 - y) * dissimilar).sum() / (2 * a.shape[0])
 
 
-class _Accuracy(nn.Module):
-    def __init__(self, axis: int, top_k: int, ignore_label: int | None):
-        super().__init__()
-        self.axis, self.top_k, self.ignore_label = axis, top_k, ignore_label
+class _Accuracy(_Options):
+    _options = ("axis", "top_k", "ignore_label")
 
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
         with torch.no_grad():

@@ -281,15 +281,6 @@ def _check_finite(x: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what}: {bad} rows hold NaN or infinite feature values; clean or impute them first")
 
 
-def _explain_loss_error(exc: IndexError, y: torch.Tensor, what: str) -> ValueError:
-    """torch's bare ``Target 7 is out of bounds`` as an error that says which labels and what to do."""
-    labels = ""
-    if y.numel() and not y.is_floating_point():
-        labels = f" (labels in this batch range over [{int(y.min())}, {int(y.max())}])"
-    return ValueError(f"{what}: the loss could not be computed: {exc}{labels}; labels must be class ids 0..C-1 "
-                      "for a net with C outputs")
-
-
 @functools.lru_cache(maxsize=16)
 def fixed_sample(n: int, k: int) -> np.ndarray:
     """``k`` of the indices ``0..n-1``, drawn at random once and the same on every call (sorted)."""
@@ -462,6 +453,20 @@ class Net:
         return x.index_select(0, idx), y.index_select(0, idx)
 
     # -- training --------------------------------------------------------------------------
+    def _loss(self, what: str, xb: torch.Tensor, yb: torch.Tensor, weighted: bool = False):
+        """The model's loss and prediction; torch's bare ``Target 7 is out of bounds`` as an error that says which
+        labels and what to do."""
+        try:
+            return self._model.loss(xb, *(self._split_weights(yb) if weighted else (yb,)))
+        except IndexError as exc:
+            if self.task is not Task.CLASSIFICATION:  # labels that index nothing: the net's own error
+                raise
+            bounds = ""
+            if yb.numel() and not yb.is_floating_point():
+                bounds = f" (labels in this batch range over [{int(yb.min())}, {int(yb.max())}])"
+            raise ValueError(f"{what}: the loss could not be computed: {exc}{bounds}; labels must be class ids 0..C-1 "
+                             "for a net with C outputs") from exc
+
     def train(self, num_steps: int, max_seconds: float | None = None,
               after_backward: Callable[[Net], None] | None = None) -> TrainStats:
         """Run up to ``num_steps`` solver updates, or until ``max_seconds`` pass.
@@ -486,12 +491,7 @@ class Net:
             """The minibatches' mean loss; their mean gradient accumulated into the weights' ``grad``."""
             total = 0.0
             for xb, yb in batches:
-                try:
-                    loss, _ = self._model.loss(xb, *(self._split_weights(yb) if self.weighted else (yb,)))
-                except IndexError as exc:
-                    if self.task is not Task.CLASSIFICATION:  # labels that index nothing: the net's own error
-                        raise
-                    raise _explain_loss_error(exc, yb, "training data") from exc
+                loss, _ = self._loss("training data", xb, yb, weighted=self.weighted)
                 (loss / iter_size if iter_size > 1 else loss).backward()
                 total += loss.item()
             return total / iter_size
@@ -577,12 +577,7 @@ class Net:
             for start in range(0, n, batch_size):
                 xb = x[start:start + batch_size].to(self.device)
                 yb = y[start:start + batch_size].to(self.device)
-                try:
-                    loss, pred = self._model.loss(xb, yb)
-                except IndexError as exc:
-                    if self.task is not Task.CLASSIFICATION:  # labels that index nothing: the net's own error
-                        raise
-                    raise _explain_loss_error(exc, yb, "validation data") from exc
+                loss, pred = self._loss("validation data", xb, yb)
                 loss_sum += loss.item() * len(xb)
                 if self.task is not Task.UNLABELLED:
                     batch = task_sums(self.task, pred, yb)

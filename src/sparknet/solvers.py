@@ -255,7 +255,25 @@ def _iteration(value, name: str) -> int:
     return int(number)
 
 
-class CaffeSGD(torch.optim.Optimizer):
+class _CaffeRule(torch.optim.Optimizer):
+    """A Caffe rule: ``_update(p, d, state, group)`` for every weight with a gradient, ``d`` the gradient with the
+    weight decay added (Caffe's Regularize, before ComputeUpdateValue)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            wd = group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, p.grad if not wd else p.grad.add(p, alpha=wd), self.state[p], group)
+        return loss
+
+
+class CaffeSGD(_CaffeRule):
     """SGD with momentum as Caffe's ``SGDSolver`` and ``NesterovSolver`` compute it: the history is the step.
 
     Each update, with ``d = grad + weight_decay * w`` and ``lr`` the group's rate now::
@@ -272,10 +290,6 @@ class CaffeSGD(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay,
                                   "nesterov": nesterov})
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        return _caffe_step(self, closure, self._update)
-
     @staticmethod
     def _update(p: torch.Tensor, d: torch.Tensor, state: dict, group: dict) -> None:
         lr, m = group["lr"], group["momentum"]
@@ -291,22 +305,7 @@ class CaffeSGD(torch.optim.Optimizer):
             p.sub_(v)
 
 
-def _caffe_step(opt: torch.optim.Optimizer, closure, update) -> torch.Tensor | None:
-    """One step of a Caffe rule: ``update(p, d, state, group)`` for every weight with a gradient, ``d`` the gradient
-    with the weight decay added (Caffe's Regularize, before ComputeUpdateValue)."""
-    loss = None
-    if closure is not None:
-        with torch.enable_grad():
-            loss = closure()
-    for group in opt.param_groups:
-        wd = group["weight_decay"]
-        for p in group["params"]:
-            if p.grad is not None:
-                update(p, p.grad if not wd else p.grad.add(p, alpha=wd), opt.state[p], group)
-    return loss
-
-
-class CaffeAdam(torch.optim.Optimizer):
+class CaffeAdam(_CaffeRule):
     """Adam as Caffe's ``AdamSolver`` computes it: ``delta`` joins ``sqrt(v)`` before the bias correction.
 
     Each update, with ``d = grad + weight_decay * w``, ``t`` the update's number from 1 and ``lr`` the
@@ -322,10 +321,6 @@ class CaffeAdam(torch.optim.Optimizer):
     def __init__(self, params, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
         super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay})
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        return _caffe_step(self, closure, self._update)
 
     @staticmethod
     def _update(p: torch.Tensor, d: torch.Tensor, state: dict, group: dict) -> None:
@@ -679,26 +674,19 @@ def build_optimizer(model_or_groups, config: SolverConfig | None = None):
         penalties = [(g["params"], config.weight_decay * g["decay_mult"]) for g in groups]
         if any(decay for _, decay in penalties):
             opt = _Penalized(opt, penalties, l1)
-    elif t in (SolverType.SGD, SolverType.NESTEROV) and config.caffe_history:
-        opt = CaffeSGD(torch_groups, lr=config.base_lr, momentum=config.momentum, nesterov=t is SolverType.NESTEROV)
-    elif t is SolverType.SGD:
-        opt = torch.optim.SGD(torch_groups, lr=config.base_lr, momentum=config.momentum)
-    elif t is SolverType.NESTEROV:
-        opt = torch.optim.SGD(torch_groups, lr=config.base_lr, momentum=config.momentum, nesterov=True)
-    elif t is SolverType.ADAM and config.caffe_delta:
-        opt = CaffeAdam(torch_groups, lr=config.base_lr, betas=(config.momentum, config.momentum2), eps=config.delta)
-    elif t is SolverType.ADAM:
-        opt = torch.optim.Adam(torch_groups, lr=config.base_lr, betas=(config.momentum, config.momentum2), eps=config.delta)
-    elif t is SolverType.ADAMW:
-        opt = torch.optim.AdamW(torch_groups, lr=config.base_lr, betas=(config.momentum, config.momentum2), eps=config.delta)
-    elif t is SolverType.RMSPROP:
-        opt = torch.optim.RMSprop(torch_groups, lr=config.base_lr, alpha=config.rms_decay, eps=config.delta)
-    elif t is SolverType.ADAGRAD:
-        opt = torch.optim.Adagrad(torch_groups, lr=config.base_lr, eps=config.delta)
-    elif t is SolverType.ADADELTA:
-        opt = torch.optim.Adadelta(torch_groups, lr=config.base_lr, rho=config.momentum, eps=config.delta)
-    else:  # pragma: no cover - the Enum is closed
-        raise AssertionError(t)
+    else:
+        sgd = CaffeSGD if config.caffe_history else torch.optim.SGD
+        adam = dict(betas=(config.momentum, config.momentum2), eps=config.delta)
+        kind, options = {
+            SolverType.SGD: (sgd, dict(momentum=config.momentum)),
+            SolverType.NESTEROV: (sgd, dict(momentum=config.momentum, nesterov=True)),
+            SolverType.ADAM: (CaffeAdam if config.caffe_delta else torch.optim.Adam, adam),
+            SolverType.ADAMW: (torch.optim.AdamW, adam),
+            SolverType.RMSPROP: (torch.optim.RMSprop, dict(alpha=config.rms_decay, eps=config.delta)),
+            SolverType.ADAGRAD: (torch.optim.Adagrad, dict(eps=config.delta)),
+            SolverType.ADADELTA: (torch.optim.Adadelta, dict(rho=config.momentum, eps=config.delta)),
+        }[t]
+        opt = kind(torch_groups, lr=config.base_lr, **options)
     if l1 and any(decays) and not t.needs_closure:
         opt = _L1Regularized(opt, decays)
     scheduler = torch.optim.lr_scheduler.LambdaLR(opt, lambda it: lr_multiplier(config, it))

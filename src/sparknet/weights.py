@@ -258,26 +258,16 @@ class WeightCollection(Mapping[str, list[torch.Tensor]]):
             raise ValueError(f"a flat buffer is 1-D, got shape {tuple(buffer.shape)}")
         if buffer.numel() != like.numel:
             raise ValueError(f"buffer has {buffer.numel()} elements but the layout needs {like.numel}")
-        out, offset = [], 0
-        for name, ts in like._layers.items():
-            layer = []
-            for t in ts:
-                n = t.numel()
-                layer.append(buffer[offset:offset + n].view(t.shape).to(t.dtype).clone())
-                offset += n
-            out.append((name, layer))
-        return WeightCollection(out)
+        pieces = iter(buffer.split([t.numel() for _, _, t in like.tensors()]))
+        return like._map(lambda t: next(pieces).view(t.shape).to(t.dtype).clone())
 
     def load_flat_(self, buffer: torch.Tensor) -> None:
         """Copy a flat buffer's values into these tensors in place."""
         if buffer.numel() != self.numel:
             raise ValueError(f"buffer has {buffer.numel()} elements but the layout needs {self.numel}")
-        offset = 0
         with torch.no_grad():
-            for _, _, t in self.tensors():
-                n = t.numel()
-                t.copy_(buffer[offset:offset + n].view(t.shape))
-                offset += n
+            for (_, _, t), piece in zip(self.tensors(), buffer.split([t.numel() for _, _, t in self.tensors()])):
+                t.copy_(piece.view(t.shape))
 
     # -- files -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -103,10 +103,11 @@ def mlp(input_shape: Sequence[int] = (1, 28, 28), hidden: Sequence[int] = (512, 
     return NetParams(*layers, name="mlp")
 
 
-def _conv(name: str, bottom: str, filters: int, std: float, **kw: Any) -> ConvLayer:
-    """A cifar10_quick convolution: gaussian weights, zero bias, bias at twice the rate."""
-    return ConvLayer(name, [bottom], num_filters=filters, lr_mult=_CAFFE_LR,
-                     weight_filler=Filler("gaussian", std=std), bias_filler=Filler("constant"), **kw)
+def _conv(name: str, bottom: str, filters: int, std: float, bias_value: float = 0.0,
+          decay: Sequence[float] = (1.0, 1.0), **kw: Any) -> ConvLayer:
+    """A Caffe-style convolution: gaussian weights, constant bias, bias at twice the rate."""
+    return ConvLayer(name, [bottom], num_filters=filters, lr_mult=_CAFFE_LR, decay_mult=tuple(decay),
+                     weight_filler=Filler("gaussian", std=std), bias_filler=Filler("constant", value=bias_value), **kw)
 
 
 def _ip(name: str, bottom: str, outputs: int, std: float, bias_value: float = 0.0,
@@ -174,31 +175,25 @@ def alexnet(batch_size: int = 256, num_classes: int = 1000) -> NetParams:
     -------
     NetParams
     """
-    dense = dict(lr_mult=_CAFFE_LR, decay_mult=_CAFFE_DECAY)
-
-    def conv(name: str, bottom: str, filters: int, bias: float, **kw: Any) -> ConvLayer:
-        return ConvLayer(name, [bottom], num_filters=filters, weight_filler=Filler("gaussian", std=0.01),
-                         bias_filler=Filler("constant", value=bias), **dense, **kw)  # type: ignore[arg-type]
-
     def relu(name: str, blob: str) -> ActivationLayer:
         return ActivationLayer(name, [blob], tops=[blob])
 
     return NetParams(
         RDDLayer("data", shape=[batch_size, 3, 227, 227]),
         RDDLayer("label", shape=[batch_size], dtype="int64"),
-        conv("conv1", "data", 96, 0.0, kernel=11, stride=4),
+        _conv("conv1", "data", 96, 0.01, 0.0, _CAFFE_DECAY, kernel=11, stride=4),
         relu("relu1", "conv1"),
         LRNLayer("norm1", ["conv1"], local_size=5, alpha=1e-4, beta=0.75),
         PoolLayer("pool1", ["norm1"], pool="max", kernel=3, stride=2),
-        conv("conv2", "pool1", 256, 0.1, kernel=5, pad=2, groups=2),
+        _conv("conv2", "pool1", 256, 0.01, 0.1, _CAFFE_DECAY, kernel=5, pad=2, groups=2),
         relu("relu2", "conv2"),
         LRNLayer("norm2", ["conv2"], local_size=5, alpha=1e-4, beta=0.75),
         PoolLayer("pool2", ["norm2"], pool="max", kernel=3, stride=2),
-        conv("conv3", "pool2", 384, 0.0, kernel=3, pad=1),
+        _conv("conv3", "pool2", 384, 0.01, 0.0, _CAFFE_DECAY, kernel=3, pad=1),
         relu("relu3", "conv3"),
-        conv("conv4", "conv3", 384, 0.1, kernel=3, pad=1, groups=2),
+        _conv("conv4", "conv3", 384, 0.01, 0.1, _CAFFE_DECAY, kernel=3, pad=1, groups=2),
         relu("relu4", "conv4"),
-        conv("conv5", "conv4", 256, 0.1, kernel=3, pad=1, groups=2),
+        _conv("conv5", "conv4", 256, 0.01, 0.1, _CAFFE_DECAY, kernel=3, pad=1, groups=2),
         relu("relu5", "conv5"),
         PoolLayer("pool5", ["conv5"], pool="max", kernel=3, stride=2),
         _ip("fc6", "pool5", 4096, 0.005, 0.1, _CAFFE_DECAY),

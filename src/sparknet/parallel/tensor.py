@@ -217,8 +217,7 @@ def resolve_plan(module: GraphModule, model_parallel: int, plan: PlanLike | None
         if mode is ParallelMode.ROW:
             src = incoming[0] if incoming else None
             if src is not None:
-                bottom_ndim = len(shapes[layer.bottoms[0]])
-                axis = layer.axis + bottom_ndim if layer.axis < 0 else layer.axis
+                axis = layer._axis(layer.axis, len(shapes[layer.bottoms[0]]))
                 if src[1] != axis or (shapes[layer.bottoms[0]][axis] % model_parallel):
                     keeps_split[src[0]] = False
                     src = None
@@ -440,15 +439,6 @@ class TensorParallelModule(nn.Module):
     def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         return self.module(x, y)
 
-    def loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-        return self.module.loss(x, y)
-
-    def run(self, blobs: dict[str, Tensor]) -> dict[str, Tensor]:
-        return self.module.run(blobs)
-
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.module.param_groups()
-
     def layer_weights(self) -> OrderedDict[str, list[Tensor]]:
         """Layer name to this rank's local tensors (shards of the split layers, views, no copies)."""
         return OrderedDict((name, [_local(t) for t in tensors])
@@ -587,15 +577,14 @@ def check_weight_budget(net_params: NetParams, max_weight_bytes: int | None, mod
     needed = weight_bytes_per_rank(net_params, model_parallel, plan)
     if max_weight_bytes is not None and needed > max_weight_bytes:
         hint = ""
-        for m in (2, 4, 8, 16):
-            if m <= model_parallel:
-                continue
+        for m in (m for m in (2, 4, 8, 16) if m > model_parallel):
             try:
-                if weight_bytes_per_rank(net_params, m, plan) <= max_weight_bytes:
-                    hint = f"; with --model-parallel {m} each rank would hold {weight_bytes_per_rank(net_params, m, plan):,}"
-                    break
+                fits = weight_bytes_per_rank(net_params, m, plan)
             except GraphError:
                 continue
+            if fits <= max_weight_bytes:
+                hint = f"; with --model-parallel {m} each rank would hold {fits:,}"
+                break
         raise WeightBudgetError(
             f"net {net_params.name!r} needs {needed:,} bytes of weights per rank with model-parallel degree "
             f"{model_parallel}, over the budget max_weight_bytes={max_weight_bytes:,}{hint}. Split the widest "
@@ -616,12 +605,7 @@ def _init_local_(local: Tensor, global_shape: tuple[int, ...], weight_shape: tup
             bound = 1.0 / math.sqrt(max(_fan_in(weight_shape), 1))
             local.uniform_(-bound, bound)
         elif filler.type in (FillerType.XAVIER, FillerType.MSRA):
-            fan = filler._fan(torch.empty(global_shape, device="meta"))
-            if filler.type == FillerType.XAVIER:
-                scale = math.sqrt(3.0 / max(fan, 1e-12))
-                local.uniform_(-scale, scale)
-            else:
-                local.normal_(0.0, math.sqrt(2.0 / max(fan, 1e-12)))
+            filler._fill_scaled(local, filler._fan(torch.empty(global_shape, device="meta")))
         elif filler.type == FillerType.POSITIVE_UNITBALL and not is_bias:
             raise GraphError("a positive_unitball filler normalises whole rows; build the net whole and "
                              "call parallelize() instead of build_parallel()")
@@ -709,28 +693,28 @@ def _inner(module: Any) -> nn.Module:
     return module.module if isinstance(module, Net) else module
 
 
+def _graph(module: Any) -> nn.Module:
+    """The GraphModule of a Net, a :class:`TensorParallelModule` or a GraphModule (with DTensor layers)."""
+    module = _inner(module)
+    return module.module if isinstance(module, TensorParallelModule) else module
+
+
 def gather_full_weights(module: nn.Module) -> WeightCollection:
     """The whole (unsplit) weights, keyed by layer, on every rank: a collective over the group.
 
     Every rank of the model-parallel group must call it. Save the result from one rank to
     get an ordinary sparknet model that loads and runs on a single machine.
     """
-    module = _inner(module)
-    graph = module.module if isinstance(module, TensorParallelModule) else module
-    out: OrderedDict[str, list[Tensor]] = OrderedDict()
-    for name, tensors in graph.layer_weights().items():
-        out[name] = [t.full_tensor().detach().clone() if hasattr(t, "full_tensor") else t.detach().clone()
-                     for t in tensors]
-    return WeightCollection(out)
+    layers = _graph(module).layer_weights().items()
+    return WeightCollection((name, [(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone() for t in ts])
+                            for name, ts in layers)
 
 
 def load_full_weights(module: nn.Module, weights: WeightCollection | Mapping[str, list[Tensor]]) -> None:
     """Load whole (unsplit) weights into a split module: each rank copies in its own slice."""
     from torch.distributed.tensor import distribute_tensor
 
-    module = _inner(module)
-    graph = module.module if isinstance(module, TensorParallelModule) else module
-    target = graph.layer_weights()
+    target = _graph(module).layer_weights()
     weights = WeightCollection(weights) if not isinstance(weights, WeightCollection) else weights
     missing = [name for name in target if name not in weights]
     if missing:
