@@ -78,14 +78,10 @@ def configure_command(parser: argparse.ArgumentParser) -> None:
     """The arguments of ``sparknet experiment`` (``sparknet.cli`` lists the command)."""
     sub = parser.add_subparsers(dest="experiment", required=True, metavar="NAME")
     for name in (*EXPERIMENTS, "all"):
-        if name == "all":
-            help_text = "every experiment in order, into one folder"
-            doc = help_text
-        else:
-            module = get_experiment(name)
-            doc = (module.__doc__ or name).strip()
-            help_text = doc.splitlines()[0]
-        p = sub.add_parser(name, help=help_text, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+        doc = ("every experiment in order, into one folder" if name == "all"
+               else (get_experiment(name).__doc__ or name).strip())
+        p = sub.add_parser(name, help=doc.splitlines()[0], description=doc,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         p.add_argument("--quick", action="store_true", help="the small version (under 3 minutes on a quiet machine)")
         p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
         if name != "all":

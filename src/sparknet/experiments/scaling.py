@@ -23,12 +23,12 @@ Nothing is trained here: the experiment runs in seconds.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-
-import time
 
 import torch
 
@@ -224,13 +224,8 @@ def measured_points(paths) -> list[dict]:
             log.info("scaling: %s not found, skipped", path)
             continue
         data = json.loads(path.read_text())
-        if data.get("experiment") == "slow-network":
-            for point in _slow_network_points(data, path.name):
-                if data.get("calibration"):  # measured beside its runs
-                    point["calibration"] = data["calibration"]
-                points.append(point)
-            continue
-        runs = data.get("runs")
+        slow = data.get("experiment") == "slow-network"
+        found, runs = (_slow_network_points(data, path.name), []) if slow else ([], data.get("runs"))
         if isinstance(runs, dict):
             runs = [{"run": k, **v} for k, v in runs.items()]
         if data.get("benchmark") == "quick_start":
@@ -240,9 +235,11 @@ def measured_points(paths) -> list[dict]:
             if point is not None:
                 if data.get("empty_job_s") and "--master" in run.get("command", ""):  # that cluster's own latency
                     point["job_s"] = data["empty_job_s"] * JOB_OVER_EMPTY
-                if data.get("calibration"):  # the machine's step and evaluation on the day the runs were taken
-                    point["calibration"] = data["calibration"]
-                points.append(point)
+                found.append(point)
+        for point in found:
+            if data.get("calibration"):  # the machine's step and evaluation on the day the runs were taken
+                point["calibration"] = data["calibration"]
+        points += found
     return points
 
 
@@ -322,21 +319,14 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
     steps = StepsToTarget(STEPS_TO_98_5)
     a, b = steps.fit()
     predictions = []
-    for scale in config.model_scales:
-        for link_text in config.links:
-            link = parse_link(link_text)
-            for tau in config.taus:
-                for engine in ("rounds", "barrier"):
-                    for k in config.workers:
-                        n, is_measured = steps.steps(k, tau)
-                        shape = RunShape(engine=engine, workers=k, tau=tau, steps=n,
-                                         model_bytes=int(cal.model_bytes * scale))
-                        one_core_each = replace(cal, cores=max(k, 1))
-                        p = predict_run(shape, one_core_each, link)
-                        predictions.append({"model_scale": scale, "link": link_text, "tau": tau, "engine": engine,
-                                            "workers": k, "steps_to_target": n, "steps_measured": is_measured,
-                                            "time_to_target_s": p["command"], "in_rounds_s": p["in_rounds"],
-                                            "round": p["round"]})
+    for scale, link_text, tau, engine, k in itertools.product(config.model_scales, config.links, config.taus,
+                                                              ("rounds", "barrier"), config.workers):
+        n, is_measured = steps.steps(k, tau)
+        shape = RunShape(engine=engine, workers=k, tau=tau, steps=n, model_bytes=int(cal.model_bytes * scale))
+        p = predict_run(shape, replace(cal, cores=max(k, 1)), parse_link(link_text))  # a core each
+        predictions.append({"model_scale": scale, "link": link_text, "tau": tau, "engine": engine, "workers": k,
+                            "steps_to_target": n, "steps_measured": is_measured, "time_to_target_s": p["command"],
+                            "in_rounds_s": p["in_rounds"], "round": p["round"]})
     worst = max((abs(c["error"]) for c in checks), default=None)
     return {"calibration": cal.to_dict(), "calibration_from": config.calibration, "measured_here": here.to_dict(),
             "checks": checks, "worst_error": worst,

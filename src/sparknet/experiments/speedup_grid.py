@@ -173,22 +173,17 @@ def _cell(job: dict) -> dict:
                         target_accuracy=job["target"], steps=steps, eval_every_steps=job["eval_every"],
                         seed=job["seed"], strategy_options=job.get("options"))
 
-    diverged = False
     probe = job.get("probe_steps")
-    if probe and probe < job["steps"]:
-        # Its single worker diverged: look at a short run first, and spend the whole budget only if
-        # this one is still learning (the same seeds make the probe the start of the full run).
-        r = attempt(probe)
-        diverged = not r.reached and not (r.accuracy > job["diverged_accuracy"])
-        if not r.reached and not diverged:
-            r = attempt(job["steps"])
-    else:
+    probed = bool(probe and probe < job["steps"])
+    # A probed cell (its single worker diverged) runs a short run first and spends the whole budget only if it
+    # is still learning (the same seeds make the probe the start of the full run).
+    r = attempt(probe if probed else job["steps"])
+    if probed and not r.reached and r.accuracy > job["diverged_accuracy"]:
         r = attempt(job["steps"])
-    if not r.reached and not diverged:
-        diverged = not (r.accuracy > job.get("diverged_accuracy", 0.0))
+    diverged = not r.reached and not (r.accuracy > job.get("diverged_accuracy", 0.0))
     out = {k: v for k, v in job.items() if k not in ("options", "model", "target", "seed")}
     out.update(reached=r.reached, rounds=r.rounds, steps_per_worker=r.steps_per_worker, accuracy=r.accuracy,
-               diverged=diverged, probed=bool(probe and probe < job["steps"]),
+               diverged=diverged, probed=probed,
                curve=[{"round": h["round"], "steps": h["steps"], "accuracy": h["accuracy"]} for h in r.history],
                cell_s=time.perf_counter() - t0)
     return out

@@ -23,6 +23,7 @@ from sparknet.datasets import write_extended_mnist
 from sparknet.spark.backend import run_with_deadline
 from sparknet.spark.session import get_session
 from sparknet.spark.shared_path import check_shared_path
+from sparknet.tools.predict import _no_active_session
 
 __all__ = ["configure_command", "deadline_s"]
 
@@ -43,10 +44,8 @@ def deadline_s(samples: int, timeout_s: float | None) -> float | None:
 
 
 def _run_extended_mnist(args: argparse.Namespace) -> int:
-    from pyspark.sql import SparkSession
-
     timeout_s = deadline_s(args.samples, args.timeout)
-    own_session = SparkSession.getActiveSession() is None
+    own_session = _no_active_session()
     spark = get_session(args.master, app_name="sparknet-data")
     try:
         check_shared_path(spark, args.out, what="--out", write=True)

@@ -50,6 +50,7 @@ import sys
 import textwrap
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -58,6 +59,7 @@ from sparknet.solvers import SolverType
 from sparknet.spark.backend import run_with_deadline
 from sparknet.spark.session import executor_slots, parse_memory
 from sparknet.spark.shared_path import SHARED_PATH_FIX, check_shared_path
+from sparknet.tools.predict import _no_active_session
 
 __all__ = ["Status", "CheckResult", "MemoryEstimate", "estimate_training_memory", "task_memory_budget",
            "parse_memory", "format_bytes", "run_doctor", "format_table", "configure_command",
@@ -152,14 +154,11 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return (self.weights + self.gradients + self.optimizer + self.communication + self.activations + self.data
-                + self.runtime)
+        return sum(asdict(self).values())
 
     def describe(self) -> str:
-        parts = [("runtime", self.runtime), ("weights", self.weights), ("gradients", self.gradients),
-                 ("optimizer", self.optimizer), ("communication", self.communication),
-                 ("activations", self.activations), ("data", self.data)]
-        return " + ".join(f"{name} {format_bytes(v)}" for name, v in parts if v)
+        parts = {"runtime": 0, **asdict(self)}  # the runtime first, then the fields in order
+        return " + ".join(f"{name} {format_bytes(v)}" for name, v in parts.items() if v)
 
     def with_(self, **changes) -> MemoryEstimate:
         return MemoryEstimate(**{**asdict(self), **changes})
@@ -257,16 +256,22 @@ def _java_version(java: str | None = None, timeout: float = 10.0) -> str | None:
     return m.group(1) if m else None
 
 
+def _proc_bytes(path: str, key: str) -> int | None:
+    """The ``key:`` line of a ``/proc`` file (in kB) as bytes; ``None`` when the file cannot be read."""
+    try:
+        with open(path, encoding="ascii") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _host_available_bytes() -> int | None:
     """Memory available to new allocations on this host: MemAvailable, capped by a cgroup limit."""
-    avail = None
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except OSError:
+    avail = _proc_bytes("/proc/meminfo", "MemAvailable")
+    if avail is None:
         try:
             avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError, AttributeError):
@@ -289,13 +294,9 @@ def _host_available_bytes() -> int | None:
 
 
 def _rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    rss = _proc_bytes("/proc/self/status", "VmRSS")
+    if rss is not None:
+        return rss
     try:
         import resource
 
@@ -531,10 +532,9 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
             spark = get_session(master, app_name="sparknet-doctor", conf=settings)
         except Exception as e:  # noqa: BLE001 - the finding: Spark would not start for training either
             add(_session_failure(e, master, settings))
-            declared = settings.get("spark.executor.memory")
-            _check_memory(add, estimate, [], {}, declared=parse_memory(declared) if declared else None,
+            _check_memory(add, estimate, [], {}, declared=settings.get("spark.executor.memory"),
                           cores=_executor_cores_from(settings, master or "local[*]", {}),
-                          local=is_local_master(master or "local[*]"), batch_size=batch_size)
+                          local=is_local_master(master or "local[*]"))
             return results
     try:
         sc = spark.sparkContext
@@ -542,9 +542,7 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
         local = is_local_master(running_master)
         slots = sc.defaultParallelism
         K = workers or slots
-        _check_driver_versions(add, spark)
-        driver = _local_versions()
-        driver["java"] = _driver_java(spark)
+        driver = _check_driver_versions(add, spark)
 
         probes, error = _run_job(sc, "probe executors",
                                  lambda: [json.loads(s) for s in sc.parallelize(range(slots), slots)
@@ -552,14 +550,13 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
         if error is not None:
             add(_probe_failure(error, timeout_s))
             probes = []
-        executors = _group_executors(probes)
+        executors = _group_executors(probes, local)
         if probes:
             hosts = {p["host"] for p in probes}
             add(CheckResult("executors", "cluster", Status.OK,
                             f"{len(probes)} task slots answered on {len(executors)} executor(s), {len(hosts)} host(s) "
                             f"({running_master})"))
-        for key, tasks in executors.items():
-            where = "local executor" if local and len(executors) == 1 else f"executor {key}"
+        for where, tasks in executors.items():
             _check_executor_versions(add, where, tasks[0], driver)
             _check_unpickle(add, where, tasks)
 
@@ -568,10 +565,10 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
         if data is not None:
             data_bytes = _check_data(add, spark, data, K, skew_ratio, features_col, timeout_s)
         declared = settings.get("spark.executor.memory") or sc.getConf().get("spark.executor.memory", None)
-        cores = _executor_cores(sc, running_master, executors)
-        _check_memory(add, estimate.with_(data=data_bytes), probes, executors,
-                      declared=parse_memory(declared) if declared else None, cores=cores, local=local,
-                      batch_size=batch_size)
+        cores = _executor_cores_from({"spark.executor.cores": sc.getConf().get("spark.executor.cores", None)},
+                                     running_master, executors)
+        _check_memory(add, estimate.with_(data=data_bytes), probes, executors, declared=declared, cores=cores,
+                      local=local)
         if barrier:
             _check_barrier(add, sc, slots, local, timeout_s)
     finally:
@@ -582,12 +579,6 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
     return results
 
 
-def _no_active_session() -> bool:
-    from pyspark.sql import SparkSession
-
-    return SparkSession.getActiveSession() is None
-
-
 def _driver_java(spark) -> str | None:
     try:
         return spark.sparkContext._jvm.System.getProperty("java.version")
@@ -595,9 +586,10 @@ def _driver_java(spark) -> str | None:
         return _java_version()
 
 
-def _check_driver_versions(add, spark) -> None:
-    v = _local_versions()
-    java = _driver_java(spark)
+def _check_driver_versions(add, spark) -> dict[str, Any]:
+    """The driver's versions row; returns the versions (Java's included) the executors are held to."""
+    v = {**_local_versions(), "java": _driver_java(spark)}
+    java = v["java"]
     detail = (f"Python {v['python']}, Java {java or '?'}, Spark {spark.version} (pyspark {v['pyspark']}), "
               f"torch {v['torch']}, sparknet {v['sparknet']}")
     java_major = _major(java)
@@ -606,6 +598,7 @@ def _check_driver_versions(add, spark) -> None:
                         "to a Java 17+ installation"))
     else:
         add(CheckResult("versions", "driver", Status.OK, detail))
+    return v
 
 
 def _check_pickle_on_driver(add, name: str, net, module, train_fn, batch_size: int) -> bytes | None:
@@ -654,12 +647,13 @@ def _probe_failure(error: BaseException, timeout_s: float) -> CheckResult:
     return CheckResult("executors", "cluster", Status.FAIL, f"the probe job failed: {text}", fix)
 
 
-def _group_executors(probes: Sequence[dict]) -> dict[str, list[dict]]:
-    """Probe results grouped by executor: host and the Python daemon's parent (the executor JVM)."""
+def _group_executors(probes: Sequence[dict], local: bool) -> dict[str, list[dict]]:
+    """Probe results grouped by executor (host and the Python daemon's parent, the executor JVM), keyed by the
+    table's ``where``: ``executor HOST/PID``, or ``local executor`` for the one executor of a local master."""
     out: dict[str, list[dict]] = {}
     for p in sorted(probes, key=lambda p: p["task"]):
         out.setdefault(f"{p['host']}/{p['executor_pid']}", []).append(p)
-    return out
+    return {("local executor" if local and len(out) == 1 else f"executor {key}"): tasks for key, tasks in out.items()}
 
 
 def _check_executor_versions(add, where: str, probe: dict, driver: dict) -> None:
@@ -731,23 +725,16 @@ def _executor_cores_from(settings: dict, master: str, executors: dict[str, list[
     return slots if slots is not None else max((len(t) for t in executors.values()), default=1)
 
 
-def _executor_cores(sc, master: str, executors: dict[str, list[dict]]) -> int:
-    return _executor_cores_from({"spark.executor.cores": sc.getConf().get("spark.executor.cores", None)}, master,
-                                executors)
-
-
 def _check_memory(add, estimate: MemoryEstimate, probes: list[dict], executors: dict[str, list[dict]], *,
-                  declared: int | None, cores: int, local: bool, batch_size: int) -> None:
+                  declared: str | None, cores: int, local: bool) -> None:
     """Hold the estimate (with each executor's measured runtime) against each executor's budget."""
+    declared = parse_memory(declared) if declared else None
     if not probes:
         budgets = task_memory_budget(declared_executor_memory=declared, executor_cores=cores, local=local)
         _memory_row(add, "cluster", estimate, budgets, cores)
         return
-    tasks_per_host: dict[str, int] = {}
-    for p in probes:
-        tasks_per_host[p["host"]] = tasks_per_host.get(p["host"], 0) + 1
-    for key, tasks in executors.items():
-        where = "local executor" if local and len(executors) == 1 else f"executor {key}"
+    tasks_per_host = Counter(p["host"] for p in probes)
+    for where, tasks in executors.items():
         probe = tasks[0]
         runtime = max((t.get("rss") or 0) for t in tasks)
         est = estimate.with_(runtime=runtime)
