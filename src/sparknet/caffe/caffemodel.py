@@ -375,26 +375,29 @@ def _layer_structure(net: Any) -> tuple[str | None, dict[str, Any]]:
     return None, layers
 
 
+_DSL_TYPES = {
+    "RDDLayer": "Input", "ConvLayer": "Convolution", "PoolLayer": "Pooling", "LinearLayer": "InnerProduct",
+    "DropoutLayer": "Dropout", "BatchNormLayer": "BatchNorm", "ScaleLayer": "Scale",
+    "LRNLayer": "LRN", "ConcatLayer": "Concat", "EltwiseLayer": "Eltwise", "SliceLayer": "Slice",
+    "SplitLayer": "Split", "SilenceLayer": "Silence", "FlattenLayer": "Flatten",
+    "ReshapeLayer": "Reshape", "SoftmaxLayer": "Softmax", "SoftmaxWithLoss": "SoftmaxWithLoss",
+    "EuclideanLoss": "EuclideanLoss", "SigmoidCrossEntropyLoss": "SigmoidCrossEntropyLoss",
+    "ContrastiveLoss": "ContrastiveLoss", "AccuracyLayer": "Accuracy", "EmbeddingLayer": "Embed",
+}
+"""A sparknet DSL layer's class name -> Caffe's type (an ``ActivationLayer``'s is by its activation)."""
+_ACTIVATION_TYPES = {
+    "relu": "ReLU", "leaky_relu": "ReLU", "prelu": "PReLU", "sigmoid": "Sigmoid", "tanh": "TanH",
+    "elu": "ELU", "softplus": "BNLL", "abs": "AbsVal", "power": "Power", "swish": "Swish",
+}
+
+
 def _dsl_type(layer: Any) -> str:
     """Caffe's type string for a sparknet DSL layer (its class name, mapped)."""
     kind = type(layer).__name__
-    mapping = {
-        "ConvLayer": "Convolution", "PoolLayer": "Pooling", "LinearLayer": "InnerProduct",
-        "DropoutLayer": "Dropout", "BatchNormLayer": "BatchNorm", "ScaleLayer": "Scale",
-        "LRNLayer": "LRN", "ConcatLayer": "Concat", "EltwiseLayer": "Eltwise", "SliceLayer": "Slice",
-        "SplitLayer": "Split", "SilenceLayer": "Silence", "FlattenLayer": "Flatten",
-        "ReshapeLayer": "Reshape", "SoftmaxLayer": "Softmax", "SoftmaxWithLoss": "SoftmaxWithLoss",
-        "EuclideanLoss": "EuclideanLoss", "SigmoidCrossEntropyLoss": "SigmoidCrossEntropyLoss",
-        "ContrastiveLoss": "ContrastiveLoss", "AccuracyLayer": "Accuracy", "RDDLayer": "Input",
-        "EmbedLayer": "Embed", "EmbeddingLayer": "Embed",
-    }
     if kind == "ActivationLayer":
         fn = str(getattr(layer, "activation", "relu")).lower().split(".")[-1]
-        return {
-            "relu": "ReLU", "leaky_relu": "ReLU", "prelu": "PReLU", "sigmoid": "Sigmoid", "tanh": "TanH",
-            "elu": "ELU", "softplus": "BNLL", "abs": "AbsVal", "power": "Power", "swish": "Swish",
-        }.get(fn, fn)
-    return mapping.get(kind, kind.removesuffix("Layer"))
+        return _ACTIVATION_TYPES.get(fn, fn)
+    return _DSL_TYPES.get(kind, kind.removesuffix("Layer"))
 
 
 def write_caffemodel(

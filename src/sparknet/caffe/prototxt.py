@@ -51,7 +51,7 @@ from google.protobuf import text_format
 
 from sparknet import layers as dsl
 from sparknet.caffe import _schema
-from sparknet.caffe.caffemodel import read_binaryproto, v1_type_name
+from sparknet.caffe.caffemodel import _ACTIVATION_TYPES, _DSL_TYPES, read_binaryproto, v1_type_name
 from sparknet.errors import GraphError
 from sparknet.layers import GraphModule, NetParams
 
@@ -622,6 +622,12 @@ class _Converter:
             variance_norm=_enum_name(message, "variance_norm").lower(),
         )
 
+    def learnable(self, layer: Any, p: Any, weight: str = "weight_filler") -> dict[str, Any]:
+        """The fillers and multipliers of a layer with a weight and an optional bias (``p.bias_term``)."""
+        return {"weight_filler": self.filler(layer, getattr(p, weight), p.HasField(weight)),
+                "bias_filler": self.filler(layer, p.bias_filler, p.HasField("bias_filler"), bias=True),
+                **self.multipliers(layer, 2 if p.bias_term else 1)}
+
     def multipliers(self, layer: Any, blobs: int) -> dict[str, Any]:
         for spec in layer.param:
             if spec.name:
@@ -783,10 +789,7 @@ class _Converter:
             raise self.fail(layer, f"{len(dilation)} dilation values: only 2-d convolution is supported")
         return [self.dsl.ConvLayer(
             **self.common(layer), kernel=kernel, num_filters=int(p.num_output), stride=stride, pad=pad,
-            dilation=dilation, groups=int(p.group), bias=bool(p.bias_term),
-            weight_filler=self.filler(layer, p.weight_filler, p.HasField("weight_filler")),
-            bias_filler=self.filler(layer, p.bias_filler, p.HasField("bias_filler"), bias=True),
-            **self.multipliers(layer, 2 if p.bias_term else 1),
+            dilation=dilation, groups=int(p.group), bias=bool(p.bias_term), **self.learnable(layer, p),
         )]
 
     def pooling(self, layer: Any) -> list[Any]:
@@ -818,10 +821,7 @@ class _Converter:
             raise self.fail(layer, "num_output is not set")
         return [self.dsl.LinearLayer(
             **self.common(layer), num_outputs=int(p.num_output), bias=bool(p.bias_term), axis=int(p.axis),
-            transpose=bool(p.transpose),
-            weight_filler=self.filler(layer, p.weight_filler, p.HasField("weight_filler")),
-            bias_filler=self.filler(layer, p.bias_filler, p.HasField("bias_filler"), bias=True),
-            **self.multipliers(layer, 2 if p.bias_term else 1),
+            transpose=bool(p.transpose), **self.learnable(layer, p),
         )]
 
     def activation(self, layer: Any) -> list[Any]:
@@ -882,9 +882,7 @@ class _Converter:
             raise self.fail(layer, f"num_axes {p.num_axes}: only 1 is supported")
         return [self.dsl.ScaleLayer(
             **self.common(layer), bias_term=bool(p.bias_term), axis=int(p.axis),
-            weight_filler=self.filler(layer, p.filler, p.HasField("filler")),
-            bias_filler=self.filler(layer, p.bias_filler, p.HasField("bias_filler"), bias=True),
-            **self.multipliers(layer, 2 if p.bias_term else 1),
+            **self.learnable(layer, p, "filler"),
         )]
 
     def concat(self, layer: Any) -> list[Any]:
@@ -961,10 +959,7 @@ class _Converter:
             raise self.fail(layer, "num_output and input_dim must be set")
         return [self.dsl.EmbeddingLayer(
             **self.common(layer), num_embeddings=int(p.input_dim), num_outputs=int(p.num_output),
-            bias=bool(p.bias_term),
-            weight_filler=self.filler(layer, p.weight_filler, p.HasField("weight_filler")),
-            bias_filler=self.filler(layer, p.bias_filler, p.HasField("bias_filler"), bias=True),
-            **self.multipliers(layer, 2 if p.bias_term else 1),
+            bias=bool(p.bias_term), **self.learnable(layer, p),
         )]
 
 
@@ -1191,20 +1186,36 @@ def _set_filler(message: Any, filler: Any) -> None:
         message.variance_norm = _schema.FillerParameter.VarianceNorm.Value(str(filler.variance_norm).upper())
 
 
-def _set_learnable(msg: Any, layer: Any, blobs: int, weight: Any, bias: Any) -> None:
+def _set_learnable(msg: Any, p: Any, layer: Any, bias: bool, weight: str = "weight_filler") -> None:
+    """A learnable layer's ``param`` multipliers (when not all 1) and its fillers, into ``msg`` and ``p``."""
+    blobs = 2 if bias else 1
     lr, decay = tuple(layer.lr_mult), tuple(layer.decay_mult)
     if any(v != 1.0 for v in lr[:blobs] + decay[:blobs]):
         for i in range(blobs):
             spec = msg.param.add()
             spec.lr_mult = lr[i] if i < len(lr) else 1.0
             spec.decay_mult = decay[i] if i < len(decay) else 1.0
-    if layer.weight_filler is not None and weight is not None:
-        _set_filler(weight, layer.weight_filler)
-    if layer.bias_filler is not None and bias is not None:
-        _set_filler(bias, layer.bias_filler)
+    if layer.weight_filler is not None:
+        _set_filler(getattr(p, weight), layer.weight_filler)
+    if layer.bias_filler is not None:
+        _set_filler(p.bias_filler, layer.bias_filler)
 
 
-def _export_layer(layer: Any, net: Any) -> Any:
+def _set_window(p: Any, layer: Any, repeated: bool) -> None:
+    """Kernel, stride and pad: one value when height and width agree (none at the default), else ``_h``/``_w``."""
+    for name, value, default in (("kernel", layer.kernel, None), ("stride", layer.stride, 1), ("pad", layer.pad, 0)):
+        single = "kernel_size" if name == "kernel" else name
+        if value[0] != value[1]:
+            setattr(p, f"{name}_h", value[0])
+            setattr(p, f"{name}_w", value[1])
+        elif value[0] != default and repeated:
+            getattr(p, single).append(value[0])
+        elif value[0] != default:
+            setattr(p, single, value[0])
+
+
+def _export_layer(layer: Any) -> Any:
+    """A sparknet layer as a Caffe ``LayerParameter``; a PrototxtError when Caffe has no equivalent."""
     msg = _schema.LayerParameter(name=layer.name)
     msg.bottom.extend(layer.bottoms)
     msg.top.extend(layer.tops)
@@ -1213,47 +1224,36 @@ def _export_layer(layer: Any, net: Any) -> Any:
         return PrototxtError(f"layer {layer.name!r} ({type(layer).__name__}): {what} has no Caffe equivalent",
                              layer=layer.name)
 
+    if isinstance(layer, dsl.ActivationLayer):
+        act = str(layer.activation)
+        if act not in _ACTIVATION_TYPES:
+            raise unsupported(f"activation {act!r}")
+        msg.type = _ACTIVATION_TYPES[act]
+    else:
+        msg.type = next((_DSL_TYPES[c.__name__] for c in type(layer).__mro__ if c.__name__ in _DSL_TYPES), "")
+        if not msg.type:
+            raise unsupported("this layer type")
     if isinstance(layer, dsl.RDDLayer):
-        msg.type = "Input"
         msg.input_param.shape.add().dim.extend(layer.shape)
     elif isinstance(layer, dsl.ConvLayer):
-        msg.type = "Convolution"
         p = msg.convolution_param
         p.num_output = layer.num_filters
         if layer.groups != 1:
             p.group = layer.groups
         if not layer.bias:
             p.bias_term = False
-        for name, value, default in (("kernel", layer.kernel, None), ("stride", layer.stride, 1),
-                                     ("pad", layer.pad, 0)):
-            single = "kernel_size" if name == "kernel" else name
-            if value[0] == value[1]:
-                if value[0] != default:
-                    getattr(p, single).append(value[0])
-            else:
-                setattr(p, f"{name}_h", value[0])
-                setattr(p, f"{name}_w", value[1])
+        _set_window(p, layer, repeated=True)
         if layer.dilation != (1, 1):
             p.dilation.extend(layer.dilation)
-        _set_learnable(msg, layer, 2 if layer.bias else 1, p.weight_filler, p.bias_filler)
+        _set_learnable(msg, p, layer, layer.bias)
     elif isinstance(layer, dsl.PoolLayer):
-        msg.type = "Pooling"
         p = msg.pooling_param
         p.pool = _schema.message_class("PoolingParameter").PoolMethod.Value(str(layer.pool).upper())
         if layer.global_pooling:
             p.global_pooling = True
         else:
-            for name, value, default in (("kernel", layer.kernel, None), ("stride", layer.stride, 1),
-                                         ("pad", layer.pad, 0)):
-                single = "kernel_size" if name == "kernel" else name
-                if value[0] == value[1]:
-                    if value[0] != default:
-                        setattr(p, single, value[0])
-                else:
-                    setattr(p, f"{name}_h", value[0])
-                    setattr(p, f"{name}_w", value[1])
+            _set_window(p, layer, repeated=False)
     elif isinstance(layer, dsl.LinearLayer):
-        msg.type = "InnerProduct"
         p = msg.inner_product_param
         p.num_output = layer.num_outputs
         if not layer.bias:
@@ -1262,103 +1262,72 @@ def _export_layer(layer: Any, net: Any) -> Any:
             p.axis = layer.axis
         if layer.transpose:
             p.transpose = True
-        _set_learnable(msg, layer, 2 if layer.bias else 1, p.weight_filler, p.bias_filler)
+        _set_learnable(msg, p, layer, layer.bias)
     elif isinstance(layer, dsl.ActivationLayer):
         act = str(layer.activation)
-        simple = {"sigmoid": "Sigmoid", "tanh": "TanH", "abs": "AbsVal", "softplus": "BNLL", "swish": "Swish"}
         if act in ("relu", "leaky_relu"):
-            msg.type = "ReLU"
             slope = layer.negative_slope if layer.negative_slope is not None else (0.0 if act == "relu" else 0.01)
             if slope:
                 msg.relu_param.negative_slope = slope
-        elif act in simple:
-            msg.type = simple[act]
         elif act == "elu":
-            msg.type = "ELU"
             msg.elu_param.alpha = layer.alpha
         elif act == "power":
-            msg.type = "Power"
             msg.power_param.power, msg.power_param.scale, msg.power_param.shift = layer.power, layer.scale, layer.shift
         elif act == "prelu":
-            msg.type = "PReLU"
             msg.prelu_param.channel_shared = layer.channel_shared
-        else:
-            raise unsupported(f"activation {act!r}")
     elif isinstance(layer, dsl.DropoutLayer):
-        msg.type = "Dropout"
         msg.dropout_param.dropout_ratio = layer.ratio
     elif isinstance(layer, dsl.BatchNormLayer):
         if layer.affine:
             raise unsupported("affine batch norm (use BatchNorm + Scale)")
         if layer.moving_average_fraction is None and layer.momentum is None:
             raise unsupported("a cumulative-average batch norm (momentum=None)")
-        msg.type = "BatchNorm"
         p = msg.batch_norm_param
         fraction = layer.moving_average_fraction
         p.moving_average_fraction, p.eps = 1.0 - layer.momentum if fraction is None else fraction, layer.eps
         if layer.use_global_stats is not None:
             p.use_global_stats = layer.use_global_stats
     elif isinstance(layer, dsl.ScaleLayer):
-        msg.type = "Scale"
         msg.scale_param.bias_term, msg.scale_param.axis = layer.bias_term, layer.axis
-        _set_learnable(msg, layer, 2 if layer.bias_term else 1, msg.scale_param.filler, msg.scale_param.bias_filler)
+        _set_learnable(msg, msg.scale_param, layer, layer.bias_term, "filler")
     elif isinstance(layer, dsl.LRNLayer):
-        msg.type = "LRN"
         p = msg.lrn_param
         p.local_size, p.alpha, p.beta, p.k = layer.local_size, layer.alpha, layer.beta, layer.k
         if str(layer.norm_region) == "within_channel":
             p.norm_region = p.WITHIN_CHANNEL
     elif isinstance(layer, dsl.ConcatLayer):
-        msg.type = "Concat"
         msg.concat_param.axis = layer.axis
     elif isinstance(layer, dsl.EltwiseLayer):
-        msg.type = "Eltwise"
         msg.eltwise_param.operation = msg.eltwise_param.EltwiseOp.Value(str(layer.operation).upper())
         msg.eltwise_param.coeff.extend(layer.coeffs or ())
     elif isinstance(layer, dsl.SliceLayer):
-        msg.type = "Slice"
         msg.slice_param.axis = layer.axis
         msg.slice_param.slice_point.extend(layer.slice_points)
-    elif isinstance(layer, dsl.SplitLayer):
-        msg.type = "Split"
-    elif isinstance(layer, dsl.SilenceLayer):
-        msg.type = "Silence"
     elif isinstance(layer, dsl.FlattenLayer):
-        msg.type = "Flatten"
         msg.flatten_param.axis, msg.flatten_param.end_axis = layer.axis, layer.end_axis
     elif isinstance(layer, dsl.ReshapeLayer):
-        msg.type = "Reshape"
         msg.reshape_param.shape.dim.extend(layer.shape)
     elif isinstance(layer, dsl.SoftmaxLayer):
-        msg.type = "Softmax"
         msg.softmax_param.axis = layer.axis
     elif isinstance(layer, dsl.EmbeddingLayer):
-        msg.type = "Embed"
         p = msg.embed_param
         p.num_output, p.input_dim, p.bias_term = layer.num_outputs, layer.num_embeddings, layer.bias
-        _set_learnable(msg, layer, 2 if layer.bias else 1, p.weight_filler, p.bias_filler)
+        _set_learnable(msg, p, layer, layer.bias)
     elif isinstance(layer, dsl.SoftmaxWithLoss):
-        msg.type = "SoftmaxWithLoss"
         if layer.axis != 1:
             msg.softmax_param.axis = layer.axis
         if layer.ignore_label is not None:
             msg.loss_param.ignore_label = layer.ignore_label
         if str(layer.normalization) != "valid":
             msg.loss_param.normalization = msg.loss_param.NormalizationMode.Value(str(layer.normalization).upper())
-    elif isinstance(layer, (dsl.EuclideanLoss, dsl.SigmoidCrossEntropyLoss)):
-        msg.type = type(layer).__name__
     elif isinstance(layer, dsl.ContrastiveLoss):
-        msg.type = "ContrastiveLoss"
         msg.contrastive_loss_param.margin = layer.margin
         msg.contrastive_loss_param.legacy_version = layer.legacy_version
     elif isinstance(layer, dsl.AccuracyLayer):
-        msg.type = "Accuracy"
         p = msg.accuracy_param
         p.top_k, p.axis = layer.top_k, layer.axis
         if layer.ignore_label is not None:
             p.ignore_label = layer.ignore_label
-    else:
-        raise unsupported("this layer type")
     if getattr(layer, "is_loss", False) and layer.loss_weight != 1.0:
         msg.loss_weight.append(layer.loss_weight)
     return msg
@@ -1389,5 +1358,5 @@ def net_to_prototxt(net: Any) -> str:
     params = getattr(net, "net_params", net)
     out = _schema.NetParameter(name=getattr(params, "name", "net"))
     for layer in params:
-        out.layer.add().CopyFrom(_export_layer(layer, params))
+        out.layer.add().CopyFrom(_export_layer(layer))
     return text_format.MessageToString(out)

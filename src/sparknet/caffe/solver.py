@@ -26,36 +26,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from google.protobuf import text_format
 
 from sparknet.caffe import _schema
-from sparknet.caffe.prototxt import (CaffeNet, DataBinding, PrototxtError, load_net_prototxt, parse_text, read_text,
-                                     resolve_net_path)
+from sparknet.caffe.prototxt import (CaffeNet, DataBinding, PrototxtError, _enum_name, _f, load_net_prototxt,
+                                     parse_text, read_text, resolve_net_path)
 from sparknet.solvers import LRPolicy, SolverConfig, SolverType
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["CaffeSolver", "NetStateSpec", "load_solver_prototxt", "resolve_net_path"]
 
-# Caffe's solver type strings (its registry names), and the legacy enum.
-_SOLVER_TYPES = {
-    "sgd": SolverType.SGD,
-    "nesterov": SolverType.NESTEROV,
-    "adagrad": SolverType.ADAGRAD,
-    "rmsprop": SolverType.RMSPROP,
-    "adadelta": SolverType.ADADELTA,
-    "adam": SolverType.ADAM,
-    "adamw": SolverType.ADAMW,
-}
-_LEGACY_SOLVER_TYPES = {
-    "SGD": SolverType.SGD,
-    "NESTEROV": SolverType.NESTEROV,
-    "ADAGRAD": SolverType.ADAGRAD,
-    "RMSPROP": SolverType.RMSPROP,
-    "ADADELTA": SolverType.ADADELTA,
-    "ADAM": SolverType.ADAM,
-}
+# Caffe's solver type strings (its registry names, lower-cased); the legacy enum's names are their upper case.
+_SOLVER_TYPES = {t.value: t for t in (SolverType.SGD, SolverType.NESTEROV, SolverType.ADAGRAD, SolverType.RMSPROP,
+                                      SolverType.ADADELTA, SolverType.ADAM, SolverType.ADAMW)}
 
 
 @dataclass(frozen=True)
@@ -193,22 +177,15 @@ class CaffeSolver:
                                 line=exc.line, column=exc.column) from None
 
 
-def _f(value: float) -> float:
-    """A float32 field as the shortest decimal that reads back to it (0.9, not 0.8999999761)."""
-    return float(str(np.float32(value)))
-
-
 def _state(msg: Any, default_phase: str) -> NetStateSpec:
-    phase = _schema.SolverParameter.DESCRIPTOR.file.pool.FindEnumTypeByName("caffe.Phase")
-    name = phase.values_by_number[msg.phase].name if msg.HasField("phase") else default_phase
+    name = _enum_name(msg, "phase") if msg.HasField("phase") else default_phase
     return NetStateSpec(phase=name, level=int(msg.level), stages=tuple(msg.stage))
 
 
 def _solver_type(msg: Any, where: str) -> SolverType:
     legacy = None
     if msg.HasField("solver_type"):
-        enum = msg.DESCRIPTOR.fields_by_name["solver_type"].enum_type
-        legacy = _LEGACY_SOLVER_TYPES[enum.values_by_number[msg.solver_type].name]
+        legacy = _SOLVER_TYPES[_enum_name(msg, "solver_type").lower()]
     if msg.HasField("type"):
         key = msg.type.strip().lower()
         if key not in _SOLVER_TYPES:
@@ -315,7 +292,6 @@ def load_solver_prototxt(
             net_text = text_format.MessageToString(getattr(msg, inline))
             break
 
-    enum = msg.DESCRIPTOR.fields_by_name
     solver = CaffeSolver(
         config=config,
         net=net_field,
@@ -332,10 +308,10 @@ def load_solver_prototxt(
         average_loss=int(msg.average_loss),
         snapshot=int(msg.snapshot),
         snapshot_prefix=msg.snapshot_prefix if msg.HasField("snapshot_prefix") else None,
-        snapshot_format=enum["snapshot_format"].enum_type.values_by_number[msg.snapshot_format].name,
+        snapshot_format=_enum_name(msg, "snapshot_format"),
         snapshot_after_train=bool(msg.snapshot_after_train),
         random_seed=int(msg.random_seed) if msg.random_seed >= 0 else None,
-        solver_mode=enum["solver_mode"].enum_type.values_by_number[msg.solver_mode].name,
+        solver_mode=_enum_name(msg, "solver_mode"),
         device_id=int(msg.device_id),
         weights=tuple(msg.weights),
         source_path=path,
