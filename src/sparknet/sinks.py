@@ -29,9 +29,8 @@ Usage::
     finally:
         close_sinks(sinks)          # MLflow: logs the model as an MLflow model, ends the run it started
 
-TensorBoard needs the ``tensorboard`` package (``pip install 'sparknet[tensorboard]'``);
-MLflow needs ``mlflow`` or ``mlflow-skinny``, and SQLAlchemy for its default SQLite store
-(``pip install 'sparknet[mlflow]'``). Each is
+TensorBoard needs the ``tensorboard`` package (``pip install 'sparknet[tensorboard]'``); MLflow needs ``mlflow``
+or ``mlflow-skinny``, and SQLAlchemy for its default SQLite store (``pip install 'sparknet[mlflow]'``). Each is
 imported only when its sink is made.
 """
 
@@ -208,12 +207,8 @@ def resolve_tracking_uri(tracking_uri: str | os.PathLike | None) -> str:
 
 @contextlib.contextmanager
 def _file_store_allowed(uri: str) -> Iterator[None]:
-    """MLflow 3 refuses its file store unless ``MLFLOW_ALLOW_FILE_STORE`` is true: opt in while we use it.
-
-    The file store is what the issue asks for by default (no server, no database, readable
-    with any MLflow); MLflow keeps it in maintenance mode. The variable is set only around
-    sparknet's own MLflow calls and restored after, unless the user set it.
-    """
+    """MLflow 3 refuses its file store unless ``MLFLOW_ALLOW_FILE_STORE`` is true: opt in around sparknet's own
+    MLflow calls only, unless the user set it."""
     if not uri.startswith("file:") or "MLFLOW_ALLOW_FILE_STORE" in os.environ:
         yield
         return

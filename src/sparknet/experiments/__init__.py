@@ -197,10 +197,7 @@ class ExperimentConfig:
     """Seed of the weights and of every worker's data order."""
 
     def __post_init__(self):
-        self._check("batch_size")
-        for name in ("train_samples", "test_samples"):
-            if getattr(self, name) is not None:
-                self._check(name)
+        self._check("batch_size", *(n for n in ("train_samples", "test_samples") if getattr(self, n) is not None))
 
     def _check(self, *at_least_one: str, target: bool = False) -> None:
         """``ValueError`` unless every named field is at least 1 (and, with ``target``, the target an accuracy)."""
@@ -311,11 +308,7 @@ def make_solver(solver_type: str = "sgd", lr: float = 0.05, momentum: float = 0.
 
 def first_reaching(curve: Iterable[dict], target: float, key: str = "accuracy") -> dict | None:
     """The first record of ``curve`` whose ``key`` is at least ``target``."""
-    for record in curve:
-        value = record.get(key)
-        if value is not None and value >= target:
-            return record
-    return None
+    return next((record for record in curve if record.get(key) is not None and record[key] >= target), None)
 
 
 def train_until(net, target: float, *, steps: int, eval_every: int, t0: float | None = None) -> list[dict]:
@@ -330,8 +323,7 @@ def train_until(net, target: float, *, steps: int, eval_every: int, t0: float | 
         net.train(n)
         done += n
         acc = net.test()
-        curve.append({"steps": done, "accuracy": acc} if t0 is None else
-                     {"steps": done, "accuracy": acc, "wall_s": time.perf_counter() - t0})
+        curve.append({"steps": done, "accuracy": acc, **({} if t0 is None else {"wall_s": time.perf_counter() - t0})})
         if acc >= target:
             break
     return curve
@@ -352,7 +344,6 @@ def median_step_time(net_params, solver, train, *, batch_size: int, steps: int =
             t = time.perf_counter()
             net.train(1)
             times.append(time.perf_counter() - t)
-    times.sort()
     q = statistics.quantiles(times, n=10) if len(times) >= 2 else [times[0]] * 9
     return {"median_s": statistics.median(times), "p10_s": q[0], "p90_s": q[-1], "steps": steps,
             "batch_size": batch_size, "threads": threads}

@@ -140,16 +140,12 @@ def export_onnx(module: torch.nn.Module, example_input, path: str | os.PathLike,
 
 def export_torchscript(module: torch.nn.Module, example_input, path: str | os.PathLike, *,
                        check: bool = True) -> Path:
-    """Write ``module`` as a TorchScript archive (traced), for ``torch.jit.load``.
+    """Write ``module`` as a TorchScript archive (traced in eval mode), for ``torch.jit.load``.
 
     Parameters
     ----------
-    module : torch.nn.Module
-        The net; traced in eval mode (its mode is restored after).
-    example_input : Tensor or array
-        A batch in the net's input shape and dtype.
-    path : path
-        The ``.pt`` file (parent folders are created).
+    module, example_input, path
+        As for :func:`export_onnx` (the file: ``.pt``).
     check : bool
         Have the tracer re-run the trace and compare (catches data-dependent control flow).
 

@@ -111,11 +111,8 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
     if "://" not in out and Path(out).exists() and not overwrite:
         raise ValueError(f"{out} exists; pass --overwrite (overwrite=True) to replace it")
     params = {"featuresCol": features_col, "predictionCol": prediction_col, "probabilityCol": probability_col,
-              "rawPredictionCol": ""}
-    if score_batch_size is not None:
-        params["scoreBatchSize"] = score_batch_size
-    if threads is not None:
-        params["threads"] = threads
+              "rawPredictionCol": "", "scoreBatchSize": score_batch_size, "threads": threads}
+    params = {k: v for k, v in params.items() if v is not None}
     model = SparkNetModel.fromModelFolder(str(model_dir), allow_pickle=allow_pickle, **params)
 
     own_session = spark is None and _no_active_session()
