@@ -144,8 +144,7 @@ def sample_text(net_or_module: Any, corpus: Any, prime: str = "ROMEO:", length: 
     try:
         for _ in range(length):
             x = torch.tensor([ids[-window:]], dtype=torch.long, device=device)
-            logits = module(x)
-            logits = logits[0, -1].float().cpu()
+            logits = module(x)[0, -1].float().cpu()
             if logits.numel() != len(codec.vocab):
                 raise ValueError(f"the model predicts {logits.numel()} classes but the vocabulary has "
                                  f"{len(codec.vocab)} characters; give the corpus the model was trained on")
