@@ -1,23 +1,11 @@
-"""The 2-D layout: W workers = D data-parallel groups x M model-parallel ranks.
+"""The 2-D layout: W workers = D data-parallel groups x M model-parallel ranks, ``rank = dp_rank * M + mp_rank``.
 
-Ranks are laid out row-major, ``rank = dp_rank * M + mp_rank``::
+A **model-parallel group** (a row) holds one replica of the model split ``M`` ways; its ranks run every
+step together on the *same* batch. A **data-parallel group** (a column) holds the ranks with the same
+shard in every replica; the training strategy's allreduce of each rank's flat shard runs over it.
 
-    M = 2, D = 3         mp_rank 0   mp_rank 1
-    dp_rank 0            rank 0      rank 1       <- one model replica, split in two
-    dp_rank 1            rank 2      rank 3
-    dp_rank 2            rank 4      rank 5
-                         ^ one data-parallel group per shard
-
-A **model-parallel group** (a row) holds one replica of the model split ``M`` ways; its ranks
-run every step together on the *same* batch. A **data-parallel group** (a column) holds
-the ranks with the same shard in every replica; periodic averaging, or any training
-strategy, runs over it: each rank allreduces one flat buffer of its own shard with the
-ranks holding that shard in the other replicas.
-
-Everything here needs only an initialized default process group (gloo); the subgroups
-are made by :func:`torch.distributed.device_mesh.init_device_mesh` and are destroyed with
-the default group (``torch.distributed.destroy_process_group()``, which the code that
-initialized it calls in ``finally``).
+Everything here needs only an initialized default process group (gloo); the subgroups are made by
+:func:`torch.distributed.device_mesh.init_device_mesh` and are destroyed with the default group.
 """
 
 from __future__ import annotations
@@ -33,11 +21,7 @@ from sparknet.step import worker_seed
 
 
 __all__ = [
-    "ParallelLayout",
-    "layout_coords",
-    "init_layout",
-    "share_data_over_mp",
-    "replica_seed",
+    "ParallelLayout", "layout_coords", "init_layout", "share_data_over_mp", "replica_seed",
 ]
 
 log = logging.getLogger(__name__)

@@ -1,37 +1,21 @@
 """Tensor (model) parallelism: a GraphModule's layers split across a model-parallel group.
 
-A layer marked ``parallel="column"`` keeps ``1/M`` of its **output** features (rows of the
-``[out, in]`` weight, and of the bias) on each of the ``M`` ranks of a model-parallel group;
-``parallel="row"`` keeps ``1/M`` of its **input** features (columns of the weight; the bias
-is replicated). A convolution splits column-style, by output channels. The collectives are
-the ones of Megatron-LM (Shoeybi et al. 2019), expressed with PyTorch's own tensor
-parallelism (:mod:`torch.distributed.tensor.parallel` over a CPU gloo ``DeviceMesh``):
-
-=====================  =============================  =====================================
-layer                  forward                        backward
-=====================  =============================  =====================================
-column, then row       nothing between the two        nothing between the two
-column (input)         input taken as replicated      all-reduce of the input's gradient
-row (output)           all-reduce of the output       nothing
-lone column            all-gather of the output       slice of the output's gradient
-lone row               local slice of the input       all-gather of the input's gradient
-=====================  =============================  =====================================
-
-"Column, then row" is found from the graph: a column layer's output stays split when every
-path from it runs through element-wise layers (activations without parameters, dropout,
-and pooling after a convolution) into row layers whose flattened input starts at the split
-axis. Anything else (a loss, a concatenation, an unsplit layer) gets the gathered output.
+A layer marked ``parallel="column"`` keeps ``1/M`` of its output features (rows of the ``[out, in]``
+weight and of the bias; a convolution's output channels) on each of the ``M`` ranks of a model-parallel
+group; ``parallel="row"`` keeps ``1/M`` of its input features (columns of the weight; the bias whole).
+The collectives are those of Megatron-LM (Shoeybi et al. 2019), expressed with PyTorch's own tensor
+parallelism (:mod:`torch.distributed.tensor.parallel` over a CPU gloo ``DeviceMesh``). A column layer's
+output stays split when every path from it runs through element-wise layers into row layers
+(:func:`resolve_plan`); docs/MODEL_PARALLEL.md has the collectives of each case.
 
 >>> mesh = init_layout(model_parallel=2).mp_mesh                     # doctest: +SKIP
 >>> module = parallelize(zoo.mlp(hidden=(4096, 4096)).build(seed=0), mesh,
 ...                      plan={"ip1": "column", "ip2": "row"})      # doctest: +SKIP
 >>> net = Net(module, SolverConfig(type="rmsprop", base_lr=1e-3))   # doctest: +SKIP
 
-:func:`parallelize` returns a :class:`TensorParallelModule`, which :class:`~sparknet.net.Net`
-takes like any GraphModule. Its parameters are DTensors (what the forward pass and the
-optimizer see), while its :meth:`~TensorParallelModule.layer_weights` are the plain local
-shards, so ``Net.get_flat``, ``set_flat``, the training strategies and the engines, which
-move flat buffers of weights, see only what this rank holds.
+:func:`parallelize` returns a :class:`TensorParallelModule`, which :class:`~sparknet.net.Net` takes like
+any GraphModule: its parameters are DTensors, while its :meth:`~TensorParallelModule.layer_weights` are the
+plain local shards, so everything that moves flat buffers of weights sees only what this rank holds.
 """
 
 from __future__ import annotations
@@ -63,17 +47,8 @@ from sparknet.layers import (
 from sparknet.weights import WeightCollection
 
 __all__ = [
-    "ParallelPlan",
-    "TensorParallelModule",
-    "WeightBudgetError",
-    "parallelize",
-    "build_parallel",
-    "resolve_plan",
-    "local_weight_bytes",
-    "weight_bytes_per_rank",
-    "check_weight_budget",
-    "gather_full_weights",
-    "load_full_weights",
+    "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "parallelize", "build_parallel", "resolve_plan",
+    "local_weight_bytes", "weight_bytes_per_rank", "check_weight_budget", "gather_full_weights", "load_full_weights",
     "ConvColwiseParallel",
 ]
 
@@ -670,14 +645,12 @@ def build_parallel(net_params: NetParams, mesh_or_groups: Any, plan: PlanLike | 
             for pname, param in sub.named_parameters():
                 is_bias = pname.startswith("bias")
                 filler = layer.bias_filler if is_bias else layer.weight_filler
-                local = _local(param)
-                if isinstance(param, DTensor) and param.placements[0].is_replicate():
-                    # A replicated piece (a row layer's bias) must be equal on every rank.
-                    with torch.random.fork_rng(devices=[]):
+                # A replicated piece (a row layer's bias) must be equal on every rank.
+                replicated = isinstance(param, DTensor) and param.placements[0].is_replicate()
+                with torch.random.fork_rng(devices=[], enabled=replicated):
+                    if replicated:
                         torch.manual_seed(seed * 100003 + index * 7919)
-                        _init_local_(local, tuple(param.shape), weight_shape, filler, is_bias)
-                else:
-                    _init_local_(local, tuple(param.shape), weight_shape, filler, is_bias)
+                    _init_local_(_local(param), tuple(param.shape), weight_shape, filler, is_bias)
     log.info("built %s split %d ways: %s bytes of weights on this rank", net_params.name, m,
              f"{local_weight_bytes(module):,}")
     return TensorParallelModule(module, resolved, mesh)
