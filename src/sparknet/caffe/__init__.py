@@ -9,50 +9,9 @@
 The core of this package never imports pyspark; the Spark engines and the CLI call it.
 """
 
-from sparknet.caffe.caffemodel import (
-    CaffeModelLayer,
-    describe_caffemodel,
-    load_caffemodel_into,
-    read_binaryproto,
-    read_caffemodel,
-    read_caffemodel_layers,
-    write_caffemodel,
-)
-from sparknet.caffe.prototxt import (
-    DEFAULT_SOURCES,
-    SUPPORTED_LAYER_TYPES,
-    CaffeNet,
-    CaffeTransform,
-    DataBinding,
-    DataLayerSpec,
-    PrototxtError,
-    load_net_prototxt,
-    net_to_prototxt,
-    parse_net_prototxt,
-    resolve_net_path,
-)
+from sparknet.caffe import caffemodel, prototxt
+from sparknet.caffe.caffemodel import *  # noqa: F403 (the names of its __all__)
+from sparknet.caffe.prototxt import *  # noqa: F403
 from sparknet.caffe.solver import CaffeSolver, NetStateSpec, load_solver_prototxt
 
-__all__ = [
-    "PrototxtError",
-    "CaffeNet",
-    "CaffeTransform",
-    "DataBinding",
-    "DataLayerSpec",
-    "DEFAULT_SOURCES",
-    "SUPPORTED_LAYER_TYPES",
-    "load_net_prototxt",
-    "parse_net_prototxt",
-    "net_to_prototxt",
-    "CaffeSolver",
-    "NetStateSpec",
-    "load_solver_prototxt",
-    "resolve_net_path",
-    "CaffeModelLayer",
-    "read_caffemodel",
-    "read_caffemodel_layers",
-    "load_caffemodel_into",
-    "write_caffemodel",
-    "describe_caffemodel",
-    "read_binaryproto",
-]
+__all__ = [*prototxt.__all__, "CaffeSolver", "NetStateSpec", "load_solver_prototxt", *caffemodel.__all__]

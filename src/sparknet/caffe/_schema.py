@@ -14,32 +14,32 @@ clashes with another ``caffe_pb2`` a user may have imported.
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-logger = logging.getLogger(__name__)
-
-__all__ = [
-    "NetParameter",
-    "LayerParameter",
-    "V1LayerParameter",
-    "SolverParameter",
-    "BlobProto",
-    "BlobShape",
-    "BlobProtoVector",
-    "FillerParameter",
-    "ParamSpec",
-    "NetState",
-    "NetStateRule",
-    "TransformationParameter",
-    "message_class",
-]
+__all__ = ["NetParameter", "LayerParameter", "V1LayerParameter", "SolverParameter", "BlobProto", "FillerParameter",
+           "V1_TYPE_NAMES", "message_class"]
 
 _PACKAGE = "caffe"
 
-# Enums: qualified name ("Message.Enum" when nested) -> "NAME=number ...".
+# V1's LayerType enum, each value with the type string of the current format: NAME=number:Type.
+_V1_LAYER_TYPES = (
+    "NONE=0: ABSVAL=35:AbsVal ACCURACY=1:Accuracy ARGMAX=30:ArgMax BNLL=2:BNLL CONCAT=3:Concat "
+    "CONTRASTIVE_LOSS=37:ContrastiveLoss CONVOLUTION=4:Convolution DATA=5:Data DECONVOLUTION=39:Deconvolution "
+    "DROPOUT=6:Dropout DUMMY_DATA=32:DummyData EUCLIDEAN_LOSS=7:EuclideanLoss ELTWISE=25:Eltwise EXP=38:Exp "
+    "FLATTEN=8:Flatten HDF5_DATA=9:HDF5Data HDF5_OUTPUT=10:HDF5Output HINGE_LOSS=28:HingeLoss "
+    "IM2COL=11:Im2col IMAGE_DATA=12:ImageData INFOGAIN_LOSS=13:InfogainLoss INNER_PRODUCT=14:InnerProduct "
+    "LRN=15:LRN MEMORY_DATA=29:MemoryData MULTINOMIAL_LOGISTIC_LOSS=16:MultinomialLogisticLoss MVN=34:MVN "
+    "POOLING=17:Pooling POWER=26:Power RELU=18:ReLU SIGMOID=19:Sigmoid "
+    "SIGMOID_CROSS_ENTROPY_LOSS=27:SigmoidCrossEntropyLoss SILENCE=36:Silence SOFTMAX=20:Softmax "
+    "SOFTMAX_LOSS=21:SoftmaxWithLoss SPLIT=22:Split SLICE=33:Slice TANH=23:TanH WINDOW_DATA=24:WindowData "
+    "THRESHOLD=31:Threshold"
+)
+V1_TYPE_NAMES = {int(item.split("=")[1].split(":")[0]): item.split(":")[1] for item in _V1_LAYER_TYPES.split()}
+"""V1 ``LayerType`` number -> the current format's type string (``4`` -> ``"Convolution"``)."""
+
+# Enums: qualified name ("Message.Enum" when nested) -> "NAME=number ..." (or "NAME=number:Type ...").
 _ENUMS: dict[str, str] = {
     "Phase": "TRAIN=0 TEST=1",
     "FillerParameter.VarianceNorm": "FAN_IN=0 FAN_OUT=1 AVERAGE=2",
@@ -64,15 +64,7 @@ _ENUMS: dict[str, str] = {
     "TanHParameter.Engine": "DEFAULT=0 CAFFE=1 CUDNN=2",
     "SPPParameter.PoolMethod": "MAX=0 AVE=1 STOCHASTIC=2",
     "SPPParameter.Engine": "DEFAULT=0 CAFFE=1 CUDNN=2",
-    "V1LayerParameter.LayerType": (
-        "NONE=0 ABSVAL=35 ACCURACY=1 ARGMAX=30 BNLL=2 CONCAT=3 CONTRASTIVE_LOSS=37 "
-        "CONVOLUTION=4 DATA=5 DECONVOLUTION=39 DROPOUT=6 DUMMY_DATA=32 EUCLIDEAN_LOSS=7 "
-        "ELTWISE=25 EXP=38 FLATTEN=8 HDF5_DATA=9 HDF5_OUTPUT=10 HINGE_LOSS=28 IM2COL=11 "
-        "IMAGE_DATA=12 INFOGAIN_LOSS=13 INNER_PRODUCT=14 LRN=15 MEMORY_DATA=29 "
-        "MULTINOMIAL_LOGISTIC_LOSS=16 MVN=34 POOLING=17 POWER=26 RELU=18 SIGMOID=19 "
-        "SIGMOID_CROSS_ENTROPY_LOSS=27 SILENCE=36 SOFTMAX=20 SOFTMAX_LOSS=21 SPLIT=22 "
-        "SLICE=33 TANH=23 WINDOW_DATA=24 THRESHOLD=31"
-    ),
+    "V1LayerParameter.LayerType": _V1_LAYER_TYPES,
     "V1LayerParameter.DimCheckMode": "STRICT=0 PERMISSIVE=1",
     "V0LayerParameter.PoolMethod": "MAX=0 AVE=1 STOCHASTIC=2",
 }
@@ -660,7 +652,7 @@ def _resolve(type_name: str, message: str) -> tuple[int, str]:
 def _add_enum(container: Any, name: str, values: str) -> None:
     enum = container.enum_type.add(name=name)
     for item in values.split():
-        key, number = item.split("=")
+        key, number = item.split(":")[0].split("=")
         enum.value.add(name=key, number=int(number))
 
 
@@ -697,9 +689,7 @@ def _build_file() -> descriptor_pb2.FileDescriptorProto:
 
 
 _POOL = descriptor_pool.DescriptorPool()
-_FILE = _POOL.Add(_build_file()) if hasattr(_POOL, "Add") else None
-if _FILE is None:  # pragma: no cover - very old protobuf
-    _POOL.AddSerializedFile(_build_file().SerializeToString())
+_POOL.AddSerializedFile(_build_file().SerializeToString())
 
 
 def message_class(name: str) -> type:
@@ -710,10 +700,7 @@ def message_class(name: str) -> type:
     name : str
         The message name without the ``caffe.`` package prefix.
     """
-    descriptor = _POOL.FindMessageTypeByName(f"{_PACKAGE}.{name}")
-    if hasattr(message_factory, "GetMessageClass"):
-        return message_factory.GetMessageClass(descriptor)
-    return message_factory.MessageFactory(_POOL).GetPrototype(descriptor)  # pragma: no cover
+    return message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
 
 
 NetParameter = message_class("NetParameter")
@@ -721,10 +708,4 @@ LayerParameter = message_class("LayerParameter")
 V1LayerParameter = message_class("V1LayerParameter")
 SolverParameter = message_class("SolverParameter")
 BlobProto = message_class("BlobProto")
-BlobShape = message_class("BlobShape")
-BlobProtoVector = message_class("BlobProtoVector")
 FillerParameter = message_class("FillerParameter")
-ParamSpec = message_class("ParamSpec")
-NetState = message_class("NetState")
-NetStateRule = message_class("NetStateRule")
-TransformationParameter = message_class("TransformationParameter")

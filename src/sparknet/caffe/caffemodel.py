@@ -42,29 +42,10 @@ __all__ = [
     "read_binaryproto",
 ]
 
-_V1_TYPE_NAMES = {
-    "ACCURACY": "Accuracy", "ABSVAL": "AbsVal", "ARGMAX": "ArgMax", "BNLL": "BNLL",
-    "CONCAT": "Concat", "CONTRASTIVE_LOSS": "ContrastiveLoss", "CONVOLUTION": "Convolution",
-    "DATA": "Data", "DECONVOLUTION": "Deconvolution", "DROPOUT": "Dropout",
-    "DUMMY_DATA": "DummyData", "EUCLIDEAN_LOSS": "EuclideanLoss", "ELTWISE": "Eltwise",
-    "EXP": "Exp", "FLATTEN": "Flatten", "HDF5_DATA": "HDF5Data", "HDF5_OUTPUT": "HDF5Output",
-    "HINGE_LOSS": "HingeLoss", "IM2COL": "Im2col", "IMAGE_DATA": "ImageData",
-    "INFOGAIN_LOSS": "InfogainLoss", "INNER_PRODUCT": "InnerProduct", "LRN": "LRN",
-    "MEMORY_DATA": "MemoryData", "MULTINOMIAL_LOGISTIC_LOSS": "MultinomialLogisticLoss",
-    "MVN": "MVN", "POOLING": "Pooling", "POWER": "Power", "RELU": "ReLU", "SIGMOID": "Sigmoid",
-    "SIGMOID_CROSS_ENTROPY_LOSS": "SigmoidCrossEntropyLoss", "SILENCE": "Silence",
-    "SOFTMAX": "Softmax", "SOFTMAX_LOSS": "SoftmaxWithLoss", "SPLIT": "Split", "SLICE": "Slice",
-    "TANH": "TanH", "WINDOW_DATA": "WindowData", "THRESHOLD": "Threshold", "NONE": "",
-}
-
 
 def v1_type_name(number: int) -> str:
     """Caffe's current type string for a V1 ``LayerType`` enum number (``4`` -> ``"Convolution"``)."""
-    enum = _schema.V1LayerParameter.DESCRIPTOR.enum_types_by_name["LayerType"]
-    value = enum.values_by_number.get(number)
-    if value is None:
-        return f"V1:{number}"
-    return _V1_TYPE_NAMES.get(value.name, value.name)
+    return _schema.V1_TYPE_NAMES.get(number, f"V1:{number}")
 
 
 @dataclass(frozen=True)

@@ -68,8 +68,6 @@ __all__ = [
     "load_net_prototxt",
     "parse_net_prototxt",
     "net_to_prototxt",
-    "read_text",
-    "parse_text",
     "resolve_net_path",
 ]
 
