@@ -332,7 +332,7 @@ class Net:
             default_batch = net.inputs[0].shape[0] if net.inputs else None
             self._input_shape = net.sample_shape
             label_ndim = _label_sample_ndim(net)
-            module = net.build(seed=seed) if seed is not None else net.build()
+            module = net.build(seed=seed)
             self.net_params = net
         else:
             self.net_params = None
@@ -662,9 +662,7 @@ class Net:
 
 def _label_sample_ndim(net_params) -> int:
     """Rank of one label sample (0 for class labels, 1 for sequences), from the DSL inputs."""
-    if net_params is None:
-        return 0
-    inputs = net_params.inputs
+    inputs = net_params.inputs if net_params is not None else []
     if len(inputs) < 2:
         return 0
     shape = list(inputs[1].shape)
