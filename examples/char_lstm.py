@@ -49,7 +49,7 @@ from sparknet import zoo
 from sparknet.datasets import shakespeare
 from sparknet.net import EvalResult, Net, TrainStats
 from sparknet.collective import CollectiveExchange
-from sparknet.loop import Progress, WeightAverage, run_rounds
+from sparknet.loop import FitPlan, Progress, WeightAverage, run_rounds
 from sparknet.parallel import init_layout, replica_seed
 from sparknet.sample import sample_text
 from sparknet.solvers import SolverConfig
@@ -241,8 +241,9 @@ def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> N
                      entry["steps"], entry["elapsed_s"], entry["train_bpc"], entry["val_bpc"], entry["sync_s"] * 1e3)
 
     stop = StopRule(rounds=args.rounds, tau=args.tau, round_seconds=args.round_seconds)
-    kept = run_rounds(exchange, strategy, global_flat, stop, progress=progress,
-                      evaluation=EvalPlan(every=args.eval_every), on_record=on_record, average=ema)
+    plan = FitPlan(strategy=strategy, stop=stop, evaluation=EvalPlan(every=args.eval_every), average=ema,
+                   weight_ema=args.ema or None, progress=progress)
+    kept = run_rounds(exchange, plan, global_flat, on_record=on_record)
     steps, rounds = progress.steps_done, progress.round
     # the last round is always scored: its val_loss is the last global weights' probe bits per character
     probe_global = history[-1]["val_bpc_global"] if ema is not None else None

@@ -47,8 +47,8 @@ from sparknet.stopping import EvalPlan, StopRule, screen_margin
 from sparknet.step import WorkerStep, sum_stats
 from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, make_compressor
 
-__all__ = ["RoundPlan", "RoundUpdate", "Progress", "Exchange", "InProcessExchange", "NetScorer", "check_streaming",
-           "WeightAverage", "average_summary", "weighted_mean", "run_rounds"]
+__all__ = ["RoundPlan", "RoundUpdate", "Progress", "ResumeState", "FitPlan", "Exchange", "InProcessExchange", "NetScorer",
+           "check_streaming", "WeightAverage", "average_summary", "weighted_mean", "run_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,84 @@ class Progress:
     """Local steps per worker (the most of any worker, summed over rounds)."""
     samples_done: int = 0
     total_bytes: int = 0
+
+
+@dataclass(kw_only=True)
+class ResumeState(Progress):
+    """What a checkpoint saves and a restart reads: the loop's counters and every state beside the weights."""
+
+    global_flat: torch.Tensor | None = None
+    """The global weights after round :attr:`round` (``None``: the checkpoint's weight file holds them)."""
+    strategy: dict | None = None
+    """The strategy's driver state (``TrainingStrategy.state_dict``)."""
+    workers: dict = field(default_factory=dict)
+    """Each worker's state by index (its solver, data position and strategy state): a resume is exact with them."""
+    iteration: int | None = None
+    """The workers' solver iteration (a restart without their states keeps the learning-rate schedule's place)."""
+    downlink: dict | None = None
+    """The compressed downlink's state (the rounds engine's)."""
+    auto_tau: dict | None = None
+    """The tau chooser's state."""
+    average: torch.Tensor | None = None
+    """The moving average of the global weights."""
+
+    def progress(self) -> Progress:
+        """The loop's counters, to continue from."""
+        return Progress(round=self.round, steps_done=self.steps_done, samples_done=self.samples_done,
+                        total_bytes=self.total_bytes)
+
+    def counters(self) -> dict:
+        """The fields a checkpoint's state holds beside the weights and the workers' states."""
+        return {"round": self.round, "steps_done": self.steps_done, "samples_done": self.samples_done,
+                "total_bytes": self.total_bytes, "iteration": self.iteration, "downlink": self.downlink,
+                "auto_tau": self.auto_tau}
+
+    @classmethod
+    def from_checkpoint(cls, rounds_done: int, state: dict) -> ResumeState:
+        """The state a checkpoint of round ``rounds_done`` holds (``state``: what :meth:`counters` wrote, the
+        strategy's and the workers')."""
+        return cls(round=rounds_done, steps_done=state["steps_done"], samples_done=state["samples_done"],
+                   total_bytes=state["total_bytes"], strategy=state.get("strategy"),
+                   workers=state.get("workers") or {}, iteration=state.get("iteration"),
+                   downlink=state.get("downlink"), auto_tau=state.get("auto_tau"))
+
+
+@dataclass(kw_only=True)
+class FitPlan:
+    """A fit's rules, built once (:meth:`from_config`, or by hand) and followed by :func:`run_rounds` wherever it
+    runs: on the driver, on every rank of a stage, in one process."""
+
+    strategy: TrainingStrategy
+    """The outer update (and the workers' hooks)."""
+    stop: StopRule
+    """Steps per round (``tau``, which :attr:`auto` overwrites) and when to stop."""
+    evaluation: EvalPlan = field(default_factory=EvalPlan)
+    """When to evaluate, and on how many rows."""
+    auto: AutoTau | None = None
+    """Chooses tau from the rounds' compute and synchronization times."""
+    weight_ema: float | None = None
+    """The decay of a moving average of the global weights (:class:`WeightAverage`): every evaluation scores it
+    too (``val_ema_<metric>``), the target is judged on it, and it is what the fit returns."""
+    average: WeightAverage | None = None
+    """The moving average itself: made by :func:`run_rounds` from the starting weights unless set (a restart's)."""
+    progress: Progress = field(default_factory=Progress)
+    """The counters to continue from (a resumed fit's, a restarted stage's); updated in place."""
+
+    @classmethod
+    def from_config(cls, dist, strategy: TrainingStrategy, *, steps: int | None = None, dataset_rows: int = 0,
+                    resume: ResumeState | None = None) -> FitPlan:
+        """The plan of a :class:`~sparknet.config.DistributedConfig`: its stopping rules (with ``steps``, the local
+        steps per worker at most), its evaluation, automatic tau and moving average, from ``resume`` on."""
+        auto = None
+        if dist.auto_tau:
+            auto = AutoTau(target_fraction=dist.auto_tau_target, min_tau=dist.auto_tau_min,
+                           max_tau=dist.auto_tau_max, every=dist.auto_tau_every, initial=dist.tau or dist.auto_tau_min)
+            if resume is not None and resume.auto_tau:
+                auto.load_state_dict(resume.auto_tau)
+        stop = StopRule(rounds=dist.rounds, steps=steps, epochs=dist.epochs, target_accuracy=dist.target_accuracy,
+                        dataset_rows=dataset_rows, tau=dist.tau, round_seconds=dist.round_seconds)
+        return cls(strategy=strategy, stop=stop, evaluation=dist.evaluation(), auto=auto, weight_ema=dist.weight_ema,
+                   progress=Progress() if resume is None else resume.progress())
 
 
 class Exchange(abc.ABC):
@@ -262,43 +340,30 @@ def average_summary(rounds: list[dict], decay: float | None) -> dict:
                if k.startswith("val_") and not k.startswith("val_ema_")}}
 
 
-def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torch.Tensor, stop: StopRule, *,
-               progress: Progress | None = None, auto: AutoTau | None = None,
-               evaluation: EvalPlan | None = None, on_record: Callable[[dict], None] | None = None,
-               t0: float | None = None, average: WeightAverage | None = None) -> torch.Tensor:
-    """Train round after round until ``stop`` says so; returns the final global weights (or their average).
+def run_rounds(exchange: Exchange, plan: FitPlan, global_flat: torch.Tensor, *,
+               on_record: Callable[[dict], None] | None = None, t0: float | None = None) -> torch.Tensor:
+    """Train round after round until ``plan.stop`` says so; returns the final global weights (or their average).
 
     Parameters
     ----------
     exchange : Exchange
         The engine: runs the local steps and sums the deltas.
-    strategy : TrainingStrategy
-        Its :meth:`~TrainingStrategy.apply` makes the new global weights from the mean delta.
+    plan : FitPlan
+        The strategy (whose :meth:`~TrainingStrategy.apply` makes the new global weights from the mean delta), the
+        stopping rule, the evaluations, automatic tau, the moving average and the counters to continue from.
     global_flat : Tensor
         The global weights to start from (``strategy.init_global`` already applied).
-    stop : StopRule
-        How many steps a round takes and when to stop (``tau`` is overwritten by ``auto``).
-    progress : Progress, optional
-        Counters to continue from (a resumed fit or a restarted stage); updated in place.
-    auto : AutoTau, optional
-        Chooses tau from the rounds' compute and synchronization times.
-    evaluation : EvalPlan, optional
-        When to evaluate and on how many rows (default: every round, in full).
     on_record : callable, optional
         Called with every round record.
     t0 : float, optional
         ``time.perf_counter()`` the records' ``wall_s`` counts from (default: now).
-    average : WeightAverage, optional
-        A moving average of the global weights, updated after every round. Every evaluation then scores
-        both: the global weights' ``val_<metric>`` (``screen_<metric>``) as without it, and the average's
-        ``val_ema_<metric>`` (``screen_ema_<metric>``); the target accuracy is judged on the average, and
-        the average is what is returned.
     """
-    progress = progress if progress is not None else Progress()
     t0 = time.perf_counter() if t0 is None else t0
-    check = _Evaluation(exchange, evaluation or EvalPlan(), stop.target_accuracy, t0, average)
+    if plan.weight_ema is not None and plan.average is None:
+        plan.average = WeightAverage(plan.weight_ema, global_flat)
+    check = _Evaluation(exchange, plan.evaluation, plan.stop.target_accuracy, t0, plan.average)
     if not check.plan.overlap:
-        return _loop(exchange, strategy, global_flat, stop, progress, auto, check, on_record, t0, average)
+        return _loop(exchange, plan, global_flat, check, on_record, t0)
     background = exchange.background_evaluator()
     if background is None:
         raise ValueError(f"the {exchange.engine} engine evaluates where it trains and cannot evaluate behind its "
@@ -307,14 +372,14 @@ def run_rounds(exchange: Exchange, strategy: TrainingStrategy, global_flat: torc
 
     with ThreadPoolExecutor(1, thread_name_prefix="sparknet-eval") as pool:  # waits for an evaluation in flight
         check.behind = (pool, background)
-        return _loop(exchange, strategy, global_flat, stop, progress, auto, check, on_record, t0, average)
+        return _loop(exchange, plan, global_flat, check, on_record, t0)
 
 
-def _loop(exchange: Exchange, strategy: TrainingStrategy, global_flat: torch.Tensor, stop: StopRule,
-          progress: Progress, auto: AutoTau | None, check: _Evaluation, on_record, t0: float,
-          average: WeightAverage | None) -> torch.Tensor:
+def _loop(exchange: Exchange, fit: FitPlan, global_flat: torch.Tensor, check: _Evaluation, on_record,
+          t0: float) -> torch.Tensor:
     """:func:`run_rounds`' loop. With an overlapped evaluation (``check.behind``) a round's record waits in
     ``pending`` while its weights are scored behind the next round, and is handed on (in round order) once scored."""
+    strategy, stop, progress, auto, average = fit.strategy, fit.stop, fit.progress, fit.auto, fit.average
     K = exchange.workers
     pending: tuple[dict, object] | None = None  # (record, future) of the round scored behind this one
     while True:

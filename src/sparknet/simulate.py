@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 
 from sparknet.config import CompressionKind, Strategy, Streaming, parse_enum
-from sparknet.loop import InProcessExchange, Progress, WeightAverage, run_rounds
+from sparknet.loop import FitPlan, InProcessExchange, run_rounds
 from sparknet.step import worker_seed
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
@@ -113,13 +113,11 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
             log.debug("%s K=%d tau=%d round %d: accuracy %.4f", name.value, workers, tau, record["round"],
                       record["val_accuracy"])
 
-    stop = StopRule(steps=steps, target_accuracy=target_accuracy, tau=tau)
-    progress = Progress()
     eval_rounds = max(1, math.ceil((eval_every_steps or tau) / tau))
-    global_flat = strat.init_global(evaluator.get_flat())
-    average = None if weight_ema is None else WeightAverage(weight_ema, global_flat)
-    run_rounds(exchange, strat, global_flat, stop, progress=progress,
-               evaluation=EvalPlan(every=eval_rounds), on_record=on_record, average=average)
+    plan = FitPlan(strategy=strat, stop=StopRule(steps=steps, target_accuracy=target_accuracy, tau=tau),
+                   evaluation=EvalPlan(every=eval_rounds), weight_ema=weight_ema)
+    progress = plan.progress
+    run_rounds(exchange, plan, strat.init_global(evaluator.get_flat()), on_record=on_record)
     acc = history[-1]["accuracy"]
     reached = target_accuracy is not None and acc >= target_accuracy
     steps = progress.steps_done

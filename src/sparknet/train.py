@@ -21,11 +21,10 @@ import torch
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
 from sparknet.checkpoint import CheckpointError, RoundCheckpoints
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
-from sparknet.loop import InProcessExchange, Progress, WeightAverage, average_summary, run_rounds
+from sparknet.loop import FitPlan, InProcessExchange, Progress, ResumeState, average_summary, run_rounds
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
 from sparknet.parallel.runner import split_budget
-from sparknet.stopping import StopRule
 from sparknet.strategies import Average
 
 __all__ = ["train_local"]
@@ -158,19 +157,14 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
         if start is not None:
             metrics.progress(done)
         if done < run.steps:
-            stop = StopRule(steps=run.steps, tau=run.eval_every, dataset_rows=net.num_training_samples,
-                            **({} if dist is None else {"rounds": dist.rounds, "epochs": dist.epochs,
-                                                        "target_accuracy": dist.target_accuracy}))
-            progress = Progress(round=-(-done // run.eval_every), steps_done=done,
-                                samples_done=exchange.samples)
+            plan = FitPlan.from_config(replace(dist or DistributedConfig(), tau=run.eval_every, round_seconds=None,
+                                               auto_tau=False, eval_every_rounds=1),
+                                       strategy, steps=run.steps, dataset_rows=net.num_training_samples,
+                                       resume=ResumeState(round=-(-done // run.eval_every), steps_done=done,
+                                                          samples_done=exchange.samples))
             records: list[dict] = []
-            evaluation = (dist or DistributedConfig()).evaluation()
-            global_flat = strategy.init_global(net.get_flat())
-            ema = None if dist is None or dist.weight_ema is None else WeightAverage(dist.weight_ema, global_flat)
-            net.set_flat(run_rounds(exchange, strategy, global_flat, stop,
-                                    progress=progress, evaluation=replace(evaluation, every=1),
-                                    on_record=records.append, average=ema))
-            done, stop_reason = progress.steps_done, records[-1].get("stop_reason")
+            net.set_flat(run_rounds(exchange, plan, strategy.init_global(net.get_flat()), on_record=records.append))
+            done, stop_reason, ema = plan.progress.steps_done, records[-1].get("stop_reason"), plan.average
             scored = "val_ema_" if ema is not None else "val_"  # the weights returned: the average, when kept
             accuracy, loss = records[-1][scored + "accuracy"], records[-1][scored + "loss"]  # the last evaluation
         else:  # resumed from the end of the run: nothing left to train

@@ -10,7 +10,7 @@ from sparknet import zoo
 from sparknet.collective import FIELDS, CollectiveExchange
 from sparknet.config import Streaming
 from sparknet.link import LinkModel
-from sparknet.loop import InProcessExchange, run_rounds
+from sparknet.loop import FitPlan, InProcessExchange, run_rounds
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.stopping import StopRule
@@ -49,8 +49,8 @@ def _rank(rank, out):
         exchange = CollectiveExchange(net, _strategy(name), rank=rank, world=2, link=link,
                                       streaming=Streaming(overlap=overlap, fragments=fragments))
         records = []
-        final = run_rounds(exchange, exchange.strategy, start.clone(), StopRule(rounds=_ROUNDS, tau=_TAU),
-                           on_record=records.append)
+        final = run_rounds(exchange, FitPlan(strategy=exchange.strategy, stop=StopRule(rounds=_ROUNDS, tau=_TAU)),
+                           start.clone(), on_record=records.append)
         out[(rank, case)] = (final.numpy().tobytes(),
                              [(r["bytes"], r.get("link_s"), r["steps"]) for r in records])
 
@@ -66,7 +66,7 @@ def _in_process(name, overlap, fragments) -> torch.Tensor:
     nets[1].set_flat(start)
     strategy = _strategy(name)
     return run_rounds(InProcessExchange(nets, strategy, streaming=Streaming(overlap=overlap, fragments=fragments)),
-                      strategy, start.clone(), StopRule(rounds=_ROUNDS, tau=_TAU))
+                      FitPlan(strategy=strategy, stop=StopRule(rounds=_ROUNDS, tau=_TAU)), start.clone())
 
 
 @pytest.mark.timeout(180)

@@ -36,7 +36,7 @@ from sparknet.parallel import (
     weight_bytes_per_rank,
 )
 from sparknet.collective import CollectiveExchange
-from sparknet.loop import run_rounds
+from sparknet.loop import FitPlan, run_rounds
 from sparknet.solvers import SolverConfig
 from sparknet.stopping import StopRule
 from sparknet.strategies import Average
@@ -287,7 +287,8 @@ def _data_parallel(rank, out):
     exchange = CollectiveExchange(net, Average(), rank=layout.dp_rank, world=layout.data_parallel,
                                   group=layout.dp_group)
     records = []
-    out[f"global{rank}"] = run_rounds(exchange, Average(), start, StopRule(rounds=1, tau=2), on_record=records.append)
+    out[f"global{rank}"] = run_rounds(exchange, FitPlan(strategy=Average(), stop=StopRule(rounds=1, tau=2)), start,
+                                      on_record=records.append)
     out[f"samples{rank}"] = records[0]["samples"]
     alone = Net(_mlp(), SolverConfig(base_lr=0.1, momentum=0.0), batch_size=batch, seed=0)
     alone.set_training_data((x, y), shuffle=False)

@@ -13,7 +13,7 @@ import torch
 from sparknet import zoo
 from sparknet.config import DistributedConfig, RunConfig
 from sparknet.errors import NonFiniteUpdate
-from sparknet.loop import InProcessExchange, Progress, run_rounds, weighted_mean
+from sparknet.loop import FitPlan, InProcessExchange, Progress, run_rounds, weighted_mean
 from sparknet.net import EvalResult, Net, fixed_sample
 from sparknet.solvers import SolverConfig
 from sparknet.stopping import EvalPlan, StopRule, screen_margin
@@ -48,8 +48,8 @@ def test_two_workers_that_process_different_numbers_of_samples_are_averaged_by_s
         net.set_flat(start)
         net.train(3)
     records = []
-    final = run_rounds(InProcessExchange(nets, Average()), Average(), start.clone(), StopRule(rounds=1, tau=3),
-                       on_record=records.append)
+    final = run_rounds(InProcessExchange(nets, Average()), FitPlan(strategy=Average(), stop=StopRule(rounds=1, tau=3)),
+                       start.clone(), on_record=records.append)
     a, b = alone[0].get_flat(), alone[1].get_flat()
     weighted = start + (24 * (a - start) + 6 * (b - start)) / 30
     assert torch.allclose(final, weighted, atol=1e-6)
@@ -63,7 +63,8 @@ def test_a_round_with_no_finite_update_stops_the_run_clearly():
     nets = [_net(8)]
     nets[0].set_flat(torch.full_like(nets[0].get_flat(), float("nan")))
     with pytest.raises(NonFiniteUpdate, match="round 1: .*non-finite workers: \\[0\\]"):
-        run_rounds(InProcessExchange(nets, Average()), Average(), nets[0].get_flat(), StopRule(rounds=2, tau=2))
+        run_rounds(InProcessExchange(nets, Average()), FitPlan(strategy=Average(), stop=StopRule(rounds=2, tau=2)),
+                   nets[0].get_flat())
 
 
 def test_the_loop_stops_on_its_rule_and_evaluates_the_last_round():
@@ -72,9 +73,9 @@ def test_the_loop_stops_on_its_rule_and_evaluates_the_last_round():
     evaluator.set_validation_data((x, y))
     progress = Progress()
     records = []
-    run_rounds(InProcessExchange([_net(8), _net(8, seed=1)], Average(), evaluator=evaluator), Average(),
-               evaluator.get_flat(), StopRule(steps=10, tau=4), progress=progress,
-               evaluation=EvalPlan(every=5), on_record=records.append)
+    run_rounds(InProcessExchange([_net(8), _net(8, seed=1)], Average(), evaluator=evaluator),
+               FitPlan(strategy=Average(), stop=StopRule(steps=10, tau=4), progress=progress,
+                       evaluation=EvalPlan(every=5)),evaluator.get_flat(), on_record=records.append)
     assert [r["steps"] for r in records] == [4, 4, 2]  # the steps rule caps the last round
     assert [("val_accuracy" in r) for r in records] == [False, False, True]  # evaluated when it stops
     assert records[-1]["stop_reason"] == "steps" and progress.round == 3 and progress.steps_done == 10
@@ -105,8 +106,10 @@ def test_screens_between_full_evaluations_and_the_stopping_rule_sees_the_whole_s
     script = [(0.5, 0.5), (0.8, 0.8), (0.97, 0.995), (0.98, 0.97), (0.991, 0.987), (0.995, 0.995)]
     exchange = _Scripted([_net(8)], script)
     records = []
-    run_rounds(exchange, Average(), exchange.nets[0].get_flat(), StopRule(rounds=6, tau=1, target_accuracy=0.99),
-               evaluation=EvalPlan(screen_rows=2000, full_every=10), on_record=records.append)
+    run_rounds(exchange,
+               FitPlan(strategy=Average(), stop=StopRule(rounds=6, tau=1, target_accuracy=0.99),
+                       evaluation=EvalPlan(screen_rows=2000, full_every=10)),exchange.nets[0].get_flat(),
+               on_record=records.append)
     margin = screen_margin(0.99, 2000)
     assert 0.99 - margin < 0.987 and 0.97 < 0.99 - margin  # round 4's sample is not near, round 5's is
     assert exchange.calls == [(1, 2000), (2, 2000), (3, 2000), (3, None), (4, 2000), (5, 2000), (5, None)]
@@ -119,13 +122,16 @@ def test_a_full_evaluation_every_so_often_and_at_the_end_and_none_for_a_small_se
     script = [(0.5, 0.4)] * 7
     exchange = _Scripted([_net(8)], script)
     records = []
-    run_rounds(exchange, Average(), exchange.nets[0].get_flat(), StopRule(rounds=7, tau=1),
-               evaluation=EvalPlan(screen_rows=2000, full_every=3), on_record=records.append)
+    run_rounds(exchange,
+               FitPlan(strategy=Average(), stop=StopRule(rounds=7, tau=1),
+                       evaluation=EvalPlan(screen_rows=2000, full_every=3)),exchange.nets[0].get_flat(),
+               on_record=records.append)
     assert ["val_accuracy" in r for r in records] == [False, False, True, False, False, True, True]
     exchange = _Scripted([_net(8)], script)
     exchange.validation_rows = 3999  # under twice the sample: every evaluation is whole
-    run_rounds(exchange, Average(), exchange.nets[0].get_flat(), StopRule(rounds=2, tau=1),
-               evaluation=EvalPlan(screen_rows=2000))
+    run_rounds(exchange,
+               FitPlan(strategy=Average(), stop=StopRule(rounds=2, tau=1), evaluation=EvalPlan(screen_rows=2000)),
+               exchange.nets[0].get_flat())
     assert exchange.calls == [(1, None), (2, None)]
 
 
@@ -149,16 +155,16 @@ def test_an_evaluation_budget_puts_off_evaluations_but_never_the_first_or_the_la
     # evaluations cost twice a round: a budget of a quarter of the wall time allows about one in six rounds
     exchange = _Timed([_net(8)], [(0.5, 0.5)] * 24, round_s=0.02, eval_s=0.04)
     records = []
-    run_rounds(exchange, Average(), exchange.nets[0].get_flat(), StopRule(rounds=24, tau=1),
-               evaluation=EvalPlan(budget=0.25), on_record=records.append)
+    run_rounds(exchange, FitPlan(strategy=Average(), stop=StopRule(rounds=24, tau=1), evaluation=EvalPlan(budget=0.25)),
+               exchange.nets[0].get_flat(), on_record=records.append)
     evaluated = [r["round"] for r in records if "val_accuracy" in r]
     assert evaluated[0] == 1 and evaluated[-1] == 24  # the first and the last are never put off
     assert 3 <= len(evaluated) <= 12, evaluated  # far from every round (24 evaluations without a budget)
     spent = sum(r.get("eval_s", 0.0) for r in records)
     assert spent <= 0.25 * records[-1]["wall_s"] + 2 * exchange.eval_s  # within one evaluation of the budget
     exchange = _Timed([_net(8)], [(0.5, 0.5)] * 6, round_s=0.0, eval_s=0.0)
-    run_rounds(exchange, Average(), exchange.nets[0].get_flat(), StopRule(rounds=6, tau=1),
-               evaluation=EvalPlan(budget=None))
+    run_rounds(exchange, FitPlan(strategy=Average(), stop=StopRule(rounds=6, tau=1), evaluation=EvalPlan(budget=None)),
+               exchange.nets[0].get_flat())
     assert [c[0] for c in exchange.calls] == [1, 2, 3, 4, 5, 6]  # no budget: every due round
     with pytest.raises(ValueError, match="share of the wall time"):
         EvalPlan(budget=0.0)

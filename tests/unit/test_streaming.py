@@ -8,7 +8,7 @@ import torch
 
 from sparknet import zoo
 from sparknet.config import DistributedConfig, Streaming
-from sparknet.loop import InProcessExchange, run_rounds
+from sparknet.loop import FitPlan, InProcessExchange, run_rounds
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.stopping import StopRule
@@ -45,8 +45,9 @@ def _train(net: Net, weights: torch.Tensor, steps: int) -> torch.Tensor:
 def test_an_overlapped_exchange_applies_each_average_one_round_late_and_the_last_round_returns_all_work():
     nets, g0 = _pair()
     records = []
-    final = run_rounds(InProcessExchange(nets, Average(), streaming=Streaming(overlap=True)), Average(), g0.clone(),
-                       StopRule(rounds=3, tau=2), on_record=records.append)
+    final = run_rounds(InProcessExchange(nets, Average(), streaming=Streaming(overlap=True)),
+                       FitPlan(strategy=Average(), stop=StopRule(rounds=3, tau=2)), g0.clone(),
+                       on_record=records.append)
     # by hand, with twins of the two workers (equal batches: the sample-weighted mean is the plain mean)
     twins, _ = _pair()
     x1 = [_train(t, g0, 2) for t in twins]                      # round 1 from g0; nothing comes back
@@ -58,7 +59,8 @@ def test_an_overlapped_exchange_applies_each_average_one_round_late_and_the_last
     expected = g1 + sum(d2) / 2 + sum(d3) / 2                   # the last round waits for round 2's and its own
     assert torch.allclose(final, expected, atol=1e-6)
     sync_nets, _ = _pair()
-    sync = run_rounds(InProcessExchange(sync_nets, Average()), Average(), g0.clone(), StopRule(rounds=3, tau=2))
+    sync = run_rounds(InProcessExchange(sync_nets, Average()),
+                      FitPlan(strategy=Average(), stop=StopRule(rounds=3, tau=2)), g0.clone())
     assert not torch.allclose(final, sync, atol=1e-4)  # the late averages made a different run
     assert [r["steps"] for r in records] == [2, 2, 2] and records[-1]["total_steps"] == 6
     assert np.isnan(records[0]["loss"]) and records[1]["samples"] == 16 and records[2]["samples"] == 32
@@ -69,7 +71,8 @@ def test_a_streamed_exchange_moves_one_fragment_a_round_and_the_last_round_moves
     P = g0.numel()
     exchange = InProcessExchange(nets, Average(), streaming=Streaming(fragments=2))
     records = []
-    final = run_rounds(exchange, Average(), g0.clone(), StopRule(rounds=3, tau=2), on_record=records.append)
+    final = run_rounds(exchange, FitPlan(strategy=Average(), stop=StopRule(rounds=3, tau=2)), g0.clone(),
+                       on_record=records.append)
     half = slice(0, P // 2), slice(P // 2, P)
     twins, _ = _pair()
     x1 = [_train(t, g0, 2) for t in twins]

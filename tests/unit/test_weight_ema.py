@@ -11,7 +11,7 @@ from sparknet import zoo
 from sparknet.cli import build_parser
 from sparknet._fields import from_args
 from sparknet.config import DistributedConfig, RunConfig
-from sparknet.loop import (Exchange, InProcessExchange, RoundPlan, RoundUpdate, WeightAverage, average_summary,
+from sparknet.loop import (Exchange, FitPlan, InProcessExchange, RoundPlan, RoundUpdate, WeightAverage, average_summary,
                            run_rounds)
 from sparknet.net import EvalResult, Net
 from sparknet.solvers import SolverConfig
@@ -41,8 +41,9 @@ class _Scripted(Exchange):
 def test_the_average_follows_its_warm_up_then_its_decay_over_four_rounds():
     start = torch.tensor([1.0, -2.0])
     records = []
-    returned = run_rounds(_Scripted(), Average(), start.clone(), StopRule(rounds=4, tau=1),
-                          on_record=records.append, average=WeightAverage(0.3, start))
+    returned = run_rounds(_Scripted(),
+                          FitPlan(strategy=Average(), stop=StopRule(rounds=4, tau=1),
+                                  average=WeightAverage(0.3, start)),start.clone(), on_record=records.append)
     # by hand: the decay after round r is min(0.3, (1 + r) / (10 + r)): 2/11, 3/12, then 0.3 (4/13 and 5/14 are above)
     g, avg = [1.0, -2.0], [1.0, -2.0]
     for d, delta, record in zip([2 / 11, 3 / 12, 0.3, 0.3], DELTAS, records):
@@ -59,8 +60,8 @@ def test_the_average_follows_its_warm_up_then_its_decay_over_four_rounds():
 
 def test_without_the_option_the_loop_returns_the_global_weights_and_records_no_average():
     records = []
-    returned = run_rounds(_Scripted(), Average(), torch.tensor([1.0, -2.0]), StopRule(rounds=4, tau=1),
-                          on_record=records.append)
+    returned = run_rounds(_Scripted(), FitPlan(strategy=Average(), stop=StopRule(rounds=4, tau=1)),
+                          torch.tensor([1.0, -2.0]), on_record=records.append)
     assert returned.tolist() == [4.0, 0.0]
     assert not [k for r in records for k in r if "ema" in k]
     assert average_summary(records, None) == {}
@@ -68,8 +69,10 @@ def test_without_the_option_the_loop_returns_the_global_weights_and_records_no_a
 
 def test_the_summary_names_the_returned_average_and_the_last_global_scores():
     records = []
-    run_rounds(_Scripted(), Average(), torch.tensor([1.0, -2.0]), StopRule(rounds=2, tau=1),
-               on_record=records.append, average=WeightAverage(0.9, torch.tensor([1.0, -2.0])))
+    run_rounds(_Scripted(),
+               FitPlan(strategy=Average(), stop=StopRule(rounds=2, tau=1),
+                       average=WeightAverage(0.9, torch.tensor([1.0, -2.0]))),torch.tensor([1.0, -2.0]),
+               on_record=records.append)
     summary = average_summary(records, 0.9)
     # the last global weights: [1, -2] + [1, 0] + [0, 2] = [2, 0]
     assert summary == {"returned_weights": "ema", "weight_ema": 0.9, "test_global_loss": 2.0,
@@ -105,8 +108,10 @@ def test_scoring_the_average_leaves_the_training_and_the_global_weights_as_they_
         records = []
         globals_seen = []
         exchange.new_global = lambda g, progress, seen=globals_seen: seen.append(g.clone())
-        returned = run_rounds(exchange, Average(), start, StopRule(rounds=4, tau=3), on_record=records.append,
-                              average=None if decay is None else WeightAverage(decay, start))
+        returned = run_rounds(exchange,
+                              FitPlan(strategy=Average(), stop=StopRule(rounds=4, tau=3),
+                                      average=None if decay is None else WeightAverage(decay, start)),start,
+                              on_record=records.append)
         runs[decay] = records, globals_seen, returned
     (plain, plain_globals, plain_final), (averaged, avg_globals, avg_final) = runs[None], runs[0.5]
     for a, b, ga, gb in zip(plain, averaged, plain_globals, avg_globals):

@@ -30,7 +30,7 @@ from sparknet.collective import CollectiveExchange
 from sparknet.config import Strategy, WorkerConfig
 from sparknet.errors import GraphError
 from sparknet.layers import LinearLayer
-from sparknet.loop import run_rounds
+from sparknet.loop import FitPlan, run_rounds
 from sparknet.net import Net
 from sparknet.parallel.mesh import ParallelLayout, init_layout, replica_seed, share_data_over_mp
 from sparknet.parallel.tensor import (build_parallel, check_weight_budget, gather_full_weights, local_weight_bytes,
@@ -246,10 +246,11 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
         if on_round is not None:
             on_round(record)
 
-    stop = StopRule(rounds=job.rounds, steps=worker.steps, target_accuracy=job.target_accuracy, tau=job.tau)
+    fit = FitPlan(strategy=strategy, stop=StopRule(rounds=job.rounds, steps=worker.steps, tau=job.tau,
+                                                   target_accuracy=job.target_accuracy),
+                  evaluation=EvalPlan(every=job.eval_every_rounds))
     setup_s = time.perf_counter() - t0
-    global_flat = run_rounds(exchange, strategy, strategy.init_global(net.get_flat()), stop,
-                             evaluation=EvalPlan(every=job.eval_every_rounds), on_record=record_round, t0=t0)
+    global_flat = run_rounds(exchange, fit, strategy.init_global(net.get_flat()), on_record=record_round, t0=t0)
     net.set_flat(global_flat)
     out: dict = {"rank": layout.rank, "dp_rank": layout.dp_rank, "mp_rank": layout.mp_rank,
                  "weight_bytes": local_weight_bytes(net), "setup_s": setup_s, "plan": dict(plan),

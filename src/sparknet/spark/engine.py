@@ -23,8 +23,8 @@ from sparknet.link import LinkModel
 from sparknet.net import Net
 from sparknet.spark.session import is_local_master
 from sparknet.spark.rounds.executor import WorkerSpec
-from sparknet.stopping import StopRule
-from sparknet.strategies import AutoTau, TrainingStrategy
+from sparknet.loop import FitPlan, ResumeState
+from sparknet.strategies import TrainingStrategy
 
 __all__ = ["EngineOptions", "EngineRun"]
 
@@ -139,8 +139,8 @@ class EngineRun:
     """What every task needs (packed once per fit)."""
     global_flat: torch.Tensor
     """The global weights to start from."""
-    stop: StopRule
-    """Steps per round and when to stop."""
+    plan: FitPlan
+    """The fit's rules: strategy, stopping, evaluation, automatic tau, moving average, counters to go on from."""
     validation: tuple | None
     """The validation rows as ``(x, y)`` arrays, or ``None``."""
     driver_net: Net
@@ -151,7 +151,6 @@ class EngineRun:
     """``time.perf_counter()`` when the fit started (what the records' ``wall_s`` counts from)."""
     dist: DistributedConfig
     options: EngineOptions
-    strategy: TrainingStrategy
     link: LinkModel | None
     """The simulated network, or ``None``."""
     rows: tuple[int, ...]
@@ -160,26 +159,18 @@ class EngineRun:
     """``emit(record, latest=None)`` hands a round record to the user (``on_round``) as it happens; ``latest``: the
     global weights after it, where the driver holds them (the trainer's ``latest_flat``)."""
     checkpoints: RoundCheckpoints | None = None
-    resume: dict | None = None
-    """The state a resumed fit starts from (:meth:`SparkTrainer._open_checkpoints`), or ``None``."""
+    resume: ResumeState | None = None
+    """The state a resumed fit starts from (its checkpoint's), or ``None``."""
 
-    def auto_tau(self, state: dict | None = None) -> AutoTau | None:
-        """A new tau chooser of ``dist.auto_tau`` (``state``: a checkpoint's), or ``None`` without one."""
-        dist = self.dist
-        if not dist.auto_tau:
-            return None
-        auto = AutoTau(target_fraction=dist.auto_tau_target, min_tau=dist.auto_tau_min, max_tau=dist.auto_tau_max,
-                       every=dist.auto_tau_every, initial=dist.tau or dist.auto_tau_min)
-        if state:
-            auto.load_state_dict(state)
-        return auto
+    @property
+    def strategy(self) -> TrainingStrategy:
+        return self.plan.strategy
 
-    def save_checkpoint(self, engine: str, rounds_done: int, global_flat: torch.Tensor, counters: dict,
-                        workers: dict, strategy_state: dict | None = None) -> str:
-        """Write the checkpoint of round ``rounds_done``: the global weights, the counters, every worker's state,
-        the strategy's (default: the driver's own) and the driver's RNG states; returns its path."""
-        self.driver_net.set_flat(global_flat)
-        state = {"engine": engine, "round": rounds_done, **counters, "workers": workers,
-                 "strategy": self.strategy.state_dict() if strategy_state is None else strategy_state,
+    def save_checkpoint(self, engine: str, state: ResumeState) -> str:
+        """Write the checkpoint of round ``state.round``: its global weights, counters and workers' states, the
+        strategy's (``None``: the driver's own) and the driver's RNG states; returns its path."""
+        self.driver_net.set_flat(state.global_flat)
+        saved = {"engine": engine, **state.counters(), "workers": state.workers,
+                 "strategy": self.strategy.state_dict() if state.strategy is None else state.strategy,
                  "rng": rng_state()}
-        return self.checkpoints.save(rounds_done, self.driver_net.get_weights(), state)
+        return self.checkpoints.save(state.round, self.driver_net.get_weights(), saved)

@@ -57,7 +57,7 @@ from sparknet.checkpoint import CheckpointError, RoundCheckpoints, set_rng_state
 from sparknet.config import DistributedConfig, Engine, RunConfig, WorkerConfig, check_per_step_strategy
 from sparknet.errors import EngineError
 from sparknet.faults import faults_from
-from sparknet.loop import average_summary, check_streaming
+from sparknet.loop import FitPlan, ResumeState, average_summary, check_streaming
 from sparknet.metrics import rounds_summary
 from sparknet.net import FeatureDict, Net
 from sparknet.parallel.runner import ModelParallelJob, split_budget
@@ -69,7 +69,6 @@ from sparknet.spark.engine import EngineOptions, EngineRun
 from sparknet.spark.rounds.executor import WorkerSpec, cleanup_partition, stage_partition
 from sparknet.spark.rounds.driver import run_rounds_engine
 from sparknet.spark.session import get_session, is_connect, session_parallelism
-from sparknet.stopping import StopRule
 from sparknet.strategies import TrainingStrategy, make_strategy
 from sparknet.labels import Task, infer_task
 from sparknet.weights import WeightCollection
@@ -424,8 +423,7 @@ class SparkTrainer:
             if dist.warmup_steps and resume is None:  # a resumed run had its warm-up before its checkpoint
                 warmup = self._warmup(sc, group, chunks, total, driver_net, sample_shape)
             if resume is not None:
-                driver_net.set_weights(resume["weights"])
-                global_flat = driver_net.get_flat()
+                global_flat = resume.global_flat
             else:
                 global_flat = self.strategy.init_global(driver_net.get_flat())
             spec = WorkerSpec(fit_id=fit_id, net=_worker_copy(net), loss=self.loss, worker=worker, task=task,
@@ -435,17 +433,15 @@ class SparkTrainer:
                                        "stream": data_mode is spark_data.DataMode.STREAM,
                                        "stream_buffer_bytes": dist.stream_buffer_mb << 20},
                               faults=faults_from(self.options.fault), compression=dist.compression, link=self.link,
-                              resume=None if resume is None else {"round": resume["round"],
-                                                                  "workers": resume["workers"]},
+                              resume=None if resume is None else ResumeState(round=resume.round,
+                                                                             workers=resume.workers),
                               model_parallel=None if split is None else self._split_job(split["plan"], sample_shape))
-            stop = StopRule(rounds=dist.rounds, steps=worker.steps, epochs=dist.epochs,
-                            target_accuracy=dist.target_accuracy, dataset_rows=int(total["rows"]), tau=dist.tau,
-                            round_seconds=dist.round_seconds)
+            plan = FitPlan.from_config(dist, self.strategy, steps=worker.steps, dataset_rows=int(total["rows"]),
+                                       resume=resume)
             run = EngineRun(sc=sc, group=group, source=staged if staged is not None else chunks, chunks=chunks,
-                            spec=spec, global_flat=global_flat, stop=stop, validation=val, driver_net=driver_net,
-                            broadcasts=broadcasts, t_fit=t_fit, dist=dist, options=self.options,
-                            strategy=self.strategy, link=self.link, rows=tuple(self._rows), emit=self._emit,
-                            checkpoints=checkpoints, resume=resume)
+                            spec=spec, global_flat=global_flat, plan=plan, validation=val, driver_net=driver_net,
+                            broadcasts=broadcasts, t_fit=t_fit, dist=dist, options=self.options, link=self.link,
+                            rows=tuple(self._rows), emit=self._emit, checkpoints=checkpoints, resume=resume)
             t_train = time.perf_counter()
             run_engine = run_connect_stage if connect else _ENGINES[dist.engine]
             global_flat, history, extra = run_engine(run)
@@ -467,7 +463,7 @@ class SparkTrainer:
             "data_mode": data_mode.value, "data_mode_reason": data_mode_why,
             "warmup": warmup, "retries": sum(h.get("retries", 0) for h in rounds),
             "nonfinite_workers": sum(h.get("nonfinite_workers", 0) for h in rounds),
-            "resumed_from": None if resume is None else resume["round"],
+            "resumed_from": None if resume is None else resume.round,
             "checkpoints": None if checkpoints is None else checkpoints.written,
             "compression": dist.compression, "overlap": dist.overlap, "fragments": dist.fragments,
             "link": None if self.link is None else self.link.to_dict(),
@@ -481,8 +477,9 @@ class SparkTrainer:
         return TrainResult(weights=driver_net.get_weights(), history=history, summary=summary, net=driver_net)
 
     # -- pieces of fit ------------------------------------------------------------------------
-    def _open_checkpoints(self, driver_net: Net) -> tuple[RoundCheckpoints | None, dict | None]:
-        """The checkpoint folder (checked writable) and, with ``dist.resume``, the state to resume from."""
+    def _open_checkpoints(self, driver_net: Net) -> tuple[RoundCheckpoints | None, ResumeState | None]:
+        """The checkpoint folder (checked writable) and, with ``dist.resume``, the state to resume from (its weights
+        loaded into ``driver_net``)."""
         dist = self.dist
         if not dist.checkpoint_dir:
             return None, None
@@ -500,10 +497,10 @@ class SparkTrainer:
         self.strategy.load_state_dict(state.get("strategy") or {})
         set_rng_state(state["rng"])
         log.info("resuming from %s: round %d, %d steps per worker done", ckpt.path, ckpt.round, state["steps_done"])
-        return checkpoints, {"round": ckpt.round, "weights": ckpt.weights, "workers": state.get("workers") or {},
-                             "steps_done": state["steps_done"], "samples_done": state["samples_done"],
-                             "total_bytes": state["total_bytes"], "iteration": state.get("iteration"),
-                             "downlink": state.get("downlink"), "auto_tau": state.get("auto_tau")}
+        driver_net.set_weights(ckpt.weights)
+        resume = ResumeState.from_checkpoint(ckpt.round, state)
+        resume.global_flat = driver_net.get_flat()
+        return checkpoints, resume
 
     def _split_job(self, plan: dict, sample_shape) -> ModelParallelJob:
         """What every task of a split net's stage runs (:func:`~sparknet.parallel.runner.run_rank`)."""

@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from sparknet.errors import DeadlineExceeded, EngineError
+from sparknet.loop import ResumeState
 from sparknet.spark.backend import run_with_deadline, task_error, task_slots
 from sparknet.spark.barrier.executor import GroupPlan, StagePlan, run_barrier
 from sparknet.spark.engine import EngineRun
@@ -39,12 +41,10 @@ def run_barrier_engine(run: EngineRun):
     """
     opts, resume = run.options, run.resume
     history: list[dict] = []
-    latest = {"round": 0, "global": run.global_flat, "strategy": None, "iteration": None, "workers": None,
-              "steps_done": 0, "samples_done": 0, "total_bytes": 0, "auto_tau": None}
-    if resume is not None:
-        latest.update({k: resume[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "workers",
-                                              "auto_tau")},
-                      strategy=run.strategy.state_dict())
+    latest = ResumeState(global_flat=run.global_flat)
+    if resume is not None:  # its strategy state is the driver's strategy's now; its solver iteration is the workers'
+        latest = replace(resume, global_flat=run.global_flat, strategy=run.strategy.state_dict(), iteration=None,
+                         downlink=None)
     restarts: list[dict] = []
     t_engine, ready_at = time.perf_counter(), None
     while True:
@@ -61,11 +61,11 @@ def run_barrier_engine(run: EngineRun):
                 raise cause from failed.__cause__
             latest = stage.latest or latest
             first_line = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-            restarts.append({"after_round": latest["round"], "error": first_line})
+            restarts.append({"after_round": latest.round, "error": first_line})
             log.warning("barrier stage failed (%s); restart %d of at most %d from round %d", first_line,
-                        len(restarts), opts.max_restarts, latest["round"])
-            _wait_for_slots(run.sc, run.dist.workers, opts.rendezvous_timeout_s, latest["round"], cause)
-            del history[sum(1 for h in history if h["round"] <= latest["round"]):]  # their work is redone
+                        len(restarts), opts.max_restarts, latest.round)
+            _wait_for_slots(run.sc, run.dist.workers, opts.rendezvous_timeout_s, latest.round, cause)
+            del history[sum(1 for h in history if h["round"] <= latest.round):]  # their work is redone
     history.sort(key=lambda h: h["round"])
     ready_at = ready_at or stage.ready_at
     # the first stage's launch: its tasks start, write their partitions and join the process group (setup_s ends
@@ -110,7 +110,7 @@ class BarrierStage:
         self.fit, self.checkpoints = run, run.checkpoints
         self.history, self.restart = history, restart
         self.seen = {h["round"] for h in history}
-        self.latest: dict | None = None
+        self.latest: ResumeState | None = None
         self.pending: dict[int, dict] = {}  # round -> {"state": ..., "workers": {rank: state}}
         self.errors: list[dict] = []
         self.ready_at: float | None = None
@@ -134,12 +134,13 @@ class BarrierStage:
             tree = decode_tree(msg.pop("payload"))
             slot = self.pending.setdefault(int(msg["round"]), {"state": None, "workers": {}})
             if event == "state":
-                state = {k: msg[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration")}
-                state.update(global_flat=tree["global"], strategy=tree["strategy"], auto_tau=tree.get("auto_tau"),
-                             average=tree.get("average"))
+                state = ResumeState(round=msg["round"], steps_done=msg["steps_done"], samples_done=msg["samples_done"],
+                                    total_bytes=msg["total_bytes"], iteration=msg["iteration"],
+                                    global_flat=tree["global"], strategy=tree["strategy"],
+                                    auto_tau=tree.get("auto_tau"), average=tree.get("average"))
                 slot["state"] = state
-                if self.latest is None or state["round"] >= self.latest["round"]:
-                    self.latest = {**state, "global": tree["global"], "workers": None}
+                if self.latest is None or state.round >= self.latest.round:
+                    self.latest = replace(state, workers={})
             else:
                 slot["workers"][int(msg["rank"])] = tree
             self._maybe_checkpoint(int(msg["round"]))
@@ -149,23 +150,20 @@ class BarrierStage:
         if slot is None or slot["state"] is None:
             return
         ranks_with_data = sum(1 for n in self.fit.rows if n > 0)
-        if self.latest is not None and self.latest["round"] == r and len(slot["workers"]) == ranks_with_data:
-            self.latest["workers"] = slot["workers"]  # a restart from here is exact
+        if self.latest is not None and self.latest.round == r and len(slot["workers"]) == ranks_with_data:
+            self.latest.workers = slot["workers"]  # a restart from here is exact
         cp = self.checkpoints
         final = any(h["round"] == r and h.get("stop_reason") for h in self.history)
         if cp is None or not (cp.due(r) or final) or len(slot["workers"]) < ranks_with_data or r in cp.written:
             return
-        state = slot["state"]
-        counters = {k: state[k] for k in ("steps_done", "samples_done", "total_bytes", "iteration", "auto_tau")}
-        path = self.fit.save_checkpoint("barrier", r, state["global_flat"], counters, slot["workers"],
-                                         strategy_state=state["strategy"])
+        path = self.fit.save_checkpoint("barrier", replace(slot["state"], workers=slot["workers"]))
         for h in self.history:
             if h["round"] == r:
                 h["checkpoint"] = path
         for old in [k for k in self.pending if k <= r]:
             del self.pending[old]
 
-    def run(self, start: dict):
+    def run(self, start: ResumeState):
         run = self.fit
         sc, group, spec, dist, opts = run.sc, run.group, run.spec, run.dist, run.options
         K = dist.workers
@@ -174,28 +172,25 @@ class BarrierStage:
         host = "127.0.0.1" if local else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
         # the largest message: a rank's solver and strategy state (a few copies of the weights, and its shuffle
         # order at 8 bytes a row) or the global weights with the strategy's state
-        cap = 32 * len(start["global"]) + 8 * max(run.rows, default=0) + (1 << 20)
+        cap = 32 * len(start.global_flat) + 8 * max(run.rows, default=0) + (1 << 20)
         receiver = MetricsReceiver(host, host, secret, max_bytes=cap)
         outcome: dict = {}
         clock = {"ready": None, "heard": time.perf_counter()}
         try:
-            begin = {k: start.get(k) for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration",
-                                               "strategy", "workers", "auto_tau", "average")}
-            flat = start["global"]
+            flat, begin = start.global_flat, replace(start, global_flat=None)
             payload_bc = sc.broadcast((pack_spec(spec), np.asarray(flat, dtype=np.float32), begin))
             run.broadcasts.append(payload_bc)
             val_bc = None
             if run.validation is not None:
                 val_bc = sc.broadcast(run.validation)
                 run.broadcasts.append(val_bc)
-            auto = run.auto_tau()
             params = StagePlan(
                 group=GroupPlan(workers=K, local=local, rendezvous_timeout_s=opts.rendezvous_timeout_s,
                                 collective_timeout_s=opts.collective_timeout_s),
-                stop=run.stop, endpoint=receiver.endpoint, secret=secret, keys=receiver.client_keys,
-                evaluation=dist.evaluation(), restart=self.restart, state_every_rounds=opts.state_every_rounds,
-                checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None, auto_tau=auto,
-                weight_ema=dist.weight_ema, streaming=dist.streaming())
+                fit=run.plan, endpoint=receiver.endpoint, secret=secret, keys=receiver.client_keys,
+                restart=self.restart, state_every_rounds=opts.state_every_rounds,
+                checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,
+                streaming=dist.streaming())
             stage = run.source.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
             silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
 
@@ -290,8 +285,6 @@ def run_connect_stage(run: EngineRun):
     ranks bound every wait of theirs (``rendezvous_timeout_s``, ``collective_timeout_s``), and
     ``driver_timeout_s``, when set, bounds the whole stage.
     """
-    from dataclasses import replace
-
     from sparknet.errors import NonFiniteUpdate
     from sparknet.spark.backend import Held
     from sparknet.spark.barrier.executor import RESULT_SCHEMA, run_barrier_frame
@@ -299,13 +292,12 @@ def run_connect_stage(run: EngineRun):
 
     spark, group, spec, dist, opts = run.sc, run.group, run.spec, run.dist, run.options
     K = dist.workers
-    payload = Held((pack_spec(spec), np.asarray(run.global_flat, dtype=np.float32), {}))
+    payload = Held((pack_spec(spec), np.asarray(run.global_flat, dtype=np.float32), ResumeState()))
     val = Held(run.validation) if run.validation is not None else None
     params = StagePlan(
         group=GroupPlan(workers=K, local=is_local_master(session_master(spark)),
                         rendezvous_timeout_s=opts.rendezvous_timeout_s, collective_timeout_s=opts.collective_timeout_s),
-        stop=run.stop, evaluation=dist.evaluation(), auto_tau=run.auto_tau(), weight_ema=dist.weight_ema,
-        streaming=dist.streaming())
+        fit=run.plan, streaming=dist.streaming())
     float_labels = spec.task.float_labels or spec.weighted
     restarts: list[dict] = []
     while True:

@@ -17,7 +17,7 @@ Every task of the stage runs :func:`run_barrier`:
    strategy's state as a binary payload, so the driver can start a failed stage again from
    them; on checkpoint rounds every rank sends its own solver and strategy state.
 
-A stage starts at round 0 or where ``payload["start"]`` says (a restart or a resumed fit);
+A stage starts at round 0 or where its start (a :class:`~sparknet.loop.ResumeState`) says (a restart or a resumed fit);
 torch's global generator is reseeded every round from (seed, rank, round), as in the rounds
 engine, so a resumed fit repeats an uninterrupted one exactly.
 """
@@ -45,7 +45,7 @@ from sparknet.collective import CollectiveExchange, FIELDS
 from sparknet.config import Streaming
 from sparknet.errors import NonFiniteUpdate
 from sparknet.faults import due_fault
-from sparknet.loop import Progress, WeightAverage, run_rounds
+from sparknet.loop import FitPlan, ResumeState, WeightAverage, run_rounds
 from sparknet.parallel.runner import run_rank
 from sparknet.spark.backend import Held
 from sparknet.spark._channel import MetricsSender, encode_tree
@@ -53,8 +53,7 @@ from sparknet.rowfile import RowFile
 from sparknet.spark.data import write_chunks
 from sparknet.spark.rounds.executor import (WorkerSpec, build_worker_net, export_worker_state, fit_dir, freeze_heap,
                                     import_worker_state, round_seed, task_device, worker_failure)
-from sparknet.stopping import EvalPlan, StopRule
-from sparknet.strategies import AutoTau, WorkerState
+from sparknet.strategies import WorkerState
 
 __all__ = ["run_barrier", "run_barrier_frame", "RESULT_SCHEMA", "rendezvous", "gloo_interface", "interface_for_address",
            "GroupPlan", "StagePlan", "FIELDS"]
@@ -81,26 +80,20 @@ class StagePlan:
     """What every task of a barrier-engine stage gets from the driver, besides the weights and the data."""
 
     group: GroupPlan
-    stop: StopRule
-    """The fit's stopping rules (each rank runs its own copy of the same rule)."""
+    fit: FitPlan
+    """The fit's rules (each rank follows its own copy; a restart's counters and states come in its start)."""
     endpoint: str | None = None
     """The driver's metrics channel (``None``: no channel)."""
     secret: bytes | None = field(default=None, repr=False)
     """The channel's per-fit key."""
     keys: ClientKeys | None = field(default=None, repr=False)
     """The channel's CurveZMQ client keys (its socket lets in no other peer)."""
-    evaluation: EvalPlan = field(default_factory=EvalPlan)
-    """When the ranks evaluate, and on how many rows (each scores its share)."""
     restart: int = 0
     """How many times the stage was started again (0 for the first attempt)."""
     state_every_rounds: int = 1
     """Rounds between the global weights and strategy state sent to the driver."""
     checkpoint_every: int | None = None
     """Rounds between checkpoints (every rank then sends its own state), or ``None``."""
-    auto_tau: AutoTau | None = None
-    """The tau chooser (each rank loads the stage's start state into its own copy)."""
-    weight_ema: float | None = None
-    """The decay of the moving average of the global weights the fit keeps and returns, or ``None``."""
     streaming: Streaming | None = None
     """Whether the round's exchange overlaps the next round's steps, or moves a fragment at a time."""
 
@@ -395,7 +388,7 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
             final, info = _split_rank(spec, rank, data, val, params, sender, history)
         else:
             final, info = _round_loop(net, spec, rank, world, init_flat, has_data, val, val_rows, params, sender,
-                                      history, start or {}, arrivals=_Arrivals(store, rank, world)), {}
+                                      history, start or ResumeState(), arrivals=_Arrivals(store, rank, world)), {}
         yield ("worker", rank, {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
                                 "attempt": ctx.attemptNumber(), **info})
         if rank == 0:
@@ -451,10 +444,10 @@ class _BarrierExchange(CollectiveExchange):
     round to the driver (rank 0: the record and, when due, the global weights and strategy state; every
     rank: its own state on checkpoint rounds)."""
 
-    def __init__(self, *args, params: StagePlan, sender, history: list, arrivals: _Arrivals | None, auto, **kwargs):
+    def __init__(self, *args, params: StagePlan, fit: FitPlan, sender, history: list, arrivals: _Arrivals | None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
-        self.params, self.sender, self.history, self.arrivals, self.auto = params, sender, history, arrivals, auto
-        self.average: WeightAverage | None = None  # the moving average a restart continues from
+        self.params, self.fit, self.sender, self.history, self.arrivals = params, fit, sender, history, arrivals
 
     def _start(self, buf, n, plan, sent):
         if self.arrivals is not None:
@@ -477,7 +470,7 @@ class _BarrierExchange(CollectiveExchange):
             raise
 
     def round_done(self, record, global_flat, progress):
-        params, sender, r = self.params, self.sender, progress.round
+        params, fit, sender, r = self.params, self.fit, self.sender, progress.round
         reason = record.get("stop_reason")
         if self.link is not None:
             record["link_s"] = record.get("link_s", 0.0) + self.eval_link_s  # none yet: an overlapped first round
@@ -493,43 +486,38 @@ class _BarrierExchange(CollectiveExchange):
                                  "samples_done": progress.samples_done, "total_bytes": progress.total_bytes,
                                  "iteration": self.net.iteration},
                                 encode_tree({"global": global_flat, "strategy": self.strategy.state_dict(),
-                                             "auto_tau": None if self.auto is None else self.auto.state_dict(),
-                                             **({} if self.average is None else {"average": self.average.flat})}))
+                                             "auto_tau": None if fit.auto is None else fit.auto.state_dict(),
+                                             **({} if fit.average is None else {"average": fit.average.flat})}))
         if sender is not None and ckpt_every and self.has_data and (r % ckpt_every == 0 or reason is not None):
             sender.send({"event": "worker_state", "round": r, "rank": self.rank},
                         encode_tree(export_worker_state(self.net, self.state)))
 
 
 def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_data: bool, val, val_rows,
-                params: StagePlan, sender, history: list, start: dict,
+                params: StagePlan, sender, history: list, start: ResumeState,
                 arrivals: _Arrivals | None = None) -> torch.Tensor:
     """Train round after round until the stop rule says so; returns the final global weights."""
     strategy = spec.strategy
     state = WorkerState()
-    if start.get("strategy") is not None:
-        strategy.load_state_dict(start["strategy"])
-    saved = (start.get("workers") or {}).get(rank)
+    if start.strategy is not None:
+        strategy.load_state_dict(start.strategy)
+    saved = start.workers.get(rank)
     if saved is not None and has_data:
         state = import_worker_state(net, saved)
-    elif start.get("iteration") is not None:
-        net.set_iteration(start["iteration"])  # a restart without solver state: momentum starts afresh
-    auto = params.auto_tau
-    if auto is not None and start.get("auto_tau"):
-        auto.load_state_dict(start["auto_tau"])
-
+    elif start.iteration is not None:
+        net.set_iteration(start.iteration)  # a restart without solver state: momentum starts afresh
+    fit = replace(params.fit, strategy=strategy, progress=start.progress())
+    if fit.auto is not None and start.auto_tau:
+        fit.auto.load_state_dict(start.auto_tau)
+    global_flat = torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))
+    if fit.weight_ema is not None:  # a restarted stage continues the average rank 0 last sent
+        fit.average = WeightAverage(fit.weight_ema, global_flat if start.average is None else
+                                    torch.from_numpy(np.array(start.average, dtype=np.float32, copy=True)))
     exchange = _BarrierExchange(net, strategy, rank=rank, world=world, state=state, has_data=has_data,
                                 validation=val, validation_rows=val_rows,
                                 compression=spec.compression, link=spec.link,
                                 seed_for_round=lambda r: round_seed(spec.worker.seed, rank, r),
                                 after_train=_fault_hook(spec, rank, params.restart),
-                                params=params, sender=sender, history=history, arrivals=arrivals, auto=auto,
+                                params=params, fit=fit, sender=sender, history=history, arrivals=arrivals,
                                 streaming=params.streaming)
-    progress = Progress(round=start.get("round", 0), steps_done=start.get("steps_done", 0),
-                        samples_done=start.get("samples_done", 0), total_bytes=start.get("total_bytes", 0))
-    global_flat = torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))
-    if params.weight_ema is not None:
-        saved = start.get("average")  # a restarted stage continues the average rank 0 last sent
-        exchange.average = WeightAverage(params.weight_ema, global_flat if saved is None else
-                                         torch.from_numpy(np.array(saved, dtype=np.float32, copy=True)))
-    return run_rounds(exchange, strategy, global_flat, replace(params.stop), progress=progress, auto=auto,
-                      evaluation=params.evaluation, average=exchange.average)
+    return run_rounds(exchange, fit, global_flat)

@@ -27,7 +27,7 @@ import torch
 
 from sparknet._enums import CompressionKind, parse_enum
 from sparknet.errors import DeadlineExceeded
-from sparknet.loop import Exchange, NetScorer, Progress, RoundPlan, RoundUpdate, WeightAverage, run_rounds
+from sparknet.loop import Exchange, NetScorer, Progress, ResumeState, RoundPlan, RoundUpdate, run_rounds
 from sparknet.spark.backend import Watchdog, default_round_deadline, job_group, spark_call, task_slots
 from sparknet.spark._channel import decode_tree
 from sparknet.spark._relay import RoundRelay
@@ -106,7 +106,7 @@ class SparkRoundsExchange(Exchange):
         self._worker_states: dict = {}
         self.hold_states = hold_states
         self._hosts: list[str] | None = None  # where the last round's tasks ran
-        self._held: dict | None = None  # {"round": rounds done, "workers": {index: state}} with hold_states
+        self._held: ResumeState | None = None  # the workers' states after the last round, with hold_states
         self.elastic_after_s = elastic_after_s
         self._slots: int | None = None  # task slots at the start of the last round
         self._short_since: float | None = None  # when the cluster was first seen short of task slots
@@ -295,8 +295,8 @@ class SparkRoundsExchange(Exchange):
         workers = sorted(acc.workers, key=lambda w: w.index)
         states = {w.index: w.worker_state for w in workers if w.worker_state is not None}
         if self.hold_states:  # a worker left out of the round keeps the state it had: it made no step
-            states = {**(self._held["workers"] if self._held else {}), **states}
-            self._held = {"round": r + 1, "workers": states}
+            states = {**(self._held.workers if self._held else {}), **states}
+            self._held = ResumeState(round=r + 1, workers=states)
         self._worker_states = states
         if active is not None:
             self._stale = (self._stale | set(range(self.workers))) - set(active)
@@ -395,10 +395,9 @@ def run_rounds_engine(run: EngineRun):
 
 
 def _run(run: EngineRun, spec, relay):
-    sc, checkpoints, resume, dist = run.sc, run.checkpoints, run.resume, run.dist
+    sc, checkpoints, resume, dist, plan = run.sc, run.checkpoints, run.resume, run.dist, run.plan
     spec_bc = sc.broadcast(pack_spec(spec))
     run.broadcasts.append(spec_bc)
-    auto = run.auto_tau(None if resume is None else resume.get("auto_tau"))
 
     def wants_state(rounds_done: int, last: bool) -> bool:  # worker states come back on checkpoint rounds
         return checkpoints is not None and (checkpoints.due(rounds_done) or last)
@@ -410,22 +409,18 @@ def _run(run: EngineRun, spec, relay):
         if worker_states is None:
             log.warning("round %d: the run stopped on %s before a checkpoint round; the final checkpoint holds "
                         "no worker solver state, so a resume from it restarts the workers' solvers", r, reason)
-        counters = {"steps_done": progress.steps_done, "samples_done": progress.samples_done,
-                    "total_bytes": progress.total_bytes, "downlink": downlink_state,
-                    "auto_tau": None if auto is None else auto.state_dict()}
-        return run.save_checkpoint("rounds", r, global_flat, counters, worker_states or {})
+        return run.save_checkpoint("rounds", ResumeState(
+            round=r, steps_done=progress.steps_done, samples_done=progress.samples_done,
+            total_bytes=progress.total_bytes, global_flat=global_flat, workers=worker_states or {},
+            downlink=downlink_state, auto_tau=None if plan.auto is None else plan.auto.state_dict()))
 
     exchange = SparkRoundsExchange(sc, run.group, run.source, run.chunks, spec_bc, workers=dist.workers,
                                    compression=dist.compression, driver_net=run.driver_net,
                                    broadcasts=run.broadcasts, round_timeout_s=run.options.round_timeout_s,
                                    link=run.link, checkpoint=checkpoint, wants_state=wants_state,
-                                   downlink_state=None if resume is None else resume.get("downlink"),
+                                   downlink_state=None if resume is None else resume.downlink,
                                    hold_states=run.options.holds_worker_state(sc.master),
                                    elastic_after_s=run.options.elastic_after_s, relay=relay)
-    progress = Progress()
-    if resume is not None:
-        progress = Progress(round=resume["round"], steps_done=resume["steps_done"],
-                            samples_done=resume["samples_done"], total_bytes=resume["total_bytes"])
     history: list[dict] = []
 
     def on_record(record: dict) -> None:
@@ -433,9 +428,7 @@ def _run(run: EngineRun, spec, relay):
         run.emit(record, exchange.latest)
 
     with job_group(sc, run.group, f"sparknet rounds ({dist.workers} workers)"):  # each round names itself
-        average = None if dist.weight_ema is None else WeightAverage(dist.weight_ema, run.global_flat)
-        global_flat = run_rounds(exchange, run.strategy, run.global_flat, run.stop, progress=progress, auto=auto,
-                                 evaluation=dist.evaluation(), on_record=on_record, t0=run.t_fit, average=average)
+        global_flat = run_rounds(exchange, plan, run.global_flat, on_record=on_record, t0=run.t_fit)
     return global_flat, history, {"rerun_partitions": exchange.rerun_partitions,
                                   "elastic_rounds": exchange.elastic_rounds,
                                   "rounds_transport": "spark" if exchange.relay is None else "socket"}

@@ -66,7 +66,7 @@ from sparknet._enums import CompressionKind
 from sparknet._malloc import keep_freed_memory
 from sparknet._tensortree import load_tree, save_tree
 from sparknet.faults import due_fault
-from sparknet.loop import RoundPlan
+from sparknet.loop import ResumeState, RoundPlan
 from sparknet.net import Net
 from sparknet.config import WorkerConfig
 from sparknet.rowfile import DEFAULT_BUFFER_BYTES, RowFile
@@ -102,8 +102,8 @@ class WorkerSpec:
     options: dict = field(default_factory=dict)
     faults: tuple = ()
     """Injected faults (:mod:`sparknet.faults`), for reliability tests."""
-    resume: dict | None = None
-    """A resumed fit: ``{"round": rounds done, "workers": {index: export_worker_state(...)}}``."""
+    resume: ResumeState | None = None
+    """A resumed fit's round and workers' states (:func:`export_worker_state`)."""
     compression: CompressionKind = CompressionKind.NONE
     """Codec of the updates (:func:`sparknet.strategies.make_compressor`); not none: the rounds engine's
     weights go down as :class:`~sparknet.strategies.Downlink` messages too."""
@@ -481,12 +481,11 @@ def _state_path(directory: str, index: int, version: int) -> str:
     return os.path.join(directory, f"p{index}.r{version}.state")
 
 
-def _sync_state(entry: _Entry, index: int, round_index: int, resume: dict | None = None, *,
+def _sync_state(entry: _Entry, index: int, round_index: int, resume: ResumeState | None = None, *,
                 quiet: bool = False) -> bool:
     """Bring the cached net's solver and strategy state to the end of the previous round; whether it could.
 
-    ``resume`` is ``{"round": rounds done, "workers": {index: state}}``: a checkpoint's, or the
-    states the driver holds. ``quiet``: a state not found is the caller's to handle.
+    ``resume``: a checkpoint's workers' states, or those the driver holds (a :class:`~sparknet.loop.ResumeState`). ``quiet``: a state not found is the caller's to handle.
     """
     want = round_index - 1
     if entry.version == want or want < 0:
@@ -496,8 +495,8 @@ def _sync_state(entry: _Entry, index: int, round_index: int, resume: dict | None
         saved = load_tree(path, entry.net.device)  # this fit's own tasks wrote it: tensors, numbers and dicts
         entry.state = import_worker_state(entry.net, saved["worker"])
         entry.version = want
-    elif resume is not None and want == resume["round"] - 1 and index in resume["workers"]:
-        entry.state = import_worker_state(entry.net, resume["workers"][index])
+    elif resume is not None and want == resume.round - 1 and index in resume.workers:
+        entry.state = import_worker_state(entry.net, resume.workers[index])
         entry.version = want
     else:
         if not quiet:
