@@ -61,7 +61,7 @@ def _ddp_to_target() -> dict:
     from net_vs_bare import bare_lenet
     from sparknet.datasets import mnist
     from sparknet.net import fixed_sample
-    from sparknet.stopping import screen_margin
+    from sparknet.loop import screen_margin
 
     budget = _budget()
     torch.set_num_threads(1)

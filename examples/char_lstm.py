@@ -49,11 +49,10 @@ from sparknet import zoo
 from sparknet.datasets import shakespeare
 from sparknet.net import EvalResult, Net, TrainStats
 from sparknet.collective import CollectiveExchange
-from sparknet.loop import FitPlan, Progress, WeightAverage, run_rounds
+from sparknet.loop import EvalPlan, FitPlan, Progress, StopRule, WeightAverage, run_rounds
 from sparknet.parallel import init_layout, replica_seed
 from sparknet.sample import sample_text
 from sparknet.solvers import SolverConfig
-from sparknet.stopping import EvalPlan, StopRule
 from sparknet.strategies import make_strategy
 
 log = logging.getLogger("char_lstm")

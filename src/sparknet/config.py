@@ -13,7 +13,6 @@ from dataclasses import asdict, dataclass, field
 
 from sparknet._enums import CompressionKind, DataMode, parse_enum
 from sparknet.link import LinkModel
-from sparknet.stopping import EvalPlan
 from sparknet.solvers import LRPolicy, SolverConfig, SolverType
 
 __all__ = ["Engine", "Strategy", "CompressionKind", "WorkerConfig", "RunConfig", "DistributedConfig", "TrainConfig",
@@ -458,12 +457,6 @@ class DistributedConfig:
     def plan(self) -> dict[str, str | None] | None:
         """--parallel-plan as layer name -> ``"column"``, ``"row"`` or ``None`` (``None``: not given)."""
         return None if self.parallel_plan is None else parse_plan(self.parallel_plan)
-
-    def evaluation(self) -> EvalPlan:
-        """When the round loop evaluates, and on how many rows (--eval-every-rounds, --eval-screen-rows,
-        --eval-budget)."""
-        return EvalPlan(every=self.eval_every_rounds, screen_rows=self.eval_screen_rows or None,
-                        budget=None if self.eval_budget >= 1.0 else self.eval_budget, overlap=self.eval_overlap)
 
     def streaming(self) -> Streaming | None:
         """How the round's exchange runs late or in parts (--overlap, --fragments); ``None``: neither."""

@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 
 
 from sparknet.config import CompressionKind, Strategy, Streaming, parse_enum
-from sparknet.loop import FitPlan, InProcessExchange, run_rounds
+from sparknet.loop import EvalPlan, FitPlan, InProcessExchange, StopRule, run_rounds
 from sparknet.step import worker_seed
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
-from sparknet.stopping import EvalPlan, StopRule
 from sparknet.strategies import make_strategy
 
 __all__ = ["SimulationResult", "simulate"]

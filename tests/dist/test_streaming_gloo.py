@@ -10,10 +10,9 @@ from sparknet import zoo
 from sparknet.collective import FIELDS, CollectiveExchange
 from sparknet.config import Streaming
 from sparknet.link import LinkModel
-from sparknet.loop import FitPlan, InProcessExchange, run_rounds
+from sparknet.loop import FitPlan, InProcessExchange, StopRule, run_rounds
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
-from sparknet.stopping import StopRule
 from sparknet.strategies import Average, DiLoCo
 
 _ROUNDS, _TAU = 5, 3

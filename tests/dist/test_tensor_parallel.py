@@ -36,9 +36,8 @@ from sparknet.parallel import (
     weight_bytes_per_rank,
 )
 from sparknet.collective import CollectiveExchange
-from sparknet.loop import FitPlan, run_rounds
+from sparknet.loop import FitPlan, StopRule, run_rounds
 from sparknet.solvers import SolverConfig
-from sparknet.stopping import StopRule
 from sparknet.strategies import Average
 from sparknet.weights import WeightCollection
 

@@ -7,12 +7,11 @@ import pytest
 
 from _spark_testlib import blobs, flat, mlp
 from sparknet.config import WorkerConfig
-from sparknet.loop import RoundPlan
+from sparknet.loop import RoundPlan, StopRule
 from sparknet.solvers import SolverConfig
 from sparknet.spark.rounds import executor as _rounds
 from sparknet.spark.data import pair_chunks
 from sparknet.spark.rounds.executor import WorkerReport, WorkerSpec, WorkerStatus, combine, fold, pack_spec
-from sparknet.stopping import StopRule
 from sparknet.strategies import Average
 
 pytestmark = pytest.mark.spark  # imports pyspark

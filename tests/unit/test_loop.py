@@ -13,10 +13,10 @@ import torch
 from sparknet import zoo
 from sparknet.config import DistributedConfig, RunConfig
 from sparknet.errors import NonFiniteUpdate
-from sparknet.loop import FitPlan, InProcessExchange, Progress, run_rounds, weighted_mean
+from sparknet.loop import (EvalPlan, FitPlan, InProcessExchange, Progress, StopRule, run_rounds, screen_margin,
+                           weighted_mean)
 from sparknet.net import EvalResult, Net, fixed_sample
 from sparknet.solvers import SolverConfig
-from sparknet.stopping import EvalPlan, StopRule, screen_margin
 from sparknet.strategies import Average
 from sparknet.train import train_local
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from sparknet.spark.backend import FIRST_ROUND_DEADLINE_S, MIN_ROUND_DEADLINE_S, Watchdog, default_round_deadline
-from sparknet.stopping import StopRule
+from sparknet.loop import StopRule
 
 
 def test_the_first_round_gets_a_fixed_generous_deadline():

@@ -8,10 +8,9 @@ import torch
 
 from sparknet import zoo
 from sparknet.config import DistributedConfig, Streaming
-from sparknet.loop import FitPlan, InProcessExchange, run_rounds
+from sparknet.loop import FitPlan, InProcessExchange, StopRule, run_rounds
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
-from sparknet.stopping import StopRule
 from sparknet.strategies import Average, DiLoCo, EASGD
 
 

@@ -11,11 +11,10 @@ from sparknet import zoo
 from sparknet.cli import build_parser
 from sparknet._fields import from_args
 from sparknet.config import DistributedConfig, RunConfig
-from sparknet.loop import (Exchange, FitPlan, InProcessExchange, RoundPlan, RoundUpdate, WeightAverage, average_summary,
-                           run_rounds)
+from sparknet.loop import (Exchange, FitPlan, InProcessExchange, RoundPlan, RoundUpdate, StopRule, WeightAverage,
+                           average_summary, run_rounds)
 from sparknet.net import EvalResult, Net
 from sparknet.solvers import SolverConfig
-from sparknet.stopping import StopRule
 from sparknet.strategies import Average
 from sparknet.train import train_local
 

@@ -30,12 +30,11 @@ from sparknet.collective import CollectiveExchange
 from sparknet.config import Strategy, WorkerConfig
 from sparknet.errors import GraphError
 from sparknet.layers import LinearLayer
-from sparknet.loop import FitPlan, run_rounds
+from sparknet.loop import EvalPlan, FitPlan, StopRule, run_rounds
 from sparknet.net import Net
 from sparknet.parallel.mesh import ParallelLayout, init_layout, replica_seed, share_data_over_mp
 from sparknet.parallel.tensor import (build_parallel, check_weight_budget, gather_full_weights, local_weight_bytes,
                                      resolve_plan)
-from sparknet.stopping import EvalPlan, StopRule
 from sparknet.strategies import WorkerState, make_strategy
 from sparknet.weights import WeightCollection
 
