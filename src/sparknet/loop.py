@@ -1,8 +1,8 @@
-"""The round loop: every worker runs tau local steps, then their updates become new global weights.
+"""The plan and the round loop: every worker runs tau local steps, then their updates become new global weights.
 
-This is SparkNet's Listing 3, and the only place sparknet runs it::
+A fit is one :class:`FitPlan` (strategy, :class:`StopRule`, :class:`EvalPlan`, automatic tau, moving average,
+counters), and :func:`run_rounds` is SparkNet's Listing 3, the only place sparknet runs it::
 
-    global_flat = strategy.init_global(initial_weights)
     every round:
         plan   = RoundPlan(steps=tau or what the steps rule leaves, seconds=the time budget)
         update = exchange.run_round(plan, global_flat)        # local steps; sum of samples * delta
@@ -10,20 +10,9 @@ This is SparkNet's Listing 3, and the only place sparknet runs it::
         global_flat = strategy.apply(global_flat, mean, K)    # average, DiLoCo, EASGD, sync
         evaluate when due, record the round, checkpoint, stop when the StopRule says so
 
-Engines differ only in their :class:`Exchange` — how the workers' local steps run and how
-their deltas are summed:
-
-- :class:`InProcessExchange` (here): K nets in this process, one after another (the
-  simulator of :mod:`sparknet.simulate`, and one-process training with K = 1);
-- the rounds engine (:mod:`sparknet.spark.trainer`): one Spark job per round, the weights out
-  by broadcast, the deltas back by aggregation, on the driver;
-- the barrier engine and the data-parallel group of a model-parallel mesh
-  (:mod:`sparknet.collective`): one allreduce per round, the loop running on every rank.
-
-With :class:`~sparknet.config.Streaming` an exchange may also run late or in parts: overlapped (a round's
-exchange runs behind the next round's local steps, whose workers go on from their own
-weights and take the average one round late) or streamed (one fragment of the weights a
-round, in turn); :class:`WorkerStream` keeps each worker's side of it.
+Engines differ only in their :class:`Exchange`: :class:`InProcessExchange` here (K nets in this process),
+the rounds engine's (:mod:`sparknet.spark.rounds.driver`) and the collective one (:mod:`sparknet.collective`).
+Each calls :class:`sparknet.step.WorkerStep` for a worker's local work. docs/DESIGN.md draws the whole.
 
 No pyspark import.
 """
