@@ -162,7 +162,7 @@ class RunConfig:
     device: str = "cpu"
     """cpu, cuda or auto."""
     eval_every: int = 1000
-    """Steps between evaluations on the test set."""
+    """Steps between evaluations on the test set (in one process; rounded up to whole rounds of --tau steps)."""
     metrics_out: str | None = None
     """JSON-lines metrics file."""
     quiet: bool = False

@@ -35,8 +35,9 @@ from sparknet.net import EvalResult
 from sparknet.step import WorkerStep, sum_stats
 from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, make_compressor
 
-__all__ = ["StopRule", "EvalPlan", "screen_margin", "RoundPlan", "RoundUpdate", "Progress", "ResumeState", "FitPlan", "Exchange", "InProcessExchange", "NetScorer",
-           "check_streaming", "WeightAverage", "average_summary", "weighted_mean", "run_rounds"]
+__all__ = ["FitPlan", "StopRule", "EvalPlan", "screen_margin", "Progress", "ResumeState", "RoundPlan", "RoundUpdate",
+           "Exchange", "InProcessExchange", "NetScorer", "check_streaming", "WeightAverage", "average_summary",
+           "weighted_mean", "run_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -743,9 +744,12 @@ class InProcessExchange(Exchange):
         """The worker's local steps in pieces of ``piece`` steps, each reported to ``on_steps``."""
 
         def train(steps: int, seconds: float | None):
-            done = []
+            done, t0 = [], time.perf_counter()
             while sum(s.steps for s in done) < steps:
-                stats = net.train(min(self.piece, steps - sum(s.steps for s in done)))
+                left_s = None if seconds is None else seconds - (time.perf_counter() - t0)
+                if left_s is not None and left_s <= 0:
+                    break
+                stats = net.train(min(self.piece, steps - sum(s.steps for s in done)), max_seconds=left_s)
                 self.on_steps(stats)
                 done.append(stats)
                 if stats.steps == 0:

@@ -189,7 +189,7 @@ class WorkerStep:
         (the part that came back), and sends its progress on ``part``.
         """
         net, strategy, stream = self.net, self.strategy, self.stream
-        global_flat = global_flat.cpu()  # the exchange's buffers are on the CPU; set_flat moves them to the net's device
+        global_flat = global_flat.cpu()  # the exchange's buffers are on the CPU; set_flat moves them to the device
         if self.streaming is None:
             strategy.worker_begin(self.state, net, global_flat)
         elif stream.base is None:
@@ -204,7 +204,10 @@ class WorkerStep:
             stats = net.train(steps, max_seconds=seconds, after_backward=self.hook)
         if self.after_train is not None:
             self.after_train(net, round)
-        delta = strategy.worker_delta(self.state, net, global_flat) if self.streaming is None else stream.take(net, part)
+        if self.streaming is None:
+            delta = strategy.worker_delta(self.state, net, global_flat)
+        else:
+            delta = stream.take(net, part)
         if not finite_update(stats, delta):
             if self.streaming is not None:
                 stream.begin(net, global_flat)  # its own weights are lost: it starts again from the global ones

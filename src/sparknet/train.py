@@ -4,9 +4,9 @@ Run it with::
 
     sparknet train --model lenet --dataset mnist
 
-It builds the model, loads the data, trains ``--steps`` updates with evaluations on the
-test set every ``--eval-every`` steps (stopping early at ``--target-accuracy``, ``--rounds``
-or ``--epochs``), and writes ``eval`` records and a final ``summary``.
+It builds the model, loads the data, trains ``--steps`` updates in rounds of ``--tau`` steps with
+evaluations on the test set every ``--eval-every`` steps (rounded up to whole rounds; stopping early
+at ``--target-accuracy``, ``--rounds`` or ``--epochs``), and writes ``eval`` records and a final ``summary``.
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ log = logging.getLogger(__name__)
 def train_local(run: RunConfig, dist: DistributedConfig | None = None) -> dict:
     """Train in this process as ``run`` says; returns the summary record.
 
-    This is the round loop of :mod:`sparknet.loop` with one in-process worker: a round is one
-    ``eval_every`` interval of steps, evaluated at its end, and the run stops on the first of
-    ``run.steps`` and ``dist``'s stopping rules (``target_accuracy``, ``rounds``, ``epochs``).
+    This is the round loop of :mod:`sparknet.loop` with one in-process worker: a round is ``dist.tau`` steps (or
+    ``dist.round_seconds``), the weights are evaluated every ``run.eval_every`` steps rounded up to whole rounds,
+    and the run stops on the first of ``run.steps`` and ``dist``'s stopping rules (``target_accuracy``,
+    ``rounds``, ``epochs``).
     ``dist`` also gives the checkpoint settings (``checkpoint_dir``, ``checkpoint_every``,
     ``checkpoint_keep``, ``resume``): a checkpoint holds the weights, the solver with its data
     position and generator, and torch's global generator, so a resumed run repeats an
@@ -91,7 +92,7 @@ def _local_checkpoints(dist: DistributedConfig | None, net: Net, config: dict):
     net.load_solver_state(solver)
     torch.set_rng_state(state["torch_rng"].to(torch.uint8))
     log.info("resuming from %s: step %d", ckpt.path, state["steps"])
-    return checkpoints, state
+    return checkpoints, {**state, "round": ckpt.round}
 
 
 def _save_local(checkpoints, net: Net, global_flat, interval: int, *, steps: int, samples: int,
@@ -103,8 +104,8 @@ def _save_local(checkpoints, net: Net, global_flat, interval: int, *, steps: int
 
 
 class _LocalExchange(InProcessExchange):
-    """One in-process worker whose round is one ``eval_every`` interval: the progress line moves every 50
-    steps, a NaN loss stops the run at once, and each round writes its ``eval`` record and checkpoint."""
+    """One in-process worker: the progress line moves every 50 steps, a NaN loss stops the run at once, an
+    evaluated round writes its ``eval`` record, and a round due for a checkpoint writes one."""
 
     def __init__(self, net: Net, strategy, metrics: MetricsLogger, checkpoints, *, samples: int, train_s: float):
         super().__init__([net], strategy, evaluator=net, on_steps=self._progress)
@@ -123,6 +124,9 @@ class _LocalExchange(InProcessExchange):
                                      "learning rate (--lr) or check the data for NaN values")
 
     def round_done(self, record: dict, global_flat, progress: Progress) -> None:
+        self._checkpoint(record, global_flat, progress)
+        if "val_loss" not in record and "screen_loss" not in record:
+            return
         out = {"event": "eval", "step": progress.steps_done, "samples": self.samples, "wall_s": self.metrics.elapsed()}
         if "val_accuracy" in record:  # the whole test set
             self.accuracy = record["val_accuracy"]
@@ -137,6 +141,8 @@ class _LocalExchange(InProcessExchange):
                      record["screen_accuracy"], record["screen_rows"])
         self.metrics.write(out)
         self.metrics.progress(0, loss=self.loss, acc=self.accuracy)
+
+    def _checkpoint(self, record: dict, global_flat, progress: Progress) -> None:
         cp = self.checkpoints
         if cp is not None and (cp.due(progress.round) or "stop_reason" in record):
             _save_local(cp, self.net, global_flat, progress.round, steps=progress.steps_done, samples=self.samples,
@@ -145,7 +151,8 @@ class _LocalExchange(InProcessExchange):
 
 def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: int, checkpoints=None,
                 start: dict | None = None, dist: DistributedConfig | None = None) -> dict:
-    """The round loop with one in-process worker: a round is ``eval_every`` steps, evaluated at its end."""
+    """The round loop with one in-process worker: a round is ``tau`` steps (or ``round_seconds``), and the weights
+    are evaluated every ``eval_every`` steps, rounded up to whole rounds."""
     done = 0 if start is None else int(start["steps"])
     stop_reason, ema = None, None
     with MetricsLogger(run.metrics_out, progress=not run.quiet, total=run.steps, sinks=sinks) as metrics:
@@ -157,11 +164,12 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
         if start is not None:
             metrics.progress(done)
         if done < run.steps:
-            plan = FitPlan.from_config(replace(dist or DistributedConfig(), tau=run.eval_every, round_seconds=None,
-                                               auto_tau=False, eval_every_rounds=1),
-                                       strategy, steps=run.steps, dataset_rows=net.num_training_samples,
-                                       resume=ResumeState(round=-(-done // run.eval_every), steps_done=done,
-                                                          samples_done=exchange.samples))
+            config = dist or DistributedConfig()
+            every = 1 if config.tau is None else -(-run.eval_every // config.tau)  # whole rounds of tau steps
+            plan = FitPlan.from_config(replace(config, auto_tau=False, eval_every_rounds=every), strategy,
+                                       steps=run.steps, dataset_rows=net.num_training_samples,
+                                       resume=ResumeState(round=0 if start is None else int(start["round"]),
+                                                          steps_done=done, samples_done=exchange.samples))
             records: list[dict] = []
             net.set_flat(run_rounds(exchange, plan, strategy.init_global(net.get_flat()), on_record=records.append))
             done, stop_reason, ema = plan.progress.steps_done, records[-1].get("stop_reason"), plan.average

@@ -11,7 +11,7 @@ from sparknet.metrics import read_metrics
 def test_train_writes_eval_and_summary_records(tmp_path):
     out = tmp_path / "m.jsonl"
     rc = main(["train", "--model", "mlp", "--dataset", "synthetic", "--steps", "60", "--eval-every", "30",
-               "--batch-size", "32", "--lr", "0.05", "--lr-policy", "fixed", "--threads", "1",
+               "--tau", "10", "--batch-size", "32", "--lr", "0.05", "--lr-policy", "fixed", "--threads", "1",
                "--metrics-out", str(out), "--quiet"])
     assert rc == 0
     records = read_metrics(out)

@@ -163,10 +163,11 @@ def _run(steps: int) -> RunConfig:
 def test_training_with_an_s3_checkpoint_dir_resumes_exactly(s3, monkeypatch):
     # the endpoint from the standard environment variable, the URIs plain
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3.endpoint)
-    whole = train_local(_run(100), DistributedConfig(checkpoint_dir=f"s3://{BUCKET}/train/whole", checkpoint_every=1))
+    whole = train_local(_run(100), DistributedConfig(checkpoint_dir=f"s3://{BUCKET}/train/whole", checkpoint_every=1,
+                                                     tau=20))
     split = f"s3://{BUCKET}/train/split"
-    train_local(_run(60), DistributedConfig(checkpoint_dir=split, checkpoint_every=1))
-    resumed = train_local(_run(100), DistributedConfig(checkpoint_dir=split, checkpoint_every=1, resume=True))
+    train_local(_run(60), DistributedConfig(checkpoint_dir=split, checkpoint_every=1, tau=20))
+    resumed = train_local(_run(100), DistributedConfig(checkpoint_dir=split, checkpoint_every=1, resume=True, tau=20))
     a = CheckpointManager(f"s3://{BUCKET}/train/whole").load()
     b = CheckpointManager(split).load()
     assert a.round == b.round == 5 and resumed["resumed_from_step"] == 60 and resumed["steps"] == 100

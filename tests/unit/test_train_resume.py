@@ -16,7 +16,8 @@ def _run(steps: int, **kw) -> RunConfig:
 
 
 def _dist(folder, resume=False, every=1) -> DistributedConfig:
-    return DistributedConfig(checkpoint_dir=str(folder), checkpoint_every=every, resume=resume)
+    # rounds of 20 steps: the runs stop at round ends, so a resumed run's rounds are the uninterrupted one's
+    return DistributedConfig(checkpoint_dir=str(folder), checkpoint_every=every, resume=resume, tau=20)
 
 
 def test_a_stopped_and_resumed_run_ends_with_the_same_weights_bitwise(tmp_path):
@@ -51,3 +52,15 @@ def test_an_unwritable_checkpoint_folder_fails_before_training(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(CheckpointError, match="--checkpoint-dir"):
         train_local(_run(20), _dist(blocker / "ckpt"))
+
+
+def test_one_process_rounds_are_tau_steps_and_evaluations_come_every_eval_every_steps(tmp_path):
+    import json
+
+    out = tmp_path / "m.jsonl"
+    run = RunConfig(model="mlp", dataset="synthetic", steps=60, eval_every=25, batch_size=32, threads=1, quiet=True,
+                    lr=0.05, metrics_out=str(out))
+    train_local(run, DistributedConfig(checkpoint_dir=str(tmp_path / "ck"), checkpoint_every=1, tau=10))
+    assert CheckpointManager(str(tmp_path / "ck")).rounds() == [4, 5, 6]  # six rounds of 10 steps, newest three kept
+    evals = [r["step"] for r in map(json.loads, out.read_text().splitlines()) if r["event"] == "eval"]
+    assert evals == [30, 60]  # every 25 steps, rounded up to whole rounds: every third round

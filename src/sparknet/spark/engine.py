@@ -1,4 +1,4 @@
-"""What an engine's driver side gets for one fit: :class:`EngineRun` (and the engines' settings, :class:`EngineOptions`).
+"""What an engine gets for one fit (:class:`EngineRun`), and the engines' settings (:class:`EngineOptions`).
 
 :meth:`SparkTrainer.fit <sparknet.spark.trainer.SparkTrainer.fit>` builds one :class:`EngineRun` (the plan, the data,
 the settings) and hands it to the engine (:func:`sparknet.spark.rounds.driver.run_rounds_engine`,
