@@ -48,26 +48,21 @@ _ENUMS: dict[str, str] = {
     "SolverParameter.SolverType": "SGD=0 NESTEROV=1 ADAGRAD=2 RMSPROP=3 ADADELTA=4 ADAM=5",
     "ParamSpec.DimCheckMode": "STRICT=0 PERMISSIVE=1",
     "LossParameter.NormalizationMode": "FULL=0 VALID=1 BATCH_SIZE=2 NONE=3",
-    "ConvolutionParameter.Engine": "DEFAULT=0 CAFFE=1 CUDNN=2",
     "DataParameter.DB": "LEVELDB=0 LMDB=1",
     "EltwiseParameter.EltwiseOp": "PROD=0 SUM=1 MAX=2",
     "HingeLossParameter.Norm": "L1=1 L2=2",
     "LRNParameter.NormRegion": "ACROSS_CHANNELS=0 WITHIN_CHANNEL=1",
-    "LRNParameter.Engine": "DEFAULT=0 CAFFE=1 CUDNN=2",
     "PoolingParameter.PoolMethod": "MAX=0 AVE=1 STOCHASTIC=2",
-    "PoolingParameter.Engine": "DEFAULT=0 CAFFE=1 CUDNN=2",
     "PoolingParameter.RoundMode": "CEIL=0 FLOOR=1",
     "ReductionParameter.ReductionOp": "SUM=1 ASUM=2 SUMSQ=3 MEAN=4",
-    "ReLUParameter.Engine": "DEFAULT=0 CAFFE=1 CUDNN=2",
-    "SigmoidParameter.Engine": "DEFAULT=0 CAFFE=1 CUDNN=2",
-    "SoftmaxParameter.Engine": "DEFAULT=0 CAFFE=1 CUDNN=2",
-    "TanHParameter.Engine": "DEFAULT=0 CAFFE=1 CUDNN=2",
     "SPPParameter.PoolMethod": "MAX=0 AVE=1 STOCHASTIC=2",
-    "SPPParameter.Engine": "DEFAULT=0 CAFFE=1 CUDNN=2",
     "V1LayerParameter.LayerType": _V1_LAYER_TYPES,
     "V1LayerParameter.DimCheckMode": "STRICT=0 PERMISSIVE=1",
     "V0LayerParameter.PoolMethod": "MAX=0 AVE=1 STOCHASTIC=2",
 }
+_ENUMS.update({f"{owner}.Engine": "DEFAULT=0 CAFFE=1 CUDNN=2" for owner in (
+    "ConvolutionParameter", "LRNParameter", "PoolingParameter", "ReLUParameter", "SigmoidParameter",
+    "SoftmaxParameter", "TanHParameter", "SPPParameter")})
 
 # Messages, in dependency-free order (the pool resolves names after the whole file is added).
 _MESSAGES: dict[str, str] = {

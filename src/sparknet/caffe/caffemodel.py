@@ -9,10 +9,10 @@
 
 Caffe's blob order per layer is sparknet's ``GraphModule.layer_weights()`` order: weight,
 then bias, then running statistics. A Caffe ``BatchNorm`` has a third blob, the factor its
-stored mean and variance are multiplied by; reading divides it out and writing adds a 1. Both the current ``layer`` and the legacy V1
-``layers`` field are read; a blob's shape is its ``shape`` or, in old files, the 4-D
-``num/channels/height/width``; values are ``data`` (float32) or ``double_data`` (float64).
-Writing keeps each tensor's bits: float32 goes to ``data``, float64 to ``double_data``.
+stored mean and variance are multiplied by; reading divides it out and writing adds a 1.
+Both the current ``layer`` and the legacy V1 ``layers`` field are read; a blob's shape is
+its ``shape`` or, in old files, the 4-D ``num/channels/height/width``. Values are ``data``
+(float32) or ``double_data`` (float64), and writing keeps each tensor's bits in the same two.
 """
 
 from __future__ import annotations
@@ -111,13 +111,12 @@ def _array_to_blob(array: np.ndarray, blob: Any) -> None:
     blob.MergeFromString(tag + _varint(len(raw)) + raw)
 
 
-def _read_net(path: str | os.PathLike) -> Any:
-    path = Path(path)
-    msg = _schema.NetParameter()
+def _parse(path: str | os.PathLike, msg: Any, what: str) -> Any:
+    """``msg`` read from the binary file ``path``; a ValueError saying the file is not ``what``."""
     try:
-        msg.ParseFromString(path.read_bytes())
+        msg.ParseFromString(Path(path).read_bytes())
     except Exception as exc:  # protobuf's DecodeError
-        raise ValueError(f"{path}: not a Caffe .caffemodel (binary NetParameter): {exc}") from None
+        raise ValueError(f"{path}: not a Caffe {what}: {exc}") from None
     return msg
 
 
@@ -135,7 +134,7 @@ def read_caffemodel_layers(path: str | os.PathLike) -> list[CaffeModelLayer]:
     GraphError
         Naming the file and the layer, when a blob holds another number of values than its shape.
     """
-    msg = _read_net(path)
+    msg = _parse(Path(path), _schema.NetParameter(), ".caffemodel (binary NetParameter)")
     out: list[CaffeModelLayer] = []
     for i, layer in enumerate(msg.layer):
         out.append(_layer_of(_text(layer.name, i, path), _text(layer.type, i, path), layer.blobs, path))
@@ -439,6 +438,18 @@ def _shape_text(shape: tuple[int, ...]) -> str:
     return "x".join(str(d) for d in shape) if shape else "scalar"
 
 
+def _table(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> list[str]:
+    """Rows as aligned text columns, a rule under the first (the header); columns in ``right`` flush right."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for n, row in enumerate(rows):
+        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(row)]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
 def describe_caffemodel(path: str | os.PathLike) -> str:
     """A table of a ``.caffemodel``'s layers: name, type, blob shapes and parameter count.
 
@@ -446,24 +457,12 @@ def describe_caffemodel(path: str | os.PathLike) -> str:
     """
     layers = read_caffemodel_layers(path)
     rows = [("layer", "type", "blobs", "params")]
-    total = 0
-    for layer in layers:
-        shapes = ", ".join(_shape_text(b.shape) for b in layer.blobs) or "-"
-        rows.append((layer.name, layer.type or "?", shapes, f"{layer.num_params:,}"))
-        total += layer.num_params
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = []
-    for i, row in enumerate(rows):
-        lines.append(
-            "  ".join(
-                cell.rjust(widths[j]) if j == 3 else cell.ljust(widths[j]) for j, cell in enumerate(row)
-            ).rstrip()
-        )
-        if i == 0:
-            lines.append("  ".join("-" * w for w in widths))
+    rows += [(layer.name, layer.type or "?", ", ".join(_shape_text(b.shape) for b in layer.blobs) or "-",
+              f"{layer.num_params:,}") for layer in layers]
+    total = sum(layer.num_params for layer in layers)
     with_blobs = sum(1 for layer in layers if layer.blobs)
-    lines.append(f"{len(layers)} layers, {with_blobs} with weights, {total:,} parameters")
-    return "\n".join(lines)
+    footer = f"{len(layers)} layers, {with_blobs} with weights, {total:,} parameters"
+    return "\n".join([*_table(rows, right=(3,)), footer])
 
 
 def read_binaryproto(path: str | os.PathLike) -> np.ndarray:
@@ -471,10 +470,5 @@ def read_binaryproto(path: str | os.PathLike) -> np.ndarray:
 
     Returns the blob's array (``[1, C, H, W]`` for mean files).
     """
-    blob = _schema.BlobProto()
-    try:
-        blob.ParseFromString(Path(path).read_bytes())
-    except Exception as exc:
-        raise ValueError(f"{path}: not a Caffe BlobProto: {exc}") from None
-    array, _ = _blob_to_array(blob)
+    array, _ = _blob_to_array(_parse(path, _schema.BlobProto(), "BlobProto"))
     return array

@@ -40,8 +40,8 @@ import torch
 from sparknet._fields import OldName
 from sparknet.model_io import load_model, save_model
 from sparknet.caffe import train as caffe_train
-from sparknet.caffe.caffemodel import (describe_caffemodel, load_caffemodel_into, read_caffemodel_layers,
-                                       write_caffemodel)
+from sparknet.caffe.caffemodel import (_shape_text, _table, describe_caffemodel, load_caffemodel_into,
+                                       read_caffemodel_layers, write_caffemodel)
 from sparknet.caffe.prototxt import PrototxtError, load_net_prototxt, net_to_prototxt
 from sparknet.caffe.solver import load_solver_prototxt
 from sparknet.config import DistributedConfig, RunConfig
@@ -76,14 +76,8 @@ class CaffeTrainFlags:
     """Train on the first N samples of the training data only (quick runs)."""
 
     def __post_init__(self):
-        for name in ("snapshot_every", "display"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be non-negative, got {value}")
-        for name in ("test_iter", "max_train_samples"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        for name, least in (("snapshot_every", 0), ("display", 0), ("test_iter", 1), ("max_train_samples", 1)):
+            caffe_train._check_least(least, f"--{name.replace('_', '-')}", getattr(self, name))
 
     @property
     def given(self) -> bool:
@@ -165,17 +159,6 @@ def file_kind(path: str | Path) -> str:
     return "solver" if _SOLVER_KEYS.search(text) else "net"
 
 
-def _table(rows: list[tuple[str, ...]], right: tuple[int, ...] = ()) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = []
-    for n, row in enumerate(rows):
-        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(row)]
-        lines.append("  ".join(cells).rstrip())
-        if n == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return lines
-
-
 def _param_counts(net) -> dict[str, int]:
     """Learnable values per layer, without allocating the weights (built on torch's meta device)."""
     try:
@@ -195,22 +178,28 @@ def _caffe_type(net, layer) -> str:
     return net.layer_types.get(layer.name, type(layer).__name__)
 
 
+def _net_layers(path: str | Path, phase: str, stages: tuple[str, ...]) -> tuple[Any, list[dict], int]:
+    """A net for ``phase``, a record per layer (what ``inspect --json`` prints) and its learnable values."""
+    net = load_net_prototxt(path, phase=phase, stages=tuple(stages))
+    shapes = net.net_params.infer_shapes()
+    counts = _param_counts(net)
+    layers = [{"layer": l.name, "type": _caffe_type(net, l), "bottoms": list(l.bottoms), "tops": list(l.tops),
+               "shapes": [list(shapes.get(t) or ()) for t in l.tops], "params": counts.get(l.name, 0)}
+              for l in net.net_params]
+    return net, layers, sum(counts.values())
+
+
 def describe_net(path: str | Path, *, phase: str = "TRAIN", stages: tuple[str, ...] = ()) -> str:
     """A table of a net prototxt's layers for ``phase``: type, bottoms, tops, output shapes, parameters.
 
     What ``sparknet caffe inspect NET`` prints.
     """
-    net = load_net_prototxt(path, phase=phase, stages=tuple(stages))
-    shapes = net.net_params.infer_shapes()
-    counts = _param_counts(net)
+    net, layers, total = _net_layers(path, phase, stages)
     rows = [("layer", "type", "bottoms", "tops", "output shape", "params")]
-    for layer in net.net_params:
-        out = ", ".join("x".join(str(d) for d in shapes[t]) if shapes.get(t) else "scalar" for t in layer.tops)
-        rows.append((layer.name, _caffe_type(net, layer), ", ".join(layer.bottoms) or "-",
-                     ", ".join(layer.tops) or "-", out or "-", f"{counts.get(layer.name, 0):,}"))
+    rows += [(r["layer"], r["type"], ", ".join(r["bottoms"]) or "-", ", ".join(r["tops"]) or "-",
+              ", ".join(_shape_text(s) for s in r["shapes"]) or "-", f"{r['params']:,}") for r in layers]
     lines = [f"{path}: net {net.name!r}, phase {net.phase}" + (f", stages {list(stages)}" if stages else "")]
     lines += _table(rows, right=(5,))
-    total = sum(counts.values())
     lines.append(f"{len(net.net_params)} layers, {total:,} learnable parameters")
     for spec in net.data_layers:
         binding = spec.binding
@@ -274,12 +263,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
         print(json.dumps(solver_settings(path)) if args.json else describe_solver(path))
     else:
         if args.json:
-            net = load_net_prototxt(path, phase=args.phase, stages=tuple(args.stage))
-            shapes = net.net_params.infer_shapes()
-            counts = _param_counts(net)
-            print(json.dumps([{"layer": l.name, "type": _caffe_type(net, l), "bottoms": list(l.bottoms),
-                               "tops": list(l.tops), "shapes": [list(shapes.get(t) or ()) for t in l.tops],
-                               "params": counts.get(l.name, 0)} for l in net.net_params]))
+            print(json.dumps(_net_layers(path, args.phase, tuple(args.stage))[1]))
         else:
             print(describe_net(path, phase=args.phase, stages=tuple(args.stage)))
     return 0

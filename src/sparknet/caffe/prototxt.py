@@ -641,13 +641,16 @@ class _Converter:
         return {"lr_mult": lr, "decay_mult": decay}
 
     def pair(self, layer: Any, p: Any, single: str, prefix: str, default: int | None) -> tuple[int, int] | None:
-        """Caffe's ``single`` (repeated: 1 or 2 values) or ``prefix_h`` + ``prefix_w`` option as (h, w)."""
+        """Caffe's ``single`` (1 or 2 values) or ``prefix_h`` + ``prefix_w`` option as (h, w)."""
         h, w = f"{prefix}_h", f"{prefix}_w"
         if p.HasField(h) or p.HasField(w):
             if not (p.HasField(h) and p.HasField(w)):
                 raise self.fail(layer, f"set both {h} and {w}, or {single}")
             return (int(getattr(p, h)), int(getattr(p, w)))
-        values = [int(v) for v in getattr(p, single)]
+        values = getattr(p, single)
+        if isinstance(values, int):  # an optional single value (Pooling's)
+            values = [values] if p.HasField(single) else []
+        values = [int(v) for v in values]
         if not values:
             return None if default is None else (default, default)
         if len(values) == 1:
@@ -708,22 +711,13 @@ class _Converter:
         kind = layer.type
         if not 1 <= len(layer.top) <= 2:
             raise self.fail(layer, f"expected a data top and an optional label top, got {list(layer.top)}")
+        p = getattr(layer, _DATA_PARAMS[kind])
+        source: str | None = None if kind == "MemoryData" else p.source
+        batch = int(p.batch_size)
         shape: tuple[int, ...] | None = None
-        source: str | None = None
-        if kind == "Data":
-            p = layer.data_param
-            source, batch = p.source, int(p.batch_size)
-        elif kind == "ImageData":
-            p = layer.image_data_param
-            source, batch = p.source, int(p.batch_size)
-            if p.new_height and p.new_width:
-                shape = (3 if p.is_color else 1, int(p.new_height), int(p.new_width))
-        elif kind == "HDF5Data":
-            p = layer.hdf5_data_param
-            source, batch = p.source, int(p.batch_size)
-        else:  # MemoryData
-            p = layer.memory_data_param
-            batch = int(p.batch_size)
+        if kind == "ImageData" and p.new_height and p.new_width:
+            shape = (3 if p.is_color else 1, int(p.new_height), int(p.new_width))
+        elif kind == "MemoryData":
             shape = (int(p.channels), int(p.height), int(p.width))
         binding = _find_binding(source, layer.name, self.sources)
         if binding is not None and binding.sample_shape is not None and shape is None:
@@ -797,13 +791,7 @@ class _Converter:
             raise self.fail(layer, "stochastic pooling is not supported")
         if _enum_name(p, "round_mode") != "CEIL":
             raise self.fail(layer, "round_mode FLOOR is not supported (Caffe's default CEIL is)")
-        kernel = None
-        if p.HasField("kernel_h") or p.HasField("kernel_w"):
-            if not (p.HasField("kernel_h") and p.HasField("kernel_w")):
-                raise self.fail(layer, "set both kernel_h and kernel_w, or kernel_size")
-            kernel = (int(p.kernel_h), int(p.kernel_w))
-        elif p.HasField("kernel_size"):
-            kernel = (int(p.kernel_size), int(p.kernel_size))
+        kernel = self.pair(layer, p, "kernel_size", "kernel", None)
         if kernel is None and not p.global_pooling:
             raise self.fail(layer, "kernel_size is not set")
         stride = (int(p.stride_h), int(p.stride_w)) if p.HasField("stride_h") else (int(p.stride), int(p.stride))
@@ -963,23 +951,15 @@ class _Converter:
 
 _ACTIVATIONS = {"Sigmoid": "sigmoid", "TanH": "tanh", "AbsVal": "abs", "BNLL": "softplus"}
 _LOSS_TYPES = {"SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss", "ContrastiveLoss"}
+_DATA_PARAMS = {"Data": "data_param", "ImageData": "image_data_param", "HDF5Data": "hdf5_data_param",
+                "MemoryData": "memory_data_param"}
 _HANDLERS: dict[str, Callable[[_Converter, Any], list[Any]]] = {
     "Input": _Converter.input_layers,
-    "Data": _Converter.data_layer,
-    "ImageData": _Converter.data_layer,
-    "HDF5Data": _Converter.data_layer,
-    "MemoryData": _Converter.data_layer,
+    **dict.fromkeys(_DATA_PARAMS, _Converter.data_layer),
     "Convolution": _Converter.convolution,
     "Pooling": _Converter.pooling,
     "InnerProduct": _Converter.inner_product,
-    "ReLU": _Converter.activation,
-    "Sigmoid": _Converter.activation,
-    "TanH": _Converter.activation,
-    "ELU": _Converter.activation,
-    "AbsVal": _Converter.activation,
-    "BNLL": _Converter.activation,
-    "Power": _Converter.activation,
-    "Swish": _Converter.activation,
+    **dict.fromkeys(("ReLU", "Sigmoid", "TanH", "ELU", "AbsVal", "BNLL", "Power", "Swish"), _Converter.activation),
     "PReLU": _Converter.prelu,
     "Dropout": _Converter.dropout,
     "LRN": _Converter.lrn,
@@ -994,8 +974,7 @@ _HANDLERS: dict[str, Callable[[_Converter, Any], list[Any]]] = {
     "Reshape": _Converter.reshape,
     "Softmax": _Converter.softmax,
     "SoftmaxWithLoss": _Converter.softmax_loss,
-    "EuclideanLoss": _Converter.simple_loss,
-    "SigmoidCrossEntropyLoss": _Converter.simple_loss,
+    **dict.fromkeys(("EuclideanLoss", "SigmoidCrossEntropyLoss"), _Converter.simple_loss),
     "ContrastiveLoss": _Converter.contrastive,
     "Accuracy": _Converter.accuracy,
     "Embed": _Converter.embed,

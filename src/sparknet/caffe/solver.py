@@ -241,20 +241,13 @@ def load_solver_prototxt(
 
     settings: dict[str, Any] = dict(
         type=solver_type,
-        base_lr=_f(msg.base_lr),
-        momentum=_f(msg.momentum),
-        momentum2=_f(msg.momentum2),
-        weight_decay=_f(msg.weight_decay),
+        **{name: _f(getattr(msg, name)) for name in ("base_lr", "momentum", "momentum2", "weight_decay", "delta",
+                                                     "rms_decay", "gamma", "power", "clip_gradients")},
         regularization=msg.regularization_type,
-        delta=_f(msg.delta),
-        rms_decay=_f(msg.rms_decay),
         lr_policy=policy,
-        gamma=_f(msg.gamma),
-        power=_f(msg.power),
         stepsize=int(msg.stepsize),
         stepvalues=tuple(int(v) for v in msg.stepvalue),
         iter_size=int(msg.iter_size),
-        clip_gradients=_f(msg.clip_gradients),
         caffe_history=solver_type in (SolverType.SGD, SolverType.NESTEROV),  # Caffe's momentum rule, exactly
         caffe_delta=solver_type is SolverType.ADAM,  # and where Adam's delta enters
     )
@@ -301,18 +294,12 @@ def load_solver_prototxt(
         train_state=_state(msg.train_state, "TRAIN") if msg.HasField("train_state") else NetStateSpec("TRAIN"),
         test_states=tuple(_state(s, "TEST") for s in msg.test_state),
         test_iter=tuple(int(v) for v in msg.test_iter),
-        test_interval=int(msg.test_interval),
-        test_compute_loss=bool(msg.test_compute_loss),
-        test_initialization=bool(msg.test_initialization),
-        display=int(msg.display),
-        average_loss=int(msg.average_loss),
-        snapshot=int(msg.snapshot),
+        **{name: getattr(msg, name) for name in ("test_interval", "test_compute_loss", "test_initialization", "display",
+                                                 "average_loss", "snapshot", "snapshot_after_train", "device_id")},
         snapshot_prefix=msg.snapshot_prefix if msg.HasField("snapshot_prefix") else None,
         snapshot_format=_enum_name(msg, "snapshot_format"),
-        snapshot_after_train=bool(msg.snapshot_after_train),
         random_seed=int(msg.random_seed) if msg.random_seed >= 0 else None,
         solver_mode=_enum_name(msg, "solver_mode"),
-        device_id=int(msg.device_id),
         weights=tuple(msg.weights),
         source_path=path,
     )

@@ -208,6 +208,12 @@ def parse_sources(text: str | Mapping[str, Any] | None) -> dict[str, DataBinding
     return out
 
 
+def _check_least(least: int, name: str, value: int | None) -> None:
+    """A ValueError naming ``name`` when ``value`` is given and below ``least`` (0 or 1)."""
+    if value is not None and value < least:
+        raise ValueError(f"{name} must be {'non-negative' if least == 0 else 'at least 1'}, got {value}")
+
+
 def _snapshot_stem(prefix: str | None, fallback: str) -> str:
     stem = Path(prefix).name if prefix else ""
     stem = re.sub(r"[^\w.-]+", "_", stem).strip("._")
@@ -278,14 +284,10 @@ def resolve_caffe_run(
     """
     if prototxt is None and solver is None:
         raise ValueError("give a net prototxt, a solver prototxt, or both")
-    for name, value in (("max_iter", max_iter), ("batch_size", batch_size), ("test_iter", test_iter)):
-        if value is not None and value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}")
-    for name, value in (("test_interval", test_interval), ("display", display), ("snapshot", snapshot)):
-        if value is not None and value < 0:
-            raise ValueError(f"{name} must be non-negative, got {value}")
-    if max_train_samples is not None and max_train_samples < 1:
-        raise ValueError(f"max_train_samples must be at least 1, got {max_train_samples}")
+    for name, value, least in (("max_iter", max_iter, 1), ("batch_size", batch_size, 1), ("test_iter", test_iter, 1),
+                               ("test_interval", test_interval, 0), ("display", display, 0), ("snapshot", snapshot, 0),
+                               ("max_train_samples", max_train_samples, 1)):
+        _check_least(least, name, value)
     bindings = parse_sources(sources)
     net_file = Path(prototxt) if prototxt is not None else None
     if net_file is not None and not net_file.is_file():
