@@ -15,18 +15,10 @@ Data layers
 -----------
 ``Data``, ``ImageData``, ``HDF5Data`` and ``MemoryData`` layers become :class:`RDDLayer`
 inputs (one for the data top, an ``int64`` one for the label top) with the batch size of
-the layer. Their ``source`` is bound to a sparknet data set by a :class:`DataBinding`:
-the BVLC example sources are bound by default (``mnist_train_lmdb`` -> ``mnist``/train,
-``mnist_test_lmdb`` -> ``mnist``/test, the CIFAR-10 and ILSVRC-12 ones likewise); pass
-``sources={"my_lmdb": DataBinding(...)}`` (or ``"mnist:test"``) for others. A binding
-is matched by the full ``source``, then its last path component, then the layer name.
-
-``transform_param`` becomes a :class:`CaffeTransform` the data pipeline applies to each
-numpy batch. Caffe transforms raw pixel values (0-255): ``(x - mean) * scale`` after a
-crop and a mirror. sparknet's loaders already scale pixels (MNIST is in [0, 1]), so each
-binding records that ``native_scale`` (1/255 for the image sets) and the transform first
-undoes it. LeNet's ``scale: 0.00390625`` thus gives exactly Caffe's input values
-(``x * 255 / 256``).
+the layer. Their ``source`` is bound to a sparknet data set by a :class:`DataBinding`
+(:data:`DEFAULT_SOURCES` binds the BVLC examples' sources), and ``transform_param`` becomes
+a :class:`CaffeTransform` that first undoes the scale sparknet's loader applied: LeNet's
+``scale: 0.00390625`` thus gives exactly Caffe's input values (``x * 255 / 256``).
 
 Deviations from Caffe, by design
 --------------------------------

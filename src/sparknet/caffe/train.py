@@ -183,26 +183,19 @@ def parse_sources(text: str | Mapping[str, Any] | None) -> dict[str, DataBinding
     """
     if not text:
         return {}
-    items = text.items() if isinstance(text, Mapping) else []
+    items = list(text.items()) if isinstance(text, Mapping) else []
     if isinstance(text, str):
-        pairs = []
-        for entry in (e.strip() for e in text.split(",")):
-            if not entry:
-                continue
+        for entry in filter(None, (e.strip() for e in text.split(","))):
             if "=" not in entry:
                 raise ValueError(f"a data source binding reads SOURCE=DATASET[:SPLIT], got {entry!r}")
             key, _, value = entry.partition("=")
-            pairs.append((key.strip(), value.strip()))
-        items = pairs
+            items.append((key.strip(), value.strip()))
     out: dict[str, DataBinding] = {}
     for key, value in items:
-        if isinstance(value, DataBinding):
-            out[key] = value
-            continue
         name, _, split = str(value).partition(":")
         binding = DataBinding.parse(value)
         scale = _DATASET_SCALE.get(name.lower())
-        if scale is not None and binding.sample_shape is None:
+        if scale is not None and binding.sample_shape is None and not isinstance(value, DataBinding):
             binding = DataBinding(name, split or "train", (1, 28, 28), scale, 10)
         out[key] = binding
     return out
@@ -746,11 +739,10 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
     dist = dist if dist is not None else DistributedConfig(workers=workers)
     if dist.workers != workers:
         dist = replace(dist, workers=workers)
-    on_spark = workers > 1 or dist.master is not None or dist.engine is Engine.BARRIER
     if dist.engine is Engine.LOCAL and workers > 1:
         raise ValueError("engine 'local' trains in one process; use --engine rounds or barrier with --workers K")
-    if dist.engine is Engine.LOCAL:
-        on_spark = False
+    on_spark = dist.engine is not Engine.LOCAL and (workers > 1 or dist.master is not None
+                                                   or dist.engine is Engine.BARRIER)
     if dist.weight_ema is not None and not on_spark:
         raise ValueError("weight_ema averages the global weights of rounds on Spark; a Caffe run in one process "
                          "follows its solver step by step: drop --weight-ema or train on Spark (--workers K)")
@@ -866,7 +858,6 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
                            "test_accuracy": record.get("val_accuracy")})
 
     if state.evaluator is not None and run.test_initialization and run.test_interval > 0:
-
         state.test(0, 0, WeightCollection(module.layer_weights()))
     worker = WorkerConfig(solver=run.solver, batch_size=run.batch_size, seed=run.seed, threads=threads, device=device,
                           steps=run.max_iter)
@@ -882,10 +873,8 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
     if run.snapshot_after_train or (run.snapshot and progress["steps"] % run.snapshot == 0):
         state.snapshot(progress["steps"], weights)
     summary = {k: v for k, v in result.summary.items() if k not in ("test_accuracy", "test_loss")}
-    summary["steps"] = summary.get("total_steps")
-    summary["fit_s"] = summary.get("wall_s")
-    summary["wall_s"] = metrics.elapsed()
-    summary["master"] = spark.sparkContext.master
+    summary.update(steps=summary.get("total_steps"), fit_s=summary.get("wall_s"), wall_s=metrics.elapsed(),
+                   master=spark.sparkContext.master)
     if validation is not None and result.summary.get("test_accuracy") is not None:
         summary["test_accuracy"] = result.summary["test_accuracy"]
         summary["test_loss"] = result.summary.get("test_loss")
