@@ -22,6 +22,7 @@ import os
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import dropwhile
 from pathlib import Path
 from typing import Any
 
@@ -210,11 +211,8 @@ def _fit(array: np.ndarray, shape: tuple[int, ...], legacy: bool) -> np.ndarray 
     if array.shape == shape:
         return array
     if legacy and array.size == int(np.prod(shape)):
-        def strip(s):
-            s = list(s)
-            while s and s[0] == 1:
-                s.pop(0)
-            return s
+        def strip(s: tuple[int, ...]) -> list[int]:
+            return list(dropwhile(lambda d: d == 1, s))
 
         if strip(array.shape) == strip(shape):
             return array.reshape(shape)
