@@ -1,12 +1,13 @@
-"""A nested state (dicts, lists, tuples, numbers, strings, tensors) in one file: a JSON outline, then raw bytes.
+"""A nested state (dicts, lists, tuples, numbers, strings, tensors) as bytes: a JSON outline, then raw bytes.
 
-A rounds-engine worker saves its solver and strategy state after every round, so that whichever
-Python worker of the machine runs the partition next continues from it. ``torch.save``'s zip
-archive and ``torch.load``'s restricted unpickler cost 4-7 ms each for LeNet's state, on the
-critical path of every round. This format is an 8-byte length, a JSON outline of the structure
-(each tensor's dtype, shape and offset) and the tensors' bytes, each at a 64-byte boundary:
-writing it is one pass over the tensors, reading it one read and a copy per tensor, and nothing
-is unpickled. Dict keys keep their type (the optimizer's are ints), tuples stay tuples.
+The one serializer of nested tensor state: a rounds-engine worker's state file after every round (whichever
+Python worker of the machine runs the partition next continues from it), and the states that cross the network
+to the driver (the barrier engine's channel, the rounds engine's relay). ``torch.save``'s zip archive and
+``torch.load``'s restricted unpickler cost 4-7 ms each for LeNet's state, on the critical path of every round.
+This format is a magic line, an 8-byte length, a JSON outline of the structure (each tensor's dtype, shape and
+offset) and the tensors' bytes, each at a 64-byte boundary: writing it is one pass over the tensors, reading it
+a copy per tensor, and nothing is unpickled. Dict keys keep their type (the optimizer's are ints), tuples stay
+tuples.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["save_tree", "load_tree", "TreeFileError"]
+__all__ = ["pack_tree", "unpack_tree", "save_tree", "load_tree", "TreeFileError"]
 
 _MAGIC = b"SNTREE1\n"
 _ALIGN = 64
@@ -56,21 +57,55 @@ def _outline(obj: Any, tensors: list[tuple[torch.Tensor, int]], offset: list[int
     raise TypeError(f"cannot save a {type(obj).__name__} in a tree file")
 
 
-def save_tree(path: str | os.PathLike, tree: Any) -> None:
-    """Write ``tree`` to ``path`` (replaced whole: written beside it, then renamed)."""
+def pack_tree(tree: Any) -> bytearray:
+    """``tree`` as bytes (what :func:`unpack_tree` reads)."""
     tensors: list[tuple[torch.Tensor, int]] = []
     header = json.dumps(_outline(tree, tensors, [0]), separators=(",", ":")).encode()
     start = _aligned(len(_MAGIC) + 8 + len(header))
-    tmp = f"{os.fspath(path)}.{os.getpid()}.tmp"
+    out = bytearray(start + sum(_aligned(nbytes) for _, nbytes in tensors))
+    out[:len(_MAGIC) + 8 + len(header)] = _MAGIC + struct.pack("<Q", len(header)) + header
+    pos = start
+    for t, nbytes in tensors:
+        if nbytes:
+            out[pos:pos + nbytes] = memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        pos += _aligned(nbytes)
+    return out
+
+
+def unpack_tree(data: bytes | bytearray | memoryview, device: str | torch.device = "cpu",
+                where: str = "a tree message") -> Any:
+    """Read what :func:`pack_tree` wrote; tensors on ``device``, each with its own storage.
+
+    Raises
+    ------
+    TreeFileError
+        The bytes are not a tree, or are cut short (``where`` names them).
+    """
+    data = data if isinstance(data, bytearray) else bytearray(data)
+    if data[:len(_MAGIC)] != _MAGIC or len(data) < len(_MAGIC) + 8:
+        raise TreeFileError(f"{where} is not a sparknet tree")
+    (size,) = struct.unpack_from("<Q", data, len(_MAGIC))
+    head = len(_MAGIC) + 8
+    if head + size > len(data):
+        raise TreeFileError(f"{where} is cut short")
+    try:
+        outline = json.loads(bytes(data[head:head + size]))
+    except ValueError as exc:
+        raise TreeFileError(f"{where}: its outline is not JSON ({exc})") from None
+    raw = torch.frombuffer(data, dtype=torch.uint8)
+    try:
+        return _build(outline, raw, _aligned(head + size), torch.device(device), where)
+    except (TypeError, ValueError, KeyError, RuntimeError) as exc:
+        if isinstance(exc, TreeFileError):
+            raise
+        raise TreeFileError(f"{where}: its outline does not describe its bytes ({exc})") from None
+
+
+def save_tree(path: str | os.PathLike, tree: Any) -> None:
+    """Write ``tree`` to ``path`` (replaced whole: written beside it, then renamed)."""
+    data, tmp = pack_tree(tree), f"{os.fspath(path)}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
-        f.write(_MAGIC + struct.pack("<Q", len(header)) + header)
-        pos = start
-        for t, nbytes in tensors:
-            f.seek(pos)
-            if nbytes:
-                f.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-            pos += _aligned(nbytes)
-        f.truncate(pos)
+        f.write(data)
     os.replace(tmp, path)
 
 
@@ -79,19 +114,9 @@ def load_tree(path: str | os.PathLike, device: str | torch.device = "cpu") -> An
     with open(path, "rb") as f:
         data = bytearray(os.fstat(f.fileno()).st_size)
         n = f.readinto(data)
-    if n != len(data) or data[:len(_MAGIC)] != _MAGIC or len(data) < len(_MAGIC) + 8:
-        raise TreeFileError(f"{os.fspath(path)} is not a sparknet tree file")
-    (size,) = struct.unpack_from("<Q", data, len(_MAGIC))
-    head = len(_MAGIC) + 8
-    if head + size > len(data):
+    if n != len(data):
         raise TreeFileError(f"{os.fspath(path)} is cut short")
-    start = _aligned(head + size)
-    try:
-        outline = json.loads(bytes(data[head:head + size]))
-    except ValueError as exc:
-        raise TreeFileError(f"{os.fspath(path)}: its outline is not JSON ({exc})") from None
-    raw = torch.frombuffer(data, dtype=torch.uint8) if len(data) else torch.empty(0, dtype=torch.uint8)
-    return _build(outline, raw, start, torch.device(device), os.fspath(path))
+    return unpack_tree(data, device, os.fspath(path))
 
 
 def _build(node: dict, raw: torch.Tensor, start: int, device: torch.device, where: str) -> Any:

@@ -17,7 +17,8 @@ from sparknet.datasets import (IDX_ENV, IMAGE_SHAPE, extended_arrays, extended_m
                                write_extended_mnist)
 from sparknet.datasets._extended_write import base_digits
 from sparknet.solvers import SolverConfig
-from sparknet.spark import SparkTrainer, _data
+from sparknet.spark import SparkTrainer
+from sparknet.spark import data as spark_data
 
 pytestmark = pytest.mark.spark
 
@@ -94,7 +95,7 @@ def test_a_folder_of_other_rows_is_refused_by_the_reader(spark, tmp_path):
 
 
 def test_the_trainer_reads_pixels_as_mnist_scales_them(spark, small, written):
-    x, y = _data.collect_arrays(extended_mnist(spark, written.path).orderBy("index").coalesce(1),
+    x, y = spark_data.collect_arrays(extended_mnist(spark, written.path).orderBy("index").coalesce(1),
                                 features_col="features", label_col="label", image_shape=IMAGE_SHAPE, expected_len=784,
                                 num_classes=10, sample_shape=IMAGE_SHAPE)
     local = extended_arrays(SAMPLES, seed=SEED, base=small.train)  # float32 pixel / 255, as mnist() gives images

@@ -9,7 +9,8 @@ import torch
 from _spark_testlib import module_session
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.solvers import SolverConfig
-from sparknet.spark import SparkTrainer, _data
+from sparknet.spark import SparkTrainer
+from sparknet.spark import data as spark_data
 
 pytestmark = pytest.mark.spark
 
@@ -57,7 +58,7 @@ def _file_frame(spark, root):
 
 def _arrays(df, features_col):
     rows = df.orderBy("path")
-    x, y = _data.collect_arrays(rows.coalesce(1), features_col=features_col, label_col="label",
+    x, y = spark_data.collect_arrays(rows.coalesce(1), features_col=features_col, label_col="label",
                                 image_shape=(3, 6, 8), expected_len=None, num_classes=2, sample_shape=(3, 6, 8))
     return x, y
 

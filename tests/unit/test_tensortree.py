@@ -81,3 +81,21 @@ def test_what_it_cannot_hold_is_refused_before_anything_is_written(tmp_path):
     with pytest.raises(TypeError, match="set"):
         save_tree(tmp_path / "s.state", {"x": {1, 2}})
     assert not list(tmp_path.iterdir())
+
+
+def test_bytes_from_a_peer_come_back_whole_or_are_refused_with_a_clear_error():
+    from sparknet._tensortree import TreeFileError, pack_tree, unpack_tree
+
+    tree = {"global": torch.arange(5.0), "strategy": {0: {"momentum": torch.ones(2)}}, "auto_tau": {"step_s": [0.1]},
+            "pair": (1, "a")}
+    back = unpack_tree(bytes(pack_tree(tree)))  # as it arrives from a socket: immutable bytes
+    assert torch.equal(back["global"], tree["global"]) and torch.equal(back["strategy"][0]["momentum"], torch.ones(2))
+    assert back["auto_tau"] == {"step_s": [0.1]} and back["pair"] == (1, "a")
+    data = pack_tree(tree)
+    with pytest.raises(TreeFileError, match="not a sparknet tree"):
+        unpack_tree(b"garbage" * 4)
+    with pytest.raises(TreeFileError, match="cut short"):
+        unpack_tree(data[:20])
+    lying = data.replace(b'"float32",[5]', b'"float32",[9]')  # an outline whose shape its bytes do not hold
+    with pytest.raises(TreeFileError):
+        unpack_tree(lying)

@@ -12,8 +12,8 @@ need is dropped unread; log lines about dropped messages are throttled.
 A record may carry one binary payload (three frames ``[body, payload, mac]``, the MAC over
 both): the barrier engine sends the global weights and strategy state this way every round,
 and each rank its solver state on checkpoint rounds, so the driver can restart a failed stage
-and write checkpoints. Payloads are :func:`encode_tree` bytes: a JSON skeleton plus one
-safetensors buffer, read back by :func:`decode_tree` without unpickling anything.
+and write checkpoints. Payloads are :func:`sparknet._tensortree.pack_tree` bytes, read back by
+:func:`~sparknet._tensortree.unpack_tree` without unpickling anything.
 """
 
 from __future__ import annotations
@@ -25,13 +25,11 @@ import logging
 import secrets
 import time
 
-import numpy as np
-import torch
 import zmq
 
 from sparknet._transport import ClientKeys, Limits, LogThrottle, ServerKeys, bracketed, connect_keys, listen
 
-__all__ = ["MetricsReceiver", "MetricsSender", "new_secret", "encode_tree", "decode_tree"]
+__all__ = ["MetricsReceiver", "MetricsSender", "new_secret"]
 
 log = logging.getLogger(__name__)
 
@@ -46,67 +44,6 @@ def _mac(secret: bytes, body: bytes, payload: bytes | None = None) -> bytes:
     if payload is not None:  # the body's length first, so no split of the bytes verifies twice
         m = hmac.new(secret, len(body).to_bytes(8, "little") + body + payload, hashlib.sha256)
     return m.digest()
-
-
-def encode_tree(obj) -> bytes:
-    """Dicts, lists, numbers, strings and tensors (or arrays) as bytes: no pickle.
-
-    The layout is an 8-byte length, a JSON skeleton in which every tensor is ``{"__t": key}``
-    and every dict with non-string keys ``{"__d": [[key, value], ...]}``, then one safetensors
-    buffer with the tensors.
-    """
-    from safetensors.torch import save
-
-    tensors: dict[str, torch.Tensor] = {}
-
-    def walk(v):
-        if isinstance(v, np.ndarray):
-            v = torch.from_numpy(np.ascontiguousarray(v))
-        if isinstance(v, torch.Tensor):
-            key = str(len(tensors))
-            tensors[key] = v.detach().cpu().contiguous().clone()
-            return {"__t": key}
-        if isinstance(v, dict):
-            if all(isinstance(k, str) for k in v) and "__t" not in v and "__d" not in v:
-                return {k: walk(x) for k, x in v.items()}
-            return {"__d": [[walk(k), walk(x)] for k, x in v.items()]}
-        if isinstance(v, (list, tuple)):
-            return [walk(x) for x in v]
-        if isinstance(v, (np.integer, np.floating, np.bool_)):
-            return v.item()
-        if v is None or isinstance(v, (bool, int, float, str)):
-            return v
-        raise TypeError(f"cannot encode a {type(v).__name__}; only tensors, arrays, numbers, strings, lists "
-                        "and dicts")
-
-    skeleton = json.dumps(walk(obj)).encode("utf-8")
-    return len(skeleton).to_bytes(8, "little") + skeleton + save(tensors)
-
-
-def decode_tree(data: bytes | memoryview):
-    """What :func:`encode_tree` wrote (lists come back as lists, tensors as CPU tensors)."""
-    from safetensors.torch import load
-
-    n = int.from_bytes(data[:8], "little")
-    skeleton = json.loads(bytes(data[8:8 + n]).decode("utf-8"))
-    tensors = load(bytes(data[8 + n:]))
-
-    def walk(v):
-        if isinstance(v, dict):
-            if set(v) == {"__t"}:
-                return tensors[v["__t"]]
-            if set(v) == {"__d"}:
-                return {_key(walk(k)): walk(x) for k, x in v["__d"]}
-            return {k: walk(x) for k, x in v.items()}
-        if isinstance(v, list):
-            return [walk(x) for x in v]
-        return v
-
-    return walk(skeleton)
-
-
-def _key(k):
-    return tuple(k) if isinstance(k, list) else k
 
 
 class MetricsReceiver:

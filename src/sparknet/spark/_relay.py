@@ -76,7 +76,7 @@ class RoundRelay:
 
     ``max_bytes`` is the largest update a task may send (the model's weights as float32 plus a little);
     ``update_bytes`` the exact size of an uncompressed update (``None``: compressed updates, of any size up to
-    ``max_bytes``); ``state_bytes`` the largest worker state (:func:`~sparknet.spark._channel.encode_tree` bytes
+    ``max_bytes``); ``state_bytes`` the largest worker state (:func:`~sparknet._tensortree.pack_tree` bytes
     of its solver and strategy state; ``None``: states do not travel here).
     """
 

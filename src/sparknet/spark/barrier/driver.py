@@ -26,7 +26,8 @@ from sparknet.spark.backend import run_with_deadline, task_error, task_slots
 from sparknet.spark.barrier.executor import GroupPlan, StagePlan, run_barrier
 from sparknet.spark.engine import EngineRun
 from sparknet.spark.rounds.executor import pack_spec
-from sparknet.spark._channel import MetricsReceiver, decode_tree, new_secret
+from sparknet._tensortree import unpack_tree
+from sparknet.spark._channel import MetricsReceiver, new_secret
 from sparknet.spark.session import is_local_master
 
 __all__ = ["BarrierStage", "run_barrier_engine", "run_connect_stage", "connect_refusal"]
@@ -131,7 +132,7 @@ class BarrierStage:
         elif event == "round":
             self._record(msg, now)
         elif event in ("state", "worker_state") and "payload" in msg:
-            tree = decode_tree(msg.pop("payload"))
+            tree = unpack_tree(msg.pop("payload"))
             slot = self.pending.setdefault(int(msg["round"]), {"state": None, "workers": {}})
             if event == "state":
                 state = ResumeState(round=msg["round"], steps_done=msg["steps_done"], samples_done=msg["samples_done"],

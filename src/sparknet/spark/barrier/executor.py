@@ -48,7 +48,8 @@ from sparknet.faults import due_fault
 from sparknet.loop import FitPlan, ResumeState, WeightAverage, run_rounds
 from sparknet.parallel.runner import run_rank
 from sparknet.spark.backend import Held
-from sparknet.spark._channel import MetricsSender, encode_tree
+from sparknet._tensortree import pack_tree
+from sparknet.spark._channel import MetricsSender
 from sparknet.rowfile import RowFile
 from sparknet.spark.data import write_chunks
 from sparknet.spark.rounds.executor import (WorkerSpec, build_worker_net, export_worker_state, fit_dir, freeze_heap,
@@ -485,12 +486,12 @@ class _BarrierExchange(CollectiveExchange):
                     sender.send({"event": "state", "round": r, "steps_done": progress.steps_done,
                                  "samples_done": progress.samples_done, "total_bytes": progress.total_bytes,
                                  "iteration": self.net.iteration},
-                                encode_tree({"global": global_flat, "strategy": self.strategy.state_dict(),
+                                pack_tree({"global": global_flat, "strategy": self.strategy.state_dict(),
                                              "auto_tau": None if fit.auto is None else fit.auto.state_dict(),
                                              **({} if fit.average is None else {"average": fit.average.flat})}))
         if sender is not None and ckpt_every and self.has_data and (r % ckpt_every == 0 or reason is not None):
             sender.send({"event": "worker_state", "round": r, "rank": self.rank},
-                        encode_tree(export_worker_state(self.net, self.state)))
+                        pack_tree(export_worker_state(self.net, self.state)))
 
 
 def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_data: bool, val, val_rows,

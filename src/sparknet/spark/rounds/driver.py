@@ -29,7 +29,7 @@ from sparknet._enums import CompressionKind, parse_enum
 from sparknet.errors import DeadlineExceeded
 from sparknet.loop import Exchange, NetScorer, Progress, ResumeState, RoundPlan, RoundUpdate, run_rounds
 from sparknet.spark.backend import Watchdog, default_round_deadline, job_group, spark_call, task_slots
-from sparknet.spark._channel import decode_tree
+from sparknet._tensortree import unpack_tree
 from sparknet.spark._relay import RoundRelay
 from sparknet.spark.session import is_local_master
 from sparknet.spark.engine import EngineRun
@@ -272,7 +272,7 @@ class SparkRoundsExchange(Exchange):
             def with_state(w):  # a worker's state that came through the relay
                 if w.state_attempt is None:
                     return w
-                return replace(w, worker_state=decode_tree(relay.take_state(r, w.index, w.state_attempt)),
+                return replace(w, worker_state=unpack_tree(relay.take_state(r, w.index, w.state_attempt)),
                                state_attempt=None)
 
             parts = [replace(p, workers=tuple(with_state(w) for w in p.workers)).resolved(take) for p in parts]

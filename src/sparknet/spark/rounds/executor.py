@@ -70,7 +70,7 @@ from sparknet.loop import ResumeState, RoundPlan
 from sparknet.net import Net
 from sparknet.config import WorkerConfig
 from sparknet.rowfile import DEFAULT_BUFFER_BYTES, RowFile
-from sparknet.spark._channel import encode_tree
+from sparknet._tensortree import pack_tree
 from sparknet.spark.data import write_chunks
 from sparknet.spark._relay import RelayUnreachable, relay_client
 from sparknet.step import WorkerStep, round_seed, worker_seed
@@ -614,7 +614,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
             received = client.put(round_index, index, attempt_id, encoded if compressed else result.delta.numpy())
         state_put = None
         if client is not None and task.send_state:  # the driver holds it, or writes it in a checkpoint
-            state = encode_tree(export_worker_state(net, entry.state, copy_tensors=False))
+            state = pack_tree(export_worker_state(net, entry.state, copy_tensors=False))
             if spec.relay.state_bytes is not None and len(state) <= spec.relay.state_bytes:
                 state_put = client.put(round_index, index, attempt_id, state, kind="state")
         _save_state(entry, index, round_index)  # while the update travels
