@@ -149,14 +149,21 @@ class PSClient:
         h = Header(int(kind), self._dtype_code if payload is not None else 0, self.job_id, self.worker, self.attempt,
                    int(step), int(base_version), count)
         t0 = time.perf_counter()
-        self._sock.send_multipart(encode(h, payload, self._secret), copy=True)
         deadline = t0 + self.timeout
         what = f"{kind.name.lower()} of step {step}"
+        late = DeadlineExceeded(f"worker {self.worker} (attempt {self.attempt}): no reply from the parameter server at "
+                                f"{self.endpoint} to its {what} within {self.timeout:g} s")
+        # a DEALER holds a message until a connection is ready; one whose handshake never completes must not block
+        try:
+            if not self._sock.poll(max(1, int(self.timeout * 1000)), zmq.POLLOUT):
+                raise late
+            self._sock.send_multipart(encode(h, payload, self._secret), flags=zmq.NOBLOCK, copy=True)
+        except zmq.Again:
+            raise late from None
         while True:
             left = deadline - time.perf_counter()
             if left <= 0 or not self._poller.poll(max(1, int(left * 1000))):
-                raise DeadlineExceeded(f"worker {self.worker} (attempt {self.attempt}): no reply from the parameter "
-                                       f"server at {self.endpoint} to its {what} within {self.timeout:g} s")
+                raise late
             frames = self._sock.recv_multipart(copy=False)
             reply = self._accept(frames, step, what)
             if reply is not None:
