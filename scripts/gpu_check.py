@@ -178,7 +178,7 @@ def check_worker_rounds() -> dict:
                                       worker=WorkerConfig(solver=SolverConfig(base_lr=0.01, momentum=0.9),
                                                           batch_size=64, seed=4, device=device),
                                       strategy=make_strategy("average"), sample_shape=(1, 28, 28),
-                                      options={"staging_dir": tmp})
+                                      staging_dir=tmp)
             spec_bc = Held(_rounds.pack_spec(spec))
             weights = _net("cpu").get_flat().numpy().astype(np.float32)
             got, seen = [], []

@@ -24,7 +24,7 @@ class _Value:  # stands in for a Broadcast
 
 def _stage(tmp_path, fit_id, index, x, y):
     chunks = list(pair_chunks(None)(zip(x, y)))
-    (record,) = _rounds.stage_partition(fit_id, {"staging_dir": str(tmp_path)})(index, iter(chunks))
+    (record,) = _rounds.stage_partition(fit_id, str(tmp_path))(index, iter(chunks))
     return record
 
 
@@ -41,7 +41,7 @@ def test_solver_state_follows_a_partition_from_process_to_process(tmp_path, monk
     spec = WorkerSpec(fit_id="unit", net=mlp(), loss=None,
                       worker=WorkerConfig(solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=8),
                       strategy=Average(), sample_shape=(2,),
-                      options={"staging_dir": str(tmp_path)})
+                      staging_dir=str(tmp_path))
     spec_bc = _Value(pack_spec(spec))
     record = _stage(tmp_path, "unit", 0, x, y)
     assert record["rows"] == 20 and record["dir"].startswith(str(tmp_path))
@@ -70,7 +70,7 @@ def test_solver_state_follows_a_partition_from_process_to_process(tmp_path, monk
 def test_empty_and_missing_partitions(tmp_path, monkeypatch):
     monkeypatch.setattr(_rounds, "_CACHE", {})
     spec = WorkerSpec(fit_id="unit2", net=mlp(), loss=None, worker=WorkerConfig(batch_size=4), strategy=Average(),
-                      sample_shape=(2,), options={"staging_dir": str(tmp_path)})
+                      sample_shape=(2,), staging_dir=str(tmp_path))
     spec_bc = _Value(pack_spec(spec))
     g = flat(mlp()).numpy()
     empty, delta, _ = _run(spec_bc, g, {"rows": 0}, 1, 0)

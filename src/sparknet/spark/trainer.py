@@ -379,7 +379,7 @@ class SparkTrainer:
             stats = None
             if dist.engine is Engine.ROUNDS:
                 staged = chunks.mapPartitionsWithIndex(
-                    stage_partition(fit_id, {"staging_dir": self.options.staging_dir}), preservesPartitioning=True)
+                    stage_partition(fit_id, self.options.staging_dir), preservesPartitioning=True)
                 staged.persist(StorageLevel.MEMORY_ONLY)
                 stats = self._data_job(sc, group, "sparknet: convert, check and stage the training data",
                                        staged.collect, "the training data's conversion, check and staging")
@@ -429,9 +429,9 @@ class SparkTrainer:
             spec = WorkerSpec(fit_id=fit_id, net=_worker_copy(net), loss=self.loss, worker=worker, task=task,
                               weighted=weight_col is not None,
                               strategy=self.strategy, sample_shape=tuple(sample_shape),
-                              start_iteration=dist.warmup_steps, options={"staging_dir": self.options.staging_dir,
-                                       "stream": data_mode is spark_data.DataMode.STREAM,
-                                       "stream_buffer_bytes": dist.stream_buffer_mb << 20},
+                              start_iteration=dist.warmup_steps, staging_dir=self.options.staging_dir,
+                              stream=data_mode is spark_data.DataMode.STREAM,
+                              stream_buffer_bytes=dist.stream_buffer_mb << 20,
                               faults=faults_from(self.options.fault), compression=dist.compression, link=self.link,
                               resume=None if resume is None else ResumeState(round=resume.round,
                                                                              workers=resume.workers),

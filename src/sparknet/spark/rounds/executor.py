@@ -19,7 +19,7 @@ One fit runs these Spark jobs (the driver side is :mod:`sparknet.spark.trainer`)
    (fit id, partition); on a miss (another Python worker of the same machine, a restarted one)
    the row file is memory-mapped, so every process on the machine shares one copy of the data and
    nothing is converted again, or, for a fit whose partitions are too big to hold
-   (``options["stream"]``), streamed through a bounded shuffle buffer. A task that runs on a machine without the files
+   (``WorkerSpec.stream``), streamed through a bounded shuffle buffer. A task that runs on a machine without the files
    returns ``missing``, and the driver reruns that partition from the persisted chunks
    (:func:`run_round_from_chunks`), which writes the files there.
 3. **cleanup** — removes the files and drops the cache entries.
@@ -57,25 +57,31 @@ import time
 import traceback
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from sparknet._enums import CompressionKind
 from sparknet._malloc import keep_freed_memory
-from sparknet._tensortree import load_tree, save_tree
+from sparknet._tensortree import load_tree, pack_tree, save_tree
 from sparknet.faults import due_fault
 from sparknet.loop import ResumeState, RoundPlan
 from sparknet.net import Net
 from sparknet.config import WorkerConfig
 from sparknet.rowfile import DEFAULT_BUFFER_BYTES, RowFile
-from sparknet._tensortree import pack_tree
 from sparknet.spark.data import write_chunks
-from sparknet.spark._relay import RelayUnreachable, relay_client
+from sparknet.spark._relay import RelayAddress, RelayUnreachable, relay_client
 from sparknet.step import WorkerStep, round_seed, worker_seed
 from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_compressor
 from sparknet.labels import Task
+
+if TYPE_CHECKING:
+    from sparknet.faults import Fault
+    from sparknet.layers import NetParams
+    from sparknet.link import LinkModel
+    from sparknet.parallel.runner import ModelParallelJob
 
 __all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
            "fit_dir", "stage_partition", "run_round", "ROUND_TASK", "task_attempt", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
@@ -90,33 +96,38 @@ class WorkerSpec:
     """What every task of one fit needs; pickled once per fit (a broadcast or the barrier closure)."""
 
     fit_id: str
-    net: Any
+    net: NetParams | torch.nn.Module
     """NetParams or a torch.nn.Module (copied per partition)."""
-    loss: Any
+    loss: Callable | None
     worker: WorkerConfig
     """Every worker's solver, minibatch, seed, threads and device (its ``steps`` rule stays on the driver)."""
     strategy: TrainingStrategy
     sample_shape: tuple[int, ...]
     start_iteration: int = 0
     """Solver iteration the workers start at (the driver's warm-up steps)."""
-    options: dict = field(default_factory=dict)
-    faults: tuple = ()
+    staging_dir: str | None = None
+    """Where executors keep each partition's rows and state (default: their Spark local directory)."""
+    stream: bool = False
+    """A worker streams its partition through a bounded shuffle buffer instead of holding it in memory."""
+    stream_buffer_bytes: int = DEFAULT_BUFFER_BYTES
+    """The shuffle buffer of a streamed partition."""
+    faults: tuple[Fault, ...] = ()
     """Injected faults (:mod:`sparknet.faults`), for reliability tests."""
     resume: ResumeState | None = None
     """A resumed fit's round and workers' states (:func:`export_worker_state`)."""
     compression: CompressionKind = CompressionKind.NONE
     """Codec of the updates (:func:`sparknet.strategies.make_compressor`); not none: the rounds engine's
     weights go down as :class:`~sparknet.strategies.Downlink` messages too."""
-    link: Any = None
+    link: LinkModel | None = None
     """A :class:`sparknet.link.LinkModel` every exchange waits for (``None``: no simulated delay)."""
     task: Task = Task.CLASSIFICATION
     """What the net learns: class ids, or numbers (float labels)."""
     weighted: bool = False
     """The labels carry each row's sample weight last (a ``weight_col``)."""
-    model_parallel: Any = None
+    model_parallel: ModelParallelJob | None = None
     """A :class:`~sparknet.parallel.runner.ModelParallelJob`: the barrier engine's tasks train the net split across
     them (:func:`~sparknet.parallel.runner.run_rank`) instead of a whole copy each."""
-    relay: Any = None
+    relay: RelayAddress | None = None
     """The rounds engine's :class:`~sparknet.spark._relay.RelayAddress`: where the tasks fetch the round's weights
     and put their updates (``None``: through Spark's broadcasts and task results)."""
 
@@ -333,15 +344,14 @@ def build_worker_net(spec: WorkerSpec, index: int, data, device: str) -> Net:
     """A worker's Net over its partition's data, built the same way in both engines.
 
     ``data``: the partition's :class:`~sparknet.rowfile.RowFile` (held in memory or streamed, as
-    ``spec.options["stream"]`` says), its ``(x, y)`` arrays, or ``None`` (no rows).
+    ``spec.stream`` says), its ``(x, y)`` arrays, or ``None`` (no rows).
     """
     net_def = copy.deepcopy(spec.net) if isinstance(spec.net, torch.nn.Module) else spec.net
     seed = worker_seed(spec.worker.seed, index)
     net = Net(net_def, spec.worker.solver, loss=spec.loss, batch_size=spec.worker.batch_size, device=device,
               task=spec.task, weighted=spec.weighted, seed=seed)
-    if isinstance(data, RowFile) and spec.options.get("stream"):
-        net.set_training_data(data.stream(seed=seed, buffer_bytes=spec.options.get("stream_buffer_bytes",
-                                                                                   DEFAULT_BUFFER_BYTES),
+    if isinstance(data, RowFile) and spec.stream:
+        net.set_training_data(data.stream(seed=seed, buffer_bytes=spec.stream_buffer_bytes,
                                           sample_shape=spec.sample_shape))
     else:
         x, y = data.arrays() if isinstance(data, RowFile) else data if data is not None else (None, None)
@@ -422,8 +432,8 @@ def _evict_finished() -> None:
         del _CACHE[key]
 
 
-def _local_root(options: dict) -> str:
-    root = options.get("staging_dir")
+def _local_root(staging_dir: str | None) -> str:
+    root = staging_dir
     if not root:
         dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
         root = dirs.split(",")[0] if dirs else tempfile.gettempdir()
@@ -436,7 +446,7 @@ def _fit_dir(root: str, fit_id: str) -> str:
 
 def fit_dir(spec: WorkerSpec) -> str:
     """The folder on this machine where the fit's tasks keep their partitions' rows and state."""
-    return _fit_dir(_local_root(spec.options), spec.fit_id)
+    return _fit_dir(_local_root(spec.staging_dir), spec.fit_id)
 
 
 def _partition_stem(directory: str, index: int) -> str:
@@ -444,12 +454,12 @@ def _partition_stem(directory: str, index: int) -> str:
 
 
 # -- stage --------------------------------------------------------------------------------------
-def stage_partition(fit_id: str, options: dict):
+def stage_partition(fit_id: str, staging_dir: str | None = None):
     """Task function of the stage job: chunks -> files on this machine + one small record."""
 
     def stage(index: int, chunks):
         _evict_finished()
-        directory = _fit_dir(_local_root(options), fit_id)
+        directory = _fit_dir(_local_root(staging_dir), fit_id)
         _, info = write_chunks(_partition_stem(directory, index), chunks)
         info.update(index=index, host=socket.gethostname(), dir=directory)
         freeze_heap()
