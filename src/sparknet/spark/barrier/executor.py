@@ -44,7 +44,6 @@ from sparknet._transport import ClientKeys
 from sparknet.collective import CollectiveExchange, FIELDS
 from sparknet.config import Streaming
 from sparknet.errors import NonFiniteUpdate
-from sparknet.faults import due_fault
 from sparknet.loop import FitPlan, ResumeState, WeightAverage, run_rounds
 from sparknet.parallel.runner import run_rank
 from sparknet.spark.backend import Held
@@ -52,8 +51,8 @@ from sparknet._tensortree import pack_tree
 from sparknet.spark._channel import MetricsSender
 from sparknet.rowfile import RowFile
 from sparknet.spark.data import write_chunks
-from sparknet.spark.rounds.executor import (WorkerSpec, build_worker_net, export_worker_state, fit_dir, freeze_heap,
-                                    import_worker_state, round_seed, task_device, worker_failure)
+from sparknet.spark.rounds.executor import (WorkerSpec, build_worker_net, export_worker_state, fault_hook, fit_dir,
+                                           freeze_heap, import_worker_state, round_seed, task_device, worker_failure)
 from sparknet.strategies import WorkerState
 
 __all__ = ["run_barrier", "run_barrier_frame", "RESULT_SCHEMA", "rendezvous", "gloo_interface", "interface_for_address",
@@ -407,17 +406,6 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
             sender.close()
 
 
-def _fault_hook(spec: WorkerSpec, rank: int, restart: int):
-    """``after_train(net, round)``: fires the injected fault due for this rank, round and restart (tests)."""
-
-    def fire(net, round_index: int) -> None:
-        fault = due_fault(spec.faults, rank, round_index + 1, restart)
-        if fault is not None:
-            fault.fire(net)
-
-    return fire
-
-
 def _split_rank(spec: WorkerSpec, rank: int, data: RowFile | None, val, params: StagePlan, sender,
                 history: list) -> tuple[torch.Tensor | None, dict]:
     """One rank of a net split across the stage (:func:`~sparknet.parallel.runner.run_rank`): rank 0 reports every
@@ -434,7 +422,7 @@ def _split_rank(spec: WorkerSpec, rank: int, data: RowFile | None, val, params: 
                 sender.send(record)
 
     result = run_rank(spec.model_parallel, x, y, val, on_round=report,
-                      after_train=_fault_hook(spec, rank, params.restart))
+                      after_train=fault_hook(spec.faults, rank, params.restart))
     info = {k: result[k] for k in ("dp_rank", "mp_rank", "weight_bytes", "setup_s")}
     whole = torch.from_numpy(np.frombuffer(result["weights"], dtype=np.float32)) if rank == 0 else None
     return whole, info
@@ -518,7 +506,7 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
                                 validation=val, validation_rows=val_rows,
                                 compression=spec.compression, link=spec.link,
                                 seed_for_round=lambda r: round_seed(spec.worker.seed, rank, r),
-                                after_train=_fault_hook(spec, rank, params.restart),
+                                after_train=fault_hook(spec.faults, rank, params.restart),
                                 params=params, fit=fit, sender=sender, history=history, arrivals=arrivals,
                                 streaming=params.streaming)
     return run_rounds(exchange, fit, global_flat)

@@ -85,7 +85,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
            "fit_dir", "stage_partition", "run_round", "ROUND_TASK", "task_attempt", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
-           "freeze_heap", "worker_failure", "export_worker_state", "import_worker_state", "round_seed", "decode_updates"]
+           "freeze_heap", "fault_hook", "worker_failure", "export_worker_state", "import_worker_state", "round_seed", "decode_updates"]
 
 log = logging.getLogger(__name__)
 
@@ -613,10 +613,9 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
             global_flat = _receive(spec, entry.state, message, task)
         else:
             global_flat = torch.from_numpy(message)
-        faults = spec.faults
         step = WorkerStep(net, spec.strategy, state=entry.state, compression=spec.compression,
                           seed=lambda r: round_seed(spec.worker.seed, index, r),
-                          after_train=lambda net, r: _fire(net, faults, index, r, report.attempt))
+                          after_train=fault_hook(spec.faults, index, report.attempt))
         result = step.run(task.plan.steps, global_flat, round=round_index, seconds=task.plan.seconds)
         stats, finite, sends = result.stats, result.finite, result.counts
         encoded = None if result.message is None else result.message.numpy()
@@ -659,11 +658,16 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
     return report, result.delta.numpy() if sends and not compressed else None, encoded
 
 
-def _fire(net, faults, index: int, round_index: int, attempt: int) -> None:
-    """Fire the fault due to partition ``index`` after round ``round_index``'s steps (fault injection)."""
-    fault = due_fault(faults, index, round_index + 1, attempt)
-    if fault is not None:
-        fault.fire(net)
+def fault_hook(faults, index: int, attempt: int):
+    """``after_train(net, round)`` of worker ``index``: fires the injected fault due after that round's steps for
+    this attempt (a rounds-engine task's attempt, a barrier stage's restart); both engines' tasks use it."""
+
+    def fire(net, round_index: int) -> None:
+        fault = due_fault(faults, index, round_index + 1, attempt)
+        if fault is not None:
+            fault.fire(net)
+
+    return fire
 
 
 def _peak_rss_mb() -> float | None:
