@@ -64,6 +64,7 @@ def test_a_host_gone_leaves_one_worker_a_round_in_turn_and_a_host_back_is_used_a
         elif record["round"] == 5:  # host 1 back: wait until the application has an executor there again
             cluster.start_host(1)
             _wait_for_slots(sc, 2)
+            _wait_for_tasks_on(sc, cluster.hostname(1))
             events.append("back")
 
     trainer = SparkTrainer(zoo.mlp(input_shape=[6], hidden=[16], num_classes=3),
