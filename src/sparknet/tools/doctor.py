@@ -2,30 +2,21 @@
 
 Checks, on the driver and on every executor (small Spark jobs, each with a timeout):
 
-``executors``
-    How many task slots and executors answered (a probe task per slot).
-``versions``
-    Python, Java, Spark (pyspark), torch and sparknet on each executor agree with the
-    driver's. A different Python minor version, torch or sparknet is a FAIL (pickled
-    functions and weights would not load, or would load differently); a different Java or
-    Python patch level is a WARN.
-``pickle``
-    The model and a training function pickle with cloudpickle (as Spark pickles closures)
-    on the driver, and load on every executor (which proves sparknet and torch import
-    there).
-``memory``
-    The estimated memory of one training task (see :func:`estimate_training_memory`)
-    against the smallest budget one task has (see :func:`task_memory_budget`).
-``barrier``
-    A barrier stage with one task per slot meets at ``allGather`` (the barrier engine's
-    rendezvous), and every task opens a TCP connection to a port the first task listens on
-    (as torch.distributed's store does).
-``skew``
-    Rows per partition of the given data set: max/mean above a ratio is a WARN.
+- ``executors``: how many task slots and executors answered (a probe task per slot).
+- ``versions``: Python, Java, Spark (pyspark), torch and sparknet on each executor agree with the
+  driver's. A different Python minor version, torch or sparknet is a FAIL (pickled functions and
+  weights would not load, or would load differently); a different Java or Python patch level is a WARN.
+- ``pickle``: the model and a training function pickle with cloudpickle (as Spark pickles closures)
+  on the driver, and load on every executor (which proves sparknet and torch import there).
+- ``memory``: the estimated memory of one training task (:func:`estimate_training_memory`) against
+  the smallest budget one task has (:func:`task_memory_budget`).
+- ``barrier``: a barrier stage with one task per slot meets at ``allGather`` (the barrier engine's
+  rendezvous), and every task opens a TCP connection to a port the first task listens on (as
+  torch.distributed's store does).
+- ``skew``: rows per partition of the given data set: max/mean above a ratio is a WARN.
 
-Each check gives :class:`CheckResult` rows (check, where, status OK/WARN/FAIL, detail, fix);
-every FAIL names a concrete fix. :func:`run_doctor` returns the rows;
-``sparknet doctor`` prints them as a table and exits 1 on any FAIL.
+Each check gives :class:`CheckResult` rows; every FAIL names a concrete fix. :func:`run_doctor`
+returns the rows; ``sparknet doctor`` prints them as a table and exits 1 on any FAIL.
 
 Examples
 --------
@@ -37,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import itertools
 import json
 import logging
 import math
@@ -52,7 +44,8 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from sparknet.solvers import SolverType
@@ -87,32 +80,20 @@ class Status(str, enum.Enum):
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One row of the doctor's table.
-
-    Attributes
-    ----------
-    check : str
-        ``executors``, ``versions``, ``pickle``, ``memory``, ``barrier``, ``skew``, ``data``.
-    where : str
-        ``driver``, ``cluster``, an executor (``executor HOST/PID``) or the data path.
-    status : Status
-        OK, WARN or FAIL.
-    detail : str
-        What was found.
-    fix : str
-        What to do (every FAIL has one; a WARN may).
-    """
+    """One row of the doctor's table."""
 
     check: str
+    """``spark``, ``executors``, ``versions``, ``pickle``, ``memory``, ``barrier``, ``skew`` or ``data``."""
     where: str
+    """``driver``, ``cluster``, an executor (``executor HOST/PID``) or the data path."""
     status: Status
     detail: str
+    """What was found."""
     fix: str = ""
+    """What to do (every FAIL has one; a WARN may)."""
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["status"] = self.status.value
-        return d
+        return {**asdict(self), "status": self.status.value}
 
 
 # -- memory ---------------------------------------------------------------------------------------
@@ -160,9 +141,6 @@ class MemoryEstimate:
         parts = {"runtime": 0, **asdict(self)}  # the runtime first, then the fields in order
         return " + ".join(f"{name} {format_bytes(v)}" for name, v in parts.items() if v)
 
-    def with_(self, **changes) -> MemoryEstimate:
-        return MemoryEstimate(**{**asdict(self), **changes})
-
 
 def estimate_training_memory(net, *, batch_size: int | None = None, solver_type: str = "sgd",
                              module=None) -> MemoryEstimate:
@@ -188,8 +166,7 @@ def estimate_training_memory(net, *, batch_size: int | None = None, solver_type:
     if module is None:
         module = net.build(seed=0) if hasattr(net, "build") else net
     trainable = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
-    weights = (sum(p.numel() * p.element_size() for p in module.parameters())
-               + sum(b.numel() * b.element_size() for b in module.buffers()))
+    weights = sum(t.numel() * t.element_size() for t in itertools.chain(module.parameters(), module.buffers()))
     copies = OPTIMIZER_STATE_COPIES.get(str(getattr(solver_type, "value", solver_type)).lower(), 2)
     activations = 0
     if hasattr(net, "infer_shapes"):
@@ -280,12 +257,10 @@ def _host_available_bytes() -> int | None:
                                    ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
                                     "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
         try:
-            with open(limit_file, encoding="ascii") as f:
-                raw = f.read().strip()
+            raw = Path(limit_file).read_text(encoding="ascii").strip()
             if not raw.isdigit() or int(raw) >= 1 << 60:
                 continue
-            with open(usage_file, encoding="ascii") as f:
-                free = int(raw) - int(f.read().strip())
+            free = int(raw) - int(Path(usage_file).read_text(encoding="ascii"))
             avail = free if avail is None else min(avail, free)
             break
         except (OSError, ValueError):
@@ -397,15 +372,10 @@ def _run_job(sc, description: str, fn: Callable[[], Any], timeout_s: float):
 
 
 def _error_text(e: BaseException, limit: int = 300) -> str:
-    text = str(e)
     # Py4J and Spark wrap Python errors in long traces: keep the last meaningful line.
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", ln):
-            text = ln
-            break
-    else:
-        text = lines[0] if lines else type(e).__name__
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = next((ln for ln in reversed(lines) if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", ln)),
+                lines[0] if lines else type(e).__name__)
     return text[:limit]
 
 
@@ -414,10 +384,6 @@ def _major(version: str | None) -> str | None:
         return None
     head = version.split(".")
     return head[1] if head[0] == "1" and len(head) > 1 else head[0]  # 1.8 -> 8
-
-
-def _python_minor(version: str) -> str:
-    return ".".join(version.split(".")[:2])
 
 
 def _resolve_net(model: Any, batch_size: int | None):
@@ -506,6 +472,8 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
     list of CheckResult
         In the order checked; any ``Status.FAIL`` means training would fail as things are.
     """
+    import torch
+
     from sparknet.spark.session import get_session, is_local_master
 
     results: list[CheckResult] = []
@@ -514,8 +482,6 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
 
     # The model, on the driver.
     name, net = _resolve_net(model, batch_size)
-    import torch
-
     module = net.build(seed=0) if hasattr(net, "build") else net
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"model must be a zoo name, a model folder, a NetParams or a torch.nn.Module, got {type(net)}")
@@ -567,7 +533,7 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
         declared = settings.get("spark.executor.memory") or sc.getConf().get("spark.executor.memory", None)
         cores = _executor_cores_from({"spark.executor.cores": sc.getConf().get("spark.executor.cores", None)},
                                      running_master, executors)
-        _check_memory(add, estimate.with_(data=data_bytes), probes, executors, declared=declared, cores=cores,
+        _check_memory(add, replace(estimate, data=data_bytes), probes, executors, declared=declared, cores=cores,
                       local=local)
         if barrier:
             _check_barrier(add, sc, slots, local, timeout_s)
@@ -579,17 +545,13 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
     return results
 
 
-def _driver_java(spark) -> str | None:
-    try:
-        return spark.sparkContext._jvm.System.getProperty("java.version")
-    except Exception:  # noqa: BLE001 - Spark Connect has no JVM handle here
-        return _java_version()
-
-
 def _check_driver_versions(add, spark) -> dict[str, Any]:
     """The driver's versions row; returns the versions (Java's included) the executors are held to."""
-    v = {**_local_versions(), "java": _driver_java(spark)}
-    java = v["java"]
+    try:
+        java = spark.sparkContext._jvm.System.getProperty("java.version")
+    except Exception:  # noqa: BLE001 - Spark Connect has no JVM handle here
+        java = _java_version()
+    v = {**_local_versions(), "java": java}
     detail = (f"Python {v['python']}, Java {java or '?'}, Spark {spark.version} (pyspark {v['pyspark']}), "
               f"torch {v['torch']}, sparknet {v['sparknet']}")
     java_major = _major(java)
@@ -612,7 +574,6 @@ def _check_pickle_on_driver(add, name: str, net, module, train_fn, batch_size: i
     fn = train_fn if train_fn is not None else _training_function(
         net, RunConfig(batch_size=batch_size).solver().to_dict() if hasattr(net, "build") else None, batch_size)
     what = "your training function" if train_fn is not None else "a training function"
-    payload = None
     try:
         t = time.perf_counter()
         module_bytes = cloudpickle.dumps(module)
@@ -623,12 +584,12 @@ def _check_pickle_on_driver(add, name: str, net, module, train_fn, batch_size: i
                         f"model {name} ({format_bytes(len(module_bytes))} pickled) and {what} "
                         f"({format_bytes(len(payload))} with the net definition) pickle with cloudpickle "
                         f"in {time.perf_counter() - t:.2f} s"))
+        return payload
     except Exception as e:  # noqa: BLE001 - the finding
         add(CheckResult("pickle", "driver", Status.FAIL, f"cloudpickle failed: {_error_text(e)}",
                         "a closure sent to executors must capture plain values only: move open files, locks, "
                         "sessions and sockets out of it (build them inside the function)"))
-        payload = None
-    return payload
+        return None
 
 
 def _probe_failure(error: BaseException, timeout_s: float) -> CheckResult:
@@ -663,13 +624,13 @@ def _check_executor_versions(add, where: str, probe: dict, driver: dict) -> None
                         "spark-submit --archives env.tar.gz#env and spark.pyspark.python=./env/bin/python"))
         return
     fails, warns = [], []
-    if _python_minor(probe["python"]) != _python_minor(driver["python"]):
+    if probe["python"].split(".")[:2] != driver["python"].split(".")[:2]:
         fails.append(f"Python {probe['python']} (driver {driver['python']})")
     elif probe["python"] != driver["python"]:
         warns.append(f"Python {probe['python']} (driver {driver['python']})")
-    for key, label in (("torch", "torch"), ("sparknet", "sparknet"), ("pyspark", "pyspark")):
+    for key in ("torch", "sparknet", "pyspark"):
         if probe.get(key) != driver.get(key):
-            fails.append(f"{label} {probe.get(key)} (driver {driver.get(key)})")
+            fails.append(f"{key} {probe.get(key)} (driver {driver.get(key)})")
     java = probe.get("java")
     if java is None:
         warns.append("could not run java -version on the executor")
@@ -703,8 +664,7 @@ def _check_unpickle(add, where: str, tasks: list[dict]) -> None:
 
 def _session_failure(error: BaseException, master: str | None, settings: dict) -> CheckResult:
     text = _error_text(error)
-    m = re.search(r"INVALID_EXECUTOR_MEMORY|Executor memory (\d+) must be at least (\d+)", str(error))
-    if m:
+    if re.search(r"INVALID_EXECUTOR_MEMORY|Executor memory \d+ must be at least \d+", str(error)):
         least = re.search(r"must be at least (\d+)", str(error))
         floor = int(least.group(1)) if least else 450 * _MB
         fix = (f"set --conf spark.executor.memory={_spark_size(floor)} or more (Spark's own minimum is "
@@ -737,7 +697,7 @@ def _check_memory(add, estimate: MemoryEstimate, probes: list[dict], executors: 
     for where, tasks in executors.items():
         probe = tasks[0]
         runtime = max((t.get("rss") or 0) for t in tasks)
-        est = estimate.with_(runtime=runtime)
+        est = replace(estimate, runtime=runtime)
         budgets = task_memory_budget(declared_executor_memory=declared, executor_cores=cores,
                                      pyspark_worker_mb=probe.get("pyspark_worker_mb"),
                                      host_available=probe.get("host_available"),
@@ -783,12 +743,10 @@ def _check_data(add, spark, path: str, K: int, skew_ratio: float, features_col: 
         parts = df.rdd.getNumPartitions()
         rows = {r["p"]: r["n"] for r in df.groupBy(F.spark_partition_id().alias("p")).count()
                 .withColumnRenamed("count", "n").collect()}
+        first = df.select(features_col).first() if features_col in df.columns else None
         width = None
-        if features_col in df.columns:
-            first = df.select(features_col).first()
-            if first is not None:
-                value = first[0]
-                width = len(value.toArray() if hasattr(value, "toArray") else value)
+        if first is not None:
+            width = len(first[0].toArray() if hasattr(first[0], "toArray") else first[0])
         return parts, [int(rows.get(i, 0)) for i in range(parts)], width
 
     if not os.path.exists(path) and "://" not in path:
@@ -818,21 +776,16 @@ def _check_data(add, spark, path: str, K: int, skew_ratio: float, features_col: 
     empty = sum(1 for r in rows if r == 0)
     detail = (f"{total} rows in {parts} partitions: {min(rows)} to {max(rows)} rows, max/mean {ratio:.2f}"
               + (f", {empty} empty" if empty else ""))
-    if parts != K:
-        # The engines repartition to K partitions (balanced) when the counts differ.
-        add(CheckResult("skew", path, Status.OK,
-                        detail + f"; training repartitions it into {K} even partitions"))
-        worker_rows = math.ceil(total / K)
+    if parts != K:  # the engines repartition to K partitions (balanced) when the counts differ
+        add(CheckResult("skew", path, Status.OK, detail + f"; training repartitions it into {K} even partitions"))
     elif ratio > skew_ratio or empty:
         add(CheckResult("skew", path, Status.WARN, detail + f" (above {skew_ratio:g})",
                         f"repartition before training: df.repartition({K}) (the slowest partition sets each "
                         "epoch's pace and small partitions are cycled more often)"))
-        worker_rows = max(rows)
     else:
         add(CheckResult("skew", path, Status.OK, detail))
-        worker_rows = max(rows)
-    row_bytes = 4 * (width or 0) + 8
-    return int(worker_rows * row_bytes)
+    worker_rows = math.ceil(total / K) if parts != K else max(rows)
+    return int(worker_rows * (4 * (width or 0) + 8))
 
 
 def _check_barrier(add, sc, slots: int, local: bool, timeout_s: float) -> None:
@@ -884,11 +837,9 @@ def format_table(results: Iterable[CheckResult], *, width: int = 110) -> str:
         lines.append(f"{r.check:<{w_check}}  {where:<{w_where}}  {r.status.value:<{w_status}}{detail[0]}")
         lines.extend(indent + d for d in detail[1:])
         if r.fix:
-            fix = textwrap.wrap("fix: " + r.fix, w_detail)
-            lines.extend(indent + f for f in fix)
+            lines.extend(indent + f for f in textwrap.wrap("fix: " + r.fix, w_detail))
     counts = {s: sum(r.status is s for r in results) for s in Status}
-    lines.append("")
-    lines.append(f"{counts[Status.OK]} OK, {counts[Status.WARN]} WARN, {counts[Status.FAIL]} FAIL")
+    lines += ["", f"{counts[Status.OK]} OK, {counts[Status.WARN]} WARN, {counts[Status.FAIL]} FAIL"]
     return "\n".join(lines)
 
 
