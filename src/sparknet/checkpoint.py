@@ -32,8 +32,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from pyarrow import fs as pafs
 
 from sparknet._fs import filesystem
+from sparknet.model_io import _write_folder
 from sparknet.weights import WeightCollection
 
 __all__ = ["Checkpoint", "CheckpointManager", "model_fingerprint", "CheckpointError"]
@@ -125,15 +127,13 @@ class CheckpointManager:
             "sha256": {"weights.safetensors": hashlib.sha256(weights_bytes).hexdigest(),
                        "state.pt": hashlib.sha256(state_bytes).hexdigest()},
         }
+        files = {"weights.safetensors": weights_bytes, "state.pt": state_bytes,
+                 "manifest.json": json.dumps(manifest, indent=1, default=str).encode()}
         final = f"{self.root}/ckpt-{round:08d}"
         try:
             if self._exists(final):  # an older save of this round goes first, its manifest with it
                 self.fs.delete_dir(final)
-            self.fs.create_dir(final, recursive=True)
-            for name, data in (("weights.safetensors", weights_bytes), ("state.pt", state_bytes),
-                               ("manifest.json", json.dumps(manifest, indent=1, default=str).encode())):
-                with self.fs.open_output_stream(f"{final}/{name}") as f:
-                    f.write(data)
+            _write_folder(self.fs, final, files, list(files), final)
         except OSError as e:
             self._quiet_delete(final)
             raise CheckpointError(f"could not write checkpoint {final}: {e}") from None
@@ -154,9 +154,7 @@ class CheckpointManager:
             log.warning("could not delete %s", path)
 
     def _exists(self, path: str) -> bool:
-        from pyarrow import fs
-
-        return self.fs.get_file_info(path).type != fs.FileType.NotFound
+        return self.fs.get_file_info(path).type != pafs.FileType.NotFound
 
     # -- reading ------------------------------------------------------------------------------
     def rounds(self) -> list[int]:
@@ -169,16 +167,14 @@ class CheckpointManager:
         A folder that cannot be read now (a network error) is in neither list: it is neither
         loaded nor deleted.
         """
-        from pyarrow import fs
-
         try:
-            infos = self.fs.get_file_info(fs.FileSelector(self.root, allow_not_found=True))
+            infos = self.fs.get_file_info(pafs.FileSelector(self.root, allow_not_found=True))
         except OSError:
             return [], []
         complete, incomplete = [], []
         for info in infos:
             m = _NAME.match(info.base_name)
-            if not m or info.type != fs.FileType.Directory:
+            if not m or info.type != pafs.FileType.Directory:
                 continue
             try:
                 problem = self._incomplete(info.path)
@@ -192,9 +188,7 @@ class CheckpointManager:
 
     def _incomplete(self, path: str) -> str | None:
         """Why the checkpoint folder ``path`` is incomplete, or None."""
-        from pyarrow import fs
-
-        names = {info.base_name for info in self.fs.get_file_info(fs.FileSelector(path))}
+        names = {info.base_name for info in self.fs.get_file_info(pafs.FileSelector(path))}
         if "manifest.json" not in names:
             return "no manifest.json (its save stopped before the end)"
         with self.fs.open_input_stream(f"{path}/manifest.json") as f:

@@ -10,6 +10,7 @@ Records are plain dicts with an ``"event"`` key:
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import logging
 import math
@@ -17,7 +18,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 __all__ = ["MetricsLogger", "in_notebook", "round_reporter", "rounds_total", "read_metrics", "json_safe",
@@ -26,22 +27,22 @@ __all__ = ["MetricsLogger", "in_notebook", "round_reporter", "rounds_total", "re
 log = logging.getLogger(__name__)
 
 
-def json_safe(value):
-    """JSON-safe values: NaN and infinity become None, numpy and torch scalars become Python
-    numbers (other arrays their text), sparknet's enums their values."""
+def json_safe(value, *, finite: bool = True):
+    """JSON-safe values: NaN and infinity become None (unless not ``finite``), numpy and torch scalars become
+    Python numbers (other arrays their text), enums their values, mappings dicts with string keys."""
     if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {str(k): json_safe(v) for k, v in value.items()}
+        return value if not finite or math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v, finite=finite) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [json_safe(v) for v in value]
+        return [json_safe(v, finite=finite) for v in value]
+    if isinstance(value, enum.Enum) or hasattr(value, "value") and type(value).__module__.startswith("sparknet"):
+        return value.value
     if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
         try:
-            return json_safe(value.item())
+            return json_safe(value.item(), finite=finite)
         except (TypeError, ValueError):  # an array of several elements
             return str(value)
-    if hasattr(value, "value") and type(value).__module__.startswith("sparknet"):
-        return value.value  # enums
     return value
 
 

@@ -50,24 +50,13 @@ from pyarrow import fs as pafs
 
 from sparknet._fs import filesystem
 from sparknet.layers import NetParams
+from sparknet.metrics import json_safe
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.weights import WeightCollection
 
-__all__ = [
-    "MANIFEST_NAME",
-    "FORMAT_NAME",
-    "FORMAT_VERSION",
-    "SavedModel",
-    "pack_model",
-    "unpack_model",
-    "save_model",
-    "load_model",
-    "read_model_files",
-    "write_model_files",
-    "model_id",
-    "input_shape_of",
-]
+__all__ = ["MANIFEST_NAME", "FORMAT_NAME", "FORMAT_VERSION", "SavedModel", "pack_model", "unpack_model", "save_model",
+           "load_model", "read_model_files", "write_model_files", "model_id", "input_shape_of"]
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +73,7 @@ _WEIGHTS = "weights.safetensors"
 _SOLVER = "solver.json"
 _CONFIG = "config.json"
 _KINDS = ("netparams", "module")
+_LISTED = ("net", "weights", "solver", "config")  # the manifest's entries that name a file of the folder
 _FILES = {MANIFEST_NAME, _NET_JSON, _MODULE_PICKLE, _WEIGHTS, _SOLVER, _CONFIG}
 
 
@@ -135,20 +125,9 @@ class SavedModel:
         return self.net.predict(t)
 
 
-# -- what a net is ---------------------------------------------------------------------------
-def _is_netparams(obj) -> bool:
-    return isinstance(obj, NetParams)
-
-
 def input_shape_of(net_params) -> tuple[int, ...] | None:
     """The per-sample shape of a layer-DSL net's first input (its batch dimension dropped)."""
     return getattr(net_params, "sample_shape", None)
-
-
-def _netparams_from_dict(d: dict):
-    from sparknet.layers import NetParams
-
-    return NetParams.from_dict(d)
 
 
 def _sha256(data: bytes) -> str:
@@ -191,24 +170,18 @@ def pack_model(net, weights: WeightCollection | None = None, *, solver: SolverCo
     ValueError
         A NetParams without ``weights``.
     """
-    net_params = None
-    module = None
+    net_params = module = None
     if isinstance(net, Net):
-        net_params = net.net_params
-        module = net.module
-        if weights is None:
-            weights = net.get_weights()
-        if solver is None:
-            solver = net.solver
-    elif _is_netparams(net):
+        net_params, module = net.net_params, net.module
+        weights = net.get_weights() if weights is None else weights
+        solver = net.solver if solver is None else solver
+    elif isinstance(net, NetParams):
         net_params = net
         if weights is None:
             raise ValueError("a NetParams definition carries no weights: pass weights=")
     elif isinstance(net, torch.nn.Module):
         module = net
-        net_params = getattr(net, "net_params", None)
-        if not _is_netparams(net_params):
-            net_params = None
+        net_params = net.net_params if isinstance(getattr(net, "net_params", None), NetParams) else None
     else:
         raise TypeError(f"cannot save a {type(net).__name__}: give a Net, NetParams or torch.nn.Module")
     if weights is None:
@@ -218,10 +191,8 @@ def pack_model(net, weights: WeightCollection | None = None, *, solver: SolverCo
 
     files: dict[str, bytes] = {}
     if net_params is not None:
-        kind = "netparams"
-        files[_NET_JSON] = json.dumps(net_params.to_dict(), indent=1, sort_keys=False).encode()
+        files[_NET_JSON] = json.dumps(net_params.to_dict(), indent=1).encode()
     else:
-        kind = "module"
         buf = io.BytesIO()
         try:
             torch.save(module, buf)
@@ -235,21 +206,15 @@ def pack_model(net, weights: WeightCollection | None = None, *, solver: SolverCo
         files[_SOLVER] = json.dumps(solver.to_dict(), indent=1).encode()
     if config is not None:
         files[_CONFIG] = json.dumps(_jsonable(config), indent=1).encode()
+    from sparknet import __version__
 
     manifest = {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "kind": kind,
-        "net": _NET_JSON if kind == "netparams" else _MODULE_PICKLE,
-        "weights": _WEIGHTS,
-        "solver": _SOLVER if solver is not None else None,
-        "config": _CONFIG if config is not None else None,
+        "format": FORMAT_NAME, "format_version": FORMAT_VERSION, "kind": "module" if net_params is None else "netparams",
+        "net": _MODULE_PICKLE if net_params is None else _NET_JSON, "weights": _WEIGHTS,
+        "solver": _SOLVER if solver is not None else None, "config": _CONFIG if config is not None else None,
         "input_shape": None if input_shape is None else [int(d) for d in input_shape],
-        "num_parameters": int(weights.numel),
-        "torch_version": torch.__version__,
-        "sparknet_version": _sparknet_version(),
-        "sha256": {name: _sha256(data) for name, data in files.items()},
-        "metadata": _jsonable(dict(metadata or {})),
+        "num_parameters": int(weights.numel), "torch_version": torch.__version__, "sparknet_version": __version__,
+        "sha256": {name: _sha256(data) for name, data in files.items()}, "metadata": _jsonable(dict(metadata or {})),
     }
     files[MANIFEST_NAME] = json.dumps(manifest, indent=1).encode()
     return files
@@ -267,10 +232,7 @@ def model_id(files: Mapping[str, bytes]) -> str:
 
 def _parse_manifest(data: bytes, where: str) -> dict:
     """The manifest, checked entry by entry: a ``ValueError`` naming ``where`` and the first entry that is wrong."""
-    try:
-        manifest = json.loads(data)
-    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested too deep to read
-        raise ValueError(f"{where}: {MANIFEST_NAME} is not valid JSON ({e}); the model folder is corrupt") from None
+    manifest = _json_file(data, MANIFEST_NAME, where)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise ValueError(f"{where}: {MANIFEST_NAME} is not a sparknet model manifest "
                          f"(expected format {FORMAT_NAME!r})")
@@ -291,7 +253,7 @@ def _parse_manifest(data: bytes, where: str) -> dict:
         return ValueError(f"{where}: {MANIFEST_NAME}'s {key!r} entry is {str(manifest[key])[:80]!r}, not {what}; "
                           "the model folder is corrupt")
 
-    for key in ("net", "weights", "solver", "config"):
+    for key in _LISTED:
         name = manifest.get(key)
         if name is None and key in ("solver", "config"):
             continue
@@ -308,9 +270,9 @@ def _parse_manifest(data: bytes, where: str) -> dict:
     return manifest
 
 
-def _json_file(files: Mapping[str, bytes], name: str, where: str):
+def _json_file(data: bytes, name: str, where: str):
     try:
-        return json.loads(files[name])
+        return json.loads(data)
     except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, or nested too deep to read
         raise ValueError(f"{where}: {name} is not valid JSON ({e}); the model folder is corrupt") from None
 
@@ -323,7 +285,7 @@ def _definition(files: Mapping[str, bytes], manifest: dict, weights: WeightColle
     """The stored NetParams, checked to build and to fit the stored weights before any tensor is allocated."""
     name = manifest["net"]
     try:
-        net_params = _netparams_from_dict(_json_file(files, name, where))
+        net_params = NetParams.from_dict(_json_file(files[name], name, where))
         with torch.device("meta"):  # shapes only: a definition of 10**12 outputs costs nothing before it is refused
             wanted = WeightCollection(net_params.build(seed=0).layer_weights())
     except ValueError as e:
@@ -371,10 +333,7 @@ def unpack_model(files: Mapping[str, bytes], *, device: str | torch.device = "cp
         raise ValueError(f"{where}: no {MANIFEST_NAME}; not a sparknet model folder")
     manifest = _parse_manifest(files[MANIFEST_NAME], where)
     sums = manifest.get("sha256") or {}
-    for key in ("net", "weights", "solver", "config"):
-        name = manifest.get(key)
-        if name is None:
-            continue
+    for name in filter(None, map(manifest.get, _LISTED)):
         if name not in files:
             raise ValueError(f"{where}: {name} is listed in {MANIFEST_NAME} but missing")
         if name in sums and _sha256(files[name]) != sums[name]:
@@ -399,10 +358,10 @@ def unpack_model(files: Mapping[str, bytes], *, device: str | torch.device = "cp
     solver = None
     if manifest.get("solver"):
         try:
-            solver = SolverConfig.from_dict(_json_file(files, manifest["solver"], where))
+            solver = SolverConfig.from_dict(_json_file(files[manifest["solver"]], manifest["solver"], where))
         except (ValueError, TypeError, AttributeError) as e:  # a setting missing, unknown or of the wrong type
             raise ValueError(f"{where}: cannot read the solver {manifest['solver']}: {e}") from None
-    config = _json_file(files, manifest["config"], where) if manifest.get("config") else None
+    config = _json_file(files[manifest["config"]], manifest["config"], where) if manifest.get("config") else None
     if config is not None and not isinstance(config, dict):
         raise ValueError(f"{where}: {manifest['config']} holds a {type(config).__name__}, not a configuration "
                          "(a JSON object); the model folder is corrupt")
@@ -517,12 +476,7 @@ def read_model_files(path: str | os.PathLike) -> dict[str, bytes]:
 
     data = read(MANIFEST_NAME)
     manifest = _parse_manifest(data, str(path))  # its file names are names of files in the folder
-    files = {MANIFEST_NAME: data}
-    for key in ("net", "weights", "solver", "config"):
-        name = manifest.get(key)
-        if name is not None:
-            files[name] = read(name)
-    return files
+    return {MANIFEST_NAME: data, **{name: read(name) for name in filter(None, map(manifest.get, _LISTED))}}
 
 
 def save_model(path: str | os.PathLike, net, weights: WeightCollection | None = None, *,
@@ -543,36 +497,11 @@ def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu",
     return unpack_model(read_model_files(path), device=device, allow_pickle=allow_pickle, where=str(path))
 
 
-# -- helpers ---------------------------------------------------------------------------------
 def _jsonable(obj):
-    """Enums to their values, tuples to lists, dataclass-free plain JSON (checked)."""
-    import enum
-
-    def conv(v):
-        if isinstance(v, enum.Enum):
-            return v.value
-        if isinstance(v, Mapping):
-            return {str(k): conv(x) for k, x in v.items()}
-        if isinstance(v, (list, tuple)):
-            return [conv(x) for x in v]
-        if isinstance(v, (np.integer,)):
-            return int(v)
-        if isinstance(v, (np.floating,)):
-            return float(v)
-        return v
-
-    out = conv(obj)
+    """``obj`` as plain JSON (:func:`~sparknet.metrics.json_safe`, NaN and infinity kept), checked."""
+    out = json_safe(obj, finite=False)
     try:
         json.dumps(out)
     except TypeError as e:
         raise TypeError(f"model config and metadata must be JSON-able: {e}") from None
     return out
-
-
-def _sparknet_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("sparknet")
-    except Exception:  # noqa: BLE001 - a missing distribution only loses a label
-        return "unknown"

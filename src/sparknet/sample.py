@@ -28,6 +28,7 @@ import json
 import logging
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -70,29 +71,6 @@ class Vocabulary:
         return "".join(self.vocab[int(i)] for i in ids)
 
 
-def _codec(corpus: Any) -> Any:
-    if hasattr(corpus, "encode") and hasattr(corpus, "decode") and hasattr(corpus, "vocab"):
-        return corpus
-    return Vocabulary(corpus)
-
-
-def _module_of(net_or_module: Any) -> torch.nn.Module:
-    module = getattr(net_or_module, "module", None) if not isinstance(net_or_module, torch.nn.Module) else None
-    module = module if isinstance(module, torch.nn.Module) else net_or_module
-    if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"sample_text takes a Net, a SavedModel or a torch.nn.Module, got {type(net_or_module).__name__}")
-    return module
-
-
-def _declared_context(module: torch.nn.Module) -> int | None:
-    params = getattr(module, "net_params", None)
-    for layer in getattr(params, "layers", ()) or ():
-        shape = getattr(layer, "shape", None)
-        if shape and len(shape) >= 2:
-            return int(shape[1])
-    return None
-
-
 @torch.no_grad()
 def sample_text(net_or_module: Any, corpus: Any, prime: str = "ROMEO:", length: int = 300,
                 temperature: float = 0.8, seed: int = 0, context: int | None = None) -> str:
@@ -128,9 +106,13 @@ def sample_text(net_or_module: Any, corpus: Any, prime: str = "ROMEO:", length: 
         raise ValueError(f"length must be non-negative, got {length}")
     if not (temperature >= 0 and math.isfinite(temperature)):
         raise ValueError(f"temperature must be a non-negative number, got {temperature}")
-    codec = _codec(corpus)
-    module = _module_of(net_or_module)
-    window = int(context or _declared_context(module) or 100)
+    codec = corpus if all(hasattr(corpus, a) for a in ("encode", "decode", "vocab")) else Vocabulary(corpus)
+    module = net_or_module if isinstance(net_or_module, torch.nn.Module) else getattr(net_or_module, "module", None)
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"sample_text takes a Net, a SavedModel or a torch.nn.Module, got {type(net_or_module).__name__}")
+    declared = (int(layer.shape[1]) for layer in getattr(getattr(module, "net_params", None), "layers", ()) or ()
+                if len(getattr(layer, "shape", None) or ()) >= 2)  # the input layer's sequence length
+    window = int(context or next(declared, None) or 100)
     if window < 1:
         raise ValueError(f"context must be at least 1, got {window}")
     if not prime:
@@ -192,8 +174,6 @@ def _corpus_vocab(spec: str) -> list[str]:
         from sparknet.datasets import shakespeare
 
         return list(shakespeare().vocab)
-    from pathlib import Path
-
     path = Path(spec)
     if not path.is_file():
         raise FileNotFoundError(f"--corpus {spec!r} is neither 'shakespeare' nor a text file")
@@ -206,12 +186,8 @@ def load_char_model(args: argparse.Namespace) -> tuple[Any, Vocabulary]:
         from sparknet.model_io import load_model
 
         saved = load_model(args.model_dir)
-        stored = (saved.manifest.get("metadata") or {}).get("vocab")
-        if args.corpus:
-            vocab = _corpus_vocab(args.corpus)
-        elif stored:
-            vocab = list(stored)
-        else:
+        vocab = _corpus_vocab(args.corpus) if args.corpus else (saved.manifest.get("metadata") or {}).get("vocab")
+        if not args.corpus and not vocab:
             raise ValueError(f"{args.model_dir} stores no vocabulary; pass --corpus (e.g. --corpus shakespeare)")
         return saved.net, Vocabulary(vocab)
     from sparknet import zoo

@@ -194,23 +194,19 @@ class WeightCollection(Mapping[str, list[torch.Tensor]]):
         total = sum(weights)
         if total <= 0:
             raise ValueError("weights sum to zero: nothing to average")
-        first = collections[0]
         for other in collections[1:]:
-            first.check_compatible(other)
-        out = []
-        for name, ts in first._layers.items():
-            layer = []
-            for i, t in enumerate(ts):
-                acc = torch.zeros_like(t, dtype=torch.float64 if t.is_floating_point() else t.dtype)
-                if t.is_floating_point():
-                    for c, w in zip(collections, weights):
-                        acc.add_(c._layers[name][i].to(torch.float64), alpha=w / total)
-                    layer.append(acc.to(t.dtype))
-                else:
-                    # Integer tensors (counters) cannot be averaged meaningfully: keep the largest.
-                    layer.append(torch.stack([c._layers[name][i] for c in collections]).max(dim=0).values)
-            out.append((name, layer))
-        return WeightCollection(out)
+            collections[0].check_compatible(other)
+
+        def average(*ts: torch.Tensor) -> torch.Tensor:
+            if not ts[0].is_floating_point():  # integer tensors (counters) cannot be averaged: keep the largest
+                return torch.stack(ts).max(dim=0).values
+            acc = torch.zeros_like(ts[0], dtype=torch.float64)
+            for t, w in zip(ts, weights):
+                acc.add_(t.to(torch.float64), alpha=w / total)
+            return acc.to(ts[0].dtype)
+
+        return WeightCollection((name, [average(*ts) for ts in zip(*(c._layers[name] for c in collections))])
+                                for name in collections[0]._layers)
 
     def allclose(self, other: WeightCollection, rtol: float = 1e-5, atol: float = 1e-8) -> bool:
         """Whether every tensor is close to its counterpart (layouts must match)."""
