@@ -15,8 +15,6 @@ ONNX goes through :func:`torch.onnx.export`, which has two exporters in torch 2.
 - ``"dynamo"``: the ``torch.export``-based exporter, torch's own default, which needs the
   ``onnxscript`` package and takes about ten times as long on this kind of net.
 
-TorchScript export traces the net (``torch.jit.trace``).
-
 Examples
 --------
 >>> from sparknet import zoo
@@ -79,18 +77,9 @@ def _as_batch(example_input) -> torch.Tensor:
     return x
 
 
-def _onnx_exporter(exporter: str) -> str:
-    if exporter not in ("dynamo", "torchscript"):
-        raise ValueError(f"exporter must be torchscript or dynamo, got {exporter!r}")
-    if exporter == "dynamo" and importlib.util.find_spec("onnxscript") is None:
-        raise ValueError("the dynamo ONNX exporter needs the onnxscript package (pip install onnxscript); "
-                         "or use exporter='torchscript'")
-    return exporter
-
-
 def export_onnx(module: torch.nn.Module, example_input, path: str | os.PathLike, *, opset: int | None = None,
                 dynamic_batch: bool = True, exporter: str = "torchscript") -> Path:
-    """Write ``module`` as an ONNX model.
+    """Write ``module`` as an ONNX model; return the file written.
 
     Parameters
     ----------
@@ -108,39 +97,35 @@ def export_onnx(module: torch.nn.Module, example_input, path: str | os.PathLike,
         Leave the batch dimension free (named ``batch``) in the input and the output.
     exporter : {"torchscript", "dynamo"}
         Which of torch's ONNX exporters to use (see the module docstring).
-
-    Returns
-    -------
-    Path
-        The file written.
     """
     x = _as_batch(example_input)
-    which = _onnx_exporter(exporter)
+    if exporter not in ("dynamo", "torchscript"):
+        raise ValueError(f"exporter must be torchscript or dynamo, got {exporter!r}")
+    if exporter == "dynamo" and importlib.util.find_spec("onnxscript") is None:
+        raise ValueError("the dynamo ONNX exporter needs the onnxscript package (pip install onnxscript); "
+                         "or use exporter='torchscript'")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    kwargs: dict = {"input_names": [INPUT_NAME], "output_names": [OUTPUT_NAME], "opset_version": opset}
-    if which == "dynamo":
-        kwargs["dynamo"] = True
-        kwargs["external_data"] = False
-        kwargs["verbose"] = False
+    kwargs: dict = {"input_names": [INPUT_NAME], "output_names": [OUTPUT_NAME], "opset_version": opset,
+                    "dynamo": exporter == "dynamo"}
+    if exporter == "dynamo":
+        kwargs.update(external_data=False, verbose=False)
         if dynamic_batch:
             kwargs["dynamic_shapes"] = ({0: torch.export.Dim("batch")},)
-    else:
-        kwargs["dynamo"] = False
-        if dynamic_batch:
-            kwargs["dynamic_axes"] = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}}
+    elif dynamic_batch:
+        kwargs["dynamic_axes"] = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}}
     with _eval_mode(module), torch.no_grad(), warnings.catch_warnings():
         # torch warns that the TorchScript-based exporter is deprecated; choosing it is deliberate here.
         warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"torch\.onnx")
         warnings.filterwarnings("ignore", message=r".*legacy TorchScript-based ONNX export.*")
         torch.onnx.export(module, (x,), str(path), **kwargs)
-    log.info("exported ONNX model (%s exporter) to %s", which, path)
+    log.info("exported ONNX model (%s exporter) to %s", exporter, path)
     return path
 
 
 def export_torchscript(module: torch.nn.Module, example_input, path: str | os.PathLike, *,
                        check: bool = True) -> Path:
-    """Write ``module`` as a TorchScript archive (traced in eval mode), for ``torch.jit.load``.
+    """Write ``module`` as a TorchScript archive (traced in eval mode), for ``torch.jit.load``; return the file.
 
     Parameters
     ----------
@@ -148,11 +133,6 @@ def export_torchscript(module: torch.nn.Module, example_input, path: str | os.Pa
         As for :func:`export_onnx` (the file: ``.pt``).
     check : bool
         Have the tracer re-run the trace and compare (catches data-dependent control flow).
-
-    Returns
-    -------
-    Path
-        The file written.
     """
     x = _as_batch(example_input)
     path = Path(path)
@@ -221,18 +201,15 @@ def example_input_for(saved, batch_size: int = 2) -> torch.Tensor:
     shape = saved.input_shape
     if shape is None:
         raise ValueError("the model folder does not record its input shape; save it with input_shape=[...]")
-    dtype = torch.float32
-    for layer in getattr(saved.net_params, "layers", ()):
-        if getattr(layer, "shape", None):
-            dtype = getattr(layer, "torch_dtype", dtype)
-            break
+    dtype = next((getattr(layer, "torch_dtype", torch.float32) for layer in getattr(saved.net_params, "layers", ())
+                  if getattr(layer, "shape", None)), torch.float32)
     return torch.zeros((batch_size, *shape), dtype=dtype)
 
 
 def export_model(model_dir: str | os.PathLike, format: ExportFormat | str, out: str | os.PathLike, *,
                  allow_pickle: bool = False, opset: int | None = None, exporter: str = "torchscript",
                  verify: bool = False) -> Path:
-    """Export a sparknet model folder to ONNX or TorchScript.
+    """Export a sparknet model folder to ONNX or TorchScript; return the file written.
 
     Parameters
     ----------
@@ -250,11 +227,6 @@ def export_model(model_dir: str | os.PathLike, format: ExportFormat | str, out: 
         After writing, compare the exported model's outputs with the net's on a random
         batch (ONNX: :func:`verify_onnx`; TorchScript: ``torch.jit.load`` and an exact
         comparison).
-
-    Returns
-    -------
-    Path
-        The file written.
     """
     try:
         fmt = ExportFormat(str(getattr(format, "value", format)).lower())
@@ -269,7 +241,9 @@ def export_model(model_dir: str | os.PathLike, format: ExportFormat | str, out: 
     else:
         path = export_torchscript(module, example, out)
     if verify:
-        batch = _random_like(example, 3)
+        shape = (3, *example.shape[1:])
+        batch = (torch.rand(shape, generator=torch.Generator().manual_seed(0), dtype=example.dtype)
+                 if example.dtype.is_floating_point else torch.zeros(shape, dtype=example.dtype))
         if fmt is ExportFormat.ONNX:
             diff = verify_onnx(path, module, batch)
         else:
@@ -283,14 +257,6 @@ def export_model(model_dir: str | os.PathLike, format: ExportFormat | str, out: 
                 raise ValueError(f"the TorchScript model's outputs differ from the net's by up to {diff:.3g}")
         log.info("verified %s: largest difference from the net's outputs %.3g", path, diff)
     return path
-
-
-def _random_like(example: torch.Tensor, batch: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(0)
-    shape = (batch, *example.shape[1:])
-    if example.dtype.is_floating_point:
-        return torch.rand(shape, generator=g, dtype=example.dtype)
-    return torch.zeros(shape, dtype=example.dtype)
 
 
 def configure_command(p: argparse.ArgumentParser) -> None:
