@@ -233,7 +233,7 @@ class Filler:
 
     def to_dict(self) -> dict[str, Any]:
         """The filler as plain JSON-able values."""
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return _plain(self)
 
 
 def _as_filler(value: Any, layer: str, what: str) -> Filler | None:
@@ -252,18 +252,14 @@ def _as_filler(value: Any, layer: str, what: str) -> Filler | None:
 
 
 def _plain(value: Any) -> Any:
-    """Convert a field value to plain JSON-able values (enums to strings, tuples to lists)."""
+    """Convert a field value to plain JSON-able values (enums to strings, tuples to lists, a dataclass to a dict)."""
     if isinstance(value, enum.Enum):
         return value.value
-    if isinstance(value, Filler):
-        return value.to_dict()
+    if dataclasses.is_dataclass(value):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
-
-
-def _prod(values: Sequence[int]) -> int:
-    return math.prod(values) if values else 1
 
 
 # --------------------------------------------------------------------------- layer base
@@ -373,8 +369,7 @@ class Layer:
 
     def to_dict(self) -> dict[str, Any]:
         """The layer as plain JSON-able values, with its class name under ``"type"``."""
-        fields = {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
-        return {"type": type(self).__name__, **fields}
+        return {"type": type(self).__name__, **_plain(self)}
 
 
 @dataclass(kw_only=True)
@@ -646,7 +641,7 @@ class LinearLayer(_Learnable):
     def _infer(self, shapes: list[Shape]) -> list[Shape]:
         shape = shapes[0]
         axis = self._axis(self.axis, len(shape), minimum=1)
-        features = _prod(shape[axis:])
+        features = math.prod(shape[axis:])
         if self.num_inputs is not None and features != self.num_inputs:
             self._fail(f"bottom {shape} flattened from axis {axis} has {features} features, but "
                        f"the weight takes num_inputs={self.num_inputs}")
@@ -655,7 +650,7 @@ class LinearLayer(_Learnable):
     def _build(self, shapes: list[Shape]) -> nn.Module:
         shape = shapes[0]
         axis = self._axis(self.axis, len(shape), minimum=1)
-        return _InnerProduct(_prod(shape[axis:]), self.num_outputs, bias=self.bias,
+        return _InnerProduct(math.prod(shape[axis:]), self.num_outputs, bias=self.bias,
                              flatten_from=axis if len(shape) > axis + 1 else None, transpose=self.transpose)
 
 
@@ -995,10 +990,10 @@ class FlattenLayer(Layer):
     def _infer(self, shapes: list[Shape]) -> list[Shape]:
         shape = shapes[0]
         start, end = self._axes(len(shape))
-        return [shape[:start] + (_prod(shape[start:end + 1]),) + shape[end + 1:]]
+        return [shape[:start] + (math.prod(shape[start:end + 1]),) + shape[end + 1:]]
 
     def _build(self, shapes: list[Shape]) -> nn.Module:
-        return _Flatten(*self._axes(len(shapes[0])))
+        return nn.Flatten(*self._axes(len(shapes[0])))
 
 
 @dataclass(kw_only=True)
@@ -1028,7 +1023,7 @@ class ReshapeLayer(Layer):
                     self._fail(f"shape {self.shape} copies axis {i}, but the bottom is {src}")
                 d = src[i]
             dims.append(d)
-        total, known = _prod(src), _prod([d for d in dims if d != -1])
+        total, known = math.prod(src), math.prod([d for d in dims if d != -1])
         if -1 in dims:
             if known == 0 or total % known:
                 self._fail(f"cannot reshape {src} ({total} elements) to {self.shape}")
@@ -1158,7 +1153,7 @@ class LossLayer(Layer):
 
     def _same_count(self, shapes: list[Shape]) -> list[Shape]:
         """The scalar top of a loss whose two bottoms hold as many elements."""
-        if _prod(shapes[0]) != _prod(shapes[1]):
+        if math.prod(shapes[0]) != math.prod(shapes[1]):
             self._fail(f"bottoms {self.bottoms[0]!r} {shapes[0]} and {self.bottoms[1]!r} "
                        f"{shapes[1]} have different element counts")
         return [()]
@@ -1168,8 +1163,8 @@ def _class_axis_check(layer: Layer, shapes: list[Shape], axis: int) -> tuple[int
     """Check predictions/labels for a softmax-style layer; return (axis, classes, label count)."""
     pred, label = shapes
     axis = layer._axis(axis, len(pred), minimum=1)
-    outer, inner = _prod(pred[:axis]), _prod(pred[axis + 1:])
-    if _prod(label) != outer * inner:
+    outer, inner = math.prod(pred[:axis]), math.prod(pred[axis + 1:])
+    if math.prod(label) != outer * inner:
         hint = ""
         if len(pred) == len(label) + 1 and pred[:-1] == label:
             hint = f"; labels {label} match axis={len(pred) - 1}"
@@ -1252,7 +1247,7 @@ class ContrastiveLoss(LossLayer):
         if a != b or len(a) < 2:
             self._fail(f"features {self.bottoms[0]!r} {a} and {self.bottoms[1]!r} {b} must have "
                        "the same [N, C, ...] shape")
-        if _prod(y) != a[0]:
+        if math.prod(y) != a[0]:
             self._fail(f"label {self.bottoms[2]!r} {y} must have one entry per pair ({a[0]})")
         return [()]
 
@@ -1473,13 +1468,6 @@ class _Split(_Options):
 class _Silence(nn.Module):
     def forward(self, *xs: Tensor) -> tuple[()]:
         return ()
-
-
-class _Flatten(_Options):
-    _options = ("start", "end")
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x.flatten(self.start, self.end)
 
 
 class _Reshape(_Options):
@@ -1817,12 +1805,10 @@ class GraphModule(nn.Module):
         self._loss_inputs: set[str] = set()
         self._loss_items: tuple[tuple[str, float], ...] = ()
         self._run_plans: dict[frozenset[str], list[_Step]] = {}
-        if seed is None:
-            modules = self._build_modules(trace)
-        else:
-            with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
                 torch.manual_seed(seed)
-                modules = self._build_modules(trace)
+            modules = self._build_modules(trace)
         self._make_plans(net, modules)
         logger.debug("built %s: %d layers, %d parameters", net.name, len(net),
                      sum(p.numel() for p in self.parameters()))

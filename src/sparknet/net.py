@@ -246,29 +246,25 @@ def _collect(data, expected_label_ndim: int | None, batched: bool | None) -> tup
         return _as_tensor(data.x, name="x"), _as_tensor(data.y, name="y")
     if isinstance(data, tuple) and len(data) == 2 and all(hasattr(a, "shape") for a in data) and batched is not False:
         x, y = _as_tensor(data[0], name="x"), _as_tensor(data[1], name="y")
-        if len(x) != len(y):
-            raise ValueError(f"features have {len(x)} rows but labels have {len(y)}")
-        return x, y
-    xs, ys = [], []
-    for item in data:
-        try:
-            x, y = item
-        except (TypeError, ValueError):
-            raise ValueError("training and validation data must yield (x, y) pairs") from None
-        xs.append(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
-        ys.append(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
-    if not xs:
-        return torch.empty(0), torch.empty(0, dtype=torch.long)
-    if batched is None:
-        y0 = ys[0]
-        label_ndim = y0.ndim if hasattr(y0, "ndim") else 0
-        batched = label_ndim > (expected_label_ndim or 0)
-    if batched:
-        x = torch.cat([_as_tensor(a, name="x") for a in xs])
-        y = torch.cat([_as_tensor(a, name="y") for a in ys])
     else:
-        x = _as_tensor(np.stack([np.asarray(a) for a in xs]), name="x")
-        y = _as_tensor(np.stack([np.asarray(a) for a in ys]), name="y")
+        xs, ys = [], []
+        for item in data:
+            try:
+                x, y = item
+            except (TypeError, ValueError):
+                raise ValueError("training and validation data must yield (x, y) pairs") from None
+            xs.append(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+            ys.append(np.asarray(y) if not isinstance(y, torch.Tensor) else y)
+        if not xs:
+            return torch.empty(0), torch.empty(0, dtype=torch.long)
+        if batched is None:
+            batched = getattr(ys[0], "ndim", 0) > (expected_label_ndim or 0)
+        if batched:
+            x = torch.cat([_as_tensor(a, name="x") for a in xs])
+            y = torch.cat([_as_tensor(a, name="y") for a in ys])
+        else:
+            x = _as_tensor(np.stack([np.asarray(a) for a in xs]), name="x")
+            y = _as_tensor(np.stack([np.asarray(a) for a in ys]), name="y")
     if len(x) != len(y):
         raise ValueError(f"features have {len(x)} rows but labels have {len(y)}")
     return x, y

@@ -49,10 +49,6 @@ def lenet(batch_size: int = 64) -> NetParams:
     batch_size : int
         Declared batch size of the ``data`` ([B, 1, 28, 28] float32) and ``label``
         ([B] int64) inputs.
-
-    Returns
-    -------
-    NetParams
     """
     return NetParams(
         RDDLayer("data", shape=[batch_size, 1, 28, 28]),
@@ -83,10 +79,6 @@ def mlp(input_shape: Sequence[int] = (1, 28, 28), hidden: Sequence[int] = (512, 
         Outputs of the last layer.
     batch_size : int
         Declared batch size.
-
-    Returns
-    -------
-    NetParams
     """
     layers: list[Any] = [
         RDDLayer("data", shape=[batch_size, *input_shape]),
@@ -103,19 +95,11 @@ def mlp(input_shape: Sequence[int] = (1, 28, 28), hidden: Sequence[int] = (512, 
     return NetParams(*layers, name="mlp")
 
 
-def _conv(name: str, bottom: str, filters: int, std: float, bias_value: float = 0.0,
-          decay: Sequence[float] = (1.0, 1.0), **kw: Any) -> ConvLayer:
-    """A Caffe-style convolution: gaussian weights, constant bias, bias at twice the rate."""
-    return ConvLayer(name, [bottom], num_filters=filters, lr_mult=_CAFFE_LR, decay_mult=tuple(decay),
-                     weight_filler=Filler("gaussian", std=std), bias_filler=Filler("constant", value=bias_value), **kw)
-
-
-def _ip(name: str, bottom: str, outputs: int, std: float, bias_value: float = 0.0,
-        decay: Sequence[float] = (1.0, 1.0)) -> LinearLayer:
-    """A Caffe-style inner product: gaussian weights, constant bias, bias at twice the rate."""
-    return LinearLayer(name, [bottom], num_outputs=outputs, lr_mult=_CAFFE_LR,
-                       decay_mult=tuple(decay), weight_filler=Filler("gaussian", std=std),
-                       bias_filler=Filler("constant", value=bias_value))
+def _caffe(cls: type[ConvLayer | LinearLayer], name: str, bottom: str, std: float, bias_value: float = 0.0,
+           decay: Sequence[float] = (1.0, 1.0), **kw: Any) -> ConvLayer | LinearLayer:
+    """A Caffe-style convolution or inner product: gaussian weights, constant bias, bias at twice the rate."""
+    return cls(name, [bottom], lr_mult=_CAFFE_LR, decay_mult=tuple(decay), weight_filler=Filler("gaussian", std=std),
+               bias_filler=Filler("constant", value=bias_value), **kw)
 
 
 def cifar_cnn(batch_size: int = 100) -> NetParams:
@@ -130,25 +114,21 @@ def cifar_cnn(batch_size: int = 100) -> NetParams:
     ----------
     batch_size : int
         Declared batch size of ``data`` ([B, 3, 32, 32]) and ``label`` ([B]).
-
-    Returns
-    -------
-    NetParams
     """
     return NetParams(
         RDDLayer("data", shape=[batch_size, 3, 32, 32]),
         RDDLayer("label", shape=[batch_size], dtype="int64"),
-        _conv("conv1", "data", 32, 0.0001, kernel=5, pad=2),
+        _caffe(ConvLayer, "conv1", "data", 0.0001, num_filters=32, kernel=5, pad=2),
         PoolLayer("pool1", ["conv1"], pool="max", kernel=3, stride=2),
         ActivationLayer("relu1", ["pool1"], tops=["pool1"]),
-        _conv("conv2", "pool1", 32, 0.01, kernel=5, pad=2),
+        _caffe(ConvLayer, "conv2", "pool1", 0.01, num_filters=32, kernel=5, pad=2),
         ActivationLayer("relu2", ["conv2"], tops=["conv2"]),
         PoolLayer("pool2", ["conv2"], pool="ave", kernel=3, stride=2),
-        _conv("conv3", "pool2", 64, 0.01, kernel=5, pad=2),
+        _caffe(ConvLayer, "conv3", "pool2", 0.01, num_filters=64, kernel=5, pad=2),
         ActivationLayer("relu3", ["conv3"], tops=["conv3"]),
         PoolLayer("pool3", ["conv3"], pool="ave", kernel=3, stride=2),
-        _ip("ip1", "pool3", 64, 0.1),
-        _ip("ip2", "ip1", 10, 0.1),
+        _caffe(LinearLayer, "ip1", "pool3", 0.1, num_outputs=64),
+        _caffe(LinearLayer, "ip2", "ip1", 0.1, num_outputs=10),
         AccuracyLayer("accuracy", ["ip2", "label"]),
         SoftmaxWithLoss("loss", ["ip2", "label"]),
         name="cifar10_quick",
@@ -170,10 +150,6 @@ def alexnet(batch_size: int = 256, num_classes: int = 1000) -> NetParams:
         Declared batch size (BVLC trains with 256).
     num_classes : int
         Outputs of fc8.
-
-    Returns
-    -------
-    NetParams
     """
     def relu(name: str, blob: str) -> ActivationLayer:
         return ActivationLayer(name, [blob], tops=[blob])
@@ -181,28 +157,28 @@ def alexnet(batch_size: int = 256, num_classes: int = 1000) -> NetParams:
     return NetParams(
         RDDLayer("data", shape=[batch_size, 3, 227, 227]),
         RDDLayer("label", shape=[batch_size], dtype="int64"),
-        _conv("conv1", "data", 96, 0.01, 0.0, _CAFFE_DECAY, kernel=11, stride=4),
+        _caffe(ConvLayer, "conv1", "data", 0.01, 0.0, _CAFFE_DECAY, num_filters=96, kernel=11, stride=4),
         relu("relu1", "conv1"),
         LRNLayer("norm1", ["conv1"], local_size=5, alpha=1e-4, beta=0.75),
         PoolLayer("pool1", ["norm1"], pool="max", kernel=3, stride=2),
-        _conv("conv2", "pool1", 256, 0.01, 0.1, _CAFFE_DECAY, kernel=5, pad=2, groups=2),
+        _caffe(ConvLayer, "conv2", "pool1", 0.01, 0.1, _CAFFE_DECAY, num_filters=256, kernel=5, pad=2, groups=2),
         relu("relu2", "conv2"),
         LRNLayer("norm2", ["conv2"], local_size=5, alpha=1e-4, beta=0.75),
         PoolLayer("pool2", ["norm2"], pool="max", kernel=3, stride=2),
-        _conv("conv3", "pool2", 384, 0.01, 0.0, _CAFFE_DECAY, kernel=3, pad=1),
+        _caffe(ConvLayer, "conv3", "pool2", 0.01, 0.0, _CAFFE_DECAY, num_filters=384, kernel=3, pad=1),
         relu("relu3", "conv3"),
-        _conv("conv4", "conv3", 384, 0.01, 0.1, _CAFFE_DECAY, kernel=3, pad=1, groups=2),
+        _caffe(ConvLayer, "conv4", "conv3", 0.01, 0.1, _CAFFE_DECAY, num_filters=384, kernel=3, pad=1, groups=2),
         relu("relu4", "conv4"),
-        _conv("conv5", "conv4", 256, 0.01, 0.1, _CAFFE_DECAY, kernel=3, pad=1, groups=2),
+        _caffe(ConvLayer, "conv5", "conv4", 0.01, 0.1, _CAFFE_DECAY, num_filters=256, kernel=3, pad=1, groups=2),
         relu("relu5", "conv5"),
         PoolLayer("pool5", ["conv5"], pool="max", kernel=3, stride=2),
-        _ip("fc6", "pool5", 4096, 0.005, 0.1, _CAFFE_DECAY),
+        _caffe(LinearLayer, "fc6", "pool5", 0.005, 0.1, _CAFFE_DECAY, num_outputs=4096),
         relu("relu6", "fc6"),
         DropoutLayer("drop6", ["fc6"], tops=["fc6"], ratio=0.5),
-        _ip("fc7", "fc6", 4096, 0.005, 0.1, _CAFFE_DECAY),
+        _caffe(LinearLayer, "fc7", "fc6", 0.005, 0.1, _CAFFE_DECAY, num_outputs=4096),
         relu("relu7", "fc7"),
         DropoutLayer("drop7", ["fc7"], tops=["fc7"], ratio=0.5),
-        _ip("fc8", "fc7", num_classes, 0.01, 0.0, _CAFFE_DECAY),
+        _caffe(LinearLayer, "fc8", "fc7", 0.01, 0.0, _CAFFE_DECAY, num_outputs=num_classes),
         AccuracyLayer("accuracy", ["fc8", "label"]),
         SoftmaxWithLoss("loss", ["fc8", "label"]),
         name="alexnet",
@@ -233,10 +209,6 @@ def char_lstm(vocab_size: int, seq_len: int = 100, hidden: int = 256, num_layers
         Embedding width; ``hidden`` when not given.
     dropout : float
         Dropout between stacked LSTM layers.
-
-    Returns
-    -------
-    NetParams
     """
     return NetParams(
         RDDLayer("data", shape=[batch_size, seq_len], dtype="int64"),
@@ -249,13 +221,7 @@ def char_lstm(vocab_size: int, seq_len: int = 100, hidden: int = 256, num_layers
     )
 
 
-MODELS: dict[str, Callable[..., NetParams]] = {
-    "lenet": lenet,
-    "mlp": mlp,
-    "cifar_cnn": cifar_cnn,
-    "alexnet": alexnet,
-    "char_lstm": char_lstm,
-}
+MODELS: dict[str, Callable[..., NetParams]] = {f.__name__: f for f in (lenet, mlp, cifar_cnn, alexnet, char_lstm)}
 """Model name to the function that makes it (the command line's choices)."""
 
 
