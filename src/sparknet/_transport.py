@@ -1,27 +1,26 @@
 """The bounds a ZeroMQ socket listening on the driver puts on its peers before it reads a byte of theirs.
 
-Three driver sockets face the cluster network: the parameter server's ROUTER
-(:mod:`sparknet.ps.server`), the barrier engine's metrics PULL (:mod:`sparknet.spark._channel`) and the
-rounds engine's relay ROUTER (:mod:`sparknet.spark._relay`). All are set up here, the same way:
+Three driver sockets face the cluster network: the parameter server's ROUTER (:mod:`sparknet.ps.server`), the barrier
+engine's metrics PULL (:mod:`sparknet.spark._channel`) and the rounds engine's relay ROUTER
+(:mod:`sparknet.spark._relay`). All are set up here, the same way (:func:`listen`, :class:`Listener`; workers
+connect with :class:`Dialer`):
 
-- **CurveZMQ** (X25519 key exchange, then XSalsa20-Poly1305 on every frame). The driver makes a
-  server keypair and one client keypair per server; the workers get the client keypair and the
-  server's public key in their job's closure, as they get the job's HMAC secret. A ZAP handler
-  (:class:`Gate`) lets in that one client key and nothing else. A peer without the client's secret
-  key cannot finish the handshake, so it cannot send a single frame: this matters because libzmq
-  buffers the parts of an unfinished multi-part message with no limit (its high-water mark counts
-  whole messages), so who may send parts at all has to be settled before any part is read.
-- **ZMQ_MAXMSGSIZE**: a frame announcing more bytes than the model can need disconnects its sender
-  before anything is allocated for it, during the handshake too.
-- **ZMQ_HANDSHAKE_IVL**: a connection that has not finished its handshake within
-  :attr:`Limits.handshake_s` is closed. One that sends anything but a CurveZMQ greeting, or a
-  HELLO that the server's key does not open, is closed at once.
-- **Heartbeats** (ZMQ_HEARTBEAT_IVL, _TIMEOUT, _TTL): the driver pings every peer; one that
-  answers nothing for :attr:`Limits.dead_after_s` (a host that died without closing its
-  connections) is closed. libzmq answers pings in its own I/O thread, so a busy worker stays.
+- **CurveZMQ** (X25519 key exchange, then XSalsa20-Poly1305 on every frame). The driver makes a server keypair and one
+  client keypair per server; the workers get the client keypair and the server's public key in their job's closure, as
+  they get the job's HMAC secret. A ZAP handler (:class:`Gate`) lets in that one client key and nothing else. A peer
+  without the client's secret key cannot finish the handshake, so it cannot send a single frame: this matters because
+  libzmq buffers the parts of an unfinished multi-part message with no limit (its high-water mark counts whole
+  messages), so who may send parts at all has to be settled before any part is read.
+- **ZMQ_MAXMSGSIZE**: a frame announcing more bytes than the model can need disconnects its sender before anything is
+  allocated for it, during the handshake too.
+- **ZMQ_HANDSHAKE_IVL**: a connection that has not finished its handshake within :attr:`Limits.handshake_s` is closed.
+  One that sends anything but a CurveZMQ greeting, or a HELLO that the server's key does not open, is closed at once.
+- **Heartbeats** (ZMQ_HEARTBEAT_IVL, _TIMEOUT, _TTL): the driver pings every peer; one that answers nothing for
+  :attr:`Limits.dead_after_s` (a host that died without closing its connections) is closed. libzmq answers pings in
+  its own I/O thread, so a busy worker stays.
 
-The HMAC of each message (the parameter server's wire format, the channel's records) stays as it
-was: CurveZMQ says who may connect to the driver, the HMAC which job a message belongs to.
+The HMAC of each message (the parameter server's wire format, the channel's records) stays as it was: CurveZMQ says
+who may connect to the driver, the HMAC which job a message belongs to.
 
 Log lines about what peers send are bounded by :class:`LogThrottle`.
 """
@@ -32,21 +31,23 @@ import logging
 import math
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import zmq
 from zmq.utils import z85
 
-__all__ = ["ClientKeys", "ServerKeys", "Limits", "Gate", "LogThrottle", "guard_server", "bound_peers", "connect_keys",
-           "listen", "bracketed"]
+__all__ = ["ClientKeys", "ServerKeys", "Limits", "Gate", "LogThrottle", "Listener", "Dialer", "connect_keys", "listen",
+           "bracketed"]
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 """Where libzmq asks a context's ZAP handler about each handshake (RFC 27)."""
 ZAP_DOMAIN = b"sparknet"
 
-_SLOWEST_LINK = 10e6
+SLOWEST_LINK = 10e6
 """Bytes a second of the slowest link a frame must cross before its peer is declared dead (libzmq counts only
-whole frames as traffic from a peer, so the time to move the biggest one must fit in the heartbeat timeout)."""
+whole frames as traffic from a peer, so the time to move the biggest one must fit in the heartbeat timeout), and
+a worker's transfer before its deadline passes."""
 
 
 @dataclass(frozen=True)
@@ -107,49 +108,145 @@ class Limits:
     @classmethod
     def for_frame(cls, max_frame: int) -> Limits:
         """The defaults, with a peer declared dead only after the biggest frame could cross a slow link."""
-        return cls(dead_after_s=30.0 + max_frame / _SLOWEST_LINK)
+        return cls(dead_after_s=30.0 + max_frame / SLOWEST_LINK)
 
 
-def guard_server(sock: zmq.Socket, keys: ServerKeys, *, max_frame: int, limits: Limits) -> None:
-    """Set every bound on a listening socket (before it binds; its context's :class:`Gate` bound first)."""
-    bound_peers(sock, max_frame=max_frame, limits=limits)
-    sock.setsockopt(zmq.CURVE_SERVER, 1)
-    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
-    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
-    sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN)
-    sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)  # no ZAP handler in the context: every handshake fails
-
-
-def bound_peers(sock: zmq.Socket, *, max_frame: int, limits: Limits) -> None:
-    """The bounds of :func:`guard_server` but CurveZMQ: for a socket only this machine's user can reach (an
-    ``ipc://`` endpoint in a folder of its own), where the file system says who may connect."""
-    sock.setsockopt(zmq.MAXMSGSIZE, int(max_frame))
-    sock.setsockopt(zmq.HANDSHAKE_IVL, round(limits.handshake_s * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_IVL, round(limits.heartbeat_s * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, round(limits.dead_after_s * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TTL, min(round(limits.dead_after_s * 1000), 6_553_500))  # the wire's most
-
-
-def listen(ctx: zmq.Context, kind: int, keys: ServerKeys, host: str, *, max_frame: int, limits: Limits,
-           logger: logging.Logger, port: int = 0, rcvhwm: int | None = None) -> tuple[zmq.Socket, Gate, int]:
-    """A socket of ``kind`` with every bound of :func:`guard_server`, bound to ``host`` on ``port`` (0: one the OS
-    picks), and the :class:`Gate` bound before it. Returns ``(socket, gate, port)``; on failure both are closed."""
-    gate = Gate(ctx, keys, logger)
+def listen(ctx: zmq.Context, kind: int, keys: ServerKeys | None, host: str, *, max_frame: int, limits: Limits,
+           logger: logging.Logger, port: int = 0, rcvhwm: int | None = None) -> tuple[zmq.Socket, Gate | None, int]:
+    """A socket of ``kind`` with every bound above, bound to ``host`` on ``port`` (0: one the OS picks), and the
+    :class:`Gate` bound before it. With ``keys=None``, ``host`` is an ``ipc://`` endpoint in a folder only this
+    machine's user can open (the file system says who may connect): no CurveZMQ, no gate, port 0.
+    Returns ``(socket, gate, port)``; on failure both are closed."""
+    gate = None if keys is None else Gate(ctx, keys, logger)
     sock = None
     try:
         sock = ctx.socket(kind)
-        sock.setsockopt(zmq.LINGER, 0)
+        options = {zmq.LINGER: 0, zmq.MAXMSGSIZE: int(max_frame), zmq.HANDSHAKE_IVL: round(limits.handshake_s * 1000),
+                   zmq.HEARTBEAT_IVL: round(limits.heartbeat_s * 1000),
+                   zmq.HEARTBEAT_TIMEOUT: round(limits.dead_after_s * 1000),
+                   zmq.HEARTBEAT_TTL: min(round(limits.dead_after_s * 1000), 6_553_500)}  # the wire's most
         if rcvhwm is not None:
-            sock.setsockopt(zmq.RCVHWM, rcvhwm)
-        guard_server(sock, keys, max_frame=max_frame, limits=limits)
-        sock.setsockopt(zmq.IPV6, int(":" in host))
-        sock.bind(f"tcp://{bracketed(host)}:{port or '*'}")
+            options[zmq.RCVHWM] = rcvhwm
+        if keys is not None:  # ZAP_ENFORCE_DOMAIN: with no ZAP handler in the context, every handshake fails
+            options.update({zmq.CURVE_SERVER: 1, zmq.CURVE_SECRETKEY: keys.secret, zmq.CURVE_PUBLICKEY: keys.public,
+                            zmq.ZAP_DOMAIN: ZAP_DOMAIN, zmq.ZAP_ENFORCE_DOMAIN: 1, zmq.IPV6: int(":" in host)})
+        for option, value in options.items():
+            sock.setsockopt(option, value)
+        sock.bind(host if keys is None else f"tcp://{bracketed(host)}:{port or '*'}")
     except BaseException:
         if sock is not None:
             sock.close(linger=0)
-        gate.close()
+        if gate is not None:
+            gate.close()
         raise
-    return sock, gate, int(sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+    return sock, gate, 0 if keys is None else int(sock.getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+
+
+class Listener:
+    """A driver socket of :func:`listen` in a context of its own. :meth:`poll` answers waiting handshakes each time
+    it waits; :meth:`close` closes the socket, then its gate, then the context."""
+
+    def __init__(self, kind: int, keys: ServerKeys | None, host: str, **bounds):
+        self.ctx = zmq.Context()
+        self.socket = self.gate = None
+        try:
+            self.socket, self.gate, _ = listen(self.ctx, kind, keys, host, **bounds)
+        except BaseException:
+            self.close()
+            raise
+        self.endpoint = self.socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.poller = zmq.Poller()
+        for sock in (self.socket, self.gate and self.gate.socket):
+            if sock is not None:
+                self.poller.register(sock, zmq.POLLIN)
+
+    @property
+    def refused(self) -> int:
+        """Connections refused at the handshake (a key other than the workers'); kept after :meth:`close`."""
+        return self.gate.refused if self.gate is not None else 0
+
+    def poll(self, timeout_ms: int) -> dict:
+        """The sockets of :attr:`poller` ready within ``timeout_ms``."""
+        ready = dict(self.poller.poll(timeout_ms))
+        if self.gate is not None:
+            self.gate.serve()
+        return ready
+
+    def requests(self, most: int):
+        """Up to ``most`` messages waiting on the socket (frames not copied), without blocking."""
+        for _ in range(most):
+            try:
+                yield self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+
+    def close(self) -> None:
+        """Idempotent."""
+        if self.socket is not None:
+            self.socket.close(linger=0)
+            self.socket = None
+        if self.gate is not None:  # after the socket it guards
+            self.gate.close()
+        if self.ctx is not None:
+            self.ctx.term()
+            self.ctx = None
+
+
+class Dialer:
+    """A worker's socket of ``kind`` to ``endpoint`` in a context of its own, with no linger: a CurveZMQ client of
+    ``keys`` (``None``: an ``ipc://`` endpoint of :func:`listen`)."""
+
+    def __init__(self, kind: int, endpoint: str, keys: ClientKeys | None):
+        self.kind, self.endpoint, self.keys = kind, endpoint, keys
+        self.ctx = zmq.Context()
+        self.socket = None
+        try:
+            self.reopen()
+        except BaseException:
+            self.close()
+            raise
+
+    def reopen(self) -> None:
+        """A fresh socket: nothing half-sent on the old one, and no late answer to it, survives."""
+        if self.socket is not None:
+            self.socket.close(linger=0)
+        self.socket = self.ctx.socket(self.kind)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.IPV6, 1)  # the driver's address may be IPv6
+        if self.keys is not None:
+            connect_keys(self.socket, self.keys)
+        self.socket.connect(self.endpoint)
+
+    def reply(self, deadline: float, accept: Callable[[list], object], unsent: list | None = None, *,
+              copy: bool = False):
+        """Send ``unsent`` (if a request waits to be sent), then the first answer ``accept`` makes of the messages
+        received (``None``: not an answer to this request); ``None`` once ``deadline`` (:func:`time.monotonic`)
+        passes. A DEALER holds a request until a connection is ready: one whose handshake never ends must not
+        block."""
+        def ready(event: int) -> bool:
+            return bool(self.socket.poll(max(0, math.ceil((deadline - time.monotonic()) * 1000)), event))
+
+        if unsent is not None:
+            if not ready(zmq.POLLOUT):
+                return None
+            try:
+                self.socket.send_multipart(unsent, flags=zmq.NOBLOCK, copy=copy)
+            except zmq.Again:
+                return None
+        while ready(zmq.POLLIN):
+            got = accept(self.socket.recv_multipart(copy=False))
+            if got is not None:
+                return got
+        return None
+
+    def close(self, *, forked: bool = False) -> None:
+        """Close the socket and the context (idempotent; ``forked``: this process is a fork of the one that opened
+        them, whose sockets it must not touch: they are dropped)."""
+        if not forked and self.socket is not None:
+            self.socket.close(linger=0)
+        if not forked and self.ctx is not None:
+            self.ctx.term()
+        self.socket = self.ctx = None
 
 
 def bracketed(host: str) -> str:
@@ -200,10 +297,9 @@ class LogThrottle:
 class Gate:
     """The ZAP handler of one context: lets in CurveZMQ clients holding ``keys.client``'s key, nothing else.
 
-    It binds the context's ZAP endpoint, so it must exist before the socket it guards binds, and close
-    after that socket. It has no thread of its own: the thread that serves the guarded socket polls
-    :attr:`socket` too and calls :meth:`serve`, which answers what is waiting without blocking.
-    """
+    It binds the context's ZAP endpoint, so it must exist before the socket it guards binds, and close after that
+    socket. It has no thread of its own: the thread that serves the guarded socket polls :attr:`socket` too and calls
+    :meth:`serve`, which answers what is waiting without blocking."""
 
     def __init__(self, ctx: zmq.Context, keys: ServerKeys, logger: logging.Logger):
         self._allowed = z85.decode(keys.client.public)

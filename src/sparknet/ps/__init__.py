@@ -1,18 +1,10 @@
-"""Asynchronous training through a parameter server on the driver (TensorOnSpark).
+"""Asynchronous training through a parameter server on the driver (TensorOnSpark; docs/PARAMETER_SERVER.md).
 
-A :class:`ParameterServer` runs on the Spark driver; every partition's task trains its own
-copy of the model and, every ``tau`` steps, pushes its weights (or its change) and
-gets the server's current copy back in the same round trip, without waiting for any other
-worker. A :class:`Combiner` decides how a push merges into the server's copy. Messages use
-an authenticated binary format (:mod:`sparknet.ps.wire`); nothing unpickles network bytes.
-
->>> from sparknet.ps import AsyncSession                                 # doctest: +SKIP
->>> sess = AsyncSession(net, combiner="delta")                          # doctest: +SKIP
->>> sess.run(data=rdd, batch_size=64, tau=10, epochs=5)       # doctest: +SKIP
->>> sess.weights, sess.metrics["staleness_mean"]                        # doctest: +SKIP
-
-The command line's ``--strategy async`` calls :func:`run_async`. This package imports
-pyspark only when a Spark session is used.
+A :class:`ParameterServer` runs on the Spark driver; every partition's task trains its own copy and, every
+``tau`` steps, pushes its weights (or its change) and gets the server's copy back in the same round trip,
+waiting for no other worker. A :class:`Combiner` merges a push into the server's copy. Messages use an
+authenticated binary format (:mod:`sparknet.ps.wire`); nothing unpickles network bytes. The command line's
+``--strategy async`` calls :func:`run_async`; pyspark is imported only when a Spark session is used.
 """
 
 from sparknet.ps.client import PSClient, RejectedError, Reply

@@ -1,19 +1,10 @@
 """Executor side of asynchronous training: the function each partition's task runs.
 
-The driver (:mod:`sparknet.ps.session`) builds a :class:`TaskSpec` of plain values (the
-server's endpoint and keys, the job's id and secret, the net as a dict or bytes, the solver as a
-dict, numbers) and hands :func:`train_partition` ``(spec)`` to ``mapPartitionsWithIndex``.
-Each task then:
-
-1. concatenates its partition's ``(x, y)`` blocks and builds its own :class:`~sparknet.net.Net`;
-2. pulls the server's current weights (step 0);
-3. trains, and every ``tau`` steps (and after its last step) pushes its weights
-   or its change since the last pull (as the server's first reply asked) and loads what the
-   reply says (``local += mix * (reply - local)``), one round trip, waiting for nobody else;
-4. yields one record of what it did.
-
-Also here: :func:`scatter`, the executor half of the shuffle that repartitions the data
-between epochs. Nothing in this module runs on the driver.
+The driver (:mod:`sparknet.ps.session`) hands :func:`train_partition` a :class:`TaskSpec` of plain values.
+Each task pulls the server's weights (step 0), trains, and every ``tau`` steps (and after its last) pushes its
+weights or its change since the last pull and loads what the reply says (``local += mix * (reply - local)``),
+one round trip, waiting for nobody else; then it yields one record of what it did. Also here: :func:`scatter`,
+the executor half of the shuffle between epochs.
 """
 
 from __future__ import annotations
@@ -121,9 +112,8 @@ def concat_blocks(blocks: Iterable) -> tuple[np.ndarray | None, np.ndarray | Non
 def scatter(seed: int, epoch: int, num_partitions: int):
     """The ``mapPartitionsWithIndex`` function of the between-epoch shuffle.
 
-    Every row goes to a partition drawn uniformly at random (seeded by ``seed``, ``epoch``
-    and the source partition), as ``(target, (x_rows, y_rows))`` blocks for ``partitionBy``.
-    """
+    Every row goes to a partition drawn uniformly at random (seeded by ``seed``, ``epoch`` and the source partition),
+    as ``(target, (x_rows, y_rows))`` blocks for ``partitionBy``."""
 
     def run(index: int, blocks: Iterable) -> Iterator:
         x, y = concat_blocks(blocks)
@@ -169,9 +159,8 @@ def _batches(x: np.ndarray, y: np.ndarray, batch: int, shuffle: bool, rng: np.ra
 def train_partition(spec: TaskSpec):
     """The ``mapPartitionsWithIndex`` function that trains one partition against the server.
 
-    A failure raises :func:`sparknet.spark.rounds.executor.worker_failure`, which the driver decodes into
-    a :class:`~sparknet.errors.WorkerError` naming the partition.
-    """
+    A failure raises :func:`sparknet.spark.rounds.executor.worker_failure`, which the driver decodes into a
+    :class:`~sparknet.errors.WorkerError` naming the partition."""
 
     def run(index: int, blocks: Iterable) -> Iterator[dict]:
         try:
@@ -194,9 +183,8 @@ def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[d
     attempt, _ = task_attempt()
     x, y = concat_blocks(blocks)
     record = {"event": "task", "worker": index, "host": socket.gethostname(), "attempt": attempt, "epoch": spec.epoch,
-              "rows": 0, "steps": 0,
-              "samples": 0, "loss": math.nan, "last_loss": math.nan, "pushes": 0, "duplicates": 0,
-              "comm_s": 0.0, "train_s": 0.0, "wall_s": 0.0, "max_latency_s": 0.0}
+              "rows": 0, "steps": 0, "samples": 0, "loss": math.nan, "last_loss": math.nan, "pushes": 0,
+              "duplicates": 0, "comm_s": 0.0, "train_s": 0.0, "wall_s": 0.0, "max_latency_s": 0.0}
     if x is None:
         record["wall_s"] = time.perf_counter() - t_start
         yield record
@@ -217,8 +205,7 @@ def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[d
     record["rows"] = len(y)
     loss_sum = 0.0
     losses = 0
-    with PSClient(spec.endpoint, spec.job_id, spec.secret, keys=spec.keys, worker=index,
-                  attempt=wire_attempt(),
+    with PSClient(spec.endpoint, spec.job_id, spec.secret, keys=spec.keys, worker=index, attempt=wire_attempt(),
                   timeout=spec.timeout_s) as client:
         reply = client.pull(0)
         record["comm_s"] += reply.latency_s

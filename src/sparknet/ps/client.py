@@ -3,14 +3,11 @@
 >>> with PSClient(endpoint, creds.job_id, creds.secret, keys=server.client_keys, worker=3) as c:  # doctest: +SKIP
 ...     first = c.pull(step=0)                      # the server's copy, its version
 ...     reply = c.push(step=10, payload=delta, base_version=first.version)
-...     reply.weights, reply.version, reply.mix
 
-The connection is a CurveZMQ client of the server's keys (``keys``: the server lets in no
-other), and every request waits for its reply at most ``timeout`` seconds and raises
-:class:`~sparknet.errors.DeadlineExceeded` naming the worker otherwise. A reply is accepted
-only if it authenticates under the job's secret and answers this request (same job,
-worker, attempt and step); anything else on the socket is logged and dropped. A rejection
-by the server raises :class:`RejectedError` with the server's reason.
+The connection is a CurveZMQ client of the server's keys, and every request waits for its reply at most ``timeout``
+seconds, then raises :class:`~sparknet.errors.DeadlineExceeded` naming the worker. A reply is accepted only if it
+authenticates under the job's secret and answers this request (same job, worker, attempt and step); anything else on
+the socket is logged and dropped. A rejection by the server raises :class:`RejectedError` with the server's reason.
 """
 
 from __future__ import annotations
@@ -22,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from sparknet._transport import ClientKeys, connect_keys
+from sparknet._transport import ClientKeys, Dialer
 from sparknet.errors import DeadlineExceeded, EngineError
-from sparknet.ps.wire import (DTYPES, FLAG_SEND_DELTA, Header, Kind, Reason, Status, WireError, decode, dtype_code,
+from sparknet.ps.wire import (FLAG_SEND_DELTA, Header, Kind, Reason, Status, WireError, decode, dtype_code,
                               encode, verify)
 
 __all__ = ["PSClient", "Reply", "RejectedError"]
@@ -63,25 +60,10 @@ class Reply:
 
 
 class PSClient:
-    """A worker's connection to the parameter server.
-
-    Parameters
-    ----------
-    endpoint : str
-        ``tcp://host:port`` of the server.
-    job_id, secret : bytes
-        The job's credentials (from the job's closure).
-    keys : ClientKeys
-        The server's :attr:`~sparknet.ps.server.ParameterServer.client_keys` (from the job's closure).
-    worker : int
-        Worker id (the Spark partition index).
-    attempt : int
-        The task's attempt number.
-    timeout : float
-        Seconds to wait for each reply.
-    dtype : numpy dtype
-        The payload dtype (the server's, float32).
-    """
+    """A worker's connection to the server at ``endpoint`` under the job's ``job_id`` and ``secret`` and the
+    server's :attr:`~sparknet.ps.server.ParameterServer.client_keys` (all from the job's closure), as ``worker``
+    (the Spark partition index) in task ``attempt``; ``timeout`` is the seconds to wait for each reply, ``dtype``
+    the payload's (the server's, float32)."""
 
     def __init__(self, endpoint: str, job_id: bytes, secret: bytes, *, keys: ClientKeys, worker: int,
                  attempt: int = 0, timeout: float = 120.0, dtype=np.float32):
@@ -98,27 +80,11 @@ class PSClient:
         self._dtype = np.dtype(dtype)
         self._dtype_code = dtype_code(self._dtype)
         self._last_step = -1
-        self._ctx = zmq.Context(io_threads=1)
-        try:
-            self._sock = self._ctx.socket(zmq.DEALER)
-            self._sock.setsockopt(zmq.LINGER, 0)
-            connect_keys(self._sock, keys)
-            self._sock.connect(endpoint)
-        except BaseException:
-            self._ctx.destroy(linger=0)
-            raise
-        self._poller = zmq.Poller()
-        self._poller.register(self._sock, zmq.POLLIN)
+        self._dialer = Dialer(zmq.DEALER, endpoint, keys)
 
     def close(self) -> None:
         """Close the socket and the context (idempotent)."""
-        if self._ctx is not None:
-            try:
-                self._poller.unregister(self._sock)
-                self._sock.close(linger=0)
-            finally:
-                self._ctx.term()
-                self._ctx = None
+        self._dialer.close()
 
     def __enter__(self) -> PSClient:
         return self
@@ -133,14 +99,13 @@ class PSClient:
     def push(self, step: int, payload: np.ndarray, base_version: int) -> Reply:
         """Push weights (or a delta) taken at ``step``; the reply carries the server's new copy.
 
-        ``base_version`` is the version of the copy this worker last pulled (the server
-        measures staleness from it).
+        ``base_version`` is the version of the copy this worker last pulled (the server measures staleness from it).
         """
         arr = np.ascontiguousarray(payload, dtype=self._dtype).reshape(-1)
         return self._request(Kind.PUSH, step, arr, base_version)
 
     def _request(self, kind: Kind, step: int, payload: np.ndarray | None, base_version: int) -> Reply:
-        if self._ctx is None:
+        if self._dialer.socket is None:
             raise RuntimeError("the client is closed")
         if step <= self._last_step:
             raise ValueError(f"steps must increase: {step} after {self._last_step}")
@@ -149,27 +114,15 @@ class PSClient:
         h = Header(int(kind), self._dtype_code if payload is not None else 0, self.job_id, self.worker, self.attempt,
                    int(step), int(base_version), count)
         t0 = time.perf_counter()
-        deadline = t0 + self.timeout
         what = f"{kind.name.lower()} of step {step}"
-        late = DeadlineExceeded(f"worker {self.worker} (attempt {self.attempt}): no reply from the parameter server at "
-                                f"{self.endpoint} to its {what} within {self.timeout:g} s")
-        # a DEALER holds a message until a connection is ready; one whose handshake never completes must not block
-        try:
-            if not self._sock.poll(max(1, int(self.timeout * 1000)), zmq.POLLOUT):
-                raise late
-            self._sock.send_multipart(encode(h, payload, self._secret), flags=zmq.NOBLOCK, copy=True)
-        except zmq.Again:
-            raise late from None
-        while True:
-            left = deadline - time.perf_counter()
-            if left <= 0 or not self._poller.poll(max(1, int(left * 1000))):
-                raise late
-            frames = self._sock.recv_multipart(copy=False)
-            reply = self._accept(frames, step, what)
-            if reply is not None:
-                weights, rh = reply
-                return Reply(weights=weights, version=rh.version, status=Status(rh.status), mix=rh.mix,
-                             send_delta=bool(rh.flags & FLAG_SEND_DELTA), latency_s=time.perf_counter() - t0)
+        reply = self._dialer.reply(time.monotonic() + self.timeout, lambda frames: self._accept(frames, step, what),
+                                   encode(h, payload, self._secret), copy=True)
+        if reply is None:
+            raise DeadlineExceeded(f"worker {self.worker} (attempt {self.attempt}): no reply from the parameter server "
+                                   f"at {self.endpoint} to its {what} within {self.timeout:g} s")
+        weights, rh = reply
+        return Reply(weights=weights, version=rh.version, status=Status(rh.status), mix=rh.mix,
+                     send_delta=bool(rh.flags & FLAG_SEND_DELTA), latency_s=time.perf_counter() - t0)
 
     def _accept(self, frames, step: int, what: str):
         """(weights, header) if ``frames`` answer this request; raises on a rejection; None to keep waiting."""
@@ -195,5 +148,4 @@ class PSClient:
         if h.kind != Kind.REPLY or h.dtype != self._dtype_code:
             log.warning("worker %d: dropped an unexpected %s message", self.worker, Kind(h.kind).name)
             return None
-        weights = np.frombuffer(msg.payload, dtype=DTYPES[h.dtype], count=h.count).copy()
-        return weights, h
+        return msg.array().copy(), h

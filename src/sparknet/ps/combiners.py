@@ -1,10 +1,9 @@
 """Combiners: how a worker's push merges into the parameter server's copy.
 
-The server calls its combiner once per accepted push, on the server's own thread (so it needs
-no locking); the reply tells the worker to set ``local += mix * (reply - local)``. Built in
-(:data:`COMBINERS`, by the names the command line takes): ``mean``, ``delta``, ``staleness``,
-``elastic``. A user-defined combiner subclasses :class:`Combiner`; :func:`register_combiner`
-gives it a name. Combiners run on the driver only: nothing of them reaches the executors but
+The server calls its combiner once per accepted push, on the server's own thread (so it needs no locking); the reply
+tells the worker to set ``local += mix * (reply - local)``. Built in (:data:`COMBINERS`, by the names the command line
+takes): ``mean``, ``delta``, ``staleness``, ``elastic``. A user-defined combiner subclasses :class:`Combiner`;
+:func:`register_combiner` gives it a name. Combiners run on the driver only: nothing of them reaches the executors but
 the two numbers the reply carries.
 
 >>> import numpy as np
@@ -30,17 +29,16 @@ __all__ = [
 class Combiner(abc.ABC):
     """How a push merges into the server's copy. Subclass it for a user-defined rule.
 
-    Subclasses set :attr:`sends_delta` (what workers push) and implement :meth:`combine`;
-    they may override :meth:`reply_mix` and :attr:`reply_before_combine`.
-    """
+    Subclasses set :attr:`sends_delta` (what workers push) and implement :meth:`combine`; they may override
+    :meth:`reply_mix` and :attr:`reply_before_combine`."""
 
     name: ClassVar[str] = "custom"
     """The registry name (for the command line and metrics)."""
     sends_delta: ClassVar[bool] = False
     """Workers push ``weights - last pulled weights`` (True) or their weights (False)."""
     reply_before_combine: ClassVar[bool] = False
-    """The reply carries the server's copy from before this push was combined (EASGD's
-    symmetric step: both sides move toward the other's old value)."""
+    """The reply carries the server's copy from before this push was combined (EASGD's symmetric step: both sides
+    move toward the other's old value)."""
 
     @abc.abstractmethod
     def combine(self, server: np.ndarray, pushed: np.ndarray, *, staleness: int, num_workers: int) -> np.ndarray | None:
@@ -49,14 +47,13 @@ class Combiner(abc.ABC):
         Parameters
         ----------
         server : ndarray
-            The server's flat float32 copy; update it in place and return None, or return a
-            new array of the same shape and dtype.
+            The server's flat float32 copy; update it in place and return None, or return a new array of the
+            same shape and dtype.
         pushed : ndarray
             The worker's flat buffer (read-only): its weights, or its change since its last
             pull when :attr:`sends_delta`.
         staleness : int
-            Pushes applied by other workers since this worker last pulled (0: it saw the
-            newest copy).
+            Pushes applied by other workers since this worker last pulled (0: it saw the newest copy).
         num_workers : int
             Workers in the job.
         """
@@ -80,13 +77,8 @@ class MeanCombiner(Combiner):
 
 
 class DeltaCombiner(Combiner):
-    """Adds ``scale`` times the worker's change since its last pull (DistBelief's Downpour).
-
-    Parameters
-    ----------
-    scale : float
-        Factor on every delta (1: plain asynchronous SGD; ``1/num_workers`` damps K workers).
-    """
+    """Adds ``scale`` times the worker's change since its last pull (DistBelief's Downpour): 1 is plain
+    asynchronous SGD; ``1/num_workers`` damps K workers."""
 
     name = "delta"
     sends_delta = True
@@ -123,16 +115,9 @@ class StalenessAwareDeltaCombiner(DeltaCombiner):
 class ElasticCombiner(Combiner):
     """Asynchronous elastic averaging (EASGD, Zhang, Choromanska and LeCun 2015).
 
-    On a push of worker weights ``x``, the center ``c`` moves toward it,
-    ``c += alpha * (x - c)``, and the reply (the center before this move) tells the worker
-    to move toward the center by the same ``alpha``: ``x += alpha * (c - x)``.
-
-    Parameters
-    ----------
-    alpha : float, optional
-        The elastic step, in (0, 1). Default ``beta / num_workers``.
-    beta : float
-        Used when ``alpha`` is not given (the paper's 0.9).
+    On a push of worker weights ``x``, the center ``c`` moves toward it, ``c += alpha * (x - c)``, and the reply
+    (the center before this move) tells the worker to move toward the center by the same ``alpha``:
+    ``x += alpha * (c - x)``. ``alpha`` is in (0, 1), by default ``beta / num_workers`` (``beta``: 0.9, the paper's).
     """
 
     name = "elastic"

@@ -5,30 +5,22 @@
 ...     run_workers(ps.endpoint, creds)                       # they push and pull
 ...     final = ps.weights()
 
-The server owns a ROUTER socket bound to ``tcp://HOST:PORT`` (port 0: the OS picks one;
-the host is loopback by default and never every interface unless asked for) and a thread
-that polls it with a short timeout, so :meth:`ParameterServer.stop` (set an event, join
-with a timeout, close the socket with no linger, terminate its own context) always
-returns. Each request is answered at once: a push is checked, combined into the server's
-copy by the :class:`~sparknet.ps.combiners.Combiner`, and answered with the new copy, so a
-worker pushes and pulls in one round trip and never waits for another worker.
+The server owns a ROUTER socket (:class:`~sparknet._transport.Listener`: only a peer holding
+:attr:`ParameterServer.client_keys` finishes the handshake) bound to loopback by default, never every
+interface unless asked for, and a thread that polls it with a short timeout, so
+:meth:`ParameterServer.stop` always returns. Each request is answered at once: a push is checked,
+combined into the server's copy by the :class:`~sparknet.ps.combiners.Combiner`, and answered with the
+new copy, so a worker pushes and pulls in one round trip and never waits for another worker.
 
-Before a byte of a peer's is read, the socket bounds it (:mod:`sparknet._transport`): only a
-peer holding :attr:`ParameterServer.client_keys` (handed to the workers with the job's secret)
-finishes the handshake, and a frame bigger than the model can need disconnects its sender.
+Every message goes through the same checks (see :mod:`sparknet.ps.wire`): structure, job id, dtype, element count
+against the model, HMAC, kind, base version, replay. A message that fails one is rejected: counted under its reason in
+:meth:`ParameterServer.stats`, logged (the first few per reason at WARNING, then a count at most once a minute, never
+a traceback), answered with an error message naming the reason if a job's key signs it (nothing otherwise), and the
+server goes on serving everyone else.
 
-Every message goes through the same checks (see :mod:`sparknet.ps.wire`): structure, job
-id, dtype, element count against the model, HMAC, kind, base version, replay. A message
-that fails one is rejected: counted under its reason in :meth:`ParameterServer.stats`,
-logged (the first few per reason at WARNING, then a count at most once a minute, never a
-traceback), answered with an error message naming the reason if a job's key signs it (nothing
-otherwise), and the server goes on serving everyone else.
-
-Idempotence under Spark retries: the server remembers, per worker (partition), the highest
-step whose push it applied in the current job. A push from another attempt of the same
-partition for a step already applied is acknowledged with status ``DUPLICATE`` and the
-current copy, and not applied again.
-"""
+Idempotence under Spark retries: the server remembers, per worker (partition), the highest step whose push it applied
+in the current job. A push from another attempt of the same partition for a step already applied is acknowledged with
+status ``DUPLICATE`` and the current copy, and not applied again."""
 
 from __future__ import annotations
 
@@ -43,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from sparknet._transport import ClientKeys, Gate, Limits, LogThrottle, ServerKeys, listen
+from sparknet._transport import ClientKeys, Limits, Listener, LogThrottle, ServerKeys
 from sparknet.errors import EngineError
 from sparknet.ps.combiners import Combiner, make_combiner
 from sparknet.ps.wire import (DTYPES, FLAG_SEND_DELTA, HEADER_SIZE, TAG_SIZE, Header, JobCredentials, Kind,
@@ -97,24 +89,20 @@ class ParameterServer:
     initial : array-like
         The model's flat weights (a 1-D float buffer, e.g. ``Net.get_flat()``); copied.
     combiner : str or Combiner
-        How pushes merge (``"mean"``, ``"delta"``, ``"staleness"``, ``"elastic"`` or an
-        instance).
+        How pushes merge (a name of :data:`~sparknet.ps.combiners.COMBINERS` or an instance).
     host : str
-        Address to bind to: the driver's address on a cluster, loopback (the default) in
-        local mode. A wildcard (``"*"``, ``""`` or any spelling of an unspecified address:
-        ``"0.0.0.0"``, ``"0"``, ``"::"``, ``"::0"``...) binds every interface and is refused
-        unless ``allow_all_interfaces`` is set.
+        Address to bind to: the driver's address on a cluster, loopback (the default) in local mode. A
+        wildcard (``"*"``, ``""`` or any spelling of an unspecified address: ``"0.0.0.0"``, ``"0"``, ``"::"``...)
+        binds every interface and is refused unless ``allow_all_interfaces`` is set.
     port : int
         0 lets the OS pick a free port (see :attr:`endpoint`).
     num_workers : int
         Workers expected (passed to the combiner).
     dtype : numpy dtype
         The dtype of the server's copy and of every payload (float32).
-    allow_all_interfaces : bool
-        Permit binding a wildcard address.
     limits : Limits, optional
-        How long a peer may take to finish its handshake and stay silent (default: 10 s, and
-        30 s plus the time the biggest message takes at 10 MB/s).
+        How long a peer may take to finish its handshake and stay silent (default: 10 s, and 30 s plus the time
+        the biggest message takes at 10 MB/s).
     """
 
     def __init__(self, initial, combiner: str | Combiner = "delta", *, host: str = "127.0.0.1", port: int = 0,
@@ -146,9 +134,7 @@ class ParameterServer:
         self._retired: dict[bytes, JobCredentials] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._ctx: zmq.Context | None = None
-        self._sock: zmq.Socket | None = None
-        self._gate: Gate | None = None
+        self._listener: Listener | None = None
         self._endpoint: str | None = None
         self._failure: BaseException | None = None
         self._last_heard = time.monotonic()
@@ -156,17 +142,9 @@ class ParameterServer:
         self._rejects: Counter[str] = Counter()
         self._throttle = LogThrottle(log, "parameter server: messages rejected", loud=_LOUD_REJECTS,
                                      every_s=_QUIET_S)
-        self._pushes_received = 0
-        self._pushes_applied = 0
-        self._duplicates = 0
-        self._pulls = 0
-        self._stale_sum = 0
-        self._stale_max = 0
+        self._counts: Counter[str] = Counter(busy_s=0.0)  # by the names stats() gives them, and staleness_sum
         self._stale_hist: Counter[str] = Counter()
         self._applied_by_worker: Counter[int] = Counter()
-        self._bytes_in = 0
-        self._bytes_out = 0
-        self._busy_s = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
     @property
@@ -182,34 +160,13 @@ class ParameterServer:
         workers as the job's secret is, never in a log line."""
         return self._keys.client
 
-    @property
-    def numel(self) -> int:
-        """Elements in the model's flat buffer."""
-        return self._numel
-
-    @property
-    def version(self) -> int:
-        """How many pushes the server has applied (its copy's version)."""
-        return self._version
-
-    @property
-    def send_delta(self) -> bool:
-        """Whether workers push deltas (by the combiner)."""
-        return self.combiner.sends_delta
-
     def start(self) -> ParameterServer:
         """Bind the socket and start the serving thread; returns self."""
         if self._thread is not None:
             raise RuntimeError("the parameter server is already started")
-        ctx = zmq.Context(io_threads=1)
-        try:
-            sock, gate, _ = listen(ctx, zmq.ROUTER, self._keys, self.host, max_frame=self._max_frame,
-                                   limits=self._limits, logger=log, port=self._port)
-        except BaseException:
-            ctx.term()
-            raise
-        self._endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._ctx, self._sock, self._gate = ctx, sock, gate
+        self._listener = Listener(zmq.ROUTER, self._keys, self.host, max_frame=self._max_frame, limits=self._limits,
+                                  logger=log, port=self._port)
+        self._endpoint = self._listener.endpoint
         self._stop.clear()
         self._thread = threading.Thread(target=self._serve, name="sparknet-ps", daemon=True)
         self._thread.start()
@@ -227,13 +184,8 @@ class ParameterServer:
                 if thread.is_alive():
                     log.error("the parameter server thread did not stop within %.1f s", timeout)
         finally:
-            if self._sock is not None and (thread is None or not thread.is_alive()):
-                self._sock.close(linger=0)
-                self._sock = None
-                self._gate.close()  # after the socket it guards (kept: its count stays in stats())
-            if self._ctx is not None and self._sock is None:
-                self._ctx.term()
-                self._ctx = None
+            if self._listener is not None and (thread is None or not thread.is_alive()):
+                self._listener.close()  # kept: its count of refused connections stays in stats()
             self._thread = None
             log.debug("parameter server on %s stopped", self._endpoint)
 
@@ -257,9 +209,8 @@ class ParameterServer:
     def new_job(self, creds: JobCredentials | None = None) -> JobCredentials:
         """Start serving a new job (one Spark job) under fresh (or given) credentials.
 
-        Messages of the previous job are rejected from now on (``wrong_job``); the replay and
-        idempotence tables start empty. The server's copy and version carry on.
-        """
+        Messages of the previous job are rejected from now on (``wrong_job``); the replay and idempotence tables start
+        empty. The server's copy and version carry on."""
         creds = creds or JobCredentials.new()
         with self._lock:
             if self._job is not None:
@@ -282,65 +233,41 @@ class ParameterServer:
         with self._lock:
             return self._flat.copy()
 
-    def set_weights(self, flat) -> None:
-        """Overwrite the server's copy (between jobs); the version is kept."""
-        arr = np.asarray(flat, dtype=self._dtype).reshape(-1)
-        if arr.size != self._numel:
-            raise ValueError(f"{arr.size} weights for a model of {self._numel}")
-        with self._lock:
-            self._flat = arr.copy()
-
     def stats(self) -> dict:
         """Counters: pushes, pulls, duplicates, rejects by reason, staleness (mean, max, histogram)."""
         with self._lock:
-            applied = self._pushes_applied
+            n = self._counts
             return {
                 "version": self._version,
-                "pushes_received": self._pushes_received,
-                "pushes_applied": applied,
-                "duplicate_pushes": self._duplicates,
-                "pulls": self._pulls,
+                **{k: n[k] for k in ("pushes_received", "pushes_applied", "duplicate_pushes", "pulls")},
                 "rejected": dict(self._rejects),
                 "rejected_total": sum(self._rejects.values()),
-                "staleness_mean": self._stale_sum / applied if applied else 0.0,
-                "staleness_max": self._stale_max,
+                "staleness_mean": n["staleness_sum"] / n["pushes_applied"] if n["pushes_applied"] else 0.0,
+                "staleness_max": n["staleness_max"],
                 "staleness_histogram": dict(sorted(self._stale_hist.items(), key=lambda kv: int(kv[0].split("-")[0]))),
                 "applied_by_worker": {int(k): v for k, v in sorted(self._applied_by_worker.items())},
-                "bytes_in": self._bytes_in,
-                "bytes_out": self._bytes_out,
-                "busy_s": self._busy_s,
-                "connections_refused": self._gate.refused if self._gate is not None else 0,
+                **{k: n[k] for k in ("bytes_in", "bytes_out", "busy_s")},
+                "connections_refused": self._listener.refused if self._listener is not None else 0,
             }
 
     # -- serving ---------------------------------------------------------------------------
     def _serve(self) -> None:
-        sock, gate = self._sock, self._gate
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(gate.socket, zmq.POLLIN)
+        listener = self._listener
         try:
             while not self._stop.is_set():
-                if not poller.poll(_POLL_MS):
+                if not listener.poll(_POLL_MS):  # handshakes waiting for the key check are answered too
                     continue
-                gate.serve()  # handshakes waiting for the key check
-                for _ in range(256):  # drain what is queued, then look at the stop flag again
-                    try:
-                        frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
+                for frames in listener.requests(256):  # drain what is queued, then look at the stop flag again
                     t0 = time.perf_counter()
                     out = self._handle(frames)
                     if out is not None:
-                        sock.send_multipart(out, copy=True)
-                    self._busy_s += time.perf_counter() - t0
+                        listener.socket.send_multipart(out, copy=True)
+                    self._counts["busy_s"] += time.perf_counter() - t0
         except zmq.ContextTerminated:
             pass
         except BaseException as e:  # the thread's own failure: recorded, logged, surfaced by check_alive()
             self._failure = e
             log.exception("the parameter server thread failed")
-        finally:
-            poller.unregister(sock)
-            poller.unregister(gate.socket)
 
     def _reject(self, reason: Reason, detail: str, envelope: list, header: Header | None,
                 creds: JobCredentials | None = None) -> list | None:
@@ -350,7 +277,8 @@ class ParameterServer:
         label = reason.label
         with self._lock:
             self._rejects[label] += 1
-        who = "" if header is None else f" (claiming worker {header.worker} attempt {header.attempt} step {header.step})"
+        who = "" if header is None else (f" (claiming worker {header.worker} attempt {header.attempt} "
+                                         f"step {header.step})")
         self._throttle(label, "parameter server rejected a message%s: %s, %s", who, label, detail)
         if creds is None or header is None:
             return None  # not authenticated: the sender's request times out
@@ -364,7 +292,7 @@ class ParameterServer:
             envelope, body = [frames[0].bytes, b""], frames[2:]
         else:
             envelope, body = [frames[0].bytes], frames[1:]
-        self._bytes_in += sum(len(f.buffer) for f in body)
+        self._counts["bytes_in"] += sum(len(f.buffer) for f in body)
         header = None
         creds = None  # the credentials the message authenticated under, once it has
         try:
@@ -378,7 +306,7 @@ class ParameterServer:
             if self._throttle.counts[Reason.INTERNAL.label] < _LOUD_REJECTS:
                 log.exception("parameter server failed on a message")
             return self._reject(Reason.INTERNAL, f"{type(e).__name__}: {e}", envelope, header, creds)
-        self._bytes_out += sum(len(f) for f in reply[len(envelope):])
+        self._counts["bytes_out"] += sum(len(f) for f in reply[len(envelope):])
         return reply
 
     def _authenticate(self, msg: Message) -> JobCredentials:
@@ -419,13 +347,14 @@ class ParameterServer:
             if last is not None and h.step <= last:
                 raise WireError(Reason.REPLAY, f"step {h.step} is not after step {last}, the last accepted")
             if h.version > self._version:
-                raise WireError(Reason.BAD_VERSION, f"base version {h.version} is newer than the server's {self._version}")
+                raise WireError(Reason.BAD_VERSION,
+                                f"base version {h.version} is newer than the server's {self._version}")
             job.last_step[key] = h.step
             if h.kind == Kind.PULL:
-                self._pulls += 1
+                self._counts["pulls"] += 1
                 status, mix, payload = Status.PULLED, 1.0, self._flat
             else:
-                self._pushes_received += 1
+                self._counts["pushes_received"] += 1
                 if not np.isfinite(msg.array()).all():  # a diverged worker's push never reaches the weights
                     bad = int((~np.isfinite(msg.array())).sum())
                     raise WireError(Reason.NONFINITE, f"{bad} of {h.count} values are NaN or infinite; the "
@@ -433,7 +362,7 @@ class ParameterServer:
                 applied_to = job.applied_step.get(h.worker, -1)
                 if h.step <= applied_to:
                     # Another attempt of this partition already pushed this step: acknowledge only.
-                    self._duplicates += 1
+                    self._counts["duplicate_pushes"] += 1
                     status, mix, payload = Status.DUPLICATE, 1.0, self._flat
                     log.info("worker %d attempt %d: push of step %d was applied by an earlier attempt; not "
                              "applied again", h.worker, h.attempt, h.step)
@@ -457,9 +386,8 @@ class ParameterServer:
                 raise ValueError(f"{self.combiner!r} returned {out.size} weights for a model of {self._numel}")
             self._flat = out if out.flags.c_contiguous and out.flags.writeable else out.copy()
         self._version += 1
-        self._pushes_applied += 1
+        self._counts.update(pushes_applied=1, staleness_sum=staleness)
+        self._counts["staleness_max"] = max(self._counts["staleness_max"], staleness)
         self._applied_by_worker[h.worker] += 1
-        self._stale_sum += staleness
-        self._stale_max = max(self._stale_max, staleness)
         self._stale_hist[staleness_bucket(staleness)] += 1
         return before if before is not None else self._flat

@@ -6,15 +6,14 @@
 >>> sess.metrics["test_accuracy"], sess.metrics["staleness_mean"]                      # doctest: +SKIP
 >>> sess.weights                                                                       # doctest: +SKIP
 
-``run`` starts a :class:`~sparknet.ps.server.ParameterServer` on the driver (loopback in local
-mode), then runs one Spark job per epoch (:func:`sparknet.ps._worker.train_partition` in each
-task), each under a fresh job id and HMAC secret that reach the tasks inside the job's closure
-with the server's transport keys. Between epochs the rows are reshuffled across partitions
-(seeded). Every Spark job runs through :func:`sparknet.spark.backend.run_with_deadline`.
+``run`` starts a :class:`~sparknet.ps.server.ParameterServer` on the driver (loopback in local mode), then runs one
+Spark job per epoch (:func:`sparknet.ps._worker.train_partition` in each task), each under a fresh job id and HMAC
+secret that reach the tasks inside the job's closure with the server's transport keys. Between epochs the rows are
+reshuffled across partitions (seeded). Every Spark job runs through :func:`sparknet.spark.backend.run_with_deadline`.
 
-A task that Spark retries pulls the current weights and trains again; its pushes for steps
-the failed attempt already had applied are acknowledged without being applied twice (the
-server keeps, per partition, the highest step it applied).
+A task that Spark retries pulls the current weights and trains again; its pushes for steps the failed attempt already
+had applied are acknowledged without being applied twice (the server keeps, per partition, the highest step it
+applied).
 
 Nothing here imports pyspark until a session runs.
 """
@@ -68,20 +67,20 @@ class AsyncSession:
     Parameters
     ----------
     net : Net, NetParams or torch.nn.Module
-        The model. A :class:`~sparknet.net.Net` is used as it is (its solver, batch size and
-        weights; it holds the final weights afterwards). A plain module must pickle.
+        The model. A :class:`~sparknet.net.Net` is used as it is (its solver, batch size and weights; it holds the
+        final weights afterwards). A plain module must pickle.
     solver : SolverConfig, optional
         Every worker's local update rule (ignored for a ``Net``, which has its own).
     combiner : str or Combiner
-        How pushes merge into the server's copy: ``"mean"``, ``"delta"``, ``"staleness"``,
-        ``"elastic"`` or a :class:`~sparknet.ps.Combiner` instance.
+        How pushes merge into the server's copy: ``"mean"``, ``"delta"``, ``"staleness"``, ``"elastic"`` or a
+        :class:`~sparknet.ps.Combiner` instance.
     loss : callable, optional
         ``loss(prediction, y)`` for a plain module.
     seed : int
         Seeds the initial weights, each task's data order and the between-epoch shuffle.
     host : str, optional
-        Address the server binds to and the tasks connect to (default: ``127.0.0.1`` with a
-        local master, else ``spark.driver.host``). Never every interface by default.
+        Address the server binds to and the tasks connect to (default: ``127.0.0.1`` with a local master, else
+        ``spark.driver.host``). Never every interface by default.
     port : int
         Server port (0: the OS picks one).
     threads : int
@@ -95,12 +94,11 @@ class AsyncSession:
         epoch, then 20 times the slowest seconds per step of the last epoch's tasks times their steps, at least
         10 minutes (each epoch record's ``deadline_s``).
     stall_timeout_s : float, optional
-        Cancel an epoch's job when the server hears from no worker for this long (a hung
-        task; the first pull of a task comes after its Python worker starts, and every push
-        after ``tau`` steps: raise it for very slow steps).
+        Cancel an epoch's job when the server hears from no worker for this long (a hung task; the first pull of
+        a task comes after its Python worker starts, and every push after ``tau`` steps: raise it for slow steps).
     data_timeout_s : float
-        Longest wait for the Spark job that converts and checks the training data, and for the
-        one that collects Spark validation data to the driver.
+        Longest wait for the Spark job that converts and checks the training data, and for the one that collects
+        Spark validation data to the driver.
     spark : SparkSession, optional
         Needed only when ``run`` is given local arrays rather than an RDD or DataFrame.
     validation_data : ArrayDataset or (x, y), optional
@@ -172,13 +170,8 @@ class AsyncSession:
         stall_s = self.stall_timeout_s
         if stall_s is None:
             return None
-
-        def stalled() -> str | None:
-            if time.monotonic() - server.last_heard > stall_s:
-                return f"stalled: the parameter server heard from no worker for {stall_s:g} s"
-            return None
-
-        return stalled
+        return lambda: (f"stalled: the parameter server heard from no worker for {stall_s:g} s"
+                        if time.monotonic() - server.last_heard > stall_s else None)
 
     # -- data -----------------------------------------------------------------------------------
     def _blocks(self, data, sc, group, num_workers, feed_names, image_shape, sample_shape):
@@ -232,26 +225,24 @@ class AsyncSession:
         Parameters
         ----------
         train_step : callable, optional
-            ``train_step(net, (x, y))`` run on each worker for every minibatch (tensors of
-            ``batch_size`` rows); it may return a loss. Default: ``net.train(1)`` on the
-            partition's data.
+            ``train_step(net, (x, y))`` run on each worker for every minibatch (tensors of ``batch_size`` rows);
+            it may return a loss. Default: ``net.train(1)`` on the partition's data.
         data : DataFrame, RDD, ArrayDataset or (x, y)
-            A DataFrame with a feature and a label column (``feed_names``), an RDD of
-            ``(ndarray, label)``, or local arrays (split into ``num_workers`` parts).
+            A DataFrame with a feature and a label column (``feed_names``), an RDD of ``(ndarray, label)``, or
+            local arrays (split into ``num_workers`` parts).
         batch_size : int
             Minibatch size of each worker.
         tau : int
             Local steps between pushes (a push gets the server's copy back).
         epochs : int
-            Passes over the data; each is one Spark job in which every task makes one pass
-            over its partition.
+            Passes over the data; each is one Spark job in which every task makes one pass over its partition.
         shuffle_within_partition : bool
             Each task visits its rows in a random order.
         repartition_between_epochs : bool
             Move every row to a random partition (seeded) before the next epoch.
         feed_names : (str, str), optional
-            The feature and label columns of a DataFrame (default ``("features", "label")``), or
-            the fields of an RDD of Rows or dicts (default: the RDD holds ``(x, y)`` pairs).
+            The feature and label columns of a DataFrame (default ``("features", "label")``), or the fields of an
+            RDD of Rows or dicts (default: the RDD holds ``(x, y)`` pairs).
         num_workers : int, optional
             Partitions, one task each (default: the data's partition count; 2 for local arrays).
         steps : int, optional
@@ -440,17 +431,16 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
               on_round: Callable[[dict], None] | None = None) -> dict:
     """``sparknet train --strategy async``: train ``run``'s model on its data set with ``dist.workers`` workers.
 
-    The training set is cut into ``dist.workers`` partitions; every worker trains on its
-    own and pushes and pulls every ``dist.tau`` steps. Training stops after
-    ``run.steps`` local steps per worker, after ``dist.epochs`` epochs, or when
-    ``dist.target_accuracy`` is reached, whichever comes first. The test set is evaluated
-    after every epoch; each epoch's record goes to ``on_round`` and ``run.metrics_out``.
+    The training set is cut into ``dist.workers`` partitions; every worker trains on its own and pushes and pulls
+    every ``dist.tau`` steps. Training stops after ``run.steps`` local steps per worker, after ``dist.epochs``
+    epochs, or when ``dist.target_accuracy`` is reached, whichever comes first. The test set is evaluated after
+    every epoch; each epoch's record goes to ``on_round`` and ``run.metrics_out``.
 
     Returns
     -------
     dict
-        The summary record (test_accuracy, wall_s, samples_per_s, steps, rounds = epochs,
-        pushes, staleness, rejects...).
+        The summary record (test_accuracy, wall_s, samples_per_s, steps, rounds = epochs, pushes, staleness,
+        rejects...).
     """
     cfg = AsyncConfig(combiner=combiner, ps_host=ps_host)
     seed_everything(run.seed)

@@ -1,7 +1,7 @@
 """The parameter server's wire format: a fixed binary header, raw tensor bytes, an HMAC tag.
 
-Every message, in either direction, is three ZeroMQ frames (a ROUTER socket adds the
-peer's identity in front, and a REQ socket an empty delimiter, which the server handles)::
+Every message, in either direction, is three ZeroMQ frames (a ROUTER socket adds the peer's identity in front, and a
+REQ socket an empty delimiter, which the server handles)::
 
     frame 0  header    HEADER_SIZE (68) bytes, struct format "<4sHBB16sIIQQQHHd"
     frame 1  payload   ``count`` elements of ``dtype`` as raw little-endian bytes
@@ -34,17 +34,14 @@ mix        f64     reply: the fraction by which the worker moves from its own we
                    the payload (1.0: take the server's copy; elastic averaging: alpha)
 =========  ======  ========================================================================
 
-The secret is 32 random bytes (``secrets.token_bytes(32)``) made per job on the driver; it
-reaches the tasks inside the job's closure and never crosses the server's socket. The tag
-is checked with :func:`hmac.compare_digest`. Nothing here, or anywhere in the parameter
-server, unpickles network bytes: a payload is only ever read as an array of numbers of the
-dtype the header names, and only after the header's fields are checked.
+The secret is 32 random bytes (``secrets.token_bytes(32)``) made per job on the driver; it reaches the tasks inside
+the job's closure and never crosses the server's socket. The tag is checked with :func:`hmac.compare_digest`. Nothing
+here, or anywhere in the parameter server, unpickles network bytes: a payload is only ever read as an array of numbers
+of the dtype the header names, and only after the header's fields are checked.
 
-:func:`decode` does the structural checks (frame count, sizes, magic, format, kind, dtype,
-payload length against ``count``) and raises :class:`WireError` with a :class:`Reason`;
-:func:`verify` checks the tag. The server checks the rest (job, dtype and size against its
-model, replay) and counts every rejection by its reason.
-"""
+:func:`decode` does the structural checks (frame count, sizes, magic, format, kind, dtype, payload length against
+``count``) and raises :class:`WireError` with a :class:`Reason`; :func:`verify` checks the tag. The server checks the
+rest (job, dtype and size against its model, replay) and counts every rejection by its reason."""
 
 from __future__ import annotations
 
@@ -169,8 +166,7 @@ class Header(NamedTuple):
     mix: float = 1.0
 
     def pack(self) -> bytes:
-        return HEADER.pack(MAGIC, FORMAT_VERSION, self.kind, self.dtype, self.job_id, self.worker, self.attempt,
-                           self.step, self.version, self.count, self.status, self.flags, self.mix)
+        return HEADER.pack(MAGIC, FORMAT_VERSION, *self)
 
 
 @dataclass(frozen=True)
@@ -234,25 +230,11 @@ def verify(secret: bytes, message: Message) -> bool:
 
 
 def encode(header: Header, payload, secret: bytes) -> list:
-    """The three frames of a message: packed header, payload bytes, tag.
-
-    Parameters
-    ----------
-    header : Header
-        Its ``count`` and ``dtype`` must describe ``payload``.
-    payload : numpy array, bytes or None
-        A contiguous 1-D array (sent as its raw bytes) or bytes; None for no payload.
-    secret : bytes
-        The job's HMAC key.
-    """
-    if payload is None:
-        data = memoryview(b"")
-    elif isinstance(payload, np.ndarray):
-        if payload.ndim != 1 or not payload.flags.c_contiguous:
-            raise ValueError("a payload array must be 1-D and contiguous")
-        data = memoryview(payload).cast("B")
-    else:
-        data = memoryview(payload).cast("B")
+    """The three frames of a message: packed header, payload bytes, tag under the job's ``secret``. ``payload``
+    (a contiguous 1-D array, bytes, or None for none) is what the header's ``count`` and ``dtype`` describe."""
+    if isinstance(payload, np.ndarray) and (payload.ndim != 1 or not payload.flags.c_contiguous):
+        raise ValueError("a payload array must be 1-D and contiguous")
+    data = memoryview(b"" if payload is None else payload).cast("B")
     hb = header.pack()
     return [hb, data, sign(secret, hb, data)]
 
@@ -264,20 +246,17 @@ def _buffer(frame) -> memoryview:
 
 
 def decode(frames: Sequence) -> Message:
-    """Check a message's structure and return it; :class:`WireError` names what is wrong.
-
-    Checks, in order: three frames; a header of :data:`HEADER_SIZE` bytes with the right
-    magic, format version and a known kind; a known dtype code; a payload of exactly
-    ``count`` elements of that dtype; a tag of :data:`TAG_SIZE` bytes. The tag itself is
-    checked by :func:`verify`.
-    """
+    """Check a message's structure and return it; :class:`WireError` names what is wrong. The tag itself is
+    checked by :func:`verify`."""
     if len(frames) != 3:
         raise WireError(Reason.MALFORMED, f"expected 3 frames (header, payload, tag), got {len(frames)}")
     hb, payload, tag = (_buffer(f) for f in frames)
     if len(hb) != HEADER_SIZE:
         raise WireError(Reason.MALFORMED, f"header is {len(hb)} bytes, not {HEADER_SIZE}")
     header_bytes = hb.tobytes()
-    magic, fmt, kind, dtype, job_id, worker, attempt, step, version, count, status, flags, mix = HEADER.unpack(header_bytes)
+    magic, fmt, *fields = HEADER.unpack(header_bytes)
+    header = Header(*fields)
+    kind, dtype, count = header.kind, header.dtype, header.count
     if magic != MAGIC:
         raise WireError(Reason.MALFORMED, f"bad magic {magic!r}")
     if fmt != FORMAT_VERSION:
@@ -294,5 +273,4 @@ def decode(frames: Sequence) -> Message:
                                           f"of {itemsize} bytes")
     if len(tag) != TAG_SIZE:
         raise WireError(Reason.MALFORMED, f"tag is {len(tag)} bytes, not {TAG_SIZE}")
-    header = Header(kind, dtype, job_id, worker, attempt, step, version, count, status, flags, mix)
     return Message(header, header_bytes, payload, tag.tobytes())

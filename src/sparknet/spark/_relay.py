@@ -1,24 +1,22 @@
 """The rounds engine's weights and updates, out of Spark's job: an authenticated socket on the driver.
 
-A Spark job per round is the rounds engine's synchronisation, but the model need not ride in it. Sent
-through Spark, the weights are a broadcast created and destroyed every round and each task's update is a
-task result that crosses the JVM twice (the executor's, then the driver's) before Python sees it. Here the
-job carries only the round's small records; the bytes go beside it:
+A Spark job per round is the rounds engine's synchronisation, but the model need not ride in it. Sent through Spark,
+the weights are a broadcast created and destroyed every round and each task's update is a task result that crosses the
+JVM twice (the executor's, then the driver's) before Python sees it. Here the job carries only the round's small
+records; the bytes go beside it:
 
-- the driver publishes the round's message (the weights, or a compressed downlink message) in a
-  :class:`RoundRelay` before it starts the round's job;
-- each task fetches it (:class:`RelayClient`, a DEALER socket its Python worker keeps for the fit), trains,
-  and puts its update back before it returns; the update is stored under (round, partition, Spark's task
-  attempt id), and the task's result names that attempt, so an update of an attempt that failed after
-  sending it is never counted;
-- the driver reads each partition's update by the attempt its result names, in partition order, and
-  sums exactly as it sums task results (the final weights are bit-identical to Spark's path).
+- the driver publishes the round's message (the weights, or a compressed downlink message) in a :class:`RoundRelay`
+  before it starts the round's job;
+- each task fetches it (:class:`RelayClient`, a DEALER socket its Python worker keeps for the fit), trains, and puts
+  its update back before it returns; the update is stored under (round, partition, Spark's task attempt id), and the
+  task's result names that attempt, so an update of an attempt that failed after sending it is never counted;
+- the driver reads each partition's update by the attempt its result names, in partition order, and sums exactly as
+  it sums task results (the final weights are bit-identical to Spark's path).
 
-The socket has the bounds of :mod:`sparknet._transport` (CurveZMQ with one client key per fit); on a
-local master it is a Unix socket instead (:class:`RoundRelay`'s ``local``). Frames are JSON and raw array
-bytes, never pickles. A task that cannot reach the driver (a firewall between executors and the driver)
-says so in its result and the driver goes back to Spark's broadcasts and task results for the rest of the fit.
-"""
+The socket has the bounds of :mod:`sparknet._transport` (CurveZMQ with one client key per fit); on a local master it
+is a Unix socket instead (:class:`RoundRelay`'s ``local``). Frames are JSON and raw array bytes, never pickles. A task
+that cannot reach the driver (a firewall between executors and the driver) says so in its result and the driver goes
+back to Spark's broadcasts and task results for the rest of the fit."""
 
 from __future__ import annotations
 
@@ -33,8 +31,7 @@ import time
 import numpy as np
 import zmq
 
-from sparknet._transport import (ClientKeys, Limits, LogThrottle, ServerKeys, bound_peers, bracketed, connect_keys,
-                                 listen)
+from sparknet._transport import SLOWEST_LINK, ClientKeys, Dialer, Limits, Listener, LogThrottle, ServerKeys, bracketed
 
 __all__ = ["RelayAddress", "RoundRelay", "RelayClient", "RelayUnreachable", "relay_client"]
 
@@ -45,10 +42,6 @@ _DTYPES = frozenset({"<f4", "<f2", "<f8", "|u1", "|i1", "<i4"})
 
 _MOST_PARKED = 4096
 """Most gets of the next round waiting at once (a Python worker parks one after each task)."""
-
-_SLOWEST_LINK = 10e6
-"""Bytes a second a transfer is allowed before its deadline passes (as the driver's heartbeats allow)."""
-
 
 class RelayUnreachable(ConnectionError):
     """A task could not reach the driver's relay: nothing of the round was done."""
@@ -70,24 +63,20 @@ class RelayAddress:
 class RoundRelay:
     """Driver side: a ROUTER socket bound to ``bind_host`` on a free port, served by a thread of its own.
 
-    With ``local`` (every executor on this machine: a local master) it listens instead on a Unix socket in a
-    folder of its own that only this user can open, without CurveZMQ: the file system keeps other users out,
-    and the weights are not encrypted and decrypted twice a round on cores the workers train on.
+    With ``local`` (every executor on this machine: a local master) it listens instead on a Unix socket in a folder of
+    its own that only this user can open, without CurveZMQ: the file system keeps other users out, and the weights are
+    not encrypted and decrypted twice a round on cores the workers train on.
 
     ``max_bytes`` is the largest update a task may send (the model's weights as float32 plus a little);
     ``update_bytes`` the exact size of an uncompressed update (``None``: compressed updates, of any size up to
-    ``max_bytes``); ``state_bytes`` the largest worker state (:func:`~sparknet._tensortree.pack_tree` bytes
-    of its solver and strategy state; ``None``: states do not travel here).
-    """
+    ``max_bytes``); ``state_bytes`` the largest worker state (:func:`~sparknet._tensortree.pack_tree` bytes of its
+    solver and strategy state; ``None``: states do not travel here)."""
 
     def __init__(self, bind_host: str, advertise_host: str, *, max_bytes: int, update_bytes: int | None,
                  state_bytes: int | None = None, limits: Limits | None = None, reach_s: float = 10.0,
                  local: bool = False):
-        self._keys = None if local else ServerKeys.new()
-        self._dir = None
-        self._ctx = zmq.Context()
-        self._gate = self._sock = None
-        self._thread = None
+        keys = None if local else ServerKeys.new()
+        self._dir = self._listener = self._thread = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._round: int | None = None
@@ -101,25 +90,20 @@ class RoundRelay:
         self._throttle = LogThrottle(log, "relay requests refused")
         self.served = self.received = self.refused_requests = 0
         try:
-            limits = limits or Limits.for_frame(frame)
             if local:
                 self._dir = tempfile.mkdtemp(prefix="sparknet-relay-")  # mode 0700: this user's alone
-                self._sock = self._ctx.socket(zmq.ROUTER)
-                self._sock.setsockopt(zmq.LINGER, 0)
-                bound_peers(self._sock, max_frame=frame + 4096, limits=limits)
-                endpoint = f"ipc://{self._dir}/relay"
-                self._sock.bind(endpoint)
-                self.address = RelayAddress(endpoint, None, reach_s, self._state_bytes)
-            else:
-                self._sock, self._gate, port = listen(self._ctx, zmq.ROUTER, self._keys, bind_host,
-                                                      max_frame=frame + 4096, limits=limits, logger=log)
-                self.address = RelayAddress(f"tcp://{bracketed(advertise_host)}:{port}", self._keys.client, reach_s,
-                                            self._state_bytes)
+            self._listener = Listener(zmq.ROUTER, keys, f"ipc://{self._dir}/relay" if local else bind_host,
+                                      max_frame=frame + 4096, limits=limits or Limits.for_frame(frame), logger=log)
+            endpoint = self._listener.endpoint
+            if not local:
+                endpoint = f"tcp://{bracketed(advertise_host)}:{endpoint.rsplit(':', 1)[1]}"
+            self.address = RelayAddress(endpoint, None if local else keys.client, reach_s, self._state_bytes)
             pipe = f"inproc://sparknet-relay-wake-{id(self)}"
-            self._wake_in = self._ctx.socket(zmq.PAIR)  # the serving thread's end
+            self._wake_in = self._listener.ctx.socket(zmq.PAIR)  # the serving thread's end
             self._wake_in.bind(pipe)
-            self._wake_out = self._ctx.socket(zmq.PAIR)  # publish's end (the caller's thread)
+            self._wake_out = self._listener.ctx.socket(zmq.PAIR)  # publish's end (the caller's thread)
             self._wake_out.connect(pipe)
+            self._listener.poller.register(self._wake_in, zmq.POLLIN)
             self._thread = threading.Thread(target=self._serve, name="sparknet-relay", daemon=True)
             self._thread.start()
         except BaseException:
@@ -129,7 +113,7 @@ class RoundRelay:
     @property
     def refused(self) -> int:
         """Connections refused at the handshake (a key other than this fit's)."""
-        return self._gate.refused if self._gate is not None else 0
+        return self._listener.refused if self._listener is not None else 0
 
     def publish(self, round_index: int, **blobs: np.ndarray) -> None:
         """Make ``blobs`` (``message=``, and ``full=`` for workers that lost their weights) the round's; updates
@@ -164,26 +148,15 @@ class RoundRelay:
         return got[1].buffer
 
     def _serve(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        if self._gate is not None:
-            poller.register(self._gate.socket, zmq.POLLIN)
-        poller.register(self._wake_in, zmq.POLLIN)
         while not self._stop.is_set():
-            ready = dict(poller.poll(100))
-            if self._gate is not None:
-                self._gate.serve()
+            ready = self._listener.poll(100)
             if self._wake_in in ready:
                 while self._wake_in.poll(0):
                     self._wake_in.recv()
                 self._answer_parked()
-            if self._sock not in ready:
+            if self._listener.socket not in ready:
                 continue
-            for _ in range(64):
-                try:
-                    frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
+            for frames in self._listener.requests(64):
                 try:
                     self._answer(frames)
                 except zmq.ZMQError as exc:  # the peer went between its request and the answer
@@ -206,12 +179,12 @@ class RoundRelay:
             return self._refuse(ident, nonce, f"name: no {name!r} published this round")
         self.served += 1
         head = {"ok": True, "nonce": nonce, "dtype": blob[1]}
-        self._sock.send_multipart([ident, json.dumps(head).encode(), blob[0]], copy=False)
+        self._listener.socket.send_multipart([ident, json.dumps(head).encode(), blob[0]], copy=False)
 
     def _refuse(self, ident, nonce, why: str) -> None:
         self.refused_requests += 1
         self._throttle(why.split(":")[0], "relay: refused a request: %s", why)
-        self._sock.send_multipart([ident, json.dumps({"ok": False, "nonce": nonce, "why": why}).encode()])
+        self._listener.socket.send_multipart([ident, json.dumps({"ok": False, "nonce": nonce, "why": why}).encode()])
 
     def _answer(self, frames) -> None:
         ident = frames[0]
@@ -249,7 +222,7 @@ class RoundRelay:
                     return self._refuse(ident, nonce, f"size: an update of {size} bytes")
                 self._updates[(kind, index, attempt)] = (size, payload)
                 self.received += 1
-                self._sock.send_multipart([ident, json.dumps({"ok": True, "nonce": nonce}).encode()])
+                self._listener.socket.send_multipart([ident, json.dumps({"ok": True, "nonce": nonce}).encode()])
                 return
         return self._refuse(ident, nonce, f"shape: op {op!r} with {len(frames) - 1} frames")
 
@@ -259,19 +232,13 @@ class RoundRelay:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
-        if self._gate is not None:
-            self._gate.close()
-            self._gate = None
         for pipe in (self._wake_in, self._wake_out):
             if pipe is not None:
                 pipe.close(linger=0)
         self._wake_in = self._wake_out = None
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
@@ -292,70 +259,52 @@ class RelayClient:
 
     def __init__(self, address: RelayAddress):
         self.address = address
-        self._ctx = zmq.Context()
         self._nonce = 0
         self._reached = False
         self._prefetch: tuple[int, int] | None = None  # (round, nonce) of the get sent ahead
-        self._sock = None
-        self._open()
-
-    def _open(self) -> None:
-        if self._sock is not None:
-            self._sock.close(linger=0)
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IPV6, 1)
-        if self.address.keys is not None:  # None: a Unix socket on this machine (RoundRelay's ``local``)
-            connect_keys(sock, self.address.keys)
-        sock.connect(self.address.endpoint)
-        self._sock = sock
+        self._dialer = Dialer(zmq.DEALER, address.endpoint, address.keys)  # keys None: RoundRelay's ``local``
 
     def _send(self, frames: list) -> tuple[int, list | None]:
         """Send a request (a new nonce in its head); returns the nonce and the frames if they wait to be sent."""
         self._nonce += 1
         frames[0] = json.dumps({**frames[0], "nonce": self._nonce}).encode()
         try:
-            self._sock.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
+            self._dialer.socket.send_multipart(frames, copy=False, flags=zmq.NOBLOCK)
         except zmq.Again:
             return self._nonce, frames  # not connected yet: the caller's wait sends them
         return self._nonce, None
 
     def _request(self, frames: list | None, nbytes: int, nonce: int | None = None):
-        deadline_s = 60.0 + nbytes / _SLOWEST_LINK
+        deadline_s = 60.0 + nbytes / SLOWEST_LINK
         if not self._reached:
             deadline_s = min(deadline_s, self.address.reach_s)
         end = time.monotonic() + deadline_s
         if nonce is None:
             nonce, frames = self._send(frames)
         # else: sent ahead under that nonce (``frames``: what is still to be sent, or None)
-        while True:
-            left = end - time.monotonic()
-            if frames is not None:
-                if self._sock.poll(max(0, round(min(left, 0.05) * 1000)), zmq.POLLOUT):
-                    self._sock.send_multipart(frames, copy=False)
-                    frames = None
-                    continue
-            elif self._sock.poll(max(0, round(left * 1000)), zmq.POLLIN):
-                reply = self._sock.recv_multipart(copy=False)
-                try:
-                    head = json.loads(reply[0].bytes.decode("utf-8"))
-                except (UnicodeDecodeError, ValueError):
-                    head = {}
-                if head.get("nonce") != nonce:
-                    continue  # an answer to an earlier request that timed out
-                self._reached = True
-                if not head.get("ok"):
-                    raise RuntimeError(f"the driver's relay refused the request: {head.get('why')}")
-                return reply, head
-            if time.monotonic() >= end:
-                reached = self._reached
-                self._prefetch = None
-                self._open()  # a fresh socket: no half-sent request or late answer survives
-                if not reached:
-                    raise RelayUnreachable(f"could not reach the driver's relay at {self.address.endpoint} within "
-                                           f"{deadline_s:g} s")
-                raise TimeoutError(f"the driver's relay at {self.address.endpoint} did not answer within "
+
+        def accept(reply):
+            try:
+                head = json.loads(reply[0].bytes.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                head = {}
+            if head.get("nonce") != nonce:
+                return None  # an answer to an earlier request that timed out
+            self._reached = True
+            if not head.get("ok"):
+                raise RuntimeError(f"the driver's relay refused the request: {head.get('why')}")
+            return reply, head
+
+        got = self._dialer.reply(end, accept, frames)
+        if got is not None:
+            return got
+        reached = self._reached
+        self._prefetch = None
+        self._dialer.reopen()  # a fresh socket: no half-sent request or late answer survives
+        if not reached:
+            raise RelayUnreachable(f"could not reach the driver's relay at {self.address.endpoint} within "
                                    f"{deadline_s:g} s")
+        raise TimeoutError(f"the driver's relay at {self.address.endpoint} did not answer within {deadline_s:g} s")
 
     def get(self, round_index: int, name: str = "message") -> np.ndarray:
         """The round's published ``name`` (a read-only array over the received frame)."""
@@ -386,17 +335,8 @@ class RelayClient:
                 self._prefetch = (round_index, nonce)
 
     def close(self, *, forked: bool = False) -> None:
-        """Close the socket and context (``forked``: this process is a fork of the one that opened them, whose
-        sockets it must not touch; they are dropped)."""
-        if forked:
-            self._sock = self._ctx = None
-            return
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
+        """Close the socket and context (``forked``: see :meth:`~sparknet._transport.Dialer.close`)."""
+        self._dialer.close(forked=forked)
 
 
 _CLIENTS: dict[str, RelayClient] = {}
