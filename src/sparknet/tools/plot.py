@@ -48,25 +48,14 @@ class _Series:
 
 @dataclass
 class Curves:
-    """The series a metrics file holds, each with wall-time and cumulative-sample coordinates.
-
-    Attributes
-    ----------
-    loss : dict of str to series
-        ``"train"`` (round records), ``"test"`` (eval records), ``"validation"`` (rounds
-        with ``val_loss``).
-    accuracy : dict of str to series
-        ``"validation"`` (rounds) and ``"test"`` (eval records).
-    worker_loss : dict of str to series
-        Training loss of each worker (``per_worker`` entries), keyed by the worker's rank or index.
-    """
+    """The series a metrics file holds, each with wall-time and cumulative-sample coordinates."""
 
     loss: dict[str, _Series] = field(default_factory=dict)
+    """``"train"`` (round records), ``"test"`` (eval records), ``"validation"`` (rounds with ``val_loss``)."""
     accuracy: dict[str, _Series] = field(default_factory=dict)
+    """``"validation"`` (rounds) and ``"test"`` (eval records)."""
     worker_loss: dict[str, _Series] = field(default_factory=dict)
-
-    def _get(self, table: dict[str, _Series], key: str) -> _Series:
-        return table.setdefault(key, _Series())
+    """Training loss of each worker (``per_worker`` entries), keyed by the worker's rank or index."""
 
     @property
     def empty(self) -> bool:
@@ -89,29 +78,25 @@ def extract_curves(records: Iterable[dict]) -> Curves:
         if event == "round":
             round_samples += float(rec.get("samples") or 0)
             samples = rec.get("total_samples", round_samples)
-            curves._get(curves.loss, "train").add(wall, samples, rec.get("loss"))
-            curves._get(curves.loss, "validation").add(wall, samples, rec.get("val_loss"))
-            curves._get(curves.accuracy, "validation").add(wall, samples, rec.get("val_accuracy"))
+            curves.loss.setdefault("train", _Series()).add(wall, samples, rec.get("loss"))
+            curves.loss.setdefault("validation", _Series()).add(wall, samples, rec.get("val_loss"))
+            curves.accuracy.setdefault("validation", _Series()).add(wall, samples, rec.get("val_accuracy"))
             for i, w in enumerate(rec.get("per_worker") or ()):
                 key = str(w.get("rank", w.get("index", i)))
-                curves._get(curves.worker_loss, key).add(wall, samples, w.get("loss"))
+                curves.worker_loss.setdefault(key, _Series()).add(wall, samples, w.get("loss"))
         elif event == "eval":
             samples = rec.get("samples")
-            curves._get(curves.loss, "test").add(wall, samples, rec.get("loss"))
-            curves._get(curves.accuracy, "test").add(wall, samples, rec.get("test_accuracy"))
+            curves.loss.setdefault("test", _Series()).add(wall, samples, rec.get("loss"))
+            curves.accuracy.setdefault("test", _Series()).add(wall, samples, rec.get("test_accuracy"))
     for table in (curves.loss, curves.accuracy, curves.worker_loss):
         for key in [k for k, s in table.items() if not len(s)]:
             del table[key]
     return curves
 
 
-def _worker_sort_key(key: str):
-    return (0, int(key)) if key.isdigit() else (1, key)
-
-
 def plot_metrics(metrics: str | os.PathLike | Sequence[dict], out: str | os.PathLike | None = None, *,
                  title: str | None = None, dpi: int = 100) -> Path:
-    """Draw the learning curves of a run to a PNG file.
+    """Draw the learning curves of a run to a PNG file; return the PNG written.
 
     Parameters
     ----------
@@ -124,11 +109,6 @@ def plot_metrics(metrics: str | os.PathLike | Sequence[dict], out: str | os.Path
         Figure title (default: the metrics file's name and the run's summary, when present).
     dpi : int
         Resolution; the figure is 12×8 inches.
-
-    Returns
-    -------
-    Path
-        The PNG written.
 
     Raises
     ------
@@ -169,7 +149,7 @@ def plot_metrics(metrics: str | os.PathLike | Sequence[dict], out: str | os.Path
     styles = {"train": "-", "validation": "--", "test": "-o"}
     for col, (xattr, xlabel) in enumerate((("wall_s", "wall time (s)"), ("samples", "training samples"))):
         ax = axes[0][col]
-        for key in sorted(curves.worker_loss, key=_worker_sort_key):
+        for key in sorted(curves.worker_loss, key=lambda k: (0, int(k)) if k.isdigit() else (1, k)):
             s = curves.worker_loss[key]
             ax.plot(getattr(s, xattr), s.value, lw=0.8, alpha=0.45, label=f"worker {key}")
         for key, s in curves.loss.items():
@@ -179,15 +159,14 @@ def plot_metrics(metrics: str | os.PathLike | Sequence[dict], out: str | os.Path
         for key, s in curves.accuracy.items():
             ax.plot(getattr(s, xattr), s.value, styles.get(key, "-"), lw=1.8, ms=3, label=f"{key} accuracy")
         ax.set_ylabel("accuracy")
-        for row in (0, 1):
-            axes[row][col].set_xlabel(xlabel)
-            axes[row][col].grid(True, alpha=0.3)
-            handles, _ = axes[row][col].get_legend_handles_labels()
+        for ax in (axes[0][col], axes[1][col]):
+            ax.set_xlabel(xlabel)
+            ax.grid(True, alpha=0.3)
+            handles, _ = ax.get_legend_handles_labels()
             if handles:
-                axes[row][col].legend(fontsize="small", ncols=2 if len(handles) > 6 else 1)
+                ax.legend(fontsize="small", ncols=2 if len(handles) > 6 else 1)
             else:
-                axes[row][col].text(0.5, 0.5, "not recorded", ha="center", va="center",
-                                    transform=axes[row][col].transAxes, color="gray")
+                ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes, color="gray")
     fig.suptitle(title)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
