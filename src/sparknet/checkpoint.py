@@ -35,7 +35,7 @@ import torch
 from pyarrow import fs as pafs
 
 from sparknet._fs import filesystem
-from sparknet.model_io import _write_folder
+from sparknet.model_io import _sha256, _write_folder
 from sparknet.weights import WeightCollection
 
 __all__ = ["Checkpoint", "CheckpointManager", "model_fingerprint", "CheckpointError"]
@@ -116,19 +116,16 @@ class CheckpointManager:
         """Write the checkpoint of ``round`` (the manifest last, which makes it complete); returns its path."""
         if round < 0:
             raise ValueError(f"round must be non-negative, got {round}")
-        weights_bytes = weights.to_bytes()
         buf = io.BytesIO()
         torch.save(_plain(state or {}), buf)
-        state_bytes = buf.getvalue()
+        files = {"weights.safetensors": weights.to_bytes(), "state.pt": buf.getvalue()}
         manifest = {
             "format": "sparknet-checkpoint", "format_version": FORMAT_VERSION, "round": int(round),
             "time": time.time(), "fingerprint": model_fingerprint(weights), "numel": weights.numel,
             "config": config or {}, "extra": extra or {},
-            "sha256": {"weights.safetensors": hashlib.sha256(weights_bytes).hexdigest(),
-                       "state.pt": hashlib.sha256(state_bytes).hexdigest()},
+            "sha256": {name: _sha256(data) for name, data in files.items()},
         }
-        files = {"weights.safetensors": weights_bytes, "state.pt": state_bytes,
-                 "manifest.json": json.dumps(manifest, indent=1, default=str).encode()}
+        files["manifest.json"] = json.dumps(manifest, indent=1, default=str).encode()
         final = f"{self.root}/ckpt-{round:08d}"
         try:
             if self._exists(final):  # an older save of this round goes first, its manifest with it
@@ -243,7 +240,7 @@ class CheckpointManager:
             raise CheckpointError(f"{path} is not a sparknet checkpoint of format {FORMAT_VERSION}")
         _check_manifest(manifest, round, path)
         for name in _HASHED:
-            if hashlib.sha256(files[name]).hexdigest() != manifest["sha256"][name]:
+            if _sha256(files[name]) != manifest["sha256"][name]:
                 raise _Damaged(f"{path}/{name} does not match its recorded SHA-256: the file is corrupt")
         if expect_fingerprint is not None and manifest["fingerprint"] != expect_fingerprint:
             raise CheckpointError(f"checkpoint {path} belongs to another model (fingerprint {manifest['fingerprint']}, "

@@ -46,7 +46,7 @@ def json_safe(value, *, finite: bool = True):
     return value
 
 
-class MetricsLogger:
+class MetricsLogger(contextlib.AbstractContextManager):
     """Writes metric records to a JSON-lines file and drives the progress line.
 
     Parameters
@@ -136,9 +136,6 @@ class MetricsLogger:
         if self._file is not None:
             self._file.close()
             self._file = None
-
-    def __enter__(self) -> MetricsLogger:
-        return self
 
     def __exit__(self, *exc) -> None:
         self.close()

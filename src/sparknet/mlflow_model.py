@@ -18,7 +18,6 @@ sigmoid; a regressor its outputs as ``prediction``.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -59,12 +58,10 @@ def _features(saved, model_input) -> np.ndarray:
             x = model_input.to_numpy(dtype=np.float32)
     else:
         x = np.asarray(model_input, dtype=np.float32)
-    x = x.reshape(len(x), -1)
-    if saved.input_shape is not None:
-        if x.shape[1] != int(np.prod(saved.input_shape)):
-            raise ValueError(f"each row has {x.shape[1]} feature values but the model takes shape "
-                             f"{tuple(saved.input_shape)}")
-        x = x.reshape(len(x), *saved.input_shape)
+    x = x.reshape(len(x), -1)  # SavedModel.predict gives each row the net's input shape
+    if saved.input_shape is not None and x.shape[1] != int(np.prod(saved.input_shape)):
+        raise ValueError(f"each row has {x.shape[1]} feature values but the model takes shape "
+                         f"{tuple(saved.input_shape)}")
     return x
 
 
@@ -133,9 +130,6 @@ def save_pyfunc_model(model_dir: str | os.PathLike, path: str | os.PathLike) -> 
 
 def log_pyfunc_model(client, run_id: str, model_dir: str | os.PathLike, artifact_path: str = "model") -> None:
     """Log ``model_dir`` to ``run_id`` as an MLflow pyfunc model under ``artifact_path`` (``runs:/ID/model``)."""
-    staging = Path(tempfile.mkdtemp(prefix="sparknet-mlflow-"))
-    try:
-        save_pyfunc_model(model_dir, staging / "model")
-        client.log_artifacts(run_id, str(staging / "model"), artifact_path=artifact_path)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="sparknet-mlflow-", ignore_cleanup_errors=True) as staging:
+        save_pyfunc_model(model_dir, Path(staging, "model"))
+        client.log_artifacts(run_id, str(Path(staging, "model")), artifact_path=artifact_path)

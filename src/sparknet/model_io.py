@@ -119,7 +119,7 @@ class SavedModel:
         sample shape (``input_shape`` holds as many values: :func:`unpack_model` checks it), else ``input_shape``
         when that is known."""
         t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
-        shape = getattr(self.net_params, "sample_shape", None) or self.input_shape
+        shape = input_shape_of(self.net_params) or self.input_shape
         if shape is not None and tuple(t.shape[1:]) != tuple(shape):
             t = t.reshape(len(t), *shape)
         return self.net.predict(t)
@@ -186,8 +186,7 @@ def pack_model(net, weights: WeightCollection | None = None, *, solver: SolverCo
         raise TypeError(f"cannot save a {type(net).__name__}: give a Net, NetParams or torch.nn.Module")
     if weights is None:
         weights = Net(module).get_weights()
-    if input_shape is None and net_params is not None:
-        input_shape = input_shape_of(net_params)
+    input_shape = input_shape_of(net_params) if input_shape is None else input_shape
 
     files: dict[str, bytes] = {}
     if net_params is not None:
@@ -324,9 +323,7 @@ def unpack_model(files: Mapping[str, bytes], *, device: str | torch.device = "cp
     Raises
     ------
     ValueError
-        Naming ``where``: a missing or corrupt manifest (an entry missing or of the wrong
-        type), a file missing or failing its checksum, a file that cannot be read (weights,
-        net definition, solver, configuration), weights that do not fit the net, a newer
+        Naming ``where``: a manifest, file or checksum missing or wrong, weights that do not fit the net, a newer
         format version, or a pickled module without ``allow_pickle``.
     """
     if MANIFEST_NAME not in files:
@@ -482,11 +479,7 @@ def read_model_files(path: str | os.PathLike) -> dict[str, bytes]:
 def save_model(path: str | os.PathLike, net, weights: WeightCollection | None = None, *,
                solver: SolverConfig | None = None, config: Mapping | None = None, input_shape=None,
                metadata: Mapping[str, Any] | None = None, overwrite: bool = False) -> Path | str:
-    """Save a model to a folder or URI; see :func:`pack_model` for the arguments.
-
-    A plain ``torch.nn.Module`` (not built from a NetParams) is pickled: the folder is then
-    for trusted use only.
-    """
+    """Save a model to a folder or URI (:func:`write_model_files`); see :func:`pack_model` for the arguments."""
     files = pack_model(net, weights, solver=solver, config=config, input_shape=input_shape, metadata=metadata)
     return write_model_files(path, files, overwrite=overwrite)
 

@@ -91,8 +91,8 @@ class _StepTracker:
             out = _finite((name, record.get(key)) for key, name in _ROUND_FIELDS.items())
             seconds = _number(record.get("round_s"))
             if seconds is None:
-                parts = [_number(record.get(k)) for k in ("compute_s", "comm_s")]
-                seconds = sum(p for p in parts if p is not None) if any(p is not None for p in parts) else None
+                parts = [p for k in ("compute_s", "comm_s") if (p := _number(record.get(k))) is not None]
+                seconds = sum(parts) if parts else None
             samples = _number(record.get("samples"))
             if seconds and samples is not None:
                 out["throughput/samples_per_s"] = samples / seconds
@@ -124,7 +124,7 @@ def record_scalars(records: Iterable[Mapping[str, Any]]) -> list[tuple[int, dict
     return [item for item in (tracker.scalars(r) for r in records) if item is not None]
 
 
-class _Sink:
+class _Sink(contextlib.AbstractContextManager):
     """What both sinks do with a record: refuse it once closed, turn it into scalars, hand them to ``_write``."""
 
     _closed = False
@@ -135,9 +135,6 @@ class _Sink:
         item = self._tracker.scalars(record)
         if item is not None:
             self._write(*item, record)
-
-    def __enter__(self):
-        return self
 
 
 # -- TensorBoard ----------------------------------------------------------------------------------
@@ -367,23 +364,9 @@ class MLflowSink(_Sink):
 def make_sinks(tensorboard_dir: str | os.PathLike | None = None, mlflow_uri: str | os.PathLike | None = None, *,
                experiment: str = "sparknet", run_name: str | None = None, params: Mapping[str, Any] | None = None,
                model_dir: str | os.PathLike | None = None) -> list[Callable[[dict], None]]:
-    """The sinks a run asked for, ready for ``MetricsLogger(..., sinks=...)``.
-
-    Parameters
-    ----------
-    tensorboard_dir : path, optional
-        Make a :class:`TensorBoardSink` writing there.
-    mlflow_uri : str or path, optional
-        Make an :class:`MLflowSink` tracking there (``""``: the default, the active run or
-        ``./mlflow.db``; see :class:`MLflowSink`).
-    experiment, run_name, params, model_dir
-        For the MLflow sink (see :class:`MLflowSink`).
-
-    Returns
-    -------
-    list
-        Zero, one or two sinks. Close them with :func:`close_sinks` in a ``finally``.
-    """
+    """The sinks a run asked for, ready for ``MetricsLogger(..., sinks=...)``: a :class:`TensorBoardSink` writing to
+    ``tensorboard_dir``, an :class:`MLflowSink` tracking at ``mlflow_uri`` (``""``: its default, the active run or
+    ``./mlflow.db``) with the other arguments. Close them with :func:`close_sinks` in a ``finally``."""
     sinks: list[Callable[[dict], None]] = []
     try:
         if tensorboard_dir is not None:

@@ -65,11 +65,9 @@ class WeightCollection(Mapping[str, list[torch.Tensor]]):
         return len(self._layers)
 
     def __repr__(self) -> str:
-        parts = ", ".join(
-            f"{name}: [{', '.join('x'.join(map(str, t.shape)) or 'scalar' for t in ts)}]"
-            for name, ts in self._layers.items()
-        )
-        return f"WeightCollection({parts})"
+        parts = (f"{name}: [{', '.join('x'.join(map(str, t.shape)) or 'scalar' for t in ts)}]"
+                 for name, ts in self._layers.items())
+        return f"WeightCollection({', '.join(parts)})"
 
     def tensors(self) -> Iterator[tuple[str, int, torch.Tensor]]:
         """Yield ``(layer, index, tensor)`` in order."""
@@ -113,9 +111,8 @@ class WeightCollection(Mapping[str, list[torch.Tensor]]):
     # -- arithmetic ------------------------------------------------------------------------
     def _zip(self, other: WeightCollection, op) -> WeightCollection:
         self.check_compatible(other)
-        return WeightCollection(
-            (name, [op(a, b) for a, b in zip(ts, other._layers[name])]) for name, ts in self._layers.items()
-        )
+        return WeightCollection((name, [op(a, b) for a, b in zip(ts, other._layers[name])])
+                                for name, ts in self._layers.items())
 
     def _map(self, op) -> WeightCollection:
         return WeightCollection((name, [op(t) for t in ts]) for name, ts in self._layers.items())
