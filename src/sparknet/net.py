@@ -484,20 +484,15 @@ class Net:
         clip = self.solver.clip_gradients
 
         def forward_backward(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-            """The minibatches' mean loss; their mean gradient accumulated into the weights' ``grad``."""
+            """The minibatches' mean loss, their mean gradient in the weights' ``grad`` (a line search calls it again
+            at every weight it tries)."""
+            opt.zero_grad(set_to_none=True)
             total = 0.0
             for xb, yb in batches:
                 loss, _ = self._loss("training data", xb, yb, weighted=self.weighted)
                 (loss / iter_size if iter_size > 1 else loss).backward()
                 total += loss.item()
             return total / iter_size
-
-        def closure_of(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], float]:
-            """The same minibatches' loss and gradient, at whatever weights a line search tries."""
-            def closure() -> float:
-                opt.zero_grad(set_to_none=True)
-                return forward_backward(batches)
-            return closure
 
         module.train()
         t0 = time.perf_counter()
@@ -512,17 +507,15 @@ class Net:
             batches = [self._next_batch() for _ in range(iter_size)]
             samples += sum(len(xb) for xb, _ in batches)
             if self.solver.type.needs_closure:
-                step_loss = float(opt.step(closure_of(batches)))  # the loss before the update
+                step_loss = float(opt.step(functools.partial(forward_backward, batches)))  # the loss before the update
             else:
-                opt.zero_grad(set_to_none=True)
                 step_loss = forward_backward(batches)
                 if after_backward is not None:
                     after_backward(self)
                 if clip > 0:  # Caffe clips the iter_size minibatches' summed gradient, before dividing it
                     torch.nn.utils.clip_grad_norm_(module.parameters(), clip / iter_size)
                 opt.step()
-            if not math.isfinite(step_loss):
-                finite = False
+            finite = finite and math.isfinite(step_loss)
             sched.step()
             self.iteration += 1
             steps += 1

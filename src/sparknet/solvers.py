@@ -181,11 +181,8 @@ class SolverConfig:
 
     def to_dict(self) -> dict:
         """Plain JSON-able values."""
-        d = asdict(self)
-        d["type"] = self.type.value
-        d["lr_policy"] = self.lr_policy.value
-        d["stepvalues"] = list(self.stepvalues)
-        return d
+        return {**asdict(self), "type": self.type.value, "lr_policy": self.lr_policy.value,
+                "stepvalues": list(self.stepvalues)}
 
     @classmethod
     def from_dict(cls, d: dict) -> SolverConfig:
