@@ -222,9 +222,7 @@ def pack_model(net, weights: WeightCollection | None = None, *, solver: SolverCo
 def model_id(files: Mapping[str, bytes]) -> str:
     """A content hash of packed model files (same content, same id)."""
     h = hashlib.sha256()
-    for name in sorted(files):
-        if name == MANIFEST_NAME:
-            continue
+    for name in sorted(set(files) - {MANIFEST_NAME}):
         h.update(name.encode() + b"\0" + _sha256(files[name]).encode())
     return h.hexdigest()[:32]
 

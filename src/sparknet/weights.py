@@ -93,11 +93,10 @@ class WeightCollection(Mapping[str, list[torch.Tensor]]):
             raise TypeError(f"expected a WeightCollection, got {type(other).__name__}")
         mine, theirs = list(self._layers), list(other._layers)
         if mine != theirs:
-            for i, (a, b) in enumerate(zip(mine, theirs)):
-                if a != b:
-                    raise ValueError(f"layer names differ at position {i}: {a!r} vs {b!r}")
-            extra = mine[len(theirs):] or theirs[len(mine):]
-            raise ValueError(f"layer {extra[0]!r} is in one collection only")
+            i = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+            if i is not None:
+                raise ValueError(f"layer names differ at position {i}: {mine[i]!r} vs {theirs[i]!r}")
+            raise ValueError(f"layer {(mine[len(theirs):] or theirs[len(mine):])[0]!r} is in one collection only")
         for name in mine:
             a_ts, b_ts = self._layers[name], other._layers[name]
             if len(a_ts) != len(b_ts):
