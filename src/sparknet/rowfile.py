@@ -122,18 +122,14 @@ class RowFileWriter:
                 self.bad_rows = self.rows
             elif tuple(y.shape[1:]) != self._y_shape:
                 self.bad_labels = self.rows
-        if self.bad_rows or self.bad_labels:
-            self._count_bad(m)
-            return
-        self._fx.write(np.ascontiguousarray(x, dtype=np.float32).data)
-        self._fy.write(np.ascontiguousarray(y, dtype=self._y_dtype).data)
-        self.rows += m
-
-    def _count_bad(self, m: int) -> None:
         if self.bad_rows:
             self.bad_rows += m
-        else:
+        elif self.bad_labels:
             self.bad_labels += m
+        else:
+            self._fx.write(np.ascontiguousarray(x, dtype=np.float32).data)
+            self._fy.write(np.ascontiguousarray(y, dtype=self._y_dtype).data)
+            self.rows += m
 
     def close(self, publish: bool = True) -> RowFile | None:
         """Finish the files; with ``publish`` and good rows, move them in place and return the row file."""

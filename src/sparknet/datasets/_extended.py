@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["Deformation", "IMAGE_SHAPE", "WORDS_PER_SAMPLE", "ROW_SCHEMA", "extended_samples", "gaussian_weights",
-           "arrow_samples", "contiguous_runs"]
+           "arrow_samples", "contiguous_runs", "check_count"]
 
 SIDE = 28
 """Height and width of a digit."""
@@ -106,15 +106,10 @@ _RANGES: dict[str, tuple[Callable[[float], bool], str]] = {
 
 
 def gaussian_weights(sigma: float) -> np.ndarray:
-    """The Gaussian of ``sigma`` pixels as integer weights that sum to exactly 4096.
+    """The Gaussian of ``sigma`` pixels as symmetric int64 weights ``[2 R + 1]`` that sum to exactly 4096.
 
-    Taps reach ``min(ceil(3 sigma), 27)`` pixels either way (a digit is 28 wide); each is
+    Taps reach ``R = min(ceil(3 sigma), 27)`` pixels either way (a digit is 28 wide); each is
     ``round(4096 g_k / sum g)``, and the centre takes what rounding left over.
-
-    Returns
-    -------
-    numpy.ndarray
-        int64 ``[2 R + 1]``, symmetric.
     """
     if not (isinstance(sigma, (int, float)) and 0 < sigma <= SIDE):
         raise ValueError(f"sigma must be in (0, {SIDE}] pixels, got {sigma!r}")
@@ -222,6 +217,13 @@ def _bilinear(digits: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(value), 0, 255).astype(np.uint8)
 
 
+def check_count(name: str, value, minimum: int) -> int:
+    """``value`` as an int; ``ValueError`` unless it is an integer >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
 def _check_base(images: np.ndarray, labels: np.ndarray) -> None:
     if not (isinstance(images, np.ndarray) and images.dtype == np.uint8 and images.ndim == 3
             and images.shape[1:] == (SIDE, SIDE) and len(images)):
@@ -235,43 +237,25 @@ def _check_base(images: np.ndarray, labels: np.ndarray) -> None:
 
 def extended_samples(images: np.ndarray, labels: np.ndarray, start: int, stop: int, *, seed: int = 0,
                      deformation: Deformation | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Samples ``start .. stop - 1`` of the extended set grown from ``images``.
+    """Samples ``start .. stop - 1`` (``0 <= start <= stop``) of the extended set grown from ``images``.
 
-    Parameters
-    ----------
-    images
-        The base digits, uint8 ``[N, 28, 28]`` (MNIST's training images, pixel values 0..255).
-    labels
-        Their labels, integers ``[N]``.
-    start, stop
-        The samples to make, ``0 <= start <= stop``; sample ``i`` deforms base digit ``i mod N``.
-    seed
-        The stream the deformations are drawn from (an integer >= 0).
-    deformation
-        How far digits are moved (default :class:`Deformation`'s defaults).
-
-    Returns
-    -------
-    (numpy.ndarray, numpy.ndarray)
-        uint8 ``[stop - start, 28, 28]`` and the labels (``labels``' dtype). The same
-        arguments give the same bytes on every machine, whatever range a sample is made in.
-
-    Raises
-    ------
-    ValueError
-        The base arrays are not as above, or ``start``, ``stop`` or ``seed`` is out of range.
+    ``images`` are the base digits, uint8 ``[N, 28, 28]`` (MNIST's training images, pixels 0..255),
+    ``labels`` their integer labels ``[N]``; sample ``i`` deforms base digit ``i mod N`` as far as
+    ``deformation`` says, drawn from the stream of ``seed`` (an integer >= 0). Returns uint8
+    ``[stop - start, 28, 28]`` and the labels (``labels``' dtype): the same arguments give the same
+    bytes on every machine, whatever range a sample is made in. Arguments out of range are a
+    ``ValueError``.
     """
     _check_base(images, labels)
-    for name, value in (("start", start), ("stop", stop), ("seed", seed)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    start, stop, seed = (check_count(name, value, 0)
+                         for name, value in (("start", start), ("stop", stop), ("seed", seed)))
     if stop < start:
         raise ValueError(f"stop ({stop}) must not be below start ({start})")
     deformation = deformation or Deformation()
     out = np.empty((stop - start, SIDE, SIDE), np.uint8)
-    for a in range(int(start), int(stop), CHUNK):
-        b = min(int(stop), a + CHUNK)
-        words = _random_words(int(seed), a, b - a)
+    for a in range(start, stop, CHUNK):
+        b = min(stop, a + CHUNK)
+        words = _random_words(seed, a, b - a)
         x, y = _source_points(words, deformation)
         out[a - start:b - start] = _bilinear(images[np.arange(a, b) % len(images)], x, y)
     return out, labels[np.arange(start, stop) % len(images)]

@@ -21,7 +21,7 @@ from pyarrow import fs as pafs
 
 from sparknet._fs import filesystem
 from sparknet.datasets._array import ArrayDataset
-from sparknet.datasets._extended import ROW_SCHEMA, SIDE, Deformation, arrow_samples, extended_samples
+from sparknet.datasets._extended import ROW_SCHEMA, SIDE, Deformation, arrow_samples, check_count, extended_samples
 from sparknet.datasets._mnist import _dataset, mnist
 
 __all__ = ["ExtendedWrite", "write_extended_mnist", "extended_mnist", "extended_arrays", "base_digits",
@@ -54,17 +54,10 @@ class ExtendedWrite:
 def base_digits(base: ArrayDataset | tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The base digits as uint8 ``[N, 28, 28]`` pixels 0..255 and uint8 labels.
 
-    Parameters
-    ----------
-    base
-        ``None``: MNIST's training split (:func:`sparknet.datasets.mnist`, cached after the first
-        fetch). An :class:`ArrayDataset` of images in [0, 1] (``[N, 1, 28, 28]`` or ``[N, 28, 28]``,
-        as :func:`mnist` gives them: pixel / 255), or an ``(images, labels)`` pair of uint8 pixels.
-
-    Raises
-    ------
-    ValueError
-        The images are not 28 x 28 digits in one of those forms, or the labels are not 0..255 integers.
+    ``base``: ``None`` for MNIST's training split (:func:`sparknet.datasets.mnist`, cached after the
+    first fetch), an :class:`ArrayDataset` of images in [0, 1] (``[N, 1, 28, 28]`` or ``[N, 28, 28]``,
+    as :func:`mnist` gives them: pixel / 255), or an ``(images, labels)`` pair of uint8 pixels; any
+    other images, or labels that are not 0..255 integers, are a ``ValueError``.
     """
     if base is None:
         base = mnist().train
@@ -84,12 +77,6 @@ def base_digits(base: ArrayDataset | tuple[np.ndarray, np.ndarray] | None = None
         raise ValueError(f"base labels must be {len(x)} integers in 0..255, one per image, "
                          f"got {y.dtype}{list(y.shape)}")
     return np.ascontiguousarray(x), y.astype(np.uint8)
-
-
-def _check_count(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _exists(path: str) -> bool | None:
@@ -115,58 +102,34 @@ def write_extended_mnist(spark, path: str | os.PathLike, num_samples: int, *, se
                          num_partitions: int | None = None, mode: str = "error",
                          deformation: Deformation | None = None,
                          base: ArrayDataset | tuple[np.ndarray, np.ndarray] | None = None) -> ExtendedWrite:
-    """Generate ``num_samples`` extended-MNIST digits on Spark's executors and write them as Parquet.
+    """Generate ``num_samples`` (at least 1) extended-MNIST digits on ``spark``'s executors and write them as Parquet.
 
-    Sample ``i`` is base digit ``i mod N`` elastically distorted and jittered
-    (:func:`sparknet.datasets._extended.extended_samples`), with its label. The rows are
+    Sample ``i`` is base digit ``i mod N`` (of ``base``, see :func:`base_digits`; default MNIST's
+    50,000 training images) elastically distorted and jittered as ``deformation`` says
+    (:func:`sparknet.datasets._extended.extended_samples`), with its label; the same ``seed`` and
+    index give the same bytes on any machine and with any ``num_partitions``. The rows are
     ``features`` (binary, 784 uint8 pixels, row-major 28 x 28), ``label`` (int) and ``index``
     (long, ``i``); :func:`extended_mnist` reads them back for ``SparkTrainer.fit(df,
     image_shape=(1, 28, 28))``.
 
-    Parameters
-    ----------
-    spark : SparkSession
-        The session whose executors generate and write (it is left running).
-    path
-        The Parquet folder to write: a path every executor can write (on a cluster ``hdfs://``,
-        ``s3a://`` or a shared mount; ``sparknet data extended-mnist`` checks this first).
-    num_samples
-        How many samples, at least 1.
-    seed
-        The deformations' seed (an integer >= 0). The same seed and index give the same bytes
-        on any machine and with any ``num_partitions``.
-    num_partitions
-        Spark partitions (one Parquet file each, at most ``num_samples``); default enough that
-        none holds more than :data:`SAMPLES_PER_PARTITION` samples, and at least Spark's default
-        parallelism.
-    mode
-        ``"error"`` (refuse an existing ``path``) or ``"overwrite"``.
-    deformation
-        How far digits move (default :class:`Deformation`'s defaults).
-    base
-        The digits to deform (see :func:`base_digits`); default MNIST's 50,000 training images.
+    ``path`` must be writable by every executor (on a cluster ``hdfs://``, ``s3a://`` or a shared
+    mount; ``sparknet data extended-mnist`` checks this first); ``mode`` ``"error"`` refuses an
+    existing one, ``"overwrite"`` replaces it. ``num_partitions`` (one Parquet file each, at most
+    ``num_samples``) defaults to enough that none holds more than :data:`SAMPLES_PER_PARTITION`
+    samples, and at least Spark's default parallelism. The session is left running.
 
-    Returns
-    -------
-    ExtendedWrite
-        The folder, rows, partitions, bytes on disk and seconds.
-
-    Raises
-    ------
-    ValueError
-        An argument is out of range, the base digits are malformed, or ``path`` exists and
-        ``mode`` is ``"error"``.
-    DatasetError
-        MNIST is not cached and cannot be fetched.
+    Raises ``ValueError`` for an argument out of range, malformed base digits or an existing
+    ``path`` under ``mode="error"``; :class:`DatasetError` when MNIST is not cached and cannot be
+    fetched.
     """
-    num_samples = _check_count("num_samples", num_samples, 1)
-    seed = _check_count("seed", seed, 0)
+    num_samples = check_count("num_samples", num_samples, 1)
+    seed = check_count("seed", seed, 0)
     if mode not in _MODES:
         raise ValueError(f"mode must be 'error' or 'overwrite', got {mode!r}")
     sc = spark.sparkContext
     if num_partitions is None:
         num_partitions = max(sc.defaultParallelism, -(-num_samples // SAMPLES_PER_PARTITION))
-    num_partitions = min(_check_count("num_partitions", num_partitions, 1), num_samples)
+    num_partitions = min(check_count("num_partitions", num_partitions, 1), num_samples)
     path = os.fspath(path)
     if mode == "error" and _exists(path):
         raise ValueError(f"{path} exists; pass mode='overwrite' (--overwrite) to replace it")
@@ -189,23 +152,12 @@ def write_extended_mnist(spark, path: str | os.PathLike, num_samples: int, *, se
 
 
 def extended_mnist(spark, path: str | os.PathLike):
-    """Read a folder :func:`write_extended_mnist` wrote, as a DataFrame ready to train on.
+    """Read a folder :func:`write_extended_mnist` wrote, as a DataFrame of ``features`` (binary), ``label`` (int)
+    and ``index`` (long) ready to train on.
 
-    Train with ``SparkTrainer.fit(df, image_shape=IMAGE_SHAPE)`` (``(1, 28, 28)``): the
-    ``features`` bytes become pixels / 255 in [0, 1], as ``sparknet train --dataset mnist``
-    scales them.
-
-    Returns
-    -------
-    DataFrame
-        Columns ``features`` (binary), ``label`` (int) and ``index`` (long).
-
-    Raises
-    ------
-    FileNotFoundError
-        Nothing is at ``path``.
-    ValueError
-        The folder's rows lack ``features`` (binary) or ``label`` (int).
+    Train with ``SparkTrainer.fit(df, image_shape=IMAGE_SHAPE)`` (``(1, 28, 28)``): the ``features``
+    bytes become pixels / 255 in [0, 1], as ``sparknet train --dataset mnist`` scales them. Nothing at
+    ``path`` is a ``FileNotFoundError``; rows without those two columns are a ``ValueError``.
     """
     path = os.fspath(path)
     if _exists(path) is False:
@@ -222,15 +174,10 @@ def extended_mnist(spark, path: str | os.PathLike):
 
 def extended_arrays(num_samples: int, *, seed: int = 0, deformation: Deformation | None = None,
                     base: ArrayDataset | tuple[np.ndarray, np.ndarray] | None = None) -> ArrayDataset:
-    """The first ``num_samples`` of the set in this process, as :func:`mnist` gives images.
-
-    Returns
-    -------
-    ArrayDataset
-        float32 ``[num_samples, 1, 28, 28]`` (pixel / 255) and int64 labels: the same pixels
-        :func:`write_extended_mnist` writes for the same seed.
-    """
-    num_samples = _check_count("num_samples", num_samples, 0)
+    """The first ``num_samples`` of the set made in this process, as :func:`mnist` gives images: float32
+    ``[num_samples, 1, 28, 28]`` (pixel / 255) and int64 labels, the pixels :func:`write_extended_mnist` writes for
+    the same seed."""
+    num_samples = check_count("num_samples", num_samples, 0)
     images, labels = base_digits(base)
     x, y = extended_samples(images, labels, 0, num_samples, seed=seed, deformation=deformation)
     return _dataset(x, y)

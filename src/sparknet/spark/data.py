@@ -56,20 +56,19 @@ class FeatureSource:
 
 
 # -- executor side: chunks ----------------------------------------------------------------------
-def _new_info() -> dict:
-    # label_lengths: examples of labels per row (0: one class id; T: one per position of a sequence);
-    # bad_labels: rows whose label does not have the length the other rows' labels have.
-    return {"rows": 0, "lengths": [], "shapes": [], "bad_rows": 0, "null_x": 0, "nonfinite": 0, "null_y": 0,
-            "nonint_y": 0, "nonfinite_y": 0, "bad_w": 0, "y_min": None, "y_max": None, "not_pairs": 0,
-            "label_lengths": [], "bad_labels": 0, "label_col": None}
-
-
 PROBLEM_KEYS = ("bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "nonfinite_y", "bad_w", "not_pairs",
                 "bad_labels")
-"""Counts of rows a partition cannot train on (any one refuses the fit)."""
-_COUNTS = ("rows", "bad_rows", "null_x", "nonfinite", "null_y", "nonint_y", "nonfinite_y", "bad_w", "not_pairs",
-           "bad_labels")
+"""Counts of rows a partition cannot train on (any one refuses the fit); ``bad_labels``: rows whose label does not
+have the length the other rows' labels have."""
+_COUNTS = ("rows", *PROBLEM_KEYS)
 _EXAMPLES = ("lengths", "shapes", "label_lengths")
+"""Up to :data:`_MAX_EXAMPLES` values seen; ``label_lengths``: labels per row (0: one class id; T: one per position
+of a sequence)."""
+
+
+def _new_info() -> dict:
+    return {**dict.fromkeys(_COUNTS, 0), **{key: [] for key in _EXAMPLES}, "y_min": None, "y_max": None,
+            "label_col": None}
 
 
 def _add_info(total: dict, info: dict) -> None:
@@ -382,16 +381,12 @@ def pair_chunks(expected_len: int | None, chunk_rows: int = 4096, float_labels: 
             flat = arr.astype(np.float32, copy=False).reshape(-1)
             if width is None:
                 width = flat.size
+            _add_example(info, "lengths", int(flat.size))
             if flat.size != width:
                 info["bad_rows"] += 1
-                _add_example(info, "lengths", int(flat.size))
                 continue
-            _add_example(info, "lengths", int(flat.size))
             xs.append(flat)
-            if label_ndim:
-                ys.append(np.asarray(label))
-            else:
-                ys.append(label.item() if hasattr(label, "item") else label)
+            ys.append(np.asarray(label) if label_ndim else label.item() if hasattr(label, "item") else label)
             if len(xs) >= chunk_rows:
                 yield flush()
         yield flush()
@@ -653,16 +648,11 @@ def _label_expr(df, label_col: str):
     from pyspark.sql import types as T
 
     dtype = _column_type(df, label_col, "label")
-    whole = (T.IntegerType, T.LongType, T.ShortType, T.ByteType, T.BooleanType)
-    real = (T.FloatType, T.DoubleType, T.DecimalType)
-    if isinstance(dtype, whole):
-        return F.col(label_col).cast(T.LongType())
-    if isinstance(dtype, real):
-        return F.col(label_col).cast(T.DoubleType())
-    if isinstance(dtype, T.ArrayType) and isinstance(dtype.elementType, whole):  # one class id per position
-        return F.col(label_col).cast(T.ArrayType(T.LongType()))
-    if isinstance(dtype, T.ArrayType) and isinstance(dtype.elementType, real):
-        return F.col(label_col).cast(T.ArrayType(T.DoubleType()))
+    element = dtype.elementType if isinstance(dtype, T.ArrayType) else dtype  # an array: one label per position
+    whole = isinstance(element, (T.IntegerType, T.LongType, T.ShortType, T.ByteType, T.BooleanType))
+    if whole or isinstance(element, (T.FloatType, T.DoubleType, T.DecimalType)):
+        kind = T.LongType() if whole else T.DoubleType()
+        return F.col(label_col).cast(T.ArrayType(kind) if element is not dtype else kind)
     raise ValueError(f"label column {label_col!r} has type {dtype.simpleString()}; expected integer class ids "
                      "(an integer column, or a double column holding whole numbers), array<long> with one "
                      "class id per position for a sequence model, or real numbers (a double column or "
@@ -680,23 +670,15 @@ def is_rdd(obj) -> bool:
 def chunk_frame(data, *, features_col: str | Sequence[str] = "features", label_col: str | None = "label",
                 image_shape=None, expected_len: int | None = None, num_partitions: int | None = None,
                 float_labels: bool = False, weight_col: str | None = None):
-    """A DataFrame's rows as a DataFrame of chunks (``x``, ``y``, ``width``, ``label_width``, ``info``; read
-    them with :func:`frame_chunks`), in ``num_partitions`` partitions: the conversion :func:`chunk_rdd` runs,
-    with nothing but DataFrame operations (what a Spark Connect session has).
+    """``(DataFrame, FeatureSource)``: a DataFrame's rows as a DataFrame of chunks (``x``, ``y``, ``width``,
+    ``label_width``, ``info``; read them with :func:`frame_chunks`), in ``num_partitions`` partitions: the
+    conversion :func:`chunk_rdd` runs, with nothing but DataFrame operations (what a Spark Connect session has)."""
+    from pyspark.sql import functions as F
 
-    Returns
-    -------
-    (DataFrame, FeatureSource)
-    """
     from sparknet.spark.session import is_connect
 
     feat, kind = _feature_expr(data, features_col, image_shape)
-    if label_col is None:
-        from pyspark.sql import functions as F
-
-        label = F.lit(0).cast("long")
-    else:
-        label = _label_expr(data, label_col)
+    label = F.lit(0).cast("long") if label_col is None else _label_expr(data, label_col)
     image_numel = int(np.prod(image_shape)) if image_shape else None
     if kind in ("binary", "image"):
         expected_len = image_numel
@@ -723,17 +705,15 @@ def frame_chunks(rows: Iterable, float_labels: bool) -> Iterator[tuple[np.ndarra
     ``float_labels`` (regression, multi-label, sample weights), else int64 class ids."""
     label_dtype = np.float32 if float_labels else np.int64
     for item in rows:
-        if hasattr(item, "to_pylist"):  # an Arrow record batch
-            for row in item.to_pylist():
-                yield _row_to_chunk(row, label_dtype)
-        else:
-            yield _row_to_chunk(item, label_dtype)
+        for row in item.to_pylist() if hasattr(item, "to_pylist") else (item,):  # an Arrow record batch, or a row
+            yield _row_to_chunk(row, label_dtype)
 
 
 def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "label", image_shape=None,
               expected_len: int | None = None, num_partitions: int | None = None, float_labels: bool = False,
               weight_col: str | None = None):
-    """An RDD of chunks with ``num_partitions`` partitions (float32 labels with ``float_labels``, else int64).
+    """``(rdd, FeatureSource)``: an RDD of chunks with ``num_partitions`` partitions (float32 labels with
+    ``float_labels``, else int64).
 
     Partitions are kept as they are when there are already ``num_partitions`` of them and the
     DataFrame does not read files. A DataFrame read from files is always dealt out again
@@ -744,10 +724,6 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "
     ``label_col=None``: no labels (a DataFrame's features alone, an RDD of feature arrays), every
     row's label a 0 no loss reads. ``weight_col``: a DataFrame's column of sample weights, carried as
     one more, last, float32 value of every row's labels.
-
-    Returns
-    -------
-    (rdd, FeatureSource)
     """
     if is_dataframe(data):
         frame, source = chunk_frame(data, features_col=features_col, label_col=label_col, image_shape=image_shape,
