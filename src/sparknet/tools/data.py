@@ -65,7 +65,11 @@ def _run_extended_mnist(args: argparse.Namespace) -> int:
     return 0
 
 
-def _configure_extended_mnist(p: argparse.ArgumentParser) -> None:
+def configure_command(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``sparknet data`` (``sparknet.cli`` lists the command)."""
+    sub = parser.add_subparsers(dest="data_set", required=True, metavar="NAME")
+    help_text = "MNIST's training digits, elastically distorted and jittered, as many as asked (Parquet)"
+    p = sub.add_parser("extended-mnist", help=help_text, description=help_text)
     p.add_argument("--out", required=True, help="Parquet folder to write (every executor must be able to write it)")
     p.add_argument("--samples", type=int, required=True, help="how many deformed digits to make")
     p.add_argument("--seed", type=int, default=0, help="the deformations' seed (default 0)")
@@ -78,10 +82,3 @@ def _configure_extended_mnist(p: argparse.ArgumentParser) -> None:
                    help="seconds the job may take (default 1 ms a sample, at least 600; 0: no deadline)")
     p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
     p.set_defaults(_run=_run_extended_mnist)
-
-
-def configure_command(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``sparknet data`` (``sparknet.cli`` lists the command)."""
-    sub = parser.add_subparsers(dest="data_set", required=True, metavar="NAME")
-    help_text = "MNIST's training digits, elastically distorted and jittered, as many as asked (Parquet)"
-    _configure_extended_mnist(sub.add_parser("extended-mnist", help=help_text, description=help_text))

@@ -144,7 +144,8 @@ class MemoryEstimate:
 
 def estimate_training_memory(net, *, batch_size: int | None = None, solver_type: str = "sgd",
                              module=None) -> MemoryEstimate:
-    """Estimate what one worker needs to train ``net``, without running it.
+    """Estimate what one worker needs to train ``net``, without running it: weights, gradients and update-rule
+    state at their element sizes, activations at 4 bytes a value.
 
     Parameters
     ----------
@@ -157,11 +158,6 @@ def estimate_training_memory(net, *, batch_size: int | None = None, solver_type:
         Update rule (``sgd``, ``adam``...): how many state copies it keeps.
     module : torch.nn.Module, optional
         The built module, when already at hand (built from ``net`` otherwise).
-
-    Returns
-    -------
-    MemoryEstimate
-        Weights, gradients and state at their element sizes; activations at 4 bytes a value.
     """
     if module is None:
         module = net.build(seed=0) if hasattr(net, "build") else net
@@ -433,7 +429,8 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
                executor_memory: str | int | None = None, conf: dict[str, str] | None = None, spark=None,
                train_fn: Callable | None = None, skew_ratio: float = 2.0, timeout_s: float = 120.0,
                barrier: bool = True, features_col: str = "features") -> list[CheckResult]:
-    """Check a cluster (or ``local[K]``) for training ``model``; return one row per finding.
+    """Check a cluster (or ``local[K]``) for training ``model``; return one row per finding, in the order
+    checked: any ``Status.FAIL`` means training would fail as things are.
 
     Parameters
     ----------
@@ -466,11 +463,8 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
         Limit of each Spark job the doctor runs.
     barrier : bool
         Run the barrier-stage check.
-
-    Returns
-    -------
-    list of CheckResult
-        In the order checked; any ``Status.FAIL`` means training would fail as things are.
+    features_col : str
+        The data's features column (its width counts towards memory).
     """
     import torch
 

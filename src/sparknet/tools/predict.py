@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sparknet._fields import OldName
@@ -62,7 +62,7 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
             probability_col: str = "probability", probability_vector: bool = False, overwrite: bool = False,
             score_batch_size: int | None = None, threads: int | None = None, partitions: int | None = None,
             allow_pickle: bool = False, timeout_s: float | None = PREDICT_TIMEOUT_S) -> PredictResult:
-    """Score a Parquet data set with a saved model and write the result as Parquet.
+    """Score a Parquet data set with a saved model and write the result as Parquet; return what was written.
 
     Parameters
     ----------
@@ -99,10 +99,6 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
         Longest wait for the scoring and writing job (default a day); past it the job is cancelled
         and :class:`~sparknet.errors.DeadlineExceeded` says which tasks had not finished. ``None``:
         no deadline.
-
-    Returns
-    -------
-    PredictResult
     """
     from sparknet.spark.ml import SparkNetModel  # imports pyspark: loaded when scoring starts
 
@@ -187,6 +183,5 @@ def _run(args: argparse.Namespace) -> int:
                      probability_vector=args.probability_vector, overwrite=args.overwrite,
                      score_batch_size=args.score_batch_size, threads=args.threads, partitions=args.partitions,
                      allow_pickle=args.allow_pickle, timeout_s=args.timeout)
-    print(json.dumps({"out": result.out, "rows": result.rows, "columns": result.columns,
-                      "seconds": round(result.seconds, 2)}))
+    print(json.dumps({**asdict(result), "seconds": round(result.seconds, 2)}))
     return 0
