@@ -165,19 +165,11 @@ class RowFileWriter:
 
 
 class RowStream:
-    """Minibatches streamed from a :class:`RowFile` through a shuffle window of bounded size.
+    """Minibatches streamed from a :class:`RowFile` through a shuffle window of at most ``buffer_bytes`` of feature
+    rows (at least one block).
 
-    Parameters
-    ----------
-    rows : RowFile
-    seed : int
-        With the epoch, decides the order of blocks and of rows within each window.
-    buffer_bytes : int
-        Most bytes of feature rows held at once (at least one block).
-    shuffle : bool
-        ``False``: the file's order.
-    sample_shape : tuple, optional
-        The shape each feature row is given (default: as written).
+    ``seed`` and the epoch decide the order of blocks and of rows within each window (``shuffle=False``: the
+    file's order); each feature row is given ``sample_shape`` (default: as written).
     """
 
     def __init__(self, rows: RowFile, *, seed: int, buffer_bytes: int = DEFAULT_BUFFER_BYTES, shuffle: bool = True,

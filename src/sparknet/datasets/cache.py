@@ -256,12 +256,8 @@ def exclusive(lock_path: Path, timeout: float = FETCH_TIMEOUT_S) -> Iterator[Non
 
     Spark executors on one machine may all ask for the same data set at once; the lock
     makes one of them fetch it while the others wait and then read the cache. The lock
-    dies with its process, so a leftover lock file is harmless.
-
-    Raises
-    ------
-    DatasetError
-        The lock was not free within ``timeout`` seconds.
+    dies with its process, so a leftover lock file is harmless. A lock not free within
+    ``timeout`` seconds is a :class:`DatasetError`.
     """
     try:
         import fcntl
