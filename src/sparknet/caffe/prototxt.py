@@ -563,7 +563,6 @@ class _Converter:
     """Turns selected Caffe layers into sparknet DSL layers, one at a time."""
 
     def __init__(self, where: str, folder: Path | None, phase: str, sources: Mapping[str, DataBinding | str]):
-        self.dsl = dsl
         self.where = where
         self.folder = folder
         self.phase = phase
@@ -594,7 +593,7 @@ class _Converter:
 
     def filler(self, layer: Any, message: Any, has: bool, bias: bool = False) -> Any:
         if not has:
-            return self.dsl.Filler("constant", value=0.0) if bias else None
+            return dsl.Filler("constant", value=0.0) if bias else None
         kind = message.type.lower()
         if kind not in ("constant", "gaussian", "xavier", "msra", "uniform", "positive_unitball"):
             raise self.fail(layer, f"filler type {message.type!r} is not supported")
@@ -602,15 +601,8 @@ class _Converter:
             if bias:
                 raise self.fail(layer, "a sparse Gaussian bias filler is not supported")
             self.sparse[layer.name] = (_f(message.mean), _f(message.std), int(message.sparse))
-        return self.dsl.Filler(
-            kind,
-            value=_f(message.value),
-            mean=_f(message.mean),
-            std=_f(message.std),
-            min=_f(message.min),
-            max=_f(message.max),
-            variance_norm=_enum_name(message, "variance_norm").lower(),
-        )
+        values = {name: _value(message, name) for name in ("value", "mean", "std", "min", "max", "variance_norm")}
+        return dsl.Filler(kind, **values)
 
     def learnable(self, layer: Any, p: Any, weight: str = "weight_filler") -> dict[str, Any]:
         """The fillers and multipliers of a layer with a weight and an optional bias (``p.bias_term``)."""
@@ -675,10 +667,16 @@ class _Converter:
             raise self.fail(layer, str(exc)) from None
         for item in made:
             self.out.append(item)
-            self.layer_types[item.name] = "Input" if isinstance(item, self.dsl.RDDLayer) else kind
+            self.layer_types[item.name] = "Input" if isinstance(item, dsl.RDDLayer) else kind
 
-    def common(self, layer: Any) -> dict[str, Any]:
-        return {"name": self.unique(layer.name), "bottoms": list(layer.bottom), "tops": list(layer.top)}
+    def make(self, layer: Any, **options: Any) -> list[Any]:
+        """The sparknet layer of ``layer``, from its :data:`_FIELDS`, a loss's weight and ``options`` (which win)."""
+        if layer.type in _LOSS_TYPES:
+            options["loss_weight"] = self.loss_weight(layer)
+        param, names = _FIELDS.get(layer.type, (None, {}))
+        fields = {ours: _value(getattr(layer, param), theirs) for ours, theirs in names.items()}
+        return [_CLASSES[layer.type](name=self.unique(layer.name), bottoms=list(layer.bottom), tops=list(layer.top),
+                                     **{**fields, **options})]
 
     def input_layers(self, layer: Any) -> list[Any]:
         shapes = list(layer.input_param.shape)
@@ -697,7 +695,7 @@ class _Converter:
             raise self.fail(layer, f"blob {top!r} has shape {list(shape)}; every dimension must be positive")
         self.inputs[top] = shape
         self.names.add(top)
-        return self.dsl.RDDLayer(top, shape=shape, dtype=dtype)
+        return dsl.RDDLayer(top, shape=shape, dtype=dtype)
 
     def data_layer(self, layer: Any) -> list[Any]:
         kind = layer.type
@@ -771,86 +769,53 @@ class _Converter:
         dilation = (int(p.dilation[0]),) * 2 if len(p.dilation) == 1 else tuple(int(d) for d in p.dilation) or (1, 1)
         if len(dilation) != 2:
             raise self.fail(layer, f"{len(dilation)} dilation values: only 2-d convolution is supported")
-        return [self.dsl.ConvLayer(
-            **self.common(layer), kernel=kernel, num_filters=int(p.num_output), stride=stride, pad=pad,
-            dilation=dilation, groups=int(p.group), bias=bool(p.bias_term), **self.learnable(layer, p),
-        )]
+        return self.make(layer, kernel=kernel, num_filters=p.num_output, stride=stride, pad=pad, dilation=dilation,
+                         groups=p.group, bias=p.bias_term, **self.learnable(layer, p))
 
     def pooling(self, layer: Any) -> list[Any]:
         p = layer.pooling_param
-        method = _enum_name(p, "pool")
-        if method == "STOCHASTIC":
+        if p.pool == p.STOCHASTIC:
             raise self.fail(layer, "stochastic pooling is not supported")
-        if _enum_name(p, "round_mode") != "CEIL":
+        if p.round_mode != p.CEIL:
             raise self.fail(layer, "round_mode FLOOR is not supported (Caffe's default CEIL is)")
         kernel = self.pair(layer, p, "kernel_size", "kernel", None)
         if kernel is None and not p.global_pooling:
             raise self.fail(layer, "kernel_size is not set")
+        if p.global_pooling:
+            return self.make(layer, global_pooling=True)
         stride = (int(p.stride_h), int(p.stride_w)) if p.HasField("stride_h") else (int(p.stride), int(p.stride))
         pad = (int(p.pad_h), int(p.pad_w)) if p.HasField("pad_h") else (int(p.pad), int(p.pad))
-        options: dict[str, Any] = {"pool": method.lower(), "global_pooling": bool(p.global_pooling)}
-        if not p.global_pooling:
-            options.update(kernel=kernel, stride=stride, pad=pad)
-        return [self.dsl.PoolLayer(**self.common(layer), **options)]
+        return self.make(layer, global_pooling=False, kernel=kernel, stride=stride, pad=pad)
 
     def inner_product(self, layer: Any) -> list[Any]:
         p = layer.inner_product_param
         if not p.num_output:
             raise self.fail(layer, "num_output is not set")
-        return [self.dsl.LinearLayer(
-            **self.common(layer), num_outputs=int(p.num_output), bias=bool(p.bias_term), axis=int(p.axis),
-            transpose=bool(p.transpose), **self.learnable(layer, p),
-        )]
+        return self.make(layer, num_outputs=p.num_output, bias=p.bias_term, axis=p.axis, transpose=p.transpose,
+                         **self.learnable(layer, p))
 
     def activation(self, layer: Any) -> list[Any]:
         kind = layer.type
-        options: dict[str, Any] = {}
         if kind == "ReLU":
-            slope = _f(layer.relu_param.negative_slope)
-            options = {"activation": "relu", "negative_slope": slope or None}
-        elif kind == "ELU":
-            options = {"activation": "elu", "alpha": _f(layer.elu_param.alpha)}
-        elif kind == "Power":
-            pp = layer.power_param
-            options = {"activation": "power", "power": _f(pp.power), "scale": _f(pp.scale), "shift": _f(pp.shift)}
-        elif kind == "Swish":
-            if _f(layer.swish_param.beta) != 1.0:
-                raise self.fail(layer, "swish beta other than 1 is not supported")
-            options = {"activation": "swish"}
-        else:
-            options = {"activation": _ACTIVATIONS[kind]}
-        return [self.dsl.ActivationLayer(**self.common(layer), **options)]
-
-    def prelu(self, layer: Any) -> list[Any]:
+            return self.make(layer, activation="relu", negative_slope=_f(layer.relu_param.negative_slope) or None)
+        if kind == "Swish" and _f(layer.swish_param.beta) != 1.0:
+            raise self.fail(layer, "swish beta other than 1 is not supported")
         p = layer.prelu_param
-        if p.HasField("filler") and not (p.filler.type == "constant" and _f(p.filler.value) == 0.25):
+        if kind == "PReLU" and p.HasField("filler") and (p.filler.type, _f(p.filler.value)) != ("constant", 0.25):
             logger.warning("%s: layer %r: PReLU filler ignored; slopes start at 0.25", self.where, layer.name)
-        return [self.dsl.ActivationLayer(**self.common(layer), activation="prelu",
-                                         channel_shared=bool(p.channel_shared))]
-
-    def dropout(self, layer: Any) -> list[Any]:
-        return [self.dsl.DropoutLayer(**self.common(layer), ratio=_f(layer.dropout_param.dropout_ratio))]
+        return self.make(layer, activation=_ACTIVATIONS[kind])
 
     def lrn(self, layer: Any) -> list[Any]:
-        p = layer.lrn_param
-        region = _enum_name(p, "norm_region").lower()
-        k = _f(p.k)
+        region = _value(layer.lrn_param, "norm_region")
+        k = _f(layer.lrn_param.k)
         if region == "within_channel" and k != 1.0:  # lrn_layer.cpp: the within-channel denominator adds 1, not k
             logger.warning("%s: layer %r: k=%s is ignored by a WITHIN_CHANNEL LRN (as in Caffe)", self.where,
                            layer.name, k)
             k = 1.0
-        return [self.dsl.LRNLayer(
-            **self.common(layer), local_size=int(p.local_size), alpha=_f(p.alpha), beta=_f(p.beta), k=k,
-            norm_region=region,
-        )]
+        return self.make(layer, k=k, norm_region=region)
 
     def batch_norm(self, layer: Any) -> list[Any]:
-        p = layer.batch_norm_param
-        return [self.dsl.BatchNormLayer(
-            **self.common(layer), eps=_f(p.eps), moving_average_fraction=_f(p.moving_average_fraction),
-            use_global_stats=bool(p.use_global_stats) if p.HasField("use_global_stats") else None,
-            **self.multipliers(layer, 3),
-        )]
+        return self.make(layer, **self.multipliers(layer, 3))
 
     def scale(self, layer: Any) -> list[Any]:
         p = layer.scale_param
@@ -858,117 +823,111 @@ class _Converter:
             raise self.fail(layer, "a Scale layer with a second bottom (the scale as an input) is not supported")
         if p.num_axes != 1:
             raise self.fail(layer, f"num_axes {p.num_axes}: only 1 is supported")
-        return [self.dsl.ScaleLayer(
-            **self.common(layer), bias_term=bool(p.bias_term), axis=int(p.axis),
-            **self.learnable(layer, p, "filler"),
-        )]
+        return self.make(layer, **self.learnable(layer, p, "filler"))
 
-    def concat(self, layer: Any) -> list[Any]:
-        p = layer.concat_param
-        axis = int(p.axis) if p.HasField("axis") or not p.HasField("concat_dim") else int(p.concat_dim)
-        return [self.dsl.ConcatLayer(**self.common(layer), axis=axis)]
+    def concat_or_slice(self, layer: Any) -> list[Any]:
+        """Concat and Slice: the axis is the legacy ``concat_dim``/``slice_dim`` when only that is set."""
+        p = layer.concat_param if layer.type == "Concat" else layer.slice_param
+        legacy = "concat_dim" if layer.type == "Concat" else "slice_dim"
+        axis = int(p.axis) if p.HasField("axis") or not p.HasField(legacy) else int(getattr(p, legacy))
+        if layer.type == "Concat":
+            return self.make(layer, axis=axis)
+        return self.make(layer, axis=axis, slice_points=tuple(int(v) for v in p.slice_point))
 
     def eltwise(self, layer: Any) -> list[Any]:
-        p = layer.eltwise_param
-        coeffs = tuple(_f(c) for c in p.coeff) or None
-        return [self.dsl.EltwiseLayer(**self.common(layer), operation=_enum_name(p, "operation").lower(),
-                                      coeffs=coeffs)]
-
-    def slice(self, layer: Any) -> list[Any]:
-        p = layer.slice_param
-        axis = int(p.axis) if p.HasField("axis") or not p.HasField("slice_dim") else int(p.slice_dim)
-        return [self.dsl.SliceLayer(**self.common(layer), axis=axis,
-                                    slice_points=tuple(int(v) for v in p.slice_point))]
-
-    def split(self, layer: Any) -> list[Any]:
-        return [self.dsl.SplitLayer(**self.common(layer))]
-
-    def silence(self, layer: Any) -> list[Any]:
-        return [self.dsl.SilenceLayer(**self.common(layer))]
-
-    def flatten(self, layer: Any) -> list[Any]:
-        p = layer.flatten_param
-        return [self.dsl.FlattenLayer(**self.common(layer), axis=int(p.axis), end_axis=int(p.end_axis))]
+        return self.make(layer, coeffs=tuple(_f(c) for c in layer.eltwise_param.coeff) or None)
 
     def reshape(self, layer: Any) -> list[Any]:
         p = layer.reshape_param
         dims = tuple(int(d) for d in p.shape.dim)
         if p.num_axes != -1 or p.axis < 0:
             raise self.fail(layer, "reshape_param with num_axes or a negative axis is not supported")
-        return [self.dsl.ReshapeLayer(**self.common(layer), shape=(0,) * int(p.axis) + dims)]
-
-    def softmax(self, layer: Any) -> list[Any]:
-        return [self.dsl.SoftmaxLayer(**self.common(layer), axis=int(layer.softmax_param.axis))]
+        return self.make(layer, shape=(0,) * int(p.axis) + dims)
 
     def softmax_loss(self, layer: Any) -> list[Any]:
         lp = layer.loss_param
         if lp.HasField("normalization"):
-            normalization = _enum_name(lp, "normalization").lower()
+            normalization = _value(lp, "normalization")
         elif lp.HasField("normalize") and not lp.normalize:
             normalization = "batch_size"
         else:
             normalization = "valid"
-        return [self.dsl.SoftmaxWithLoss(
-            **self.common(layer), axis=int(layer.softmax_param.axis), loss_weight=self.loss_weight(layer),
-            ignore_label=int(lp.ignore_label) if lp.HasField("ignore_label") else None,
-            normalization=normalization,
-        )]
-
-    def simple_loss(self, layer: Any) -> list[Any]:
-        cls = {"EuclideanLoss": self.dsl.EuclideanLoss,
-               "SigmoidCrossEntropyLoss": self.dsl.SigmoidCrossEntropyLoss}[layer.type]
-        return [cls(**self.common(layer), loss_weight=self.loss_weight(layer))]
-
-    def contrastive(self, layer: Any) -> list[Any]:
-        p = layer.contrastive_loss_param
-        return [self.dsl.ContrastiveLoss(**self.common(layer), loss_weight=self.loss_weight(layer),
-                                         margin=_f(p.margin), legacy_version=bool(p.legacy_version))]
-
-    def accuracy(self, layer: Any) -> list[Any]:
-        p = layer.accuracy_param
-        return [self.dsl.AccuracyLayer(
-            **self.common(layer), top_k=int(p.top_k), axis=int(p.axis),
-            ignore_label=int(p.ignore_label) if p.HasField("ignore_label") else None,
-        )]
+        return self.make(layer, axis=layer.softmax_param.axis, ignore_label=_value(lp, "ignore_label"),
+                         normalization=normalization)
 
     def embed(self, layer: Any) -> list[Any]:
         p = layer.embed_param
         if not p.num_output or not p.input_dim:
             raise self.fail(layer, "num_output and input_dim must be set")
-        return [self.dsl.EmbeddingLayer(
-            **self.common(layer), num_embeddings=int(p.input_dim), num_outputs=int(p.num_output),
-            bias=bool(p.bias_term), **self.learnable(layer, p),
-        )]
+        return self.make(layer, **self.learnable(layer, p))
 
 
-_ACTIVATIONS = {"Sigmoid": "sigmoid", "TanH": "tanh", "AbsVal": "abs", "BNLL": "softplus"}
+def _value(message: Any, name: str) -> Any:
+    """A field as sparknet takes it: a float32 as its shortest decimal, an enum as its lower-case name, and
+    ``None`` for an unset field that caffe.proto gives no default."""
+    descriptor = message.DESCRIPTOR.fields_by_name[name]
+    if not descriptor.has_default_value and not message.HasField(name):
+        return None
+    if descriptor.enum_type is not None:
+        return _enum_name(message, name).lower()
+    value = getattr(message, name)
+    return _f(value) if descriptor.cpp_type == descriptor.CPPTYPE_FLOAT else value
+
+
+def _set(message: Any, name: str, value: Any) -> None:
+    """The inverse of :func:`_value` (``None`` leaves the field unset)."""
+    if value is not None:
+        descriptor = message.DESCRIPTOR.fields_by_name[name]
+        if descriptor.enum_type is not None:
+            value = descriptor.enum_type.values_by_name[str(value).upper()].number
+        setattr(message, name, value)
+
+
+# Caffe type -> its parameter message and the fields read and written as they are: "ours=theirs" when the
+# sparknet layer's argument has another name than the Caffe field.
+_FIELDS: dict[str, tuple[str, dict[str, str]]] = {
+    kind: (param, {ours: theirs or ours for ours, _, theirs in (item.partition("=") for item in names.split())})
+    for kind, (param, names) in {
+        "Pooling": ("pooling_param", "pool"),
+        "ELU": ("elu_param", "alpha"),
+        "Power": ("power_param", "power scale shift"),
+        "PReLU": ("prelu_param", "channel_shared"),
+        "Dropout": ("dropout_param", "ratio=dropout_ratio"),
+        "LRN": ("lrn_param", "local_size alpha beta k"),
+        "BatchNorm": ("batch_norm_param", "eps moving_average_fraction use_global_stats"),
+        "Scale": ("scale_param", "bias_term axis"),
+        "Concat": ("concat_param", "axis"),
+        "Eltwise": ("eltwise_param", "operation"),
+        "Slice": ("slice_param", "axis"),
+        "Flatten": ("flatten_param", "axis end_axis"),
+        "Softmax": ("softmax_param", "axis"),
+        "ContrastiveLoss": ("contrastive_loss_param", "margin legacy_version"),
+        "Accuracy": ("accuracy_param", "top_k axis ignore_label"),
+        "Embed": ("embed_param", "num_outputs=num_output num_embeddings=input_dim bias=bias_term"),
+    }.items()
+}
+_ACTIVATIONS = {caffe: ours for ours, caffe in _ACTIVATION_TYPES.items() if ours != "leaky_relu"}
+_CLASSES = {caffe: getattr(dsl, ours) for ours, caffe in _DSL_TYPES.items()} | dict.fromkeys(
+    _ACTIVATIONS, dsl.ActivationLayer)
 _LOSS_TYPES = {"SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss", "ContrastiveLoss"}
 _DATA_PARAMS = {"Data": "data_param", "ImageData": "image_data_param", "HDF5Data": "hdf5_data_param",
                 "MemoryData": "memory_data_param"}
 _HANDLERS: dict[str, Callable[[_Converter, Any], list[Any]]] = {
     "Input": _Converter.input_layers,
     **dict.fromkeys(_DATA_PARAMS, _Converter.data_layer),
+    **dict.fromkeys(_ACTIVATIONS, _Converter.activation),
+    **dict.fromkeys(("Dropout", "Split", "Silence", "Flatten", "Softmax", "EuclideanLoss", "SigmoidCrossEntropyLoss",
+                     "ContrastiveLoss", "Accuracy"), _Converter.make),
+    **dict.fromkeys(("Concat", "Slice"), _Converter.concat_or_slice),
     "Convolution": _Converter.convolution,
     "Pooling": _Converter.pooling,
     "InnerProduct": _Converter.inner_product,
-    **dict.fromkeys(("ReLU", "Sigmoid", "TanH", "ELU", "AbsVal", "BNLL", "Power", "Swish"), _Converter.activation),
-    "PReLU": _Converter.prelu,
-    "Dropout": _Converter.dropout,
     "LRN": _Converter.lrn,
     "BatchNorm": _Converter.batch_norm,
     "Scale": _Converter.scale,
-    "Concat": _Converter.concat,
     "Eltwise": _Converter.eltwise,
-    "Slice": _Converter.slice,
-    "Split": _Converter.split,
-    "Silence": _Converter.silence,
-    "Flatten": _Converter.flatten,
     "Reshape": _Converter.reshape,
-    "Softmax": _Converter.softmax,
     "SoftmaxWithLoss": _Converter.softmax_loss,
-    **dict.fromkeys(("EuclideanLoss", "SigmoidCrossEntropyLoss"), _Converter.simple_loss),
-    "ContrastiveLoss": _Converter.contrastive,
-    "Accuracy": _Converter.accuracy,
     "Embed": _Converter.embed,
 }
 
@@ -1202,6 +1161,9 @@ def _export_layer(layer: Any) -> Any:
         msg.type = next((_DSL_TYPES[c.__name__] for c in type(layer).__mro__ if c.__name__ in _DSL_TYPES), "")
         if not msg.type:
             raise unsupported("this layer type")
+    param, names = _FIELDS.get(msg.type, (None, {}))
+    for ours, theirs in names.items():
+        _set(getattr(msg, param), theirs, getattr(layer, ours))
     if isinstance(layer, dsl.RDDLayer):
         msg.input_param.shape.add().dim.extend(layer.shape)
     elif isinstance(layer, dsl.ConvLayer):
@@ -1216,12 +1178,10 @@ def _export_layer(layer: Any) -> Any:
             p.dilation.extend(layer.dilation)
         _set_learnable(msg, p, layer, layer.bias)
     elif isinstance(layer, dsl.PoolLayer):
-        p = msg.pooling_param
-        p.pool = _schema.message_class("PoolingParameter").PoolMethod.Value(str(layer.pool).upper())
         if layer.global_pooling:
-            p.global_pooling = True
+            msg.pooling_param.global_pooling = True
         else:
-            _set_window(p, layer, repeated=False)
+            _set_window(msg.pooling_param, layer, repeated=False)
     elif isinstance(layer, dsl.LinearLayer):
         p = msg.inner_product_param
         p.num_output = layer.num_outputs
@@ -1232,71 +1192,36 @@ def _export_layer(layer: Any) -> Any:
         if layer.transpose:
             p.transpose = True
         _set_learnable(msg, p, layer, layer.bias)
-    elif isinstance(layer, dsl.ActivationLayer):
+    elif isinstance(layer, dsl.ActivationLayer) and msg.type == "ReLU":
         act = str(layer.activation)
-        if act in ("relu", "leaky_relu"):
-            slope = layer.negative_slope if layer.negative_slope is not None else (0.0 if act == "relu" else 0.01)
-            if slope:
-                msg.relu_param.negative_slope = slope
-        elif act == "elu":
-            msg.elu_param.alpha = layer.alpha
-        elif act == "power":
-            msg.power_param.power, msg.power_param.scale, msg.power_param.shift = layer.power, layer.scale, layer.shift
-        elif act == "prelu":
-            msg.prelu_param.channel_shared = layer.channel_shared
-    elif isinstance(layer, dsl.DropoutLayer):
-        msg.dropout_param.dropout_ratio = layer.ratio
+        slope = layer.negative_slope if layer.negative_slope is not None else (0.0 if act == "relu" else 0.01)
+        if slope:
+            msg.relu_param.negative_slope = slope
     elif isinstance(layer, dsl.BatchNormLayer):
         if layer.affine:
             raise unsupported("affine batch norm (use BatchNorm + Scale)")
         if layer.moving_average_fraction is None and layer.momentum is None:
             raise unsupported("a cumulative-average batch norm (momentum=None)")
-        p = msg.batch_norm_param
-        fraction = layer.moving_average_fraction
-        p.moving_average_fraction, p.eps = 1.0 - layer.momentum if fraction is None else fraction, layer.eps
-        if layer.use_global_stats is not None:
-            p.use_global_stats = layer.use_global_stats
+        if layer.moving_average_fraction is None:
+            msg.batch_norm_param.moving_average_fraction = 1.0 - layer.momentum
     elif isinstance(layer, dsl.ScaleLayer):
-        msg.scale_param.bias_term, msg.scale_param.axis = layer.bias_term, layer.axis
         _set_learnable(msg, msg.scale_param, layer, layer.bias_term, "filler")
-    elif isinstance(layer, dsl.LRNLayer):
-        p = msg.lrn_param
-        p.local_size, p.alpha, p.beta, p.k = layer.local_size, layer.alpha, layer.beta, layer.k
-        if str(layer.norm_region) == "within_channel":
-            p.norm_region = p.WITHIN_CHANNEL
-    elif isinstance(layer, dsl.ConcatLayer):
-        msg.concat_param.axis = layer.axis
+    elif isinstance(layer, dsl.EmbeddingLayer):
+        _set_learnable(msg, msg.embed_param, layer, layer.bias)
+    elif isinstance(layer, dsl.LRNLayer) and str(layer.norm_region) == "within_channel":
+        msg.lrn_param.norm_region = msg.lrn_param.WITHIN_CHANNEL
     elif isinstance(layer, dsl.EltwiseLayer):
-        msg.eltwise_param.operation = msg.eltwise_param.EltwiseOp.Value(str(layer.operation).upper())
         msg.eltwise_param.coeff.extend(layer.coeffs or ())
     elif isinstance(layer, dsl.SliceLayer):
-        msg.slice_param.axis = layer.axis
         msg.slice_param.slice_point.extend(layer.slice_points)
-    elif isinstance(layer, dsl.FlattenLayer):
-        msg.flatten_param.axis, msg.flatten_param.end_axis = layer.axis, layer.end_axis
     elif isinstance(layer, dsl.ReshapeLayer):
         msg.reshape_param.shape.dim.extend(layer.shape)
-    elif isinstance(layer, dsl.SoftmaxLayer):
-        msg.softmax_param.axis = layer.axis
-    elif isinstance(layer, dsl.EmbeddingLayer):
-        p = msg.embed_param
-        p.num_output, p.input_dim, p.bias_term = layer.num_outputs, layer.num_embeddings, layer.bias
-        _set_learnable(msg, p, layer, layer.bias)
     elif isinstance(layer, dsl.SoftmaxWithLoss):
         if layer.axis != 1:
             msg.softmax_param.axis = layer.axis
-        if layer.ignore_label is not None:
-            msg.loss_param.ignore_label = layer.ignore_label
+        _set(msg.loss_param, "ignore_label", layer.ignore_label)
         if str(layer.normalization) != "valid":
-            msg.loss_param.normalization = msg.loss_param.NormalizationMode.Value(str(layer.normalization).upper())
-    elif isinstance(layer, dsl.ContrastiveLoss):
-        msg.contrastive_loss_param.margin = layer.margin
-        msg.contrastive_loss_param.legacy_version = layer.legacy_version
-    elif isinstance(layer, dsl.AccuracyLayer):
-        p = msg.accuracy_param
-        p.top_k, p.axis = layer.top_k, layer.axis
-        if layer.ignore_label is not None:
-            p.ignore_label = layer.ignore_label
+            _set(msg.loss_param, "normalization", layer.normalization)
     if getattr(layer, "is_loss", False) and layer.loss_weight != 1.0:
         msg.loss_weight.append(layer.loss_weight)
     return msg
