@@ -233,12 +233,9 @@ def _proc_bytes(path: str, key: str) -> int | None:
     """The ``key:`` line of a ``/proc`` file (in kB) as bytes; ``None`` when the file cannot be read."""
     try:
         with open(path, encoding="ascii") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1]) * 1024
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":")), None)
     except OSError:
-        pass
-    return None
+        return None
 
 
 def _host_available_bytes() -> int | None:
@@ -493,7 +490,7 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
         except Exception as e:  # noqa: BLE001 - the finding: Spark would not start for training either
             add(_session_failure(e, master, settings))
             _check_memory(add, estimate, [], {}, declared=settings.get("spark.executor.memory"),
-                          cores=_executor_cores_from(settings, master or "local[*]", {}),
+                          cores=_executor_cores(settings.get("spark.executor.cores"), master or "local[*]", {}),
                           local=is_local_master(master or "local[*]"))
             return results
     try:
@@ -525,8 +522,7 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
         if data is not None:
             data_bytes = _check_data(add, spark, data, K, skew_ratio, features_col, timeout_s)
         declared = settings.get("spark.executor.memory") or sc.getConf().get("spark.executor.memory", None)
-        cores = _executor_cores_from({"spark.executor.cores": sc.getConf().get("spark.executor.cores", None)},
-                                     running_master, executors)
+        cores = _executor_cores(sc.getConf().get("spark.executor.cores", None), running_master, executors)
         _check_memory(add, replace(estimate, data=data_bytes), probes, executors, declared=declared, cores=cores,
                       local=local)
         if barrier:
@@ -549,11 +545,9 @@ def _check_driver_versions(add, spark) -> dict[str, Any]:
     detail = (f"Python {v['python']}, Java {java or '?'}, Spark {spark.version} (pyspark {v['pyspark']}), "
               f"torch {v['torch']}, sparknet {v['sparknet']}")
     java_major = _major(java)
-    if java_major is not None and java_major.isdigit() and int(java_major) < 17:
-        add(CheckResult("versions", "driver", Status.FAIL, detail, "Spark 4 needs Java 17 or newer: set JAVA_HOME "
-                        "to a Java 17+ installation"))
-    else:
-        add(CheckResult("versions", "driver", Status.OK, detail))
+    too_old = java_major is not None and java_major.isdigit() and int(java_major) < 17
+    add(CheckResult("versions", "driver", Status.FAIL if too_old else Status.OK, detail,
+                    "Spark 4 needs Java 17 or newer: set JAVA_HOME to a Java 17+ installation" if too_old else ""))
     return v
 
 
@@ -671,8 +665,7 @@ def _session_failure(error: BaseException, master: str | None, settings: dict) -
     return CheckResult("spark", "driver", Status.FAIL, f"could not start Spark: {text}", fix)
 
 
-def _executor_cores_from(settings: dict, master: str, executors: dict[str, list[dict]]) -> int:
-    value = settings.get("spark.executor.cores")
+def _executor_cores(value: str | None, master: str, executors: dict[str, list[dict]]) -> int:
     if value:
         return int(value)
     slots = executor_slots(master)

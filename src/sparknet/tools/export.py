@@ -147,15 +147,10 @@ def export_torchscript(module: torch.nn.Module, example_input, path: str | os.Pa
 
 def verify_onnx(path: str | os.PathLike, module: torch.nn.Module, inputs, *, atol: float = 1e-5,
                 rtol: float = 1e-4) -> float:
-    """Check an ONNX file and compare its outputs with the module's.
+    """Check an ONNX file and compare its outputs with the module's; return the largest absolute difference.
 
     Runs ``onnx.checker.check_model``, then the model on ``inputs`` with ONNX Runtime when it
     is installed, else with ``onnx.reference.ReferenceEvaluator``.
-
-    Returns
-    -------
-    float
-        The largest absolute difference from the module's outputs.
 
     Raises
     ------
