@@ -106,7 +106,8 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
     def on_record(record: dict) -> None:
         if "val_accuracy" in record:
             history.append({"round": record["round"], "steps": record["total_steps"],
-                            "accuracy": record["val_accuracy"], "bytes": exchange.bytes_moved})
+                            "accuracy": record["val_accuracy"], "bytes": exchange.bytes_moved,
+                            "wall_s": time.perf_counter() - t0})
             if weight_ema is not None:
                 history[-1].update(accuracy=record["val_ema_accuracy"], global_accuracy=record["val_accuracy"])
             log.debug("%s K=%d tau=%d round %d: accuracy %.4f", name.value, workers, tau, record["round"],

@@ -72,6 +72,27 @@ def test_train_lenet_from_its_solver_end_to_end(tmp_path):
     assert folder.config["caffe"]["transform"]["scale"] == pytest.approx(0.00390625)
 
 
+def test_one_process_keeps_a_moving_average_and_tests_and_snapshots_it_at_the_end(tmp_path):
+    """A Caffe run in one process is the round loop too: --weight-ema works there as on Spark."""
+
+    def train(name: str, *extra: str) -> tuple[list[dict], dict]:
+        out = tmp_path / f"{name}.jsonl"
+        assert main(["train", "--prototxt", str(LENET_NET), "--solver", str(LENET_SOLVER), "--steps", "20",
+                     "--eval-every", "10", "--test-iter", "1", "--snapshot-every", "20", "--caffe-sources", SMALL,
+                     "--max-train-samples", "320", "--threads", "1", "--snapshot-dir", str(tmp_path / name),
+                     "--metrics-out", str(out), "--quiet", *extra]) == 0
+        return _records(out, "eval"), read_caffemodel(tmp_path / name / "lenet_iter_20.caffemodel")
+
+    plain_evals, plain = train("plain")
+    ema_evals, ema = train("ema", "--weight-ema", "0.5")
+    assert [r["step"] for r in ema_evals] == [r["step"] for r in plain_evals] == [0, 10, 20]
+    assert ema_evals[1]["test_accuracy"] == plain_evals[1]["test_accuracy"]  # the same global weights until the end
+    summary = read_metrics(tmp_path / "ema.jsonl")[-1]
+    assert summary["returned_weights"] == "ema" and summary["weight_ema"] == 0.5
+    assert summary["test_accuracy"] == ema_evals[-1]["test_accuracy"]
+    assert not np.array_equal(ema["ip2"][0], plain["ip2"][0])  # the snapshot holds the average
+
+
 def test_autoencoder_without_labels_trains_and_its_loss_halves(tmp_path):
     plan = resolve_caffe_run(solver=AE_SOLVER, max_iter=30, test_interval=30, test_iter=2, display=10,
                              sources=SMALL, max_train_samples=500, snapshot_dir=tmp_path / "ae")

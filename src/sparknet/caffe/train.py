@@ -35,6 +35,7 @@ explicit Spark master or the barrier engine) trains through
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import tempfile
@@ -54,10 +55,12 @@ from sparknet.caffe.solver import CaffeSolver, NetStateSpec, load_solver_prototx
 from sparknet.config import DistributedConfig, Engine, WorkerConfig
 from sparknet.datasets import ArrayDataset, load_dataset
 from sparknet.layers import AccuracyLayer, NetParams, RDDLayer
+from sparknet.loop import FitPlan, InProcessExchange, average_summary, run_rounds
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig, lr_multiplier
 from sparknet.spark import SparkTrainer, get_session
+from sparknet.strategies import Average
 from sparknet.spark.data import frame_from_arrays
 from sparknet.spark.session import is_local_master
 from sparknet.spark.run import dataset_as_parquet
@@ -638,10 +641,6 @@ def _crossed(before: int, after: int, every: int) -> bool:
     return every > 0 and after // every > before // every
 
 
-def _next_boundary(done: int, every: int, limit: int) -> int:
-    return limit if every <= 0 else min(limit, (done // every + 1) * every)
-
-
 def _format_outputs(results: Mapping[str, Mapping[str, float]]) -> str:
     return "; ".join(f"{label}: " + ", ".join(f"{k} = {v:.4g}" for k, v in values.items())
                      for label, values in results.items())
@@ -657,25 +656,25 @@ class _Run:
         self.snapshots = Snapshotter(run)
         self.module = module
         self.last_results: dict[str, dict[str, float]] | None = None
-        self.last_test_step: int | None = None
         self.window_loss, self.window_steps = 0.0, 0  # the training loss since the last display
+        self.steps = self.samples = 0  # trained so far
 
     def weights_from_flat(self, flat) -> WeightCollection:
         out = WeightCollection(self.module.layer_weights()).clone()
         out.load_flat_(flat.detach().cpu())
         return out
 
-    def test(self, step: int, samples: int, weights) -> dict:
+    def test(self, step: int, samples: int, weights) -> None:
         results = self.evaluator.evaluate(weights)
-        self.last_results, self.last_test_step = results, step
+        self.last_results = results
         primary = self.run.primary_test
         values = results[primary.label]
         record = {"event": "eval", "step": step, "samples": samples, "wall_s": self.metrics.elapsed(),
                   "loss": values.get("loss"), "test_accuracy": _accuracy_of(values, primary.net),
                   "outputs": results}
         self.metrics.write(record)
+        self.metrics.progress(0, acc=record["test_accuracy"])
         logger.info("Iteration %d, Testing net: %s", step, _format_outputs(results))
-        return record
 
     def display(self, step: int, loss: float, lr: float | None, samples: int) -> None:
         self.metrics.write({"event": "train", "step": step, "samples": samples, "wall_s": self.metrics.elapsed(),
@@ -686,24 +685,51 @@ class _Run:
         self.metrics.write(self.snapshots.write(step, weights))
 
     def advance(self, before: int, after: int, loss: float, *, samples: int, lr: float | None, finished: bool,
-                weights: Callable[[], WeightCollection] | None, display_at_end: bool = True) -> None:
+                weights: Callable[[], WeightCollection] | None) -> None:
         """Steps ``before`` to ``after`` trained at mean loss ``loss``: display, test and snapshot where due.
 
         ``weights()`` gives the weights at ``after`` (None: there are none, so no test or snapshot);
-        the display of the run's last steps comes only with ``display_at_end``.
+        the display of the run's last steps comes only when ``display`` is set.
         """
         self.window_loss += loss * (after - before)
         self.window_steps += after - before
-        if (_crossed(before, after, self.run.display) or (finished and display_at_end)) and self.window_steps:
+        if (_crossed(before, after, self.run.display) or (finished and self.run.display)) and self.window_steps:
             self.display(after, self.window_loss / self.window_steps, lr, samples)
             self.window_loss, self.window_steps = 0.0, 0
-        if weights is None:
+        if weights is None or finished:  # the final weights (the average, when kept) are for finish()
             return
-        if self.evaluator is not None and (_crossed(before, after, self.run.test_interval) or finished):
-            rec = self.test(after, samples, weights())
-            self.metrics.progress(0, acc=rec["test_accuracy"])
-        if _crossed(before, after, self.run.snapshot) and not finished:
+        if self.evaluator is not None and _crossed(before, after, self.run.test_interval):
+            self.test(after, samples, weights())
+        if _crossed(before, after, self.run.snapshot):
             self.snapshot(after, weights())
+
+    def round_done(self, record: dict, flat, *, steps_shown: bool) -> None:
+        """A round's record (from the one process's loop or from Spark): display, test and snapshot where due.
+
+        ``flat``: the round's global weights (None: the engine gives none between rounds, and its own test
+        of the primary net is written instead); ``steps_shown``: the progress line already counted the steps.
+        """
+        before, after = self.steps, int(record["total_steps"])
+        self.steps, self.samples = after, int(record["total_samples"])
+        if not steps_shown:
+            self.metrics.progress(after - before, round=record.get("round"), loss=record.get("loss"),
+                                  tau=record.get("tau"))
+        finished = record.get("stop_reason") is not None
+        solver = self.run.solver
+        self.advance(before, after, record.get("loss") or 0.0, samples=self.samples, finished=finished,
+                     lr=solver.base_lr * lr_multiplier(solver, after),
+                     weights=None if flat is None else lambda: self.weights_from_flat(flat))
+        if flat is None and "val_loss" in record and not finished:  # the last round gets the full test after it
+            self.metrics.write({"event": "eval", "step": after, "samples": self.samples,
+                                "wall_s": self.metrics.elapsed(), "loss": record.get("val_loss"),
+                                "test_accuracy": record.get("val_accuracy")})
+
+    def finish(self, weights: WeightCollection) -> None:
+        """The fit's weights at the end: tested, and snapshotted as the solver file asks."""
+        if self.evaluator is not None:
+            self.test(self.steps, self.samples, weights)
+        if self.run.snapshot_after_train or (self.run.snapshot and self.steps % self.run.snapshot == 0):
+            self.snapshot(self.steps, weights)
 
 
 def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | None = None,
@@ -743,9 +769,6 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
         raise ValueError("engine 'local' trains in one process; use --engine rounds or barrier with --workers K")
     on_spark = dist.engine is not Engine.LOCAL and (workers > 1 or dist.master is not None
                                                    or dist.engine is Engine.BARRIER)
-    if dist.weight_ema is not None and not on_spark:
-        raise ValueError("weight_ema averages the global weights of rounds on Spark; a Caffe run in one process "
-                         "follows its solver step by step: drop --weight-ema or train on Spark (--workers K)")
 
     seed_everything(run.seed)
     cache = _DataCache()
@@ -761,10 +784,12 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
     setup_s = time.perf_counter() - t0
     with MetricsLogger(metrics_out, progress=progress, total=run.max_iter, sinks=sinks) as metrics:
         state = _Run(run, metrics, evaluator, module)
+        if state.evaluator is not None and run.test_initialization and run.test_interval > 0:
+            state.test(0, 0, WeightCollection(module.layer_weights()))
         if on_spark:
             summary = _train_spark(run, state, module, x, y, dist, threads or 1, device, spark)
         else:
-            summary = _train_local(run, state, module, x, y, threads, device)
+            summary = _train_local(run, state, module, x, y, dist, threads, device)
         summary = {"event": "summary", **summary}
         summary.update({
             "model": run.train_net.name, "dataset": run.train_net.data_binding.dataset,
@@ -780,36 +805,48 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
     return summary
 
 
-def _train_local(run: CaffeRun, state: _Run, module, x, y, threads, device) -> dict:
+def _train_local(run: CaffeRun, state: _Run, module, x, y, dist: DistributedConfig, threads, device) -> dict:
+    """The round loop with one in-process worker, in rounds that end on every multiple of ``display``,
+    ``test_interval`` and ``snapshot`` (and of 50 steps, for the progress line)."""
     import torch
 
     threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     net = Net(module, run.solver, batch_size=run.batch_size, device=device, seed=run.seed)
     net.set_training_data((x, y))
-    metrics = state.metrics
-    done = samples = 0
-    train_s = 0.0
-    if state.evaluator is not None and run.test_initialization and run.test_interval > 0:
-        state.test(0, 0, net.weights)
-    while done < run.max_iter:
-        stop = min(_next_boundary(done, every, run.max_iter)
-                   for every in (run.display, run.test_interval, run.snapshot, 50))
-        stats = net.train(stop - done)
+    tau = math.gcd(50, *(every for every in (run.display, run.test_interval, run.snapshot) if every > 0))
+    strategy = Average()
+    exchange = _CaffeExchange(net, strategy, state)
+    plan = FitPlan.from_config(replace(dist, tau=tau, auto_tau=False, round_seconds=None),
+                               strategy, steps=run.max_iter, dataset_rows=len(x))
+    flat = run_rounds(exchange, plan, strategy.init_global(net.get_flat()),
+                      on_record=lambda record: state.round_done(record, exchange.latest, steps_shown=True))
+    state.finish(state.weights_from_flat(flat))
+    return {"engine": "local", "workers": 1, "steps": state.steps, "samples": state.samples,
+            "train_s": exchange.train_s, "wall_s": state.metrics.elapsed(),
+            "samples_per_s": state.samples / exchange.train_s if exchange.train_s else None,
+            "threads": threads, "rounds": 0, "bytes_communicated": 0, **average_summary([], dist.weight_ema)}
+
+
+class _CaffeExchange(InProcessExchange):
+    """The one process's worker: the progress line moves as it trains, a NaN loss stops the run at once,
+    and each round's global weights are kept for the tests and snapshots its record calls for."""
+
+    def __init__(self, net: Net, strategy, state: _Run):
+        super().__init__([net], strategy, on_steps=self._progress)
+        self.net, self.state = net, state
+        self.steps_done, self.train_s, self.latest = 0, 0.0, None
+
+    def _progress(self, stats) -> None:
+        self.steps_done += stats.steps
+        self.train_s += stats.wall_s
+        self.state.metrics.progress(stats.steps, loss=stats.loss, lr=self.net.learning_rate)
         if not stats.finite:
-            raise FloatingPointError(f"the loss became {stats.last_loss} at iteration {done + stats.steps}; "
+            raise FloatingPointError(f"the loss became {stats.last_loss} at iteration {self.steps_done}; "
                                      "lower base_lr (--lr) or check the data")
-        before, done = done, done + stats.steps
-        samples += stats.samples
-        train_s += stats.wall_s
-        metrics.progress(stats.steps, loss=stats.loss, lr=net.learning_rate)
-        state.advance(before, done, stats.loss, samples=samples, lr=net.learning_rate,
-                      finished=done == run.max_iter, weights=net.get_weights, display_at_end=bool(run.display))
-    if run.snapshot_after_train or (run.snapshot and run.max_iter % run.snapshot == 0):
-        state.snapshot(done, net.get_weights())
-    return {"engine": "local", "workers": 1, "steps": done, "samples": samples, "train_s": train_s,
-            "wall_s": metrics.elapsed(), "samples_per_s": samples / train_s if train_s else None,
-            "threads": threads, "rounds": 0, "bytes_communicated": 0}
+
+    def new_global(self, global_flat, progress) -> None:
+        self.latest = global_flat
 
 
 def _training_frame(spark, x: np.ndarray, y: np.ndarray, workdir: Path):
@@ -837,28 +874,12 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
         logger.warning("the barrier engine gives no weights between rounds: snapshots are written at the end only, "
                        "and tests report the primary test net's loss and accuracy")
     spark = spark or get_session(dist.resolved_master)
-    progress = {"steps": 0, "samples": 0}
 
     def on_round(record: dict) -> None:
         # one timeline for every record of the run: seconds since the metrics logger started
-        metrics.write({**record, "wall_s": metrics.elapsed(), "fit_wall_s": record.get("wall_s")})
-        before = progress["steps"]
-        after = int(record.get("total_steps", before))
-        progress["steps"] = after
-        progress["samples"] = int(record.get("total_samples", progress["samples"]))
-        metrics.progress(after - before, round=record.get("round"), loss=record.get("loss"), tau=record.get("tau"))
-        finished = record.get("stop_reason") is not None
-        flat = trainer.latest_flat if rounds_engine else None
-        state.advance(before, after, record.get("loss") or 0.0, samples=progress["samples"], finished=finished,
-                      lr=run.solver.base_lr * lr_multiplier(run.solver, after),
-                      weights=None if flat is None else lambda: state.weights_from_flat(flat))
-        if flat is None and "val_loss" in record and not finished:  # the last round gets the full test below
-            metrics.write({"event": "eval", "step": after, "samples": progress["samples"],
-                           "wall_s": metrics.elapsed(), "loss": record.get("val_loss"),
-                           "test_accuracy": record.get("val_accuracy")})
+        state.metrics.write({**record, "wall_s": state.metrics.elapsed(), "fit_wall_s": record.get("wall_s")})
+        state.round_done(record, trainer.latest_flat if rounds_engine else None, steps_shown=False)
 
-    if state.evaluator is not None and run.test_initialization and run.test_interval > 0:
-        state.test(0, 0, WeightCollection(module.layer_weights()))
     worker = WorkerConfig(solver=run.solver, batch_size=run.batch_size, seed=run.seed, threads=threads, device=device,
                           steps=run.max_iter)
     trainer = SparkTrainer(module, worker, dist, spark=spark, on_round=on_round)
@@ -867,11 +888,7 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
     with tempfile.TemporaryDirectory(prefix="sparknet-caffe-") as workdir:
         frame = _training_frame(spark, x, y, Path(workdir))
         result = trainer.fit(frame, validation=validation)
-    weights = result.weights
-    if state.evaluator is not None and state.last_test_step != progress["steps"]:
-        state.test(progress["steps"], progress["samples"], weights)
-    if run.snapshot_after_train or (run.snapshot and progress["steps"] % run.snapshot == 0):
-        state.snapshot(progress["steps"], weights)
+    state.finish(result.weights)
     summary = {k: v for k, v in result.summary.items() if k not in ("test_accuracy", "test_loss")}
     summary.update(steps=summary.get("total_steps"), fit_s=summary.get("wall_s"), wall_s=metrics.elapsed(),
                    master=spark.sparkContext.master)

@@ -52,7 +52,7 @@ from sparknet.solvers import SolverConfig
 
 __all__ = ["EXPERIMENTS", "DEFAULT_OUT", "ExperimentConfig", "SparkExperimentConfig", "get_experiment", "make_config",
            "run_experiment", "write_result", "load_data", "make_model", "make_solver", "median_step_time",
-           "parallel_map", "torch_threads", "environment", "first_reaching", "train_until", "measured", "spark_stage",
+           "parallel_map", "torch_threads", "environment", "first_reaching", "measured", "spark_stage",
            "SparkFit", "spark_fit", "pyplot"]
 
 log = logging.getLogger(__name__)
@@ -309,24 +309,6 @@ def make_solver(solver_type: str = "sgd", lr: float = 0.05, momentum: float = 0.
 def first_reaching(curve: Iterable[dict], target: float, key: str = "accuracy") -> dict | None:
     """The first record of ``curve`` whose ``key`` is at least ``target``."""
     return next((record for record in curve if record.get(key) is not None and record[key] >= target), None)
-
-
-def train_until(net, target: float, *, steps: int, eval_every: int, t0: float | None = None) -> list[dict]:
-    """Train ``net`` ``eval_every`` steps at a time, testing after each, until ``target`` or ``steps`` in all.
-
-    Returns the curve: ``steps`` and ``accuracy`` per evaluation (and ``wall_s`` since ``t0`` when given).
-    """
-    curve: list[dict] = []
-    done = 0
-    while done < steps:
-        n = min(eval_every, steps - done)
-        net.train(n)
-        done += n
-        acc = net.test()
-        curve.append({"steps": done, "accuracy": acc, **({} if t0 is None else {"wall_s": time.perf_counter() - t0})})
-        if acc >= target:
-            break
-    return curve
 
 
 def median_step_time(net_params, solver, train, *, batch_size: int, steps: int = 50, warmup: int = 5,

@@ -42,10 +42,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.experiments import (ExperimentConfig, load_data, make_model, make_solver, parallel_map, pyplot,
-                                  train_until)
-from sparknet.step import worker_seed
-from sparknet.net import Net
+from sparknet.experiments import ExperimentConfig, load_data, make_model, make_solver, parallel_map, pyplot
 from sparknet.simulate import simulate
 
 __all__ = ["Config", "QUICK", "run", "plot", "speedup_table"]
@@ -144,19 +141,15 @@ def _load(dataset: str, train_samples: int | None, test_samples: int | None) -> 
 
 
 def _baseline(job: dict) -> dict:
-    """N_a(b): one worker, plain SGD, evaluated every ``eval_every`` steps until the target."""
+    """N_a(b): one worker, plain SGD, evaluated every ``eval_every`` steps until the target (``simulate`` with
+    K = 1 and rounds of ``eval_every`` steps)."""
     t0 = time.perf_counter()
-    model = make_model(job["model"], job["batch_size"])
-    # what simulate's one worker does: the run's initial weights, its worker 0's data order
-    net = Net(model, make_solver(**job["solver"]), batch_size=job["batch_size"], seed=worker_seed(job["seed"], 0))
-    net.set_flat(Net(model, seed=job["seed"]).get_flat())
-    net.set_training_data(_DATA["train"])
-    net.set_validation_data((_DATA["test"].x, _DATA["test"].y))
-    curve = train_until(net, job["target"], steps=job["steps"], eval_every=job["eval_every"])
-    steps = curve[-1]["steps"] if curve else 0
-    reached = bool(curve) and curve[-1]["accuracy"] >= job["target"]
-    return {"kind": "baseline", "reached": reached, "N_a": steps if reached else None, "steps": steps,
-            "accuracy": curve[-1]["accuracy"] if curve else None, "curve": curve, "cell_s": time.perf_counter() - t0}
+    r = simulate(make_model(job["model"], job["batch_size"]), _DATA["train"], _DATA["test"], workers=1,
+                 tau=job["eval_every"], solver=make_solver(**job["solver"]), batch_size=job["batch_size"],
+                 target_accuracy=job["target"], steps=job["steps"], seed=job["seed"])
+    curve = [{"steps": h["steps"], "accuracy": h["accuracy"]} for h in r.history]
+    return {"kind": "baseline", "reached": r.reached, "N_a": r.total_steps if r.reached else None,
+            "steps": r.total_steps, "accuracy": r.accuracy, "curve": curve, "cell_s": time.perf_counter() - t0}
 
 
 def _cell(job: dict) -> dict:

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparknet.experiments import (SparkExperimentConfig, first_reaching, load_data, make_model, make_solver, measured,
-                                  pyplot, spark_fit, spark_stage, torch_threads, train_until)
+                                  pyplot, spark_fit, spark_stage, torch_threads)
 from sparknet.net import Net
+from sparknet.simulate import simulate
 
 __all__ = ["Config", "QUICK", "SYSTEMS", "run", "plot", "ddp_train"]
 
@@ -102,11 +103,10 @@ def _one_process(system: str, config: Config, train, test, spark, df) -> dict:
     threads = config.single_threads or os.cpu_count() or 1
     with torch_threads(threads):
         t0 = time.perf_counter()
-        net = Net(make_model("lenet", config.batch_size), config.solver(), batch_size=config.batch_size,
-                  seed=config.seed)
-        net.set_training_data(train)
-        net.set_validation_data((test.x, test.y))
-        curve = train_until(net, config.target, steps=config.steps, eval_every=config.eval_every, t0=t0)
+        r = simulate(make_model("lenet", config.batch_size), train, test, workers=1, tau=config.eval_every,
+                     solver=config.solver(), batch_size=config.batch_size, target_accuracy=config.target,
+                     steps=config.steps, seed=config.seed)
+        curve = [{"steps": h["steps"], "accuracy": h["accuracy"], "wall_s": h["wall_s"]} for h in r.history]
         return _entry("one-process", curve, config.target, time.perf_counter() - t0, threads=threads)
 
 
