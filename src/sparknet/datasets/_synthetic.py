@@ -30,12 +30,32 @@ def synthetic(
     """A learnable classification set: a per-class prototype plus Gaussian noise.
 
     Each class ``c`` has a prototype ``mu_c`` with standard-normal entries (drawn from
-    ``task_seed``: keep it fixed across train and test); sample ``i`` is ``mu_{y_i} + noise * eps_i``
-    with labels uniform over the classes (labels and noise drawn from ``seed``). A linear model
-    separates the classes well when ``noise`` is about 1 and the sample has a few hundred features.
+    ``task_seed``); sample ``i`` is ``mu_{y_i} + noise * eps_i`` with labels uniform
+    over the classes. A linear model separates the classes well when ``noise`` is about 1
+    and the sample has a few hundred features.
 
-    Returns ``x`` of the floating ``dtype``, ``[num_samples, *shape]``, and ``y`` int64 in
-    ``[0, num_classes)``; the same arguments give the same arrays.
+    Parameters
+    ----------
+    num_samples
+        How many samples, at least 0.
+    shape
+        The shape of one sample, e.g. ``(1, 28, 28)`` or ``(20,)``.
+    num_classes
+        How many classes, at least 1.
+    seed
+        Seeds the labels and the noise.
+    dtype
+        The floating dtype of ``x``.
+    task_seed
+        Seeds the class prototypes (the task). Keep it fixed across train and test.
+    noise
+        The noise's standard deviation, at least 0.
+
+    Returns
+    -------
+    ArrayDataset
+        ``x`` of ``dtype`` ``[num_samples, *shape]``; ``y`` int64 ``[num_samples]`` in
+        ``[0, num_classes)``. The same arguments give the same arrays.
     """
     shape = tuple(int(d) for d in shape)
     if num_samples < 0:
@@ -70,13 +90,31 @@ def synthetic_sequences(
 ) -> ArrayDataset:
     """A learnable next-token task, shaped like :meth:`CharCorpus.sequences`.
 
-    Tokens follow a fixed random permutation of the vocabulary (drawn from ``task_seed``): after
-    token ``a`` comes ``perm[a]``, except that with probability ``noise`` a uniformly random token
-    comes instead (start tokens and noise drawn from ``seed``). A recurrent net learns the rule
+    Tokens follow a fixed random permutation of the vocabulary (drawn from
+    ``task_seed``): after token ``a`` comes ``perm[a]``, except that with probability
+    ``noise`` a uniformly random token comes instead. A recurrent net learns the rule
     quickly; the best achievable accuracy is about ``1 - noise * (1 - 1/vocab_size)``.
 
-    Returns ``x`` and ``y`` int64 ``[num_samples, seq_len]`` with ``y[i, t] == x[i, t + 1]`` for
-    ``t < seq_len - 1``.
+    Parameters
+    ----------
+    num_samples
+        How many sequences.
+    seq_len
+        Tokens per input sequence.
+    vocab_size
+        How many distinct tokens, at least 2.
+    seed
+        Seeds the start tokens and the noise.
+    task_seed
+        Seeds the permutation (the task).
+    noise
+        The chance that a token breaks the rule, in [0, 1].
+
+    Returns
+    -------
+    ArrayDataset
+        ``x`` and ``y`` int64 ``[num_samples, seq_len]`` with ``y[i, t] == x[i, t + 1]``
+        for ``t < seq_len - 1``.
     """
     if num_samples < 0 or seq_len < 1 or vocab_size < 2:
         raise ValueError(
