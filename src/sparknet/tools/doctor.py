@@ -509,10 +509,9 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
             probes = []
         executors = _group_executors(probes, local)
         if probes:
-            hosts = {p["host"] for p in probes}
             add(CheckResult("executors", "cluster", Status.OK,
-                            f"{len(probes)} task slots answered on {len(executors)} executor(s), {len(hosts)} host(s) "
-                            f"({running_master})"))
+                            f"{len(probes)} task slots answered on {len(executors)} executor(s), "
+                            f"{len({p['host'] for p in probes})} host(s) ({running_master})"))
         for where, tasks in executors.items():
             _check_executor_versions(add, where, tasks[0], driver)
             _check_unpickle(add, where, tasks)

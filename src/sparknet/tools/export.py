@@ -185,14 +185,8 @@ def verify_onnx(path: str | os.PathLike, module: torch.nn.Module, inputs, *, ato
 
 
 def example_input_for(saved, batch_size: int = 2) -> torch.Tensor:
-    """A zero batch in the input shape and dtype of a loaded model folder (``SavedModel``).
-
-    Raises
-    ------
-    ValueError
-        When the folder does not record the input shape (a plain module saved without
-        ``input_shape``).
-    """
+    """A zero batch in the input shape and dtype of a loaded model folder (``SavedModel``); a ValueError when the
+    folder does not record the input shape (a plain module saved without ``input_shape``)."""
     shape = saved.input_shape
     if shape is None:
         raise ValueError("the model folder does not record its input shape; save it with input_shape=[...]")
