@@ -98,31 +98,12 @@ def make_config(name: str, *, quick: bool = False, **overrides: Any):
 
 def run_experiment(name: str, *, quick: bool = False, out: str | os.PathLike | None = None,
                    plot: bool = True, spark=None, tag: str | None = None, **overrides: Any) -> dict:
-    """Run experiment ``name`` and write ``NAME.json`` (and ``NAME.png``) under ``out``.
+    """Run experiment ``name`` (one of :data:`EXPERIMENTS`) and write ``NAME.json`` (and ``NAME.png``) under ``out``.
 
-    Parameters
-    ----------
-    name : str
-        One of :data:`EXPERIMENTS`.
-    quick : bool
-        The small version (a subset of MNIST, a smaller grid): minutes, not tens of minutes.
-    out : path, optional
-        Output folder (default :data:`DEFAULT_OUT`).
-    plot : bool
-        Also draw the PNG.
-    spark : SparkSession, optional
-        For the Spark-based experiments: run on this session (and leave it running) instead
-        of starting and stopping one of their own.
-    tag : str, optional
-        Write ``NAME-TAG.json`` and ``NAME-TAG.png`` instead, beside the untagged results
-        (letters, digits, ``.``, ``_`` and ``-`` only).
-    **overrides
-        Fields of the experiment's ``Config``.
-
-    Returns
-    -------
-    dict
-        The result as written to the JSON file (plus ``json_path`` / ``png_path``).
+    ``quick`` runs the small version (minutes, not tens of minutes); ``out`` defaults to :data:`DEFAULT_OUT`;
+    ``spark``, for the Spark-based experiments, is a session to run on (and leave running) instead of one of
+    their own; ``tag`` writes ``NAME-TAG.json`` and ``.png`` beside the untagged results; ``overrides`` are
+    fields of the experiment's ``Config``. Returns the result as written (plus ``json_path`` / ``png_path``).
     """
     module = get_experiment(name)
     if tag is not None and not (tag and all(c.isalnum() or c in "._-" for c in tag) and tag[0] != "."):
@@ -135,11 +116,12 @@ def run_experiment(name: str, *, quick: bool = False, out: str | os.PathLike | N
     t0 = time.perf_counter()
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     env_before = environment()
+    config_json = json.loads(json.dumps(dataclasses.asdict(config), default=str))  # tuples become lists
     with LoadSampler() as load:
         body = module.run(config, out_dir=out_dir, quick=quick, **({} if spark is None else {"spark": spark}))
     # wall_s: this call; process_s: since the process started (a command's user waited that long)
     result = {"experiment": name, "quick": quick, "started": started, "wall_s": time.perf_counter() - t0,
-              "process_s": process_age_s(), "config": config_dict(config), "environment": env_before,
+              "process_s": process_age_s(), "config": config_json, "environment": env_before,
               **load.to_dict(), **body}
     json_path = out_dir / f"{stem}.json"
     write_result(result, json_path)
@@ -150,11 +132,6 @@ def run_experiment(name: str, *, quick: bool = False, out: str | os.PathLike | N
         result["png_path"] = str(png_path)
     log.info("experiment %s done in %.0f s: %s", name, result["wall_s"], json_path)
     return result
-
-
-def config_dict(config) -> dict:
-    """A config dataclass as plain JSON values (tuples become lists)."""
-    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
 
 
 def write_result(result: dict, path: str | os.PathLike) -> Path:
@@ -199,13 +176,25 @@ class ExperimentConfig:
     def __post_init__(self):
         self._check("batch_size", *(n for n in ("train_samples", "test_samples") if getattr(self, n) is not None))
 
-    def _check(self, *at_least_one: str, target: bool = False) -> None:
-        """``ValueError`` unless every named field is at least 1 (and, with ``target``, the target an accuracy)."""
+    def _check(self, *at_least_one: str, target: bool = False, counts: tuple[str, ...] = (),
+               choices: dict[str, tuple[str, ...]] | None = None) -> None:
+        """``ValueError`` unless every named field is at least 1, the target (with ``target``) an accuracy, every
+        field of ``counts`` a non-empty tuple of such numbers (made one here) and every field of ``choices`` (a
+        value or a non-empty tuple of them) among its choices."""
         if target and not 0 < self.target <= 1:
             raise ValueError(f"target is an accuracy in (0, 1], got {self.target}")
         for name in at_least_one:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in counts:
+            setattr(self, name, tuple(int(v) for v in getattr(self, name)))
+            if not getattr(self, name) or min(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be positive numbers, got {getattr(self, name)}")
+        for name, allowed in (choices or {}).items():
+            value = getattr(self, name)
+            bad = [v for v in (value if isinstance(value, tuple) else (value,)) if v not in allowed]
+            if bad or value == ():
+                raise ValueError(f"unknown {name} {bad}; choose from {list(allowed)}")
 
     def data(self):
         """``(train, test)`` of these settings (:func:`load_data`)."""
@@ -237,11 +226,9 @@ class SparkExperimentConfig(ExperimentConfig):
 def load_data(dataset: str, *, train_samples: int | None = None, test_samples: int | None = None):
     """``(train, test)`` ArrayDatasets of ``dataset`` (mnist, mnist-small or extended-mnist), optionally cut.
 
-    The cuts take the first samples (the splits are already shuffled), so every process and
-    every run sees the same subset. ``extended-mnist`` trains on the first ``train_samples``
-    (default :data:`EXTENDED_SAMPLES`) deformed digits of seed 0 and tests on MNIST's test digits;
-    the digits are made once and cached on disk, then memory-mapped, so the processes of one
-    experiment share one copy (:func:`extended_train`).
+    The cuts take the first samples (the splits are already shuffled), so every process and run sees the same
+    subset. ``extended-mnist`` trains on :func:`extended_train`'s first ``train_samples`` (default
+    :data:`EXTENDED_SAMPLES`) digits and tests on MNIST's test digits.
     """
     if dataset.strip().lower().replace("_", "-") == "extended-mnist":
         train, test = extended_train(train_samples or EXTENDED_SAMPLES), mnist().test
@@ -261,13 +248,7 @@ def extended_train(num_samples: int, *, seed: int = 0) -> ArrayDataset:
     Made once (a million take about three minutes on one core) and cached under the data cache as
     float32 ``.npy`` files named by the count, the seed and the deformation's settings; read back
     memory-mapped and read-only, so every process on the machine shares one copy of the pages.
-
-    Raises
-    ------
-    ValueError
-        ``num_samples`` is below 1.
-    DatasetError
-        The cached files do not hold what their name says (delete them and run again).
+    ``DatasetError`` if the cached files do not hold what their name says (delete them and run again).
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be at least 1, got {num_samples}")

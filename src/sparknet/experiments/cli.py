@@ -22,15 +22,6 @@ __all__ = ["add_config_arguments", "config_overrides", "configure_command"]
 log = logging.getLogger(__name__)
 
 
-def _unwrap(tp):
-    """(base type, is_tuple) of an annotation such as ``tuple[int, ...] | None``."""
-    tp, _ = base_type(tp)
-    if typing.get_origin(tp) is tuple:
-        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
-        return (args[0] if args else str), True
-    return tp, False
-
-
 def add_config_arguments(parser: argparse.ArgumentParser, cls) -> None:
     """One ``--flag`` per field of ``cls``, every default ``None`` (= the mode's default)."""
     group = parser.add_argument_group("options (default: the full or --quick setting)")
@@ -38,7 +29,10 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls) -> None:
     docs = field_docs(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
-        tp, is_tuple = _unwrap(hints[f.name])
+        tp, _ = base_type(hints[f.name])  # tuple[int, ...] | None: int, nargs="+"
+        is_tuple = typing.get_origin(tp) is tuple
+        if is_tuple:
+            tp = next((a for a in typing.get_args(tp) if a is not Ellipsis), str)
         default = f.default if f.default is not dataclasses.MISSING else None
         help_text = f"{docs.get(f.name, '')} (full default: {default})"
         if tp is bool:

@@ -90,12 +90,8 @@ class Config(SparkExperimentConfig):
             raise ValueError(f"give one bandwidth per latency: {self.link_latency} vs {self.link_bandwidth}")
         self.links()  # parse errors now
         self.schemes = tuple(self.schemes)
-        bad = [s for s in self.schemes if s not in SCHEMES]
-        if bad or not self.schemes:
-            raise ValueError(f"unknown scheme(s) {bad}; choose from {list(SCHEMES)}")
-        if self.engine not in ("barrier", "rounds"):
-            raise ValueError(f"engine must be barrier or rounds, got {self.engine!r}")
-        self._check("tau", "steps", "fragments", target=True)
+        self._check("tau", "steps", "fragments", target=True,
+                    choices={"schemes": SCHEMES, "engine": ("barrier", "rounds")})
         if not self.max_seconds > 0:
             raise ValueError(f"max_seconds must be positive, got {self.max_seconds}")
 

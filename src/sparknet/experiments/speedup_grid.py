@@ -102,21 +102,13 @@ class Config(ExperimentConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        self.workers = tuple(int(k) for k in self.workers)
-        self.taus = tuple(int(t) for t in self.taus)
         self.strategies = tuple(str(s).lower() for s in self.strategies)
-        if not self.workers or min(self.workers) < 1:
-            raise ValueError(f"workers must be positive numbers, got {self.workers}")
-        if not self.taus or min(self.taus) < 1:
-            raise ValueError(f"taus must be positive numbers of steps, got {self.taus}")
-        bad = [s for s in self.strategies if s not in ("average", "diloco", "easgd")]
-        if bad or not self.strategies:
-            raise ValueError(f"strategies must be among average, diloco, easgd; got {self.strategies}")
         if not 0 < self.probe_fraction <= 1:
             raise ValueError(f"probe_fraction must be in (0, 1], got {self.probe_fraction}")
         if not self.budget >= 1:
             raise ValueError(f"budget is a multiple of N_a, at least 1, got {self.budget}")
-        self._check("eval_every", "baseline_steps", "processes", target=True)
+        self._check("eval_every", "baseline_steps", "processes", target=True, counts=("workers", "taus"),
+                    choices={"strategies": ("average", "diloco", "easgd")})
         self.lr_policy = str(self.lr_policy).lower()
         make_solver(**solver_for(self, "average"))  # an unknown policy or a bad factor fails here, not in the pool
 

@@ -41,14 +41,8 @@ class Config(SparkExperimentConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        self.taus = tuple(int(t) for t in self.taus)
-        if not self.taus or min(self.taus) < 1:
-            raise ValueError(f"taus must be positive numbers of steps, got {self.taus}")
-        if self.engine not in ("rounds", "barrier"):
-            raise ValueError(f"engine must be rounds or barrier, got {self.engine!r}")
-        if self.strategy not in ("average", "diloco", "easgd"):
-            raise ValueError(f"strategy must be average, diloco or easgd, got {self.strategy!r}")
-        self._check("steps", "eval_every")
+        self._check("steps", "eval_every", counts=("taus",),
+                    choices={"engine": ("rounds", "barrier"), "strategy": ("average", "diloco", "easgd")})
 
     def solver(self):
         """SGD with Caffe's LeNet policy: inv, gamma 1e-4, power 0.75."""

@@ -75,10 +75,7 @@ class Config(SparkExperimentConfig):
     def __post_init__(self):
         super().__post_init__()
         self.systems = tuple(self.systems)
-        bad = [s for s in self.systems if s not in SYSTEMS]
-        if bad or not self.systems:
-            raise ValueError(f"unknown system(s) {bad}; choose from {list(SYSTEMS)}")
-        self._check("eval_every", "steps", "async_tau", target=True)
+        self._check("eval_every", "steps", "async_tau", target=True, choices={"systems": SYSTEMS})
 
     def solver(self):
         """SGD with this learning-rate policy (every system)."""
