@@ -29,11 +29,11 @@ import torch
 
 from sparknet._enums import CompressionKind
 from sparknet.config import Streaming
+from sparknet.labels import Task, task_metrics, task_width
 from sparknet.loop import Exchange, RoundPlan, RoundUpdate, check_streaming, late_update, whole_or
 from sparknet.net import EvalResult
 from sparknet.step import WorkerStep
 from sparknet.strategies import TrainingStrategy, WorkerState
-from sparknet.labels import Task, task_metrics, task_width
 
 __all__ = ["CollectiveExchange", "FIELDS", "evaluate_shards"]
 
@@ -56,10 +56,6 @@ class _InFlight:
     sent: dict
     delay: float
     t: float
-
-    @property
-    def nbytes(self) -> int:
-        return self.sent["bytes"]
 
 
 @dataclass
@@ -183,7 +179,7 @@ class CollectiveExchange(Exchange):
         self._arrived = None if arrived is None else (arrived.part or slice(0, P))
         return late_update(arrived, RoundUpdate(
             total=None, samples=0, loss_sum=0.0, steps=plan.steps if self.has_data else 0, processed=0,
-            compute_s=compute_s, slowest_steps=plan.steps, nbytes=handle.nbytes))
+            compute_s=compute_s, slowest_steps=plan.steps, nbytes=handle.sent["bytes"]))
 
     def _update(self, done: _Done) -> RoundUpdate:
         """The round's update from its finished exchange: the sums, and every rank's row."""
@@ -224,24 +220,25 @@ class CollectiveExchange(Exchange):
         overlapped = self.streaming is not None and self.streaming.overlap
         t = time.perf_counter()
         if codec is None:
-            nbytes = buf.numel() * 4
+            nbytes, gathered = buf.numel() * 4, None
             delay = link.allreduce_delay(nbytes, world) if link is not None else 0.0
-            if not overlapped:
-                sent["link_s"] += link.wait_allreduce(nbytes, world) if link is not None else 0.0
-                delay = 0.0
+        else:
+            row = buf[n + rank * FIELDS:n + (rank + 1) * FIELDS].clone()
+            body = sent["message"] if sent["message"] is not None else torch.zeros(codec.wire_nbytes(n),
+                                                                                   dtype=torch.uint8)
+            message = torch.cat([row.view(torch.uint8), body])
+            delay = link.allgather_delay(message.numel(), world) if link is not None else 0.0
+            gathered = [torch.empty_like(message) for _ in range(world)]
+        if not overlapped and delay > 0:  # all of the link's wait, before the collective starts
+            time.sleep(delay)
+            sent["link_s"] += delay
+            delay = 0.0
+        if gathered is None:
             work = dist.all_reduce(buf, group=self.group, async_op=True)
             sent["bytes"] += 2 * (world - 1) * nbytes if world > 1 else 0
-            return _InFlight(work, buf, n, None, sent, delay, t)
-        row = buf[n + rank * FIELDS:n + (rank + 1) * FIELDS].clone()
-        body = sent["message"] if sent["message"] is not None else torch.zeros(codec.wire_nbytes(n), dtype=torch.uint8)
-        message = torch.cat([row.view(torch.uint8), body])
-        delay = link.allgather_delay(message.numel(), world) if link is not None else 0.0
-        if not overlapped:
-            sent["link_s"] += link.wait_allgather(message.numel(), world) if link is not None else 0.0
-            delay = 0.0
-        gathered = [torch.empty_like(message) for _ in range(world)]
-        work = dist.all_gather(gathered, message, group=self.group, async_op=True)
-        sent["bytes"] += world * (world - 1) * message.numel()
+        else:
+            work = dist.all_gather(gathered, message, group=self.group, async_op=True)
+            sent["bytes"] += world * (world - 1) * message.numel()
         return _InFlight(work, buf, n, gathered, sent, delay, t)
 
     def _finish(self, flight: _InFlight) -> _Done:

@@ -28,6 +28,7 @@ against measured runs and plots its predictions.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass, field, replace
 
 from sparknet.link import LinkModel
@@ -72,8 +73,8 @@ class Calibration:
 
 JOB_OVER_EMPTY = 1.2
 """The rounds engine's round beyond compute (``Calibration.job_s``), as a multiple of an empty Spark job timed
-in a fresh session as :func:`~sparknet.spark.backend.empty_job_s` does (measured on local[2]: 76 ms against 64 ms; the same empty
-job run between two rounds takes 32 ms)."""
+in a fresh session as :func:`~sparknet.spark.backend.empty_job_s` does (measured on local[2]: 76 ms against 64 ms;
+the same empty job run between two rounds takes 32 ms)."""
 
 
 @dataclass(frozen=True)
@@ -149,11 +150,8 @@ class StepsToTarget:
             best[k] = min(best.get(k, steps), steps)
         if len(best) < 2:
             raise ValueError("a power law needs steps measured at two worker counts at least")
-        xs = [math.log(k) for k in best]
-        ys = [math.log(best[k]) for k in best]
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-        return math.exp(my - slope * mx), -slope
+        slope, intercept = statistics.linear_regression([math.log(k) for k in best], [math.log(best[k]) for k in best])
+        return math.exp(intercept), -slope
 
     def steps(self, workers: int, tau: int) -> tuple[int, bool]:
         """(steps per worker, whether measured); an extrapolation rounds up to whole rounds of ``tau``."""

@@ -129,7 +129,7 @@ def parse_faults(text: str | None) -> tuple[Fault, ...]:
 
 def faults_from(config: str | Fault | tuple | list | None = None) -> tuple[Fault, ...]:
     """The faults a run was configured with (none by default; the environment is never read)."""
-    if config is None or config == "" or config == ():
+    if not config:  # None, "" or no faults
         return ()
     if isinstance(config, Fault):
         return (config,)
@@ -144,7 +144,4 @@ def faults_from(config: str | Fault | tuple | list | None = None) -> tuple[Fault
 
 def due_fault(faults, rank: int, round: int, attempt: int) -> Fault | None:
     """The first of ``faults`` due for this worker, round (from 1) and attempt, if any."""
-    for f in faults or ():
-        if f.due(rank, round, attempt):
-            return f
-    return None
+    return next((f for f in faults or () if f.due(rank, round, attempt)), None)

@@ -181,10 +181,6 @@ class LinkModel:
             return 0.0
         return (world - 1) * self.delay(nbytes)
 
-    def wait_allgather(self, nbytes: int, world: int) -> float:
-        """Sleep for :meth:`allgather_delay`; returns the seconds slept."""
-        return self._sleep(self.allgather_delay(nbytes, world))
-
     def wait_allreduce(self, nbytes: int, world: int) -> float:
         """Sleep for :meth:`allreduce_delay`; returns the seconds slept."""
         return self._sleep(self.allreduce_delay(nbytes, world))

@@ -60,6 +60,9 @@ class TrainingStrategy(abc.ABC):
     #: exchanges, :class:`sparknet.loop.Streaming`); such a strategy leaves the worker hooks as they are here.
     streams: bool = False
 
+    def __init__(self, **_ignored):
+        pass
+
     def init_global(self, flat: torch.Tensor) -> torch.Tensor:
         """The global weights training starts from (driver side)."""
         return flat.clone()
@@ -73,14 +76,27 @@ class TrainingStrategy(abc.ABC):
         as :meth:`~sparknet.net.Net.get_flat` is, whatever device the net trains on)."""
         return net.get_flat() - global_flat
 
-    @abc.abstractmethod
     def apply(self, global_flat: torch.Tensor, mean_delta: torch.Tensor, num_workers: int,
               part: slice | None = None) -> torch.Tensor:
-        """New global weights from the sample-weighted mean of the workers' deltas.
+        """New global weights from the sample-weighted mean of the workers' deltas: the global weights plus
+        the strategy's :meth:`_change`.
 
         ``part``: the mean covers only ``global_flat[part]`` (a streamed exchange's fragment; only a
         strategy that :attr:`streams` gets one); the rest of the weights stays as it is.
         """
+        if part is not None and not self.streams:
+            raise ValueError(f"{self!r} updates the whole weights at once; overlapped or streamed exchanges need "
+                             "average or diloco")
+        change = self._change(mean_delta, num_workers, part)
+        if part is None:
+            return global_flat + change
+        out = global_flat.clone()
+        out[part] += change
+        return out
+
+    def _change(self, mean_delta: torch.Tensor, num_workers: int, part: slice | None) -> torch.Tensor:
+        """What :meth:`apply` adds to the global weights (or to their ``part``): the mean delta itself, by default."""
+        return mean_delta
 
     def after_backward(self, net) -> None:  # pragma: no cover - only strategies that need it override
         """Called between backward and the optimizer step (gradient strategies)."""
@@ -108,16 +124,6 @@ class Average(TrainingStrategy):
 
     name = Strategy.AVERAGE
     streams = True
-
-    def __init__(self, **_ignored):
-        pass
-
-    def apply(self, global_flat, mean_delta, num_workers, part=None):
-        if part is None:
-            return global_flat + mean_delta
-        out = global_flat.clone()
-        out[part] += mean_delta
-        return out
 
 
 class DiLoCo(TrainingStrategy):
@@ -153,17 +159,16 @@ class DiLoCo(TrainingStrategy):
         self.velocity: torch.Tensor | None = None
 
     def apply(self, global_flat, mean_delta, num_workers, part=None):
-        grad = -mean_delta
         if self.velocity is None:
             self.velocity = torch.zeros_like(global_flat)
+        return super().apply(global_flat, mean_delta, num_workers, part)
+
+    def _change(self, mean_delta, num_workers, part):
+        grad = -mean_delta
         velocity = self.velocity if part is None else self.velocity[part]  # a view: a fragment's momentum alone
         velocity.mul_(self.outer_momentum).add_(grad)
         step = grad + self.outer_momentum * velocity if self.nesterov else velocity
-        if part is None:
-            return global_flat - self.outer_lr * step
-        out = global_flat.clone()
-        out[part] -= self.outer_lr * step
-        return out
+        return -self.outer_lr * step
 
     def state_dict(self):
         return {"velocity": None if self.velocity is None else self.velocity.clone()}
@@ -201,10 +206,7 @@ class EASGD(TrainingStrategy):
             raise ValueError(f"alpha * K must be in (0, 1] for a stable center, got {self.alpha} * {self.num_workers}")
 
     def worker_begin(self, state, net, global_flat):
-        if state.local_flat is None:
-            net.set_flat(global_flat)
-        else:
-            net.set_flat(state.local_flat)
+        net.set_flat(global_flat if state.local_flat is None else state.local_flat)
 
     def worker_delta(self, state, net, global_flat):
         x = net.get_flat()
@@ -212,9 +214,8 @@ class EASGD(TrainingStrategy):
         state.local_flat = x - self.alpha * delta
         return delta
 
-    def apply(self, global_flat, mean_delta, num_workers, part=None):
-        _whole(self, part)
-        return global_flat + (self.alpha * num_workers) * mean_delta
+    def _change(self, mean_delta, num_workers, part):
+        return (self.alpha * num_workers) * mean_delta
 
     def __repr__(self):
         return f"EASGD(alpha={self.alpha:.4g}, num_workers={self.num_workers})"
@@ -242,21 +243,18 @@ class Sync(TrainingStrategy):
         import torch.distributed as dist
 
         params = [p for p in net.module.parameters() if p.requires_grad]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        nbytes, world = flat.numel() * flat.element_size(), dist.get_world_size(self.group)
         if self.link is not None:
-            self.link_s += self.link.wait_allreduce(flat.numel() * flat.element_size(), dist.get_world_size(self.group))
+            self.link_s += self.link.wait_allreduce(nbytes, world)
         dist.all_reduce(flat, group=self.group)
-        flat /= dist.get_world_size(self.group)
-        self.bytes_sent += flat.numel() * flat.element_size()
-        offset = 0
-        for p, g in zip(params, grads):
-            n = g.numel()
+        flat /= world
+        self.bytes_sent += nbytes
+        for p, g in zip(params, flat.split([p.numel() for p in params])):
             if p.grad is None:
-                p.grad = flat[offset:offset + n].view_as(p).clone()
+                p.grad = g.view_as(p).clone()
             else:
-                p.grad.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
+                p.grad.copy_(g.view_as(p))
 
     def set_link(self, link) -> None:
         self.link = link
@@ -264,19 +262,9 @@ class Sync(TrainingStrategy):
     def gradient_traffic(self) -> tuple[int, float]:
         return self.bytes_sent, self.link_s
 
-    def apply(self, global_flat, mean_delta, num_workers, part=None):
-        _whole(self, part)
-        return global_flat + mean_delta
-
     def __getstate__(self):
         # A process group does not travel; each task sets its own (and its link).
         return {"group": None, "link": None, "bytes_sent": 0, "link_s": 0.0}
-
-
-def _whole(strategy: TrainingStrategy, part: slice | None) -> None:
-    if part is not None:
-        raise ValueError(f"{strategy!r} updates the whole weights at once; overlapped or streamed exchanges need "
-                         "average or diloco")
 
 
 _REGISTRY: dict[Strategy, Callable[..., TrainingStrategy]] = {
@@ -322,30 +310,42 @@ class Compressor(abc.ABC):
     """Encodes a worker's flat float32 delta; error feedback state lives in the worker's state."""
 
     kind: CompressionKind
+    #: The payload's dtype.
+    dtype: torch.dtype = torch.float32
+    error_feedback: bool = False
 
     @abc.abstractmethod
     def compress(self, delta: torch.Tensor, state: WorkerState) -> Compressed:
         """Encode ``delta`` (updating any residual kept in ``state``)."""
 
-    @abc.abstractmethod
     def decompress(self, c: Compressed) -> torch.Tensor:
         """The float32 delta ``c`` stands for."""
+        return c.payload.float()
+
+    def _with_residual(self, delta: torch.Tensor, state: WorkerState) -> torch.Tensor:
+        """``delta`` in float32 plus what rounding lost from the previous ones (with error feedback)."""
+        v = delta.float()
+        residual = state.extra.get("residual")
+        if self.error_feedback and residual is not None:
+            v = v + residual
+        return v
 
     # -- one flat byte buffer per message (what the engines send) --------------------------------
     def wire_nbytes(self, numel: int) -> int:
         """Bytes of the wire message of a ``numel``-element delta (the same for every delta of that size)."""
-        return self._payload_itemsize * numel
+        return self.dtype.itemsize * numel
 
-    _payload_itemsize = 4
+    def encode(self, delta: torch.Tensor, state: WorkerState) -> torch.Tensor:
+        """:meth:`compress`, as one flat ``uint8`` tensor: the float32 scales (if any), then the payload."""
+        c = self.compress(delta, state)
+        payload = c.payload.contiguous().view(-1).view(torch.uint8)
+        if c.scales is None:
+            return payload.clone()
+        return torch.cat([c.scales.float().contiguous().view(torch.uint8), payload])
 
-    def to_wire(self, c: Compressed) -> torch.Tensor:
-        """``c`` as one flat ``uint8`` tensor: the float32 scales (if any), then the payload."""
-        parts = [] if c.scales is None else [c.scales.float().contiguous().view(torch.uint8)]
-        parts.append(c.payload.contiguous().view(-1).view(torch.uint8))
-        return torch.cat(parts) if len(parts) > 1 else parts[0].clone()
-
-    def from_wire(self, buf: torch.Tensor, numel: int) -> Compressed:
-        """What :meth:`to_wire` wrote, for a delta of ``numel`` elements.
+    def decode(self, buf, numel: int) -> torch.Tensor:
+        """The float32 delta a wire message of a ``numel``-element delta stands for (the same on every machine:
+        no randomness).
 
         Raises
         ------
@@ -356,18 +356,10 @@ class Compressor(abc.ABC):
         if buf.dtype is not torch.uint8 or buf.numel() != self.wire_nbytes(numel):
             raise ValueError(f"a {self.kind.value} message of {numel} values is {self.wire_nbytes(numel)} bytes, got "
                              f"{buf.numel()} of {buf.dtype}; sender and receiver must use the same compression")
-        return self._unwire(buf, numel)
+        return self.decompress(self._unwire(buf, numel))
 
     def _unwire(self, buf: torch.Tensor, numel: int) -> Compressed:
-        return Compressed(buf.clone().view(torch.float32), None, numel)
-
-    def encode(self, delta: torch.Tensor, state: WorkerState) -> torch.Tensor:
-        """:meth:`compress`, then :meth:`to_wire`."""
-        return self.to_wire(self.compress(delta, state))
-
-    def decode(self, buf, numel: int) -> torch.Tensor:
-        """The float32 delta a wire message stands for (the same on every machine: no randomness)."""
-        return self.decompress(self.from_wire(buf, numel))
+        return Compressed(buf.clone().view(self.dtype), None, numel)
 
 
 class NoCompression(Compressor):
@@ -375,9 +367,6 @@ class NoCompression(Compressor):
 
     def compress(self, delta, state):
         return Compressed(delta.float(), None, delta.numel())
-
-    def decompress(self, c):
-        return c.payload.float()
 
 
 class HalfCompression(Compressor):
@@ -390,23 +379,12 @@ class HalfCompression(Compressor):
         self.kind = CompressionKind.FP16 if dtype is torch.float16 else CompressionKind.BF16
         self.error_feedback = error_feedback
 
-    _payload_itemsize = 2
-
-    def _unwire(self, buf, numel):
-        return Compressed(buf.clone().view(self.dtype), None, numel)
-
     def compress(self, delta, state):
-        v = delta.float()
-        residual = state.extra.get("residual")
-        if self.error_feedback and residual is not None:
-            v = v + residual
+        v = self._with_residual(delta, state)
         q = v.to(self.dtype)
         if self.error_feedback:
             state.extra["residual"] = v - q.float()
         return Compressed(q, None, delta.numel())
-
-    def decompress(self, c):
-        return c.payload.float()
 
 
 class Int8Compression(Compressor):
@@ -418,6 +396,7 @@ class Int8Compression(Compressor):
     """
 
     kind = CompressionKind.INT8
+    dtype = torch.int8
 
     def __init__(self, chunk: int = 4096, error_feedback: bool = True):
         if chunk < 1:
@@ -435,10 +414,7 @@ class Int8Compression(Compressor):
 
     def compress(self, delta, state):
         n = delta.numel()
-        v = delta.float()
-        residual = state.extra.get("residual")
-        if self.error_feedback and residual is not None:
-            v = v + residual
+        v = self._with_residual(delta, state)
         pad = (-n) % self.chunk
         vp = torch.nn.functional.pad(v, (0, pad)).view(-1, self.chunk)
         scales = vp.abs().amax(dim=1) / 127.0
@@ -461,11 +437,9 @@ def make_compressor(kind: CompressionKind | str | None) -> Compressor:
     k = parse_enum(CompressionKind, kind or CompressionKind.NONE, "compression")
     if k is CompressionKind.NONE:
         return NoCompression()
-    if k is CompressionKind.FP16:
-        return HalfCompression(torch.float16)
-    if k is CompressionKind.BF16:
-        return HalfCompression(torch.bfloat16)
-    return Int8Compression()
+    if k is CompressionKind.INT8:
+        return Int8Compression()
+    return HalfCompression(torch.float16 if k is CompressionKind.FP16 else torch.bfloat16)
 
 
 class Downlink:
@@ -555,9 +529,9 @@ class AutoTau:
         self._step_s, self._sync_s = self._step_s[-self.window:], self._sync_s[-self.window:]
         self._rounds += 1
         if self._rounds % self.every == 0 and self._step_s:
-            self.tau = self.choose(statistics.median(self._step_s), statistics.median(self._sync_s))
-            log.info("auto tau: step %.4fs, sync %.4fs -> tau %d", statistics.median(self._step_s),
-                     statistics.median(self._sync_s), self.tau)
+            step_s, sync_s = statistics.median(self._step_s), statistics.median(self._sync_s)
+            self.tau = self.choose(step_s, sync_s)
+            log.info("auto tau: step %.4fs, sync %.4fs -> tau %d", step_s, sync_s, self.tau)
         return self.tau
 
     def choose(self, step_s: float, sync_s: float) -> int:

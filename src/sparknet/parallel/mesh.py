@@ -15,10 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from sparknet.step import worker_seed
-
 
 __all__ = [
     "ParallelLayout", "layout_coords", "init_layout", "share_data_over_mp", "replica_seed",
@@ -137,27 +135,15 @@ def _gather_rows(array: np.ndarray | None, group, group_size: int) -> np.ndarray
     """Concatenate every rank's rows (in group-rank order) on every rank of ``group``."""
     import torch.distributed as dist
 
-    local = np.ascontiguousarray(array) if array is not None else None
-    meta = [] if local is None else [len(local), *local.shape[1:]]
-    metas: list[Any] = [None] * group_size
-    dist.all_gather_object(metas, (meta, None if local is None else str(local.dtype)), group=group)
-    shapes = [m for m in metas if m[0]]
-    if not shapes:
+    arrays: list[Any] = [None] * group_size
+    dist.all_gather_object(arrays, array, group=group)
+    arrays = [np.asarray(a) for a in arrays if a is not None]
+    if not arrays:
         return None
-    tail, dtype = shapes[0][0][1:], np.dtype(shapes[0][1])
-    for m in shapes:
-        if m[0][1:] != tail or np.dtype(m[1]) != dtype:
-            raise ValueError(f"partitions of one model-parallel group differ in row shape or dtype: {metas}")
-    counts = [m[0][0] if m[0] else 0 for m in metas]
-    width = int(np.prod(tail)) if tail else 1
-    longest = max(counts)
-    t = torch.zeros(longest * width, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype)
-    if local is not None and len(local):
-        t[: local.size] = torch.from_numpy(np.require(local.reshape(-1), requirements="W"))  # read-only chunks copy
-    parts = [torch.empty_like(t) for _ in range(group_size)]
-    dist.all_gather(parts, t, group=group)
-    rows = [p[: c * width].numpy().reshape(c, *tail) for p, c in zip(parts, counts) if c]
-    return np.concatenate(rows)
+    if len({(a.shape[1:], a.dtype) for a in arrays}) > 1:
+        raise ValueError("partitions of one model-parallel group differ in row shape or dtype: "
+                         f"{[(a.shape, str(a.dtype)) for a in arrays]}")
+    return np.concatenate(arrays)
 
 
 def share_data_over_mp(x: np.ndarray | None, y: np.ndarray | None,

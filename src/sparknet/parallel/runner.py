@@ -1,8 +1,8 @@
 """One rank's whole run in the D x M layout: build the split net, train rounds, gather the weights.
 
 :func:`run_rank` is what every task of the barrier engine's stage runs for a split net (see
-:mod:`sparknet.spark.barrier.executor`; ``DistributedConfig.model_parallel``), and what plain processes run too: it needs only an
-initialized default process group (gloo) and this rank's rows. It never imports pyspark.
+:mod:`sparknet.spark.barrier.executor`; ``DistributedConfig.model_parallel``), and what plain processes run
+too: it needs only an initialized default process group (gloo) and this rank's rows. It never imports pyspark.
 
     job = ModelParallelJob(net=zoo.mlp(), worker=WorkerConfig(solver=SolverConfig(base_lr=0.01)), model_parallel=2,
                            tau=20, rounds=5)
@@ -17,7 +17,6 @@ them (no collective inside the pair); :func:`split_budget` checks a fit's plan a
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,8 +32,8 @@ from sparknet.layers import LinearLayer
 from sparknet.loop import EvalPlan, FitPlan, StopRule, run_rounds
 from sparknet.net import Net
 from sparknet.parallel.mesh import ParallelLayout, init_layout, replica_seed, share_data_over_mp
-from sparknet.parallel.tensor import (build_parallel, check_weight_budget, gather_full_weights, local_weight_bytes,
-                                     resolve_plan)
+from sparknet.parallel.tensor import (_meta_module, build_parallel, check_weight_budget, gather_full_weights,
+                                     local_weight_bytes, resolve_plan)
 from sparknet.strategies import WorkerState, make_strategy
 from sparknet.weights import WeightCollection
 
@@ -95,11 +94,6 @@ class ModelParallelJob:
 
 
 # --------------------------------------------------------------------------- plans
-
-
-def _meta_module(net_params):
-    with torch.device("meta"):
-        return net_params.build(seed=0)
 
 
 def default_plan(net_params, model_parallel: int) -> dict[str, str]:
@@ -264,18 +258,7 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
 
 def weights_from_result(result: Mapping[str, Any]):
     """The :class:`~sparknet.weights.WeightCollection` of rank 0's :func:`run_rank` result."""
-    from collections import OrderedDict
-
     flat = torch.from_numpy(np.frombuffer(result["weights"], dtype=np.float32).copy())
-    layers: OrderedDict[str, list[torch.Tensor]] = OrderedDict()
-    offset = 0
-    for name, shapes in result["layers"]:
-        tensors = []
-        for shape in shapes:
-            n = math.prod(shape)
-            tensors.append(flat[offset:offset + n].reshape(shape).clone())
-            offset += n
-        layers[name] = tensors
-    if offset != flat.numel():
-        raise ValueError(f"the gathered weights hold {flat.numel()} values but the layers describe {offset}")
-    return WeightCollection(layers)
+    like = WeightCollection((name, [torch.empty(shape, device="meta") for shape in shapes])
+                            for name, shapes in result["layers"])
+    return WeightCollection.from_flat(flat, like)

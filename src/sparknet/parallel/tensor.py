@@ -430,18 +430,12 @@ class TensorParallelModule(nn.Module):
         """
         import torch.distributed as dist
 
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
         split = torch.zeros((), dtype=torch.float64)
         whole = torch.zeros((), dtype=torch.float64)
-        grads = []
-        for p in self.module.parameters():
-            g = p.grad
-            if g is None:
-                continue
-            local = _local(g)
-            grads.append(local)
-            squares = local.double().pow(2).sum()
-            placements = getattr(g, "placements", ())
-            if any(pl.is_shard() for pl in placements):
+        for g in grads:
+            squares = _local(g).double().pow(2).sum()
+            if any(pl.is_shard() for pl in getattr(g, "placements", ())):
                 split += squares
             else:
                 whole += squares
@@ -450,8 +444,8 @@ class TensorParallelModule(nn.Module):
         total = (split + whole).sqrt()
         coef = float(max_norm) / (float(total) + 1e-6)
         if coef < 1.0:
-            for local in grads:
-                local.mul_(coef)
+            for g in grads:
+                _local(g).mul_(coef)  # a view of the gradient's storage
         return total.float()
 
 
@@ -470,10 +464,6 @@ def parallelize(graph_module: GraphModule, mesh_or_groups: Any, plan: PlanLike |
         mesh with a dimension named ``"mp"``, a 1-D mesh, or the group itself.
     plan : mapping of str to str, optional
         Overrides of the DSL's ``parallel=`` fields (see :func:`resolve_plan`).
-
-    Returns
-    -------
-    TensorParallelModule
     """
     from torch.distributed.tensor.parallel import parallelize_module
 
@@ -497,12 +487,7 @@ def parallelize(graph_module: GraphModule, mesh_or_groups: Any, plan: PlanLike |
 
 def local_weight_bytes(module: nn.Module) -> int:
     """Bytes of parameters and buffers this rank holds (the local shard of each DTensor)."""
-    module = _inner(module)
-    total = 0
-    for t in _tensors(module):  # parameters() and buffers() list a shared tensor once
-        local = _local(t)
-        total += local.numel() * local.element_size()
-    return total
+    return sum(_local(t).nbytes for t in _tensors(_inner(module)))  # parameters() and buffers() list a tensor once
 
 
 def _tensors(module: nn.Module) -> Iterator[Tensor]:
@@ -510,12 +495,24 @@ def _tensors(module: nn.Module) -> Iterator[Tensor]:
     yield from module.buffers()
 
 
-def _plan_bytes(module: GraphModule, resolved: ParallelPlan, model_parallel: int) -> int:
-    """Per-rank bytes of ``module``'s tensors (possibly on the meta device) under ``resolved``."""
+def _meta_module(net_params: NetParams, seed: int = 0) -> GraphModule:
+    """``net_params`` built on PyTorch's ``meta`` device: shapes only, no memory."""
+    with torch.device("meta"):
+        return net_params.build(seed=seed)
+
+
+def weight_bytes_per_rank(net_params: NetParams, model_parallel: int = 1, plan: PlanLike | None = None) -> int:
+    """Bytes of weights each model-parallel rank would hold, computed without allocating them
+    (on the ``meta`` device), so cheap for any size. With ``model_parallel=1`` it is the whole model's size.
+    """
+    if model_parallel < 1:
+        raise ValueError(f"model_parallel must be at least 1, got {model_parallel}")
+    module = _meta_module(net_params)
+    modes = resolve_plan(module, model_parallel, plan).modes if model_parallel > 1 else {}
     total = 0
     for name in module.module_names:
         sub = module.layer_module(name)
-        mode = resolved.modes.get(name)
+        mode = modes.get(name)
         for pname, t in list(sub.named_parameters()) + list(sub.named_buffers()):
             nbytes = t.numel() * t.element_size()
             is_bias = pname.rsplit(".", 1)[-1].startswith("bias")
@@ -525,30 +522,10 @@ def _plan_bytes(module: GraphModule, resolved: ParallelPlan, model_parallel: int
     return total
 
 
-def weight_bytes_per_rank(net_params: NetParams, model_parallel: int = 1, plan: PlanLike | None = None) -> int:
-    """Bytes of weights each model-parallel rank would hold, computed without allocating them.
-
-    The net is built on PyTorch's ``meta`` device (shapes only), so this is cheap for any size.
-    With ``model_parallel=1`` it is the whole model's size.
-    """
-    if model_parallel < 1:
-        raise ValueError(f"model_parallel must be at least 1, got {model_parallel}")
-    with torch.device("meta"):
-        module = net_params.build(seed=0)
-    resolved = (resolve_plan(module, model_parallel, plan) if model_parallel > 1
-                else ParallelPlan({}, {}, {}))
-    return _plan_bytes(module, resolved, model_parallel)
-
-
 def check_weight_budget(net_params: NetParams, max_weight_bytes: int | None, model_parallel: int = 1,
                         plan: PlanLike | None = None) -> int:
-    """Raise :class:`WeightBudgetError` when a rank's weights would exceed ``max_weight_bytes``.
-
-    Returns
-    -------
-    int
-        The bytes each rank needs (checked against the budget when one is given).
-    """
+    """The bytes of weights each rank needs; :class:`WeightBudgetError` when they would exceed
+    ``max_weight_bytes`` (none: no budget)."""
     needed = weight_bytes_per_rank(net_params, model_parallel, plan)
     if max_weight_bytes is not None and needed > max_weight_bytes:
         hint = ""
@@ -568,16 +545,13 @@ def check_weight_budget(net_params: NetParams, max_weight_bytes: int | None, mod
     return needed
 
 
-def _fan_in(shape: tuple[int, ...]) -> int:
-    return int(math.prod(shape[1:])) if len(shape) > 1 else int(shape[0])
-
-
 def _init_local_(local: Tensor, global_shape: tuple[int, ...], weight_shape: tuple[int, ...],
                  filler: Filler | None, is_bias: bool) -> None:
     """Initialise one rank's shard as its layer's full tensor would be, scales from the *global* shape."""
     with torch.no_grad():
         if filler is None:  # nn.Linear / nn.Conv2d defaults: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-            bound = 1.0 / math.sqrt(max(_fan_in(weight_shape), 1))
+            fan_in = math.prod(weight_shape[1:]) if len(weight_shape) > 1 else weight_shape[0]
+            bound = 1.0 / math.sqrt(max(fan_in, 1))
             local.uniform_(-bound, bound)
         elif filler.type in (FillerType.XAVIER, FillerType.MSRA):
             filler._fill_scaled(local, filler._fan(torch.empty(global_shape, device="meta")))
@@ -601,12 +575,8 @@ def build_parallel(net_params: NetParams, mesh_or_groups: Any, plan: PlanLike | 
 
     Parameters
     ----------
-    net_params : NetParams
-        The net.
     mesh_or_groups, plan
         As for :func:`parallelize`.
-    seed : int
-        Seeds the initial weights.
     max_weight_bytes : int, optional
         Budget of weight bytes per rank; exceeding it raises :class:`WeightBudgetError`
         before anything is allocated.
@@ -617,8 +587,7 @@ def build_parallel(net_params: NetParams, mesh_or_groups: Any, plan: PlanLike | 
     mesh = _mp_mesh(mesh_or_groups)
     m = mesh.size()
     check_weight_budget(net_params, max_weight_bytes, m, plan)
-    with torch.device("meta"):
-        module = net_params.build(seed=seed)
+    module = _meta_module(net_params, seed)
     resolved = resolve_plan(module, m, plan)
     for name in resolved.modes:
         parallelize_module(module.layer_module(name), mesh, _style_for(module, resolved, name),
