@@ -68,7 +68,7 @@ def test_a_sender_with_another_client_key_is_refused_at_the_handshake(rx):
     other = ServerKeys.new().client
     forged = MetricsSender(rx.endpoint, rx.secret, ClientKeys(rx.client_keys.server_public, other.public, other.secret))
     try:
-        forged._sock.setsockopt(zmq.LINGER, 0)
+        forged._dialer.socket.setsockopt(zmq.LINGER, 0)
         assert forged.send({"event": "round", "round": 99})
         assert rx.recv(1.0) is None
     finally:
@@ -109,7 +109,7 @@ def test_a_sender_that_answers_no_heartbeat_is_dropped_and_a_quiet_live_one_is_k
         proxy.freeze()
         assert proxy.server_hung_up.wait(FAST.dead_after_s + 5.0)
     finally:
-        sender._sock.setsockopt(zmq.LINGER, 0)
+        sender._dialer.socket.setsockopt(zmq.LINGER, 0)
         sender.close()
         proxy.close()
 

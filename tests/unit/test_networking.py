@@ -142,15 +142,15 @@ def _push(rx, frames, timeout_s: float = 5.0):
     """Send raw frames with the channel's keys; what the receiver makes of them (None: dropped or nothing)."""
     sender = MetricsSender(rx.endpoint, rx.secret, rx.client_keys)
     try:
-        sender._sock.send_multipart(frames)
+        sender._dialer.socket.send_multipart(frames)
         return rx.recv(timeout_s)  # the receiver checks the sender's key while it waits
     finally:
-        sender._sock.setsockopt(zmq.LINGER, 0)
+        sender._dialer.socket.setsockopt(zmq.LINGER, 0)
         sender.close()
 
 
 def test_the_receiver_binds_the_given_host_not_every_interface(rx):
-    bound = rx._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+    bound = rx._listener.socket.getsockopt_string(zmq.LAST_ENDPOINT)
     assert bound.startswith("tcp://127.0.0.1:") and bound == rx.endpoint
 
 
@@ -158,7 +158,7 @@ def test_the_receiver_binds_the_given_host_not_every_interface(rx):
 def test_the_receiver_binds_an_ipv6_address():
     secret = new_secret()
     with MetricsReceiver("::1", "::1", secret) as receiver:
-        assert receiver._sock.getsockopt_string(zmq.LAST_ENDPOINT) == receiver.endpoint
+        assert receiver._listener.socket.getsockopt_string(zmq.LAST_ENDPOINT) == receiver.endpoint
         assert receiver.endpoint.startswith("tcp://[::1]:")
         receiver.secret = secret
         _honest_record_arrives(receiver)

@@ -27,7 +27,7 @@ import time
 
 import zmq
 
-from sparknet._transport import ClientKeys, Limits, LogThrottle, ServerKeys, bracketed, connect_keys, listen
+from sparknet._transport import ClientKeys, Dialer, Limits, Listener, LogThrottle, ServerKeys, bracketed
 
 __all__ = ["MetricsReceiver", "MetricsSender", "new_secret"]
 
@@ -65,54 +65,39 @@ class MetricsReceiver:
     limits : Limits, optional
         How long a peer may take to finish its handshake and stay silent (default: from ``max_bytes``).
 
-    A sender connects with :attr:`client_keys`. The handshakes are checked by the thread that calls
-    :meth:`recv`, while it waits.
+    A sender connects with :attr:`client_keys` (they travel with the per-fit secret). The handshakes
+    are checked by the thread that calls :meth:`recv`, while it waits.
     """
 
     def __init__(self, bind_host: str, advertise_host: str, secret: bytes, *, max_bytes: int = 1 << 28,
                  limits: Limits | None = None):
-        self._keys = ServerKeys.new()
-        self._ctx = zmq.Context()
-        self._gate = self._sock = None
-        try:
-            self._sock, self._gate, port = listen(self._ctx, zmq.PULL, self._keys, bind_host, max_frame=int(max_bytes),
-                                                  limits=limits or Limits.for_frame(int(max_bytes)), logger=log,
-                                                  rcvhwm=10_000)
-        except BaseException:
-            self.close()
-            raise
-        self.endpoint = f"tcp://{bracketed(advertise_host)}:{port}"
-        self._poller = zmq.Poller()
-        self._poller.register(self._sock, zmq.POLLIN)
-        self._poller.register(self._gate.socket, zmq.POLLIN)
+        keys = ServerKeys.new()
+        self._listener = Listener(zmq.PULL, keys, bind_host, max_frame=int(max_bytes),
+                                  limits=limits or Limits.for_frame(int(max_bytes)), logger=log, rcvhwm=10_000)
+        self.client_keys: ClientKeys = keys.client
+        self.endpoint = f"tcp://{bracketed(advertise_host)}:{self._listener.endpoint.rsplit(':', 1)[1]}"
         self._secret = secret
         self._max_bytes = int(max_bytes)
         self._throttle = LogThrottle(log, "metrics messages dropped")
         self.rejected = 0
 
     @property
-    def client_keys(self) -> ClientKeys:
-        """The keys a :class:`MetricsSender` connects with (they travel with the per-fit secret)."""
-        return self._keys.client
-
-    @property
     def refused(self) -> int:
         """Connections refused at the handshake for a key other than :attr:`client_keys`."""
-        return self._gate.refused
+        return self._listener.refused
 
     def recv(self, timeout_s: float) -> dict | None:
         """The next verified record, or ``None`` when none arrives within ``timeout_s`` (or it is dropped).
 
         A record sent with a payload holds it as bytes under ``"payload"``.
         """
+        sock = self._listener.socket
         deadline = time.monotonic() + timeout_s
         frame = None
         while frame is None:  # answer handshakes while waiting for a message
-            ready = dict(self._poller.poll(max(0, round((deadline - time.monotonic()) * 1000))))
-            self._gate.serve()
-            if self._sock in ready:
+            if sock in self._listener.poll(max(0, round((deadline - time.monotonic()) * 1000))):
                 try:
-                    frame = self._sock.recv(zmq.NOBLOCK, copy=False)
+                    frame = sock.recv(zmq.NOBLOCK, copy=False)
                     continue
                 except zmq.Again:  # its sender's connection went (a host lost) between the poll and the read
                     pass
@@ -125,7 +110,7 @@ class MetricsReceiver:
                 frames.append(frame)
             if not more:
                 break
-            frame = self._sock.recv(zmq.NOBLOCK, copy=False)
+            frame = sock.recv(zmq.NOBLOCK, copy=False)
         if count not in (2, 3) or size > self._max_bytes:
             self.rejected += 1
             self._throttle("shape", "dropped a metrics message of %d frames and %d bytes", count, size)
@@ -148,15 +133,7 @@ class MetricsReceiver:
 
     def close(self) -> None:
         """Close the socket, then its gate, then the context (idempotent)."""
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
-        if self._gate is not None:  # after the socket it guards
-            self._gate.close()
-            self._gate = None
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
+        self._listener.close()
 
     def __enter__(self):
         return self
@@ -172,17 +149,12 @@ class MetricsSender:
     """
 
     def __init__(self, endpoint: str, secret: bytes, keys: ClientKeys, send_timeout_ms: int = 5000):
-        self._ctx = zmq.Context()
-        try:
-            self._sock = self._ctx.socket(zmq.PUSH)
-            self._sock.setsockopt(zmq.LINGER, 2000)
-            self._sock.setsockopt(zmq.SNDTIMEO, send_timeout_ms)
-            self._sock.setsockopt(zmq.IMMEDIATE, 0)
-            self._sock.setsockopt(zmq.IPV6, 1)  # the driver's address may be IPv6
-            connect_keys(self._sock, keys)
-            self._sock.connect(endpoint)
+        self._dialer = Dialer(zmq.PUSH, endpoint, keys)
+        try:  # the last records get two seconds to leave at close
+            self._dialer.socket.setsockopt(zmq.LINGER, 2000)
+            self._dialer.socket.setsockopt(zmq.SNDTIMEO, send_timeout_ms)
         except BaseException:
-            self._ctx.destroy(linger=0)
+            self._dialer.close()
             raise
         self._secret = secret
         self.dropped = 0
@@ -195,7 +167,7 @@ class MetricsSender:
         else:
             frames = [body, payload, _mac(self._secret, body, payload)]
         try:
-            self._sock.send_multipart(frames)
+            self._dialer.socket.send_multipart(frames)
             return True
         except zmq.Again:
             self.dropped += 1
@@ -203,8 +175,8 @@ class MetricsSender:
             return False
 
     def close(self) -> None:
-        self._sock.close()
-        self._ctx.term()
+        self._dialer.socket.close()  # with its linger, before the dialer's close (which has none) ends the context
+        self._dialer.close()
 
 
 def _jsonable(obj):
