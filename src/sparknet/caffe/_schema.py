@@ -4,7 +4,7 @@ The field names, numbers, types and defaults follow BVLC Caffe's ``caffe.proto``
 text prototxt files parse and binary ``.caffemodel`` / ``.binaryproto`` files read and
 write byte-compatibly. Only BVLC's own messages are described (no fork extensions).
 
-The schema is written in a small line format, one field a line::
+The schema is written in a small line format, one field a line (a message of one field on its name's line)::
 
     <opt|rep|req> <type> <name> <number> [default=<value>] [packed]
 
@@ -66,9 +66,7 @@ _ENUMS.update({f"{owner}.Engine": "DEFAULT=0 CAFFE=1 CUDNN=2" for owner in (
 
 # Messages, in dependency-free order (the pool resolves names after the whole file is added).
 _MESSAGES: dict[str, str] = {
-    "BlobShape": """
-        rep int64 dim 1 packed
-    """,
+    "BlobShape": "rep int64 dim 1 packed",
     "BlobProto": """
         opt BlobShape shape 7
         rep float data 5 packed
@@ -79,18 +77,6 @@ _MESSAGES: dict[str, str] = {
         opt int32 channels 2 default=0
         opt int32 height 3 default=0
         opt int32 width 4 default=0
-    """,
-    "BlobProtoVector": """
-        rep BlobProto blobs 1
-    """,
-    "Datum": """
-        opt int32 channels 1
-        opt int32 height 2
-        opt int32 width 3
-        opt bytes data 4
-        opt int32 label 5
-        rep float float_data 6
-        opt bool encoded 7 default=false
     """,
     "FillerParameter": """
         opt string type 1 default=constant
@@ -156,12 +142,6 @@ _MESSAGES: dict[str, str] = {
         opt SolverType solver_type 30 default=SGD
         opt bool layer_wise_reduce 41 default=true
         rep string weights 42
-    """,
-    "SolverState": """
-        opt int32 iter 1
-        opt string learned_net 2
-        rep BlobProto history 3
-        opt int32 current_step 4 default=0
     """,
     "NetState": """
         opt Phase phase 1 default=TEST
@@ -325,9 +305,7 @@ _MESSAGES: dict[str, str] = {
         opt bool force_encoded_color 9 default=false
         opt uint32 prefetch 10 default=4
     """,
-    "DropoutParameter": """
-        opt float dropout_ratio 1 default=0.5
-    """,
+    "DropoutParameter": "opt float dropout_ratio 1 default=0.5",
     "DummyDataParameter": """
         rep FillerParameter data_filler 1
         rep BlobShape shape 6
@@ -341,9 +319,7 @@ _MESSAGES: dict[str, str] = {
         rep float coeff 2
         opt bool stable_prod_grad 3 default=true
     """,
-    "ELUParameter": """
-        opt float alpha 1 default=1
-    """,
+    "ELUParameter": "opt float alpha 1 default=1",
     "EmbedParameter": """
         opt uint32 num_output 1
         opt uint32 input_dim 2
@@ -365,12 +341,8 @@ _MESSAGES: dict[str, str] = {
         opt uint32 batch_size 2
         opt bool shuffle 3 default=false
     """,
-    "HDF5OutputParameter": """
-        opt string file_name 1
-    """,
-    "HingeLossParameter": """
-        opt Norm norm 1 default=L1
-    """,
+    "HDF5OutputParameter": "opt string file_name 1",
+    "HingeLossParameter": "opt Norm norm 1 default=L1",
     "ImageDataParameter": """
         opt string source 1
         opt uint32 batch_size 4 default=1
@@ -397,9 +369,7 @@ _MESSAGES: dict[str, str] = {
         opt int32 axis 5 default=1
         opt bool transpose 6 default=false
     """,
-    "InputParameter": """
-        rep BlobShape shape 1
-    """,
+    "InputParameter": "rep BlobShape shape 1",
     "LogParameter": """
         opt float base 1 default=-1
         opt float scale 2 default=1
@@ -424,9 +394,7 @@ _MESSAGES: dict[str, str] = {
         opt bool across_channels 2 default=false
         opt float eps 3 default=1e-9
     """,
-    "ParameterParameter": """
-        opt BlobShape shape 1
-    """,
+    "ParameterParameter": "opt BlobShape shape 1",
     "PoolingParameter": """
         opt PoolMethod pool 1 default=MAX
         opt uint32 pad 4 default=0
@@ -481,9 +449,7 @@ _MESSAGES: dict[str, str] = {
         opt bool bias_term 4 default=false
         opt FillerParameter bias_filler 5
     """,
-    "SigmoidParameter": """
-        opt Engine engine 1 default=DEFAULT
-    """,
+    "SigmoidParameter": "opt Engine engine 1 default=DEFAULT",
     "SliceParameter": """
         opt int32 axis 3 default=1
         rep uint32 slice_point 2
@@ -493,19 +459,13 @@ _MESSAGES: dict[str, str] = {
         opt Engine engine 1 default=DEFAULT
         opt int32 axis 2 default=1
     """,
-    "SwishParameter": """
-        opt float beta 1 default=1
-    """,
-    "TanHParameter": """
-        opt Engine engine 1 default=DEFAULT
-    """,
+    "SwishParameter": "opt float beta 1 default=1",
+    "TanHParameter": "opt Engine engine 1 default=DEFAULT",
     "TileParameter": """
         opt int32 axis 1 default=1
         opt int32 tiles 2
     """,
-    "ThresholdParameter": """
-        opt float threshold 1 default=0
-    """,
+    "ThresholdParameter": "opt float threshold 1 default=0",
     "WindowDataParameter": """
         opt string source 1
         opt float scale 2 default=1

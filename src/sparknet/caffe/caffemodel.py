@@ -33,15 +33,8 @@ from sparknet.errors import GraphError
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "CaffeModelLayer",
-    "read_caffemodel",
-    "read_caffemodel_layers",
-    "load_caffemodel_into",
-    "write_caffemodel",
-    "describe_caffemodel",
-    "read_binaryproto",
-]
+__all__ = ["CaffeModelLayer", "read_caffemodel", "read_caffemodel_layers", "load_caffemodel_into", "write_caffemodel",
+           "describe_caffemodel", "read_binaryproto"]
 
 
 def v1_type_name(number: int) -> str:
@@ -81,13 +74,10 @@ def _blob_to_array(blob: Any) -> tuple[np.ndarray, bool]:
 
 def _varint(n: int) -> bytes:
     out = bytearray()
-    while True:
-        bits, n = n & 0x7F, n >> 7
-        if n:
-            out.append(bits | 0x80)
-        else:
-            out.append(bits)
-            return bytes(out)
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    return bytes(out + bytes([n]))
 
 
 # Wire tags of BlobProto's packed ``data`` (field 5) and ``double_data`` (field 8).
@@ -200,10 +190,8 @@ def _target_weights(target: Any) -> Mapping[str, Sequence[Any]]:
         fn = getattr(obj, "layer_weights", None)
         if callable(fn):
             return fn()
-    raise TypeError(
-        f"cannot load Caffe weights into a {type(target).__name__}: pass a GraphModule, a Net, "
-        "or a mapping of layer name to tensors"
-    )
+    raise TypeError(f"cannot load Caffe weights into a {type(target).__name__}: pass a GraphModule, a Net, or a "
+                    "mapping of layer name to tensors")
 
 
 def _fit(array: np.ndarray, shape: tuple[int, ...], legacy: bool) -> np.ndarray | None:
@@ -229,9 +217,7 @@ def _from_caffe_batch_norm(layer: CaffeModelLayer, wanted: int) -> list[np.ndarr
     return blobs
 
 
-def load_caffemodel_into(
-    target: Any, path: str | os.PathLike, *, strict: bool = False
-) -> list[str]:
+def load_caffemodel_into(target: Any, path: str | os.PathLike, *, strict: bool = False) -> list[str]:
     """Copy a ``.caffemodel``'s weights into a sparknet net, layer by layer, in place.
 
     Parameters
@@ -272,27 +258,19 @@ def load_caffemodel_into(
             tensors = list(layers[layer.name])
             blobs = _from_caffe_batch_norm(layer, len(tensors))
             if len(blobs) > len(tensors):
-                raise GraphError(
-                    f"{path}: layer {layer.name!r} has {len(blobs)} blobs in the file but "
-                    f"{len(tensors)} tensors in the net",
-                    layer=layer.name,
-                )
+                raise GraphError(f"{path}: layer {layer.name!r} has {len(blobs)} blobs in the file but "
+                                 f"{len(tensors)} tensors in the net", layer=layer.name)
             if len(blobs) < len(tensors):
-                logger.info(
-                    "%s: layer %r has %d blobs for %d tensors; the rest keep their values",
-                    path, layer.name, len(blobs), len(tensors),
-                )
+                logger.info("%s: layer %r has %d blobs for %d tensors; the rest keep their values", path, layer.name,
+                            len(blobs), len(tensors))
             fitted = []
             legacy = layer.legacy_shapes or (False,) * len(blobs)
             for i, (blob, tensor, old) in enumerate(zip(blobs, tensors, legacy)):
                 shape = tuple(int(d) for d in tensor.shape)
                 array = _fit(blob, shape, old)
                 if array is None:
-                    raise GraphError(
-                        f"{path}: layer {layer.name!r} blob {i} has shape {list(blob.shape)} in the file "
-                        f"but {list(shape)} in the net",
-                        layer=layer.name,
-                    )
+                    raise GraphError(f"{path}: layer {layer.name!r} blob {i} has shape {list(blob.shape)} in the file "
+                                     f"but {list(shape)} in the net", layer=layer.name)
                 fitted.append(array)
             for array, tensor in zip(fitted, tensors):
                 tensor.copy_(torch.from_numpy(np.ascontiguousarray(array)).to(tensor.dtype))
@@ -378,13 +356,8 @@ def _dsl_type(layer: Any) -> str:
     return _DSL_TYPES.get(kind, kind.removesuffix("Layer"))
 
 
-def write_caffemodel(
-    path: str | os.PathLike,
-    weights: Mapping[str, Sequence[Any]],
-    net_params: Any = None,
-    *,
-    name: str | None = None,
-) -> Path:
+def write_caffemodel(path: str | os.PathLike, weights: Mapping[str, Sequence[Any]], net_params: Any = None, *,
+                     name: str | None = None) -> Path:
     """Write weights as a ``.caffemodel`` Caffe can load.
 
     Parameters

@@ -49,19 +49,8 @@ from sparknet.layers import GraphModule, NetParams
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "PrototxtError",
-    "CaffeNet",
-    "CaffeTransform",
-    "DataBinding",
-    "DataLayerSpec",
-    "DEFAULT_SOURCES",
-    "SUPPORTED_LAYER_TYPES",
-    "load_net_prototxt",
-    "parse_net_prototxt",
-    "net_to_prototxt",
-    "resolve_net_path",
-]
+__all__ = ["PrototxtError", "CaffeNet", "CaffeTransform", "DataBinding", "DataLayerSpec", "DEFAULT_SOURCES",
+           "SUPPORTED_LAYER_TYPES", "load_net_prototxt", "parse_net_prototxt", "net_to_prototxt", "resolve_net_path"]
 
 
 class PrototxtError(GraphError):
@@ -80,14 +69,8 @@ class PrototxtError(GraphError):
         Where a syntax error is, 1-based.
     """
 
-    def __init__(
-        self,
-        message: str,
-        layer: str | None = None,
-        path: str | None = None,
-        line: int | None = None,
-        column: int | None = None,
-    ):
+    def __init__(self, message: str, layer: str | None = None, path: str | None = None, line: int | None = None,
+                 column: int | None = None):
         super().__init__(message, layer=layer)
         self.path = path
         self.line = line
@@ -222,20 +205,13 @@ _IMAGENET = DataBinding("imagenet", "train", (3, 256, 256), 1 / 255, 1000)
 _KNOWN_DATASETS = {"mnist": _MNIST, "cifar10": _CIFAR10, "imagenet": _IMAGENET}
 
 DEFAULT_SOURCES: dict[str, DataBinding] = {
-    "mnist_train_lmdb": _MNIST,
-    "mnist_train_leveldb": _MNIST,
-    "mnist_test_lmdb": replace(_MNIST, split="test"),
-    "mnist_test_leveldb": replace(_MNIST, split="test"),
-    "cifar10_train_lmdb": _CIFAR10,
-    "cifar10_train_leveldb": _CIFAR10,
-    "cifar10_test_lmdb": replace(_CIFAR10, split="test"),
-    "cifar10_test_leveldb": replace(_CIFAR10, split="test"),
-    "ilsvrc12_train_lmdb": _IMAGENET,
-    "ilsvrc12_train_leveldb": _IMAGENET,
-    "ilsvrc12_val_lmdb": replace(_IMAGENET, split="validation"),
-    "ilsvrc12_val_leveldb": replace(_IMAGENET, split="validation"),
+    f"{prefix}_{name}_{db}": replace(binding, split=split)
+    for prefix, binding, test, test_split in (("mnist", _MNIST, "test", "test"), ("cifar10", _CIFAR10, "test", "test"),
+                                              ("ilsvrc12", _IMAGENET, "val", "validation"))
+    for name, split in (("train", "train"), (test, test_split))
+    for db in ("lmdb", "leveldb")
 }
-"""The BVLC example sources, keyed by their last path component."""
+"""The BVLC examples' sources (``mnist_train_lmdb``, ...), keyed by their last path component."""
 
 
 def _find_binding(
@@ -308,10 +284,8 @@ class CaffeTransform:
             x = x / np.float32(self.native_scale)
         if self.mean_file is not None:
             if self.mean is None:
-                raise ValueError(
-                    f"transform_param names mean_file {self.mean_file!r}, which was not found; put it next "
-                    "to the prototxt or call transform.with_mean(array)"
-                )
+                raise ValueError(f"transform_param names mean_file {self.mean_file!r}, which was not found; put it "
+                                 "next to the prototxt or call transform.with_mean(array)")
             x = x - self.mean[None]
         elif self.mean_value:
             mean = np.asarray(self.mean_value, dtype=np.float32)
@@ -440,17 +414,12 @@ class CaffeNet:
             weights = module.layer_weights()
             with torch.no_grad():
                 for layer, (mean, std, sparse) in self._sparse_fillers.items():
+                    # Caffe's Gaussian filler with sparse: each weight is kept with probability sparse / num_outputs
                     weight = weights[layer][0]
-                    _sparse_gaussian_(weight, mean, std, sparse, generator)
+                    values = torch.empty(weight.shape).normal_(mean, std, generator=generator)
+                    mask = torch.empty(weight.shape).bernoulli_(min(1.0, sparse / weight.shape[0]), generator=generator)
+                    weight.copy_((values * mask).to(weight.dtype))
         return module
-
-
-def _sparse_gaussian_(weight: Any, mean: float, std: float, sparse: int, generator: Any) -> None:
-    """Caffe's Gaussian filler with ``sparse``: each weight is kept with probability sparse / num_outputs."""
-    values = torch.empty(weight.shape).normal_(mean, std, generator=generator)
-    keep = min(1.0, sparse / weight.shape[0])
-    mask = torch.empty(weight.shape).bernoulli_(keep, generator=generator)
-    weight.copy_((values * mask).to(weight.dtype))
 
 
 # --------------------------------------------------------------------------- net state
@@ -486,12 +455,9 @@ def _included(layer: Any, phase: int, level: int, stages: set[str]) -> bool:
 def _upgrade_v1(old: Any, where: str) -> Any:
     """A V1 ``layers {}`` entry as a current ``LayerParameter`` (Caffe's UpgradeV1LayerParameter)."""
     if old.HasField("layer"):
-        raise PrototxtError(
-            f"{where}: layer {old.layer.name or old.name!r} uses the V0 format (layers {{ layer {{ ... }} }}); "
-            "upgrade the file with Caffe's upgrade_net_proto_text",
-            layer=old.layer.name or old.name,
-            path=where,
-        )
+        name = old.layer.name or old.name
+        raise PrototxtError(f"{where}: layer {name!r} uses the V0 format (layers {{ layer {{ ... }} }}); upgrade the "
+                            "file with Caffe's upgrade_net_proto_text", layer=name, path=where)
     new = _schema.LayerParameter(name=old.name, type=v1_type_name(old.type))
     new.bottom.extend(old.bottom)
     new.top.extend(old.top)
@@ -539,9 +505,8 @@ def _legacy_inputs(net: Any, where: str) -> list[Any]:
         elif len(dims) >= 4 * (i + 1):
             shape.dim.extend(dims[4 * i:4 * i + 4])
         else:
-            raise PrototxtError(
-                f"{where}: input {name!r} has no input_shape or 4 input_dim values", layer=name, path=where
-            )
+            raise PrototxtError(f"{where}: input {name!r} has no input_shape or 4 input_dim values", layer=name,
+                                path=where)
         layers.append(layer)
     return layers
 
@@ -614,11 +579,8 @@ class _Converter:
         for spec in layer.param:
             if spec.name:
                 if spec.name in self.param_names and self.param_names[spec.name] != layer.name:
-                    raise self.fail(
-                        layer,
-                        f"shares parameter {spec.name!r} with layer {self.param_names[spec.name]!r}; "
-                        "weight sharing is not supported",
-                    )
+                    raise self.fail(layer, f"shares parameter {spec.name!r} with layer "
+                                           f"{self.param_names[spec.name]!r}; weight sharing is not supported")
                 self.param_names[spec.name] = layer.name
         lr = tuple(_f(layer.param[i].lr_mult) if i < len(layer.param) else 1.0 for i in range(blobs))
         decay = tuple(_f(layer.param[i].decay_mult) if i < len(layer.param) else 1.0 for i in range(blobs))
@@ -651,12 +613,9 @@ class _Converter:
         kind = layer.type
         handler = _HANDLERS.get(kind)
         if handler is None:
-            raise PrototxtError(
-                f"{self.where}: layer {layer.name!r} has type {kind!r}, which sparknet does not support "
-                f"(supported: {', '.join(sorted(SUPPORTED_LAYER_TYPES))})",
-                layer=layer.name,
-                path=self.where,
-            )
+            raise PrototxtError(f"{self.where}: layer {layer.name!r} has type {kind!r}, which sparknet does not "
+                                f"support (supported: {', '.join(sorted(SUPPORTED_LAYER_TYPES))})", layer=layer.name,
+                                path=self.where)
         if kind not in _LOSS_TYPES and any(w != 0 for w in layer.loss_weight):
             raise self.fail(layer, "a loss_weight on a layer that is not a loss is not supported")
         try:
@@ -713,11 +672,8 @@ class _Converter:
         if binding is not None and binding.sample_shape is not None and shape is None:
             shape = tuple(binding.sample_shape)
         if shape is None:
-            raise self.fail(
-                layer,
-                f"cannot tell the shape of source {source!r}; bind it to a data set with "
-                f"sources={{{source or layer.name!r}: DataBinding(dataset, split, sample_shape=(C, H, W))}}",
-            )
+            raise self.fail(layer, f"cannot tell the shape of source {source!r}; bind it to a data set with sources="
+                            f"{{{source or layer.name!r}: DataBinding(dataset, split, sample_shape=(C, H, W))}}")
         if batch <= 0:
             raise self.fail(layer, "batch_size is not set")
         transform = self.transform(layer, binding)
@@ -725,9 +681,8 @@ class _Converter:
         made = [self.rdd(layer, layer.top[0], net_shape, "float32")]
         if len(layer.top) == 2:
             made.append(self.rdd(layer, layer.top[1], (batch,), "int64"))
-        self.data_layers.append(
-            DataLayerSpec(layer.name, kind, tuple(layer.top), source, batch, binding, transform, net_shape)
-        )
+        self.data_layers.append(DataLayerSpec(layer.name, kind, tuple(layer.top), source, batch, binding, transform,
+                                              net_shape))
         return made
 
     def transform(self, layer: Any, binding: DataBinding | None) -> CaffeTransform:
@@ -1042,19 +997,9 @@ def load_net_prototxt(
         copy.CopyFrom(layer)
         del copy.blobs[:]
     logger.debug("%s: %s phase, %d layers", where, phase_name, len(net_params))
-    return CaffeNet(
-        net_params=net_params,
-        name=net.name,
-        phase=phase_name,
-        stages=tuple(stages),
-        level=level,
-        data_layers=converter.data_layers,
-        inputs=converter.inputs,
-        proto=proto,
-        layer_types=converter.layer_types,
-        source_path=path,
-        _sparse_fillers=converter.sparse,
-    )
+    return CaffeNet(net_params=net_params, name=net.name, phase=phase_name, stages=tuple(stages), level=level,
+                    data_layers=converter.data_layers, inputs=converter.inputs, proto=proto,
+                    layer_types=converter.layer_types, source_path=path, _sparse_fillers=converter.sparse)
 
 
 def _class_labels_as_int64(converter: _Converter) -> None:

@@ -116,15 +116,8 @@ class CaffeSolver:
                                 "give one test_iter per test_state", path=where)
         return list(zip(states, self.test_iter))
 
-    def load_net(
-        self,
-        phase: str = "TRAIN",
-        *,
-        stages: tuple[str, ...] | None = None,
-        level: int | None = None,
-        sources: dict[str, DataBinding | str] | None = None,
-        net: str | os.PathLike | None = None,
-    ) -> CaffeNet:
+    def load_net(self, phase: str = "TRAIN", *, stages: tuple[str, ...] | None = None, level: int | None = None,
+                 sources: dict[str, DataBinding | str] | None = None, net: str | os.PathLike | None = None) -> CaffeNet:
         """Load the solver's net for ``phase``.
 
         Parameters
@@ -146,10 +139,7 @@ class CaffeSolver:
             The net is wrong (see :func:`~sparknet.caffe.load_net_prototxt`), or the inline ``net_param`` is empty.
         """
         phase = phase.upper()
-        if phase == "TRAIN":
-            state = self.train_state
-        else:
-            state = self.test_states[0] if self.test_states else NetStateSpec("TEST")
+        state = self.train_state if phase == "TRAIN" else (self.test_states or (NetStateSpec("TEST"),))[0]
         stages = tuple(state.stages) if stages is None else tuple(stages)
         level = state.level if level is None else level
         if net is not None:
@@ -163,10 +153,8 @@ class CaffeSolver:
                                     "file", path=where)
             target = self.net_text
         else:
-            raise FileNotFoundError(
-                f"{self.source_path or '<text>'}: the solver's net {self.net!r} was not found next to the "
-                "solver or in its parent folders; pass net=PATH"
-            )
+            raise FileNotFoundError(f"{self.source_path or '<text>'}: the solver's net {self.net!r} was not found next "
+                                    "to the solver or in its parent folders; pass net=PATH")
         try:
             return load_net_prototxt(target, phase=phase, stages=stages, level=level, sources=sources)
         except PrototxtError as exc:
@@ -189,23 +177,17 @@ def _solver_type(msg: Any, where: str) -> SolverType:
     if msg.HasField("type"):
         key = msg.type.strip().lower()
         if key not in _SOLVER_TYPES:
-            raise PrototxtError(
-                f"{where}: unknown solver type {msg.type!r}; Caffe's are SGD, Nesterov, AdaGrad, RMSProp, "
-                "AdaDelta, Adam",
-                path=where,
-            )
+            raise PrototxtError(f"{where}: unknown solver type {msg.type!r}; Caffe's are SGD, Nesterov, AdaGrad, "
+                                "RMSProp, AdaDelta, Adam", path=where)
         current = _SOLVER_TYPES[key]
         if legacy is not None and legacy is not current:
-            raise PrototxtError(
-                f"{where}: type {msg.type!r} and solver_type {legacy.name} disagree; keep one", path=where
-            )
+            raise PrototxtError(f"{where}: type {msg.type!r} and solver_type {legacy.name} disagree; keep one",
+                                path=where)
         return current
     return legacy if legacy is not None else SolverType.SGD
 
 
-def load_solver_prototxt(
-    path_or_text: str | os.PathLike, *, net: str | os.PathLike | None = None
-) -> CaffeSolver:
+def load_solver_prototxt(path_or_text: str | os.PathLike, *, net: str | os.PathLike | None = None) -> CaffeSolver:
     """Parse a Caffe solver prototxt.
 
     Parameters
@@ -279,18 +261,11 @@ def load_solver_prototxt(
         net_path = resolve_net_path(net_field, path) if net_field else None
         if net_field and net_path is None:
             logger.warning("%s: net %r not found near the solver; pass net=PATH to load it", where, net_field)
-    net_text = None
-    for inline in ("net_param", "train_net_param"):
-        if msg.HasField(inline):
-            net_text = text_format.MessageToString(getattr(msg, inline))
-            break
+    inline = next((getattr(msg, name) for name in ("net_param", "train_net_param") if msg.HasField(name)), None)
+    net_text = text_format.MessageToString(inline) if inline is not None else None
 
     solver = CaffeSolver(
-        config=config,
-        net=net_field,
-        net_path=net_path,
-        net_text=net_text,
-        test_nets=tuple(msg.test_net),
+        config=config, net=net_field, net_path=net_path, net_text=net_text, test_nets=tuple(msg.test_net),
         train_state=_state(msg.train_state, "TRAIN") if msg.HasField("train_state") else NetStateSpec("TRAIN"),
         test_states=tuple(_state(s, "TEST") for s in msg.test_state),
         test_iter=tuple(int(v) for v in msg.test_iter),
