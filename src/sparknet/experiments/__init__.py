@@ -33,7 +33,7 @@ import platform
 import statistics
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -52,7 +52,7 @@ from sparknet.solvers import SolverConfig
 
 __all__ = ["EXPERIMENTS", "DEFAULT_OUT", "ExperimentConfig", "SparkExperimentConfig", "get_experiment", "make_config",
            "run_experiment", "write_result", "load_data", "make_model", "make_solver", "median_step_time",
-           "parallel_map", "torch_threads", "environment", "first_reaching", "measured", "spark_stage",
+           "parallel_map", "torch_threads", "environment", "to_target", "measured", "spark_stage",
            "SparkFit", "spark_fit", "pyplot"]
 
 log = logging.getLogger(__name__)
@@ -287,9 +287,12 @@ def make_solver(solver_type: str = "sgd", lr: float = 0.05, momentum: float = 0.
                         **{"lr_policy": "fixed", **policy})
 
 
-def first_reaching(curve: Iterable[dict], target: float, key: str = "accuracy") -> dict | None:
-    """The first record of ``curve`` whose ``key`` is at least ``target``."""
-    return next((record for record in curve if record.get(key) is not None and record[key] >= target), None)
+def to_target(curve: list[dict], target: float) -> dict:
+    """Where an accuracy curve (``steps``, ``accuracy``, ``wall_s`` records) first reaches ``target``, and its end."""
+    hit = next((r for r in curve if r.get("accuracy") is not None and r["accuracy"] >= target), None)
+    return {"reached": hit is not None, "time_to_target_s": hit["wall_s"] if hit else None,
+            "steps_to_target": hit["steps"] if hit else None,
+            "final_accuracy": curve[-1]["accuracy"] if curve else None}
 
 
 def median_step_time(net_params, solver, train, *, batch_size: int, steps: int = 50, warmup: int = 5,

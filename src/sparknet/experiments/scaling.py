@@ -130,8 +130,8 @@ def calibrate(spark=None, *, batch_size: int = 64, rows: int = 2048, steps: int 
             net.evaluate()
         eval_s_per_row = (time.perf_counter() - t) / (3 * rows)
         model_bytes = net.get_flat().numel() * 4
-    values = {"step_s": step_s, "solver_step": {"sgd": 1.0, "adamw": adamw_s / step_s}, "eval_s_per_row": eval_s_per_row,
-              "model_bytes": model_bytes,
+    values = {"step_s": step_s, "solver_step": {"sgd": 1.0, "adamw": adamw_s / step_s},
+              "eval_s_per_row": eval_s_per_row, "model_bytes": model_bytes,
               "allreduce_s": allreduce_step_cost(batch_size=batch_size, rows=rows, steps=steps)}
     if spark is not None:
         from sparknet.spark.backend import empty_job_s

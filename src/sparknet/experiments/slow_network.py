@@ -5,35 +5,20 @@ exchange overlapped (and streamed in fragments) on Spark.
     sparknet experiment slow-network --link-latency 50ms --link-bandwidth 100Mbit
     sparknet experiment slow-network --schemes average overlap streaming --link-latency 50ms --link-bandwidth 10Mbit
 
-What the SparkNet paper could only model (its Figure 4), measured: every exchange of the
-real Spark engine waits as long as it would over a link of the given latency and bandwidth
-(:class:`sparknet.link.LinkModel`), and the wall clock to the target accuracy is timed.
+What the SparkNet paper could only model (its Figure 4), measured: the real Spark engines wait, where each
+exchange happens, as long as it would take over a link of the given latency and bandwidth (their own link
+option, ``EngineOptions(link=...)``, as ``sparknet train --link-latency 50ms --link-bandwidth 100Mbit``;
+:class:`sparknet.link.LinkModel`), and the wall clock to the target accuracy is timed. Every worker has its
+own link of this speed; what the engines waited (``link_s``) is kept with each run.
 
-The link is an option of the engines themselves (``EngineOptions(link=...)``, the same as
-``sparknet train --link-latency 50ms --link-bandwidth 100Mbit``), which wait exactly where the
-exchanges happen —
-
-- barrier engine: before the round's allreduce, every rank waits :meth:`LinkModel.allreduce_delay`
-  for that buffer (a ring allreduce over K ranks), and before each step's gradient allreduce
-  of the naive scheme; also before the tiny allreduce of each evaluation. An overlapped exchange
-  (the overlap and streaming schemes) waits what is left of that delay once the next round's
-  steps are done;
-- rounds engine: each task waits :meth:`LinkModel.delay` for its download of the broadcast
-  weights and again for the upload of its delta (the tasks' waits overlap, as on a network).
-
-The engines record what they waited (``link_s`` per round and in all), kept with each run.
-Every worker has its own link of this speed (the driver's is not the bottleneck). Not
-delayed: the barrier engine's metrics channel to the driver.
-A run whose link alone would take more than ``max_seconds`` gets fewer steps; if that keeps
-it from the target, the time it would have taken is projected (the link changes when things
-happen, not what is computed: the free-link run's training time plus its steps to the target
-times the link's cost per step) and marked as projected. Times are counted from the
-start of each fit's first round: its setup (data staging) and the barrier stage's launch (its
-tasks start, write their partitions and join the process group), the same for every scheme and
-link, are left out and recorded beside them (``setup_s``, ``launch_s``); one untimed
-single-step fit runs first. The cost model's constants
-(:func:`sparknet.experiments.scaling.calibrate`) are read just before and just after the runs and
-kept with them, so ``sparknet experiment scaling`` prices these runs with this hour's machine.
+A run whose link alone would take more than ``max_seconds`` gets fewer steps; if that keeps it from the
+target, the time it would have taken is projected (the link changes when things happen, not what is
+computed: the free-link run's training time plus its steps to the target times the link's cost per step)
+and marked as projected. Times are counted from the start of each fit's first round: its setup and the
+barrier stage's launch, the same for every scheme and link, are recorded beside them (``setup_s``,
+``launch_s``); one untimed single-step fit runs first. The cost model's constants
+(:func:`sparknet.experiments.scaling.calibrate`) are read just before and just after the runs and kept with
+them, so ``sparknet experiment scaling`` prices these runs with this hour's machine.
 """
 
 from __future__ import annotations
@@ -41,8 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.experiments import (SparkExperimentConfig, first_reaching, make_model, make_solver, measured,
-                                  median_step_time, pyplot, spark_fit, spark_stage)
+from sparknet.experiments import (SparkExperimentConfig, make_model, make_solver, measured, median_step_time, pyplot,
+                                  spark_fit, spark_stage, to_target)
 from sparknet.experiments.scaling import calibrate, calibration_around
 from sparknet.link import LinkModel
 
@@ -139,16 +124,13 @@ def _one(config: Config, scheme: str, link: LinkModel, spark, df, test, nbytes: 
     fit = spark_fit(config, spark, df, test, solver=solver, engine=engine, strategy=strategy, tau=config.tau,
                     target_accuracy=config.target, steps=steps, link=link, **streaming)
     curve = fit.curve
-    hit = first_reaching(curve, config.target)
+    hit = to_target(curve, config.target)
     s = fit.result.summary
     setup = (s.get("setup_s") or 0.0) + (s.get("launch_s") or 0.0)  # the first round's start
-    return {"scheme": scheme, "link": link.to_dict(), "ok": True, "engine": engine, "strategy": strategy,
-            "reached": hit is not None, "time_to_target_s": hit["wall_s"] if hit else None,
-            "train_time_to_target_s": hit["wall_s"] - setup if hit else None,
+    return {"scheme": scheme, "link": link.to_dict(), "ok": True, "engine": engine, "strategy": strategy, **hit,
+            "train_time_to_target_s": hit["time_to_target_s"] - setup if hit["reached"] else None,
             "train_wall_s": (curve[-1]["wall_s"] - setup) if curve else None,
-            "steps_to_target": hit["steps"] if hit else None, "step_budget": steps, "wall_s": fit.wall_s,
-            "setup_s": s.get("setup_s"), "launch_s": s.get("launch_s"),
-            "final_accuracy": curve[-1]["accuracy"] if curve else None,
+            "step_budget": steps, "wall_s": fit.wall_s, "setup_s": s.get("setup_s"), "launch_s": s.get("launch_s"),
             "samples_per_s": s.get("samples_per_s"), "fragments": s.get("fragments"),
             "bytes_per_exchange": max((h["bytes"] for h in fit.rounds[:-1]), default=None),
             "rounds": s.get("rounds"), "bytes_communicated": s.get("bytes_communicated"),
@@ -186,12 +168,7 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
 
 
 def _project(runs: list[dict]) -> None:
-    """For a run cut short by ``max_seconds``: the time it would have taken.
-
-    The link changes when things happen, not what is computed (same seeds, same steps), so a
-    scheme needs as many steps over a slow link as over the free one: its free-link training
-    time plus those steps times the link's cost per step.
-    """
+    """For a run cut short by ``max_seconds``: the time it would have taken (see the module docstring)."""
     free = {r["scheme"]: r for r in runs if r.get("ok") and r["link"]["latency_s"] == 0
             and r["link"]["bandwidth_bits_per_s"] is None}
     for r in runs:

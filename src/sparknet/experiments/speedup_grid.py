@@ -36,6 +36,7 @@ budget and stop there if they diverged too.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -146,9 +147,6 @@ def _baseline(job: dict) -> dict:
 
 def _cell(job: dict) -> dict:
     """One (strategy, K, tau) cell, or a large-batch reference run, through ``simulate``."""
-
-    if job["kind"] == "baseline":
-        return _baseline(job)
     t0 = time.perf_counter()
 
     def attempt(steps: int):
@@ -243,6 +241,7 @@ def speedup_table(cells: list[dict], strategy: str, workers, taus) -> list[list[
 def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> dict:
     """Measure N_a for each inner solver, then run every cell; returns the result body."""
     initargs = (config.dataset, config.train_samples, config.test_samples)
+    pool_map = functools.partial(parallel_map, processes=config.processes, initializer=_load, initargs=initargs)
     solvers = {}
     for strategy in (*config.strategies, *(("average",) if config.large_batch_reference else ())):
         solver = solver_for(config, strategy)
@@ -251,7 +250,7 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
                   "seed": config.seed, "target": config.target, "steps": config.baseline_steps,
                   "eval_every": config.eval_every, "solver_key": key} for key, solver in solvers.items()]
     log.info("speedup grid: measuring N_a for %d solver(s) (one worker, target %.3f)", len(base_jobs), config.target)
-    baselines = parallel_map(_cell, base_jobs, processes=config.processes, initializer=_load, initargs=initargs)
+    baselines = pool_map(_baseline, base_jobs)
     n_a: dict[str, int] = {}
     for job, base in zip(base_jobs, baselines):
         base["solver"] = job["solver"]
@@ -268,7 +267,7 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
     first = [j for j in jobs if j["kind"] == "cell" and j["workers"] == 1]
     for j in first:
         j["probe_steps"] = None
-    results = parallel_map(_cell, first, processes=config.processes, initializer=_load, initargs=initargs)
+    results = pool_map(_cell, first)
     diverged_columns = {(r["strategy"], r["tau"]) for r in results if r["diverged"]}
     rest = [j for j in jobs if not (j["kind"] == "cell" and j["workers"] == 1)]
     for j in rest:
@@ -276,7 +275,7 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
             j["probe_steps"] = None
     if diverged_columns:
         log.info("single workers diverged for %s: probing those columns first", sorted(diverged_columns))
-    results += parallel_map(_cell, rest, processes=config.processes, initializer=_load, initargs=initargs)
+    results += pool_map(_cell, rest)
     cells, large_batch = [], []
     for r in results:
         base_n = n_a[_solver_key(r["solver"])]

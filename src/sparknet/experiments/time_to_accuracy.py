@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.experiments import (SparkExperimentConfig, first_reaching, load_data, make_model, make_solver, measured,
-                                  pyplot, spark_fit, spark_stage, torch_threads)
+from sparknet.experiments import (SparkExperimentConfig, load_data, make_model, make_solver, measured, pyplot,
+                                  spark_fit, spark_stage, to_target, torch_threads)
 from sparknet.net import Net
 from sparknet.simulate import simulate
 
@@ -88,10 +88,7 @@ QUICK: dict = {"dataset": "mnist-small", "target": 0.95, "eval_every": 25, "step
 
 
 def _entry(system: str, curve: list[dict], target: float, wall_s: float, **extra) -> dict:
-    hit = first_reaching(curve, target)
-    return {"system": system, "ok": True, "reached": hit is not None,
-            "time_to_target_s": hit["wall_s"] if hit else None, "steps_to_target": hit["steps"] if hit else None,
-            "final_accuracy": curve[-1]["accuracy"] if curve else None, "wall_s": wall_s, "curve": curve, **extra}
+    return {"system": system, "ok": True, **to_target(curve, target), "wall_s": wall_s, "curve": curve, **extra}
 
 
 # -- the systems ----------------------------------------------------------------------------------
