@@ -114,15 +114,6 @@ def _parse_mode(value: Any, layer: str) -> ParallelMode | None:
                          layer=layer) from None
 
 
-def _is_elementwise(layer, module: nn.Module | None) -> bool:
-    """Layers that keep a split tensor split: no parameters, one value in, one value out per element."""
-    if isinstance(layer, DropoutLayer):
-        return True
-    if isinstance(layer, ActivationLayer):
-        return module is None or not any(True for _ in module.parameters())
-    return False
-
-
 def resolve_plan(module: GraphModule, model_parallel: int, plan: PlanLike | None = None) -> ParallelPlan:
     """The split layers of ``module``: the DSL's ``parallel=`` fields, overridden by ``plan``.
 
@@ -204,7 +195,10 @@ def resolve_plan(module: GraphModule, model_parallel: int, plan: PlanLike | None
             out = (layer.name, 1 if isinstance(layer, ConvLayer) else len(shapes[layer.tops[0]]) - 1)
         elif incoming:
             sub = module.layer_module(layer.name) if layer.name in module.module_names else None
-            preserves = _is_elementwise(layer, sub) or (isinstance(layer, PoolLayer) and incoming[0][1] == 1)
+            # Element-wise layers without parameters keep a split tensor split, as does pooling over split channels.
+            elementwise = isinstance(layer, DropoutLayer) or (
+                isinstance(layer, ActivationLayer) and (sub is None or not any(True for _ in sub.parameters())))
+            preserves = elementwise or (isinstance(layer, PoolLayer) and incoming[0][1] == 1)
             if preserves and len(incoming) == 1 and len(layer.bottoms) == 1:
                 out = incoming[0]
             else:
