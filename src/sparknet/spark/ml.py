@@ -63,15 +63,16 @@ log = logging.getLogger(__name__)
 _RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", "weight_decay", "lr_policy",
                "gamma", "power", "seed", "threads", "device", "metrics_out", "quiet", "mlflow")
 """RunConfig fields that become estimator Params."""
-_DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs", "weight_ema",
-                "target_accuracy", "data_mode", "stream_buffer_mb", "compression", "auto_tau", "auto_tau_target", "outer_lr", "outer_momentum",
-                "easgd_beta", "overlap", "fragments", "eval_overlap")
+_DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs",
+                "weight_ema", "target_accuracy", "data_mode", "stream_buffer_mb", "compression", "auto_tau",
+                "auto_tau_target", "outer_lr", "outer_momentum", "easgd_beta", "overlap", "fragments", "eval_overlap")
 """DistributedConfig fields that become estimator Params."""
 _DOC_OVERRIDES = {
     "workers": "Number of workers K (default: the session's default parallelism).",
     "threads": "Torch threads per task (training and scoring; default 1).",
     "quiet": "No progress while fit runs (default: a bar on a terminal or in a notebook, one plain line per round "
              "on standard error when it goes to a log).",
+    "device": "cpu, cuda or auto (where each task runs the net).",
     "metrics_out": "A JSON-lines file on the driver that fit writes every round record to.",
     "mlflow": "Log fit to MLflow at this tracking URI or path ('': the run active in this program, which fit joins, "
               "else ./mlflow.db): params, every round's metrics, and the model as an MLflow pyfunc model.",
@@ -123,7 +124,7 @@ def _config_params() -> tuple[dict[str, Param], dict[str, tuple[type, str]], dic
     for cls, names in ((RunConfig, _RUN_FIELDS), (DistributedConfig, _DIST_FIELDS)):
         hints = typing.get_type_hints(cls)
         docs = field_docs(cls)
-        by_name = {f.name: f for f in dataclasses.fields(cls)}
+        defaults_of = {f.name: f.default for f in dataclasses.fields(cls)}
         for fname in names:
             pname = _camel(fname)
             base, is_opt = base_type(hints[fname])
@@ -133,8 +134,7 @@ def _config_params() -> tuple[dict[str, Param], dict[str, tuple[type, str]], dic
             origin[pname] = (cls, fname)
             if is_opt:
                 optional.add(pname)
-            f = by_name[fname]
-            default = f.default if f.default is not dataclasses.MISSING else dataclasses.MISSING
+            default = defaults_of[fname]
             if fname not in _NO_DEFAULT and default is not dataclasses.MISSING and default is not None:
                 defaults[pname] = default.value if isinstance(default, enum.Enum) else default
     return params, origin, defaults, optional
@@ -186,10 +186,8 @@ class _ScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, HasRaw
         Params._dummy(), "imageShape",
         "Shape of one sample without the batch dimension (e.g. [1, 28, 28]); flat features are reshaped "
         "to it (default: the net's input shape).", typeConverter=_to_shape)
-    threads: Param[int] = Param(Params._dummy(), "threads", _DOC_OVERRIDES["threads"],
-                                typeConverter=_field_converter(RunConfig, "threads", "threads", int))
-    device: Param[str] = Param(Params._dummy(), "device", "cpu, cuda or auto (where each task runs the net).",
-                               typeConverter=_field_converter(RunConfig, "device", "device", str))
+    threads: Param[int] = _CONFIG_PARAMS["threads"]
+    device: Param[str] = _CONFIG_PARAMS["device"]
     scoreBatchSize: Param[int] = Param(Params._dummy(), "scoreBatchSize",
                                        "Rows per forward pass when scoring.", typeConverter=TypeConverters.toInt)
     task: Param[str] = Param(Params._dummy(), "task",
@@ -220,8 +218,7 @@ class _EstimatorParams(_ScoringParams, HasLabelCol, HasValidationIndicatorCol):
 
 
 for _name, _param in _CONFIG_PARAMS.items():
-    if _name not in ("threads", "device"):
-        setattr(_EstimatorParams, _name, _param)
+    setattr(_EstimatorParams, _name, _param)
 _add_accessors(_ScoringParams, ["featuresCol", "predictionCol", "probabilityCol", "rawPredictionCol", "imageShape",
                                 "threads", "device", "scoreBatchSize", "task"])
 _add_accessors(_EstimatorParams, ["labelCol", "validationIndicatorCol", *_CONFIG_PARAMS])
@@ -240,35 +237,25 @@ def _set_params(instance: Params, params: Mapping[str, Any]) -> None:
 
 
 # -- column handling ------------------------------------------------------------------------------
-def _feature_kind(schema, col: str) -> str:
-    """``"vector"``, ``"array"`` or ``"binary"``; a clear ValueError for anything else."""
+def _features_as_array(schema, col: str):
+    """The features column's kind (``"vector"``, ``"array"`` or ``"binary"``; a clear ValueError for anything else)
+    and a Column of ``array<float>`` (or binary) for it."""
+    from pyspark.ml.functions import vector_to_array
     from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, BinaryType, NumericType
 
     if col not in schema.fieldNames():
         raise ValueError(f"features column {col!r} not found; the DataFrame has {schema.fieldNames()}")
     dt = schema[col].dataType
     if isinstance(dt, VectorUDT):
-        return "vector"
+        return "vector", vector_to_array(F.col(col), "float32")
     if isinstance(dt, ArrayType) and isinstance(dt.elementType, NumericType):
-        return "array"
+        return "array", F.col(col).cast("array<float>")
     if isinstance(dt, BinaryType):
-        return "binary"
+        return "binary", F.col(col)
     raise ValueError(f"features column {col!r} is {dt.simpleString()}; it must be an ML Vector, an array of "
                      "numbers, or binary (with imageShape)")
-
-
-def _features_as_array(schema, col: str):
-    """A Column of ``array<float>`` (or binary) for the features column."""
-    from pyspark.ml.functions import vector_to_array
-    from pyspark.sql import functions as F
-
-    kind = _feature_kind(schema, col)
-    if kind == "vector":
-        return kind, vector_to_array(F.col(col), "float32")
-    if kind == "array":
-        return kind, F.col(col).cast("array<float>")
-    return kind, F.col(col)
 
 
 # -- executor side: the scoring UDF -------------------------------------------------------------
@@ -384,17 +371,10 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
         the round ends (from a Spark Connect session: when the fit's stage ends). A callback that raises
         is logged and training goes on. Not saved with the estimator.
     **params
-        Any Param by its camelCase name (``featuresCol``, ``labelCol``, ``predictionCol``,
-        ``probabilityCol``, ``imageShape``, ``scoreBatchSize``, ``validationIndicatorCol`` — rows
-        where it is true are held out and evaluated on, not trained on) or a training setting by its
-        config field name in camelCase or snake_case: ``model``, ``steps``, ``batchSize``,
-        ``solverType``, ``lr``, ``momentum``, ``weightDecay``, ``lrPolicy``, ``gamma``,
-        ``power``, ``seed``, ``threads``, ``device``, ``quiet``, ``metricsOut``
-        (:class:`~sparknet.config.RunConfig`) and
-        ``workers``, ``engine``, ``strategy``, ``tau``, ``roundSeconds``, ``warmupSteps``,
-        ``rounds``, ``epochs``, ``targetAccuracy``
-        (:class:`~sparknet.config.DistributedConfig`). ``explainParams()`` lists them with
-        their docs.
+        Any Param by its camelCase name (``featuresCol``, ``imageShape``, ``validationIndicatorCol`` — rows
+        where it is true are held out and evaluated on, not trained on — ...) or a training setting by its
+        :class:`~sparknet.config.RunConfig` or :class:`~sparknet.config.DistributedConfig` field name in
+        camelCase or snake_case (``batchSize``, ``tau``...). ``explainParams()`` lists them with their docs.
 
     Raises
     ------
@@ -443,21 +423,8 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
         default_workers : int, optional
             Workers when ``workers`` is unset (``fit`` passes the session's default parallelism).
         """
-        run = RunConfig(**self._config_kwargs(RunConfig))
-        dist_kwargs = self._config_kwargs(DistributedConfig)
-        dist_kwargs.setdefault("workers", default_workers or 1)
-        dist = DistributedConfig(**dist_kwargs)
-        return run, dist
-
-    def _resolve_net(self, dataset, run: RunConfig, kind: str):
-        """The NetParams to train and the per-sample input shape."""
-        net = self.getNet()
-        shape = tuple(self.getImageShape()) if self.isDefined(self.imageShape) else None
-        if net is None:
-            net = self._zoo_net(dataset, run, shape, kind)
-        if shape is None:
-            shape = model_io.input_shape_of(net)
-        return net, shape
+        return (RunConfig(**self._config_kwargs(RunConfig)),
+                DistributedConfig(**{"workers": default_workers or 1, **self._config_kwargs(DistributedConfig)}))
 
     def _zoo_net(self, dataset, run: RunConfig, shape, kind: str):
         """The zoo model named by ``model``, sized to the data where its function takes sizes."""
@@ -504,7 +471,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
         spark = dataset.sparkSession
         run, dist = self.configs(default_workers=session_parallelism(spark))
         features_col, label_col = self.getFeaturesCol(), self.getLabelCol()
-        kind = _feature_kind(dataset.schema, features_col)
+        kind, _ = _features_as_array(dataset.schema, features_col)
         if label_col not in dataset.schema.fieldNames():
             raise ValueError(f"label column {label_col!r} not found; the DataFrame has {dataset.schema.fieldNames()}")
         train, validation = dataset, None
@@ -516,8 +483,11 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
             validation = dataset.filter(F.coalesce(F.col(ind).cast("boolean"), F.lit(False)))
         if dist.target_accuracy is not None and validation is None:
             raise ValueError("targetAccuracy needs validation rows: set validationIndicatorCol")
-        net_params, shape = self._resolve_net(train, run, kind)
         image_shape = self.getImageShape() if self.isDefined(self.imageShape) else None
+        net_params = self.getNet()
+        if net_params is None:
+            net_params = self._zoo_net(train, run, image_shape, kind)
+        shape = tuple(image_shape) if image_shape is not None else model_io.input_shape_of(net_params)
         if kind == "binary" and image_shape is None:
             if shape is None:
                 raise ValueError("binary features need imageShape")
@@ -803,16 +773,12 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         return _SparkNetModelReader(cls, allow_pickle=allow_pickle).load(path)
 
 
-class _SharedPathWriter:
+class _EstimatorWriter(DefaultParamsWriter):
     """Refuses a path the executors cannot write before writing (they write part of the folder)."""
 
     def save(self, path: str) -> None:
         check_shared_path(self.sparkSession, path, what="the save path", write=True)
         super().save(path)
-
-
-class _EstimatorWriter(_SharedPathWriter, DefaultParamsWriter):
-    pass
 
 
 class _EstimatorReader(DefaultParamsReader):
@@ -821,11 +787,7 @@ class _EstimatorReader(DefaultParamsReader):
         return super().load(path)
 
 
-class _SparkNetModelWriter(_SharedPathWriter, MLWriter):
-    def __init__(self, instance: SparkNetModel):
-        super().__init__()
-        self.instance = instance
-
+class _SparkNetModelWriter(_EstimatorWriter):
     def saveImpl(self, path: str) -> None:
         files = self.instance._require_files()
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
@@ -836,10 +798,9 @@ class _SparkNetModelWriter(_SharedPathWriter, MLWriter):
          .write.parquet(os.path.join(path, "data")))
 
 
-class _SparkNetModelReader(MLReader):
+class _SparkNetModelReader(DefaultParamsReader):
     def __init__(self, cls, allow_pickle: bool = False):
-        super().__init__()
-        self.cls = cls
+        super().__init__(cls)
         self.allow_pickle = allow_pickle
 
     def load(self, path: str) -> SparkNetModel:
