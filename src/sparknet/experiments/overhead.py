@@ -70,14 +70,9 @@ def naive_speedup(s_over_c: float, workers: int) -> float:
 
 def periodic_speedup(s_over_c: float, n_a: int, cells: list[dict]) -> tuple[float | None, int | None]:
     """max over tau of N_a / (M_a * (tau + S/C)) over the reached ``cells`` of one K; and the best tau."""
-    best, best_tau = None, None
-    for c in cells:
-        if not c.get("reached") or not c.get("rounds"):
-            continue
-        value = n_a / (c["rounds"] * (c["tau"] + s_over_c))
-        if best is None or value > best:
-            best, best_tau = value, c["tau"]
-    return best, best_tau
+    reached = [(n_a / (c["rounds"] * (c["tau"] + s_over_c)), c["tau"]) for c in cells
+               if c.get("reached") and c.get("rounds")]
+    return max(reached, key=lambda pair: pair[0], default=(None, None))
 
 
 def _grid(config: Config, out_dir: Path | None, quick: bool) -> tuple[dict, str]:

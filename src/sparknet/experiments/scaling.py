@@ -3,20 +3,15 @@
     sparknet experiment scaling --quick     # constants measured here without Spark; the checks and the plot
     sparknet experiment scaling             # also an empty Spark job's latency on local[2]
 
-Three steps:
-
-1. **Calibrate** (:func:`calibrate`): LeNet's step and evaluation
-   times with one thread on this machine and, in the full run, an empty Spark job on ``local[2]``.
-2. **Check** every measured run found in the files given (``--measured``; by default this project's
-   own results when they are there): each run's shape (engine, K, tau, steps, rounds, link) goes
-   into the model, and the predicted time is set beside the measured one. In-round time
-   (the summary's samples over its in-round samples/s) for ``sparknet train`` runs; the training
-   wall time, evaluations included, for the slow-network experiment's runs (their evaluations
-   score the whole test set every round).
-3. **Predict** time to target for K = 2...256 workers with a core each, every tau and link
-   asked for, both engines, the model's size scaled (compute and allreduce with it): steps to
-   the target from the simulator's measurements (K = 2, 4, 8) and beyond from the power law fitted
-   to them, which the plot draws dashed.
+1. **Calibrate** (:func:`calibrate`): LeNet's step and evaluation times with one thread on this machine and,
+   in the full run, an empty Spark job on ``local[2]``.
+2. **Check** every measured run found in the files given (``--measured``; by default this project's own
+   results): each run's shape (engine, K, tau, steps, rounds, link) goes into the model, and the predicted
+   time is set beside the measured one: in-round time for ``sparknet train`` runs, the training wall time
+   (evaluations of the whole test set every round included) for the slow-network experiment's runs.
+3. **Predict** time to target for K = 2...256 workers with a core each, every tau and link asked for, both
+   engines, the model's size scaled: steps to the target from the simulator's measurements (K = 2, 4, 8) and
+   beyond from the power law fitted to them, which the plot draws dashed.
 
 Nothing is trained here: the experiment runs in seconds.
 """

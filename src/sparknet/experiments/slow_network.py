@@ -91,7 +91,6 @@ class Config(SparkExperimentConfig):
 
 QUICK: dict = {"dataset": "mnist-small", "target": 0.93, "link_latency": ("50ms",), "link_bandwidth": ("10Mbit",),
                "tau": 25, "steps": 600, "max_seconds": 20.0}
-"""``--quick``: the 5,000-image subset to 93%, the free link and one slow one (50ms, 10Mbit)."""
 
 
 def _link_s_per_step(config: Config, scheme: str, engine: str, link: LinkModel, nbytes: int) -> float:

@@ -5,33 +5,26 @@
     sparknet experiment speedup-grid --dataset extended-mnist --train-samples 1000000 --target 0.985 \
         --eval-every 25 --strategies average --taus 1 5 25 100 --tag extended   # a task of thousands of steps
 
-Iterations are counted, not seconds, so the K logical workers of a cell run one after
-another in one process (:func:`sparknet.simulate.simulate`, the very strategy code the Spark
-engines run) and cells run in parallel processes. For each cell the speedup to test
-accuracy ``a`` is
+Iterations are counted, not seconds, so the K logical workers of a cell run one after another in one process
+(:func:`sparknet.simulate.simulate`, the very strategy code the Spark engines run) and cells run in parallel
+processes. For each cell the speedup to test accuracy ``a`` is
 
     N_a(b) / (tau * M_a(b, K, tau))
 
-where N_a(b) is the number of serial steps one worker with the same inner solver needs to
-reach ``a`` (evaluated every ``eval_every`` steps; averaging uses SGD with momentum, DiLoCo
-the AdamW of its paper, so each has its own N_a) and M_a the number of rounds of tau steps the K workers need (the
-averaged model exists only at round ends, so it is evaluated every round, or every few rounds
-when tau < ``eval_every``). The paper's Figure 3 caption prints the ratio the other way up;
-its text ("the ratio Na(b)/(tau Ma(b,K,tau)) (the speedup when S = 0)") and Figure 4 use this
-one, where more than 1 means faster than one worker.
+with N_a(b) the serial steps one worker with the same inner solver needs to reach ``a`` (evaluated every
+``eval_every`` steps; averaging uses SGD with momentum, DiLoCo the AdamW of its paper, so each has its own N_a)
+and M_a the rounds of tau steps the K workers need (the averaged model exists only at round ends, so it is
+evaluated every round, or every few rounds when tau < ``eval_every``). The paper's Figure 3 caption prints the
+ratio the other way up; its text and Figure 4 use this one, where more than 1 means faster than one worker.
 
-Checks written into the JSON:
+Checks written into the JSON: the K=1 row of plain averaging is the single-worker run, so its speedups are 1 up
+to the resolution ``ceil(N_a / tau) * tau`` of a round; the tau=1 column of averaging is large-batch SGD (with
+``large_batch_reference`` the naive scheme, one worker with batch K*b, runs beside it).
 
-- the K=1 row of plain averaging is the single-worker run (averaging one worker changes
-  nothing), so its speedups are 1 up to the resolution ``ceil(N_a / tau) * tau`` of a round;
-- the tau=1 column of averaging is large-batch SGD: one step on K batches averaged. With
-  ``large_batch_reference`` the naive scheme (one worker, batch K*b) runs beside it.
-
-Cells that do not reach ``a`` within ``budget * N_a`` parallel steps are recorded with
-``speedup: null`` and shown hatched (``diverged: true`` when their accuracy fell to chance).
-The K=1 cells run first; where a single worker diverges (DiLoCo's outer momentum on top of
-a few inner steps can), the other cells of that column first run ``probe_fraction`` of the
-budget and stop there if they diverged too.
+Cells that do not reach ``a`` within ``budget * N_a`` parallel steps are recorded with ``speedup: null`` and
+shown hatched (``diverged: true`` when their accuracy fell to chance). The K=1 cells run first; where a single
+worker diverges (DiLoCo's outer momentum on top of a few inner steps can), the other cells of that column first
+run ``probe_fraction`` of the budget and stop there if they diverged too.
 """
 
 from __future__ import annotations
@@ -118,7 +111,6 @@ QUICK: dict = {
     "workers": (1, 2, 4), "taus": (1, 5, 25), "dataset": "mnist-small", "test_samples": None, "target": 0.9,
     "eval_every": 10, "baseline_steps": 1500,
 }
-"""``--quick``: the 5,000-image MNIST subset, a 3x3 grid, target 90%."""
 
 
 # -- work done in the pool's processes -----------------------------------------------------------
@@ -242,10 +234,8 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
     """Measure N_a for each inner solver, then run every cell; returns the result body."""
     initargs = (config.dataset, config.train_samples, config.test_samples)
     pool_map = functools.partial(parallel_map, processes=config.processes, initializer=_load, initargs=initargs)
-    solvers = {}
-    for strategy in (*config.strategies, *(("average",) if config.large_batch_reference else ())):
-        solver = solver_for(config, strategy)
-        solvers.setdefault(_solver_key(solver), solver)
+    strategies = (*config.strategies, *(("average",) if config.large_batch_reference else ()))
+    solvers = {_solver_key(solver_for(config, s)): solver_for(config, s) for s in strategies}  # one N_a per solver
     base_jobs = [{"kind": "baseline", "model": config.model, "batch_size": config.batch_size, "solver": solver,
                   "seed": config.seed, "target": config.target, "steps": config.baseline_steps,
                   "eval_every": config.eval_every, "solver_key": key} for key, solver in solvers.items()]

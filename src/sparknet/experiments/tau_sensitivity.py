@@ -45,12 +45,10 @@ class Config(SparkExperimentConfig):
                     choices={"engine": ("rounds", "barrier"), "strategy": ("average", "diloco", "easgd")})
 
     def solver(self):
-        """SGD with Caffe's LeNet policy: inv, gamma 1e-4, power 0.75."""
         return make_solver("sgd", self.lr, self.momentum, self.weight_decay, lr_policy="inv", gamma=1e-4, power=0.75)
 
 
 QUICK: dict = {"dataset": "mnist-small", "taus": (5, 25, 100), "steps": 300, "eval_every": 25}
-"""``--quick``: the 5,000-image subset, 300 steps per worker, tau in {5, 25, 100}."""
 
 
 def _fit(config: Config, tau: int, spark, df, test) -> dict:

@@ -78,13 +78,11 @@ class Config(SparkExperimentConfig):
         self._check("eval_every", "steps", "async_tau", target=True, choices={"systems": SYSTEMS})
 
     def solver(self):
-        """SGD with this learning-rate policy (every system)."""
         return make_solver("sgd", self.lr, self.momentum, self.weight_decay, lr_policy=self.lr_policy,
                            gamma=self.gamma, power=self.power)
 
 
 QUICK: dict = {"dataset": "mnist-small", "target": 0.95, "eval_every": 25, "steps": 800}
-"""``--quick``: the 5,000-image subset to 95%, evaluating every 25 steps."""
 
 
 def _entry(system: str, curve: list[dict], target: float, wall_s: float, **extra) -> dict:
@@ -266,20 +264,16 @@ def plot(result: dict, path: str | Path) -> None:
     entries = result["entries"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
     names = [e["system"] for e in entries]
-    heights, colors, labels = [], [], []
-    for e in entries:
+
+    def bar(e: dict) -> tuple[float, str, str]:  # height, color, label
         if e.get("reached"):
-            heights.append(e["time_to_target_s"])
-            colors.append("tab:blue" if e["system"] != "one-process" else "tab:gray")
-            labels.append(f"{e['time_to_target_s']:.0f} s")
-        elif e.get("ok"):
-            heights.append(e.get("wall_s") or 0)
-            colors.append("#cccccc")
-            labels.append(f"not reached\n({(e.get('final_accuracy') or 0):.3f})")
-        else:
-            heights.append(0)
-            colors.append("white")
-            labels.append("failed")
+            color = "tab:blue" if e["system"] != "one-process" else "tab:gray"
+            return e["time_to_target_s"], color, f"{e['time_to_target_s']:.0f} s"
+        if e.get("ok"):
+            return e.get("wall_s") or 0, "#cccccc", f"not reached\n({(e.get('final_accuracy') or 0):.3f})"
+        return 0, "white", "failed"
+
+    heights, colors, labels = map(list, zip(*map(bar, entries)))
     bars = ax.bar(range(len(names)), heights, color=colors, edgecolor="black", lw=0.5)
     setup = [min(e.get("setup_s") or e.get("launch_s") or 0.0, h) for e, h in zip(entries, heights)]
     if any(setup):
