@@ -34,7 +34,7 @@ from sparknet.config import Strategy
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "TrainingStrategy", "WorkerState", "Average", "DiLoCo", "EASGD", "Sync", "make_strategy", "register",
+    "TrainingStrategy", "WorkerState", "Average", "DiLoCo", "EASGD", "Sync", "make_strategy",
     "Compressor", "NoCompression", "HalfCompression", "Int8Compression", "Compressed", "make_compressor",
     "CompressionKind", "Downlink", "AutoTau",
 ]
@@ -273,11 +273,6 @@ _REGISTRY: dict[Strategy, Callable[..., TrainingStrategy]] = {
     Strategy.EASGD: EASGD,
     Strategy.SYNC: Sync,
 }
-
-
-def register(name: Strategy, factory: Callable[..., TrainingStrategy]) -> None:
-    """Make a strategy available to :func:`make_strategy` (and so to the CLI)."""
-    _REGISTRY[name] = factory
 
 
 def make_strategy(name: Strategy | str, **options) -> TrainingStrategy:

@@ -25,7 +25,6 @@ from sparknet.parallel.tensor import (
     build_parallel,
     check_weight_budget,
     gather_full_weights,
-    load_full_weights,
     local_weight_bytes,
     parallelize,
     resolve_plan,
@@ -36,5 +35,5 @@ __all__ = [
     "ParallelLayout", "init_layout", "layout_coords", "replica_seed", "share_data_over_mp",
     "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "ConvColwiseParallel", "parallelize", "build_parallel",
     "resolve_plan", "local_weight_bytes", "weight_bytes_per_rank", "check_weight_budget", "gather_full_weights",
-    "load_full_weights", "ModelParallelJob", "run_rank", "default_plan", "effective_plan", "split_budget",
+    "ModelParallelJob", "run_rank", "default_plan", "effective_plan", "split_budget",
 ]

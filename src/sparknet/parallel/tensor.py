@@ -48,7 +48,7 @@ from sparknet.weights import WeightCollection
 
 __all__ = [
     "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "parallelize", "build_parallel", "resolve_plan",
-    "local_weight_bytes", "weight_bytes_per_rank", "check_weight_budget", "gather_full_weights", "load_full_weights",
+    "local_weight_bytes", "weight_bytes_per_rank", "check_weight_budget", "gather_full_weights",
     "ConvColwiseParallel",
 ]
 
@@ -644,28 +644,3 @@ def gather_full_weights(module: nn.Module) -> WeightCollection:
     layers = _graph(module).layer_weights().items()
     return WeightCollection((name, [(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone() for t in ts])
                             for name, ts in layers)
-
-
-def load_full_weights(module: nn.Module, weights: WeightCollection | Mapping[str, list[Tensor]]) -> None:
-    """Load whole (unsplit) weights into a split module: each rank copies in its own slice."""
-    from torch.distributed.tensor import distribute_tensor
-
-    target = _graph(module).layer_weights()
-    weights = WeightCollection(weights) if not isinstance(weights, WeightCollection) else weights
-    missing = [name for name in target if name not in weights]
-    if missing:
-        raise ValueError(f"the weights have no layer(s) {missing}")
-    with torch.no_grad():
-        for name, tensors in target.items():
-            sources = weights[name]
-            if len(sources) != len(tensors):
-                raise ValueError(f"layer {name!r}: {len(sources)} tensors given, the module has {len(tensors)}")
-            for i, (dst, src) in enumerate(zip(tensors, sources)):
-                if tuple(dst.shape) != tuple(src.shape):
-                    raise ValueError(f"layer {name!r} tensor {i}: shape {tuple(src.shape)} given, whole shape is "
-                                     f"{tuple(dst.shape)}")
-                if hasattr(dst, "device_mesh"):
-                    piece = distribute_tensor(src.to(dst.dtype), dst.device_mesh, dst.placements, src_data_rank=None)
-                    _local(dst).copy_(piece.to_local())
-                else:
-                    dst.copy_(src)
