@@ -341,8 +341,7 @@ def parallel_map(fn: Callable[[dict], dict], jobs: list[dict], *, processes: int
     """
     if processes <= 1 or len(jobs) <= 1:
         with torch_threads(1):
-            if initializer is not None:
-                initializer(*initargs)
+            _pool_init(initializer, initargs)
             return [fn(job) for job in jobs]
     with multiprocessing.get_context("spawn").Pool(min(processes, len(jobs)), initializer=_pool_init,
                                       initargs=(initializer, initargs)) as pool:
@@ -408,7 +407,6 @@ class SparkFit:
 
     @property
     def rounds(self) -> list[dict]:
-        """The round records of the fit's history."""
         return [h for h in self.result.history if h.get("event") == "round"]
 
     @property

@@ -104,14 +104,6 @@ def _link_s_per_step(config: Config, scheme: str, engine: str, link: LinkModel, 
     return 2 * link.delay(nbytes) / config.tau
 
 
-def _plan_steps(config: Config, link_s_per_step: float) -> int:
-    """``steps``, or fewer when the link alone would take more than ``max_seconds``."""
-    if link_s_per_step <= 0:
-        return config.steps
-    fit = int(config.max_seconds / link_s_per_step) // config.tau * config.tau
-    return min(config.steps, max(config.tau, fit))
-
-
 def _one(config: Config, scheme: str, link: LinkModel, spark, df, test, nbytes: int) -> dict:
     engine = "barrier" if scheme in ("naive", *_OVERLAPPED) else config.engine
     strategy = {"naive": "sync", "diloco": "diloco"}.get(scheme, "average")
@@ -119,7 +111,9 @@ def _one(config: Config, scheme: str, link: LinkModel, spark, df, test, nbytes: 
                  if scheme in _OVERLAPPED else {})
     solver = make_solver("adamw", config.diloco_lr, config.momentum, 1e-4) if scheme == "diloco" else config.solver()
     per_step = _link_s_per_step(config, scheme, engine, link, nbytes)
-    steps = _plan_steps(config, per_step)
+    steps = config.steps  # or fewer where the link alone would take more than max_seconds
+    if per_step > 0:
+        steps = min(config.steps, max(config.tau, int(config.max_seconds / per_step) // config.tau * config.tau))
     fit = spark_fit(config, spark, df, test, solver=solver, engine=engine, strategy=strategy, tau=config.tau,
                     target_accuracy=config.target, steps=steps, link=link, **streaming)
     curve = fit.curve
