@@ -40,10 +40,9 @@ def new_secret() -> bytes:
 
 
 def _mac(secret: bytes, body: bytes, payload: bytes | None = None) -> bytes:
-    m = hmac.new(secret, body, hashlib.sha256)
     if payload is not None:  # the body's length first, so no split of the bytes verifies twice
-        m = hmac.new(secret, len(body).to_bytes(8, "little") + body + payload, hashlib.sha256)
-    return m.digest()
+        body = len(body).to_bytes(8, "little") + body + payload
+    return hmac.new(secret, body, hashlib.sha256).digest()
 
 
 class MetricsReceiver:

@@ -93,14 +93,9 @@ def _field_converter(cls, fname: str, pname: str, base) -> Any:
             parse = getattr(base, "parse", None)
             member = parse(v) if parse is not None else parse_enum(base, v, fname.replace("_", " "))
             return member.value
-    elif base is bool:
-        convert_type = TypeConverters.toBoolean
-    elif base is int:
-        convert_type = TypeConverters.toInt
-    elif base is float:
-        convert_type = TypeConverters.toFloat
     else:
-        convert_type = TypeConverters.toString
+        convert_type = {bool: TypeConverters.toBoolean, int: TypeConverters.toInt,
+                        float: TypeConverters.toFloat}.get(base, TypeConverters.toString)
 
     def convert(value):
         try:
@@ -462,7 +457,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
 
     @classmethod
     def read(cls) -> MLReader:
-        return _EstimatorReader(cls)
+        return _Reader(cls)
 
     # -- fit --------------------------------------------------------------------------------------
     def _fit(self, dataset) -> SparkNetModel:
@@ -764,13 +759,13 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
 
     @classmethod
     def read(cls) -> MLReader:
-        return _SparkNetModelReader(cls)
+        return _Reader(cls)
 
     @classmethod
     def load(cls, path: str, allow_pickle: bool = False) -> SparkNetModel:
         """Load a model saved with ``save`` from a path or URI every host can reach; ``allow_pickle``
         is needed (and only safe for trusted files) when the model holds a pickled plain torch module."""
-        return _SparkNetModelReader(cls, allow_pickle=allow_pickle).load(path)
+        return _Reader(cls, allow_pickle=allow_pickle).load(path)
 
 
 class _EstimatorWriter(DefaultParamsWriter):
@@ -779,12 +774,6 @@ class _EstimatorWriter(DefaultParamsWriter):
     def save(self, path: str) -> None:
         check_shared_path(self.sparkSession, path, what="the save path", write=True)
         super().save(path)
-
-
-class _EstimatorReader(DefaultParamsReader):
-    def load(self, path: str):
-        check_shared_path(self.sparkSession, path, what="the saved estimator")
-        return super().load(path)
 
 
 class _SparkNetModelWriter(_EstimatorWriter):
@@ -798,13 +787,18 @@ class _SparkNetModelWriter(_EstimatorWriter):
          .write.parquet(os.path.join(path, "data")))
 
 
-class _SparkNetModelReader(DefaultParamsReader):
+class _Reader(DefaultParamsReader):
+    """Refuses a path the executors cannot read first; a model's files are read from its ``data`` table."""
+
     def __init__(self, cls, allow_pickle: bool = False):
         super().__init__(cls)
         self.allow_pickle = allow_pickle
 
-    def load(self, path: str) -> SparkNetModel:
-        check_shared_path(self.sparkSession, path, what="the saved model")
+    def load(self, path: str):
+        estimator = not issubclass(self.cls, SparkNetModel)
+        check_shared_path(self.sparkSession, path, what="the saved estimator" if estimator else "the saved model")
+        if estimator:
+            return super().load(path)
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
         cls_name = f"{self.cls.__module__}.{self.cls.__name__}"
         if metadata.get("class") != cls_name:
