@@ -633,7 +633,7 @@ class _Converter:
         if layer.type in _LOSS_TYPES:
             options["loss_weight"] = self.loss_weight(layer)
         param, names = _FIELDS.get(layer.type, (None, {}))
-        fields = {ours: _value(getattr(layer, param), theirs) for ours, theirs in names.items()}
+        fields = {ours: _value(getattr(layer, param), theirs.rstrip("?")) for ours, theirs in names.items()}
         return [_CLASSES[layer.type](name=self.unique(layer.name), bottoms=list(layer.bottom), tops=list(layer.top),
                                      **{**fields, **options})]
 
@@ -724,8 +724,7 @@ class _Converter:
         dilation = (int(p.dilation[0]),) * 2 if len(p.dilation) == 1 else tuple(int(d) for d in p.dilation) or (1, 1)
         if len(dilation) != 2:
             raise self.fail(layer, f"{len(dilation)} dilation values: only 2-d convolution is supported")
-        return self.make(layer, kernel=kernel, num_filters=p.num_output, stride=stride, pad=pad, dilation=dilation,
-                         groups=p.group, bias=p.bias_term, **self.learnable(layer, p))
+        return self.make(layer, kernel=kernel, stride=stride, pad=pad, dilation=dilation, **self.learnable(layer, p))
 
     def pooling(self, layer: Any) -> list[Any]:
         p = layer.pooling_param
@@ -737,17 +736,16 @@ class _Converter:
         if kernel is None and not p.global_pooling:
             raise self.fail(layer, "kernel_size is not set")
         if p.global_pooling:
-            return self.make(layer, global_pooling=True)
+            return self.make(layer)
         stride = (int(p.stride_h), int(p.stride_w)) if p.HasField("stride_h") else (int(p.stride), int(p.stride))
         pad = (int(p.pad_h), int(p.pad_w)) if p.HasField("pad_h") else (int(p.pad), int(p.pad))
-        return self.make(layer, global_pooling=False, kernel=kernel, stride=stride, pad=pad)
+        return self.make(layer, kernel=kernel, stride=stride, pad=pad)
 
     def inner_product(self, layer: Any) -> list[Any]:
         p = layer.inner_product_param
         if not p.num_output:
             raise self.fail(layer, "num_output is not set")
-        return self.make(layer, num_outputs=p.num_output, bias=p.bias_term, axis=p.axis, transpose=p.transpose,
-                         **self.learnable(layer, p))
+        return self.make(layer, **self.learnable(layer, p))
 
     def activation(self, layer: Any) -> list[Any]:
         kind = layer.type
@@ -767,7 +765,7 @@ class _Converter:
             logger.warning("%s: layer %r: k=%s is ignored by a WITHIN_CHANNEL LRN (as in Caffe)", self.where,
                            layer.name, k)
             k = 1.0
-        return self.make(layer, k=k, norm_region=region)
+        return self.make(layer, k=k)
 
     def batch_norm(self, layer: Any) -> list[Any]:
         return self.make(layer, **self.multipliers(layer, 3))
@@ -830,25 +828,29 @@ def _value(message: Any, name: str) -> Any:
 
 
 def _set(message: Any, name: str, value: Any) -> None:
-    """The inverse of :func:`_value` (``None`` leaves the field unset)."""
-    if value is not None:
-        descriptor = message.DESCRIPTOR.fields_by_name[name]
-        if descriptor.enum_type is not None:
-            value = descriptor.enum_type.values_by_name[str(value).upper()].number
-        setattr(message, name, value)
+    """The inverse of :func:`_value`: ``None`` leaves the field unset, and so does Caffe's default for ``name?``."""
+    descriptor = message.DESCRIPTOR.fields_by_name[name.rstrip("?")]
+    if value is not None and descriptor.enum_type is not None:
+        value = descriptor.enum_type.values_by_name[str(value).upper()].number
+    if value is not None and not (name.endswith("?") and value == descriptor.default_value):
+        setattr(message, descriptor.name, value)
 
 
 # Caffe type -> its parameter message and the fields read and written as they are: "ours=theirs" when the
-# sparknet layer's argument has another name than the Caffe field.
+# sparknet layer's argument has another name than the Caffe field, "theirs?" for one exported only when it is
+# not Caffe's default.
 _FIELDS: dict[str, tuple[str, dict[str, str]]] = {
-    kind: (param, {ours: theirs or ours for ours, _, theirs in (item.partition("=") for item in names.split())})
+    kind: (param, {ours.rstrip("?"): theirs or ours
+                   for ours, _, theirs in (item.partition("=") for item in names.split())})
     for kind, (param, names) in {
-        "Pooling": ("pooling_param", "pool"),
+        "Convolution": ("convolution_param", "num_filters=num_output groups=group? bias=bias_term?"),
+        "Pooling": ("pooling_param", "pool global_pooling?"),
+        "InnerProduct": ("inner_product_param", "num_outputs=num_output bias=bias_term? axis? transpose?"),
         "ELU": ("elu_param", "alpha"),
         "Power": ("power_param", "power scale shift"),
         "PReLU": ("prelu_param", "channel_shared"),
         "Dropout": ("dropout_param", "ratio=dropout_ratio"),
-        "LRN": ("lrn_param", "local_size alpha beta k"),
+        "LRN": ("lrn_param", "local_size alpha beta k norm_region?"),
         "BatchNorm": ("batch_norm_param", "eps moving_average_fraction use_global_stats"),
         "Scale": ("scale_param", "bias_term axis"),
         "Concat": ("concat_param", "axis"),
@@ -1112,31 +1114,14 @@ def _export_layer(layer: Any) -> Any:
     if isinstance(layer, dsl.RDDLayer):
         msg.input_param.shape.add().dim.extend(layer.shape)
     elif isinstance(layer, dsl.ConvLayer):
-        p = msg.convolution_param
-        p.num_output = layer.num_filters
-        if layer.groups != 1:
-            p.group = layer.groups
-        if not layer.bias:
-            p.bias_term = False
-        _set_window(p, layer, repeated=True)
+        _set_window(msg.convolution_param, layer, repeated=True)
         if layer.dilation != (1, 1):
-            p.dilation.extend(layer.dilation)
-        _set_learnable(msg, p, layer, layer.bias)
-    elif isinstance(layer, dsl.PoolLayer):
-        if layer.global_pooling:
-            msg.pooling_param.global_pooling = True
-        else:
-            _set_window(msg.pooling_param, layer, repeated=False)
+            msg.convolution_param.dilation.extend(layer.dilation)
+        _set_learnable(msg, msg.convolution_param, layer, layer.bias)
+    elif isinstance(layer, dsl.PoolLayer) and not layer.global_pooling:
+        _set_window(msg.pooling_param, layer, repeated=False)
     elif isinstance(layer, dsl.LinearLayer):
-        p = msg.inner_product_param
-        p.num_output = layer.num_outputs
-        if not layer.bias:
-            p.bias_term = False
-        if layer.axis != 1:
-            p.axis = layer.axis
-        if layer.transpose:
-            p.transpose = True
-        _set_learnable(msg, p, layer, layer.bias)
+        _set_learnable(msg, msg.inner_product_param, layer, layer.bias)
     elif isinstance(layer, dsl.ActivationLayer) and msg.type == "ReLU":
         act = str(layer.activation)
         slope = layer.negative_slope if layer.negative_slope is not None else (0.0 if act == "relu" else 0.01)
@@ -1153,8 +1138,6 @@ def _export_layer(layer: Any) -> Any:
         _set_learnable(msg, msg.scale_param, layer, layer.bias_term, "filler")
     elif isinstance(layer, dsl.EmbeddingLayer):
         _set_learnable(msg, msg.embed_param, layer, layer.bias)
-    elif isinstance(layer, dsl.LRNLayer) and str(layer.norm_region) == "within_channel":
-        msg.lrn_param.norm_region = msg.lrn_param.WITHIN_CHANNEL
     elif isinstance(layer, dsl.EltwiseLayer):
         msg.eltwise_param.coeff.extend(layer.coeffs or ())
     elif isinstance(layer, dsl.SliceLayer):
