@@ -297,10 +297,7 @@ def to_target(curve: list[dict], target: float) -> dict:
 
 def median_step_time(net_params, solver, train, *, batch_size: int, steps: int = 50, warmup: int = 5,
                      threads: int = 1, seed: int = 0) -> dict:
-    """Time ``steps`` single solver steps of ``net_params`` on ``train``; median and spread, in seconds.
-
-    This is C(b) of the paper: the cost of one minibatch gradient and update.
-    """
+    """C(b) of the paper: ``steps`` single solver steps of ``net_params`` on ``train`` timed; median and spread."""
     with torch_threads(threads):
         net = Net(net_params, solver, batch_size=batch_size, seed=seed)
         net.set_training_data(train)
@@ -334,11 +331,8 @@ def _pool_init(initializer: Callable | None, args: tuple) -> None:
 
 def parallel_map(fn: Callable[[dict], dict], jobs: list[dict], *, processes: int,
                  initializer: Callable | None = None, initargs: tuple = ()) -> list[dict]:
-    """``[fn(job) for job in jobs]`` in ``processes`` spawned processes of one torch thread each.
-
-    Results come back in the order of ``jobs``. With ``processes <= 1`` everything runs here
-    (after ``initializer``), which is what tests use.
-    """
+    """``[fn(job) for job in jobs]`` in ``processes`` spawned processes of one torch thread each (with
+    ``processes <= 1`` here, after ``initializer``, which is what tests use)."""
     if processes <= 1 or len(jobs) <= 1:
         with torch_threads(1):
             _pool_init(initializer, initargs)
@@ -349,10 +343,8 @@ def parallel_map(fn: Callable[[dict], dict], jobs: list[dict], *, processes: int
 
 
 def measured(what: str, keys: dict, run: Callable[..., dict], *args) -> dict:
-    """``run(*args)``, logged as ``what``; if it raises, a record of the failure instead: ``keys``, ``ok: False``,
-    the error and the tail of its traceback. A failed run is kept with its error, not dropped: the comparison shows
-    what failed.
-    """
+    """``run(*args)``, logged as ``what``; if it raises, a record of the failure instead (``keys``, ``ok: False``,
+    the error and the tail of its traceback): the comparison shows what failed."""
     log.info("%s", what)
     t0 = time.perf_counter()
     try:

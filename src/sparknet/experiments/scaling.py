@@ -199,9 +199,8 @@ def _allreduce_rank(rank: int, tmp: str, batch_size: int, rows: int, steps: int,
 
 
 def calibration_around(before: dict, after: dict) -> dict:
-    """Two readings of :func:`calibrate` taken just before and just after a benchmark's runs, as the result
-    file keeps them: ``calibration`` (their mean: this machine's speed moves by a fifth within an hour, and
-    :func:`measured_points` prices the runs with the constants of their hour) and ``calibration_readings``."""
+    """:func:`calibrate` read just before and after a benchmark's runs: ``calibration`` (their mean: this machine's
+    speed moves by a fifth within an hour) and ``calibration_readings``."""
     readings = {k: [before[k], after[k]] for k in ("step_s", "eval_s_per_row", "allreduce_s")}
     mean = {k: sum(v) / 2 for k, v in readings.items()}
     mean["solver_step"] = {s: (before["solver_step"][s] + after["solver_step"][s]) / 2 for s in before["solver_step"]}

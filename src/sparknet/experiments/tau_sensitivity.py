@@ -62,11 +62,10 @@ def _fit(config: Config, tau: int, spark, df, test) -> dict:
             curve.append({"round": h["round"], "steps": h["total_steps"], "accuracy": h["val_accuracy"],
                           "wall_s": h["wall_s"], "train_wall_s": h["wall_s"] - eval_total})
     s = fit.result.summary
-    round_s = [h["round_s"] for h in rounds]
     return {"tau": tau, "ok": True, "curve": curve, "wall_s": fit.wall_s, "setup_s": s.get("setup_s"),
             "rounds": s.get("rounds"), "final_accuracy": s.get("test_accuracy"),
             "samples_per_s": s.get("samples_per_s"), "eval_s": eval_total,
-            "mean_round_s": sum(round_s) / len(round_s) if round_s else None,
+            "mean_round_s": sum(h["round_s"] for h in rounds) / len(rounds) if rounds else None,
             "mean_comm_s": sum(h.get("comm_s", 0.0) for h in rounds) / len(rounds) if rounds else None}
 
 
