@@ -39,12 +39,8 @@ _worker = daemon.worker
 
 
 def _quiet_worker(sock, authenticated):
-    """pyspark's ``worker``, except that a worker whose socket the executor closed ends without a traceback.
-
-    The executor stops a Python worker that sat idle for a minute by closing its socket; the worker's last flush
-    then raises ``BrokenPipeError`` and pyspark's daemon prints its traceback: two tracebacks in the middle of
-    every run that starts a worker it stops using (a conversion job's, early on). The worker is gone either way
-    (the exit code ends it); only the noise goes. Any other error is pyspark's to report.
+    """pyspark's ``worker``, except that a worker whose socket the executor closed (idle for a minute) ends without
+    the two tracebacks of its last flush's ``BrokenPipeError``: it is gone either way. Any other error is pyspark's.
     """
     try:
         return _worker(sock, authenticated)

@@ -1,18 +1,9 @@
 """The one Spark backend of the engines: job groups, deadlines, watchdogs, worker-error decoding.
 
-Every Spark job sparknet starts (the rounds and barrier engines, model parallelism, the
-parameter server's session, ``sparknet doctor``) runs through here:
-
-- :func:`job_group` runs jobs under a group and description, cancels them when the driver is
-  interrupted, and gives the caller's own group and description back afterwards (a notebook
-  that cancels its cell by job group keeps working after a fit);
-- :func:`run_with_deadline` runs one Spark action in a thread and waits for it at most a given
-  time: past it the jobs are cancelled and :class:`~sparknet.errors.DeadlineExceeded` names
-  what ran late and the tasks that had not finished;
-- :class:`Watchdog` cancels a group's jobs when one wait of the caller's own passes its deadline;
-- :func:`task_error` turns a failed job's text back into the :class:`~sparknet.errors.WorkerError`
-  a worker raised through :func:`sparknet.spark.rounds.executor.worker_failure` (its rank and the tail of
-  its traceback), and :func:`spark_call` applies it to one Spark action.
+Every Spark job sparknet starts (the rounds and barrier engines, model parallelism, the parameter server's
+session, ``sparknet doctor``) runs through here: under a job group the caller's own is given back after
+(:func:`job_group`), waited for at most a deadline (:func:`run_with_deadline`, :class:`Watchdog`), with a failed
+job's text turned back into the :class:`~sparknet.errors.WorkerError` a worker raised (:func:`task_error`).
 
 Nothing here imports pyspark: ``sc`` is the caller's ``SparkContext``.
 """
@@ -134,37 +125,16 @@ def quietly(fn: Callable[[], object]) -> None:
 
 def run_with_deadline(sc, group: str, description: str, action: Callable[[], T], *, timeout_s: float | None,
                       what: str, stalled: Callable[[], str | None] | None = None, poll_s: float = _POLL_S) -> T:
-    """``action()`` (which runs Spark jobs) under ``group``, waited for at most ``timeout_s`` seconds.
+    """``action()``'s value: it runs Spark jobs under ``group`` in a daemon thread (:func:`job_group`), waited for at
+    most ``timeout_s`` seconds (``None`` only where the user asked for no deadline).
 
-    The action runs in a daemon thread under :func:`job_group`; the calling thread waits. When
-    the deadline passes, or ``stalled()`` (asked about once a second) returns a reason, the
-    group's jobs are cancelled, the thread is given :data:`CANCEL_GRACE_S` to return (a thread
-    that does not is left behind as a daemon) and :class:`~sparknet.errors.DeadlineExceeded`
-    names ``what`` and the tasks that had not finished. An interrupt of the waiting thread
-    cancels the group the same way and propagates.
-
-    Parameters
-    ----------
-    timeout_s : float or None
-        Longest wait; ``None`` only where the user asked for no deadline (``stalled`` may still
-        end the wait).
-    what : str
-        What the action is, in words, for the error (``"epoch 3"``, ``"the model-parallel stage"``).
-    stalled : callable, optional
-        Asked every ``poll_s`` seconds while the action runs (it may do the caller's own listening,
-        e.g. drain a channel); a reason it returns ends the wait as the deadline would.
-
-    Returns
-    -------
-    The action's value.
-
-    Raises
-    ------
-    DeadlineExceeded
-        The deadline passed or ``stalled`` gave a reason; the jobs were cancelled.
-    WorkerError, EngineError
-        The action failed: a worker's failure decoded by :func:`task_error`. ``ValueError``,
-        ``TypeError`` and sparknet's own errors raised by the action propagate as they are.
+    ``stalled`` is asked every ``poll_s`` seconds while the action runs (it may do the caller's own listening, e.g.
+    drain a channel); a reason it returns ends the wait as the deadline would: the group's jobs are cancelled, the
+    thread is given :data:`CANCEL_GRACE_S` to return (else it is left behind) and
+    :class:`~sparknet.errors.DeadlineExceeded` names ``what`` (``"epoch 3"``) and the tasks that had not finished.
+    An interrupt of the waiting thread cancels the group the same way and propagates. A failed action raises the
+    :class:`~sparknet.errors.WorkerError` or ``EngineError`` :func:`task_error` decodes; ``ValueError``,
+    ``TypeError`` and sparknet's own errors propagate as they are.
     """
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"timeout_s must be a positive number of seconds or None, got {timeout_s}")
@@ -224,15 +194,6 @@ def cancel_group(sc, group: str) -> None:
         log.debug("could not cancel job group %s", group, exc_info=True)
 
 
-def _describe_unfinished(sc, group: str) -> str:
-    if is_connect(sc):
-        return "a Spark Connect client cannot list the unfinished tasks; see the Spark UI"
-    try:
-        return _unfinished_tasks(sc, group)
-    except Exception as exc:  # pragma: no cover - the cancel matters more than the words
-        return f"could not list the unfinished tasks: {exc}"
-
-
 def task_error(exc: BaseException | str) -> EngineError:
     """A failed Spark job (or a worker's own report) as a WorkerError with rank and traceback tail."""
     text = str(exc)
@@ -254,22 +215,27 @@ def spark_call(fn, *args, **kwargs):
         raise task_error(exc) from exc
 
 
-def _unfinished_tasks(sc, group: str) -> str:
+def _describe_unfinished(sc, group: str) -> str:
     """The tasks of ``group``'s active jobs that have not finished, in words (for a deadline error)."""
-    tracker = sc.statusTracker()
+    if is_connect(sc):
+        return "a Spark Connect client cannot list the unfinished tasks; see the Spark UI"
     parts = []
-    for job_id in tracker.getJobIdsForGroup(group):
-        job = tracker.getJobInfo(job_id)
-        if job is None or job.status != "RUNNING":
-            continue
-        for stage_id in job.stageIds:
-            stage = tracker.getStageInfo(stage_id)
-            if stage is None or stage.numCompletedTasks >= stage.numTasks:
+    try:
+        tracker = sc.statusTracker()
+        for job_id in tracker.getJobIdsForGroup(group):
+            job = tracker.getJobInfo(job_id)
+            if job is None or job.status != "RUNNING":
                 continue
-            running = _running_partitions(sc, stage_id, stage.currentAttemptId)
-            where = f"partitions {running} still running" if running else f"{stage.numActiveTasks} running"
-            parts.append(f"{stage.numTasks - stage.numCompletedTasks} of {stage.numTasks} tasks of stage "
-                         f"{stage_id} not finished ({where})")
+            for stage_id in job.stageIds:
+                stage = tracker.getStageInfo(stage_id)
+                if stage is None or stage.numCompletedTasks >= stage.numTasks:
+                    continue
+                running = _running_partitions(sc, stage_id, stage.currentAttemptId)
+                where = f"partitions {running} still running" if running else f"{stage.numActiveTasks} running"
+                parts.append(f"{stage.numTasks - stage.numCompletedTasks} of {stage.numTasks} tasks of stage "
+                             f"{stage_id} not finished ({where})")
+    except Exception as exc:  # pragma: no cover - the cancel matters more than the words
+        return f"could not list the unfinished tasks: {exc}"
     return "; ".join(parts) or "no task left running"
 
 
