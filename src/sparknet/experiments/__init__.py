@@ -357,14 +357,11 @@ def measured(what: str, keys: dict, run: Callable[..., dict], *args) -> dict:
 
 @contextlib.contextmanager
 def spark_stage(config: SparkExperimentConfig, train, spark=None, *, engine: str = "rounds", needed: bool = True):
-    """``(spark, df, warmup_s)`` for the fits of one experiment, on ``spark`` or on a session of its own.
-
-    A session started here (on ``config.master``, default ``local[K]``) is stopped on the way out;
-    ``df`` is ``train`` as a DataFrame read from Parquet (written once, cached beside the data
-    set); ``warmup_s`` the seconds of one untimed single-step fit on ``engine`` (``None`` without
-    ``config.warmup``), so no timed fit pays for starting Python workers and importing torch.
-    Without ``needed`` nothing is started: ``(spark, None, None)``.
-    """
+    """``(spark, df, warmup_s)`` for the fits of one experiment, on ``spark`` or on a session of its own (on
+    ``config.master``, default ``local[K]``, stopped on the way out); ``df`` is ``train`` read from Parquet (written
+    once, cached beside the data set); ``warmup_s`` the seconds of one untimed single-step fit on ``engine`` (``None``
+    without ``config.warmup``), so no timed fit pays for starting Python workers and importing torch.
+    Without ``needed`` nothing is started: ``(spark, None, None)``."""
     if not needed:
         yield spark, None, None
         return

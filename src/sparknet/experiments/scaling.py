@@ -142,12 +142,8 @@ ALLREDUCE_DEADLINE_S = 180.0
 def allreduce_step_cost(*, batch_size: int = 64, rows: int = 2048, steps: int = 30, repeats: int = 2) -> float:
     """Seconds a gloo allreduce of LeNet's gradient adds to each step of two one-thread ranks running side by side
     on this machine, as the naive scheme (:class:`~sparknet.strategies.Sync`) runs them: its own time and the wait
-    for the slower rank.
-
-    Two fresh processes (a process group over loopback through a file in a temporary folder) each time ``steps``
-    steps without the allreduce and ``steps`` with it, alternating ``repeats`` times; the medians' difference per
-    step, rank 0's. Both processes are ended in ``finally``.
-    """
+    for the slower rank. Two fresh processes (a process group over loopback) each time ``steps`` steps without the
+    allreduce and ``steps`` with it, alternating ``repeats`` times; the medians' difference per step, rank 0's."""
     import tempfile
 
     import torch.multiprocessing as mp

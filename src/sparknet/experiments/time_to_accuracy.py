@@ -147,14 +147,10 @@ def _async(system: str, config: Config, train, test, spark, df) -> dict:
 
 
 def ddp_train(cfg: dict, t_call: float) -> dict:
-    """The DDP training function ``TorchDistributor`` runs on every process.
-
-    Plain PyTorch, as a user of Spark's ``TorchDistributor`` would write it: a gloo process
-    group, ``DistributedDataParallel`` around LeNet, each rank on its shard of the training
-    set, an evaluation of the whole test set (sharded, summed by allreduce) every
-    ``eval_every`` steps, and a stop on every rank at once when the target is reached.
-    Returns rank 0's curve (wall seconds counted from ``t_call``, the driver's call).
-    """
+    """The DDP training function ``TorchDistributor`` runs on every process, plain PyTorch as its user would write
+    it: a gloo process group, ``DistributedDataParallel`` around LeNet, each rank on its shard of the training set,
+    an evaluation of the whole test set (sharded, summed by allreduce) every ``eval_every`` steps, and a stop on
+    every rank at once when the target is reached. Returns rank 0's curve (wall seconds from ``t_call``)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
