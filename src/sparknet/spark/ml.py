@@ -453,7 +453,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
 
     def write(self) -> MLWriter:
         """Spark ML writer of the params; ``save(path)`` takes a path or URI every host can reach."""
-        return _EstimatorWriter(self)
+        return _Writer(self)
 
     @classmethod
     def read(cls) -> MLReader:
@@ -755,7 +755,7 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
 
         The executors write the folder, so ``save(path)`` takes a path or URI every host can reach;
         on a cluster a path on this machine only is refused before anything is written."""
-        return _SparkNetModelWriter(self)
+        return _Writer(self)
 
     @classmethod
     def read(cls) -> MLReader:
@@ -768,16 +768,17 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         return _Reader(cls, allow_pickle=allow_pickle).load(path)
 
 
-class _EstimatorWriter(DefaultParamsWriter):
-    """Refuses a path the executors cannot write before writing (they write part of the folder)."""
+class _Writer(DefaultParamsWriter):
+    """Refuses a path the executors cannot write before writing (they write part of the folder); a model's files go
+    to its ``data`` table."""
 
     def save(self, path: str) -> None:
         check_shared_path(self.sparkSession, path, what="the save path", write=True)
         super().save(path)
 
-
-class _SparkNetModelWriter(_EstimatorWriter):
     def saveImpl(self, path: str) -> None:
+        if not isinstance(self.instance, SparkNetModel):
+            return super().saveImpl(path)
         files = self.instance._require_files()
         DefaultParamsWriter.saveMetadata(self.instance, path, self.sparkSession,
                                          extraMetadata={"sparknetModelId": self.instance.modelId,
