@@ -160,10 +160,6 @@ def _layer_of(name: str, kind: str, blobs: Sequence[Any], path: Any) -> CaffeMod
 def read_caffemodel(path: str | os.PathLike) -> OrderedDict[str, list[np.ndarray]]:
     """Read the weights of a ``.caffemodel``.
 
-    Parameters
-    ----------
-    path : str or path
-
     Returns
     -------
     OrderedDict[str, list[numpy.ndarray]]

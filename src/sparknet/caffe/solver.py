@@ -11,11 +11,8 @@ Every solver type is read from the current ``type: "Adam"`` string and from the 
 ``delta``, ``rms_decay``, ``weight_decay``, ``regularization_type``, ``iter_size``,
 ``max_iter``, ``clip_gradients``; and the settings only a Caffe run has (``net``,
 ``test_iter``, ``test_interval``, ``display``, ``snapshot``, ``random_seed``, ...), which
-live on :class:`CaffeSolver` beside the ``SolverConfig``.
-
-The ``net:`` path in BVLC files is relative to Caffe's source root (``examples/mnist/...``).
-:func:`resolve_net_path` looks for it next to the solver file, then in the solver's parent
-folders, trying the path and then its shorter tails (``mnist/x``, ``x``).
+live on :class:`CaffeSolver` beside the ``SolverConfig``. The ``net:`` path of BVLC files, relative to
+Caffe's source root (``examples/mnist/...``), is found by :func:`resolve_net_path`.
 """
 
 from __future__ import annotations
