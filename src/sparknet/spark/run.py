@@ -3,8 +3,8 @@
 The data set becomes a Spark DataFrame the way a user's data would be one: on a local master
 it is written once as Parquet (cached beside the data set) and read with ``spark.read.parquet``;
 on a cluster, whose executors cannot read the driver's disk, its rows travel through Spark.
-``--data PATH`` is read on the driver (its last rows are the test set) and goes the same way. Training runs through :class:`SparkTrainer`; every round
-record goes to the metrics file and the progress line.
+``--data PATH`` is read on the driver (its last rows are the test set) and goes the same way. Training runs
+through :class:`SparkTrainer`; every round record goes to the metrics file and the progress line.
 """
 
 from __future__ import annotations
@@ -87,14 +87,23 @@ def train_distributed(run: RunConfig, dist: DistributedConfig) -> dict:
         spark = get_session(dist.resolved_master)
         train, test, info, net_params = prepared.result()
     df = training_frame(spark, run, train)
-    total = rounds_total(run.steps, dist)
     config = TrainConfig(run=run, dist=dist).to_dict()
     sinks = run_sinks(run, config)
     failed = True
     result = None
     try:
-        with MetricsLogger(run.metrics_out, progress=not run.quiet, total=total, sinks=sinks) as metrics:
-            result = _fit(spark, df, test, run, dist, net_params, round_reporter(metrics), len(train) / dist.workers)
+        with MetricsLogger(run.metrics_out, progress=not run.quiet, total=rounds_total(run.steps, dist),
+                           sinks=sinks) as metrics:
+            trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, on_round=round_reporter(metrics))
+            link, compressed = dist.link(), dist.compression is not CompressionKind.NONE
+            extras = "".join([f", {dist.compression.value} updates" if compressed else "",
+                              f", auto tau in [{dist.auto_tau_min}, {dist.auto_tau_max}]" if dist.auto_tau else "",
+                              f", link {link.describe()}" if link is not None and not link.is_free else "",
+                              f", {dist.model_parallel} parts each" if dist.model_parallel > 1 else ""])
+            log.info("training %s on %s with %d workers (%s engine, %s, tau=%s%s) on %s; %.0f rows per worker",
+                     run.model, run.dataset if run.data is None else run.data, dist.workers, dist.engine.value,
+                     dist.strategy.value, dist.tau, extras, spark.sparkContext.master, len(train) / dist.workers)
+            result = trainer.fit(df, validation=test)
             summary = {"event": "summary", "model": run.model,
                        "dataset": run.dataset if run.data is None else run.data, "master": spark.sparkContext.master,
                        "steps": result.summary.get("total_steps"), **result.summary}
@@ -116,16 +125,3 @@ def _prepare(run: RunConfig):
 
     return train, test, info, net_params
 
-
-def _fit(spark, df, test, run, dist, net_params, on_round, rows_per_worker):
-    trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, on_round=on_round)
-    link = dist.link()
-    compressed = dist.compression is not CompressionKind.NONE
-    extras = "".join([f", {dist.compression.value} updates" if compressed else "",
-                      f", auto tau in [{dist.auto_tau_min}, {dist.auto_tau_max}]" if dist.auto_tau else "",
-                      f", link {link.describe()}" if link is not None and not link.is_free else ""])
-    extras += f", {dist.model_parallel} parts each" if dist.model_parallel > 1 else ""
-    log.info("training %s on %s with %d workers (%s engine, %s, tau=%s%s) on %s; %.0f rows per worker",
-             run.model, run.dataset if run.data is None else run.data, dist.workers, dist.engine.value,
-             dist.strategy.value, dist.tau, extras, spark.sparkContext.master, rows_per_worker)
-    return trainer.fit(df, validation=test)
