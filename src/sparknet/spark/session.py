@@ -35,15 +35,6 @@ PYSPARK_MISSING = ("training on Spark needs pyspark, which sparknet leaves to th
                    "'sparknet[spark]' (or 'sparknet[local]' for one machine), or use the cluster's own pyspark")
 
 
-def require_pyspark():
-    """``pyspark.sql``, or an ``ImportError`` that says how to get pyspark (sparknet does not install it)."""
-    try:
-        import pyspark.sql
-    except ImportError as e:
-        raise ImportError(PYSPARK_MISSING) from e
-    return pyspark.sql
-
-
 def is_connect(obj) -> bool:
     """Whether ``obj`` (a SparkSession or a DataFrame) belongs to a Spark Connect session.
 
@@ -70,9 +61,7 @@ def session_parallelism(spark) -> int:
     if not is_connect(spark):
         return _context(spark).defaultParallelism
     slots = local_slots(session_master(spark))
-    if slots is not None:
-        return slots
-    return int(spark.conf.get("spark.default.parallelism", "2") or 2)
+    return slots if slots is not None else int(spark.conf.get("spark.default.parallelism", "2") or 2)
 
 
 def local_slots(master: str | None) -> int | None:
@@ -181,20 +170,14 @@ def _jvm_running() -> bool:
     return getattr(spark_context, "_gateway", None) is not None
 
 
-def _user_configures_log4j(options: str) -> bool:
-    return "log4j2.configurationFile" in options or "log4j.configurationFile" in options
-
-
 def quiet_log_settings(master: str | None, settings: dict[str, str], level: str) -> dict[str, str]:
-    """The JVM options that point new Spark JVMs at this package's log4j2 file at ``level``.
+    """The ``spark.{driver,executor}.extraJavaOptions`` that point new Spark JVMs at this package's log4j2 file at
+    ``level``: the user's own options (from ``settings`` or ``spark-defaults.conf``) with ours appended.
 
-    Returns the ``spark.{driver,executor}.extraJavaOptions`` to set: the user's own options
-    (from ``settings`` or ``spark-defaults.conf``) with ours appended. Nothing is returned for
-    a JVM whose options already name a log4j configuration, nor at all when
-    ``SPARK_CONF_DIR`` holds a ``log4j2.properties``, ``PYSPARK_SUBMIT_ARGS`` sets Java
-    options, or the driver's JVM already runs (under ``spark-submit``, whose options rule).
-    Executors get the file only where they run on this machine (a local master): remote
-    executors log to their cluster's files, not to this terminal.
+    Nothing for a JVM whose options already name a log4j configuration, nor at all when ``SPARK_CONF_DIR`` holds a
+    ``log4j2.properties``, ``PYSPARK_SUBMIT_ARGS`` sets Java options, or the driver's JVM already runs (under
+    ``spark-submit``, whose options rule). Executors get the file only on a local master: remote executors log to
+    their cluster's files, not to this terminal.
     """
     if _jvm_running():
         return {}
@@ -212,7 +195,7 @@ def quiet_log_settings(master: str | None, settings: dict[str, str], level: str)
         if role == "executor" and not is_local_master(master or "local[*]"):
             continue
         current = str(settings.get(key, defaults.get(key, ""))).strip()
-        if _user_configures_log4j(current):
+        if "log4j2.configurationFile" in current or "log4j.configurationFile" in current:
             continue
         out[key] = f"{current} {ours}".strip()
     return out
@@ -235,14 +218,12 @@ def _user_sets_driver_memory(conf: dict | None) -> bool:
 
 def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: dict | None = None,
                 log_level: str | None = None):
-    """The active SparkSession, or a new one for ``master``.
+    """The active SparkSession (Spark allows one per process; a different ``master`` is logged), or a new one.
 
-    A session that is already running is returned as it is (Spark allows one per process);
-    when its master differs from the one asked for, that is logged. A new session gets
-    ``PYSPARK_PYTHON`` set to this interpreter (so executors import the same sparknet and
-    torch), Python worker reuse on, a Python daemon that forks its workers with torch and
-    sparknet already loaded (:data:`DAEMON_MODULE`), and Spark's own logging at ``log_level``
-    from the moment its JVMs start (see :func:`quiet_log_settings`).
+    A new session gets ``PYSPARK_PYTHON`` set to this interpreter (so executors import the same sparknet and
+    torch), Python worker reuse on, a Python daemon that forks its workers with torch and sparknet already loaded
+    (:data:`DAEMON_MODULE`), and Spark's own logging at ``log_level`` from the moment its JVMs start
+    (:func:`quiet_log_settings`).
 
     Parameters
     ----------
@@ -257,7 +238,10 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         Spark's log level (``ERROR``, ``WARN``, ``INFO``...); default ``$SPARKNET_SPARK_LOG_LEVEL``,
         else ``ERROR``.
     """
-    SparkSession = require_pyspark().SparkSession
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as e:  # sparknet does not install pyspark
+        raise ImportError(PYSPARK_MISSING) from e
     level = spark_log_level(log_level)
     active = SparkSession.getActiveSession()
     if active is not None:
