@@ -166,6 +166,16 @@ class EngineRun:
     def strategy(self) -> TrainingStrategy:
         return self.plan.strategy
 
+    def driver_address(self) -> tuple[bool, str]:
+        """Whether every executor runs on this machine (a local master), and the host they reach the driver at."""
+        local = is_local_master(self.sc.master)
+        return local, "127.0.0.1" if local else (self.sc.getConf().get("spark.driver.host") or "127.0.0.1")
+
+    def state_bytes(self) -> int:
+        """The most bytes of one worker's state: its solver's (a few copies of the weights) and strategy's, and its
+        shuffle order (8 bytes a row)."""
+        return 32 * int(self.global_flat.numel()) + 8 * max(self.rows, default=0) + (1 << 20)
+
     def save_checkpoint(self, engine: str, state: ResumeState) -> str:
         """Write the checkpoint of round ``state.round``: its global weights, counters and workers' states, the
         strategy's (``None``: the driver's own) and the driver's RNG states; returns its path."""

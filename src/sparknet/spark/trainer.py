@@ -12,30 +12,16 @@
    feature length, NaN, labels out of range, more workers than rows, no rows) is one clear
    ``ValueError`` before any step is trained;
 2. warm start: ``dist.warmup_steps`` steps on the driver, on a bounded sample of the data;
-3. the engine: **rounds** (:mod:`sparknet.spark.rounds.executor`; one Spark job per round, the
-   weights out as one broadcast buffer, the sample-weighted sum of the deltas back by
-   ``treeAggregate``) or **barrier** (:mod:`sparknet.spark.barrier.executor`; one barrier stage, a gloo
-   group, one allreduce per round, per-round records to the driver over an authenticated
-   pyzmq channel);
+3. the engine: **rounds** (:mod:`sparknet.spark.rounds.driver`; one Spark job per round) or **barrier**
+   (:mod:`sparknet.spark.barrier.driver`; one barrier stage, a gloo group, one allreduce per round);
 4. cleanup: broadcasts destroyed, caches and staged files removed, job group cleared.
 
-Both engines run the same :class:`~sparknet.strategies.TrainingStrategy` hooks, compress what
-workers send as ``dist.compression`` says (bytes counted as they cross), choose tau while
-training with ``dist.auto_tau``, and can wait as a slow network would (``EngineOptions.link``);
-docs/DESIGN.md's engine section says how each engine does each.
-
-Reliability. A rounds-engine task that fails (its Python worker killed, an exception) is
-retried by Spark (``spark.task.maxFailures``; ``local[N,F]`` in local mode) from the previous
-round's saved state, and the round record counts the ``retries``. A failed barrier stage is
-started again from the newest global weights and strategy state the driver holds (rank 0
-sends them every ``EngineOptions.state_every_rounds`` rounds over the channel), at most
-``EngineOptions.max_restarts`` times. With ``dist.checkpoint_dir`` both engines write a
-checkpoint (:mod:`sparknet.checkpoint`) every ``dist.checkpoint_every`` rounds and at the
-end, holding everything a resumed fit needs to go on exactly as an uninterrupted one would:
-the global weights, the strategy's driver state, every worker's solver state, data position
-and strategy state, the round and sample counters, the driver's RNG states.
-``dist.resume`` continues from the newest one. ``EngineOptions.round_timeout_s`` bounds the
-driver's wait on one round of the rounds engine. Faults for tests: :mod:`sparknet.faults`.
+Both engines run the same :class:`~sparknet.strategies.TrainingStrategy` hooks, compression, automatic tau and
+simulated link (docs/DESIGN.md's engine section says how each engine does each). A failed rounds-engine task is
+retried by Spark from the previous round's saved state; a failed barrier stage is started again from the newest
+state the driver holds (``EngineOptions.max_restarts``). With ``dist.checkpoint_dir`` both engines write a
+checkpoint (:mod:`sparknet.checkpoint`) every ``dist.checkpoint_every`` rounds and at the end, from which
+``dist.resume`` goes on exactly as an uninterrupted fit would. Faults for tests: :mod:`sparknet.faults`.
 """
 
 from __future__ import annotations
@@ -109,11 +95,6 @@ def _copy_module(module: torch.nn.Module) -> torch.nn.Module:
         raise TypeError(f"the model cannot be copied or pickled for the executors ({type(exc).__name__}: {exc}); "
                         "keep locks, open files, sockets and generators out of the module's attributes (create "
                         "them in forward, or drop them in __getstate__)") from exc
-
-
-def _worker_copy(net):
-    """What the executors build their nets from: a NetParams, or a CPU copy of a module."""
-    return copy.deepcopy(net).cpu() if isinstance(net, torch.nn.Module) else net
 
 
 def _unused_column(df, name: str) -> str:
@@ -222,12 +203,11 @@ class SparkTrainer:
         self.spark = spark
         self.on_round = on_round
         self.options = options or EngineOptions()
-        self.link = self.options.link if self.options.link is not None else self.dist.link()
+        link = self.options.link if self.options.link is not None else self.dist.link()
+        self.link = None if link is not None and link.is_free else link
         self.latest_flat: torch.Tensor | None = None
         """The rounds engine's global weights after the newest round, as one flat buffer (what ``on_round`` may
         read to test or snapshot them; the barrier engine keeps its weights on the executors until the end)."""
-        if self.link is not None and self.link.is_free:
-            self.link = None
 
     # -- fit ----------------------------------------------------------------------------------
     def fit(self, train, validation=None, *, features_col: str | Sequence[str] = "features",
@@ -422,13 +402,10 @@ class SparkTrainer:
             warmup = None
             if dist.warmup_steps and resume is None:  # a resumed run had its warm-up before its checkpoint
                 warmup = self._warmup(sc, group, chunks, total, driver_net, sample_shape)
-            if resume is not None:
-                global_flat = resume.global_flat
-            else:
-                global_flat = self.strategy.init_global(driver_net.get_flat())
-            spec = WorkerSpec(fit_id=fit_id, net=_worker_copy(net), loss=self.loss, worker=worker, task=task,
-                              weighted=weight_col is not None,
-                              strategy=self.strategy, sample_shape=tuple(sample_shape),
+            global_flat = resume.global_flat if resume is not None else self.strategy.init_global(driver_net.get_flat())
+            worker_net = copy.deepcopy(net).cpu() if isinstance(net, torch.nn.Module) else net  # a CPU copy of a module
+            spec = WorkerSpec(fit_id=fit_id, net=worker_net, loss=self.loss, worker=worker, task=task,
+                              weighted=weight_col is not None, strategy=self.strategy, sample_shape=tuple(sample_shape),
                               start_iteration=dist.warmup_steps, staging_dir=self.options.staging_dir,
                               stream=data_mode is spark_data.DataMode.STREAM,
                               stream_buffer_bytes=dist.stream_buffer_mb << 20,
@@ -507,7 +484,8 @@ class SparkTrainer:
         dist = self.dist
         return ModelParallelJob(net=self.net, worker=self.worker, model_parallel=dist.model_parallel,
                                 strategy=dist.strategy.value, tau=dist.tau, rounds=dist.rounds,
-                                strategy_options={k: v for k, v in dist.strategy_options().items() if k != "num_workers"},
+                                strategy_options={k: v for k, v in dist.strategy_options().items()
+                                                  if k != "num_workers"},
                                 target_accuracy=dist.target_accuracy, eval_every_rounds=dist.eval_every_rounds,
                                 plan=plan, sample_shape=tuple(sample_shape),
                                 max_weight_bytes=None if dist.max_weight_bytes is None else int(dist.max_weight_bytes))

@@ -168,13 +168,10 @@ class BarrierStage:
         run = self.fit
         sc, group, spec, dist, opts = run.sc, run.group, run.spec, run.dist, run.options
         K = dist.workers
-        local = is_local_master(sc.master)
+        local, host = run.driver_address()
         secret = new_secret()
-        host = "127.0.0.1" if local else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
-        # the largest message: a rank's solver and strategy state (a few copies of the weights, and its shuffle
-        # order at 8 bytes a row) or the global weights with the strategy's state
-        cap = 32 * len(start.global_flat) + 8 * max(run.rows, default=0) + (1 << 20)
-        receiver = MetricsReceiver(host, host, secret, max_bytes=cap)
+        # the largest message: a rank's solver and strategy state, or the global weights with the strategy's state
+        receiver = MetricsReceiver(host, host, secret, max_bytes=run.state_bytes())
         outcome: dict = {}
         clock = {"ready": None, "heard": time.perf_counter()}
         try:
@@ -230,22 +227,28 @@ class BarrierStage:
             cause = task_error(first[0]["text"]) if first else task_error(outcome["error"])
             fatal = any(e.get("fatal") for e in self.errors)
             raise _StageFailed(cause, fatal) from outcome["error"]
-        rows = outcome.get("rows") or []
-        results = [row for row in rows if row[0] == "result"]
-        if not results:
-            raise EngineError("the barrier stage ended without rank 0's result")
-        _, flat_bytes, full_history = results[0]
+        final, full_history, workers = _stage_result(outcome.get("rows") or [])
         for rec in full_history:  # records the channel did not deliver
             self._record(rec, time.perf_counter())
-        final = torch.from_numpy(np.frombuffer(flat_bytes, dtype=np.float32).copy())
         if self.checkpoints is not None:
             last_round = max((h["round"] for h in self.history), default=0)
             self._maybe_checkpoint(last_round)
             if last_round not in self.checkpoints.written:
                 raise EngineError(f"the barrier stage ended but the final checkpoint of round {last_round} could not "
                                   "be assembled (some ranks' solver states did not reach the driver)")
-        workers = sorted((row[2] | {"rank": row[1]} for row in rows if row[0] == "worker"), key=lambda w: w["rank"])
         return final, {"barrier_workers": workers, "metrics_rejected": receiver.rejected}
+
+
+def _stage_result(rows: list) -> tuple[torch.Tensor, list[dict], list[dict]]:
+    """Rank 0's final weights and round records, and every rank's facts, from a stage's rows
+    ``(kind, rank, payload, info)`` (:data:`~sparknet.spark.barrier.executor.RESULT_SCHEMA`)."""
+    results = [row for row in rows if row[0] == "result"]
+    if not results:
+        raise EngineError("the barrier stage ended without rank 0's result")
+    final = torch.from_numpy(np.frombuffer(results[0][2], dtype=np.float32).copy())
+    workers = sorted((info | {"rank": rank} for kind, rank, _, info in rows if kind == "worker"),
+                     key=lambda w: w["rank"])
+    return final, results[0][3], workers
 
 
 def connect_refusal(dist, train) -> str | None:
@@ -319,15 +322,10 @@ def run_connect_stage(run: EngineRun):
             restarts.append({"after_round": 0, "error": first_line})
             log.warning("barrier stage failed (%s); restart %d of at most %d from the first round (a Spark Connect "
                         "client holds no newer state)", first_line, len(restarts), opts.max_restarts)
-    results = [row for row in rows if row["kind"] == "result"]
-    if not results:
-        raise EngineError("the barrier stage ended without rank 0's result")
-    history = json.loads(results[0]["info"])
+    final, history, workers = _stage_result([(row["kind"], int(row["rank"]), row["payload"], json.loads(row["info"]))
+                                             for row in rows])
     for record in history:
         record["wall_s"] = (t_launch - run.t_fit) + float(record.get("wall_s", 0.0))
         run.emit(record)
-    final = torch.from_numpy(np.frombuffer(results[0]["payload"], dtype=np.float32).copy())
-    workers = sorted((json.loads(row["info"]) | {"rank": int(row["rank"])} for row in rows if row["kind"] == "worker"),
-                     key=lambda w: w["rank"])
     return final, history, {"barrier_workers": workers, "restarts": len(restarts), "restart_log": restarts,
                             "connect": True}

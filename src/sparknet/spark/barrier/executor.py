@@ -3,19 +3,14 @@
 Every task of the stage runs :func:`run_barrier`:
 
 1. reads its partition's chunks into a :class:`~sparknet.net.Net` (once for the whole fit);
-2. rendezvous: rank 0 opens a ``TCPStore`` on a free port of its host (the OS picks it, so
-   no other process can take it in between) and ``BarrierTaskContext.allGather`` shares
-   ``host:port``; every rank then joins ``torch.distributed`` with the gloo backend and a
-   timeout on every collective;
-3. the round loop (:func:`sparknet.loop.run_rounds`) with a
-   :class:`~sparknet.collective.CollectiveExchange`: each round local steps, then ONE
-   ``all_reduce`` of one flat buffer holding every rank's weighted delta and counts, so every
-   rank forms the same mean, applies the same strategy step and sees the same evaluation;
-4. rank 0 pushes a record per round to the driver over :mod:`sparknet.spark._channel` and
-   returns the final weights and the history when the stage ends. Every
-   ``state_every_rounds`` rounds (and at the last) it also sends the global weights and the
-   strategy's state as a binary payload, so the driver can start a failed stage again from
-   them; on checkpoint rounds every rank sends its own solver and strategy state.
+2. joins the stage's gloo group (:func:`rendezvous`: rank 0's ``TCPStore`` on a port the OS picks, its address
+   shared by ``BarrierTaskContext.allGather``; a timeout on every collective);
+3. runs the round loop (:func:`sparknet.loop.run_rounds`) with a :class:`~sparknet.collective.CollectiveExchange`:
+   each round local steps, then ONE ``all_reduce`` of one flat buffer, so every rank forms the same mean, applies
+   the same strategy step and sees the same evaluation;
+4. rank 0 pushes a record per round to the driver over :mod:`sparknet.spark._channel`, and every
+   ``state_every_rounds`` rounds the global weights and the strategy's state (what a restart starts from); on
+   checkpoint rounds every rank sends its own state. Rank 0 returns the final weights and the history.
 
 A stage starts at round 0 or where its start (a :class:`~sparknet.loop.ResumeState`) says (a restart or a resumed fit);
 torch's global generator is reseeded every round from (seed, rank, round), as in the rounds
@@ -108,8 +103,9 @@ def run_barrier(payload_bc, params: StagePlan, val_bc=None):
 
 
 RESULT_SCHEMA = "kind string, rank long, payload binary, info string"
-"""The rows of :func:`run_barrier_frame`'s stage: a ``worker`` row per rank (its facts as JSON in ``info``), and
-rank 0's ``result`` (the final weights as float32 bytes in ``payload``, the round records as JSON in ``info``)."""
+"""The rows of a barrier stage: a ``worker`` row per rank (its facts in ``info``), and rank 0's ``result`` (the
+final weights as float32 bytes in ``payload``, the round records in ``info``); as JSON in :func:`run_barrier_frame`'s
+stage."""
 
 
 def run_barrier_frame(payload: Held, params: StagePlan, val: Held | None, float_labels: bool):
@@ -123,11 +119,7 @@ def run_barrier_frame(payload: Held, params: StagePlan, val: Held | None, float_
         from sparknet.spark._channel import _jsonable
         from sparknet.spark.data import frame_chunks
 
-        for row in _guarded(payload, params, val, frame_chunks(batches, float_labels)):
-            if row[0] == "worker":
-                kind, rank, body, info = "worker", row[1], b"", row[2]
-            else:
-                kind, rank, body, info = "result", 0, row[1], row[2]
+        for kind, rank, body, info in _guarded(payload, params, val, frame_chunks(batches, float_labels)):
             yield pa.RecordBatch.from_arrays(
                 [pa.array([kind]), pa.array([rank], pa.int64()), pa.array([body], pa.binary()),
                  pa.array([json.dumps(info, default=_jsonable)])], names=["kind", "rank", "payload", "info"])
@@ -194,7 +186,8 @@ class _Arrivals:
             return []
 
 
-def _report_failure(params: StagePlan, rank: int, exc: BaseException, text: str, *, collective: bool | None = None) -> None:
+def _report_failure(params: StagePlan, rank: int, exc: BaseException, text: str, *,
+                    collective: bool | None = None) -> None:
     """Tell the driver which rank failed first, and why, before Spark fails the stage.
 
     When one rank raises, its peers soon fail too (their collectives lose the connection), and
@@ -204,7 +197,6 @@ def _report_failure(params: StagePlan, rank: int, exc: BaseException, text: str,
     if not params.endpoint:
         return
     try:
-
         sender = MetricsSender(params.endpoint, params.secret, params.keys, send_timeout_ms=2000)
         try:
             sender.send({"event": "error", "rank": rank, "type": type(exc).__name__, "text": text[-8000:],
@@ -379,7 +371,6 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     history: list[dict] = []
     try:
         if params.endpoint and (rank == 0 or params.checkpoint_every):
-
             sender = MetricsSender(params.endpoint, params.secret, params.keys)
         store = rendezvous(ctx, rank, params.group)
         if sender is not None and rank == 0:
@@ -389,10 +380,10 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
         else:
             final, info = _round_loop(net, spec, rank, world, init_flat, has_data, val, val_rows, params, sender,
                                       history, start or ResumeState(), arrivals=_Arrivals(store, rank, world)), {}
-        yield ("worker", rank, {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
-                                "attempt": ctx.attemptNumber(), **info})
+        yield ("worker", rank, b"", {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
+                                     "attempt": ctx.attemptNumber(), **info})
         if rank == 0:
-            yield ("result", final.numpy().tobytes(), history)
+            yield ("result", 0, final.numpy().tobytes(), history)
     finally:
         gc.unfreeze()
         if isinstance(data, RowFile):

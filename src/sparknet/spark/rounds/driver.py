@@ -1,17 +1,12 @@
 """Driver side of the rounds engine: one Spark job per round is the round loop's exchange.
 
-Each round (:meth:`SparkRoundsExchange.run_round`): the global weights (or, with compression, the
-round's :class:`~sparknet.strategies.Downlink` message) are published in the fit's relay, a socket on
-the driver (:mod:`sparknet.spark._relay`), every partition's task fetches them, runs its local steps
-(:mod:`sparknet.spark.rounds.executor`, the executor side) and puts its update back there, and the driver sums
-the updates in partition order (compressed ones are decoded here, in worker order), bit for bit as
-it sums them when they travel through Spark: a broadcast down and each task's sample-weighted delta,
-already folded, in its result (``treeAggregate`` of depth 2 past 8 workers), which is what
-``EngineOptions.rounds_transport="spark"`` asks for and what a fit falls back to when a task cannot
-reach the relay. A partition whose staged files are not where Spark ran it is rerun from the persisted
-chunks; a worker whose process lost the weights a compressed message is relative to gets them
-in full. A watchdog cancels the round's job past its deadline. What the loop does with the sum
-is :func:`sparknet.loop.run_rounds`'s business.
+Each round (:meth:`SparkRoundsExchange.run_round`): the global weights (or the round's compressed
+:class:`~sparknet.strategies.Downlink` message) go out through the fit's relay (:mod:`sparknet.spark._relay`) or a
+broadcast, every partition's task (:mod:`sparknet.spark.rounds.executor`) runs its local steps, and the driver sums
+the updates in partition order (compressed ones decoded here, in worker order), bit for bit the same whichever way
+they travelled. A partition whose staged files are not where Spark ran it is rerun from the persisted chunks; a
+worker that lost the weights a compressed message is relative to gets them in full. A watchdog cancels the round's
+job past its deadline.
 """
 
 from __future__ import annotations
@@ -31,7 +26,6 @@ from sparknet.loop import Exchange, NetScorer, Progress, ResumeState, RoundPlan,
 from sparknet.spark.backend import Watchdog, default_round_deadline, job_group, spark_call, task_slots
 from sparknet._tensortree import unpack_tree
 from sparknet.spark._relay import RoundRelay
-from sparknet.spark.session import is_local_master
 from sparknet.spark.engine import EngineRun
 from sparknet.spark.rounds.executor import (ROUND_TASK, Partial, RoundTask, WorkerStatus, combine, decode_updates,
                                            pack_spec, run_round, run_round_from_chunks)
@@ -43,71 +37,35 @@ log = logging.getLogger(__name__)
 
 
 class SparkRoundsExchange(Exchange):
-    """One Spark job per round over the staged partitions; the driver sums what the tasks fold.
+    """One Spark job per round over the staged partitions (``run.source``); the driver sums what the tasks fold.
 
-    Parameters
-    ----------
-    sc : SparkContext
-    group : str
-        The fit's job group (the watchdog cancels it).
-    staged, chunks : RDD
-        The staged partitions (one small record each) and the persisted training chunks.
-    spec_bc : Broadcast
-        The packed :class:`~sparknet.spark.rounds.executor.WorkerSpec`.
-    workers : int
-        K.
-    compression : str
-        Codec of the updates and of the weights sent down.
-    driver_net : Net
-        Evaluates the global weights (when it holds validation data).
-    broadcasts : list
-        Where broadcasts that outlive a round are kept for the fit's cleanup.
-    round_timeout_s : float, optional
-        The user's deadline of one round (default: :func:`~sparknet.spark.backend.default_round_deadline`).
-    link : LinkModel, optional
-        A simulated network (the tasks wait; their waits are recorded).
-    checkpoint : callable, optional
-        ``checkpoint(record, global_flat, progress, worker_states, downlink_state) -> path or None``
-        after every round; the tasks send their state back when ``wants_state(round)`` says so.
-    wants_state : callable, optional
-        ``wants_state(rounds_done, last) -> bool``.
-    hold_states : bool
-        The tasks send their state every round and the driver holds it (on a cluster): a partition that
-        moves to a host without its state continues from the driver's copy.
-    elastic_after_s : float, optional
-        With ``hold_states``: seconds the cluster may have fewer task slots than workers before a round
-        trains only as many workers as there are slots, in turn (``None``: never).
-    relay : RoundRelay, optional
-        The driver's socket the weights and updates travel through (:mod:`sparknet.spark._relay`; the spec's
-        ``relay`` is its address); ``None``, or once a task could not reach it: Spark's broadcasts and results.
+    ``spec_bc`` is the broadcast packed :class:`~sparknet.spark.rounds.executor.WorkerSpec`. ``relay`` is the driver's
+    socket the weights and updates travel through (:mod:`sparknet.spark._relay`; the spec's ``relay`` is its address);
+    ``None``, or once a task could not reach it: Spark's broadcasts and results. When the driver holds the workers'
+    states (``EngineOptions.holds_worker_state``), the tasks send theirs every round, and a partition that moves to a
+    host without its state continues from the driver's copy.
     """
 
     engine = "rounds"
 
-    def __init__(self, sc, group: str, staged, chunks, spec_bc, *, workers: int, compression: str, driver_net,
-                 broadcasts: list, round_timeout_s: float | None = None, link=None, checkpoint=None,
-                 wants_state=None, downlink_state: dict | None = None, hold_states: bool = False,
-                 elastic_after_s: float | None = None, relay=None):
-        self.sc, self.group, self.staged, self.chunks, self.spec_bc = sc, group, staged, chunks, spec_bc
-        self.workers, self.driver_net, self.broadcasts = workers, driver_net, broadcasts
-        self.compression = parse_enum(CompressionKind, compression, "compression")
-        self.round_timeout_s, self.link = round_timeout_s, link
-        self.checkpoint, self.wants_state = checkpoint, wants_state
-        self.numel = driver_net.get_flat().numel()
+    def __init__(self, run: EngineRun, spec_bc, relay=None):
+        self.run, self.sc, self.group, self.spec_bc, self.driver_net = run, run.sc, run.group, spec_bc, run.driver_net
+        self.staged, self.chunks, self.workers = run.source, run.chunks, run.dist.workers
+        self.compression = parse_enum(CompressionKind, run.dist.compression, "compression")
+        self.numel = self.driver_net.get_flat().numel()
         self._background = None
         self.down = None
         if self.compression is not CompressionKind.NONE:
             self.down = Downlink(make_compressor(self.compression), self.numel)
-            if downlink_state:
-                self.down.load_state_dict(downlink_state)
+            if run.resume is not None and run.resume.downlink:
+                self.down.load_state_dict(run.resume.downlink)
         self.slowest_step_s: float | None = None  # seconds per local step of the slowest round so far
         self.rerun_partitions = 0
         self._want_state = False
         self._worker_states: dict = {}
-        self.hold_states = hold_states
+        self.hold_states = run.options.holds_worker_state(run.sc.master)
         self._hosts: list[str] | None = None  # where the last round's tasks ran
         self._held: ResumeState | None = None  # the workers' states after the last round, with hold_states
-        self.elastic_after_s = elastic_after_s
         self._slots: int | None = None  # task slots at the start of the last round
         self._short_since: float | None = None  # when the cluster was first seen short of task slots
         self._turn = 0  # the first worker of the next elastic round
@@ -121,7 +79,8 @@ class SparkRoundsExchange(Exchange):
 
     def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
         sc, group, down, r = self.sc, self.group, self.down, plan.round
-        self._want_state = self.wants_state is not None and self.wants_state(r + 1, plan.last)
+        checkpoints = self.run.checkpoints  # worker states come back on checkpoint rounds
+        self._want_state = checkpoints is not None and (checkpoints.due(r + 1) or plan.last)
         task = RoundTask(plan=plan, numel=self.numel, send_state=self._want_state or self.hold_states,
                          held=self.hold_states)
         t_round = time.perf_counter()
@@ -136,7 +95,8 @@ class SparkRoundsExchange(Exchange):
             task = replace(task, relayed=True)
         else:
             weights_bc = sc.broadcast(message)
-        deadline = self.round_timeout_s or default_round_deadline(self.slowest_step_s, plan.steps, plan.seconds)
+        deadline = (self.run.options.round_timeout_s
+                    or default_round_deadline(self.slowest_step_s, plan.steps, plan.seconds))
         watchdog = Watchdog(sc, group, deadline)
         full = []
         states_bc = None
@@ -159,7 +119,7 @@ class SparkRoundsExchange(Exchange):
                     self.relay = None
                     task = replace(task, relayed=False)
                     weights_bc = sc.broadcast(message)
-                    again = self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, task, states_bc))
+                    again = self._round_tasks(task, weights_bc, states_bc)
                     acc = combine(acc.without(WorkerStatus.UNREACHABLE), self._run_partitions(again, unreachable, r))
                 for status, why in ((WorkerStatus.MISSING, "are not staged where Spark ran them"),
                                     (WorkerStatus.NEED_STATE, "moved to a host without their solver state")):
@@ -187,7 +147,7 @@ class SparkRoundsExchange(Exchange):
                         self.relay.publish(r, full=down.seen.numpy())
                     else:
                         full_bc = sc.broadcast(down.seen.numpy())
-                        self.broadcasts.append(full_bc)
+                        self.run.broadcasts.append(full_bc)
                     acc = self._rerun(acc.without(WorkerStatus.NEED_FULL), full_bc, replace(task, full=True), full,
                                       states_bc, r)
         except Exception as exc:
@@ -215,14 +175,9 @@ class SparkRoundsExchange(Exchange):
         return self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, task, states_bc))
 
     def _elastic_workers(self, r: int) -> list[int] | None:
-        """The workers of round ``r`` (``None``: all K), from the task slots the cluster has now.
-
-        On a cluster (``hold_states``): after the cluster has had fewer slots than workers for
-        ``elastic_after_s`` seconds, a round trains as many workers as there are slots, the next ones
-        in turn, so every partition's rows keep coming back. When slots are added (a host back, or a
-        new one), the partitions are staged again where Spark places the round's tasks, so the new
-        host takes work; once there are slots for all, every worker trains again.
-        """
+        """The workers of round ``r`` (``None``: all K), from the task slots the cluster has now
+        (``EngineOptions.elastic_after_s``); when slots are added, the partitions are staged again where Spark
+        places the round's tasks, so a new host takes work."""
         if not self.hold_states or self._held is None:  # a first round holds no state to move or pause with
             return None
         slots = task_slots(self.sc)
@@ -239,14 +194,14 @@ class SparkRoundsExchange(Exchange):
                             "all of them", r + 1, self.workers)
             self._short_since = None
             return None
-        now = time.monotonic()
+        now, elastic_after_s = time.monotonic(), self.run.options.elastic_after_s
         if self._short_since is None:
             self._short_since = now
             log.warning("round %d: the cluster has %d task slot(s) for %d workers; Spark runs the tasks in waves "
                         "on the hosts left%s", r + 1, slots, self.workers,
-                        "" if self.elastic_after_s is None else
-                        f" (after {self.elastic_after_s:g} s each round trains {max(slots, 1)} worker(s) in turn)")
-        if self.elastic_after_s is None or now - self._short_since < self.elastic_after_s:
+                        "" if elastic_after_s is None else
+                        f" (after {elastic_after_s:g} s each round trains {max(slots, 1)} worker(s) in turn)")
+        if elastic_after_s is None or now - self._short_since < elastic_after_s:
             return None
         n = max(slots, 1)
         active = sorted((self._turn + j) % self.workers for j in range(n))
@@ -283,7 +238,8 @@ class SparkRoundsExchange(Exchange):
 
     def _aggregate(self, parts, r: int) -> Partial:
         if self.workers > 8 and self.down is None and self.relay is None:
-            return spark_call(parts.treeAggregate, None, combine, combine, 2)  # K partial sums need not reach the driver
+            # K partial sums need not reach the driver
+            return spark_call(parts.treeAggregate, None, combine, combine, 2)
         return self._sum(spark_call(parts.collect), r)  # relayed or compressed: summed or decoded here only
 
     def _rerun(self, acc: Partial, weights_bc, task: RoundTask, partitions: list[int], states_bc, r: int) -> Partial:
@@ -298,10 +254,7 @@ class SparkRoundsExchange(Exchange):
             states = {**(self._held.workers if self._held else {}), **states}
             self._held = ResumeState(round=r + 1, workers=states)
         self._worker_states = states
-        if active is not None:
-            self._stale = (self._stale | set(range(self.workers))) - set(active)
-        else:
-            self._stale = set()
+        self._stale = set() if active is None else set(range(self.workers)) - set(active)
         trained = [w for w in workers if w.trained]
         steps = max((w.steps for w in trained), default=0)
         if steps:
@@ -327,7 +280,7 @@ class SparkRoundsExchange(Exchange):
         if fields["retries"]:
             log.warning("round %d: %d task attempt(s) failed and were retried by Spark", r + 1,
                         fields["retries"])
-        if self.link is not None:  # the tasks wait at once, as on a real network: the longest wait counts
+        if self.run.link is not None:  # the tasks wait at once, as on a real network: the longest wait counts
             fields["link_s"] = max((w.link_s or 0.0 for w in trained), default=0.0)
         if self.rerun_partitions:
             fields["rerun_partitions"] = self.rerun_partitions
@@ -362,12 +315,18 @@ class SparkRoundsExchange(Exchange):
         self.latest = global_flat
 
     def round_done(self, record: dict, global_flat: torch.Tensor, progress: Progress) -> None:
-        if self.checkpoint is None:
+        run, r, reason = self.run, progress.round, record.get("stop_reason")
+        if run.checkpoints is None or not (run.checkpoints.due(r) or reason is not None):
             return
-        path = self.checkpoint(record, global_flat, progress, self._worker_states if self._want_state else None,
-                               None if self.down is None else self.down.state_dict())
-        if path is not None:
-            record["checkpoint"] = path
+        if not self._want_state:
+            log.warning("round %d: the run stopped on %s before a checkpoint round; the final checkpoint holds "
+                        "no worker solver state, so a resume from it restarts the workers' solvers", r, reason)
+        record["checkpoint"] = run.save_checkpoint("rounds", ResumeState(
+            round=r, steps_done=progress.steps_done, samples_done=progress.samples_done,
+            total_bytes=progress.total_bytes, global_flat=global_flat,
+            workers=self._worker_states if self._want_state else {},
+            downlink=None if self.down is None else self.down.state_dict(),
+            auto_tau=None if run.plan.auto is None else run.plan.auto.state_dict()))
 
 
 def run_rounds_engine(run: EngineRun):
@@ -378,60 +337,30 @@ def run_rounds_engine(run: EngineRun):
     """
     sc, spec, relay = run.sc, run.spec, None
     if run.options.rounds_transport == "socket":
-        local = is_local_master(sc.master)  # every executor on this machine: a Unix socket, no CurveZMQ
-        host = "127.0.0.1" if local else (sc.getConf().get("spark.driver.host") or "127.0.0.1")
+        local, host = run.driver_address()  # a local master: a Unix socket, no CurveZMQ
         numel = int(run.global_flat.numel())
         compressed = parse_enum(CompressionKind, run.dist.compression, "compression") is not CompressionKind.NONE
-        # a worker's state: its solver's (a few copies of the weights) and strategy's, and its shuffle order (8 bytes a row)
-        state_bytes = 32 * numel + 8 * max(run.rows, default=0) + (1 << 20)
         relay = RoundRelay(host, host, max_bytes=8 * numel + (1 << 20), update_bytes=None if compressed else 4 * numel,
-                           state_bytes=state_bytes, local=local)
+                           state_bytes=run.state_bytes(), local=local)
         spec = replace(spec, relay=relay.address)
     try:
-        return _run(run, spec, relay)
+        spec_bc = sc.broadcast(pack_spec(spec))
+        run.broadcasts.append(spec_bc)
+        exchange = SparkRoundsExchange(run, spec_bc, relay)
+        history: list[dict] = []
+
+        def on_record(record: dict) -> None:
+            history.append(record)
+            run.emit(record, exchange.latest)
+
+        with job_group(sc, run.group, f"sparknet rounds ({run.dist.workers} workers)"):  # each round names itself
+            global_flat = run_rounds(exchange, run.plan, run.global_flat, on_record=on_record, t0=run.t_fit)
+        return global_flat, history, {"rerun_partitions": exchange.rerun_partitions,
+                                      "elastic_rounds": exchange.elastic_rounds,
+                                      "rounds_transport": "spark" if exchange.relay is None else "socket"}
     finally:
         if relay is not None:
             relay.close()
-
-
-def _run(run: EngineRun, spec, relay):
-    sc, checkpoints, resume, dist, plan = run.sc, run.checkpoints, run.resume, run.dist, run.plan
-    spec_bc = sc.broadcast(pack_spec(spec))
-    run.broadcasts.append(spec_bc)
-
-    def wants_state(rounds_done: int, last: bool) -> bool:  # worker states come back on checkpoint rounds
-        return checkpoints is not None and (checkpoints.due(rounds_done) or last)
-
-    def checkpoint(record, global_flat, progress, worker_states, downlink_state):
-        r, reason = progress.round, record.get("stop_reason")
-        if checkpoints is None or not (checkpoints.due(r) or reason is not None):
-            return None
-        if worker_states is None:
-            log.warning("round %d: the run stopped on %s before a checkpoint round; the final checkpoint holds "
-                        "no worker solver state, so a resume from it restarts the workers' solvers", r, reason)
-        return run.save_checkpoint("rounds", ResumeState(
-            round=r, steps_done=progress.steps_done, samples_done=progress.samples_done,
-            total_bytes=progress.total_bytes, global_flat=global_flat, workers=worker_states or {},
-            downlink=downlink_state, auto_tau=None if plan.auto is None else plan.auto.state_dict()))
-
-    exchange = SparkRoundsExchange(sc, run.group, run.source, run.chunks, spec_bc, workers=dist.workers,
-                                   compression=dist.compression, driver_net=run.driver_net,
-                                   broadcasts=run.broadcasts, round_timeout_s=run.options.round_timeout_s,
-                                   link=run.link, checkpoint=checkpoint, wants_state=wants_state,
-                                   downlink_state=None if resume is None else resume.downlink,
-                                   hold_states=run.options.holds_worker_state(sc.master),
-                                   elastic_after_s=run.options.elastic_after_s, relay=relay)
-    history: list[dict] = []
-
-    def on_record(record: dict) -> None:
-        history.append(record)
-        run.emit(record, exchange.latest)
-
-    with job_group(sc, run.group, f"sparknet rounds ({dist.workers} workers)"):  # each round names itself
-        global_flat = run_rounds(exchange, plan, run.global_flat, on_record=on_record, t0=run.t_fit)
-    return global_flat, history, {"rerun_partitions": exchange.rerun_partitions,
-                                  "elastic_rounds": exchange.elastic_rounds,
-                                  "rounds_transport": "spark" if exchange.relay is None else "socket"}
 
 
 def _identity(items):

@@ -1,47 +1,31 @@
 """Executor side of the rounds engine (SparkNet's Listing 3), and what both engines share there.
 
-One fit runs these Spark jobs (the driver side is :mod:`sparknet.spark.trainer`):
+One fit runs these Spark jobs (the driver side is :mod:`sparknet.spark.rounds.driver`):
 
-1. **stage** — ``chunks.mapPartitionsWithIndex(stage_partition)``, persisted: each partition's
-   chunks are written one at a time as a :class:`~sparknet.rowfile.RowFile` under the executor's
-   local directory (the partition is never held whole); the persisted RDD keeps one small record per partition (rows, counts, host,
-   directory). Its blocks stay on the executor that wrote the files, so Spark schedules every
-   later round of that partition there.
-2. **rounds** — ``staged.mapPartitionsWithIndex(run_round)``: a task reads only the small
-   record, fetches the round's weights from the driver's relay (:mod:`sparknet.spark._relay`;
-   usually already there: its Python worker asked for them when its last task ended), trains, puts
-   its delta in the relay and returns a small report naming its task attempt; the driver reads the
-   deltas in partition order and sums them as :func:`fold` would have. Through Spark instead
-   (``rounds_transport="spark"``, or once a task could not reach the relay) the weights are a
-   broadcast and the task returns its sample-weighted delta already folded; the driver sums the K
-   partials (``treeAggregate`` of depth 2 past 8 workers). The task's
-   :class:`Net` comes from a process-global cache keyed by
-   (fit id, partition); on a miss (another Python worker of the same machine, a restarted one)
-   the row file is memory-mapped, so every process on the machine shares one copy of the data and
-   nothing is converted again, or, for a fit whose partitions are too big to hold
-   (``WorkerSpec.stream``), streamed through a bounded shuffle buffer. A task that runs on a machine without the files
+1. **stage** — ``chunks.mapPartitionsWithIndex(stage_partition)``, persisted: each partition's chunks are written
+   one at a time as a :class:`~sparknet.rowfile.RowFile` under the executor's local directory; the persisted RDD
+   keeps one small record per partition, whose blocks stay on the executor that wrote the files, so Spark
+   schedules every later round of that partition there.
+2. **rounds** — ``staged.mapPartitionsWithIndex(run_round)``: a task fetches the round's weights from the driver's
+   relay (:mod:`sparknet.spark._relay`), or a broadcast, trains, and puts its delta back there, or returns it already
+   folded (:func:`fold`). Its :class:`Net` comes from a process-global cache keyed by (fit id, partition); on a miss
+   (another Python worker of the machine, a restarted one) the row file is memory-mapped, so every process on the
+   machine shares one copy of the data, or streamed (``WorkerSpec.stream``). A task on a machine without the files
    returns ``missing``, and the driver reruns that partition from the persisted chunks
    (:func:`run_round_from_chunks`), which writes the files there.
 3. **cleanup** — removes the files and drops the cache entries.
 
-Between rounds a worker keeps its solver state (momentum, iteration, data position) and its
-strategy's :class:`~sparknet.strategies.WorkerState`. Python workers take partitions in no
-fixed order, so that state is also saved next to the data after every round
-(``p{i}.r{round}.state``) and a process whose copy is older loads it: the result does not
-depend on which process ran which round. A task that fails (an exception, its Python worker
-killed) leaves no trace: its cached net is dropped, and Spark's retry starts again from the
-previous round's saved state, so the lost attempt's work counts once and the result is the
-one an unfailed run gets. On checkpoint rounds each task also returns its state
-(:func:`export_worker_state`), and a resumed fit hands it back (``WorkerSpec.resume``). Every
-round reseeds torch's global generator from (seed, partition, round), so random layers
-(dropout) draw the same numbers whichever process runs the round.
-
-A reused Python worker runs ``gc.collect()`` between tasks; the heap is frozen once the net is
-built (:func:`freeze_heap`) so that scan does not delay the next round.
+Between rounds a worker keeps its solver state and its strategy's :class:`~sparknet.strategies.WorkerState`.
+Python workers take partitions in no fixed order, so that state is also saved next to the data after every round
+(``p{i}.r{round}.state``) and a process whose copy is older loads it: the result does not depend on which process
+ran which round. A failed task leaves no trace: its cached net is dropped, and Spark's retry starts again from the
+previous round's saved state, so the result is the one an unfailed run gets. Every round reseeds torch's global
+generator from (seed, partition, round), so random layers draw the same numbers whichever process runs the round.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import enum
@@ -83,12 +67,12 @@ if TYPE_CHECKING:
     from sparknet.link import LinkModel
     from sparknet.parallel.runner import ModelParallelJob
 
-__all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial", "pack_spec", "unpack_spec", "worker_seed", "task_device", "build_worker_net",
-           "fit_dir", "stage_partition", "run_round", "ROUND_TASK", "task_attempt", "run_round_from_chunks", "fold", "combine", "cleanup_partition",
-           "freeze_heap", "fault_hook", "worker_failure", "export_worker_state", "import_worker_state", "round_seed", "decode_updates"]
+__all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial", "pack_spec", "unpack_spec",
+           "worker_seed", "task_device", "build_worker_net", "fit_dir", "stage_partition", "run_round", "ROUND_TASK",
+           "task_attempt", "run_round_from_chunks", "fold", "combine", "cleanup_partition", "freeze_heap", "fault_hook",
+           "worker_failure", "export_worker_state", "import_worker_state", "round_seed", "decode_updates"]
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass
@@ -432,21 +416,15 @@ def _evict_finished() -> None:
         del _CACHE[key]
 
 
-def _local_root(staging_dir: str | None) -> str:
-    root = staging_dir
-    if not root:
-        dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
-        root = dirs.split(",")[0] if dirs else tempfile.gettempdir()
-    return root
-
-
-def _fit_dir(root: str, fit_id: str) -> str:
+def _fit_dir(staging_dir: str | None, fit_id: str) -> str:
+    dirs = os.environ.get("SPARK_LOCAL_DIRS", "")
+    root = staging_dir or (dirs.split(",")[0] if dirs else tempfile.gettempdir())
     return os.path.join(root, f"sparknet-{fit_id}")
 
 
 def fit_dir(spec: WorkerSpec) -> str:
     """The folder on this machine where the fit's tasks keep their partitions' rows and state."""
-    return _fit_dir(_local_root(spec.staging_dir), spec.fit_id)
+    return _fit_dir(spec.staging_dir, spec.fit_id)
 
 
 def _partition_stem(directory: str, index: int) -> str:
@@ -459,7 +437,7 @@ def stage_partition(fit_id: str, staging_dir: str | None = None):
 
     def stage(index: int, chunks):
         _evict_finished()
-        directory = _fit_dir(_local_root(staging_dir), fit_id)
+        directory = _fit_dir(staging_dir, fit_id)
         _, info = write_chunks(_partition_stem(directory, index), chunks)
         info.update(index=index, host=socket.gethostname(), dir=directory)
         freeze_heap()
@@ -495,7 +473,8 @@ def _sync_state(entry: _Entry, index: int, round_index: int, resume: ResumeState
                 quiet: bool = False) -> bool:
     """Bring the cached net's solver and strategy state to the end of the previous round; whether it could.
 
-    ``resume``: a checkpoint's workers' states, or those the driver holds (a :class:`~sparknet.loop.ResumeState`). ``quiet``: a state not found is the caller's to handle.
+    ``resume``: a checkpoint's workers' states, or those the driver holds (a :class:`~sparknet.loop.ResumeState`).
+    ``quiet``: a state not found is the caller's to handle.
     """
     want = round_index - 1
     if entry.version == want or want < 0:
@@ -519,12 +498,8 @@ def _sync_state(entry: _Entry, index: int, round_index: int, resume: ResumeState
 def _save_state(entry: _Entry, index: int, round_index: int) -> None:
     save_tree(_state_path(entry.directory, index, round_index),
               {"version": round_index, "worker": export_worker_state(entry.net, entry.state, copy_tensors=False)})
-    old = _state_path(entry.directory, index, round_index - 2)
-    if os.path.exists(old):
-        try:
-            os.remove(old)
-        except OSError:
-            pass
+    with contextlib.suppress(OSError):
+        os.remove(_state_path(entry.directory, index, round_index - 2))
     entry.version = round_index
 
 
