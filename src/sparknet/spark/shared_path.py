@@ -83,7 +83,12 @@ def check_shared_path(spark, path: str | os.PathLike, *, what: str, write: bool 
     try:
         executors = max(1, sc._jsc.sc().getExecutorMemoryStatus().size() - 1)
         tasks = 2 * executors
-        probe = _sees(marker or local, write)
+        seen_path = marker or local  # the task body below captures plain values only
+
+        def probe(_rows):  # (hostname, whether this host sees the path, and with write: may write beside it)
+            ok = os.path.exists(seen_path) and (not write or os.access(os.path.dirname(seen_path), os.W_OK | os.X_OK))
+            yield socket.gethostname(), ok
+
         seen = run_with_deadline(sc, f"sparknet-shared-path-{uuid.uuid4().hex[:8]}", f"sparknet: can every host "
                                  f"see {path}?", lambda: sc.parallelize(range(tasks), tasks).mapPartitions(probe)
                                  .collect(), timeout_s=timeout_s, what=f"checking that every host sees {path}")
@@ -96,13 +101,3 @@ def check_shared_path(spark, path: str | os.PathLike, *, what: str, write: bool 
         verb = "write" if write else "read"
         raise ValueError(f"{what} {path} is not on every host: {', '.join(blind)} cannot {verb} it, and "
                          f"Spark's executors {verb} it there; {SHARED_PATH_FIX}")
-
-
-def _sees(path: str, write: bool):
-    """Executor task body: ``(hostname, whether this host sees path)`` (with ``write``: and may write beside it)."""
-
-    def run(_rows):
-        ok = os.path.exists(path) and (not write or os.access(os.path.dirname(path), os.W_OK | os.X_OK))
-        yield socket.gethostname(), ok
-
-    return run
