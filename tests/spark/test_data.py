@@ -21,13 +21,13 @@ def test_arrow_lists_and_binary_rows_become_float_chunks():
     feats = pa.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], pa.list_(pa.float32()))
     batch = pa.RecordBatch.from_arrays([feats, pa.array([0.0, 2.0, 1.0])], names=["f", "y"])
     x, y, info = spark_data._arrow_batch(batch.slice(1, 2), "array", 2, None)
-    assert x.tolist() == [[3.0, 4.0], [5.0, 6.0]] and y.tolist() == [2, 1] and info["rows"] == 2
+    assert x.tolist() == [[3.0, 4.0], [5.0, 6.0]] and y.tolist() == [2, 1] and info.rows == 2
 
     pixels = np.array([[0, 255, 51, 102], [255, 0, 0, 0]], np.uint8)
     raw = pa.array([r.tobytes() for r in pixels], pa.binary())
     x, _, info = spark_data._arrow_batch(pa.RecordBatch.from_arrays([raw, pa.array([1, 0])], names=["f", "y"]),
                                     "binary", 4, 4)
-    assert np.allclose(x, pixels / 255.0) and info["bad_rows"] == 0
+    assert np.allclose(x, pixels / 255.0) and info.bad_rows == 0
     floats = pa.array([np.arange(4, dtype="<f4").tobytes()], pa.binary())
     x, _, _ = spark_data._arrow_batch(pa.RecordBatch.from_arrays([floats, pa.array([1])], names=["f", "y"]), "binary", 4, 4)
     assert x.tolist() == [[0.0, 1.0, 2.0, 3.0]]
@@ -37,11 +37,11 @@ def test_row_problems_are_counted_not_raised_on_executors():
     feats = pa.array([[1.0, 2.0], [3.0], None, [float("nan"), 1.0]], pa.list_(pa.float32()))
     batch = pa.RecordBatch.from_arrays([feats, pa.array([0.5, None, 1.0, 7.0])], names=["f", "y"])
     _, _, info = spark_data._arrow_batch(batch, "array", 2, None)
-    assert info["null_x"] == 1 and info["null_y"] == 1 and info["nonint_y"] == 1
+    assert info.null_x == 1 and info.null_y == 1 and info.nonint_y == 1
     pairs = [(np.zeros(3), 1), (np.zeros(4), 2), ("text", 0), (np.ones(3), 2)]
     chunks = list(spark_data.pair_chunks(None)(pairs))
     x, y, info = spark_data.merge_chunks(chunks)
-    assert info["bad_rows"] == 1 and info["not_pairs"] == 1 and x.shape == (2, 3) and y.tolist() == [1, 2]
+    assert info.bad_rows == 1 and info.not_pairs == 1 and x.shape == (2, 3) and y.tolist() == [1, 2]
 
 
 @pytest.mark.parametrize("change, message", [
@@ -54,7 +54,7 @@ def test_row_problems_are_counted_not_raised_on_executors():
     ({"null_y": 1}, "null label"),
 ])
 def test_check_stats_says_what_is_wrong(change, message):
-    stats = {**spark_data._new_info(), "rows": 10, "lengths": [2], "y_min": 0, "y_max": 2, **change}
+    stats = {**spark_data.ChunkCounts().to_dict(), "rows": 10, "lengths": [2], "y_min": 0, "y_max": 2, **change}
     with pytest.raises(ValueError, match=message):
         spark_data.check_stats([stats], what="training data", expected_len=2, num_classes=3, num_workers=2)
 

@@ -38,14 +38,14 @@ def test_arrow_list_labels_become_one_label_per_position():
     x, y, info = spark_data._arrow_batch(pa.RecordBatch.from_arrays([feats, labels], names=["f", "y"]).slice(1, 2),
                                     "array", 3, None)
     assert y.shape == (2, 3) and y.tolist() == [[5, 6, 7], [0, 1, 2]] and x.shape == (2, 3)
-    assert info["label_lengths"] == [3] and (info["y_min"], info["y_max"]) == (0, 7)
+    assert info.label_lengths == [3] and (info.y_min, info.y_max) == (0, 7)
 
     ragged = pa.array([[1, 2, 3], [1, 2], [1, 2, 3]], pa.list_(pa.int64()))
     _, y, info = spark_data._arrow_batch(pa.RecordBatch.from_arrays([feats, ragged], names=["f", "y"]), "array", 3, None)
-    assert len(y) == 0 and info["bad_labels"] == 1 and sorted(info["label_lengths"]) == [2, 3]
+    assert len(y) == 0 and info.bad_labels == 1 and sorted(info.label_lengths) == [2, 3]
     holes = pa.array([[1, None, 3], None, [1, 2, 3]], pa.list_(pa.int64()))
     _, _, info = spark_data._arrow_batch(pa.RecordBatch.from_arrays([feats, holes], names=["f", "y"]), "array", 3, None)
-    assert info["null_y"] == 1
+    assert info.null_y == 1
 
 
 def test_pairs_with_array_labels_keep_their_positions():
@@ -53,7 +53,7 @@ def test_pairs_with_array_labels_keep_their_positions():
     pairs = [(x[0], np.array([1, 2, 3])), (x[1], [4, 5, 6]), (x[2], np.array([1, 2])), (x[3], np.array([0, 0, 7]))]
     out, y, info = spark_data.merge_chunks(list(spark_data.pair_chunks(None, chunk_rows=2)(pairs)))
     assert y.tolist() == [[1, 2, 3], [4, 5, 6], [0, 0, 7]] and out.shape == (3, 3)
-    assert info["bad_labels"] == 1 and info["y_max"] == 7
+    assert info.bad_labels == 1 and info.y_max == 7
 
 
 @pytest.mark.parametrize("change, sample_shape, message", [
@@ -65,7 +65,7 @@ def test_pairs_with_array_labels_keep_their_positions():
     ({"label_lengths": [0, 12]}, None, r"rows hold one class id, 12 per-position ids"),
 ])
 def test_check_stats_says_what_is_wrong_with_sequence_labels(change, sample_shape, message):
-    stats = {**spark_data._new_info(), "rows": 10, "lengths": [T], "label_lengths": [T], "y_min": 0, "y_max": V - 1,
+    stats = {**spark_data.ChunkCounts().to_dict(), "rows": 10, "lengths": [T], "label_lengths": [T], "y_min": 0, "y_max": V - 1,
              "label_col": "label", **change}
     with pytest.raises(ValueError, match=message):
         spark_data.check_stats([stats], what="training data", expected_len=T, num_classes=V, sample_shape=sample_shape)

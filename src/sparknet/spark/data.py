@@ -5,7 +5,7 @@ ML ``Vector``, or ``binary`` plus an image shape; an integer or integral-double 
 or an ``array<long>`` label column for a sequence model, one class id per position) or an RDD
 of ``(ndarray, label)`` into an RDD of *chunks* with one partition per worker::
 
-    (x: float32 [m, L], y: int64 [m] or [m, T], info: dict)
+    Chunk(x: float32 [m, L], y: int64 [m] or [m, T], counts: ChunkCounts)
 
 DataFrames convert through Arrow (``mapInArrow``), never row by row. ``info`` counts what is
 wrong with the chunk's rows (lengths, nulls, NaN, non-integral labels, label lengths, label range);
@@ -20,8 +20,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import NamedTuple
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from sparknet.rowfile import RowFile, RowFileWriter
 from sparknet.spark.backend import run_with_deadline
 from sparknet.labels import Task
 
-__all__ = ["FeatureSource", "chunk_rdd", "merge_chunks", "write_chunks", "DataMode", "choose_data_mode", "task_memory",
+__all__ = ["FeatureSource", "Chunk", "ChunkCounts", "chunk_rdd", "merge_chunks", "write_chunks", "DataMode", "choose_data_mode", "task_memory",
            "check_stats", "checked_partitions", "partition_stats", "head_rows", "local_arrays", "collect_arrays",
            "describe_skew", "arrays_table", "frame_from_arrays", "CHUNK_BYTES"]
 
@@ -66,68 +67,109 @@ _EXAMPLES = ("lengths", "shapes", "label_lengths")
 of a sequence)."""
 
 
-def _new_info() -> dict:
-    return {**dict.fromkeys(_COUNTS, 0), **{key: [] for key in _EXAMPLES}, "y_min": None, "y_max": None,
-            "label_col": None}
+@dataclass
+class ChunkCounts:
+    """What a chunk's rows hold and what is wrong with them; summed per partition and over the data set
+    (:meth:`add`), and turned into one clear error by :func:`check_stats`."""
+
+    rows: int = 0
+    bad_rows: int = 0
+    null_x: int = 0
+    nonfinite: int = 0
+    null_y: int = 0
+    nonint_y: int = 0
+    nonfinite_y: int = 0
+    bad_w: int = 0
+    not_pairs: int = 0
+    bad_labels: int = 0
+    lengths: list = field(default_factory=list)
+    shapes: list = field(default_factory=list)
+    label_lengths: list = field(default_factory=list)
+    y_min: float | None = None
+    y_max: float | None = None
+    label_col: str | None = None
+
+    def add(self, other: ChunkCounts | Mapping) -> ChunkCounts:
+        """Add another chunk's (or partition's) counts, or a record of them (whose other keys are ignored)."""
+        if not isinstance(other, ChunkCounts):
+            other = ChunkCounts.from_dict(other)
+        for key in _COUNTS:
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        for key in _EXAMPLES:
+            for v in getattr(other, key):
+                self.example(key, v)
+        if other.y_min is not None:
+            self.range(other.y_min, other.y_max)
+        self.label_col = self.label_col or other.label_col
+        return self
+
+    def example(self, key: str, value) -> None:
+        seen = getattr(self, key)
+        if value not in seen and len(seen) < _MAX_EXAMPLES:
+            seen.append(value)
+
+    def range(self, lo, hi) -> None:
+        self.y_min = lo if self.y_min is None else min(lo, self.y_min)
+        self.y_max = hi if self.y_max is None else max(hi, self.y_max)
+
+    @property
+    def refused(self) -> bool:
+        """Whether any row is one the fit cannot train on."""
+        return any(getattr(self, key) for key in PROBLEM_KEYS)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: Mapping) -> ChunkCounts:
+        return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
 
 
-def _add_info(total: dict, info: dict) -> None:
-    """Add one chunk's (or partition's) counts into ``total``."""
-    for key in _COUNTS:
-        total[key] += info.get(key, 0)
-    for key in _EXAMPLES:
-        for v in info.get(key, ()):
-            _add_example(total, key, v)
-    if info["y_min"] is not None:
-        _add_range(total, info["y_min"], info["y_max"])
-    total["label_col"] = total["label_col"] or info.get("label_col")
+class Chunk(NamedTuple):
+    """Some rows of a partition, as the engines read them."""
+
+    x: np.ndarray
+    """float32 ``[m, L]``."""
+    y: np.ndarray
+    """int64 class ids ``[m]`` (or ``[m, T]``, one per position), or float32 targets."""
+    counts: ChunkCounts
 
 
-def _add_example(info: dict, key: str, value) -> None:
-    if value not in info[key] and len(info[key]) < _MAX_EXAMPLES:
-        info[key].append(value)
-
-
-def _add_range(info: dict, lo, hi) -> None:
-    info["y_min"] = lo if info["y_min"] is None else min(lo, info["y_min"])
-    info["y_max"] = hi if info["y_max"] is None else max(hi, info["y_max"])
-
-
-def _labels(y_raw: np.ndarray, info: dict, float_labels: bool = False) -> np.ndarray:
+def _labels(y_raw: np.ndarray, info: ChunkCounts, float_labels: bool = False) -> np.ndarray:
     """Count label problems; return labels of the same shape (garbage where a problem was counted):
     int64 class ids, or float32 numbers with ``float_labels``."""
     if y_raw.ndim > 1:
         return _labels(y_raw.reshape(-1), info, float_labels).reshape(y_raw.shape)
     if float_labels:
         if y_raw.dtype.kind not in "biuf":
-            info["nonfinite_y"] += len(y_raw)
+            info.nonfinite_y += len(y_raw)
             return np.zeros(len(y_raw), np.float32)
         y = y_raw.astype(np.float32)
         finite = np.isfinite(y)
-        info["nonfinite_y"] += int(len(y) - finite.sum())
+        info.nonfinite_y += int(len(y) - finite.sum())
         if finite.any():
-            _add_range(info, float(y[finite].min()), float(y[finite].max()))
+            info.range(float(y[finite].min()), float(y[finite].max()))
         return y
     if y_raw.dtype.kind == "f":
         finite = np.isfinite(y_raw)
         integral = finite & (np.floor(y_raw) == y_raw)
-        info["nonint_y"] += int(len(y_raw) - integral.sum())
+        info.nonint_y += int(len(y_raw) - integral.sum())
         y = np.where(integral, y_raw, 0).astype(np.int64)
     elif y_raw.dtype.kind in "iub":
         y = y_raw.astype(np.int64, copy=False)
     else:
-        info["nonint_y"] += len(y_raw)
+        info.nonint_y += len(y_raw)
         y = np.zeros(len(y_raw), np.int64)
     if len(y):
-        _add_range(info, int(y.min()), int(y.max()))
+        info.range(int(y.min()), int(y.max()))
     return y
 
 
-def _finish(x: np.ndarray, y: np.ndarray, info: dict) -> tuple[np.ndarray, np.ndarray, dict]:
-    info["rows"] += len(y)
+def _finish(x: np.ndarray, y: np.ndarray, info: ChunkCounts) -> Chunk:
+    info.rows += len(y)
     if x.size:
-        info["nonfinite"] += int(len(x) - np.isfinite(x).all(axis=1).sum())
-    return x, y, info
+        info.nonfinite += int(len(x) - np.isfinite(x).all(axis=1).sum())
+    return Chunk(x, y, info)
 
 
 def _rows_with_nulls(lists, values) -> int:
@@ -138,31 +180,31 @@ def _rows_with_nulls(lists, values) -> int:
     return int(len(np.unique(parents[np.asarray(values.is_null().to_numpy(zero_copy_only=False))])))
 
 
-def _refused(info: dict, key: str, count: int, width: int, y: np.ndarray):
+def _refused(info: ChunkCounts, key: str, count: int, width: int, y: np.ndarray):
     """Count ``count`` unusable rows under ``key``; the batch becomes a chunk of no rows."""
-    info[key] += count
+    setattr(info, key, getattr(info, key) + count)
     return _finish(np.empty((0, width), np.float32), y[:0], info)
 
 
-def _arrow_sequence_labels(labels, info: dict, float_labels: bool = False) -> np.ndarray | None:
+def _arrow_sequence_labels(labels, info: ChunkCounts, float_labels: bool = False) -> np.ndarray | None:
     """A list column of per-position labels -> int64 ``[n, T]``, or ``None`` when a row is unusable (counted)."""
     n = len(labels)
     if labels.null_count:
-        info["null_y"] += labels.null_count
+        info.null_y += labels.null_count
         return None
     lengths = np.asarray(labels.value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
     for v in np.unique(lengths)[:_MAX_EXAMPLES]:
-        _add_example(info, "label_lengths", int(v))
+        info.example("label_lengths", int(v))
     if n == 0:
         return np.zeros((0, 0), np.int64)
     width = int(lengths[0])
     bad = int(((lengths != width) | (lengths == 0)).sum())
     if bad:
-        info["bad_labels"] += bad
+        info.bad_labels += bad
         return None
     values = labels.flatten()
     if values.null_count:  # a null inside a label array: no class to train on at that position
-        info["null_y"] += _rows_with_nulls(labels, values)
+        info.null_y += _rows_with_nulls(labels, values)
         return None
     return _labels(np.asarray(values.to_numpy(zero_copy_only=False)).reshape(n, width), info, float_labels)
 
@@ -171,7 +213,7 @@ _ENCODED = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
 """How an encoded image file begins (PNG, JPEG, GIF, BMP): such bytes are decoded, not read as pixels."""
 
 
-def _decode_images(values: list[bytes], image_shape, info: dict) -> np.ndarray | None:
+def _decode_images(values: list[bytes], image_shape, info: ChunkCounts) -> np.ndarray | None:
     """Encoded image files -> float32 ``[n, C*H*W]`` pixels in [0, 1] (C 1: grey, 3: RGB, 4: RGBA), or
     ``None`` when a file cannot be decoded to ``image_shape`` (counted as bad rows)."""
     import io
@@ -188,8 +230,8 @@ def _decode_images(values: list[bytes], image_shape, info: dict) -> np.ndarray |
         except Exception:
             pixels = None
         if pixels is None or mode is None or pixels.shape[:2] != (h, w):
-            info["bad_rows"] += len(values) - i
-            _add_example(info, "lengths", -1 if pixels is None else int(pixels.size))
+            info.bad_rows += len(values) - i
+            info.example("lengths", -1 if pixels is None else int(pixels.size))
             return None
         out[i] = (pixels.reshape(h, w, c).transpose(2, 0, 1).reshape(-1) / np.float32(255.0))
     return out
@@ -212,7 +254,7 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
     (PNG, JPEG, GIF, BMP; decoded to ``image_shape``); ``kind`` ``image`` is Spark's image source."""
     import pyarrow as pa
 
-    info = _new_info()
+    info = ChunkCounts()
     feats, labels = batch.column(0), batch.column(1)
     n = len(batch)
     if pa.types.is_list(labels.type) or pa.types.is_large_list(labels.type):
@@ -220,8 +262,8 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
         if y is None:
             return _finish(np.empty((0, expected_len or 0), np.float32), np.zeros((0, 0), np.int64), info)
     else:
-        info["null_y"] += labels.null_count
-        _add_example(info, "label_lengths", 0)
+        info.null_y += labels.null_count
+        info.example("label_lengths", 0)
         y = _labels(np.asarray(labels.fill_null(0).to_numpy(zero_copy_only=False)), info, float_labels)
     if feats.null_count:
         return _refused(info, "null_x", feats.null_count, expected_len or 0, y)
@@ -237,7 +279,7 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
             x = _decode_images([bytes(data[a:b]) for a, b in zip(offsets[:-1], offsets[1:])], image_shape, info)
             return _finish(np.empty((0, numel), np.float32) if x is None else x, y[:0] if x is None else y, info)
         for v in np.unique(lengths)[:_MAX_EXAMPLES]:
-            _add_example(info, "lengths", int(v))
+            info.example("lengths", int(v))
         ok = (lengths == numel) | (lengths == 4 * numel)
         if not ok.all():
             return _refused(info, "bad_rows", int(n - ok.sum()), numel, y)
@@ -256,7 +298,7 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
     # list<float>
     lengths = np.asarray(feats.value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
     for v in np.unique(lengths)[:_MAX_EXAMPLES]:
-        _add_example(info, "lengths", int(v))
+        info.example("lengths", int(v))
     want = expected_len if expected_len is not None else (int(lengths[0]) if n else 0)
     bad = int((lengths != want).sum())
     if bad:
@@ -271,7 +313,7 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
 _CHUNK_SCHEMA = "x binary, y binary, width long, label_width long, info string"
 
 
-def _with_weights(y: np.ndarray, weights, info: dict) -> np.ndarray:
+def _with_weights(y: np.ndarray, weights, info: ChunkCounts) -> np.ndarray:
     """Labels ``[n]`` or ``[n, L]`` and an Arrow column of sample weights -> float32 ``[n, L + 1]``, the weight
     last (class ids stay exact: float32 holds integers up to 2^24). Null, NaN, infinite or negative weights
     are counted."""
@@ -279,7 +321,7 @@ def _with_weights(y: np.ndarray, weights, info: dict) -> np.ndarray:
     if n == 0:
         return np.zeros((0, (y.shape[1] if y.ndim == 2 else 1) + 1), np.float32)
     w = np.asarray(weights.fill_null(np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
-    info["bad_w"] += int(n - (np.isfinite(w) & (w >= 0)).sum())
+    info.bad_w += int(n - (np.isfinite(w) & (w >= 0)).sum())
     return np.column_stack([y.reshape(n, -1).astype(np.float32), w.astype(np.float32)])
 
 
@@ -304,17 +346,17 @@ def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None, l
                 x, y, info = _arrow_batch(piece, kind, expected_len, image_numel, float_labels, image_shape)
                 if weighted:
                     y = _with_weights(y, piece.column(2), info)
-                info["label_col"] = label_col
+                info.label_col = label_col
                 yield pa.RecordBatch.from_arrays(
                     [pa.array([x.tobytes()], pa.binary()), pa.array([y.tobytes()], pa.binary()),
                      pa.array([x.shape[1] if x.ndim == 2 else 0], pa.int64()),
-                     pa.array([y.shape[1] if y.ndim == 2 else 0], pa.int64()), pa.array([json.dumps(info)])],
+                     pa.array([y.shape[1] if y.ndim == 2 else 0], pa.int64()), pa.array([json.dumps(info.to_dict())])],
                     names=["x", "y", "width", "label_width", "info"])
 
     return convert
 
 
-def _row_to_chunk(row, label_dtype=np.int64) -> tuple[np.ndarray, np.ndarray, dict]:
+def _row_to_chunk(row, label_dtype=np.int64) -> Chunk:
     """A chunk row (a Spark ``Row`` or a dict of one) -> ``(x, y, info)``."""
     y = np.frombuffer(row["y"], dtype=label_dtype)
     label_width = int(row["label_width"])
@@ -323,7 +365,7 @@ def _row_to_chunk(row, label_dtype=np.int64) -> tuple[np.ndarray, np.ndarray, di
     width = int(row["width"])
     x = (np.frombuffer(row["x"], dtype=np.float32).reshape(len(y), width) if len(y)
          else np.empty((0, width), np.float32))
-    return x, y, json.loads(row["info"])
+    return Chunk(x, y, ChunkCounts.from_dict(json.loads(row["info"])))
 
 
 def pair_chunks(expected_len: int | None, chunk_rows: int = 4096, float_labels: bool = False):
@@ -335,7 +377,7 @@ def pair_chunks(expected_len: int | None, chunk_rows: int = 4096, float_labels: 
 
     def convert(items: Iterable) -> Iterator:
         xs, ys = [], []
-        info = _new_info()
+        info = ChunkCounts()
         label_width = None  # 0: one class id per pair; T: T labels per pair
 
         def flush():
@@ -343,13 +385,13 @@ def pair_chunks(expected_len: int | None, chunk_rows: int = 4096, float_labels: 
             empty = (0, label_width) if label_width else (0,)
             y_raw = np.asarray(ys) if ys else np.zeros(empty, np.int64)
             if y_raw.dtype == object:
-                info["nonint_y"] += y_raw.size
+                info.nonint_y += y_raw.size
                 y_raw = np.zeros(y_raw.shape, np.int64)
             y = _labels(y_raw, info, float_labels)
             width = len(xs[0]) if xs else (expected_len or 0)
             x = np.stack(xs) if xs else np.empty((0, width), np.float32)
             out = _finish(x, y, info)
-            xs, ys, info = [], [], _new_info()
+            xs, ys, info = [], [], ChunkCounts()
             return out
 
         width = expected_len
@@ -357,33 +399,33 @@ def pair_chunks(expected_len: int | None, chunk_rows: int = 4096, float_labels: 
             try:
                 a, label = item
             except (TypeError, ValueError):
-                info["not_pairs"] += 1
+                info.not_pairs += 1
                 continue
             if a is None:
-                info["null_x"] += 1
+                info.null_x += 1
                 continue
             if label is None:
-                info["null_y"] += 1
+                info.null_y += 1
                 continue
             label_ndim = np.ndim(label)
             this_width = 0 if label_ndim == 0 else int(np.size(label))
             if label_width is None:
                 label_width = this_width
-            _add_example(info, "label_lengths", this_width)
+            info.example("label_lengths", this_width)
             if label_ndim > 1 or this_width != label_width or (label_ndim == 1 and this_width == 0):
-                info["bad_labels"] += 1
+                info.bad_labels += 1
                 continue
             arr = np.asarray(a)
             if arr.dtype == object or arr.dtype.kind not in "biuf":
-                info["not_pairs"] += 1
+                info.not_pairs += 1
                 continue
-            _add_example(info, "shapes", list(arr.shape))
+            info.example("shapes", list(arr.shape))
             flat = arr.astype(np.float32, copy=False).reshape(-1)
             if width is None:
                 width = flat.size
-            _add_example(info, "lengths", int(flat.size))
+            info.example("lengths", int(flat.size))
             if flat.size != width:
-                info["bad_rows"] += 1
+                info.bad_rows += 1
                 continue
             xs.append(flat)
             ys.append(np.asarray(label) if label_ndim else label.item() if hasattr(label, "item") else label)
@@ -394,21 +436,21 @@ def pair_chunks(expected_len: int | None, chunk_rows: int = 4096, float_labels: 
     return convert
 
 
-def merge_chunks(chunks: Iterable) -> tuple[np.ndarray | None, np.ndarray | None, dict]:
-    """All chunks of a partition -> (x [n, L], y [n] or [n, T], summed info). ``x`` is ``None`` for no rows."""
+def merge_chunks(chunks: Iterable) -> tuple[np.ndarray | None, np.ndarray | None, ChunkCounts]:
+    """All chunks of a partition -> (x [n, L], y [n] or [n, T], summed counts). ``x`` is ``None`` for no rows."""
     xs, ys = [], []
-    total = _new_info()
+    total = ChunkCounts()
     for x, y, info in chunks:
-        _add_info(total, info)
+        total.add(info)
         if len(y):
             xs.append(x)
             ys.append(y)
     widths = {x.shape[1] for x in xs}
     if len(widths) > 1:
-        total["bad_rows"] += sum(len(y) for y in ys)
+        total.bad_rows += sum(len(y) for y in ys)
         return None, None, total
     if len({y.shape[1:] for y in ys}) > 1:
-        total["bad_labels"] += sum(len(y) for y in ys)
+        total.bad_labels += sum(len(y) for y in ys)
         return None, None, total
     if not xs:
         return None, None, total
@@ -419,16 +461,16 @@ def merge_chunks(chunks: Iterable) -> tuple[np.ndarray | None, np.ndarray | None
 
 def write_chunks(stem: str, chunks: Iterable) -> tuple[RowFile | None, dict]:
     """A partition's chunks -> a :class:`~sparknet.rowfile.RowFile` at ``stem`` (one chunk held at a time) and
-    the summed info (:func:`merge_chunks`' counts). Nothing is kept for a partition with no rows or with
+    the record of its summed :class:`ChunkCounts`. Nothing is kept for a partition with no rows or with
     problems :func:`check_stats` refuses."""
-    total = _new_info()
-    rows, writer = RowFileWriter.write(stem, chunks, on_chunk=lambda chunk: _add_info(total, chunk[2]))
-    total["bad_rows"] += writer.bad_rows
-    total["bad_labels"] += writer.bad_labels
-    if rows is not None and any(total[k] for k in PROBLEM_KEYS):
+    total = ChunkCounts()
+    rows, writer = RowFileWriter.write(stem, chunks, on_chunk=lambda chunk: total.add(chunk[2]))
+    total.bad_rows += writer.bad_rows
+    total.bad_labels += writer.bad_labels
+    if rows is not None and total.refused:
         rows.remove()
         rows = None
-    return rows, total
+    return rows, total.to_dict()
 
 
 # -- driver side: in memory or streamed ---------------------------------------------------------
@@ -805,39 +847,39 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
     Returns the summed counts plus ``"width"`` (values per row), ``"label_width"`` (0, or the
     labels per row of a sequence) and ``"rows_per_partition"``.
     """
-    total = _new_info()
-    for s in stats:
-        _add_info(total, s)
-    total["rows_per_partition"] = [s["rows"] for s in stats]
-    labels = f"labels in column {total['label_col']!r}" if total["label_col"] else "labels"
-    if total["not_pairs"]:
-        raise ValueError(f"{what}: {total['not_pairs']} elements are not (numeric array, label) pairs")
-    if total["null_x"]:
-        raise ValueError(f"{what}: {total['null_x']} rows have a null feature value (the whole row, or a value "
+    parts = [s if isinstance(s, ChunkCounts) else ChunkCounts.from_dict(s) for s in stats]
+    total = ChunkCounts()
+    for part in parts:
+        total.add(part)
+    labels = f"labels in column {total.label_col!r}" if total.label_col else "labels"
+    if total.not_pairs:
+        raise ValueError(f"{what}: {total.not_pairs} elements are not (numeric array, label) pairs")
+    if total.null_x:
+        raise ValueError(f"{what}: {total.null_x} rows have a null feature value (the whole row, or a value "
                          "inside it); drop or fill them first (e.g. DataFrame.dropna or na.fill)")
-    if total["null_y"]:
-        raise ValueError(f"{what}: {total['null_y']} rows have a null label; drop them first")
-    if total["bad_rows"] or len(total["lengths"]) > 1:
-        seen = sorted(total["lengths"])
+    if total.null_y:
+        raise ValueError(f"{what}: {total.null_y} rows have a null label; drop them first")
+    if total.bad_rows or len(total.lengths) > 1:
+        seen = sorted(total.lengths)
         if expected_len is not None:
             shape = f" (shape {tuple(sample_shape)})" if sample_shape else ""
             raise ValueError(f"{what}: feature rows must hold {expected_len} values for this net{shape}, "
-                             f"but rows hold {seen} values ({total['bad_rows']} rows do not fit)")
+                             f"but rows hold {seen} values ({total.bad_rows} rows do not fit)")
         raise ValueError(f"{what}: feature rows differ in length ({seen} values); every row needs the same length")
-    label_lengths = sorted(total["label_lengths"])
-    if total["bad_labels"] or len(label_lengths) > 1:
+    label_lengths = sorted(total.label_lengths)
+    if total.bad_labels or len(label_lengths) > 1:
         seen = ", ".join("one class id" if v == 0 else f"{v} per-position ids" for v in label_lengths)
-        raise ValueError(f"{what}: {labels} differ in length (rows hold {seen}; {total['bad_labels']} rows do not "
+        raise ValueError(f"{what}: {labels} differ in length (rows hold {seen}; {total.bad_labels} rows do not "
                          "fit); every row needs one class id, or the same number of ids (one per position of "
                          "a sequence)")
     label_width = label_lengths[0] if label_lengths else 0
     classes = task is Task.CLASSIFICATION
     if not classes:
-        if total["nonfinite_y"]:
-            raise ValueError(f"{what}: {total['nonfinite_y']} {labels} are NaN or infinite (or not numbers); "
+        if total.nonfinite_y:
+            raise ValueError(f"{what}: {total.nonfinite_y} {labels} are NaN or infinite (or not numbers); "
                              "drop or fix those rows first")
-        if task is Task.MULTILABEL and total["y_min"] is not None and (total["y_min"] < 0 or total["y_max"] > 1):
-            raise ValueError(f"{what}: {labels} range over [{total['y_min']:g}, {total['y_max']:g}]; a multi-label "
+        if task is Task.MULTILABEL and total.y_min is not None and (total.y_min < 0 or total.y_max > 1):
+            raise ValueError(f"{what}: {labels} range over [{total.y_min:g}, {total.y_max:g}]; a multi-label "
                              "net takes 0 or 1 for each of its outputs (or a probability in [0, 1])")
     elif label_width and sample_shape:
         positions = int(tuple(sample_shape)[0])
@@ -845,34 +887,33 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
             raise ValueError(f"{what}: {labels} hold {label_width} ids per row but the features have {positions} "
                              f"positions (shape {tuple(sample_shape)}); a sequence needs one label per position: "
                              "cut features and labels to the same length")
-    if total["bad_w"]:
-        raise ValueError(f"{what}: {total['bad_w']} rows have a null, NaN, infinite or negative sample weight; "
+    if total.bad_w:
+        raise ValueError(f"{what}: {total.bad_w} rows have a null, NaN, infinite or negative sample weight; "
                          "weights are numbers >= 0")
-    if total["nonfinite"]:
-        raise ValueError(f"{what}: {total['nonfinite']} rows hold NaN or infinite feature values; "
+    if total.nonfinite:
+        raise ValueError(f"{what}: {total.nonfinite} rows hold NaN or infinite feature values; "
                          "clean or impute them first")
-    if total["nonint_y"] and classes:
-        raise ValueError(f"{what}: {total['nonint_y']} labels are not whole numbers; labels are class ids 0..C-1 "
+    if total.nonint_y and classes:
+        raise ValueError(f"{what}: {total.nonint_y} labels are not whole numbers; labels are class ids 0..C-1 "
                          "(to regress numbers, give a regression loss such as torch.nn.MSELoss() or "
                          "task='regression')")
-    rows = total["rows"]
+    rows = total.rows
     if rows == 0:
         raise ValueError(f"{what} is empty: there is nothing to train on")
     if num_workers is not None and rows < num_workers:
         raise ValueError(f"{what} has {rows} rows, fewer than the {num_workers} workers asked for; "
                          f"use at most {rows} workers")
-    if classes and num_classes is not None and (total["y_min"] < 0 or total["y_max"] >= num_classes):
-        where = f"; check column {total['label_col']!r}" if total["label_col"] else ""
+    if classes and num_classes is not None and (total.y_min < 0 or total.y_max >= num_classes):
+        where = f"; check column {total.label_col!r}" if total.label_col else ""
         if label_width:
             where += " (one label per position; a sequence model's classes are its vocabulary, one per token)"
-        raise ValueError(f"{what}: labels range over [{total['y_min']}, {total['y_max']}] but the net has "
+        raise ValueError(f"{what}: labels range over [{total.y_min}, {total.y_max}] but the net has "
                          f"{num_classes} classes (labels must be 0..{num_classes - 1}){where}")
-    if classes and total["y_min"] is not None and total["y_min"] < 0:
-        where = f" (column {total['label_col']!r})" if total["label_col"] else ""
-        raise ValueError(f"{what}: negative label {total['y_min']}; labels are class ids 0..C-1{where}")
-    total["width"] = total["lengths"][0] if total["lengths"] else expected_len
-    total["label_width"] = label_width
-    return total
+    if classes and total.y_min is not None and total.y_min < 0:
+        where = f" (column {total.label_col!r})" if total.label_col else ""
+        raise ValueError(f"{what}: negative label {total.y_min}; labels are class ids 0..C-1{where}")
+    return {**total.to_dict(), "width": total.lengths[0] if total.lengths else expected_len,
+            "label_width": label_width, "rows_per_partition": [part.rows for part in parts]}
 
 
 def checked_partitions(sc, group: str, chunks, *, timeout_s: float | None, expected_len: int | None,
@@ -912,10 +953,9 @@ def frame_stats(float_labels: bool):
 
 
 def partition_stats(index: int, chunks: Iterable) -> Iterator[dict]:
-    """Executor: the summed counts of one partition's chunks (consumes them)."""
-    _, _, info = merge_chunks(chunks)
-    info["index"] = index
-    yield info
+    """Executor: the record of one partition's summed :class:`ChunkCounts` and its ``index`` (consumes them)."""
+    _, _, counts = merge_chunks(chunks)
+    yield {**counts.to_dict(), "index": index}
 
 
 def head_rows(quotas: list[int]):
@@ -973,9 +1013,9 @@ def local_arrays(data, *, sample_shape, what: str = "validation data",
     if y.dtype.kind not in "biuf":
         raise ValueError(f"{what}: labels are {y.dtype}, not numbers")
     if task.float_labels:  # the checks of a DataFrame's labels (finite; in [0, 1] for multi-label)
-        info = _new_info()
+        info = ChunkCounts()
         y = _labels(y, info, float_labels=True)
-        info["rows"] = len(y)
+        info.rows = len(y)
         check_stats([info], what=what, expected_len=None, num_classes=None, task=task)
         return x, y
     if y.ndim > 2:
