@@ -43,6 +43,7 @@ from sparknet.experiments.cli import configure_command as configure_experiment
 from sparknet.ps.config import AsyncConfig
 from sparknet.ps.session import run_async
 from sparknet.sample import configure_sample, run_sample
+from sparknet.spark.engine import EngineOptions
 from sparknet.spark.run import train_distributed
 from sparknet.tools.data import configure_command as configure_data
 from sparknet.tools.doctor import configure_command as configure_doctor
@@ -71,15 +72,22 @@ def _quiet_warnings() -> None:
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
 
 
-_TRAIN_FLAGS = (RunConfig, DistributedConfig, CaffeTrainFlags, AsyncConfig)
-"""The dataclasses whose fields are ``sparknet train``'s flags (and the keys of a ``--config`` file)."""
+_TRAIN_FLAGS = {RunConfig: "training", DistributedConfig: "distributed training", EngineOptions: "Spark engines",
+                CaffeTrainFlags: None, AsyncConfig: None}
+"""The dataclasses whose fields are ``sparknet train``'s flags (and the keys of a ``--config`` file), each with
+the title of its flags in ``--help`` (``None``: its docstring's first line)."""
+_CODE_ONLY = {"fault", "link"}
+"""EngineOptions set in code only: injected faults (reliability tests) and a link model (``--link-latency`` and
+``--link-bandwidth`` make one)."""
+
+
+def _fields(cls) -> list:
+    return [f for f in dataclasses.fields(cls) if f.name not in _CODE_ONLY]
 
 
 def _configure_train(p: argparse.ArgumentParser) -> None:
-    add_dataclass_arguments(p, RunConfig, title="training")
-    add_dataclass_arguments(p, DistributedConfig, title="distributed training")
-    for flags in (CaffeTrainFlags, AsyncConfig):
-        add_dataclass_arguments(p, flags, title=flags.__doc__.strip().splitlines()[0])
+    for flags, title in _TRAIN_FLAGS.items():
+        add_dataclass_arguments(p, flags, skip=_CODE_ONLY, title=title or flags.__doc__.strip().splitlines()[0])
     p.add_argument("--sync-interval", dest="tau", type=int, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
                    action=OldName)
     p.add_argument("--save-model", dest="model_dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS,
@@ -95,7 +103,7 @@ def _configure_train(p: argparse.ArgumentParser) -> None:
 
 def _flag_fields() -> dict[str, object]:
     """``sparknet train``'s settings: field name -> its dataclass field."""
-    return {f.name: f for cls in _TRAIN_FLAGS for f in dataclasses.fields(cls)}
+    return {f.name: f for cls in _TRAIN_FLAGS for f in _fields(cls)}
 
 
 def read_config(path: str) -> dict:
@@ -144,30 +152,30 @@ def print_config(args: argparse.Namespace) -> str:
     """The merged settings of a parsed ``sparknet train`` as a TOML file (what ``--config`` reads back)."""
     lines = ["# sparknet train settings (sparknet train --config FILE)"]
     for cls in _TRAIN_FLAGS:
-        lines.append(f"\n# {cls.__doc__.strip().splitlines()[0]}")
-        for name in (f.name for f in dataclasses.fields(cls)):
+        lines.append(f"\n# {_TRAIN_FLAGS[cls] or cls.__doc__.strip().splitlines()[0]}")
+        for name in (f.name for f in _fields(cls)):
             text = _toml_value(getattr(args, name))
             lines.append(f"# {name} is not set" if text is None else f"{name} = {text}")
     return "\n".join(lines) + "\n"
 
 
-def train_command(run: RunConfig, dist: DistributedConfig, *, caffe: CaffeTrainFlags | None = None,
-                  parameter_server: AsyncConfig | None = None) -> dict:
+def train_command(run: RunConfig, dist: DistributedConfig, *, options: EngineOptions | None = None,
+                  caffe: CaffeTrainFlags | None = None, parameter_server: AsyncConfig | None = None) -> dict:
     """Train as ``sparknet train`` does: pick the one road these settings ask for; returns the summary record.
 
     Caffe files win over everything else; then the parameter server (``--strategy async``); then
     one process (one worker, the rounds engine, no ``--master``); otherwise the Spark engines
-    (``--model-parallel M`` splits the net across the barrier engine's workers).
+    (``--model-parallel M`` splits the net across the barrier engine's workers), with ``options``.
     """
     caffe = caffe or CaffeTrainFlags()
     parameter_server = parameter_server or AsyncConfig()
     if caffe.given:
-        return train_caffe_files(run, dist, caffe)
+        return train_caffe_files(run, dist, caffe, options)
     if dist.strategy is Strategy.ASYNC:
         return run_async(run, dist, combiner=parameter_server.combiner, ps_host=parameter_server.ps_host)
     if dist.workers == 1 and dist.engine is Engine.ROUNDS and dist.master is None:
         return train_local(run, dist)
-    return train_distributed(run, dist)
+    return train_distributed(run, dist, options)
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -175,7 +183,8 @@ def _run_train(args: argparse.Namespace) -> int:
         sys.stdout.write(print_config(args))
         return 0
     summary = train_command(from_args(RunConfig, args), from_args(DistributedConfig, args),
-                            caffe=from_args(CaffeTrainFlags, args), parameter_server=from_args(AsyncConfig, args))
+                            options=from_args(EngineOptions, args), caffe=from_args(CaffeTrainFlags, args),
+                            parameter_server=from_args(AsyncConfig, args))
     keys = ("test_accuracy", "test_r2", "test_rmse", "test_mae", "test_f1", "test_loss", "wall_s", "samples_per_s",
             "steps", "rounds", "weight_bytes_per_worker", "rounds_transport", "data_mode")
     result = {k: summary.get(k) for k in keys if k in summary}

@@ -189,6 +189,18 @@ def test_estimator_params_round_trip(spark, tmp_path):  # save and load need the
     assert "Local steps per round" in loaded.explainParam("tau")
 
 
+def test_the_engines_settings_are_params_too():
+    from sparknet.spark import EngineOptions
+    from sparknet.spark.ml import SparkNetEstimator
+
+    assert SparkNetEstimator().engineOptions() == EngineOptions()
+    est = SparkNetEstimator(roundTimeoutS=90, storageLevel="MEMORY_ONLY_2", workerStateOnDriver=True, maxRestarts=1)
+    assert est.engineOptions() == EngineOptions(round_timeout_s=90.0, storage_level="MEMORY_ONLY_2",
+                                                worker_state_on_driver=True, max_restarts=1)
+    assert "longest wait for one round's Spark job" in est.explainParam("roundTimeoutS")
+    assert not SparkNetEstimator().hasParam("fault") and not SparkNetEstimator().hasParam("link")  # code only
+
+
 @pytest.mark.parametrize("params, match", [
     ({"engine": "spaceship"}, "unknown engine"),
     ({"strategy": "magic"}, "unknown strategy"),
@@ -248,8 +260,11 @@ def test_fit_shows_progress_and_calls_back_every_round(spark, data, tmp_path, ca
     assert [ln.split()[1] for ln in lines] == ["10/40", "20/40", "30/40", "40/40"], err
     assert all("round=" in ln and "loss=" in ln and "elapsed" in ln for ln in lines)
 
-    _estimator(quiet=True).fit(frame)
+    assert model.summary["rounds_transport"] == "socket"  # the engines' default
+
+    quiet = _estimator(quiet=True, roundsTransport="spark", roundTimeoutS=120.0).fit(frame)
     assert not [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("[sparknet] ")]
+    assert quiet.summary["rounds_transport"] == "spark"  # an EngineOptions field, set as a Param
 
 
 def test_callbacks_must_be_callables():

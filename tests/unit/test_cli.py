@@ -92,6 +92,25 @@ def test_config_file_and_flags_merge_and_print_config_round_trips(tmp_path, caps
     assert "lr = 0.05" in out and 'engine = "barrier"' in out and "batch_size = 16" in out
 
 
+def test_the_engines_settings_are_flags_and_config_keys(tmp_path, capsys):
+    from sparknet._fields import from_args
+    from sparknet.cli import parse_args, print_config
+    from sparknet.spark import EngineOptions
+
+    args = parse_args(["train", "--round-timeout-s", "90", "--rounds-transport", "spark", "--no-worker-state-on-driver"])
+    assert from_args(EngineOptions, args) == EngineOptions(round_timeout_s=90.0, rounds_transport="spark",
+                                                           worker_state_on_driver=False)
+    assert from_args(EngineOptions, parse_args(["train"])) == EngineOptions()
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("max-restarts = 1\nstorage_level = \"MEMORY_ONLY_2\"\n")
+    printed = print_config(parse_args(["train", "--config", str(cfg)]))
+    assert "# Spark engines\n" in printed and "max_restarts = 1\n" in printed
+    assert 'storage_level = "MEMORY_ONLY_2"' in printed
+    with pytest.raises(SystemExit):  # injected faults are set in code only
+        parse_args(["train", "--fault", "rank=1,round=2,kind=kill"])
+    assert "unrecognized arguments: --fault" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("text, match", [("lr_rate = 0.1\n", "unknown setting 'lr_rate'"),
                                          ("[training]\nlr = 0.1\n", "is a table"),
                                          ("lr = \n", "not a TOML file")])

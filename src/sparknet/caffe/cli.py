@@ -98,7 +98,7 @@ def _changed(run: RunConfig) -> dict[str, Any]:
             if getattr(run, f.name) != getattr(defaults, f.name)}
 
 
-def train_caffe_files(run: RunConfig, dist: DistributedConfig, flags: CaffeTrainFlags) -> dict:
+def train_caffe_files(run: RunConfig, dist: DistributedConfig, flags: CaffeTrainFlags, options=None) -> dict:
     """``sparknet train`` with Caffe files (``--prototxt`` and/or ``--solver``): the run's summary record.
 
     Parameters
@@ -108,6 +108,8 @@ def train_caffe_files(run: RunConfig, dist: DistributedConfig, flags: CaffeTrain
         Caffe files.
     flags : CaffeTrainFlags
         This module's flags; a ``ValueError`` when they name no Caffe file.
+    options : EngineOptions, optional
+        The Spark engines' settings, for a run on Spark.
     """
     if not flags.given:
         raise ValueError("a Caffe run needs --prototxt NET, --solver SOLVER or both")
@@ -138,7 +140,7 @@ def train_caffe_files(run: RunConfig, dist: DistributedConfig, flags: CaffeTrain
         raise PrototxtError(f"{exc}; on the command line: --caffe-sources SOURCE=DATASET[:SPLIT]", layer=exc.layer,
                             path=exc.path, line=exc.line, column=exc.column) from None
     return caffe_train.train_caffe(plan, workers=dist.workers, dist=dist, metrics_out=run.metrics_out,
-                                   progress=not run.quiet, threads=run.threads, device=run.device)
+                                   progress=not run.quiet, threads=run.threads, device=run.device, options=options)
 
 
 # --------------------------------------------------------------------------- inspect

@@ -734,7 +734,7 @@ class _Run:
 
 def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | None = None,
                 metrics_out: str | os.PathLike | None = None, progress: bool = True, threads: int | None = None,
-                device: str = "cpu", spark=None, sinks: Iterable[Callable[[dict], None]] = ()) -> dict:
+                device: str = "cpu", spark=None, sinks: Iterable[Callable[[dict], None]] = (), options=None) -> dict:
     """Train a resolved Caffe run; returns the summary record.
 
     Parameters
@@ -760,6 +760,8 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
         The session to train in (default: the active one, or one for ``dist.resolved_master``).
     sinks : iterable of callables
         More receivers of every metrics record.
+    options : EngineOptions, optional
+        The Spark engines' settings (a run on Spark).
     """
 
     dist = dist if dist is not None else DistributedConfig(workers=workers)
@@ -787,7 +789,7 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
         if state.evaluator is not None and run.test_initialization and run.test_interval > 0:
             state.test(0, 0, WeightCollection(module.layer_weights()))
         if on_spark:
-            summary = _train_spark(run, state, module, x, y, dist, threads or 1, device, spark)
+            summary = _train_spark(run, state, module, x, y, dist, threads or 1, device, spark, options)
         else:
             summary = _train_local(run, state, module, x, y, dist, threads, device)
         summary = {"event": "summary", **summary}
@@ -856,7 +858,7 @@ def _training_frame(spark, x: np.ndarray, y: np.ndarray, workdir: Path):
     return frame_from_arrays(spark, x, y)  # executors elsewhere cannot read the driver's disk
 
 
-def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device, spark) -> dict:
+def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device, spark, options) -> dict:
     metrics = state.metrics
     tau = dist.tau
     if tau is not None and run.test_interval and run.test_interval % tau:
@@ -882,7 +884,7 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
 
     worker = WorkerConfig(solver=run.solver, batch_size=run.batch_size, seed=run.seed, threads=threads, device=device,
                           steps=run.max_iter)
-    trainer = SparkTrainer(module, worker, dist, spark=spark, on_round=on_round)
+    trainer = SparkTrainer(module, worker, dist, spark=spark, on_round=on_round, options=options)
     logger.info("training %s on Spark %s: %d workers, %s engine, tau=%s, %d rows", run.train_net.name,
                 spark.sparkContext.master, dist.workers, dist.engine.value, tau, len(x))
     with tempfile.TemporaryDirectory(prefix="sparknet-caffe-") as workdir:

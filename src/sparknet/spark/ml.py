@@ -77,6 +77,8 @@ _DOC_OVERRIDES = {
     "mlflow": "Log fit to MLflow at this tracking URI or path ('': the run active in this program, which fit joins, "
               "else ./mlflow.db): params, every round's metrics, and the model as an MLflow pyfunc model.",
 }
+_ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(EngineOptions) if f.name not in ("fault", "link"))
+"""EngineOptions fields that become estimator Params (all but the code-only fault and link)."""
 _NO_DEFAULT = {"workers"}  # resolved from the session at fit time
 
 
@@ -116,7 +118,7 @@ def _config_params() -> tuple[dict[str, Param], dict[str, tuple[type, str]], dic
     origin: dict[str, tuple[type, str]] = {}
     defaults: dict[str, Any] = {}
     optional: set[str] = set()
-    for cls, names in ((RunConfig, _RUN_FIELDS), (DistributedConfig, _DIST_FIELDS)):
+    for cls, names in ((RunConfig, _RUN_FIELDS), (DistributedConfig, _DIST_FIELDS), (EngineOptions, _ENGINE_FIELDS)):
         hints = typing.get_type_hints(cls)
         docs = field_docs(cls)
         defaults_of = {f.name: f.default for f in dataclasses.fields(cls)}
@@ -421,6 +423,10 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
         return (RunConfig(**self._config_kwargs(RunConfig)),
                 DistributedConfig(**{"workers": default_workers or 1, **self._config_kwargs(DistributedConfig)}))
 
+    def engineOptions(self) -> EngineOptions:
+        """The :class:`~sparknet.spark.EngineOptions` these params describe."""
+        return EngineOptions(**self._config_kwargs(EngineOptions))
+
     def _zoo_net(self, dataset, run: RunConfig, shape, kind: str):
         """The zoo model named by ``model``, sized to the data where its function takes sizes."""
         from pyspark.sql import functions as F
@@ -497,7 +503,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
             with MetricsLogger(run.metrics_out, progress=not run.quiet, total=rounds_total(run.steps, dist),
                                sinks=[*sinks, *map(_rounds_only, getattr(self, "callbacks", ()))]) as metrics:
                 trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, task=task,
-                                                   on_round=round_reporter(metrics))
+                                                   on_round=round_reporter(metrics), options=self.engineOptions())
                 result = trainer.fit(train, validation, features_col=features_col, label_col=label_col,
                                      image_shape=image_shape)
                 summary = _plain(result.summary)

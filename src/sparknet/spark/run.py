@@ -24,7 +24,7 @@ from sparknet.datasets import cache_root
 from sparknet.metrics import MetricsLogger, round_reporter, rounds_total
 from sparknet.spark.data import arrays_table, frame_from_arrays
 from sparknet.spark.session import get_session, is_local_master
-from sparknet.spark.trainer import SparkTrainer
+from sparknet.spark.trainer import EngineOptions, SparkTrainer
 
 __all__ = ["train_distributed", "dataset_as_parquet", "dataset_frame", "training_frame"]
 
@@ -79,8 +79,8 @@ def training_frame(spark, run: RunConfig, train):
     return dataset_frame(spark, f"data-{root.stem}-{stamp.hexdigest()[:16]}", train)
 
 
-def train_distributed(run: RunConfig, dist: DistributedConfig) -> dict:
-    """Train as ``run`` and ``dist`` say on Spark; returns the summary record."""
+def train_distributed(run: RunConfig, dist: DistributedConfig, options: EngineOptions | None = None) -> dict:
+    """Train as ``run`` and ``dist`` say on Spark, the engines set as ``options`` say; returns the summary record."""
     seed_everything(run.seed)
     with ThreadPoolExecutor(1, thread_name_prefix="sparknet-prepare") as pool:
         prepared = pool.submit(_prepare, run)  # while the Spark session's JVM starts (most of it is waiting)
@@ -94,7 +94,8 @@ def train_distributed(run: RunConfig, dist: DistributedConfig) -> dict:
     try:
         with MetricsLogger(run.metrics_out, progress=not run.quiet, total=rounds_total(run.steps, dist),
                            sinks=sinks) as metrics:
-            trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, on_round=round_reporter(metrics))
+            trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, on_round=round_reporter(metrics),
+                                               options=options)
             link, compressed = dist.link(), dist.compression is not CompressionKind.NONE
             extras = "".join([f", {dist.compression.value} updates" if compressed else "",
                               f", auto tau in [{dist.auto_tau_min}, {dist.auto_tau_max}]" if dist.auto_tau else "",
