@@ -23,6 +23,15 @@ from _bench import save_json, timed_command
 HERE = Path(__file__).resolve().parents[1] / "src"
 
 
+def _commit(tree: Path) -> str | None:
+    """The commit a source tree is checked out at (``None``: not a git checkout)."""
+    import subprocess
+
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          timeout=30)
+    return done.stdout.strip() or None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-src", required=True, help="the base tree's src folder")
@@ -47,7 +56,12 @@ def main(argv=None) -> int:
                      "median_command_s": statistics.median(r["command_wall_s"] for r in rs),
                      "test_accuracy": [r["result"].get("test_accuracy") for r in rs]} for tag, rs in runs.items()}
     print(json.dumps(summary, indent=1))
-    save_json({"command": " ".join(cmd), "base_src": args.base_src, "summary": summary, "runs": runs}, args.out)
+    shown = " ".join(["python", *cmd[1:]])  # the command as a user types it (no interpreter path)
+    for rs in runs.values():
+        for r in rs:
+            r["command"] = shown
+    save_json({"command": shown, "base_commit": _commit(Path(args.base_src).parent), "this_commit": _commit(HERE.parent),
+               "summary": summary, "runs": runs}, args.out)
     return 0
 
 
