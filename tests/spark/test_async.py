@@ -240,13 +240,15 @@ def test_sparknet_train_takes_the_parameter_server_only_with_strategy_async(monk
     calls = []
     monkeypatch.setattr(cli, "run_async",
                         lambda run, dist, **flags: calls.append((dist.strategy, dist.tau, flags)) or {"steps": 1})
-    monkeypatch.setattr(cli, "train_distributed", lambda run, dist: {"steps": 2})
+    engines = []
+    monkeypatch.setattr(cli, "train_distributed", lambda run, dist, options: engines.append(options) or {"steps": 2})
     argv = ["train", "--workers", "2", "--sync-interval", "7", "--combiner", "elastic", "--ps-host", "10.0.0.1"]
     assert cli.main(argv + ["--strategy", "async"]) == 0
     assert calls == [(Strategy.ASYNC, 7, {"combiner": "elastic", "ps_host": "10.0.0.1"})]
     assert "--sync-interval is the old name of --tau" in caplog.text  # taken, and the user told the one name
     assert cli.main(argv + ["--strategy", "average"]) == 0
-    assert len(calls) == 1  # a synchronous strategy takes the Spark engines' road
+    assert len(calls) == 1  # a synchronous strategy takes the Spark engines' road, with their settings
+    assert [type(o).__name__ for o in engines] == ["EngineOptions"]
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
     assert [p["steps"] for p in printed] == [1, 2]
     assert all(p["command_s"] > 0 for p in printed)  # the seconds since the command started, beside the result
