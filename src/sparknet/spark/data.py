@@ -89,10 +89,8 @@ class ChunkCounts:
     y_max: float | None = None
     label_col: str | None = None
 
-    def add(self, other: ChunkCounts | Mapping) -> ChunkCounts:
-        """Add another chunk's (or partition's) counts, or a record of them (whose other keys are ignored)."""
-        if not isinstance(other, ChunkCounts):
-            other = ChunkCounts.from_dict(other)
+    def add(self, other: ChunkCounts) -> ChunkCounts:
+        """Add another chunk's (or partition's) counts."""
         for key in _COUNTS:
             setattr(self, key, getattr(self, key) + getattr(other, key))
         for key in _EXAMPLES:
@@ -122,6 +120,7 @@ class ChunkCounts:
 
     @classmethod
     def from_dict(cls, record: Mapping) -> ChunkCounts:
+        """The counts of a record (JSON, or a partition's record, whose host, folder and index are left out)."""
         return cls(**{f.name: record[f.name] for f in fields(cls) if f.name in record})
 
 
@@ -464,7 +463,7 @@ def write_chunks(stem: str, chunks: Iterable) -> tuple[RowFile | None, dict]:
     the record of its summed :class:`ChunkCounts`. Nothing is kept for a partition with no rows or with
     problems :func:`check_stats` refuses."""
     total = ChunkCounts()
-    rows, writer = RowFileWriter.write(stem, chunks, on_chunk=lambda chunk: total.add(chunk[2]))
+    rows, writer = RowFileWriter.write(stem, chunks, on_chunk=lambda chunk: total.add(chunk.counts))
     total.bad_rows += writer.bad_rows
     total.bad_labels += writer.bad_labels
     if rows is not None and total.refused:
