@@ -76,9 +76,7 @@ _TRAIN_FLAGS = {RunConfig: "training", DistributedConfig: "distributed training"
                 CaffeTrainFlags: None, AsyncConfig: None}
 """The dataclasses whose fields are ``sparknet train``'s flags (and the keys of a ``--config`` file), each with
 the title of its flags in ``--help`` (``None``: its docstring's first line)."""
-_CODE_ONLY = {"fault", "link"}
-"""EngineOptions set in code only: injected faults (reliability tests) and a link model (``--link-latency`` and
-``--link-bandwidth`` make one)."""
+_CODE_ONLY = EngineOptions.CODE_ONLY
 
 
 def _fields(cls) -> list:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -91,6 +91,10 @@ class EngineOptions:
     ``link.delay(bytes)`` for its download of the weights and again for its upload; in the barrier engine
     every rank waits the collective's delay before each collective (each step's, for sync). The waits are
     recorded per round (``link_s``). Default: ``dist.link_latency``/``dist.link_bandwidth``, else none."""
+
+    CODE_ONLY: ClassVar[frozenset[str]] = frozenset({"fault", "link"})
+    """Fields set in code only, never flags or Params: injected faults (reliability tests) and a link model
+    (``--link-latency`` and ``--link-bandwidth`` make one)."""
 
     def holds_worker_state(self, master: str) -> bool:
         """Whether the driver holds the workers' states (:attr:`worker_state_on_driver`) on ``master``."""

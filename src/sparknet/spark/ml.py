@@ -77,8 +77,8 @@ _DOC_OVERRIDES = {
     "mlflow": "Log fit to MLflow at this tracking URI or path ('': the run active in this program, which fit joins, "
               "else ./mlflow.db): params, every round's metrics, and the model as an MLflow pyfunc model.",
 }
-_ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(EngineOptions) if f.name not in ("fault", "link"))
-"""EngineOptions fields that become estimator Params (all but the code-only fault and link)."""
+_ENGINE_FIELDS = tuple(f.name for f in dataclasses.fields(EngineOptions) if f.name not in EngineOptions.CODE_ONLY)
+"""EngineOptions fields that become estimator Params (all but those set in code only)."""
 _NO_DEFAULT = {"workers"}  # resolved from the session at fit time
 
 
