@@ -75,6 +75,13 @@ def check_device(device: str) -> None:
         raise ValueError(f"device must be cpu, cuda or auto, got {device!r}")
 
 
+def check_at_least(low: int, **values) -> None:
+    """A ``ValueError`` naming the first of ``values`` (name=value; ``None``: not given) below ``low``."""
+    for name, value in values.items():
+        if value is not None and value < low:
+            raise ValueError(f"{name} must be at least {low}, got {value}")
+
+
 def check_per_step_strategy(dist: DistributedConfig, what: str, *, on_spark: bool = False) -> None:
     """The rules of a strategy that allreduces gradients every step (``sync``), checked for every caller.
 
@@ -118,12 +125,7 @@ class WorkerConfig:
     :class:`DistributedConfig`; the first one reached stops training). Warm-up steps are not counted."""
 
     def __post_init__(self):
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
-        if self.threads < 1:
-            raise ValueError(f"threads must be at least 1, got {self.threads}")
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(f"steps must be at least 1, got {self.steps}")
+        check_at_least(1, batch_size=self.batch_size, threads=self.threads, steps=self.steps)
         check_device(self.device)
 
 
@@ -177,16 +179,12 @@ class RunConfig:
     def __post_init__(self):
         self.solver_type = SolverType.parse(self.solver_type)
         self.lr_policy = LRPolicy.parse(self.lr_policy)
-        if self.steps < 1:
-            raise ValueError(f"steps must be at least 1, got {self.steps}")
+        check_at_least(1, steps=self.steps)
         if self.batch_size < 1:
             raise ValueError(f"batch size must be at least 1, got {self.batch_size}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"learning rate must be a positive number, got {self.lr}")
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be at least 1, got {self.threads}")
-        if self.eval_every < 1:
-            raise ValueError(f"eval_every must be at least 1, got {self.eval_every}")
+        check_at_least(1, threads=self.threads, eval_every=self.eval_every)
         check_device(self.device)
         self.model = model_name(self.model)
         if self.model not in model_names():
@@ -354,8 +352,8 @@ class DistributedConfig:
         self.engine = parse_enum(Engine, self.engine, "engine")
         self.compression = parse_enum(CompressionKind, self.compression, "compression")
         self.data_mode = parse_enum(DataMode, self.data_mode, "data mode")
-        if self.stream_buffer_mb < 1:
-            raise ValueError(f"stream_buffer_mb must be at least 1, got {self.stream_buffer_mb}")
+        check_at_least(1, workers=self.workers, stream_buffer_mb=self.stream_buffer_mb, rounds=self.rounds,
+                       eval_every_rounds=self.eval_every_rounds, checkpoint_keep=self.checkpoint_keep)
         if not 0 < self.auto_tau_target < 1:
             raise ValueError(f"auto_tau_target is a fraction in (0, 1), got {self.auto_tau_target}")
         if not 1 <= self.auto_tau_min <= self.auto_tau_max:
@@ -364,8 +362,6 @@ class DistributedConfig:
             raise ValueError(f"auto_tau_every must be at least 1 round, got {self.auto_tau_every}")
         self.link()  # a bad latency or bandwidth fails here, saying how to write it
         self.strategy = parse_enum(Strategy, self.strategy, "strategy")
-        if self.workers < 1:
-            raise ValueError(f"workers must be at least 1, got {self.workers}")
         if self.tau is not None and self.tau < 1:
             raise ValueError(f"tau must be at least 1 (steps between synchronizations), got {self.tau}")
         if self.round_seconds is not None and not self.round_seconds > 0:
@@ -376,14 +372,10 @@ class DistributedConfig:
             raise ValueError("the async strategy pushes every tau local steps: give --tau, not --round-seconds")
         if self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be non-negative, got {self.warmup_steps}")
-        if self.rounds is not None and self.rounds < 1:
-            raise ValueError(f"rounds must be at least 1, got {self.rounds}")
         if self.epochs is not None and not self.epochs > 0:
             raise ValueError(f"epochs must be positive, got {self.epochs}")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(f"target_accuracy is a fraction in (0, 1], got {self.target_accuracy}")
-        if self.eval_every_rounds < 1:
-            raise ValueError(f"eval_every_rounds must be at least 1, got {self.eval_every_rounds}")
         if not 0.0 < self.eval_budget <= 1.0:
             raise ValueError(f"eval_budget is a share of the wall time in (0, 1], got {self.eval_budget}")
         if self.eval_screen_rows < 0:
@@ -393,8 +385,6 @@ class DistributedConfig:
                              f"engine's jobs; the {self.engine.value} engine evaluates on its workers, in the round")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be at least 1 round, got {self.checkpoint_every}")
-        if self.checkpoint_keep < 1:
-            raise ValueError(f"checkpoint_keep must be at least 1, got {self.checkpoint_keep}")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume needs --checkpoint-dir: the folder whose newest checkpoint to continue from")
         if self.strategy is Strategy.SYNC:
