@@ -67,11 +67,6 @@ def _setup_logging(verbose: bool, quiet: bool) -> None:
         os.environ["SPARKNET_SPARK_LOG_LEVEL"] = "INFO"
 
 
-def _quiet_warnings() -> None:
-    """Known warnings that say nothing to a sparknet user (only inside a command's run)."""
-    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
-
-
 _TRAIN_FLAGS = {RunConfig: "training", DistributedConfig: "distributed training", EngineOptions: "Spark engines",
                 CaffeTrainFlags: None, AsyncConfig: None}
 """The dataclasses whose fields are ``sparknet train``'s flags (and the keys of a ``--config`` file), each with
@@ -79,8 +74,9 @@ the title of its flags in ``--help`` (``None``: its docstring's first line)."""
 _CODE_ONLY = EngineOptions.CODE_ONLY
 
 
-def _fields(cls) -> list:
-    return [f for f in dataclasses.fields(cls) if f.name not in _CODE_ONLY]
+def _names(cls) -> list[str]:
+    """The fields of ``cls`` that are flags (and ``--config`` keys)."""
+    return [f.name for f in dataclasses.fields(cls) if f.name not in _CODE_ONLY]
 
 
 def _configure_train(p: argparse.ArgumentParser) -> None:
@@ -99,11 +95,6 @@ def _configure_train(p: argparse.ArgumentParser) -> None:
     p.set_defaults(_run=_run_train)
 
 
-def _flag_fields() -> dict[str, object]:
-    """``sparknet train``'s settings: field name -> its dataclass field."""
-    return {f.name: f for cls in _TRAIN_FLAGS for f in _fields(cls)}
-
-
 def read_config(path: str) -> dict:
     """The settings of a ``--config`` TOML file as flag destinations (``batch-size`` and ``batch_size`` alike);
     ``ValueError`` naming an unknown key or a table (the file is flat: one key per flag)."""
@@ -116,13 +107,13 @@ def read_config(path: str) -> dict:
         raise ValueError(f"--config {path}: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"--config {path}: not a TOML file ({e})") from None
-    fields = _flag_fields()
+    names = {name for cls in _TRAIN_FLAGS for name in _names(cls)}
     out = {}
     for key, value in data.items():
         name = key.replace("-", "_")
         if isinstance(value, dict):
             raise ValueError(f"--config {path}: {key!r} is a table; write one key per flag, at the top level")
-        if name not in fields:
+        if name not in names:
             raise ValueError(f"--config {path}: unknown setting {key!r}; the keys are sparknet train's flags "
                              "(see sparknet train --help)")
         out[name] = value
@@ -151,7 +142,7 @@ def print_config(args: argparse.Namespace) -> str:
     lines = ["# sparknet train settings (sparknet train --config FILE)"]
     for cls in _TRAIN_FLAGS:
         lines.append(f"\n# {_TRAIN_FLAGS[cls] or cls.__doc__.strip().splitlines()[0]}")
-        for name in (f.name for f in _fields(cls)):
+        for name in _names(cls):
             text = _toml_value(getattr(args, name))
             lines.append(f"# {name} is not set" if text is None else f"{name} = {text}")
     return "\n".join(lines) + "\n"
@@ -197,10 +188,6 @@ def _configure_sample(p: argparse.ArgumentParser) -> None:
     p.set_defaults(_run=run_sample)
 
 
-def _configure_version(p: argparse.ArgumentParser) -> None:
-    p.set_defaults(_run=_run_version)
-
-
 def _run_version(args: argparse.Namespace) -> int:
     info = {"sparknet": __version__, "python": platform.python_version(), "torch": torch.__version__}
     try:
@@ -216,7 +203,7 @@ def _run_version(args: argparse.Namespace) -> int:
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "train": ("train a network (one process, or K Spark workers with --workers K)", _configure_train),
     "sample": ("generate text from a trained character model (char_lstm)", _configure_sample),
-    "version": ("print the versions sparknet runs with", _configure_version),
+    "version": ("print the versions sparknet runs with", lambda p: p.set_defaults(_run=_run_version)),
     "caffe": ("Caffe files: inspect a prototxt or .caffemodel, export a model folder, import Caffe files",
               configure_caffe),
     "doctor": ("check a Spark cluster before training: versions, memory, pickling, barrier, data skew",
@@ -263,13 +250,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(getattr(args, "verbose", False), getattr(args, "quiet", False))
     try:
         with warnings.catch_warnings():
-            _quiet_warnings()
+            # a known warning that says nothing to a sparknet user
+            warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas",
+                                    category=FutureWarning)
             return int(args._run(args) or 0)
-    except (ValueError, FileNotFoundError, FloatingPointError) as e:
-        log.error("%s", e)
-        return 2
-    except ImportError as e:  # an optional part not installed: the message says which extra has it
-        log.error("%s", e)
+    except (ValueError, FileNotFoundError, FloatingPointError, ImportError) as e:
+        log.error("%s", e)  # an ImportError: an optional part not installed, the message says which extra has it
         return 2
     except KeyboardInterrupt:
         log.error("interrupted")
