@@ -27,48 +27,16 @@ import argparse
 import json
 import logging
 import math
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+
+from sparknet.datasets import Vocabulary
 
 __all__ = ["Vocabulary", "sample_text", "load_char_model", "configure_sample", "run_sample"]
 
 log = logging.getLogger(__name__)
-
-
-class Vocabulary:
-    """A character vocabulary: id ``i`` is ``chars[i]``.
-
-    Parameters
-    ----------
-    chars : sequence of str
-        The characters in id order (a ``CharCorpus``'s ``vocab``, or a string of them).
-    """
-
-    def __init__(self, chars: Sequence[str] | str) -> None:
-        chars = list(chars)
-        if not chars or not all(isinstance(c, str) and len(c) == 1 for c in chars):
-            raise ValueError("a vocabulary is a non-empty sequence of single characters")
-        if len(set(chars)) != len(chars):
-            raise ValueError("the vocabulary repeats a character")
-        self.vocab = chars
-        self._index = {c: i for i, c in enumerate(chars)}
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    def encode(self, text: str) -> np.ndarray:
-        missing = sorted({c for c in text if c not in self._index})
-        if missing:
-            raise ValueError(f"characters not in the vocabulary: {missing!r}")
-        return np.array([self._index[c] for c in text], dtype=np.int64)
-
-    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        return "".join(self.vocab[int(i)] for i in ids)
 
 
 @torch.no_grad()

@@ -29,7 +29,7 @@ from sparknet.datasets._extended import IMAGE_SHAPE, Deformation, extended_sampl
 from sparknet.datasets._extended_write import ExtendedWrite, extended_arrays, extended_mnist, write_extended_mnist
 from sparknet.datasets._registry import DATASET_NAMES, load_dataset
 from sparknet.datasets._mnist import IDX_ENV, MNIST, mnist, mnist_small, read_idx
-from sparknet.datasets._shakespeare import CharCorpus, shakespeare
+from sparknet.datasets._shakespeare import CharCorpus, Vocabulary, shakespeare
 from sparknet.datasets._synthetic import synthetic, synthetic_sequences
 
 __all__ = [
@@ -37,6 +37,7 @@ __all__ = [
     "Splits",
     "MNIST",
     "CharCorpus",
+    "Vocabulary",
     "mnist",
     "mnist_small",
     "Deformation",

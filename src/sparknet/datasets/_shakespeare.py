@@ -27,7 +27,7 @@ from sparknet.datasets.cache import (
 )
 from sparknet.errors import DatasetError
 
-__all__ = ["CharCorpus", "shakespeare"]
+__all__ = ["CharCorpus", "Vocabulary", "shakespeare"]
 
 _log = logging.getLogger(__name__)
 
@@ -45,7 +45,62 @@ _SEPARATOR = "\n\n\n"
 _MAX_MEMBER_BYTES = 16 << 20
 
 
-class CharCorpus:
+class Vocabulary:
+    """A character vocabulary: id ``i`` is ``chars[i]``.
+
+    Parameters
+    ----------
+    chars : sequence of str
+        The characters in id order (a ``CharCorpus``'s ``vocab``, or a string of them).
+    """
+
+    def __init__(self, chars: Sequence[str] | str) -> None:
+        chars = list(chars)
+        if not chars or not all(isinstance(c, str) and len(c) == 1 for c in chars):
+            raise ValueError("a vocabulary is a non-empty sequence of single characters")
+        if len(set(chars)) != len(chars):
+            raise ValueError("the vocabulary repeats a character")
+        self.vocab: list[str] = chars
+        self._codepoints = np.array([ord(c) for c in chars], dtype=np.uint32)
+        self._by_codepoint = np.argsort(self._codepoints)  # the ids in the order of their code points
+
+    @property
+    def vocab_size(self) -> int:
+        """How many distinct characters."""
+        return len(self.vocab)
+
+    def encode(self, text: str) -> np.ndarray:
+        """Return the int64 ids of ``text``'s characters.
+
+        Raises
+        ------
+        ValueError
+            ``text`` has a character outside the vocabulary.
+        """
+        points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+        ordered = self._codepoints[self._by_codepoint]
+        at = np.minimum(np.searchsorted(ordered, points), len(ordered) - 1)
+        bad = ordered[at] != points
+        if bad.any():
+            missing = sorted({chr(p) for p in points[bad]})
+            raise ValueError(f"characters not in the vocabulary: {missing!r}")
+        return self._by_codepoint[at].astype(np.int64)
+
+    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
+        """Return the text that ``ids`` encode.
+
+        Raises
+        ------
+        ValueError
+            An id is outside ``[0, vocab_size)``.
+        """
+        arr = np.asarray(ids, dtype=np.int64).ravel()
+        if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
+            raise ValueError(f"ids must be in [0, {self.vocab_size}), got {arr.min()}..{arr.max()}")
+        return self._codepoints[arr].tobytes().decode("utf-32-le")
+
+
+class CharCorpus(Vocabulary):
     """A text, its character vocabulary, and its ids split into train and validation.
 
     Parameters
@@ -77,52 +132,16 @@ class CharCorpus:
             raise ValueError("CharCorpus needs a non-empty str")
         if not 0.0 <= validation_fraction < 1.0:
             raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}")
+        super().__init__(sorted(set(text)))
         self.text = text
-        self.vocab: list[str] = sorted(set(text))
-        self._codepoints = np.array([ord(c) for c in self.vocab], dtype=np.uint32)
         ids = self.encode(text)
         n_val = int(round(len(ids) * validation_fraction))
         self.train: np.ndarray = ids[: len(ids) - n_val]
         self.validation: np.ndarray = ids[len(ids) - n_val:]
 
-    @property
-    def vocab_size(self) -> int:
-        """How many distinct characters."""
-        return len(self.vocab)
-
     def __repr__(self) -> str:
         return (f"CharCorpus({len(self.text)} chars, vocab_size={self.vocab_size}, "
                 f"train={len(self.train)}, validation={len(self.validation)})")
-
-    def encode(self, text: str) -> np.ndarray:
-        """Return the int64 ids of ``text``'s characters.
-
-        Raises
-        ------
-        ValueError
-            ``text`` has a character outside the vocabulary.
-        """
-        points = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        ids = np.searchsorted(self._codepoints, points)
-        ids_clipped = np.minimum(ids, len(self._codepoints) - 1)
-        bad = self._codepoints[ids_clipped] != points
-        if bad.any():
-            missing = sorted({chr(p) for p in points[bad]})
-            raise ValueError(f"characters not in the vocabulary: {missing!r}")
-        return ids.astype(np.int64)
-
-    def decode(self, ids: Sequence[int] | np.ndarray) -> str:
-        """Return the text that ``ids`` encode.
-
-        Raises
-        ------
-        ValueError
-            An id is outside ``[0, vocab_size)``.
-        """
-        arr = np.asarray(ids, dtype=np.int64).ravel()
-        if arr.size and (arr.min() < 0 or arr.max() >= self.vocab_size):
-            raise ValueError(f"ids must be in [0, {self.vocab_size}), got {arr.min()}..{arr.max()}")
-        return self._codepoints[arr].tobytes().decode("utf-32-le")
 
     def sequences(self, split: str = "train", seq_len: int = 100, stride: int | None = None) -> ArrayDataset:
         """Cut a split into input sequences and their next-character targets.
