@@ -51,13 +51,12 @@ def load_training_data(run: RunConfig):
     """
     if run.data is not None:
         return read_parquet_dataset(run.data)
-    name = run.dataset.lower()
-    if name == "shakespeare":
+    if run.dataset == "shakespeare":  # RunConfig spells data sets and models as the registries do
         corpus = datasets.shakespeare()
         seq_len = 100
         return (corpus.sequences("train", seq_len), corpus.sequences("validation", seq_len),
                 {"vocab_size": corpus.vocab_size, "corpus": corpus, "seq_len": seq_len})
-    data = datasets.load_dataset(name)
+    data = datasets.load_dataset(run.dataset)
     train, test = data.train, data.test
     info = {"input_shape": tuple(train.x.shape[1:]), "num_classes": int(train.y.max()) + 1}
     if np.ndim(train.y) == 2:  # token sequences, a label per position (synthetic-sequences)
@@ -69,12 +68,11 @@ def load_training_data(run: RunConfig):
 def build_model(run: RunConfig, info: dict):
     """The zoo model ``run.model`` shaped for the data ``info`` describes."""
     kwargs: dict = {"batch_size": run.batch_size}
-    name = run.model.lower()
-    if name == "char_lstm":
+    if run.model == "char_lstm":
         kwargs.update(vocab_size=info["vocab_size"], seq_len=info.get("seq_len", 100))
-    elif name in ("mlp",):
+    elif run.model == "mlp":
         kwargs.update(input_shape=info["input_shape"], num_classes=info["num_classes"])
-    return zoo.get_model(name, **kwargs)
+    return zoo.get_model(run.model, **kwargs)
 
 
 def run_sinks(run: RunConfig, config: dict) -> list:

@@ -75,13 +75,6 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def choices_of(f: dataclasses.Field) -> list[str] | None:
-    """The values a str field accepts, when its metadata names them (``{"choices": callable}``, called lazily:
-    the lists live in modules the configuration does not import)."""
-    choices = f.metadata.get("choices")
-    return None if choices is None else list(choices() if callable(choices) else choices)
-
-
 def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, *, skip: Sequence[str] = (),
                             title: str | None = None) -> None:
     """Add one ``--flag`` per field of ``cls`` to ``parser`` (defaults taken from the dataclass).
@@ -99,7 +92,9 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, *, skip: Seque
         tp, optional = base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         help_text = docs.get(f.name, "")
-        choices = choices_of(f)
+        # a str field's metadata may name its values ({"choices": callable}, called here, as the lists live in
+        # modules the configuration does not import)
+        choices = list(f.metadata["choices"]()) if "choices" in f.metadata else None
         if tp is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         elif isinstance(tp, type) and issubclass(tp, enum.Enum):

@@ -35,7 +35,8 @@ import torch
 from pyarrow import fs as pafs
 
 from sparknet._fs import filesystem
-from sparknet.model_io import _sha256, _write_folder
+from sparknet.config import check_at_least
+from sparknet.model_io import _quietly_delete, _sha256, _write_folder
 from sparknet.weights import WeightCollection
 
 __all__ = ["Checkpoint", "CheckpointManager", "model_fingerprint", "CheckpointError"]
@@ -85,8 +86,7 @@ class CheckpointManager:
     """
 
     def __init__(self, uri: str, keep: int = 3):
-        if keep < 1:
-            raise ValueError(f"keep must be at least 1, got {keep}")
+        check_at_least(1, keep=keep)
         self.uri = str(uri)
         self.keep = int(keep)
         try:
@@ -128,11 +128,11 @@ class CheckpointManager:
         files["manifest.json"] = json.dumps(manifest, indent=1, default=str).encode()
         final = f"{self.root}/ckpt-{round:08d}"
         try:
-            if self._exists(final):  # an older save of this round goes first, its manifest with it
-                self.fs.delete_dir(final)
+            if self.fs.get_file_info(final).type != pafs.FileType.NotFound:
+                self.fs.delete_dir(final)  # an older save of this round goes first, its manifest with it
             _write_folder(self.fs, final, files, list(files), final)
         except OSError as e:
-            self._quiet_delete(final)
+            _quietly_delete(self.fs, final, "a checkpoint whose save failed")
             raise CheckpointError(f"could not write checkpoint {final}: {e}") from None
         log.info("checkpoint of round %d written to %s", round, final)
         self._rotate()
@@ -141,17 +141,7 @@ class CheckpointManager:
     def _rotate(self) -> None:
         complete, incomplete = self._scan()
         for r in complete[:-self.keep] + incomplete:
-            self._quiet_delete(f"{self.root}/ckpt-{r:08d}")
-
-    def _quiet_delete(self, path: str) -> None:
-        try:
-            if self._exists(path):
-                self.fs.delete_dir(path)
-        except OSError:
-            log.warning("could not delete %s", path)
-
-    def _exists(self, path: str) -> bool:
-        return self.fs.get_file_info(path).type != pafs.FileType.NotFound
+            _quietly_delete(self.fs, f"{self.root}/ckpt-{r:08d}", "an old or incomplete checkpoint")
 
     # -- reading ------------------------------------------------------------------------------
     def rounds(self) -> list[int]:

@@ -409,11 +409,7 @@ def _write_folder(fs, folder: str, files: Mapping[str, bytes], order: list[str],
             with fs.open_output_stream(f"{folder}/{name}") as f:
                 f.write(files[name])
     except OSError:
-        try:
-            fs.delete_dir(folder)
-        except OSError:
-            log.warning("could not delete %s after the save of %s failed; it is incomplete and does not load",
-                        folder, path)
+        _quietly_delete(fs, folder, f"the save of {path} failed: it is incomplete and does not load")
         raise
 
 
@@ -449,11 +445,13 @@ def _swap_in(fs, saved: str, root: str, names: list[str], path: str) -> None:
     _quietly_delete(fs, saved)
 
 
-def _quietly_delete(fs, folder: str) -> None:
+def _quietly_delete(fs, folder: str, why: str = "left from a model save") -> None:
+    """Delete ``folder`` if it is there; a failure is a warning saying ``why`` it would have gone."""
     try:
-        fs.delete_dir(folder)
+        if fs.get_file_info(folder).type != pafs.FileType.NotFound:
+            fs.delete_dir(folder)
     except OSError:
-        log.warning("could not delete %s (left from a model save); delete it by hand", folder)
+        log.warning("could not delete %s (%s); delete it by hand", folder, why)
 
 
 def read_model_files(path: str | os.PathLike) -> dict[str, bytes]:
