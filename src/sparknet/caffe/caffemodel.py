@@ -308,10 +308,7 @@ def _layer_structure(net: Any) -> tuple[str | None, dict[str, Any]]:
     if proto is not None and hasattr(proto, "layer"):  # a CaffeNet: keep the full definition
         layers = {}
         for layer in proto.layer:
-            copy = _schema.LayerParameter()
-            copy.CopyFrom(layer)
-            del copy.blobs[:]
-            layers.setdefault(layer.name, copy)
+            layers.setdefault(layer.name, layer)
         return proto.name or None, layers
     layers = {}
     for layer in getattr(net, "layers", net):
@@ -380,12 +377,11 @@ def write_caffemodel(path: str | os.PathLike, weights: Mapping[str, Sequence[Any
     msg = _schema.NetParameter()
     if name or net_name:
         msg.name = name or net_name
-    order = list(structure) if structure else []
-    order += [n for n in weights if n not in structure]
-    for layer_name in order:
+    for layer_name in [*structure, *(n for n in weights if n not in structure)]:
         layer = msg.layer.add()
         if layer_name in structure:
             layer.CopyFrom(structure[layer_name])
+            del layer.blobs[:]
         else:
             layer.name = layer_name
         arrays = [_to_numpy(tensor) for tensor in weights.get(layer_name, ())]

@@ -185,9 +185,9 @@ def _net_layers(path: str | Path, phase: str, stages: tuple[str, ...]) -> tuple[
     net = load_net_prototxt(path, phase=phase, stages=tuple(stages))
     shapes = net.net_params.infer_shapes()
     counts = _param_counts(net)
-    layers = [{"layer": l.name, "type": _caffe_type(net, l), "bottoms": list(l.bottoms), "tops": list(l.tops),
-               "shapes": [list(shapes.get(t) or ()) for t in l.tops], "params": counts.get(l.name, 0)}
-              for l in net.net_params]
+    layers = [{"layer": layer.name, "type": _caffe_type(net, layer), "bottoms": list(layer.bottoms),
+               "tops": list(layer.tops), "shapes": [list(shapes.get(t) or ()) for t in layer.tops],
+               "params": counts.get(layer.name, 0)} for layer in net.net_params]
     return net, layers, sum(counts.values())
 
 
@@ -224,14 +224,12 @@ def solver_settings(path: str | Path) -> dict[str, Any]:
                 "delta": kind in ("adagrad", "adadelta", "adam", "adamw", "rmsprop"),
                 "rms_decay": kind == "rmsprop"}
     settings = {k: v for k, v in settings.items() if relevant.get(k, True)}
-    settings.update({
-        "net": solver.net, "net_path": str(solver.net_path) if solver.net_path else None,
-        "test_iter": list(solver.test_iter), "test_states": [list(s.stages) for s in solver.test_states],
-        "test_interval": solver.test_interval, "test_initialization": solver.test_initialization,
-        "display": solver.display, "average_loss": solver.average_loss, "snapshot": solver.snapshot,
-        "snapshot_prefix": solver.snapshot_prefix, "snapshot_after_train": solver.snapshot_after_train,
-        "random_seed": solver.random_seed, "solver_mode": solver.solver_mode, "weights": list(solver.weights),
-    })
+    settings.update(net=solver.net, net_path=str(solver.net_path) if solver.net_path else None,
+                    test_iter=list(solver.test_iter), test_states=[list(s.stages) for s in solver.test_states])
+    settings.update({name: getattr(solver, name) for name in (
+        "test_interval", "test_initialization", "display", "average_loss", "snapshot", "snapshot_prefix",
+        "snapshot_after_train", "random_seed", "solver_mode")})
+    settings["weights"] = list(solver.weights)
     return settings
 
 
@@ -254,20 +252,17 @@ def _run_inspect(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
     kind = file_kind(path) if args.kind == "auto" else args.kind
-    if kind == "caffemodel":
-        if args.json:
-            layers = read_caffemodel_layers(path)
-            print(json.dumps([{"layer": l.name, "type": l.type, "blobs": [list(b.shape) for b in l.blobs],
-                               "params": l.num_params} for l in layers]))
-        else:
-            print(describe_caffemodel(path))
+    if kind == "caffemodel" and args.json:
+        print(json.dumps([{"layer": layer.name, "type": layer.type, "blobs": [list(b.shape) for b in layer.blobs],
+                           "params": layer.num_params} for layer in read_caffemodel_layers(path)]))
+    elif kind == "caffemodel":
+        print(describe_caffemodel(path))
     elif kind == "solver":
         print(json.dumps(solver_settings(path)) if args.json else describe_solver(path))
+    elif args.json:
+        print(json.dumps(_net_layers(path, args.phase, tuple(args.stage))[1]))
     else:
-        if args.json:
-            print(json.dumps(_net_layers(path, args.phase, tuple(args.stage))[1]))
-        else:
-            print(describe_net(path, phase=args.phase, stages=tuple(args.stage)))
+        print(describe_net(path, phase=args.phase, stages=tuple(args.stage)))
     return 0
 
 
@@ -352,18 +347,15 @@ def import_caffe(prototxt: str | Path, out: str | Path, *, weights: str | Path |
 def _run_export(args: argparse.Namespace) -> int:
     if not Path(args.model_dir).is_dir():
         raise FileNotFoundError(f"no model folder at {args.model_dir}")
-    prototxt, caffemodel = export_model_dir(args.model_dir, args.out)
-    print(prototxt)
-    print(caffemodel)
+    print(*export_model_dir(args.model_dir, args.out), sep="\n")
     return 0
 
 
 def _run_import(args: argparse.Namespace) -> int:
     if args.model_dir is None:
         raise ValueError("give the model folder to write: --model-dir DIR")
-    path = import_caffe(args.prototxt, args.model_dir, weights=args.weights, solver=args.solver, phase=args.phase,
-                        seed=args.seed, overwrite=args.overwrite)
-    print(path)
+    print(import_caffe(args.prototxt, args.model_dir, weights=args.weights, solver=args.solver, phase=args.phase,
+                       seed=args.seed, overwrite=args.overwrite))
     return 0
 
 

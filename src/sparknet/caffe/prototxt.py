@@ -34,6 +34,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,7 @@ def read_text(path_or_text: str | os.PathLike) -> tuple[str, Path | None, str]:
         return _read_utf8(path), path, str(path)
     if not isinstance(path_or_text, str):
         raise TypeError(f"expected a path or prototxt text, got {type(path_or_text).__name__}")
-    looks_like_text = any(c in path_or_text for c in "\n{:") and len(path_or_text) > 0
+    looks_like_text = any(c in path_or_text for c in "\n{:")
     if not looks_like_text or (len(path_or_text) < 4096 and os.path.isfile(path_or_text)):
         path = Path(path_or_text)
         if not os.path.isfile(path):
@@ -256,13 +257,8 @@ class CaffeTransform:
     @property
     def is_identity(self) -> bool:
         """True when the transform leaves sparknet's batches unchanged."""
-        return (
-            math.isclose(self.scale / self.native_scale, 1.0, rel_tol=1e-6)
-            and not self.mean_value
-            and self.mean_file is None
-            and not self.mirror
-            and not self.crop_size
-        )
+        return (math.isclose(self.scale / self.native_scale, 1.0, rel_tol=1e-6) and not self.mean_value
+                and self.mean_file is None and not self.mirror and not self.crop_size)
 
     def output_shape(self, sample_shape: tuple[int, ...]) -> tuple[int, ...]:
         """One sample's shape after the transform."""
@@ -430,15 +426,11 @@ _PHASES = {"TRAIN": 0, "TEST": 1}
 
 def _meets_rule(rule: Any, phase: int, level: int, stages: set[str]) -> bool:
     """Caffe's ``Net::StateMeetsRule``."""
-    if rule.HasField("phase") and rule.phase != phase:
-        return False
-    if rule.HasField("min_level") and level < rule.min_level:
-        return False
-    if rule.HasField("max_level") and level > rule.max_level:
-        return False
-    if any(stage not in stages for stage in rule.stage):
-        return False
-    return not any(stage in stages for stage in rule.not_stage)
+    return not ((rule.HasField("phase") and rule.phase != phase)
+                or (rule.HasField("min_level") and level < rule.min_level)
+                or (rule.HasField("max_level") and level > rule.max_level)
+                or any(stage not in stages for stage in rule.stage)
+                or any(stage in stages for stage in rule.not_stage))
 
 
 def _included(layer: Any, phase: int, level: int, stages: set[str]) -> bool:
@@ -465,36 +457,24 @@ def _upgrade_v1(old: Any, where: str) -> Any:
     new.exclude.extend(old.exclude)
     new.loss_weight.extend(old.loss_weight)
     new.blobs.extend(old.blobs)
-    count = max(len(old.blobs_lr), len(old.weight_decay), len(old.param))
-    for i in range(count):
-        spec = new.param.add()
-        if i < len(old.param) and old.param[i]:
-            spec.name = old.param[i]
-        if i < len(old.blobs_lr):
-            spec.lr_mult = old.blobs_lr[i]
-        if i < len(old.weight_decay):
-            spec.decay_mult = old.weight_decay[i]
+    for name, lr_mult, decay_mult in zip_longest(old.param, old.blobs_lr, old.weight_decay):
+        new.param.add(name=name or None, lr_mult=lr_mult, decay_mult=decay_mult)
     targets = _schema.LayerParameter.DESCRIPTOR.fields_by_name
     for descriptor, value in old.ListFields():
         if descriptor.name.endswith("_param") and descriptor.name in targets and descriptor.message_type:
             getattr(new, descriptor.name).CopyFrom(value)
     # V1 data layers carried their transform in the data parameters.
-    for holder_name in ("data_param", "image_data_param", "window_data_param"):
-        if not old.HasField(holder_name):
-            continue
-        holder = getattr(old, holder_name)
-        transform = new.transform_param
+    for holder in (getattr(old, name) for name in ("data_param", "image_data_param", "window_data_param")
+                   if old.HasField(name)):
         for key in ("scale", "mean_file", "crop_size", "mirror"):
-            if holder.HasField(key) and not transform.HasField(key):
-                setattr(transform, key, getattr(holder, key))
+            if holder.HasField(key) and not new.transform_param.HasField(key):
+                setattr(new.transform_param, key, getattr(holder, key))
     return new
 
 
 def _legacy_inputs(net: Any, where: str) -> list[Any]:
     """Input layers for the old ``input:`` + ``input_shape``/``input_dim`` net fields."""
     layers = []
-    if not len(net.input):
-        return layers
     dims = list(net.input_dim)
     for i, name in enumerate(net.input):
         layer = _schema.LayerParameter(name=name, type="Input")
@@ -643,11 +623,8 @@ class _Converter:
             raise self.fail(layer, "input_param has no shape")
         if len(shapes) not in (1, len(layer.top)):
             raise self.fail(layer, f"{len(shapes)} shapes for {len(layer.top)} tops")
-        made = []
-        for i, top in enumerate(layer.top):
-            shape = tuple(int(d) for d in shapes[i if len(shapes) > 1 else 0].dim)
-            made.append(self.rdd(layer, top, shape, "float32"))
-        return made
+        return [self.rdd(layer, top, tuple(int(d) for d in shapes[i if len(shapes) > 1 else 0].dim), "float32")
+                for i, top in enumerate(layer.top)]
 
     def rdd(self, layer: Any, top: str, shape: tuple[int, ...], dtype: str) -> Any:
         if not shape or any(d <= 0 for d in shape):
@@ -699,16 +676,10 @@ class _Converter:
                                self.where, layer.name, mean_file)
         if mean_file and len(t.mean_value):
             raise self.fail(layer, "mean_file and mean_value cannot both be set")
-        return CaffeTransform(
-            scale=_f(t.scale),
-            mean_value=tuple(_f(v) for v in t.mean_value),
-            mean_file=mean_file,
-            mean=mean,
-            mirror=bool(t.mirror),
-            crop_size=int(t.crop_size),
-            native_scale=binding.native_scale if binding is not None else 1.0,
-            train=self.phase == "TRAIN",
-        )
+        return CaffeTransform(scale=_f(t.scale), mean_value=tuple(_f(v) for v in t.mean_value), mean_file=mean_file,
+                              mean=mean, mirror=bool(t.mirror), crop_size=int(t.crop_size),
+                              native_scale=binding.native_scale if binding is not None else 1.0,
+                              train=self.phase == "TRAIN")
 
     def convolution(self, layer: Any) -> list[Any]:
         p = layer.convolution_param
@@ -895,15 +866,6 @@ SUPPORTED_LAYER_TYPES: frozenset[str] = frozenset(_HANDLERS)
 # --------------------------------------------------------------------------- loading
 
 
-def _layer_line(text: str, name: str | None) -> int | None:
-    """The line of ``name: "<name>"`` in the prototxt, to point errors at (1-based)."""
-    if not name:
-        return None
-    pattern = re.compile(r"""(?<![\w])name\s*:\s*["']""" + re.escape(name) + r"""["']""")
-    match = pattern.search(text)
-    return text.count("\n", 0, match.start()) + 1 if match else None
-
-
 def parse_net_prototxt(path_or_text: str | os.PathLike) -> Any:
     """Parse a net prototxt into Caffe's ``NetParameter`` message (no conversion)."""
     text, _, where = read_text(path_or_text)
@@ -977,12 +939,8 @@ def load_net_prototxt(
             for bottom in layer.bottom:
                 if bottom not in available:
                     hint = _excluded_hint(layer.name, selected, all_layers, phase_name, stages)
-                    raise PrototxtError(
-                        f"{where}: layer {layer.name!r} reads unknown blob {bottom!r}; known blobs: "
-                        f"{sorted(available)}{hint}",
-                        layer=layer.name,
-                        path=where,
-                    )
+                    raise PrototxtError(f"{where}: layer {layer.name!r} reads unknown blob {bottom!r}; known blobs: "
+                                        f"{sorted(available)}{hint}", layer=layer.name, path=where)
             available.update(layer.top)
             converter.add(layer)
         _class_labels_as_int64(converter)
@@ -1018,27 +976,22 @@ def _excluded_hint(name: str | None, selected: list[Any], all_layers: list[Any],
     """Say so when a missing bottom comes from a layer the phase, level or stages left out."""
     chosen = {id(layer) for layer in selected}
     produced = {top for layer in selected for top in layer.top}
-    for layer in selected:
-        if layer.name != name:
-            continue
-        for bottom in layer.bottom:
-            if bottom in produced:
-                continue
-            producers = [o for o in all_layers if id(o) not in chosen and bottom in o.top]
-            if producers:
-                rules = " or ".join(
-                    "{" + text_format.MessageToString(r, as_one_line=True) + "}" for o in producers for r in o.include
-                )
-                return (f" (blob {bottom!r} comes from layer {producers[0].name!r}, left out in phase {phase} "
-                        f"with stages {sorted(stages)}" + (f"; it is included for {rules}" if rules else "") + ")")
+    for bottom in (b for layer in selected if layer.name == name for b in layer.bottom if b not in produced):
+        producers = [o for o in all_layers if id(o) not in chosen and bottom in o.top]
+        if producers:
+            rules = " or ".join("{" + text_format.MessageToString(r, as_one_line=True) + "}"
+                                for o in producers for r in o.include)
+            return (f" (blob {bottom!r} comes from layer {producers[0].name!r}, left out in phase {phase} "
+                    f"with stages {sorted(stages)}" + (f"; it is included for {rules}" if rules else "") + ")")
     return ""
 
 
 def _with_line(exc: PrototxtError, text: str) -> PrototxtError:
-    """Add the layer's line to an error message, when the layer can be found in the text."""
-    line = _layer_line(text, exc.layer)
-    if line is None or exc.path is None:
+    """Add the layer's line to an error message, when the layer's ``name: "<name>"`` can be found in the text."""
+    match = exc.layer and re.search(r"""(?<![\w])name\s*:\s*["']""" + re.escape(exc.layer) + r"""["']""", text)
+    if not match or exc.path is None:
         return exc
+    line = text.count("\n", 0, match.start()) + 1
     message = str(exc)
     prefix = f"{exc.path}: "
     if message.startswith(prefix):
@@ -1049,16 +1002,15 @@ def _with_line(exc: PrototxtError, text: str) -> PrototxtError:
 # --------------------------------------------------------------------------- export
 
 
+# Filler type -> the FillerParameter fields it reads ("name?": written only when not Caffe's default).
+_FILLER_FIELDS = {"constant": "value", "gaussian": "mean std", "uniform": "min max", "xavier": "variance_norm?",
+                  "msra": "variance_norm?"}
+
+
 def _set_filler(message: Any, filler: Any) -> None:
     message.type = str(filler.type)
-    if str(filler.type) == "constant":
-        message.value = filler.value
-    elif str(filler.type) == "gaussian":
-        message.mean, message.std = filler.mean, filler.std
-    elif str(filler.type) == "uniform":
-        message.min, message.max = filler.min, filler.max
-    if str(filler.type) in ("xavier", "msra") and str(filler.variance_norm) != "fan_in":
-        message.variance_norm = _schema.FillerParameter.VarianceNorm.Value(str(filler.variance_norm).upper())
+    for name in _FILLER_FIELDS.get(message.type, "").split():
+        _set(message, name, getattr(filler, name.rstrip("?")))
 
 
 def _set_learnable(msg: Any, p: Any, layer: Any, bias: bool, weight: str = "weight_filler") -> None:
@@ -1067,9 +1019,7 @@ def _set_learnable(msg: Any, p: Any, layer: Any, bias: bool, weight: str = "weig
     lr, decay = tuple(layer.lr_mult), tuple(layer.decay_mult)
     if any(v != 1.0 for v in lr[:blobs] + decay[:blobs]):
         for i in range(blobs):
-            spec = msg.param.add()
-            spec.lr_mult = lr[i] if i < len(lr) else 1.0
-            spec.decay_mult = decay[i] if i < len(decay) else 1.0
+            msg.param.add(lr_mult=lr[i] if i < len(lr) else 1.0, decay_mult=decay[i] if i < len(decay) else 1.0)
     if layer.weight_filler is not None:
         _set_filler(getattr(p, weight), layer.weight_filler)
     if layer.bias_filler is not None:

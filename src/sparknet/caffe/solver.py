@@ -249,7 +249,6 @@ def load_solver_prototxt(path_or_text: str | os.PathLike, *, net: str | os.PathL
     except ValueError as exc:
         raise PrototxtError(f"{where}: {exc}", path=where) from None
 
-    net_field = None
     if net is not None:
         net_field = os.fspath(net)
         net_path: Path | None = Path(net_field)
