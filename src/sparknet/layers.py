@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._enums import parse_enum
 from .errors import GraphError
 
 __all__ = [
@@ -141,19 +142,14 @@ _ALIASES: dict[type[enum.Enum], dict[str, str]] = {
 
 
 def _parse_enum(cls: type[enum.StrEnum], value: Any, what: str, layer: str | None = None) -> Any:
-    """Turn ``value`` (an enum member or its case-insensitive name) into a member of ``cls``."""
-    if isinstance(value, cls):
-        return value
-    if isinstance(value, str):
+    """:func:`~sparknet._enums.parse_enum` with this module's aliases, raising a :class:`GraphError`."""
+    if isinstance(value, str) and not isinstance(value, cls):
         key = value.strip().lower()
-        key = _ALIASES.get(cls, {}).get(key, key)
-        try:
-            return cls(key)
-        except ValueError:
-            pass
-    choices = ", ".join(m.value for m in cls)
-    where = f"layer {layer!r}: " if layer is not None else ""
-    raise GraphError(f"{where}unknown {what} {value!r}; expected one of: {choices}", layer=layer)
+        value = _ALIASES.get(cls, {}).get(key, key)
+    try:
+        return parse_enum(cls, value, what)
+    except ValueError as exc:
+        raise GraphError(f"layer {layer!r}: {exc}" if layer is not None else str(exc), layer=layer) from None
 
 
 # --------------------------------------------------------------------------- fillers
@@ -205,14 +201,6 @@ class Filler:
             return (fan_in + fan_out) / 2.0
         return fan_in
 
-    def _fill_scaled(self, tensor: Tensor, fan: float) -> None:
-        """Fill by ``xavier`` (uniform, variance ``1/fan``) or ``msra`` (normal, variance ``2/fan``)."""
-        if self.type == FillerType.XAVIER:
-            scale = math.sqrt(3.0 / max(fan, 1e-12))
-            tensor.uniform_(-scale, scale)
-        else:
-            tensor.normal_(0.0, math.sqrt(2.0 / max(fan, 1e-12)))
-
     def fill_(self, tensor: Tensor) -> Tensor:
         """Fill ``tensor`` in place (with the global torch generator) and return it."""
         with torch.no_grad():
@@ -223,8 +211,11 @@ class Filler:
                 tensor.normal_(self.mean, self.std)
             elif kind == FillerType.UNIFORM:
                 tensor.uniform_(self.min, self.max)
-            elif kind in (FillerType.XAVIER, FillerType.MSRA):
-                self._fill_scaled(tensor, self._fan(tensor))
+            elif kind == FillerType.XAVIER:  # uniform with variance 1/fan
+                scale = math.sqrt(3.0 / max(self._fan(tensor), 1e-12))
+                tensor.uniform_(-scale, scale)
+            elif kind == FillerType.MSRA:  # normal with variance 2/fan
+                tensor.normal_(0.0, math.sqrt(2.0 / max(self._fan(tensor), 1e-12)))
             else:  # positive_unitball: each output's weights are positive and sum to one
                 tensor.uniform_(0.0, 1.0)
                 rows = tensor.view(tensor.shape[0], -1) if tensor.dim() > 0 else tensor.view(1, 1)
@@ -517,14 +508,6 @@ class ConvLayer(_Learnable):
                          padding=self.pad, dilation=self.dilation, groups=self.groups, bias=self.bias)
 
 
-def _caffe_pool_size(size: int, kernel: int, stride: int, pad: int) -> int:
-    """Caffe's pooled size: rounded up, then the last window must start inside ``size + pad``."""
-    out = -(-(size + 2 * pad - kernel) // stride) + 1
-    if pad > 0 and (out - 1) * stride >= size + pad:
-        out -= 1
-    return out
-
-
 @dataclass(kw_only=True)
 class PoolLayer(Layer):
     """2-d max or average pooling with Caffe's output size (rounded up).
@@ -580,7 +563,10 @@ class PoolLayer(Layer):
             if size + 2 * p < k:
                 self._fail(f"kernel {self.kernel} is larger than the padded input "
                            f"{h + 2 * self.pad[0]}x{w + 2 * self.pad[1]}")
-            pooled = _caffe_pool_size(size, k, s, p)
+            # Caffe's pooled size: rounded up, less one where the last window would start in the padding
+            pooled = -(-(size + 2 * p - k) // s) + 1
+            if p > 0 and (pooled - 1) * s >= size + p:
+                pooled -= 1
             if (pooled - 1) * s >= size + p:
                 self._fail(f"with stride {self.stride} > kernel {self.kernel} the last pooling "
                            f"window on a {h}x{w} input starts outside it (Caffe leaves it undefined)")
@@ -1353,12 +1339,8 @@ class _BatchNorm(nn.Module):
                  use_global_stats: bool | None, affine: bool):
         super().__init__()
         self.eps, self.momentum, self.use_global_stats = eps, momentum, use_global_stats
-        if affine:
-            self.weight = nn.Parameter(torch.ones(channels))
-            self.bias = nn.Parameter(torch.zeros(channels))
-        else:
-            self.register_parameter("weight", None)
-            self.register_parameter("bias", None)
+        self.weight = nn.Parameter(torch.ones(channels)) if affine else None
+        self.bias = nn.Parameter(torch.zeros(channels)) if affine else None
         self.register_buffer("running_mean", torch.zeros(channels))
         self.register_buffer("running_var", torch.ones(channels))
         self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
@@ -1484,9 +1466,7 @@ class _Embed(nn.Module):
         self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
 
     def forward(self, ids: Tensor) -> Tensor:
-        if ids.dtype != torch.long:
-            ids = ids.long()
-        out = F.embedding(ids, self.weight)
+        out = F.embedding(ids.long(), self.weight)
         return out if self.bias is None else out + self.bias
 
 
@@ -1512,8 +1492,7 @@ class _SoftmaxLoss(nn.Module):
         self.last_axis = axis == ndim - 1  # classes last: [N, C] or [B, T, C]
 
     def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
-        if labels.dtype != torch.long:
-            labels = labels.long()
+        labels = labels.long()
         if self.normalization == "valid" and logits.dim() == 2 and labels.dim() == 1:
             return F.cross_entropy(logits, labels, ignore_index=self.ignore)  # the common case
         classes = logits.shape[self.axis]
@@ -1522,10 +1501,9 @@ class _SoftmaxLoss(nn.Module):
         else:
             outer = math.prod(logits.shape[:self.axis])
             x, t = logits.reshape(outer, classes, -1), labels.reshape(outer, -1)
-        ignore = self.ignore
         if self.normalization == "valid":
-            return F.cross_entropy(x, t, ignore_index=ignore)
-        total = F.cross_entropy(x, t, ignore_index=ignore, reduction="sum")
+            return F.cross_entropy(x, t, ignore_index=self.ignore)
+        total = F.cross_entropy(x, t, ignore_index=self.ignore, reduction="sum")
         if self.normalization == "full":
             return total / t.numel()
         if self.normalization == "batch_size":
@@ -1809,7 +1787,13 @@ class GraphModule(nn.Module):
             if seed is not None:
                 torch.manual_seed(seed)
             modules = self._build_modules(trace)
-        self._make_plans(net, modules)
+        self._modules_by_index = modules
+        targets = {self.prediction_blob} if self.prediction_blob else set()
+        pred, self._pred_inputs = _plan(net.layers, targets)
+        loss, self._loss_inputs = _plan(net.layers, targets | set(self.loss_blobs))
+        self._pred_steps = self._steps(pred)
+        self._loss_steps = self._steps(loss)
+        self._loss_items = tuple(self.loss_blobs.items())
         logger.debug("built %s: %d layers, %d parameters", net.name, len(net),
                      sum(p.numel() for p in self.parameters()))
 
@@ -1853,16 +1837,6 @@ class GraphModule(nn.Module):
             self.module_names[layer.name] = attr
             modules.append(module)
         return modules
-
-    def _make_plans(self, net: NetParams, modules: list[nn.Module | None]) -> None:
-        layers = net.layers
-        self._modules_by_index = modules
-        targets = {self.prediction_blob} if self.prediction_blob else set()
-        pred, self._pred_inputs = _plan(layers, targets)
-        loss, self._loss_inputs = _plan(layers, targets | set(self.loss_blobs))
-        self._pred_steps = self._steps(pred)
-        self._loss_steps = self._steps(loss)
-        self._loss_items = tuple(self.loss_blobs.items())
 
     def _steps(self, indices: Sequence[int]) -> list[_Step]:
         steps = []

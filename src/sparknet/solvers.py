@@ -443,29 +443,14 @@ def _line_search(phi: Callable[[float], tuple[float, float]], f0: float, slope0:
                  max_evals: int, c1: float, c2: float) -> tuple[float, float]:
     """A step along a descent direction that meets the strong Wolfe conditions, by bracketing and interpolation.
 
-    A trial ``t`` is accepted when it lowers the loss enough, ``f(t) <= f0 + c1 * t * slope0``, and the slope
-    has flattened, ``|slope(t)| <= c2 * |slope0|``. Otherwise it narrows a bracket ``[lo, hi]`` that holds such
-    a step: a trial that does not lower the loss enough (or is not finite) or that is already uphill becomes
-    ``hi``; one still steeply downhill becomes ``lo``. The next trial is four times ``lo`` while nothing bounds
-    the step from above, else the minimum of the cubic through ``lo`` and ``hi`` (:func:`_cubic_step`).
-
-    Parameters
-    ----------
-    phi : callable
-        ``phi(t) -> (loss, slope)`` at step ``t`` along the direction (the slope is the directional derivative).
-    f0, slope0 : float
-        The loss and the slope at ``t = 0``; ``slope0 < 0``.
-    t : float
-        The first trial step.
-    max_evals : int
-        Most calls of ``phi``; after them the trial with the lowest loss below ``f0`` is returned.
-    c1, c2 : float
-        The sufficient-decrease and curvature constants, ``0 < c1 < c2 < 1``.
-
-    Returns
-    -------
-    (float, float)
-        The step and the loss there; ``(0.0, f0)`` when no trial lowered the loss.
+    ``phi(t)`` gives the loss and the slope (the directional derivative) at step ``t``; ``f0`` and ``slope0 < 0``
+    are those at 0, and ``t`` is the first trial. A trial is accepted when it lowers the loss enough,
+    ``f(t) <= f0 + c1 * t * slope0``, and the slope has flattened, ``|slope(t)| <= c2 * |slope0|``
+    (``0 < c1 < c2 < 1``). Otherwise it narrows a bracket ``[lo, hi]`` that holds such a step: a trial that does
+    not lower the loss enough (or is not finite) or that is already uphill becomes ``hi``; one still steeply
+    downhill becomes ``lo``. The next trial is four times ``lo`` while nothing bounds the step from above, else
+    the minimum of the cubic through ``lo`` and ``hi`` (:func:`_cubic_step`). Returns the step and the loss
+    there; after ``max_evals`` calls of ``phi``, the trial with the lowest loss below ``f0``, or ``(0.0, f0)``.
     """
     lo, hi = (0.0, f0, slope0), None
     best = (0.0, f0)
