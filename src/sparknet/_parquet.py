@@ -13,6 +13,7 @@ import logging
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from sparknet.datasets import ArrayDataset
 
@@ -25,8 +26,6 @@ TEST_FRACTION = 0.1
 
 def features_to_numpy(column) -> np.ndarray:
     """A pyarrow column of lists or ML vectors as a float32 ``[rows, values]`` array."""
-    import pyarrow as pa
-
     col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
         value_type = col.type.value_type
@@ -34,13 +33,7 @@ def features_to_numpy(column) -> np.ndarray:
             raise ValueError(f"the features column has type {col.type}; it must be an array of numbers or an ML Vector")
         if col.null_count:
             raise ValueError(f"the features column has {col.null_count} null rows; drop or fill them first")
-        lengths = np.asarray(col.value_lengths())
-        if len(lengths) and (lengths != lengths[0]).any():
-            bad = int(np.argmax(lengths != lengths[0]))
-            raise ValueError(f"feature rows differ in length: row 0 has {lengths[0]} values, row {bad} has "
-                             f"{lengths[bad]}; every row needs the same number of values")
-        if len(lengths) and lengths[0] == 0:
-            raise ValueError("the feature rows are empty arrays; every row needs at least one value")
+        _check_widths(np.asarray(col.value_lengths()), "arrays")
         values = col.flatten()
         if values.null_count:
             import pyarrow.compute as pc
@@ -53,6 +46,16 @@ def features_to_numpy(column) -> np.ndarray:
     if pa.types.is_struct(col.type) and {"type", "values"} <= {f.name for f in col.type}:
         return _vectors_to_numpy(col.to_pylist())
     raise ValueError(f"the features column has type {col.type}; it must be an array of numbers or an ML Vector")
+
+
+def _check_widths(widths: np.ndarray, kind: str) -> None:
+    """``ValueError`` unless every feature row holds as many values as row 0, and at least one."""
+    if len(widths) and (widths != widths[0]).any():
+        bad = int(np.argmax(widths != widths[0]))
+        raise ValueError(f"feature rows differ in length: row 0 has {widths[0]} values, row {bad} has "
+                         f"{widths[bad]}; every row needs the same number of values")
+    if len(widths) and widths[0] == 0:
+        raise ValueError(f"the feature rows are empty {kind}; every row needs at least one value")
 
 
 MAX_VECTOR_SIZE = 1 << 24
@@ -78,12 +81,7 @@ def _vectors_to_numpy(rows: list) -> np.ndarray:
             raise ValueError(f"feature row {i} is a sparse ML vector whose size ({size}, at most {MAX_VECTOR_SIZE}) "
                              f"and indices ({indices}) do not fit its {len(r['values'])} values")
         widths.append(size)
-    if widths and min(widths) != max(widths):
-        bad = next(i for i, w in enumerate(widths) if w != widths[0])
-        raise ValueError(f"feature rows differ in length: row 0 has {widths[0]} values, row {bad} has {widths[bad]}; "
-                         "every row needs the same number of values")
-    if widths and widths[0] == 0:
-        raise ValueError("the feature rows are empty vectors; every row needs at least one value")
+    _check_widths(np.asarray(widths, dtype=np.int64), "vectors")
     out = np.zeros((len(rows), widths[0] if widths else 0), dtype=np.float32)
     with np.errstate(over="ignore"):  # a value beyond float32's range becomes inf, which the reader refuses
         for i, r in enumerate(rows):
@@ -103,7 +101,6 @@ def read_parquet_dataset(path: str, features_col: str = "features", label_col: s
         values, NaN or infinite features, rows of different lengths, labels that are not class ids,
         fewer than 2 rows.
     """
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     p = Path(path)
@@ -159,8 +156,6 @@ MAX_CLASS_ID = 1 << 31
 
 def _labels_to_numpy(column, label_col: str) -> np.ndarray:
     """A label column as int64 ``[rows]`` (class ids) or ``[rows, positions]`` (array<long>: a sequence)."""
-    import pyarrow as pa
-
     col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if col.null_count:
         raise ValueError(f"the label column {label_col!r} has {col.null_count} null values; drop those rows first")

@@ -133,15 +133,15 @@ class RowFileWriter:
 
     def close(self, publish: bool = True) -> RowFile | None:
         """Finish the files; with ``publish`` and good rows, move them in place and return the row file."""
-        self._fx.close()
-        self._fy.close()
-        tmp_x, tmp_y = f"{self.stem}.x{self._tmp}", f"{self.stem}.y{self._tmp}"
-        if not publish or not self.rows or self.bad_rows or self.bad_labels:
-            for path in (tmp_x, tmp_y):
-                os.remove(path)
+        publish = publish and self.rows and not (self.bad_rows or self.bad_labels)
+        for f in (self._fx, self._fy):
+            f.close()
+            if publish:
+                os.replace(f.name, f.name.removesuffix(self._tmp))
+            else:
+                os.remove(f.name)
+        if not publish:
             return None
-        os.replace(tmp_x, f"{self.stem}.x")
-        os.replace(tmp_y, f"{self.stem}.y")
         meta = {"rows": self.rows, "x_shape": list(self._x_shape), "y_shape": list(self._y_shape),
                 "y_dtype": self._y_dtype}
         with open(f"{self.stem}.json{self._tmp}", "w") as f:
@@ -189,14 +189,9 @@ class RowStream:
         self._wy = np.empty((cap, self._y_numel), self._y_dtype)
         self._fx = open(f"{rows.stem}.x", "rb", buffering=0)
         self._fy = open(f"{rows.stem}.y", "rb", buffering=0)
-        self.epoch = 0
-        self.pos = 0  # rows taken in this epoch
-        self._order: np.ndarray | None = None  # the epoch's block order
         self._window_starts: np.ndarray | None = None  # rows of the epoch before each window (and all of them)
-        self._window = -1  # index of the window in the buffer
-        self._wstart = 0  # epoch position of the window's first row
-        self._wrows = 0
         self._perm: np.ndarray | None = None
+        self._new_epoch(0)
         self.windows_read = 0
 
     @property
@@ -273,6 +268,8 @@ class RowStream:
         return x.reshape(b, *self.sample_shape), y.reshape(b, *self.file.y_shape)
 
     def _new_epoch(self, epoch: int) -> None:
+        """Start ``epoch``: no rows taken (``pos``), its block order (``_order``) not drawn yet, no window in the
+        buffer (``_window`` -1; ``_wstart``: the epoch position of its first row, ``_wrows`` its rows)."""
         self.epoch, self.pos = epoch, 0
         self._order, self._window, self._wstart, self._wrows = None, -1, 0, 0
 
