@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from sparknet._enums import CompressionKind
 from sparknet.config import Streaming
@@ -214,8 +215,6 @@ class CollectiveExchange(Exchange):
         """Start the round's one collective over ``buf`` (``n`` weighted delta values, then the rows). Overlapped,
         the simulated link's wait is what is left of it when the exchange is waited for; otherwise all of it,
         before the collective starts."""
-        import torch.distributed as dist
-
         world, rank, link, codec = self.world, self.rank, self.link, self.codec
         overlapped = self.streaming is not None and self.streaming.overlap
         t = time.perf_counter()
@@ -265,8 +264,6 @@ class CollectiveExchange(Exchange):
 
     # -- evaluation ---------------------------------------------------------------------------
     def agree(self, due: bool) -> bool:
-        import torch.distributed as dist
-
         flag = torch.tensor([1 if due else 0], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         return bool(flag.item())
@@ -291,8 +288,6 @@ def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, k
     every rank gets the same numbers; ``net`` gets its own weights back afterwards when ``keep_local``
     (EASGD). ``sample``: each rank scores at most that many of its rows (a fixed random sample).
     """
-    import torch.distributed as dist
-
     unlabelled = net.task is Task.UNLABELLED
     local = net.get_flat() if keep_local else None
     net.set_flat(global_flat)

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from sparknet._enums import CompressionKind, parse_enum
 from sparknet.config import Strategy
@@ -240,8 +241,6 @@ class Sync(TrainingStrategy):
         self.link_s = 0.0
 
     def after_backward(self, net) -> None:
-        import torch.distributed as dist
-
         params = [p for p in net.module.parameters() if p.requires_grad]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
         nbytes, world = flat.numel() * flat.element_size(), dist.get_world_size(self.group)
@@ -267,12 +266,7 @@ class Sync(TrainingStrategy):
         return {"group": None, "link": None, "bytes_sent": 0, "link_s": 0.0}
 
 
-_REGISTRY: dict[Strategy, Callable[..., TrainingStrategy]] = {
-    Strategy.AVERAGE: Average,
-    Strategy.DILOCO: DiLoCo,
-    Strategy.EASGD: EASGD,
-    Strategy.SYNC: Sync,
-}
+_REGISTRY: dict[Strategy, Callable[..., TrainingStrategy]] = {cls.name: cls for cls in (Average, DiLoCo, EASGD, Sync)}
 
 
 def make_strategy(name: Strategy | str, **options) -> TrainingStrategy:
@@ -295,10 +289,7 @@ class Compressed:
 
     @property
     def nbytes(self) -> int:
-        n = self.payload.numel() * self.payload.element_size()
-        if self.scales is not None:
-            n += self.scales.numel() * self.scales.element_size()
-        return n
+        return sum(t.numel() * t.element_size() for t in (self.payload, self.scales) if t is not None)
 
 
 class Compressor(abc.ABC):

@@ -161,10 +161,8 @@ class MetricsSender:
     def send(self, record: dict, payload: bytes | None = None) -> bool:
         """Push one record (and an optional binary payload); ``False`` when it could not be sent in time."""
         body = json.dumps(record, default=_jsonable).encode("utf-8")
-        if payload is None:
-            frames = [body, _mac(self._secret, body)]
-        else:
-            frames = [body, payload, _mac(self._secret, body, payload)]
+        frames = [body] if payload is None else [body, payload]
+        frames.append(_mac(self._secret, body, payload))
         try:
             self._dialer.socket.send_multipart(frames)
             return True

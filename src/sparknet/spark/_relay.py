@@ -27,6 +27,7 @@ import shutil
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
@@ -47,17 +48,15 @@ class RelayUnreachable(ConnectionError):
     """A task could not reach the driver's relay: nothing of the round was done."""
 
 
+@dataclass(frozen=True)
 class RelayAddress:
     """Where a task finds the relay: its endpoint and the fit's client keys (pickled with the worker spec)."""
 
-    def __init__(self, endpoint: str, keys: ClientKeys | None, reach_s: float = 10.0,
-                 state_bytes: int | None = None):
-        self.endpoint, self.keys, self.reach_s = endpoint, keys, float(reach_s)
-        self.state_bytes = state_bytes
-        """The largest encoded worker state the relay takes (a bigger one travels in the task's result)."""
-
-    def __repr__(self) -> str:
-        return f"RelayAddress({self.endpoint!r})"
+    endpoint: str
+    keys: ClientKeys | None = field(repr=False)
+    reach_s: float = 10.0
+    state_bytes: int | None = None
+    """The largest encoded worker state the relay takes (a bigger one travels in the task's result)."""
 
 
 class RoundRelay:
@@ -298,10 +297,9 @@ class RelayClient:
         got = self._dialer.reply(end, accept, frames)
         if got is not None:
             return got
-        reached = self._reached
         self._prefetch = None
         self._dialer.reopen()  # a fresh socket: no half-sent request or late answer survives
-        if not reached:
+        if not self._reached:
             raise RelayUnreachable(f"could not reach the driver's relay at {self.address.endpoint} within "
                                    f"{deadline_s:g} s")
         raise TimeoutError(f"the driver's relay at {self.address.endpoint} did not answer within {deadline_s:g} s")

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from functools import partial
 from typing import TypeVar
 
 from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
@@ -48,9 +49,7 @@ def job_group(sc, group: str, description: str):
     """
     if is_connect(sc):  # a Spark Connect session: this thread's operations carry the group as a tag
         sc.addTag(group)
-
-        def restore():
-            sc.removeTag(group)
+        restore = partial(sc.removeTag, group)
     else:
         saved = {key: sc.getLocalProperty(key) for key in _JOB_PROPERTIES}
         sc.setJobGroup(group, description, interruptOnCancel=True)
@@ -172,8 +171,7 @@ def run_with_deadline(sc, group: str, description: str, action: Callable[[], T],
         cancel_group(sc, group)
         thread.join(CANCEL_GRACE_S)
         if thread.is_alive():
-            log.warning("the thread of %s did not return within %g s of the cancel; left behind", what,
-                        CANCEL_GRACE_S)
+            log.warning("the thread of %s did not return within %g s of the cancel; left behind", what, CANCEL_GRACE_S)
         raise DeadlineExceeded(f"{what} {reason}; its Spark jobs were cancelled ({unfinished})")
     if "error" in outcome:
         exc = outcome["error"]

@@ -24,7 +24,6 @@ from sparknet.net import Net
 from sparknet.spark.session import is_local_master
 from sparknet.spark.rounds.executor import WorkerSpec
 from sparknet.loop import FitPlan, ResumeState
-from sparknet.strategies import TrainingStrategy
 
 __all__ = ["EngineOptions", "EngineRun"]
 
@@ -105,15 +104,13 @@ class EngineOptions:
 
         if not hasattr(StorageLevel, str(self.storage_level)):
             raise ValueError(f"unknown storage level {self.storage_level!r} (e.g. MEMORY_AND_DISK, DISK_ONLY)")
-        for name in ("warmup_max_samples", "warmup_max_bytes"):
+        for name in ("warmup_max_samples", "warmup_max_bytes", "state_every_rounds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.rounds_transport not in ("socket", "spark"):
             raise ValueError(f"rounds_transport must be 'socket' or 'spark', got {self.rounds_transport!r}")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must be 0 or more, got {self.max_restarts}")
-        if self.state_every_rounds < 1:
-            raise ValueError(f"state_every_rounds must be at least 1, got {self.state_every_rounds}")
         faults_from(self.fault)  # a bad fault spec fails here, not on the executors
         if self.link is not None and not isinstance(self.link, LinkModel):
             raise ValueError(f"link must be a sparknet.link.LinkModel (e.g. LinkModel.parse('50ms', '100Mbit')), "
@@ -155,8 +152,6 @@ class EngineRun:
     """``time.perf_counter()`` when the fit started (what the records' ``wall_s`` counts from)."""
     dist: DistributedConfig
     options: EngineOptions
-    link: LinkModel | None
-    """The simulated network, or ``None``."""
     rows: tuple[int, ...]
     """Training rows per partition."""
     emit: Callable[..., None]
@@ -165,10 +160,6 @@ class EngineRun:
     checkpoints: RoundCheckpoints | None = None
     resume: ResumeState | None = None
     """The state a resumed fit starts from (its checkpoint's), or ``None``."""
-
-    @property
-    def strategy(self) -> TrainingStrategy:
-        return self.plan.strategy
 
     def driver_address(self) -> tuple[bool, str]:
         """Whether every executor runs on this machine (a local master), and the host they reach the driver at."""
@@ -185,6 +176,6 @@ class EngineRun:
         strategy's (``None``: the driver's own) and the driver's RNG states; returns its path."""
         self.driver_net.set_flat(state.global_flat)
         saved = {"engine": engine, **state.counters(), "workers": state.workers,
-                 "strategy": self.strategy.state_dict() if state.strategy is None else state.strategy,
+                 "strategy": self.plan.strategy.state_dict() if state.strategy is None else state.strategy,
                  "rng": rng_state()}
         return self.checkpoints.save(state.round, self.driver_net.get_weights(), saved)

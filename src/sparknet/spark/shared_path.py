@@ -81,8 +81,7 @@ def check_shared_path(spark, path: str | os.PathLike, *, what: str, write: bool 
         except OSError as e:
             raise ValueError(f"{what} {path}: cannot write in {folder} on this machine ({e})") from None
     try:
-        executors = max(1, sc._jsc.sc().getExecutorMemoryStatus().size() - 1)
-        tasks = 2 * executors
+        tasks = 2 * max(1, sc._jsc.sc().getExecutorMemoryStatus().size() - 1)
         seen_path = marker or local  # the task body below captures plain values only
 
         def probe(_rows):  # (hostname, whether this host sees the path, and with write: may write beside it)

@@ -112,13 +112,6 @@ def _data_named(layout) -> str:
         f"{name!r} {list(shape)}" if shape else repr(name) for name, shape in layout) + ")"
 
 
-def _plain_config(obj) -> dict:
-    def plain(v):
-        return {k: plain(x) for k, x in v.items()} if isinstance(v, dict) else getattr(v, "value", v)
-
-    return plain(asdict(obj))
-
-
 class SparkTrainer:
     """Trains one network across K Spark workers by periodic averaging (SparkNet, Listing 3).
 
@@ -168,8 +161,7 @@ class SparkTrainer:
     def __init__(self, net, worker: WorkerConfig | None = None, dist: DistributedConfig | None = None, *, loss=None,
                  strategy: TrainingStrategy | None = None, spark=None, on_round: Callable[[dict], None] | None = None,
                  options: EngineOptions | None = None, task: Task | str | None = None, **moved):
-        unknown = sorted(set(moved) - {"solver", "batch_size", "seed", "threads", "device", "max_steps"})
-        if unknown:
+        if unknown := sorted(set(moved) - {"solver", "batch_size", "seed", "threads", "device", "max_steps"}):
             raise TypeError(f"SparkTrainer got unexpected keyword arguments: {', '.join(unknown)}")
         if moved:  # the keywords SparkTrainer took before WorkerConfig
             fields = ", ".join(("steps" if k == "max_steps" else k) + "=..." for k in sorted(moved))
@@ -261,8 +253,7 @@ class SparkTrainer:
             self.dist.workers = max(1, session_parallelism(spark))
         dist = self.dist
         K = dist.workers
-        stop_given = any(v is not None for v in (dist.rounds, self.worker.steps, dist.epochs, dist.target_accuracy))
-        if not stop_given:
+        if all(v is None for v in (dist.rounds, self.worker.steps, dist.epochs, dist.target_accuracy)):
             raise ValueError("give a stopping rule: worker.steps, dist.rounds, dist.epochs or dist.target_accuracy")
         if dist.target_accuracy is not None and validation is None:
             raise ValueError("target_accuracy needs validation data to measure accuracy on")
@@ -377,20 +368,17 @@ class SparkTrainer:
             spark_data.check_stats(stats, what=_data_named(layout), expected_len=math.prod(sample_shape),
                               num_classes=num_classes, num_workers=K, sample_shape=sample_shape, task=task)
             self._rows = list(total["rows_per_partition"])
-            skew = spark_data.describe_skew(total["rows_per_partition"])
-            if skew:
+            if skew := spark_data.describe_skew(total["rows_per_partition"]):
                 log.warning("%s", skew)
             row_bytes = 4 * math.prod(sample_shape) + 8 * (max(1, total["label_width"]) + (weight_col is not None))
-            data_mode, data_mode_why = spark_data.choose_data_mode(dist.data_mode,
-                                                              max(self._rows) * row_bytes, sc)
+            data_mode, data_mode_why = spark_data.choose_data_mode(dist.data_mode, max(self._rows) * row_bytes, sc)
             log.info("training data: %s", data_mode_why)
             if self.strategy.needs_gradient_hook and 0 in total["rows_per_partition"]:
                 raise ValueError("a strategy that allreduces gradients every step needs data in every partition")
             if split and (task is not Task.CLASSIFICATION or total["label_width"]):
                 raise ValueError("model parallelism takes one class id per row; a sequence model (char_lstm) trains "
                                  "split with examples/char_lstm.py (see docs/MODEL_PARALLEL.md)")
-            empty = [d for d in range(K // m) if split and sum(self._rows[d * m:(d + 1) * m]) == 0]
-            if empty:
+            if empty := [d for d in range(K // m) if split and sum(self._rows[d * m:(d + 1) * m]) == 0]:
                 raise ValueError(f"model copies {empty} have no training rows (rows per partition: {self._rows}); "
                                  "every group of model_parallel consecutive partitions needs data")
             val = self._data_job(sc, group, "sparknet: collect the validation data",
@@ -417,7 +405,7 @@ class SparkTrainer:
                                        resume=resume)
             run = EngineRun(sc=sc, group=group, source=staged if staged is not None else chunks, chunks=chunks,
                             spec=spec, global_flat=global_flat, plan=plan, validation=val, driver_net=driver_net,
-                            broadcasts=broadcasts, t_fit=t_fit, dist=dist, options=self.options, link=self.link,
+                            broadcasts=broadcasts, t_fit=t_fit, dist=dist, options=self.options,
                             rows=tuple(self._rows), emit=self._emit, checkpoints=checkpoints, resume=resume)
             t_train = time.perf_counter()
             run_engine = run_connect_stage if connect else _ENGINES[dist.engine]
@@ -460,7 +448,8 @@ class SparkTrainer:
         dist = self.dist
         if not dist.checkpoint_dir:
             return None, None
-        config = {"dist": _plain_config(dist), "worker": _plain_config(self.worker), "strategy": repr(self.strategy)}
+        # the configurations' enums are str enums: the manifest's JSON holds their values
+        config = {"dist": asdict(dist), "worker": asdict(self.worker), "strategy": repr(self.strategy)}
         checkpoints = RoundCheckpoints(dist.checkpoint_dir, every=dist.checkpoint_every, keep=dist.checkpoint_keep,
                                        config=config)
         ckpt = checkpoints.resume(driver_net.get_weights()) if dist.resume else None
@@ -475,9 +464,8 @@ class SparkTrainer:
         set_rng_state(state["rng"])
         log.info("resuming from %s: round %d, %d steps per worker done", ckpt.path, ckpt.round, state["steps_done"])
         driver_net.set_weights(ckpt.weights)
-        resume = ResumeState.from_checkpoint(ckpt.round, state)
-        resume.global_flat = driver_net.get_flat()
-        return checkpoints, resume
+        return checkpoints, dataclasses.replace(ResumeState.from_checkpoint(ckpt.round, state),
+                                                global_flat=driver_net.get_flat())
 
     def _split_job(self, plan: dict, sample_shape) -> ModelParallelJob:
         """What every task of a split net's stage runs (:func:`~sparknet.parallel.runner.run_rank`)."""
@@ -523,8 +511,7 @@ class SparkTrainer:
         if spark_data.is_dataframe(validation) or spark_data.is_rdd(validation):
             x, y = spark_data.collect_arrays(validation, features_col=features_col, label_col=label_col,
                                         image_shape=image_shape, expected_len=math.prod(sample_shape),
-                                        num_classes=num_classes, sample_shape=sample_shape,
-                                        task=task)
+                                        num_classes=num_classes, sample_shape=sample_shape, task=task)
         else:
             x, y = spark_data.local_arrays(validation, sample_shape=sample_shape, task=task)
         if num_classes is not None and len(y) and (y.min() < 0 or y.max() >= num_classes):
@@ -542,8 +529,7 @@ class SparkTrainer:
         parts = self._data_job(sc, group, "sparknet: sample the training data for the warm-up",
                                chunks.mapPartitionsWithIndex(spark_data.head_rows(quotas)).collect,
                                "the warm-up sample's collection")
-        x = np.concatenate([p[0] for p in parts])
-        y = np.concatenate([p[1] for p in parts])
+        x, y = (np.concatenate(column) for column in zip(*parts))
         driver_net.set_training_data((x.reshape(len(x), *sample_shape), y))
         stats = driver_net.train(self.dist.warmup_steps)
         if not stats.finite:

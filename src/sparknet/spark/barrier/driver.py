@@ -20,15 +20,17 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from sparknet.errors import DeadlineExceeded, EngineError
+from sparknet.config import Engine
+from sparknet.errors import DeadlineExceeded, EngineError, NonFiniteUpdate
 from sparknet.loop import ResumeState
-from sparknet.spark.backend import run_with_deadline, task_error, task_slots
-from sparknet.spark.barrier.executor import GroupPlan, StagePlan, run_barrier
+from sparknet.spark.backend import Held, run_with_deadline, task_error, task_slots
+from sparknet.spark.barrier.executor import RESULT_SCHEMA, GroupPlan, StagePlan, run_barrier, run_barrier_frame
 from sparknet.spark.engine import EngineRun
 from sparknet.spark.rounds.executor import pack_spec
 from sparknet._tensortree import unpack_tree
+from sparknet.spark.data import is_dataframe
 from sparknet.spark._channel import MetricsReceiver, new_secret
-from sparknet.spark.session import is_local_master
+from sparknet.spark.session import is_local_master, session_master
 
 __all__ = ["BarrierStage", "run_barrier_engine", "run_connect_stage", "connect_refusal"]
 
@@ -44,7 +46,7 @@ def run_barrier_engine(run: EngineRun):
     history: list[dict] = []
     latest = ResumeState(global_flat=run.global_flat)
     if resume is not None:  # its strategy state is the driver's strategy's now; its solver iteration is the workers'
-        latest = replace(resume, global_flat=run.global_flat, strategy=run.strategy.state_dict(), iteration=None,
+        latest = replace(resume, global_flat=run.global_flat, strategy=run.plan.strategy.state_dict(), iteration=None,
                          downlink=None)
     restarts: list[dict] = []
     t_engine, ready_at = time.perf_counter(), None
@@ -135,9 +137,8 @@ class BarrierStage:
             tree = unpack_tree(msg.pop("payload"))
             slot = self.pending.setdefault(int(msg["round"]), {"state": None, "workers": {}})
             if event == "state":
-                state = ResumeState(round=msg["round"], steps_done=msg["steps_done"], samples_done=msg["samples_done"],
-                                    total_bytes=msg["total_bytes"], iteration=msg["iteration"],
-                                    global_flat=tree["global"], strategy=tree["strategy"],
+                counters = {k: msg[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration")}
+                state = ResumeState(**counters, global_flat=tree["global"], strategy=tree["strategy"],
                                     auto_tau=tree.get("auto_tau"), average=tree.get("average"))
                 slot["state"] = state
                 if self.latest is None or state.round >= self.latest.round:
@@ -258,9 +259,6 @@ def connect_refusal(dist, train) -> str | None:
     broadcasts or way for the executors to reach the client: the barrier engine runs as one barrier stage
     whose weights travel in its plan and whose results come back as rows (:func:`run_connect_stage`).
     What needs more than that is refused here, before anything runs."""
-    from sparknet.config import Engine
-    from sparknet.spark.data import is_dataframe
-
     if not is_dataframe(train):
         return f"the training data is a {type(train).__name__}; a Spark Connect session trains on a DataFrame"
     if dist.engine is not Engine.BARRIER:
@@ -289,11 +287,6 @@ def run_connect_stage(run: EngineRun):
     ranks bound every wait of theirs (``rendezvous_timeout_s``, ``collective_timeout_s``), and
     ``driver_timeout_s``, when set, bounds the whole stage.
     """
-    from sparknet.errors import NonFiniteUpdate
-    from sparknet.spark.backend import Held
-    from sparknet.spark.barrier.executor import RESULT_SCHEMA, run_barrier_frame
-    from sparknet.spark.session import session_master
-
     spark, group, spec, dist, opts = run.sc, run.group, run.spec, run.dist, run.options
     K = dist.workers
     payload = Held((pack_spec(spec), np.asarray(run.global_flat, dtype=np.float32), ResumeState()))

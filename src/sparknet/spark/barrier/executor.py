@@ -34,6 +34,7 @@ from datetime import timedelta
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from sparknet._transport import ClientKeys
 from sparknet.collective import CollectiveExchange, FIELDS
@@ -43,9 +44,9 @@ from sparknet.loop import FitPlan, ResumeState, WeightAverage, run_rounds
 from sparknet.parallel.runner import run_rank
 from sparknet.spark.backend import Held
 from sparknet._tensortree import pack_tree
-from sparknet.spark._channel import MetricsSender
+from sparknet.spark._channel import MetricsSender, _jsonable
 from sparknet.rowfile import RowFile
-from sparknet.spark.data import write_chunks
+from sparknet.spark.data import frame_chunks, write_chunks
 from sparknet.spark.rounds.executor import (WorkerSpec, build_worker_net, export_worker_state, fault_hook, fit_dir,
                                            freeze_heap, import_worker_state, round_seed, task_device, worker_failure)
 from sparknet.strategies import WorkerState
@@ -95,11 +96,7 @@ class StagePlan:
 
 def run_barrier(payload_bc, params: StagePlan, val_bc=None):
     """The barrier stage's task function (``rdd.barrier().mapPartitionsWithIndex``)."""
-
-    def task(index: int, chunks):
-        yield from _guarded(payload_bc, params, val_bc, chunks)
-
-    return task
+    return lambda index, chunks: _guarded(payload_bc, params, val_bc, chunks)
 
 
 RESULT_SCHEMA = "kind string, rank long, payload binary, info string"
@@ -115,9 +112,6 @@ def run_barrier_frame(payload: Held, params: StagePlan, val: Held | None, float_
 
     def task(batches):
         import pyarrow as pa
-
-        from sparknet.spark._channel import _jsonable
-        from sparknet.spark.data import frame_chunks
 
         for kind, rank, body, info in _guarded(payload, params, val, frame_chunks(batches, float_labels)):
             yield pa.RecordBatch.from_arrays(
@@ -141,7 +135,7 @@ def _guarded(payload_bc, params: StagePlan, val_bc, chunks):
         raise failure from None
     except Exception as exc:
         failure = worker_failure(rank, exc)
-        _report_failure(params, rank, exc, str(failure))
+        _report_failure(params, rank, exc, str(failure), collective=_is_collective_failure(exc))
         if not params.endpoint and _is_collective_failure(exc):
             # no channel to tell the driver which rank failed first (a Spark Connect stage): a rank whose
             # collective broke because a peer failed waits a moment, so that Spark fails the stage with the
@@ -167,27 +161,7 @@ class StuckPeers(RuntimeError):
                          "EngineOptions.collective_timeout_s if its rounds are legitimately that long")
 
 
-class _Arrivals:
-    """Which ranks reached which collective, kept in the stage's TCPStore (one small write per round).
-
-    When a collective times out, the ranks whose mark is missing are the stuck (or dead) ones.
-    """
-
-    def __init__(self, store, rank: int, world: int):
-        self.store, self.rank, self.world = store, rank, world
-
-    def mark(self, tag: str) -> None:
-        self.store.set(f"arrived/{tag}/{self.rank}", "1")
-
-    def missing(self, tag: str) -> list[int]:
-        try:
-            return [r for r in range(self.world) if not self.store.check([f"arrived/{tag}/{r}"])]
-        except Exception:  # the store's host is gone too: nothing to tell
-            return []
-
-
-def _report_failure(params: StagePlan, rank: int, exc: BaseException, text: str, *,
-                    collective: bool | None = None) -> None:
+def _report_failure(params: StagePlan, rank: int, exc: BaseException, text: str, *, collective: bool) -> None:
     """Tell the driver which rank failed first, and why, before Spark fails the stage.
 
     When one rank raises, its peers soon fail too (their collectives lose the connection), and
@@ -200,9 +174,8 @@ def _report_failure(params: StagePlan, rank: int, exc: BaseException, text: str,
         sender = MetricsSender(params.endpoint, params.secret, params.keys, send_timeout_ms=2000)
         try:
             sender.send({"event": "error", "rank": rank, "type": type(exc).__name__, "text": text[-8000:],
-                         "collective": _is_collective_failure(exc) if collective is None else collective,
-                         "time": time.time(),
-                         "fatal": isinstance(exc, NonFiniteUpdate)})
+                         "collective": collective,
+                         "time": time.time(), "fatal": isinstance(exc, NonFiniteUpdate)})
         finally:
             sender.close()
     except Exception:  # pragma: no cover - the task fails anyway
@@ -218,34 +191,24 @@ def _is_collective_failure(exc: BaseException) -> bool:
 
 def _loopback_ifname() -> str | None:
     try:
-        for _, name in socket.if_nameindex():
-            if name in ("lo", "lo0"):
-                return name
+        return next((name for _, name in socket.if_nameindex() if name in ("lo", "lo0")), None)
     except OSError:  # pragma: no cover
-        pass
-    return None
+        return None
 
 
 def _interface_addresses() -> list[tuple[str, str]]:
     """(interface, address) pairs of this host: IPv4 by ``SIOCGIFADDR``, IPv6 from ``/proc/net/if_inet6`` (Linux)."""
     pairs = []
-    try:
+    with contextlib.suppress(ImportError, OSError):  # not Linux
         import fcntl
 
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            for _, name in socket.if_nameindex():
-                try:  # struct ifreq: the name, then a sockaddr_in whose address starts at byte 20
+            for _, name in socket.if_nameindex():  # struct ifreq: the name, then a sockaddr_in (its address at byte 20)
+                with contextlib.suppress(OSError):  # the interface has no IPv4 address
                     reply = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
                     pairs.append((name, socket.inet_ntoa(reply[20:24])))
-                except OSError:  # the interface has no IPv4 address
-                    pass
-    except (ImportError, OSError):  # not Linux
-        pass
-    try:
-        with open("/proc/net/if_inet6") as f:
-            pairs += [(cols[5], str(ipaddress.ip_address(bytes.fromhex(cols[0])))) for cols in map(str.split, f)]
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/net/if_inet6") as f:
+        pairs += [(cols[5], str(ipaddress.ip_address(bytes.fromhex(cols[0])))) for cols in map(str.split, f)]
     return pairs
 
 
@@ -312,18 +275,11 @@ def rendezvous(ctx, rank: int, group: GroupPlan):
     gloo's interface is :func:`gloo_interface`'s unless ``GLOO_SOCKET_IFNAME`` is set already (the
     user's ``TP_SOCKET_IFNAME`` and ``GLOO_DEVICE_TRANSPORT`` are left alone too).
     """
-    import torch.distributed as dist
-
     world = group.workers
     timeout = timedelta(seconds=group.rendezvous_timeout_s)
     host = "127.0.0.1" if group.local else ctx.getTaskInfos()[rank].address.rsplit(":", 1)[0].strip("[]")
-    store = None
-    if rank == 0:
-        store = dist.TCPStore(host, 0, world, True, timeout=timeout, wait_for_workers=False)
-        addresses = ctx.allGather(f"{host}:{store.port}")
-    else:
-        addresses = ctx.allGather("")
-    master_host, master_port = addresses[0].rsplit(":", 1)
+    store = dist.TCPStore(host, 0, world, True, timeout=timeout, wait_for_workers=False) if rank == 0 else None
+    master_host, master_port = ctx.allGather(f"{host}:{store.port}" if rank == 0 else "")[0].rsplit(":", 1)
     if rank != 0:
         store = dist.TCPStore(master_host, int(master_port), world, False, timeout=timeout)
     ifname = None
@@ -346,8 +302,6 @@ def rendezvous(ctx, rank: int, group: GroupPlan):
 
 
 def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
-    import torch.distributed as dist
-
     t_start = time.perf_counter()
     packed, init_flat, start = payload_bc.value
     spec: WorkerSpec = pickle.loads(packed[1])
@@ -356,7 +310,6 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     torch.set_num_threads(spec.worker.threads)
     # written to this machine's disk chunk by chunk, then mapped into memory or streamed, as the rounds engine does
     data, _ = write_chunks(os.path.join(fit_dir(spec), f"rank{rank}"), chunks)
-    has_data = data is not None
     device, device_info = task_device(spec.worker.device)
     net = None if split else build_worker_net(spec, rank, data, device)
     del chunks
@@ -366,8 +319,7 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
         vx, vy = val_bc.value
         # a split net's ranks score their replica's share together (run_rank deals it)
         val, val_rows = ((vx, vy) if split else (vx[rank::world], vy[rank::world])), len(vx)
-    sender = None
-    store = None
+    sender = store = None
     history: list[dict] = []
     try:
         if params.endpoint and (rank == 0 or params.checkpoint_every):
@@ -378,8 +330,8 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
         if split:
             final, info = _split_rank(spec, rank, data, val, params, sender, history)
         else:
-            final, info = _round_loop(net, spec, rank, world, init_flat, has_data, val, val_rows, params, sender,
-                                      history, start or ResumeState(), arrivals=_Arrivals(store, rank, world)), {}
+            final, info = _round_loop(net, spec, rank, world, init_flat, data is not None, val, val_rows, params,
+                                      sender, history, start, store), {}
         yield ("worker", rank, b"", {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
                                      "attempt": ctx.attemptNumber(), **info})
         if rank == 0:
@@ -422,17 +374,23 @@ def _split_rank(spec: WorkerSpec, rank: int, data: RowFile | None, val, params: 
 class _BarrierExchange(CollectiveExchange):
     """The barrier engine's exchange: names a stuck peer at the collective's deadline, and reports every
     round to the driver (rank 0: the record and, when due, the global weights and strategy state; every
-    rank: its own state on checkpoint rounds)."""
+    rank: its own state on checkpoint rounds). Each rank marks in the stage's TCPStore which collective it reached:
+    when one times out, the ranks without a mark are the stuck (or dead) ones."""
 
-    def __init__(self, *args, params: StagePlan, fit: FitPlan, sender, history: list, arrivals: _Arrivals | None,
-                 **kwargs):
+    def __init__(self, *args, params: StagePlan, fit: FitPlan, sender, history: list, store, **kwargs):
         super().__init__(*args, **kwargs)
-        self.params, self.fit, self.sender, self.history, self.arrivals = params, fit, sender, history, arrivals
+        self.params, self.fit, self.sender, self.history, self.store = params, fit, sender, history, store
 
     def _start(self, buf, n, plan, sent):
-        if self.arrivals is not None:
-            self.arrivals.mark(f"{self.params.restart}/{plan.round}")
+        self.store.set(f"arrived/{self.params.restart}/{plan.round}/{self.rank}", "1")
         return super()._start(buf, n, plan, sent)
+
+    def _missing(self, r: int) -> list[int]:
+        try:
+            return [i for i in range(self.world) if i != self.rank
+                    and not self.store.check([f"arrived/{self.params.restart}/{r}/{i}"])]
+        except Exception:  # the store's host is gone too: nothing to tell
+            return []
 
     def _finish(self, flight):
         t_comm = time.perf_counter()
@@ -443,8 +401,7 @@ class _BarrierExchange(CollectiveExchange):
             # breaks the collective at once and reports its own error
             timeout_s, r = self.params.group.collective_timeout_s, flight.sent["round"]
             timed_out = time.perf_counter() - t_comm >= 0.9 * timeout_s
-            stuck = ([i for i in self.arrivals.missing(f"{self.params.restart}/{r}") if i != self.rank]
-                     if self.arrivals is not None and timed_out else [])
+            stuck = self._missing(r) if timed_out else []
             if stuck:
                 raise StuckPeers(stuck, self.rank, r, timeout_s, exc) from exc
             raise
@@ -462,9 +419,7 @@ class _BarrierExchange(CollectiveExchange):
             if sender is not None:
                 sender.send(record)
                 if r % state_every == 0 or reason is not None or (ckpt_every and r % ckpt_every == 0):
-                    sender.send({"event": "state", "round": r, "steps_done": progress.steps_done,
-                                 "samples_done": progress.samples_done, "total_bytes": progress.total_bytes,
-                                 "iteration": self.net.iteration},
+                    sender.send({"event": "state", **vars(progress), "iteration": self.net.iteration},
                                 pack_tree({"global": global_flat, "strategy": self.strategy.state_dict(),
                                              "auto_tau": None if fit.auto is None else fit.auto.state_dict(),
                                              **({} if fit.average is None else {"average": fit.average.flat})}))
@@ -474,8 +429,7 @@ class _BarrierExchange(CollectiveExchange):
 
 
 def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_data: bool, val, val_rows,
-                params: StagePlan, sender, history: list, start: ResumeState,
-                arrivals: _Arrivals | None = None) -> torch.Tensor:
+                params: StagePlan, sender, history: list, start: ResumeState, store) -> torch.Tensor:
     """Train round after round until the stop rule says so; returns the final global weights."""
     strategy = spec.strategy
     state = WorkerState()
@@ -498,6 +452,6 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
                                 compression=spec.compression, link=spec.link,
                                 seed_for_round=lambda r: round_seed(spec.worker.seed, rank, r),
                                 after_train=fault_hook(spec.faults, rank, params.restart),
-                                params=params, fit=fit, sender=sender, history=history, arrivals=arrivals,
+                                params=params, fit=fit, sender=sender, history=history, store=store,
                                 streaming=params.streaming)
     return run_rounds(exchange, fit, global_flat)

@@ -20,7 +20,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from sparknet._enums import CompressionKind, parse_enum
+from sparknet._enums import CompressionKind
 from sparknet.errors import DeadlineExceeded
 from sparknet.loop import Exchange, NetScorer, Progress, ResumeState, RoundPlan, RoundUpdate, run_rounds
 from sparknet.spark.backend import Watchdog, default_round_deadline, job_group, spark_call, task_slots
@@ -51,7 +51,7 @@ class SparkRoundsExchange(Exchange):
     def __init__(self, run: EngineRun, spec_bc, relay=None):
         self.run, self.sc, self.group, self.spec_bc, self.driver_net = run, run.sc, run.group, spec_bc, run.driver_net
         self.staged, self.chunks, self.workers = run.source, run.chunks, run.dist.workers
-        self.compression = parse_enum(CompressionKind, run.dist.compression, "compression")
+        self.compression = run.spec.compression
         self.numel = self.driver_net.get_flat().numel()
         self._background = None
         self.down = None
@@ -123,8 +123,7 @@ class SparkRoundsExchange(Exchange):
                     acc = combine(acc.without(WorkerStatus.UNREACHABLE), self._run_partitions(again, unreachable, r))
                 for status, why in ((WorkerStatus.MISSING, "are not staged where Spark ran them"),
                                     (WorkerStatus.NEED_STATE, "moved to a host without their solver state")):
-                    redo = sorted(w.index for w in acc.workers if w.status is status)
-                    if redo:
+                    if redo := sorted(w.index for w in acc.workers if w.status is status):
                         self.rerun_partitions += len(redo)
                         log.warning("round %d: partitions %s %s; rerunning them from the cached chunks%s", r + 1,
                                     redo, why, " with the state the driver holds" if self._held else "")
@@ -158,10 +157,9 @@ class SparkRoundsExchange(Exchange):
             raise
         finally:
             sc.setLocalProperty(ROUND_TASK, None)
-            if weights_bc is not None:
-                weights_bc.destroy()
-            if states_bc is not None:
-                states_bc.destroy()
+            for bc in (weights_bc, states_bc):
+                if bc is not None:
+                    bc.destroy()
         return self._update(r, acc, message, full, time.perf_counter() - t_round, active)
 
     def _round_tasks(self, task: RoundTask, weights_bc, states_bc):
@@ -219,10 +217,8 @@ class SparkRoundsExchange(Exchange):
         """The partitions' results summed in partition order, each relayed update fetched from the relay first (so
         the sum is the one of the updates travelling in the results)."""
         if self.relay is not None:
-            relay, scale = self.relay, self.down is None
-
-            def take(index, attempt, samples):
-                return relay.take(r, index, attempt, samples, scale=scale)
+            relay = self.relay
+            take = functools.partial(relay.take, r, scale=self.down is None)  # take(index, attempt, samples)
 
             def with_state(w):  # a worker's state that came through the relay
                 if w.state_attempt is None:
@@ -234,7 +230,7 @@ class SparkRoundsExchange(Exchange):
         return functools.reduce(combine, parts, None)
 
     def _run_partitions(self, tasks, partitions: list[int], r: int) -> Partial:
-        return self._sum(spark_call(self.sc.runJob, tasks, _identity, partitions), r)
+        return self._sum(spark_call(self.sc.runJob, tasks, list, partitions), r)
 
     def _aggregate(self, parts, r: int) -> Partial:
         if self.workers > 8 and self.down is None and self.relay is None:
@@ -278,9 +274,8 @@ class SparkRoundsExchange(Exchange):
                         ", ".join(self._hosts))
         self._hosts = fields["hosts"]
         if fields["retries"]:
-            log.warning("round %d: %d task attempt(s) failed and were retried by Spark", r + 1,
-                        fields["retries"])
-        if self.run.link is not None:  # the tasks wait at once, as on a real network: the longest wait counts
+            log.warning("round %d: %d task attempt(s) failed and were retried by Spark", r + 1, fields["retries"])
+        if self.run.spec.link is not None:  # the tasks wait at once, as on a real network: the longest wait counts
             fields["link_s"] = max((w.link_s or 0.0 for w in trained), default=0.0)
         if self.rerun_partitions:
             fields["rerun_partitions"] = self.rerun_partitions
@@ -322,8 +317,7 @@ class SparkRoundsExchange(Exchange):
             log.warning("round %d: the run stopped on %s before a checkpoint round; the final checkpoint holds "
                         "no worker solver state, so a resume from it restarts the workers' solvers", r, reason)
         record["checkpoint"] = run.save_checkpoint("rounds", ResumeState(
-            round=r, steps_done=progress.steps_done, samples_done=progress.samples_done,
-            total_bytes=progress.total_bytes, global_flat=global_flat,
+            **vars(progress), global_flat=global_flat,
             workers=self._worker_states if self._want_state else {},
             downlink=None if self.down is None else self.down.state_dict(),
             auto_tau=None if run.plan.auto is None else run.plan.auto.state_dict()))
@@ -339,7 +333,7 @@ def run_rounds_engine(run: EngineRun):
     if run.options.rounds_transport == "socket":
         local, host = run.driver_address()  # a local master: a Unix socket, no CurveZMQ
         numel = int(run.global_flat.numel())
-        compressed = parse_enum(CompressionKind, run.dist.compression, "compression") is not CompressionKind.NONE
+        compressed = spec.compression is not CompressionKind.NONE
         relay = RoundRelay(host, host, max_bytes=8 * numel + (1 << 20), update_bytes=None if compressed else 4 * numel,
                            state_bytes=run.state_bytes(), local=local)
         spec = replace(spec, relay=relay.address)
@@ -361,7 +355,3 @@ def run_rounds_engine(run: EngineRun):
     finally:
         if relay is not None:
             relay.close()
-
-
-def _identity(items):
-    return items

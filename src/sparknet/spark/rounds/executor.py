@@ -33,6 +33,7 @@ import gc
 import json
 import logging
 import os
+import pickle
 import shutil
 import socket
 import sys
@@ -190,13 +191,13 @@ class WorkerReport:
     """Seconds of the local steps."""
     task_s: float | None = None
     """Seconds of the whole task (loading the net, the state, the steps, the encoding)."""
-    finite: bool = True
-    host: str = ""
-    pid: int = 0
     attempt: int = 0
     """Spark's attempt number of this task (0: the first)."""
+    finite: bool = True
     source: str | None = None
     """Where the net's data came from: cache, file or chunks."""
+    host: str = ""
+    pid: int = 0
     device: str | None = None
     gpu_addresses: tuple | None = None
     device_reason: str | None = None
@@ -219,13 +220,10 @@ class WorkerReport:
         return self.status is WorkerStatus.TRAINED
 
     def record(self) -> dict:
-        """The round record's ``per_worker`` entry (what is known, without the worker's state)."""
-        out = {"index": self.index, "samples": self.samples, "steps": self.steps, "loss": self.loss,
-               "compute_s": self.compute_s, "task_s": self.task_s, "attempt": self.attempt, "finite": self.finite,
-               "source": self.source, "host": self.host, "pid": self.pid, "device": self.device,
-               "gpu_addresses": None if self.gpu_addresses is None else list(self.gpu_addresses),
-               "device_reason": self.device_reason, "link_s": self.link_s, "sent_bytes": self.sent_bytes,
-               "peak_rss_mb": self.peak_rss_mb}
+        """The round record's ``per_worker`` entry (what is known, without the worker's state), in field order."""
+        unrecorded = ("status", "worker_state", "relay_attempt", "state_attempt")
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in unrecorded}
+        out["gpu_addresses"] = None if self.gpu_addresses is None else list(self.gpu_addresses)
         if self.status is WorkerStatus.EMPTY:
             out["empty"] = True
         return {k: v for k, v in out.items() if v is not None}
@@ -289,39 +287,28 @@ def task_device(requested: str) -> tuple[str, dict]:
     falls back to the CPU and says why (logged and returned).
     """
     keep_freed_memory()
-    addresses: list[str] = []
     try:
         from pyspark import TaskContext
 
-        ctx = TaskContext.get()
-        if ctx is not None:
-            gpu = ctx.resources().get("gpu")
-            if gpu is not None:
-                addresses = list(gpu.addresses)
-    except Exception:  # pragma: no cover - outside a Spark task
+        gpu = TaskContext.get().resources().get("gpu")  # no TaskContext outside a task: AttributeError
+        addresses = [] if gpu is None else list(gpu.addresses)
+    except Exception:  # outside a Spark task
         addresses = []
-    info = {"gpu_addresses": addresses, "requested_device": requested}
     req = (requested or "cpu").lower()
     if req == "cpu":
-        info.update(device="cpu", device_reason="cpu requested")
-        return "cpu", info
-    if not torch.cuda.is_available():
+        dev, reason = "cpu", "cpu requested"
+    elif not torch.cuda.is_available():
         who = f"Spark assigned GPU {addresses} to this task" if addresses else f"device {req!r} was asked for"
-        reason = f"{who}, but torch {torch.__version__} sees no CUDA device; training on the CPU"
+        dev, reason = "cpu", f"{who}, but torch {torch.__version__} sees no CUDA device; training on the CPU"
         if addresses or req != "auto":
             log.warning(reason)
-        info.update(device="cpu", device_reason=reason)
-        return "cpu", info
-    if addresses:
-        idx = int(addresses[0]) if addresses[0].isdigit() else 0
-        if idx >= torch.cuda.device_count():
-            idx = 0
-        dev = f"cuda:{idx}"
-        info.update(device=dev, device_reason=f"Spark assigned GPU {addresses[0]}")
-        return dev, info
-    dev = req if req.startswith("cuda") else "cuda"
-    info.update(device=dev, device_reason="no GPU assigned by Spark; using torch's default CUDA device")
-    return dev, info
+    elif addresses:
+        idx = int(addresses[0]) if addresses[0].isdigit() and int(addresses[0]) < torch.cuda.device_count() else 0
+        dev, reason = f"cuda:{idx}", f"Spark assigned GPU {addresses[0]}"
+    else:
+        dev = req if req.startswith("cuda") else "cuda"
+        reason = "no GPU assigned by Spark; using torch's default CUDA device"
+    return dev, {"gpu_addresses": addresses, "requested_device": requested, "device": dev, "device_reason": reason}
 
 
 def build_worker_net(spec: WorkerSpec, index: int, data, device: str) -> Net:
@@ -367,8 +354,6 @@ _SPECS: dict[str, WorkerSpec] = {}
 
 def unpack_spec(packed: tuple[str, bytes]) -> WorkerSpec:
     """The spec of a packed broadcast value, unpickled once per process and fit."""
-    import pickle
-
     fit_id, blob = packed
     spec = _SPECS.get(fit_id)
     if spec is None:
@@ -481,17 +466,16 @@ def _sync_state(entry: _Entry, index: int, round_index: int, resume: ResumeState
         return True
     path = _state_path(entry.directory, index, want)
     if os.path.exists(path):
-        saved = load_tree(path, entry.net.device)  # this fit's own tasks wrote it: tensors, numbers and dicts
-        entry.state = import_worker_state(entry.net, saved["worker"])
-        entry.version = want
+        saved = load_tree(path, entry.net.device)["worker"]  # this fit's own tasks wrote it: tensors, numbers, dicts
     elif resume is not None and want == resume.round - 1 and index in resume.workers:
-        entry.state = import_worker_state(entry.net, resume.workers[index])
-        entry.version = want
+        saved = resume.workers[index]
     else:
         if not quiet:
             log.warning("partition %d: no saved solver state of round %d on %s; continuing from this process's "
                         "state (round %d)", index, want, socket.gethostname(), entry.version)
         return False
+    entry.state = import_worker_state(entry.net, saved)
+    entry.version = want
     return True
 
 
@@ -528,8 +512,6 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
     attempt, attempt_id = task_attempt()
     report = WorkerReport(index=index, host=socket.gethostname(), pid=os.getpid(), attempt=attempt)
     if record is not None and record["rows"] == 0:
-        for _ in chunks or ():
-            pass
         return replace(report, status=WorkerStatus.EMPTY), None, None
     spec = unpack_spec(spec_bc.value)  # once per Python worker and fit
     torch.set_num_threads(spec.worker.threads)
@@ -584,10 +566,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
         net = entry.net
         if spec.link is not None:  # the broadcast weights (or the round's message), down
             link_s += spec.link.wait(message.nbytes)
-        if compressed:
-            global_flat = _receive(spec, entry.state, message, task)
-        else:
-            global_flat = torch.from_numpy(message)
+        global_flat = _receive(spec, entry.state, message, task) if compressed else torch.from_numpy(message)
         step = WorkerStep(net, spec.strategy, state=entry.state, compression=spec.compression,
                           seed=lambda r: round_seed(spec.worker.seed, index, r),
                           after_train=fault_hook(spec.faults, index, report.attempt))
@@ -623,8 +602,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
                      worker_state=export_worker_state(net, entry.state) if task.send_state and state_put is None
                      else None,
                      relay_attempt=attempt_id if client is not None and sends else None,
-                     state_attempt=attempt_id if state_put is not None else None,
-                     task_s=time.perf_counter() - t_task)
+                     state_attempt=attempt_id if state_put is not None else None, task_s=time.perf_counter() - t_task)
     if not finite:
         log.warning("partition %d: loss or weights became NaN/Inf in round %d; left out of the average",
                     index, round_index)
@@ -678,12 +656,8 @@ def run_round(spec_bc, weights_bc, task: RoundTask | None, states_bc=None):
         record = None
         for record in records:  # one small record; read it all so the Python worker is reused
             pass
-        try:
-            _evict_finished()
-            yield fold(None, _train_round(spec_bc, weights_bc, task if task is not None else _job_task(), index,
-                                          record, states_bc=states_bc))
-        except Exception as exc:
-            raise worker_failure(index, exc) from None
+        _evict_finished()
+        yield _folded(spec_bc, weights_bc, task, index, record, states_bc=states_bc)
 
     return run
 
@@ -691,15 +665,16 @@ def run_round(spec_bc, weights_bc, task: RoundTask | None, states_bc=None):
 def run_round_from_chunks(spec_bc, weights_bc, task: RoundTask, states_bc=None):
     """Task function of a round run from the persisted chunks (a partition missing on its machine, or one
     that needs the workers' states the driver holds, ``states_bc``)."""
+    return lambda index, chunks: [_folded(spec_bc, weights_bc, task, index, None, chunks=chunks, states_bc=states_bc)]
 
-    def run(index: int, chunks):
-        try:
-            yield fold(None, _train_round(spec_bc, weights_bc, task, index, None, chunks=chunks,
-                                          states_bc=states_bc))
-        except Exception as exc:
-            raise worker_failure(index, exc) from None
 
-    return run
+def _folded(spec_bc, weights_bc, task: RoundTask | None, index: int, record: dict | None, **kwargs) -> Partial:
+    """A task's round (``task=None``: its job's :data:`ROUND_TASK`) as its partial aggregate; a failure is raised as
+    worker ``index``'s (:func:`worker_failure`)."""
+    try:
+        return fold(None, _train_round(spec_bc, weights_bc, task or _job_task(), index, record, **kwargs))
+    except Exception as exc:
+        raise worker_failure(index, exc) from None
 
 
 # -- aggregation --------------------------------------------------------------------------------
