@@ -31,7 +31,7 @@ from sparknet.errors import GraphError
 from sparknet.layers import LinearLayer
 from sparknet.loop import EvalPlan, FitPlan, StopRule, run_rounds
 from sparknet.net import Net
-from sparknet.parallel.mesh import ParallelLayout, init_layout, replica_seed, share_data_over_mp
+from sparknet.parallel.mesh import init_layout, replica_seed, share_data_over_mp
 from sparknet.parallel.tensor import (_meta_module, build_parallel, check_weight_budget, gather_full_weights,
                                      local_weight_bytes, resolve_plan)
 from sparknet.strategies import WorkerState, make_strategy
@@ -84,12 +84,11 @@ class ModelParallelJob:
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, got {value}")
         key = Strategy(str(getattr(self.strategy, "value", self.strategy)).lower())
-        if key is Strategy.SYNC:
-            raise ValueError("the sync strategy allreduces whole gradients every step and does not know about "
-                             "split layers; use --strategy average, diloco or easgd with --model-parallel")
-        if key is Strategy.ASYNC:
-            raise ValueError("the async strategy (parameter server) does not split layers; use --strategy average, "
-                             "diloco or easgd with --model-parallel")
+        refused = {Strategy.SYNC: "the sync strategy allreduces whole gradients every step and does not know about "
+                                  "split layers",
+                   Strategy.ASYNC: "the async strategy (parameter server) does not split layers"}
+        if key in refused:
+            raise ValueError(f"{refused[key]}; use --strategy average, diloco or easgd with --model-parallel")
         object.__setattr__(self, "strategy", key.value)
 
 
@@ -104,24 +103,21 @@ def default_plan(net_params, model_parallel: int) -> dict[str, str]:
     nothing is communicated inside the pair) and both sizes divide by ``M``. A Linear layer
     that pairs with nothing stays whole. Built on the ``meta`` device: no memory is used.
     """
-
     module = _meta_module(net_params)
     linears = [layer.name for layer in net_params.layers if isinstance(layer, LinearLayer)]
     off = {name: None for name in linears}  # the DSL's own parallel= fields play no part here
     plan: dict[str, str] = {}
     i = 0
     while i + 1 < len(linears):
-        first, second = linears[i], linears[i + 1]
+        pair = {linears[i]: "column", linears[i + 1]: "row"}
         try:
-            resolved = resolve_plan(module, model_parallel, {**off, first: "column", second: "row"})
+            resolved = resolve_plan(module, model_parallel, {**off, **pair})
+            pairs = not resolved.gather[linears[i]] and resolved.row_input_dim[linears[i + 1]] is not None
         except GraphError:
-            i += 1
-            continue
-        if not resolved.gather[first] and resolved.row_input_dim[second] is not None:
-            plan.update({first: "column", second: "row"})
-            i += 2
-        else:
-            i += 1
+            pairs = False
+        if pairs:
+            plan.update(pair)
+        i += 2 if pairs else 1
     return plan
 
 
@@ -137,7 +133,6 @@ def effective_plan(net_params, model_parallel: int, plan: Mapping[str, str | Non
     ValueError
         Nothing to split (say which layers with a plan).
     """
-
     module = _meta_module(net_params)
     declared = any(getattr(layer, "parallel", None) is not None for layer in net_params.layers)
     chosen = plan if plan is not None else (None if declared else default_plan(net_params, model_parallel))
@@ -167,17 +162,6 @@ def split_budget(net_params, dist) -> tuple[dict | None, int, int]:
 # --------------------------------------------------------------------------- one rank's run
 
 
-def _check_every_replica_has_data(has_data: bool, layout: ParallelLayout) -> None:
-    """Raise on every rank, together, when some replica has no rows (one tiny allreduce)."""
-    import torch.distributed as dist
-
-    t = torch.tensor([0.0 if has_data else 1.0])
-    dist.all_reduce(t)
-    if t.item() > 0:
-        raise ValueError(f"{int(t.item()) // layout.model_parallel} of {layout.data_parallel} model replicas have "
-                         "no training rows; give every group of --model-parallel consecutive partitions some data")
-
-
 def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, validation=None, *,
              on_round: Callable[[dict], None] | None = None,
              after_train: Callable[[object, int], None] | None = None) -> dict:
@@ -204,6 +188,7 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
         float32 weights as bytes in :meth:`WeightCollection.to_flat` order, and ``layers``:
         ``[(name, [shape, ...]), ...]`` to rebuild the collection from them.
     """
+    import torch.distributed as dist
 
     t0 = time.perf_counter()
     worker = job.worker
@@ -211,7 +196,11 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
     layout = init_layout(job.model_parallel)
     x, y = share_data_over_mp(x, y, layout)
     has_data = x is not None and len(x) > 0
-    _check_every_replica_has_data(has_data, layout)
+    empty = torch.tensor([0.0 if has_data else 1.0])  # every rank raises together when some replica has no rows
+    dist.all_reduce(empty)
+    if empty.item() > 0:
+        raise ValueError(f"{int(empty.item()) // layout.model_parallel} of {layout.data_parallel} model replicas have "
+                         "no training rows; give every group of --model-parallel consecutive partitions some data")
     plan = job.plan if job.plan is not None else effective_plan(job.net, job.model_parallel)
     module = build_parallel(job.net, layout, plan, seed=worker.seed, max_weight_bytes=job.max_weight_bytes)
     seed = replica_seed(layout, worker.seed)
@@ -222,10 +211,8 @@ def run_rank(job: ModelParallelJob, x: np.ndarray | None, y: np.ndarray | None, 
     if job.strategy == Strategy.EASGD.value:
         options["num_workers"] = layout.data_parallel
     strategy, state = make_strategy(job.strategy, **options), WorkerState()
-    val = None
-    if validation is not None:  # the replica's M ranks run the split forward together on the same rows
-        vx, vy = validation
-        val = (vx[layout.dp_rank::layout.data_parallel], vy[layout.dp_rank::layout.data_parallel])
+    # the replica's M ranks run the split forward together on the same rows
+    val = None if validation is None else tuple(v[layout.dp_rank::layout.data_parallel] for v in validation)
     exchange = CollectiveExchange(net, strategy, rank=layout.dp_rank, world=layout.data_parallel,
                                   group=layout.dp_group, state=state, has_data=has_data, validation=val,
                                   after_train=after_train)

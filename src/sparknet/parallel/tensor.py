@@ -21,10 +21,11 @@ plain local shards, so everything that moves flat buffers of weights sees only w
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,10 +134,8 @@ def resolve_plan(module: GraphModule, model_parallel: int, plan: PlanLike | None
         An unknown layer, a layer that cannot split that way, or a size not divisible by ``M``.
     """
     net: NetParams = module.net_params
-    modes: dict[str, ParallelMode] = {}
-    for layer in net.layers:
-        if isinstance(layer, LinearLayer) and layer.parallel is not None:
-            modes[layer.name] = ParallelMode(layer.parallel)
+    modes = {layer.name: ParallelMode(layer.parallel) for layer in net.layers
+             if isinstance(layer, LinearLayer) and layer.parallel is not None}
     for name, value in (plan or {}).items():
         try:
             layer = net[name]
@@ -180,6 +179,7 @@ def resolve_plan(module: GraphModule, model_parallel: int, plan: PlanLike | None
     for layer in net.layers:
         mode = modes.get(layer.name)
         incoming = [split[b] for b in layer.bottoms if b in split]
+        out: tuple[str, int] | None = None
         if mode is ParallelMode.ROW:
             src = incoming[0] if incoming else None
             if src is not None:
@@ -188,7 +188,6 @@ def resolve_plan(module: GraphModule, model_parallel: int, plan: PlanLike | None
                     keeps_split[src[0]] = False
                     src = None
             row_source[layer.name] = src
-            out: tuple[str, int] | None = None
         elif mode is ParallelMode.COLUMN:
             for src in incoming:
                 keeps_split[src[0]] = False
@@ -204,9 +203,6 @@ def resolve_plan(module: GraphModule, model_parallel: int, plan: PlanLike | None
             else:
                 for src in incoming:
                     keeps_split[src[0]] = False
-                out = None
-        else:
-            out = None
         for top in layer.tops:
             if out is None:
                 split.pop(top, None)
@@ -247,6 +243,12 @@ def _styles():
     from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
     from torch.distributed.tensor.parallel import ParallelStyle
 
+    def distribute_parameters(module, mesh, placements: dict, src_data_rank) -> None:
+        """Replace each of ``module``'s own parameters with a DTensor placed as ``placements[name]``."""
+        for pname, param in list(module.named_parameters(recurse=False)):
+            dist_param = distribute_tensor(param, mesh, [placements[pname]], src_data_rank=src_data_rank)
+            module.register_parameter(pname, nn.Parameter(dist_param, requires_grad=param.requires_grad))
+
     class _ConvColwise(ParallelStyle):
         """Split a ``Conv2d`` by output channels: weight and bias ``Shard(0)``, output ``Shard(1)``."""
 
@@ -256,10 +258,7 @@ def _styles():
             self.use_local_output = use_local_output
 
         def _partition(self, name, module, mesh):
-            for pname, param in list(module.named_parameters(recurse=False)):
-                dist_param = nn.Parameter(distribute_tensor(param, mesh, [Shard(0)], src_data_rank=self.src_data_rank),
-                                          requires_grad=param.requires_grad)
-                module.register_parameter(pname, dist_param)
+            distribute_parameters(module, mesh, {"weight": Shard(0), "bias": Shard(0)}, self.src_data_rank)
 
         @staticmethod
         def _input(module, inputs, mesh):
@@ -294,13 +293,7 @@ def _styles():
             self.input_split = input_split
 
         def _partition(self, name, module, mesh):
-            module.register_parameter("weight", nn.Parameter(
-                distribute_tensor(module.weight, mesh, [Shard(1)], src_data_rank=self.src_data_rank),
-                requires_grad=module.weight.requires_grad))
-            if module.bias is not None:
-                module.register_parameter("bias", nn.Parameter(
-                    distribute_tensor(module.bias, mesh, [Replicate()], src_data_rank=self.src_data_rank),
-                    requires_grad=module.bias.requires_grad))
+            distribute_parameters(module, mesh, {"weight": Shard(1), "bias": Replicate()}, self.src_data_rank)
 
         def _input(self, module, inputs, mesh):
             x = inputs[0]
@@ -481,12 +474,8 @@ def parallelize(graph_module: GraphModule, mesh_or_groups: Any, plan: PlanLike |
 
 def local_weight_bytes(module: nn.Module) -> int:
     """Bytes of parameters and buffers this rank holds (the local shard of each DTensor)."""
-    return sum(_local(t).nbytes for t in _tensors(_inner(module)))  # parameters() and buffers() list a tensor once
-
-
-def _tensors(module: nn.Module) -> Iterator[Tensor]:
-    yield from module.parameters()
-    yield from module.buffers()
+    module = _inner(module)  # parameters() and buffers() list a tensor once
+    return sum(_local(t).nbytes for t in itertools.chain(module.parameters(), module.buffers()))
 
 
 def _meta_module(net_params: NetParams, seed: int = 0) -> GraphModule:
@@ -592,18 +581,17 @@ def build_parallel(net_params: NetParams, mesh_or_groups: Any, plan: PlanLike | 
         if layer.name not in module.module_names:
             continue
         sub = module.layer_module(layer.name)
-        if not any(True for _ in _tensors(sub)):
+        if not any(True for _ in itertools.chain(sub.parameters(), sub.buffers())):
             continue
         split = layer.name in resolved.modes
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed * 100003 + index * 7919 + (mp_rank + 1) * 104729 * split)
+            sub.to_empty(device="cpu")
             if not split:
                 whole = layer._build(ins)
                 layer._apply_fillers(whole)
-                sub.to_empty(device="cpu")
                 sub.load_state_dict(whole.state_dict())
                 continue
-            sub.to_empty(device="cpu")
             weight_shape = tuple(sub.weight.shape)
             for pname, param in sub.named_parameters():
                 is_bias = pname.startswith("bias")
@@ -629,18 +617,14 @@ def _inner(module: Any) -> nn.Module:
     return module.module if isinstance(module, Net) else module
 
 
-def _graph(module: Any) -> nn.Module:
-    """The GraphModule of a Net, a :class:`TensorParallelModule` or a GraphModule (with DTensor layers)."""
-    module = _inner(module)
-    return module.module if isinstance(module, TensorParallelModule) else module
-
-
 def gather_full_weights(module: nn.Module) -> WeightCollection:
     """The whole (unsplit) weights, keyed by layer, on every rank: a collective over the group.
 
     Every rank of the model-parallel group must call it. Save the result from one rank to
     get an ordinary sparknet model that loads and runs on a single machine.
     """
-    layers = _graph(module).layer_weights().items()
+    module = _inner(module)
+    graph = module.module if isinstance(module, TensorParallelModule) else module  # its layers hold DTensors
+    layers = graph.layer_weights().items()
     return WeightCollection((name, [(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone() for t in ts])
                             for name, ts in layers)
