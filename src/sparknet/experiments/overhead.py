@@ -134,13 +134,12 @@ def plot(result: dict, path: str | Path) -> None:
     rows = math.ceil(len(curves) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 3.6 * rows), squeeze=False)
     x = result["s_over_c"]
-    styles = {"average": ("tab:blue", "-"), "diloco": ("tab:green", "-"), "easgd": ("tab:purple", "-")}
+    colors = {"average": "tab:blue", "diloco": "tab:green", "easgd": "tab:purple"}
     for ax, entry in zip(axes.flat, curves):
         ax.plot(x, entry["naive"], color="tab:red", ls="--", label="naive: C/(C/K+S)")
         for strategy in result["strategies"]:
             ys = [float("nan") if v is None else v for v in entry[strategy]]
-            color, ls = styles.get(strategy, ("black", "-"))
-            ax.plot(x, ys, color=color, ls=ls, label=f"{strategy} (best τ)")
+            ax.plot(x, ys, color=colors.get(strategy, "black"), ls="-", label=f"{strategy} (best τ)")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.axvline(1.0, color="gray", lw=0.8, ls=":")
         ax.set_xscale("log")

@@ -138,14 +138,12 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
     step = median_step_time(net_params, config.solver(), train, batch_size=config.batch_size, steps=20, threads=1)
     nbytes = 4 * sum(p.numel() for p in net_params.build(seed=0).parameters())
     links = config.links()
-    runs = []
     before = calibrate().to_dict()  # the cost model's constants of this hour (sparknet experiment scaling)
     with spark_stage(config, train, spark, engine=config.engine) as (session, df, warmup_s):
-        for link in links:
-            for scheme in config.schemes:
-                runs.append(measured(f"slow-network: {scheme} over {link.describe()}",
-                                     {"scheme": scheme, "link": link.to_dict(), "reached": False},
-                                     _one, config, scheme, link, session, df, test, nbytes))
+        runs = [measured(f"slow-network: {scheme} over {link.describe()}",
+                         {"scheme": scheme, "link": link.to_dict(), "reached": False},
+                         _one, config, scheme, link, session, df, test, nbytes)
+                for link in links for scheme in config.schemes]
     after = calibrate().to_dict()
     _project(runs)
     summary = {f"{r['scheme']} @ {r['link']['label']}": (round(r["train_time_to_target_s"], 1) if r.get("reached") else

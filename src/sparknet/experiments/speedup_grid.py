@@ -255,14 +255,10 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
     # before they get the whole budget (divergence is what costs most: K workers for budget * N_a steps).
     jobs = _jobs(config, n_a)
     first = [j for j in jobs if j["kind"] == "cell" and j["workers"] == 1]
-    for j in first:
-        j["probe_steps"] = None
-    results = pool_map(_cell, first)
+    results = pool_map(_cell, [{**j, "probe_steps": None} for j in first])
     diverged_columns = {(r["strategy"], r["tau"]) for r in results if r["diverged"]}
-    rest = [j for j in jobs if not (j["kind"] == "cell" and j["workers"] == 1)]
-    for j in rest:
-        if (j["strategy"], j["tau"]) not in diverged_columns:
-            j["probe_steps"] = None
+    rest = [j if (j["strategy"], j["tau"]) in diverged_columns else {**j, "probe_steps": None}
+            for j in jobs if j not in first]
     if diverged_columns:
         log.info("single workers diverged for %s: probing those columns first", sorted(diverged_columns))
     results += pool_map(_cell, rest)
@@ -301,10 +297,9 @@ def _checks(n_a: int | None, cells: list[dict], large_batch: list[dict]) -> dict
         checks["tau1_vs_large_batch"] = [
             {"workers": lb["workers"], "average_tau1_speedup": tau1.get(lb["workers"]),
              "large_batch_speedup": lb["speedup"]} for lb in large_batch]
-    col = [tau1[k] for k in sorted(tau1)]
-    if col and all(v is not None for v in col):
-        ks = sorted(tau1)
-        checks["tau1_sublinear"] = all(v <= k * 1.05 for k, v in zip(ks, col))
+    ks = sorted(tau1)
+    if ks and all(tau1[k] is not None for k in ks):
+        checks["tau1_sublinear"] = all(tau1[k] <= k * 1.05 for k in ks)
     return checks
 
 

@@ -72,10 +72,9 @@ def _fit(config: Config, tau: int, spark, df, test) -> dict:
 def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spark=None) -> dict:
     """One fit per tau on one Spark session; returns the result body."""
     train, test = config.data()
-    runs = []
     with spark_stage(config, train, spark, engine=config.engine) as (session, df, warmup_s):
-        for tau in config.taus:
-            runs.append(measured(f"tau-sensitivity: tau = {tau}", {"tau": tau}, _fit, config, tau, session, df, test))
+        runs = [measured(f"tau-sensitivity: tau = {tau}", {"tau": tau}, _fit, config, tau, session, df, test)
+                for tau in config.taus]
     summary = {str(r["tau"]): ({"final_accuracy": r["final_accuracy"], "wall_s": round(r["wall_s"], 1)}
                                if r.get("ok") else "failed") for r in runs}
     return {"workers": config.workers, "engine": config.engine, "strategy": config.strategy,

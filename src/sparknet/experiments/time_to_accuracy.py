@@ -213,9 +213,8 @@ def ddp_train(cfg: dict, t_call: float) -> dict:
 def _torch_distributor(system: str, config: Config, train, test, spark, df) -> dict:
     from pyspark.ml.torch.distributor import TorchDistributor
 
-    cfg = {"dataset": config.dataset, "train_samples": config.train_samples, "test_samples": config.test_samples,
-           "batch_size": config.batch_size, "seed": config.seed, "eval_every": config.eval_every,
-           "steps": config.steps, "target": config.target, "solver": config.solver()}
+    keys = ("dataset", "train_samples", "test_samples", "batch_size", "seed", "eval_every", "steps", "target")
+    cfg = {**{k: getattr(config, k) for k in keys}, "solver": config.solver()}
     t0 = time.perf_counter()
     t_call = time.time()
     out = TorchDistributor(num_processes=config.workers, local_mode=True, use_gpu=False).run(ddp_train, cfg, t_call)

@@ -295,9 +295,7 @@ def _probe(payload: bytes | None, hold_s: float):
             info.update(_local_versions())
         except Exception as e:  # noqa: BLE001 - reported as a FAIL row
             info["import_error"] = f"{type(e).__name__}: {e}"
-        info["java"] = _java_version()
-        info["rss"] = _rss_bytes()
-        info["host_available"] = _host_available_bytes()
+        info.update(java=_java_version(), rss=_rss_bytes(), host_available=_host_available_bytes())
         mb = os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB")
         info["pyspark_worker_mb"] = int(mb) if mb and mb.lstrip("-").isdigit() and int(mb) > 0 else None
         if payload is not None:
@@ -356,10 +354,9 @@ def _run_job(sc, description: str, fn: Callable[[], Any], timeout_s: float):
     cancelled and the error is a :class:`~sparknet.errors.DeadlineExceeded` (a ``TimeoutError``);
     otherwise it is Spark's own error, whose text the checks read for their advice.
     """
-    group = f"sparknet-doctor-{uuid.uuid4().hex[:8]}"
     try:
-        return run_with_deadline(sc, group, f"sparknet doctor: {description}", fn, timeout_s=timeout_s,
-                                 what=description), None
+        return run_with_deadline(sc, f"sparknet-doctor-{uuid.uuid4().hex[:8]}", f"sparknet doctor: {description}", fn,
+                                 timeout_s=timeout_s, what=description), None
     except Exception as e:  # noqa: BLE001 - handed to the caller as a finding
         return None, e.__cause__ if isinstance(e.__cause__, Exception) else e
 
@@ -471,7 +468,6 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
     add = results.append
     t0 = time.perf_counter()
 
-    # The model, on the driver.
     name, net = _resolve_net(model, batch_size)
     module = net.build(seed=0) if hasattr(net, "build") else net
     if not isinstance(module, torch.nn.Module):
@@ -517,9 +513,7 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
             _check_unpickle(add, where, tasks)
 
         # Data first: the partition a worker holds counts towards its memory.
-        data_bytes = 0
-        if data is not None:
-            data_bytes = _check_data(add, spark, data, K, skew_ratio, features_col, timeout_s)
+        data_bytes = 0 if data is None else _check_data(add, spark, data, K, skew_ratio, features_col, timeout_s)
         declared = settings.get("spark.executor.memory") or sc.getConf().get("spark.executor.memory", None)
         cores = _executor_cores(sc.getConf().get("spark.executor.cores", None), running_master, executors)
         _check_memory(add, replace(estimate, data=data_bytes), probes, executors, declared=declared, cores=cores,
@@ -611,10 +605,9 @@ def _check_executor_versions(add, where: str, probe: dict, driver: dict) -> None
                         "spark-submit --archives env.tar.gz#env and spark.pyspark.python=./env/bin/python"))
         return
     fails, warns = [], []
-    if probe["python"].split(".")[:2] != driver["python"].split(".")[:2]:
-        fails.append(f"Python {probe['python']} (driver {driver['python']})")
-    elif probe["python"] != driver["python"]:
-        warns.append(f"Python {probe['python']} (driver {driver['python']})")
+    if probe["python"] != driver["python"]:  # another minor version fails, another patch level warns
+        same_minor = probe["python"].split(".")[:2] == driver["python"].split(".")[:2]
+        (warns if same_minor else fails).append(f"Python {probe['python']} (driver {driver['python']})")
     for key in ("torch", "sparknet", "pyspark"):
         if probe.get(key) != driver.get(key):
             fails.append(f"{key} {probe.get(key)} (driver {driver.get(key)})")
@@ -675,20 +668,14 @@ def _check_memory(add, estimate: MemoryEstimate, probes: list[dict], executors: 
                   declared: str | None, cores: int, local: bool) -> None:
     """Hold the estimate (with each executor's measured runtime) against each executor's budget."""
     declared = parse_memory(declared) if declared else None
-    if not probes:
-        budgets = task_memory_budget(declared_executor_memory=declared, executor_cores=cores, local=local)
-        _memory_row(add, "cluster", estimate, budgets, cores)
-        return
     tasks_per_host = Counter(p["host"] for p in probes)
-    for where, tasks in executors.items():
+    for where, tasks in (executors.items() if probes else [("cluster", [{}])]):  # no probes: the declared only
         probe = tasks[0]
-        runtime = max((t.get("rss") or 0) for t in tasks)
-        est = replace(estimate, runtime=runtime)
         budgets = task_memory_budget(declared_executor_memory=declared, executor_cores=cores,
                                      pyspark_worker_mb=probe.get("pyspark_worker_mb"),
                                      host_available=probe.get("host_available"),
-                                     tasks_on_host=tasks_per_host[probe["host"]], local=local)
-        _memory_row(add, where, est, budgets, cores)
+                                     tasks_on_host=tasks_per_host[probe.get("host")], local=local)
+        _memory_row(add, where, replace(estimate, runtime=max((t.get("rss") or 0) for t in tasks)), budgets, cores)
 
 
 def _memory_row(add, where: str, est: MemoryEstimate, budgets: list, cores: int) -> None:

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from sparknet import model_io
+from sparknet._enums import parse_enum
 
 __all__ = ["ExportFormat", "export_onnx", "export_torchscript", "export_model", "verify_onnx", "example_input_for"]
 
@@ -217,11 +218,7 @@ def export_model(model_dir: str | os.PathLike, format: ExportFormat | str, out: 
         batch (ONNX: :func:`verify_onnx`; TorchScript: ``torch.jit.load`` and an exact
         comparison).
     """
-    try:
-        fmt = ExportFormat(str(getattr(format, "value", format)).lower())
-    except ValueError:
-        raise ValueError(f"unknown export format {format!r}; choose one of "
-                         f"{[f.value for f in ExportFormat]}") from None
+    fmt = parse_enum(ExportFormat, format, "export format")
     saved = model_io.load_model(model_dir, allow_pickle=allow_pickle)
     module = saved.module
     example = example_input_for(saved)
