@@ -15,7 +15,9 @@ on the driver (one process) and inside every Spark task.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import enum
 import functools
 import logging
 import math
@@ -34,7 +36,7 @@ from sparknet.solvers import SolverConfig, build_optimizer, check_gradient_hook,
 from sparknet.labels import Task, infer_task, task_metrics, task_sums
 from sparknet.weights import WeightCollection
 
-__all__ = ["Net", "TrainStats", "EvalResult", "FeatureDict", "resolve_device", "fixed_sample"]
+__all__ = ["Net", "Compute", "Precision", "TrainStats", "EvalResult", "FeatureDict", "resolve_device", "fixed_sample"]
 
 EVAL_BATCH = 256
 """Rows scored at once by :meth:`Net.evaluate`: LeNet scores 10,000 MNIST digits 25-40% faster in batches of
@@ -43,6 +45,40 @@ EVAL_BATCH = 256
 log = logging.getLogger(__name__)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Precision(str, enum.Enum):
+    """The arithmetic of a net's forward pass."""
+
+    FLOAT32 = "float32"
+    """Everything in float32 (seeded runs are bit-identical)."""
+    BF16 = "bf16"
+    """torch.autocast to bfloat16: matrix products and convolutions in bfloat16, the weights, their gradients
+    and the solver in float32."""
+
+
+@dataclass(frozen=True)
+class Compute:
+    """How a net computes on its device, beside what it computes: the GPU-speed options of a worker.
+
+    The default is plain float32 eager PyTorch, bit-identical to a net built without it.
+    """
+
+    precision: Precision = Precision.FLOAT32
+    """float32, or bf16 (autocast)."""
+    compile: bool = False
+    """torch.compile the net's forward pass and loss (the first steps pay for the compilation)."""
+    channels_last: bool = False
+    """Keep 4-d weights and input batches in channels-last memory order (what GPU convolutions run fastest on)."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "precision", Precision(self.precision))
+
+    def autocast(self, device: torch.device):
+        """The context a forward pass runs in."""
+        if self.precision is Precision.BF16:
+            return torch.autocast(device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -314,12 +350,15 @@ class Net:
         by default inferred from the loss: a regression loss (``MSELoss``, ``L1Loss``, ``HuberLoss``,
         ``SmoothL1Loss``, a ``EuclideanLoss`` layer) means regression, scored by R², RMSE and MAE;
         ``BCEWithLogitsLoss`` or ``MultiLabelSoftMarginLoss`` multi-label; anything else classification.
+    compute : Compute, optional
+        Mixed precision, compilation and memory order (default: float32, eager, the default order).
     """
 
     def __init__(self, net, solver: SolverConfig | None = None, *, loss: LossFn | None = None,
                  batch_size: int | None = None, device: str | torch.device = "cpu", seed: int | None = None,
-                 task: Task | str | None = None, weighted: bool = False):
+                 task: Task | str | None = None, weighted: bool = False, compute: Compute | None = None):
         self.device = resolve_device(device)
+        self.compute = compute or Compute()
         self.solver = solver or SolverConfig()
         self.seed = seed
         label_ndim = 0
@@ -347,6 +386,9 @@ class Net:
             self.task = infer_task(loss, None, task)
             self._model = _ModuleAdapter(module, loss, self.task)
         self.module = module.to(self.device)
+        if self.compute.channels_last:
+            self.module.to(memory_format=torch.channels_last)  # only 4-d tensors change their order
+        self._forward_loss = torch.compile(self._model.loss) if self.compute.compile else self._model.loss
         self._label_ndim = label_ndim
         self.weighted = weighted
         self.batch_size = int(batch_size or default_batch or 64)
@@ -434,7 +476,9 @@ class Net:
             xb, yb = self._stream.next_batch(self.batch_size)
             self.epoch = self._stream.epoch
             xb, yb = self._fit_input(torch.from_numpy(xb), torch.from_numpy(yb))
-            return xb.to(self.device), yb.to(self.device)
+            if self.device.type == "cuda":  # pinned, so that the copy runs while the GPU still computes
+                xb, yb = xb.pin_memory(), yb.pin_memory()
+            return xb.to(self.device, non_blocking=True), yb.to(self.device, non_blocking=True)
         x, y = self._train
         n = len(x)
         b = min(self.batch_size, n)
@@ -452,8 +496,11 @@ class Net:
     def _loss(self, what: str, xb: torch.Tensor, yb: torch.Tensor, weighted: bool = False):
         """The model's loss and prediction; torch's bare ``Target 7 is out of bounds`` as an error that says which
         labels and what to do."""
+        if self.compute.channels_last and xb.dim() == 4:
+            xb = xb.contiguous(memory_format=torch.channels_last)
         try:
-            return self._model.loss(xb, *(self._split_weights(yb) if weighted else (yb,)))
+            with self.compute.autocast(self.device):
+                return self._forward_loss(xb, *(self._split_weights(yb) if weighted else (yb,)))
         except IndexError as exc:
             if self.task is not Task.CLASSIFICATION:  # labels that index nothing: the net's own error
                 raise
@@ -591,7 +638,12 @@ class Net:
         was_training = self.module.training
         self.module.eval()
         try:
-            return self._model.predict(_as_tensor(x, name="x").to(self.device))
+            x = _as_tensor(x, name="x").to(self.device)
+            if self.compute.channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with self.compute.autocast(self.device):
+                out = self._model.predict(x)
+            return out.float() if out.dtype == torch.bfloat16 else out
         finally:
             self.module.train(was_training)
 
