@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from sparknet._app import build_model, load_training_data, seed_everything
+from sparknet.config import check_at_least
 from sparknet.faults import faults_from
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
@@ -48,15 +49,6 @@ from sparknet.weights import WeightCollection
 __all__ = ["AsyncSession", "run_async"]
 
 log = logging.getLogger(__name__)
-
-
-def _sample_shape(net: Net) -> tuple[int, ...] | None:
-    params = net.net_params or getattr(net.module, "net_params", None)
-    for layer in getattr(params, "layers", None) or ():
-        shape = getattr(layer, "shape", None)
-        if shape:
-            return tuple(int(d) for d in shape[1:])
-    return None
 
 
 class AsyncSession:
@@ -113,18 +105,14 @@ class AsyncSession:
                  request_timeout_s: float = 120.0, epoch_timeout_s: float | None = None,
                  stall_timeout_s: float | None = 600.0, data_timeout_s: float = 3600.0, spark=None,
                  validation_data=None, fault: str | None = None):
-        if isinstance(net, Net):
-            self.net = net
-        else:
-            self.net = Net(net, solver, loss=loss, seed=seed)
+        self.net = net if isinstance(net, Net) else Net(net, solver, loss=loss, seed=seed)
         self.combiner = make_combiner(combiner)
         self.loss = loss
         self.seed = int(seed)
         self.host = host
         self.port = int(port)
-        if int(threads) < 1:
-            raise ValueError(f"threads must be at least 1, got {threads}")
         self.threads = int(threads)
+        check_at_least(1, threads=self.threads)
         self.device = device
         for name, value in (("request_timeout_s", request_timeout_s), ("epoch_timeout_s", epoch_timeout_s),
                             ("stall_timeout_s", stall_timeout_s), ("data_timeout_s", data_timeout_s)):
@@ -137,10 +125,9 @@ class AsyncSession:
         self.metrics: dict = {"epochs": [], "test_accuracy_by_epoch": []}
         self._iteration = self.net.iteration
         self._epochs_done = 0
-        self._validation = False
-        if validation_data is not None:
+        self._validation = validation_data is not None
+        if self._validation:
             self.net.set_validation_data(validation_data)
-            self._validation = True
 
     @property
     def weights(self) -> WeightCollection:
@@ -148,13 +135,6 @@ class AsyncSession:
         return self.net.get_weights()
 
     # -- what the tasks get ---------------------------------------------------------------------
-    def _net_spec(self) -> dict:
-        params = self.net.net_params or getattr(self.net.module, "net_params", None)
-        if params is not None and hasattr(params, "to_dict"):
-            return {"netparams": params.to_dict()}
-        # A plain module travels in the job's closure (Spark's cloudpickle), on the CPU.
-        return {"module": copy.deepcopy(self.net.module).cpu()}
-
     def _server_host(self, sc) -> str:
         if self.host:
             return self.host
@@ -258,11 +238,7 @@ class AsyncSession:
         """
         if data is None:
             raise ValueError("run() needs data: a DataFrame, an RDD of (ndarray, label), or local arrays")
-        for name, value in (("batch_size", batch_size), ("tau", tau), ("epochs", epochs)):
-            if int(value) < 1:
-                raise ValueError(f"{name} must be at least 1, got {value}")
-        if steps is not None and steps < 1:
-            raise ValueError(f"steps must be at least 1, got {steps}")
+        check_at_least(1, batch_size=batch_size, tau=tau, epochs=epochs, steps=steps)
         if target_accuracy is not None and not 0 < target_accuracy <= 1:
             raise ValueError(f"target_accuracy is a fraction in (0, 1], got {target_accuracy}")
         if train_step is not None and not callable(train_step):
@@ -290,7 +266,9 @@ class AsyncSession:
                                 data.getNumPartitions() if is_spark_data else 2))
         if K < 1:
             raise ValueError(f"num_workers must be at least 1, got {K}")
-        sample_shape = _sample_shape(self.net) or (tuple(int(d) for d in image_shape) if image_shape else None)
+        net_params = self.net.net_params or getattr(self.net.module, "net_params", None)
+        sample_shape = (getattr(net_params, "sample_shape", None)
+                        or (tuple(int(d) for d in image_shape) if image_shape else None))
         run_id = uuid.uuid4().hex[:12]
         group = f"sparknet-async-{run_id}"
         if validation_data is not None:
@@ -310,7 +288,9 @@ class AsyncSession:
         t_run = time.perf_counter()
         server = ParameterServer(self.net.get_flat().numpy(), self.combiner, host=self._server_host(sc),
                                  port=self.port, num_workers=K)
-        net_spec = self._net_spec()
+        # a NetParams net travels as data; a plain module in the job's closure (Spark's cloudpickle), on the CPU
+        net_spec = ({"netparams": net_params.to_dict()} if hasattr(net_params, "to_dict")
+                    else {"module": copy.deepcopy(self.net.module).cpu()})
         rdd, cached, rows = self._blocks(data, sc, group, K, feed_names, image_shape, sample_shape)  # last: it caches
         solver = self.net.solver.to_dict()
         steps_done = 0
@@ -413,12 +393,9 @@ class AsyncSession:
             "workers": K, "tau": tau, "combiner": self.combiner.name,
             "epochs_run": len(history), "steps_per_worker": sum(h["steps_per_worker"] for h in history),
             "samples": samples, "wall_s": time.perf_counter() - t_run, "train_s": train_wall,
-            "samples_per_s": samples / train_wall if train_wall else None,
-            "pushes": stats["pushes_applied"], "pushes_received": stats["pushes_received"],
-            "duplicate_pushes": stats["duplicate_pushes"], "pulls": stats["pulls"],
-            "staleness_mean": stats["staleness_mean"], "staleness_max": stats["staleness_max"],
-            "staleness_histogram": stats["staleness_histogram"], "rejected": stats["rejected"],
-            "rejected_total": stats["rejected_total"], "connections_refused": stats["connections_refused"],
+            "samples_per_s": samples / train_wall if train_wall else None, "pushes": stats["pushes_applied"],
+            **{k: stats[k] for k in ("pushes_received", "duplicate_pushes", "pulls", "staleness_mean", "staleness_max",
+                                     "staleness_histogram", "rejected", "rejected_total", "connections_refused")},
             "server_version": stats["version"], "bytes_communicated": stats["bytes_in"] + stats["bytes_out"],
             "server_busy_s": stats["busy_s"],
             "test_accuracy": history[-1].get("test_accuracy") if history else None,

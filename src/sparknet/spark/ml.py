@@ -27,8 +27,8 @@ import dataclasses
 import enum
 import functools
 import inspect
+import json
 import logging
-import math
 import os
 import threading
 import typing
@@ -46,9 +46,9 @@ from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, Default
 
 from sparknet import model_io, zoo
 from sparknet._fields import base_type, field_docs
-from sparknet.config import DistributedConfig, RunConfig, parse_enum
+from sparknet.config import DistributedConfig, RunConfig
 from sparknet.layers import NetParams
-from sparknet.metrics import MetricsLogger, round_reporter, rounds_total
+from sparknet.metrics import MetricsLogger, json_safe, round_reporter, rounds_total
 from sparknet.sinks import close_sinks, make_sinks
 from sparknet.spark.backend import Held, run_with_deadline
 from sparknet.spark.session import is_connect, session_parallelism
@@ -89,35 +89,30 @@ def _camel(name: str) -> str:
 
 
 def _field_converter(cls, fname: str, pname: str, base) -> Any:
-    """A typeConverter that converts like the field's type and runs the dataclass's own check."""
-    if isinstance(base, type) and issubclass(base, enum.Enum):
-        def convert_type(v):
-            parse = getattr(base, "parse", None)
-            member = parse(v) if parse is not None else parse_enum(base, v, fname.replace("_", " "))
-            return member.value
-    else:
-        convert_type = {bool: TypeConverters.toBoolean, int: TypeConverters.toInt,
-                        float: TypeConverters.toFloat}.get(base, TypeConverters.toString)
+    """A typeConverter that converts like the field's type and runs the dataclass's own check (which parses an
+    enum field's value: the param keeps the member's value)."""
+    is_enum = isinstance(base, type) and issubclass(base, enum.Enum)
+    convert_type = {bool: TypeConverters.toBoolean, int: TypeConverters.toInt,
+                    float: TypeConverters.toFloat}.get(base, TypeConverters.toString)
 
     def convert(value):
         try:
             value = convert_type(value)
-            cls(**{fname: value})  # the field's own validation, with every other field at its default
+            checked = getattr(cls(**{fname: value}), fname)  # the field's own validation, every other at its default
         except (TypeError, ValueError) as e:
             raise ValueError(f"invalid value for param {pname!r}: {e}") from None
-        return value
+        return checked.value if is_enum else value
 
     convert.__name__ = f"to_{pname}"
     return convert
 
 
-def _config_params() -> tuple[dict[str, Param], dict[str, tuple[type, str]], dict[str, Any], set[str]]:
-    """Params for the chosen config fields: (param name -> Param, param name -> (class, field),
-    param name -> default, names of optional params)."""
+def _config_params() -> tuple[dict[str, Param], dict[str, tuple[type, str, bool]], dict[str, Any]]:
+    """Params for the chosen config fields: (param name -> Param, param name -> (class, field, whether it may be
+    None), param name -> default)."""
     params: dict[str, Param] = {}
-    origin: dict[str, tuple[type, str]] = {}
+    origin: dict[str, tuple[type, str, bool]] = {}
     defaults: dict[str, Any] = {}
-    optional: set[str] = set()
     for cls, names in ((RunConfig, _RUN_FIELDS), (DistributedConfig, _DIST_FIELDS), (EngineOptions, _ENGINE_FIELDS)):
         hints = typing.get_type_hints(cls)
         docs = field_docs(cls)
@@ -128,13 +123,11 @@ def _config_params() -> tuple[dict[str, Param], dict[str, tuple[type, str]], dic
             doc = _DOC_OVERRIDES.get(fname) or docs.get(fname) or fname.replace("_", " ")
             params[pname] = Param(Params._dummy(), pname, doc,
                                   typeConverter=_field_converter(cls, fname, pname, base))
-            origin[pname] = (cls, fname)
-            if is_opt:
-                optional.add(pname)
+            origin[pname] = (cls, fname, is_opt)
             default = defaults_of[fname]
             if fname not in _NO_DEFAULT and default is not dataclasses.MISSING and default is not None:
                 defaults[pname] = default.value if isinstance(default, enum.Enum) else default
-    return params, origin, defaults, optional
+    return params, origin, defaults
 
 
 def _to_net_dict(value) -> dict:
@@ -157,9 +150,9 @@ def _to_shape(value) -> list[int]:
     return shape
 
 
-def _add_accessors(cls, names: Sequence[str]) -> None:
-    """``getX``/``setX`` methods for the params named (generated, not restated)."""
-    for pname in names:
+def _add_accessors(cls) -> None:
+    """``getX``/``setX`` methods for the params of ``cls`` that lack them (generated, not restated)."""
+    for pname in [name for name in dir(cls) if isinstance(getattr(cls, name), Param)]:
         cap = pname[:1].upper() + pname[1:]
         if not hasattr(cls, f"get{cap}"):
             def getter(self, _p=pname):
@@ -173,7 +166,7 @@ def _add_accessors(cls, names: Sequence[str]) -> None:
             setattr(cls, f"set{cap}", setter)
 
 
-_CONFIG_PARAMS, _PARAM_ORIGIN, _CONFIG_DEFAULTS, _OPTIONAL = _config_params()
+_CONFIG_PARAMS, _PARAM_ORIGIN, _CONFIG_DEFAULTS = _config_params()
 
 
 class _ScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, HasRawPredictionCol):
@@ -216,9 +209,8 @@ class _EstimatorParams(_ScoringParams, HasLabelCol, HasValidationIndicatorCol):
 
 for _name, _param in _CONFIG_PARAMS.items():
     setattr(_EstimatorParams, _name, _param)
-_add_accessors(_ScoringParams, ["featuresCol", "predictionCol", "probabilityCol", "rawPredictionCol", "imageShape",
-                                "threads", "device", "scoreBatchSize", "task"])
-_add_accessors(_EstimatorParams, ["labelCol", "validationIndicatorCol", *_CONFIG_PARAMS])
+_add_accessors(_ScoringParams)
+_add_accessors(_EstimatorParams)
 
 
 def _set_params(instance: Params, params: Mapping[str, Any]) -> None:
@@ -353,8 +345,23 @@ def _score_batches(batches, *, key: str, files_bc, kind: str, shape, threads: in
                                 "raw": []})
 
 
+class _Persisted(MLReadable, MLWritable):
+    """Spark ML's ``write()`` and ``read()`` of the estimator and the model."""
+
+    def write(self) -> MLWriter:
+        """Spark ML writer: the params as metadata (and a model's files as one Parquet table under ``data``).
+
+        The executors write the folder, so ``save(path)`` takes a path or URI every host can reach;
+        on a cluster a path on this machine only is refused before anything is written."""
+        return _Writer(self)
+
+    @classmethod
+    def read(cls) -> MLReader:
+        return _Reader(cls)
+
+
 # -- the estimator --------------------------------------------------------------------------------
-class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, DefaultParamsWritable):
+class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsReadable, DefaultParamsWritable):
     """Trains a sparknet net on a DataFrame with :class:`~sparknet.spark.SparkTrainer`.
 
     Parameters
@@ -403,11 +410,11 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
     # -- configuration --------------------------------------------------------------------------
     def _config_kwargs(self, cls) -> dict[str, Any]:
         out = {}
-        for pname, (owner, fname) in _PARAM_ORIGIN.items():
+        for pname, (owner, fname, optional) in _PARAM_ORIGIN.items():
             if owner is not cls or not self.isDefined(getattr(self, pname)):
                 continue
             value = self.getOrDefault(getattr(self, pname))
-            if value is None and pname not in _OPTIONAL:
+            if value is None and not optional:
                 raise ValueError(f"param {pname!r} cannot be None")
             out[fname] = value
         return out
@@ -431,9 +438,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
         """The zoo model named by ``model``, sized to the data where its function takes sizes."""
         from pyspark.sql import functions as F
 
-        key = run.model.strip().lower().replace("-", "_")
-        if key not in zoo.MODELS:
-            raise ValueError(f"unknown model {run.model!r}; choose one of {sorted(zoo.MODELS)}")
+        key = run.model  # a zoo name: RunConfig checks it
         takes = inspect.signature(zoo.MODELS[key]).parameters
         kwargs: dict[str, Any] = {}
         if "batch_size" in takes:
@@ -456,14 +461,6 @@ class SparkNetEstimator(Estimator, _EstimatorParams, DefaultParamsReadable, Defa
             kwargs["input_shape"] = list(shape)
         log.info("using zoo model %s(%s)", key, kwargs)
         return zoo.get_model(key, **kwargs)
-
-    def write(self) -> MLWriter:
-        """Spark ML writer of the params; ``save(path)`` takes a path or URI every host can reach."""
-        return _Writer(self)
-
-    @classmethod
-    def read(cls) -> MLReader:
-        return _Reader(cls)
 
     # -- fit --------------------------------------------------------------------------------------
     def _fit(self, dataset) -> SparkNetModel:
@@ -545,25 +542,15 @@ def _rounds_only(callback):
 
 def _plain(obj):
     """JSON-able copy (enums to values, dataclasses to dicts); non-JSON leaves become strings."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        obj = dataclasses.asdict(obj)
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if isinstance(obj, Mapping):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if obj is None or isinstance(obj, (str, int, float, bool)):
-        return obj
-    if isinstance(obj, (np.integer, np.floating)):
-        return obj.item()
-    return str(obj)
+    def leaf(value):
+        is_instance = dataclasses.is_dataclass(value) and not isinstance(value, type)
+        return json_safe(dataclasses.asdict(value)) if is_instance else str(value)
+
+    return json.loads(json.dumps(json_safe(obj), default=leaf))
 
 
 # -- the model ------------------------------------------------------------------------------------
-class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
+class SparkNetModel(Model, _ScoringParams, _Persisted):
     """A trained net that scores a DataFrame: adds ``prediction``, ``probability`` and ``rawPrediction``.
 
     ``prediction`` is the arg-max class as a double, ``probability`` an ML ``DenseVector`` of
@@ -749,24 +736,11 @@ class SparkNetModel(Model, _ScoringParams, MLReadable, MLWritable):
         if pred_col:
             pred = F.col(f"{tmp}.prediction")
             cols.append((array_to_vector(pred) if regression and not one_output else pred).alias(pred_col))
-        if prob_col:
-            cols.append(array_to_vector(F.col(f"{tmp}.probability")).alias(prob_col))
-        if raw_col:
-            cols.append(array_to_vector(F.col(f"{tmp}.raw")).alias(raw_col))
+        cols += [array_to_vector(F.col(f"{tmp}.{name}")).alias(col)
+                 for col, name in ((prob_col, "probability"), (raw_col, "raw")) if col]
         return scored.select(*cols)
 
     # -- persistence ------------------------------------------------------------------------------
-    def write(self) -> MLWriter:
-        """Spark ML writer: params as metadata, the model files as one Parquet table under ``data``.
-
-        The executors write the folder, so ``save(path)`` takes a path or URI every host can reach;
-        on a cluster a path on this machine only is refused before anything is written."""
-        return _Writer(self)
-
-    @classmethod
-    def read(cls) -> MLReader:
-        return _Reader(cls)
-
     @classmethod
     def load(cls, path: str, allow_pickle: bool = False) -> SparkNetModel:
         """Load a model saved with ``save`` from a path or URI every host can reach; ``allow_pickle``
