@@ -46,8 +46,6 @@ __all__ = ["ParameterServer", "staleness_bucket"]
 log = logging.getLogger(__name__)
 
 _POLL_MS = 50
-_LOUD_REJECTS = 10  # per reason, at WARNING; then a count at most every _QUIET_S
-_QUIET_S = 60.0
 _RETIRED_JOBS = 8  # earlier jobs whose stragglers get a signed "wrong_job" answer
 
 
@@ -140,8 +138,7 @@ class ParameterServer:
         self._last_heard = time.monotonic()
         # statistics
         self._rejects: Counter[str] = Counter()
-        self._throttle = LogThrottle(log, "parameter server: messages rejected", loud=_LOUD_REJECTS,
-                                     every_s=_QUIET_S)
+        self._throttle = LogThrottle(log, "parameter server: messages rejected")  # 10 per reason, then a count
         self._counts: Counter[str] = Counter(busy_s=0.0)  # by the names stats() gives them, and staleness_sum
         self._stale_hist: Counter[str] = Counter()
         self._applied_by_worker: Counter[int] = Counter()
@@ -303,7 +300,7 @@ class ParameterServer:
         except WireError as e:
             return self._reject(e.reason, str(e), envelope, header, creds)
         except Exception as e:  # a bug in a combiner or here: counted, the first few traced, serving goes on
-            if self._throttle.counts[Reason.INTERNAL.label] < _LOUD_REJECTS:
+            if self._throttle.counts[Reason.INTERNAL.label] < self._throttle.loud:
                 log.exception("parameter server failed on a message")
             return self._reject(Reason.INTERNAL, f"{type(e).__name__}: {e}", envelope, header, creds)
         self._counts["bytes_out"] += sum(len(f) for f in reply[len(envelope):])
