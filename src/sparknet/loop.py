@@ -664,15 +664,17 @@ class InProcessExchange(Exchange):
         Scores the global weights (as the workers received them) on its validation data.
     compression : str
         Codec of the updates and of the weights sent down.
-    on_steps : callable, optional
-        Called with the :class:`~sparknet.net.TrainStats` of every ``piece`` local steps (a progress line).
+    metrics : MetricsLogger, optional
+        One-process training's progress line, moved every ``piece`` local steps; a NaN loss then stops the run at
+        once (``nan_message``, with ``loss`` and ``step``). Kept: :attr:`steps_done`, :attr:`train_s`, :attr:`latest`.
     """
 
     engine = "local"
 
     def __init__(self, nets: Sequence, strategy: TrainingStrategy, *, evaluator=None,
-                 compression: CompressionKind | str = CompressionKind.NONE,
-                 on_steps: Callable | None = None, piece: int = 50, streaming: Streaming | None = None):
+                 compression: CompressionKind | str = CompressionKind.NONE, metrics=None, piece: int = 50,
+                 nan_message: str = "the loss became {loss} at step {step}; lower the learning rate (--lr) or check "
+                                    "the data for NaN values", streaming: Streaming | None = None):
         self.nets, self.strategy, self.evaluator = list(nets), strategy, evaluator
         self._scorer = NetScorer(evaluator)
         check_streaming(strategy, streaming)
@@ -683,13 +685,15 @@ class InProcessExchange(Exchange):
         self.compressor = make_compressor(compression)
         self.compression = self.compressor.kind
         self.steps = [WorkerStep(net, strategy, compression=compression, streaming=streaming, gradient_hook=False,
-                                 train=None if on_steps is None else self._pieces(net))
+                                 train=None if metrics is None else self._pieces(net))
                       for net in self.nets]
         self._down: Downlink | None = None
         self._delivered: torch.Tensor | None = None  # the global weights the last message carried
         self.bytes_moved = 0
         """Bytes sent so far: every weight message down, every update up."""
-        self.on_steps, self.piece = on_steps, int(piece)
+        self.metrics, self.piece, self.nan_message = metrics, int(piece), nan_message
+        self.steps_done, self.train_s = 0, 0.0
+        self.loss = self.accuracy = self.latest = None
 
     def _deliver(self, global_flat: torch.Tensor) -> torch.Tensor:
         """The workers' copy of ``global_flat``: one downlink message per new global weights."""
@@ -741,7 +745,7 @@ class InProcessExchange(Exchange):
         return late_update(arrived, replace(update, total=None, samples=0, loss_sum=0.0, processed=0))
 
     def _pieces(self, net):
-        """The worker's local steps in pieces of ``piece`` steps, each reported to ``on_steps``."""
+        """The worker's local steps in pieces of ``piece`` steps, each reported to :meth:`_progress`."""
 
         def train(steps: int, seconds: float | None):
             done, t0 = [], time.perf_counter()
@@ -750,13 +754,24 @@ class InProcessExchange(Exchange):
                 if left_s is not None and left_s <= 0:
                     break
                 stats = net.train(min(self.piece, steps - sum(s.steps for s in done)), max_seconds=left_s)
-                self.on_steps(stats)
+                self._progress(stats)
                 done.append(stats)
                 if stats.steps == 0:
                     break
             return sum_stats(done)
 
         return train
+
+    def _progress(self, stats) -> None:
+        self.steps_done += stats.steps
+        self.train_s += stats.wall_s
+        self.loss = stats.loss
+        self.metrics.progress(stats.steps, loss=stats.loss, lr=self.nets[0].learning_rate, acc=self.accuracy)
+        if not stats.finite:
+            raise FloatingPointError(self.nan_message.format(loss=stats.last_loss, step=self.steps_done))
+
+    def new_global(self, global_flat: torch.Tensor, progress: Progress) -> None:
+        self.latest = global_flat
 
     @property
     def validation_rows(self) -> int | None:

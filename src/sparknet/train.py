@@ -21,7 +21,7 @@ import torch
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
 from sparknet.checkpoint import CheckpointError, RoundCheckpoints
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
-from sparknet.loop import FitPlan, InProcessExchange, Progress, ResumeState, average_summary, run_rounds
+from sparknet.loop import FitPlan, InProcessExchange, ResumeState, average_summary, run_rounds
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
 from sparknet.parallel.runner import split_budget
@@ -87,104 +87,73 @@ def _local_checkpoints(dist: DistributedConfig | None, net: Net, config: dict):
         raise CheckpointError(f"checkpoint {ckpt.path} was written by the {state.get('engine')!r} engine; resume it "
                               "with the same --workers and --engine, or choose another --checkpoint-dir")
     net.set_weights(ckpt.weights)
-    solver = dict(state["solver"])
-    solver["generator"] = solver["generator"].to(torch.uint8)
-    net.load_solver_state(solver)
+    net.load_solver_state({**state["solver"], "generator": state["solver"]["generator"].to(torch.uint8)})
     torch.set_rng_state(state["torch_rng"].to(torch.uint8))
     log.info("resuming from %s: step %d", ckpt.path, state["steps"])
     return checkpoints, {**state, "round": ckpt.round}
 
 
-def _save_local(checkpoints, net: Net, global_flat, interval: int, *, steps: int, samples: int,
-                train_s: float) -> None:
-    net.set_flat(global_flat)  # what the next round starts from
-    state = {"engine": "local", "steps": steps, "samples": samples, "train_s": train_s,
-             "solver": net.solver_state(), "torch_rng": torch.get_rng_state()}
-    checkpoints.save(interval, net.get_weights(), state)
-
-
-class _LocalExchange(InProcessExchange):
-    """One in-process worker: the progress line moves every 50 steps, a NaN loss stops the run at once, an
-    evaluated round writes its ``eval`` record, and a round due for a checkpoint writes one."""
-
-    def __init__(self, net: Net, strategy, metrics: MetricsLogger, checkpoints, *, samples: int, train_s: float):
-        super().__init__([net], strategy, evaluator=net, on_steps=self._progress)
-        self.net, self.metrics, self.checkpoints = net, metrics, checkpoints
-        self.samples, self.train_s = samples, train_s
-        self.steps_done, self.accuracy, self.loss = 0, None, None
-
-    def _progress(self, stats) -> None:
-        self.steps_done += stats.steps
-        self.samples += stats.samples
-        self.train_s += stats.wall_s
-        self.loss = stats.loss
-        self.metrics.progress(stats.steps, loss=stats.loss, lr=self.net.learning_rate, acc=self.accuracy)
-        if not stats.finite:
-            raise FloatingPointError(f"the loss became {stats.last_loss} at step {self.steps_done}; lower the "
-                                     "learning rate (--lr) or check the data for NaN values")
-
-    def round_done(self, record: dict, global_flat, progress: Progress) -> None:
-        self._checkpoint(record, global_flat, progress)
-        if "val_loss" not in record and "screen_loss" not in record:
-            return
-        out = {"event": "eval", "step": progress.steps_done, "samples": self.samples, "wall_s": self.metrics.elapsed()}
-        if "val_accuracy" in record:  # the whole test set
-            self.accuracy = record["val_accuracy"]
-            out.update(loss=record["val_loss"], test_accuracy=record["val_accuracy"])
-            log.info("step %d: test accuracy %.4f, test loss %.4f", progress.steps_done, record["val_accuracy"],
-                     record["val_loss"])
-        elif "screen_accuracy" in record:  # a fixed sample of it (EvalPlan)
-            self.accuracy = record["screen_accuracy"]
-            out.update(screen_loss=record["screen_loss"], screen_accuracy=record["screen_accuracy"],
-                       screen_rows=record["screen_rows"])
-            log.info("step %d: test accuracy %.4f on a sample of %d rows", progress.steps_done,
-                     record["screen_accuracy"], record["screen_rows"])
-        self.metrics.write(out)
-        self.metrics.progress(0, loss=self.loss, acc=self.accuracy)
-
-    def _checkpoint(self, record: dict, global_flat, progress: Progress) -> None:
-        cp = self.checkpoints
-        if cp is not None and (cp.due(progress.round) or "stop_reason" in record):
-            _save_local(cp, self.net, global_flat, progress.round, steps=progress.steps_done, samples=self.samples,
-                        train_s=self.train_s)
-
-
 def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: int, checkpoints=None,
                 start: dict | None = None, dist: DistributedConfig | None = None) -> dict:
     """The round loop with one in-process worker: a round is ``tau`` steps (or ``round_seconds``), and the weights
-    are evaluated every ``eval_every`` steps, rounded up to whole rounds."""
-    done = 0 if start is None else int(start["steps"])
-    stop_reason, ema = None, None
+    are evaluated every ``eval_every`` steps, rounded up to whole rounds. An evaluated round writes its ``eval``
+    record, and a round due for a checkpoint writes one."""
+    config = dist or DistributedConfig()
+    every = 1 if config.tau is None else -(-run.eval_every // config.tau)  # whole rounds of tau steps
+    strategy = Average()
+    resume = ResumeState() if start is None else ResumeState(round=int(start["round"]), steps_done=int(start["steps"]),
+                                                             samples_done=int(start["samples"]))
+    records: list[dict] = []
     with MetricsLogger(run.metrics_out, progress=not run.quiet, total=run.steps, sinks=sinks) as metrics:
-        strategy = Average()
-        exchange = _LocalExchange(net, strategy, metrics, checkpoints,
-                                  samples=0 if start is None else int(start["samples"]),
-                                  train_s=0.0 if start is None else float(start["train_s"]))
-        exchange.steps_done = done
+        plan = FitPlan.from_config(replace(config, auto_tau=False, eval_every_rounds=every), strategy, steps=run.steps,
+                                   dataset_rows=net.num_training_samples, resume=resume)
+        progress = plan.progress
+        exchange = InProcessExchange([net], strategy, evaluator=net, metrics=metrics)
+        exchange.steps_done = progress.steps_done
         if start is not None:
-            metrics.progress(done)
-        if done < run.steps:
-            config = dist or DistributedConfig()
-            every = 1 if config.tau is None else -(-run.eval_every // config.tau)  # whole rounds of tau steps
-            plan = FitPlan.from_config(replace(config, auto_tau=False, eval_every_rounds=every), strategy,
-                                       steps=run.steps, dataset_rows=net.num_training_samples,
-                                       resume=ResumeState(round=0 if start is None else int(start["round"]),
-                                                          steps_done=done, samples_done=exchange.samples))
-            records: list[dict] = []
-            net.set_flat(run_rounds(exchange, plan, strategy.init_global(net.get_flat()), on_record=records.append))
-            done, stop_reason, ema = plan.progress.steps_done, records[-1].get("stop_reason"), plan.average
-            scored = "val_ema_" if ema is not None else "val_"  # the weights returned: the average, when kept
+            exchange.train_s = float(start["train_s"])
+            metrics.progress(progress.steps_done)
+
+        def on_record(record: dict) -> None:
+            records.append(record)
+            if checkpoints is not None and (checkpoints.due(progress.round) or "stop_reason" in record):
+                net.set_flat(exchange.latest)  # what the next round starts from
+                state = {"engine": "local", "steps": progress.steps_done, "samples": progress.samples_done,
+                         "train_s": exchange.train_s, "solver": net.solver_state(), "torch_rng": torch.get_rng_state()}
+                checkpoints.save(progress.round, net.get_weights(), state)
+            if "val_loss" not in record and "screen_loss" not in record:
+                return
+            out = {"event": "eval", "step": progress.steps_done, "samples": progress.samples_done,
+                   "wall_s": metrics.elapsed()}
+            if "val_accuracy" in record:  # the whole test set
+                exchange.accuracy = record["val_accuracy"]
+                out.update(loss=record["val_loss"], test_accuracy=record["val_accuracy"])
+                log.info("step %d: test accuracy %.4f, test loss %.4f", progress.steps_done, record["val_accuracy"],
+                         record["val_loss"])
+            elif "screen_accuracy" in record:  # a fixed sample of it (EvalPlan)
+                exchange.accuracy = record["screen_accuracy"]
+                out.update(screen_loss=record["screen_loss"], screen_accuracy=record["screen_accuracy"],
+                           screen_rows=record["screen_rows"])
+                log.info("step %d: test accuracy %.4f on a sample of %d rows", progress.steps_done,
+                         record["screen_accuracy"], record["screen_rows"])
+            metrics.write(out)
+            metrics.progress(0, loss=exchange.loss, acc=exchange.accuracy)
+
+        if progress.steps_done < run.steps:
+            net.set_flat(run_rounds(exchange, plan, strategy.init_global(net.get_flat()), on_record=on_record))
+            scored = "val_ema_" if plan.average is not None else "val_"  # the weights returned: the average, if kept
             accuracy, loss = records[-1][scored + "accuracy"], records[-1][scored + "loss"]  # the last evaluation
         else:  # resumed from the end of the run: nothing left to train
             last = net.evaluate()
             accuracy, loss = last.accuracy, last.loss
         summary = {
             "event": "summary", "model": run.model, "dataset": run.dataset, "engine": "local", "workers": 1,
-            "steps": done, "samples": exchange.samples, "wall_s": metrics.elapsed(), "train_s": exchange.train_s,
-            "samples_per_s": exchange.samples / exchange.train_s if exchange.train_s else None,
+            "steps": progress.steps_done, "samples": progress.samples_done, "wall_s": metrics.elapsed(),
+            "train_s": exchange.train_s,
+            "samples_per_s": progress.samples_done / exchange.train_s if exchange.train_s else None,
             "test_accuracy": accuracy, "test_loss": loss, "threads": threads,
-            "rounds": 0, "bytes_communicated": 0, "stop_reason": stop_reason,
-            **(average_summary(records, dist.weight_ema) if ema is not None else {}),
+            "rounds": 0, "bytes_communicated": 0, "stop_reason": records[-1].get("stop_reason") if records else None,
+            **(average_summary(records, dist.weight_ema) if plan.average is not None else {}),
         }
         if start is not None:
             summary["resumed_from_step"] = int(start["steps"])

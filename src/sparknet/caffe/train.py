@@ -43,9 +43,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import torch
 
 from sparknet._app import seed_everything
 from sparknet.model_io import save_model
@@ -66,22 +67,10 @@ from sparknet.spark.session import is_local_master
 from sparknet.spark.run import dataset_as_parquet
 from sparknet.weights import WeightCollection
 
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
-
-
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "CaffeRun",
-    "CaffeTest",
-    "CaffeEvaluator",
-    "Snapshotter",
-    "resolve_caffe_run",
-    "parse_sources",
-    "load_net_data",
-    "train_caffe",
-]
+__all__ = ["CaffeRun", "CaffeTest", "CaffeEvaluator", "Snapshotter", "resolve_caffe_run", "parse_sources",
+           "load_net_data", "train_caffe"]
 
 _DATASET_SCALE = {"mnist": 1 / 255, "mnist-small": 1 / 255, "mnist_small": 1 / 255}
 """Data sets whose sparknet loader yields pixels scaled to [0, 1]."""
@@ -210,18 +199,6 @@ def _check_least(least: int, name: str, value: int | None) -> None:
         raise ValueError(f"{name} must be {'non-negative' if least == 0 else 'at least 1'}, got {value}")
 
 
-def _snapshot_stem(prefix: str | None, fallback: str) -> str:
-    stem = Path(prefix).name if prefix else ""
-    stem = re.sub(r"[^\w.-]+", "_", stem).strip("._")
-    return stem or re.sub(r"[^\w.-]+", "_", fallback).strip("._").lower() or "caffe"
-
-
-def _test_label(state_stages: Sequence[str], index: int, count: int) -> str:
-    if state_stages:
-        return "+".join(state_stages)
-    return "test" if count == 1 else f"test{index}"
-
-
 def resolve_caffe_run(
     prototxt: str | os.PathLike | None = None,
     solver: str | os.PathLike | None = None,
@@ -317,14 +294,19 @@ def resolve_caffe_run(
 
     tests: list[CaffeTest] = []
     if caffe_solver is not None:
+        config = caffe_solver.config
+        stem_fallback = caffe_solver.source_path.stem if caffe_solver.source_path else train_net.name
         if caffe_solver.test_nets:
             logger.warning("%s: separate test_net files %s are not run; the TEST phase of the net is",
                            caffe_solver.source_path, list(caffe_solver.test_nets))
         plan = caffe_solver.test_plan
         for i, (state, iters) in enumerate(plan):
             net = load("TEST", tuple(state.stages), state.level)
-            tests.append(CaffeTest(net=net, iters=test_iter or iters, label=_test_label(state.stages, i, len(plan))))
+            label = "+".join(state.stages) or ("test" if len(plan) == 1 else f"test{i}")
+            tests.append(CaffeTest(net=net, iters=test_iter or iters, label=label))
     else:
+        config = default_solver or SolverConfig()
+        stem_fallback = train_net.name or (net_file.stem if net_file else "caffe")
         try:
             net = load("TEST")
         except ValueError as exc:  # a net without a TEST phase trains without tests
@@ -332,13 +314,6 @@ def resolve_caffe_run(
         else:
             if net.data_layers:
                 tests.append(CaffeTest(net=net, iters=test_iter, label="test"))
-
-    if caffe_solver is not None:
-        config = caffe_solver.config
-        stem_fallback = caffe_solver.source_path.stem if caffe_solver.source_path else train_net.name
-    else:
-        config = default_solver or SolverConfig()
-        stem_fallback = train_net.name or (net_file.stem if net_file else "caffe")
     if solver_overrides:
         try:
             config = replace(config, **dict(solver_overrides))
@@ -347,12 +322,11 @@ def resolve_caffe_run(
     # the run settings the solver file gives, or those of a run without one
     settings = caffe_solver or CaffeSolver(config=config, test_initialization=False, display=100)
     iters_total = max_iter or settings.config.max_iter
-    if config.max_iter != iters_total:
-        config = replace(config, max_iter=iters_total)  # policies such as poly read max_iter
+    config = replace(config, max_iter=iters_total)  # policies such as poly read max_iter
 
-    stem = _snapshot_stem(settings.snapshot_prefix, stem_fallback)
-    if snapshot_dir is None:
-        snapshot_dir = Path.cwd() / stem
+    # the snapshots' file name stem: the prefix's last component (else the fallback), in safe characters
+    stem = re.sub(r"[^\w.-]+", "_", Path(settings.snapshot_prefix or "").name).strip("._")
+    stem = stem or re.sub(r"[^\w.-]+", "_", stem_fallback).strip("._").lower() or "caffe"
     weight_files: list[Path] = []
     if weights is not None:
         given = [weights] if isinstance(weights, (str, os.PathLike)) else list(weights)
@@ -368,7 +342,6 @@ def resolve_caffe_run(
         if not w.is_file():
             raise FileNotFoundError(f"no such .caffemodel: {w}")
 
-    batch = batch_size or train_net.batch_size or 64
     if batch_size is not None and train_net.data_layers:
         train_net = _with_batch(train_net, batch_size)
     net_source = net_file or settings.net_path
@@ -377,13 +350,13 @@ def resolve_caffe_run(
         tests=tests,
         solver=config,
         max_iter=iters_total,
-        batch_size=batch,
+        batch_size=batch_size or train_net.batch_size or 64,
         test_interval=test_interval if test_interval is not None else settings.test_interval,
         test_initialization=settings.test_initialization,
         display=display if display is not None else settings.display,
         snapshot=snapshot if snapshot is not None else settings.snapshot,
         snapshot_after_train=settings.snapshot_after_train,
-        snapshot_dir=Path(snapshot_dir),
+        snapshot_dir=Path.cwd() / stem if snapshot_dir is None else Path(snapshot_dir),
         snapshot_prefix=stem,
         seed=int(seed if seed is not None else (settings.random_seed or 0)),
         weights=tuple(weight_files),
@@ -414,36 +387,31 @@ def _with_batch(net: CaffeNet, batch_size: int) -> CaffeNet:
     layers = [replace(layer, shape=(batch_size, *layer.shape[1:])) if isinstance(layer, RDDLayer) and layer.shape
               else layer for layer in net.net_params]
     params = NetParams(*layers, name=net.net_params.name)
-    data_layers = [replace(spec, batch_size=batch_size, shape=(batch_size, *spec.shape[1:])) for spec in net.data_layers]
+    data_layers = [replace(spec, batch_size=batch_size, shape=(batch_size, *spec.shape[1:]))
+                   for spec in net.data_layers]
     return replace(net, net_params=params, data_layers=data_layers)
 
 
 # --------------------------------------------------------------------------- data
 
 
-class _DataCache:
-    """Loads each data set once per run."""
-
-    def __init__(self) -> None:
-        self._sets: dict[str, Any] = {}
-
-    def split(self, binding: DataBinding) -> Any:
-        name = binding.dataset
-        if name not in self._sets:
-            try:
-                self._sets[name] = load_dataset(name)
-            except (KeyError, ValueError) as exc:
-                raise ValueError(f"cannot load data set {name!r} for a Caffe data layer: {exc}; bind the source to "
-                                 "another data set with --caffe-sources SOURCE=DATASET[:SPLIT]") from None
-        data = self._sets[name]
-        part = getattr(data, binding.split, None)
-        if part is None:
-            raise ValueError(f"data set {name!r} has no split {binding.split!r}")
-        return part
+def _split(binding: DataBinding, cache: dict[str, Any]) -> Any:
+    """The split ``binding`` names, its data set loaded once per run (kept in ``cache``, by name)."""
+    name = binding.dataset
+    if name not in cache:
+        try:
+            cache[name] = load_dataset(name)
+        except (KeyError, ValueError) as exc:
+            raise ValueError(f"cannot load data set {name!r} for a Caffe data layer: {exc}; bind the source to "
+                             "another data set with --caffe-sources SOURCE=DATASET[:SPLIT]") from None
+    part = getattr(cache[name], binding.split, None)
+    if part is None:
+        raise ValueError(f"data set {name!r} has no split {binding.split!r}")
+    return part
 
 
 def load_net_data(net: CaffeNet, *, samples: int | None = None, seed: int = 0,
-                  cache: _DataCache | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  cache: dict[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The transformed data of a net's (first) data layer, as ``(x, y)`` arrays.
 
     Parameters
@@ -454,8 +422,8 @@ def load_net_data(net: CaffeNet, *, samples: int | None = None, seed: int = 0,
         Take the first ``samples`` rows (all when ``None`` or more than there are).
     seed : int
         Seed of random transforms (mirror, TRAIN-phase crops).
-    cache : optional
-        Shared loader cache.
+    cache : dict, optional
+        Data sets already loaded, by name (shared between calls).
 
     Returns
     -------
@@ -466,7 +434,7 @@ def load_net_data(net: CaffeNet, *, samples: int | None = None, seed: int = 0,
     spec = net.data_layers[0] if net.data_layers else None
     if spec is None or spec.binding is None or spec.binding.dataset is None:
         raise ValueError(f"{net.source_path or net.name}: no data layer bound to a data set")
-    part = (cache or _DataCache()).split(spec.binding)
+    part = _split(spec.binding, {} if cache is None else cache)
     n = len(part) if samples is None else min(int(samples), len(part))
     if samples is not None and samples > len(part):
         logger.warning("%s %s has %d samples; the test reads %d, so it uses all %d once", spec.binding.dataset,
@@ -478,8 +446,8 @@ def load_net_data(net: CaffeNet, *, samples: int | None = None, seed: int = 0,
     x = spec.transform(x, np.random.default_rng(seed)) if not spec.transform.is_identity else x.astype(np.float32)
     want = tuple(spec.shape[1:])
     if tuple(x.shape[1:]) != want:
-        raise ValueError(f"data layer {spec.layer!r}: samples of {spec.binding.dataset} have shape {tuple(x.shape[1:])} "
-                         f"after the transform, the net's data blob takes {want}")
+        raise ValueError(f"data layer {spec.layer!r}: samples of {spec.binding.dataset} have shape "
+                         f"{tuple(x.shape[1:])} after the transform, the net's data blob takes {want}")
     has_label = len(spec.tops) > 1
     y = np.asarray(part.y[:n]).astype(np.int64) if has_label else np.zeros(n, dtype=np.int64)
     return np.ascontiguousarray(x, dtype=np.float32), y
@@ -490,10 +458,9 @@ def load_net_data(net: CaffeNet, *, samples: int | None = None, seed: int = 0,
 
 def _output_blobs(net: CaffeNet) -> list[str]:
     """Blobs no later layer reads (Caffe's net outputs), in order."""
-    params = net.net_params
     consumed: set[str] = set()
     outputs: list[str] = []
-    for layer in reversed(params.layers):
+    for layer in reversed(net.net_params.layers):
         for top in layer.tops:
             if top not in consumed and top not in outputs and top not in layer.bottoms:
                 outputs.append(top)
@@ -509,18 +476,16 @@ class CaffeEvaluator:
     tests : list of CaffeTest
     seed : int
         Seed of the test nets' construction (their weights are overwritten anyway).
-    cache : optional
-        Shared data cache.
+    cache : dict, optional
+        Data sets already loaded, by name (shared between calls).
     """
 
-    def __init__(self, tests: Sequence[CaffeTest], *, seed: int = 0, cache: _DataCache | None = None,
+    def __init__(self, tests: Sequence[CaffeTest], *, seed: int = 0, cache: dict[str, Any] | None = None,
                  device: str = "cpu"):
-        import torch
-
         self.tests = list(tests)
         self.device = torch.device(device)
         self._entries = []
-        cache = cache or _DataCache()
+        cache = {} if cache is None else cache
         for test in self.tests:
             module = test.net.build(seed=seed).to(self.device)
             module.eval()
@@ -531,26 +496,18 @@ class CaffeEvaluator:
             self._entries.append((test, module, batch, torch.from_numpy(x), torch.from_numpy(y), outputs))
             logger.info("test net %s: %d samples in batches of %d, outputs %s", test.label, len(x), batch, outputs)
 
-    @property
-    def samples(self) -> dict[str, int]:
-        """Samples each test reads."""
-        return {test.label: len(x) for test, _, _, x, _, _ in self._entries}
-
     def evaluate(self, weights: Mapping[str, Sequence[torch.Tensor]]) -> dict[str, dict[str, float]]:
         """Every test net's outputs averaged over its batches, keyed by test label.
 
         Loss blobs are reported with their ``loss_weight`` applied under ``"loss"`` (their
         sum) as well as by name; accuracy under its blob name.
         """
-        import torch
-
         results: dict[str, dict[str, float]] = {}
         with torch.no_grad():
             for test, module, batch, x, y, outputs in self._entries:
                 _copy_weights(weights, module.layer_weights(), test.label)
                 sums = {name: 0.0 for name in outputs}
-                total = 0.0
-                count = 0
+                total, count = 0.0, 0
                 for start in range(0, len(x), batch):
                     xb = x[start:start + batch].to(self.device)
                     blobs = {module.feature_input: xb}
@@ -641,21 +598,13 @@ def _crossed(before: int, after: int, every: int) -> bool:
     return every > 0 and after // every > before // every
 
 
-def _format_outputs(results: Mapping[str, Mapping[str, float]]) -> str:
-    return "; ".join(f"{label}: " + ", ".join(f"{k} = {v:.4g}" for k, v in values.items())
-                     for label, values in results.items())
-
-
 class _Run:
     """State shared by the local and Spark loops: metrics, tests, snapshots."""
 
     def __init__(self, run: CaffeRun, metrics, evaluator: CaffeEvaluator | None, module):
-        self.run = run
-        self.metrics = metrics
-        self.evaluator = evaluator
+        self.run, self.metrics, self.evaluator, self.module = run, metrics, evaluator, module
         self.snapshots = Snapshotter(run)
-        self.module = module
-        self.last_results: dict[str, dict[str, float]] | None = None
+        self.last_eval: dict | None = None  # the last test's record
         self.window_loss, self.window_steps = 0.0, 0  # the training loss since the last display
         self.steps = self.samples = 0  # trained so far
 
@@ -666,70 +615,58 @@ class _Run:
 
     def test(self, step: int, samples: int, weights) -> None:
         results = self.evaluator.evaluate(weights)
-        self.last_results = results
         primary = self.run.primary_test
         values = results[primary.label]
         record = {"event": "eval", "step": step, "samples": samples, "wall_s": self.metrics.elapsed(),
                   "loss": values.get("loss"), "test_accuracy": _accuracy_of(values, primary.net),
                   "outputs": results}
         self.metrics.write(record)
+        self.last_eval = record
         self.metrics.progress(0, acc=record["test_accuracy"])
-        logger.info("Iteration %d, Testing net: %s", step, _format_outputs(results))
-
-    def display(self, step: int, loss: float, lr: float | None, samples: int) -> None:
-        self.metrics.write({"event": "train", "step": step, "samples": samples, "wall_s": self.metrics.elapsed(),
-                            "loss": loss, "lr": lr})
-        logger.info("Iteration %d, loss = %.6g%s", step, loss, "" if lr is None else f", lr = {lr:.6g}")
-
-    def snapshot(self, step: int, weights) -> None:
-        self.metrics.write(self.snapshots.write(step, weights))
-
-    def advance(self, before: int, after: int, loss: float, *, samples: int, lr: float | None, finished: bool,
-                weights: Callable[[], WeightCollection] | None) -> None:
-        """Steps ``before`` to ``after`` trained at mean loss ``loss``: display, test and snapshot where due.
-
-        ``weights()`` gives the weights at ``after`` (None: there are none, so no test or snapshot);
-        the display of the run's last steps comes only when ``display`` is set.
-        """
-        self.window_loss += loss * (after - before)
-        self.window_steps += after - before
-        if (_crossed(before, after, self.run.display) or (finished and self.run.display)) and self.window_steps:
-            self.display(after, self.window_loss / self.window_steps, lr, samples)
-            self.window_loss, self.window_steps = 0.0, 0
-        if weights is None or finished:  # the final weights (the average, when kept) are for finish()
-            return
-        if self.evaluator is not None and _crossed(before, after, self.run.test_interval):
-            self.test(after, samples, weights())
-        if _crossed(before, after, self.run.snapshot):
-            self.snapshot(after, weights())
+        logger.info("Iteration %d, Testing net: %s", step, "; ".join(
+            f"{label}: " + ", ".join(f"{k} = {v:.4g}" for k, v in out.items()) for label, out in results.items()))
 
     def round_done(self, record: dict, flat, *, steps_shown: bool) -> None:
         """A round's record (from the one process's loop or from Spark): display, test and snapshot where due.
 
-        ``flat``: the round's global weights (None: the engine gives none between rounds, and its own test
-        of the primary net is written instead); ``steps_shown``: the progress line already counted the steps.
+        ``flat``: the round's global weights (None: the engine gives none between rounds, so its own test of the
+        primary net is written instead of a test or snapshot); ``steps_shown``: the progress line already counted
+        the steps. The display of the run's last steps comes only when ``display`` is set; the final weights (the
+        average, when kept) are tested and snapshotted by :meth:`finish`.
         """
-        before, after = self.steps, int(record["total_steps"])
+        run, before, after = self.run, self.steps, int(record["total_steps"])
         self.steps, self.samples = after, int(record["total_samples"])
         if not steps_shown:
             self.metrics.progress(after - before, round=record.get("round"), loss=record.get("loss"),
                                   tau=record.get("tau"))
         finished = record.get("stop_reason") is not None
-        solver = self.run.solver
-        self.advance(before, after, record.get("loss") or 0.0, samples=self.samples, finished=finished,
-                     lr=solver.base_lr * lr_multiplier(solver, after),
-                     weights=None if flat is None else lambda: self.weights_from_flat(flat))
-        if flat is None and "val_loss" in record and not finished:  # the last round gets the full test after it
-            self.metrics.write({"event": "eval", "step": after, "samples": self.samples,
-                                "wall_s": self.metrics.elapsed(), "loss": record.get("val_loss"),
-                                "test_accuracy": record.get("val_accuracy")})
+        self.window_loss += (record.get("loss") or 0.0) * (after - before)
+        self.window_steps += after - before
+        if (_crossed(before, after, run.display) or (finished and run.display)) and self.window_steps:
+            loss, lr = self.window_loss / self.window_steps, run.solver.base_lr * lr_multiplier(run.solver, after)
+            self.metrics.write({"event": "train", "step": after, "samples": self.samples,
+                                "wall_s": self.metrics.elapsed(), "loss": loss, "lr": lr})
+            logger.info("Iteration %d, loss = %.6g, lr = %.6g", after, loss, lr)
+            self.window_loss, self.window_steps = 0.0, 0
+        if finished:
+            return
+        if flat is None:
+            if "val_loss" in record:
+                self.metrics.write({"event": "eval", "step": after, "samples": self.samples,
+                                    "wall_s": self.metrics.elapsed(), "loss": record.get("val_loss"),
+                                    "test_accuracy": record.get("val_accuracy")})
+            return
+        if self.evaluator is not None and _crossed(before, after, run.test_interval):
+            self.test(after, self.samples, self.weights_from_flat(flat))
+        if _crossed(before, after, run.snapshot):
+            self.metrics.write(self.snapshots.write(after, self.weights_from_flat(flat)))
 
     def finish(self, weights: WeightCollection) -> None:
         """The fit's weights at the end: tested, and snapshotted as the solver file asks."""
         if self.evaluator is not None:
             self.test(self.steps, self.samples, weights)
         if self.run.snapshot_after_train or (self.run.snapshot and self.steps % self.run.snapshot == 0):
-            self.snapshot(self.steps, weights)
+            self.metrics.write(self.snapshots.write(self.steps, weights))
 
 
 def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | None = None,
@@ -764,16 +701,14 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
         The Spark engines' settings (a run on Spark).
     """
 
-    dist = dist if dist is not None else DistributedConfig(workers=workers)
-    if dist.workers != workers:
-        dist = replace(dist, workers=workers)
+    dist = replace(dist or DistributedConfig(), workers=workers)
     if dist.engine is Engine.LOCAL and workers > 1:
         raise ValueError("engine 'local' trains in one process; use --engine rounds or barrier with --workers K")
     on_spark = dist.engine is not Engine.LOCAL and (workers > 1 or dist.master is not None
                                                    or dist.engine is Engine.BARRIER)
 
     seed_everything(run.seed)
-    cache = _DataCache()
+    cache: dict[str, Any] = {}
     t0 = time.perf_counter()
     x, y = load_net_data(run.train_net, samples=run.max_train_samples, seed=run.seed, cache=cache)
     module = run.train_net.build(seed=run.seed)
@@ -796,13 +731,11 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
         summary.update({
             "model": run.train_net.name, "dataset": run.train_net.data_binding.dataset,
             "setup_s": setup_s + summary.get("setup_s", 0.0), "caffe": run.describe(),
-            "test_outputs": state.last_results, "snapshots": [s["caffemodel"] for s in state.snapshots.written],
-            "train_samples": len(x),
+            "test_outputs": None if state.last_eval is None else state.last_eval["outputs"],
+            "snapshots": [s["caffemodel"] for s in state.snapshots.written], "train_samples": len(x),
         })
-        if state.last_results is not None and run.primary_test is not None:
-            values = state.last_results[run.primary_test.label]
-            summary["test_accuracy"] = _accuracy_of(values, run.primary_test.net)
-            summary["test_loss"] = values.get("loss")
+        if state.last_eval is not None:
+            summary.update(test_accuracy=state.last_eval["test_accuracy"], test_loss=state.last_eval["loss"])
         metrics.write(summary)
     return summary
 
@@ -810,15 +743,14 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
 def _train_local(run: CaffeRun, state: _Run, module, x, y, dist: DistributedConfig, threads, device) -> dict:
     """The round loop with one in-process worker, in rounds that end on every multiple of ``display``,
     ``test_interval`` and ``snapshot`` (and of 50 steps, for the progress line)."""
-    import torch
-
     threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     net = Net(module, run.solver, batch_size=run.batch_size, device=device, seed=run.seed)
     net.set_training_data((x, y))
     tau = math.gcd(50, *(every for every in (run.display, run.test_interval, run.snapshot) if every > 0))
     strategy = Average()
-    exchange = _CaffeExchange(net, strategy, state)
+    exchange = InProcessExchange([net], strategy, metrics=state.metrics, nan_message="the loss became {loss} at "
+                                 "iteration {step}; lower base_lr (--lr) or check the data")
     plan = FitPlan.from_config(replace(dist, tau=tau, auto_tau=False, round_seconds=None),
                                strategy, steps=run.max_iter, dataset_rows=len(x))
     flat = run_rounds(exchange, plan, strategy.init_global(net.get_flat()),
@@ -830,36 +762,7 @@ def _train_local(run: CaffeRun, state: _Run, module, x, y, dist: DistributedConf
             "threads": threads, "rounds": 0, "bytes_communicated": 0, **average_summary([], dist.weight_ema)}
 
 
-class _CaffeExchange(InProcessExchange):
-    """The one process's worker: the progress line moves as it trains, a NaN loss stops the run at once,
-    and each round's global weights are kept for the tests and snapshots its record calls for."""
-
-    def __init__(self, net: Net, strategy, state: _Run):
-        super().__init__([net], strategy, on_steps=self._progress)
-        self.net, self.state = net, state
-        self.steps_done, self.train_s, self.latest = 0, 0.0, None
-
-    def _progress(self, stats) -> None:
-        self.steps_done += stats.steps
-        self.train_s += stats.wall_s
-        self.state.metrics.progress(stats.steps, loss=stats.loss, lr=self.net.learning_rate)
-        if not stats.finite:
-            raise FloatingPointError(f"the loss became {stats.last_loss} at iteration {self.steps_done}; "
-                                     "lower base_lr (--lr) or check the data")
-
-    def new_global(self, global_flat, progress) -> None:
-        self.latest = global_flat
-
-
-def _training_frame(spark, x: np.ndarray, y: np.ndarray, workdir: Path):
-    """The transformed training data as a Spark DataFrame (``features``, ``label``)."""
-    if is_local_master(spark.sparkContext.master):
-        return spark.read.parquet(str(dataset_as_parquet(ArrayDataset(x, y), workdir / "train.parquet")))
-    return frame_from_arrays(spark, x, y)  # executors elsewhere cannot read the driver's disk
-
-
 def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device, spark, options) -> dict:
-    metrics = state.metrics
     tau = dist.tau
     if tau is not None and run.test_interval and run.test_interval % tau:
         logger.warning("test_interval %d is not a multiple of tau %d: tests run at the end of the round that "
@@ -888,11 +791,14 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
     logger.info("training %s on Spark %s: %d workers, %s engine, tau=%s, %d rows", run.train_net.name,
                 spark.sparkContext.master, dist.workers, dist.engine.value, tau, len(x))
     with tempfile.TemporaryDirectory(prefix="sparknet-caffe-") as workdir:
-        frame = _training_frame(spark, x, y, Path(workdir))
+        if is_local_master(spark.sparkContext.master):
+            frame = spark.read.parquet(str(dataset_as_parquet(ArrayDataset(x, y), Path(workdir) / "train.parquet")))
+        else:  # executors elsewhere cannot read the driver's disk
+            frame = frame_from_arrays(spark, x, y)
         result = trainer.fit(frame, validation=validation)
     state.finish(result.weights)
     summary = {k: v for k, v in result.summary.items() if k not in ("test_accuracy", "test_loss")}
-    summary.update(steps=summary.get("total_steps"), fit_s=summary.get("wall_s"), wall_s=metrics.elapsed(),
+    summary.update(steps=summary.get("total_steps"), fit_s=summary.get("wall_s"), wall_s=state.metrics.elapsed(),
                    master=spark.sparkContext.master)
     if validation is not None and result.summary.get("test_accuracy") is not None:
         summary["test_accuracy"] = result.summary["test_accuracy"]
