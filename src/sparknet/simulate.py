@@ -14,7 +14,6 @@ import math
 import time
 from dataclasses import dataclass, field
 
-
 from sparknet.config import CompressionKind, Strategy, Streaming, parse_enum
 from sparknet.loop import EvalPlan, FitPlan, InProcessExchange, StopRule, run_rounds
 from sparknet.step import worker_seed
@@ -50,8 +49,9 @@ class SimulationResult:
 def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strategy | str = "average",
              solver: SolverConfig | None = None, batch_size: int = 64, target_accuracy: float | None = None,
              steps: int = 10000, eval_every_steps: int | None = None, eval_samples: int | None = None,
-             compression: CompressionKind | str = CompressionKind.NONE, seed: int = 0, strategy_options: dict | None = None,
-             weight_ema: float | None = None, overlap: bool = False, fragments: int = 1) -> SimulationResult:
+             compression: CompressionKind | str = CompressionKind.NONE, seed: int = 0,
+             strategy_options: dict | None = None, weight_ema: float | None = None, overlap: bool = False,
+             fragments: int = 1) -> SimulationResult:
     """Train ``workers`` logical workers with ``strategy`` until the target or ``steps``.
 
     Parameters
@@ -85,9 +85,7 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
     test_x, test_y = (test.x, test.y) if eval_samples is None else (test.x[:eval_samples], test.y[:eval_samples])
     evaluator = Net(net_params, solver, batch_size=batch_size, seed=seed)
     evaluator.set_validation_data((test_x, test_y))
-    options = dict(strategy_options or {})
-    options.setdefault("num_workers", workers)
-    strat = make_strategy(name, **options)
+    strat = make_strategy(name, **{"num_workers": workers, **(strategy_options or {})})
     if name is Strategy.SYNC:
         # Gradients averaged every step over K equal batches = one step on a K-times larger batch.
         net = Net(net_params, solver, batch_size=batch_size * workers, seed=seed)
@@ -116,14 +114,11 @@ def simulate(net_params, train, test, *, workers: int, tau: int, strategy: Strat
     eval_rounds = max(1, math.ceil((eval_every_steps or tau) / tau))
     plan = FitPlan(strategy=strat, stop=StopRule(steps=steps, target_accuracy=target_accuracy, tau=tau),
                    evaluation=EvalPlan(every=eval_rounds), weight_ema=weight_ema)
-    progress = plan.progress
     run_rounds(exchange, plan, strat.init_global(evaluator.get_flat()), on_record=on_record)
     acc = history[-1]["accuracy"]
     reached = target_accuracy is not None and acc >= target_accuracy
-    steps = progress.steps_done
-    if name is Strategy.SYNC:  # every step's gradient, up and down
-        sent = 2 * workers * evaluator.get_flat().numel() * 4 * steps
-    else:
-        sent = exchange.bytes_moved
-    return SimulationResult(name.value, workers, tau, reached, progress.round, steps, steps * workers,
+    steps = plan.progress.steps_done
+    # sync sends every step's gradient, up and down
+    sent = 2 * workers * evaluator.get_flat().numel() * 4 * steps if name is Strategy.SYNC else exchange.bytes_moved
+    return SimulationResult(name.value, workers, tau, reached, plan.progress.round, steps, steps * workers,
                             sent if workers > 1 else 0, acc, time.perf_counter() - t0, history)

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from sparknet import zoo
-from sparknet.config import DistributedConfig, WorkerConfig
+from sparknet.config import DistributedConfig, WorkerConfig, check_at_least
 from sparknet.datasets import ArrayDataset, Deformation, cache_root, extended_arrays, load_dataset, mnist
 from sparknet.datasets.cache import atomic_write, exclusive
 from sparknet.errors import DatasetError
@@ -69,9 +69,6 @@ EXPERIMENTS: dict[str, str] = {
 
 DEFAULT_OUT = "runs/experiments"
 """Where results go unless told otherwise (relative to the working directory)."""
-
-EXTENDED_SAMPLES = 100_000
-"""Deformed digits an extended-MNIST experiment makes unless ``train_samples`` says otherwise."""
 
 
 def get_experiment(name: str) -> ModuleType:
@@ -174,18 +171,16 @@ class ExperimentConfig:
     """Seed of the weights and of every worker's data order."""
 
     def __post_init__(self):
-        self._check("batch_size", *(n for n in ("train_samples", "test_samples") if getattr(self, n) is not None))
+        self._check("batch_size", "train_samples", "test_samples")
 
     def _check(self, *at_least_one: str, target: bool = False, counts: tuple[str, ...] = (),
                choices: dict[str, tuple[str, ...]] | None = None) -> None:
-        """``ValueError`` unless every named field is at least 1, the target (with ``target``) an accuracy, every
-        field of ``counts`` a non-empty tuple of such numbers (made one here) and every field of ``choices`` (a
-        value or a non-empty tuple of them) among its choices."""
+        """``ValueError`` unless every named field is at least 1 (or ``None``), the target (with ``target``) an
+        accuracy, every field of ``counts`` a non-empty tuple of such numbers (made one here) and every field of
+        ``choices`` (a value or a non-empty tuple of them) among its choices."""
         if target and not 0 < self.target <= 1:
             raise ValueError(f"target is an accuracy in (0, 1], got {self.target}")
-        for name in at_least_one:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        check_at_least(1, **{name: getattr(self, name) for name in at_least_one})
         for name in counts:
             setattr(self, name, tuple(int(v) for v in getattr(self, name)))
             if not getattr(self, name) or min(getattr(self, name)) < 1:
@@ -228,10 +223,10 @@ def load_data(dataset: str, *, train_samples: int | None = None, test_samples: i
 
     The cuts take the first samples (the splits are already shuffled), so every process and run sees the same
     subset. ``extended-mnist`` trains on :func:`extended_train`'s first ``train_samples`` (default
-    :data:`EXTENDED_SAMPLES`) digits and tests on MNIST's test digits.
+    100,000) digits and tests on MNIST's test digits.
     """
     if dataset.strip().lower().replace("_", "-") == "extended-mnist":
-        train, test = extended_train(train_samples or EXTENDED_SAMPLES), mnist().test
+        train, test = extended_train(train_samples or 100_000), mnist().test
     else:
         data = load_dataset(dataset.lower())
         train, test = data.train, data.test
