@@ -31,7 +31,6 @@ class TreeFileError(ValueError):
 
 
 def _aligned(n: int) -> int:
-    """``n`` rounded up to the next multiple of :data:`_ALIGN`."""
     return -(-n // _ALIGN) * _ALIGN
 
 

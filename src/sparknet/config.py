@@ -498,8 +498,5 @@ class TrainConfig:
     dist: DistributedConfig = field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict:
-        def plain(v):
-            return v.value if isinstance(v, enum.Enum) else v
-
-        return {name: {k: plain(v) for k, v in asdict(part).items()}
+        return {name: {k: v.value if isinstance(v, enum.Enum) else v for k, v in asdict(part).items()}
                 for name, part in (("run", self.run), ("dist", self.dist))}

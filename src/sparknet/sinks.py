@@ -70,7 +70,6 @@ def _number(value) -> float | None:
 
 
 def _finite(pairs: Iterable[tuple[str, Any]]) -> dict[str, float]:
-    """``{name: value}`` for the ``(name, value)`` pairs whose value is a finite number, in order."""
     return {name: v for name, v in ((name, _number(value)) for name, value in pairs) if v is not None}
 
 
@@ -410,11 +409,9 @@ def _close_each(sinks: list, failed: bool) -> None:
         close = getattr(sink, "close", None)
         if close is None:
             continue
+        status = ("FAILED" if failed else "FINISHED",) if isinstance(sink, MLflowSink) else ()
         try:
-            if isinstance(sink, MLflowSink):
-                close("FAILED" if failed else "FINISHED")
-            else:
-                close()
+            close(*status)
         except Exception as e:  # noqa: BLE001 - keep closing the others, report the first
             log.warning("closing %r failed: %s", sink, e)
             first = first or e
