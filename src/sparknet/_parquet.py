@@ -159,11 +159,10 @@ def _labels_to_numpy(column, label_col: str) -> np.ndarray:
     col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     if col.null_count:
         raise ValueError(f"the label column {label_col!r} has {col.null_count} null values; drop those rows first")
-    sequence = pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type)
-    if sequence:
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
         lengths = np.asarray(col.value_lengths())
         if len(lengths) and ((lengths != lengths[0]).any() or lengths[0] == 0):
-            bad = int(np.argmax(lengths != lengths[0])) if (lengths != lengths[0]).any() else 0
+            bad = int(np.argmax(lengths != lengths[0]))  # 0 when every row is empty
             raise ValueError(f"label rows of {label_col!r} differ in length: row 0 has {lengths[0]} ids, row {bad} "
                              f"has {lengths[bad]}; a sequence needs one label per position, the same in every row")
         values = col.flatten()

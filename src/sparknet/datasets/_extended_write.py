@@ -133,7 +133,6 @@ def write_extended_mnist(spark, path: str | os.PathLike, num_samples: int, *, se
     path = os.fspath(path)
     if mode == "error" and _exists(path):
         raise ValueError(f"{path} exists; pass mode='overwrite' (--overwrite) to replace it")
-    deformation = deformation or Deformation()
     images, labels = base_digits(base)
     t0 = time.perf_counter()
     shared = sc.broadcast((images.tobytes(), labels.tobytes()))

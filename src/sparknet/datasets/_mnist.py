@@ -238,11 +238,10 @@ def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
 
 
 def _find_idx(folder: Path, stem: str) -> Path:
-    candidates = [stem, stem.replace("-idx", ".idx")]
-    for name in candidates:
-        for suffix in ("", ".gz"):
-            if (folder / f"{name}{suffix}").is_file():
-                return folder / f"{name}{suffix}"
+    for name in (stem, stem.replace("-idx", ".idx")):
+        for path in (folder / name, folder / f"{name}.gz"):
+            if path.is_file():
+                return path
     raise DatasetError(f"{folder} has no {stem} (nor {stem}.gz); {_IDX_HELP}")
 
 

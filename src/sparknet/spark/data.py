@@ -17,6 +17,7 @@ memory; both sum their counts.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -94,17 +95,17 @@ class ChunkCounts:
         for key in _COUNTS:
             setattr(self, key, getattr(self, key) + getattr(other, key))
         for key in _EXAMPLES:
-            for v in getattr(other, key):
-                self.example(key, v)
+            self.example(key, *getattr(other, key))
         if other.y_min is not None:
             self.range(other.y_min, other.y_max)
         self.label_col = self.label_col or other.label_col
         return self
 
-    def example(self, key: str, value) -> None:
+    def example(self, key: str, *values) -> None:
         seen = getattr(self, key)
-        if value not in seen and len(seen) < _MAX_EXAMPLES:
-            seen.append(value)
+        for value in values:
+            if value not in seen and len(seen) < _MAX_EXAMPLES:
+                seen.append(value)
 
     def range(self, lo, hi) -> None:
         self.y_min = lo if self.y_min is None else min(lo, self.y_min)
@@ -192,8 +193,7 @@ def _arrow_sequence_labels(labels, info: ChunkCounts, float_labels: bool = False
         info.null_y += labels.null_count
         return None
     lengths = np.asarray(labels.value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
-    for v in np.unique(lengths)[:_MAX_EXAMPLES]:
-        info.example("label_lengths", int(v))
+    info.example("label_lengths", *np.unique(lengths)[:_MAX_EXAMPLES].tolist())
     if n == 0:
         return np.zeros((0, 0), np.int64)
     width = int(lengths[0])
@@ -277,17 +277,14 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
         if encoded and image_shape is not None:
             x = _decode_images([bytes(data[a:b]) for a, b in zip(offsets[:-1], offsets[1:])], image_shape, info)
             return _finish(np.empty((0, numel), np.float32) if x is None else x, y[:0] if x is None else y, info)
-        for v in np.unique(lengths)[:_MAX_EXAMPLES]:
-            info.example("lengths", int(v))
-        ok = (lengths == numel) | (lengths == 4 * numel)
+        info.example("lengths", *np.unique(lengths)[:_MAX_EXAMPLES].tolist())
+        ok = (lengths == numel) | ((lengths == 4 * numel) & (kind == "binary"))  # the image source: uint8 only
         if not ok.all():
             return _refused(info, "bad_rows", int(n - ok.sum()), numel, y)
         if not (lengths == lengths[0]).all():  # uint8 and float32 rows mixed
             return _refused(info, "bad_rows", int(n - (lengths == lengths[0]).sum()), numel, y)
         data = data[offsets[0]:offsets[-1]]
         if kind == "image":
-            if lengths[0] != numel:
-                return _refused(info, "bad_rows", n, numel, y)
             return _finish(_spark_image_pixels(data, n, image_shape), y, info)
         if lengths[0] == numel:
             x = data.reshape(n, numel).astype(np.float32) / np.float32(255.0)
@@ -296,8 +293,7 @@ def _arrow_batch(batch, kind: str, expected_len: int | None, image_numel: int | 
         return _finish(x, y, info)
     # list<float>
     lengths = np.asarray(feats.value_lengths().to_numpy(zero_copy_only=False), dtype=np.int64)
-    for v in np.unique(lengths)[:_MAX_EXAMPLES]:
-        info.example("lengths", int(v))
+    info.example("lengths", *np.unique(lengths)[:_MAX_EXAMPLES].tolist())
     want = expected_len if expected_len is not None else (int(lengths[0]) if n else 0)
     bad = int((lengths != want).sum())
     if bad:
@@ -361,9 +357,7 @@ def _row_to_chunk(row, label_dtype=np.int64) -> Chunk:
     label_width = int(row["label_width"])
     if label_width:
         y = y.reshape(-1, label_width)
-    width = int(row["width"])
-    x = (np.frombuffer(row["x"], dtype=np.float32).reshape(len(y), width) if len(y)
-         else np.empty((0, width), np.float32))
+    x = np.frombuffer(row["x"], dtype=np.float32).reshape(len(y), int(row["width"]))
     return Chunk(x, y, ChunkCounts.from_dict(json.loads(row["info"])))
 
 
@@ -444,8 +438,7 @@ def merge_chunks(chunks: Iterable) -> tuple[np.ndarray | None, np.ndarray | None
         if len(y):
             xs.append(x)
             ys.append(y)
-    widths = {x.shape[1] for x in xs}
-    if len(widths) > 1:
+    if len({x.shape[1] for x in xs}) > 1:
         total.bad_rows += sum(len(y) for y in ys)
         return None, None, total
     if len({y.shape[1:] for y in ys}) > 1:
@@ -847,9 +840,7 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
     labels per row of a sequence) and ``"rows_per_partition"``.
     """
     parts = [s if isinstance(s, ChunkCounts) else ChunkCounts.from_dict(s) for s in stats]
-    total = ChunkCounts()
-    for part in parts:
-        total.add(part)
+    total = functools.reduce(ChunkCounts.add, parts, ChunkCounts())
     labels = f"labels in column {total.label_col!r}" if total.label_col else "labels"
     if total.not_pairs:
         raise ValueError(f"{what}: {total.not_pairs} elements are not (numeric array, label) pairs")
