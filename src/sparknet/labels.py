@@ -157,8 +157,7 @@ def classification_sums(pred: torch.Tensor, y: torch.Tensor) -> list[float]:
                          f"{tuple(y.shape)}")
     scores = pred if pred.shape[:-1] == y.shape else pred.movedim(1, -1)
     right = float((scores.argmax(-1) == y).sum())
-    classes = scores.shape[-1]
-    if classes <= TOP_K:
+    if scores.shape[-1] <= TOP_K:
         return [right, float(y.numel()), right, 0.0]
     top = scores.topk(TOP_K, dim=-1).indices
     return [right, float(y.numel()), float((top == y.unsqueeze(-1)).any(-1).sum()), 1.0]

@@ -102,9 +102,7 @@ class RowFileWriter:
         self.stem = stem
         self.rows = 0
         self.bad_rows = self.bad_labels = 0
-        self._x_shape: tuple[int, ...] | None = None
-        self._y_shape: tuple[int, ...] | None = None
-        self._y_dtype: str | None = None
+        self._x_shape = self._y_shape = self._y_dtype = None  # the first chunk's, which every other must match
         self._tmp = f".{os.getpid()}.tmp"
         os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
         self._fx = open(f"{stem}.x{self._tmp}", "wb")
@@ -211,14 +209,10 @@ class RowStream:
         self._fy.close()
 
     # -- the order ----------------------------------------------------------------------------------
-    def _block_order(self) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(self.num_blocks)
-        return np.random.default_rng([self.seed, self.epoch]).permutation(self.num_blocks)
-
     def _start_order(self) -> None:
         """The epoch's block order and where each of its windows starts in the epoch (rows before it)."""
-        self._order = self._block_order()
+        self._order = (np.random.default_rng([self.seed, self.epoch]).permutation(self.num_blocks) if self.shuffle
+                       else np.arange(self.num_blocks))
         lens = np.minimum(self.block_rows, self.file.rows - self._order * self.block_rows)
         per_window = np.add.reduceat(lens, np.arange(0, self.num_blocks, self.window_blocks))
         self._window_starts = np.concatenate([[0], np.cumsum(per_window)])

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from sparknet.datasets import Vocabulary
+from sparknet.datasets import Vocabulary, shakespeare
 
 __all__ = ["Vocabulary", "sample_text", "load_char_model", "configure_sample", "run_sample"]
 
@@ -90,7 +90,6 @@ def sample_text(net_or_module: Any, corpus: Any, prime: str = "ROMEO:", length: 
     device = next((p.device for p in module.parameters()), torch.device("cpu"))
     was_training = module.training
     module.eval()
-    out: list[int] = []
     try:
         for _ in range(length):
             x = torch.tensor([ids[-window:]], dtype=torch.long, device=device)
@@ -101,13 +100,11 @@ def sample_text(net_or_module: Any, corpus: Any, prime: str = "ROMEO:", length: 
             if temperature == 0:
                 nxt = int(logits.argmax())
             else:
-                probs = torch.softmax(logits / temperature, dim=0)
-                nxt = int(torch.multinomial(probs, 1, generator=gen))
+                nxt = int(torch.multinomial(torch.softmax(logits / temperature, dim=0), 1, generator=gen))
             ids.append(nxt)
-            out.append(nxt)
     finally:
         module.train(was_training)
-    return codec.decode(out)
+    return codec.decode(ids[len(ids) - length:])
 
 
 # --------------------------------------------------------------------------- command line
@@ -139,8 +136,6 @@ def configure_sample(parser: argparse.ArgumentParser) -> None:
 
 def _corpus_vocab(spec: str) -> list[str]:
     if spec == "shakespeare":
-        from sparknet.datasets import shakespeare
-
         return list(shakespeare().vocab)
     path = Path(spec)
     if not path.is_file():
