@@ -6,8 +6,9 @@ multipliers (Caffe's ``param { lr_mult decay_mult }``) become optimizer paramete
 
 Two solvers search along a direction instead of stepping by the learning rate: nonlinear
 conjugate gradient (:class:`ConjugateGradient`, the optimizer the 2017 data- and model-parallel
-Spark paper found fastest for its fully connected net) and L-BFGS (``torch.optim.LBFGS``). Their ``step`` takes a closure that
-evaluates the loss again on the same minibatch (:attr:`SolverType.needs_closure`).
+Spark paper found fastest for its fully connected net) and L-BFGS (``torch.optim.LBFGS``). Their
+``step`` takes a closure that evaluates the loss again on the same minibatch
+(:attr:`SolverType.needs_closure`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import torch
 
 from sparknet._enums import parse_enum
 
-__all__ = ["SolverType", "LRPolicy", "SolverConfig", "CaffeSGD", "CaffeAdam", "ConjugateGradient", "build_optimizer", "lr_multiplier",
-           "check_gradient_hook"]
+__all__ = ["SolverType", "LRPolicy", "SolverConfig", "CaffeSGD", "CaffeAdam", "ConjugateGradient", "build_optimizer",
+           "lr_multiplier", "check_gradient_hook"]
 
 
 class SolverType(str, enum.Enum):
@@ -232,7 +233,8 @@ def _groups(model_or_groups) -> list[dict]:
     for g in groups:
         params = [p for p in g["params"] if p.requires_grad]
         if params:
-            out.append({"params": params, "lr_mult": float(g.get("lr_mult", 1.0)), "decay_mult": float(g.get("decay_mult", 1.0))})
+            out.append({"params": params, "lr_mult": float(g.get("lr_mult", 1.0)),
+                        "decay_mult": float(g.get("decay_mult", 1.0))})
     if not out:
         raise ValueError("the model has no trainable parameters")
     return out
@@ -648,7 +650,8 @@ def build_optimizer(model_or_groups, config: SolverConfig | None = None):
     for g in groups:
         decay = config.weight_decay * g["decay_mult"]
         decays.append(decay if l1 else 0.0)
-        torch_groups.append({"params": g["params"], "lr": config.base_lr * g["lr_mult"], "weight_decay": 0.0 if l1 else decay})
+        torch_groups.append({"params": g["params"], "lr": config.base_lr * g["lr_mult"],
+                             "weight_decay": 0.0 if l1 else decay})
     t = config.type
     if t.needs_closure:
         # The penalty joins the loss the line search lowers: no weight_decay inside the optimizer.
