@@ -193,11 +193,14 @@ class Listener:
 
 
 class Dialer:
-    """A worker's socket of ``kind`` to ``endpoint`` in a context of its own, with no linger: a CurveZMQ client of
-    ``keys`` (``None``: an ``ipc://`` endpoint of :func:`listen`)."""
+    """A worker's socket of ``kind`` to ``endpoint`` in a context of its own, with no linger (or ``linger_ms`` at
+    :meth:`close`) and sends that wait ``send_timeout_ms`` at most (-1: no limit): a CurveZMQ client of ``keys``
+    (``None``: an ``ipc://`` endpoint of :func:`listen`)."""
 
-    def __init__(self, kind: int, endpoint: str, keys: ClientKeys | None):
+    def __init__(self, kind: int, endpoint: str, keys: ClientKeys | None, *, linger_ms: int = 0,
+                 send_timeout_ms: int = -1):
         self.kind, self.endpoint, self.keys = kind, endpoint, keys
+        self.options = {zmq.LINGER: linger_ms, zmq.SNDTIMEO: send_timeout_ms}
         self.ctx = zmq.Context()
         self.socket = None
         try:
@@ -211,7 +214,8 @@ class Dialer:
         if self.socket is not None:
             self.socket.close(linger=0)
         self.socket = self.ctx.socket(self.kind)
-        self.socket.setsockopt(zmq.LINGER, 0)
+        for option, value in self.options.items():
+            self.socket.setsockopt(option, value)
         self.socket.setsockopt(zmq.IPV6, 1)  # the driver's address may be IPv6
         if self.keys is not None:
             connect_keys(self.socket, self.keys)
@@ -243,7 +247,7 @@ class Dialer:
         """Close the socket and the context (idempotent; ``forked``: this process is a fork of the one that opened
         them, whose sockets it must not touch: they are dropped)."""
         if not forked and self.socket is not None:
-            self.socket.close(linger=0)
+            self.socket.close()
         if not forked and self.ctx is not None:
             self.ctx.term()
         self.socket = self.ctx = None

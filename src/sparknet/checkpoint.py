@@ -316,6 +316,16 @@ class RoundCheckpoints:
         return path
 
 
+def open_checkpoints(dist, config: dict, net) -> tuple[RoundCheckpoints | None, Checkpoint | None]:
+    """``dist``'s checkpoint folder, checked writable (None if it names none), and, with ``dist.resume``, its newest
+    checkpoint, checked to be of ``net``'s model (None if there is none yet)."""
+    if dist is None or not dist.checkpoint_dir:
+        return None, None
+    checkpoints = RoundCheckpoints(dist.checkpoint_dir, every=dist.checkpoint_every, keep=dist.checkpoint_keep,
+                                   config=config)
+    return checkpoints, checkpoints.resume(net.get_weights()) if dist.resume else None
+
+
 def rng_state() -> dict:
     """Python's, numpy's and torch's global generator states (for a checkpoint)."""
     np_state = np.random.get_state()

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
-from sparknet.checkpoint import CheckpointError, RoundCheckpoints
+from sparknet.checkpoint import CheckpointError, open_checkpoints
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.loop import FitPlan, InProcessExchange, ResumeState, average_summary, run_rounds
 from sparknet.metrics import MetricsLogger
@@ -75,11 +75,7 @@ def _local_checkpoints(dist: DistributedConfig | None, net: Net, config: dict):
 
     A folder that cannot be written, or a checkpoint of another model, fails here, before training.
     """
-    if dist is None or not dist.checkpoint_dir:
-        return None, None
-    checkpoints = RoundCheckpoints(dist.checkpoint_dir, every=dist.checkpoint_every, keep=dist.checkpoint_keep,
-                                   config=config)
-    ckpt = checkpoints.resume(net.get_weights()) if dist.resume else None
+    checkpoints, ckpt = open_checkpoints(dist, config, net)
     if ckpt is None:
         return checkpoints, None
     state = ckpt.state

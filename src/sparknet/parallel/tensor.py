@@ -393,11 +393,6 @@ class TensorParallelModule(nn.Module):
                 raise
             return getattr(module, name)
 
-    @property
-    def model_parallel(self) -> int:
-        """``M``, the size of the model-parallel group."""
-        return self.mesh.size()
-
     def forward(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         return self.module(x, y)
 

@@ -148,15 +148,9 @@ class MetricsSender:
     """
 
     def __init__(self, endpoint: str, secret: bytes, keys: ClientKeys, send_timeout_ms: int = 5000):
-        self._dialer = Dialer(zmq.PUSH, endpoint, keys)
-        try:  # the last records get two seconds to leave at close
-            self._dialer.socket.setsockopt(zmq.LINGER, 2000)
-            self._dialer.socket.setsockopt(zmq.SNDTIMEO, send_timeout_ms)
-        except BaseException:
-            self._dialer.close()
-            raise
+        # the last records get two seconds to leave at close
+        self._dialer = Dialer(zmq.PUSH, endpoint, keys, linger_ms=2000, send_timeout_ms=send_timeout_ms)
         self._secret = secret
-        self.dropped = 0
 
     def send(self, record: dict, payload: bytes | None = None) -> bool:
         """Push one record (and an optional binary payload); ``False`` when it could not be sent in time."""
@@ -167,12 +161,10 @@ class MetricsSender:
             self._dialer.socket.send_multipart(frames)
             return True
         except zmq.Again:
-            self.dropped += 1
             log.warning("metrics channel to the driver is full or gone; dropped a %s record", record.get("event"))
             return False
 
     def close(self) -> None:
-        self._dialer.socket.close()  # with its linger, before the dialer's close (which has none) ends the context
         self._dialer.close()
 
 

@@ -80,7 +80,7 @@ class RoundRelay:
         self._lock = threading.Lock()
         self._round: int | None = None
         self._blobs: dict[str, tuple[memoryview, str]] = {}
-        self._updates: dict[tuple[str, int, int], tuple[int, object]] = {}
+        self._updates: dict[tuple[str, int, int], object] = {}  # (kind, index, attempt): the payload frame
         self._parked: list[tuple[object, int, int, str]] = []  # gets of the next round: (ident, nonce, round, name)
         self._wake_in = self._wake_out = None
         self._max_bytes, self._update_bytes = int(max_bytes), update_bytes
@@ -144,7 +144,7 @@ class RoundRelay:
         if got is None:
             raise RuntimeError(f"round {round_index + 1}: the {kind} of partition {index} (task attempt {attempt}) "
                                "never reached the driver's relay although its task finished")
-        return got[1].buffer
+        return got.buffer
 
     def _serve(self) -> None:
         while not self._stop.is_set():
@@ -219,7 +219,7 @@ class RoundRelay:
                     return self._refuse(ident, nonce, f"shape: a put of {str(kind)[:40]!r}")
                 elif (self._update_bytes is not None and size != self._update_bytes) or size > self._max_bytes:
                     return self._refuse(ident, nonce, f"size: an update of {size} bytes")
-                self._updates[(kind, index, attempt)] = (size, payload)
+                self._updates[(kind, index, attempt)] = payload
                 self.received += 1
                 self._listener.socket.send_multipart([ident, json.dumps({"ok": True, "nonce": nonce}).encode()])
                 return

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from sparknet._malloc import keep_freed_memory
-from sparknet.checkpoint import CheckpointError, RoundCheckpoints, set_rng_state
+from sparknet.checkpoint import CheckpointError, RoundCheckpoints, open_checkpoints, set_rng_state
 from sparknet.config import DistributedConfig, Engine, RunConfig, WorkerConfig, check_per_step_strategy
 from sparknet.errors import EngineError
 from sparknet.faults import faults_from
@@ -446,13 +446,9 @@ class SparkTrainer:
         """The checkpoint folder (checked writable) and, with ``dist.resume``, the state to resume from (its weights
         loaded into ``driver_net``)."""
         dist = self.dist
-        if not dist.checkpoint_dir:
-            return None, None
         # the configurations' enums are str enums: the manifest's JSON holds their values
         config = {"dist": asdict(dist), "worker": asdict(self.worker), "strategy": repr(self.strategy)}
-        checkpoints = RoundCheckpoints(dist.checkpoint_dir, every=dist.checkpoint_every, keep=dist.checkpoint_keep,
-                                       config=config)
-        ckpt = checkpoints.resume(driver_net.get_weights()) if dist.resume else None
+        checkpoints, ckpt = open_checkpoints(dist, config, driver_net)
         if ckpt is None:
             return checkpoints, None
         state = ckpt.state
