@@ -22,15 +22,12 @@ This module never imports pyspark; a ``LinkModel`` pickles, so it travels to exe
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 import time
 from dataclasses import dataclass
 
 __all__ = ["LinkModel", "parse_duration", "parse_bandwidth", "format_bandwidth", "format_duration"]
-
-log = logging.getLogger(__name__)
 
 _DURATION_UNITS = {"": 1.0, "s": 1.0, "sec": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
 _BANDWIDTH_UNITS = {"": 1.0, "bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}

@@ -9,7 +9,6 @@ the executor half of the shuffle between epochs.
 
 from __future__ import annotations
 
-import logging
 import math
 import socket
 import time
@@ -31,8 +30,6 @@ from sparknet.solvers import SolverConfig
 from sparknet.spark.rounds.executor import task_attempt, worker_failure
 
 __all__ = ["TaskSpec", "train_partition", "scatter", "blocks_from_chunks", "concat_blocks", "pick_fields"]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

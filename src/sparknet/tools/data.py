@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import uuid
 
 from sparknet.datasets import write_extended_mnist
@@ -26,8 +25,6 @@ from sparknet.spark.shared_path import check_shared_path
 from sparknet.tools.predict import _no_active_session
 
 __all__ = ["configure_command", "deadline_s"]
-
-log = logging.getLogger(__name__)
 
 _SECONDS_PER_SAMPLE = 1e-3
 """The default deadline allows this per sample (two cores make one in about 0.05 ms)."""
