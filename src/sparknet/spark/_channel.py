@@ -18,6 +18,7 @@ and write checkpoints. Payloads are :func:`sparknet._tensortree.pack_tree` bytes
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -45,7 +46,7 @@ def _mac(secret: bytes, body: bytes, payload: bytes | None = None) -> bytes:
     return hmac.new(secret, body, hashlib.sha256).digest()
 
 
-class MetricsReceiver:
+class MetricsReceiver(contextlib.AbstractContextManager):
     """Driver side: a PULL socket bound to ``bind_host`` on a free port.
 
     Parameters
@@ -133,9 +134,6 @@ class MetricsReceiver:
     def close(self) -> None:
         """Close the socket, then its gate, then the context (idempotent)."""
         self._listener.close()
-
-    def __enter__(self):
-        return self
 
     def __exit__(self, *exc):
         self.close()

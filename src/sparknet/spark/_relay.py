@@ -20,6 +20,7 @@ back to Spark's broadcasts and task results for the rest of the fit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -59,7 +60,7 @@ class RelayAddress:
     """The largest encoded worker state the relay takes (a bigger one travels in the task's result)."""
 
 
-class RoundRelay:
+class RoundRelay(contextlib.AbstractContextManager):
     """Driver side: a ROUTER socket bound to ``bind_host`` on a free port, served by a thread of its own.
 
     With ``local`` (every executor on this machine: a local master) it listens instead on a Unix socket in a folder of
@@ -245,9 +246,6 @@ class RoundRelay:
             self._parked.clear()
             self._updates.clear()
             self._blobs.clear()
-
-    def __enter__(self):
-        return self
 
     def __exit__(self, *exc):
         self.close()
