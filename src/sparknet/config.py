@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 from sparknet._enums import CompressionKind, DataMode, parse_enum
 from sparknet.link import LinkModel
+from sparknet.net import Compute, Precision
 from sparknet.solvers import LRPolicy, SolverConfig, SolverType
 
 __all__ = ["Engine", "Strategy", "CompressionKind", "WorkerConfig", "RunConfig", "DistributedConfig", "TrainConfig",
@@ -82,6 +83,25 @@ def check_at_least(low: int, **values) -> None:
             raise ValueError(f"{name} must be at least {low}, got {value}")
 
 
+def check_gpu_share(gpus: float | None) -> None:
+    """A worker's GPU share as Spark takes one: a whole number, or a fraction 1/n of one GPU (n workers share it).
+
+    Raises
+    ------
+    ValueError
+        For zero, a negative or non-finite number, or a fraction Spark cannot split a GPU into.
+    """
+    if gpus is None:
+        return
+    if not (math.isfinite(gpus) and gpus > 0):
+        raise ValueError(f"gpus_per_worker must be a positive number, got {gpus}")
+    if gpus >= 1 and gpus != int(gpus):
+        raise ValueError(f"gpus_per_worker above 1 must be a whole number of GPUs, got {gpus}")
+    if gpus < 1 and not math.isclose(1 / gpus, round(1 / gpus), rel_tol=1e-9):
+        raise ValueError(f"gpus_per_worker below 1 shares one GPU among n workers and must be 1/n (0.5, 0.25, ...), "
+                         f"got {gpus}")
+
+
 def check_per_step_strategy(dist: DistributedConfig, what: str, *, on_spark: bool = False) -> None:
     """The rules of a strategy that allreduces gradients every step (``sync``), checked for every caller.
 
@@ -123,10 +143,15 @@ class WorkerConfig:
     steps: int | None = None
     """Local steps per worker in all (a stopping rule beside the rounds, epochs and target accuracy of
     :class:`DistributedConfig`; the first one reached stops training). Warm-up steps are not counted."""
+    gpus_per_worker: float | None = None
+    """GPUs each worker asks Spark for, on the training stage only (1/n: n workers share one GPU)."""
+    compute: Compute = field(default_factory=Compute)
+    """Mixed precision, compilation and memory order of every worker's net."""
 
     def __post_init__(self):
         check_at_least(1, batch_size=self.batch_size, threads=self.threads, steps=self.steps)
         check_device(self.device)
+        check_gpu_share(self.gpus_per_worker)
 
 
 @dataclass(kw_only=True)
@@ -163,6 +188,15 @@ class RunConfig:
     """Torch threads per process (default: all cores in one process, 1 per Spark worker)."""
     device: str = "cpu"
     """cpu, cuda or auto."""
+    gpus_per_worker: float | None = None
+    """GPUs each Spark worker asks for, on the training stage only, through a stage-level resource profile
+    (0.5: two workers share one GPU); the stages that read the data ask for none."""
+    precision: Precision = Precision.FLOAT32
+    """float32, or bf16 (autocast: products and convolutions in bfloat16, weights and solver in float32)."""
+    compile: bool = False
+    """torch.compile each worker's net (the first steps pay for the compilation)."""
+    channels_last: bool = False
+    """Keep convolution weights and image batches in channels-last memory order (faster on GPUs)."""
     eval_every: int = 1000
     """Steps between evaluations on the test set (in one process; rounded up to whole rounds of --tau steps)."""
     metrics_out: str | None = None
@@ -179,6 +213,7 @@ class RunConfig:
     def __post_init__(self):
         self.solver_type = SolverType.parse(self.solver_type)
         self.lr_policy = LRPolicy.parse(self.lr_policy)
+        self.precision = parse_enum(Precision, self.precision, "precision")
         check_at_least(1, steps=self.steps)
         if self.batch_size < 1:
             raise ValueError(f"batch size must be at least 1, got {self.batch_size}")
@@ -203,7 +238,9 @@ class RunConfig:
     def worker(self) -> WorkerConfig:
         """What each worker does under these settings (one thread per worker unless --threads says)."""
         return WorkerConfig(solver=self.solver(), batch_size=self.batch_size, seed=self.seed,
-                            threads=self.threads or 1, device=self.device, steps=self.steps)
+                            threads=self.threads or 1, device=self.device, steps=self.steps,
+                            gpus_per_worker=self.gpus_per_worker,
+                            compute=Compute(self.precision, self.compile, self.channels_last))
 
 
 @dataclass(frozen=True)

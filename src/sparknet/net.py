@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from sparknet._enums import parse_enum
 from sparknet.layers import NetParams
 from sparknet.rowfile import RowStream
 from sparknet.solvers import SolverConfig, build_optimizer, check_gradient_hook, lr_multiplier
@@ -72,7 +73,7 @@ class Compute:
     """Keep 4-d weights and input batches in channels-last memory order (what GPU convolutions run fastest on)."""
 
     def __post_init__(self):
-        object.__setattr__(self, "precision", Precision(self.precision))
+        object.__setattr__(self, "precision", parse_enum(Precision, self.precision, "precision"))
 
     def autocast(self, device: torch.device):
         """The context a forward pass runs in."""

@@ -163,3 +163,17 @@ def test_metrics_channel_drops_what_does_not_verify():
         finally:
             forged.close()
             honest.close()
+
+
+@pytest.mark.parametrize("engine", ["barrier", "rounds"])
+def test_a_gpu_share_in_local_mode_trains_without_a_profile_and_says_why(spark, engine):
+    x, y = blobs(16, seed=3)
+    worker = WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=4, gpus_per_worker=1)
+    result = SparkTrainer(mlp(), worker, dist=DistributedConfig(workers=2, engine=engine, tau=2, rounds=1)).fit(
+        partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])]))
+    scheduling = result.summary["gpu_scheduling"]
+    assert scheduling["gpus_per_worker"] == 1 and scheduling["profile"] is None
+    assert "local mode" in scheduling["reason"] and "GPU i modulo" in scheduling["reason"]
+    assert SparkTrainer(mlp(), WorkerConfig(batch_size=4), dist=DistributedConfig(workers=2, engine=engine, tau=2,
+                        rounds=1)).fit(partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])])
+                                       ).summary["gpu_scheduling"] is None

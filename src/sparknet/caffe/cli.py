@@ -140,7 +140,8 @@ def train_caffe_files(run: RunConfig, dist: DistributedConfig, flags: CaffeTrain
         raise PrototxtError(f"{exc}; on the command line: --caffe-sources SOURCE=DATASET[:SPLIT]", layer=exc.layer,
                             path=exc.path, line=exc.line, column=exc.column) from None
     return caffe_train.train_caffe(plan, workers=dist.workers, dist=dist, metrics_out=run.metrics_out,
-                                   progress=not run.quiet, threads=run.threads, device=run.device, options=options)
+                                   progress=not run.quiet, threads=run.threads, device=run.device, options=options,
+                                   compute=run.worker().compute, gpus_per_worker=run.gpus_per_worker)
 
 
 # --------------------------------------------------------------------------- inspect

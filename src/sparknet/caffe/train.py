@@ -58,7 +58,7 @@ from sparknet.datasets import ArrayDataset, load_dataset
 from sparknet.layers import AccuracyLayer, NetParams, RDDLayer
 from sparknet.loop import FitPlan, InProcessExchange, average_summary, run_rounds
 from sparknet.metrics import MetricsLogger
-from sparknet.net import Net
+from sparknet.net import Compute, Net
 from sparknet.solvers import SolverConfig, lr_multiplier
 from sparknet.spark import SparkTrainer, get_session
 from sparknet.strategies import Average
@@ -671,7 +671,8 @@ class _Run:
 
 def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | None = None,
                 metrics_out: str | os.PathLike | None = None, progress: bool = True, threads: int | None = None,
-                device: str = "cpu", spark=None, sinks: Iterable[Callable[[dict], None]] = (), options=None) -> dict:
+                device: str = "cpu", spark=None, sinks: Iterable[Callable[[dict], None]] = (), options=None,
+                compute: Compute | None = None, gpus_per_worker: float | None = None) -> dict:
     """Train a resolved Caffe run; returns the summary record.
 
     Parameters
@@ -693,6 +694,10 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
         Torch threads (default: every core in one process, 1 per Spark worker).
     device : str
         ``cpu``, ``cuda`` or ``auto``.
+    compute : Compute, optional
+        Mixed precision, compilation and memory order of the net (default: float32, eager).
+    gpus_per_worker : float, optional
+        GPUs each Spark worker asks for, on the training stage only.
     spark : SparkSession, optional
         The session to train in (default: the active one, or one for ``dist.resolved_master``).
     sinks : iterable of callables
@@ -724,9 +729,10 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
         if state.evaluator is not None and run.test_initialization and run.test_interval > 0:
             state.test(0, 0, WeightCollection(module.layer_weights()))
         if on_spark:
-            summary = _train_spark(run, state, module, x, y, dist, threads or 1, device, spark, options)
+            summary = _train_spark(run, state, module, x, y, dist, threads or 1, device, spark, options, compute,
+                                   gpus_per_worker)
         else:
-            summary = _train_local(run, state, module, x, y, dist, threads, device)
+            summary = _train_local(run, state, module, x, y, dist, threads, device, compute)
         summary = {"event": "summary", **summary}
         summary.update({
             "model": run.train_net.name, "dataset": run.train_net.data_binding.dataset,
@@ -740,12 +746,13 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
     return summary
 
 
-def _train_local(run: CaffeRun, state: _Run, module, x, y, dist: DistributedConfig, threads, device) -> dict:
+def _train_local(run: CaffeRun, state: _Run, module, x, y, dist: DistributedConfig, threads, device,
+                 compute) -> dict:
     """The round loop with one in-process worker, in rounds that end on every multiple of ``display``,
     ``test_interval`` and ``snapshot`` (and of 50 steps, for the progress line)."""
     threads = threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
-    net = Net(module, run.solver, batch_size=run.batch_size, device=device, seed=run.seed)
+    net = Net(module, run.solver, batch_size=run.batch_size, device=device, seed=run.seed, compute=compute)
     net.set_training_data((x, y))
     tau = math.gcd(50, *(every for every in (run.display, run.test_interval, run.snapshot) if every > 0))
     strategy = Average()
@@ -762,7 +769,8 @@ def _train_local(run: CaffeRun, state: _Run, module, x, y, dist: DistributedConf
             "threads": threads, "rounds": 0, "bytes_communicated": 0, **average_summary([], dist.weight_ema)}
 
 
-def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device, spark, options) -> dict:
+def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device, spark, options, compute,
+                 gpus_per_worker) -> dict:
     tau = dist.tau
     if tau is not None and run.test_interval and run.test_interval % tau:
         logger.warning("test_interval %d is not a multiple of tau %d: tests run at the end of the round that "
@@ -786,7 +794,7 @@ def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device
         state.round_done(record, trainer.latest_flat if rounds_engine else None, steps_shown=False)
 
     worker = WorkerConfig(solver=run.solver, batch_size=run.batch_size, seed=run.seed, threads=threads, device=device,
-                          steps=run.max_iter)
+                          steps=run.max_iter, compute=compute or Compute(), gpus_per_worker=gpus_per_worker)
     trainer = SparkTrainer(module, worker, dist, spark=spark, on_round=on_round, options=options)
     logger.info("training %s on Spark %s: %d workers, %s engine, tau=%s, %d rows", run.train_net.name,
                 spark.sparkContext.master, dist.workers, dist.engine.value, tau, len(x))

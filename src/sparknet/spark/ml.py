@@ -61,7 +61,8 @@ __all__ = ["SparkNetEstimator", "SparkNetModel"]
 log = logging.getLogger(__name__)
 
 _RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", "weight_decay", "lr_policy",
-               "gamma", "power", "seed", "threads", "device", "metrics_out", "quiet", "mlflow")
+               "gamma", "power", "seed", "threads", "device", "gpus_per_worker", "precision", "compile",
+               "channels_last", "metrics_out", "quiet", "mlflow")
 """RunConfig fields that become estimator Params."""
 _DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs",
                 "weight_ema", "target_accuracy", "data_mode", "stream_buffer_mb", "compression", "auto_tau",

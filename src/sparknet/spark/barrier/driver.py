@@ -24,6 +24,7 @@ from sparknet.config import Engine
 from sparknet.errors import DeadlineExceeded, EngineError, NonFiniteUpdate
 from sparknet.loop import ResumeState
 from sparknet.spark.backend import Held, run_with_deadline, task_error, task_slots
+from sparknet.spark.resources import gpu_profile, with_profile
 from sparknet.spark.barrier.executor import RESULT_SCHEMA, GroupPlan, StagePlan, run_barrier, run_barrier_frame
 from sparknet.spark.engine import EngineRun
 from sparknet.spark.rounds.executor import pack_spec
@@ -49,9 +50,10 @@ def run_barrier_engine(run: EngineRun):
         latest = replace(resume, global_flat=run.global_flat, strategy=run.plan.strategy.state_dict(), iteration=None,
                          downlink=None)
     restarts: list[dict] = []
+    profile, gpus = gpu_profile(run.sc, run.spec.worker.gpus_per_worker, workers=run.dist.workers)
     t_engine, ready_at = time.perf_counter(), None
     while True:
-        stage = BarrierStage(run, history, restart=len(restarts))
+        stage = BarrierStage(run, history, restart=len(restarts), profile=profile)
         try:
             final, extra = stage.run(latest)
             break
@@ -73,7 +75,7 @@ def run_barrier_engine(run: EngineRun):
     ready_at = ready_at or stage.ready_at
     # the first stage's launch: its tasks start, write their partitions and join the process group (setup_s ends
     # where the engine starts; the rounds engine's staging jobs run before that, inside setup_s)
-    extra.update(restarts=len(restarts), restart_log=restarts,
+    extra.update(restarts=len(restarts), restart_log=restarts, gpu_scheduling=gpus,
                  launch_s=None if ready_at is None else ready_at - t_engine)
     return final, history, extra
 
@@ -106,11 +108,11 @@ class BarrierStage:
     Records go to ``history`` (and ``on_round``) as they arrive; ``latest`` keeps the newest
     global weights and strategy state rank 0 sent (what a restart starts from); on checkpoint
     rounds the ranks' solver states are gathered and the checkpoint written as soon as the
-    round is complete.
+    round is complete. Its tasks ask for ``profile``'s resources (a worker's GPU share).
     """
 
-    def __init__(self, run: EngineRun, history: list[dict], restart: int):
-        self.fit, self.checkpoints = run, run.checkpoints
+    def __init__(self, run: EngineRun, history: list[dict], restart: int, profile=None):
+        self.fit, self.checkpoints, self.profile = run, run.checkpoints, profile
         self.history, self.restart = history, restart
         self.seen = {h["round"] for h in history}
         self.latest: ResumeState | None = None
@@ -190,7 +192,8 @@ class BarrierStage:
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,
                 streaming=dist.streaming())
-            stage = run.source.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc))
+            stage = with_profile(run.source.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc)),
+                                 self.profile)
             silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
 
             def listen() -> str | None:

@@ -310,7 +310,7 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     torch.set_num_threads(spec.worker.threads)
     # written to this machine's disk chunk by chunk, then mapped into memory or streamed, as the rounds engine does
     data, _ = write_chunks(os.path.join(fit_dir(spec), f"rank{rank}"), chunks)
-    device, device_info = task_device(spec.worker.device)
+    device, device_info = task_device(spec.worker.device, rank)
     net = None if split else build_worker_net(spec, rank, data, device)
     del chunks
     freeze_heap()  # no full garbage collection of torch's modules in the middle of a round

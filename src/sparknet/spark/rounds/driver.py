@@ -24,6 +24,7 @@ from sparknet._enums import CompressionKind
 from sparknet.errors import DeadlineExceeded
 from sparknet.loop import Exchange, NetScorer, Progress, ResumeState, RoundPlan, RoundUpdate, run_rounds
 from sparknet.spark.backend import Watchdog, default_round_deadline, job_group, spark_call, task_slots
+from sparknet.spark.resources import gpu_profile, with_profile
 from sparknet._tensortree import unpack_tree
 from sparknet.spark._relay import RoundRelay
 from sparknet.spark.engine import EngineRun
@@ -43,13 +44,15 @@ class SparkRoundsExchange(Exchange):
     socket the weights and updates travel through (:mod:`sparknet.spark._relay`; the spec's ``relay`` is its address);
     ``None``, or once a task could not reach it: Spark's broadcasts and results. When the driver holds the workers'
     states (``EngineOptions.holds_worker_state``), the tasks send theirs every round, and a partition that moves to a
-    host without its state continues from the driver's copy.
+    host without its state continues from the driver's copy. The round's tasks ask for ``profile``'s resources (a
+    worker's GPU share: :mod:`sparknet.spark.resources`).
     """
 
     engine = "rounds"
 
-    def __init__(self, run: EngineRun, spec_bc, relay=None):
+    def __init__(self, run: EngineRun, spec_bc, relay=None, profile=None):
         self.run, self.sc, self.group, self.spec_bc, self.driver_net = run, run.sc, run.group, spec_bc, run.driver_net
+        self.profile = profile
         self.staged, self.chunks, self.workers = run.source, run.chunks, run.dist.workers
         self.compression = run.spec.compression
         self.numel = self.driver_net.get_flat().numel()
@@ -167,10 +170,12 @@ class SparkRoundsExchange(Exchange):
         their round in the :data:`ROUND_TASK` property: no Python RDD and closure to build and ship each round."""
         if task.relayed and weights_bc is None and states_bc is None:
             if self._relayed_tasks is None:
-                self._relayed_tasks = self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, None, None))
+                self._relayed_tasks = with_profile(
+                    self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, None, None)), self.profile)
             self.sc.setLocalProperty(ROUND_TASK, task.to_json())
             return self._relayed_tasks
-        return self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, task, states_bc))
+        return with_profile(self.staged.mapPartitionsWithIndex(run_round(self.spec_bc, weights_bc, task, states_bc)),
+                            self.profile)
 
     def _elastic_workers(self, r: int) -> list[int] | None:
         """The workers of round ``r`` (``None``: all K), from the task slots the cluster has now
@@ -239,7 +244,9 @@ class SparkRoundsExchange(Exchange):
         return self._sum(spark_call(parts.collect), r)  # relayed or compressed: summed or decoded here only
 
     def _rerun(self, acc: Partial, weights_bc, task: RoundTask, partitions: list[int], states_bc, r: int) -> Partial:
-        redo = self.chunks.mapPartitionsWithIndex(run_round_from_chunks(self.spec_bc, weights_bc, task, states_bc))
+        redo = with_profile(
+            self.chunks.mapPartitionsWithIndex(run_round_from_chunks(self.spec_bc, weights_bc, task, states_bc)),
+            self.profile)
         return combine(acc, self._run_partitions(redo, sorted(partitions), r))
 
     def _update(self, r: int, acc: Partial, message: np.ndarray, full: list[int], round_s: float,
@@ -338,9 +345,10 @@ def run_rounds_engine(run: EngineRun):
                            state_bytes=run.state_bytes(), local=local)
         spec = replace(spec, relay=relay.address)
     try:
+        profile, gpus = gpu_profile(sc, spec.worker.gpus_per_worker)
         spec_bc = sc.broadcast(pack_spec(spec))
         run.broadcasts.append(spec_bc)
-        exchange = SparkRoundsExchange(run, spec_bc, relay)
+        exchange = SparkRoundsExchange(run, spec_bc, relay, profile)
         history: list[dict] = []
 
         def on_record(record: dict) -> None:
@@ -351,7 +359,8 @@ def run_rounds_engine(run: EngineRun):
             global_flat = run_rounds(exchange, run.plan, run.global_flat, on_record=on_record, t0=run.t_fit)
         return global_flat, history, {"rerun_partitions": exchange.rerun_partitions,
                                       "elastic_rounds": exchange.elastic_rounds,
-                                      "rounds_transport": "spark" if exchange.relay is None else "socket"}
+                                      "rounds_transport": "spark" if exchange.relay is None else "socket",
+                                      "gpu_scheduling": gpus}
     finally:
         if relay is not None:
             relay.close()

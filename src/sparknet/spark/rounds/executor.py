@@ -279,12 +279,13 @@ def import_worker_state(net: Net, saved: dict) -> WorkerState:
                        extra=dict(saved.get("extra") or {}))
 
 
-def task_device(requested: str) -> tuple[str, dict]:
-    """The device this task trains on, and a record of the decision.
+def task_device(requested: str, index: int = 0) -> tuple[str, dict]:
+    """The device worker ``index``'s task trains on, and a record of the decision.
 
-    With ``spark.task.resource.gpu.amount`` set, Spark assigns GPU addresses to the task; for
-    ``auto`` or ``cuda`` the task uses the first of them. When torch has no CUDA the task
-    falls back to the CPU and says why (logged and returned).
+    When Spark assigns GPU addresses to the task (``--gpus-per-worker``, or ``spark.task.resource.gpu.amount``),
+    ``auto`` or ``cuda`` uses the first of them; when it assigns none (local mode), worker ``index`` takes GPU
+    ``index`` modulo the GPUs torch sees. When torch has no CUDA the task falls back to the CPU and says why
+    (logged and returned).
     """
     keep_freed_memory()
     try:
@@ -306,8 +307,8 @@ def task_device(requested: str) -> tuple[str, dict]:
         idx = int(addresses[0]) if addresses[0].isdigit() and int(addresses[0]) < torch.cuda.device_count() else 0
         dev, reason = f"cuda:{idx}", f"Spark assigned GPU {addresses[0]}"
     else:
-        dev = req if req.startswith("cuda") else "cuda"
-        reason = "no GPU assigned by Spark; using torch's default CUDA device"
+        dev = req if req.startswith("cuda:") else f"cuda:{index % torch.cuda.device_count()}"
+        reason = f"no GPU assigned by Spark; worker {index} on {dev}"
     return dev, {"gpu_addresses": addresses, "requested_device": requested, "device": dev, "device_reason": reason}
 
 
@@ -320,7 +321,7 @@ def build_worker_net(spec: WorkerSpec, index: int, data, device: str) -> Net:
     net_def = copy.deepcopy(spec.net) if isinstance(spec.net, torch.nn.Module) else spec.net
     seed = worker_seed(spec.worker.seed, index)
     net = Net(net_def, spec.worker.solver, loss=spec.loss, batch_size=spec.worker.batch_size, device=device,
-              task=spec.task, weighted=spec.weighted, seed=seed)
+              task=spec.task, weighted=spec.weighted, seed=seed, compute=spec.worker.compute)
     if isinstance(data, RowFile) and spec.stream:
         net.set_training_data(data.stream(seed=seed, buffer_bytes=spec.stream_buffer_bytes,
                                           sample_shape=spec.sample_shape))
@@ -533,7 +534,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
                 return replace(report, status=WorkerStatus.MISSING), None, None
             directory = record["dir"]
             source = "file"
-        device, device_info = task_device(spec.worker.device)
+        device, device_info = task_device(spec.worker.device, index)
         net = build_worker_net(spec, index, rows, device)
         entry = _Entry(net=net, state=WorkerState(), version=-1, directory=directory, device_info=device_info)
         _CACHE[key] = entry

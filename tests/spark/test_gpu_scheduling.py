@@ -1,0 +1,93 @@
+"""Spark schedules the workers' GPUs (--gpus-per-worker): a resource profile on the training stage only.
+
+One executor JVM with two task slots "has" GPUs 3 and 5 through a discovery script, as in Spark's own
+resource-scheduling tests; no task asks for a GPU by default, so the stages that read and stage the data run
+without one, and only the training stage asks for its share. torch has no CUDA here: each task reports the
+address Spark gave it and trains on the CPU, saying why.
+"""
+
+from __future__ import annotations
+
+import stat
+
+import pytest
+import torch
+
+from _spark_testlib import blobs, mlp, partitioned_rdd, start_session, stop_session
+from sparknet.config import DistributedConfig, WorkerConfig
+from sparknet.solvers import SolverConfig
+from sparknet.spark import SparkTrainer
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    script = tmp_path_factory.mktemp("gpu") / "discover_gpus.sh"
+    script.write_text('#!/usr/bin/env bash\necho \'{"name":"gpu","addresses":["3","5"]}\'\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    gpus = {
+        "spark.worker.resource.gpu.amount": "2",
+        "spark.worker.resource.gpu.discoveryScript": str(script),
+        "spark.executor.resource.gpu.amount": "2",
+    }
+    session = start_session("local-cluster[1,2,1024]", gpus)
+    yield session
+    stop_session(session, gpus)
+
+
+def _fit(spark, engine: str, gpus: float | None):
+    x, y = blobs(16, seed=8)
+    rdd = partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])])
+    worker = WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=4, device="auto", gpus_per_worker=gpus)
+    return SparkTrainer(mlp(), worker, dist=DistributedConfig(workers=2, engine=engine, tau=2, rounds=1)).fit(rdd)
+
+
+def _workers(result) -> list[dict]:
+    """Each worker's record of where it trained (the barrier engine's summary, the rounds engine's round)."""
+    return result.summary.get("barrier_workers") or result.history[0]["per_worker"]
+
+
+def _addresses(result) -> list[list[str]]:
+    return [w["gpu_addresses"] for w in _workers(result)]
+
+
+@pytest.mark.parametrize("engine", ["barrier", "rounds"])
+def test_each_worker_gets_a_whole_gpu_of_its_own_and_says_which(spark, engine):
+    assert not torch.cuda.is_available()
+    result = _fit(spark, engine, 1)
+    addresses = _addresses(result)
+    assert sorted(a for task in addresses for a in task) == ["3", "5"]
+    assert result.summary["gpu_scheduling"]["profile"] is not None
+    for worker in _workers(result):
+        assert worker["device"] == "cpu" and "assigned GPU" in worker["device_reason"]
+
+
+@pytest.mark.parametrize("engine", ["barrier", "rounds"])
+def test_half_a_gpu_each_puts_two_workers_on_one_address(spark, engine):
+    addresses = _addresses(_fit(spark, engine, 0.5))
+    assert len(addresses) == 2 and all(len(task) == 1 for task in addresses)
+    assert addresses[0] == addresses[1] and addresses[0][0] in ("3", "5")
+
+
+def test_the_stages_before_training_ask_for_no_gpu(spark):
+    from pyspark import TaskContext
+
+    def resources(_):
+        yield sorted(TaskContext.get().resources())
+
+    _fit(spark, "barrier", 1)  # a profile on the training stage leaves the session's default as it was
+    assert spark.sparkContext.parallelize(range(2), 2).mapPartitions(resources).collect() == [[], []]
+
+
+def test_more_gpus_than_the_executors_have_is_refused_before_anything_waits(spark):
+    with pytest.raises(ValueError, match="more GPUs than an executor has"):
+        _fit(spark, "barrier", 3)
+    with pytest.raises(ValueError, match="2 workers.*GPU"):
+        _fit(spark, "barrier", 2)  # one executor of two GPUs holds one such worker at a time, not the stage's two
+
+
+@pytest.mark.parametrize("gpus", [0, -1, 1.5, 0.3])
+def test_a_share_spark_cannot_split_a_gpu_into_is_a_clear_error(gpus):
+    with pytest.raises(ValueError, match="gpus_per_worker"):
+        WorkerConfig(gpus_per_worker=gpus)
