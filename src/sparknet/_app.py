@@ -53,7 +53,7 @@ def load_training_data(run: RunConfig):
         return read_parquet_dataset(run.data)
     if run.dataset == "shakespeare":  # RunConfig spells data sets and models as the registries do
         corpus = datasets.shakespeare()
-        seq_len = 100
+        seq_len = 256 if run.model == "gpt_char" else 100  # nanoGPT's context; char_lstm's sequences
         return (corpus.sequences("train", seq_len), corpus.sequences("validation", seq_len),
                 {"vocab_size": corpus.vocab_size, "corpus": corpus, "seq_len": seq_len})
     data = datasets.load_dataset(run.dataset)
@@ -68,7 +68,7 @@ def load_training_data(run: RunConfig):
 def build_model(run: RunConfig, info: dict):
     """The zoo model ``run.model`` shaped for the data ``info`` describes."""
     kwargs: dict = {"batch_size": run.batch_size}
-    if run.model == "char_lstm":
+    if run.model in ("char_lstm", "gpt_char"):
         kwargs.update(vocab_size=info["vocab_size"], seq_len=info.get("seq_len", 100))
     elif run.model == "mlp":
         kwargs.update(input_shape=info["input_shape"], num_classes=info["num_classes"])

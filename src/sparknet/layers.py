@@ -46,7 +46,8 @@ __all__ = [
     "VarianceNorm", "Filler", "Layer", "RDDLayer", "InputLayer", "ConvLayer", "PoolLayer", "LinearLayer",
     "ActivationLayer", "DropoutLayer", "BatchNormLayer", "ScaleLayer", "LRNLayer", "ConcatLayer", "EltwiseLayer",
     "SliceLayer", "SplitLayer", "SilenceLayer", "FlattenLayer", "ReshapeLayer", "SoftmaxLayer", "EmbeddingLayer",
-    "RNNLayer", "LSTMLayer", "LossLayer", "SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss",
+    "RNNLayer", "LSTMLayer", "PositionEmbeddingLayer", "LayerNormLayer", "TransformerBlockLayer", "LossLayer",
+    "SoftmaxWithLoss", "EuclideanLoss", "SigmoidCrossEntropyLoss",
     "ContrastiveLoss", "AccuracyLayer", "LAYER_TYPES", "NetParams", "GraphModule",
 ]
 
@@ -1074,8 +1075,7 @@ class _RecurrentLayer(_Learnable):
         super()._check()
         self._positive_int(self.num_outputs, "num_outputs")
         self._positive_int(self.num_layers, "num_layers")
-        if not 0.0 <= self.dropout < 1.0:
-            self._fail(f"dropout must be in [0, 1), got {self.dropout}")
+        _check_dropout(self, self.dropout)
         if self.dropout and self.num_layers == 1:
             logger.warning("layer %r: dropout applies between stacked layers and has no effect "
                            "with num_layers=1", self.name)
@@ -1118,6 +1118,107 @@ class LSTMLayer(_RecurrentLayer):
 
     def _build(self, shapes: list[Shape]) -> nn.Module:
         return _LSTM(**self._kwargs(shapes))
+
+
+# --------------------------------------------------------------------------- transformers (GPT)
+
+
+def _check_dropout(layer: Layer, dropout: float) -> None:
+    if not 0.0 <= dropout < 1.0:
+        layer._fail(f"dropout must be in [0, 1), got {dropout}")
+
+
+@dataclass(kw_only=True)
+class PositionEmbeddingLayer(_Learnable):
+    """Adds a learned vector for each position to ``[B, T, C]`` (GPT's position embedding), then dropout.
+
+    Parameters
+    ----------
+    max_length : int
+        Positions learned: a longer sequence is a :class:`GraphError`.
+    dropout : float
+        Dropout on the sum.
+    """
+
+    max_length: int
+    dropout: float = 0.0
+
+    def _check(self) -> None:
+        super()._check()
+        self._positive_int(self.max_length, "max_length")
+        _check_dropout(self, self.dropout)
+
+    def _infer(self, shapes: list[Shape]) -> list[Shape]:
+        self._expect_ndim(shapes[0], 3, "bottom [batch, time, features]")
+        if shapes[0][1] > self.max_length:
+            self._fail(f"a sequence of {shapes[0][1]} positions is longer than max_length={self.max_length}")
+        return [shapes[0]]
+
+    def _build(self, shapes: list[Shape]) -> nn.Module:
+        return _PositionEmbed(self.max_length, shapes[0][2], self.dropout)
+
+
+@dataclass(kw_only=True)
+class LayerNormLayer(_Learnable):
+    """Layer normalisation over the last axis (``torch.nn.LayerNorm``), with a learned scale and shift."""
+
+    eps: float = 1e-5
+    bias: bool = True
+
+    def _infer(self, shapes: list[Shape]) -> list[Shape]:
+        return [shapes[0]]
+
+    def _build(self, shapes: list[Shape]) -> nn.Module:
+        return nn.LayerNorm(shapes[0][-1], eps=self.eps, bias=self.bias)
+
+
+@dataclass(kw_only=True)
+class TransformerBlockLayer(_Learnable):
+    """One pre-norm transformer block on ``[B, T, C]``, as GPT-2's: ``x + attention(norm(x))``, then
+    ``x + mlp(norm(x))``.
+
+    Weights start as GPT-2's: normal with standard deviation 0.02, biases zero, and the two projections back into
+    the residual stream scaled by ``1 / sqrt(2 * depth)``.
+
+    Parameters
+    ----------
+    num_heads : int
+        Attention heads; they divide ``C``.
+    causal : bool
+        Each position attends only to itself and the positions before it (a language model).
+    dropout : float
+        On the attention weights and on each branch before it joins the residual stream.
+    mlp_ratio : int
+        The hidden width of the MLP, in multiples of ``C``.
+    depth : int
+        Blocks in the net's stack (for the initial scale of the residual projections).
+    bias : bool
+        Biases in the linear maps and the norms.
+    """
+
+    num_heads: int
+    causal: bool = True
+    dropout: float = 0.0
+    mlp_ratio: int = 4
+    depth: int = 1
+    bias: bool = True
+
+    def _check(self) -> None:
+        super()._check()
+        self._positive_int(self.num_heads, "num_heads")
+        self._positive_int(self.mlp_ratio, "mlp_ratio")
+        self._positive_int(self.depth, "depth")
+        _check_dropout(self, self.dropout)
+
+    def _infer(self, shapes: list[Shape]) -> list[Shape]:
+        self._expect_ndim(shapes[0], 3, "bottom [batch, time, features]")
+        if shapes[0][2] % self.num_heads:
+            self._fail(f"{self.num_heads} heads do not divide the width {shapes[0][2]}")
+        return [shapes[0]]
+
+    def _build(self, shapes: list[Shape]) -> nn.Module:
+        return _Block(shapes[0][2], self.num_heads, causal=self.causal, dropout=self.dropout,
+                      mlp_ratio=self.mlp_ratio, depth=self.depth, bias=self.bias)
 
 
 # --------------------------------------------------------------------------- losses
@@ -1271,7 +1372,8 @@ LAYER_TYPES: dict[str, type[Layer]] = {
     for cls in (RDDLayer, ConvLayer, PoolLayer, LinearLayer, ActivationLayer, DropoutLayer,
                 BatchNormLayer, ScaleLayer, LRNLayer, ConcatLayer, EltwiseLayer, SliceLayer,
                 SplitLayer, SilenceLayer, FlattenLayer, ReshapeLayer, SoftmaxLayer, EmbeddingLayer,
-                RNNLayer, LSTMLayer, SoftmaxWithLoss, EuclideanLoss, SigmoidCrossEntropyLoss,
+                RNNLayer, LSTMLayer, PositionEmbeddingLayer, LayerNormLayer, TransformerBlockLayer,
+                SoftmaxWithLoss, EuclideanLoss, SigmoidCrossEntropyLoss,
                 ContrastiveLoss, AccuracyLayer)
 }
 """Layer class by name, as written in :meth:`NetParams.to_dict`."""
@@ -1468,6 +1570,56 @@ class _Embed(nn.Module):
     def forward(self, ids: Tensor) -> Tensor:
         out = F.embedding(ids.long(), self.weight)
         return out if self.bias is None else out + self.bias
+
+
+class _PositionEmbed(nn.Module):
+    def __init__(self, max_length: int, dim: int, dropout: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(max_length, dim) * 0.02)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.shape[1] > len(self.weight):
+            raise ValueError(f"a sequence of {x.shape[1]} positions is longer than max_length={len(self.weight)}")
+        return self.drop(x + self.weight[:x.shape[1]])
+
+
+class _Attention(nn.Module):
+    """Multi-head self-attention through ``scaled_dot_product_attention`` (flash attention where the GPU has it)."""
+
+    def __init__(self, width: int, heads: int, causal: bool, dropout: float, bias: bool):
+        super().__init__()
+        self.qkv = nn.Linear(width, 3 * width, bias=bias)
+        self.proj = nn.Linear(width, width, bias=bias)
+        self.heads, self.causal, self.dropout = heads, causal, dropout
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.qkv(x).split(c, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0,
+                                           is_causal=self.causal)
+        return self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
+
+
+class _Block(nn.Module):
+    def __init__(self, width: int, heads: int, *, causal: bool, dropout: float, mlp_ratio: int, depth: int,
+                 bias: bool):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(width, bias=bias)
+        self.attention = _Attention(width, heads, causal, dropout, bias)
+        self.norm2 = nn.LayerNorm(width, bias=bias)
+        self.mlp = nn.Sequential(nn.Linear(width, mlp_ratio * width, bias=bias), nn.GELU(),
+                                 nn.Linear(mlp_ratio * width, width, bias=bias), nn.Dropout(dropout))
+        for linear in (self.attention.qkv, self.attention.proj, self.mlp[0], self.mlp[2]):
+            std = 0.02 / math.sqrt(2 * depth) if linear in (self.attention.proj, self.mlp[2]) else 0.02
+            nn.init.normal_(linear.weight, std=std)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attention(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
 
 
 class _RNN(nn.RNN):

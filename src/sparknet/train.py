@@ -51,7 +51,8 @@ def train_local(run: RunConfig, dist: DistributedConfig | None = None) -> dict:
     net_params = build_model(run, info)
     if dist is not None and dist.max_weight_bytes is not None:
         split_budget(net_params, dist)
-    net = Net(net_params, run.solver(), batch_size=run.batch_size, device=run.device, seed=run.seed)
+    net = Net(net_params, run.solver(), batch_size=run.batch_size, device=run.device, seed=run.seed,
+              compute=run.worker().compute)
     net.set_training_data(train)
     net.set_validation_data(test)
     config = {"run": TrainConfig(run=run).to_dict()["run"]}

@@ -74,6 +74,16 @@ def test_every_built_in_sequence_data_set_trains_the_char_lstm(tmp_path):
     assert summary["test_accuracy"] > 1 / 16 * 2  # the next token follows a rule; chance is 1/16
 
 
+def test_the_gpt_char_transformer_learns_a_sequence_data_set_from_the_command_line(tmp_path):
+    out = tmp_path / "m.jsonl"
+    rc = main(["train", "--model", "gpt-char", "--dataset", "synthetic-sequences", "--steps", "40", "--batch-size",
+               "16", "--solver-type", "adam", "--lr", "0.002", "--lr-policy", "fixed", "--weight-decay", "0",
+               "--threads", "2", "--metrics-out", str(out), "--quiet"])
+    assert rc == 0
+    summary = read_metrics(out)[-1]
+    assert summary["steps"] == 40 and summary["test_accuracy"] > 1 / 16 * 2, summary
+
+
 def test_config_file_and_flags_merge_and_print_config_round_trips(tmp_path, capsys):
     from sparknet.cli import parse_args, print_config
 

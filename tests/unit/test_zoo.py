@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sparknet.layers import GraphModule, NetParams
-from sparknet.zoo import MODELS, alexnet, char_lstm, cifar_cnn, get_model, lenet, mlp
+from sparknet.zoo import MODELS, alexnet, char_lstm, cifar_cnn, get_model, gpt_char, lenet, mlp
 
 torch.set_num_threads(1)
 
@@ -43,7 +43,9 @@ def test_lenet_is_listing_2():
     (cifar_cnn(), torch.randn(3, 3, 32, 32), torch.randint(0, 10, (3,)), (3, 10)),
     (char_lstm(vocab_size=17, seq_len=9, hidden=16), torch.randint(0, 17, (3, 9)),
      torch.randint(0, 17, (3, 9)), (3, 9, 17)),
-], ids=["lenet", "mlp", "mlp-small", "cifar_cnn", "char_lstm"])
+    (gpt_char(vocab_size=17, seq_len=12, width=24, num_layers=2, num_heads=3), torch.randint(0, 17, (3, 9)),
+     torch.randint(0, 17, (3, 9)), (3, 9, 17)),
+], ids=["lenet", "mlp", "mlp-small", "cifar_cnn", "char_lstm", "gpt_char"])
 def test_every_model_trains_one_step(net: NetParams, x, y, pred_shape):
     module = net.build(seed=0)
     assert isinstance(module, GraphModule)
@@ -96,8 +98,35 @@ def test_char_lstm_wiring():
     assert lstm.num_layers == 2 and lstm.hidden_size == 64
 
 
+def test_gpt_char_is_nanogpt_s_shakespeare_char_model():
+    net = gpt_char(vocab_size=65)
+    shapes = net.infer_shapes()
+    assert shapes["data"] == (64, 256) and shapes["token"] == (64, 256, 384) and shapes["logits"] == (64, 256, 65)
+    module = net.build(seed=0)
+    assert [name for name in module.layer_weights() if name.startswith("block")] == [f"block{i}" for i in range(1, 7)]
+    assert 10.7e6 < n_params(module) < 10.9e6  # nanoGPT's 10.65M, with the position table and an untied head
+    block = module.layer_module("block1")
+    assert block.attention.heads == 6
+    assert abs(float(block.attention.proj.weight.std()) - 0.02 / 12 ** 0.5) < 2e-4  # GPT-2's residual scale
+    loss, _ = module.eval().loss(torch.randint(0, 65, (2, 256)), torch.randint(0, 65, (2, 256)))
+    assert abs(loss.item() - torch.log(torch.tensor(65.0)).item()) < 0.3  # starts near a uniform guess
+
+
+def test_gpt_char_predicts_each_position_from_the_ones_before_it_only():
+    module = gpt_char(vocab_size=11, seq_len=16, width=32, num_layers=2, num_heads=4, dropout=0.0).build(seed=0)
+    x = torch.randint(0, 11, (2, 16))
+    changed = x.clone()
+    changed[:, 9:] = (x[:, 9:] + 1) % 11
+    before, after = module.eval()(x), module(changed)
+    assert torch.allclose(before[:, :9], after[:, :9], atol=1e-6)
+    assert not torch.allclose(before[:, 9:], after[:, 9:])
+    with pytest.raises(Exception, match="max_length=16"):
+        gpt_char(vocab_size=11, seq_len=16).build().loss(torch.zeros(1, 17, dtype=torch.long),
+                                                          torch.zeros(1, 17, dtype=torch.long))
+
+
 def test_get_model_and_registry():
-    assert set(MODELS) == {"lenet", "mlp", "cifar_cnn", "alexnet", "char_lstm"}
+    assert set(MODELS) == {"lenet", "mlp", "cifar_cnn", "alexnet", "char_lstm", "gpt_char"}
     assert get_model("lenet", batch_size=16).infer_shapes()["data"][0] == 16
     assert get_model("cifar-cnn").name == "cifar10_quick"
     assert get_model("char_lstm", vocab_size=5).infer_shapes()["logits"][-1] == 5
