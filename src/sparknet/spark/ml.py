@@ -274,25 +274,15 @@ def _cached_model(key: str, files_bc, device: str, allow_pickle: bool):
 
 
 def _executor_device(device: str) -> str:
-    """The device a scoring task uses: the GPU Spark assigned it, else the CPU (``auto``)."""
-    if device in ("auto", "cuda"):
-        import torch
+    """The device a scoring task uses, chosen as a training task's is (:func:`~sparknet.spark.rounds.executor.
+    task_device`: the GPU Spark assigned it, else the CPU for ``auto``); ``cuda`` without CUDA is an error."""
+    import torch
 
-        if torch.cuda.is_available():
-            try:
-                from pyspark import TaskContext
+    from sparknet.spark.rounds.executor import task_device
 
-                ctx = TaskContext.get()
-                gpus = ctx.resources().get("gpu") if ctx is not None else None
-                if gpus is not None and gpus.addresses:
-                    return f"cuda:{gpus.addresses[0]}"
-            except Exception:  # noqa: BLE001 - no task context: the default GPU
-                pass
-            return "cuda"
-        if device == "cuda":
-            raise ValueError("device 'cuda' was asked for but this executor's torch sees no CUDA device")
-        return "cpu"
-    return device
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was asked for but this executor's torch sees no CUDA device")
+    return task_device(device)[0]
 
 
 def _decode_features(values, kind: str, shape: tuple[int, ...] | None) -> np.ndarray:
