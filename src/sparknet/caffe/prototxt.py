@@ -34,7 +34,7 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from itertools import zip_longest
+from itertools import chain, count, zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -433,9 +433,10 @@ def _meets_rule(rule: Any, phase: int, level: int, stages: set[str]) -> bool:
                 or any(stage in stages for stage in rule.not_stage))
 
 
-def _included(layer: Any, phase: int, level: int, stages: set[str]) -> bool:
+def _included(layer: Any, phase: int, level: int, stages: set[str], where: str) -> bool:
     if len(layer.include) and len(layer.exclude):
-        raise ValueError(f"layer {layer.name!r} has both include and exclude rules; Caffe allows one kind")
+        raise PrototxtError(f"{where}: layer {layer.name!r} has both include and exclude rules; Caffe allows one kind",
+                            layer=layer.name, path=where)
     if len(layer.include):
         return any(_meets_rule(r, phase, level, stages) for r in layer.include)
     return not any(_meets_rule(r, phase, level, stages) for r in layer.exclude)
@@ -526,15 +527,11 @@ class _Converter:
                              path=self.where)
 
     def unique(self, name: str) -> str:
-        if name not in self.names:
-            self.names.add(name)
-            return name
-        i = 1
-        while f"{name}_{i}" in self.names:
-            i += 1
-        logger.info("%s: a second layer named %r is called %r in sparknet", self.where, name, f"{name}_{i}")
-        self.names.add(f"{name}_{i}")
-        return f"{name}_{i}"
+        taken = next(n for n in chain([name], (f"{name}_{i}" for i in count(1))) if n not in self.names)
+        if taken != name:
+            logger.info("%s: a second layer named %r is called %r in sparknet", self.where, name, taken)
+        self.names.add(taken)
+        return taken
 
     def filler(self, layer: Any, message: Any, has: bool, bias: bool = False) -> Any:
         if not has:
@@ -579,10 +576,8 @@ class _Converter:
         values = [int(v) for v in values]
         if not values:
             return None if default is None else (default, default)
-        if len(values) == 1:
-            return (values[0], values[0])
-        if len(values) == 2:
-            return (values[0], values[1])
+        if len(values) <= 2:  # one value for both, or height then width
+            return (values[0], values[-1])
         raise self.fail(layer, f"{len(values)} {single} values: only 2-d spatial layers are supported")
 
     def loss_weight(self, layer: Any) -> float:
@@ -920,14 +915,7 @@ def load_net_prototxt(
     all_layers = _legacy_inputs(net, where) + all_layers
 
     state_stages = set(stages)
-    selected = []
-    for layer in all_layers:
-        try:
-            keep = _included(layer, _PHASES[phase_name], level, state_stages)
-        except ValueError as exc:
-            raise PrototxtError(f"{where}: {exc}", layer=layer.name, path=where) from None
-        if keep:
-            selected.append(layer)
+    selected = [layer for layer in all_layers if _included(layer, _PHASES[phase_name], level, state_stages, where)]
     if not selected:
         raise PrototxtError(f"{where}: no layer is included in phase {phase_name} with stages {sorted(state_stages)}",
                             path=where)
