@@ -58,6 +58,8 @@ def load_training_data(run: RunConfig):
                 {"vocab_size": corpus.vocab_size, "corpus": corpus, "seq_len": seq_len})
     data = datasets.load_dataset(run.dataset)
     train, test = data.train, data.test
+    if isinstance(train, datasets.SyntheticImages):  # its rows are made where they train
+        return train, test, {"input_shape": train.shape, "num_classes": train.num_classes}
     info = {"input_shape": tuple(train.x.shape[1:]), "num_classes": int(train.y.max()) + 1}
     if np.ndim(train.y) == 2:  # token sequences, a label per position (synthetic-sequences)
         vocab = int(max(train.x.max(), train.y.max())) + 1

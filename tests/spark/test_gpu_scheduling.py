@@ -91,3 +91,20 @@ def test_more_gpus_than_the_executors_have_is_refused_before_anything_waits(spar
 def test_a_share_spark_cannot_split_a_gpu_into_is_a_clear_error(gpus):
     with pytest.raises(ValueError, match="gpus_per_worker"):
         WorkerConfig(gpus_per_worker=gpus)
+
+
+def test_synthetic_images_are_made_on_the_executors_and_train(spark):
+    from sparknet.datasets import SyntheticImages
+    from sparknet.spark.run import synthetic_frame
+
+    images = SyntheticImages(12, shape=(3, 5, 5), num_classes=4, seed=3)
+    frame = synthetic_frame(spark, images, partitions=2)
+    rows = sorted(frame.collect(), key=lambda r: tuple(r.features))
+    x, y = images.x, images.y
+    expected = sorted(zip(x.reshape(12, -1).tolist(), y.tolist()))
+    assert [(pytest.approx(list(r.features)), r.label) for r in rows] == [(f, label) for f, label in expected]
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(75, 4))
+    result = SparkTrainer(net, WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=3),
+                          dist=DistributedConfig(workers=2, engine="rounds", tau=2, rounds=1)).fit(frame)
+    assert result.summary["data_rows"] == 12

@@ -607,3 +607,16 @@ def test_load_dataset_registry() -> None:
     assert seqs.train.x.shape == (10, 5) and len(seqs.test) == 4
     with pytest.raises(ValueError, match="unknown data set 'cifar'.*mnist"):
         load_dataset("cifar")
+
+
+def test_synthetic_images_are_the_same_rows_wherever_they_are_made_and_hold_their_class():
+    from sparknet.datasets import SyntheticImages, load_dataset
+
+    images = SyntheticImages(40, shape=(3, 6, 6), num_classes=4, seed=1)
+    x, y = images.rows([7, 3])
+    assert np.array_equal(x, images.x[[7, 3]]) and np.array_equal(y, images.y[[7, 3]])
+    assert not np.array_equal(images.x, SyntheticImages(40, shape=(3, 6, 6), num_classes=4, seed=2).x)
+    brightness = images.x.reshape(40, -1).mean(1)
+    assert np.all(np.diff([brightness[images.y == c].mean() for c in range(4)]) > 0.1)  # a learnable class
+    splits = load_dataset("imagenet-synthetic")
+    assert len(splits.train) == 1280 and splits.train.shape == (3, 227, 227) and splits.test.num_classes == 1000

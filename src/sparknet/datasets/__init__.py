@@ -30,7 +30,7 @@ from sparknet.datasets._extended_write import ExtendedWrite, extended_arrays, ex
 from sparknet.datasets._registry import DATASET_NAMES, load_dataset
 from sparknet.datasets._mnist import IDX_ENV, MNIST, mnist, mnist_small, read_idx
 from sparknet.datasets._shakespeare import CharCorpus, Vocabulary, shakespeare
-from sparknet.datasets._synthetic import synthetic, synthetic_sequences
+from sparknet.datasets._synthetic import SyntheticImages, synthetic, synthetic_sequences
 
 __all__ = [
     "ArrayDataset",
@@ -50,6 +50,7 @@ __all__ = [
     "shakespeare",
     "synthetic",
     "synthetic_sequences",
+    "SyntheticImages",
     "read_idx",
     "load_dataset",
     "DATASET_NAMES",

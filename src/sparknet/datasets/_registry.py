@@ -10,7 +10,7 @@ from sparknet.datasets._extended import Deformation
 from sparknet.datasets._extended_write import extended_arrays
 from sparknet.datasets._mnist import mnist, mnist_small
 from sparknet.datasets._shakespeare import shakespeare
-from sparknet.datasets._synthetic import synthetic, synthetic_sequences
+from sparknet.datasets._synthetic import SyntheticImages, synthetic, synthetic_sequences
 
 __all__ = ["DATASET_NAMES", "load_dataset"]
 
@@ -32,6 +32,11 @@ def _extended_mnist_splits(num_samples: int = 100_000, seed: int = 0, **kwargs: 
     return Splits(train=train, validation=data.validation, test=data.test)
 
 
+def _imagenet_synthetic(num_samples: int = 1280, num_test: int = 128, seed: int = 0) -> Splits:
+    test = SyntheticImages(num_test, seed=seed + 1)
+    return Splits(train=SyntheticImages(num_samples, seed=seed), validation=test, test=test)
+
+
 _LOADERS: dict[str, Callable[..., Any]] = {
     "mnist": mnist,
     "mnist-small": mnist_small,
@@ -39,6 +44,7 @@ _LOADERS: dict[str, Callable[..., Any]] = {
     "shakespeare": shakespeare,
     "synthetic": _splits_of(synthetic, 10_000),
     "synthetic-sequences": _splits_of(synthetic_sequences, 2_000),
+    "imagenet-synthetic": _imagenet_synthetic,
 }
 
 #: The names :func:`load_dataset` accepts.
@@ -66,6 +72,9 @@ def load_dataset(name: str, **kwargs: Any) -> Any:
           ``num_samples`` (default 10,000) to train, ``num_test`` (default a fifth of
           that) each to validation and test, drawn with seeds ``seed``, ``seed + 1``,
           ``seed + 2``; other keywords go to :func:`synthetic`.
+        - ``"imagenet-synthetic"``: ImageNet-shaped :class:`SyntheticImages` (3x227x227, 1,000
+          classes), ``num_samples`` (default 1,280) to train and ``num_test`` (default 128) to
+          validate and test; on Spark the executors make the training rows themselves.
         - ``"synthetic-sequences"``: the same with :func:`synthetic_sequences`
           (default 2,000 sequences).
     **kwargs

@@ -7,14 +7,16 @@ set made with different ``seed`` values and the same ``task_seed`` are the same 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import DTypeLike
 
 from sparknet.datasets._array import ArrayDataset
 
-__all__ = ["synthetic", "synthetic_sequences"]
+__all__ = ["synthetic", "synthetic_sequences", "SyntheticImages"]
 
 
 def synthetic(
@@ -132,3 +134,57 @@ def synthetic_sequences(
     for t in range(seq_len):
         tokens[:, t + 1] = np.where(flips[:, t], randoms[:, t], perm[tokens[:, t]])
     return ArrayDataset(tokens[:, :-1].copy(), tokens[:, 1:].copy())
+
+
+@dataclass(frozen=True)
+class SyntheticImages:
+    """Image rows made where they are read: row ``i`` depends on ``(seed, i)`` alone, so a Spark executor makes
+    the same rows this process would, and no pixel travels (the AlexNet throughput workload: ImageNet's shape).
+
+    Each image is uniform noise in [0, 0.5) plus its class's brightness, ``0.5 * label / num_classes``: a net can
+    learn the classes, and every step costs what a real image's does.
+
+    Parameters
+    ----------
+    num_samples
+        Rows in the set.
+    shape
+        One image, channels first (ImageNet's crop by default).
+    num_classes
+        Labels are uniform over ``0 .. num_classes - 1``.
+    seed
+        The set: another seed makes other rows.
+    """
+
+    num_samples: int
+    shape: tuple[int, ...] = (3, 227, 227)
+    num_classes: int = 1000
+    seed: int = 0
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def rows(self, indices: Iterable[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The images and labels of rows ``indices``."""
+        indices = [int(i) for i in indices]
+        x = np.empty((len(indices), *self.shape), np.float32)
+        y = np.empty(len(indices), np.int64)
+        for k, i in enumerate(indices):
+            rng = np.random.default_rng((self.seed, i))
+            y[k] = rng.integers(self.num_classes)
+            x[k] = rng.random(self.shape, dtype=np.float32) * 0.5 + 0.5 * y[k] / self.num_classes
+        return x, y
+
+    @functools.cached_property
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.rows(range(self.num_samples))
+
+    @property
+    def x(self) -> np.ndarray:
+        """Every image, made in this process (one-process training)."""
+        return self._arrays[0]
+
+    @property
+    def y(self) -> np.ndarray:
+        return self._arrays[1]
+

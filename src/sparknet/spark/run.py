@@ -20,7 +20,7 @@ import numpy as np
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
 from sparknet._enums import CompressionKind
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
-from sparknet.datasets import cache_root
+from sparknet.datasets import SyntheticImages, cache_root
 from sparknet.metrics import MetricsLogger, round_reporter, rounds_total
 from sparknet.spark.data import arrays_table, frame_from_arrays
 from sparknet.spark.session import get_session, is_local_master
@@ -54,11 +54,28 @@ def dataset_frame(spark, dataset: str, train):
     cannot read the driver's disk, so the rows travel through Spark itself
     (:func:`sparknet.spark.data.frame_from_arrays`).
     """
+    if isinstance(train, SyntheticImages):
+        return synthetic_frame(spark, train)
     if not is_local_master(spark.sparkContext.master):
         return frame_from_arrays(spark, train.x, train.y)
     shape = "x".join(str(d) for d in (*np.shape(train.x)[1:], *np.shape(train.y)[1:])) or "1"
     path = Path(cache_root()) / "parquet" / f"{dataset.lower()}-train-{len(train)}-{shape}.parquet"
     return spark.read.parquet(str(dataset_as_parquet(train, path)))
+
+
+def synthetic_frame(spark, images: SyntheticImages, partitions: int | None = None):
+    """``images`` as a DataFrame whose rows the executors make themselves (``features``, ``label``), one slice of
+    row indices a partition: nothing but the indices travels."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    def make(batches):
+        for batch in batches:
+            x, y = images.rows(batch.column(0).to_numpy())
+            yield from arrays_table(x, y).to_batches()
+
+    schema = from_arrow_schema(arrays_table(*images.rows([0])).schema)
+    parts = partitions or spark.sparkContext.defaultParallelism
+    return spark.range(0, len(images), numPartitions=max(1, min(parts, len(images)))).mapInArrow(make, schema)
 
 
 def training_frame(spark, run: RunConfig, train):
