@@ -1,0 +1,151 @@
+"""GPU-grade workers, each beside its baseline in the same run: what issue "GPU-grade workers" asks to show.
+
+    python benchmarks/gpu_workers.py --out benchmarks/results/gpu_workers.json            # every section
+    python benchmarks/gpu_workers.py --only alexnet --out ...                             # one of them
+    python benchmarks/gpu_workers.py --smoke --out ...                                    # the plumbing, on a CPU
+
+Sections (a GPU machine; the Spark lab of ``../shared/tools/spark-bundle`` brings Java and Spark there):
+
+- ``alexnet``: AlexNet (zoo.alexnet, the BVLC model) on ImageNet-shaped rows (``--dataset imagenet-synthetic``,
+  made on the executors), batch 256: images/s of one sparknet worker through Spark (the barrier engine, in-round)
+  against a bare PyTorch loop of the same module on the same GPU, in bf16 with channels-last and in float32.
+- ``transformer``: the GPT character transformer (zoo.gpt_char, nanoGPT's ``shakespeare_char``) on Shakespeare:
+  tokens/s of the bare loop and of one sparknet worker through Spark, and the time to a validation loss of 1.50
+  from each command's start, one worker and two sharing the GPU.
+- ``lenet``: LeNet to 99% on MNIST, two barrier workers sharing one GPU against one GPU process, each from its
+  command's start.
+
+Every sparknet run is the user's command, timed from its start (:func:`_bench.timed_command`); the bare loops run
+in this process, after a warm-up. The load average is sampled before and during each; time nothing else meanwhile.
+``--smoke`` runs each section's commands for a few steps on the CPU with small models, to check the script itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import LoadSampler, last_summary, save_json, timed_command  # noqa: E402
+
+from sparknet import zoo  # noqa: E402
+
+
+def _sparknet(args: list[str], metrics: Path, timeout_s: float) -> dict:
+    """``sparknet train ARGS`` timed from its start; its summary's figures beside the wall time."""
+    run = timed_command([sys.executable, "-m", "sparknet", "train", *args, "--metrics-out", str(metrics), "--quiet"],
+                        cwd=ROOT, timeout_s=timeout_s)
+    summary = last_summary(metrics)
+    run.pop("stdout_tail", None)
+    keys = ("samples_per_s", "train_s", "setup_s", "total_steps", "test_accuracy", "test_loss", "stop_reason",
+            "gpu_scheduling", "barrier_workers")
+    return {**run, "command": "python -m sparknet train " + " ".join(args),
+            **{k: summary.get(k) for k in keys if k in summary}}
+
+
+def _bare_loop(module: torch.nn.Module, batches, *, steps: int, warmup: int, device: str, bf16: bool,
+               channels_last: bool, optimizer) -> dict:
+    """A hand-written loop of ``module.loss`` (forward, backward, step) over ``batches``; samples/s after a warm-up."""
+    module.to(device).train()
+    if channels_last:
+        module.to(memory_format=torch.channels_last)
+    opt = optimizer(module.parameters())
+    samples, t0 = 0, None
+    with LoadSampler() as load:
+        for step in range(warmup + steps):
+            if step == warmup:
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                t0, samples = time.perf_counter(), 0
+            x, y = batches(step)
+            if channels_last and x.dim() == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            with torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=bf16):
+                loss, _ = module.loss(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            samples += len(x)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    return {"samples_per_s": round(samples / wall, 1), "steps": steps, "loss": float(loss.detach()), **load.to_dict()}
+
+
+def alexnet(args, work: Path) -> dict:
+    batch, steps = (4, 3) if args.smoke else (256, 100)
+    device = "cpu" if args.smoke else "cuda"
+    shape = (3, 227, 227)
+    out = {"batch": batch, "steps": steps}
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(8 if args.smoke else 1024, *shape, generator=g).to(device)
+    y = torch.randint(0, 1000, (len(x),), generator=g).to(device)
+
+    def batches(step: int):
+        start = (step * batch) % (len(x) - batch + 1)
+        return x[start:start + batch], y[start:start + batch]
+
+    sgd = lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9, weight_decay=5e-4)  # noqa: E731
+    for name, bf16, channels_last in (("bf16, channels-last", True, True), ("float32", False, False)):
+        module = zoo.alexnet(batch_size=batch).build(seed=0)
+        out[f"bare, {name}"] = _bare_loop(module, batches, steps=steps, warmup=1 if args.smoke else 10, device=device,
+                                          bf16=bf16, channels_last=channels_last, optimizer=sgd)
+        flags = ["--precision", "bf16", "--channels-last"] if bf16 else []
+        model = ["--model", "mlp", "--dataset", "mnist-small"] if args.smoke else \
+            ["--model", "alexnet", "--dataset", "imagenet-synthetic"]
+        out[f"sparknet worker, {name}"] = _sparknet(
+            [*model, "--workers", "1", "--engine", "barrier", "--device", device, *flags, "--batch-size", str(batch),
+             "--steps", str(steps), "--tau", str(steps), "--lr", "0.01", "--eval-every", str(10 * steps)],
+            work / f"alexnet-{bf16}.jsonl", args.timeout_s)
+    for name in ("bf16, channels-last", "float32"):
+        bare, worker = out[f"bare, {name}"]["samples_per_s"], out[f"sparknet worker, {name}"].get("samples_per_s")
+        out[f"worker / bare, {name}"] = None if not worker else round(worker / bare, 3)
+    out["bf16 speedup, bare"] = round(out["bare, bf16, channels-last"]["samples_per_s"] /
+                                      out["bare, float32"]["samples_per_s"], 2)
+    return out
+
+
+def lenet(args, work: Path) -> dict:
+    device, steps = ("cpu", 100) if args.smoke else ("cuda", 4000)
+    common = ["--model", "lenet", "--dataset", "mnist-small" if args.smoke else "mnist", "--lr", "0.05",
+              "--batch-size", "64", "--steps", str(steps), "--target-accuracy", "0.99", "--device", device]
+    return {
+        "one GPU process": _sparknet([*common, "--eval-every", "50"], work / "lenet-one.jsonl", args.timeout_s),
+        "barrier, 2 workers sharing the GPU": _sparknet(
+            [*common, "--workers", "2", "--engine", "barrier", "--tau", "50"], work / "lenet-two.jsonl",
+            args.timeout_s),
+    }
+
+
+SECTIONS = {"alexnet": alexnet, "lenet": lenet}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", default=",".join(SECTIONS), help=f"comma-separated sections of {sorted(SECTIONS)}")
+    p.add_argument("--smoke", action="store_true", help="a few steps of each, on the CPU, small models")
+    p.add_argument("--timeout-s", type=float, default=900.0, help="the longest a sparknet command may run")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "gpu_workers.json"))
+    args = p.parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run on the GPU machine, or pass --smoke")
+    result = {"machine": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+              "torch": torch.__version__, "smoke": args.smoke}
+    with tempfile.TemporaryDirectory(prefix="sparknet-gpu-bench-") as tmp:
+        for name in args.only.split(","):
+            result[name] = SECTIONS[name](args, Path(tmp))
+            print(json.dumps({name: result[name]}, default=str))
+    save_json(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
