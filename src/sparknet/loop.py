@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import torch
 
@@ -217,23 +217,20 @@ class ResumeState(Progress):
 
     def progress(self) -> Progress:
         """The loop's counters, to continue from."""
-        return Progress(round=self.round, steps_done=self.steps_done, samples_done=self.samples_done,
-                        total_bytes=self.total_bytes)
+        return Progress(**{f.name: getattr(self, f.name) for f in fields(Progress)})
 
     def counters(self) -> dict:
         """The fields a checkpoint's state holds beside the weights and the workers' states."""
-        return {"round": self.round, "steps_done": self.steps_done, "samples_done": self.samples_done,
-                "total_bytes": self.total_bytes, "iteration": self.iteration, "downlink": self.downlink,
+        return {**vars(self.progress()), "iteration": self.iteration, "downlink": self.downlink,
                 "auto_tau": self.auto_tau}
 
     @classmethod
     def from_checkpoint(cls, rounds_done: int, state: dict) -> ResumeState:
         """The state a checkpoint of round ``rounds_done`` holds (``state``: what :meth:`counters` wrote, the
         strategy's and the workers')."""
-        return cls(round=rounds_done, steps_done=state["steps_done"], samples_done=state["samples_done"],
-                   total_bytes=state["total_bytes"], strategy=state.get("strategy"),
-                   workers=state.get("workers") or {}, iteration=state.get("iteration"),
-                   downlink=state.get("downlink"), auto_tau=state.get("auto_tau"))
+        return cls(round=rounds_done, **{key: state[key] for key in ("steps_done", "samples_done", "total_bytes")},
+                   **{key: state.get(key) for key in ("strategy", "iteration", "downlink", "auto_tau")},
+                   workers=state.get("workers") or {})
 
 
 @dataclass(kw_only=True)

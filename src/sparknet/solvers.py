@@ -138,10 +138,9 @@ class SolverConfig:
         self.stepvalues = tuple(_iteration(v, "stepvalues") for v in self.stepvalues)
         if not (math.isfinite(self.base_lr) and self.base_lr > 0):
             raise ValueError(f"base_lr must be a positive number, got {self.base_lr}")
-        if not 0 <= self.momentum < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
-        if not 0 <= self.momentum2 < 1:
-            raise ValueError(f"momentum2 must be in [0, 1), got {self.momentum2}")
+        for name in ("momentum", "momentum2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay must be non-negative, got {self.weight_decay}")
         if self.regularization not in ("L1", "L2"):
@@ -190,32 +189,30 @@ class SolverConfig:
         return cls(**d)
 
 
+def _multistep(config: SolverConfig, it: int) -> float:
+    # Caffe moves past at most one step value an iteration: a repeated value takes effect one iteration later
+    steps, at = 0, -1
+    for v in config.stepvalues:
+        at = max(v, at + 1)
+        steps += it >= at
+    return config.gamma**steps
+
+
+_POLICIES: dict[LRPolicy, Callable[[SolverConfig, int], float]] = {
+    LRPolicy.FIXED: lambda config, it: 1.0,
+    LRPolicy.STEP: lambda config, it: config.gamma ** (it // config.stepsize),
+    LRPolicy.MULTISTEP: _multistep,
+    LRPolicy.EXP: lambda config, it: config.gamma**it,
+    LRPolicy.INV: lambda config, it: (1.0 + config.gamma * it) ** (-config.power),
+    LRPolicy.POLY: lambda config, it: max(0.0, 1.0 - it / config.max_iter) ** config.power,
+    LRPolicy.SIGMOID: lambda config, it: 1.0 / (1.0 + math.exp(-config.gamma * (it - config.stepsize))),
+    LRPolicy.COSINE: lambda config, it: 0.5 * (1.0 + math.cos(math.pi * min(it, config.max_iter) / config.max_iter)),
+}
+
+
 def lr_multiplier(config: SolverConfig, iteration: int) -> float:
     """The factor the policy applies to ``base_lr`` at ``iteration`` (Caffe's formulas)."""
-    it = iteration
-    p = config.lr_policy
-    if p is LRPolicy.FIXED:
-        return 1.0
-    if p is LRPolicy.STEP:
-        return config.gamma ** (it // config.stepsize)
-    if p is LRPolicy.MULTISTEP:
-        # Caffe moves past at most one step value an iteration: a repeated value takes effect one iteration later
-        steps, at = 0, -1
-        for v in config.stepvalues:
-            at = max(v, at + 1)
-            steps += it >= at
-        return config.gamma**steps
-    if p is LRPolicy.EXP:
-        return config.gamma**it
-    if p is LRPolicy.INV:
-        return (1.0 + config.gamma * it) ** (-config.power)
-    if p is LRPolicy.POLY:
-        return max(0.0, 1.0 - it / config.max_iter) ** config.power
-    if p is LRPolicy.SIGMOID:
-        return 1.0 / (1.0 + math.exp(-config.gamma * (it - config.stepsize)))
-    if p is LRPolicy.COSINE:
-        return 0.5 * (1.0 + math.cos(math.pi * min(it, config.max_iter) / config.max_iter))
-    raise AssertionError(p)
+    return _POLICIES[config.lr_policy](config, iteration)
 
 
 def _groups(model_or_groups) -> list[dict]:

@@ -23,6 +23,7 @@ import abc
 import logging
 import math
 import statistics
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -398,11 +399,13 @@ class Int8Compression(Compressor):
         scales = buf[:4 * nscales].clone().view(torch.float32)
         return Compressed(buf[4 * nscales:].clone().view(torch.int8), scales, numel)
 
+    def _chunks(self, v: torch.Tensor) -> torch.Tensor:  # zero-padded to whole chunks, one a row
+        return torch.nn.functional.pad(v, (0, (-v.numel()) % self.chunk)).view(-1, self.chunk)
+
     def compress(self, delta, state):
         n = delta.numel()
         v = self._with_residual(delta, state)
-        pad = (-n) % self.chunk
-        vp = torch.nn.functional.pad(v, (0, pad)).view(-1, self.chunk)
+        vp = self._chunks(v)
         scales = vp.abs().amax(dim=1) / 127.0
         safe = torch.where(scales > 0, scales, torch.ones_like(scales))
         q = torch.clamp(torch.round(vp / safe[:, None]), -127, 127).to(torch.int8)
@@ -412,10 +415,7 @@ class Int8Compression(Compressor):
         return Compressed(q.reshape(-1)[:n].contiguous(), scales.contiguous(), n)
 
     def decompress(self, c):
-        n = c.numel
-        pad = (-n) % self.chunk
-        q = torch.nn.functional.pad(c.payload.float(), (0, pad)).view(-1, self.chunk)
-        return (q * c.scales[:, None]).reshape(-1)[:n]
+        return (self._chunks(c.payload.float()) * c.scales[:, None]).reshape(-1)[:c.numel]
 
 
 def make_compressor(kind: CompressionKind | str | None) -> Compressor:
@@ -503,8 +503,8 @@ class AutoTau:
         self.target_fraction, self.min_tau, self.max_tau = float(target_fraction), int(min_tau), int(max_tau)
         self.every, self.window = int(every), int(window)
         self.tau = min(max(int(initial), self.min_tau), self.max_tau)
-        self._step_s: list[float] = []
-        self._sync_s: list[float] = []
+        self._step_s: deque[float] = deque(maxlen=self.window)  # the last window rounds
+        self._sync_s: deque[float] = deque(maxlen=self.window)
         self._rounds = 0
 
     def observe(self, steps: int, compute_s: float, sync_s: float) -> int:
@@ -512,7 +512,6 @@ class AutoTau:
         if steps > 0 and compute_s > 0:
             self._step_s.append(compute_s / steps)
         self._sync_s.append(max(sync_s, 0.0))
-        self._step_s, self._sync_s = self._step_s[-self.window:], self._sync_s[-self.window:]
         self._rounds += 1
         if self._rounds % self.every == 0 and self._step_s:
             step_s, sync_s = statistics.median(self._step_s), statistics.median(self._sync_s)
@@ -533,4 +532,4 @@ class AutoTau:
 
     def load_state_dict(self, state: dict) -> None:
         self.tau, self._rounds = int(state["tau"]), int(state["rounds"])
-        self._step_s, self._sync_s = list(state["step_s"]), list(state["sync_s"])
+        self._step_s, self._sync_s = (deque(state[key], maxlen=self.window) for key in ("step_s", "sync_s"))

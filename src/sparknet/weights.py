@@ -87,8 +87,9 @@ class WeightCollection(Mapping[str, list[torch.Tensor]]):
         return sum(t.numel() * t.element_size() for _, _, t in self.tensors())
 
     # -- checks ----------------------------------------------------------------------------
-    def check_compatible(self, other: WeightCollection) -> None:
-        """Raise ``ValueError`` naming the first layer or tensor where ``other`` differs."""
+    def check_compatible(self, other: WeightCollection, *, dtypes: bool = True) -> None:
+        """Raise ``ValueError`` naming the first layer or tensor where ``other`` differs (in names, counts, shapes,
+        and with ``dtypes`` in dtypes)."""
         if not isinstance(other, WeightCollection):
             raise TypeError(f"expected a WeightCollection, got {type(other).__name__}")
         mine, theirs = list(self._layers), list(other._layers)
@@ -104,7 +105,7 @@ class WeightCollection(Mapping[str, list[torch.Tensor]]):
             for i, (a, b) in enumerate(zip(a_ts, b_ts)):
                 if a.shape != b.shape:
                     raise ValueError(f"layer {name!r} tensor {i}: shape {tuple(a.shape)} vs {tuple(b.shape)}")
-                if a.dtype != b.dtype:
+                if dtypes and a.dtype != b.dtype:
                     raise ValueError(f"layer {name!r} tensor {i}: dtype {a.dtype} vs {b.dtype}")
 
     # -- arithmetic ------------------------------------------------------------------------
@@ -151,19 +152,10 @@ class WeightCollection(Mapping[str, list[torch.Tensor]]):
 
     def copy_into(self, target: WeightCollection) -> None:
         """Copy these values into ``target``'s tensors in place, casting dtypes if needed."""
-        self._check_layout(target)
+        self.check_compatible(target, dtypes=False)  # values are cast on copy
         with torch.no_grad():
             for (_, _, src), (_, _, dst) in zip(self.tensors(), target.tensors()):
                 dst.copy_(src)
-
-    def _check_layout(self, other: WeightCollection) -> None:
-        # Names and shapes, not dtypes: values are cast on copy.
-        mine, theirs = list(self.tensors()), list(other.tensors())
-        for (n1, i1, a), (n2, i2, b) in zip(mine, theirs):
-            if (n1, i1) != (n2, i2) or a.shape != b.shape:
-                raise ValueError(f"layer {n1!r} tensor {i1} {tuple(a.shape)} does not match {n2!r} tensor {i2} {tuple(b.shape)}")
-        if len(mine) != len(theirs):
-            raise ValueError(f"collections hold {len(mine)} and {len(theirs)} tensors")
 
     @staticmethod
     def mean(collections: Sequence[WeightCollection], weights: Sequence[float] | None = None) -> WeightCollection:
