@@ -125,7 +125,56 @@ def lenet(args, work: Path) -> dict:
     }
 
 
-SECTIONS = {"alexnet": alexnet, "lenet": lenet}
+def _first_below(metrics: Path, target: float) -> float | None:
+    """Seconds from the fit's start to the first evaluation whose loss is at most ``target`` (``None``: never)."""
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    losses = [(r.get("wall_s"), r.get("val_loss")) for r in records if r.get("event") == "round"]
+    times = [wall for wall, loss in losses if loss is not None and loss <= target]
+    return min(times) if times else None
+
+
+def transformer(args, work: Path) -> dict:
+    """The same recipe on both sides: AdamW (lr 1e-3, weight decay 0.1), cosine to zero over ``steps``, batch 64 of
+    256-character windows, bf16. (nanoGPT adds warm-up, beta2 0.99 and gradient clipping, and reports 1.4697.)"""
+    from sparknet.datasets import shakespeare
+
+    device = "cpu" if args.smoke else "cuda"
+    steps, every, batch, target = (4, 2, 2, 1.50) if args.smoke else (5000, 250, 64, 1.50)
+    corpus = shakespeare()
+    train = corpus.sequences("train", 256)
+    small = {"width": 32, "num_layers": 1, "num_heads": 2} if args.smoke else {}
+    module = zoo.gpt_char(corpus.vocab_size, batch_size=batch, **small).build(seed=0)
+    x, y = torch.as_tensor(train.x.copy()).to(device), torch.as_tensor(train.y.copy()).to(device)
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def batches(step: int):
+        rows = torch.randint(0, len(x), (batch,), generator=g, device=device)
+        return x[rows], y[rows]
+
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1)
+
+    out = {"steps": steps, "batch": batch, "target_loss": target,
+           "bare": _bare_loop(module, batches, steps=min(steps, 200), warmup=1 if args.smoke else 20, device=device,
+                              bf16=True, channels_last=False, optimizer=adamw)}
+    out["bare"]["tokens_per_s"] = round(out["bare"]["samples_per_s"] * 256, 1)
+    flags = ["--model", "gpt-char", "--dataset", "shakespeare", "--device", device, "--precision", "bf16",
+             "--solver-type", "adamw", "--lr", "1e-3", "--weight-decay", "0.1", "--lr-policy", "cosine",
+             "--batch-size", str(batch), "--steps", str(steps), "--tau", str(every), "--engine", "barrier"]
+    if args.smoke:
+        return {**out, "note": "smoke: the bare loop only (a full-size transformer step on a CPU takes seconds)"}
+    for workers in (1, 2):
+        metrics = work / f"gpt-{workers}.jsonl"
+        run = _sparknet([*flags, "--workers", str(workers)], metrics, args.timeout_s)
+        run["tokens_per_s"] = None if run.get("samples_per_s") is None else round(run["samples_per_s"] * 256, 1)
+        run["fit_s_to_target"] = _first_below(metrics, target)
+        out[f"sparknet, {workers} worker(s)"] = run
+    one = out["sparknet, 1 worker(s)"].get("tokens_per_s")
+    out["worker / bare, tokens/s"] = None if not one else round(one / out["bare"]["tokens_per_s"], 3)
+    return out
+
+
+SECTIONS = {"alexnet": alexnet, "transformer": transformer, "lenet": lenet}
 
 
 def main(argv: list[str] | None = None) -> int:
