@@ -214,6 +214,7 @@ class RunConfig:
         self.solver_type = SolverType.parse(self.solver_type)
         self.lr_policy = LRPolicy.parse(self.lr_policy)
         self.precision = parse_enum(Precision, self.precision, "precision")
+        check_gpu_share(self.gpus_per_worker)
         check_at_least(1, steps=self.steps)
         if self.batch_size < 1:
             raise ValueError(f"batch size must be at least 1, got {self.batch_size}")

@@ -201,6 +201,20 @@ def test_the_engines_settings_are_params_too():
     assert not SparkNetEstimator().hasParam("fault") and not SparkNetEstimator().hasParam("link")  # code only
 
 
+def test_the_gpu_share_and_the_workers_compute_options_are_params():
+    from sparknet.net import Compute
+    from sparknet.spark.ml import SparkNetEstimator
+
+    run, _ = SparkNetEstimator().configs()
+    assert run.worker().gpus_per_worker is None and run.worker().compute == Compute()
+    est = SparkNetEstimator(gpusPerWorker=0.5, precision="BF16", compile=True, channelsLast=True)
+    worker = est.configs()[0].worker()
+    assert worker.gpus_per_worker == 0.5 and worker.compute == Compute("bf16", compile=True, channels_last=True)
+    assert "stage-level resource profile" in est.explainParam("gpusPerWorker")
+    with pytest.raises(ValueError, match="gpus_per_worker"):
+        SparkNetEstimator(gpusPerWorker=0.3)
+
+
 @pytest.mark.parametrize("params, match", [
     ({"engine": "spaceship"}, "unknown engine"),
     ({"strategy": "magic"}, "unknown strategy"),
