@@ -142,10 +142,8 @@ def plot(result: dict, path: str | Path) -> None:
             ax.plot(x, ys, color=colors.get(strategy, "black"), ls="-", label=f"{strategy} (best τ)")
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.axvline(1.0, color="gray", lw=0.8, ls=":")
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("S / C  (communication time per sync / step time)")
-        ax.set_ylabel("speedup over one worker")
+        ax.set(xscale="log", yscale="log", xlabel="S / C  (communication time per sync / step time)",
+               ylabel="speedup over one worker")
         ax.set_title(f"K = {entry['workers']}", fontsize=10)
         ax.grid(True, which="both", alpha=0.2)
         ax.legend(fontsize=7, loc="lower left")

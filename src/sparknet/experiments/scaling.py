@@ -339,12 +339,10 @@ def plot(result: dict, path) -> None:
             ax.plot([p["workers"] for p in rows], [p["time_to_target_s"] for p in rows], style, color=f"C{i}",
                     marker="o" if engine == "barrier" else "x", label=f"{engine}, {link}")
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    ax.set(yscale="log", xlabel="workers K (a core each)", ylabel="predicted time to 98.5%, setup included (s)",
+           title=f"LeNet on MNIST, tau = {tau}")
     ax.axvspan(8, max(p["workers"] for p in preds), color="0.92", zorder=0)
     ax.text(9, ax.get_ylim()[1] * 0.6, "steps to target extrapolated", fontsize=8)
-    ax.set_xlabel("workers K (a core each)")
-    ax.set_ylabel("predicted time to 98.5%, setup included (s)")
-    ax.set_title(f"LeNet on MNIST, tau = {tau}")
     ax.legend(fontsize=7)
     checks = result["checks"]
     if checks:
@@ -356,14 +354,11 @@ def plot(result: dict, path) -> None:
         for c in checks:
             bx.plot(c["measured_s"], c["predicted_s"], "o", color=colors.get(c["engine"], "C3"))
             bx.annotate(f"{c['name']} ({100 * c['error']:+.0f}%)", (c["measured_s"], c["predicted_s"]), fontsize=6)
-        bx.set_xscale("log")
-        bx.set_yscale("log")
         for engine, color in colors.items():
             bx.plot([], [], "o", color=color, label=engine)
         bx.legend(fontsize=7)
-        bx.set_xlabel("measured (s)")
-        bx.set_ylabel("predicted (s)")
-        bx.set_title(f"the model against measured runs (band: ±15%; worst {100 * result['worst_error']:.0f}%)")
+        bx.set(xscale="log", yscale="log", xlabel="measured (s)", ylabel="predicted (s)",
+               title=f"the model against measured runs (band: ±15%; worst {100 * result['worst_error']:.0f}%)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -203,10 +203,8 @@ def plot(result: dict, path: str | Path) -> None:
 
     handles = [Patch(facecolor=colors[scheme], edgecolor="black", label=scheme) for scheme in schemes]
     ax.set_xticks(range(len(links)), [("no delay" if lb.startswith("0s, inf") else lb) for lb in links])
-    ax.set_xlabel("link (latency, bandwidth) of every worker")
-    ax.set_ylabel("wall-clock seconds to target (after setup)")
-    ax.set_yscale("log")
-    ax.set_ylim(1, top * 3)
+    ax.set(xlabel="link (latency, bandwidth) of every worker", ylabel="wall-clock seconds to target (after setup)",
+           yscale="log", ylim=(1, top * 3))
     ax.legend(handles=handles, fontsize=8, title="hatched: cut at max_seconds, projected", title_fontsize=7)
     ax.set_title(f"Time to {result['target']} test accuracy over a slow link (K = {result['workers']}, "
                  f"LeNet {result['model_bytes'] / 1e6:.2f} MB)", fontsize=10)

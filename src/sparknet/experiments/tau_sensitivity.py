@@ -93,8 +93,7 @@ def plot(result: dict, path: str | Path) -> None:
         elif not r.get("ok"):
             ax.plot([], [], label=f"τ = {r['tau']}: failed")
     cfg = result.get("config", {})
-    ax.set_xlabel("wall-clock seconds of training (setup and evaluation excluded)")
-    ax.set_ylabel("test accuracy")
+    ax.set(xlabel="wall-clock seconds of training (setup and evaluation excluded)", ylabel="test accuracy")
     accs = [p["accuracy"] for r in result["runs"] if r.get("ok") for p in r["curve"]]
     if accs:
         ax.set_ylim(max(min(accs), max(accs) - 0.15), min(1.0, max(accs) + 0.01))

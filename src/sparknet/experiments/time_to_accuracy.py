@@ -286,10 +286,8 @@ def plot(result: dict, path: str | Path) -> None:
             ax2.plot([p["wall_s"] for p in e["curve"]], [p["accuracy"] for p in e["curve"]], label=e["system"],
                      marker="." if len(e["curve"]) < 30 else None)
     ax2.axhline(result["target"], color="gray", lw=0.8, ls="--")
-    ax2.set_xlabel("wall-clock seconds")
-    ax2.set_ylabel("test accuracy")
     lo = min([p["accuracy"] for e in entries for p in e.get("curve") or []] + [result["target"] - 0.05])
-    ax2.set_ylim(max(lo, result["target"] - 0.1), 1.0)
+    ax2.set(xlabel="wall-clock seconds", ylabel="test accuracy", ylim=(max(lo, result["target"] - 0.1), 1.0))
     ax2.legend(fontsize=7)
     ax2.set_title("test accuracy against wall time", fontsize=10)
     fig.savefig(path, dpi=90)
