@@ -21,6 +21,7 @@ minibatch, as the in-memory path does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -73,10 +74,8 @@ class RowFile:
     def remove(self) -> None:
         """Delete the files (the header first, so a reader never sees a header without its rows)."""
         for suffix in (".json", ".x", ".y"):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.remove(f"{self.stem}{suffix}")
-            except FileNotFoundError:
-                pass
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Every row as copy-on-write memory maps (pages shared by the machine's processes, never written)."""
