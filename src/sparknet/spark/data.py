@@ -32,9 +32,9 @@ from sparknet.rowfile import RowFile, RowFileWriter
 from sparknet.spark.backend import run_with_deadline
 from sparknet.labels import Task
 
-__all__ = ["FeatureSource", "Chunk", "ChunkCounts", "chunk_rdd", "merge_chunks", "write_chunks", "DataMode", "choose_data_mode", "task_memory",
-           "check_stats", "checked_partitions", "partition_stats", "head_rows", "local_arrays", "collect_arrays",
-           "describe_skew", "arrays_table", "frame_from_arrays", "CHUNK_BYTES"]
+__all__ = ["FeatureSource", "Chunk", "ChunkCounts", "chunk_rdd", "merge_chunks", "write_chunks", "DataMode",
+           "choose_data_mode", "task_memory", "check_stats", "checked_partitions", "partition_stats", "head_rows",
+           "local_arrays", "collect_arrays", "describe_skew", "arrays_table", "frame_from_arrays", "CHUNK_BYTES"]
 
 log = logging.getLogger(__name__)
 
@@ -668,15 +668,6 @@ def _is_number(dtype) -> bool:
                               T.DecimalType))
 
 
-def _weight_expr(df, weight_col: str):
-    from pyspark.sql import functions as F
-
-    dtype = _column_type(df, weight_col, "weight")
-    if not _is_number(dtype):
-        raise ValueError(f"weight column {weight_col!r} has type {dtype.simpleString()}; sample weights are numbers")
-    return F.col(weight_col).cast("double")
-
-
 def _label_expr(df, label_col: str):
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
@@ -718,7 +709,10 @@ def chunk_frame(data, *, features_col: str | Sequence[str] = "features", label_c
         expected_len = image_numel
     columns = [feat.alias("f"), label.alias("y")]
     if weight_col is not None:
-        columns.append(_weight_expr(data, weight_col).alias("w"))
+        if not _is_number(weight_type := _column_type(data, weight_col, "weight")):
+            raise ValueError(f"weight column {weight_col!r} has type {weight_type.simpleString()}; sample weights are "
+                             "numbers")
+        columns.append(F.col(weight_col).cast("double").alias("w"))
     df = data.select(*columns)
     connect = is_connect(data)
     # over Spark Connect the partition count cannot be asked without running a job: always dealt out
