@@ -1,7 +1,8 @@
-"""LeNet on MNIST to 99% test accuracy: two workers against one process and Spark's TorchDistributor.
+"""LeNet on MNIST to 99% test accuracy: K workers against one process and Spark's TorchDistributor.
 
-    python benchmarks/time_to_99.py                 # each run once, in one script
+    python benchmarks/time_to_99.py                 # each run once, in one script, K = 2
     python benchmarks/time_to_99.py --repeats 2     # twice, the order of the runs turned round the second time
+    python benchmarks/time_to_99.py --workers 1,2,4,8,16 --threads 1,8   # the 16-core lab's scaling curve
 
 Every run is the user's command, timed from its start to its end (Python, the Spark session and
 its JVMs, loading MNIST, the evaluations, the last test pass): what a user waits for. All stop at
@@ -12,9 +13,10 @@ worker, SGD (lr 0.05, momentum 0.9, weight decay 5e-4, Caffe's inv policy), eval
 error of 99% and every tenth time; with ``--eval-budget B`` below 1, an evaluation put off
 while evaluations have taken more than that share of the time so far):
 
-- ``one process``: ``sparknet train`` without Spark, two torch threads (all of this machine);
-- ``rounds`` and ``barrier``: ``sparknet train --workers 2 --tau 50`` on ``local[2]``;
-- ``torch_distributor``: Spark's TorchDistributor launching DDP on two local processes (one
+- ``one process``: ``sparknet train`` without Spark, with each of ``--threads`` torch threads (default: the
+  largest K), a process of several threads allowed 8,000 steps so that it gets there;
+- ``rounds`` and ``barrier``: ``sparknet train --workers K --tau 50`` on ``local[K]``, for each K of ``--workers``;
+- ``torch_distributor``: Spark's TorchDistributor launching DDP on K local processes (one
   thread each, gradients averaged every step), started in a process of its own (this script
   with ``--torch-distributor-run``), the SparkSession it needs and its launch included.
 
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -41,11 +42,21 @@ from _bench import last_summary, timed_command  # noqa: E402
 TARGET, MAX_STEPS, EVERY, BATCH, LR, SCREEN = 0.99, 4000, 50, 64, 0.05, 2000
 TRAIN = ["sparknet", "train", "--model", "lenet", "--dataset", "mnist", "--lr", str(LR), "--steps", str(MAX_STEPS),
          "--target-accuracy", str(TARGET), "--batch-size", str(BATCH), "--eval-screen-rows", str(SCREEN), "--quiet"]
-RUNS = {
-    "one process, 2 threads": [*TRAIN, "--threads", "2", "--eval-every", str(EVERY)],
-    "rounds, 2 workers": [*TRAIN, "--workers", "2", "--tau", str(EVERY)],
-    "barrier, 2 workers": [*TRAIN, "--workers", "2", "--tau", str(EVERY), "--engine", "barrier"],
-}
+RUNS: dict[str, list[str]] = {}
+"""This call's runs (:func:`runs_for`)."""
+
+
+def runs_for(workers: list[int], threads: list[int]) -> dict[str, list[str]]:
+    """The runs of one call: one process with each of ``threads``, then each engine with each of ``workers`` (a
+    process with several threads may take twice the steps, so that it gets to the target)."""
+    runs = {f"one process, {t} thread{'s' if t > 1 else ''}": [*TRAIN, "--threads", str(t), "--eval-every", str(EVERY),
+                                                               "--steps", str(MAX_STEPS * (2 if t > 1 else 1))]
+            for t in threads}
+    for k in workers:
+        spark = [*TRAIN, "--workers", str(k), "--tau", str(EVERY), "--master", f"local[{k}]"]
+        runs[f"rounds, {k} workers"] = spark
+        runs[f"barrier, {k} workers"] = [*spark, "--engine", "barrier"]
+    return runs
 
 
 def _budget() -> float:
@@ -103,7 +114,8 @@ def _ddp_to_target() -> dict:
                 inv.step()
                 step += 1
             # sparknet's budget: put an evaluation off while evaluations have taken more than that share of the time
-            over = torch.tensor([0 if evals == 0 or budget >= 1 or eval_s <= budget * (time.perf_counter() - t0) else 1])
+            spent = evals and budget < 1 and eval_s > budget * (time.perf_counter() - t0)
+            over = torch.tensor([1 if spent else 0])
             dist.all_reduce(over, op=dist.ReduceOp.MIN)  # any rank's yes, as sparknet's ranks agree
             if over.item() and step < MAX_STEPS:
                 continue
@@ -121,17 +133,17 @@ def _ddp_to_target() -> dict:
         dist.destroy_process_group()
 
 
-def torch_distributor_run(out: Path) -> None:
-    """The TorchDistributor command: a SparkSession on local[2], then DDP on two processes to the target."""
+def torch_distributor_run(out: Path, processes: int) -> None:
+    """The TorchDistributor command: a SparkSession on local[K], then DDP on K processes to the target."""
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from sparknet.spark import get_session
 
     t0 = time.perf_counter()
-    spark = get_session("local[2]", app_name="torch-distributor-to-99")
+    spark = get_session(f"local[{processes}]", app_name="torch-distributor-to-99")
     try:
         t_launch = time.perf_counter()
-        result = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(_ddp_to_target)
+        result = TorchDistributor(num_processes=processes, local_mode=True, use_gpu=False).run(_ddp_to_target)
         out.write_text(json.dumps({**result, "session_s": t_launch - t0,
                                    "distributor_s": time.perf_counter() - t_launch}) + "\n")
     finally:
@@ -142,9 +154,11 @@ def torch_distributor_run(out: Path) -> None:
 def _run(name: str, work: Path, timeout_s: float) -> dict:
     env = {**os.environ, "SPARKNET_BENCH_DIR": str(Path(__file__).resolve().parent),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])}
-    metrics = work / f"{name.split(',')[0].replace(' ', '_')}.json"
-    if name == "torch_distributor":
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--torch-distributor-run", str(metrics)]
+    metrics = work / f"{name.replace(',', '').replace(' ', '_')}.json"
+    if name.startswith("torch_distributor"):
+        processes = int(name.split(",")[1].split()[0])
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--torch-distributor-run", str(metrics),
+               "--workers", str(processes)]
         out = timed_command(cmd, cwd=ROOT, env=env, timeout_s=timeout_s)
         result = json.loads(metrics.read_text())
         summary = {"test_accuracy": result["test_accuracy"], "steps": result["steps"],
@@ -168,14 +182,21 @@ def main(argv=None) -> int:
     p.add_argument("--eval-budget", type=float, default=1.0,
                    help="sparknet's --eval-budget for every run (1: evaluate every 50 steps, the default here; "
                         "sparknet's own default is 0.05)")
+    p.add_argument("--workers", default="2", help="comma-separated K: each engine and TorchDistributor with each")
+    p.add_argument("--threads", default=None,
+                   help="comma-separated threads of the one-process runs (default: the largest K)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "time_to_99.json"))
     p.add_argument("--torch-distributor-run", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    workers = [int(k) for k in args.workers.split(",")]
     if args.torch_distributor_run:
-        torch_distributor_run(Path(args.torch_distributor_run))
+        torch_distributor_run(Path(args.torch_distributor_run), workers[0])
         return 0
+    threads = [int(t) for t in args.threads.split(",")] if args.threads else [max(workers)]
+    RUNS.update(runs_for(workers, threads))
     os.environ["SPARKNET_BENCH_EVAL_BUDGET"] = str(args.eval_budget)  # the runs and the DDP processes read it
-    names = [n for n in [*RUNS, "torch_distributor"] if args.only is None or args.only in n]
+    names = [n for n in [*RUNS, *(f"torch_distributor, {k} processes" for k in workers)]
+             if args.only is None or args.only in n]
     runs = []
     with tempfile.TemporaryDirectory(prefix="sparknet-bench-") as tmp:
         for repeat in range(args.repeats):
@@ -183,7 +204,7 @@ def main(argv=None) -> int:
                 runs.append({"repeat": repeat, **_run(name, Path(tmp), args.timeout)})
                 print(json.dumps(runs[-1]), flush=True)
     report = {"benchmark": "time_to_99", "target": TARGET, "eval_budget": args.eval_budget, "cpu_count": os.cpu_count(),
-              "runs": runs}
+              "workers": workers, "threads": threads, "runs": runs}
     base = [r["command_wall_s"] for r in runs if r["run"].startswith("one process")]
     if base:
         one = min(base)
