@@ -160,11 +160,9 @@ class SolverConfig:
             raise ValueError(f"stepvalues must increase, got {self.stepvalues}")
         if self.max_iter <= 0:
             raise ValueError(f"max_iter must be positive, got {self.max_iter}")
-        if self.iter_size < 1:
-            raise ValueError(f"iter_size must be at least 1, got {self.iter_size}")
         if self.type is SolverType.NESTEROV and self.momentum == 0:
             raise ValueError("the Nesterov solver needs a non-zero momentum")
-        for name in ("line_search_evals", "cg_restart", "history_size"):
+        for name in ("iter_size", "line_search_evals", "cg_restart", "history_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.caffe_history and self.type not in (SolverType.SGD, SolverType.NESTEROV):
