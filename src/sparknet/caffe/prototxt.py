@@ -452,12 +452,8 @@ def _upgrade_v1(old: Any, where: str) -> Any:
         raise PrototxtError(f"{where}: layer {name!r} uses the V0 format (layers {{ layer {{ ... }} }}); upgrade the "
                             "file with Caffe's upgrade_net_proto_text", layer=name, path=where)
     new = _schema.LayerParameter(name=old.name, type=v1_type_name(old.type))
-    new.bottom.extend(old.bottom)
-    new.top.extend(old.top)
-    new.include.extend(old.include)
-    new.exclude.extend(old.exclude)
-    new.loss_weight.extend(old.loss_weight)
-    new.blobs.extend(old.blobs)
+    for name in ("bottom", "top", "include", "exclude", "loss_weight", "blobs"):
+        getattr(new, name).extend(getattr(old, name))
     for name, lr_mult, decay_mult in zip_longest(old.param, old.blobs_lr, old.weight_decay):
         new.param.add(name=name or None, lr_mult=lr_mult, decay_mult=decay_mult)
     targets = _schema.LayerParameter.DESCRIPTOR.fields_by_name
