@@ -230,11 +230,8 @@ def load_data(dataset: str, *, train_samples: int | None = None, test_samples: i
     else:
         data = load_dataset(dataset.lower())
         train, test = data.train, data.test
-    if train_samples is not None and train_samples < len(train):
-        train = train.subset(train_samples)
-    if test_samples is not None and test_samples < len(test):
-        test = test.subset(test_samples)
-    return train, test
+    return tuple(data.subset(n) if n is not None and n < len(data) else data
+                 for data, n in ((train, train_samples), (test, test_samples)))
 
 
 def extended_train(num_samples: int, *, seed: int = 0) -> ArrayDataset:
