@@ -871,12 +871,10 @@ def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_c
             raise ValueError(f"{what}: {labels} hold {label_width} ids per row but the features have {positions} "
                              f"positions (shape {tuple(sample_shape)}); a sequence needs one label per position: "
                              "cut features and labels to the same length")
-    if total.bad_w:
-        raise ValueError(f"{what}: {total.bad_w} rows have a null, NaN, infinite or negative sample weight; "
-                         "weights are numbers >= 0")
-    if total.nonfinite:
-        raise ValueError(f"{what}: {total.nonfinite} rows hold NaN or infinite feature values; "
-                         "clean or impute them first")
+    for key, problem in (("bad_w", "have a null, NaN, infinite or negative sample weight; weights are numbers >= 0"),
+                         ("nonfinite", "hold NaN or infinite feature values; clean or impute them first")):
+        if getattr(total, key):
+            raise ValueError(f"{what}: {getattr(total, key)} rows {problem}")
     if total.nonint_y and classes:
         raise ValueError(f"{what}: {total.nonint_y} labels are not whole numbers; labels are class ids 0..C-1 "
                          "(to regress numbers, give a regression loss such as torch.nn.MSELoss() or "
