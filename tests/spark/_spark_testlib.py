@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
+import stat
 import sys
 
 import numpy as np
@@ -48,6 +50,18 @@ def stop_session(session, extra: dict | None = None) -> None:
     session.stop()
     for key in extra or {}:
         jvm.java.lang.System.clearProperty(key)
+
+
+def fake_gpus(folder, addresses: list[str], per_executor: int, per_task: str | None = None) -> dict:
+    """Spark settings that give every worker of a local cluster the GPUs ``addresses`` through a discovery script
+    written in ``folder``, as Spark's own resource-scheduling tests do; ``per_task``: every task asks for that many."""
+    script = folder / "discover_gpus.sh"
+    script.write_text("#!/usr/bin/env bash\necho '" + json.dumps({"name": "gpu", "addresses": addresses}) + "'\n")
+    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    conf = {"spark.worker.resource.gpu.amount": str(len(addresses)),
+            "spark.worker.resource.gpu.discoveryScript": str(script),
+            "spark.executor.resource.gpu.amount": str(per_executor)}
+    return {**conf, "spark.task.resource.gpu.amount": per_task} if per_task else conf
 
 
 def module_session(master: str = "local[2]", extra: dict | None = None):

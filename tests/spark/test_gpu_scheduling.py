@@ -8,12 +8,10 @@ address Spark gave it and trains on the CPU, saying why.
 
 from __future__ import annotations
 
-import stat
-
 import pytest
 import torch
 
-from _spark_testlib import blobs, mlp, partitioned_rdd, start_session, stop_session
+from _spark_testlib import blobs, fake_gpus, mlp, partitioned_rdd, start_session, stop_session
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
@@ -23,14 +21,7 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    script = tmp_path_factory.mktemp("gpu") / "discover_gpus.sh"
-    script.write_text('#!/usr/bin/env bash\necho \'{"name":"gpu","addresses":["3","5"]}\'\n')
-    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    gpus = {
-        "spark.worker.resource.gpu.amount": "2",
-        "spark.worker.resource.gpu.discoveryScript": str(script),
-        "spark.executor.resource.gpu.amount": "2",
-    }
+    gpus = fake_gpus(tmp_path_factory.mktemp("gpu"), ["3", "5"], per_executor=2)
     session = start_session("local-cluster[1,2,1024]", gpus)
     yield session
     stop_session(session, gpus)

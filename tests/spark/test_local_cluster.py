@@ -7,12 +7,11 @@ script and every task asks for one, so the GPU-assignment path runs without a GP
 
 from __future__ import annotations
 
-import stat
-
 import pytest
 import torch
 
-from _spark_testlib import blobs, hand_rounds, mlp, partitioned_rdd, regression_table, start_session, stop_session
+from _spark_testlib import (blobs, fake_gpus, hand_rounds, mlp, partitioned_rdd, regression_table, start_session,
+                            stop_session)
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
@@ -22,15 +21,7 @@ pytestmark = pytest.mark.spark
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    script = tmp_path_factory.mktemp("gpu") / "discover_gpus.sh"
-    script.write_text('#!/usr/bin/env bash\necho \'{"name":"gpu","addresses":["0","1"]}\'\n')
-    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    gpus = {
-        "spark.worker.resource.gpu.amount": "2",
-        "spark.worker.resource.gpu.discoveryScript": str(script),
-        "spark.executor.resource.gpu.amount": "1",
-        "spark.task.resource.gpu.amount": "1",
-    }
+    gpus = fake_gpus(tmp_path_factory.mktemp("gpu"), ["0", "1"], per_executor=1, per_task="1")
     session = start_session("local-cluster[2,1,1024]", gpus)
     yield session
     stop_session(session, gpus)
