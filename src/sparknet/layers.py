@@ -328,6 +328,11 @@ class Layer:
             self._fail(f"{what} must be a positive int, got {value!r}")
         return value
 
+    def _fraction(self, value: float, what: str) -> None:
+        """A probability of dropping: in [0, 1)."""
+        if not 0.0 <= value < 1.0:
+            self._fail(f"{what} must be in [0, 1), got {value}")
+
     def _axis(self, axis: int, ndim: int, what: str = "axis", minimum: int = 0) -> int:
         canon = axis + ndim if axis < 0 else axis
         if not minimum <= canon < ndim:
@@ -704,8 +709,7 @@ class DropoutLayer(Layer):
     ratio: float = 0.5
 
     def _check(self) -> None:
-        if not 0.0 <= self.ratio < 1.0:
-            self._fail(f"ratio must be in [0, 1), got {self.ratio}")
+        self._fraction(self.ratio, "ratio")
 
     def _infer(self, shapes: list[Shape]) -> list[Shape]:
         return [shapes[0]]
@@ -1075,7 +1079,7 @@ class _RecurrentLayer(_Learnable):
         super()._check()
         self._positive_int(self.num_outputs, "num_outputs")
         self._positive_int(self.num_layers, "num_layers")
-        _check_dropout(self, self.dropout)
+        self._fraction(self.dropout, "dropout")
         if self.dropout and self.num_layers == 1:
             logger.warning("layer %r: dropout applies between stacked layers and has no effect "
                            "with num_layers=1", self.name)
@@ -1123,11 +1127,6 @@ class LSTMLayer(_RecurrentLayer):
 # --------------------------------------------------------------------------- transformers (GPT)
 
 
-def _check_dropout(layer: Layer, dropout: float) -> None:
-    if not 0.0 <= dropout < 1.0:
-        layer._fail(f"dropout must be in [0, 1), got {dropout}")
-
-
 @dataclass(kw_only=True)
 class PositionEmbeddingLayer(_Learnable):
     """Adds a learned vector for each position to ``[B, T, C]`` (GPT's position embedding), then dropout.
@@ -1146,7 +1145,7 @@ class PositionEmbeddingLayer(_Learnable):
     def _check(self) -> None:
         super()._check()
         self._positive_int(self.max_length, "max_length")
-        _check_dropout(self, self.dropout)
+        self._fraction(self.dropout, "dropout")
 
     def _infer(self, shapes: list[Shape]) -> list[Shape]:
         self._expect_ndim(shapes[0], 3, "bottom [batch, time, features]")
@@ -1208,7 +1207,7 @@ class TransformerBlockLayer(_Learnable):
         self._positive_int(self.num_heads, "num_heads")
         self._positive_int(self.mlp_ratio, "mlp_ratio")
         self._positive_int(self.depth, "depth")
-        _check_dropout(self, self.dropout)
+        self._fraction(self.dropout, "dropout")
 
     def _infer(self, shapes: list[Shape]) -> list[Shape]:
         self._expect_ndim(shapes[0], 3, "bottom [batch, time, features]")

@@ -75,6 +75,10 @@ class Compute:
     def __post_init__(self):
         object.__setattr__(self, "precision", parse_enum(Precision, self.precision, "precision"))
 
+    def layout(self, x: torch.Tensor) -> torch.Tensor:
+        """An input batch in the memory order the net's weights are kept in."""
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last and x.dim() == 4 else x
+
     def autocast(self, device: torch.device):
         """The context a forward pass runs in."""
         if self.precision is Precision.BF16:
@@ -497,11 +501,9 @@ class Net:
     def _loss(self, what: str, xb: torch.Tensor, yb: torch.Tensor, weighted: bool = False):
         """The model's loss and prediction; torch's bare ``Target 7 is out of bounds`` as an error that says which
         labels and what to do."""
-        if self.compute.channels_last and xb.dim() == 4:
-            xb = xb.contiguous(memory_format=torch.channels_last)
         try:
             with self.compute.autocast(self.device):
-                return self._forward_loss(xb, *(self._split_weights(yb) if weighted else (yb,)))
+                return self._forward_loss(self.compute.layout(xb), *(self._split_weights(yb) if weighted else (yb,)))
         except IndexError as exc:
             if self.task is not Task.CLASSIFICATION:  # labels that index nothing: the net's own error
                 raise
@@ -639,9 +641,7 @@ class Net:
         was_training = self.module.training
         self.module.eval()
         try:
-            x = _as_tensor(x, name="x").to(self.device)
-            if self.compute.channels_last and x.dim() == 4:
-                x = x.contiguous(memory_format=torch.channels_last)
+            x = self.compute.layout(_as_tensor(x, name="x").to(self.device))
             with self.compute.autocast(self.device):
                 out = self._model.predict(x)
             return out.float() if out.dtype == torch.bfloat16 else out
