@@ -33,7 +33,7 @@ from sparknet.config import Streaming
 from sparknet.labels import Task, task_metrics, task_width
 from sparknet.loop import Exchange, RoundPlan, RoundUpdate, check_streaming, late_update, whole_or
 from sparknet.net import EvalResult
-from sparknet.step import WorkerStep
+from sparknet.step import WorkerRanks, WorkerStep
 from sparknet.strategies import TrainingStrategy, WorkerState
 
 __all__ = ["CollectiveExchange", "FIELDS", "evaluate_shards"]
@@ -104,6 +104,12 @@ class CollectiveExchange(Exchange):
         one that carries a recurrent state from batch to batch; no gradient strategy then).
     engine : str
         The engine's name in round records.
+    ranks : WorkerRanks, optional
+        This worker is several processes (``rank`` and ``world`` then count workers, and ``group`` holds the
+        ranks of the other workers that train the same part): their gradients are averaged every step.
+    everyone : ProcessGroup, optional
+        Every rank of the fit, where ``group`` holds only some (a worker of several processes): the validation
+        rows are shared and scored over it, and its ranks agree on when to evaluate (default: ``group``).
     """
 
     def __init__(self, net, strategy: TrainingStrategy, *, rank: int, world: int, group=None,
@@ -112,12 +118,13 @@ class CollectiveExchange(Exchange):
                  link=None, seed_for_round: Callable[[int], int] | None = None,
                  after_train: Callable[[object, int], None] | None = None, engine: str = "barrier",
                  train: Callable | None = None, validation_rows: int | None = None,
-                 streaming: Streaming | None = None):
+                 streaming: Streaming | None = None, ranks: WorkerRanks | None = None, everyone=None):
         self.net, self.strategy, self.rank, self.world, self.group = net, strategy, rank, world, group
+        self.everyone = group if everyone is None else everyone
         check_streaming(strategy, streaming)
         self.streaming = streaming
         self.step = WorkerStep(net, strategy, state=state, compression=compression, streaming=streaming,
-                               seed=seed_for_round, after_train=after_train, train=train)
+                               seed=seed_for_round, after_train=after_train, train=train, ranks=ranks)
         self._arrived: slice | None = None  # the part whose new global weights this rank takes next round
         self._in_flight: _InFlight | None = None  # an overlapped exchange still on its way
         self.workers = world
@@ -148,6 +155,7 @@ class CollectiveExchange(Exchange):
         self.eval_link_s = 0.0
         row = buf[n + self.rank * FIELDS:n + (self.rank + 1) * FIELDS]
         grad_bytes0, grad_link0 = self.strategy.gradient_traffic()
+        inner0 = self.step.ranks.bytes_sent if self.step.ranks is not None else 0
         sent = {"link_s": 0.0, "bytes": 0, "message": None, "round": plan.round, "part": whole_or(part, P)}
         if self.has_data and plan.steps > 0:
             result = self.step.run(plan.steps, global_flat, round=plan.round, seconds=plan.seconds, part=part,
@@ -167,6 +175,8 @@ class CollectiveExchange(Exchange):
             row[4], row[6] = 1.0, self._last_sync_s
             compute_s = 0.0
         sent["gradient"] = grad_bytes0, grad_link0
+        if self.step.ranks is not None:
+            sent["inner_bytes"] = self.step.ranks.bytes_sent - inner0
         if streaming is None or not streaming.overlap:
             self._arrived = part
             return self._update(self._finish(self._start(buf, n, plan, sent)))
@@ -197,6 +207,8 @@ class CollectiveExchange(Exchange):
                             "compute_s": float(rows[i, 3]), "finite": bool(rows[i, 4] > 0)}
                            for i in range(self.world)],
         }
+        if "inner_bytes" in sent:
+            fields["inner_allreduce_bytes"] = sent["inner_bytes"]
         if self.link is not None:
             fields["link_s"] = sent["link_s"] + grad_link
         if self.streaming is not None:
@@ -265,17 +277,17 @@ class CollectiveExchange(Exchange):
     # -- evaluation ---------------------------------------------------------------------------
     def agree(self, due: bool) -> bool:
         flag = torch.tensor([1 if due else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.everyone)
         return bool(flag.item())
 
     def evaluate(self, global_flat: torch.Tensor, rows: int | None = None):
         if self.validation is None:
             return None
         waited = {"link_s": 0.0}
-        result = evaluate_shards(self.net, global_flat, self.validation, group=self.group,
+        result = evaluate_shards(self.net, global_flat, self.validation, group=self.everyone,
                                  keep_local=self.strategy.keeps_local_weights or self.streaming is not None,
                                  link=self.link, waited=waited,
-                                 sample=None if rows is None else -(-rows // self.world))
+                                 sample=None if rows is None else -(-rows // dist.get_world_size(self.everyone)))
         self.eval_link_s = waited["link_s"]
         return result
 

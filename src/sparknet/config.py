@@ -371,6 +371,10 @@ class DistributedConfig:
     model_parallel: int = 1
     """M: workers each copy of the net is split across, its layers cut in parts (barrier engine; workers a multiple
     of M: D = workers / M copies average every tau steps)."""
+    procs_per_worker: int = 1
+    """G: processes (barrier tasks) each worker is made of. They average their gradients every step, training as
+    one process with G times the batch; the strategy runs every tau steps between the workers (barrier engine; the
+    stage runs workers x G tasks, a worker's ranks on one host where the cluster has several)."""
     parallel_plan: str | None = None
     """Which layers split under --model-parallel, LAYER=column|row|none,... (default: the net's parallel= fields,
     else consecutive Linear layers in column/row pairs)."""
@@ -429,6 +433,7 @@ class DistributedConfig:
             check_per_step_strategy(self, "the sync strategy")
         self.streaming()  # --overlap and --fragments' own rules
         self._check_model_parallel()
+        self._check_procs_per_worker()
         if self.weight_ema is not None:
             if not 0.0 < self.weight_ema < 1.0:
                 raise ValueError(f"weight_ema is a decay per round in (0, 1) (e.g. 0.9), got {self.weight_ema}")
@@ -481,6 +486,37 @@ class DistributedConfig:
                        "drop --checkpoint-dir")
         if refusal is not None:
             raise ValueError(refusal)
+
+    def _check_procs_per_worker(self) -> None:
+        """--procs-per-worker: what a worker of several processes cannot do."""
+        g = self.procs_per_worker
+        if g < 1:
+            raise ValueError(f"--procs-per-worker must be at least 1, got {g}")
+        if g == 1:
+            return
+        refusal = None
+        if self.engine is not Engine.BARRIER:
+            refusal = (f"a worker of several processes averages its ranks' gradients every step in one barrier "
+                       f"stage; add --engine barrier (the {self.engine.value} engine runs one task a worker)")
+        elif self.strategy in (Strategy.SYNC, Strategy.ASYNC):
+            refusal = (f"the {self.strategy.value} strategy does not exchange every tau steps between workers"
+                       + ("; it already averages gradients over every process at every step: train with "
+                          f"--workers {self.workers * g} instead" if self.strategy is Strategy.SYNC else "")
+                       + "; choose --strategy average, diloco or easgd with --procs-per-worker")
+        elif self.model_parallel > 1:
+            refusal = "--procs-per-worker and --model-parallel both lay a worker over several processes: choose one"
+        elif self.round_seconds is not None or self.auto_tau:
+            refusal = ("the ranks of a worker make every step together, so rounds need a fixed tau: drop "
+                       "--round-seconds and --auto-tau with --procs-per-worker")
+        elif self.checkpoint_dir is not None:
+            refusal = "checkpoints of workers of several processes are not written yet; drop --checkpoint-dir"
+        if refusal is not None:
+            raise ValueError(refusal)
+
+    @property
+    def ranks(self) -> int:
+        """The processes that train: workers x procs_per_worker (the barrier stage's tasks, the partitions)."""
+        return self.workers * self.procs_per_worker
 
     def plan(self) -> dict[str, str | None] | None:
         """--parallel-plan as layer name -> ``"column"``, ``"row"`` or ``None`` (``None``: not given)."""

@@ -16,6 +16,7 @@ No pyspark import.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -26,10 +27,10 @@ import torch
 from sparknet._enums import CompressionKind
 from sparknet.config import Streaming
 from sparknet.net import TrainStats
-from sparknet.strategies import TrainingStrategy, WorkerState, make_compressor
+from sparknet.strategies import TrainingStrategy, WorkerState, allreduce_gradients, make_compressor
 
 __all__ = ["worker_seed", "round_seed", "seed_draws", "finite_update", "WorkerStream", "StepResult", "WorkerStep",
-           "sum_stats"]
+           "WorkerRanks", "sum_stats"]
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,41 @@ class WorkerStream:
         net.set_flat(x)
 
 
+class WorkerRanks:
+    """The processes of one worker (``--procs-per-worker G``), which train as one process with G times the batch.
+
+    Each rank draws its own minibatch from its own partition; every step their gradients are averaged over
+    ``group`` before the solver steps, so their weights and solver states stay identical. After the round's local
+    steps :meth:`pool` gives every rank the worker's counts: the samples of all G ranks and their mean loss.
+
+    Parameters
+    ----------
+    group : ProcessGroup
+        The worker's G ranks (a torch.distributed group).
+    """
+
+    def __init__(self, group):
+        import torch.distributed as dist
+
+        self.group, self.size = group, dist.get_world_size(group)
+        self.bytes_sent = 0
+        """Bytes of gradients this rank allreduced inside its worker so far."""
+
+    def after_backward(self, net) -> None:
+        self.bytes_sent += allreduce_gradients(net.module, self.group)[0]
+
+    def pool(self, stats: TrainStats) -> TrainStats:
+        """The worker's round from this rank's: samples and loss over its G ranks, finite only if every rank's is."""
+        import torch.distributed as dist
+
+        sums = torch.tensor([stats.samples, stats.loss * stats.samples if stats.samples else 0.0,
+                             0.0 if stats.finite else 1.0], dtype=torch.float64)
+        dist.all_reduce(sums, group=self.group)
+        samples = int(sums[0])
+        return dataclasses.replace(stats, samples=samples, loss=float(sums[1]) / samples if samples else math.nan,
+                                   finite=bool(sums[2] == 0))
+
+
 @dataclass(frozen=True)
 class StepResult:
     """What one worker's round gives its exchange."""
@@ -165,14 +201,20 @@ class WorkerStep:
     gradient_hook : bool
         Run a gradient strategy's ``after_backward`` in every step (False where the workers share no
         process group, as K nets in one process).
+    ranks : WorkerRanks, optional
+        This worker is several processes: their gradients are averaged every step, their counts pooled.
     """
 
     def __init__(self, net, strategy: TrainingStrategy, *, state: WorkerState | None = None,
                  compression: CompressionKind | str = CompressionKind.NONE, streaming: Streaming | None = None,
                  seed: Callable[[int], int] | None = None, after_train: Callable | None = None,
-                 train: Callable | None = None, gradient_hook: bool = True):
-        if train is not None and gradient_hook and strategy.needs_gradient_hook:
-            raise ValueError(f"{strategy!r} allreduces gradients inside net.train; a custom train loop cannot run it")
+                 train: Callable | None = None, gradient_hook: bool = True, ranks: WorkerRanks | None = None):
+        if train is not None and (ranks is not None or gradient_hook and strategy.needs_gradient_hook):
+            raise ValueError(f"{strategy!r} or a worker of several processes allreduces gradients inside net.train; "
+                             "a custom train loop cannot run it")
+        if ranks is not None and strategy.needs_gradient_hook:
+            raise ValueError(f"{strategy!r} allreduces gradients over every rank at every step already; a worker of "
+                             "several processes is for strategies that exchange every tau steps")
         self.net, self.strategy, self.streaming = net, strategy, streaming
         self.state = state if state is not None else WorkerState()
         self.stream = WorkerStream()
@@ -180,6 +222,9 @@ class WorkerStep:
         self.codec = None if codec.kind is CompressionKind.NONE else codec
         self.seed, self.after_train, self.train = seed, after_train, train
         self.hook = strategy.after_backward if gradient_hook and strategy.needs_gradient_hook else None
+        self.ranks = ranks
+        if ranks is not None:
+            self.hook = ranks.after_backward
 
     def run(self, steps: int, global_flat: torch.Tensor, *, round: int = 0, seconds: float | None = None,
             part: slice | None = None, arrived: slice | None = None) -> StepResult:
@@ -202,6 +247,8 @@ class WorkerStep:
             stats = self.train(steps, seconds)
         else:
             stats = net.train(steps, max_seconds=seconds, after_backward=self.hook)
+        if self.ranks is not None:
+            stats = self.ranks.pool(stats)
         if self.after_train is not None:
             self.after_train(net, round)
         if self.streaming is None:

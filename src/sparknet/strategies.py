@@ -36,7 +36,7 @@ from sparknet.config import Strategy
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "TrainingStrategy", "WorkerState", "Average", "DiLoCo", "EASGD", "Sync", "make_strategy",
+    "TrainingStrategy", "WorkerState", "Average", "DiLoCo", "EASGD", "Sync", "make_strategy", "allreduce_gradients",
     "Compressor", "NoCompression", "HalfCompression", "Int8Compression", "Compressed", "make_compressor",
     "CompressionKind", "Downlink", "AutoTau",
 ]
@@ -223,6 +223,27 @@ class EASGD(TrainingStrategy):
         return f"EASGD(alpha={self.alpha:.4g}, num_workers={self.num_workers})"
 
 
+def allreduce_gradients(module: torch.nn.Module, group=None, link=None) -> tuple[int, float]:
+    """Average the gradients of ``module``'s weights over ``group`` in place: one allreduce of one flat buffer.
+
+    What a gradient strategy (:class:`Sync`) runs between backward and the solver's step, and what the ranks of a
+    worker of several processes run every step (:class:`~sparknet.step.WorkerRanks`). A weight without a gradient
+    counts as zeros. Returns the bytes allreduced and the seconds waited for ``link`` (a simulated network).
+    """
+    params = [p for p in module.parameters() if p.requires_grad]
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    nbytes, world = flat.numel() * flat.element_size(), dist.get_world_size(group)
+    waited = link.wait_allreduce(nbytes, world) if link is not None else 0.0
+    dist.all_reduce(flat, group=group)
+    flat /= world
+    for p, g in zip(params, flat.split([p.numel() for p in params])):
+        if p.grad is None:
+            p.grad = g.view_as(p).clone()
+        else:
+            p.grad.copy_(g.view_as(p))
+    return nbytes, waited
+
+
 class Sync(TrainingStrategy):
     """The naive scheme: gradients averaged across workers at every step (large-batch SGD).
 
@@ -242,19 +263,9 @@ class Sync(TrainingStrategy):
         self.link_s = 0.0
 
     def after_backward(self, net) -> None:
-        params = [p for p in net.module.parameters() if p.requires_grad]
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-        nbytes, world = flat.numel() * flat.element_size(), dist.get_world_size(self.group)
-        if self.link is not None:
-            self.link_s += self.link.wait_allreduce(nbytes, world)
-        dist.all_reduce(flat, group=self.group)
-        flat /= world
+        nbytes, waited = allreduce_gradients(net.module, self.group, self.link)
         self.bytes_sent += nbytes
-        for p, g in zip(params, flat.split([p.numel() for p in params])):
-            if p.grad is None:
-                p.grad = g.view_as(p).clone()
-            else:
-                p.grad.copy_(g.view_as(p))
+        self.link_s += waited
 
     def set_link(self, link) -> None:
         self.link = link

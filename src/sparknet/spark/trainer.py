@@ -252,7 +252,7 @@ class SparkTrainer:
         if self._workers_from_session:  # no DistributedConfig given: one worker per default task slot
             self.dist.workers = max(1, session_parallelism(spark))
         dist = self.dist
-        K = dist.workers
+        K, ranks = dist.workers, dist.ranks  # workers, and the processes (partitions) they are made of
         if all(v is None for v in (dist.rounds, self.worker.steps, dist.epochs, dist.target_accuracy)):
             raise ValueError("give a stopping rule: worker.steps, dist.rounds, dist.epochs or dist.target_accuracy")
         if dist.target_accuracy is not None and validation is None:
@@ -284,7 +284,8 @@ class SparkTrainer:
                                  "{'pixels': [1, 28, 28]}")
             dict_shapes, image_shape = image_shape, None
         if dist.engine is Engine.BARRIER:
-            check_barrier_slots(sc, K, "the barrier engine")
+            check_barrier_slots(sc, ranks, "the barrier engine" if ranks == K else
+                                f"the barrier engine ({K} workers of {dist.procs_per_worker} processes)")
         sample_shape = _input_shape(self.net)
         if image_shape is not None:
             image_shape = tuple(int(d) for d in image_shape)
@@ -336,7 +337,7 @@ class SparkTrainer:
 
         chunk = spark_data.chunk_frame if connect else spark_data.chunk_rdd  # a DataFrame of chunks, or an RDD of them
         chunks, source = chunk(train, features_col=features_col, label_col=label_col, image_shape=image_shape,
-                               expected_len=expected_len, num_partitions=K, float_labels=task.float_labels,
+                               expected_len=expected_len, num_partitions=ranks, float_labels=task.float_labels,
                                weight_col=weight_col)
         if layout is not None:
             source = dataclasses.replace(source, description=f"DataFrame columns {', '.join(map(repr, dict(layout)))} "
@@ -356,7 +357,7 @@ class SparkTrainer:
                                        staged.collect, "the training data's conversion, check and staging")
             stats, total = spark_data.checked_partitions(sc, group, chunks, timeout_s=self.options.data_timeout_s,
                                                     stats=stats, expected_len=expected_len, num_classes=None,
-                                                    num_workers=K, sample_shape=sample_shape, task=task,
+                                                    num_workers=ranks, sample_shape=sample_shape, task=task,
                                                     float_labels=task.float_labels or weight_col is not None,
                                                     what=_data_named(layout))
             if sample_shape is None:
@@ -366,15 +367,16 @@ class SparkTrainer:
             outputs = self._probe(driver_net, sample_shape)  # every net: a shape that does not fit fails here
             num_classes = outputs if task is Task.CLASSIFICATION else None
             spark_data.check_stats(stats, what=_data_named(layout), expected_len=math.prod(sample_shape),
-                              num_classes=num_classes, num_workers=K, sample_shape=sample_shape, task=task)
+                              num_classes=num_classes, num_workers=ranks, sample_shape=sample_shape, task=task)
             self._rows = list(total["rows_per_partition"])
             if skew := spark_data.describe_skew(total["rows_per_partition"]):
                 log.warning("%s", skew)
             row_bytes = 4 * math.prod(sample_shape) + 8 * (max(1, total["label_width"]) + (weight_col is not None))
             data_mode, data_mode_why = spark_data.choose_data_mode(dist.data_mode, max(self._rows) * row_bytes, sc)
             log.info("training data: %s", data_mode_why)
-            if self.strategy.needs_gradient_hook and 0 in total["rows_per_partition"]:
-                raise ValueError("a strategy that allreduces gradients every step needs data in every partition")
+            if (self.strategy.needs_gradient_hook or ranks > K) and 0 in total["rows_per_partition"]:
+                raise ValueError("a strategy that allreduces gradients every step, or a worker of several processes, "
+                                 f"needs data in every partition (rows per partition: {self._rows})")
             if split and (task is not Task.CLASSIFICATION or total["label_width"]):
                 raise ValueError("model parallelism takes one class id per row; a sequence model (char_lstm) trains "
                                  "split with examples/char_lstm.py (see docs/MODEL_PARALLEL.md)")
@@ -419,7 +421,8 @@ class SparkTrainer:
         rounds = [h for h in history if h.get("event") == "round"]
         summary = {
             "engine": dist.engine.value, "strategy": getattr(self.strategy.name, "value", str(self.strategy.name)),
-            "workers": K, "tau": dist.tau, "round_seconds": dist.round_seconds,
+            "workers": K, "procs_per_worker": dist.procs_per_worker, "tau": dist.tau,
+            "round_seconds": dist.round_seconds,
             **rounds_summary(rounds, test, t_fit=t_fit, t_train=t_train, train_s=train_s),
             **average_summary(rounds, dist.weight_ema),
             "data_rows": int(total["rows"]), "rows_per_partition": total["rows_per_partition"],

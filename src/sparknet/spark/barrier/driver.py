@@ -50,7 +50,7 @@ def run_barrier_engine(run: EngineRun):
         latest = replace(resume, global_flat=run.global_flat, strategy=run.plan.strategy.state_dict(), iteration=None,
                          downlink=None)
     restarts: list[dict] = []
-    profile, gpus = gpu_profile(run.sc, run.spec.worker.gpus_per_worker, workers=run.dist.workers)
+    profile, gpus = gpu_profile(run.sc, run.spec.worker.gpus_per_worker, workers=run.dist.ranks)
     t_engine, ready_at = time.perf_counter(), None
     while True:
         stage = BarrierStage(run, history, restart=len(restarts), profile=profile)
@@ -69,7 +69,7 @@ def run_barrier_engine(run: EngineRun):
             restarts.append({"after_round": latest.round, "error": first_line})
             log.warning("barrier stage failed (%s); restart %d of at most %d from round %d", first_line,
                         len(restarts), opts.max_restarts, latest.round)
-            _wait_for_slots(run.sc, run.dist.workers, opts.rendezvous_timeout_s, latest.round, cause)
+            _wait_for_slots(run.sc, run.dist.ranks, opts.rendezvous_timeout_s, latest.round, cause)
             del history[sum(1 for h in history if h["round"] <= latest.round):]  # their work is redone
     history.sort(key=lambda h: h["round"])
     ready_at = ready_at or stage.ready_at
@@ -170,7 +170,7 @@ class BarrierStage:
     def run(self, start: ResumeState):
         run = self.fit
         sc, group, spec, dist, opts = run.sc, run.group, run.spec, run.dist, run.options
-        K = dist.workers
+        K = dist.ranks
         local, host = run.driver_address()
         secret = new_secret()
         # the largest message: a rank's solver and strategy state, or the global weights with the strategy's state
@@ -187,7 +187,7 @@ class BarrierStage:
                 run.broadcasts.append(val_bc)
             params = StagePlan(
                 group=GroupPlan(workers=K, local=local, rendezvous_timeout_s=opts.rendezvous_timeout_s,
-                                collective_timeout_s=opts.collective_timeout_s),
+                                collective_timeout_s=opts.collective_timeout_s, procs_per_worker=dist.procs_per_worker),
                 fit=run.plan, endpoint=receiver.endpoint, secret=secret, keys=receiver.client_keys,
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,
@@ -213,7 +213,7 @@ class BarrierStage:
                         "worker alive (see the executor logs)")
 
             try:
-                outcome["rows"] = run_with_deadline(sc, group, f"sparknet barrier stage ({K} workers)", stage.collect,
+                outcome["rows"] = run_with_deadline(sc, group, _stage_name(dist), stage.collect,
                                                     timeout_s=None, what="the barrier stage", stalled=listen,
                                                     poll_s=0.05)
             except DeadlineExceeded:
@@ -241,6 +241,12 @@ class BarrierStage:
                 raise EngineError(f"the barrier stage ended but the final checkpoint of round {last_round} could not "
                                   "be assembled (some ranks' solver states did not reach the driver)")
         return final, {"barrier_workers": workers, "metrics_rejected": receiver.rejected}
+
+
+def _stage_name(dist) -> str:
+    """The stage's Spark job description: its workers, and the processes each is made of."""
+    each = f" of {dist.procs_per_worker} processes" if dist.procs_per_worker > 1 else ""
+    return f"sparknet barrier stage ({dist.workers} workers{each})"
 
 
 def _stage_result(rows: list) -> tuple[torch.Tensor, list[dict], list[dict]]:
@@ -291,12 +297,13 @@ def run_connect_stage(run: EngineRun):
     ``driver_timeout_s``, when set, bounds the whole stage.
     """
     spark, group, spec, dist, opts = run.sc, run.group, run.spec, run.dist, run.options
-    K = dist.workers
+    K = dist.ranks
     payload = Held((pack_spec(spec), np.asarray(run.global_flat, dtype=np.float32), ResumeState()))
     val = Held(run.validation) if run.validation is not None else None
     params = StagePlan(
         group=GroupPlan(workers=K, local=is_local_master(session_master(spark)),
-                        rendezvous_timeout_s=opts.rendezvous_timeout_s, collective_timeout_s=opts.collective_timeout_s),
+                        rendezvous_timeout_s=opts.rendezvous_timeout_s, collective_timeout_s=opts.collective_timeout_s,
+                        procs_per_worker=dist.procs_per_worker),
         fit=run.plan, streaming=dist.streaming())
     float_labels = spec.task.float_labels or spec.weighted
     restarts: list[dict] = []
@@ -305,7 +312,7 @@ def run_connect_stage(run: EngineRun):
                                                     float_labels), RESULT_SCHEMA, barrier=True)
         t_launch = time.perf_counter()
         try:
-            rows = run_with_deadline(spark, group, f"sparknet barrier stage ({K} workers)", stage.collect,
+            rows = run_with_deadline(spark, group, _stage_name(dist), stage.collect,
                                      timeout_s=opts.driver_timeout_s, what="the barrier stage")
             break
         except DeadlineExceeded:

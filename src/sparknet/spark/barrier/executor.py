@@ -41,6 +41,7 @@ from sparknet.collective import CollectiveExchange, FIELDS
 from sparknet.config import Streaming
 from sparknet.errors import NonFiniteUpdate
 from sparknet.loop import FitPlan, ResumeState, WeightAverage, run_rounds
+from sparknet.parallel.mesh import init_layout
 from sparknet.parallel.runner import run_rank
 from sparknet.spark.backend import Held
 from sparknet._tensortree import pack_tree
@@ -49,10 +50,11 @@ from sparknet.rowfile import RowFile
 from sparknet.spark.data import frame_chunks, write_chunks
 from sparknet.spark.rounds.executor import (WorkerSpec, build_worker_net, export_worker_state, fault_hook, fit_dir,
                                            freeze_heap, import_worker_state, round_seed, task_device, worker_failure)
+from sparknet.step import WorkerRanks
 from sparknet.strategies import WorkerState
 
 __all__ = ["run_barrier", "run_barrier_frame", "RESULT_SCHEMA", "rendezvous", "gloo_interface", "interface_for_address",
-           "GroupPlan", "StagePlan", "FIELDS"]
+           "GroupPlan", "StagePlan", "FIELDS", "worker_order"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,8 @@ class GroupPlan:
     """Longest wait for every rank to join."""
     collective_timeout_s: float
     """Longest wait of one collective."""
+    procs_per_worker: int = 1
+    """G: consecutive ranks that make one worker (``workers`` counts ranks, G of them a worker)."""
 
 
 @dataclass(frozen=True)
@@ -268,18 +272,37 @@ def gloo_interface(group: GroupPlan, spark_host: str, master_host: str) -> tuple
                   "executors if ranks on different hosts cannot connect)")
 
 
-def rendezvous(ctx, rank: int, group: GroupPlan):
-    """Join the gloo process group of a barrier stage's tasks; returns the TCPStore (keep it alive).
+def worker_order(hosts: list[str], procs_per_worker: int) -> list[int]:
+    """The tasks of a barrier stage in the order of their process-group ranks (rank r is task ``order[r]``).
 
+    Worker w is ranks ``w*G .. w*G+G-1``. With one process a worker the order is the tasks' own; with G, the
+    tasks are taken host by host (``hosts[i]``: task i's host; a host's tasks in their own order), so that the G
+    ranks of a worker, whose gradients meet at every step, share a host wherever the hosts' task counts allow.
+    """
+    if procs_per_worker == 1:
+        return list(range(len(hosts)))
+    return sorted(range(len(hosts)), key=lambda i: (hosts[i], i))
+
+
+def _task_hosts(ctx) -> list[str]:
+    return [info.address.rsplit(":", 1)[0].strip("[]") for info in ctx.getTaskInfos()]
+
+
+def rendezvous(ctx, rank: int, group: GroupPlan, order: list[int] | None = None):
+    """Join the gloo process group of a barrier stage's tasks as ``rank``; returns the TCPStore (keep it alive).
+
+    ``order[r]`` is the task that joins as rank r (:func:`worker_order`; default: task r).
     Rank 0's TCPStore is reached at rank 0's Spark address (torch's store listens on every interface);
     gloo's interface is :func:`gloo_interface`'s unless ``GLOO_SOCKET_IFNAME`` is set already (the
     user's ``TP_SOCKET_IFNAME`` and ``GLOO_DEVICE_TRANSPORT`` are left alone too).
     """
     world = group.workers
+    order = order or list(range(world))
     timeout = timedelta(seconds=group.rendezvous_timeout_s)
-    host = "127.0.0.1" if group.local else ctx.getTaskInfos()[rank].address.rsplit(":", 1)[0].strip("[]")
+    task = order[rank]
+    host = "127.0.0.1" if group.local else ctx.getTaskInfos()[task].address.rsplit(":", 1)[0].strip("[]")
     store = dist.TCPStore(host, 0, world, True, timeout=timeout, wait_for_workers=False) if rank == 0 else None
-    master_host, master_port = ctx.allGather(f"{host}:{store.port}" if rank == 0 else "")[0].rsplit(":", 1)
+    master_host, master_port = ctx.allGather(f"{host}:{store.port}" if rank == 0 else "")[order[0]].rsplit(":", 1)
     if rank != 0:
         store = dist.TCPStore(master_host, int(master_port), world, False, timeout=timeout)
     ifname = None
@@ -311,6 +334,8 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     # written to this machine's disk chunk by chunk, then mapped into memory or streamed, as the rounds engine does
     data, _ = write_chunks(os.path.join(fit_dir(spec), f"rank{rank}"), chunks)
     device, device_info = task_device(spec.worker.device, rank)
+    order = worker_order(_task_hosts(ctx), params.group.procs_per_worker)
+    group_rank = order.index(rank)  # a worker's ranks consecutive, on one host where they can be
     net = None if split else build_worker_net(spec, rank, data, device)
     del chunks
     freeze_heap()  # no full garbage collection of torch's modules in the middle of a round
@@ -322,19 +347,19 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     sender = store = None
     history: list[dict] = []
     try:
-        if params.endpoint and (rank == 0 or params.checkpoint_every):
+        if params.endpoint and (group_rank == 0 or params.checkpoint_every):
             sender = MetricsSender(params.endpoint, params.secret, params.keys)
-        store = rendezvous(ctx, rank, params.group)
-        if sender is not None and rank == 0:
+        store = rendezvous(ctx, group_rank, params.group, order)
+        if sender is not None and group_rank == 0:
             sender.send({"event": "ready", "fit": spec.fit_id, "setup_s": time.perf_counter() - t_start})
         if split:
             final, info = _split_rank(spec, rank, data, val, params, sender, history)
         else:
-            final, info = _round_loop(net, spec, rank, world, init_flat, data is not None, val, val_rows, params,
-                                      sender, history, start, store), {}
+            final, info = _round_loop(net, spec, rank, group_rank, init_flat, data is not None, val, val_rows,
+                                      params, sender, history, start, store)
         yield ("worker", rank, b"", {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
                                      "attempt": ctx.attemptNumber(), **info})
-        if rank == 0:
+        if group_rank == 0:
             yield ("result", 0, final.numpy().tobytes(), history)
     finally:
         gc.unfreeze()
@@ -373,21 +398,24 @@ def _split_rank(spec: WorkerSpec, rank: int, data: RowFile | None, val, params: 
 
 class _BarrierExchange(CollectiveExchange):
     """The barrier engine's exchange: names a stuck peer at the collective's deadline, and reports every
-    round to the driver (rank 0: the record and, when due, the global weights and strategy state; every
-    rank: its own state on checkpoint rounds). Each rank marks in the stage's TCPStore which collective it reached:
-    when one times out, the ranks without a mark are the stuck (or dead) ones."""
+    round to the driver (group rank 0: the record and, when due, the global weights and strategy state; every
+    rank: its own state on checkpoint rounds). Each task marks in the stage's TCPStore which collective it reached:
+    when one times out, the tasks without a mark are the stuck (or dead) ones. ``task`` and ``tasks``: this
+    task's index and the stage's task count (a worker of several processes is several tasks)."""
 
-    def __init__(self, *args, params: StagePlan, fit: FitPlan, sender, history: list, store, **kwargs):
+    def __init__(self, *args, params: StagePlan, fit: FitPlan, sender, history: list, store, task: int,
+                 reports: bool, **kwargs):
         super().__init__(*args, **kwargs)
         self.params, self.fit, self.sender, self.history, self.store = params, fit, sender, history, store
+        self.task, self.reports = task, reports
 
     def _start(self, buf, n, plan, sent):
-        self.store.set(f"arrived/{self.params.restart}/{plan.round}/{self.rank}", "1")
+        self.store.set(f"arrived/{self.params.restart}/{plan.round}/{self.task}", "1")
         return super()._start(buf, n, plan, sent)
 
     def _missing(self, r: int) -> list[int]:
         try:
-            return [i for i in range(self.world) if i != self.rank
+            return [i for i in range(self.params.group.workers) if i != self.task
                     and not self.store.check([f"arrived/{self.params.restart}/{r}/{i}"])]
         except Exception:  # the store's host is gone too: nothing to tell
             return []
@@ -403,7 +431,7 @@ class _BarrierExchange(CollectiveExchange):
             timed_out = time.perf_counter() - t_comm >= 0.9 * timeout_s
             stuck = self._missing(r) if timed_out else []
             if stuck:
-                raise StuckPeers(stuck, self.rank, r, timeout_s, exc) from exc
+                raise StuckPeers(stuck, self.task, r, timeout_s, exc) from exc
             raise
 
     def round_done(self, record, global_flat, progress):
@@ -414,7 +442,7 @@ class _BarrierExchange(CollectiveExchange):
         if params.restart:
             record["restarts"] = params.restart
         ckpt_every, state_every = params.checkpoint_every, params.state_every_rounds
-        if self.rank == 0:
+        if self.reports:
             self.history.append(record)
             if sender is not None:
                 sender.send(record)
@@ -424,13 +452,18 @@ class _BarrierExchange(CollectiveExchange):
                                              "auto_tau": None if fit.auto is None else fit.auto.state_dict(),
                                              **({} if fit.average is None else {"average": fit.average.flat})}))
         if sender is not None and ckpt_every and self.has_data and (r % ckpt_every == 0 or reason is not None):
-            sender.send({"event": "worker_state", "round": r, "rank": self.rank},
+            sender.send({"event": "worker_state", "round": r, "rank": self.task},
                         pack_tree(export_worker_state(self.net, self.state)))
 
 
-def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_data: bool, val, val_rows,
-                params: StagePlan, sender, history: list, start: ResumeState, store) -> torch.Tensor:
-    """Train round after round until the stop rule says so; returns the final global weights."""
+def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, has_data: bool, val, val_rows,
+                params: StagePlan, sender, history: list, start: ResumeState, store) -> tuple[torch.Tensor, dict]:
+    """Train round after round until the stop rule says so; returns the final global weights and this rank's place.
+
+    ``rank``: this task's index (its partition); ``group_rank``: its rank in the stage's process group. A worker of G
+    processes is G consecutive group ranks (:func:`~sparknet.parallel.mesh.init_layout`'s rows): its gradients meet
+    every step in its row, and the round's exchange runs in each column, between the ranks of every worker that
+    hold the same place (each column forms the same global weights from identical inputs)."""
     strategy = spec.strategy
     state = WorkerState()
     if start.strategy is not None:
@@ -447,11 +480,19 @@ def _round_loop(net, spec: WorkerSpec, rank: int, world: int, init_flat, has_dat
     if fit.weight_ema is not None:  # a restarted stage continues the average rank 0 last sent
         fit.average = WeightAverage(fit.weight_ema, global_flat if start.average is None else
                                     torch.from_numpy(np.array(start.average, dtype=np.float32, copy=True)))
-    exchange = _BarrierExchange(net, strategy, rank=rank, world=world, state=state, has_data=has_data,
+    G, workers = params.group.procs_per_worker, params.group.workers
+    place: dict = {}
+    outer = {"rank": group_rank, "world": workers}
+    if G > 1:
+        layout = init_layout(G)  # rows: the workers; columns: the ranks of each worker in the same place
+        outer = {"rank": layout.dp_rank, "world": layout.data_parallel, "group": layout.dp_group,
+                 "ranks": WorkerRanks(layout.mp_group), "everyone": dist.group.WORLD}
+        place = {"worker": layout.dp_rank, "proc": layout.mp_rank, "group_rank": group_rank}
+    exchange = _BarrierExchange(net, strategy, **outer, state=state, has_data=has_data,
                                 validation=val, validation_rows=val_rows,
                                 compression=spec.compression, link=spec.link,
                                 seed_for_round=lambda r: round_seed(spec.worker.seed, rank, r),
                                 after_train=fault_hook(spec.faults, rank, params.restart),
                                 params=params, fit=fit, sender=sender, history=history, store=store,
-                                streaming=params.streaming)
-    return run_rounds(exchange, fit, global_flat)
+                                streaming=params.streaming, task=rank, reports=group_rank == 0)
+    return run_rounds(exchange, fit, global_flat), place

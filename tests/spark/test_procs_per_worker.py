@@ -1,0 +1,118 @@
+"""Workers of several processes on local[4]: K = 2 workers of G = 2 barrier tasks each.
+
+A worker's ranks average their gradients every step, so it trains as one process with G times the batch; the
+strategy runs every tau steps between the workers. The checks compare a K = 2, G = 2 fit with a K = 2, G = 1 fit
+whose partitions are the union of each worker's two: with every partition one minibatch, both see the same
+gradients, and the global weights agree to float tolerance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from _spark_testlib import blobs, mlp, partitioned_rdd, start_session
+from sparknet.config import DistributedConfig, WorkerConfig
+from sparknet.net import Net
+from sparknet.solvers import SolverConfig
+from sparknet.spark import SparkTrainer
+from sparknet.spark.barrier.executor import worker_order
+
+pytestmark = pytest.mark.spark
+
+SOLVER = SolverConfig(base_lr=0.1, momentum=0.9, weight_decay=0.0)
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = start_session("local[4]")
+    yield session
+    session.stop()
+
+
+def _quarters(n: int = 32, seed: int = 1):
+    x, y = blobs(n, seed=seed)
+    q = n // 4
+    return [(x[i * q:(i + 1) * q], y[i * q:(i + 1) * q]) for i in range(4)]
+
+
+def _fit(spark, parts, *, procs: int, batch: int, strategy: str = "average", rounds: int = 2, validation=None,
+         **dist):
+    config = DistributedConfig(workers=2, procs_per_worker=procs, engine="barrier", strategy=strategy, tau=3,
+                               rounds=rounds, **dist)
+    return SparkTrainer(mlp(), WorkerConfig(solver=SOLVER, batch_size=batch, seed=5), dist=config).fit(
+        partitioned_rdd(spark.sparkContext, parts), validation)
+
+
+@pytest.mark.parametrize("strategy", ["average", "diloco"])
+def test_a_worker_of_two_processes_is_one_process_with_twice_the_batch(spark, strategy):
+    parts = _quarters()
+    pairs = [tuple(np.concatenate(a) for a in zip(*parts[i:i + 2])) for i in (0, 2)]
+    two = _fit(spark, parts, procs=2, batch=8, strategy=strategy)
+    one = _fit(spark, pairs, procs=1, batch=16, strategy=strategy)
+    w2, w1 = (r.weights.to_flat(torch.float32) for r in (two, one))
+    assert torch.allclose(w2, w1, atol=1e-5, rtol=1e-4), float((w2 - w1).abs().max())
+    assert not torch.allclose(w2, Net(mlp()).get_flat(), atol=1e-3)  # it trained
+    last2, last1 = two.history[-1], one.history[-1]
+    # the worker's counts pool its two ranks: 3 steps of 2 x 8 rows per worker, as one rank of 16 rows
+    assert [w["samples"] for w in last2["per_worker"]] == [w["samples"] for w in last1["per_worker"]] == [48, 48]
+    assert last2["samples"] == last1["samples"] == 96
+    assert last2["loss"] == pytest.approx(last1["loss"], rel=1e-4)
+    # every step's gradients met inside the worker: 3 allreduces of the mlp's 51 float32 gradients a round
+    assert last2["inner_allreduce_bytes"] == 3 * 51 * 4 and "inner_allreduce_bytes" not in last1
+
+
+def test_the_summary_says_which_ranks_make_each_worker_and_evaluation_covers_every_row(spark):
+    parts = _quarters()
+    vx, vy = blobs(60, seed=9)
+    result = _fit(spark, parts, procs=2, batch=8, validation=(vx, vy), rounds=3)
+    s = result.summary
+    assert s["workers"] == 2 and s["procs_per_worker"] == 2
+    ranks = s["barrier_workers"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    # local mode: one host, so worker w is tasks 2w and 2w + 1 in task order
+    assert [(r["worker"], r["proc"], r["group_rank"]) for r in ranks] == [(0, 0, 0), (0, 1, 1), (1, 0, 2), (1, 1, 3)]
+    # the four ranks score a quarter of the validation rows each and agree on the sums: the driver's own
+    # evaluation of the final weights gives the same accuracy and loss
+    last = result.history[-1]
+    driver = result.net.evaluate((vx, vy))
+    assert last["val_accuracy"] == pytest.approx(driver.accuracy)
+    assert last["val_loss"] == pytest.approx(driver.loss, rel=1e-5)
+
+
+def test_more_ranks_than_task_slots_is_refused_naming_the_shape(spark):
+    shape = r"2 workers of 4 processes\) runs all 8 workers at once but local\[4\] has 4 task slots"
+    with pytest.raises(ValueError, match=shape):
+        _fit(spark, _quarters(), procs=4, batch=8)
+
+
+def test_a_worker_of_several_processes_needs_rows_in_every_partition(spark):
+    parts = _quarters()
+    parts[3] = (parts[3][0][:0], parts[3][1][:0])
+    with pytest.raises(ValueError, match="worker of several processes, needs data in every partition"):
+        _fit(spark, parts, procs=2, batch=8)
+
+
+def test_worker_order_keeps_a_workers_ranks_on_one_host():
+    assert worker_order(["b", "a", "b", "a"], 1) == [0, 1, 2, 3]  # one process a worker: the tasks' own order
+    order = worker_order(["b", "a", "b", "a"], 2)
+    assert order == [1, 3, 0, 2]
+    hosts = ["b", "a", "b", "a"]
+    assert [{hosts[order[r]] for r in (2 * w, 2 * w + 1)} for w in (0, 1)] == [{"a"}, {"b"}]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"engine": "rounds"}, "add --engine barrier"),
+    ({"strategy": "sync"}, "train with --workers 4 instead"),
+    ({"strategy": "async"}, "choose --strategy average, diloco or easgd"),
+    ({"model_parallel": 2}, "choose one"),
+    ({"round_seconds": 1.0}, "rounds need a fixed tau"),
+    ({"auto_tau": True}, "rounds need a fixed tau"),
+    ({"checkpoint_dir": "ckpt"}, "drop --checkpoint-dir"),
+    ({"procs_per_worker": 0}, "at least 1"),
+])
+def test_what_a_worker_of_several_processes_cannot_do_is_refused(options, message):
+    base = {"workers": 2, "procs_per_worker": 2, "engine": "barrier", "tau": 5, "rounds": 1}
+    with pytest.raises(ValueError, match=message):
+        DistributedConfig(**{**base, **options})
