@@ -273,6 +273,12 @@ class NetnsCluster:
         self._hosts[i] = None
         _run("ip", "link", "set", self._veth(i)[0], "down", check=False)
 
+    def link_bytes(self, i: int) -> int:
+        """Bytes host ``i``'s link has carried both ways since it was made: what left or reached the host over
+        the network (traffic between processes on the host stays on its loopback)."""
+        stats = Path("/sys/class/net") / self._veth(i)[0] / "statistics"
+        return sum(int((stats / name).read_text()) for name in ("rx_bytes", "tx_bytes"))
+
     def kill_executors(self, i: int) -> int:
         """Lose host ``i``'s executors as a crashed executor is lost (SIGKILL to each executor JVM; its Python
         workers end with it); the host and its worker daemon stay up, and the master starts new executors.
