@@ -108,8 +108,11 @@ class CollectiveExchange(Exchange):
         This worker is several processes (``rank`` and ``world`` then count workers, and ``group`` holds the
         ranks of the other workers that train the same part): their gradients are averaged every step.
     everyone : ProcessGroup, optional
-        Every rank of the fit, where ``group`` holds only some (a worker of several processes): the validation
-        rows are shared and scored over it, and its ranks agree on when to evaluate (default: ``group``).
+        Every rank of the fit, where ``group`` holds only some (a worker of several processes): its ranks agree on
+        when to evaluate, and the validation rows are shared and scored over it (default: ``group``).
+    scoring : ProcessGroup, optional
+        Where the validation shares are summed instead of ``everyone`` (a sharded replica: a worker's ranks score
+        its share together, so the sums run over ``group``).
     """
 
     def __init__(self, net, strategy: TrainingStrategy, *, rank: int, world: int, group=None,
@@ -118,9 +121,11 @@ class CollectiveExchange(Exchange):
                  link=None, seed_for_round: Callable[[int], int] | None = None,
                  after_train: Callable[[object, int], None] | None = None, engine: str = "barrier",
                  train: Callable | None = None, validation_rows: int | None = None,
-                 streaming: Streaming | None = None, ranks: WorkerRanks | None = None, everyone=None):
+                 streaming: Streaming | None = None, ranks: WorkerRanks | None = None, everyone=None,
+                 scoring=None):
         self.net, self.strategy, self.rank, self.world, self.group = net, strategy, rank, world, group
         self.everyone = group if everyone is None else everyone
+        self.scoring = self.everyone if scoring is None else scoring
         check_streaming(strategy, streaming)
         self.streaming = streaming
         self.step = WorkerStep(net, strategy, state=state, compression=compression, streaming=streaming,
@@ -175,7 +180,7 @@ class CollectiveExchange(Exchange):
             row[4], row[6] = 1.0, self._last_sync_s
             compute_s = 0.0
         sent["gradient"] = grad_bytes0, grad_link0
-        if self.step.ranks is not None:
+        if self.step.ranks is not None and not self.step.ranks.sharded:
             sent["inner_bytes"] = self.step.ranks.bytes_sent - inner0
         if streaming is None or not streaming.overlap:
             self._arrived = part
@@ -284,10 +289,10 @@ class CollectiveExchange(Exchange):
         if self.validation is None:
             return None
         waited = {"link_s": 0.0}
-        result = evaluate_shards(self.net, global_flat, self.validation, group=self.everyone,
+        result = evaluate_shards(self.net, global_flat, self.validation, group=self.scoring,
                                  keep_local=self.strategy.keeps_local_weights or self.streaming is not None,
                                  link=self.link, waited=waited,
-                                 sample=None if rows is None else -(-rows // dist.get_world_size(self.everyone)))
+                                 sample=None if rows is None else -(-rows // dist.get_world_size(self.scoring)))
         self.eval_link_s = waited["link_s"]
         return result
 

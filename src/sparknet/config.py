@@ -375,6 +375,9 @@ class DistributedConfig:
     """G: processes (barrier tasks) each worker is made of. They average their gradients every step, training as
     one process with G times the batch; the strategy runs every tau steps between the workers (barrier engine; the
     stage runs workers x G tasks, a worker's ranks on one host where the cluster has several)."""
+    shard_replica: bool = False
+    """Shard each worker's weights and solver state over its --procs-per-worker processes (PyTorch's FSDP2), so a
+    net larger than one process's share trains; the exchange between workers then runs shard by shard."""
     parallel_plan: str | None = None
     """Which layers split under --model-parallel, LAYER=column|row|none,... (default: the net's parallel= fields,
     else consecutive Linear layers in column/row pairs)."""
@@ -492,6 +495,9 @@ class DistributedConfig:
         g = self.procs_per_worker
         if g < 1:
             raise ValueError(f"--procs-per-worker must be at least 1, got {g}")
+        if self.shard_replica and g == 1:
+            raise ValueError("--shard-replica shards a worker's weights over its processes: give --procs-per-worker "
+                             "G with G > 1")
         if g == 1:
             return
         refusal = None
@@ -510,6 +516,9 @@ class DistributedConfig:
                        "--round-seconds and --auto-tau with --procs-per-worker")
         elif self.checkpoint_dir is not None:
             refusal = "checkpoints of workers of several processes are not written yet; drop --checkpoint-dir"
+        elif self.shard_replica and (self.overlap or self.fragments > 1 or self.weight_ema is not None):
+            refusal = ("a sharded replica exchanges whole rounds shard by shard; drop --overlap, --fragments and "
+                       "--weight-ema with --shard-replica")
         if refusal is not None:
             raise ValueError(refusal)
 

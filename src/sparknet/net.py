@@ -35,7 +35,7 @@ from sparknet.layers import NetParams
 from sparknet.rowfile import RowStream
 from sparknet.solvers import SolverConfig, build_optimizer, check_gradient_hook, lr_multiplier
 from sparknet.labels import Task, infer_task, task_metrics, task_sums
-from sparknet.weights import WeightCollection
+from sparknet.weights import WeightCollection, local_view
 
 __all__ = ["Net", "Compute", "Precision", "TrainStats", "EvalResult", "FeatureDict", "resolve_device", "fixed_sample"]
 
@@ -401,7 +401,7 @@ class Net:
             raise ValueError(f"batch_size must be positive, got {self.batch_size}")
         self.optimizer, self.scheduler = build_optimizer(module, self.solver)
         self.iteration = 0
-        self._live = WeightCollection(self._model.layer_weights())
+        self._live = self._local_weights()
         self._gen = torch.Generator().manual_seed(seed if seed is not None else torch.initial_seed() % (2**31))
         self._train: tuple[torch.Tensor, torch.Tensor] | None = None
         self._stream: RowStream | None = None
@@ -661,6 +661,29 @@ class Net:
     def weights(self) -> WeightCollection:
         """The live tensors (no copy): what engines flatten and load in place."""
         return self._live
+
+    def shard(self, mesh) -> None:
+        """Shard this net's weights and solver state over ``mesh``'s ranks with FSDP2 (a worker of several processes,
+        ``--shard-replica``; :func:`~sparknet.parallel.mesh.shard_replica`). Every rank must hold the same weights
+        and call it together, before training. Afterwards :meth:`get_flat` and :meth:`set_flat` read and write this
+        rank's parts, and :meth:`full_weights` gathers the whole."""
+        from sparknet.parallel.mesh import shard_replica
+
+        shard_replica(self.module, mesh)
+        self.optimizer, self.scheduler = build_optimizer(self.module, self.solver)  # over the sharded weights
+        self.set_iteration(self.iteration)
+        self._live = self._local_weights()
+
+    def _local_weights(self) -> WeightCollection:
+        """The weights as this process holds them: views of its shards where a weight is sharded (tensor
+        parallelism, a sharded replica), the weights themselves otherwise."""
+        return WeightCollection((name, [local_view(t) for t in ts]) for name, ts in self._model.layer_weights().items())
+
+    def full_weights(self) -> WeightCollection:
+        """The whole weights as CPU copies; a sharded net's (:meth:`shard`) gathered from its ranks, every one of
+        which must call it."""
+        return WeightCollection((name, [(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
+                                        for t in ts]) for name, ts in self._model.layer_weights().items())
 
     def get_flat(self) -> torch.Tensor:
         """All weights as one float32 CPU buffer."""

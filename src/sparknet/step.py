@@ -123,12 +123,15 @@ class WorkerRanks:
     ----------
     group : ProcessGroup
         The worker's G ranks (a torch.distributed group).
+    sharded : bool
+        The worker's replica is sharded over them (:meth:`~sparknet.net.Net.shard`): FSDP2 averages the gradients
+        as it reduce-scatters them, and only the counts are pooled here.
     """
 
-    def __init__(self, group):
+    def __init__(self, group, *, sharded: bool = False):
         import torch.distributed as dist
 
-        self.group, self.size = group, dist.get_world_size(group)
+        self.group, self.size, self.sharded = group, dist.get_world_size(group), sharded
         self.bytes_sent = 0
         """Bytes of gradients this rank allreduced inside its worker so far."""
 
@@ -223,7 +226,7 @@ class WorkerStep:
         self.seed, self.after_train, self.train = seed, after_train, train
         self.hook = strategy.after_backward if gradient_hook and strategy.needs_gradient_hook else None
         self.ranks = ranks
-        if ranks is not None:
+        if ranks is not None and not ranks.sharded:
             self.hook = ranks.after_backward
 
     def run(self, steps: int, global_flat: torch.Tensor, *, round: int = 0, seconds: float | None = None,

@@ -18,7 +18,17 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["WeightCollection"]
+__all__ = ["WeightCollection", "local_view"]
+
+
+def local_view(t: torch.Tensor) -> torch.Tensor:
+    """This process's part of a weight: a DTensor's local shard (a view sharing its storage, as tensor parallelism
+    and a sharded replica hold them), or the tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    if to_local is None:
+        return t
+    with torch.no_grad():
+        return to_local()
 
 
 class WeightCollection(Mapping[str, list[torch.Tensor]]):

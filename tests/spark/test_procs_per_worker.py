@@ -116,3 +116,62 @@ def test_what_a_worker_of_several_processes_cannot_do_is_refused(options, messag
     base = {"workers": 2, "procs_per_worker": 2, "engine": "barrier", "tau": 5, "rounds": 1}
     with pytest.raises(ValueError, match=message):
         DistributedConfig(**{**base, **options})
+
+
+# -- a sharded replica (--shard-replica): FSDP2 over each worker's ranks, the exchange shard by shard ---------------
+
+def _dsl_mlp(hidden=(8,)):
+    from sparknet import zoo
+
+    return zoo.mlp(input_shape=[2], hidden=list(hidden), num_classes=3)
+
+
+@pytest.mark.parametrize("kind", ["module", "layers"])
+def test_a_sharded_replica_trains_as_the_whole_replica_does(spark, kind):
+    parts = _quarters()
+    net = mlp if kind == "module" else _dsl_mlp
+
+    def fit(shard):
+        config = DistributedConfig(workers=2, procs_per_worker=2, shard_replica=shard, engine="barrier",
+                                   strategy="diloco", tau=3, rounds=2)
+        return SparkTrainer(net(), WorkerConfig(solver=SOLVER, batch_size=8, seed=5), dist=config).fit(
+            partitioned_rdd(spark.sparkContext, parts))
+
+    sharded, whole = fit(True), fit(False)
+    ws, ww = (r.weights.to_flat(torch.float32) for r in (sharded, whole))
+    assert torch.allclose(ws, ww, atol=1e-5, rtol=1e-4), float((ws - ww).abs().max())
+    assert not torch.allclose(ws, Net(net()).get_flat(), atol=1e-3)
+    s = sharded.summary
+    assert s["shard_replica"] is True
+    # each rank holds a part of the weights and of the momentum, the first part of an odd row count the larger
+    total, held = 4 * ws.numel(), s["weight_bytes_per_rank"]
+    assert held[0] + held[1] == held[2] + held[3] == total and total / 2 <= held[0] < total, held
+    assert sum(s["solver_state_bytes_per_rank"]) == 2 * total
+
+
+def test_a_replica_over_the_weight_budget_trains_only_sharded_and_its_gathered_weights_score_as_reported(spark):
+    from sparknet.parallel import WeightBudgetError, weight_bytes_per_rank
+
+    x, y = blobs(64, seed=3)
+    parts = [(x[i::4], y[i::4]) for i in range(4)]
+    vx, vy = blobs(80, seed=4)
+    net = _dsl_mlp((64, 64))
+    whole, half = weight_bytes_per_rank(net), weight_bytes_per_rank(net, shard=2)
+    budget = (whole + half) // 2  # over one rank's half, under the whole replica
+
+    def fit(shard):
+        config = DistributedConfig(workers=2, procs_per_worker=2, shard_replica=shard, engine="barrier", tau=5,
+                                   rounds=3, max_weight_bytes=budget)
+        return SparkTrainer(net, WorkerConfig(solver=SOLVER, batch_size=8, seed=5), dist=config).fit(
+            partitioned_rdd(spark.sparkContext, parts), (vx, vy))
+
+    with pytest.raises(WeightBudgetError, match=r"with --shard-replica each of a worker's 2 processes would hold"):
+        fit(False)
+    result = fit(True)
+    s = result.summary
+    assert max(s["weight_bytes_per_rank"]) == half <= budget < whole
+    # the workers score the validation rows shard by shard; the driver scores the gathered weights: the same
+    last = result.history[-1]
+    assert s["test_accuracy"] == pytest.approx(last["val_accuracy"]) and s["test_accuracy"] > 0.6
+    driver = result.net.evaluate((vx, vy))
+    assert driver.accuracy == pytest.approx(s["test_accuracy"])

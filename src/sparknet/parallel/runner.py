@@ -147,14 +147,17 @@ def effective_plan(net_params, model_parallel: int, plan: Mapping[str, str | Non
 def split_budget(net_params, dist) -> tuple[dict | None, int, int]:
     """A fit's model parallelism (``dist``: a :class:`~sparknet.config.DistributedConfig`), checked before any work.
 
-    Returns the plan the net splits by (``None``: it does not split), the bytes of weights one worker holds
-    and the whole net's. A worker over ``dist.max_weight_bytes`` is refused with a :class:`WeightBudgetError`
-    that names the model-parallel degree that fits (an unsplit net: under the plan M = 2 would use).
+    Returns the plan the net splits by (``None``: it does not split), the bytes of weights one process holds
+    (a sharded replica's share) and the whole net's. A process over ``dist.max_weight_bytes`` is refused with a
+    :class:`WeightBudgetError` that names the sharding or model-parallel degree that fits (an unsplit net: under
+    the plan M = 2 would use).
     """
     m, budget = dist.model_parallel, None if dist.max_weight_bytes is None else int(dist.max_weight_bytes)
     whole = check_weight_budget(net_params, None, 1)
     if m == 1:
-        return None, check_weight_budget(net_params, budget, 1, default_plan(net_params, 2) if budget else None), whole
+        g = dist.procs_per_worker
+        return None, check_weight_budget(net_params, budget, 1, default_plan(net_params, 2) if budget else None,
+                                         shard=g if dist.shard_replica else 1, procs_per_worker=g), whole
     plan = effective_plan(net_params, m, dist.plan())
     return plan, check_weight_budget(net_params, budget, m, plan), whole
 

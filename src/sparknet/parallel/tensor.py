@@ -45,7 +45,7 @@ from sparknet.layers import (
     ParallelMode,
     PoolLayer,
 )
-from sparknet.weights import WeightCollection
+from sparknet.weights import WeightCollection, local_view
 
 __all__ = [
     "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "parallelize", "build_parallel", "resolve_plan",
@@ -350,15 +350,6 @@ def _style_for(module: GraphModule, plan: ParallelPlan, name: str):
 # --------------------------------------------------------------------------- the parallel module
 
 
-def _local(t: Tensor) -> Tensor:
-    """The local shard of a DTensor (a view sharing its storage), or the tensor itself."""
-    to_local = getattr(t, "to_local", None)
-    if to_local is None:
-        return t
-    with torch.no_grad():
-        return to_local()
-
-
 class TensorParallelModule(nn.Module):
     """A GraphModule whose split layers hold DTensor shards; what :func:`parallelize` returns.
 
@@ -398,7 +389,7 @@ class TensorParallelModule(nn.Module):
 
     def layer_weights(self) -> OrderedDict[str, list[Tensor]]:
         """Layer name to this rank's local tensors (shards of the split layers, views, no copies)."""
-        return OrderedDict((name, [_local(t) for t in tensors])
+        return OrderedDict((name, [local_view(t) for t in tensors])
                            for name, tensors in self.module.layer_weights().items())
 
     @torch.no_grad()
@@ -416,7 +407,7 @@ class TensorParallelModule(nn.Module):
         split = torch.zeros((), dtype=torch.float64)
         whole = torch.zeros((), dtype=torch.float64)
         for g in grads:
-            squares = _local(g).double().pow(2).sum()
+            squares = local_view(g).double().pow(2).sum()
             if any(pl.is_shard() for pl in getattr(g, "placements", ())):
                 split += squares
             else:
@@ -427,7 +418,7 @@ class TensorParallelModule(nn.Module):
         coef = float(max_norm) / (float(total) + 1e-6)
         if coef < 1.0:
             for g in grads:
-                _local(g).mul_(coef)  # a view of the gradient's storage
+                local_view(g).mul_(coef)  # a view of the gradient's storage
         return total.float()
 
 
@@ -470,7 +461,7 @@ def parallelize(graph_module: GraphModule, mesh_or_groups: Any, plan: PlanLike |
 def local_weight_bytes(module: nn.Module) -> int:
     """Bytes of parameters and buffers this rank holds (the local shard of each DTensor)."""
     module = _inner(module)  # parameters() and buffers() list a tensor once
-    return sum(_local(t).nbytes for t in itertools.chain(module.parameters(), module.buffers()))
+    return sum(local_view(t).nbytes for t in itertools.chain(module.parameters(), module.buffers()))
 
 
 def _meta_module(net_params: NetParams, seed: int = 0) -> GraphModule:
@@ -479,35 +470,45 @@ def _meta_module(net_params: NetParams, seed: int = 0) -> GraphModule:
         return net_params.build(seed=seed)
 
 
-def weight_bytes_per_rank(net_params: NetParams, model_parallel: int = 1, plan: PlanLike | None = None) -> int:
+def weight_bytes_per_rank(net_params: NetParams, model_parallel: int = 1, plan: PlanLike | None = None, *,
+                          shard: int = 1) -> int:
     """Bytes of weights each model-parallel rank would hold, computed without allocating them
-    (on the ``meta`` device), so cheap for any size. With ``model_parallel=1`` it is the whole model's size.
+    (on the ``meta`` device), so cheap for any size. With ``model_parallel=1`` it is the whole model's size;
+    ``shard``: every weight cut along its first dimension in that many parts (a sharded replica, FSDP2's way; the
+    first rank holds the largest part), buffers whole.
     """
-    if model_parallel < 1:
-        raise ValueError(f"model_parallel must be at least 1, got {model_parallel}")
+    if model_parallel < 1 or shard < 1:
+        raise ValueError(f"model_parallel and shard must be at least 1, got {model_parallel}, {shard}")
     module = _meta_module(net_params)
     modes = resolve_plan(module, model_parallel, plan).modes if model_parallel > 1 else {}
     total = 0
     for name in module.module_names:
         sub = module.layer_module(name)
         mode = modes.get(name)
+        params = {id(t) for t in sub.parameters()}
         for pname, t in list(sub.named_parameters()) + list(sub.named_buffers()):
             nbytes = t.numel() * t.element_size()
             is_bias = pname.rsplit(".", 1)[-1].startswith("bias")
             if mode is ParallelMode.COLUMN or (mode is ParallelMode.ROW and not is_bias):
                 nbytes = math.ceil(nbytes / model_parallel)
+            elif shard > 1 and id(t) in params and t.dim():
+                nbytes = math.ceil(t.shape[0] / shard) * (nbytes // t.shape[0])
             total += nbytes
     return total
 
 
 def check_weight_budget(net_params: NetParams, max_weight_bytes: int | None, model_parallel: int = 1,
-                        plan: PlanLike | None = None) -> int:
+                        plan: PlanLike | None = None, *, shard: int = 1, procs_per_worker: int = 1) -> int:
     """The bytes of weights each rank needs; :class:`WeightBudgetError` when they would exceed
-    ``max_weight_bytes`` (none: no budget)."""
-    needed = weight_bytes_per_rank(net_params, model_parallel, plan)
+    ``max_weight_bytes`` (none: no budget). ``shard``: the replica is sharded that many ways; ``procs_per_worker``:
+    the processes a worker has, to say whether sharding its replica over them would fit."""
+    needed = weight_bytes_per_rank(net_params, model_parallel, plan, shard=shard)
     if max_weight_bytes is not None and needed > max_weight_bytes:
         hint = ""
-        for m in (m for m in (2, 4, 8, 16) if m > model_parallel):
+        sharded = weight_bytes_per_rank(net_params, shard=procs_per_worker) if procs_per_worker > shard else None
+        if sharded is not None and sharded <= max_weight_bytes:
+            hint = f"; with --shard-replica each of a worker's {procs_per_worker} processes would hold {sharded:,}"
+        for m in (m for m in (2, 4, 8, 16) if m > model_parallel and not hint):
             try:
                 fits = weight_bytes_per_rank(net_params, m, plan)
             except GraphError:
@@ -515,10 +516,11 @@ def check_weight_budget(net_params: NetParams, max_weight_bytes: int | None, mod
             if fits <= max_weight_bytes:
                 hint = f"; with --model-parallel {m} each rank would hold {fits:,}"
                 break
+        how = f"sharded {shard} ways" if shard > 1 else f"with model-parallel degree {model_parallel}"
         raise WeightBudgetError(
-            f"net {net_params.name!r} needs {needed:,} bytes of weights per rank with model-parallel degree "
-            f"{model_parallel}, over the budget max_weight_bytes={max_weight_bytes:,}{hint}. Split the widest "
-            "layers (LinearLayer(parallel='column'/'row') or a plan) and raise the model-parallel degree, or "
+            f"net {net_params.name!r} needs {needed:,} bytes of weights per rank {how}, over the budget "
+            f"max_weight_bytes={max_weight_bytes:,}{hint}. Split the widest layers (LinearLayer(parallel='column'/"
+            "'row') or a plan) and raise the model-parallel degree, shard the replica over more processes, or "
             "raise the budget.", needed=needed, budget=max_weight_bytes)
     return needed
 
@@ -596,7 +598,7 @@ def build_parallel(net_params: NetParams, mesh_or_groups: Any, plan: PlanLike | 
                 with torch.random.fork_rng(devices=[], enabled=replicated):
                     if replicated:
                         torch.manual_seed(seed * 100003 + index * 7919)
-                    _init_local_(_local(param), tuple(param.shape), weight_shape, filler, is_bias)
+                    _init_local_(local_view(param), tuple(param.shape), weight_shape, filler, is_bias)
     log.info("built %s split %d ways: %s bytes of weights on this rank", net_params.name, m,
              f"{local_weight_bytes(module):,}")
     return TensorParallelModule(module, resolved, mesh)

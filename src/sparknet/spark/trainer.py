@@ -182,6 +182,9 @@ class SparkTrainer:
                              "NetParams net: its layers are what splits and what is counted")
         if self.dist.model_parallel > 1 and self.worker.device != "cpu":
             raise ValueError("model parallelism splits layers over CPU gloo groups; use device cpu")
+        if self.dist.shard_replica and self.worker.device != "cpu":
+            raise ValueError("a sharded replica gathers and reduce-scatters its weights over the stage's CPU gloo "
+                             "groups; use device cpu (sharded replicas on GPUs need NCCL groups, not built yet)")
         self.strategy = strategy if strategy is not None else make_strategy(self.dist.strategy,
                                                                             **self.dist.strategy_options())
         check_streaming(self.strategy, self.dist.streaming())
@@ -439,6 +442,9 @@ class SparkTrainer:
             "auto_tau": dist.auto_tau, "final_tau": rounds[-1].get("next_tau", rounds[-1]["tau"]) if rounds else None,
             **extra,
         }
+        if dist.shard_replica:
+            summary.update(shard_replica=True, **{f"{what}_per_rank": [w[what] for w in summary["barrier_workers"]]
+                                                  for what in ("weight_bytes", "solver_state_bytes")})
         if split is not None:
             summary.update(data_parallel=K // m, model_parallel=m, **split,
                            weight_bytes_per_worker=[w["weight_bytes"] for w in summary["barrier_workers"]])

@@ -187,7 +187,8 @@ class BarrierStage:
                 run.broadcasts.append(val_bc)
             params = StagePlan(
                 group=GroupPlan(workers=K, local=local, rendezvous_timeout_s=opts.rendezvous_timeout_s,
-                                collective_timeout_s=opts.collective_timeout_s, procs_per_worker=dist.procs_per_worker),
+                                collective_timeout_s=opts.collective_timeout_s, procs_per_worker=dist.procs_per_worker,
+                                shard_replica=dist.shard_replica),
                 fit=run.plan, endpoint=receiver.endpoint, secret=secret, keys=receiver.client_keys,
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,
@@ -303,7 +304,7 @@ def run_connect_stage(run: EngineRun):
     params = StagePlan(
         group=GroupPlan(workers=K, local=is_local_master(session_master(spark)),
                         rendezvous_timeout_s=opts.rendezvous_timeout_s, collective_timeout_s=opts.collective_timeout_s,
-                        procs_per_worker=dist.procs_per_worker),
+                        procs_per_worker=dist.procs_per_worker, shard_replica=dist.shard_replica),
         fit=run.plan, streaming=dist.streaming())
     float_labels = spec.task.float_labels or spec.weighted
     restarts: list[dict] = []

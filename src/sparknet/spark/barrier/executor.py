@@ -42,6 +42,8 @@ from sparknet.config import Streaming
 from sparknet.errors import NonFiniteUpdate
 from sparknet.loop import FitPlan, ResumeState, WeightAverage, run_rounds
 from sparknet.parallel.mesh import init_layout
+from sparknet.parallel.tensor import local_weight_bytes
+from sparknet.weights import local_view
 from sparknet.parallel.runner import run_rank
 from sparknet.spark.backend import Held
 from sparknet._tensortree import pack_tree
@@ -73,6 +75,8 @@ class GroupPlan:
     """Longest wait of one collective."""
     procs_per_worker: int = 1
     """G: consecutive ranks that make one worker (``workers`` counts ranks, G of them a worker)."""
+    shard_replica: bool = False
+    """A worker's weights and solver state are sharded over its G ranks (FSDP2)."""
 
 
 @dataclass(frozen=True)
@@ -342,8 +346,11 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     val, val_rows = None, None
     if val_bc is not None:
         vx, vy = val_bc.value
-        # a split net's ranks score their replica's share together (run_rank deals it)
-        val, val_rows = ((vx, vy) if split else (vx[rank::world], vy[rank::world])), len(vx)
+        # a split net's ranks score their replica's share together (run_rank deals it), as a sharded replica's do
+        # their worker's; otherwise each rank scores its own share
+        g = params.group.procs_per_worker
+        share = slice(group_rank // g, None, world // g) if params.group.shard_replica else slice(rank, None, world)
+        val, val_rows = ((vx, vy) if split else (vx[share], vy[share])), len(vx)
     sender = store = None
     history: list[dict] = []
     try:
@@ -408,6 +415,8 @@ class _BarrierExchange(CollectiveExchange):
         super().__init__(*args, **kwargs)
         self.params, self.fit, self.sender, self.history, self.store = params, fit, sender, history, store
         self.task, self.reports = task, reports
+        # a sharded replica's rank 0 holds one shard of the global weights: a restart starts from the first round
+        self.sends_state = not params.group.shard_replica
 
     def _start(self, buf, n, plan, sent):
         self.store.set(f"arrived/{self.params.restart}/{plan.round}/{self.task}", "1")
@@ -446,7 +455,8 @@ class _BarrierExchange(CollectiveExchange):
             self.history.append(record)
             if sender is not None:
                 sender.send(record)
-                if r % state_every == 0 or reason is not None or (ckpt_every and r % ckpt_every == 0):
+                if self.sends_state and (r % state_every == 0 or reason is not None
+                                         or (ckpt_every and r % ckpt_every == 0)):
                     sender.send({"event": "state", **vars(progress), "iteration": self.net.iteration},
                                 pack_tree({"global": global_flat, "strategy": self.strategy.state_dict(),
                                              "auto_tau": None if fit.auto is None else fit.auto.state_dict(),
@@ -480,14 +490,21 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, ha
     if fit.weight_ema is not None:  # a restarted stage continues the average rank 0 last sent
         fit.average = WeightAverage(fit.weight_ema, global_flat if start.average is None else
                                     torch.from_numpy(np.array(start.average, dtype=np.float32, copy=True)))
-    G, workers = params.group.procs_per_worker, params.group.workers
+    G, workers, sharded = params.group.procs_per_worker, params.group.workers, params.group.shard_replica
     place: dict = {}
     outer = {"rank": group_rank, "world": workers}
+    layout = None
     if G > 1:
         layout = init_layout(G)  # rows: the workers; columns: the ranks of each worker in the same place
         outer = {"rank": layout.dp_rank, "world": layout.data_parallel, "group": layout.dp_group,
-                 "ranks": WorkerRanks(layout.mp_group), "everyone": dist.group.WORLD}
+                 "ranks": WorkerRanks(layout.mp_group, sharded=sharded), "everyone": dist.group.WORLD,
+                 "scoring": layout.dp_group if sharded else None}
         place = {"worker": layout.dp_rank, "proc": layout.mp_rank, "group_rank": group_rank}
+    if sharded:  # every rank's part of the starting weights; the exchange then runs on the parts
+        net.set_flat(global_flat)
+        net.shard(layout.mp_mesh)
+        global_flat = net.get_flat()
+        place["weight_bytes"] = local_weight_bytes(net)
     exchange = _BarrierExchange(net, strategy, **outer, state=state, has_data=has_data,
                                 validation=val, validation_rows=val_rows,
                                 compression=spec.compression, link=spec.link,
@@ -495,4 +512,15 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, ha
                                 after_train=fault_hook(spec.faults, rank, params.restart),
                                 params=params, fit=fit, sender=sender, history=history, store=store,
                                 streaming=params.streaming, task=rank, reports=group_rank == 0)
-    return run_rounds(exchange, fit, global_flat), place
+    final = run_rounds(exchange, fit, global_flat)
+    if sharded:  # the whole weights, gathered by the first worker's ranks
+        place["solver_state_bytes"] = _solver_state_bytes(net)
+        net.set_flat(final)
+        final = net.full_weights().to_flat(torch.float32) if layout.dp_rank == 0 else None
+    return final, place
+
+
+def _solver_state_bytes(net) -> int:
+    """Bytes of solver state (momentum, Adam's moments) this rank holds."""
+    return sum(local_view(v).nbytes for state in net.optimizer.state.values() for v in state.values()
+               if isinstance(v, torch.Tensor))
