@@ -39,7 +39,15 @@ def rig():
 
 @pytest.fixture(scope="module")
 def spark(rig):
+    import time
+
+    from sparknet.spark.backend import task_slots
+
     with rig_session(rig, "sparknet-worker-processes-tests", **{"spark.locality.wait": "0s"}) as session:
+        deadline = time.monotonic() + 120  # both hosts' executors registered: four task slots
+        while task_slots(session.sparkContext) != 4:
+            assert time.monotonic() < deadline, "the rig's two hosts did not offer four task slots within 120 s"
+            time.sleep(0.5)
         yield session
 
 
@@ -117,3 +125,33 @@ def test_a_host_lost_mid_run_takes_its_workers_ranks_and_the_run_finishes_when_i
     places = _places(s)
     assert sorted(places) == [0, 1] and all(len(hosts) == 1 for hosts in places.values())
     assert set().union(*places.values()) == {rig.hostname(1), rig.hostname(2)}
+
+
+def test_one_round_of_two_workers_of_two_processes_is_two_one_process_workers_with_twice_the_batch(spark, rig):
+    """Every partition one minibatch: a worker's two ranks average two 8-row gradients a step, as one rank with
+    the 16 rows of both partitions does. The partitions each worker got are read from the first fit's placement."""
+    import numpy as np
+    import torch
+
+    ds = synthetic(32, shape=(6,), num_classes=3, seed=2, noise=1.0)
+    parts = [(ds.x[i * 8:(i + 1) * 8], ds.y[i * 8:(i + 1) * 8]) for i in range(4)]
+
+    def rdd(pieces):
+        rows = [[([float(v) for v in x], int(label)) for x, label in zip(*p)] for p in pieces]
+        return spark.sparkContext.parallelize(rows, len(rows)).flatMap(lambda r: r)
+
+    def fit(pieces, procs, batch):
+        from sparknet.spark import SparkTrainer
+
+        return SparkTrainer(zoo.mlp(input_shape=[6], hidden=[16], num_classes=3),
+                            WorkerConfig(solver=SolverConfig(base_lr=0.1, momentum=0.9), batch_size=batch, seed=3),
+                            DistributedConfig(workers=2, procs_per_worker=procs, engine="barrier", tau=4, rounds=1),
+                            spark=spark).fit(rdd(pieces))
+
+    two = fit(parts, 2, 8)
+    workers = [sorted(r["rank"] for r in two.summary["barrier_workers"] if r["worker"] == w) for w in (0, 1)]
+    assert sorted(sum(workers, [])) == [0, 1, 2, 3] and all(len(set(_places(two.summary)[w])) == 1 for w in (0, 1))
+    one = fit([tuple(np.concatenate(a) for a in zip(*(parts[i] for i in ranks))) for ranks in workers], 1, 16)
+    w2, w1 = (r.weights.to_flat(torch.float32) for r in (two, one))
+    assert torch.allclose(w2, w1, atol=1e-5, rtol=1e-4), float((w2 - w1).abs().max())
+    assert two.history[-1]["samples"] == one.history[-1]["samples"] == 4 * 32
