@@ -514,8 +514,6 @@ class DistributedConfig:
         elif self.round_seconds is not None or self.auto_tau:
             refusal = ("the ranks of a worker make every step together, so rounds need a fixed tau: drop "
                        "--round-seconds and --auto-tau with --procs-per-worker")
-        elif self.checkpoint_dir is not None:
-            refusal = "checkpoints of workers of several processes are not written yet; drop --checkpoint-dir"
         elif self.shard_replica and (self.overlap or self.fragments > 1 or self.weight_ema is not None):
             refusal = ("a sharded replica exchanges whole rounds shard by shard; drop --overlap, --fragments and "
                        "--weight-ema with --shard-replica")

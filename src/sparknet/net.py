@@ -402,6 +402,8 @@ class Net:
         self.optimizer, self.scheduler = build_optimizer(module, self.solver)
         self.iteration = 0
         self._live = self._local_weights()
+        self.sharded = False
+        """Whether :meth:`shard` cut the weights over several processes."""
         self._gen = torch.Generator().manual_seed(seed if seed is not None else torch.initial_seed() % (2**31))
         self._train: tuple[torch.Tensor, torch.Tensor] | None = None
         self._stream: RowStream | None = None
@@ -673,6 +675,26 @@ class Net:
         self.optimizer, self.scheduler = build_optimizer(self.module, self.solver)  # over the sharded weights
         self.set_iteration(self.iteration)
         self._live = self._local_weights()
+        self.sharded = True
+
+    def shard_layout(self) -> list[tuple[int, int, int, int]]:
+        """``(first row, end row, rows, values a row)`` of each weight's part on this rank, in :meth:`get_flat` order:
+        a sharded
+        weight holds rows ``first:end`` of its first dimension (FSDP2 cuts it as ``torch.chunk`` does), a whole
+        one (a buffer, an unsharded net's weight) all of them. What joins the ranks' parts again
+        (:func:`~sparknet.parallel.mesh.join_shards`)."""
+        layout = []
+        for t in (t for ts in self._model.layer_weights().values() for t in ts):
+            rows = t.shape[0] if t.dim() else 1
+            row = t.numel() // rows if rows else 0
+            mesh = getattr(t, "device_mesh", None)
+            if mesh is None:
+                layout.append((0, rows, rows, row))
+                continue
+            chunk = -(-rows // mesh.size())
+            first = min(mesh.get_local_rank() * chunk, rows)
+            layout.append((first, first + local_view(t).shape[0], rows, row))
+        return layout
 
     def _local_weights(self) -> WeightCollection:
         """The weights as this process holds them: views of its shards where a weight is sharded (tensor
@@ -698,6 +720,9 @@ class Net:
         """Optimizer, scheduler, iteration and data position (for checkpoints); a copy, unless
         ``copy_tensors=False`` (the optimizer's live tensors, for a caller that writes them out at once)."""
         optimizer = self.optimizer.state_dict()
+        if self.sharded:  # this rank's parts of the solver state, as plain tensors
+            optimizer = {**optimizer, "state": {k: {n: local_view(v).clone() if isinstance(v, torch.Tensor) else v
+                                                    for n, v in st.items()} for k, st in optimizer["state"].items()}}
         return {
             "optimizer": copy.deepcopy(optimizer) if copy_tensors else optimizer,
             "iteration": self.iteration,
@@ -711,6 +736,14 @@ class Net:
     def load_solver_state(self, state: dict) -> None:
         """Restore what :meth:`solver_state` returned."""
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.sharded:  # plain tensors of this rank's parts: sharded as their weights are again
+            from torch.distributed.tensor import DTensor
+
+            for p, st in self.optimizer.state.items():
+                for n, v in st.items():
+                    if isinstance(p, DTensor) and type(v) is torch.Tensor and v.dim():
+                        st[n] = DTensor.from_local(v, p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                                   stride=p.stride())
         self.set_iteration(state["iteration"])
         self.epoch, self._pos = state["epoch"], state["pos"]
         self._perm = None if state["perm"] is None else state["perm"].to(self.device)

@@ -109,7 +109,8 @@ def test_worker_order_keeps_a_workers_ranks_on_one_host():
     ({"model_parallel": 2}, "choose one"),
     ({"round_seconds": 1.0}, "rounds need a fixed tau"),
     ({"auto_tau": True}, "rounds need a fixed tau"),
-    ({"checkpoint_dir": "ckpt"}, "drop --checkpoint-dir"),
+    ({"shard_replica": True, "procs_per_worker": 1}, "give --procs-per-worker G with G > 1"),
+    ({"shard_replica": True, "overlap": True}, "drop --overlap, --fragments and --weight-ema"),
     ({"procs_per_worker": 0}, "at least 1"),
 ])
 def test_what_a_worker_of_several_processes_cannot_do_is_refused(options, message):
@@ -175,3 +176,38 @@ def test_a_replica_over_the_weight_budget_trains_only_sharded_and_its_gathered_w
     assert s["test_accuracy"] == pytest.approx(last["val_accuracy"]) and s["test_accuracy"] > 0.6
     driver = result.net.evaluate((vx, vy))
     assert driver.accuracy == pytest.approx(s["test_accuracy"])
+
+
+# -- checkpoints: every process's solver state, and a sharded replica's parts joined on the driver ----------------
+
+@pytest.mark.parametrize("shard", [False, True])
+def test_a_resumed_fit_of_workers_of_several_processes_repeats_the_uninterrupted_one_bitwise(spark, tmp_path, shard):
+    from sparknet.checkpoint import CheckpointError
+
+    x, y = blobs(96, seed=6)
+    parts = [(x[i::4], y[i::4]) for i in range(4)]
+
+    def fit(rounds, **dist):
+        config = DistributedConfig(workers=2, procs_per_worker=2, shard_replica=shard, engine="barrier",
+                                   strategy="diloco", tau=3, rounds=rounds, **dist)
+        return SparkTrainer(mlp(), WorkerConfig(solver=SOLVER, batch_size=8, seed=5), dist=config).fit(
+            partitioned_rdd(spark.sparkContext, parts))
+
+    whole = fit(5)
+    ckpt = str(tmp_path / "ckpt")
+    first = fit(2, checkpoint_dir=ckpt, checkpoint_every=1)
+    assert first.summary["checkpoints"] == [1, 2]
+    # the checkpoint holds the whole weights, one process can load them (a sharded replica's parts joined)
+    from sparknet.checkpoint import CheckpointManager
+
+    saved = CheckpointManager(ckpt).load()
+    assert torch.equal(saved.weights.to_flat(torch.float32), first.weights.to_flat(torch.float32))
+    resumed = fit(5, checkpoint_dir=ckpt, checkpoint_every=2, resume=True)
+    assert resumed.summary["resumed_from"] == 2 and [h["round"] for h in resumed.history] == [3, 4, 5]
+    # the workers' momentum (each process its own, or its part) and DiLoCo's outer momentum survived the stop
+    assert torch.equal(resumed.weights.to_flat(torch.float32), whole.weights.to_flat(torch.float32))
+    with pytest.raises(CheckpointError, match="2 workers of 2 processes.*resume with --workers 2 --procs-per-worker 2"):
+        config = DistributedConfig(workers=2, procs_per_worker=1, engine="barrier", tau=3, rounds=5,
+                                   checkpoint_dir=ckpt, resume=True)
+        SparkTrainer(mlp(), WorkerConfig(solver=SOLVER, batch_size=8, seed=5), dist=config).fit(
+            partitioned_rdd(spark.sparkContext, parts[:2]))

@@ -20,6 +20,7 @@ from sparknet.step import worker_seed
 
 __all__ = [
     "ParallelLayout", "layout_coords", "init_layout", "share_data_over_mp", "replica_seed", "shard_replica",
+    "join_shards", "cut_shard",
 ]
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,45 @@ def shard_replica(module, mesh):
     for unit in units:
         fully_shard(unit, mesh=mesh)
     return module
+
+
+def join_shards(parts, layouts):
+    """One whole flat buffer from the ranks' parts of it (what each rank's :meth:`~sparknet.net.Net.get_flat` of a
+    sharded net gives, or any buffer laid out the same way), in rank order.
+
+    ``layouts[j]``: rank j's :meth:`~sparknet.net.Net.shard_layout`. A weight's rows come from the ranks in order,
+    each adding the rows the ones before it did not hold: a sharded weight's disjoint parts, a whole one (a buffer)
+    from the first rank.
+    """
+    import torch
+
+    pieces, offsets = [], [0] * len(parts)
+    for i in range(len(layouts[0])):
+        covered = 0
+        for j, (part, layout) in enumerate(zip(parts, layouts)):
+            first, end, rows, row = layout[i]
+            if end > covered:
+                start = offsets[j] + (max(first, covered) - first) * row
+                pieces.append(part[start:offsets[j] + (end - first) * row])
+                covered = end
+            offsets[j] += (end - first) * row
+        if covered != layouts[0][i][2]:
+            raise ValueError(f"the parts of weight {i} cover {covered} of its {layouts[0][i][2]} rows")
+    return torch.cat(pieces) if pieces else torch.zeros(0)
+
+
+def cut_shard(whole, layout):
+    """This rank's part of a whole flat buffer (``layout``: its :meth:`~sparknet.net.Net.shard_layout`); what
+    :func:`join_shards` joins again."""
+    import torch
+
+    pieces, offset = [], 0
+    for first, end, rows, row in layout:
+        pieces.append(whole[offset + first * row:offset + end * row])
+        offset += rows * row
+    if offset != whole.numel():
+        raise ValueError(f"a buffer of {whole.numel()} values does not match the layout's {offset}")
+    return torch.cat(pieces) if pieces else whole[:0]
 
 
 # --------------------------------------------------------------------------- data

@@ -461,10 +461,17 @@ class SparkTrainer:
         if ckpt is None:
             return checkpoints, None
         state = ckpt.state
-        workers = ckpt.manifest.get("config", {}).get("dist", {}).get("workers")
-        if workers != dist.workers:
-            raise CheckpointError(f"checkpoint {ckpt.path} was written by a run with {workers} workers; resume with "
-                                  f"--workers {workers} (each worker's solver state belongs to its partition)")
+        written = ckpt.manifest.get("config", {}).get("dist", {})
+        shape = {"workers": written.get("workers"), "procs_per_worker": written.get("procs_per_worker", 1),
+                 "shard_replica": written.get("shard_replica", False)}
+        if shape != {name: getattr(dist, name) for name in shape}:
+            flags = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in shape.items()
+                             if v is not False)
+            sharded = ", sharded" if shape["shard_replica"] else ""
+            raise CheckpointError(f"checkpoint {ckpt.path} was written by a run of {shape['workers']} workers of "
+                                  f"{shape['procs_per_worker']} processes{sharded}"
+                                  f"; resume with {flags} (each process's solver state belongs to its partition "
+                                  "and its part of the weights)")
         self.strategy.load_state_dict(state.get("strategy") or {})
         set_rng_state(state["rng"])
         log.info("resuming from %s: round %d, %d steps per worker done", ckpt.path, ckpt.round, state["steps_done"])

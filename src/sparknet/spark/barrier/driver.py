@@ -23,6 +23,7 @@ import torch
 from sparknet.config import Engine
 from sparknet.errors import DeadlineExceeded, EngineError, NonFiniteUpdate
 from sparknet.loop import ResumeState
+from sparknet.parallel.mesh import join_shards
 from sparknet.spark.backend import Held, run_with_deadline, task_error, task_slots
 from sparknet.spark.resources import gpu_profile, with_profile
 from sparknet.spark.barrier.executor import RESULT_SCHEMA, GroupPlan, StagePlan, run_barrier, run_barrier_frame
@@ -139,6 +140,8 @@ class BarrierStage:
             tree = unpack_tree(msg.pop("payload"))
             slot = self.pending.setdefault(int(msg["round"]), {"state": None, "workers": {}})
             if event == "state":
+                if "parts" in msg and (tree := _join_parts(slot, msg, tree)) is None:
+                    return  # a sharded replica's part; the others are still to come
                 counters = {k: msg[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration")}
                 state = ResumeState(**counters, global_flat=tree["global"], strategy=tree["strategy"],
                                     auto_tau=tree.get("auto_tau"), average=tree.get("average"))
@@ -242,6 +245,27 @@ class BarrierStage:
                 raise EngineError(f"the barrier stage ended but the final checkpoint of round {last_round} could not "
                                   "be assembled (some ranks' solver states did not reach the driver)")
         return final, {"barrier_workers": workers, "metrics_rejected": receiver.rejected}
+
+
+def _join_parts(slot: dict, msg: dict, tree: dict) -> dict | None:
+    """A sharded replica's state: each rank of its first worker sends its part of the global weights and of the
+    strategy's flat state (``msg["layout"]``: which rows of every weight); joined into the whole once all are in."""
+    parts = slot.setdefault("parts", {})
+    parts[int(msg["part"])] = (tree, msg["layout"])
+    if len(parts) < int(msg["parts"]):
+        return None
+    trees, layouts = zip(*(parts.pop(j) for j in sorted(parts)))
+
+    def join(values):
+        return join_shards(list(values), layouts)
+
+    first = trees[0]
+    sizes = [t["global"].numel() for t in trees]
+    strategy = {k: join(t["strategy"][k] for t in trees)
+                if isinstance(v, torch.Tensor) and [t["strategy"][k].numel() for t in trees] == sizes else v
+                for k, v in first["strategy"].items()}
+    return {**first, "global": join(t["global"] for t in trees), "strategy": strategy,
+            **({"average": join(t["average"] for t in trees)} if "average" in first else {})}
 
 
 def _stage_name(dist) -> str:

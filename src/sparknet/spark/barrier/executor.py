@@ -41,7 +41,7 @@ from sparknet.collective import CollectiveExchange, FIELDS
 from sparknet.config import Streaming
 from sparknet.errors import NonFiniteUpdate
 from sparknet.loop import FitPlan, ResumeState, WeightAverage, run_rounds
-from sparknet.parallel.mesh import init_layout
+from sparknet.parallel.mesh import cut_shard, init_layout
 from sparknet.parallel.tensor import local_weight_bytes
 from sparknet.weights import local_view
 from sparknet.parallel.runner import run_rank
@@ -354,7 +354,8 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     sender = store = None
     history: list[dict] = []
     try:
-        if params.endpoint and (group_rank == 0 or params.checkpoint_every):
+        state_parts = params.group.shard_replica and group_rank < params.group.procs_per_worker
+        if params.endpoint and (group_rank == 0 or params.checkpoint_every or state_parts):
             sender = MetricsSender(params.endpoint, params.secret, params.keys)
         store = rendezvous(ctx, group_rank, params.group, order)
         if sender is not None and group_rank == 0:
@@ -411,12 +412,14 @@ class _BarrierExchange(CollectiveExchange):
     task's index and the stage's task count (a worker of several processes is several tasks)."""
 
     def __init__(self, *args, params: StagePlan, fit: FitPlan, sender, history: list, store, task: int,
-                 reports: bool, **kwargs):
+                 reports: bool, state_part: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.params, self.fit, self.sender, self.history, self.store = params, fit, sender, history, store
         self.task, self.reports = task, reports
-        # a sharded replica's rank 0 holds one shard of the global weights: a restart starts from the first round
-        self.sends_state = not params.group.shard_replica
+        # who sends the global weights and strategy state: rank 0, or each rank of a sharded replica's first worker
+        # its part (``{"part": j, "parts": G, "layout": ...}``: the driver joins them)
+        self.state_part = state_part
+        self.holds_state = reports if state_part is None else bool(state_part)
 
     def _start(self, buf, n, plan, sent):
         self.store.set(f"arrived/{self.params.restart}/{plan.round}/{self.task}", "1")
@@ -455,12 +458,13 @@ class _BarrierExchange(CollectiveExchange):
             self.history.append(record)
             if sender is not None:
                 sender.send(record)
-                if self.sends_state and (r % state_every == 0 or reason is not None
-                                         or (ckpt_every and r % ckpt_every == 0)):
-                    sender.send({"event": "state", **vars(progress), "iteration": self.net.iteration},
-                                pack_tree({"global": global_flat, "strategy": self.strategy.state_dict(),
-                                             "auto_tau": None if fit.auto is None else fit.auto.state_dict(),
-                                             **({} if fit.average is None else {"average": fit.average.flat})}))
+        due = r % state_every == 0 or reason is not None or (ckpt_every and r % ckpt_every == 0)
+        if sender is not None and self.holds_state and due:
+            head = {"event": "state", **vars(progress), "iteration": self.net.iteration, **(self.state_part or {})}
+            sender.send(head,
+                        pack_tree({"global": global_flat, "strategy": self.strategy.state_dict(),
+                                   "auto_tau": None if fit.auto is None else fit.auto.state_dict(),
+                                   **({} if fit.average is None else {"average": fit.average.flat})}))
         if sender is not None and ckpt_every and self.has_data and (r % ckpt_every == 0 or reason is not None):
             sender.send({"event": "worker_state", "round": r, "rank": self.task},
                         pack_tree(export_worker_state(self.net, self.state)))
@@ -476,8 +480,29 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, ha
     hold the same place (each column forms the same global weights from identical inputs)."""
     strategy = spec.strategy
     state = WorkerState()
-    if start.strategy is not None:
-        strategy.load_state_dict(start.strategy)
+    global_flat = torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))
+    G, workers, sharded = params.group.procs_per_worker, params.group.workers, params.group.shard_replica
+    place: dict = {}
+    outer = {"rank": group_rank, "world": workers}
+    layout, state_part, strategy_state = None, None, start.strategy
+    if G > 1:
+        layout = init_layout(G)  # rows: the workers; columns: the ranks of each worker in the same place
+        outer = {"rank": layout.dp_rank, "world": layout.data_parallel, "group": layout.dp_group,
+                 "ranks": WorkerRanks(layout.mp_group, sharded=sharded), "everyone": dist.group.WORLD,
+                 "scoring": layout.dp_group if sharded else None}
+        place = {"worker": layout.dp_rank, "proc": layout.mp_rank, "group_rank": group_rank}
+    if sharded:  # every rank's part of the starting weights and strategy state; the exchange runs on the parts
+        net.set_flat(global_flat)
+        net.shard(layout.mp_mesh)
+        parts = net.shard_layout()
+        whole, global_flat = global_flat.numel(), net.get_flat()
+        if strategy_state is not None:
+            strategy_state = {k: cut_shard(v, parts) if isinstance(v, torch.Tensor) and v.numel() == whole else v
+                              for k, v in strategy_state.items()}
+        state_part = {"part": layout.mp_rank, "parts": G, "layout": parts} if layout.dp_rank == 0 else {}
+        place["weight_bytes"] = local_weight_bytes(net)
+    if strategy_state is not None:
+        strategy.load_state_dict(strategy_state)
     saved = start.workers.get(rank)
     if saved is not None and has_data:
         state = import_worker_state(net, saved)
@@ -486,32 +511,17 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, ha
     fit = replace(params.fit, strategy=strategy, progress=start.progress())
     if fit.auto is not None and start.auto_tau:
         fit.auto.load_state_dict(start.auto_tau)
-    global_flat = torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))
     if fit.weight_ema is not None:  # a restarted stage continues the average rank 0 last sent
         fit.average = WeightAverage(fit.weight_ema, global_flat if start.average is None else
                                     torch.from_numpy(np.array(start.average, dtype=np.float32, copy=True)))
-    G, workers, sharded = params.group.procs_per_worker, params.group.workers, params.group.shard_replica
-    place: dict = {}
-    outer = {"rank": group_rank, "world": workers}
-    layout = None
-    if G > 1:
-        layout = init_layout(G)  # rows: the workers; columns: the ranks of each worker in the same place
-        outer = {"rank": layout.dp_rank, "world": layout.data_parallel, "group": layout.dp_group,
-                 "ranks": WorkerRanks(layout.mp_group, sharded=sharded), "everyone": dist.group.WORLD,
-                 "scoring": layout.dp_group if sharded else None}
-        place = {"worker": layout.dp_rank, "proc": layout.mp_rank, "group_rank": group_rank}
-    if sharded:  # every rank's part of the starting weights; the exchange then runs on the parts
-        net.set_flat(global_flat)
-        net.shard(layout.mp_mesh)
-        global_flat = net.get_flat()
-        place["weight_bytes"] = local_weight_bytes(net)
     exchange = _BarrierExchange(net, strategy, **outer, state=state, has_data=has_data,
                                 validation=val, validation_rows=val_rows,
                                 compression=spec.compression, link=spec.link,
                                 seed_for_round=lambda r: round_seed(spec.worker.seed, rank, r),
                                 after_train=fault_hook(spec.faults, rank, params.restart),
                                 params=params, fit=fit, sender=sender, history=history, store=store,
-                                streaming=params.streaming, task=rank, reports=group_rank == 0)
+                                streaming=params.streaming, task=rank, reports=group_rank == 0,
+                                state_part=state_part)
     final = run_rounds(exchange, fit, global_flat)
     if sharded:  # the whole weights, gathered by the first worker's ranks
         place["solver_state_bytes"] = _solver_state_bytes(net)
