@@ -3,6 +3,7 @@
     python benchmarks/time_to_99.py                 # each run once, in one script, K = 2
     python benchmarks/time_to_99.py --repeats 2     # twice, the order of the runs turned round the second time
     python benchmarks/time_to_99.py --workers 1,2,4,8,16 --threads 1,8   # the 16-core lab's scaling curve
+    python benchmarks/time_to_99.py --workers 16 --threads 16 --shapes 1x16,2x8,4x4,8x2,16x1   # K x G = 16
 
 Every run is the user's command, timed from its start to its end (Python, the Spark session and
 its JVMs, loading MNIST, the evaluations, the last test pass): what a user waits for. All stop at
@@ -16,6 +17,9 @@ while evaluations have taken more than that share of the time so far):
 - ``one process``: ``sparknet train`` without Spark, with each of ``--threads`` torch threads (default: the
   largest K), a process of several threads allowed 8,000 steps so that it gets there;
 - ``rounds`` and ``barrier``: ``sparknet train --workers K --tau 50`` on ``local[K]``, for each K of ``--workers``;
+- ``K x G``: the barrier engine with K workers of G processes each (``--procs-per-worker G``, batch 64 per process,
+  so 64 G per worker) on ``local[K*G]``, for each shape of ``--shapes``; ``KxG@LR`` gives that shape its own
+  learning rate (a bigger batch usually takes a larger one: say how it was tuned);
 - ``torch_distributor``: Spark's TorchDistributor launching DDP on K local processes (one
   thread each, gradients averaged every step), started in a process of its own (this script
   with ``--torch-distributor-run``), the SparkSession it needs and its launch included.
@@ -46,9 +50,10 @@ RUNS: dict[str, list[str]] = {}
 """This call's runs (:func:`runs_for`)."""
 
 
-def runs_for(workers: list[int], threads: list[int]) -> dict[str, list[str]]:
+def runs_for(workers: list[int], threads: list[int], shapes: list[str] = ()) -> dict[str, list[str]]:
     """The runs of one call: one process with each of ``threads``, then each engine with each of ``workers`` (a
-    process with several threads may take twice the steps, so that it gets to the target)."""
+    process with several threads may take twice the steps, so that it gets to the target), then the barrier engine
+    with each ``KxG[@LR]`` of ``shapes``."""
     runs = {f"one process, {t} thread{'s' if t > 1 else ''}": [*TRAIN, "--threads", str(t), "--eval-every", str(EVERY),
                                                                "--steps", str(MAX_STEPS * (2 if t > 1 else 1))]
             for t in threads}
@@ -56,6 +61,12 @@ def runs_for(workers: list[int], threads: list[int]) -> dict[str, list[str]]:
         spark = [*TRAIN, "--workers", str(k), "--tau", str(EVERY), "--master", f"local[{k}]"]
         runs[f"rounds, {k} workers"] = spark
         runs[f"barrier, {k} workers"] = [*spark, "--engine", "barrier"]
+    for shape in shapes:
+        size, _, lr = shape.partition("@")
+        k, g = (int(v) for v in size.lower().split("x"))
+        runs[f"barrier, {k} workers of {g} processes" + (f", lr {lr}" if lr else "")] = [
+            *TRAIN, "--workers", str(k), "--procs-per-worker", str(g), "--tau", str(EVERY), "--engine", "barrier",
+            "--master", f"local[{k * g}]", *(["--lr", lr] if lr else [])]
     return runs
 
 
@@ -183,6 +194,8 @@ def main(argv=None) -> int:
                    help="sparknet's --eval-budget for every run (1: evaluate every 50 steps, the default here; "
                         "sparknet's own default is 0.05)")
     p.add_argument("--workers", default="2", help="comma-separated K: each engine and TorchDistributor with each")
+    p.add_argument("--shapes", default="", help="comma-separated KxG[@LR]: the barrier engine with K workers of G "
+                                                "processes each (and its own learning rate)")
     p.add_argument("--threads", default=None,
                    help="comma-separated threads of the one-process runs (default: the largest K)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "time_to_99.json"))
@@ -193,7 +206,8 @@ def main(argv=None) -> int:
         torch_distributor_run(Path(args.torch_distributor_run), workers[0])
         return 0
     threads = [int(t) for t in args.threads.split(",")] if args.threads else [max(workers)]
-    RUNS.update(runs_for(workers, threads))
+    shapes = [s for s in args.shapes.split(",") if s]
+    RUNS.update(runs_for(workers, threads, shapes))
     os.environ["SPARKNET_BENCH_EVAL_BUDGET"] = str(args.eval_budget)  # the runs and the DDP processes read it
     names = [n for n in [*RUNS, *(f"torch_distributor, {k} processes" for k in workers)]
              if args.only is None or args.only in n]
@@ -204,7 +218,7 @@ def main(argv=None) -> int:
                 runs.append({"repeat": repeat, **_run(name, Path(tmp), args.timeout)})
                 print(json.dumps(runs[-1]), flush=True)
     report = {"benchmark": "time_to_99", "target": TARGET, "eval_budget": args.eval_budget, "cpu_count": os.cpu_count(),
-              "workers": workers, "threads": threads, "runs": runs}
+              "workers": workers, "threads": threads, "shapes": shapes, "runs": runs}
     base = [r["command_wall_s"] for r in runs if r["run"].startswith("one process")]
     if base:
         one = min(base)

@@ -568,7 +568,7 @@ class DistributedConfig:
 
     @property
     def resolved_master(self) -> str:
-        return self.master or f"local[{self.workers}]"
+        return self.master or f"local[{self.ranks}]"
 
 
 @dataclass(kw_only=True)

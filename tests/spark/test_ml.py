@@ -215,6 +215,22 @@ def test_the_gpu_share_and_the_workers_compute_options_are_params():
         SparkNetEstimator(gpusPerWorker=0.3)
 
 
+def test_workers_of_several_processes_are_params():
+    from sparknet.spark.ml import SparkNetEstimator
+
+    est = SparkNetEstimator(workers=2, procsPerWorker=4, shardReplica=True, engine="barrier")
+    dist = est.configs()[1]
+    assert (dist.workers, dist.procs_per_worker, dist.shard_replica, dist.ranks) == (2, 4, True, 8)
+    assert "average their gradients every step" in est.explainParam("procsPerWorker")
+    assert SparkNetEstimator(procsPerWorker=2, engine="barrier").configs(default_workers=4)[1].workers == 2
+    with pytest.raises(ValueError, match="add --engine barrier"):
+        SparkNetEstimator(procsPerWorker=2, engine="rounds").configs()
+    with pytest.raises(ValueError, match="procs-per-worker must be at least 1"):
+        SparkNetEstimator(procsPerWorker=0)
+    # a param whose rule involves other params is checked when they are all set
+    assert SparkNetEstimator(overlap=True, fragments=2, workers=2, engine="barrier").configs()[1].streaming()
+
+
 @pytest.mark.parametrize("params, match", [
     ({"engine": "spaceship"}, "unknown engine"),
     ({"strategy": "magic"}, "unknown strategy"),

@@ -66,7 +66,8 @@ _RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", 
 """RunConfig fields that become estimator Params."""
 _DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs",
                 "weight_ema", "target_accuracy", "data_mode", "stream_buffer_mb", "compression", "auto_tau",
-                "auto_tau_target", "outer_lr", "outer_momentum", "easgd_beta", "overlap", "fragments", "eval_overlap")
+                "auto_tau_target", "outer_lr", "outer_momentum", "easgd_beta", "overlap", "fragments", "eval_overlap",
+                "procs_per_worker", "shard_replica")
 """DistributedConfig fields that become estimator Params."""
 _DOC_OVERRIDES = {
     "workers": "Number of workers K (default: the session's default parallelism).",
@@ -89,6 +90,12 @@ def _camel(name: str) -> str:
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
+_NEIGHBOURS = {DistributedConfig: {"engine": "barrier", "workers": 2, "procs_per_worker": 2}}
+"""Fields a param's value is checked beside when it cannot stand beside the defaults: --overlap, --fragments and
+--procs-per-worker need the barrier engine and more than one worker, --shard-replica several processes, which other
+params of the same estimator set."""
+
+
 def _field_converter(cls, fname: str, pname: str, base) -> Any:
     """A typeConverter that converts like the field's type and runs the dataclass's own check (which parses an
     enum field's value: the param keeps the member's value)."""
@@ -99,7 +106,10 @@ def _field_converter(cls, fname: str, pname: str, base) -> Any:
     def convert(value):
         try:
             value = convert_type(value)
-            checked = getattr(cls(**{fname: value}), fname)  # the field's own validation, every other at its default
+            try:  # the field's own validation, every other at its default
+                checked = getattr(cls(**{fname: value}), fname)
+            except ValueError:  # or beside the neighbours it may need (a rule between fields is checked at fit time)
+                checked = getattr(cls(**{**_NEIGHBOURS.get(cls, {}), fname: value}), fname)
         except (TypeError, ValueError) as e:
             raise ValueError(f"invalid value for param {pname!r}: {e}") from None
         return checked.value if is_enum else value
@@ -416,10 +426,12 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
         Parameters
         ----------
         default_workers : int, optional
-            Workers when ``workers`` is unset (``fit`` passes the session's default parallelism).
+            Task slots when ``workers`` is unset (``fit`` passes the session's default parallelism): one worker
+            per ``procsPerWorker`` of them.
         """
         return (RunConfig(**self._config_kwargs(RunConfig)),
-                DistributedConfig(**{"workers": default_workers or 1, **self._config_kwargs(DistributedConfig)}))
+                DistributedConfig(**{"workers": max(1, (default_workers or 1) // self.getOrDefault("procsPerWorker")),
+                                     **self._config_kwargs(DistributedConfig)}))
 
     def engineOptions(self) -> EngineOptions:
         """The :class:`~sparknet.spark.EngineOptions` these params describe."""

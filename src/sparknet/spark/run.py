@@ -117,7 +117,9 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, options: EngineOp
             extras = "".join([f", {dist.compression.value} updates" if compressed else "",
                               f", auto tau in [{dist.auto_tau_min}, {dist.auto_tau_max}]" if dist.auto_tau else "",
                               f", link {link.describe()}" if link is not None and not link.is_free else "",
-                              f", {dist.model_parallel} parts each" if dist.model_parallel > 1 else ""])
+                              f", {dist.model_parallel} parts each" if dist.model_parallel > 1 else "",
+                              f", {dist.procs_per_worker} processes each{' (sharded)' * dist.shard_replica}"
+                              if dist.procs_per_worker > 1 else ""])
             log.info("training %s on %s with %d workers (%s engine, %s, tau=%s%s) on %s; %.0f rows per worker",
                      run.model, run.dataset if run.data is None else run.data, dist.workers, dist.engine.value,
                      dist.strategy.value, dist.tau, extras, spark.sparkContext.master, len(train) / dist.workers)

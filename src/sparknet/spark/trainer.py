@@ -252,8 +252,8 @@ class SparkTrainer:
         spark = self.spark or get_session(None if self._workers_from_session else self.dist.resolved_master)
         connect = is_connect(spark)  # a Spark Connect session: DataFrame operations only, no SparkContext
         sc = spark if connect else spark.sparkContext
-        if self._workers_from_session:  # no DistributedConfig given: one worker per default task slot
-            self.dist.workers = max(1, session_parallelism(spark))
+        if self._workers_from_session:  # no DistributedConfig given: one worker per default task slot (or per G)
+            self.dist.workers = max(1, session_parallelism(spark) // self.dist.procs_per_worker)
         dist = self.dist
         K, ranks = dist.workers, dist.ranks  # workers, and the processes (partitions) they are made of
         if all(v is None for v in (dist.rounds, self.worker.steps, dist.epochs, dist.target_accuracy)):
