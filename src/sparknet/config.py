@@ -190,7 +190,8 @@ class RunConfig:
     """cpu, cuda or auto."""
     gpus_per_worker: float | None = None
     """GPUs each Spark worker asks for, on the training stage only, through a stage-level resource profile
-    (0.5: two workers share one GPU); the stages that read the data ask for none."""
+    (0.5: two workers share one GPU; a worker of G processes asks for 1/G of it for each); the stages that read the
+    data ask for none."""
     precision: Precision = Precision.FLOAT32
     """float32, or bf16 (autocast: products and convolutions in bfloat16, weights and solver in float32)."""
     compile: bool = False

@@ -99,3 +99,23 @@ def test_synthetic_images_are_made_on_the_executors_and_train(spark):
     result = SparkTrainer(net, WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=3),
                           dist=DistributedConfig(workers=2, engine="rounds", tau=2, rounds=1)).fit(frame)
     assert result.summary["data_rows"] == 12
+
+
+def test_a_worker_of_two_processes_gives_each_its_part_of_the_workers_gpus(spark):
+    from sparknet.spark.resources import gpu_profile
+
+    x, y = blobs(16, seed=8)
+    rdd = partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])])
+
+    def fit(gpus):
+        worker = WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=4, device="auto", gpus_per_worker=gpus)
+        return SparkTrainer(mlp(), worker, dist=DistributedConfig(workers=1, procs_per_worker=2, engine="barrier",
+                                                                  tau=2, rounds=1)).fit(rdd)
+
+    whole = fit(2)  # one worker, two GPUs: one for each of its processes
+    assert sorted(a for task in _addresses(whole) for a in task) == ["3", "5"]
+    assert whole.summary["gpu_scheduling"]["gpus_per_process"] == 1
+    half = fit(1)  # one GPU: its two processes share it
+    assert [len(task) for task in _addresses(half)] == [1, 1] and len({a for t in _addresses(half) for a in t}) == 1
+    with pytest.raises(ValueError, match=r"--gpus-per-worker 2 over --procs-per-worker 3 gives each process 0.666667 GPUs"):
+        gpu_profile(spark.sparkContext, 2, workers=3, procs=3)

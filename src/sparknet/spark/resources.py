@@ -40,7 +40,7 @@ def _gpu_slots(sc, master: str, profile_id: int, per_task: float, have: float, c
     return slots or None  # no executor registered yet: Spark's own barrier check waits for them
 
 
-def gpu_profile(sc, gpus: float | None, workers: int | None = None):
+def gpu_profile(sc, gpus: float | None, workers: int | None = None, procs: int = 1):
     """The resource profile a training stage asks for ``gpus`` GPUs per task with, and what was decided.
 
     Parameters
@@ -50,6 +50,8 @@ def gpu_profile(sc, gpus: float | None, workers: int | None = None):
         GPUs per worker; ``None`` asks for none.
     workers : int, optional
         Tasks that must run at once (a barrier stage's): refused when the executors' GPUs hold fewer.
+    procs : int
+        Processes (tasks) a worker is made of: each asks for ``gpus / procs`` (one GPU each, or a share of one).
 
     Returns
     -------
@@ -70,6 +72,14 @@ def gpu_profile(sc, gpus: float | None, workers: int | None = None):
     check_gpu_share(gpus)
     master = session_master(sc)
     record = {"gpus_per_worker": gpus, "profile": None}
+    if procs > 1:
+        try:
+            check_gpu_share(gpus / procs)
+        except ValueError:
+            raise ValueError(f"--gpus-per-worker {gpus} over --procs-per-worker {procs} gives each process "
+                             f"{gpus / procs:g} GPUs, which Spark cannot schedule: give each process a whole number "
+                             f"of GPUs or 1/n of one (e.g. --gpus-per-worker {procs})") from None
+        record["gpus_per_process"] = gpus = gpus / procs
 
     def without(reason: str):
         log.warning("--gpus-per-worker: %s", reason)

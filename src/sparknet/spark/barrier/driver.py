@@ -51,7 +51,8 @@ def run_barrier_engine(run: EngineRun):
         latest = replace(resume, global_flat=run.global_flat, strategy=run.plan.strategy.state_dict(), iteration=None,
                          downlink=None)
     restarts: list[dict] = []
-    profile, gpus = gpu_profile(run.sc, run.spec.worker.gpus_per_worker, workers=run.dist.ranks)
+    profile, gpus = gpu_profile(run.sc, run.spec.worker.gpus_per_worker, workers=run.dist.ranks,
+                                procs=run.dist.procs_per_worker)
     t_engine, ready_at = time.perf_counter(), None
     while True:
         stage = BarrierStage(run, history, restart=len(restarts), profile=profile)
