@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -39,3 +40,41 @@ def rig_session(cluster, name: str, **conf: str):
         # in this process (a later test module's local one) would try to bind to the rig's gone bridge.
         for key in ("spark.driver.host", "spark.driver.bindAddress"):
             jvm.System.clearProperty(key)
+
+
+def started_rig(**kwargs):
+    """A fixture's body: the rig (``NetnsCluster(workers=2, **kwargs)``) started, yielded, stopped. Needs root;
+    under CI (``CI=true``) a rig that cannot start fails the run instead of skipping it."""
+    import pytest
+
+    why = netns_cluster.rig_unavailable()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the multi-host rig cannot start under CI: {why}")
+        pytest.skip(why)
+    rig = netns_cluster.NetnsCluster(workers=2, **kwargs)
+    rig.start()
+    try:
+        yield rig
+    finally:
+        rig.stop()
+
+
+@contextmanager
+def host_lost_after_round(cluster, after: int = 2, host: int = 1, back_after_s: float = 3.0):
+    """An ``on_round`` callback that kills ``host`` once round ``after`` is recorded and starts it again
+    ``back_after_s`` later; on exit the host is up again whatever happened."""
+    revive = threading.Timer(back_after_s, cluster.start_host, args=(host,))
+
+    def on_round(record):
+        if record["round"] == after and not revive.is_alive() and cluster.host_up(host):
+            cluster.kill_host(host)
+            revive.start()
+
+    try:
+        yield on_round
+    finally:
+        if revive.is_alive() or revive.finished.is_set():  # started (a fit that failed before the round never did)
+            revive.join(timeout=120)
+        if not cluster.host_up(host):
+            cluster.start_host(host)

@@ -7,23 +7,11 @@ the run instead of skipping it.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
-from _rig import netns_cluster
+from _rig import started_rig
 
 
 @pytest.fixture(scope="session")
 def cluster():
-    why = netns_cluster.rig_unavailable()
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the multi-host rig cannot start under CI: {why}")
-        pytest.skip(why)
-    rig = netns_cluster.NetnsCluster(workers=2, memory="1536m")
-    rig.start()
-    try:
-        yield rig
-    finally:
-        rig.stop()
+    yield from started_rig(memory="1536m")

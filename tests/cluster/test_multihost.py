@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _rig import rig_session
+from _rig import host_lost_after_round, rig_session
 from sparknet import zoo
 from sparknet.config import DistributedConfig, RunConfig, WorkerConfig
 from sparknet.datasets import synthetic
@@ -191,30 +191,16 @@ def _mlp_trainer(spark, dist, **kwargs):
 def test_the_barrier_engine_restarts_when_a_lost_host_comes_back(spark, cluster):
     """Host 1 dies after round 2 and comes back a few seconds later: the stage starts again from the
     driver's newest state once both slots are there, and the run completes."""
-    import threading
-
     from sparknet.spark import EngineOptions
 
     df, _ = _blob_frame(spark)
     val = synthetic(300, shape=(6,), num_classes=3, seed=5, noise=1.0)
-    revive = threading.Timer(3.0, cluster.start_host, args=(1,))
-
-    def kill_after_round_two(record):
-        if record["round"] == 2 and not revive.is_alive() and cluster.host_up(1):
-            cluster.kill_host(1)
-            revive.start()
-
     # a simulated link of 0.3 s a collective keeps round 3 running when host 1 dies
-    trainer = _mlp_trainer(spark, DistributedConfig(workers=2, engine="barrier", tau=10, rounds=6,
-                                                    link_latency="300ms"),
-                           on_round=kill_after_round_two, options=EngineOptions(rendezvous_timeout_s=90))
-    try:
+    with host_lost_after_round(cluster) as kill_after_round_two:
+        trainer = _mlp_trainer(spark, DistributedConfig(workers=2, engine="barrier", tau=10, rounds=6,
+                                                        link_latency="300ms"),
+                               on_round=kill_after_round_two, options=EngineOptions(rendezvous_timeout_s=90))
         result = trainer.fit(df, validation=(val.x, val.y))
-    finally:
-        if revive.is_alive() or revive.finished.is_set():  # started (a fit that failed before round 2 never did)
-            revive.join(timeout=120)
-        if not cluster.host_up(1):
-            cluster.start_host(1)
     s = result.summary
     assert s["restarts"] == 1 and s["restart_log"][0]["after_round"] >= 2
     assert [r["round"] for r in result.history if r.get("event") == "round"] == [1, 2, 3, 4, 5, 6]

@@ -8,12 +8,9 @@ Its own rig (two task slots a host); needs root, and under CI (``CI=true``) a ri
 
 from __future__ import annotations
 
-import os
-import threading
-
 import pytest
 
-from _rig import netns_cluster, rig_session
+from _rig import host_lost_after_round, rig_session, started_rig
 from sparknet import zoo
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.datasets import synthetic
@@ -24,17 +21,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def rig():
-    why = netns_cluster.rig_unavailable()
-    if why:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the multi-host rig cannot start under CI: {why}")
-        pytest.skip(why)
-    cluster = netns_cluster.NetnsCluster(workers=2, cores=2, memory="1536m")
-    cluster.start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from started_rig(cores=2, memory="1536m")
 
 
 @pytest.fixture(scope="module")
@@ -100,24 +87,12 @@ def test_a_host_lost_mid_run_takes_its_workers_ranks_and_the_run_finishes_when_i
 
     df = _frame(spark)
     val = synthetic(300, shape=(6,), num_classes=3, seed=5, noise=1.0)
-    revive = threading.Timer(3.0, rig.start_host, args=(1,))
-
-    def kill_after_round_two(record):
-        if record["round"] == 2 and not revive.is_alive() and rig.host_up(1):
-            rig.kill_host(1)
-            revive.start()
-
     # a simulated link of 0.3 s a collective keeps round 3 running when host 1 dies
-    trainer = _trainer(spark, [16], DistributedConfig(workers=2, procs_per_worker=2, engine="barrier", tau=10,
-                                                      rounds=6, link_latency="300ms"),
-                       on_round=kill_after_round_two, options=EngineOptions(rendezvous_timeout_s=90))
-    try:
+    with host_lost_after_round(rig) as kill_after_round_two:
+        trainer = _trainer(spark, [16], DistributedConfig(workers=2, procs_per_worker=2, engine="barrier", tau=10,
+                                                          rounds=6, link_latency="300ms"),
+                           on_round=kill_after_round_two, options=EngineOptions(rendezvous_timeout_s=90))
         result = trainer.fit(df, validation=(val.x, val.y))
-    finally:
-        if revive.is_alive() or revive.finished.is_set():
-            revive.join(timeout=120)
-        if not rig.host_up(1):
-            rig.start_host(1)
     s = result.summary
     assert s["restarts"] == 1 and s["restart_log"][0]["after_round"] >= 2
     assert [r["round"] for r in result.history if r.get("event") == "round"] == [1, 2, 3, 4, 5, 6]
