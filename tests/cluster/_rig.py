@@ -78,3 +78,13 @@ def host_lost_after_round(cluster, after: int = 2, host: int = 1, back_after_s: 
             revive.join(timeout=120)
         if not cluster.host_up(host):
             cluster.start_host(host)
+
+
+def finished_after_one_restart(result, rounds: int, accuracy: float = 0.8) -> dict:
+    """What a fit that lost a host after round 2 and got it back shows: one restart from round 2 or later, every
+    round recorded once, and a net that learned. Returns the summary."""
+    s = result.summary
+    assert s["restarts"] == 1 and s["restart_log"][0]["after_round"] >= 2
+    assert [r["round"] for r in result.history if r.get("event") == "round"] == list(range(1, rounds + 1))
+    assert s["test_accuracy"] > accuracy
+    return s
