@@ -315,6 +315,8 @@ class DistributedConfig:
     """Stop after this many passes over the training data."""
     target_accuracy: float | None = None
     """Stop as soon as test accuracy reaches this."""
+    target_loss: float | None = None
+    """Stop as soon as the loss on the whole test set is at most this (a language model's target, e.g. 1.5)."""
     master: str | None = None
     """Spark master URL (default local[K])."""
     eval_every_rounds: int = 1
@@ -422,6 +424,10 @@ class DistributedConfig:
             raise ValueError(f"epochs must be positive, got {self.epochs}")
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ValueError(f"target_accuracy is a fraction in (0, 1], got {self.target_accuracy}")
+        if self.target_loss is not None and not math.isfinite(self.target_loss):
+            raise ValueError(f"target_loss must be a finite number, got {self.target_loss}")
+        if self.target_loss is not None and self.strategy is Strategy.ASYNC:
+            raise ValueError("the async strategy stops on --target-accuracy, --steps or --epochs; drop --target-loss")
         if not 0.0 < self.eval_budget <= 1.0:
             raise ValueError(f"eval_budget is a share of the wall time in (0, 1], got {self.eval_budget}")
         if self.eval_screen_rows < 0:
@@ -483,8 +489,9 @@ class DistributedConfig:
             refusal = "--model-parallel does not run a warm-up on the driver; drop --warmup-steps"
         elif self.weight_ema is not None:
             refusal = "--model-parallel returns the global weights, not a moving average of them; drop --weight-ema"
-        elif self.epochs is not None:
-            refusal = "--model-parallel stops on --steps, --rounds or --target-accuracy; use those instead of --epochs"
+        elif self.epochs is not None or self.target_loss is not None:
+            refusal = ("--model-parallel stops on --steps, --rounds or --target-accuracy; use those instead of "
+                       "--epochs and --target-loss")
         elif self.checkpoint_dir is not None:
             refusal = ("--model-parallel keeps each worker's part of the weights on its executor until the end; "
                        "drop --checkpoint-dir")

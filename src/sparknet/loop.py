@@ -51,6 +51,8 @@ class StopRule:
     """Local steps per worker, in all rounds."""
     epochs: float | None = None
     target_accuracy: float | None = None
+    target_loss: float | None = None
+    """Stop once the whole validation set's loss is at most this."""
     dataset_rows: int = 0
     tau: int | None = None
     round_seconds: float | None = None
@@ -64,10 +66,12 @@ class StopRule:
             ask = min(ask, max(self.steps - steps_done, 0))
         return ask
 
-    def reason(self, rounds_done: int, steps_done: int, samples_done: int, accuracy: float | None) -> str | None:
-        """Why to stop now (``None``: go on)."""
-        if self.target_accuracy is not None and accuracy is not None and accuracy >= self.target_accuracy:
+    def reason(self, rounds_done: int, steps_done: int, samples_done: int, scored: EvalResult | None) -> str | None:
+        """Why to stop now (``None``: go on); ``scored``: this round's evaluation on the whole validation set."""
+        if scored is not None and self.target_accuracy is not None and scored.score >= self.target_accuracy:
             return "target_accuracy"
+        if scored is not None and self.target_loss is not None and scored.loss <= self.target_loss:
+            return "target_loss"
         if self.rounds is not None and rounds_done >= self.rounds:
             return "rounds"
         if self.steps is not None and steps_done >= self.steps:
@@ -266,7 +270,8 @@ class FitPlan:
             if resume is not None and resume.auto_tau:
                 auto.load_state_dict(resume.auto_tau)
         stop = StopRule(rounds=dist.rounds, steps=steps, epochs=dist.epochs, target_accuracy=dist.target_accuracy,
-                        dataset_rows=dataset_rows, tau=dist.tau, round_seconds=dist.round_seconds)
+                        target_loss=dist.target_loss, dataset_rows=dataset_rows, tau=dist.tau,
+                        round_seconds=dist.round_seconds)
         evaluation = EvalPlan(every=dist.eval_every_rounds, screen_rows=dist.eval_screen_rows or None,
                               budget=None if dist.eval_budget >= 1.0 else dist.eval_budget, overlap=dist.eval_overlap)
         return cls(strategy=strategy, stop=stop, evaluation=evaluation, auto=auto, weight_ema=dist.weight_ema,
@@ -434,7 +439,7 @@ def run_rounds(exchange: Exchange, plan: FitPlan, global_flat: torch.Tensor, *,
     t0 = time.perf_counter() if t0 is None else t0
     if plan.weight_ema is not None and plan.average is None:
         plan.average = WeightAverage(plan.weight_ema, global_flat)
-    check = _Evaluation(exchange, plan.evaluation, plan.stop.target_accuracy, t0, plan.average)
+    check = _Evaluation(exchange, plan.evaluation, plan.stop, t0, plan.average)
     if not check.plan.overlap:
         return _loop(exchange, plan, global_flat, check, on_record, t0)
     background = exchange.background_evaluator()
@@ -501,15 +506,15 @@ def _loop(exchange: Exchange, fit: FitPlan, global_flat: torch.Tensor, check: _E
                         list(update.nonfinite))
         behind = None
         if check.behind is None:
-            accuracy = check.round(r, global_flat, record, last=last)
+            scored = check.round(r, global_flat, record, last=last)
         else:  # the previous round's score decides; this round's is scored while the next one trains
-            accuracy = None
+            scored = None
             if pending is not None:
                 (earlier, future), pending = pending, None
-                accuracy = future.result()
+                scored = future.result()
                 if on_record is not None:
                     on_record(earlier)
-        reason = stop.reason(r, progress.steps_done, progress.samples_done, accuracy)
+        reason = stop.reason(r, progress.steps_done, progress.samples_done, scored)
         if check.behind is not None and not last and reason is None:
             behind = check.submit(r, global_flat, record)
         reason = reason or exchange.stop_reason(record, progress)
@@ -536,9 +541,10 @@ def _loop(exchange: Exchange, fit: FitPlan, global_flat: torch.Tensor, check: _E
 class _Evaluation:
     """The loop's evaluations (:class:`EvalPlan`): screens, full evaluations, and what the records say."""
 
-    def __init__(self, exchange: Exchange, plan: EvalPlan, target: float | None, t0: float,
+    def __init__(self, exchange: Exchange, plan: EvalPlan, stop: StopRule, t0: float,
                  average: WeightAverage | None = None):
-        self.exchange, self.plan, self.target, self.t0, self.average = exchange, plan, target, t0, average
+        self.exchange, self.plan, self.t0, self.average = exchange, plan, t0, average
+        self.target, self.target_loss = stop.target_accuracy, stop.target_loss
         self.screening = plan.screens(exchange.validation_rows)
         self.since_full = 0  # evaluations since the last full one
         self.spent_s = 0.0  # seconds evaluating so far
@@ -555,9 +561,9 @@ class _Evaluation:
                 return False
         return True
 
-    def round(self, r: int, global_flat: torch.Tensor, record: dict, *, last: bool = False) -> float | None:
-        """Evaluate after round ``r`` when it is due; the whole set's score (accuracy, or R²) when measured,
-        else ``None``."""
+    def round(self, r: int, global_flat: torch.Tensor, record: dict, *, last: bool = False) -> EvalResult | None:
+        """Evaluate after round ``r`` when it is due; the whole set's result (what the targets are judged on) when
+        measured, else ``None``."""
         if not self.due(r, last):
             return None
         return self._counted(global_flat, record, self.exchange, None if self.average is None else self.average.flat)
@@ -572,13 +578,13 @@ class _Evaluation:
         record["eval_overlapped"] = True
         return pool.submit(self._counted, global_flat.clone(), record, background, avg)
 
-    def _counted(self, global_flat, record, via, avg) -> float | None:
-        accuracy = self._round(global_flat, record, via, avg)
+    def _counted(self, global_flat, record, via, avg) -> EvalResult | None:
+        scored = self._round(global_flat, record, via, avg)
         self.done += 1
         self.spent_s += record.get("eval_s", 0.0)  # the screen and the full pass, as the record has them
-        return accuracy
+        return scored
 
-    def _round(self, global_flat: torch.Tensor, record: dict, via: Exchange | NetScorer, avg) -> float | None:
+    def _round(self, global_flat: torch.Tensor, record: dict, via: Exchange | NetScorer, avg) -> EvalResult | None:
         if self.screening and self.since_full + 1 < self.plan.full_every:
             rows = self.plan.screen_rows
             t = time.perf_counter()
@@ -589,14 +595,16 @@ class _Evaluation:
                           screen_rows=rows)
             result = self._average(result, record, "screen", rows, via, avg)
             record["eval_s"] = time.perf_counter() - t
-            near = self.target is not None and result.score >= self.target - screen_margin(self.target, rows)
+            # a target loss is judged on the whole set: a screen goes on to a full evaluation
+            near = self.target_loss is not None or (
+                self.target is not None and result.score >= self.target - screen_margin(self.target, rows))
             if not near:
                 self.since_full += 1
                 return None
         return self.full(global_flat, record, via, avg)
 
     def full(self, global_flat: torch.Tensor, record: dict, via: Exchange | NetScorer | None = None,
-             avg=None) -> float | None:
+             avg=None) -> EvalResult | None:
         """Evaluate on the whole validation set (``None``: there is none), by ``via`` (default: the exchange)."""
         via = via or self.exchange
         if avg is None and self.average is not None:
@@ -609,7 +617,7 @@ class _Evaluation:
         record.update({f"val_{k}": v for k, v in result.metrics.items()}, val_loss=result.loss)
         result = self._average(result, record, "val", None, via, avg)
         record["eval_s"] = record.get("eval_s", 0.0) + time.perf_counter() - t
-        return result.score
+        return result
 
     def _average(self, result: EvalResult, record: dict, prefix: str, rows: int | None, via: Exchange | NetScorer,
                  avg) -> EvalResult:

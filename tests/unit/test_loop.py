@@ -194,6 +194,25 @@ def test_one_process_training_is_the_loop_and_stops_at_the_target_accuracy(tmp_p
     assert whole["stop_reason"] == "steps" and whole["steps"] == 60
 
 
+def test_one_process_training_stops_at_the_target_loss_judged_on_the_whole_test_set(tmp_path):
+    run = RunConfig(model="mlp", dataset="synthetic", steps=2000, eval_every=20, batch_size=32, threads=1,
+                    quiet=True, lr=0.05, metrics_out=str(tmp_path / "m.jsonl"))
+    # screens of 200 rows, yet the stop is decided by the whole set's loss: every screen goes on to a full pass
+    out = train_local(run, DistributedConfig(target_loss=1e-4, eval_budget=1.0, eval_screen_rows=200))
+    assert out["stop_reason"] == "target_loss" and out["steps"] < 2000 and out["test_loss"] <= 1e-4
+
+
+def test_the_stop_rule_takes_a_target_loss():
+    rule = StopRule(rounds=10, target_loss=1.5)
+    assert rule.reason(1, 50, 100, EvalResult(loss=1.6, accuracy=0.4, samples=10)) is None
+    assert rule.reason(2, 100, 200, EvalResult(loss=1.5, accuracy=0.4, samples=10)) == "target_loss"
+    assert rule.reason(10, 500, 1000, None) == "rounds"
+    with pytest.raises(ValueError, match="target_loss must be a finite number"):
+        DistributedConfig(target_loss=float("nan"))
+    with pytest.raises(ValueError, match="drop --target-loss"):
+        DistributedConfig(target_loss=1.5, strategy="async")
+
+
 def test_the_outer_update_and_the_weighted_mean_each_live_in_one_place():
     """Every call of a strategy's outer update, and every definition of the weighted mean, in src/."""
     outer, means = [], []

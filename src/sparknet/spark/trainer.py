@@ -256,10 +256,13 @@ class SparkTrainer:
             self.dist.workers = max(1, session_parallelism(spark) // self.dist.procs_per_worker)
         dist = self.dist
         K, ranks = dist.workers, dist.ranks  # workers, and the processes (partitions) they are made of
-        if all(v is None for v in (dist.rounds, self.worker.steps, dist.epochs, dist.target_accuracy)):
-            raise ValueError("give a stopping rule: worker.steps, dist.rounds, dist.epochs or dist.target_accuracy")
-        if dist.target_accuracy is not None and validation is None:
-            raise ValueError("target_accuracy needs validation data to measure accuracy on")
+        rules = (dist.rounds, self.worker.steps, dist.epochs, dist.target_accuracy, dist.target_loss)
+        if all(v is None for v in rules):
+            raise ValueError("give a stopping rule: worker.steps, dist.rounds, dist.epochs, dist.target_accuracy or "
+                             "dist.target_loss")
+        for target in ("target_accuracy", "target_loss"):
+            if getattr(dist, target) is not None and validation is None:
+                raise ValueError(f"{target} needs validation data to measure it on")
         task = self._fit_task(label_col)
         if weight_col is not None and not isinstance(self.net, torch.nn.Module):
             raise ValueError("sample weights (weight_col) need a torch.nn.Module net and a torch loss (loss=); a "
