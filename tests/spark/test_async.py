@@ -91,6 +91,15 @@ def test_learns_and_reports_pushes_pulls_and_staleness(spark):
     assert not _ps_threads()
 
 
+def test_the_tasks_compute_in_bf16_when_asked_and_learn(spark):
+    from sparknet.net import Compute
+
+    train, test = _data(600, 0), _data(300, 1)
+    sess = AsyncSession(_mlp(), SolverConfig(base_lr=0.05), combiner="delta", seed=3, compute=Compute("bf16"))
+    m = sess.run(data=_pairs_rdd(spark, train), batch_size=30, tau=4, epochs=2, validation_data=test)
+    assert [t["precision"] for t in m["tasks"]] == ["bf16"] * 4 and m["test_accuracy"] >= 0.75
+
+
 def test_a_retried_task_does_not_apply_its_pushes_twice(spark):
     def failing_step(net, batch):  # nested, so that cloudpickle ships it by value
         """Fails partition 0's first attempt at its 12th step (after pushes at steps 5 and 10)."""

@@ -23,7 +23,7 @@ from sparknet._transport import ClientKeys
 from sparknet.layers import NetParams
 from sparknet.step import round_seed
 from sparknet.faults import due_fault
-from sparknet.net import Net
+from sparknet.net import Compute, Net
 from sparknet.ps.client import PSClient
 from sparknet.ps.wire import Status
 from sparknet.solvers import SolverConfig
@@ -58,6 +58,8 @@ class TaskSpec:
     timeout_s: float
     threads: int = 1
     device: str = "cpu"
+    compute: Compute = field(default_factory=Compute)
+    """Mixed precision, compilation and memory order of the task's net."""
     steps: int | None = None
     """Most steps per task (default: one pass over the partition)."""
     train_step: Callable | None = None
@@ -136,7 +138,7 @@ def _build_net(spec: TaskSpec, index: int):
     keep_freed_memory()
     seed = round_seed(spec.seed, index, spec.epoch)
     net = Net(model, SolverConfig.from_dict(spec.solver), loss=spec.loss, batch_size=spec.batch_size,
-              device=spec.device, seed=seed)
+              device=spec.device, seed=seed, compute=spec.compute)
     if spec.iteration:
         net.set_iteration(spec.iteration)
     return net
@@ -199,7 +201,7 @@ def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[d
     else:
         batches = _batches(x, y, spec.batch_size, spec.shuffle,
                            np.random.default_rng([spec.seed, spec.epoch, index]))
-    record["rows"] = len(y)
+    record["rows"], record["precision"] = len(y), net.compute.precision.value
     loss_sum = 0.0
     losses = 0
     with PSClient(spec.endpoint, spec.job_id, spec.secret, keys=spec.keys, worker=index, attempt=wire_attempt(),

@@ -34,7 +34,7 @@ from sparknet._app import build_model, load_training_data, seed_everything
 from sparknet.config import check_at_least
 from sparknet.faults import faults_from
 from sparknet.metrics import MetricsLogger
-from sparknet.net import Net
+from sparknet.net import Compute, Net
 from sparknet.parallel.runner import split_budget
 from sparknet.ps import _worker
 from sparknet.ps.combiners import Combiner, make_combiner
@@ -79,6 +79,8 @@ class AsyncSession:
         Torch threads per task.
     device : str
         Device of each task's net.
+    compute : Compute, optional
+        Each task's mixed precision, compilation and memory order (default: float32, eager, the default order).
     request_timeout_s : float
         Longest wait of a task for one reply of the server.
     epoch_timeout_s : float, optional
@@ -104,7 +106,7 @@ class AsyncSession:
                  seed: int = 0, host: str | None = None, port: int = 0, threads: int = 1, device: str = "cpu",
                  request_timeout_s: float = 120.0, epoch_timeout_s: float | None = None,
                  stall_timeout_s: float | None = 600.0, data_timeout_s: float = 3600.0, spark=None,
-                 validation_data=None, fault: str | None = None):
+                 validation_data=None, fault: str | None = None, compute: Compute | None = None):
         self.net = net if isinstance(net, Net) else Net(net, solver, loss=loss, seed=seed)
         self.combiner = make_combiner(combiner)
         self.loss = loss
@@ -114,6 +116,7 @@ class AsyncSession:
         self.threads = int(threads)
         check_at_least(1, threads=self.threads)
         self.device = device
+        self.compute = compute or Compute()
         for name, value in (("request_timeout_s", request_timeout_s), ("epoch_timeout_s", epoch_timeout_s),
                             ("stall_timeout_s", stall_timeout_s), ("data_timeout_s", data_timeout_s)):
             if value is not None and not value > 0:
@@ -309,7 +312,7 @@ class AsyncSession:
                     endpoint=server.endpoint, job_id=creds.job_id, secret=creds.secret, keys=server.client_keys,
                     net=net_spec, solver=solver, batch_size=int(batch_size), tau=int(tau), seed=self.seed, epoch=epoch,
                     iteration=self._iteration, shuffle=bool(shuffle_within_partition), sample_shape=sample_shape,
-                    timeout_s=self.request_timeout_s, threads=self.threads, device=self.device,
+                    timeout_s=self.request_timeout_s, threads=self.threads, device=self.device, compute=self.compute,
                     steps=None if steps is None else steps - steps_done, train_step=train_step,
                     loss=self.loss, faults=self.faults)
                 before = server.stats()
@@ -428,7 +431,7 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
     split_budget(net_params, dist)  # --max-weight-bytes
     net = Net(net_params, run.solver(), batch_size=run.batch_size, seed=run.seed)
     sess = AsyncSession(net, combiner=cfg.combiner, seed=run.seed, host=cfg.ps_host, threads=run.threads or 1,
-                        device=run.device, spark=spark)
+                        device=run.device, spark=spark, compute=run.worker().compute)
     per_worker = max(1, (len(train) // K) // run.batch_size)
     epochs = math.ceil(dist.epochs) if dist.epochs is not None else math.ceil(run.steps / per_worker)
     steps = run.steps if dist.epochs is None else min(run.steps, math.ceil(dist.epochs * per_worker))
