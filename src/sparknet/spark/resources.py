@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from sparknet.config import check_gpu_share
-from sparknet.spark.session import executor_slots, is_local_master, local_slots, session_master
+from sparknet.spark.session import executor_slots, is_connect, is_local_master, local_slots, session_master
 
 __all__ = ["gpu_profile", "with_profile"]
 
@@ -22,7 +22,8 @@ log = logging.getLogger(__name__)
 
 
 def _conf(sc, key: str) -> str | None:
-    value = sc.getConf().get(key, None)
+    """A Spark setting of a SparkContext, or of a (Spark Connect) session's runtime configuration."""
+    value = sc.conf.get(key, None) if is_connect(sc) else sc.getConf().get(key, None)
     return value if value not in (None, "") else None
 
 
@@ -32,7 +33,7 @@ def _gpu_slots(sc, master: str, profile_id: int, per_task: float, have: float, c
         cores = executor_slots(master)
         return local_slots(master) // cores * min(cores // cpus, int(have / per_task + 1e-9))
     try:
-        jsc = sc._jsc.sc()
+        jsc = sc._jsc.sc()  # a Spark Connect session has none: no count
         slots = int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().resourceProfileFromId(profile_id)))
     except Exception:  # an internal Spark method: a version without it gives no count
         log.debug("could not count the training stage's task slots", exc_info=True)
@@ -105,8 +106,9 @@ def gpu_profile(sc, gpus: float | None, workers: int | None = None, procs: int =
 
     cpus = int(_conf(sc, "spark.task.cpus") or 1)
     profile = ResourceProfileBuilder().require(TaskResourceRequests().cpus(cpus).resource("gpu", gpus)).build
-    try:
-        record["profile"] = sc.parallelize([0], 1).withResources(profile).getResourceProfile().id  # no job runs
+    try:  # no job runs; a Spark Connect session registers the profile with its server
+        record["profile"] = profile.id if is_connect(sc) else \
+            sc.parallelize([0], 1).withResources(profile).getResourceProfile().id
     except Exception as exc:  # this cluster manager refuses the profile: Spark's reason, and none
         return without(f"Spark refused the training stage's resource profile: {str(exc).splitlines()[0][:300]}")
     slots = _gpu_slots(sc, master, record["profile"], gpus, float(have), cpus)

@@ -332,10 +332,11 @@ def run_connect_stage(run: EngineRun):
                         procs_per_worker=dist.procs_per_worker, shard_replica=dist.shard_replica),
         fit=run.plan, streaming=dist.streaming())
     float_labels = spec.task.float_labels or spec.weighted
+    profile, gpus = gpu_profile(spark, spec.worker.gpus_per_worker, workers=K, procs=dist.procs_per_worker)
     restarts: list[dict] = []
     while True:
         stage = run.chunks.mapInArrow(run_barrier_frame(payload, replace(params, restart=len(restarts)), val,
-                                                    float_labels), RESULT_SCHEMA, barrier=True)
+                                                    float_labels), RESULT_SCHEMA, barrier=True, profile=profile)
         t_launch = time.perf_counter()
         try:
             rows = run_with_deadline(spark, group, _stage_name(dist), stage.collect,
@@ -357,4 +358,4 @@ def run_connect_stage(run: EngineRun):
         record["wall_s"] = (t_launch - run.t_fit) + float(record.get("wall_s", 0.0))
         run.emit(record)
     return final, history, {"barrier_workers": workers, "restarts": len(restarts), "restart_log": restarts,
-                            "connect": True}
+                            "connect": True, "gpu_scheduling": gpus}

@@ -1,0 +1,58 @@
+"""GPUs scheduled from a Spark Connect session: a Connect server on ``local-cluster[1,2,1024]`` whose executor "has"
+GPUs 3 and 5 through a discovery script. The barrier stage's ``mapInArrow(..., barrier=True, profile=)`` asks for each
+worker's share, as the classic session's RDD does; torch has no CUDA here, so the tasks train on the CPU and say
+which address Spark gave them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import pytest
+import torch
+
+from _spark_testlib import BASE_CONF, blobs, fake_gpus, mlp
+from sparknet.config import DistributedConfig, WorkerConfig
+from sparknet.solvers import SolverConfig
+
+pytestmark = pytest.mark.spark
+
+pytest.importorskip("grpc_status", reason="Spark Connect's client needs grpcio-status (the [connect] extra)")
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark.sql import SparkSession
+
+    gpus = fake_gpus(tmp_path_factory.mktemp("gpu"), ["3", "5"], per_executor=2)
+    builder = SparkSession.builder.remote("local-cluster[1,2,1024]").appName("sparknet-tests-connect-gpus")
+    for key, value in {**BASE_CONF, **gpus, "spark.connect.grpc.binding.address": "127.0.0.1"}.items():
+        builder = builder.config(key, value)
+    with warnings.catch_warnings():  # the server takes them at its start; the client's later attempt warns
+        warnings.filterwarnings("ignore", message="Failed to set", category=UserWarning)
+        session = builder.getOrCreate()
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.mark.parametrize("gpus, distinct", [(1, 2), (0.5, 1)])
+def test_a_connect_fit_asks_for_each_workers_gpu_share(spark, gpus, distinct):
+    from sparknet.spark import SparkTrainer
+
+    assert not torch.cuda.is_available()
+    x, y = blobs(64, seed=1)
+    frame = spark.createDataFrame([(row.tolist(), int(label)) for row, label in zip(x, y)],
+                                  "features array<float>, label long")
+    worker = WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=8, device="auto", gpus_per_worker=gpus)
+    result = SparkTrainer(mlp(0), worker, DistributedConfig(workers=2, engine="barrier", tau=2, rounds=1),
+                          spark=spark, loss=torch.nn.CrossEntropyLoss()).fit(frame)
+    s = result.summary
+    assert s["connect"] is True and s["gpu_scheduling"]["profile"] is not None
+    addresses = [w["gpu_addresses"] for w in s["barrier_workers"]]
+    assert all(len(a) == 1 for a in addresses) and len({a for t in addresses for a in t}) == distinct
+    assert all(w["device"] == "cpu" and "assigned GPU" in w["device_reason"] for w in s["barrier_workers"])
