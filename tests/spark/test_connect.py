@@ -86,6 +86,19 @@ def test_trainer_fits_with_the_barrier_engine(spark):
     assert result.summary["test_accuracy"] == pytest.approx(result.history[-1]["val_accuracy"], abs=1e-9)
 
 
+def test_a_worker_of_two_processes_trains_sharded_from_a_connect_session(spark):
+    x, y = blobs(600, seed=1)
+    vx, vy = blobs(200, seed=2)
+    trainer, records = _trainer(spark, workers=1, procs_per_worker=2, shard_replica=True, rounds=3)
+    result = trainer.fit(_frame(spark, x, y), (vx, vy))
+    s = result.summary
+    assert s["connect"] is True and s["procs_per_worker"] == 2 and s["shard_replica"] is True
+    assert [(w["worker"], w["proc"]) for w in s["barrier_workers"]] == [(0, 0), (0, 1)]
+    # the two ranks held a part each of the weights, and the gathered whole scores as the last record says
+    assert sum(s["weight_bytes_per_rank"]) == 4 * result.weights.to_flat().numel()
+    assert s["test_accuracy"] == pytest.approx(records[-1]["val_accuracy"]) and s["test_accuracy"] > 0.8
+
+
 def test_two_feature_columns_reach_the_net_as_a_dict(spark):
     from sparknet.spark import SparkTrainer
 
