@@ -11,7 +11,6 @@ import os
 import sys
 import warnings
 
-import numpy as np
 import pytest
 import torch
 

@@ -1,0 +1,50 @@
+"""A sharded replica's parts of a flat buffer, cut and joined again (sparknet.parallel.mesh): what the driver does
+with the parts of the global weights a sharded replica's ranks send, and what a resumed stage's ranks do with the
+whole. The layouts are FSDP2's: each weight's first dimension cut as ``torch.chunk`` cuts it, buffers whole."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sparknet.parallel.mesh import cut_shard, join_shards
+
+
+def _layouts(shapes: list[tuple[int, ...]], sharded: list[bool], parts: int) -> list[list[tuple[int, int, int, int]]]:
+    """Each rank's layout, as Net.shard_layout gives it."""
+    layouts = []
+    for j in range(parts):
+        layout = []
+        for shape, cut in zip(shapes, sharded):
+            rows = shape[0] if shape else 1
+            row = (torch.Size(shape).numel() // rows) if rows else 0
+            if cut:
+                chunk = -(-rows // parts)
+                first = min(j * chunk, rows)
+                layout.append((first, min(first + chunk, rows), rows, row))
+            else:
+                layout.append((0, rows, rows, row))
+        layouts.append(layout)
+    return layouts
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+def test_the_parts_of_a_buffer_join_into_it_again(parts):
+    # uneven rows (7 and 3 over 2, 3 or 4 ranks: the last parts small or empty), a whole buffer, a vector
+    shapes, sharded = [(7, 5), (7,), (3, 7), (3,), (4,), (1,)], [True, True, True, True, False, True]
+    whole = torch.arange(sum(torch.Size(s).numel() for s in shapes), dtype=torch.float32)
+    layouts = _layouts(shapes, sharded, parts)
+    pieces = [cut_shard(whole, layout) for layout in layouts]
+    # every sharded row is held once, a whole buffer by every rank
+    assert sum(p.numel() for p in pieces) == whole.numel() + (parts - 1) * 4
+    assert torch.equal(join_shards(pieces, layouts), whole)
+
+
+def test_parts_that_leave_rows_out_are_refused():
+    shapes, sharded = [(4, 2)], [True]
+    layouts = _layouts(shapes, sharded, 2)
+    whole = torch.arange(8, dtype=torch.float32)
+    with pytest.raises(ValueError, match="cover 2 of its 4 rows"):
+        join_shards([cut_shard(whole, layouts[0])], layouts[:1])
+    with pytest.raises(ValueError, match="does not match the layout"):
+        cut_shard(whole[:6], layouts[0])
