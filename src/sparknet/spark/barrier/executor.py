@@ -408,8 +408,8 @@ class _BarrierExchange(CollectiveExchange):
     """The barrier engine's exchange: names a stuck peer at the collective's deadline, and reports every
     round to the driver (group rank 0: the record and, when due, the global weights and strategy state; every
     rank: its own state on checkpoint rounds). Each task marks in the stage's TCPStore which collective it reached:
-    when one times out, the tasks without a mark are the stuck (or dead) ones. ``task`` and ``tasks``: this
-    task's index and the stage's task count (a worker of several processes is several tasks)."""
+    when one times out, the tasks without a mark are the stuck (or dead) ones. ``task``: this task's index (a worker
+    of several processes is several tasks); ``reports``: it sends the round records (group rank 0)."""
 
     def __init__(self, *args, params: StagePlan, fit: FitPlan, sender, history: list, store, task: int,
                  reports: bool, state_part: dict | None = None, **kwargs):
