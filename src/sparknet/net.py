@@ -665,13 +665,24 @@ class Net:
         return self._live
 
     def shard(self, mesh) -> None:
-        """Shard this net's weights and solver state over ``mesh``'s ranks with FSDP2 (a worker of several processes,
-        ``--shard-replica``; :func:`~sparknet.parallel.mesh.shard_replica`). Every rank must hold the same weights
-        and call it together, before training. Afterwards :meth:`get_flat` and :meth:`set_flat` read and write this
-        rank's parts, and :meth:`full_weights` gathers the whole."""
-        from sparknet.parallel.mesh import shard_replica
+        """Shard this net's weights and solver state over ``mesh``'s ranks (a 1-D mesh: a worker of several
+        processes, ``--shard-replica``) with PyTorch's FSDP2, in place. Every rank must hold the same weights and call
+        it together, before training.
 
-        shard_replica(self.module, mesh)
+        Every weight is cut along its first dimension, one part a rank (a DTensor); a unit gathers its weights for its
+        own forward and backward and frees them after, and the gradients are averaged over the mesh as they are
+        reduce-scattered, so the ranks train as one process with their batches together. A layer-DSL net is sharded
+        layer by layer (each layer module is a unit: it is what its graph calls), any other module as one unit.
+        Afterwards :meth:`get_flat` and :meth:`set_flat` read and write this rank's parts, the solver holds state for
+        them only, and :meth:`full_weights` gathers the whole."""
+        from torch.distributed.fsdp import fully_shard
+
+        units = [self.module]
+        if hasattr(self.module, "layer_module") and hasattr(self.module, "module_names"):
+            units = [unit for unit in map(self.module.layer_module, self.module.module_names)
+                     if any(True for _ in unit.parameters())]
+        for unit in units:
+            fully_shard(unit, mesh=mesh)
         self.optimizer, self.scheduler = build_optimizer(self.module, self.solver)  # over the sharded weights
         self.set_iteration(self.iteration)
         self._live = self._local_weights()

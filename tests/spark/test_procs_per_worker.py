@@ -90,7 +90,7 @@ def test_more_ranks_than_task_slots_is_refused_naming_the_shape(spark):
 def test_a_worker_of_several_processes_needs_rows_in_every_partition(spark):
     parts = _quarters()
     parts[3] = (parts[3][0][:0], parts[3][1][:0])
-    with pytest.raises(ValueError, match="worker of several processes, needs data in every partition"):
+    with pytest.raises(ValueError, match=r"several processes \(its 2 processes step together\) needs data in every "):
         _fit(spark, parts, procs=2, batch=8)
 
 

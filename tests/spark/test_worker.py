@@ -8,6 +8,7 @@ import pytest
 from _spark_testlib import blobs, flat, mlp
 from sparknet.config import WorkerConfig
 from sparknet.loop import RoundPlan, StopRule
+from sparknet.net import EvalResult
 from sparknet.solvers import SolverConfig
 from sparknet.spark.rounds import executor as _rounds
 from sparknet.spark.data import pair_chunks
@@ -110,7 +111,8 @@ def test_stop_rule():
     assert rule.reason(2, 10, 0, None) is None and rule.reason(3, 12, 0, None) == "steps"
     assert rule.reason(5, 1, 0, None) == "rounds"
     assert StopRule(epochs=1.5, dataset_rows=100, tau=1).reason(1, 1, 150, None) == "epochs"
-    assert StopRule(target_accuracy=0.9, tau=1).reason(1, 1, 1, 0.95) == "target_accuracy"
+    scored = EvalResult(loss=0.2, accuracy=0.95, samples=10)
+    assert StopRule(target_accuracy=0.9, tau=1).reason(1, 1, 1, scored) == "target_accuracy"
     assert StopRule(round_seconds=1.0, tau=None).steps_for_round(0) == StopRule.UNBOUNDED_STEPS
 
 

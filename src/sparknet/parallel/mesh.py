@@ -19,8 +19,7 @@ import numpy as np
 from sparknet.step import worker_seed
 
 __all__ = [
-    "ParallelLayout", "layout_coords", "init_layout", "share_data_over_mp", "replica_seed", "shard_replica",
-    "join_shards", "cut_shard",
+    "ParallelLayout", "layout_coords", "init_layout", "share_data_over_mp", "replica_seed", "join_shards", "cut_shard",
 ]
 
 log = logging.getLogger(__name__)
@@ -127,26 +126,6 @@ def replica_seed(layout: ParallelLayout, seed: int) -> int:
     with this.
     """
     return worker_seed(seed, layout.dp_rank)
-
-
-def shard_replica(module, mesh):
-    """Shard a worker's replica over its ranks (``mesh``: the 1-D mesh of a row) with PyTorch's FSDP2, in place.
-
-    Every weight is cut along its first dimension, one part a rank (a DTensor); a layer gathers its weights for its
-    own forward and backward and frees them after, and the gradients are averaged over the row as they are
-    reduce-scattered, so the row trains as one process with G times the batch. A layer-DSL net is sharded layer by
-    layer (each layer module a unit: it is what :class:`~sparknet.layers.GraphModule` calls), any other module as
-    one unit. The solver built afterwards holds its state for the local parts only.
-    """
-    from torch.distributed.fsdp import fully_shard
-
-    units = [module]
-    if hasattr(module, "layer_module") and hasattr(module, "module_names"):
-        units = [unit for unit in map(module.layer_module, module.module_names)
-                 if any(True for _ in unit.parameters())]
-    for unit in units:
-        fully_shard(unit, mesh=mesh)
-    return module
 
 
 def join_shards(parts, layouts):

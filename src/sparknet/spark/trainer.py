@@ -381,8 +381,9 @@ class SparkTrainer:
             data_mode, data_mode_why = spark_data.choose_data_mode(dist.data_mode, max(self._rows) * row_bytes, sc)
             log.info("training data: %s", data_mode_why)
             if (self.strategy.needs_gradient_hook or ranks > K) and 0 in total["rows_per_partition"]:
-                raise ValueError("a strategy that allreduces gradients every step, or a worker of several processes, "
-                                 f"needs data in every partition (rows per partition: {self._rows})")
+                who = ("a strategy that allreduces gradients every step" if self.strategy.needs_gradient_hook else
+                       f"a worker of several processes (its {dist.procs_per_worker} processes step together)")
+                raise ValueError(f"{who} needs data in every partition (rows per partition: {self._rows})")
             if split and (task is not Task.CLASSIFICATION or total["label_width"]):
                 raise ValueError("model parallelism takes one class id per row; a sequence model (char_lstm) trains "
                                  "split with examples/char_lstm.py (see docs/MODEL_PARALLEL.md)")
