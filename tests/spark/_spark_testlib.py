@@ -52,6 +52,40 @@ def stop_session(session, extra: dict | None = None) -> None:
         jvm.java.lang.System.clearProperty(key)
 
 
+def connect_session(master: str, name: str, extra: dict | None = None):
+    """A module's Spark Connect session: a real Connect server started from the installed pyspark on ``master``,
+    listening on loopback, with ``extra`` settings; a fixture's body (yields it, stops the server after).
+
+    The server takes a port the OS picks, which the client reads back from it (pyspark's way for its own tests,
+    SPARK-42272, switched on by ``SPARK_TESTING`` while the session starts): two test modules running at once in
+    the suite's two workers each get their own server. The JVM is started first, without ``SPARK_TESTING``, so
+    the setting reaches nothing else."""
+    import warnings
+
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
+    conf = {**BASE_CONF, **(extra or {}), "spark.connect.grpc.binding.address": "127.0.0.1"}
+    SparkContext._ensure_initialized(conf=SparkConf().setAll(list(conf.items())))
+    builder = SparkSession.builder.remote(master).appName(name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    testing = "SPARK_TESTING" not in os.environ
+    os.environ.setdefault("SPARK_TESTING", "1")
+    try:
+        with warnings.catch_warnings():  # the server takes them at its start; the client's later attempt warns
+            warnings.filterwarnings("ignore", message="Failed to set", category=UserWarning)
+            session = builder.getOrCreate()
+    finally:
+        if testing:
+            del os.environ["SPARK_TESTING"]
+    try:
+        yield session
+    finally:
+        session.stop()  # stops the local Connect server and its SparkContext too
+
+
 def fake_gpus(folder, addresses: list[str], per_executor: int, per_task: str | None = None) -> dict:
     """Spark settings that give every worker of a local cluster the GPUs ``addresses`` through a discovery script
     written in ``folder``, as Spark's own resource-scheduling tests do; ``per_task``: every task asks for that many."""

@@ -7,14 +7,11 @@ results as rows; the Estimator fits, transforms, saves and loads; what cannot wo
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
 
 import pytest
 import torch
 
-from _spark_testlib import BASE_CONF, blobs, mlp
+from _spark_testlib import blobs, connect_session, mlp
 from sparknet import zoo
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.solvers import SolverConfig
@@ -26,19 +23,7 @@ pytest.importorskip("grpc_status", reason="Spark Connect's client needs grpcio-s
 
 @pytest.fixture(scope="module")
 def spark():
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
-    builder = SparkSession.builder.remote("local[2]").appName("sparknet-tests-connect")
-    for key, value in {**BASE_CONF, "spark.connect.grpc.binding.address": "127.0.0.1"}.items():
-        builder = builder.config(key, value)
-    with warnings.catch_warnings():  # the server takes them at its start; the client's later attempt warns
-        warnings.filterwarnings("ignore", message="Failed to set", category=UserWarning)
-        session = builder.getOrCreate()
-    try:
-        yield session
-    finally:
-        session.stop()  # stops the local Connect server and its SparkContext too
+    yield from connect_session("local[2]", "sparknet-tests-connect")
 
 
 def _frame(spark, x, y):

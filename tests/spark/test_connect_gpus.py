@@ -6,14 +6,10 @@ which address Spark gave them.
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
-
 import pytest
 import torch
 
-from _spark_testlib import BASE_CONF, blobs, fake_gpus, mlp
+from _spark_testlib import blobs, connect_session, fake_gpus, mlp
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.solvers import SolverConfig
 
@@ -24,20 +20,8 @@ pytest.importorskip("grpc_status", reason="Spark Connect's client needs grpcio-s
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory):
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
-
     gpus = fake_gpus(tmp_path_factory.mktemp("gpu"), ["3", "5"], per_executor=2)
-    builder = SparkSession.builder.remote("local-cluster[1,2,1024]").appName("sparknet-tests-connect-gpus")
-    for key, value in {**BASE_CONF, **gpus, "spark.connect.grpc.binding.address": "127.0.0.1"}.items():
-        builder = builder.config(key, value)
-    with warnings.catch_warnings():  # the server takes them at its start; the client's later attempt warns
-        warnings.filterwarnings("ignore", message="Failed to set", category=UserWarning)
-        session = builder.getOrCreate()
-    try:
-        yield session
-    finally:
-        session.stop()
+    yield from connect_session("local-cluster[1,2,1024]", "sparknet-tests-connect-gpus", gpus)
 
 
 @pytest.mark.parametrize("gpus, distinct", [(1, 2), (0.5, 1)])
