@@ -690,9 +690,8 @@ class Net:
 
     def shard_layout(self) -> list[tuple[int, int, int, int]]:
         """``(first row, end row, rows, values a row)`` of each weight's part on this rank, in :meth:`get_flat` order:
-        a sharded
-        weight holds rows ``first:end`` of its first dimension (FSDP2 cuts it as ``torch.chunk`` does), a whole
-        one (a buffer, an unsharded net's weight) all of them. What joins the ranks' parts again
+        a sharded weight holds rows ``first:end`` of its first dimension (FSDP2 cuts it as ``torch.chunk`` does), a
+        whole one (a buffer, an unsharded net's weight) all of them. What joins the ranks' parts again
         (:func:`~sparknet.parallel.mesh.join_shards`)."""
         layout = []
         for t in (t for ts in self._model.layer_weights().values() for t in ts):
