@@ -35,7 +35,7 @@ from sparknet.layers import NetParams
 from sparknet.rowfile import RowStream
 from sparknet.solvers import SolverConfig, build_optimizer, check_gradient_hook, lr_multiplier
 from sparknet.labels import Task, infer_task, task_metrics, task_sums
-from sparknet.weights import WeightCollection, local_view
+from sparknet.weights import WeightCollection, local_view, whole_weights
 
 __all__ = ["Net", "Compute", "Precision", "TrainStats", "EvalResult", "FeatureDict", "resolve_device", "fixed_sample"]
 
@@ -714,8 +714,7 @@ class Net:
     def full_weights(self) -> WeightCollection:
         """The whole weights as CPU copies; a sharded net's (:meth:`shard`) gathered from its ranks, every one of
         which must call it."""
-        return WeightCollection((name, [(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
-                                        for t in ts]) for name, ts in self._model.layer_weights().items())
+        return whole_weights(self._model.layer_weights())
 
     def get_flat(self) -> torch.Tensor:
         """All weights as one float32 CPU buffer."""

@@ -18,7 +18,14 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["WeightCollection", "local_view"]
+__all__ = ["WeightCollection", "local_view", "whole_weights"]
+
+
+def whole_weights(layers: Mapping[str, Sequence[torch.Tensor]]) -> WeightCollection:
+    """CPU copies of whole weights: a DTensor's gathered from every rank of its mesh (each must call it), any other
+    tensor copied as it is. What tensor parallelism and a sharded replica both return at the end."""
+    return WeightCollection((name, [(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().cpu().clone()
+                                    for t in ts]) for name, ts in layers.items())
 
 
 def local_view(t: torch.Tensor) -> torch.Tensor:

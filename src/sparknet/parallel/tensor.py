@@ -45,7 +45,7 @@ from sparknet.layers import (
     ParallelMode,
     PoolLayer,
 )
-from sparknet.weights import WeightCollection, local_view
+from sparknet.weights import WeightCollection, local_view, whole_weights
 
 __all__ = [
     "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "parallelize", "build_parallel", "resolve_plan",
@@ -622,6 +622,4 @@ def gather_full_weights(module: nn.Module) -> WeightCollection:
     """
     module = _inner(module)
     graph = module.module if isinstance(module, TensorParallelModule) else module  # its layers hold DTensors
-    layers = graph.layer_weights().items()
-    return WeightCollection((name, [(t.full_tensor() if hasattr(t, "full_tensor") else t).detach().clone() for t in ts])
-                            for name, ts in layers)
+    return whole_weights(graph.layer_weights())
