@@ -175,7 +175,7 @@ def _run_train(args: argparse.Namespace) -> int:
                             options=from_args(EngineOptions, args), caffe=from_args(CaffeTrainFlags, args),
                             parameter_server=from_args(AsyncConfig, args))
     keys = ("test_accuracy", "test_r2", "test_rmse", "test_mae", "test_f1", "test_loss", "wall_s", "samples_per_s",
-            "steps", "rounds", "weight_bytes_per_worker", "rounds_transport", "data_mode")
+            "steps", "rounds", "weight_bytes_per_worker", "rounds_transport", "data_mode", "first_round_s")
     result = {k: summary.get(k) for k in keys if k in summary}
     # wall_s is the fit (setup, rounds, evaluations); command_s what the user waited, from the process's start
     result["command_s"] = process_age_s()

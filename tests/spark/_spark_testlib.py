@@ -13,6 +13,7 @@ import torch
 
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
+from sparknet.spark.session import SIMPLIFIED_TRACEBACK_KEY
 from sparknet.step import worker_seed
 
 BASE_CONF = {
@@ -23,6 +24,7 @@ BASE_CONF = {
     "spark.executor.memory": "768m",
     "spark.python.worker.reuse": "true",
     "spark.python.unix.domain.socket.enabled": "true",  # as sparknet's own sessions (get_session) set it
+    SIMPLIFIED_TRACEBACK_KEY: "1",  # so too: the workers of RDD and mapInArrow jobs come from one daemon
 }
 
 

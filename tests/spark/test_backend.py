@@ -12,7 +12,7 @@ from sparknet.errors import DeadlineExceeded, WorkerError
 from sparknet.loop import RoundPlan
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
-from sparknet.spark.backend import job_group, run_with_deadline
+from sparknet.spark.backend import job_group, python_workers_starting, run_with_deadline
 from sparknet.spark.rounds.executor import RoundTask, run_round_from_chunks
 
 pytestmark = pytest.mark.spark
@@ -151,3 +151,16 @@ def test_a_rounds_task_failure_is_a_worker_error_with_its_rank_and_log_tail(sc):
     assert e.value.rank == 1
     assert str(e.value).startswith("worker 1: ")
     assert "_train_round" in e.value.log_tail and "[sparknet" not in e.value.log_tail
+
+
+def test_python_workers_start_in_the_background_while_the_block_runs(sc):
+    """One job of empty tasks, under its own group, runs beside the caller's block; the caller's thread keeps its
+    job properties, and its own jobs run meanwhile."""
+    before = _job_properties(sc)
+    with python_workers_starting(sc) as group:
+        assert sc.parallelize(range(4), 2).sum() == 6  # the caller's work goes on
+        assert _job_properties(sc) == before
+    tracker = sc.statusTracker()
+    jobs = tracker.getJobIdsForGroup(group)
+    assert len(jobs) == 1 and tracker.getJobInfo(jobs[0]).status == "SUCCEEDED"
+    assert _job_properties(sc) == before

@@ -15,7 +15,7 @@ from sparknet.datasets import ArrayDataset, synthetic_sequences
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
 from sparknet.spark import data as spark_data
-from sparknet.spark.run import dataset_as_parquet, train_distributed
+from sparknet.spark.run import dataset_as_parquet, dataset_frame, train_distributed
 
 pytestmark = pytest.mark.spark
 
@@ -99,6 +99,18 @@ def spark():
     session = start_session("local[2]")
     yield session
     session.stop()
+
+
+def test_a_data_sets_parquet_is_read_with_the_schema_its_footer_holds(spark, tmp_path, monkeypatch):
+    """``dataset_frame`` gives ``spark.read`` the schema it would infer (no job reads the footer): the same columns,
+    sequence labels as arrays of longs, and the same rows."""
+    monkeypatch.setenv("SPARKNET_CACHE", str(tmp_path))
+    data = synthetic_sequences(40, seq_len=T, vocab_size=V, seed=0)
+    frame = dataset_frame(spark, "seq", data)
+    path = next((tmp_path / "parquet").glob("seq-train-40-*.parquet"))
+    inferred = spark.read.parquet(str(path))
+    assert frame.schema == inferred.schema
+    assert sorted(map(tuple, frame.collect())) == sorted(map(tuple, inferred.collect()))
 
 
 @pytest.mark.parametrize("engine", ["rounds", "barrier"])

@@ -93,6 +93,14 @@ def test_a_new_session_starts_quiet(clean_env, tmp_path):
                 lambda x: (x, __import__("sys").modules.get("torch") is not None)).collect()
             assert sum(x for x, _ in rows) == 45
             print("torch preloaded", sorted({loaded for _, loaded in rows}))
+            # a mapInArrow job's workers come from the same daemon (its start is paid once, not twice)
+            import os
+            import pyarrow as pa
+            rdd_daemon = spark.sparkContext.parallelize([0], 1).map(lambda _: os.getppid()).collect()
+            arrow_daemon = spark.range(0, 1, numPartitions=1).mapInArrow(
+                lambda batches: (pa.RecordBatch.from_pydict({"d": [os.getppid()]}) for _ in batches),
+                "d long").collect()
+            print("one daemon", rdd_daemon == [row.d for row in arrow_daemon])
             root = spark.sparkContext._jvm.org.apache.logging.log4j.LogManager.getRootLogger()
             print("root level", root.getLevel().toString())
             print("driver memory", spark.conf.get("spark.driver.memory"))
@@ -105,6 +113,7 @@ def test_a_new_session_starts_quiet(clean_env, tmp_path):
     assert "root level ERROR" in proc.stdout
     assert f"driver memory {spark_session.DRIVER_MEMORY}" in proc.stdout  # a local session's larger heap
     assert "torch preloaded [True]" in proc.stdout
+    assert "one daemon True" in proc.stdout
     for chatter in ("Using Spark's default log4j profile", "Setting default log level", " WARN ", " INFO "):
         assert chatter not in proc.stderr, proc.stderr
 
@@ -129,6 +138,10 @@ def test_sparknet_train_with_its_output_in_a_log_writes_one_progress_line_per_ro
     rounds = [json.loads(line) for line in metrics.read_text().splitlines() if '"event": "round"' in line]
     lines = [line for line in text.splitlines() if line.startswith("[sparknet] ")]
     assert len(rounds) == 3 and len(lines) == 3, text[-3000:]
+    summary = json.loads(metrics.read_text().splitlines()[-1])
+    result = json.loads(proc.stdout.splitlines()[-1])  # what the command printed
+    # the first round began after the session and the data, and before the command ended
+    assert summary["setup_s"] < summary["first_round_s"] == result["first_round_s"] < result["command_s"]
     for i, (line, record) in enumerate(zip(lines, rounds), 1):
         assert line.startswith(f"[sparknet] {20 * i}/60 steps ({100 * i / 3:.0f}%) round={i} "), line
         assert f"loss={record['loss']:.4g}" in line and " elapsed" in line

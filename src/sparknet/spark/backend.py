@@ -15,16 +15,17 @@ import math
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from functools import partial
 from typing import TypeVar
 
 from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
-from sparknet.spark.session import is_connect, local_slots, session_master, session_parallelism
+from sparknet.spark.session import executor_slots, is_connect, local_slots, session_master, session_parallelism
 
 __all__ = ["job_group", "run_with_deadline", "cancel_group", "task_error", "spark_call", "Watchdog",
-           "default_round_deadline", "check_barrier_slots", "task_slots", "quietly"]
+           "default_round_deadline", "check_barrier_slots", "task_slots", "quietly", "python_workers_starting"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,55 @@ def empty_job_s(spark, repeats: int = 20, warmup: int = 5) -> float:
         return statistics.median(times[warmup:])
     finally:
         rdd.unpersist()
+
+
+START_WORKERS_TIMEOUT_S = 120.0
+"""Longest a fresh session's Python workers may take to start (:func:`python_workers_starting`) before the job
+that starts them is cancelled."""
+
+
+def _no_rows(rows):
+    return iter(())
+
+
+@contextmanager
+def python_workers_starting(sc, *, timeout_s: float = START_WORKERS_TIMEOUT_S):
+    """Run the block while a background job starts the session's Python workers on every executor (its job group,
+    given to the block, is ``None`` over Spark Connect).
+
+    A fresh session has no Python daemon yet: the first Python task of each executor waits for one to start and
+    import torch and sparknet (seconds). One empty task an executor, started here, pays that while the driver reads
+    and plans the training data, so the fit's first Python job finds the daemon up. On leaving the block the job is
+    waited for at most what is left of ``timeout_s``, then cancelled; a failure is logged, never raised (the fit's
+    own jobs would meet the same problem and say so). Nothing runs over Spark Connect (no RDDs there).
+    """
+    if is_connect(sc):
+        yield None
+        return
+    master = session_master(sc)
+    slots, per_executor = local_slots(master), executor_slots(master)
+    executors = slots // per_executor if slots and per_executor else session_parallelism(sc)
+    group = f"sparknet-start-workers-{uuid.uuid4().hex[:12]}"
+    done = threading.Event()
+
+    def start() -> None:
+        try:
+            with job_group(sc, group, "sparknet: start the Python workers"):
+                sc.parallelize(range(executors), executors).mapPartitions(_no_rows).count()
+        except Exception as exc:  # cancelled, or a problem the fit's jobs will report
+            log.debug("starting the Python workers: %s", exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=start, name=group, daemon=True)
+    t0 = time.monotonic()
+    thread.start()
+    try:
+        yield group
+    finally:
+        if not done.wait(max(0.0, timeout_s - (time.monotonic() - t0))):
+            cancel_group(sc, group)
+        thread.join(CANCEL_GRACE_S)
 
 
 class Held:

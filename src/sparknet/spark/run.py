@@ -21,7 +21,8 @@ from sparknet._app import build_model, finish_run, load_training_data, run_sinks
 from sparknet._enums import CompressionKind
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.datasets import SyntheticImages, cache_root
-from sparknet.metrics import MetricsLogger, round_reporter, rounds_total
+from sparknet.metrics import MetricsLogger, process_age_s, round_reporter, rounds_total
+from sparknet.spark.backend import python_workers_starting
 from sparknet.spark.data import arrays_table, frame_from_arrays
 from sparknet.spark.session import get_session, is_local_master
 from sparknet.spark.trainer import EngineOptions, SparkTrainer
@@ -60,7 +61,17 @@ def dataset_frame(spark, dataset: str, train):
         return frame_from_arrays(spark, train.x, train.y)
     shape = "x".join(str(d) for d in (*np.shape(train.x)[1:], *np.shape(train.y)[1:])) or "1"
     path = Path(cache_root()) / "parquet" / f"{dataset.lower()}-train-{len(train)}-{shape}.parquet"
-    return spark.read.parquet(str(dataset_as_parquet(train, path)))
+    path = dataset_as_parquet(train, path)
+    return spark.read.schema(_parquet_schema(path)).parquet(str(path))
+
+
+def _parquet_schema(path: Path):
+    """The Spark schema of a Parquet file sparknet wrote, read from its footer here: given to ``spark.read``, it
+    spares the session the job that would read the footer to infer it (a second or more of a fit's setup)."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return from_arrow_schema(pq.read_schema(path))
 
 
 def synthetic_frame(spark, images: SyntheticImages, partitions: int | None = None):
@@ -102,7 +113,13 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, options: EngineOp
     with ThreadPoolExecutor(1, thread_name_prefix="sparknet-prepare") as pool:
         prepared = pool.submit(_prepare, run)  # while the Spark session's JVM starts (most of it is waiting)
         spark = get_session(dist.resolved_master)
-        train, test, info, net_params = prepared.result()
+        with python_workers_starting(spark.sparkContext):  # while the data is read and planned
+            train, test, info, net_params = prepared.result()
+            return _train(spark, run, dist, options, train, test, info, net_params)
+
+
+def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOptions | None, train, test, info,
+           net_params) -> dict:
     df = training_frame(spark, run, train)
     config = TrainConfig(run=run, dist=dist).to_dict()
     sinks = run_sinks(run, config)
@@ -123,10 +140,13 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, options: EngineOp
             log.info("training %s on %s with %d workers (%s engine, %s, tau=%s%s) on %s; %.0f rows per worker",
                      run.model, run.dataset if run.data is None else run.data, dist.workers, dist.engine.value,
                      dist.strategy.value, dist.tau, extras, spark.sparkContext.master, len(train) / dist.workers)
+            age = process_age_s()
             result = trainer.fit(df, validation=test)
             summary = {"event": "summary", "model": run.model,
                        "dataset": run.dataset if run.data is None else run.data, "master": spark.sparkContext.master,
-                       "steps": result.summary.get("total_steps"), **result.summary}
+                       "steps": result.summary.get("total_steps"), **result.summary,
+                       # what the command's user waited before the first round began (Python, the session, data)
+                       "first_round_s": None if age is None else round(age + result.summary["setup_s"], 2)}
             if "corpus" in info and summary.get("test_loss") is not None:
                 summary["bits_per_char"] = summary["test_loss"] / np.log(2)
             metrics.write(summary)

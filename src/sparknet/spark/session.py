@@ -207,6 +207,9 @@ DAEMON_MODULE_KEY, DAEMON_MODULE = "spark.python.daemon.module", "sparknet.spark
 MAX_DIRECT_RESULT_KEY, MAX_DIRECT_RESULT = "spark.task.maxDirectResultSize", "64m"
 """The largest task result a session sparknet starts sends with the task's status (Spark's default: 1 MiB)."""
 
+SIMPLIFIED_TRACEBACK_KEY = "spark.executorEnv.SPARK_SIMPLIFIED_TRACEBACK"
+"""What makes the Python workers of RDD and SQL jobs one daemon's (pyspark's short tracebacks, in both)."""
+
 DRIVER_MEMORY = "2g"
 """The JVM heap the driver of a session sparknet starts gets, unless the user sets ``spark.driver.memory``."""
 
@@ -266,6 +269,10 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         # the weights broadcast every round are float32 that LZ4 barely shrinks: compressing them costs the
         # driver about 4 ms a round for nothing
         "spark.broadcast.compress": "false",
+        # Spark keys its Python daemons by the workers' environment, and its SQL runners (mapInArrow) add this
+        # variable where its RDD runner does not: with it set for both, one daemon forks the workers of both,
+        # and the staging job does not wait for a second one to import torch and sparknet (seconds a session)
+        SIMPLIFIED_TRACEBACK_KEY: "1",
     }
     if not _user_sets_driver_memory(conf):
         # Spark's default 1 GiB heap runs out: in local mode every task's rows pass through the one JVM
