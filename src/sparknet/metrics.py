@@ -220,6 +220,8 @@ def rounds_summary(rounds: list[dict], test, *, t_fit: float, t_train: float, tr
         "rounds": len(rounds), "total_steps": last.get("total_steps", 0), "samples": samples,
         "bytes_communicated": sum(h["bytes"] for h in rounds), "wall_s": time.perf_counter() - t_fit,
         "train_s": train_s, "setup_s": t_train - t_fit,
+        # the evaluations between (or, overlapped, beside) the rounds, within train_s; the last test pass is not in it
+        "eval_s": sum(h.get("eval_s", 0.0) for h in rounds),
         "samples_per_s": samples / round_time if round_time > 0 else None,
         "loss": last.get("loss"),
         "test_accuracy": test.metrics.get("accuracy") if test is not None else None,

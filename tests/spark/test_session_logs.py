@@ -142,6 +142,8 @@ def test_sparknet_train_with_its_output_in_a_log_writes_one_progress_line_per_ro
     result = json.loads(proc.stdout.splitlines()[-1])  # what the command printed
     # the first round began after the session and the data, and before the command ended
     assert summary["setup_s"] < summary["first_round_s"] == result["first_round_s"] < result["command_s"]
+    assert summary["eval_s"] == pytest.approx(sum(r["eval_s"] for r in rounds))  # within the rounds' time
+    assert 0 < summary["eval_s"] < summary["train_s"]
     for i, (line, record) in enumerate(zip(lines, rounds), 1):
         assert line.startswith(f"[sparknet] {20 * i}/60 steps ({100 * i / 3:.0f}%) round={i} "), line
         assert f"loss={record['loss']:.4g}" in line and " elapsed" in line
