@@ -398,8 +398,9 @@ class SparkFit:
 
 
 def spark_fit(config: SparkExperimentConfig, spark, df, test=None, *, steps: int, solver=None, link=None,
-              **dist) -> SparkFit:
-    """Fit LeNet on ``df`` with :class:`~sparknet.spark.SparkTrainer`, evaluating on ``test``; timed.
+              model: str = "lenet", **dist) -> SparkFit:
+    """Fit ``model`` (default LeNet) on ``df`` with :class:`~sparknet.spark.SparkTrainer`, evaluating on ``test``;
+    timed.
 
     The experiment's workers and master and the keywords ``dist`` (engine, strategy, tau, ...) make the
     :class:`~sparknet.config.DistributedConfig`; its batch size and seed go to the trainer (one torch
@@ -412,7 +413,7 @@ def spark_fit(config: SparkExperimentConfig, spark, df, test=None, *, steps: int
     # every evaluation over the whole test set: the experiments draw accuracy curves
     dist_config = DistributedConfig(workers=config.workers, master=config.master,
                                     **{"eval_screen_rows": 0, "eval_budget": 1.0, **dist})
-    trainer = SparkTrainer(make_model("lenet", config.batch_size), worker, dist_config, spark=spark,
+    trainer = SparkTrainer(make_model(model, config.batch_size), worker, dist_config, spark=spark,
                            options=EngineOptions(link=None if link is None or link.is_free else link))
     t0 = time.perf_counter()
     result = trainer.fit(df, validation=None if test is None else (test.x, test.y))

@@ -4,6 +4,7 @@
     sparknet experiment speedup-grid               # K in {1,2,4,8,16}, tau in {1,2,5,10,25,100,500}
     sparknet experiment speedup-grid --dataset extended-mnist --train-samples 1000000 --target 0.985 \
         --eval-every 25 --strategies average --taus 1 5 25 100 --tag extended   # a task of thousands of steps
+    sparknet experiment speedup-grid --wall-clock ...   # the same cells as Spark fits of K workers, in seconds
 
 Iterations are counted, not seconds, so the K logical workers of a cell run one after another in one process
 (:func:`sparknet.simulate.simulate`, the very strategy code the Spark engines run) and cells run in parallel
@@ -20,6 +21,15 @@ ratio the other way up; its text and Figure 4 use this one, where more than 1 me
 Checks written into the JSON: the K=1 row of plain averaging is the single-worker run, so its speedups are 1 up
 to the resolution ``ceil(N_a / tau) * tau`` of a round; the tau=1 column of averaging is large-batch SGD (with
 ``large_batch_reference`` the naive scheme, one worker with batch K*b, runs beside it).
+
+With ``wall_clock`` every cell is instead a real Spark fit: K workers of one torch thread each (the barrier engine
+by default) running at once on ``local[max K]`` (or ``master``), the cells one after another in one session, each
+timed in seconds: its rounds up to the one whose evaluation reaches ``a``, each from its start to its new global
+weights (the evaluations and the stage's launch left out; the paper's Figures 3-5 are wall-clock times). The
+speedup is over one worker in this process (one thread, the same solver, evaluated as often, evaluations left out):
+T_a / T(K, tau). Beside it each cell keeps the speedup its own step counts give, N_a / (tau * M_a): what the
+simulation measures. Where the two disagree the difference is the
+cost of running for real: the exchanges, Spark's rounds, and K processes sharing the machine's cores and memory.
 
 Cells that do not reach ``a`` within ``budget * N_a`` parallel steps are recorded with ``speedup: null`` and
 shown hatched (``diverged: true`` when their accuracy fell to chance). The K=1 cells run first; where a single
@@ -93,6 +103,13 @@ class Config(ExperimentConfig):
     """Also run the naive scheme (one worker, batch K*b) for every K > 1: the tau=1 column's twin."""
     processes: int = 2
     """Cells run in this many processes (one torch thread each)."""
+    wall_clock: bool = False
+    """Time every cell as a real Spark fit of K workers running at once, in seconds (see the module's text), instead
+    of counting steps in a simulation."""
+    master: str | None = None
+    """Spark master of the wall-clock cells (default local[max K])."""
+    engine: str = "barrier"
+    """Spark engine of the wall-clock cells (rounds or barrier)."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -102,7 +119,7 @@ class Config(ExperimentConfig):
         if not self.budget >= 1:
             raise ValueError(f"budget is a multiple of N_a, at least 1, got {self.budget}")
         self._check("eval_every", "baseline_steps", "processes", target=True, counts=("workers", "taus"),
-                    choices={"strategies": ("average", "diloco", "easgd")})
+                    choices={"strategies": ("average", "diloco", "easgd"), "engine": ("rounds", "barrier")})
         self.lr_policy = str(self.lr_policy).lower()
         make_solver(**solver_for(self, "average"))  # an unknown policy or a bad factor fails here, not in the pool
 
@@ -223,15 +240,17 @@ def _jobs(config: Config, n_a: dict[str, int]) -> list[dict]:
     return jobs
 
 
-def speedup_table(cells: list[dict], strategy: str, workers, taus) -> list[list[float | None]]:
-    """Rows K, columns tau: each cell's speedup (``None`` where the target was not reached)."""
-    by = {(c["workers"], c["tau"]): c.get("speedup") for c in cells if c.get("strategy") == strategy
+def speedup_table(cells: list[dict], strategy: str, workers, taus, *, key: str = "speedup") -> list[list[float | None]]:
+    """Rows K, columns tau: each cell's ``key`` (``None`` where the target was not reached)."""
+    by = {(c["workers"], c["tau"]): c.get(key) for c in cells if c.get("strategy") == strategy
           and c.get("kind", "cell") == "cell"}
     return [[by.get((k, t)) for t in taus] for k in workers]
 
 
-def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> dict:
+def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spark=None) -> dict:
     """Measure N_a for each inner solver, then run every cell; returns the result body."""
+    if config.wall_clock:
+        return _run_wall_clock(config, spark)
     initargs = (config.dataset, config.train_samples, config.test_samples)
     pool_map = functools.partial(parallel_map, processes=config.processes, initializer=_load, initargs=initargs)
     strategies = (*config.strategies, *(("average",) if config.large_batch_reference else ()))
@@ -277,6 +296,114 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False) -> 
     return {"N_a": n_a_by_strategy, "baselines": baselines, "workers": list(config.workers),
             "taus": list(config.taus), "strategies": list(config.strategies), "speedup": table, "cells": cells,
             "large_batch": large_batch, "checks": _checks(n_a_by_strategy.get("average"), cells, large_batch)}
+
+
+# -- the grid in seconds, on Spark ------------------------------------------------------------------
+
+def _one_worker_in_seconds(config: Config, solver: dict, train, test) -> dict:
+    """T_a and N_a: one worker in this process, one torch thread, evaluated every ``eval_every`` steps, timed
+    without its evaluations, until the target or ``baseline_steps``."""
+    from sparknet.experiments import torch_threads
+    from sparknet.net import Net
+
+    with torch_threads(1):
+        net = Net(make_model(config.model, config.batch_size), make_solver(**solver), batch_size=config.batch_size,
+                  seed=config.seed)
+        net.set_training_data(train)
+        net.set_validation_data(test)
+        steps, train_s, accuracy, curve = 0, 0.0, 0.0, []
+        while steps < config.baseline_steps and accuracy < config.target:
+            t = time.perf_counter()
+            net.train(config.eval_every)
+            train_s += time.perf_counter() - t
+            steps += config.eval_every
+            accuracy = net.evaluate().metrics["accuracy"]
+            curve.append({"steps": steps, "accuracy": accuracy, "train_s": train_s})
+    reached = accuracy >= config.target
+    return {"kind": "baseline", "reached": reached, "N_a": steps if reached else None, "steps": steps,
+            "T_a": train_s if reached else None, "accuracy": accuracy, "curve": curve, "solver": solver}
+
+
+def _spark_cell(config: Config, spark, df, test, strategy: str, solver: dict, k: int, tau: int,
+                limit: float) -> dict:
+    """One (strategy, K, tau) cell as a real Spark fit, timed from its first round to the one reaching the target."""
+    from sparknet.experiments import SparkExperimentConfig, spark_fit
+
+    fit_config = SparkExperimentConfig(dataset=config.dataset, batch_size=config.batch_size, seed=config.seed,
+                                       workers=k, master=spark.sparkContext.master, warmup=False)
+    options = ({"outer_lr": config.diloco_outer_lr, "outer_momentum": config.diloco_outer_momentum}
+               if strategy == "diloco" else {})
+    every = max(1, math.ceil(config.eval_every / tau))  # rounds between evaluations
+    fit = spark_fit(fit_config, spark, df, test, steps=max(tau, math.ceil(limit / tau) * tau),
+                    solver=make_solver(**solver), model=config.model, engine=config.engine, strategy=strategy,
+                    tau=tau, eval_every_rounds=every, target_accuracy=config.target, **options)
+    rounds, summary = fit.rounds, fit.result.summary
+    hit = next((r for r in rounds if (r.get("val_accuracy") or 0.0) >= config.target), None)
+    upto = rounds[:rounds.index(hit) + 1] if hit else rounds
+    last = rounds[-1] if rounds else {}
+    cell = {"kind": "cell", "strategy": strategy, "workers": k, "tau": tau, "solver": solver,
+            "reached": hit is not None,
+            "rounds": hit["round"] if hit else len(rounds), "steps_per_worker": last.get("total_steps", 0),
+            "accuracy": last.get("val_accuracy"), "diverged": False, "eval_every_rounds": every,
+            "setup_s": summary["setup_s"], "fit_s": fit.wall_s, "eval_s": sum(r.get("eval_s", 0.0) for r in upto),
+            "samples_per_s": summary.get("samples_per_s"),
+            # the rounds up to the one that reached the target, each from its start to its new global weights:
+            # the steps and the exchanges, not the evaluations nor the stage's launch
+            "seconds": sum(r["round_s"] for r in upto) if hit else None,
+            "from_fit_start_s": hit["wall_s"] if hit else None}
+    accuracy = cell["accuracy"]
+    cell["diverged"] = hit is None and not (accuracy is not None and accuracy > config.diverged_accuracy)
+    return cell
+
+
+def _run_wall_clock(config: Config, spark=None) -> dict:
+    """The grid in seconds: the one-worker baselines here, then every cell a Spark fit, in one session."""
+    from sparknet.spark import get_session
+    from sparknet.spark.run import dataset_frame
+
+    train, test = load_data(config.dataset, train_samples=config.train_samples, test_samples=config.test_samples)
+    baselines, by_solver = [], {}
+    for strategy in config.strategies:
+        solver = solver_for(config, strategy)
+        key = _solver_key(solver)
+        if key not in by_solver:
+            log.info("speedup grid in seconds: one worker with %s", solver)
+            base = by_solver[key] = _one_worker_in_seconds(config, solver, train, test)
+            baselines.append(base)
+            if not base["reached"]:
+                raise RuntimeError(f"one worker with {solver} did not reach the target accuracy {config.target} in "
+                                   f"{config.baseline_steps} steps (it reached {base['accuracy']:.4f}); lower the "
+                                   "target or raise baseline_steps")
+    own = spark is None
+    if own:
+        spark = get_session(config.master or f"local[{max(config.workers)}]", app_name="sparknet-speedup-grid")
+    cells = []
+    try:
+        df = dataset_frame(spark, config.dataset, train)
+        for strategy in config.strategies:
+            base = by_solver[_solver_key(solver_for(config, strategy))]
+            for k in config.workers:
+                for tau in config.taus:
+                    log.info("speedup grid in seconds: %s, K = %d, tau = %d", strategy, k, tau)
+                    cell = _spark_cell(config, spark, df, test, strategy, solver_for(config, strategy), k, tau,
+                                       config.budget * base["N_a"])
+                    cell["N_a"], cell["T_a"] = base["N_a"], base["T_a"]
+                    cell["parallel_steps"] = cell["rounds"] * tau if cell["reached"] else None
+                    cell["speedup_steps"] = base["N_a"] / cell["parallel_steps"] if cell["reached"] else None
+                    cell["speedup"] = base["T_a"] / cell["seconds"] if cell["reached"] and cell["seconds"] else None
+                    cells.append(cell)
+    finally:
+        if own:
+            spark.stop()
+    return {"measure": "seconds", "N_a": {s: by_solver[_solver_key(solver_for(config, s))]["N_a"]
+                                          for s in config.strategies},
+            "T_a": {s: by_solver[_solver_key(solver_for(config, s))]["T_a"] for s in config.strategies},
+            "baselines": baselines, "workers": list(config.workers), "taus": list(config.taus),
+            "strategies": list(config.strategies),
+            "speedup": {s: speedup_table(cells, s, config.workers, config.taus) for s in config.strategies},
+            "speedup_steps": {s: speedup_table(cells, s, config.workers, config.taus, key="speedup_steps")
+                              for s in config.strategies},
+            "cells": cells, "large_batch": []}
 
 
 def _checks(n_a: int | None, cells: list[dict], large_batch: list[dict]) -> dict:
@@ -341,7 +468,9 @@ def plot(result: dict, path: str | Path) -> None:
         ax.set_title(f"{strategy} ({solver.get('solver_type')} inside, N_a = {result['N_a'][strategy]})"
                      + _rate_words(solver), fontsize=9)
     cfg = result.get("config", {})
-    fig.suptitle(f"Speedup N_a/(τ·M_a) to {cfg.get('target')} test accuracy, S = 0\n({cfg.get('model')}, "
+    measure = ("T_a/T(K, τ) in seconds, K Spark workers at once" if result.get("measure") == "seconds" else
+               "N_a/(τ·M_a), S = 0")
+    fig.suptitle(f"Speedup {measure} to {cfg.get('target')} test accuracy\n({cfg.get('model')}, "
                  f"{cfg.get('dataset')}, b={cfg.get('batch_size')}; — = not reached in {cfg.get('budget')}·N_a steps)",
                  fontsize=9)
     if image is not None:
