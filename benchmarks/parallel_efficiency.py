@@ -44,10 +44,12 @@ def _bare_process(steps: int, batch: int, n: int, real: bool, start, out) -> Non
     out.put(steps * batch / (time.perf_counter() - t0))
 
 
-def bare_pair(steps: int, batch: int, n: int, real: bool) -> dict:
+def bare_pair(steps: int, batch: int, n: int, real: bool, processes: int = 2) -> dict:
+    """``processes`` bare one-thread LeNet processes training at once, ``steps`` steps each after 20 untimed ones:
+    their summed samples/s (the machine's limit for that many workers) and each one's."""
     ctx = mp.get_context("spawn")
-    start, out = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_bare_process, args=(steps, batch, n, real, start, out)) for _ in range(2)]
+    start, out = ctx.Barrier(processes), ctx.Queue()
+    procs = [ctx.Process(target=_bare_process, args=(steps, batch, n, real, start, out)) for _ in range(processes)]
     for p in procs:
         p.start()
     try:

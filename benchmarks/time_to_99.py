@@ -20,6 +20,9 @@ while evaluations have taken more than that share of the time so far):
 - ``K x G``: the barrier engine with K workers of G processes each (``--procs-per-worker G``, batch 64 per process,
   so 64 G per worker) on ``local[K*G]``, for each shape of ``--shapes``; ``KxG@LR`` gives that shape its own
   learning rate (a bigger batch usually takes a larger one: say how it was tuned);
+- ``bare``: K bare one-thread PyTorch LeNet processes training at once, ``--bare-steps`` steps each, for each K of
+  ``--workers``: no target, only their summed samples/s (their start left out), the machine's limit for K workers,
+  against which each engine's in-round samples/s is put (``in_round_vs_bare``);
 - ``torch_distributor``: Spark's TorchDistributor launching DDP on K local processes (one
   thread each, gradients averaged every step), started in a process of its own (this script
   with ``--torch-distributor-run``), the SparkSession it needs and its launch included.
@@ -41,11 +44,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import last_summary, timed_command  # noqa: E402
+from _bench import LoadSampler, last_summary, timed_command  # noqa: E402
 
 TARGET, MAX_STEPS, EVERY, BATCH, LR, SCREEN = 0.99, 4000, 50, 64, 0.05, 2000
 TRAIN = ["sparknet", "train", "--model", "lenet", "--dataset", "mnist", "--lr", str(LR), "--steps", str(MAX_STEPS),
          "--target-accuracy", str(TARGET), "--batch-size", str(BATCH), "--eval-screen-rows", str(SCREEN), "--quiet"]
+BARE_STEPS = [1000]
+"""Steps of each bare process (``--bare-steps``)."""
 RUNS: dict[str, list[str]] = {}
 """This call's runs (:func:`runs_for`)."""
 
@@ -68,6 +73,13 @@ def runs_for(workers: list[int], threads: list[int], shapes: list[str] = ()) -> 
             *TRAIN, "--workers", str(k), "--procs-per-worker", str(g), "--tau", str(EVERY), "--engine", "barrier",
             "--master", f"local[{k * g}]", *(["--lr", lr] if lr else [])]
     return runs
+
+
+def _processes(run: str) -> int:
+    """The processes a run's name says it trains with: ``rounds, 8 workers`` 8, ``... 2 workers of 4 processes`` 8."""
+    words = run.replace(",", "").split()
+    k = int(words[words.index("workers") - 1])
+    return k * int(words[words.index("processes") - 1]) if "processes" in words else k
 
 
 def _budget() -> float:
@@ -166,6 +178,12 @@ def _run(name: str, work: Path, timeout_s: float) -> dict:
     env = {**os.environ, "SPARKNET_BENCH_DIR": str(Path(__file__).resolve().parent),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent), os.environ.get("PYTHONPATH", "")])}
     metrics = work / f"{name.replace(',', '').replace(' ', '_')}.json"
+    if name.startswith("bare"):
+        from parallel_efficiency import bare_pair
+
+        with LoadSampler() as load:
+            bare = bare_pair(BARE_STEPS[0], BATCH, 50_000, True, processes=int(name.split(",")[1].split()[0]))
+        return {"run": name, **load.to_dict(), "summary": bare}
     if name.startswith("torch_distributor"):
         processes = int(name.split(",")[1].split()[0])
         cmd = [sys.executable, str(Path(__file__).resolve()), "--torch-distributor-run", str(metrics),
@@ -198,6 +216,7 @@ def main(argv=None) -> int:
                                                 "processes each (and its own learning rate)")
     p.add_argument("--threads", default=None,
                    help="comma-separated threads of the one-process runs (default: the largest K)")
+    p.add_argument("--bare-steps", type=int, default=BARE_STEPS[0], help="steps of each bare process")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "time_to_99.json"))
     p.add_argument("--torch-distributor-run", metavar="OUT", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -209,7 +228,9 @@ def main(argv=None) -> int:
     shapes = [s for s in args.shapes.split(",") if s]
     RUNS.update(runs_for(workers, threads, shapes))
     os.environ["SPARKNET_BENCH_EVAL_BUDGET"] = str(args.eval_budget)  # the runs and the DDP processes read it
-    names = [n for n in [*RUNS, *(f"torch_distributor, {k} processes" for k in workers)]
+    BARE_STEPS[0] = args.bare_steps
+    names = [n for n in [*RUNS, *(f"torch_distributor, {k} processes" for k in workers),
+                         *(f"bare, {k} processes" for k in workers)]
              if args.only is None or args.only in n]
     runs = []
     with tempfile.TemporaryDirectory(prefix="sparknet-bench-") as tmp:
@@ -220,9 +241,16 @@ def main(argv=None) -> int:
     report = {"benchmark": "time_to_99", "target": TARGET, "eval_budget": args.eval_budget, "cpu_count": os.cpu_count(),
               "workers": workers, "threads": threads, "shapes": shapes, "runs": runs}
     base = [r["command_wall_s"] for r in runs if r["run"].startswith("one process")]
+    timed = [r for r in runs if "command_wall_s" in r]
     if base:
         one = min(base)
-        report["against_one_process"] = {r["run"]: round(r["command_wall_s"] / one, 3) for r in runs}
+        report["against_one_process"] = {r["run"]: round(r["command_wall_s"] / one, 3) for r in timed}
+    bare = {int(r["run"].split(",")[1].split()[0]): r["summary"]["samples_per_s"] for r in runs
+            if r["run"].startswith("bare")}
+    report["in_round_vs_bare"] = {
+        r["run"]: round(r["summary"]["samples_per_s"] / bare[k], 3) for r in timed
+        if r["run"].startswith(("rounds", "barrier")) and r["summary"].get("samples_per_s")
+        and (k := _processes(r["run"])) in bare}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     return 0
