@@ -488,7 +488,8 @@ def _loop(exchange: Exchange, fit: FitPlan, global_flat: torch.Tensor, check: _E
         comm_s = max(round_s - update.compute_s, 0.0)
         record = {
             "event": "round", "round": r, "steps": update.steps, "total_steps": progress.steps_done,
-            "samples": update.processed, "total_samples": progress.samples_done, "wall_s": 0.0, "round_s": round_s,
+            "samples": update.processed, "total_samples": progress.samples_done, "wall_s": 0.0,
+            "start_s": t_round - t0, "round_s": round_s,
             "compute_s": update.compute_s, "comm_s": comm_s,
             "loss": update.loss_sum / update.samples if update.samples else math.nan,
             "bytes": update.nbytes, "total_bytes": progress.total_bytes,

@@ -53,6 +53,10 @@ def test_barrier_average_is_the_sample_weighted_mean_with_records_during_the_sta
     assert last["engine"] == "barrier" and last["steps"] == 3 and last["samples"] == 48 and last["total_steps"] == 9
     assert last["round_s"] >= last["compute_s"] > 0 and 0 <= last["allreduce_s"] < last["round_s"]
     assert [w["samples"] for w in last["per_worker"]] == [24, 24]
+    # each round began after the stage's launch and the one before it, on the driver's clock
+    starts = [r["start_s"] for r in result.history]
+    assert result.summary["setup_s"] < starts[0] < starts[1] < starts[2]
+    assert all(r["start_s"] + r["round_s"] <= r["wall_s"] + 0.01 for r in result.history)
     s = result.summary
     assert s["rounds"] == 3 and s["bytes_communicated"] > 0 and s["metrics_rejected"] == 0
     assert [w["rank"] for w in s["barrier_workers"]] == [0, 1]

@@ -55,6 +55,7 @@ def test_average_is_the_sample_weighted_mean_over_three_rounds_with_momentum(spa
     assert last["steps"] == 3 and last["total_steps"] == 9 and last["samples"] == 2 * 3 * 8
     assert last["round_s"] >= last["compute_s"] > 0
     assert last["comm_s"] == pytest.approx(last["round_s"] - last["compute_s"])
+    assert result.summary["setup_s"] <= result.history[0]["start_s"] < last["start_s"] < last["wall_s"]
     nbytes = expected.numel() * 4
     assert last["bytes"] == 4 * nbytes  # out to 2 workers, 2 deltas back
     assert [w["index"] for w in last["per_worker"]] == [0, 1]

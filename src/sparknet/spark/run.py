@@ -146,7 +146,7 @@ def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOption
                        "dataset": run.dataset if run.data is None else run.data, "master": spark.sparkContext.master,
                        "steps": result.summary.get("total_steps"), **result.summary,
                        # what the command's user waited before the first round began (Python, the session, data)
-                       "first_round_s": None if age is None else round(age + result.summary["setup_s"], 2)}
+                       "first_round_s": None if age is None else round(age + _first_round_start(result), 2)}
             if "corpus" in info and summary.get("test_loss") is not None:
                 summary["bits_per_char"] = summary["test_loss"] / np.log(2)
             metrics.write(summary)
@@ -155,6 +155,12 @@ def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOption
         finish_run(run, sinks, failed=failed, net_params=net_params, weights=result.weights if result else None,
                    solver=run.solver(), config=config)
     return summary
+
+
+def _first_round_start(result) -> float:
+    """Seconds from the fit's start to its first round's (a barrier stage's launch included), or to its end."""
+    first = next((h for h in result.history if h.get("event") == "round"), None)
+    return result.summary["setup_s"] if first is None or "start_s" not in first else first["start_s"]
 
 
 def _prepare(run: RunConfig):

@@ -126,7 +126,9 @@ class BarrierStage:
     def _record(self, msg: dict, now: float) -> None:
         if msg["round"] in self.seen:
             return
+        took = float(msg.get("wall_s", 0.0)) - float(msg.get("start_s", 0.0))  # on the rank's clock
         msg["wall_s"] = now - self.fit.t_fit
+        msg["start_s"] = msg["wall_s"] - took
         self.seen.add(msg["round"])
         self.history.append(msg)
         self.fit.emit(msg)
@@ -355,7 +357,8 @@ def run_connect_stage(run: EngineRun):
     final, history, workers = _stage_result([(row["kind"], int(row["rank"]), row["payload"], json.loads(row["info"]))
                                              for row in rows])
     for record in history:
-        record["wall_s"] = (t_launch - run.t_fit) + float(record.get("wall_s", 0.0))
+        for key in ("wall_s", "start_s"):
+            record[key] = (t_launch - run.t_fit) + float(record.get(key, 0.0))
         run.emit(record)
     return final, history, {"barrier_workers": workers, "restarts": len(restarts), "restart_log": restarts,
                             "connect": True, "gpu_scheduling": gpus}
