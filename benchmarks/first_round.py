@@ -1,0 +1,122 @@
+"""How long a user waits for the first round: ``sparknet train`` from its start to its first round's start.
+
+    python benchmarks/first_round.py                               # this tree, 3 runs of each engine
+    python benchmarks/first_round.py --baseline-rev 095604d       # beside an earlier commit, runs alternating
+
+Each run is ``sparknet train --model lenet --dataset mnist --workers 2 --rounds 2`` (MNIST cached, the Parquet copy
+of it written by an earlier run), started as a fresh process. Its metrics file is read every 50 ms from the
+command's start: the first round began when its record appeared less the round's own time and its evaluation's (a
+record is written when its round and evaluation end), the same reading for any commit. The summary's own
+``first_round_s`` (the command's age at the first round's start, in commits that have it) is kept beside it. With
+``--baseline-rev`` that commit is checked out in a temporary worktree, removed at the end, and its runs alternate
+with this tree's, each run alone. The load average is sampled before and during each run. Prints and saves JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import LoadSampler, save_json  # noqa: E402
+
+COMMAND = ["train", "--model", "lenet", "--dataset", "mnist", "--workers", "2", "--lr", "0.05", "--rounds", "2",
+           "--quiet"]
+POLL_S = 0.05
+
+
+def _records(path: Path) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:  # a line still being written
+            break
+    return out
+
+
+def one_run(src: Path, engine: str, work: Path, timeout_s: float) -> dict:
+    """One command from the tree at ``src``, timed to its first round's start and to its end."""
+    metrics = work / f"run-{time.monotonic_ns()}.jsonl"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, "-m", "sparknet.cli", *COMMAND, "--engine", engine, "--metrics-out", str(metrics)]
+    with LoadSampler() as load:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first = None
+        try:
+            while proc.poll() is None and time.perf_counter() - t0 < timeout_s:
+                if first is None:
+                    seen = next((r for r in _records(metrics) if r.get("event") == "round"), None)
+                    if seen is not None:
+                        first = time.perf_counter() - t0 - seen["round_s"] - seen.get("eval_s", 0.0)
+                time.sleep(POLL_S)
+            if proc.poll() is None:
+                raise SystemExit(f"{' '.join(cmd)} ran past {timeout_s:g} s")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            _, err = proc.communicate(timeout=60)
+        wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err[-3000:]}")
+    summary = next(r for r in reversed(_records(metrics)) if r.get("event") == "summary")
+    return {"first_round_s": None if first is None else round(first, 2), "command_s": round(wall, 2),
+            "summary_first_round_s": summary.get("first_round_s"), "setup_s": summary.get("setup_s"),
+            **load.to_dict()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--engines", default="rounds,barrier")
+    p.add_argument("--baseline-rev", default=None, help="an earlier commit to run beside this tree")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "first_round.json"))
+    args = p.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    report = {"benchmark": "first_round", "command": "sparknet " + " ".join(COMMAND), "cpu_count": os.cpu_count(),
+              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                       text=True).stdout.strip(), "baseline_rev": args.baseline_rev, "runs": []}
+    with tempfile.TemporaryDirectory(prefix="sparknet-first-round-") as tmp:
+        trees = {"this tree": ROOT / "src"}
+        worktree = Path(tmp) / "baseline"
+        if args.baseline_rev:
+            subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline_rev], cwd=ROOT,
+                           check=True, capture_output=True)
+            trees = {f"baseline {args.baseline_rev}": worktree / "src", **trees}
+        try:
+            for repeat in range(args.repeats):
+                for engine in engines:
+                    for name, src in trees.items():
+                        run = {"tree": name, "engine": engine, "repeat": repeat,
+                               **one_run(src, engine, Path(tmp), args.timeout)}
+                        print(json.dumps(run), flush=True)
+                        report["runs"].append(run)
+        finally:
+            if args.baseline_rev:
+                subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
+    report["median_first_round_s"] = {
+        f"{name}, {engine}": statistics.median(r["first_round_s"] for r in report["runs"]
+                                               if r["tree"] == name and r["engine"] == engine)
+        for name in trees for engine in engines}
+    print(json.dumps(report["median_first_round_s"]))
+    save_json(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
