@@ -28,14 +28,6 @@ except ImportError:  # pragma: no cover - an executor without torch or sparknet
     def keep_freed_memory():
         return False
 
-try:  # what pyspark's Arrow workers import (mapInArrow: the training data's conversion), pandas above all: about
-    # 1.5 CPU-seconds each forked worker would pay in the staging job, paid here once, while the data is planned
-    import pandas  # noqa: F401
-    import pyarrow  # noqa: F401
-    import pyspark.sql.pandas.serializers  # noqa: F401
-except ImportError:  # pragma: no cover - a cluster without them converts no DataFrame anyway
-    pass
-
 # pyspark's daemon runs gc.collect() in a reused worker after every task; with torch loaded that is a scan of
 # some 300,000 objects (0.1-0.4 s a task, any task of the session). Frozen here, before the fork, what the
 # imports made is out of every worker's scans (and their pages stay shared).
