@@ -139,6 +139,13 @@ def test_a_failed_split_stage_starts_again_and_ends_as_an_undisturbed_fit(spark)
     assert info.value.rank == 1 and "injected fault" in str(info.value)
 
 
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """A ``--data`` run keeps a Parquet copy of its rows in the data cache, named by the files it read: each test's
+    fresh file would leave one more in the user's cache, so these tests get a cache of their own."""
+    monkeypatch.setenv("SPARKNET_CACHE", str(tmp_path / "cache"))
+
+
 def _parquet(path, n: int = 600) -> str:
     x, y = blobs(n, seed=3)
     offsets = pa.array(np.arange(0, (n + 1) * 2, 2, dtype=np.int32))
