@@ -164,3 +164,32 @@ def test_python_workers_start_in_the_background_while_the_block_runs(sc):
     jobs = tracker.getJobIdsForGroup(group)
     assert len(jobs) == 1 and tracker.getJobInfo(jobs[0]).status == "SUCCEEDED"
     assert _job_properties(sc) == before
+
+
+def test_a_block_that_fails_does_not_wait_for_the_python_workers(sc):
+    """The block's error comes back at once: the start job, held up behind a job that fills every slot, is
+    cancelled rather than waited for."""
+    import threading
+
+    def hold():
+        with job_group(sc, "sparknet-test-hold", "hold the slots"):
+            try:
+                sc.parallelize(range(2), 2).mapPartitionsWithIndex(_sleeper(30.0)).collect()
+            except Exception:  # cancelled at the end of the test
+                pass
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    deadline = time.monotonic() + 30
+    while not _running_jobs(sc, "sparknet-test-hold", wait_s=0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ValueError, match="bad data"), python_workers_starting(sc) as group:
+            time.sleep(1.0)
+            raise ValueError("bad data")
+        assert time.monotonic() - t0 < 15.0  # not the 30 s the slots are held
+        assert _running_jobs(sc, group) == []
+    finally:
+        sc.cancelJobGroup("sparknet-test-hold")
+        holder.join(60)

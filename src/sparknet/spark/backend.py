@@ -124,8 +124,9 @@ def python_workers_starting(sc, *, timeout_s: float = START_WORKERS_TIMEOUT_S):
     A fresh session has no Python daemon yet: the first Python task of each executor waits for one to start and
     import torch and sparknet (seconds). One empty task an executor, started here, pays that while the driver reads
     and plans the training data, so the fit's first Python job finds the daemon up. On leaving the block the job is
-    waited for at most what is left of ``timeout_s``, then cancelled; a failure is logged, never raised (the fit's
-    own jobs would meet the same problem and say so). Nothing runs over Spark Connect (no RDDs there).
+    waited for at most what is left of ``timeout_s`` (not at all when the block raised), then cancelled; its own
+    failure is logged, never raised (the fit's jobs would meet the same problem and say so). Nothing runs over Spark
+    Connect (no RDDs there).
     """
     if is_connect(sc):
         yield None
@@ -148,10 +149,12 @@ def python_workers_starting(sc, *, timeout_s: float = START_WORKERS_TIMEOUT_S):
     thread = threading.Thread(target=start, name=group, daemon=True)
     t0 = time.monotonic()
     thread.start()
+    failed = True
     try:
         yield group
-    finally:
-        if not done.wait(max(0.0, timeout_s - (time.monotonic() - t0))):
+        failed = False
+    finally:  # a block that failed does not wait for the workers
+        if failed or not done.wait(max(0.0, timeout_s - (time.monotonic() - t0))):
             cancel_group(sc, group)
         thread.join(CANCEL_GRACE_S)
 
