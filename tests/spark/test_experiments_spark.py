@@ -100,19 +100,21 @@ def test_the_speedup_grid_in_seconds_runs_every_cell_as_a_spark_fit(spark, tmp_p
     """Figure 3 timed for real: every (K, tau) a barrier fit of K workers at once to the target, its seconds the sum
     of its rounds' up to the one that reached it, beside the speedup its step counts give."""
     run_experiment("speedup-grid", quick=True, out=tmp_path, spark=spark, wall_clock=True, model="mlp",
-                            workers=(1, 2), taus=(20,), strategies=("average",), target=0.8, eval_every=10,
+                            workers=(1, 2, 3), taus=(20,), strategies=("average",), target=0.8, eval_every=10,
                             baseline_steps=600, large_batch_reference=False, **TINY)
     saved = json.loads((tmp_path / "speedup-grid.json").read_text())
     assert (tmp_path / "speedup-grid.png").stat().st_size > 1000
     assert saved["measure"] == "seconds" and saved["T_a"]["average"] > 0
     n_a = saved["N_a"]["average"]
     assert n_a % 10 == 0 and 0 < n_a <= 600  # one worker, evaluated every 10 steps
-    assert [(c["workers"], c["tau"]) for c in saved["cells"]] == [(1, 20), (2, 20)]
+    assert [(c["workers"], c["tau"]) for c in saved["cells"]] == [(1, 20), (2, 20), (3, 20)]
+    refused = saved["cells"].pop()  # three barrier workers on two slots: kept with its error, the grid went on
+    assert refused["ok"] is False and "task slots" in refused["error"] and refused["speedup"] is None
     for cell in saved["cells"]:
-        assert cell["reached"], cell
+        assert cell["reached"] and cell.get("ok", True), cell
         assert cell["steps_per_worker"] == cell["rounds"] * cell["tau"]  # the fit stopped at the target
         assert 0 < cell["seconds"] < cell["from_fit_start_s"] and cell["setup_s"] > 0
         assert cell["speedup"] == pytest.approx(saved["T_a"]["average"] / cell["seconds"])
         assert cell["speedup_steps"] == pytest.approx(n_a / (cell["rounds"] * cell["tau"]))
     table = saved["speedup"]["average"]
-    assert table == [[saved["cells"][0]["speedup"]], [saved["cells"][1]["speedup"]]]
+    assert table == [[saved["cells"][0]["speedup"]], [saved["cells"][1]["speedup"]], [None]]

@@ -46,7 +46,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sparknet.experiments import ExperimentConfig, load_data, make_model, make_solver, parallel_map, pyplot
+from sparknet.experiments import (ExperimentConfig, load_data, make_model, make_solver, measured, parallel_map,
+                                  pyplot)
 from sparknet.simulate import simulate
 
 __all__ = ["Config", "QUICK", "run", "plot", "speedup_table"]
@@ -384,9 +385,12 @@ def _run_wall_clock(config: Config, spark=None) -> dict:
             base = by_solver[_solver_key(solver_for(config, strategy))]
             for k in config.workers:
                 for tau in config.taus:
-                    log.info("speedup grid in seconds: %s, K = %d, tau = %d", strategy, k, tau)
-                    cell = _spark_cell(config, spark, df, test, strategy, solver_for(config, strategy), k, tau,
-                                       config.budget * base["N_a"])
+                    # a cell that fails is kept with its error (not reached): the grid goes on
+                    keys = {"kind": "cell", "strategy": strategy, "workers": k, "tau": tau, "reached": False,
+                            "rounds": 0, "seconds": None}
+                    cell = measured(f"speedup grid in seconds: {strategy}, K = {k}, tau = {tau}", keys, _spark_cell,
+                                    config, spark, df, test, strategy, solver_for(config, strategy), k, tau,
+                                    config.budget * base["N_a"])
                     cell["N_a"], cell["T_a"] = base["N_a"], base["T_a"]
                     cell["parallel_steps"] = cell["rounds"] * tau if cell["reached"] else None
                     cell["speedup_steps"] = base["N_a"] / cell["parallel_steps"] if cell["reached"] else None
