@@ -34,6 +34,10 @@ def _faults(mode: str) -> dict:
 def test_training_steps_reuse_the_heap_once_the_thresholds_are_set():
     plain, tuned = _faults("plain"), _faults("tuned")
     assert tuned["tuned"] is True
-    # LeNet's activations at batch 64 are mapped and unmapped every step under glibc's defaults
-    assert plain["faults"] > 20 * 300, plain
-    assert tuned["faults"] < plain["faults"] / 5, (plain, tuned)  # seen: 28,000-44,000 against 1-665
+    # with the thresholds set, 20 steps fault in hardly a page (seen: 1-665); without, LeNet's activations at batch
+    # 64 are mapped and unmapped every step (about 2,000 faults a step)
+    assert tuned["faults"] < 20 * 100, (plain, tuned)
+    # glibc's defaults usually map them afresh (seen: 28,000-44,000), but its threshold rises as blocks are freed
+    # and once (in the whole suite, 674) it had risen past them before the timed steps: compared only where not
+    if plain["faults"] > 20 * 300:
+        assert tuned["faults"] < plain["faults"] / 5, (plain, tuned)
