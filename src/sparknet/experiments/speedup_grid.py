@@ -28,8 +28,8 @@ timed in seconds: its rounds up to the one whose evaluation reaches ``a``, each 
 weights (the evaluations and the stage's launch left out; the paper's Figures 3-5 are wall-clock times). The
 speedup is over one worker in this process (one thread, the same solver, evaluated as often, evaluations left out):
 T_a / T(K, tau). Beside it each cell keeps the speedup its own step counts give, N_a / (tau * M_a): what the
-simulation measures. Where the two disagree the difference is the
-cost of running for real: the exchanges, Spark's rounds, and K processes sharing the machine's cores and memory.
+simulation measures. Where the two disagree the difference is the cost of running for real: the exchanges, Spark's
+rounds, and K processes sharing the machine's cores and memory.
 
 Cells that do not reach ``a`` within ``budget * N_a`` parallel steps are recorded with ``speedup: null`` and
 shown hatched (``diverged: true`` when their accuracy fell to chance). The K=1 cells run first; where a single
@@ -264,10 +264,7 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
     n_a: dict[str, int] = {}
     for job, base in zip(base_jobs, baselines):
         base["solver"] = job["solver"]
-        if not base["reached"]:
-            raise RuntimeError(f"one worker with {job['solver']} did not reach the target accuracy {config.target} "
-                               f"in {config.baseline_steps} steps (it reached {base['accuracy']:.4f}); lower the "
-                               "target or raise baseline_steps")
+        _check_baseline(base, job["solver"], config)
         n_a[job["solver_key"]] = base["N_a"]
     log.info("N_a = %s; running %d cells on %d processes", n_a, len(config.workers) * len(config.taus)
              * len(config.strategies), config.processes)
@@ -297,6 +294,14 @@ def run(config: Config, out_dir: Path | None = None, *, quick: bool = False, spa
     return {"N_a": n_a_by_strategy, "baselines": baselines, "workers": list(config.workers),
             "taus": list(config.taus), "strategies": list(config.strategies), "speedup": table, "cells": cells,
             "large_batch": large_batch, "checks": _checks(n_a_by_strategy.get("average"), cells, large_batch)}
+
+
+def _check_baseline(base: dict, solver: dict, config: Config) -> None:
+    """``RuntimeError`` unless the single worker's run ``base`` reached the target: no N_a to count speedups from."""
+    if not base["reached"]:
+        raise RuntimeError(f"one worker with {solver} did not reach the target accuracy {config.target} in "
+                           f"{config.baseline_steps} steps (it reached {base['accuracy']:.4f}); lower the target or "
+                           "raise baseline_steps")
 
 
 # -- the grid in seconds, on Spark ------------------------------------------------------------------
@@ -371,10 +376,7 @@ def _run_wall_clock(config: Config, spark=None) -> dict:
             log.info("speedup grid in seconds: one worker with %s", solver)
             base = by_solver[key] = _one_worker_in_seconds(config, solver, train, test)
             baselines.append(base)
-            if not base["reached"]:
-                raise RuntimeError(f"one worker with {solver} did not reach the target accuracy {config.target} in "
-                                   f"{config.baseline_steps} steps (it reached {base['accuracy']:.4f}); lower the "
-                                   "target or raise baseline_steps")
+            _check_baseline(base, solver, config)
     own = spark is None
     if own:
         spark = get_session(config.master or f"local[{max(config.workers)}]", app_name="sparknet-speedup-grid")
