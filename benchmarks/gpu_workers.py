@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -191,9 +192,12 @@ def main(argv: list[str] | None = None) -> int:
               "torch": torch.__version__, "smoke": args.smoke}
     with tempfile.TemporaryDirectory(prefix="sparknet-gpu-bench-") as tmp:
         for name in args.only.split(","):
-            result[name] = SECTIONS[name](args, Path(tmp))
-            print(json.dumps({name: result[name]}, default=str))
-    save_json(result, args.out)
+            try:
+                result[name] = SECTIONS[name](args, Path(tmp))
+            except (SystemExit, subprocess.TimeoutExpired, RuntimeError, OSError) as e:
+                result[name] = {"error": str(e)[-2000:]}  # kept, and the call goes on: a lab call is too dear
+            print(json.dumps({name: result[name]}, default=str), flush=True)
+            save_json(result, args.out)  # after each section, so that a call cut short keeps what it measured
     return 0
 
 
