@@ -8,6 +8,7 @@
 #   machine.txt   cores, GPU, torch, the load before the first run
 #   t99_k8.*      time_to_99.py, K = 8: one process with 1 and 8 threads, both engines, TorchDistributor, 8 bare
 #   gpu.*         gpu_workers.py: LeNet two workers sharing the GPU against one GPU process; AlexNet images/s
+#   t99_k16.*     time_to_99.py, K = 16: both engines, TorchDistributor, 16 bare processes (as time allows)
 #   lab.log       what was skipped, and each step's exit status
 set -u
 budget=${1:-520}; t0=$SECONDS
@@ -27,4 +28,6 @@ step() {  # NAME SECONDS_NEEDED COMMAND...
 step t99_k8 240 python3 benchmarks/time_to_99.py --workers 8 --threads 1,8 --eval-budget 0.05 --timeout 150 \
   --out "$out/t99_k8.json"
 step gpu 60 python3 benchmarks/gpu_workers.py --only lenet,alexnet --timeout-s 120 --out "$out/gpu.json"
+step t99_k16 150 python3 benchmarks/time_to_99.py --workers 16 --threads 1 --only 16 --eval-budget 0.05 \
+  --timeout 120 --out "$out/t99_k16.json"
 echo "done at $((SECONDS - t0)) s" | tee -a "$out/lab.log"
