@@ -111,7 +111,7 @@ def test_a_new_session_starts_quiet(clean_env, tmp_path):
                           text=True, timeout=240, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "root level ERROR" in proc.stdout
-    assert f"driver memory {spark_session.DRIVER_MEMORY}" in proc.stdout  # a local session's larger heap
+    assert f"driver memory {spark_session.driver_memory()}" in proc.stdout  # a local session's larger heap
     assert "torch preloaded [True]" in proc.stdout
     assert "one daemon True" in proc.stdout
     for chatter in ("Using Spark's default log4j profile", "Setting default log level", " WARN ", " INFO "):

@@ -210,8 +210,15 @@ MAX_DIRECT_RESULT_KEY, MAX_DIRECT_RESULT = "spark.task.maxDirectResultSize", "64
 SIMPLIFIED_TRACEBACK_KEY = "spark.executorEnv.SPARK_SIMPLIFIED_TRACEBACK"
 """What makes the Python workers of RDD and SQL jobs one daemon's (pyspark's short tracebacks, in both)."""
 
-DRIVER_MEMORY = "2g"
-"""The JVM heap the driver of a session sparknet starts gets, unless the user sets ``spark.driver.memory``."""
+def driver_memory() -> str:
+    """The JVM heap the driver of a session sparknet starts gets, unless the user sets ``spark.driver.memory``: a
+    quarter of this machine's memory, 2 to 16 GiB (Spark's default, 1 GiB, runs out: on a local master the one JVM
+    holds every task's cached rows, and an ImageNet-shaped partition is most of a gigabyte)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no such figure on this system
+        return "2g"
+    return f"{min(16, max(2, (total // 4) >> 30))}g"
 
 
 def _user_sets_driver_memory(conf: dict | None) -> bool:
@@ -278,7 +285,7 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         # Spark's default 1 GiB heap runs out: in local mode every task's rows pass through the one JVM
         # (four tasks converting MNIST at once); on a cluster, local arrays shipped through Spark
         # (frame_from_arrays) live in the driver's heap, and each task that carries a piece is serialized there.
-        settings["spark.driver.memory"] = DRIVER_MEMORY
+        settings["spark.driver.memory"] = driver_memory()
     if DAEMON_MODULE_KEY not in _spark_defaults():
         settings[DAEMON_MODULE_KEY] = DAEMON_MODULE  # workers forked with torch and sparknet already loaded
     settings.update({key: str(value) for key, value in (conf or {}).items()})

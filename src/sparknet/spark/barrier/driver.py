@@ -122,6 +122,8 @@ class BarrierStage:
         self.errors: list[dict] = []
         self.ready_at: float | None = None
         """When rank 0 said every rank had started and joined the process group (``time.perf_counter()``)."""
+        self.final: torch.Tensor | None = None
+        """Rank 0's final weights, where they came over the channel."""
 
     def _record(self, msg: dict, now: float) -> None:
         if msg["round"] in self.seen:
@@ -139,6 +141,12 @@ class BarrierStage:
             self.errors.append(msg)
         elif event == "round":
             self._record(msg, now)
+        elif event == "final" and "payload" in msg:
+            weights = msg.pop("payload")
+            if len(weights) != 4 * self.fit.global_flat.numel():
+                raise EngineError(f"rank 0 sent {len(weights)} bytes of final weights; the net has "
+                                  f"{self.fit.global_flat.numel()} float32 weights")
+            self.final = torch.from_numpy(np.frombuffer(weights, dtype=np.float32).copy())
         elif event in ("state", "worker_state") and "payload" in msg:
             tree = unpack_tree(msg.pop("payload"))
             slot = self.pending.setdefault(int(msg["round"]), {"state": None, "workers": {}})
@@ -229,6 +237,12 @@ class BarrierStage:
                 outcome["error"] = exc.__cause__ if exc.__cause__ is not None else exc
             while (msg := receiver.recv(0.5 if "error" in outcome else 0.0)) is not None:
                 self._handle(msg, time.perf_counter())  # records that raced the end of the stage
+            if self.final is None and any(r[0] == "result" and not r[2] for r in outcome.get("rows") or []):
+                # rank 0 sent its final weights over the channel: they may still be on their way
+                deadline = time.perf_counter() + opts.collective_timeout_s
+                while self.final is None and (left := deadline - time.perf_counter()) > 0:
+                    if (msg := receiver.recv(min(1.0, left))) is not None:
+                        self._handle(msg, time.perf_counter())
         finally:
             receiver.close()
             self.ready_at = clock["ready"]
@@ -238,7 +252,10 @@ class BarrierStage:
             cause = task_error(first[0]["text"]) if first else task_error(outcome["error"])
             fatal = any(e.get("fatal") for e in self.errors)
             raise _StageFailed(cause, fatal) from outcome["error"]
-        final, full_history, workers = _stage_result(outcome.get("rows") or [])
+        final, full_history, workers = _stage_result(outcome.get("rows") or [], self.final)
+        if final is None:
+            raise EngineError("rank 0 sent its final weights over the driver's channel and they did not arrive "
+                              f"within {opts.collective_timeout_s:g} s (--collective-timeout)")
         for rec in full_history:  # records the channel did not deliver
             self._record(rec, time.perf_counter())
         if self.checkpoints is not None:
@@ -277,13 +294,14 @@ def _stage_name(dist) -> str:
     return f"sparknet barrier stage ({dist.workers} workers{each})"
 
 
-def _stage_result(rows: list) -> tuple[torch.Tensor, list[dict], list[dict]]:
+def _stage_result(rows: list, sent: torch.Tensor | None = None) -> tuple[torch.Tensor | None, list[dict], list[dict]]:
     """Rank 0's final weights and round records, and every rank's facts, from a stage's rows
-    ``(kind, rank, payload, info)`` (:data:`~sparknet.spark.barrier.executor.RESULT_SCHEMA`)."""
+    ``(kind, rank, payload, info)`` (:data:`~sparknet.spark.barrier.executor.RESULT_SCHEMA`); where rank 0 sent the
+    weights over the channel, ``sent`` (``None``: they did not come)."""
     results = [row for row in rows if row[0] == "result"]
     if not results:
         raise EngineError("the barrier stage ended without rank 0's result")
-    final = torch.from_numpy(np.frombuffer(results[0][2], dtype=np.float32).copy())
+    final = torch.from_numpy(np.frombuffer(results[0][2], dtype=np.float32).copy()) if results[0][2] else sent
     workers = sorted((info | {"rank": rank} for kind, rank, _, info in rows if kind == "worker"),
                      key=lambda w: w["rank"])
     return final, results[0][3], workers

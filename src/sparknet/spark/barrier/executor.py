@@ -109,8 +109,8 @@ def run_barrier(payload_bc, params: StagePlan, val_bc=None):
 
 RESULT_SCHEMA = "kind string, rank long, payload binary, info string"
 """The rows of a barrier stage: a ``worker`` row per rank (its facts in ``info``), and rank 0's ``result`` (the
-final weights as float32 bytes in ``payload``, the round records in ``info``); as JSON in :func:`run_barrier_frame`'s
-stage."""
+final weights as float32 bytes in ``payload``, empty where they went over the channel as a ``final`` record; the round
+records in ``info``); as JSON in :func:`run_barrier_frame`'s stage."""
 
 
 def run_barrier_frame(payload: Held, params: StagePlan, val: Held | None, float_labels: bool):
@@ -368,7 +368,11 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
         yield ("worker", rank, b"", {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
                                      "attempt": ctx.attemptNumber(), **info})
         if group_rank == 0:
-            yield ("result", 0, final.numpy().tobytes(), history)
+            # over the channel where there is one: as a task result, a large net's weights would pass through the
+            # JVM heaps of the executor and the driver in several copies (AlexNet's 244 MB filled a 2 GiB driver)
+            weights = final.numpy().tobytes()
+            sent = sender is not None and sender.send({"event": "final", "bytes": len(weights)}, weights)
+            yield ("result", 0, b"" if sent else weights, history)
     finally:
         gc.unfreeze()
         if isinstance(data, RowFile):
