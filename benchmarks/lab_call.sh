@@ -1,17 +1,21 @@
 #!/bin/bash
-# One call of the 16-core lab (../shared/tools/spark-bundle: source /tmp/sn/env.sh first), its runs in order of
-# what the open issues need most, each skipped when the call's budget has not the seconds it needs, each cut at
-# the budget's end; what each wrote comes back under $OUT (8 files at most):
+# One call of the 16-core lab (../shared/tools/spark-bundle; source /tmp/sn/env.sh first): the named steps in
+# order, each skipped when the call's budget has not the seconds it needs and cut at the budget's end; what each
+# wrote comes back under $OUT (8 files at most: machine.txt, lab.log and a .log and a .json per step, so three steps).
 #
-#   bash benchmarks/lab_call.sh 520      # seconds this call may use
+#   bash benchmarks/lab_call.sh 520 k8 lenet_gpu k16     # seconds this call may use, then its steps
 #
-#   machine.txt   cores, GPU, torch, the load before the first run
-#   t99_k8.*      time_to_99.py, K = 8: one process with 1 and 8 threads, both engines, TorchDistributor, 8 bare
-#   gpu.*         gpu_workers.py: LeNet two workers sharing the GPU against one GPU process; AlexNet images/s
-#   t99_k16.*     time_to_99.py, K = 16: both engines, TorchDistributor, 16 bare processes (as time allows)
-#   lab.log       what was skipped, and each step's exit status
+# Steps (seconds each needs on an H200 machine, 2026-11-27):
+#   k8         time_to_99.py, K = 8: one process with 1 and 8 threads, both engines, TorchDistributor, 8 bare (460 s)
+#   k16        the same for K = 16, without the one-process runs (about 300 s)
+#   curve      K = 1, 2, 4 for both engines
+#   curve_peers  K = 1, 2, 4: TorchDistributor and the bare processes
+#   shapes     K x G = 16 as 1x16, 2x8, 4x4, 8x2, 16x1, beside DDP on 16 processes (issue 35)
+#   lenet_gpu  gpu_workers.py lenet: two workers sharing the GPU against one GPU process (70 s)
+#   alexnet    gpu_workers.py alexnet: images/s of a worker through Spark against the bare loop, bf16 and float32
+#   gpt        gpu_workers.py transformer: tokens/s and the time to validation loss 1.50, one and two workers
 set -u
-budget=${1:-520}; t0=$SECONDS
+budget=${1:-520}; shift; t0=$SECONDS
 out=${OUT:-benchmarks/results/lab}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -19,15 +23,22 @@ left() { echo $((budget - (SECONDS - t0))); }
 { nproc; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
   echo "load before: $(cat /proc/loadavg)"; } > "$out/machine.txt" 2>&1
-step() {  # NAME SECONDS_NEEDED COMMAND...
-  local name=$1 need=$2; shift 2
-  if [ "$(left)" -lt "$need" ]; then echo "skip $name: $(left) s left, $need needed" | tee -a "$out/lab.log"; return; fi
-  timeout -k 5 "$(left)" "$@" > "$out/$name.log" 2>&1
+T99="python3 benchmarks/time_to_99.py --eval-budget 0.05"
+GPU="python3 benchmarks/gpu_workers.py --timeout-s 300"
+for name in "$@"; do
+  case $name in
+    k8) need=240; cmd="$T99 --workers 8 --threads 1,8 --timeout 150" ;;
+    k16) need=150; cmd="$T99 --workers 16 --threads 1 --only 16 --timeout 120" ;;
+    curve) need=200; cmd="$T99 --workers 1,2,4 --threads 1 --only workers --timeout 150" ;;
+    curve_peers) need=120; cmd="$T99 --workers 1,2,4 --threads 1 --only processes --timeout 150" ;;
+    shapes) need=300; cmd="$T99 --workers 16 --threads 16 --shapes 1x16,2x8,4x4,8x2,16x1 --only processes --timeout 150" ;;
+    lenet_gpu) need=60; cmd="$GPU --only lenet" ;;
+    alexnet) need=90; cmd="$GPU --only alexnet" ;;
+    gpt) need=300; cmd="$GPU --only transformer" ;;
+    *) echo "unknown step $name" | tee -a "$out/lab.log"; continue ;;
+  esac
+  if [ "$(left)" -lt "$need" ]; then echo "skip $name: $(left) s left, $need needed" | tee -a "$out/lab.log"; continue; fi
+  timeout -k 5 "$(left)" $cmd --out "$out/$name.json" > "$out/$name.log" 2>&1
   echo "$name: exit $? at $((SECONDS - t0)) s" | tee -a "$out/lab.log"
-}
-step t99_k8 240 python3 benchmarks/time_to_99.py --workers 8 --threads 1,8 --eval-budget 0.05 --timeout 150 \
-  --out "$out/t99_k8.json"
-step gpu 60 python3 benchmarks/gpu_workers.py --only lenet,alexnet --timeout-s 120 --out "$out/gpu.json"
-step t99_k16 150 python3 benchmarks/time_to_99.py --workers 16 --threads 1 --only 16 --eval-budget 0.05 \
-  --timeout 120 --out "$out/t99_k16.json"
+done
 echo "done at $((SECONDS - t0)) s" | tee -a "$out/lab.log"
