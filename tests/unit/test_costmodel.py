@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import math
 
 import pytest
@@ -132,3 +133,24 @@ def test_a_slow_network_run_is_priced_with_the_constants_measured_beside_it(tmp_
     assert point["calibration"] == own
     round_s = 50 * 0.05 + 0.003 + 50 * 0.02 + 10_000 / 2 * 3e-4  # steps, the round's and 50 steps' allreduces, eval
     assert check_point(point, CAL)["predicted_s"] == pytest.approx(2 * round_s)
+
+
+def test_a_lab_run_is_priced_with_the_step_its_bare_processes_measured_beside_it(tmp_path):
+    other = (os.cpu_count() or 1) + 14  # another machine's core count
+    runs = [{"run": "one process, 8 threads", "command": "sparknet train --threads 8 --eval-every 50",
+             "summary": {"samples_per_s": 10_000.0, "steps": 3800}},
+            {"run": "rounds, 8 workers", "command": "sparknet train --workers 8 --tau 50 --master local[8]",
+             "summary": {"samples_per_s": 12_800.0, "steps": 1000}},
+            {"run": "barrier, 4 workers", "command": "sparknet train --workers 4 --tau 50 --engine barrier",
+             "summary": {"samples_per_s": 8_000.0, "steps": 1500}},
+            {"run": "bare, 8 processes", "summary": {"samples_per_s": 16_000.0}}]
+    path = tmp_path / "lab.json"
+    path.write_text(json.dumps({"benchmark": "time_to_99", "cpu_count": other, "runs": runs}))
+    (point,) = measured_points([path])  # the one process and K = 4 have no constants of their machine: left out
+    assert point["name"] == "rounds, 8 workers"
+    assert point["calibration"] == {"step_s": pytest.approx(64 / 2000.0), "cores": other}
+    rounds = 1000 // 50
+    expected = rounds * (50 * 64 / 2000.0 + CAL.job_s + CAL.job_s_per_worker * 6)  # a core each: no sharing
+    assert check_point(point, CAL)["predicted_s"] == pytest.approx(expected)
+    path.write_text(json.dumps({"benchmark": "time_to_99", "cpu_count": os.cpu_count(), "runs": runs}))
+    assert [p["name"] for p in measured_points([path])] == [r["run"] for r in runs[:3]]  # this machine's: all

@@ -8,7 +8,9 @@
 2. **Check** every measured run found in the files given (``--measured``; by default this project's own
    results): each run's shape (engine, K, tau, steps, rounds, link) goes into the model, and the predicted
    time is set beside the measured one: in-round time for ``sparknet train`` runs, the training wall time
-   (evaluations of the whole test set every round included) for the slow-network experiment's runs.
+   (evaluations of the whole test set every round included) for the slow-network experiment's runs. A run of
+   ``time_to_99.py`` with K workers takes its step from the K bare processes timed in the same call, and the
+   call's cores; another machine's run with nothing measured beside it is not priced.
 3. **Predict** time to target for K = 2...256 workers with a core each, every tau and link asked for, both
    engines, the model's size scaled: steps to the target from the simulator's measurements (K = 2, 4, 8) and
    beyond from the power law fitted to them, which the plot draws dashed.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -44,7 +47,8 @@ STEPS_TO_98_5 = {(2, 10): 650, (2, 50): 700, (2, 200): 600, (4, 10): 450, (4, 50
 MNIST in the simulator (benchmarks/results/strategies.json, evaluated every 50 steps or every round)."""
 
 DEFAULT_MEASURED = ("benchmarks/results/time_to_99.json", "benchmarks/results/multihost_lenet_relay.json",
-                    "benchmarks/results/quick_start.json", "docs/figures/slow-network.json")
+                    "benchmarks/results/quick_start.json", "docs/figures/slow-network.json",
+                    "benchmarks/results/lab_t99_k8_h200.json", "benchmarks/results/lab_t99_k16_h200.json")
 
 
 @dataclass(kw_only=True)
@@ -229,8 +233,30 @@ def measured_points(paths) -> list[dict]:
         for point in found:
             if data.get("calibration"):  # the machine's step and evaluation on the day the runs were taken
                 point["calibration"] = data["calibration"]
-        points += found
+            if (beside := _bare_step(data, point)) is not None:
+                point["calibration"] = {**point.get("calibration", {}), **beside}
+            elif data.get("cpu_count", os.cpu_count()) != os.cpu_count() and not point.get("calibration"):
+                # another machine's run, and nothing measured beside it: this machine's constants do not price it
+                log.info("scaling: %s: %r ran on %s cores with no step measured beside it; not priced", path.name,
+                         point["name"], data["cpu_count"])
+                continue
+            points.append(point)
     return points
+
+
+def _bare_step(data: dict, point: dict) -> dict | None:
+    """A K-worker run's step and cores from the K bare one-thread processes ``time_to_99.py`` ran in the same call
+    (what K processes at once get from that machine: a step slower than one process's alone, where they share its
+    memory and caches), or ``None`` where it ran none."""
+    shape = point["shape"]
+    if data.get("benchmark") != "time_to_99" or shape.engine == "local":
+        return None
+    name = f"bare, {shape.workers} processes"
+    bare = next((r["summary"] for r in data.get("runs") or [] if r.get("run") == name and r.get("summary")), None)
+    if not bare or not bare.get("samples_per_s"):
+        return None
+    per_process = bare["samples_per_s"] / shape.workers
+    return {"step_s": point.get("batch", 64) / per_process, "cores": int(data.get("cpu_count") or shape.workers)}
 
 
 def _train_point(run: dict, source: str) -> dict | None:
@@ -247,7 +273,7 @@ def _train_point(run: dict, source: str) -> dict | None:
     batch = int(flag("--batch-size", "64"))
     samples = steps * batch * workers
     shape = RunShape(engine=engine, workers=workers, tau=tau, steps=steps, threads=int(flag("--threads", "2")))
-    return {"source": source, "name": run.get("run"), "shape": shape, "link": "free",
+    return {"source": source, "name": run.get("run"), "shape": shape, "link": "free", "batch": batch,
             "what": "in-round seconds", "measured_s": samples / s["samples_per_s"], "with_eval": False}
 
 
