@@ -22,6 +22,8 @@ export PYTHONUNBUFFERED=1
 left() { echo $((budget - (SECONDS - t0))); }
 { nproc; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
+  lscpu | grep -iE "model name|thread|core|socket|numa"  # whether 16 CPUs are 16 cores or 8 with two threads each
+  echo "cpu0's siblings: $(cat /sys/devices/system/cpu/cpu0/topology/thread_siblings_list)"
   echo "load before: $(cat /proc/loadavg)"; } > "$out/machine.txt" 2>&1
 T99="python3 benchmarks/time_to_99.py --eval-budget 0.05"
 GPU="python3 benchmarks/gpu_workers.py --timeout-s 300"

@@ -216,6 +216,9 @@ def rounds_summary(rounds: list[dict], test, *, t_fit: float, t_train: float, tr
     samples = sum(h["samples"] for h in rounds)
     round_time = sum(h["round_s"] for h in rounds)
     last = rounds[-1] if rounds else {}
+    # what the rounds' time went to: the slowest worker's steps (a round waits for it), the workers' mean steps
+    computes = [[w["compute_s"] for w in h.get("per_worker") or () if w.get("compute_s") is not None] for h in rounds]
+    computes = [c for c in computes if c]
     return {
         "rounds": len(rounds), "total_steps": last.get("total_steps", 0), "samples": samples,
         "bytes_communicated": sum(h["bytes"] for h in rounds), "wall_s": time.perf_counter() - t_fit,
@@ -223,6 +226,9 @@ def rounds_summary(rounds: list[dict], test, *, t_fit: float, t_train: float, tr
         # the evaluations between (or, overlapped, beside) the rounds, within train_s; the last test pass is not in it
         "eval_s": sum(h.get("eval_s", 0.0) for h in rounds),
         "samples_per_s": samples / round_time if round_time > 0 else None,
+        "rounds_s": round_time,
+        **({"slowest_compute_s": sum(max(c) for c in computes),
+            "mean_compute_s": sum(sum(c) / len(c) for c in computes)} if computes else {}),
         "loss": last.get("loss"),
         "test_accuracy": test.metrics.get("accuracy") if test is not None else None,
         **({f"test_{k}": v for k, v in test.metrics.items()} if test is not None else {}),

@@ -6,7 +6,9 @@ import subprocess
 import sys
 import time
 
-from sparknet.metrics import LoadSampler, process_age_s
+import pytest
+
+from sparknet.metrics import LoadSampler, process_age_s, rounds_summary
 
 
 def test_the_load_sampler_records_before_and_samples_during():
@@ -28,3 +30,17 @@ def test_a_process_age_counts_from_the_interpreter_start():
     age = float(out.stdout.strip())
     assert 0.6 <= age <= outside + 0.05  # the sleep before the import is counted; no more than the parent saw
     assert process_age_s() > age - 0.05  # this test process is older than the child was at its end
+
+
+def test_the_summary_says_what_the_rounds_waited_for():
+    """A round lasts as long as its slowest worker: the summary adds up, round by round, the slowest worker's
+    steps and the workers' mean, beside the rounds' own seconds."""
+    rounds = [{"samples": 128, "round_s": 2.0, "bytes": 0, "per_worker": [{"compute_s": 1.0}, {"compute_s": 1.5}]},
+              {"samples": 128, "round_s": 3.0, "bytes": 0, "per_worker": [{"compute_s": 2.5}, {"compute_s": 0.5}]},
+              {"samples": 128, "round_s": 1.0, "bytes": 0}]  # a round whose workers said nothing
+    now = time.perf_counter()
+    summary = rounds_summary(rounds, None, t_fit=now, t_train=now, train_s=6.0)
+    assert summary["rounds_s"] == 6.0 and summary["samples_per_s"] == pytest.approx(384 / 6.0)
+    assert summary["slowest_compute_s"] == pytest.approx(1.5 + 2.5)
+    assert summary["mean_compute_s"] == pytest.approx(1.25 + 1.5)
+    assert "slowest_compute_s" not in rounds_summary(rounds[2:], None, t_fit=now, t_train=now, train_s=1.0)
