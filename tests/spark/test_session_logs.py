@@ -142,6 +142,13 @@ def test_sparknet_train_with_its_output_in_a_log_writes_one_progress_line_per_ro
     result = json.loads(proc.stdout.splitlines()[-1])  # what the command printed
     # the first round began after the session and the data, and before the command ended
     assert summary["setup_s"] < summary["first_round_s"] == result["first_round_s"] < result["command_s"]
+    # when each step before it ended, in the command's seconds, in the order they run (the rounds engine stages)
+    phases = summary["phases_s"]
+    assert list(phases) == ["session", "data", "fit", "planned", "staged", "checked", "launch", "first_round"]
+    assert 0 < phases["session"] and all(a <= b for a, b in zip(phases.values(), list(phases.values())[1:]))
+    assert phases["first_round"] == summary["first_round_s"]
+    assert summary["rounds_s"] == pytest.approx(sum(r["round_s"] for r in rounds))
+    assert 0 < summary["mean_compute_s"] <= summary["slowest_compute_s"] <= summary["rounds_s"]
     assert summary["eval_s"] == pytest.approx(sum(r["eval_s"] for r in rounds))  # within the rounds' time
     assert 0 < summary["eval_s"] < summary["train_s"]
     for i, (line, record) in enumerate(zip(lines, rounds), 1):

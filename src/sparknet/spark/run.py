@@ -113,13 +113,15 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, options: EngineOp
     with ThreadPoolExecutor(1, thread_name_prefix="sparknet-prepare") as pool:
         prepared = pool.submit(_prepare, run)  # while the Spark session's JVM starts (most of it is waiting)
         spark = get_session(dist.resolved_master)
+        ages = {"session": process_age_s()}
         with python_workers_starting(spark.sparkContext):  # while the data is read and planned
             train, test, info, net_params = prepared.result()
-            return _train(spark, run, dist, options, train, test, info, net_params)
+            ages["data"] = process_age_s()
+            return _train(spark, run, dist, options, train, test, info, net_params, ages)
 
 
 def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOptions | None, train, test, info,
-           net_params) -> dict:
+           net_params, ages: dict | None = None) -> dict:
     df = training_frame(spark, run, train)
     config = TrainConfig(run=run, dist=dist).to_dict()
     sinks = run_sinks(run, config)
@@ -147,6 +149,11 @@ def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOption
                        "steps": result.summary.get("total_steps"), **result.summary,
                        # what the command's user waited before the first round began (Python, the session, data)
                        "first_round_s": None if age is None else round(age + _first_round_start(result), 2)}
+            if age is not None:  # when each step before the first round ended, in the command's seconds
+                summary["phases_s"] = {**{k: round(v, 2) for k, v in (ages or {}).items() if v is not None},
+                                       "fit": round(age, 2),
+                                       **{k: round(age + v, 2) for k, v in result.summary["fit_phases_s"].items()},
+                                       "first_round": summary["first_round_s"]}
             if "corpus" in info and summary.get("test_loss") is not None:
                 summary["bits_per_char"] = summary["test_loss"] / np.log(2)
             metrics.write(summary)

@@ -248,6 +248,8 @@ class SparkTrainer:
             or ``({column: array}, labels)``. The returned weights carry the module's own names.
         """
         t_fit = time.perf_counter()
+        phases: dict[str, float] = {}  # seconds from the fit's start to the end of each step before the rounds
+        mark = lambda name: phases.__setitem__(name, round(time.perf_counter() - t_fit, 3))  # noqa: E731
         keep_freed_memory()  # the driver's per-round sums and evaluations (sparknet._malloc)
         spark = self.spark or get_session(None if self._workers_from_session else self.dist.resolved_master)
         connect = is_connect(spark)  # a Spark Connect session: DataFrame operations only, no SparkContext
@@ -351,6 +353,7 @@ class SparkTrainer:
         if dist.engine is Engine.ROUNDS and not connect:  # a job a round: no partition may carry the rows
             chunks = spark_data.without_local_data(chunks, K)
         chunks.persist(getattr(StorageLevel, self.options.storage_level))
+        mark("planned")
         staged = None
         broadcasts = []
         try:
@@ -361,6 +364,7 @@ class SparkTrainer:
                 staged.persist(StorageLevel.MEMORY_ONLY)
                 stats = self._data_job(sc, group, "sparknet: convert, check and stage the training data",
                                        staged.collect, "the training data's conversion, check and staging")
+                mark("staged")
             stats, total = spark_data.checked_partitions(sc, group, chunks, timeout_s=self.options.data_timeout_s,
                                                     stats=stats, expected_len=expected_len, num_classes=None,
                                                     num_workers=ranks, sample_shape=sample_shape, task=task,
@@ -394,6 +398,7 @@ class SparkTrainer:
                                  lambda: self._validation(validation, sample_shape, num_classes, features_col,
                                                           label_col, image_shape, task),
                                  "the validation data's collection")
+            mark("checked")  # and the validation rows collected
             if val is not None:
                 driver_net.set_validation_data(val)
             warmup = None
@@ -417,6 +422,7 @@ class SparkTrainer:
                             broadcasts=broadcasts, t_fit=t_fit, dist=dist, options=self.options,
                             rows=tuple(self._rows), emit=self._emit, checkpoints=checkpoints, resume=resume)
             t_train = time.perf_counter()
+            mark("launch")
             run_engine = run_connect_stage if connect else _ENGINES[dist.engine]
             global_flat, history, extra = run_engine(run)
             train_s = time.perf_counter() - t_train
@@ -436,7 +442,7 @@ class SparkTrainer:
             "sample_shape": list(sample_shape), "num_classes": num_classes, "input": source.description,
             "feature_columns": None if layout is None else {name: list(shape) for name, shape in layout},
             "data_mode": data_mode.value, "data_mode_reason": data_mode_why,
-            "warmup": warmup, "retries": sum(h.get("retries", 0) for h in rounds),
+            "warmup": warmup, "fit_phases_s": phases, "retries": sum(h.get("retries", 0) for h in rounds),
             "nonfinite_workers": sum(h.get("nonfinite_workers", 0) for h in rounds),
             "resumed_from": None if resume is None else resume.round,
             "checkpoints": None if checkpoints is None else checkpoints.written,
