@@ -7,7 +7,8 @@
 #
 # Steps (seconds each needs on an H200 machine, 2026-11-27):
 #   k8         time_to_99.py, K = 8: one process with 1 and 8 threads, both engines, TorchDistributor, 8 bare (460 s)
-#   k16        the same for K = 16, without the one-process runs (about 300 s)
+#   k8_engines the two engines alone at K = 8 (about 140 s): their phases and stragglers
+#   k16        the same as k8 for K = 16, without the one-process runs (about 300 s)
 #   curve      K = 1, 2, 4 for both engines
 #   curve_peers  K = 1, 2, 4: TorchDistributor and the bare processes
 #   shapes     K x G = 16 as 1x16, 2x8, 4x4, 8x2, 16x1, beside DDP on 16 processes (issue 35)
@@ -30,6 +31,7 @@ GPU="python3 benchmarks/gpu_workers.py --timeout-s 300"
 for name in "$@"; do
   case $name in
     k8) need=240; cmd="$T99 --workers 8 --threads 1,8 --timeout 150" ;;
+    k8_engines) need=140; cmd="$T99 --workers 8 --only '8 workers' --timeout 100" ;;
     k16) need=150; cmd="$T99 --workers 16 --threads 1 --only 16 --timeout 120" ;;
     curve) need=200; cmd="$T99 --workers 1,2,4 --threads 1 --only workers --timeout 150" ;;
     curve_peers) need=120; cmd="$T99 --workers 1,2,4 --threads 1 --only processes --timeout 150" ;;
@@ -40,7 +42,7 @@ for name in "$@"; do
     *) echo "unknown step $name" | tee -a "$out/lab.log"; continue ;;
   esac
   if [ "$(left)" -lt "$need" ]; then echo "skip $name: $(left) s left, $need needed" | tee -a "$out/lab.log"; continue; fi
-  timeout -k 5 "$(left)" $cmd --out "$out/$name.json" > "$out/$name.log" 2>&1
+  timeout -k 5 "$(left)" bash -c "$cmd --out $out/$name.json" > "$out/$name.log" 2>&1
   echo "$name: exit $? at $((SECONDS - t0)) s" | tee -a "$out/lab.log"
 done
 echo "done at $((SECONDS - t0)) s" | tee -a "$out/lab.log"
