@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +158,68 @@ def test_sparknet_train_with_its_output_in_a_log_writes_one_progress_line_per_ro
         assert line.startswith(f"[sparknet] {20 * i}/60 steps ({100 * i / 3:.0f}%) round={i} "), line
         assert f"loss={record['loss']:.4g}" in line and " elapsed" in line
     assert "\r" not in text  # nothing redrawn in a log
+
+
+def test_the_class_archive_is_written_once_then_mapped(tmp_path, monkeypatch):
+    """The first session writes its JVM's classes at exit; a dump a minute old becomes the archive later sessions
+    map, and the other dumps go."""
+    monkeypatch.delenv(spark_session.CLASS_ARCHIVE_ENV, raising=False)
+    conf = tmp_path / "conf"
+    (conf / "spark-defaults.conf").parent.mkdir()
+    (conf / "spark-defaults.conf").write_text("spark.ui.enabled false\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf))
+    assert spark_session.class_archive_options(tmp_path) == ""  # Spark would put that folder on the class path
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path / "absent"))
+    first = spark_session.class_archive_options(tmp_path)
+    assert first.startswith("-XX:ArchiveClassesAtExit=") and first.split()[0].endswith(f".{os.getpid()}.jsa")
+    dump = Path(first.split()[0].split("=", 1)[1])
+    other = dump.with_name(dump.name.replace(f".{os.getpid()}.", ".1."))
+    for path in (dump, other):
+        path.write_bytes(b"classes")
+        os.utime(path, (time.time() - 120, time.time() - 120))  # done: older than a minute
+    mapped = spark_session.class_archive_options(tmp_path)
+    archive = Path(mapped.split()[0].split("=", 1)[1])
+    assert mapped.startswith("-XX:SharedArchiveFile=") and archive.read_bytes() == b"classes"
+    assert list(tmp_path.glob("*.jsa")) == [archive]
+    monkeypatch.setenv(spark_session.CLASS_ARCHIVE_ENV, "0")
+    assert spark_session.class_archive_options(tmp_path) == ""
+
+
+def test_a_session_dumps_its_classes_at_exit_and_starts_on_an_archive_that_does_not_match(tmp_path):
+    """Real JVMs: a session with no archive writes one as its JVM exits; one whose archive is not a JVM's (another
+    Java wrote it, or it is cut short) starts and runs all the same."""
+    script = textwrap.dedent("""
+        from sparknet.spark import get_session
+        spark = get_session("local[1]", conf={"spark.ui.enabled": "false"})
+        try:
+            assert spark.sparkContext.parallelize(range(4), 2).sum() == 6
+            args = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+            print("archive options", [a for a in args if "Archive" in a])
+        finally:
+            spark.stop()
+    """)
+    env = {**os.environ, "SPARKNET_CACHE": str(tmp_path / "cache")}
+    for name in (spark_session.CLASS_ARCHIVE_ENV, "SPARK_CONF_DIR"):  # the suite's conf folder: no archive with it
+        env.pop(name, None)
+
+    def session() -> str:
+        proc = subprocess.run([sys.executable, "-W", "ignore::FutureWarning", "-c", script], capture_output=True,
+                              text=True, timeout=240, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    assert "-XX:ArchiveClassesAtExit=" in session()
+    deadline = time.monotonic() + 120  # the JVM writes it as it exits, after the Python process has
+    while not list((tmp_path / "cache" / "jvm").glob("*.jsa")) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    (dump,) = (tmp_path / "cache" / "jvm").glob("*.jsa")
+    for _ in range(240):  # whole once its size stops changing
+        size = dump.stat().st_size
+        time.sleep(0.5)
+        if dump.stat().st_size == size:
+            break
+    assert dump.stat().st_size > 10_000_000  # the classes of a Spark driver: some 170 MB
+    archive = dump.with_name(dump.name.split(".")[0] + ".jsa")
+    archive.write_bytes(b"not a class archive")  # what a later session takes as the archive
+    dump.unlink()
+    assert f"-XX:SharedArchiveFile={archive}" in session()
