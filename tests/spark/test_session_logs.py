@@ -29,6 +29,7 @@ def clean_env(monkeypatch, tmp_path):
     monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
     monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
     monkeypatch.delenv(LOG_LEVEL_ENV, raising=False)
+    monkeypatch.setenv(spark_session.CLASS_ARCHIVE_ENV, "0")  # no class archive written at the JVM's exit (a minute)
     return conf_dir
 
 
@@ -185,9 +186,19 @@ def test_the_class_archive_is_written_once_then_mapped(tmp_path, monkeypatch):
     assert spark_session.class_archive_options(tmp_path) == ""
 
 
-def test_a_session_dumps_its_classes_at_exit_and_starts_on_an_archive_that_does_not_match(tmp_path):
-    """Real JVMs: a session with no archive writes one as its JVM exits; one whose archive is not a JVM's (another
-    Java wrote it, or it is cut short) starts and runs all the same."""
+def test_a_session_starts_quietly_on_a_class_archive_that_does_not_match(tmp_path, monkeypatch):
+    """A real JVM handed an archive that is not one of its own (another Java wrote it, or it was cut short) loads its
+    classes as usual: the session starts, runs a job and says nothing about it. (Writing a real archive at the JVM's
+    exit takes a minute here: measured by ``benchmarks/first_round.py``, not in the suite.)"""
+    env = {**os.environ, "SPARKNET_CACHE": str(tmp_path / "cache")}
+    for name in (spark_session.CLASS_ARCHIVE_ENV, "SPARK_CONF_DIR"):  # the suite's conf folder: no archive with it
+        env.pop(name, None)
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    monkeypatch.delenv(spark_session.CLASS_ARCHIVE_ENV, raising=False)
+    folder = tmp_path / "cache" / "jvm"
+    dump = Path(spark_session.class_archive_options(folder).split()[0].split("=", 1)[1])  # this Java's and Spark's
+    archive = folder / (dump.name.split(".")[0] + ".jsa")
+    archive.write_bytes(b"not a class archive")
     script = textwrap.dedent("""
         from sparknet.spark import get_session
         spark = get_session("local[1]", conf={"spark.ui.enabled": "false"})
@@ -198,28 +209,8 @@ def test_a_session_dumps_its_classes_at_exit_and_starts_on_an_archive_that_does_
         finally:
             spark.stop()
     """)
-    env = {**os.environ, "SPARKNET_CACHE": str(tmp_path / "cache")}
-    for name in (spark_session.CLASS_ARCHIVE_ENV, "SPARK_CONF_DIR"):  # the suite's conf folder: no archive with it
-        env.pop(name, None)
-
-    def session() -> str:
-        proc = subprocess.run([sys.executable, "-W", "ignore::FutureWarning", "-c", script], capture_output=True,
-                              text=True, timeout=240, cwd=tmp_path, env=env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        return proc.stdout
-
-    assert "-XX:ArchiveClassesAtExit=" in session()
-    deadline = time.monotonic() + 120  # the JVM writes it as it exits, after the Python process has
-    while not list((tmp_path / "cache" / "jvm").glob("*.jsa")) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    (dump,) = (tmp_path / "cache" / "jvm").glob("*.jsa")
-    for _ in range(240):  # whole once its size stops changing
-        size = dump.stat().st_size
-        time.sleep(0.5)
-        if dump.stat().st_size == size:
-            break
-    assert dump.stat().st_size > 10_000_000  # the classes of a Spark driver: some 170 MB
-    archive = dump.with_name(dump.name.split(".")[0] + ".jsa")
-    archive.write_bytes(b"not a class archive")  # what a later session takes as the archive
-    dump.unlink()
-    assert f"-XX:SharedArchiveFile={archive}" in session()
+    proc = subprocess.run([sys.executable, "-W", "ignore::FutureWarning", "-c", script], capture_output=True,
+                          text=True, timeout=240, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"-XX:SharedArchiveFile={archive}" in proc.stdout
+    assert "cds" not in proc.stderr.lower() and "archive" not in proc.stderr.lower(), proc.stderr[-3000:]
