@@ -164,6 +164,13 @@ def _spark_conf_dir() -> Path | None:
     return Path(pyspark.__file__).parent / "conf"
 
 
+def _java_options_set_elsewhere() -> bool:
+    """Whether the driver JVM's options are not the session's to add to: it already runs (``spark-submit``, an earlier
+    session), or ``PYSPARK_SUBMIT_ARGS`` sets them."""
+    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+    return _jvm_running() or "JavaOptions" in submit_args or "java-options" in submit_args
+
+
 def _jvm_running() -> bool:
     """Whether this Python process already talks to a driver JVM (``spark-submit``, or an earlier session)."""
     if os.environ.get("PYSPARK_GATEWAY_PORT"):
@@ -182,13 +189,10 @@ def quiet_log_settings(master: str | None, settings: dict[str, str], level: str)
     ``spark-submit``, whose options rule). Executors get the file only on a local master: remote executors log to
     their cluster's files, not to this terminal.
     """
-    if _jvm_running():
+    if _java_options_set_elsewhere() or "log4j" in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
         return {}
     conf_dir = _spark_conf_dir()
     if conf_dir is not None and any((conf_dir / name).is_file() for name in ("log4j2.properties", "log4j2.xml")):
-        return {}
-    submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
-    if "JavaOptions" in submit_args or "java-options" in submit_args or "log4j" in submit_args:
         return {}
     # (a property named -Dspark... would be refused in executor options: Spark reserves the prefix)
     ours = f"-Dlog4j2.configurationFile={_log4j_file().as_uri()} -DSPARKNET_SPARK_LOG_LEVEL={level}"
@@ -235,16 +239,14 @@ def class_archive_options(folder: Path | None = None) -> str:
     key = hashlib.sha256(stamp.encode()).hexdigest()[:16]
     folder = Path(folder) if folder is not None else cache_root() / "jvm"
     archive, quiet = folder / f"spark-{key}.jsa", "-Xlog:cds=off,cds+dynamic=off"
-    if not archive.is_file():
-        for dump in sorted(folder.glob(f"spark-{key}.*.jsa")):  # written at an earlier JVM's exit
-            if time.time() - dump.stat().st_mtime > 60:
-                with contextlib.suppress(OSError):
-                    os.replace(dump, archive)
-                break
+    # dumps earlier JVMs wrote as they exited, whole once a minute old
+    done = [d for d in sorted(folder.glob(f"spark-{key}.*.jsa")) if time.time() - d.stat().st_mtime > 60]
+    if done and not archive.is_file():
+        with contextlib.suppress(OSError):
+            os.replace(done.pop(0), archive)
     if archive.is_file():
-        for stale in folder.glob(f"spark-{key}.*.jsa"):  # other sessions' dumps, done and not needed
-            if time.time() - stale.stat().st_mtime > 60:
-                stale.unlink(missing_ok=True)
+        for stale in done:  # other sessions' dumps, not needed
+            stale.unlink(missing_ok=True)
         return f"-XX:SharedArchiveFile={archive} {quiet}"
     folder.mkdir(parents=True, exist_ok=True)
     return f"-XX:ArchiveClassesAtExit={folder / f'spark-{key}.{os.getpid()}.jsa'} {quiet}"
@@ -340,8 +342,7 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
     settings.update({key: str(value) for key, value in (conf or {}).items()})
     settings.update(quiet_log_settings(master, settings, level))
     driver_options = str(settings.get(_JAVA_OPTIONS["driver"], _spark_defaults().get(_JAVA_OPTIONS["driver"], "")))
-    if not _jvm_running() and "Archive" not in driver_options and "Xshare" not in driver_options and \
-            "java-options" not in os.environ.get("PYSPARK_SUBMIT_ARGS", ""):
+    if not _java_options_set_elsewhere() and "Archive" not in driver_options and "Xshare" not in driver_options:
         settings[_JAVA_OPTIONS["driver"]] = f"{driver_options} {class_archive_options()}".strip()
     for key, value in settings.items():
         builder = builder.config(key, str(value))
