@@ -159,6 +159,7 @@ def transformer(args, work: Path) -> dict:
            "bare": _bare_loop(module, batches, steps=min(steps, 200), warmup=1 if args.smoke else 20, device=device,
                               bf16=True, channels_last=False, optimizer=adamw)}
     out["bare"]["tokens_per_s"] = round(out["bare"]["samples_per_s"] * 256, 1)
+    args.keep(out)
     flags = ["--model", "gpt-char", "--dataset", "shakespeare", "--device", device, "--precision", "bf16",
              "--solver-type", "adamw", "--lr", "1e-3", "--weight-decay", "0.1", "--lr-policy", "cosine",
              "--batch-size", str(batch), "--steps", str(steps), "--tau", str(every), "--engine", "barrier",
@@ -171,6 +172,7 @@ def transformer(args, work: Path) -> dict:
         run["tokens_per_s"] = None if run.get("samples_per_s") is None else round(run["samples_per_s"] * 256, 1)
         run["fit_s_to_target"] = _first_below(metrics, target)
         out[f"sparknet, {workers} worker(s)"] = run
+        args.keep(out)  # a lab call cut short keeps the runs it finished
     one = out["sparknet, 1 worker(s)"].get("tokens_per_s")
     out["worker / bare, tokens/s"] = None if not one else round(one / out["bare"]["tokens_per_s"], 3)
     return out
@@ -192,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
               "torch": torch.__version__, "smoke": args.smoke}
     with tempfile.TemporaryDirectory(prefix="sparknet-gpu-bench-") as tmp:
         for name in args.only.split(","):
+            args.keep = lambda part, name=name: save_json({**result, name: part}, args.out)
             try:
                 result[name] = SECTIONS[name](args, Path(tmp))
             except (SystemExit, subprocess.TimeoutExpired, RuntimeError, OSError) as e:
