@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -214,3 +215,43 @@ def test_a_session_starts_quietly_on_a_class_archive_that_does_not_match(tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"-XX:SharedArchiveFile={archive}" in proc.stdout
     assert "cds" not in proc.stderr.lower() and "archive" not in proc.stderr.lower(), proc.stderr[-3000:]
+
+
+def _java_without_base_archives(where: Path) -> Path:
+    """This machine's Java, as a jlink image is made: its launcher and JVM copied (Java finds its home from them),
+    the rest linked, and no base class archive (``lib/server/classes*.jsa``). Returns the new ``bin/java``."""
+    java = Path(os.path.realpath(shutil.which("java") if not os.environ.get("JAVA_HOME") else
+                                 os.path.join(os.environ["JAVA_HOME"], "bin", "java")))
+    home = java.parent.parent
+    where.mkdir()
+    for entry in home.iterdir():
+        if entry.name not in ("bin", "lib"):
+            (where / entry.name).symlink_to(entry)
+    for folder in ("bin", "lib", "lib/server"):
+        (where / folder).mkdir()
+        for entry in (home / folder).iterdir():
+            target = where / folder / entry.name
+            if folder == "lib" and entry.name == "server":
+                continue
+            if folder == "lib/server" and entry.name.startswith("classes"):
+                continue  # the base archives
+            if entry.name in ("java", "libjvm.so"):
+                shutil.copy2(entry, target)
+            else:
+                target.symlink_to(entry)
+    return where / "bin" / "java"
+
+
+def test_a_java_without_base_archives_gets_no_class_archive(tmp_path, monkeypatch):
+    """Java 17 without its base archive refuses to start when asked to write an archive of an application's classes
+    (a jlink image, as the Spark lab's bundled Java is): a session there gets no archive options and starts."""
+    monkeypatch.delenv(spark_session.CLASS_ARCHIVE_ENV, raising=False)
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    java = _java_without_base_archives(tmp_path / "jdk")
+    refused = subprocess.run([str(java), f"-XX:ArchiveClassesAtExit={tmp_path / 'x.jsa'}", "-version"],
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "base CDS archive" in refused.stdout + refused.stderr  # what the lab saw
+    assert subprocess.run([str(java), "-version"], capture_output=True, timeout=60).returncode == 0  # a working Java
+    assert spark_session.class_archive_options(tmp_path / "cache").startswith("-XX:")  # the machine's own Java
+    monkeypatch.setenv("JAVA_HOME", str(java.parent.parent))
+    assert spark_session.class_archive_options(tmp_path / "cache") == ""

@@ -218,8 +218,10 @@ def class_archive_options(folder: Path | None = None) -> str:
     20,000 classes). The first session without an archive writes one as its JVM exits (about 170 MB under the
     sparknet cache's ``jvm`` folder); a later one takes a dump older than a minute, which is whole, as the archive.
     An archive is per Java and Spark install: one that no longer matches is ignored by the JVM, which then loads the
-    classes as usual. ``""`` where :data:`CLASS_ARCHIVE_ENV` is ``0``, or Spark's configuration folder holds files
-    (Java archives no class path with such a folder in it)."""
+    classes as usual. ``""`` where :data:`CLASS_ARCHIVE_ENV` is ``0``, where Spark's configuration folder holds files
+    (Java archives no class path with such a folder in it), or where the Java has no base archive of its own (the
+    JDK's ``lib/server/classes.jsa`` and ``classes_nocoops.jsa``; a trimmed Java made by jlink has none), which
+    Java 17 needs under an archive of an application's classes and, without it, refuses to start."""
     if os.environ.get(CLASS_ARCHIVE_ENV, "1") == "0":
         return ""
     conf_dir = _spark_conf_dir()  # Spark puts it on the class path, and Java archives no class path that holds
@@ -235,6 +237,9 @@ def class_archive_options(folder: Path | None = None) -> str:
     if java is None:
         return ""
     java = os.path.realpath(java)
+    server = Path(java).parent.parent / "lib" / "server"  # a Java without its base archives (a jlink image) refuses
+    if not all((server / name).is_file() for name in ("classes.jsa", "classes_nocoops.jsa")):  # to start with a dump
+        return ""
     stamp = f"{java}:{os.stat(java).st_mtime_ns}:{pyspark.__file__}:{pyspark.__version__}"
     key = hashlib.sha256(stamp.encode()).hexdigest()[:16]
     folder = Path(folder) if folder is not None else cache_root() / "jvm"
