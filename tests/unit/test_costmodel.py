@@ -148,9 +148,13 @@ def test_a_lab_run_is_priced_with_the_step_its_bare_processes_measured_beside_it
     path.write_text(json.dumps({"benchmark": "time_to_99", "cpu_count": other, "runs": runs}))
     (point,) = measured_points([path])  # the one process and K = 4 have no constants of their machine: left out
     assert point["name"] == "rounds, 8 workers"
-    assert point["calibration"] == {"step_s": pytest.approx(64 / 2000.0), "cores": other}
+    assert point["calibration"] == {"step_s": pytest.approx(64 / 2000.0), "cores": other}  # no rates: the mean's
+    runs[-1]["summary"]["per_process"] = [2100.0] * 6 + [1800.0, 1600.0]  # a round waits for its slowest worker
+    path.write_text(json.dumps({"benchmark": "time_to_99", "cpu_count": other, "runs": runs}))
+    (point,) = measured_points([path])
+    assert point["calibration"] == {"step_s": pytest.approx(64 / 1600.0), "cores": other}
     rounds = 1000 // 50
-    expected = rounds * (50 * 64 / 2000.0 + CAL.job_s + CAL.job_s_per_worker * 6)  # a core each: no sharing
+    expected = rounds * (50 * 64 / 1600.0 + CAL.job_s + CAL.job_s_per_worker * 6)  # a core each: no sharing
     assert check_point(point, CAL)["predicted_s"] == pytest.approx(expected)
     path.write_text(json.dumps({"benchmark": "time_to_99", "cpu_count": os.cpu_count(), "runs": runs}))
     assert [p["name"] for p in measured_points([path])] == [r["run"] for r in runs[:3]]  # this machine's: all
