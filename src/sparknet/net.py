@@ -281,6 +281,11 @@ def _as_tensor(a, *, name: str) -> torch.Tensor:
     return t
 
 
+def _floats(tensors: list[torch.Tensor]) -> list[float]:
+    """Scalar tensors' values, read from their device at once."""
+    return torch.stack(tensors).tolist() if len(tensors) > 1 else [tensors[0].item()]
+
+
 def _collect(data, expected_label_ndim: int | None, batched: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Turn ``data`` (arrays pair, dataset with .x/.y, or iterable of samples/batches) into tensors."""
     if hasattr(data, "x") and hasattr(data, "y"):
@@ -535,42 +540,54 @@ class Net:
         iter_size = self.solver.iter_size
         clip = self.solver.clip_gradients
 
-        def forward_backward(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-            """The minibatches' mean loss, their mean gradient in the weights' ``grad`` (a line search calls it again
-            at every weight it tries)."""
+        def forward_backward(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+            """The minibatches' losses (read later: reading one waits for the device), their mean gradient in the
+            weights' ``grad`` (a line search calls it again at every weight it tries)."""
             opt.zero_grad(set_to_none=True)
-            total = 0.0
+            losses = []
             for xb, yb in batches:
                 loss, _ = self._loss("training data", xb, yb, weighted=self.weighted)
                 (loss / iter_size if iter_size > 1 else loss).backward()
-                total += loss.item()
+                losses.append(loss.detach())
+            return losses
+
+        def mean_loss(losses: list[float]) -> float:
+            total = 0.0
+            for loss in losses:
+                total += loss
             return total / iter_size
+
+        def closure(batches) -> float:
+            return mean_loss([loss.item() for loss in forward_backward(batches)])
 
         module.train()
         t0 = time.perf_counter()
         deadline = None if max_seconds is None else t0 + max_seconds
         steps = samples = 0
-        loss_sum = 0.0
-        last = math.nan
-        finite = True
-        for _ in range(num_steps):
+        step_losses: list = []  # a step's loss, or its minibatches' losses on the device, read after the loop: a
+        for _ in range(num_steps):  # read each step would keep the host from queueing the next step's work
             if deadline is not None and steps and time.perf_counter() >= deadline:
                 break
             batches = [self._next_batch() for _ in range(iter_size)]
             samples += sum(len(xb) for xb, _ in batches)
             if self.solver.type.needs_closure:
-                step_loss = float(opt.step(functools.partial(forward_backward, batches)))  # the loss before the update
+                step_losses.append(float(opt.step(functools.partial(closure, batches))))  # the loss before the update
             else:
-                step_loss = forward_backward(batches)
+                step_losses.append(forward_backward(batches))
                 if after_backward is not None:
                     after_backward(self)
                 if clip > 0:  # Caffe clips the iter_size minibatches' summed gradient, before dividing it
                     torch.nn.utils.clip_grad_norm_(module.parameters(), clip / iter_size)
                 opt.step()
-            finite = finite and math.isfinite(step_loss)
             sched.step()
             self.iteration += 1
             steps += 1
+            if deadline is not None and self.device.type == "cuda":  # the clock sees the device's time
+                torch.cuda.synchronize(self.device)
+        losses = [loss if isinstance(loss, float) else mean_loss(_floats(loss)) for loss in step_losses]
+        loss_sum, last, finite = 0.0, math.nan, True
+        for step_loss in losses:
+            finite = finite and math.isfinite(step_loss)
             loss_sum += step_loss
             last = step_loss
         wall = time.perf_counter() - t0
