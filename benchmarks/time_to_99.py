@@ -16,7 +16,8 @@ while evaluations have taken more than that share of the time so far):
 
 - ``one process``: ``sparknet train`` without Spark, with each of ``--threads`` torch threads (default: the
   largest K), a process of several threads allowed 8,000 steps so that it gets there;
-- ``rounds`` and ``barrier``: ``sparknet train --workers K --tau 50`` on ``local[K]``, for each K of ``--workers``;
+- ``rounds`` and ``barrier``: ``sparknet train --workers K --tau 50`` on ``local[K]``, for each K of ``--workers``
+  (with ``--round-seconds S``, rounds of S seconds in place of 50 steps);
 - ``K x G``: the barrier engine with K workers of G processes each (``--procs-per-worker G``, batch 64 per process,
   so 64 G per worker) on ``local[K*G]``, for each shape of ``--shapes``; ``KxG@LR`` gives that shape its own
   learning rate (a bigger batch usually takes a larger one: say how it was tuned);
@@ -56,17 +57,22 @@ RUNS: dict[str, list[str]] = {}
 """This call's runs (:func:`runs_for`)."""
 
 
-def runs_for(workers: list[int], threads: list[int], shapes: list[str] = ()) -> dict[str, list[str]]:
+def runs_for(workers: list[int], threads: list[int], shapes: list[str] = (),
+             round_seconds: float | None = None) -> dict[str, list[str]]:
     """The runs of one call: one process with each of ``threads``, then each engine with each of ``workers`` (a
     process with several threads may take twice the steps, so that it gets to the target), then the barrier engine
-    with each ``KxG[@LR]`` of ``shapes``."""
+    with each ``KxG[@LR]`` of ``shapes``. With ``round_seconds``, each engine's rounds end after that many seconds
+    instead of τ steps (``--round-seconds``): no worker waits for the slowest, whose samples weigh less."""
     runs = {f"one process, {t} thread{'s' if t > 1 else ''}": [*TRAIN, "--threads", str(t), "--eval-every", str(EVERY),
                                                                "--steps", str(MAX_STEPS * (2 if t > 1 else 1))]
             for t in threads}
     for k in workers:
         spark = [*TRAIN, "--workers", str(k), "--tau", str(EVERY), "--master", f"local[{k}]"]
-        runs[f"rounds, {k} workers"] = spark
-        runs[f"barrier, {k} workers"] = [*spark, "--engine", "barrier"]
+        timed = f", {round_seconds:g} s rounds" if round_seconds else ""
+        if round_seconds:
+            spark = [*TRAIN, "--workers", str(k), "--round-seconds", f"{round_seconds:g}", "--master", f"local[{k}]"]
+        runs[f"rounds, {k} workers{timed}"] = spark
+        runs[f"barrier, {k} workers{timed}"] = [*spark, "--engine", "barrier"]
     for shape in shapes:
         size, _, lr = shape.partition("@")
         k, g = (int(v) for v in size.lower().split("x"))
@@ -218,6 +224,8 @@ def main(argv=None) -> int:
                                                 "processes each (and its own learning rate)")
     p.add_argument("--threads", default=None,
                    help="comma-separated threads of the one-process runs (default: the largest K)")
+    p.add_argument("--round-seconds", type=float, default=None,
+                   help="each engine's rounds end after this many seconds instead of tau = 50 steps")
     p.add_argument("--bare-steps", type=int, default=BARE_STEPS[0], help="steps of each bare process")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "time_to_99.json"))
     p.add_argument("--torch-distributor-run", metavar="OUT", help=argparse.SUPPRESS)
@@ -228,7 +236,7 @@ def main(argv=None) -> int:
         return 0
     threads = [int(t) for t in args.threads.split(",")] if args.threads else [max(workers)]
     shapes = [s for s in args.shapes.split(",") if s]
-    RUNS.update(runs_for(workers, threads, shapes))
+    RUNS.update(runs_for(workers, threads, shapes, args.round_seconds))
     os.environ["SPARKNET_BENCH_EVAL_BUDGET"] = str(args.eval_budget)  # the runs and the DDP processes read it
     BARE_STEPS[0] = args.bare_steps
     names = [n for n in [*RUNS, *(f"torch_distributor, {k} processes" for k in workers),

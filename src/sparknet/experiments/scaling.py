@@ -267,6 +267,8 @@ def _train_point(run: dict, source: str) -> dict | None:
     if not s.get("samples_per_s") or not s.get("steps"):
         return None
     argv = command.split()
+    if "--round-seconds" in argv:  # rounds of so many seconds, each worker its own steps: not what the model prices
+        return None
     flag = lambda name, default: argv[argv.index(name) + 1] if name in argv else default  # noqa: E731
     workers = int(flag("--workers", "1"))
     engine = "local" if workers == 1 and "--master" not in argv else flag("--engine", "rounds")
