@@ -17,7 +17,9 @@
 #   shapes     K x G = 16 as 1x16, 2x8, 4x4, 8x2, 16x1, beside DDP on 16 processes (issue 35)
 #   lenet_gpu  gpu_workers.py lenet: two workers sharing the GPU against one GPU process (70 s)
 #   alexnet    gpu_workers.py alexnet: images/s of a worker through Spark against the bare loop, bf16 and float32
-#   gpt        gpu_workers.py transformer: tokens/s and the time to validation loss 1.50, one and two workers
+#   gpt        gpu_workers.py transformer: tokens/s and the time to validation loss 1.50, one and two workers (about
+#              140 s; the machine has no network: copy sparknet's cached shakespeare/shakespeare.txt into an
+#              ignored folder here, carry it with the bundle's third part and put it in ~/.cache/sparknet there)
 set -u
 budget=${1:-520}; shift; t0=$SECONDS
 out=${OUT:-benchmarks/results/lab}
