@@ -138,8 +138,7 @@ def lenet(args, work: Path) -> dict:
                                      work / "lenet-one.jsonl", args.timeout_s),
         "barrier, 2 workers sharing the GPU": _sparknet(
             [*common, "--steps", str(steps), "--workers", "2", "--engine", "barrier", "--tau", "50"],
-            work / "lenet-two.jsonl",
-            args.timeout_s),
+            work / "lenet-two.jsonl", args.timeout_s),
     }
 
 

@@ -67,10 +67,9 @@ def runs_for(workers: list[int], threads: list[int], shapes: list[str] = (),
                                                                "--steps", str(MAX_STEPS * (2 if t > 1 else 1))]
             for t in threads}
     for k in workers:
-        spark = [*TRAIN, "--workers", str(k), "--tau", str(EVERY), "--master", f"local[{k}]"]
+        end = ["--round-seconds", f"{round_seconds:g}"] if round_seconds else ["--tau", str(EVERY)]
+        spark = [*TRAIN, "--workers", str(k), *end, "--master", f"local[{k}]"]
         timed = f", {round_seconds:g} s rounds" if round_seconds else ""
-        if round_seconds:
-            spark = [*TRAIN, "--workers", str(k), "--round-seconds", f"{round_seconds:g}", "--master", f"local[{k}]"]
         runs[f"rounds, {k} workers{timed}"] = spark
         runs[f"barrier, {k} workers{timed}"] = [*spark, "--engine", "barrier"]
     for shape in shapes:

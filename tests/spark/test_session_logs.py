@@ -220,8 +220,7 @@ def test_a_session_starts_quietly_on_a_class_archive_that_does_not_match(tmp_pat
 def _java_without_base_archives(where: Path) -> Path:
     """This machine's Java, as a jlink image is made: its launcher and JVM copied (Java finds its home from them),
     the rest linked, and no base class archive (``lib/server/classes*.jsa``). Returns the new ``bin/java``."""
-    java = Path(os.path.realpath(shutil.which("java") if not os.environ.get("JAVA_HOME") else
-                                 os.path.join(os.environ["JAVA_HOME"], "bin", "java")))
+    java = Path(os.path.realpath(spark_session.java_executable()))
     home = java.parent.parent
     where.mkdir()
     for entry in home.iterdir():

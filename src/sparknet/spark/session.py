@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import sys
 import time
 from importlib import resources
@@ -208,6 +209,14 @@ def quiet_log_settings(master: str | None, settings: dict[str, str], level: str)
     return out
 
 
+def java_executable() -> str | None:
+    """The ``java`` Spark starts: ``$JAVA_HOME/bin/java`` where it exists, else the first on ``PATH`` (``None``:
+    neither)."""
+    home = os.environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else None
+    return java if java and os.path.exists(java) else shutil.which("java")
+
+
 CLASS_ARCHIVE_ENV = "SPARKNET_JVM_CLASS_ARCHIVE"
 """Set to ``0`` to keep the driver JVMs of the sessions sparknet starts off :func:`class_archive_options`."""
 
@@ -227,13 +236,11 @@ def class_archive_options(folder: Path | None = None) -> str:
     conf_dir = _spark_conf_dir()  # Spark puts it on the class path, and Java archives no class path that holds
     if conf_dir is not None and conf_dir.is_dir() and any(conf_dir.iterdir()):  # a folder with files in it
         return ""
-    import shutil
-
     import pyspark
 
     from sparknet.datasets.cache import cache_root
 
-    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    java = java_executable()
     if java is None:
         return ""
     java = os.path.realpath(java)

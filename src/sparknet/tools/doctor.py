@@ -50,7 +50,7 @@ from typing import Any
 
 from sparknet.solvers import SolverType
 from sparknet.spark.backend import run_with_deadline
-from sparknet.spark.session import executor_slots, parse_memory
+from sparknet.spark.session import executor_slots, java_executable, parse_memory
 from sparknet.spark.shared_path import SHARED_PATH_FIX, check_shared_path
 from sparknet.tools.predict import _no_active_session
 
@@ -217,8 +217,7 @@ def task_memory_budget(*, declared_executor_memory: int | None = None, executor_
 # -- the executor probe (runs in Spark tasks) -------------------------------------------------------
 def _java_version(java: str | None = None, timeout: float = 10.0) -> str | None:
     """The version ``java -version`` reports (``17.0.15``), or None."""
-    java = java or (os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else None)
-    java = java if java and os.path.exists(java) else shutil.which("java")
+    java = java if java and os.path.exists(java) else java_executable()
     if not java:
         return None
     try:
