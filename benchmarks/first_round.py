@@ -10,6 +10,10 @@ record is written when its round and evaluation end), the same reading for any c
 ``first_round_s`` (the command's age at the first round's start, in commits that have it) is kept beside it. With
 ``--baseline-rev`` that commit is checked out in a temporary worktree, removed at the end, and its runs alternate
 with this tree's, each run alone. The load average is sampled before and during each run. Prints and saves JSON.
+
+``--warm`` first runs each tree once, untimed, and waits for its driver JVM to write its class archive (as a user's
+first run does), so that the timed runs start as a user's later runs do. ``--trimmed-java`` runs every command on a
+copy of this machine's Java without its base class archives, as a Java trimmed with jlink is (the Spark lab's).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,10 +53,51 @@ def _records(path: Path) -> list[dict]:
     return out
 
 
-def one_run(src: Path, engine: str, work: Path, timeout_s: float) -> dict:
+def trimmed_java(where: Path) -> Path:
+    """A copy of this machine's Java as jlink makes one: its launcher and JVM copied (Java finds its home from them),
+    the rest linked, and no base class archive (``lib/server/classes*.jsa``). Returns the new Java home."""
+    from sparknet.spark.session import java_executable
+
+    home = Path(os.path.realpath(java_executable())).parent.parent
+    where.mkdir()
+    for entry in home.iterdir():
+        if entry.name not in ("bin", "lib"):
+            (where / entry.name).symlink_to(entry)
+    for folder in ("bin", "lib", "lib/server"):
+        (where / folder).mkdir()
+        for entry in (home / folder).iterdir():
+            if (folder, entry.name) == ("lib", "server"):
+                continue
+            if folder == "lib/server" and entry.name.startswith("classes"):  # the base archives
+                continue
+            target = where / folder / entry.name
+            if entry.name in ("java", "libjvm.so"):
+                shutil.copy2(entry, target)
+            else:
+                target.symlink_to(entry)
+    return where
+
+
+def settle_class_archive(timeout_s: float = 300.0) -> None:
+    """Wait (at most ``timeout_s``) for the driver JVMs still writing their class archive as they exit, then date the
+    dumps two minutes back: the next session maps one, as a user's run a minute after the first does."""
+    from sparknet.datasets.cache import cache_root
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and subprocess.run(["pgrep", "-f", "Archive[C]lassesAtExit"],
+                                                         capture_output=True).returncode == 0:
+        time.sleep(1.0)
+    old = time.time() - 120
+    for dump in (cache_root() / "jvm").glob("spark-*.*.jsa"):
+        os.utime(dump, (old, old))
+
+
+def one_run(src: Path, engine: str, work: Path, timeout_s: float, java_home: Path | None = None) -> dict:
     """One command from the tree at ``src``, timed to its first round's start and to its end."""
     metrics = work / f"run-{time.monotonic_ns()}.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    if java_home is not None:
+        env["JAVA_HOME"] = str(java_home)
     cmd = [sys.executable, "-m", "sparknet.cli", *COMMAND, "--engine", engine, "--metrics-out", str(metrics)]
     with LoadSampler() as load:
         t0 = time.perf_counter()
@@ -85,12 +131,16 @@ def main(argv=None) -> int:
     p.add_argument("--engines", default="rounds,barrier")
     p.add_argument("--baseline-rev", default=None, help="an earlier commit to run beside this tree")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take")
+    p.add_argument("--warm", action="store_true", help="one untimed run of each tree first, its class archive written")
+    p.add_argument("--trimmed-java", action="store_true",
+                   help="run on a copy of this machine's Java without base class archives (as jlink makes one)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "first_round.json"))
     args = p.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
     report = {"benchmark": "first_round", "command": "sparknet " + " ".join(COMMAND), "cpu_count": os.cpu_count(),
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                       text=True).stdout.strip(), "baseline_rev": args.baseline_rev, "runs": []}
+                                       text=True).stdout.strip(), "baseline_rev": args.baseline_rev,
+              "trimmed_java": args.trimmed_java, "warm": args.warm, "runs": []}
     with tempfile.TemporaryDirectory(prefix="sparknet-first-round-") as tmp:
         trees = {"this tree": ROOT / "src"}
         worktree = Path(tmp) / "baseline"
@@ -98,12 +148,17 @@ def main(argv=None) -> int:
             subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline_rev], cwd=ROOT,
                            check=True, capture_output=True)
             trees = {f"baseline {args.baseline_rev}": worktree / "src", **trees}
+        java_home = trimmed_java(Path(tmp) / "java") if args.trimmed_java else None
         try:
+            if args.warm:
+                for src in trees.values():
+                    one_run(src, engines[0], Path(tmp), args.timeout, java_home)
+                settle_class_archive()
             for repeat in range(args.repeats):
                 for engine in engines:
                     for name, src in trees.items():
                         run = {"tree": name, "engine": engine, "repeat": repeat,
-                               **one_run(src, engine, Path(tmp), args.timeout)}
+                               **one_run(src, engine, Path(tmp), args.timeout, java_home)}
                         print(json.dumps(run), flush=True)
                         report["runs"].append(run)
         finally:

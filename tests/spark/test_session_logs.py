@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,9 @@ import pytest
 
 from sparknet.spark import session as spark_session
 from sparknet.spark.session import LOG_LEVEL_ENV, quiet_log_settings, spark_log_level
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from first_round import trimmed_java  # noqa: E402  (the benchmark's copy of this machine's Java, as jlink makes one)
 
 pytestmark = pytest.mark.spark
 
@@ -217,40 +219,37 @@ def test_a_session_starts_quietly_on_a_class_archive_that_does_not_match(tmp_pat
     assert "cds" not in proc.stderr.lower() and "archive" not in proc.stderr.lower(), proc.stderr[-3000:]
 
 
-def _java_without_base_archives(where: Path) -> Path:
-    """This machine's Java, as a jlink image is made: its launcher and JVM copied (Java finds its home from them),
-    the rest linked, and no base class archive (``lib/server/classes*.jsa``). Returns the new ``bin/java``."""
-    java = Path(os.path.realpath(spark_session.java_executable()))
-    home = java.parent.parent
-    where.mkdir()
-    for entry in home.iterdir():
-        if entry.name not in ("bin", "lib"):
-            (where / entry.name).symlink_to(entry)
-    for folder in ("bin", "lib", "lib/server"):
-        (where / folder).mkdir()
-        for entry in (home / folder).iterdir():
-            target = where / folder / entry.name
-            if folder == "lib" and entry.name == "server":
-                continue
-            if folder == "lib/server" and entry.name.startswith("classes"):
-                continue  # the base archives
-            if entry.name in ("java", "libjvm.so"):
-                shutil.copy2(entry, target)
-            else:
-                target.symlink_to(entry)
-    return where / "bin" / "java"
-
-
-def test_a_java_without_base_archives_gets_no_class_archive(tmp_path, monkeypatch):
+def test_a_java_without_base_archives_gets_one_of_sparknet_then_the_class_archive(tmp_path, monkeypatch):
     """Java 17 without its base archive refuses to start when asked to write an archive of an application's classes
-    (a jlink image, as the Spark lab's bundled Java is): a session there gets no archive options and starts."""
+    (a jlink image, as the Spark lab's bundled Java is). Given the driver's heap, sparknet writes a base archive for
+    that Java once, and the JVM starts on it, writes the classes it loaded at exit, and maps both later; without the
+    heap, no archive options."""
     monkeypatch.delenv(spark_session.CLASS_ARCHIVE_ENV, raising=False)
     monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
-    java = _java_without_base_archives(tmp_path / "jdk")
+    java = trimmed_java(tmp_path / "jdk") / "bin" / "java"
     refused = subprocess.run([str(java), f"-XX:ArchiveClassesAtExit={tmp_path / 'x.jsa'}", "-version"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and "base CDS archive" in refused.stdout + refused.stderr  # what the lab saw
     assert subprocess.run([str(java), "-version"], capture_output=True, timeout=60).returncode == 0  # a working Java
-    assert spark_session.class_archive_options(tmp_path / "cache").startswith("-XX:")  # the machine's own Java
+    cache = tmp_path / "cache"
+    assert spark_session.class_archive_options(cache).startswith("-XX:ArchiveClassesAtExit=")  # the machine's Java
     monkeypatch.setenv("JAVA_HOME", str(java.parent.parent))
-    assert spark_session.class_archive_options(tmp_path / "cache") == ""
+    assert spark_session.class_archive_options(cache) == ""  # the heap the base must be written for is not known
+    assert spark_session.class_archive_options(cache, heap="not memory") == ""
+
+    first = spark_session.class_archive_options(cache, heap="2g").split()
+    base = next(cache.glob("base-*-2048m.jsa"))  # written by that Java, for a 2 GiB heap
+    assert first[0] == f"-XX:SharedArchiveFile={base}" and first[1].startswith("-XX:ArchiveClassesAtExit=")
+    assert spark_session.class_archive_options(cache, heap="2048m").split()[0] == first[0]  # written once
+    dump = Path(first[1].split("=", 1)[1])
+    started = subprocess.run([str(java), "-Xmx2g", *first, "-version"], capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert dump.is_file() and dump.stat().st_size > 0  # the classes it loaded, on top of the base
+    os.utime(dump, (time.time() - 120, time.time() - 120))
+    mapped = spark_session.class_archive_options(cache, heap="2g").split()
+    assert mapped[0].startswith(f"-XX:SharedArchiveFile={base}:") and not dump.exists()
+    shared = subprocess.run([str(java), "-Xmx2g", mapped[0], "-Xshare:on", "-version"], capture_output=True,
+                            text=True, timeout=60)
+    assert shared.returncode == 0, shared.stderr[-2000:]  # -Xshare:on: it starts only if it maps both
+    other = spark_session.class_archive_options(cache, heap="40g").split()  # past 32 GiB: a base of its own
+    assert other[0] == f"-XX:SharedArchiveFile={next(cache.glob('base-*-40960m.jsa'))}"

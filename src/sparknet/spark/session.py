@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import shutil
+import subprocess
 import sys
 import time
 from importlib import resources
@@ -221,16 +222,51 @@ CLASS_ARCHIVE_ENV = "SPARKNET_JVM_CLASS_ARCHIVE"
 """Set to ``0`` to keep the driver JVMs of the sessions sparknet starts off :func:`class_archive_options`."""
 
 
-def class_archive_options(folder: Path | None = None) -> str:
+BASE_ARCHIVE_TIMEOUT_S = 120.0
+"""Longest wait for Java to write the base class archive of a Java that has none (about 1 s)."""
+
+
+def _base_archive(java: str, folder: Path, key: str, mib: int) -> Path | None:
+    """The base class archive sparknet keeps for a Java that ships none (a jlink image), written once with Java's own
+    class list (``-Xshare:dump``): Java 17 maps an archive of an application's classes only on top of a base one. It
+    is written for the driver's heap (``mib``), because a JVM whose heap changes its object pointers (past 32 GiB)
+    cannot map it, and a JVM asked to add to an archive it cannot map refuses to start. ``None``: Java could not write
+    it (logged)."""
+    base = folder / f"base-{key}-{mib}m.jsa"
+    if base.is_file():
+        return base
+    folder.mkdir(parents=True, exist_ok=True)
+    part = base.with_name(f"{base.name}.{os.getpid()}.part")
+    try:
+        done = subprocess.run([java, "-Xshare:dump", f"-Xmx{mib}m", f"-XX:SharedArchiveFile={part}", "-Xlog:cds=off"],
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=BASE_ARCHIVE_TIMEOUT_S)
+        if done.returncode != 0 or not part.is_file():
+            log.info("no class archive: %s could not write a base archive (%s)", java,
+                     (done.stdout + done.stderr).decode(errors="replace").strip()[-300:])
+            return None
+        os.replace(part, base)  # whole, or not there
+        return base
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.info("no class archive: %s could not write a base archive (%s)", java, exc)
+        return None
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def class_archive_options(folder: Path | None = None, heap: str | None = None) -> str:
     """Java options that let a new driver JVM map the classes an earlier session loaded from an archive (Java's
     AppCDS): a Spark session starts about 2 s sooner on two cores (8.0-8.8 s to 6.2-6.3 s, its JVM loading some
     20,000 classes). The first session without an archive writes one as its JVM exits (about 170 MB under the
     sparknet cache's ``jvm`` folder); a later one takes a dump older than a minute, which is whole, as the archive.
     An archive is per Java and Spark install: one that no longer matches is ignored by the JVM, which then loads the
-    classes as usual. ``""`` where :data:`CLASS_ARCHIVE_ENV` is ``0``, where Spark's configuration folder holds files
-    (Java archives no class path with such a folder in it), or where the Java has no base archive of its own (the
-    JDK's ``lib/server/classes.jsa`` and ``classes_nocoops.jsa``; a trimmed Java made by jlink has none), which
-    Java 17 needs under an archive of an application's classes and, without it, refuses to start."""
+    classes as usual. ``""`` where :data:`CLASS_ARCHIVE_ENV` is ``0``, or where Spark's configuration folder holds
+    files (Java archives no class path with such a folder in it).
+
+    Java 17 adds an application's classes only on top of a base archive, which the JDK ships
+    (``lib/server/classes.jsa`` and ``classes_nocoops.jsa``) and a Java trimmed with jlink lacks: for such a Java,
+    given the driver's ``heap`` (``spark.driver.memory``), sparknet writes a base archive of its own first
+    (:func:`_base_archive`); without ``heap``, or where Java cannot write one, ``""``, since such a Java refuses to
+    start when asked to add to an archive it does not have."""
     if os.environ.get(CLASS_ARCHIVE_ENV, "1") == "0":
         return ""
     conf_dir = _spark_conf_dir()  # Spark puts it on the class path, and Java archives no class path that holds
@@ -244,24 +280,33 @@ def class_archive_options(folder: Path | None = None) -> str:
     if java is None:
         return ""
     java = os.path.realpath(java)
-    server = Path(java).parent.parent / "lib" / "server"  # a Java without its base archives (a jlink image) refuses
-    if not all((server / name).is_file() for name in ("classes.jsa", "classes_nocoops.jsa")):  # to start with a dump
-        return ""
     stamp = f"{java}:{os.stat(java).st_mtime_ns}:{pyspark.__file__}:{pyspark.__version__}"
     key = hashlib.sha256(stamp.encode()).hexdigest()[:16]
     folder = Path(folder) if folder is not None else cache_root() / "jvm"
+    server = Path(java).parent.parent / "lib" / "server"
+    base = None  # the JDK's own base archive
+    if not all((server / name).is_file() for name in ("classes.jsa", "classes_nocoops.jsa")):
+        try:
+            mib = None if heap is None else max(1, parse_memory(heap) >> 20)
+        except ValueError:  # Spark will say what is wrong with it
+            mib = None
+        if mib is None or (base := _base_archive(java, folder, key, mib)) is None:
+            return ""
+        key = f"{key}-{mib}m"  # what is added is per base
     archive, quiet = folder / f"spark-{key}.jsa", "-Xlog:cds=off,cds+dynamic=off"
     # dumps earlier JVMs wrote as they exited, whole once a minute old
     done = [d for d in sorted(folder.glob(f"spark-{key}.*.jsa")) if time.time() - d.stat().st_mtime > 60]
     if done and not archive.is_file():
         with contextlib.suppress(OSError):
             os.replace(done.pop(0), archive)
+    mapped = "" if base is None else f"{base}:"
     if archive.is_file():
         for stale in done:  # other sessions' dumps, not needed
             stale.unlink(missing_ok=True)
-        return f"-XX:SharedArchiveFile={archive} {quiet}"
+        return f"-XX:SharedArchiveFile={mapped}{archive} {quiet}"
     folder.mkdir(parents=True, exist_ok=True)
-    return f"-XX:ArchiveClassesAtExit={folder / f'spark-{key}.{os.getpid()}.jsa'} {quiet}"
+    dump = f"-XX:ArchiveClassesAtExit={folder / f'spark-{key}.{os.getpid()}.jsa'}"
+    return f"-XX:SharedArchiveFile={base} {dump} {quiet}" if base is not None else f"{dump} {quiet}"
 
 
 DAEMON_MODULE_KEY, DAEMON_MODULE = "spark.python.daemon.module", "sparknet.spark._daemon"
@@ -355,7 +400,8 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
     settings.update(quiet_log_settings(master, settings, level))
     driver_options = str(settings.get(_JAVA_OPTIONS["driver"], _spark_defaults().get(_JAVA_OPTIONS["driver"], "")))
     if not _java_options_set_elsewhere() and "Archive" not in driver_options and "Xshare" not in driver_options:
-        settings[_JAVA_OPTIONS["driver"]] = f"{driver_options} {class_archive_options()}".strip()
+        archive = class_archive_options(heap=settings.get("spark.driver.memory"))
+        settings[_JAVA_OPTIONS["driver"]] = f"{driver_options} {archive}".strip()
     for key, value in settings.items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
