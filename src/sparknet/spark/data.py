@@ -21,9 +21,9 @@ import functools
 import json
 import logging
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -692,12 +692,13 @@ def is_rdd(obj) -> bool:
     return hasattr(obj, "mapPartitions") and hasattr(obj, "getNumPartitions") and not is_dataframe(obj)
 
 
-def chunk_frame(data, *, features_col: str | Sequence[str] = "features", label_col: str | None = "label",
+def chunk_input(data, *, features_col: str | Sequence[str] = "features", label_col: str | None = "label",
                 image_shape=None, expected_len: int | None = None, num_partitions: int | None = None,
                 float_labels: bool = False, weight_col: str | None = None):
-    """``(DataFrame, FeatureSource)``: a DataFrame's rows as a DataFrame of chunks (``x``, ``y``, ``width``,
-    ``label_width``, ``info``; read them with :func:`frame_chunks`), in ``num_partitions`` partitions: the
-    conversion :func:`chunk_rdd` runs, with nothing but DataFrame operations (what a Spark Connect session has)."""
+    """``(DataFrame, convert, FeatureSource)``: a DataFrame's feature and label columns (and weight), in
+    ``num_partitions`` partitions, and the ``mapInArrow`` function (:func:`arrow_chunks`) that turns its batches into
+    rows of chunk bytes: what :func:`chunk_frame` runs, for a task function that does more with the chunks where they
+    are made (the rounds engine's staging, :func:`sparknet.spark.rounds.executor.stage_frame`)."""
     from pyspark.sql import functions as F
 
     from sparknet.spark.session import is_connect
@@ -719,13 +720,21 @@ def chunk_frame(data, *, features_col: str | Sequence[str] = "features", label_c
     if num_partitions is not None and (connect or data.inputFiles() or df.rdd.getNumPartitions() != num_partitions):
         df = df.repartition(num_partitions)
     session = data.sparkSession
-    out = df.mapInArrow(arrow_chunks(kind, expected_len, image_numel, label_col, float_labels,
-                                     tuple(image_shape) if image_shape else None, weight_col is not None,
-                                     chunk_bytes_for(session if connect else session.sparkContext)),
-                        _CHUNK_SCHEMA)
+    convert = arrow_chunks(kind, expected_len, image_numel, label_col, float_labels,
+                           tuple(image_shape) if image_shape else None, weight_col is not None,
+                           chunk_bytes_for(session if connect else session.sparkContext))
     named = (f"column {features_col!r}" if isinstance(features_col, str)
              else "columns " + ", ".join(map(repr, features_col)))
-    return out, FeatureSource(kind, expected_len, f"DataFrame {named}")
+    return df, convert, FeatureSource(kind, expected_len, f"DataFrame {named}")
+
+
+def chunk_frame(data, **kwargs):
+    """``(DataFrame, FeatureSource)``: a DataFrame's rows as a DataFrame of chunks (``x``, ``y``, ``width``,
+    ``label_width``, ``info``; read them with :func:`frame_chunks`), in ``num_partitions`` partitions: the
+    conversion :func:`chunk_rdd` runs, with nothing but DataFrame operations (what a Spark Connect session has).
+    Takes :func:`chunk_input`'s arguments."""
+    df, convert, source = chunk_input(data, **kwargs)
+    return df.mapInArrow(convert, _CHUNK_SCHEMA), source
 
 
 def frame_chunks(rows: Iterable, float_labels: bool) -> Iterator[tuple[np.ndarray, np.ndarray, dict]]:
@@ -735,6 +744,30 @@ def frame_chunks(rows: Iterable, float_labels: bool) -> Iterator[tuple[np.ndarra
     for item in rows:
         for row in item.to_pylist() if hasattr(item, "to_pylist") else (item,):  # an Arrow record batch, or a row
             yield _row_to_chunk(row, label_dtype)
+
+
+def chunks_of(df, convert, float_labels: bool):
+    """The RDD of chunks of :func:`chunk_input`'s DataFrame and ``convert`` (float32 labels with ``float_labels``,
+    else int64). Like every DataFrame's RDD, made as its query's shuffles run."""
+    label_dtype = np.float32 if float_labels else np.int64
+    return df.mapInArrow(convert, _CHUNK_SCHEMA).rdd.map(lambda row: _row_to_chunk(row, label_dtype),
+                                                        preservesPartitioning=True)
+
+
+class LazyRDD:
+    """An RDD made the first time it is used (``make()``, once), for one a fit needs only on a rare road: a
+    DataFrame's RDD runs its query's shuffles as it is made. :meth:`unpersist` of one never made makes nothing."""
+
+    def __init__(self, make: Callable[[], Any]):
+        self._make, self._rdd = make, None
+
+    def __getattr__(self, name: str):
+        if self._rdd is None:
+            self._rdd = self._make()
+        return getattr(self._rdd, name)
+
+    def unpersist(self, *args, **kwargs):
+        return None if self._rdd is None else self._rdd.unpersist(*args, **kwargs)
 
 
 def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "label", image_shape=None,
@@ -754,11 +787,11 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "
     one more, last, float32 value of every row's labels.
     """
     if is_dataframe(data):
-        frame, source = chunk_frame(data, features_col=features_col, label_col=label_col, image_shape=image_shape,
-                                    expected_len=expected_len, num_partitions=num_partitions,
-                                    float_labels=float_labels, weight_col=weight_col)
-        label_dtype = np.float32 if float_labels or weight_col is not None else np.int64
-        rdd = frame.rdd.map(lambda row: _row_to_chunk(row, label_dtype), preservesPartitioning=True)
+        df, convert, source = chunk_input(data, features_col=features_col, label_col=label_col,
+                                          image_shape=image_shape, expected_len=expected_len,
+                                          num_partitions=num_partitions, float_labels=float_labels,
+                                          weight_col=weight_col)
+        rdd = chunks_of(df, convert, float_labels or weight_col is not None)
     elif is_rdd(data):
         if weight_col is not None:
             raise ValueError("sample weights are read from a DataFrame column (weight_col); give the data as a "

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import math
 import time
@@ -52,7 +53,7 @@ from sparknet.spark import data as spark_data
 from sparknet.spark.backend import check_barrier_slots, quietly, run_with_deadline
 from sparknet.spark.barrier.driver import connect_refusal, run_barrier_engine, run_connect_stage
 from sparknet.spark.engine import EngineOptions, EngineRun
-from sparknet.spark.rounds.executor import WorkerSpec, cleanup_partition, stage_partition
+from sparknet.spark.rounds.executor import WorkerSpec, cleanup_partition, stage_frame, stage_partition
 from sparknet.spark.rounds.driver import run_rounds_engine
 from sparknet.spark.session import get_session, is_connect, session_parallelism
 from sparknet.strategies import TrainingStrategy, make_strategy
@@ -343,23 +344,29 @@ class SparkTrainer:
 
         from pyspark import StorageLevel
 
-        chunk = spark_data.chunk_frame if connect else spark_data.chunk_rdd  # a DataFrame of chunks, or an RDD of them
-        chunks, source = chunk(train, features_col=features_col, label_col=label_col, image_shape=image_shape,
-                               expected_len=expected_len, num_partitions=ranks, float_labels=task.float_labels,
-                               weight_col=weight_col)
+        columns = dict(features_col=features_col, label_col=label_col, image_shape=image_shape,
+                       expected_len=expected_len, num_partitions=ranks, float_labels=task.float_labels,
+                       weight_col=weight_col)
+        level = getattr(StorageLevel, self.options.storage_level)
+        frame_staged = None  # the rounds engine's staging job over a DataFrame, where its rows may travel so
+        if dist.engine is Engine.ROUNDS and not connect and spark_data.is_dataframe(train):
+            frame_staged, chunks, source = self._frame_staging(train, fit_id, level, weight_col is not None, columns)
+        if frame_staged is None:
+            chunk = spark_data.chunk_frame if connect else spark_data.chunk_rdd  # a DataFrame or an RDD of chunks
+            chunks, source = chunk(train, **columns)
+            if dist.engine is Engine.ROUNDS and not connect:  # a job a round: no partition may carry the rows
+                chunks = spark_data.without_local_data(chunks, K)
+            chunks.persist(level)
         if layout is not None:
             source = dataclasses.replace(source, description=f"DataFrame columns {', '.join(map(repr, dict(layout)))} "
                                                              "as a dict")
-        if dist.engine is Engine.ROUNDS and not connect:  # a job a round: no partition may carry the rows
-            chunks = spark_data.without_local_data(chunks, K)
-        chunks.persist(getattr(StorageLevel, self.options.storage_level))
         mark("planned")
         staged = None
         broadcasts = []
         try:
             stats = None
             if dist.engine is Engine.ROUNDS:
-                staged = chunks.mapPartitionsWithIndex(
+                staged = frame_staged if frame_staged is not None else chunks.mapPartitionsWithIndex(
                     stage_partition(fit_id, self.options.staging_dir), preservesPartitioning=True)
                 staged.persist(StorageLevel.MEMORY_ONLY)
                 stats = self._data_job(sc, group, "sparknet: convert, check and stage the training data",
@@ -565,6 +572,25 @@ class SparkTrainer:
             self.latest_flat = latest
         if self.on_round is not None:
             self.on_round(record)
+
+    def _frame_staging(self, train, fit_id: str, level, weighted: bool, columns: dict):
+        """``(staged, chunks, source)`` for the rounds engine over a DataFrame: ``staged``, the RDD of the stage job,
+        whose tasks make the rows into chunks and write them where they are (:func:`stage_frame`), and ``chunks``, an
+        RDD of the chunks made only if a rerun needs it (the staged files gone). ``staged`` is ``None`` where the
+        rows would travel in every round's tasks (a DataFrame of the driver's rows already in as many partitions):
+        those are staged from :func:`~sparknet.spark.data.chunk_rdd`'s RDD, behind a shuffle."""
+        frame, convert, source = spark_data.chunk_input(train, **columns)
+        float_labels = columns["float_labels"] or weighted
+        stage = stage_frame(fit_id, self.options.staging_dir, convert, float_labels)
+        staged = frame.mapInArrow(stage, "info string").rdd.map(lambda row: json.loads(row[0]),
+                                                                 preservesPartitioning=True)
+        if staged.getNumPartitions() != columns["num_partitions"]:
+            raise ValueError(f"could not split the data into {columns['num_partitions']} partitions "
+                             f"(got {staged.getNumPartitions()})")
+        if spark_data.ships_local_data(staged):
+            return None, None, source
+        chunks = spark_data.LazyRDD(lambda: spark_data.chunks_of(frame, convert, float_labels).persist(level))
+        return staged, chunks, source
 
     # -- cleanup ------------------------------------------------------------------------------
     @staticmethod

@@ -56,7 +56,7 @@ from sparknet.loop import ResumeState, RoundPlan
 from sparknet.net import Net
 from sparknet.config import WorkerConfig
 from sparknet.rowfile import DEFAULT_BUFFER_BYTES, RowFile
-from sparknet.spark.data import write_chunks
+from sparknet.spark.data import frame_chunks, write_chunks
 from sparknet.spark._relay import RelayAddress, RelayUnreachable, relay_client
 from sparknet.step import WorkerStep, round_seed, worker_seed
 from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_compressor
@@ -428,6 +428,24 @@ def stage_partition(fit_id: str, staging_dir: str | None = None):
         info.update(index=index, host=socket.gethostname(), dir=directory)
         freeze_heap()
         yield info
+
+    return stage
+
+
+def stage_frame(fit_id: str, staging_dir: str | None, convert, float_labels: bool):
+    """Task function of the stage job over a DataFrame (``mapInArrow``): its Arrow batches made into chunks by
+    ``convert`` (:func:`~sparknet.spark.data.chunk_input`'s) and written here as :func:`stage_partition` writes them,
+    one row of JSON back. The chunks never go back to the JVM: the rows cross from Spark into Python once, where
+    reading them through an RDD of chunks moves them three more times (out of the conversion, into the task that
+    stages them, and through the RDD's cache between them)."""
+
+    def stage(batches):
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        index = TaskContext.get().partitionId()
+        for info in stage_partition(fit_id, staging_dir)(index, frame_chunks(convert(batches), float_labels)):
+            yield pa.RecordBatch.from_pydict({"info": [json.dumps(info)]})
 
     return stage
 
