@@ -223,9 +223,63 @@ def test_a_failing_worker_surfaces_as_worker_error_with_rank(spark):
     assert spark.sparkContext.getLocalProperty("spark.jobGroup.id") is None
 
 
-def test_a_partition_whose_files_vanished_is_rerun_from_the_cached_chunks(spark, tmp_path):
+def _parquet_frame(spark, path, x, y):
+    """``(x, y)`` written as Parquet at ``path`` and read back: a DataFrame the rounds engine stages where its
+    batches are converted (sparknet.spark.rounds.executor.stage_frame)."""
+    spark.createDataFrame([(x[i].tolist(), int(y[i])) for i in range(len(y))],
+                          "features array<float>, label long").write.parquet(str(path))
+    return spark.read.parquet(str(path))
+
+
+def test_a_dataframe_staged_where_it_is_converted_trains_as_through_an_rdd_of_chunks(spark, tmp_path, monkeypatch):
+    """A DataFrame whose rows do not come from the driver is staged by the tasks that convert its Arrow batches, the
+    chunks never back in the JVM; the same DataFrame staged through the RDD of chunks (as rows the driver shipped
+    are) gives the same rows per partition and the same final weights, bit for bit."""
+    from sparknet.spark import data as spark_data
+
+    x, y = blobs(96, seed=8)
+    df = _parquet_frame(spark, tmp_path / "rows.parquet", x, y)
+
+    def fit():
+        return SparkTrainer(mlp(), WorkerConfig(solver=SolverConfig(base_lr=0.1, momentum=0.9), batch_size=8, seed=3),
+                            DistributedConfig(workers=2, tau=3, rounds=3)).fit(df)
+
+    direct = fit()
+    monkeypatch.setattr(spark_data, "ships_local_data", lambda rdd, **kw: True)  # the road of the driver's rows
+    through_chunks = fit()
+    assert direct.summary["rows_per_partition"] == through_chunks.summary["rows_per_partition"]
+    assert sum(direct.summary["rows_per_partition"]) == 96
+    assert torch.equal(_flat(direct), _flat(through_chunks))
+
+
+def test_a_lazy_rdd_is_made_once_on_first_use_and_not_to_be_unpersisted():
+    from sparknet.spark.data import LazyRDD
+
+    made = []
+
+    class Rdd:
+        def count(self):
+            return 7
+
+        def unpersist(self):
+            made.append("unpersisted")
+
+    lazy = LazyRDD(lambda: made.append("made") or Rdd())
+    assert lazy.unpersist() is None and made == []  # never made: nothing to unpersist, nothing made for it
+    assert lazy.count() == 7 and lazy.count() == 7 and made == ["made"]
+    lazy.unpersist()
+    assert made == ["made", "unpersisted"]
+
+
+@pytest.mark.parametrize("kind", ["rdd", "parquet"])
+def test_a_partition_whose_files_vanished_is_rerun_from_the_cached_chunks(spark, tmp_path, kind):
     x, y = blobs(32, seed=6)
-    rdd = partitioned_rdd(spark.sparkContext, [(x[:16], y[:16]), (x[16:], y[16:])])
+    if kind == "rdd":
+        rdd = partitioned_rdd(spark.sparkContext, [(x[:16], y[:16]), (x[16:], y[16:])])
+    else:  # staged where converted: the chunks are made only for the rerun
+        rdd = _parquet_frame(spark, tmp_path / "rows.parquet", x, y)
+        tmp_path = tmp_path / "staged"
+        tmp_path.mkdir()
 
     def wipe(record):  # as if the executor's disk and Python workers were lost after round 1
         if record["round"] == 1:

@@ -379,6 +379,17 @@ class _Entry:
     version: int
     directory: str
     device_info: dict
+    folder_id: tuple | None = None
+    """The folder's device and inode when the entry was made: a folder removed and made again (its files lost, then
+    a rerun's written) is another folder, and the entry is stale."""
+
+
+def _folder_id(directory: str) -> tuple | None:
+    try:
+        info = os.stat(directory)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 _CACHE: dict[tuple[str, int], _Entry] = {}
@@ -397,8 +408,9 @@ def freeze_heap() -> None:
 
 
 def _evict_finished() -> None:
-    """Drop cached nets of fits whose staging directory is gone (the fit ended)."""
-    for key in [k for k, e in _CACHE.items() if not os.path.isdir(e.directory)]:
+    """Drop cached nets of fits whose staging directory is gone (the fit ended, or the machine lost its files) or was
+    made again (a rerun's files in it, not this entry's)."""
+    for key in [k for k, e in _CACHE.items() if e.folder_id is None or _folder_id(e.directory) != e.folder_id]:
         del _CACHE[key]
 
 
@@ -554,7 +566,8 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
             source = "file"
         device, device_info = task_device(spec.worker.device, index)
         net = build_worker_net(spec, index, rows, device)
-        entry = _Entry(net=net, state=WorkerState(), version=-1, directory=directory, device_info=device_info)
+        entry = _Entry(net=net, state=WorkerState(), version=-1, directory=directory, device_info=device_info,
+                       folder_id=_folder_id(directory))
         _CACHE[key] = entry
         freeze_heap()
     elif chunks is not None:
@@ -684,7 +697,12 @@ def run_round(spec_bc, weights_bc, task: RoundTask | None, states_bc=None):
 def run_round_from_chunks(spec_bc, weights_bc, task: RoundTask, states_bc=None):
     """Task function of a round run from the persisted chunks (a partition missing on its machine, or one
     that needs the workers' states the driver holds, ``states_bc``)."""
-    return lambda index, chunks: [_folded(spec_bc, weights_bc, task, index, None, chunks=chunks, states_bc=states_bc)]
+
+    def run(index: int, chunks):
+        _evict_finished()  # a net cached in this worker whose folder vanished starts afresh from the chunks
+        return [_folded(spec_bc, weights_bc, task, index, None, chunks=chunks, states_bc=states_bc)]
+
+    return run
 
 
 def _folded(spec_bc, weights_bc, task: RoundTask | None, index: int, record: dict | None, **kwargs) -> Partial:
