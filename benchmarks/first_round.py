@@ -98,7 +98,7 @@ def one_run(src: Path, engine: str, work: Path, timeout_s: float, java_home: Pat
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
     if java_home is not None:
         env["JAVA_HOME"] = str(java_home)
-    cmd = [sys.executable, "-m", "sparknet.cli", *COMMAND, "--engine", engine, "--metrics-out", str(metrics)]
+    cmd = [sys.executable, "-m", "sparknet", *COMMAND, "--engine", engine, "--metrics-out", str(metrics)]
     with LoadSampler() as load:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

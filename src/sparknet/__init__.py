@@ -13,36 +13,40 @@ Training across a Spark cluster lives in :mod:`sparknet.spark` (imported on dema
 core never needs pyspark).
 """
 
-from sparknet import datasets, zoo
-from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy, TrainConfig, WorkerConfig
-from sparknet.errors import DatasetError, DeadlineExceeded, EngineError, GraphError, SparkNetError, WorkerError
-from sparknet.layers import (
-    AccuracyLayer,
-    ActivationLayer,
-    BatchNormLayer,
-    ConcatLayer,
-    ConvLayer,
-    DropoutLayer,
-    EltwiseLayer,
-    EmbeddingLayer,
-    Filler,
-    FlattenLayer,
-    GraphModule,
-    InputLayer,
-    LinearLayer,
-    LRNLayer,
-    LSTMLayer,
-    NetParams,
-    PoolLayer,
-    RDDLayer,
-    ReshapeLayer,
-    RNNLayer,
-    SoftmaxWithLoss,
-)
-from sparknet.net import EvalResult, Net, TrainStats
-from sparknet.solvers import LRPolicy, SolverConfig, SolverType
-from sparknet.strategies import TrainingStrategy, make_strategy
-from sparknet.weights import WeightCollection
+import importlib
+
+_EXPORTS = {
+    **dict.fromkeys(("DistributedConfig", "Engine", "RunConfig", "Strategy", "TrainConfig", "WorkerConfig"),
+                    "sparknet.config"),
+    **dict.fromkeys(("DatasetError", "DeadlineExceeded", "EngineError", "GraphError", "SparkNetError", "WorkerError"),
+                    "sparknet.errors"),
+    **dict.fromkeys(("AccuracyLayer", "ActivationLayer", "BatchNormLayer", "ConcatLayer", "ConvLayer", "DropoutLayer",
+                     "EltwiseLayer", "EmbeddingLayer", "Filler", "FlattenLayer", "GraphModule", "InputLayer",
+                     "LinearLayer", "LRNLayer", "LSTMLayer", "NetParams", "PoolLayer", "RDDLayer", "ReshapeLayer",
+                     "RNNLayer", "SoftmaxWithLoss"), "sparknet.layers"),
+    **dict.fromkeys(("EvalResult", "Net", "TrainStats"), "sparknet.net"),
+    **dict.fromkeys(("LRPolicy", "SolverConfig", "SolverType"), "sparknet.solvers"),
+    **dict.fromkeys(("TrainingStrategy", "make_strategy"), "sparknet.strategies"),
+    "WeightCollection": "sparknet.weights",
+    "datasets": None, "zoo": None,  # the modules themselves
+}
+"""Each name of the API and the module that defines it, imported when the name is first asked for: ``import
+sparknet`` loads no torch, so the ``sparknet`` command can start Spark's JVM while torch loads
+(:mod:`sparknet.__main__`)."""
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'sparknet' has no attribute {name!r}")
+    module = importlib.import_module(_EXPORTS[name] or f"sparknet.{name}")
+    value = module if _EXPORTS[name] is None else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __version__ = "0.1.0"
 

@@ -178,3 +178,43 @@ def test_python_m_sparknet_and_version():
 
     out = subprocess.run([sys.executable, "-m", "sparknet", "--version"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == f"sparknet {__version__}", out
+
+
+@pytest.mark.parametrize("argv, spark", [
+    ("train --workers 2", True),
+    ("train --model lenet --workers=4 --lr 0.05", True),
+    ("train --engine barrier", True),
+    ("train --master local-cluster[2,1,1024]", True),
+    ("train", False),  # one worker, the rounds engine: one process
+    ("train --workers 1 --steps 20", False),
+    ("train --workers 2 --strategy async", False),  # the parameter server's road
+    ("train --workers 2 --config run.toml", False),  # the file may say anything
+    ("train --workers 2 --prototxt net.prototxt", False),
+    ("train --workers 2 --print-config", False),
+    ("train --workers 2 --help", False),
+    ("train --work 2", False),  # a shortened flag is not read ahead
+    ("train --workers two", False),
+    ("train --workers", False),
+    ("predict --master local[2]", False),
+    ("", False),
+])
+def test_which_commands_start_spark_ahead(argv, spark):
+    from sparknet.__main__ import runs_on_spark
+
+    assert runs_on_spark(argv.split()) is spark
+
+
+def test_import_sparknet_and_its_session_module_load_no_torch():
+    """What ``python -m sparknet`` loads before it starts the driver JVM: no torch, so the JVM starts while torch
+    loads; the API's names still import on first use."""
+    import subprocess
+    import sys
+
+    script = ("import sys, sparknet, sparknet.spark.session, sparknet.__main__\n"
+              "print('torch' in sys.modules)\n"
+              "from sparknet import Net, zoo\n"
+              "from sparknet.spark import SparkTrainer\n"
+              "print('torch' in sys.modules, Net.__module__, zoo.__name__, SparkTrainer.__module__)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True", "sparknet.net", "sparknet.zoo", "sparknet.spark.trainer"]

@@ -8,17 +8,21 @@
 The engines import pyspark only where they run Spark jobs; the rest of sparknet never needs it.
 """
 
-from sparknet.spark.data import frame_from_arrays
-from sparknet.spark.session import get_session, is_local_master
-from sparknet.spark.trainer import EngineOptions, SparkTrainer, TrainResult
+import importlib
+
+_EXPORTS = {"SparkTrainer": "sparknet.spark.trainer", "TrainResult": "sparknet.spark.trainer",
+            "EngineOptions": "sparknet.spark.trainer", "get_session": "sparknet.spark.session",
+            "is_local_master": "sparknet.spark.session", "frame_from_arrays": "sparknet.spark.data",
+            "SparkNetEstimator": "sparknet.spark.ml", "SparkNetModel": "sparknet.spark.ml"}
+"""Each name and the module that defines it, imported on first use: :mod:`sparknet.spark.session` loads without
+torch (the ``sparknet`` command starts Spark's JVM while torch loads)."""
 
 __all__ = ["SparkTrainer", "TrainResult", "EngineOptions", "get_session", "frame_from_arrays", "is_local_master"]
 
 
-def __getattr__(name):
-    # The Spark ML classes live in sparknet.spark.ml; import them on first use only.
-    if name in ("SparkNetEstimator", "SparkNetModel"):
-        from sparknet.spark import ml
-
-        return getattr(ml, name)
-    raise AttributeError(f"module 'sparknet.spark' has no attribute {name!r}")
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'sparknet.spark' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from importlib import resources
 from pathlib import Path
@@ -334,6 +335,81 @@ def _user_sets_driver_memory(conf: dict | None) -> bool:
             or "--driver-memory" in os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
 
 
+def session_settings(master: str | None, conf: dict | None = None, level: str | None = None) -> dict[str, str]:
+    """The settings of a new session :func:`get_session` starts on ``master``: sparknet's own, the user's ``conf``
+    over them, Spark's logs at ``level`` (default :func:`spark_log_level`'s) and the driver JVM's class archive."""
+    level = spark_log_level(level)
+    settings = {
+        "spark.python.worker.reuse": "true",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # the executor JVM talks to its Python workers over Unix sockets, not loopback TCP: a Python task's
+        # round trip costs about 30 ms instead of 70 (the rounds engine runs one job per round)
+        "spark.python.unix.domain.socket.enabled": "true",
+        # a rounds-engine task returns its update (the model's size) as its result: past 1 MiB Spark would
+        # park it in the block manager for the driver to fetch (about 20 ms more a round for LeNet's 1.7 MB);
+        # sent directly with the task's status instead, up to half the RPC message cap
+        MAX_DIRECT_RESULT_KEY: MAX_DIRECT_RESULT,
+        # the weights broadcast every round are float32 that LZ4 barely shrinks: compressing them costs the
+        # driver about 4 ms a round for nothing
+        "spark.broadcast.compress": "false",
+        # Spark keys its Python daemons by the workers' environment, and its SQL runners (mapInArrow) add this
+        # variable where its RDD runner does not: with it set for both, one daemon forks the workers of both,
+        # and the staging job does not wait for a second one to import torch and sparknet (seconds a session)
+        SIMPLIFIED_TRACEBACK_KEY: "1",
+    }
+    if not _user_sets_driver_memory(conf):
+        # Spark's default 1 GiB heap runs out: in local mode every task's rows pass through the one JVM
+        # (four tasks converting MNIST at once); on a cluster, local arrays shipped through Spark
+        # (frame_from_arrays) live in the driver's heap, and each task that carries a piece is serialized there.
+        settings["spark.driver.memory"] = driver_memory()
+    if DAEMON_MODULE_KEY not in _spark_defaults():
+        settings[DAEMON_MODULE_KEY] = DAEMON_MODULE  # workers forked with torch and sparknet already loaded
+    settings.update({key: str(value) for key, value in (conf or {}).items()})
+    settings.update(quiet_log_settings(master, settings, level))
+    driver_options = str(settings.get(_JAVA_OPTIONS["driver"], _spark_defaults().get(_JAVA_OPTIONS["driver"], "")))
+    if not _java_options_set_elsewhere() and "Archive" not in driver_options and "Xshare" not in driver_options:
+        archive = class_archive_options(heap=settings.get("spark.driver.memory"))
+        settings[_JAVA_OPTIONS["driver"]] = f"{driver_options} {archive}".strip()
+    return {key: str(value) for key, value in settings.items()}
+
+
+DRIVER_JVM_SETTINGS = ("spark.driver.memory", "spark.driver.extraJavaOptions")
+"""The settings of a session sparknet starts that its driver JVM takes as it starts; the rest it takes with the
+SparkContext."""
+
+
+def start_driver_jvm() -> threading.Thread | None:
+    """Start the driver JVM of the session this process is about to ask :func:`get_session` for, in a thread, while
+    the process goes on loading (torch: seconds of it); ``None`` where a JVM is up or pyspark is missing.
+
+    What a JVM takes at its start (:data:`DRIVER_JVM_SETTINGS`: its heap, its Java options, Spark's log level in
+    them) is the same for every master, so this fits whichever master the session gets; the SparkContext, which
+    takes the master, waits for the JVM. A failed start is left for :func:`get_session` to meet again and report. A
+    process that never asks for a session leaves the JVM idle: it ends when the process does (it stops when its
+    standard input closes)."""
+    try:
+        from pyspark import SparkConf, SparkContext
+    except ImportError:
+        return None
+    if SparkContext._gateway is not None:
+        return None
+    settings = session_settings(None)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    conf = SparkConf(loadDefaults=False).setAll([(k, v) for k, v in settings.items() if k in DRIVER_JVM_SETTINGS])
+
+    def start() -> None:
+        try:
+            SparkContext._ensure_initialized(conf=conf)
+        except Exception as exc:  # Java missing or broken: get_session starts it again and says why
+            log.debug("starting the driver JVM ahead: %s", exc)
+
+    thread = threading.Thread(target=start, name="sparknet-driver-jvm", daemon=True)
+    thread.start()
+    return thread
+
+
 def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: dict | None = None,
                 log_level: str | None = None):
     """The active SparkSession (Spark allows one per process; a different ``master`` is logged), or a new one.
@@ -370,39 +446,7 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
-    settings = {
-        "spark.python.worker.reuse": "true",
-        "spark.ui.showConsoleProgress": "false",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        # the executor JVM talks to its Python workers over Unix sockets, not loopback TCP: a Python task's
-        # round trip costs about 30 ms instead of 70 (the rounds engine runs one job per round)
-        "spark.python.unix.domain.socket.enabled": "true",
-        # a rounds-engine task returns its update (the model's size) as its result: past 1 MiB Spark would
-        # park it in the block manager for the driver to fetch (about 20 ms more a round for LeNet's 1.7 MB);
-        # sent directly with the task's status instead, up to half the RPC message cap
-        MAX_DIRECT_RESULT_KEY: MAX_DIRECT_RESULT,
-        # the weights broadcast every round are float32 that LZ4 barely shrinks: compressing them costs the
-        # driver about 4 ms a round for nothing
-        "spark.broadcast.compress": "false",
-        # Spark keys its Python daemons by the workers' environment, and its SQL runners (mapInArrow) add this
-        # variable where its RDD runner does not: with it set for both, one daemon forks the workers of both,
-        # and the staging job does not wait for a second one to import torch and sparknet (seconds a session)
-        SIMPLIFIED_TRACEBACK_KEY: "1",
-    }
-    if not _user_sets_driver_memory(conf):
-        # Spark's default 1 GiB heap runs out: in local mode every task's rows pass through the one JVM
-        # (four tasks converting MNIST at once); on a cluster, local arrays shipped through Spark
-        # (frame_from_arrays) live in the driver's heap, and each task that carries a piece is serialized there.
-        settings["spark.driver.memory"] = driver_memory()
-    if DAEMON_MODULE_KEY not in _spark_defaults():
-        settings[DAEMON_MODULE_KEY] = DAEMON_MODULE  # workers forked with torch and sparknet already loaded
-    settings.update({key: str(value) for key, value in (conf or {}).items()})
-    settings.update(quiet_log_settings(master, settings, level))
-    driver_options = str(settings.get(_JAVA_OPTIONS["driver"], _spark_defaults().get(_JAVA_OPTIONS["driver"], "")))
-    if not _java_options_set_elsewhere() and "Archive" not in driver_options and "Xshare" not in driver_options:
-        archive = class_archive_options(heap=settings.get("spark.driver.memory"))
-        settings[_JAVA_OPTIONS["driver"]] = f"{driver_options} {archive}".strip()
-    for key, value in settings.items():
+    for key, value in session_settings(master, conf, level).items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(level)
