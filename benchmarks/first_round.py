@@ -122,6 +122,7 @@ def one_run(src: Path, engine: str, work: Path, timeout_s: float, java_home: Pat
     summary = next(r for r in reversed(_records(metrics)) if r.get("event") == "summary")
     return {"first_round_s": None if first is None else round(first, 2), "command_s": round(wall, 2),
             "summary_first_round_s": summary.get("first_round_s"), "setup_s": summary.get("setup_s"),
+            "phases_s": summary.get("phases_s"),
             **load.to_dict()}
 
 
