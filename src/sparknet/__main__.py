@@ -13,8 +13,8 @@ import sys
 def runs_on_spark(argv: list[str]) -> bool:
     """Whether ``sparknet *argv`` surely starts a Spark session: ``train`` with more than one worker, the barrier
     engine or a master, and none of the flags that may take it elsewhere or nowhere (help, ``--print-config``, a
-    ``--config`` file, Caffe files, ``--strategy``). A command it cannot tell about gets ``False`` and starts as
-    always; a flag given in a shortened form is not read here."""
+    ``--config`` file, Caffe files, the parameter server's ``--strategy async``). A command it cannot tell about
+    gets ``False`` and starts as always; a flag given in a shortened form is not read here."""
     if not argv or argv[0] != "train" or {"-h", "--help"} & set(argv):
         return False
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
@@ -26,7 +26,7 @@ def runs_on_spark(argv: list[str]) -> bool:
         flags, _ = p.parse_known_args(argv[1:])
     except SystemExit:  # a flag without its value: the real parser says so
         return False
-    if flags.print_config or flags.config or flags.prototxt or flags.solver or flags.strategy:
+    if flags.print_config or flags.config or flags.prototxt or flags.solver or flags.strategy == "async":
         return False
     try:
         workers = int(flags.workers) if flags.workers is not None else 1

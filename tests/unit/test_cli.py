@@ -188,6 +188,7 @@ def test_python_m_sparknet_and_version():
     ("train", False),  # one worker, the rounds engine: one process
     ("train --workers 1 --steps 20", False),
     ("train --workers 2 --strategy async", False),  # the parameter server's road
+    ("train --workers 4 --strategy diloco", True),
     ("train --workers 2 --config run.toml", False),  # the file may say anything
     ("train --workers 2 --prototxt net.prototxt", False),
     ("train --workers 2 --print-config", False),
