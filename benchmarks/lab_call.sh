@@ -10,6 +10,9 @@
 #              that the timed runs start as a user's second run does and no JVM writes an archive beside them
 #   k8         time_to_99.py, K = 8: one process with 1 and 8 threads, both engines, TorchDistributor, 8 bare (460 s)
 #   k8_engines the two engines alone at K = 8 (about 140 s): their phases and stragglers
+#   k8_every   the rounds engine at K = 8 evaluating every round, with and without its evaluations in a driver thread
+#              (two cores, by hand: K = 8 evaluating every round stopped at 750 steps; the lab's K = 8 under the 5%
+#              budget, at 1,000)
 #   k8_timed   the two engines at K = 8 with rounds of 1.5 s in place of 50 steps: no worker waits for the slowest
 #   k16        the same as k8 for K = 16, without the one-process runs (about 300 s)
 #   curve      K = 1, 2, 4 for both engines
@@ -38,6 +41,7 @@ for name in "$@"; do
     warm) need=60; cmd="python3 -m sparknet train --model lenet --dataset mnist --workers 2 --engine barrier --steps 20 --tau 10 --quiet --metrics-out /tmp/warm.jsonl; for i in \$(seq 90); do pgrep -f Archive[C]lassesAtExit > /dev/null || break; sleep 1; done; touch -c -d '-2 min' \$HOME/.cache/sparknet/jvm/spark-*.*.jsa; ls -la \$HOME/.cache/sparknet/jvm 2> /dev/null; true" ;;
     k8) need=240; cmd="$T99 --workers 8 --threads 1,8 --timeout 150" ;;
     k8_engines) need=140; cmd="$T99 --workers 8 --only '8 workers' --timeout 100" ;;
+    k8_every) need=140; cmd="$T99 --workers 8 --only 'rounds, 8 workers' --eval-budget 1 --eval-overlap --timeout 100" ;;
     k8_timed) need=140; cmd="$T99 --workers 8 --only '8 workers' --round-seconds 1.5 --timeout 100" ;;
     k16) need=150; cmd="$T99 --workers 16 --threads 1 --only 16 --timeout 120" ;;
     curve) need=200; cmd="$T99 --workers 1,2,4 --threads 1 --only workers --timeout 150" ;;

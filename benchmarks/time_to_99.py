@@ -58,11 +58,13 @@ RUNS: dict[str, list[str]] = {}
 
 
 def runs_for(workers: list[int], threads: list[int], shapes: list[str] = (),
-             round_seconds: float | None = None) -> dict[str, list[str]]:
+             round_seconds: float | None = None, overlap: bool = False) -> dict[str, list[str]]:
     """The runs of one call: one process with each of ``threads``, then each engine with each of ``workers`` (a
     process with several threads may take twice the steps, so that it gets to the target), then the barrier engine
     with each ``KxG[@LR]`` of ``shapes``. With ``round_seconds``, each engine's rounds end after that many seconds
-    instead of τ steps (``--round-seconds``): no worker waits for the slowest, whose samples weigh less."""
+    instead of τ steps (``--round-seconds``): no worker waits for the slowest, whose samples weigh less. With
+    ``overlap``, the rounds engine scores each round's weights in a driver thread while the next round trains
+    (``--eval-overlap``): the evaluations leave the rounds' critical path, the target is seen a round late."""
     runs = {f"one process, {t} thread{'s' if t > 1 else ''}": [*TRAIN, "--threads", str(t), "--eval-every", str(EVERY),
                                                                "--steps", str(MAX_STEPS * (2 if t > 1 else 1))]
             for t in threads}
@@ -71,6 +73,8 @@ def runs_for(workers: list[int], threads: list[int], shapes: list[str] = (),
         spark = [*TRAIN, "--workers", str(k), *end, "--master", f"local[{k}]"]
         timed = f", {round_seconds:g} s rounds" if round_seconds else ""
         runs[f"rounds, {k} workers{timed}"] = spark
+        if overlap:
+            runs[f"rounds, {k} workers{timed}, overlapped evaluation"] = [*spark, "--eval-overlap"]
         runs[f"barrier, {k} workers{timed}"] = [*spark, "--engine", "barrier"]
     for shape in shapes:
         size, _, lr = shape.partition("@")
@@ -225,6 +229,8 @@ def main(argv=None) -> int:
                    help="comma-separated threads of the one-process runs (default: the largest K)")
     p.add_argument("--round-seconds", type=float, default=None,
                    help="each engine's rounds end after this many seconds instead of tau = 50 steps")
+    p.add_argument("--eval-overlap", action="store_true",
+                   help="also the rounds engine with its evaluations in a driver thread (--eval-overlap)")
     p.add_argument("--bare-steps", type=int, default=BARE_STEPS[0], help="steps of each bare process")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "time_to_99.json"))
     p.add_argument("--torch-distributor-run", metavar="OUT", help=argparse.SUPPRESS)
@@ -235,7 +241,7 @@ def main(argv=None) -> int:
         return 0
     threads = [int(t) for t in args.threads.split(",")] if args.threads else [max(workers)]
     shapes = [s for s in args.shapes.split(",") if s]
-    RUNS.update(runs_for(workers, threads, shapes, args.round_seconds))
+    RUNS.update(runs_for(workers, threads, shapes, args.round_seconds, args.eval_overlap))
     os.environ["SPARKNET_BENCH_EVAL_BUDGET"] = str(args.eval_budget)  # the runs and the DDP processes read it
     BARE_STEPS[0] = args.bare_steps
     names = [n for n in [*RUNS, *(f"torch_distributor, {k} processes" for k in workers),
