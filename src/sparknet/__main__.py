@@ -13,9 +13,10 @@ import sys
 def runs_on_spark(argv: list[str]) -> bool:
     """Whether ``sparknet *argv`` surely starts a Spark session: ``train`` with more than one worker, the barrier
     engine or a master, and none of the flags that may take it elsewhere or nowhere (help, ``--print-config``, a
-    ``--config`` file, Caffe files, the parameter server's ``--strategy async``). A command it cannot tell about
-    gets ``False`` and starts as always; a flag given in a shortened form is not read here."""
-    if not argv or argv[0] != "train" or {"-h", "--help"} & set(argv):
+    ``--config`` file, Caffe files, the parameter server's ``--strategy async``) or set the JVM's log level as it
+    is read (``--verbose``). A command it cannot tell about gets ``False`` and starts as always; a flag given in a
+    shortened form is not read here."""
+    if not argv or argv[0] != "train" or {"-h", "--help", "--verbose"} & set(argv):  # --verbose: Spark's own level
         return False
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag in ("--workers", "--engine", "--master", "--config", "--prototxt", "--solver",

@@ -193,6 +193,7 @@ def test_python_m_sparknet_and_version():
     ("train --workers 2 --prototxt net.prototxt", False),
     ("train --workers 2 --print-config", False),
     ("train --workers 2 --help", False),
+    ("train --workers 2 --verbose", False),  # Spark's INFO level, which the JVM reads as it starts
     ("train --work 2", False),  # a shortened flag is not read ahead
     ("train --workers two", False),
     ("train --workers", False),
