@@ -161,9 +161,31 @@ def _quick_jvms(config: pytest.Config) -> None:
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
+def _leave_the_cache_as_found(config: pytest.Config) -> None:
+    """Remove, at the end of the run, the Parquet copies of ``sparknet train --data`` files that the run's tests
+    wrote into the user's cache (``parquet/data-*``, one per file a test made, named by its path and so new every
+    run). Done once, by the process that runs the session (the xdist controller, after its workers)."""
+    if hasattr(config, "workerinput"):
+        return
+    from sparknet.datasets.cache import cache_root
+
+    folder = cache_root() / "parquet"
+    before = set(folder.glob("data-*"))
+
+    def remove() -> None:
+        for path in set(folder.glob("data-*")) - before:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+    config.add_cleanup(remove)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_Tiers(config), "sparknet-tiers")
     _quick_jvms(config)
+    _leave_the_cache_as_found(config)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which would make its scheduler for --dist
