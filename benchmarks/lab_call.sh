@@ -38,7 +38,7 @@ T99="python3 benchmarks/time_to_99.py --eval-budget 0.05"
 GPU="python3 benchmarks/gpu_workers.py --timeout-s 300"
 for name in "$@"; do
   case $name in
-    warm) need=60; cmd="python3 -m sparknet train --model lenet --dataset mnist --workers 2 --engine barrier --steps 20 --tau 10 --quiet --metrics-out /tmp/warm.jsonl; for i in \$(seq 90); do pgrep -f Archive[C]lassesAtExit > /dev/null || break; sleep 1; done; touch -c -d '-2 min' \$HOME/.cache/sparknet/jvm/spark-*.*.jsa; ls -la \$HOME/.cache/sparknet/jvm 2> /dev/null; true" ;;
+    warm) need=60; cmd="python3 -m sparknet train --model lenet --dataset mnist --workers 2 --engine barrier --steps 20 --tau 10 --quiet --metrics-out /tmp/warm.jsonl; python3 -c 'import sys; sys.path.insert(0, \"benchmarks\"); from first_round import settle_class_archive; settle_class_archive(90)'; ls -la \$HOME/.cache/sparknet/jvm 2> /dev/null; true" ;;
     k8) need=240; cmd="$T99 --workers 8 --threads 1,8 --timeout 150" ;;
     k8_engines) need=140; cmd="$T99 --workers 8 --only '8 workers' --timeout 100" ;;
     k8_every) need=140; cmd="$T99 --workers 8 --only 'rounds, 8 workers' --eval-budget 1 --eval-overlap --timeout 100" ;;

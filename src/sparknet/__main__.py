@@ -2,8 +2,8 @@
 
 A ``sparknet train`` whose flags say plainly that it runs on Spark (:func:`runs_on_spark`) starts Spark's driver JVM
 first (:func:`sparknet.spark.session.start_driver_jvm`), and the JVM starts while Python loads torch and the rest of
-sparknet: about a second sooner to a session on two cores. ``import sparknet`` loads no torch, so nothing before
-this point does.
+sparknet, on a machine with cores to spare for it (on two cores, no sooner to a session: the command already starts
+it while it reads its data). ``import sparknet`` loads no torch, so nothing before this point does.
 """
 
 import argparse

@@ -804,10 +804,15 @@ def chunk_rdd(data, *, features_col: str = "features", label_col: str | None = "
     else:
         raise TypeError(f"training data must be a Spark DataFrame or an RDD of (ndarray, label), "
                         f"got {type(data).__name__}")
+    check_partitions(rdd, num_partitions)
+    return rdd, source
+
+
+def check_partitions(rdd, num_partitions: int | None) -> None:
+    """``ValueError`` unless ``rdd`` has ``num_partitions`` partitions (``None``: any number)."""
     if num_partitions is not None and rdd.getNumPartitions() != num_partitions:
         raise ValueError(f"could not split the data into {num_partitions} partitions "
                          f"(got {rdd.getNumPartitions()})")
-    return rdd, source
 
 
 def ships_local_data(rdd, *, most_rdds: int = 1000) -> bool:

@@ -374,6 +374,13 @@ def session_settings(master: str | None, conf: dict | None = None, level: str | 
     return {key: str(value) for key, value in settings.items()}
 
 
+def _python_of_this_process() -> None:
+    """Spark's Python workers run this interpreter (so executors import the same sparknet and torch), unless the
+    user names another."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
 DRIVER_JVM_SETTINGS = ("spark.driver.memory", "spark.driver.extraJavaOptions")
 """The settings of a session sparknet starts that its driver JVM takes as it starts; the rest it takes with the
 SparkContext."""
@@ -395,8 +402,7 @@ def start_driver_jvm() -> threading.Thread | None:
     if SparkContext._gateway is not None:
         return None
     settings = session_settings(None)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    _python_of_this_process()
     conf = SparkConf(loadDefaults=False).setAll([(k, v) for k, v in settings.items() if k in DRIVER_JVM_SETTINGS])
 
     def start() -> None:
@@ -443,8 +449,7 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         if master and master != running:
             log.warning("a SparkSession is already running on %s; using it instead of %s", running, master)
         return active
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    _python_of_this_process()
     builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
     for key, value in session_settings(master, conf, level).items():
         builder = builder.config(key, str(value))

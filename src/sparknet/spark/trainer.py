@@ -348,9 +348,9 @@ class SparkTrainer:
                        expected_len=expected_len, num_partitions=ranks, float_labels=task.float_labels,
                        weight_col=weight_col)
         level = getattr(StorageLevel, self.options.storage_level)
-        frame_staged = None  # the rounds engine's staging job over a DataFrame, where its rows may travel so
+        frame_staged = None  # the rounds engine's stage job run where a DataFrame's rows are converted
         if dist.engine is Engine.ROUNDS and not connect and spark_data.is_dataframe(train):
-            frame_staged, chunks, source = self._frame_staging(train, fit_id, level, weight_col is not None, columns)
+            frame_staged, chunks, source = self._frame_staging(train, fit_id, level, columns)
         if frame_staged is None:
             chunk = spark_data.chunk_frame if connect else spark_data.chunk_rdd  # a DataFrame or an RDD of chunks
             chunks, source = chunk(train, **columns)
@@ -573,20 +573,18 @@ class SparkTrainer:
         if self.on_round is not None:
             self.on_round(record)
 
-    def _frame_staging(self, train, fit_id: str, level, weighted: bool, columns: dict):
+    def _frame_staging(self, train, fit_id: str, level, columns: dict):
         """``(staged, chunks, source)`` for the rounds engine over a DataFrame: ``staged``, the RDD of the stage job,
         whose tasks make the rows into chunks and write them where they are (:func:`stage_frame`), and ``chunks``, an
         RDD of the chunks made only if a rerun needs it (the staged files gone). ``staged`` is ``None`` where the
         rows would travel in every round's tasks (a DataFrame of the driver's rows already in as many partitions):
         those are staged from :func:`~sparknet.spark.data.chunk_rdd`'s RDD, behind a shuffle."""
         frame, convert, source = spark_data.chunk_input(train, **columns)
-        float_labels = columns["float_labels"] or weighted
+        float_labels = columns["float_labels"] or columns["weight_col"] is not None  # a weight rides with the labels
         stage = stage_frame(fit_id, self.options.staging_dir, convert, float_labels)
         staged = frame.mapInArrow(stage, "info string").rdd.map(lambda row: json.loads(row[0]),
                                                                  preservesPartitioning=True)
-        if staged.getNumPartitions() != columns["num_partitions"]:
-            raise ValueError(f"could not split the data into {columns['num_partitions']} partitions "
-                             f"(got {staged.getNumPartitions()})")
+        spark_data.check_partitions(staged, columns["num_partitions"])
         if spark_data.ships_local_data(staged):
             return None, None, source
         chunks = spark_data.LazyRDD(lambda: spark_data.chunks_of(frame, convert, float_labels).persist(level))

@@ -379,7 +379,7 @@ class _Entry:
     version: int
     directory: str
     device_info: dict
-    folder_id: tuple | None = None
+    folder_id: tuple | None
     """The folder's device and inode when the entry was made: a folder removed and made again (its files lost, then
     a rerun's written) is another folder, and the entry is stale."""
 
@@ -448,8 +448,8 @@ def stage_frame(fit_id: str, staging_dir: str | None, convert, float_labels: boo
     """Task function of the stage job over a DataFrame (``mapInArrow``): its Arrow batches made into chunks by
     ``convert`` (:func:`~sparknet.spark.data.chunk_input`'s) and written here as :func:`stage_partition` writes them,
     one row of JSON back. The chunks never go back to the JVM: the rows cross from Spark into Python once, where
-    reading them through an RDD of chunks moves them three more times (out of the conversion, into the task that
-    stages them, and through the RDD's cache between them)."""
+    reading them through an RDD of chunks moves them four more times (out of the conversion, into the RDD's map,
+    into its cache, and out of it to the task that stages them)."""
 
     def stage(batches):
         import pyarrow as pa
