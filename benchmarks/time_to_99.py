@@ -196,9 +196,10 @@ def _run(name: str, work: Path, timeout_s: float) -> dict:
         return {"run": name, **load.to_dict(), "summary": bare}
     if name.startswith("torch_distributor"):
         processes = int(name.split(",")[1].split()[0])
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--torch-distributor-run", str(metrics),
+        cmd = [sys.executable, str(Path(__file__).relative_to(ROOT)), "--torch-distributor-run", str(metrics),
                "--workers", str(processes)]
         out = timed_command(cmd, cwd=ROOT, env=env, timeout_s=timeout_s)
+        out["command"] = out["command"].replace(sys.executable, "python3", 1)  # the record names no interpreter's path
         result = json.loads(metrics.read_text())
         summary = {"test_accuracy": result["test_accuracy"], "steps": result["steps"],
                    "in_loop_s": round(result["loop_s"], 1), "eval_s": round(result["eval_s"], 1),
