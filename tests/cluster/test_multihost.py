@@ -188,6 +188,36 @@ def _mlp_trainer(spark, dist, **kwargs):
                         WorkerConfig(solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=16, seed=3), dist, spark=spark, **kwargs)
 
 
+@pytest.mark.parametrize("engine", ["rounds", "barrier"])
+def test_a_parquet_frame_every_host_reads_trains_on_both_hosts(spark, cluster, engine):
+    """Rows read from a folder every host mounts: the rounds engine stages them where Spark converts them, in each
+    host's private /tmp, and its tasks train on their own host's files; the barrier engine, whose tasks Spark may
+    run away from such files on a cluster, reads them through the cached chunks."""
+    import shutil
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    ds, val = synthetic(1200, shape=(6,), num_classes=3, seed=0, noise=1.0), synthetic(300, shape=(6,), num_classes=3,
+                                                                                      seed=1, noise=1.0)
+    shared = Path(tempfile.mkdtemp(prefix="sparknet-shared-", dir="/var/tmp"))
+    try:
+        pq.write_table(pa.table({"features": list(ds.x.astype(np.float32)), "label": ds.y.astype(np.int64)}),
+                       shared / "rows.parquet")
+        result = _mlp_trainer(spark, DistributedConfig(workers=2, engine=engine, tau=10, rounds=6)).fit(
+            spark.read.parquet(str(shared / "rows.parquet")), validation=(val.x, val.y))
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    s = result.summary
+    assert sum(s["rows_per_partition"]) == 1200 and s["test_accuracy"] > 0.8
+    if engine == "barrier":
+        assert {w["host"] for w in s["barrier_workers"]} == {cluster.hostname(1), cluster.hostname(2)}
+        assert s["restarts"] == 0 and s["staged_rows_missing"] is False
+    else:
+        assert _hosts(result.history) == {cluster.hostname(1), cluster.hostname(2)}
+
+
 def test_the_barrier_engine_restarts_when_a_lost_host_comes_back(spark, cluster):
     """Host 1 dies after round 2 and comes back a few seconds later: the stage starts again from the
     driver's newest state once both slots are there, and the run completes."""

@@ -231,25 +231,51 @@ def _parquet_frame(spark, path, x, y):
     return spark.read.parquet(str(path))
 
 
-def test_a_dataframe_staged_where_it_is_converted_trains_as_through_an_rdd_of_chunks(spark, tmp_path, monkeypatch):
+def _staged_fit(df, engine: str, staging_dir):
+    return SparkTrainer(mlp(), WorkerConfig(solver=SolverConfig(base_lr=0.1, momentum=0.9), batch_size=8, seed=3),
+                        DistributedConfig(workers=2, tau=3, rounds=3, engine=engine),
+                        options=EngineOptions(staging_dir=str(staging_dir))).fit(df)
+
+
+@pytest.mark.parametrize("engine", ["rounds", "barrier"])
+def test_a_dataframe_staged_where_it_is_converted_trains_as_through_an_rdd_of_chunks(spark, tmp_path, monkeypatch,
+                                                                                     engine):
     """A DataFrame whose rows do not come from the driver is staged by the tasks that convert its Arrow batches, the
-    chunks never back in the JVM; the same DataFrame staged through the RDD of chunks (as rows the driver shipped
-    are) gives the same rows per partition and the same final weights, bit for bit."""
+    chunks never back in the JVM (the rounds engine's jobs and the barrier stage read the staged files); the same
+    DataFrame staged through the RDD of chunks (as rows the driver shipped are) gives the same rows per partition and
+    the same final weights, bit for bit."""
     from sparknet.spark import data as spark_data
 
     x, y = blobs(96, seed=8)
     df = _parquet_frame(spark, tmp_path / "rows.parquet", x, y)
-
-    def fit():
-        return SparkTrainer(mlp(), WorkerConfig(solver=SolverConfig(base_lr=0.1, momentum=0.9), batch_size=8, seed=3),
-                            DistributedConfig(workers=2, tau=3, rounds=3)).fit(df)
-
-    direct = fit()
+    direct = _staged_fit(df, engine, tmp_path / "staged")
     monkeypatch.setattr(spark_data, "ships_local_data", lambda rdd, **kw: True)  # the road of the driver's rows
-    through_chunks = fit()
+    through_chunks = _staged_fit(df, engine, tmp_path / "staged")
     assert direct.summary["rows_per_partition"] == through_chunks.summary["rows_per_partition"]
     assert sum(direct.summary["rows_per_partition"]) == 96
     assert torch.equal(_flat(direct), _flat(through_chunks))
+    assert not list((tmp_path / "staged").iterdir())  # the fits' ends removed what they staged
+
+
+def test_a_barrier_stage_that_finds_no_staged_rows_starts_again_over_the_chunks(spark, tmp_path, monkeypatch):
+    """The staged files gone before the barrier stage starts (as on a host Spark did not stage on): each task says so,
+    the stage starts again over the chunks, not counted as a restart, and trains to the same weights."""
+    x, y = blobs(96, seed=8)
+    df = _parquet_frame(spark, tmp_path / "rows.parquet", x, y)
+    staged_dir = tmp_path / "staged"
+    expected = _staged_fit(df, "barrier", staged_dir)
+    assert expected.summary["staged_rows_missing"] is False
+    probe = SparkTrainer._probe
+
+    def probe_then_lose_the_files(*args, **kwargs):  # on the driver, after the stage job, before the stage
+        for folder in staged_dir.iterdir():
+            shutil.rmtree(folder)
+        return probe(*args, **kwargs)
+
+    monkeypatch.setattr(SparkTrainer, "_probe", staticmethod(probe_then_lose_the_files))
+    again = _staged_fit(df, "barrier", staged_dir)
+    assert again.summary["staged_rows_missing"] is True and again.summary["restarts"] == 0
+    assert torch.equal(_flat(expected), _flat(again))
 
 
 def test_a_lazy_rdd_is_made_once_on_first_use_and_not_to_be_unpersisted():

@@ -55,7 +55,7 @@ from sparknet.spark.barrier.driver import connect_refusal, run_barrier_engine, r
 from sparknet.spark.engine import EngineOptions, EngineRun
 from sparknet.spark.rounds.executor import WorkerSpec, cleanup_partition, stage_frame, stage_partition
 from sparknet.spark.rounds.driver import run_rounds_engine
-from sparknet.spark.session import get_session, is_connect, session_parallelism
+from sparknet.spark.session import get_session, is_connect, is_local_master, session_parallelism
 from sparknet.strategies import TrainingStrategy, make_strategy
 from sparknet.labels import Task, infer_task
 from sparknet.weights import WeightCollection
@@ -348,8 +348,11 @@ class SparkTrainer:
                        expected_len=expected_len, num_partitions=ranks, float_labels=task.float_labels,
                        weight_col=weight_col)
         level = getattr(StorageLevel, self.options.storage_level)
-        frame_staged = None  # the rounds engine's stage job run where a DataFrame's rows are converted
-        if dist.engine is Engine.ROUNDS and not connect and spark_data.is_dataframe(train):
+        frame_staged = None  # the stage job run where a DataFrame's rows are converted
+        # the barrier stage reads such files only on one machine: on a cluster Spark may run a barrier task on
+        # another host than the one that staged its partition (seen on the test rig), and the stage starts again
+        if not connect and spark_data.is_dataframe(train) and (dist.engine is Engine.ROUNDS
+                                                               or is_local_master(sc.master)):
             frame_staged, chunks, source = self._frame_staging(train, fit_id, level, columns)
         if frame_staged is None:
             chunk = spark_data.chunk_frame if connect else spark_data.chunk_rdd  # a DataFrame or an RDD of chunks
@@ -365,7 +368,7 @@ class SparkTrainer:
         broadcasts = []
         try:
             stats = None
-            if dist.engine is Engine.ROUNDS:
+            if dist.engine is Engine.ROUNDS or frame_staged is not None:  # the barrier stage reads staged files too
                 staged = frame_staged if frame_staged is not None else chunks.mapPartitionsWithIndex(
                     stage_partition(fit_id, self.options.staging_dir), preservesPartitioning=True)
                 staged.persist(StorageLevel.MEMORY_ONLY)
@@ -574,7 +577,7 @@ class SparkTrainer:
             self.on_round(record)
 
     def _frame_staging(self, train, fit_id: str, level, columns: dict):
-        """``(staged, chunks, source)`` for the rounds engine over a DataFrame: ``staged``, the RDD of the stage job,
+        """``(staged, chunks, source)`` for a fit over a DataFrame: ``staged``, the RDD of the stage job,
         whose tasks make the rows into chunks and write them where they are (:func:`stage_frame`), and ``chunks``, an
         RDD of the chunks made only if a rerun needs it (the staged files gone). ``staged`` is ``None`` where the
         rows would travel in every round's tasks (a DataFrame of the driver's rows already in as many partitions):

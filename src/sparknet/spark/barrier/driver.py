@@ -26,7 +26,8 @@ from sparknet.loop import ResumeState
 from sparknet.parallel.mesh import join_shards
 from sparknet.spark.backend import Held, run_with_deadline, task_error, task_slots
 from sparknet.spark.resources import gpu_profile, with_profile
-from sparknet.spark.barrier.executor import RESULT_SCHEMA, GroupPlan, StagePlan, run_barrier, run_barrier_frame
+from sparknet.spark.barrier.executor import (RESULT_SCHEMA, GroupPlan, StagePlan, StagedRowsMissing, run_barrier,
+                                             run_barrier_frame)
 from sparknet.spark.engine import EngineRun
 from sparknet.spark.rounds.executor import pack_spec
 from sparknet._tensortree import unpack_tree
@@ -53,7 +54,7 @@ def run_barrier_engine(run: EngineRun):
     restarts: list[dict] = []
     profile, gpus = gpu_profile(run.sc, run.spec.worker.gpus_per_worker, workers=run.dist.ranks,
                                 procs=run.dist.procs_per_worker)
-    t_engine, ready_at = time.perf_counter(), None
+    t_engine, ready_at, staged_missing = time.perf_counter(), None, False
     while True:
         stage = BarrierStage(run, history, restart=len(restarts), profile=profile)
         try:
@@ -62,22 +63,28 @@ def run_barrier_engine(run: EngineRun):
         except _StageFailed as failed:
             ready_at = ready_at or stage.ready_at
             cause = failed.cause
-            if failed.fatal or len(restarts) >= opts.max_restarts:
+            missing = run.source is not run.chunks and StagedRowsMissing.__name__ in str(cause)
+            if not missing and (failed.fatal or len(restarts) >= opts.max_restarts):
                 if restarts:
                     log.error("the barrier stage failed %d times in all; giving up", len(restarts) + 1)
                 raise cause from failed.__cause__
             latest = stage.latest or latest
             first_line = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
-            restarts.append({"after_round": latest.round, "error": first_line})
-            log.warning("barrier stage failed (%s); restart %d of at most %d from round %d", first_line,
-                        len(restarts), opts.max_restarts, latest.round)
+            if missing:  # Spark ran a task away from its partition's staged files (a host lost, or an executor not
+                # up when they were staged): the stage starts again over the chunks, not counted as a restart
+                log.warning("barrier stage: %s; starting it again over the cached chunks", first_line)
+                run, staged_missing = replace(run, source=run.chunks), True
+            else:
+                restarts.append({"after_round": latest.round, "error": first_line})
+                log.warning("barrier stage failed (%s); restart %d of at most %d from round %d", first_line,
+                            len(restarts), opts.max_restarts, latest.round)
             _wait_for_slots(run.sc, run.dist.ranks, opts.rendezvous_timeout_s, latest.round, cause)
             del history[sum(1 for h in history if h["round"] <= latest.round):]  # their work is redone
     history.sort(key=lambda h: h["round"])
     ready_at = ready_at or stage.ready_at
     # the first stage's launch: its tasks start, write their partitions and join the process group (setup_s ends
     # where the engine starts; the rounds engine's staging jobs run before that, inside setup_s)
-    extra.update(restarts=len(restarts), restart_log=restarts, gpu_scheduling=gpus,
+    extra.update(restarts=len(restarts), restart_log=restarts, gpu_scheduling=gpus, staged_rows_missing=staged_missing,
                  launch_s=None if ready_at is None else ready_at - t_engine)
     return final, history, extra
 
@@ -206,7 +213,7 @@ class BarrierStage:
                 fit=run.plan, endpoint=receiver.endpoint, secret=secret, keys=receiver.client_keys,
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,
-                streaming=dist.streaming())
+                streaming=dist.streaming(), staged=run.source is not run.chunks)
             stage = with_profile(run.source.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc)),
                                  self.profile)
             silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)

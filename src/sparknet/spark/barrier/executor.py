@@ -51,7 +51,8 @@ from sparknet.spark._channel import MetricsSender, _jsonable
 from sparknet.rowfile import RowFile
 from sparknet.spark.data import frame_chunks, write_chunks
 from sparknet.spark.rounds.executor import (WorkerSpec, build_worker_net, export_worker_state, fault_hook, fit_dir,
-                                           freeze_heap, import_worker_state, round_seed, task_device, worker_failure)
+                                           freeze_heap, import_worker_state, round_seed, staged_stem, task_device,
+                                           worker_failure)
 from sparknet.step import WorkerRanks
 from sparknet.strategies import WorkerState
 
@@ -100,6 +101,9 @@ class StagePlan:
     """Rounds between checkpoints (every rank then sends its own state), or ``None``."""
     streaming: Streaming | None = None
     """Whether the round's exchange overlaps the next round's steps, or moves a fragment at a time."""
+    staged: bool = False
+    """The stage runs over the stage job's records, each partition's rows already in files on the machine that
+    converted them (:func:`~sparknet.spark.rounds.executor.stage_frame`), not over its chunks."""
 
 
 def run_barrier(payload_bc, params: StagePlan, val_bc=None):
@@ -335,8 +339,10 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     world = params.group.workers
     split = spec.model_parallel is not None
     torch.set_num_threads(spec.worker.threads)
-    # written to this machine's disk chunk by chunk, then mapped into memory or streamed, as the rounds engine does
-    data, _ = write_chunks(os.path.join(fit_dir(spec), f"rank{rank}"), chunks)
+    if params.staged:  # the stage job's files, mapped into memory or streamed, as the rounds engine does
+        data = staged_rows(chunks, rank)
+    else:  # written to this machine's disk chunk by chunk first
+        data, _ = write_chunks(os.path.join(fit_dir(spec), f"rank{rank}"), chunks)
     device, device_info = task_device(spec.worker.device, rank)
     order = worker_order(_task_hosts(ctx), params.group.procs_per_worker)
     group_rank = order.index(rank)  # a worker's ranks consecutive, on one host where they can be
@@ -375,7 +381,8 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
             yield ("result", 0, b"" if sent else weights, history)
     finally:
         gc.unfreeze()
-        if isinstance(data, RowFile):
+        if isinstance(data, RowFile) and not params.staged:  # staged files stay for a restart; the fit's end
+            # removes them
             data.remove()
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.dirname(data.stem))
@@ -384,6 +391,26 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
         del store
         if sender is not None:
             sender.close()
+
+
+class StagedRowsMissing(RuntimeError):
+    """A partition's staged files are not on the machine Spark ran its barrier task on: the driver starts the stage
+    again over the chunks (:func:`~sparknet.spark.barrier.driver.run_barrier_engine`)."""
+
+
+def staged_rows(records, index: int) -> RowFile | None:
+    """Partition ``index``'s rows from its stage-job record (``None``: it has none); :class:`StagedRowsMissing` where
+    they were staged on another machine or are gone."""
+    record = None
+    for record in records:  # one record; read it all
+        pass
+    if record is None or record["rows"] == 0:
+        return None
+    here = socket.gethostname()
+    rows = RowFile.open(staged_stem(record["dir"], index)) if record.get("host") == here else None
+    if rows is None:
+        raise StagedRowsMissing(f"partition {index}'s rows were staged on {record.get('host')} and are not on {here}")
+    return rows
 
 
 def _split_rank(spec: WorkerSpec, rank: int, data: RowFile | None, val, params: StagePlan, sender,

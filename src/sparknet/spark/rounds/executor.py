@@ -71,7 +71,8 @@ if TYPE_CHECKING:
 __all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial", "pack_spec", "unpack_spec",
            "worker_seed", "task_device", "build_worker_net", "fit_dir", "stage_partition", "run_round", "ROUND_TASK",
            "task_attempt", "run_round_from_chunks", "fold", "combine", "cleanup_partition", "freeze_heap", "fault_hook",
-           "worker_failure", "export_worker_state", "import_worker_state", "round_seed", "decode_updates"]
+           "worker_failure", "export_worker_state", "import_worker_state", "round_seed", "decode_updates",
+           "staged_stem"]
 
 log = logging.getLogger(__name__)
 
@@ -425,7 +426,8 @@ def fit_dir(spec: WorkerSpec) -> str:
     return _fit_dir(spec.staging_dir, spec.fit_id)
 
 
-def _partition_stem(directory: str, index: int) -> str:
+def staged_stem(directory: str, index: int) -> str:
+    """Where partition ``index``'s rows are staged in the fit's folder ``directory``."""
     return os.path.join(directory, f"p{index}")
 
 
@@ -436,7 +438,7 @@ def stage_partition(fit_id: str, staging_dir: str | None = None):
     def stage(index: int, chunks):
         _evict_finished()
         directory = _fit_dir(staging_dir, fit_id)
-        _, info = write_chunks(_partition_stem(directory, index), chunks)
+        _, info = write_chunks(staged_stem(directory, index), chunks)
         info.update(index=index, host=socket.gethostname(), dir=directory)
         freeze_heap()
         yield info
@@ -552,14 +554,14 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
     if entry is None:
         if chunks is not None:
             directory = fit_dir(spec)
-            rows, _ = write_chunks(_partition_stem(directory, index), chunks)
+            rows, _ = write_chunks(staged_stem(directory, index), chunks)
             if rows is None:
                 return replace(report, status=WorkerStatus.EMPTY), None, None
             source = "chunks"
         else:
             rows = None
             if record is not None and record.get("host") == socket.gethostname():
-                rows = RowFile.open(_partition_stem(record["dir"], index))
+                rows = RowFile.open(staged_stem(record["dir"], index))
             if rows is None:
                 return replace(report, status=WorkerStatus.MISSING), None, None
             directory = record["dir"]
