@@ -110,10 +110,11 @@ def training_frame(spark, run: RunConfig, train):
 def train_distributed(run: RunConfig, dist: DistributedConfig, options: EngineOptions | None = None) -> dict:
     """Train as ``run`` and ``dist`` say on Spark, the engines set as ``options`` say; returns the summary record."""
     seed_everything(run.seed)
+    ages = {"imported": process_age_s()}  # Python, torch and sparknet's modules loaded
     with ThreadPoolExecutor(1, thread_name_prefix="sparknet-prepare") as pool:
-        prepared = pool.submit(_prepare, run)  # while the Spark session's JVM starts (most of it is waiting)
+        prepared = pool.submit(_prepare, run, ages)  # while the Spark session's JVM starts (most of it is waiting)
         spark = get_session(dist.resolved_master)
-        ages = {"session": process_age_s()}
+        ages["session"] = process_age_s()
         with python_workers_starting(spark.sparkContext):  # while the data is read and planned
             train, test, info, net_params = prepared.result()
             ages["data"] = process_age_s()
@@ -150,7 +151,8 @@ def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOption
                        # what the command's user waited before the first round began (Python, the session, data)
                        "first_round_s": None if age is None else round(age + _first_round_start(result), 2)}
             if age is not None:  # when each step before the first round ended, in the command's seconds
-                summary["phases_s"] = {**{k: round(v, 2) for k, v in (ages or {}).items() if v is not None},
+                before = sorted(((k, v) for k, v in (ages or {}).items() if v is not None), key=lambda kv: kv[1])
+                summary["phases_s"] = {**{k: round(v, 2) for k, v in before},  # as they happened (two threads)
                                        "fit": round(age, 2),
                                        **{k: round(age + v, 2) for k, v in result.summary["fit_phases_s"].items()},
                                        "first_round": summary["first_round_s"]}
@@ -170,11 +172,14 @@ def _first_round_start(result) -> float:
     return result.summary["setup_s"] if first is None or "start_s" not in first else first["start_s"]
 
 
-def _prepare(run: RunConfig):
-    """The data set, the model, and the imports its optimizer will need (torch's compiler stack, about 1 s)."""
+def _prepare(run: RunConfig, ages: dict):
+    """The data set, the model, and the imports its optimizer will need (torch's compiler stack, about 1 s); when
+    each was ready, in the command's seconds, into ``ages``."""
     train, test, info = load_training_data(run)
+    ages["loaded"] = process_age_s()
     net_params = build_model(run, info)
     import torch._dynamo  # noqa: F401  (imported by the first torch optimizer made; made in the fit)
 
+    ages["compiler_imported"] = process_age_s()
     return train, test, info, net_params
 
