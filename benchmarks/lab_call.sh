@@ -4,22 +4,25 @@
 # wrote comes back under $OUT (8 files at most: machine.txt, lab.log and a .log and a .json per step, so three steps).
 #
 #   bash benchmarks/lab_call.sh 520 k8 lenet_gpu k16     # seconds this call may use, then its steps
+#   R=$OUT; OUT=/tmp/lab bash benchmarks/lab_call.sh 550 warm k8_engines lenet_gpu alexnet k8_every; \
+#     tar -C /tmp -czf $R/lab.tgz lab                    # more steps than 8 files hold: one archive back
 #
-# Steps (seconds each needs on an H200 machine, 2026-11-27):
+# Steps (seconds each needs on an H200 machine; what each took on 2026-11-28, commit 363aa95, in brackets):
 #   warm       a short K = 2 run, then its driver JVM's class archive settled (session.class_archive_options), so
-#              that the timed runs start as a user's second run does and no JVM writes an archive beside them
+#              that the timed runs start as a user's second run does and no JVM writes an archive beside them (50 s)
 #   k8         time_to_99.py, K = 8: one process with 1 and 8 threads, both engines, TorchDistributor, 8 bare (460 s)
-#   k8_engines the two engines alone at K = 8 (about 140 s): their phases and stragglers
+#   k8_engines the two engines alone at K = 8 (108 s): their phases and stragglers
 #   k8_every   the rounds engine at K = 8 evaluating every round, with and without its evaluations in a driver thread
 #              (two cores, by hand: K = 8 evaluating every round stopped at 750 steps; the lab's K = 8 under the 5%
-#              budget, at 1,000)
+#              budget, at 1,000; 104 s)
 #   k8_timed   the two engines at K = 8 with rounds of 1.5 s in place of 50 steps: no worker waits for the slowest
-#   k16        the same as k8 for K = 16, without the one-process runs (about 300 s)
+#   k16        the same as k8 for K = 16, without the one-process runs (275 s)
 #   curve      K = 1, 2, 4 for both engines
 #   curve_peers  K = 1, 2, 4: TorchDistributor and the bare processes
 #   shapes     K x G = 16 as 1x16, 2x8, 4x4, 8x2, 16x1, beside DDP on 16 processes (issue 35)
-#   lenet_gpu  gpu_workers.py lenet: two workers sharing the GPU against one GPU process (70 s)
+#   lenet_gpu  gpu_workers.py lenet: two workers sharing the GPU against one GPU process (49 s)
 #   alexnet    gpu_workers.py alexnet: images/s of a worker through Spark against the bare loop, bf16 and float32
+#              (170 s)
 #   gpt        gpu_workers.py transformer: tokens/s and the time to validation loss 1.50, one and two workers (about
 #              140 s; the machine has no network: copy sparknet's cached shakespeare/shakespeare.txt into an
 #              ignored folder here, carry it with the bundle's third part and put it in ~/.cache/sparknet there)
@@ -40,15 +43,15 @@ for name in "$@"; do
   case $name in
     warm) need=60; cmd="python3 -m sparknet train --model lenet --dataset mnist --workers 2 --engine barrier --steps 20 --tau 10 --quiet --metrics-out /tmp/warm.jsonl; python3 -c 'import sys; sys.path.insert(0, \"benchmarks\"); from first_round import settle_class_archive; settle_class_archive(90)'; ls -la \$HOME/.cache/sparknet/jvm 2> /dev/null; true" ;;
     k8) need=240; cmd="$T99 --workers 8 --threads 1,8 --timeout 150" ;;
-    k8_engines) need=140; cmd="$T99 --workers 8 --only '8 workers' --timeout 100" ;;
-    k8_every) need=140; cmd="$T99 --workers 8 --only 'rounds, 8 workers' --eval-budget 1 --eval-overlap --timeout 100" ;;
+    k8_engines) need=115; cmd="$T99 --workers 8 --only '8 workers' --timeout 100" ;;
+    k8_every) need=110; cmd="$T99 --workers 8 --only 'rounds, 8 workers' --eval-budget 1 --eval-overlap --timeout 100" ;;
     k8_timed) need=140; cmd="$T99 --workers 8 --only '8 workers' --round-seconds 1.5 --timeout 100" ;;
-    k16) need=150; cmd="$T99 --workers 16 --threads 1 --only 16 --timeout 120" ;;
+    k16) need=280; cmd="$T99 --workers 16 --threads 1 --only 16 --timeout 120" ;;
     curve) need=200; cmd="$T99 --workers 1,2,4 --threads 1 --only workers --timeout 150" ;;
     curve_peers) need=120; cmd="$T99 --workers 1,2,4 --threads 1 --only processes --timeout 150" ;;
     shapes) need=300; cmd="$T99 --workers 16 --threads 16 --shapes 1x16,2x8,4x4,8x2,16x1 --only processes --timeout 150" ;;
     lenet_gpu) need=60; cmd="$GPU --only lenet" ;;
-    alexnet) need=90; cmd="$GPU --only alexnet" ;;
+    alexnet) need=180; cmd="$GPU --only alexnet" ;;
     gpt) need=300; cmd="$GPU --only transformer" ;;
     *) echo "unknown step $name" | tee -a "$out/lab.log"; continue ;;
   esac
