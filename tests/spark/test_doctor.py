@@ -21,7 +21,10 @@ def spark():
     from pyspark.sql import SparkSession
 
     session = (SparkSession.builder.master("local[2]").appName("test-doctor")
-               .config("spark.ui.enabled", "false").config("spark.python.worker.reuse", "true").getOrCreate())
+               .config("spark.ui.enabled", "false").config("spark.python.worker.reuse", "true")
+               # 512 MiB a task: LeNet's measured Python worker (290-310 MiB with torch) sat at the 80% line of
+               # Spark's default 768 MiB shared by two slots, a WARN some runs and not others
+               .config("spark.executor.memory", "1g").getOrCreate())
     session.sparkContext.setLogLevel("ERROR")
     try:
         yield session
