@@ -257,6 +257,26 @@ def test_a_dataframe_staged_where_it_is_converted_trains_as_through_an_rdd_of_ch
     assert not list((tmp_path / "staged").iterdir())  # the fits' ends removed what they staged
 
 
+@pytest.mark.parametrize("engine", ["rounds", "barrier"])
+def test_a_data_sets_parquet_dealt_by_its_own_tasks_is_read_and_staged_in_one_task(spark, tmp_path, monkeypatch,
+                                                                                   engine):
+    """The command line's DataFrame of a data set (its partitions read their rows from the cached Parquet,
+    ``dataset_frame(..., partitions=K)``) is read, converted and staged in one task; the same DataFrame through its
+    rows in the JVM (what any DataFrame gets) trains to the same weights, bit for bit."""
+    from sparknet.datasets import ArrayDataset
+    from sparknet.spark.run import dataset_frame
+
+    monkeypatch.setenv("SPARKNET_CACHE", str(tmp_path))
+    x, y = blobs(96, seed=8)
+    frame = dataset_frame(spark, "blobs", ArrayDataset(x, y), partitions=2)
+    assert frame.sparknet_slices.partitions == 2
+    in_one_task = _staged_fit(frame, engine, tmp_path / "staged")
+    del frame.sparknet_slices  # the road of any DataFrame
+    through_the_jvm = _staged_fit(frame, engine, tmp_path / "staged")
+    assert in_one_task.summary["rows_per_partition"] == through_the_jvm.summary["rows_per_partition"] == [48, 48]
+    assert torch.equal(_flat(in_one_task), _flat(through_the_jvm))
+
+
 def test_a_barrier_stage_that_finds_no_staged_rows_starts_again_over_the_chunks(spark, tmp_path, monkeypatch):
     """The staged files gone before the barrier stage starts (as on a host Spark did not stage on): each task says so,
     the stage starts again over the chunks, not counted as a restart, and trains to the same weights."""

@@ -829,7 +829,7 @@ def ships_local_data(rdd, *, most_rdds: int = 1000) -> bool:
         seen += 1
         deps = node.dependencies()
         if deps.isEmpty():
-            if node.getClass().getSimpleName() == "ParallelCollectionRDD":
+            if node.getClass().getSimpleName() == "ParallelCollectionRDD" and not _slice_numbers(node):
                 return True
             continue
         it = deps.iterator()
@@ -838,6 +838,13 @@ def ships_local_data(rdd, *, most_rdds: int = 1000) -> bool:
             if dep.getClass().getSimpleName() != "ShuffleDependency":
                 stack.append(dep.rdd())
     return False
+
+
+def _slice_numbers(node) -> bool:
+    """Whether a ``ParallelCollectionRDD`` holds only numbers, one a partition: ``spark.range``'s slices, from which
+    the executors make their own rows (:func:`sparknet.spark.run.synthetic_frame`), not rows of the driver's."""
+    kind = node.elementClassTag().runtimeClass().getSimpleName()  # read in the JVM: nothing is copied out
+    return kind in ("int", "long", "Integer", "Long") and all(p.values().size() <= 1 for p in node.partitions())
 
 
 def partition_key(index: int) -> int:

@@ -1,8 +1,9 @@
 """``sparknet train --workers K``: the command line's road into the Spark engines.
 
-The data set becomes a Spark DataFrame the way a user's data would be one: on a local master
-it is written once as Parquet (cached beside the data set) and read with ``spark.read.parquet``;
-on a cluster, whose executors cannot read the driver's disk, its rows travel through Spark.
+The data set becomes a Spark DataFrame: on a local master it is written once as Parquet (cached
+beside the data set), and each of the fit's K partitions reads the rows dealt to it from that file
+with pyarrow, in the task that stages them (no shuffle, no decoding in the JVM); on a cluster,
+whose executors cannot read the driver's disk, its rows travel through Spark.
 ``--data PATH`` is read on the driver (its last rows are the test set) and goes the same way. Training runs
 through :class:`SparkTrainer`; every round record goes to the metrics file and the progress line.
 """
@@ -12,8 +13,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -46,13 +50,15 @@ def dataset_as_parquet(dataset, path: Path) -> Path:
     return path
 
 
-def dataset_frame(spark, dataset: str, train):
+def dataset_frame(spark, dataset: str, train, partitions: int | None = None):
     """``train`` of data set ``dataset`` as a DataFrame (``features``, ``label``) every executor can read.
 
     On a local master (every executor on this machine) it is read from Parquet written once beside
     the cache; the file name holds the rows and the shape of one sample and one label, so a data
-    set cut differently (another sequence length) gets its own file. On a cluster the executors
-    cannot read the driver's disk, so the rows travel through Spark itself
+    set cut differently (another sequence length) gets its own file. With ``partitions``, each of that
+    many partitions reads its own slice of the file's rows with pyarrow (:func:`parquet_slices_frame`): no
+    shuffle deals them out, and Spark's JVM never decodes them; without, ``spark.read.parquet`` reads it.
+    On a cluster the executors cannot read the driver's disk, so the rows travel through Spark itself
     (:func:`sparknet.spark.data.frame_from_arrays`).
     """
     if isinstance(train, SyntheticImages):
@@ -62,7 +68,51 @@ def dataset_frame(spark, dataset: str, train):
     shape = "x".join(str(d) for d in (*np.shape(train.x)[1:], *np.shape(train.y)[1:])) or "1"
     path = Path(cache_root()) / "parquet" / f"{dataset.lower()}-train-{len(train)}-{shape}.parquet"
     path = dataset_as_parquet(train, path)
+    if partitions is not None:
+        return parquet_slices_frame(spark, path, partitions)
     return spark.read.schema(_parquet_schema(path)).parquet(str(path))
+
+
+def parquet_slices_frame(spark, path: Path, partitions: int):
+    """The rows of the Parquet file ``path`` (on this machine) as a DataFrame of ``partitions`` partitions, dealt
+    out as cards are: partition ``k`` holds rows ``k``, ``k + partitions``, ... in order, which its task reads with
+    pyarrow: nothing but the partition's number travels, and the rows enter Spark as Arrow batches. (Dealt, not cut
+    into contiguous slices: a file whose rows come in some order, as MNIST's writers do, would give each worker
+    rows of its own kind.)"""
+    import pyarrow.parquet as pq
+
+    path, rows = str(path), pq.ParquetFile(path).metadata.num_rows
+    partitions = max(1, min(partitions, rows))
+
+    def read(batches):
+        import numpy as np
+        import pyarrow.parquet as pq
+
+        with pq.ParquetFile(path) as f:
+            for batch in batches:
+                for k in batch.column(0).to_pylist():
+                    offset = 0
+                    for g in range(f.num_row_groups):
+                        group = f.read_row_group(g)
+                        yield from group.take(np.arange((k - offset) % partitions, len(group), partitions)).to_batches()
+                        offset += len(group)
+
+    slices = spark.range(0, partitions, numPartitions=partitions)
+    frame = slices.mapInArrow(read, _parquet_schema(Path(path)))
+    # a fit's stage job reads the slices in the task that stages them (SparkTrainer._frame_staging): the rows never
+    # pass through the JVM between the read and the conversion
+    frame.sparknet_slices = SliceReader(slices, read, partitions)
+    return frame
+
+
+@dataclass(frozen=True)
+class SliceReader:
+    """How :func:`parquet_slices_frame`'s DataFrame is made: ``read``, the function that turns ``slices`` (one slice
+    number a partition) into Arrow batches of ``features`` and ``label``."""
+
+    slices: Any
+    read: Callable
+    partitions: int
 
 
 def _parquet_schema(path: Path):
@@ -89,22 +139,23 @@ def synthetic_frame(spark, images: SyntheticImages, partitions: int | None = Non
     return spark.range(0, len(images), numPartitions=max(1, min(parts, len(images)))).mapInArrow(make, schema)
 
 
-def training_frame(spark, run: RunConfig, train):
-    """The training rows as a DataFrame: ``train`` of the data set, or of ``--data`` without its test rows.
+def training_frame(spark, run: RunConfig, train, partitions: int | None = None):
+    """The training rows as a DataFrame: ``train`` of the data set, or of ``--data`` without its test rows; on a
+    local master in ``partitions`` slices (:func:`dataset_frame`).
 
     ``--data`` holds its test set in its last rows (see :mod:`sparknet._parquet`); the Spark
     engines train on the same rows one process trains on, written once beside the cache under
     a name that changes when the files do (or shipped through Spark on a cluster).
     """
     if run.data is None or not is_local_master(spark.sparkContext.master):
-        return dataset_frame(spark, run.dataset, train)
+        return dataset_frame(spark, run.dataset, train, partitions)
     root = Path(run.data).resolve()
     files = sorted(p for p in ([root] if root.is_file() else root.rglob("*")) if p.is_file())
     stamp = hashlib.sha256(str(root).encode())
     for p in files:
         info = p.stat()
         stamp.update(f"{p.relative_to(root) if p != root else ''}:{info.st_size}:{info.st_mtime_ns};".encode())
-    return dataset_frame(spark, f"data-{root.stem}-{stamp.hexdigest()[:16]}", train)
+    return dataset_frame(spark, f"data-{root.stem}-{stamp.hexdigest()[:16]}", train, partitions)
 
 
 def train_distributed(run: RunConfig, dist: DistributedConfig, options: EngineOptions | None = None) -> dict:
@@ -123,7 +174,7 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, options: EngineOp
 
 def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOptions | None, train, test, info,
            net_params, ages: dict | None = None) -> dict:
-    df = training_frame(spark, run, train)
+    df = training_frame(spark, run, train, dist.ranks)
     config = TrainConfig(run=run, dist=dist).to_dict()
     sinks = run_sinks(run, config)
     failed = True

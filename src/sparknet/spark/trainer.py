@@ -584,9 +584,17 @@ class SparkTrainer:
         those are staged from :func:`~sparknet.spark.data.chunk_rdd`'s RDD, behind a shuffle."""
         frame, convert, source = spark_data.chunk_input(train, **columns)
         float_labels = columns["float_labels"] or columns["weight_col"] is not None  # a weight rides with the labels
-        stage = stage_frame(fit_id, self.options.staging_dir, convert, float_labels)
-        staged = frame.mapInArrow(stage, "info string").rdd.map(lambda row: json.loads(row[0]),
-                                                                 preservesPartitioning=True)
+        reader = getattr(train, "sparknet_slices", None)  # its partitions read their own rows (parquet_slices_frame)
+        if (reader is not None and reader.partitions == columns["num_partitions"] and source.kind == "array"
+                and (columns["features_col"], columns["label_col"]) == ("features", "label") and not float_labels):
+            read = reader.read  # read, converted and staged in one task
+            stage_over = reader.slices.mapInArrow(
+                stage_frame(fit_id, self.options.staging_dir, lambda batches: convert(read(batches)), False),
+                "info string")
+        else:
+            stage_over = frame.mapInArrow(stage_frame(fit_id, self.options.staging_dir, convert, float_labels),
+                                          "info string")
+        staged = stage_over.rdd.map(lambda row: json.loads(row[0]), preservesPartitioning=True)
         spark_data.check_partitions(staged, columns["num_partitions"])
         if spark_data.ships_local_data(staged):
             return None, None, source
