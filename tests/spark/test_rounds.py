@@ -264,14 +264,18 @@ def test_a_data_sets_parquet_dealt_by_its_own_tasks_is_read_and_staged_in_one_ta
     ``dataset_frame(..., partitions=K)``) is read, converted and staged in one task; the same DataFrame through its
     rows in the JVM (what any DataFrame gets) trains to the same weights, bit for bit."""
     from sparknet.datasets import ArrayDataset
+    from sparknet.spark import data as spark_data
     from sparknet.spark.run import dataset_frame
 
     monkeypatch.setenv("SPARKNET_CACHE", str(tmp_path))
     x, y = blobs(96, seed=8)
     frame = dataset_frame(spark, "blobs", ArrayDataset(x, y), partitions=2)
-    assert frame.sparknet_slices.partitions == 2
+    assert frame.sparknet_deal.partitions == 2
+    # spark.range's numbers are no rows of the driver's (tasks over them are staged where they run); parallelize's are
+    assert not spark_data.ships_local_data(frame.rdd) and spark_data.ships_local_data(spark.sparkContext.parallelize(
+        [1, 2], 2))
     in_one_task = _staged_fit(frame, engine, tmp_path / "staged")
-    del frame.sparknet_slices  # the road of any DataFrame
+    del frame.sparknet_deal  # the road of any DataFrame
     through_the_jvm = _staged_fit(frame, engine, tmp_path / "staged")
     assert in_one_task.summary["rows_per_partition"] == through_the_jvm.summary["rows_per_partition"] == [48, 48]
     assert torch.equal(_flat(in_one_task), _flat(through_the_jvm))

@@ -56,7 +56,7 @@ def dataset_frame(spark, dataset: str, train, partitions: int | None = None):
     On a local master (every executor on this machine) it is read from Parquet written once beside
     the cache; the file name holds the rows and the shape of one sample and one label, so a data
     set cut differently (another sequence length) gets its own file. With ``partitions``, each of that
-    many partitions reads its own slice of the file's rows with pyarrow (:func:`parquet_slices_frame`): no
+    many partitions reads the rows dealt to it from the file with pyarrow (:func:`parquet_dealt_frame`): no
     shuffle deals them out, and Spark's JVM never decodes them; without, ``spark.read.parquet`` reads it.
     On a cluster the executors cannot read the driver's disk, so the rows travel through Spark itself
     (:func:`sparknet.spark.data.frame_from_arrays`).
@@ -69,11 +69,11 @@ def dataset_frame(spark, dataset: str, train, partitions: int | None = None):
     path = Path(cache_root()) / "parquet" / f"{dataset.lower()}-train-{len(train)}-{shape}.parquet"
     path = dataset_as_parquet(train, path)
     if partitions is not None:
-        return parquet_slices_frame(spark, path, partitions)
+        return parquet_dealt_frame(spark, path, partitions)
     return spark.read.schema(_parquet_schema(path)).parquet(str(path))
 
 
-def parquet_slices_frame(spark, path: Path, partitions: int):
+def parquet_dealt_frame(spark, path: Path, partitions: int):
     """The rows of the Parquet file ``path`` (on this machine) as a DataFrame of ``partitions`` partitions, dealt
     out as cards are: partition ``k`` holds rows ``k``, ``k + partitions``, ... in order, which its task reads with
     pyarrow: nothing but the partition's number travels, and the rows enter Spark as Arrow batches. (Dealt, not cut
@@ -97,20 +97,20 @@ def parquet_slices_frame(spark, path: Path, partitions: int):
                         yield from group.take(np.arange((k - offset) % partitions, len(group), partitions)).to_batches()
                         offset += len(group)
 
-    slices = spark.range(0, partitions, numPartitions=partitions)
-    frame = slices.mapInArrow(read, _parquet_schema(Path(path)))
-    # a fit's stage job reads the slices in the task that stages them (SparkTrainer._frame_staging): the rows never
+    hands = spark.range(0, partitions, numPartitions=partitions)
+    frame = hands.mapInArrow(read, _parquet_schema(Path(path)))
+    # a fit's stage job reads each hand in the task that stages it (SparkTrainer._frame_staging): the rows never
     # pass through the JVM between the read and the conversion
-    frame.sparknet_slices = SliceReader(slices, read, partitions)
+    frame.sparknet_deal = DealReader(hands, read, partitions)
     return frame
 
 
 @dataclass(frozen=True)
-class SliceReader:
-    """How :func:`parquet_slices_frame`'s DataFrame is made: ``read``, the function that turns ``slices`` (one slice
+class DealReader:
+    """How :func:`parquet_dealt_frame`'s DataFrame is made: ``read``, the function that turns ``hands`` (one
     number a partition) into Arrow batches of ``features`` and ``label``."""
 
-    slices: Any
+    hands: Any
     read: Callable
     partitions: int
 
@@ -141,7 +141,7 @@ def synthetic_frame(spark, images: SyntheticImages, partitions: int | None = Non
 
 def training_frame(spark, run: RunConfig, train, partitions: int | None = None):
     """The training rows as a DataFrame: ``train`` of the data set, or of ``--data`` without its test rows; on a
-    local master in ``partitions`` slices (:func:`dataset_frame`).
+    local master dealt to ``partitions`` partitions (:func:`dataset_frame`).
 
     ``--data`` holds its test set in its last rows (see :mod:`sparknet._parquet`); the Spark
     engines train on the same rows one process trains on, written once beside the cache under

@@ -584,11 +584,11 @@ class SparkTrainer:
         those are staged from :func:`~sparknet.spark.data.chunk_rdd`'s RDD, behind a shuffle."""
         frame, convert, source = spark_data.chunk_input(train, **columns)
         float_labels = columns["float_labels"] or columns["weight_col"] is not None  # a weight rides with the labels
-        reader = getattr(train, "sparknet_slices", None)  # its partitions read their own rows (parquet_slices_frame)
+        reader = getattr(train, "sparknet_deal", None)  # its partitions read their own rows (parquet_dealt_frame)
         if (reader is not None and reader.partitions == columns["num_partitions"] and source.kind == "array"
                 and (columns["features_col"], columns["label_col"]) == ("features", "label") and not float_labels):
             read = reader.read  # read, converted and staged in one task
-            stage_over = reader.slices.mapInArrow(
+            stage_over = reader.hands.mapInArrow(
                 stage_frame(fit_id, self.options.staging_dir, lambda batches: convert(read(batches)), False),
                 "info string")
         else:
