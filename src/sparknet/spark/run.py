@@ -77,8 +77,7 @@ def parquet_dealt_frame(spark, path: Path, partitions: int):
     """The rows of the Parquet file ``path`` (on this machine) as a DataFrame of ``partitions`` partitions, dealt
     out as cards are: partition ``k`` holds rows ``k``, ``k + partitions``, ... in order, which its task reads with
     pyarrow: nothing but the partition's number travels, and the rows enter Spark as Arrow batches. (Dealt, not cut
-    into contiguous slices: a file whose rows come in some order, as MNIST's writers do, would give each worker
-    rows of its own kind.)"""
+    into contiguous slices: a file whose rows come in some order would give each worker rows of its own kind.)"""
     import pyarrow.parquet as pq
 
     path, rows = str(path), pq.ParquetFile(path).metadata.num_rows
