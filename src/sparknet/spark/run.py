@@ -80,7 +80,7 @@ def parquet_dealt_frame(spark, path: Path, partitions: int):
     into contiguous slices: a file whose rows come in some order would give each worker rows of its own kind.)"""
     import pyarrow.parquet as pq
 
-    path, rows = str(path), pq.ParquetFile(path).metadata.num_rows
+    schema, path, rows = _parquet_schema(path), str(path), pq.ParquetFile(path).metadata.num_rows
     partitions = max(1, min(partitions, rows))
 
     def read(batches):
@@ -97,7 +97,7 @@ def parquet_dealt_frame(spark, path: Path, partitions: int):
                         offset += len(group)
 
     hands = spark.range(0, partitions, numPartitions=partitions)
-    frame = hands.mapInArrow(read, _parquet_schema(Path(path)))
+    frame = hands.mapInArrow(read, schema)
     # a fit's stage job reads each hand in the task that stages it (SparkTrainer._frame_staging): the rows never
     # pass through the JVM between the read and the conversion
     frame.sparknet_deal = DealReader(hands, read, partitions)

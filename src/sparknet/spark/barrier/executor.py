@@ -51,7 +51,7 @@ from sparknet.spark._channel import MetricsSender, _jsonable
 from sparknet.rowfile import RowFile
 from sparknet.spark.data import frame_chunks, write_chunks
 from sparknet.spark.rounds.executor import (WorkerSpec, build_worker_net, export_worker_state, fault_hook, fit_dir,
-                                           freeze_heap, import_worker_state, round_seed, staged_stem, task_device,
+                                           freeze_heap, import_worker_state, round_seed, staged_here, task_device,
                                            worker_failure)
 from sparknet.step import WorkerRanks
 from sparknet.strategies import WorkerState
@@ -406,10 +406,10 @@ def staged_rows(records, index: int) -> RowFile | None:
         pass
     if record is None or record["rows"] == 0:
         return None
-    here = socket.gethostname()
-    rows = RowFile.open(staged_stem(record["dir"], index)) if record.get("host") == here else None
+    rows = staged_here(record, index)
     if rows is None:
-        raise StagedRowsMissing(f"partition {index}'s rows were staged on {record.get('host')} and are not on {here}")
+        raise StagedRowsMissing(f"partition {index}'s rows were staged on {record.get('host')} and are not on "
+                                f"{socket.gethostname()}")
     return rows
 
 

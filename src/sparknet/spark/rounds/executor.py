@@ -72,7 +72,7 @@ __all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial",
            "worker_seed", "task_device", "build_worker_net", "fit_dir", "stage_partition", "run_round", "ROUND_TASK",
            "task_attempt", "run_round_from_chunks", "fold", "combine", "cleanup_partition", "freeze_heap", "fault_hook",
            "worker_failure", "export_worker_state", "import_worker_state", "round_seed", "decode_updates",
-           "staged_stem"]
+           "staged_stem", "staged_here"]
 
 log = logging.getLogger(__name__)
 
@@ -431,6 +431,14 @@ def staged_stem(directory: str, index: int) -> str:
     return os.path.join(directory, f"p{index}")
 
 
+def staged_here(record: dict | None, index: int) -> RowFile | None:
+    """Partition ``index``'s staged rows from its stage-job record, or ``None`` where they were staged on another
+    machine or are gone from this one."""
+    if record is None or record.get("host") != socket.gethostname():
+        return None
+    return RowFile.open(staged_stem(record["dir"], index))
+
+
 # -- stage --------------------------------------------------------------------------------------
 def stage_partition(fit_id: str, staging_dir: str | None = None):
     """Task function of the stage job: chunks -> files on this machine + one small record."""
@@ -559,9 +567,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
                 return replace(report, status=WorkerStatus.EMPTY), None, None
             source = "chunks"
         else:
-            rows = None
-            if record is not None and record.get("host") == socket.gethostname():
-                rows = RowFile.open(staged_stem(record["dir"], index))
+            rows = staged_here(record, index)
             if rows is None:
                 return replace(report, status=WorkerStatus.MISSING), None, None
             directory = record["dir"]
