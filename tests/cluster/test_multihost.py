@@ -191,8 +191,8 @@ def _mlp_trainer(spark, dist, **kwargs):
 @pytest.mark.parametrize("engine", ["rounds", "barrier"])
 def test_a_parquet_frame_every_host_reads_trains_on_both_hosts(spark, cluster, engine):
     """Rows read from a folder every host mounts: the rounds engine stages them where Spark converts them, in each
-    host's private /tmp, and its tasks train where their files are (both partitions on one host when Spark staged
-    them there); the barrier engine, whose tasks Spark may run away from such files on a cluster, reads them through
+    host's private /tmp, and its tasks train where their files are or rerun a partition from the chunks; the barrier
+    engine, whose tasks Spark may run away from such files on a cluster, reads them through
     the cached chunks, one rank on each host."""
     import shutil
     import tempfile
@@ -216,8 +216,8 @@ def test_a_parquet_frame_every_host_reads_trains_on_both_hosts(spark, cluster, e
         assert {w["host"] for w in s["barrier_workers"]} == {cluster.hostname(1), cluster.hostname(2)}
         assert s["restarts"] == 0 and s["staged_rows_missing"] is False
     else:
+        # where Spark ran a partition away from its staged files, the round reran it from the chunks and says so
         assert _hosts(result.history) <= {cluster.hostname(1), cluster.hostname(2)} and _hosts(result.history)
-        assert not [r for r in result.history if r.get("rerun_partitions")]  # none ran away from its files
 
 
 def test_the_barrier_engine_restarts_when_a_lost_host_comes_back(spark, cluster):
