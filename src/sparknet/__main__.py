@@ -4,6 +4,10 @@ A ``sparknet train`` whose flags say plainly that it runs on Spark (:func:`runs_
 first (:func:`sparknet.spark.session.start_driver_jvm`), and the JVM starts while Python loads torch and the rest of
 sparknet, on a machine with cores to spare for it (on two cores, no sooner to a session: the command already starts
 it while it reads its data). ``import sparknet`` loads no torch, so nothing before this point does.
+
+On a local master it also starts, before the JVM, the process that loads the Python daemon's modules ahead
+(:func:`sparknet.spark._daemon.start_ahead`): the daemon Spark launches at the first Python task is then forked from
+it, loaded, instead of spending seconds importing torch and sparknet after the session is up.
 """
 
 import argparse
@@ -36,10 +40,30 @@ def runs_on_spark(argv: list[str]) -> bool:
     return workers > 1 or flags.engine == "barrier" or bool(flags.master)
 
 
+_AHEAD = []
+"""The process that loads the Python daemon's modules ahead, kept for this process's life (it ends with it)."""
+
+
+def on_one_machine(argv: list[str]) -> bool:
+    """Whether ``sparknet *argv`` (a command :func:`runs_on_spark`) runs its executors on this machine: no
+    ``--master``, or a ``local`` one."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--master", default=None)
+    try:
+        master = p.parse_known_args(argv[1:])[0].master
+    except SystemExit:
+        return False
+    return master is None or master.startswith("local")
+
+
 def main() -> int:
     if runs_on_spark(sys.argv[1:]):
         from sparknet.spark.session import start_driver_jvm
 
+        if on_one_machine(sys.argv[1:]):  # the Python daemon's imports while the JVM starts (before it: it names
+            from sparknet.spark._daemon import start_ahead  # their socket in the environment the JVM inherits)
+
+            _AHEAD.append(start_ahead())  # None where it could not start
         start_driver_jvm()
     from sparknet.cli import main as command
 

@@ -206,6 +206,20 @@ def test_which_commands_start_spark_ahead(argv, spark):
     assert runs_on_spark(argv.split()) is spark
 
 
+@pytest.mark.parametrize("argv,here", [
+    ("train --workers 2", True),  # local[*]
+    ("train --workers 2 --master local[2]", True),
+    ("train --master local-cluster[2,1,1024]", True),  # executors of this machine, in this network namespace
+    ("train --workers 2 --master spark://10.0.0.1:7077", False),
+    ("train --workers 2 --master sc://localhost:15002", False),  # the Connect server's executors are its own
+    ("train --workers 2 --master", False),
+])
+def test_which_commands_load_the_python_daemon_ahead(argv, here):
+    from sparknet.__main__ import on_one_machine
+
+    assert on_one_machine(argv.split()) is here
+
+
 def test_import_sparknet_and_its_session_module_load_no_torch():
     """What ``python -m sparknet`` loads before it starts the driver JVM: no torch, so the JVM starts while torch
     loads; the API's names still import on first use."""
