@@ -404,7 +404,7 @@ class Net:
         self.batch_size = int(batch_size or default_batch or 64)
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {self.batch_size}")
-        self.optimizer, self.scheduler = build_optimizer(module, self.solver)
+        self._solver_state = None  # (optimizer, scheduler), made when first asked for (see optimizer)
         self.iteration = 0
         self._live = self._local_weights()
         self.sharded = False
@@ -596,6 +596,23 @@ class Net:
 
     step = train  # Listing 3 spells it net.step(50)
 
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The solver's torch optimizer over the net's weights, made when first asked for: a net that only
+        evaluates or holds weights (a fit's driver) never makes one, nor loads torch's compiler stack, which every
+        torch optimizer imports as it is made (a second or more)."""
+        return self._solver()[0]
+
+    @property
+    def scheduler(self):
+        """The learning-rate schedule of :attr:`optimizer` (made with it)."""
+        return self._solver()[1]
+
+    def _solver(self):
+        if self._solver_state is None:
+            self._solver_state = build_optimizer(self.module, self.solver)
+        return self._solver_state
+
     def set_iteration(self, iteration: int) -> None:
         """Move the solver's iteration counter (and so its learning rate) to ``iteration``."""
         self.iteration = int(iteration)
@@ -700,7 +717,7 @@ class Net:
                      if any(True for _ in unit.parameters())]
         for unit in units:
             fully_shard(unit, mesh=mesh)
-        self.optimizer, self.scheduler = build_optimizer(self.module, self.solver)  # over the sharded weights
+        self._solver_state = build_optimizer(self.module, self.solver)  # over the sharded weights
         self.set_iteration(self.iteration)
         self._live = self._local_weights()
         self.sharded = True

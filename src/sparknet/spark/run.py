@@ -223,13 +223,9 @@ def _first_round_start(result) -> float:
 
 
 def _prepare(run: RunConfig, ages: dict):
-    """The data set, the model, and the imports its optimizer will need (torch's compiler stack, about 1 s); when
-    each was ready, in the command's seconds, into ``ages``."""
+    """The data set and the model; when the data set was read, in the command's seconds, into ``ages``."""
     train, test, info = load_training_data(run)
     ages["loaded"] = process_age_s()
     net_params = build_model(run, info)
-    import torch._dynamo  # noqa: F401  (imported by the first torch optimizer made; made in the fit)
-
-    ages["compiler_imported"] = process_age_s()
     return train, test, info, net_params
 
