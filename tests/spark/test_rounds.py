@@ -271,9 +271,11 @@ def test_a_data_sets_parquet_dealt_by_its_own_tasks_is_read_and_staged_in_one_ta
     x, y = blobs(96, seed=8)
     frame = dataset_frame(spark, "blobs", ArrayDataset(x, y), partitions=2)
     assert frame.sparknet_deal.partitions == 2
-    # spark.range's numbers are no rows of the driver's (tasks over them are staged where they run); parallelize's are
-    assert not spark_data.ships_local_data(frame.rdd) and spark_data.ships_local_data(spark.sparkContext.parallelize(
-        [1, 2], 2))
+    # spark.range's numbers and empty partitions are no rows of the driver's (tasks over them are staged where they
+    # run); parallelize's are
+    sc = spark.sparkContext
+    assert not spark_data.ships_local_data(frame.rdd) and spark_data.ships_local_data(sc.parallelize([1, 2], 2))
+    assert not spark_data.ships_local_data(sc.parallelize([], 2)) and not spark_data.ships_local_data(sc.range(4, numSlices=2))
     in_one_task = _staged_fit(frame, engine, tmp_path / "staged")
     del frame.sparknet_deal  # the road of any DataFrame
     through_the_jvm = _staged_fit(frame, engine, tmp_path / "staged")

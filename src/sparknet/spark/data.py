@@ -841,10 +841,15 @@ def ships_local_data(rdd, *, most_rdds: int = 1000) -> bool:
 
 
 def _slice_numbers(node) -> bool:
-    """Whether a ``ParallelCollectionRDD`` holds only numbers, one a partition: ``spark.range``'s slices, from which
-    the executors make their own rows (:func:`sparknet.spark.run.synthetic_frame`), not rows of the driver's."""
-    kind = node.elementClassTag().runtimeClass().getSimpleName()  # read in the JVM: nothing is copied out
-    return kind in ("int", "long", "Integer", "Long") and all(p.values().size() <= 1 for p in node.partitions())
+    """Whether a ``ParallelCollectionRDD`` holds no rows of the driver's: only numbers, one a partition
+    (``spark.range``'s slices, from which the executors make their own rows,
+    :func:`sparknet.spark.run.synthetic_frame`), or nothing at all (``sc.parallelize([], K)``, over which a stage job
+    reads a dealt data set, and ``sc.range``'s)."""
+    partitions = node.partitions()  # read in the JVM: nothing is copied out
+    if all(p.values().size() == 0 for p in partitions):
+        return True
+    kind = node.elementClassTag().runtimeClass().getSimpleName()
+    return kind in ("int", "long", "Integer", "Long") and all(p.values().size() <= 1 for p in partitions)
 
 
 def partition_key(index: int) -> int:

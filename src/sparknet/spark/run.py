@@ -17,7 +17,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -83,34 +82,36 @@ def parquet_dealt_frame(spark, path: Path, partitions: int):
     schema, path, rows = _parquet_schema(path), str(path), pq.ParquetFile(path).metadata.num_rows
     partitions = max(1, min(partitions, rows))
 
-    def read(batches):
+    def hand(k: int):
+        """Arrow batches of rows k, k + partitions, ... of the file."""
         import numpy as np
         import pyarrow.parquet as pq
 
         with pq.ParquetFile(path) as f:
-            for batch in batches:
-                for k in batch.column(0).to_pylist():
-                    offset = 0
-                    for g in range(f.num_row_groups):
-                        group = f.read_row_group(g)
-                        yield from group.take(np.arange((k - offset) % partitions, len(group), partitions)).to_batches()
-                        offset += len(group)
+            offset = 0
+            for g in range(f.num_row_groups):
+                group = f.read_row_group(g)
+                yield from group.take(np.arange((k - offset) % partitions, len(group), partitions)).to_batches()
+                offset += len(group)
 
-    hands = spark.range(0, partitions, numPartitions=partitions)
-    frame = hands.mapInArrow(read, schema)
+    def read(batches):
+        for batch in batches:
+            for k in batch.column(0).to_pylist():
+                yield from hand(k)
+
+    frame = spark.range(0, partitions, numPartitions=partitions).mapInArrow(read, schema)
     # a fit's stage job reads each hand in the task that stages it (SparkTrainer._frame_staging): the rows never
-    # pass through the JVM between the read and the conversion
-    frame.sparknet_deal = DealReader(hands, read, partitions)
+    # pass through the JVM
+    frame.sparknet_deal = DealReader(hand, partitions)
     return frame
 
 
 @dataclass(frozen=True)
 class DealReader:
-    """How :func:`parquet_dealt_frame`'s DataFrame is made: ``read``, the function that turns ``hands`` (one
-    number a partition) into Arrow batches of ``features`` and ``label``."""
+    """How :func:`parquet_dealt_frame`'s DataFrame is made: partition ``k`` of ``partitions`` holds ``hand(k)``,
+    Arrow batches of ``features`` and ``label``."""
 
-    hands: Any
-    read: Callable
+    hand: Callable
     partitions: int
 
 

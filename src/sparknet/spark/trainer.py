@@ -53,7 +53,7 @@ from sparknet.spark import data as spark_data
 from sparknet.spark.backend import check_barrier_slots, quietly, run_with_deadline
 from sparknet.spark.barrier.driver import connect_refusal, run_barrier_engine, run_connect_stage
 from sparknet.spark.engine import EngineOptions, EngineRun
-from sparknet.spark.rounds.executor import WorkerSpec, cleanup_partition, stage_frame, stage_partition
+from sparknet.spark.rounds.executor import WorkerSpec, cleanup_partition, stage_frame, stage_hands, stage_partition
 from sparknet.spark.rounds.driver import run_rounds_engine
 from sparknet.spark.session import get_session, is_connect, is_local_master, session_parallelism
 from sparknet.strategies import TrainingStrategy, make_strategy
@@ -582,19 +582,19 @@ class SparkTrainer:
         RDD of the chunks made only if a rerun needs it (the staged files gone). ``staged`` is ``None`` where the
         rows would travel in every round's tasks (a DataFrame of the driver's rows already in as many partitions):
         those are staged from :func:`~sparknet.spark.data.chunk_rdd`'s RDD, behind a shuffle."""
-        frame, convert, source = spark_data.chunk_input(train, **columns)
         float_labels = columns["float_labels"] or columns["weight_col"] is not None  # a weight rides with the labels
         reader = getattr(train, "sparknet_deal", None)  # its partitions read their own rows (parquet_dealt_frame)
-        if (reader is not None and reader.partitions == columns["num_partitions"] and source.kind == "array"
-                and (columns["features_col"], columns["label_col"]) == ("features", "label") and not float_labels):
-            read = reader.read  # read, converted and staged in one task
-            stage_over = reader.hands.mapInArrow(
-                stage_frame(fit_id, self.options.staging_dir, lambda batches: convert(read(batches)), False),
-                "info string")
+        dealt = reader is not None and reader.partitions == columns["num_partitions"]
+        # a dealt frame is in its partitions already: no asking the JVM how many (a query planned, about 0.5 s)
+        frame, convert, source = spark_data.chunk_input(train, **{**columns, "num_partitions": None} if dealt
+                                                        else columns)
+        named = (columns["features_col"], columns["label_col"]) == ("features", "label")
+        if dealt and named and source.kind == "array" and not float_labels:  # read, converted, staged in one task
+            staged = train.sparkSession.sparkContext.parallelize([], reader.partitions).mapPartitionsWithIndex(
+                stage_hands(fit_id, self.options.staging_dir, convert, reader.hand), preservesPartitioning=True)
         else:
-            stage_over = frame.mapInArrow(stage_frame(fit_id, self.options.staging_dir, convert, float_labels),
-                                          "info string")
-        staged = stage_over.rdd.map(lambda row: json.loads(row[0]), preservesPartitioning=True)
+            staged = frame.mapInArrow(stage_frame(fit_id, self.options.staging_dir, convert, float_labels),
+                                      "info string").rdd.map(lambda row: json.loads(row[0]), preservesPartitioning=True)
         spark_data.check_partitions(staged, columns["num_partitions"])
         if spark_data.ships_local_data(staged):
             return None, None, source

@@ -472,6 +472,17 @@ def stage_frame(fit_id: str, staging_dir: str | None, convert, float_labels: boo
     return stage
 
 
+def stage_hands(fit_id: str, staging_dir: str | None, convert, hand):
+    """Task function of the stage job over a dealt data set (an RDD of as many empty partitions): partition ``k``'s
+    rows are ``hand(k)``'s Arrow batches, made into chunks by ``convert`` and written as :func:`stage_partition`
+    writes them. No DataFrame is planned, and one Python worker a task reads, converts and stages."""
+
+    def stage(index: int, _):
+        return stage_partition(fit_id, staging_dir)(index, frame_chunks(convert(hand(index)), False))
+
+    return stage
+
+
 def cleanup_partition(fit_id: str):
     """Task function of the cleanup job: remove this partition's files; forget the fit here."""
 
