@@ -1,9 +1,9 @@
 """``python -m sparknet``: the ``sparknet`` command (:func:`sparknet.cli.main`).
 
-A ``sparknet train`` whose flags say plainly that it runs on Spark, and on which master (:func:`session_master`),
-starts its Spark session first (:func:`sparknet.spark.session.start_session_ahead`), in a thread: the JVM and the
-SparkContext start while Python loads torch and the rest of sparknet, and the command's ``get_session`` finds the
-session made. ``import sparknet`` loads no torch, so nothing before this point does.
+A ``sparknet train`` whose flags say plainly that it runs on Spark (:func:`runs_on_spark`) starts Spark's driver JVM
+first (:func:`sparknet.spark.session.start_driver_jvm`), and the JVM starts while Python loads torch and the rest of
+sparknet, on a machine with cores to spare for it (on two cores, no sooner to a session: the command already starts
+it while it reads its data). ``import sparknet`` loads no torch, so nothing before this point does.
 
 On a local master it also starts, before the JVM, the process that loads the Python daemon's modules ahead
 (:func:`sparknet.spark._daemon.start_ahead`): the daemon Spark launches at the first Python task is then forked from
@@ -14,60 +14,57 @@ import argparse
 import sys
 
 
-def session_master(argv: list[str]) -> str | None:
-    """The master of the Spark session ``sparknet *argv`` surely starts: ``train`` with more than one worker, the
-    barrier engine or a master, and none of the flags that may take it elsewhere or nowhere (help,
-    ``--print-config``, a ``--config`` file, Caffe files, the parameter server's ``--strategy async``) or set the
-    JVM's log level as it is read (``--verbose``); ``--master``, else ``local[K]`` for K workers of G processes (the
-    configuration's ``resolved_master``). ``None`` for a command it cannot tell about, which starts as always; a flag
-    given in a shortened form is not read here."""
+def runs_on_spark(argv: list[str]) -> bool:
+    """Whether ``sparknet *argv`` surely starts a Spark session: ``train`` with more than one worker, the barrier
+    engine or a master, and none of the flags that may take it elsewhere or nowhere (help, ``--print-config``, a
+    ``--config`` file, Caffe files, the parameter server's ``--strategy async``) or set the JVM's log level as it
+    is read (``--verbose``). A command it cannot tell about gets ``False`` and starts as always; a flag given in a
+    shortened form is not read here."""
     if not argv or argv[0] != "train" or {"-h", "--help", "--verbose"} & set(argv):  # --verbose: Spark's own level
-        return None
+        return False
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flag in ("--workers", "--procs-per-worker", "--engine", "--master", "--config", "--prototxt", "--solver",
+    for flag in ("--workers", "--engine", "--master", "--config", "--prototxt", "--solver",
                  "--strategy"):
         p.add_argument(flag, default=None)
     p.add_argument("--print-config", action="store_true")
     try:
         flags, _ = p.parse_known_args(argv[1:])
     except SystemExit:  # a flag without its value: the real parser says so
-        return None
+        return False
     if flags.print_config or flags.config or flags.prototxt or flags.solver or flags.strategy == "async":
-        return None
+        return False
     try:
         workers = int(flags.workers) if flags.workers is not None else 1
-        procs = int(flags.procs_per_worker) if flags.procs_per_worker is not None else 1
     except ValueError:
-        return None
-    if not (workers > 1 or flags.engine == "barrier" or flags.master):
-        return None
-    return flags.master or f"local[{workers * procs}]"
-
-
-def runs_on_spark(argv: list[str]) -> bool:
-    """Whether ``sparknet *argv`` surely starts a Spark session (:func:`session_master`)."""
-    return session_master(argv) is not None
+        return False
+    return workers > 1 or flags.engine == "barrier" or bool(flags.master)
 
 
 _AHEAD = []
 """The process that loads the Python daemon's modules ahead, kept for this process's life (it ends with it)."""
 
 
-def on_one_machine(master: str) -> bool:
-    """Whether a session on ``master`` runs its executors on this machine (a ``local`` master)."""
-    return master.startswith("local")
+def on_one_machine(argv: list[str]) -> bool:
+    """Whether ``sparknet *argv`` (a command :func:`runs_on_spark`) runs its executors on this machine: no
+    ``--master``, or a ``local`` one."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--master", default=None)
+    try:
+        master = p.parse_known_args(argv[1:])[0].master
+    except SystemExit:
+        return False
+    return master is None or master.startswith("local")
 
 
 def main() -> int:
-    master = session_master(sys.argv[1:])
-    if master is not None and not master.startswith("sc://"):  # Spark Connect: no JVM here
-        from sparknet.spark.session import start_session_ahead
+    if runs_on_spark(sys.argv[1:]):
+        from sparknet.spark.session import start_driver_jvm
 
-        if on_one_machine(master):  # the Python daemon's imports while the JVM starts (before it: it names their
-            from sparknet.spark._daemon import start_ahead  # socket in the environment the JVM inherits)
+        if on_one_machine(sys.argv[1:]):  # the Python daemon's imports while the JVM starts (before it: it names
+            from sparknet.spark._daemon import start_ahead  # their socket in the environment the JVM inherits)
 
             _AHEAD.append(start_ahead())  # None where it could not start
-        start_session_ahead(master)
+        start_driver_jvm()
     from sparknet.cli import main as command
 
     return command()

@@ -206,36 +206,18 @@ def test_which_commands_start_spark_ahead(argv, spark):
     assert runs_on_spark(argv.split()) is spark
 
 
-@pytest.mark.parametrize("argv,master", [
-    ("train --workers 2", "local[2]"),  # the configuration's resolved_master
-    ("train --workers 2 --procs-per-worker 2 --engine barrier", "local[4]"),
-    ("train --engine barrier", "local[1]"),
-    ("train --workers 4 --master local[2]", "local[2]"),
-    ("train --master local-cluster[2,1,1024]", "local-cluster[2,1,1024]"),
-    ("train --workers 2 --procs-per-worker x", None),
-    ("train --workers 2 --config run.toml", None),
+@pytest.mark.parametrize("argv,here", [
+    ("train --workers 2", True),  # local[*]
+    ("train --workers 2 --master local[2]", True),
+    ("train --master local-cluster[2,1,1024]", True),  # executors of this machine, in this network namespace
+    ("train --workers 2 --master spark://10.0.0.1:7077", False),
+    ("train --workers 2 --master sc://localhost:15002", False),  # the Connect server's executors are its own
+    ("train --workers 2 --master", False),
 ])
-def test_the_master_of_the_session_started_ahead(argv, master):
-    from sparknet.__main__ import session_master
-    from sparknet.config import DistributedConfig
-
-    assert session_master(argv.split()) == master
-    if master is not None and "--master" not in argv:  # what the command itself will ask for
-        flags = dict(zip(argv.split()[1::2], argv.split()[2::2]))
-        dist = DistributedConfig(workers=int(flags.get("--workers", 1)), engine=flags.get("--engine", "rounds"),
-                                 procs_per_worker=int(flags.get("--procs-per-worker", 1)))
-        assert dist.resolved_master == master
-
-
-@pytest.mark.parametrize("master,here", [
-    ("local[*]", True), ("local[2]", True),
-    ("local-cluster[2,1,1024]", True),  # executors of this machine, in this network namespace
-    ("spark://10.0.0.1:7077", False), ("sc://localhost:15002", False),  # the Connect server's executors are its own
-])
-def test_which_sessions_load_the_python_daemon_ahead(master, here):
+def test_which_commands_load_the_python_daemon_ahead(argv, here):
     from sparknet.__main__ import on_one_machine
 
-    assert on_one_machine(master) is here
+    assert on_one_machine(argv.split()) is here
 
 
 def test_import_sparknet_and_its_session_module_load_no_torch():

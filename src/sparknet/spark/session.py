@@ -381,58 +381,39 @@ def _python_of_this_process() -> None:
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
-_AHEAD: dict = {}
-"""The session :func:`start_session_ahead` is starting: ``master``, its ``thread`` and what it left in ``box``."""
+DRIVER_JVM_SETTINGS = ("spark.driver.memory", "spark.driver.extraJavaOptions")
+"""The settings of a session sparknet starts that its driver JVM takes as it starts; the rest it takes with the
+SparkContext."""
 
 
-def start_session_ahead(master: str) -> threading.Thread | None:
-    """Start, in a thread, the session ``get_session(master)`` is about to be asked for, while this process goes on
-    loading (torch: seconds of it); ``None`` where a session is up or starting, or pyspark is missing.
+def start_driver_jvm() -> threading.Thread | None:
+    """Start the driver JVM of the session this process is about to ask :func:`get_session` for, in a thread, while
+    the process goes on loading (torch: seconds of it); ``None`` where a JVM is up or pyspark is missing.
 
-    :func:`get_session` then waits for it and returns it if it asks for the same master (else it stops it and starts
-    the one asked for). A start that failed is left for :func:`get_session` to meet again and report. A process that
-    never asks for the session leaves it idle: its JVM ends when the process does (it stops when its standard input
-    closes)."""
+    What a JVM takes at its start (:data:`DRIVER_JVM_SETTINGS`: its heap, its Java options, Spark's log level in
+    them) is the same for every master, so this fits whichever master the session gets; the SparkContext, which
+    takes the master, waits for the JVM. A failed start is left for :func:`get_session` to meet again and report. A
+    process that never asks for a session leaves the JVM idle: it ends when the process does (it stops when its
+    standard input closes)."""
     try:
-        from pyspark import SparkContext
+        from pyspark import SparkConf, SparkContext
     except ImportError:
         return None
-    if SparkContext._active_spark_context is not None or _AHEAD:
+    if SparkContext._gateway is not None:
         return None
-    box: dict = {}
+    settings = session_settings(None)
+    _python_of_this_process()
+    conf = SparkConf(loadDefaults=False).setAll([(k, v) for k, v in settings.items() if k in DRIVER_JVM_SETTINGS])
 
     def start() -> None:
         try:
-            box["session"] = _start_session(master, None, None)
+            SparkContext._ensure_initialized(conf=conf)
         except Exception as exc:  # Java missing or broken: get_session starts it again and says why
-            log.debug("starting the session ahead: %s", exc)
+            log.debug("starting the driver JVM ahead: %s", exc)
 
-    thread = threading.Thread(target=start, name="sparknet-session", daemon=True)
-    _AHEAD.update(master=master, thread=thread, box=box)
+    thread = threading.Thread(target=start, name="sparknet-driver-jvm", daemon=True)
     thread.start()
     return thread
-
-
-def _session_ahead(master: str | None):
-    """The session :func:`start_session_ahead` started, once it has, if it runs on ``master`` (``None``: any),
-    made this thread's active session; else ``None`` (one on another master stopped)."""
-    if not _AHEAD:
-        return None
-    ahead = dict(_AHEAD)
-    ahead["thread"].join()  # as long as a session takes to start, as getOrCreate would wait
-    _AHEAD.clear()
-    session = ahead["box"].get("session")
-    if session is None:
-        return None
-    if master and master != ahead["master"]:
-        log.info("the session started ahead runs on %s, not %s: starting another", ahead["master"], master)
-        session.stop()
-        return None
-    from pyspark.sql import SparkSession
-
-    SparkSession._activeSession = session  # the session of this thread too, as if it had started it
-    session._jvm.SparkSession.setActiveSession(session._jsparkSession)
-    return session
 
 
 def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: dict | None = None,
@@ -461,22 +442,13 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         from pyspark.sql import SparkSession
     except ImportError as e:  # sparknet does not install pyspark
         raise ImportError(PYSPARK_MISSING) from e
-    if (ahead := _session_ahead(master)) is not None:
-        return ahead
+    level = spark_log_level(log_level)
     active = SparkSession.getActiveSession()
     if active is not None:
         running = session_master(active)
         if master and master != running:
             log.warning("a SparkSession is already running on %s; using it instead of %s", running, master)
         return active
-    return _start_session(master, conf, log_level, app_name)
-
-
-def _start_session(master: str | None, conf: dict | None, log_level: str | None, app_name: str = "sparknet"):
-    """A new session on ``master`` (:func:`get_session`'s)."""
-    from pyspark.sql import SparkSession
-
-    level = spark_log_level(log_level)
     _python_of_this_process()
     builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
     for key, value in session_settings(master, conf, level).items():
