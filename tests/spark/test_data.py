@@ -160,7 +160,7 @@ def test_rows_from_the_driver_are_shuffled_once_into_the_same_partitions(spark, 
     rounds engine's job a round would ship the data each round. One shuffle keeps every row in its partition and
     order and ends that; data read from files, or already shuffled, is left as it is."""
     sc = spark.sparkContext
-    local = sc.parallelize(range(40), 2).map(lambda v: (v, v * v))
+    local = sc.parallelize(list(range(40)), 2).map(lambda v: (v, v * v))  # (a range travels as its bounds only)
     assert spark_data.ships_local_data(local) and spark_data.ships_local_data(local.cache())  # a cache does not end the path
     cut = spark_data.without_local_data(local, 2)
     assert not spark_data.ships_local_data(cut)
