@@ -131,16 +131,39 @@ def test_a_stuck_rank_is_named_when_its_peers_collective_times_out(spark):
 
 
 def test_driver_wait_has_a_deadline_and_cancels_the_stage(spark):
+    """A stage whose tasks cannot all start (one of the two slots held by another job) is cancelled when the
+    rendezvous deadline passes, and the driver says why."""
+    import threading
     import time
 
+    from sparknet.spark.backend import cancel_group, job_group
+
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
     x, y = blobs(16)
-    rdd = partitioned_rdd(spark.sparkContext, [(x[:8], y[:8]), (x[8:], y[8:])])
-    trainer = SparkTrainer(mlp(), WorkerConfig(batch_size=4),
-                           DistributedConfig(workers=2, engine="barrier", tau=1, rounds=50),
-                           options=EngineOptions(rendezvous_timeout_s=0.001))
-    with pytest.raises(DeadlineExceeded, match="did not all start"):
-        trainer.fit(rdd)
-    tracker = spark.sparkContext.statusTracker()
+    rdd = partitioned_rdd(sc, [(x[:8], y[:8]), (x[8:], y[8:])])
+
+    def hold_a_slot():
+        with job_group(sc, "hold-a-slot", "a job that holds one task slot"):
+            try:
+                sc.parallelize([0], 1).map(lambda v: time.sleep(120) or v).collect()
+            except Exception:  # cancelled at the end of the test
+                pass
+
+    holder = threading.Thread(target=hold_a_slot, daemon=True)
+    holder.start()
+    try:
+        deadline = time.time() + 60
+        while not tracker.getActiveJobsIds() and time.time() < deadline:
+            time.sleep(0.1)
+        trainer = SparkTrainer(mlp(), WorkerConfig(batch_size=4),
+                               DistributedConfig(workers=2, engine="barrier", tau=1, rounds=50),
+                               options=EngineOptions(rendezvous_timeout_s=3.0))
+        with pytest.raises(DeadlineExceeded, match="did not all start"):
+            trainer.fit(rdd)
+    finally:
+        cancel_group(sc, "hold-a-slot")
+        holder.join(60)
     deadline = time.time() + 60
     while tracker.getActiveJobsIds() and time.time() < deadline:
         time.sleep(0.5)

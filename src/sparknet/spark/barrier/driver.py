@@ -16,9 +16,11 @@ import json
 import logging
 import time
 from dataclasses import replace
+from datetime import timedelta
 
 import numpy as np
 import torch
+from torch.distributed import TCPStore
 
 from sparknet.config import Engine
 from sparknet.errors import DeadlineExceeded, EngineError, NonFiniteUpdate
@@ -198,7 +200,11 @@ class BarrierStage:
         receiver = MetricsReceiver(host, host, secret, max_bytes=run.state_bytes())
         outcome: dict = {}
         clock = {"ready": None, "heard": time.perf_counter()}
+        store = None
         try:
+            # the ranks' rendezvous store, here: rank 0's would need Spark's allGather to tell its port (a second)
+            store = TCPStore(host, 0, K, True, timeout=timedelta(seconds=opts.rendezvous_timeout_s),
+                             wait_for_workers=False)
             flat, begin = start.global_flat, replace(start, global_flat=None)
             payload_bc = sc.broadcast((pack_spec(spec), np.asarray(flat, dtype=np.float32), begin))
             run.broadcasts.append(payload_bc)
@@ -209,7 +215,7 @@ class BarrierStage:
             params = StagePlan(
                 group=GroupPlan(workers=K, local=local, rendezvous_timeout_s=opts.rendezvous_timeout_s,
                                 collective_timeout_s=opts.collective_timeout_s, procs_per_worker=dist.procs_per_worker,
-                                shard_replica=dist.shard_replica),
+                                shard_replica=dist.shard_replica, store=f"{host}:{store.port}"),
                 fit=run.plan, endpoint=receiver.endpoint, secret=secret, keys=receiver.client_keys,
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,
@@ -252,6 +258,7 @@ class BarrierStage:
                         self._handle(msg, time.perf_counter())
         finally:
             receiver.close()
+            store = None  # its server stops with it
             self.ready_at = clock["ready"]
         if "error" in outcome:
             # the rank that failed first on its own, not a peer whose collective broke because of it

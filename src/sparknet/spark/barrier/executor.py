@@ -78,6 +78,10 @@ class GroupPlan:
     """G: consecutive ranks that make one worker (``workers`` counts ranks, G of them a worker)."""
     shard_replica: bool = False
     """A worker's weights and solver state are sharded over its G ranks (FSDP2)."""
+    store: str | None = None
+    """``host:port`` of the TCPStore the driver holds for the stage, every rank its client. ``None`` (a Spark Connect
+    client, which the executors may not reach): rank 0 holds it and tells the others its port with Spark's
+    ``allGather``, which takes a second (Spark's barrier calls wait in steps of one second)."""
 
 
 @dataclass(frozen=True)
@@ -300,7 +304,8 @@ def rendezvous(ctx, rank: int, group: GroupPlan, order: list[int] | None = None)
     """Join the gloo process group of a barrier stage's tasks as ``rank``; returns the TCPStore (keep it alive).
 
     ``order[r]`` is the task that joins as rank r (:func:`worker_order`; default: task r).
-    Rank 0's TCPStore is reached at rank 0's Spark address (torch's store listens on every interface);
+    The store is the driver's (``group.store``), else rank 0's, reached at rank 0's Spark address (torch's store
+    listens on every interface);
     gloo's interface is :func:`gloo_interface`'s unless ``GLOO_SOCKET_IFNAME`` is set already (the
     user's ``TP_SOCKET_IFNAME`` and ``GLOO_DEVICE_TRANSPORT`` are left alone too).
     """
@@ -309,10 +314,15 @@ def rendezvous(ctx, rank: int, group: GroupPlan, order: list[int] | None = None)
     timeout = timedelta(seconds=group.rendezvous_timeout_s)
     task = order[rank]
     host = "127.0.0.1" if group.local else ctx.getTaskInfos()[task].address.rsplit(":", 1)[0].strip("[]")
-    store = dist.TCPStore(host, 0, world, True, timeout=timeout, wait_for_workers=False) if rank == 0 else None
-    master_host, master_port = ctx.allGather(f"{host}:{store.port}" if rank == 0 else "")[order[0]].rsplit(":", 1)
-    if rank != 0:
-        store = dist.TCPStore(master_host, int(master_port), world, False, timeout=timeout)
+    if group.store is not None:  # the driver's
+        store_host, store_port = group.store.rsplit(":", 1)
+        store = dist.TCPStore(store_host, int(store_port), world, False, timeout=timeout)
+        master_host = host if group.local else _task_hosts(ctx)[order[0]]
+    else:
+        store = dist.TCPStore(host, 0, world, True, timeout=timeout, wait_for_workers=False) if rank == 0 else None
+        master_host, master_port = ctx.allGather(f"{host}:{store.port}" if rank == 0 else "")[order[0]].rsplit(":", 1)
+        if rank != 0:
+            store = dist.TCPStore(master_host, int(master_port), world, False, timeout=timeout)
     ifname = None
     if "GLOO_SOCKET_IFNAME" in os.environ:  # the user's choice wins
         log.info("rank %d: gloo uses GLOO_SOCKET_IFNAME=%s, as set", rank, os.environ["GLOO_SOCKET_IFNAME"])
