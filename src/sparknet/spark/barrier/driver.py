@@ -202,9 +202,11 @@ class BarrierStage:
         clock = {"ready": None, "heard": time.perf_counter()}
         store = None
         try:
-            # the ranks' rendezvous store, here: rank 0's would need Spark's allGather to tell its port (a second)
+            # on one machine the ranks' rendezvous store is here: rank 0's would need Spark's allGather to tell its
+            # port (a second). On a cluster it stays on rank 0's executor: torch's store listens on every interface,
+            # and the driver listens on its Spark address only
             store = TCPStore(host, 0, K, True, timeout=timedelta(seconds=opts.rendezvous_timeout_s),
-                             wait_for_workers=False)
+                             wait_for_workers=False) if local else None
             flat, begin = start.global_flat, replace(start, global_flat=None)
             payload_bc = sc.broadcast((pack_spec(spec), np.asarray(flat, dtype=np.float32), begin))
             run.broadcasts.append(payload_bc)
@@ -215,7 +217,8 @@ class BarrierStage:
             params = StagePlan(
                 group=GroupPlan(workers=K, local=local, rendezvous_timeout_s=opts.rendezvous_timeout_s,
                                 collective_timeout_s=opts.collective_timeout_s, procs_per_worker=dist.procs_per_worker,
-                                shard_replica=dist.shard_replica, store=f"{host}:{store.port}"),
+                                shard_replica=dist.shard_replica,
+                                store=None if store is None else f"{host}:{store.port}"),
                 fit=run.plan, endpoint=receiver.endpoint, secret=secret, keys=receiver.client_keys,
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,

@@ -79,8 +79,8 @@ class GroupPlan:
     shard_replica: bool = False
     """A worker's weights and solver state are sharded over its G ranks (FSDP2)."""
     store: str | None = None
-    """``host:port`` of the TCPStore the driver holds for the stage, every rank its client. ``None`` (a Spark Connect
-    client, which the executors may not reach): rank 0 holds it and tells the others its port with Spark's
+    """``host:port`` of the TCPStore the driver holds for the stage on a local master, every rank its client.
+    ``None`` (a cluster, or a Spark Connect client): rank 0 holds it and tells the others its port with Spark's
     ``allGather``, which takes a second (Spark's barrier calls wait in steps of one second)."""
 
 
