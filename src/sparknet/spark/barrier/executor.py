@@ -81,7 +81,7 @@ class GroupPlan:
     store: str | None = None
     """``host:port`` of the TCPStore the driver holds for the stage on a local master, every rank its client.
     ``None`` (a cluster, or a Spark Connect client): rank 0 holds it and tells the others its port with Spark's
-    ``allGather``, which takes a second (Spark's barrier calls wait in steps of one second)."""
+    ``allGather``, which took 1.0 s where the ranks called it within 10 ms of each other (two cores, local[2])."""
 
 
 @dataclass(frozen=True)
