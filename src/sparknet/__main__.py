@@ -58,10 +58,12 @@ def on_one_machine(argv: list[str]) -> bool:
 
 def main() -> int:
     if runs_on_spark(sys.argv[1:]):
-        from sparknet.spark.session import start_driver_jvm
+        from sparknet.spark.session import forks_sparknet_daemon, start_driver_jvm
 
-        if on_one_machine(sys.argv[1:]):  # the Python daemon's imports while the JVM starts (before it: it names
-            from sparknet.spark._daemon import start_ahead  # their socket in the environment the JVM inherits)
+        # the Python daemon's imports while the JVM starts (before it: their socket is named in the environment the
+        # JVM inherits)
+        if on_one_machine(sys.argv[1:]) and forks_sparknet_daemon():
+            from sparknet.spark._daemon import start_ahead
 
             _AHEAD.append(start_ahead())  # None where it could not start
         start_driver_jvm()

@@ -220,6 +220,23 @@ def test_which_commands_load_the_python_daemon_ahead(argv, here):
     assert on_one_machine(argv.split()) is here
 
 
+def test_the_daemon_is_loaded_ahead_only_where_sparknets_own_runs_on_this_interpreter(tmp_path, monkeypatch):
+    import sys
+
+    from sparknet.spark.session import forks_sparknet_daemon
+
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))  # no spark-defaults.conf in it
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    assert forks_sparknet_daemon()
+    monkeypatch.setenv("PYSPARK_PYTHON", sys.executable)
+    assert forks_sparknet_daemon()
+    monkeypatch.setenv("PYSPARK_PYTHON", "/bin/sh")  # another interpreter runs the workers
+    assert not forks_sparknet_daemon()
+    monkeypatch.delenv("PYSPARK_PYTHON")
+    (tmp_path / "spark-defaults.conf").write_text("spark.python.daemon.module   my.daemon\n")  # the user's daemon
+    assert not forks_sparknet_daemon()
+
+
 def test_import_sparknet_and_its_session_module_load_no_torch():
     """What ``python -m sparknet`` loads before it starts the driver JVM: no torch, so the JVM starts while torch
     loads; the API's names still import on first use."""

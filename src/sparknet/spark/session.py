@@ -313,6 +313,16 @@ def class_archive_options(folder: Path | None = None, heap: str | None = None) -
 DAEMON_MODULE_KEY, DAEMON_MODULE = "spark.python.daemon.module", "sparknet.spark._daemon"
 """The Python daemon of a session sparknet starts (:mod:`sparknet.spark._daemon`), unless the user names one."""
 
+def forks_sparknet_daemon() -> bool:
+    """Whether the Python workers of a session sparknet starts come from sparknet's daemon (:data:`DAEMON_MODULE`)
+    run by this interpreter: ``spark-defaults.conf`` names no other daemon module, and ``PYSPARK_PYTHON``, if set,
+    is this interpreter. Only then can a daemon loaded ahead stand in for the one Spark launches."""
+    python = os.environ.get("PYSPARK_PYTHON")
+    found = shutil.which(python) if python else sys.executable
+    return (DAEMON_MODULE_KEY not in _spark_defaults() and found is not None
+            and os.path.realpath(found) == os.path.realpath(sys.executable))
+
+
 MAX_DIRECT_RESULT_KEY, MAX_DIRECT_RESULT = "spark.task.maxDirectResultSize", "64m"
 """The largest task result a session sparknet starts sends with the task's status (Spark's default: 1 MiB)."""
 
