@@ -14,14 +14,14 @@ import argparse
 import sys
 
 
-def runs_on_spark(argv: list[str]) -> bool:
-    """Whether ``sparknet *argv`` surely starts a Spark session: ``train`` with more than one worker, the barrier
-    engine or a master, and none of the flags that may take it elsewhere or nowhere (help, ``--print-config``, a
-    ``--config`` file, Caffe files, the parameter server's ``--strategy async``) or set the JVM's log level as it
-    is read (``--verbose``). A command it cannot tell about gets ``False`` and starts as always; a flag given in a
-    shortened form is not read here."""
+def spark_flags(argv: list[str]) -> argparse.Namespace | None:
+    """The flags of ``sparknet *argv`` that say it surely starts a Spark session (``--workers``, ``--engine``,
+    ``--master``...): ``train`` with more than one worker, the barrier engine or a master, and none of the flags that
+    may take it elsewhere or nowhere (help, ``--print-config``, a ``--config`` file, Caffe files, the parameter
+    server's ``--strategy async``) or set the JVM's log level as it is read (``--verbose``). ``None`` for a command
+    it cannot tell about, which starts as always; a flag given in a shortened form is not read here."""
     if not argv or argv[0] != "train" or {"-h", "--help", "--verbose"} & set(argv):  # --verbose: Spark's own level
-        return False
+        return None
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     for flag in ("--workers", "--engine", "--master", "--config", "--prototxt", "--solver",
                  "--strategy"):
@@ -30,14 +30,19 @@ def runs_on_spark(argv: list[str]) -> bool:
     try:
         flags, _ = p.parse_known_args(argv[1:])
     except SystemExit:  # a flag without its value: the real parser says so
-        return False
+        return None
     if flags.print_config or flags.config or flags.prototxt or flags.solver or flags.strategy == "async":
-        return False
+        return None
     try:
         workers = int(flags.workers) if flags.workers is not None else 1
     except ValueError:
-        return False
-    return workers > 1 or flags.engine == "barrier" or bool(flags.master)
+        return None
+    return flags if workers > 1 or flags.engine == "barrier" or flags.master else None
+
+
+def runs_on_spark(argv: list[str]) -> bool:
+    """Whether ``sparknet *argv`` surely starts a Spark session (:func:`spark_flags`)."""
+    return spark_flags(argv) is not None
 
 
 _AHEAD = []
@@ -45,15 +50,10 @@ _AHEAD = []
 
 
 def on_one_machine(argv: list[str]) -> bool:
-    """Whether ``sparknet *argv`` (a command :func:`runs_on_spark`) runs its executors on this machine: no
-    ``--master``, or a ``local`` one."""
-    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    p.add_argument("--master", default=None)
-    try:
-        master = p.parse_known_args(argv[1:])[0].master
-    except SystemExit:
-        return False
-    return master is None or master.startswith("local")
+    """Whether ``sparknet *argv`` surely starts a Spark session (:func:`spark_flags`) whose executors run on this
+    machine: no ``--master``, or a ``local`` one."""
+    flags = spark_flags(argv)
+    return flags is not None and (flags.master is None or flags.master.startswith("local"))
 
 
 def main() -> int:

@@ -230,18 +230,18 @@ def _hand_over(path: str) -> None:
     """In a daemon Spark launched: have the process loaded ahead at ``path`` fork the daemon with this process's
     streams, pass a termination on to it, and end when it does. Returns where it cannot (the caller loads)."""
     try:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        conn.settimeout(HAND_OVER_TIMEOUT_S)
-        conn.connect(path)
-        message = {"identity": identity(), "cwd": os.getcwd(), "env": dict(os.environ), "argv": sys.argv,
-                   "path": sys.path}
-        socket.send_fds(conn, [json.dumps(message).encode()], [0, 1, 2])
-        conn.shutdown(socket.SHUT_WR)
-        answer = b""
-        while chunk := conn.recv(4096):
-            answer += chunk
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(HAND_OVER_TIMEOUT_S)
+            conn.connect(path)
+            message = {"identity": identity(), "cwd": os.getcwd(), "env": dict(os.environ), "argv": sys.argv,
+                       "path": sys.path}
+            socket.send_fds(conn, [json.dumps(message).encode()], [0, 1, 2])
+            conn.shutdown(socket.SHUT_WR)
+            answer = b""
+            while chunk := conn.recv(4096):
+                answer += chunk
         pid = json.loads(answer or b"{}").get("pid")
-    except (OSError, ValueError):
+    except (OSError, ValueError):  # no process loaded ahead there, or it refused or died: this one loads
         return
     if not pid:
         return

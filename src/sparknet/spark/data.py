@@ -829,7 +829,7 @@ def ships_local_data(rdd, *, most_rdds: int = 1000) -> bool:
         seen += 1
         deps = node.dependencies()
         if deps.isEmpty():
-            if node.getClass().getSimpleName() == "ParallelCollectionRDD" and not _slice_numbers(node):
+            if node.getClass().getSimpleName() == "ParallelCollectionRDD" and not _no_driver_rows(node):
                 return True
             continue
         it = deps.iterator()
@@ -840,7 +840,7 @@ def ships_local_data(rdd, *, most_rdds: int = 1000) -> bool:
     return False
 
 
-def _slice_numbers(node) -> bool:
+def _no_driver_rows(node) -> bool:
     """Whether a ``ParallelCollectionRDD`` holds no rows of the driver's: only numbers, one a partition
     (``spark.range``'s slices, from which the executors make their own rows,
     :func:`sparknet.spark.run.synthetic_frame`), or nothing at all (``sc.parallelize([], K)``, over which a stage job

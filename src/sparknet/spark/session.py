@@ -313,6 +313,7 @@ def class_archive_options(folder: Path | None = None, heap: str | None = None) -
 DAEMON_MODULE_KEY, DAEMON_MODULE = "spark.python.daemon.module", "sparknet.spark._daemon"
 """The Python daemon of a session sparknet starts (:mod:`sparknet.spark._daemon`), unless the user names one."""
 
+
 def forks_sparknet_daemon() -> bool:
     """Whether the Python workers of a session sparknet starts come from sparknet's daemon (:data:`DAEMON_MODULE`)
     run by this interpreter: ``spark-defaults.conf`` names no other daemon module, and ``PYSPARK_PYTHON``, if set,

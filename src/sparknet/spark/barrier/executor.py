@@ -314,10 +314,10 @@ def rendezvous(ctx, rank: int, group: GroupPlan, order: list[int] | None = None)
     timeout = timedelta(seconds=group.rendezvous_timeout_s)
     task = order[rank]
     host = "127.0.0.1" if group.local else ctx.getTaskInfos()[task].address.rsplit(":", 1)[0].strip("[]")
-    if group.store is not None:  # the driver's
+    if group.store is not None:  # the driver's (a local master: every rank on this machine)
         store_host, store_port = group.store.rsplit(":", 1)
         store = dist.TCPStore(store_host, int(store_port), world, False, timeout=timeout)
-        master_host = host if group.local else _task_hosts(ctx)[order[0]]
+        master_host = host
     else:
         store = dist.TCPStore(host, 0, world, True, timeout=timeout, wait_for_workers=False) if rank == 0 else None
         master_host, master_port = ctx.allGather(f"{host}:{store.port}" if rank == 0 else "")[order[0]].rsplit(":", 1)
