@@ -80,6 +80,35 @@ def host_lost_after_round(cluster, after: int = 2, host: int = 1, back_after_s: 
             cluster.start_host(host)
 
 
+def wait_for_slots(sc, n: int, timeout_s: float = 120.0) -> None:
+    """Until the application has ``n`` task slots (an executor lost is no longer counted, one started is)."""
+    import time
+
+    from sparknet.spark.backend import task_slots
+
+    deadline = time.monotonic() + timeout_s
+    while task_slots(sc) != n:
+        assert time.monotonic() < deadline, f"the cluster did not come to {n} task slots within {timeout_s:g} s"
+        time.sleep(0.5)
+
+
+@contextmanager
+def host_lost_for_good(cluster, sc, slots: int, after: int = 2, host: int = 1):
+    """An ``on_round`` callback that kills ``host`` once round ``after`` is recorded; on exit the host is started
+    again and the application has its ``slots`` task slots back, for the next test."""
+
+    def on_round(record):
+        if record["round"] == after and cluster.host_up(host):
+            cluster.kill_host(host)
+
+    try:
+        yield on_round
+    finally:
+        if not cluster.host_up(host):
+            cluster.start_host(host)
+        wait_for_slots(sc, slots)
+
+
 def finished_after_one_restart(result, rounds: int, accuracy: float = 0.8) -> dict:
     """What a fit that lost a host after round 2 and got it back shows: one restart from round 2 or later, every
     round recorded once, and a net that learned. Returns the summary."""

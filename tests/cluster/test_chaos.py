@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from _rig import rig_session
+from _rig import rig_session, wait_for_slots
 from sparknet import zoo
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.datasets import synthetic
@@ -38,15 +38,6 @@ def data(spark):
     rows = [([float(v) for v in x], int(y)) for x, y in zip(ds.x, ds.y)]
     df = spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), "features array<double>, label long")
     return df.cache(), synthetic(600, shape=SHAPE, num_classes=3, seed=5, noise=1.0)
-
-
-def _wait_for_slots(sc, n: int, timeout_s: float = 120.0) -> None:
-    from sparknet.spark.backend import task_slots
-
-    deadline = time.monotonic() + timeout_s
-    while task_slots(sc) != n:
-        assert time.monotonic() < deadline, f"the cluster did not come to {n} task slots within {timeout_s:g} s"
-        time.sleep(0.5)
 
 
 def _rounds_fit(spark, data, on_round):
@@ -73,7 +64,7 @@ def test_the_rounds_engine_survives_killed_executors_and_a_lost_host(spark, clus
             events.append(("host down", 2))
         elif record["round"] == 6:
             cluster.start_host(2)
-            _wait_for_slots(sc, 2)
+            wait_for_slots(sc, 2)
             events.append(("host back", 2))
 
     try:

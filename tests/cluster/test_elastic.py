@@ -12,12 +12,11 @@ import time
 import numpy as np
 import pytest
 
-from _rig import rig_session
+from _rig import rig_session, wait_for_slots
 from sparknet import zoo
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.datasets import synthetic
 from sparknet.solvers import SolverConfig
-from sparknet.spark.backend import task_slots
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -26,13 +25,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 def spark(cluster):
     with rig_session(cluster, "sparknet-elastic-tests", **{"spark.locality.wait": "0s"}) as session:
         yield session
-
-
-def _wait_for_slots(sc, n: int, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while task_slots(sc) != n:
-        assert time.monotonic() < deadline, f"the cluster did not come to {n} task slots within {timeout_s:g} s"
-        time.sleep(0.5)
 
 
 def _wait_for_tasks_on(sc, hostname: str, timeout_s: float = 120.0) -> None:
@@ -59,11 +51,11 @@ def test_a_host_gone_leaves_one_worker_a_round_in_turn_and_a_host_back_is_used_a
     def on_round(record):
         if record["round"] == 2:  # host 1 gone: wait until the driver has seen its executor go
             cluster.kill_host(1)
-            _wait_for_slots(sc, 1)
+            wait_for_slots(sc, 1)
             events.append("killed")
         elif record["round"] == 5:  # host 1 back: wait until the application has an executor there again
             cluster.start_host(1)
-            _wait_for_slots(sc, 2)
+            wait_for_slots(sc, 2)
             _wait_for_tasks_on(sc, cluster.hostname(1))
             events.append("back")
 

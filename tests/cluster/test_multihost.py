@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _rig import finished_after_one_restart, host_lost_after_round, rig_session
+from _rig import (finished_after_one_restart, host_lost_after_round, host_lost_for_good, rig_session)
 from sparknet import zoo
 from sparknet.config import DistributedConfig, RunConfig, WorkerConfig
 from sparknet.datasets import synthetic
@@ -237,27 +237,42 @@ def test_the_barrier_engine_restarts_when_a_lost_host_comes_back(spark, cluster)
     assert {w["host"] for w in s["barrier_workers"]} == {cluster.hostname(1), cluster.hostname(2)}
 
 
+def test_the_barrier_engine_goes_on_with_the_worker_left_when_a_host_is_gone_for_good(spark, cluster):
+    """Host 1 dies after round 2 and stays down: after ``elastic_after_s`` the stage starts again with one worker on
+    host 2, which trains on both partitions' rows, and the fit ends every round."""
+    from sparknet.spark import EngineOptions
+
+    df, _ = _blob_frame(spark)
+    val = synthetic(300, shape=(6,), num_classes=3, seed=5, noise=1.0)
+
+    with host_lost_for_good(cluster, spark.sparkContext, slots=2) as kill_after_round_two:
+        trainer = _mlp_trainer(spark, DistributedConfig(workers=2, engine="barrier", tau=10, rounds=6,
+                                                        link_latency="300ms"),
+                               on_round=kill_after_round_two, options=EngineOptions(rendezvous_timeout_s=60,
+                                                                                    elastic_after_s=0))
+        result = trainer.fit(df, validation=(val.x, val.y))
+    s = finished_after_one_restart(result, rounds=6)
+    assert s["elastic_workers"] == 1 and s["restart_log"][0]["workers"] == 1
+    assert [(w["host"], w["rows"]) for w in s["barrier_workers"]] == [(cluster.hostname(2), df.count())]
+    after = [r for r in result.history if r.get("event") == "round" and r["round"] > s["restart_log"][0]["after_round"]]
+    assert after and all(r["workers"] == 1 for r in after)
+
+
 def test_the_barrier_engine_says_it_needs_k_slots_when_a_host_is_gone_for_good(spark, cluster):
     from sparknet.errors import EngineError
     from sparknet.spark import EngineOptions
 
     df, _ = _blob_frame(spark)
 
-    def kill_after_round_two(record):
-        if record["round"] == 2 and cluster.host_up(1):
-            cluster.kill_host(1)
-
-    trainer = _mlp_trainer(spark, DistributedConfig(workers=2, engine="barrier", tau=10, rounds=6,
-                                                    link_latency="300ms"),
-                           on_round=kill_after_round_two, options=EngineOptions(rendezvous_timeout_s=20))
     t0 = time.monotonic()
-    try:
-        with pytest.raises(EngineError, match=r"runs all 2 workers at once but the cluster has 1 task slot\(s\) "
-                                              r"left .*use --engine rounds"):
+    with host_lost_for_good(cluster, spark.sparkContext, slots=2) as kill_after_round_two:
+        trainer = _mlp_trainer(spark, DistributedConfig(workers=2, engine="barrier", tau=10, rounds=6,
+                                                        link_latency="300ms"),
+                               on_round=kill_after_round_two, options=EngineOptions(rendezvous_timeout_s=20,
+                                                                                    elastic_after_s=None))
+        with pytest.raises(EngineError, match=r"runs all 2 workers at once \(2 tasks\) but the cluster has 1 task "
+                                              r"slot\(s\) left .*use --engine rounds"):
             trainer.fit(df)
-    finally:
-        if not cluster.host_up(1):
-            cluster.start_host(1)
     assert time.monotonic() - t0 < 120  # it waited rendezvous_timeout_s for the host, not for ever
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from _rig import finished_after_one_restart, host_lost_after_round, rig_session, started_rig
+from _rig import (finished_after_one_restart, host_lost_after_round, host_lost_for_good, rig_session,
+                  started_rig)
 from sparknet import zoo
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.datasets import synthetic
@@ -97,6 +98,38 @@ def test_a_host_lost_mid_run_takes_its_workers_ranks_and_the_run_finishes_when_i
     places = _places(s)
     assert sorted(places) == [0, 1] and all(len(hosts) == 1 for hosts in places.values())
     assert set().union(*places.values()) == {rig.hostname(1), rig.hostname(2)}
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["whole", "sharded"])
+def test_a_host_gone_for_good_takes_its_workers_ranks_together_and_the_worker_left_finishes(spark, rig, tmp_path,
+                                                                                           sharded):
+    """Host 1 dies after round 2 and stays down: the stage starts again with the one whole worker host 2's two slots
+    hold, its two ranks on the rows of all four partitions, and every round is recorded. A sharded replica goes on
+    from the whole state its parts were joined into, cut for the worker left; its checkpoints hold the global state
+    and no solver state (those belonged to the partitions the fit started with)."""
+    from sparknet.checkpoint import CheckpointManager
+    from sparknet.spark import EngineOptions
+
+    df = _frame(spark)
+    val = synthetic(300, shape=(6,), num_classes=3, seed=5, noise=1.0)
+    folder = str(tmp_path / "ckpt")
+    with host_lost_for_good(rig, spark.sparkContext, slots=4) as kill_after_round_two:
+        trainer = _trainer(spark, [16], DistributedConfig(workers=2, procs_per_worker=2, engine="barrier", tau=10,
+                                                          rounds=6, link_latency="300ms", shard_replica=sharded,
+                                                          checkpoint_dir=folder, checkpoint_every=2),
+                           on_round=kill_after_round_two, options=EngineOptions(rendezvous_timeout_s=60,
+                                                                                elastic_after_s=0))
+        result = trainer.fit(df, validation=(val.x, val.y))
+    s = finished_after_one_restart(result, rounds=6)
+    assert s["elastic_workers"] == 1 and s["restart_log"][0]["workers"] == 1
+    assert _places(s) == {0: {rig.hostname(2)}}
+    assert sorted(w["proc"] for w in s["barrier_workers"]) == [0, 1]
+    assert sum(w["rows"] for w in s["barrier_workers"]) == df.count()
+    before, last = (CheckpointManager(folder).load(r) for r in (2, 6))
+    assert len(before.state["workers"]) == 4 and last.state["workers"] == {}
+    assert last.state["steps_done"] == 60
+    if sharded:
+        assert len(s["weight_bytes_per_rank"]) == 2 and max(s["weight_bytes_per_rank"]) < result.weights.nbytes
 
 
 def test_one_round_of_two_workers_of_two_processes_is_two_one_process_workers_with_twice_the_batch(spark, rig):

@@ -173,3 +173,13 @@ def test_rows_from_the_driver_are_shuffled_once_into_the_same_partitions(spark, 
     assert not spark_data.ships_local_data(sc.textFile(path, 2))
     frame = spark.createDataFrame([(float(i), i % 2) for i in range(8)], ["x", "label"])
     assert spark_data.ships_local_data(frame.rdd)  # a DataFrame of local rows too
+
+
+def test_folding_partitions_deals_every_row_of_the_workers_that_left_to_those_left(spark):
+    """The barrier engine's elastic restart: partition p's rows go to partition p % n, in order, none left out."""
+    rdd = spark.sparkContext.parallelize(range(40), 4).map(lambda v: (v, -v))
+    parts = rdd.glom().collect()
+    assert spark_data.folded(rdd, 2).glom().collect() == [parts[0] + parts[2], parts[1] + parts[3]]
+    assert spark_data.folded(rdd, 3).glom().collect() == [parts[0] + parts[3], parts[1], parts[2]]
+    assert spark_data.folded(rdd, 1).glom().collect() == [sum(parts, [])]
+    assert spark_data.folded(rdd, 4).glom().collect() == parts

@@ -860,13 +860,21 @@ def partition_key(index: int) -> int:
 def without_local_data(rdd, num_partitions: int):
     """``rdd`` with the same records in the same partitions and order, behind a shuffle when
     :func:`ships_local_data` (once, at the fit's start), so that the rounds engine's jobs, one a round, do not carry
-    the driver's rows in every task: each record is keyed by its partition's index and sent to that partition."""
+    the driver's rows in every task (:func:`folded`, into as many partitions)."""
     if rdd.getNumPartitions() != num_partitions or not ships_local_data(rdd):
         return rdd
     log.info("training data: the rows came from the driver (sc.parallelize or local rows) and would travel in every "
              "round's tasks; shuffled once into the same partitions instead")
-    keyed = rdd.mapPartitionsWithIndex(lambda index, records: ((index, r) for r in records))
-    return keyed.partitionBy(num_partitions, partition_key).values()
+    return folded(rdd, num_partitions)
+
+
+def folded(rdd, num_partitions: int):
+    """``rdd``'s records in ``num_partitions`` partitions by one shuffle: partition p's go to partition
+    ``p % num_partitions``, after those of the partitions before p and in their own order. With as many partitions
+    as ``rdd`` has, every record stays where it was; with fewer, the workers left after a host is lost for good
+    share the partitions of those that left (the barrier engine's elastic restart), and no row is left out."""
+    keyed = rdd.mapPartitionsWithIndex(lambda index, records: (((index, i), r) for i, r in enumerate(records)))
+    return keyed.repartitionAndSortWithinPartitions(num_partitions, lambda key: key[0] % num_partitions).values()
 
 
 def check_stats(stats: list[dict], *, what: str, expected_len: int | None, num_classes: int | None,

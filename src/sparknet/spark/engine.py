@@ -49,7 +49,11 @@ class EngineOptions:
     (a host that comes back is used again from the next round). Until then, and always with ``None``,
     Spark runs the K tasks in waves on the hosts left, and the weights are those of an undisturbed run.
     Needs the driver to hold the workers' states (:attr:`worker_state_on_driver`, on by default on a
-    cluster)."""
+    cluster). Barrier engine: how long a failed stage waits for the slots of all its workers before it starts
+    again with as many whole workers (each of its ``procs_per_worker`` processes on a slot) as the cluster has
+    slots for, their partitions holding every row (a worker left takes those of one that left); they train
+    to the end of the fit, and their solver states start afresh. With ``None`` the stage waits
+    :attr:`rendezvous_timeout_s` for all of them, then fails."""
     rounds_transport: str = "socket"
     """Rounds engine: how the weights and updates travel. ``socket``: through an authenticated socket on the
     driver beside each round's Spark job (:mod:`sparknet.spark._relay`: a Unix socket only the user can open on a

@@ -30,14 +30,14 @@ from sparknet.spark.backend import Held, run_with_deadline, task_error, task_slo
 from sparknet.spark.resources import gpu_profile, with_profile
 from sparknet.spark.barrier.executor import (RESULT_SCHEMA, GroupPlan, StagePlan, StagedRowsMissing, run_barrier,
                                              run_barrier_frame)
-from sparknet.spark.engine import EngineRun
+from sparknet.spark.engine import EngineOptions, EngineRun
 from sparknet.spark.rounds.executor import pack_spec
 from sparknet._tensortree import unpack_tree
-from sparknet.spark.data import is_dataframe
+from sparknet.spark.data import folded, is_dataframe
 from sparknet.spark._channel import MetricsReceiver, new_secret
 from sparknet.spark.session import is_local_master, session_master
 
-__all__ = ["BarrierStage", "run_barrier_engine", "run_connect_stage", "connect_refusal"]
+__all__ = ["BarrierStage", "run_barrier_engine", "run_connect_stage", "connect_refusal", "workers_to_restart"]
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,9 @@ def run_barrier_engine(run: EngineRun):
     profile, gpus = gpu_profile(run.sc, run.spec.worker.gpus_per_worker, workers=run.dist.ranks,
                                 procs=run.dist.procs_per_worker)
     t_engine, ready_at, staged_missing = time.perf_counter(), None, False
+    workers, G = run.dist.workers, run.dist.procs_per_worker
     while True:
-        stage = BarrierStage(run, history, restart=len(restarts), profile=profile)
+        stage = BarrierStage(run, history, restart=len(restarts), profile=profile, workers=workers)
         try:
             final, extra = stage.run(latest)
             break
@@ -73,36 +74,82 @@ def run_barrier_engine(run: EngineRun):
             latest = stage.latest or latest
             first_line = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
             if missing:  # Spark ran a task away from its partition's staged files (a host lost, or an executor not
-                # up when they were staged): the stage starts again over the chunks, not counted as a restart
+                # up when they were staged): the stage starts again over the cached chunks, not counted as a restart
                 log.warning("barrier stage: %s; starting it again over the cached chunks", first_line)
                 run, staged_missing = replace(run, source=run.chunks), True
             else:
                 restarts.append({"after_round": latest.round, "error": first_line})
                 log.warning("barrier stage failed (%s); restart %d of at most %d from round %d", first_line,
                             len(restarts), opts.max_restarts, latest.round)
-            _wait_for_slots(run.sc, run.dist.ranks, opts.rendezvous_timeout_s, latest.round, cause)
+            left = _workers_after_failure(run.sc, workers, G, opts, latest.round, cause)
+            if left < workers:  # a host gone for good: fewer workers go on, with every partition's rows
+                log.warning("barrier stage: the cluster has task slots for %d of the %d workers of %d process(es) "
+                            "after %g s; the stage goes on with %d worker(s), the rows of the %d partitions dealt "
+                            "to their %d (a host that comes back is not used again in this fit)", left, workers, G,
+                            opts.elastic_after_s, left, len(run.rows), left * G)
+                run = _elastic_run(run, left * G)
+                latest, workers = replace(latest, workers={}), left  # the solver states belong to the old partitions
+                if restarts:
+                    restarts[-1]["workers"] = left
             del history[sum(1 for h in history if h["round"] <= latest.round):]  # their work is redone
     history.sort(key=lambda h: h["round"])
     ready_at = ready_at or stage.ready_at
     # the first stage's launch: its tasks start, write their partitions and join the process group (setup_s ends
     # where the engine starts; the rounds engine's staging jobs run before that, inside setup_s)
     extra.update(restarts=len(restarts), restart_log=restarts, gpu_scheduling=gpus, staged_rows_missing=staged_missing,
-                 launch_s=None if ready_at is None else ready_at - t_engine)
+                 launch_s=None if ready_at is None else ready_at - t_engine,
+                 elastic_workers=workers if workers < run.dist.workers else None)
     return final, history, extra
 
 
-def _wait_for_slots(sc, workers: int, timeout_s: float, round_done: int, cause: BaseException) -> None:
-    """Before a restart: wait (bounded) until the cluster can run all ``workers`` tasks at once again."""
-    deadline = time.monotonic() + timeout_s
-    slots = task_slots(sc)
-    while slots is not None and slots < workers and time.monotonic() < deadline:
+def workers_to_restart(slots: int | None, workers: int, procs_per_worker: int, waited_s: float,
+                       opts: EngineOptions) -> int | None:
+    """How many workers a failed barrier stage starts again with, given the task ``slots`` the cluster has after
+    ``waited_s`` seconds of waiting for them (``None``: Spark cannot say); ``None``: wait on.
+
+    All ``workers`` as soon as there are slots for all of them. After ``opts.elastic_after_s`` (a host gone for
+    good), as many whole workers as the slots hold, each of its ``procs_per_worker`` processes on a slot (a worker
+    never goes on with some of its ranks). :class:`EngineError` once neither came within
+    ``opts.rendezvous_timeout_s`` (or ``elastic_after_s``, the longer)."""
+    ranks = workers * procs_per_worker
+    if slots is None or slots >= ranks:
+        return workers
+    elastic = opts.elastic_after_s
+    if elastic is not None and waited_s >= elastic and slots >= procs_per_worker:
+        return slots // procs_per_worker
+    if waited_s < max(opts.rendezvous_timeout_s, elastic or 0.0):
+        return None
+    each = f" of {procs_per_worker} processes" if procs_per_worker > 1 else ""
+    go_on = ("" if elastic is None else f"; after elastic_after_s={elastic:g} s it goes on with the workers whose "
+             f"{procs_per_worker} task slot(s) it has, and it had fewer")
+    raise EngineError(f"the barrier stage failed and cannot start again: it runs all {workers} workers{each} at once "
+                      f"({ranks} tasks) but the cluster has {slots} task slot(s) left (an executor or host was lost "
+                      f"and did not come back within {max(opts.rendezvous_timeout_s, elastic or 0.0):g} s){go_on}; "
+                      "add executors, train with fewer --workers, or use --engine rounds, which finishes on the "
+                      "hosts left")
+
+
+def _workers_after_failure(sc, workers: int, procs_per_worker: int, opts: EngineOptions, round_done: int,
+                           cause: BaseException) -> int:
+    """Before a restart: wait (bounded) until the cluster can run every worker's tasks at once again, or, a host
+    gone for good, fewer workers (:func:`workers_to_restart`); how many."""
+    t0 = time.monotonic()
+    while True:
+        try:
+            left = workers_to_restart(task_slots(sc), workers, procs_per_worker, time.monotonic() - t0, opts)
+        except EngineError as exc:
+            raise EngineError(f"{exc} (it failed after round {round_done})") from cause
+        if left is not None:
+            return left
         time.sleep(1.0)
-        slots = task_slots(sc)
-    if slots is not None and slots < workers:
-        raise EngineError(f"the barrier stage failed after round {round_done} and cannot start again: it runs all "
-                          f"{workers} workers at once but the cluster has {slots} task slot(s) left (an executor or "
-                          f"host was lost and did not come back within {timeout_s:g} s); add executors, train with "
-                          "fewer --workers, or use --engine rounds, which finishes on the hosts left") from cause
+
+
+def _elastic_run(run: EngineRun, ranks: int) -> EngineRun:
+    """``run`` for a stage of ``ranks`` tasks: partition p's chunks go to task ``p % ranks``
+    (:func:`~sparknet.spark.data.folded`), so the workers left train on every row."""
+    chunks = folded(run.chunks, ranks)
+    rows = tuple(sum(run.rows[p] for p in range(i, len(run.rows), ranks)) for i in range(ranks))
+    return replace(run, source=chunks, chunks=chunks, rows=rows)
 
 
 class _StageFailed(Exception):
@@ -119,11 +166,14 @@ class BarrierStage:
     Records go to ``history`` (and ``on_round``) as they arrive; ``latest`` keeps the newest
     global weights and strategy state rank 0 sent (what a restart starts from); on checkpoint
     rounds the ranks' solver states are gathered and the checkpoint written as soon as the
-    round is complete. Its tasks ask for ``profile``'s resources (a worker's GPU share).
+    round is complete. Its tasks ask for ``profile``'s resources (a worker's GPU share). It runs ``workers`` workers
+    (default: the fit's; fewer after a host was lost for good, whose checkpoints then hold no worker's solver state,
+    since those belong to the partitions the fit started with).
     """
 
-    def __init__(self, run: EngineRun, history: list[dict], restart: int, profile=None):
+    def __init__(self, run: EngineRun, history: list[dict], restart: int, profile=None, workers: int | None = None):
         self.fit, self.checkpoints, self.profile = run, run.checkpoints, profile
+        self.workers = run.dist.workers if workers is None else workers
         self.history, self.restart = history, restart
         self.seen = {h["round"] for h in history}
         self.latest: ResumeState | None = None
@@ -183,7 +233,8 @@ class BarrierStage:
         final = any(h["round"] == r and h.get("stop_reason") for h in self.history)
         if cp is None or not (cp.due(r) or final) or len(slot["workers"]) < ranks_with_data or r in cp.written:
             return
-        path = self.fit.save_checkpoint("barrier", replace(slot["state"], workers=slot["workers"]))
+        kept = slot["workers"] if self.workers == self.fit.dist.workers else {}
+        path = self.fit.save_checkpoint("barrier", replace(slot["state"], workers=kept))
         for h in self.history:
             if h["round"] == r:
                 h["checkpoint"] = path
@@ -193,7 +244,7 @@ class BarrierStage:
     def run(self, start: ResumeState):
         run = self.fit
         sc, group, spec, dist, opts = run.sc, run.group, run.spec, run.dist, run.options
-        K = dist.ranks
+        K = self.workers * dist.procs_per_worker
         local, host = run.driver_address()
         secret = new_secret()
         # the largest message: a rank's solver and strategy state, or the global weights with the strategy's state
@@ -244,7 +295,7 @@ class BarrierStage:
                         "worker alive (see the executor logs)")
 
             try:
-                outcome["rows"] = run_with_deadline(sc, group, _stage_name(dist), stage.collect,
+                outcome["rows"] = run_with_deadline(sc, group, _stage_name(dist, self.workers), stage.collect,
                                                     timeout_s=None, what="the barrier stage", stalled=listen,
                                                     poll_s=0.05)
             except DeadlineExceeded:
@@ -305,10 +356,10 @@ def _join_parts(slot: dict, msg: dict, tree: dict) -> dict | None:
             **({"average": join(t["average"] for t in trees)} if "average" in first else {})}
 
 
-def _stage_name(dist) -> str:
-    """The stage's Spark job description: its workers, and the processes each is made of."""
+def _stage_name(dist, workers: int | None = None) -> str:
+    """The stage's Spark job description: its workers (default: the fit's), and the processes each is made of."""
     each = f" of {dist.procs_per_worker} processes" if dist.procs_per_worker > 1 else ""
-    return f"sparknet barrier stage ({dist.workers} workers{each})"
+    return f"sparknet barrier stage ({dist.workers if workers is None else workers} workers{each})"
 
 
 def _stage_result(rows: list, sent: torch.Tensor | None = None) -> tuple[torch.Tensor | None, list[dict], list[dict]]:

@@ -382,7 +382,8 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
             final, info = _round_loop(net, spec, rank, group_rank, init_flat, data is not None, val, val_rows,
                                       params, sender, history, start, store)
         yield ("worker", rank, b"", {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
-                                     "attempt": ctx.attemptNumber(), **info})
+                                     "attempt": ctx.attemptNumber(), "rows": 0 if data is None else data.rows,
+                                     **info})
         if group_rank == 0:
             # over the channel where there is one: as a task result, a large net's weights would pass through the
             # JVM heaps of the executor and the driver in several copies (AlexNet's 244 MB filled a 2 GiB driver)
