@@ -258,6 +258,40 @@ def test_the_barrier_engine_goes_on_with_the_worker_left_when_a_host_is_gone_for
     assert after and all(r["workers"] == 1 for r in after)
 
 
+def test_the_barrier_engine_takes_a_host_back_between_two_rounds(spark, cluster):
+    """Host 1 dies after round 2: one worker goes on on host 2. Host 1 is started again after round 4; once the
+    cluster has both slots, the stage of one worker is stopped after a round and both workers go on, each on its
+    own partition, from that round's state. Rounds of 2 s (``round_seconds``) leave time for the host to come up."""
+    import threading
+
+    from sparknet.spark import EngineOptions
+
+    df, _ = _blob_frame(spark)
+    val = synthetic(300, shape=(6,), num_classes=3, seed=5, noise=1.0)
+    revive = threading.Thread(target=cluster.start_host, args=(1,))
+    with host_lost_for_good(cluster, spark.sparkContext, slots=2) as kill_after_round_two:
+        def on_round(record):
+            kill_after_round_two(record)
+            if record["round"] == 4 and not revive.is_alive() and not cluster.host_up(1):
+                revive.start()
+
+        trainer = _mlp_trainer(spark, DistributedConfig(workers=2, engine="barrier", tau=None, round_seconds=2.0,
+                                                        rounds=16, link_latency="300ms"),
+                               on_round=on_round, options=EngineOptions(rendezvous_timeout_s=60, elastic_after_s=0))
+        try:
+            result = trainer.fit(df, validation=(val.x, val.y))
+        finally:
+            if revive.ident is not None:
+                revive.join(timeout=120)
+    s = finished_after_one_restart(result, rounds=16)
+    (shrank, one), (grew, two) = ((e["after_round"], e["workers"]) for e in s["elastic_log"])
+    assert (one, two) == (1, 2) and 2 <= shrank < grew < 16 and s["elastic_workers"] is None
+    workers = {r["round"]: r["workers"] for r in result.history if r.get("event") == "round"}
+    assert {workers[r] for r in range(shrank + 1, grew + 1)} == {1} and {workers[r] for r in range(grew + 1, 17)} == {2}
+    assert {w["host"] for w in s["barrier_workers"]} == {cluster.hostname(1), cluster.hostname(2)}
+    assert [w["rows"] for w in s["barrier_workers"]] == [600, 600]  # each worker on its own partition again
+
+
 def test_the_barrier_engine_says_it_needs_k_slots_when_a_host_is_gone_for_good(spark, cluster):
     from sparknet.errors import EngineError
     from sparknet.spark import EngineOptions

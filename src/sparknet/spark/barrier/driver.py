@@ -58,11 +58,19 @@ def run_barrier_engine(run: EngineRun):
                                 procs=run.dist.procs_per_worker)
     t_engine, ready_at, staged_missing = time.perf_counter(), None, False
     workers, G = run.dist.workers, run.dist.procs_per_worker
+    elastic: list[dict] = []  # each change in the number of workers
+    whole = run  # the fit's partitions, one a task of all the workers
     while True:
         stage = BarrierStage(run, history, restart=len(restarts), profile=profile, workers=workers)
         try:
             final, extra = stage.run(latest)
             break
+        except _Grow as grow:  # a host back: all the workers again, on their own partitions, from that round's state
+            log.warning("barrier stage: %s; starting it again with all %d workers from there", grow, whole.dist.workers)
+            run, workers = whole, whole.dist.workers
+            latest = replace(stage.latest, workers={})
+            elastic.append({"after_round": grow.round, "workers": workers})
+            del history[sum(1 for h in history if h["round"] <= latest.round):]
         except _StageFailed as failed:
             ready_at = ready_at or stage.ready_at
             cause = failed.cause
@@ -76,7 +84,8 @@ def run_barrier_engine(run: EngineRun):
             if missing:  # Spark ran a task away from its partition's staged files (a host lost, or an executor not
                 # up when they were staged): the stage starts again over the cached chunks, not counted as a restart
                 log.warning("barrier stage: %s; starting it again over the cached chunks", first_line)
-                run, staged_missing = replace(run, source=run.chunks), True
+                run = whole = replace(run, source=run.chunks)  # only the fit's own partitions are staged
+                staged_missing = True
             else:
                 restarts.append({"after_round": latest.round, "error": first_line})
                 log.warning("barrier stage failed (%s); restart %d of at most %d from round %d", first_line,
@@ -85,11 +94,12 @@ def run_barrier_engine(run: EngineRun):
             if left < workers:  # a host gone for good: fewer workers go on, with every partition's rows
                 log.warning("barrier stage: the cluster has task slots for %d of the %d workers of %d process(es) "
                             "after %g s; the stage goes on with %d worker(s), the rows of the %d partitions dealt "
-                            "to their %d (a host that comes back is not used again in this fit)", left, workers, G,
-                            opts.elastic_after_s, left, len(run.rows), left * G)
-                run = _elastic_run(run, left * G)
+                            "to their %d tasks until the cluster has the slots of all of them again", left, workers,
+                            G, opts.elastic_after_s, left, len(whole.rows), left * G)
+                run = _elastic_run(whole, left * G)
                 latest, workers = replace(latest, workers={}), left  # the solver states belong to the old partitions
-                if restarts:
+                elastic.append({"after_round": latest.round, "workers": left})
+                if not missing:
                     restarts[-1]["workers"] = left
             del history[sum(1 for h in history if h["round"] <= latest.round):]  # their work is redone
     history.sort(key=lambda h: h["round"])
@@ -98,7 +108,7 @@ def run_barrier_engine(run: EngineRun):
     # where the engine starts; the rounds engine's staging jobs run before that, inside setup_s)
     extra.update(restarts=len(restarts), restart_log=restarts, gpu_scheduling=gpus, staged_rows_missing=staged_missing,
                  launch_s=None if ready_at is None else ready_at - t_engine,
-                 elastic_workers=workers if workers < run.dist.workers else None)
+                 elastic_workers=workers if workers < run.dist.workers else None, elastic_log=elastic)
     return final, history, extra
 
 
@@ -152,6 +162,14 @@ def _elastic_run(run: EngineRun, ranks: int) -> EngineRun:
     return replace(run, source=chunks, chunks=chunks, rows=rows)
 
 
+class _Grow(Exception):
+    """A stage of fewer workers is stopped after ``round``: the cluster has ``slots`` again, enough for all."""
+
+    def __init__(self, round_done: int, slots: int):
+        super().__init__(f"the cluster has {slots} task slots again after round {round_done}")
+        self.round, self.slots = round_done, slots
+
+
 class _StageFailed(Exception):
     """One barrier stage failed: ``cause`` is the error to raise if it is not started again."""
 
@@ -183,6 +201,22 @@ class BarrierStage:
         """When rank 0 said every rank had started and joined the process group (``time.perf_counter()``)."""
         self.final: torch.Tensor | None = None
         """Rank 0's final weights, where they came over the channel."""
+        self.grow_checked = 0
+        """The newest round after which a stage of fewer workers asked whether the cluster has all their slots."""
+
+    def _maybe_grow(self) -> None:
+        """A stage that went on with fewer workers: once a round's state is in (its tasks between two rounds) and the
+        cluster has the slots of all the fit's workers again, :class:`_Grow` (the stage is cancelled, and started
+        again with all of them from that state). Asks Spark once a round."""
+        fit, latest = self.fit, self.latest
+        if self.workers == fit.dist.workers or latest is None or latest.round <= self.grow_checked:
+            return
+        self.grow_checked = latest.round
+        if any(h["round"] == latest.round and h.get("stop_reason") for h in self.history):
+            return  # the stage is ending anyway
+        slots = task_slots(fit.sc)
+        if slots is not None and slots >= fit.dist.ranks:
+            raise _Grow(latest.round, slots)
 
     def _record(self, msg: dict, now: float) -> None:
         if msg["round"] in self.seen:
@@ -286,6 +320,7 @@ class BarrierStage:
                         clock["ready"] = clock["heard"]
                     else:
                         self._handle(msg, clock["heard"])
+                self._maybe_grow()
                 limit = opts.rendezvous_timeout_s if clock["ready"] is None else silence
                 if time.perf_counter() - clock["heard"] <= limit:
                     return None
