@@ -52,8 +52,8 @@ class EngineOptions:
     cluster). Barrier engine: how long a failed stage waits for the slots of all its workers before it starts
     again with as many whole workers (each of its ``procs_per_worker`` processes on a slot) as the cluster has
     slots for, their partitions holding every row (a worker left takes those of one that left), their solver
-    states afresh. Once the cluster has the slots of all the workers again, the stage of fewer is stopped after
-    its round and started again with all of them, each on its own partition. With ``None`` the stage waits
+    states afresh. Once the cluster has the slots of more whole workers, the stage of fewer is stopped after its
+    round and started again with them (all of them: each on its own partition). With ``None`` the stage waits
     :attr:`rendezvous_timeout_s` for all of them, then fails."""
     rounds_transport: str = "socket"
     """Rounds engine: how the weights and updates travel. ``socket``: through an authenticated socket on the

@@ -65,9 +65,11 @@ def run_barrier_engine(run: EngineRun):
         try:
             final, extra = stage.run(latest)
             break
-        except _Grow as grow:  # a host back: all the workers again, on their own partitions, from that round's state
-            log.warning("barrier stage: %s; starting it again with all %d workers from there", grow, whole.dist.workers)
-            run, workers = whole, whole.dist.workers
+        except _Grow as grow:  # a host back: more workers (all: each on its own partition) from that round's state
+            log.warning("barrier stage: %s; starting it again with %d of the %d workers from there", grow,
+                        grow.workers, whole.dist.workers)
+            workers = grow.workers
+            run = whole if workers == whole.dist.workers else _elastic_run(whole, workers * G)
             latest = replace(stage.latest, workers={})
             elastic.append({"after_round": grow.round, "workers": workers})
             del history[sum(1 for h in history if h["round"] <= latest.round):]
@@ -163,11 +165,11 @@ def _elastic_run(run: EngineRun, ranks: int) -> EngineRun:
 
 
 class _Grow(Exception):
-    """A stage of fewer workers is stopped after ``round``: the cluster has ``slots`` again, enough for all."""
+    """A stage of fewer workers is stopped after ``round``: the cluster has ``slots``, enough for ``workers``."""
 
-    def __init__(self, round_done: int, slots: int):
-        super().__init__(f"the cluster has {slots} task slots again after round {round_done}")
-        self.round, self.slots = round_done, slots
+    def __init__(self, round_done: int, slots: int, workers: int):
+        super().__init__(f"the cluster has {slots} task slots after round {round_done}")
+        self.round, self.slots, self.workers = round_done, slots, workers
 
 
 class _StageFailed(Exception):
@@ -206,8 +208,8 @@ class BarrierStage:
 
     def _maybe_grow(self) -> None:
         """A stage that went on with fewer workers: once a round's state is in (its tasks between two rounds) and the
-        cluster has the slots of all the fit's workers again, :class:`_Grow` (the stage is cancelled, and started
-        again with all of them from that state). Asks Spark once a round."""
+        cluster has the slots of more whole workers, at most the fit's, :class:`_Grow` (the stage is cancelled, and
+        started again with them from that state). Asks Spark once a round."""
         fit, latest = self.fit, self.latest
         if self.workers == fit.dist.workers or latest is None or latest.round <= self.grow_checked:
             return
@@ -215,8 +217,9 @@ class BarrierStage:
         if any(h["round"] == latest.round and h.get("stop_reason") for h in self.history):
             return  # the stage is ending anyway
         slots = task_slots(fit.sc)
-        if slots is not None and slots >= fit.dist.ranks:
-            raise _Grow(latest.round, slots)
+        more = 0 if slots is None else min(slots // fit.dist.procs_per_worker, fit.dist.workers)
+        if more > self.workers:
+            raise _Grow(latest.round, slots, more)
 
     def _record(self, msg: dict, now: float) -> None:
         if msg["round"] in self.seen:
