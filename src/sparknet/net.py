@@ -698,10 +698,12 @@ class Net:
         """The live tensors (no copy): what engines flatten and load in place."""
         return self._live
 
-    def shard(self, mesh) -> None:
+    def shard(self, mesh, device: str | torch.device | None = None) -> None:
         """Shard this net's weights and solver state over ``mesh``'s ranks (a 1-D mesh: a worker of several
         processes, ``--shard-replica``) with PyTorch's FSDP2, in place. Every rank must hold the same weights and call
-        it together, before training.
+        it together, before training. A net built on the meta device (``Net(..., device="meta")``: shapes, no values)
+        is made on ``device`` after it is cut, each rank allocating its parts only, which hold no values until
+        :meth:`set_flat` (a whole net's rows never exist on any rank).
 
         Every weight is cut along its first dimension, one part a rank (a DTensor); a unit gathers its weights for its
         own forward and backward and frees them after, and the gradients are averaged over the mesh as they are
@@ -717,6 +719,12 @@ class Net:
                      if any(True for _ in unit.parameters())]
         for unit in units:
             fully_shard(unit, mesh=mesh)
+        if self.device.type == "meta":
+            self.device = resolve_device(device)
+            self.module.to_empty(device=self.device)
+            for buffer in self.module.buffers():
+                if not buffer.is_floating_point():  # counters (a batch norm's batches seen): not in get_flat
+                    buffer.zero_()
         self._solver_state = build_optimizer(self.module, self.solver)  # over the sharded weights
         self.set_iteration(self.iteration)
         self._live = self._local_weights()
@@ -739,6 +747,15 @@ class Net:
             first = min(mesh.get_local_rank() * chunk, rows)
             layout.append((first, first + local_view(t).shape[0], rows, row))
         return layout
+
+    def shard_layouts(self, parts: int) -> list[list[tuple[int, int, int, int]]]:
+        """The :meth:`shard_layout` each of ``parts`` ranks will have once this whole net is sharded over them: every
+        parameter cut along its first dimension as ``torch.chunk`` cuts it (FSDP2's rule), a buffer whole on each.
+        What the driver cuts a sharded replica's starting weights with, so that no rank gets them whole."""
+        from sparknet.parallel.mesh import shard_layouts
+
+        return shard_layouts([(tuple(t.shape), isinstance(t, torch.nn.Parameter))
+                              for ts in self._model.layer_weights().values() for t in ts], parts)
 
     def _local_weights(self) -> WeightCollection:
         """The weights as this process holds them: views of its shards where a weight is sharded (tensor

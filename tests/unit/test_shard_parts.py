@@ -7,25 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparknet.parallel.mesh import cut_shard, join_shards
+from sparknet.parallel.mesh import cut_shard, join_shards, shard_layouts
 
 
 def _layouts(shapes: list[tuple[int, ...]], sharded: list[bool], parts: int) -> list[list[tuple[int, int, int, int]]]:
     """Each rank's layout, as Net.shard_layout gives it."""
-    layouts = []
-    for j in range(parts):
-        layout = []
-        for shape, cut in zip(shapes, sharded):
-            rows = shape[0] if shape else 1
-            row = (torch.Size(shape).numel() // rows) if rows else 0
-            if cut:
-                chunk = -(-rows // parts)
-                first = min(j * chunk, rows)
-                layout.append((first, min(first + chunk, rows), rows, row))
-            else:
-                layout.append((0, rows, rows, row))
-        layouts.append(layout)
-    return layouts
+    return shard_layouts(list(zip(shapes, sharded)), parts)
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 4])
@@ -48,3 +35,11 @@ def test_parts_that_leave_rows_out_are_refused():
         join_shards([cut_shard(whole, layouts[0])], layouts[:1])
     with pytest.raises(ValueError, match="does not match the layout"):
         cut_shard(whole[:6], layouts[0])
+
+
+def test_a_layout_cuts_rows_as_torch_chunk_does():
+    for rows, parts in [(7, 2), (7, 3), (3, 4), (1, 2), (8, 4)]:
+        chunks = torch.arange(rows).chunk(parts)
+        got = [layout[0][:2] for layout in shard_layouts([((rows, 5), True)], parts)]
+        held = [(int(c[0]), int(c[-1]) + 1) for c in chunks]
+        assert got[:len(held)] == held and all(first == end == rows for first, end in got[len(held):])

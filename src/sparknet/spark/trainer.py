@@ -415,7 +415,9 @@ class SparkTrainer:
             if dist.warmup_steps and resume is None:  # a resumed run had its warm-up before its checkpoint
                 warmup = self._warmup(sc, group, chunks, total, driver_net, sample_shape)
             global_flat = resume.global_flat if resume is not None else self.strategy.init_global(driver_net.get_flat())
-            worker_net = copy.deepcopy(net).cpu() if isinstance(net, torch.nn.Module) else net  # a CPU copy of a module
+            worker_net = net
+            if isinstance(net, torch.nn.Module):  # a CPU copy of a module; its shapes only where the ranks cut it
+                worker_net = copy.deepcopy(net).to("meta" if dist.shard_replica else "cpu")
             spec = WorkerSpec(fit_id=fit_id, net=worker_net, loss=self.loss, worker=worker, task=task,
                               weighted=weight_col is not None, strategy=self.strategy, sample_shape=tuple(sample_shape),
                               start_iteration=dist.warmup_steps, staging_dir=self.options.staging_dir,

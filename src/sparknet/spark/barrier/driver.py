@@ -25,7 +25,7 @@ from torch.distributed import TCPStore
 from sparknet.config import Engine
 from sparknet.errors import DeadlineExceeded, EngineError, NonFiniteUpdate
 from sparknet.loop import ResumeState
-from sparknet.parallel.mesh import join_shards
+from sparknet.parallel.mesh import cut_shard, join_shards
 from sparknet.spark.backend import Held, run_with_deadline, task_error, task_slots
 from sparknet.spark.resources import gpu_profile, with_profile
 from sparknet.spark.barrier.executor import (RESULT_SCHEMA, GroupPlan, StagePlan, StagedRowsMissing, run_barrier,
@@ -296,7 +296,13 @@ class BarrierStage:
             store = TCPStore(host, 0, K, True, timeout=timedelta(seconds=opts.rendezvous_timeout_s),
                              wait_for_workers=False) if local else None
             flat, begin = start.global_flat, replace(start, global_flat=None)
-            payload_bc = sc.broadcast((pack_spec(spec), np.asarray(flat, dtype=np.float32), begin))
+            parts = ()
+            if dist.shard_replica:  # each rank of a sharded replica gets its own part of the state, and no more
+                parts = tuple(sc.broadcast(part) for part in _cut_parts(run, start, dist.procs_per_worker))
+                flat, begin = None, replace(begin, strategy=None, average=None)
+                run.broadcasts.extend(parts)
+            payload_bc = sc.broadcast((pack_spec(spec), None if flat is None else np.asarray(flat, dtype=np.float32),
+                                       begin))
             run.broadcasts.append(payload_bc)
             val_bc = None
             if run.validation is not None:
@@ -310,7 +316,7 @@ class BarrierStage:
                 fit=run.plan, endpoint=receiver.endpoint, secret=secret, keys=receiver.client_keys,
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,
-                streaming=dist.streaming(), staged=run.source is not run.chunks)
+                streaming=dist.streaming(), staged=run.source is not run.chunks, parts=parts)
             stage = with_profile(run.source.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc)),
                                  self.profile)
             silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
@@ -342,11 +348,17 @@ class BarrierStage:
                 outcome["error"] = exc.__cause__ if exc.__cause__ is not None else exc
             while (msg := receiver.recv(0.5 if "error" in outcome else 0.0)) is not None:
                 self._handle(msg, time.perf_counter())  # records that raced the end of the stage
-            if self.final is None and any(r[0] == "result" and not r[2] for r in outcome.get("rows") or []):
-                # rank 0 sent its final weights over the channel: they may still be on their way
+            result = [r for r in outcome.get("rows") or [] if r[0] == "result" and not r[2]]
+            if self.final is None and result:
+                # rank 0 sent its final weights over the channel, or a sharded replica's ranks sent them in parts as
+                # the last round's state: they may still be on their way
+                last = max((h["round"] for h in result[0][3]), default=0)
                 deadline = time.perf_counter() + opts.collective_timeout_s
                 while self.final is None and (left := deadline - time.perf_counter()) > 0:
-                    if (msg := receiver.recv(min(1.0, left))) is not None:
+                    if parts and self.latest is not None and self.latest.round >= last:
+                        joined = self.latest.average if run.plan.weight_ema is not None else self.latest.global_flat
+                        self.final = torch.as_tensor(joined, dtype=torch.float32)
+                    elif (msg := receiver.recv(min(1.0, left))) is not None:
                         self._handle(msg, time.perf_counter())
         finally:
             receiver.close()
@@ -371,6 +383,26 @@ class BarrierStage:
                 raise EngineError(f"the barrier stage ended but the final checkpoint of round {last_round} could not "
                                   "be assembled (some ranks' solver states did not reach the driver)")
         return final, {"barrier_workers": workers, "metrics_rejected": receiver.rejected}
+
+
+def _cut_parts(run: EngineRun, start: ResumeState, procs: int) -> list[dict]:
+    """A sharded replica's starting state in the parts its ``procs`` ranks hold (:meth:`~sparknet.net.Net.
+    shard_layouts`): the global weights, the strategy's flat state and the weights' moving average, each cut."""
+    whole = start.global_flat.numel()
+
+    def cut(value, layout):
+        if isinstance(value, torch.Tensor) and value.numel() == whole:
+            return cut_shard(value, layout).clone()
+        return value
+
+    parts = []
+    for layout in run.driver_net.shard_layouts(procs):
+        strategy = None if start.strategy is None else {k: cut(v, layout) for k, v in start.strategy.items()}
+        average = None if start.average is None else cut(torch.as_tensor(np.asarray(start.average, np.float32)),
+                                                         layout)
+        parts.append({"layout": layout, "global": cut(torch.as_tensor(start.global_flat, dtype=torch.float32),
+                                                      layout), "strategy": strategy, "average": average})
+    return parts
 
 
 def _join_parts(slot: dict, msg: dict, tree: dict) -> dict | None:

@@ -51,8 +51,8 @@ from sparknet.spark._channel import MetricsSender, _jsonable
 from sparknet.rowfile import RowFile
 from sparknet.spark.data import frame_chunks, write_chunks
 from sparknet.spark.rounds.executor import (WorkerSpec, build_worker_net, export_worker_state, fault_hook, fit_dir,
-                                           freeze_heap, import_worker_state, round_seed, staged_here, task_device,
-                                           worker_failure)
+                                           freeze_heap, give_rows, import_worker_state, peak_rss_mb, reset_peak_rss,
+                                           round_seed, staged_here, task_device, worker_failure)
 from sparknet.step import WorkerRanks
 from sparknet.strategies import WorkerState
 
@@ -108,6 +108,10 @@ class StagePlan:
     staged: bool = False
     """The stage runs over the stage job's records, each partition's rows already in files on the machine that
     converted them (:func:`~sparknet.spark.rounds.executor.stage_frame`), not over its chunks."""
+    parts: tuple = ()
+    """A sharded replica's starting state, one broadcast a part of the worker (``{"global", "strategy", "average"}``,
+    each cut by :meth:`~sparknet.net.Net.shard_layouts`): a rank reads its own part only, and builds its net on the
+    meta device, so no rank ever holds the whole replica. Empty: every rank cuts the whole (a Spark Connect stage)."""
 
 
 def run_barrier(payload_bc, params: StagePlan, val_bc=None):
@@ -344,6 +348,7 @@ def rendezvous(ctx, rank: int, group: GroupPlan, order: list[int] | None = None)
 
 def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     t_start = time.perf_counter()
+    rss_start = reset_peak_rss()  # this task's peak, not an earlier one's in a reused worker
     packed, init_flat, start = payload_bc.value
     spec: WorkerSpec = pickle.loads(packed[1])
     world = params.group.workers
@@ -356,7 +361,9 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     device, device_info = task_device(spec.worker.device, rank)
     order = worker_order(_task_hosts(ctx), params.group.procs_per_worker)
     group_rank = order.index(rank)  # a worker's ranks consecutive, on one host where they can be
-    net = None if split else build_worker_net(spec, rank, data, device)
+    # a sharded replica's rank makes its net once it is cut, its part only
+    meta = params.group.shard_replica and not split
+    net = None if split else build_worker_net(spec, rank, data, "meta" if meta else device)
     del chunks
     freeze_heap()  # no full garbage collection of torch's modules in the middle of a round
     val, val_rows = None, None
@@ -379,12 +386,15 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
         if split:
             final, info = _split_rank(spec, rank, data, val, params, sender, history)
         else:
-            final, info = _round_loop(net, spec, rank, group_rank, init_flat, data is not None, val, val_rows,
+            final, info = _round_loop(net, spec, rank, group_rank, init_flat, data, device, val, val_rows,
                                       params, sender, history, start, store)
         yield ("worker", rank, b"", {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
                                      "attempt": ctx.attemptNumber(), "rows": 0 if data is None else data.rows,
+                                     "rss_start_mb": rss_start, "peak_rss_mb": None if rss_start is None else peak_rss_mb(),
                                      **info})
-        if group_rank == 0:
+        if group_rank == 0 and final is None:  # a sharded replica's last state is the final weights: the driver
+            yield ("result", 0, b"", history)  # joins them from its parts
+        elif group_rank == 0:
             # over the channel where there is one: as a task result, a large net's weights would pass through the
             # JVM heaps of the executor and the driver in several copies (AlexNet's 244 MB filled a 2 GiB driver)
             weights = final.numpy().tobytes()
@@ -512,9 +522,11 @@ class _BarrierExchange(CollectiveExchange):
                         pack_tree(export_worker_state(self.net, self.state)))
 
 
-def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, has_data: bool, val, val_rows,
-                params: StagePlan, sender, history: list, start: ResumeState, store) -> tuple[torch.Tensor, dict]:
-    """Train round after round until the stop rule says so; returns the final global weights and this rank's place.
+def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, data, device, val, val_rows,
+                params: StagePlan, sender, history: list, start: ResumeState,
+                store) -> tuple[torch.Tensor | None, dict]:
+    """Train round after round until the stop rule says so; returns the final global weights (``None`` where a
+    sharded replica's ranks sent them in parts, as the last round's state) and this rank's place.
 
     ``rank``: this task's index (its partition); ``group_rank``: its rank in the stage's process group. A worker of G
     processes is G consecutive group ranks (:func:`~sparknet.parallel.mesh.init_layout`'s rows): its gradients meet
@@ -522,8 +534,10 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, ha
     hold the same place (each column forms the same global weights from identical inputs)."""
     strategy = spec.strategy
     state = WorkerState()
-    global_flat = torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))
+    has_data = data is not None
     G, workers, sharded = params.group.procs_per_worker, params.group.workers, params.group.shard_replica
+    global_flat = None if params.parts else torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))
+    average = start.average
     place: dict = {}
     outer = {"rank": group_rank, "world": workers}
     layout, state_part, strategy_state = None, None, start.strategy
@@ -533,14 +547,24 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, ha
                  "ranks": WorkerRanks(layout.mp_group, sharded=sharded), "everyone": dist.group.WORLD,
                  "scoring": layout.dp_group if sharded else None}
         place = {"worker": layout.dp_rank, "proc": layout.mp_rank, "group_rank": group_rank}
-    if sharded:  # every rank's part of the starting weights and strategy state; the exchange runs on the parts
-        net.set_flat(global_flat)
-        net.shard(layout.mp_mesh)
+    if sharded:  # the net is cut and made, this rank's part only; the exchange runs on the parts
+        net.shard(layout.mp_mesh, device)
+        give_rows(net, spec, rank, data)
         parts = net.shard_layout()
-        whole, global_flat = global_flat.numel(), net.get_flat()
-        if strategy_state is not None:
-            strategy_state = {k: cut_shard(v, parts) if isinstance(v, torch.Tensor) and v.numel() == whole else v
-                              for k, v in strategy_state.items()}
+        if params.parts:  # the driver cut the starting state: this rank reads its own part only
+            mine = params.parts[layout.mp_rank].value
+            if parts != mine["layout"]:
+                raise RuntimeError(f"FSDP2 gave rank {group_rank} the rows {parts} of the weights, where the driver "
+                                   f"cut them as {mine['layout']}")
+            global_flat, strategy_state, average = mine["global"].clone(), mine["strategy"], mine["average"]
+        else:  # a Spark Connect stage's ranks get the whole state in the stage's plan, and cut it
+            whole, global_flat = global_flat.numel(), cut_shard(global_flat, parts).clone()
+            if strategy_state is not None:
+                strategy_state = {k: cut_shard(v, parts) if isinstance(v, torch.Tensor) and v.numel() == whole
+                                  else v for k, v in strategy_state.items()}
+            if average is not None:
+                average = cut_shard(torch.as_tensor(np.asarray(average, dtype=np.float32)), parts)
+        net.set_flat(global_flat)
         state_part = {"part": layout.mp_rank, "parts": G, "layout": parts} if layout.dp_rank == 0 else {}
         place["weight_bytes"] = local_weight_bytes(net)
     if strategy_state is not None:
@@ -554,8 +578,8 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, ha
     if fit.auto is not None and start.auto_tau:
         fit.auto.load_state_dict(start.auto_tau)
     if fit.weight_ema is not None:  # a restarted stage continues the average rank 0 last sent
-        fit.average = WeightAverage(fit.weight_ema, global_flat if start.average is None else
-                                    torch.from_numpy(np.array(start.average, dtype=np.float32, copy=True)))
+        fit.average = WeightAverage(fit.weight_ema, global_flat if average is None else
+                                    torch.from_numpy(np.array(average, dtype=np.float32, copy=True)))
     exchange = _BarrierExchange(net, strategy, **outer, state=state, has_data=has_data,
                                 validation=val, validation_rows=val_rows,
                                 compression=spec.compression, link=spec.link,
@@ -565,10 +589,13 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, ha
                                 streaming=params.streaming, task=rank, reports=group_rank == 0,
                                 state_part=state_part)
     final = run_rounds(exchange, fit, global_flat)
-    if sharded:  # the whole weights, gathered by the first worker's ranks
+    if sharded:
         place["solver_state_bytes"] = _solver_state_bytes(net)
+    if sharded and (params.parts or layout.dp_rank != 0):  # the driver joins the last state's parts
+        final = None
+    elif sharded:  # no driver to join them (a Spark Connect stage): the first worker's ranks gather the whole
         net.set_flat(final)
-        final = net.full_weights().to_flat(torch.float32) if layout.dp_rank == 0 else None
+        final = net.full_weights().to_flat(torch.float32)
     return final, place
 
 

@@ -317,12 +317,23 @@ def build_worker_net(spec: WorkerSpec, index: int, data, device: str) -> Net:
     """A worker's Net over its partition's data, built the same way in both engines.
 
     ``data``: the partition's :class:`~sparknet.rowfile.RowFile` (held in memory or streamed, as
-    ``spec.stream`` says), its ``(x, y)`` arrays, or ``None`` (no rows).
+    ``spec.stream`` says), its ``(x, y)`` arrays, or ``None`` (no rows). On the ``meta`` device (a sharded
+    replica's rank, which allocates its parts only once it is cut) the net gets its rows from
+    :func:`give_rows` after that.
     """
     net_def = copy.deepcopy(spec.net) if isinstance(spec.net, torch.nn.Module) else spec.net
-    seed = worker_seed(spec.worker.seed, index)
     net = Net(net_def, spec.worker.solver, loss=spec.loss, batch_size=spec.worker.batch_size, device=device,
-              task=spec.task, weighted=spec.weighted, seed=seed, compute=spec.worker.compute)
+              task=spec.task, weighted=spec.weighted, seed=worker_seed(spec.worker.seed, index),
+              compute=spec.worker.compute)
+    if net.device.type != "meta":
+        give_rows(net, spec, index, data)
+    net.set_iteration(spec.start_iteration)
+    return net
+
+
+def give_rows(net: Net, spec: WorkerSpec, index: int, data) -> None:
+    """Give worker ``index``'s net its partition's rows (:func:`build_worker_net`'s ``data``)."""
+    seed = worker_seed(spec.worker.seed, index)
     if isinstance(data, RowFile) and spec.stream:
         net.set_training_data(data.stream(seed=seed, buffer_bytes=spec.stream_buffer_bytes,
                                           sample_shape=spec.sample_shape))
@@ -332,8 +343,6 @@ def build_worker_net(spec: WorkerSpec, index: int, data, device: str) -> Net:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # read-only memory maps
                 net.set_training_data((x.reshape(len(x), *spec.sample_shape), y))
-    net.set_iteration(spec.start_iteration)
-    return net
 
 
 def pack_spec(spec: WorkerSpec) -> tuple[str, bytes]:
@@ -649,7 +658,7 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
                      finite=finite, source=source, device=info.get("device"),
                      gpu_addresses=None if gpus is None else tuple(gpus), device_reason=info.get("device_reason"),
                      link_s=link_s if spec.link is not None else None,
-                     sent_bytes=None if encoded is None else int(encoded.nbytes), peak_rss_mb=_peak_rss_mb(),
+                     sent_bytes=None if encoded is None else int(encoded.nbytes), peak_rss_mb=peak_rss_mb(),
                      worker_state=export_worker_state(net, entry.state) if task.send_state and state_put is None
                      else None,
                      relay_attempt=attempt_id if client is not None and sends else None,
@@ -674,7 +683,31 @@ def fault_hook(faults, index: int, attempt: int):
     return fire
 
 
-def _peak_rss_mb() -> float | None:
+def reset_peak_rss() -> float | None:
+    """Start this process's peak resident memory afresh (Linux: ``/proc/self/clear_refs``), so that
+    :func:`peak_rss_mb` measures from here: a reused Python worker's peak would otherwise be that of an
+    earlier task. Its resident memory now, in MiB; ``None`` where it could not."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return _status_mb("VmRSS:")
+    except OSError:
+        return None
+
+
+def _status_mb(field: str) -> float | None:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith(field))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory in MiB (since :func:`reset_peak_rss`, where it could), or ``None``."""
+    peak = _status_mb("VmHWM:")
+    if peak is not None:
+        return peak
     try:
         import resource
     except ImportError:  # pragma: no cover - not on Windows
