@@ -76,7 +76,7 @@ class TrainingStrategy(abc.ABC):
     def worker_delta(self, state: WorkerState, net, global_flat: torch.Tensor) -> torch.Tensor:
         """The worker's message for this round: its weights minus the global weights (``global_flat`` on the CPU,
         as :meth:`~sparknet.net.Net.get_flat` is, whatever device the net trains on)."""
-        return net.get_flat() - global_flat
+        return net.get_flat().sub_(global_flat)  # get_flat's own buffer: no second copy of the weights
 
     def apply(self, global_flat: torch.Tensor, mean_delta: torch.Tensor, num_workers: int,
               part: slice | None = None) -> torch.Tensor:

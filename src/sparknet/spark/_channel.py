@@ -160,7 +160,8 @@ class MetricsSender:
         frames = [body] if payload is None else [body, payload]
         frames.append(_mac(self._secret, body, payload))
         try:
-            self._dialer.socket.send_multipart(frames)
+            # not copied into the message (pyzmq copies the small frames anyway): a state is the size of the weights
+            self._dialer.socket.send_multipart(frames, copy=False)
             if payload is not None and (linger := self.LINGER_MS + len(payload) // self.LINGER_BYTES_PER_MS) > \
                     self._linger_ms:
                 self._linger_ms = linger

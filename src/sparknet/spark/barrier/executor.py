@@ -390,8 +390,8 @@ def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
                                       params, sender, history, start, store)
         yield ("worker", rank, b"", {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
                                      "attempt": ctx.attemptNumber(), "rows": 0 if data is None else data.rows,
-                                     "rss_start_mb": rss_start, "peak_rss_mb": None if rss_start is None else peak_rss_mb(),
-                                     **info})
+                                     "rss_start_mb": rss_start,
+                                     "peak_rss_mb": None if rss_start is None else peak_rss_mb(), **info})
         if group_rank == 0 and final is None:  # a sharded replica's last state is the final weights: the driver
             yield ("result", 0, b"", history)  # joins them from its parts
         elif group_rank == 0:
@@ -536,7 +536,9 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
     state = WorkerState()
     has_data = data is not None
     G, workers, sharded = params.group.procs_per_worker, params.group.workers, params.group.shard_replica
-    global_flat = None if params.parts else torch.from_numpy(np.array(init_flat, dtype=np.float32, copy=True))
+    # the starting weights as the broadcast brought them (float32, this process's own copy: nothing writes into a
+    # global buffer, each round makes a new one), not copied again
+    global_flat = None if params.parts else torch.from_numpy(_own_float32(init_flat))
     average = start.average
     place: dict = {}
     outer = {"rank": group_rank, "world": workers}
@@ -556,7 +558,7 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
             if parts != mine["layout"]:
                 raise RuntimeError(f"FSDP2 gave rank {group_rank} the rows {parts} of the weights, where the driver "
                                    f"cut them as {mine['layout']}")
-            global_flat, strategy_state, average = mine["global"].clone(), mine["strategy"], mine["average"]
+            global_flat, strategy_state, average = mine["global"], mine["strategy"], mine["average"]
         else:  # a Spark Connect stage's ranks get the whole state in the stage's plan, and cut it
             whole, global_flat = global_flat.numel(), cut_shard(global_flat, parts).clone()
             if strategy_state is not None:
@@ -597,6 +599,12 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
         net.set_flat(final)
         final = net.full_weights().to_flat(torch.float32)
     return final, place
+
+
+def _own_float32(array) -> np.ndarray:
+    """``array`` as a writable float32 array: itself where it is one, else a copy."""
+    array = np.asarray(array)
+    return array if array.dtype == np.float32 and array.flags.writeable else np.array(array, dtype=np.float32)
 
 
 def _solver_state_bytes(net) -> int:

@@ -1,0 +1,115 @@
+"""How much memory a barrier-engine rank takes for the weights it trains: each rank's resident memory from its task's
+start to its peak, in MiB and in copies of the weights it holds.
+
+    python benchmarks/worker_memory.py                          # this tree
+    python benchmarks/worker_memory.py --baseline-rev aa975fb   # beside an earlier commit (one with the rss facts)
+
+Two fits of an MLP of about 64 MiB of float32 weights (6 inputs, two hidden layers of 4,096, 3 classes; SGD with
+momentum, batch 8, tau 3, 3 rounds) on ``local[2]``, each a fresh process with Spark's Python workers not reused:
+K = 2 workers of one process (each rank holds the whole replica), and K = 1 worker of 2 processes with
+``--shard-replica`` (each rank holds half). A rank's growth is its peak resident memory less its memory at its
+task's start (``barrier_workers[i]["peak_rss_mb"] - ["rss_start_mb"]``, Linux's ``VmHWM`` after ``clear_refs``):
+it counts what the task allocated and touched, the weights and every copy of them, the solver's state, the
+exchange's buffers, the messages to the driver, and the modules the task imported; not the memory the Python
+worker shares with the daemon it was forked from. A memory figure, not a time: other work on the machine does not
+move it, but its load is sampled all the same. Prints and saves JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _bench import LoadSampler, save_json  # noqa: E402
+
+HIDDEN = [4096, 4096]
+
+FIT = r"""
+import json, sys
+import numpy as np
+from pyspark.sql import SparkSession
+from sparknet import zoo
+from sparknet.config import DistributedConfig, WorkerConfig
+from sparknet.solvers import SolverConfig
+from sparknet.spark import SparkTrainer
+
+shard = sys.argv[1] == "sharded"
+spark = (SparkSession.builder.master("local[2]").appName("sparknet-worker-memory")
+         .config("spark.driver.memory", "2g").config("spark.python.worker.reuse", "false")
+         .config("spark.ui.enabled", "false").getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+try:
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(256, 6).astype(np.float32), rng.randint(0, 3, 256)
+    rdd = spark.sparkContext.parallelize([(x[i], int(y[i])) for i in range(256)], 2)
+    dist = DistributedConfig(workers=1 if shard else 2, procs_per_worker=2 if shard else 1, shard_replica=shard,
+                             engine="barrier", tau=3, rounds=3)
+    result = SparkTrainer(zoo.mlp(input_shape=[6], hidden=json.loads(sys.argv[2]), num_classes=3),
+                          WorkerConfig(solver=SolverConfig(base_lr=0.01, momentum=0.9), batch_size=8, seed=5),
+                          dist=dist).fit(rdd)
+    ranks = [{k: w.get(k) for k in ("rank", "rss_start_mb", "peak_rss_mb", "weight_bytes")}
+             for w in result.summary["barrier_workers"]]
+    print("RESULT " + json.dumps({"weights_mb": result.weights.nbytes / 2**20, "ranks": ranks}), flush=True)
+finally:
+    spark.stop()
+"""
+
+
+def one_fit(src: Path, kind: str, timeout_s: float) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    with LoadSampler() as load:
+        proc = subprocess.run([sys.executable, "-c", FIT, kind, json.dumps(HIDDEN)], env=env, capture_output=True,
+                              text=True, timeout=timeout_s)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"the {kind} fit failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    out = json.loads(lines[-1][len("RESULT "):])
+    whole = out["weights_mb"]
+    for rank in out["ranks"]:
+        held = whole / 2 if kind == "sharded" else whole  # two ranks of a sharded worker: about half each
+        rank["growth_mb"] = rank["peak_rss_mb"] - rank["rss_start_mb"]
+        rank["copies_of_held_weights"] = rank["growth_mb"] / held
+    return {"kind": kind, **out, **load.to_dict()}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--baseline-rev", default=None, help="an earlier commit to run beside this tree")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds each fit may take")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "worker_memory.json"))
+    args = p.parse_args(argv)
+    report = {"benchmark": "worker_memory", "hidden": HIDDEN, "cpu_count": os.cpu_count(),
+              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                       text=True).stdout.strip(), "baseline_rev": args.baseline_rev, "fits": []}
+    with tempfile.TemporaryDirectory(prefix="sparknet-worker-memory-") as tmp:
+        trees = {"this tree": ROOT / "src"}
+        worktree = Path(tmp) / "baseline"
+        if args.baseline_rev:
+            subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline_rev], cwd=ROOT,
+                           check=True, capture_output=True)
+            trees = {f"baseline {args.baseline_rev}": worktree / "src", **trees}
+        try:
+            for kind in ("whole", "sharded"):
+                for name, src in trees.items():
+                    fit = {"tree": name, **one_fit(src, kind, args.timeout)}
+                    print(json.dumps({k: fit[k] for k in ("tree", "kind", "weights_mb")}),
+                          [(round(r["growth_mb"]), round(r["copies_of_held_weights"], 1)) for r in fit["ranks"]],
+                          flush=True)
+                    report["fits"].append(fit)
+        finally:
+            if args.baseline_rev:
+                subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
+    save_json(report, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
