@@ -4,15 +4,18 @@ start to its peak, in MiB and in copies of the weights it holds.
     python benchmarks/worker_memory.py                          # this tree
     python benchmarks/worker_memory.py --baseline-rev aa975fb   # beside an earlier commit (one with the rss facts)
 
-Two fits of an MLP of about 64 MiB of float32 weights (6 inputs, two hidden layers of 4,096, 3 classes; SGD with
-momentum, batch 8, tau 3, 3 rounds) on ``local[2]``, each a fresh process with Spark's Python workers not reused:
+Two fits of an MLP of about 64 MiB of float32 weights (6 inputs, 16 hidden layers of 1,024, 3 classes: many layers
+of one size, as a transformer's are, so that FSDP2 gathers a sixteenth of it at a time; SGD with momentum, batch 8,
+tau 3, 3 rounds) on ``local[2]``, each a fresh process with Spark's Python workers not reused:
 K = 2 workers of one process (each rank holds the whole replica), and K = 1 worker of 2 processes with
 ``--shard-replica`` (each rank holds half). A rank's growth is its peak resident memory less its memory at its
 task's start (``barrier_workers[i]["peak_rss_mb"] - ["rss_start_mb"]``, Linux's ``VmHWM`` after ``clear_refs``):
 it counts what the task allocated and touched, the weights and every copy of them, the solver's state, the
 exchange's buffers, the messages to the driver, and the modules the task imported; not the memory the Python
 worker shares with the daemon it was forked from. A memory figure, not a time: other work on the machine does not
-move it, but its load is sampled all the same. Prints and saves JSON.
+move it, but its load is sampled all the same. Beside them, the peers: the same model's 9 steps in bare PyTorch, one
+process holding it whole and two sharding it with FSDP2 over gloo (no Spark, no exchange, no messages to a driver).
+Prints and saves JSON.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench import LoadSampler, save_json  # noqa: E402
 
-HIDDEN = [4096, 4096]
+HIDDEN = [1024] * 16
 
 FIT = r"""
 import json, sys
@@ -63,6 +66,89 @@ finally:
 """
 
 
+BARE = r"""
+import json, os, sys, tempfile
+import torch
+
+def rss():
+    with open("/proc/self/status") as f:
+        return {k: int(v.split()[0]) / 1024 for k, v in (line.split(":", 1) for line in f) if k in ("VmRSS", "VmHWM")}
+
+rank, world, store, hidden, steps = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4]), 9
+from sparknet._malloc import keep_freed_memory
+keep_freed_memory()  # as sparknet's Python workers do
+torch.set_num_threads(1)
+torch.manual_seed(5)
+widths = [6, *hidden]
+layers = [m for a, b in zip(widths, widths[1:]) for m in (torch.nn.Linear(a, b), torch.nn.ReLU())]
+if world > 1:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    start = rss()["VmRSS"]
+    with torch.device("meta"):
+        model = torch.nn.Sequential(*[m for a, b in zip(widths, widths[1:]) for m in (torch.nn.Linear(a, b),
+                                                                                       torch.nn.ReLU())],
+                                    torch.nn.Linear(widths[-1], 3))
+    mesh = init_device_mesh("cpu", (world,))
+    for m in model:
+        if isinstance(m, torch.nn.Linear):
+            fully_shard(m, mesh=mesh)
+    model.to_empty(device="cpu")
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.01)
+else:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    start = rss()["VmRSS"]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(widths[-1], 3))
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+x, y = torch.randn(8, 6), torch.randint(0, 3, (8,))
+for _ in range(steps):
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+print("RESULT " + json.dumps({"rank": rank, "rss_start_mb": start, "peak_rss_mb": rss()["VmHWM"]}), flush=True)
+if world > 1:
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+
+
+def bare(world: int, timeout_s: float) -> dict:
+    """The same MLP's 9 steps in bare PyTorch (no Spark, no exchange, no messages): one process holding it whole, or
+    ``world`` processes sharding it with FSDP2 over gloo, as a sharded replica's ranks do."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    with tempfile.TemporaryDirectory(prefix="sparknet-bare-fsdp-") as tmp, LoadSampler() as load:
+        procs = [subprocess.Popen([sys.executable, "-c", BARE, str(r), str(world), str(Path(tmp) / "store"),
+                                   json.dumps(HIDDEN)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for r in range(world)]
+        try:
+            outs = [p.communicate(timeout=timeout_s) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+    ranks = []
+    for p, (out, err) in zip(procs, outs):
+        lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+        if p.returncode != 0 or not lines:
+            raise RuntimeError(f"the bare run of {world} process(es) failed (exit {p.returncode}):\n{err[-3000:]}")
+        ranks.append(json.loads(lines[-1][len("RESULT "):]))
+    return {"kind": "bare FSDP2" if world > 1 else "bare whole", "ranks": ranks, **load.to_dict()}
+
+
+def _copies(fit: dict, whole_mb: float) -> dict:
+    for rank in fit["ranks"]:
+        held = whole_mb / 2 if "FSDP2" in fit["kind"] or fit["kind"] == "sharded" else whole_mb
+        rank["growth_mb"] = rank["peak_rss_mb"] - rank["rss_start_mb"]
+        rank["copies_of_held_weights"] = rank["growth_mb"] / held
+    return fit
+
+
 def one_fit(src: Path, kind: str, timeout_s: float) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src)}
     with LoadSampler() as load:
@@ -72,12 +158,12 @@ def one_fit(src: Path, kind: str, timeout_s: float) -> dict:
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"the {kind} fit failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     out = json.loads(lines[-1][len("RESULT "):])
-    whole = out["weights_mb"]
-    for rank in out["ranks"]:
-        held = whole / 2 if kind == "sharded" else whole  # two ranks of a sharded worker: about half each
-        rank["growth_mb"] = rank["peak_rss_mb"] - rank["rss_start_mb"]
-        rank["copies_of_held_weights"] = rank["growth_mb"] / held
-    return {"kind": kind, **out, **load.to_dict()}
+    return _copies({"kind": kind, **out, **load.to_dict()}, out["weights_mb"])  # a sharded rank holds about half
+
+
+def _show(fit: dict) -> None:
+    print(json.dumps({"tree": fit["tree"], "kind": fit["kind"]}),
+          [(round(r["growth_mb"]), round(r["copies_of_held_weights"], 1)) for r in fit["ranks"]], flush=True)
 
 
 def main(argv=None) -> int:
@@ -100,10 +186,13 @@ def main(argv=None) -> int:
             for kind in ("whole", "sharded"):
                 for name, src in trees.items():
                     fit = {"tree": name, **one_fit(src, kind, args.timeout)}
-                    print(json.dumps({k: fit[k] for k in ("tree", "kind", "weights_mb")}),
-                          [(round(r["growth_mb"]), round(r["copies_of_held_weights"], 1)) for r in fit["ranks"]],
-                          flush=True)
+                    _show(fit)
                     report["fits"].append(fit)
+            whole_mb = report["fits"][0]["weights_mb"]
+            for world in (1, 2):  # the peers: the same model and steps in bare PyTorch
+                fit = {"tree": "bare PyTorch", **_copies(bare(world, args.timeout), whole_mb)}
+                _show(fit)
+                report["fits"].append(fit)
         finally:
             if args.baseline_rev:
                 subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
