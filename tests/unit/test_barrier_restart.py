@@ -66,3 +66,16 @@ def test_a_restart_never_asks_for_more_slots_than_the_cluster_has_nor_goes_on_sh
     assert 1 <= left <= workers and (left == workers or left * procs <= slots)
     if left < workers:
         assert elastic is not None and waited >= elastic
+
+
+def test_a_failed_jobs_error_says_sparks_reason_not_py4js_call():
+    """A stage that failed without a rank's own report (its host gone): the restart log's line is Spark's reason."""
+    from sparknet.spark.backend import task_error
+
+    text = ("An error occurred while calling z:org.apache.spark.api.python.PythonRDD.collectAndServe.\n"
+            ": org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover from a failed "
+            "barrier ResultStage.\n\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages")
+    error = task_error(text)
+    assert type(error) is EngineError
+    assert str(error).splitlines()[0] == ("Spark job failed: org.apache.spark.SparkException: Job aborted due to stage "
+                                          "failure: Could not recover from a failed barrier ResultStage.")

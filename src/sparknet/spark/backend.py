@@ -252,7 +252,10 @@ def task_error(exc: BaseException | str) -> EngineError:
     if m:
         tail = _TAIL_RE.search(text)
         return WorkerError(m.group(2).strip(), rank=int(m.group(1)), log_tail=tail.group(1).strip() if tail else "")
-    lines = [ln for ln in text.splitlines() if ln.strip()][:6]
+    # Py4J's first line names only the Java call ("An error occurred while calling z:...collectAndServe."); Spark's
+    # reason follows it ("org.apache.spark.SparkException: Job aborted due to stage failure: ...")
+    lines = [ln.removeprefix(": ") for ln in text.splitlines()
+             if ln.strip() and not ln.startswith("An error occurred while calling")][:6]
     return EngineError("Spark job failed: " + "\n".join(lines))
 
 
