@@ -11,11 +11,29 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from sparknet.metrics import LoadSampler
 
-__all__ = ["LoadSampler", "timed_command", "last_summary", "save_json"]
+__all__ = ["LoadSampler", "timed_command", "last_summary", "save_json", "source_trees"]
+
+
+@contextmanager
+def source_trees(root: Path, baseline_rev: str | None, where: Path):
+    """``{name: src folder}``: this tree's ``src``, and with ``baseline_rev`` that commit's, checked out in a worktree
+    under ``where`` (first in the dict) and removed on exit."""
+    trees = {"this tree": root / "src"}
+    worktree = where / "baseline"
+    if baseline_rev:
+        subprocess.run(["git", "worktree", "add", "--detach", str(worktree), baseline_rev], cwd=root, check=True,
+                       capture_output=True)
+        trees = {f"baseline {baseline_rev}": worktree / "src", **trees}
+    try:
+        yield trees
+    finally:
+        if baseline_rev:
+            subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=root, capture_output=True)
 
 
 def save_json(result: dict, out: str | Path) -> Path:

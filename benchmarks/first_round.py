@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import LoadSampler, save_json  # noqa: E402
+from _bench import LoadSampler, save_json, source_trees  # noqa: E402
 
 COMMAND = ["train", "--model", "lenet", "--dataset", "mnist", "--workers", "2", "--lr", "0.05", "--rounds", "2",
            "--quiet"]
@@ -142,29 +142,20 @@ def main(argv=None) -> int:
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                        text=True).stdout.strip(), "baseline_rev": args.baseline_rev,
               "trimmed_java": args.trimmed_java, "warm": args.warm, "runs": []}
-    with tempfile.TemporaryDirectory(prefix="sparknet-first-round-") as tmp:
-        trees = {"this tree": ROOT / "src"}
-        worktree = Path(tmp) / "baseline"
-        if args.baseline_rev:
-            subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline_rev], cwd=ROOT,
-                           check=True, capture_output=True)
-            trees = {f"baseline {args.baseline_rev}": worktree / "src", **trees}
+    with tempfile.TemporaryDirectory(prefix="sparknet-first-round-") as tmp, \
+            source_trees(ROOT, args.baseline_rev, Path(tmp)) as trees:
         java_home = trimmed_java(Path(tmp) / "java") if args.trimmed_java else None
-        try:
-            if args.warm:
-                for src in trees.values():
-                    one_run(src, engines[0], Path(tmp), args.timeout, java_home)
-                settle_class_archive()
-            for repeat in range(args.repeats):
-                for engine in engines:
-                    for name, src in trees.items():
-                        run = {"tree": name, "engine": engine, "repeat": repeat,
-                               **one_run(src, engine, Path(tmp), args.timeout, java_home)}
-                        print(json.dumps(run), flush=True)
-                        report["runs"].append(run)
-        finally:
-            if args.baseline_rev:
-                subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
+        if args.warm:
+            for src in trees.values():
+                one_run(src, engines[0], Path(tmp), args.timeout, java_home)
+            settle_class_archive()
+        for repeat in range(args.repeats):
+            for engine in engines:
+                for name, src in trees.items():
+                    run = {"tree": name, "engine": engine, "repeat": repeat,
+                           **one_run(src, engine, Path(tmp), args.timeout, java_home)}
+                    print(json.dumps(run), flush=True)
+                    report["runs"].append(run)
     report["median_first_round_s"] = {
         f"{name}, {engine}": statistics.median(r["first_round_s"] for r in report["runs"]
                                                if r["tree"] == name and r["engine"] == engine)

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import LoadSampler, save_json  # noqa: E402
+from _bench import LoadSampler, save_json, source_trees  # noqa: E402
 
 HIDDEN = [1024] * 16
 
@@ -175,27 +175,18 @@ def main(argv=None) -> int:
     report = {"benchmark": "worker_memory", "hidden": HIDDEN, "cpu_count": os.cpu_count(),
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                        text=True).stdout.strip(), "baseline_rev": args.baseline_rev, "fits": []}
-    with tempfile.TemporaryDirectory(prefix="sparknet-worker-memory-") as tmp:
-        trees = {"this tree": ROOT / "src"}
-        worktree = Path(tmp) / "baseline"
-        if args.baseline_rev:
-            subprocess.run(["git", "worktree", "add", "--detach", str(worktree), args.baseline_rev], cwd=ROOT,
-                           check=True, capture_output=True)
-            trees = {f"baseline {args.baseline_rev}": worktree / "src", **trees}
-        try:
-            for kind in ("whole", "sharded"):
-                for name, src in trees.items():
-                    fit = {"tree": name, **one_fit(src, kind, args.timeout)}
-                    _show(fit)
-                    report["fits"].append(fit)
-            whole_mb = report["fits"][0]["weights_mb"]
-            for world in (1, 2):  # the peers: the same model and steps in bare PyTorch
-                fit = {"tree": "bare PyTorch", **_copies(bare(world, args.timeout), whole_mb)}
+    with tempfile.TemporaryDirectory(prefix="sparknet-worker-memory-") as tmp, \
+            source_trees(ROOT, args.baseline_rev, Path(tmp)) as trees:
+        for kind in ("whole", "sharded"):
+            for name, src in trees.items():
+                fit = {"tree": name, **one_fit(src, kind, args.timeout)}
                 _show(fit)
                 report["fits"].append(fit)
-        finally:
-            if args.baseline_rev:
-                subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True)
+        whole_mb = report["fits"][0]["weights_mb"]
+        for world in (1, 2):  # the peers: the same model and steps in bare PyTorch
+            fit = {"tree": "bare PyTorch", **_copies(bare(world, args.timeout), whole_mb)}
+            _show(fit)
+            report["fits"].append(fit)
     save_json(report, args.out)
     return 0
 
