@@ -35,7 +35,7 @@ from sparknet.layers import NetParams
 from sparknet.rowfile import RowStream
 from sparknet.solvers import SolverConfig, build_optimizer, check_gradient_hook, lr_multiplier
 from sparknet.labels import Task, infer_task, task_metrics, task_sums
-from sparknet.weights import WeightCollection, local_view, whole_weights
+from sparknet.weights import WeightCollection, local_view, shard_layouts, whole_weights
 
 __all__ = ["Net", "Compute", "Precision", "TrainStats", "EvalResult", "FeatureDict", "resolve_device", "fixed_sample"]
 
@@ -752,8 +752,6 @@ class Net:
         """The :meth:`shard_layout` each of ``parts`` ranks will have once this whole net is sharded over them: every
         parameter cut along its first dimension as ``torch.chunk`` cuts it (FSDP2's rule), a buffer whole on each.
         What the driver cuts a sharded replica's starting weights with, so that no rank gets them whole."""
-        from sparknet.parallel.mesh import shard_layouts
-
         return shard_layouts([(tuple(t.shape), isinstance(t, torch.nn.Parameter))
                               for ts in self._model.layer_weights().values() for t in ts], parts)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["WeightCollection", "local_view", "whole_weights"]
+__all__ = ["WeightCollection", "local_view", "shard_layouts", "whole_weights"]
 
 
 def whole_weights(layers: Mapping[str, Sequence[torch.Tensor]]) -> WeightCollection:
@@ -343,3 +343,24 @@ class WeightCollection(Mapping[str, list[torch.Tensor]]):
 def _check_scalar(value) -> None:
     if isinstance(value, (WeightCollection, torch.Tensor)) or not isinstance(value, (int, float)):
         raise TypeError(f"a WeightCollection is scaled by a Python number, got {type(value).__name__}")
+
+
+def shard_layouts(weights, parts: int) -> list[list[tuple[int, int, int, int]]]:
+    """The ``(first row, end row, rows, values a row)`` layout of each of ``parts`` ranks' part of a flat buffer of
+    ``weights`` (``(shape, cut)`` pairs, in the flat buffer's order): a weight that is ``cut`` loses its first
+    dimension as ``torch.chunk`` cuts it (FSDP2's rule for a parameter: the last parts small or empty), one that is not
+    (a buffer, a scalar) is whole on every rank. :meth:`~sparknet.net.Net.shard_layout` is one rank's of them."""
+    layouts = []
+    for j in range(parts):
+        layout = []
+        for shape, cut in weights:
+            rows = shape[0] if len(shape) else 1
+            row = math.prod(shape) // rows if rows else 0
+            if cut and len(shape):
+                chunk = -(-rows // parts)
+                first = min(j * chunk, rows)
+                layout.append((first, min(first + chunk, rows), rows, row))
+            else:
+                layout.append((0, rows, rows, row))
+        layouts.append(layout)
+    return layouts

@@ -10,8 +10,6 @@ Everything here needs only an initialized default process group (gloo); the subg
 
 from __future__ import annotations
 
-import math
-
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -153,27 +151,6 @@ def join_shards(parts, layouts):
         if covered != layouts[0][i][2]:
             raise ValueError(f"the parts of weight {i} cover {covered} of its {layouts[0][i][2]} rows")
     return torch.cat(pieces) if pieces else torch.zeros(0)
-
-
-def shard_layouts(weights, parts: int) -> list[list[tuple[int, int, int, int]]]:
-    """The ``(first row, end row, rows, values a row)`` layout of each of ``parts`` ranks' part of a flat buffer of
-    ``weights`` (``(shape, cut)`` pairs, in the flat buffer's order): a weight that is ``cut`` loses its first
-    dimension as ``torch.chunk`` cuts it (FSDP2's rule for a parameter: the last parts small or empty), one that is not
-    (a buffer, a scalar) is whole on every rank. :meth:`~sparknet.net.Net.shard_layout` is one rank's of them."""
-    layouts = []
-    for j in range(parts):
-        layout = []
-        for shape, cut in weights:
-            rows = shape[0] if len(shape) else 1
-            row = math.prod(shape) // rows if rows else 0
-            if cut and len(shape):
-                chunk = -(-rows // parts)
-                first = min(j * chunk, rows)
-                layout.append((first, min(first + chunk, rows), rows, row))
-            else:
-                layout.append((0, rows, rows, row))
-        layouts.append(layout)
-    return layouts
 
 
 def cut_shard(whole, layout):
