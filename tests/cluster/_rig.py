@@ -92,10 +92,29 @@ def wait_for_slots(sc, n: int, timeout_s: float = 120.0) -> None:
         time.sleep(0.5)
 
 
+def wait_for_tasks_on(sc, hostname: str, timeout_s: float = 120.0) -> None:
+    """Until a task runs on ``hostname``: an executor counts as a slot when it registers, but takes tasks only once
+    it has started, a moment later."""
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while hostname not in sc.parallelize(range(2), 2).map(lambda _: socket.gethostname()).collect():
+        assert time.monotonic() < deadline, f"no task ran on {hostname} within {timeout_s:g} s"
+        time.sleep(0.5)
+
+
+LOSS_NOTICED = {"spark.network.timeout": "30s", "spark.network.timeoutInterval": "5s",
+                "spark.executor.heartbeatInterval": "3s"}
+"""A rig session's settings where a host is lost for good: a host killed with its link taken down closes no
+connection, and Spark notices it only when its heartbeats stop for ``spark.network.timeout`` (120 s by default);
+until then the driver counts its task slots as free."""
+
+
 @contextmanager
 def host_lost_for_good(cluster, sc, slots: int, after: int = 2, host: int = 1):
     """An ``on_round`` callback that kills ``host`` once round ``after`` is recorded; on exit the host is started
-    again and the application has its ``slots`` task slots back, for the next test."""
+    again, the application has its ``slots`` task slots back and the host takes tasks, for the next test."""
 
     def on_round(record):
         if record["round"] == after and cluster.host_up(host):
@@ -106,7 +125,20 @@ def host_lost_for_good(cluster, sc, slots: int, after: int = 2, host: int = 1):
     finally:
         if not cluster.host_up(host):
             cluster.start_host(host)
+        wait_for_tasks_on(sc, cluster.hostname(host))
         wait_for_slots(sc, slots)
+
+
+def finished_on_fewer_workers(result, rounds: int, workers: int, accuracy: float = 0.8) -> dict:
+    """What a fit that lost a host for good after round 2 shows: every round recorded once, a net that learned, and
+    its last restart (one, or more where Spark still counted the lost host's slots at first) going on with
+    ``workers`` workers. Returns the summary."""
+    s = result.summary
+    assert 1 <= s["restarts"] <= 3 and s["restart_log"][0]["after_round"] >= 2, s["restart_log"]
+    assert s["restart_log"][-1]["workers"] == s["elastic_workers"] == workers, s["restart_log"]
+    assert [r["round"] for r in result.history if r.get("event") == "round"] == list(range(1, rounds + 1))
+    assert s["test_accuracy"] > accuracy
+    return s
 
 
 def finished_after_one_restart(result, rounds: int, accuracy: float = 0.8) -> dict:

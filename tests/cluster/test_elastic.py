@@ -7,12 +7,11 @@ that came back gets no task (docs/RELIABILITY.md).
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
 
-from _rig import rig_session, wait_for_slots
+from _rig import rig_session, wait_for_slots, wait_for_tasks_on
 from sparknet import zoo
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.datasets import synthetic
@@ -25,17 +24,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 def spark(cluster):
     with rig_session(cluster, "sparknet-elastic-tests", **{"spark.locality.wait": "0s"}) as session:
         yield session
-
-
-def _wait_for_tasks_on(sc, hostname: str, timeout_s: float = 120.0) -> None:
-    """Until a task runs on ``hostname``: an executor counts as a slot when it registers, but takes
-    tasks only once it has started, a moment later."""
-    import socket
-
-    deadline = time.monotonic() + timeout_s
-    while hostname not in sc.parallelize(range(2), 2).map(lambda _: socket.gethostname()).collect():
-        assert time.monotonic() < deadline, f"no task ran on {hostname} within {timeout_s:g} s"
-        time.sleep(0.5)
 
 
 def test_a_host_gone_leaves_one_worker_a_round_in_turn_and_a_host_back_is_used_again(spark, cluster):
@@ -56,7 +44,7 @@ def test_a_host_gone_leaves_one_worker_a_round_in_turn_and_a_host_back_is_used_a
         elif record["round"] == 5:  # host 1 back: wait until the application has an executor there again
             cluster.start_host(1)
             wait_for_slots(sc, 2)
-            _wait_for_tasks_on(sc, cluster.hostname(1))
+            wait_for_tasks_on(sc, cluster.hostname(1))
             events.append("back")
 
     trainer = SparkTrainer(zoo.mlp(input_shape=[6], hidden=[16], num_classes=3),

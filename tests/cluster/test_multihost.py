@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _rig import (finished_after_one_restart, host_lost_after_round, host_lost_for_good, rig_session)
+from _rig import (LOSS_NOTICED, finished_after_one_restart, finished_on_fewer_workers, host_lost_after_round,
+                  host_lost_for_good, rig_session)
 from sparknet import zoo
 from sparknet.config import DistributedConfig, RunConfig, WorkerConfig
 from sparknet.datasets import synthetic
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 @pytest.fixture(scope="module")
 def spark(cluster):
-    with rig_session(cluster, "sparknet-multihost-tests") as session:
+    with rig_session(cluster, "sparknet-multihost-tests", **LOSS_NOTICED) as session:
         yield session
 
 
@@ -251,10 +252,9 @@ def test_the_barrier_engine_goes_on_with_the_worker_left_when_a_host_is_gone_for
                                on_round=kill_after_round_two, options=EngineOptions(rendezvous_timeout_s=60,
                                                                                     elastic_after_s=0))
         result = trainer.fit(df, validation=(val.x, val.y))
-    s = finished_after_one_restart(result, rounds=6)
-    assert s["elastic_workers"] == 1 and s["restart_log"][0]["workers"] == 1
+    s = finished_on_fewer_workers(result, rounds=6, workers=1)
     assert [(w["host"], w["rows"]) for w in s["barrier_workers"]] == [(cluster.hostname(2), df.count())]
-    after = [r for r in result.history if r.get("event") == "round" and r["round"] > s["restart_log"][0]["after_round"]]
+    after = [r for r in result.history if r.get("event") == "round" and r["round"] > s["elastic_log"][0]["after_round"]]
     assert after and all(r["workers"] == 1 for r in after)
 
 
@@ -283,7 +283,9 @@ def test_the_barrier_engine_takes_a_host_back_between_two_rounds(spark, cluster)
         finally:
             if revive.ident is not None:
                 revive.join(timeout=120)
-    s = finished_after_one_restart(result, rounds=16)
+    s = result.summary  # one restart, or two where Spark still counted host 1's slot at first; the grow is not one
+    assert 1 <= s["restarts"] <= 2 and s["test_accuracy"] > 0.8, s["restart_log"]
+    assert [r["round"] for r in result.history if r.get("event") == "round"] == list(range(1, 17))
     (shrank, one), (grew, two) = ((e["after_round"], e["workers"]) for e in s["elastic_log"])
     assert (one, two) == (1, 2) and 2 <= shrank < grew < 16 and s["elastic_workers"] is None
     workers = {r["round"]: r["workers"] for r in result.history if r.get("event") == "round"}

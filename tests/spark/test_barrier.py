@@ -170,6 +170,46 @@ def test_driver_wait_has_a_deadline_and_cancels_the_stage(spark):
     assert tracker.getActiveJobsIds() == []
 
 
+def test_a_restarted_stage_whose_tasks_cannot_all_start_is_started_again(spark):
+    """A stage started again after a failure finds a slot taken (as one on a host Spark has not yet seen go would
+    be): that is one more restart, not the end of the fit, and the fit ends once the slot is free again."""
+    import threading
+    import time
+
+    from sparknet.spark.backend import cancel_group, job_group
+
+    sc = spark.sparkContext
+    x, y = blobs(16)
+    rdd = partitioned_rdd(sc, [(x[:8], y[:8]), (x[8:], y[8:])])
+
+    def hold_a_slot():  # queued while the stage runs: it takes a slot when the stage fails, for 8 s
+        with job_group(sc, "hold-a-slot-at-restart", "a job that holds one task slot"):
+            try:
+                sc.parallelize([0], 1).map(lambda v: time.sleep(8) or v).collect()
+            except Exception:  # cancelled at the end of the test
+                pass
+
+    holder = threading.Thread(target=hold_a_slot, daemon=True)
+
+    def on_round(record):
+        if record["round"] == 1 and holder.ident is None:
+            holder.start()
+
+    trainer = SparkTrainer(mlp(), WorkerConfig(batch_size=4),
+                           DistributedConfig(workers=2, engine="barrier", tau=1, rounds=6), on_round=on_round,
+                           options=EngineOptions(rendezvous_timeout_s=3.0, max_restarts=6,
+                                                 fault="rank=1,round=2,kind=kill"))
+    try:
+        result = trainer.fit(rdd)
+    finally:
+        cancel_group(sc, "hold-a-slot-at-restart")
+        if holder.ident is not None:
+            holder.join(60)
+    s = result.summary
+    assert [r["round"] for r in result.history if r.get("event") == "round"] == list(range(1, 7))
+    assert s["restarts"] >= 2 and any("did not all start" in r["error"] for r in s["restart_log"]), s["restart_log"]
+
+
 def test_barrier_needs_a_slot_per_worker(spark):
     x, y = blobs(30)
     rdd = partitioned_rdd(spark.sparkContext, [(x[:10], y[:10]), (x[10:20], y[10:20]), (x[20:], y[20:])])

@@ -342,8 +342,13 @@ class BarrierStage:
                 outcome["rows"] = run_with_deadline(sc, group, _stage_name(dist, self.workers), stage.collect,
                                                     timeout_s=None, what="the barrier stage", stalled=listen,
                                                     poll_s=0.05)
-            except DeadlineExceeded:
-                raise
+            except DeadlineExceeded as exc:
+                if self.restart == 0 or clock["ready"] is not None:
+                    raise
+                # a stage started again whose tasks never all started: Spark still counted a slot on a host that is
+                # gone (it notices a host lost without a word only at spark.network.timeout); the engine counts
+                # the slots again, and goes on with fewer workers where they are short
+                outcome["error"], outcome["not_started"] = exc, True
             except EngineError as exc:  # the stage failed: the raw Spark error, to name the rank that failed first
                 outcome["error"] = exc.__cause__ if exc.__cause__ is not None else exc
             while (msg := receiver.recv(0.5 if "error" in outcome else 0.0)) is not None:
@@ -364,6 +369,8 @@ class BarrierStage:
             receiver.close()
             store = None  # its server stops with it
             self.ready_at = clock["ready"]
+        if outcome.get("not_started"):
+            raise _StageFailed(outcome["error"], fatal=False)
         if "error" in outcome:
             # the rank that failed first on its own, not a peer whose collective broke because of it
             first = sorted(self.errors, key=lambda e: (bool(e.get("collective")), e.get("time", 0.0)))
