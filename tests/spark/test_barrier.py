@@ -130,27 +130,37 @@ def test_a_stuck_rank_is_named_when_its_peers_collective_times_out(spark):
     assert "rank 0 waited for it" in str(info.value)
 
 
-def test_driver_wait_has_a_deadline_and_cancels_the_stage(spark):
-    """A stage whose tasks cannot all start (one of the two slots held by another job) is cancelled when the
-    rendezvous deadline passes, and the driver says why."""
+def _slot_holder(sc, group: str, seconds: float):
+    """A thread (not started) whose Spark job, in job group ``group``, holds one task slot for ``seconds`` (or until
+    the group is cancelled)."""
     import threading
     import time
 
-    from sparknet.spark.backend import cancel_group, job_group
+    from sparknet.spark.backend import job_group
+
+    def hold_a_slot():
+        with job_group(sc, group, "a job that holds one task slot"):
+            try:
+                sc.parallelize([0], 1).map(lambda v: time.sleep(seconds) or v).collect()
+            except Exception:  # cancelled at the end of the test
+                pass
+
+    return threading.Thread(target=hold_a_slot, daemon=True)
+
+
+def test_driver_wait_has_a_deadline_and_cancels_the_stage(spark):
+    """A stage whose tasks cannot all start (one of the two slots held by another job) is cancelled when the
+    rendezvous deadline passes, and the driver says why."""
+    import time
+
+    from sparknet.spark.backend import cancel_group
 
     sc = spark.sparkContext
     tracker = sc.statusTracker()
     x, y = blobs(16)
     rdd = partitioned_rdd(sc, [(x[:8], y[:8]), (x[8:], y[8:])])
 
-    def hold_a_slot():
-        with job_group(sc, "hold-a-slot", "a job that holds one task slot"):
-            try:
-                sc.parallelize([0], 1).map(lambda v: time.sleep(120) or v).collect()
-            except Exception:  # cancelled at the end of the test
-                pass
-
-    holder = threading.Thread(target=hold_a_slot, daemon=True)
+    holder = _slot_holder(sc, "hold-a-slot", 120)
     holder.start()
     try:
         deadline = time.time() + 60
@@ -173,23 +183,14 @@ def test_driver_wait_has_a_deadline_and_cancels_the_stage(spark):
 def test_a_restarted_stage_whose_tasks_cannot_all_start_is_started_again(spark):
     """A stage started again after a failure finds a slot taken (as one on a host Spark has not yet seen go would
     be): that is one more restart, not the end of the fit, and the fit ends once the slot is free again."""
-    import threading
-    import time
 
-    from sparknet.spark.backend import cancel_group, job_group
+    from sparknet.spark.backend import cancel_group
 
     sc = spark.sparkContext
     x, y = blobs(16)
     rdd = partitioned_rdd(sc, [(x[:8], y[:8]), (x[8:], y[8:])])
 
-    def hold_a_slot():  # queued while the stage runs: it takes a slot when the stage fails, for 8 s
-        with job_group(sc, "hold-a-slot-at-restart", "a job that holds one task slot"):
-            try:
-                sc.parallelize([0], 1).map(lambda v: time.sleep(8) or v).collect()
-            except Exception:  # cancelled at the end of the test
-                pass
-
-    holder = threading.Thread(target=hold_a_slot, daemon=True)
+    holder = _slot_holder(sc, "hold-a-slot-at-restart", 8)  # queued while the stage runs: a slot when it fails
 
     def on_round(record):
         if record["round"] == 1 and holder.ident is None:
