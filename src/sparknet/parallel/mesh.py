@@ -20,6 +20,7 @@ from sparknet.step import worker_seed
 
 __all__ = [
     "ParallelLayout", "layout_coords", "init_layout", "share_data_over_mp", "replica_seed", "join_shards", "cut_shard",
+    "cut_state",
 ]
 
 log = logging.getLogger(__name__)
@@ -151,6 +152,16 @@ def join_shards(parts, layouts):
         if covered != layouts[0][i][2]:
             raise ValueError(f"the parts of weight {i} cover {covered} of its {layouts[0][i][2]} rows")
     return torch.cat(pieces) if pieces else torch.zeros(0)
+
+
+def cut_state(state: dict, whole: int, layout) -> dict:
+    """``state`` with each of its tensors of ``whole`` values (a flat buffer laid out as the weights: the global
+    weights, their moving average, a strategy's flat state) cut to one rank's part (:func:`cut_shard`), the other
+    values as they are: what a sharded replica's rank holds of a whole state."""
+    import torch
+
+    return {k: cut_shard(v, layout) if isinstance(v, torch.Tensor) and v.numel() == whole else v
+            for k, v in state.items()}
 
 
 def cut_shard(whole, layout):

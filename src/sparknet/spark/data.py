@@ -872,7 +872,11 @@ def folded(rdd, num_partitions: int):
     """``rdd``'s records in ``num_partitions`` partitions by one shuffle: partition p's go to partition
     ``p % num_partitions``, after those of the partitions before p and in their own order. With as many partitions
     as ``rdd`` has, every record stays where it was; with fewer, the workers left after a host is lost for good
-    share the partitions of those that left (the barrier engine's elastic restart), and no row is left out."""
+    share the partitions of those that left (the barrier engine's elastic restart), and no row is left out.
+    Only partitions fed by several are sorted: one fed by a single partition reads its records in their order."""
+    if rdd.getNumPartitions() == num_partitions:
+        keyed = rdd.mapPartitionsWithIndex(lambda index, records: ((index, r) for r in records))
+        return keyed.partitionBy(num_partitions, partition_key).values()
     keyed = rdd.mapPartitionsWithIndex(lambda index, records: (((index, i), r) for i, r in enumerate(records)))
     return keyed.repartitionAndSortWithinPartitions(num_partitions, lambda key: key[0] % num_partitions).values()
 

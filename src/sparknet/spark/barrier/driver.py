@@ -25,7 +25,7 @@ from torch.distributed import TCPStore
 from sparknet.config import Engine
 from sparknet.errors import DeadlineExceeded, EngineError, NonFiniteUpdate
 from sparknet.loop import ResumeState
-from sparknet.parallel.mesh import cut_shard, join_shards
+from sparknet.parallel.mesh import cut_state, join_shards
 from sparknet.spark.backend import Held, run_with_deadline, task_error, task_slots
 from sparknet.spark.resources import gpu_profile, with_profile
 from sparknet.spark.barrier.executor import (RESULT_SCHEMA, GroupPlan, StagePlan, StagedRowsMissing, run_barrier,
@@ -395,21 +395,11 @@ class BarrierStage:
 def _cut_parts(run: EngineRun, start: ResumeState, procs: int) -> list[dict]:
     """A sharded replica's starting state in the parts its ``procs`` ranks hold (:meth:`~sparknet.net.Net.
     shard_layouts`): the global weights, the strategy's flat state and the weights' moving average, each cut."""
-    whole = start.global_flat.numel()
-
-    def cut(value, layout):
-        if isinstance(value, torch.Tensor) and value.numel() == whole:
-            return cut_shard(value, layout).clone()
-        return value
-
-    parts = []
-    for layout in run.driver_net.shard_layouts(procs):
-        strategy = None if start.strategy is None else {k: cut(v, layout) for k, v in start.strategy.items()}
-        average = None if start.average is None else cut(torch.as_tensor(np.asarray(start.average, np.float32)),
-                                                         layout)
-        parts.append({"layout": layout, "global": cut(torch.as_tensor(start.global_flat, dtype=torch.float32),
-                                                      layout), "strategy": strategy, "average": average})
-    return parts
+    whole = torch.as_tensor(start.global_flat, dtype=torch.float32)
+    average = None if start.average is None else torch.as_tensor(np.asarray(start.average, np.float32))
+    return [{"layout": layout, **cut_state({"global": whole, "average": average}, whole.numel(), layout),
+             "strategy": None if start.strategy is None else cut_state(start.strategy, whole.numel(), layout)}
+            for layout in run.driver_net.shard_layouts(procs)]
 
 
 def _join_parts(slot: dict, msg: dict, tree: dict) -> dict | None:

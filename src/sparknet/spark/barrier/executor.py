@@ -41,7 +41,7 @@ from sparknet.collective import CollectiveExchange, FIELDS
 from sparknet.config import Streaming
 from sparknet.errors import NonFiniteUpdate
 from sparknet.loop import FitPlan, ResumeState, WeightAverage, run_rounds
-from sparknet.parallel.mesh import cut_shard, init_layout
+from sparknet.parallel.mesh import cut_state, init_layout
 from sparknet.parallel.tensor import local_weight_bytes
 from sparknet.weights import local_view
 from sparknet.parallel.runner import run_rank
@@ -560,12 +560,12 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
                                    f"cut them as {mine['layout']}")
             global_flat, strategy_state, average = mine["global"], mine["strategy"], mine["average"]
         else:  # a Spark Connect stage's ranks get the whole state in the stage's plan, and cut it
-            whole, global_flat = global_flat.numel(), cut_shard(global_flat, parts).clone()
-            if strategy_state is not None:
-                strategy_state = {k: cut_shard(v, parts) if isinstance(v, torch.Tensor) and v.numel() == whole
-                                  else v for k, v in strategy_state.items()}
+            whole = global_flat.numel()
             if average is not None:
-                average = cut_shard(torch.as_tensor(np.asarray(average, dtype=np.float32)), parts)
+                average = torch.as_tensor(np.asarray(average, dtype=np.float32))
+            global_flat, average = cut_state({"global": global_flat, "average": average}, whole, parts).values()
+            if strategy_state is not None:
+                strategy_state = cut_state(strategy_state, whole, parts)
         net.set_flat(global_flat)
         state_part = {"part": layout.mp_rank, "parts": G, "layout": parts} if layout.dp_rank == 0 else {}
         place["weight_bytes"] = local_weight_bytes(net)
