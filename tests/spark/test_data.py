@@ -183,3 +183,28 @@ def test_folding_partitions_deals_every_row_of_the_workers_that_left_to_those_le
     assert spark_data.folded(rdd, 3).glom().collect() == [parts[0] + parts[3], parts[1], parts[2]]
     assert spark_data.folded(rdd, 1).glom().collect() == [sum(parts, [])]
     assert spark_data.folded(rdd, 4).glom().collect() == parts
+
+
+def test_a_dealt_data_set_gives_partition_k_rows_k_k_plus_K_and_so_on(spark, tmp_path, monkeypatch):
+    """``sparknet train``'s data set on a local master: written once as two ``.npy`` files, then partition k of K
+    holds rows k, k + K, ... in order, read by its own task (``hand``) or through the JVM, none left out; a block
+    boundary (``DEAL_BLOCK_ROWS``) inside a partition changes nothing. (Sequences: ``test_sequences_spark``.)"""
+    from sparknet.datasets import ArrayDataset
+    from sparknet.spark import run
+
+    monkeypatch.setenv("SPARKNET_CACHE", str(tmp_path))
+    monkeypatch.setattr(run, "DEAL_BLOCK_ROWS", 16)
+    rng = np.random.default_rng(3)
+    x, y = rng.random((101, 1, 3, 3), dtype=np.float32), rng.integers(0, 10, 101)
+    flat = x.reshape(len(x), -1)
+    for k_total in (1, 3, 7):
+        frame = run.dataset_frame(spark, "images", ArrayDataset(x, y), partitions=k_total)
+        assert frame.sparknet_deal.partitions == k_total
+        through_the_jvm = frame.rdd.glom().collect()
+        for k in range(k_total):
+            hand = pa.Table.from_batches(list(frame.sparknet_deal.hand(k)))
+            assert hand.column("features").to_pylist() == flat[k::k_total].tolist()
+            assert hand.column("label").to_pylist() == y[k::k_total].tolist()
+            assert [list(r.features) for r in through_the_jvm[k]] == hand.column("features").to_pylist()
+    assert sorted(p.name for p in (tmp_path / "arrays").iterdir()) == [
+        "images-train-101-1x3x3.features.npy", "images-train-101-1x3x3.label.npy"]

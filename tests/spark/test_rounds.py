@@ -258,9 +258,9 @@ def test_a_dataframe_staged_where_it_is_converted_trains_as_through_an_rdd_of_ch
 
 
 @pytest.mark.parametrize("engine", ["rounds", "barrier"])
-def test_a_data_sets_parquet_dealt_by_its_own_tasks_is_read_and_staged_in_one_task(spark, tmp_path, monkeypatch,
-                                                                                   engine):
-    """The command line's DataFrame of a data set (its partitions read their rows from the cached Parquet,
+def test_a_data_set_dealt_to_its_own_tasks_is_read_and_staged_in_one_task(spark, tmp_path, monkeypatch,
+                                                                          engine):
+    """The command line's DataFrame of a data set (its partitions copy their rows out of the cached arrays,
     ``dataset_frame(..., partitions=K)``) is read, converted and staged in one task; the same DataFrame through its
     rows in the JVM (what any DataFrame gets) trains to the same weights, bit for bit."""
     from sparknet.datasets import ArrayDataset

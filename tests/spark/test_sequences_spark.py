@@ -113,14 +113,17 @@ def test_a_data_sets_parquet_is_read_with_the_schema_its_footer_holds(spark, tmp
     assert sorted(map(tuple, frame.collect())) == sorted(map(tuple, inferred.collect()))
 
 
-def test_a_data_sets_parquet_in_k_partitions_is_dealt_out_row_by_row(spark, tmp_path, monkeypatch):
-    """``dataset_frame(..., partitions=K)``: K partitions, the k-th rows k, k + K, ... of the file in order, across
-    its row groups (8,192 rows, so the deal goes on from one group into the next); the schema of the file's footer."""
+def test_a_data_set_in_k_partitions_is_dealt_out_row_by_row(spark, tmp_path, monkeypatch):
+    """``dataset_frame(..., partitions=K)``: K partitions, the k-th rows k, k + K, ... of the data set in order, across
+    the blocks its task copies out (4,096 rows here, so the deal goes on from one block into the next); the schema of
+    the same data set's Parquet, which ``dataset_frame`` without partitions reads."""
+    from sparknet.spark import run
+
     monkeypatch.setenv("SPARKNET_CACHE", str(tmp_path))
+    monkeypatch.setattr(run, "DEAL_BLOCK_ROWS", 4096)
     data = synthetic_sequences(20_000, seq_len=T, vocab_size=V, seed=0)
     frame = dataset_frame(spark, "seq", data, partitions=3)
-    path = next((tmp_path / "parquet").glob("seq-train-20000-*.parquet"))
-    assert frame.schema == spark.read.parquet(str(path)).schema and frame.rdd.getNumPartitions() == 3
+    assert frame.schema == dataset_frame(spark, "seq", data).schema and frame.rdd.getNumPartitions() == 3
     parts = frame.rdd.glom().map(lambda rows: [(list(r.features), list(r.label)) for r in rows]).collect()
     assert [len(p) for p in parts] == [6667, 6667, 6666]
     for k, part in enumerate(parts):

@@ -1,8 +1,8 @@
 """``sparknet train --workers K``: the command line's road into the Spark engines.
 
-The data set becomes a Spark DataFrame: on a local master it is written once as Parquet (cached
-beside the data set), and each of the fit's K partitions reads the rows dealt to it from that file
-with pyarrow, in the task that stages them (no shuffle, no decoding in the JVM); on a cluster,
+The data set becomes a Spark DataFrame: on a local master it is written once as two ``.npy`` files (cached
+beside the data set), and each of the fit's K partitions copies the rows dealt to it out of them, mapped
+into memory, in the task that stages them (no shuffle, no decoding in the JVM or of Parquet); on a cluster,
 whose executors cannot read the driver's disk, its rows travel through Spark.
 ``--data PATH`` is read on the driver (its last rows are the test set) and goes the same way. Training runs
 through :class:`SparkTrainer`; every round record goes to the metrics file and the progress line.
@@ -30,7 +30,7 @@ from sparknet.spark.data import arrays_table, frame_from_arrays
 from sparknet.spark.session import get_session, is_local_master
 from sparknet.spark.trainer import EngineOptions, SparkTrainer
 
-__all__ = ["train_distributed", "dataset_as_parquet", "dataset_frame", "training_frame"]
+__all__ = ["train_distributed", "dataset_as_arrays", "dataset_as_parquet", "dataset_frame", "training_frame"]
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +52,11 @@ def dataset_as_parquet(dataset, path: Path) -> Path:
 def dataset_frame(spark, dataset: str, train, partitions: int | None = None):
     """``train`` of data set ``dataset`` as a DataFrame (``features``, ``label``) every executor can read.
 
-    On a local master (every executor on this machine) it is read from Parquet written once beside
-    the cache; the file name holds the rows and the shape of one sample and one label, so a data
-    set cut differently (another sequence length) gets its own file. With ``partitions``, each of that
-    many partitions reads the rows dealt to it from the file with pyarrow (:func:`parquet_dealt_frame`): no
-    shuffle deals them out, and Spark's JVM never decodes them; without, ``spark.read.parquet`` reads it.
+    On a local master (every executor on this machine) it is read from files written once beside the
+    cache, whose name holds the rows and the shape of one sample and one label, so a data set cut
+    differently (another sequence length) gets its own. With ``partitions``, each of that many partitions
+    reads the rows dealt to it from the data set's arrays on disk (:func:`dealt_frame`): no shuffle deals
+    them out, and Spark's JVM never decodes them; without, ``spark.read.parquet`` reads it from Parquet.
     On a cluster the executors cannot read the driver's disk, so the rows travel through Spark itself
     (:func:`sparknet.spark.data.frame_from_arrays`).
     """
@@ -65,34 +65,52 @@ def dataset_frame(spark, dataset: str, train, partitions: int | None = None):
     if not is_local_master(spark.sparkContext.master):
         return frame_from_arrays(spark, train.x, train.y)
     shape = "x".join(str(d) for d in (*np.shape(train.x)[1:], *np.shape(train.y)[1:])) or "1"
-    path = Path(cache_root()) / "parquet" / f"{dataset.lower()}-train-{len(train)}-{shape}.parquet"
-    path = dataset_as_parquet(train, path)
+    stem = f"{dataset.lower()}-train-{len(train)}-{shape}"
     if partitions is not None:
-        return parquet_dealt_frame(spark, path, partitions)
+        return dealt_frame(spark, dataset_as_arrays(train, Path(cache_root()) / "arrays" / stem), partitions)
+    path = dataset_as_parquet(train, Path(cache_root()) / "parquet" / f"{stem}.parquet")
     return spark.read.schema(_parquet_schema(path)).parquet(str(path))
 
 
-def parquet_dealt_frame(spark, path: Path, partitions: int):
-    """The rows of the Parquet file ``path`` (on this machine) as a DataFrame of ``partitions`` partitions, dealt
-    out as cards are: partition ``k`` holds rows ``k``, ``k + partitions``, ... in order, which its task reads with
-    pyarrow: nothing but the partition's number travels, and the rows enter Spark as Arrow batches. (Dealt, not cut
-    into contiguous slices: a file whose rows come in some order would give each worker rows of its own kind.)"""
-    import pyarrow.parquet as pq
+def dataset_as_arrays(dataset, stem: Path) -> tuple[Path, Path]:
+    """Write an ArrayDataset's rows as two ``.npy`` files, once: ``STEM.features.npy``, one row a sample, and
+    ``STEM.label.npy``, in the types :func:`sparknet.spark.data.arrays_table` gives them. Tasks map them into memory
+    and copy out only their own rows, where Parquet would have each of them decode the whole file."""
+    paths = stem.with_name(stem.name + ".features.npy"), stem.with_name(stem.name + ".label.npy")
+    if all(p.exists() for p in paths):
+        return paths
+    x, y = np.asarray(dataset.x), np.asarray(dataset.y)
+    x = x.reshape(len(x), -1).astype(np.int64 if np.issubdtype(x.dtype, np.integer) else np.float32, copy=False)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    for path, array in zip(paths, (x, y.astype(np.int64, copy=False))):
+        tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+        with open(tmp, "wb") as f:
+            np.save(f, np.ascontiguousarray(array))
+        os.replace(tmp, path)
+    return paths
 
-    schema, path, rows = _parquet_schema(path), str(path), pq.ParquetFile(path).metadata.num_rows
-    partitions = max(1, min(partitions, rows))
+
+DEAL_BLOCK_ROWS = 8192
+"""Rows a dealt partition's task copies out of the mapped arrays at a time (one Arrow batch)."""
+
+
+def dealt_frame(spark, paths: tuple[Path, Path], partitions: int):
+    """The rows of :func:`dataset_as_arrays`'s files (on this machine) as a DataFrame of ``partitions`` partitions,
+    dealt out as cards are: partition ``k`` holds rows ``k``, ``k + partitions``, ... in order, which its task copies
+    out of the files mapped into memory: nothing but the partition's number travels, and the rows enter Spark as
+    Arrow batches. (Dealt, not cut into contiguous slices: a file whose rows come in some order would give each
+    worker rows of its own kind.)"""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    x_path, y_path = map(str, paths)
+    x, y = np.load(x_path, mmap_mode="r"), np.load(y_path, mmap_mode="r")
+    schema, partitions = from_arrow_schema(arrays_table(x[:1], y[:1]).schema), max(1, min(partitions, len(x)))
 
     def hand(k: int):
-        """Arrow batches of rows k, k + partitions, ... of the file."""
-        import numpy as np
-        import pyarrow.parquet as pq
-
-        with pq.ParquetFile(path) as f:
-            offset = 0
-            for g in range(f.num_row_groups):
-                group = f.read_row_group(g)
-                yield from group.take(np.arange((k - offset) % partitions, len(group), partitions)).to_batches()
-                offset += len(group)
+        """Arrow batches of rows k, k + partitions, ... of the files."""
+        x, y = np.load(x_path, mmap_mode="r")[k::partitions], np.load(y_path, mmap_mode="r")[k::partitions]
+        for i in range(0, len(x), DEAL_BLOCK_ROWS):
+            yield from arrays_table(x[i:i + DEAL_BLOCK_ROWS], y[i:i + DEAL_BLOCK_ROWS]).to_batches()
 
     def read(batches):
         for batch in batches:
@@ -108,7 +126,7 @@ def parquet_dealt_frame(spark, path: Path, partitions: int):
 
 @dataclass(frozen=True)
 class DealReader:
-    """How :func:`parquet_dealt_frame`'s DataFrame is made: partition ``k`` of ``partitions`` holds ``hand(k)``,
+    """How :func:`dealt_frame`'s DataFrame is made: partition ``k`` of ``partitions`` holds ``hand(k)``,
     Arrow batches of ``features`` and ``label``."""
 
     hand: Callable

@@ -585,7 +585,7 @@ class SparkTrainer:
         rows would travel in every round's tasks (a DataFrame of the driver's rows already in as many partitions):
         those are staged from :func:`~sparknet.spark.data.chunk_rdd`'s RDD, behind a shuffle."""
         float_labels = columns["float_labels"] or columns["weight_col"] is not None  # a weight rides with the labels
-        reader = getattr(train, "sparknet_deal", None)  # its partitions read their own rows (parquet_dealt_frame)
+        reader = getattr(train, "sparknet_deal", None)  # its partitions read their own rows (dealt_frame)
         dealt = reader is not None and reader.partitions == columns["num_partitions"]
         # a dealt frame is in its partitions already: no asking the JVM how many (a query planned, about 0.5 s)
         frame, convert, source = spark_data.chunk_input(train, **{**columns, "num_partitions": None} if dealt
