@@ -157,7 +157,19 @@ try:
             yield pa.RecordBatch.from_pydict({"d": [lineage()[0]], "l": [lineage()[1]]})
 
     sql = [[r.d, r.l] for r in spark.range(0, 2, numPartitions=2).mapInArrow(arrow, "d long, l long").collect()]
-    print(json.dumps({"ahead": ahead.pid, "squares": squares, "rdd": rdd, "sql": sql}))
+    from pyspark import SparkFiles
+
+    def files(_):
+        import os, sys
+        return [os.environ.get("SPARKNET_SPARK_FILES"), sys.path.index(os.environ["SPARKNET_SPARK_FILES"])]
+
+    seen_files = spark.sparkContext.parallelize([0, 1], 2).map(files).collect()
+    with open(os.path.join(os.path.dirname(__file__), "shipped_later.py"), "w") as f:  # after the workers started
+        f.write("ANSWER = 42\\n")
+    spark.sparkContext.addPyFile(os.path.join(os.path.dirname(__file__), "shipped_later.py"))
+    shipped = spark.sparkContext.parallelize([0, 1], 2).map(lambda _: __import__("shipped_later").ANSWER).collect()
+    print(json.dumps({"ahead": ahead.pid, "squares": squares, "rdd": rdd, "sql": sql,
+                      "root": SparkFiles.getRootDirectory(), "files": seen_files, "shipped": shipped}))
 finally:
     spark.stop()
 ''')
@@ -169,3 +181,23 @@ finally:
     daemons = {d for d, _ in seen["rdd"] + seen["sql"]}
     assert len(daemons) == 1  # one daemon forks the workers of both kinds of job
     assert {loaded for _, loaded in seen["rdd"] + seen["sql"]} == {seen["ahead"]}
+    # the session's files are on the workers' path from the daemon on, where pyspark's worker puts them; a module
+    # shipped once the workers run is still found (they see the folder's new files as a reused worker does)
+    assert seen["files"] == [[seen["root"], 1]] * 2 and seen["shipped"] == [42, 42]
+
+
+def test_a_worker_whose_daemon_put_the_session_files_on_its_path_keeps_its_import_caches(tmp_path, monkeypatch):
+    """What the daemon's ``SPARKNET_SPARK_FILES`` relies on in pyspark: its worker's ``setup_spark_files`` calls
+    ``importlib.invalidate_caches()`` (0.4 s with pyspark.zip imported) only when it adds the session's folder to
+    ``sys.path``, which a worker forked by sparknet's daemon finds there already."""
+    import importlib
+
+    from pyspark.worker_util import setup_spark_files
+
+    calls = []
+    monkeypatch.setattr(importlib, "invalidate_caches", lambda: calls.append(1))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    setup_spark_files(str(tmp_path), [])  # a stock worker's first task
+    assert calls == [1] and sys.path[1] == str(tmp_path)
+    setup_spark_files(str(tmp_path), [])  # the folder there already: as the daemon leaves it
+    assert calls == [1]

@@ -33,6 +33,14 @@ import sys
 AHEAD_ENV = "SPARKNET_DAEMON_AHEAD"
 """The environment variable that names the socket of the process that loaded the daemon's modules ahead."""
 
+FILES_ENV = "SPARKNET_SPARK_FILES"
+"""The environment variable that names the directory of the session's files on a local master (``SparkFiles``'
+root, one for the driver and its executor). The daemon puts it on its ``sys.path`` before it forks a worker, as
+pyspark's worker does with it at its first task, which then finds it there and does not call
+``importlib.invalidate_caches()``: with pyspark and py4j imported from their zip files that rereads the zips'
+directories, 0.4 s in every fresh worker. A fresh worker then does what a reused one does at every task after its
+first (a task's own zip or egg files still invalidate the caches)."""
+
 HAND_OVER_TIMEOUT_S = 60.0
 """Longest wait for the process loaded ahead to answer a launched daemon: at once once loaded, else when loaded
 (a process that fails to load closes the socket, and the launched daemon loads for itself)."""
@@ -54,6 +62,10 @@ def _load() -> None:
     except ImportError:  # pragma: no cover - an executor without torch or sparknet
         def keep_freed_memory():
             return False
+    # pyspark's daemon and the worker module its workers import after the fork, from pyspark.zip: 0.5-0.6 s before a
+    # daemon answers and every fresh worker's first task starts. They start no thread.
+    import pyspark.daemon  # noqa: F401
+    import pyspark.worker  # noqa: F401
 
     # pyspark's daemon runs gc.collect() in a reused worker after every task; with torch loaded that is a scan of
     # some 300,000 objects (0.1-0.4 s a task, any task of the session). Frozen here, before the fork, what the
@@ -67,6 +79,9 @@ def _run_daemon() -> None:
     """pyspark's daemon, whose workers end without the tracebacks of a socket the executor closed."""
     from pyspark import daemon
 
+    files = os.environ.get(FILES_ENV)
+    if files and files not in sys.path:  # where pyspark's worker_util.add_path puts it
+        sys.path.insert(1, files)
     worker = daemon.worker
 
     def quiet_worker(sock, authenticated):

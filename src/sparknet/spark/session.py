@@ -466,5 +466,12 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(level)
+    if _LOCAL.match(spark.sparkContext.master):  # one JVM: the driver's SparkFiles root is its executor's
+        from pyspark import SparkFiles
+
+        from sparknet.spark._daemon import FILES_ENV
+
+        # before the first Python job, so that every job's workers come from one daemon (sparknet.spark._daemon)
+        spark.sparkContext.environment[FILES_ENV] = SparkFiles.getRootDirectory()
     log.info("started Spark %s on %s", spark.version, spark.sparkContext.master)
     return spark
