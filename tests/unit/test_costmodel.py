@@ -158,3 +158,24 @@ def test_a_lab_run_is_priced_with_the_step_its_bare_processes_measured_beside_it
     assert check_point(point, CAL)["predicted_s"] == pytest.approx(expected)
     path.write_text(json.dumps({"benchmark": "time_to_99", "cpu_count": os.cpu_count(), "runs": runs}))
     assert [p["name"] for p in measured_points([path])] == [r["run"] for r in runs[:3]]  # this machine's: all
+
+
+def test_a_lab_call_without_bare_processes_is_priced_with_those_of_another_call_of_its_machine(tmp_path):
+    """A lab call with no time for the K bare processes takes the step of another file's K bare processes from a
+    machine of the same core count, and says which file; a K no file measured, or another core count, is not
+    priced."""
+    other = (os.cpu_count() or 1) + 14
+    engines = [{"run": f"rounds, {k} workers", "command": f"sparknet train --workers {k} --tau 50",
+                "summary": {"samples_per_s": 12_000.0, "steps": 750}} for k in (8, 4)]
+    (tmp_path / "engines.json").write_text(json.dumps({"benchmark": "time_to_99", "cpu_count": other,
+                                                        "runs": engines}))
+    bare = [{"run": "bare, 8 processes", "summary": {"samples_per_s": 16_000.0, "per_process": [2000.0] * 8}}]
+    (tmp_path / "bare.json").write_text(json.dumps({"benchmark": "time_to_99", "cpu_count": other, "runs": bare}))
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"benchmark": "time_to_99", "cpu_count": other + 1,
+                                                          "runs": [{**bare[0], "run": "bare, 4 processes"}]}))
+    paths = [tmp_path / name for name in ("engines.json", "bare.json", "elsewhere.json")]
+    (point,) = measured_points(paths)
+    assert point["name"] == "rounds, 8 workers" and point["calibration_from"] == "bare.json"
+    assert point["calibration"] == {"step_s": pytest.approx(64 / 2000.0), "cores": other}
+    assert check_point(point, CAL)["calibration_from"] == "bare.json"
+    assert measured_points(paths[:1]) == []  # nothing of its machine measured anywhere

@@ -48,7 +48,9 @@ MNIST in the simulator (benchmarks/results/strategies.json, evaluated every 50 s
 
 DEFAULT_MEASURED = ("benchmarks/results/time_to_99.json", "benchmarks/results/multihost_lenet_relay.json",
                     "benchmarks/results/quick_start.json", "docs/figures/slow-network.json",
-                    "benchmarks/results/lab_t99_k8_h200.json", "benchmarks/results/lab_t99_k16_h200.json")
+                    *(f"benchmarks/results/lab_t99_{name}.json"
+                      for name in ("k8_h200", "k16_h200", "k8_engines_h200", "k8_engines_h200_c", "k8_every_h200",
+                                   "k16_h200_b")))
 
 
 @dataclass(kw_only=True)
@@ -210,14 +212,23 @@ def calibration_around(before: dict, after: dict) -> dict:
 # -- the measured points --------------------------------------------------------------------------------
 
 def measured_points(paths) -> list[dict]:
-    """Every run in the result files that the model can predict: its shape, link and measured seconds."""
+    """Every run in the result files that the model can predict: its shape, link and measured seconds.
+
+    A run of another machine is priced with the step of the K bare processes measured beside it (the same call of
+    ``time_to_99.py``), else with those of another file of the same machine (its core count) and K, named in
+    ``calibration_from`` (a lab call with no time for them: the same machine kind, another visit), else not at all."""
+    paths = [Path(p) for p in paths]
+    files = {path: json.loads(path.read_text()) for path in paths if path.exists()}
+    elsewhere = {}  # (cores, K) -> (file, step): bare processes measured in some file
+    for path, data in files.items():
+        for k in _bare_workers(data):
+            elsewhere.setdefault((data.get("cpu_count"), k), (path.name, _bare_step(data, k)))
     points = []
     for path in paths:
-        path = Path(path)
-        if not path.exists():
+        if path not in files:
             log.info("scaling: %s not found, skipped", path)
             continue
-        data = json.loads(path.read_text())
+        data = files[path]
         slow = data.get("experiment") == "slow-network"
         found, runs = (_slow_network_points(data, path.name), []) if slow else ([], data.get("runs"))
         if isinstance(runs, dict):
@@ -233,9 +244,14 @@ def measured_points(paths) -> list[dict]:
         for point in found:
             if data.get("calibration"):  # the machine's step and evaluation on the day the runs were taken
                 point["calibration"] = data["calibration"]
-            if (beside := _bare_step(data, point)) is not None:
+            shape, cores = point["shape"], data.get("cpu_count", os.cpu_count())
+            beside = _bare_step(data, shape.workers) if shape.engine != "local" else None
+            if beside is None and cores != os.cpu_count() and shape.engine != "local" \
+                    and (cores, shape.workers) in elsewhere:
+                point["calibration_from"], beside = elsewhere[cores, shape.workers]
+            if beside is not None:
                 point["calibration"] = {**point.get("calibration", {}), **beside}
-            elif data.get("cpu_count", os.cpu_count()) != os.cpu_count() and not point.get("calibration"):
+            elif cores != os.cpu_count() and not point.get("calibration"):
                 # another machine's run, and nothing measured beside it: this machine's constants do not price it
                 log.info("scaling: %s: %r ran on %s cores with no step measured beside it; not priced", path.name,
                          point["name"], data["cpu_count"])
@@ -244,21 +260,28 @@ def measured_points(paths) -> list[dict]:
     return points
 
 
-def _bare_step(data: dict, point: dict) -> dict | None:
+def _bare_workers(data: dict) -> list[int]:
+    """K of every run of K bare one-thread processes in a ``time_to_99.py`` file."""
+    if data.get("benchmark") != "time_to_99":
+        return []
+    return [int(r["run"].split()[1]) for r in data.get("runs") or []
+            if str(r.get("run", "")).startswith("bare, ") and (r.get("summary") or {}).get("samples_per_s")]
+
+
+def _bare_step(data: dict, workers: int, batch: int = 64) -> dict | None:
     """A K-worker run's step and cores from the K bare one-thread processes ``time_to_99.py`` ran in the same call
     (what K processes at once get from that machine: a step slower than one process's alone, where they share its
     memory and caches), or ``None`` where it ran none. The step is the slowest process's: every round waits for its
     slowest worker (on the 16-core lab, K = 8: the slowest worker's compute 1.20-1.24 of the mean one's, the slowest
     bare process 1.21 of the mean's)."""
-    shape = point["shape"]
-    if data.get("benchmark") != "time_to_99" or shape.engine == "local":
+    if data.get("benchmark") != "time_to_99":
         return None
-    name = f"bare, {shape.workers} processes"
+    name = f"bare, {workers} processes"
     bare = next((r["summary"] for r in data.get("runs") or [] if r.get("run") == name and r.get("summary")), None)
     if not bare or not bare.get("samples_per_s"):
         return None
-    per_process = min(bare.get("per_process") or [bare["samples_per_s"] / shape.workers])
-    return {"step_s": point.get("batch", 64) / per_process, "cores": int(data.get("cpu_count") or shape.workers)}
+    per_process = min(bare.get("per_process") or [bare["samples_per_s"] / workers])
+    return {"step_s": batch / per_process, "cores": int(data.get("cpu_count") or workers)}
 
 
 def _train_point(run: dict, source: str) -> dict | None:
@@ -310,7 +333,8 @@ def check_point(point: dict, cal: Calibration) -> dict:
     error = predicted / point["measured_s"] - 1.0
     return {"source": point["source"], "name": point["name"], "engine": shape.engine, "workers": shape.workers,
             "tau": shape.tau, "steps": shape.steps, "link": link.describe(), "what": point["what"],
-            "measured_s": point["measured_s"], "predicted_s": predicted, "error": error}
+            "measured_s": point["measured_s"], "predicted_s": predicted, "error": error,
+            **({"calibration_from": point["calibration_from"]} if point.get("calibration_from") else {})}
 
 
 # -- the experiment -------------------------------------------------------------------------------------
