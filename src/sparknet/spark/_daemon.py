@@ -33,14 +33,6 @@ import sys
 AHEAD_ENV = "SPARKNET_DAEMON_AHEAD"
 """The environment variable that names the socket of the process that loaded the daemon's modules ahead."""
 
-FILES_ENV = "SPARKNET_SPARK_FILES"
-"""The environment variable that names the directory of the session's files on a local master (``SparkFiles``'
-root, one for the driver and its executor). The daemon puts it on its ``sys.path`` before it forks a worker, as
-pyspark's worker does with it at its first task, which then finds it there and does not call
-``importlib.invalidate_caches()``: with pyspark and py4j imported from their zip files that rereads the zips'
-directories, 0.4 s in every fresh worker. A fresh worker then does what a reused one does at every task after its
-first (a task's own zip or egg files still invalidate the caches)."""
-
 HAND_OVER_TIMEOUT_S = 60.0
 """Longest wait for the process loaded ahead to answer a launched daemon: at once once loaded, else when loaded
 (a process that fails to load closes the socket, and the launched daemon loads for itself)."""
@@ -78,6 +70,8 @@ def _load() -> None:
 def _run_daemon() -> None:
     """pyspark's daemon, whose workers end without the tracebacks of a socket the executor closed."""
     from pyspark import daemon
+
+    from sparknet.spark.session import FILES_ENV
 
     files = os.environ.get(FILES_ENV)
     if files and files not in sys.path:  # where pyspark's worker_util.add_path puts it

@@ -310,6 +310,14 @@ def class_archive_options(folder: Path | None = None, heap: str | None = None) -
     return f"-XX:SharedArchiveFile={base} {dump} {quiet}" if base is not None else f"{dump} {quiet}"
 
 
+FILES_ENV = "SPARKNET_SPARK_FILES"
+"""The environment variable that names the directory of the session's files on a local master (``SparkFiles``'
+root, one for the driver and its executor). The daemon (:mod:`sparknet.spark._daemon`) puts it on its ``sys.path``
+before it forks a worker, as pyspark's worker does with it at its first task, which then finds it there and does not
+call ``importlib.invalidate_caches()``: with pyspark and py4j imported from their zip files that rereads the zips'
+directories, 0.4 s in every fresh worker. A fresh worker then does what a reused one does at every task after its
+first (a task's own zip or egg files still invalidate the caches)."""
+
 DAEMON_MODULE_KEY, DAEMON_MODULE = "spark.python.daemon.module", "sparknet.spark._daemon"
 """The Python daemon of a session sparknet starts (:mod:`sparknet.spark._daemon`), unless the user names one."""
 
@@ -468,8 +476,6 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
     spark.sparkContext.setLogLevel(level)
     if _LOCAL.match(spark.sparkContext.master):  # one JVM: the driver's SparkFiles root is its executor's
         from pyspark import SparkFiles
-
-        from sparknet.spark._daemon import FILES_ENV
 
         # before the first Python job, so that every job's workers come from one daemon (sparknet.spark._daemon)
         spark.sparkContext.environment[FILES_ENV] = SparkFiles.getRootDirectory()
