@@ -7,9 +7,12 @@
 #   R=$OUT; OUT=/tmp/lab bash benchmarks/lab_call.sh 550 warm k8_engines lenet_gpu alexnet k8_every; \
 #     tar -C /tmp -czf $R/lab.tgz lab                    # more steps than 8 files hold: one archive back
 #
-# After the first-round changes of 2026-11-28 (the Python daemon loaded ahead, the barrier store on the driver), run
-# `warm k8` first: issue 33's K = 8 criteria need every peer in one script run. Then `lenet_gpu k8_engines`: issue
-# 34's shared GPU and the phases (is `staged` still seconds after `planned`? then the daemon loaded for itself).
+# After the first-round changes of 2026-11-28 (the Python daemon loaded ahead, the barrier store on the driver, the
+# dealt rows copied out of .npy files, fresh workers without importlib.invalidate_caches), run `warm k8` first: issue
+# 33's K = 8 criteria need every peer in one script run. Then `lenet_gpu k8_engines`: issue 34's shared GPU and the
+# phases (the third visit's K = 8 staged 3.4 s after `planned`, K = 16 5.6 s: each of K tasks decoded the whole
+# Parquet file and a fresh worker spent 0.5 s before its first task; is `staged` now about a second after `planned`?
+# if not, the daemon loaded for itself).
 #
 # Steps (seconds each needs on an H200 machine; what each took on 2026-11-28, commit 363aa95, in brackets):
 #   warm       a short K = 2 run, then its driver JVM's class archive settled (session.class_archive_options), so
