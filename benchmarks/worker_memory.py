@@ -3,6 +3,7 @@ start to its peak, in MiB and in copies of the weights it holds.
 
     python benchmarks/worker_memory.py                          # this tree
     python benchmarks/worker_memory.py --baseline-rev aa975fb   # beside an earlier commit (one with the rss facts)
+    python benchmarks/worker_memory.py --width 2048 --out F     # 16 layers of 2,048 (240 MiB): fixed costs small
 
 Two fits of an MLP of about 64 MiB of float32 weights (6 inputs, 16 hidden layers of 1,024, 3 classes: many layers
 of one size, as a transformer's are, so that FSDP2 gathers a sixteenth of it at a time; SGD with momentum, batch 8,
@@ -14,7 +15,8 @@ it counts what the task allocated and touched, the weights and every copy of the
 exchange's buffers, the messages to the driver, and the modules the task imported; not the memory the Python
 worker shares with the daemon it was forked from. A memory figure, not a time: other work on the machine does not
 move it, but its load is sampled all the same. Beside them, the peers: the same model's 9 steps in bare PyTorch, one
-process holding it whole and two sharding it with FSDP2 over gloo (no Spark, no exchange, no messages to a driver).
+process holding it whole and two sharding it with FSDP2 over gloo (no Spark, no exchange, no messages to a driver),
+each with the malloc settings sparknet's ranks of its kind have (``sparknet._malloc``).
 Prints and saves JSON.
 """
 
@@ -75,8 +77,11 @@ def rss():
         return {k: int(v.split()[0]) / 1024 for k, v in (line.split(":", 1) for line in f) if k in ("VmRSS", "VmHWM")}
 
 rank, world, store, hidden, steps = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], json.loads(sys.argv[4]), 9
-from sparknet._malloc import keep_freed_memory
+from sparknet._malloc import keep_freed_memory, large_blocks_mapped
 keep_freed_memory()  # as sparknet's Python workers do
+mapped = large_blocks_mapped()  # held: the settings last as long as the process
+if world > 1:  # and its sharded replica's ranks
+    mapped.__enter__()
 torch.set_num_threads(1)
 torch.manual_seed(5)
 widths = [6, *hidden]
@@ -118,13 +123,13 @@ if world > 1:
 """
 
 
-def bare(world: int, timeout_s: float) -> dict:
+def bare(world: int, timeout_s: float, hidden: list[int]) -> dict:
     """The same MLP's 9 steps in bare PyTorch (no Spark, no exchange, no messages): one process holding it whole, or
     ``world`` processes sharding it with FSDP2 over gloo, as a sharded replica's ranks do."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     with tempfile.TemporaryDirectory(prefix="sparknet-bare-fsdp-") as tmp, LoadSampler() as load:
         procs = [subprocess.Popen([sys.executable, "-c", BARE, str(r), str(world), str(Path(tmp) / "store"),
-                                   json.dumps(HIDDEN)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   json.dumps(hidden)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True) for r in range(world)]
         try:
             outs = [p.communicate(timeout=timeout_s) for p in procs]
@@ -149,10 +154,10 @@ def _copies(fit: dict, whole_mb: float) -> dict:
     return fit
 
 
-def one_fit(src: Path, kind: str, timeout_s: float) -> dict:
+def one_fit(src: Path, kind: str, timeout_s: float, hidden: list[int]) -> dict:
     env = {**os.environ, "PYTHONPATH": str(src)}
     with LoadSampler() as load:
-        proc = subprocess.run([sys.executable, "-c", FIT, kind, json.dumps(HIDDEN)], env=env, capture_output=True,
+        proc = subprocess.run([sys.executable, "-c", FIT, kind, json.dumps(hidden)], env=env, capture_output=True,
                               text=True, timeout=timeout_s)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -170,21 +175,23 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline-rev", default=None, help="an earlier commit to run beside this tree")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each fit may take")
+    p.add_argument("--width", type=int, default=HIDDEN[0], help="width of each of the 16 hidden layers")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "worker_memory.json"))
     args = p.parse_args(argv)
-    report = {"benchmark": "worker_memory", "hidden": HIDDEN, "cpu_count": os.cpu_count(),
+    hidden = [args.width] * len(HIDDEN)
+    report = {"benchmark": "worker_memory", "hidden": hidden, "cpu_count": os.cpu_count(),
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                        text=True).stdout.strip(), "baseline_rev": args.baseline_rev, "fits": []}
     with tempfile.TemporaryDirectory(prefix="sparknet-worker-memory-") as tmp, \
             source_trees(ROOT, args.baseline_rev, Path(tmp)) as trees:
         for kind in ("whole", "sharded"):
             for name, src in trees.items():
-                fit = {"tree": name, **one_fit(src, kind, args.timeout)}
+                fit = {"tree": name, **one_fit(src, kind, args.timeout, hidden)}
                 _show(fit)
                 report["fits"].append(fit)
         whole_mb = report["fits"][0]["weights_mb"]
         for world in (1, 2):  # the peers: the same model and steps in bare PyTorch
-            fit = {"tree": "bare PyTorch", **_copies(bare(world, args.timeout), whole_mb)}
+            fit = {"tree": "bare PyTorch", **_copies(bare(world, args.timeout, hidden), whole_mb)}
             _show(fit)
             report["fits"].append(fit)
     save_json(report, args.out)

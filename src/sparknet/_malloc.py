@@ -10,22 +10,45 @@ thread that is about 2,000 minor page faults a step and a fifth of the step's ti
 (the process keeps its peak heap: what it needed once, it needs again next step). It is called
 where sparknet trains: its executors' Python workers, the daemon that forks them, its command
 line and a fit's driver. Where the C library is not glibc it is a no-op.
+
+A sharded replica's rank needs the opposite (:func:`large_blocks_mapped`): FSDP2 gathers each layer's whole weights
+and gradients into fresh blocks of megabytes every step, and a heap that keeps every freed block grows with them
+(bare FSDP2 over gloo, 16 layers of 2,048: a rank's resident memory 1.45 GiB, 12 copies of the half it holds, where
+a fixed threshold of 128 KiB gives 0.66 GiB; ``benchmarks/worker_memory.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import sys
 
-__all__ = ["keep_freed_memory", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+__all__ = ["keep_freed_memory", "large_blocks_mapped", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "MAPPED_THRESHOLD"]
 
 MMAP_THRESHOLD = 32 << 20
 """Blocks up to this size come from the heap (glibc's largest allowed value)."""
 TRIM_THRESHOLD = 128 << 20
 """Free memory at the heap's top up to this size is kept, not returned."""
+MAPPED_THRESHOLD = 128 << 10
+"""Blocks over this size are mapped on their own and unmapped when freed (glibc's default threshold, held fixed:
+glibc raises its own as such blocks are freed, and the heap then keeps them)."""
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 _done: bool | None = None
+
+
+def _libc():
+    """glibc's ``mallopt`` and ``malloc_trim``, or ``None`` where the C library is not glibc."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt, trim = libc.mallopt, libc.malloc_trim
+    except (OSError, AttributeError):  # musl has no mallopt
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return mallopt, trim
 
 
 def keep_freed_memory() -> bool:
@@ -33,13 +56,30 @@ def keep_freed_memory() -> bool:
     global _done
     if _done is None:
         _done = False
-        if sys.platform.startswith("linux"):
-            try:
-                libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-                mallopt = libc.mallopt
-            except (OSError, AttributeError):  # musl has no mallopt
-                return False
-            mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+        if (calls := _libc()) is not None:
+            mallopt, _ = calls
             _done = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD,
                                                                                        TRIM_THRESHOLD))
     return _done
+
+
+@contextlib.contextmanager
+def large_blocks_mapped():
+    """Within the block, every block over :data:`MAPPED_THRESHOLD` is mapped on its own and handed back to the OS when
+    freed, and the free memory the heap kept is handed back first (``malloc_trim``); after it, the thresholds are
+    :func:`keep_freed_memory`'s again where it had set them (a reused Python worker's next task). A no-op where the C
+    library is not glibc."""
+    calls = _libc()
+    if calls is None:
+        yield
+        return
+    mallopt, trim = calls
+    keep_freed_memory()  # set first where it was not (a worker of a daemon other than sparknet's): a later call inside
+    # the block then changes nothing
+    mallopt(_M_MMAP_THRESHOLD, MAPPED_THRESHOLD)
+    trim(0)
+    try:
+        yield
+    finally:
+        if _done:
+            mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)

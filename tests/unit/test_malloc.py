@@ -41,3 +41,39 @@ def test_training_steps_reuse_the_heap_once_the_thresholds_are_set():
     # and once (in the whole suite, 674) it had risen past them before the timed steps: compared only where not
     if plain["faults"] > 20 * 300:
         assert tuned["faults"] < plain["faults"] / 5, (plain, tuned)
+
+
+_MAPPED = """
+import ctypes, json
+import torch
+from sparknet._malloc import keep_freed_memory, large_blocks_mapped
+
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                                               "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
+
+def mapped_by():  # blocks glibc mapped on their own while a 16 MiB tensor lives
+    before = libc.mallinfo2().hblks
+    t = torch.empty(4 << 20)
+    return libc.mallinfo2().hblks - before
+
+seen = {"kept": None, "inside": None, "after": None}
+assert keep_freed_memory()
+seen["kept"] = mapped_by()
+with large_blocks_mapped():
+    seen["inside"] = mapped_by()
+seen["after"] = mapped_by()
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc thresholds are Linux's")
+def test_a_sharded_ranks_large_blocks_are_mapped_on_their_own_then_kept_again():
+    """A sharded replica's rank (``large_blocks_mapped``): FSDP2's gathered layers of megabytes are mapped and handed
+    back as they are freed; after the block, sparknet's thresholds keep such blocks in the heap again."""
+    out = subprocess.run([sys.executable, "-c", _MAPPED], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"kept": 0, "inside": 1, "after": 0}

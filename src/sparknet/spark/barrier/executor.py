@@ -36,6 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from sparknet._malloc import large_blocks_mapped
 from sparknet._transport import ClientKeys
 from sparknet.collective import CollectiveExchange, FIELDS
 from sparknet.config import Streaming
@@ -347,6 +348,12 @@ def rendezvous(ctx, rank: int, group: GroupPlan, order: list[int] | None = None)
 
 
 def _run(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
+    # a sharded replica's rank: FSDP2's gathered layers go back to the OS as they are freed (sparknet._malloc)
+    with large_blocks_mapped() if params.group.shard_replica else contextlib.nullcontext():
+        yield from _rank(ctx, rank, payload_bc, params, val_bc, chunks)
+
+
+def _rank(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     t_start = time.perf_counter()
     rss_start = reset_peak_rss()  # this task's peak, not an earlier one's in a reused worker
     packed, init_flat, start = payload_bc.value
