@@ -71,9 +71,11 @@ def _run_daemon() -> None:
     """pyspark's daemon, whose workers end without the tracebacks of a socket the executor closed."""
     from pyspark import daemon
 
-    from sparknet.spark.session import FILES_ENV
-
-    files = os.environ.get(FILES_ENV)
+    try:
+        from sparknet.spark.session import FILES_ENV
+    except ImportError:  # pragma: no cover - an executor without torch: its workers say so themselves
+        FILES_ENV = None
+    files = os.environ.get(FILES_ENV) if FILES_ENV else None
     if files and files not in sys.path:  # where pyspark's worker_util.add_path puts it
         sys.path.insert(1, files)
     worker = daemon.worker
