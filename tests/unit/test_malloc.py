@@ -77,3 +77,12 @@ def test_a_sharded_ranks_large_blocks_are_mapped_on_their_own_then_kept_again():
     out = subprocess.run([sys.executable, "-c", _MAPPED], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"kept": 0, "inside": 1, "after": 0}
+
+
+def test_huge_pages_are_asked_for_beside_the_users_own_tunables_and_never_over_them():
+    from sparknet._malloc import with_huge_pages
+
+    assert with_huge_pages(None) == with_huge_pages("") == "glibc.malloc.hugetlb=1"
+    assert with_huge_pages("glibc.malloc.arena_max=2") == "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"
+    assert with_huge_pages("glibc.malloc.hugetlb=0:glibc.malloc.arena_max=2") == \
+        "glibc.malloc.hugetlb=0:glibc.malloc.arena_max=2"  # the user's own choice stays

@@ -107,7 +107,8 @@ def identity() -> dict:
     except OSError:
         netns = None
     return {"executable": os.path.realpath(sys.executable), "hash_seed": os.environ.get("PYTHONHASHSEED"),
-            "omp_threads": os.environ.get("OMP_NUM_THREADS"), "uid": os.getuid(), "netns": netns,
+            "omp_threads": os.environ.get("OMP_NUM_THREADS"), "malloc": os.environ.get("GLIBC_TUNABLES"),
+            "uid": os.getuid(), "netns": netns,
             "packages": {name: origin(name) for name in ("pyspark", "py4j", "sparknet", "torch")}}
 
 
@@ -128,6 +129,9 @@ def start_ahead(env: dict | None = None):
     # (spark.task.cpus), read as the interpreter and torch load
     env.setdefault("PYTHONHASHSEED", "0")
     env.setdefault("OMP_NUM_THREADS", "1")
+    from sparknet._malloc import TUNABLES_ENV, with_huge_pages
+
+    env[TUNABLES_ENV] = with_huge_pages(env.get(TUNABLES_ENV))  # as sparknet's sessions give their Python workers
     env["PYTHONPATH"] = os.pathsep.join(_spark_python_path() + [p for p in [env.get("PYTHONPATH")] if p])
     try:
         process = subprocess.Popen([sys.executable, "-m", "sparknet.spark._daemon", "--ahead", path],

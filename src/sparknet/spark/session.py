@@ -474,6 +474,10 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(level)
+    from sparknet._malloc import TUNABLES_ENV, with_huge_pages
+
+    # huge pages for what the Python workers' malloc maps: a sharded replica's gathered layers (sparknet._malloc)
+    spark.sparkContext.environment[TUNABLES_ENV] = with_huge_pages(os.environ.get(TUNABLES_ENV))
     if _LOCAL.match(spark.sparkContext.master):  # one JVM: the driver's SparkFiles root is its executor's
         from pyspark import SparkFiles
 
