@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import ctypes.util
 import sys
 
@@ -41,8 +42,10 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 _done: bool | None = None
 
 
+@functools.cache
 def _libc():
-    """glibc's ``mallopt`` and ``malloc_trim``, or ``None`` where the C library is not glibc."""
+    """glibc's ``mallopt`` and ``malloc_trim``, or ``None`` where the C library is not glibc (looked up once a
+    process, not at every sharded rank's task)."""
     if not sys.platform.startswith("linux"):
         return None
     try:

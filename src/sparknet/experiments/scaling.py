@@ -245,10 +245,11 @@ def measured_points(paths) -> list[dict]:
             if data.get("calibration"):  # the machine's step and evaluation on the day the runs were taken
                 point["calibration"] = data["calibration"]
             shape, cores = point["shape"], data.get("cpu_count", os.cpu_count())
-            beside = _bare_step(data, shape.workers) if shape.engine != "local" else None
-            if beside is None and cores != os.cpu_count() and shape.engine != "local" \
-                    and (cores, shape.workers) in elsewhere:
-                point["calibration_from"], beside = elsewhere[cores, shape.workers]
+            beside = None
+            if shape.engine != "local":
+                beside = _bare_step(data, shape.workers)
+                if beside is None and cores != os.cpu_count() and (cores, shape.workers) in elsewhere:
+                    point["calibration_from"], beside = elsewhere[cores, shape.workers]
             if beside is not None:
                 point["calibration"] = {**point.get("calibration", {}), **beside}
             elif cores != os.cpu_count() and not point.get("calibration"):

@@ -107,7 +107,9 @@ def identity() -> dict:
     except OSError:
         netns = None
     return {"executable": os.path.realpath(sys.executable), "hash_seed": os.environ.get("PYTHONHASHSEED"),
-            "omp_threads": os.environ.get("OMP_NUM_THREADS"), "malloc": os.environ.get("GLIBC_TUNABLES"),
+            "omp_threads": os.environ.get("OMP_NUM_THREADS"),
+            "malloc": os.environ.get("GLIBC_TUNABLES"),  # sparknet._malloc.TUNABLES_ENV, not imported: the launched
+            # daemon starts on the first job's path with nothing but the standard library
             "uid": os.getuid(), "netns": netns,
             "packages": {name: origin(name) for name in ("pyspark", "py4j", "sparknet", "torch")}}
 
