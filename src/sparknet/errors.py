@@ -14,6 +14,7 @@ __all__ = [
     "DatasetError",
     "EngineError",
     "WorkerError",
+    "WorkerOutOfMemory",
     "DeadlineExceeded",
     "NonFiniteUpdate",
 ]
@@ -59,6 +60,15 @@ class WorkerError(EngineError):
 
     def __reduce__(self):
         return (type(self), (self._message, self.rank, self.log_tail))
+
+
+class WorkerOutOfMemory(WorkerError, MemoryError):
+    """A worker's process could not get the memory it asked for: past the cap Spark puts on each Python worker
+    (``spark.executor.pyspark.memory``), or on its GPU. The message says what the process held and how to make each
+    process hold less; a restart would run out the same way, so the barrier engine does not retry it."""
+
+    MARK = "ran out of memory"
+    """How a worker's report of it begins."""
 
 
 class DeadlineExceeded(EngineError, TimeoutError):

@@ -21,10 +21,11 @@ from contextlib import contextmanager
 from functools import partial
 from typing import TypeVar
 
-from sparknet.errors import DeadlineExceeded, EngineError, WorkerError
-from sparknet.spark.session import executor_slots, is_connect, local_slots, session_master, session_parallelism
+from sparknet.errors import DeadlineExceeded, EngineError, WorkerError, WorkerOutOfMemory
+from sparknet.spark.session import (executor_slots, is_connect, local_slots, parse_memory, session_master,
+                                   session_parallelism)
 
-__all__ = ["job_group", "run_with_deadline", "cancel_group", "task_error", "spark_call", "Watchdog",
+__all__ = ["job_group", "run_with_deadline", "cancel_group", "task_error", "worker_crash", "spark_call", "Watchdog",
            "default_round_deadline", "check_barrier_slots", "task_slots", "quietly", "python_workers_starting"]
 
 log = logging.getLogger(__name__)
@@ -251,12 +252,44 @@ def task_error(exc: BaseException | str) -> EngineError:
     m = _WORKER_RE.search(text)
     if m:
         tail = _TAIL_RE.search(text)
-        return WorkerError(m.group(2).strip(), rank=int(m.group(1)), log_tail=tail.group(1).strip() if tail else "")
+        message = m.group(2).strip()
+        kind = WorkerOutOfMemory if message.startswith(WorkerOutOfMemory.MARK) else WorkerError
+        return kind(message, rank=int(m.group(1)), log_tail=tail.group(1).strip() if tail else "")
+    if crash := worker_crash(text):
+        return crash
     # Py4J's first line names only the Java call ("An error occurred while calling z:...collectAndServe."); Spark's
     # reason follows it ("org.apache.spark.SparkException: Job aborted due to stage failure: ...")
     lines = [ln.removeprefix(": ") for ln in text.splitlines()
              if ln.strip() and not ln.startswith("An error occurred while calling")][:6]
     return EngineError("Spark job failed: " + "\n".join(lines))
+
+
+_CRASH_RE = re.compile(r"(?:ResultTask\(\d+, (\d+)\)|task (\d+)\.\d+ in stage).*?Python worker exited unexpectedly "
+                       r"\(crashed\)(?::\s*([^\n]*))?", re.S)
+
+
+def worker_crash(error: BaseException | str, memory_cap: str | None = None) -> WorkerError | None:
+    """A failed Spark job whose task's Python worker crashed (it could not report), as that task's worker's failure;
+    ``None`` where ``error`` says nothing of a crash. Under a cap on each Python worker's memory (``memory_cap``:
+    ``spark.executor.pyspark.memory``, which Spark applies as an address-space limit), a
+    :class:`~sparknet.errors.WorkerOutOfMemory`: a native thread or allocation that cannot get memory there aborts
+    the process (ZeroMQ's and torch's do), and a restart would crash the same way."""
+    m = _CRASH_RE.search(str(error))
+    if m is None:
+        return None
+    rank, how = int(m.group(1) or m.group(2)), (m.group(3) or "").strip() or "no Python traceback"
+    stacks = []  # the threads' stacks Python's fault handler wrote (Spark's own stack follows them)
+    for line in str(error)[m.end():].splitlines()[:60]:
+        if line.startswith(("\tat ", "org.apache.spark")):
+            break
+        stacks.append(line)
+    tail = "\n".join(stacks).strip()
+    if memory_cap is None:
+        return WorkerError(f"its Python worker crashed ({how})", rank=rank, log_tail=tail)
+    return WorkerOutOfMemory(f"{WorkerOutOfMemory.MARK}, most likely: its Python worker crashed ({how}) under the "
+                             f"cap of {parse_memory(memory_cap) / 2**20:,.0f} MiB that spark.executor.pyspark.memory "
+                             "puts on its address space, where a thread or a native allocation that cannot get memory "
+                             "aborts the process", rank=rank, log_tail=tail)
 
 
 def spark_call(fn, *args, **kwargs):

@@ -14,17 +14,12 @@ from __future__ import annotations
 import logging
 
 from sparknet.config import check_gpu_share
-from sparknet.spark.session import executor_slots, is_connect, is_local_master, local_slots, session_master
+from sparknet.spark.session import (executor_slots, is_connect, is_local_master, local_slots, session_master,
+                                   spark_setting)
 
 __all__ = ["gpu_profile", "with_profile"]
 
 log = logging.getLogger(__name__)
-
-
-def _conf(sc, key: str) -> str | None:
-    """A Spark setting of a SparkContext, or of a (Spark Connect) session's runtime configuration."""
-    value = sc.conf.get(key, None) if is_connect(sc) else sc.getConf().get(key, None)
-    return value if value not in (None, "") else None
 
 
 def _gpu_slots(sc, master: str, profile_id: int, per_task: float, have: float, cpus: int) -> int | None:
@@ -89,7 +84,7 @@ def gpu_profile(sc, gpus: float | None, workers: int | None = None, procs: int =
     if is_local_master(master) and not master.startswith("local-cluster"):
         return without(f"Spark cannot schedule GPUs by stage in local mode ({master}): the workers share this "
                        "machine's GPUs, task i on GPU i modulo their number")
-    have = _conf(sc, "spark.executor.resource.gpu.amount")
+    have = spark_setting(sc, "spark.executor.resource.gpu.amount")
     if have is None:
         raise ValueError(f"--gpus-per-worker {gpus} asks Spark for GPUs, but the executors of {master} have none: "
                          "set spark.executor.resource.gpu.amount and spark.executor.resource.gpu.discoveryScript "
@@ -97,14 +92,14 @@ def gpu_profile(sc, gpus: float | None, workers: int | None = None, procs: int =
     if gpus > float(have):
         raise ValueError(f"--gpus-per-worker {gpus} asks for more GPUs than an executor has "
                          f"(spark.executor.resource.gpu.amount={have})")
-    if (_conf(sc, "spark.dynamicAllocation.enabled") or "false").lower() == "true":
-        task = _conf(sc, "spark.task.resource.gpu.amount")
+    if (spark_setting(sc, "spark.dynamicAllocation.enabled") or "false").lower() == "true":
+        task = spark_setting(sc, "spark.task.resource.gpu.amount")
         return without("Spark takes a task-only resource profile only with dynamic allocation off; " +
                        (f"every task gets spark.task.resource.gpu.amount={task} GPUs instead" if task else
                         "set spark.task.resource.gpu.amount to give every task its share"))
     from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
 
-    cpus = int(_conf(sc, "spark.task.cpus") or 1)
+    cpus = int(spark_setting(sc, "spark.task.cpus") or 1)
     profile = ResourceProfileBuilder().require(TaskResourceRequests().cpus(cpus).resource("gpu", gpus)).build
     try:  # no job runs; a Spark Connect session registers the profile with its server
         record["profile"] = profile.id if is_connect(sc) else \

@@ -42,7 +42,7 @@ import torch
 from sparknet._malloc import keep_freed_memory
 from sparknet.checkpoint import CheckpointError, RoundCheckpoints, open_checkpoints, set_rng_state
 from sparknet.config import DistributedConfig, Engine, RunConfig, WorkerConfig, check_per_step_strategy
-from sparknet.errors import EngineError
+from sparknet.errors import EngineError, WorkerOutOfMemory
 from sparknet.faults import faults_from
 from sparknet.loop import FitPlan, ResumeState, average_summary, check_streaming
 from sparknet.metrics import rounds_summary
@@ -436,7 +436,11 @@ class SparkTrainer:
             t_train = time.perf_counter()
             mark("launch")
             run_engine = run_connect_stage if connect else _ENGINES[dist.engine]
-            global_flat, history, extra = run_engine(run)
+            try:
+                global_flat, history, extra = run_engine(run)
+            except WorkerOutOfMemory as exc:  # the worker said what it held; the fit says how to hold less
+                raise WorkerOutOfMemory(f"{exc._message}. {self._holding_less(4 * global_flat.numel(), exc._message)}",
+                                        exc.rank, exc.log_tail) from None
             train_s = time.perf_counter() - t_train
         finally:
             self._cleanup(sc, group, fit_id, staged, chunks, broadcasts)
@@ -473,6 +477,25 @@ class SparkTrainer:
         return TrainResult(weights=driver_net.get_weights(), history=history, summary=summary, net=driver_net)
 
     # -- pieces of fit ------------------------------------------------------------------------
+    def _holding_less(self, weight_bytes: int, report: str) -> str:
+        """How each of this fit's processes can hold less, for a worker that ran out of memory (``report``)."""
+        d, size = self.dist, f"{weight_bytes / 2**20:,.0f} MiB"
+        if "on its GPU" in report:  # a sharded replica and model parallelism run on the CPU only
+            return "Train with a smaller --batch-size or with --precision bf16, or on a GPU with more memory"
+        if d.shard_replica:
+            hold = (f"Each of a worker's {d.procs_per_worker} processes holds 1/{d.procs_per_worker} of the replica's "
+                    f"{size} of weights and of its solver state: more processes a worker (--procs-per-worker) hold "
+                    "less each")
+        elif d.model_parallel > 1:
+            hold = (f"Each process holds 1/{d.model_parallel} of the replica's layers: more parts (--model-parallel) "
+                    "hold less each")
+        else:
+            hold = (f"Each process holds the whole replica, {size} of weights, beside its solver state and the round's "
+                    f"copies of them: {'' if d.engine is Engine.BARRIER else '--engine barrier '}--procs-per-worker G "
+                    "--shard-replica splits the weights and the solver state over a worker's G processes (FSDP2)")
+        more = "raise the cap (spark.executor.pyspark.memory)" if "under the cap" in report else "give it more memory"
+        return f"{hold}; or {more}, or train with a smaller --batch-size"
+
     def _open_checkpoints(self, driver_net: Net) -> tuple[RoundCheckpoints | None, ResumeState | None]:
         """The checkpoint folder (checked writable) and, with ``dist.resume``, the state to resume from (its weights
         loaded into ``driver_net``)."""

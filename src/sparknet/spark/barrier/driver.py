@@ -23,10 +23,10 @@ import torch
 from torch.distributed import TCPStore
 
 from sparknet.config import Engine
-from sparknet.errors import DeadlineExceeded, EngineError, NonFiniteUpdate
+from sparknet.errors import DeadlineExceeded, EngineError, NonFiniteUpdate, WorkerOutOfMemory
 from sparknet.loop import ResumeState
 from sparknet.parallel.mesh import cut_state, join_shards
-from sparknet.spark.backend import Held, run_with_deadline, task_error, task_slots
+from sparknet.spark.backend import Held, run_with_deadline, task_error, task_slots, worker_crash
 from sparknet.spark.resources import gpu_profile, with_profile
 from sparknet.spark.barrier.executor import (RESULT_SCHEMA, GroupPlan, StagePlan, StagedRowsMissing, run_barrier,
                                              run_barrier_frame)
@@ -35,7 +35,7 @@ from sparknet.spark.rounds.executor import pack_spec
 from sparknet._tensortree import unpack_tree
 from sparknet.spark.data import folded, is_dataframe
 from sparknet.spark._channel import MetricsReceiver, new_secret
-from sparknet.spark.session import is_local_master, session_master
+from sparknet.spark.session import is_local_master, session_master, spark_setting
 
 __all__ = ["BarrierStage", "run_barrier_engine", "run_connect_stage", "connect_refusal", "workers_to_restart"]
 
@@ -374,8 +374,11 @@ class BarrierStage:
         if "error" in outcome:
             # the rank that failed first on its own, not a peer whose collective broke because of it
             first = sorted(self.errors, key=lambda e: (bool(e.get("collective")), e.get("time", 0.0)))
-            cause = task_error(first[0]["text"]) if first else task_error(outcome["error"])
-            fatal = any(e.get("fatal") for e in self.errors)
+            # a rank whose Python worker crashed reported nothing: its peers' broken collectives are not the cause
+            crash = None if first and not first[0].get("collective") else worker_crash(
+                outcome["error"], spark_setting(sc, "spark.executor.pyspark.memory"))
+            cause = crash or (task_error(first[0]["text"]) if first else task_error(outcome["error"]))
+            fatal = any(e.get("fatal") for e in self.errors) or isinstance(crash, WorkerOutOfMemory)
             raise _StageFailed(cause, fatal) from outcome["error"]
         final, full_history, workers = _stage_result(outcome.get("rows") or [], self.final)
         if final is None:
@@ -501,7 +504,8 @@ def run_connect_stage(run: EngineRun):
             raise
         except EngineError as exc:
             text = f"{exc}\n{exc.__cause__ or ''}"
-            if NonFiniteUpdate.__name__ in text or len(restarts) >= opts.max_restarts:
+            fatal = NonFiniteUpdate.__name__ in text or isinstance(exc, WorkerOutOfMemory)  # a restart would diverge,
+            if fatal or len(restarts) >= opts.max_restarts:  # or run out of memory, the same way
                 raise
             first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             restarts.append({"after_round": 0, "error": first_line})

@@ -40,7 +40,7 @@ from sparknet._malloc import large_blocks_mapped
 from sparknet._transport import ClientKeys
 from sparknet.collective import CollectiveExchange, FIELDS
 from sparknet.config import Streaming
-from sparknet.errors import NonFiniteUpdate
+from sparknet.errors import NonFiniteUpdate, WorkerOutOfMemory
 from sparknet.loop import FitPlan, ResumeState, WeightAverage, run_rounds
 from sparknet.parallel.mesh import cut_state, init_layout
 from sparknet.parallel.tensor import local_weight_bytes
@@ -196,7 +196,9 @@ def _report_failure(params: StagePlan, rank: int, exc: BaseException, text: str,
         try:
             sender.send({"event": "error", "rank": rank, "type": type(exc).__name__, "text": text[-8000:],
                          "collective": collective,
-                         "time": time.time(), "fatal": isinstance(exc, NonFiniteUpdate)})
+                         "time": time.time(),
+                         # a restart would diverge, or run out of memory, the same way
+                         "fatal": isinstance(exc, NonFiniteUpdate) or f"] {WorkerOutOfMemory.MARK}" in text[:200]})
         finally:
             sender.close()
     except Exception:  # pragma: no cover - the task fails anyway

@@ -51,6 +51,7 @@ import torch
 from sparknet._enums import CompressionKind
 from sparknet._malloc import keep_freed_memory
 from sparknet._tensortree import load_tree, pack_tree, save_tree
+from sparknet.errors import WorkerOutOfMemory
 from sparknet.faults import due_fault
 from sparknet.loop import ResumeState, RoundPlan
 from sparknet.net import Net
@@ -375,10 +376,47 @@ def unpack_spec(packed: tuple[str, bytes]) -> WorkerSpec:
 
 
 def worker_failure(rank: int, exc: BaseException) -> RuntimeError:
-    """An exception whose text the driver turns back into a WorkerError with this rank."""
+    """An exception whose text the driver turns back into a WorkerError with this rank (a
+    :class:`~sparknet.errors.WorkerOutOfMemory` where the process could not get memory: :func:`out_of_memory`)."""
     tail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-12:])
-    return RuntimeError(f"[sparknet-worker {rank}] {type(exc).__name__}: {exc}\n[sparknet-tail]\n{tail}"
-                        "[sparknet-end]")
+    head = out_of_memory(exc)
+    if head is not None:  # what the failed frames held goes back before the report to the driver takes any (a
+        traceback.clear_frames(exc.__traceback__)  # ZeroMQ context's thread that cannot start aborts the process)
+        gc.collect()
+    head = head or f"{type(exc).__name__}: {exc}"
+    return RuntimeError(f"[sparknet-worker {rank}] {head}\n[sparknet-tail]\n{tail}[sparknet-end]")
+
+
+def out_of_memory(exc: BaseException) -> str | None:
+    """Where ``exc`` says this process could not get memory: that, with what it held then (``None`` otherwise).
+
+    On the CPU, a Python worker's memory is capped where Spark sets ``spark.executor.pyspark.memory``: Spark limits
+    the worker's address space to it (``RLIMIT_AS``), and an allocation past it fails as ``MemoryError`` (torch's:
+    "can't allocate memory"; a thread's stack: "Resource temporarily unavailable"). The text names the cap and the
+    process's peaks, mapped and resident; it begins with :data:`~sparknet.errors.WorkerOutOfMemory.MARK`."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    what = f"{type(exc).__name__}{': ' + first if first else ''}"
+    if isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError) and "CUDA out of memory" in first):
+        return f"{WorkerOutOfMemory.MARK} on its GPU ({what})"
+    cap = _address_space_cap()
+    if not (isinstance(exc, MemoryError) or any(s in first for s in ("can't allocate memory", "bad_alloc"))
+            or (cap is not None and "Resource temporarily unavailable" in first)):
+        return None
+    mapped, resident = _status_mb("VmPeak:"), peak_rss_mb()
+    by = " that spark.executor.pyspark.memory puts" if os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB") else ""
+    where = "" if cap is None else f" under the cap of {cap:,.0f} MiB{by} on its address space"
+    peaks = [f"{v:,.0f} MiB {k}" for k, v in (("mapped", mapped), ("resident", resident)) if v is not None]
+    return f"{WorkerOutOfMemory.MARK} ({what}){where}{'; at its peak ' + ', '.join(peaks) if peaks else ''}"
+
+
+def _address_space_cap() -> float | None:
+    """This process's address-space limit in MiB (``RLIMIT_AS``), or ``None`` where it has none."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - not on Windows
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else soft / 2**20
 
 
 # -- the process-global cache -------------------------------------------------------------------
