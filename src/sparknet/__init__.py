@@ -18,8 +18,8 @@ import importlib
 _EXPORTS = {
     **dict.fromkeys(("DistributedConfig", "Engine", "RunConfig", "Strategy", "TrainConfig", "WorkerConfig"),
                     "sparknet.config"),
-    **dict.fromkeys(("DatasetError", "DeadlineExceeded", "EngineError", "GraphError", "SparkNetError", "WorkerError"),
-                    "sparknet.errors"),
+    **dict.fromkeys(("DatasetError", "DeadlineExceeded", "EngineError", "GraphError", "SparkNetError", "WorkerError",
+                     "WorkerOutOfMemory"), "sparknet.errors"),
     **dict.fromkeys(("AccuracyLayer", "ActivationLayer", "BatchNormLayer", "ConcatLayer", "ConvLayer", "DropoutLayer",
                      "EltwiseLayer", "EmbeddingLayer", "Filler", "FlattenLayer", "GraphModule", "InputLayer",
                      "LinearLayer", "LRNLayer", "LSTMLayer", "NetParams", "PoolLayer", "RDDLayer", "ReshapeLayer",
@@ -62,7 +62,8 @@ __all__ = [
     "SolverConfig", "SolverType", "LRPolicy", "WorkerConfig", "RunConfig", "DistributedConfig", "TrainConfig", "Engine",
     "Strategy", "TrainingStrategy", "make_strategy",
     # errors
-    "SparkNetError", "GraphError", "DatasetError", "EngineError", "WorkerError", "DeadlineExceeded",
+    "SparkNetError", "GraphError", "DatasetError", "EngineError", "WorkerError", "WorkerOutOfMemory",
+    "DeadlineExceeded",
     # modules
     "datasets", "zoo",
 ]

@@ -6,7 +6,7 @@ On ``local[4]`` with every Python worker capped at 3,300 MiB, an MLP of 240 MiB 
 round's copies of them and, uncapped, maps 3.4-4.1 GiB at its peak (rank 0, which sends the state to the driver, the
 most): the fit fails at once, its error naming the cap and ``--shard-replica``. Sharded over each worker's two
 processes, each maps at most about 2.5 GiB and the fit trains; the weights the driver joins score what the workers
-reported. (On two cores: the sharded fit still fails under a 2,700 MiB cap, the whole one still under 3,700 MiB.)
+reported. (Measured on two cores: the sharded fit fails under a cap of 2,700 MiB, the whole one under 3,700 MiB too.)
 """
 
 from __future__ import annotations
