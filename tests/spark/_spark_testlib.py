@@ -25,8 +25,6 @@ BASE_CONF = {
     "spark.python.worker.reuse": "true",
     "spark.python.unix.domain.socket.enabled": "true",  # as sparknet's own sessions (get_session) set it
     SIMPLIFIED_TRACEBACK_KEY: "1",  # so too: the workers of RDD and mapInArrow jobs come from one daemon
-    "spark.python.worker.faulthandler.enabled": "true",  # so too: a crashed worker's stacks come with Spark's error
-    "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
 }
 
 

@@ -383,11 +383,6 @@ def session_settings(master: str | None, conf: dict | None = None, level: str | 
         # variable where its RDD runner does not: with it set for both, one daemon forks the workers of both,
         # and the staging job does not wait for a second one to import torch and sparknet (seconds a session)
         SIMPLIFIED_TRACEBACK_KEY: "1",
-        # a Python worker that crashes (a native abort or fault: ZeroMQ's and torch's past a memory cap) sends its
-        # threads' stacks with Spark's error, which the driver reports as that worker's (backend.worker_crash); set
-        # for the RDD and the SQL runners alike, so that their workers still come from one daemon
-        "spark.python.worker.faulthandler.enabled": "true",
-        "spark.sql.execution.pyspark.udf.faulthandler.enabled": "true",
     }
     if not _user_sets_driver_memory(conf):
         # Spark's default 1 GiB heap runs out: in local mode every task's rows pass through the one JVM
