@@ -41,9 +41,13 @@ def new_secret() -> bytes:
 
 
 def _mac(secret: bytes, body: bytes, payload: bytes | None = None) -> bytes:
+    mac = hmac.new(secret, digestmod=hashlib.sha256)
     if payload is not None:  # the body's length first, so no split of the bytes verifies twice
-        body = len(body).to_bytes(8, "little") + body + payload
-    return hmac.new(secret, body, hashlib.sha256).digest()
+        mac.update(len(body).to_bytes(8, "little"))
+    mac.update(body)
+    if payload is not None:  # read where it lies: a state is the size of the weights
+        mac.update(payload)
+    return mac.digest()
 
 
 class MetricsReceiver(contextlib.AbstractContextManager):
