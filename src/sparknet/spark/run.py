@@ -246,5 +246,9 @@ def _prepare(run: RunConfig, ages: dict):
     train, test, info = load_training_data(run)
     ages["loaded"] = process_age_s()
     net_params = build_model(run, info)
+    try:  # what the session's first Java calls with arguments import, here while the JVM starts: pyspark's numpy
+        import pyspark.testing.utils  # noqa: F401  converter asks this module whether numpy is there, and it
+    except ImportError:  # imports pandas (0.3 s on the main thread's way to the session otherwise)
+        pass
     return train, test, info, net_params
 
