@@ -99,7 +99,7 @@ def test_a_crashed_python_worker_is_named_with_its_stacks_and_under_a_cap_is_out
      "(FSDP2); or raise the cap (spark.executor.pyspark.memory), or train with a smaller --batch-size"),
     ({"engine": "rounds"}, "ran out of memory (MemoryError)",
      ": --engine barrier --procs-per-worker G --shard-replica"),
-    ({"engine": "rounds"}, "ran out of memory (MemoryError)", "; or give it more memory, or"),
+    ({"engine": "rounds"}, "ran out of memory (MemoryError)", "; or give each process more memory, or"),
     ({"engine": "barrier", "procs_per_worker": 2, "shard_replica": True},
      "ran out of memory (MemoryError) under the cap",
      "Each of a worker's 2 processes holds 1/2 of the replica's 1 MiB of weights and of its solver state: more "

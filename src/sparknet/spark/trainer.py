@@ -493,7 +493,8 @@ class SparkTrainer:
             hold = (f"Each process holds the whole replica, {size} of weights, beside its solver state and the round's "
                     f"copies of them: {'' if d.engine is Engine.BARRIER else '--engine barrier '}--procs-per-worker G "
                     "--shard-replica splits the weights and the solver state over a worker's G processes (FSDP2)")
-        more = "raise the cap (spark.executor.pyspark.memory)" if "under the cap" in report else "give it more memory"
+        more = ("raise the cap (spark.executor.pyspark.memory)" if "under the cap" in report else
+                "give each process more memory")
         return f"{hold}; or {more}, or train with a smaller --batch-size"
 
     def _open_checkpoints(self, driver_net: Net) -> tuple[RoundCheckpoints | None, ResumeState | None]:

@@ -46,7 +46,7 @@ from sparknet.parallel.mesh import cut_state, init_layout
 from sparknet.parallel.tensor import local_weight_bytes
 from sparknet.weights import local_view
 from sparknet.parallel.runner import run_rank
-from sparknet.spark.backend import Held
+from sparknet.spark.backend import Held, task_error
 from sparknet._tensortree import pack_tree
 from sparknet.spark._channel import MetricsSender, _jsonable
 from sparknet.rowfile import RowFile
@@ -198,7 +198,7 @@ def _report_failure(params: StagePlan, rank: int, exc: BaseException, text: str,
                          "collective": collective,
                          "time": time.time(),
                          # a restart would diverge, or run out of memory, the same way
-                         "fatal": isinstance(exc, NonFiniteUpdate) or f"] {WorkerOutOfMemory.MARK}" in text[:200]})
+                         "fatal": isinstance(exc, NonFiniteUpdate) or isinstance(task_error(text), WorkerOutOfMemory)})
         finally:
             sender.close()
     except Exception:  # pragma: no cover - the task fails anyway
