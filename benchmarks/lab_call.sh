@@ -12,7 +12,10 @@
 # 33's K = 8 criteria need every peer in one script run. Then `lenet_gpu k8_engines`: issue 34's shared GPU and the
 # phases (the third visit's K = 8 staged 3.4 s after `planned`, K = 16 5.6 s: each of K tasks decoded the whole
 # Parquet file and a fresh worker spent 0.5 s before its first task; is `staged` now about a second after `planned`?
-# if not, the daemon loaded for itself).
+# if not, the daemon loaded for itself). The third visit's K = 8 spent 4.1 s between `session` and `data` (two cores
+# spend none): the summary's phases now say when the data set was `loaded` and the model `built` in the data thread,
+# which since 2026-11-28 also imports what pyspark's first Java calls import (pandas): read them before changing
+# anything there.
 #
 # Steps (seconds each needs on an H200 machine; what each took on 2026-11-28, commit 363aa95, in brackets):
 #   warm       a short K = 2 run, then its driver JVM's class archive settled (session.class_archive_options), so

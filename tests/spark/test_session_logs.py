@@ -151,9 +151,10 @@ def test_sparknet_train_with_its_output_in_a_log_writes_one_progress_line_per_ro
     assert summary["setup_s"] < summary["first_round_s"] == result["first_round_s"] < result["command_s"]
     # when each step before it ended, in the command's seconds, in the order they run (the rounds engine stages)
     phases = summary["phases_s"]
-    # the data set loaded in a thread while the session starts
-    assert list(phases)[0] == "imported" and set(list(phases)[1:3]) == {"loaded", "session"}
-    assert list(phases)[3:] == ["data", "fit", "planned", "staged", "checked", "launch", "first_round"]
+    # the data set loaded and the model built in a thread while the session starts
+    assert list(phases)[0] == "imported" and set(list(phases)[1:4]) == {"loaded", "built", "session"}
+    assert list(phases).index("loaded") < list(phases).index("built")
+    assert list(phases)[4:] == ["data", "fit", "planned", "staged", "checked", "launch", "first_round"]
     assert 0 < phases["session"] and all(a <= b for a, b in zip(phases.values(), list(phases.values())[1:]))
     assert phases["first_round"] == summary["first_round_s"]
     assert summary["rounds_s"] == pytest.approx(sum(r["round_s"] for r in rounds))

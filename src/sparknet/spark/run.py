@@ -246,6 +246,7 @@ def _prepare(run: RunConfig, ages: dict):
     train, test, info = load_training_data(run)
     ages["loaded"] = process_age_s()
     net_params = build_model(run, info)
+    ages["built"] = process_age_s()
     try:  # what the session's first Java calls with arguments import, here while the JVM starts: pyspark's numpy
         import pyspark.testing.utils  # noqa: F401  converter asks this module whether numpy is there, and it
     except ImportError:  # imports pandas (0.3 s on the main thread's way to the session otherwise)
