@@ -80,7 +80,8 @@ def unpack_tree(data: bytes | bytearray | memoryview, device: str | torch.device
     TreeFileError
         The bytes are not a tree, or are cut short (``where`` names them).
     """
-    data = data if isinstance(data, bytearray) else bytearray(data)
+    if not (isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)):
+        data = bytearray(data)  # torch reads a writable buffer in place; each tensor is copied out of it below
     if data[:len(_MAGIC)] != _MAGIC or len(data) < len(_MAGIC) + 8:
         raise TreeFileError(f"{where} is not a sparknet tree")
     (size,) = struct.unpack_from("<Q", data, len(_MAGIC))

@@ -149,6 +149,27 @@ def _push(rx, frames, timeout_s: float = 5.0):
         sender.close()
 
 
+def test_a_payload_arrives_as_a_view_of_the_message_and_a_state_reads_back_from_it():
+    import torch
+
+    from sparknet._tensortree import pack_tree, unpack_tree
+
+    secret, state = new_secret(), {"global": torch.randn(100_000), "round": 2}
+    with MetricsReceiver("127.0.0.1", "127.0.0.1", secret, max_bytes=4 << 20) as receiver:
+        sender = MetricsSender(receiver.endpoint, secret, receiver.client_keys)
+        try:
+            assert sender.send({"event": "state", "round": 2}, pack_tree(state))
+            message = receiver.recv(5.0)
+        finally:
+            sender.close()
+    payload = message.pop("payload")
+    assert message == {"event": "state", "round": 2}
+    # the received bytes themselves (no copy of a state the size of the weights), writable, as torch reads them
+    assert isinstance(payload, memoryview) and not payload.readonly and bytes(payload) == bytes(pack_tree(state))
+    tree = unpack_tree(payload)
+    assert tree["round"] == 2 and torch.equal(tree["global"], state["global"])
+
+
 def test_the_receiver_binds_the_given_host_not_every_interface(rx):
     bound = rx._listener.socket.getsockopt_string(zmq.LAST_ENDPOINT)
     assert bound.startswith("tcp://127.0.0.1:") and bound == rx.endpoint

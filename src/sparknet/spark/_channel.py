@@ -93,7 +93,8 @@ class MetricsReceiver(contextlib.AbstractContextManager):
     def recv(self, timeout_s: float) -> dict | None:
         """The next verified record, or ``None`` when none arrives within ``timeout_s`` (or it is dropped).
 
-        A record sent with a payload holds it as bytes under ``"payload"``.
+        A record sent with a payload holds it under ``"payload"``: a writable view of the message's own bytes, not
+        a copy (a state is the size of the weights, every round).
         """
         sock = self._listener.socket
         deadline = time.monotonic() + timeout_s
@@ -119,7 +120,7 @@ class MetricsReceiver(contextlib.AbstractContextManager):
             self.rejected += 1
             self._throttle("shape", "dropped a metrics message of %d frames and %d bytes", count, size)
             return None
-        body, payload, mac = frames[0].bytes, frames[1].bytes if count == 3 else None, frames[-1].bytes
+        body, payload, mac = frames[0].bytes, frames[1].buffer if count == 3 else None, frames[-1].bytes
         if not hmac.compare_digest(_mac(self._secret, body, payload), mac):
             self.rejected += 1
             self._throttle("hmac", "dropped a metrics message that failed authentication")
