@@ -475,17 +475,16 @@ def task_memory(sc) -> tuple[int, str]:
     (the driver's on a ``local[...]`` master), shared by the tasks one executor runs at once. ``sc`` may be a
     Spark Connect session (its settings are the server's).
     """
-    from sparknet.spark.session import executor_slots, is_connect, is_local_master, parse_memory, session_master
+    from sparknet.spark.session import executor_slots, is_local_master, parse_memory, session_master, spark_setting
 
-    conf = sc.conf if is_connect(sc) else sc.getConf()
     master = session_master(sc).strip()
-    slots = executor_slots(master) or int(conf.get("spark.executor.cores", "1"))
+    slots = executor_slots(master) or int(spark_setting(sc, "spark.executor.cores") or "1")
     in_driver = is_local_master(master) and not master.startswith("local-cluster")  # local[...]: one JVM
     key = "spark.executor.pyspark.memory"
-    if not conf.get(key, None):
+    if spark_setting(sc, key) is None:
         key = "spark.driver.memory" if in_driver else "spark.executor.memory"
-    total = parse_memory(conf.get(key, "1g"))
-    return total // max(1, slots), f"{key} {conf.get(key, '1g')} over {slots} task slot(s)"
+    value = spark_setting(sc, key) or "1g"
+    return parse_memory(value) // max(1, slots), f"{key} {value} over {slots} task slot(s)"
 
 
 def chunk_bytes_for(sc) -> int:
