@@ -258,6 +258,16 @@ class BarrierStage:
             else:
                 slot["workers"][int(msg["rank"])] = tree
             self._maybe_checkpoint(int(msg["round"]))
+            self._forget_old()
+
+    def _forget_old(self) -> None:
+        """Drop the rounds behind :attr:`latest` that no checkpoint still waits for: each holds a copy of the
+        weights, and a fit without checkpoints would otherwise keep one for every round it ran."""
+        cp = self.checkpoints
+        if self.latest is not None:
+            for r in [r for r in self.pending if r < self.latest.round and (cp is None or not cp.due(r)
+                                                                          or r in cp.written)]:
+                del self.pending[r]
 
     def _maybe_checkpoint(self, r: int) -> None:
         slot = self.pending.get(r)
