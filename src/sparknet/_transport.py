@@ -6,11 +6,13 @@ engine's metrics PULL (:mod:`sparknet.spark._channel`) and the rounds engine's r
 connect with :class:`Dialer`):
 
 - **CurveZMQ** (X25519 key exchange, then XSalsa20-Poly1305 on every frame). The driver makes a server keypair and one
-  client keypair per server; the workers get the client keypair and the server's public key in their job's closure, as
-  they get the job's HMAC secret. A ZAP handler (:class:`Gate`) lets in that one client key and nothing else. A peer
-  without the client's secret key cannot finish the handshake, so it cannot send a single frame: this matters because
-  libzmq buffers the parts of an unfinished multi-part message with no limit (its high-water mark counts whole
-  messages), so who may send parts at all has to be settled before any part is read.
+  client keypair per server; the workers get the client keypair and the server's public key in their job's closure.
+  A ZAP handler (:class:`Gate`) lets in that one client key and nothing else. A peer without the client's secret key
+  cannot finish the handshake, so it cannot send a single frame: this matters because libzmq buffers the parts of an
+  unfinished multi-part message with no limit (its high-water mark counts whole messages), so who may send parts at
+  all has to be settled before any part is read. On a local master the relay and the channel listen instead on a
+  Unix socket in a folder only the driver's user can open (``keys=None``): no CurveZMQ, whose encryption of a large
+  net's weights every round would take the cores the workers train on.
 - **ZMQ_MAXMSGSIZE**: a frame announcing more bytes than the model can need disconnects its sender before anything is
   allocated for it, during the handshake too.
 - **ZMQ_HANDSHAKE_IVL**: a connection that has not finished its handshake within :attr:`Limits.handshake_s` is closed.
@@ -19,8 +21,9 @@ connect with :class:`Dialer`):
   :attr:`Limits.dead_after_s` (a host that died without closing its connections) is closed. libzmq answers pings in
   its own I/O thread, so a busy worker stays.
 
-The HMAC of each message (the parameter server's wire format, the channel's records) stays as it was: CurveZMQ says
-who may connect to the driver, the HMAC which job a message belongs to.
+The parameter server's messages carry an HMAC too (its wire format): one server outlives many jobs, and the HMAC says
+which job a message belongs to. The barrier engine's channel and the rounds engine's relay are made for one fit, so
+their keys say that already.
 
 Log lines about what peers send are bounded by :class:`LogThrottle`.
 """

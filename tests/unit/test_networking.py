@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import stat
 import sys
 from types import SimpleNamespace
 
@@ -20,7 +21,7 @@ import zmq
 from sparknet.ps import ParameterServer
 from sparknet.spark.barrier import executor as _barrier
 from sparknet.spark.barrier.executor import GroupPlan, gloo_interface, interface_for_address, rendezvous
-from sparknet.spark._channel import MetricsReceiver, MetricsSender, new_secret
+from sparknet.spark._channel import MetricsReceiver, MetricsSender
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="interface addresses are read the Linux way")
 CLUSTER = GroupPlan(workers=1, local=False, rendezvous_timeout_s=10, collective_timeout_s=10)
@@ -123,14 +124,12 @@ def test_rendezvous_keeps_the_users_interface(fake_dist, monkeypatch, caplog):
 
 @pytest.fixture
 def rx():
-    secret = new_secret()
-    with MetricsReceiver("127.0.0.1", "127.0.0.1", secret, max_bytes=4096) as receiver:
-        receiver.secret = secret
+    with MetricsReceiver("127.0.0.1", "127.0.0.1", max_bytes=4096) as receiver:
         yield receiver
 
 
 def _honest_record_arrives(rx) -> None:
-    sender = MetricsSender(rx.endpoint, rx.secret, rx.client_keys)
+    sender = MetricsSender(rx.endpoint, rx.client_keys)
     try:
         assert sender.send({"event": "round", "round": 1})
         assert rx.recv(5.0) == {"event": "round", "round": 1}
@@ -140,7 +139,7 @@ def _honest_record_arrives(rx) -> None:
 
 def _push(rx, frames, timeout_s: float = 5.0):
     """Send raw frames with the channel's keys; what the receiver makes of them (None: dropped or nothing)."""
-    sender = MetricsSender(rx.endpoint, rx.secret, rx.client_keys)
+    sender = MetricsSender(rx.endpoint, rx.client_keys)
     try:
         sender._dialer.socket.send_multipart(frames)
         return rx.recv(timeout_s)  # the receiver checks the sender's key while it waits
@@ -149,14 +148,15 @@ def _push(rx, frames, timeout_s: float = 5.0):
         sender.close()
 
 
-def test_a_payload_arrives_as_a_view_of_the_message_and_a_state_reads_back_from_it():
+@pytest.mark.parametrize("local", [False, True], ids=["tcp", "unix"])
+def test_a_payload_arrives_as_a_view_of_the_message_and_a_state_reads_back_from_it(local):
     import torch
 
     from sparknet._tensortree import pack_tree, unpack_tree
 
-    secret, state = new_secret(), {"global": torch.randn(100_000), "round": 2}
-    with MetricsReceiver("127.0.0.1", "127.0.0.1", secret, max_bytes=4 << 20) as receiver:
-        sender = MetricsSender(receiver.endpoint, secret, receiver.client_keys)
+    state = {"global": torch.randn(100_000), "round": 2}
+    with MetricsReceiver("127.0.0.1", "127.0.0.1", max_bytes=4 << 20, local=local) as receiver:
+        sender = MetricsSender(receiver.endpoint, receiver.client_keys)
         try:
             assert sender.send({"event": "state", "round": 2}, pack_tree(state))
             message = receiver.recv(5.0)
@@ -170,6 +170,22 @@ def test_a_payload_arrives_as_a_view_of_the_message_and_a_state_reads_back_from_
     assert tree["round"] == 2 and torch.equal(tree["global"], state["global"])
 
 
+def test_on_a_local_master_the_channel_is_a_unix_socket_only_this_user_can_open_removed_at_close():
+    """Every executor on the driver's machine: no CurveZMQ (a large net's state is not encrypted and decrypted
+    every round on the cores the workers train on); the folder's mode keeps other users out, and it goes at close."""
+    receiver = MetricsReceiver("127.0.0.1", "127.0.0.1", max_bytes=4096, local=True)
+    try:
+        assert receiver.client_keys is None and receiver.endpoint.startswith("ipc://")
+        folder = os.path.dirname(receiver.endpoint[len("ipc://"):])
+        assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700 and os.stat(folder).st_uid == os.getuid()
+        _honest_record_arrives(receiver)
+        assert _push(receiver, [b"[1, 2]"], timeout_s=2.0) is None and receiver.rejected == 1  # JSON, not a record
+    finally:
+        receiver.close()
+    assert not os.path.exists(folder)
+    receiver.close()  # again: nothing left to do
+
+
 def test_the_receiver_binds_the_given_host_not_every_interface(rx):
     bound = rx._listener.socket.getsockopt_string(zmq.LAST_ENDPOINT)
     assert bound.startswith("tcp://127.0.0.1:") and bound == rx.endpoint
@@ -177,11 +193,9 @@ def test_the_receiver_binds_the_given_host_not_every_interface(rx):
 
 @pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback")
 def test_the_receiver_binds_an_ipv6_address():
-    secret = new_secret()
-    with MetricsReceiver("::1", "::1", secret) as receiver:
+    with MetricsReceiver("::1", "::1") as receiver:
         assert receiver._listener.socket.getsockopt_string(zmq.LAST_ENDPOINT) == receiver.endpoint
         assert receiver.endpoint.startswith("tcp://[::1]:")
-        receiver.secret = secret
         _honest_record_arrives(receiver)
 
 
@@ -205,7 +219,7 @@ def test_a_frame_claiming_more_than_the_cap_disconnects_its_peer_unread(rx):
 
 
 def test_a_frame_bigger_than_the_cap_is_dropped(rx):
-    assert _push(rx, [b"x" * 5000, b"mac"], timeout_s=0.5) is None and rx.rejected == 0  # never read
+    assert _push(rx, [b"x" * 5000, b"p"], timeout_s=0.5) is None and rx.rejected == 0  # never read
     _honest_record_arrives(rx)
 
 
@@ -214,14 +228,15 @@ def test_frames_together_bigger_than_the_cap_are_dropped(rx):
     _honest_record_arrives(rx)
 
 
-def test_a_message_of_four_frames_is_dropped_unparsed(rx):
-    assert _push(rx, [b'{"event": "round", "round": 9}', b"p", b"q", b"mac"]) is None and rx.rejected == 1
+def test_a_message_of_three_frames_is_dropped_unparsed(rx):
+    assert _push(rx, [b'{"event": "round", "round": 9}', b"p", b"q"]) is None and rx.rejected == 1
     _honest_record_arrives(rx)
 
 
-def test_an_unsigned_message_is_dropped(rx):
-    assert _push(rx, [b'{"event": "round", "round": 9}']) is None and rx.rejected == 1
-    assert _push(rx, [b'{"event": "round", "round": 9}', b""]) is None and rx.rejected == 2
+def test_a_body_that_is_not_a_json_object_is_dropped(rx):
+    assert _push(rx, [b'\xff{"event"']) is None and rx.rejected == 1  # not UTF-8
+    assert _push(rx, [b'{"event": "round"']) is None and rx.rejected == 2  # not JSON
+    assert _push(rx, [b'["round", 9]', b"p"]) is None and rx.rejected == 3  # JSON, not an object
     _honest_record_arrives(rx)
 
 

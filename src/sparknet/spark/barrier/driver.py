@@ -34,7 +34,7 @@ from sparknet.spark.engine import EngineOptions, EngineRun
 from sparknet.spark.rounds.executor import pack_spec
 from sparknet._tensortree import unpack_tree
 from sparknet.spark.data import folded, is_dataframe
-from sparknet.spark._channel import MetricsReceiver, new_secret
+from sparknet.spark._channel import MetricsReceiver
 from sparknet.spark.session import is_local_master, session_master, spark_setting
 
 __all__ = ["BarrierStage", "run_barrier_engine", "run_connect_stage", "connect_refusal", "workers_to_restart"]
@@ -293,9 +293,8 @@ class BarrierStage:
         sc, group, spec, dist, opts = run.sc, run.group, run.spec, run.dist, run.options
         K = self.workers * dist.procs_per_worker
         local, host = run.driver_address()
-        secret = new_secret()
         # the largest message: a rank's solver and strategy state, or the global weights with the strategy's state
-        receiver = MetricsReceiver(host, host, secret, max_bytes=run.state_bytes())
+        receiver = MetricsReceiver(host, host, max_bytes=run.state_bytes(), local=local)
         outcome: dict = {}
         clock = {"ready": None, "heard": time.perf_counter()}
         store = None
@@ -323,7 +322,7 @@ class BarrierStage:
                                 collective_timeout_s=opts.collective_timeout_s, procs_per_worker=dist.procs_per_worker,
                                 shard_replica=dist.shard_replica,
                                 store=None if store is None else f"{host}:{store.port}"),
-                fit=run.plan, endpoint=receiver.endpoint, secret=secret, keys=receiver.client_keys,
+                fit=run.plan, endpoint=receiver.endpoint, keys=receiver.client_keys,
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,
                 streaming=dist.streaming(), staged=run.source is not run.chunks, parts=parts)

@@ -94,10 +94,9 @@ class StagePlan:
     """The fit's rules (each rank follows its own copy; a restart's counters and states come in its start)."""
     endpoint: str | None = None
     """The driver's metrics channel (``None``: no channel)."""
-    secret: bytes | None = field(default=None, repr=False)
-    """The channel's per-fit key."""
     keys: ClientKeys | None = field(default=None, repr=False)
-    """The channel's CurveZMQ client keys (its socket lets in no other peer)."""
+    """The channel's CurveZMQ client keys, made for this fit (its socket lets in no other peer); ``None`` on a local
+    master, whose channel is a Unix socket only this user can open."""
     restart: int = 0
     """How many times the stage was started again (0 for the first attempt)."""
     state_every_rounds: int = 1
@@ -192,7 +191,7 @@ def _report_failure(params: StagePlan, rank: int, exc: BaseException, text: str,
     if not params.endpoint:
         return
     try:
-        sender = MetricsSender(params.endpoint, params.secret, params.keys, send_timeout_ms=2000)
+        sender = MetricsSender(params.endpoint, params.keys, send_timeout_ms=2000)
         try:
             sender.send({"event": "error", "rank": rank, "type": type(exc).__name__, "text": text[-8000:],
                          "collective": collective,
@@ -388,7 +387,7 @@ def _rank(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     try:
         state_parts = params.group.shard_replica and group_rank < params.group.procs_per_worker
         if params.endpoint and (group_rank == 0 or params.checkpoint_every or state_parts):
-            sender = MetricsSender(params.endpoint, params.secret, params.keys)
+            sender = MetricsSender(params.endpoint, params.keys)
         store = rendezvous(ctx, group_rank, params.group, order)
         if sender is not None and group_rank == 0:
             sender.send({"event": "ready", "fit": spec.fit_id, "setup_s": time.perf_counter() - t_start})
