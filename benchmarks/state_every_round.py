@@ -4,14 +4,16 @@ rounds (in effect, only the last).
 
     python benchmarks/state_every_round.py                     # 3 pairs, 16 hidden layers of 2,048 (240 MiB)
     python benchmarks/state_every_round.py --width 1024 --pairs 5
+    python benchmarks/state_every_round.py --baseline-rev e755803   # that commit's every-round fits beside these
 
 Each fit is a fresh process: K = 2 barrier workers of one process on ``local[2]``, an MLP of 6 inputs, 16 hidden
 layers of ``--width`` and 3 classes, SGD with momentum, batch 8, tau 2, 8 rounds; the two settings alternate. Per
 fit: the median of the rounds' ``round_s`` (the driver's wall time of a round, the exchange and the state message
 included) and of their ``compute_s`` (the slowest worker's local steps), the first round left out, and the driver's
-peak resident memory. On one machine the driver's reading of each state (its decryption, HMAC and unpacking) and
-ZeroMQ's encryption on rank 0 share the cores with the ranks; a machine with cores to spare pays rank 0's packing
-and HMAC alone. Prints and saves JSON, with the load average sampled before and during each fit.
+peak resident memory. On one machine the driver's reading of each state (its unpacking) shares the cores with the
+ranks; a machine with cores to spare pays rank 0's packing alone. With ``--baseline-rev`` that commit, checked out in a
+temporary worktree, runs its every-round fit in each pair too. Prints and saves JSON, with the load average sampled
+before and during each fit.
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import LoadSampler, save_json  # noqa: E402
+from _bench import LoadSampler, save_json, source_trees  # noqa: E402
 
 FIT = r"""
 import json, resource, statistics, sys
@@ -59,8 +62,8 @@ finally:
 """
 
 
-def one_fit(every: int, width: int, timeout_s: float) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+def one_fit(every: int, width: int, timeout_s: float, src: Path = ROOT / "src") -> dict:
+    env = {**os.environ, "PYTHONPATH": str(src)}
     with LoadSampler() as load:
         proc = subprocess.run([sys.executable, "-c", FIT, str(every), str(width)], env=env, capture_output=True,
                               text=True, timeout=timeout_s)
@@ -76,23 +79,28 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=int, default=2048, help="width of each of the 16 hidden layers")
     p.add_argument("--pairs", type=int, default=3, help="fits of each setting, alternating")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each fit may take")
+    p.add_argument("--baseline-rev", default=None, help="an earlier commit whose every-round fit runs in each pair")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "state_every_round.json"))
     args = p.parse_args(argv)
     fits = []
-    for _ in range(args.pairs):
-        for every in (1, 1000):
-            fit = one_fit(every, args.width, args.timeout)
-            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in fit.items()
-                              if k in ("state_every_rounds", "round_s", "compute_s", "driver_peak_rss_mb")}),
-                  flush=True)
-            fits.append(fit)
-    medians = {str(every): statistics.median(f["round_s"] for f in fits if f["state_every_rounds"] == every)
-               for every in (1, 1000)}
+    with tempfile.TemporaryDirectory(prefix="sparknet-bench-") as tmp, \
+            source_trees(ROOT, args.baseline_rev, Path(tmp)) as trees:
+        runs = [(name, src, 1) for name, src in trees.items()] + [("this tree", trees["this tree"], 1000)]
+        for _ in range(args.pairs):
+            for name, src, every in runs:
+                fit = {"tree": name, **one_fit(every, args.width, args.timeout, src)}
+                shown = ("tree", "state_every_rounds", "round_s", "compute_s", "driver_peak_rss_mb")
+                print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in fit.items() if k in shown}),
+                      flush=True)
+                fits.append(fit)
+    medians = {f"{name}, every {every}": {
+        key: statistics.median(f[key] for f in fits if f["tree"] == name and f["state_every_rounds"] == every)
+        for key in ("round_s", "driver_peak_rss_mb")} for name, _, every in runs}
     out = save_json({"benchmark": "state_every_round", "width": args.width, "cpu_count": os.cpu_count(),
                      "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                              text=True).stdout.strip(),
-                     "fits": fits, "median_round_s": medians}, args.out)
-    print(json.dumps({"median_round_s": medians, "out": out.name}))
+                                              text=True).stdout.strip(), "baseline_rev": args.baseline_rev,
+                     "fits": fits, "medians": medians}, args.out)
+    print(json.dumps({"medians": medians, "out": out.name}))
     return 0
 
 

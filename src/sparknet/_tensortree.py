@@ -56,13 +56,21 @@ def _outline(obj: Any, tensors: list[tuple[torch.Tensor, int]], offset: list[int
     raise TypeError(f"cannot save a {type(obj).__name__} in a tree file")
 
 
-def pack_tree(tree: Any) -> bytearray:
-    """``tree`` as bytes (what :func:`unpack_tree` reads)."""
+def pack_tree(tree: Any, *, parts: int = 0) -> bytearray | list:
+    """``tree`` as bytes (what :func:`unpack_tree` reads).
+
+    With ``parts`` and a tree of at most that many tensors: a list to send as the frames of one message, its outline
+    first, then each tensor's own bytes, not copied (a state the size of the weights, every round). The caller keeps
+    those tensors unchanged until the message has left; ZeroMQ holds them as long as it needs them.
+    """
     tensors: list[tuple[torch.Tensor, int]] = []
     header = json.dumps(_outline(tree, tensors, [0]), separators=(",", ":")).encode()
-    start = _aligned(len(_MAGIC) + 8 + len(header))
+    head = _MAGIC + struct.pack("<Q", len(header)) + header
+    if 0 < len(tensors) <= parts:
+        return [head, *(t.reshape(-1).view(torch.uint8).numpy() for t, _ in tensors)]
+    start = _aligned(len(head))
     out = bytearray(start + sum(_aligned(nbytes) for _, nbytes in tensors))
-    out[:len(_MAGIC) + 8 + len(header)] = _MAGIC + struct.pack("<Q", len(header)) + header
+    out[:len(head)] = head
     pos = start
     for t, nbytes in tensors:
         if nbytes:  # torch's copy: a tenth of a memoryview slice assignment's time (0.02 s for 240 MiB, not 0.16)
@@ -71,17 +79,26 @@ def pack_tree(tree: Any) -> bytearray:
     return out
 
 
-def unpack_tree(data: bytes | bytearray | memoryview, device: str | torch.device = "cpu",
-                where: str = "a tree message") -> Any:
-    """Read what :func:`pack_tree` wrote; tensors on ``device``, each with its own storage.
+def _writable(data) -> bytearray | memoryview:
+    if isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly):
+        return data
+    return bytearray(data)  # torch reads a writable buffer in place
+
+
+def unpack_tree(data: bytes | bytearray | memoryview | list, device: str | torch.device = "cpu",
+                where: str = "a tree message", *, copy: bool = True) -> Any:
+    """Read what :func:`pack_tree` wrote (its bytes, or its list of parts as received); tensors on ``device``, each
+    with its own storage. With ``copy=False``, a tensor that came as a part of its own is read on the CPU where it
+    lies (a writable buffer that then lives as long as the tensor); tensors of one buffer are copied out all the same,
+    since tensors that share a storage cannot be saved by ``torch.save``.
 
     Raises
     ------
     TreeFileError
         The bytes are not a tree, or are cut short (``where`` names them).
     """
-    if not (isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)):
-        data = bytearray(data)  # torch reads a writable buffer in place; each tensor is copied out of it below
+    parts = [_writable(part) for part in data[1:]] if isinstance(data, list) else None
+    data = _writable(data[0] if isinstance(data, list) else data)
     if data[:len(_MAGIC)] != _MAGIC or len(data) < len(_MAGIC) + 8:
         raise TreeFileError(f"{where} is not a sparknet tree")
     (size,) = struct.unpack_from("<Q", data, len(_MAGIC))
@@ -92,13 +109,28 @@ def unpack_tree(data: bytes | bytearray | memoryview, device: str | torch.device
         outline = json.loads(bytes(data[head:head + size]))
     except ValueError as exc:
         raise TreeFileError(f"{where}: its outline is not JSON ({exc})") from None
-    raw = torch.frombuffer(data, dtype=torch.uint8)
+    if parts is None:
+        raw, start = torch.frombuffer(data, dtype=torch.uint8), _aligned(head + size)
+
+        def read(offset: int, nbytes: int) -> torch.Tensor | None:
+            return raw[start + offset:start + offset + nbytes] if start + offset + nbytes <= raw.numel() else None
+    else:  # the tensors in the order the outline names them, each its own part
+        left = iter(parts)
+
+        def read(offset: int, nbytes: int) -> torch.Tensor | None:
+            part = next(left, None)
+            if part is None or len(part) != nbytes:
+                return None
+            return torch.frombuffer(part, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
     try:
-        return _build(outline, raw, _aligned(head + size), torch.device(device), where)
+        tree = _build(outline, read, torch.device(device), where, copy or parts is None)
     except (TypeError, ValueError, KeyError, RuntimeError) as exc:
         if isinstance(exc, TreeFileError):
             raise
         raise TreeFileError(f"{where}: its outline does not describe its bytes ({exc})") from None
+    if parts is not None and next(left, None) is not None:
+        raise TreeFileError(f"{where}: more parts than its outline names")
+    return tree
 
 
 def save_tree(path: str | os.PathLike, tree: Any) -> None:
@@ -119,23 +151,24 @@ def load_tree(path: str | os.PathLike, device: str | torch.device = "cpu") -> An
     return unpack_tree(data, device, os.fspath(path))
 
 
-def _build(node: dict, raw: torch.Tensor, start: int, device: torch.device, where: str) -> Any:
+def _build(node: dict, read, device: torch.device, where: str, copy: bool) -> Any:
     (kind, value), = node.items()
     if kind == "v":
         return value
     if kind == "t":
         dtype_name, shape, offset, nbytes = value
         dtype = getattr(torch, dtype_name, None)
-        if not isinstance(dtype, torch.dtype) or start + offset + nbytes > raw.numel():
+        raw = read(offset, nbytes) if isinstance(dtype, torch.dtype) else None
+        if raw is None:
             raise TreeFileError(f"{where}: a tensor of {dtype_name} at {offset} lies outside the file")
-        t = raw[start + offset:start + offset + nbytes].view(dtype).reshape(shape)
-        return t.to(device, copy=True)
+        t = raw.view(dtype).reshape(shape)
+        return t.to(device, copy=copy or device.type != "cpu")
     if kind == "a":
-        return _build(value, raw, start, device, where).numpy()
+        return _build(value, read, device, where, copy).numpy()
     if kind == "d":
-        return {_build(k, raw, start, device, where): _build(v, raw, start, device, where) for k, v in value}
+        return {_build(k, read, device, where, copy): _build(v, read, device, where, copy) for k, v in value}
     if kind == "l":
-        return [_build(v, raw, start, device, where) for v in value]
+        return [_build(v, read, device, where, copy) for v in value]
     if kind == "u":
-        return tuple(_build(v, raw, start, device, where) for v in value)
+        return tuple(_build(v, read, device, where, copy) for v in value)
     raise TreeFileError(f"{where}: unknown node {kind!r}")

@@ -149,25 +149,37 @@ def _push(rx, frames, timeout_s: float = 5.0):
 
 
 @pytest.mark.parametrize("local", [False, True], ids=["tcp", "unix"])
-def test_a_payload_arrives_as_a_view_of_the_message_and_a_state_reads_back_from_it(local):
+@pytest.mark.parametrize("parts", [0, 4], ids=["whole", "in-parts"])
+def test_a_payload_arrives_as_a_view_of_the_message_and_a_state_reads_back_from_it(local, parts):
     import torch
 
     from sparknet._tensortree import pack_tree, unpack_tree
 
-    state = {"global": torch.randn(100_000), "round": 2}
-    with MetricsReceiver("127.0.0.1", "127.0.0.1", max_bytes=4 << 20, local=local) as receiver:
+    state = {"global": torch.randn(100_000), "strategy": {"velocity": torch.randn(100_000)}, "round": 2}
+    with MetricsReceiver("127.0.0.1", "127.0.0.1", max_bytes=4 << 20, max_frames=1 + parts, local=local) as receiver:
         sender = MetricsSender(receiver.endpoint, receiver.client_keys)
         try:
-            assert sender.send({"event": "state", "round": 2}, pack_tree(state))
+            assert sender.send({"event": "state", "round": 2}, pack_tree(state, parts=parts))
             message = receiver.recv(5.0)
         finally:
             sender.close()
     payload = message.pop("payload")
     assert message == {"event": "state", "round": 2}
     # the received bytes themselves (no copy of a state the size of the weights), writable, as torch reads them
-    assert isinstance(payload, memoryview) and not payload.readonly and bytes(payload) == bytes(pack_tree(state))
-    tree = unpack_tree(payload)
+    views = payload if parts else [payload]
+    assert len(views) == (3 if parts else 1)
+    assert all(isinstance(v, memoryview) and not v.readonly for v in views)
+    if not parts:
+        assert bytes(payload) == bytes(pack_tree(state))
+    tree = unpack_tree(payload, copy=False)
     assert tree["round"] == 2 and torch.equal(tree["global"], state["global"])
+    assert torch.equal(tree["strategy"]["velocity"], state["strategy"]["velocity"])
+
+
+def test_a_message_of_more_parts_than_the_receiver_takes_is_dropped():
+    with MetricsReceiver("127.0.0.1", "127.0.0.1", max_bytes=4096, max_frames=3) as receiver:
+        assert _push(receiver, [b"{}", b"a", b"b", b"c"]) is None and receiver.rejected == 1
+        assert _push(receiver, [b"{}", b"a", b"b"]) == {"payload": [memoryview(b"a"), memoryview(b"b")]}
 
 
 def test_on_a_local_master_the_channel_is_a_unix_socket_only_this_user_can_open_removed_at_close():

@@ -1,5 +1,6 @@
 """The rounds engine's per-round state file: every value back as it went in, and a clear error otherwise."""
 
+import io
 import os
 
 import numpy as np
@@ -99,3 +100,57 @@ def test_bytes_from_a_peer_come_back_whole_or_are_refused_with_a_clear_error():
     lying = data.replace(b'"float32",[5]', b'"float32",[9]')  # an outline whose shape its bytes do not hold
     with pytest.raises(TreeFileError):
         unpack_tree(lying)
+
+
+def _every_kind():
+    return {0: {"momentum_buffer": torch.randn(5, 3)}, "s": "x", "n": None, "t": (0.9, 0.999),
+            "l": [torch.tensor(3.0), torch.zeros(0), torch.tensor([True, False])], "empty": torch.zeros(0, 4),
+            "bf": torch.ones(3, dtype=torch.bfloat16), "a": np.arange(6, dtype=np.float64).reshape(2, 3),
+            "strided": torch.randn(4, 4).t()}
+
+
+def test_a_tree_in_parts_is_the_outline_then_each_tensor_where_it_lies_and_reads_back_equal():
+    from sparknet._tensortree import pack_tree, unpack_tree
+
+    tree = _every_kind()
+    parts = pack_tree(tree, parts=16)
+    assert isinstance(parts, list) and len(parts) == 1 + 8  # the outline, then the tree's 8 tensors
+    momentum = tree[0]["momentum_buffer"]
+    assert np.shares_memory(parts[1], momentum.numpy())  # not copied: sent from where it lies
+    received = [bytes(parts[0])] + [bytearray(memoryview(p).cast("B")) for p in parts[1:]]  # as frames arrive
+    back = unpack_tree(received)
+    _same({**tree, "strided": tree["strided"].contiguous()}, back)
+    assert back[0]["momentum_buffer"].data_ptr() != momentum.data_ptr()
+    # the same tree packed whole (more tensors than parts allowed) reads back the same
+    assert isinstance(pack_tree(tree, parts=7), bytearray)
+    _same(unpack_tree(pack_tree(tree, parts=7)), back)
+
+
+def test_unpacked_without_a_copy_a_tensor_reads_the_received_bytes_in_place():
+    from sparknet._tensortree import pack_tree, unpack_tree
+
+    tree = {"global": torch.arange(6.0), "strategy": {"velocity": torch.ones(3)}}
+    received = [bytes(pack_tree(tree, parts=4)[0]), bytearray(tree["global"].numpy().tobytes()),
+                bytearray(tree["strategy"]["velocity"].numpy().tobytes())]
+    back = unpack_tree(received, copy=False)
+    assert torch.equal(back["global"], tree["global"])
+    received[1][:4] = np.float32(-1).tobytes()  # the tensor is the frame's own memory: no second copy of the weights
+    assert back["global"][0].item() == -1.0
+    whole = pack_tree(tree)  # one buffer: copied out all the same (torch cannot save tensors sharing a storage)
+    back = unpack_tree(whole, copy=False)
+    torch.save(back, io.BytesIO())
+    whole[-64:-60] = np.float32(-1).tobytes()
+    assert torch.equal(back["strategy"]["velocity"], torch.ones(3))
+
+
+def test_parts_that_do_not_match_their_outline_are_refused():
+    from sparknet._tensortree import TreeFileError, pack_tree, unpack_tree
+
+    tree = {"global": torch.arange(6.0), "velocity": torch.ones(3)}
+    parts = [bytes(memoryview(p).cast("B")) for p in pack_tree(tree, parts=4)]
+    with pytest.raises(TreeFileError, match="outside"):
+        unpack_tree(parts[:2])  # one part missing
+    with pytest.raises(TreeFileError, match="outside"):
+        unpack_tree([parts[0], parts[1][:8], parts[2]])  # one cut short
+    with pytest.raises(TreeFileError, match="more parts"):
+        unpack_tree(parts + [b"x"])

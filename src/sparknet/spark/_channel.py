@@ -5,17 +5,17 @@ alone) to the tasks in their closure; the socket lets in no other peer, and Curv
 every frame, so a record that arrives came from this fit's tasks, whole. Rank 0 PUSHes JSON records, one frame
 each; bodies are JSON, never pickles, so nothing a peer sends can run code on the driver. The socket is bound to
 the driver's Spark address (never every interface) with the bounds of :mod:`sparknet._transport`. A message of more
-than two frames or more bytes than the model can need is dropped unread; log lines about dropped messages are
-throttled.
+frames or bytes than the model can need is dropped unread; log lines about dropped messages are throttled.
 
 On a local master (every executor on the driver's machine) the channel is a Unix socket in a folder of its own that
 only this user can open, without CurveZMQ, as the rounds engine's relay is: the file system keeps other users out,
 and a large net's state is not encrypted and decrypted every round on the cores the workers train on (240 MiB took
 0.77 s through CurveZMQ on loopback, two cores, against 0.2 s without).
 
-A record may carry one binary payload (two frames ``[body, payload]``): the barrier engine sends the global weights
-and strategy state this way every round, and each rank its solver state on checkpoint rounds, so the driver can
-restart a failed stage and write checkpoints. Payloads are :func:`sparknet._tensortree.pack_tree` bytes, read back by
+A record may carry one binary payload (``[body, payload]``), or one in parts (``[body, part, ...]``): the barrier
+engine sends the global weights and strategy state this way every round, each tensor a part of its own, sent from where
+it lies, and each rank its solver state on checkpoint rounds, so the driver can restart a failed stage and write
+checkpoints. Payloads are :func:`sparknet._tensortree.pack_tree` bytes or parts, read back by
 :func:`~sparknet._tensortree.unpack_tree` without unpickling anything.
 """
 
@@ -51,6 +51,8 @@ class MetricsReceiver(contextlib.AbstractContextManager):
         The largest message accepted, all frames together (the caller sizes it from the model).
         ZeroMQ disconnects a peer that announces a bigger frame before reading it; a message of
         more frames or bytes than allowed is drained and dropped unread.
+    max_frames : int
+        The most frames of one message: the body and its payload's parts.
     limits : Limits, optional
         How long a peer may take to finish its handshake and stay silent (default: from ``max_bytes``).
     local : bool
@@ -61,7 +63,7 @@ class MetricsReceiver(contextlib.AbstractContextManager):
     while it waits.
     """
 
-    def __init__(self, bind_host: str, advertise_host: str, *, max_bytes: int = 1 << 28,
+    def __init__(self, bind_host: str, advertise_host: str, *, max_bytes: int = 1 << 28, max_frames: int = 2,
                  limits: Limits | None = None, local: bool = False):
         keys = None if local else ServerKeys.new()
         self._dir = self._listener = None
@@ -77,7 +79,7 @@ class MetricsReceiver(contextlib.AbstractContextManager):
         self.client_keys: ClientKeys | None = None if local else keys.client
         self.endpoint = self._listener.endpoint if local else \
             f"tcp://{bracketed(advertise_host)}:{self._listener.endpoint.rsplit(':', 1)[1]}"
-        self._max_bytes = int(max_bytes)
+        self._max_bytes, self._max_frames = int(max_bytes), max(2, int(max_frames))
         self._throttle = LogThrottle(log, "metrics messages dropped")
         self.rejected = 0
 
@@ -90,7 +92,7 @@ class MetricsReceiver(contextlib.AbstractContextManager):
         """The next record, or ``None`` when none arrives within ``timeout_s`` (or it is dropped).
 
         A record sent with a payload holds it under ``"payload"``: a writable view of the message's own bytes, not
-        a copy (a state is the size of the weights, every round).
+        a copy (a state is the size of the weights, every round), or a list of them for a payload sent in parts.
         """
         sock = self._listener.socket
         deadline = time.monotonic() + timeout_s
@@ -105,14 +107,14 @@ class MetricsReceiver(contextlib.AbstractContextManager):
             if time.monotonic() >= deadline:
                 return None
         frames, count, size = [], 0, 0
-        while True:  # every part of the message (libzmq delivers them together), keeping two and max_bytes
+        while True:  # every part of the message (libzmq delivers them together), keeping max_frames and max_bytes
             count, size, more = count + 1, size + len(frame), frame.more
-            if count <= 2 and size <= self._max_bytes:
+            if count <= self._max_frames and size <= self._max_bytes:
                 frames.append(frame)
             if not more:
                 break
             frame = sock.recv(zmq.NOBLOCK, copy=False)
-        if count > 2 or size > self._max_bytes:
+        if count > self._max_frames or size > self._max_bytes:
             self.rejected += 1
             self._throttle("shape", "dropped a metrics message of %d frames and %d bytes", count, size)
             return None
@@ -126,6 +128,8 @@ class MetricsReceiver(contextlib.AbstractContextManager):
             return None
         if count == 2:
             record["payload"] = frames[1].buffer
+        elif count > 2:
+            record["payload"] = [frame.buffer for frame in frames[1:]]
         return record
 
     def close(self) -> None:
@@ -154,15 +158,16 @@ class MetricsSender:
         self._dialer = Dialer(zmq.PUSH, endpoint, keys, linger_ms=self.LINGER_MS, send_timeout_ms=send_timeout_ms)
         self._linger_ms = self.LINGER_MS
 
-    def send(self, record: dict, payload: bytes | None = None) -> bool:
-        """Push one record (and an optional binary payload); ``False`` when it could not be sent in time."""
+    def send(self, record: dict, payload=None) -> bool:
+        """Push one record (and an optional binary payload, or a list of its parts); ``False`` when it could not be
+        sent in time."""
         body = json.dumps(record, default=_jsonable).encode("utf-8")
-        frames = [body] if payload is None else [body, payload]
+        frames = [body, *(payload if isinstance(payload, list) else () if payload is None else (payload,))]
         try:
             # not copied into the message (pyzmq copies the small frames anyway): a state is the size of the weights
             self._dialer.socket.send_multipart(frames, copy=False)
-            if payload is not None and (linger := self.LINGER_MS + len(payload) // self.LINGER_BYTES_PER_MS) > \
-                    self._linger_ms:
+            size = sum(memoryview(frame).nbytes for frame in frames[1:])
+            if (linger := self.LINGER_MS + size // self.LINGER_BYTES_PER_MS) > self._linger_ms:
                 self._linger_ms = linger
                 self._dialer.socket.setsockopt(zmq.LINGER, linger)
             return True

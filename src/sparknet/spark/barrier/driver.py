@@ -28,8 +28,8 @@ from sparknet.loop import ResumeState
 from sparknet.parallel.mesh import cut_state, join_shards
 from sparknet.spark.backend import Held, run_with_deadline, task_error, task_slots, worker_crash
 from sparknet.spark.resources import gpu_profile, with_profile
-from sparknet.spark.barrier.executor import (RESULT_SCHEMA, GroupPlan, StagePlan, StagedRowsMissing, run_barrier,
-                                             run_barrier_frame)
+from sparknet.spark.barrier.executor import (RESULT_SCHEMA, STATE_PARTS, GroupPlan, StagePlan, StagedRowsMissing,
+                                             run_barrier, run_barrier_frame)
 from sparknet.spark.engine import EngineOptions, EngineRun
 from sparknet.spark.rounds.executor import pack_spec
 from sparknet._tensortree import unpack_tree
@@ -244,7 +244,7 @@ class BarrierStage:
                                   f"{self.fit.global_flat.numel()} float32 weights")
             self.final = torch.from_numpy(np.frombuffer(weights, dtype=np.float32).copy())
         elif event in ("state", "worker_state") and "payload" in msg:
-            tree = unpack_tree(msg.pop("payload"))
+            tree = unpack_tree(msg.pop("payload"), copy=False)  # the message's own bytes, kept as long as the state
             slot = self.pending.setdefault(int(msg["round"]), {"state": None, "workers": {}})
             if event == "state":
                 if "parts" in msg and (tree := _join_parts(slot, msg, tree)) is None:
@@ -294,7 +294,7 @@ class BarrierStage:
         K = self.workers * dist.procs_per_worker
         local, host = run.driver_address()
         # the largest message: a rank's solver and strategy state, or the global weights with the strategy's state
-        receiver = MetricsReceiver(host, host, max_bytes=run.state_bytes(), local=local)
+        receiver = MetricsReceiver(host, host, max_bytes=run.state_bytes(), max_frames=1 + STATE_PARTS, local=local)
         outcome: dict = {}
         clock = {"ready": None, "heard": time.perf_counter()}
         store = None

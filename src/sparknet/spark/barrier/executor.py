@@ -119,6 +119,10 @@ def run_barrier(payload_bc, params: StagePlan, val_bc=None):
     return lambda index, chunks: _guarded(payload_bc, params, val_bc, chunks)
 
 
+STATE_PARTS = 16
+"""The most tensors of the state rank 0 sends every round that go as frames of their own, each read where it lies
+(a state with more is packed into one buffer): the driver's channel takes messages of this many frames and one."""
+
 RESULT_SCHEMA = "kind string, rank long, payload binary, info string"
 """The rows of a barrier stage: a ``worker`` row per rank (its facts in ``info``), and rank 0's ``result`` (the
 final weights as float32 bytes in ``payload``, empty where they went over the channel as a ``final`` record; the round
@@ -521,10 +525,13 @@ class _BarrierExchange(CollectiveExchange):
         due = r % state_every == 0 or reason is not None or (ckpt_every and r % ckpt_every == 0)
         if sender is not None and self.holds_state and due:
             head = {"event": "state", **vars(progress), "iteration": self.net.iteration, **(self.state_part or {})}
+            # sent from where its tensors lie: nothing writes into a global buffer (each round makes a new one), the
+            # strategy's state is a copy, and the average (updated in place every round) is copied here
             sender.send(head,
                         pack_tree({"global": global_flat, "strategy": self.strategy.state_dict(),
                                    "auto_tau": None if fit.auto is None else fit.auto.state_dict(),
-                                   **({} if fit.average is None else {"average": fit.average.flat})}))
+                                   **({} if fit.average is None else {"average": fit.average.flat.clone()})},
+                                  parts=STATE_PARTS))
         if sender is not None and ckpt_every and self.has_data and (r % ckpt_every == 0 or reason is not None):
             sender.send({"event": "worker_state", "round": r, "rank": self.task},
                         pack_tree(export_worker_state(self.net, self.state)))
