@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
 from typing import Any
 
 import numpy as np
@@ -134,10 +135,18 @@ def unpack_tree(data: bytes | bytearray | memoryview | list, device: str | torch
 
 
 def save_tree(path: str | os.PathLike, tree: Any) -> None:
-    """Write ``tree`` to ``path`` (replaced whole: written beside it, then renamed)."""
-    data, tmp = pack_tree(tree), f"{os.fspath(path)}.{os.getpid()}.tmp"
+    """Write ``tree`` to ``path`` (replaced whole: written beside it, then renamed): the bytes of :func:`pack_tree`,
+    each tensor written from where it lies, not packed into a buffer first (a rounds-engine worker writes its
+    solver state, a copy of the weights or more, after every round)."""
+    parts, tmp = pack_tree(tree, parts=sys.maxsize), f"{os.fspath(path)}.{os.getpid()}.tmp"
     with open(tmp, "wb") as f:
-        f.write(data)
+        if isinstance(parts, bytearray):  # a tree without tensors
+            f.write(parts)
+        else:  # the outline, then each tensor, each up to its 64-byte boundary (the layout pack_tree writes)
+            for part in parts:
+                nbytes = memoryview(part).nbytes
+                f.write(part)
+                f.write(bytes(_aligned(nbytes) - nbytes))
     os.replace(tmp, path)
 
 

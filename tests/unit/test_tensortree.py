@@ -154,3 +154,11 @@ def test_parts_that_do_not_match_their_outline_are_refused():
         unpack_tree([parts[0], parts[1][:8], parts[2]])  # one cut short
     with pytest.raises(TreeFileError, match="more parts"):
         unpack_tree(parts + [b"x"])
+
+
+def test_a_tree_file_holds_exactly_the_bytes_pack_tree_makes(tmp_path):
+    from sparknet._tensortree import pack_tree
+
+    for tree in (_every_kind(), {"version": 3, "none": None}, {"one": torch.arange(16.0)}):
+        save_tree(tmp_path / "s.state", tree)
+        assert (tmp_path / "s.state").read_bytes() == bytes(pack_tree(tree))
