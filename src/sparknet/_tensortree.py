@@ -125,7 +125,7 @@ def unpack_tree(data: bytes | bytearray | memoryview | list, device: str | torch
             return torch.frombuffer(part, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
     try:
         tree = _build(outline, read, torch.device(device), where, copy or parts is None)
-    except (TypeError, ValueError, KeyError, RuntimeError) as exc:
+    except (TypeError, ValueError, KeyError) as exc:
         if isinstance(exc, TreeFileError):
             raise
         raise TreeFileError(f"{where}: its outline does not describe its bytes ({exc})") from None
@@ -170,8 +170,11 @@ def _build(node: dict, read, device: torch.device, where: str, copy: bool) -> An
         raw = read(offset, nbytes) if isinstance(dtype, torch.dtype) else None
         if raw is None:
             raise TreeFileError(f"{where}: a tensor of {dtype_name} at {offset} lies outside the file")
-        t = raw.view(dtype).reshape(shape)
-        return t.to(device, copy=copy or device.type != "cpu")
+        try:
+            t = raw.view(dtype).reshape(shape)
+        except RuntimeError as exc:
+            raise TreeFileError(f"{where}: its outline does not describe its bytes ({exc})") from None
+        return t.to(device, copy=copy or device.type != "cpu")  # a copy that cannot get memory fails as it is
     if kind == "a":
         return _build(value, read, device, where, copy).numpy()
     if kind == "d":
