@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
@@ -111,3 +112,24 @@ def test_the_fit_says_how_each_process_can_hold_less(dist, report, says):
     trainer = SparkTrainer(zoo.mlp(input_shape=[6], hidden=[8], num_classes=3),
                            dist=DistributedConfig(workers=2, tau=3, rounds=1, **dist))
     assert says in trainer._holding_less(2**20, report)
+
+
+def test_a_rounds_task_out_of_memory_is_its_rounds_result_and_the_driver_raises_it(capped):
+    """A rounds-engine task that runs out of memory returns a report of it (Spark retries no task that succeeded);
+    the driver raises it as soon as the round's results are in, the first worker's by partition."""
+    from sparknet.spark.rounds.driver import _fatal
+    from sparknet.spark.rounds.executor import Partial, WorkerReport, WorkerStatus, combine, fold
+
+    def oom(index):
+        report = WorkerReport(index, status=WorkerStatus.OUT_OF_MEMORY,
+                              error=str(worker_failure(index, MemoryError())))
+        return fold(None, (report, None, None))
+
+    trained = fold(None, (WorkerReport(0, samples=4, steps=1, loss=0.5), np.ones(3, np.float32), None))
+    assert _fatal(trained) is trained and _fatal(None) is None
+    acc = combine(combine(trained, oom(3)), oom(1))
+    assert isinstance(acc, Partial) and acc.samples == 4  # the failed rounds add no samples
+    with pytest.raises(WorkerOutOfMemory, match=r"^worker 1: ran out of memory \(MemoryError\) under the cap of "
+                                                r"3,072 MiB") as caught:
+        _fatal(acc)
+    assert caught.value.rank == 1

@@ -23,7 +23,7 @@ import torch
 from sparknet._enums import CompressionKind
 from sparknet.errors import DeadlineExceeded
 from sparknet.loop import Exchange, NetScorer, Progress, ResumeState, RoundPlan, RoundUpdate, run_rounds
-from sparknet.spark.backend import Watchdog, default_round_deadline, job_group, spark_call, task_slots
+from sparknet.spark.backend import Watchdog, default_round_deadline, job_group, spark_call, task_error, task_slots
 from sparknet.spark.resources import gpu_profile, with_profile
 from sparknet._tensortree import unpack_tree
 from sparknet.spark._relay import RoundRelay
@@ -235,13 +235,13 @@ class SparkRoundsExchange(Exchange):
         return functools.reduce(combine, parts, None)
 
     def _run_partitions(self, tasks, partitions: list[int], r: int) -> Partial:
-        return self._sum(spark_call(self.sc.runJob, tasks, list, partitions), r)
+        return _fatal(self._sum(spark_call(self.sc.runJob, tasks, list, partitions), r))
 
     def _aggregate(self, parts, r: int) -> Partial:
         if self.workers > 8 and self.down is None and self.relay is None:
             # K partial sums need not reach the driver
-            return spark_call(parts.treeAggregate, None, combine, combine, 2)
-        return self._sum(spark_call(parts.collect), r)  # relayed or compressed: summed or decoded here only
+            return _fatal(spark_call(parts.treeAggregate, None, combine, combine, 2))
+        return _fatal(self._sum(spark_call(parts.collect), r))  # relayed or compressed: summed or decoded here only
 
     def _rerun(self, acc: Partial, weights_bc, task: RoundTask, partitions: list[int], states_bc, r: int) -> Partial:
         redo = with_profile(
@@ -328,6 +328,16 @@ class SparkRoundsExchange(Exchange):
             workers=self._worker_states if self._want_state else {},
             downlink=None if self.down is None else self.down.state_dict(),
             auto_tau=None if run.plan.auto is None else run.plan.auto.state_dict()))
+
+
+def _fatal(acc: Partial | None) -> Partial | None:
+    """``acc``, unless a worker's round reported that its process ran out of memory: then that worker's error
+    (:class:`~sparknet.errors.WorkerOutOfMemory`), the first by partition."""
+    failed = sorted((w for w in acc.workers if w.status is WorkerStatus.OUT_OF_MEMORY), key=lambda w: w.index) \
+        if acc is not None else []
+    if failed:
+        raise task_error(failed[0].error)
+    return acc
 
 
 def run_rounds_engine(run: EngineRun):

@@ -178,6 +178,10 @@ class WorkerStatus(str, enum.Enum):
     """Its machine has not the worker's state of the previous round: the driver sends the one it holds."""
     UNREACHABLE = "unreachable"
     """Its task could not reach the driver's relay: the driver reruns it through Spark's broadcast."""
+    OUT_OF_MEMORY = "out_of_memory"
+    """Its process could not get the memory the round needs (:attr:`WorkerReport.error` says what it held). A retry
+    would run out the same way, so the task reports it instead of failing, which Spark would retry
+    (``spark.task.maxFailures``, four times on a cluster); the driver fails the fit with it."""
 
 
 @dataclass(frozen=True)
@@ -216,6 +220,8 @@ class WorkerReport:
     this result, or there is none)."""
     state_attempt: int | None = None
     """The same for the worker's state (``None``: it travels in :attr:`worker_state`, or is not sent)."""
+    error: str | None = None
+    """A failed round's report (:func:`worker_failure`'s text), with :attr:`WorkerStatus.OUT_OF_MEMORY`."""
 
     @property
     def trained(self) -> bool:
@@ -801,7 +807,11 @@ def _folded(spec_bc, weights_bc, task: RoundTask | None, index: int, record: dic
     try:
         return fold(None, _train_round(spec_bc, weights_bc, task or _job_task(), index, record, **kwargs))
     except Exception as exc:
-        raise worker_failure(index, exc) from None
+        if out_of_memory(exc) is None:
+            raise worker_failure(index, exc) from None
+        # a retry would run out the same way: the round's result says so, and Spark retries no task that succeeded
+        report = WorkerReport(index, status=WorkerStatus.OUT_OF_MEMORY, error=str(worker_failure(index, exc)))
+    return fold(None, (report, None, None))
 
 
 # -- aggregation --------------------------------------------------------------------------------
