@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from _spark_testlib import start_session, stop_session
+from _spark_testlib import module_session
 from sparknet import zoo
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.errors import WorkerOutOfMemory
@@ -28,14 +28,7 @@ from sparknet.spark import SparkTrainer
 pytestmark = pytest.mark.spark
 
 CAP_MIB = 2900
-CAP = {"spark.executor.pyspark.memory": f"{CAP_MIB}m"}
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[4]", CAP)
-    yield session
-    stop_session(session, CAP)
+spark = module_session("local[4]", {"spark.executor.pyspark.memory": f"{CAP_MIB}m"})
 
 
 def _fit(spark, shard: bool):

@@ -10,10 +10,9 @@ retried, Spark ran five attempts here before the job failed.)
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from _spark_testlib import start_session, stop_session
+from _spark_testlib import blobs, module_session, partitioned_rdd
 from sparknet import zoo
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.errors import WorkerOutOfMemory
@@ -23,23 +22,15 @@ from sparknet.spark import SparkTrainer
 pytestmark = pytest.mark.spark
 
 CAP_MIB = 1800
-CAP = {"spark.executor.pyspark.memory": f"{CAP_MIB}m"}
-
-
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[2,3]", CAP)
-    yield session
-    stop_session(session, CAP)
+spark = module_session("local[2,3]", {"spark.executor.pyspark.memory": f"{CAP_MIB}m"})
 
 
 def _fit(spark, hidden: list[int]):
-    rng = np.random.RandomState(0)
-    x, y = rng.randn(128, 6).astype(np.float32), rng.randint(0, 3, 128)
-    rdd = spark.sparkContext.parallelize([(x[i], int(y[i])) for i in range(len(x))], 2)
-    return SparkTrainer(zoo.mlp(input_shape=[6], hidden=hidden, num_classes=3),
+    x, y = blobs(128, seed=3)
+    return SparkTrainer(zoo.mlp(input_shape=[2], hidden=hidden, num_classes=3),
                         WorkerConfig(solver=SolverConfig(base_lr=0.01, momentum=0.9), batch_size=8, seed=5),
-                        dist=DistributedConfig(workers=2, engine="rounds", tau=2, rounds=2)).fit(rdd)
+                        dist=DistributedConfig(workers=2, engine="rounds", tau=2, rounds=2)).fit(
+        partitioned_rdd(spark.sparkContext, [(x[:64], y[:64]), (x[64:], y[64:])]))
 
 
 def _failed_tasks(sc) -> int:

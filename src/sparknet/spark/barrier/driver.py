@@ -242,7 +242,7 @@ class BarrierStage:
             if len(weights) != 4 * self.fit.global_flat.numel():
                 raise EngineError(f"rank 0 sent {len(weights)} bytes of final weights; the net has "
                                   f"{self.fit.global_flat.numel()} float32 weights")
-            self.final = torch.from_numpy(np.frombuffer(weights, dtype=np.float32).copy())
+            self.final = torch.frombuffer(weights, dtype=torch.float32)  # the message's own bytes, not a copy
         elif event in ("state", "worker_state") and "payload" in msg:
             tree = unpack_tree(msg.pop("payload"), copy=False)  # the message's own bytes, kept as long as the state
             slot = self.pending.setdefault(int(msg["round"]), {"state": None, "workers": {}})
