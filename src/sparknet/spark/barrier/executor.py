@@ -534,8 +534,8 @@ class _BarrierExchange(CollectiveExchange):
                                    **({} if fit.average is None else {"average": fit.average.flat.clone()})},
                                   parts=STATE_PARTS))
         if sender is not None and ckpt_every and self.has_data and (r % ckpt_every == 0 or reason is not None):
-            sender.send({"event": "worker_state", "round": r, "rank": self.task},
-                        pack_tree(export_worker_state(self.net, self.state)))
+            sender.send({"event": "worker_state", "round": r, "rank": self.task},  # packed at once: one copy
+                        pack_tree(export_worker_state(self.net, self.state, copy_tensors=False)))
 
 
 def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, data, device, val, val_rows,
