@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -147,12 +149,18 @@ def listen(ctx: zmq.Context, kind: int, keys: ServerKeys | None, host: str, *, m
 
 class Listener:
     """A driver socket of :func:`listen` in a context of its own. :meth:`poll` answers waiting handshakes each time
-    it waits; :meth:`close` closes the socket, then its gate, then the context."""
+    it waits; :meth:`close` closes the socket, then its gate, then the context.
+
+    With ``keys=None`` (every peer on this machine: a local master) ``host`` names a Unix socket in a folder made for
+    it that only this user can open (mode 0700), removed at :meth:`close`."""
 
     def __init__(self, kind: int, keys: ServerKeys | None, host: str, **bounds):
         self.ctx = zmq.Context()
-        self.socket = self.gate = None
+        self.socket = self.gate = self.folder = None
         try:
+            if keys is None:
+                self.folder = tempfile.mkdtemp(prefix=f"sparknet-{host}-")
+                host = f"ipc://{self.folder}/{host}"
             self.socket, self.gate, _ = listen(self.ctx, kind, keys, host, **bounds)
         except BaseException:
             self.close()
@@ -162,6 +170,12 @@ class Listener:
         for sock in (self.socket, self.gate and self.gate.socket):
             if sock is not None:
                 self.poller.register(sock, zmq.POLLIN)
+
+    def reached_at(self, advertise_host: str) -> str:
+        """The endpoint peers connect to: the Unix socket, or ``advertise_host`` at the port bound."""
+        if self.folder is not None:
+            return self.endpoint
+        return f"tcp://{bracketed(advertise_host)}:{self.endpoint.rsplit(':', 1)[1]}"
 
     @property
     def refused(self) -> int:
@@ -193,6 +207,9 @@ class Listener:
         if self.ctx is not None:
             self.ctx.term()
             self.ctx = None
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder = None
 
 
 class Dialer:

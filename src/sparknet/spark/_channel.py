@@ -24,13 +24,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import shutil
-import tempfile
 import time
 
 import zmq
 
-from sparknet._transport import ClientKeys, Dialer, Limits, Listener, LogThrottle, ServerKeys, bracketed
+from sparknet._transport import ClientKeys, Dialer, Limits, Listener, LogThrottle, ServerKeys
 
 __all__ = ["MetricsReceiver", "MetricsSender"]
 
@@ -66,19 +64,10 @@ class MetricsReceiver(contextlib.AbstractContextManager):
     def __init__(self, bind_host: str, advertise_host: str, *, max_bytes: int = 1 << 28, max_frames: int = 2,
                  limits: Limits | None = None, local: bool = False):
         keys = None if local else ServerKeys.new()
-        self._dir = self._listener = None
-        try:
-            if local:
-                self._dir = tempfile.mkdtemp(prefix="sparknet-channel-")  # mode 0700: this user's alone
-            self._listener = Listener(zmq.PULL, keys, f"ipc://{self._dir}/channel" if local else bind_host,
-                                      max_frame=int(max_bytes), limits=limits or Limits.for_frame(int(max_bytes)),
-                                      logger=log, rcvhwm=10_000)
-        except BaseException:
-            self.close()
-            raise
+        self._listener = Listener(zmq.PULL, keys, "channel" if local else bind_host, max_frame=int(max_bytes),
+                                  limits=limits or Limits.for_frame(int(max_bytes)), logger=log, rcvhwm=10_000)
         self.client_keys: ClientKeys | None = None if local else keys.client
-        self.endpoint = self._listener.endpoint if local else \
-            f"tcp://{bracketed(advertise_host)}:{self._listener.endpoint.rsplit(':', 1)[1]}"
+        self.endpoint = self._listener.reached_at(advertise_host)
         self._max_bytes, self._max_frames = int(max_bytes), max(2, int(max_frames))
         self._throttle = LogThrottle(log, "metrics messages dropped")
         self.rejected = 0
@@ -86,7 +75,7 @@ class MetricsReceiver(contextlib.AbstractContextManager):
     @property
     def refused(self) -> int:
         """Connections refused at the handshake for a key other than :attr:`client_keys`."""
-        return self._listener.refused if self._listener is not None else 0
+        return self._listener.refused
 
     def recv(self, timeout_s: float) -> dict | None:
         """The next record, or ``None`` when none arrives within ``timeout_s`` (or it is dropped).
@@ -134,11 +123,7 @@ class MetricsReceiver(contextlib.AbstractContextManager):
 
     def close(self) -> None:
         """Close the socket, then its gate, then the context, and remove a Unix socket's folder (idempotent)."""
-        if self._listener is not None:
-            self._listener.close()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+        self._listener.close()
 
     def __exit__(self, *exc):
         self.close()

@@ -24,8 +24,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from sparknet._transport import SLOWEST_LINK, ClientKeys, Dialer, Limits, Listener, LogThrottle, ServerKeys, bracketed
+from sparknet._transport import SLOWEST_LINK, ClientKeys, Dialer, Limits, Listener, LogThrottle, ServerKeys
 
 __all__ = ["RelayAddress", "RoundRelay", "RelayClient", "RelayUnreachable", "relay_client"]
 
@@ -76,7 +74,7 @@ class RoundRelay(contextlib.AbstractContextManager):
                  state_bytes: int | None = None, limits: Limits | None = None, reach_s: float = 10.0,
                  local: bool = False):
         keys = None if local else ServerKeys.new()
-        self._dir = self._listener = self._thread = None
+        self._listener = self._thread = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._round: int | None = None
@@ -90,14 +88,10 @@ class RoundRelay(contextlib.AbstractContextManager):
         self._throttle = LogThrottle(log, "relay requests refused")
         self.served = self.received = self.refused_requests = 0
         try:
-            if local:
-                self._dir = tempfile.mkdtemp(prefix="sparknet-relay-")  # mode 0700: this user's alone
-            self._listener = Listener(zmq.ROUTER, keys, f"ipc://{self._dir}/relay" if local else bind_host,
-                                      max_frame=frame + 4096, limits=limits or Limits.for_frame(frame), logger=log)
-            endpoint = self._listener.endpoint
-            if not local:
-                endpoint = f"tcp://{bracketed(advertise_host)}:{endpoint.rsplit(':', 1)[1]}"
-            self.address = RelayAddress(endpoint, None if local else keys.client, reach_s, self._state_bytes)
+            self._listener = Listener(zmq.ROUTER, keys, "relay" if local else bind_host, max_frame=frame + 4096,
+                                      limits=limits or Limits.for_frame(frame), logger=log)
+            self.address = RelayAddress(self._listener.reached_at(advertise_host), None if local else keys.client,
+                                        reach_s, self._state_bytes)
             pipe = f"inproc://sparknet-relay-wake-{id(self)}"
             self._wake_in = self._listener.ctx.socket(zmq.PAIR)  # the serving thread's end
             self._wake_in.bind(pipe)
@@ -239,9 +233,6 @@ class RoundRelay(contextlib.AbstractContextManager):
         if self._listener is not None:
             self._listener.close()
             self._listener = None
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
         with self._lock:
             self._parked.clear()
             self._updates.clear()
