@@ -481,9 +481,10 @@ def task_memory(sc) -> tuple[int, str]:
     slots = executor_slots(master) or int(spark_setting(sc, "spark.executor.cores") or "1")
     in_driver = is_local_master(master) and not master.startswith("local-cluster")  # local[...]: one JVM
     key = "spark.executor.pyspark.memory"
-    if spark_setting(sc, key) is None:
+    value = spark_setting(sc, key)
+    if value is None:
         key = "spark.driver.memory" if in_driver else "spark.executor.memory"
-    value = spark_setting(sc, key) or "1g"
+        value = spark_setting(sc, key) or "1g"
     return parse_memory(value) // max(1, slots), f"{key} {value} over {slots} task slot(s)"
 
 
