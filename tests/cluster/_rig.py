@@ -61,23 +61,26 @@ def started_rig(**kwargs):
 
 
 @contextmanager
-def host_lost_after_round(cluster, after: int = 2, host: int = 1, back_after_s: float = 3.0):
-    """An ``on_round`` callback that kills ``host`` once round ``after`` is recorded and starts it again
-    ``back_after_s`` later; on exit the host is up again whatever happened."""
+def host_lost_after_round(cluster, sc, slots: int, after: int = 2, host: int = 1, back_after_s: float = 3.0):
+    """An ``on_round`` callback that kills ``host`` the first time round ``after`` is recorded (a round redone after a
+    restart kills nothing) and starts it again ``back_after_s`` later; on exit the host is up again whatever happened,
+    the application has its ``slots`` task slots back and the host takes tasks, for the next test."""
     revive = threading.Timer(back_after_s, cluster.start_host, args=(host,))
 
     def on_round(record):
-        if record["round"] == after and not revive.is_alive() and cluster.host_up(host):
+        if record["round"] == after and revive.ident is None:  # not started yet
             cluster.kill_host(host)
             revive.start()
 
     try:
         yield on_round
     finally:
-        if revive.is_alive() or revive.finished.is_set():  # started (a fit that failed before the round never did)
+        if revive.ident is not None:  # started (a fit that failed before the round never did)
             revive.join(timeout=120)
         if not cluster.host_up(host):
             cluster.start_host(host)
+        wait_for_tasks_on(sc, cluster.hostname(host))
+        wait_for_slots(sc, slots)
 
 
 def wait_for_slots(sc, n: int, timeout_s: float = 120.0) -> None:

@@ -229,7 +229,7 @@ def test_the_barrier_engine_restarts_when_a_lost_host_comes_back(spark, cluster)
     df, _ = _blob_frame(spark)
     val = synthetic(300, shape=(6,), num_classes=3, seed=5, noise=1.0)
     # a simulated link of 0.3 s a collective keeps round 3 running when host 1 dies
-    with host_lost_after_round(cluster) as kill_after_round_two:
+    with host_lost_after_round(cluster, spark.sparkContext, slots=2) as kill_after_round_two:
         trainer = _mlp_trainer(spark, DistributedConfig(workers=2, engine="barrier", tau=10, rounds=6,
                                                         link_latency="300ms"),
                                on_round=kill_after_round_two, options=EngineOptions(rendezvous_timeout_s=90))

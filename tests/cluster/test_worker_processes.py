@@ -90,7 +90,7 @@ def test_a_host_lost_mid_run_takes_its_workers_ranks_and_the_run_finishes_when_i
     df = _frame(spark)
     val = synthetic(300, shape=(6,), num_classes=3, seed=5, noise=1.0)
     # a simulated link of 0.3 s a collective keeps round 3 running when host 1 dies
-    with host_lost_after_round(rig) as kill_after_round_two:
+    with host_lost_after_round(rig, spark.sparkContext, slots=4) as kill_after_round_two:
         trainer = _trainer(spark, [16], DistributedConfig(workers=2, procs_per_worker=2, engine="barrier", tau=10,
                                                           rounds=6, link_latency="300ms"),
                            on_round=kill_after_round_two, options=EngineOptions(rendezvous_timeout_s=90))

@@ -1,5 +1,6 @@
 """What the barrier engine's driver keeps of the states its ranks send: the newest (what a restart starts from) and
-the rounds a checkpoint still waits for, never one copy of the weights for every round the fit ran."""
+the rounds a checkpoint still waits for, never one copy of the weights for every round the fit ran; and the order
+rank 0 sends a round's messages in (its states, then its record)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,38 @@ def test_a_checkpoint_round_is_kept_until_its_ranks_states_arrive(tmp_path):
     _worker_state(stage, 6, 0)
     assert saved[-1] == (6, [0, 1]) and stage.pending == {} and stage.latest.round == 6
     assert sorted(stage.latest.workers) == [0, 1]  # a restart from round 6 is exact
+
+
+def test_rank_0_sends_a_rounds_states_before_its_record():
+    """A host lost as soon as the driver has a round's record (what an ``on_round`` callback sees) loses nothing sent
+    with it: the record goes last on rank 0's socket, whose messages arrive in the order they were sent."""
+    from sparknet.spark.barrier.executor import _BarrierExchange
+    from sparknet.strategies import WorkerState
+
+    sent: list[str] = []
+    exchange = object.__new__(_BarrierExchange)  # the parts round_done reads, no process group
+    vars(exchange).update(
+        params=SimpleNamespace(restart=0, checkpoint_every=2, state_every_rounds=1),
+        fit=SimpleNamespace(auto=None, average=None), history=[], reports=True, state_part=None, holds_state=True,
+        has_data=True, task=0, link=None, eval_link_s=0.0,
+        step=SimpleNamespace(state=WorkerState(local_flat=None, extra={})),
+        net=SimpleNamespace(iteration=20, solver_state=lambda copy_tensors: {"momentum": torch.zeros(N)}),
+        strategy=SimpleNamespace(state_dict=lambda: {}),
+        sender=SimpleNamespace(send=lambda head, payload=None: sent.append(head["event"]) or True))
+    progress = SimpleNamespace(round=2, steps_done=20, samples_done=320, total_bytes=0)
+    exchange.round_done({"event": "round", "round": 2}, torch.zeros(N), progress)
+    assert sent == ["state", "worker_state", "round"]
+    assert exchange.history == [{"event": "round", "round": 2}]
+
+
+def test_the_last_rounds_record_after_its_states_writes_the_final_checkpoint(tmp_path):
+    saved: list = []
+    cp = RoundCheckpoints(str(tmp_path), every=10, keep=2, config={})
+    stage = _stage(cp, saved)
+    stage.fit.t_fit, stage.fit.emit = 0.0, lambda record: None
+    _state(stage, 4)
+    _worker_state(stage, 4, 0)
+    _worker_state(stage, 4, 1)
+    assert saved == []  # round 4 is not due, and not known to be the last until its record comes
+    stage._handle({"event": "round", "round": 4, "stop_reason": "target accuracy"}, 1.0)
+    assert saved == [(4, [0, 1])] and stage.pending == {}

@@ -211,7 +211,8 @@ class BarrierStage:
         cluster has the slots of more whole workers, at most the fit's, :class:`_Grow` (the stage is cancelled, and
         started again with them from that state). Asks Spark once a round."""
         fit, latest = self.fit, self.latest
-        if self.workers == fit.dist.workers or latest is None or latest.round <= self.grow_checked:
+        if (self.workers == fit.dist.workers or latest is None or latest.round <= self.grow_checked
+                or latest.round not in self.seen):  # its record (whether the round was the last) comes after it
             return
         self.grow_checked = latest.round
         if any(h["round"] == latest.round and h.get("stop_reason") for h in self.history):
@@ -237,6 +238,7 @@ class BarrierStage:
             self.errors.append(msg)
         elif event == "round":
             self._record(msg, now)
+            self._maybe_checkpoint(int(msg["round"]))  # the last round's: its state came before the record
         elif event == "final" and "payload" in msg:
             weights = msg.pop("payload")
             if len(weights) != 4 * self.fit.global_flat.numel():

@@ -470,11 +470,12 @@ def _split_rank(spec: WorkerSpec, rank: int, data: RowFile | None, val, params: 
 
 
 class _BarrierExchange(CollectiveExchange):
-    """The barrier engine's exchange: names a stuck peer at the collective's deadline, and reports every
-    round to the driver (group rank 0: the record and, when due, the global weights and strategy state; every
-    rank: its own state on checkpoint rounds). Each task marks in the stage's TCPStore which collective it reached:
-    when one times out, the tasks without a mark are the stuck (or dead) ones. ``task``: this task's index (a worker
-    of several processes is several tasks); ``reports``: it sends the round records (group rank 0)."""
+    """The barrier engine's exchange: names a stuck peer at the collective's deadline, and reports every round to the
+    driver (every rank: its own solver state on checkpoint rounds; group rank 0: when due, the global weights and
+    strategy state, then the round's record, last on the same socket, so that a host lost once the driver has the
+    record loses nothing sent with it). Each task marks in the stage's TCPStore which collective it reached: when one
+    times out, the tasks without a mark are the stuck (or dead) ones. ``task``: this task's index (a worker of several
+    processes is several tasks); ``reports``: it sends the round records (group rank 0)."""
 
     def __init__(self, *args, params: StagePlan, fit: FitPlan, sender, history: list, store, task: int,
                  reports: bool, state_part: dict | None = None, **kwargs):
@@ -519,10 +520,6 @@ class _BarrierExchange(CollectiveExchange):
         if params.restart:
             record["restarts"] = params.restart
         ckpt_every, state_every = params.checkpoint_every, params.state_every_rounds
-        if self.reports:
-            self.history.append(record)
-            if sender is not None:
-                sender.send(record)
         due = r % state_every == 0 or reason is not None or (ckpt_every and r % ckpt_every == 0)
         if sender is not None and self.holds_state and due:
             head = {"event": "state", **vars(progress), "iteration": self.net.iteration, **(self.state_part or {})}
@@ -536,6 +533,10 @@ class _BarrierExchange(CollectiveExchange):
         if sender is not None and ckpt_every and self.has_data and (r % ckpt_every == 0 or reason is not None):
             sender.send({"event": "worker_state", "round": r, "rank": self.task},  # packed at once: one copy
                         pack_tree(export_worker_state(self.net, self.state, copy_tensors=False)))
+        if self.reports:  # last, on the same socket: the driver that has a round's record has the state sent with it
+            self.history.append(record)
+            if sender is not None:
+                sender.send(record)
 
 
 def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, data, device, val, val_rows,
