@@ -75,13 +75,13 @@ def test_a_checkpoint_round_is_kept_until_its_ranks_states_arrive(tmp_path):
 def test_rank_0_sends_a_rounds_states_before_its_record():
     """A host lost as soon as the driver has a round's record (what an ``on_round`` callback sees) loses nothing sent
     with it: the record goes last on rank 0's socket, whose messages arrive in the order they were sent."""
-    from sparknet.spark.barrier.executor import _BarrierExchange
+    from sparknet.spark.barrier.executor import StagePlan, _BarrierExchange
     from sparknet.strategies import WorkerState
 
     sent: list[str] = []
     exchange = object.__new__(_BarrierExchange)  # the parts round_done reads, no process group
     vars(exchange).update(
-        params=SimpleNamespace(restart=0, checkpoint_every=2, state_every_rounds=1),
+        params=StagePlan(group=None, fit=None, checkpoint_every=2),
         fit=SimpleNamespace(auto=None, average=None), history=[], reports=True, state_part=None, holds_state=True,
         has_data=True, task=0, link=None, eval_link_s=0.0,
         step=SimpleNamespace(state=WorkerState(local_flat=None, extra={})),
@@ -105,3 +105,26 @@ def test_the_last_rounds_record_after_its_states_writes_the_final_checkpoint(tmp
     assert saved == []  # round 4 is not due, and not known to be the last until its record comes
     stage._handle({"event": "round", "round": 4, "stop_reason": "target accuracy"}, 1.0)
     assert saved == [(4, [0, 1])] and stage.pending == {}
+
+
+def test_a_record_that_comes_before_its_rounds_state_waits_for_it():
+    """What the history and ``on_round`` show of a round is on the driver: a record whose state is due and not yet in
+    (a sharded replica's parts come from several ranks, on sockets of their own) is recorded once the state is."""
+    from sparknet.spark.barrier.executor import StagePlan
+
+    emitted: list[int] = []
+    stage = _stage()
+    stage.fit.t_fit, stage.fit.emit = 0.0, lambda record: emitted.append(record["round"])
+    stage.states = StagePlan(group=None, fit=None, state_every_rounds=2)
+    stage._handle({"event": "round", "round": 1}, 1.0)  # no state due: recorded at once
+    stage._handle({"event": "round", "round": 2}, 2.0)
+    assert emitted == [1] and [h["round"] for h in stage.history] == [1]
+    _state(stage, 2)
+    assert emitted == [1, 2] and stage.latest.round == 2
+    stage._handle({"event": "round", "round": 3}, 3.0)
+    stage._handle({"event": "round", "round": 4}, 4.0)  # round 4's state lost on the way; round 6's comes
+    stage._handle({"event": "round", "round": 5}, 5.0)  # not due, but after a round held: in order
+    stage._handle({"event": "round", "round": 6, "stop_reason": "rounds"}, 6.0)
+    assert emitted == [1, 2, 3]
+    _state(stage, 6)
+    assert emitted == [1, 2, 3, 4, 5, 6] and stage.held == {}

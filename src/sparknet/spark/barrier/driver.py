@@ -198,6 +198,12 @@ class BarrierStage:
         self.seen = {h["round"] for h in history}
         self.latest: ResumeState | None = None
         self.pending: dict[int, dict] = {}  # round -> {"state": ..., "workers": {rank: state}}
+        self.states: StagePlan | None = None
+        """Which rounds' states the stage's tasks send, once it runs (``None``: none, a net split across the stage)."""
+        self.held: dict[int, tuple[dict, float]] = {}
+        """Round records whose round's state is due and not all in (a sharded replica's parts come from several
+        ranks), and those after them: recorded once it is, so that a record in the history means its state is on the
+        driver."""
         self.errors: list[dict] = []
         self.ready_at: float | None = None
         """When rank 0 said every rank had started and joined the process group (``time.perf_counter()``)."""
@@ -237,8 +243,8 @@ class BarrierStage:
         if event == "error":
             self.errors.append(msg)
         elif event == "round":
-            self._record(msg, now)
-            self._maybe_checkpoint(int(msg["round"]))  # the last round's: its state came before the record
+            self.held[int(msg["round"])] = (msg, now)
+            self._release()
         elif event == "final" and "payload" in msg:
             weights = msg.pop("payload")
             if len(weights) != 4 * self.fit.global_flat.numel():
@@ -257,10 +263,24 @@ class BarrierStage:
                 slot["state"] = state
                 if self.latest is None or state.round >= self.latest.round:
                     self.latest = replace(state, workers={})
+                self._release()
             else:
                 slot["workers"][int(msg["rank"])] = tree
             self._maybe_checkpoint(int(msg["round"]))
             self._forget_old()
+
+    def _release(self) -> None:
+        """Record the held round records in order, up to the first whose state is due and not in (a state lost on
+        the way is passed by a later round's)."""
+        for r in sorted(self.held):
+            msg, now = self.held[r]
+            latest = self.latest
+            if self.states is not None and self.states.state_due(r, bool(msg.get("stop_reason"))) and (
+                    latest is None or latest.round < r):
+                return
+            del self.held[r]
+            self._record(msg, now)
+            self._maybe_checkpoint(r)  # the last round's: its states came before the record
 
     def _forget_old(self) -> None:
         """Drop the rounds behind :attr:`latest` that no checkpoint still waits for: each holds a copy of the
@@ -328,6 +348,7 @@ class BarrierStage:
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,
                 streaming=dist.streaming(), staged=run.source is not run.chunks, parts=parts)
+            self.states = params if spec.model_parallel is None else None
             stage = with_profile(run.source.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc)),
                                  self.profile)
             silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
@@ -395,6 +416,8 @@ class BarrierStage:
         if final is None:
             raise EngineError("rank 0 sent its final weights over the driver's channel and they did not arrive "
                               f"within {opts.collective_timeout_s:g} s (--collective-timeout)")
+        for r in sorted(self.held):  # the stage ended well: its rounds count whatever state the channel lost
+            self._record(*self.held.pop(r))
         for rec in full_history:  # records the channel did not deliver
             self._record(rec, time.perf_counter())
         if self.checkpoints is not None:

@@ -113,6 +113,11 @@ class StagePlan:
     each cut by :meth:`~sparknet.net.Net.shard_layouts`): a rank reads its own part only, and builds its net on the
     meta device, so no rank ever holds the whole replica. Empty: every rank cuts the whole (a Spark Connect stage)."""
 
+    def state_due(self, r: int, last: bool) -> bool:
+        """Whether round ``r``'s global weights and strategy state go to the driver (``last``: the fit's last)."""
+        every = self.checkpoint_every
+        return last or r % self.state_every_rounds == 0 or bool(every and r % every == 0)
+
 
 def run_barrier(payload_bc, params: StagePlan, val_bc=None):
     """The barrier stage's task function (``rdd.barrier().mapPartitionsWithIndex``)."""
@@ -519,9 +524,8 @@ class _BarrierExchange(CollectiveExchange):
             record["link_s"] = record.get("link_s", 0.0) + self.eval_link_s  # none yet: an overlapped first round
         if params.restart:
             record["restarts"] = params.restart
-        ckpt_every, state_every = params.checkpoint_every, params.state_every_rounds
-        due = r % state_every == 0 or reason is not None or (ckpt_every and r % ckpt_every == 0)
-        if sender is not None and self.holds_state and due:
+        ckpt_every = params.checkpoint_every
+        if sender is not None and self.holds_state and params.state_due(r, reason is not None):
             head = {"event": "state", **vars(progress), "iteration": self.net.iteration, **(self.state_part or {})}
             # sent from where its tensors lie: nothing writes into a global buffer (each round makes a new one), the
             # strategy's state is a copy, and the average (updated in place every round) is copied here
