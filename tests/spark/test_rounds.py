@@ -177,11 +177,16 @@ def test_warm_start_on_the_driver_then_round_seconds(spark):
     assert all(h["tau"] is None and h["steps"] >= 1 for h in res.history)
 
 
+@pytest.mark.parametrize("source", ["rdd", "frame"])
 @pytest.mark.parametrize("engine", ["rounds", "barrier"])
-def test_the_workers_start_from_the_warmed_weights(spark, engine):
-    """A fit warmed up on the driver ends where a fit started from those warmed weights by hand ends."""
+def test_the_workers_start_from_the_warmed_weights(spark, engine, source):
+    """A fit warmed up on the driver ends where a fit started from those warmed weights by hand ends. A DataFrame's
+    sample is read from the files its rows were staged in where they were converted (both engines, one machine)."""
     x, y = blobs(48, seed=6)
     rdd = partitioned_rdd(spark.sparkContext, [(x[:24], y[:24]), (x[24:], y[24:])]).cache()
+    if source == "frame":  # the same rows in the same two partitions, as doubles (float32 values, exactly)
+        rows = [([float(v) for v in row], int(label)) for row, label in zip(x, y)]
+        rdd = spark.createDataFrame(spark.sparkContext.parallelize(rows, 2), "features array<double>, label long")
     solver = SolverConfig(base_lr=0.1, momentum=0.0, lr_policy="fixed")  # no dependence on the solver's iteration
     model = mlp(seed=2)
     # the driver's warm-up, by hand: every row (fewer than the sample bound), in partition order, the fit's seed

@@ -85,6 +85,26 @@ def test_empty_and_missing_partitions(tmp_path, monkeypatch):
     assert out.source == "chunks" and out.samples == 4 and delta.shape == g.shape
 
 
+def test_the_warm_up_sample_is_read_where_a_partition_was_staged(tmp_path):
+    """``staged_head``: a partition's first rows as its chunks hold them, from its staged files; ``None`` where they
+    were staged on another machine (the driver then takes them from the chunks); nothing for an empty partition or a
+    quota of none."""
+    x, y = blobs(20, seed=3)
+    record = _stage(tmp_path, "warm", 0, x, y)
+    (part,) = _rounds.staged_head([7, 5])(0, iter([record]))
+    want = next(_rounds_head([7], x, y))
+    assert np.array_equal(part[0], want[0]) and np.array_equal(part[1], want[1]) and part[0].dtype == np.float32
+    assert list(_rounds.staged_head([7])(0, iter([{**record, "host": "another-host"}]))) == [None]
+    assert list(_rounds.staged_head([0])(0, iter([record]))) == []
+    assert list(_rounds.staged_head([7])(0, iter([{"rows": 0}]))) == []
+
+
+def _rounds_head(quotas, x, y):
+    from sparknet.spark.data import head_rows
+
+    return head_rows(quotas)(0, iter(list(pair_chunks(None)(zip(x, y)))))
+
+
 def test_fold_weights_by_samples_and_skips_empty_and_nonfinite():
     updates = [
         (WorkerReport(index=0, samples=10, loss=1.0), np.full(3, 1.0, np.float32), None),

@@ -53,7 +53,8 @@ from sparknet.spark import data as spark_data
 from sparknet.spark.backend import check_barrier_slots, quietly, run_with_deadline
 from sparknet.spark.barrier.driver import connect_refusal, run_barrier_engine, run_connect_stage
 from sparknet.spark.engine import EngineOptions, EngineRun
-from sparknet.spark.rounds.executor import WorkerSpec, cleanup_partition, stage_frame, stage_hands, stage_partition
+from sparknet.spark.rounds.executor import (WorkerSpec, cleanup_partition, stage_frame, stage_hands, stage_partition,
+                                            staged_head)
 from sparknet.spark.rounds.driver import run_rounds_engine
 from sparknet.spark.session import get_session, is_connect, is_local_master, session_parallelism
 from sparknet.strategies import TrainingStrategy, make_strategy
@@ -413,7 +414,7 @@ class SparkTrainer:
                 driver_net.set_validation_data(val)
             warmup = None
             if dist.warmup_steps and resume is None:  # a resumed run had its warm-up before its checkpoint
-                warmup = self._warmup(sc, group, chunks, total, driver_net, sample_shape)
+                warmup = self._warmup(sc, group, chunks, staged, total, driver_net, sample_shape)
             global_flat = resume.global_flat if resume is not None else self.strategy.init_global(driver_net.get_flat())
             worker_net = net
             if isinstance(net, torch.nn.Module):  # a CPU copy of a module; its shapes only where the ranks cut it
@@ -577,16 +578,26 @@ class SparkTrainer:
                              f"{num_classes} classes")
         return x, y
 
-    def _warmup(self, sc, group, chunks, total, driver_net: Net, sample_shape) -> dict:
-        """``warmup_steps`` on the driver, on a bounded sample of the training data."""
+    def _warmup(self, sc, group, chunks, staged, total, driver_net: Net, sample_shape) -> dict:
+        """``warmup_steps`` on the driver, on a bounded sample of the training data: each partition's first rows,
+        read where the stage job wrote them (``staged``), else taken from its chunks (the rows converted again where
+        they are not cached, as a DataFrame staged where it was converted is not)."""
         rows = total["rows_per_partition"]
         n = sum(rows)
         limit = min(n, self.options.warmup_max_samples,
                     max(1, self.options.warmup_max_bytes // (4 * math.prod(sample_shape))))
         quotas = [math.ceil(limit * r / n) for r in rows]
-        parts = self._data_job(sc, group, "sparknet: sample the training data for the warm-up",
-                               chunks.mapPartitionsWithIndex(spark_data.head_rows(quotas)).collect,
-                               "the warm-up sample's collection")
+        parts = None
+        if staged is not None:
+            parts = self._data_job(sc, group, "sparknet: read the warm-up sample where the training data is staged",
+                                   staged.mapPartitionsWithIndex(staged_head(quotas)).collect,
+                                   "the warm-up sample's collection")
+            if any(part is None for part in parts):  # staged on another machine than its task ran on
+                parts = None
+        if parts is None:
+            parts = self._data_job(sc, group, "sparknet: sample the training data for the warm-up",
+                                   chunks.mapPartitionsWithIndex(spark_data.head_rows(quotas)).collect,
+                                   "the warm-up sample's collection")
         x, y = (np.concatenate(column) for column in zip(*parts))
         driver_net.set_training_data((x.reshape(len(x), *sample_shape), y))
         stats = driver_net.train(self.dist.warmup_steps)

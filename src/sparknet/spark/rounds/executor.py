@@ -492,6 +492,25 @@ def staged_here(record: dict | None, index: int) -> RowFile | None:
     return RowFile.open(staged_stem(record["dir"], index))
 
 
+def staged_head(quotas: list[int]):
+    """Task function over the stage job's records: the first ``quotas[index]`` rows a partition staged, as one
+    ``(x, y)`` (what :func:`~sparknet.spark.data.head_rows` takes from its chunks), or ``None`` where they were
+    staged on another machine."""
+
+    def take(index: int, records):
+        for record in records:
+            if not record["rows"] or not quotas[index]:
+                continue
+            rows = staged_here(record, index)
+            if rows is None:
+                yield None
+                continue
+            x, y = rows.arrays()
+            yield np.array(x[:quotas[index]]), np.array(y[:quotas[index]])
+
+    return take
+
+
 # -- stage --------------------------------------------------------------------------------------
 def stage_partition(fit_id: str, staging_dir: str | None = None):
     """Task function of the stage job: chunks -> files on this machine + one small record."""
