@@ -17,7 +17,8 @@ while evaluations have taken more than that share of the time so far):
 - ``one process``: ``sparknet train`` without Spark, with each of ``--threads`` torch threads (default: the
   largest K), a process of several threads allowed 8,000 steps so that it gets there;
 - ``rounds`` and ``barrier``: ``sparknet train --workers K --tau 50`` on ``local[K]``, for each K of ``--workers``
-  (with ``--round-seconds S``, rounds of S seconds in place of 50 steps);
+  (with ``--round-seconds S``, rounds of S seconds in place of 50 steps; with ``--warmup-steps W``, each also started
+  from W steps on the driver);
 - ``K x G``: the barrier engine with K workers of G processes each (``--procs-per-worker G``, batch 64 per process,
   so 64 G per worker) on ``local[K*G]``, for each shape of ``--shapes``; ``KxG@LR`` gives that shape its own
   learning rate (a bigger batch usually takes a larger one: say how it was tuned);
@@ -58,13 +59,16 @@ RUNS: dict[str, list[str]] = {}
 
 
 def runs_for(workers: list[int], threads: list[int], shapes: list[str] = (),
-             round_seconds: float | None = None, overlap: bool = False) -> dict[str, list[str]]:
+             round_seconds: float | None = None, overlap: bool = False,
+             warmup: list[int] = ()) -> dict[str, list[str]]:
     """The runs of one call: one process with each of ``threads``, then each engine with each of ``workers`` (a
     process with several threads may take twice the steps, so that it gets to the target), then the barrier engine
     with each ``KxG[@LR]`` of ``shapes``. With ``round_seconds``, each engine's rounds end after that many seconds
     instead of τ steps (``--round-seconds``): no worker waits for the slowest, whose samples weigh less. With
     ``overlap``, the rounds engine scores each round's weights in a driver thread while the next round trains
-    (``--eval-overlap``): the evaluations leave the rounds' critical path, the target is seen a round late."""
+    (``--eval-overlap``): the evaluations leave the rounds' critical path, the target is seen a round late. For
+    each W of ``warmup``, each engine also starts from W steps on the driver (``--warmup-steps W``, all the driver's
+    cores, on the first rows of each partition, at most 20,000)."""
     runs = {f"one process, {t} thread{'s' if t > 1 else ''}": [*TRAIN, "--threads", str(t), "--eval-every", str(EVERY),
                                                                "--steps", str(MAX_STEPS * (2 if t > 1 else 1))]
             for t in threads}
@@ -76,6 +80,10 @@ def runs_for(workers: list[int], threads: list[int], shapes: list[str] = (),
         if overlap:
             runs[f"rounds, {k} workers{timed}, overlapped evaluation"] = [*spark, "--eval-overlap"]
         runs[f"barrier, {k} workers{timed}"] = [*spark, "--engine", "barrier"]
+        for w in warmup:
+            runs[f"rounds, {k} workers{timed}, {w} warm-up steps"] = [*spark, "--warmup-steps", str(w)]
+            runs[f"barrier, {k} workers{timed}, {w} warm-up steps"] = [*spark, "--engine", "barrier",
+                                                                       "--warmup-steps", str(w)]
     for shape in shapes:
         size, _, lr = shape.partition("@")
         k, g = (int(v) for v in size.lower().split("x"))
@@ -210,7 +218,7 @@ def _run(name: str, work: Path, timeout_s: float) -> dict:
         s = last_summary(metrics)
         summary = {k: s.get(k) for k in ("test_accuracy", "steps", "rounds", "stop_reason", "wall_s", "train_s",
                                          "setup_s", "first_round_s", "eval_s", "samples_per_s", "rounds_s",
-                                         "slowest_compute_s", "mean_compute_s", "phases_s")}
+                                         "slowest_compute_s", "mean_compute_s", "phases_s", "warmup")}
     out.pop("stdout_tail", None)
     return {"run": name, **out, "summary": summary}
 
@@ -232,6 +240,8 @@ def main(argv=None) -> int:
                    help="each engine's rounds end after this many seconds instead of tau = 50 steps")
     p.add_argument("--eval-overlap", action="store_true",
                    help="also the rounds engine with its evaluations in a driver thread (--eval-overlap)")
+    p.add_argument("--warmup-steps", default="",
+                   help="comma-separated W: also each engine started from W steps on the driver (--warmup-steps)")
     p.add_argument("--bare-steps", type=int, default=BARE_STEPS[0], help="steps of each bare process")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "time_to_99.json"))
     p.add_argument("--torch-distributor-run", metavar="OUT", help=argparse.SUPPRESS)
@@ -242,7 +252,8 @@ def main(argv=None) -> int:
         return 0
     threads = [int(t) for t in args.threads.split(",")] if args.threads else [max(workers)]
     shapes = [s for s in args.shapes.split(",") if s]
-    RUNS.update(runs_for(workers, threads, shapes, args.round_seconds, args.eval_overlap))
+    RUNS.update(runs_for(workers, threads, shapes, args.round_seconds, args.eval_overlap,
+                         [int(w) for w in args.warmup_steps.split(",") if w]))
     os.environ["SPARKNET_BENCH_EVAL_BUDGET"] = str(args.eval_budget)  # the runs and the DDP processes read it
     BARE_STEPS[0] = args.bare_steps
     names = [n for n in [*RUNS, *(f"torch_distributor, {k} processes" for k in workers),

@@ -13,6 +13,7 @@ from time_to_99 import _processes  # noqa: E402
 
 def test_a_runs_name_gives_its_processes():
     assert _processes("rounds, 8 workers") == 8
+    assert _processes("barrier, 8 workers, 1000 warm-up steps") == 8
     assert _processes("barrier, 2 workers of 4 processes, lr 0.1") == 8
 
 
@@ -24,13 +25,15 @@ def test_scaling_points_take_the_median_of_repeats_and_keep_every_series(tmp_pat
     first = {"runs": [_run("one process, 1 thread", 100.0), _run("rounds, 2 workers", 60.0, 5000.0),
                       _run("rounds, 4 workers", 40.0, 9000.0), _run("bare, 4 processes", samples_per_s=10000.0),
                       _run("torch_distributor, 4 processes", 80.0),
-                      _run("barrier, 2 workers of 2 processes", 50.0, 8000.0)]}
+                      _run("barrier, 2 workers of 2 processes", 50.0, 8000.0),
+                      _run("rounds, 4 workers, 1000 warm-up steps", 30.0, 8500.0)]}
     second = {"runs": [_run("rounds, 2 workers", 70.0, 4000.0), _run("rounds, 2 workers", 65.0, 4500.0)]}
     data = points([first, second])
     assert data["time"]["rounds"] == {2: 65.0, 4: 40.0}  # the median of three calls' runs at K = 2
     assert data["speed"]["rounds"] == {2: 4500.0, 4: 9000.0}
     assert data["time"]["barrier (K x G)"] == {4: 50.0} and data["speed"]["bare one-thread processes"] == {4: 10000.0}
     assert data["time"]["TorchDistributor (DDP)"] == {4: 80.0}
+    assert data["time"]["rounds, 1000 warm-up steps"] == {4: 30.0}  # a series of its own
     assert data["one_process"] == {"one process, 1 thread": 100.0}
     plot(data, tmp_path / "scaling.png", "test")
     assert (tmp_path / "scaling.png").stat().st_size > 1000
