@@ -226,7 +226,8 @@ def _run(name: str, work: Path, timeout_s: float) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--only", default=None, help="run only the runs whose name contains this")
+    p.add_argument("--only", default=None,
+                   help="run only the runs whose name contains this (or one of several, split by |)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds each run may take")
     p.add_argument("--eval-budget", type=float, default=1.0,
                    help="sparknet's --eval-budget for every run (1: evaluate every 50 steps, the default here; "
@@ -258,7 +259,7 @@ def main(argv=None) -> int:
     BARE_STEPS[0] = args.bare_steps
     names = [n for n in [*RUNS, *(f"torch_distributor, {k} processes" for k in workers),
                          *(f"bare, {k} processes" for k in workers)]
-             if args.only is None or args.only in n]
+             if args.only is None or any(part in n for part in args.only.split("|"))]
     runs = []
     with tempfile.TemporaryDirectory(prefix="sparknet-bench-") as tmp:
         for repeat in range(args.repeats):
