@@ -236,9 +236,9 @@ def _parquet_frame(spark, path, x, y):
     return spark.read.parquet(str(path))
 
 
-def _staged_fit(df, engine: str, staging_dir):
+def _staged_fit(df, engine: str, staging_dir, **dist):
     return SparkTrainer(mlp(), WorkerConfig(solver=SolverConfig(base_lr=0.1, momentum=0.9), batch_size=8, seed=3),
-                        DistributedConfig(workers=2, tau=3, rounds=3, engine=engine),
+                        DistributedConfig(workers=2, tau=3, rounds=3, engine=engine, **dist),
                         options=EngineOptions(staging_dir=str(staging_dir))).fit(df)
 
 
@@ -262,12 +262,15 @@ def test_a_dataframe_staged_where_it_is_converted_trains_as_through_an_rdd_of_ch
     assert not list((tmp_path / "staged").iterdir())  # the fits' ends removed what they staged
 
 
+@pytest.mark.parametrize("warmup_steps", [0, 7], ids=["cold", "warmed"])
 @pytest.mark.parametrize("engine", ["rounds", "barrier"])
 def test_a_data_set_dealt_to_its_own_tasks_is_read_and_staged_in_one_task(spark, tmp_path, monkeypatch,
-                                                                          engine):
+                                                                          engine, warmup_steps):
     """The command line's DataFrame of a data set (its partitions copy their rows out of the cached arrays,
     ``dataset_frame(..., partitions=K)``) is read, converted and staged in one task; the same DataFrame through its
-    rows in the JVM (what any DataFrame gets) trains to the same weights, bit for bit."""
+    rows in the JVM (what any DataFrame gets) trains to the same weights, bit for bit. Warmed up, the dealt data
+    set's warm-up reads its sample on the driver and trains while Spark stages the rows; the other reads it from the
+    staged files after: the same sample, the same weights."""
     from sparknet.datasets import ArrayDataset
     from sparknet.spark import data as spark_data
     from sparknet.spark.run import dataset_frame
@@ -281,11 +284,15 @@ def test_a_data_set_dealt_to_its_own_tasks_is_read_and_staged_in_one_task(spark,
     sc = spark.sparkContext
     assert not spark_data.ships_local_data(frame.rdd) and spark_data.ships_local_data(sc.parallelize([1, 2], 2))
     assert not spark_data.ships_local_data(sc.parallelize([], 2)) and not spark_data.ships_local_data(sc.range(4, numSlices=2))
-    in_one_task = _staged_fit(frame, engine, tmp_path / "staged")
+    in_one_task = _staged_fit(frame, engine, tmp_path / "staged", warmup_steps=warmup_steps)
     del frame.sparknet_deal  # the road of any DataFrame
-    through_the_jvm = _staged_fit(frame, engine, tmp_path / "staged")
+    through_the_jvm = _staged_fit(frame, engine, tmp_path / "staged", warmup_steps=warmup_steps)
     assert in_one_task.summary["rows_per_partition"] == through_the_jvm.summary["rows_per_partition"] == [48, 48]
     assert torch.equal(_flat(in_one_task), _flat(through_the_jvm))
+    if warmup_steps:
+        ahead, after = in_one_task.summary["warmup"], through_the_jvm.summary["warmup"]
+        assert ahead.pop("while_staging") and "while_staging" not in after
+        assert ahead["steps"] == warmup_steps and ahead["rows"] == 96 and ahead["loss"] == after["loss"]
 
 
 def test_a_barrier_stage_that_finds_no_staged_rows_starts_again_over_the_chunks(spark, tmp_path, monkeypatch):

@@ -117,20 +117,28 @@ def dealt_frame(spark, paths: tuple[Path, Path], partitions: int):
             for k in batch.column(0).to_pylist():
                 yield from hand(k)
 
+    def head(k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``n`` rows of hand ``k`` as the stage job converts them (features float32, labels long)."""
+        x, y = np.load(x_path, mmap_mode="r")[k::partitions][:n], np.load(y_path, mmap_mode="r")[k::partitions][:n]
+        return np.array(x, dtype=np.float32), np.array(y)
+
     frame = spark.range(0, partitions, numPartitions=partitions).mapInArrow(read, schema)
     # a fit's stage job reads each hand in the task that stages it (SparkTrainer._frame_staging): the rows never
     # pass through the JVM
-    frame.sparknet_deal = DealReader(hand, partitions)
+    frame.sparknet_deal = DealReader(hand, partitions, len(x), head)
     return frame
 
 
 @dataclass(frozen=True)
 class DealReader:
     """How :func:`dealt_frame`'s DataFrame is made: partition ``k`` of ``partitions`` holds ``hand(k)``,
-    Arrow batches of ``features`` and ``label``."""
+    Arrow batches of ``features`` and ``label``: rows ``k``, ``k + partitions``, ... of ``rows``; ``head(k, n)``
+    reads its first ``n`` on the driver (the files are on its machine), as the stage job converts them."""
 
     hand: Callable
     partitions: int
+    rows: int
+    head: Callable
 
 
 def _parquet_schema(path: Path):

@@ -34,6 +34,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -323,9 +324,12 @@ class SparkTrainer:
             net = FeatureDict(net, layout)
             sample_shape, expected_len = (net.width,), net.width
             log.info("features: the net takes a dict of the columns %s", dict(layout))
-        driver_net = Net(_copy_module(net) if isinstance(net, torch.nn.Module) else net, worker.solver,
-                         loss=self.loss, batch_size=worker.batch_size, device="cpu", seed=worker.seed, task=task,
-                         weighted=weight_col is not None)
+        def new_driver_net() -> Net:  # on this thread: a net's seeded build draws from torch's global generator
+            return Net(_copy_module(net) if isinstance(net, torch.nn.Module) else net, worker.solver,
+                       loss=self.loss, batch_size=worker.batch_size, device="cpu", seed=worker.seed, task=task,
+                       weighted=weight_col is not None)
+
+        driver_net = new_driver_net()
         if initial_weights is not None:
             if isinstance(initial_weights, WeightCollection):
                 driver_net.set_weights(initial_weights)
@@ -349,12 +353,12 @@ class SparkTrainer:
                        expected_len=expected_len, num_partitions=ranks, float_labels=task.float_labels,
                        weight_col=weight_col)
         level = getattr(StorageLevel, self.options.storage_level)
-        frame_staged = None  # the stage job run where a DataFrame's rows are converted
+        frame_staged = dealt = None  # the stage job run where a DataFrame's rows are converted; a dealt data set's
         # the barrier stage reads such files only on one machine: on a cluster Spark may run a barrier task on
         # another host than the one that staged its partition (seen on the test rig), and the stage starts again
         if not connect and spark_data.is_dataframe(train) and (dist.engine is Engine.ROUNDS
                                                                or is_local_master(sc.master)):
-            frame_staged, chunks, source = self._frame_staging(train, fit_id, level, columns)
+            frame_staged, chunks, source, dealt = self._frame_staging(train, fit_id, level, columns)
         if frame_staged is None:
             chunk = spark_data.chunk_frame if connect else spark_data.chunk_rdd  # a DataFrame or an RDD of chunks
             chunks, source = chunk(train, **columns)
@@ -367,6 +371,11 @@ class SparkTrainer:
         mark("planned")
         staged = None
         broadcasts = []
+        ahead = pool = None
+        if dist.warmup_steps and resume is None and dealt is not None:
+            # its sample is on this machine: the warm-up trains in a thread while Spark stages the rows
+            pool = ThreadPoolExecutor(1, thread_name_prefix="sparknet-warmup")
+            ahead = self._warmup_ahead(pool, dealt, new_driver_net(), sample_shape, done=lambda: mark("warmed"))
         try:
             stats = None
             if dist.engine is Engine.ROUNDS or frame_staged is not None:  # the barrier stage reads staged files too
@@ -413,8 +422,12 @@ class SparkTrainer:
             if val is not None:
                 driver_net.set_validation_data(val)
             warmup = None
-            if dist.warmup_steps and resume is None:  # a resumed run had its warm-up before its checkpoint
+            if ahead is not None:
+                warmed, warmup = ahead.result()
+                driver_net.set_flat(warmed)
+            elif dist.warmup_steps and resume is None:  # a resumed run had its warm-up before its checkpoint
                 warmup = self._warmup(sc, group, chunks, staged, total, driver_net, sample_shape)
+                mark("warmed")
             global_flat = resume.global_flat if resume is not None else self.strategy.init_global(driver_net.get_flat())
             worker_net = net
             if isinstance(net, torch.nn.Module):  # a CPU copy of a module; its shapes only where the ranks cut it
@@ -444,6 +457,8 @@ class SparkTrainer:
                                         exc.rank, exc.log_tail) from None
             train_s = time.perf_counter() - t_train
         finally:
+            if pool is not None:  # a fit that failed before it needed the warm-up waits for it to end
+                pool.shutdown(wait=True)
             self._cleanup(sc, group, fit_id, staged, chunks, broadcasts)
 
         driver_net.set_flat(global_flat)
@@ -582,11 +597,7 @@ class SparkTrainer:
         """``warmup_steps`` on the driver, on a bounded sample of the training data: each partition's first rows,
         read where the stage job wrote them (``staged``), else taken from its chunks (the rows converted again where
         they are not cached, as a DataFrame staged where it was converted is not)."""
-        rows = total["rows_per_partition"]
-        n = sum(rows)
-        limit = min(n, self.options.warmup_max_samples,
-                    max(1, self.options.warmup_max_bytes // (4 * math.prod(sample_shape))))
-        quotas = [math.ceil(limit * r / n) for r in rows]
+        quotas = self._warmup_quotas(total["rows_per_partition"], sample_shape)
         parts = None
         if staged is not None:
             parts = self._data_job(sc, group, "sparknet: read the warm-up sample where the training data is staged",
@@ -598,9 +609,37 @@ class SparkTrainer:
             parts = self._data_job(sc, group, "sparknet: sample the training data for the warm-up",
                                    chunks.mapPartitionsWithIndex(spark_data.head_rows(quotas)).collect,
                                    "the warm-up sample's collection")
+        return self._warm_up(driver_net, parts, sample_shape)
+
+    def _warmup_ahead(self, pool, dealt, net: Net, sample_shape, done: Callable[[], None]):
+        """The warm-up of a data set dealt from files on this machine (:func:`~sparknet.spark.run.dealt_frame`), in
+        ``pool``'s thread while Spark stages its rows: the same sample :meth:`_warmup` would read (each partition's
+        first rows, read here), trained on ``net`` (built like the fit's driver net); ``done`` called at its end. A
+        future of its weights and what it did."""
+        rows = [len(range(k, dealt.rows, dealt.partitions)) for k in range(dealt.partitions)]
+        sample_shape = sample_shape or dealt.head(0, 0)[0].shape[1:]  # a net that declares none takes a row as it is
+        quotas = self._warmup_quotas(rows, sample_shape)
+
+        def run():
+            info = self._warm_up(net, [dealt.head(k, q) for k, q in enumerate(quotas) if q and rows[k]],
+                                 sample_shape)
+            done()
+            return net.get_flat(), {**info, "while_staging": True}
+
+        return pool.submit(run)
+
+    def _warmup_quotas(self, rows: list[int], sample_shape) -> list[int]:
+        """How many of its first rows each partition gives the warm-up's sample (``rows``: each one's rows)."""
+        n = sum(rows)
+        limit = min(n, self.options.warmup_max_samples,
+                    max(1, self.options.warmup_max_bytes // (4 * math.prod(sample_shape))))
+        return [math.ceil(limit * r / n) for r in rows]
+
+    def _warm_up(self, net: Net, parts: list, sample_shape) -> dict:
+        """``warmup_steps`` of ``net`` on the sample ``parts`` (an ``(x, y)`` a partition, in order); what it did."""
         x, y = (np.concatenate(column) for column in zip(*parts))
-        driver_net.set_training_data((x.reshape(len(x), *sample_shape), y))
-        stats = driver_net.train(self.dist.warmup_steps)
+        net.set_training_data((x.reshape(len(x), *sample_shape), y))
+        stats = net.train(self.dist.warmup_steps)
         if not stats.finite:
             raise EngineError("the warm-up on the driver produced NaN/Inf loss; lower the learning rate")
         log.info("warm-up: %d steps on %d rows in %.1f s, loss %.4f", stats.steps, len(x), stats.wall_s, stats.loss)
@@ -614,11 +653,13 @@ class SparkTrainer:
             self.on_round(record)
 
     def _frame_staging(self, train, fit_id: str, level, columns: dict):
-        """``(staged, chunks, source)`` for a fit over a DataFrame: ``staged``, the RDD of the stage job,
+        """``(staged, chunks, source, dealt)`` for a fit over a DataFrame: ``staged``, the RDD of the stage job,
         whose tasks make the rows into chunks and write them where they are (:func:`stage_frame`), and ``chunks``, an
         RDD of the chunks made only if a rerun needs it (the staged files gone). ``staged`` is ``None`` where the
         rows would travel in every round's tasks (a DataFrame of the driver's rows already in as many partitions):
-        those are staged from :func:`~sparknet.spark.data.chunk_rdd`'s RDD, behind a shuffle."""
+        those are staged from :func:`~sparknet.spark.data.chunk_rdd`'s RDD, behind a shuffle. ``dealt``: the
+        :class:`~sparknet.spark.run.DealReader` of a data set dealt from this machine's files whose stage job reads,
+        converts and stages each hand in one task (else ``None``)."""
         float_labels = columns["float_labels"] or columns["weight_col"] is not None  # a weight rides with the labels
         reader = getattr(train, "sparknet_deal", None)  # its partitions read their own rows (dealt_frame)
         dealt = reader is not None and reader.partitions == columns["num_partitions"]
@@ -626,7 +667,8 @@ class SparkTrainer:
         frame, convert, source = spark_data.chunk_input(train, **{**columns, "num_partitions": None} if dealt
                                                         else columns)
         named = (columns["features_col"], columns["label_col"]) == ("features", "label")
-        if dealt and named and source.kind == "array" and not float_labels:  # read, converted, staged in one task
+        one_task = dealt and named and source.kind == "array" and not float_labels
+        if one_task:  # read, converted, staged in one task
             staged = train.sparkSession.sparkContext.parallelize([], reader.partitions).mapPartitionsWithIndex(
                 stage_hands(fit_id, self.options.staging_dir, convert, reader.hand), preservesPartitioning=True)
         else:
@@ -634,9 +676,9 @@ class SparkTrainer:
                                       "info string").rdd.map(lambda row: json.loads(row[0]), preservesPartitioning=True)
         spark_data.check_partitions(staged, columns["num_partitions"])
         if spark_data.ships_local_data(staged):
-            return None, None, source
+            return None, None, source, None
         chunks = spark_data.LazyRDD(lambda: spark_data.chunks_of(frame, convert, float_labels).persist(level))
-        return staged, chunks, source
+        return staged, chunks, source, reader if one_task else None
 
     # -- cleanup ------------------------------------------------------------------------------
     @staticmethod
