@@ -236,10 +236,10 @@ def _parquet_frame(spark, path, x, y):
     return spark.read.parquet(str(path))
 
 
-def _staged_fit(df, engine: str, staging_dir, **dist):
+def _staged_fit(df, engine: str, staging_dir, initial_weights=None, **dist):
     return SparkTrainer(mlp(), WorkerConfig(solver=SolverConfig(base_lr=0.1, momentum=0.9), batch_size=8, seed=3),
                         DistributedConfig(workers=2, tau=3, rounds=3, engine=engine, **dist),
-                        options=EngineOptions(staging_dir=str(staging_dir))).fit(df)
+                        options=EngineOptions(staging_dir=str(staging_dir))).fit(df, initial_weights=initial_weights)
 
 
 @pytest.mark.parametrize("engine", ["rounds", "barrier"])
@@ -284,9 +284,10 @@ def test_a_data_set_dealt_to_its_own_tasks_is_read_and_staged_in_one_task(spark,
     sc = spark.sparkContext
     assert not spark_data.ships_local_data(frame.rdd) and spark_data.ships_local_data(sc.parallelize([1, 2], 2))
     assert not spark_data.ships_local_data(sc.parallelize([], 2)) and not spark_data.ships_local_data(sc.range(4, numSlices=2))
-    in_one_task = _staged_fit(frame, engine, tmp_path / "staged", warmup_steps=warmup_steps)
+    start = flat(mlp(seed=9)) if warmup_steps else None  # a warm-up starts from the fit's initial weights
+    in_one_task = _staged_fit(frame, engine, tmp_path / "staged", start, warmup_steps=warmup_steps)
     del frame.sparknet_deal  # the road of any DataFrame
-    through_the_jvm = _staged_fit(frame, engine, tmp_path / "staged", warmup_steps=warmup_steps)
+    through_the_jvm = _staged_fit(frame, engine, tmp_path / "staged", start, warmup_steps=warmup_steps)
     assert in_one_task.summary["rows_per_partition"] == through_the_jvm.summary["rows_per_partition"] == [48, 48]
     assert torch.equal(_flat(in_one_task), _flat(through_the_jvm))
     if warmup_steps:

@@ -375,7 +375,9 @@ class SparkTrainer:
         if dist.warmup_steps and resume is None and dealt is not None:
             # its sample is on this machine: the warm-up trains in a thread while Spark stages the rows
             pool = ThreadPoolExecutor(1, thread_name_prefix="sparknet-warmup")
-            ahead = self._warmup_ahead(pool, dealt, new_driver_net(), sample_shape, done=lambda: mark("warmed"))
+            warm_net = new_driver_net()
+            warm_net.set_flat(driver_net.get_flat())  # the fit's initial weights, where it was given some
+            ahead = self._warmup_ahead(pool, dealt, warm_net, sample_shape, done=lambda: mark("warmed"))
         try:
             stats = None
             if dist.engine is Engine.ROUNDS or frame_staged is not None:  # the barrier stage reads staged files too
