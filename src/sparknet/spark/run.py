@@ -106,9 +106,13 @@ def dealt_frame(spark, paths: tuple[Path, Path], partitions: int):
     x, y = np.load(x_path, mmap_mode="r"), np.load(y_path, mmap_mode="r")
     schema, partitions = from_arrow_schema(arrays_table(x[:1], y[:1]).schema), max(1, min(partitions, len(x)))
 
+    def dealt(k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows k, k + partitions, ... of the files, mapped (nothing read yet)."""
+        return np.load(x_path, mmap_mode="r")[k::partitions], np.load(y_path, mmap_mode="r")[k::partitions]
+
     def hand(k: int):
-        """Arrow batches of rows k, k + partitions, ... of the files."""
-        x, y = np.load(x_path, mmap_mode="r")[k::partitions], np.load(y_path, mmap_mode="r")[k::partitions]
+        """Arrow batches of partition k's rows."""
+        x, y = dealt(k)
         for i in range(0, len(x), DEAL_BLOCK_ROWS):
             yield from arrays_table(x[i:i + DEAL_BLOCK_ROWS], y[i:i + DEAL_BLOCK_ROWS]).to_batches()
 
@@ -119,8 +123,8 @@ def dealt_frame(spark, paths: tuple[Path, Path], partitions: int):
 
     def head(k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The first ``n`` rows of hand ``k`` as the stage job converts them (features float32, labels long)."""
-        x, y = np.load(x_path, mmap_mode="r")[k::partitions][:n], np.load(y_path, mmap_mode="r")[k::partitions][:n]
-        return np.array(x, dtype=np.float32), np.array(y)
+        x, y = dealt(k)
+        return np.array(x[:n], dtype=np.float32), np.array(y[:n])
 
     frame = spark.range(0, partitions, numPartitions=partitions).mapInArrow(read, schema)
     # a fit's stage job reads each hand in the task that stages it (SparkTrainer._frame_staging): the rows never
