@@ -116,5 +116,8 @@ def test_the_speedup_grid_in_seconds_runs_every_cell_as_a_spark_fit(spark, tmp_p
         assert 0 < cell["seconds"] < cell["from_fit_start_s"] and cell["setup_s"] > 0
         assert cell["speedup"] == pytest.approx(saved["T_a"]["average"] / cell["seconds"])
         assert cell["speedup_steps"] == pytest.approx(n_a / (cell["rounds"] * cell["tau"]))
+        # where the two speedups part, the steps' milliseconds say by how much
+        one = saved["baselines"][0]["step_ms"]
+        assert cell["speedup"] == pytest.approx(cell["speedup_steps"] * one / cell["step_ms"])
     table = saved["speedup"]["average"]
     assert table == [[saved["cells"][0]["speedup"]], [saved["cells"][1]["speedup"]], [None]]

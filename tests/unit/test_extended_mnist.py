@@ -206,6 +206,18 @@ def test_the_extended_mnist_data_set_by_name(tmp_path, monkeypatch) -> None:
         load_dataset("extended-mnist", num_samples=5, alpha=-1.0)
 
 
+def test_extended_arrays_made_in_processes_are_the_same_bytes() -> None:
+    from sparknet.datasets._extended import CHUNK
+
+    rows = 2 * CHUNK + 7  # three processes, each more than one vectorised step's worth but the last
+    alone = extended_arrays(rows, seed=3, base=(BASE_X, BASE_Y))
+    shared = extended_arrays(rows, seed=3, base=(BASE_X, BASE_Y), processes=3)
+    assert np.array_equal(shared.x, alone.x) and np.array_equal(shared.y, alone.y)
+    assert shared.x.shape == (rows, 1, 28, 28) and shared.y.dtype == alone.y.dtype
+    with pytest.raises(ValueError, match="processes"):
+        extended_arrays(5, base=(BASE_X, BASE_Y), processes=0)
+
+
 def test_extended_arrays_scale_pixels_as_mnist_does() -> None:
     data = extended_arrays(30, seed=1, base=(BASE_X, BASE_Y))
     raw, labels = extended_samples(BASE_X, BASE_Y, 0, 30, seed=1)

@@ -309,13 +309,18 @@ def _check_baseline(base: dict, solver: dict, config: Config) -> None:
 def _one_worker_in_seconds(config: Config, solver: dict, train, test) -> dict:
     """T_a and N_a: one worker in this process, one torch thread, evaluated every ``eval_every`` steps, timed
     without its evaluations, until the target or ``baseline_steps``."""
+    import numpy as np
+
     from sparknet.experiments import torch_threads
     from sparknet.net import Net
 
     with torch_threads(1):
         net = Net(make_model(config.model, config.batch_size), make_solver(**solver), batch_size=config.batch_size,
                   seed=config.seed)
-        net.set_training_data(train)
+        # its rows in its own memory, as a Spark worker holds the rows it staged: read through the data cache's
+        # mapped pages, its steps took 15-30% longer than a worker's (page faults, small pages), which flattered
+        # every speedup
+        net.set_training_data((np.array(train.x), np.array(train.y)))
         net.set_validation_data(test)
         steps, train_s, accuracy, curve = 0, 0.0, 0.0, []
         while steps < config.baseline_steps and accuracy < config.target:
@@ -327,7 +332,8 @@ def _one_worker_in_seconds(config: Config, solver: dict, train, test) -> dict:
             curve.append({"steps": steps, "accuracy": accuracy, "train_s": train_s})
     reached = accuracy >= config.target
     return {"kind": "baseline", "reached": reached, "N_a": steps if reached else None, "steps": steps,
-            "T_a": train_s if reached else None, "accuracy": accuracy, "curve": curve, "solver": solver}
+            "T_a": train_s if reached else None, "step_ms": 1000 * train_s / steps if reached else None,
+            "accuracy": accuracy, "curve": curve, "solver": solver}
 
 
 def _spark_cell(config: Config, spark, df, test, strategy: str, solver: dict, k: int, tau: int,
@@ -382,10 +388,10 @@ def _run_wall_clock(config: Config, spark=None) -> dict:
         spark = get_session(config.master or f"local[{max(config.workers)}]", app_name="sparknet-speedup-grid")
     cells = []
     try:
-        df = dataset_frame(spark, config.dataset, train)
         for strategy in config.strategies:
             base = by_solver[_solver_key(solver_for(config, strategy))]
             for k in config.workers:
+                df = dataset_frame(spark, config.dataset, train, k)  # dealt to the K workers from files here
                 for tau in config.taus:
                     # a cell that fails is kept with its error (not reached): the grid goes on
                     keys = {"kind": "cell", "strategy": strategy, "workers": k, "tau": tau, "reached": False,
@@ -397,6 +403,9 @@ def _run_wall_clock(config: Config, spark=None) -> dict:
                     cell["parallel_steps"] = cell["rounds"] * tau if cell["reached"] else None
                     cell["speedup_steps"] = base["N_a"] / cell["parallel_steps"] if cell["reached"] else None
                     cell["speedup"] = base["T_a"] / cell["seconds"] if cell["reached"] and cell["seconds"] else None
+                    # a parallel step's milliseconds, its round's share counted: speedup = speedup_steps times the
+                    # one worker's step_ms over this one's, so where the two speedups part, this says by how much
+                    cell["step_ms"] = 1000 * cell["seconds"] / cell["parallel_steps"] if cell["speedup"] else None
                     cells.append(cell)
     finally:
         if own:
