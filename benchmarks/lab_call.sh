@@ -34,6 +34,12 @@
 #   curve      K = 1, 2, 4 for both engines
 #   curve_peers  K = 1, 2, 4: TorchDistributor and the bare processes
 #   shapes     K x G = 16 as 1x16, 2x8, 4x4, 8x2, 16x1, beside DDP on 16 processes (issue 35)
+#   fig3       issue 33's real Figure 3: the speedup grid in seconds on a million extended-MNIST digits (the MLP,
+#              the fixed rate, target 98.5%, evaluated every 25 steps, as the simulated grid of BENCHMARKS.md), K = 1,
+#              2, 4, 8, 16 barrier workers at once against one worker in one process, tau = 5 and 25; the largest K
+#              first, each cell logged as it ends. Two cores, 100,000 digits to 97%, K = 1 and 2: 78 s. On the lab
+#              some 250 s, estimated: 10 s to make the digits in 16 processes, the one worker about 55 s (7,325
+#              steps, 293 evaluations), the cells some 170 s (untimed there)
 #   lenet_gpu  gpu_workers.py lenet: two workers sharing the GPU against one GPU process (49 s)
 #   alexnet    gpu_workers.py alexnet: images/s of a worker through Spark against the bare loop, bf16 and float32
 #              (170 s)
@@ -54,6 +60,7 @@ left() { echo $((budget - (SECONDS - t0))); }
 T99="python3 benchmarks/time_to_99.py --eval-budget 0.05"
 GPU="python3 benchmarks/gpu_workers.py --timeout-s 300"
 for name in "$@"; do
+  dest=""
   case $name in
     warm) need=60; cmd="python3 -m sparknet train --model lenet --dataset mnist --workers 2 --engine barrier --steps 20 --tau 10 --quiet --metrics-out /tmp/warm.jsonl; python3 -c 'import sys; sys.path.insert(0, \"benchmarks\"); from first_round import settle_class_archive; settle_class_archive(90)'; ls -la \$HOME/.cache/sparknet/jvm 2> /dev/null; true" ;;
     k8) need=240; cmd="$T99 --workers 8 --threads 1,8 --timeout 150" ;;
@@ -65,13 +72,15 @@ for name in "$@"; do
     curve) need=200; cmd="$T99 --workers 1,2,4 --threads 1 --only workers --timeout 150" ;;
     curve_peers) need=120; cmd="$T99 --workers 1,2,4 --threads 1 --only processes --timeout 150" ;;
     shapes) need=300; cmd="$T99 --workers 16 --threads 16 --shapes 1x16,2x8,4x4,8x2,16x1 --only processes --timeout 150" ;;
+    fig3) need=330; dest="--out $out --tag fig3"  # a folder: speedup-grid-fig3.json and .png
+      cmd="python3 -m sparknet experiment speedup-grid --wall-clock --dataset extended-mnist --train-samples 1000000 --strategies average --workers 1 2 4 8 16 --taus 5 25 --target 0.985 --eval-every 25 --budget 1.5 --baseline-steps 20000 --no-large-batch-reference" ;;
     lenet_gpu) need=60; cmd="$GPU --only lenet" ;;
     alexnet) need=180; cmd="$GPU --only alexnet" ;;
     gpt) need=300; cmd="$GPU --only transformer" ;;
     *) echo "unknown step $name" | tee -a "$out/lab.log"; continue ;;
   esac
   if [ "$(left)" -lt "$need" ]; then echo "skip $name: $(left) s left, $need needed" | tee -a "$out/lab.log"; continue; fi
-  timeout -k 5 "$(left)" bash -c "$cmd --out $out/$name.json" > "$out/$name.log" 2>&1
+  timeout -k 5 "$(left)" bash -c "$cmd ${dest:---out $out/$name.json}" > "$out/$name.log" 2>&1
   echo "$name: exit $? at $((SECONDS - t0)) s" | tee -a "$out/lab.log"
 done
 echo "done at $((SECONDS - t0)) s" | tee -a "$out/lab.log"

@@ -119,5 +119,6 @@ def test_the_speedup_grid_in_seconds_runs_every_cell_as_a_spark_fit(spark, tmp_p
         # where the two speedups part, the steps' milliseconds say by how much
         one = saved["baselines"][0]["step_ms"]
         assert cell["speedup"] == pytest.approx(cell["speedup_steps"] * one / cell["step_ms"])
+        assert cell["speedup_k1"] == pytest.approx(saved["cells"][0]["seconds"] / cell["seconds"])
     table = saved["speedup"]["average"]
     assert table == [[saved["cells"][0]["speedup"]], [saved["cells"][1]["speedup"]], [None]]
