@@ -197,11 +197,17 @@ def test_the_extended_mnist_data_set_by_name(tmp_path, monkeypatch) -> None:
                       ("t10k-images-idx3-ubyte", BASE_X[:4]), ("t10k-labels-idx1-ubyte", BASE_Y[:4])):
         _write_idx(tmp_path / name, arr)
     monkeypatch.setenv(IDX_ENV, str(tmp_path))
+    monkeypatch.setenv("SPARKNET_CACHE", str(tmp_path / "cache"))
     splits = load_dataset("extended_mnist", num_samples=25, seed=4, alpha=20.0)
     n_train = N - N // 6  # mnist() keeps the last sixth of IDX training digits for validation
     want = extended_arrays(25, seed=4, deformation=Deformation(alpha=20.0), base=(BASE_X[:n_train], BASE_Y[:n_train]))
     assert np.array_equal(splits.train.x, want.x) and np.array_equal(splits.train.y, want.y)
     assert len(splits.validation) == N - n_train and len(splits.test) == 4
+    # made once: the next load maps the cached files, named by the base digits and the deformation too
+    again = load_dataset("extended-mnist", num_samples=25, seed=4, alpha=20.0).train
+    assert not again.x.flags.writeable and np.array_equal(again.x, want.x) and np.array_equal(again.y, want.y)
+    load_dataset("extended-mnist", num_samples=25, seed=4, alpha=19.0)
+    assert len(list((tmp_path / "cache" / "extended_mnist").glob("train-25-seed4-*.x.npy"))) == 2
     with pytest.raises(ValueError, match="alpha"):
         load_dataset("extended-mnist", num_samples=5, alpha=-1.0)
 

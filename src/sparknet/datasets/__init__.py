@@ -26,7 +26,8 @@ Examples
 from sparknet.datasets._array import ArrayDataset, Splits
 from sparknet.datasets.cache import CACHE_ENV, cache_root
 from sparknet.datasets._extended import IMAGE_SHAPE, Deformation, extended_samples
-from sparknet.datasets._extended_write import ExtendedWrite, extended_arrays, extended_mnist, write_extended_mnist
+from sparknet.datasets._extended_write import (ExtendedWrite, cached_extended_arrays, extended_arrays, extended_mnist,
+                                               write_extended_mnist)
 from sparknet.datasets._registry import DATASET_NAMES, load_dataset
 from sparknet.datasets._mnist import IDX_ENV, MNIST, mnist, mnist_small, read_idx
 from sparknet.datasets._shakespeare import CharCorpus, Vocabulary, shakespeare
@@ -44,6 +45,7 @@ __all__ = [
     "ExtendedWrite",
     "IMAGE_SHAPE",
     "extended_arrays",
+    "cached_extended_arrays",
     "extended_mnist",
     "extended_samples",
     "write_extended_mnist",

@@ -7,7 +7,7 @@ from typing import Any
 
 from sparknet.datasets._array import Splits
 from sparknet.datasets._extended import Deformation
-from sparknet.datasets._extended_write import extended_arrays
+from sparknet.datasets._extended_write import cached_extended_arrays
 from sparknet.datasets._mnist import mnist, mnist_small
 from sparknet.datasets._shakespeare import shakespeare
 from sparknet.datasets._synthetic import SyntheticImages, synthetic, synthetic_sequences
@@ -28,7 +28,7 @@ def _splits_of(make: Callable[..., Any], default_samples: int) -> Callable[..., 
 
 def _extended_mnist_splits(num_samples: int = 100_000, seed: int = 0, **kwargs: Any) -> Splits:
     data = mnist()
-    train = extended_arrays(num_samples, seed=seed, deformation=Deformation(**kwargs), base=data.train)
+    train = cached_extended_arrays(num_samples, seed=seed, deformation=Deformation(**kwargs), base=data.train)
     return Splits(train=train, validation=data.validation, test=data.test)
 
 
@@ -63,8 +63,8 @@ def load_dataset(name: str, **kwargs: Any) -> Any:
         - ``"mnist"``: :func:`mnist`, an ``MNIST`` (train / validation / test).
         - ``"mnist-small"``: :func:`mnist_small`, an ``MNIST`` (4,000 / 1,000 / 1,000).
         - ``"extended-mnist"``: a :class:`Splits` whose ``train`` is the first ``num_samples``
-          (default 100,000) deformed digits of seed ``seed`` (:func:`extended_arrays`; other
-          keywords are :class:`Deformation` fields), made in this process, and whose
+          (default 100,000) deformed digits of seed ``seed`` (:func:`cached_extended_arrays`; other
+          keywords are :class:`Deformation` fields), made once here and cached, and whose
           ``validation`` and ``test`` are MNIST's. Millions go to Parquet through Spark:
           :func:`write_extended_mnist`.
         - ``"shakespeare"``: :func:`shakespeare`, a ``CharCorpus``.

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as _dt
-import hashlib
 import importlib
 import json
 import logging
@@ -38,14 +37,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import numpy as np
 import torch
 
 from sparknet import zoo
 from sparknet.config import DistributedConfig, WorkerConfig, check_at_least
-from sparknet.datasets import ArrayDataset, Deformation, cache_root, extended_arrays, load_dataset, mnist
-from sparknet.datasets.cache import atomic_write, exclusive
-from sparknet.errors import DatasetError
+from sparknet.datasets import load_dataset
+from sparknet.datasets.cache import atomic_write
 from sparknet.metrics import LoadSampler, json_safe, process_age_s
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
@@ -222,47 +219,14 @@ def load_data(dataset: str, *, train_samples: int | None = None, test_samples: i
     """``(train, test)`` ArrayDatasets of ``dataset`` (mnist, mnist-small or extended-mnist), optionally cut.
 
     The cuts take the first samples (the splits are already shuffled), so every process and run sees the same
-    subset. ``extended-mnist`` trains on :func:`extended_train`'s first ``train_samples`` (default
-    100,000) digits and tests on MNIST's test digits.
+    subset. ``extended-mnist`` trains on ``train_samples`` (default 100,000) digits made once and cached
+    (:func:`~sparknet.datasets.cached_extended_arrays`) and tests on MNIST's test digits.
     """
-    if dataset.strip().lower().replace("_", "-") == "extended-mnist":
-        train, test = extended_train(train_samples or 100_000), mnist().test
-    else:
-        data = load_dataset(dataset.lower())
-        train, test = data.train, data.test
+    name = dataset.strip().lower().replace("_", "-")
+    data = load_dataset(name, **({"num_samples": train_samples or 100_000} if name == "extended-mnist" else {}))
+    train, test = data.train, data.test
     return tuple(data.subset(n) if n is not None and n < len(data) else data
                  for data, n in ((train, train_samples), (test, test_samples)))
-
-
-def extended_train(num_samples: int, *, seed: int = 0) -> ArrayDataset:
-    """The first ``num_samples`` extended-MNIST digits of ``seed`` (:func:`~sparknet.datasets.extended_arrays`).
-
-    Made once, in a process a core (a million take about a minute on one core of the machines here, some five
-    seconds on sixteen), and cached under the data cache as
-    float32 ``.npy`` files named by the count, the seed and the deformation's settings; read back
-    memory-mapped and read-only, so every process on the machine shares one copy of the pages.
-    ``DatasetError`` if the cached files do not hold what their name says (delete them and run again).
-    """
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be at least 1, got {num_samples}")
-    deformation = Deformation()
-    digest = hashlib.sha256(repr(deformation).encode()).hexdigest()[:12]
-    images = cache_root() / "extended_mnist" / f"train-{num_samples}-seed{seed}-{digest}.x.npy"
-    labels = images.with_name(images.name.replace(".x.npy", ".y.npy"))
-    if not images.exists():
-        with exclusive(images.with_name(f".{images.name}.lock")):
-            if not images.exists():  # not made by another process while this one waited
-                log.info("making %d extended-MNIST digits (seed %d) for %s", num_samples, seed, images)
-                data = extended_arrays(num_samples, seed=seed, deformation=deformation,
-                                       processes=len(os.sched_getaffinity(0)))
-                for path, array in ((labels, data.y), (images, data.x)):  # images last: they mark the pair complete
-                    with atomic_write(path) as f:
-                        np.save(f, np.ascontiguousarray(array))
-    x, y = np.load(images, mmap_mode="r"), np.load(labels)
-    if x.shape != (num_samples, 1, 28, 28) or x.dtype != np.float32 or y.shape != (num_samples,):
-        raise DatasetError(f"cached {images} holds {x.dtype} {list(x.shape)} and {len(y)} labels, not {num_samples} "
-                           "digits; delete it and its .y.npy and run again")
-    return ArrayDataset(x, y)
 
 
 def make_model(name: str, batch_size: int):
