@@ -8,6 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from plot_scaling import plot, points  # noqa: E402
+import time_to_99  # noqa: E402
 from time_to_99 import _processes  # noqa: E402
 
 
@@ -15,6 +16,17 @@ def test_a_runs_name_gives_its_processes():
     assert _processes("rounds, 8 workers") == 8
     assert _processes("barrier, 8 workers, 1000 warm-up steps") == 8
     assert _processes("barrier, 2 workers of 4 processes, lr 0.1") == 8
+
+
+def test_every_run_trains_on_the_data_set_and_to_the_target_asked(monkeypatch):
+    monkeypatch.setattr(time_to_99, "TRAIN", time_to_99.train_args("extended-mnist", 0.992))
+    runs = time_to_99.runs_for([2], [1], ["2x2@0.1"])
+    assert set(runs) == {"one process, 1 thread", "rounds, 2 workers", "barrier, 2 workers",
+                         "barrier, 2 workers of 2 processes, lr 0.1"}
+    for cmd in runs.values():
+        assert cmd[cmd.index("--dataset") + 1] == "extended-mnist"
+        assert cmd[cmd.index("--target-accuracy") + 1] == "0.992"
+    assert runs["barrier, 2 workers of 2 processes, lr 0.1"][-2:] == ["--lr", "0.1"]  # after the default's, so it wins
 
 
 def _run(name, wall=None, samples_per_s=None):
