@@ -277,11 +277,11 @@ def main(argv=None) -> int:
         from sparknet.datasets import load_dataset
 
         load_dataset(args.dataset)
+    TRAIN[:] = train_args(args.dataset, args.target)
     RUNS.update(runs_for(workers, threads, shapes, args.round_seconds, args.eval_overlap,
                          [int(w) for w in args.warmup_steps.split(",") if w]))
     os.environ["SPARKNET_BENCH_EVAL_BUDGET"] = str(args.eval_budget)  # the runs and the DDP processes read it
     os.environ["SPARKNET_BENCH_DATASET"], os.environ["SPARKNET_BENCH_TARGET"] = args.dataset, str(args.target)
-    TRAIN[:] = train_args(args.dataset, args.target)
     BARE_STEPS[0] = args.bare_steps
     names = [n for n in [*RUNS, *(f"torch_distributor, {k} processes" for k in workers),
                          *(f"bare, {k} processes" for k in workers)]

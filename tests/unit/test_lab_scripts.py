@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -18,15 +19,23 @@ def test_a_runs_name_gives_its_processes():
     assert _processes("barrier, 2 workers of 4 processes, lr 0.1") == 8
 
 
-def test_every_run_trains_on_the_data_set_and_to_the_target_asked(monkeypatch):
-    monkeypatch.setattr(time_to_99, "TRAIN", time_to_99.train_args("extended-mnist", 0.992))
-    runs = time_to_99.runs_for([2], [1], ["2x2@0.1"])
+def test_every_run_trains_on_the_data_set_and_to_the_target_asked(tmp_path, monkeypatch):
+    monkeypatch.setattr(time_to_99, "RUNS", {})
+    monkeypatch.setattr(time_to_99, "TRAIN", [])
+    for name in ("SPARKNET_BENCH_EVAL_BUDGET", "SPARKNET_BENCH_DATASET", "SPARKNET_BENCH_TARGET"):
+        monkeypatch.delenv(name, raising=False)  # what main sets for its runs
+    out = tmp_path / "t99.json"
+    assert time_to_99.main(["--workers", "2", "--threads", "1", "--shapes", "2x2@0.1", "--target", "0.985",
+                            "--only", "no run has this name", "--out", str(out)]) == 0
+    runs = time_to_99.RUNS
     assert set(runs) == {"one process, 1 thread", "rounds, 2 workers", "barrier, 2 workers",
                          "barrier, 2 workers of 2 processes, lr 0.1"}
     for cmd in runs.values():
-        assert cmd[cmd.index("--dataset") + 1] == "extended-mnist"
-        assert cmd[cmd.index("--target-accuracy") + 1] == "0.992"
+        assert cmd[cmd.index("--dataset") + 1] == "mnist"
+        assert cmd[cmd.index("--target-accuracy") + 1] == "0.985"
     assert runs["barrier, 2 workers of 2 processes, lr 0.1"][-2:] == ["--lr", "0.1"]  # after the default's, so it wins
+    assert time_to_99._dataset() == ("mnist", 0.985)  # what the DDP processes read
+    assert json.loads(out.read_text())["target"] == 0.985
 
 
 def _run(name, wall=None, samples_per_s=None):
