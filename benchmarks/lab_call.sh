@@ -36,10 +36,12 @@
 #   shapes     K x G = 16 as 1x16, 2x8, 4x4, 8x2, 16x1, beside DDP on 16 processes (issue 35)
 #   fig3       issue 33's real Figure 3: the speedup grid in seconds on a million extended-MNIST digits (the MLP,
 #              the fixed rate, target 98.5%, evaluated every 25 steps, as the simulated grid of BENCHMARKS.md), K = 1,
-#              2, 4, 8, 16 barrier workers at once against one worker in one process, tau = 5 and 25; the largest K
-#              first, each cell logged as it ends. Two cores, 100,000 digits to 97%, K = 1 and 2: 78 s. On the lab
-#              some 250 s, estimated: 10 s to make the digits in 16 processes, the one worker about 55 s (7,325
-#              steps, 293 evaluations), the cells some 170 s (untimed there)
+#              2, 4, 8, 16 barrier workers at once against one worker in one process and against the K = 1 cell, tau =
+#              5, 10 and 25 (simulated at K = 16: 6.98, 6.43 and 4.44 by steps); the largest K first, each cell logged
+#              as it ends (a run cut short keeps them in fig3.log). Two cores, 100,000 digits to 97%, K = 1 and 2, tau
+#              5 and 25: 70 s. On the lab some 350 s, estimated: 20 s to make and write the digits, the one worker
+#              about 55 s (7,325 steps, 293 evaluations on one thread), each tau's five cells some 90 s. A call of its
+#              own: `bash benchmarks/lab_call.sh 450 fig3`
 #   shapes_ext the same on 100,000 extended-MNIST digits to 99% on MNIST's test digits: issue 35's harder target
 #              (one process of two threads, two cores, by hand: the whole test set 98.45% after 2,500 steps, 98.88%
 #              after 5,250, 98.61% after 8,000, never 99%, where MNIST's own digits give 99% after 2,700-3,900)
@@ -75,8 +77,8 @@ for name in "$@"; do
     curve) need=200; cmd="$T99 --workers 1,2,4 --threads 1 --only workers --timeout 150" ;;
     curve_peers) need=120; cmd="$T99 --workers 1,2,4 --threads 1 --only processes --timeout 150" ;;
     shapes) need=300; cmd="$T99 --workers 16 --threads 16 --shapes 1x16,2x8,4x4,8x2,16x1 --only processes --timeout 150" ;;
-    fig3) need=330; dest="--out $out --tag fig3"  # a folder: speedup-grid-fig3.json and .png
-      cmd="python3 -m sparknet experiment speedup-grid --wall-clock --dataset extended-mnist --train-samples 1000000 --strategies average --workers 1 2 4 8 16 --taus 5 25 --target 0.985 --eval-every 25 --budget 1.5 --baseline-steps 20000 --no-large-batch-reference" ;;
+    fig3) need=400; dest="--out $out --tag fig3"  # a folder: speedup-grid-fig3.json and .png
+      cmd="python3 -m sparknet experiment speedup-grid --wall-clock --dataset extended-mnist --train-samples 1000000 --strategies average --workers 1 2 4 8 16 --taus 5 10 25 --target 0.985 --eval-every 25 --budget 1.5 --baseline-steps 20000 --no-large-batch-reference" ;;
     shapes_ext) need=300; cmd="$T99 --dataset extended-mnist --target 0.99 --workers 16 --threads 16 --shapes 1x16,2x8,4x4,8x2,16x1 --only processes --timeout 150" ;;
     lenet_gpu) need=60; cmd="$GPU --only lenet" ;;
     alexnet) need=180; cmd="$GPU --only alexnet" ;;
