@@ -7,6 +7,11 @@
 #   R=$OUT; OUT=/tmp/lab bash benchmarks/lab_call.sh 550 warm k8_engines lenet_gpu alexnet k8_every; \
 #     tar -C /tmp -czf $R/lab.tgz lab                    # more steps than 8 files hold: one archive back
 #
+# A visit's 15 minutes of device time hold the bundle's three calls (about a minute) and two calls of this script,
+# back to back (the machine is kept 30 s between calls): `bash benchmarks/lab_call.sh 430 warm k8_warm lenet_gpu
+# k8_engines` in the bundle's third call, then `bash benchmarks/lab_call.sh 420 fig3`; the next visit `shapes_ext`,
+# `alexnet gpt` and `k16`.
+#
 # First `warm k8_warm` (issue 33's first criterion, K = 8 from a warm start, in one call of about 260 s). After the
 # first-round changes of 2026-11-28 (the Python daemon loaded ahead, the barrier store on the driver, the
 # dealt rows copied out of .npy files, fresh workers without importlib.invalidate_caches), run `warm k8` first: issue
