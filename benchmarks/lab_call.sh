@@ -7,6 +7,10 @@
 #   R=$OUT; OUT=/tmp/lab bash benchmarks/lab_call.sh 550 warm k8_engines lenet_gpu alexnet k8_every; \
 #     tar -C /tmp -czf $R/lab.tgz lab                    # more steps than 8 files hold: one archive back
 #
+# Build the bundle with `SPARKNET_JVM_CLASS_ARCHIVE=0 bash ../shared/tools/spark-bundle/build.sh`: with sparknet's
+# class archive in the cache, the traced JVMs load most classes from the archive, not from their jars, and the bundle
+# keeps 41 jars instead of 94 (a ClassNotFoundException there).
+#
 # A visit's 15 minutes of device time hold the bundle's three calls (about a minute) and two calls of this script,
 # back to back (the machine is kept 30 s between calls): `bash benchmarks/lab_call.sh 430 warm k8_warm lenet_gpu
 # k8_engines` in the bundle's third call, then `bash benchmarks/lab_call.sh 420 fig3`; the next visit `shapes_ext`,
