@@ -296,6 +296,29 @@ def test_a_data_set_dealt_to_its_own_tasks_is_read_and_staged_in_one_task(spark,
         assert ahead["steps"] == warmup_steps and ahead["rows"] == 96 and ahead["loss"] == after["loss"]
 
 
+def test_a_fit_that_fails_while_its_warm_up_trains_ends_the_warm_up(spark, tmp_path, monkeypatch):
+    """A dealt data set warms up in a thread while Spark stages its rows; a fit that fails meanwhile (here its
+    validation labels are no classes of the net's) ends the warm-up at its next step, not after all its steps (five
+    million of them here: minutes)."""
+    import threading
+    import time
+
+    from sparknet.datasets import ArrayDataset
+    from sparknet.spark.run import dataset_frame
+
+    monkeypatch.setenv("SPARKNET_CACHE", str(tmp_path))
+    x, y = blobs(96, seed=8)
+    frame = dataset_frame(spark, "blobs", ArrayDataset(x, y), partitions=2)
+    trainer = SparkTrainer(mlp(), WorkerConfig(solver=SolverConfig(base_lr=0.1, momentum=0.9), batch_size=8, seed=3),
+                           DistributedConfig(workers=2, tau=3, rounds=3, warmup_steps=5_000_000),
+                           options=EngineOptions(staging_dir=str(tmp_path / "staged")))
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match="validation data: labels range over"):
+        trainer.fit(frame, validation=(x, y + 100))
+    assert time.perf_counter() - t0 < 60
+    assert not [t for t in threading.enumerate() if t.name.startswith("sparknet-warmup")]
+
+
 def test_a_barrier_stage_that_finds_no_staged_rows_starts_again_over_the_chunks(spark, tmp_path, monkeypatch):
     """The staged files gone before the barrier stage starts (as on a host Spark did not stage on): each task says so,
     the stage starts again over the chunks, not counted as a restart, and trains to the same weights."""

@@ -31,6 +31,7 @@ import dataclasses
 import json
 import logging
 import math
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -68,6 +69,10 @@ CLEANUP_TIMEOUT_S = 300.0
 """Longest wait for the job that removes a fit's staged files (a failure to remove them is only logged)."""
 
 log = logging.getLogger(__name__)
+
+
+class _WarmupStopped(Exception):
+    """The warm-up of a fit that failed while it trained, ended at its next step."""
 
 
 @dataclass
@@ -372,12 +377,14 @@ class SparkTrainer:
         staged = None
         broadcasts = []
         ahead = pool = None
+        stop_warmup = threading.Event()
         if dist.warmup_steps and resume is None and dealt is not None:
             # its sample is on this machine: the warm-up trains in a thread while Spark stages the rows
             pool = ThreadPoolExecutor(1, thread_name_prefix="sparknet-warmup")
             warm_net = new_driver_net()
             warm_net.set_flat(driver_net.get_flat())  # the fit's initial weights, where it was given some
-            ahead = self._warmup_ahead(pool, dealt, warm_net, sample_shape, done=lambda: mark("warmed"))
+            ahead = self._warmup_ahead(pool, dealt, warm_net, sample_shape, done=lambda: mark("warmed"),
+                                       stop=stop_warmup)
         try:
             stats = None
             if dist.engine is Engine.ROUNDS or frame_staged is not None:  # the barrier stage reads staged files too
@@ -459,7 +466,8 @@ class SparkTrainer:
                                         exc.rank, exc.log_tail) from None
             train_s = time.perf_counter() - t_train
         finally:
-            if pool is not None:  # a fit that failed before it needed the warm-up waits for it to end
+            if pool is not None:  # a fit that failed before it needed the warm-up ends it at its next step
+                stop_warmup.set()
                 pool.shutdown(wait=True)
             self._cleanup(sc, group, fit_id, staged, chunks, broadcasts)
 
@@ -613,18 +621,19 @@ class SparkTrainer:
                                    "the warm-up sample's collection")
         return self._warm_up(driver_net, parts, sample_shape)
 
-    def _warmup_ahead(self, pool, dealt, net: Net, sample_shape, done: Callable[[], None]):
+    def _warmup_ahead(self, pool, dealt, net: Net, sample_shape, done: Callable[[], None], stop: threading.Event):
         """The warm-up of a data set dealt from files on this machine (:func:`~sparknet.spark.run.dealt_frame`), in
         ``pool``'s thread while Spark stages its rows: the same sample :meth:`_warmup` would read (each partition's
-        first rows, read here), trained on ``net`` (built like the fit's driver net); ``done`` called at its end. A
-        future of its weights and what it did."""
+        first rows, read here), trained on ``net`` (built like the fit's driver net); ``done`` called at its end, and
+        it ends after the step during which ``stop`` is set (a fit that failed). A future of its weights and what it
+        did."""
         rows = [len(range(k, dealt.rows, dealt.partitions)) for k in range(dealt.partitions)]
         sample_shape = sample_shape or dealt.head(0, 0)[0].shape[1:]  # a net that declares none takes a row as it is
         quotas = self._warmup_quotas(rows, sample_shape)
 
         def run():
             info = self._warm_up(net, [dealt.head(k, q) for k, q in enumerate(quotas) if q and rows[k]],
-                                 sample_shape)
+                                 sample_shape, stop)
             done()
             return net.get_flat(), {**info, "while_staging": True}
 
@@ -637,11 +646,19 @@ class SparkTrainer:
                     max(1, self.options.warmup_max_bytes // (4 * math.prod(sample_shape))))
         return [math.ceil(limit * r / n) for r in rows]
 
-    def _warm_up(self, net: Net, parts: list, sample_shape) -> dict:
-        """``warmup_steps`` of ``net`` on the sample ``parts`` (an ``(x, y)`` a partition, in order); what it did."""
+    def _warm_up(self, net: Net, parts: list, sample_shape, stop: threading.Event | None = None) -> dict:
+        """``warmup_steps`` of ``net`` on the sample ``parts`` (an ``(x, y)`` a partition, in order); what it did.
+        ``stop`` set, it ends after the step it is in (``_WarmupStopped``); a line-search solver, which takes no hook
+        between its steps' backward and update, ends only with its last step."""
         x, y = (np.concatenate(column) for column in zip(*parts))
         net.set_training_data((x.reshape(len(x), *sample_shape), y))
-        stats = net.train(self.dist.warmup_steps)
+
+        def stopped(_net) -> None:
+            if stop.is_set():
+                raise _WarmupStopped
+
+        hook = None if stop is None or net.solver.type.needs_closure else stopped
+        stats = net.train(self.dist.warmup_steps, after_backward=hook)
         if not stats.finite:
             raise EngineError("the warm-up on the driver produced NaN/Inf loss; lower the learning rate")
         log.info("warm-up: %d steps on %d rows in %.1f s, loss %.4f", stats.steps, len(x), stats.wall_s, stats.loss)
