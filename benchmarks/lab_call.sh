@@ -46,8 +46,8 @@
 #   fig3       issue 33's real Figure 3: the speedup grid in seconds on a million extended-MNIST digits (the MLP,
 #              the fixed rate, target 98.5%, evaluated every 25 steps, as the simulated grid of BENCHMARKS.md), K = 1,
 #              2, 4, 8, 16 barrier workers at once against one worker in one process and against the K = 1 cell, tau =
-#              5, 10 and 25 (simulated at K = 16: 6.98, 6.43 and 4.44 by steps); the largest K first, each cell logged
-#              as it ends (a run cut short keeps them in fig3.log). Two cores, 100,000 digits to 97%, K = 1 and 2, tau
+#              5, 10 and 25 (simulated at K = 16: 6.98, 6.43 and 4.44 by steps); K = 1 first, then the largest K, each
+#              cell logged as it ends (a run cut short keeps them in fig3.log). Two cores, 100,000 digits to 97%, K = 1 and 2, tau
 #              5 and 25: 70 s. On the lab some 350 s, estimated: 20 s to make and write the digits, the one worker
 #              about 55 s (7,325 steps, 293 evaluations on one thread), each tau's five cells some 90 s. A call of its
 #              own: `bash benchmarks/lab_call.sh 450 fig3`

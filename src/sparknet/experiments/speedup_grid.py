@@ -33,7 +33,7 @@ running for real, a parallel step's ``step_ms`` against the one worker's: the ex
 processes sharing the machine's cores and memory. ``speedup_k1`` is the same over the K = 1 cell of the same tau,
 one Spark worker in a process of its own as the K are: the stricter reading where that worker steps faster than the
 one in this process (two cores, the MLP: 2.6 against 3.2-3.5 ms a step, the one here evaluating between its steps in
-the same process). The largest K runs first, and each cell is logged as it ends.
+the same process). K = 1 runs first, then the largest K, and each cell is logged as it ends.
 
 Cells that do not reach ``a`` within ``budget * N_a`` parallel steps are recorded with ``speedup: null`` and
 shown hatched (``diverged: true`` when their accuracy fell to chance). The K=1 cells run first; where a single
@@ -398,7 +398,10 @@ def _run_wall_clock(config: Config, spark=None) -> dict:
     try:
         for strategy in config.strategies:
             base = by_solver[_solver_key(solver_for(config, strategy))]
-            for k in sorted(config.workers, reverse=True):  # the largest K first: what a run cut short most needs
+            # K = 1 first (every other cell's speedup_k1 is over it), then the largest K: what a run cut short most
+            # needs
+            one = {}
+            for k in sorted(config.workers, key=lambda k: (k != 1, -k)):
                 df = dataset_frame(spark, config.dataset, train, k)  # dealt to the K workers from files here
                 for tau in config.taus:
                     # a cell that fails is kept with its error (not reached): the grid goes on
@@ -414,11 +417,19 @@ def _run_wall_clock(config: Config, spark=None) -> dict:
                     # a parallel step's milliseconds, its round's share counted: speedup = speedup_steps times the
                     # one worker's step_ms over this one's, so where the two speedups part, this says by how much
                     cell["step_ms"] = 1000 * cell["seconds"] / cell["parallel_steps"] if cell["speedup"] else None
+                    # over the K = 1 cell of the same tau as well: one Spark worker, in a process of its own as the
+                    # K are (where the one worker in this process steps slower than a Spark worker, the stricter
+                    # reading)
+                    if k == 1:
+                        one[tau] = cell["seconds"]
+                    cell["speedup_k1"] = one[tau] / cell["seconds"] if one.get(tau) and cell["speedup"] else None
                     cells.append(cell)
                     if cell["speedup"]:  # each cell as it ends: a run cut short keeps them in its log
-                        log.info("%s, K = %d, tau = %d: %.1f s to %s, speedup %.2f (by its steps %.2f; %.2f ms a "
-                                 "step, the one worker's %.2f)", strategy, k, tau, cell["seconds"], config.target,
-                                 cell["speedup"], cell["speedup_steps"], cell["step_ms"], base["step_ms"])
+                        log.info("%s, K = %d, tau = %d: %.1f s to %s in %d rounds, speedup %.2f, over K = 1 %s (by "
+                                 "its steps %.2f; %.2f ms a step, the one worker's %.2f)", strategy, k, tau,
+                                 cell["seconds"], config.target, cell["rounds"], cell["speedup"],
+                                 "—" if cell["speedup_k1"] is None else f"{cell['speedup_k1']:.2f}",
+                                 cell["speedup_steps"], cell["step_ms"], base["step_ms"])
                     else:
                         log.info("%s, K = %d, tau = %d: not reached (accuracy %s)", strategy, k, tau,
                                  cell.get("accuracy"))
@@ -427,12 +438,6 @@ def _run_wall_clock(config: Config, spark=None) -> dict:
             spark.stop()
     order = {s: i for i, s in enumerate(config.strategies)}, {k: i for i, k in enumerate(config.workers)}
     cells.sort(key=lambda c: (order[0][c["strategy"]], order[1][c["workers"]], config.taus.index(c["tau"])))
-    # over the K = 1 cell of the same tau as well: one Spark worker, in a process of its own as the K are (where
-    # the one worker in this process steps slower than a Spark worker, this is the stricter reading)
-    one = {(c["strategy"], c["tau"]): c.get("seconds") for c in cells if c["workers"] == 1}
-    for cell in cells:
-        alone = one.get((cell["strategy"], cell["tau"]))
-        cell["speedup_k1"] = alone / cell["seconds"] if alone and cell.get("seconds") else None
     return {"measure": "seconds", "N_a": {s: by_solver[_solver_key(solver_for(config, s))]["N_a"]
                                           for s in config.strategies},
             "T_a": {s: by_solver[_solver_key(solver_for(config, s))]["T_a"] for s in config.strategies},
