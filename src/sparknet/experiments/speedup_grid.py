@@ -322,8 +322,8 @@ def _one_worker_in_seconds(config: Config, solver: dict, train, test) -> dict:
         net = Net(make_model(config.model, config.batch_size), make_solver(**solver), batch_size=config.batch_size,
                   seed=config.seed)
         # its rows in its own memory, as a Spark worker holds the rows it staged: read through the data cache's
-        # mapped pages, its steps took 15-30% longer than a worker's (page faults, small pages), which flattered
-        # every speedup
+        # mapped pages, its steps took 15-30% longer than on a copy (two cores, the MLP: page faults on a first pass,
+        # small pages), which flattered every speedup
         net.set_training_data((np.array(train.x), np.array(train.y)))
         net.set_validation_data(test)
         steps, train_s, accuracy, curve = 0, 0.0, 0.0, []
