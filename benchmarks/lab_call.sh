@@ -50,7 +50,7 @@
 #              cell logged as it ends (a run cut short keeps them in fig3.log). Two cores, 100,000 digits to 97%, K = 1 and 2, tau
 #              5 and 25: 70 s. On the lab some 350 s, estimated: 20 s to make and write the digits, the one worker
 #              about 55 s (7,325 steps, 293 evaluations on one thread), each tau's five cells some 90 s. A call of its
-#              own: `bash benchmarks/lab_call.sh 450 fig3`
+#              own: `bash benchmarks/lab_call.sh 420 fig3`
 #   shapes_ext the same on 100,000 extended-MNIST digits to 99% on MNIST's test digits: issue 35's harder target
 #              (one process of two threads, two cores, by hand: the whole test set 98.45% after 2,500 steps, 98.88%
 #              after 5,250, 98.61% after 8,000, never 99%, where MNIST's own digits give 99% after 2,700-3,900)
