@@ -32,7 +32,7 @@ counts give, N_a / (tau * M_a): what the simulation measures. Where the two disa
 running for real, a parallel step's ``step_ms`` against the one worker's: the exchanges, Spark's rounds, and K
 processes sharing the machine's cores and memory. ``speedup_k1`` is the same over the K = 1 cell of the same tau,
 one Spark worker in a process of its own as the K are: the stricter reading where that worker steps faster than the
-one in this process (two cores, the MLP: 2.6 against 3.2-3.5 ms a step, the one here evaluating between its steps in
+one in this process (two cores, the MLP: 2.5-3.4 against 3.2-4.8 ms a step, the one here evaluating between its steps in
 the same process). K = 1 runs first, then the largest K, and each cell is logged as it ends.
 
 Cells that do not reach ``a`` within ``budget * N_a`` parallel steps are recorded with ``speedup: null`` and
