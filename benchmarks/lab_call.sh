@@ -40,6 +40,10 @@
 #              budget, at 1,000; 104 s)
 #   k8_timed   the two engines at K = 8 with rounds of 1.5 s in place of 50 steps: no worker waits for the slowest
 #   k16        the same as k8 for K = 16, without the one-process runs (275 s)
+#   k16_driver the barrier engine at K = 16 evaluating every round, its driver's torch on every core
+#              (k16_driver_all.json) and on one thread (k16_driver.json; OMP_NUM_THREADS=1, which the workers, who
+#              set their own threads, do not follow): does the driver's evaluation, beside the rounds, take the
+#              workers' cores? (two cores could not tell; about 140 s)
 #   curve      K = 1, 2, 4 for both engines
 #   curve_peers  K = 1, 2, 4: TorchDistributor and the bare processes
 #   shapes     K x G = 16 as 1x16, 2x8, 4x4, 8x2, 16x1, beside DDP on 16 processes (issue 35)
@@ -85,6 +89,7 @@ for name in "$@"; do
     k8_engines) need=115; cmd="$T99 --workers 8 --only '8 workers' --timeout 100" ;;
     k8_every) need=110; cmd="$T99 --workers 8 --only 'rounds, 8 workers' --eval-budget 1 --eval-overlap --timeout 100" ;;
     k8_timed) need=140; cmd="$T99 --workers 8 --only '8 workers' --round-seconds 1.5 --timeout 100" ;;
+    k16_driver) need=150; cmd="$T99 --workers 16 --only 'barrier, 16 workers' --eval-budget 1 --timeout 70 --out $out/k16_driver_all.json; OMP_NUM_THREADS=1 $T99 --workers 16 --only 'barrier, 16 workers' --eval-budget 1 --timeout 70" ;;
     k16) need=280; cmd="$T99 --workers 16 --threads 1 --only 16 --timeout 120" ;;
     curve) need=200; cmd="$T99 --workers 1,2,4 --threads 1 --only workers --timeout 150" ;;
     curve_peers) need=120; cmd="$T99 --workers 1,2,4 --threads 1 --only processes --timeout 150" ;;
