@@ -194,14 +194,13 @@ def extended_arrays(num_samples: int, *, seed: int = 0, deformation: Deformation
     from concurrent.futures import ProcessPoolExecutor
 
     cuts = [num_samples * i // parts for i in range(parts + 1)]
-    x = np.empty((num_samples, SIDE, SIDE), np.uint8)
+    x, y = np.empty((num_samples, SIDE, SIDE), np.uint8), np.empty(num_samples, labels.dtype)
     # spawned, not forked: the caller may hold torch's threads, which a fork does not carry
     with ProcessPoolExecutor(parts, mp_context=multiprocessing.get_context("spawn")) as pool:
         make = functools.partial(extended_samples, images, labels, seed=seed, deformation=deformation)
-        made = pool.map(make, cuts[:-1], cuts[1:])
-        for a, (part, _) in zip(cuts, made):
-            x[a:a + len(part)] = part
-    return _dataset(x, labels[np.arange(num_samples) % len(images)])
+        for a, b, (part_x, part_y) in zip(cuts, cuts[1:], pool.map(make, cuts[:-1], cuts[1:])):
+            x[a:b], y[a:b] = part_x, part_y
+    return _dataset(x, y)
 
 
 def cached_extended_arrays(num_samples: int, *, seed: int = 0, deformation: Deformation | None = None,
