@@ -128,6 +128,8 @@ class CollectiveExchange(Exchange):
         self.scoring = self.everyone if scoring is None else scoring
         check_streaming(strategy, streaming)
         self.streaming = streaming
+        # a sharded replica's rows of each weight (FSDP2's cut), where a streamed round finds its fragment
+        self._layout = net.shard_layout() if streaming is not None and ranks is not None and ranks.sharded else None
         self.step = WorkerStep(net, strategy, state=state, compression=compression, streaming=streaming,
                                seed=seed_for_round, after_train=after_train, train=train, ranks=ranks)
         self._arrived: slice | None = None  # the part whose new global weights this rank takes next round
@@ -150,7 +152,7 @@ class CollectiveExchange(Exchange):
     # -- one round ----------------------------------------------------------------------------
     def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
         P, streaming = global_flat.numel(), self.streaming
-        part = slice(0, P) if streaming is None else streaming.part(plan.round, P, last=plan.last)
+        part = slice(0, P) if streaming is None else self._part(plan, P)
         n = part.stop - part.start
         slot = plan.round % 2 if streaming is not None and streaming.overlap else 0
         if self._bufs[slot] is None or self._bufs[slot].numel() < n + self.world * FIELDS:
@@ -196,6 +198,16 @@ class CollectiveExchange(Exchange):
         return late_update(arrived, RoundUpdate(
             total=None, samples=0, loss_sum=0.0, steps=plan.steps if self.has_data else 0, processed=0,
             compute_s=compute_s, slowest_steps=plan.steps, nbytes=handle.sent["bytes"]))
+
+    def _part(self, plan: RoundPlan, numel: int) -> slice:
+        """The weights a streamed round exchanges, in this rank's flat: a fragment of the whole weights, of which a
+        sharded replica's rank holds its own values (so each column exchanges the fragment a whole replica would)."""
+        from sparknet.parallel.mesh import shard_slice  # the parallel package's runner imports this module
+
+        if self._layout is None:
+            return self.streaming.part(plan.round, numel, last=plan.last)
+        whole = sum(rows * row for _, _, rows, row in self._layout)
+        return shard_slice(self.streaming.part(plan.round, whole, last=plan.last), self._layout)
 
     def _update(self, done: _Done) -> RoundUpdate:
         """The round's update from its finished exchange: the sums, and every rank's row."""

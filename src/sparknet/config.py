@@ -380,7 +380,8 @@ class DistributedConfig:
     stage runs workers x G tasks, a worker's ranks on one host where the cluster has several)."""
     shard_replica: bool = False
     """Shard each worker's weights and solver state over its --procs-per-worker processes (PyTorch's FSDP2), so a
-    net larger than one process's share trains; the exchange between workers then runs shard by shard."""
+    net larger than one process's share trains; the exchange between workers then runs shard by shard (overlapped or
+    streamed too: each rank exchanges its rows of the fragment a whole replica would)."""
     parallel_plan: str | None = None
     """Which layers split under --model-parallel, LAYER=column|row|none,... (default: the net's parallel= fields,
     else consecutive Linear layers in column/row pairs)."""
@@ -522,9 +523,6 @@ class DistributedConfig:
         elif self.round_seconds is not None or self.auto_tau:
             refusal = ("the ranks of a worker make every step together, so rounds need a fixed tau: drop "
                        "--round-seconds and --auto-tau with --procs-per-worker")
-        elif self.shard_replica and (self.overlap or self.fragments > 1 or self.weight_ema is not None):
-            refusal = ("a sharded replica exchanges whole rounds shard by shard; drop --overlap, --fragments and "
-                       "--weight-ema with --shard-replica")
         if refusal is not None:
             raise ValueError(refusal)
 

@@ -110,7 +110,6 @@ def test_worker_order_keeps_a_workers_ranks_on_one_host():
     ({"round_seconds": 1.0}, "rounds need a fixed tau"),
     ({"auto_tau": True}, "rounds need a fixed tau"),
     ({"shard_replica": True, "procs_per_worker": 1}, "give --procs-per-worker G with G > 1"),
-    ({"shard_replica": True, "overlap": True}, "drop --overlap, --fragments and --weight-ema"),
     ({"procs_per_worker": 0}, "at least 1"),
 ])
 def test_what_a_worker_of_several_processes_cannot_do_is_refused(options, message):
@@ -127,18 +126,18 @@ def _dsl_mlp(hidden=(8,)):
     return zoo.mlp(input_shape=[2], hidden=list(hidden), num_classes=3)
 
 
+def _replica_fit(spark, net, shard: bool, rounds: int = 2, **options):
+    """K = 2 workers of G = 2 processes (DiLoCo, tau 3), the replica sharded over its processes or whole."""
+    config = DistributedConfig(workers=2, procs_per_worker=2, shard_replica=shard, engine="barrier",
+                               strategy="diloco", tau=3, rounds=rounds, **options)
+    return SparkTrainer(net(), WorkerConfig(solver=SOLVER, batch_size=8, seed=5), dist=config).fit(
+        partitioned_rdd(spark.sparkContext, _quarters()))
+
+
 @pytest.mark.parametrize("kind", ["module", "layers"])
 def test_a_sharded_replica_trains_as_the_whole_replica_does(spark, kind):
-    parts = _quarters()
     net = mlp if kind == "module" else _dsl_mlp
-
-    def fit(shard):
-        config = DistributedConfig(workers=2, procs_per_worker=2, shard_replica=shard, engine="barrier",
-                                   strategy="diloco", tau=3, rounds=2)
-        return SparkTrainer(net(), WorkerConfig(solver=SOLVER, batch_size=8, seed=5), dist=config).fit(
-            partitioned_rdd(spark.sparkContext, parts))
-
-    sharded, whole = fit(True), fit(False)
+    sharded, whole = _replica_fit(spark, net, True), _replica_fit(spark, net, False)
     ws, ww = (r.weights.to_flat(torch.float32) for r in (sharded, whole))
     assert torch.allclose(ws, ww, atol=1e-5, rtol=1e-4), float((ws - ww).abs().max())
     assert not torch.allclose(ws, Net(net()).get_flat(), atol=1e-3)
@@ -148,6 +147,24 @@ def test_a_sharded_replica_trains_as_the_whole_replica_does(spark, kind):
     total, held = 4 * ws.numel(), s["weight_bytes_per_rank"]
     assert held[0] + held[1] == held[2] + held[3] == total and total / 2 <= held[0] < total, held
     assert sum(s["solver_state_bytes_per_rank"]) == 2 * total
+
+
+@pytest.mark.parametrize("options", [{"overlap": True, "fragments": 3}, {"fragments": 2}, {"weight_ema": 0.5}])
+def test_a_sharded_replica_streams_overlaps_and_averages_its_exchange_as_the_whole_replica_does(spark, options):
+    # each rank exchanges its rows of the fragment the whole replica exchanges (the mlp's 51 weights in 3 or 2 parts
+    # cut rows and weights in two; the ranks' parts are 27 and 24 values), a round late when overlapped; the moving
+    # average is kept part by part and joined on the driver
+    sharded, whole = (_replica_fit(spark, mlp, shard, rounds=5, **options) for shard in (True, False))
+    ws, ww = (r.weights.to_flat(torch.float32) for r in (sharded, whole))
+    assert torch.allclose(ws, ww, atol=1e-5, rtol=1e-4), float((ws - ww).abs().max())
+    assert not torch.allclose(ws, Net(mlp()).get_flat(), atol=1e-3)
+    rounds = [[h.get("fragment") for h in r.history if h.get("event") == "round"] for r in (sharded, whole)]
+    assert rounds[0] == rounds[1] and len(rounds[0]) == 5
+    if "fragments" in options:
+        late = [None] if options.get("overlap") else []  # overlapped, a record says what arrived in its round
+        assert rounds[0] == (late + [i % options["fragments"] for i in range(4)])[:4] + [None], rounds[0]
+    assert sharded.summary["shard_replica"] is True
+    assert sharded.summary.get("returned_weights") == whole.summary.get("returned_weights")
 
 
 def test_a_replica_over_the_weight_budget_trains_only_sharded_and_its_gathered_weights_score_as_reported(spark):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparknet.parallel.mesh import cut_shard, join_shards
+from sparknet.parallel.mesh import cut_shard, join_shards, shard_slice
 from sparknet.weights import shard_layouts
 
 
@@ -44,3 +44,19 @@ def test_a_layout_cuts_rows_as_torch_chunk_does():
         got = [layout[0][:2] for layout in shard_layouts([((rows, 5), True)], parts)]
         held = [(int(c[0]), int(c[-1]) + 1) for c in chunks]
         assert got[:len(held)] == held and all(first == end == rows for first, end in got[len(held):])
+
+
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+def test_a_fragment_of_the_whole_is_one_slice_of_each_part(parts):
+    # every cut of the whole, at a weight's edge, inside a row, inside a whole buffer: each rank's slice of its part
+    # holds the fragment's values it holds, in order (the values are their own indices)
+    shapes, sharded = [(7, 5), (7,), (3, 7), (3,), (4,), (1,)], [True, True, True, True, False, True]
+    whole = torch.arange(sum(torch.Size(s).numel() for s in shapes), dtype=torch.float32)
+    layouts = _layouts(shapes, sharded, parts)
+    for layout in layouts:
+        mine = cut_shard(whole, layout)
+        for start in range(whole.numel() + 1):
+            for stop in range(start, whole.numel() + 1):
+                held = mine[shard_slice(slice(start, stop), layout)]
+                assert torch.equal(held, mine[(mine >= start) & (mine < stop)]), (start, stop)
+        assert shard_slice(slice(0, whole.numel()), layout) == slice(0, mine.numel())

@@ -11,6 +11,7 @@ Everything here needs only an initialized default process group (gloo); the subg
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +21,7 @@ from sparknet.step import worker_seed
 
 __all__ = [
     "ParallelLayout", "layout_coords", "init_layout", "share_data_over_mp", "replica_seed", "join_shards", "cut_shard",
-    "cut_state",
+    "cut_state", "shard_slice", "leave_process_group",
 ]
 
 log = logging.getLogger(__name__)
@@ -208,3 +209,39 @@ def share_data_over_mp(x: np.ndarray | None, y: np.ndarray | None,
         return x, y
     group = layout.mp_group
     return (_gather_rows(x, group, layout.model_parallel), _gather_rows(y, group, layout.model_parallel))
+
+
+def shard_slice(part: slice, layout) -> slice:
+    """Where the values of ``part``, a slice of a whole flat buffer, lie in one rank's part of it (``layout``: its
+    :meth:`~sparknet.net.Net.shard_layout`): ``cut_shard(whole, layout)[shard_slice(part, layout)]`` holds the values
+    of ``whole[part]`` this rank holds, in order.
+
+    One slice, because the part keeps the weights' order and holds a contiguous run of rows of each: the run's values
+    before ``part`` all come before those in it. A streamed exchange's fragment of a sharded replica (every rank of a
+    column exchanges its values of the same fragment of the whole weights)."""
+    def held_before(index: int) -> int:
+        held = offset = 0
+        for first, end, rows, row in layout:
+            held += min(max(index - offset - first * row, 0), (end - first) * row)
+            offset += rows * row
+        return held
+
+    return slice(held_before(part.start), held_before(part.stop))
+
+
+
+def leave_process_group() -> None:
+    """Destroy this process's default process group (if it has one), and forget DTensor's cached sharding decisions:
+    each holds the device mesh it was made on.
+
+    A mesh compares equal to any other of the same shape whatever its process groups, so a Python worker that Spark
+    reuses for a later barrier stage, where it is another rank in new groups, would be handed back an old mesh whose
+    groups are gone: "Could not resolve the process group registered under the name 4", and the stage restarts."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if "torch.distributed.tensor" in sys.modules:  # else no DTensor was made here, and nothing is cached
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache  # private: what clears both caches
+
+        _clear_sharding_prop_cache()

@@ -42,7 +42,7 @@ from sparknet.collective import CollectiveExchange, FIELDS
 from sparknet.config import Streaming
 from sparknet.errors import NonFiniteUpdate, WorkerOutOfMemory
 from sparknet.loop import FitPlan, ResumeState, WeightAverage, run_rounds
-from sparknet.parallel.mesh import cut_state, init_layout
+from sparknet.parallel.mesh import cut_state, init_layout, leave_process_group
 from sparknet.parallel.tensor import local_weight_bytes
 from sparknet.weights import local_view
 from sparknet.parallel.runner import run_rank
@@ -425,8 +425,7 @@ def _rank(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
             data.remove()
             with contextlib.suppress(OSError):
                 os.rmdir(os.path.dirname(data.stem))
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_process_group()  # and the meshes made on it: Spark may reuse this process for another stage
         del store
         if sender is not None:
             sender.close()
