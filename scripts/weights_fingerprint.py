@@ -20,8 +20,9 @@ recorded before the round loop became one loop, and why the runs that moved sinc
 
 The runs: the rounds engine (average, diloco, easgd, int8, a warm start) and the barrier
 engine (average, diloco, easgd, sync, int8) in ``local[2]`` on two partitions of different
-sizes, the barrier engine with the net split in two (average, diloco), and the simulator (average,
-diloco, easgd, sync, int8).
+sizes, the barrier engine with the net split in two (average, diloco), K = 2 workers of G = 2 processes in
+``local[4]`` (average, diloco, easgd, int8, overlapped and streamed, a sharded replica, streamed too), and the
+simulator (average, diloco, easgd, sync, int8).
 """
 
 from __future__ import annotations
@@ -140,6 +141,38 @@ def model_parallel_runs(spark) -> dict[str, str]:
     return out
 
 
+def procs_per_worker_runs(spark) -> dict[str, str]:
+    """K = 2 workers of G = 2 processes (a local[4] session): the replica whole on each worker's ranks, or sharded."""
+    from sparknet.config import DistributedConfig, WorkerConfig
+    from sparknet.spark import SparkTrainer
+
+    x, y = _blobs(240, 31)
+    val = _blobs(100, 32)
+    rdd = spark.sparkContext.parallelize([(x[i], int(y[i])) for i in range(len(y))], 4).cache()
+    cases = [("average", {}), ("diloco", {}), ("easgd", {}), ("average", {"compression": "int8"}),
+             ("diloco", {"overlap": True, "fragments": 3}), ("diloco", {"shard_replica": True}),
+             ("diloco", {"shard_replica": True, "fragments": 2})]
+    out = {}
+    for strategy, extra in cases:
+        dist = DistributedConfig(workers=2, procs_per_worker=2, engine="barrier", strategy=strategy, tau=5, rounds=4,
+                                 **extra)
+        res = SparkTrainer(_net(), WorkerConfig(solver=_solver(), batch_size=8, seed=9), dist, spark=spark).fit(
+            rdd, validation=val)
+        tag = "+".join(f"{k}={v}" for k, v in sorted(extra.items())) or "plain"
+        out[f"procs_per_worker/{strategy}/g=2+{tag}"] = _digest(res.weights.to_flat())
+    return out
+
+
+def _session(master: str):
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master(master).appName("sparknet-fingerprint")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.python.worker.reuse", "true").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def machine() -> dict:
     """What the fingerprints depend on besides the code: the CPU, its kernels and the libraries."""
     import platform
@@ -167,15 +200,15 @@ def main(argv=None) -> int:
         found.update(simulator_runs())
     if args.only in (None, "spark"):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        from pyspark.sql import SparkSession
-
-        spark = (SparkSession.builder.master("local[2]").appName("sparknet-fingerprint")
-                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.python.worker.reuse", "true").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = _session("local[2]")
         try:
             found.update(spark_runs(spark))
             found.update(model_parallel_runs(spark))
+        finally:
+            spark.stop()
+        spark = _session("local[4]")  # K x G = 2 x 2 barrier tasks at once
+        try:
+            found.update(procs_per_worker_runs(spark))
         finally:
             spark.stop()
     report = {"machine": machine(), "wall_s": round(time.perf_counter() - t0, 1), "runs": found}
@@ -194,7 +227,7 @@ def main(argv=None) -> int:
                   "match; fingerprint the base on this machine with --out and check against that", file=sys.stderr)
         moved = sorted(k for k in found if k in expected and expected[k] != found[k])
         missing = sorted(k for k in expected if k not in found and (args.only is None or k.startswith(
-            "simulate" if args.only == "simulate" else ("rounds", "barrier", "model_parallel"))))
+            "simulate" if args.only == "simulate" else ("rounds", "barrier", "model_parallel", "procs_per_worker"))))
         for k in moved:
             print(f"MOVED   {k}", file=sys.stderr)
         for k in missing:

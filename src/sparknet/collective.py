@@ -57,6 +57,8 @@ class _InFlight:
     sent: dict
     delay: float
     t: float
+    size: int = 0
+    """Bytes of each rank's message (a worker's piece of it is cut from it padded)."""
 
 
 @dataclass
@@ -141,6 +143,10 @@ class CollectiveExchange(Exchange):
         self.compression = CompressionKind.NONE if self.codec is None else self.codec.kind
         self.strategy.set_link(link)  # a gradient strategy's every-step allreduce waits too
         self._bufs: list[torch.Tensor | None] = [None, None]  # an overlapped round fills one while the other travels
+        # a whole replica on a worker's G ranks: their buffers are the same, so each column carries one G-th of it
+        # between the workers and the worker's ranks gather the pieces (a sharded replica's columns carry their parts)
+        self._pieces = ranks.size if ranks is not None and not ranks.sharded else 1
+        self._piece = dist.get_rank(ranks.group) if self._pieces > 1 else 0
         self.eval_link_s = 0.0  # the link wait of this round's evaluation
         self._last_sync_s = -1.0  # this rank's sync time of the previous round (none yet in a new stage)
 
@@ -155,9 +161,10 @@ class CollectiveExchange(Exchange):
         part = slice(0, P) if streaming is None else self._part(plan, P)
         n = part.stop - part.start
         slot = plan.round % 2 if streaming is not None and streaming.overlap else 0
-        if self._bufs[slot] is None or self._bufs[slot].numel() < n + self.world * FIELDS:
-            self._bufs[slot] = torch.zeros(n + self.world * FIELDS, dtype=torch.float32)
-        buf = self._bufs[slot][:n + self.world * FIELDS]
+        size = -(-(n + self.world * FIELDS) // self._pieces) * self._pieces  # whole pieces, the last padded
+        if self._bufs[slot] is None or self._bufs[slot].numel() < size:
+            self._bufs[slot] = torch.zeros(size, dtype=torch.float32)
+        buf = self._bufs[slot][:size]
         buf.zero_()
         self.eval_link_s = 0.0
         row = buf[n + self.rank * FIELDS:n + (self.rank + 1) * FIELDS]
@@ -226,6 +233,8 @@ class CollectiveExchange(Exchange):
         }
         if "inner_bytes" in sent:
             fields["inner_allreduce_bytes"] = sent["inner_bytes"]
+        if "gather_bytes" in sent:
+            fields["inner_gather_bytes"] = sent["gather_bytes"]
         if self.link is not None:
             fields["link_s"] = sent["link_s"] + grad_link
         if self.streaming is not None:
@@ -241,33 +250,37 @@ class CollectiveExchange(Exchange):
             sync_s=prev_sync, observe=prev_sync >= 0, fields=fields, part=sent["part"])
 
     def _start(self, buf: torch.Tensor, n: int, plan: RoundPlan, sent: dict) -> _InFlight:
-        """Start the round's one collective over ``buf`` (``n`` weighted delta values, then the rows). Overlapped,
-        the simulated link's wait is what is left of it when the exchange is waited for; otherwise all of it,
-        before the collective starts."""
+        """Start the round's one collective over ``buf`` (``n`` weighted delta values, then the rows; a worker of
+        several processes holding its replica whole: this rank's piece of it). Overlapped, the simulated link's wait
+        is what is left of it when the exchange is waited for; otherwise all of it, before the collective starts."""
         world, rank, link, codec = self.world, self.rank, self.link, self.codec
         overlapped = self.streaming is not None and self.streaming.overlap
         t = time.perf_counter()
+        size = 0
         if codec is None:
-            nbytes, gathered = buf.numel() * 4, None
+            piece, gathered = buf.view(self._pieces, -1)[self._piece], None
+            nbytes = piece.numel() * 4
             delay = link.allreduce_delay(nbytes, world) if link is not None else 0.0
         else:
             row = buf[n + rank * FIELDS:n + (rank + 1) * FIELDS].clone()
             body = sent["message"] if sent["message"] is not None else torch.zeros(codec.wire_nbytes(n),
                                                                                    dtype=torch.uint8)
             message = torch.cat([row.view(torch.uint8), body])
-            delay = link.allgather_delay(message.numel(), world) if link is not None else 0.0
-            gathered = [torch.empty_like(message) for _ in range(world)]
+            size = message.numel()
+            piece = torch.nn.functional.pad(message, (0, -size % self._pieces)).view(self._pieces, -1)[self._piece]
+            delay = link.allgather_delay(piece.numel(), world) if link is not None else 0.0
+            gathered = [torch.empty_like(piece) for _ in range(world)]
         if not overlapped and delay > 0:  # all of the link's wait, before the collective starts
             time.sleep(delay)
             sent["link_s"] += delay
             delay = 0.0
         if gathered is None:
-            work = dist.all_reduce(buf, group=self.group, async_op=True)
+            work = dist.all_reduce(piece, group=self.group, async_op=True)
             sent["bytes"] += 2 * (world - 1) * nbytes if world > 1 else 0
         else:
-            work = dist.all_gather(gathered, message, group=self.group, async_op=True)
-            sent["bytes"] += world * (world - 1) * message.numel()
-        return _InFlight(work, buf, n, gathered, sent, delay, t)
+            work = dist.all_gather(gathered, piece, group=self.group, async_op=True)
+            sent["bytes"] += world * (world - 1) * piece.numel()
+        return _InFlight(work, buf, n, gathered, sent, delay, t, size)
 
     def _finish(self, flight: _InFlight) -> _Done:
         """Wait for an exchange (and what is left of its link's wait); the weighted delta sum lands in its
@@ -279,17 +292,36 @@ class CollectiveExchange(Exchange):
         if flight.delay:
             flight.sent["link_s"] += max(left, 0.0)
         flight.work.wait()
+        buf, n, sent, gathered = flight.buf, flight.n, flight.sent, flight.gathered
+        if self._pieces > 1:  # every column's piece, from the worker's other ranks (on its host)
+            gathered = self._gather_pieces(buf, gathered, flight.size, sent)
         now = time.perf_counter()
-        buf, n, sent = flight.buf, flight.n, flight.sent
-        if flight.gathered is None:
-            return _Done(buf[n:].view(self.world, FIELDS).double(), buf[:n], sent, now - flight.t, now - t_wait)
+        rows_end = n + self.world * FIELDS
+        if gathered is None:
+            return _Done(buf[n:rows_end].view(self.world, FIELDS).double(), buf[:n], sent, now - flight.t,
+                         now - t_wait)
         head = FIELDS * 4
-        rows = torch.stack([g[:head].clone().view(torch.float32) for g in flight.gathered]).double()
+        rows = torch.stack([g[:head].clone().view(torch.float32) for g in gathered]).double()
         buf[:n].zero_()
-        for i, g in enumerate(flight.gathered):
+        for i, g in enumerate(gathered):
             if rows[i, 0] > 0:
                 buf[:n] += self.codec.decode(g[head:], n) * float(rows[i, 0])
         return _Done(rows, buf[:n], sent, now - flight.t, now - t_wait)
+
+    def _gather_pieces(self, buf: torch.Tensor, gathered: list | None, size: int, sent: dict) -> list | None:
+        """The worker's ranks trade the pieces their columns exchanged: the summed buffer whole in ``buf``, or each
+        rank's message whole (``size`` bytes) from its pieces. The bytes they move stay inside the worker."""
+        G, group = self._pieces, self.step.ranks.group
+        if gathered is None:
+            pieces = buf.view(G, -1)
+            dist.all_gather(list(pieces.unbind(0)), pieces[self._piece].clone(), group=group)
+            sent["gather_bytes"] = G * (G - 1) * pieces[0].numel() * 4
+            return None
+        mine = torch.cat(gathered)  # every rank's piece this column carried, in rank order
+        theirs = [torch.empty_like(mine) for _ in range(G)]
+        dist.all_gather(theirs, mine, group=group)
+        sent["gather_bytes"] = G * (G - 1) * mine.numel()
+        return [torch.cat([t.view(self.world, -1)[k] for t in theirs])[:size] for k in range(self.world)]
 
     # -- evaluation ---------------------------------------------------------------------------
     def agree(self, due: bool) -> bool:

@@ -409,6 +409,7 @@ class Net:
         self._live = self._local_weights()
         self.sharded = False
         """Whether :meth:`shard` cut the weights over several processes."""
+        self._units: list = []  # the modules FSDP2 shards (shard)
         self._gen = torch.Generator().manual_seed(seed if seed is not None else torch.initial_seed() % (2**31))
         self._train: tuple[torch.Tensor, torch.Tensor] | None = None
         self._stream: RowStream | None = None
@@ -691,7 +692,17 @@ class Net:
 
     def set_weights(self, weights: WeightCollection) -> None:
         """Overwrite the weights in place (the solver's momentum is kept)."""
+        self._drop_gathered()
         weights.copy_into(self._live)
+
+    def _drop_gathered(self) -> None:
+        """A sharded net (:meth:`shard`) lets go of the whole weights a forward without a backward left gathered, so
+        that its next forward gathers the parts about to be written. FSDP2 keeps a root unit's weights gathered after
+        its forward, for the backward: after an evaluation, the next training step would otherwise run on the
+        evaluated weights, not the ones set since (a streamed exchange's own weights, put back after scoring the
+        global ones)."""
+        for unit in self._units:
+            unit.reshard()
 
     @property
     def weights(self) -> WeightCollection:
@@ -719,6 +730,7 @@ class Net:
                      if any(True for _ in unit.parameters())]
         for unit in units:
             fully_shard(unit, mesh=mesh)
+        self._units = units
         if self.device.type == "meta":
             self.device = resolve_device(device)
             self.module.to_empty(device=self.device)
@@ -771,6 +783,7 @@ class Net:
 
     def set_flat(self, buffer: torch.Tensor) -> None:
         """Load weights from one flat buffer made by :meth:`get_flat`."""
+        self._drop_gathered()
         self._live.load_flat_(buffer.to(self.device))
 
     # -- state for checkpoints --------------------------------------------------------------

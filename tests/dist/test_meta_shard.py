@@ -56,3 +56,27 @@ def test_a_net_made_from_its_shapes_holds_and_trains_as_the_whole_one_cut():
         assert torch.equal(made[f"trained{rank}"], cut[f"trained{rank}"])
     assert made[0]["part"] + made[1]["part"] == whole
     assert torch.equal(made["gathered0"], cut["gathered0"]) and torch.equal(made["gathered0"], made["gathered1"])
+
+
+def _score_then_train(rank, out, score):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    net = Net(_params(), SOLVER, seed=4)
+    net.shard(init_device_mesh("cpu", (2,)))
+    net.set_training_data(_data(), shuffle=False)
+    net.train(2)
+    own = net.get_flat()
+    if score:  # as a streamed exchange scores the global weights, then puts its own back
+        net.set_flat(own * 0.5)
+        net.evaluate(_data())
+        net.set_flat(own)
+    net.train(2)
+    out[rank] = net.get_flat()
+
+
+@pytest.mark.timeout(120)
+def test_a_sharded_net_that_scored_other_weights_trains_from_the_ones_set_since():
+    # FSDP2 keeps a root unit's weights gathered after a forward, for its backward: after an evaluation the next
+    # step ran on the scored weights until set_flat let them go
+    scored, plain = run_two_ranks(_score_then_train, True), run_two_ranks(_score_then_train, False)
+    assert torch.equal(scored[0], plain[0]) and torch.equal(scored[1], plain[1])

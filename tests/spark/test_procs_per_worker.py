@@ -13,11 +13,13 @@ import pytest
 import torch
 
 from _spark_testlib import blobs, mlp, partitioned_rdd, start_session
+from sparknet.collective import FIELDS
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
 from sparknet.spark.barrier.executor import worker_order
+from sparknet.strategies import make_compressor
 
 pytestmark = pytest.mark.spark
 
@@ -45,12 +47,13 @@ def _fit(spark, parts, *, procs: int, batch: int, strategy: str = "average", rou
         partitioned_rdd(spark.sparkContext, parts), validation)
 
 
-@pytest.mark.parametrize("strategy", ["average", "diloco"])
-def test_a_worker_of_two_processes_is_one_process_with_twice_the_batch(spark, strategy):
+@pytest.mark.parametrize("strategy, compression", [("average", "none"), ("diloco", "none"), ("easgd", "none"),
+                                                   ("average", "int8")])
+def test_a_worker_of_two_processes_is_one_process_with_twice_the_batch(spark, strategy, compression):
     parts = _quarters()
     pairs = [tuple(np.concatenate(a) for a in zip(*parts[i:i + 2])) for i in (0, 2)]
-    two = _fit(spark, parts, procs=2, batch=8, strategy=strategy)
-    one = _fit(spark, pairs, procs=1, batch=16, strategy=strategy)
+    two = _fit(spark, parts, procs=2, batch=8, strategy=strategy, compression=compression)
+    one = _fit(spark, pairs, procs=1, batch=16, strategy=strategy, compression=compression)
     w2, w1 = (r.weights.to_flat(torch.float32) for r in (two, one))
     assert torch.allclose(w2, w1, atol=1e-5, rtol=1e-4), float((w2 - w1).abs().max())
     assert not torch.allclose(w2, Net(mlp()).get_flat(), atol=1e-3)  # it trained
@@ -61,6 +64,19 @@ def test_a_worker_of_two_processes_is_one_process_with_twice_the_batch(spark, st
     assert last2["loss"] == pytest.approx(last1["loss"], rel=1e-4)
     # every step's gradients met inside the worker: 3 allreduces of the mlp's 51 float32 gradients a round
     assert last2["inner_allreduce_bytes"] == 3 * 51 * 4 and "inner_allreduce_bytes" not in last1
+    # between the workers each of a worker's two columns carries half of what one process sends (its piece of the
+    # 51 values and two rows of 7, or of one int8 message, padded to an even size), and the worker's ranks trade
+    # their pieces: the network between hosts carries the round's exchange once, not once a process
+    if compression == "none":
+        sent, piece = 4 * (51 + 2 * FIELDS), 4 * -(-(51 + 2 * FIELDS) // 2)
+    else:
+        message = FIELDS * 4 + make_compressor("int8").wire_nbytes(51)
+        sent, piece = message, -(-message // 2)
+    # K = 2: a ring allreduce moves 2(K - 1) times its buffer, a ring all-gather K(K - 1) times its message
+    assert last1["bytes"] == 2 * sent and last2["bytes"] == 2 * piece
+    # G = 2 ranks trade a piece (float32), or a piece of each worker's message (int8)
+    assert last2["inner_gather_bytes"] == 2 * piece * (1 if compression == "none" else 2)
+    assert "inner_gather_bytes" not in last1
 
 
 def test_the_summary_says_which_ranks_make_each_worker_and_evaluation_covers_every_row(spark):
@@ -126,10 +142,10 @@ def _dsl_mlp(hidden=(8,)):
     return zoo.mlp(input_shape=[2], hidden=list(hidden), num_classes=3)
 
 
-def _replica_fit(spark, net, shard: bool, rounds: int = 2, **options):
+def _replica_fit(spark, net, shard: bool, rounds: int = 2, strategy: str = "diloco", **options):
     """K = 2 workers of G = 2 processes (DiLoCo, tau 3), the replica sharded over its processes or whole."""
     config = DistributedConfig(workers=2, procs_per_worker=2, shard_replica=shard, engine="barrier",
-                               strategy="diloco", tau=3, rounds=rounds, **options)
+                               strategy=strategy, tau=3, rounds=rounds, **options)
     return SparkTrainer(net(), WorkerConfig(solver=SOLVER, batch_size=8, seed=5), dist=config).fit(
         partitioned_rdd(spark.sparkContext, _quarters()))
 
@@ -149,11 +165,12 @@ def test_a_sharded_replica_trains_as_the_whole_replica_does(spark, kind):
     assert sum(s["solver_state_bytes_per_rank"]) == 2 * total
 
 
-@pytest.mark.parametrize("options", [{"overlap": True, "fragments": 3}, {"fragments": 2}, {"weight_ema": 0.5}])
-def test_a_sharded_replica_streams_overlaps_and_averages_its_exchange_as_the_whole_replica_does(spark, options):
+@pytest.mark.parametrize("options", [{"overlap": True, "fragments": 3}, {"fragments": 2}, {"weight_ema": 0.5},
+                                     {"strategy": "easgd"}, {"compression": "bf16"}])
+def test_a_sharded_replica_exchanges_as_the_whole_replica_does_whatever_the_exchange(spark, options):
     # each rank exchanges its rows of the fragment the whole replica exchanges (the mlp's 51 weights in 3 or 2 parts
-    # cut rows and weights in two; the ranks' parts are 27 and 24 values), a round late when overlapped; the moving
-    # average is kept part by part and joined on the driver
+    # cut rows and weights in two; the ranks' parts are 30 and 21 values), a round late when overlapped; the moving
+    # average is kept part by part and joined on the driver; EASGD's workers keep their own parts between rounds
     sharded, whole = (_replica_fit(spark, mlp, shard, rounds=5, **options) for shard in (True, False))
     ws, ww = (r.weights.to_flat(torch.float32) for r in (sharded, whole))
     assert torch.allclose(ws, ww, atol=1e-5, rtol=1e-4), float((ws - ww).abs().max())
@@ -165,6 +182,19 @@ def test_a_sharded_replica_streams_overlaps_and_averages_its_exchange_as_the_who
         assert rounds[0] == (late + [i % options["fragments"] for i in range(4)])[:4] + [None], rounds[0]
     assert sharded.summary["shard_replica"] is True
     assert sharded.summary.get("returned_weights") == whole.summary.get("returned_weights")
+
+
+def test_a_sharded_replicas_int8_exchange_sends_each_part_with_its_own_scales(spark):
+    sharded, whole = (_replica_fit(spark, mlp, shard, rounds=3, compression="int8") for shard in (True, False))
+    # each column allgathers its part's int8 message (row fields, one scale, a byte a value): rank 0's 30 values
+    part = sharded.summary["weight_bytes_per_rank"][0] // 4
+    assert part == 30
+    message = FIELDS * 4 + make_compressor("int8").wire_nbytes(part)
+    assert [h["bytes"] for h in sharded.history if h.get("event") == "round"] == [2 * message] * 3
+    # a part's own scale rounds its values on another grid than the whole replica's one scale: close, not equal
+    ws, ww = (r.weights.to_flat(torch.float32) for r in (sharded, whole))
+    assert torch.allclose(ws, ww, atol=1e-2) and not torch.equal(ws, ww)
+    assert not torch.allclose(ws, Net(mlp()).get_flat(), atol=1e-1)
 
 
 def test_a_replica_over_the_weight_budget_trains_only_sharded_and_its_gathered_weights_score_as_reported(spark):
