@@ -155,6 +155,21 @@ class CollectiveExchange(Exchange):
         """This worker's strategy and codec state."""
         return self.step.state
 
+    def stream_state(self) -> dict | None:
+        """A streamed exchange's worker side between rounds: its own weights, where its progress counts from, and
+        the part whose new global weights it takes next round. ``None`` where there is none to keep: no stream, or
+        an overlapped one (its exchange in flight is not kept, so a restart begins the stream again)."""
+        stream = self.step.stream
+        if self.streaming is None or self.streaming.overlap or stream.base is None:
+            return None
+        arrived = None if self._arrived is None else [self._arrived.start, self._arrived.stop]
+        return {**stream.state_dict(self.net), "arrived": arrived}
+
+    def load_stream_state(self, saved: dict) -> None:
+        """Continue a stream from :meth:`stream_state`'s dict (a resumed fit's)."""
+        self.step.stream.load_state_dict(self.net, saved)
+        self._arrived = None if saved["arrived"] is None else slice(*saved["arrived"])
+
     # -- one round ----------------------------------------------------------------------------
     def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
         P, streaming = global_flat.numel(), self.streaming

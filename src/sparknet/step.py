@@ -106,6 +106,16 @@ class WorkerStream:
         self.sent.append(x.clone())
         return delta
 
+    def state_dict(self, net) -> dict:
+        """The worker's own weights and where its progress counts from: what a resumed fit continues from."""
+        return {"own": net.get_flat(), "base": self.base.clone(), "sent": [x.clone() for x in self.sent]}
+
+    def load_state_dict(self, net, saved: dict) -> None:
+        """Continue from :meth:`state_dict`'s dict: the worker's own weights into ``net``."""
+        net.set_flat(torch.as_tensor(saved["own"], dtype=torch.float32))
+        self.base = torch.as_tensor(saved["base"], dtype=torch.float32).clone()
+        self.sent = [torch.as_tensor(x, dtype=torch.float32).clone() for x in saved["sent"]]
+
     def arrive(self, net, global_flat: torch.Tensor, part: slice) -> None:
         """The global weights of ``part`` came back (the oldest part sent): they, plus what the worker trained
         since it sent that part."""

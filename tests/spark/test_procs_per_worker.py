@@ -258,3 +258,23 @@ def test_a_resumed_fit_of_workers_of_several_processes_repeats_the_uninterrupted
                                    checkpoint_dir=ckpt, resume=True)
         SparkTrainer(mlp(), WorkerConfig(solver=SOLVER, batch_size=8, seed=5), dist=config).fit(
             partitioned_rdd(spark.sparkContext, parts[:2]))
+
+
+@pytest.mark.parametrize("shard", [False, True])
+def test_a_streamed_fit_resumed_from_a_checkpoint_mid_run_repeats_the_uninterrupted_one_bitwise(spark, tmp_path,
+                                                                                               shard):
+    import shutil
+
+    # a streamed worker goes on from its own weights: the checkpoint holds them, where its progress counts from and
+    # the part whose global weights it takes next round, each rank its own (its part of them when sharded)
+    ckpt = tmp_path / "ckpt"
+
+    def fit(**dist):
+        return _replica_fit(spark, mlp, shard, rounds=5, fragments=2, checkpoint_dir=str(ckpt), **dist)
+
+    whole = fit(checkpoint_every=1, checkpoint_keep=5)
+    for r in (3, 4, 5):  # as if the run had stopped after round 2 (the planned last round exchanges every part)
+        shutil.rmtree(ckpt / f"ckpt-{r:08d}")
+    resumed = fit(checkpoint_every=2, resume=True)
+    assert resumed.summary["resumed_from"] == 2 and [h["round"] for h in resumed.history] == [3, 4, 5]
+    assert torch.equal(resumed.weights.to_flat(torch.float32), whole.weights.to_flat(torch.float32))

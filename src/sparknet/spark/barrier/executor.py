@@ -535,7 +535,8 @@ class _BarrierExchange(CollectiveExchange):
                                   parts=STATE_PARTS))
         if sender is not None and ckpt_every and self.has_data and (r % ckpt_every == 0 or reason is not None):
             sender.send({"event": "worker_state", "round": r, "rank": self.task},  # packed at once: one copy
-                        pack_tree(export_worker_state(self.net, self.state, copy_tensors=False)))
+                        pack_tree(export_worker_state(self.net, self.state, copy_tensors=False,
+                                                      stream=self.stream_state())))
         if self.reports:  # last, on the same socket: the driver that has a round's record has the state sent with it
             self.history.append(record)
             if sender is not None:
@@ -610,6 +611,8 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
                                 params=params, fit=fit, sender=sender, history=history, store=store,
                                 streaming=params.streaming, task=rank, reports=group_rank == 0,
                                 state_part=state_part)
+    if saved is not None and has_data and saved.get("stream") is not None:  # a streamed worker's own weights
+        exchange.load_stream_state(saved["stream"])
     final = run_rounds(exchange, fit, global_flat)
     if sharded:
         place["solver_state_bytes"] = _solver_state_bytes(net)

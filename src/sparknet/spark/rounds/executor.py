@@ -272,11 +272,13 @@ class Partial:
         return replace(self, workers=tuple(w for w in self.workers if w.status is not status))
 
 
-def export_worker_state(net: Net, state: WorkerState, *, copy_tensors: bool = True) -> dict:
-    """What a worker carries from one round to the next (solver, data position, strategy state); with
-    ``copy_tensors=False`` it shares the optimizer's live tensors (to be written out at once)."""
+def export_worker_state(net: Net, state: WorkerState, *, copy_tensors: bool = True,
+                        stream: dict | None = None) -> dict:
+    """What a worker carries from one round to the next (solver, data position, strategy state; a streamed
+    exchange's ``stream``: the worker's own weights); with ``copy_tensors=False`` it shares the optimizer's live
+    tensors (to be written out at once)."""
     return {"solver": net.solver_state(copy_tensors=copy_tensors), "local_flat": state.local_flat,
-            "extra": dict(state.extra)}
+            "extra": dict(state.extra), **({} if stream is None else {"stream": stream})}
 
 
 def import_worker_state(net: Net, saved: dict) -> WorkerState:
