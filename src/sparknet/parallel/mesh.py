@@ -229,7 +229,6 @@ def shard_slice(part: slice, layout) -> slice:
     return slice(held_before(part.start), held_before(part.stop))
 
 
-
 def leave_process_group() -> None:
     """Destroy this process's default process group (if it has one), and forget DTensor's cached sharding decisions:
     each holds the device mesh it was made on.
