@@ -35,6 +35,7 @@ from sparknet.loop import Exchange, RoundPlan, RoundUpdate, check_streaming, lat
 from sparknet.net import EvalResult
 from sparknet.step import WorkerRanks, WorkerStep
 from sparknet.strategies import TrainingStrategy, WorkerState
+from sparknet.weights import shard_slice
 
 __all__ = ["CollectiveExchange", "FIELDS", "evaluate_shards"]
 
@@ -159,9 +160,9 @@ class CollectiveExchange(Exchange):
         """A streamed exchange's worker side between rounds: its own weights, where its progress counts from, and
         the part whose new global weights it takes next round. ``None`` where there is none to keep: no stream, or
         an overlapped one (its exchange in flight is not kept, so a restart begins the stream again)."""
-        stream = self.step.stream
-        if self.streaming is None or self.streaming.overlap or stream.base is None:
+        if self.streaming is None or self.streaming.overlap or self.step.stream.base is None:
             return None
+        stream = self.step.stream
         arrived = None if self._arrived is None else [self._arrived.start, self._arrived.stop]
         return {**stream.state_dict(self.net), "arrived": arrived}
 
@@ -224,8 +225,6 @@ class CollectiveExchange(Exchange):
     def _part(self, plan: RoundPlan, numel: int) -> slice:
         """The weights a streamed round exchanges, in this rank's flat: a fragment of the whole weights, of which a
         sharded replica's rank holds its own values (so each column exchanges the fragment a whole replica would)."""
-        from sparknet.parallel.mesh import shard_slice  # the parallel package's runner imports this module
-
         if self._layout is None:
             return self.streaming.part(plan.round, numel, last=plan.last)
         whole = sum(rows * row for _, _, rows, row in self._layout)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["WeightCollection", "local_view", "shard_layouts", "whole_weights"]
+__all__ = ["WeightCollection", "local_view", "shard_layouts", "shard_slice", "whole_weights"]
 
 
 def whole_weights(layers: Mapping[str, Sequence[torch.Tensor]]) -> WeightCollection:
@@ -364,3 +364,23 @@ def shard_layouts(weights, parts: int) -> list[list[tuple[int, int, int, int]]]:
                 layout.append((0, rows, rows, row))
         layouts.append(layout)
     return layouts
+
+
+def shard_slice(part: slice, layout) -> slice:
+    """Where the values of ``part``, a slice of a whole flat buffer, lie in one rank's part of it (``layout``: its
+    :meth:`~sparknet.net.Net.shard_layout`): ``parallel.mesh.cut_shard(whole, layout)[shard_slice(part, layout)]``
+    holds the values
+    of ``whole[part]`` this rank holds, in order.
+
+    One slice, because the part keeps the weights' order and holds a contiguous run of rows of each: the run's values
+    before ``part`` all come before those in it. A streamed exchange's fragment of a sharded replica (every rank of a
+    column exchanges its values of the same fragment of the whole weights)."""
+    def held_before(index: int) -> int:
+        held = offset = 0
+        for first, end, rows, row in layout:
+            held += min(max(index - offset - first * row, 0), (end - first) * row)
+            offset += rows * row
+        return held
+
+    return slice(held_before(part.start), held_before(part.stop))
+

@@ -83,7 +83,7 @@ def test_rank_0_sends_a_rounds_states_before_its_record():
     vars(exchange).update(
         params=StagePlan(group=None, fit=None, checkpoint_every=2),
         fit=SimpleNamespace(auto=None, average=None), history=[], reports=True, state_part=None, holds_state=True,
-        has_data=True, task=0, link=None, eval_link_s=0.0,
+        has_data=True, task=0, link=None, eval_link_s=0.0, streaming=None,
         step=SimpleNamespace(state=WorkerState(local_flat=None, extra={})),
         net=SimpleNamespace(iteration=20, solver_state=lambda copy_tensors: {"momentum": torch.zeros(N)}),
         strategy=SimpleNamespace(state_dict=lambda: {}),

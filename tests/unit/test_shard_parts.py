@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparknet.parallel.mesh import cut_shard, join_shards, shard_slice
-from sparknet.weights import shard_layouts
+from sparknet.parallel.mesh import cut_shard, join_shards
+from sparknet.weights import shard_layouts, shard_slice
 
 
 def _layouts(shapes: list[tuple[int, ...]], sharded: list[bool], parts: int) -> list[list[tuple[int, int, int, int]]]:

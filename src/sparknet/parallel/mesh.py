@@ -21,7 +21,7 @@ from sparknet.step import worker_seed
 
 __all__ = [
     "ParallelLayout", "layout_coords", "init_layout", "share_data_over_mp", "replica_seed", "join_shards", "cut_shard",
-    "cut_state", "shard_slice", "leave_process_group",
+    "cut_state", "leave_process_group",
 ]
 
 log = logging.getLogger(__name__)
@@ -209,24 +209,6 @@ def share_data_over_mp(x: np.ndarray | None, y: np.ndarray | None,
         return x, y
     group = layout.mp_group
     return (_gather_rows(x, group, layout.model_parallel), _gather_rows(y, group, layout.model_parallel))
-
-
-def shard_slice(part: slice, layout) -> slice:
-    """Where the values of ``part``, a slice of a whole flat buffer, lie in one rank's part of it (``layout``: its
-    :meth:`~sparknet.net.Net.shard_layout`): ``cut_shard(whole, layout)[shard_slice(part, layout)]`` holds the values
-    of ``whole[part]`` this rank holds, in order.
-
-    One slice, because the part keeps the weights' order and holds a contiguous run of rows of each: the run's values
-    before ``part`` all come before those in it. A streamed exchange's fragment of a sharded replica (every rank of a
-    column exchanges its values of the same fragment of the whole weights)."""
-    def held_before(index: int) -> int:
-        held = offset = 0
-        for first, end, rows, row in layout:
-            held += min(max(index - offset - first * row, 0), (end - first) * row)
-            offset += rows * row
-        return held
-
-    return slice(held_before(part.start), held_before(part.stop))
 
 
 def leave_process_group() -> None:
