@@ -131,8 +131,11 @@ class CollectiveExchange(Exchange):
         self.scoring = self.everyone if scoring is None else scoring
         check_streaming(strategy, streaming)
         self.streaming = streaming
-        # a sharded replica's rows of each weight (FSDP2's cut), where a streamed round finds its fragment
-        self._layout = net.shard_layout() if streaming is not None and ranks is not None and ranks.sharded else None
+        # a sharded replica's rows of each weight (FSDP2's cut) on every rank of the worker, one column's each: where
+        # a streamed round finds its fragment, and what every column of the worker sends
+        sharded = ranks is not None and ranks.sharded
+        self._layouts = net.shard_layouts(ranks.size) if sharded else None
+        self._layout = net.shard_layout() if sharded else None
         self.step = WorkerStep(net, strategy, state=state, compression=compression, streaming=streaming,
                                seed=seed_for_round, after_train=after_train, train=train, ranks=ranks)
         self._arrived: slice | None = None  # the part whose new global weights this rank takes next round
@@ -186,7 +189,8 @@ class CollectiveExchange(Exchange):
         row = buf[n + self.rank * FIELDS:n + (self.rank + 1) * FIELDS]
         grad_bytes0, grad_link0 = self.strategy.gradient_traffic()
         inner0 = self.step.ranks.bytes_sent if self.step.ranks is not None else 0
-        sent = {"link_s": 0.0, "bytes": 0, "message": None, "round": plan.round, "part": whole_or(part, P)}
+        sent = {"link_s": 0.0, "bytes": 0, "message": None, "round": plan.round, "part": whole_or(part, P),
+                "columns": None if self._layouts is None else self._column_values(plan)}
         if self.has_data and plan.steps > 0:
             result = self.step.run(plan.steps, global_flat, round=plan.round, seconds=plan.seconds, part=part,
                                    arrived=self._arrived)
@@ -227,8 +231,17 @@ class CollectiveExchange(Exchange):
         sharded replica's rank holds its own values (so each column exchanges the fragment a whole replica would)."""
         if self._layout is None:
             return self.streaming.part(plan.round, numel, last=plan.last)
+        return shard_slice(self._whole_part(plan), self._layout)
+
+    def _whole_part(self, plan: RoundPlan) -> slice:
+        """A sharded replica's round: the slice of the whole weights it exchanges."""
         whole = sum(rows * row for _, _, rows, row in self._layout)
-        return shard_slice(self.streaming.part(plan.round, whole, last=plan.last), self._layout)
+        return slice(0, whole) if self.streaming is None else self.streaming.part(plan.round, whole, last=plan.last)
+
+    def _column_values(self, plan: RoundPlan) -> list[int]:
+        """A sharded replica's round: the values each column of the worker exchanges (its ranks' part of it)."""
+        part = self._whole_part(plan)
+        return [(mine := shard_slice(part, layout)).stop - mine.start for layout in self._layouts]
 
     def _update(self, done: _Done) -> RoundUpdate:
         """The round's update from its finished exchange: the sums, and every rank's row."""
@@ -290,11 +303,26 @@ class CollectiveExchange(Exchange):
             delay = 0.0
         if gathered is None:
             work = dist.all_reduce(piece, group=self.group, async_op=True)
-            sent["bytes"] += 2 * (world - 1) * nbytes if world > 1 else 0
         else:
             work = dist.all_gather(gathered, piece, group=self.group, async_op=True)
-            sent["bytes"] += world * (world - 1) * piece.numel()
+        # the round's bytes between the workers, every column of a worker of several processes counted: a whole
+        # replica's columns carry pieces of one size, a sharded one's columns their own parts
+        if sent["columns"] is not None:
+            sent["bytes"] += sum(self._allreduce_bytes(values + world * FIELDS) if codec is None else
+                                 self._allgather_bytes(FIELDS * 4 + codec.wire_nbytes(values))
+                                 for values in sent["columns"])
+        else:
+            sent["bytes"] += self._pieces * (self._allreduce_bytes(piece.numel()) if codec is None else
+                                             self._allgather_bytes(piece.numel()))
         return _InFlight(work, buf, n, gathered, sent, delay, t, size)
+
+    def _allreduce_bytes(self, values: int) -> int:
+        """Bytes a ring allreduce of ``values`` float32 values over the workers moves in all."""
+        return 2 * (self.world - 1) * 4 * values
+
+    def _allgather_bytes(self, nbytes: int) -> int:
+        """Bytes a ring all-gather of one ``nbytes`` message from each worker moves in all."""
+        return self.world * (self.world - 1) * nbytes
 
     def _finish(self, flight: _InFlight) -> _Done:
         """Wait for an exchange (and what is left of its link's wait); the weighted delta sum lands in its

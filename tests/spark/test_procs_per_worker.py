@@ -72,8 +72,9 @@ def test_a_worker_of_two_processes_is_one_process_with_twice_the_batch(spark, st
     else:
         message = FIELDS * 4 + make_compressor("int8").wire_nbytes(51)
         sent, piece = message, -(-message // 2)
-    # K = 2: a ring allreduce moves 2(K - 1) times its buffer, a ring all-gather K(K - 1) times its message
-    assert last1["bytes"] == 2 * sent and last2["bytes"] == 2 * piece
+    # K = 2: a ring allreduce moves 2(K - 1) times its buffer, a ring all-gather K(K - 1) times its message; a
+    # round's bytes count every column: the worker's two send what one process sends, but for the padding
+    assert last1["bytes"] == 2 * sent and last2["bytes"] == 2 * 2 * piece
     # G = 2 ranks trade a piece (float32), or a piece of each worker's message (int8)
     assert last2["inner_gather_bytes"] == 2 * piece * (1 if compression == "none" else 2)
     assert "inner_gather_bytes" not in last1
@@ -186,11 +187,12 @@ def test_a_sharded_replica_exchanges_as_the_whole_replica_does_whatever_the_exch
 
 def test_a_sharded_replicas_int8_exchange_sends_each_part_with_its_own_scales(spark):
     sharded, whole = (_replica_fit(spark, mlp, shard, rounds=3, compression="int8") for shard in (True, False))
-    # each column allgathers its part's int8 message (row fields, one scale, a byte a value): rank 0's 30 values
-    part = sharded.summary["weight_bytes_per_rank"][0] // 4
-    assert part == 30
-    message = FIELDS * 4 + make_compressor("int8").wire_nbytes(part)
-    assert [h["bytes"] for h in sharded.history if h.get("event") == "round"] == [2 * message] * 3
+    # each column allgathers its part's int8 message (row fields, one scale, a byte a value): 30 and 21 values; a
+    # round's bytes count both columns
+    parts = [b // 4 for b in sharded.summary["weight_bytes_per_rank"][:2]]
+    assert parts == [30, 21]
+    both = sum(2 * (FIELDS * 4 + make_compressor("int8").wire_nbytes(part)) for part in parts)
+    assert [h["bytes"] for h in sharded.history if h.get("event") == "round"] == [both] * 3
     # a part's own scale rounds its values on another grid than the whole replica's one scale: close, not equal
     ws, ww = (r.weights.to_flat(torch.float32) for r in (sharded, whole))
     assert torch.allclose(ws, ww, atol=1e-2) and not torch.equal(ws, ww)
