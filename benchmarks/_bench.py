@@ -1,4 +1,5 @@
-"""What every benchmark here shares: the load average sampled while it runs, and a user's command timed.
+"""What every benchmark here shares: the load average sampled while it runs, a user's command timed, and the
+multi-host rig.
 
 A figure is only worth what the machine was doing beside it: :class:`LoadSampler` records the
 1-minute load average before a run and every few seconds during it, and :func:`timed_command`
@@ -8,6 +9,7 @@ which is what a user waits for.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import time
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from sparknet.metrics import LoadSampler
 
-__all__ = ["LoadSampler", "timed_command", "last_summary", "save_json", "source_trees"]
+__all__ = ["LoadSampler", "timed_command", "last_summary", "save_json", "source_trees", "rig_module"]
 
 
 @contextmanager
@@ -60,3 +62,12 @@ def timed_command(cmd: list[str], *, cwd: Path, env: dict | None = None, timeout
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     return {"command": " ".join(cmd), "command_wall_s": round(wall, 1), "stdout_tail": proc.stdout[-2000:],
             **load.to_dict()}
+
+
+def rig_module():
+    """``scripts/netns_cluster.py``, the multi-host rig, as a module: a script beside the package, not part of it."""
+    spec = importlib.util.spec_from_file_location(
+        "netns_cluster", Path(__file__).resolve().parents[1] / "scripts" / "netns_cluster.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

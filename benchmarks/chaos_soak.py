@@ -29,7 +29,6 @@ the namespaces; time nothing else while it runs.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
@@ -41,11 +40,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import LoadSampler, save_json  # noqa: E402
+from _bench import LoadSampler, rig_module, save_json  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("netns_cluster", ROOT / "scripts" / "netns_cluster.py")
-netns_cluster = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(netns_cluster)
+netns_cluster = rig_module()
 
 
 class Chaos:

@@ -19,7 +19,6 @@ messages do, a little).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import sys
@@ -29,25 +28,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import LoadSampler, save_json  # noqa: E402
+from _bench import LoadSampler, rig_module, save_json  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location("netns_cluster", ROOT / "scripts" / "netns_cluster.py")
-netns_cluster = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(netns_cluster)
+netns_cluster = rig_module()
 
 SHAPES = {"whole": {}, "whole, int8": {"compression": "int8"}, "sharded": {"shard_replica": True}}
 
 
 def _session(cluster):
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    from pyspark.sql import SparkSession
+    """The project's session (:func:`~sparknet.spark.session.get_session`) with its driver on the rig's bridge."""
+    from sparknet.spark.session import get_session
 
-    builder = SparkSession.builder.master(cluster.master).appName("sparknet-worker-bytes")
-    for key, value in {**cluster.driver_conf(), "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-                       "spark.python.worker.reuse": "true", "spark.locality.wait": "0s",
-                       "spark.driver.memory": "2g"}.items():
-        builder = builder.config(key, value)
-    return builder.getOrCreate()
+    os.environ.update({"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": cluster.driver_ip})
+    return get_session(cluster.master, app_name="sparknet-worker-bytes",
+                       conf={**cluster.driver_conf(), "spark.locality.wait": "0s", "spark.driver.memory": "2g",
+                             "spark.ui.enabled": "false"})
 
 
 def _fit(spark, cluster, frame, rounds: int, extra: dict) -> dict:
