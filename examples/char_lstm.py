@@ -50,10 +50,10 @@ from sparknet.datasets import shakespeare
 from sparknet.net import EvalResult, Net, TrainStats
 from sparknet.collective import CollectiveExchange
 from sparknet.loop import EvalPlan, FitPlan, Progress, StopRule, WeightAverage, run_rounds
-from sparknet.parallel import init_layout, replica_seed
 from sparknet.sample import sample_text
 from sparknet.solvers import SolverConfig
 from sparknet.strategies import make_strategy
+from sparknet.step import worker_seed
 
 log = logging.getLogger("char_lstm")
 
@@ -205,7 +205,7 @@ def _train(rank: int, world: int, args: argparse.Namespace, t_start: float) -> N
                           lr_policy="inv", gamma=args.lr_gamma, power=0.75)
     net_def = zoo.char_lstm(corpus.vocab_size, seq_len=args.seq_len, hidden=args.hidden,
                             num_layers=args.num_layers, batch_size=args.batch_size, embed_dim=args.embed_dim)
-    seed = replica_seed(init_layout(model_parallel=1), args.seed)
+    seed = worker_seed(args.seed, rank)
     torch.manual_seed(seed)
     # The same initial weights on every worker, but each worker its own data order.
     net = Net(net_def.build(seed=args.seed), solver, batch_size=args.batch_size, seed=seed)

@@ -149,7 +149,7 @@ class CollectiveExchange(Exchange):
         self._bufs: list[torch.Tensor | None] = [None, None]  # an overlapped round fills one while the other travels
         # a whole replica on a worker's G ranks: their buffers are the same, so each column carries one G-th of it
         # between the workers and the worker's ranks gather the pieces (a sharded replica's columns carry their parts)
-        self._pieces = ranks.size if ranks is not None and not ranks.sharded else 1
+        self._pieces = ranks.size if ranks is not None and ranks.whole else 1
         self._piece = dist.get_rank(ranks.group) if self._pieces > 1 else 0
         self.eval_link_s = 0.0  # the link wait of this round's evaluation
         self._last_sync_s = -1.0  # this rank's sync time of the previous round (none yet in a new stage)
@@ -209,7 +209,7 @@ class CollectiveExchange(Exchange):
             row[4], row[6] = 1.0, self._last_sync_s
             compute_s = 0.0
         sent["gradient"] = grad_bytes0, grad_link0
-        if self.step.ranks is not None and not self.step.ranks.sharded:
+        if self.step.ranks is not None and self.step.ranks.whole:
             sent["inner_bytes"] = self.step.ranks.bytes_sent - inner0
         if streaming is None or not streaming.overlap:
             self._arrived = part

@@ -7,6 +7,7 @@ the docstring under each field is its ``--help`` text.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 from dataclasses import asdict, dataclass, field
@@ -482,24 +483,13 @@ class DistributedConfig:
         elif self.strategy in (Strategy.SYNC, Strategy.ASYNC):
             refusal = (f"the {self.strategy.value} strategy does not know about split layers; use --strategy "
                        "average, diloco or easgd with --model-parallel")
-        elif self.tau is None or self.round_seconds is not None:
-            refusal = ("--model-parallel needs a fixed --tau and no --round-seconds: the workers of one model copy "
-                       "must make the same steps")
-        elif (self.compression is not CompressionKind.NONE or self.auto_tau or self.link() is not None
-              or self.overlap or self.fragments > 1):
-            refusal = ("--model-parallel does not support compression, automatic tau, overlapped or streamed "
-                       "exchanges or a simulated link; drop --compression, --auto-tau, --overlap, --fragments, "
-                       "--link-latency and --link-bandwidth")
-        elif self.warmup_steps:
-            refusal = "--model-parallel does not run a warm-up on the driver; drop --warmup-steps"
-        elif self.weight_ema is not None:
-            refusal = "--model-parallel returns the global weights, not a moving average of them; drop --weight-ema"
-        elif self.epochs is not None or self.target_loss is not None:
-            refusal = ("--model-parallel stops on --steps, --rounds or --target-accuracy; use those instead of "
-                       "--epochs and --target-loss")
-        elif self.checkpoint_dir is not None:
-            refusal = ("--model-parallel keeps each worker's part of the weights on its executor until the end; "
-                       "drop --checkpoint-dir")
+        elif self.tau is None or self.round_seconds is not None or self.auto_tau:
+            refusal = ("--model-parallel needs a fixed --tau and no --round-seconds or --auto-tau: the processes of "
+                       "one model copy make every step together")
+        elif self.compression is not CompressionKind.NONE:
+            refusal = ("--model-parallel does not compress the exchange: each process would quantize its part with "
+                       "scales of its own, and the layers every process of a copy holds whole would drift apart; drop "
+                       "--compression")
         if refusal is not None:
             raise ValueError(refusal)
 
@@ -532,8 +522,18 @@ class DistributedConfig:
 
     @property
     def ranks(self) -> int:
-        """The processes that train: workers x procs_per_worker (the barrier stage's tasks, the partitions)."""
+        """The processes that train: workers x procs_per_worker (the barrier stage's tasks, the partitions); with
+        --model-parallel, the workers themselves."""
         return self.workers * self.procs_per_worker
+
+    def as_workers(self) -> DistributedConfig:
+        """This fit as the barrier engine runs it, K workers of G processes: --model-parallel M's W workers are
+        processes, M of them one worker whose layers are split over them (W/M workers of M processes); any other
+        fit is itself."""
+        if self.model_parallel == 1:
+            return self
+        return dataclasses.replace(self, workers=self.workers // self.model_parallel,
+                                   procs_per_worker=self.model_parallel, model_parallel=1, parallel_plan=None)
 
     def plan(self) -> dict[str, str | None] | None:
         """--parallel-plan as layer name -> ``"column"``, ``"row"`` or ``None`` (``None``: not given)."""
@@ -573,7 +573,7 @@ class DistributedConfig:
         if self.strategy is Strategy.DILOCO:
             return {"outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum}
         if self.strategy is Strategy.EASGD:
-            return {"num_workers": self.workers, "beta": self.easgd_beta}
+            return {"num_workers": self.workers // self.model_parallel, "beta": self.easgd_beta}
         return {}
 
     @property

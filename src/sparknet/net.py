@@ -408,8 +408,10 @@ class Net:
         self.iteration = 0
         self._live = self._local_weights()
         self.sharded = False
-        """Whether :meth:`shard` cut the weights over several processes."""
+        """Whether :meth:`shard` or :meth:`split` cut the weights over several processes."""
         self._units: list = []  # the modules FSDP2 shards (shard)
+        # the whole model's gradient norm where torch's cannot take it (a split net's: tensor parallelism)
+        self._clip_norm = getattr(module, "clip_grad_norm_", None)
         self._gen = torch.Generator().manual_seed(seed if seed is not None else torch.initial_seed() % (2**31))
         self._train: tuple[torch.Tensor, torch.Tensor] | None = None
         self._stream: RowStream | None = None
@@ -540,6 +542,8 @@ class Net:
         module, opt, sched = self.module, self.optimizer, self.scheduler
         iter_size = self.solver.iter_size
         clip = self.solver.clip_gradients
+        # a split net's own norm sums its parts over its ranks (torch's refuses split and whole gradients together)
+        clip_norm = self._clip_norm or (lambda max_norm: torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm))
 
         def forward_backward(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
             """The minibatches' losses (read later: reading one waits for the device), their mean gradient in the
@@ -578,7 +582,7 @@ class Net:
                 if after_backward is not None:
                     after_backward(self)
                 if clip > 0:  # Caffe clips the iter_size minibatches' summed gradient, before dividing it
-                    torch.nn.utils.clip_grad_norm_(module.parameters(), clip / iter_size)
+                    clip_norm(clip / iter_size)
                 opt.step()
             sched.step()
             self.iteration += 1
@@ -731,40 +735,66 @@ class Net:
         for unit in units:
             fully_shard(unit, mesh=mesh)
         self._units = units
+        self._made_cut(device)
+
+    def split(self, mesh, plan=None, device: str | torch.device | None = None) -> None:
+        """Split this net's layers over ``mesh``'s ranks with tensor parallelism (a 1-D mesh: a worker of several
+        processes, ``--model-parallel``), in place: the layers ``plan`` names (else the layer DSL's ``parallel=``
+        fields; :func:`~sparknet.parallel.tensor.resolve_plan`) hold a part of their weights on each rank, every
+        other layer is whole on every rank, and the ranks run every step together on the same batch. The net must be
+        a layer-DSL net built on the meta device (``Net(net_params, device="meta")``); it is made on ``device`` after
+        it is cut, each rank allocating its parts only, which hold no values until :meth:`set_flat`.
+
+        Afterwards :meth:`get_flat` and :meth:`set_flat` read and write this rank's parts (its shards of the split
+        layers, the whole layers whole), the solver holds state for them only, gradient clipping takes the norm of
+        the whole model, and :meth:`full_weights` gathers the whole."""
+        from sparknet.parallel.tensor import split_meta
+
+        if self.device.type != "meta" or self.net_params is None:
+            raise ValueError("Net.split cuts a layer-DSL net built on the meta device: Net(net_params, "
+                             "device='meta')")
+        split = split_meta(self.module, mesh, plan)  # the net's own module, its layers split in place
+        self._clip_norm = split.clip_grad_norm_
+        self._made_cut(device)
+
+    def _made_cut(self, device) -> None:
+        """A net just cut over several processes (:meth:`shard`, :meth:`split`): made on ``device`` where it was
+        built on the meta device, and its solver and weights read again from its parts."""
         if self.device.type == "meta":
             self.device = resolve_device(device)
             self.module.to_empty(device=self.device)
             for buffer in self.module.buffers():
                 if not buffer.is_floating_point():  # counters (a batch norm's batches seen): not in get_flat
                     buffer.zero_()
-        self._solver_state = build_optimizer(self.module, self.solver)  # over the sharded weights
+        self._solver_state = build_optimizer(self.module, self.solver)  # over this rank's parts
         self.set_iteration(self.iteration)
         self._live = self._local_weights()
         self.sharded = True
 
-    def shard_layout(self) -> list[tuple[int, int, int, int]]:
-        """``(first row, end row, rows, values a row)`` of each weight's part on this rank, in :meth:`get_flat` order:
-        a sharded weight holds rows ``first:end`` of its first dimension (FSDP2 cuts it as ``torch.chunk`` does), a
-        whole one (a buffer, an unsharded net's weight) all of them. What joins the ranks' parts again
+    def shard_layout(self) -> list[tuple[int, ...]]:
+        """Each weight's part on this rank, in :meth:`get_flat` order, as :func:`~sparknet.weights.shard_layouts`
+        says it: a sharded weight holds rows ``first:end`` of its first dimension (FSDP2 cuts it as ``torch.chunk``
+        does), a split one a run of its cut dimension (a row layer's weight: its second), a whole one (a buffer, a
+        layer left whole, an unsharded net's weight) all of it. What joins the ranks' parts again
         (:func:`~sparknet.parallel.mesh.join_shards`)."""
         layout = []
         for t in (t for ts in self._model.layer_weights().values() for t in ts):
-            rows = t.shape[0] if t.dim() else 1
-            row = t.numel() // rows if rows else 0
-            mesh = getattr(t, "device_mesh", None)
-            if mesh is None:
-                layout.append((0, rows, rows, row))
+            mesh, cut = getattr(t, "device_mesh", None), next(iter(getattr(t, "placements", ())), None)
+            if mesh is None or not cut.is_shard():
+                rows = t.shape[0] if t.dim() else 1
+                layout.append((0, rows, rows, t.numel() // rows if rows else 0))
                 continue
-            chunk = -(-rows // mesh.size())
-            first = min(mesh.get_local_rank() * chunk, rows)
-            layout.append((first, first + local_view(t).shape[0], rows, row))
+            d, shape = cut.dim, tuple(t.shape)
+            rows, outer, row = shape[d], math.prod(shape[:d]), math.prod(shape[d + 1:])
+            first = min(mesh.get_local_rank() * -(-rows // mesh.size()), rows)
+            layout.append((first, first + local_view(t).shape[d], rows, row) + ((outer,) if outer != 1 else ()))
         return layout
 
     def shard_layouts(self, parts: int) -> list[list[tuple[int, int, int, int]]]:
         """The :meth:`shard_layout` each of ``parts`` ranks will have once this whole net is sharded over them: every
         parameter cut along its first dimension as ``torch.chunk`` cuts it (FSDP2's rule), a buffer whole on each.
         What the driver cuts a sharded replica's starting weights with, so that no rank gets them whole."""
-        return shard_layouts([(tuple(t.shape), isinstance(t, torch.nn.Parameter))
+        return shard_layouts([(tuple(t.shape), 0 if isinstance(t, torch.nn.Parameter) else None)
                               for ts in self._model.layer_weights().values() for t in ts], parts)
 
     def _local_weights(self) -> WeightCollection:

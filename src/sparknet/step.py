@@ -128,11 +128,12 @@ class WorkerStream:
 
 
 class WorkerRanks:
-    """The processes of one worker (``--procs-per-worker G``), which train as one process with G times the batch.
+    """The processes of one worker (``--procs-per-worker G``, ``--model-parallel G``), which train as one process.
 
-    Each rank draws its own minibatch from its own partition; every step their gradients are averaged over
-    ``group`` before the solver steps, so their weights and solver states stay identical. After the round's local
-    steps :meth:`pool` gives every rank the worker's counts: the samples of all G ranks and their mean loss.
+    A whole replica on each rank (the default): each rank draws its own minibatch from its own partition; every step
+    their gradients are averaged over ``group`` before the solver steps, so their weights and solver states stay
+    identical and the worker trains with G times the batch. After the round's local steps :meth:`pool` gives every
+    rank the worker's counts: the samples of all G ranks and their mean loss.
 
     Parameters
     ----------
@@ -141,22 +142,33 @@ class WorkerRanks:
     sharded : bool
         The worker's replica is sharded over them (:meth:`~sparknet.net.Net.shard`): FSDP2 averages the gradients
         as it reduce-scatters them, and only the counts are pooled here.
+    split : bool
+        The worker's layers are split over them (:meth:`~sparknet.net.Net.split`): its ranks run every step on the
+        same batch, the worker's rows shared among them, so the worker's counts are each rank's own.
     """
 
-    def __init__(self, group, *, sharded: bool = False):
+    def __init__(self, group, *, sharded: bool = False, split: bool = False):
         import torch.distributed as dist
 
-        self.group, self.size, self.sharded = group, dist.get_world_size(group), sharded
+        self.group, self.size, self.sharded, self.split = group, dist.get_world_size(group), sharded, split
         self.bytes_sent = 0
         """Bytes of gradients this rank allreduced inside its worker so far."""
+
+    @property
+    def whole(self) -> bool:
+        """Each rank holds the worker's replica whole (neither sharded nor split)."""
+        return not (self.sharded or self.split)
 
     def after_backward(self, net) -> None:
         self.bytes_sent += allreduce_gradients(net.module, self.group)[0]
 
     def pool(self, stats: TrainStats) -> TrainStats:
-        """The worker's round from this rank's: samples and loss over its G ranks, finite only if every rank's is."""
+        """The worker's round from this rank's: samples and loss over its G ranks, finite only if every rank's is (a
+        split worker's ranks all trained on the worker's batches: its counts are this rank's)."""
         import torch.distributed as dist
 
+        if self.split:
+            return stats
         sums = torch.tensor([stats.samples, stats.loss * stats.samples if stats.samples else 0.0,
                              0.0 if stats.finite else 1.0], dtype=torch.float64)
         dist.all_reduce(sums, group=self.group)
@@ -241,7 +253,7 @@ class WorkerStep:
         self.seed, self.after_train, self.train = seed, after_train, train
         self.hook = strategy.after_backward if gradient_hook and strategy.needs_gradient_hook else None
         self.ranks = ranks
-        if ranks is not None and not ranks.sharded:
+        if ranks is not None and ranks.whole:
             self.hook = ranks.after_backward
 
     def run(self, steps: int, global_flat: torch.Tensor, *, round: int = 0, seconds: float | None = None,

@@ -345,25 +345,38 @@ def _check_scalar(value) -> None:
         raise TypeError(f"a WeightCollection is scaled by a Python number, got {type(value).__name__}")
 
 
-def shard_layouts(weights, parts: int) -> list[list[tuple[int, int, int, int]]]:
-    """The ``(first row, end row, rows, values a row)`` layout of each of ``parts`` ranks' part of a flat buffer of
-    ``weights`` (``(shape, cut)`` pairs, in the flat buffer's order): a weight that is ``cut`` loses its first
-    dimension as ``torch.chunk`` cuts it (FSDP2's rule for a parameter: the last parts small or empty), one that is not
-    (a buffer, a scalar) is whole on every rank. :meth:`~sparknet.net.Net.shard_layout` is one rank's of them."""
+def shard_layouts(weights, parts: int) -> list[list[tuple[int, ...]]]:
+    """The layout of each of ``parts`` ranks' part of a flat buffer of ``weights`` (``(shape, dim)`` pairs, in the
+    flat buffer's order): a weight with a ``dim`` is cut along it as ``torch.chunk`` cuts it (FSDP2's rule for a
+    parameter, dimension 0: the last parts small or empty; tensor parallelism's, any dimension, in equal parts), one
+    whose ``dim`` is ``None`` (a buffer, a scalar, a layer left whole) is whole on every rank.
+
+    A rank's entry for a weight is ``(first, end, rows, row)``: it holds rows ``first:end`` of the weight seen as
+    ``[rows, row]``, or ``(first, end, rows, row, outer)`` where the cut dimension is not the first: the weight seen
+    as ``[outer, rows, row]``, the rank holding ``[:, first:end, :]``. :meth:`~sparknet.net.Net.shard_layout` is one
+    rank's of them."""
     layouts = []
     for j in range(parts):
         layout = []
-        for shape, cut in weights:
-            rows = shape[0] if len(shape) else 1
-            row = math.prod(shape) // rows if rows else 0
-            if cut and len(shape):
-                chunk = -(-rows // parts)
-                first = min(j * chunk, rows)
-                layout.append((first, min(first + chunk, rows), rows, row))
-            else:
-                layout.append((0, rows, rows, row))
+        for shape, dim in weights:
+            if dim is None or not len(shape):
+                rows = shape[0] if len(shape) else 1
+                layout.append((0, rows, rows, math.prod(shape) // rows if rows else 0))
+                continue
+            rows, outer = shape[dim], math.prod(shape[:dim])
+            row = math.prod(shape[dim + 1:])
+            chunk = -(-rows // parts)
+            first = min(j * chunk, rows)
+            layout.append((first, min(first + chunk, rows), rows, row) + ((outer,) if outer != 1 else ()))
         layouts.append(layout)
     return layouts
+
+
+def layout_entry(entry) -> tuple[int, int, int, int, int]:
+    """``(first, end, rows, row, outer)`` of one weight's entry in a :func:`shard_layouts` layout (``outer`` 1 where
+    the entry leaves it out)."""
+    first, end, rows, row, *outer = entry
+    return first, end, rows, row, outer[0] if outer else 1
 
 
 def shard_slice(part: slice, layout) -> slice:
@@ -375,6 +388,10 @@ def shard_slice(part: slice, layout) -> slice:
     One slice, because the part keeps the weights' order and holds a contiguous run of rows of each: the run's values
     before ``part`` all come before those in it. A streamed exchange's fragment of a sharded replica (every rank of a
     column exchanges its values of the same fragment of the whole weights)."""
+    if any(len(entry) > 4 for entry in layout):
+        raise ValueError("a layout that cuts a weight along another dimension than its first holds no contiguous "
+                         "run of the whole buffer's values")
+
     def held_before(index: int) -> int:
         held = offset = 0
         for first, end, rows, row in layout:

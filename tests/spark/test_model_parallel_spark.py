@@ -47,14 +47,15 @@ def tiny_net(batch_size: int = 8) -> NetParams:
 
 
 def _reference_rank(rank, out, x, y, solver, seed, tau, rounds):
-    """By hand, without the runner or dp_round: one replica split in two, trained tau x rounds steps."""
+    """By hand, without the engine or its round loop: one replica, built whole as the driver builds it and split in
+    two (rank 0's weights scattered), trained tau x rounds steps."""
     from sparknet.net import Net
-    from sparknet.parallel import build_parallel, gather_full_weights, init_layout, replica_seed
+    from sparknet.parallel import gather_full_weights, init_layout, parallelize
+    from sparknet.step import worker_seed
 
     layout = init_layout(2)
-    module = build_parallel(tiny_net(), layout, {"ip1": "column", "ip2": "row"}, seed=seed)
-    torch.manual_seed(replica_seed(layout, seed))
-    net = Net(module, solver, batch_size=8, seed=replica_seed(layout, seed))
+    module = parallelize(tiny_net().build(seed=seed), layout, {"ip1": "column", "ip2": "row"})
+    net = Net(module, solver, batch_size=8, seed=worker_seed(seed, 0))  # the replica's data order: its worker's
     net.set_training_data((x, y))
     for _ in range(rounds):
         net.train(tau)
@@ -106,7 +107,7 @@ def test_two_replicas_of_two_shards_train_and_each_worker_holds_about_half(spark
     dist = DistributedConfig(workers=4, engine="barrier", model_parallel=2, tau=5, rounds=4, max_weight_bytes=200_000)
     result = SparkTrainer(wide, worker, dist, spark=spark).fit(rdd, validation=(x, y))
     s = result.summary
-    assert s["data_parallel"] == 2 and [w["dp_rank"] for w in s["barrier_workers"]] == [0, 0, 1, 1]
+    assert s["data_parallel"] == 2 and [w["worker"] for w in s["barrier_workers"]] == [0, 0, 1, 1]
     whole = s["whole_weight_bytes"]
     assert whole > 200_000
     assert all(0.45 * whole < b < 0.55 * whole and b <= 200_000 for b in s["weight_bytes_per_worker"])
@@ -116,27 +117,114 @@ def test_two_replicas_of_two_shards_train_and_each_worker_holds_about_half(spark
     assert s["test_accuracy"] == pytest.approx(last["val_accuracy"], abs=1e-6)  # the driver scores the same weights
 
 
-def test_a_failed_split_stage_starts_again_and_ends_as_an_undisturbed_fit(spark):
+def test_a_failed_split_stage_starts_again_from_its_last_state_and_ends_as_an_undisturbed_fit(spark, tmp_path):
     from sparknet.errors import WorkerError
     from sparknet.spark import EngineOptions
 
     x, y = blobs(64, seed=4)
     rdd = partitioned_rdd(spark.sparkContext, [(x[:32], y[:32]), (x[32:], y[32:])])
     worker = WorkerConfig(solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=8, seed=2)
-    dist = DistributedConfig(workers=2, engine="barrier", model_parallel=2, tau=2, rounds=3)
 
-    def fit(**options):
+    def fit(name, **options):  # every round's state and every rank's solver state reach the driver
+        dist = DistributedConfig(workers=2, engine="barrier", model_parallel=2, tau=2, rounds=3,
+                                 checkpoint_dir=str(tmp_path / name), checkpoint_every=1)
         return SparkTrainer(tiny_net(), worker, dist, spark=spark, options=EngineOptions(**options)).fit(
             rdd, validation=(x, y))
 
-    clean = fit()
-    hurt = fit(fault="rank=1,round=2,kind=raise")  # rank 1 fails after round 2's steps, on the first attempt
-    assert hurt.summary["restarts"] == 1 and hurt.summary["restart_log"][0]["after_round"] == 0
-    assert [h["round"] for h in hurt.history] == [1, 2, 3] and all(h.get("restarts") == 1 for h in hurt.history)
-    assert torch.equal(hurt.weights.to_flat(), clean.weights.to_flat())  # the restart trained from the start
+    clean = fit("clean")
+    hurt = fit("hurt", fault="rank=1,round=2,kind=raise")  # rank 1 fails after round 2's steps, on the first attempt
+    assert hurt.summary["restarts"] == 1 and hurt.summary["restart_log"][0]["after_round"] == 1
+    assert [h["round"] for h in hurt.history] == [1, 2, 3] and [h.get("restarts") for h in hurt.history] == [None, 1, 1]
+    # the restart began at round 2 from round 1's global weights and every rank's own part of the momentum
+    assert torch.equal(hurt.weights.to_flat(), clean.weights.to_flat())
     with pytest.raises(WorkerError) as info:
-        fit(fault="rank=1,round=2,kind=raise", max_restarts=0)
+        fit("failed", fault="rank=1,round=2,kind=raise", max_restarts=0)
     assert info.value.rank == 1 and "injected fault" in str(info.value)
+
+
+# -- a split worker's exchange: whatever the strategy or the stream, as the whole replica's -------------------------
+
+def _quarters(n: int = 32, seed: int = 1):
+    x, y = blobs(n, seed=seed)
+    q = n // 4
+    return [(x[i * q:(i + 1) * q], y[i * q:(i + 1) * q]) for i in range(4)]
+
+
+def _dsl_mlp():
+    from sparknet import zoo
+
+    return zoo.mlp(input_shape=[2], hidden=[8], num_classes=3)  # ip1 (2 -> 8) column, ip2 (8 -> 3) row
+
+
+def _replica_fit(spark, split: bool, rounds: int = 5, strategy: str = "diloco", parts=None, **options):
+    """K = 2 workers of 2 processes (tau 3) on four partitions of 8 rows: the layers split over a worker's
+    processes, both on the worker's 16 rows a step (batch 16), or the replica whole on each, each on its own
+    partition (batch 8) and their gradients averaged: the same mean gradient every step."""
+    shape = dict(workers=4, model_parallel=2) if split else dict(workers=2, procs_per_worker=2)
+    config = DistributedConfig(engine="barrier", strategy=strategy, tau=3, rounds=rounds, **shape, **options)
+    worker = WorkerConfig(solver=SolverConfig(base_lr=0.1, momentum=0.9), batch_size=16 if split else 8, seed=5)
+    return SparkTrainer(_dsl_mlp(), worker, dist=config, spark=spark).fit(
+        partitioned_rdd(spark.sparkContext, parts or _quarters()))
+
+
+@pytest.mark.parametrize("options", [{"strategy": "average"}, {}, {"strategy": "easgd"}, {"overlap": True},
+                                     {"weight_ema": 0.5}])
+def test_a_split_worker_exchanges_as_the_whole_replica_does(spark, options):
+    # each process exchanges its part of the layers with the process of the other worker that holds the same part:
+    # averaging, DiLoCo's outer step, EASGD's elastic pull (each process keeps its own part between rounds), an
+    # exchange a round late, the moving average kept part by part and joined on the driver
+    split, whole = (_replica_fit(spark, flag, **options) for flag in (True, False))
+    ws, ww = (r.weights.to_flat(torch.float32) for r in (split, whole))
+    assert torch.allclose(ws, ww, atol=1e-5, rtol=1e-4), float((ws - ww).abs().max())
+    from sparknet.net import Net
+
+    assert not torch.allclose(ws, Net(_dsl_mlp()).get_flat(), atol=1e-3)
+    s = split.summary
+    assert (s["workers"], s["procs_per_worker"], s["data_parallel"], s["model_parallel"]) == (2, 2, 2, 2)
+    assert [(w["worker"], w["proc"]) for w in s["barrier_workers"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert [h["workers"] for h in split.history] == [2] * 5
+    # ip1's weight and bias and ip2's weight halve; ip2's bias is whole on both
+    assert s["weight_bytes_per_worker"] == [4 * (8 + 4 + 12 + 3)] * 4
+
+
+@pytest.mark.parametrize("options", [{"fragments": 2}, {"overlap": True, "fragments": 3}])
+def test_a_split_worker_streams_its_own_part_a_fragment_at_a_time(spark, options):
+    # every process of a worker holds its parts in the same shapes, so the fragments of its flat weights fall on the
+    # same layers in every column: the whole layers both processes hold move in the same round on both
+    split = _replica_fit(spark, True, **options)
+    F = options["fragments"]
+    records = [h for h in split.history if h.get("event") == "round"]
+    late = [None] if options.get("overlap") else []
+    assert [h.get("fragment") for h in records] == (late + [i % F for i in range(4)])[:4] + [None]
+    whole_round = _replica_fit(spark, True, rounds=1).history[0]["bytes"]
+    assert all(h["bytes"] < whole_round for h in records[:4] if h.get("fragment") is not None)
+    losses = [h["loss"] for h in records if h["loss"] == h["loss"]]  # overlapped, the first round's sums come late
+    assert len(losses) >= 4 and losses[-1] < losses[0]
+
+
+def test_a_split_fit_warms_up_on_the_driver_and_stops_on_an_epoch_budget(spark):
+    result = _replica_fit(spark, True, rounds=None, strategy="average", warmup_steps=4, epochs=3.0)
+    s = result.summary
+    assert s["warmup"]["steps"] == 4 and result.history[-1]["stop_reason"] == "epochs"
+    # a step of a split worker is one batch of its 16 rows: three passes over the 32 rows take 3 steps a worker
+    assert s["samples"] >= 3 * 32 and s["total_steps"] == 3 * len(result.history)
+
+
+def test_a_resumed_split_fit_repeats_the_uninterrupted_one_bitwise(spark, tmp_path):
+    import shutil
+
+    from sparknet.checkpoint import CheckpointManager
+
+    ckpt = tmp_path / "ckpt"
+    whole = _replica_fit(spark, True, fragments=2, checkpoint_dir=str(ckpt), checkpoint_every=1, checkpoint_keep=5)
+    saved = CheckpointManager(str(ckpt)).load(2)  # the whole weights, the parts joined: one process loads them
+    assert saved.weights.to_flat().numel() == 51
+    for r in (3, 4, 5):  # as if the run had stopped after round 2
+        shutil.rmtree(ckpt / f"ckpt-{r:08d}")
+    resumed = _replica_fit(spark, True, fragments=2, checkpoint_dir=str(ckpt), checkpoint_every=2, resume=True)
+    assert resumed.summary["resumed_from"] == 2 and [h["round"] for h in resumed.history] == [3, 4, 5]
+    # DiLoCo's outer momentum, each process's part of its own momentum and of its streamed weights survived the stop
+    assert torch.equal(resumed.weights.to_flat(torch.float32), whole.weights.to_flat(torch.float32))
 
 
 @pytest.fixture(autouse=True)
@@ -185,10 +273,10 @@ def test_sparknet_train_model_parallel_end_to_end(spark, tmp_path):
     (["--workers", "2", "--model-parallel", "2", "--parallel-plan", "ip1=sideways"], "LAYER=column"),
     (["--workers", "2", "--model-parallel", "2", "--parallel-plan", "conv9=column"], "conv9"),
     (["--workers", "2", "--model-parallel", "2", "--max-weight-bytes", "1e4"], "over the budget"),
-    (["--workers", "2", "--model-parallel", "2", "--link-latency", "50ms"], "drop --compression, --auto-tau"),
+    (["--workers", "2", "--model-parallel", "2", "--compression", "int8"], "drop --compression"),
+    (["--workers", "2", "--model-parallel", "2", "--auto-tau"], "fixed --tau"),
     (["--workers", "2", "--max-weight-bytes", "4e5"], "with --model-parallel 2 each rank would hold"),
     (["--workers", "2", "--parallel-plan", "ip1=column"], "--parallel-plan needs --model-parallel M with M > 1"),
-    (["--workers", "2", "--model-parallel", "2", "--checkpoint-dir", "ckpt"], "drop --checkpoint-dir"),
     (["--workers", "2", "--model-parallel", "2", "--device", "auto"], "use device cpu"),
 ])
 def test_what_cannot_run_is_refused_clearly(spark, tmp_path, caplog, extra, message):

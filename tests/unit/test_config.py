@@ -154,10 +154,9 @@ def test_on_spark_even_one_worker_needs_the_barrier_engine_for_a_per_step_strate
     ({"model_parallel": 2, "workers": 3, "engine": "barrier"}, "do not divide into model-parallel groups of 2"),
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "strategy": "sync"}, "does not know about split layers"),
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "round_seconds": 3.0}, "fixed --tau"),
-    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "overlap": True}, "drop --compression"),
-    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "warmup_steps": 5}, "drop --warmup-steps"),
-    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "epochs": 1.0}, "instead of --epochs"),
-    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "checkpoint_dir": "c"}, "drop --checkpoint-dir"),
+    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "auto_tau": True}, "fixed --tau"),
+    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "compression": "int8"}, "drop --compression"),
+    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "procs_per_worker": 2}, "choose one"),
     ({"parallel_plan": "ip1=column"}, "needs --model-parallel M with M > 1"),
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "parallel_plan": "ip1=sideways"}, "LAYER=column"),
     ({"max_weight_bytes": 0}, "must be positive"),
@@ -165,6 +164,17 @@ def test_on_spark_even_one_worker_needs_the_barrier_engine_for_a_per_step_strate
 def test_what_a_split_net_cannot_do_is_refused_by_the_config(settings, words):
     with pytest.raises(ValueError, match=words):
         DistributedConfig(**settings)
+
+
+@pytest.mark.parametrize("settings", [{"overlap": True, "fragments": 2}, {"warmup_steps": 5}, {"epochs": 1.0},
+                                      {"checkpoint_dir": "c", "resume": True}, {"weight_ema": 0.9},
+                                      {"strategy": "easgd"}, {"link_latency": "50ms"}])
+def test_a_split_net_runs_as_workers_of_several_processes_whatever_their_exchange(settings):
+    # --model-parallel M: W processes are W/M workers of M processes, which take every exchange they take
+    dist = DistributedConfig(model_parallel=2, workers=4, engine="barrier", tau=5, **settings)
+    engine = dist.as_workers()
+    assert (engine.workers, engine.procs_per_worker, engine.model_parallel, engine.ranks) == (2, 2, 1, 4)
+    assert dist.strategy_options().get("num_workers", 2) == 2 and DistributedConfig(workers=4).as_workers().workers == 4
 
 
 def test_the_parallel_plan_is_read_once_into_modes():

@@ -11,9 +11,9 @@ from sparknet.parallel.mesh import cut_shard, join_shards
 from sparknet.weights import shard_layouts, shard_slice
 
 
-def _layouts(shapes: list[tuple[int, ...]], sharded: list[bool], parts: int) -> list[list[tuple[int, int, int, int]]]:
-    """Each rank's layout, as Net.shard_layout gives it."""
-    return shard_layouts(list(zip(shapes, sharded)), parts)
+def _layouts(shapes: list[tuple[int, ...]], sharded: list[bool], parts: int) -> list[list[tuple[int, ...]]]:
+    """Each rank's layout, as Net.shard_layout gives it (FSDP2's: the first dimension of each sharded weight)."""
+    return shard_layouts([(shape, 0 if cut else None) for shape, cut in zip(shapes, sharded)], parts)
 
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 4])
@@ -41,7 +41,7 @@ def test_parts_that_leave_rows_out_are_refused():
 def test_a_layout_cuts_rows_as_torch_chunk_does():
     for rows, parts in [(7, 2), (7, 3), (3, 4), (1, 2), (8, 4)]:
         chunks = torch.arange(rows).chunk(parts)
-        got = [layout[0][:2] for layout in shard_layouts([((rows, 5), True)], parts)]
+        got = [layout[0][:2] for layout in shard_layouts([((rows, 5), 0)], parts)]
         held = [(int(c[0]), int(c[-1]) + 1) for c in chunks]
         assert got[:len(held)] == held and all(first == end == rows for first, end in got[len(held):])
 
@@ -60,3 +60,25 @@ def test_a_fragment_of_the_whole_is_one_slice_of_each_part(parts):
                 held = mine[shard_slice(slice(start, stop), layout)]
                 assert torch.equal(held, mine[(mine >= start) & (mine < stop)]), (start, stop)
         assert shard_slice(slice(0, whole.numel()), layout) == slice(0, mine.numel())
+
+
+@pytest.mark.parametrize("parts", [1, 2, 4])
+def test_parts_cut_along_any_dimension_join_into_the_buffer_again(parts):
+    # tensor parallelism's cuts: a column-split weight and bias (dimension 0), a row-split weight (dimension 1, its
+    # bias whole), a convolution's output channels, a weight cut along its last of three dimensions
+    weights = [((8, 3), 0), ((8,), 0), ((5, 8), 1), ((5,), None), ((4, 2, 3, 3), 0), ((2, 3, 4), 2)]
+    whole = torch.arange(sum(torch.Size(s).numel() for s, _ in weights), dtype=torch.float32)
+    layouts = shard_layouts(weights, parts)
+    pieces = [cut_shard(whole, layout) for layout in layouts]
+    offset = 0
+    for i, (shape, dim) in enumerate(weights):  # each rank's values are torch.chunk's of the weight
+        tensor = whole[offset:offset + torch.Size(shape).numel()].view(shape)
+        offset += tensor.numel()
+        for j, piece in enumerate(pieces):
+            held = sum(torch.Size(s).numel() if d is None else torch.Size(s).numel() // parts for s, d in weights[:i])
+            want = tensor if dim is None else tensor.chunk(parts, dim)[j]
+            assert torch.equal(piece[held:held + want.numel()], want.reshape(-1)), (i, j)
+    assert torch.equal(join_shards(pieces, layouts), whole)
+    if parts > 1:
+        with pytest.raises(ValueError, match="no contiguous run"):
+            shard_slice(slice(0, 4), layouts[0])

@@ -3,20 +3,19 @@
 :func:`parallelize` splits the layers of a :class:`~sparknet.layers.GraphModule` across a
 model-parallel group with PyTorch's tensor parallelism (DTensor over a gloo ``DeviceMesh``);
 :func:`init_layout` makes the data- and model-parallel groups from an initialized default
-process group; :func:`run_rank` is one rank's whole run (what each task of the barrier engine's stage runs
-for a split net, ``DistributedConfig.model_parallel``): the round loop of :mod:`sparknet.loop`
-with the data-parallel group's allreduce (:mod:`sparknet.collective`) as its exchange, each
-rank on its own shard. See ``docs/MODEL_PARALLEL.md``.
+process group. The barrier engine trains a split net as workers of several processes
+(``DistributedConfig.model_parallel``, :meth:`~sparknet.net.Net.split`): each worker's ranks hold its layers'
+parts, and the round's exchange runs between the ranks of every worker that hold the same part. See
+``docs/MODEL_PARALLEL.md``.
 """
 
 from sparknet.parallel.mesh import (
     ParallelLayout,
     init_layout,
     layout_coords,
-    replica_seed,
     share_data_over_mp,
 )
-from sparknet.parallel.runner import ModelParallelJob, default_plan, effective_plan, run_rank, split_budget
+from sparknet.parallel.runner import default_plan, effective_plan, split_budget
 from sparknet.parallel.tensor import (
     ConvColwiseParallel,
     ParallelPlan,
@@ -28,12 +27,14 @@ from sparknet.parallel.tensor import (
     local_weight_bytes,
     parallelize,
     resolve_plan,
+    split_layouts,
+    split_meta,
     weight_bytes_per_rank,
 )
 
 __all__ = [
-    "ParallelLayout", "init_layout", "layout_coords", "replica_seed", "share_data_over_mp",
+    "ParallelLayout", "init_layout", "layout_coords", "share_data_over_mp",
     "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "ConvColwiseParallel", "parallelize", "build_parallel",
     "resolve_plan", "local_weight_bytes", "weight_bytes_per_rank", "check_weight_budget", "gather_full_weights",
-    "ModelParallelJob", "run_rank", "default_plan", "effective_plan", "split_budget",
+    "default_plan", "effective_plan", "split_budget", "split_meta", "split_layouts",
 ]

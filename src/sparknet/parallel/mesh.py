@@ -11,16 +11,18 @@ Everything here needs only an initialized default process group (gloo); the subg
 from __future__ import annotations
 
 import logging
+import math
 import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from sparknet.step import worker_seed
+from sparknet.weights import layout_entry
 
 __all__ = [
-    "ParallelLayout", "layout_coords", "init_layout", "share_data_over_mp", "replica_seed", "join_shards", "cut_shard",
+    "ParallelLayout", "layout_coords", "init_layout", "share_data_over_mp", "join_shards", "cut_shard",
     "cut_state", "leave_process_group",
 ]
 
@@ -120,38 +122,31 @@ def init_layout(model_parallel: int, *, device_type: str = "cpu") -> ParallelLay
     return layout
 
 
-def replica_seed(layout: ParallelLayout, seed: int) -> int:
-    """A seed equal across a model-parallel group and different between replicas.
-
-    The ranks of one replica must draw the same batches (and the same dropout masks on
-    whole activations): seed their :class:`~sparknet.net.Net` and ``torch.manual_seed``
-    with this.
-    """
-    return worker_seed(seed, layout.dp_rank)
-
-
 def join_shards(parts, layouts):
     """One whole flat buffer from the ranks' parts of it (what each rank's :meth:`~sparknet.net.Net.get_flat` of a
-    sharded net gives, or any buffer laid out the same way), in rank order.
+    sharded or split net gives, or any buffer laid out the same way), in rank order.
 
-    ``layouts[j]``: rank j's :meth:`~sparknet.net.Net.shard_layout`. A weight's rows come from the ranks in order,
-    each adding the rows the ones before it did not hold: a sharded weight's disjoint parts, a whole one (a buffer)
+    ``layouts[j]``: rank j's :meth:`~sparknet.net.Net.shard_layout` (:func:`~sparknet.weights.shard_layouts`). A
+    weight's rows (along the dimension it is cut on) come from the ranks in order, each adding the rows the ones
+    before it did not hold: a sharded or split weight's disjoint parts, a whole one (a buffer, a layer left whole)
     from the first rank.
     """
     import torch
 
     pieces, offsets = [], [0] * len(parts)
     for i in range(len(layouts[0])):
-        covered = 0
+        *_, rows, row, outer = layout_entry(layouts[0][i])
+        covered, blocks = 0, []
         for j, (part, layout) in enumerate(zip(parts, layouts)):
-            first, end, rows, row = layout[i]
+            first, end, *_ = layout_entry(layout[i])
+            held = part[offsets[j]:offsets[j] + outer * (end - first) * row].view(outer, end - first, row)
             if end > covered:
-                start = offsets[j] + (max(first, covered) - first) * row
-                pieces.append(part[start:offsets[j] + (end - first) * row])
+                blocks.append(held[:, max(first, covered) - first:])
                 covered = end
-            offsets[j] += (end - first) * row
-        if covered != layouts[0][i][2]:
-            raise ValueError(f"the parts of weight {i} cover {covered} of its {layouts[0][i][2]} rows")
+            offsets[j] += held.numel()
+        if covered != rows:
+            raise ValueError(f"the parts of weight {i} cover {covered} of its {rows} rows")
+        pieces.append((blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)).reshape(-1))
     return torch.cat(pieces) if pieces else torch.zeros(0)
 
 
@@ -171,9 +166,13 @@ def cut_shard(whole, layout):
     import torch
 
     pieces, offset = [], 0
-    for first, end, rows, row in layout:
-        pieces.append(whole[offset + first * row:offset + end * row])
-        offset += rows * row
+    for entry in layout:
+        first, end, rows, row, outer = layout_entry(entry)
+        if outer == 1:
+            pieces.append(whole[offset + first * row:offset + end * row])
+        else:
+            pieces.append(whole[offset:offset + outer * rows * row].view(outer, rows, row)[:, first:end].reshape(-1))
+        offset += outer * rows * row
     if offset != whole.numel():
         raise ValueError(f"a buffer of {whole.numel()} values does not match the layout's {offset}")
     return torch.cat(pieces) if pieces else whole[:0]
@@ -182,19 +181,44 @@ def cut_shard(whole, layout):
 # --------------------------------------------------------------------------- data
 
 
+_ROW_DTYPES = ("float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
+"""The dtypes of rows a worker's ranks share (:func:`share_data_over_mp`), by their index in a header."""
+_MAX_DIMS = 8
+
+
 def _gather_rows(array: np.ndarray | None, group, group_size: int) -> np.ndarray | None:
-    """Concatenate every rank's rows (in group-rank order) on every rank of ``group``."""
+    """Concatenate every rank's rows (in group-rank order) on every rank of ``group``: a header of each rank's shape
+    and dtype, then its bytes, both all-gathered as tensors (nothing is unpickled)."""
+    import torch
     import torch.distributed as dist
 
-    arrays: list[Any] = [None] * group_size
-    dist.all_gather_object(arrays, array, group=group)
-    arrays = [np.asarray(a) for a in arrays if a is not None]
-    if not arrays:
-        return None
-    if len({(a.shape[1:], a.dtype) for a in arrays}) > 1:
-        raise ValueError("partitions of one model-parallel group differ in row shape or dtype: "
-                         f"{[(a.shape, str(a.dtype)) for a in arrays]}")
-    return np.concatenate(arrays)
+    head = torch.zeros(3 + _MAX_DIMS, dtype=torch.int64)  # present, dtype, dimensions, shape
+    if array is not None:
+        array = np.ascontiguousarray(array)
+        if array.dtype.name not in _ROW_DTYPES or array.ndim > _MAX_DIMS:
+            raise ValueError(f"rows of dtype {array.dtype} and {array.ndim} dimensions cannot be shared among a "
+                             f"worker's ranks (dtypes {', '.join(_ROW_DTYPES)}, at most {_MAX_DIMS} dimensions)")
+        head[:3] = torch.tensor([1, _ROW_DTYPES.index(array.dtype.name), array.ndim])
+        head[3:3 + array.ndim] = torch.tensor(array.shape)
+    heads = [torch.empty_like(head) for _ in range(group_size)]
+    dist.all_gather(heads, head, group=group)
+    held = [(np.dtype(_ROW_DTYPES[int(h[1])]), tuple(int(d) for d in h[3:3 + int(h[2])])) if h[0] else None
+            for h in heads]
+    kinds = [k for k in held if k is not None]
+    if len({(shape[1:], dtype) for dtype, shape in kinds}) > 1:
+        raise ValueError("partitions of one worker differ in row shape or dtype: "
+                         f"{[(shape, str(dtype)) for dtype, shape in kinds]}")
+    sizes = [0 if k is None else math.prod(k[1]) * k[0].itemsize for k in held]
+    buf = torch.zeros(max(sizes), dtype=torch.uint8)
+    if array is not None and array.nbytes:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a read-only memory map: only read here
+            buf[:array.nbytes] = torch.from_numpy(array.reshape(-1).view(np.uint8))
+    bufs = [torch.empty_like(buf) for _ in range(group_size)]
+    dist.all_gather(bufs, buf, group=group)
+    arrays = [np.frombuffer(b[:n].numpy().tobytes(), dtype=k[0]).reshape(k[1])
+              for b, n, k in zip(bufs, sizes, held) if k is not None]
+    return np.concatenate(arrays) if arrays else None
 
 
 def share_data_over_mp(x: np.ndarray | None, y: np.ndarray | None,

@@ -45,12 +45,12 @@ from sparknet.layers import (
     ParallelMode,
     PoolLayer,
 )
-from sparknet.weights import WeightCollection, local_view, whole_weights
+from sparknet.weights import WeightCollection, local_view, shard_layouts, whole_weights
 
 __all__ = [
     "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "parallelize", "build_parallel", "resolve_plan",
     "local_weight_bytes", "weight_bytes_per_rank", "check_weight_budget", "gather_full_weights",
-    "ConvColwiseParallel",
+    "ConvColwiseParallel", "split_meta", "split_layouts",
 ]
 
 log = logging.getLogger(__name__)
@@ -455,6 +455,41 @@ def parallelize(graph_module: GraphModule, mesh_or_groups: Any, plan: PlanLike |
     return TensorParallelModule(graph_module, resolved, mesh)
 
 
+def split_meta(graph_module: GraphModule, mesh_or_groups: Any, plan: PlanLike | None = None) -> TensorParallelModule:
+    """Split a ``graph_module`` built on the ``meta`` device (shapes, no values) over a model-parallel group, in place:
+    each rank's parameters become DTensors whose local shards hold nothing yet (give them memory with ``to_empty``
+    and values with :meth:`~sparknet.net.Net.set_flat`); nothing is scattered, so no rank ever holds a whole split
+    layer. What :func:`build_parallel` and :meth:`~sparknet.net.Net.split` start from."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = _mp_mesh(mesh_or_groups)
+    resolved = resolve_plan(graph_module, mesh.size(), plan)
+    for name in resolved.modes:
+        parallelize_module(graph_module.layer_module(name), mesh, _style_for(graph_module, resolved, name),
+                           src_data_rank=None)
+    return TensorParallelModule(graph_module, resolved, mesh)
+
+
+def split_layouts(graph_module: GraphModule, model_parallel: int, plan: PlanLike | None = None) -> list[list[tuple]]:
+    """The :meth:`~sparknet.net.Net.shard_layout` each of ``model_parallel`` ranks will have once ``graph_module``
+    (whole, or on the meta device) is split by ``plan`` (:func:`resolve_plan`): a column layer's weight and bias cut
+    along their first dimension, a row layer's weight along its second (its bias whole), every other tensor whole.
+    What the driver cuts a split net's starting weights with, so that no rank gets them whole."""
+    modes = resolve_plan(graph_module, model_parallel, plan).modes
+    weights = []
+    for name, tensors in graph_module.layer_weights().items():
+        mode = modes.get(name)
+        owned = {} if mode is None else {id(t): p.rsplit(".", 1)[-1]
+                                         for p, t in graph_module.layer_module(name).named_parameters()}
+        for t in tensors:
+            what = owned.get(id(t))
+            dim = None
+            if what == "weight" or (what == "bias" and mode is ParallelMode.COLUMN):
+                dim = 0 if mode is ParallelMode.COLUMN else 1
+            weights.append((tuple(t.shape), dim))
+    return shard_layouts(weights, model_parallel)
+
+
 # --------------------------------------------------------------------------- memory
 
 
@@ -562,16 +597,12 @@ def build_parallel(net_params: NetParams, mesh_or_groups: Any, plan: PlanLike | 
         before anything is allocated.
     """
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import parallelize_module
 
     mesh = _mp_mesh(mesh_or_groups)
     m = mesh.size()
     check_weight_budget(net_params, max_weight_bytes, m, plan)
-    module = _meta_module(net_params, seed)
-    resolved = resolve_plan(module, m, plan)
-    for name in resolved.modes:
-        parallelize_module(module.layer_module(name), mesh, _style_for(module, resolved, name),
-                           src_data_rank=None)
+    parallel = split_meta(_meta_module(net_params, seed), mesh, plan)
+    module, resolved = parallel.module, parallel.plan
     mp_rank = mesh.get_local_rank()
     trace = net_params._trace()  # (layer, bottom shapes, top shapes): what GraphModule built each layer from
     for index, (layer, ins, _) in enumerate(trace):
@@ -601,17 +632,15 @@ def build_parallel(net_params: NetParams, mesh_or_groups: Any, plan: PlanLike | 
                     _init_local_(local_view(param), tuple(param.shape), weight_shape, filler, is_bias)
     log.info("built %s split %d ways: %s bytes of weights on this rank", net_params.name, m,
              f"{local_weight_bytes(module):,}")
-    return TensorParallelModule(module, resolved, mesh)
+    return parallel
 
 
 # --------------------------------------------------------------------------- whole weights
 
 
 def _inner(module: Any) -> nn.Module:
-    """The module of a :class:`~sparknet.net.Net`, or the module itself."""
-    from sparknet.net import Net
-
-    return module.module if isinstance(module, Net) else module
+    """The module of a :class:`~sparknet.net.Net` (which is not a module itself), or the module itself."""
+    return module if isinstance(module, nn.Module) else module.module
 
 
 def gather_full_weights(module: nn.Module) -> WeightCollection:

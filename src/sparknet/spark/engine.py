@@ -165,6 +165,9 @@ class EngineRun:
     checkpoints: RoundCheckpoints | None = None
     resume: ResumeState | None = None
     """The state a resumed fit starts from (its checkpoint's), or ``None``."""
+    split: dict | None = None
+    """The plan each worker's layers are split over its processes by (``--model-parallel``: layer name to ``column``
+    or ``row``), or ``None``."""
 
     def driver_address(self) -> tuple[bool, str]:
         """Whether every executor runs on this machine (a local master), and the host they reach the driver at."""

@@ -49,7 +49,7 @@ from sparknet.faults import faults_from
 from sparknet.loop import FitPlan, ResumeState, average_summary, check_streaming
 from sparknet.metrics import rounds_summary
 from sparknet.net import FeatureDict, Net
-from sparknet.parallel.runner import ModelParallelJob, split_budget
+from sparknet.parallel.runner import split_budget
 from sparknet.solvers import check_gradient_hook
 from sparknet.spark import data as spark_data
 from sparknet.spark.backend import check_barrier_slots, quietly, run_with_deadline
@@ -264,7 +264,7 @@ class SparkTrainer:
         sc = spark if connect else spark.sparkContext
         if self._workers_from_session:  # no DistributedConfig given: one worker per default task slot (or per G)
             self.dist.workers = max(1, session_parallelism(spark) // self.dist.procs_per_worker)
-        dist = self.dist
+        dist, m = self.dist.as_workers(), self.dist.model_parallel  # --model-parallel M: W/M workers of M processes
         K, ranks = dist.workers, dist.ranks  # workers, and the processes (partitions) they are made of
         rules = (dist.rounds, self.worker.steps, dist.epochs, dist.target_accuracy, dist.target_loss)
         if all(v is None for v in rules):
@@ -341,16 +341,16 @@ class SparkTrainer:
             else:
                 driver_net.set_flat(torch.as_tensor(initial_weights, dtype=torch.float32).reshape(-1))
         checkpoints, resume = self._open_checkpoints(driver_net)  # before any Spark job: a bad folder fails fast
-        m, split = dist.model_parallel, None
+        split = None
         if hasattr(self.net, "layers") and (m > 1 or dist.max_weight_bytes is not None):
             if m > 1 and sample_shape is None:
                 raise ValueError(f"the net {self.net.name!r} declares no input shape; model parallelism needs a "
                                  "NetParams whose first input layer has a shape")
-            plan, per_worker, whole = split_budget(self.net, dist)
+            plan, per_worker, whole = split_budget(self.net, self.dist)
             if m > 1:
                 split = {"plan": plan, "whole_weight_bytes": whole, "max_weight_bytes": dist.max_weight_bytes}
-                log.info("model parallelism: %d workers = %d copies x %d parts; plan %s; %s bytes of weights per "
-                         "worker (%s whole)", K, K // m, m, plan, f"{per_worker:,}", f"{whole:,}")
+                log.info("model parallelism: %d processes = %d copies x %d parts; plan %s; %s bytes of weights per "
+                         "process (%s whole)", ranks, K, m, plan, f"{per_worker:,}", f"{whole:,}")
 
         from pyspark import StorageLevel
 
@@ -420,9 +420,6 @@ class SparkTrainer:
             if split and (task is not Task.CLASSIFICATION or total["label_width"]):
                 raise ValueError("model parallelism takes one class id per row; a sequence model (char_lstm) trains "
                                  "split with examples/char_lstm.py (see docs/MODEL_PARALLEL.md)")
-            if empty := [d for d in range(K // m) if split and sum(self._rows[d * m:(d + 1) * m]) == 0]:
-                raise ValueError(f"model copies {empty} have no training rows (rows per partition: {self._rows}); "
-                                 "every group of model_parallel consecutive partitions needs data")
             val = self._data_job(sc, group, "sparknet: collect the validation data",
                                  lambda: self._validation(validation, sample_shape, num_classes, features_col,
                                                           label_col, image_shape, task),
@@ -448,14 +445,14 @@ class SparkTrainer:
                               stream_buffer_bytes=dist.stream_buffer_mb << 20,
                               faults=faults_from(self.options.fault), compression=dist.compression, link=self.link,
                               resume=None if resume is None else ResumeState(round=resume.round,
-                                                                             workers=resume.workers),
-                              model_parallel=None if split is None else self._split_job(split["plan"], sample_shape))
+                                                                             workers=resume.workers))
             plan = FitPlan.from_config(dist, self.strategy, steps=worker.steps, dataset_rows=int(total["rows"]),
                                        resume=resume)
             run = EngineRun(sc=sc, group=group, source=staged if staged is not None else chunks, chunks=chunks,
                             spec=spec, global_flat=global_flat, plan=plan, validation=val, driver_net=driver_net,
                             broadcasts=broadcasts, t_fit=t_fit, dist=dist, options=self.options,
-                            rows=tuple(self._rows), emit=self._emit, checkpoints=checkpoints, resume=resume)
+                            rows=tuple(self._rows), emit=self._emit, checkpoints=checkpoints, resume=resume,
+                            split=None if split is None else split["plan"])
             t_train = time.perf_counter()
             mark("launch")
             run_engine = run_connect_stage if connect else _ENGINES[dist.engine]
@@ -498,7 +495,7 @@ class SparkTrainer:
             summary.update(shard_replica=True, **{f"{what}_per_rank": [w[what] for w in summary["barrier_workers"]]
                                                   for what in ("weight_bytes", "solver_state_bytes")})
         if split is not None:
-            summary.update(data_parallel=K // m, model_parallel=m, **split,
+            summary.update(data_parallel=K, model_parallel=m, **split,
                            weight_bytes_per_worker=[w["weight_bytes"] for w in summary["barrier_workers"]])
         return TrainResult(weights=driver_net.get_weights(), history=history, summary=summary, net=driver_net)
 
@@ -535,13 +532,15 @@ class SparkTrainer:
         state = ckpt.state
         written = ckpt.manifest.get("config", {}).get("dist", {})
         shape = {"workers": written.get("workers"), "procs_per_worker": written.get("procs_per_worker", 1),
-                 "shard_replica": written.get("shard_replica", False)}
+                 "shard_replica": written.get("shard_replica", False),
+                 "model_parallel": written.get("model_parallel", 1)}
         if shape != {name: getattr(dist, name) for name in shape}:
             flags = " ".join(f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}") for k, v in shape.items()
-                             if v is not False)
-            sharded = ", sharded" if shape["shard_replica"] else ""
+                             if v is not False and not (k in ("procs_per_worker", "model_parallel") and v == 1))
+            how = (", sharded" if shape["shard_replica"] else "") + (
+                f", split in {shape['model_parallel']} parts" if shape["model_parallel"] > 1 else "")
             raise CheckpointError(f"checkpoint {ckpt.path} was written by a run of {shape['workers']} workers of "
-                                  f"{shape['procs_per_worker']} processes{sharded}"
+                                  f"{shape['procs_per_worker']} processes{how}"
                                   f"; resume with {flags} (each process's solver state belongs to its partition "
                                   "and its part of the weights)")
         self.strategy.load_state_dict(state.get("strategy") or {})
@@ -550,17 +549,6 @@ class SparkTrainer:
         driver_net.set_weights(ckpt.weights)
         return checkpoints, dataclasses.replace(ResumeState.from_checkpoint(ckpt.round, state),
                                                 global_flat=driver_net.get_flat())
-
-    def _split_job(self, plan: dict, sample_shape) -> ModelParallelJob:
-        """What every task of a split net's stage runs (:func:`~sparknet.parallel.runner.run_rank`)."""
-        dist = self.dist
-        return ModelParallelJob(net=self.net, worker=self.worker, model_parallel=dist.model_parallel,
-                                strategy=dist.strategy.value, tau=dist.tau, rounds=dist.rounds,
-                                strategy_options={k: v for k, v in dist.strategy_options().items()
-                                                  if k != "num_workers"},
-                                target_accuracy=dist.target_accuracy, eval_every_rounds=dist.eval_every_rounds,
-                                plan=plan, sample_shape=tuple(sample_shape),
-                                max_weight_bytes=None if dist.max_weight_bytes is None else int(dist.max_weight_bytes))
 
     def _fit_task(self, label_col: str | None) -> Task:
         """This fit's task: ``label_col=None`` trains without labels (the loss takes the input)."""

@@ -26,6 +26,7 @@ from sparknet.config import Engine
 from sparknet.errors import DeadlineExceeded, EngineError, NonFiniteUpdate, WorkerOutOfMemory
 from sparknet.loop import ResumeState
 from sparknet.parallel.mesh import cut_state, join_shards
+from sparknet.parallel.tensor import split_layouts
 from sparknet.spark.backend import Held, run_with_deadline, task_error, task_slots, worker_crash
 from sparknet.spark.resources import gpu_profile, with_profile
 from sparknet.spark.barrier.executor import (RESULT_SCHEMA, STATE_PARTS, GroupPlan, StagePlan, StagedRowsMissing,
@@ -328,8 +329,8 @@ class BarrierStage:
                              wait_for_workers=False) if local else None
             flat, begin = start.global_flat, replace(start, global_flat=None)
             parts = ()
-            if dist.shard_replica:  # each rank of a sharded replica gets its own part of the state, and no more
-                parts = tuple(sc.broadcast(part) for part in _cut_parts(run, start, dist.procs_per_worker))
+            if dist.shard_replica or run.split is not None:  # each rank of a sharded or split replica gets its own
+                parts = tuple(sc.broadcast(part) for part in _cut_parts(run, start))  # part of the state, no more
                 flat, begin = None, replace(begin, strategy=None, average=None)
                 run.broadcasts.extend(parts)
             payload_bc = sc.broadcast((pack_spec(spec), None if flat is None else np.asarray(flat, dtype=np.float32),
@@ -342,13 +343,13 @@ class BarrierStage:
             params = StagePlan(
                 group=GroupPlan(workers=K, local=local, rendezvous_timeout_s=opts.rendezvous_timeout_s,
                                 collective_timeout_s=opts.collective_timeout_s, procs_per_worker=dist.procs_per_worker,
-                                shard_replica=dist.shard_replica,
+                                shard_replica=dist.shard_replica, split=run.split,
                                 store=None if store is None else f"{host}:{store.port}"),
                 fit=run.plan, endpoint=receiver.endpoint, keys=receiver.client_keys,
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,
                 streaming=dist.streaming(), staged=run.source is not run.chunks, parts=parts)
-            self.states = params if spec.model_parallel is None else None
+            self.states = params
             stage = with_profile(run.source.barrier().mapPartitionsWithIndex(run_barrier(payload_bc, params, val_bc)),
                                  self.profile)
             silence = opts.driver_timeout_s or (opts.collective_timeout_s + (dist.round_seconds or 0) + 60)
@@ -429,19 +430,24 @@ class BarrierStage:
         return final, {"barrier_workers": workers, "metrics_rejected": receiver.rejected}
 
 
-def _cut_parts(run: EngineRun, start: ResumeState, procs: int) -> list[dict]:
-    """A sharded replica's starting state in the parts its ``procs`` ranks hold (:meth:`~sparknet.net.Net.
-    shard_layouts`): the global weights, the strategy's flat state and the weights' moving average, each cut."""
+def _cut_parts(run: EngineRun, start: ResumeState) -> list[dict]:
+    """A sharded or split replica's starting state in the parts its ranks hold (:meth:`~sparknet.net.Net.
+    shard_layouts`, :func:`~sparknet.parallel.tensor.split_layouts`): the global weights, the strategy's flat state
+    and the weights' moving average, each cut."""
+    G = run.dist.procs_per_worker
     whole = torch.as_tensor(start.global_flat, dtype=torch.float32)
     average = None if start.average is None else torch.as_tensor(np.asarray(start.average, np.float32))
+    layouts = (run.driver_net.shard_layouts(G) if run.split is None else
+               split_layouts(run.driver_net.module, G, run.split))
     return [{"layout": layout, **cut_state({"global": whole, "average": average}, whole.numel(), layout),
              "strategy": None if start.strategy is None else cut_state(start.strategy, whole.numel(), layout)}
-            for layout in run.driver_net.shard_layouts(procs)]
+            for layout in layouts]
 
 
 def _join_parts(slot: dict, msg: dict, tree: dict) -> dict | None:
-    """A sharded replica's state: each rank of its first worker sends its part of the global weights and of the
-    strategy's flat state (``msg["layout"]``: which rows of every weight); joined into the whole once all are in."""
+    """A sharded or split replica's state: each rank of its first worker sends its part of the global weights and of
+    the strategy's flat state (``msg["layout"]``: which rows of every weight); joined into the whole once all are
+    in."""
     parts = slot.setdefault("parts", {})
     parts[int(msg["part"])] = (tree, msg["layout"])
     if len(parts) < int(msg["parts"]):
@@ -521,7 +527,7 @@ def run_connect_stage(run: EngineRun):
     params = StagePlan(
         group=GroupPlan(workers=K, local=is_local_master(session_master(spark)),
                         rendezvous_timeout_s=opts.rendezvous_timeout_s, collective_timeout_s=opts.collective_timeout_s,
-                        procs_per_worker=dist.procs_per_worker, shard_replica=dist.shard_replica),
+                        procs_per_worker=dist.procs_per_worker, shard_replica=dist.shard_replica, split=run.split),
         fit=run.plan, streaming=dist.streaming())
     float_labels = spec.task.float_labels or spec.weighted
     profile, gpus = gpu_profile(spark, spec.worker.gpus_per_worker, workers=K, procs=dist.procs_per_worker)

@@ -42,10 +42,9 @@ from sparknet.collective import CollectiveExchange, FIELDS
 from sparknet.config import Streaming
 from sparknet.errors import NonFiniteUpdate, WorkerOutOfMemory
 from sparknet.loop import FitPlan, ResumeState, WeightAverage, run_rounds
-from sparknet.parallel.mesh import cut_state, init_layout, leave_process_group
+from sparknet.parallel.mesh import cut_state, init_layout, leave_process_group, share_data_over_mp
 from sparknet.parallel.tensor import local_weight_bytes
 from sparknet.weights import local_view
-from sparknet.parallel.runner import run_rank
 from sparknet.spark.backend import Held, task_error
 from sparknet._tensortree import pack_tree
 from sparknet.spark._channel import MetricsSender, _jsonable
@@ -79,6 +78,14 @@ class GroupPlan:
     """G: consecutive ranks that make one worker (``workers`` counts ranks, G of them a worker)."""
     shard_replica: bool = False
     """A worker's weights and solver state are sharded over its G ranks (FSDP2)."""
+    split: dict | None = None
+    """A worker's layers are split over its G ranks by this plan (layer name to ``column`` or ``row``: tensor
+    parallelism, ``--model-parallel G``), its ranks running every step on the worker's rows together."""
+
+    @property
+    def parted(self) -> bool:
+        """Each rank of a worker holds a part of its weights (a sharded or split replica), not the whole."""
+        return self.shard_replica or self.split is not None
     store: str | None = None
     """``host:port`` of the TCPStore the driver holds for the stage on a local master, every rank its client.
     ``None`` (a cluster, or a Spark Connect client): rank 0 holds it and tells the others its port with Spark's
@@ -368,49 +375,44 @@ def _rank(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     rss_start = reset_peak_rss()  # this task's peak, not an earlier one's in a reused worker
     packed, init_flat, start = payload_bc.value
     spec: WorkerSpec = pickle.loads(packed[1])
-    world = params.group.workers
-    split = spec.model_parallel is not None
+    world, G = params.group.workers, params.group.procs_per_worker
     torch.set_num_threads(spec.worker.threads)
     if params.staged:  # the stage job's files, mapped into memory or streamed, as the rounds engine does
         data = staged_rows(chunks, rank)
     else:  # written to this machine's disk chunk by chunk first
         data, _ = write_chunks(os.path.join(fit_dir(spec), f"rank{rank}"), chunks)
     device, device_info = task_device(spec.worker.device, rank)
-    order = worker_order(_task_hosts(ctx), params.group.procs_per_worker)
+    order = worker_order(_task_hosts(ctx), G)
     group_rank = order.index(rank)  # a worker's ranks consecutive, on one host where they can be
-    # a sharded replica's rank makes its net once it is cut, its part only
-    meta = params.group.shard_replica and not split
-    net = None if split else build_worker_net(spec, rank, data, "meta" if meta else device)
+    # a split worker's ranks draw the same batches (and dropout masks): they seed as their worker, not as their task
+    seed_index = group_rank // G if params.group.split is not None else rank
+    # a sharded or split replica's rank makes its net once it is cut, its part only
+    net = build_worker_net(spec, seed_index, data, "meta" if params.group.parted else device)
     del chunks
     freeze_heap()  # no full garbage collection of torch's modules in the middle of a round
     val, val_rows = None, None
     if val_bc is not None:
         vx, vy = val_bc.value
-        # a split net's ranks score their replica's share together (run_rank deals it), as a sharded replica's do
-        # their worker's; otherwise each rank scores its own share
-        g = params.group.procs_per_worker
-        share = slice(group_rank // g, None, world // g) if params.group.shard_replica else slice(rank, None, world)
-        val, val_rows = ((vx, vy) if split else (vx[share], vy[share])), len(vx)
+        # a sharded or split replica's ranks score their worker's share together; otherwise each rank its own
+        share = slice(group_rank // G, None, world // G) if params.group.parted else slice(rank, None, world)
+        val, val_rows = (vx[share], vy[share]), len(vx)
     sender = store = None
     history: list[dict] = []
     try:
-        state_parts = params.group.shard_replica and group_rank < params.group.procs_per_worker
+        state_parts = params.group.parted and group_rank < G
         if params.endpoint and (group_rank == 0 or params.checkpoint_every or state_parts):
             sender = MetricsSender(params.endpoint, params.keys)
         store = rendezvous(ctx, group_rank, params.group, order)
         if sender is not None and group_rank == 0:
             sender.send({"event": "ready", "fit": spec.fit_id, "setup_s": time.perf_counter() - t_start})
-        if split:
-            final, info = _split_rank(spec, rank, data, val, params, sender, history)
-        else:
-            final, info = _round_loop(net, spec, rank, group_rank, init_flat, data, device, val, val_rows,
-                                      params, sender, history, start, store)
+        final, info = _round_loop(net, spec, rank, group_rank, init_flat, data, device, val, val_rows, params, sender,
+                                  history, start, store, seed_index)
         yield ("worker", rank, b"", {"host": socket.gethostname(), "pid": os.getpid(), **device_info,
                                      "attempt": ctx.attemptNumber(), "rows": 0 if data is None else data.rows,
                                      "rss_start_mb": rss_start,
                                      "peak_rss_mb": None if rss_start is None else peak_rss_mb(), **info})
-        if group_rank == 0 and final is None:  # a sharded replica's last state is the final weights: the driver
-            yield ("result", 0, b"", history)  # joins them from its parts
+        if group_rank == 0 and final is None:  # a sharded or split replica's last state is the final weights: the
+            yield ("result", 0, b"", history)  # driver joins them from its parts
         elif group_rank == 0:
             # over the channel where there is one: as a task result, a large net's weights would pass through the
             # JVM heaps of the executor and the driver in several copies (AlexNet's 244 MB filled a 2 GiB driver);
@@ -449,28 +451,6 @@ def staged_rows(records, index: int) -> RowFile | None:
         raise StagedRowsMissing(f"partition {index}'s rows were staged on {record.get('host')} and are not on "
                                 f"{socket.gethostname()}")
     return rows
-
-
-def _split_rank(spec: WorkerSpec, rank: int, data: RowFile | None, val, params: StagePlan, sender,
-                history: list) -> tuple[torch.Tensor | None, dict]:
-    """One rank of a net split across the stage (:func:`~sparknet.parallel.runner.run_rank`): rank 0 reports every
-    round as the barrier engine's rank 0 does, and returns the whole model's weights, which it gathers at the end.
-    A restarted stage trains from its first round again (the parts of the weights never leave their ranks)."""
-    x, y = data.arrays() if data is not None else (None, None)
-
-    def report(record: dict) -> None:
-        if params.restart:
-            record["restarts"] = params.restart
-        if rank == 0:
-            history.append(record)
-            if sender is not None:
-                sender.send(record)
-
-    result = run_rank(spec.model_parallel, x, y, val, on_round=report,
-                      after_train=fault_hook(spec.faults, rank, params.restart))
-    info = {k: result[k] for k in ("dp_rank", "mp_rank", "weight_bytes", "setup_s")}
-    whole = torch.from_numpy(np.frombuffer(result["weights"], dtype=np.float32)) if rank == 0 else None
-    return whole, info
 
 
 class _BarrierExchange(CollectiveExchange):
@@ -544,19 +524,20 @@ class _BarrierExchange(CollectiveExchange):
 
 
 def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, data, device, val, val_rows,
-                params: StagePlan, sender, history: list, start: ResumeState,
-                store) -> tuple[torch.Tensor | None, dict]:
+                params: StagePlan, sender, history: list, start: ResumeState, store,
+                seed_index: int) -> tuple[torch.Tensor | None, dict]:
     """Train round after round until the stop rule says so; returns the final global weights (``None`` where a
-    sharded replica's ranks sent them in parts, as the last round's state) and this rank's place.
+    sharded or split replica's ranks sent them in parts, as the last round's state) and this rank's place.
 
-    ``rank``: this task's index (its partition); ``group_rank``: its rank in the stage's process group. A worker of G
-    processes is G consecutive group ranks (:func:`~sparknet.parallel.mesh.init_layout`'s rows): its gradients meet
-    every step in its row, and the round's exchange runs in each column, between the ranks of every worker that
-    hold the same place (each column forms the same global weights from identical inputs)."""
+    ``rank``: this task's index (its partition); ``group_rank``: its rank in the stage's process group;
+    ``seed_index``: the index its data order and its rounds' generator are seeded by. A worker of G processes is G
+    consecutive group ranks (:func:`~sparknet.parallel.mesh.init_layout`'s rows): its gradients meet every step in
+    its row, and the round's exchange runs in each column, between the ranks of every worker that hold the same
+    place (each column forms the same global weights from identical inputs)."""
     strategy = spec.strategy
     state = WorkerState()
-    has_data = data is not None
     G, workers, sharded = params.group.procs_per_worker, params.group.workers, params.group.shard_replica
+    split = params.group.split
     # the starting weights as the broadcast brought them (float32, this process's own copy: nothing writes into a
     # global buffer, each round makes a new one), not copied again
     global_flat = None if params.parts else torch.from_numpy(_own_float32(init_flat))
@@ -567,12 +548,19 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
     if G > 1:
         layout = init_layout(G)  # rows: the workers; columns: the ranks of each worker in the same place
         outer = {"rank": layout.dp_rank, "world": layout.data_parallel, "group": layout.dp_group,
-                 "ranks": WorkerRanks(layout.mp_group, sharded=sharded), "everyone": dist.group.WORLD,
-                 "scoring": layout.dp_group if sharded else None}
+                 "ranks": WorkerRanks(layout.mp_group, sharded=sharded, split=split is not None),
+                 "everyone": dist.group.WORLD, "scoring": layout.dp_group if params.group.parted else None}
         place = {"worker": layout.dp_rank, "proc": layout.mp_rank, "group_rank": group_rank}
-    if sharded:  # the net is cut and made, this rank's part only; the exchange runs on the parts
-        net.shard(layout.mp_mesh, device)
-        give_rows(net, spec, rank, data)
+    if split is not None:  # the worker's ranks run every step together, on the rows of all its partitions
+        data = share_data_over_mp(*(data.arrays() if data is not None else (None, None)), layout)
+        data = None if data[0] is None else data
+    has_data = data is not None
+    if params.group.parted:  # the net is cut and made, this rank's part only; the exchange runs on the parts
+        if sharded:
+            net.shard(layout.mp_mesh, device)
+        else:
+            net.split(layout.mp_mesh, split, device)
+        give_rows(net, spec, seed_index, data)
         parts = net.shard_layout()
         if params.parts:  # the driver cut the starting state: this rank reads its own part only
             mine = params.parts[layout.mp_rank].value
@@ -606,7 +594,7 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
     exchange = _BarrierExchange(net, strategy, **outer, state=state, has_data=has_data,
                                 validation=val, validation_rows=val_rows,
                                 compression=spec.compression, link=spec.link,
-                                seed_for_round=lambda r: round_seed(spec.worker.seed, rank, r),
+                                seed_for_round=lambda r: round_seed(spec.worker.seed, seed_index, r),
                                 after_train=fault_hook(spec.faults, rank, params.restart),
                                 params=params, fit=fit, sender=sender, history=history, store=store,
                                 streaming=params.streaming, task=rank, reports=group_rank == 0,
@@ -614,11 +602,11 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
     if saved is not None and has_data and saved.get("stream") is not None:  # a streamed worker's own weights
         exchange.load_stream_state(saved["stream"])
     final = run_rounds(exchange, fit, global_flat)
-    if sharded:
+    if params.group.parted:
         place["solver_state_bytes"] = _solver_state_bytes(net)
-    if sharded and (params.parts or layout.dp_rank != 0):  # the driver joins the last state's parts
+    if params.group.parted and (params.parts or layout.dp_rank != 0):  # the driver joins the last state's parts
         final = None
-    elif sharded:  # no driver to join them (a Spark Connect stage): the first worker's ranks gather the whole
+    elif params.group.parted:  # no driver to join them (a Spark Connect stage): the first worker's ranks gather the
         net.set_flat(final)
         final = net.full_weights().to_flat(torch.float32)
     return final, place

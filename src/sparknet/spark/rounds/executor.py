@@ -67,7 +67,6 @@ if TYPE_CHECKING:
     from sparknet.faults import Fault
     from sparknet.layers import NetParams
     from sparknet.link import LinkModel
-    from sparknet.parallel.runner import ModelParallelJob
 
 __all__ = ["WorkerSpec", "RoundTask", "WorkerStatus", "WorkerReport", "Partial", "pack_spec", "unpack_spec",
            "worker_seed", "task_device", "build_worker_net", "fit_dir", "stage_partition", "run_round", "ROUND_TASK",
@@ -111,9 +110,6 @@ class WorkerSpec:
     """What the net learns: class ids, or numbers (float labels)."""
     weighted: bool = False
     """The labels carry each row's sample weight last (a ``weight_col``)."""
-    model_parallel: ModelParallelJob | None = None
-    """A :class:`~sparknet.parallel.runner.ModelParallelJob`: the barrier engine's tasks train the net split across
-    them (:func:`~sparknet.parallel.runner.run_rank`) instead of a whole copy each."""
     relay: RelayAddress | None = None
     """The rounds engine's :class:`~sparknet.spark._relay.RelayAddress`: where the tasks fetch the round's weights
     and put their updates (``None``: through Spark's broadcasts and task results)."""
