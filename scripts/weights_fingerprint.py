@@ -142,7 +142,8 @@ def model_parallel_runs(spark) -> dict[str, str]:
 
 
 def procs_per_worker_runs(spark) -> dict[str, str]:
-    """K = 2 workers of G = 2 processes (a local[4] session): the replica whole on each worker's ranks, or sharded."""
+    """K = 2 workers of G = 2 processes (a local[4] session): the replica whole on each worker's ranks, sharded, or
+    split (--model-parallel 2)."""
     from sparknet.config import DistributedConfig, WorkerConfig
     from sparknet.spark import SparkTrainer
 
@@ -160,6 +161,13 @@ def procs_per_worker_runs(spark) -> dict[str, str]:
             rdd, validation=val)
         tag = "+".join(f"{k}={v}" for k, v in sorted(extra.items())) or "plain"
         out[f"procs_per_worker/{strategy}/g=2+{tag}"] = _digest(res.weights.to_flat())
+    for strategy, extra in [("diloco", {}), ("average", {"fragments": 2})]:  # K = 2 workers of M = 2, layers split
+        dist = DistributedConfig(workers=4, model_parallel=2, engine="barrier", strategy=strategy, tau=5, rounds=4,
+                                 **extra)
+        res = SparkTrainer(_net(), WorkerConfig(solver=_solver(), batch_size=8, seed=9), dist, spark=spark).fit(
+            rdd, validation=val)
+        tag = "+".join(f"{k}={v}" for k, v in sorted(extra.items())) or "plain"
+        out[f"model_parallel/{strategy}/k=2+m=2+{tag}"] = _digest(res.weights.to_flat())
     return out
 
 

@@ -106,13 +106,13 @@ def test_a_host_lost_mid_run_takes_its_workers_ranks_and_the_run_finishes_when_i
     assert set().union(*places.values()) == {rig.hostname(1), rig.hostname(2)}
 
 
-@pytest.mark.parametrize("sharded", [False, True], ids=["whole", "sharded"])
+@pytest.mark.parametrize("replica", ["whole", "sharded", "split"])
 def test_a_host_gone_for_good_takes_its_workers_ranks_together_and_the_worker_left_finishes(spark, rig, tmp_path,
-                                                                                           sharded):
+                                                                                           replica):
     """Host 1 dies after round 2 and stays down: the stage starts again with the one whole worker host 2's two slots
-    hold, its two ranks on the rows of all four partitions, and every round is recorded. A sharded replica goes on
-    from the whole state its parts were joined into, cut for the worker left; its checkpoints hold the global state
-    and no solver state (those belonged to the partitions the fit started with)."""
+    hold, its two ranks on the rows of all four partitions, and every round is recorded. A sharded or split replica
+    goes on from the whole state its parts were joined into, cut for the worker left; its checkpoints hold the
+    global state and no solver state (those belonged to the partitions the fit started with)."""
     from sparknet.checkpoint import CheckpointManager
     from sparknet.spark import EngineOptions
 
@@ -120,9 +120,10 @@ def test_a_host_gone_for_good_takes_its_workers_ranks_together_and_the_worker_le
     val = synthetic(300, shape=(6,), num_classes=3, seed=5, noise=1.0)
     folder = str(tmp_path / "ckpt")
     with host_lost_for_good(rig, spark.sparkContext, slots=4) as kill_after_round_two:
-        trainer = _trainer(spark, [16], DistributedConfig(workers=2, procs_per_worker=2, engine="barrier", tau=10,
-                                                          rounds=6, link_latency="300ms", shard_replica=sharded,
-                                                          checkpoint_dir=folder, checkpoint_every=2),
+        shape = dict(workers=4, model_parallel=2) if replica == "split" else dict(
+            workers=2, procs_per_worker=2, shard_replica=replica == "sharded")
+        trainer = _trainer(spark, [16], DistributedConfig(engine="barrier", tau=10, rounds=6, link_latency="300ms",
+                                                          checkpoint_dir=folder, checkpoint_every=2, **shape),
                            on_round=kill_after_round_two, options=EngineOptions(rendezvous_timeout_s=60,
                                                                                 elastic_after_s=0))
         result = trainer.fit(df, validation=(val.x, val.y))
@@ -133,8 +134,9 @@ def test_a_host_gone_for_good_takes_its_workers_ranks_together_and_the_worker_le
     before, last = (CheckpointManager(folder).load(r) for r in (2, 6))
     assert len(before.state["workers"]) == 4 and last.state["workers"] == {}
     assert last.state["steps_done"] == 60
-    if sharded:
-        assert len(s["weight_bytes_per_rank"]) == 2 and max(s["weight_bytes_per_rank"]) < result.weights.nbytes
+    if replica != "whole":
+        held = s["weight_bytes_per_rank" if replica == "sharded" else "weight_bytes_per_worker"]
+        assert len(held) == 2 and max(held) < result.weights.nbytes
 
 
 def test_one_round_of_two_workers_of_two_processes_is_two_one_process_workers_with_twice_the_batch(spark, rig):
