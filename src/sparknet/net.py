@@ -377,7 +377,9 @@ class Net:
             default_batch = net.inputs[0].shape[0] if net.inputs else None
             self._input_shape = net.sample_shape
             label_ndim = _label_sample_ndim(net)
-            module = net.build(seed=seed)
+            # on the meta device: shapes only, never the whole weights (a sharded or split replica's rank)
+            with torch.device("meta") if self.device.type == "meta" else contextlib.nullcontext():
+                module = net.build(seed=seed)
             self.net_params = net
         else:
             self.net_params = None

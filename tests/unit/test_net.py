@@ -207,3 +207,13 @@ def test_a_net_that_takes_a_dict_trains_through_net():
     net.train(150)
     assert net.test() > 0.95
     assert list(net.get_weights())[:2] == ["xy.weight", "xy.bias"]
+
+
+def test_a_layer_net_made_on_the_meta_device_never_holds_its_weights():
+    # a sharded or split replica's rank builds its net from its shapes and makes only its parts: 2**19 x 2**20 float32
+    # weights are 2 TiB, which no allocator here gives, so a build of the whole weights first would fail
+    from sparknet import zoo
+
+    made = Net(zoo.mlp(input_shape=[2**19], hidden=[2**20], num_classes=2), device="meta")
+    assert {p.device.type for p in made.module.parameters()} == {"meta"}
+    assert made.module.layer_module("ip1").weight.shape == (2**20, 2**19)

@@ -466,8 +466,8 @@ class _BarrierExchange(CollectiveExchange):
         super().__init__(*args, **kwargs)
         self.params, self.fit, self.sender, self.history, self.store = params, fit, sender, history, store
         self.task, self.reports = task, reports
-        # who sends the global weights and strategy state: rank 0, or each rank of a sharded replica's first worker
-        # its part (``{"part": j, "parts": G, "layout": ...}``: the driver joins them)
+        # who sends the global weights and strategy state: rank 0, or each rank of a sharded or split replica's first
+        # worker its part (``{"part": j, "parts": G, "layout": ...}``: the driver joins them)
         self.state_part = state_part
         self.holds_state = reports if state_part is None else bool(state_part)
 
@@ -565,8 +565,8 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
         if params.parts:  # the driver cut the starting state: this rank reads its own part only
             mine = params.parts[layout.mp_rank].value
             if parts != mine["layout"]:
-                raise RuntimeError(f"FSDP2 gave rank {group_rank} the rows {parts} of the weights, where the driver "
-                                   f"cut them as {mine['layout']}")
+                raise RuntimeError(f"{'FSDP2' if sharded else 'the split'} gave rank {group_rank} the parts {parts} of "
+                                   f"the weights, where the driver cut them as {mine['layout']}")
             global_flat, strategy_state, average = mine["global"], mine["strategy"], mine["average"]
         else:  # a Spark Connect stage's ranks get the whole state in the stage's plan, and cut it
             whole = global_flat.numel()
