@@ -62,6 +62,14 @@ class _InFlight:
     """Bytes of each rank's message (a worker's piece of it is cut from it padded)."""
 
 
+_KEPT_SENT = ("link_s", "bytes", "round", "inner_bytes", "gather_bytes")
+"""What a finished overlapped exchange keeps in a checkpoint of what its round sent (its part besides)."""
+
+
+def _span(part: slice | None) -> list[int] | None:
+    return None if part is None else [part.start, part.stop]
+
+
 @dataclass
 class _Done:
     """A finished exchange: every rank's row (float64), the weighted delta sum, and its times."""
@@ -139,7 +147,7 @@ class CollectiveExchange(Exchange):
         self.step = WorkerStep(net, strategy, state=state, compression=compression, streaming=streaming,
                                seed=seed_for_round, after_train=after_train, train=train, ranks=ranks)
         self._arrived: slice | None = None  # the part whose new global weights this rank takes next round
-        self._in_flight: _InFlight | None = None  # an overlapped exchange still on its way
+        self._in_flight: _InFlight | _Done | None = None  # an overlapped exchange on its way (or kept, finished)
         self.workers = world
         self.has_data, self.validation, self.link = has_data, validation, link
         self.validation_rows = validation_rows
@@ -160,19 +168,32 @@ class CollectiveExchange(Exchange):
         return self.step.state
 
     def stream_state(self) -> dict | None:
-        """A streamed exchange's worker side between rounds: its own weights, where its progress counts from, and
-        the part whose new global weights it takes next round. ``None`` where there is none to keep: no stream, or
-        an overlapped one (its exchange in flight is not kept, so a restart begins the stream again)."""
-        if self.streaming is None or self.streaming.overlap or self.step.stream.base is None:
+        """A streamed or overlapped exchange's worker side between rounds: its own weights, where its progress counts
+        from, the part whose new global weights it takes next round, and an overlapped exchange's sums still to be
+        applied (the exchange in flight is waited for here: every rank holds the same sums). ``None`` where there is
+        none to keep (no stream, or none begun)."""
+        if self.streaming is None or self.step.stream.base is None:
             return None
         stream = self.step.stream
-        arrived = None if self._arrived is None else [self._arrived.start, self._arrived.stop]
-        return {**stream.state_dict(self.net), "arrived": arrived}
+        state = {**stream.state_dict(self.net), "arrived": _span(self._arrived)}
+        if self.streaming.overlap:
+            done = self._in_flight = None if self._in_flight is None else self._finish(self._in_flight)
+            state["in_flight"] = None if done is None else {
+                "rows": done.rows, "total": done.total.clone(), "seconds": done.seconds, "waited_s": done.waited_s,
+                "sent": {**{k: v for k, v in done.sent.items() if k in _KEPT_SENT}, "part": _span(done.sent["part"])}}
+        return state
 
     def load_stream_state(self, saved: dict) -> None:
         """Continue a stream from :meth:`stream_state`'s dict (a resumed fit's)."""
         self.step.stream.load_state_dict(self.net, saved)
         self._arrived = None if saved["arrived"] is None else slice(*saved["arrived"])
+        held = saved.get("in_flight")
+        if held is not None:  # the sums the next round applies, as they arrived before the stop
+            sent = {**held["sent"], "part": None if held["sent"]["part"] is None else slice(*held["sent"]["part"]),
+                    "gradient": self.strategy.gradient_traffic()}
+            self._in_flight = _Done(torch.as_tensor(held["rows"], dtype=torch.float64),
+                                    torch.as_tensor(held["total"], dtype=torch.float32), sent, float(held["seconds"]),
+                                    float(held["waited_s"]))
 
     # -- one round ----------------------------------------------------------------------------
     def run_round(self, plan: RoundPlan, global_flat: torch.Tensor) -> RoundUpdate:
@@ -324,9 +345,12 @@ class CollectiveExchange(Exchange):
         """Bytes a ring all-gather of one ``nbytes`` message from each worker moves in all."""
         return self.world * (self.world - 1) * nbytes
 
-    def _finish(self, flight: _InFlight) -> _Done:
+    def _finish(self, flight: _InFlight | _Done) -> _Done:
         """Wait for an exchange (and what is left of its link's wait); the weighted delta sum lands in its
-        buffer's first ``n`` values, identical on every rank."""
+        buffer's first ``n`` values, identical on every rank. One finished already (kept for a checkpoint) is
+        itself."""
+        if isinstance(flight, _Done):
+            return flight
         t_wait = time.perf_counter()
         left = flight.delay - (t_wait - flight.t)
         if left > 0:

@@ -441,10 +441,6 @@ class DistributedConfig:
             raise ValueError(f"checkpoint_every must be at least 1 round, got {self.checkpoint_every}")
         if self.resume and not self.checkpoint_dir:
             raise ValueError("resume needs --checkpoint-dir: the folder whose newest checkpoint to continue from")
-        if self.resume and self.overlap:
-            raise ValueError("overlap with resume: a checkpoint does not hold the exchange still in flight, so a "
-                             "resumed run could not continue it exactly; drop --overlap (--fragments alone resumes "
-                             "exactly) or --resume")
         if self.strategy is Strategy.SYNC:
             check_per_step_strategy(self, "the sync strategy")
         self.streaming()  # --overlap and --fragments' own rules

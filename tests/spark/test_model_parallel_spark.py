@@ -210,18 +210,19 @@ def test_a_split_fit_warms_up_on_the_driver_and_stops_on_an_epoch_budget(spark):
     assert s["samples"] >= 3 * 32 and s["total_steps"] == 3 * len(result.history)
 
 
-def test_a_resumed_split_fit_repeats_the_uninterrupted_one_bitwise(spark, tmp_path):
+@pytest.mark.parametrize("stream", [{"fragments": 2}, {"overlap": True}])
+def test_a_resumed_split_fit_repeats_the_uninterrupted_one_bitwise(spark, tmp_path, stream):
     import shutil
 
     from sparknet.checkpoint import CheckpointManager
 
     ckpt = tmp_path / "ckpt"
-    whole = _replica_fit(spark, True, fragments=2, checkpoint_dir=str(ckpt), checkpoint_every=1, checkpoint_keep=5)
+    whole = _replica_fit(spark, True, checkpoint_dir=str(ckpt), checkpoint_every=1, checkpoint_keep=5, **stream)
     saved = CheckpointManager(str(ckpt)).load(2)  # the whole weights, the parts joined: one process loads them
     assert saved.weights.to_flat().numel() == 51
     for r in (3, 4, 5):  # as if the run had stopped after round 2
         shutil.rmtree(ckpt / f"ckpt-{r:08d}")
-    resumed = _replica_fit(spark, True, fragments=2, checkpoint_dir=str(ckpt), checkpoint_every=2, resume=True)
+    resumed = _replica_fit(spark, True, checkpoint_dir=str(ckpt), checkpoint_every=2, resume=True, **stream)
     assert resumed.summary["resumed_from"] == 2 and [h["round"] for h in resumed.history] == [3, 4, 5]
     # DiLoCo's outer momentum, each process's part of its own momentum and of its streamed weights survived the stop
     assert torch.equal(resumed.weights.to_flat(torch.float32), whole.weights.to_flat(torch.float32))

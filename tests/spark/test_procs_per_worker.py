@@ -262,17 +262,20 @@ def test_a_resumed_fit_of_workers_of_several_processes_repeats_the_uninterrupted
             partitioned_rdd(spark.sparkContext, parts[:2]))
 
 
-@pytest.mark.parametrize("shard", [False, True])
+@pytest.mark.parametrize("shard, stream", [(False, {"fragments": 2}), (True, {"fragments": 2}),
+                                           (False, {"overlap": True}), (True, {"overlap": True, "fragments": 3})])
 def test_a_streamed_fit_resumed_from_a_checkpoint_mid_run_repeats_the_uninterrupted_one_bitwise(spark, tmp_path,
-                                                                                               shard):
+                                                                                               shard, stream):
     import shutil
 
     # a streamed worker goes on from its own weights: the checkpoint holds them, where its progress counts from and
-    # the part whose global weights it takes next round, each rank its own (its part of them when sharded)
+    # the part whose global weights it takes next round, each rank its own (its part of them when sharded); an
+    # overlapped one also the sums of the exchange still in flight when the checkpoint was written, which the next
+    # round applies
     ckpt = tmp_path / "ckpt"
 
     def fit(**dist):
-        return _replica_fit(spark, mlp, shard, rounds=5, fragments=2, checkpoint_dir=str(ckpt), **dist)
+        return _replica_fit(spark, mlp, shard, rounds=5, checkpoint_dir=str(ckpt), **stream, **dist)
 
     whole = fit(checkpoint_every=1, checkpoint_keep=5)
     for r in (3, 4, 5):  # as if the run had stopped after round 2 (the planned last round exchanges every part)

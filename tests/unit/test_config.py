@@ -86,7 +86,6 @@ def test_help_texts_are_the_field_docstrings():
 @pytest.mark.parametrize("bad, match", [
     ({"checkpoint_every": 0}, "checkpoint_every"), ({"checkpoint_keep": 0}, "checkpoint_keep"),
     ({"resume": True}, "resume needs --checkpoint-dir"),
-    ({"resume": True, "checkpoint_dir": "ckpt", "engine": "barrier", "overlap": True}, "overlap with resume"),
     ({"resume": True, "checkpoint_dir": "ckpt", "weight_ema": 0.9}, "weight_ema with resume"),
 ])
 def test_checkpoint_settings_are_checked(bad, match):
