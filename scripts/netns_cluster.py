@@ -26,7 +26,9 @@ From Python (the tests' fixture)::
 
 Everything it starts is stopped by pid (and every process left in a worker's namespace, which
 only this rig can have started), and every namespace, link, bridge and ``/etc/netns`` entry it
-made is removed, on success, failure, SIGTERM and Ctrl-C. Traffic stays on the bridge.
+made is removed, on success, failure, SIGTERM and Ctrl-C. A rig records its maker (``/run/sparknet-rigs``); one
+whose maker was killed before it could clean up, and in which nothing runs, is removed by the next rig to start.
+Traffic stays on the bridge.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["NetnsCluster", "RigError", "rig_unavailable"]
+__all__ = ["NetnsCluster", "RigError", "rig_unavailable", "remove_stale_rigs"]
 
 DRIVER_NAME = "sparknet-driver"
 
@@ -96,6 +98,45 @@ def _stop(pid: int, grace_s: float = 15.0) -> None:
             time.sleep(0.1)
         if not _alive(pid):
             return
+
+
+OWNERS = Path("/run/sparknet-rigs")
+"""One file a rig, named by its tag: the pid and start time of the process that made it. A rig whose maker is gone
+(killed before it could remove what it made) and in whose namespaces nothing runs is removed by the next rig."""
+
+
+def _start_time(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot): with its pid, what names it across pid reuse."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def remove_stale_rigs() -> list[str]:
+    """Remove the namespaces, ``/etc/netns`` entries and bridge of every rig whose maker is no longer running and in
+    whose namespaces no process runs; returns their tags. A rig without an owner file (made by an older rig) is left
+    alone: nothing says it is not another's."""
+    removed = []
+    for owner in sorted(OWNERS.glob("*")) if OWNERS.is_dir() else []:
+        tag = owner.name
+        try:
+            pid, started = owner.read_text().split()
+        except (OSError, ValueError):
+            continue
+        if _start_time(int(pid)) == started:
+            continue  # its maker still runs: the rig is in use (or being made)
+        names = [line.split()[0] for line in _run("ip", "netns", "list", check=False).stdout.splitlines()
+                 if line.split() and line.split()[0].startswith(f"sn{tag}w")]
+        if any(_run("ip", "netns", "pids", ns, check=False).stdout.split() for ns in names):
+            continue  # something still runs inside: not ours to end
+        for ns in names:
+            _run("ip", "netns", "del", ns, check=False)
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)
+        _run("ip", "link", "del", f"snb{tag}", check=False)
+        owner.unlink(missing_ok=True)
+        removed.append(tag)
+    return removed
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
@@ -198,6 +239,11 @@ class NetnsCluster:
             raise
 
     def _network(self) -> None:
+        for tag in remove_stale_rigs():
+            print(f"netns_cluster: removed rig {tag}, left behind by a process that is gone", file=sys.stderr)
+        OWNERS.mkdir(parents=True, exist_ok=True)  # this rig's owner, before anything of it exists
+        (OWNERS / self.tag).write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+        self._made.append(("owner", str(OWNERS / self.tag)))
         self.subnet = _free_subnet()
         self.driver_ip = str(self.subnet.network_address + 1)
         prefix = self.subnet.prefixlen
@@ -352,6 +398,10 @@ class NetnsCluster:
                 out = _run("ip", "netns", "del", name, check=False)
             elif kind == "bridge":
                 out = _run("ip", "link", "del", name, check=False)
+            elif kind == "owner":  # last: what it owned is gone (or named in the errors, and left to its maker)
+                if not errors:
+                    Path(name).unlink(missing_ok=True)
+                continue
             else:
                 shutil.rmtree(name, ignore_errors=True)
                 continue
