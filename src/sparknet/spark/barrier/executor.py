@@ -81,15 +81,15 @@ class GroupPlan:
     split: dict | None = None
     """A worker's layers are split over its G ranks by this plan (layer name to ``column`` or ``row``: tensor
     parallelism, ``--model-parallel G``), its ranks running every step on the worker's rows together."""
+    store: str | None = None
+    """``host:port`` of the TCPStore the driver holds for the stage on a local master, every rank its client.
+    ``None`` (a cluster, or a Spark Connect client): rank 0 holds it and tells the others its port with Spark's
+    ``allGather``, which took 1.0 s where the ranks called it within 10 ms of each other (two cores, local[2])."""
 
     @property
     def parted(self) -> bool:
         """Each rank of a worker holds a part of its weights (a sharded or split replica), not the whole."""
         return self.shard_replica or self.split is not None
-    store: str | None = None
-    """``host:port`` of the TCPStore the driver holds for the stage on a local master, every rank its client.
-    ``None`` (a cluster, or a Spark Connect client): rank 0 holds it and tells the others its port with Spark's
-    ``allGather``, which took 1.0 s where the ranks called it within 10 ms of each other (two cores, local[2])."""
 
 
 @dataclass(frozen=True)
