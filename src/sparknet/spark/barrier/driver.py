@@ -200,7 +200,7 @@ class BarrierStage:
         self.latest: ResumeState | None = None
         self.pending: dict[int, dict] = {}  # round -> {"state": ..., "workers": {rank: state}}
         self.states: StagePlan | None = None
-        """Which rounds' states the stage's tasks send, once it runs (``None``: none, a net split across the stage)."""
+        """Which rounds' states the stage's tasks send, once it runs (``None``: before it runs)."""
         self.held: dict[int, tuple[dict, float]] = {}
         """Round records whose round's state is due and not all in (a sharded replica's parts come from several
         ranks), and those after them: recorded once it is, so that a record in the history means its state is on the
