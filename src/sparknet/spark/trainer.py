@@ -417,9 +417,6 @@ class SparkTrainer:
                 who = ("a strategy that allreduces gradients every step" if self.strategy.needs_gradient_hook else
                        f"a worker of several processes (its {dist.procs_per_worker} processes step together)")
                 raise ValueError(f"{who} needs data in every partition (rows per partition: {self._rows})")
-            if split and (task is not Task.CLASSIFICATION or total["label_width"]):
-                raise ValueError("model parallelism takes one class id per row; a sequence model (char_lstm) trains "
-                                 "split with examples/char_lstm.py (see docs/MODEL_PARALLEL.md)")
             val = self._data_job(sc, group, "sparknet: collect the validation data",
                                  lambda: self._validation(validation, sample_shape, num_classes, features_col,
                                                           label_col, image_shape, task),
