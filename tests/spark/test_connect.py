@@ -83,6 +83,25 @@ def test_a_worker_of_two_processes_trains_sharded_from_a_connect_session(spark):
     assert s["test_accuracy"] == pytest.approx(records[-1]["val_accuracy"]) and s["test_accuracy"] > 0.8
 
 
+def test_a_worker_of_two_processes_trains_split_from_a_connect_session(spark):
+    from sparknet.spark import SparkTrainer
+
+    x, y = blobs(600, seed=1)
+    vx, vy = blobs(200, seed=2)
+    records = []
+    net = zoo.mlp(input_shape=[2], hidden=[16], num_classes=3)  # ip1 column, ip2 row
+    trainer = SparkTrainer(net, WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=32, seed=3),
+                           DistributedConfig(workers=2, model_parallel=2, engine="barrier", tau=20, rounds=3),
+                           spark=spark, on_round=records.append)
+    result = trainer.fit(_frame(spark, x, y), (vx, vy))
+    s = result.summary
+    assert s["connect"] is True and (s["procs_per_worker"], s["model_parallel"]) == (2, 2)
+    assert [(w["worker"], w["proc"]) for w in s["barrier_workers"]] == [(0, 0), (0, 1)]
+    # each process cut its part from the whole starting weights in the stage's plan; the worker gathered the whole
+    assert max(s["weight_bytes_per_worker"]) < 4 * result.weights.to_flat().numel()
+    assert s["test_accuracy"] == pytest.approx(records[-1]["val_accuracy"]) and s["test_accuracy"] > 0.8
+
+
 def test_two_feature_columns_reach_the_net_as_a_dict(spark):
     from sparknet.spark import SparkTrainer
 
