@@ -231,6 +231,31 @@ def test_workers_of_several_processes_are_params():
     assert SparkNetEstimator(overlap=True, fragments=2, workers=2, engine="barrier").configs()[1].streaming()
 
 
+def test_a_split_net_is_params_and_fits_as_a_pipeline_stage(data):
+    from pyspark.ml import Pipeline
+    from pyspark.ml.feature import VectorAssembler
+
+    from sparknet.spark.ml import SparkNetEstimator
+
+    est = SparkNetEstimator(workers=4, modelParallel=2, parallelPlan="ip1=column", maxWeightBytes=1e6,
+                            engine="barrier")
+    dist = est.configs()[1]
+    assert (dist.model_parallel, dist.parallel_plan, dist.max_weight_bytes) == (2, "ip1=column", 1e6)
+    assert dist.as_workers().workers == 2 and "copy of the net is split" in est.explainParam("modelParallel")
+    with pytest.raises(ValueError, match="model-parallel must be at least 1"):
+        SparkNetEstimator(modelParallel=0)
+    with pytest.raises(ValueError, match="do not divide into model-parallel groups of 2"):
+        SparkNetEstimator(workers=3, modelParallel=2, engine="barrier").configs()
+    train, test = data  # one worker of the session's two task slots, its layers split over both
+    stage = _estimator(engine="barrier", modelParallel=2)
+    model = Pipeline(stages=[VectorAssembler(inputCols=COLUMNS, outputCol="features"), stage]).fit(train)
+    summary = model.stages[-1].summary
+    assert (summary["workers"], summary["model_parallel"], summary["plan"]) == (1, 2, {"ip1": "column", "ip2": "row"})
+    assert len(summary["weight_bytes_per_worker"]) == 2
+    scored = model.transform(test).select("prediction", "label").collect()
+    assert np.mean([r.prediction == r.label for r in scored]) > 0.6
+
+
 @pytest.mark.parametrize("params, match", [
     ({"engine": "spaceship"}, "unknown engine"),
     ({"strategy": "magic"}, "unknown strategy"),

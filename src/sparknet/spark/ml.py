@@ -67,7 +67,8 @@ _RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", 
 _DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs",
                 "weight_ema", "target_accuracy", "target_loss", "data_mode", "stream_buffer_mb", "compression",
                 "auto_tau", "auto_tau_target", "outer_lr", "outer_momentum", "easgd_beta", "overlap", "fragments",
-                "eval_overlap", "procs_per_worker", "shard_replica")
+                "eval_overlap", "procs_per_worker", "shard_replica", "model_parallel", "parallel_plan",
+                "max_weight_bytes")
 """DistributedConfig fields that become estimator Params."""
 _DOC_OVERRIDES = {
     "workers": "Number of workers K (default: the session's default parallelism).",
@@ -90,10 +91,24 @@ def _camel(name: str) -> str:
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
-_NEIGHBOURS = {DistributedConfig: {"engine": "barrier", "workers": 2, "procs_per_worker": 2}}
-"""Fields a param's value is checked beside when it cannot stand beside the defaults: --overlap, --fragments and
---procs-per-worker need the barrier engine and more than one worker, --shard-replica several processes, which other
-params of the same estimator set."""
+_NEIGHBOURS = {DistributedConfig: ({"engine": "barrier", "workers": 2, "procs_per_worker": 2},
+                                   {"engine": "barrier", "workers": 2, "model_parallel": 2})}
+"""Fields a param's value is checked beside when it cannot stand beside the defaults (each set in turn): --overlap,
+--fragments, --procs-per-worker and --model-parallel need the barrier engine and more than one worker,
+--shard-replica several processes, --parallel-plan a model-parallel degree, which other params of the same estimator
+set."""
+
+
+def _beside_neighbours(cls, fname: str, value, alone: ValueError):
+    """``value`` of field ``fname`` as ``cls`` checks it beside the first set of :data:`_NEIGHBOURS` it stands beside;
+    the error of the last set tried where it stands beside none (``alone``'s where ``cls`` has none)."""
+    error = alone
+    for neighbours in _NEIGHBOURS.get(cls, ()):
+        try:
+            return getattr(cls(**{**neighbours, fname: value}), fname)
+        except ValueError as e:
+            error = e
+    raise error
 
 
 def _field_converter(cls, fname: str, pname: str, base) -> Any:
@@ -108,8 +123,8 @@ def _field_converter(cls, fname: str, pname: str, base) -> Any:
             value = convert_type(value)
             try:  # the field's own validation, every other at its default
                 checked = getattr(cls(**{fname: value}), fname)
-            except ValueError:  # or beside the neighbours it may need (a rule between fields is checked at fit time)
-                checked = getattr(cls(**{**_NEIGHBOURS.get(cls, {}), fname: value}), fname)
+            except ValueError as alone:  # or beside the neighbours it may need (a rule between fields is checked at
+                checked = _beside_neighbours(cls, fname, value, alone)  # fit time)
         except (TypeError, ValueError) as e:
             raise ValueError(f"invalid value for param {pname!r}: {e}") from None
         return checked.value if is_enum else value
