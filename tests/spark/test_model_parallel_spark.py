@@ -228,6 +228,34 @@ def test_a_split_sequence_model_trains_as_the_whole_one_does(spark):
     assert split.history[-1]["loss"] < split.history[0]["loss"]
 
 
+def test_a_split_convolution_feeds_a_row_split_layer_as_the_whole_net_does(spark):
+    # LeNet with its second convolution split by output channels and ip1 by the flattened features those channels
+    # give (nothing is communicated between them): a 4-d weight cut along its first dimension, a weight along its second
+    from sparknet import zoo
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(64, 784)).astype(np.float32)
+    y = (x[:, :392].sum(1) > x[:, 392:].sum(1)).astype(np.int64)
+    parts = [(x[i * 16:(i + 1) * 16], y[i * 16:(i + 1) * 16]) for i in range(4)]
+
+    def fit(split):
+        shape = dict(workers=4, model_parallel=2, parallel_plan="conv2=column,ip1=row") if split else dict(
+            workers=2, procs_per_worker=2)
+        config = DistributedConfig(engine="barrier", strategy="average", tau=2, rounds=2, **shape)
+        worker = WorkerConfig(solver=SolverConfig(base_lr=0.01, momentum=0.9), batch_size=32 if split else 16, seed=5)
+        return SparkTrainer(zoo.lenet(batch_size=16), worker, dist=config, spark=spark).fit(
+            partitioned_rdd(spark.sparkContext, parts))
+
+    split, whole = fit(True), fit(False)
+    ws, ww = (r.weights.to_flat(torch.float32) for r in (split, whole))
+    assert torch.allclose(ws, ww, atol=1e-5, rtol=1e-4), float((ws - ww).abs().max())
+    s = split.summary
+    assert s["plan"] == {"conv2": "column", "ip1": "row"}
+    # conv2 (50 x 20 x 5 x 5 + 50) and ip1's weight (500 x 800) halve; the rest is whole on both
+    halved = 50 * 20 * 25 + 50 + 500 * 800
+    assert s["weight_bytes_per_worker"] == [4 * (ws.numel() - halved // 2)] * 4
+
+
 def test_a_split_regression_net_trains_as_the_whole_one_does(spark):
     from _spark_testlib import regression_table
     from sparknet.layers import EuclideanLoss

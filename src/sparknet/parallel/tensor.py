@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import types
 import logging
 import math
 from collections import OrderedDict
@@ -240,7 +241,7 @@ def _mp_mesh(mesh_or_group: Any):
 @functools.cache
 def _styles():
     """The ParallelStyle classes (made on first use: torch.distributed.tensor is heavy to import)."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module, distribute_tensor
     from torch.distributed.tensor.parallel import ParallelStyle
 
     def distribute_parameters(module, mesh, placements: dict, src_data_rank) -> None:
@@ -276,7 +277,18 @@ def _styles():
             if not isinstance(module, nn.Conv2d):
                 raise TypeError(f"ConvColwiseParallel splits nn.Conv2d only, got {type(module).__name__}; "
                                 "use ColwiseParallel for nn.Linear")
+            module.forward = types.MethodType(_conv_local, module)
             return distribute_module(module, device_mesh, self._partition, self._input, self._output)
+
+    def _conv_local(module, x):
+        """The convolution of this rank's output channels, on local tensors: DTensor's own convolution labels the
+        weight's and bias's gradients Replicate though they hold this rank's channels only (torch 2.13), and the
+        solver then fails on them. The input's gradient is this rank's part of a sum (``Partial``): it is summed
+        over the ranks on its way back, the all-reduce a column layer's input takes."""
+        weight, bias = module.weight, module.bias
+        out = module._conv_forward(x.to_local(grad_placements=[Partial()]), weight.to_local(),
+                                   None if bias is None else bias.to_local())
+        return DTensor.from_local(out, weight.device_mesh, [Shard(1)], run_check=False)
 
     class _FlattenRowwise(ParallelStyle):
         """Row-split a Linear whose input is flattened from ``axis`` and arrives split on that axis.
