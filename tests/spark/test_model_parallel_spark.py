@@ -279,10 +279,12 @@ def test_a_split_regression_net_trains_as_the_whole_one_does(spark):
     assert split.history[-1]["loss"] < split.history[0]["loss"]
 
 
-def test_a_split_fit_warms_up_on_the_driver_and_stops_on_an_epoch_budget(spark):
-    result = _replica_fit(spark, True, rounds=None, strategy="average", warmup_steps=4, epochs=3.0)
+def test_a_split_fit_warms_up_on_the_driver_stops_on_an_epoch_budget_and_holds_its_rows(spark):
+    result = _replica_fit(spark, True, rounds=None, strategy="average", warmup_steps=4, epochs=3.0, data_mode="stream")
     s = result.summary
     assert s["warmup"]["steps"] == 4 and result.history[-1]["stop_reason"] == "epochs"
+    # a split worker's processes hold their partitions' rows in memory, asked to stream or not
+    assert s["data_mode"] == "memory" and "share their partitions' rows" in s["data_mode_reason"]
     # a step of a split worker is one batch of its 16 rows: three passes over the 32 rows take 3 steps a worker
     assert s["samples"] >= 3 * 32 and s["total_steps"] == 3 * len(result.history)
 
