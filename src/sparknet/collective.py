@@ -327,14 +327,16 @@ class CollectiveExchange(Exchange):
         else:
             work = dist.all_gather(gathered, piece, group=self.group, async_op=True)
         # the round's bytes between the workers, every column of a worker of several processes counted: a whole
-        # replica's columns carry pieces of one size, a sharded one's columns their own parts
+        # replica's columns carry pieces of one size, a sharded one's columns their own parts, a split one's columns
+        # parts of one size (every process of a split worker holds its parts in the same shapes)
         if sent["columns"] is not None:
             sent["bytes"] += sum(self._allreduce_bytes(values + world * FIELDS) if codec is None else
                                  self._allgather_bytes(FIELDS * 4 + codec.wire_nbytes(values))
                                  for values in sent["columns"])
         else:
-            sent["bytes"] += self._pieces * (self._allreduce_bytes(piece.numel()) if codec is None else
-                                             self._allgather_bytes(piece.numel()))
+            columns = self.step.ranks.size if self.step.ranks is not None and self.step.ranks.split else self._pieces
+            sent["bytes"] += columns * (self._allreduce_bytes(piece.numel()) if codec is None else
+                                        self._allgather_bytes(piece.numel()))
         return _InFlight(work, buf, n, gathered, sent, delay, t, size)
 
     def _allreduce_bytes(self, values: int) -> int:

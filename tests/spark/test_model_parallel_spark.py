@@ -168,11 +168,12 @@ def _replica_fit(spark, split: bool, rounds: int = 5, strategy: str = "diloco", 
 
 
 @pytest.mark.parametrize("options", [{"strategy": "average"}, {}, {"strategy": "easgd"}, {"overlap": True},
-                                     {"weight_ema": 0.5}])
+                                     {"weight_ema": 0.5}, {"compression": "bf16"}])
 def test_a_split_worker_exchanges_as_the_whole_replica_does(spark, options):
     # each process exchanges its part of the layers with the process of the other worker that holds the same part:
     # averaging, DiLoCo's outer step, EASGD's elastic pull (each process keeps its own part between rounds), an
-    # exchange a round late, the moving average kept part by part and joined on the driver
+    # exchange a round late, the moving average kept part by part and joined on the driver, bf16 updates (each value
+    # rounded on its own, so the whole layers both processes hold stay equal)
     split, whole = (_replica_fit(spark, flag, **options) for flag in (True, False))
     ws, ww = (r.weights.to_flat(torch.float32) for r in (split, whole))
     assert torch.allclose(ws, ww, atol=1e-5, rtol=1e-4), float((ws - ww).abs().max())
@@ -185,6 +186,12 @@ def test_a_split_worker_exchanges_as_the_whole_replica_does(spark, options):
     assert [h["workers"] for h in split.history] == [2] * 5
     # ip1's weight and bias and ip2's weight halve; ip2's bias is whole on both
     assert s["weight_bytes_per_worker"] == [4 * (8 + 4 + 12 + 3)] * 4
+    from sparknet.collective import FIELDS
+
+    # the round's bytes count both columns of a worker: each allreduces its 27 values and the rows (float32), or
+    # all-gathers its rank's row and its values at 2 bytes each (bf16)
+    column = 2 * 1 * (FIELDS * 4 + 2 * 27) if "compression" in options else 2 * 1 * 4 * (27 + 2 * FIELDS)
+    assert [h["bytes"] for h in split.history] == [2 * column] * 5
 
 
 @pytest.mark.parametrize("options", [{"fragments": 2}, {"overlap": True, "fragments": 3}])
@@ -353,7 +360,7 @@ def test_sparknet_train_model_parallel_end_to_end(spark, tmp_path):
     (["--workers", "2", "--model-parallel", "2", "--parallel-plan", "ip1=sideways"], "LAYER=column"),
     (["--workers", "2", "--model-parallel", "2", "--parallel-plan", "conv9=column"], "conv9"),
     (["--workers", "2", "--model-parallel", "2", "--max-weight-bytes", "1e4"], "over the budget"),
-    (["--workers", "2", "--model-parallel", "2", "--compression", "int8"], "drop --compression"),
+    (["--workers", "2", "--model-parallel", "2", "--compression", "int8"], "use --compression bf16"),
     (["--workers", "2", "--model-parallel", "2", "--auto-tau"], "fixed --tau"),
     (["--workers", "2", "--max-weight-bytes", "4e5"], "with --model-parallel 2 each rank would hold"),
     (["--workers", "2", "--parallel-plan", "ip1=column"], "--parallel-plan needs --model-parallel M with M > 1"),
