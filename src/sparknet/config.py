@@ -128,8 +128,8 @@ def check_per_step_strategy(dist: DistributedConfig, what: str, *, on_spark: boo
 @dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
     """What every worker does on its own: its update rule, minibatch, seed, threads and device, and how many
-    local steps it makes at most. :class:`~sparknet.spark.SparkTrainer`, the model-parallel stage and the
-    parameter server's session take it; :meth:`RunConfig.worker` is what ``sparknet train`` gives them."""
+    local steps it makes at most. :class:`~sparknet.spark.SparkTrainer` and the parameter server's session take
+    it; :meth:`RunConfig.worker` is what ``sparknet train`` gives them."""
 
     solver: SolverConfig = field(default_factory=SolverConfig)
     """Each worker's local update rule."""
