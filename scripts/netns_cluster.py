@@ -78,12 +78,17 @@ def _run(*cmd: str, check: bool = True, timeout: float = 30.0) -> subprocess.Com
     return out
 
 
-def _alive(pid: int) -> bool:
+def _stat(pid: int, field: int) -> str | None:
+    """Field ``field`` of ``/proc/<pid>/stat`` counted after the command's name (0: the state), or ``None`` where the
+    process is gone."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[field]
     except (OSError, IndexError):
-        return False
-    return state != "Z"
+        return None
+
+
+def _alive(pid: int) -> bool:
+    return _stat(pid, 0) not in (None, "Z")
 
 
 def _stop(pid: int, grace_s: float = 15.0) -> None:
@@ -107,10 +112,7 @@ OWNERS = Path("/run/sparknet-rigs")
 
 def _start_time(pid: int) -> str | None:
     """A process's start time (clock ticks since boot): with its pid, what names it across pid reuse."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+    return _stat(pid, 19)
 
 
 def remove_stale_rigs() -> list[str]:

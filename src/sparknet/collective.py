@@ -159,6 +159,9 @@ class CollectiveExchange(Exchange):
         # between the workers and the worker's ranks gather the pieces (a sharded replica's columns carry their parts)
         self._pieces = ranks.size if ranks is not None and ranks.whole else 1
         self._piece = dist.get_rank(ranks.group) if self._pieces > 1 else 0
+        # the worker's columns whose exchange each has this rank's size: a whole replica's pieces, a split one's parts
+        # (every process of a split worker holds its parts in the same shapes)
+        self._columns = ranks.size if ranks is not None and not ranks.sharded else 1
         self.eval_link_s = 0.0  # the link wait of this round's evaluation
         self._last_sync_s = -1.0  # this rank's sync time of the previous round (none yet in a new stage)
 
@@ -327,16 +330,15 @@ class CollectiveExchange(Exchange):
         else:
             work = dist.all_gather(gathered, piece, group=self.group, async_op=True)
         # the round's bytes between the workers, every column of a worker of several processes counted: a whole
-        # replica's columns carry pieces of one size, a sharded one's columns their own parts, a split one's columns
-        # parts of one size (every process of a split worker holds its parts in the same shapes)
+        # replica's columns carry pieces of one size, a split one's columns parts of one size, a sharded one's
+        # columns their own parts
         if sent["columns"] is not None:
             sent["bytes"] += sum(self._allreduce_bytes(values + world * FIELDS) if codec is None else
                                  self._allgather_bytes(FIELDS * 4 + codec.wire_nbytes(values))
                                  for values in sent["columns"])
         else:
-            columns = self.step.ranks.size if self.step.ranks is not None and self.step.ranks.split else self._pieces
-            sent["bytes"] += columns * (self._allreduce_bytes(piece.numel()) if codec is None else
-                                        self._allgather_bytes(piece.numel()))
+            sent["bytes"] += self._columns * (self._allreduce_bytes(piece.numel()) if codec is None else
+                                              self._allgather_bytes(piece.numel()))
         return _InFlight(work, buf, n, gathered, sent, delay, t, size)
 
     def _allreduce_bytes(self, values: int) -> int:

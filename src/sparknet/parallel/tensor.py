@@ -491,15 +491,20 @@ def split_layouts(graph_module: GraphModule, model_parallel: int, plan: PlanLike
     weights = []
     for name, tensors in graph_module.layer_weights().items():
         mode = modes.get(name)
-        owned = {} if mode is None else {id(t): p.rsplit(".", 1)[-1]
-                                         for p, t in graph_module.layer_module(name).named_parameters()}
-        for t in tensors:
-            what = owned.get(id(t))
-            dim = None
-            if what == "weight" or (what == "bias" and mode is ParallelMode.COLUMN):
-                dim = 0 if mode is ParallelMode.COLUMN else 1
-            weights.append((tuple(t.shape), dim))
+        owned = {} if mode is None else {id(t): p for p, t in graph_module.layer_module(name).named_parameters()}
+        weights += [(tuple(t.shape), _cut_dim(mode, owned[id(t)]) if id(t) in owned else None) for t in tensors]
     return shard_layouts(weights, model_parallel)
+
+
+def _cut_dim(mode: ParallelMode | None, name: str) -> int | None:
+    """The dimension tensor parallelism cuts a layer's tensor ``name`` along (its styles: a column layer's every
+    tensor along its first, a row layer's weight along its second), or ``None``: whole on every rank (a row layer's
+    bias, a layer left whole)."""
+    if mode is ParallelMode.COLUMN:
+        return 0
+    if mode is ParallelMode.ROW and not name.rsplit(".", 1)[-1].startswith("bias"):
+        return 1
+    return None
 
 
 # --------------------------------------------------------------------------- memory
@@ -535,8 +540,7 @@ def weight_bytes_per_rank(net_params: NetParams, model_parallel: int = 1, plan: 
         params = {id(t) for t in sub.parameters()}
         for pname, t in list(sub.named_parameters()) + list(sub.named_buffers()):
             nbytes = t.numel() * t.element_size()
-            is_bias = pname.rsplit(".", 1)[-1].startswith("bias")
-            if mode is ParallelMode.COLUMN or (mode is ParallelMode.ROW and not is_bias):
+            if _cut_dim(mode, pname) is not None:
                 nbytes = math.ceil(nbytes / model_parallel)
             elif shard > 1 and id(t) in params and t.dim():
                 nbytes = math.ceil(t.shape[0] / shard) * (nbytes // t.shape[0])
