@@ -155,13 +155,14 @@ class CollectiveExchange(Exchange):
         self.compression = CompressionKind.NONE if self.codec is None else self.codec.kind
         self.strategy.set_link(link)  # a gradient strategy's every-step allreduce waits too
         self._bufs: list[torch.Tensor | None] = [None, None]  # an overlapped round fills one while the other travels
-        # a whole replica on a worker's G ranks: their buffers are the same, so each column carries one G-th of it
-        # between the workers and the worker's ranks gather the pieces (a sharded replica's columns carry their parts)
-        self._pieces = ranks.size if ranks is not None and ranks.whole else 1
+        # a worker's copies (whole replicas, or a split one's copies of each part): their buffers are the same, so
+        # each column carries one piece of it between the workers and the copies gather the pieces (a sharded
+        # replica's columns carry their parts)
+        self._pieces = ranks.size if ranks is not None and not ranks.sharded else 1
         self._piece = dist.get_rank(ranks.group) if self._pieces > 1 else 0
         # the worker's columns whose exchange each has this rank's size: a whole replica's pieces, a split one's parts
-        # (every process of a split worker holds its parts in the same shapes)
-        self._columns = ranks.size if ranks is not None and not ranks.sharded else 1
+        # (every process of a split worker holds its parts in the same shapes) and their pieces
+        self._columns = ranks.procs if ranks is not None and not ranks.sharded else 1
         self.eval_link_s = 0.0  # the link wait of this round's evaluation
         self._last_sync_s = -1.0  # this rank's sync time of the previous round (none yet in a new stage)
 
@@ -233,7 +234,7 @@ class CollectiveExchange(Exchange):
             row[4], row[6] = 1.0, self._last_sync_s
             compute_s = 0.0
         sent["gradient"] = grad_bytes0, grad_link0
-        if self.step.ranks is not None and self.step.ranks.whole:
+        if self.step.ranks is not None and self.step.ranks.averages:
             sent["inner_bytes"] = self.step.ranks.bytes_sent - inner0
         if streaming is None or not streaming.overlap:
             self._arrived = part

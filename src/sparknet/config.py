@@ -373,8 +373,9 @@ class DistributedConfig:
     """Streaming synchronisation: cut the weights into this many parts and exchange one part a round, in turn, so
     each exchange moves 1/fragments of the model (barrier engine; average or diloco)."""
     model_parallel: int = 1
-    """M: workers each copy of the net is split across, its layers cut in parts (barrier engine; workers a multiple
-    of M: D = workers / M copies average every tau steps)."""
+    """M: processes each copy of the net is split across, its layers cut in parts (barrier engine). Alone, --workers
+    counts processes (a multiple of M: workers / M copies average every tau steps); with --procs-per-worker G (a
+    multiple of M), each worker's G processes hold G / M copies, whose gradients are averaged every step."""
     procs_per_worker: int = 1
     """G: processes (barrier tasks) each worker is made of. They average their gradients every step, training as
     one process with G times the batch; the strategy runs every tau steps between the workers (barrier engine; the
@@ -473,7 +474,10 @@ class DistributedConfig:
         if self.engine is not Engine.BARRIER:
             refusal = (f"--model-parallel runs its workers together in one barrier stage; add --engine barrier "
                        f"(the {self.engine.value} engine does not split layers)")
-        elif self.workers % m:
+        elif self.procs_per_worker > 1 and self.procs_per_worker % m:
+            refusal = (f"--procs-per-worker {self.procs_per_worker} does not divide into copies split {m} ways: give "
+                       f"a worker a multiple of --model-parallel {m} processes")
+        elif self.procs_per_worker == 1 and self.workers % m:
             refusal = (f"{self.workers} workers do not divide into model-parallel groups of {m}; use --workers "
                        f"{max(m, self.workers - self.workers % m)} or another multiple of {m}")
         elif self.strategy in (Strategy.SYNC, Strategy.ASYNC):
@@ -508,8 +512,9 @@ class DistributedConfig:
                        + ("; it already averages gradients over every process at every step: train with "
                           f"--workers {self.workers * g} instead" if self.strategy is Strategy.SYNC else "")
                        + "; choose --strategy average, diloco or easgd with --procs-per-worker")
-        elif self.model_parallel > 1:
-            refusal = "--procs-per-worker and --model-parallel both lay a worker over several processes: choose one"
+        elif self.model_parallel > 1 and self.shard_replica:
+            refusal = ("--shard-replica with --model-parallel would shard the split layers' copies over a worker "
+                       "(FSDP2 on a 2-D mesh), which is not built: choose one")
         elif self.round_seconds is not None or self.auto_tau:
             refusal = ("the ranks of a worker make every step together, so rounds need a fixed tau: drop "
                        "--round-seconds and --auto-tau with --procs-per-worker")
@@ -523,13 +528,13 @@ class DistributedConfig:
         return self.workers * self.procs_per_worker
 
     def as_workers(self) -> DistributedConfig:
-        """This fit as the barrier engine runs it, K workers of G processes: --model-parallel M's W workers are
-        processes, M of them one worker whose layers are split over them (W/M workers of M processes); any other
-        fit is itself."""
-        if self.model_parallel == 1:
+        """This fit as the barrier engine runs it, K workers of G processes: --model-parallel M alone makes its W
+        workers processes, M of them one worker whose layers are split over them (W/M workers of M processes); any
+        other fit is itself."""
+        if self.model_parallel == 1 or self.procs_per_worker > 1:
             return self
         return dataclasses.replace(self, workers=self.workers // self.model_parallel,
-                                   procs_per_worker=self.model_parallel, model_parallel=1, parallel_plan=None)
+                                   procs_per_worker=self.model_parallel)
 
     def plan(self) -> dict[str, str | None] | None:
         """--parallel-plan as layer name -> ``"column"``, ``"row"`` or ``None`` (``None``: not given)."""
@@ -569,7 +574,7 @@ class DistributedConfig:
         if self.strategy is Strategy.DILOCO:
             return {"outer_lr": self.outer_lr, "outer_momentum": self.outer_momentum}
         if self.strategy is Strategy.EASGD:
-            return {"num_workers": self.workers // self.model_parallel, "beta": self.easgd_beta}
+            return {"num_workers": self.as_workers().workers, "beta": self.easgd_beta}
         return {}
 
     @property

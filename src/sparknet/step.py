@@ -128,29 +128,34 @@ class WorkerStream:
 
 
 class WorkerRanks:
-    """The processes of one worker (``--procs-per-worker G``, ``--model-parallel G``), which train as one process.
+    """The processes of one worker (``--procs-per-worker G``, ``--model-parallel M``), which train as one process.
 
     A whole replica on each rank (the default): each rank draws its own minibatch from its own partition; every step
     their gradients are averaged over ``group`` before the solver steps, so their weights and solver states stay
     identical and the worker trains with G times the batch. After the round's local steps :meth:`pool` gives every
-    rank the worker's counts: the samples of all G ranks and their mean loss.
+    rank the worker's counts: the samples of all its copies and their mean loss.
 
     Parameters
     ----------
     group : ProcessGroup
-        The worker's G ranks (a torch.distributed group).
+        The worker's ranks that hold the same part in each of its copies (a torch.distributed group): a whole
+        replica's G ranks, a sharded one's G, a split one's G / M.
+    procs : int, optional
+        The worker's processes, G (default: ``group``'s size).
     sharded : bool
         The worker's replica is sharded over them (:meth:`~sparknet.net.Net.shard`): FSDP2 averages the gradients
         as it reduce-scatters them, and only the counts are pooled here.
     split : bool
-        The worker's layers are split over them (:meth:`~sparknet.net.Net.split`): its ranks run every step on the
-        same batch, the worker's rows shared among them, so the worker's counts are each rank's own.
+        The worker's layers are split over M of its ranks (:meth:`~sparknet.net.Net.split`): a copy's ranks run
+        every step on the same batch, its rows shared among them, so their counts are the same; the G / M copies in
+        ``group`` average their gradients as whole replicas do.
     """
 
-    def __init__(self, group, *, sharded: bool = False, split: bool = False):
+    def __init__(self, group, *, procs: int | None = None, sharded: bool = False, split: bool = False):
         import torch.distributed as dist
 
         self.group, self.size, self.sharded, self.split = group, dist.get_world_size(group), sharded, split
+        self.procs = self.size if procs is None else procs
         self.bytes_sent = 0
         """Bytes of gradients this rank allreduced inside its worker so far."""
 
@@ -159,15 +164,21 @@ class WorkerRanks:
         """Each rank holds the worker's replica whole (neither sharded nor split)."""
         return not (self.sharded or self.split)
 
+    @property
+    def averages(self) -> bool:
+        """The ranks in ``group`` average their gradients every step here (several whole or split copies; a sharded
+        replica's FSDP2 does it itself)."""
+        return self.size > 1 and not self.sharded
+
     def after_backward(self, net) -> None:
         self.bytes_sent += allreduce_gradients(net.module, self.group)[0]
 
     def pool(self, stats: TrainStats) -> TrainStats:
-        """The worker's round from this rank's: samples and loss over its G ranks, finite only if every rank's is (a
-        split worker's ranks all trained on the worker's batches: its counts are this rank's)."""
+        """The worker's round from this rank's: samples and loss over its copies, finite only if every one's is (a
+        split copy's ranks all trained on its batches: their counts are the same)."""
         import torch.distributed as dist
 
-        if self.split:
+        if self.size == 1:
             return stats
         sums = torch.tensor([stats.samples, stats.loss * stats.samples if stats.samples else 0.0,
                              0.0 if stats.finite else 1.0], dtype=torch.float64)
@@ -253,7 +264,7 @@ class WorkerStep:
         self.seed, self.after_train, self.train = seed, after_train, train
         self.hook = strategy.after_backward if gradient_hook and strategy.needs_gradient_hook else None
         self.ranks = ranks
-        if ranks is not None and ranks.whole:
+        if ranks is not None and ranks.averages:
             self.hook = ranks.after_backward
 
     def run(self, steps: int, global_flat: torch.Tensor, *, round: int = 0, seconds: float | None = None,

@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from sparknet._enums import CompressionKind, parse_enum
 from sparknet.config import Strategy
+from sparknet.weights import local_view
 
 log = logging.getLogger(__name__)
 
@@ -231,16 +232,17 @@ def allreduce_gradients(module: torch.nn.Module, group=None, link=None) -> tuple
     counts as zeros. Returns the bytes allreduced and the seconds waited for ``link`` (a simulated network).
     """
     params = [p for p in module.parameters() if p.requires_grad]
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [local_view(p.grad) for p in params]  # a split layer's: this rank's part (a DTensor's local shard)
+    flat = torch.cat([g.reshape(-1) for g in grads])
     nbytes, world = flat.numel() * flat.element_size(), dist.get_world_size(group)
     waited = link.wait_allreduce(nbytes, world) if link is not None else 0.0
     dist.all_reduce(flat, group=group)
     flat /= world
-    for p, g in zip(params, flat.split([p.numel() for p in params])):
-        if p.grad is None:
-            p.grad = g.view_as(p).clone()
-        else:
-            p.grad.copy_(g.view_as(p))
+    for grad, g in zip(grads, flat.split([g.numel() for g in grads])):
+        grad.copy_(g.view_as(grad))
     return nbytes, waited
 
 

@@ -155,7 +155,9 @@ def test_on_spark_even_one_worker_needs_the_barrier_engine_for_a_per_step_strate
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "round_seconds": 3.0}, "fixed --tau"),
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "auto_tau": True}, "fixed --tau"),
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "compression": "int8"}, "use --compression bf16"),
-    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "procs_per_worker": 2}, "choose one"),
+    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "procs_per_worker": 3}, "a multiple of --model-parallel"),
+    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "procs_per_worker": 2, "shard_replica": True},
+     "choose one"),
     ({"parallel_plan": "ip1=column"}, "needs --model-parallel M with M > 1"),
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "parallel_plan": "ip1=sideways"}, "LAYER=column"),
     ({"max_weight_bytes": 0}, "must be positive"),
@@ -173,8 +175,11 @@ def test_a_split_net_runs_as_workers_of_several_processes_whatever_their_exchang
     # --model-parallel M: W processes are W/M workers of M processes, which take every exchange they take
     dist = DistributedConfig(model_parallel=2, workers=4, engine="barrier", tau=5, **settings)
     engine = dist.as_workers()
-    assert (engine.workers, engine.procs_per_worker, engine.model_parallel, engine.ranks) == (2, 2, 1, 4)
+    assert (engine.workers, engine.procs_per_worker, engine.model_parallel, engine.ranks) == (2, 2, 2, 4)
     assert dist.strategy_options().get("num_workers", 2) == 2 and DistributedConfig(workers=4).as_workers().workers == 4
+    # with --procs-per-worker G, --workers counts workers: each of G processes, G / M copies of the split layers
+    both = DistributedConfig(model_parallel=2, procs_per_worker=4, workers=3, engine="barrier", tau=5, **settings)
+    assert both.as_workers() is both and (both.ranks, both.strategy_options().get("num_workers", 3)) == (12, 3)
 
 
 def test_the_parallel_plan_is_read_once_into_modes():

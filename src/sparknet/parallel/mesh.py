@@ -1,8 +1,11 @@
-"""The 2-D layout: W workers = D data-parallel groups x M model-parallel ranks, ``rank = dp_rank * M + mp_rank``.
+"""The layout of a stage's ranks: W = D workers x C copies x M model-parallel ranks,
+``rank = (dp_rank * C + inner_rank) * M + mp_rank``.
 
-A **model-parallel group** (a row) holds one replica of the model split ``M`` ways; its ranks run every
-step together on the *same* batch. A **data-parallel group** (a column) holds the ranks with the same
-shard in every replica; the training strategy's allreduce of each rank's flat shard runs over it.
+A **model-parallel group** (``mp``) holds one copy of the model split ``M`` ways; its ranks run every
+step together on the *same* batch. The **inner group** holds a worker's ``C`` copies (whole replicas, FSDP2's
+shards of one, or copies of a split one), which train on their own batches and average their gradients every
+step. A **data-parallel group** (``dp``, a column) holds the ranks with the same place in every worker; the
+training strategy's allreduce of each rank's flat part runs over it.
 
 Everything here needs only an initialized default process group (gloo); the subgroups are made by
 :func:`torch.distributed.device_mesh.init_device_mesh` and are destroyed with the default group.
@@ -49,18 +52,18 @@ def layout_coords(rank: int, world_size: int, model_parallel: int) -> tuple[int,
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """Where this rank sits in the D x M layout, and the process groups it talks over.
+    """Where this rank sits in the D x C x M layout, and the process groups it talks over.
 
     Attributes
     ----------
     world_size, rank : int
         Of the default process group.
-    data_parallel, model_parallel : int
-        ``D`` and ``M``; ``D * M == world_size``.
-    dp_rank, mp_rank : int
-        This rank's coordinates: its replica, and its shard within the replica.
+    data_parallel, copies, model_parallel : int
+        ``D`` (workers), ``C`` (copies in a worker) and ``M``; ``D * C * M == world_size``.
+    dp_rank, inner_rank, mp_rank : int
+        This rank's coordinates: its worker, its copy in the worker, and its part of the copy.
     mesh : DeviceMesh
-        The 2-D mesh, dimensions named ``("dp", "mp")``.
+        The 3-D mesh, dimensions named ``("dp", "inner", "mp")``.
     """
 
     world_size: int
@@ -70,6 +73,15 @@ class ParallelLayout:
     dp_rank: int
     mp_rank: int
     mesh: Any = field(repr=False)
+    copies: int = 1
+    inner_rank: int = 0
+    peers: Any = field(default=None, repr=False)
+    """The ranks of every copy that hold this rank's part (C > 1 and M > 1; else a group of the mesh's is it)."""
+
+    @property
+    def worker_rank(self) -> int:
+        """This rank's index among its worker's C x M ranks."""
+        return self.inner_rank * self.model_parallel + self.mp_rank
 
     @property
     def mp_mesh(self):
@@ -77,25 +89,43 @@ class ParallelLayout:
         return self.mesh["mp"]
 
     @property
+    def inner_mesh(self):
+        """The 1-D mesh over the worker's copies this rank is one of (what FSDP2 shards a replica over)."""
+        return self.mesh["inner"]
+
+    @property
     def dp_group(self):
-        """The process group of the ranks holding the same shard in every replica."""
+        """The process group of the ranks holding the same place in every worker."""
         return self.mesh.get_group("dp")
 
     @property
     def mp_group(self):
-        """The process group of the ranks holding this replica."""
+        """The process group of the ranks holding this copy's parts."""
         return self.mesh.get_group("mp")
 
+    @property
+    def inner_group(self):
+        """The process group of the worker's ranks holding the same part in each of its copies."""
+        return self.mesh.get_group("inner")
 
-def init_layout(model_parallel: int, *, device_type: str = "cpu") -> ParallelLayout:
-    """Split the initialized default process group into D data-parallel x M model-parallel groups.
+    @property
+    def part_group(self):
+        """The ranks of every worker and copy holding this rank's part of the model."""
+        return self.dp_group if self.copies == 1 else self.peers
+
+
+def init_layout(model_parallel: int, *, copies: int = 1, device_type: str = "cpu") -> ParallelLayout:
+    """Split the initialized default process group into D workers of ``copies`` x M ranks.
 
     Every rank of the default group must call it (making the subgroups is collective).
 
     Parameters
     ----------
     model_parallel : int
-        ``M``; must divide the world size.
+        ``M``; with ``copies``, must divide the world size.
+    copies : int
+        ``C``: copies of the model in each worker (whole, sharded or split ``M`` ways), averaging their gradients
+        every step.
     device_type : str
         The mesh's device type (``"cpu"`` for gloo).
 
@@ -104,7 +134,7 @@ def init_layout(model_parallel: int, *, device_type: str = "cpu") -> ParallelLay
     RuntimeError
         No default process group.
     ValueError
-        ``M`` does not divide the world size.
+        ``C x M`` does not divide the world size.
     """
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -113,12 +143,19 @@ def init_layout(model_parallel: int, *, device_type: str = "cpu") -> ParallelLay
         raise RuntimeError("init_layout needs an initialized default process group: call "
                            "torch.distributed.init_process_group first (the barrier engine does)")
     world, rank = dist.get_world_size(), dist.get_rank()
-    dp_rank, mp_rank = layout_coords(rank, world, model_parallel)
-    d = world // model_parallel
-    mesh = init_device_mesh(device_type, (d, model_parallel), mesh_dim_names=("dp", "mp"))
+    dp_rank, place = layout_coords(rank, world, copies * model_parallel)
+    inner_rank, mp_rank = divmod(place, model_parallel)
+    d = world // (copies * model_parallel)
+    mesh = init_device_mesh(device_type, (d, copies, model_parallel), mesh_dim_names=("dp", "inner", "mp"))
+    peers = None
+    if copies > 1 and model_parallel > 1:  # made by every rank, in the same order
+        peers, _ = dist.new_subgroups_by_enumeration([list(range(j, world, model_parallel))
+                                                      for j in range(model_parallel)])
     layout = ParallelLayout(world_size=world, rank=rank, data_parallel=d, model_parallel=model_parallel,
-                            dp_rank=dp_rank, mp_rank=mp_rank, mesh=mesh)
-    log.debug("rank %d: replica %d of %d, shard %d of %d", rank, dp_rank, d, mp_rank, model_parallel)
+                            dp_rank=dp_rank, mp_rank=mp_rank, mesh=mesh, copies=copies, inner_rank=inner_rank,
+                            peers=peers)
+    log.debug("rank %d: worker %d of %d, copy %d of %d, part %d of %d", rank, dp_rank, d, inner_rank, copies,
+              mp_rank, model_parallel)
     return layout
 
 

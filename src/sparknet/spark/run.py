@@ -218,7 +218,7 @@ def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOption
             extras = "".join([f", {dist.compression.value} updates" if compressed else "",
                               f", auto tau in [{dist.auto_tau_min}, {dist.auto_tau_max}]" if dist.auto_tau else "",
                               f", link {link.describe()}" if link is not None and not link.is_free else "",
-                              f", {dist.workers // dist.model_parallel} copies split in {dist.model_parallel} parts"
+                              f", {dist.ranks // dist.model_parallel} copies split in {dist.model_parallel} parts"
                               if dist.model_parallel > 1 else "",
                               f", {dist.procs_per_worker} processes each{' (sharded)' * dist.shard_replica}"
                               if dist.procs_per_worker > 1 else ""])

@@ -264,7 +264,7 @@ class SparkTrainer:
         sc = spark if connect else spark.sparkContext
         if self._workers_from_session:  # no DistributedConfig given: one worker per default task slot (or per G)
             self.dist.workers = max(1, session_parallelism(spark) // self.dist.procs_per_worker)
-        dist, m = self.dist.as_workers(), self.dist.model_parallel  # --model-parallel M: W/M workers of M processes
+        dist, m = self.dist.as_workers(), self.dist.model_parallel  # --model-parallel M alone: W/M workers of M
         K, ranks = dist.workers, dist.ranks  # workers, and the processes (partitions) they are made of
         rules = (dist.rounds, self.worker.steps, dist.epochs, dist.target_accuracy, dist.target_loss)
         if all(v is None for v in rules):
@@ -350,7 +350,7 @@ class SparkTrainer:
             if m > 1:
                 split = {"plan": plan, "whole_weight_bytes": whole, "max_weight_bytes": dist.max_weight_bytes}
                 log.info("model parallelism: %d processes = %d copies x %d parts; plan %s; %s bytes of weights per "
-                         "process (%s whole)", ranks, K, m, plan, f"{per_worker:,}", f"{whole:,}")
+                         "process (%s whole)", ranks, ranks // m, m, plan, f"{per_worker:,}", f"{whole:,}")
 
         from pyspark import StorageLevel
 
@@ -496,7 +496,7 @@ class SparkTrainer:
             summary.update(shard_replica=True, **{f"{what}_per_rank": [w[what] for w in summary["barrier_workers"]]
                                                   for what in ("weight_bytes", "solver_state_bytes")})
         if split is not None:
-            summary.update(data_parallel=K, model_parallel=m, **split,
+            summary.update(data_parallel=ranks // m, model_parallel=m, **split,
                            weight_bytes_per_worker=[w["weight_bytes"] for w in summary["barrier_workers"]])
         return TrainResult(weights=driver_net.get_weights(), history=history, summary=summary, net=driver_net)
 

@@ -344,7 +344,7 @@ class BarrierStage:
                 group=GroupPlan(workers=K, local=local, rendezvous_timeout_s=opts.rendezvous_timeout_s,
                                 collective_timeout_s=opts.collective_timeout_s, procs_per_worker=dist.procs_per_worker,
                                 shard_replica=dist.shard_replica, split=run.split,
-                                store=None if store is None else f"{host}:{store.port}"),
+                                model_parallel=dist.model_parallel, store=None if store is None else f"{host}:{store.port}"),
                 fit=run.plan, endpoint=receiver.endpoint, keys=receiver.client_keys,
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,
@@ -434,11 +434,10 @@ def _cut_parts(run: EngineRun, start: ResumeState) -> list[dict]:
     """A sharded or split replica's starting state in the parts its ranks hold (:meth:`~sparknet.net.Net.
     shard_layouts`, :func:`~sparknet.parallel.tensor.split_layouts`): the global weights, the strategy's flat state
     and the weights' moving average, each cut."""
-    G = run.dist.procs_per_worker
     whole = torch.as_tensor(start.global_flat, dtype=torch.float32)
     average = None if start.average is None else torch.as_tensor(np.asarray(start.average, np.float32))
-    layouts = (run.driver_net.shard_layouts(G) if run.split is None else
-               split_layouts(run.driver_net.module, G, run.split))
+    layouts = (run.driver_net.shard_layouts(run.dist.procs_per_worker) if run.split is None else
+               split_layouts(run.driver_net.module, run.dist.model_parallel, run.split))
     return [{"layout": layout, **cut_state({"global": whole, "average": average}, whole.numel(), layout),
              "strategy": None if start.strategy is None else cut_state(start.strategy, whole.numel(), layout)}
             for layout in layouts]
@@ -527,7 +526,8 @@ def run_connect_stage(run: EngineRun):
     params = StagePlan(
         group=GroupPlan(workers=K, local=is_local_master(session_master(spark)),
                         rendezvous_timeout_s=opts.rendezvous_timeout_s, collective_timeout_s=opts.collective_timeout_s,
-                        procs_per_worker=dist.procs_per_worker, shard_replica=dist.shard_replica, split=run.split),
+                        procs_per_worker=dist.procs_per_worker, shard_replica=dist.shard_replica, split=run.split,
+                        model_parallel=dist.model_parallel),
         fit=run.plan, streaming=dist.streaming())
     float_labels = spec.task.float_labels or spec.weighted
     profile, gpus = gpu_profile(spark, spec.worker.gpus_per_worker, workers=K, procs=dist.procs_per_worker)

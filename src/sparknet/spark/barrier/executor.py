@@ -79,8 +79,11 @@ class GroupPlan:
     shard_replica: bool = False
     """A worker's weights and solver state are sharded over its G ranks (FSDP2)."""
     split: dict | None = None
-    """A worker's layers are split over its G ranks by this plan (layer name to ``column`` or ``row``: tensor
-    parallelism, ``--model-parallel G``), its ranks running every step on the worker's rows together."""
+    """A worker's layers are split over M of its ranks by this plan (layer name to ``column`` or ``row``: tensor
+    parallelism, ``--model-parallel M``), the M ranks of a copy running every step on the copy's rows together."""
+    model_parallel: int = 1
+    """M, with ``split``: each worker's G ranks are G / M copies of its layers, each split over M consecutive ranks
+    (the copies average their gradients every step)."""
     store: str | None = None
     """``host:port`` of the TCPStore the driver holds for the stage on a local master, every rank its client.
     ``None`` (a cluster, or a Spark Connect client): rank 0 holds it and tells the others its port with Spark's
@@ -90,6 +93,11 @@ class GroupPlan:
     def parted(self) -> bool:
         """Each rank of a worker holds a part of its weights (a sharded or split replica), not the whole."""
         return self.shard_replica or self.split is not None
+
+    @property
+    def parts(self) -> int:
+        """The ranks one copy of a worker's weights is cut over: a split copy's M, a sharded replica's G."""
+        return self.model_parallel if self.split is not None else self.procs_per_worker
 
 
 @dataclass(frozen=True)
@@ -384,8 +392,8 @@ def _rank(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     device, device_info = task_device(spec.worker.device, rank)
     order = worker_order(_task_hosts(ctx), G)
     group_rank = order.index(rank)  # a worker's ranks consecutive, on one host where they can be
-    # a split worker's ranks draw the same batches (and dropout masks): they seed as their worker, not as their task
-    seed_index = group_rank // G if params.group.split is not None else rank
+    # a split copy's ranks draw the same batches (and dropout masks): they seed as their copy, not as their task
+    seed_index = group_rank // params.group.parts if params.group.split is not None else rank
     # a sharded or split replica's rank makes its net once it is cut, its part only
     net = build_worker_net(spec, seed_index, data, "meta" if params.group.parted else device)
     del chunks
@@ -393,13 +401,14 @@ def _rank(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     val, val_rows = None, None
     if val_bc is not None:
         vx, vy = val_bc.value
-        # a sharded or split replica's ranks score their worker's share together; otherwise each rank its own
-        share = slice(group_rank // G, None, world // G) if params.group.parted else slice(rank, None, world)
+        # a sharded replica's or a split copy's ranks score their share together; otherwise each rank its own
+        parts = params.group.parts
+        share = slice(group_rank // parts, None, world // parts) if params.group.parted else slice(rank, None, world)
         val, val_rows = (vx[share], vy[share]), len(vx)
     sender = store = None
     history: list[dict] = []
     try:
-        state_parts = params.group.parted and group_rank < G
+        state_parts = params.group.parted and group_rank < params.group.parts
         if params.endpoint and (group_rank == 0 or params.checkpoint_every or state_parts):
             sender = MetricsSender(params.endpoint, params.keys)
         store = rendezvous(ctx, group_rank, params.group, order)
@@ -537,7 +546,7 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
     strategy = spec.strategy
     state = WorkerState()
     G, workers, sharded = params.group.procs_per_worker, params.group.workers, params.group.shard_replica
-    split = params.group.split
+    split, M = params.group.split, params.group.parts if params.group.split is not None else 1
     # the starting weights as the broadcast brought them (float32, this process's own copy: nothing writes into a
     # global buffer, each round makes a new one), not copied again
     global_flat = None if params.parts else torch.from_numpy(_own_float32(init_flat))
@@ -546,24 +555,27 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
     outer = {"rank": group_rank, "world": workers}
     layout, state_part, strategy_state = None, None, start.strategy
     if G > 1:
-        layout = init_layout(G)  # rows: the workers; columns: the ranks of each worker in the same place
+        layout = init_layout(M, copies=G // M)  # the workers, each of G // M copies split in M parts
+        # a sharded replica's parts are scored by the workers' ranks in each place, a split one's by every copy's
+        scoring = (layout.dp_group if sharded else layout.part_group) if params.group.parted else None
         outer = {"rank": layout.dp_rank, "world": layout.data_parallel, "group": layout.dp_group,
-                 "ranks": WorkerRanks(layout.mp_group, sharded=sharded, split=split is not None),
-                 "everyone": dist.group.WORLD, "scoring": layout.dp_group if params.group.parted else None}
-        place = {"worker": layout.dp_rank, "proc": layout.mp_rank, "group_rank": group_rank}
+                 "ranks": WorkerRanks(layout.inner_group, procs=G, sharded=sharded, split=split is not None),
+                 "everyone": dist.group.WORLD, "scoring": scoring}
+        place = {"worker": layout.dp_rank, "proc": layout.worker_rank, "group_rank": group_rank,
+                 **({"copy": layout.inner_rank} if 1 < M < G else {})}
     if split is not None:  # the worker's ranks run every step together, on the rows of all its partitions
         data = share_data_over_mp(*(data.arrays() if data is not None else (None, None)), layout)
         data = None if data[0] is None else data
     has_data = data is not None
     if params.group.parted:  # the net is cut and made, this rank's part only; the exchange runs on the parts
         if sharded:
-            net.shard(layout.mp_mesh, device)
+            net.shard(layout.inner_mesh, device)
         else:
             net.split(layout.mp_mesh, split, device)
         give_rows(net, spec, seed_index, data)
-        parts = net.shard_layout()
+        parts, part = net.shard_layout(), layout.inner_rank if sharded else layout.mp_rank
         if params.parts:  # the driver cut the starting state: this rank reads its own part only
-            mine = params.parts[layout.mp_rank].value
+            mine = params.parts[part].value
             if parts != mine["layout"]:
                 raise RuntimeError(f"{'FSDP2' if sharded else 'the split'} gave rank {group_rank} the parts {parts} of "
                                    f"the weights, where the driver cut them as {mine['layout']}")
@@ -576,7 +588,9 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
             if strategy_state is not None:
                 strategy_state = cut_state(strategy_state, whole, parts)
         net.set_flat(global_flat)
-        state_part = {"part": layout.mp_rank, "parts": G, "layout": parts} if layout.dp_rank == 0 else {}
+        # the first copy of the first worker sends its parts of the state
+        first = layout.dp_rank == 0 and layout.worker_rank < params.group.parts
+        state_part = {"part": part, "parts": params.group.parts, "layout": parts} if first else {}
         place["weight_bytes"] = local_weight_bytes(net)
     if strategy_state is not None:
         strategy.load_state_dict(strategy_state)
