@@ -540,9 +540,10 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
 
     ``rank``: this task's index (its partition); ``group_rank``: its rank in the stage's process group;
     ``seed_index``: the index its data order and its rounds' generator are seeded by. A worker of G processes is G
-    consecutive group ranks (:func:`~sparknet.parallel.mesh.init_layout`'s rows): its gradients meet every step in
-    its row, and the round's exchange runs in each column, between the ranks of every worker that hold the same
-    place (each column forms the same global weights from identical inputs)."""
+    consecutive group ranks, C = G / M copies of M (:func:`~sparknet.parallel.mesh.init_layout`; M = 1 unless the
+    layers split): a copy's gradients meet its other copies' every step, and the round's exchange runs in each
+    column, between the ranks of every worker that hold the same place (each column forms the same global weights
+    from identical inputs)."""
     strategy = spec.strategy
     state = WorkerState()
     G, workers, sharded = params.group.procs_per_worker, params.group.workers, params.group.shard_replica
