@@ -47,12 +47,12 @@ def _frame(spark, n=1200):
     return spark.createDataFrame(spark.sparkContext.parallelize(rows, 4), "features array<double>, label long")
 
 
-def _trainer(spark, hidden, dist, **kwargs):
+def _trainer(spark, hidden, dist, batch_size=16, **kwargs):
     from sparknet.spark import SparkTrainer
 
     return SparkTrainer(zoo.mlp(input_shape=[6], hidden=hidden, num_classes=3),
-                        WorkerConfig(solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=16, seed=3), dist,
-                        spark=spark, **kwargs)
+                        WorkerConfig(solver=SolverConfig(base_lr=0.05, momentum=0.9), batch_size=batch_size, seed=3),
+                        dist, spark=spark, **kwargs)
 
 
 def _places(summary) -> dict[int, set[str]]:
@@ -87,6 +87,25 @@ def test_a_workers_every_step_traffic_stays_on_its_host(spark, rig):
     assert record["bytes"] == 2 * 2 * 4 * -(-(record["inner_allreduce_bytes"] // 200 + 2 * FIELDS) // 2)  # 2 columns
     assert crossed < 10 * step_bytes, (crossed, step_bytes)
     assert s["test_accuracy"] > 0.5
+
+
+def test_a_split_workers_every_step_traffic_stays_on_its_host(spark, rig):
+    df = _frame(spark)
+    # 2 workers of 2 processes, ip1 (6 -> 1024) split by columns and ip2 (1024 -> 1024) by rows: every step each
+    # worker's ranks allreduce ip2's 128 x 1024 outputs (0.5 MB) forward, and ip1's input gradients back
+    trainer = _trainer(spark, [1024, 1024], DistributedConfig(workers=4, model_parallel=2, engine="barrier", tau=50,
+                                                              rounds=1), batch_size=128)
+    before = [rig.link_bytes(i) for i in (1, 2)]
+    result = trainer.fit(df)
+    crossed = sum(rig.link_bytes(i) - b for i, b in zip((1, 2), before))
+    places = _places(result.summary)
+    assert all(len(hosts) == 1 for hosts in places.values()) and len(places[0] | places[1]) == 2, places
+    exchange = result.history[-1]["bytes"]  # both columns of both workers: each process's part, there and back
+    activations = 50 * 128 * 1024 * 4  # one worker's ranks' forward allreduces in a round, had they crossed
+    print(f"crossed {crossed:,} bytes; the exchange {exchange:,}; a worker's activations {activations:,}")
+    # the links carry the exchange (counted on both), the first worker's parts of the state to the driver, the
+    # starting parts and Spark's own messages: less than one worker's round of activations would add
+    assert crossed < 2 * exchange + activations, (crossed, exchange)
 
 
 def test_a_host_lost_mid_run_takes_its_workers_ranks_and_the_run_finishes_when_it_is_back(spark, rig):
