@@ -343,8 +343,8 @@ class BarrierStage:
             params = StagePlan(
                 group=GroupPlan(workers=K, local=local, rendezvous_timeout_s=opts.rendezvous_timeout_s,
                                 collective_timeout_s=opts.collective_timeout_s, procs_per_worker=dist.procs_per_worker,
-                                shard_replica=dist.shard_replica, split=run.split,
-                                model_parallel=dist.model_parallel, store=None if store is None else f"{host}:{store.port}"),
+                                shard_replica=dist.shard_replica, split=run.split, model_parallel=dist.model_parallel,
+                                store=None if store is None else f"{host}:{store.port}"),
                 fit=run.plan, endpoint=receiver.endpoint, keys=receiver.client_keys,
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,
