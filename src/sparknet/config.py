@@ -486,10 +486,6 @@ class DistributedConfig:
         elif self.tau is None or self.round_seconds is not None or self.auto_tau:
             refusal = ("--model-parallel needs a fixed --tau and no --round-seconds or --auto-tau: the processes of "
                        "one model copy make every step together")
-        elif self.compression is CompressionKind.INT8:
-            refusal = ("--model-parallel does not take --compression int8: each process would quantize its part with "
-                       "scales of its own, and the layers every process of a copy holds whole would drift apart; use "
-                       "--compression bf16 or fp16 (each value rounded on its own) or none")
         if refusal is not None:
             raise ValueError(refusal)
 

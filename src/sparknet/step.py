@@ -259,7 +259,9 @@ class WorkerStep:
         self.net, self.strategy, self.streaming = net, strategy, streaming
         self.state = state if state is not None else WorkerState()
         self.stream = WorkerStream()
-        codec = make_compressor(compression)
+        # a split worker's int8 chunks start at every weight, so a layer its processes hold whole is quantized alike
+        sizes = [t.numel() for ts in net.weights.values() for t in ts] if ranks is not None and ranks.split else None
+        codec = make_compressor(compression, sizes)
         self.codec = None if codec.kind is CompressionKind.NONE else codec
         self.seed, self.after_train, self.train = seed, after_train, train
         self.hook = strategy.after_backward if gradient_hook and strategy.needs_gradient_hook else None

@@ -393,27 +393,48 @@ class Int8Compression(Compressor):
     ``v = delta + residual``; each chunk is scaled so its largest magnitude maps to 127; the
     part rounding lost becomes the next residual, so nothing is lost over rounds, only
     delayed (Seide et al. 2014; Karimireddy et al. 2019). About 25% of the float32 bytes.
+
+    ``sizes``: the runs a delta is made of (a split worker's weights, in its flat order), each chunked on its own
+    from its first value, so that a weight several processes hold whole, in runs of their own, is quantized alike on
+    each; ``None``: the delta is chunked as one run.
     """
 
     kind = CompressionKind.INT8
     dtype = torch.int8
 
-    def __init__(self, chunk: int = 4096, error_feedback: bool = True):
+    def __init__(self, chunk: int = 4096, error_feedback: bool = True, sizes: list[int] | None = None):
         if chunk < 1:
             raise ValueError(f"chunk must be positive, got {chunk}")
         self.chunk = int(chunk)
         self.error_feedback = error_feedback
+        self.sizes = None if sizes is None else [int(n) for n in sizes]
+
+    def _runs(self, numel: int) -> list[int]:
+        if self.sizes is None:
+            return [numel]
+        if sum(self.sizes) != numel:
+            raise ValueError(f"a delta of {numel} values is not made of runs of {sum(self.sizes)}")
+        return self.sizes
 
     def wire_nbytes(self, numel):
-        return numel + 4 * math.ceil(numel / self.chunk)
+        return numel + 4 * sum(math.ceil(n / self.chunk) for n in self._runs(numel))
 
     def _unwire(self, buf, numel):
-        nscales = math.ceil(numel / self.chunk)
+        nscales = (self.wire_nbytes(numel) - numel) // 4
         scales = buf[:4 * nscales].clone().view(torch.float32)
         return Compressed(buf[4 * nscales:].clone().view(torch.int8), scales, numel)
 
-    def _chunks(self, v: torch.Tensor) -> torch.Tensor:  # zero-padded to whole chunks, one a row
-        return torch.nn.functional.pad(v, (0, (-v.numel()) % self.chunk)).view(-1, self.chunk)
+    def _chunks(self, v: torch.Tensor) -> torch.Tensor:  # each run zero-padded to whole chunks, one a row
+        runs = v.split(self._runs(v.numel()))
+        return torch.cat([torch.nn.functional.pad(r, (0, (-r.numel()) % self.chunk)) for r in runs]).view(
+            -1, self.chunk)
+
+    def _unchunk(self, rows: torch.Tensor, numel: int) -> torch.Tensor:  # the runs without their padding
+        runs = self._runs(numel)
+        if len(runs) == 1:
+            return rows.reshape(-1)[:numel]
+        padded = rows.reshape(-1).split([n + (-n) % self.chunk for n in runs])
+        return torch.cat([p[:n] for p, n in zip(padded, runs)])
 
     def compress(self, delta, state):
         n = delta.numel()
@@ -423,21 +444,21 @@ class Int8Compression(Compressor):
         safe = torch.where(scales > 0, scales, torch.ones_like(scales))
         q = torch.clamp(torch.round(vp / safe[:, None]), -127, 127).to(torch.int8)
         if self.error_feedback:
-            restored = (q.float() * scales[:, None]).reshape(-1)[:n]
-            state.extra["residual"] = v - restored
-        return Compressed(q.reshape(-1)[:n].contiguous(), scales.contiguous(), n)
+            state.extra["residual"] = v - self._unchunk(q.float() * scales[:, None], n)
+        return Compressed(self._unchunk(q, n).contiguous(), scales.contiguous(), n)
 
     def decompress(self, c):
-        return (self._chunks(c.payload.float()) * c.scales[:, None]).reshape(-1)[:c.numel]
+        return self._unchunk(self._chunks(c.payload.float()) * c.scales[:, None], c.numel)
 
 
-def make_compressor(kind: CompressionKind | str | None) -> Compressor:
-    """Build the compressor ``--compression`` names (none, fp16, bf16, int8)."""
+def make_compressor(kind: CompressionKind | str | None, sizes: list[int] | None = None) -> Compressor:
+    """Build the compressor ``--compression`` names (none, fp16, bf16, int8; ``sizes``: int8's runs, each chunked on
+    its own)."""
     k = parse_enum(CompressionKind, kind or CompressionKind.NONE, "compression")
     if k is CompressionKind.NONE:
         return NoCompression()
     if k is CompressionKind.INT8:
-        return Int8Compression()
+        return Int8Compression(sizes=sizes)
     return HalfCompression(torch.float16 if k is CompressionKind.FP16 else torch.bfloat16)
 
 

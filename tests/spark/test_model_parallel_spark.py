@@ -16,6 +16,7 @@ import torch
 from _two_ranks import run_two_ranks
 from _spark_testlib import blobs, partitioned_rdd, start_session
 from sparknet.cli import main
+from sparknet.collective import FIELDS
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.layers import ActivationLayer, LinearLayer, NetParams, RDDLayer, SoftmaxWithLoss
 from sparknet.parallel import WeightBudgetError
@@ -194,6 +195,23 @@ def test_a_split_worker_exchanges_as_the_whole_replica_does(spark, options):
     assert [h["bytes"] for h in split.history] == [2 * column] * 5
 
 
+def test_a_split_workers_int8_updates_quantize_the_layers_its_processes_hold_whole_alike(spark, tmp_path):
+    # each process's int8 chunks start at every weight it holds, so the error it feeds back into its next update is
+    # the same on both processes of a worker for ip2's bias, which both hold whole; chunked as one run, each
+    # process's scales would take in its own half of ip1 and ip2, and the whole bias would drift apart between them
+    from sparknet.checkpoint import CheckpointManager
+
+    result = _replica_fit(spark, True, rounds=3, compression="int8", checkpoint_dir=str(tmp_path), checkpoint_every=1)
+    states = CheckpointManager(str(tmp_path)).load(3).state["workers"]
+    residual = {rank: torch.as_tensor(states[rank]["extra"]["residual"]) for rank in range(4)}
+    for first, second in ((0, 1), (2, 3)):  # the two processes of each worker
+        assert torch.equal(residual[first][-3:], residual[second][-3:])  # ip2's bias, whole on both
+        assert not torch.equal(residual[first][:-3], residual[second][:-3])  # their own parts
+    # each column all-gathers its rank's row and its 27 values in int8, with a scale for each of its 4 weights
+    assert [h["bytes"] for h in result.history] == [2 * 2 * 1 * (FIELDS * 4 + 27 + 4 * 4)] * 3
+    assert result.history[-1]["loss"] < result.history[0]["loss"]
+
+
 @pytest.mark.parametrize("options", [{"fragments": 2}, {"overlap": True, "fragments": 3}])
 def test_a_split_worker_streams_its_own_part_a_fragment_at_a_time(spark, options):
     # every process of a worker holds its parts in the same shapes, so the fragments of its flat weights fall on the
@@ -360,7 +378,6 @@ def test_sparknet_train_model_parallel_end_to_end(spark, tmp_path):
     (["--workers", "2", "--model-parallel", "2", "--parallel-plan", "ip1=sideways"], "LAYER=column"),
     (["--workers", "2", "--model-parallel", "2", "--parallel-plan", "conv9=column"], "conv9"),
     (["--workers", "2", "--model-parallel", "2", "--max-weight-bytes", "1e4"], "over the budget"),
-    (["--workers", "2", "--model-parallel", "2", "--compression", "int8"], "use --compression bf16"),
     (["--workers", "2", "--model-parallel", "2", "--auto-tau"], "fixed --tau"),
     (["--workers", "2", "--max-weight-bytes", "4e5"], "with --model-parallel 2 each rank would hold"),
     (["--workers", "2", "--parallel-plan", "ip1=column"], "--parallel-plan needs --model-parallel M with M > 1"),

@@ -154,7 +154,6 @@ def test_on_spark_even_one_worker_needs_the_barrier_engine_for_a_per_step_strate
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "strategy": "sync"}, "does not know about split layers"),
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "round_seconds": 3.0}, "fixed --tau"),
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "auto_tau": True}, "fixed --tau"),
-    ({"model_parallel": 2, "workers": 2, "engine": "barrier", "compression": "int8"}, "use --compression bf16"),
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "procs_per_worker": 3}, "a multiple of --model-parallel"),
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "procs_per_worker": 2, "shard_replica": True},
      "choose one"),
@@ -170,7 +169,7 @@ def test_what_a_split_net_cannot_do_is_refused_by_the_config(settings, words):
 @pytest.mark.parametrize("settings", [{"overlap": True, "fragments": 2}, {"warmup_steps": 5}, {"epochs": 1.0},
                                       {"checkpoint_dir": "c", "resume": True}, {"weight_ema": 0.9},
                                       {"strategy": "easgd"}, {"link_latency": "50ms"}, {"compression": "bf16"},
-                                      {"compression": "fp16"}])
+                                      {"compression": "fp16"}, {"compression": "int8"}])
 def test_a_split_net_runs_as_workers_of_several_processes_whatever_their_exchange(settings):
     # --model-parallel M: W processes are W/M workers of M processes, which take every exchange they take
     dist = DistributedConfig(model_parallel=2, workers=4, engine="barrier", tau=5, **settings)

@@ -116,6 +116,25 @@ def test_wire_messages_round_trip_and_have_the_announced_size(kind):
         c.decode(buf[:-1], d.numel())
 
 
+def test_int8_runs_chunk_on_their_own_so_a_weight_two_processes_hold_whole_is_quantized_alike():
+    # two processes of a split worker: each its own half of a split weight (different values), then the same whole
+    # weight; chunked as one run, the whole weight shares a chunk, and its scale, with each process's own half
+    torch.manual_seed(2)
+    whole, halves = torch.randn(300), (torch.randn(200) * 5, torch.randn(200) * 0.1)
+    for sizes, alike in ((None, False), ([200, 300], True)):
+        c = Int8Compression(chunk=256, sizes=sizes)
+        states = [WorkerState(), WorkerState()]
+        sent = [c.decompress(c.compress(torch.cat([h, whole]), st)) for h, st in zip(halves, states)]
+        assert torch.equal(sent[0][200:], sent[1][200:]) is alike
+        assert torch.equal(states[0].extra["residual"][200:], states[1].extra["residual"][200:]) is alike
+    buf = c.encode(torch.cat([halves[0], whole]), WorkerState())
+    assert buf.numel() == c.wire_nbytes(500) == 500 + 4 * (1 + 2)  # a scale a chunk of each run
+    assert torch.equal(c.decode(buf, 500), sent[0])
+    with pytest.raises(ValueError, match="not made of runs of 500"):
+        c.wire_nbytes(499)
+    assert make_compressor("int8", [200, 300]).wire_nbytes(500) == 500 + 4 * 2  # 4096 values a chunk
+
+
 def test_downlink_error_feeds_back_through_what_the_workers_hold():
     torch.manual_seed(0)
     down = Downlink(Int8Compression(chunk=64), 1000)
