@@ -35,7 +35,7 @@ from sparknet.loop import Exchange, RoundPlan, RoundUpdate, check_streaming, lat
 from sparknet.net import EvalResult
 from sparknet.step import WorkerRanks, WorkerStep
 from sparknet.strategies import TrainingStrategy, WorkerState
-from sparknet.weights import shard_slice
+from sparknet.weights import box_size, shard_slice
 
 __all__ = ["CollectiveExchange", "FIELDS", "evaluate_shards"]
 
@@ -142,7 +142,7 @@ class CollectiveExchange(Exchange):
         # a sharded replica's rows of each weight (FSDP2's cut) on every rank of the worker, one column's each: where
         # a streamed round finds its fragment, and what every column of the worker sends
         sharded = ranks is not None and ranks.sharded
-        self._layouts = net.shard_layouts(ranks.size) if sharded else None
+        self._layouts = net.cut_layouts(*net.cuts) if sharded else None
         self._layout = net.shard_layout() if sharded else None
         self.step = WorkerStep(net, strategy, state=state, compression=compression, streaming=streaming,
                                seed=seed_for_round, after_train=after_train, train=train, ranks=ranks)
@@ -260,7 +260,7 @@ class CollectiveExchange(Exchange):
 
     def _whole_part(self, plan: RoundPlan) -> slice:
         """A sharded replica's round: the slice of the whole weights it exchanges."""
-        whole = sum(rows * row for _, _, rows, row in self._layout)
+        whole = sum(box_size(box) for box in self._layout)
         return slice(0, whole) if self.streaming is None else self.streaming.part(plan.round, whole, last=plan.last)
 
     def _column_values(self, plan: RoundPlan) -> list[int]:

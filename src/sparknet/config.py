@@ -477,6 +477,9 @@ class DistributedConfig:
         elif self.procs_per_worker > 1 and self.procs_per_worker % m:
             refusal = (f"--procs-per-worker {self.procs_per_worker} does not divide into copies split {m} ways: give "
                        f"a worker a multiple of --model-parallel {m} processes")
+        elif self.shard_replica and self.procs_per_worker == m:
+            refusal = (f"--shard-replica with --model-parallel {m} shards each part over a worker's copies of the "
+                       f"split layers: give --procs-per-worker a multiple of {m} above it (e.g. {2 * m})")
         elif self.procs_per_worker == 1 and self.workers % m:
             refusal = (f"{self.workers} workers do not divide into model-parallel groups of {m}; use --workers "
                        f"{max(m, self.workers - self.workers % m)} or another multiple of {m}")
@@ -508,9 +511,6 @@ class DistributedConfig:
                        + ("; it already averages gradients over every process at every step: train with "
                           f"--workers {self.workers * g} instead" if self.strategy is Strategy.SYNC else "")
                        + "; choose --strategy average, diloco or easgd with --procs-per-worker")
-        elif self.model_parallel > 1 and self.shard_replica:
-            refusal = ("--shard-replica with --model-parallel would shard the split layers' copies over a worker "
-                       "(FSDP2 on a 2-D mesh), which is not built: choose one")
         elif self.round_seconds is not None or self.auto_tau:
             refusal = ("the ranks of a worker make every step together, so rounds need a fixed tau: drop "
                        "--round-seconds and --auto-tau with --procs-per-worker")

@@ -35,7 +35,7 @@ from sparknet.layers import NetParams
 from sparknet.rowfile import RowStream
 from sparknet.solvers import SolverConfig, build_optimizer, check_gradient_hook, lr_multiplier
 from sparknet.labels import Task, infer_task, task_metrics, task_sums
-from sparknet.weights import WeightCollection, local_view, shard_layouts, whole_weights
+from sparknet.weights import WeightCollection, local_box, local_view, whole_weights, worker_layouts
 
 __all__ = ["Net", "Compute", "Precision", "TrainStats", "EvalResult", "FeatureDict", "resolve_device", "fixed_sample"]
 
@@ -412,6 +412,10 @@ class Net:
         self.sharded = False
         """Whether :meth:`shard` or :meth:`split` cut the weights over several processes."""
         self._units: list = []  # the modules FSDP2 shards (shard)
+        self.cuts: tuple = (None, 1)
+        """How this net is cut over a worker's ranks (:meth:`cut_layouts`' arguments): split in M parts along each
+        weight's dimension (``(M, dims)``, :meth:`split`; ``None``: not split), then sharded in parts
+        (:meth:`shard`)."""
         # the whole model's gradient norm where torch's cannot take it (a split net's: tensor parallelism)
         self._clip_norm = getattr(module, "clip_grad_norm_", None)
         self._gen = torch.Generator().manual_seed(seed if seed is not None else torch.initial_seed() % (2**31))
@@ -737,6 +741,8 @@ class Net:
         for unit in units:
             fully_shard(unit, mesh=mesh)
         self._units = units
+        self.cuts = (self.cuts[0], mesh.size())
+        self._clip_norm = None  # every weight a DTensor now (a split one's on both meshes): torch's clipping
         self._made_cut(device)
 
     def split(self, mesh, plan=None, device: str | torch.device | None = None) -> None:
@@ -750,11 +756,12 @@ class Net:
         Afterwards :meth:`get_flat` and :meth:`set_flat` read and write this rank's parts (its shards of the split
         layers, the whole layers whole), the solver holds state for them only, gradient clipping takes the norm of
         the whole model, and :meth:`full_weights` gathers the whole."""
-        from sparknet.parallel.tensor import split_meta
+        from sparknet.parallel.tensor import split_dims, split_meta
 
         if self.device.type != "meta" or self.net_params is None:
             raise ValueError("Net.split cuts a layer-DSL net built on the meta device: Net(net_params, "
                              "device='meta')")
+        self.cuts = ((mesh.size(), split_dims(self.module, mesh.size(), plan)), 1)
         split = split_meta(self.module, mesh, plan)  # the net's own module, its layers split in place
         self._clip_norm = split.clip_grad_norm_
         self._made_cut(device)
@@ -773,31 +780,33 @@ class Net:
         self._live = self._local_weights()
         self.sharded = True
 
-    def shard_layout(self) -> list[tuple[int, ...]]:
-        """Each weight's part on this rank, in :meth:`get_flat` order, as :func:`~sparknet.weights.shard_layouts`
-        says it: a sharded weight holds rows ``first:end`` of its first dimension (FSDP2 cuts it as ``torch.chunk``
-        does), a split one a run of its cut dimension (a row layer's weight: its second), a whole one (a buffer, a
-        layer left whole, an unsharded net's weight) all of it. What joins the ranks' parts again
-        (:func:`~sparknet.parallel.mesh.join_shards`)."""
+    def shard_layout(self) -> list[tuple]:
+        """Each weight's part on this rank, in :meth:`get_flat` order, as :func:`~sparknet.weights.worker_layouts` says
+        it: the box of the whole weight its local values hold (a DTensor's, as its placements cut it: FSDP2's rows, a
+        split layer's part, both), a whole one (a buffer, a layer left whole, an unsharded net's weight) all of it.
+        What joins the ranks' parts again (:func:`~sparknet.parallel.mesh.join_shards`)."""
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # private: DCP's own
+
         layout = []
         for t in (t for ts in self._model.layer_weights().values() for t in ts):
-            mesh, cut = getattr(t, "device_mesh", None), next(iter(getattr(t, "placements", ())), None)
-            if mesh is None or not cut.is_shard():
-                rows = t.shape[0] if t.dim() else 1
-                layout.append((0, rows, rows, t.numel() // rows if rows else 0))
+            if getattr(t, "device_mesh", None) is None:
+                layout.append(tuple((0, n, n) for n in t.shape))
                 continue
-            d, shape = cut.dim, tuple(t.shape)
-            rows, outer, row = shape[d], math.prod(shape[:d]), math.prod(shape[d + 1:])
-            first = min(mesh.get_local_rank() * -(-rows // mesh.size()), rows)
-            layout.append((first, first + local_view(t).shape[d], rows, row) + ((outer,) if outer != 1 else ()))
+            shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+            layout.append(local_box(tuple((o, o + n, size) for o, n, size in zip(offset, shape, t.shape))))
         return layout
 
-    def shard_layouts(self, parts: int) -> list[list[tuple[int, int, int, int]]]:
-        """The :meth:`shard_layout` each of ``parts`` ranks will have once this whole net is sharded over them: every
-        parameter cut along its first dimension as ``torch.chunk`` cuts it (FSDP2's rule), a buffer whole on each.
-        What the driver cuts a sharded replica's starting weights with, so that no rank gets them whole."""
-        return shard_layouts([(tuple(t.shape), 0 if isinstance(t, torch.nn.Parameter) else None)
-                              for ts in self._model.layer_weights().values() for t in ts], parts)
+    def cut_layouts(self, split: tuple[int, list] | None = None, shard: int = 1) -> list[list[tuple]]:
+        """The :meth:`shard_layout` each rank of a worker will have once this whole net is split (``split``: M and
+        each weight's dimension, :func:`~sparknet.parallel.tensor.split_dims`) and its parameters sharded ``shard``
+        ways along their first dimension as ``torch.chunk`` cuts (FSDP2's rule), rank ``c * M + m`` holding part m of
+        the split and part c of that; buffers are never sharded. What the driver cuts a sharded or split replica's
+        starting weights with, so that no rank gets them whole; ``net.cut_layouts(*net.cuts)``: the worker's layouts
+        of a net cut already."""
+        m, dims = split if split is not None else (1, None)
+        weights = [(tuple(t.shape), None if dims is None else dims[i], shard > 1 and isinstance(t, torch.nn.Parameter))
+                   for i, t in enumerate(t for ts in self._model.layer_weights().values() for t in ts)]
+        return worker_layouts(weights, m, shard)
 
     def _local_weights(self) -> WeightCollection:
         """The weights as this process holds them: views of its shards where a weight is sharded (tensor

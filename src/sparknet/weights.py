@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["WeightCollection", "local_view", "shard_layouts", "shard_slice", "whole_weights"]
+__all__ = ["WeightCollection", "local_view", "worker_layouts", "shard_slice", "whole_weights"]
 
 
 def whole_weights(layers: Mapping[str, Sequence[torch.Tensor]]) -> WeightCollection:
@@ -345,58 +345,87 @@ def _check_scalar(value) -> None:
         raise TypeError(f"a WeightCollection is scaled by a Python number, got {type(value).__name__}")
 
 
-def shard_layouts(weights, parts: int) -> list[list[tuple[int, ...]]]:
-    """The layout of each of ``parts`` ranks' part of a flat buffer of ``weights`` (``(shape, dim)`` pairs, in the
-    flat buffer's order): a weight with a ``dim`` is cut along it as ``torch.chunk`` cuts it (FSDP2's rule for a
-    parameter, dimension 0: the last parts small or empty; tensor parallelism's, any dimension, in equal parts), one
-    whose ``dim`` is ``None`` (a buffer, a scalar, a layer left whole) is whole on every rank.
+def worker_layouts(weights, split: int = 1, shard: int = 1) -> list[list[tuple]]:
+    """The layout of each of a worker's ``split x shard`` ranks' part of a flat buffer of ``weights`` (``(shape,
+    split_dim, sharded)`` triples, in the flat buffer's order): rank ``c * split + m`` holds part m of a weight with a
+    ``split_dim`` cut along it in ``split`` parts (tensor parallelism's), then part c of that cut along its first
+    dimension in ``shard`` parts where ``sharded`` (FSDP2's rule for a parameter); every cut as ``torch.chunk`` cuts
+    (the last parts small or empty). A weight with neither is whole on every rank.
 
-    A rank's entry for a weight is ``(first, end, rows, row)``: it holds rows ``first:end`` of the weight seen as
-    ``[rows, row]``, or ``(first, end, rows, row, outer)`` where the cut dimension is not the first: the weight seen
-    as ``[outer, rows, row]``, the rank holding ``[:, first:end, :]``. :meth:`~sparknet.net.Net.shard_layout` is one
-    rank's of them."""
+    A rank's entry for a weight is its box: ``(first, end, size)`` for each of the weight's dimensions, the rank
+    holding ``weight[first:end, ...]`` in row-major order (an empty box as ``(0, 0, size)`` in every dimension).
+    :meth:`~sparknet.net.Net.shard_layout` is one rank's of them."""
     layouts = []
-    for j in range(parts):
+    for rank in range(split * shard):
+        c, m = divmod(rank, split)
         layout = []
-        for shape, dim in weights:
-            if dim is None or not len(shape):
-                rows = shape[0] if len(shape) else 1
-                layout.append((0, rows, rows, math.prod(shape) // rows if rows else 0))
-                continue
-            rows, outer = shape[dim], math.prod(shape[:dim])
-            row = math.prod(shape[dim + 1:])
-            chunk = -(-rows // parts)
-            first = min(j * chunk, rows)
-            layout.append((first, min(first + chunk, rows), rows, row) + ((outer,) if outer != 1 else ()))
+        for shape, split_dim, sharded in weights:
+            box = _cut_box(whole_box(shape), split_dim, m, split)
+            layout.append(_cut_box(box, 0 if sharded and len(shape) else None, c, shard))
         layouts.append(layout)
     return layouts
 
 
-def layout_entry(entry) -> tuple[int, int, int, int, int]:
-    """``(first, end, rows, row, outer)`` of one weight's entry in a :func:`shard_layouts` layout (``outer`` 1 where
-    the entry leaves it out)."""
-    first, end, rows, row, *outer = entry
-    return first, end, rows, row, outer[0] if outer else 1
+def whole_box(shape) -> tuple:
+    """The box of a weight of ``shape`` held whole."""
+    return tuple((0, n, n) for n in shape)
+
+
+def local_box(box) -> tuple:
+    """``box`` as :func:`worker_layouts` writes it: an empty one as ``(0, 0, size)`` in every dimension."""
+    if box_numel(box):
+        return tuple(box)
+    return tuple((0, 0, n) for _, _, n in box)
+
+
+def _cut_box(box: tuple, dim: int | None, j: int, parts: int) -> tuple:
+    """Part ``j`` of ``box`` cut along ``dim`` in ``parts`` as ``torch.chunk`` cuts (``dim`` ``None``: ``box``)."""
+    if dim is None or parts == 1:
+        return box
+    first, end, size = box[dim]
+    chunk = -(-(end - first) // parts)
+    start = min(first + j * chunk, end)
+    return local_box(box[:dim] + ((start, min(start + chunk, end), size),) + box[dim + 1:])
+
+
+def box_numel(box) -> int:
+    """Values a box holds."""
+    return math.prod(end - first for first, end, _ in box)
+
+
+def box_size(box) -> int:
+    """Values of the whole weight a box is part of."""
+    return math.prod(size for *_, size in box)
+
+
+def _held_before(box, index: int) -> int:
+    """Values of ``box`` at row-major indices of its weight below ``index``."""
+    if index <= 0:
+        return 0
+    if not box:  # a scalar: its one value, at index 0
+        return 1
+    (first, end, _), rest = box[0], box[1:]
+    inner = box_size(rest)
+    if inner == 0:
+        return 0
+    q, r = divmod(index, inner)
+    return max(0, min(q, end) - first) * box_numel(rest) + (_held_before(rest, r) if first <= q < end else 0)
 
 
 def shard_slice(part: slice, layout) -> slice:
     """Where the values of ``part``, a slice of a whole flat buffer, lie in one rank's part of it (``layout``: its
     :meth:`~sparknet.net.Net.shard_layout`): ``parallel.mesh.cut_shard(whole, layout)[shard_slice(part, layout)]``
-    holds the values
-    of ``whole[part]`` this rank holds, in order.
+    holds the values of ``whole[part]`` this rank holds, in order.
 
-    One slice, because the part keeps the weights' order and holds a contiguous run of rows of each: the run's values
+    One slice, because a rank holds each weight's box in row-major order, as the whole buffer lies: the box's values
     before ``part`` all come before those in it. A streamed exchange's fragment of a sharded replica (every rank of a
     column exchanges its values of the same fragment of the whole weights)."""
-    if any(len(entry) > 4 for entry in layout):
-        raise ValueError("a layout that cuts a weight along another dimension than its first holds no contiguous "
-                         "run of the whole buffer's values")
 
     def held_before(index: int) -> int:
         held = offset = 0
-        for first, end, rows, row in layout:
-            held += min(max(index - offset - first * row, 0), (end - first) * row)
-            offset += rows * row
+        for box in layout:
+            held += _held_before(box, index - offset)
+            offset += box_size(box)
         return held
 
     return slice(held_before(part.start), held_before(part.stop))

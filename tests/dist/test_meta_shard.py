@@ -28,7 +28,7 @@ def _rank(rank, out, meta):
 
     whole = Net(_params(), SOLVER, seed=4)
     start = whole.get_flat()
-    layout = whole.shard_layouts(2)[rank]
+    layout = whole.cut_layouts(shard=2)[rank]
     net = Net(_params(), SOLVER, seed=4, device="meta" if meta else "cpu")
     assert next(net.module.parameters()).device.type == ("meta" if meta else "cpu")
     mesh = init_device_mesh("cpu", (2,))

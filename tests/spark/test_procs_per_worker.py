@@ -123,7 +123,7 @@ def test_worker_order_keeps_a_workers_ranks_on_one_host():
     ({"engine": "rounds"}, "add --engine barrier"),
     ({"strategy": "sync"}, "train with --workers 4 instead"),
     ({"strategy": "async"}, "choose --strategy average, diloco or easgd"),
-    ({"model_parallel": 2, "shard_replica": True}, "choose one"),
+    ({"model_parallel": 2, "shard_replica": True}, "a multiple of 2 above it"),
     ({"model_parallel": 4}, "a multiple of --model-parallel 4"),
     ({"round_seconds": 1.0}, "rounds need a fixed tau"),
     ({"auto_tau": True}, "rounds need a fixed tau"),

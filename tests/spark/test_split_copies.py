@@ -90,26 +90,69 @@ def test_a_worker_of_split_copies_trains_as_a_worker_of_whole_replicas(spark, op
     assert split.history[-1]["val_accuracy"] == pytest.approx(whole.history[-1]["val_accuracy"], abs=1e-6)
 
 
-def test_a_stopped_fit_resumes_and_a_failed_stage_restarts_as_the_uninterrupted_fit(spark, tmp_path):
+def test_a_sharded_split_worker_clips_its_gradients_by_the_whole_models_norm(spark):
+    parts, _ = _eighths()
+    clipped = SolverConfig(base_lr=0.1, momentum=0.9, clip_gradients=0.05)  # below the gradients' norm: it clips
+    results = []
+    for flag, extra in ((True, {"shard_replica": True}), (True, {}), (False, {})):
+        config = DistributedConfig(engine="barrier", workers=2, strategy="average", tau=3, rounds=2,
+                                   **(dict(procs_per_worker=4, model_parallel=2) if flag else dict(procs_per_worker=2)),
+                                   **extra)
+        results.append(SparkTrainer(_mlp(), WorkerConfig(solver=clipped, batch_size=16, seed=5), dist=config,
+                                    spark=spark).fit(partitioned_rdd(spark.sparkContext, parts if flag else
+                                                                     _pairs(parts))).weights.to_flat(torch.float32))
+    for got in results[:2]:
+        assert torch.allclose(got, results[2], atol=1e-5, rtol=1e-4), float((got - results[2]).abs().max())
+    unclipped = _fit(spark, parts, False, rounds=2, strategy="average").weights.to_flat(torch.float32)
+    assert not torch.allclose(unclipped, results[2], atol=1e-3)
+
+
+@pytest.mark.parametrize("options", [{}, {"overlap": True}, {"fragments": 2}])
+def test_a_worker_of_split_copies_sharded_over_the_copies_trains_as_a_worker_of_whole_replicas(spark, options):
+    # --shard-replica beside --model-parallel: each copy's parts sharded again over the worker's two copies (FSDP2 over
+    # tensor parallelism on the worker's 2 x 2 mesh), its gradients averaged as FSDP2 reduce-scatters them; the
+    # exchange runs part by part, whole, a round late, or a fragment of the whole weights at a time
+    parts, validation = _eighths()
+    sharded = _fit(spark, parts, True, validation=validation, shard_replica=True, **options)
+    whole = _fit(spark, parts, False, validation=validation, **options)
+    ws, ww = (r.weights.to_flat(torch.float32) for r in (sharded, whole))
+    assert torch.allclose(ws, ww, atol=1e-5, rtol=1e-4), float((ws - ww).abs().max())
+    s = sharded.summary
+    assert s["shard_replica"] and (s["procs_per_worker"], s["model_parallel"]) == (4, 2)
+    # a copy's part of ip1 (4 x 2 and 4), ip2 (3 x 4) and ip2's bias (3, whole in the copy) cut by rows again: the
+    # first copy's process holds 2 + 2 + 2 + 2 rows of them, the second's 2 + 2 + 1 + 1
+    held = [4 * (4 + 2 + 8 + 2)] * 2 + [4 * (4 + 2 + 4 + 1)] * 2
+    assert s["weight_bytes_per_rank"] == held * 2 and s["weight_bytes_per_worker"] == held * 2
+    from sparknet.parallel import weight_bytes_per_rank
+
+    assert weight_bytes_per_rank(_mlp(), 2, shard=2) == held[0]  # what a budget is checked against, before the fit
+    if not options:  # each process allreduces its own part and the rows with its place in the other worker
+        assert [h["bytes"] for h in sharded.history] == [2 * 1 * 4 * (16 + 16 + 11 + 11 + 4 * 2 * FIELDS)] * 3
+    assert sharded.history[-1]["val_accuracy"] == pytest.approx(whole.history[-1]["val_accuracy"], abs=1e-6)
+
+
+@pytest.mark.parametrize("shard", [False, True])
+def test_a_stopped_fit_resumes_and_a_failed_stage_restarts_as_the_uninterrupted_fit(spark, tmp_path, shard):
     from sparknet.checkpoint import CheckpointError, CheckpointManager
 
     parts, _ = _eighths(96, seed=6)
-    whole = _fit(spark, parts, True, rounds=4)
+    whole = _fit(spark, parts, True, rounds=4, shard_replica=shard)
     ckpt = str(tmp_path / "ckpt")
-    first = _fit(spark, parts, True, rounds=2, checkpoint_dir=ckpt, checkpoint_every=1)
+    first = _fit(spark, parts, True, rounds=2, checkpoint_dir=ckpt, checkpoint_every=1, shard_replica=shard)
     # the checkpoint holds the whole weights, joined from the first copy's two parts
     saved = CheckpointManager(ckpt).load()
     assert torch.equal(saved.weights.to_flat(torch.float32), first.weights.to_flat(torch.float32))
-    resumed = _fit(spark, parts, True, rounds=4, checkpoint_dir=ckpt, resume=True)
+    resumed = _fit(spark, parts, True, rounds=4, checkpoint_dir=ckpt, resume=True, shard_replica=shard)
     assert resumed.summary["resumed_from"] == 2 and [h["round"] for h in resumed.history] == [3, 4]
     # each process's momentum (its part, its copy's) and DiLoCo's outer momentum (by part) survived the stop
     assert torch.equal(resumed.weights.to_flat(torch.float32), whole.weights.to_flat(torch.float32))
-    with pytest.raises(CheckpointError, match="2 workers of 4 processes, split in 2 parts"):
+    with pytest.raises(CheckpointError, match=f"2 workers of 4 processes{', sharded' if shard else ''}, split in 2"):
         _fit(spark, parts, False, rounds=4, checkpoint_dir=ckpt, resume=True)
     from sparknet.spark import EngineOptions
 
     config = DistributedConfig(engine="barrier", workers=2, procs_per_worker=4, model_parallel=2, strategy="diloco",
-                               tau=3, rounds=4, checkpoint_dir=str(tmp_path / "hurt"), checkpoint_every=1)
+                               tau=3, rounds=4, checkpoint_dir=str(tmp_path / "hurt"), checkpoint_every=1,
+                               shard_replica=shard)
     # rank 6 (the second copy of the second worker) fails after round 2's steps, on the first attempt
     hurt = SparkTrainer(_mlp(), WorkerConfig(solver=SOLVER, batch_size=16, seed=5), dist=config, spark=spark,
                         options=EngineOptions(fault="rank=6,round=2,kind=raise")).fit(

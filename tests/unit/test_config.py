@@ -156,7 +156,7 @@ def test_on_spark_even_one_worker_needs_the_barrier_engine_for_a_per_step_strate
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "auto_tau": True}, "fixed --tau"),
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "procs_per_worker": 3}, "a multiple of --model-parallel"),
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "procs_per_worker": 2, "shard_replica": True},
-     "choose one"),
+     "a multiple of 2 above it"),
     ({"parallel_plan": "ip1=column"}, "needs --model-parallel M with M > 1"),
     ({"model_parallel": 2, "workers": 2, "engine": "barrier", "parallel_plan": "ip1=sideways"}, "LAYER=column"),
     ({"max_weight_bytes": 0}, "must be positive"),

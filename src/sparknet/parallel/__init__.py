@@ -27,7 +27,7 @@ from sparknet.parallel.tensor import (
     local_weight_bytes,
     parallelize,
     resolve_plan,
-    split_layouts,
+    split_dims,
     split_meta,
     weight_bytes_per_rank,
 )
@@ -36,5 +36,5 @@ __all__ = [
     "ParallelLayout", "init_layout", "layout_coords", "share_data_over_mp",
     "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "ConvColwiseParallel", "parallelize", "build_parallel",
     "resolve_plan", "local_weight_bytes", "weight_bytes_per_rank", "check_weight_budget", "gather_full_weights",
-    "default_plan", "effective_plan", "split_budget", "split_meta", "split_layouts",
+    "default_plan", "effective_plan", "split_budget", "split_meta", "split_dims",
 ]

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from sparknet.weights import layout_entry
+from sparknet.weights import box_numel, box_size
 
 __all__ = [
     "ParallelLayout", "layout_coords", "init_layout", "share_data_over_mp", "join_shards", "cut_shard",
@@ -163,27 +163,29 @@ def join_shards(parts, layouts):
     """One whole flat buffer from the ranks' parts of it (what each rank's :meth:`~sparknet.net.Net.get_flat` of a
     sharded or split net gives, or any buffer laid out the same way), in rank order.
 
-    ``layouts[j]``: rank j's :meth:`~sparknet.net.Net.shard_layout` (:func:`~sparknet.weights.shard_layouts`). A
-    weight's rows (along the dimension it is cut on) come from the ranks in order, each adding the rows the ones
-    before it did not hold: a sharded or split weight's disjoint parts, a whole one (a buffer, a layer left whole)
-    from the first rank.
+    ``layouts[j]``: rank j's :meth:`~sparknet.net.Net.shard_layout` (:func:`~sparknet.weights.worker_layouts`): each
+    weight's box. A value several ranks hold (a weight whole on each, a layer left whole) comes from the first of them.
     """
     import torch
 
     pieces, offsets = [], [0] * len(parts)
-    for i in range(len(layouts[0])):
-        *_, rows, row, outer = layout_entry(layouts[0][i])
-        covered, blocks = 0, []
-        for j, (part, layout) in enumerate(zip(parts, layouts)):
-            first, end, *_ = layout_entry(layout[i])
-            held = part[offsets[j]:offsets[j] + outer * (end - first) * row].view(outer, end - first, row)
-            if end > covered:
-                blocks.append(held[:, max(first, covered) - first:])
-                covered = end
-            offsets[j] += held.numel()
-        if covered != rows:
-            raise ValueError(f"the parts of weight {i} cover {covered} of its {rows} rows")
-        pieces.append((blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)).reshape(-1))
+    held = [[] for _ in parts]
+    for j, layout in enumerate(layouts):  # each rank's values of each weight
+        for box in layout:
+            held[j].append(parts[j][offsets[j]:offsets[j] + box_numel(box)])
+            offsets[j] += box_numel(box)
+    for i, box0 in enumerate(layouts[0]):
+        shape = [size for *_, size in box0]
+        out = torch.empty(box_size(box0), dtype=parts[0].dtype)
+        seen = torch.zeros(box_size(box0), dtype=torch.bool)
+        for j in reversed(range(len(parts))):  # the first rank's values written last
+            box = layouts[j][i]
+            index = tuple(slice(first, end) for first, end, _ in box)
+            out.view(shape)[index] = held[j][i].view([end - first for first, end, _ in box])
+            seen.view(shape)[index] = True
+        if not bool(seen.all()):
+            raise ValueError(f"the parts of weight {i} cover {int(seen.sum())} of its {seen.numel()} values")
+        pieces.append(out)
     return torch.cat(pieces) if pieces else torch.zeros(0)
 
 
@@ -202,16 +204,14 @@ def cut_shard(whole, layout):
     :func:`join_shards` joins again."""
     import torch
 
+    total = sum(box_size(box) for box in layout)
+    if total != whole.numel():
+        raise ValueError(f"a buffer of {whole.numel()} values does not match the layout's {total}")
     pieces, offset = [], 0
-    for entry in layout:
-        first, end, rows, row, outer = layout_entry(entry)
-        if outer == 1:
-            pieces.append(whole[offset + first * row:offset + end * row])
-        else:
-            pieces.append(whole[offset:offset + outer * rows * row].view(outer, rows, row)[:, first:end].reshape(-1))
-        offset += outer * rows * row
-    if offset != whole.numel():
-        raise ValueError(f"a buffer of {whole.numel()} values does not match the layout's {offset}")
+    for box in layout:
+        weight = whole[offset:offset + box_size(box)].view([size for *_, size in box])
+        pieces.append(weight[tuple(slice(first, end) for first, end, _ in box)].reshape(-1))
+        offset += box_size(box)
     return torch.cat(pieces) if pieces else whole[:0]
 
 

@@ -88,4 +88,5 @@ def split_budget(net_params, dist) -> tuple[dict | None, int, int]:
         return None, check_weight_budget(net_params, budget, 1, default_plan(net_params, 2) if budget else None,
                                          shard=g if dist.shard_replica else 1, procs_per_worker=g), whole
     plan = effective_plan(net_params, m, dist.plan())
-    return plan, check_weight_budget(net_params, budget, m, plan), whole
+    shard = dist.procs_per_worker // m if dist.shard_replica else 1  # a split copy's parts sharded over the copies
+    return plan, check_weight_budget(net_params, budget, m, plan, shard=shard), whole

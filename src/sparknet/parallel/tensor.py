@@ -46,12 +46,12 @@ from sparknet.layers import (
     ParallelMode,
     PoolLayer,
 )
-from sparknet.weights import WeightCollection, local_view, shard_layouts, whole_weights
+from sparknet.weights import WeightCollection, box_numel, local_view, whole_weights, worker_layouts
 
 __all__ = [
     "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "parallelize", "build_parallel", "resolve_plan",
     "local_weight_bytes", "weight_bytes_per_rank", "check_weight_budget", "gather_full_weights",
-    "ConvColwiseParallel", "split_meta", "split_layouts",
+    "ConvColwiseParallel", "split_meta", "split_dims",
 ]
 
 log = logging.getLogger(__name__)
@@ -482,18 +482,18 @@ def split_meta(graph_module: GraphModule, mesh_or_groups: Any, plan: PlanLike | 
     return TensorParallelModule(graph_module, resolved, mesh)
 
 
-def split_layouts(graph_module: GraphModule, model_parallel: int, plan: PlanLike | None = None) -> list[list[tuple]]:
-    """The :meth:`~sparknet.net.Net.shard_layout` each of ``model_parallel`` ranks will have once ``graph_module``
-    (whole, or on the meta device) is split by ``plan`` (:func:`resolve_plan`): a column layer's weight and bias cut
-    along their first dimension, a row layer's weight along its second (its bias whole), every other tensor whole.
-    What the driver cuts a split net's starting weights with, so that no rank gets them whole."""
+def split_dims(graph_module: GraphModule, model_parallel: int, plan: PlanLike | None = None) -> list[int | None]:
+    """The dimension each tensor of ``graph_module`` (whole, or on the meta device; in
+    :meth:`~sparknet.net.Net.get_flat` order) is cut along once it is split by ``plan`` (:func:`resolve_plan`): a
+    column layer's weight and bias their first, a row layer's weight its second; ``None``: whole on every rank. What
+    a split worker's layouts are made from (:func:`~sparknet.weights.worker_layouts`)."""
     modes = resolve_plan(graph_module, model_parallel, plan).modes
-    weights = []
+    dims: list[int | None] = []
     for name, tensors in graph_module.layer_weights().items():
         mode = modes.get(name)
         owned = {} if mode is None else {id(t): p for p, t in graph_module.layer_module(name).named_parameters()}
-        weights += [(tuple(t.shape), _cut_dim(mode, owned[id(t)]) if id(t) in owned else None) for t in tensors]
-    return shard_layouts(weights, model_parallel)
+        dims += [_cut_dim(mode, owned[id(t)]) if id(t) in owned else None for t in tensors]
+    return dims
 
 
 def _cut_dim(mode: ParallelMode | None, name: str) -> int | None:
@@ -526,26 +526,19 @@ def weight_bytes_per_rank(net_params: NetParams, model_parallel: int = 1, plan: 
                           shard: int = 1) -> int:
     """Bytes of weights each model-parallel rank would hold, computed without allocating them
     (on the ``meta`` device), so cheap for any size. With ``model_parallel=1`` it is the whole model's size;
-    ``shard``: every weight cut along its first dimension in that many parts (a sharded replica, FSDP2's way; the
-    first rank holds the largest part), buffers whole.
+    ``shard``: every parameter (split or not) then cut along its first dimension in that many parts (a sharded
+    replica, FSDP2's way); the first rank's bytes, which hold the largest part. Buffers are never sharded.
     """
     if model_parallel < 1 or shard < 1:
         raise ValueError(f"model_parallel and shard must be at least 1, got {model_parallel}, {shard}")
     module = _meta_module(net_params)
-    modes = resolve_plan(module, model_parallel, plan).modes if model_parallel > 1 else {}
-    total = 0
-    for name in module.module_names:
-        sub = module.layer_module(name)
-        mode = modes.get(name)
-        params = {id(t) for t in sub.parameters()}
-        for pname, t in list(sub.named_parameters()) + list(sub.named_buffers()):
-            nbytes = t.numel() * t.element_size()
-            if _cut_dim(mode, pname) is not None:
-                nbytes = math.ceil(nbytes / model_parallel)
-            elif shard > 1 and id(t) in params and t.dim():
-                nbytes = math.ceil(t.shape[0] / shard) * (nbytes // t.shape[0])
-            total += nbytes
-    return total
+    dims = split_dims(module, model_parallel, plan) if model_parallel > 1 else None
+    tensors = [t for ts in module.layer_weights().values() for t in ts]
+    weights = [(tuple(t.shape), None if dims is None else dims[i], shard > 1 and isinstance(t, nn.Parameter))
+               for i, t in enumerate(tensors)]
+    first = worker_layouts(weights, model_parallel, shard)[0]
+    counters = sum(b.numel() * b.element_size() for b in module.buffers() if not b.is_floating_point())
+    return counters + sum(box_numel(box) * t.element_size() for box, t in zip(first, tensors))
 
 
 def check_weight_budget(net_params: NetParams, max_weight_bytes: int | None, model_parallel: int = 1,

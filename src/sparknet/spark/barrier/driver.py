@@ -26,7 +26,7 @@ from sparknet.config import Engine
 from sparknet.errors import DeadlineExceeded, EngineError, NonFiniteUpdate, WorkerOutOfMemory
 from sparknet.loop import ResumeState
 from sparknet.parallel.mesh import cut_state, join_shards
-from sparknet.parallel.tensor import split_layouts
+from sparknet.parallel.tensor import split_dims
 from sparknet.spark.backend import Held, run_with_deadline, task_error, task_slots, worker_crash
 from sparknet.spark.resources import gpu_profile, with_profile
 from sparknet.spark.barrier.executor import (RESULT_SCHEMA, STATE_PARTS, GroupPlan, StagePlan, StagedRowsMissing,
@@ -432,12 +432,12 @@ class BarrierStage:
 
 def _cut_parts(run: EngineRun, start: ResumeState) -> list[dict]:
     """A sharded or split replica's starting state in the parts its ranks hold (:meth:`~sparknet.net.Net.
-    shard_layouts`, :func:`~sparknet.parallel.tensor.split_layouts`): the global weights, the strategy's flat state
-    and the weights' moving average, each cut."""
+    cut_layouts`): the global weights, the strategy's flat state and the weights' moving average, each cut."""
+    dist, net = run.dist, run.driver_net
     whole = torch.as_tensor(start.global_flat, dtype=torch.float32)
     average = None if start.average is None else torch.as_tensor(np.asarray(start.average, np.float32))
-    layouts = (run.driver_net.shard_layouts(run.dist.procs_per_worker) if run.split is None else
-               split_layouts(run.driver_net.module, run.dist.model_parallel, run.split))
+    split = None if run.split is None else (dist.model_parallel, split_dims(net.module, dist.model_parallel, run.split))
+    layouts = net.cut_layouts(split, dist.procs_per_worker // dist.model_parallel if dist.shard_replica else 1)
     return [{"layout": layout, **cut_state({"global": whole, "average": average}, whole.numel(), layout),
              "strategy": None if start.strategy is None else cut_state(start.strategy, whole.numel(), layout)}
             for layout in layouts]

@@ -96,8 +96,9 @@ class GroupPlan:
 
     @property
     def parts(self) -> int:
-        """The ranks one copy of a worker's weights is cut over: a split copy's M, a sharded replica's G."""
-        return self.model_parallel if self.split is not None else self.procs_per_worker
+        """The ranks one copy of a worker's weights is cut over: a split copy's M, a sharded replica's G (split too,
+        or not)."""
+        return self.model_parallel if self.split is not None and not self.shard_replica else self.procs_per_worker
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class StagePlan:
     converted them (:func:`~sparknet.spark.rounds.executor.stage_frame`), not over its chunks."""
     parts: tuple = ()
     """A sharded replica's starting state, one broadcast a part of the worker (``{"global", "strategy", "average"}``,
-    each cut by :meth:`~sparknet.net.Net.shard_layouts`): a rank reads its own part only, and builds its net on the
+    each cut by :meth:`~sparknet.net.Net.cut_layouts`): a rank reads its own part only, and builds its net on the
     meta device, so no rank ever holds the whole replica. Empty: every rank cuts the whole (a Spark Connect stage)."""
 
     def state_due(self, r: int, last: bool) -> bool:
@@ -393,7 +394,7 @@ def _rank(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     order = worker_order(_task_hosts(ctx), G)
     group_rank = order.index(rank)  # a worker's ranks consecutive, on one host where they can be
     # a split copy's ranks draw the same batches (and dropout masks): they seed as their copy, not as their task
-    seed_index = group_rank // params.group.parts if params.group.split is not None else rank
+    seed_index = group_rank // params.group.model_parallel if params.group.split is not None else rank
     # a sharded or split replica's rank makes its net once it is cut, its part only
     net = build_worker_net(spec, seed_index, data, "meta" if params.group.parted else device)
     del chunks
@@ -547,7 +548,7 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
     strategy = spec.strategy
     state = WorkerState()
     G, workers, sharded = params.group.procs_per_worker, params.group.workers, params.group.shard_replica
-    split, M = params.group.split, params.group.parts if params.group.split is not None else 1
+    split, M = params.group.split, params.group.model_parallel if params.group.split is not None else 1
     # the starting weights as the broadcast brought them (float32, this process's own copy: nothing writes into a
     # global buffer, each round makes a new one), not copied again
     global_flat = None if params.parts else torch.from_numpy(_own_float32(init_flat))
@@ -569,12 +570,12 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
         data = None if data[0] is None else data
     has_data = data is not None
     if params.group.parted:  # the net is cut and made, this rank's part only; the exchange runs on the parts
+        if split is not None:  # on the meta device still where FSDP2 cuts its parts again
+            net.split(layout.mp_mesh, split, "meta" if sharded else device)
         if sharded:
             net.shard(layout.inner_mesh, device)
-        else:
-            net.split(layout.mp_mesh, split, device)
         give_rows(net, spec, seed_index, data)
-        parts, part = net.shard_layout(), layout.inner_rank if sharded else layout.mp_rank
+        parts, part = net.shard_layout(), layout.worker_rank if sharded else layout.mp_rank
         if params.parts:  # the driver cut the starting state: this rank reads its own part only
             mine = params.parts[part].value
             if parts != mine["layout"]:
