@@ -381,8 +381,9 @@ class DistributedConfig:
     one process with G times the batch; the strategy runs every tau steps between the workers (barrier engine; the
     stage runs workers x G tasks, a worker's ranks on one host where the cluster has several)."""
     shard_replica: bool = False
-    """Shard each worker's weights and solver state over its --procs-per-worker processes (PyTorch's FSDP2), so a
-    net larger than one process's share trains; the exchange between workers then runs shard by shard (overlapped or
+    """Shard each worker's weights and solver state over its --procs-per-worker processes (PyTorch's FSDP2; with
+    --model-parallel M, each copy's parts over the worker's G / M copies), so a net larger than one process's share
+    trains; the exchange between workers then runs shard by shard (overlapped or
     streamed too: each rank exchanges its rows of the fragment a whole replica would)."""
     parallel_plan: str | None = None
     """Which layers split under --model-parallel, LAYER=column|row|none,... (default: the net's parallel= fields,
