@@ -21,7 +21,8 @@ recorded before the round loop became one loop, and why the runs that moved sinc
 The runs: the rounds engine (average, diloco, easgd, int8, a warm start) and the barrier
 engine (average, diloco, easgd, sync, int8) in ``local[2]`` on two partitions of different
 sizes, the barrier engine with the net split in two (average, diloco), K = 2 workers of G = 2 processes in
-``local[4]`` (average, diloco, easgd, int8, overlapped and streamed, a sharded replica, streamed too), and the
+``local[4]`` (average, diloco, easgd, int8, overlapped and streamed, a sharded replica, streamed too; split in two,
+diloco and streamed), one worker of G = 4 processes, two copies of the net split in two (whole or sharded), and the
 simulator (average, diloco, easgd, sync, int8).
 """
 
@@ -143,7 +144,7 @@ def model_parallel_runs(spark) -> dict[str, str]:
 
 def procs_per_worker_runs(spark) -> dict[str, str]:
     """K = 2 workers of G = 2 processes (a local[4] session): the replica whole on each worker's ranks, sharded, or
-    split (--model-parallel 2)."""
+    split (--model-parallel 2); and one worker of G = 4, two copies of the net split in two, whole or sharded."""
     from sparknet.config import DistributedConfig, WorkerConfig
     from sparknet.spark import SparkTrainer
 
@@ -168,6 +169,13 @@ def procs_per_worker_runs(spark) -> dict[str, str]:
             rdd, validation=val)
         tag = "+".join(f"{k}={v}" for k, v in sorted(extra.items())) or "plain"
         out[f"model_parallel/{strategy}/k=2+m=2+{tag}"] = _digest(res.weights.to_flat())
+    for extra in ({}, {"shard_replica": True}):  # one worker of G = 4: two copies split in two, whole or sharded
+        dist = DistributedConfig(workers=1, procs_per_worker=4, model_parallel=2, engine="barrier", strategy="diloco",
+                                 tau=5, rounds=4, **extra)
+        res = SparkTrainer(_net(), WorkerConfig(solver=_solver(), batch_size=8, seed=9), dist, spark=spark).fit(
+            rdd, validation=val)
+        tag = "+".join(f"{k}={v}" for k, v in sorted(extra.items())) or "plain"
+        out[f"model_parallel/diloco/k=1+g=4+m=2+{tag}"] = _digest(res.weights.to_flat())
     return out
 
 

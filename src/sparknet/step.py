@@ -160,11 +160,6 @@ class WorkerRanks:
         """Bytes of gradients this rank allreduced inside its worker so far."""
 
     @property
-    def whole(self) -> bool:
-        """Each rank holds the worker's replica whole (neither sharded nor split)."""
-        return not (self.sharded or self.split)
-
-    @property
     def averages(self) -> bool:
         """The ranks in ``group`` average their gradients every step here (several whole or split copies; a sharded
         replica's FSDP2 does it itself)."""
