@@ -383,8 +383,8 @@ class DistributedConfig:
     shard_replica: bool = False
     """Shard each worker's weights and solver state over its --procs-per-worker processes (PyTorch's FSDP2; with
     --model-parallel M, each copy's parts over the worker's G / M copies), so a net larger than one process's share
-    trains; the exchange between workers then runs shard by shard (overlapped or
-    streamed too: each rank exchanges its rows of the fragment a whole replica would)."""
+    trains; the exchange between workers then runs shard by shard (overlapped or streamed too: each rank exchanges
+    its values of the fragment a whole replica would)."""
     parallel_plan: str | None = None
     """Which layers split under --model-parallel, LAYER=column|row|none,... (default: the net's parallel= fields,
     else consecutive Linear layers in column/row pairs)."""
