@@ -10,7 +10,9 @@ over the two extra rounds is one round's cost, with the stage's launch and the s
 
 - the replica whole on each worker's two ranks (each column carries half of the round's buffer);
 - the same with int8 updates;
-- the replica sharded over them with FSDP2 (each column carries its rank's part).
+- the replica sharded over them with FSDP2 (each column carries its rank's part);
+- the layers split over them with tensor parallelism (--model-parallel 2: each column carries its rank's part, and
+  the activations the two ranks sum every step stay on their host), in float32 and with int8 updates.
 
 Prints and saves JSON with the load average sampled before and during (bytes do not depend on it; Spark's own
 messages do, a little).
@@ -32,7 +34,8 @@ from _bench import LoadSampler, rig_module, save_json  # noqa: E402
 
 netns_cluster = rig_module()
 
-SHAPES = {"whole": {}, "whole, int8": {"compression": "int8"}, "sharded": {"shard_replica": True}}
+SHAPES = {"whole": {}, "whole, int8": {"compression": "int8"}, "sharded": {"shard_replica": True},
+          "split": {"model_parallel": 2}, "split, int8": {"model_parallel": 2, "compression": "int8"}}
 
 
 def _session(cluster):
