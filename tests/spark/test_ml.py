@@ -248,7 +248,8 @@ def test_a_split_net_is_params_and_fits_as_a_pipeline_stage(data):
         SparkNetEstimator(workers=3, modelParallel=2, engine="barrier").configs()
     both = SparkNetEstimator(workers=3, procsPerWorker=4, modelParallel=2, engine="barrier").configs()[1]
     assert (both.as_workers().workers, both.ranks) == (3, 12)  # three workers, each two copies split in two
-    with pytest.raises(ValueError, match="a multiple of --model-parallel 4"):
+    assert SparkNetEstimator(workers=4, modelParallel=4, engine="barrier").configs()[1].as_workers().workers == 1
+    with pytest.raises(ValueError, match="a multiple of --model-parallel 4"):  # each param fine alone, not together
         SparkNetEstimator(workers=3, procsPerWorker=2, modelParallel=4, engine="barrier").configs()
     train, test = data  # one worker of the session's two task slots, its layers split over both
     stage = _estimator(engine="barrier", modelParallel=2)

@@ -125,7 +125,8 @@ def test_a_worker_of_split_copies_sharded_over_the_copies_trains_as_a_worker_of_
     assert s["weight_bytes_per_rank"] == held * 2 and s["weight_bytes_per_worker"] == held * 2
     from sparknet.parallel import weight_bytes_per_rank
 
-    assert weight_bytes_per_rank(_mlp(), 2, shard=2) == held[0]  # what a budget is checked against, before the fit
+    plan = s["plan"]  # the default plan: ip1 by columns, ip2 by rows
+    assert weight_bytes_per_rank(_mlp(), 2, plan, shard=2) == held[0]  # what a budget is checked against, first
     if not options:  # each process allreduces its own part and the rows with its place in the other worker
         assert [h["bytes"] for h in sharded.history] == [2 * 1 * 4 * (16 + 16 + 11 + 11 + 4 * 2 * FIELDS)] * 3
     assert sharded.history[-1]["val_accuracy"] == pytest.approx(whole.history[-1]["val_accuracy"], abs=1e-6)

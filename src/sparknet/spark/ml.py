@@ -91,12 +91,18 @@ def _camel(name: str) -> str:
     return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
+def _as_many_workers(fname: str, value) -> dict | None:
+    """A model-parallel degree M above 2 beside M workers, which it divides (none for any other field)."""
+    return {"engine": "barrier", "workers": value} if fname == "model_parallel" and isinstance(value, int) \
+        and value > 2 else None
+
+
 _NEIGHBOURS = {DistributedConfig: ({"engine": "barrier", "workers": 2, "procs_per_worker": 2},
-                                   {"engine": "barrier", "workers": 2, "model_parallel": 2})}
-"""Fields a param's value is checked beside when it cannot stand beside the defaults (each set in turn): --overlap,
---fragments, --procs-per-worker and --model-parallel need the barrier engine and more than one worker,
---shard-replica several processes, --parallel-plan a model-parallel degree, which other params of the same estimator
-set."""
+                                   {"engine": "barrier", "workers": 2, "model_parallel": 2}, _as_many_workers)}
+"""Fields a param's value is checked beside when it cannot stand beside the defaults (each set in turn, or made from
+the field and its value): --overlap, --fragments, --procs-per-worker and --model-parallel need the barrier engine and
+more than one worker (--model-parallel M a multiple of M), --shard-replica several processes, --parallel-plan a
+model-parallel degree, which other params of the same estimator set."""
 
 
 def _beside_neighbours(cls, fname: str, value, alone: ValueError):
@@ -104,6 +110,9 @@ def _beside_neighbours(cls, fname: str, value, alone: ValueError):
     the error of the last set tried where it stands beside none (``alone``'s where ``cls`` has none)."""
     error = alone
     for neighbours in _NEIGHBOURS.get(cls, ()):
+        neighbours = neighbours(fname, value) if callable(neighbours) else neighbours
+        if neighbours is None:
+            continue
         try:
             return getattr(cls(**{**neighbours, fname: value}), fname)
         except ValueError as e:
