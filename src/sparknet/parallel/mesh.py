@@ -164,29 +164,35 @@ def join_shards(parts, layouts):
     sharded or split net gives, or any buffer laid out the same way), in rank order.
 
     ``layouts[j]``: rank j's :meth:`~sparknet.net.Net.shard_layout` (:func:`~sparknet.weights.worker_layouts`): each
-    weight's box. A value several ranks hold (a weight whole on each, a layer left whole) comes from the first of them.
+    weight's box. Boxes of one weight are the same or apart (the cuts' rule); a box several ranks hold (a weight whole
+    on each, a layer left whole) is taken from the first of them.
     """
     import torch
 
-    pieces, offsets = [], [0] * len(parts)
-    held = [[] for _ in parts]
-    for j, layout in enumerate(layouts):  # each rank's values of each weight
-        for box in layout:
-            held[j].append(parts[j][offsets[j]:offsets[j] + box_numel(box)])
-            offsets[j] += box_numel(box)
-    for i, box0 in enumerate(layouts[0]):
-        shape = [size for *_, size in box0]
-        out = torch.empty(box_size(box0), dtype=parts[0].dtype)
-        seen = torch.zeros(box_size(box0), dtype=torch.bool)
-        for j in reversed(range(len(parts))):  # the first rank's values written last
-            box = layouts[j][i]
-            index = tuple(slice(first, end) for first, end, _ in box)
-            out.view(shape)[index] = held[j][i].view([end - first for first, end, _ in box])
-            seen.view(shape)[index] = True
-        if not bool(seen.all()):
-            raise ValueError(f"the parts of weight {i} cover {int(seen.sum())} of its {seen.numel()} values")
-        pieces.append(out)
-    return torch.cat(pieces) if pieces else torch.zeros(0)
+    joined = torch.empty(sum(box_size(box) for box in layouts[0]), dtype=parts[0].dtype)
+    offsets, start = [0] * len(parts), 0
+    for i, whole in enumerate(layouts[0]):
+        size = box_size(whole)
+        weight = joined[start:start + size].view([n for *_, n in whole])
+        written: list = []
+        for j, (part, layout) in enumerate(zip(parts, layouts)):
+            box, n = layout[i], box_numel(layout[i])
+            if n and box not in written:
+                if any(_overlap(box, other) for other in written):
+                    raise ValueError(f"the parts of weight {i} overlap: {box} and {written}")
+                weight[tuple(slice(first, end) for first, end, _ in box)] = (
+                    part[offsets[j]:offsets[j] + n].view([end - first for first, end, _ in box]))
+                written.append(box)
+            offsets[j] += n
+        covered = sum(box_numel(box) for box in written)
+        if covered != size:
+            raise ValueError(f"the parts of weight {i} cover {covered} of its {size} values")
+        start += size
+    return joined
+
+
+def _overlap(a, b) -> bool:
+    return all(max(fa, fb) < min(ea, eb) for (fa, ea, _), (fb, eb, _) in zip(a, b))
 
 
 def cut_state(state: dict, whole: int, layout) -> dict:
