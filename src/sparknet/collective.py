@@ -34,8 +34,8 @@ from sparknet.labels import Task, task_metrics, task_width
 from sparknet.loop import Exchange, RoundPlan, RoundUpdate, check_streaming, late_update, whole_or
 from sparknet.net import EvalResult
 from sparknet.step import WorkerRanks, WorkerStep
-from sparknet.strategies import TrainingStrategy, WorkerState
-from sparknet.weights import box_size, shard_slice
+from sparknet.strategies import TrainingStrategy, WorkerState, make_compressor
+from sparknet.weights import box_numel, box_size, shard_slice
 
 __all__ = ["CollectiveExchange", "FIELDS", "evaluate_shards"]
 
@@ -152,6 +152,10 @@ class CollectiveExchange(Exchange):
         self.has_data, self.validation, self.link = has_data, validation, link
         self.validation_rows = validation_rows
         self.codec, self.engine = self.step.codec, engine
+        # the codec of every column of a sharded worker, to count its bytes: a split one's int8 chunks its own boxes
+        self._column_codecs = None if self._layouts is None or self.codec is None else [
+            make_compressor(self.codec.kind, [box_numel(box) for box in layout]) if ranks.split else self.codec
+            for layout in self._layouts]
         self.compression = CompressionKind.NONE if self.codec is None else self.codec.kind
         self.strategy.set_link(link)  # a gradient strategy's every-step allreduce waits too
         self._bufs: list[torch.Tensor | None] = [None, None]  # an overlapped round fills one while the other travels
@@ -335,8 +339,8 @@ class CollectiveExchange(Exchange):
         # columns their own parts
         if sent["columns"] is not None:
             sent["bytes"] += sum(self._allreduce_bytes(values + world * FIELDS) if codec is None else
-                                 self._allgather_bytes(FIELDS * 4 + codec.wire_nbytes(values))
-                                 for values in sent["columns"])
+                                 self._allgather_bytes(FIELDS * 4 + self._column_codecs[j].wire_nbytes(values))
+                                 for j, values in enumerate(sent["columns"]))
         else:
             sent["bytes"] += self._columns * (self._allreduce_bytes(piece.numel()) if codec is None else
                                               self._allgather_bytes(piece.numel()))

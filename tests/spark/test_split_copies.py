@@ -132,6 +132,16 @@ def test_a_worker_of_split_copies_sharded_over_the_copies_trains_as_a_worker_of_
     assert sharded.history[-1]["val_accuracy"] == pytest.approx(whole.history[-1]["val_accuracy"], abs=1e-6)
 
 
+def test_sharded_split_copies_send_int8_updates_each_part_in_its_own_chunks(spark):
+    # each process of a column chunks its own boxes of the weights: the first copy's 16 values and the second's 11,
+    # in 4 weights each, a scale a weight
+    parts, validation = _eighths()
+    result = _fit(spark, parts, True, validation=validation, shard_replica=True, compression="int8")
+    column = {values: 2 * 1 * (FIELDS * 4 + values + 4 * 4) for values in (16, 11)}
+    assert [h["bytes"] for h in result.history] == [2 * column[16] + 2 * column[11]] * 3
+    assert result.history[-1]["loss"] < result.history[0]["loss"] and result.summary["test_accuracy"] > 0.9
+
+
 @pytest.mark.parametrize("shard", [False, True])
 def test_a_stopped_fit_resumes_and_a_failed_stage_restarts_as_the_uninterrupted_fit(spark, tmp_path, shard):
     from sparknet.checkpoint import CheckpointError, CheckpointManager
