@@ -35,7 +35,7 @@ from sparknet.layers import NetParams
 from sparknet.rowfile import RowStream
 from sparknet.solvers import SolverConfig, build_optimizer, check_gradient_hook, lr_multiplier
 from sparknet.labels import Task, infer_task, task_metrics, task_sums
-from sparknet.weights import WeightCollection, local_box, local_view, whole_weights, worker_layouts
+from sparknet.weights import WeightCollection, local_box, local_view, whole_box, whole_weights, worker_layouts
 
 __all__ = ["Net", "Compute", "Precision", "TrainStats", "EvalResult", "FeatureDict", "resolve_device", "fixed_sample"]
 
@@ -790,7 +790,7 @@ class Net:
         layout = []
         for t in (t for ts in self._model.layer_weights().values() for t in ts):
             if getattr(t, "device_mesh", None) is None:
-                layout.append(tuple((0, n, n) for n in t.shape))
+                layout.append(whole_box(t.shape))
                 continue
             shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
             layout.append(local_box(tuple((o, o + n, size) for o, n, size in zip(offset, shape, t.shape))))
