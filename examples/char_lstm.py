@@ -34,6 +34,7 @@ import datetime
 import json
 import logging
 import math
+import os
 import socket
 import sys
 import time
@@ -158,12 +159,27 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, t_start:
                             timeout=datetime.timedelta(seconds=300))
     try:
         _train(rank, world, args, t_start)
+        dist.barrier()  # no rank closes its gloo pairs while another still uses them
     except Exception:
         traceback.print_exc()
         raise
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _spawned_worker(rank: int, world: int, port: int, args: argparse.Namespace, t_start: float) -> None:
+    """``_worker`` in a process of its own, which leaves with ``os._exit`` once rank 0 has written the result:
+    gloo's threads can abort the interpreter's own shutdown ("terminate called without an active exception",
+    SIGABRT), which ``mp.spawn`` reports as a failed worker although the work was done."""
+    code = 1
+    try:
+        _worker(rank, world, port, args, t_start)
+        code = 0
+    finally:  # a failure's traceback is printed already; the parent sees the exit code
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 class _CharExchange(CollectiveExchange):
@@ -369,7 +385,7 @@ def main(argv=None) -> dict:
         if args.workers == 1:
             _worker(0, 1, _free_port(), args, t_start)
         else:
-            mp.spawn(_worker, args=(args.workers, _free_port(), args, t_start), nprocs=args.workers, join=True)
+            mp.spawn(_spawned_worker, args=(args.workers, _free_port(), args, t_start), nprocs=args.workers, join=True)
         result = json.loads(Path(args.result_file).read_text())
     if args.json:
         print(json.dumps(result))
