@@ -32,7 +32,6 @@ import torch
 
 from sparknet._enums import parse_enum
 from sparknet.layers import NetParams
-from sparknet.rowfile import RowStream
 from sparknet.solvers import SolverConfig, build_optimizer, check_gradient_hook, lr_multiplier
 from sparknet.labels import Task, infer_task, task_metrics, task_sums
 from sparknet.weights import WeightCollection, local_box, local_view, whole_box, whole_weights, worker_layouts
@@ -420,7 +419,7 @@ class Net:
         self._clip_norm = getattr(module, "clip_grad_norm_", None)
         self._gen = torch.Generator().manual_seed(seed if seed is not None else torch.initial_seed() % (2**31))
         self._train: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._stream: RowStream | None = None
+        self._stream = None  # a RowStream, or a split copy's SharedStream
         self._val: tuple[torch.Tensor, torch.Tensor] | None = None
         self._shuffle = True
         self._perm: torch.Tensor | None = None
@@ -434,17 +433,18 @@ class Net:
 
         Parameters
         ----------
-        data : ArrayDataset, (x, y) arrays, iterable of (x, y), or RowStream
+        data : ArrayDataset, (x, y) arrays, iterable of (x, y), or a stream
             Samples or whole batches (told apart by the label's rank, or by ``batched``),
             turned into tensors once and kept in memory; or a :class:`~sparknet.rowfile.RowStream`,
             which hands out minibatches from disk through a bounded shuffle buffer (it shuffles
-            itself; ``shuffle`` is its own).
+            itself; ``shuffle`` is its own), or a split copy's
+            :class:`~sparknet.parallel.mesh.SharedStream` of such streams.
         batch_size : int, optional
             Overrides the net's minibatch size.
         shuffle : bool
             Reshuffle at the start of every epoch.
         """
-        if isinstance(data, RowStream):
+        if hasattr(data, "next_batch"):  # a RowStream, or a split copy's SharedStream
             self._stream, self._train = data, None
         else:
             x, y = self._fit_input(*_collect(data, self._label_ndim, batched))

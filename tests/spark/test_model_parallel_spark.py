@@ -304,17 +304,30 @@ def test_a_split_regression_net_trains_as_the_whole_one_does(spark):
     assert split.history[-1]["loss"] < split.history[0]["loss"]
 
 
-def test_a_split_fit_warms_up_on_the_driver_stops_on_an_epoch_budget_and_holds_its_rows(spark):
-    result = _replica_fit(spark, True, rounds=None, strategy="average", warmup_steps=4, epochs=3.0, data_mode="stream")
+def test_a_split_fit_warms_up_on_the_driver_and_stops_on_an_epoch_budget(spark):
+    result = _replica_fit(spark, True, rounds=None, strategy="average", warmup_steps=4, epochs=3.0, data_mode="memory")
     s = result.summary
     assert s["warmup"]["steps"] == 4 and result.history[-1]["stop_reason"] == "epochs"
-    # a split worker's processes hold their partitions' rows in memory, asked to stream or not
-    assert s["data_mode"] == "memory" and "share their partitions' rows" in s["data_mode_reason"]
+    assert s["data_mode"] == "memory" and "split copy's 2 partitions" in s["data_mode_reason"]
     # a step of a split worker is one batch of its 16 rows: three passes over the 32 rows take 3 steps a worker
     assert s["samples"] >= 3 * 32 and s["total_steps"] == 3 * len(result.history)
 
 
-@pytest.mark.parametrize("stream", [{"fragments": 2}, {"overlap": True}])
+def test_a_split_worker_streams_its_partitions_as_the_whole_replica_does(spark):
+    # each process of a split copy streams its own partition and takes half of every batch from it, the halves
+    # joined: the mean gradient of two whole processes that each stream their partition with half the batch
+    # (24 rows a partition, 8 a share: the shuffled order within each of the 5 epochs matters)
+    split, whole = (_replica_fit(spark, flag, strategy="average", data_mode="stream", parts=_quarters(96))
+                    for flag in (True, False))
+    ws, ww = (r.weights.to_flat(torch.float32) for r in (split, whole))
+    assert torch.allclose(ws, ww, atol=1e-5, rtol=1e-4), float((ws - ww).abs().max())
+    memory = _replica_fit(spark, True, strategy="average", data_mode="memory", parts=_quarters(96))
+    assert not torch.allclose(ws, memory.weights.to_flat(torch.float32), atol=1e-4)  # another order of batches
+    assert [r.summary["data_mode"] for r in (split, whole)] == ["stream", "stream"]
+
+
+@pytest.mark.parametrize("stream", [{"fragments": 2}, {"overlap": True},
+                                    {"data_mode": "stream", "parts": _quarters(96)}])
 def test_a_resumed_split_fit_repeats_the_uninterrupted_one_bitwise(spark, tmp_path, stream):
     import shutil
 

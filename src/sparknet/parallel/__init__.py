@@ -11,6 +11,7 @@ parts, and the round's exchange runs between the ranks of every worker that hold
 
 from sparknet.parallel.mesh import (
     ParallelLayout,
+    SharedStream,
     init_layout,
     layout_coords,
     share_data_over_mp,
@@ -33,7 +34,7 @@ from sparknet.parallel.tensor import (
 )
 
 __all__ = [
-    "ParallelLayout", "init_layout", "layout_coords", "share_data_over_mp",
+    "ParallelLayout", "init_layout", "layout_coords", "share_data_over_mp", "SharedStream",
     "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "ConvColwiseParallel", "parallelize", "build_parallel",
     "resolve_plan", "local_weight_bytes", "weight_bytes_per_rank", "check_weight_budget", "gather_full_weights",
     "default_plan", "effective_plan", "split_budget", "split_meta", "split_dims",

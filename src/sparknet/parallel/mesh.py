@@ -25,7 +25,7 @@ import numpy as np
 from sparknet.weights import box_numel, box_size
 
 __all__ = [
-    "ParallelLayout", "layout_coords", "init_layout", "share_data_over_mp", "join_shards", "cut_shard",
+    "ParallelLayout", "layout_coords", "init_layout", "share_data_over_mp", "SharedStream", "join_shards", "cut_shard",
     "cut_state", "leave_process_group",
 ]
 
@@ -276,6 +276,88 @@ def share_data_over_mp(x: np.ndarray | None, y: np.ndarray | None,
         return x, y
     group = layout.mp_group
     return (_gather_rows(x, group, layout.model_parallel), _gather_rows(y, group, layout.model_parallel))
+
+
+class SharedStream:
+    """One stream of minibatches for the M ranks of a split copy, each rank reading its own partition from disk.
+
+    Every step each rank takes its share of the batch from its own :class:`~sparknet.rowfile.RowStream` (``b // M``
+    rows, one more on the first ``b % M`` ranks, at most its partition's rows) and one all-gather over the copy's
+    group joins the shares in model-parallel rank order, so the M ranks train on the same batch while each holds one
+    shuffle window of its own rows, not the copy's M partitions (:func:`share_data_over_mp`). With shares of b / M,
+    a split copy's step is the step of M whole processes that each stream their partition with batch b / M and
+    average their gradients.
+
+    ``rows`` and ``epoch`` are the copy's (every rank's partition counted); :meth:`state` is this rank's place in
+    its own stream and the rows the copy has drawn."""
+
+    def __init__(self, stream, layout: ParallelLayout):
+        import torch
+        import torch.distributed as dist
+
+        self.stream, self.group, self.size = stream, layout.mp_group, layout.model_parallel
+        self.me = layout.mp_rank
+        self._x_numel, self._y_numel = math.prod(stream.sample_shape), math.prod(stream.file.y_shape)
+        y_dtype = np.dtype(stream.file.y_dtype)
+        if y_dtype.name not in _ROW_DTYPES:
+            raise ValueError(f"labels of dtype {y_dtype} cannot be shared among a worker's ranks")
+        head = torch.tensor([stream.rows, self._x_numel, self._y_numel, _ROW_DTYPES.index(y_dtype.name)])
+        heads = [torch.empty_like(head) for _ in range(self.size)]
+        dist.all_gather(heads, head, group=self.group)
+        if len({tuple(h[1:].tolist()) for h in heads}) > 1:
+            raise ValueError("partitions of one worker differ in row shape or label dtype: "
+                             f"{[tuple(h[1:].tolist()) for h in heads]} (values, labels, label dtype)")
+        self._rows_each = [int(h[0]) for h in heads]
+        self.rows = sum(self._rows_each)
+        self._y_dtype = y_dtype
+        self._row_bytes = 4 * self._x_numel + y_dtype.itemsize * self._y_numel
+        self.drawn = 0
+
+    @property
+    def epoch(self) -> int:
+        """Whole passes the copy has made over its rows."""
+        return self.drawn // self.rows
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def next_batch(self, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The copy's next minibatch ``(x [b, *sample_shape] float32, y [b, *label shape])``, the same on its M
+        ranks (collective: every rank of the copy calls it with the same ``batch_size``)."""
+        import torch
+        import torch.distributed as dist
+
+        b = min(int(batch_size), self.rows)
+        pieces = [min(b // self.size + (i < b % self.size), r) for i, r in enumerate(self._rows_each)]
+        buf = torch.zeros(max(pieces) * self._row_bytes, dtype=torch.uint8)
+        mine = pieces[self.me]
+        if mine:
+            x, y = self.stream.next_batch(mine)
+            raw = np.concatenate([np.ascontiguousarray(x, np.float32).reshape(-1).view(np.uint8),
+                                  np.ascontiguousarray(y, self._y_dtype).reshape(-1).view(np.uint8)])
+            buf[:raw.size] = torch.from_numpy(raw)
+        bufs = [torch.empty_like(buf) for _ in range(self.size)]
+        dist.all_gather(bufs, buf, group=self.group)
+        xs, ys = [], []
+        for n, got in zip(pieces, bufs):
+            raw = got.numpy()
+            xs.append(raw[:4 * n * self._x_numel].view(np.float32).reshape(n, *self.stream.sample_shape))
+            ys.append(raw[4 * n * self._x_numel:n * self._row_bytes].view(self._y_dtype)
+                      .reshape(n, *self.stream.file.y_shape))
+        self.drawn += sum(pieces)
+        return np.concatenate(xs), np.concatenate(ys)
+
+    def state(self) -> dict:
+        """This rank's place in its own stream, and the rows the copy has drawn."""
+        return {"own": self.stream.state(), "drawn": self.drawn}
+
+    def load_state(self, state: dict) -> None:
+        """Continue from :meth:`state` (this rank's, saved in this or another process)."""
+        self.stream.load_state(state["own"])
+        self.drawn = int(state["drawn"])
 
 
 def leave_process_group() -> None:

@@ -495,10 +495,12 @@ def chunk_bytes_for(sc) -> int:
     return max(1 << 20, min(CHUNK_BYTES, task_memory(sc)[0] // 64))
 
 
-def choose_data_mode(requested, partition_bytes: int, sc) -> tuple[DataMode, str]:
-    """``memory`` or ``stream`` for a fit whose largest partition's rows take ``partition_bytes``, and why."""
+def choose_data_mode(requested, partition_bytes: int, sc, *,
+                     held: str = "the largest partition's rows") -> tuple[DataMode, str]:
+    """``memory`` or ``stream`` for a fit where a process would hold ``partition_bytes`` of rows in memory (``held``
+    says which), and why."""
     mode = parse_enum(DataMode, requested, "data mode")
-    size = f"the largest partition's rows take {partition_bytes / 2**20:,.0f} MiB"
+    size = f"{held} take {partition_bytes / 2**20:,.0f} MiB"
     if mode is not DataMode.AUTO:
         return mode, f"{mode.value} as asked; {size}"
     budget, source = task_memory(sc)

@@ -411,11 +411,12 @@ class SparkTrainer:
             if skew := spark_data.describe_skew(total["rows_per_partition"]):
                 log.warning("%s", skew)
             row_bytes = 4 * math.prod(sample_shape) + 8 * (max(1, total["label_width"]) + (weight_col is not None))
-            data_mode, data_mode_why = spark_data.choose_data_mode(dist.data_mode, max(self._rows) * row_bytes, sc)
-            if split and data_mode is spark_data.DataMode.STREAM:  # the processes of a worker step on the same rows
-                data_mode, data_mode_why = spark_data.DataMode.MEMORY, (
-                    f"{data_mode_why}; but the processes of a split worker share their partitions' rows, each holding "
-                    "them all in memory (a stream is not used)")
+            # in memory, each process of a split copy holds the rows of the copy's M partitions
+            held = m if split else 1
+            data_mode, data_mode_why = spark_data.choose_data_mode(
+                dist.data_mode, held * max(self._rows) * row_bytes, sc,
+                held=f"the rows of a split copy's {m} partitions (each of its processes holds them all)" if split else
+                "the largest partition's rows")
             log.info("training data: %s", data_mode_why)
             if (self.strategy.needs_gradient_hook or ranks > K) and 0 in total["rows_per_partition"]:
                 who = ("a strategy that allreduces gradients every step" if self.strategy.needs_gradient_hook else

@@ -42,7 +42,7 @@ from sparknet.collective import CollectiveExchange, FIELDS
 from sparknet.config import Streaming
 from sparknet.errors import NonFiniteUpdate, WorkerOutOfMemory
 from sparknet.loop import FitPlan, ResumeState, WeightAverage, run_rounds
-from sparknet.parallel.mesh import cut_state, init_layout, leave_process_group, share_data_over_mp
+from sparknet.parallel.mesh import SharedStream, cut_state, init_layout, leave_process_group, share_data_over_mp
 from sparknet.parallel.tensor import local_weight_bytes
 from sparknet.weights import local_view
 from sparknet.spark.backend import Held, task_error
@@ -53,7 +53,7 @@ from sparknet.spark.data import frame_chunks, write_chunks
 from sparknet.spark.rounds.executor import (WorkerSpec, build_worker_net, export_worker_state, fault_hook, fit_dir,
                                            freeze_heap, give_rows, import_worker_state, peak_rss_mb, reset_peak_rss,
                                            round_seed, staged_here, task_device, worker_failure)
-from sparknet.step import WorkerRanks
+from sparknet.step import WorkerRanks, worker_seed
 from sparknet.strategies import WorkerState
 
 __all__ = ["run_barrier", "run_barrier_frame", "RESULT_SCHEMA", "rendezvous", "gloo_interface", "interface_for_address",
@@ -565,7 +565,10 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
                  "everyone": dist.group.WORLD, "scoring": scoring}
         place = {"worker": layout.dp_rank, "proc": layout.worker_rank, "group_rank": group_rank,
                  **({"copy": layout.inner_rank} if 1 < M < G else {})}
-    if split is not None:  # the worker's ranks run every step together, on the rows of all its partitions
+    if split is not None and spec.stream:  # a copy's ranks draw each batch together, each from its own partition
+        data = SharedStream(data.stream(seed=worker_seed(spec.worker.seed, rank), sample_shape=spec.sample_shape,
+                                        buffer_bytes=spec.stream_buffer_bytes), layout)
+    elif split is not None:  # the copy's ranks run every step together, on the rows of all its partitions
         data = share_data_over_mp(*(data.arrays() if data is not None else (None, None)), layout)
         data = None if data[0] is None else data
     has_data = data is not None

@@ -337,9 +337,12 @@ def build_worker_net(spec: WorkerSpec, index: int, data, device: str) -> Net:
 
 
 def give_rows(net: Net, spec: WorkerSpec, index: int, data) -> None:
-    """Give worker ``index``'s net its partition's rows (:func:`build_worker_net`'s ``data``)."""
+    """Give worker ``index``'s net its partition's rows (:func:`build_worker_net`'s ``data``, or a stream made
+    already: a split copy's :class:`~sparknet.parallel.mesh.SharedStream`)."""
     seed = worker_seed(spec.worker.seed, index)
-    if isinstance(data, RowFile) and spec.stream:
+    if hasattr(data, "next_batch"):
+        net.set_training_data(data)
+    elif isinstance(data, RowFile) and spec.stream:
         net.set_training_data(data.stream(seed=seed, buffer_bytes=spec.stream_buffer_bytes,
                                           sample_shape=spec.sample_shape))
     else:
