@@ -90,6 +90,24 @@ def test_a_worker_of_split_copies_trains_as_a_worker_of_whole_replicas(spark, op
     assert split.history[-1]["val_accuracy"] == pytest.approx(whole.history[-1]["val_accuracy"], abs=1e-6)
 
 
+def test_split_copies_stream_their_partitions_as_whole_processes_do(spark):
+    # each process of a copy streams its own partition (24 rows) and gives the copy's batch of 16 its 8 rows: the mean
+    # gradient of a worker's four whole processes that each stream their partition with batch 8
+    parts, _ = _eighths(192)
+
+    def fit(copies_split):
+        shape = dict(procs_per_worker=4, model_parallel=2) if copies_split else dict(procs_per_worker=4)
+        config = DistributedConfig(engine="barrier", workers=2, strategy="diloco", tau=3, rounds=3, data_mode="stream",
+                                   **shape)
+        worker = WorkerConfig(solver=SOLVER, batch_size=16 if copies_split else 8, seed=5)
+        return SparkTrainer(_mlp(), worker, dist=config, spark=spark).fit(partitioned_rdd(spark.sparkContext, parts))
+
+    split, whole = fit(True), fit(False)
+    ws, ww = (r.weights.to_flat(torch.float32) for r in (split, whole))
+    assert torch.allclose(ws, ww, atol=1e-5, rtol=1e-4), float((ws - ww).abs().max())
+    assert split.summary["data_mode"] == "stream" and split.summary["model_parallel"] == 2
+
+
 def test_a_sharded_split_worker_clips_its_gradients_by_the_whole_models_norm(spark):
     parts, _ = _eighths()
     clipped = SolverConfig(base_lr=0.1, momentum=0.9, clip_gradients=0.05)  # below the gradients' norm: it clips
