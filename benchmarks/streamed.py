@@ -1,13 +1,18 @@
 """Streamed partitions against in-memory ones, and a fit on data several times the executors' memory.
 
     python benchmarks/streamed.py ratio                        # MNIST, local[2]: streamed / in-memory throughput
+    python benchmarks/streamed.py ratio --split --stream-buffer-mb 16   # the same, one worker of LeNet split in two
     python benchmarks/streamed.py big --data DIR --executor-memory 480   # Parquet digits on local-cluster
 
 ``ratio``: LeNet on MNIST's 50,000 training images, two workers of the rounds engine on ``local[2]``,
 the same fit with ``data_mode="memory"`` and ``data_mode="stream"`` (a 64 MiB window), alternated
 ``--repeats`` times. The figure compared is the in-round throughput (samples trained per second of
 the rounds' wall time, the summary's ``samples_per_s``); each fit's wall time from the start of
-``fit`` (conversion, staging and evaluation included) is reported beside it.
+``fit`` (conversion, staging and evaluation included) is reported beside it. With ``--split``: one barrier-engine
+worker of two processes, LeNet's layers split between them (``--model-parallel 2``), batch 64 a step; held in
+memory, each process holds both partitions' rows, streamed, each reads its own and takes 32 rows of every batch from
+it, the two shares joined by an all-gather a step. Each process's peak resident memory over its task's start is
+reported beside the throughput.
 
 ``big``: LeNet on a Parquet folder of 28x28 digits (e.g. ``sparknet data extended-mnist``) on
 ``local-cluster[2,1,MEM]`` (two executors of ``--executor-memory`` MiB each): the fit chooses its
@@ -45,7 +50,8 @@ def _session(master: str, conf: dict | None = None):
     return get_session(master, app_name="sparknet-bench-streamed", conf={"spark.ui.enabled": "false", **(conf or {})})
 
 
-def _trainer(spark, *, mode: str, rounds: int, tau: int, target: float | None = None, buffer_mb: int = 64):
+def _trainer(spark, *, mode: str, rounds: int, tau: int, target: float | None = None, buffer_mb: int = 64,
+             split: bool = False):
     from sparknet.config import DistributedConfig, WorkerConfig
     from sparknet.solvers import LRPolicy, SolverConfig
     from sparknet.spark import SparkTrainer
@@ -55,7 +61,9 @@ def _trainer(spark, *, mode: str, rounds: int, tau: int, target: float | None = 
                           power=0.75)
     return SparkTrainer(lenet(), WorkerConfig(solver=solver, batch_size=64, seed=0, threads=1),
                         DistributedConfig(workers=2, tau=tau, rounds=rounds, target_accuracy=target, data_mode=mode,
-                                          stream_buffer_mb=buffer_mb), spark=spark)
+                                          stream_buffer_mb=buffer_mb,
+                                          **(dict(engine="barrier", model_parallel=2) if split else {})),
+                        spark=spark)
 
 
 def ratio(args) -> dict:
@@ -63,20 +71,26 @@ def ratio(args) -> dict:
     from sparknet.spark.run import dataset_frame
 
     data = mnist()
-    spark = _session("local[2]")
+    # a split fit's ranks each start in a Python worker of their own, so that their memory is theirs alone
+    spark = _session("local[2]", {"spark.python.worker.reuse": "false"} if args.split else None)
     df = dataset_frame(spark, "mnist", data.train)
     val = (data.validation.x, data.validation.y)
     runs = {"memory": [], "stream": []}
     try:
-        _trainer(spark, mode="memory", rounds=2, tau=20).fit(df, validation=val)  # JIT, JVM and cache warm-up
+        kind = dict(split=args.split, buffer_mb=args.stream_buffer_mb)
+        _trainer(spark, mode="memory", rounds=2, tau=20, **kind).fit(df, validation=val)  # JIT, JVM, cache warm-up
         for _ in range(args.repeats):
             for mode in ("memory", "stream"):
                 with LoadSampler() as load:
                     t0 = time.perf_counter()
-                    result = _trainer(spark, mode=mode, rounds=args.rounds, tau=args.tau).fit(df, validation=val)
+                    result = _trainer(spark, mode=mode, rounds=args.rounds, tau=args.tau, **kind).fit(
+                        df, validation=val)
                     wall = time.perf_counter() - t0
                 s = result.summary
-                run = {**{k: s.get(k) for k in KEYS}, "fit_wall_s": round(wall, 2), **load.to_dict()}
+                grown = [round(w["peak_rss_mb"] - w["rss_start_mb"], 1) for w in s.get("barrier_workers") or ()
+                         if w.get("peak_rss_mb") is not None and w.get("rss_start_mb") is not None]
+                run = {**{k: s.get(k) for k in KEYS}, "fit_wall_s": round(wall, 2),
+                       **({"rank_peak_rss_growth_mb": grown} if grown else {}), **load.to_dict()}
                 runs[mode].append(run)
                 print(json.dumps({"mode": mode, **run}), flush=True)
     finally:
@@ -85,7 +99,8 @@ def ratio(args) -> dict:
     return {"part": "ratio", "runs": runs, "median_samples_per_s": med,
             "stream_over_memory": round(med["stream"] / med["memory"], 3),
             "settings": {"master": "local[2]", "workers": 2, "tau": args.tau, "rounds": args.rounds,
-                         "batch_size": 64, "stream_buffer_mb": 64, "repeats": args.repeats}}
+                         "batch_size": 64, "stream_buffer_mb": args.stream_buffer_mb, "repeats": args.repeats,
+                         "split": args.split}}
 
 
 def big(args) -> dict:
@@ -130,6 +145,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=None)
     p.add_argument("--tau", type=int, default=None)
     p.add_argument("--repeats", type=int, default=2, help="ratio: fits of each mode, alternated")
+    p.add_argument("--split", action="store_true", help="ratio: one worker of two processes, LeNet split in two")
+    p.add_argument("--stream-buffer-mb", type=int, default=64, help="ratio: each stream's window")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     if args.part == "ratio":
@@ -141,7 +158,8 @@ def main(argv=None) -> int:
         args.rounds, args.tau = args.rounds or 32, args.tau or 250
         report = big(args)
     report.update(benchmark="streamed", cpu_count=os.cpu_count())
-    out = Path(args.out or ROOT / "benchmarks" / "results" / f"streamed_{args.part}.json")
+    name = f"streamed_{args.part}{'_split' if args.split else ''}.json"
+    out = Path(args.out or ROOT / "benchmarks" / "results" / name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v for k, v in report.items() if k != "runs"}, indent=1))

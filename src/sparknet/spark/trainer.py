@@ -415,7 +415,7 @@ class SparkTrainer:
             held = m if split else 1
             data_mode, data_mode_why = spark_data.choose_data_mode(
                 dist.data_mode, held * max(self._rows) * row_bytes, sc,
-                held=f"the rows of a split copy's {m} partitions (each of its processes holds them all)" if split else
+                held=f"the rows of a split copy's {m} partitions (what each of its processes would hold)" if split else
                 "the largest partition's rows")
             log.info("training data: %s", data_mode_why)
             if (self.strategy.needs_gradient_hook or ranks > K) and 0 in total["rows_per_partition"]:
