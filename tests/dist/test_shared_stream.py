@@ -1,5 +1,5 @@
-"""A split copy's shared stream: each of two gloo ranks streams its own partition, and every batch is the two
-ranks' shares joined, the same on both."""
+"""The rows of a split copy's two gloo ranks: shared whole (each rank gets both partitions), or streamed (each rank
+reads its own partition, and every batch is the two ranks' shares joined, the same on both)."""
 
 from __future__ import annotations
 
@@ -66,3 +66,25 @@ def test_the_two_ranks_draw_the_same_batches_each_from_its_own_partition(tmp_pat
         for r in (0, 1):
             for a, b in zip(out[f"again{r}_{i}"], out[f"batch{r}_{i}"]):
                 np.testing.assert_array_equal(a, b)
+
+
+def _share_rank(rank, out, folder):
+    from sparknet.parallel import init_layout, share_data_over_mp
+
+    x, y = _partition(folder, rank).arrays()  # memory maps of 5 and 12 rows
+    layout = init_layout(2)
+    out[f"shared{rank}"] = share_data_over_mp(x, y, layout)
+    out[f"one{rank}"] = share_data_over_mp(*((None, None) if rank else (x, y)), layout)  # rank 1 has no rows
+
+
+def test_ranks_of_unequal_partitions_share_all_their_rows_in_rank_order(tmp_path):
+    out = run_two_ranks(_share_rank, str(tmp_path))
+    x, y = out["shared0"]
+    for a, b in zip(out["shared0"], out["shared1"]):
+        np.testing.assert_array_equal(a, b)
+    assert x.shape == (17, 3) and x.dtype == np.float32 and y.dtype == np.int64
+    np.testing.assert_array_equal(y, np.concatenate([np.arange(5), 100 + np.arange(12)]))
+    np.testing.assert_array_equal(x[5:], (1000 + np.arange(36, dtype=np.float32)).reshape(12, 3))
+    for r in (0, 1):
+        np.testing.assert_array_equal(out[f"one{r}"][0], x[:5])
+        np.testing.assert_array_equal(out[f"one{r}"][1], y[:5])

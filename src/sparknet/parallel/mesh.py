@@ -251,17 +251,25 @@ def _gather_rows(array: np.ndarray | None, group, group_size: int) -> np.ndarray
     if len({(shape[1:], dtype) for dtype, shape in kinds}) > 1:
         raise ValueError("partitions of one worker differ in row shape or dtype: "
                          f"{[(shape, str(dtype)) for dtype, shape in kinds]}")
+    if not kinds:
+        return None
     sizes = [0 if k is None else math.prod(k[1]) * k[0].itemsize for k in held]
-    buf = torch.zeros(max(sizes), dtype=torch.uint8)
-    if array is not None and array.nbytes:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # a read-only memory map: only read here
-            buf[:array.nbytes] = torch.from_numpy(array.reshape(-1).view(np.uint8))
-    bufs = [torch.empty_like(buf) for _ in range(group_size)]
-    dist.all_gather(bufs, buf, group=group)
-    arrays = [np.frombuffer(b[:n].numpy().tobytes(), dtype=k[0]).reshape(k[1])
-              for b, n, k in zip(bufs, sizes, held) if k is not None]
-    return np.concatenate(arrays) if arrays else None
+    most = max(sizes)
+    # every rank's rows in one buffer, in rank order, each rank's bytes sent by that rank to the others in turn: an
+    # all-gather would hold a second buffer of them all while it runs
+    whole = torch.empty(sum(sizes), dtype=torch.uint8)
+    ends = np.cumsum([0, *sizes])
+    me = dist.get_rank(group)
+    for i, n in enumerate(sizes):
+        if not n:
+            continue
+        piece = whole[ends[i]:ends[i + 1]]
+        if i == me:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # a read-only memory map: only read here
+                piece.copy_(torch.from_numpy(array.reshape(-1).view(np.uint8)))
+        dist.broadcast(piece, group_src=i, group=group)
+    return whole.numpy().view(kinds[0][0]).reshape(-1, *kinds[0][1][1:])
 
 
 def share_data_over_mp(x: np.ndarray | None, y: np.ndarray | None,
