@@ -34,7 +34,7 @@ from sparknet._enums import parse_enum
 from sparknet.layers import NetParams
 from sparknet.solvers import SolverConfig, build_optimizer, check_gradient_hook, lr_multiplier
 from sparknet.labels import Task, infer_task, task_metrics, task_sums
-from sparknet.weights import WeightCollection, local_box, local_view, whole_box, whole_weights, worker_layouts
+from sparknet.weights import WeightCollection, local_box, local_view, module_layouts, whole_box, whole_weights
 
 __all__ = ["Net", "Compute", "Precision", "TrainStats", "EvalResult", "FeatureDict", "resolve_device", "fixed_sample"]
 
@@ -803,10 +803,7 @@ class Net:
         the split and part c of that; buffers are never sharded. What the driver cuts a sharded or split replica's
         starting weights with, so that no rank gets them whole; ``net.cut_layouts(*net.cuts)``: the worker's layouts
         of a net cut already."""
-        m, dims = split if split is not None else (1, None)
-        weights = [(tuple(t.shape), None if dims is None else dims[i], shard > 1 and isinstance(t, torch.nn.Parameter))
-                   for i, t in enumerate(t for ts in self._model.layer_weights().values() for t in ts)]
-        return worker_layouts(weights, m, shard)
+        return module_layouts(self._model, *(split if split is not None else (1, None)), shard)
 
     def _local_weights(self) -> WeightCollection:
         """The weights as this process holds them: views of its shards where a weight is sharded (tensor

@@ -366,6 +366,16 @@ def worker_layouts(weights, split: int = 1, shard: int = 1) -> list[list[tuple]]
     return layouts
 
 
+def module_layouts(module, split: int = 1, dims=None, shard: int = 1) -> list[list[tuple]]:
+    """:func:`worker_layouts` of a graph module's weights (its ``layer_weights()``, in flat order), each cut along its
+    dimension in ``dims`` (:func:`~sparknet.parallel.tensor.split_dims`; ``None``: nothing split), its parameters
+    sharded ``shard`` ways and its buffers never."""
+    tensors = (t for ts in module.layer_weights().values() for t in ts)
+    return worker_layouts([(tuple(t.shape), None if dims is None else dims[i],
+                            shard > 1 and isinstance(t, torch.nn.Parameter)) for i, t in enumerate(tensors)],
+                          split, shard)
+
+
 def whole_box(shape) -> tuple:
     """The box of a weight of ``shape`` held whole."""
     return tuple((0, n, n) for n in shape)

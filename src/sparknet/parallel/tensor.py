@@ -46,7 +46,7 @@ from sparknet.layers import (
     ParallelMode,
     PoolLayer,
 )
-from sparknet.weights import WeightCollection, box_numel, local_view, whole_weights, worker_layouts
+from sparknet.weights import WeightCollection, box_numel, local_view, module_layouts, whole_weights
 
 __all__ = [
     "ParallelPlan", "TensorParallelModule", "WeightBudgetError", "parallelize", "build_parallel", "resolve_plan",
@@ -534,9 +534,7 @@ def weight_bytes_per_rank(net_params: NetParams, model_parallel: int = 1, plan: 
     module = _meta_module(net_params)
     dims = split_dims(module, model_parallel, plan) if model_parallel > 1 else None
     tensors = [t for ts in module.layer_weights().values() for t in ts]
-    weights = [(tuple(t.shape), None if dims is None else dims[i], shard > 1 and isinstance(t, nn.Parameter))
-               for i, t in enumerate(tensors)]
-    first = worker_layouts(weights, model_parallel, shard)[0]
+    first = module_layouts(module, model_parallel, dims, shard)[0]
     counters = sum(b.numel() * b.element_size() for b in module.buffers() if not b.is_floating_point())
     return counters + sum(box_numel(box) * t.element_size() for box, t in zip(first, tensors))
 
