@@ -69,6 +69,20 @@ class WorkerOutOfMemory(WorkerError, MemoryError):
 
     MARK = "ran out of memory"
     """How a worker's report of it begins."""
+    ON_GPU = "on its GPU"
+    """What follows :data:`MARK` in a report of a GPU's memory."""
+    UNDER_CAP = "under the cap of"
+    """What a report of a process stopped by the cap on its memory says."""
+
+    @property
+    def on_gpu(self) -> bool:
+        """The process ran out of its GPU's memory (the report crossed from the worker as text)."""
+        return self._message.startswith(f"{self.MARK} {self.ON_GPU}")
+
+    @property
+    def capped(self) -> bool:
+        """The process ran out under the cap Spark puts on each Python worker's memory."""
+        return self.UNDER_CAP in self._message
 
 
 class DeadlineExceeded(EngineError, TimeoutError):

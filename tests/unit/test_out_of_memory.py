@@ -102,7 +102,7 @@ def test_a_crashed_python_worker_is_named_with_its_stacks_and_under_a_cap_is_out
      ": --engine barrier --procs-per-worker G --shard-replica"),
     ({"engine": "rounds"}, "ran out of memory (MemoryError)", "; or give each process more memory, or"),
     ({"engine": "barrier", "procs_per_worker": 2, "shard_replica": True},
-     "ran out of memory (MemoryError) under the cap",
+     "ran out of memory (MemoryError) under the cap of 3,072 MiB",
      "Each of a worker's 2 processes holds 1/2 of the replica's 1 MiB of weights and of its solver state: more "
      "processes a worker (--procs-per-worker) hold less each"),
     ({"engine": "barrier"}, "ran out of memory on its GPU (OutOfMemoryError: CUDA out of memory)",
@@ -111,7 +111,7 @@ def test_a_crashed_python_worker_is_named_with_its_stacks_and_under_a_cap_is_out
 def test_the_fit_says_how_each_process_can_hold_less(dist, report, says):
     trainer = SparkTrainer(zoo.mlp(input_shape=[6], hidden=[8], num_classes=3),
                            dist=DistributedConfig(workers=2, tau=3, rounds=1, **dist))
-    assert says in trainer._holding_less(2**20, report)
+    assert says in trainer._holding_less(2**20, WorkerOutOfMemory(report, rank=0))
 
 
 def test_a_rounds_task_out_of_memory_is_its_rounds_result_and_the_driver_raises_it(capped):

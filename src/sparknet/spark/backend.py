@@ -286,8 +286,9 @@ def worker_crash(error: BaseException | str, memory_cap: str | None = None) -> W
     tail = "\n".join(stacks).strip()
     if memory_cap is None:
         return WorkerError(f"its Python worker crashed ({how})", rank=rank, log_tail=tail)
-    return WorkerOutOfMemory(f"{WorkerOutOfMemory.MARK}, most likely: its Python worker crashed ({how}) under the "
-                             f"cap of {parse_memory(memory_cap) / 2**20:,.0f} MiB that spark.executor.pyspark.memory "
+    return WorkerOutOfMemory(f"{WorkerOutOfMemory.MARK}, most likely: its Python worker crashed ({how}) "
+                             f"{WorkerOutOfMemory.UNDER_CAP} {parse_memory(memory_cap) / 2**20:,.0f} MiB that "
+                             "spark.executor.pyspark.memory "
                              "puts on its address space, where a thread or a native allocation that cannot get memory "
                              "aborts the process", rank=rank, log_tail=tail)
 

@@ -461,7 +461,7 @@ class SparkTrainer:
             try:
                 global_flat, history, extra = run_engine(run)
             except WorkerOutOfMemory as exc:  # the worker said what it held; the fit says how to hold less
-                raise WorkerOutOfMemory(f"{exc._message}. {self._holding_less(4 * global_flat.numel(), exc._message)}",
+                raise WorkerOutOfMemory(f"{exc._message}. {self._holding_less(4 * global_flat.numel(), exc)}",
                                         exc.rank, exc.log_tail) from None
             train_s = time.perf_counter() - t_train
         finally:
@@ -502,10 +502,10 @@ class SparkTrainer:
         return TrainResult(weights=driver_net.get_weights(), history=history, summary=summary, net=driver_net)
 
     # -- pieces of fit ------------------------------------------------------------------------
-    def _holding_less(self, weight_bytes: int, report: str) -> str:
+    def _holding_less(self, weight_bytes: int, report: WorkerOutOfMemory) -> str:
         """How each of this fit's processes can hold less, for a worker that ran out of memory (``report``)."""
         d, size = self.dist, f"{weight_bytes / 2**20:,.0f} MiB"
-        if "on its GPU" in report:  # a sharded replica and model parallelism run on the CPU only
+        if report.on_gpu:  # a sharded replica and model parallelism run on the CPU only
             return "Train with a smaller --batch-size or with --precision bf16, or on a GPU with more memory"
         if d.shard_replica:
             hold = (f"Each of a worker's {d.procs_per_worker} processes holds 1/{d.procs_per_worker} of the replica's "
@@ -518,7 +518,7 @@ class SparkTrainer:
             hold = (f"Each process holds the whole replica, {size} of weights, beside its solver state and the round's "
                     f"copies of them: {'' if d.engine is Engine.BARRIER else '--engine barrier '}--procs-per-worker G "
                     "--shard-replica splits the weights and the solver state over a worker's G processes (FSDP2)")
-        more = ("raise the cap (spark.executor.pyspark.memory)" if "under the cap" in report else
+        more = ("raise the cap (spark.executor.pyspark.memory)" if report.capped else
                 "give each process more memory")
         return f"{hold}; or {more}, or train with a smaller --batch-size"
 

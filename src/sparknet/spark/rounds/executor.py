@@ -404,14 +404,14 @@ def out_of_memory(exc: BaseException) -> str | None:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     what = f"{type(exc).__name__}{': ' + first if first else ''}"
     if isinstance(exc, torch.OutOfMemoryError) or (isinstance(exc, RuntimeError) and "CUDA out of memory" in first):
-        return f"{WorkerOutOfMemory.MARK} on its GPU ({what})"
+        return f"{WorkerOutOfMemory.MARK} {WorkerOutOfMemory.ON_GPU} ({what})"
     cap = _address_space_cap()
     if not (isinstance(exc, MemoryError) or any(s in first for s in ("can't allocate memory", "bad_alloc"))
             or (cap is not None and "Resource temporarily unavailable" in first)):
         return None
     mapped, resident = _status_mb("VmPeak:"), peak_rss_mb()
     by = " that spark.executor.pyspark.memory puts" if os.environ.get("PYSPARK_EXECUTOR_MEMORY_MB") else ""
-    where = "" if cap is None else f" under the cap of {cap:,.0f} MiB{by} on its address space"
+    where = "" if cap is None else f" {WorkerOutOfMemory.UNDER_CAP} {cap:,.0f} MiB{by} on its address space"
     peaks = [f"{v:,.0f} MiB {k}" for k, v in (("mapped", mapped), ("resident", resident)) if v is not None]
     return f"{WorkerOutOfMemory.MARK} ({what}){where}{'; at its peak ' + ', '.join(peaks) if peaks else ''}"
 
