@@ -128,3 +128,40 @@ def test_a_record_that_comes_before_its_rounds_state_waits_for_it():
     assert emitted == [1, 2, 3]
     _state(stage, 6)
     assert emitted == [1, 2, 3, 4, 5, 6] and stage.held == {}
+
+
+def test_a_state_its_rank_could_not_send_holds_no_record_behind_it(caplog):
+    """A rank whose state did not leave (the channel to the driver full) says so: the records held for that state and
+    after it are recorded at once, not when a later state comes in, and the newest state stays the one that came."""
+    from sparknet.spark.barrier.executor import StagePlan
+
+    emitted: list[int] = []
+    stage = _stage()
+    stage.fit.t_fit, stage.fit.emit = 0.0, lambda record: emitted.append(record["round"])
+    stage.states = StagePlan(group=None, fit=None, state_every_rounds=2)
+    _state(stage, 2)
+    for r in (1, 2, 3, 4, 5):
+        stage._handle({"event": "round", "round": r}, float(r))
+    assert emitted == [1, 2, 3]  # round 4's state is due and not in
+    stage._handle({"event": "state_lost", "round": 4, "rank": 0}, 5.0)
+    assert emitted == [1, 2, 3, 4, 5] and stage.held == {} and stage.latest.round == 2
+    assert "could not send round 4's state" in caplog.text
+
+
+def test_a_rank_whose_state_did_not_leave_tells_the_driver_after_it():
+    from sparknet.loop import Progress
+    from sparknet.spark.barrier.executor import StagePlan, _BarrierExchange
+
+    sent: list[dict] = []
+
+    def send(record, payload=None):  # the channel full: a state (with its payload) does not leave
+        sent.append(record)
+        return payload is None
+
+    rank = SimpleNamespace(params=StagePlan(group=None, fit=None), fit=SimpleNamespace(auto=None, average=None),
+                           sender=SimpleNamespace(send=send), link=None, holds_state=True, net=SimpleNamespace(
+                               iteration=6), state_part=None, strategy=SimpleNamespace(state_dict=lambda: {}),
+                           has_data=True, reports=True, history=[], task=0)
+    progress = Progress(round=3, steps_done=6, samples_done=48, total_bytes=0)
+    _BarrierExchange.round_done(rank, {"event": "round", "round": 3}, torch.zeros(N), progress)
+    assert [m["event"] for m in sent] == ["state", "state_lost", "round"] and sent[1]["round"] == 3

@@ -205,6 +205,8 @@ class BarrierStage:
         """Round records whose round's state is due and not all in (a sharded replica's parts come from several
         ranks), and those after them: recorded once it is, so that a record in the history means its state is on the
         driver."""
+        self.lost: set[int] = set()
+        """Rounds whose state a rank could not send (the channel full): their records are not held for it."""
         self.errors: list[dict] = []
         self.ready_at: float | None = None
         """When rank 0 said every rank had started and joined the process group (``time.perf_counter()``)."""
@@ -246,6 +248,11 @@ class BarrierStage:
         elif event == "round":
             self.held[int(msg["round"])] = (msg, now)
             self._release()
+        elif event == "state_lost":
+            log.warning("rank %s could not send round %s's state to the driver (the channel was full): a restart "
+                        "starts from an earlier round's", msg.get("rank"), msg["round"])
+            self.lost.add(int(msg["round"]))
+            self._release()
         elif event == "final" and "payload" in msg:
             weights = msg.pop("payload")
             if len(weights) != 4 * self.fit.global_flat.numel():
@@ -272,12 +279,12 @@ class BarrierStage:
 
     def _release(self) -> None:
         """Record the held round records in order, up to the first whose state is due and not in (a state lost on
-        the way is passed by a later round's)."""
+        the way is passed by a later round's, or by its rank's word that it could not send it)."""
         for r in sorted(self.held):
             msg, now = self.held[r]
             latest = self.latest
             if self.states is not None and self.states.state_due(r, bool(msg.get("stop_reason"))) and (
-                    latest is None or latest.round < r):
+                    latest is None or latest.round < r) and r not in self.lost:
                 return
             del self.held[r]
             self._record(msg, now)

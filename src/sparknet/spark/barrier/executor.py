@@ -518,11 +518,13 @@ class _BarrierExchange(CollectiveExchange):
             head = {"event": "state", **vars(progress), "iteration": self.net.iteration, **(self.state_part or {})}
             # sent from where its tensors lie: nothing writes into a global buffer (each round makes a new one), the
             # strategy's state is a copy, and the average (updated in place every round) is copied here
-            sender.send(head,
-                        pack_tree({"global": global_flat, "strategy": self.strategy.state_dict(),
-                                   "auto_tau": None if fit.auto is None else fit.auto.state_dict(),
-                                   **({} if fit.average is None else {"average": fit.average.flat.clone()})},
-                                  parts=STATE_PARTS))
+            sent = sender.send(head,
+                               pack_tree({"global": global_flat, "strategy": self.strategy.state_dict(),
+                                          "auto_tau": None if fit.auto is None else fit.auto.state_dict(),
+                                          **({} if fit.average is None else {"average": fit.average.flat.clone()})},
+                                         parts=STATE_PARTS))
+            if not sent:  # the driver records the rounds held behind this state without it
+                sender.send({"event": "state_lost", "round": r, "rank": self.task})
         if sender is not None and ckpt_every and self.has_data and (r % ckpt_every == 0 or reason is not None):
             sender.send({"event": "worker_state", "round": r, "rank": self.task},  # packed at once: one copy
                         pack_tree(export_worker_state(self.net, self.state, copy_tensors=False,
