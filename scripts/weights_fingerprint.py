@@ -22,8 +22,8 @@ The runs: the rounds engine (average, diloco, easgd, int8, a warm start) and the
 engine (average, diloco, easgd, sync, int8) in ``local[2]`` on two partitions of different
 sizes, the barrier engine with the net split in two (average, diloco), K = 2 workers of G = 2 processes in
 ``local[4]`` (average, diloco, easgd, int8, overlapped and streamed, a sharded replica, streamed too; split in two,
-diloco and streamed), one worker of G = 4 processes, two copies of the net split in two (whole or sharded), and the
-simulator (average, diloco, easgd, sync, int8).
+diloco, its exchange streamed, its rows streamed), one worker of G = 4 processes, two copies of the net split in two
+(whole or sharded), and the simulator (average, diloco, easgd, sync, int8).
 """
 
 from __future__ import annotations
@@ -162,7 +162,8 @@ def procs_per_worker_runs(spark) -> dict[str, str]:
             rdd, validation=val)
         tag = "+".join(f"{k}={v}" for k, v in sorted(extra.items())) or "plain"
         out[f"procs_per_worker/{strategy}/g=2+{tag}"] = _digest(res.weights.to_flat())
-    for strategy, extra in [("diloco", {}), ("average", {"fragments": 2})]:  # K = 2 workers of M = 2, layers split
+    for strategy, extra in [("diloco", {}), ("average", {"fragments": 2}),  # K = 2 workers of M = 2, layers split
+                            ("diloco", {"data_mode": "stream"})]:
         dist = DistributedConfig(workers=4, model_parallel=2, engine="barrier", strategy=strategy, tau=5, rounds=4,
                                  **extra)
         res = SparkTrainer(_net(), WorkerConfig(solver=_solver(), batch_size=8, seed=9), dist, spark=spark).fit(
