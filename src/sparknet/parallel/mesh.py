@@ -231,7 +231,8 @@ _MAX_DIMS = 8
 
 def _gather_rows(array: np.ndarray | None, group, group_size: int) -> np.ndarray | None:
     """Concatenate every rank's rows (in group-rank order) on every rank of ``group``: a header of each rank's shape
-    and dtype, then its bytes, both all-gathered as tensors (nothing is unpickled)."""
+    and dtype all-gathered, then its bytes broadcast from it into one buffer, all as tensors (nothing is
+    unpickled)."""
     import torch
     import torch.distributed as dist
 
@@ -254,7 +255,6 @@ def _gather_rows(array: np.ndarray | None, group, group_size: int) -> np.ndarray
     if not kinds:
         return None
     sizes = [0 if k is None else math.prod(k[1]) * k[0].itemsize for k in held]
-    most = max(sizes)
     # every rank's rows in one buffer, in rank order, each rank's bytes sent by that rank to the others in turn: an
     # all-gather would hold a second buffer of them all while it runs
     whole = torch.empty(sum(sizes), dtype=torch.uint8)
