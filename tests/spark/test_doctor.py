@@ -9,8 +9,8 @@ import pytest
 
 from sparknet import zoo
 from sparknet.cli import main
-from sparknet.tools.doctor import (COMMUNICATION_COPIES, CheckResult, Status, estimate_training_memory, format_table,
-                                   parse_memory, run_doctor, task_memory_budget)
+from sparknet.tools.doctor import (COMMUNICATION_COPIES, CheckResult, Status, estimate_training_memory, format_bytes,
+                                   format_table, parse_memory, run_doctor, task_memory_budget)
 
 pytestmark = pytest.mark.spark
 
@@ -139,3 +139,43 @@ def test_budget_and_table_formatting():
     table = format_table([CheckResult("memory", "executor a/1", Status.FAIL, "needs more", "set --conf x=1"),
                           CheckResult("barrier", "cluster", Status.OK, "met")])
     assert "fix: set --conf x=1" in table and table.splitlines()[-1] == "1 OK, 0 WARN, 1 FAIL"
+
+
+def test_estimate_holds_one_process_part_of_a_split_or_sharded_replica():
+    from sparknet.parallel import weight_bytes_per_rank
+
+    net = zoo.lenet(batch_size=64)
+    whole = estimate_training_memory(net, batch_size=64)
+    split = estimate_training_memory(net, batch_size=64, model_parallel=2)
+    sharded = estimate_training_memory(net, batch_size=64, shard=4)
+    # ip1 (800 -> 500, column) and ip2 (500 -> 10, row) split in two: half of ip1 and of ip2's weight on each process
+    assert split.weights == split.gradients == whole.weights - 4 * (400_000 + 500 + 5_000) // 2
+    assert split.communication == COMMUNICATION_COPIES * split.weights
+    # a quarter of every parameter, and ip1 gathered whole while it computes
+    assert sharded.gradients == weight_bytes_per_rank(net, shard=4) < whole.gradients // 3
+    assert sharded.weights == sharded.gradients + 4 * (400_000 + 500)
+    assert split.activations == sharded.activations == whole.activations  # counted whole: an upper bound
+
+
+def test_a_worker_of_several_processes_is_checked_process_by_process(spark, tmp_path):
+    # AlexNet in 1 GiB for two slots fails, and the fix names sharding; a worker of two processes sharding it holds
+    # its part of the weights and solver state in each
+    whole, sharded = (run_doctor(spark=spark, model="alexnet", executor_memory="1g", barrier=False, **kw)
+                      for kw in ({}, {"workers": 1, "procs_per_worker": 2, "shard_replica": True}))
+    (w,), (s,) = ([r for r in results if r.check == "memory"] for results in (whole, sharded))
+    assert w.status is Status.FAIL and "--shard-replica" in w.fix
+    part = estimate_training_memory(zoo.alexnet(batch_size=64), batch_size=64, shard=2)
+    assert f"gradients {format_bytes(part.gradients)}" in s.detail and format_bytes(part.gradients) not in w.detail
+    # the rows: a split copy's process holds both partitions in memory, or streams its own
+    path = tmp_path / "rows"
+    path.mkdir()
+    for i in range(2):
+        pq.write_table(pa.table({"features": [[0.5] * 4] * 50, "label": [i] * 50}), path / f"part-{i}.parquet")
+    held = {}
+    for mode in ("memory", "stream"):
+        results = run_doctor(spark=spark, model="lenet", data=str(path), workers=1, model_parallel=2,
+                             data_mode=mode, barrier=False)
+        (held[mode],) = [r.detail for r in results if r.check == "memory"]
+    assert f"data {format_bytes(2 * 50 * 24)}" in held["memory"]
+    assert "the 2 partitions of its split copy" in held["memory"]
+    assert f"data {format_bytes(50 * 24)}" in held["stream"] and "streamed through one window" in held["stream"]

@@ -9,7 +9,9 @@ Checks, on the driver and on every executor (small Spark jobs, each with a timeo
 - ``pickle``: the model and a training function pickle with cloudpickle (as Spark pickles closures)
   on the driver, and load on every executor (which proves sparknet and torch import there).
 - ``memory``: the estimated memory of one training task (:func:`estimate_training_memory`) against
-  the smallest budget one task has (:func:`task_memory_budget`).
+  the smallest budget one task has (:func:`task_memory_budget`); for a worker of several processes, one
+  process's part (``procs_per_worker`` with ``shard_replica``, ``model_parallel``), and its rows as
+  ``data_mode`` holds them.
 - ``barrier``: a barrier stage with one task per slot meets at ``allGather`` (the barrier engine's
   rendezvous), and every task opens a TCP connection to a port the first task listens on (as
   torch.distributed's store does).
@@ -143,9 +145,15 @@ class MemoryEstimate:
 
 
 def estimate_training_memory(net, *, batch_size: int | None = None, solver_type: str = "sgd",
-                             module=None) -> MemoryEstimate:
-    """Estimate what one worker needs to train ``net``, without running it: weights, gradients and update-rule
-    state at their element sizes, activations at 4 bytes a value.
+                             module=None, model_parallel: int = 1, shard: int = 1) -> MemoryEstimate:
+    """Estimate what one worker's process needs to train ``net``, without running it: weights, gradients and
+    update-rule state at their element sizes, activations at 4 bytes a value.
+
+    With ``model_parallel`` M (the layers split over M processes) or ``shard`` G (a replica sharded over G
+    processes, FSDP2), the weights, gradients, update-rule state and communication are one process's part of
+    them (:func:`~sparknet.parallel.tensor.weight_bytes_per_rank`: the first process's, which holds the largest);
+    a sharded process also holds its largest layer's weights whole while that layer computes. The activations are
+    counted whole either way (a split layer's are partly cut: an upper bound).
 
     Parameters
     ----------
@@ -164,6 +172,21 @@ def estimate_training_memory(net, *, batch_size: int | None = None, solver_type:
     trainable = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
     weights = sum(t.numel() * t.element_size() for t in itertools.chain(module.parameters(), module.buffers()))
     copies = OPTIMIZER_STATE_COPIES.get(str(getattr(solver_type, "value", solver_type)).lower(), 2)
+    gathered = 0
+    if (model_parallel > 1 or shard > 1) and weights:
+        if hasattr(net, "layers"):
+            from sparknet.parallel.runner import effective_plan
+            from sparknet.parallel.tensor import weight_bytes_per_rank
+
+            plan = effective_plan(net, model_parallel, None) if model_parallel > 1 else None  # the fit's default
+            held = weight_bytes_per_rank(net, model_parallel, plan, shard=shard)
+        else:  # a plain module: sharded only (model parallelism takes a NetParams), about 1/G of each weight
+            held = -(-weights // shard)
+        share = held / weights
+        weights, trainable = held, round(trainable * share)
+        if shard > 1:
+            gathered = max((sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
+                            for m in module.modules()), default=0)
     activations = 0
     if hasattr(net, "infer_shapes"):
         shapes = net.infer_shapes()
@@ -171,7 +194,7 @@ def estimate_training_memory(net, *, batch_size: int | None = None, solver_type:
         declared = first[0] if first else 1
         per_sample = sum(math.prod(s[1:]) if len(s) > 1 else 1 for s in shapes.values())
         activations = 2 * 4 * per_sample * (batch_size or declared)
-    return MemoryEstimate(weights=weights, gradients=trainable, optimizer=copies * trainable,
+    return MemoryEstimate(weights=weights + gathered, gradients=trainable, optimizer=copies * trainable,
                           communication=COMMUNICATION_COPIES * weights, activations=activations)
 
 
@@ -421,7 +444,8 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
                batch_size: int = 64, solver_type: str = "sgd", workers: int | None = None,
                executor_memory: str | int | None = None, conf: dict[str, str] | None = None, spark=None,
                train_fn: Callable | None = None, skew_ratio: float = 2.0, timeout_s: float = 120.0,
-               barrier: bool = True, features_col: str = "features") -> list[CheckResult]:
+               barrier: bool = True, features_col: str = "features", procs_per_worker: int = 1,
+               model_parallel: int = 1, shard_replica: bool = False, data_mode: str = "auto") -> list[CheckResult]:
     """Check a cluster (or ``local[K]``) for training ``model``; return one row per finding, in the order
     checked: any ``Status.FAIL`` means training would fail as things are.
 
@@ -458,6 +482,14 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
         Run the barrier-stage check.
     features_col : str
         The data's features column (its width counts towards memory).
+    procs_per_worker, model_parallel, shard_replica : int, int, bool
+        The worker's processes, as ``sparknet train`` takes them: each is one task, and holds its part of the
+        weights and solver state (split M ways, sharded over the worker's copies). ``model_parallel`` alone is a
+        worker of M processes.
+    data_mode : str
+        ``memory``, ``stream`` or ``auto``, as ``sparknet train --data-mode``: held in memory, a process holds its
+        partition (a split copy's process, the copy's M partitions); streamed, one window of it; ``auto`` streams
+        where the rows would take more than half of a task's budget, as training does.
     """
     import torch
 
@@ -467,11 +499,20 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
     add = results.append
     t0 = time.perf_counter()
 
+    M = max(1, model_parallel)
+    G = max(procs_per_worker, M)
+    if G % M:
+        raise ValueError(f"--model-parallel {M} must divide --procs-per-worker {G}")
+    from sparknet._enums import parse_enum
+    from sparknet.spark.data import DataMode
+
+    rows = _Rows(parse_enum(DataMode, data_mode, "data mode"), split=M)
     name, net = _resolve_net(model, batch_size)
     module = net.build(seed=0) if hasattr(net, "build") else net
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"model must be a zoo name, a model folder, a NetParams or a torch.nn.Module, got {type(net)}")
-    estimate = estimate_training_memory(net, batch_size=batch_size, solver_type=solver_type, module=module)
+    estimate = estimate_training_memory(net, batch_size=batch_size, solver_type=solver_type, module=module,
+                                        model_parallel=M, shard=G // M if shard_replica else 1)
     payload = _check_pickle_on_driver(add, name, net, module, train_fn, batch_size)
 
     own_session = spark is None and _no_active_session()
@@ -486,14 +527,14 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
             add(_session_failure(e, master, settings))
             _check_memory(add, estimate, [], {}, declared=settings.get("spark.executor.memory"),
                           cores=_executor_cores(settings.get("spark.executor.cores"), master or "local[*]", {}),
-                          local=is_local_master(master or "local[*]"))
+                          local=is_local_master(master or "local[*]"), rows=rows)
             return results
     try:
         sc = spark.sparkContext
         running_master = sc.master
         local = is_local_master(running_master)
         slots = sc.defaultParallelism
-        K = workers or slots
+        K = workers * G if workers else slots  # tasks: each of a worker's processes is one, on its own partition
         driver = _check_driver_versions(add, spark)
 
         probes, error = _run_job(sc, "probe executors",
@@ -512,11 +553,11 @@ def run_doctor(master: str | None = None, *, model: Any = "lenet", data: str | N
             _check_unpickle(add, where, tasks)
 
         # Data first: the partition a worker holds counts towards its memory.
-        data_bytes = 0 if data is None else _check_data(add, spark, data, K, skew_ratio, features_col, timeout_s)
+        if data is not None:
+            rows = replace(rows, partition=_check_data(add, spark, data, K, skew_ratio, features_col, timeout_s))
         declared = settings.get("spark.executor.memory") or sc.getConf().get("spark.executor.memory", None)
         cores = _executor_cores(sc.getConf().get("spark.executor.cores", None), running_master, executors)
-        _check_memory(add, replace(estimate, data=data_bytes), probes, executors, declared=declared, cores=cores,
-                      local=local)
+        _check_memory(add, estimate, probes, executors, declared=declared, cores=cores, local=local, rows=rows)
         if barrier:
             _check_barrier(add, sc, slots, local, timeout_s)
     finally:
@@ -663,9 +704,33 @@ def _executor_cores(value: str | None, master: str, executors: dict[str, list[di
     return slots if slots is not None else max((len(t) for t in executors.values()), default=1)
 
 
+@dataclass(frozen=True)
+class _Rows:
+    """How a process will hold its training rows: ``data_mode``, the bytes of one partition's rows, and M (a split
+    copy's process holds the copy's M partitions in memory)."""
+
+    mode: Any
+    split: int = 1
+    partition: int = 0
+
+    def held(self, budget: int | None) -> tuple[int, str]:
+        """The bytes of rows a process holds under a task budget of ``budget`` (``None``: not known), and how."""
+        from sparknet.config import DistributedConfig
+        from sparknet.spark.data import STREAM_FRACTION, DataMode
+
+        whole = self.partition * self.split
+        streams = self.mode is DataMode.STREAM or (self.mode is DataMode.AUTO and budget is not None
+                                                   and whole > STREAM_FRACTION * budget)
+        if not streams:
+            return whole, "in memory" + (f", the {self.split} partitions of its split copy" if self.split > 1 else "")
+        window = DistributedConfig.stream_buffer_mb << 20
+        return min(self.partition, window), "streamed through one window"
+
+
 def _check_memory(add, estimate: MemoryEstimate, probes: list[dict], executors: dict[str, list[dict]], *,
-                  declared: str | None, cores: int, local: bool) -> None:
-    """Hold the estimate (with each executor's measured runtime) against each executor's budget."""
+                  declared: str | None, cores: int, local: bool, rows: _Rows) -> None:
+    """Hold the estimate (with each executor's measured runtime, and the rows as each process holds them) against
+    each executor's budget."""
     declared = parse_memory(declared) if declared else None
     tasks_per_host = Counter(p["host"] for p in probes)
     for where, tasks in (executors.items() if probes else [("cluster", [{}])]):  # no probes: the declared only
@@ -674,12 +739,14 @@ def _check_memory(add, estimate: MemoryEstimate, probes: list[dict], executors: 
                                      pyspark_worker_mb=probe.get("pyspark_worker_mb"),
                                      host_available=probe.get("host_available"),
                                      tasks_on_host=tasks_per_host[probe.get("host")], local=local)
-        _memory_row(add, where, replace(estimate, runtime=max((t.get("rss") or 0) for t in tasks)), budgets, cores)
+        data, how = rows.held(budgets[0].bytes if budgets else None)
+        est = replace(estimate, runtime=max((t.get("rss") or 0) for t in tasks), data=data)
+        _memory_row(add, where, est, budgets, cores, rows=how if data else None)
 
 
-def _memory_row(add, where: str, est: MemoryEstimate, budgets: list, cores: int) -> None:
+def _memory_row(add, where: str, est: MemoryEstimate, budgets: list, cores: int, rows: str | None = None) -> None:
     need = est.total
-    detail = f"one task needs about {format_bytes(need)} ({est.describe()})"
+    detail = f"one task needs about {format_bytes(need)} ({est.describe()}{'; rows ' + rows if rows else ''})"
     if not budgets:
         add(CheckResult("memory", where, Status.WARN, detail + "; no memory limit known",
                         "set spark.executor.memory so the doctor can check it"))
@@ -701,6 +768,11 @@ def _memory_row(add, where: str, est: MemoryEstimate, budgets: list, cores: int)
                f"each task needs {format_bytes(want)}")
     if est.activations > est.total / 2:
         fix += f"; activations dominate: halving --batch-size saves {format_bytes(est.activations / 2)}"
+    if est.weights + est.gradients + est.optimizer + est.communication > est.total / 2:
+        fix += ("; the weights and solver state dominate: the processes of a worker with --shard-replica "
+                "(--procs-per-worker G) each hold 1/G of them")
+    if rows is not None and rows.startswith("in memory") and est.data > est.total / 2:
+        fix += "; the rows dominate: --data-mode stream holds one window of them"
     add(CheckResult("memory", where, status, detail, fix))
 
 
@@ -824,6 +896,11 @@ def configure_command(p: argparse.ArgumentParser) -> None:
     p.add_argument("--solver-type", default="sgd", choices=[t.value for t in SolverType],
                    help="update rule: its state counts towards memory")
     p.add_argument("--workers", type=int, default=None, help="workers K (default: the cluster's task slots)")
+    p.add_argument("--procs-per-worker", type=int, default=1, help="processes G of each worker (default 1)")
+    p.add_argument("--model-parallel", type=int, default=1, help="processes M a copy's layers are split over")
+    p.add_argument("--shard-replica", action="store_true", help="each worker's copies sharded over its processes")
+    p.add_argument("--data-mode", default="auto", choices=("auto", "memory", "stream"),
+                   help="how each process holds its rows, as for sparknet train (default auto)")
     p.add_argument("--executor-memory", default=None,
                    help="executor memory to check against (e.g. 2g); also set as spark.executor.memory")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="more Spark settings")
@@ -846,7 +923,9 @@ def _run(args: argparse.Namespace) -> int:
         parse_memory(args.executor_memory)  # a clear error before Spark starts
     results = run_doctor(args.master, model=args.model, data=args.data, batch_size=args.batch_size,
                          solver_type=args.solver_type, workers=args.workers, executor_memory=args.executor_memory,
-                         conf=conf, skew_ratio=args.skew_ratio, timeout_s=args.timeout, barrier=not args.no_barrier)
+                         conf=conf, skew_ratio=args.skew_ratio, timeout_s=args.timeout, barrier=not args.no_barrier,
+                         procs_per_worker=args.procs_per_worker, model_parallel=args.model_parallel,
+                         shard_replica=args.shard_replica, data_mode=args.data_mode)
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=1))
     else:
