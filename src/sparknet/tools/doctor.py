@@ -896,11 +896,11 @@ def configure_command(p: argparse.ArgumentParser) -> None:
     p.add_argument("--solver-type", default="sgd", choices=[t.value for t in SolverType],
                    help="update rule: its state counts towards memory")
     p.add_argument("--workers", type=int, default=None, help="workers K (default: the cluster's task slots)")
-    p.add_argument("--procs-per-worker", type=int, default=1, help="processes G of each worker (default 1)")
+    p.add_argument("--procs-per-worker", type=int, default=1, help="processes G of each worker")
     p.add_argument("--model-parallel", type=int, default=1, help="processes M a copy's layers are split over")
     p.add_argument("--shard-replica", action="store_true", help="each worker's copies sharded over its processes")
     p.add_argument("--data-mode", default="auto", choices=("auto", "memory", "stream"),
-                   help="how each process holds its rows, as for sparknet train (default auto)")
+                   help="how each process holds its rows, as for sparknet train")
     p.add_argument("--executor-memory", default=None,
                    help="executor memory to check against (e.g. 2g); also set as spark.executor.memory")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="more Spark settings")
