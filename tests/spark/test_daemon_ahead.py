@@ -106,14 +106,17 @@ def test_a_launched_daemon_is_forked_loaded_and_ends_when_spark_closes_its_input
         _end(daemon)
 
 
-def test_a_termination_of_the_launched_daemon_is_passed_on(ahead):
+@pytest.mark.parametrize("at_once", [True, False], ids=["as-its-port-arrives", "once-forked"])
+def test_a_termination_of_the_launched_daemon_is_passed_on(ahead, at_once):
+    # as soon as the forked daemon told its port (the launched process may not have its pid yet), or later
     process, path = ahead
     daemon, _ = _launch(path)
     try:
-        forked = _wait_for(lambda: _children(process.pid), "forked daemon")
+        if not at_once:
+            _wait_for(lambda: _children(process.pid), "forked daemon")
         daemon.send_signal(signal.SIGTERM)  # Process.destroy()
         assert _end(daemon) == 0
-        _wait_for(lambda: not Path(f"/proc/{forked[0]}").exists(), "end of the forked daemon")
+        _wait_for(lambda: not _children(process.pid), "end of the forked daemon")
     finally:
         _end(daemon)
 

@@ -245,7 +245,23 @@ def _fork_daemon(conn: socket.socket, listener: socket.socket, mine: dict) -> No
 
 def _hand_over(path: str) -> None:
     """In a daemon Spark launched: have the process loaded ahead at ``path`` fork the daemon with this process's
-    streams, pass a termination on to it, and end when it does. Returns where it cannot (the caller loads)."""
+    streams, pass a termination on to it, and end when it does. Returns where it cannot (the caller loads).
+
+    A SIGTERM or SIGINT is caught from the start: the forked daemon may tell Spark its port before it tells this
+    process its pid, and a termination then (Spark's ``Process.destroy()``) is passed on once the pid is in."""
+    daemon: dict = {"pid": None, "pending": []}
+
+    def pass_on(signum, frame):
+        if daemon["pid"] is None:
+            daemon["pending"].append(signum)
+            return
+        try:
+            os.kill(daemon["pid"], signum)
+        except ProcessLookupError:
+            pass
+
+    before = {s: signal.signal(s, pass_on) for s in (signal.SIGTERM, signal.SIGINT)}
+    pid = None
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(HAND_OVER_TIMEOUT_S)
@@ -259,24 +275,24 @@ def _hand_over(path: str) -> None:
                 answer += chunk
         pid = json.loads(answer or b"{}").get("pid")
     except (OSError, ValueError):  # no process loaded ahead there, or it refused or died: this one loads
-        return
+        pass
     if not pid:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+        for signum in daemon["pending"][:1]:  # terminated while asking: as it would have been
+            os.kill(os.getpid(), signum)
         return
+    daemon["pid"] = pid
+    for signum in daemon["pending"]:
+        pass_on(signum, None)
     _follow(pid)
 
 
 def _follow(pid: int) -> None:
-    """Stand in for daemon ``pid``: a SIGTERM or SIGINT here is sent on to it; exit when it ends."""
+    """Stand in for daemon ``pid`` (a SIGTERM or SIGINT here is sent on to it: :func:`_hand_over`); exit when it
+    ends."""
     import select
 
-    def pass_on(signum, frame):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-    signal.signal(signal.SIGTERM, pass_on)
-    signal.signal(signal.SIGINT, pass_on)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as pyspark's daemon: its stdin closing is what ends it
     try:
         handle = os.pidfd_open(pid)
