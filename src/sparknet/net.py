@@ -315,6 +315,14 @@ def _collect(data, expected_label_ndim: int | None, batched: bool | None) -> tup
     return x, y
 
 
+def shard_units(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules :meth:`Net.shard` gives FSDP2 as units, each gathering its weights whole while it computes: each
+    layer of a layer-DSL net that has weights, any other module whole."""
+    if hasattr(module, "layer_module") and hasattr(module, "module_names"):
+        return [unit for unit in map(module.layer_module, module.module_names) if any(True for _ in unit.parameters())]
+    return [module]
+
+
 def _check_finite(x: torch.Tensor, what: str) -> None:
     """A clear error when floating-point features hold NaN or infinite values (they would train to NaN)."""
     if x.is_floating_point() and x.numel() and not bool(torch.isfinite(x).all()):
@@ -734,10 +742,7 @@ class Net:
         them only, and :meth:`full_weights` gathers the whole."""
         from torch.distributed.fsdp import fully_shard
 
-        units = [self.module]
-        if hasattr(self.module, "layer_module") and hasattr(self.module, "module_names"):
-            units = [unit for unit in map(self.module.layer_module, self.module.module_names)
-                     if any(True for _ in unit.parameters())]
+        units = shard_units(self.module)
         for unit in units:
             fully_shard(unit, mesh=mesh)
         self._units = units

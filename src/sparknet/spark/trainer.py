@@ -412,9 +412,8 @@ class SparkTrainer:
                 log.warning("%s", skew)
             row_bytes = 4 * math.prod(sample_shape) + 8 * (max(1, total["label_width"]) + (weight_col is not None))
             # in memory, each process of a split copy holds the rows of the copy's M partitions
-            held = m if split else 1
             data_mode, data_mode_why = spark_data.choose_data_mode(
-                dist.data_mode, held * max(self._rows) * row_bytes, sc,
+                dist.data_mode, (m if split else 1) * max(self._rows) * row_bytes, sc,
                 held=f"the rows of a split copy's {m} partitions (what each of its processes would hold)" if split else
                 "the largest partition's rows")
             log.info("training data: %s", data_mode_why)

@@ -152,7 +152,8 @@ def estimate_training_memory(net, *, batch_size: int | None = None, solver_type:
     With ``model_parallel`` M (the layers split over M processes) or ``shard`` G (a replica sharded over G
     processes, FSDP2), the weights, gradients, update-rule state and communication are one process's part of
     them (:func:`~sparknet.parallel.tensor.weight_bytes_per_rank`: the first process's, which holds the largest);
-    a sharded process also holds its largest layer's weights whole while that layer computes. The activations are
+    a sharded process also holds its largest unit's weights whole while that unit computes (a layer of a layer-DSL
+    net, any other module whole: :func:`~sparknet.net.shard_units`). The activations are
     counted whole either way (a split layer's are partly cut: an upper bound).
 
     Parameters
@@ -184,9 +185,11 @@ def estimate_training_memory(net, *, batch_size: int | None = None, solver_type:
             held = -(-weights // shard)
         share = held / weights
         weights, trainable = held, round(trainable * share)
-        if shard > 1:
-            gathered = max((sum(p.numel() * p.element_size() for p in m.parameters(recurse=False))
-                            for m in module.modules()), default=0)
+        if shard > 1:  # the largest unit FSDP2 gathers (whole, where it is split too: an upper bound)
+            from sparknet.net import shard_units
+
+            gathered = max(sum(p.numel() * p.element_size() for p in unit.parameters())
+                           for unit in shard_units(module))
     activations = 0
     if hasattr(net, "infer_shapes"):
         shapes = net.infer_shapes()
