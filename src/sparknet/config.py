@@ -326,9 +326,10 @@ class DistributedConfig:
     """Between full evaluations, score only this fixed random sample of validation rows; the whole set is
     scored when the sample comes near --target-accuracy, every 10th evaluation and at the end (0: always
     the whole set)."""
-    eval_budget: float = 0.05
+    eval_budget: float | None = None
     """Largest share of the run's wall time evaluations may take: a due evaluation is put off to a later
-    round while they have taken more (1: never put off)."""
+    round while they have taken more (1: never put off). By default 0.2 with --target-accuracy or
+    --target-loss, where an evaluation is what ends the run, and 0.05 without."""
     eval_overlap: bool = False
     """Rounds engine: score each round's weights on the driver in a thread while the next round trains, off the
     round's critical path; records come out, and the target is judged, one round late."""
@@ -432,7 +433,7 @@ class DistributedConfig:
             raise ValueError(f"target_loss must be a finite number, got {self.target_loss}")
         if self.target_loss is not None and self.strategy is Strategy.ASYNC:
             raise ValueError("the async strategy stops on --target-accuracy, --steps or --epochs; drop --target-loss")
-        if not 0.0 < self.eval_budget <= 1.0:
+        if self.eval_budget is not None and not 0.0 < self.eval_budget <= 1.0:
             raise ValueError(f"eval_budget is a share of the wall time in (0, 1], got {self.eval_budget}")
         if self.eval_screen_rows < 0:
             raise ValueError(f"eval_screen_rows must be 0 (always the whole set) or more, got {self.eval_screen_rows}")

@@ -125,10 +125,11 @@ class EvalPlan:
 
 
 def screen_margin(target: float, rows: int) -> float:
-    """How far below ``target`` a screen of ``rows`` rows may read and the whole set still reach it: three
-    standard errors of a proportion near the target, and one row."""
+    """How far below ``target`` a screen of ``rows`` rows may read for the whole set to be scored: one standard
+    error of a proportion near the target, and one row. A screen that reads lower by chance costs the round it
+    was taken in, not the run: the next one screens again."""
     p = min(max(target, 0.0), 1.0)
-    return 3.0 * math.sqrt(max(p * (1.0 - p), 1e-4) / rows) + 1.0 / rows
+    return math.sqrt(max(p * (1.0 - p), 1e-4) / rows) + 1.0 / rows
 
 
 @dataclass(frozen=True)
@@ -272,8 +273,11 @@ class FitPlan:
         stop = StopRule(rounds=dist.rounds, steps=steps, epochs=dist.epochs, target_accuracy=dist.target_accuracy,
                         target_loss=dist.target_loss, dataset_rows=dataset_rows, tau=dist.tau,
                         round_seconds=dist.round_seconds)
+        budget = dist.eval_budget
+        if budget is None:  # toward a target the evaluations end the run, and a larger share gets there sooner
+            budget = 0.2 if dist.target_accuracy is not None or dist.target_loss is not None else 0.05
         evaluation = EvalPlan(every=dist.eval_every_rounds, screen_rows=dist.eval_screen_rows or None,
-                              budget=None if dist.eval_budget >= 1.0 else dist.eval_budget, overlap=dist.eval_overlap)
+                              budget=None if budget >= 1.0 else budget, overlap=dist.eval_overlap)
         return cls(strategy=strategy, stop=stop, evaluation=evaluation, auto=auto, weight_ema=dist.weight_ema,
                    progress=Progress() if resume is None else resume.progress())
 

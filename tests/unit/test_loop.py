@@ -103,7 +103,7 @@ class _Scripted(InProcessExchange):
 
 def test_screens_between_full_evaluations_and_the_stopping_rule_sees_the_whole_set():
     # the sample reads high in round 3 (a full evaluation follows: 0.97, not yet), near in round 5 (full: 0.991)
-    script = [(0.5, 0.5), (0.8, 0.8), (0.97, 0.995), (0.98, 0.97), (0.991, 0.987), (0.995, 0.995)]
+    script = [(0.5, 0.5), (0.8, 0.8), (0.97, 0.995), (0.98, 0.97), (0.991, 0.988), (0.995, 0.995)]
     exchange = _Scripted([_net(8)], script)
     records = []
     run_rounds(exchange,
@@ -111,10 +111,10 @@ def test_screens_between_full_evaluations_and_the_stopping_rule_sees_the_whole_s
                        evaluation=EvalPlan(screen_rows=2000, full_every=10)),exchange.nets[0].get_flat(),
                on_record=records.append)
     margin = screen_margin(0.99, 2000)
-    assert 0.99 - margin < 0.987 and 0.97 < 0.99 - margin  # round 4's sample is not near, round 5's is
+    assert 0.99 - margin < 0.988 and 0.97 < 0.99 - margin  # round 4's sample is not near, round 5's is
     assert exchange.calls == [(1, 2000), (2, 2000), (3, 2000), (3, None), (4, 2000), (5, 2000), (5, None)]
     assert [r.get("val_accuracy") for r in records] == [None, None, 0.97, None, 0.991]
-    assert [r["screen_accuracy"] for r in records] == [0.5, 0.8, 0.995, 0.97, 0.987]
+    assert [r["screen_accuracy"] for r in records] == [0.5, 0.8, 0.995, 0.97, 0.988]
     assert records[-1]["stop_reason"] == "target_accuracy" and records[-1]["round"] == 5
 
 
@@ -168,6 +168,20 @@ def test_an_evaluation_budget_puts_off_evaluations_but_never_the_first_or_the_la
     assert [c[0] for c in exchange.calls] == [1, 2, 3, 4, 5, 6]  # no budget: every due round
     with pytest.raises(ValueError, match="share of the wall time"):
         EvalPlan(budget=0.0)
+
+
+@pytest.mark.parametrize("given, target, budget", [
+    (None, {}, 0.05),  # no target: evaluations only report
+    (None, {"target_accuracy": 0.99}, 0.2),  # toward a target an evaluation is what ends the run
+    (None, {"target_loss": 1.5}, 0.2),
+    (0.3, {"target_accuracy": 0.99}, 0.3),
+    (1.0, {}, None),  # never put off
+])
+def test_the_evaluations_default_share_of_the_wall_time_is_larger_toward_a_target(given, target, budget):
+    plan = FitPlan.from_config(DistributedConfig(eval_budget=given, **target), Average())
+    assert plan.evaluation.budget == budget
+    with pytest.raises(ValueError, match="share of the wall time"):
+        DistributedConfig(eval_budget=0.0)
 
 
 def test_a_screen_scores_the_same_fixed_sample_of_rows_every_time():
