@@ -328,7 +328,7 @@ class DistributedConfig:
     the whole set)."""
     eval_budget: float | None = None
     """Largest share of the run's wall time evaluations may take: a due evaluation is put off to a later
-    round while they have taken more (1: never put off). By default 0.2 with --target-accuracy or
+    round while they have taken more (1: never put off). By default 0.25 with --target-accuracy or
     --target-loss, where an evaluation is what ends the run, and 0.05 without."""
     eval_overlap: bool = False
     """Rounds engine: score each round's weights on the driver in a thread while the next round trains, off the

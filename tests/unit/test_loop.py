@@ -172,8 +172,8 @@ def test_an_evaluation_budget_puts_off_evaluations_but_never_the_first_or_the_la
 
 @pytest.mark.parametrize("given, target, budget", [
     (None, {}, 0.05),  # no target: evaluations only report
-    (None, {"target_accuracy": 0.99}, 0.2),  # toward a target an evaluation is what ends the run
-    (None, {"target_loss": 1.5}, 0.2),
+    (None, {"target_accuracy": 0.99}, 0.25),  # toward a target an evaluation is what ends the run
+    (None, {"target_loss": 1.5}, 0.25),
     (0.3, {"target_accuracy": 0.99}, 0.3),
     (1.0, {}, None),  # never put off
 ])
