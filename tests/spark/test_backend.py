@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from _spark_testlib import blobs, mlp, partitioned_rdd, start_session
+from _spark_testlib import blobs, mlp, module_session, partitioned_rdd
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.errors import DeadlineExceeded, WorkerError
 from sparknet.loop import RoundPlan
@@ -20,11 +20,7 @@ pytestmark = pytest.mark.spark
 _KEYS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
 
 
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[2]")
-    yield session
-    session.stop()
+spark = module_session("local[2]")
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from _spark_testlib import blobs, mlp, partitioned_rdd, start_session
+from _spark_testlib import blobs, mlp, module_session, partitioned_rdd
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import EngineOptions, SparkTrainer
@@ -26,11 +26,7 @@ ENGINES = ("rounds", "barrier")
 ROWS = "features array<float>, label long"
 
 
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[2]")
-    yield session
-    session.stop()
+spark = module_session("local[2]")
 
 
 def _trainer(engine: str, *, net=None, loss=None, workers: int = 2, on_round=None) -> SparkTrainer:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import zmq
 
-from _spark_testlib import blobs, flat, hand_rounds, mlp, partitioned_rdd, start_session
+from _spark_testlib import blobs, flat, hand_rounds, mlp, module_session, partitioned_rdd
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.errors import DeadlineExceeded, WorkerError
 from sparknet.net import Net
@@ -19,11 +19,7 @@ from sparknet.spark._channel import MetricsReceiver, MetricsSender
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[2]")
-    yield session
-    session.stop()
+spark = module_session("local[2]")
 
 
 def _flat(result):

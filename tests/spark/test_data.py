@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 import torch
 
-from _spark_testlib import blobs, mlp, partitioned_rdd, start_session
+from _spark_testlib import blobs, mlp, module_session, partitioned_rdd
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
@@ -60,11 +60,7 @@ def test_check_stats_says_what_is_wrong(change, message):
 
 
 # -- on Spark -----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[2]")
-    yield session
-    session.stop()
+spark = module_session("local[2]")
 
 
 def _fit(data, *, image_shape=None, net=None, rounds=1, on_round=None, workers=2, **kw):

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from _spark_testlib import start_session, two_blob_workers
+from _spark_testlib import module_session, two_blob_workers
 from sparknet.config import DistributedConfig, Streaming, WorkerConfig
 from sparknet.link import LinkModel
 from sparknet.solvers import SolverConfig
@@ -35,11 +35,7 @@ def _mlp():
     return torch.nn.Sequential(torch.nn.Linear(2, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 3))
 
 
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[2,4]")
-    yield session
-    session.stop()
+spark = module_session("local[2,4]")
 
 
 @pytest.fixture(scope="module")

@@ -7,18 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from _spark_testlib import start_session
+from _spark_testlib import module_session
 
 pytestmark = pytest.mark.spark
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[2]")
-    yield session
-    session.stop()
+spark = module_session("local[2]")
 
 
 def _load(name: str):

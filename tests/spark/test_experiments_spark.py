@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from _spark_testlib import start_session
+from _spark_testlib import module_session
 from sparknet.experiments import run_experiment
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -18,11 +18,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 TINY = dict(train_samples=400, test_samples=200)
 
 
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[2]")
-    yield session
-    session.stop()
+spark = module_session("local[2]")
 
 
 def test_time_to_accuracy_records_every_system_reached_or_failed(spark, tmp_path):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from _spark_testlib import start_session
+from _spark_testlib import module_session
 from sparknet import zoo
 from sparknet.datasets import synthetic
 from sparknet.net import Net
@@ -18,11 +18,7 @@ WIDTH, CLASSES = 8, 3
 COLUMNS = [f"x{i}" for i in range(WIDTH)]
 
 
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[2]")
-    yield session
-    session.stop()
+spark = module_session("local[2]")
 
 
 def _frame(spark, ds):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from _two_ranks import run_two_ranks
-from _spark_testlib import blobs, partitioned_rdd, start_session
+from _spark_testlib import blobs, module_session, partitioned_rdd
 from sparknet.cli import main
 from sparknet.collective import FIELDS
 from sparknet.config import DistributedConfig, WorkerConfig
@@ -28,11 +28,7 @@ pytestmark = pytest.mark.spark
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[4]")
-    yield session
-    session.stop()
+spark = module_session("local[4]")
 
 
 def tiny_net(batch_size: int = 8) -> NetParams:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from _spark_testlib import blobs, mlp, partitioned_rdd, start_session
+from _spark_testlib import blobs, mlp, module_session, partitioned_rdd
 from sparknet.collective import FIELDS
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.net import Net
@@ -26,11 +26,7 @@ pytestmark = pytest.mark.spark
 SOLVER = SolverConfig(base_lr=0.1, momentum=0.9, weight_decay=0.0)
 
 
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[4]")
-    yield session
-    session.stop()
+spark = module_session("local[4]")
 
 
 def _quarters(n: int = 32, seed: int = 1):

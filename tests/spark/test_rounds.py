@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from _spark_testlib import blobs, flat, hand_rounds, mlp, partitioned_rdd, start_session
+from _spark_testlib import blobs, flat, hand_rounds, mlp, module_session, partitioned_rdd
 from sparknet.config import DistributedConfig, WorkerConfig
 from sparknet.errors import WorkerError
 from sparknet.net import Net
@@ -20,11 +20,7 @@ from sparknet.spark import EngineOptions, SparkTrainer
 pytestmark = pytest.mark.spark
 
 
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[2]")
-    yield session
-    session.stop()
+spark = module_session("local[2]")
 
 
 def _flat(result):

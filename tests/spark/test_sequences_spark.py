@@ -7,11 +7,11 @@ import pyarrow as pa
 import pytest
 import torch
 
-from _spark_testlib import start_session
+from _spark_testlib import module_session
 from sparknet import zoo
 from sparknet._parquet import read_parquet_dataset
 from sparknet.config import DistributedConfig, RunConfig, WorkerConfig
-from sparknet.datasets import ArrayDataset, synthetic_sequences
+from sparknet.datasets import synthetic_sequences
 from sparknet.solvers import SolverConfig
 from sparknet.spark import SparkTrainer
 from sparknet.spark import data as spark_data
@@ -94,11 +94,7 @@ def test_parquet_reader_sizes_a_char_model_from_the_ids(tmp_path):
 
 
 # -- on Spark ------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[2]")
-    yield session
-    session.stop()
+spark = module_session("local[2]")
 
 
 def test_a_data_sets_parquet_is_read_with_the_schema_its_footer_holds(spark, tmp_path, monkeypatch):

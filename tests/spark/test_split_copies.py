@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from _spark_testlib import blobs, partitioned_rdd, start_session
+from _spark_testlib import blobs, module_session, partitioned_rdd
 from sparknet.cli import main
 from sparknet.collective import FIELDS
 from sparknet.config import DistributedConfig, WorkerConfig
@@ -23,11 +23,7 @@ pytestmark = pytest.mark.spark
 SOLVER = SolverConfig(base_lr=0.1, momentum=0.9)
 
 
-@pytest.fixture(scope="module")
-def spark():
-    session = start_session("local[8]")
-    yield session
-    session.stop()
+spark = module_session("local[8]")
 
 
 def _mlp():

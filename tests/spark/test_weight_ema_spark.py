@@ -3,7 +3,6 @@ global weights' and the average's scores every round and return the average."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
