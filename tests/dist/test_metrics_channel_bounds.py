@@ -39,6 +39,21 @@ def _honest_record_arrives(rx, endpoint: str | None = None) -> None:
         sender.close()
 
 
+def test_a_sender_holds_back_a_record_over_the_receivers_cap_and_says_so():
+    """A state larger than the channel takes would be dropped unread by the driver, and its sender would not know:
+    told the cap, the sender keeps it back and answers ``False``, so the rank can say the state was lost."""
+    with MetricsReceiver("127.0.0.1", "127.0.0.1", max_bytes=CAP, limits=FAST) as rx:
+        sender = MetricsSender(rx.endpoint, rx.client_keys, max_bytes=CAP)
+        try:
+            assert not sender.send({"event": "state", "round": 1}, bytes(CAP))  # the body makes it one frame too many
+            assert sender.send({"event": "state_lost", "round": 1}, bytes(CAP // 2))
+            got = rx.recv(5.0)
+            assert got["event"] == "state_lost" and len(got["payload"]) == CAP // 2
+            assert rx.recv(0.2) is None and rx.rejected == 0  # the large one never reached the driver
+        finally:
+            sender.close()
+
+
 @pytest.mark.parametrize("mechanism", ["NULL", "CURVE"])
 def test_a_stranger_claiming_a_4_gib_frame_is_closed_before_anything_is_buffered(rx, mechanism):
     """The frame header announces 4 GiB and 64 MB follow. A NULL greeting is refused at the greeting (the channel

@@ -132,26 +132,34 @@ class MetricsReceiver(contextlib.AbstractContextManager):
 class MetricsSender:
     """Executor side (rank 0): PUSH JSON records to the driver; never blocks a round for long.
 
-    ``keys`` are the receiver's :attr:`MetricsReceiver.client_keys` (``None``: its Unix socket).
+    ``keys`` are the receiver's :attr:`MetricsReceiver.client_keys` (``None``: its Unix socket). ``max_bytes``: the
+    receiver's :attr:`MetricsReceiver` cap, all frames together; a larger message is not sent (the receiver would drop
+    it unread, and the sender would not know).
     """
 
     LINGER_MS, LINGER_BYTES_PER_MS = 2000, 10_000
     """At close, the last records get two seconds to leave, and a millisecond more for every 10 kB of the largest
     payload sent (a net's final weights: 25 s for 244 MB)."""
 
-    def __init__(self, endpoint: str, keys: ClientKeys | None, send_timeout_ms: int = 5000):
+    def __init__(self, endpoint: str, keys: ClientKeys | None, send_timeout_ms: int = 5000,
+                 max_bytes: int | None = None):
         self._dialer = Dialer(zmq.PUSH, endpoint, keys, linger_ms=self.LINGER_MS, send_timeout_ms=send_timeout_ms)
         self._linger_ms = self.LINGER_MS
+        self._max_bytes = max_bytes
 
     def send(self, record: dict, payload=None) -> bool:
         """Push one record (and an optional binary payload, or a list of its parts); ``False`` when it could not be
-        sent in time."""
+        sent in time, or is larger than the receiver takes."""
         body = json.dumps(record, default=_jsonable).encode("utf-8")
         frames = [body, *(payload if isinstance(payload, list) else () if payload is None else (payload,))]
+        size = sum(memoryview(frame).nbytes for frame in frames[1:])
+        if self._max_bytes is not None and len(body) + size > self._max_bytes:
+            log.warning("a %s record of %d bytes is over the %d the driver takes; not sent", record.get("event"),
+                        len(body) + size, self._max_bytes)
+            return False
         try:
             # not copied into the message (pyzmq copies the small frames anyway): a state is the size of the weights
             self._dialer.socket.send_multipart(frames, copy=False)
-            size = sum(memoryview(frame).nbytes for frame in frames[1:])
             if (linger := self.LINGER_MS + size // self.LINGER_BYTES_PER_MS) > self._linger_ms:
                 self._linger_ms = linger
                 self._dialer.socket.setsockopt(zmq.LINGER, linger)

@@ -324,7 +324,8 @@ class BarrierStage:
         K = self.workers * dist.procs_per_worker
         local, host = run.driver_address()
         # the largest message: a rank's solver and strategy state, or the global weights with the strategy's state
-        receiver = MetricsReceiver(host, host, max_bytes=run.state_bytes(), max_frames=1 + STATE_PARTS, local=local)
+        cap = run.state_bytes()
+        receiver = MetricsReceiver(host, host, max_bytes=cap, max_frames=1 + STATE_PARTS, local=local)
         outcome: dict = {}
         clock = {"ready": None, "heard": time.perf_counter()}
         store = None
@@ -352,7 +353,7 @@ class BarrierStage:
                                 collective_timeout_s=opts.collective_timeout_s, procs_per_worker=dist.procs_per_worker,
                                 shard_replica=dist.shard_replica, split=run.split, model_parallel=dist.model_parallel,
                                 store=None if store is None else f"{host}:{store.port}"),
-                fit=run.plan, endpoint=receiver.endpoint, keys=receiver.client_keys,
+                fit=run.plan, endpoint=receiver.endpoint, channel_bytes=cap, keys=receiver.client_keys,
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,
                 streaming=dist.streaming(), staged=run.source is not run.chunks, parts=parts)

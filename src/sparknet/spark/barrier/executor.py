@@ -110,6 +110,8 @@ class StagePlan:
     """The fit's rules (each rank follows its own copy; a restart's counters and states come in its start)."""
     endpoint: str | None = None
     """The driver's metrics channel (``None``: no channel)."""
+    channel_bytes: int | None = None
+    """The most bytes of one message the channel takes (a larger state is not sent: the rank says so instead)."""
     keys: ClientKeys | None = field(default=None, repr=False)
     """The channel's CurveZMQ client keys, made for this fit (its socket lets in no other peer); ``None`` on a local
     master, whose channel is a Unix socket only this user can open."""
@@ -216,7 +218,7 @@ def _report_failure(params: StagePlan, rank: int, exc: BaseException, text: str,
     if not params.endpoint:
         return
     try:
-        sender = MetricsSender(params.endpoint, params.keys, send_timeout_ms=2000)
+        sender = MetricsSender(params.endpoint, params.keys, send_timeout_ms=2000, max_bytes=params.channel_bytes)
         try:
             sender.send({"event": "error", "rank": rank, "type": type(exc).__name__, "text": text[-8000:],
                          "collective": collective,
@@ -411,7 +413,7 @@ def _rank(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     try:
         state_parts = params.group.parted and group_rank < params.group.parts
         if params.endpoint and (group_rank == 0 or params.checkpoint_every or state_parts):
-            sender = MetricsSender(params.endpoint, params.keys)
+            sender = MetricsSender(params.endpoint, params.keys, max_bytes=params.channel_bytes)
         store = rendezvous(ctx, group_rank, params.group, order)
         if sender is not None and group_rank == 0:
             sender.send({"event": "ready", "fit": spec.fit_id, "setup_s": time.perf_counter() - t_start})
@@ -523,7 +525,7 @@ class _BarrierExchange(CollectiveExchange):
                                           "auto_tau": None if fit.auto is None else fit.auto.state_dict(),
                                           **({} if fit.average is None else {"average": fit.average.flat.clone()})},
                                          parts=STATE_PARTS))
-            if not sent:  # the driver records the rounds held behind this state without it
+            if not sent:  # the channel full, or the state over its size: the driver records the rounds held behind it
                 sender.send({"event": "state_lost", "round": r, "rank": self.task})
         if sender is not None and ckpt_every and self.has_data and (r % ckpt_every == 0 or reason is not None):
             sender.send({"event": "worker_state", "round": r, "rank": self.task},  # packed at once: one copy
