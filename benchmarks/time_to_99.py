@@ -248,7 +248,7 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds each run may take")
     p.add_argument("--eval-budget", type=float, default=1.0,
                    help="sparknet's --eval-budget for every run (1: evaluate every 50 steps, the default here; "
-                        "sparknet's own default is 0.05)")
+                        "sparknet's own default toward a target is 0.25)")
     p.add_argument("--workers", default="2", help="comma-separated K: each engine and TorchDistributor with each")
     p.add_argument("--shapes", default="", help="comma-separated KxG[@LR]: the barrier engine with K workers of G "
                                                 "processes each (and its own learning rate)")
