@@ -77,6 +77,10 @@ def check_device(device: str) -> None:
         raise ValueError(f"device must be cpu, cuda or auto, got {device!r}")
 
 
+EVAL_EVERY_STEPS = 1000
+"""One process's steps between evaluations when no target asks for more (``RunConfig.eval_every``)."""
+
+
 def check_at_least(low: int, **values) -> None:
     """A ``ValueError`` naming the first of ``values`` (name=value; ``None``: not given) below ``low``."""
     for name, value in values.items():
@@ -199,8 +203,9 @@ class RunConfig:
     """torch.compile each worker's net (the first steps pay for the compilation)."""
     channels_last: bool = False
     """Keep convolution weights and image batches in channels-last memory order (faster on GPUs)."""
-    eval_every: int = 1000
-    """Steps between evaluations on the test set (in one process; rounded up to whole rounds of --tau steps)."""
+    eval_every: int | None = None
+    """Steps between evaluations on the test set (in one process; rounded up to whole rounds of --tau steps). By
+    default every round toward --target-accuracy or --target-loss (within --eval-budget, as on Spark), else 1,000."""
     metrics_out: str | None = None
     """JSON-lines metrics file."""
     quiet: bool = False

@@ -20,7 +20,7 @@ import torch
 
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
 from sparknet.checkpoint import CheckpointError, open_checkpoints
-from sparknet.config import DistributedConfig, RunConfig, TrainConfig
+from sparknet.config import EVAL_EVERY_STEPS, DistributedConfig, RunConfig, TrainConfig
 from sparknet.loop import FitPlan, InProcessExchange, ResumeState, average_summary, run_rounds
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
@@ -96,7 +96,10 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
     are evaluated every ``eval_every`` steps, rounded up to whole rounds. An evaluated round writes its ``eval``
     record, and a round due for a checkpoint writes one."""
     config = dist or DistributedConfig()
-    every = 1 if config.tau is None else -(-run.eval_every // config.tau)  # whole rounds of tau steps
+    eval_every = run.eval_every
+    if eval_every is None:  # toward a target every round, within the evaluation budget, as the Spark engines do
+        eval_every = 1 if config.target_accuracy is not None or config.target_loss is not None else EVAL_EVERY_STEPS
+    every = 1 if config.tau is None else -(-eval_every // config.tau)  # whole rounds of tau steps
     strategy = Average()
     resume = ResumeState() if start is None else ResumeState(round=int(start["round"]), steps_done=int(start["steps"]),
                                                              samples_done=int(start["samples"]))

@@ -208,6 +208,22 @@ def test_one_process_training_is_the_loop_and_stops_at_the_target_accuracy(tmp_p
     assert whole["stop_reason"] == "steps" and whole["steps"] == 60
 
 
+def test_one_process_training_toward_a_target_evaluates_every_round_unless_told(tmp_path):
+    import json
+
+    def evaluated_steps(eval_every, dist):
+        out = tmp_path / f"{eval_every}-{dist is None}.jsonl"
+        run = RunConfig(model="mlp", dataset="synthetic", steps=200, eval_every=eval_every, batch_size=32, threads=1,
+                        quiet=True, lr=0.05, metrics_out=str(out))
+        train_local(run, dist)
+        return [r["step"] for r in map(json.loads, out.read_text().splitlines()) if r.get("event") == "eval"]
+
+    never = DistributedConfig(tau=20, target_loss=-1.0, eval_budget=1.0)  # a target the run cannot reach
+    assert evaluated_steps(None, never) == list(range(20, 201, 20))  # every round of tau = 20 steps
+    assert evaluated_steps(100, never) == [100, 200]  # as told
+    assert evaluated_steps(None, DistributedConfig(tau=20)) == [200]  # no target: every 1,000 steps, and the end
+
+
 def test_one_process_training_stops_at_the_target_loss_judged_on_the_whole_test_set(tmp_path):
     run = RunConfig(model="mlp", dataset="synthetic", steps=2000, eval_every=20, batch_size=32, threads=1,
                     quiet=True, lr=0.05, metrics_out=str(tmp_path / "m.jsonl"))

@@ -44,7 +44,7 @@ from sparknet.caffe.caffemodel import (_shape_text, _table, describe_caffemodel,
                                        read_caffemodel_layers, write_caffemodel)
 from sparknet.caffe.prototxt import PrototxtError, load_net_prototxt, net_to_prototxt
 from sparknet.caffe.solver import load_solver_prototxt
-from sparknet.config import DistributedConfig, RunConfig
+from sparknet.config import EVAL_EVERY_STEPS, DistributedConfig, RunConfig
 from sparknet.weights import WeightCollection
 
 logger = logging.getLogger(__name__)
@@ -124,7 +124,7 @@ def train_caffe_files(run: RunConfig, dist: DistributedConfig, flags: CaffeTrain
         # without a solver file the sparknet flags are the solver, defaults included
         solver_overrides = {}
         overrides.setdefault("max_iter", run.steps)
-        overrides.setdefault("test_interval", run.eval_every)
+        overrides.setdefault("test_interval", run.eval_every or EVAL_EVERY_STEPS)
     if overrides or solver_overrides:
         logger.info("command-line settings over the Caffe files: %s", {**overrides, **solver_overrides})
     try:
