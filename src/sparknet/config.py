@@ -525,6 +525,12 @@ class DistributedConfig:
             raise ValueError(refusal)
 
     @property
+    def toward_target(self) -> bool:
+        """Whether the run stops at a target accuracy or loss: an evaluation is then what ends it, and evaluations
+        come more often by default (``eval_budget``; one process's ``RunConfig.eval_every``)."""
+        return self.target_accuracy is not None or self.target_loss is not None
+
+    @property
     def ranks(self) -> int:
         """The processes that train: workers x procs_per_worker (the barrier stage's tasks, the partitions); with
         --model-parallel, the workers themselves."""

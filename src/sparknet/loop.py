@@ -275,7 +275,7 @@ class FitPlan:
                         round_seconds=dist.round_seconds)
         budget = dist.eval_budget
         if budget is None:  # toward a target the evaluations end the run, and a larger share gets there sooner
-            budget = 0.25 if dist.target_accuracy is not None or dist.target_loss is not None else 0.05
+            budget = 0.25 if dist.toward_target else 0.05
         evaluation = EvalPlan(every=dist.eval_every_rounds, screen_rows=dist.eval_screen_rows or None,
                               budget=None if budget >= 1.0 else budget, overlap=dist.eval_overlap)
         return cls(strategy=strategy, stop=stop, evaluation=evaluation, auto=auto, weight_ema=dist.weight_ema,

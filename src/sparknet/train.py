@@ -98,7 +98,7 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
     config = dist or DistributedConfig()
     eval_every = run.eval_every
     if eval_every is None:  # toward a target every round, within the evaluation budget, as the Spark engines do
-        eval_every = 1 if config.target_accuracy is not None or config.target_loss is not None else EVAL_EVERY_STEPS
+        eval_every = 1 if config.toward_target else EVAL_EVERY_STEPS
     every = 1 if config.tau is None else -(-eval_every // config.tau)  # whole rounds of tau steps
     strategy = Average()
     resume = ResumeState() if start is None else ResumeState(round=int(start["round"]), steps_done=int(start["steps"]),
