@@ -74,6 +74,16 @@ def test_a_log4j_file_in_the_conf_dir_or_java_options_in_submit_args_leave_loggi
     assert quiet_log_settings("local[2]", {}, "ERROR") == {}
 
 
+def test_the_driver_jvm_leaves_its_optimizing_compiler_to_hot_code_unless_told(clean_env):
+    """A session sparknet starts asks its driver JVM for C2 only on code far hotter than Java's defaults (a faster
+    start on few cores); a user's own tiers or thresholds, in the session's settings or Spark's defaults, win."""
+    assert spark_session.LATE_OPTIMIZER in spark_session.session_settings("local[2]")[DRIVER]
+    mine = spark_session.session_settings("local[2]", {DRIVER: "-Xss4m -XX:TieredStopAtLevel=1"})[DRIVER]
+    assert mine.startswith("-Xss4m -XX:TieredStopAtLevel=1") and "Tier4" not in mine
+    (clean_env / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions -XX:Tier4CompileThreshold=9000\n")
+    assert spark_session.LATE_OPTIMIZER not in spark_session.session_settings("local[2]")[DRIVER]
+
+
 def test_a_running_driver_jvm_keeps_the_options_it_was_started_with(monkeypatch, tmp_path):
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "40000")  # what spark-submit gives the Python driver
@@ -265,7 +275,7 @@ def test_a_driver_jvm_started_ahead_is_the_session_s_with_sparknet_s_settings(tm
     Java options sparknet sets for its driver."""
     script = textwrap.dedent("""
         import sys
-        from sparknet.spark.session import driver_memory, get_session, start_driver_jvm
+        from sparknet.spark.session import LATE_OPTIMIZER, driver_memory, get_session, start_driver_jvm
         thread = start_driver_jvm()
         assert "torch" not in sys.modules
         thread.join(180)
@@ -278,12 +288,15 @@ def test_a_driver_jvm_started_ahead_is_the_session_s_with_sparknet_s_settings(tm
             assert SparkContext._gateway is gateway and spark.sparkContext.parallelize(range(4), 2).sum() == 6
             args = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
             print(spark.sparkContext.master, f"-Xmx{driver_memory()}" in list(args),
-                  any("log4j2.configurationFile" in a for a in args))
+                  any("log4j2.configurationFile" in a for a in args),
+                  all(a in list(args) for a in LATE_OPTIMIZER.split()))
         finally:
             spark.stop()
     """)
-    env = {**os.environ, spark_session.CLASS_ARCHIVE_ENV: "0"}  # no archive written at the JVM's exit (a minute)
+    (tmp_path / "conf").mkdir()  # a user's empty configuration folder, not the suite's (its JVM options win)
+    env = {**os.environ, spark_session.CLASS_ARCHIVE_ENV: "0",  # no archive written at the JVM's exit (a minute)
+           "SPARK_CONF_DIR": str(tmp_path / "conf")}
     proc = subprocess.run([sys.executable, "-W", "ignore::FutureWarning", "-c", script], capture_output=True,
                           text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split()[-3:] == ["local[1]", "True", "True"], proc.stdout
+    assert proc.stdout.split()[-4:] == ["local[1]", "True", "True", "True"], proc.stdout
