@@ -230,10 +230,11 @@ LATE_OPTIMIZER = ("-XX:Tier4InvocationThreshold=200000 -XX:Tier4MinInvocationThr
                   "-XX:Tier4CompileThreshold=250000 -XX:Tier4BackEdgeThreshold=2000000")
 """Java options that leave the driver JVM's optimizing compiler (C2) to code 40 times hotter than Java's defaults
 ask: a starting session runs thousands of methods a few thousand times each, and C2 compiled them on the cores
-Python was loading torch on. A session alone is ready in 2.5 s instead of 3.3-4.0 on two cores, its JVM using 2.8-3.0
-CPU seconds instead of 4.9-6.0; the hot loops of Spark's jobs (a Parquet scan into Arrow, an aggregation over 30
-million rows) still reach C2 within their first run and run as fast as with the defaults. Not added where the user
-sets the JVM's tiers."""
+Python was loading torch on. On two cores a session alone was ready in 2.85 s instead of 3.41 (medians), its JVM
+using 3.3 CPU seconds instead of 5.1, and the first round of ``sparknet train`` began 1.2 s sooner; the hot loops of
+Spark's jobs (a Parquet scan into Arrow, an aggregation over 30 million rows) still reach C2 within their first run
+and run as fast as with the defaults (``benchmarks/driver_jvm.py``). Not added where the user sets the JVM's
+tiers."""
 
 CLASS_ARCHIVE_ENV = "SPARKNET_JVM_CLASS_ARCHIVE"
 """Set to ``0`` to keep the driver JVMs of the sessions sparknet starts off :func:`class_archive_options`."""
