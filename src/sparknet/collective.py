@@ -20,7 +20,6 @@ No pyspark import.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ import torch.distributed as dist
 
 from sparknet._enums import CompressionKind
 from sparknet.config import Streaming
-from sparknet.labels import Task, task_metrics, task_width
+from sparknet.labels import Task, task_width
 from sparknet.loop import Exchange, RoundPlan, RoundUpdate, check_streaming, late_update, whole_or
 from sparknet.net import EvalResult
 from sparknet.step import WorkerRanks, WorkerStep
@@ -404,44 +403,39 @@ class CollectiveExchange(Exchange):
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.everyone)
         return bool(flag.item())
 
-    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None):
+    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None, rest_of: int | None = None):
         if self.validation is None:
             return None
         waited = {"link_s": 0.0}
+        share = {k: None if v is None else -(-v // dist.get_world_size(self.scoring))  # each rank's part of a screen
+                 for k, v in (("sample", rows), ("rest_of", rest_of))}
         result = evaluate_shards(self.net, global_flat, self.validation, group=self.scoring,
                                  keep_local=self.strategy.keeps_local_weights or self.streaming is not None,
-                                 link=self.link, waited=waited,
-                                 sample=None if rows is None else -(-rows // dist.get_world_size(self.scoring)))
+                                 link=self.link, waited=waited, **share)
         self.eval_link_s = waited["link_s"]
         return result
 
 
 def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, keep_local: bool = False, link=None,
-                    waited: dict | None = None, sample: int | None = None) -> EvalResult:
+                    waited: dict | None = None, sample: int | None = None, rest_of: int | None = None) -> EvalResult:
     """Loss and metrics of the global weights over every rank's share of the validation rows.
 
     One allreduce of (count, loss) and the task's :func:`~sparknet.labels.task_sums` over ``group``, so
     every rank gets the same numbers; ``net`` gets its own weights back afterwards when ``keep_local``
-    (EASGD). ``sample``: each rank scores at most that many of its rows (a fixed random sample).
+    (EASGD). ``sample``: each rank scores at most that many of its rows (a fixed random sample); ``rest_of``: each
+    rank scores the rows such a sample leaves out.
     """
     unlabelled = net.task is Task.UNLABELLED
     local = net.get_flat() if keep_local else None
     net.set_flat(global_flat)
     x, y = validation
     t = torch.zeros(2 + (0 if unlabelled else task_width(net.task, tuple(y.shape[1:]))), dtype=torch.float64)
-    if len(x):  # (count, loss sum) and the task's sums
-        res = net.evaluate((x, y), sample=sample)
+    res = net.evaluate((x, y), sample=sample, rest_of=rest_of) if len(x) else None
+    if res is not None and res.samples:  # (count, loss sum) and the task's sums
         t[:] = torch.tensor([float(res.samples), res.loss * res.samples, *res.sums], dtype=torch.float64)
     if link is not None and waited is not None:
         waited["link_s"] += link.wait_allreduce(t.numel() * 8, dist.get_world_size(group))
     dist.all_reduce(t, group=group)
     if local is not None:
         net.set_flat(local)
-    n = int(t[0])
-    loss = float(t[1] / t[0]) if n else math.nan
-    if unlabelled:  # scored by its loss alone
-        return EvalResult(loss=loss, accuracy=math.nan, samples=n)
-    sums = t[2:].tolist()
-    metrics = task_metrics(net.task, sums)
-    return EvalResult(loss=loss, accuracy=metrics.get("accuracy", math.nan), samples=n, metrics=metrics,
-                      sums=tuple(sums))
+    return EvalResult.of(net.task, int(t[0]), float(t[1]), None if unlabelled else t[2:].tolist())

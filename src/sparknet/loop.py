@@ -299,17 +299,20 @@ class Exchange(abc.ABC):
     validation_rows: int | None = None
     """Rows of the validation data (``None``: not known); the same on every rank."""
 
-    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None) -> EvalResult | None:
+    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None,
+                 rest_of: int | None = None) -> EvalResult | None:
         """The global weights' loss and metrics on the validation data (``None``: no validation data).
 
-        ``rows``: on at most that many rows, the same fixed random sample each time (a screen).
+        ``rows``: on at most that many rows, the same fixed random sample each time (a screen). ``rest_of``: on the
+        rows a screen of that many leaves out (what it adds to the screen's result for the whole set's).
         """
         return None
 
-    def evaluate_average(self, flat: torch.Tensor, rows: int | None = None) -> EvalResult | None:
+    def evaluate_average(self, flat: torch.Tensor, rows: int | None = None,
+                         rest_of: int | None = None) -> EvalResult | None:
         """Scores of the moving average of the global weights (:class:`WeightAverage`): weights no worker
         receives; by default what :meth:`evaluate` says of them."""
-        return self.evaluate(flat, rows=rows)
+        return self.evaluate(flat, rows=rows) if rest_of is None else self.evaluate(flat, rest_of=rest_of)
 
     def background_evaluator(self) -> NetScorer | None:
         """A scorer that may run in another thread while this exchange runs rounds (its own copy of the
@@ -590,6 +593,7 @@ class _Evaluation:
         return scored
 
     def _round(self, global_flat: torch.Tensor, record: dict, via: Exchange | NetScorer, avg) -> EvalResult | None:
+        screen = None
         if self.screening and self.since_full + 1 < self.plan.full_every:
             rows = self.plan.screen_rows
             t = time.perf_counter()
@@ -598,41 +602,58 @@ class _Evaluation:
                 return None
             record.update({f"screen_{k}": v for k, v in result.metrics.items()}, screen_loss=result.loss,
                           screen_rows=rows)
-            result = self._average(result, record, "screen", rows, via, avg)
+            screen = _Screen(rows, result, self._average(result, record, "screen", rows, via, avg))
             record["eval_s"] = time.perf_counter() - t
             # a target loss is judged on the whole set: a screen goes on to a full evaluation
             near = self.target_loss is not None or (
-                self.target is not None and result.score >= self.target - screen_margin(self.target, rows))
+                self.target is not None and screen.judged.score >= self.target - screen_margin(self.target, rows))
             if not near:
                 self.since_full += 1
                 return None
-        return self.full(global_flat, record, via, avg)
+        return self.full(global_flat, record, via, avg, screen=screen)
 
     def full(self, global_flat: torch.Tensor, record: dict, via: Exchange | NetScorer | None = None,
-             avg=None) -> EvalResult | None:
-        """Evaluate on the whole validation set (``None``: there is none), by ``via`` (default: the exchange)."""
+             avg=None, screen: _Screen | None = None) -> EvalResult | None:
+        """Evaluate on the whole validation set (``None``: there is none), by ``via`` (default: the exchange); after
+        a ``screen`` of the same weights, only the rows it left out are scored."""
         via = via or self.exchange
         if avg is None and self.average is not None:
             avg = self.average.flat
         t = time.perf_counter()
-        result = via.evaluate(global_flat)
+        result = via.evaluate(global_flat) if screen is None else via.evaluate(global_flat, rest_of=screen.rows)
         if result is None:
             return None
+        if screen is not None:
+            result = screen.result.joined(result)
         self.since_full = 0
         record.update({f"val_{k}": v for k, v in result.metrics.items()}, val_loss=result.loss)
-        result = self._average(result, record, "val", None, via, avg)
+        result = self._average(result, record, "val", None, via, avg, screen)
         record["eval_s"] = record.get("eval_s", 0.0) + time.perf_counter() - t
         return result
 
     def _average(self, result: EvalResult, record: dict, prefix: str, rows: int | None, via: Exchange | NetScorer,
-                 avg) -> EvalResult:
+                 avg, screen: _Screen | None = None) -> EvalResult:
         """With a moving average (``avg``, its weights): its scores beside the global weights'
-        (``<prefix>_ema_<metric>``), and its result (what the target is judged on); without one: ``result``."""
+        (``<prefix>_ema_<metric>``), and its result (what the target is judged on); without one: ``result``. After
+        a ``screen`` of the same weights, only the rows it left out are scored."""
         if avg is None:
             return result
-        avg = via.evaluate_average(avg, rows=rows)
+        if screen is None:
+            avg = via.evaluate_average(avg, rows=rows)
+        else:
+            avg = screen.judged.joined(via.evaluate_average(avg, rest_of=screen.rows))
         record.update({f"{prefix}_ema_{k}": v for k, v in avg.metrics.items()}, **{f"{prefix}_ema_loss": avg.loss})
         return avg
+
+
+@dataclass(frozen=True)
+class _Screen:
+    """A screen's rows and results: the global weights' (``result``) and what the target is judged on
+    (``judged``: the moving average's where there is one, else ``result``)."""
+
+    rows: int
+    result: EvalResult
+    judged: EvalResult
 
 
 class NetScorer:
@@ -647,11 +668,11 @@ class NetScorer:
         """Whether there is a net with validation data to score on."""
         return self.net is not None and getattr(self.net, "_val", None) is not None
 
-    def evaluate(self, flat: torch.Tensor, rows: int | None = None) -> EvalResult | None:
+    def evaluate(self, flat: torch.Tensor, rows: int | None = None, rest_of: int | None = None) -> EvalResult | None:
         if not self.scores:
             return None
         self.net.set_flat(flat)
-        return self.net.evaluate(sample=rows)
+        return self.net.evaluate(sample=rows, rest_of=rest_of)
 
     evaluate_average = evaluate  # a moving average's weights are scored as any others
 
@@ -788,12 +809,14 @@ class InProcessExchange(Exchange):
         val = None if self.evaluator is None else getattr(self.evaluator, "_val", None)
         return None if val is None else len(val[0])
 
-    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None) -> EvalResult | None:
+    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None,
+                 rest_of: int | None = None) -> EvalResult | None:
         if not self._scorer.scores:  # before _deliver: no downlink message is made for nothing
             return None
-        return self._scorer.evaluate(self._deliver(global_flat), rows)
+        return self._scorer.evaluate(self._deliver(global_flat), rows, rest_of)
 
-    def evaluate_average(self, flat: torch.Tensor, rows: int | None = None) -> EvalResult | None:
-        return self._scorer.evaluate(flat, rows)  # as it is: no worker receives it, so no message goes down
+    def evaluate_average(self, flat: torch.Tensor, rows: int | None = None,
+                         rest_of: int | None = None) -> EvalResult | None:
+        return self._scorer.evaluate(flat, rows, rest_of)  # as it is: no worker receives it, so no message goes down
 
 

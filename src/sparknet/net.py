@@ -117,11 +117,37 @@ class EvalResult:
     labels (its loss alone)."""
     sums: tuple = ()
     """The additive sums the metrics come from (:func:`sparknet.labels.task_sums`); none for a net without labels."""
+    task: Task | None = field(default=None, repr=False, compare=False)
+    """The task the metrics are of (what :meth:`joined` needs)."""
 
     @property
     def score(self) -> float:
         """The metric a target is set on: accuracy, or R² for a regression net."""
         return self.metrics.get("r2", self.accuracy)
+
+    @classmethod
+    def of(cls, task: Task, samples: int, loss_sum: float, sums=None) -> EvalResult:
+        """The result of ``samples`` rows whose losses add up to ``loss_sum``, with the task's additive ``sums``
+        (:func:`sparknet.labels.task_sums`; none for a net without labels). No rows: NaN scores."""
+        loss = loss_sum / samples if samples else math.nan
+        if task is Task.UNLABELLED or not samples or sums is None:
+            return cls(loss=loss, accuracy=math.nan, samples=samples, task=task)
+        metrics = task_metrics(task, sums)
+        return cls(loss=loss, accuracy=metrics.get("accuracy", math.nan), samples=samples, metrics=metrics,
+                   sums=tuple(sums), task=task)
+
+    def joined(self, other: EvalResult) -> EvalResult:
+        """The result over this one's rows and ``other``'s, which share none (a screen's and the rest's)."""
+        if not other.samples:
+            return self
+        if not self.samples:
+            return other
+        task = self.task if self.task is not None else other.task
+        if task is None:
+            raise ValueError("results of no known task cannot be joined")
+        sums = None if task is Task.UNLABELLED else [a + b for a, b in zip(self.sums, other.sums)]
+        return EvalResult.of(task, self.samples + other.samples,
+                             self.loss * self.samples + other.loss * other.samples, sums)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -647,11 +673,13 @@ class Net:
     # -- evaluation ------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, data=None, num_steps: int | None = None, batch_size: int = EVAL_BATCH, *,
-                 sample: int | None = None) -> EvalResult:
+                 sample: int | None = None, rest_of: int | None = None) -> EvalResult:
         """Mean loss and accuracy on the validation data (or on ``data``), ``batch_size`` rows at a time.
 
         ``sample``: score at most this many rows, a fixed random sample of them (the same rows on
         every call for data of the same length): a quick estimate of the whole set's accuracy.
+        ``rest_of``: score the rows that a ``sample`` of that many leaves out (none when it takes every row); the
+        sample's result :meth:`EvalResult.joined` with this one is the whole set's.
         """
         if data is not None:
             x, y = self._fit_input(*_collect(data, self._label_ndim, None))
@@ -659,8 +687,15 @@ class Net:
             x, y = self._val
         else:
             raise ValueError("no validation data: call set_validation_data() first")
+        if sample is not None and rest_of is not None:
+            raise ValueError("score a sample or the rest of one, not both")
         if sample is not None and sample < len(x):
             rows = torch.tensor(fixed_sample(len(x), sample))
+            x, y = x[rows], y[rows]
+        elif rest_of:
+            rest = np.ones(len(x), dtype=bool)
+            rest[fixed_sample(len(x), rest_of) if rest_of < len(x) else slice(None)] = False
+            rows = torch.from_numpy(np.flatnonzero(rest))
             x, y = x[rows], y[rows]
         was_training = self.module.training
         self.module.eval()
@@ -678,13 +713,7 @@ class Net:
                     sums = batch if sums is None else [a + b for a, b in zip(sums, batch)]
         finally:
             self.module.train(was_training)
-        if self.task is Task.UNLABELLED:
-            return EvalResult(loss=loss_sum / max(n, 1), accuracy=math.nan, samples=n)
-        if sums is None:  # no rows
-            return EvalResult(loss=math.nan, accuracy=math.nan, samples=0)
-        metrics = task_metrics(self.task, sums)
-        return EvalResult(loss=loss_sum / max(n, 1), accuracy=metrics.get("accuracy", math.nan), samples=n,
-                          metrics=metrics, sums=tuple(sums))
+        return EvalResult.of(self.task, n, loss_sum, sums)
 
     def test(self, num_steps: int | None = None) -> float:
         """The task's score on the validation data (accuracy, or R²): all of it, or ``num_steps`` batches of 1000."""

@@ -1,4 +1,5 @@
-"""Validation split across two real gloo ranks scores exactly as one pass over all of it, for every task."""
+"""Validation split across two real gloo ranks scores exactly as one pass over all of it, for every task; so does a
+screen joined with the rows it left out."""
 
 import math
 
@@ -34,7 +35,12 @@ def _rank(rank, out, task):
     net, x, y = _case(task)
     rows = slice(0, _SPLIT) if rank == 0 else slice(_SPLIT, None)
     res = evaluate_shards(net, net.get_flat(), (x[rows], y[rows]))
-    out[rank] = (res.loss, res.samples, dict(res.metrics))
+    # a screen of 25 rows a rank (all 20 of rank 1's), then the rows it left out: joined, the whole set again
+    screen = evaluate_shards(net, net.get_flat(), (x[rows], y[rows]), sample=25)
+    rest = evaluate_shards(net, net.get_flat(), (x[rows], y[rows]), rest_of=25)
+    joined = screen.joined(rest)
+    out[rank] = (res.loss, res.samples, dict(res.metrics), (screen.samples, rest.samples),
+                 (joined.loss, joined.samples, dict(joined.metrics)))
 
 
 @pytest.mark.timeout(120)
@@ -44,11 +50,13 @@ def _rank(rank, out, task):
 def test_two_ranks_score_as_one_pass(task, metrics):
     out = run_two_ranks(_rank, task)
     assert out[0] == out[1]  # every rank gets the same numbers
-    loss, samples, got = out[0]
+    loss, samples, got, parts, joined = out[0]
     net, x, y = _case(task)
     whole = net.evaluate((x, y))
-    assert samples == whole.samples == 150 and set(got) == metrics == set(whole.metrics)
-    assert math.isclose(loss, whole.loss, rel_tol=1e-6)
-    for name in metrics:
-        assert got[name] == pytest.approx(whole.metrics[name], rel=1e-9, abs=1e-12), name
-    assert all(np.isfinite(v) for v in got.values())
+    assert parts == (25 + 20, 105)  # rank 1's 20 rows are all in its screen
+    for loss, samples, got in ((loss, samples, got), joined):
+        assert samples == whole.samples == 150 and set(got) == metrics == set(whole.metrics)
+        assert math.isclose(loss, whole.loss, rel_tol=1e-6)
+        for name in metrics:
+            assert got[name] == pytest.approx(whole.metrics[name], rel=1e-9, abs=1e-12), name
+        assert all(np.isfinite(v) for v in got.values())

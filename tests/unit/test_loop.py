@@ -13,6 +13,7 @@ import torch
 from sparknet import zoo
 from sparknet.config import DistributedConfig, RunConfig
 from sparknet.errors import NonFiniteUpdate
+from sparknet.labels import Task
 from sparknet.loop import (EvalPlan, FitPlan, InProcessExchange, Progress, StopRule, run_rounds, screen_margin,
                            weighted_mean)
 from sparknet.net import EvalResult, Net, fixed_sample
@@ -94,11 +95,15 @@ class _Scripted(InProcessExchange):
         self.round_index = plan.round
         return super().run_round(plan, global_flat)
 
-    def evaluate(self, global_flat, rows=None):
+    def evaluate(self, global_flat, rows=None, rest_of=None):
+        """The script's sample, or its whole set: at once, or as the rest of a sample (the loop joins the two)."""
         whole, sample = self.script[self.round_index]
-        self.calls.append((self.round_index + 1, rows))
-        score = whole if rows is None else sample
-        return EvalResult(loss=0.1, accuracy=score, samples=rows or 10000, metrics={"accuracy": score})
+        self.calls.append((self.round_index + 1, rows if rest_of is None else ("rest of", rest_of)))
+        n = rows or self.validation_rows
+        right = round((whole if rows is None else sample) * n)
+        if rest_of is not None:  # what the whole set adds to the sample
+            n, right = n - rest_of, right - round(sample * rest_of)
+        return EvalResult.of(Task.CLASSIFICATION, n, 0.1 * n, [right, n, right, 0])
 
 
 def test_screens_between_full_evaluations_and_the_stopping_rule_sees_the_whole_set():
@@ -112,7 +117,9 @@ def test_screens_between_full_evaluations_and_the_stopping_rule_sees_the_whole_s
                on_record=records.append)
     margin = screen_margin(0.99, 2000)
     assert 0.99 - margin < 0.988 and 0.97 < 0.99 - margin  # round 4's sample is not near, round 5's is
-    assert exchange.calls == [(1, 2000), (2, 2000), (3, 2000), (3, None), (4, 2000), (5, 2000), (5, None)]
+    # a full evaluation after a screen scores the rows the screen left out
+    rest = ("rest of", 2000)
+    assert exchange.calls == [(1, 2000), (2, 2000), (3, 2000), (3, rest), (4, 2000), (5, 2000), (5, rest)]
     assert [r.get("val_accuracy") for r in records] == [None, None, 0.97, None, 0.991]
     assert [r["screen_accuracy"] for r in records] == [0.5, 0.8, 0.995, 0.97, 0.988]
     assert records[-1]["stop_reason"] == "target_accuracy" and records[-1]["round"] == 5
@@ -146,9 +153,9 @@ class _Timed(_Scripted):
         time.sleep(self.round_s)
         return super().run_round(plan, global_flat)
 
-    def evaluate(self, global_flat, rows=None):
+    def evaluate(self, global_flat, rows=None, rest_of=None):
         time.sleep(self.eval_s)
-        return super().evaluate(global_flat, rows)
+        return super().evaluate(global_flat, rows, rest_of)
 
 
 def test_an_evaluation_budget_puts_off_evaluations_but_never_the_first_or_the_last():
@@ -196,6 +203,64 @@ def test_a_screen_scores_the_same_fixed_sample_of_rows_every_time():
     assert whole.accuracy == a.accuracy and abs(whole.loss - a.loss) < 1e-6
     with pytest.raises(ValueError, match="screen_rows must be 0"):
         EvalPlan(screen_rows=-1)
+
+
+@pytest.mark.parametrize("task", ["classification", "regression", "unlabelled"])
+def test_a_screen_joined_with_the_rows_it_left_out_scores_as_the_whole_set(task):
+    """What a full evaluation after a screen scores (the rest of the screen's rows) joined with the screen is the
+    whole set's result: the same accuracy and R², the loss to rounding; a screen of every row leaves none."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(500, 6, generator=g)
+    if task == "classification":
+        module, loss, y = torch.nn.Linear(6, 12), None, torch.randint(0, 12, (500,), generator=g)
+    elif task == "regression":
+        module, loss, y = torch.nn.Linear(6, 2), torch.nn.MSELoss(), x[:, :2] * 2.0 + 0.3
+    else:
+        module, loss, y = torch.nn.Linear(6, 6), torch.nn.MSELoss(), torch.zeros(500)  # its input is its target
+    net = Net(module, SolverConfig(base_lr=0.1), loss=loss, task="unlabelled" if task == "unlabelled" else None)
+    net.set_validation_data((x.numpy(), y.numpy()))
+    whole, screen, rest = net.evaluate(), net.evaluate(sample=120), net.evaluate(rest_of=120)
+    assert (screen.samples, rest.samples) == (120, 380)
+    joined = screen.joined(rest)
+    assert joined.samples == whole.samples == 500 and set(joined.metrics) == set(whole.metrics)
+    assert joined.metrics == pytest.approx(whole.metrics, rel=1e-12)
+    assert joined.loss == pytest.approx(whole.loss, rel=1e-6)
+    everything = net.evaluate(sample=500)
+    assert net.evaluate(rest_of=500).samples == 0 and everything.joined(net.evaluate(rest_of=500)) == everything
+    with pytest.raises(ValueError, match="not both"):
+        net.evaluate(sample=10, rest_of=10)
+
+
+def test_a_full_evaluation_after_a_screen_reads_what_a_whole_pass_reads():
+    """A run with screens: every full evaluation (the rest of a screen, joined) is what scoring the round's weights
+    on the whole set at once reads. (A target loss sends every screen on to a full evaluation.)"""
+    val = _blobs(4000, 5)
+    nets = [_net(8, seed=i) for i in range(2)]
+    nets[0].set_validation_data(val)
+    records, weights = [], {}
+    exchange = InProcessExchange(nets, Average(), evaluator=nets[0])
+    original = exchange.evaluate
+
+    def evaluate(global_flat, rows=None, rest_of=None):
+        if rows is None:  # the weights each full evaluation scores, kept to score again below
+            weights[exchange.round_index] = global_flat.clone()
+        return original(global_flat, rows, rest_of)
+
+    exchange.evaluate = evaluate
+    exchange.round_index = 0
+    plain_run = exchange.run_round
+    exchange.run_round = lambda plan, flat: (setattr(exchange, "round_index", plan.round), plain_run(plan, flat))[1]
+    run_rounds(exchange, FitPlan(strategy=Average(), stop=StopRule(rounds=6, tau=2, target_loss=1e-9),
+                                 evaluation=EvalPlan(screen_rows=1000, full_every=100)),
+               nets[0].get_flat(), on_record=records.append)
+    full = [r for r in records if "val_accuracy" in r]
+    assert len(full) == 6 and all(r["screen_rows"] == 1000 for r in full)
+    scorer = _net(8)
+    scorer.set_validation_data(val)
+    for r in full:
+        scorer.set_flat(weights[r["round"] - 1])
+        again = scorer.evaluate()
+        assert r["val_accuracy"] == again.accuracy and r["val_loss"] == pytest.approx(again.loss, rel=1e-6)
 
 
 def test_one_process_training_is_the_loop_and_stops_at_the_target_accuracy(tmp_path):

@@ -301,8 +301,8 @@ class SparkRoundsExchange(Exchange):
     def validation_rows(self) -> int | None:
         return None if self.driver_net._val is None else len(self.driver_net._val[0])
 
-    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None):
-        return NetScorer(self.driver_net).evaluate(global_flat, rows)
+    def evaluate(self, global_flat: torch.Tensor, rows: int | None = None, rest_of: int | None = None):
+        return NetScorer(self.driver_net).evaluate(global_flat, rows, rest_of)
 
     def background_evaluator(self) -> NetScorer:
         """A copy of the driver's net (sharing its validation and warm-up tensors, which nothing writes) that scores
