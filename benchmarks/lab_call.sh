@@ -30,6 +30,9 @@
 # Steps (seconds each needs on an H200 machine; what each took on 2026-11-28, commit 363aa95, in brackets):
 #   warm       a short K = 2 run, then its driver JVM's class archive settled (session.class_archive_options), so
 #              that the timed runs start as a user's second run does and no JVM writes an archive beside them (50 s)
+#   driver_jvm driver_jvm.py, Java's tiers against sparknet's late C2 (session.LATE_OPTIMIZER), two fresh processes
+#              each: with a core for every thread, is a session still ready sooner, and Spark's hot jobs as fast? (two
+#              cores, 2026-11-30: ready 3.41 -> 2.85 s, the JVM's CPU by then 5.1 -> 3.3 s; about 70 s)
 #   k8         time_to_99.py, K = 8: one process with 1 and 8 threads, both engines, TorchDistributor, 8 bare (460 s)
 #   k8_warm    time_to_99.py, K = 8 from 500 warm-up steps on the driver, both engines, beside one process with 1 and
 #              8 threads (two cores, 2026-11-29, eight tasks sharing them, every round evaluated: 900 steps a worker
@@ -84,6 +87,7 @@ for name in "$@"; do
   dest=""
   case $name in
     warm) need=60; cmd="python3 -m sparknet train --model lenet --dataset mnist --workers 2 --engine barrier --steps 20 --tau 10 --quiet --metrics-out /tmp/warm.jsonl; python3 -c 'import sys; sys.path.insert(0, \"benchmarks\"); from first_round import settle_class_archive; settle_class_archive(90)'; ls -la \$HOME/.cache/sparknet/jvm 2> /dev/null; true" ;;
+    driver_jvm) need=80; cmd="python3 benchmarks/driver_jvm.py --repeats 2 --sets defaults,late-c2" ;;
     k8) need=240; cmd="$T99 --workers 8 --threads 1,8 --timeout 150" ;;
     k8_warm) need=200; cmd="$T99 --workers 8 --threads 1,8 --warmup-steps 500 --only 'one process|warm-up' --timeout 120" ;;
     k8_engines) need=115; cmd="$T99 --workers 8 --only '8 workers' --timeout 100" ;;
