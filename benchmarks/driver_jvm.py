@@ -15,7 +15,8 @@ The sets:
 - ``defaults``: Java's own tiers (``-XX:+TieredCompilation``, Java's default said aloud, which keeps sparknet's
   own options off);
 - ``late-c2``: :data:`sparknet.spark.session.LATE_OPTIMIZER` (what sparknet's sessions have);
-- ``late-c2-10x``: C2 left to code 10 times hotter than Java's defaults ask (where ``late-c2`` asks 40 times);
+- ``late-c2-10x``: C2's thresholds 4 to 33 times Java's (its invocation count 10 times, where ``late-c2``'s is 40
+  times);
 - ``c1-only``: ``-XX:TieredStopAtLevel=1``, the test suite's (short JVMs: no optimizing compiler at all).
 
 The load average is sampled before and during each run. Prints and saves JSON. Time nothing else beside it.
