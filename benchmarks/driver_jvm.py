@@ -83,20 +83,11 @@ finally:
 
 
 def mnist_parquet(where: Path) -> Path:
-    """MNIST's training rows as a Parquet file under ``where``: a ``features`` list of 784 floats and a ``label``."""
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
+    """MNIST's training rows as a Parquet file under ``where``, in the columns sparknet's own copy has."""
     from sparknet.datasets import mnist
+    from sparknet.spark.run import dataset_as_parquet
 
-    train = mnist().train
-    flat = np.ascontiguousarray(train.x.reshape(len(train.x), -1), dtype=np.float32)
-    features = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
-    path = where / "mnist-train.parquet"
-    pq.write_table(pa.table({"features": features.cast(pa.list_(pa.float32())),
-                             "label": pa.array(train.y.astype(np.int64))}), path)
-    return path
+    return dataset_as_parquet(mnist().train, where / "mnist-train.parquet")
 
 
 def main(argv=None) -> int:
