@@ -407,11 +407,14 @@ class CollectiveExchange(Exchange):
         if self.validation is None:
             return None
         waited = {"link_s": 0.0}
-        share = {k: None if v is None else -(-v // dist.get_world_size(self.scoring))  # each rank's part of a screen
-                 for k, v in (("sample", rows), ("rest_of", rest_of))}
+        world = dist.get_world_size(self.scoring)
+
+        def per_rank(screen_rows: int | None) -> int | None:  # each rank's part of a screen
+            return None if screen_rows is None else -(-screen_rows // world)
+
         result = evaluate_shards(self.net, global_flat, self.validation, group=self.scoring,
                                  keep_local=self.strategy.keeps_local_weights or self.streaming is not None,
-                                 link=self.link, waited=waited, **share)
+                                 link=self.link, waited=waited, sample=per_rank(rows), rest_of=per_rank(rest_of))
         self.eval_link_s = waited["link_s"]
         return result
 
