@@ -51,6 +51,11 @@ def _load() -> None:
         import sparknet.spark.barrier.executor  # noqa: F401  (the executor side of both engines, with the data path)
         import sparknet.spark.rounds.executor  # noqa: F401
         from sparknet._malloc import keep_freed_memory
+
+        # what a task that converts rows imports: pyarrow, and pandas, which pyarrow loads at its first array or
+        # table (some 300 modules: 0.2-0.5 s of every fresh worker's first stage task)
+        import pandas  # noqa: F401
+        import pyarrow.compute  # noqa: F401
     except ImportError:  # pragma: no cover - an executor without torch or sparknet
         def keep_freed_memory():
             return False
