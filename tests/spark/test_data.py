@@ -33,6 +33,26 @@ def test_arrow_lists_and_binary_rows_become_float_chunks():
     assert x.tolist() == [[0.0, 1.0, 2.0, 3.0]]
 
 
+@pytest.mark.parametrize("float_labels, weighted", [(False, False), (True, False), (False, True)])
+def test_chunks_made_where_they_are_used_equal_those_read_back_from_spark_s_rows(float_labels, weighted):
+    """The stage jobs take ArrowChunks.chunks as they are made; Spark's rows of the same function, read back with
+    frame_chunks, hold the same rows, labels and counts, a problem row among them."""
+    feats = pa.array([[1.0, 2.0], [3.0, 4.0], [5.0, float("nan")], [7.0, 8.0], [9.0]], pa.list_(pa.float32()))
+    labels = pa.array([0, 2, 1, None, 1]) if not float_labels else pa.array([0.5, -1.0, 2.25, None, 1.0])
+    columns = [feats, labels] + ([pa.array([1.0, 0.5, 2.0, 1.0, 1.0])] if weighted else [])
+    batches = [pa.RecordBatch.from_arrays(columns, names=["f", "y", "w"][:len(columns)])]
+    convert = spark_data.ArrowChunks("array", 2, None, "label", float_labels, weighted=weighted, chunk_bytes=16)
+    direct = list(convert.chunks(batches))
+    read_back = list(spark_data.frame_chunks(convert(batches), float_labels or weighted))
+    assert len(direct) == len(read_back) == 3  # two rows of 8 bytes a chunk
+    for (x, y, info), (rx, ry, rinfo) in zip(direct, read_back):
+        assert x.dtype == rx.dtype == np.float32 and y.dtype == ry.dtype
+        np.testing.assert_array_equal(x, rx)
+        np.testing.assert_array_equal(y, ry)
+        assert info == rinfo
+    assert sum(c.counts.nonfinite for c in direct) == 1 and sum(c.counts.bad_rows for c in direct) == 1
+
+
 def test_row_problems_are_counted_not_raised_on_executors():
     feats = pa.array([[1.0, 2.0], [3.0], None, [float("nan"), 1.0]], pa.list_(pa.float32()))
     batch = pa.RecordBatch.from_arrays([feats, pa.array([0.5, None, 1.0, 7.0])], names=["f", "y"])

@@ -320,9 +320,11 @@ def _with_weights(y: np.ndarray, weights, info: ChunkCounts) -> np.ndarray:
     return np.column_stack([y.reshape(n, -1).astype(np.float32), w.astype(np.float32)])
 
 
-def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None, label_col: str | None = None,
-                 float_labels: bool = False, image_shape=None, weighted: bool = False, chunk_bytes: int = CHUNK_BYTES):
-    """The ``mapInArrow`` function: Arrow batches of (features, label[, weight]) -> rows of chunk bytes.
+@dataclass(frozen=True)
+class ArrowChunks:
+    """Arrow batches of (features, label[, weight]) -> chunks. :meth:`chunks` gives them to a task that uses them
+    where they are made (the stage jobs write them to disk); the instance is the ``mapInArrow`` function that makes
+    them rows of chunk bytes for Spark (read them back with :func:`frame_chunks`).
 
     ``label_width`` is 0 for one label per row, else the labels per row (a sequence, or a vector to
     regress); labels are int64 class ids, or float32 numbers with ``float_labels``. ``weighted``:
@@ -330,25 +332,38 @@ def arrow_chunks(kind: str, expected_len: int | None, image_numel: int | None, l
     ``chunk_bytes``: the most feature bytes of one chunk (:func:`chunk_bytes_for`).
     """
 
-    def convert(batches: Iterator) -> Iterator:
-        import pyarrow as pa  # executors import it only when they convert
+    kind: str
+    expected_len: int | None
+    image_numel: int | None
+    label_col: str | None = None
+    float_labels: bool = False
+    image_shape: tuple | None = None
+    weighted: bool = False
+    chunk_bytes: int = CHUNK_BYTES
 
+    def chunks(self, batches: Iterable) -> Iterator[Chunk]:
+        """The chunks of ``batches``, as :func:`frame_chunks` reads them from this function's rows."""
+        row_bytes = max(1, (self.expected_len or self.image_numel or 1) * 4)
+        step = max(1, self.chunk_bytes // row_bytes)
         for batch in batches:
-            row_bytes = max(1, (expected_len or image_numel or 1) * 4)
-            step = max(1, chunk_bytes // row_bytes)
             for start in range(0, max(len(batch), 1), step):
                 piece = batch.slice(start, step)
-                x, y, info = _arrow_batch(piece, kind, expected_len, image_numel, float_labels, image_shape)
-                if weighted:
+                x, y, info = _arrow_batch(piece, self.kind, self.expected_len, self.image_numel, self.float_labels,
+                                          self.image_shape)
+                if self.weighted:
                     y = _with_weights(y, piece.column(2), info)
-                info.label_col = label_col
-                yield pa.RecordBatch.from_arrays(
-                    [pa.array([x.tobytes()], pa.binary()), pa.array([y.tobytes()], pa.binary()),
-                     pa.array([x.shape[1] if x.ndim == 2 else 0], pa.int64()),
-                     pa.array([y.shape[1] if y.ndim == 2 else 0], pa.int64()), pa.array([json.dumps(info.to_dict())])],
-                    names=["x", "y", "width", "label_width", "info"])
+                info.label_col = self.label_col
+                yield Chunk(x, y, info)
 
-    return convert
+    def __call__(self, batches: Iterator) -> Iterator:
+        import pyarrow as pa  # executors import it only when they convert
+
+        for x, y, info in self.chunks(batches):
+            yield pa.RecordBatch.from_arrays(
+                [pa.array([x.tobytes()], pa.binary()), pa.array([y.tobytes()], pa.binary()),
+                 pa.array([x.shape[1] if x.ndim == 2 else 0], pa.int64()),
+                 pa.array([y.shape[1] if y.ndim == 2 else 0], pa.int64()), pa.array([json.dumps(info.to_dict())])],
+                names=["x", "y", "width", "label_width", "info"])
 
 
 def _row_to_chunk(row, label_dtype=np.int64) -> Chunk:
@@ -698,7 +713,7 @@ def chunk_input(data, *, features_col: str | Sequence[str] = "features", label_c
                 image_shape=None, expected_len: int | None = None, num_partitions: int | None = None,
                 float_labels: bool = False, weight_col: str | None = None):
     """``(DataFrame, convert, FeatureSource)``: a DataFrame's feature and label columns (and weight), in
-    ``num_partitions`` partitions, and the ``mapInArrow`` function (:func:`arrow_chunks`) that turns its batches into
+    ``num_partitions`` partitions, and the ``mapInArrow`` function (:class:`ArrowChunks`) that turns its batches into
     rows of chunk bytes: what :func:`chunk_frame` runs, for a task function that does more with the chunks where they
     are made (the rounds engine's staging, :func:`sparknet.spark.rounds.executor.stage_frame`)."""
     from pyspark.sql import functions as F
@@ -722,9 +737,9 @@ def chunk_input(data, *, features_col: str | Sequence[str] = "features", label_c
     if num_partitions is not None and (connect or data.inputFiles() or df.rdd.getNumPartitions() != num_partitions):
         df = df.repartition(num_partitions)
     session = data.sparkSession
-    convert = arrow_chunks(kind, expected_len, image_numel, label_col, float_labels,
-                           tuple(image_shape) if image_shape else None, weight_col is not None,
-                           chunk_bytes_for(session if connect else session.sparkContext))
+    convert = ArrowChunks(kind, expected_len, image_numel, label_col, float_labels,
+                          tuple(image_shape) if image_shape else None, weight_col is not None,
+                          chunk_bytes_for(session if connect else session.sparkContext))
     named = (f"column {features_col!r}" if isinstance(features_col, str)
              else "columns " + ", ".join(map(repr, features_col)))
     return df, convert, FeatureSource(kind, expected_len, f"DataFrame {named}")

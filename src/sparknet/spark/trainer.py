@@ -680,7 +680,7 @@ class SparkTrainer:
             staged = train.sparkSession.sparkContext.parallelize([], reader.partitions).mapPartitionsWithIndex(
                 stage_hands(fit_id, self.options.staging_dir, convert, reader.hand), preservesPartitioning=True)
         else:
-            staged = frame.mapInArrow(stage_frame(fit_id, self.options.staging_dir, convert, float_labels),
+            staged = frame.mapInArrow(stage_frame(fit_id, self.options.staging_dir, convert),
                                       "info string").rdd.map(lambda row: json.loads(row[0]), preservesPartitioning=True)
         spark_data.check_partitions(staged, columns["num_partitions"])
         if spark_data.ships_local_data(staged):

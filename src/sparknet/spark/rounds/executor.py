@@ -57,7 +57,7 @@ from sparknet.loop import ResumeState, RoundPlan
 from sparknet.net import Net
 from sparknet.config import WorkerConfig
 from sparknet.rowfile import DEFAULT_BUFFER_BYTES, RowFile
-from sparknet.spark.data import frame_chunks, write_chunks
+from sparknet.spark.data import write_chunks
 from sparknet.spark._relay import RelayAddress, RelayUnreachable, relay_client
 from sparknet.step import WorkerStep, round_seed, worker_seed
 from sparknet.strategies import Downlink, TrainingStrategy, WorkerState, make_compressor
@@ -527,19 +527,20 @@ def stage_partition(fit_id: str, staging_dir: str | None = None):
     return stage
 
 
-def stage_frame(fit_id: str, staging_dir: str | None, convert, float_labels: bool):
+def stage_frame(fit_id: str, staging_dir: str | None, convert):
     """Task function of the stage job over a DataFrame (``mapInArrow``): its Arrow batches made into chunks by
-    ``convert`` (:func:`~sparknet.spark.data.chunk_input`'s) and written here as :func:`stage_partition` writes them,
-    one row of JSON back. The chunks never go back to the JVM: the rows cross from Spark into Python once, where
-    reading them through an RDD of chunks moves them four more times (out of the conversion, into the RDD's map,
-    into its cache, and out of it to the task that stages them)."""
+    ``convert`` (:func:`~sparknet.spark.data.chunk_input`'s :class:`~sparknet.spark.data.ArrowChunks`) and written
+    here as :func:`stage_partition` writes them, one row of JSON back. The chunks never go back to the JVM, nor
+    into bytes: the rows cross from Spark into Python once, where reading them through an RDD of chunks moves them
+    four more times (out of the conversion, into the RDD's map, into its cache, and out of it to the task that stages
+    them)."""
 
     def stage(batches):
         import pyarrow as pa
         from pyspark import TaskContext
 
         index = TaskContext.get().partitionId()
-        for info in stage_partition(fit_id, staging_dir)(index, frame_chunks(convert(batches), float_labels)):
+        for info in stage_partition(fit_id, staging_dir)(index, convert.chunks(batches)):
             yield pa.RecordBatch.from_pydict({"info": [json.dumps(info)]})
 
     return stage
@@ -547,11 +548,12 @@ def stage_frame(fit_id: str, staging_dir: str | None, convert, float_labels: boo
 
 def stage_hands(fit_id: str, staging_dir: str | None, convert, hand):
     """Task function of the stage job over a dealt data set (an RDD of as many empty partitions): partition ``k``'s
-    rows are ``hand(k)``'s Arrow batches, made into chunks by ``convert`` and written as :func:`stage_partition`
-    writes them. No DataFrame is planned, and one Python worker a task reads, converts and stages."""
+    rows are ``hand(k)``'s Arrow batches, made into chunks by ``convert`` (an
+    :class:`~sparknet.spark.data.ArrowChunks`) and written as :func:`stage_partition` writes them. No DataFrame is
+    planned, and one Python worker a task reads, converts and stages."""
 
     def stage(index: int, _):
-        return stage_partition(fit_id, staging_dir)(index, frame_chunks(convert(hand(index)), False))
+        return stage_partition(fit_id, staging_dir)(index, convert.chunks(hand(index)))
 
     return stage
 
