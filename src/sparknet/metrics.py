@@ -60,12 +60,15 @@ class MetricsLogger(contextlib.AbstractContextManager):
         goes to a file, a pipe or a log collector.
     total : int, optional
         Total units (steps) for the progress line.
+    early_stop : bool
+        The run may stop before ``total`` (at a target accuracy or loss): ``total`` is its limit, and the time left
+        is shown as at most so much.
     sinks : iterable of callables, optional
         Extra receivers of every record (TensorBoard, MLflow...).
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, progress: bool = True, total: int | None = None,
-                 unit: str = "step", sinks: Iterable[Callable[[dict], None]] = ()):
+                 unit: str = "step", sinks: Iterable[Callable[[dict], None]] = (), early_stop: bool = False):
         self.path = Path(path) if path else None
         self.records: list[dict] = []
         self._sinks = list(sinks)
@@ -77,6 +80,7 @@ class MetricsLogger(contextlib.AbstractContextManager):
         notebook = in_notebook()
         self._plain = progress and not notebook and not sys.stderr.isatty()  # a log: plain lines, nothing redrawn
         self._total, self._unit, self._done, self._fields = total, unit, 0, {}
+        self._left = "at most" if early_stop else "about"
         self._redirect = contextlib.ExitStack()
         if progress and not self._plain:
             from tqdm.contrib.logging import logging_redirect_tqdm
@@ -85,7 +89,10 @@ class MetricsLogger(contextlib.AbstractContextManager):
                 from tqdm.auto import tqdm
             else:
                 from tqdm import tqdm
-            self._bar = tqdm(total=total, unit=unit, dynamic_ncols=True, leave=True, file=sys.stderr)
+            # tqdm's own format, but for the time left where the run may stop sooner
+            form = ("{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, at most {remaining} left, {rate_fmt}{postfix}]"
+                    if early_stop else None)
+            self._bar = tqdm(total=total, unit=unit, dynamic_ncols=True, leave=True, file=sys.stderr, bar_format=form)
             # Log records print above the line instead of breaking it.
             self._redirect.enter_context(logging_redirect_tqdm(tqdm_class=tqdm))
         self._t0 = time.perf_counter()
@@ -125,7 +132,7 @@ class MetricsLogger(contextlib.AbstractContextManager):
         done, total, elapsed = self._done, self._total, self.elapsed()
         head = f"{done:,}/{total:,} {self._unit}s ({100 * done / total:.0f}%)" if total else f"{done:,} {self._unit}s"
         shown = "".join(f" {k}={_number(v)}" for k, v in self._fields.items())
-        left = f", about {_clock(elapsed / done * (total - done))} left" if total and 0 < done < total else ""
+        left = f", {self._left} {_clock(elapsed / done * (total - done))} left" if total and 0 < done < total else ""
         return f"[sparknet] {head}{shown} | {_clock(elapsed)} elapsed{left}"
 
     def close(self) -> None:

@@ -104,7 +104,8 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
     resume = ResumeState() if start is None else ResumeState(round=int(start["round"]), steps_done=int(start["steps"]),
                                                              samples_done=int(start["samples"]))
     records: list[dict] = []
-    with MetricsLogger(run.metrics_out, progress=not run.quiet, total=run.steps, sinks=sinks) as metrics:
+    with MetricsLogger(run.metrics_out, progress=not run.quiet, total=run.steps, sinks=sinks,
+                       early_stop=config.toward_target) as metrics:
         plan = FitPlan.from_config(replace(config, auto_tau=False, eval_every_rounds=every), strategy, steps=run.steps,
                                    dataset_rows=net.num_training_samples, resume=resume)
         progress = plan.progress

@@ -56,6 +56,19 @@ def test_in_a_log_each_advance_is_one_plain_line_with_the_same_fields(monkeypatc
     assert "left" not in lines[1]
 
 
+def test_a_run_that_may_stop_sooner_shows_its_time_left_as_at_most_so_much(monkeypatch):
+    """Toward a target the step count is a limit, not the run's length: the time left to it is an upper bound, on
+    the terminal's bar and in a log's lines; without a target it is an estimate."""
+    for out, early_stop, said in [(_Terminal(), True, "at most 00:00 left"), (io.StringIO(), True, "at most 0s left"),
+                                  (_Terminal(), False, "00:00<00:00"), (io.StringIO(), False, "about 0s left")]:
+        monkeypatch.setattr("sys.stderr", out)
+        with MetricsLogger(progress=True, total=100, early_stop=early_stop) as metrics:
+            metrics.progress(50, round=1, acc=0.9)
+        text = out.getvalue()
+        assert said in text and "round=1" in text and "50/100" in text, (early_stop, text)
+        assert ("at most" in text) is early_stop, text
+
+
 def test_no_progress_asked_prints_nothing(monkeypatch):
     log_file = io.StringIO()
     monkeypatch.setattr("sys.stderr", log_file)

@@ -525,7 +525,8 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
         failed = True
         try:
             with MetricsLogger(run.metrics_out, progress=not run.quiet, total=rounds_total(run.steps, dist),
-                               sinks=[*sinks, *map(_rounds_only, getattr(self, "callbacks", ()))]) as metrics:
+                               sinks=[*sinks, *map(_rounds_only, getattr(self, "callbacks", ()))],
+                               early_stop=dist.toward_target) as metrics:
                 trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, task=task,
                                                    on_round=round_reporter(metrics), options=self.engineOptions())
                 result = trainer.fit(train, validation, features_col=features_col, label_col=label_col,

@@ -211,7 +211,7 @@ def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOption
     result = None
     try:
         with MetricsLogger(run.metrics_out, progress=not run.quiet, total=rounds_total(run.steps, dist),
-                           sinks=sinks) as metrics:
+                           sinks=sinks, early_stop=dist.toward_target) as metrics:
             trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, on_round=round_reporter(metrics),
                                                options=options)
             link, compressed = dist.link(), dist.compression is not CompressionKind.NONE
