@@ -343,6 +343,7 @@ def test_fit_logs_to_the_users_active_mlflow_run(spark, data, tmp_path, monkeypa
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     try:
+        mlflow.set_experiment("estimator")  # in this store: not the experiment an earlier test left active
         with mlflow.start_run() as mine:
             model = _estimator(mlflow="", quiet=True).fit(assembler.transform(train))
         client = mlflow.tracking.MlflowClient(uri)
