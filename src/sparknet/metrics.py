@@ -214,11 +214,27 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
     return out
 
 
-def rounds_summary(rounds: list[dict], test, *, t_fit: float, t_train: float, train_s: float) -> dict:
+def returned_scores(rounds: list[dict], averaged: bool) -> tuple[dict, float] | None:
+    """``(metrics, loss)`` of the weights a fit returns on its validation data, as its last round's record has them:
+    its ``val_`` fields, or its ``val_ema_`` ones where the fit returns the moving average (``averaged``). A fit's
+    last round is scored on the whole validation set (:func:`sparknet.loop.run_rounds`), so they are what a test
+    pass of those weights gives (its loss to rounding, where a screen's rows and the rest were scored apart).
+    ``None`` where the record has no such fields (no validation data, or no round)."""
+    last = rounds[-1] if rounds else {}
+    prefix = "val_ema_" if averaged else "val_"
+    if f"{prefix}loss" not in last:
+        return None
+    metrics = {k.removeprefix(prefix): v for k, v in last.items()
+               if k.startswith(prefix) and k != f"{prefix}loss" and (averaged or not k.startswith("val_ema_"))}
+    return metrics, last[f"{prefix}loss"]
+
+
+def rounds_summary(rounds: list[dict], test: tuple[dict, float] | None, *, t_fit: float, t_train: float,
+                   train_s: float) -> dict:
     """The summary fields every round-based fit reports, from its round records.
 
-    ``test`` is the final evaluation (an object with ``accuracy`` and ``loss``) or ``None``;
-    ``t_fit`` and ``t_train`` are ``time.perf_counter()`` at the fit's start and when training began.
+    ``test`` is the returned weights' ``(metrics, loss)`` on the validation data (:func:`returned_scores`) or
+    ``None``; ``t_fit`` and ``t_train`` are ``time.perf_counter()`` at the fit's start and when training began.
     """
     samples = sum(h["samples"] for h in rounds)
     round_time = sum(h["round_s"] for h in rounds)
@@ -230,16 +246,16 @@ def rounds_summary(rounds: list[dict], test, *, t_fit: float, t_train: float, tr
         "rounds": len(rounds), "total_steps": last.get("total_steps", 0), "samples": samples,
         "bytes_communicated": sum(h["bytes"] for h in rounds), "wall_s": time.perf_counter() - t_fit,
         "train_s": train_s, "setup_s": t_train - t_fit,
-        # the evaluations between (or, overlapped, beside) the rounds, within train_s; the last test pass is not in it
+        # the evaluations between (or, overlapped, beside) the rounds, within train_s (the last round's scores the test's)
         "eval_s": sum(h.get("eval_s", 0.0) for h in rounds),
         "samples_per_s": samples / round_time if round_time > 0 else None,
         "rounds_s": round_time,
         **({"slowest_compute_s": sum(max(c) for c in computes),
             "mean_compute_s": sum(sum(c) / len(c) for c in computes)} if computes else {}),
         "loss": last.get("loss"),
-        "test_accuracy": test.metrics.get("accuracy") if test is not None else None,
-        **({f"test_{k}": v for k, v in test.metrics.items()} if test is not None else {}),
-        "test_loss": test.loss if test is not None else None,
+        "test_accuracy": test[0].get("accuracy") if test is not None else None,
+        **({f"test_{k}": v for k, v in test[0].items()} if test is not None else {}),
+        "test_loss": test[1] if test is not None else None,
         "stop_reason": last.get("stop_reason"),
     }
 

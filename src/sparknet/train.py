@@ -22,7 +22,7 @@ from sparknet._app import build_model, finish_run, load_training_data, run_sinks
 from sparknet.checkpoint import CheckpointError, open_checkpoints
 from sparknet.config import EVAL_EVERY_STEPS, DistributedConfig, RunConfig, TrainConfig
 from sparknet.loop import FitPlan, InProcessExchange, ResumeState, average_summary, run_rounds
-from sparknet.metrics import MetricsLogger
+from sparknet.metrics import MetricsLogger, returned_scores
 from sparknet.net import Net
 from sparknet.parallel.runner import split_budget
 from sparknet.strategies import Average
@@ -142,8 +142,8 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
 
         if progress.steps_done < run.steps:
             net.set_flat(run_rounds(exchange, plan, strategy.init_global(net.get_flat()), on_record=on_record))
-            scored = "val_ema_" if plan.average is not None else "val_"  # the weights returned: the average, if kept
-            accuracy, loss = records[-1][scored + "accuracy"], records[-1][scored + "loss"]  # the last evaluation
+            scores, loss = returned_scores(records, plan.average is not None)  # the average's, where it is kept
+            accuracy = scores.get("accuracy")
         else:  # resumed from the end of the run: nothing left to train
             last = net.evaluate()
             accuracy, loss = last.accuracy, last.loss

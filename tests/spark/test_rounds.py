@@ -163,6 +163,34 @@ def test_stopping_rules_steps_epochs_and_target(spark):
     assert res.net.test() == pytest.approx(res.summary["test_accuracy"])
 
 
+def test_the_summary_s_test_scores_are_the_last_round_s_whole_evaluation_not_one_pass_more(spark, monkeypatch):
+    """A fit's last round is scored on the whole validation set (here a screen's rows and the rest, apart); the
+    summary reports those scores of the weights it returns instead of scoring them again on the driver."""
+    x, y = blobs(64, seed=2)
+    df = partitioned_rdd(spark.sparkContext, [(x[:32], y[:32]), (x[32:], y[32:])])
+    passes = []  # the driver's evaluations: (sample, rest_of)
+    evaluate = Net.evaluate
+
+    def counted(net, *args, **kwargs):
+        passes.append((kwargs.get("sample"), kwargs.get("rest_of")))
+        return evaluate(net, *args, **kwargs)
+
+    monkeypatch.setattr(Net, "evaluate", counted)
+    res = SparkTrainer(mlp(), WorkerConfig(solver=SolverConfig(base_lr=0.1), batch_size=8),
+                       dist=DistributedConfig(workers=2, tau=5, rounds=30, target_accuracy=0.9, eval_budget=1.0,
+                                              eval_screen_rows=16)).fit(df, validation=df)
+    monkeypatch.undo()
+    whole = [h for h in res.history if "val_loss" in h]
+    assert res.summary["stop_reason"] == "target_accuracy" and whole[-1] is res.history[-1]
+    assert (None, 16) in passes  # the last round's whole evaluation: its screen joined with the rest
+    assert len([p for p in passes if p[0] is None]) == len(whole)  # and no pass after it
+    s, last = res.summary, res.history[-1]
+    assert {k.removeprefix("test_"): v for k, v in s.items() if k.startswith("test_")} == {
+        k.removeprefix("val_"): v for k, v in last.items() if k.startswith("val_")}
+    again = res.net.evaluate(batch_size=64)  # the returned weights, scored in one pass here
+    assert again.accuracy == s["test_accuracy"] and again.loss == pytest.approx(s["test_loss"], rel=1e-6)
+
+
 def test_warm_start_on_the_driver_then_round_seconds(spark):
     x, y = blobs(48, seed=5)
     rdd = partitioned_rdd(spark.sparkContext, [(x[:24], y[:24]), (x[24:], y[24:])])

@@ -47,7 +47,7 @@ from sparknet.config import DistributedConfig, Engine, RunConfig, WorkerConfig, 
 from sparknet.errors import EngineError, WorkerOutOfMemory
 from sparknet.faults import faults_from
 from sparknet.loop import FitPlan, ResumeState, average_summary, check_streaming
-from sparknet.metrics import rounds_summary
+from sparknet.metrics import returned_scores, rounds_summary
 from sparknet.net import FeatureDict, Net
 from sparknet.parallel.runner import split_budget
 from sparknet.solvers import check_gradient_hook
@@ -470,8 +470,11 @@ class SparkTrainer:
             self._cleanup(sc, group, fit_id, staged, chunks, broadcasts)
 
         driver_net.set_flat(global_flat)
-        test = driver_net.evaluate() if val is not None else None
         rounds = [h for h in history if h.get("event") == "round"]
+        test = returned_scores(rounds, dist.weight_ema is not None)
+        if test is None and val is not None:  # no round scored the weights returned (a resumed fit with none left)
+            scored = driver_net.evaluate()
+            test = scored.metrics, scored.loss
         summary = {
             "engine": dist.engine.value, "strategy": getattr(self.strategy.name, "value", str(self.strategy.name)),
             "workers": K, "procs_per_worker": dist.procs_per_worker, "tau": dist.tau,
