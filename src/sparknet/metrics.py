@@ -246,7 +246,7 @@ def rounds_summary(rounds: list[dict], test: tuple[dict, float] | None, *, t_fit
         "rounds": len(rounds), "total_steps": last.get("total_steps", 0), "samples": samples,
         "bytes_communicated": sum(h["bytes"] for h in rounds), "wall_s": time.perf_counter() - t_fit,
         "train_s": train_s, "setup_s": t_train - t_fit,
-        # the evaluations between (or, overlapped, beside) the rounds, within train_s (the last round's scores the test's)
+        # the evaluations between (or, overlapped, beside) the rounds, within train_s; the test scores are the last's
         "eval_s": sum(h.get("eval_s", 0.0) for h in rounds),
         "samples_per_s": samples / round_time if round_time > 0 else None,
         "rounds_s": round_time,
