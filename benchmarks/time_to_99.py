@@ -7,7 +7,7 @@
     python benchmarks/time_to_99.py --dataset extended-mnist --target 0.99 ...   # a harder target (issue 35)
 
 Every run is the user's command, timed from its start to its end (Python, the Spark session and
-its JVMs, loading MNIST, the evaluations, the last test pass): what a user waits for. All stop at
+its JVMs, loading MNIST, the evaluations, a last test pass where there is one): what a user waits for. All stop at
 99% on the 10,000 test images or after 4,000 steps per worker, train LeNet with batch 64 per
 worker, SGD (lr 0.05, momentum 0.9, weight decay 5e-4, Caffe's inv policy), evaluate every
 50 steps per worker, and follow the same evaluation rule (sparknet's default: a fixed sample of
