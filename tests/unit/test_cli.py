@@ -8,6 +8,14 @@ from sparknet.cli import main
 from sparknet.metrics import read_metrics
 
 
+def _python(*args: str):
+    """This interpreter run with ``args`` in a process of its own (two minutes at most)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120)
+
+
 def test_train_writes_eval_and_summary_records(tmp_path):
     out = tmp_path / "m.jsonl"
     rc = main(["train", "--model", "mlp", "--dataset", "synthetic", "--steps", "60", "--eval-every", "30",
@@ -171,27 +179,21 @@ def test_old_flag_names_warn_and_still_work(caplog):
 
 
 def test_python_m_sparknet_and_version():
-    import subprocess
-    import sys
-
     from sparknet import __version__
 
-    out = subprocess.run([sys.executable, "-m", "sparknet", "--version"], capture_output=True, text=True, timeout=120)
+    out = _python("-m", "sparknet", "--version")
     assert out.returncode == 0 and out.stdout.strip() == f"sparknet {__version__}", out
 
 
 def test_a_command_that_returns_leaves_what_is_alive_frozen_for_the_interpreter_s_end():
     """The interpreter's last collections would walk every object of torch, pyspark and pandas after the result is
     out (0.4 s of a Spark run's exit): what lives when the command returns is frozen first, its exit code kept."""
-    import subprocess
-    import sys
-
     probe = ("import atexit, gc, sys\n"
              "atexit.register(lambda: print('frozen', gc.get_freeze_count(), file=sys.stderr))\n"
              "sys.argv = ['sparknet', 'version']\n"
              "from sparknet.__main__ import main\n"
              "sys.exit(main())\n")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    out = _python("-c", probe)
     assert out.returncode == 0 and "sparknet" in out.stdout, out
     frozen = int(out.stderr.split("frozen ")[-1])
     assert frozen > 10_000, out.stderr  # the modules' objects, at least
@@ -257,14 +259,11 @@ def test_the_daemon_is_loaded_ahead_only_where_sparknets_own_runs_on_this_interp
 def test_import_sparknet_and_its_session_module_load_no_torch():
     """What ``python -m sparknet`` loads before it starts the driver JVM: no torch, so the JVM starts while torch
     loads; the API's names still import on first use."""
-    import subprocess
-    import sys
-
     script = ("import sys, sparknet, sparknet.spark.session, sparknet.__main__\n"
               "print('torch' in sys.modules)\n"
               "from sparknet import Net, zoo\n"
               "from sparknet.spark import SparkTrainer\n"
               "print('torch' in sys.modules, Net.__module__, zoo.__name__, SparkTrainer.__module__)\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = _python("-c", script)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "True", "sparknet.net", "sparknet.zoo", "sparknet.spark.trainer"]
