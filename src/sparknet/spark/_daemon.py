@@ -51,14 +51,15 @@ def _load() -> None:
         import sparknet.spark.barrier.executor  # noqa: F401  (the executor side of both engines, with the data path)
         import sparknet.spark.rounds.executor  # noqa: F401
         from sparknet._malloc import keep_freed_memory
-
-        # what a task that converts rows imports: pyarrow, and pandas, which pyarrow loads at its first array or
-        # table (some 300 modules: 0.2-0.5 s of every fresh worker's first stage task)
-        import pandas  # noqa: F401
-        import pyarrow.compute  # noqa: F401
     except ImportError:  # pragma: no cover - an executor without torch or sparknet
         def keep_freed_memory():
             return False
+    try:  # what a task that converts rows imports: pyarrow, and pandas, which pyarrow loads at its first array or
+        # table (some 300 modules: 0.2-0.5 s of every fresh worker's first stage task)
+        import pandas  # noqa: F401
+        import pyarrow.compute  # noqa: F401
+    except ImportError:  # pragma: no cover - a task that needs them says so itself
+        pass
     # pyspark's daemon and the worker module its workers import after the fork, from pyspark.zip: 0.5-0.6 s before a
     # daemon answers and every fresh worker's first task starts. They start no thread.
     import pyspark.daemon  # noqa: F401
