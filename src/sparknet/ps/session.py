@@ -436,7 +436,7 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
     epochs = math.ceil(dist.epochs) if dist.epochs is not None else math.ceil(run.steps / per_worker)
     steps = run.steps if dist.epochs is None else min(run.steps, math.ceil(dist.epochs * per_worker))
     with MetricsLogger(run.metrics_out, progress=not run.quiet, total=steps,
-                       early_stop=dist.target_accuracy is not None) as metrics:
+                       early_stop=dist.toward_target) as metrics:
         def emit(record):
             metrics.write(record)
             wall = record.get("wall_s")
