@@ -3,17 +3,21 @@
     python benchmarks/first_round.py                               # this tree, 3 runs of each engine
     python benchmarks/first_round.py --baseline-rev 095604d       # beside an earlier commit, runs alternating
 
-Each run is ``sparknet train --model lenet --dataset mnist --workers 2 --rounds 2`` (MNIST cached, the Parquet copy
-of it written by an earlier run), started as a fresh process. Its metrics file is read every 50 ms from the
-command's start: the first round began when its record appeared less the round's own time and its evaluation's (a
-record is written when its round and evaluation end), the same reading for any commit. The summary's own
-``first_round_s`` (the command's age at the first round's start, in commits that have it) is kept beside it. With
-``--baseline-rev`` that commit is checked out in a temporary worktree, removed at the end, and its runs alternate
-with this tree's, each run alone. The load average is sampled before and during each run. Prints and saves JSON.
+Each run is ``sparknet train --model lenet --dataset mnist --workers 2 --rounds 2`` (``--workers`` sets K; MNIST
+cached, the arrays dealt from written by an earlier run), started as a fresh process. Its metrics file is read every
+50 ms from the command's start: the first round began when its record appeared less the round's own time and its
+evaluation's (a record is written when its round and evaluation end), the same reading for any commit. The summary's
+own ``first_round_s`` (the command's age at the first round's start, in commits that have it) is kept beside it.
+With ``--baseline-rev`` that commit is checked out in a temporary worktree, removed at the end, and its runs
+alternate with this tree's, each run alone. The load average is sampled before and during each run. Prints and saves
+JSON.
 
-``--warm`` first runs each tree once, untimed, and waits for its driver JVM to write its class archive (as a user's
-first run does), so that the timed runs start as a user's later runs do. ``--trimmed-java`` runs every command on a
-copy of this machine's Java without its base class archives, as a Java trimmed with jlink is (the Spark lab's).
+``--variant NAME:KEY=VALUE`` runs this tree under that name with those environment settings, in place of its plain
+run (``--variant ahead:SPARKNET_SESSION_AHEAD=1 --variant jvm:SPARKNET_SESSION_AHEAD=0``: the whole session started
+ahead beside the driver JVM alone, in one run). ``--warm`` first runs each tree once, untimed, and waits for its
+driver JVM to write its class archive (as a user's first run does), so that the timed runs start as a user's later
+runs do. ``--trimmed-java`` runs every command on a copy of this machine's Java without its base class archives, as a
+Java trimmed with jlink is (the Spark lab's).
 """
 
 from __future__ import annotations
@@ -34,8 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _bench import LoadSampler, save_json, source_trees  # noqa: E402
 
-COMMAND = ["train", "--model", "lenet", "--dataset", "mnist", "--workers", "2", "--lr", "0.05", "--rounds", "2",
-           "--quiet"]
+COMMAND = ["train", "--model", "lenet", "--dataset", "mnist", "--lr", "0.05", "--rounds", "2", "--quiet"]
 POLL_S = 0.05
 
 
@@ -92,13 +95,17 @@ def settle_class_archive(timeout_s: float = 300.0) -> None:
         os.utime(dump, (old, old))
 
 
-def one_run(src: Path, engine: str, work: Path, timeout_s: float, java_home: Path | None = None) -> dict:
-    """One command from the tree at ``src``, timed to its first round's start and to its end."""
+def one_run(src: Path, engine: str, work: Path, timeout_s: float, java_home: Path | None = None,
+            setting: dict | None = None, workers: int = 2) -> dict:
+    """One command on ``workers`` workers from the tree at ``src``, its environment with ``setting`` added, timed to
+    its first round's start and to its end."""
     metrics = work / f"run-{time.monotonic_ns()}.jsonl"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, **(setting or {}),
+           "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
     if java_home is not None:
         env["JAVA_HOME"] = str(java_home)
-    cmd = [sys.executable, "-m", "sparknet", *COMMAND, "--engine", engine, "--metrics-out", str(metrics)]
+    cmd = [sys.executable, "-m", "sparknet", *COMMAND, "--workers", str(workers), "--engine", engine, "--metrics-out",
+           str(metrics)]
     with LoadSampler() as load:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -130,30 +137,41 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--engines", default="rounds,barrier")
+    p.add_argument("--workers", type=int, default=2)
     p.add_argument("--baseline-rev", default=None, help="an earlier commit to run beside this tree")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds each run may take")
     p.add_argument("--warm", action="store_true", help="one untimed run of each tree first, its class archive written")
     p.add_argument("--trimmed-java", action="store_true",
                    help="run on a copy of this machine's Java without base class archives (as jlink makes one)")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+                   help="this tree with these environment settings, under this name, in place of its plain run "
+                   "(repeatable)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "first_round.json"))
     args = p.parse_args(argv)
+    variants = {}
+    for spec in args.variant:
+        name, _, pairs = spec.partition(":")
+        variants[name] = dict(pair.split("=", 1) for pair in pairs.split(",") if pair)
     engines = [e for e in args.engines.split(",") if e]
-    report = {"benchmark": "first_round", "command": "sparknet " + " ".join(COMMAND), "cpu_count": os.cpu_count(),
+    report = {"benchmark": "first_round", "command": "sparknet " + " ".join([*COMMAND, "--workers", str(args.workers)]),
+              "cpu_count": os.cpu_count(),
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                                        text=True).stdout.strip(), "baseline_rev": args.baseline_rev,
-              "trimmed_java": args.trimmed_java, "warm": args.warm, "runs": []}
+              "trimmed_java": args.trimmed_java, "warm": args.warm, "variants": variants, "runs": []}
     with tempfile.TemporaryDirectory(prefix="sparknet-first-round-") as tmp, \
-            source_trees(ROOT, args.baseline_rev, Path(tmp)) as trees:
+            source_trees(ROOT, args.baseline_rev, Path(tmp)) as sources:
         java_home = trimmed_java(Path(tmp) / "java") if args.trimmed_java else None
+        trees = {name: (src, {}) for name, src in sources.items() if not (variants and src == ROOT / "src")}
+        trees.update({name: (ROOT / "src", setting) for name, setting in variants.items()})
         if args.warm:
-            for src in trees.values():
-                one_run(src, engines[0], Path(tmp), args.timeout, java_home)
+            for src, setting in trees.values():
+                one_run(src, engines[0], Path(tmp), args.timeout, java_home, setting, args.workers)
             settle_class_archive()
         for repeat in range(args.repeats):
             for engine in engines:
-                for name, src in trees.items():
+                for name, (src, setting) in trees.items():
                     run = {"tree": name, "engine": engine, "repeat": repeat,
-                           **one_run(src, engine, Path(tmp), args.timeout, java_home)}
+                           **one_run(src, engine, Path(tmp), args.timeout, java_home, setting, args.workers)}
                     print(json.dumps(run), flush=True)
                     report["runs"].append(run)
     report["median_first_round_s"] = {

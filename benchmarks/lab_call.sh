@@ -16,7 +16,9 @@
 # k8_engines` in the bundle's third call, then `bash benchmarks/lab_call.sh 420 fig3`; the next visit `shapes_ext`,
 # `alexnet gpt` and `k16`.
 #
-# First `warm k8_warm` (issue 33's first criterion, K = 8 from a warm start, in one call of about 260 s). After the
+# Next visit, first: `warm first_round` (the whole session started ahead where cores are spare, 2026-11-30, is
+# unmeasured there), then `warm k8` in a call of its own (issue 33's K = 8 criteria in one script run). Then `warm
+# k8_warm` (issue 33's first criterion, K = 8 from a warm start, in one call of about 260 s). After the
 # first-round changes of 2026-11-28 (the Python daemon loaded ahead, the barrier store on the driver, the
 # dealt rows copied out of .npy files, fresh workers without importlib.invalidate_caches), run `warm k8` first: issue
 # 33's K = 8 criteria need every peer in one script run. Then `lenet_gpu k8_engines`: issue 34's shared GPU and the
@@ -33,6 +35,10 @@
 #   driver_jvm driver_jvm.py, Java's tiers against sparknet's late C2 (session.LATE_OPTIMIZER), two fresh processes
 #              each: with a core for every thread, is a session still ready sooner, and Spark's hot jobs as fast? (two
 #              cores, 2026-11-30: ready 3.41 -> 2.85 s, the JVM's CPU by then 5.1 -> 3.3 s; about 70 s)
+#   first_round first_round.py at K = 8, rounds engine, three runs each: the whole session started while torch loads
+#              (sparknet's default from 4 cores, session.starts_session_ahead) against the driver JVM alone (its
+#              default on fewer); on two cores the same (first_round_session_ahead_2cores.json), with 16 is the session
+#              ready sooner, and is `session` about `imported`? (about 120 s; after `warm`)
 #   k8         time_to_99.py, K = 8: one process with 1 and 8 threads, both engines, TorchDistributor, 8 bare (460 s)
 #   k8_warm    time_to_99.py, K = 8 from 500 warm-up steps on the driver, both engines, beside one process with 1 and
 #              8 threads (two cores, 2026-11-29, eight tasks sharing them, every round evaluated: 900 steps a worker
@@ -88,6 +94,7 @@ for name in "$@"; do
   case $name in
     warm) need=60; cmd="python3 -m sparknet train --model lenet --dataset mnist --workers 2 --engine barrier --steps 20 --tau 10 --quiet --metrics-out /tmp/warm.jsonl; python3 -c 'import sys; sys.path.insert(0, \"benchmarks\"); from first_round import settle_class_archive; settle_class_archive(90)'; ls -la \$HOME/.cache/sparknet/jvm 2> /dev/null; true" ;;
     driver_jvm) need=80; cmd="python3 benchmarks/driver_jvm.py --repeats 2 --sets defaults,late-c2" ;;
+    first_round) need=130; cmd="python3 benchmarks/first_round.py --workers 8 --engines rounds --repeats 3 --variant ahead:SPARKNET_SESSION_AHEAD=1 --variant jvm:SPARKNET_SESSION_AHEAD=0" ;;
     k8) need=240; cmd="$T99 --workers 8 --threads 1,8 --timeout 150" ;;
     k8_warm) need=200; cmd="$T99 --workers 8 --threads 1,8 --warmup-steps 500 --only 'one process|warm-up' --timeout 120" ;;
     k8_engines) need=115; cmd="$T99 --workers 8 --only '8 workers' --timeout 100" ;;

@@ -1,9 +1,11 @@
 """``python -m sparknet``: the ``sparknet`` command (:func:`sparknet.cli.main`).
 
-A ``sparknet train`` whose flags say plainly that it runs on Spark (:func:`runs_on_spark`) starts Spark's driver JVM
-first (:func:`sparknet.spark.session.start_driver_jvm`), and the JVM starts while Python loads torch and the rest of
-sparknet, on a machine with cores to spare for it (on two cores, no sooner to a session: the command already starts
-it while it reads its data). ``import sparknet`` loads no torch, so nothing before this point does.
+A ``sparknet train`` whose flags say plainly that it runs on Spark, and on which master (:func:`session_master`),
+starts its Spark session first, in a thread, while Python loads torch and the rest of sparknet: on a machine with
+cores to spare the whole session (:func:`sparknet.spark.session.start_session_ahead`: the driver JVM and the
+SparkContext, which the command's ``get_session`` then finds made), else its driver JVM alone
+(:func:`sparknet.spark.session.start_driver_jvm`; :func:`sparknet.spark.session.starts_session_ahead` chooses).
+``import sparknet`` loads no torch, so nothing before this point does.
 
 On a local master it also starts, before the JVM, the process that loads the Python daemon's modules ahead
 (:func:`sparknet.spark._daemon.start_ahead`): the daemon Spark launches at the first Python task is then forked from
@@ -15,16 +17,17 @@ import gc
 import sys
 
 
-def spark_flags(argv: list[str]) -> argparse.Namespace | None:
-    """The flags of ``sparknet *argv`` that say it surely starts a Spark session (``--workers``, ``--engine``,
-    ``--master``...): ``train`` with more than one worker, the barrier engine or a master, and none of the flags that
-    may take it elsewhere or nowhere (help, ``--print-config``, a ``--config`` file, Caffe files, the parameter
-    server's ``--strategy async``) or set the JVM's log level as it is read (``--verbose``). ``None`` for a command
-    it cannot tell about, which starts as always; a flag given in a shortened form is not read here."""
+def session_master(argv: list[str]) -> str | None:
+    """The master of the Spark session ``sparknet *argv`` surely starts: ``train`` with more than one worker, the
+    barrier engine or a master, and none of the flags that may take it elsewhere or nowhere (help,
+    ``--print-config``, a ``--config`` file, Caffe files, the parameter server's ``--strategy async``) or set the
+    JVM's log level as it is read (``--verbose``); ``--master``, else ``local[K]`` for K workers of G processes each
+    (the configuration's ``resolved_master``). ``None`` for a command it cannot tell about, which starts as always; a
+    flag given in a shortened form is not read here."""
     if not argv or argv[0] != "train" or {"-h", "--help", "--verbose"} & set(argv):  # --verbose: Spark's own level
         return None
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for flag in ("--workers", "--engine", "--master", "--config", "--prototxt", "--solver",
+    for flag in ("--workers", "--procs-per-worker", "--engine", "--master", "--config", "--prototxt", "--solver",
                  "--strategy"):
         p.add_argument(flag, default=None)
     p.add_argument("--print-config", action="store_true")
@@ -36,38 +39,44 @@ def spark_flags(argv: list[str]) -> argparse.Namespace | None:
         return None
     try:
         workers = int(flags.workers) if flags.workers is not None else 1
+        procs = int(flags.procs_per_worker) if flags.procs_per_worker is not None else 1
     except ValueError:
         return None
-    return flags if workers > 1 or flags.engine == "barrier" or flags.master else None
+    if not (workers > 1 or flags.engine == "barrier" or flags.master):
+        return None
+    return flags.master or f"local[{workers * procs}]"
 
 
 def runs_on_spark(argv: list[str]) -> bool:
-    """Whether ``sparknet *argv`` surely starts a Spark session (:func:`spark_flags`)."""
-    return spark_flags(argv) is not None
+    """Whether ``sparknet *argv`` surely starts a Spark session (:func:`session_master`)."""
+    return session_master(argv) is not None
 
 
 _AHEAD = []
 """The process that loads the Python daemon's modules ahead, kept for this process's life (it ends with it)."""
 
 
-def on_one_machine(argv: list[str]) -> bool:
-    """Whether ``sparknet *argv`` surely starts a Spark session (:func:`spark_flags`) whose executors run on this
-    machine: no ``--master``, or a ``local`` one."""
-    flags = spark_flags(argv)
-    return flags is not None and (flags.master is None or flags.master.startswith("local"))
+def on_one_machine(master: str) -> bool:
+    """Whether a session on ``master`` runs its executors on this machine (a ``local`` or ``local-cluster`` one)."""
+    return master.startswith("local")
 
 
 def main() -> int:
-    if runs_on_spark(sys.argv[1:]):
-        from sparknet.spark.session import forks_sparknet_daemon, start_driver_jvm
+    master = session_master(sys.argv[1:])
+    if master is not None and not master.startswith("sc://"):  # Spark Connect: the server's JVM, none here
+        from sparknet.spark.session import (forks_sparknet_daemon, start_driver_jvm, start_session_ahead,
+                                            starts_session_ahead)
 
         # the Python daemon's imports while the JVM starts (before it: their socket is named in the environment the
         # JVM inherits)
-        if on_one_machine(sys.argv[1:]) and forks_sparknet_daemon():
+        if on_one_machine(master) and forks_sparknet_daemon():
             from sparknet.spark._daemon import start_ahead
 
             _AHEAD.append(start_ahead())  # None where it could not start
-        start_driver_jvm()
+        if starts_session_ahead():  # the JVM and the SparkContext (on cores the loading leaves spare)
+            start_session_ahead(master)
+        else:  # the JVM alone: the SparkContext is made once the command asks for it
+            start_driver_jvm()
     from sparknet.cli import main as command
 
     code = command()

@@ -300,3 +300,77 @@ def test_a_driver_jvm_started_ahead_is_the_session_s_with_sparknet_s_settings(tm
                           text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-4:] == ["local[1]", "True", "True", "True"], proc.stdout
+
+
+def test_a_session_started_ahead_is_the_one_get_session_returns_with_sparknet_s_settings(tmp_path):
+    """start_session_ahead starts the whole session in a thread before torch loads (as ``python -m sparknet train``
+    does where cores are spare); get_session on the same master waits for it and returns it, the active session of
+    the asking thread, its driver JVM with the heap and the Java options sparknet sets; asked for another master, it
+    stops that one and starts the one asked for."""
+    script = textwrap.dedent("""
+        import sys
+        from sparknet.spark.session import LATE_OPTIMIZER, driver_memory, get_session, start_session_ahead
+        thread = start_session_ahead("local[1]")
+        assert "torch" not in sys.modules
+        assert start_session_ahead("local[1]") is None  # not started twice
+        import torch  # noqa: F401  (what the command loads meanwhile)
+        from pyspark.sql import SparkSession
+        spark = get_session("local[1]")
+        assert not thread.is_alive() and SparkSession.getActiveSession() is spark
+        try:
+            assert spark.sparkContext.parallelize(range(4), 2).sum() == 6 and spark.range(3).count() == 3
+            args = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
+            print(spark.sparkContext.master, f"-Xmx{driver_memory()}" in list(args),
+                  any("log4j2.configurationFile" in a for a in args),
+                  all(a in list(args) for a in LATE_OPTIMIZER.split()))
+        finally:
+            spark.stop()
+        start_session_ahead("local[1]").join(180)
+        other = get_session("local[2]")  # not the master started ahead
+        try:
+            print(other.sparkContext.master, other.sparkContext.parallelize(range(4), 2).sum())
+        finally:
+            other.stop()
+    """)
+    (tmp_path / "conf").mkdir()  # a user's empty configuration folder, not the suite's (its JVM options win)
+    env = {**os.environ, spark_session.CLASS_ARCHIVE_ENV: "0",  # no archive written at the JVM's exit (a minute)
+           "SPARK_CONF_DIR": str(tmp_path / "conf")}
+    proc = subprocess.run([sys.executable, "-W", "ignore::FutureWarning", "-c", script], capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-6:] == ["local[1]", "True", "True", "True", "local[2]", "6"], proc.stdout
+
+
+def test_the_command_trains_the_same_with_its_session_started_ahead_or_its_jvm_alone(tmp_path):
+    """``python -m sparknet train`` on two workers, its whole session started ahead or its driver JVM alone
+    (``$SPARKNET_SESSION_AHEAD``): the command trains on the session started ahead where there is one, on the master
+    it asks for, and the seeded fit ends with the same losses either way."""
+    script = textwrap.dedent("""
+        import sys
+        from sparknet.spark import session
+        handed = []  # what each get_session found started ahead
+        found = session._session_ahead
+        session._session_ahead = lambda master: handed.append(found(master)) or handed[-1]
+        from sparknet.__main__ import main
+        code = main()
+        print("HANDED", [getattr(s, "sparkContext", None) and s.sparkContext.master for s in handed], file=sys.stderr)
+        sys.exit(code)
+    """)
+    summaries, losses = {}, {}
+    for setting in ("1", "0"):
+        metrics = tmp_path / f"ahead-{setting}.jsonl"
+        env = {**os.environ, spark_session.SESSION_AHEAD_ENV: setting, spark_session.CLASS_ARCHIVE_ENV: "0"}
+        proc = subprocess.run([sys.executable, "-W", "ignore::FutureWarning", "-c", script, "train", "--model", "mlp",
+                               "--dataset", "synthetic", "--workers", "2", "--steps", "20", "--tau", "10", "--quiet",
+                               "--metrics-out", str(metrics)],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        handed = proc.stderr.split("HANDED ")[-1].strip()
+        assert handed == ("['local[2]']" if setting == "1" else "[None]"), proc.stderr[-3000:]
+        records = [json.loads(line) for line in metrics.read_text().splitlines()]
+        summaries[setting] = records[-1]
+        losses[setting] = [r["loss"] for r in records if r.get("event") == "round"]
+    for summary in summaries.values():
+        assert summary["event"] == "summary" and summary["master"] == "local[2]" and summary["steps"] == 20
+    assert len(losses["1"]) == 2 and losses["1"] == losses["0"]
+    assert summaries["1"]["test_loss"] == summaries["0"]["test_loss"]

@@ -225,18 +225,53 @@ def test_which_commands_start_spark_ahead(argv, spark):
     assert runs_on_spark(argv.split()) is spark
 
 
-@pytest.mark.parametrize("argv,here", [
-    ("train --workers 2", True),  # local[*]
-    ("train --workers 2 --master local[2]", True),
-    ("train --master local-cluster[2,1,1024]", True),  # executors of this machine, in this network namespace
-    ("train --workers 2 --master spark://10.0.0.1:7077", False),
-    ("train --workers 2 --master sc://localhost:15002", False),  # the Connect server's executors are its own
-    ("train --workers 2 --master", False),
+@pytest.mark.parametrize("argv,master", [
+    ("train --workers 2", "local[2]"),  # the configuration's resolved_master
+    ("train --workers 2 --procs-per-worker 2 --engine barrier", "local[4]"),
+    ("train --engine barrier", "local[1]"),
+    ("train --workers 4 --master local[2]", "local[2]"),
+    ("train --master local-cluster[2,1,1024]", "local-cluster[2,1,1024]"),
+    ("train --workers 2 --master sc://localhost:15002", "sc://localhost:15002"),
+    ("train --workers 2 --procs-per-worker x", None),
+    ("train --workers 2 --config run.toml", None),
 ])
-def test_which_commands_load_the_python_daemon_ahead(argv, here):
+def test_the_master_of_the_session_started_ahead_is_the_one_the_command_asks_for(argv, master):
+    from sparknet.__main__ import session_master
+    from sparknet.config import DistributedConfig, Engine
+
+    assert session_master(argv.split()) == master
+    if master is not None and "--master" not in argv:  # what the command itself asks get_session for
+        flags = dict(zip(argv.split()[1::2], argv.split()[2::2]))
+        dist = DistributedConfig(workers=int(flags.get("--workers", 1)), engine=Engine(flags.get("--engine", "rounds")),
+                                 procs_per_worker=int(flags.get("--procs-per-worker", 1)))
+        assert dist.resolved_master == master
+
+
+@pytest.mark.parametrize("master,here", [
+    ("local[*]", True), ("local[2]", True),
+    ("local-cluster[2,1,1024]", True),  # executors of this machine, in this network namespace
+    ("spark://10.0.0.1:7077", False), ("sc://localhost:15002", False),  # the Connect server's executors are its own
+])
+def test_which_sessions_load_the_python_daemon_ahead(master, here):
     from sparknet.__main__ import on_one_machine
 
-    assert on_one_machine(argv.split()) is here
+    assert on_one_machine(master) is here
+
+
+@pytest.mark.parametrize("cores,setting,ahead", [
+    (2, None, False), (3, None, False), (4, None, True), (16, None, True),
+    (16, "0", False), (2, "1", True), (2, "yes", False),  # not 0 or 1: the cores decide
+])
+def test_the_whole_session_starts_ahead_where_cores_are_spare_or_the_setting_says_so(monkeypatch, cores, setting,
+                                                                                     ahead):
+    from sparknet.spark import session
+
+    monkeypatch.setattr(session.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    if setting is None:
+        monkeypatch.delenv(session.SESSION_AHEAD_ENV, raising=False)
+    else:
+        monkeypatch.setenv(session.SESSION_AHEAD_ENV, setting)
+    assert session.starts_session_ahead() is ahead
 
 
 def test_the_daemon_is_loaded_ahead_only_where_sparknets_own_runs_on_this_interpreter(tmp_path, monkeypatch):

@@ -455,6 +455,82 @@ def start_driver_jvm() -> threading.Thread | None:
     return thread
 
 
+SESSION_AHEAD_ENV = "SPARKNET_SESSION_AHEAD"
+"""``1`` or ``0``: whether ``sparknet train`` starts its whole session ahead (:func:`start_session_ahead`) or its
+driver JVM alone (:func:`start_driver_jvm`); unset, :func:`starts_session_ahead` decides by the cores."""
+
+SESSION_AHEAD_CORES = 4
+"""The cores from which ``sparknet train`` starts its whole session ahead: one for the command's own imports, one for
+the Python daemon's loaded ahead (on a local master), the rest for the JVM's threads."""
+
+
+def starts_session_ahead() -> bool:
+    """Whether ``sparknet train`` starts its whole session while it loads torch (:func:`start_session_ahead`), not its
+    driver JVM alone (:func:`start_driver_jvm`): ``$SPARKNET_SESSION_AHEAD`` where it is ``1`` or ``0``, else whether
+    this process may run on :data:`SESSION_AHEAD_CORES` cores or more. On two cores the SparkContext made beside the
+    imports was ready no sooner, and the first round began a little later (the three loaders already fill both
+    cores); with cores to spare it is made while torch loads instead of after."""
+    setting = os.environ.get(SESSION_AHEAD_ENV, "").strip()
+    if setting in ("0", "1"):
+        return setting == "1"
+    return len(os.sched_getaffinity(0)) >= SESSION_AHEAD_CORES
+
+
+_AHEAD: dict = {}
+"""The session :func:`start_session_ahead` is starting: its ``master``, its ``thread``, and the ``box`` it leaves the
+session in."""
+
+
+def start_session_ahead(master: str) -> threading.Thread | None:
+    """Start, in a thread, the session ``get_session(master)`` is about to be asked for, while this process goes on
+    loading (torch: seconds of it); ``None`` where a session is up or starting, or pyspark is missing.
+
+    :func:`get_session` then waits for it and returns it if it asks for the same master (else it stops it and starts
+    the one asked for). A start that failed is left for :func:`get_session` to meet again and report. A process that
+    never asks for the session leaves it idle: its JVM ends when the process does (it stops when its standard input
+    closes)."""
+    try:
+        from pyspark import SparkContext
+    except ImportError:
+        return None
+    if SparkContext._active_spark_context is not None or _AHEAD:
+        return None
+    box: dict = {}
+
+    def start() -> None:
+        try:
+            box["session"] = _start_session(master, None, None)
+        except Exception as exc:  # Java missing or broken: get_session starts it again and says why
+            log.debug("starting the session ahead: %s", exc)
+
+    thread = threading.Thread(target=start, name="sparknet-session", daemon=True)
+    _AHEAD.update(master=master, thread=thread, box=box)
+    thread.start()
+    return thread
+
+
+def _session_ahead(master: str | None):
+    """The session :func:`start_session_ahead` started, once it has, if it runs on ``master`` (``None``: any), made
+    this thread's active session; else ``None`` (one on another master stopped)."""
+    if not _AHEAD:
+        return None
+    ahead = dict(_AHEAD)
+    ahead["thread"].join()  # as long as a session takes to start, as getOrCreate would wait
+    _AHEAD.clear()
+    session = ahead["box"].get("session")
+    if session is None:
+        return None
+    if master and master != ahead["master"]:
+        log.info("the session started ahead runs on %s, not %s: starting another", ahead["master"], master)
+        session.stop()
+        return None
+    from pyspark.sql import SparkSession
+
+    SparkSession._activeSession = session  # this thread's session too, as if it had started it
+    session._jvm.SparkSession.setActiveSession(session._jsparkSession)
+    return _started(session)
+
+
 def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: dict | None = None,
                 log_level: str | None = None):
     """The active SparkSession (Spark allows one per process; a different ``master`` is logged), or a new one.
@@ -481,13 +557,29 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
         from pyspark.sql import SparkSession
     except ImportError as e:  # sparknet does not install pyspark
         raise ImportError(PYSPARK_MISSING) from e
-    level = spark_log_level(log_level)
+    if (ahead := _session_ahead(master)) is not None:
+        return ahead
     active = SparkSession.getActiveSession()
     if active is not None:
         running = session_master(active)
         if master and master != running:
             log.warning("a SparkSession is already running on %s; using it instead of %s", running, master)
         return active
+    return _started(_start_session(master, conf, log_level, app_name))
+
+
+def _started(spark):
+    """``spark``, a session sparknet started, logged (where this thread's logging is set up: a session started ahead
+    is logged when it is handed over)."""
+    log.info("started Spark %s on %s", spark.version, spark.sparkContext.master)
+    return spark
+
+
+def _start_session(master: str | None, conf: dict | None, log_level: str | None, app_name: str = "sparknet"):
+    """A new session on ``master`` (:func:`get_session`'s)."""
+    from pyspark.sql import SparkSession
+
+    level = spark_log_level(log_level)
     _python_of_this_process()
     builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
     for key, value in session_settings(master, conf, level).items():
@@ -503,5 +595,4 @@ def get_session(master: str | None = None, *, app_name: str = "sparknet", conf: 
 
         # before the first Python job, so that every job's workers come from one daemon (sparknet.spark._daemon)
         spark.sparkContext.environment[FILES_ENV] = SparkFiles.getRootDirectory()
-    log.info("started Spark %s on %s", spark.version, spark.sparkContext.master)
     return spark
