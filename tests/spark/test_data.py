@@ -214,11 +214,12 @@ def test_a_dealt_data_set_gives_partition_k_rows_k_k_plus_K_and_so_on(spark, tmp
     x, y = rng.random((101, 1, 3, 3), dtype=np.float32), rng.integers(0, 10, 101)
     flat = x.reshape(len(x), -1)
     for k_total in (1, 3, 7):
-        frame = run.dataset_frame(spark, "images", ArrayDataset(x, y), partitions=k_total)
-        assert frame.sparknet_deal.partitions == k_total
-        through_the_jvm = frame.rdd.glom().collect()
+        dealt = run.dataset_frame(spark, "images", ArrayDataset(x, y), partitions=k_total)
+        assert dealt.partitions == k_total and dealt.rows == 101 and "frame" not in vars(dealt)  # none made yet
+        through_the_jvm = dealt.frame.rdd.glom().collect()
+        assert dealt.frame is dealt.frame  # made once
         for k in range(k_total):
-            hand = pa.Table.from_batches(list(frame.sparknet_deal.hand(k)))
+            hand = pa.Table.from_batches(list(dealt.hand(k)))
             assert hand.column("features").to_pylist() == flat[k::k_total].tolist()
             assert hand.column("label").to_pylist() == y[k::k_total].tolist()
             assert [list(r.features) for r in through_the_jvm[k]] == hand.column("features").to_pylist()

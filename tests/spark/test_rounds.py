@@ -301,17 +301,18 @@ def test_a_data_set_dealt_to_its_own_tasks_is_read_and_staged_in_one_task(spark,
 
     monkeypatch.setenv("SPARKNET_CACHE", str(tmp_path))
     x, y = blobs(96, seed=8)
-    frame = dataset_frame(spark, "blobs", ArrayDataset(x, y), partitions=2)
-    assert frame.sparknet_deal.partitions == 2
+    dealt = dataset_frame(spark, "blobs", ArrayDataset(x, y), partitions=2)
+    assert dealt.partitions == 2
+    start = flat(mlp(seed=9)) if warmup_steps else None  # a warm-up starts from the fit's initial weights
+    in_one_task = _staged_fit(dealt, engine, tmp_path / "staged", start, warmup_steps=warmup_steps)
+    assert "frame" not in vars(dealt)  # no DataFrame made
     # spark.range's numbers and empty partitions are no rows of the driver's (tasks over them are staged where they
     # run); parallelize's are
     sc = spark.sparkContext
-    assert not spark_data.ships_local_data(frame.rdd) and spark_data.ships_local_data(sc.parallelize([1, 2], 2))
+    assert not spark_data.ships_local_data(dealt.frame.rdd) and spark_data.ships_local_data(sc.parallelize([1, 2], 2))
     assert not spark_data.ships_local_data(sc.parallelize([], 2)) and not spark_data.ships_local_data(sc.range(4, numSlices=2))
-    start = flat(mlp(seed=9)) if warmup_steps else None  # a warm-up starts from the fit's initial weights
-    in_one_task = _staged_fit(frame, engine, tmp_path / "staged", start, warmup_steps=warmup_steps)
-    del frame.sparknet_deal  # the road of any DataFrame
-    through_the_jvm = _staged_fit(frame, engine, tmp_path / "staged", start, warmup_steps=warmup_steps)
+    # the road of any DataFrame
+    through_the_jvm = _staged_fit(dealt.frame, engine, tmp_path / "staged", start, warmup_steps=warmup_steps)
     assert in_one_task.summary["rows_per_partition"] == through_the_jvm.summary["rows_per_partition"] == [48, 48]
     assert torch.equal(_flat(in_one_task), _flat(through_the_jvm))
     if warmup_steps:
@@ -383,13 +384,20 @@ def test_a_lazy_rdd_is_made_once_on_first_use_and_not_to_be_unpersisted():
     assert made == ["made", "unpersisted"]
 
 
-@pytest.mark.parametrize("kind", ["rdd", "parquet"])
-def test_a_partition_whose_files_vanished_is_rerun_from_the_cached_chunks(spark, tmp_path, kind):
+@pytest.mark.parametrize("kind", ["rdd", "parquet", "dealt"])
+def test_a_partition_whose_files_vanished_is_rerun_from_the_cached_chunks(spark, tmp_path, monkeypatch, kind):
     x, y = blobs(32, seed=6)
     if kind == "rdd":
         rdd = partitioned_rdd(spark.sparkContext, [(x[:16], y[:16]), (x[16:], y[16:])])
-    else:  # staged where converted: the chunks are made only for the rerun
-        rdd = _parquet_frame(spark, tmp_path / "rows.parquet", x, y)
+    else:  # staged where converted (or read): the chunks are made only for the rerun
+        if kind == "parquet":
+            rdd = _parquet_frame(spark, tmp_path / "rows.parquet", x, y)
+        else:  # no DataFrame made until the rerun asks for one
+            from sparknet.datasets import ArrayDataset
+            from sparknet.spark.run import dataset_frame
+
+            monkeypatch.setenv("SPARKNET_CACHE", str(tmp_path / "cache"))
+            rdd = dataset_frame(spark, "blobs", ArrayDataset(x, y), partitions=2)
         tmp_path = tmp_path / "staged"
         tmp_path.mkdir()
 
@@ -402,6 +410,7 @@ def test_a_partition_whose_files_vanished_is_rerun_from_the_cached_chunks(spark,
                        dist=DistributedConfig(workers=2, tau=2, rounds=3),
                        options=EngineOptions(staging_dir=str(tmp_path))).fit(rdd)
     assert res.summary["rounds"] == 3 and res.summary["rerun_partitions"] == 2
+    assert kind != "dealt" or "frame" in vars(rdd)  # made for the rerun
     assert [w["source"] for w in res.history[1]["per_worker"]] == ["chunks", "chunks"]
     assert all(w["source"] in ("cache", "file") for w in res.history[2]["per_worker"])
     assert np.isfinite(res.history[-1]["loss"])

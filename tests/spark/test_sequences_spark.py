@@ -118,7 +118,7 @@ def test_a_data_set_in_k_partitions_is_dealt_out_row_by_row(spark, tmp_path, mon
     monkeypatch.setenv("SPARKNET_CACHE", str(tmp_path))
     monkeypatch.setattr(run, "DEAL_BLOCK_ROWS", 4096)
     data = synthetic_sequences(20_000, seq_len=T, vocab_size=V, seed=0)
-    frame = dataset_frame(spark, "seq", data, partitions=3)
+    frame = dataset_frame(spark, "seq", data, partitions=3).frame
     assert frame.schema == dataset_frame(spark, "seq", data).schema and frame.rdd.getNumPartitions() == 3
     parts = frame.rdd.glom().map(lambda rows: [(list(r.features), list(r.label)) for r in rows]).collect()
     assert [len(p) for p in parts] == [6667, 6667, 6666]

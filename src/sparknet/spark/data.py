@@ -705,6 +705,11 @@ def is_dataframe(obj) -> bool:
     return type(obj).__name__ == "DataFrame" and hasattr(obj, "schema") and hasattr(obj, "mapInArrow")
 
 
+def is_frame(obj) -> bool:
+    """Whether ``obj`` is a DataFrame or rows a fit takes as one (:class:`DealtRows`)."""
+    return is_dataframe(obj) or isinstance(obj, DealtRows)
+
+
 def is_rdd(obj) -> bool:
     return hasattr(obj, "mapPartitions") and hasattr(obj, "getNumPartitions") and not is_dataframe(obj)
 
@@ -722,9 +727,6 @@ def chunk_input(data, *, features_col: str | Sequence[str] = "features", label_c
 
     feat, kind = _feature_expr(data, features_col, image_shape)
     label = F.lit(0).cast("long") if label_col is None else _label_expr(data, label_col)
-    image_numel = int(np.prod(image_shape)) if image_shape else None
-    if kind in ("binary", "image"):
-        expected_len = image_numel
     columns = [feat.alias("f"), label.alias("y")]
     if weight_col is not None:
         if not _is_number(weight_type := _column_type(data, weight_col, "weight")):
@@ -737,12 +739,48 @@ def chunk_input(data, *, features_col: str | Sequence[str] = "features", label_c
     if num_partitions is not None and (connect or data.inputFiles() or df.rdd.getNumPartitions() != num_partitions):
         df = df.repartition(num_partitions)
     session = data.sparkSession
+    return df, *arrow_chunks(kind, session if connect else session.sparkContext, features_col=features_col,
+                             label_col=label_col, image_shape=image_shape, expected_len=expected_len,
+                             float_labels=float_labels, weight_col=weight_col)
+
+
+def arrow_chunks(kind: str, sc, *, features_col: str | Sequence[str] = "features", label_col: str | None = "label",
+                 image_shape=None, expected_len: int | None = None, float_labels: bool = False,
+                 weight_col: str | None = None) -> tuple[ArrowChunks, FeatureSource]:
+    """``(convert, FeatureSource)`` for feature columns of ``kind`` (:func:`chunk_input`'s names; ``sc``, the
+    SparkContext or Spark Connect session whose settings size the chunks): what turns Arrow batches of those columns
+    into chunks, and how they are read."""
+    image_numel = int(np.prod(image_shape)) if image_shape else None
+    if kind in ("binary", "image"):
+        expected_len = image_numel
     convert = ArrowChunks(kind, expected_len, image_numel, label_col, float_labels,
-                          tuple(image_shape) if image_shape else None, weight_col is not None,
-                          chunk_bytes_for(session if connect else session.sparkContext))
+                          tuple(image_shape) if image_shape else None, weight_col is not None, chunk_bytes_for(sc))
     named = (f"column {features_col!r}" if isinstance(features_col, str)
              else "columns " + ", ".join(map(repr, features_col)))
-    return df, convert, FeatureSource(kind, expected_len, f"DataFrame {named}")
+    return convert, FeatureSource(kind, expected_len, f"DataFrame {named}")
+
+
+@dataclass(frozen=True)
+class DealtRows:
+    """A data set in files on the driver's machine, dealt out to ``partitions`` partitions as cards are: partition
+    ``k`` holds ``hand(k)``, Arrow batches (``features`` list<float> or list<long>, ``label``) of rows ``k``,
+    ``k + partitions``, ... of its ``rows``; ``head(k, n)`` reads the first ``n`` of them on the driver, as the stage
+    job converts them. What :func:`sparknet.spark.run.dealt_frame` makes, and training data a fit takes as it takes a
+    DataFrame: its stage job reads, converts and stages each hand in one task, with no DataFrame made. :attr:`frame`
+    is the same rows as a DataFrame of ``spark`` (``make()``, made the first time it is asked for: as a session's
+    first DataFrame, it builds Spark SQL's state, some 0.3 s of the driver's)."""
+
+    spark: Any
+    hand: Callable
+    partitions: int
+    rows: int
+    head: Callable
+    make: Callable[[], Any] = field(repr=False)
+
+    @functools.cached_property
+    def frame(self):
+        """The DataFrame (``features``, ``label``) of these partitions."""
+        return self.make()
 
 
 def chunk_frame(data, **kwargs):

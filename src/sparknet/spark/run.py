@@ -13,9 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +24,7 @@ from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.datasets import SyntheticImages, cache_root
 from sparknet.metrics import MetricsLogger, process_age_s, round_reporter, rounds_total
 from sparknet.spark.backend import python_workers_starting
-from sparknet.spark.data import arrays_table, frame_from_arrays
+from sparknet.spark.data import DealtRows, arrays_table, frame_from_arrays
 from sparknet.spark.session import get_session, is_local_master
 from sparknet.spark.trainer import EngineOptions, SparkTrainer
 
@@ -50,13 +48,15 @@ def dataset_as_parquet(dataset, path: Path) -> Path:
 
 
 def dataset_frame(spark, dataset: str, train, partitions: int | None = None):
-    """``train`` of data set ``dataset`` as a DataFrame (``features``, ``label``) every executor can read.
+    """``train`` of data set ``dataset`` as a DataFrame (``features``, ``label``) every executor can read, or as
+    rows a fit takes as one.
 
     On a local master (every executor on this machine) it is read from files written once beside the
     cache, whose name holds the rows and the shape of one sample and one label, so a data set cut
     differently (another sequence length) gets its own. With ``partitions``, each of that many partitions
-    reads the rows dealt to it from the data set's arrays on disk (:func:`dealt_frame`): no shuffle deals
-    them out, and Spark's JVM never decodes them; without, ``spark.read.parquet`` reads it from Parquet.
+    reads the rows dealt to it from the data set's arrays on disk (:func:`dealt_frame`: a
+    :class:`~sparknet.spark.data.DealtRows`, whose ``frame`` is the DataFrame): no shuffle deals them out, and
+    Spark's JVM never decodes them; without, ``spark.read.parquet`` reads it from Parquet.
     On a cluster the executors cannot read the driver's disk, so the rows travel through Spark itself
     (:func:`sparknet.spark.data.frame_from_arrays`).
     """
@@ -94,17 +94,17 @@ DEAL_BLOCK_ROWS = 8192
 """Rows a dealt partition's task copies out of the mapped arrays at a time (one Arrow batch)."""
 
 
-def dealt_frame(spark, paths: tuple[Path, Path], partitions: int):
-    """The rows of :func:`dataset_as_arrays`'s files (on this machine) as a DataFrame of ``partitions`` partitions,
-    dealt out as cards are: partition ``k`` holds rows ``k``, ``k + partitions``, ... in order, which its task copies
-    out of the files mapped into memory: nothing but the partition's number travels, and the rows enter Spark as
-    Arrow batches. (Dealt, not cut into contiguous slices: a file whose rows come in some order would give each
-    worker rows of its own kind.)"""
-    from pyspark.sql.pandas.types import from_arrow_schema
-
+def dealt_frame(spark, paths: tuple[Path, Path], partitions: int) -> DealtRows:
+    """The rows of :func:`dataset_as_arrays`'s files (on this machine) in ``partitions`` partitions, dealt out as
+    cards are: partition ``k`` holds rows ``k``, ``k + partitions``, ... in order, which its task copies out of the
+    files mapped into memory: nothing but the partition's number travels, and the rows never pass through the JVM.
+    (Dealt, not cut into contiguous slices: a file whose rows come in some order would give each worker rows of its
+    own kind.) A fit takes the :class:`~sparknet.spark.data.DealtRows` as it takes a DataFrame, and stages each hand
+    in the task that reads it (``SparkTrainer._frame_staging``); its ``frame`` is the same rows as a DataFrame whose
+    tasks read them so, made when first asked for."""
     x_path, y_path = map(str, paths)
-    x, y = np.load(x_path, mmap_mode="r"), np.load(y_path, mmap_mode="r")
-    schema, partitions = from_arrow_schema(arrays_table(x[:1], y[:1]).schema), max(1, min(partitions, len(x)))
+    x = np.load(x_path, mmap_mode="r")
+    partitions = max(1, min(partitions, len(x)))
 
     def dealt(k: int) -> tuple[np.ndarray, np.ndarray]:
         """Rows k, k + partitions, ... of the files, mapped (nothing read yet)."""
@@ -116,33 +116,24 @@ def dealt_frame(spark, paths: tuple[Path, Path], partitions: int):
         for i in range(0, len(x), DEAL_BLOCK_ROWS):
             yield from arrays_table(x[i:i + DEAL_BLOCK_ROWS], y[i:i + DEAL_BLOCK_ROWS]).to_batches()
 
-    def read(batches):
-        for batch in batches:
-            for k in batch.column(0).to_pylist():
-                yield from hand(k)
-
     def head(k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The first ``n`` rows of hand ``k`` as the stage job converts them (features float32, labels long)."""
         x, y = dealt(k)
         return np.array(x[:n], dtype=np.float32), np.array(y[:n])
 
-    frame = spark.range(0, partitions, numPartitions=partitions).mapInArrow(read, schema)
-    # a fit's stage job reads each hand in the task that stages it (SparkTrainer._frame_staging): the rows never
-    # pass through the JVM
-    frame.sparknet_deal = DealReader(hand, partitions, len(x), head)
-    return frame
+    def frame():
+        from pyspark.sql.pandas.types import from_arrow_schema
 
+        def read(batches):
+            for batch in batches:
+                for k in batch.column(0).to_pylist():
+                    yield from hand(k)
 
-@dataclass(frozen=True)
-class DealReader:
-    """How :func:`dealt_frame`'s DataFrame is made: partition ``k`` of ``partitions`` holds ``hand(k)``,
-    Arrow batches of ``features`` and ``label``: rows ``k``, ``k + partitions``, ... of ``rows``; ``head(k, n)``
-    reads its first ``n`` on the driver (the files are on its machine), as the stage job converts them."""
+        first = (np.load(path, mmap_mode="r")[:1] for path in (x_path, y_path))  # as the files hold them
+        schema = from_arrow_schema(arrays_table(*first).schema)
+        return spark.range(0, partitions, numPartitions=partitions).mapInArrow(read, schema)
 
-    hand: Callable
-    partitions: int
-    rows: int
-    head: Callable
+    return DealtRows(spark, hand, partitions, len(x), head, frame)
 
 
 def _parquet_schema(path: Path):

@@ -220,14 +220,15 @@ class SparkTrainer:
 
         Parameters
         ----------
-        train : DataFrame or RDD
+        train : DataFrame, RDD or DealtRows
             Feature column of ``array<float>``/``array<double>``, an ML ``Vector`` (dense or
             sparse), or ``binary`` with ``image_shape`` (uint8 pixels scaled to [0, 1], or
             little-endian float32); an integer (or whole-number double) label column, or for a
             sequence model an ``array<long>`` column with one label per position. An RDD holds
             ``(ndarray, label)`` pairs (the label a 1-D array for a sequence model). It is split into
             ``dist.workers`` partitions (kept as they are when it already has that many; uneven and empty
-            ones work).
+            ones work). :class:`~sparknet.spark.data.DealtRows` (``sparknet.spark.run.dataset_frame`` with
+            ``partitions``) are a data set in files on this machine, staged by the tasks that read them.
         validation : DataFrame, RDD, ArrayDataset or (x, y) arrays, optional
             Evaluated on the driver (rounds) or in shards on the workers (barrier) every
             ``dist.eval_every_rounds`` rounds, and at the end.
@@ -289,6 +290,8 @@ class SparkTrainer:
         net = self.net
         dict_shapes = None
         if features_as == "dict":
+            if isinstance(train, spark_data.DealtRows):
+                train = train.frame  # its columns read as a DataFrame's
             if not isinstance(self.net, torch.nn.Module) or _input_shape(self.net) is not None:
                 raise ValueError("features_as='dict' passes the columns to a plain torch.nn.Module's forward as a "
                                  "dict; a NetParams net takes one input blob (use the default, concatenated)")
@@ -361,12 +364,12 @@ class SparkTrainer:
         frame_staged = dealt = None  # the stage job run where a DataFrame's rows are converted; a dealt data set's
         # the barrier stage reads such files only on one machine: on a cluster Spark may run a barrier task on
         # another host than the one that staged its partition (seen on the test rig), and the stage starts again
-        if not connect and spark_data.is_dataframe(train) and (dist.engine is Engine.ROUNDS
+        if not connect and spark_data.is_frame(train) and (dist.engine is Engine.ROUNDS
                                                                or is_local_master(sc.master)):
             frame_staged, chunks, source, dealt = self._frame_staging(train, fit_id, level, columns)
         if frame_staged is None:
             chunk = spark_data.chunk_frame if connect else spark_data.chunk_rdd  # a DataFrame or an RDD of chunks
-            chunks, source = chunk(train, **columns)
+            chunks, source = chunk(train.frame if isinstance(train, spark_data.DealtRows) else train, **columns)
             if dist.engine is Engine.ROUNDS and not connect:  # a job a round: no partition may carry the rows
                 chunks = spark_data.without_local_data(chunks, K)
             chunks.persist(level)
@@ -614,7 +617,7 @@ class SparkTrainer:
         return self._warm_up(driver_net, parts, sample_shape)
 
     def _warmup_ahead(self, pool, dealt, net: Net, sample_shape, done: Callable[[], None], stop: threading.Event):
-        """The warm-up of a data set dealt from files on this machine (:func:`~sparknet.spark.run.dealt_frame`), in
+        """The warm-up of :class:`~sparknet.spark.data.DealtRows` (a data set dealt from files on this machine), in
         ``pool``'s thread while Spark stages its rows: the same sample :meth:`_warmup` would read (each partition's
         first rows, read here), trained on ``net`` (built like the fit's driver net); ``done`` called at its end, and
         it ends after the step during which ``stop`` is set (a fit that failed). A future of its weights and what it
@@ -664,32 +667,39 @@ class SparkTrainer:
             self.on_round(record)
 
     def _frame_staging(self, train, fit_id: str, level, columns: dict):
-        """``(staged, chunks, source, dealt)`` for a fit over a DataFrame: ``staged``, the RDD of the stage job,
-        whose tasks make the rows into chunks and write them where they are (:func:`stage_frame`), and ``chunks``, an
-        RDD of the chunks made only if a rerun needs it (the staged files gone). ``staged`` is ``None`` where the
-        rows would travel in every round's tasks (a DataFrame of the driver's rows already in as many partitions):
-        those are staged from :func:`~sparknet.spark.data.chunk_rdd`'s RDD, behind a shuffle. ``dealt``: the
-        :class:`~sparknet.spark.run.DealReader` of a data set dealt from this machine's files whose stage job reads,
-        converts and stages each hand in one task (else ``None``)."""
+        """``(staged, chunks, source, dealt)`` for a fit over a DataFrame or :class:`~sparknet.spark.data.DealtRows`:
+        ``staged``, the RDD of the stage job, whose tasks make the rows into chunks and write them where they are
+        (:func:`stage_frame`), and ``chunks``, an RDD of the chunks made only if a rerun needs it (the staged files
+        gone). ``staged`` is ``None`` where the rows would travel in every round's tasks (a DataFrame of the driver's
+        rows already in as many partitions): those are staged from :func:`~sparknet.spark.data.chunk_rdd`'s RDD,
+        behind a shuffle. ``dealt``: the ``DealtRows`` whose stage job reads, converts and stages each hand in one
+        task, with no DataFrame made (else ``None``)."""
         float_labels = columns["float_labels"] or columns["weight_col"] is not None  # a weight rides with the labels
-        reader = getattr(train, "sparknet_deal", None)  # its partitions read their own rows (dealt_frame)
-        dealt = reader is not None and reader.partitions == columns["num_partitions"]
-        # a dealt frame is in its partitions already: no asking the JVM how many (a query planned, about 0.5 s)
-        frame, convert, source = spark_data.chunk_input(train, **{**columns, "num_partitions": None} if dealt
-                                                        else columns)
         named = (columns["features_col"], columns["label_col"]) == ("features", "label")
-        one_task = dealt and named and source.kind == "array" and not float_labels
-        if one_task:  # read, converted, staged in one task
-            staged = train.sparkSession.sparkContext.parallelize([], reader.partitions).mapPartitionsWithIndex(
-                stage_hands(fit_id, self.options.staging_dir, convert, reader.hand), preservesPartitioning=True)
+        in_place = isinstance(train, spark_data.DealtRows) and train.partitions == columns["num_partitions"]
+        # dealt rows are in their partitions already: no asking the JVM how many (a query planned, about 0.5 s)
+        as_dealt = {**columns, "num_partitions": None} if in_place else columns
+        dealt = train if in_place and named and not float_labels else None
+        if dealt is not None:  # read, converted, staged in one task, no DataFrame made: its features are arrays
+            sc = dealt.spark.sparkContext
+            convert, source = spark_data.arrow_chunks("array", sc, **{k: v for k, v in columns.items()
+                                                                     if k != "num_partitions"})
+            staged = sc.parallelize([], dealt.partitions).mapPartitionsWithIndex(
+                stage_hands(fit_id, self.options.staging_dir, convert, dealt.hand), preservesPartitioning=True)
+
+            def frame():  # the same rows through a DataFrame, for a rerun
+                return spark_data.chunk_input(dealt.frame, **as_dealt)[0]
         else:
-            staged = frame.mapInArrow(stage_frame(fit_id, self.options.staging_dir, convert),
-                                      "info string").rdd.map(lambda row: json.loads(row[0]), preservesPartitioning=True)
+            data = train.frame if isinstance(train, spark_data.DealtRows) else train
+            df, convert, source = spark_data.chunk_input(data, **as_dealt)
+            staged = df.mapInArrow(stage_frame(fit_id, self.options.staging_dir, convert),
+                                   "info string").rdd.map(lambda row: json.loads(row[0]), preservesPartitioning=True)
+            frame = lambda: df  # noqa: E731
         spark_data.check_partitions(staged, columns["num_partitions"])
         if spark_data.ships_local_data(staged):
             return None, None, source, None
-        chunks = spark_data.LazyRDD(lambda: spark_data.chunks_of(frame, convert, float_labels).persist(level))
-        return staged, chunks, source, reader if one_task else None
+        chunks = spark_data.LazyRDD(lambda: spark_data.chunks_of(frame(), convert, float_labels).persist(level))
+        return staged, chunks, source, dealt
 
     # -- cleanup ------------------------------------------------------------------------------
     @staticmethod
