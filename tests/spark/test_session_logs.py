@@ -304,9 +304,9 @@ def test_a_driver_jvm_started_ahead_is_the_session_s_with_sparknet_s_settings(tm
 
 def test_a_session_started_ahead_is_the_one_get_session_returns_with_sparknet_s_settings(tmp_path):
     """start_session_ahead starts the whole session in a thread before torch loads (as ``python -m sparknet train``
-    does where cores are spare); get_session on the same master waits for it and returns it, the active session of
-    the asking thread, its driver JVM with the heap and the Java options sparknet sets; asked for another master, it
-    stops that one and starts the one asked for."""
+    does where cores are spare), then its Python workers (one job); get_session on the same master waits for the
+    session and returns it, the active session of the asking thread, its driver JVM with the heap and the Java
+    options sparknet sets; asked for another master, it stops that one and starts the one asked for."""
     script = textwrap.dedent("""
         import sys
         from sparknet.spark.session import LATE_OPTIMIZER, driver_memory, get_session, start_session_ahead
@@ -316,8 +316,11 @@ def test_a_session_started_ahead_is_the_one_get_session_returns_with_sparknet_s_
         import torch  # noqa: F401  (what the command loads meanwhile)
         from pyspark.sql import SparkSession
         spark = get_session("local[1]")
-        assert not thread.is_alive() and SparkSession.getActiveSession() is spark
+        assert SparkSession.getActiveSession() is spark
+        thread.join(180)  # then it started the session's Python workers
         try:
+            tracker = spark.sparkContext.statusTracker()
+            assert tracker.getJobInfo(0).status == "SUCCEEDED" and tracker.getJobInfo(1) is None  # one job, done
             assert spark.sparkContext.parallelize(range(4), 2).sum() == 6 and spark.range(3).count() == 3
             args = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
             print(spark.sparkContext.master, f"-Xmx{driver_memory()}" in list(args),

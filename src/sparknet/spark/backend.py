@@ -117,33 +117,39 @@ def _no_rows(rows):
     return iter(())
 
 
+def start_python_workers(sc, group: str | None = None) -> None:
+    """Start the session's Python workers: one empty task an executor, as a job under ``group`` (default a group of
+    its own), waited for; its failure is logged, never raised (the fit's jobs would meet the same problem and say
+    so). A fresh session has no Python daemon yet: the first Python task of each executor waits for one to start
+    (and, where none was loaded ahead, to import torch and sparknet: seconds)."""
+    master = session_master(sc)
+    slots, per_executor = local_slots(master), executor_slots(master)
+    executors = slots // per_executor if slots and per_executor else session_parallelism(sc)
+    try:
+        with job_group(sc, group or f"sparknet-start-workers-{uuid.uuid4().hex[:12]}",
+                       "sparknet: start the Python workers"):
+            sc.parallelize(range(executors), executors).mapPartitions(_no_rows).count()
+    except Exception as exc:  # cancelled, or a problem the fit's jobs will report
+        log.debug("starting the Python workers: %s", exc)
+
+
 @contextmanager
 def python_workers_starting(sc, *, timeout_s: float = START_WORKERS_TIMEOUT_S):
-    """Run the block while a background job starts the session's Python workers on every executor (its job group,
-    given to the block, is ``None`` over Spark Connect).
-
-    A fresh session has no Python daemon yet: the first Python task of each executor waits for one to start and
-    import torch and sparknet (seconds). One empty task an executor, started here, pays that while the driver reads
-    and plans the training data, so the fit's first Python job finds the daemon up. On leaving the block the job is
-    waited for at most what is left of ``timeout_s`` (not at all when the block raised), then cancelled; its own
-    failure is logged, never raised (the fit's jobs would meet the same problem and say so). Nothing runs over Spark
-    Connect (no RDDs there).
+    """Run the block while a background job starts the session's Python workers on every executor
+    (:func:`start_python_workers`; its job group, given to the block, is ``None`` over Spark Connect), so that the
+    fit's first Python job finds the daemon up while the driver reads and plans the training data. On leaving the
+    block the job is waited for at most what is left of ``timeout_s`` (not at all when the block raised), then
+    cancelled. Nothing runs over Spark Connect (no RDDs there).
     """
     if is_connect(sc):
         yield None
         return
-    master = session_master(sc)
-    slots, per_executor = local_slots(master), executor_slots(master)
-    executors = slots // per_executor if slots and per_executor else session_parallelism(sc)
     group = f"sparknet-start-workers-{uuid.uuid4().hex[:12]}"
     done = threading.Event()
 
     def start() -> None:
         try:
-            with job_group(sc, group, "sparknet: start the Python workers"):
-                sc.parallelize(range(executors), executors).mapPartitions(_no_rows).count()
-        except Exception as exc:  # cancelled, or a problem the fit's jobs will report
-            log.debug("starting the Python workers: %s", exc)
+            start_python_workers(sc, group)
         finally:
             done.set()
 

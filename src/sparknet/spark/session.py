@@ -477,13 +477,15 @@ def starts_session_ahead() -> bool:
 
 
 _AHEAD: dict = {}
-"""The session :func:`start_session_ahead` is starting: its ``master``, its ``thread``, and the ``box`` it leaves the
-session in."""
+"""The session :func:`start_session_ahead` is starting: its ``master``, the event set once it is ``made`` (or failed),
+and the ``box`` it leaves the session in."""
 
 
 def start_session_ahead(master: str) -> threading.Thread | None:
     """Start, in a thread, the session ``get_session(master)`` is about to be asked for, while this process goes on
-    loading (torch: seconds of it); ``None`` where a session is up or starting, or pyspark is missing.
+    loading (torch: seconds of it), and on a local master then its Python workers
+    (:func:`sparknet.spark.backend.start_python_workers`); the thread, or ``None`` where a session is up or starting,
+    or pyspark is missing.
 
     :func:`get_session` then waits for it and returns it if it asks for the same master (else it stops it and starts
     the one asked for). A start that failed is left for :func:`get_session` to meet again and report. A process that
@@ -496,15 +498,22 @@ def start_session_ahead(master: str) -> threading.Thread | None:
     if SparkContext._active_spark_context is not None or _AHEAD:
         return None
     box: dict = {}
+    made = threading.Event()
 
     def start() -> None:
         try:
             box["session"] = _start_session(master, None, None)
         except Exception as exc:  # Java missing or broken: get_session starts it again and says why
             log.debug("starting the session ahead: %s", exc)
+        finally:
+            made.set()
+        if "session" in box and is_local_master(master):  # its Python workers too, while the command loads
+            from sparknet.spark.backend import start_python_workers
+
+            start_python_workers(box["session"].sparkContext)
 
     thread = threading.Thread(target=start, name="sparknet-session", daemon=True)
-    _AHEAD.update(master=master, thread=thread, box=box)
+    _AHEAD.update(master=master, made=made, box=box)
     thread.start()
     return thread
 
@@ -515,7 +524,7 @@ def _session_ahead(master: str | None):
     if not _AHEAD:
         return None
     ahead = dict(_AHEAD)
-    ahead["thread"].join()  # as long as a session takes to start, as getOrCreate would wait
+    ahead["made"].wait()  # as long as a session takes to start, as getOrCreate would wait
     _AHEAD.clear()
     session = ahead["box"].get("session")
     if session is None:
