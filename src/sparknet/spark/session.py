@@ -468,8 +468,8 @@ def starts_session_ahead() -> bool:
     """Whether ``sparknet train`` starts its whole session while it loads torch (:func:`start_session_ahead`), not its
     driver JVM alone (:func:`start_driver_jvm`): ``$SPARKNET_SESSION_AHEAD`` where it is ``1`` or ``0``, else whether
     this process may run on :data:`SESSION_AHEAD_CORES` cores or more. On two cores the SparkContext made beside the
-    imports was ready no sooner, and the first round began a little later (the three loaders already fill both
-    cores); with cores to spare it is made while torch loads instead of after."""
+    imports was ready no sooner, nor the first round (the three loaders already fill both cores); with cores to spare
+    it is made while torch loads instead of after."""
     setting = os.environ.get(SESSION_AHEAD_ENV, "").strip()
     if setting in ("0", "1"):
         return setting == "1"
