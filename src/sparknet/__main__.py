@@ -74,7 +74,10 @@ def main() -> int:
 
             _AHEAD.append(start_ahead())  # None where it could not start
         if starts_session_ahead():  # the JVM and the SparkContext (on cores the loading leaves spare)
-            start_session_ahead(master)
+            from sparknet.spark.backend import start_python_workers
+
+            # then, on this machine, the session's Python workers, while the command still loads
+            start_session_ahead(master, then=start_python_workers if on_one_machine(master) else None)
         else:  # the JVM alone: the SparkContext is made once the command asks for it
             start_driver_jvm()
     from sparknet.cli import main as command

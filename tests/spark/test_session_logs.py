@@ -309,8 +309,9 @@ def test_a_session_started_ahead_is_the_one_get_session_returns_with_sparknet_s_
     options sparknet sets; asked for another master, it stops that one and starts the one asked for."""
     script = textwrap.dedent("""
         import sys
+        from sparknet.spark.backend import start_python_workers
         from sparknet.spark.session import LATE_OPTIMIZER, driver_memory, get_session, start_session_ahead
-        thread = start_session_ahead("local[1]")
+        thread = start_session_ahead("local[1]", then=start_python_workers)
         assert "torch" not in sys.modules
         assert start_session_ahead("local[1]") is None  # not started twice
         import torch  # noqa: F401  (what the command loads meanwhile)

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -481,11 +482,11 @@ _AHEAD: dict = {}
 and the ``box`` it leaves the session in."""
 
 
-def start_session_ahead(master: str) -> threading.Thread | None:
+def start_session_ahead(master: str, then: Callable | None = None) -> threading.Thread | None:
     """Start, in a thread, the session ``get_session(master)`` is about to be asked for, while this process goes on
-    loading (torch: seconds of it), and on a local master then its Python workers
-    (:func:`sparknet.spark.backend.start_python_workers`); the thread, or ``None`` where a session is up or starting,
-    or pyspark is missing.
+    loading (torch: seconds of it), and then call ``then(sc)`` there with its SparkContext (``python -m sparknet``
+    starts the session's Python workers so, :func:`sparknet.spark.backend.start_python_workers`); the thread, or
+    ``None`` where a session is up or starting, or pyspark is missing.
 
     :func:`get_session` then waits for it and returns it if it asks for the same master (else it stops it and starts
     the one asked for). A start that failed is left for :func:`get_session` to meet again and report. A process that
@@ -507,10 +508,8 @@ def start_session_ahead(master: str) -> threading.Thread | None:
             log.debug("starting the session ahead: %s", exc)
         finally:
             made.set()
-        if "session" in box and is_local_master(master):  # its Python workers too, while the command loads
-            from sparknet.spark.backend import start_python_workers
-
-            start_python_workers(box["session"].sparkContext)
+        if "session" in box and then is not None:
+            then(box["session"].sparkContext)
 
     thread = threading.Thread(target=start, name="sparknet-session", daemon=True)
     _AHEAD.update(master=master, made=made, box=box)
