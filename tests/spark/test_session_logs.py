@@ -269,13 +269,35 @@ def test_a_java_without_base_archives_gets_one_of_sparknet_then_the_class_archiv
     assert other[0] == f"-XX:SharedArchiveFile={next(cache.glob('base-*-40960m.jsa'))}"
 
 
+_DRIVER_SETTINGS = """
+def driver_settings(spark):  # what a session's driver JVM says of sparknet's settings
+    from sparknet.spark.session import LATE_OPTIMIZER, driver_memory
+    args = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    return [spark.sparkContext.master, f"-Xmx{driver_memory()}" in args,
+            any("log4j2.configurationFile" in a for a in args), all(a in args for a in LATE_OPTIMIZER.split())]
+"""
+
+
+def _printed_by_a_fresh_process(tmp_path, script: str) -> list[str]:
+    """What ``script`` (after :data:`_DRIVER_SETTINGS`) prints, run by a fresh interpreter in ``tmp_path`` with a
+    user's empty Spark configuration folder (not the suite's: its JVM options would win) and no class archive."""
+    (tmp_path / "conf").mkdir()
+    env = {**os.environ, spark_session.CLASS_ARCHIVE_ENV: "0",  # no archive written at the JVM's exit (a minute)
+           "SPARK_CONF_DIR": str(tmp_path / "conf")}
+    proc = subprocess.run([sys.executable, "-W", "ignore::FutureWarning", "-c",
+                           _DRIVER_SETTINGS + textwrap.dedent(script)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.split()
+
+
 def test_a_driver_jvm_started_ahead_is_the_session_s_with_sparknet_s_settings(tmp_path):
-    """start_driver_jvm starts the driver JVM in a thread before torch loads (as ``python -m sparknet train`` does);
-    get_session then makes its session on that JVM, with the master it is given, and the JVM has the heap and the
-    Java options sparknet sets for its driver."""
-    script = textwrap.dedent("""
+    """start_driver_jvm starts the driver JVM in a thread before torch loads (as ``python -m sparknet train`` does on
+    fewer than four cores); get_session then makes its session on that JVM, with the master it is given, and the JVM
+    has the heap and the Java options sparknet sets for its driver."""
+    printed = _printed_by_a_fresh_process(tmp_path, """
         import sys
-        from sparknet.spark.session import LATE_OPTIMIZER, driver_memory, get_session, start_driver_jvm
+        from sparknet.spark.session import get_session, start_driver_jvm
         thread = start_driver_jvm()
         assert "torch" not in sys.modules
         thread.join(180)
@@ -286,20 +308,11 @@ def test_a_driver_jvm_started_ahead_is_the_session_s_with_sparknet_s_settings(tm
         spark = get_session("local[1]", conf={"spark.ui.enabled": "false"})
         try:
             assert SparkContext._gateway is gateway and spark.sparkContext.parallelize(range(4), 2).sum() == 6
-            args = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
-            print(spark.sparkContext.master, f"-Xmx{driver_memory()}" in list(args),
-                  any("log4j2.configurationFile" in a for a in args),
-                  all(a in list(args) for a in LATE_OPTIMIZER.split()))
+            print(*driver_settings(spark))
         finally:
             spark.stop()
     """)
-    (tmp_path / "conf").mkdir()  # a user's empty configuration folder, not the suite's (its JVM options win)
-    env = {**os.environ, spark_session.CLASS_ARCHIVE_ENV: "0",  # no archive written at the JVM's exit (a minute)
-           "SPARK_CONF_DIR": str(tmp_path / "conf")}
-    proc = subprocess.run([sys.executable, "-W", "ignore::FutureWarning", "-c", script], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split()[-4:] == ["local[1]", "True", "True", "True"], proc.stdout
+    assert printed[-4:] == ["local[1]", "True", "True", "True"], printed
 
 
 def test_a_session_started_ahead_is_the_one_get_session_returns_with_sparknet_s_settings(tmp_path):
@@ -307,10 +320,10 @@ def test_a_session_started_ahead_is_the_one_get_session_returns_with_sparknet_s_
     does where cores are spare), then its Python workers (one job); get_session on the same master waits for the
     session and returns it, the active session of the asking thread, its driver JVM with the heap and the Java
     options sparknet sets; asked for another master, it stops that one and starts the one asked for."""
-    script = textwrap.dedent("""
+    printed = _printed_by_a_fresh_process(tmp_path, """
         import sys
         from sparknet.spark.backend import start_python_workers
-        from sparknet.spark.session import LATE_OPTIMIZER, driver_memory, get_session, start_session_ahead
+        from sparknet.spark.session import get_session, start_session_ahead
         thread = start_session_ahead("local[1]", then=start_python_workers)
         assert "torch" not in sys.modules
         assert start_session_ahead("local[1]") is None  # not started twice
@@ -323,10 +336,7 @@ def test_a_session_started_ahead_is_the_one_get_session_returns_with_sparknet_s_
             tracker = spark.sparkContext.statusTracker()
             assert tracker.getJobInfo(0).status == "SUCCEEDED" and tracker.getJobInfo(1) is None  # one job, done
             assert spark.sparkContext.parallelize(range(4), 2).sum() == 6 and spark.range(3).count() == 3
-            args = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments()
-            print(spark.sparkContext.master, f"-Xmx{driver_memory()}" in list(args),
-                  any("log4j2.configurationFile" in a for a in args),
-                  all(a in list(args) for a in LATE_OPTIMIZER.split()))
+            print(*driver_settings(spark))
         finally:
             spark.stop()
         start_session_ahead("local[1]").join(180)
@@ -336,13 +346,7 @@ def test_a_session_started_ahead_is_the_one_get_session_returns_with_sparknet_s_
         finally:
             other.stop()
     """)
-    (tmp_path / "conf").mkdir()  # a user's empty configuration folder, not the suite's (its JVM options win)
-    env = {**os.environ, spark_session.CLASS_ARCHIVE_ENV: "0",  # no archive written at the JVM's exit (a minute)
-           "SPARK_CONF_DIR": str(tmp_path / "conf")}
-    proc = subprocess.run([sys.executable, "-W", "ignore::FutureWarning", "-c", script], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split()[-6:] == ["local[1]", "True", "True", "True", "local[2]", "6"], proc.stdout
+    assert printed[-6:] == ["local[1]", "True", "True", "True", "local[2]", "6"], printed
 
 
 def test_the_command_trains_the_same_with_its_session_started_ahead_or_its_jvm_alone(tmp_path):
