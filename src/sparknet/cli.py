@@ -45,6 +45,7 @@ from sparknet.ps.session import run_async
 from sparknet.sample import configure_sample, run_sample
 from sparknet.spark.engine import EngineOptions
 from sparknet.spark.run import train_distributed
+from sparknet.spark.session import PANDAS_NOTICE
 from sparknet.tools.data import configure_command as configure_data
 from sparknet.tools.doctor import configure_command as configure_doctor
 from sparknet.tools.export import configure_command as configure_export
@@ -251,8 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():
             # a known warning that says nothing to a sparknet user
-            warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas",
-                                    category=FutureWarning)
+            warnings.filterwarnings("ignore", message=PANDAS_NOTICE, category=FutureWarning)
             return int(args._run(args) or 0)
     except (ValueError, FileNotFoundError, FloatingPointError, ImportError) as e:
         log.error("%s", e)  # an ImportError: an optional part not installed, the message says which extra has it

@@ -278,24 +278,23 @@ def driver_settings(spark):  # what a session's driver JVM says of sparknet's se
 """
 
 
-def _printed_by_a_fresh_process(tmp_path, script: str) -> list[str]:
-    """What ``script`` (after :data:`_DRIVER_SETTINGS`) prints, run by a fresh interpreter in ``tmp_path`` with a
-    user's empty Spark configuration folder (not the suite's: its JVM options would win) and no class archive."""
+def _run_by_a_fresh_process(tmp_path, script: str) -> subprocess.CompletedProcess:
+    """``script`` (after :data:`_DRIVER_SETTINGS`) run by a fresh interpreter in ``tmp_path`` with a user's empty Spark
+    configuration folder (not the suite's: its JVM options would win) and no class archive; it must succeed."""
     (tmp_path / "conf").mkdir()
     env = {**os.environ, spark_session.CLASS_ARCHIVE_ENV: "0",  # no archive written at the JVM's exit (a minute)
            "SPARK_CONF_DIR": str(tmp_path / "conf")}
-    proc = subprocess.run([sys.executable, "-W", "ignore::FutureWarning", "-c",
-                           _DRIVER_SETTINGS + textwrap.dedent(script)],
+    proc = subprocess.run([sys.executable, "-c", _DRIVER_SETTINGS + textwrap.dedent(script)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.split()
+    return proc
 
 
 def test_a_driver_jvm_started_ahead_is_the_session_s_with_sparknet_s_settings(tmp_path):
     """start_driver_jvm starts the driver JVM in a thread before torch loads (as ``python -m sparknet train`` does on
     fewer than four cores); get_session then makes its session on that JVM, with the master it is given, and the JVM
     has the heap and the Java options sparknet sets for its driver."""
-    printed = _printed_by_a_fresh_process(tmp_path, """
+    printed = _run_by_a_fresh_process(tmp_path, """
         import sys
         from sparknet.spark.session import get_session, start_driver_jvm
         thread = start_driver_jvm()
@@ -311,7 +310,7 @@ def test_a_driver_jvm_started_ahead_is_the_session_s_with_sparknet_s_settings(tm
             print(*driver_settings(spark))
         finally:
             spark.stop()
-    """)
+    """).stdout.split()
     assert printed[-4:] == ["local[1]", "True", "True", "True"], printed
 
 
@@ -319,8 +318,10 @@ def test_a_session_started_ahead_is_the_one_get_session_returns_with_sparknet_s_
     """start_session_ahead starts the whole session in a thread before torch loads (as ``python -m sparknet train``
     does where cores are spare), then its Python workers (one job); get_session on the same master waits for the
     session and returns it, the active session of the asking thread, its driver JVM with the heap and the Java
-    options sparknet sets; asked for another master, it stops that one and starts the one asked for."""
-    printed = _printed_by_a_fresh_process(tmp_path, """
+    options sparknet sets; asked for another master, it stops that one and starts the one asked for. pyspark's notice
+    about pandas, which its first Java call with arguments gives as it loads its testing helpers (in the thread
+    here), is not printed: the command hides it."""
+    proc = _run_by_a_fresh_process(tmp_path, """
         import sys
         from sparknet.spark.backend import start_python_workers
         from sparknet.spark.session import get_session, start_session_ahead
@@ -346,7 +347,8 @@ def test_a_session_started_ahead_is_the_one_get_session_returns_with_sparknet_s_
         finally:
             other.stop()
     """)
-    assert printed[-6:] == ["local[1]", "True", "True", "True", "local[2]", "6"], printed
+    assert proc.stdout.split()[-6:] == ["local[1]", "True", "True", "True", "local[2]", "6"], proc.stdout
+    assert spark_session.PANDAS_NOTICE not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_the_command_trains_the_same_with_its_session_started_ahead_or_its_jvm_alone(tmp_path):

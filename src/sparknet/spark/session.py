@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -477,6 +478,10 @@ def starts_session_ahead() -> bool:
     return len(os.sched_getaffinity(0)) >= SESSION_AHEAD_CORES
 
 
+PANDAS_NOTICE = "PySpark does not yet fully support pandas"
+"""How a ``FutureWarning`` of pyspark's begins that its testing helpers give as they load with pandas 3 (the
+session's first Java call with arguments loads them): nothing a sparknet user can act on, and the command hides it."""
+
 _AHEAD: dict = {}
 """The session :func:`start_session_ahead` is starting: its ``master``, the event set once it is ``made`` (or failed),
 and the ``box`` it leaves the session in."""
@@ -498,6 +503,9 @@ def start_session_ahead(master: str, then: Callable | None = None) -> threading.
         return None
     if SparkContext._active_spark_context is not None or _AHEAD:
         return None
+    # the start loads pyspark's testing helpers: their notice hidden for the process's life (the filters are the
+    # process's, not a thread's: one set and reset in the thread would race with the command's own)
+    warnings.filterwarnings("ignore", message=PANDAS_NOTICE, category=FutureWarning)
     box: dict = {}
     made = threading.Event()
 
