@@ -47,11 +47,6 @@ def session_master(argv: list[str]) -> str | None:
     return flags.master or f"local[{workers * procs}]"
 
 
-def runs_on_spark(argv: list[str]) -> bool:
-    """Whether ``sparknet *argv`` surely starts a Spark session (:func:`session_master`)."""
-    return session_master(argv) is not None
-
-
 _AHEAD = []
 """The process that loads the Python daemon's modules ahead, kept for this process's life (it ends with it)."""
 

@@ -220,9 +220,9 @@ def test_a_command_that_returns_leaves_what_is_alive_frozen_for_the_interpreter_
     ("", False),
 ])
 def test_which_commands_start_spark_ahead(argv, spark):
-    from sparknet.__main__ import runs_on_spark
+    from sparknet.__main__ import session_master
 
-    assert runs_on_spark(argv.split()) is spark
+    assert (session_master(argv.split()) is not None) is spark
 
 
 @pytest.mark.parametrize("argv,master", [

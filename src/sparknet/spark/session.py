@@ -496,7 +496,7 @@ def start_session_ahead(master: str, then: Callable | None = None) -> threading.
     :func:`get_session` then waits for it and returns it if it asks for the same master (else it stops it and starts
     the one asked for). A start that failed is left for :func:`get_session` to meet again and report. A process that
     never asks for the session leaves it idle: its JVM ends when the process does (it stops when its standard input
-    closes)."""
+    closes). pyspark's notice about pandas (:data:`PANDAS_NOTICE`) is hidden from then on, in the whole process."""
     try:
         from pyspark import SparkContext
     except ImportError:
