@@ -710,6 +710,11 @@ def is_frame(obj) -> bool:
     return is_dataframe(obj) or isinstance(obj, DealtRows)
 
 
+def as_frame(obj):
+    """``obj`` as a DataFrame where it is :class:`DealtRows` (its ``frame``, made if not yet), else ``obj``."""
+    return obj.frame if isinstance(obj, DealtRows) else obj
+
+
 def is_rdd(obj) -> bool:
     return hasattr(obj, "mapPartitions") and hasattr(obj, "getNumPartitions") and not is_dataframe(obj)
 

@@ -290,8 +290,7 @@ class SparkTrainer:
         net = self.net
         dict_shapes = None
         if features_as == "dict":
-            if isinstance(train, spark_data.DealtRows):
-                train = train.frame  # its columns read as a DataFrame's
+            train = spark_data.as_frame(train)  # its columns read as a DataFrame's
             if not isinstance(self.net, torch.nn.Module) or _input_shape(self.net) is not None:
                 raise ValueError("features_as='dict' passes the columns to a plain torch.nn.Module's forward as a "
                                  "dict; a NetParams net takes one input blob (use the default, concatenated)")
@@ -369,7 +368,7 @@ class SparkTrainer:
             frame_staged, chunks, source, dealt = self._frame_staging(train, fit_id, level, columns)
         if frame_staged is None:
             chunk = spark_data.chunk_frame if connect else spark_data.chunk_rdd  # a DataFrame or an RDD of chunks
-            chunks, source = chunk(train.frame if isinstance(train, spark_data.DealtRows) else train, **columns)
+            chunks, source = chunk(spark_data.as_frame(train), **columns)
             if dist.engine is Engine.ROUNDS and not connect:  # a job a round: no partition may carry the rows
                 chunks = spark_data.without_local_data(chunks, K)
             chunks.persist(level)
@@ -690,8 +689,7 @@ class SparkTrainer:
             def frame():  # the same rows through a DataFrame, for a rerun
                 return spark_data.chunk_input(dealt.frame, **as_dealt)[0]
         else:
-            data = train.frame if isinstance(train, spark_data.DealtRows) else train
-            df, convert, source = spark_data.chunk_input(data, **as_dealt)
+            df, convert, source = spark_data.chunk_input(spark_data.as_frame(train), **as_dealt)
             staged = df.mapInArrow(stage_frame(fit_id, self.options.staging_dir, convert),
                                    "info string").rdd.map(lambda row: json.loads(row[0]), preservesPartitioning=True)
             frame = lambda: df  # noqa: E731
