@@ -15,6 +15,7 @@ it, loaded, instead of spending seconds importing torch and sparknet after the s
 import argparse
 import gc
 import sys
+import warnings
 
 
 def session_master(argv: list[str]) -> str | None:
@@ -59,8 +60,12 @@ def on_one_machine(master: str) -> bool:
 def main() -> int:
     master = session_master(sys.argv[1:])
     if master is not None and not master.startswith("sc://"):  # Spark Connect: the server's JVM, none here
-        from sparknet.spark.session import (forks_sparknet_daemon, start_driver_jvm, start_session_ahead,
-                                            starts_session_ahead)
+        from sparknet.spark.session import (PANDAS_NOTICE, forks_sparknet_daemon, start_driver_jvm,
+                                            start_session_ahead, starts_session_ahead)
+
+        # a session started in a thread loads pyspark's testing helpers there, outside the command's own filter of
+        # their notice (sparknet.cli.main): hidden for the process (the filters are the process's, not a thread's)
+        warnings.filterwarnings("ignore", message=PANDAS_NOTICE, category=FutureWarning)
 
         # the Python daemon's imports while the JVM starts (before it: their socket is named in the environment the
         # JVM inherits)

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
@@ -496,16 +495,13 @@ def start_session_ahead(master: str, then: Callable | None = None) -> threading.
     :func:`get_session` then waits for it and returns it if it asks for the same master (else it stops it and starts
     the one asked for). A start that failed is left for :func:`get_session` to meet again and report. A process that
     never asks for the session leaves it idle: its JVM ends when the process does (it stops when its standard input
-    closes). pyspark's notice about pandas (:data:`PANDAS_NOTICE`) is hidden from then on, in the whole process."""
+    closes)."""
     try:
         from pyspark import SparkContext
     except ImportError:
         return None
     if SparkContext._active_spark_context is not None or _AHEAD:
         return None
-    # the start loads pyspark's testing helpers: their notice hidden for the process's life (the filters are the
-    # process's, not a thread's: one set and reset in the thread would race with the command's own)
-    warnings.filterwarnings("ignore", message=PANDAS_NOTICE, category=FutureWarning)
     box: dict = {}
     made = threading.Event()
 
