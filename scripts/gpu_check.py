@@ -43,7 +43,8 @@ from sparknet import zoo  # noqa: E402
 from sparknet.model_io import load_model, save_model  # noqa: E402
 from sparknet._tensortree import load_tree, save_tree  # noqa: E402
 from sparknet.net import Net  # noqa: E402
-from sparknet.solvers import SolverConfig, build_optimizer  # noqa: E402
+from sparknet.optimizers import build_optimizer  # noqa: E402
+from sparknet.solvers import SolverConfig  # noqa: E402
 from sparknet.spark.rounds.executor import export_worker_state, import_worker_state  # noqa: E402
 from sparknet.strategies import WorkerState  # noqa: E402
 

@@ -14,11 +14,10 @@ from dataclasses import asdict, dataclass, field
 
 from sparknet._enums import CompressionKind, DataMode, parse_enum
 from sparknet.link import LinkModel
-from sparknet.net import Compute, Precision
 from sparknet.solvers import LRPolicy, SolverConfig, SolverType
 
-__all__ = ["Engine", "Strategy", "CompressionKind", "WorkerConfig", "RunConfig", "DistributedConfig", "TrainConfig",
-           "parse_enum", "parse_plan"]
+__all__ = ["Engine", "Strategy", "CompressionKind", "Precision", "Compute", "WorkerConfig", "RunConfig",
+           "DistributedConfig", "TrainConfig", "parse_enum", "parse_plan"]
 
 
 class Engine(str, enum.Enum):
@@ -127,6 +126,35 @@ def check_per_step_strategy(dist: DistributedConfig, what: str, *, on_spark: boo
     if dist.round_seconds is not None:
         raise ValueError(f"{what} allreduces gradients every step and needs a fixed tau, not --round-seconds "
                          "(workers would run different numbers of steps)")
+
+
+class Precision(str, enum.Enum):
+    """The arithmetic of a net's forward pass."""
+
+    FLOAT32 = "float32"
+    """Everything in float32 (seeded runs are bit-identical)."""
+    BF16 = "bf16"
+    """torch.autocast to bfloat16: matrix products and convolutions in bfloat16, the weights, their gradients
+    and the solver in float32."""
+
+
+@dataclass(frozen=True)
+class Compute:
+    """How a net computes on its device, beside what it computes: the GPU-speed options of a worker
+    (:class:`~sparknet.net.Net` applies them).
+
+    The default is plain float32 eager PyTorch, bit-identical to a net built without it.
+    """
+
+    precision: Precision = Precision.FLOAT32
+    """float32, or bf16 (autocast)."""
+    compile: bool = False
+    """torch.compile the net's forward pass and loss (the first steps pay for the compilation)."""
+    channels_last: bool = False
+    """Keep 4-d weights and input batches in channels-last memory order (what GPU convolutions run fastest on)."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "precision", parse_enum(Precision, self.precision, "precision"))
 
 
 @dataclass(frozen=True, kw_only=True)

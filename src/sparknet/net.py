@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import enum
 import functools
 import logging
 import math
@@ -30,9 +29,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from sparknet._enums import parse_enum
+from sparknet.config import Compute, Precision
 from sparknet.layers import NetParams
-from sparknet.solvers import SolverConfig, build_optimizer, check_gradient_hook, lr_multiplier
+from sparknet.optimizers import build_optimizer
+from sparknet.solvers import SolverConfig, check_gradient_hook, lr_multiplier
 from sparknet.labels import Task, infer_task, task_metrics, task_sums
 from sparknet.weights import WeightCollection, local_box, local_view, module_layouts, whole_box, whole_weights
 
@@ -45,44 +45,6 @@ EVAL_BATCH = 256
 log = logging.getLogger(__name__)
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-class Precision(str, enum.Enum):
-    """The arithmetic of a net's forward pass."""
-
-    FLOAT32 = "float32"
-    """Everything in float32 (seeded runs are bit-identical)."""
-    BF16 = "bf16"
-    """torch.autocast to bfloat16: matrix products and convolutions in bfloat16, the weights, their gradients
-    and the solver in float32."""
-
-
-@dataclass(frozen=True)
-class Compute:
-    """How a net computes on its device, beside what it computes: the GPU-speed options of a worker.
-
-    The default is plain float32 eager PyTorch, bit-identical to a net built without it.
-    """
-
-    precision: Precision = Precision.FLOAT32
-    """float32, or bf16 (autocast)."""
-    compile: bool = False
-    """torch.compile the net's forward pass and loss (the first steps pay for the compilation)."""
-    channels_last: bool = False
-    """Keep 4-d weights and input batches in channels-last memory order (what GPU convolutions run fastest on)."""
-
-    def __post_init__(self):
-        object.__setattr__(self, "precision", parse_enum(Precision, self.precision, "precision"))
-
-    def layout(self, x: torch.Tensor) -> torch.Tensor:
-        """An input batch in the memory order the net's weights are kept in."""
-        return x.contiguous(memory_format=torch.channels_last) if self.channels_last and x.dim() == 4 else x
-
-    def autocast(self, device: torch.device):
-        """The context a forward pass runs in."""
-        if self.precision is Precision.BF16:
-            return torch.autocast(device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
 
 @dataclass(frozen=True)
@@ -548,12 +510,22 @@ class Net:
         return x.index_select(0, idx), y.index_select(0, idx)
 
     # -- training --------------------------------------------------------------------------
+    def _layout(self, x: torch.Tensor) -> torch.Tensor:
+        """An input batch in the memory order the net's weights are kept in (:attr:`Compute.channels_last`)."""
+        return x.contiguous(memory_format=torch.channels_last) if self.compute.channels_last and x.dim() == 4 else x
+
+    def _autocast(self):
+        """The context a forward pass runs in (:attr:`Compute.precision`)."""
+        if self.compute.precision is Precision.BF16:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def _loss(self, what: str, xb: torch.Tensor, yb: torch.Tensor, weighted: bool = False):
         """The model's loss and prediction; torch's bare ``Target 7 is out of bounds`` as an error that says which
         labels and what to do."""
         try:
-            with self.compute.autocast(self.device):
-                return self._forward_loss(self.compute.layout(xb), *(self._split_weights(yb) if weighted else (yb,)))
+            with self._autocast():
+                return self._forward_loss(self._layout(xb), *(self._split_weights(yb) if weighted else (yb,)))
         except IndexError as exc:
             if self.task is not Task.CLASSIFICATION:  # labels that index nothing: the net's own error
                 raise
@@ -725,8 +697,8 @@ class Net:
         was_training = self.module.training
         self.module.eval()
         try:
-            x = self.compute.layout(_as_tensor(x, name="x").to(self.device))
-            with self.compute.autocast(self.device):
+            x = self._layout(_as_tensor(x, name="x").to(self.device))
+            with self._autocast():
                 out = self._model.predict(x)
             return out.float() if out.dtype == torch.bfloat16 else out
         finally:

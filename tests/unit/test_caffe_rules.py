@@ -58,7 +58,8 @@ from sparknet.caffe import load_caffemodel_into, load_net_prototxt, net_to_proto
 from sparknet.errors import GraphError
 from sparknet.layers import LinearLayer, LRNLayer, NetParams, RDDLayer
 from sparknet.net import Net
-from sparknet.solvers import SolverConfig, build_optimizer, lr_multiplier
+from sparknet.optimizers import build_optimizer
+from sparknet.solvers import SolverConfig, lr_multiplier
 
 torch.set_num_threads(1)
 

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from sparknet.solvers import LRPolicy, SolverConfig, SolverType, build_optimizer, lr_multiplier
+from sparknet.optimizers import build_optimizer
+from sparknet.solvers import LRPolicy, SolverConfig, SolverType, lr_multiplier
 
 
 def _problem():

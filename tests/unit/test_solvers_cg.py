@@ -13,7 +13,8 @@ import torch
 from sparknet.cli import build_parser
 from sparknet.config import RunConfig
 from sparknet.net import Net
-from sparknet.solvers import ConjugateGradient, SolverConfig, SolverType, _line_search, build_optimizer
+from sparknet.optimizers import ConjugateGradient, _line_search, build_optimizer
+from sparknet.solvers import SolverConfig, SolverType
 
 LINE_SEARCH = [SolverType.CG, SolverType.LBFGS]
 FIRST_STEP = {SolverType.CG: 0.1, SolverType.LBFGS: 1.0}  # cg: SGD's rate; lbfgs: the quasi-Newton step

@@ -60,7 +60,7 @@ class CaffeSolver:
     """
 
     config: SolverConfig
-    """The update rule and learning-rate policy, for :func:`sparknet.solvers.build_optimizer`."""
+    """The update rule and learning-rate policy, for :func:`sparknet.optimizers.build_optimizer`."""
     net: str | None = None
     """The ``net:`` (or ``train_net:``) path exactly as the file says it."""
     net_path: Path | None = None

@@ -156,7 +156,7 @@ def ddp_train(cfg: dict, t_call: float) -> dict:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    from sparknet.solvers import build_optimizer
+    from sparknet.optimizers import build_optimizer
 
     t_start = time.time()
     torch.set_num_threads(1)
