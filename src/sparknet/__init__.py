@@ -13,7 +13,7 @@ Training across a Spark cluster lives in :mod:`sparknet.spark` (imported on dema
 core never needs pyspark).
 """
 
-import importlib
+from sparknet._lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(("DistributedConfig", "Engine", "RunConfig", "Strategy", "TrainConfig", "WorkerConfig"),
@@ -35,18 +35,7 @@ sparknet`` loads no torch, so the ``sparknet`` command can start Spark's JVM whi
 (:mod:`sparknet.__main__`)."""
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'sparknet' has no attribute {name!r}")
-    module = importlib.import_module(_EXPORTS[name] or f"sparknet.{name}")
-    value = module if _EXPORTS[name] is None else getattr(module, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __version__ = "0.1.0"
 

@@ -15,6 +15,7 @@ import argparse
 import ast
 import dataclasses
 import enum
+import functools
 import inspect
 import types
 import typing
@@ -31,15 +32,26 @@ def field_docs(cls) -> dict[str, str]:
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         try:
-            tree = ast.parse(inspect.getsource(klass))
-        except (OSError, TypeError):
+            node = _classes_of(inspect.getsourcefile(klass)).get(klass.__qualname__)
+        except (OSError, TypeError):  # a built-in class, or its file gone
             continue
-        body = tree.body[0].body
+        body = node.body if node is not None else []
         for node, nxt in zip(body, body[1:]):
             if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
                     and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
                 docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
+
+
+@functools.cache
+def _classes_of(path: str | None) -> dict[str, ast.ClassDef]:
+    """The top-level classes of a source file by name, its text parsed once (``inspect.getsource`` parses the
+    whole file again for each class it is asked for: most of the time the command line took to be built)."""
+    if path is None:
+        raise OSError("no source file")
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
 
 
 def base_type(tp) -> tuple[typing.Any, bool]:

@@ -4,7 +4,7 @@
 :class:`sparknet.config.DistributedConfig` and the flag dataclasses of the Caffe files and the
 parameter server (the docstring under each field is its help), so the
 command line never restates the configuration. Which road a run takes is decided in one
-place, :func:`train_command`:
+place, :func:`road`:
 
 ============================================ ==========================================
 ``--prototxt`` / ``--solver``                Caffe files (:mod:`sparknet.caffe.cli`)
@@ -14,13 +14,18 @@ anything else                                the Spark engines (:mod:`sparknet.s
                                              split across workers (``--model-parallel M``) too
 ============================================ ==========================================
 
-Every subcommand is listed in :data:`COMMANDS`.
+Every subcommand is listed in :data:`COMMANDS`. This module loads no torch, and a command line loads the module of
+the one subcommand it names: ``python -m sparknet`` reads its flags, and answers ``--help`` or a mistyped flag, in a
+fraction of a second, and knows the master of a training run's session before it loads torch
+(:func:`session_master`, :mod:`sparknet.__main__`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
+import importlib
 import json
 import logging
 import os
@@ -29,31 +34,17 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 
-import torch
-
 from sparknet import __version__
 from sparknet._fields import HelpFormatter, OldName, add_dataclass_arguments, from_args
 from sparknet._malloc import keep_freed_memory
-from sparknet.caffe.cli import CaffeTrainFlags, train_caffe_files
-from sparknet.caffe.cli import configure_command as configure_caffe
-from sparknet.config import DistributedConfig, Engine, RunConfig, Strategy
+from sparknet.config import CaffeTrainFlags, DistributedConfig, Engine, EngineOptions, RunConfig, Strategy
 from sparknet.errors import SparkNetError
 from sparknet.metrics import process_age_s
-from sparknet.experiments.cli import configure_command as configure_experiment
 from sparknet.ps.config import AsyncConfig
-from sparknet.ps.session import run_async
-from sparknet.sample import configure_sample, run_sample
-from sparknet.spark.engine import EngineOptions
-from sparknet.spark.run import train_distributed
 from sparknet.spark.session import PANDAS_NOTICE
-from sparknet.tools.data import configure_command as configure_data
-from sparknet.tools.doctor import configure_command as configure_doctor
-from sparknet.tools.export import configure_command as configure_export
-from sparknet.tools.plot import configure_command as configure_plot
-from sparknet.tools.predict import configure_command as configure_predict
-from sparknet.train import train_local
 
-__all__ = ["main", "build_parser", "parse_args", "read_config", "print_config", "train_command", "COMMANDS"]
+__all__ = ["main", "build_parser", "parse_args", "prepare", "run", "read_config", "print_config", "Road", "road",
+           "session_master", "train_command", "COMMANDS"]
 
 log = logging.getLogger("sparknet")
 
@@ -149,23 +140,68 @@ def print_config(args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+class Road(enum.Enum):
+    """The road a ``sparknet train`` takes (:func:`road`)."""
+
+    CAFFE = "caffe"
+    """Caffe files (:mod:`sparknet.caffe.cli`)."""
+    PARAMETER_SERVER = "parameter server"
+    """``--strategy async`` (:mod:`sparknet.ps`)."""
+    ONE_PROCESS = "one process"
+    """One worker, the rounds engine, no master (:mod:`sparknet.train`)."""
+    SPARK = "spark"
+    """The Spark engines (:mod:`sparknet.spark.run`)."""
+
+
+def road(dist: DistributedConfig, caffe: CaffeTrainFlags | None = None) -> Road:
+    """The one road these settings ask for: Caffe files win over everything else; then the parameter server
+    (``--strategy async``); then one process (one worker, the rounds engine, no ``--master``); otherwise the Spark
+    engines (``--model-parallel M`` splits the net across the barrier engine's workers)."""
+    if caffe is not None and caffe.given:
+        return Road.CAFFE
+    if dist.strategy is Strategy.ASYNC:
+        return Road.PARAMETER_SERVER
+    if dist.workers == 1 and dist.engine is Engine.ROUNDS and dist.master is None:
+        return Road.ONE_PROCESS
+    return Road.SPARK
+
+
 def train_command(run: RunConfig, dist: DistributedConfig, *, options: EngineOptions | None = None,
                   caffe: CaffeTrainFlags | None = None, parameter_server: AsyncConfig | None = None) -> dict:
-    """Train as ``sparknet train`` does: pick the one road these settings ask for; returns the summary record.
-
-    Caffe files win over everything else; then the parameter server (``--strategy async``); then
-    one process (one worker, the rounds engine, no ``--master``); otherwise the Spark engines
-    (``--model-parallel M`` splits the net across the barrier engine's workers), with ``options``.
-    """
+    """Train as ``sparknet train`` does, on the one road these settings ask for (:func:`road`), with ``options`` on
+    Spark's; returns the summary record. Each road's code is imported as it is taken."""
     caffe = caffe or CaffeTrainFlags()
     parameter_server = parameter_server or AsyncConfig()
-    if caffe.given:
+    taken = road(dist, caffe)
+    if taken is Road.CAFFE:
+        from sparknet.caffe.cli import train_caffe_files
+
         return train_caffe_files(run, dist, caffe, options)
-    if dist.strategy is Strategy.ASYNC:
+    if taken is Road.PARAMETER_SERVER:
+        from sparknet.ps.session import run_async
+
         return run_async(run, dist, combiner=parameter_server.combiner, ps_host=parameter_server.ps_host)
-    if dist.workers == 1 and dist.engine is Engine.ROUNDS and dist.master is None:
+    if taken is Road.ONE_PROCESS:
+        from sparknet.train import train_local
+
         return train_local(run, dist)
+    from sparknet.spark.run import train_distributed
+
     return train_distributed(run, dist, options)
+
+
+def session_master(args: argparse.Namespace) -> str | None:
+    """The master of the Spark session a parsed command line trains on: ``sparknet train`` on the Spark engines'
+    road (the configuration's ``resolved_master``). ``None`` for any other command or road, ``--print-config``, and
+    settings that fail their checks (the command itself reports them)."""
+    if getattr(args, "_run", None) is not _run_train or args.print_config:
+        return None
+    try:
+        dist = from_args(DistributedConfig, args)
+        taken = road(dist, from_args(CaffeTrainFlags, args))
+    except ValueError:
+        return None
+    return dist.resolved_master if taken is Road.SPARK else None
 
 
 def _run_train(args: argparse.Namespace) -> int:
@@ -184,12 +220,9 @@ def _run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _configure_sample(p: argparse.ArgumentParser) -> None:
-    configure_sample(p)
-    p.set_defaults(_run=run_sample)
-
-
 def _run_version(args: argparse.Namespace) -> int:
+    import torch
+
     info = {"sparknet": __version__, "python": platform.python_version(), "torch": torch.__version__}
     try:
         import pyspark  # heavy: loaded only to read its version
@@ -201,39 +234,58 @@ def _run_version(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None] | str]] = {
     "train": ("train a network (one process, or K Spark workers with --workers K)", _configure_train),
-    "sample": ("generate text from a trained character model (char_lstm)", _configure_sample),
+    "sample": ("generate text from a trained character model (char_lstm)", "sparknet.sample:configure_sample"),
     "version": ("print the versions sparknet runs with", lambda p: p.set_defaults(_run=_run_version)),
     "caffe": ("Caffe files: inspect a prototxt or .caffemodel, export a model folder, import Caffe files",
-              configure_caffe),
+              "sparknet.caffe.cli:configure_command"),
     "doctor": ("check a Spark cluster before training: versions, memory, pickling, barrier, data skew",
-               configure_doctor),
-    "export": ("export a trained model folder to ONNX or TorchScript for serving outside Spark", configure_export),
-    "plot": ("draw learning curves (loss and accuracy against time and samples) from a metrics file", configure_plot),
+               "sparknet.tools.doctor:configure_command"),
+    "export": ("export a trained model folder to ONNX or TorchScript for serving outside Spark",
+               "sparknet.tools.export:configure_command"),
+    "plot": ("draw learning curves (loss and accuracy against time and samples) from a metrics file",
+             "sparknet.tools.plot:configure_command"),
     "predict": ("score Parquet data with a saved model through Spark (adds prediction and probability)",
-                configure_predict),
-    "experiment": ("reproduce the SparkNet paper's experiments (JSON + PNG per experiment)", configure_experiment),
-    "data": ("make a data set at scale on Spark's executors as Parquet (extended-mnist)", configure_data),
+                "sparknet.tools.predict:configure_command"),
+    "experiment": ("reproduce the SparkNet paper's experiments (JSON + PNG per experiment)",
+                   "sparknet.experiments.cli:configure_command"),
+    "data": ("make a data set at scale on Spark's executors as Parquet (extended-mnist)",
+             "sparknet.tools.data:configure_command"),
 }
-"""``sparknet NAME``: its help line and the function that adds its arguments (and sets ``_run``)."""
+"""``sparknet NAME``: its help line and what adds its arguments and sets its runner (``_run``): a function, or
+``"module:function"``, imported only for a command line that names it (the others' modules load torch)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _configurer(name: str) -> Callable[[argparse.ArgumentParser], None]:
+    configure = COMMANDS[name][1]
+    if callable(configure):
+        return configure
+    module, function = configure.split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every subcommand listed, their arguments added to ``only``'s where it is given (a
+    subcommand's name, or ``""``: none), else to all."""
     parser = argparse.ArgumentParser(prog="sparknet", description="Deep-network training on Apache Spark with PyTorch.")
     parser.add_argument("--version", action="version", version=f"sparknet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     parser.commands = {}  # name -> its parser (parse_args sets train's defaults from a --config file)
-    for name, (help_text, configure) in COMMANDS.items():
+    for name, (help_text, _) in COMMANDS.items():
         parser.commands[name] = sub.add_parser(name, help=help_text, description=help_text,
                                                formatter_class=HelpFormatter)
-        configure(parser.commands[name])
+        if only is None or only == name:
+            _configurer(name)(parser.commands[name])
     return parser
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The command line parsed; for ``sparknet train --config FILE``, the file's settings under the flags given."""
-    parser = build_parser()
+    """The command line parsed, with the arguments of the subcommand it names alone (no other's module loaded); for
+    ``sparknet train --config FILE``, the file's settings under the flags given."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    named = next((a for a in argv if not a.startswith("-")), "")
+    parser = build_parser(only=named if named in COMMANDS else "")
     args = parser.parse_args(argv)
     if getattr(args, "config", None):
         try:
@@ -245,10 +297,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    keep_freed_memory()  # the driver's own steps and evaluations (sparknet._malloc)
+def prepare(args: argparse.Namespace) -> None:
+    """What a parsed command sets for its process before it runs: the allocator's tunables (the driver's own steps
+    and evaluations, :mod:`sparknet._malloc`) and the logs, Spark's level included (read by the JVMs sparknet
+    starts)."""
+    keep_freed_memory()
     _setup_logging(getattr(args, "verbose", False), getattr(args, "quiet", False))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed, prepared command; its exit code (2: bad settings, 1: a failed run, 130: interrupted)."""
     try:
         with warnings.catch_warnings():
             # a known warning that says nothing to a sparknet user
@@ -263,6 +321,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SparkNetError as e:
         log.error("%s", e)
         return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    prepare(args)
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -11,13 +11,16 @@ import dataclasses
 import enum
 import math
 from dataclasses import asdict, dataclass, field
+from typing import ClassVar
 
 from sparknet._enums import CompressionKind, DataMode, parse_enum
+from sparknet.faults import faults_from
 from sparknet.link import LinkModel
 from sparknet.solvers import LRPolicy, SolverConfig, SolverType
 
 __all__ = ["Engine", "Strategy", "CompressionKind", "Precision", "Compute", "WorkerConfig", "RunConfig",
-           "DistributedConfig", "TrainConfig", "parse_enum", "parse_plan"]
+           "DistributedConfig", "EngineOptions", "CaffeTrainFlags", "TrainConfig", "parse_enum",
+           "parse_plan"]
 
 
 class Engine(str, enum.Enum):
@@ -51,11 +54,19 @@ def model_name(name: str) -> str:
     return str(name).strip().lower().replace("-", "_")
 
 
-def model_names() -> list[str]:
-    """The zoo's model names (:data:`sparknet.zoo.MODELS`)."""
-    from sparknet.zoo import MODELS
+ZOO_MODELS = ("lenet", "mlp", "cifar_cnn", "alexnet", "char_lstm", "gpt_char")
+"""The zoo's models by name, in :data:`sparknet.zoo.MODELS`'s order (which maps each to its function; a test holds
+the two alike): ``--model`` checks its value against them before torch, which the zoo needs, is loaded."""
 
-    return sorted(MODELS)
+DATASETS = ("mnist", "mnist-small", "extended-mnist", "shakespeare", "synthetic", "synthetic-sequences",
+            "imagenet-synthetic")
+"""The data sets ``--dataset`` takes, as :data:`sparknet.datasets.DATASET_NAMES` lists them (a test holds the two
+alike), read without loading the data sets' modules."""
+
+
+def model_names() -> list[str]:
+    """The zoo's model names, sorted."""
+    return sorted(ZOO_MODELS)
 
 
 def dataset_name(name: str) -> str:
@@ -64,10 +75,8 @@ def dataset_name(name: str) -> str:
 
 
 def dataset_names() -> list[str]:
-    """The data sets ``--dataset`` takes (:data:`sparknet.datasets.DATASET_NAMES`)."""
-    from sparknet.datasets import DATASET_NAMES
-
-    return list(DATASET_NAMES)
+    """The data sets ``--dataset`` takes."""
+    return list(DATASETS)
 
 
 def check_device(device: str) -> None:
@@ -617,6 +626,136 @@ class DistributedConfig:
     @property
     def resolved_master(self) -> str:
         return self.master or f"local[{self.ranks}]"
+
+
+@dataclass(kw_only=True)
+class EngineOptions:
+    """Settings of the Spark engines beyond :class:`~sparknet.config.DistributedConfig`."""
+
+    staging_dir: str | None = None
+    """Rounds engine: where executors keep each partition's arrays (default: their Spark local directory)."""
+    storage_level: str = "MEMORY_AND_DISK"
+    """How Spark caches the converted training chunks (a ``pyspark.StorageLevel`` name; ``MEMORY_AND_DISK_2``
+    keeps a copy on a second host, so a partition that moves after a host is lost trains on the same rows in
+    the same order)."""
+    worker_state_on_driver: bool | None = None
+    """Rounds engine: every task also sends its solver and strategy state to the driver each round, and a
+    partition that moves to another host (a host lost) continues from it instead of from a fresh solver.
+    Default: on a cluster (not on a local master, whose executors share one disk and find the state there)."""
+    elastic_after_s: float | None = 60.0
+    """Rounds engine: how long the cluster may have fewer task slots than workers (a host lost) before
+    each round trains only as many workers as there are slots, a different few each round in turn, so
+    that a round takes the time of one task again and every partition's rows still get their turn
+    (a host that comes back is used again from the next round). Until then, and always with ``None``,
+    Spark runs the K tasks in waves on the hosts left, and the weights are those of an undisturbed run.
+    Needs the driver to hold the workers' states (:attr:`worker_state_on_driver`, on by default on a
+    cluster). Barrier engine: how long a failed stage waits for the slots of all its workers before it starts
+    again with as many whole workers (each of its ``procs_per_worker`` processes on a slot) as the cluster has
+    slots for, their partitions holding every row (a worker left takes those of one that left), their solver
+    states afresh. Once the cluster has the slots of more whole workers, the stage of fewer is stopped after its
+    round and started again with them (all of them: each on its own partition). With ``None`` the stage waits
+    :attr:`rendezvous_timeout_s` for all of them, then fails."""
+    rounds_transport: str = "socket"
+    """Rounds engine: how the weights and updates travel. ``socket``: through an authenticated socket on the
+    driver beside each round's Spark job (:mod:`sparknet.spark._relay`: a Unix socket only the user can open on a
+    local master, TCP with CurveZMQ and one key per fit on a cluster), so a round costs little more than Spark's
+    job; should a task not reach it (a firewall between the executors and the
+    driver), that fit goes on through Spark. ``spark``: through a broadcast and the task results, nothing
+    but Spark's own connections."""
+    warmup_max_samples: int = 20_000
+    """Most training rows collected to the driver for the warm-up steps."""
+    warmup_max_bytes: int = 256 << 20
+    """Most feature bytes collected to the driver for the warm-up steps."""
+    rendezvous_timeout_s: float = 180.0
+    """Barrier engine: longest wait for every task to start and join the process group."""
+    collective_timeout_s: float = 300.0
+    """Barrier engine: longest wait of one collective (the gloo process group's timeout)."""
+    driver_timeout_s: float | None = None
+    """Barrier engine: longest silence from the stage between two rounds before the driver cancels it
+    (default: collective_timeout_s + round_seconds + 60)."""
+    round_timeout_s: float | None = None
+    """Rounds engine: longest wait for one round's Spark job; past it the job is cancelled and a
+    DeadlineExceeded names the round and the tasks not finished. Default: 30 minutes for the first
+    round of a fit, then 20 times the slowest step time seen so far times the round's steps, at
+    least 10 minutes, bounded by round_seconds for time-budgeted rounds
+    (:func:`sparknet.spark.backend.default_round_deadline`)."""
+    data_timeout_s: float = 3600.0
+    """Longest wait for one Spark job on the fit's data (conversion and check, staging, the validation
+    collect, the warm-up sample); past it the jobs are cancelled and a DeadlineExceeded says which."""
+    max_restarts: int = 3
+    """Barrier engine: how many times a failed stage is started again from the driver's newest state."""
+    state_every_rounds: int = 1
+    """Barrier engine: rounds between the global weights and strategy state sent to the driver (what a
+    restart starts from)."""
+    fault: str | None = None
+    """Injected faults for reliability tests, e.g. ``rank=1,round=3,kind=kill`` (see sparknet.faults; default none:
+    faults are set here only, never read from the environment)."""
+    link: LinkModel | None = None
+    """A simulated slow network (:class:`sparknet.link.LinkModel`): in the rounds engine each task waits
+    ``link.delay(bytes)`` for its download of the weights and again for its upload; in the barrier engine
+    every rank waits the collective's delay before each collective (each step's, for sync). The waits are
+    recorded per round (``link_s``). Default: ``dist.link_latency``/``dist.link_bandwidth``, else none."""
+
+    CODE_ONLY: ClassVar[frozenset[str]] = frozenset({"fault", "link"})
+    """Fields set in code only, never flags or Params: injected faults (reliability tests) and a link model
+    (``--link-latency`` and ``--link-bandwidth`` make one)."""
+
+    def __post_init__(self):
+        from pyspark import StorageLevel
+
+        if not hasattr(StorageLevel, str(self.storage_level)):
+            raise ValueError(f"unknown storage level {self.storage_level!r} (e.g. MEMORY_AND_DISK, DISK_ONLY)")
+        for name in ("warmup_max_samples", "warmup_max_bytes", "state_every_rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.rounds_transport not in ("socket", "spark"):
+            raise ValueError(f"rounds_transport must be 'socket' or 'spark', got {self.rounds_transport!r}")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must be 0 or more, got {self.max_restarts}")
+        faults_from(self.fault)  # a bad fault spec fails here, not on the executors
+        if self.link is not None and not isinstance(self.link, LinkModel):
+            raise ValueError(f"link must be a sparknet.link.LinkModel (e.g. LinkModel.parse('50ms', '100Mbit')), "
+                             f"got {type(self.link).__name__}")
+        if self.elastic_after_s is not None and not (math.isfinite(self.elastic_after_s) and self.elastic_after_s >= 0):
+            raise ValueError(f"elastic_after_s must be 0 or more seconds, or None (never), got {self.elastic_after_s}")
+        for name in ("rendezvous_timeout_s", "collective_timeout_s", "driver_timeout_s", "round_timeout_s",
+                     "data_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+
+
+@dataclass(kw_only=True)
+class CaffeTrainFlags:
+    """Caffe files (train a Caffe net with its solver)"""
+
+    prototxt: str | None = None
+    """Caffe net prototxt to train (with --solver it replaces the solver's net)."""
+    solver: str | None = None
+    """Caffe solver prototxt (its net, max_iter, test_interval, test_iter, display and snapshot settings)."""
+    weights: str | None = None
+    """.caffemodel to start from (fine-tuning)."""
+    snapshot_dir: str | None = None
+    """Folder for <prefix>_iter_N.caffemodel snapshots and model folders (default: ./<snapshot_prefix name>)."""
+    snapshot_every: int | None = None
+    """Iterations between snapshots (default: the solver's snapshot; 0: only the final one)."""
+    test_iter: int | None = None
+    """Test batches per test net (default: the solver's test_iter)."""
+    display: int | None = None
+    """Iterations between progress log lines (default: the solver's display)."""
+    caffe_sources: str | None = None
+    """Bind data layer sources to data sets: SOURCE=DATASET[:SPLIT],... (e.g. mnist_train_lmdb=mnist-small)."""
+    max_train_samples: int | None = None
+    """Train on the first N samples of the training data only (quick runs)."""
+
+    def __post_init__(self):
+        check_at_least(0, **{"--snapshot-every": self.snapshot_every, "--display": self.display})
+        check_at_least(1, **{"--test-iter": self.test_iter, "--max-train-samples": self.max_train_samples})
+
+    @property
+    def given(self) -> bool:
+        """Whether a Caffe file was given (the run is a Caffe run)."""
+        return self.prototxt is not None or self.solver is not None
 
 
 @dataclass(kw_only=True)

@@ -4,7 +4,9 @@ import json
 
 import pytest
 
+from sparknet._fields import from_args
 from sparknet.cli import main
+from sparknet.config import DistributedConfig
 from sparknet.metrics import read_metrics
 
 
@@ -199,52 +201,62 @@ def test_a_command_that_returns_leaves_what_is_alive_frozen_for_the_interpreter_
     assert frozen > 10_000, out.stderr  # the modules' objects, at least
 
 
-@pytest.mark.parametrize("argv, spark", [
-    ("train --workers 2", True),
-    ("train --model lenet --workers=4 --lr 0.05", True),
-    ("train --engine barrier", True),
-    ("train --master local-cluster[2,1,1024]", True),
-    ("train", False),  # one worker, the rounds engine: one process
-    ("train --workers 1 --steps 20", False),
-    ("train --workers 2 --strategy async", False),  # the parameter server's road
-    ("train --workers 4 --strategy diloco", True),
-    ("train --workers 2 --config run.toml", False),  # the file may say anything
-    ("train --workers 2 --prototxt net.prototxt", False),
-    ("train --workers 2 --print-config", False),
-    ("train --workers 2 --help", False),
-    ("train --workers 2 --verbose", False),  # Spark's INFO level, which the JVM reads as it starts
-    ("train --work 2", False),  # a shortened flag is not read ahead
-    ("train --workers two", False),
-    ("train --workers", False),
-    ("predict --master local[2]", False),
-    ("", False),
-])
-def test_which_commands_start_spark_ahead(argv, spark):
-    from sparknet.__main__ import session_master
-
-    assert (session_master(argv.split()) is not None) is spark
-
-
-@pytest.mark.parametrize("argv,master", [
+@pytest.mark.parametrize("argv, master", [
     ("train --workers 2", "local[2]"),  # the configuration's resolved_master
+    ("train --model lenet --workers=4 --lr 0.05", "local[4]"),
     ("train --workers 2 --procs-per-worker 2 --engine barrier", "local[4]"),
     ("train --engine barrier", "local[1]"),
     ("train --workers 4 --master local[2]", "local[2]"),
     ("train --master local-cluster[2,1,1024]", "local-cluster[2,1,1024]"),
     ("train --workers 2 --master sc://localhost:15002", "sc://localhost:15002"),
-    ("train --workers 2 --procs-per-worker x", None),
-    ("train --workers 2 --config run.toml", None),
+    ("train --workers 4 --strategy diloco", "local[4]"),
+    ("train --workers 2 --verbose", "local[2]"),  # its logs are set before the JVM starts (cli.prepare)
+    ("train", None),  # one worker, the rounds engine: one process
+    ("train --workers 1 --steps 20", None),
+    ("train --workers 2 --strategy async", None),  # the parameter server's road
+    ("train --workers 2 --prototxt net.prototxt", None),  # Caffe files' road
+    ("train --workers 2 --print-config", None),
+    ("train --workers 2 --tau 0", None),  # settings the command itself refuses
+    ("version", None),
 ])
-def test_the_master_of_the_session_started_ahead_is_the_one_the_command_asks_for(argv, master):
-    from sparknet.__main__ import session_master
-    from sparknet.config import DistributedConfig, Engine
+def test_the_master_of_the_session_started_ahead_is_the_one_the_command_trains_on(argv, master):
+    from sparknet import cli
 
-    assert session_master(argv.split()) == master
-    if master is not None and "--master" not in argv:  # what the command itself asks get_session for
-        flags = dict(zip(argv.split()[1::2], argv.split()[2::2]))
-        dist = DistributedConfig(workers=int(flags.get("--workers", 1)), engine=Engine(flags.get("--engine", "rounds")),
-                                 procs_per_worker=int(flags.get("--procs-per-worker", 1)))
-        assert dist.resolved_master == master
+    args = cli.parse_args(argv.split())
+    assert cli.session_master(args) == master
+    if master is not None:
+        assert cli.road(from_args(DistributedConfig, args)) is cli.Road.SPARK
+
+
+def test_a_config_file_s_workers_start_spark_ahead_as_the_flags_would(tmp_path):
+    from sparknet import cli
+
+    path = tmp_path / "run.toml"
+    path.write_text("workers = 2\nengine = \"barrier\"\n")
+    assert cli.session_master(cli.parse_args(["train", "--config", str(path)])) == "local[2]"
+    assert cli.session_master(cli.parse_args(["train", "--config", str(path), "--workers", "3"])) == "local[3]"
+
+
+@pytest.mark.parametrize("argv, shown", [
+    ("--help", "usage: sparknet"), ("--version", "sparknet "), ("train --help", "--target-accuracy"),
+    ("train --workers 2 --lrr 3", "unrecognized arguments: --lrr 3"), ("train --workers two", "invalid int value"),
+    ("trian --workers 2", "invalid choice: 'trian'"),
+])
+def test_the_command_answers_help_and_mistyped_flags_before_it_loads_torch_or_starts_spark(argv, shown):
+    """``python -m sparknet`` parses its command line first: ``--help`` and a mistyped flag are answered with no torch
+    loaded and no JVM or daemon started (a mistyped flag of a Spark run took 3-5 s, its JVM started ahead)."""
+    probe = ("import sys, threading\n"
+             f"sys.argv = ['sparknet', *{argv.split()!r}]\n"
+             "from sparknet.__main__ import main\n"
+             "try:\n"
+             "    main()\n"
+             "except SystemExit as e:\n"
+             "    print('exit', e.code, 'torch' in sys.modules, 'py4j' in sys.modules, threading.active_count(),\n"
+             "          file=sys.stderr)\n")
+    out = _python("-c", probe)
+    assert shown in out.stdout + out.stderr, out
+    code = 0 if "help" in argv or "version" in argv else 2
+    assert out.stderr.strip().splitlines()[-1] == f"exit {code} False False 1", out.stderr
 
 
 @pytest.mark.parametrize("master,here", [

@@ -189,3 +189,11 @@ def test_the_parallel_plan_is_read_once_into_modes():
                                        "--max-weight-bytes", "1e6", "--workers", "2", "--engine", "barrier"])
     from_flags = from_args(DistributedConfig, flags)
     assert (from_flags.model_parallel, from_flags.plan(), from_flags.max_weight_bytes) == (2, {"ip1": "column"}, 1e6)
+
+
+def test_the_names_the_command_line_checks_before_torch_loads_are_the_zoo_s_and_the_data_sets():
+    from sparknet import config, zoo
+    from sparknet.datasets import DATASET_NAMES
+
+    assert config.ZOO_MODELS == tuple(zoo.MODELS)
+    assert config.DATASETS == DATASET_NAMES

@@ -31,7 +31,6 @@ import dataclasses
 import json
 import logging
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,45 +43,13 @@ from sparknet.caffe.caffemodel import (_shape_text, _table, describe_caffemodel,
                                        read_caffemodel_layers, write_caffemodel)
 from sparknet.caffe.prototxt import PrototxtError, load_net_prototxt, net_to_prototxt
 from sparknet.caffe.solver import load_solver_prototxt
-from sparknet.config import EVAL_EVERY_STEPS, DistributedConfig, RunConfig
+from sparknet.config import EVAL_EVERY_STEPS, CaffeTrainFlags, DistributedConfig, RunConfig
 from sparknet.weights import WeightCollection
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["CaffeTrainFlags", "train_caffe_files", "describe_net", "describe_solver", "file_kind", "configure_command"]
 
-
-@dataclass(kw_only=True)
-class CaffeTrainFlags:
-    """Caffe files (train a Caffe net with its solver)"""
-
-    prototxt: str | None = None
-    """Caffe net prototxt to train (with --solver it replaces the solver's net)."""
-    solver: str | None = None
-    """Caffe solver prototxt (its net, max_iter, test_interval, test_iter, display and snapshot settings)."""
-    weights: str | None = None
-    """.caffemodel to start from (fine-tuning)."""
-    snapshot_dir: str | None = None
-    """Folder for <prefix>_iter_N.caffemodel snapshots and model folders (default: ./<snapshot_prefix name>)."""
-    snapshot_every: int | None = None
-    """Iterations between snapshots (default: the solver's snapshot; 0: only the final one)."""
-    test_iter: int | None = None
-    """Test batches per test net (default: the solver's test_iter)."""
-    display: int | None = None
-    """Iterations between progress log lines (default: the solver's display)."""
-    caffe_sources: str | None = None
-    """Bind data layer sources to data sets: SOURCE=DATASET[:SPLIT],... (e.g. mnist_train_lmdb=mnist-small)."""
-    max_train_samples: int | None = None
-    """Train on the first N samples of the training data only (quick runs)."""
-
-    def __post_init__(self):
-        for name, least in (("snapshot_every", 0), ("display", 0), ("test_iter", 1), ("max_train_samples", 1)):
-            caffe_train._check_least(least, f"--{name.replace('_', '-')}", getattr(self, name))
-
-    @property
-    def given(self) -> bool:
-        """Whether a Caffe file was given (the run is a Caffe run)."""
-        return self.prototxt is not None or self.solver is not None
 
 # RunConfig field -> resolve_caffe_run argument, and RunConfig field -> SolverConfig field.
 _RUN_SETTINGS = {"steps": "max_iter", "batch_size": "batch_size", "seed": "seed", "eval_every": "test_interval"}

@@ -53,12 +53,12 @@ from sparknet.model_io import save_model
 from sparknet.caffe.caffemodel import load_caffemodel_into, write_caffemodel
 from sparknet.caffe.prototxt import CaffeNet, DataBinding, load_net_prototxt
 from sparknet.caffe.solver import CaffeSolver, NetStateSpec, load_solver_prototxt, resolve_net_path
-from sparknet.config import DistributedConfig, Engine, WorkerConfig
+from sparknet.config import Compute, DistributedConfig, Engine, WorkerConfig, check_at_least
 from sparknet.datasets import ArrayDataset, load_dataset
 from sparknet.layers import AccuracyLayer, NetParams, RDDLayer
 from sparknet.loop import FitPlan, InProcessExchange, average_summary, run_rounds
 from sparknet.metrics import MetricsLogger
-from sparknet.net import Compute, Net
+from sparknet.net import Net
 from sparknet.solvers import SolverConfig, lr_multiplier
 from sparknet.spark import SparkTrainer, get_session
 from sparknet.strategies import Average
@@ -193,12 +193,6 @@ def parse_sources(text: str | Mapping[str, Any] | None) -> dict[str, DataBinding
     return out
 
 
-def _check_least(least: int, name: str, value: int | None) -> None:
-    """A ValueError naming ``name`` when ``value`` is given and below ``least`` (0 or 1)."""
-    if value is not None and value < least:
-        raise ValueError(f"{name} must be {'non-negative' if least == 0 else 'at least 1'}, got {value}")
-
-
 def resolve_caffe_run(
     prototxt: str | os.PathLike | None = None,
     solver: str | os.PathLike | None = None,
@@ -257,10 +251,9 @@ def resolve_caffe_run(
     """
     if prototxt is None and solver is None:
         raise ValueError("give a net prototxt, a solver prototxt, or both")
-    for name, value, least in (("max_iter", max_iter, 1), ("batch_size", batch_size, 1), ("test_iter", test_iter, 1),
-                               ("test_interval", test_interval, 0), ("display", display, 0), ("snapshot", snapshot, 0),
-                               ("max_train_samples", max_train_samples, 1)):
-        _check_least(least, name, value)
+    check_at_least(1, max_iter=max_iter, batch_size=batch_size, test_iter=test_iter,
+                   max_train_samples=max_train_samples)
+    check_at_least(0, test_interval=test_interval, display=display, snapshot=snapshot)
     bindings = parse_sources(sources)
     net_file = Path(prototxt) if prototxt is not None else None
     if net_file is not None and not net_file.is_file():

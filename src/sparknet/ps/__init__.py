@@ -7,13 +7,19 @@ authenticated binary format (:mod:`sparknet.ps.wire`); nothing unpickles network
 ``--strategy async`` calls :func:`run_async`; pyspark is imported only when a Spark session is used.
 """
 
-from sparknet.ps.client import PSClient, RejectedError, Reply
-from sparknet.ps.combiners import (COMBINERS, Combiner, DeltaCombiner, ElasticCombiner, MeanCombiner,
-                                   StalenessAwareDeltaCombiner, make_combiner, register_combiner)
-from sparknet.ps.server import ParameterServer
-from sparknet.ps.config import AsyncConfig
-from sparknet.ps.session import AsyncSession, run_async
-from sparknet.ps.wire import JobCredentials, Kind, Reason, Status
+from sparknet._lazy import lazy_exports
+
+_EXPORTS = {
+    **dict.fromkeys(("PSClient", "RejectedError", "Reply"), "sparknet.ps.client"),
+    **dict.fromkeys(("COMBINERS", "Combiner", "DeltaCombiner", "ElasticCombiner", "MeanCombiner",
+                     "StalenessAwareDeltaCombiner", "make_combiner", "register_combiner"), "sparknet.ps.combiners"),
+    "ParameterServer": "sparknet.ps.server",
+    "AsyncConfig": "sparknet.ps.config",
+    **dict.fromkeys(("AsyncSession", "run_async"), "sparknet.ps.session"),
+    **dict.fromkeys(("JobCredentials", "Kind", "Reason", "Status"), "sparknet.ps.wire"),
+}
+"""Each name and the module that defines it, imported on first use: the command line reads the combiners' names
+(:mod:`sparknet.ps.combiners`) without loading torch."""
 
 __all__ = [
     "AsyncSession", "AsyncConfig", "run_async",
@@ -21,3 +27,5 @@ __all__ = [
     "Combiner", "MeanCombiner", "DeltaCombiner", "StalenessAwareDeltaCombiner", "ElasticCombiner", "COMBINERS",
     "make_combiner", "register_combiner",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

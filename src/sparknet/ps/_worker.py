@@ -23,7 +23,8 @@ from sparknet._transport import ClientKeys
 from sparknet.layers import NetParams
 from sparknet.step import round_seed
 from sparknet.faults import due_fault
-from sparknet.net import Compute, Net
+from sparknet.config import Compute
+from sparknet.net import Net
 from sparknet.ps.client import PSClient
 from sparknet.ps.wire import Status
 from sparknet.solvers import SolverConfig

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 
 from sparknet._app import build_model, load_training_data, seed_everything
-from sparknet.config import check_at_least
+from sparknet.config import Compute, check_at_least
 from sparknet.faults import faults_from
 from sparknet.metrics import MetricsLogger
-from sparknet.net import Compute, Net
+from sparknet.net import Net
 from sparknet.parallel.runner import split_budget
 from sparknet.ps import _worker
 from sparknet.ps.combiners import Combiner, make_combiner

@@ -8,10 +8,10 @@
 The engines import pyspark only where they run Spark jobs; the rest of sparknet never needs it.
 """
 
-import importlib
+from sparknet._lazy import lazy_exports
 
 _EXPORTS = {"SparkTrainer": "sparknet.spark.trainer", "TrainResult": "sparknet.spark.trainer",
-            "EngineOptions": "sparknet.spark.trainer", "get_session": "sparknet.spark.session",
+            "EngineOptions": "sparknet.config", "get_session": "sparknet.spark.session",
             "is_local_master": "sparknet.spark.session", "frame_from_arrays": "sparknet.spark.data",
             "SparkNetEstimator": "sparknet.spark.ml", "SparkNetModel": "sparknet.spark.ml"}
 """Each name and the module that defines it, imported on first use: :mod:`sparknet.spark.session` loads without
@@ -20,9 +20,4 @@ torch (the ``sparknet`` command starts Spark's JVM while torch loads)."""
 __all__ = ["SparkTrainer", "TrainResult", "EngineOptions", "get_session", "frame_from_arrays", "is_local_master"]
 
 
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'sparknet.spark' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

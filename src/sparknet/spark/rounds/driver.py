@@ -25,6 +25,7 @@ from sparknet.errors import DeadlineExceeded
 from sparknet.loop import Exchange, NetScorer, Progress, ResumeState, RoundPlan, RoundUpdate, run_rounds
 from sparknet.spark.backend import Watchdog, default_round_deadline, job_group, spark_call, task_error, task_slots
 from sparknet.spark.resources import gpu_profile, with_profile
+from sparknet.spark.session import is_local_master
 from sparknet._tensortree import unpack_tree
 from sparknet.spark._relay import RoundRelay
 from sparknet.spark.engine import EngineRun
@@ -43,7 +44,7 @@ class SparkRoundsExchange(Exchange):
     ``spec_bc`` is the broadcast packed :class:`~sparknet.spark.rounds.executor.WorkerSpec`. ``relay`` is the driver's
     socket the weights and updates travel through (:mod:`sparknet.spark._relay`; the spec's ``relay`` is its address);
     ``None``, or once a task could not reach it: Spark's broadcasts and results. When the driver holds the workers'
-    states (``EngineOptions.holds_worker_state``), the tasks send theirs every round, and a partition that moves to a
+    states (``EngineOptions.worker_state_on_driver``), the tasks send theirs every round, and a partition that moves to a
     host without its state continues from the driver's copy. The round's tasks ask for ``profile``'s resources (a
     worker's GPU share: :mod:`sparknet.spark.resources`).
     """
@@ -66,7 +67,8 @@ class SparkRoundsExchange(Exchange):
         self.rerun_partitions = 0
         self._want_state = False
         self._worker_states: dict = {}
-        self.hold_states = run.options.holds_worker_state(run.sc.master)
+        held = run.options.worker_state_on_driver  # by default on a cluster (a local master's executors share a disk)
+        self.hold_states = not is_local_master(run.sc.master) if held is None else held
         self._hosts: list[str] | None = None  # where the last round's tasks ran
         self._held: ResumeState | None = None  # the workers' states after the last round, with hold_states
         self._slots: int | None = None  # task slots at the start of the last round
