@@ -84,7 +84,7 @@ def _configure_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--print-config", action="store_true",
                    help="print the settings as a TOML file (the --config file and the flags merged) and exit")
     p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
-    p.set_defaults(_run=_run_train)
+    p.set_defaults(_run=_run_train, _session=_train_session)
 
 
 def read_config(path: str) -> dict:
@@ -191,17 +191,23 @@ def train_command(run: RunConfig, dist: DistributedConfig, *, options: EngineOpt
 
 
 def session_master(args: argparse.Namespace) -> str | None:
-    """The master of the Spark session a parsed command line trains on: ``sparknet train`` on the Spark engines'
-    road (the configuration's ``resolved_master``). ``None`` for any other command or road, ``--print-config``, and
-    settings that fail their checks (the command itself reports them)."""
-    if getattr(args, "_run", None) is not _run_train or args.print_config:
-        return None
+    """The master of the Spark session a parsed command line starts, as its subcommand tells (its ``_session``:
+    ``train`` on the Spark engines' road, ``predict``, ``data``); ``None`` for a command that starts none or may
+    start it with settings of its own, and for settings that fail their checks (the command itself reports them)."""
+    tell = getattr(args, "_session", None)
     try:
-        dist = from_args(DistributedConfig, args)
-        taken = road(dist, from_args(CaffeTrainFlags, args))
+        return tell(args) if tell is not None else None
     except ValueError:
         return None
-    return dist.resolved_master if taken is Road.SPARK else None
+
+
+def _train_session(args: argparse.Namespace) -> str | None:
+    """The master of ``sparknet train``'s session: the configuration's ``resolved_master`` on the Spark engines'
+    road; ``None`` on another road or with ``--print-config``."""
+    if args.print_config:
+        return None
+    dist = from_args(DistributedConfig, args)
+    return dist.resolved_master if road(dist, from_args(CaffeTrainFlags, args)) is Road.SPARK else None
 
 
 def _run_train(args: argparse.Namespace) -> int:

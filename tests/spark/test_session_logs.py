@@ -348,43 +348,53 @@ def test_a_session_started_ahead_is_the_one_get_session_returns_with_sparknet_s_
     assert proc.stdout.split()[-6:] == ["local[1]", "True", "True", "True", "local[2]", "6"], proc.stdout
 
 
+_HANDED_OVER = textwrap.dedent("""
+    import sys
+    from sparknet.spark import session
+    handed = []  # what each get_session found started ahead
+    found = session._session_ahead
+    session._session_ahead = lambda master: handed.append(found(master)) or handed[-1]
+    start = session.start_session_ahead
+
+    def start_and_wait(*args, **kwargs):  # the session made before the command's imports end, as with cores to
+        thread = start(*args, **kwargs)  # spare: its first Java calls outside the command's own warning filter
+        session._AHEAD["made"].wait(180)
+        return thread
+
+    session.start_session_ahead = start_and_wait
+    from sparknet.__main__ import main
+    code = main()
+    print("HANDED", [getattr(s, "sparkContext", None) and s.sparkContext.master for s in handed], file=sys.stderr)
+    sys.exit(code)
+""")
+"""``python -m sparknet`` run so that it says which session each ``get_session`` was handed from those started
+ahead (``HANDED [master]``; ``[None]``: none)."""
+
+
+def _command_ahead_or_not(tmp_path, setting: str, *argv: str) -> str:
+    """``python -m sparknet *argv`` in ``tmp_path`` with ``$SPARKNET_SESSION_AHEAD`` at ``setting``: it succeeds and
+    prints no pandas notice; the masters of the sessions it was handed from those started ahead."""
+    env = {**os.environ, spark_session.SESSION_AHEAD_ENV: setting, spark_session.CLASS_ARCHIVE_ENV: "0"}
+    proc = subprocess.run([sys.executable, "-c", _HANDED_OVER, *argv], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert spark_session.PANDAS_NOTICE not in proc.stderr, proc.stderr[-3000:]
+    return proc.stderr.split("HANDED ")[-1].strip()
+
+
 def test_the_command_trains_the_same_with_its_session_started_ahead_or_its_jvm_alone(tmp_path):
     """``python -m sparknet train`` on two workers, its whole session started ahead or its driver JVM alone
     (``$SPARKNET_SESSION_AHEAD``): the command trains on the session started ahead where there is one, on the master
     it asks for, and the seeded fit ends with the same losses either way. pyspark's notice about pandas, which the
     session's first Java call with arguments gives as it loads pyspark's testing helpers (in the thread, with the
     session ahead), is not printed: the command hides it."""
-    script = textwrap.dedent("""
-        import sys
-        from sparknet.spark import session
-        handed = []  # what each get_session found started ahead
-        found = session._session_ahead
-        session._session_ahead = lambda master: handed.append(found(master)) or handed[-1]
-        start = session.start_session_ahead
-
-        def start_and_wait(*args, **kwargs):  # the session made before the command's imports end, as with cores to
-            thread = start(*args, **kwargs)  # spare: its first Java calls outside the command's own warning filter
-            session._AHEAD["made"].wait(180)
-            return thread
-
-        session.start_session_ahead = start_and_wait
-        from sparknet.__main__ import main
-        code = main()
-        print("HANDED", [getattr(s, "sparkContext", None) and s.sparkContext.master for s in handed], file=sys.stderr)
-        sys.exit(code)
-    """)
     summaries, losses = {}, {}
     for setting in ("1", "0"):
         metrics = tmp_path / f"ahead-{setting}.jsonl"
-        env = {**os.environ, spark_session.SESSION_AHEAD_ENV: setting, spark_session.CLASS_ARCHIVE_ENV: "0"}
-        proc = subprocess.run([sys.executable, "-c", script, "train", "--model", "mlp",
-                               "--dataset", "synthetic", "--workers", "2", "--steps", "20", "--tau", "10", "--quiet",
-                               "--metrics-out", str(metrics)],
-                              capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        handed = proc.stderr.split("HANDED ")[-1].strip()
-        assert handed == ("['local[2]']" if setting == "1" else "[None]"), proc.stderr[-3000:]
-        assert spark_session.PANDAS_NOTICE not in proc.stderr, proc.stderr[-3000:]
+        handed = _command_ahead_or_not(tmp_path, setting, "train", "--model", "mlp", "--dataset", "synthetic",
+                                       "--workers", "2", "--steps", "20", "--tau", "10", "--quiet",
+                                       "--metrics-out", str(metrics))
+        assert handed == ("['local[2]']" if setting == "1" else "[None]")
         records = [json.loads(line) for line in metrics.read_text().splitlines()]
         summaries[setting] = records[-1]
         losses[setting] = [r["loss"] for r in records if r.get("event") == "round"]
@@ -392,3 +402,30 @@ def test_the_command_trains_the_same_with_its_session_started_ahead_or_its_jvm_a
         assert summary["event"] == "summary" and summary["master"] == "local[2]" and summary["steps"] == 20
     assert len(losses["1"]) == 2 and losses["1"] == losses["0"]
     assert summaries["1"]["test_loss"] == summaries["0"]["test_loss"]
+
+
+def test_the_command_scores_the_same_with_its_session_started_ahead_or_its_jvm_alone(tmp_path):
+    """``python -m sparknet predict`` starts its session while torch loads too: handed the session started ahead
+    (its default master, ``local[*]``), it writes the same scores as with its driver JVM alone."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sparknet import Net, zoo
+    from sparknet.model_io import save_model
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 5)).astype(np.float32)
+    net = Net(zoo.mlp(input_shape=[5], hidden=[8], num_classes=3), batch_size=16, seed=0)
+    net.set_training_data((x, (x[:, 0] > 0).astype(np.int64)))
+    net.train(5)
+    save_model(tmp_path / "model", net)
+    pq.write_table(pa.table({"id": np.arange(40), "features": list(x)}), tmp_path / "data.parquet")
+    scored = {}
+    for setting in ("1", "0"):
+        handed = _command_ahead_or_not(tmp_path, setting, "predict", "--model-dir", "model", "--data", "data.parquet",
+                                       "--out", f"scored-{setting}", "--partitions", "2")
+        assert handed == ("['local[*]']" if setting == "1" else "[None]")
+        scored[setting] = pq.read_table(tmp_path / f"scored-{setting}").to_pandas().sort_values("id")
+    assert len(scored["1"]) == 40 and scored["1"]["prediction"].tolist() == scored["0"]["prediction"].tolist()
+    assert np.array_equal(np.stack(scored["1"]["probability"]), np.stack(scored["0"]["probability"]))

@@ -218,13 +218,17 @@ def test_a_command_that_returns_leaves_what_is_alive_frozen_for_the_interpreter_
     ("train --workers 2 --print-config", None),
     ("train --workers 2 --tau 0", None),  # settings the command itself refuses
     ("version", None),
+    ("predict --model-dir m --data d --out o", "local[*]"),  # get_session's default
+    ("predict --model-dir m --data d --out o --master local[2]", "local[2]"),
+    ("data extended-mnist --out o --samples 10 --master local[2]", "local[2]"),
+    ("doctor", None),  # its session takes settings of its own (--executor-memory...)
 ])
-def test_the_master_of_the_session_started_ahead_is_the_one_the_command_trains_on(argv, master):
+def test_the_master_of_the_session_started_ahead_is_the_one_the_command_asks_for(argv, master):
     from sparknet import cli
 
     args = cli.parse_args(argv.split())
     assert cli.session_master(args) == master
-    if master is not None:
+    if master is not None and argv.startswith("train"):
         assert cli.road(from_args(DistributedConfig, args)) is cli.Road.SPARK
 
 

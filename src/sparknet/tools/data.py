@@ -78,4 +78,5 @@ def configure_command(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds the job may take (default 1 ms a sample, at least 600; 0: no deadline)")
     p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
-    p.set_defaults(_run=_run_extended_mnist)
+    # _session: the master of the session it starts (python -m sparknet starts it while torch loads)
+    p.set_defaults(_run=_run_extended_mnist, _session=lambda args: args.master or "local[*]")

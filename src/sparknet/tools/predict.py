@@ -172,7 +172,8 @@ def configure_command(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=PREDICT_TIMEOUT_S,
                    help="seconds the scoring and writing job may take before it is cancelled (default: a day)")
     p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
-    p.set_defaults(_run=_run)
+    # _session: the master of the session it starts (python -m sparknet starts it while torch loads)
+    p.set_defaults(_run=_run, _session=lambda args: args.master or "local[*]")
 
 
 def _run(args: argparse.Namespace) -> int:
