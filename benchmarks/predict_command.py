@@ -1,0 +1,95 @@
+"""How long ``sparknet predict`` takes from its start: a LeNet model folder scores MNIST's 10,000 test digits.
+
+    python benchmarks/predict_command.py --baseline-rev HEAD~3 --repeats 3 --out benchmarks/results/predict_command.json
+
+It trains LeNet for 300 steps in this process, saves its model folder and writes MNIST's test digits as Parquet
+(``features`` array<float>, ``label``), then runs ``python -m sparknet predict`` on them ``--repeats`` times on each
+tree (with ``--baseline-rev``, that commit's ``src`` in a worktree, alternated with this tree's), from a folder outside
+both, each timed from its process's start to its end (Python, the Spark session and its JVM, the model, the scoring
+job and the Parquet written), with the load average sampled before and during. Every run's predictions are checked
+against the first's. Time nothing else while it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _bench import LoadSampler, save_json, source_trees
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _model_and_data(where: Path) -> tuple[Path, Path]:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sparknet import Net, zoo
+    from sparknet.datasets import mnist
+    from sparknet.model_io import save_model
+    from sparknet.solvers import SolverConfig
+
+    data = mnist()
+    net = Net(zoo.lenet(), SolverConfig(base_lr=0.05), batch_size=64, seed=0)
+    net.set_training_data(data.train)
+    net.train(300)
+    folder = save_model(where / "lenet", net)
+    x, y = np.asarray(data.test.x).reshape(len(data.test), -1), np.asarray(data.test.y)
+    table = pa.table({"id": np.arange(len(y)), "features": list(x), "label": y})
+    pq.write_table(table, where / "mnist_test.parquet")
+    return Path(folder), where / "mnist_test.parquet"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline-rev", default=None, help="a commit to run beside this tree")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", default="benchmarks/results/predict_command.json")
+    args = parser.parse_args(argv)
+    runs: dict[str, list[dict]] = {}
+    first = None
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as where, \
+            source_trees(ROOT, args.baseline_rev, Path(where)) as trees:
+        folder, data = _model_and_data(Path(where))
+        for i in range(args.repeats):
+            for name, src in trees.items():
+                out = Path(where) / f"scored-{i}-{name.split()[0]}"
+                cmd = [sys.executable, "-m", "sparknet", "predict", "--model-dir", str(folder), "--data", str(data),
+                       "--out", str(out)]
+                env = {**os.environ, "PYTHONPATH": str(src)}
+                with LoadSampler() as load:
+                    t0 = time.perf_counter()
+                    done = subprocess.run(cmd, cwd=Path(os.sep), env=env, capture_output=True, text=True, timeout=600)
+                    wall = time.perf_counter() - t0
+                if done.returncode != 0:
+                    raise SystemExit(f"{name}: predict failed ({done.returncode}):\n{done.stderr[-3000:]}")
+                result = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
+                import pyarrow.parquet as pq
+
+                predictions = pq.read_table(out, columns=["id", "prediction"]).to_pandas().sort_values("id")
+                predictions = predictions["prediction"].tolist()
+                first = first or predictions
+                if predictions != first:
+                    raise SystemExit(f"{name}: the predictions differ from the first run's")
+                runs.setdefault(name, []).append({"command_wall_s": round(wall, 2), "rows": result["rows"],
+                                                  "job_s": result["seconds"], **load.to_dict()})
+                print(f"{name} {i}: {wall:.2f} s from the command's start, the scoring job {result['seconds']} s",
+                      flush=True)
+    medians = {name: statistics.median(r["command_wall_s"] for r in rs) for name, rs in runs.items()}
+    print(json.dumps(medians))
+    save_json({"command": "python -m sparknet predict --model-dir lenet --data mnist_test.parquet --out scored",
+               "model": "lenet, 300 steps", "rows": 10_000, "repeats": args.repeats, "median_command_s": medians,
+               "runs": runs}, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
