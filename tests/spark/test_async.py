@@ -245,12 +245,15 @@ def test_async_config_checks_itself():
 
 def test_sparknet_train_takes_the_parameter_server_only_with_strategy_async(monkeypatch, capsys, caplog):
     from sparknet import cli
+    from sparknet.ps import session as ps_session
+    from sparknet.spark import run as spark_run
 
-    calls = []
-    monkeypatch.setattr(cli, "run_async",
+    calls = []  # each road's code is imported as it is taken (cli.train_command): replaced where it is defined
+    monkeypatch.setattr(ps_session, "run_async",
                         lambda run, dist, **flags: calls.append((dist.strategy, dist.tau, flags)) or {"steps": 1})
     engines = []
-    monkeypatch.setattr(cli, "train_distributed", lambda run, dist, options: engines.append(options) or {"steps": 2})
+    monkeypatch.setattr(spark_run, "train_distributed",
+                        lambda run, dist, options: engines.append(options) or {"steps": 2})
     argv = ["train", "--workers", "2", "--sync-interval", "7", "--combiner", "elastic", "--ps-host", "10.0.0.1"]
     assert cli.main(argv + ["--strategy", "async"]) == 0
     assert calls == [(Strategy.ASYNC, 7, {"combiner": "elastic", "ps_host": "10.0.0.1"})]
