@@ -104,9 +104,9 @@ def test_model_is_built_once_per_worker_process(fitted, data):
     def builds(s):
         import os
 
-        from sparknet.spark import ml
+        from sparknet.spark import scoring
 
-        counts = {k: v for k, v in ml._BUILDS.items() if k.startswith(model_id)}
+        counts = {k: v for k, v in scoring.BUILDS.items() if k.startswith(model_id)}
         return pd.Series([f"{os.getpid()} {sorted(counts.values())}"] * len(s))
 
     model_id = model.modelId

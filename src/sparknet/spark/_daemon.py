@@ -50,6 +50,7 @@ def _load() -> None:
 
         import sparknet.spark.barrier.executor  # noqa: F401  (the executor side of both engines, with the data path)
         import sparknet.spark.rounds.executor  # noqa: F401
+        import sparknet.spark.scoring  # noqa: F401  (what a scoring task of SparkNetModel.transform runs)
         from sparknet._malloc import keep_freed_memory
     except ImportError:  # pragma: no cover - an executor without torch or sparknet
         def keep_freed_memory():

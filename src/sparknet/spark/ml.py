@@ -30,13 +30,10 @@ import inspect
 import json
 import logging
 import os
-import threading
 import typing
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol,
@@ -52,9 +49,10 @@ from sparknet.metrics import MetricsLogger, json_safe, round_reporter, rounds_to
 from sparknet.sinks import close_sinks, make_sinks
 from sparknet.spark.backend import Held, run_with_deadline
 from sparknet.spark.session import is_connect, session_parallelism
+from sparknet.spark.scoring import score_batches
 from sparknet.spark.shared_path import check_shared_path
 from sparknet.spark.trainer import EngineOptions, SparkTrainer
-from sparknet.labels import Task, parse_task, score_columns
+from sparknet.labels import Task, parse_task
 
 __all__ = ["SparkNetEstimator", "SparkNetModel"]
 
@@ -280,94 +278,6 @@ def _features_as_array(schema, col: str):
         return "binary", F.col(col)
     raise ValueError(f"features column {col!r} is {dt.simpleString()}; it must be an ML Vector, an array of "
                      "numbers, or binary (with imageShape)")
-
-
-# -- executor side: the scoring UDF -------------------------------------------------------------
-_CACHE_SIZE = 2
-_MODEL_CACHE: OrderedDict[str, Any] = OrderedDict()
-_BUILDS: dict[str, int] = {}  # cache key -> times built in this process (for tests and logs)
-_CACHE_LOCK = threading.Lock()
-
-
-def _cached_model(key: str, files_bc, device: str, allow_pickle: bool):
-    """The model with content hash ``key``, built once per Python worker process."""
-    device = _executor_device(device)
-    with _CACHE_LOCK:
-        cache_key = f"{key}@{device}"
-        model = _MODEL_CACHE.get(cache_key)
-        if model is None:
-            log.info("building model %s on %s in process %d", key, device, os.getpid())
-            model = model_io.unpack_model(files_bc.value, device=device, allow_pickle=allow_pickle)
-            _MODEL_CACHE[cache_key] = model
-            _BUILDS[cache_key] = _BUILDS.get(cache_key, 0) + 1
-            while len(_MODEL_CACHE) > _CACHE_SIZE:
-                _MODEL_CACHE.popitem(last=False)
-        else:
-            _MODEL_CACHE.move_to_end(cache_key)
-        return model
-
-
-def _executor_device(device: str) -> str:
-    """The device a scoring task uses, chosen as a training task's is (:func:`~sparknet.spark.rounds.executor.
-    task_device`: the GPU Spark assigned it, else the CPU for ``auto``); ``cuda`` without CUDA is an error."""
-    import torch
-
-    from sparknet.spark.rounds.executor import task_device
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was asked for but this executor's torch sees no CUDA device")
-    return task_device(device)[0]
-
-
-def _decode_features(values, kind: str, shape: tuple[int, ...] | None) -> np.ndarray:
-    """One Arrow batch of feature cells (numpy arrays or bytes) to a float32 [n, *shape] array."""
-    n = len(values)
-    if n and any(v is None for v in values):
-        raise ValueError("the features column holds nulls; drop or fill them before transform()")
-    width = int(np.prod(shape)) if shape else None
-    if n == 0:
-        return np.zeros((0, *(shape or (0,))), dtype=np.float32)
-    if kind == "binary":
-        # As the trainer reads them: one byte per value (uint8 pixels, scaled to [0, 1]) or
-        # four (little-endian float32).
-        sizes = {len(v) for v in values}
-        if len(sizes) == 1 and width is not None and sizes == {4 * width}:
-            flat = [np.frombuffer(v, dtype="<f4") for v in values]
-        else:
-            flat = [np.frombuffer(v, dtype=np.uint8).astype(np.float32) / np.float32(255.0) for v in values]
-    else:
-        flat = list(values)
-    lengths = {len(v) for v in flat}
-    if len(lengths) != 1 or (width is not None and lengths != {width}):
-        want = f"{width} ({'x'.join(map(str, shape))})" if width is not None else "one length"
-        raise ValueError(f"feature vectors have lengths {sorted(lengths)[:5]}; the net takes {want}")
-    x = np.stack(flat).astype(np.float32, copy=False)
-    return x.reshape(n, *shape) if shape else x
-
-
-def _score_batches(batches, *, key: str, files_bc, kind: str, shape, threads: int, chunk: int,
-                   device: str, allow_pickle: bool, task: str = "classification") -> Iterator:
-    """Score Arrow batches as :func:`sparknet.labels.score_columns` says: logits, softmax probabilities and arg-max
-    predictions; a regressor: its outputs; a multi-label net: the indices of the labels whose sigmoid is above one
-    half, and each label's sigmoid."""
-    import pandas as pd
-    import torch
-
-    torch.set_num_threads(threads)
-    model = _cached_model(key, files_bc, device, allow_pickle)
-    shape = tuple(shape) if shape else None
-    task = parse_task(task)
-    for series in batches:
-        x = _decode_features(series.to_numpy(), kind, shape)
-        with torch.no_grad():
-            parts = [model.predict(torch.from_numpy(x[start:start + chunk])) for start in range(0, len(x), chunk)]
-        if parts:
-            yield pd.DataFrame(score_columns(torch.cat(parts), task))
-        elif task is Task.REGRESSION:  # a batch of no rows
-            yield pd.DataFrame({"prediction": []})
-        else:
-            yield pd.DataFrame({"prediction": [] if task is Task.MULTILABEL else np.zeros(0), "probability": [],
-                                "raw": []})
 
 
 class _Persisted(MLReadable, MLWritable):
@@ -738,7 +648,7 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
         # the model once all the same, by its content hash)
         bc = Held(self._require_files()) if is_connect(session) else self._broadcast(session.sparkContext)
         threads = self.getThreads() if self.isDefined(self.threads) and self.getThreads() else 1
-        score = functools.partial(_score_batches, key=self.modelId, files_bc=bc, kind=kind,
+        score = functools.partial(score_batches, key=self.modelId, files_bc=bc, kind=kind,
                                   shape=list(shape) if shape else None, threads=int(threads),
                                   chunk=int(self.getScoreBatchSize()), device=self.getDevice(),
                                   allow_pickle=self._allow_pickle, task=task.value)
