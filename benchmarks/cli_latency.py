@@ -70,7 +70,8 @@ def main(argv=None) -> int:
                                             f"{runs[name][command][0]['exit']})" for name in trees), flush=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             timeout=30).stdout.strip()
-    save_json({"commit": commit, "baseline_rev": args.baseline_rev, "commands": [f"python -m sparknet {c}" for c in COMMANDS], "repeats": args.repeats,
+    save_json({"commit": commit, "baseline_rev": args.baseline_rev,
+               "commands": [f"python -m sparknet {c}" for c in COMMANDS], "repeats": args.repeats,
                "median_wall_s": medians, "runs": runs}, args.out)
     return 0
 
