@@ -18,7 +18,7 @@ from pathlib import Path
 
 from sparknet.metrics import LoadSampler
 
-__all__ = ["LoadSampler", "timed_command", "last_summary", "save_json", "source_trees", "rig_module"]
+__all__ = ["LoadSampler", "timed_command", "last_summary", "save_json", "source_trees", "rig_module", "commit_of"]
 
 
 @contextmanager
@@ -36,6 +36,13 @@ def source_trees(root: Path, baseline_rev: str | None, where: Path):
     finally:
         if baseline_rev:
             subprocess.run(["git", "worktree", "remove", "--force", str(worktree)], cwd=root, capture_output=True)
+
+
+def commit_of(tree: Path = Path(__file__).resolve().parents[1]) -> str | None:
+    """The short commit a checkout is at (default: this one's); ``None`` outside git."""
+    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          timeout=30)
+    return done.stdout.strip() or None
 
 
 def save_json(result: dict, out: str | Path) -> Path:

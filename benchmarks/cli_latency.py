@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _bench import LoadSampler, save_json, source_trees
+from _bench import LoadSampler, commit_of, save_json, source_trees
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,9 +68,7 @@ def main(argv=None) -> int:
     for command in COMMANDS:
         print(f"{command:62s} " + "  ".join(f"{name}: {medians[name][command]:.2f} s (exit "
                                             f"{runs[name][command][0]['exit']})" for name in trees), flush=True)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            timeout=30).stdout.strip()
-    save_json({"commit": commit, "baseline_rev": args.baseline_rev,
+    save_json({"commit": commit_of(), "baseline_rev": args.baseline_rev,
                "commands": [f"python -m sparknet {c}" for c in COMMANDS], "repeats": args.repeats,
                "median_wall_s": medians, "runs": runs}, args.out)
     return 0

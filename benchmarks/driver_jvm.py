@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import LoadSampler, save_json  # noqa: E402
+from _bench import LoadSampler, commit_of, save_json  # noqa: E402
 
 from sparknet.spark.session import LATE_OPTIMIZER  # noqa: E402
 
@@ -123,9 +123,7 @@ def main(argv=None) -> int:
                       **{f"median_last_{job}": statistics.median(r[job][-1] for r in runs if r["set"] == name)
                          for job in ("staging_s", "aggregation_s", "to_pandas_s")}}
                for name in sets}
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, timeout=30).stdout.strip() or None
-    result = {"benchmark": "driver_jvm", "commit": commit, "cpus": os.cpu_count(),
+    result = {"benchmark": "driver_jvm", "commit": commit_of(), "cpus": os.cpu_count(),
               "data": "MNIST's 50,000 training rows", "sets": {name: SETS[name] for name in sets}, "summary": summary,
               "runs": runs}
     print(json.dumps(summary, indent=1))

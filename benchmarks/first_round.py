@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import LoadSampler, save_json, source_trees  # noqa: E402
+from _bench import LoadSampler, commit_of, save_json, source_trees  # noqa: E402
 
 COMMAND = ["train", "--model", "lenet", "--dataset", "mnist", "--lr", "0.05", "--rounds", "2", "--quiet"]
 POLL_S = 0.05
@@ -155,8 +155,7 @@ def main(argv=None) -> int:
     engines = [e for e in args.engines.split(",") if e]
     report = {"benchmark": "first_round", "command": "sparknet " + " ".join([*COMMAND, "--workers", str(args.workers)]),
               "cpu_count": os.cpu_count(),
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                       text=True).stdout.strip(), "baseline_rev": args.baseline_rev,
+              "commit": commit_of(), "baseline_rev": args.baseline_rev,
               "trimmed_java": args.trimmed_java, "warm": args.warm, "variants": variants, "runs": []}
     with tempfile.TemporaryDirectory(prefix="sparknet-first-round-") as tmp, \
             source_trees(ROOT, args.baseline_rev, Path(tmp)) as sources:

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _bench import LoadSampler, save_json, source_trees
+from _bench import LoadSampler, commit_of, save_json, source_trees
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,9 +85,7 @@ def main(argv=None) -> int:
                       flush=True)
     medians = {name: statistics.median(r["command_wall_s"] for r in rs) for name, rs in runs.items()}
     print(json.dumps(medians))
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            timeout=30).stdout.strip()
-    save_json({"commit": commit, "baseline_rev": args.baseline_rev,
+    save_json({"commit": commit_of(), "baseline_rev": args.baseline_rev,
                "command": "python -m sparknet predict --model-dir lenet --data mnist_test.parquet --out scored",
                "model": "lenet, 300 steps", "rows": 10_000, "repeats": args.repeats, "median_command_s": medians,
                "runs": runs}, args.out)

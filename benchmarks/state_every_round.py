@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import LoadSampler, save_json, source_trees  # noqa: E402
+from _bench import LoadSampler, commit_of, save_json, source_trees  # noqa: E402
 
 FIT = r"""
 import json, resource, statistics, sys
@@ -97,8 +97,7 @@ def main(argv=None) -> int:
         key: statistics.median(f[key] for f in fits if f["tree"] == name and f["state_every_rounds"] == every)
         for key in ("round_s", "driver_peak_rss_mb")} for name, _, every in runs}
     out = save_json({"benchmark": "state_every_round", "width": args.width, "cpu_count": os.cpu_count(),
-                     "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                              text=True).stdout.strip(), "baseline_rev": args.baseline_rev,
+                     "commit": commit_of(), "baseline_rev": args.baseline_rev,
                      "fits": fits, "medians": medians}, args.out)
     print(json.dumps({"medians": medians, "out": out.name}))
     return 0

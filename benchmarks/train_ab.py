@@ -18,18 +18,9 @@ import statistics
 import sys
 from pathlib import Path
 
-from _bench import save_json, timed_command
+from _bench import commit_of, save_json, timed_command
 
 HERE = Path(__file__).resolve().parents[1] / "src"
-
-
-def _commit(tree: Path) -> str | None:
-    """The commit a source tree is checked out at (``None``: not a git checkout)."""
-    import subprocess
-
-    done = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          timeout=30)
-    return done.stdout.strip() or None
 
 
 def main(argv=None) -> int:
@@ -60,7 +51,8 @@ def main(argv=None) -> int:
     for rs in runs.values():
         for r in rs:
             r["command"] = shown
-    save_json({"command": shown, "base_commit": _commit(Path(args.base_src).parent), "this_commit": _commit(HERE.parent),
+    save_json({"command": shown, "base_commit": commit_of(Path(args.base_src).parent),
+               "this_commit": commit_of(HERE.parent),
                "summary": summary, "runs": runs}, args.out)
     return 0
 

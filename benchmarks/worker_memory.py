@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _bench import LoadSampler, save_json, source_trees  # noqa: E402
+from _bench import LoadSampler, commit_of, save_json, source_trees  # noqa: E402
 
 HIDDEN = [1024] * 16
 
@@ -180,8 +180,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     hidden = [args.width] * len(HIDDEN)
     report = {"benchmark": "worker_memory", "hidden": hidden, "cpu_count": os.cpu_count(),
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                       text=True).stdout.strip(), "baseline_rev": args.baseline_rev, "fits": []}
+              "commit": commit_of(), "baseline_rev": args.baseline_rev, "fits": []}
     with tempfile.TemporaryDirectory(prefix="sparknet-worker-memory-") as tmp, \
             source_trees(ROOT, args.baseline_rev, Path(tmp)) as trees:
         for kind in ("whole", "sharded"):
