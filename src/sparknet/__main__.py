@@ -3,8 +3,7 @@
 The command line is parsed first, before torch is loaded (:func:`sparknet.cli.parse_args` loads none): ``--help``
 and a mistyped flag are answered at once. A command that starts a Spark session (:func:`sparknet.cli.session_master`
 says on which master: ``train`` on the Spark engines' road, ``predict``, ``data``) then starts it in a thread while
-Python loads
-torch and the rest of sparknet: on a machine with cores to spare the whole session
+Python loads torch and the rest of sparknet: on a machine with cores to spare the whole session
 (:func:`sparknet.spark.session.start_session_ahead`: the driver JVM and the SparkContext, which the command's
 ``get_session`` then finds made), else its driver JVM alone (:func:`sparknet.spark.session.start_driver_jvm`;
 :func:`sparknet.spark.session.starts_session_ahead` chooses).
