@@ -59,16 +59,18 @@ def last_summary(metrics: Path) -> dict:
     return next(r for r in reversed(records) if r.get("event") == "summary")
 
 
-def timed_command(cmd: list[str], *, cwd: Path, env: dict | None = None, timeout_s: float = 1800.0) -> dict:
-    """Run ``cmd`` and time it from its start to its end; the load average beside it; raise if it failed."""
+def timed_command(cmd: list[str], *, cwd: Path, env: dict | None = None, timeout_s: float = 1800.0,
+                  check: bool = True) -> dict:
+    """Run ``cmd`` and time it from its start to its end; the load average beside it, and its exit code; raise if it
+    failed (unless ``check`` is false: a command expected to refuse its input)."""
     with LoadSampler() as load:
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
         wall = time.perf_counter() - t0
-    if proc.returncode != 0:
+    if check and proc.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return {"command": " ".join(cmd), "command_wall_s": round(wall, 1), "stdout_tail": proc.stdout[-2000:],
-            **load.to_dict()}
+    return {"command": " ".join(cmd), "command_wall_s": round(wall, 2), "exit": proc.returncode,
+            "stdout_tail": proc.stdout[-2000:], **load.to_dict()}
 
 
 def rig_module():

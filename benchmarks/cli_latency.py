@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from _bench import LoadSampler, commit_of, save_json, source_trees
+from _bench import commit_of, save_json, source_trees, timed_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,12 +33,10 @@ COMMANDS = (
 
 
 def _timed(argv: list[str], env: dict) -> dict:
-    with LoadSampler() as load:
-        t0 = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "sparknet", *argv], cwd=Path(os.sep), env=env,
-                              capture_output=True, text=True, timeout=120)
-        wall = time.perf_counter() - t0
-    return {"wall_s": round(wall, 3), "exit": done.returncode, **load.to_dict()}
+    run = timed_command([sys.executable, "-m", "sparknet", *argv], cwd=Path(os.sep), env=env, timeout_s=120,
+                        check=False)
+    return {"wall_s": run["command_wall_s"], "exit": run["exit"],
+            **{k: v for k, v in run.items() if k.startswith("load_average")}}
 
 
 def main(argv=None) -> int:

@@ -16,13 +16,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from _bench import LoadSampler, commit_of, save_json, source_trees
+import pyarrow.parquet as pq
+
+from _bench import commit_of, save_json, source_trees, timed_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,7 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def _model_and_data(where: Path) -> tuple[Path, Path]:
     import numpy as np
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from sparknet import Net, zoo
     from sparknet.datasets import mnist
@@ -65,22 +64,17 @@ def main(argv=None) -> int:
                 cmd = [sys.executable, "-m", "sparknet", "predict", "--model-dir", str(folder), "--data", str(data),
                        "--out", str(out)]
                 env = {**os.environ, "PYTHONPATH": str(src)}
-                with LoadSampler() as load:
-                    t0 = time.perf_counter()
-                    done = subprocess.run(cmd, cwd=Path(os.sep), env=env, capture_output=True, text=True, timeout=600)
-                    wall = time.perf_counter() - t0
-                if done.returncode != 0:
-                    raise SystemExit(f"{name}: predict failed ({done.returncode}):\n{done.stderr[-3000:]}")
-                result = json.loads([line for line in done.stdout.splitlines() if line.startswith("{")][-1])
-                import pyarrow.parquet as pq
-
+                run = timed_command(cmd, cwd=Path(os.sep), env=env, timeout_s=600)
+                wall = run["command_wall_s"]
+                result = json.loads([line for line in run["stdout_tail"].splitlines() if line.startswith("{")][-1])
                 predictions = pq.read_table(out, columns=["id", "prediction"]).to_pandas().sort_values("id")
                 predictions = predictions["prediction"].tolist()
                 first = first or predictions
                 if predictions != first:
                     raise SystemExit(f"{name}: the predictions differ from the first run's")
-                runs.setdefault(name, []).append({"command_wall_s": round(wall, 2), "rows": result["rows"],
-                                                  "job_s": result["seconds"], **load.to_dict()})
+                runs.setdefault(name, []).append({"command_wall_s": wall, "rows": result["rows"],
+                                                  "job_s": result["seconds"],
+                                                  **{k: v for k, v in run.items() if k.startswith("load_average")}})
                 print(f"{name} {i}: {wall:.2f} s from the command's start, the scoring job {result['seconds']} s",
                       flush=True)
     medians = {name: statistics.median(r["command_wall_s"] for r in rs) for name, rs in runs.items()}
