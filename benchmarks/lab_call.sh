@@ -17,8 +17,9 @@
 # `alexnet gpt` and `k16`.
 #
 # Next visit, first: `warm first_round` (the whole session started ahead where cores are spare, 2026-11-30, is
-# unmeasured there), then `warm k8` in a call of its own (issue 33's K = 8 criteria in one script run). Then `warm
-# k8_warm` (issue 33's first criterion, K = 8 from a warm start, in one call of about 260 s). After the
+# unmeasured there), then `warm k8` in a call of its own (issue 33's K = 8 criteria in one script run, with averaging
+# with slow momentum beside plain averaging). Then `warm k8_slow` (issue 33's first criterion: slow momentum, cold
+# and from a warm start, in one call of about 290 s), then `k8_warm`. After the
 # first-round changes of 2026-11-28 (the Python daemon loaded ahead, the barrier store on the driver, the
 # dealt rows copied out of .npy files, fresh workers without importlib.invalidate_caches), run `warm k8` first: issue
 # 33's K = 8 criteria need every peer in one script run. Then `lenet_gpu k8_engines`: issue 34's shared GPU and the
@@ -39,7 +40,13 @@
 #              (sparknet's default from 4 cores, session.starts_session_ahead) against the driver JVM alone (its
 #              default on fewer); on two cores the same (first_round_session_ahead_2cores.json), with 16 is the session
 #              ready sooner, and is `session` about `imported`? (about 120 s; after `warm`)
-#   k8         time_to_99.py, K = 8: one process with 1 and 8 threads, both engines, TorchDistributor, 8 bare (460 s)
+#   k8         time_to_99.py, K = 8: one process with 1 and 8 threads, both engines averaging, the rounds engine
+#              averaging with slow momentum 0.7, TorchDistributor, 8 bare (460 s before the slow-momentum run; that
+#              run some 35 s)
+#   k8_slow    time_to_99.py, K = 8 averaging with slow momentum 0.7 (--strategy diloco --outer-lr 1
+#              --outer-momentum 0.7), both engines, cold and from 500 warm-up steps, beside one process with 1 and 8
+#              threads (simulated, K = 8 to 99%: 950 steps a worker averaging, 450-550 with slow momentum 0.7;
+#              benchmarks/results/slow_momentum_sim.json; about 290 s)
 #   k8_warm    time_to_99.py, K = 8 from 500 warm-up steps on the driver, both engines, beside one process with 1 and
 #              8 threads (two cores, 2026-11-29, eight tasks sharing them, every round evaluated: 900 steps a worker
 #              to 99% cold, 350 from 500 warm-up steps, 250 from 1,000; about 200 s)
@@ -95,7 +102,8 @@ for name in "$@"; do
     warm) need=60; cmd="python3 -m sparknet train --model lenet --dataset mnist --workers 2 --engine barrier --steps 20 --tau 10 --quiet --metrics-out /tmp/warm.jsonl; python3 -c 'import sys; sys.path.insert(0, \"benchmarks\"); from first_round import settle_class_archive; settle_class_archive(90)'; ls -la \$HOME/.cache/sparknet/jvm 2> /dev/null; true" ;;
     driver_jvm) need=80; cmd="python3 benchmarks/driver_jvm.py --repeats 2 --sets defaults,late-c2" ;;
     first_round) need=130; cmd="python3 benchmarks/first_round.py --workers 8 --engines rounds --repeats 3 --variant ahead:SPARKNET_SESSION_AHEAD=1 --variant jvm:SPARKNET_SESSION_AHEAD=0" ;;
-    k8) need=240; cmd="$T99 --workers 8 --threads 1,8 --timeout 150" ;;
+    k8) need=300; cmd="$T99 --workers 8 --threads 1,8 --slow-momentum 0.7 --only 'one process|=rounds, 8 workers|=barrier, 8 workers|=rounds, 8 workers, slow momentum 0.7|torch|bare' --timeout 150" ;;
+    k8_slow) need=270; cmd="$T99 --workers 8 --threads 1,8 --slow-momentum 0.7 --warmup-steps 500 --only 'one process|slow momentum' --timeout 120" ;;
     k8_warm) need=200; cmd="$T99 --workers 8 --threads 1,8 --warmup-steps 500 --only 'one process|warm-up' --timeout 120" ;;
     k8_engines) need=115; cmd="$T99 --workers 8 --only '8 workers' --timeout 100" ;;
     k8_every) need=110; cmd="$T99 --workers 8 --only 'rounds, 8 workers' --eval-budget 1 --eval-overlap --timeout 100" ;;

@@ -37,9 +37,9 @@ def points(reports: list[dict]) -> dict:
             elif name.startswith("torch_distributor"):
                 time_s["TorchDistributor (DDP)"][int(name.split(",")[1].split()[0])].append(run["command_wall_s"])
             else:
-                warm = next((part.split()[0] for part in name.split(",") if part.endswith("warm-up steps")), None)
-                series = (name.split(",")[0] + (" (K x G)" if "processes" in name else "")
-                          + (f", {warm} warm-up steps" if warm else ""))
+                # the engine, then what the run does beyond K workers ("slow momentum 0.7", "500 warm-up steps")
+                engine, _workers, *more = (part.strip() for part in name.split(","))
+                series = engine + (" (K x G)" if "processes" in name else "") + "".join(f", {m}" for m in more)
                 k = _processes(name)
                 time_s[series][k].append(run["command_wall_s"])
                 if summary.get("samples_per_s"):

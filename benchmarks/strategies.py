@@ -3,6 +3,9 @@
     python benchmarks/strategies.py                      # K in {2,4,8}, tau in {1,10,50,200}, target 98.5%
     python benchmarks/strategies.py --quick              # a small grid on the 5k MNIST subset
     python benchmarks/strategies.py --compression int8   # the same with int8 + error feedback
+    python benchmarks/strategies.py --workers 8 --taus 50 --strategies average diloco --target 0.99 \
+        --solver train --diloco-inner sgd --diloco-outer-lr 1 --diloco-outer-momentum 0.5 0.7 --seeds 0 1
+                                                         # averaging with slow momentum, as `sparknet train` trains
 
 K logical workers run one after another in one process (iterations are what is counted),
 through the same strategy code the Spark engines run (``sparknet.simulate``). Cells run in
@@ -31,6 +34,16 @@ STRATEGY_SOLVERS = {
     "sync": {"type": "sgd", "base_lr": 0.05, "momentum": 0.9},
     "diloco": {"type": "adamw", "base_lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-4},
 }
+TRAIN_SOLVER = {"type": "sgd", "base_lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "lr_policy": "inv",
+                "gamma": 1e-4, "power": 0.75}
+"""``--solver train``: every SGD worker's rule as ``sparknet train --lr 0.05`` trains (its weight decay and Caffe's inv
+policy), and DiLoCo's inside too with ``--diloco-inner sgd``: averaging with slow momentum (SlowMo, Wang et al. 2020,
+with Nesterov's form of the outer step)."""
+
+
+def _key(r: dict) -> tuple:
+    """A cell's identity: what the resumed file is matched on."""
+    return (r["strategy"], r["workers"], r["tau"], r["seed"], json.dumps(r.get("options"), sort_keys=True))
 
 
 def _cell(job: dict) -> dict:
@@ -44,7 +57,7 @@ def _cell(job: dict) -> dict:
     data = mnist_small() if job["quick"] else mnist()
     train, test = data.train, data.test
     net = zoo.lenet(batch_size=job["batch_size"])
-    solver = SolverConfig(**{**STRATEGY_SOLVERS[job["strategy"]], **job.get("solver", {})})
+    solver = SolverConfig(**{**STRATEGY_SOLVERS[job.get("solver_of", job["strategy"])], **job.get("solver", {})})
     t0 = time.perf_counter()
     r = simulate(net, train, test, workers=job["workers"], tau=job["tau"], strategy=job["strategy"], solver=solver,
                  batch_size=job["batch_size"], target_accuracy=job["target"], steps=job["steps"],
@@ -74,9 +87,14 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--compression", default="none")
     p.add_argument("--diloco-outer-lr", type=float, default=0.7)
-    p.add_argument("--diloco-outer-momentum", type=float, default=0.9)
+    p.add_argument("--diloco-outer-momentum", type=float, nargs="+", default=[0.9],
+                   help="one DiLoCo cell for each")
+    p.add_argument("--diloco-inner", choices=("adamw", "sgd"), default="adamw",
+                   help="DiLoCo's inner rule: the paper's AdamW, or the SGD workers' own (slow momentum)")
+    p.add_argument("--solver", choices=("plain", "train"), default="plain",
+                   help="plain: SGD lr 0.05, momentum 0.9; train: also sparknet train's weight decay and inv policy")
     p.add_argument("--processes", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--quick", action="store_true", help="5k MNIST subset, K in {2,4}, tau in {1,10,50}, target 95%%")
     p.add_argument("--out", default=None)
     p.add_argument("--resume", action="store_true", help="keep the cells already saved in the output file, run the rest")
@@ -84,15 +102,19 @@ def main(argv=None) -> list[dict]:
     if args.quick:
         args.workers, args.taus, args.target, args.steps = [2, 4], [1, 10, 50], 0.95, 1500
     jobs = []
-    for k, tau, strategy in itertools.product(args.workers, args.taus, args.strategies):
+    sgd = TRAIN_SOLVER if args.solver == "train" else {}
+    for seed, k, tau, strategy in itertools.product(args.seeds, args.workers, args.taus, args.strategies):
         if strategy == "sync" and tau != 1:
             continue  # the naive scheme synchronizes every step
         job = {"strategy": strategy, "workers": k, "tau": tau, "target": args.target, "steps": args.steps,
                "eval_every": max(args.eval_every, tau), "batch_size": args.batch_size, "compression": args.compression,
-               "seed": args.seed, "quick": args.quick}
-        if strategy == "diloco":
-            job["options"] = {"outer_lr": args.diloco_outer_lr, "outer_momentum": args.diloco_outer_momentum}
-        jobs.append(job)
+               "seed": seed, "quick": args.quick}
+        if strategy != "diloco":
+            jobs.append({**job, "solver": sgd} if sgd else job)
+            continue
+        inner = {"solver_of": "average", "solver": sgd} if args.diloco_inner == "sgd" else {}
+        jobs.extend({**job, **inner, "options": {"outer_lr": args.diloco_outer_lr, "outer_momentum": m}}
+                    for m in args.diloco_outer_momentum)
     name = "strategies_quick" if args.quick else "strategies"
     if args.compression != "none":
         name += f"_{args.compression}"
@@ -102,11 +124,11 @@ def main(argv=None) -> list[dict]:
     load = LoadSampler(every_s=30.0).start()
     results = []
     if args.resume and out.exists():
-        wanted = {(j["strategy"], j["workers"], j["tau"]) for j in jobs}
+        wanted = {_key(j) for j in jobs}
         results = [r for r in json.loads(out.read_text())["results"]
-                   if (r["strategy"], r["workers"], r["tau"]) in wanted and r["target"] == args.target]
-        done = {(r["strategy"], r["workers"], r["tau"]) for r in results}
-        jobs_left = [j for j in jobs if (j["strategy"], j["workers"], j["tau"]) not in done]
+                   if _key(r) in wanted and r["target"] == args.target]
+        done = {_key(r) for r in results}
+        jobs_left = [j for j in jobs if _key(j) not in done]
         print(f"resuming: {len(results)} cells saved, {len(jobs_left)} to run", flush=True)
     else:
         jobs_left = jobs
@@ -117,12 +139,14 @@ def main(argv=None) -> list[dict]:
             print(f"cell {len(results)}/{len(jobs)}: {r['strategy']} K={r['workers']} tau={r['tau']} "
                   f"reached={r['reached']} rounds={r['rounds']}", flush=True)
             _save(out, args, t0, results, load, complete=len(results) == len(jobs))
-    order = {(j["strategy"], j["workers"], j["tau"]): i for i, j in enumerate(jobs)}
-    results.sort(key=lambda r: order[(r["strategy"], r["workers"], r["tau"])])
-    print(f"{'strategy':9} {'K':>3} {'tau':>4} {'reached':>7} {'rounds':>6} {'steps/worker':>12} {'MB sent':>9} {'acc':>7}")
+    order = {_key(j): i for i, j in enumerate(jobs)}
+    results.sort(key=lambda r: order[_key(r)])
+    print(f"{'strategy':9} {'outer m':>7} {'seed':>4} {'K':>3} {'tau':>4} {'reached':>7} {'rounds':>6} "
+          f"{'steps/worker':>12} {'MB sent':>9} {'acc':>7}")
     for r in results:
-        print(f"{r['strategy']:9} {r['workers']:>3} {r['tau']:>4} {str(r['reached']):>7} {r['rounds']:>6} "
-              f"{r['steps_per_worker']:>12} {r['bytes'] / 1e6:>9.1f} {r['accuracy']:>7.4f}")
+        m = r.get("options", {}).get("outer_momentum", "")
+        print(f"{r['strategy']:9} {m:>7} {r['seed']:>4} {r['workers']:>3} {r['tau']:>4} {str(r['reached']):>7} "
+              f"{r['rounds']:>6} {r['steps_per_worker']:>12} {r['bytes'] / 1e6:>9.1f} {r['accuracy']:>7.4f}")
     load.stop()
     _save(out, args, t0, results, load, complete=True)
     print(f"saved {out}")

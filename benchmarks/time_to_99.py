@@ -19,7 +19,7 @@ while evaluations have taken more than that share of the time so far):
   largest K), a process of several threads allowed 8,000 steps so that it gets there;
 - ``rounds`` and ``barrier``: ``sparknet train --workers K --tau 50`` on ``local[K]``, for each K of ``--workers``
   (with ``--round-seconds S``, rounds of S seconds in place of 50 steps; with ``--warmup-steps W``, each also started
-  from W steps on the driver);
+  from W steps on the driver; with ``--slow-momentum M``, each also averaging with slow momentum M);
 - ``K x G``: the barrier engine with K workers of G processes each (``--procs-per-worker G``, batch 64 per process,
   so 64 G per worker) on ``local[K*G]``, for each shape of ``--shapes``; ``KxG@LR`` gives that shape its own
   learning rate (a bigger batch usually takes a larger one: say how it was tuned);
@@ -69,7 +69,7 @@ RUNS: dict[str, list[str]] = {}
 
 def runs_for(workers: list[int], threads: list[int], shapes: list[str] = (),
              round_seconds: float | None = None, overlap: bool = False,
-             warmup: list[int] = ()) -> dict[str, list[str]]:
+             warmup: list[int] = (), slow_momentum: list[float] = ()) -> dict[str, list[str]]:
     """The runs of one call: one process with each of ``threads``, then each engine with each of ``workers`` (a
     process with several threads may take twice the steps, so that it gets to the target), then the barrier engine
     with each ``KxG[@LR]`` of ``shapes``. With ``round_seconds``, each engine's rounds end after that many seconds
@@ -77,7 +77,9 @@ def runs_for(workers: list[int], threads: list[int], shapes: list[str] = (),
     ``overlap``, the rounds engine scores each round's weights in a driver thread while the next round trains
     (``--eval-overlap``): the evaluations leave the rounds' critical path, the target is seen a round late. For
     each W of ``warmup``, each engine also starts from W steps on the driver (``--warmup-steps W``, all the driver's
-    cores, on the first rows of each partition, at most 20,000)."""
+    cores, on the first rows of each partition, at most 20,000). For each M of ``slow_momentum``, each engine also
+    averages with slow momentum M (``--strategy diloco --outer-lr 1 --outer-momentum M``: the average's change taken
+    as an outer gradient with Nesterov momentum M, the SGD workers unchanged), cold and from each W of ``warmup``."""
     runs = {f"one process, {t} thread{'s' if t > 1 else ''}": [*TRAIN, "--threads", str(t), "--eval-every", str(EVERY),
                                                                "--steps", str(MAX_STEPS * (2 if t > 1 else 1))]
             for t in threads}
@@ -93,6 +95,14 @@ def runs_for(workers: list[int], threads: list[int], shapes: list[str] = (),
             runs[f"rounds, {k} workers{timed}, {w} warm-up steps"] = [*spark, "--warmup-steps", str(w)]
             runs[f"barrier, {k} workers{timed}, {w} warm-up steps"] = [*spark, "--engine", "barrier",
                                                                        "--warmup-steps", str(w)]
+        for m in slow_momentum:
+            slow = ["--strategy", "diloco", "--outer-lr", "1", "--outer-momentum", f"{m:g}"]
+            for w in [0, *warmup]:
+                warm = ["--warmup-steps", str(w)] if w else []
+                also = f", {w} warm-up steps" if w else ""
+                runs[f"rounds, {k} workers{timed}, slow momentum {m:g}{also}"] = [*spark, *slow, *warm]
+                runs[f"barrier, {k} workers{timed}, slow momentum {m:g}{also}"] = [*spark, "--engine", "barrier",
+                                                                                   *slow, *warm]
     for shape in shapes:
         size, _, lr = shape.partition("@")
         k, g = (int(v) for v in size.lower().split("x"))
@@ -100,6 +110,15 @@ def runs_for(workers: list[int], threads: list[int], shapes: list[str] = (),
             *TRAIN, "--workers", str(k), "--procs-per-worker", str(g), "--tau", str(EVERY), "--engine", "barrier",
             "--master", f"local[{k * g}]", *(["--lr", lr] if lr else [])]
     return runs
+
+
+def selected(names: list[str], only: str | None) -> list[str]:
+    """The runs ``--only`` names: each of its ``|``-split parts names the runs that contain it, or (``=NAME``) the run
+    of that name alone."""
+    if only is None:
+        return names
+    parts = only.split("|")
+    return [n for n in names if any(p[1:] == n if p.startswith("=") else p in n for p in parts)]
 
 
 def _processes(run: str) -> int:
@@ -244,7 +263,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--only", default=None,
-                   help="run only the runs whose name contains this (or one of several, split by |)")
+                   help="run only the runs whose name contains this (or one of several, split by |; =NAME: the run "
+                        "of that name alone)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds each run may take")
     p.add_argument("--eval-budget", type=float, default=1.0,
                    help="sparknet's --eval-budget for every run (1: evaluate every 50 steps, the default here; "
@@ -260,6 +280,9 @@ def main(argv=None) -> int:
                    help="also the rounds engine with its evaluations in a driver thread (--eval-overlap)")
     p.add_argument("--warmup-steps", default="",
                    help="comma-separated W: also each engine started from W steps on the driver (--warmup-steps)")
+    p.add_argument("--slow-momentum", default="",
+                   help="comma-separated M: also each engine averaging with slow momentum M (--strategy diloco "
+                        "--outer-lr 1 --outer-momentum M), cold and from each --warmup-steps")
     p.add_argument("--bare-steps", type=int, default=BARE_STEPS[0], help="steps of each bare process")
     p.add_argument("--dataset", default="mnist", choices=("mnist", "extended-mnist"),
                    help="what every run trains on (extended-mnist: 100,000 deformed digits, made once before the "
@@ -280,13 +303,13 @@ def main(argv=None) -> int:
         load_dataset(args.dataset)
     TRAIN[:] = train_args(args.dataset, args.target)
     RUNS.update(runs_for(workers, threads, shapes, args.round_seconds, args.eval_overlap,
-                         [int(w) for w in args.warmup_steps.split(",") if w]))
+                         [int(w) for w in args.warmup_steps.split(",") if w],
+                         [float(m) for m in args.slow_momentum.split(",") if m]))
     os.environ["SPARKNET_BENCH_EVAL_BUDGET"] = str(args.eval_budget)  # the runs and the DDP processes read it
     os.environ["SPARKNET_BENCH_DATASET"], os.environ["SPARKNET_BENCH_TARGET"] = args.dataset, str(args.target)
     BARE_STEPS[0] = args.bare_steps
-    names = [n for n in [*RUNS, *(f"torch_distributor, {k} processes" for k in workers),
-                         *(f"bare, {k} processes" for k in workers)]
-             if args.only is None or any(part in n for part in args.only.split("|"))]
+    names = selected([*RUNS, *(f"torch_distributor, {k} processes" for k in workers),
+                      *(f"bare, {k} processes" for k in workers)], args.only)
     runs = []
     with tempfile.TemporaryDirectory(prefix="sparknet-bench-") as tmp:
         for repeat in range(args.repeats):

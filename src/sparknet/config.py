@@ -404,7 +404,8 @@ class DistributedConfig:
     link_bandwidth: str | None = None
     """Simulated slow network: and its bytes over this bandwidth (e.g. 100Mbit; bits per second)."""
     outer_lr: float = 0.7
-    """DiLoCo's outer learning rate."""
+    """DiLoCo's outer learning rate (with SGD workers, 1 and an outer momentum of 0.5-0.7: averaging with slow
+    momentum)."""
     outer_momentum: float = 0.9
     """DiLoCo's outer Nesterov momentum."""
     easgd_beta: float = 0.9
