@@ -52,6 +52,7 @@ def _cell(job: dict) -> dict:
     torch.set_num_threads(1)
     from sparknet import SolverConfig, zoo
     from sparknet.datasets import mnist, mnist_small
+    from sparknet.errors import NonFiniteUpdate
     from sparknet.simulate import simulate
 
     data = mnist_small() if job["quick"] else mnist()
@@ -59,10 +60,14 @@ def _cell(job: dict) -> dict:
     net = zoo.lenet(batch_size=job["batch_size"])
     solver = SolverConfig(**{**STRATEGY_SOLVERS[job.get("solver_of", job["strategy"])], **job.get("solver", {})})
     t0 = time.perf_counter()
-    r = simulate(net, train, test, workers=job["workers"], tau=job["tau"], strategy=job["strategy"], solver=solver,
-                 batch_size=job["batch_size"], target_accuracy=job["target"], steps=job["steps"],
-                 eval_every_steps=job["eval_every"], compression=job["compression"], seed=job["seed"],
-                 strategy_options=job.get("options"))
+    try:
+        r = simulate(net, train, test, workers=job["workers"], tau=job["tau"], strategy=job["strategy"],
+                     solver=solver, batch_size=job["batch_size"], target_accuracy=job["target"], steps=job["steps"],
+                     eval_every_steps=job["eval_every"], compression=job["compression"], seed=job["seed"],
+                     strategy_options=job.get("options"))
+    except NonFiniteUpdate as e:  # every worker's weights diverged: a result of the cell, not a failure of the grid
+        return {**job, "reached": False, "diverged": str(e), "rounds": 0, "steps_per_worker": 0, "bytes": 0,
+                "accuracy": 0.0, "cell_s": time.perf_counter() - t0, "curve": []}
     out = {k: v for k, v in r.to_dict().items() if k != "history"}
     out.update(job)
     out["cell_s"] = time.perf_counter() - t0
@@ -145,7 +150,8 @@ def main(argv=None) -> list[dict]:
           f"{'steps/worker':>12} {'MB sent':>9} {'acc':>7}")
     for r in results:
         m = r.get("options", {}).get("outer_momentum", "")
-        print(f"{r['strategy']:9} {m:>7} {r['seed']:>4} {r['workers']:>3} {r['tau']:>4} {str(r['reached']):>7} "
+        print(f"{r['strategy']:9} {m:>7} {r['seed']:>4} {r['workers']:>3} {r['tau']:>4} "
+              f"{'diverged' if r.get('diverged') else str(r['reached']):>7} "
               f"{r['rounds']:>6} {r['steps_per_worker']:>12} {r['bytes'] / 1e6:>9.1f} {r['accuracy']:>7.4f}")
     load.stop()
     _save(out, args, t0, results, load, complete=True)
