@@ -49,7 +49,8 @@ def main() -> int:
             from sparknet.spark.backend import start_python_workers
 
             # then, on this machine, the session's Python workers, while the command still loads
-            start_session_ahead(master, then=start_python_workers if on_one_machine(master) else None)
+            start_session_ahead(master, then=start_python_workers if on_one_machine(master) else None,
+                                app_name=cli.session_app_name(args))
         else:  # the JVM alone: the SparkContext is made once the command asks for it
             start_driver_jvm()
     code = cli.run(args)

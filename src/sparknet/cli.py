@@ -44,7 +44,7 @@ from sparknet.ps.config import AsyncConfig
 from sparknet.spark.session import PANDAS_NOTICE
 
 __all__ = ["main", "build_parser", "parse_args", "prepare", "run", "read_config", "print_config", "Road", "road",
-           "session_master", "train_command", "COMMANDS"]
+           "session_master", "session_app_name", "train_command", "COMMANDS"]
 
 log = logging.getLogger("sparknet")
 
@@ -199,6 +199,11 @@ def session_master(args: argparse.Namespace) -> str | None:
         return tell(args) if tell is not None else None
     except ValueError:
         return None
+
+
+def session_app_name(args: argparse.Namespace) -> str:
+    """The name of the Spark session a parsed command line starts (its subcommand's ``_app_name``; ``sparknet``)."""
+    return getattr(args, "_app_name", "sparknet")
 
 
 def _train_session(args: argparse.Namespace) -> str | None:

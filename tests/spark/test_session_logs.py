@@ -364,16 +364,17 @@ _HANDED_OVER = textwrap.dedent("""
     session.start_session_ahead = start_and_wait
     from sparknet.__main__ import main
     code = main()
-    print("HANDED", [getattr(s, "sparkContext", None) and s.sparkContext.master for s in handed], file=sys.stderr)
+    print("HANDED", [getattr(s, "sparkContext", None) and f"{s.sparkContext.master} {s.sparkContext.appName}"
+                     for s in handed], file=sys.stderr)
     sys.exit(code)
 """)
 """``python -m sparknet`` run so that it says which session each ``get_session`` was handed from those started
-ahead (``HANDED [master]``; ``[None]``: none)."""
+ahead (``HANDED ['master name']``; ``[None]``: none)."""
 
 
 def _command_ahead_or_not(tmp_path, setting: str, *argv: str) -> str:
     """``python -m sparknet *argv`` in ``tmp_path`` with ``$SPARKNET_SESSION_AHEAD`` at ``setting``: it succeeds and
-    prints no pandas notice; the masters of the sessions it was handed from those started ahead."""
+    prints no pandas notice; the masters and names of the sessions it was handed from those started ahead."""
     env = {**os.environ, spark_session.SESSION_AHEAD_ENV: setting, spark_session.CLASS_ARCHIVE_ENV: "0"}
     proc = subprocess.run([sys.executable, "-c", _HANDED_OVER, *argv], capture_output=True, text=True, timeout=300,
                           cwd=tmp_path, env=env)
@@ -394,7 +395,7 @@ def test_the_command_trains_the_same_with_its_session_started_ahead_or_its_jvm_a
         handed = _command_ahead_or_not(tmp_path, setting, "train", "--model", "mlp", "--dataset", "synthetic",
                                        "--workers", "2", "--steps", "20", "--tau", "10", "--quiet",
                                        "--metrics-out", str(metrics))
-        assert handed == ("['local[2]']" if setting == "1" else "[None]")
+        assert handed == ("['local[2] sparknet']" if setting == "1" else "[None]")
         records = [json.loads(line) for line in metrics.read_text().splitlines()]
         summaries[setting] = records[-1]
         losses[setting] = [r["loss"] for r in records if r.get("event") == "round"]
@@ -406,7 +407,7 @@ def test_the_command_trains_the_same_with_its_session_started_ahead_or_its_jvm_a
 
 def test_the_command_scores_the_same_with_its_session_started_ahead_or_its_jvm_alone(tmp_path):
     """``python -m sparknet predict`` starts its session while torch loads too: handed the session started ahead
-    (its default master, ``local[*]``), it writes the same scores as with its driver JVM alone."""
+    (its default master, ``local[*]``, and its own name), it writes the same scores as with its driver JVM alone."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -425,7 +426,7 @@ def test_the_command_scores_the_same_with_its_session_started_ahead_or_its_jvm_a
     for setting in ("1", "0"):
         handed = _command_ahead_or_not(tmp_path, setting, "predict", "--model-dir", "model", "--data", "data.parquet",
                                        "--out", f"scored-{setting}", "--partitions", "2")
-        assert handed == ("['local[*]']" if setting == "1" else "[None]")
+        assert handed == ("['local[*] sparknet-predict']" if setting == "1" else "[None]")  # its own name
         scored[setting] = pq.read_table(tmp_path / f"scored-{setting}").to_pandas().sort_values("id")
     assert len(scored["1"]) == 40 and scored["1"]["prediction"].tolist() == scored["0"]["prediction"].tolist()
     assert np.array_equal(np.stack(scored["1"]["probability"]), np.stack(scored["0"]["probability"]))

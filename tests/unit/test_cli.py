@@ -232,6 +232,15 @@ def test_the_master_of_the_session_started_ahead_is_the_one_the_command_asks_for
         assert cli.road(from_args(DistributedConfig, args)) is cli.Road.SPARK
 
 
+@pytest.mark.parametrize("argv, name", [
+    ("train --workers 2", "sparknet"), ("predict --model-dir m --data d --out o", "sparknet-predict"),
+    ("data extended-mnist --out o --samples 10", "sparknet-data")])
+def test_a_session_started_ahead_has_the_name_the_command_gives_its_own(argv, name):
+    from sparknet import cli
+
+    assert cli.session_app_name(cli.parse_args(argv.split())) == name  # test_session_logs: predict's session has it
+
+
 def test_a_config_file_s_workers_start_spark_ahead_as_the_flags_would(tmp_path):
     from sparknet import cli
 

@@ -486,8 +486,10 @@ _AHEAD: dict = {}
 and the ``box`` it leaves the session in."""
 
 
-def start_session_ahead(master: str, then: Callable | None = None) -> threading.Thread | None:
-    """Start, in a thread, the session ``get_session(master)`` is about to be asked for, while this process goes on
+def start_session_ahead(master: str, then: Callable | None = None,
+                        app_name: str = "sparknet") -> threading.Thread | None:
+    """Start, in a thread, the session ``get_session(master, app_name=app_name)`` is about to be asked for (Spark's UI
+    and event logs show the name), while this process goes on
     loading (torch: seconds of it), and then call ``then(sc)`` there with its SparkContext (``python -m sparknet``
     starts the session's Python workers so, :func:`sparknet.spark.backend.start_python_workers`); the thread, or
     ``None`` where a session is up or starting, or pyspark is missing.
@@ -507,7 +509,7 @@ def start_session_ahead(master: str, then: Callable | None = None) -> threading.
 
     def start() -> None:
         try:
-            box["session"] = _start_session(master, None, None)
+            box["session"] = _start_session(master, None, None, app_name)
         except Exception as exc:  # Java missing or broken: get_session starts it again and says why
             log.debug("starting the session ahead: %s", exc)
         finally:

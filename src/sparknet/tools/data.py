@@ -26,6 +26,9 @@ from sparknet.tools.predict import _no_active_session
 
 __all__ = ["configure_command", "deadline_s"]
 
+APP_NAME = "sparknet-data"
+"""The name of the Spark session ``sparknet data`` starts."""
+
 _SECONDS_PER_SAMPLE = 1e-3
 """The default deadline allows this per sample (two cores make one in about 0.05 ms)."""
 _MIN_DEADLINE_S = 600.0
@@ -43,7 +46,7 @@ def deadline_s(samples: int, timeout_s: float | None) -> float | None:
 def _run_extended_mnist(args: argparse.Namespace) -> int:
     timeout_s = deadline_s(args.samples, args.timeout)
     own_session = _no_active_session()
-    spark = get_session(args.master, app_name="sparknet-data")
+    spark = get_session(args.master, app_name=APP_NAME)
     try:
         check_shared_path(spark, args.out, what="--out", write=True)
         written = run_with_deadline(
@@ -79,4 +82,4 @@ def configure_command(parser: argparse.ArgumentParser) -> None:
                    help="seconds the job may take (default 1 ms a sample, at least 600; 0: no deadline)")
     p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
     # _session: the master of the session it starts (python -m sparknet starts it while torch loads)
-    p.set_defaults(_run=_run_extended_mnist, _session=lambda args: args.master or "local[*]")
+    p.set_defaults(_run=_run_extended_mnist, _session=lambda args: args.master or "local[*]", _app_name=APP_NAME)

@@ -37,6 +37,8 @@ from sparknet.spark.shared_path import check_shared_path
 __all__ = ["PredictResult", "predict"]
 
 log = logging.getLogger(__name__)
+APP_NAME = "sparknet-predict"
+"""The name of the Spark session ``sparknet predict`` starts."""
 
 
 PREDICT_TIMEOUT_S = 24 * 3600.0
@@ -113,7 +115,7 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
 
     own_session = spark is None and _no_active_session()
     if spark is None:
-        spark = get_session(master, app_name="sparknet-predict")
+        spark = get_session(master, app_name=APP_NAME)
     t0 = time.perf_counter()
     try:
         check_shared_path(spark, data, what="--data")
@@ -172,8 +174,9 @@ def configure_command(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=PREDICT_TIMEOUT_S,
                    help="seconds the scoring and writing job may take before it is cancelled (default: a day)")
     p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
-    # _session: the master of the session it starts (python -m sparknet starts it while torch loads)
-    p.set_defaults(_run=_run, _session=lambda args: args.master or "local[*]")
+    # _session and _app_name: the master and the name of the session it starts (python -m sparknet starts it while
+    # torch loads)
+    p.set_defaults(_run=_run, _session=lambda args: args.master or "local[*]", _app_name=APP_NAME)
 
 
 def _run(args: argparse.Namespace) -> int:
