@@ -489,6 +489,7 @@ class DistributedConfig:
             raise ValueError("resume needs --checkpoint-dir: the folder whose newest checkpoint to continue from")
         if self.strategy is Strategy.SYNC:
             check_per_step_strategy(self, "the sync strategy")
+        self._check_strategy_settings()
         self.streaming()  # --overlap and --fragments' own rules
         self._check_model_parallel()
         self._check_procs_per_worker()
@@ -501,6 +502,20 @@ class DistributedConfig:
             if self.resume:
                 raise ValueError("weight_ema with resume: checkpoints do not hold the moving average, so a resumed "
                                  "run could not continue it exactly; drop --weight-ema or --resume")
+
+    _STRATEGY_SETTINGS: ClassVar[dict] = {Strategy.DILOCO: ("outer_lr", "outer_momentum"),
+                                          Strategy.EASGD: ("easgd_beta",)}
+    """The settings only one strategy reads."""
+
+    def _check_strategy_settings(self) -> None:
+        """A strategy's own settings changed for another strategy, which would leave them unused: refused."""
+        for owner, names in self._STRATEGY_SETTINGS.items():
+            changed = [f"--{name.replace('_', '-')}" for name in names
+                       if getattr(self, name) != self.__dataclass_fields__[name].default]
+            if changed and self.strategy is not owner:
+                raise ValueError(f"{' and '.join(changed)} only shape{'s' * (len(changed) == 1)} the {owner.value} "
+                                 f"strategy, and this run's is {self.strategy.value}: add --strategy {owner.value} "
+                                 f"or drop {'them' if len(changed) > 1 else 'it'}")
 
     def _check_model_parallel(self) -> None:
         """--model-parallel, --parallel-plan and --max-weight-bytes, and what a split net cannot do."""

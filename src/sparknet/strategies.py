@@ -137,8 +137,10 @@ class DiLoCo(TrainingStrategy):
 
         v = momentum * v + g;   global -= outer_lr * (g + momentum * v)
 
-    With ``outer_lr=1`` and ``outer_momentum=0`` this is plain averaging. The momentum ``v``
-    is the driver's state (every rank's, identically, in the barrier engine).
+    With ``outer_lr=1`` and ``outer_momentum=0`` this is plain averaging; with ``outer_lr=1``, a momentum
+    of 0.5-0.7 and the workers' own SGD, it is averaging with slow momentum (SlowMo, Wang et al. 2020,
+    in Nesterov's form). The momentum ``v`` is the driver's state (every rank's, identically, in the
+    barrier engine).
 
     Parameters
     ----------

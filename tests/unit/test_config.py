@@ -28,6 +28,20 @@ def test_distributed_config_rejects(bad, match):
         DistributedConfig(**bad)
 
 
+@pytest.mark.parametrize("settings, words", [
+    ({"outer_momentum": 0.7}, "--outer-momentum only shapes the diloco strategy, and this run's is average"),
+    ({"outer_lr": 1.0, "outer_momentum": 0.7, "strategy": "easgd"}, "--outer-lr and --outer-momentum only shape"),
+    ({"easgd_beta": 0.5, "strategy": "diloco"}, "--easgd-beta only shapes the easgd strategy"),
+])
+def test_a_strategy_s_own_settings_given_to_another_strategy_are_refused_not_left_unused(settings, words):
+    with pytest.raises(ValueError, match=words):
+        DistributedConfig(workers=2, **settings)
+    owner = "easgd" if "easgd_beta" in settings else "diloco"
+    taken = DistributedConfig(workers=2, **{**settings, "strategy": owner}).strategy_options()  # its own strategy's
+    assert taken == ({"num_workers": 2, "beta": 0.5} if owner == "easgd"
+                     else {"outer_lr": settings.get("outer_lr", 0.7), "outer_momentum": 0.7})
+
+
 @pytest.mark.parametrize("bad, match", [
     ({"steps": 0}, "steps"), ({"batch_size": 0}, "batch_size"), ({"threads": 0}, "threads"), ({"device": "tpu"}, "device"),
 ])
