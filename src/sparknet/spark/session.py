@@ -489,10 +489,10 @@ and the ``box`` it leaves the session in."""
 def start_session_ahead(master: str, then: Callable | None = None,
                         app_name: str = "sparknet") -> threading.Thread | None:
     """Start, in a thread, the session ``get_session(master, app_name=app_name)`` is about to be asked for (Spark's UI
-    and event logs show the name), while this process goes on
-    loading (torch: seconds of it), and then call ``then(sc)`` there with its SparkContext (``python -m sparknet``
-    starts the session's Python workers so, :func:`sparknet.spark.backend.start_python_workers`); the thread, or
-    ``None`` where a session is up or starting, or pyspark is missing.
+    and event logs show the name), while this process goes on loading (torch: seconds of it), and then call
+    ``then(sc)`` there with its SparkContext (``python -m sparknet`` starts the session's Python workers so,
+    :func:`sparknet.spark.backend.start_python_workers`); the thread, or ``None`` where a session is up or starting, or
+    pyspark is missing.
 
     :func:`get_session` then waits for it and returns it if it asks for the same master (else it stops it and starts
     the one asked for). A start that failed is left for :func:`get_session` to meet again and report. A process that
