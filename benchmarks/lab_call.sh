@@ -55,7 +55,9 @@
 #              (two cores, by hand: K = 8 evaluating every round stopped at 750 steps; the lab's K = 8 under the 5%
 #              budget, at 1,000; 104 s)
 #   k8_timed   the two engines at K = 8 with rounds of 1.5 s in place of 50 steps: no worker waits for the slowest
-#   k16        the same as k8 for K = 16, without the one-process runs (275 s)
+#   k16        the same as k8 for K = 16, without the one-process runs, with the barrier engine (275 s before the
+#              slow-momentum run; simulated, K = 16 to 99%: 1,000 / 950 steps a worker averaging, 450 / 650 with slow
+#              momentum 0.7)
 #   k16_driver the barrier engine at K = 16 evaluating every round, its driver's torch on every core
 #              (k16_driver_all.json) and on one thread (k16_driver.json; OMP_NUM_THREADS=1, which the workers, who
 #              set their own threads, do not follow): does the driver's evaluation, beside the rounds, take the
@@ -109,7 +111,7 @@ for name in "$@"; do
     k8_every) need=110; cmd="$T99 --workers 8 --only 'rounds, 8 workers' --eval-budget 1 --eval-overlap --timeout 100" ;;
     k8_timed) need=140; cmd="$T99 --workers 8 --only '8 workers' --round-seconds 1.5 --timeout 100" ;;
     k16_driver) need=150; cmd="$T99 --workers 16 --only 'barrier, 16 workers' --eval-budget 1 --timeout 70 --out $out/k16_driver_all.json; OMP_NUM_THREADS=1 $T99 --workers 16 --only 'barrier, 16 workers' --eval-budget 1 --timeout 70" ;;
-    k16) need=280; cmd="$T99 --workers 16 --threads 1 --only 16 --timeout 120" ;;
+    k16) need=280; cmd="$T99 --workers 16 --threads 1 --slow-momentum 0.7 --only '=rounds, 16 workers|=barrier, 16 workers|=rounds, 16 workers, slow momentum 0.7|16 processes' --timeout 120" ;;
     curve) need=200; cmd="$T99 --workers 1,2,4 --threads 1 --only workers --timeout 150" ;;
     curve_peers) need=120; cmd="$T99 --workers 1,2,4 --threads 1 --only processes --timeout 150" ;;
     shapes) need=300; cmd="$T99 --workers 16 --threads 16 --shapes 1x16,2x8,4x4,8x2,16x1 --only processes --timeout 150" ;;
