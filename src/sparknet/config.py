@@ -96,6 +96,14 @@ def check_at_least(low: int, **values) -> None:
             raise ValueError(f"{name} must be at least {low}, got {value}")
 
 
+def check_outer_step(outer_lr: float, outer_momentum: float) -> None:
+    """DiLoCo's outer step (:class:`~sparknet.strategies.DiLoCo`): a positive rate, a momentum in [0, 1)."""
+    if not outer_lr > 0:
+        raise ValueError(f"outer_lr must be positive, got {outer_lr}")
+    if not 0 <= outer_momentum < 1:
+        raise ValueError(f"outer_momentum must be in [0, 1), got {outer_momentum}")
+
+
 def check_gpu_share(gpus: float | None) -> None:
     """A worker's GPU share as Spark takes one: a whole number, or a fraction 1/n of one GPU (n workers share it).
 
@@ -508,7 +516,10 @@ class DistributedConfig:
     """The settings only one strategy reads."""
 
     def _check_strategy_settings(self) -> None:
-        """A strategy's own settings changed for another strategy, which would leave them unused: refused."""
+        """A strategy's own settings changed for another strategy, which would leave them unused: refused; DiLoCo's
+        checked before any Spark starts."""
+        if self.strategy is Strategy.DILOCO:
+            check_outer_step(self.outer_lr, self.outer_momentum)
         for owner, names in self._STRATEGY_SETTINGS.items():
             changed = [f"--{name.replace('_', '-')}" for name in names
                        if getattr(self, name) != self.__dataclass_fields__[name].default]

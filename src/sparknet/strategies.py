@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from sparknet._enums import CompressionKind, parse_enum
-from sparknet.config import Strategy
+from sparknet.config import Strategy, check_outer_step
 from sparknet.weights import local_view
 
 log = logging.getLogger(__name__)
@@ -156,10 +156,7 @@ class DiLoCo(TrainingStrategy):
     streams = True
 
     def __init__(self, outer_lr: float = 0.7, outer_momentum: float = 0.9, nesterov: bool = True, **_ignored):
-        if not outer_lr > 0:
-            raise ValueError(f"outer_lr must be positive, got {outer_lr}")
-        if not 0 <= outer_momentum < 1:
-            raise ValueError(f"outer_momentum must be in [0, 1), got {outer_momentum}")
+        check_outer_step(outer_lr, outer_momentum)
         self.outer_lr, self.outer_momentum, self.nesterov = float(outer_lr), float(outer_momentum), bool(nesterov)
         self.velocity: torch.Tensor | None = None
 

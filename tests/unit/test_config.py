@@ -22,6 +22,8 @@ def test_run_config_rejects(bad, match):
     ({"strategy": "gossip"}, "unknown strategy"), ({"tau": None, "round_seconds": None}, "round needs an end"),
     ({"round_seconds": -1.0}, "round_seconds"), ({"target_accuracy": 1.5}, "target_accuracy"),
     ({"strategy": "sync", "engine": "rounds", "workers": 2}, "barrier"),
+    ({"strategy": "diloco", "outer_momentum": 1.5}, r"outer_momentum must be in \[0, 1\)"),
+    ({"strategy": "diloco", "outer_lr": 0.0}, "outer_lr must be positive"),
 ])
 def test_distributed_config_rejects(bad, match):
     with pytest.raises(ValueError, match=match):
