@@ -34,11 +34,18 @@ STRATEGY_SOLVERS = {
     "sync": {"type": "sgd", "base_lr": 0.05, "momentum": 0.9},
     "diloco": {"type": "adamw", "base_lr": 1e-3, "momentum": 0.9, "weight_decay": 1e-4},
 }
-TRAIN_SOLVER = {"type": "sgd", "base_lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "lr_policy": "inv",
-                "gamma": 1e-4, "power": 0.75}
-"""``--solver train``: every SGD worker's rule as ``sparknet train --lr 0.05`` trains (its weight decay and Caffe's inv
-policy), and DiLoCo's inside too with ``--diloco-inner sgd``: averaging with slow momentum (SlowMo, Wang et al. 2020,
-with Nesterov's form of the outer step)."""
+
+
+def train_solver() -> dict:
+    """``--solver train``: every SGD worker's rule as ``sparknet train --lr 0.05`` trains (the command's own defaults:
+    its weight decay and Caffe's inv policy), and DiLoCo's inside too with ``--diloco-inner sgd``: averaging with slow
+    momentum (SlowMo, Wang et al. 2020, with Nesterov's form of the outer step). Plain values: a cell's JSON keeps
+    them."""
+    from sparknet.config import RunConfig
+
+    run = RunConfig(lr=0.05)
+    return {"type": run.solver_type.value, "base_lr": run.lr, "momentum": run.momentum,
+            "weight_decay": run.weight_decay, "lr_policy": run.lr_policy.value, "gamma": run.gamma, "power": run.power}
 
 
 def _key(r: dict) -> tuple:
@@ -107,7 +114,7 @@ def main(argv=None) -> list[dict]:
     if args.quick:
         args.workers, args.taus, args.target, args.steps = [2, 4], [1, 10, 50], 0.95, 1500
     jobs = []
-    sgd = TRAIN_SOLVER if args.solver == "train" else {}
+    sgd = train_solver() if args.solver == "train" else {}
     for seed, k, tau, strategy in itertools.product(args.seeds, args.workers, args.taus, args.strategies):
         if strategy == "sync" and tau != 1:
             continue  # the naive scheme synchronizes every step
