@@ -118,7 +118,7 @@ def alexnet(args, work: Path) -> dict:
             ["--model", "alexnet", "--dataset", "imagenet-synthetic"]
         out[f"sparknet worker, {name}"] = _sparknet(
             [*model, "--workers", "1", "--engine", "barrier", "--device", device, *flags, "--batch-size", str(batch),
-             "--steps", str(steps), "--tau", str(tau), "--lr", "0.01", "--eval-every", str(10 * steps)],
+             "--steps", str(steps), "--tau", str(tau), "--lr", "0.01", "--eval-every-rounds", str(steps)],
             work / f"alexnet-{bf16}.jsonl", args.timeout_s)
     for name in ("bf16, channels-last", "float32"):
         worker = out[f"sparknet worker, {name}"].get("steady_samples_per_s")

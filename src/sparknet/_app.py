@@ -77,8 +77,9 @@ def build_model(run: RunConfig, info: dict):
     return zoo.get_model(run.model, **kwargs)
 
 
-def run_sinks(run: RunConfig, config: dict) -> list:
-    """The TensorBoard and MLflow sinks ``run`` asks for (none by default), opened before training.
+def run_sinks(run: RunConfig, config: dict, *, name: str | None = None) -> list:
+    """The TensorBoard and MLflow sinks ``run`` asks for (none by default), opened before training; ``name``: the
+    MLflow run's (default ``<model>-<dataset>``).
 
     Also refuses, before any training, a ``--model-dir`` URI whose scheme the filesystem layer
     cannot write (``dbfs:/``...; see :func:`sparknet._fs.filesystem`), so it does not fail at the end.
@@ -87,7 +88,7 @@ def run_sinks(run: RunConfig, config: dict) -> list:
         filesystem(run.model_dir)
     if run.tensorboard is None and run.mlflow is None:
         return []
-    return make_sinks(run.tensorboard, run.mlflow, run_name=f"{run.model}-{run.dataset}", params=config,
+    return make_sinks(run.tensorboard, run.mlflow, run_name=name or f"{run.model}-{run.dataset}", params=config,
                       model_dir=run.model_dir)
 
 

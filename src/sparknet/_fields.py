@@ -21,7 +21,7 @@ import types
 import typing
 from collections.abc import Sequence
 
-__all__ = ["field_docs", "base_type", "add_dataclass_arguments", "from_args"]
+__all__ = ["field_docs", "base_type", "add_dataclass_arguments", "from_args", "changed", "flag"]
 
 
 def field_docs(cls) -> dict[str, str]:
@@ -68,7 +68,7 @@ class OldName(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         import logging
 
-        new = "--" + self.dest.replace("_", "-")
+        new = flag(self.dest)
         logging.getLogger("sparknet").warning("%s is the old name of %s; use %s", option_string, new, new)
         setattr(namespace, self.dest, values)
 
@@ -100,7 +100,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, *, skip: Seque
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        flag = "--" + f.name.replace("_", "-")
+        name = flag(f.name)
         tp, optional = base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         help_text = docs.get(f.name, "")
@@ -108,14 +108,14 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, *, skip: Seque
         # modules the configuration does not import)
         choices = list(f.metadata["choices"]()) if "choices" in f.metadata else None
         if tp is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+            group.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         elif isinstance(tp, type) and issubclass(tp, enum.Enum):
-            group.add_argument(flag, choices=[m.value for m in tp],
+            group.add_argument(name, choices=[m.value for m in tp],
                                default=default.value if isinstance(default, enum.Enum) else default, help=help_text)
         elif typing.get_origin(tp) is tuple:
-            group.add_argument(flag, type=int, nargs="*", default=default, help=help_text)
+            group.add_argument(name, type=int, nargs="*", default=default, help=help_text)
         else:
-            group.add_argument(flag, type=f.metadata.get("type", tp), default=default, choices=choices,
+            group.add_argument(name, type=f.metadata.get("type", tp), default=default, choices=choices,
                                help=help_text + (" (optional)" if optional and default is None else ""))
 
 
@@ -123,3 +123,23 @@ def from_args(cls, args: argparse.Namespace):
     """An instance of the dataclass ``cls`` from the parsed flags of its fields (it checks itself)."""
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def changed(settings, names: Sequence[str] | None = None) -> dict[str, typing.Any]:
+    """The fields of the dataclass instance ``settings`` (of ``names`` alone, where given) whose values differ from
+    their defaults: the settings a user gave (a command line cannot tell ``--tau 50`` from no ``--tau``)."""
+    out = {}
+    for f in dataclasses.fields(settings):
+        if names is not None and f.name not in names:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        value = getattr(settings, f.name)
+        if default is dataclasses.MISSING or value != default:
+            out[f.name] = value
+    return out
+
+
+def flag(name: str) -> str:
+    """A field's command-line flag (``warmup_steps``: ``--warmup-steps``)."""
+    return "--" + name.replace("_", "-")

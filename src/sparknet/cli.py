@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from sparknet import __version__
-from sparknet._fields import HelpFormatter, OldName, add_dataclass_arguments, from_args
+from sparknet._fields import HelpFormatter, OldName, add_dataclass_arguments, changed, flag, from_args
 from sparknet._malloc import keep_freed_memory
 from sparknet.config import CaffeTrainFlags, DistributedConfig, Engine, EngineOptions, RunConfig, Strategy
 from sparknet.errors import SparkNetError
@@ -44,7 +44,7 @@ from sparknet.ps.config import AsyncConfig
 from sparknet.spark.session import PANDAS_NOTICE
 
 __all__ = ["main", "build_parser", "parse_args", "prepare", "run", "read_config", "print_config", "Road", "road",
-           "session_master", "session_app_name", "train_command", "COMMANDS"]
+           "session_master", "session_app_name", "train_command", "check_road", "COMMANDS"]
 
 log = logging.getLogger("sparknet")
 
@@ -155,15 +155,89 @@ class Road(enum.Enum):
 
 def road(dist: DistributedConfig, caffe: CaffeTrainFlags | None = None) -> Road:
     """The one road these settings ask for: Caffe files win over everything else; then the parameter server
-    (``--strategy async``); then one process (one worker, the rounds engine, no ``--master``); otherwise the Spark
-    engines (``--model-parallel M`` splits the net across the barrier engine's workers)."""
+    (``--strategy async``); then one process (:attr:`~sparknet.config.DistributedConfig.one_process`: the local
+    engine, or one worker of the rounds engine with no ``--master``); otherwise the Spark engines (``--model-parallel
+    M`` splits the net across the barrier engine's workers)."""
     if caffe is not None and caffe.given:
         return Road.CAFFE
     if dist.strategy is Strategy.ASYNC:
         return Road.PARAMETER_SERVER
-    if dist.workers == 1 and dist.engine is Engine.ROUNDS and dist.master is None:
+    if dist.one_process:
         return Road.ONE_PROCESS
     return Road.SPARK
+
+
+_AUTO_TAU = ("auto_tau", "auto_tau_target", "auto_tau_min", "auto_tau_max", "auto_tau_every")
+_EXCHANGE = ("warmup_steps", *_AUTO_TAU, "data_mode", "stream_buffer_mb", "compression", "link_latency",
+             "link_bandwidth")
+"""What only workers on Spark read: the warm start before them, the automatic tau of their exchange, how they hold
+their rows, what their exchange sends and over which link."""
+
+_UNREAD: dict[Road, tuple[str, str | None, dict[type, tuple[str, ...] | None]]] = {
+    Road.ONE_PROCESS: ("a run of one worker in this process, without Spark,",
+                       "train on Spark with --workers K, or with --master URL for one worker",
+                       {RunConfig: ("gpus_per_worker",),
+                        DistributedConfig: ("strategy", "master", "eval_every_rounds", *_EXCHANGE),
+                        EngineOptions: None, AsyncConfig: None, CaffeTrainFlags: None}),
+    Road.PARAMETER_SERVER: ("the async strategy's parameter server (no rounds, checkpoints or Spark engine; an "
+                            "evaluation after each epoch)", "choose another --strategy",
+                            {RunConfig: ("eval_every", "gpus_per_worker"),
+                             DistributedConfig: ("engine", "rounds", "eval_every_rounds", "eval_screen_rows",
+                                                 "eval_budget", "eval_overlap", *_EXCHANGE, "checkpoint_dir",
+                                                 "checkpoint_every", "checkpoint_keep", "resume"),
+                             EngineOptions: None, CaffeTrainFlags: None}),
+    Road.SPARK: ("a run on Spark", None, {RunConfig: ("eval_every",), AsyncConfig: None, CaffeTrainFlags: None}),
+    Road.CAFFE: ("a Caffe run (its net's data layers say what trains on what; --caffe-sources binds others)", None,
+                 {RunConfig: ("model", "dataset", "data"), AsyncConfig: None}),
+}
+"""Each road, what to do instead, and the settings it does not read (``None``: none of that kind); given, they are
+refused."""
+
+_JUDGED = ("target_accuracy", "target_loss", "eval_every_rounds", "eval_screen_rows", "eval_budget", "eval_overlap")
+"""What sparknet's own evaluation of a fit reads: when to score the weights, and the target it judges."""
+
+
+def _caffe_unread(dist: DistributedConfig) -> tuple | None:
+    """What a Caffe run does not read beyond :data:`_UNREAD`'s Caffe road, as its workers train: in one process its
+    rounds end where its solver displays, tests and snapshots, its tests are its test nets' and its snapshots its
+    checkpoints; on the rounds engine its test nets score the weights, which the fit itself does not; on the barrier
+    engine the fit scores the primary test net every test_interval."""
+    if dist.one_process:
+        return ("a Caffe run of one worker in this process (its tests and snapshots are its solver's)",
+                "train on Spark with --workers K, or with --master URL for one worker",
+                {RunConfig: ("gpus_per_worker",),
+                 DistributedConfig: ("strategy", "tau", "round_seconds", *_JUDGED, *_EXCHANGE, "checkpoint_dir",
+                                     "checkpoint_every", "checkpoint_keep", "resume"),
+                 EngineOptions: None})
+    if dist.engine is Engine.ROUNDS:
+        return ("a Caffe run on the rounds engine (its test nets score the weights, at its test_interval)",
+                "add --engine barrier, whose fit scores the primary test net", {DistributedConfig: _JUDGED})
+    return ("a Caffe run on the barrier engine (it scores the primary test net every test_interval)", None,
+            {DistributedConfig: ("eval_every_rounds",)})
+
+
+_WHOSE = {"eval_every": "on Spark: --eval-every-rounds N", "eval_every_rounds": "in one process: --eval-every STEPS",
+          AsyncConfig: "--strategy async's", CaffeTrainFlags: "a Caffe run's, with --prototxt or --solver",
+          EngineOptions: "the Spark engines'"}
+"""Whose a setting is, said beside it when refused: a field's name, else its kind."""
+
+
+def check_road(taken: Road, *settings) -> None:
+    """Refuse, before anything starts, the settings given (other than their defaults) that the road ``taken`` would
+    leave unread: a run trains as asked or not at all. ``settings``: the dataclasses of ``sparknet train``'s flags
+    (``RunConfig``, ``DistributedConfig``, ``EngineOptions``, ``CaffeTrainFlags``, ``AsyncConfig``)."""
+    checks = [_UNREAD[taken]]
+    dist = next((s for s in settings if isinstance(s, DistributedConfig)), None)
+    if taken is Road.CAFFE and dist is not None:
+        checks.append(_caffe_unread(dist))
+    for subject, instead, unread in checks:
+        given = [(name, _WHOSE.get(name, _WHOSE.get(type(part)))) for part in settings if type(part) in unread
+                 for name in changed(part, unread[type(part)])]
+        if given:
+            flags = [flag(name) + (f" ({whose})" if whose else "") for name, whose in given]
+            them = "it" if len(given) == 1 else "them"
+            raise ValueError(f"{subject} does not read {', '.join(flags)}: "
+                             + (f"{instead}, or drop {them}" if instead else f"drop {them}"))
 
 
 def train_command(run: RunConfig, dist: DistributedConfig, *, options: EngineOptions | None = None,
@@ -173,6 +247,7 @@ def train_command(run: RunConfig, dist: DistributedConfig, *, options: EngineOpt
     caffe = caffe or CaffeTrainFlags()
     parameter_server = parameter_server or AsyncConfig()
     taken = road(dist, caffe)
+    check_road(taken, run, dist, options or EngineOptions(), caffe, parameter_server)
     if taken is Road.CAFFE:
         from sparknet.caffe.cli import train_caffe_files
 
@@ -211,17 +286,26 @@ def _train_session(args: argparse.Namespace) -> str | None:
     road; ``None`` on another road or with ``--print-config``."""
     if args.print_config:
         return None
-    dist = from_args(DistributedConfig, args)
-    return dist.resolved_master if road(dist, from_args(CaffeTrainFlags, args)) is Road.SPARK else None
+    run, dist, options, caffe, parameter_server = _train_settings(args)
+    taken = road(dist, caffe)
+    if taken is not Road.SPARK:
+        return None
+    check_road(taken, run, dist, options, caffe, parameter_server)  # a run refused starts no session
+    return dist.resolved_master
+
+
+def _train_settings(args: argparse.Namespace) -> tuple:
+    """``sparknet train``'s settings from its parsed flags, in the order of :data:`_TRAIN_FLAGS` (each checks
+    itself)."""
+    return tuple(from_args(cls, args) for cls in _TRAIN_FLAGS)
 
 
 def _run_train(args: argparse.Namespace) -> int:
     if args.print_config:
         sys.stdout.write(print_config(args))
         return 0
-    summary = train_command(from_args(RunConfig, args), from_args(DistributedConfig, args),
-                            options=from_args(EngineOptions, args), caffe=from_args(CaffeTrainFlags, args),
-                            parameter_server=from_args(AsyncConfig, args))
+    run, dist, options, caffe, parameter_server = _train_settings(args)
+    summary = train_command(run, dist, options=options, caffe=caffe, parameter_server=parameter_server)
     keys = ("test_accuracy", "test_r2", "test_rmse", "test_mae", "test_f1", "test_loss", "wall_s", "samples_per_s",
             "steps", "rounds", "weight_bytes_per_worker", "rounds_transport", "data_mode", "first_round_s")
     result = {k: summary.get(k) for k in keys if k in summary}

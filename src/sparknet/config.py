@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
 from sparknet._enums import CompressionKind, DataMode, parse_enum
+from sparknet._fields import changed, flag
 from sparknet.faults import faults_from
 from sparknet.link import LinkModel
 from sparknet.solvers import LRPolicy, SolverConfig, SolverType
@@ -466,6 +467,9 @@ class DistributedConfig:
             raise ValueError(f"auto_tau_every must be at least 1 round, got {self.auto_tau_every}")
         self.link()  # a bad latency or bandwidth fails here, saying how to write it
         self.strategy = parse_enum(Strategy, self.strategy, "strategy")
+        if self.engine is Engine.LOCAL and self.workers > 1:
+            raise ValueError("engine 'local' trains one worker in this process; use --engine rounds or barrier with "
+                             "--workers K")
         if self.tau is not None and self.tau < 1:
             raise ValueError(f"tau must be at least 1 (steps between synchronizations), got {self.tau}")
         if self.round_seconds is not None and not self.round_seconds > 0:
@@ -521,12 +525,11 @@ class DistributedConfig:
         if self.strategy is Strategy.DILOCO:
             check_outer_step(self.outer_lr, self.outer_momentum)
         for owner, names in self._STRATEGY_SETTINGS.items():
-            changed = [f"--{name.replace('_', '-')}" for name in names
-                       if getattr(self, name) != self.__dataclass_fields__[name].default]
-            if changed and self.strategy is not owner:
-                raise ValueError(f"{' and '.join(changed)} only shape{'s' * (len(changed) == 1)} the {owner.value} "
+            given = [flag(name) for name in changed(self, names)]
+            if given and self.strategy is not owner:
+                raise ValueError(f"{' and '.join(given)} only shape{'s' * (len(given) == 1)} the {owner.value} "
                                  f"strategy, and this run's is {self.strategy.value}: add --strategy {owner.value} "
-                                 f"or drop {'them' if len(changed) > 1 else 'it'}")
+                                 f"or drop {'them' if len(given) > 1 else 'it'}")
 
     def _check_model_parallel(self) -> None:
         """--model-parallel, --parallel-plan and --max-weight-bytes, and what a split net cannot do."""
@@ -587,6 +590,13 @@ class DistributedConfig:
                        "--round-seconds and --auto-tau with --procs-per-worker")
         if refusal is not None:
             raise ValueError(refusal)
+
+    @property
+    def one_process(self) -> bool:
+        """Whether one worker trains in this process, without Spark: the local engine, or one worker of the rounds
+        engine with no master named (``--master`` trains one worker on Spark)."""
+        return self.engine is Engine.LOCAL or (self.workers == 1 and self.engine is Engine.ROUNDS
+                                               and self.master is None)
 
     @property
     def toward_target(self) -> bool:

@@ -205,8 +205,14 @@ def test_a_hung_task_is_cancelled_when_the_server_hears_nothing(spark):
 def test_run_async_the_command_lines_entry_point(spark, tmp_path):
     from sparknet.metrics import read_metrics
 
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from sparknet._app import load_training_data
+    from sparknet.model_io import load_model
+
     run = RunConfig(model="mlp", dataset="synthetic", steps=40, batch_size=50, lr=0.05, seed=0,
-                    metrics_out=str(tmp_path / "m.jsonl"), quiet=True)
+                    metrics_out=str(tmp_path / "m.jsonl"), quiet=True, model_dir=str(tmp_path / "model"),
+                    tensorboard=str(tmp_path / "tb"))
     seen = []
     summary = run_async(run, DistributedConfig(workers=2, strategy="async", tau=10), combiner="staleness",
                         on_round=seen.append)
@@ -215,6 +221,14 @@ def test_run_async_the_command_lines_entry_point(spark, tmp_path):
     assert summary["test_accuracy"] > 0.5 and summary["pushes"] == 8
     events = [r["event"] for r in read_metrics(tmp_path / "m.jsonl")]
     assert events == ["epoch", "summary"]
+    # --model-dir holds the server's final copy: it scores the test set as the summary says
+    saved, (_, test, _) = load_model(tmp_path / "model"), load_training_data(run)
+    predicted = saved.predict(test.x).argmax(1).numpy()
+    assert float((predicted == test.y).mean()) == pytest.approx(summary["test_accuracy"], abs=1.5 / len(test.y))
+    assert saved.config["dist"]["strategy"] == "async" and saved.config["combiner"] == "staleness"
+    board = EventAccumulator(str(tmp_path / "tb"))
+    board.Reload()
+    assert board.Tags()["scalars"], "--tensorboard wrote no scalars"
 
 
 # -- pieces that need no Spark --------------------------------------------------------------------
@@ -258,7 +272,9 @@ def test_sparknet_train_takes_the_parameter_server_only_with_strategy_async(monk
     assert cli.main(argv + ["--strategy", "async"]) == 0
     assert calls == [(Strategy.ASYNC, 7, {"combiner": "elastic", "ps_host": "10.0.0.1"})]
     assert "--sync-interval is the old name of --tau" in caplog.text  # taken, and the user told the one name
-    assert cli.main(argv + ["--strategy", "average"]) == 0
+    assert cli.main(argv + ["--strategy", "average"]) == 2  # the parameter server's settings, unread: refused
+    assert "a run on Spark does not read --combiner (--strategy async's), --ps-host (--strategy async's)" in caplog.text
+    assert cli.main(argv[:5] + ["--strategy", "average"]) == 0
     assert len(calls) == 1  # a synchronous strategy takes the Spark engines' road, with their settings
     assert [type(o).__name__ for o in engines] == ["EngineOptions"]
     printed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]

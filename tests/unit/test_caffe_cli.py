@@ -44,7 +44,8 @@ def test_train_lenet_from_its_solver_end_to_end(tmp_path):
     rc = main(["train", "--prototxt", str(LENET_NET), "--solver", str(LENET_SOLVER), "--steps", "30",
                "--eval-every", "15", "--test-iter", "2", "--display", "10", "--snapshot-every", "20",
                "--caffe-sources", SMALL, "--max-train-samples", "640", "--threads", "1",
-               "--snapshot-dir", str(snaps), "--metrics-out", str(out), "--quiet"])
+               "--snapshot-dir", str(snaps), "--metrics-out", str(out), "--model-dir", str(tmp_path / "model"),
+               "--tensorboard", str(tmp_path / "tb"), "--quiet"])
     assert rc == 0
     evals = _records(out, "eval")
     assert [r["step"] for r in evals] == [0, 15, 30]  # test_initialization, every test_interval, the end
@@ -70,6 +71,18 @@ def test_train_lenet_from_its_solver_end_to_end(tmp_path):
     early = read_caffemodel(snaps / "lenet_iter_20.caffemodel")
     assert not np.array_equal(early["ip2"][0], final["ip2"][0])
     assert folder.config["caffe"]["transform"]["scale"] == pytest.approx(0.00390625)
+
+    # --model-dir holds the final weights as a model folder of the same kind; --tensorboard logged the run
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    saved = load_model(tmp_path / "model")
+    assert saved.config["caffe"]["iteration"] == 30
+    for name, arrays in final.items():
+        for a, t in zip(arrays, saved.weights[name]):
+            assert np.array_equal(a, t.numpy())
+    board = EventAccumulator(str(tmp_path / "tb"))
+    board.Reload()
+    assert board.Tags()["scalars"], "--tensorboard wrote no scalars"
 
 
 def test_one_process_keeps_a_moving_average_and_tests_and_snapshots_it_at_the_end(tmp_path):

@@ -327,3 +327,63 @@ def test_import_sparknet_and_its_session_module_load_no_torch():
     out = _python("-c", script)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["False", "True", "sparknet.net", "sparknet.zoo", "sparknet.spark.trainer"]
+
+
+@pytest.mark.parametrize("argv, refused", [
+    ("--workers 1 --strategy diloco", "a run of one worker in this process, without Spark, does not read --strategy"),
+    ("--warmup-steps 100 --compression int8", "does not read --warmup-steps, --compression"),
+    ("--eval-every-rounds 3", "--eval-every-rounds (in one process: --eval-every STEPS)"),
+    ("--staging-dir /tmp/s", "--staging-dir (the Spark engines')"),
+    ("--workers 2 --eval-every 100", "a run on Spark does not read --eval-every (on Spark: --eval-every-rounds N)"),
+    ("--workers 2 --combiner mean", "--combiner (--strategy async's)"),
+    ("--workers 2 --snapshot-every 5", "--snapshot-every (a Caffe run's, with --prototxt or --solver)"),
+    ("--workers 2 --strategy async --checkpoint-dir ck --warmup-steps 50",
+     "parameter server (no rounds, checkpoints or Spark engine; an evaluation after each epoch) does not read "
+     "--warmup-steps, --checkpoint-dir: choose another --strategy, or drop them"),
+    ("--workers 2 --strategy async --engine barrier --rounds 3", "does not read --engine, --rounds"),
+    ("--workers 2 --strategy async --eval-every 10", "does not read --eval-every"),
+    ("--solver s.prototxt --model mlp", "a Caffe run (its net's data layers say what trains on what"),
+    ("--solver s.prototxt --target-accuracy 0.9", "a Caffe run of one worker in this process (its tests and "
+                                                  "snapshots are its solver's) does not read --target-accuracy"),
+    ("--solver s.prototxt --checkpoint-dir ck", "does not read --checkpoint-dir"),
+    ("--solver s.prototxt --workers 2 --target-accuracy 0.9", "a Caffe run on the rounds engine (its test nets "
+     "score the weights, at its test_interval) does not read --target-accuracy: add --engine barrier"),
+    ("--solver s.prototxt --workers 2 --engine barrier --eval-every-rounds 2", "does not read --eval-every-rounds"),
+])
+def test_a_setting_the_run_s_road_does_not_read_is_refused_before_anything_starts(argv, refused, caplog,
+                                                                                  monkeypatch):
+    """Each road reads its own settings; one given to a road that would leave it unread (a checkpoint folder for
+    the parameter server, a strategy for one process) is refused, naming it, before any data, torch or Spark."""
+    import sys
+
+    from sparknet import cli
+
+    monkeypatch.delitem(sys.modules, "sparknet.ps.session", raising=False)  # a road's code: imported as taken
+    args = cli.parse_args(["train", *argv.split()])
+    assert cli.session_master(args) is None  # no session started ahead for it
+    assert cli.main(["train", *argv.split()]) == 2
+    assert refused in caplog.text
+    assert "sparknet.ps.session" not in sys.modules
+
+
+def test_every_setting_a_road_leaves_unread_is_a_setting():
+    """A name in the roads' table that is no field would refuse nothing: every one is a field of its kind."""
+    import dataclasses
+
+    from sparknet import cli
+
+    tables = [*cli._UNREAD.values(), *(cli._caffe_unread(DistributedConfig(workers=k, engine=engine))
+                                       for k, engine in ((1, "rounds"), (2, "rounds"), (2, "barrier")))]
+    for _, _, unread in tables:
+        for kind, names in unread.items():
+            fields = {f.name for f in dataclasses.fields(kind)}
+            assert set(names or ()) <= fields, (kind.__name__, set(names or ()) - fields)
+
+
+def test_the_local_engine_trains_one_worker_in_this_process(tmp_path):
+    out = tmp_path / "m.jsonl"
+    assert main(["train", "--engine", "local", "--model", "mlp", "--dataset", "synthetic", "--steps", "20",
+                 "--tau", "10", "--threads", "1", "--metrics-out", str(out), "--quiet"]) == 0
+    summary = read_metrics(out)[-1]
+    assert summary["event"] == "summary" and summary["engine"] == "local" and summary["steps"] == 20
+    assert main(["train", "--engine", "local", "--workers", "2", "--quiet"]) == 2

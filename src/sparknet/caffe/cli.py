@@ -19,15 +19,17 @@ from no ``--steps``). The flags that map onto Caffe settings: ``--steps`` (``max
 ``--eval-every`` (``test_interval``), ``--lr``, ``--momentum``, ``--weight-decay``,
 ``--solver-type``, ``--lr-policy``, ``--gamma``, ``--power``; and this module's own
 ``--test-iter``, ``--display``, ``--snapshot-every``. ``--model``, ``--dataset`` and
-``--data`` do not apply: the net and its data layers say what to train on what (bind other
+``--data`` are refused: the net and its data layers say what to train on what (bind other
 sources with ``--caffe-sources``). Without a solver file, the ``sparknet train`` flags are
-the solver.
+the solver. ``--model-dir`` saves the final weights as a model folder (a snapshot's kind),
+``--tensorboard`` and ``--mlflow`` log the run; a Caffe run of one worker refuses the settings
+of the Spark engines and of sparknet's own evaluations and checkpoints (its tests and
+snapshots are the solver's), as :func:`sparknet.cli.check_road` lists.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import re
@@ -36,14 +38,15 @@ from typing import Any
 
 import torch
 
-from sparknet._fields import OldName
+from sparknet._app import finish_run, run_sinks
+from sparknet._fields import OldName, changed
 from sparknet.model_io import load_model, save_model
 from sparknet.caffe import train as caffe_train
 from sparknet.caffe.caffemodel import (_shape_text, _table, describe_caffemodel, load_caffemodel_into,
                                        read_caffemodel_layers, write_caffemodel)
 from sparknet.caffe.prototxt import PrototxtError, load_net_prototxt, net_to_prototxt
 from sparknet.caffe.solver import load_solver_prototxt
-from sparknet.config import EVAL_EVERY_STEPS, CaffeTrainFlags, DistributedConfig, RunConfig
+from sparknet.config import EVAL_EVERY_STEPS, CaffeTrainFlags, DistributedConfig, RunConfig, TrainConfig
 from sparknet.weights import WeightCollection
 
 logger = logging.getLogger(__name__)
@@ -55,14 +58,6 @@ __all__ = ["CaffeTrainFlags", "train_caffe_files", "describe_net", "describe_sol
 _RUN_SETTINGS = {"steps": "max_iter", "batch_size": "batch_size", "seed": "seed", "eval_every": "test_interval"}
 _SOLVER_SETTINGS = {"solver_type": "type", "lr": "base_lr", "momentum": "momentum", "weight_decay": "weight_decay",
                     "lr_policy": "lr_policy", "gamma": "gamma", "power": "power"}
-_NOT_APPLICABLE = ("model", "dataset", "data")
-
-
-def _changed(run: RunConfig) -> dict[str, Any]:
-    """The RunConfig fields whose values differ from their defaults (taken as given on the command line)."""
-    defaults = RunConfig()
-    return {f.name: getattr(run, f.name) for f in dataclasses.fields(RunConfig)
-            if getattr(run, f.name) != getattr(defaults, f.name)}
 
 
 def train_caffe_files(run: RunConfig, dist: DistributedConfig, flags: CaffeTrainFlags, options=None) -> dict:
@@ -80,13 +75,9 @@ def train_caffe_files(run: RunConfig, dist: DistributedConfig, flags: CaffeTrain
     """
     if not flags.given:
         raise ValueError("a Caffe run needs --prototxt NET, --solver SOLVER or both")
-    changed = _changed(run)
-    for name in _NOT_APPLICABLE:
-        if name in changed:
-            logger.warning("--%s does not apply to a Caffe run (its data layers say what to train on); ignored",
-                           name.replace("_", "-"))
-    overrides = {caffe: changed[name] for name, caffe in _RUN_SETTINGS.items() if name in changed}
-    solver_overrides = {caffe: changed[name] for name, caffe in _SOLVER_SETTINGS.items() if name in changed}
+    given = changed(run)
+    overrides = {caffe: given[name] for name, caffe in _RUN_SETTINGS.items() if name in given}
+    solver_overrides = {caffe: given[name] for name, caffe in _SOLVER_SETTINGS.items() if name in given}
     if flags.solver is None:
         # without a solver file the sparknet flags are the solver, defaults included
         solver_overrides = {}
@@ -106,9 +97,18 @@ def train_caffe_files(run: RunConfig, dist: DistributedConfig, flags: CaffeTrain
         # the library's hint names the Python argument; say what the command line takes
         raise PrototxtError(f"{exc}; on the command line: --caffe-sources SOURCE=DATASET[:SPLIT]", layer=exc.layer,
                             path=exc.path, line=exc.line, column=exc.column) from None
-    return caffe_train.train_caffe(plan, workers=dist.workers, dist=dist, metrics_out=run.metrics_out,
-                                   progress=not run.quiet, threads=run.threads, device=run.device, options=options,
-                                   compute=run.worker().compute, gpus_per_worker=run.gpus_per_worker)
+    sinks = run_sinks(run, {"caffe": plan.describe(), "dist": TrainConfig(dist=dist).to_dict()["dist"]},
+                      name=f"caffe-{plan.train_net.name}")
+    failed = True
+    try:
+        summary = caffe_train.train_caffe(plan, workers=dist.workers, dist=dist, metrics_out=run.metrics_out,
+                                          progress=not run.quiet, threads=run.threads, device=run.device,
+                                          options=options, compute=run.worker().compute,
+                                          gpus_per_worker=run.gpus_per_worker, sinks=sinks, model_dir=run.model_dir)
+        failed = False
+    finally:
+        finish_run(run, sinks, failed=failed)  # the model folder is train_caffe's to save: a snapshot's kind
+    return summary
 
 
 # --------------------------------------------------------------------------- inspect

@@ -557,13 +557,18 @@ class Snapshotter:
         run.snapshot_dir.mkdir(parents=True, exist_ok=True)
         stem = run.snapshot_dir / f"{run.snapshot_prefix}_iter_{iteration}"
         caffemodel = write_caffemodel(stem.with_name(stem.name + ".caffemodel"), weights, run.train_net)
-        folder = save_model(stem, run.train_net.net_params, weights.to("cpu"), solver=run.solver,
-                            config=model_config(run.train_net, run.net_text, iteration=iteration),
-                            overwrite=True)
+        folder = self.model_folder(stem, iteration, weights)
         record = {"event": "snapshot", "step": iteration, "caffemodel": str(caffemodel), "model_dir": str(folder)}
         self.written.append(record)
         logger.info("Snapshotting to %s and %s", caffemodel, folder)
         return record
+
+    def model_folder(self, path, iteration: int, weights: WeightCollection):
+        """``weights`` saved as a model folder at ``path`` (replaced), its config naming the Caffe net; the folder's
+        path."""
+        run = self.run
+        return save_model(path, run.train_net.net_params, weights.to("cpu"), solver=run.solver,
+                          config=model_config(run.train_net, run.net_text, iteration=iteration), overwrite=True)
 
 
 def model_config(net: CaffeNet, net_text: str | None, **extra: Any) -> dict:
@@ -594,8 +599,9 @@ def _crossed(before: int, after: int, every: int) -> bool:
 class _Run:
     """State shared by the local and Spark loops: metrics, tests, snapshots."""
 
-    def __init__(self, run: CaffeRun, metrics, evaluator: CaffeEvaluator | None, module):
+    def __init__(self, run: CaffeRun, metrics, evaluator: CaffeEvaluator | None, module, model_dir=None):
         self.run, self.metrics, self.evaluator, self.module = run, metrics, evaluator, module
+        self.model_dir = model_dir  # where the fit's weights are saved at the end (None: nowhere but snapshots)
         self.snapshots = Snapshotter(run)
         self.last_eval: dict | None = None  # the last test's record
         self.window_loss, self.window_steps = 0.0, 0  # the training loss since the last display
@@ -655,17 +661,22 @@ class _Run:
             self.metrics.write(self.snapshots.write(after, self.weights_from_flat(flat)))
 
     def finish(self, weights: WeightCollection) -> None:
-        """The fit's weights at the end: tested, and snapshotted as the solver file asks."""
+        """The fit's weights at the end: tested, snapshotted as the solver file asks, and saved in the model
+        folder asked for."""
         if self.evaluator is not None:
             self.test(self.steps, self.samples, weights)
         if self.run.snapshot_after_train or (self.run.snapshot and self.steps % self.run.snapshot == 0):
             self.metrics.write(self.snapshots.write(self.steps, weights))
+        if self.model_dir is not None:
+            self.snapshots.model_folder(self.model_dir, self.steps, weights)
+            logger.info("model saved to %s", self.model_dir)
 
 
 def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | None = None,
                 metrics_out: str | os.PathLike | None = None, progress: bool = True, threads: int | None = None,
                 device: str = "cpu", spark=None, sinks: Iterable[Callable[[dict], None]] = (), options=None,
-                compute: Compute | None = None, gpus_per_worker: float | None = None) -> dict:
+                compute: Compute | None = None, gpus_per_worker: float | None = None,
+                model_dir: str | os.PathLike | None = None) -> dict:
     """Train a resolved Caffe run; returns the summary record.
 
     Parameters
@@ -697,13 +708,12 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
         More receivers of every metrics record.
     options : EngineOptions, optional
         The Spark engines' settings (a run on Spark).
+    model_dir : path, optional
+        Save the fit's final weights here as a model folder (as a snapshot's; replaced).
     """
 
-    dist = replace(dist or DistributedConfig(), workers=workers)
-    if dist.engine is Engine.LOCAL and workers > 1:
-        raise ValueError("engine 'local' trains in one process; use --engine rounds or barrier with --workers K")
-    on_spark = dist.engine is not Engine.LOCAL and (workers > 1 or dist.master is not None
-                                                   or dist.engine is Engine.BARRIER)
+    dist = replace(dist or DistributedConfig(), workers=workers)  # checked again: the local engine, one worker
+    on_spark = not dist.one_process
 
     seed_everything(run.seed)
     cache: dict[str, Any] = {}
@@ -718,7 +728,7 @@ def train_caffe(run: CaffeRun, *, workers: int = 1, dist: DistributedConfig | No
                 run.describe())
     setup_s = time.perf_counter() - t0
     with MetricsLogger(metrics_out, progress=progress, total=run.max_iter, sinks=sinks) as metrics:
-        state = _Run(run, metrics, evaluator, module)
+        state = _Run(run, metrics, evaluator, module, model_dir=model_dir)
         if state.evaluator is not None and run.test_initialization and run.test_interval > 0:
             state.test(0, 0, WeightCollection(module.layer_weights()))
         if on_spark:

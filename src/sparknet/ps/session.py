@@ -30,8 +30,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from sparknet._app import build_model, load_training_data, seed_everything
-from sparknet.config import Compute, check_at_least
+from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
+from sparknet.config import Compute, TrainConfig, check_at_least
 from sparknet.faults import faults_from
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
@@ -435,7 +435,25 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
     per_worker = max(1, (len(train) // K) // run.batch_size)
     epochs = math.ceil(dist.epochs) if dist.epochs is not None else math.ceil(run.steps / per_worker)
     steps = run.steps if dist.epochs is None else min(run.steps, math.ceil(dist.epochs * per_worker))
-    with MetricsLogger(run.metrics_out, progress=not run.quiet, total=steps,
+    config = {**TrainConfig(run=run, dist=dist).to_dict(), "combiner": cfg.combiner}
+    sinks = run_sinks(run, config)
+    failed = True
+    try:
+        summary = _train_async(run, dist, sess, train, test, combiner=cfg.combiner, sinks=sinks, steps=steps,
+                               epochs=epochs, on_round=on_round)
+        failed = False
+    finally:  # the server's final copy saved (--model-dir) and logged (--mlflow) as one process's weights are
+        finish_run(run, sinks, failed=failed, net_params=net_params, weights=sess.weights, solver=run.solver(),
+                   config=config)
+    return summary
+
+
+def _train_async(run, dist, sess: AsyncSession, train, test, *, combiner: str, sinks: list, steps: int, epochs: int,
+                 on_round: Callable[[dict], None] | None) -> dict:
+    """:func:`run_async`'s training: ``sess`` run on ``train`` with every epoch's record written and shown, then
+    its summary."""
+    K = dist.workers
+    with MetricsLogger(run.metrics_out, progress=not run.quiet, total=steps, sinks=sinks,
                        early_stop=dist.toward_target) as metrics:
         def emit(record):
             metrics.write(record)
@@ -451,7 +469,7 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
                      on_epoch=emit)
         summary = {
             "event": "summary", "model": run.model, "dataset": run.dataset, "engine": "ps", "strategy": "async",
-            "workers": K, "combiner": cfg.combiner, "tau": dist.tau,
+            "workers": K, "combiner": combiner, "tau": dist.tau,
             "steps": m["steps_per_worker"], "rounds": m["epochs_run"], "epochs": m["epochs_run"],
             **{k: m[k] for k in ("samples", "wall_s", "train_s", "samples_per_s", "test_accuracy", "test_loss",
                                  "pushes", "duplicate_pushes", "pulls", "staleness_mean", "staleness_max",
