@@ -16,6 +16,11 @@
 # k8_engines` in the bundle's third call, then `bash benchmarks/lab_call.sh 420 fig3`; the next visit `shapes_ext`,
 # `alexnet gpt` and `k16`.
 #
+# Each Spark run's summary in a step's JSON holds compute_s_by_worker (2026-11-30): each worker's steps over the fit.
+# The third visit's slowest worker computed 20-24% longer than the mean each round; one worker far above the others
+# is the same straggler every round (its core: pinning workers would help), all alike a different one each round
+# (rounds of so many seconds, the k8_timed step, would).
+#
 # Next visit, first: `warm first_round` (the whole session started ahead where cores are spare, 2026-11-30, is
 # unmeasured there), then `warm k8` in a call of its own (issue 33's K = 8 criteria in one script run, with averaging
 # with slow momentum beside plain averaging). Then `warm k8_slow` (issue 33's first criterion: slow momentum, cold

@@ -254,7 +254,8 @@ def _run(name: str, work: Path, timeout_s: float) -> dict:
         s = last_summary(metrics)
         summary = {k: s.get(k) for k in ("test_accuracy", "steps", "rounds", "stop_reason", "wall_s", "train_s",
                                          "setup_s", "first_round_s", "eval_s", "samples_per_s", "rounds_s",
-                                         "slowest_compute_s", "mean_compute_s", "phases_s", "warmup")}
+                                         "slowest_compute_s", "mean_compute_s", "compute_s_by_worker", "phases_s",
+                                         "warmup")}
     out.pop("stdout_tail", None)
     return {"run": name, **out, "summary": summary}
 

@@ -242,6 +242,14 @@ def rounds_summary(rounds: list[dict], test: tuple[dict, float] | None, *, t_fit
     # what the rounds' time went to: the slowest worker's steps (a round waits for it), the workers' mean steps
     computes = [[w["compute_s"] for w in h.get("per_worker") or () if w.get("compute_s") is not None] for h in rounds]
     computes = [c for c in computes if c]
+    # each worker's steps over the whole fit: one far above the others is the same straggler every round (its core,
+    # its host), all alike is a different one each round (the spread of the rounds themselves)
+    by_worker: dict[int, float] = {}
+    for h in rounds:
+        for i, w in enumerate(h.get("per_worker") or ()):
+            if w.get("compute_s") is not None:
+                who = int(w.get("index", w.get("rank", i)))
+                by_worker[who] = by_worker.get(who, 0.0) + w["compute_s"]
     return {
         "rounds": len(rounds), "total_steps": last.get("total_steps", 0), "samples": samples,
         "bytes_communicated": sum(h["bytes"] for h in rounds), "wall_s": time.perf_counter() - t_fit,
@@ -251,7 +259,8 @@ def rounds_summary(rounds: list[dict], test: tuple[dict, float] | None, *, t_fit
         "samples_per_s": samples / round_time if round_time > 0 else None,
         "rounds_s": round_time,
         **({"slowest_compute_s": sum(max(c) for c in computes),
-            "mean_compute_s": sum(sum(c) / len(c) for c in computes)} if computes else {}),
+            "mean_compute_s": sum(sum(c) / len(c) for c in computes),
+            "compute_s_by_worker": [round(by_worker[w], 3) for w in sorted(by_worker)]} if computes else {}),
         "loss": last.get("loss"),
         "test_accuracy": test[0].get("accuracy") if test is not None else None,
         **({f"test_{k}": v for k, v in test[0].items()} if test is not None else {}),

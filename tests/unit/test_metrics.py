@@ -43,4 +43,8 @@ def test_the_summary_says_what_the_rounds_waited_for():
     assert summary["rounds_s"] == 6.0 and summary["samples_per_s"] == pytest.approx(384 / 6.0)
     assert summary["slowest_compute_s"] == pytest.approx(1.5 + 2.5)
     assert summary["mean_compute_s"] == pytest.approx(1.25 + 1.5)
+    assert summary["compute_s_by_worker"] == [3.5, 2.0]  # worker 0 the slower one over the fit, not in every round
+    by_rank = [{"samples": 1, "round_s": 1.0, "bytes": 0, "per_worker": [{"rank": 1, "compute_s": 0.25},
+                                                                       {"rank": 0, "compute_s": 0.5}]}]
+    assert rounds_summary(by_rank, None, t_fit=now, t_train=now, train_s=1.0)["compute_s_by_worker"] == [0.5, 0.25]
     assert "slowest_compute_s" not in rounds_summary(rounds[2:], None, t_fit=now, t_train=now, train_s=1.0)
