@@ -14,7 +14,7 @@ import re
 
 from pyarrow import fs as pafs
 
-__all__ = ["filesystem"]
+__all__ = ["filesystem", "is_uri"]
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/")
 _S3_ALIASES = ("s3a", "s3n")
@@ -46,3 +46,7 @@ def filesystem(uri: str | os.PathLike) -> tuple[pafs.FileSystem, str]:
                          "s3:// (or s3a://), or a scheme your pyarrow build supports (gs://, hdfs://...)") from None
     return filesystem, path.rstrip("/") or "/"
 
+
+def is_uri(path: str | os.PathLike | None) -> bool:
+    """Whether ``path`` is a URI (``file://``, ``s3a://``, ``hdfs://``, ``dbfs:/``...) rather than a plain path."""
+    return path is not None and _SCHEME.match(os.fspath(path)) is not None

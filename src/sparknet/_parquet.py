@@ -10,14 +10,13 @@ whose features are then token ids of the same vocabulary.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from sparknet.datasets import ArrayDataset
 
-__all__ = ["read_parquet_dataset", "features_to_numpy"]
+__all__ = ["read_parquet_dataset", "features_to_numpy", "table_info"]
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +88,11 @@ def _vectors_to_numpy(rows: list) -> np.ndarray:
     return out
 
 
-def read_parquet_dataset(path: str, features_col: str = "features", label_col: str = "label"):
-    """``(train, test, info)`` from a Parquet file or folder; the last 10% of rows are the test set.
+def read_parquet_dataset(path: str, features_col: str = "features", label_col: str = "label", *,
+                         validation: str | None = None):
+    """``(train, test, info)`` from a Parquet file or folder (a path, or a URI pyarrow reads: ``file://``,
+    ``s3://``/``s3a://``, ``gs://``, ``hdfs://``); the last 10% of rows are the test set, or, with ``validation``,
+    every row trains and ``validation``'s rows (the same columns) are the test set.
 
     Raises
     ------
@@ -101,29 +103,52 @@ def read_parquet_dataset(path: str, features_col: str = "features", label_col: s
         values, NaN or infinite features, rows of different lengths, labels that are not class ids,
         fewer than 2 rows.
     """
-    import pyarrow.parquet as pq
+    x, y = _read_arrays(path, features_col, label_col)
+    if validation is None:
+        n_test = max(1, int(len(x) * TEST_FRACTION))
+        train, test = ArrayDataset(x[:-n_test], y[:-n_test]), ArrayDataset(x[-n_test:], y[-n_test:])
+    else:
+        train = ArrayDataset(x, y)
+        test = ArrayDataset(*_read_arrays(validation, features_col, label_col, "--validation-data"))
+        if test.x.shape[1:] != x.shape[1:] or test.y.shape[1:] != y.shape[1:]:
+            raise ValueError(f"{validation}: its rows hold {test.x.shape[1:]} features and {test.y.shape[1:]} labels "
+                             f"each, {path}'s {x.shape[1:]} and {y.shape[1:]}: held-out rows are of the same table")
+    log.info("read %d rows of %d features from %s (%d held out for testing%s)", len(train), x.shape[1], path,
+             len(test), "" if validation is None else f", from {validation}")
+    return train, test, table_info(x.shape[1:], max(int(y.max()), int(test.y.max())),
+                                   max(int(x.max()), int(test.x.max())) if y.ndim == 2 else None,
+                                   y.shape[1] if y.ndim == 2 else None)
 
-    p = Path(path)
-    if not p.exists():
+
+def table_info(sample_shape: tuple, label_max: int, feature_max: int | None = None, seq_len: int | None = None) -> dict:
+    """What the model needs to know of a table: its sample's shape and classes; of a sequence table (labels of
+    ``seq_len`` positions, features token ids of the same vocabulary: ``feature_max`` given), its vocabulary."""
+    info = {"input_shape": tuple(sample_shape), "num_classes": int(label_max) + 1}
+    if seq_len is not None:
+        vocab = max(int(feature_max), int(label_max)) + 1
+        info.update(num_classes=vocab, vocab_size=vocab, seq_len=int(seq_len))
+    return info
+
+
+def _read_arrays(path: str, features_col: str, label_col: str, flag: str = "--data") -> tuple[np.ndarray, np.ndarray]:
+    """The features and labels of the Parquet file or folder at ``path`` (a path or a URI), checked."""
+    import pyarrow.parquet as pq
+    from pyarrow import fs as pafs
+
+    from sparknet._fs import filesystem
+
+    fs, inner = filesystem(path)
+    if fs.get_file_info(inner).type is pafs.FileType.NotFound:
         raise FileNotFoundError(f"no Parquet data at {path}")
     try:
-        table = pq.read_table(p)
+        table = pq.read_table(inner, filesystem=fs)
     except (OSError, ValueError, pa.ArrowException) as exc:  # ArrowInvalid is a ValueError; not all of Arrow's are
-        raise ValueError(f"cannot read {path} as Parquet ({exc}); point --data at a Parquet file or a folder "
+        raise ValueError(f"cannot read {path} as Parquet ({exc}); point {flag} at a Parquet file or a folder "
                          "of Parquet files") from exc
     try:
-        x, y = _arrays(table, features_col, label_col)
+        return _arrays(table, features_col, label_col)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
-    n_test = max(1, int(len(x) * TEST_FRACTION))
-    train = ArrayDataset(x[:-n_test], y[:-n_test])
-    test = ArrayDataset(x[-n_test:], y[-n_test:])
-    log.info("read %d rows of %d features from %s (%d held out for testing)", len(x), x.shape[1], path, n_test)
-    info = {"input_shape": tuple(x.shape[1:]), "num_classes": int(y.max()) + 1}
-    if y.ndim == 2:  # a sequence: features are token ids of the same vocabulary as the labels
-        vocab = max(int(x.max()), int(y.max())) + 1
-        info.update(num_classes=vocab, vocab_size=vocab, seq_len=int(y.shape[1]))
-    return train, test, info
 
 
 def _arrays(table, features_col: str, label_col: str) -> tuple[np.ndarray, np.ndarray]:

@@ -214,7 +214,12 @@ class RunConfig:
     dataset: str = field(default="mnist", metadata={"choices": dataset_names, "type": dataset_name})
     """Data set name (downloaded once and cached; --data trains on a Parquet table instead)."""
     data: str | None = None
-    """Parquet file or folder with 'features' and 'label' columns (overrides --dataset)."""
+    """Parquet file or folder with 'features' and 'label' columns (overrides --dataset): a path is read on the
+    driver; a URI (file://, s3a://, hdfs://, gs://, abfs://...) Spark's workers read where it lives (one process
+    reads it with pyarrow)."""
+    validation_data: str | None = None
+    """Parquet of held-out rows to evaluate on, with --data's columns (default: --data's last 10% of rows; of a
+    --data URI on Spark, a seeded sample of 10% of its rows, at most 10,000)."""
     steps: int = 10000
     """Solver updates in all (per worker when training in parallel)."""
     batch_size: int = 64
@@ -269,6 +274,8 @@ class RunConfig:
         self.precision = parse_enum(Precision, self.precision, "precision")
         check_gpu_share(self.gpus_per_worker)
         check_at_least(1, steps=self.steps)
+        if self.validation_data is not None and self.data is None:
+            raise ValueError("--validation-data holds the held-out rows of a --data table: give --data too")
         if self.batch_size < 1:
             raise ValueError(f"batch size must be at least 1, got {self.batch_size}")
         if not (math.isfinite(self.lr) and self.lr > 0):

@@ -124,6 +124,37 @@ def test_predict_reads_and_writes_a_folder_every_host_mounts(spark, cluster, tmp
         shutil.rmtree(shared, ignore_errors=True)
 
 
+def test_train_reads_a_table_named_by_a_uri_on_the_hosts_and_refuses_one_only_the_driver_has(spark, cluster,
+                                                                                             tmp_path, caplog):
+    """``sparknet train --data file:///...``: a table in a folder every host mounts is read by the executors where
+    it lives; one in the driver's private /tmp is refused before training, naming the hosts that cannot see it."""
+    import shutil
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sparknet.cli import main
+
+    ds = synthetic(900, shape=(6,), num_classes=3, seed=0, noise=1.0)
+    table = pa.table({"features": list(ds.x.astype(np.float32)), "label": ds.y.astype(np.int64)})
+    pq.write_table(table, tmp_path / "rows.parquet")
+    common = ["train", "--model", "mlp", "--master", cluster.master, "--workers", "2", "--tau", "10", "--rounds", "4",
+              "--lr", "0.05", "--quiet"]
+    assert main([*common, "--data", (tmp_path / "rows.parquet").as_uri()]) == 2
+    assert "is not on every host" in caplog.text and cluster.hostname(1) in caplog.text
+    shared = Path(tempfile.mkdtemp(prefix="sparknet-shared-", dir="/var/tmp"))
+    try:
+        pq.write_table(table, shared / "rows.parquet")
+        out = tmp_path / "metrics.jsonl"
+        assert main([*common, "--data", (shared / "rows.parquet").as_uri(), "--metrics-out", str(out)]) == 0
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
+    summary = read_metrics(out)[-1]
+    assert summary["test_accuracy"] > 0.8 and 800 < summary["data_rows"] < 900  # a seeded sample held out
+    assert _hosts(read_metrics(out)) == {cluster.hostname(1), cluster.hostname(2)}
+
+
 def test_spark_ml_save_and_load_refuse_a_folder_only_the_driver_has(spark, tmp_path):
     from sparknet import Net
     from sparknet.spark.ml import SparkNetEstimator, SparkNetModel

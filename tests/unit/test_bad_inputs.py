@@ -22,6 +22,7 @@ from sparknet import zoo
 from sparknet._parquet import read_parquet_dataset
 from sparknet.checkpoint import CheckpointError, CheckpointManager, model_fingerprint
 from sparknet.cli import main
+from sparknet.config import RunConfig
 from sparknet.datasets import cache, mnist, mnist_small
 from sparknet.errors import DatasetError
 from sparknet.net import Net
@@ -204,6 +205,23 @@ def test_a_file_that_is_not_parquet_is_named(tmp_path):
         read_parquet_dataset(str(path))
     with pytest.raises(FileNotFoundError, match="no Parquet data at"):
         read_parquet_dataset(str(tmp_path / "missing"))
+
+
+
+def test_held_out_rows_of_another_shape_or_without_data_are_refused(tmp_path):
+    train, held = tmp_path / "train.parquet", tmp_path / "held.parquet"
+    pq.write_table(pa.table({"features": pa.array([[1.0, 2.0]] * 4, _LIST), "label": pa.array([0, 1] * 2)}), train)
+    pq.write_table(pa.table({"features": pa.array([[1.0, 2.0, 3.0]] * 2, _LIST), "label": pa.array([0, 1])}), held)
+    with pytest.raises(ValueError, match=r"held.parquet: its rows hold \(3,\) features .* held-out rows are of the "
+                                         "same table"):
+        read_parquet_dataset(str(train), validation=str(held))
+    with pytest.raises(FileNotFoundError, match="no Parquet data at .*none.parquet"):
+        read_parquet_dataset(str(train), validation=str(tmp_path / "none.parquet"))
+    with pytest.raises(ValueError, match="--validation-data holds the held-out rows of a --data table"):
+        RunConfig(validation_data=str(held))
+    pq.write_table(pa.table({"features": pa.array([[5.0, 6.0]] * 3, _LIST), "label": pa.array([2, 0, 1])}), held)
+    all_rows, test, info = read_parquet_dataset(f"file://{train}", validation=str(held))  # a URI pyarrow reads
+    assert len(all_rows) == 4 and len(test) == 3 and info["num_classes"] == 3  # the held-out rows' labels too
 
 
 # -- Net in one process ---------------------------------------------------------------------------

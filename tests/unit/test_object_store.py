@@ -176,6 +176,38 @@ def test_training_with_an_s3_checkpoint_dir_resumes_exactly(s3, monkeypatch):
     assert CheckpointManager(split).rounds() == [3, 4, 5]
 
 
+
+def test_one_process_trains_on_a_parquet_table_and_its_held_out_rows_on_s3(s3, tmp_path):
+    """--data and --validation-data as S3 URIs (s3a://, as Spark users write them): one process reads them with
+    pyarrow, the rows the same as the same files on a local disk give."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sparknet.datasets import synthetic
+
+    splits = {"train": synthetic(600, (16,), 4, seed=3), "held": synthetic(200, (16,), 4, seed=4)}  # one task
+    for name, split in splits.items():
+        table = pa.table({"features": pa.array(list(np.asarray(split.x, np.float32)), pa.list_(pa.float32())),
+                          "label": np.asarray(split.y, np.int64)})
+        buffer = io.BytesIO()
+        pq.write_table(table, buffer)
+        s3.client.put_object(Bucket=BUCKET, Key=f"tables/{name}.parquet", Body=buffer.getvalue())
+        pq.write_table(table, tmp_path / f"{name}.parquet")
+    runs = {}
+    for where, (train, held) in {"s3": (s3.uri("tables/train.parquet", "s3a"), s3.uri("tables/held.parquet", "s3a")),
+                                 "disk": (str(tmp_path / "train.parquet"), str(tmp_path / "held.parquet"))}.items():
+        runs[where] = train_local(RunConfig(model="mlp", data=train, validation_data=held, steps=40, batch_size=32,
+                                            threads=1, quiet=True, lr=0.05))
+    assert runs["s3"]["samples"] == runs["disk"]["samples"] == 40 * 32
+    assert runs["s3"]["test_accuracy"] == runs["disk"]["test_accuracy"] > 0.5  # scored on the 200 held-out rows
+    assert runs["s3"]["test_loss"] == runs["disk"]["test_loss"]
+    with pytest.raises(FileNotFoundError, match="no Parquet data at s3a://"):
+        train_local(RunConfig(model="mlp", data=s3.uri("tables/none.parquet", "s3a"), steps=1, quiet=True))
+
+
 # -- model folders ----------------------------------------------------------------------------
 def test_a_model_folder_round_trip_on_s3(s3):
     from sparknet import zoo

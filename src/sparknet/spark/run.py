@@ -4,8 +4,9 @@ The data set becomes a Spark DataFrame: on a local master it is written once as 
 beside the data set), and each of the fit's K partitions copies the rows dealt to it out of them, mapped
 into memory, in the task that stages them (no shuffle, no decoding in the JVM or of Parquet); on a cluster,
 whose executors cannot read the driver's disk, its rows travel through Spark.
-``--data PATH`` is read on the driver (its last rows are the test set) and goes the same way. Training runs
-through :class:`SparkTrainer`; every round record goes to the metrics file and the progress line.
+``--data PATH`` is read on the driver (its last rows are the test set) and goes the same way; ``--data URI``
+(``file://``, ``s3a://``, ``hdfs://``...) is read by Spark's workers where it lives (:func:`spark_table`). Training
+runs through :class:`SparkTrainer`; every round record goes to the metrics file and the progress line.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from pathlib import Path
 import numpy as np
 
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
+from sparknet._fs import is_uri
+from sparknet._parquet import TEST_FRACTION, table_info
 from sparknet._enums import CompressionKind
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.datasets import SyntheticImages, cache_root
 from sparknet.metrics import MetricsLogger, process_age_s, round_reporter, rounds_total
 from sparknet.spark.backend import python_workers_starting
-from sparknet.spark.data import DealtRows, arrays_table, frame_from_arrays
+from sparknet.spark.data import DealtRows, arrays_table, frame_from_arrays, is_dataframe
 from sparknet.spark.session import get_session, is_local_master
 from sparknet.spark.trainer import EngineOptions, SparkTrainer
 
@@ -160,14 +163,67 @@ def synthetic_frame(spark, images: SyntheticImages, partitions: int | None = Non
     return spark.range(0, len(images), numPartitions=max(1, min(parts, len(images)))).mapInArrow(make, schema)
 
 
+SPARK_TEST_ROWS = 10_000
+"""The most rows a ``--data`` URI Spark reads holds out for testing when no ``--validation-data`` is given (the
+driver scores them)."""
+
+
+def spark_table(spark, run: RunConfig) -> tuple:
+    """``(train, test, info)`` of a ``--data`` URI, as DataFrames Spark's workers read where the table lives (the
+    driver reads no row of it but the first, and the labels' largest): ``--validation-data``'s rows are the test
+    set, else a seeded sample of 10% of the rows, at most :data:`SPARK_TEST_ROWS`."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import ArrayType
+
+    table = _spark_parquet(spark, run.data, "--data")
+    first = table.select("features", "label").head(1)
+    if not first:
+        raise ValueError(f"{run.data} holds no rows")
+    features, label = first[0]
+    if isinstance(table.schema["label"].dataType, ArrayType):  # a sequence: token ids of one vocabulary
+        largest = table.agg(F.max(F.array_max("label")), F.max(F.array_max("features"))).first()
+        info = table_info((len(features),), largest[0], largest[1], len(label))
+    else:
+        info = table_info((len(features),), table.agg(F.max("label")).first()[0])
+    if run.validation_data is not None:
+        return table, _spark_parquet(spark, run.validation_data, "--validation-data"), info
+    rows = table.count()
+    share = min(TEST_FRACTION, SPARK_TEST_ROWS / max(rows, 1))
+    train, test = table.randomSplit([1.0 - share, share], seed=run.seed)
+    log.info("%s: %d rows; a seeded %.2g%% of them held out for testing", run.data, rows, 100 * share)
+    return train, test, info
+
+
+def _spark_parquet(spark, uri: str, flag: str):
+    """The Parquet table at ``uri`` as Spark reads it, checked to have ``features`` and ``label`` columns (a
+    ``file://`` one on a cluster: checked to be seen by every host)."""
+    from pyspark.errors import AnalysisException
+
+    from sparknet.spark.shared_path import check_shared_path
+
+    check_shared_path(spark, uri, what=flag)
+    try:
+        table = spark.read.parquet(uri)
+    except AnalysisException as e:
+        raise FileNotFoundError(f"{flag} {uri}: Spark cannot read it as Parquet ({str(e).splitlines()[0]})") from None
+    missing = [c for c in ("features", "label") if c not in table.columns]
+    if missing:
+        raise ValueError(f"{flag} {uri} has no {' or '.join(map(repr, missing))} column (its columns: "
+                         f"{', '.join(table.columns)}); sparknet train reads 'features' and 'label'")
+    return table
+
+
 def training_frame(spark, run: RunConfig, train, partitions: int | None = None):
     """The training rows as a DataFrame: ``train`` of the data set, or of ``--data`` without its test rows; on a
-    local master dealt to ``partitions`` partitions (:func:`dataset_frame`).
+    local master dealt to ``partitions`` partitions (:func:`dataset_frame`); of a ``--data`` URI, the DataFrame
+    Spark reads (:func:`spark_table`).
 
     ``--data`` holds its test set in its last rows (see :mod:`sparknet._parquet`); the Spark
     engines train on the same rows one process trains on, written once beside the cache under
     a name that changes when the files do (or shipped through Spark on a cluster).
     """
+    if is_dataframe(train):
+        return train
     if run.data is None or not is_local_master(spark.sparkContext.master):
         return dataset_frame(spark, run.dataset, train, partitions)
     root = Path(run.data).resolve()
@@ -189,6 +245,10 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, options: EngineOp
         ages["session"] = process_age_s()
         with python_workers_starting(spark.sparkContext):  # while the data is read and planned
             train, test, info, net_params = prepared.result()
+            if train is None:  # a --data URI: the executors read it where it lives
+                train, test, info = spark_table(spark, run)
+                ages["loaded"] = process_age_s()
+                net_params = build_model(run, info)
             ages["data"] = process_age_s()
             return _train(spark, run, dist, options, train, test, info, net_params, ages)
 
@@ -213,9 +273,11 @@ def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOption
                               if dist.model_parallel > 1 else "",
                               f", {dist.procs_per_worker} processes each{' (sharded)' * dist.shard_replica}"
                               if dist.procs_per_worker > 1 else ""])
-            log.info("training %s on %s with %d workers (%s engine, %s, tau=%s%s) on %s; %.0f rows per worker",
+            log.info("training %s on %s with %d workers (%s engine, %s, tau=%s%s) on %s; %s",
                      run.model, run.dataset if run.data is None else run.data, dist.workers, dist.engine.value,
-                     dist.strategy.value, dist.tau, extras, spark.sparkContext.master, len(train) / dist.workers)
+                     dist.strategy.value, dist.tau, extras, spark.sparkContext.master,
+                     f"{len(train) / dist.workers:.0f} rows per worker" if hasattr(train, "__len__") else
+                     "the rows read where they live")
             age = process_age_s()
             result = trainer.fit(df, validation=test)
             summary = {"event": "summary", "model": run.model,
@@ -246,11 +308,14 @@ def _first_round_start(result) -> float:
 
 
 def _prepare(run: RunConfig, ages: dict):
-    """The data set and the model; when the data set was read, in the command's seconds, into ``ages``."""
-    train, test, info = load_training_data(run)
-    ages["loaded"] = process_age_s()
-    net_params = build_model(run, info)
-    ages["built"] = process_age_s()
+    """The data set and the model; when the data set was read, in the command's seconds, into ``ages``. A ``--data``
+    URI is Spark's to read, once the session is up: ``None`` for each."""
+    train = test = info = net_params = None
+    if not is_uri(run.data):
+        train, test, info = load_training_data(run)
+        ages["loaded"] = process_age_s()
+        net_params = build_model(run, info)
+        ages["built"] = process_age_s()
     try:  # what the session's first Java calls with arguments import, here while the JVM starts: pyspark's numpy
         import pyspark.testing.utils  # noqa: F401  converter asks this module whether numpy is there, and it
     except ImportError:  # imports pandas (0.3 s on the main thread's way to the session otherwise)

@@ -1,0 +1,67 @@
+"""``sparknet train --data URI`` on Spark (local[2]): a table named by a URI is read by Spark's workers where it
+lives, never through the driver; its held-out rows are ``--validation-data``'s, or a seeded sample of its own."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from _spark_testlib import blobs, module_session
+from sparknet import _parquet
+from sparknet.cli import main
+from sparknet.model_io import load_model
+
+pytestmark = pytest.mark.spark
+
+spark = module_session("local[2]")
+
+
+def _table(path, x, y, *, columns=("features", "label")) -> str:
+    pq.write_table(pa.table({columns[0]: pa.array(list(x), pa.list_(pa.float32())), columns[1]: pa.array(y)}),
+                   path)
+    return path.as_uri()  # file:///...
+
+
+def _train(tmp_path, name: str, *flags: str) -> tuple[int, dict]:
+    metrics = tmp_path / f"{name}.jsonl"
+    code = main(["train", "--model", "mlp", "--workers", "2", "--tau", "10", "--rounds", "3", "--batch-size", "16",
+                 "--lr", "0.05", "--metrics-out", str(metrics), "--quiet", *flags])
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    return code, records[-1] if records else {}
+
+
+def test_a_table_named_by_a_uri_trains_where_it_lives_and_holds_out_a_seeded_sample(spark, tmp_path, monkeypatch):
+    x, y = blobs(400, seed=2)
+    uri = _table(tmp_path / "blobs.parquet", x, y)
+
+    def driver_read(*args, **kwargs):
+        raise AssertionError("the driver read the table")
+
+    monkeypatch.setattr(_parquet, "_read_arrays", driver_read)
+    code, first = _train(tmp_path, "first", "--data", uri, "--model-dir", str(tmp_path / "model"))
+    assert code == 0 and first["event"] == "summary" and first["dataset"] == uri
+    train, held = spark.read.parquet(uri).randomSplit([0.9, 0.1], seed=0)  # the run's own sample, seed 0
+    assert first["data_rows"] == train.count() < 400 and first["test_accuracy"] > 0.8
+    held_x = np.array([r.features for r in held.collect()], np.float32)
+    held_y = np.array([r.label for r in held.collect()])
+    scored = load_model(tmp_path / "model").net.evaluate((held_x, held_y)).accuracy
+    assert scored == pytest.approx(first["test_accuracy"], abs=1e-6)  # the summary scored the held-out sample
+    _, again = _train(tmp_path, "again", "--data", uri)
+    assert again["test_loss"] == first["test_loss"]  # the same sample, the same weights
+
+
+def test_held_out_rows_of_their_own_and_tables_that_cannot_train_say_so(spark, tmp_path, caplog):
+    x, y = blobs(300, seed=3)
+    uri = _table(tmp_path / "train.parquet", x, y)
+    held = _table(tmp_path / "held.parquet", *blobs(90, seed=4))
+    code, summary = _train(tmp_path, "held", "--data", uri, "--validation-data", held)
+    assert code == 0 and summary["data_rows"] == 300 and summary["test_accuracy"] > 0.8  # every row trains
+    assert _train(tmp_path, "none", "--data", (tmp_path / "none.parquet").as_uri())[0] == 2
+    assert "--data file://" in caplog.text and "Spark cannot read it as Parquet" in caplog.text
+    unlabelled = _table(tmp_path / "unlabelled.parquet", x, y, columns=("features", "target"))
+    assert _train(tmp_path, "unlabelled", "--data", unlabelled)[0] == 2
+    assert "has no 'label' column (its columns: features, target)" in caplog.text
