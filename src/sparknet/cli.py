@@ -179,12 +179,11 @@ _UNREAD: dict[Road, tuple[str, str | None, dict[type, tuple[str, ...] | None]]] 
                        {RunConfig: ("gpus_per_worker",),
                         DistributedConfig: ("strategy", "master", "eval_every_rounds", *_EXCHANGE),
                         EngineOptions: None, AsyncConfig: None, CaffeTrainFlags: None}),
-    Road.PARAMETER_SERVER: ("the async strategy's parameter server (no rounds, checkpoints or Spark engine; an "
-                            "evaluation after each epoch)", "choose another --strategy",
+    Road.PARAMETER_SERVER: ("the async strategy's parameter server (epochs, not rounds, each evaluated and, with "
+                            "--checkpoint-dir, checkpointed; no Spark engine)", "choose another --strategy",
                             {RunConfig: ("eval_every", "gpus_per_worker"),
                              DistributedConfig: ("engine", "rounds", "eval_every_rounds", "eval_screen_rows",
-                                                 "eval_budget", "eval_overlap", *_EXCHANGE, "checkpoint_dir",
-                                                 "checkpoint_every", "checkpoint_keep", "resume"),
+                                                 "eval_budget", "eval_overlap", *_EXCHANGE),
                              EngineOptions: None, CaffeTrainFlags: None}),
     Road.SPARK: ("a run on Spark", None, {RunConfig: ("eval_every",), AsyncConfig: None, CaffeTrainFlags: None}),
     Road.CAFFE: ("a Caffe run (its net's data layers say what trains on what; --caffe-sources binds others)", None,

@@ -218,8 +218,8 @@ class RunConfig:
     driver; a URI (file://, s3a://, hdfs://, gs://, abfs://...) Spark's workers read where it lives (one process
     reads it with pyarrow)."""
     validation_data: str | None = None
-    """Parquet of held-out rows to evaluate on, with --data's columns (default: --data's last 10% of rows; of a
-    --data URI on Spark, a seeded sample of 10% of its rows, at most 10,000)."""
+    """Parquet of held-out rows to evaluate on, with --data's columns (default: --data's last tenth of rows; of a
+    --data URI on Spark, a seeded sample of a tenth of its rows, at most 10,000)."""
     steps: int = 10000
     """Solver updates in all (per worker when training in parallel)."""
     batch_size: int = 64

@@ -24,6 +24,7 @@ from sparknet.errors import WorkerError  # noqa: E402
 from sparknet.ps import AsyncConfig, AsyncSession, run_async  # noqa: E402
 from sparknet.ps._worker import TaskSpec, concat_blocks, scatter, train_partition  # noqa: E402
 from sparknet.spark.backend import task_error  # noqa: E402
+from sparknet.train import train_local  # noqa: E402
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -229,6 +230,37 @@ def test_run_async_the_command_lines_entry_point(spark, tmp_path):
     board = EventAccumulator(str(tmp_path / "tb"))
     board.Reload()
     assert board.Tags()["scalars"], "--tensorboard wrote no scalars"
+
+
+def test_an_async_run_resumes_from_the_servers_checkpointed_copy(spark, tmp_path):
+    """--checkpoint-dir keeps the server's copy after every epoch and at the end; --resume goes on from it with
+    the next epoch, and a run resumed at its end trains nothing and scores exactly the copy it was stopped with."""
+    from sparknet.checkpoint import CheckpointError, CheckpointManager
+
+    folder = str(tmp_path / "ck")
+    run = RunConfig(model="mlp", dataset="synthetic", steps=10_000, batch_size=50, lr=0.05, seed=0, quiet=True)
+
+    def fit(epochs: int, **dist) -> dict:
+        return run_async(run, DistributedConfig(workers=2, strategy="async", tau=10, epochs=epochs,
+                                                checkpoint_dir=folder, checkpoint_every=1, **dist))
+
+    first = fit(2)
+    per_epoch = first["steps"] // 2
+    assert first["epochs"] == 2 and CheckpointManager(folder).rounds() == [1, 2]
+    saved = CheckpointManager(folder).load()
+    assert saved.state["engine"] == "ps" and saved.state["steps"] == first["steps"] == saved.state["iteration"]
+    again = fit(2, resume=True)  # at the end already: nothing to train, the checkpointed copy scored
+    assert again["steps"] == first["steps"] and again["resumed_from_step"] == first["steps"]
+    assert again["test_accuracy"] == first["test_accuracy"] and again["test_loss"] == first["test_loss"]
+    more = fit(3, resume=True)
+    assert more["epochs"] == 3 and more["steps"] == 3 * per_epoch and more["resumed_from_step"] == 2 * per_epoch
+    assert more["test_accuracy"] > 0.5 and CheckpointManager(folder).rounds() == [1, 2, 3]
+    assert CheckpointManager(folder).load().state["iteration"] == 3 * per_epoch
+    train_local(RunConfig(model="mlp", dataset="synthetic", steps=20, quiet=True),
+                DistributedConfig(checkpoint_dir=str(tmp_path / "local"), tau=10))
+    with pytest.raises(CheckpointError, match="written by the 'local' engine"):
+        run_async(run, DistributedConfig(workers=2, strategy="async", tau=10, epochs=1,
+                                         checkpoint_dir=str(tmp_path / "local"), resume=True))
 
 
 # -- pieces that need no Spark --------------------------------------------------------------------

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
+from sparknet.checkpoint import CheckpointError, open_checkpoints
 from sparknet.config import Compute, TrainConfig, check_at_least
 from sparknet.faults import faults_from
 from sparknet.metrics import MetricsLogger
@@ -136,6 +137,22 @@ class AsyncSession:
     def weights(self) -> WeightCollection:
         """The trained weights (the server's final copy), a copy."""
         return self.net.get_weights()
+
+    @property
+    def epochs_done(self) -> int:
+        """Epochs trained so far, over every :meth:`run` (the next one's number)."""
+        return self._epochs_done
+
+    @property
+    def iteration(self) -> int:
+        """Local steps a worker has taken so far, over every :meth:`run` (where its rate schedule stands)."""
+        return self._iteration
+
+    def continue_from(self, epochs_done: int, iteration: int) -> None:
+        """Go on as after ``epochs_done`` epochs and ``iteration`` local steps a worker: a run resumed from a
+        checkpoint, whose weights are already the net's."""
+        check_at_least(0, epochs_done=epochs_done, iteration=iteration)
+        self._epochs_done, self._iteration = int(epochs_done), int(iteration)
 
     # -- what the tasks get ---------------------------------------------------------------------
     def _server_host(self, sc) -> str:
@@ -436,11 +453,23 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
     epochs = math.ceil(dist.epochs) if dist.epochs is not None else math.ceil(run.steps / per_worker)
     steps = run.steps if dist.epochs is None else min(run.steps, math.ceil(dist.epochs * per_worker))
     config = {**TrainConfig(run=run, dist=dist).to_dict(), "combiner": cfg.combiner}
+    checkpoints, ckpt = open_checkpoints(dist, config, net)
+    done = 0  # local steps a worker took before this run (a resumed one)
+    if ckpt is not None:
+        if ckpt.state.get("engine") != "ps":
+            raise CheckpointError(f"checkpoint {ckpt.path} was written by the {ckpt.state.get('engine')!r} engine; "
+                                  "resume it with the same --strategy and --engine, or choose another "
+                                  "--checkpoint-dir")
+        net.set_weights(ckpt.weights)
+        sess.continue_from(int(ckpt.state["epochs"]), int(ckpt.state["iteration"]))
+        done = int(ckpt.state["steps"])
+        log.info("resuming from %s: epoch %d, step %d", ckpt.path, sess.epochs_done, done)
     sinks = run_sinks(run, config)
     failed = True
     try:
-        summary = _train_async(run, dist, sess, train, test, combiner=cfg.combiner, sinks=sinks, steps=steps,
-                               epochs=epochs, on_round=on_round)
+        summary = _train_async(run, dist, sess, train, test, combiner=cfg.combiner, sinks=sinks,
+                               steps=max(steps - done, 0), epochs=max(epochs - sess.epochs_done, 0), done=done,
+                               checkpoints=checkpoints, on_round=on_round)
         failed = False
     finally:  # the server's final copy saved (--model-dir) and logged (--mlflow) as one process's weights are
         finish_run(run, sinks, failed=failed, net_params=net_params, weights=sess.weights, solver=run.solver(),
@@ -449,32 +478,56 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
 
 
 def _train_async(run, dist, sess: AsyncSession, train, test, *, combiner: str, sinks: list, steps: int, epochs: int,
-                 on_round: Callable[[dict], None] | None) -> dict:
-    """:func:`run_async`'s training: ``sess`` run on ``train`` with every epoch's record written and shown, then
-    its summary."""
+                 done: int, checkpoints, on_round: Callable[[dict], None] | None) -> dict:
+    """:func:`run_async`'s training: ``sess`` run on ``train`` for ``steps`` more local steps a worker (``done``
+    taken before), every epoch's record written and shown and, where due and at the end, the server's copy
+    checkpointed; then its summary."""
     K = dist.workers
-    with MetricsLogger(run.metrics_out, progress=not run.quiet, total=steps, sinks=sinks,
+    taken = {"steps": done, "saved": sess.epochs_done if done else None}  # a resumed run's start is saved already
+
+    def save() -> None:
+        state = {"engine": "ps", "epochs": sess.epochs_done, "steps": taken["steps"], "iteration": sess.iteration}
+        checkpoints.save(sess.epochs_done, sess.weights, state)
+        taken["saved"] = sess.epochs_done
+
+    with MetricsLogger(run.metrics_out, progress=not run.quiet, total=done + steps, sinks=sinks,
                        early_stop=dist.toward_target) as metrics:
+        metrics.progress(done)
+
         def emit(record):
             metrics.write(record)
             wall = record.get("wall_s")
             metrics.progress(record["steps_per_worker"], epoch=record["epoch"], loss=record.get("loss"),
                              acc=record.get("test_accuracy"), stale=record.get("staleness_mean"),
                              **{"samples/s": record["samples"] / wall if wall else None})
+            taken["steps"] += record["steps_per_worker"]
+            if checkpoints is not None and checkpoints.due(sess.epochs_done):
+                save()
             if on_round is not None:
                 on_round(record)
 
-        m = sess.run(data=train, batch_size=run.batch_size, tau=dist.tau, epochs=epochs,
-                     num_workers=K, steps=steps, validation_data=test, target_accuracy=dist.target_accuracy,
-                     on_epoch=emit)
+        if epochs and steps:
+            m = sess.run(data=train, batch_size=run.batch_size, tau=dist.tau, epochs=epochs,
+                         num_workers=K, steps=steps, validation_data=test, target_accuracy=dist.target_accuracy,
+                         on_epoch=emit)
+        else:  # resumed at the run's end: nothing left to train, the weights it ended with scored
+            sess.net.set_validation_data(test)
+            scored = sess.net.evaluate()
+            m = {"steps_per_worker": 0, "samples": 0, "wall_s": 0.0, "train_s": 0.0, "samples_per_s": None,
+                 "test_accuracy": scored.accuracy, "test_loss": scored.loss, "pushes": 0, "duplicate_pushes": 0,
+                 "pulls": 0, "staleness_mean": 0.0, "staleness_max": 0, "staleness_histogram": {}, "rejected": {},
+                 "bytes_communicated": 0, "test_accuracy_by_epoch": []}
+        if checkpoints is not None and taken["saved"] != sess.epochs_done:
+            save()  # the end, as the round engines write one
         summary = {
             "event": "summary", "model": run.model, "dataset": run.dataset, "engine": "ps", "strategy": "async",
             "workers": K, "combiner": combiner, "tau": dist.tau,
-            "steps": m["steps_per_worker"], "rounds": m["epochs_run"], "epochs": m["epochs_run"],
+            "steps": done + m["steps_per_worker"], "rounds": sess.epochs_done, "epochs": sess.epochs_done,
             **{k: m[k] for k in ("samples", "wall_s", "train_s", "samples_per_s", "test_accuracy", "test_loss",
                                  "pushes", "duplicate_pushes", "pulls", "staleness_mean", "staleness_max",
                                  "staleness_histogram", "rejected", "bytes_communicated")},
             "test_accuracy_by_epoch": m["test_accuracy_by_epoch"],
+            **({"resumed_from_step": done} if done else {}),
         }
         metrics.write(summary)
     return summary
