@@ -14,7 +14,9 @@ JSON.
 
 ``--variant NAME:KEY=VALUE`` runs this tree under that name with those environment settings, in place of its plain
 run (``--variant ahead:SPARKNET_SESSION_AHEAD=1 --variant jvm:SPARKNET_SESSION_AHEAD=0``: the whole session started
-ahead beside the driver JVM alone, in one run). ``--warm`` first runs each tree once, untimed, and waits for its
+ahead beside the driver JVM alone, in one run); a KEY that starts with ``--`` is a flag of the command
+(``--variant path:--data=T.parquet --variant uri:--data=file:///.../T.parquet``: a table read on the driver beside
+the same table read by Spark's workers). ``--warm`` first runs each tree once, untimed, and waits for its
 driver JVM to write its class archive (as a user's first run does), so that the timed runs start as a user's later
 runs do. ``--trimmed-java`` runs every command on a copy of this machine's Java without its base class archives, as a
 Java trimmed with jlink is (the Spark lab's).
@@ -100,12 +102,14 @@ def one_run(src: Path, engine: str, work: Path, timeout_s: float, java_home: Pat
     """One command on ``workers`` workers from the tree at ``src``, its environment with ``setting`` added, timed to
     its first round's start and to its end."""
     metrics = work / f"run-{time.monotonic_ns()}.jsonl"
-    env = {**os.environ, **(setting or {}),
+    setting = setting or {}
+    env = {**os.environ, **{k: v for k, v in setting.items() if not k.startswith("--")},
            "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
     if java_home is not None:
         env["JAVA_HOME"] = str(java_home)
-    cmd = [sys.executable, "-m", "sparknet", *COMMAND, "--workers", str(workers), "--engine", engine, "--metrics-out",
-           str(metrics)]
+    flags = [part for k, v in setting.items() if k.startswith("--") for part in (k, v)]
+    cmd = [sys.executable, "-m", "sparknet", *COMMAND, "--workers", str(workers), "--engine", engine, *flags,
+           "--metrics-out", str(metrics)]
     with LoadSampler() as load:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -144,8 +148,8 @@ def main(argv=None) -> int:
     p.add_argument("--trimmed-java", action="store_true",
                    help="run on a copy of this machine's Java without base class archives (as jlink makes one)")
     p.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
-                   help="this tree with these environment settings, under this name, in place of its plain run "
-                   "(repeatable)")
+                   help="this tree with these environment settings (a KEY that starts with --: a flag of the "
+                   "command), under this name, in place of its plain run (repeatable)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "first_round.json"))
     args = p.parse_args(argv)
     variants = {}

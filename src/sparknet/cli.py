@@ -196,7 +196,7 @@ _JUDGED = ("target_accuracy", "target_loss", "eval_every_rounds", "eval_screen_r
 """What sparknet's own evaluation of a fit reads: when to score the weights, and the target it judges."""
 
 
-def _caffe_unread(dist: DistributedConfig) -> tuple | None:
+def _caffe_unread(dist: DistributedConfig) -> tuple:
     """What a Caffe run does not read beyond :data:`_UNREAD`'s Caffe road, as its workers train: in one process its
     rounds end where its solver displays, tests and snapshots, its tests are its test nets' and its snapshots its
     checkpoints; on the rounds engine its test nets score the weights, which the fit itself does not; on the barrier
