@@ -65,3 +65,19 @@ def test_held_out_rows_of_their_own_and_tables_that_cannot_train_say_so(spark, t
     unlabelled = _table(tmp_path / "unlabelled.parquet", x, y, columns=("features", "target"))
     assert _train(tmp_path, "unlabelled", "--data", unlabelled)[0] == 2
     assert "has no 'label' column (its columns: features, target)" in caplog.text
+
+
+def test_a_sequence_table_named_by_a_uri_trains_a_character_model(spark, tmp_path):
+    """Token sequences (features and labels ``array<long>``): the vocabulary is the largest id of either column."""
+    from sparknet.datasets import synthetic_sequences
+
+    data = synthetic_sequences(300, seq_len=12, vocab_size=9, seed=0)
+    x, y = np.asarray(data.x, np.int64), np.asarray(data.y, np.int64)
+    path = tmp_path / "sequences.parquet"
+    pq.write_table(pa.table({"features": pa.array(list(x), pa.list_(pa.int64())),
+                             "label": pa.array(list(y), pa.list_(pa.int64()))}), path)
+    metrics = tmp_path / "m.jsonl"
+    assert main(["train", "--model", "char_lstm", "--data", path.as_uri(), "--workers", "2", "--tau", "5",
+                 "--steps", "10", "--batch-size", "16", "--metrics-out", str(metrics), "--quiet"]) == 0
+    summary = json.loads(metrics.read_text().splitlines()[-1])
+    assert summary["num_classes"] == max(x.max(), y.max()) + 1 and summary["sample_shape"] == [12]

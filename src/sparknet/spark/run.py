@@ -180,14 +180,12 @@ def spark_table(spark, run: RunConfig) -> tuple:
     if not first:
         raise ValueError(f"{run.data} holds no rows")
     features, label = first[0]
-    if isinstance(table.schema["label"].dataType, ArrayType):  # a sequence: token ids of one vocabulary
-        largest = table.agg(F.max(F.array_max("label")), F.max(F.array_max("features"))).first()
-        info = table_info((len(features),), largest[0], largest[1], len(label))
-    else:
-        info = table_info((len(features),), table.agg(F.max("label")).first()[0])
+    sequence = isinstance(table.schema["label"].dataType, ArrayType)  # token ids of one vocabulary
+    largest = [F.max(F.array_max("label")), F.max(F.array_max("features"))] if sequence else [F.max("label")]
+    *largest, rows = table.agg(*largest, F.count(F.lit(1))).first()  # one job: the labels' column and the rows
+    info = table_info((len(features),), *largest, len(label) if sequence else None)
     if run.validation_data is not None:
         return table, _spark_parquet(spark, run.validation_data, "--validation-data"), info
-    rows = table.count()
     share = min(TEST_FRACTION, SPARK_TEST_ROWS / max(rows, 1))
     train, test = table.randomSplit([1.0 - share, share], seed=run.seed)
     log.info("%s: %d rows; a seeded %.2g%% of them held out for testing", run.data, rows, 100 * share)
