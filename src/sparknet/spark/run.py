@@ -166,6 +166,8 @@ def synthetic_frame(spark, images: SyntheticImages, partitions: int | None = Non
 SPARK_TEST_ROWS = 10_000
 """The most rows a ``--data`` URI Spark reads holds out for testing when no ``--validation-data`` is given (the
 driver scores them)."""
+HASH_BUCKETS = 1_000_000
+"""Buckets of the seeded row hash that holds a ``--data`` URI's rows out (a share of them is held out)."""
 
 
 def spark_table(spark, run: RunConfig) -> tuple:
@@ -187,9 +189,11 @@ def spark_table(spark, run: RunConfig) -> tuple:
     if run.validation_data is not None:
         return table, _spark_parquet(spark, run.validation_data, "--validation-data"), info
     share = min(TEST_FRACTION, SPARK_TEST_ROWS / max(rows, 1))
-    train, test = table.randomSplit([1.0 - share, share], seed=run.seed)
+    # a row's side by a seeded hash of its values: the same rows wherever they are read from and however they are
+    # partitioned, with no sort of every partition (randomSplit's, over the features' arrays too)
+    held = F.pmod(F.xxhash64(F.lit(run.seed), "features", "label"), F.lit(HASH_BUCKETS)) < round(share * HASH_BUCKETS)
     log.info("%s: %d rows; a seeded %.2g%% of them held out for testing", run.data, rows, 100 * share)
-    return train, test, info
+    return table.filter(~held), table.filter(held), info
 
 
 def _spark_parquet(spark, uri: str, flag: str):
