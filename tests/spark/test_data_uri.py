@@ -69,6 +69,11 @@ def test_held_out_rows_of_their_own_and_tables_that_cannot_train_say_so(spark, t
     unlabelled = _table(tmp_path / "unlabelled.parquet", x, y, columns=("features", "target"))
     assert _train(tmp_path, "unlabelled", "--data", unlabelled)[0] == 2
     assert "has no 'label' column (its columns: features, target)" in caplog.text
+    nulls = tmp_path / "nulls.parquet"
+    pq.write_table(pa.table({"features": pa.array(list(x), pa.list_(pa.float32())),
+                             "label": pa.array([None] * len(x), pa.int64())}), nulls)
+    assert _train(tmp_path, "nulls", "--data", nulls.as_uri())[0] == 2
+    assert "every row's label is null" in caplog.text
 
 
 def test_a_sequence_table_named_by_a_uri_trains_a_character_model(spark, tmp_path):

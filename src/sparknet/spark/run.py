@@ -185,6 +185,8 @@ def spark_table(spark, run: RunConfig) -> tuple:
     sequence = isinstance(table.schema["label"].dataType, ArrayType)  # token ids of one vocabulary
     largest = [F.max(F.array_max("label")), F.max(F.array_max("features"))] if sequence else [F.max("label")]
     *largest, rows = table.agg(*largest, F.count(F.lit(1))).first()  # one job: the labels' column and the rows
+    if None in largest:
+        raise ValueError(f"{run.data}: every row's label is null; sparknet train needs class ids in 'label'")
     info = table_info((len(features),), *largest, len(label) if sequence else None)
     if run.validation_data is not None:
         return table, _spark_parquet(spark, run.validation_data, "--validation-data"), info
