@@ -1,7 +1,8 @@
 """Reading a Parquet data set (``features`` and ``label`` columns) without Spark.
 
-Used by ``sparknet train --data PATH`` in one process; the Spark engines read the same
-files through Spark. ``features`` may be a list of numbers or a Spark ML vector (stored
+Used by ``sparknet train --data PATH`` (a path, or a URI pyarrow reads) in one process and by the
+parameter server, and for a path on the Spark engines' road (whose URIs Spark reads:
+:func:`sparknet.spark.run.spark_table`). ``features`` may be a list of numbers or a Spark ML vector (stored
 by Spark as a struct of type, size, indices and values). ``label`` holds class ids, or
 arrays of them (``array<long>``, one per position) for a sequence model such as ``char_lstm``,
 whose features are then token ids of the same vocabulary.
