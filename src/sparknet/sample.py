@@ -30,8 +30,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from sparknet.datasets import Vocabulary, shakespeare
 
 __all__ = ["Vocabulary", "sample_text", "load_char_model", "configure_sample", "run_sample"]
@@ -39,7 +37,6 @@ __all__ = ["Vocabulary", "sample_text", "load_char_model", "configure_sample", "
 log = logging.getLogger(__name__)
 
 
-@torch.no_grad()
 def sample_text(net_or_module: Any, corpus: Any, prime: str = "ROMEO:", length: int = 300,
                 temperature: float = 0.8, seed: int = 0, context: int | None = None) -> str:
     """Generate ``length`` characters after ``prime``, one at a time.
@@ -70,6 +67,8 @@ def sample_text(net_or_module: Any, corpus: Any, prime: str = "ROMEO:", length: 
     str
         The ``length`` generated characters.
     """
+    import torch
+
     if length < 0:
         raise ValueError(f"length must be non-negative, got {length}")
     if not (temperature >= 0 and math.isfinite(temperature)):
@@ -77,7 +76,8 @@ def sample_text(net_or_module: Any, corpus: Any, prime: str = "ROMEO:", length: 
     codec = corpus if all(hasattr(corpus, a) for a in ("encode", "decode", "vocab")) else Vocabulary(corpus)
     module = net_or_module if isinstance(net_or_module, torch.nn.Module) else getattr(net_or_module, "module", None)
     if not isinstance(module, torch.nn.Module):
-        raise TypeError(f"sample_text takes a Net, a SavedModel or a torch.nn.Module, got {type(net_or_module).__name__}")
+        raise TypeError("sample_text takes a Net, a SavedModel or a torch.nn.Module, got "
+                        f"{type(net_or_module).__name__}")
     declared = (int(layer.shape[1]) for layer in getattr(getattr(module, "net_params", None), "layers", ()) or ()
                 if len(getattr(layer, "shape", None) or ()) >= 2)  # the input layer's sequence length
     window = int(context or next(declared, None) or 100)
@@ -91,17 +91,18 @@ def sample_text(net_or_module: Any, corpus: Any, prime: str = "ROMEO:", length: 
     was_training = module.training
     module.eval()
     try:
-        for _ in range(length):
-            x = torch.tensor([ids[-window:]], dtype=torch.long, device=device)
-            logits = module(x)[0, -1].float().cpu()
-            if logits.numel() != len(codec.vocab):
-                raise ValueError(f"the model predicts {logits.numel()} classes but the vocabulary has "
-                                 f"{len(codec.vocab)} characters; give the corpus the model was trained on")
-            if temperature == 0:
-                nxt = int(logits.argmax())
-            else:
-                nxt = int(torch.multinomial(torch.softmax(logits / temperature, dim=0), 1, generator=gen))
-            ids.append(nxt)
+        with torch.no_grad():
+            for _ in range(length):
+                x = torch.tensor([ids[-window:]], dtype=torch.long, device=device)
+                logits = module(x)[0, -1].float().cpu()
+                if logits.numel() != len(codec.vocab):
+                    raise ValueError(f"the model predicts {logits.numel()} classes but the vocabulary has "
+                                     f"{len(codec.vocab)} characters; give the corpus the model was trained on")
+                if temperature == 0:
+                    nxt = int(logits.argmax())
+                else:
+                    nxt = int(torch.multinomial(torch.softmax(logits / temperature, dim=0), 1, generator=gen))
+                ids.append(nxt)
     finally:
         module.train(was_training)
     return codec.decode(ids[len(ids) - length:])

@@ -34,12 +34,12 @@ import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
-
-from sparknet import model_io
 from sparknet._enums import parse_enum
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["ExportFormat", "export_onnx", "export_torchscript", "export_model", "verify_onnx", "example_input_for"]
 
@@ -72,6 +72,8 @@ def _eval_mode(module: torch.nn.Module) -> Iterator[torch.nn.Module]:
 
 
 def _as_batch(example_input) -> torch.Tensor:
+    import torch
+
     x = torch.as_tensor(example_input)
     if x.dim() < 1 or len(x) < 1:
         raise ValueError(f"example_input must be a batch with at least one sample, got shape {tuple(x.shape)}")
@@ -99,6 +101,8 @@ def export_onnx(module: torch.nn.Module, example_input, path: str | os.PathLike,
     exporter : {"torchscript", "dynamo"}
         Which of torch's ONNX exporters to use (see the module docstring).
     """
+    import torch
+
     x = _as_batch(example_input)
     if exporter not in ("dynamo", "torchscript"):
         raise ValueError(f"exporter must be torchscript or dynamo, got {exporter!r}")
@@ -135,6 +139,8 @@ def export_torchscript(module: torch.nn.Module, example_input, path: str | os.Pa
     check : bool
         Have the tracer re-run the trace and compare (catches data-dependent control flow).
     """
+    import torch
+
     x = _as_batch(example_input)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -160,7 +166,9 @@ def verify_onnx(path: str | os.PathLike, module: torch.nn.Module, inputs, *, ato
     ImportError
         Without the ``onnx`` package (``pip install 'sparknet[onnx]'``).
     """
+    import numpy as np
     import onnx
+    import torch
 
     model = onnx.load(str(path))
     onnx.checker.check_model(model, full_check=True)
@@ -188,6 +196,8 @@ def verify_onnx(path: str | os.PathLike, module: torch.nn.Module, inputs, *, ato
 def example_input_for(saved, batch_size: int = 2) -> torch.Tensor:
     """A zero batch in the input shape and dtype of a loaded model folder (``SavedModel``); a ValueError when the
     folder does not record the input shape (a plain module saved without ``input_shape``)."""
+    import torch
+
     shape = saved.input_shape
     if shape is None:
         raise ValueError("the model folder does not record its input shape; save it with input_shape=[...]")
@@ -218,6 +228,10 @@ def export_model(model_dir: str | os.PathLike, format: ExportFormat | str, out: 
         batch (ONNX: :func:`verify_onnx`; TorchScript: ``torch.jit.load`` and an exact
         comparison).
     """
+    import torch
+
+    from sparknet import model_io
+
     fmt = parse_enum(ExportFormat, format, "export format")
     saved = model_io.load_model(model_dir, allow_pickle=allow_pickle)
     module = saved.module
