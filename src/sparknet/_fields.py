@@ -102,7 +102,7 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, *, skip: Seque
             continue
         name = flag(f.name)
         tp, optional = base_type(hints[f.name])
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = field_default(f)
         help_text = docs.get(f.name, "")
         # a str field's metadata may name its values ({"choices": callable}, called here, as the lists live in
         # modules the configuration does not import)
@@ -125,6 +125,13 @@ def from_args(cls, args: argparse.Namespace):
     return cls(**{k: v for k, v in vars(args).items() if k in names})
 
 
+def field_default(f: dataclasses.Field) -> typing.Any:
+    """A dataclass field's default, made by its factory where it has one (``dataclasses.MISSING``: none)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING
+
+
 def changed(settings, names: Sequence[str] | None = None) -> dict[str, typing.Any]:
     """The fields of the dataclass instance ``settings`` (of ``names`` alone, where given) whose values differ from
     their defaults: the settings a user gave (a command line cannot tell ``--tau 50`` from no ``--tau``)."""
@@ -132,8 +139,7 @@ def changed(settings, names: Sequence[str] | None = None) -> dict[str, typing.An
     for f in dataclasses.fields(settings):
         if names is not None and f.name not in names:
             continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+        default = field_default(f)
         value = getattr(settings, f.name)
         if default is dataclasses.MISSING or value != default:
             out[f.name] = value
