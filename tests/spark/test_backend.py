@@ -47,6 +47,19 @@ def _running_jobs(sc, group: str, wait_s: float = 20.0) -> list[int]:
         time.sleep(0.2)
 
 
+def _ended_jobs(sc, group: str, wait_s: float = 60.0) -> list[str]:
+    """The statuses of the group's jobs once the status tracker has heard of one and of the end of all (it hears from
+    Spark's listener bus, behind the job's caller); what it holds at ``wait_s``."""
+    tracker = sc.statusTracker()
+    deadline = time.monotonic() + wait_s
+    while True:
+        jobs = [tracker.getJobInfo(j) for j in tracker.getJobIdsForGroup(group)]
+        statuses = [job.status if job is not None else "UNKNOWN" for job in jobs]
+        if (statuses and all(s in ("SUCCEEDED", "FAILED") for s in statuses)) or time.monotonic() > deadline:
+            return statuses
+        time.sleep(0.1)
+
+
 def _sleeper(seconds: float):
     def sleep(index, rows):
         import time
@@ -71,7 +84,8 @@ def test_job_group_gives_the_callers_group_and_description_back(sc):
         with job_group(sc, "sparknet-inner", "sparknet: inner work"):
             1 / 0
     assert _job_properties(sc) == before
-    assert sc.statusTracker().getJobIdsForGroup("notebook-cell-7") == []  # the inner job ran under its own group
+    assert _ended_jobs(sc, "sparknet-inner") == ["SUCCEEDED"]  # the inner job ran under its own group
+    assert sc.statusTracker().getJobIdsForGroup("notebook-cell-7") == []
 
     for key in _KEYS:
         sc.setLocalProperty(key, None)
@@ -92,7 +106,7 @@ def test_a_fit_leaves_the_callers_job_group_as_it_was(sc):
     # the caller's next job runs under the caller's group again: cancelling that group (a notebook's
     # cell cancel) reaches it
     sc.parallelize(range(2), 2).count()
-    assert len(sc.statusTracker().getJobIdsForGroup("notebook-cell-8")) == 1
+    assert _ended_jobs(sc, "notebook-cell-8") == ["SUCCEEDED"]
 
 
 def test_a_job_past_its_deadline_is_cancelled_and_named(sc):
@@ -108,8 +122,7 @@ def test_a_job_past_its_deadline_is_cancelled_and_named(sc):
     assert message.startswith("the sleeping job did not finish within 4 s; its Spark jobs were cancelled")
     assert "2 of 2 tasks of stage" in message and ("partitions [0, 1] still running" in message
                                                    or "2 running" in message)
-    assert sc.statusTracker().getJobIdsForGroup("sparknet-test-late")  # the job did run under the group
-    assert _running_jobs(sc, "sparknet-test-late") == []
+    assert _ended_jobs(sc, "sparknet-test-late") == ["FAILED"]  # the job ran under the group, and was cancelled
     assert _job_properties(sc) == before
 
 
@@ -156,9 +169,7 @@ def test_python_workers_start_in_the_background_while_the_block_runs(sc):
     with python_workers_starting(sc) as group:
         assert sc.parallelize(range(4), 2).sum() == 6  # the caller's work goes on
         assert _job_properties(sc) == before
-    tracker = sc.statusTracker()
-    jobs = tracker.getJobIdsForGroup(group)
-    assert len(jobs) == 1 and tracker.getJobInfo(jobs[0]).status == "SUCCEEDED"
+    assert _ended_jobs(sc, group) == ["SUCCEEDED"]
     assert _job_properties(sc) == before
 
 

@@ -321,6 +321,7 @@ def test_a_session_started_ahead_is_the_one_get_session_returns_with_sparknet_s_
     options sparknet sets; asked for another master, it stops that one and starts the one asked for."""
     proc = _run_by_a_fresh_process(tmp_path, """
         import sys
+        import time
         from sparknet.spark.backend import start_python_workers
         from sparknet.spark.session import get_session, start_session_ahead
         thread = start_session_ahead("local[1]", then=start_python_workers)
@@ -331,9 +332,13 @@ def test_a_session_started_ahead_is_the_one_get_session_returns_with_sparknet_s_
         spark = get_session("local[1]")
         assert SparkSession.getActiveSession() is spark
         thread.join(180)  # then it started the session's Python workers
+        assert not thread.is_alive()
         try:
-            tracker = spark.sparkContext.statusTracker()
-            assert tracker.getJobInfo(0).status == "SUCCEEDED" and tracker.getJobInfo(1) is None  # one job, done
+            tracker, deadline = spark.sparkContext.statusTracker(), time.monotonic() + 60
+            while (job := tracker.getJobInfo(0)) is None or job.status == "RUNNING":  # the tracker hears late
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert (job.status, tracker.getJobInfo(1)) == ("SUCCEEDED", None)  # one job, done
             assert spark.sparkContext.parallelize(range(4), 2).sum() == 6 and spark.range(3).count() == 3
             print(*driver_settings(spark))
         finally:
