@@ -50,7 +50,7 @@ def load_training_data(run: RunConfig):
     vocabulary for text).
     """
     if run.data is not None:
-        return read_parquet_dataset(run.data, validation=run.validation_data)
+        return read_parquet_dataset(run.data, validation=run.validation_data, task=run.task)
     if run.dataset == "shakespeare":  # RunConfig spells data sets and models as the registries do
         corpus = datasets.shakespeare()
         seq_len = 256 if run.model == "gpt_char" else 100  # nanoGPT's context; char_lstm's sequences
@@ -72,8 +72,9 @@ def build_model(run: RunConfig, info: dict):
     kwargs: dict = {"batch_size": run.batch_size}
     if run.model in ("char_lstm", "gpt_char"):
         kwargs.update(vocab_size=info["vocab_size"], seq_len=info.get("seq_len", 100))
-    elif run.model == "mlp":
-        kwargs.update(input_shape=info["input_shape"], num_classes=info["num_classes"])
+    elif run.model == "mlp":  # as many outputs as classes, or as numbers (labels) in a row
+        kwargs.update(input_shape=info["input_shape"], num_classes=info.get("outputs", info.get("num_classes")),
+                      task=run.task.value)
     return zoo.get_model(run.model, **kwargs)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["CompressionKind", "DataMode", "parse_enum"]
+__all__ = ["CompressionKind", "DataMode", "Task", "parse_enum"]
 
 
 class DataMode(enum.StrEnum):
@@ -30,6 +30,24 @@ class CompressionKind(enum.StrEnum):
     """Half precision (bfloat16: float32's range, fewer mantissa bits)."""
     INT8 = "int8"
     """One byte per value with a scale per chunk, the rounding error fed back into the next update."""
+
+
+class Task(str, enum.Enum):
+    """What a net learns (:mod:`sparknet.labels` checks its labels and scores it so)."""
+
+    CLASSIFICATION = "classification"
+    """Labels are class ids 0..C-1 (one per row, or one per position of a sequence)."""
+    REGRESSION = "regression"
+    """Labels are real numbers (one per row, or a vector per row)."""
+    MULTILABEL = "multilabel"
+    """Labels are a 0 or 1 for each output (a vector per row; one number for one output)."""
+    UNLABELLED = "unlabelled"
+    """No labels: the loss takes the input (an autoencoder); scored by its loss alone."""
+
+    @property
+    def float_labels(self) -> bool:
+        """Whether the labels are float numbers (not int64 class ids)."""
+        return self in (Task.REGRESSION, Task.MULTILABEL)
 
 
 def parse_enum(cls: type[enum.Enum], value, what: str):

@@ -104,13 +104,13 @@ def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, *, skip: Seque
         tp, optional = base_type(hints[f.name])
         default = field_default(f)
         help_text = docs.get(f.name, "")
-        # a str field's metadata may name its values ({"choices": callable}, called here, as the lists live in
-        # modules the configuration does not import)
+        # a field's metadata may name its values ({"choices": callable}, called here, as the lists live in
+        # modules the configuration does not import; an enum field's: the members a flag may give)
         choices = list(f.metadata["choices"]()) if "choices" in f.metadata else None
         if tp is bool:
             group.add_argument(name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         elif isinstance(tp, type) and issubclass(tp, enum.Enum):
-            group.add_argument(name, choices=[m.value for m in tp],
+            group.add_argument(name, choices=choices or [m.value for m in tp],
                                default=default.value if isinstance(default, enum.Enum) else default, help=help_text)
         elif typing.get_origin(tp) is tuple:
             group.add_argument(name, type=int, nargs="*", default=default, help=help_text)

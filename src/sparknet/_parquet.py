@@ -5,7 +5,8 @@ parameter server, and for a path on the Spark engines' road (whose URIs Spark re
 :func:`sparknet.spark.run.spark_table`). ``features`` may be a list of numbers or a Spark ML vector (stored
 by Spark as a struct of type, size, indices and values). ``label`` holds class ids, or
 arrays of them (``array<long>``, one per position) for a sequence model such as ``char_lstm``,
-whose features are then token ids of the same vocabulary.
+whose features are then token ids of the same vocabulary; for ``--task regression`` numbers (or arrays of
+them, one a net output), and for ``--task multilabel`` arrays of 0s and 1s (or a 0 or 1: one output).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import numpy as np
 import pyarrow as pa
 
+from sparknet._enums import Task
 from sparknet.datasets import ArrayDataset
 
 __all__ = ["read_parquet_dataset", "features_to_numpy", "table_info"]
@@ -90,10 +92,11 @@ def _vectors_to_numpy(rows: list) -> np.ndarray:
 
 
 def read_parquet_dataset(path: str, features_col: str = "features", label_col: str = "label", *,
-                         validation: str | None = None):
+                         validation: str | None = None, task: Task = Task.CLASSIFICATION):
     """``(train, test, info)`` from a Parquet file or folder (a path, or a URI pyarrow reads: ``file://``,
     ``s3://``/``s3a://``, ``gs://``, ``hdfs://``); the last 10% of rows are the test set, or, with ``validation``,
-    every row trains and ``validation``'s rows (the same columns) are the test set.
+    every row trains and ``validation``'s rows (the same columns) are the test set. ``task``: what the labels are
+    (class ids, numbers, or 0s and 1s).
 
     Raises
     ------
@@ -101,29 +104,35 @@ def read_parquet_dataset(path: str, features_col: str = "features", label_col: s
         Nothing is at ``path``.
     ValueError
         Naming ``path`` and what is wrong: not Parquet, a column missing or of another type, null
-        values, NaN or infinite features, rows of different lengths, labels that are not class ids,
-        fewer than 2 rows.
+        values, NaN or infinite features, rows of different lengths, labels that are not class ids (not
+        numbers, or not 0s and 1s, for ``task``), fewer than 2 rows.
     """
-    x, y = _read_arrays(path, features_col, label_col)
+    x, y = _read_arrays(path, features_col, label_col, task=task)
     if validation is None:
         n_test = max(1, int(len(x) * TEST_FRACTION))
         train, test = ArrayDataset(x[:-n_test], y[:-n_test]), ArrayDataset(x[-n_test:], y[-n_test:])
     else:
         train = ArrayDataset(x, y)
-        test = ArrayDataset(*_read_arrays(validation, features_col, label_col, "--validation-data"))
+        test = ArrayDataset(*_read_arrays(validation, features_col, label_col, "--validation-data", task=task))
         if test.x.shape[1:] != x.shape[1:] or test.y.shape[1:] != y.shape[1:]:
             raise ValueError(f"{validation}: its rows hold {test.x.shape[1:]} features and {test.y.shape[1:]} labels "
                              f"each, {path}'s {x.shape[1:]} and {y.shape[1:]}: held-out rows are of the same table")
     log.info("read %d rows of %d features from %s (%d held out for testing%s)", len(train), x.shape[1], path,
              len(test), "" if validation is None else f", from {validation}")
+    if task.float_labels:
+        return train, test, table_info(x.shape[1:], None, outputs=y.shape[1] if y.ndim == 2 else 1)
     return train, test, table_info(x.shape[1:], max(int(y.max()), int(test.y.max())),
                                    max(int(x.max()), int(test.x.max())) if y.ndim == 2 else None,
                                    y.shape[1] if y.ndim == 2 else None)
 
 
-def table_info(sample_shape: tuple, label_max: int, feature_max: int | None = None, seq_len: int | None = None) -> dict:
+def table_info(sample_shape: tuple, label_max: int | None, feature_max: int | None = None, seq_len: int | None = None,
+               *, outputs: int | None = None) -> dict:
     """What the model needs to know of a table: its sample's shape and classes; of a sequence table (labels of
-    ``seq_len`` positions, features token ids of the same vocabulary: ``feature_max`` given), its vocabulary."""
+    ``seq_len`` positions, features token ids of the same vocabulary: ``feature_max`` given), its vocabulary; of a
+    table of numbers or label sets (``outputs`` given: how many a row holds), the width of its net's last layer."""
+    if outputs is not None:
+        return {"input_shape": tuple(sample_shape), "outputs": int(outputs)}
     info = {"input_shape": tuple(sample_shape), "num_classes": int(label_max) + 1}
     if seq_len is not None:
         vocab = max(int(feature_max), int(label_max)) + 1
@@ -131,7 +140,8 @@ def table_info(sample_shape: tuple, label_max: int, feature_max: int | None = No
     return info
 
 
-def _read_arrays(path: str, features_col: str, label_col: str, flag: str = "--data") -> tuple[np.ndarray, np.ndarray]:
+def _read_arrays(path: str, features_col: str, label_col: str, flag: str = "--data", *,
+                 task: Task = Task.CLASSIFICATION) -> tuple[np.ndarray, np.ndarray]:
     """The features and labels of the Parquet file or folder at ``path`` (a path or a URI), checked."""
     import pyarrow.parquet as pq
     from pyarrow import fs as pafs
@@ -147,20 +157,25 @@ def _read_arrays(path: str, features_col: str, label_col: str, flag: str = "--da
         raise ValueError(f"cannot read {path} as Parquet ({exc}); point {flag} at a Parquet file or a folder "
                          "of Parquet files") from exc
     try:
-        return _arrays(table, features_col, label_col)
+        return _arrays(table, features_col, label_col, task)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
 
 
-def _arrays(table, features_col: str, label_col: str) -> tuple[np.ndarray, np.ndarray]:
-    """The features (float32 ``[rows, values]``) and labels (int64) of a table, checked for training."""
+def _arrays(table, features_col: str, label_col: str,
+            task: Task = Task.CLASSIFICATION) -> tuple[np.ndarray, np.ndarray]:
+    """The features (float32 ``[rows, values]``) and labels (int64 class ids; float32 numbers or 0s and 1s, as
+    ``task`` says) of a table, checked for training."""
     for col in (features_col, label_col):
         if col not in table.column_names:
             raise ValueError(f"the table has no column {col!r} (columns: {table.column_names}); it needs "
                              f"{features_col!r} (an array of numbers or an ML Vector) and {label_col!r} (class ids)")
     x = features_to_numpy(table.column(features_col))
-    y = _labels_to_numpy(table.column(label_col), label_col)
-    if y.ndim == 2 and y.shape[1] != x.shape[1]:
+    if task.float_labels:
+        y = _values_to_numpy(table.column(label_col), label_col, task)
+    else:
+        y = _labels_to_numpy(table.column(label_col), label_col)
+    if y.ndim == 2 and y.shape[1] != x.shape[1] and not task.float_labels:
         raise ValueError(f"the label column {label_col!r} holds {y.shape[1]} ids per row but the features hold "
                          f"{x.shape[1]} values; a sequence needs one label per position: cut both to one length")
     bad = int(len(x) - np.isfinite(x).all(axis=1).sum()) if x.size else 0
@@ -168,12 +183,49 @@ def _arrays(table, features_col: str, label_col: str) -> tuple[np.ndarray, np.nd
         raise ValueError(f"{bad} feature rows hold NaN or infinite values; clean or impute them first")
     if len(x) < 2:
         raise ValueError(f"the table has {len(x)} rows; at least 2 are needed (one to train, one to test)")
+    if task.float_labels:
+        return x, y
     if y.ndim == 2 and not np.all((x >= 0) & (x == np.round(x))):
         raise ValueError(f"the label column {label_col!r} holds one id per position (a sequence) but the "
                          "features are not all token ids (whole numbers 0, 1, 2, ...)")
     if y.ndim == 2 and x.max() >= MAX_CLASS_ID:
         raise ValueError(f"the features hold token id {x.max():.0f}; ids of a sequence must be below {MAX_CLASS_ID}")
     return x, y
+
+
+def _values_to_numpy(column, label_col: str, task: Task) -> np.ndarray:
+    """A label column of numbers (``task`` regression) or of 0s and 1s (multilabel) as float32 ``[rows]`` (one a
+    row) or ``[rows, outputs]`` (arrays, the same length in every row)."""
+    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    what = "numbers" if task is Task.REGRESSION else "0s and 1s, one for each label"
+    if col.null_count:
+        raise ValueError(f"the label column {label_col!r} has {col.null_count} null values; drop those rows first")
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
+        lengths = np.asarray(col.value_lengths())
+        if len(lengths) and ((lengths != lengths[0]).any() or lengths[0] == 0):
+            bad = int(np.argmax(lengths != lengths[0]))
+            raise ValueError(f"label rows of {label_col!r} differ in length: row 0 has {lengths[0]} values, row {bad} "
+                             f"has {lengths[bad]}; every row needs as many as the net has outputs")
+        values = col.flatten()
+        if values.null_count:
+            raise ValueError(f"the label column {label_col!r} has {values.null_count} null values inside its "
+                             "arrays; drop or fill those rows first")
+        kind = values.type
+        y = np.asarray(values.to_numpy(zero_copy_only=False)).reshape(len(col), -1 if len(col) else 0)
+    else:
+        kind = col.type
+        y = np.asarray(col.to_numpy(zero_copy_only=False))
+    if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
+        raise ValueError(f"the label column {label_col!r} has type {col.type}; --task {task.value} needs {what} "
+                         "(or arrays of them)")
+    y = y.astype(np.float32)
+    if not np.isfinite(y).all():
+        raise ValueError(f"{int((~np.isfinite(y)).sum())} labels in column {label_col!r} are NaN or infinite "
+                         "(or beyond float32's range); clean or impute them first")
+    if task is Task.MULTILABEL and not np.isin(y, (0.0, 1.0)).all():
+        raise ValueError(f"the label column {label_col!r} holds values other than 0 and 1 (from {y.min():g} to "
+                         f"{y.max():g}); --task multilabel needs {what}")
+    return y
 
 
 MAX_CLASS_ID = 1 << 31

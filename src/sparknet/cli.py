@@ -187,7 +187,7 @@ _UNREAD: dict[Road, tuple[str, str | None, dict[type, tuple[str, ...] | None]]] 
                              EngineOptions: None, CaffeTrainFlags: None}),
     Road.SPARK: ("a run on Spark", None, {RunConfig: ("eval_every",), AsyncConfig: None, CaffeTrainFlags: None}),
     Road.CAFFE: ("a Caffe run (its net's data layers say what trains on what; --caffe-sources binds others)", None,
-                 {RunConfig: ("model", "dataset", "data", "validation_data"), AsyncConfig: None}),
+                 {RunConfig: ("model", "dataset", "data", "validation_data", "task"), AsyncConfig: None}),
 }
 """Each road, what to do instead, and the settings it does not read (``None``: none of that kind); given, they are
 refused."""
@@ -305,8 +305,9 @@ def _run_train(args: argparse.Namespace) -> int:
         return 0
     run, dist, options, caffe, parameter_server = _train_settings(args)
     summary = train_command(run, dist, options=options, caffe=caffe, parameter_server=parameter_server)
-    keys = ("test_accuracy", "test_r2", "test_rmse", "test_mae", "test_f1", "test_loss", "wall_s", "samples_per_s",
-            "steps", "rounds", "weight_bytes_per_worker", "rounds_transport", "data_mode", "first_round_s")
+    keys = ("test_accuracy", "test_r2", "test_rmse", "test_mae", "test_f1", "test_auc", "test_loss", "wall_s",
+            "samples_per_s", "steps", "rounds", "weight_bytes_per_worker", "rounds_transport", "data_mode",
+            "first_round_s")
     result = {k: summary.get(k) for k in keys if k in summary}
     # wall_s is the fit (setup, rounds, evaluations); command_s what the user waited, from the process's start
     result["command_s"] = process_age_s()

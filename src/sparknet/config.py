@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
-from sparknet._enums import CompressionKind, DataMode, parse_enum
+from sparknet._enums import CompressionKind, DataMode, Task, parse_enum
 from sparknet._fields import changed, flag
 from sparknet.faults import faults_from
 from sparknet.link import LinkModel
@@ -205,6 +205,10 @@ class WorkerConfig:
         check_gpu_share(self.gpus_per_worker)
 
 
+_CLI_TASKS = ("classification", "regression", "multilabel")
+"""What ``sparknet train --task`` learns (a net without labels is a library's or a Caffe file's)."""
+
+
 @dataclass(kw_only=True)
 class RunConfig:
     """What to train, on what, for how long (one process or many)."""
@@ -220,6 +224,11 @@ class RunConfig:
     validation_data: str | None = None
     """Parquet of held-out rows to evaluate on, with --data's columns (default: --data's last tenth of rows; of a
     --data URI on Spark, a seeded sample of a tenth of its rows, at most 10,000)."""
+    task: Task = field(default=Task.CLASSIFICATION, metadata={"choices": lambda: _CLI_TASKS})
+    """What a --data table's label column holds: class ids (classification), numbers or a list of them to predict
+    (regression: the mlp's last layer as wide as a label, a Euclidean loss, scored by R-squared, the score
+    --target-accuracy sets), or a 0 or 1 for each output (multilabel: a sigmoid cross-entropy loss, scored by the
+    accuracy over every label)."""
     steps: int = 10000
     """Solver updates in all (per worker when training in parallel)."""
     batch_size: int = 64
@@ -272,8 +281,18 @@ class RunConfig:
         self.solver_type = SolverType.parse(self.solver_type)
         self.lr_policy = LRPolicy.parse(self.lr_policy)
         self.precision = parse_enum(Precision, self.precision, "precision")
+        if str(getattr(self.task, "value", self.task)).lower() not in _CLI_TASKS:
+            raise ValueError(f"task must be one of {', '.join(_CLI_TASKS)}, got {self.task!r}")
+        self.task = parse_enum(Task, self.task, "task")
         check_gpu_share(self.gpus_per_worker)
         check_at_least(1, steps=self.steps)
+        if self.task is not Task.CLASSIFICATION:
+            if self.data is None:
+                raise ValueError(f"--task {self.task.value} learns the labels of a --data table; the data sets "
+                                 "hold classes")
+            if model_name(self.model) != "mlp":
+                raise ValueError(f"--task {self.task.value} trains --model mlp (its last layer as wide as a label); "
+                                 f"{self.model} is a classifier")
         if self.validation_data is not None and self.data is None:
             raise ValueError("--validation-data holds the held-out rows of a --data table: give --data too")
         if self.batch_size < 1:

@@ -2,9 +2,9 @@
 its weights scored.
 
 The task follows from the loss: a regression loss (``torch.nn.MSELoss``, ``L1Loss``, ``HuberLoss``,
-``SmoothL1Loss``, or a ``EuclideanLoss`` layer) learns numbers; ``BCEWithLogitsLoss`` or
-``MultiLabelSoftMarginLoss`` a 0/1 for each output (multi-label, or binary with one output); anything
-else class ids. Given explicitly it overrides that.
+``SmoothL1Loss``, or a ``EuclideanLoss`` layer) learns numbers; ``BCEWithLogitsLoss``,
+``MultiLabelSoftMarginLoss`` or a ``SigmoidCrossEntropyLoss`` layer a 0/1 for each output (multi-label, or
+binary with one output); anything else class ids. Given explicitly it overrides that.
 
 A task scores a net by sums that add up over batches, ranks and partitions, so a validation set
 split across workers gives the same metrics as one pass over all of it:
@@ -23,11 +23,12 @@ split across workers gives the same metrics as one pass over all of it:
 
 from __future__ import annotations
 
-import enum
 import math
 
 import numpy as np
 import torch
+
+from sparknet._enums import Task
 
 __all__ = ["Task", "infer_task", "parse_task", "score_columns", "TOP_K", "AUC_BINS"]
 
@@ -37,24 +38,9 @@ AUC_BINS = 200
 """Equal bins of the sigmoid of a multi-label output that its AUC is read from."""
 
 
-class Task(str, enum.Enum):
-    CLASSIFICATION = "classification"
-    """Labels are class ids 0..C-1 (one per row, or one per position of a sequence)."""
-    REGRESSION = "regression"
-    """Labels are real numbers (one per row, or a vector per row)."""
-    MULTILABEL = "multilabel"
-    """Labels are a 0 or 1 for each output (a vector per row; one number for one output)."""
-    UNLABELLED = "unlabelled"
-    """No labels: the loss takes the input (an autoencoder); scored by its loss alone."""
-
-    @property
-    def float_labels(self) -> bool:
-        """Whether the labels are float numbers (not int64 class ids)."""
-        return self in (Task.REGRESSION, Task.MULTILABEL)
-
-
 _REGRESSION_LOSSES = (torch.nn.MSELoss, torch.nn.L1Loss, torch.nn.HuberLoss, torch.nn.SmoothL1Loss)
 _REGRESSION_LAYERS = ("EuclideanLoss",)
+_MULTILABEL_LAYERS = ("SigmoidCrossEntropyLoss",)
 _MULTILABEL_LOSSES = (torch.nn.BCEWithLogitsLoss, torch.nn.MultiLabelSoftMarginLoss)
 
 
@@ -68,7 +54,9 @@ def parse_task(value) -> Task | None:
 
 
 def infer_task(loss=None, net_params=None, task=None) -> Task:
-    """``task`` when given, else regression for a regression loss (function or layer), else classification."""
+    """``task`` when given, else regression for a regression loss (function or layer), multi-label for a
+    multi-label one (``BCEWithLogitsLoss``, ``MultiLabelSoftMarginLoss``, a ``SigmoidCrossEntropyLoss`` layer), else
+    classification."""
     given = parse_task(task)
     if given is not None:
         return given
@@ -79,6 +67,8 @@ def infer_task(loss=None, net_params=None, task=None) -> Task:
     layers = getattr(net_params, "layers", None) or ()
     if any(type(layer).__name__ in _REGRESSION_LAYERS for layer in layers):
         return Task.REGRESSION
+    if any(type(layer).__name__ in _MULTILABEL_LAYERS for layer in layers):
+        return Task.MULTILABEL
     return Task.CLASSIFICATION
 
 

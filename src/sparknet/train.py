@@ -21,6 +21,7 @@ import torch
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
 from sparknet.checkpoint import CheckpointError, open_checkpoints
 from sparknet.config import EVAL_EVERY_STEPS, DistributedConfig, RunConfig, TrainConfig
+from sparknet.labels import Task
 from sparknet.loop import FitPlan, InProcessExchange, ResumeState, average_summary, run_rounds
 from sparknet.metrics import MetricsLogger, returned_scores
 from sparknet.net import Net
@@ -52,7 +53,7 @@ def train_local(run: RunConfig, dist: DistributedConfig | None = None) -> dict:
     if dist is not None and dist.max_weight_bytes is not None:
         split_budget(net_params, dist)
     net = Net(net_params, run.solver(), batch_size=run.batch_size, device=run.device, seed=run.seed,
-              compute=run.worker().compute)
+              compute=run.worker().compute, task=run.task)
     net.set_training_data(train)
     net.set_validation_data(test)
     config = {"run": TrainConfig(run=run).to_dict()["run"]}
@@ -115,6 +116,8 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
             exchange.train_s = float(start["train_s"])
             metrics.progress(progress.steps_done)
 
+        score, said = ("r2", "R-squared") if net.task is Task.REGRESSION else ("accuracy", "accuracy")  # its target
+
         def on_record(record: dict) -> None:
             records.append(record)
             if checkpoints is not None and (checkpoints.due(progress.round) or "stop_reason" in record):
@@ -126,33 +129,33 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
                 return
             out = {"event": "eval", "step": progress.steps_done, "samples": progress.samples_done,
                    "wall_s": metrics.elapsed()}
-            if "val_accuracy" in record:  # the whole test set
-                exchange.accuracy = record["val_accuracy"]
-                out.update(loss=record["val_loss"], test_accuracy=record["val_accuracy"])
-                log.info("step %d: test accuracy %.4f, test loss %.4f", progress.steps_done, record["val_accuracy"],
+            if f"val_{score}" in record:  # the whole test set
+                exchange.accuracy = record[f"val_{score}"]
+                out.update({"loss": record["val_loss"], f"test_{score}": record[f"val_{score}"]})
+                log.info("step %d: test %s %.4f, test loss %.4f", progress.steps_done, said, record[f"val_{score}"],
                          record["val_loss"])
-            elif "screen_accuracy" in record:  # a fixed sample of it (EvalPlan)
-                exchange.accuracy = record["screen_accuracy"]
-                out.update(screen_loss=record["screen_loss"], screen_accuracy=record["screen_accuracy"],
-                           screen_rows=record["screen_rows"])
-                log.info("step %d: test accuracy %.4f on a sample of %d rows", progress.steps_done,
-                         record["screen_accuracy"], record["screen_rows"])
+            elif f"screen_{score}" in record:  # a fixed sample of it (EvalPlan)
+                exchange.accuracy = record[f"screen_{score}"]
+                out.update({"screen_loss": record["screen_loss"], f"screen_{score}": record[f"screen_{score}"],
+                            "screen_rows": record["screen_rows"]})
+                log.info("step %d: test %s %.4f on a sample of %d rows", progress.steps_done, said,
+                         record[f"screen_{score}"], record["screen_rows"])
             metrics.write(out)
             metrics.progress(0, loss=exchange.loss, acc=exchange.accuracy)
 
         if progress.steps_done < run.steps:
             net.set_flat(run_rounds(exchange, plan, strategy.init_global(net.get_flat()), on_record=on_record))
             scores, loss = returned_scores(records, plan.average is not None)  # the average's, where it is kept
-            accuracy = scores.get("accuracy")
         else:  # resumed from the end of the run: nothing left to train
             last = net.evaluate()
-            accuracy, loss = last.accuracy, last.loss
+            scores, loss = last.metrics, last.loss
         summary = {
             "event": "summary", "model": run.model, "dataset": run.dataset, "engine": "local", "workers": 1,
             "steps": progress.steps_done, "samples": progress.samples_done, "wall_s": metrics.elapsed(),
             "train_s": exchange.train_s,
             "samples_per_s": progress.samples_done / exchange.train_s if exchange.train_s else None,
-            "test_accuracy": accuracy, "test_loss": loss, "threads": threads,
+            "test_accuracy": scores.get("accuracy"), **{f"test_{k}": v for k, v in scores.items()},
+            "test_loss": loss, "threads": threads,
             "rounds": 0, "bytes_communicated": 0, "stop_reason": records[-1].get("stop_reason") if records else None,
             **(average_summary(records, dist.weight_ema) if plan.average is not None else {}),
         }

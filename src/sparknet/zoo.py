@@ -18,6 +18,7 @@ from .layers import (
     ConvLayer,
     DropoutLayer,
     EmbeddingLayer,
+    EuclideanLoss,
     Filler,
     LayerNormLayer,
     LinearLayer,
@@ -27,6 +28,7 @@ from .layers import (
     PoolLayer,
     PositionEmbeddingLayer,
     RDDLayer,
+    SigmoidCrossEntropyLoss,
     SoftmaxWithLoss,
     TransformerBlockLayer,
 )
@@ -69,8 +71,8 @@ def lenet(batch_size: int = 64) -> NetParams:
 
 
 def mlp(input_shape: Sequence[int] = (1, 28, 28), hidden: Sequence[int] = (512, 256),
-        num_classes: int = 10, batch_size: int = 64) -> NetParams:
-    """A fully connected classifier: ``ip1 .. ipN`` with in-place ReLUs, then SoftmaxWithLoss.
+        num_classes: int = 10, batch_size: int = 64, task: str = "classification") -> NetParams:
+    """A fully connected net: ``ip1 .. ipN`` with in-place ReLUs, then a loss for ``task``.
 
     Parameters
     ----------
@@ -79,13 +81,21 @@ def mlp(input_shape: Sequence[int] = (1, 28, 28), hidden: Sequence[int] = (512, 
     hidden : sequence of int
         Widths of the hidden layers (``ip1``, ``ip2``, ...), each followed by a ReLU.
     num_classes : int
-        Outputs of the last layer.
+        Outputs of the last layer: the classes, or the numbers (or labels) of one row.
     batch_size : int
         Declared batch size.
+    task : str
+        ``classification`` (class ids, SoftmaxWithLoss), ``regression`` (numbers, EuclideanLoss) or
+        ``multilabel`` (a 0 or 1 for each output, SigmoidCrossEntropyLoss).
     """
+    losses = {"classification": SoftmaxWithLoss, "regression": EuclideanLoss, "multilabel": SigmoidCrossEntropyLoss}
+    if task not in losses:
+        raise ValueError(f"an mlp's task is one of {', '.join(losses)}, got {task!r}")
+    classes = task == "classification"
     layers: list[Any] = [
         RDDLayer("data", shape=[batch_size, *input_shape]),
-        RDDLayer("label", shape=[batch_size], dtype="int64"),
+        RDDLayer("label", shape=[batch_size] if classes else [batch_size, num_classes],
+                 dtype="int64" if classes else "float32"),
     ]
     bottom = "data"
     for i, width in enumerate(hidden, start=1):
@@ -94,7 +104,7 @@ def mlp(input_shape: Sequence[int] = (1, 28, 28), hidden: Sequence[int] = (512, 
         bottom = f"ip{i}"
     last = f"ip{len(hidden) + 1}"
     layers.append(LinearLayer(last, [bottom], num_outputs=num_classes))
-    layers.append(SoftmaxWithLoss("loss", [last, "label"]))
+    layers.append(losses[task]("loss", [last, "label"]))
     return NetParams(*layers, name="mlp")
 
 

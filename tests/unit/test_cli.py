@@ -347,6 +347,7 @@ def test_import_sparknet_and_its_session_module_load_no_torch():
     ("--solver s.prototxt --target-accuracy 0.9", "a Caffe run of one worker in this process (its tests and "
                                                   "snapshots are its solver's) does not read --target-accuracy"),
     ("--solver s.prototxt --checkpoint-dir ck", "does not read --checkpoint-dir"),
+    ("--solver s.prototxt --data t.parquet --model mlp --task regression", "does not read --model, --data, --task"),
     ("--solver s.prototxt --workers 2 --target-accuracy 0.9", "a Caffe run on the rounds engine (its test nets "
      "score the weights, at its test_interval) does not read --target-accuracy: add --engine barrier"),
     ("--solver s.prototxt --workers 2 --engine barrier --eval-every-rounds 2", "does not read --eval-every-rounds"),

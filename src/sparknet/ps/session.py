@@ -252,7 +252,7 @@ class AsyncSession:
         validation_data : ArrayDataset, (x, y), DataFrame or RDD, optional
             Evaluated on the driver after every epoch.
         target_accuracy : float, optional
-            Stop after the first epoch reaching this validation accuracy.
+            Stop after the first epoch reaching this validation score (accuracy; R-squared for a regression net).
         on_epoch : callable, optional
             Called on the driver with each epoch's record.
         """
@@ -351,19 +351,22 @@ class AsyncSession:
                 tasks.extend(records)
                 record = self._epoch_record(epoch, records, before, stats, wall, t_run)
                 record["deadline_s"] = deadline
+                score = None
                 if evaluate:
-                    ev = self.net.evaluate()
-                    record.update(test_accuracy=ev.accuracy, test_loss=ev.loss)
-                    self.metrics["test_accuracy_by_epoch"].append(ev.accuracy)
+                    ev = self.net.evaluate()  # the task's metrics; its score (accuracy, or R-squared) is the target's
+                    record.update({"test_accuracy": ev.metrics.get("accuracy"),
+                                   **{f"test_{k}": v for k, v in ev.metrics.items()}, "test_loss": ev.loss})
+                    self.metrics["test_accuracy_by_epoch"].append(record["test_accuracy"])
+                    score = ev.score
                 history.append(record)
                 self.metrics["epochs"].append(record)
                 log.info("epoch %d: %d steps per worker, loss %.4f, %d pushes, staleness %.2f, %.1f s%s", epoch,
                          epoch_steps, record["loss"], record["pushes_applied"], record["staleness_mean"], wall,
-                         f", test accuracy {record['test_accuracy']:.4f}" if evaluate else "")
+                         f", test score {score:.4f}" if evaluate else "")
                 if on_epoch is not None:
                     on_epoch(record)
-                if target_accuracy is not None and evaluate and record["test_accuracy"] >= target_accuracy:
-                    log.info("test accuracy %.4f reached the target %.4f", record["test_accuracy"], target_accuracy)
+                if target_accuracy is not None and evaluate and score >= target_accuracy:
+                    log.info("test score %.4f reached the target %.4f", score, target_accuracy)
                     break
                 if repartition_between_epochs and e < epochs - 1:
                     rdd = (rdd.mapPartitionsWithIndex(_worker.scatter(self.seed, epoch, K))
@@ -419,6 +422,7 @@ class AsyncSession:
             "server_version": stats["version"], "bytes_communicated": stats["bytes_in"] + stats["bytes_out"],
             "server_busy_s": stats["busy_s"],
             "test_accuracy": history[-1].get("test_accuracy") if history else None,
+            **({k: v for k, v in history[-1].items() if k.startswith("test_")} if history else {}),
             "test_loss": history[-1].get("test_loss") if history else None,
             "tasks": tasks,
         })
@@ -446,7 +450,7 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
     spark = get_session(dist.resolved_master, app_name="sparknet-async")
     net_params = build_model(run, info)
     split_budget(net_params, dist)  # --max-weight-bytes
-    net = Net(net_params, run.solver(), batch_size=run.batch_size, seed=run.seed)
+    net = Net(net_params, run.solver(), batch_size=run.batch_size, seed=run.seed, task=run.task)
     sess = AsyncSession(net, combiner=cfg.combiner, seed=run.seed, host=cfg.ps_host, threads=run.threads or 1,
                         device=run.device, spark=spark, compute=run.worker().compute)
     per_worker = max(1, (len(train) // K) // run.batch_size)
@@ -514,7 +518,8 @@ def _train_async(run, dist, sess: AsyncSession, train, test, *, combiner: str, s
             sess.net.set_validation_data(test)
             scored = sess.net.evaluate()
             m = {"steps_per_worker": 0, "samples": 0, "wall_s": 0.0, "train_s": 0.0, "samples_per_s": None,
-                 "test_accuracy": scored.accuracy, "test_loss": scored.loss, "pushes": 0, "duplicate_pushes": 0,
+                 "test_accuracy": scored.metrics.get("accuracy"), **{f"test_{k}": v for k, v in scored.metrics.items()},
+                 "test_loss": scored.loss, "pushes": 0, "duplicate_pushes": 0,
                  "pulls": 0, "staleness_mean": 0.0, "staleness_max": 0, "staleness_histogram": {}, "rejected": {},
                  "bytes_communicated": 0, "test_accuracy_by_epoch": []}
         if checkpoints is not None and taken["saved"] != sess.epochs_done:
@@ -527,6 +532,7 @@ def _train_async(run, dist, sess: AsyncSession, train, test, *, combiner: str, s
                                  "pushes", "duplicate_pushes", "pulls", "staleness_mean", "staleness_max",
                                  "staleness_histogram", "rejected", "bytes_communicated")},
             "test_accuracy_by_epoch": m["test_accuracy_by_epoch"],
+            **{k: v for k, v in m.items() if k.startswith("test_") and k != "test_accuracy_by_epoch"},
             **({"resumed_from_step": done} if done else {}),
         }
         metrics.write(summary)

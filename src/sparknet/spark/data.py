@@ -1166,10 +1166,17 @@ def describe_skew(rows_per_partition: list[int]) -> str | None:
 
 
 # -- local arrays into Spark ----------------------------------------------------------------------
+def label_type(y) -> type:
+    """The type a table holds labels ``y`` in: int64 class ids, or float32 where they are numbers (a regression's,
+    or a multi-label net's 0s and 1s)."""
+    return np.float32 if np.issubdtype(np.asarray(y).dtype, np.floating) else np.int64
+
+
 def arrays_table(x, y):
     """Local arrays as an Arrow table: ``features`` list<float> (list<long> for integer ids), ``label``.
 
-    ``label`` is long, or list<long> with one class id per position when ``y`` is ``[N, T]`` (a sequence).
+    ``label`` is long, or list<long> with one class id per position when ``y`` is ``[N, T]`` (a sequence); float
+    (list<float>: a vector a row) where ``y`` holds floating-point numbers (:func:`label_type`).
     """
     import pyarrow as pa
 
@@ -1184,7 +1191,8 @@ def arrays_table(x, y):
                          "labels must be [rows] (one class id each) or [rows, positions] (one per position)")
     x = x.reshape(len(x), -1)
     x = np.ascontiguousarray(x, dtype=np.int64 if np.issubdtype(x.dtype, np.integer) else np.float32)
-    label = list_column(np.ascontiguousarray(y, dtype=np.int64)) if y.ndim == 2 else pa.array(y.astype(np.int64))
+    kind = label_type(y)
+    label = list_column(np.ascontiguousarray(y, dtype=kind)) if y.ndim == 2 else pa.array(y.astype(kind))
     return pa.table({"features": list_column(x), "label": label})
 
 

@@ -27,7 +27,7 @@ from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.datasets import SyntheticImages, cache_root
 from sparknet.metrics import MetricsLogger, process_age_s, round_reporter, rounds_total
 from sparknet.spark.backend import python_workers_starting
-from sparknet.spark.data import DealtRows, arrays_table, frame_from_arrays, is_dataframe
+from sparknet.spark.data import DealtRows, arrays_table, frame_from_arrays, is_dataframe, label_type
 from sparknet.spark.session import get_session, is_local_master
 from sparknet.spark.trainer import EngineOptions, SparkTrainer
 
@@ -68,7 +68,8 @@ def dataset_frame(spark, dataset: str, train, partitions: int | None = None):
     if not is_local_master(spark.sparkContext.master):
         return frame_from_arrays(spark, train.x, train.y)
     shape = "x".join(str(d) for d in (*np.shape(train.x)[1:], *np.shape(train.y)[1:])) or "1"
-    stem = f"{dataset.lower()}-train-{len(train)}-{shape}"
+    numbers = "-numbers" * np.issubdtype(np.asarray(train.y[:1]).dtype, np.floating)  # labels of a --task not classes
+    stem = f"{dataset.lower()}-train-{len(train)}-{shape}{numbers}"
     if partitions is not None:
         return dealt_frame(spark, dataset_as_arrays(train, Path(cache_root()) / "arrays" / stem), partitions)
     path = dataset_as_parquet(train, Path(cache_root()) / "parquet" / f"{stem}.parquet")
@@ -85,7 +86,7 @@ def dataset_as_arrays(dataset, stem: Path) -> tuple[Path, Path]:
     x, y = np.asarray(dataset.x), np.asarray(dataset.y)
     x = x.reshape(len(x), -1).astype(np.int64 if np.issubdtype(x.dtype, np.integer) else np.float32, copy=False)
     stem.parent.mkdir(parents=True, exist_ok=True)
-    for path, array in zip(paths, (x, y.astype(np.int64, copy=False))):
+    for path, array in zip(paths, (x, y.astype(label_type(y), copy=False))):
         tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
         with open(tmp, "wb") as f:
             np.save(f, np.ascontiguousarray(array))
@@ -182,12 +183,16 @@ def spark_table(spark, run: RunConfig) -> tuple:
     if not first:
         raise ValueError(f"{run.data} holds no rows")
     features, label = first[0]
-    sequence = isinstance(table.schema["label"].dataType, ArrayType)  # token ids of one vocabulary
-    largest = [F.max(F.array_max("label")), F.max(F.array_max("features"))] if sequence else [F.max("label")]
-    *largest, rows = table.agg(*largest, F.count(F.lit(1))).first()  # one job: the labels' column and the rows
-    if None in largest:
-        raise ValueError(f"{run.data}: every row's label is null; sparknet train needs class ids in 'label'")
-    info = table_info((len(features),), *largest, len(label) if sequence else None)
+    sequence = isinstance(table.schema["label"].dataType, ArrayType)  # token ids of one vocabulary, or numbers
+    if run.task.float_labels:  # numbers or 0s and 1s, checked as the executors convert them
+        rows = table.count()
+        info = table_info((len(features),), None, outputs=len(label) if sequence else 1)
+    else:
+        largest = [F.max(F.array_max("label")), F.max(F.array_max("features"))] if sequence else [F.max("label")]
+        *largest, rows = table.agg(*largest, F.count(F.lit(1))).first()  # one job: the labels' column and the rows
+        if None in largest:
+            raise ValueError(f"{run.data}: every row's label is null; sparknet train needs class ids in 'label'")
+        info = table_info((len(features),), *largest, len(label) if sequence else None)
     if run.validation_data is not None:
         return table, _spark_parquet(spark, run.validation_data, "--validation-data"), info
     share = min(TEST_FRACTION, SPARK_TEST_ROWS / max(rows, 1))
@@ -268,7 +273,7 @@ def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOption
         with MetricsLogger(run.metrics_out, progress=not run.quiet, total=rounds_total(run.steps, dist),
                            sinks=sinks, early_stop=dist.toward_target) as metrics:
             trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, on_round=round_reporter(metrics),
-                                               options=options)
+                                               options=options, task=run.task)
             link, compressed = dist.link(), dist.compression is not CompressionKind.NONE
             extras = "".join([f", {dist.compression.value} updates" if compressed else "",
                               f", auto tau in [{dist.auto_tau_min}, {dist.auto_tau_max}]" if dist.auto_tau else "",

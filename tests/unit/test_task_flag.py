@@ -1,0 +1,116 @@
+"""``sparknet train --task``: a ``--data`` table whose labels are numbers (regression) or a 0 or 1 for each output
+(multilabel), trained in one process by an mlp sized to the labels, with the task's loss and metrics."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparknet import _parquet, zoo
+from sparknet.cli import main
+from sparknet.config import RunConfig
+from sparknet.labels import Task, infer_task
+from sparknet.layers import EuclideanLoss, SigmoidCrossEntropyLoss, SoftmaxWithLoss
+from sparknet.model_io import load_model
+
+
+def _features(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, 6)).astype(np.float32)
+
+
+def _write(path, x, label) -> str:
+    pq.write_table(pa.table({"features": pa.array(list(x), pa.list_(pa.float32())), "label": label}), path)
+    return str(path)
+
+
+def _numbers(x: np.ndarray, outputs: int) -> np.ndarray:
+    w = np.random.default_rng(100).normal(size=(6, outputs)).astype(np.float32)
+    return np.tanh(x @ w) + 0.5
+
+
+def _label_sets(x: np.ndarray) -> np.ndarray:
+    return np.stack([x[:, 0] > 0, x[:, 1] + x[:, 2] > 0, x[:, 3] > 0.5], axis=1).astype(np.int64)
+
+
+def _train(tmp_path, name: str, *flags: str) -> tuple[int, list[dict]]:
+    metrics = tmp_path / f"{name}.jsonl"
+    code = main(["train", "--model", "mlp", "--threads", "1", "--batch-size", "32", "--metrics-out", str(metrics),
+                 "--quiet", *flags])
+    return code, [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+
+
+@pytest.mark.parametrize("outputs", [1, 3])
+def test_a_regression_table_trains_an_mlp_as_wide_as_its_labels_scored_by_r2(tmp_path, outputs):
+    x = _features(2000, 0)
+    y = _numbers(x, outputs)
+    label = pa.array(y[:, 0]) if outputs == 1 else pa.array(list(y), pa.list_(pa.float64()))
+    data = _write(tmp_path / "numbers.parquet", x, label)
+    code, records = _train(tmp_path, "reg", "--data", data, "--task", "regression", "--steps", "600", "--lr", "0.05",
+                           "--eval-every", "300", "--model-dir", str(tmp_path / "model"))
+    summary = records[-1]
+    assert code == 0 and summary["event"] == "summary" and summary["test_accuracy"] is None
+    assert summary["test_r2"] > 0.95 and summary["test_rmse"] < 0.1 and summary["test_mae"] < summary["test_rmse"]
+    assert [r["test_r2"] for r in records if r["event"] == "eval"][-1] == summary["test_r2"]
+    saved = load_model(tmp_path / "model")
+    assert saved.net.task is Task.REGRESSION
+    assert saved.net.net_params.layers[-2].num_outputs == outputs
+    held = slice(1800, None)  # the last tenth of the rows: the test set
+    assert saved.net.evaluate((x[held], y[held, 0] if outputs == 1 else y[held])).metrics["r2"] == pytest.approx(
+        summary["test_r2"], abs=1e-6)
+
+
+def test_a_multilabel_table_trains_with_a_sigmoid_loss_and_stops_at_its_target(tmp_path):
+    x = _features(3000, 1)
+    data = _write(tmp_path / "sets.parquet", x, pa.array(list(_label_sets(x)), pa.list_(pa.int64())))
+    code, records = _train(tmp_path, "sets", "--data", data, "--task", "multilabel", "--steps", "3000", "--lr", "0.1",
+                           "--target-accuracy", "0.95", "--model-dir", str(tmp_path / "model"))
+    summary = records[-1]
+    assert code == 0 and summary["stop_reason"] == "target_accuracy" and summary["steps"] < 3000
+    assert summary["test_accuracy"] >= 0.95 and summary["test_f1"] > 0.9 and summary["test_auc"] > 0.95
+    assert load_model(tmp_path / "model").net.task is Task.MULTILABEL  # its loss layer says so
+
+
+def test_a_regression_target_is_set_on_r2(tmp_path):
+    x = _features(2000, 2)
+    data = _write(tmp_path / "numbers.parquet", x, pa.array(_numbers(x, 1)[:, 0]))
+    code, records = _train(tmp_path, "target", "--data", data, "--task", "regression", "--steps", "5000",
+                           "--lr", "0.05", "--target-accuracy", "0.9")
+    summary = records[-1]
+    assert code == 0 and summary["stop_reason"] == "target_accuracy" and summary["steps"] < 5000
+    assert summary["test_r2"] >= 0.9
+
+
+@pytest.mark.parametrize("task, label, match", [
+    ("regression", pa.array(["a", "b"] * 5), "has type string; --task regression needs numbers"),
+    ("regression", pa.array([1.0, float("nan")] * 5), "5 labels in column 'label' are NaN or infinite"),
+    ("regression", pa.array([[1.0], [1.0, 2.0]] * 5), "label rows of 'label' differ in length: row 0 has 1"),
+    ("regression", pa.array([1.0, None] * 5), "has 5 null values"),
+    ("multilabel", pa.array([[0, 1], [2, 0]] * 5), "holds values other than 0 and 1 \\(from 0 to 2\\)"),
+    ("classification", pa.array([0.5, 1.0] * 5), "must hold class ids"),
+])
+def test_labels_that_are_not_the_task_s_are_refused_by_name(tmp_path, task, label, match):
+    data = _write(tmp_path / "bad.parquet", _features(10, 3), label)
+    with pytest.raises(ValueError, match=match):
+        _parquet.read_parquet_dataset(data, task=Task(task))
+
+
+def test_the_task_s_settings_are_checked_before_anything_loads():
+    with pytest.raises(ValueError, match="--task regression learns the labels of a --data table"):
+        RunConfig(task="regression")
+    with pytest.raises(ValueError, match="--task multilabel trains --model mlp .* lenet is a classifier"):
+        RunConfig(task="multilabel", data="t.parquet")
+    with pytest.raises(ValueError, match="task must be one of classification, regression, multilabel"):
+        RunConfig(task="unlabelled", data="t.parquet", model="mlp")
+    assert RunConfig(task="Regression", data="t.parquet", model="mlp").task is Task.REGRESSION
+
+
+@pytest.mark.parametrize("task, loss", [("classification", SoftmaxWithLoss), ("regression", EuclideanLoss),
+                                        ("multilabel", SigmoidCrossEntropyLoss)])
+def test_the_zoo_mlp_ends_in_the_task_s_loss_and_says_its_task(task, loss):
+    net = zoo.mlp(input_shape=[6], hidden=[8], num_classes=3, task=task)
+    assert isinstance(net.layers[-1], loss) and infer_task(None, net) is Task(task)
+    assert net.inputs[1].dtype == ("int64" if task == "classification" else "float32")
