@@ -3,12 +3,14 @@
 Reads a sparknet model folder (:mod:`sparknet.model_io`) and a Parquet data set, scores
 every row with :meth:`sparknet.spark.ml.SparkNetModel.transform` (an Arrow-batched pandas
 UDF; the weights reach the executors as one broadcast), and writes Parquet with the input
-columns plus ``prediction`` (the arg-max class, a double) and ``probability`` (the softmax
-of the logits).
+columns plus what the model's task gives: for a classifier ``prediction`` (the arg-max class,
+a double) and ``probability`` (the softmax of the logits); for a regressor ``prediction`` alone
+(its output, or its outputs); for a multi-label net ``prediction`` (the indices of the labels
+it predicts) and ``probability`` (each label's sigmoid).
 
-``probability`` is written as a plain ``array<double>`` so any Parquet reader (pandas,
-pyarrow, DuckDB) reads it as a list; ``--probability-vector`` keeps Spark ML's vector type
-instead.
+Vectors (``probability``, a regressor's several outputs) are written as plain ``array<double>``
+so any Parquet reader (pandas, pyarrow, DuckDB) reads them as lists; ``--probability-vector``
+keeps Spark ML's vector type instead.
 
 Examples
 --------
@@ -86,7 +88,8 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
     features_col, prediction_col, probability_col : str
         Column names (an empty output name leaves that column out).
     probability_vector : bool
-        Keep ``probability`` as a Spark ML vector instead of ``array<double>``.
+        Keep ``probability`` (and a regressor's prediction of several outputs) as a Spark ML vector instead of
+        ``array<double>``. A regressor writes no ``probability``.
     overwrite : bool
         Replace ``out`` if it exists (otherwise an existing ``out`` is an error).
     score_batch_size : int, optional
@@ -124,10 +127,14 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
         if partitions is not None:
             df = df.repartition(partitions)
         scored = model.transform(df)
-        if probability_col and not probability_vector:
+        if not probability_vector:  # a classifier's probability, a regressor's several outputs: plain arrays
             from pyspark.ml.functions import vector_to_array
+            from pyspark.ml.linalg import VectorUDT
 
-            scored = scored.withColumn(probability_col, vector_to_array(scored[probability_col]))
+            for column in (probability_col, prediction_col):
+                if column and column in scored.columns and isinstance(scored.schema[column].dataType, VectorUDT):
+                    scored = scored.withColumn(column, vector_to_array(scored[column]))
+
         def write() -> PredictResult:
             scored.write.mode("overwrite" if overwrite else "errorifexists").parquet(out)
             written = spark.read.parquet(out)
@@ -160,11 +167,11 @@ def configure_command(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="Parquet folder to write")
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     p.add_argument("--features-col", default="features", help="features column (default features)")
-    p.add_argument("--prediction-col", default="prediction", help="output column of the class (default prediction)")
+    p.add_argument("--prediction-col", default="prediction", help="output column of the class, or the numbers (default prediction)")
     p.add_argument("--probability-col", default="probability",
                    help="output column of the class probabilities (default probability)")
     p.add_argument("--probability-vector", action="store_true",
-                   help="write probability as a Spark ML vector instead of array<double>")
+                   help="write probability (and a regressor's several outputs) as Spark ML vectors, not array<double>")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--score-batch-size", type=int, default=None, help="rows per forward pass (default 1024)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per scoring task (default 1)")

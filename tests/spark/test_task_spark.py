@@ -1,0 +1,86 @@
+"""``sparknet train --task`` on Spark (local[2]): numbers and label sets of a ``--data`` table train an mlp on the
+rounds engine (a URI read where it lives; a path dealt from the driver's files) and on the parameter server, and
+``sparknet predict`` scores the saved model as its task says."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from _spark_testlib import module_session, regression_table
+from sparknet.cli import main
+from sparknet.labels import Task
+from sparknet.model_io import load_model
+
+pytestmark = pytest.mark.spark
+
+spark = module_session("local[2]")
+
+
+def _write(path, x, y) -> str:
+    label = pa.array(list(y), pa.list_(pa.from_numpy_dtype(y.dtype))) if y.ndim == 2 else pa.array(y)
+    pq.write_table(pa.table({"features": pa.array(list(x), pa.list_(pa.float32())), "label": label}), path)
+    return str(path)
+
+
+def _train(tmp_path, name: str, *flags: str) -> tuple[int, dict]:
+    metrics = tmp_path / f"{name}.jsonl"
+    code = main(["train", "--model", "mlp", "--workers", "2", "--batch-size", "32", "--metrics-out", str(metrics),
+                 "--quiet", *flags])
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    return code, records[-1] if records else {}
+
+
+def _label_sets(x: np.ndarray) -> np.ndarray:
+    return np.stack([x[:, 0] > 0, x[:, 1] + x[:, 2] > 0, x[:, 3] > 0.5], axis=1).astype(np.int64)
+
+
+def test_numbers_named_by_a_uri_train_where_they_live_and_predict_scores_them_as_numbers(spark, tmp_path):
+    x, y = regression_table(2400, outputs=2, seed=0)
+    uri = (tmp_path / "numbers.parquet").as_uri()
+    _write(tmp_path / "numbers.parquet", x, y)
+    code, summary = _train(tmp_path, "uri", "--data", uri, "--task", "regression", "--tau", "25", "--rounds", "12",
+                           "--lr", "0.02", "--model-dir", str(tmp_path / "model"))
+    assert code == 0 and summary["test_accuracy"] is None and summary["test_r2"] > 0.95, summary
+    assert summary["data_rows"] < 2400  # a seeded sample held out
+    assert load_model(tmp_path / "model").net.task is Task.REGRESSION
+    vx, vy = regression_table(200, outputs=2, seed=1)
+    _write(tmp_path / "new.parquet", vx, vy)
+    assert main(["predict", "--model-dir", str(tmp_path / "model"), "--data", str(tmp_path / "new.parquet"),
+                 "--out", str(tmp_path / "scored")]) == 0
+    scored = pq.read_table(tmp_path / "scored")
+    assert "probability" not in scored.column_names
+    prediction = np.array(scored.column("prediction").to_pylist())
+    order = np.argsort(np.array(scored.column("features").to_pylist())[:, 0])  # rows come back in any order
+    truth = vy[np.argsort(vx[:, 0])]
+    r2 = 1 - ((prediction[order] - truth) ** 2).sum() / ((truth - truth.mean(0)) ** 2).sum()
+    assert prediction.shape == (200, 2) and r2 > 0.9
+
+
+def test_label_sets_of_a_path_are_dealt_as_floats_and_predict_gives_each_row_s_labels(spark, tmp_path):
+    x = np.random.default_rng(2).normal(size=(3000, 6)).astype(np.float32)
+    data = _write(tmp_path / "sets.parquet", x, _label_sets(x))
+    code, summary = _train(tmp_path, "path", "--data", data, "--task", "multilabel", "--tau", "25", "--rounds", "12",
+                           "--lr", "0.1", "--model-dir", str(tmp_path / "model"))
+    assert code == 0 and summary["test_accuracy"] > 0.93 and summary["test_f1"] > 0.9, summary
+    assert summary["data_rows"] == 2700  # the last tenth tests
+    vx = np.random.default_rng(3).normal(size=(200, 6)).astype(np.float32)
+    _write(tmp_path / "new.parquet", vx, _label_sets(vx))
+    assert main(["predict", "--model-dir", str(tmp_path / "model"), "--data", str(tmp_path / "new.parquet"),
+                 "--out", str(tmp_path / "scored")]) == 0
+    scored = pq.read_table(tmp_path / "scored").to_pydict()
+    right = [set(map(int, p)) == set(np.flatnonzero(s)) for p, s in zip(scored["prediction"], scored["label"])]
+    assert np.mean(right) > 0.8  # every label of the row right
+
+
+def test_the_parameter_server_trains_numbers_and_reports_their_scores(spark, tmp_path):
+    x, y = regression_table(1600, seed=4)
+    data = _write(tmp_path / "numbers.parquet", x, y)
+    code, summary = _train(tmp_path, "ps", "--data", data, "--task", "regression", "--strategy", "async",
+                           "--epochs", "8", "--tau", "5", "--lr", "0.02")
+    assert code == 0 and summary["engine"] == "ps" and summary["test_accuracy"] is None
+    assert summary["test_r2"] > 0.8 and summary["test_rmse"] > 0, summary
