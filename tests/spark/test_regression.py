@@ -258,6 +258,26 @@ def _regression_net_params(batch: int = 32):
                      LinearLayer("ip2", ["ip1"], num_outputs=1), EuclideanLoss("loss", ["ip2", "label"]))
 
 
+@pytest.mark.parametrize("outputs", [1, 2])
+def test_an_estimator_without_a_net_sizes_the_zoo_mlp_to_the_task_s_labels(spark, outputs):
+    """No net: the ``model`` Param's zoo mlp, its last layer as wide as a row's numbers and its loss the task's."""
+    from sparknet.spark.ml import SparkNetEstimator
+
+    x, y = regression_table(1200, outputs=outputs)
+    est = SparkNetEstimator(model="mlp", task="regression", workers=2, tau=25, rounds=8, lr=0.02, momentum=0.9,
+                            batch_size=32, seed=1)
+    model = est.fit(_frame(spark, x, y))
+    assert model.resolvedTask().value == "regression"
+    assert model.net.net_params.layers[-2].num_outputs == outputs
+    vx, vy = regression_table(300, outputs=outputs, seed=1)
+    scored = model.transform(_frame(spark, vx, vy)).select("label", "prediction").collect()
+    truth = np.array([r.label for r in scored])
+    prediction = np.array([np.asarray(r.prediction) for r in scored]).reshape(truth.shape)
+    assert 1 - ((prediction - truth) ** 2).sum() / ((truth - truth.mean(0)) ** 2).sum() > 0.9
+    with pytest.raises(ValueError, match="the zoo model 'lenet' is a classifier; task 'regression' takes model"):
+        SparkNetEstimator(model="lenet", task="regression", workers=2, rounds=1).fit(_frame(spark, x, y))
+
+
 def test_the_estimator_is_a_regressor_that_spark_s_regression_evaluator_and_cross_validator_take(spark):
     from pyspark.ml.evaluation import RegressionEvaluator
     from pyspark.ml.tuning import CrossValidator, ParamGridBuilder

@@ -375,23 +375,37 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
         """The zoo model named by ``model``, sized to the data where its function takes sizes."""
         from pyspark.sql import functions as F
 
+        from pyspark.sql.types import ArrayType
+
         key = run.model  # a zoo name: RunConfig checks it
         takes = inspect.signature(zoo.MODELS[key]).parameters
         kwargs: dict[str, Any] = {}
         if "batch_size" in takes:
             kwargs["batch_size"] = run.batch_size
+        task = parse_task(self.getTask()) if self.isDefined(self.task) and self.getTask() else None
+        numbers = task is not None and task.float_labels  # the last layer as wide as a label, the task's loss
+        if numbers:
+            if "task" not in takes:
+                raise ValueError(f"the zoo model {key!r} is a classifier; task {task.value!r} takes model 'mlp'")
+            kwargs["task"] = task.value
         need_shape = "input_shape" in takes and shape is None
         if need_shape and kind == "binary":
             raise ValueError("binary features need imageShape to size the model")
         if need_shape or "num_classes" in takes:
             _, feats = _features_as_array(dataset.schema, self.getFeaturesCol())
-            sizes = dataset.agg(F.max(F.col(self.getLabelCol())).alias("top"), F.max(F.size(feats)).alias("width"))
+            label = F.col(self.getLabelCol())
+            if numbers:  # how many numbers a row's label holds
+                top = F.max(F.size(label)) if isinstance(dataset.schema[self.getLabelCol()].dataType,
+                                                         ArrayType) else F.max(F.lit(1))
+            else:
+                top = F.max(label)
+            sizes = dataset.agg(top.alias("top"), F.max(F.size(feats)).alias("width"))
             row = _bounded(dataset.sparkSession, "sparknet: size the model to the training data", sizes.first,
                            "sizing the model to the training data (the largest label and feature width)")
             if row is None or row["top"] is None:
                 raise ValueError("the training DataFrame is empty")
             if "num_classes" in takes:
-                kwargs["num_classes"] = int(row["top"]) + 1
+                kwargs["num_classes"] = int(row["top"]) + (not numbers)
             if need_shape:
                 kwargs["input_shape"] = [int(row["width"])]
         if shape is not None and "input_shape" in takes:
