@@ -167,7 +167,8 @@ def configure_command(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="Parquet folder to write")
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     p.add_argument("--features-col", default="features", help="features column (default features)")
-    p.add_argument("--prediction-col", default="prediction", help="output column of the class, or the numbers (default prediction)")
+    p.add_argument("--prediction-col", default="prediction",
+                   help="output column of the class, or the numbers (default prediction)")
     p.add_argument("--probability-col", default="probability",
                    help="output column of the class probabilities (default probability)")
     p.add_argument("--probability-vector", action="store_true",
