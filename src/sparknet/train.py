@@ -156,7 +156,8 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
             "samples_per_s": progress.samples_done / exchange.train_s if exchange.train_s else None,
             "test_accuracy": scores.get("accuracy"), **{f"test_{k}": v for k, v in scores.items()},
             "test_loss": loss, "threads": threads,
-            "rounds": 0, "bytes_communicated": 0, "stop_reason": records[-1].get("stop_reason") if records else None,
+            "rounds": progress.round, "bytes_communicated": 0,
+            "stop_reason": records[-1].get("stop_reason") if records else None,
             **(average_summary(records, dist.weight_ema) if plan.average is not None else {}),
         }
         if start is not None:
