@@ -94,11 +94,14 @@ def run_sinks(run: RunConfig, config: dict, *, name: str | None = None) -> list:
 
 
 def finish_run(run: RunConfig, sinks: list, *, failed: bool, net_params=None, weights=None, solver=None,
-               config: dict | None = None, input_shape=None) -> None:
+               config: dict | None = None, input_shape=None, saved: str | None = None) -> None:
     """Save the model folder (when asked and training succeeded), then close the sinks (an MLflow sink logs the
-    model as an MLflow model: from ``run.model_dir``, or from a folder saved for it alone)."""
+    model as an MLflow model: from ``run.model_dir``, or from a folder saved for it alone). ``saved``: a model
+    folder the run wrote itself (a Caffe run's), which the sinks log as it is."""
 
     def write(path: str):
+        if saved is not None:
+            return saved
         return save_model(path, net_params, weights, solver=solver, config=config, input_shape=input_shape,
                           overwrite=True)  # run.model_dir replaced as before; a scratch folder is new
 
@@ -108,4 +111,4 @@ def finish_run(run: RunConfig, sinks: list, *, failed: bool, net_params=None, we
             log.info("model saved to %s", run.model_dir)
     finally:
         if sinks:
-            close_sinks(sinks, failed=failed, write_model=None if net_params is None else write)
+            close_sinks(sinks, failed=failed, write_model=None if net_params is None and saved is None else write)

@@ -48,8 +48,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TensorBoardSink", "MLflowSink", "make_sinks", "close_sinks", "record_scalars", "resolve_tracking_uri",
-           "DEFAULT_MLFLOW_DB"]
+__all__ = ["TensorBoardSink", "MLflowSink", "make_sinks", "close_sinks", "wants_model", "record_scalars",
+           "resolve_tracking_uri", "DEFAULT_MLFLOW_DB"]
 
 log = logging.getLogger(__name__)
 
@@ -379,6 +379,12 @@ def make_sinks(tensorboard_dir: str | os.PathLike | None = None, mlflow_uri: str
     return sinks
 
 
+def wants_model(sinks: Iterable[Any]) -> bool:
+    """Whether a sink would log the trained model but has no model folder of its own (what
+    :func:`close_sinks` writes for it)."""
+    return any(isinstance(s, MLflowSink) and s.model_dir is None for s in sinks)
+
+
 def close_sinks(sinks: Iterable[Any], *, failed: bool = False,
                 write_model: Callable[[str], Any] | None = None) -> None:
     """Close every sink that has a ``close`` (each even when another fails; the first error is raised).
@@ -387,7 +393,7 @@ def close_sinks(sinks: Iterable[Any], *, failed: bool = False,
     fail, an MLflow sink given no model folder of its own logs one written so, into a scratch folder removed
     once the sinks are closed."""
     sinks = list(sinks)
-    wanting = [s for s in sinks if isinstance(s, MLflowSink) and s.model_dir is None]
+    wanting = [s for s in sinks if wants_model([s])]
     scratch = None
     try:
         if wanting and not failed and write_model is not None:

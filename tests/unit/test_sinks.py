@@ -2,6 +2,7 @@
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -174,3 +175,32 @@ def test_the_default_store_is_a_sqlite_file(tmp_path, monkeypatch):
         sink({"event": "round", "round": 1, "steps": 1, "loss": 1.0})
     assert (tmp_path / "mlflow.db").exists() and "MLFLOW_ALLOW_FILE_STORE" not in os.environ
     assert MlflowClient(resolve_tracking_uri(None)).get_run(sink.run_id).info.status == "FINISHED"
+
+
+def test_a_caffe_run_logs_its_model_to_mlflow_without_a_model_folder_of_its_own(tmp_path, monkeypatch):
+    """sparknet train --solver ... --mlflow URI with no --model-dir: the run's model folder is written for MLflow
+    alone, logged as an MLflow model whose net is the Caffe file's, then removed."""
+    import tempfile
+
+    import mlflow
+
+    from sparknet.cli import main
+
+    models = Path(__file__).resolve().parents[2].parent / "shared" / "caffe-models" / "mnist"
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "scratch"))  # where the run's scratch folder goes
+    (tmp_path / "scratch").mkdir()
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["train", "--solver", str(models / "lenet_solver.prototxt"), "--steps", "10", "--test-iter", "1",
+                 "--caffe-sources", "mnist_train_lmdb=mnist-small,mnist_test_lmdb=mnist-small:test",
+                 "--max-train-samples", "320", "--threads", "1", "--snapshot-dir", str(tmp_path / "snaps"),
+                 "--mlflow", uri, "--quiet"]) == 0
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("sparknet").experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "caffe-LeNet"
+    mlflow.set_tracking_uri(uri)
+    try:
+        model = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+    finally:
+        mlflow.set_tracking_uri(None)
+    assert model.metadata.signature is not None
+    assert list((tmp_path / "scratch").glob("sparknet-model-*")) == []  # the run's scratch folder removed

@@ -32,7 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,7 @@ from sparknet.caffe.caffemodel import (_shape_text, _table, describe_caffemodel,
 from sparknet.caffe.prototxt import PrototxtError, load_net_prototxt, net_to_prototxt
 from sparknet.caffe.solver import load_solver_prototxt
 from sparknet.config import EVAL_EVERY_STEPS, CaffeTrainFlags, DistributedConfig, RunConfig, TrainConfig
+from sparknet.sinks import wants_model
 from sparknet.weights import WeightCollection
 
 logger = logging.getLogger(__name__)
@@ -100,14 +104,21 @@ def train_caffe_files(run: RunConfig, dist: DistributedConfig, flags: CaffeTrain
     sinks = run_sinks(run, {"caffe": plan.describe(), "dist": TrainConfig(dist=dist).to_dict()["dist"]},
                       name=f"caffe-{plan.train_net.name}")
     failed = True
+    # the model folder is train_caffe's to save (a snapshot's kind): for MLflow alone, into a scratch folder
+    scratch = tempfile.mkdtemp(prefix="sparknet-model-") if run.model_dir is None and wants_model(sinks) else None
+    model_dir = run.model_dir if scratch is None else os.path.join(scratch, "model")
     try:
         summary = caffe_train.train_caffe(plan, workers=dist.workers, dist=dist, metrics_out=run.metrics_out,
                                           progress=not run.quiet, threads=run.threads, device=run.device,
                                           options=options, compute=run.worker().compute,
-                                          gpus_per_worker=run.gpus_per_worker, sinks=sinks, model_dir=run.model_dir)
+                                          gpus_per_worker=run.gpus_per_worker, sinks=sinks, model_dir=model_dir)
         failed = False
     finally:
-        finish_run(run, sinks, failed=failed)  # the model folder is train_caffe's to save: a snapshot's kind
+        try:
+            finish_run(run, sinks, failed=failed, saved=model_dir)
+        finally:
+            if scratch is not None:
+                shutil.rmtree(scratch, ignore_errors=True)
     return summary
 
 
