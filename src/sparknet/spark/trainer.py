@@ -678,7 +678,7 @@ class SparkTrainer:
         in_place = isinstance(train, spark_data.DealtRows) and train.partitions == columns["num_partitions"]
         # dealt rows are in their partitions already: no asking the JVM how many (a query planned, about 0.5 s)
         as_dealt = {**columns, "num_partitions": None} if in_place else columns
-        dealt = train if in_place and named and not float_labels else None
+        dealt = train if in_place and named and columns["weight_col"] is None else None  # hands hold no weights
         if dealt is not None:  # read, converted, staged in one task, no DataFrame made: its features are arrays
             sc = dealt.spark.sparkContext
             convert, source = spark_data.arrow_chunks("array", sc, **{k: v for k, v in columns.items()
