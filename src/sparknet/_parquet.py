@@ -193,30 +193,33 @@ def _arrays(table, features_col: str, label_col: str,
     return x, y
 
 
+def _label_array(column, label_col: str, unit: str, rule: str) -> tuple[np.ndarray, pa.DataType]:
+    """A label column's values, ``[rows]`` or, of arrays (the same length in every row: ``rule`` says why),
+    ``[rows, length]``, with their Arrow type; null values refused (``unit``: what one value is called)."""
+    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if col.null_count:
+        raise ValueError(f"the label column {label_col!r} has {col.null_count} null values; drop those rows first")
+    if not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type)):
+        return np.asarray(col.to_numpy(zero_copy_only=False)), col.type
+    lengths = np.asarray(col.value_lengths())
+    if len(lengths) and ((lengths != lengths[0]).any() or lengths[0] == 0):
+        bad = int(np.argmax(lengths != lengths[0]))  # 0 when every row is empty
+        raise ValueError(f"label rows of {label_col!r} differ in length: row 0 has {lengths[0]} {unit}, row {bad} has "
+                         f"{lengths[bad]}; {rule}")
+    values = col.flatten()
+    if values.null_count:
+        raise ValueError(f"the label column {label_col!r} has {values.null_count} null {unit} inside its arrays; "
+                         "drop or fill those rows first")
+    return np.asarray(values.to_numpy(zero_copy_only=False)).reshape(len(col), -1 if len(col) else 0), values.type
+
+
 def _values_to_numpy(column, label_col: str, task: Task) -> np.ndarray:
     """A label column of numbers (``task`` regression) or of 0s and 1s (multilabel) as float32 ``[rows]`` (one a
     row) or ``[rows, outputs]`` (arrays, the same length in every row)."""
-    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
     what = "numbers" if task is Task.REGRESSION else "0s and 1s, one for each label"
-    if col.null_count:
-        raise ValueError(f"the label column {label_col!r} has {col.null_count} null values; drop those rows first")
-    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
-        lengths = np.asarray(col.value_lengths())
-        if len(lengths) and ((lengths != lengths[0]).any() or lengths[0] == 0):
-            bad = int(np.argmax(lengths != lengths[0]))
-            raise ValueError(f"label rows of {label_col!r} differ in length: row 0 has {lengths[0]} values, row {bad} "
-                             f"has {lengths[bad]}; every row needs as many as the net has outputs")
-        values = col.flatten()
-        if values.null_count:
-            raise ValueError(f"the label column {label_col!r} has {values.null_count} null values inside its "
-                             "arrays; drop or fill those rows first")
-        kind = values.type
-        y = np.asarray(values.to_numpy(zero_copy_only=False)).reshape(len(col), -1 if len(col) else 0)
-    else:
-        kind = col.type
-        y = np.asarray(col.to_numpy(zero_copy_only=False))
+    y, kind = _label_array(column, label_col, "values", "every row needs as many as the net has outputs")
     if not (pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)):
-        raise ValueError(f"the label column {label_col!r} has type {col.type}; --task {task.value} needs {what} "
+        raise ValueError(f"the label column {label_col!r} has type {column.type}; --task {task.value} needs {what} "
                          "(or arrays of them)")
     y = y.astype(np.float32)
     if not np.isfinite(y).all():
@@ -234,24 +237,10 @@ MAX_CLASS_ID = 1 << 31
 
 def _labels_to_numpy(column, label_col: str) -> np.ndarray:
     """A label column as int64 ``[rows]`` (class ids) or ``[rows, positions]`` (array<long>: a sequence)."""
-    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if col.null_count:
-        raise ValueError(f"the label column {label_col!r} has {col.null_count} null values; drop those rows first")
-    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type) or pa.types.is_fixed_size_list(col.type):
-        lengths = np.asarray(col.value_lengths())
-        if len(lengths) and ((lengths != lengths[0]).any() or lengths[0] == 0):
-            bad = int(np.argmax(lengths != lengths[0]))  # 0 when every row is empty
-            raise ValueError(f"label rows of {label_col!r} differ in length: row 0 has {lengths[0]} ids, row {bad} "
-                             f"has {lengths[bad]}; a sequence needs one label per position, the same in every row")
-        values = col.flatten()
-        if values.null_count:
-            raise ValueError(f"the label column {label_col!r} has {values.null_count} null ids inside its arrays; "
-                             "drop or fill those rows first")
-        y_raw = np.asarray(values.to_numpy(zero_copy_only=False)).reshape(len(col), -1 if len(col) else 0)
-    else:
-        y_raw = np.asarray(col.to_numpy(zero_copy_only=False))
+    y_raw, _ = _label_array(column, label_col, "ids", "a sequence needs one label per position, the same in "
+                            "every row")
     if not np.issubdtype(y_raw.dtype, np.number):
-        raise ValueError(f"the label column {label_col!r} is not numeric ({col.type}); it must hold class ids "
+        raise ValueError(f"the label column {label_col!r} is not numeric ({column.type}); it must hold class ids "
                          "0, 1, 2, ... (or arrays of them, one per position of a sequence)")
     if y_raw.size and (np.any(y_raw != np.round(y_raw)) or np.any(y_raw < 0)):
         raise ValueError(f"the label column {label_col!r} must hold class ids 0, 1, 2, ... (it holds values from "
