@@ -50,7 +50,8 @@ def load_training_data(run: RunConfig):
     vocabulary for text).
     """
     if run.data is not None:
-        return read_parquet_dataset(run.data, validation=run.validation_data, task=run.task)
+        return read_parquet_dataset(run.data, run.feature_columns, run.label_col, validation=run.validation_data,
+                                    task=run.task)
     if run.dataset == "shakespeare":  # RunConfig spells data sets and models as the registries do
         corpus = datasets.shakespeare()
         seq_len = 256 if run.model == "gpt_char" else 100  # nanoGPT's context; char_lstm's sequences

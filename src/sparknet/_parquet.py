@@ -12,6 +12,7 @@ them, one a net output), and for ``--task multilabel`` arrays of 0s and 1s (or a
 from __future__ import annotations
 
 import logging
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -48,6 +49,24 @@ def features_to_numpy(column) -> np.ndarray:
     if pa.types.is_struct(col.type) and {"type", "values"} <= {f.name for f in col.type}:
         return _vectors_to_numpy(col.to_pylist())
     raise ValueError(f"the features column has type {col.type}; it must be an array of numbers or an ML Vector")
+
+
+def _joined(table, columns: Sequence[str]) -> np.ndarray:
+    """Feature columns (numbers, arrays or ML vectors) as one float32 ``[rows, values]``, joined in order."""
+    parts = []
+    for name in columns:
+        column = table.column(name)
+        if pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_boolean(column.type):
+            if column.null_count:
+                raise ValueError(f"the feature column {name!r} has {column.null_count} null values; drop or fill "
+                                 "them first")
+            parts.append(np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float32).reshape(-1, 1))
+            continue
+        try:
+            parts.append(features_to_numpy(column))
+        except ValueError as exc:
+            raise ValueError(f"{exc} (feature column {name!r})") from None
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
 
 def _check_widths(widths: np.ndarray, kind: str) -> None:
@@ -91,7 +110,7 @@ def _vectors_to_numpy(rows: list) -> np.ndarray:
     return out
 
 
-def read_parquet_dataset(path: str, features_col: str = "features", label_col: str = "label", *,
+def read_parquet_dataset(path: str, features_col: str | Sequence[str] = "features", label_col: str = "label", *,
                          validation: str | None = None, task: Task = Task.CLASSIFICATION):
     """``(train, test, info)`` from a Parquet file or folder (a path, or a URI pyarrow reads: ``file://``,
     ``s3://``/``s3a://``, ``gs://``, ``hdfs://``); the last 10% of rows are the test set, or, with ``validation``,
@@ -140,7 +159,7 @@ def table_info(sample_shape: tuple, label_max: int | None, feature_max: int | No
     return info
 
 
-def _read_arrays(path: str, features_col: str, label_col: str, flag: str = "--data", *,
+def _read_arrays(path: str, features_col: str | Sequence[str], label_col: str, flag: str = "--data", *,
                  task: Task = Task.CLASSIFICATION) -> tuple[np.ndarray, np.ndarray]:
     """The features and labels of the Parquet file or folder at ``path`` (a path or a URI), checked."""
     import pyarrow.parquet as pq
@@ -162,15 +181,17 @@ def _read_arrays(path: str, features_col: str, label_col: str, flag: str = "--da
         raise ValueError(f"{path}: {exc}") from None
 
 
-def _arrays(table, features_col: str, label_col: str,
+def _arrays(table, features_col: str | Sequence[str], label_col: str,
             task: Task = Task.CLASSIFICATION) -> tuple[np.ndarray, np.ndarray]:
-    """The features (float32 ``[rows, values]``) and labels (int64 class ids; float32 numbers or 0s and 1s, as
-    ``task`` says) of a table, checked for training."""
-    for col in (features_col, label_col):
+    """The features (float32 ``[rows, values]``; of several columns, joined in order) and labels (int64 class ids;
+    float32 numbers or 0s and 1s, as ``task`` says) of a table, checked for training."""
+    columns = [features_col] if isinstance(features_col, str) else list(features_col)
+    for col in (*columns, label_col):
         if col not in table.column_names:
             raise ValueError(f"the table has no column {col!r} (columns: {table.column_names}); it needs "
-                             f"{features_col!r} (an array of numbers or an ML Vector) and {label_col!r} (class ids)")
-    x = features_to_numpy(table.column(features_col))
+                             f"{', '.join(map(repr, columns))} (an array of numbers or an ML Vector, or numbers) "
+                             f"and {label_col!r} (the labels)")
+    x = _joined(table, columns)
     if task.float_labels:
         y = _values_to_numpy(table.column(label_col), label_col, task)
     else:

@@ -187,7 +187,8 @@ _UNREAD: dict[Road, tuple[str, str | None, dict[type, tuple[str, ...] | None]]] 
                              EngineOptions: None, CaffeTrainFlags: None}),
     Road.SPARK: ("a run on Spark", None, {RunConfig: ("eval_every",), AsyncConfig: None, CaffeTrainFlags: None}),
     Road.CAFFE: ("a Caffe run (its net's data layers say what trains on what; --caffe-sources binds others)", None,
-                 {RunConfig: ("model", "dataset", "data", "validation_data", "task"), AsyncConfig: None}),
+                 {RunConfig: ("model", "dataset", "data", "validation_data", "features_col", "label_col", "task"),
+                  AsyncConfig: None}),
 }
 """Each road, what to do instead, and the settings it does not read (``None``: none of that kind); given, they are
 refused."""

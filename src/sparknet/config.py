@@ -224,6 +224,11 @@ class RunConfig:
     validation_data: str | None = None
     """Parquet of held-out rows to evaluate on, with --data's columns (default: --data's last tenth of rows; of a
     --data URI on Spark, a seeded sample of a tenth of its rows, at most 10,000)."""
+    features_col: str = "features"
+    """--data's feature column: an array of numbers or an ML vector; or several columns (numbers, arrays or
+    vectors), comma-separated, joined in that order into one array."""
+    label_col: str = "label"
+    """--data's label column."""
     task: Task = field(default=Task.CLASSIFICATION, metadata={"choices": lambda: _CLI_TASKS})
     """What a --data table's label column holds: class ids (classification), numbers or a list of them to predict
     (regression: the mlp's last layer as wide as a label, a Euclidean loss, scored by R-squared, the score
@@ -293,6 +298,15 @@ class RunConfig:
             if model_name(self.model) != "mlp":
                 raise ValueError(f"--task {self.task.value} trains --model mlp (its last layer as wide as a label); "
                                  f"{self.model} is a classifier")
+        if self.data is None and (self.features_col, self.label_col) != ("features", "label"):
+            raise ValueError("--features-col and --label-col name the columns of a --data table: give --data too")
+        columns = self.feature_columns
+        if not all(columns) or not self.label_col.strip():
+            raise ValueError(f"--features-col and --label-col name columns, got {self.features_col!r} and "
+                             f"{self.label_col!r}")
+        if len(set(columns)) != len(columns) or self.label_col in columns:
+            raise ValueError(f"--features-col {self.features_col} and --label-col {self.label_col} name a column "
+                             "twice; each column is a feature or the label")
         if self.validation_data is not None and self.data is None:
             raise ValueError("--validation-data holds the held-out rows of a --data table: give --data too")
         if self.batch_size < 1:
@@ -308,6 +322,11 @@ class RunConfig:
         if self.data is None and self.dataset not in dataset_names():
             raise ValueError(f"unknown data set {self.dataset!r}; choose one of {', '.join(dataset_names())}, or "
                              "train on a Parquet table with --data")
+
+    @property
+    def feature_columns(self) -> tuple[str, ...]:
+        """The feature columns --features-col names, in order."""
+        return tuple(name.strip() for name in self.features_col.split(","))
 
     def solver(self) -> SolverConfig:
         """The solver these settings describe."""

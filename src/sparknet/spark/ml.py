@@ -596,6 +596,11 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
         """The trained weights (a :class:`~sparknet.weights.WeightCollection`)."""
         return self._loaded().weights
 
+    @property
+    def config(self) -> dict | None:
+        """The run configuration the model folder holds (``sparknet train``'s settings), or ``None``."""
+        return self._loaded().config
+
     def _loaded(self) -> model_io.SavedModel:
         if self._saved is None:
             self._saved = model_io.unpack_model(self._require_files(), allow_pickle=self._allow_pickle)

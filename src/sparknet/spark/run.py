@@ -178,7 +178,7 @@ def spark_table(spark, run: RunConfig) -> tuple:
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType
 
-    table = _spark_parquet(spark, run.data, "--data")
+    table = _spark_parquet(spark, run.data, "--data", run)
     first = table.select("features", "label").head(1)
     if not first:
         raise ValueError(f"{run.data} holds no rows")
@@ -194,7 +194,7 @@ def spark_table(spark, run: RunConfig) -> tuple:
             raise ValueError(f"{run.data}: every row's label is null; sparknet train needs class ids in 'label'")
         info = table_info((len(features),), *largest, len(label) if sequence else None)
     if run.validation_data is not None:
-        return table, _spark_parquet(spark, run.validation_data, "--validation-data"), info
+        return table, _spark_parquet(spark, run.validation_data, "--validation-data", run), info
     share = min(TEST_FRACTION, SPARK_TEST_ROWS / max(rows, 1))
     # a row's side by a seeded hash of its values: the same rows wherever they are read from and however they are
     # partitioned, with no sort of every partition (randomSplit's, over the features' arrays too)
@@ -203,11 +203,14 @@ def spark_table(spark, run: RunConfig) -> tuple:
     return table.filter(~held), table.filter(held), info
 
 
-def _spark_parquet(spark, uri: str, flag: str):
-    """The Parquet table at ``uri`` as Spark reads it, checked to have ``features`` and ``label`` columns (a
-    ``file://`` one on a cluster: checked to be seen by every host)."""
+def _spark_parquet(spark, uri: str, flag: str, run: RunConfig):
+    """The Parquet table at ``uri`` as Spark reads it, as ``features`` and ``label`` columns: the columns
+    ``--features-col`` (joined into one array where it names several) and ``--label-col`` name, checked to be there
+    (a ``file://`` one on a cluster: checked to be seen by every host)."""
     from pyspark.errors import AnalysisException
+    from pyspark.sql import functions as F
 
+    from sparknet.spark.data import _feature_expr
     from sparknet.spark.shared_path import check_shared_path
 
     check_shared_path(spark, uri, what=flag)
@@ -215,11 +218,16 @@ def _spark_parquet(spark, uri: str, flag: str):
         table = spark.read.parquet(uri)
     except AnalysisException as e:
         raise FileNotFoundError(f"{flag} {uri}: Spark cannot read it as Parquet ({str(e).splitlines()[0]})") from None
-    missing = [c for c in ("features", "label") if c not in table.columns]
+    columns = (*run.feature_columns, run.label_col)
+    missing = [c for c in columns if c not in table.columns]
     if missing:
         raise ValueError(f"{flag} {uri} has no {' or '.join(map(repr, missing))} column (its columns: "
-                         f"{', '.join(table.columns)}); sparknet train reads 'features' and 'label'")
-    return table
+                         f"{', '.join(table.columns)}); sparknet train reads {', '.join(map(repr, columns))} "
+                         "(--features-col, --label-col)")
+    if columns == ("features", "label"):
+        return table
+    return table.select(_feature_expr(table, list(run.feature_columns), None)[0].alias("features"),
+                        F.col(run.label_col).alias("label"))
 
 
 def training_frame(spark, run: RunConfig, train, partitions: int | None = None):

@@ -43,6 +43,8 @@ APP_NAME = "sparknet-predict"
 """The name of the Spark session ``sparknet predict`` starts."""
 
 
+JOINED_FEATURES = "sparknet_features"
+"""The column several feature columns are joined into while they are scored (not written)."""
 PREDICT_TIMEOUT_S = 24 * 3600.0
 """Default longest wait for ``sparknet predict``'s scoring and writing job (``--timeout``)."""
 
@@ -62,7 +64,7 @@ class PredictResult:
 
 
 def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, master: str | None = None,
-            features_col: str = "features", prediction_col: str = "prediction",
+            features_col: str | None = None, prediction_col: str = "prediction",
             probability_col: str = "probability", probability_vector: bool = False, overwrite: bool = False,
             score_batch_size: int | None = None, threads: int | None = None, partitions: int | None = None,
             allow_pickle: bool = False, timeout_s: float | None = PREDICT_TIMEOUT_S) -> PredictResult:
@@ -85,8 +87,12 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
         stopped at the end (an already running session is used and left running).
     master : str, optional
         Spark master URL for a new session (default ``local[*]``).
-    features_col, prediction_col, probability_col : str
-        Column names (an empty output name leaves that column out).
+    features_col : str, optional
+        The feature column, or several (numbers, arrays or ML vectors), comma-separated, joined in that order
+        into one array (default: the columns the model was trained on, as ``sparknet train --features-col``
+        recorded them, else ``features``).
+    prediction_col, probability_col : str
+        Output column names (an empty name leaves that column out).
     probability_vector : bool
         Keep ``probability`` (and a regressor's prediction of several outputs) as a Spark ML vector instead of
         ``array<double>``. A regressor writes no ``probability``.
@@ -111,10 +117,15 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
         raise FileNotFoundError(f"no Parquet data at {data}")
     if "://" not in out and Path(out).exists() and not overwrite:
         raise ValueError(f"{out} exists; pass --overwrite (overwrite=True) to replace it")
-    params = {"featuresCol": features_col, "predictionCol": prediction_col, "probabilityCol": probability_col,
+    params = {"predictionCol": prediction_col, "probabilityCol": probability_col,
               "rawPredictionCol": "", "scoreBatchSize": score_batch_size, "threads": threads}
     params = {k: v for k, v in params.items() if v is not None}
     model = SparkNetModel.fromModelFolder(str(model_dir), allow_pickle=allow_pickle, **params)
+    if features_col is None:  # the columns the model trained on
+        features_col = ((model.config or {}).get("run") or {}).get("features_col") or "features"
+    columns = [name.strip() for name in features_col.split(",")]
+    joined = len(columns) > 1 and JOINED_FEATURES  # several columns: one array made of them, dropped after
+    model.set(model.featuresCol, joined or columns[0])
 
     own_session = spark is None and _no_active_session()
     if spark is None:
@@ -126,7 +137,13 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
         df = spark.read.parquet(data)
         if partitions is not None:
             df = df.repartition(partitions)
+        if joined:
+            from sparknet.spark.data import _feature_expr
+
+            df = df.withColumn(joined, _feature_expr(df, columns, None)[0])
         scored = model.transform(df)
+        if joined:
+            scored = scored.drop(joined)
         if not probability_vector:  # a classifier's probability, a regressor's several outputs: plain arrays
             from pyspark.ml.functions import vector_to_array
             from pyspark.ml.linalg import VectorUDT
@@ -166,7 +183,9 @@ def configure_command(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="Parquet file or folder to score")
     p.add_argument("--out", required=True, help="Parquet folder to write")
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
-    p.add_argument("--features-col", default="features", help="features column (default features)")
+    p.add_argument("--features-col", default=None,
+                   help="feature column, or several, comma-separated, joined in that order (default: the columns "
+                        "the model was trained on, else features)")
     p.add_argument("--prediction-col", default="prediction",
                    help="output column of the class, or the numbers (default prediction)")
     p.add_argument("--probability-col", default="probability",

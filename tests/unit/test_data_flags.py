@@ -1,5 +1,6 @@
-"""``sparknet train --task``: a ``--data`` table whose labels are numbers (regression) or a 0 or 1 for each output
-(multilabel), trained in one process by an mlp sized to the labels, with the task's loss and metrics."""
+"""What ``sparknet train --data`` reads, in one process: ``--task`` (labels that are numbers, or a 0 or 1 for each
+output, trained by an mlp sized to them with the task's loss and metrics) and ``--features-col``/``--label-col``
+(the table's own columns, several feature columns joined in order)."""
 
 from __future__ import annotations
 
@@ -114,3 +115,37 @@ def test_the_zoo_mlp_ends_in_the_task_s_loss_and_says_its_task(task, loss):
     net = zoo.mlp(input_shape=[6], hidden=[8], num_classes=3, task=task)
     assert isinstance(net.layers[-1], loss) and infer_task(None, net) is Task(task)
     assert net.inputs[1].dtype == ("int64" if task == "classification" else "float32")
+
+
+def test_named_columns_train_several_feature_columns_joined_in_order(tmp_path):
+    x = _features(2000, 4)
+    y = _numbers(x, 1)[:, 0]
+    columns = {f"x{i}": pa.array(x[:, i]) for i in range(4)}  # four number columns, then an array of two
+    table = pa.table({**columns, "rest": pa.array(list(x[:, 4:]), pa.list_(pa.float32())), "target": pa.array(y),
+                      "features": pa.array(["not these"] * len(x))})
+    pq.write_table(table, tmp_path / "wide.parquet")
+    code, records = _train(tmp_path, "wide", "--data", str(tmp_path / "wide.parquet"), "--task", "regression",
+                           "--features-col", "x0, x1,x2,x3,rest", "--label-col", "target", "--steps", "600",
+                           "--lr", "0.05", "--model-dir", str(tmp_path / "model"))
+    assert code == 0 and records[-1]["test_r2"] > 0.95
+    saved = load_model(tmp_path / "model")
+    assert saved.input_shape == (6,) and saved.config["run"]["features_col"] == "x0, x1,x2,x3,rest"
+    held = slice(1800, None)
+    assert saved.net.evaluate((x[held], y[held])).metrics["r2"] == pytest.approx(records[-1]["test_r2"], abs=1e-6)
+
+
+def test_named_columns_that_are_not_there_or_not_features_are_refused_by_name(tmp_path, caplog):
+    x = _features(10, 5)
+    pq.write_table(pa.table({"a": pa.array(x[:, 0]), "name": pa.array(["n"] * 10), "y": pa.array([0, 1] * 5)}),
+                   tmp_path / "t.parquet")
+    data = str(tmp_path / "t.parquet")
+    with pytest.raises(ValueError, match="no column 'b' .* it needs 'a', 'b' .* and 'y'"):
+        _parquet.read_parquet_dataset(data, ["a", "b"], "y")
+    with pytest.raises(ValueError, match="type string; it must be an array of numbers .*feature column 'name'"):
+        _parquet.read_parquet_dataset(data, ["a", "name"], "y")
+    with pytest.raises(ValueError, match="name a column twice"):
+        RunConfig(data=data, features_col="a,y", label_col="y")
+    with pytest.raises(ValueError, match="--features-col and --label-col name the columns of a --data table"):
+        RunConfig(label_col="y")
+    with pytest.raises(ValueError, match="name columns, got 'a,' and 'y'"):
+        RunConfig(data=data, features_col="a,", label_col="y")
