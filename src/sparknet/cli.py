@@ -335,7 +335,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None] | str]]
     "sample": ("generate text from a trained character model (char_lstm)", "sparknet.sample:configure_sample"),
     "version": ("print the versions sparknet runs with", lambda p: p.set_defaults(_run=_run_version)),
     "caffe": ("Caffe files: inspect a prototxt or .caffemodel, export a model folder, import Caffe files",
-              "sparknet.caffe.cli:configure_command"),
+              "sparknet.caffe.command:configure_command"),
     "doctor": ("check a Spark cluster before training: versions, memory, pickling, barrier, data skew",
                "sparknet.tools.doctor:configure_command"),
     "export": ("export a trained model folder to ONNX or TorchScript for serving outside Spark",

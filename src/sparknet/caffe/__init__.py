@@ -9,9 +9,18 @@
 The core of this package never imports pyspark; the Spark engines and the CLI call it.
 """
 
-from sparknet.caffe import caffemodel, prototxt
-from sparknet.caffe.caffemodel import *  # noqa: F403 (the names of its __all__)
-from sparknet.caffe.prototxt import *  # noqa: F403
-from sparknet.caffe.solver import CaffeSolver, NetStateSpec, load_solver_prototxt
+from sparknet._lazy import lazy_exports
 
-__all__ = [*prototxt.__all__, "CaffeSolver", "NetStateSpec", "load_solver_prototxt", *caffemodel.__all__]
+_PROTOTXT = ("PrototxtError", "CaffeNet", "CaffeTransform", "DataBinding", "DataLayerSpec", "DEFAULT_SOURCES",
+             "SUPPORTED_LAYER_TYPES", "load_net_prototxt", "parse_net_prototxt", "net_to_prototxt", "resolve_net_path")
+_CAFFEMODEL = ("CaffeModelLayer", "read_caffemodel", "read_caffemodel_layers", "load_caffemodel_into",
+               "write_caffemodel", "describe_caffemodel", "read_binaryproto")
+_EXPORTS = {**dict.fromkeys(_PROTOTXT, "sparknet.caffe.prototxt"),
+            **dict.fromkeys(_CAFFEMODEL, "sparknet.caffe.caffemodel"),
+            **dict.fromkeys(("CaffeSolver", "NetStateSpec", "load_solver_prototxt"), "sparknet.caffe.solver")}
+"""Each name and the module that defines it, imported on first use (they load torch): ``sparknet caffe`` reads its
+flags with none of them loaded."""
+
+__all__ = [*_PROTOTXT, "CaffeSolver", "NetStateSpec", "load_solver_prototxt", *_CAFFEMODEL]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from sparknet._app import finish_run, run_sinks
-from sparknet._fields import OldName, changed
+from sparknet._fields import changed
 from sparknet.model_io import load_model, save_model
 from sparknet.caffe import train as caffe_train
 from sparknet.caffe.caffemodel import (_shape_text, _table, describe_caffemodel, load_caffemodel_into,
@@ -55,7 +55,8 @@ from sparknet.weights import WeightCollection
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CaffeTrainFlags", "train_caffe_files", "describe_net", "describe_solver", "file_kind", "configure_command"]
+__all__ = ["CaffeTrainFlags", "train_caffe_files", "describe_net", "describe_solver", "file_kind", "run_inspect",
+           "run_export", "run_import"]
 
 
 # RunConfig field -> resolve_caffe_run argument, and RunConfig field -> SolverConfig field.
@@ -226,7 +227,7 @@ def describe_solver(path: str | Path) -> str:
     return "\n".join(lines)
 
 
-def _run_inspect(args: argparse.Namespace) -> int:
+def run_inspect(args: argparse.Namespace) -> int:
     path = Path(args.file)
     if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
@@ -323,50 +324,16 @@ def import_caffe(prototxt: str | Path, out: str | Path, *, weights: str | Path |
                       overwrite=overwrite)
 
 
-def _run_export(args: argparse.Namespace) -> int:
+def run_export(args: argparse.Namespace) -> int:
     if not Path(args.model_dir).is_dir():
         raise FileNotFoundError(f"no model folder at {args.model_dir}")
     print(*export_model_dir(args.model_dir, args.out), sep="\n")
     return 0
 
 
-def _run_import(args: argparse.Namespace) -> int:
+def run_import(args: argparse.Namespace) -> int:
     if args.model_dir is None:
         raise ValueError("give the model folder to write: --model-dir DIR")
     print(import_caffe(args.prototxt, args.model_dir, weights=args.weights, solver=args.solver, phase=args.phase,
                        seed=args.seed, overwrite=args.overwrite))
     return 0
-
-
-def configure_command(p: argparse.ArgumentParser) -> None:
-    """The arguments of ``sparknet caffe`` (``sparknet.cli`` lists the command)."""
-    sub = p.add_subparsers(dest="caffe_command", required=True)
-
-    q = sub.add_parser("inspect", help="a net's layers and shapes, a solver's settings, or a .caffemodel's weights",
-                       description="Describe a Caffe file: a net prototxt (layers, bottoms, tops, output shapes, "
-                                   "parameter counts), a solver prototxt (its settings) or a .caffemodel.")
-    q.add_argument("file", help="a net prototxt, a solver prototxt or a .caffemodel")
-    q.add_argument("--kind", choices=["auto", "net", "solver", "caffemodel"], default="auto",
-                   help="what the file is (default: told from its name and content)")
-    q.add_argument("--phase", choices=["TRAIN", "TEST"], default="TRAIN", type=str.upper,
-                   help="which phase of a net to show (default TRAIN)")
-    q.add_argument("--stage", action="append", default=[], help="a net state stage (repeatable)")
-    q.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    q.set_defaults(_run=_run_inspect)
-
-    e = sub.add_parser("export", help="write PREFIX.prototxt and PREFIX.caffemodel from a sparknet model folder")
-    e.add_argument("--model-dir", required=True, help="sparknet model folder")
-    e.add_argument("--out", required=True, help="output prefix: PREFIX.prototxt and PREFIX.caffemodel are written")
-    e.set_defaults(_run=_run_export)
-
-    i = sub.add_parser("import", help="a sparknet model folder from a Caffe net prototxt and .caffemodel")
-    i.add_argument("--prototxt", required=True, help="Caffe net prototxt")
-    i.add_argument("--weights", default=None, help=".caffemodel with the weights (default: the fillers' weights)")
-    i.add_argument("--solver", default=None, help="solver prototxt to store with the model (optional)")
-    i.add_argument("--model-dir", default=None, help="model folder to write")
-    i.add_argument("--out", dest="model_dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS, action=OldName)
-    i.add_argument("--phase", choices=["TRAIN", "TEST"], default="TRAIN", type=str.upper,
-                   help="which phase of the net to keep (default TRAIN)")
-    i.add_argument("--seed", type=int, default=0, help="seed of the filler weights when no --weights is given")
-    i.add_argument("--overwrite", action="store_true", help="replace an existing model folder")
-    i.set_defaults(_run=_run_import)
