@@ -12,7 +12,9 @@ them, one a net output), and for ``--task multilabel`` arrays of 0s and 1s (or a
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+import os
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -157,6 +159,74 @@ def table_info(sample_shape: tuple, label_max: int | None, feature_max: int | No
         vocab = max(int(feature_max), int(label_max)) + 1
         info.update(num_classes=vocab, vocab_size=vocab, seq_len=int(seq_len))
     return info
+
+
+FOOTER_FILES = 64
+"""The most files whose footers :func:`footer_facts` reads (one read each, on the driver)."""
+
+SPARK_SCHEMA_KEY = b"org.apache.spark.sql.parquet.row.metadata"
+"""Where a Parquet file Spark wrote keeps Spark's own schema (JSON), ML vectors' types included."""
+
+
+@dataclass(frozen=True)
+class FooterFacts:
+    """What a Parquet table's footers say of it, with no column decoded but its first row's."""
+
+    rows: int
+    features: Any
+    """The first row's features (a list)."""
+    label: Any
+    """The first row's label (a number or a list)."""
+    largest: dict
+    """The largest value of each leaf column (``label``, ``features``) that every row group gives statistics of
+    (``None``: every value null)."""
+    arrow_schema: pa.Schema
+    spark_schema: str | None
+    """Spark's schema of the table as JSON where Spark wrote it, else ``None``."""
+
+
+def footer_facts(path: str, columns: Sequence[str] = ("features", "label")) -> FooterFacts | None:
+    """The :class:`FooterFacts` of the Parquet file or folder at the local ``path`` (a file or a folder of at most
+    :data:`FOOTER_FILES` files, none in a partition folder), read here without decoding the table; ``None`` where
+    its footers cannot say (no such columns, a row group without statistics of them, a features column that is not
+    a list, more files, partitions), and a reader that decodes the table must ask instead."""
+    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
+
+    try:
+        files = [path] if os.path.isfile(path) else sorted(ds.dataset(path, format="parquet").files)
+        if not files or len(files) > FOOTER_FILES or any("=" in os.path.relpath(f, path) for f in files):
+            return None
+        opened = [pq.ParquetFile(f) for f in files]
+        schema = opened[0].schema_arrow
+        if not all(c in schema.names for c in columns) or not pa.types.is_list(schema.field(columns[0]).type):
+            return None
+        largest: dict = dict.fromkeys(columns)  # None: no value seen yet
+        unknown: set = set()  # a row group holds values its statistics do not bound
+        rows = 0
+        for parquet in opened:
+            meta = parquet.metadata
+            rows += meta.num_rows
+            leaves = {meta.schema.column(i).path.split(".")[0]: i for i in range(meta.num_columns)}
+            for name in columns:
+                for g in range(meta.num_row_groups):
+                    chunk = meta.row_group(g).column(leaves[name])
+                    stats = chunk.statistics
+                    if stats is not None and stats.has_min_max:
+                        largest[name] = stats.max if largest[name] is None else max(largest[name], stats.max)
+                    elif stats is None or stats.null_count != chunk.num_values:  # not a row group of nulls only
+                        unknown.add(name)
+        first = next((b for p in opened for b in p.iter_batches(batch_size=1, columns=list(columns))
+                      if b.num_rows), None)
+    except (OSError, ValueError, pa.ArrowException) as exc:  # a reader that decodes the table says what is wrong
+        log.debug("reading the footers of %s: %s", path, exc)
+        return None
+    if first is None:
+        return None
+    spark = (schema.metadata or {}).get(SPARK_SCHEMA_KEY)
+    features, label = (first.column(i)[0].as_py() for i in range(2))
+    return FooterFacts(rows, features, label, {k: v for k, v in largest.items() if k not in unknown}, schema,
+                       spark.decode() if spark is not None else None)
 
 
 def _read_arrays(path: str, features_col: str | Sequence[str], label_col: str, flag: str = "--data", *,

@@ -142,7 +142,8 @@ def test_train_reads_a_table_named_by_a_uri_on_the_hosts_and_refuses_one_only_th
     common = ["train", "--model", "mlp", "--master", cluster.master, "--workers", "2", "--tau", "10", "--rounds", "4",
               "--lr", "0.05", "--quiet"]
     assert main([*common, "--data", (tmp_path / "rows.parquet").as_uri()]) == 2
-    assert "is not on every host" in caplog.text and cluster.hostname(1) in caplog.text
+    # the hosts whose probe tasks ran are named (Spark may run them all on one executor)
+    assert "is not on every host" in caplog.text and any(cluster.hostname(i) in caplog.text for i in (1, 2))
     shared = Path(tempfile.mkdtemp(prefix="sparknet-shared-", dir="/var/tmp"))
     try:
         pq.write_table(table, shared / "rows.parquet")

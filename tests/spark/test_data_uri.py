@@ -90,3 +90,25 @@ def test_a_sequence_table_named_by_a_uri_trains_a_character_model(spark, tmp_pat
                  "--steps", "10", "--batch-size", "16", "--metrics-out", str(metrics), "--quiet"]) == 0
     summary = json.loads(metrics.read_text().splitlines()[-1])
     assert summary["num_classes"] == max(x.max(), y.max()) + 1 and summary["sample_shape"] == [12]
+
+
+def test_a_local_table_s_footers_spare_the_jobs_that_read_its_first_row_and_labels(spark, tmp_path, monkeypatch):
+    """A file:// table's rows, first row and largest label come from its footers, with no Spark job; a table whose
+    footers hold no statistics is asked by Spark's jobs, and trains the same."""
+    from pyspark.sql.classic.dataframe import DataFrame
+
+    x, y = blobs(400, seed=6)
+    bare = tmp_path / "bare.parquet"
+    pq.write_table(pa.table({"features": pa.array(list(x), pa.list_(pa.float32())), "label": pa.array(y)}), bare,
+                   write_statistics=False)
+    code, asked = _train(tmp_path, "asked", "--data", bare.as_uri())
+    assert code == 0
+
+    def no_job(*args, **kwargs):
+        raise AssertionError("a Spark job read what the footers say")
+
+    monkeypatch.setattr(DataFrame, "head", no_job)
+    monkeypatch.setattr(DataFrame, "agg", no_job)
+    code, read = _train(tmp_path, "read", "--data", _table(tmp_path / "stats.parquet", x, y))
+    assert code == 0 and read["num_classes"] == asked["num_classes"] == 3
+    assert read["data_rows"] == asked["data_rows"] and read["test_loss"] == asked["test_loss"]

@@ -149,3 +149,26 @@ def test_named_columns_that_are_not_there_or_not_features_are_refused_by_name(tm
         RunConfig(label_col="y")
     with pytest.raises(ValueError, match="name columns, got 'a,' and 'y'"):
         RunConfig(data=data, features_col="a,", label_col="y")
+
+
+def test_the_footers_of_a_local_table_say_its_rows_first_row_and_largest_values(tmp_path):
+    """What a --data file:// table's footers say without a column decoded (Spark's jobs ask otherwise): its rows
+    over every file, its first row, each column's largest value; nothing where a row group has values but no
+    statistics of them, or the table is partitioned."""
+    x = _features(30, 6)
+    folder = tmp_path / "table"
+    folder.mkdir()
+    for part, (rows, labels) in enumerate([(slice(0, 10), [None] * 10), (slice(10, 30), [3, 7] * 10)]):
+        pq.write_table(pa.table({"features": pa.array(list(x[rows]), pa.list_(pa.float32())),
+                                 "label": pa.array(labels, pa.int64())}), folder / f"part-{part}.parquet")
+    (folder / "_SUCCESS").write_text("")
+    facts = _parquet.footer_facts(str(folder))
+    assert facts.rows == 30 and facts.features == pytest.approx(list(x[0])) and facts.label is None
+    assert facts.largest == {"features": pytest.approx(x.max()), "label": 7} and facts.spark_schema is None
+    pq.write_table(pa.table({"features": pa.array(list(x), pa.list_(pa.float32())), "label": pa.array([1] * 30)}),
+                   tmp_path / "bare.parquet", write_statistics=False)
+    assert _parquet.footer_facts(str(tmp_path / "bare.parquet")).largest == {}  # Spark's jobs find them
+    (tmp_path / "parted" / "day=1").mkdir(parents=True)
+    (folder / "part-1.parquet").rename(tmp_path / "parted" / "day=1" / "part-1.parquet")
+    assert _parquet.footer_facts(str(tmp_path / "parted")) is None
+    assert _parquet.footer_facts(str(tmp_path / "none")) is None

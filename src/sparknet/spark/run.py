@@ -12,6 +12,7 @@ runs through :class:`SparkTrainer`; every round record goes to the metrics file 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +22,7 @@ import numpy as np
 
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
 from sparknet._fs import is_uri
-from sparknet._parquet import TEST_FRACTION, table_info
+from sparknet._parquet import TEST_FRACTION, footer_facts, table_info
 from sparknet._enums import CompressionKind
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.datasets import SyntheticImages, cache_root
@@ -178,18 +179,26 @@ def spark_table(spark, run: RunConfig) -> tuple:
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType
 
-    table = _spark_parquet(spark, run.data, "--data", run)
-    first = table.select("features", "label").head(1)
-    if not first:
-        raise ValueError(f"{run.data} holds no rows")
-    features, label = first[0]
+    facts = _footers(run)
+    table = _spark_parquet(spark, run.data, "--data", run, schema=_spark_schema(facts))
+    if facts is not None:  # the footers said: no Spark job
+        features, label, rows = facts.features, facts.label, facts.rows
+    else:
+        first = table.select("features", "label").head(1)
+        if not first:
+            raise ValueError(f"{run.data} holds no rows")
+        (features, label), rows = first[0], None
     sequence = isinstance(table.schema["label"].dataType, ArrayType)  # token ids of one vocabulary, or numbers
+    needed = ("label", "features") if sequence else ("label",)
     if run.task.float_labels:  # numbers or 0s and 1s, checked as the executors convert them
-        rows = table.count()
+        rows = table.count() if rows is None else rows
         info = table_info((len(features),), None, outputs=len(label) if sequence else 1)
     else:
-        largest = [F.max(F.array_max("label")), F.max(F.array_max("features"))] if sequence else [F.max("label")]
-        *largest, rows = table.agg(*largest, F.count(F.lit(1))).first()  # one job: the labels' column and the rows
+        if facts is not None and all(name in facts.largest for name in needed):
+            largest = [facts.largest[name] for name in needed]
+        else:
+            largest = [F.max(F.array_max("label")), F.max(F.array_max("features"))] if sequence else [F.max("label")]
+            *largest, rows = table.agg(*largest, F.count(F.lit(1))).first()  # one job: the labels and the rows
         if None in largest:
             raise ValueError(f"{run.data}: every row's label is null; sparknet train needs class ids in 'label'")
         info = table_info((len(features),), *largest, len(label) if sequence else None)
@@ -203,7 +212,36 @@ def spark_table(spark, run: RunConfig) -> tuple:
     return table.filter(~held), table.filter(held), info
 
 
-def _spark_parquet(spark, uri: str, flag: str, run: RunConfig):
+def _footers(run: RunConfig):
+    """What the footers of a ``file://`` ``--data`` table of ``features`` and ``label`` columns say of it
+    (:func:`sparknet._parquet.footer_facts`), read here: its rows, first row and largest label, with no Spark job;
+    ``None`` for any other table (another scheme's reader is Spark's, configured for it alone) or where they cannot
+    say."""
+    from urllib.parse import unquote, urlparse
+
+    if not run.data.lower().startswith("file:") or (run.feature_columns, run.label_col) != (("features",), "label"):
+        return None
+    return footer_facts(unquote(urlparse(run.data).path))
+
+
+def _spark_schema(facts):
+    """The Spark schema of a table whose footers were read (Spark's own where Spark wrote it), given to its reader
+    so that no job infers it; ``None`` without."""
+    if facts is None:
+        return None
+    from pyspark.sql.pandas.types import from_arrow_schema
+    from pyspark.sql.types import StructType
+
+    try:
+        if facts.spark_schema is not None:
+            return StructType.fromJson(json.loads(facts.spark_schema))
+        return from_arrow_schema(facts.arrow_schema)
+    except (TypeError, ValueError, KeyError) as exc:  # a type Spark names otherwise: Spark infers it
+        log.debug("the footers' schema: %s", exc)
+        return None
+
+
+def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None):
     """The Parquet table at ``uri`` as Spark reads it, as ``features`` and ``label`` columns: the columns
     ``--features-col`` (joined into one array where it names several) and ``--label-col`` name, checked to be there
     (a ``file://`` one on a cluster: checked to be seen by every host)."""
@@ -215,7 +253,7 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig):
 
     check_shared_path(spark, uri, what=flag)
     try:
-        table = spark.read.parquet(uri)
+        table = (spark.read if schema is None else spark.read.schema(schema)).parquet(uri)
     except AnalysisException as e:
         raise FileNotFoundError(f"{flag} {uri}: Spark cannot read it as Parquet ({str(e).splitlines()[0]})") from None
     columns = (*run.feature_columns, run.label_col)
