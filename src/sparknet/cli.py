@@ -168,16 +168,15 @@ def road(dist: DistributedConfig, caffe: CaffeTrainFlags | None = None) -> Road:
 
 
 _AUTO_TAU = ("auto_tau", "auto_tau_target", "auto_tau_min", "auto_tau_max", "auto_tau_every")
-_EXCHANGE = ("warmup_steps", *_AUTO_TAU, "data_mode", "stream_buffer_mb", "compression", "link_latency",
-             "link_bandwidth")
-"""What only workers on Spark read: the warm start before them, the automatic tau of their exchange, how they hold
-their rows, what their exchange sends and over which link."""
+_EXCHANGE = (*_AUTO_TAU, "data_mode", "stream_buffer_mb", "compression", "link_latency", "link_bandwidth")
+"""What only the Spark engines' workers read: the automatic tau of their exchange, how they hold their rows, what
+their exchange sends and over which link."""
 
 _UNREAD: dict[Road, tuple[str, str | None, dict[type, tuple[str, ...] | None]]] = {
     Road.ONE_PROCESS: ("a run of one worker in this process, without Spark,",
                        "train on Spark with --workers K, or with --master URL for one worker",
                        {RunConfig: ("gpus_per_worker",),
-                        DistributedConfig: ("strategy", "master", "eval_every_rounds", *_EXCHANGE),
+                        DistributedConfig: ("strategy", "master", "eval_every_rounds", "warmup_steps", *_EXCHANGE),
                         EngineOptions: None, AsyncConfig: None, CaffeTrainFlags: None}),
     Road.PARAMETER_SERVER: ("the async strategy's parameter server (epochs, not rounds, each evaluated and, with "
                             "--checkpoint-dir, checkpointed; no Spark engine)", "choose another --strategy",

@@ -263,6 +263,30 @@ def test_an_async_run_resumes_from_the_servers_checkpointed_copy(spark, tmp_path
                                          checkpoint_dir=str(tmp_path / "local"), resume=True))
 
 
+def test_an_async_run_warms_up_on_the_driver_and_its_workers_go_on_from_there(spark, tmp_path):
+    """--warmup-steps W with the parameter server: W steps on the driver before the server starts from those
+    weights; the workers' learning-rate schedule goes on from step W (the checkpoint's iteration counts them), and
+    a resumed run does not warm up again."""
+    from sparknet.checkpoint import CheckpointManager
+
+    folder = str(tmp_path / "ck")
+    run = RunConfig(model="mlp", dataset="synthetic", steps=10_000, batch_size=50, lr=0.05, seed=0, quiet=True)
+
+    def fit(epochs: int, **dist) -> dict:
+        return run_async(run, DistributedConfig(workers=2, strategy="async", tau=10, epochs=epochs,
+                                                checkpoint_dir=folder, **dist))
+
+    epochs = []
+    cold = run_async(run, DistributedConfig(workers=2, strategy="async", tau=10, epochs=1), on_round=epochs.append)
+    warm = run_async(run, DistributedConfig(workers=2, strategy="async", tau=10, epochs=1, checkpoint_dir=folder,
+                                            warmup_steps=300), on_round=epochs.append)
+    assert warm["warmup"]["steps"] == 300 and warm["warmup"]["rows"] > 0 and "warmup" not in cold
+    assert epochs[1]["loss"] < epochs[0]["loss"] / 5  # the workers' first epoch began from the trained weights
+    assert CheckpointManager(folder).load().state["iteration"] == 300 + warm["steps"]
+    more = fit(2, warmup_steps=300, resume=True)
+    assert "warmup" not in more and CheckpointManager(folder).load().state["iteration"] == 300 + more["steps"]
+
+
 # -- pieces that need no Spark --------------------------------------------------------------------
 def test_scatter_moves_every_row_once_to_a_seeded_random_partition():
     x = np.arange(100, dtype=np.float32).reshape(50, 2)

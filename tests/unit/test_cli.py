@@ -339,9 +339,9 @@ def test_import_sparknet_and_its_session_module_load_no_torch():
     ("--workers 2 --eval-every 100", "a run on Spark does not read --eval-every (on Spark: --eval-every-rounds N)"),
     ("--workers 2 --combiner mean", "--combiner (--strategy async's)"),
     ("--workers 2 --snapshot-every 5", "--snapshot-every (a Caffe run's, with --prototxt or --solver)"),
-    ("--workers 2 --strategy async --compression int8 --warmup-steps 50",
+    ("--workers 2 --strategy async --compression int8 --link-latency 50ms",
      "parameter server (epochs, not rounds, each evaluated and, with --checkpoint-dir, checkpointed; no Spark "
-     "engine) does not read --warmup-steps, --compression: choose another --strategy, or drop them"),
+     "engine) does not read --compression, --link-latency: choose another --strategy, or drop them"),
     ("--workers 2 --strategy async --engine barrier --rounds 3", "does not read --engine, --rounds"),
     ("--workers 2 --strategy async --eval-every 10", "does not read --eval-every"),
     ("--solver s.prototxt --model mlp", "a Caffe run (its net's data layers say what trains on what"),

@@ -33,6 +33,7 @@ import torch
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
 from sparknet.checkpoint import CheckpointError, open_checkpoints
 from sparknet.config import Compute, TrainConfig, check_at_least
+from sparknet.errors import EngineError
 from sparknet.faults import faults_from
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
@@ -468,12 +469,16 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
         sess.continue_from(int(ckpt.state["epochs"]), int(ckpt.state["iteration"]))
         done = int(ckpt.state["steps"])
         log.info("resuming from %s: epoch %d, step %d", ckpt.path, sess.epochs_done, done)
+    warmup = None
+    if dist.warmup_steps and ckpt is None:  # a resumed run had its warm-up before its checkpoint
+        warmup = _warm_up(net, train, dist.warmup_steps)
+        sess.continue_from(0, dist.warmup_steps)  # the workers' learning-rate schedule goes on from there
     sinks = run_sinks(run, config)
     failed = True
     try:
         summary = _train_async(run, dist, sess, train, test, combiner=cfg.combiner, sinks=sinks,
                                steps=max(steps - done, 0), epochs=max(epochs - sess.epochs_done, 0), done=done,
-                               checkpoints=checkpoints, on_round=on_round)
+                               checkpoints=checkpoints, on_round=on_round, warmup=warmup)
         failed = False
     finally:  # the server's final copy saved (--model-dir) and logged (--mlflow) as one process's weights are
         finish_run(run, sinks, failed=failed, net_params=net_params, weights=sess.weights, solver=run.solver(),
@@ -481,11 +486,22 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
     return summary
 
 
+def _warm_up(net: Net, train, steps: int) -> dict:
+    """SparkNet's warm start: ``steps`` of ``net`` on the driver on the training rows (they are here already),
+    before the server starts from its weights; what it did."""
+    net.set_training_data(train)
+    stats = net.train(steps)
+    if not stats.finite:
+        raise EngineError("the warm-up on the driver produced NaN/Inf loss; lower the learning rate")
+    log.info("warm-up: %d steps on the driver in %.1f s, loss %.4f", stats.steps, stats.wall_s, stats.loss)
+    return {"steps": stats.steps, "rows": len(train), "loss": stats.loss, "wall_s": stats.wall_s}
+
+
 def _train_async(run, dist, sess: AsyncSession, train, test, *, combiner: str, sinks: list, steps: int, epochs: int,
-                 done: int, checkpoints, on_round: Callable[[dict], None] | None) -> dict:
+                 done: int, checkpoints, on_round: Callable[[dict], None] | None, warmup: dict | None = None) -> dict:
     """:func:`run_async`'s training: ``sess`` run on ``train`` for ``steps`` more local steps a worker (``done``
     taken before), every epoch's record written and shown and, where due and at the end, the server's copy
-    checkpointed; then its summary."""
+    checkpointed; then its summary (with the driver's ``warmup``, where it had one)."""
     K = dist.workers
     taken = {"steps": done, "saved": sess.epochs_done if done else None}  # a resumed run's start is saved already
 
@@ -533,7 +549,7 @@ def _train_async(run, dist, sess: AsyncSession, train, test, *, combiner: str, s
                                  "staleness_histogram", "rejected", "bytes_communicated")},
             "test_accuracy_by_epoch": m["test_accuracy_by_epoch"],
             **{k: v for k, v in m.items() if k.startswith("test_") and k != "test_accuracy_by_epoch"},
-            **({"resumed_from_step": done} if done else {}),
+            **({"resumed_from_step": done} if done else {}), **({"warmup": warmup} if warmup else {}),
         }
         metrics.write(summary)
     return summary
