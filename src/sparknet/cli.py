@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import enum
 import importlib
 import json
 import logging
@@ -35,12 +34,13 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from sparknet import __version__
-from sparknet._fields import HelpFormatter, OldName, add_dataclass_arguments, changed, flag, from_args
+from sparknet._fields import HelpFormatter, OldName, add_dataclass_arguments, from_args
 from sparknet._malloc import keep_freed_memory
-from sparknet.config import CaffeTrainFlags, DistributedConfig, Engine, EngineOptions, RunConfig, Strategy
+from sparknet.config import CaffeTrainFlags, DistributedConfig, EngineOptions, RunConfig
 from sparknet.errors import SparkNetError
 from sparknet.metrics import process_age_s
 from sparknet.ps.config import AsyncConfig
+from sparknet.roads import Road, check_road, road
 from sparknet.spark.session import PANDAS_NOTICE
 
 __all__ = ["main", "build_parser", "parse_args", "prepare", "run", "read_config", "print_config", "Road", "road",
@@ -138,105 +138,6 @@ def print_config(args: argparse.Namespace) -> str:
             text = _toml_value(getattr(args, name))
             lines.append(f"# {name} is not set" if text is None else f"{name} = {text}")
     return "\n".join(lines) + "\n"
-
-
-class Road(enum.Enum):
-    """The road a ``sparknet train`` takes (:func:`road`)."""
-
-    CAFFE = "caffe"
-    """Caffe files (:mod:`sparknet.caffe.cli`)."""
-    PARAMETER_SERVER = "parameter server"
-    """``--strategy async`` (:mod:`sparknet.ps`)."""
-    ONE_PROCESS = "one process"
-    """One worker, the rounds engine, no master (:mod:`sparknet.train`)."""
-    SPARK = "spark"
-    """The Spark engines (:mod:`sparknet.spark.run`)."""
-
-
-def road(dist: DistributedConfig, caffe: CaffeTrainFlags | None = None) -> Road:
-    """The one road these settings ask for: Caffe files win over everything else; then the parameter server
-    (``--strategy async``); then one process (:attr:`~sparknet.config.DistributedConfig.one_process`: the local
-    engine, or one worker of the rounds engine with no ``--master``); otherwise the Spark engines (``--model-parallel
-    M`` splits the net across the barrier engine's workers)."""
-    if caffe is not None and caffe.given:
-        return Road.CAFFE
-    if dist.strategy is Strategy.ASYNC:
-        return Road.PARAMETER_SERVER
-    if dist.one_process:
-        return Road.ONE_PROCESS
-    return Road.SPARK
-
-
-_AUTO_TAU = ("auto_tau", "auto_tau_target", "auto_tau_min", "auto_tau_max", "auto_tau_every")
-_EXCHANGE = (*_AUTO_TAU, "data_mode", "stream_buffer_mb", "compression", "link_latency", "link_bandwidth")
-"""What only the Spark engines' workers read: the automatic tau of their exchange, how they hold their rows, what
-their exchange sends and over which link."""
-
-_UNREAD: dict[Road, tuple[str, str | None, dict[type, tuple[str, ...] | None]]] = {
-    Road.ONE_PROCESS: ("a run of one worker in this process, without Spark,",
-                       "train on Spark with --workers K, or with --master URL for one worker",
-                       {RunConfig: ("gpus_per_worker",),
-                        DistributedConfig: ("strategy", "master", "eval_every_rounds", "warmup_steps", *_EXCHANGE),
-                        EngineOptions: None, AsyncConfig: None, CaffeTrainFlags: None}),
-    Road.PARAMETER_SERVER: ("the async strategy's parameter server (epochs, not rounds, each evaluated and, with "
-                            "--checkpoint-dir, checkpointed; no Spark engine)", "choose another --strategy",
-                            {RunConfig: ("eval_every", "gpus_per_worker"),
-                             DistributedConfig: ("engine", "rounds", "eval_every_rounds", "eval_screen_rows",
-                                                 "eval_budget", "eval_overlap", *_EXCHANGE),
-                             EngineOptions: None, CaffeTrainFlags: None}),
-    Road.SPARK: ("a run on Spark", None, {RunConfig: ("eval_every",), AsyncConfig: None, CaffeTrainFlags: None}),
-    Road.CAFFE: ("a Caffe run (its net's data layers say what trains on what; --caffe-sources binds others)", None,
-                 {RunConfig: ("model", "dataset", "data", "validation_data", "features_col", "label_col", "task"),
-                  AsyncConfig: None}),
-}
-"""Each road, what to do instead, and the settings it does not read (``None``: none of that kind); given, they are
-refused."""
-
-_JUDGED = ("target_accuracy", "target_loss", "eval_every_rounds", "eval_screen_rows", "eval_budget", "eval_overlap")
-"""What sparknet's own evaluation of a fit reads: when to score the weights, and the target it judges."""
-
-
-def _caffe_unread(dist: DistributedConfig) -> tuple:
-    """What a Caffe run does not read beyond :data:`_UNREAD`'s Caffe road, as its workers train: in one process its
-    rounds end where its solver displays, tests and snapshots, its tests are its test nets' and its snapshots its
-    checkpoints; on the rounds engine its test nets score the weights, which the fit itself does not; on the barrier
-    engine the fit scores the primary test net every test_interval."""
-    if dist.one_process:
-        return ("a Caffe run of one worker in this process (its tests and snapshots are its solver's)",
-                "train on Spark with --workers K, or with --master URL for one worker",
-                {RunConfig: ("gpus_per_worker",),
-                 DistributedConfig: ("strategy", "tau", "round_seconds", *_JUDGED, *_EXCHANGE, "checkpoint_dir",
-                                     "checkpoint_every", "checkpoint_keep", "resume"),
-                 EngineOptions: None})
-    if dist.engine is Engine.ROUNDS:
-        return ("a Caffe run on the rounds engine (its test nets score the weights, at its test_interval)",
-                "add --engine barrier, whose fit scores the primary test net", {DistributedConfig: _JUDGED})
-    return ("a Caffe run on the barrier engine (it scores the primary test net every test_interval)", None,
-            {DistributedConfig: ("eval_every_rounds",)})
-
-
-_WHOSE = {"eval_every": "on Spark: --eval-every-rounds N", "eval_every_rounds": "in one process: --eval-every STEPS",
-          AsyncConfig: "--strategy async's", CaffeTrainFlags: "a Caffe run's, with --prototxt or --solver",
-          EngineOptions: "the Spark engines'"}
-"""Whose a setting is, said beside it when refused: a field's name, else its kind."""
-
-
-def check_road(taken: Road, *settings) -> None:
-    """Refuse, before anything starts, the settings given (other than their defaults) that the road ``taken`` would
-    leave unread: a run trains as asked or not at all. ``settings``: the dataclasses of ``sparknet train``'s flags
-    (``RunConfig``, ``DistributedConfig``, ``EngineOptions``, ``CaffeTrainFlags``, ``AsyncConfig``)."""
-    checks = [_UNREAD[taken]]
-    dist = next((s for s in settings if isinstance(s, DistributedConfig)), None)
-    if taken is Road.CAFFE and dist is not None:
-        checks.append(_caffe_unread(dist))
-    for subject, instead, unread in checks:
-        given = [(name, _WHOSE.get(name, _WHOSE.get(type(part)))) for part in settings if type(part) in unread
-                 for name in changed(part, unread[type(part)])]
-        if given:
-            flags = [flag(name) + (f" ({whose})" if whose else "") for name, whose in given]
-            them = "it" if len(given) == 1 else "them"
-            raise ValueError(f"{subject} does not read {', '.join(flags)}: "
-                             + (f"{instead}, or drop {them}" if instead else f"drop {them}"))
 
 
 def train_command(run: RunConfig, dist: DistributedConfig, *, options: EngineOptions | None = None,

@@ -26,6 +26,7 @@ from sparknet.loop import FitPlan, InProcessExchange, ResumeState, average_summa
 from sparknet.metrics import MetricsLogger, returned_scores
 from sparknet.net import Net
 from sparknet.parallel.runner import split_budget
+from sparknet.roads import Road, check_road
 from sparknet.strategies import Average
 
 __all__ = ["train_local"]
@@ -45,6 +46,7 @@ def train_local(run: RunConfig, dist: DistributedConfig | None = None) -> dict:
     position and generator, and torch's global generator, so a resumed run repeats an
     uninterrupted one exactly.
     """
+    check_road(Road.ONE_PROCESS, run, *([dist] if dist is not None else []))
     threads = run.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     seed_everything(run.seed)

@@ -373,14 +373,37 @@ def test_every_setting_a_road_leaves_unread_is_a_setting():
     """A name in the roads' table that is no field would refuse nothing: every one is a field of its kind."""
     import dataclasses
 
-    from sparknet import cli
+    from sparknet import roads
 
-    tables = [*cli._UNREAD.values(), *(cli._caffe_unread(DistributedConfig(workers=k, engine=engine))
+    tables = [*roads._UNREAD.values(), *(roads._caffe_unread(DistributedConfig(workers=k, engine=engine))
                                        for k, engine in ((1, "rounds"), (2, "rounds"), (2, "barrier")))]
+    from sparknet.ps.config import AsyncConfig
+
     for _, _, unread in tables:
         for kind, names in unread.items():
+            kind = AsyncConfig if kind == roads.AsyncConfig else kind  # named there: roads imports no ps
             fields = {f.name for f in dataclasses.fields(kind)}
             assert set(names or ()) <= fields, (kind.__name__, set(names or ()) - fields)
+
+
+def test_a_program_calling_a_road_s_entry_point_gets_the_command_s_refusal(tmp_path):
+    """train_local, run_async, train_distributed and train_caffe_files refuse the settings their road leaves unread,
+    as sparknet train does, before any data is read or any session started."""
+    from sparknet.caffe.cli import train_caffe_files
+    from sparknet.config import CaffeTrainFlags, RunConfig
+    from sparknet.ps.session import run_async
+    from sparknet.spark.run import train_distributed
+    from sparknet.train import train_local
+
+    run = RunConfig(model="mlp", dataset="synthetic", steps=5, quiet=True)
+    with pytest.raises(ValueError, match="one worker in this process, without Spark, does not read --strategy"):
+        train_local(run, DistributedConfig(strategy="diloco"))
+    with pytest.raises(ValueError, match="parameter server .* does not read --compression"):
+        run_async(run, DistributedConfig(workers=2, strategy="async", compression="int8"))
+    with pytest.raises(ValueError, match="a run on Spark does not read --eval-every"):
+        train_distributed(RunConfig(model="mlp", dataset="synthetic", eval_every=10), DistributedConfig(workers=2))
+    with pytest.raises(ValueError, match="a Caffe run .* does not read --model"):
+        train_caffe_files(run, DistributedConfig(), CaffeTrainFlags(solver=str(tmp_path / "s.prototxt")))
 
 
 def test_the_local_engine_trains_one_worker_in_this_process(tmp_path):

@@ -24,7 +24,7 @@ sources with ``--caffe-sources``). Without a solver file, the ``sparknet train``
 the solver. ``--model-dir`` saves the final weights as a model folder (a snapshot's kind),
 ``--tensorboard`` and ``--mlflow`` log the run; a Caffe run of one worker refuses the settings
 of the Spark engines and of sparknet's own evaluations and checkpoints (its tests and
-snapshots are the solver's), as :func:`sparknet.cli.check_road` lists.
+snapshots are the solver's), as :func:`sparknet.roads.check_road` lists.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from sparknet.caffe.caffemodel import (_shape_text, _table, describe_caffemodel,
 from sparknet.caffe.prototxt import PrototxtError, load_net_prototxt, net_to_prototxt
 from sparknet.caffe.solver import load_solver_prototxt
 from sparknet.config import EVAL_EVERY_STEPS, CaffeTrainFlags, DistributedConfig, RunConfig, TrainConfig
+from sparknet.roads import Road, check_road
 from sparknet.sinks import wants_model
 from sparknet.weights import WeightCollection
 
@@ -80,6 +81,7 @@ def train_caffe_files(run: RunConfig, dist: DistributedConfig, flags: CaffeTrain
     """
     if not flags.given:
         raise ValueError("a Caffe run needs --prototxt NET, --solver SOLVER or both")
+    check_road(Road.CAFFE, run, dist, flags, *([options] if options is not None else []))
     given = changed(run)
     overrides = {caffe: given[name] for name, caffe in _RUN_SETTINGS.items() if name in given}
     solver_overrides = {caffe: given[name] for name, caffe in _SOLVER_SETTINGS.items() if name in given}

@@ -42,6 +42,7 @@ from sparknet.ps import _worker
 from sparknet.ps.combiners import Combiner, make_combiner
 from sparknet.ps.config import AsyncConfig
 from sparknet.ps.server import ParameterServer
+from sparknet.roads import Road, check_road
 from sparknet.solvers import SolverConfig
 from sparknet.spark import data as spark_data
 from sparknet.spark.backend import default_round_deadline, run_with_deadline
@@ -445,6 +446,7 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
         rejects...).
     """
     cfg = AsyncConfig(combiner=combiner, ps_host=ps_host)
+    check_road(Road.PARAMETER_SERVER, run, dist)
     seed_everything(run.seed)
     train, test, info = load_training_data(run)
     K = dist.workers

@@ -27,6 +27,7 @@ from sparknet._enums import CompressionKind
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.datasets import SyntheticImages, cache_root
 from sparknet.metrics import MetricsLogger, process_age_s, round_reporter, rounds_total
+from sparknet.roads import Road, check_road
 from sparknet.spark.backend import python_workers_starting
 from sparknet.spark.data import DealtRows, arrays_table, frame_from_arrays, is_dataframe, label_type
 from sparknet.spark.session import get_session, is_local_master
@@ -292,6 +293,7 @@ def training_frame(spark, run: RunConfig, train, partitions: int | None = None):
 
 def train_distributed(run: RunConfig, dist: DistributedConfig, options: EngineOptions | None = None) -> dict:
     """Train as ``run`` and ``dist`` say on Spark, the engines set as ``options`` say; returns the summary record."""
+    check_road(Road.SPARK, run, dist, *([options] if options is not None else []))
     seed_everything(run.seed)
     ages = {"imported": process_age_s()}  # Python, torch and sparknet's modules loaded
     with ThreadPoolExecutor(1, thread_name_prefix="sparknet-prepare") as pool:
