@@ -242,7 +242,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None] | str]]
                "sparknet.tools.export:configure_command"),
     "plot": ("draw learning curves (loss and accuracy against time and samples) from a metrics file",
              "sparknet.tools.plot:configure_command"),
-    "predict": ("score Parquet data with a saved model through Spark (adds prediction and probability)",
+    "predict": ("score Parquet data with a saved model through Spark (adds prediction, and a classifier's "
+                "probability)",
                 "sparknet.tools.predict:configure_command"),
     "experiment": ("reproduce the SparkNet paper's experiments (JSON + PNG per experiment)",
                    "sparknet.experiments.cli:configure_command"),
