@@ -725,6 +725,8 @@ class InProcessExchange(Exchange):
         self.metrics, self.piece, self.nan_message = metrics, int(piece), nan_message
         self.steps_done, self.train_s = 0, 0.0
         self.loss = self.accuracy = self.latest = None
+        self.score_shown_as = "acc"
+        """The progress line's name for :attr:`accuracy`, the latest score (``r2``: a regression's)."""
 
     def _deliver(self, global_flat: torch.Tensor) -> torch.Tensor:
         """The workers' copy of ``global_flat``: one downlink message per new global weights."""
@@ -797,7 +799,8 @@ class InProcessExchange(Exchange):
         self.steps_done += stats.steps
         self.train_s += stats.wall_s
         self.loss = stats.loss
-        self.metrics.progress(stats.steps, loss=stats.loss, lr=self.nets[0].learning_rate, acc=self.accuracy)
+        self.metrics.progress(stats.steps, loss=stats.loss, lr=self.nets[0].learning_rate,
+                              **{self.score_shown_as: self.accuracy})
         if not stats.finite:
             raise FloatingPointError(self.nan_message.format(loss=stats.last_loss, step=self.steps_done))
 

@@ -171,12 +171,13 @@ def rounds_total(steps: int | None, dist) -> int | None:
 
 def round_reporter(metrics: MetricsLogger) -> Callable[[dict], None]:
     """An ``on_round`` for a Spark fit: writes each round record to ``metrics`` (its file and sinks) and advances
-    its progress line by the round's steps, showing the round, loss, validation accuracy, tau and samples/s."""
+    its progress line by the round's steps, showing the round, loss, validation accuracy (R-squared of a regression),
+    tau and samples/s."""
 
     def on_round(record: dict) -> None:
         metrics.write(record)
         metrics.progress(record.get("steps", 0), round=record.get("round"), loss=record.get("loss"),
-                         acc=record.get("val_accuracy"), tau=record.get("tau"),
+                         acc=record.get("val_accuracy"), r2=record.get("val_r2"), tau=record.get("tau"),
                          **{"samples/s": record["samples"] / record["round_s"] if record.get("round_s") else None})
 
     return on_round

@@ -112,13 +112,13 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
         plan = FitPlan.from_config(replace(config, auto_tau=False, eval_every_rounds=every), strategy, steps=run.steps,
                                    dataset_rows=net.num_training_samples, resume=resume)
         progress = plan.progress
+        score, said = ("r2", "R-squared") if net.task is Task.REGRESSION else ("accuracy", "accuracy")  # its target
         exchange = InProcessExchange([net], strategy, evaluator=net, metrics=metrics)
+        exchange.score_shown_as = "r2" if score == "r2" else "acc"
         exchange.steps_done = progress.steps_done
         if start is not None:
             exchange.train_s = float(start["train_s"])
             metrics.progress(progress.steps_done)
-
-        score, said = ("r2", "R-squared") if net.task is Task.REGRESSION else ("accuracy", "accuracy")  # its target
 
         def on_record(record: dict) -> None:
             records.append(record)
@@ -143,7 +143,7 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
                 log.info("step %d: test %s %.4f on a sample of %d rows", progress.steps_done, said,
                          record[f"screen_{score}"], record["screen_rows"])
             metrics.write(out)
-            metrics.progress(0, loss=exchange.loss, acc=exchange.accuracy)
+            metrics.progress(0, loss=exchange.loss, **{exchange.score_shown_as: exchange.accuracy})
 
         if progress.steps_done < run.steps:
             net.set_flat(run_rounds(exchange, plan, strategy.init_global(net.get_flat()), on_record=on_record))

@@ -75,14 +75,16 @@ def test_a_multilabel_table_trains_with_a_sigmoid_loss_and_stops_at_its_target(t
     assert load_model(tmp_path / "model").net.task is Task.MULTILABEL  # its loss layer says so
 
 
-def test_a_regression_target_is_set_on_r2(tmp_path):
+def test_a_regression_target_is_set_on_r2_and_the_progress_line_shows_it(tmp_path, capfd):
     x = _features(2000, 2)
     data = _write(tmp_path / "numbers.parquet", x, pa.array(_numbers(x, 1)[:, 0]))
     code, records = _train(tmp_path, "target", "--data", data, "--task", "regression", "--steps", "5000",
-                           "--lr", "0.05", "--target-accuracy", "0.9")
+                           "--lr", "0.05", "--target-accuracy", "0.98", "--no-quiet")
     summary = records[-1]
     assert code == 0 and summary["stop_reason"] == "target_accuracy" and summary["steps"] < 5000
-    assert summary["test_r2"] >= 0.9
+    assert summary["test_r2"] >= 0.98
+    shown = capfd.readouterr().err  # a line a round, each with the score of the round before
+    assert " r2=0.9" in shown and " acc=" not in shown
 
 
 @pytest.mark.parametrize("task, label, match", [
