@@ -11,6 +11,7 @@ them, one a net output), and for ``--task multilabel`` arrays of 0s and 1s (or a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -197,30 +198,36 @@ def footer_facts(path: str, columns: Sequence[str] = ("features", "label")) -> F
         files = [path] if os.path.isfile(path) else sorted(ds.dataset(path, format="parquet").files)
         if not files or len(files) > FOOTER_FILES or any("=" in os.path.relpath(f, path) for f in files):
             return None
-        opened = [pq.ParquetFile(f) for f in files]
-        schema = opened[0].schema_arrow
-        if not all(c in schema.names for c in columns) or not pa.types.is_list(schema.field(columns[0]).type):
-            return None
-        largest: dict = dict.fromkeys(columns)  # None: no value seen yet
-        unknown: set = set()  # a row group holds values its statistics do not bound
-        rows = 0
-        for parquet in opened:
-            meta = parquet.metadata
-            rows += meta.num_rows
-            leaves = {meta.schema.column(i).path.split(".")[0]: i for i in range(meta.num_columns)}
-            for name in columns:
-                for g in range(meta.num_row_groups):
-                    chunk = meta.row_group(g).column(leaves[name])
-                    stats = chunk.statistics
-                    if stats is not None and stats.has_min_max:
-                        largest[name] = stats.max if largest[name] is None else max(largest[name], stats.max)
-                    elif stats is None or stats.null_count != chunk.num_values:  # not a row group of nulls only
-                        unknown.add(name)
-        first = next((b for p in opened for b in p.iter_batches(batch_size=1, columns=list(columns))
-                      if b.num_rows), None)
+        with contextlib.ExitStack() as stack:  # each file closed once its footer and first row are read
+            opened = [stack.enter_context(pq.ParquetFile(f)) for f in files]
+            return _facts(opened, columns)
     except (OSError, ValueError, pa.ArrowException) as exc:  # a reader that decodes the table says what is wrong
         log.debug("reading the footers of %s: %s", path, exc)
         return None
+
+
+def _facts(opened: list, columns: Sequence[str]) -> FooterFacts | None:
+    """:func:`footer_facts` of the open Parquet files ``opened``."""
+    schema = opened[0].schema_arrow
+    if not all(c in schema.names for c in columns) or not pa.types.is_list(schema.field(columns[0]).type):
+        return None
+    largest: dict = dict.fromkeys(columns)  # None: no value seen yet
+    unknown: set = set()  # a row group holds values its statistics do not bound
+    rows = 0
+    for parquet in opened:
+        meta = parquet.metadata
+        rows += meta.num_rows
+        leaves = {meta.schema.column(i).path.split(".")[0]: i for i in range(meta.num_columns)}
+        for name in columns:
+            for g in range(meta.num_row_groups):
+                chunk = meta.row_group(g).column(leaves[name])
+                stats = chunk.statistics
+                if stats is not None and stats.has_min_max:
+                    largest[name] = stats.max if largest[name] is None else max(largest[name], stats.max)
+                elif stats is None or stats.null_count != chunk.num_values:  # not a row group of nulls only
+                    unknown.add(name)
+    first = next((b for p in opened for b in p.iter_batches(batch_size=1, columns=list(columns))
+                  if b.num_rows), None)
     if first is None:
         return None
     spark = (schema.metadata or {}).get(SPARK_SCHEMA_KEY)
