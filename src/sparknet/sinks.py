@@ -379,10 +379,15 @@ def make_sinks(tensorboard_dir: str | os.PathLike | None = None, mlflow_uri: str
     return sinks
 
 
+def _wants_model(sink) -> bool:
+    """Whether ``sink`` would log the trained model but has no model folder of its own."""
+    return isinstance(sink, MLflowSink) and sink.model_dir is None
+
+
 def wants_model(sinks: Iterable[Any]) -> bool:
     """Whether a sink would log the trained model but has no model folder of its own (what
     :func:`close_sinks` writes for it)."""
-    return any(isinstance(s, MLflowSink) and s.model_dir is None for s in sinks)
+    return any(map(_wants_model, sinks))
 
 
 def close_sinks(sinks: Iterable[Any], *, failed: bool = False,
@@ -393,7 +398,7 @@ def close_sinks(sinks: Iterable[Any], *, failed: bool = False,
     fail, an MLflow sink given no model folder of its own logs one written so, into a scratch folder removed
     once the sinks are closed."""
     sinks = list(sinks)
-    wanting = [s for s in sinks if wants_model([s])]
+    wanting = [s for s in sinks if _wants_model(s)]
     scratch = None
     try:
         if wanting and not failed and write_model is not None:
