@@ -90,7 +90,7 @@ def test_the_parameter_server_trains_numbers_and_reports_their_scores(spark, tmp
 def test_a_table_s_own_columns_named_by_a_uri_train_and_predict_reads_the_same_columns(spark, tmp_path):
     x, y = blobs(600, seed=5)
     table = pa.table({"width": pa.array(x[:, 0]), "height": pa.array(x[:, 1].astype(np.float64)),
-                      "kind": pa.array(y), "note": pa.array(["n"] * len(x))})
+                      "kind": pa.array(y), "sparknet_features": pa.array(["mine"] * len(x))})
     pq.write_table(table, tmp_path / "wide.parquet")
     uri = (tmp_path / "wide.parquet").as_uri()
     code, summary = _train(tmp_path, "wide", "--data", uri, "--features-col", "width,height", "--label-col", "kind",
@@ -99,7 +99,9 @@ def test_a_table_s_own_columns_named_by_a_uri_train_and_predict_reads_the_same_c
     assert main(["predict", "--model-dir", str(tmp_path / "model"), "--data", str(tmp_path / "wide.parquet"),
                  "--out", str(tmp_path / "scored")]) == 0  # the model's own columns, joined again
     scored = pq.read_table(tmp_path / "scored")
-    assert "sparknet_features" not in scored.column_names and scored.num_rows == 600
+    # the joined columns' scratch column is not written, and the data's own column of that name comes back as it was
+    assert scored.column_names == [*table.column_names, "prediction", "probability"] and scored.num_rows == 600
+    assert set(scored.column("sparknet_features").to_pylist()) == {"mine"}
     right = np.array(scored.column("prediction").to_pylist()) == np.array(scored.column("kind").to_pylist())
     assert right.mean() > 0.85
     assert main(["predict", "--model-dir", str(tmp_path / "model"), "--data", str(tmp_path / "wide.parquet"),

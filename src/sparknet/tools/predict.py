@@ -44,7 +44,8 @@ APP_NAME = "sparknet-predict"
 
 
 JOINED_FEATURES = "sparknet_features"
-"""The column several feature columns are joined into while they are scored (not written)."""
+"""The column several feature columns are joined into while they are scored (not written; another name where the
+data has a column of its own so named)."""
 PREDICT_TIMEOUT_S = 24 * 3600.0
 """Default longest wait for ``sparknet predict``'s scoring and writing job (``--timeout``)."""
 
@@ -124,8 +125,8 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
     if features_col is None:  # the columns the model trained on
         features_col = ((model.config or {}).get("run") or {}).get("features_col") or "features"
     columns = [name.strip() for name in features_col.split(",")]
-    joined = len(columns) > 1 and JOINED_FEATURES  # several columns: one array made of them, dropped after
-    model.set(model.featuresCol, joined or columns[0])
+    if len(columns) == 1:
+        model.set(model.featuresCol, columns[0])
 
     own_session = spark is None and _no_active_session()
     if spark is None:
@@ -137,10 +138,14 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
         df = spark.read.parquet(data)
         if partitions is not None:
             df = df.repartition(partitions)
-        if joined:
+        joined = None
+        if len(columns) > 1:  # one array made of them, under a name the data does not use, dropped after
             from sparknet.spark.data import _feature_expr
+            from sparknet.spark.trainer import _unused_column
 
+            joined = _unused_column(df, JOINED_FEATURES)
             df = df.withColumn(joined, _feature_expr(df, columns, None)[0])
+            model.set(model.featuresCol, joined)
         scored = model.transform(df)
         if joined:
             scored = scored.drop(joined)
