@@ -189,3 +189,14 @@ def test_no_cycle_among_packages():
             graph[_node(a)].add(_node(b))
     cycles = _cycles(graph)
     assert not cycles, "import cycles among packages:\n" + _report(cycles, EDGES, _node)
+
+
+def test_the_caffe_package_exports_what_its_modules_export():
+    """sparknet.caffe names its modules' exports without importing them (they load torch): its lists are theirs."""
+    import sparknet.caffe as caffe
+    from sparknet.caffe import caffemodel, prototxt, solver
+
+    assert list(caffe._PROTOTXT) == prototxt.__all__ and list(caffe._CAFFEMODEL) == caffemodel.__all__
+    assert {name: getattr(caffe, name) for name in caffe.__all__} == {
+        name: getattr(module, name) for module in (prototxt, caffemodel, solver) for name in caffe.__all__
+        if hasattr(module, name)}
