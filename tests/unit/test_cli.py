@@ -255,7 +255,8 @@ def test_a_config_file_s_workers_start_spark_ahead_as_the_flags_would(tmp_path):
     ("train --workers 2 --lrr 3", "unrecognized arguments: --lrr 3"), ("train --workers two", "invalid int value"),
     ("trian --workers 2", "invalid choice: 'trian'"), ("export --help", "--format"), ("sample --help", "--prime"),
     ("predict --help", "--probability-col"), ("caffe --help", "{inspect,export,import}"),
-    ("caffe import --help", "--prototxt"),
+    ("caffe import --help", "--prototxt"), ("experiment --help", "speedup-grid"),
+    ("experiment speedup-grid --help", "--large-batch-reference"), ("experiment scaling --lrr 1", "--lrr"),
 ])
 def test_the_command_answers_help_and_mistyped_flags_before_it_loads_torch_or_starts_spark(argv, shown):
     """``python -m sparknet`` parses its command line first: ``--help`` and a mistyped flag are answered with no torch

@@ -244,7 +244,7 @@ def test_grid_learning_rate_policy_reaches_the_workers_solver(monkeypatch):
         seen.append(solver)
         return SimpleNamespace(reached=True, rounds=1, steps_per_worker=2, accuracy=1.0, history=[])
 
-    monkeypatch.setattr(g, "simulate", fake_simulate)
+    monkeypatch.setattr("sparknet.simulate.simulate", fake_simulate)  # the cell imports it as it runs
     monkeypatch.setattr(g, "_DATA", {"train": None, "test": None})
     jobs = g._jobs(config, {g._solver_key(g.solver_for(config, s)): 100 for s in config.strategies})
     g._cell(next(j for j in jobs if j["strategy"] == "average"))

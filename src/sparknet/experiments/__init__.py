@@ -37,14 +37,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import torch
-
-from sparknet import zoo
 from sparknet.config import DistributedConfig, WorkerConfig, check_at_least
 from sparknet.datasets import load_dataset
 from sparknet.datasets.cache import atomic_write
 from sparknet.metrics import LoadSampler, json_safe, process_age_s
-from sparknet.net import Net
 from sparknet.solvers import SolverConfig
 
 __all__ = ["EXPERIMENTS", "DEFAULT_OUT", "ExperimentConfig", "SparkExperimentConfig", "get_experiment", "make_config",
@@ -138,6 +134,8 @@ def write_result(result: dict, path: str | os.PathLike) -> Path:
 
 def environment() -> dict:
     """What the numbers were measured on: versions and cores (the load beside them is sampled apart)."""
+    import torch
+
     return {"python": platform.python_version(), "torch": torch.__version__, "cpu_count": os.cpu_count(),
             "machine": platform.machine()}
 
@@ -234,6 +232,8 @@ def make_model(name: str, batch_size: int):
     name = name.lower()
     if name not in ("lenet", "mlp"):
         raise ValueError(f"unknown model {name!r} for the experiments; choose lenet or mlp")
+    from sparknet import zoo
+
     return getattr(zoo, name)(batch_size=batch_size)
 
 
@@ -256,6 +256,8 @@ def to_target(curve: list[dict], target: float) -> dict:
 def median_step_time(net_params, solver, train, *, batch_size: int, steps: int = 50, warmup: int = 5,
                      threads: int = 1, seed: int = 0) -> dict:
     """C(b) of the paper: ``steps`` single solver steps of ``net_params`` on ``train`` timed; median and spread."""
+    from sparknet.net import Net
+
     with torch_threads(threads):
         net = Net(net_params, solver, batch_size=batch_size, seed=seed)
         net.set_training_data(train)
@@ -273,6 +275,8 @@ def median_step_time(net_params, solver, train, *, batch_size: int, steps: int =
 @contextlib.contextmanager
 def torch_threads(threads: int):
     """Run the block with ``threads`` torch threads, restoring the number it had before."""
+    import torch
+
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -282,6 +286,8 @@ def torch_threads(threads: int):
 
 
 def _pool_init(initializer: Callable | None, args: tuple) -> None:
+    import torch
+
     torch.set_num_threads(1)
     if initializer is not None:
         initializer(*args)

@@ -28,13 +28,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import torch
-
-from sparknet import zoo
 from sparknet.costmodel import JOB_OVER_EMPTY, Calibration, RunShape, StepsToTarget, predict_run
 from sparknet.experiments import make_solver, pyplot, torch_threads
 from sparknet.link import LinkModel
-from sparknet.net import Net
 
 __all__ = ["Config", "QUICK", "run", "plot", "calibrate", "calibration_around", "check_point", "measured_points",
            "STEPS_TO_98_5"]
@@ -109,6 +105,11 @@ def calibrate(spark=None, *, batch_size: int = 64, rows: int = 2048, steps: int 
     experiments' :func:`~sparknet.experiments.median_step_time` times single calls (C(b) of the paper),
     which carry a call's own overhead and read about 10% higher.
     """
+    import torch
+
+    from sparknet import zoo
+    from sparknet.net import Net
+
     g = torch.Generator().manual_seed(0)
     x = torch.rand(rows, 1, 28, 28, generator=g)
     y = torch.randint(0, 10, (rows,), generator=g)
@@ -174,8 +175,11 @@ def allreduce_step_cost(*, batch_size: int = 64, rows: int = 2048, steps: int = 
 def _allreduce_rank(rank: int, tmp: str, batch_size: int, rows: int, steps: int, repeats: int) -> None:
     import statistics
 
+    import torch
     import torch.distributed as dist
 
+    from sparknet import zoo
+    from sparknet.net import Net
     from sparknet.strategies import Sync
 
     torch.set_num_threads(1)

@@ -52,7 +52,6 @@ from pathlib import Path
 
 from sparknet.experiments import (ExperimentConfig, load_data, make_model, make_solver, measured, parallel_map,
                                   pyplot)
-from sparknet.simulate import simulate
 
 __all__ = ["Config", "QUICK", "run", "plot", "speedup_table"]
 
@@ -150,6 +149,8 @@ def _load(dataset: str, train_samples: int | None, test_samples: int | None) -> 
 def _baseline(job: dict) -> dict:
     """N_a(b): one worker, plain SGD, evaluated every ``eval_every`` steps until the target (``simulate`` with
     K = 1 and rounds of ``eval_every`` steps)."""
+    from sparknet.simulate import simulate
+
     t0 = time.perf_counter()
     r = simulate(make_model(job["model"], job["batch_size"]), _DATA["train"], _DATA["test"], workers=1,
                  tau=job["eval_every"], solver=make_solver(**job["solver"]), batch_size=job["batch_size"],
@@ -161,6 +162,8 @@ def _baseline(job: dict) -> dict:
 
 def _cell(job: dict) -> dict:
     """One (strategy, K, tau) cell, or a large-batch reference run, through ``simulate``."""
+    from sparknet.simulate import simulate
+
     t0 = time.perf_counter()
 
     def attempt(steps: int):

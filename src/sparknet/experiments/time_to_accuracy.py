@@ -33,8 +33,6 @@ from pathlib import Path
 
 from sparknet.experiments import (SparkExperimentConfig, load_data, make_model, make_solver, measured, pyplot,
                                   spark_fit, spark_stage, to_target, torch_threads)
-from sparknet.net import Net
-from sparknet.simulate import simulate
 
 __all__ = ["Config", "QUICK", "SYSTEMS", "run", "plot", "ddp_train"]
 
@@ -92,6 +90,8 @@ def _entry(system: str, curve: list[dict], target: float, wall_s: float, **extra
 # -- the systems ----------------------------------------------------------------------------------
 
 def _one_process(system: str, config: Config, train, test, spark, df) -> dict:
+    from sparknet.simulate import simulate
+
     threads = config.single_threads or os.cpu_count() or 1
     with torch_threads(threads):
         t0 = time.perf_counter()
@@ -122,6 +122,7 @@ def _median(values) -> float | None:
 
 
 def _async(system: str, config: Config, train, test, spark, df) -> dict:
+    from sparknet.net import Net
     from sparknet.ps import AsyncSession, DeltaCombiner
 
     t0 = time.perf_counter()
