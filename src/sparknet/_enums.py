@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["CompressionKind", "DataMode", "Task", "parse_enum"]
+__all__ = ["CompressionKind", "DataMode", "Monitor", "Task", "parse_enum"]
 
 
 class DataMode(enum.StrEnum):
@@ -14,6 +14,15 @@ class DataMode(enum.StrEnum):
     AUTO = "auto"
     MEMORY = "memory"
     STREAM = "stream"
+
+
+class Monitor(enum.StrEnum):
+    """What early stopping (``--patience``) watches on the whole validation set."""
+
+    LOSS = "loss"
+    """The loss: lower is better (Keras' and Lightning's default)."""
+    SCORE = "score"
+    """The task's score (accuracy, R-squared, a multi-label net's accuracy over every label): higher is better."""
 
 
 class CompressionKind(enum.StrEnum):

@@ -208,7 +208,7 @@ def _run_train(args: argparse.Namespace) -> int:
     summary = train_command(run, dist, options=options, caffe=caffe, parameter_server=parameter_server)
     keys = ("test_accuracy", "test_r2", "test_rmse", "test_mae", "test_f1", "test_auc", "test_loss", "wall_s",
             "samples_per_s", "steps", "rounds", "weight_bytes_per_worker", "rounds_transport", "data_mode",
-            "first_round_s")
+            "first_round_s", "best_round")
     result = {k: summary.get(k) for k in keys if k in summary}
     # wall_s is the fit (setup, rounds, evaluations); command_s what the user waited, from the process's start
     result["command_s"] = process_age_s()

@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
-from sparknet._enums import CompressionKind, DataMode, Task, parse_enum
+from sparknet._enums import CompressionKind, DataMode, Monitor, Task, parse_enum
 from sparknet._fields import changed, flag
 from sparknet.faults import faults_from
 from sparknet.link import LinkModel
@@ -414,6 +414,13 @@ class DistributedConfig:
     """Stop as soon as test accuracy reaches this."""
     target_loss: float | None = None
     """Stop as soon as the loss on the whole test set is at most this (a language model's target, e.g. 1.5)."""
+    patience: int | None = None
+    """Early stopping: stop once this many evaluations in a row have not bettered the best so far (each scores the
+    whole test set); the run returns the best weights it scored, and its summary says their round (best_round)."""
+    monitor: Monitor = Monitor.LOSS
+    """What --patience watches: the test loss (lower is better) or the task's score (accuracy, R-squared; higher)."""
+    min_delta: float = 0.0
+    """How much better than the best so far an evaluation must be to count as better (--patience)."""
     master: str | None = None
     """Spark master URL (default local[K])."""
     eval_every_rounds: int = 1
@@ -502,6 +509,7 @@ class DistributedConfig:
         self.engine = parse_enum(Engine, self.engine, "engine")
         self.compression = parse_enum(CompressionKind, self.compression, "compression")
         self.data_mode = parse_enum(DataMode, self.data_mode, "data mode")
+        self.monitor = parse_enum(Monitor, self.monitor, "monitor")
         check_at_least(1, workers=self.workers, stream_buffer_mb=self.stream_buffer_mb, rounds=self.rounds,
                        eval_every_rounds=self.eval_every_rounds, checkpoint_keep=self.checkpoint_keep)
         if not 0 < self.auto_tau_target < 1:
@@ -531,6 +539,7 @@ class DistributedConfig:
             raise ValueError(f"target_accuracy is a fraction in (0, 1], got {self.target_accuracy}")
         if self.target_loss is not None and not math.isfinite(self.target_loss):
             raise ValueError(f"target_loss must be a finite number, got {self.target_loss}")
+        self._check_patience()
         if self.target_loss is not None and self.strategy is Strategy.ASYNC:
             raise ValueError("the async strategy stops on --target-accuracy, --steps or --epochs; drop --target-loss")
         if self.eval_budget is not None and not 0.0 < self.eval_budget <= 1.0:
@@ -559,6 +568,26 @@ class DistributedConfig:
             if self.resume:
                 raise ValueError("weight_ema with resume: checkpoints do not hold the moving average, so a resumed "
                                  "run could not continue it exactly; drop --weight-ema or --resume")
+
+    def _check_patience(self) -> None:
+        """--patience's own rules, and the settings it cannot stand beside."""
+        if self.patience is None:
+            if self.monitor is not Monitor.LOSS or self.min_delta != 0.0:
+                raise ValueError("--monitor and --min-delta are early stopping's settings; give --patience N too")
+            return
+        if self.patience < 1:
+            raise ValueError(f"patience counts evaluations without betterment, at least 1, got {self.patience}")
+        if not (math.isfinite(self.min_delta) and self.min_delta >= 0.0):
+            raise ValueError(f"min_delta must be a finite number, 0 or more, got {self.min_delta}")
+        if self.strategy is Strategy.ASYNC:
+            raise ValueError("--patience follows the evaluations of the round loop; the async strategy has no rounds: "
+                             "drop --patience or choose another strategy")
+        if self.resume:
+            raise ValueError("--patience with --resume: checkpoints do not hold the best weights scored so far, so a "
+                             "resumed run could not return them; drop --patience or --resume")
+        if self.shard_replica or self.model_parallel > 1:
+            raise ValueError("--patience returns the best weights a rank scored whole; a replica cut over its "
+                             "processes (--shard-replica, --model-parallel) returns its last state: drop --patience")
 
     _STRATEGY_SETTINGS: ClassVar[dict] = {Strategy.DILOCO: ("outer_lr", "outer_momentum"),
                                           Strategy.EASGD: ("easgd_beta",)}
@@ -645,9 +674,9 @@ class DistributedConfig:
 
     @property
     def toward_target(self) -> bool:
-        """Whether the run stops at a target accuracy or loss: an evaluation is then what ends it, and evaluations
-        come more often by default (``eval_budget``; one process's ``RunConfig.eval_every``)."""
-        return self.target_accuracy is not None or self.target_loss is not None
+        """Whether the run stops at a target accuracy or loss, or on --patience: an evaluation is then what ends it,
+        and evaluations come more often by default (``eval_budget``; one process's ``RunConfig.eval_every``)."""
+        return self.target_accuracy is not None or self.target_loss is not None or self.patience is not None
 
     @property
     def ranks(self) -> int:

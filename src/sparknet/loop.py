@@ -35,9 +35,9 @@ from sparknet.net import EvalResult
 from sparknet.step import WorkerStep, sum_stats
 from sparknet.strategies import AutoTau, Downlink, TrainingStrategy, make_compressor
 
-__all__ = ["FitPlan", "StopRule", "EvalPlan", "screen_margin", "Progress", "ResumeState", "RoundPlan", "RoundUpdate",
-           "Exchange", "InProcessExchange", "NetScorer", "check_streaming", "WeightAverage", "average_summary",
-           "weighted_mean", "run_rounds"]
+__all__ = ["FitPlan", "StopRule", "EarlyStop", "EvalPlan", "screen_margin", "Progress", "ResumeState", "RoundPlan",
+           "RoundUpdate", "Exchange", "InProcessExchange", "NetScorer", "check_streaming", "WeightAverage",
+           "returned_summary", "weighted_mean", "run_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,51 @@ class StopRule:
         if self.epochs is not None and self.dataset_rows and samples_done >= self.epochs * self.dataset_rows:
             return "epochs"
         return None
+
+
+@dataclass
+class EarlyStop:
+    """Early stopping (``--patience``): the best whole-set evaluation so far, its round and its weights, and how many
+    evaluations since have not bettered it by more than ``min_delta``. The fit stops once they are ``patience`` and
+    returns the best weights (judged, and kept, as the target is: the moving average's where there is one)."""
+
+    patience: int
+    min_delta: float = 0.0
+    on_score: bool = False
+    """Watch the task's score (higher is better) rather than the loss (lower is better)."""
+    best: float | None = None
+    best_round: int | None = None
+    since: int = 0
+    """Evaluations since the best."""
+    weights: torch.Tensor | None = field(default=None, repr=False)
+    """A copy of the best weights."""
+
+    def observe(self, r: int, scored: EvalResult, weights: torch.Tensor) -> None:
+        """Round ``r``'s whole-set result ``scored`` of ``weights`` (copied where they are the best so far)."""
+        value = scored.score if self.on_score else scored.loss
+        if self.best is None:
+            better = math.isfinite(value)
+        else:
+            better = value > self.best + self.min_delta if self.on_score else value < self.best - self.min_delta
+        if better:
+            self.best, self.best_round, self.since, self.weights = value, r, 0, weights.clone()
+        else:
+            self.since += 1
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether ``patience`` evaluations in a row have not bettered the best."""
+        return self.since >= self.patience
+
+    def counters(self) -> dict:
+        """What a restart needs beside the best weights (:meth:`restore`)."""
+        return {"best": self.best, "best_round": self.best_round, "since": self.since}
+
+    def restore(self, counters: dict | None, weights: torch.Tensor | None) -> None:
+        """Continue from :meth:`counters` and the best weights (a restarted stage); afresh where either is missing."""
+        if counters and counters.get("best_round") is not None and weights is not None:
+            self.best, self.best_round, self.since = counters["best"], counters["best_round"], counters["since"]
+            self.weights = weights
 
 
 @dataclass(frozen=True)
@@ -219,6 +264,10 @@ class ResumeState(Progress):
     """The tau chooser's state."""
     average: torch.Tensor | None = None
     """The moving average of the global weights."""
+    early_stop: dict | None = None
+    """Early stopping's counters (:meth:`EarlyStop.counters`)."""
+    best: torch.Tensor | None = None
+    """The best weights early stopping has scored (those of ``early_stop["best_round"]``)."""
 
     def progress(self) -> Progress:
         """The loop's counters, to continue from."""
@@ -258,6 +307,9 @@ class FitPlan:
     """The moving average itself: made by :func:`run_rounds` from the starting weights unless set (a restart's)."""
     progress: Progress = field(default_factory=Progress)
     """The counters to continue from (a resumed fit's, a restarted stage's); updated in place."""
+    early_stop: EarlyStop | None = None
+    """Early stopping (``--patience``): every evaluation scores the whole validation set, and the fit returns the
+    best weights it scored."""
 
     @classmethod
     def from_config(cls, dist, strategy: TrainingStrategy, *, steps: int | None = None, dataset_rows: int = 0,
@@ -278,8 +330,10 @@ class FitPlan:
             budget = 0.25 if dist.toward_target else 0.05
         evaluation = EvalPlan(every=dist.eval_every_rounds, screen_rows=dist.eval_screen_rows or None,
                               budget=None if budget >= 1.0 else budget, overlap=dist.eval_overlap)
+        early = None if dist.patience is None else EarlyStop(dist.patience, dist.min_delta,
+                                                             on_score=dist.monitor == "score")
         return cls(strategy=strategy, stop=stop, evaluation=evaluation, auto=auto, weight_ema=dist.weight_ema,
-                   progress=Progress() if resume is None else resume.progress())
+                   progress=Progress() if resume is None else resume.progress(), early_stop=early)
 
 
 class Exchange(abc.ABC):
@@ -409,25 +463,31 @@ class WeightAverage:
         self.flat.mul_(d).add_(global_flat, alpha=1 - d)
 
 
-def average_summary(rounds: list[dict], decay: float | None) -> dict:
-    """A fit's summary fields about which weights it returned.
+def returned_summary(rounds: list[dict], decay: float | None) -> dict:
+    """A fit's summary fields about which weights it returned (none: its last global weights).
 
-    Without a moving average (``decay`` is ``None``): none. With one: ``returned_weights`` is
-    ``"ema"`` (the fit returns the average; its ``test_<metric>`` fields are the average's),
-    ``weight_ema`` its decay, and ``test_global_<metric>`` / ``test_global_loss`` the last global
-    weights' scores on the validation data (the last round's ``val_<metric>``).
+    With a moving average (``decay``): ``returned_weights`` is ``"ema"`` (the fit returns the average; its
+    ``test_<metric>`` fields are the average's), ``weight_ema`` its decay, and ``test_global_<metric>`` /
+    ``test_global_loss`` the last global weights' scores on the validation data (the last round's
+    ``val_<metric>``). Stopped early (``--patience``, the last round's ``best_round``): ``returned_weights`` is
+    ``"best"`` and ``best_round`` the round whose weights (or average) the fit returns, its ``test_<metric>`` fields
+    that round's (:func:`sparknet.metrics.returned_scores`).
     """
-    if decay is None:
-        return {}
     last = rounds[-1] if rounds else {}
-    return {"returned_weights": "ema", "weight_ema": decay,
-            **{f"test_global_{k[4:]}": v for k, v in last.items()
-               if k.startswith("val_") and not k.startswith("val_ema_")}}
+    out = {}
+    if decay is not None:
+        out = {"returned_weights": "ema", "weight_ema": decay,
+               **{f"test_global_{k[4:]}": v for k, v in last.items()
+                  if k.startswith("val_") and not k.startswith("val_ema_")}}
+    if "best_round" in last:
+        out.update(returned_weights="best", best_round=last["best_round"])
+    return out
 
 
 def run_rounds(exchange: Exchange, plan: FitPlan, global_flat: torch.Tensor, *,
                on_record: Callable[[dict], None] | None = None, t0: float | None = None) -> torch.Tensor:
-    """Train round after round until ``plan.stop`` says so; returns the final global weights (or their average).
+    """Train round after round until ``plan.stop`` says so; returns the final global weights (or their average, or
+    the best weights scored where the plan stops early).
 
     Parameters
     ----------
@@ -446,7 +506,7 @@ def run_rounds(exchange: Exchange, plan: FitPlan, global_flat: torch.Tensor, *,
     t0 = time.perf_counter() if t0 is None else t0
     if plan.weight_ema is not None and plan.average is None:
         plan.average = WeightAverage(plan.weight_ema, global_flat)
-    check = _Evaluation(exchange, plan.evaluation, plan.stop, t0, plan.average)
+    check = _Evaluation(exchange, plan.evaluation, plan.stop, t0, plan.average, whole=plan.early_stop is not None)
     if not check.plan.overlap:
         return _loop(exchange, plan, global_flat, check, on_record, t0)
     background = exchange.background_evaluator()
@@ -465,8 +525,12 @@ def _loop(exchange: Exchange, fit: FitPlan, global_flat: torch.Tensor, check: _E
     """:func:`run_rounds`' loop. With an overlapped evaluation (``check.behind``) a round's record waits in
     ``pending`` while its weights are scored behind the next round, and is handed on (in round order) once scored."""
     strategy, stop, progress, auto, average = fit.strategy, fit.stop, fit.progress, fit.auto, fit.average
+    early = fit.early_stop
     K = exchange.workers
-    pending: tuple[dict, object] | None = None  # (record, future) of the round scored behind this one
+    pending: tuple[dict, tuple] | None = None  # (record, (future, weights)) of the round scored behind this one
+
+    def judged() -> torch.Tensor:  # the weights a target, and early stopping, judge: the average's where it is kept
+        return global_flat if average is None else average.flat
     while True:
         if auto is not None:
             stop.tau = auto.tau
@@ -515,26 +579,38 @@ def _loop(exchange: Exchange, fit: FitPlan, global_flat: torch.Tensor, check: _E
         behind = None
         if check.behind is None:
             scored = check.round(r, global_flat, record, last=last)
+            if early is not None and scored is not None:
+                early.observe(r, scored, judged())
         else:  # the previous round's score decides; this round's is scored while the next one trains
             scored = None
             if pending is not None:
-                (earlier, future), pending = pending, None
+                (earlier, (future, weights)), pending = pending, None
                 scored = future.result()
+                if early is not None and scored is not None:
+                    early.observe(earlier["round"], scored, weights)
                 if on_record is not None:
                     on_record(earlier)
         reason = stop.reason(r, progress.steps_done, progress.samples_done, scored)
+        if reason is None and early is not None and early.exhausted:
+            reason = "patience"
         if check.behind is not None and not last and reason is None:
             behind = check.submit(r, global_flat, record)
         reason = reason or exchange.stop_reason(record, progress)
         if reason is not None and behind is not None:
-            behind.result()  # the exchange stopped the run: this round is the last, scored now
+            future, weights = behind  # the exchange stopped the run: this round is the last, scored now
+            if (scored := future.result()) is not None and early is not None:
+                early.observe(r, scored, weights)
             behind = None
         if reason is not None and "val_loss" not in record:
-            check.full(global_flat, record)
+            scored = check.full(global_flat, record)
+            if early is not None and scored is not None:
+                early.observe(r, scored, judged())
         if reason is None and update.steps == 0:
             raise EngineError(f"round {r}: no worker made a step; check tau, steps and the data")
         if reason is not None:
             record["stop_reason"] = reason
+            if early is not None and early.best_round is not None:
+                record["best_round"] = early.best_round
         record["wall_s"] = time.perf_counter() - t0
         exchange.round_done(record, global_flat, progress)
         record["wall_s"] = time.perf_counter() - t0
@@ -543,16 +619,18 @@ def _loop(exchange: Exchange, fit: FitPlan, global_flat: torch.Tensor, check: _E
         elif on_record is not None:
             on_record(record)
         if reason is not None:
-            return global_flat if average is None else average.flat
+            return early.weights if early is not None and early.weights is not None else judged()
 
 
 class _Evaluation:
     """The loop's evaluations (:class:`EvalPlan`): screens, full evaluations, and what the records say."""
 
     def __init__(self, exchange: Exchange, plan: EvalPlan, stop: StopRule, t0: float,
-                 average: WeightAverage | None = None):
+                 average: WeightAverage | None = None, *, whole: bool = False):
         self.exchange, self.plan, self.t0, self.average = exchange, plan, t0, average
-        self.target, self.target_loss = stop.target_accuracy, stop.target_loss
+        self.target = stop.target_accuracy
+        # a target loss, and early stopping, are judged on the whole set: a screen goes on to a full evaluation
+        self.whole = whole or stop.target_loss is not None
         self.screening = plan.screens(exchange.validation_rows)
         self.since_full = 0  # evaluations since the last full one
         self.spent_s = 0.0  # seconds evaluating so far
@@ -577,14 +655,16 @@ class _Evaluation:
         return self._counted(global_flat, record, self.exchange, None if self.average is None else self.average.flat)
 
     def submit(self, r: int, global_flat: torch.Tensor, record: dict):
-        """Round ``r``'s evaluation in the background when due: a future of what :meth:`round` returns (``None``
-        when none is due). It scores copies of the weights, so the loop goes on changing its own."""
+        """Round ``r``'s evaluation in the background when due: a future of what :meth:`round` returns, and the
+        copy of the weights it judges (``None`` when none is due). It scores copies of the weights, so the loop goes
+        on changing its own."""
         if not self.due(r, False):
             return None
         pool, background = self.behind
+        weights = global_flat.clone()
         avg = None if self.average is None else self.average.flat.clone()
         record["eval_overlapped"] = True
-        return pool.submit(self._counted, global_flat.clone(), record, background, avg)
+        return pool.submit(self._counted, weights, record, background, avg), weights if avg is None else avg
 
     def _counted(self, global_flat, record, via, avg) -> EvalResult | None:
         scored = self._round(global_flat, record, via, avg)
@@ -604,8 +684,7 @@ class _Evaluation:
                           screen_rows=rows)
             screen = _Screen(rows, result, self._average(result, record, "screen", rows, via, avg))
             record["eval_s"] = time.perf_counter() - t
-            # a target loss is judged on the whole set: a screen goes on to a full evaluation
-            near = self.target_loss is not None or (
+            near = self.whole or (
                 self.target is not None and screen.judged.score >= self.target - screen_margin(self.target, rows))
             if not near:
                 self.since_full += 1

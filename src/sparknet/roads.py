@@ -68,8 +68,10 @@ _UNREAD: dict[Road, tuple[str, str | None, dict[type, tuple[str, ...] | None]]] 
 """Each road, what to do instead, and the settings it does not read (``None``: none of that kind); given, they are
 refused."""
 
-_JUDGED = ("target_accuracy", "target_loss", "eval_every_rounds", "eval_screen_rows", "eval_budget", "eval_overlap")
-"""What sparknet's own evaluation of a fit reads: when to score the weights, and the target it judges."""
+_JUDGED = ("target_accuracy", "target_loss", "patience", "monitor", "min_delta", "eval_every_rounds",
+           "eval_screen_rows", "eval_budget", "eval_overlap")
+"""What sparknet's own evaluation of a fit reads: when to score the weights, and the target (or the early stop) it
+judges."""
 
 
 def _caffe_unread(dist: DistributedConfig) -> tuple:

@@ -22,7 +22,7 @@ from sparknet._app import build_model, finish_run, load_training_data, run_sinks
 from sparknet.checkpoint import CheckpointError, open_checkpoints
 from sparknet.config import EVAL_EVERY_STEPS, DistributedConfig, RunConfig, TrainConfig
 from sparknet.labels import Task
-from sparknet.loop import FitPlan, InProcessExchange, ResumeState, average_summary, run_rounds
+from sparknet.loop import FitPlan, InProcessExchange, ResumeState, returned_summary, run_rounds
 from sparknet.metrics import MetricsLogger, returned_scores
 from sparknet.net import Net
 from sparknet.parallel.runner import split_budget
@@ -160,7 +160,7 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
             "test_loss": loss, "threads": threads,
             "rounds": progress.round, "bytes_communicated": 0,
             "stop_reason": records[-1].get("stop_reason") if records else None,
-            **(average_summary(records, dist.weight_ema) if plan.average is not None else {}),
+            **returned_summary(records, config.weight_ema),
         }
         if start is not None:
             summary["resumed_from_step"] = int(start["steps"])

@@ -56,7 +56,7 @@ from sparknet.caffe.solver import CaffeSolver, NetStateSpec, load_solver_prototx
 from sparknet.config import Compute, DistributedConfig, Engine, WorkerConfig, check_at_least
 from sparknet.datasets import ArrayDataset, load_dataset
 from sparknet.layers import AccuracyLayer, NetParams, RDDLayer
-from sparknet.loop import FitPlan, InProcessExchange, average_summary, run_rounds
+from sparknet.loop import FitPlan, InProcessExchange, returned_summary, run_rounds
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
 from sparknet.solvers import SolverConfig, lr_multiplier
@@ -769,7 +769,7 @@ def _train_local(run: CaffeRun, state: _Run, module, x, y, dist: DistributedConf
     return {"engine": "local", "workers": 1, "steps": state.steps, "samples": state.samples,
             "train_s": exchange.train_s, "wall_s": state.metrics.elapsed(),
             "samples_per_s": state.samples / exchange.train_s if exchange.train_s else None,
-            "threads": threads, "rounds": 0, "bytes_communicated": 0, **average_summary([], dist.weight_ema)}
+            "threads": threads, "rounds": 0, "bytes_communicated": 0, **returned_summary([], dist.weight_ema)}
 
 
 def _train_spark(run: CaffeRun, state: _Run, module, x, y, dist, threads, device, spark, options, compute,

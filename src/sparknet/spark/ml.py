@@ -63,8 +63,8 @@ _RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", 
                "channels_last", "metrics_out", "quiet", "mlflow")
 """RunConfig fields that become estimator Params."""
 _DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs",
-                "weight_ema", "target_accuracy", "target_loss", "data_mode", "stream_buffer_mb", "compression",
-                "auto_tau", "auto_tau_target", "outer_lr", "outer_momentum", "easgd_beta", "overlap", "fragments",
+                "weight_ema", "target_accuracy", "target_loss", "patience", "monitor", "min_delta", "data_mode",
+                "stream_buffer_mb", "compression", "auto_tau", "auto_tau_target", "outer_lr", "outer_momentum", "easgd_beta", "overlap", "fragments",
                 "eval_overlap", "procs_per_worker", "shard_replica", "model_parallel", "parallel_plan",
                 "max_weight_bytes")
 """DistributedConfig fields that become estimator Params."""
@@ -96,11 +96,12 @@ def _as_many_workers(fname: str, value) -> dict | None:
 
 
 _NEIGHBOURS = {DistributedConfig: ({"engine": "barrier", "workers": 2, "procs_per_worker": 2},
-                                   {"engine": "barrier", "workers": 2, "model_parallel": 2}, _as_many_workers)}
+                                   {"engine": "barrier", "workers": 2, "model_parallel": 2}, _as_many_workers,
+                                   {"patience": 1})}
 """Fields a param's value is checked beside when it cannot stand beside the defaults (each set in turn, or made from
 the field and its value): --overlap, --fragments, --procs-per-worker and --model-parallel need the barrier engine and
 more than one worker (--model-parallel M a multiple of M), --shard-replica several processes, --parallel-plan a
-model-parallel degree, which other params of the same estimator set."""
+model-parallel degree, --monitor and --min-delta --patience, which other params of the same estimator set."""
 
 
 def _beside_neighbours(cls, fname: str, value, alone: ValueError):

@@ -46,7 +46,7 @@ from sparknet.checkpoint import CheckpointError, RoundCheckpoints, open_checkpoi
 from sparknet.config import DistributedConfig, Engine, RunConfig, WorkerConfig, check_per_step_strategy
 from sparknet.errors import EngineError, WorkerOutOfMemory
 from sparknet.faults import faults_from
-from sparknet.loop import FitPlan, ResumeState, average_summary, check_streaming
+from sparknet.loop import FitPlan, ResumeState, returned_summary, check_streaming
 from sparknet.metrics import returned_scores, rounds_summary
 from sparknet.net import FeatureDict, Net
 from sparknet.parallel.runner import split_budget
@@ -271,7 +271,7 @@ class SparkTrainer:
         if all(v is None for v in rules):
             raise ValueError("give a stopping rule: worker.steps, dist.rounds, dist.epochs, dist.target_accuracy or "
                              "dist.target_loss")
-        for target in ("target_accuracy", "target_loss"):
+        for target in ("target_accuracy", "target_loss", "patience"):
             if getattr(dist, target) is not None and validation is None:
                 raise ValueError(f"{target} needs validation data to measure it on")
         task = self._fit_task(label_col)
@@ -283,6 +283,9 @@ class SparkTrainer:
             if dist.target_accuracy is not None:
                 raise ValueError("a net trained without labels is scored by its loss alone; target_accuracy cannot "
                                  "be set on it (give rounds, epochs or steps)")
+            if dist.monitor != "loss":
+                raise ValueError("a net trained without labels is scored by its loss alone; early stopping watches "
+                                 "it (monitor='loss')")
         if connect and (refusal := connect_refusal(dist, train)) is not None:
             raise ValueError(f"cannot train from a Spark Connect session: {refusal}")
         if features_as not in spark_data.FEATURES_AS:
@@ -482,7 +485,7 @@ class SparkTrainer:
             "workers": K, "procs_per_worker": dist.procs_per_worker, "tau": dist.tau,
             "round_seconds": dist.round_seconds,
             **rounds_summary(rounds, test, t_fit=t_fit, t_train=t_train, train_s=train_s),
-            **average_summary(rounds, dist.weight_ema),
+            **returned_summary(rounds, dist.weight_ema),
             "data_rows": int(total["rows"]), "rows_per_partition": total["rows_per_partition"],
             "sample_shape": list(sample_shape), "num_classes": num_classes, "input": source.description,
             "feature_columns": None if layout is None else {name: list(shape) for name, shape in layout},

@@ -198,6 +198,8 @@ class BarrierStage:
         self.history, self.restart = history, restart
         self.seen = {h["round"] for h in history}
         self.latest: ResumeState | None = None
+        self.start: ResumeState | None = None
+        """The state the stage started from (:meth:`run`'s)."""
         self.pending: dict[int, dict] = {}  # round -> {"state": ..., "workers": {rank: state}}
         self.states: StagePlan | None = None
         """Which rounds' states the stage's tasks send, once it runs (``None``: before it runs)."""
@@ -267,7 +269,8 @@ class BarrierStage:
                     return  # a sharded replica's part; the others are still to come
                 counters = {k: msg[k] for k in ("round", "steps_done", "samples_done", "total_bytes", "iteration")}
                 state = ResumeState(**counters, global_flat=tree["global"], strategy=tree["strategy"],
-                                    auto_tau=tree.get("auto_tau"), average=tree.get("average"))
+                                    auto_tau=tree.get("auto_tau"), average=tree.get("average"),
+                                    early_stop=msg.get("early_stop"), best=self._best(msg, tree))
                 slot["state"] = state
                 if self.latest is None or state.round >= self.latest.round:
                     self.latest = replace(state, workers={})
@@ -276,6 +279,18 @@ class BarrierStage:
                 slot["workers"][int(msg["rank"])] = tree
             self._maybe_checkpoint(int(msg["round"]))
             self._forget_old()
+
+    def _best(self, msg: dict, tree: dict):
+        """The best weights early stopping has scored, as of the state ``msg`` brings (``tree``): its own weights
+        (or average) where its round is the best, else the best an earlier state brought (``None``: not known)."""
+        best_round = (msg.get("early_stop") or {}).get("best_round")
+        if best_round is None:
+            return None
+        if best_round == int(msg["round"]):
+            return tree["average"] if "average" in tree else tree["global"]
+        earlier = self.latest or self.start
+        return earlier.best if earlier is not None and (earlier.early_stop or {}).get("best_round") == best_round \
+            else None
 
     def _release(self) -> None:
         """Record the held round records in order, up to the first whose state is due and not in (a state lost on
@@ -319,6 +334,7 @@ class BarrierStage:
             del self.pending[old]
 
     def run(self, start: ResumeState):
+        self.start = start
         run = self.fit
         sc, group, spec, dist, opts = run.sc, run.group, run.spec, run.dist, run.options
         K = self.workers * dist.procs_per_worker

@@ -517,7 +517,8 @@ class _BarrierExchange(CollectiveExchange):
             record["restarts"] = params.restart
         ckpt_every = params.checkpoint_every
         if sender is not None and self.holds_state and params.state_due(r, reason is not None):
-            head = {"event": "state", **vars(progress), "iteration": self.net.iteration, **(self.state_part or {})}
+            head = {"event": "state", **vars(progress), "iteration": self.net.iteration, **(self.state_part or {}),
+                    **({} if fit.early_stop is None else {"early_stop": fit.early_stop.counters()})}
             # sent from where its tensors lie: nothing writes into a global buffer (each round makes a new one), the
             # strategy's state is a copy, and the average (updated in place every round) is copied here
             sent = sender.send(head,
@@ -614,6 +615,8 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
     if fit.weight_ema is not None:  # a restarted stage continues the average rank 0 last sent
         fit.average = WeightAverage(fit.weight_ema, global_flat if average is None else
                                     torch.from_numpy(np.array(average, dtype=np.float32, copy=True)))
+    if fit.early_stop is not None and start.best is not None:  # and early stopping, from the best rank 0 last sent
+        fit.early_stop.restore(start.early_stop, torch.from_numpy(np.array(start.best, dtype=np.float32, copy=True)))
     exchange = _BarrierExchange(net, strategy, **outer, state=state, has_data=has_data,
                                 validation=val, validation_rows=val_rows,
                                 compression=spec.compression, link=spec.link,
