@@ -12,7 +12,7 @@ from sparknet.cli import build_parser
 from sparknet._fields import from_args
 from sparknet.config import DistributedConfig, RunConfig
 from sparknet.loop import (Exchange, FitPlan, InProcessExchange, RoundPlan, RoundUpdate, StopRule, WeightAverage,
-                           average_summary, run_rounds)
+                           returned_summary, run_rounds)
 from sparknet.net import EvalResult, Net
 from sparknet.solvers import SolverConfig
 from sparknet.strategies import Average
@@ -63,7 +63,7 @@ def test_without_the_option_the_loop_returns_the_global_weights_and_records_no_a
                           torch.tensor([1.0, -2.0]), on_record=records.append)
     assert returned.tolist() == [4.0, 0.0]
     assert not [k for r in records for k in r if "ema" in k]
-    assert average_summary(records, None) == {}
+    assert returned_summary(records, None) == {}
 
 
 def test_the_summary_names_the_returned_average_and_the_last_global_scores():
@@ -72,7 +72,7 @@ def test_the_summary_names_the_returned_average_and_the_last_global_scores():
                FitPlan(strategy=Average(), stop=StopRule(rounds=2, tau=1),
                        average=WeightAverage(0.9, torch.tensor([1.0, -2.0]))),torch.tensor([1.0, -2.0]),
                on_record=records.append)
-    summary = average_summary(records, 0.9)
+    summary = returned_summary(records, 0.9)
     # the last global weights: [1, -2] + [1, 0] + [0, 2] = [2, 0]
     assert summary == {"returned_weights": "ema", "weight_ema": 0.9, "test_global_loss": 2.0,
                        "test_global_accuracy": 2.0}
