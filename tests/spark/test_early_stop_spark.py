@@ -105,3 +105,21 @@ def test_the_estimator_takes_patience_as_params():
     assert SparkNetEstimator(net).configs(2)[1].patience is None
     with pytest.raises(ValueError, match="patience"):
         SparkNetEstimator(net, patience=0).configs(2)
+
+
+def test_the_estimator_stops_on_its_validation_rows_and_its_model_holds_the_best_weights(spark):
+    from sparknet import zoo
+    from sparknet.spark.ml import SparkNetEstimator
+
+    x, y = blobs(240, seed=5)
+    df = spark.createDataFrame([(x[i].tolist(), int(y[i]), i >= 200) for i in range(len(y))],
+                               "features array<float>, label long, is_val boolean")
+    est = SparkNetEstimator(zoo.mlp(input_shape=[2], hidden=[8], num_classes=3, batch_size=8), workers=2, tau=3,
+                            rounds=12, lr=0.05, patience=2, minDelta=10.0, quiet=True,
+                            validationIndicatorCol="is_val")
+    model = est.fit(df)
+    s = model.summary
+    # the first evaluation is never put off (the budget may put off later ones): round 1 is the best
+    assert s["stop_reason"] == "patience" and s["best_round"] == 1 and 3 <= s["rounds"] < 12
+    held_out = model.transform(df.filter("is_val")).toPandas()
+    assert (held_out["label"] == held_out["prediction"]).mean() == pytest.approx(s["test_accuracy"])

@@ -290,6 +290,8 @@ def test_bad_settings_fail_before_training(spark, data):
         _estimator(featuresCol="x0").fit(assembled)
     with pytest.raises(ValueError, match="targetAccuracy needs validation rows"):
         _estimator(targetAccuracy=0.9).fit(assembled)
+    with pytest.raises(ValueError, match="patience needs validation rows: set validationIndicatorCol"):
+        _estimator(patience=3).fit(assembled)
     assert len(tracker.getJobIdsForGroup()) == jobs_before  # no Spark job ran
 
 

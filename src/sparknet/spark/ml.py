@@ -431,8 +431,9 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
                 raise ValueError(f"validation indicator column {ind!r} not found")
             train = dataset.filter(~F.coalesce(F.col(ind).cast("boolean"), F.lit(False)))
             validation = dataset.filter(F.coalesce(F.col(ind).cast("boolean"), F.lit(False)))
-        if dist.target_accuracy is not None and validation is None:
-            raise ValueError("targetAccuracy needs validation rows: set validationIndicatorCol")
+        for param in ("targetAccuracy", "targetLoss", "patience"):
+            if getattr(dist, _PARAM_ORIGIN[param][1]) is not None and validation is None:
+                raise ValueError(f"{param} needs validation rows: set validationIndicatorCol")
         image_shape = self.getImageShape() if self.isDefined(self.imageShape) else None
         net_params = self.getNet()
         if net_params is None:
