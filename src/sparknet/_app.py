@@ -95,15 +95,19 @@ def run_sinks(run: RunConfig, config: dict, *, name: str | None = None) -> list:
 
 
 def finish_run(run: RunConfig, sinks: list, *, failed: bool, net_params=None, weights=None, solver=None,
-               config: dict | None = None, input_shape=None, saved: str | None = None) -> None:
+               config: dict | None = None, input_shape=None, saved: str | None = None,
+               features: list | None = None) -> None:
     """Save the model folder (when asked and training succeeded), then close the sinks (an MLflow sink logs the
     model as an MLflow model: from ``run.model_dir``, or from a folder saved for it alone). ``saved``: a model
-    folder the run wrote itself (a Caffe run's), which the sinks log as it is."""
+    folder the run wrote itself (a Caffe run's), which the sinks log as it is; ``features``: the columns of a table
+    the model trained on (:func:`sparknet._parquet.feature_columns`, the data's ``info["features"]``), kept in its
+    metadata for its MLflow signature."""
 
     def write(path: str):
         if saved is not None:
             return saved
         return save_model(path, net_params, weights, solver=solver, config=config, input_shape=input_shape,
+                          metadata={"features": features} if features else None,
                           overwrite=True)  # run.model_dir replaced as before; a scratch folder is new
 
     try:

@@ -23,7 +23,7 @@ import pyarrow as pa
 from sparknet._enums import Task
 from sparknet.datasets import ArrayDataset
 
-__all__ = ["read_parquet_dataset", "features_to_numpy", "table_info"]
+__all__ = ["read_parquet_dataset", "features_to_numpy", "table_info", "feature_columns"]
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def _joined(table, columns: Sequence[str]) -> np.ndarray:
     parts = []
     for name in columns:
         column = table.column(name)
-        if pa.types.is_integer(column.type) or pa.types.is_floating(column.type) or pa.types.is_boolean(column.type):
+        if _is_number(column.type):
             if column.null_count:
                 raise ValueError(f"the feature column {name!r} has {column.null_count} null values; drop or fill "
                                  "them first")
@@ -70,6 +70,17 @@ def _joined(table, columns: Sequence[str]) -> np.ndarray:
         except ValueError as exc:
             raise ValueError(f"{exc} (feature column {name!r})") from None
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
+
+def feature_columns(types: Sequence[tuple[str, bool]]) -> list[dict]:
+    """What a model keeps of the columns it trained on (its metadata's ``"features"``, which its MLflow signature
+    reads): each column's name, and whether it holds a number a row or an array (or ML vector), from ``types``:
+    ``(name, whether a number)`` pairs in order."""
+    return [{"name": name, "kind": "number" if number else "array"} for name, number in types]
+
+
+def _is_number(arrow_type) -> bool:
+    return pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type) or pa.types.is_boolean(arrow_type)
 
 
 def _check_widths(widths: np.ndarray, kind: str) -> None:
@@ -129,23 +140,25 @@ def read_parquet_dataset(path: str, features_col: str | Sequence[str] = "feature
         values, NaN or infinite features, rows of different lengths, labels that are not class ids (not
         numbers, or not 0s and 1s, for ``task``), fewer than 2 rows.
     """
-    x, y = _read_arrays(path, features_col, label_col, task=task)
+    x, y, columns = _read_arrays(path, features_col, label_col, task=task)
     if validation is None:
         n_test = max(1, int(len(x) * TEST_FRACTION))
         train, test = ArrayDataset(x[:-n_test], y[:-n_test]), ArrayDataset(x[-n_test:], y[-n_test:])
     else:
         train = ArrayDataset(x, y)
-        test = ArrayDataset(*_read_arrays(validation, features_col, label_col, "--validation-data", task=task))
+        test = ArrayDataset(*_read_arrays(validation, features_col, label_col, "--validation-data", task=task)[:2])
         if test.x.shape[1:] != x.shape[1:] or test.y.shape[1:] != y.shape[1:]:
             raise ValueError(f"{validation}: its rows hold {test.x.shape[1:]} features and {test.y.shape[1:]} labels "
                              f"each, {path}'s {x.shape[1:]} and {y.shape[1:]}: held-out rows are of the same table")
     log.info("read %d rows of %d features from %s (%d held out for testing%s)", len(train), x.shape[1], path,
              len(test), "" if validation is None else f", from {validation}")
     if task.float_labels:
-        return train, test, table_info(x.shape[1:], None, outputs=y.shape[1] if y.ndim == 2 else 1)
-    return train, test, table_info(x.shape[1:], max(int(y.max()), int(test.y.max())),
-                                   max(int(x.max()), int(test.x.max())) if y.ndim == 2 else None,
-                                   y.shape[1] if y.ndim == 2 else None)
+        info = table_info(x.shape[1:], None, outputs=y.shape[1] if y.ndim == 2 else 1)
+    else:
+        info = table_info(x.shape[1:], max(int(y.max()), int(test.y.max())),
+                          max(int(x.max()), int(test.x.max())) if y.ndim == 2 else None,
+                          y.shape[1] if y.ndim == 2 else None)
+    return train, test, {**info, "features": columns}
 
 
 def table_info(sample_shape: tuple, label_max: int | None, feature_max: int | None = None, seq_len: int | None = None,
@@ -237,8 +250,9 @@ def _facts(opened: list, columns: Sequence[str]) -> FooterFacts | None:
 
 
 def _read_arrays(path: str, features_col: str | Sequence[str], label_col: str, flag: str = "--data", *,
-                 task: Task = Task.CLASSIFICATION) -> tuple[np.ndarray, np.ndarray]:
-    """The features and labels of the Parquet file or folder at ``path`` (a path or a URI), checked."""
+                 task: Task = Task.CLASSIFICATION) -> tuple[np.ndarray, np.ndarray, list[dict]]:
+    """The features and labels of the Parquet file or folder at ``path`` (a path or a URI), checked, and its feature
+    columns (:func:`feature_columns`)."""
     import pyarrow.parquet as pq
     from pyarrow import fs as pafs
 
@@ -253,9 +267,11 @@ def _read_arrays(path: str, features_col: str | Sequence[str], label_col: str, f
         raise ValueError(f"cannot read {path} as Parquet ({exc}); point {flag} at a Parquet file or a folder "
                          "of Parquet files") from exc
     try:
-        return _arrays(table, features_col, label_col, task)
+        x, y = _arrays(table, features_col, label_col, task)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
+    names = [features_col] if isinstance(features_col, str) else list(features_col)
+    return x, y, feature_columns([(name, _is_number(table.schema.field(name).type)) for name in names])
 
 
 def _arrays(table, features_col: str | Sequence[str], label_col: str,

@@ -3,7 +3,8 @@
 What :class:`~sparknet.sinks.MLflowSink` logs at the end of a run, so that::
 
     model = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
-    model.predict(pandas_df)          # a "features" column of arrays (or numeric columns, one value each)
+    model.predict(pandas_df)          # the columns the model trained on: a "features" column of arrays, or the
+                                      # table's own (``sparknet train --features-col rooms,area,age``)
 
 works in any process with sparknet installed, and the model can be registered and served. The
 folder itself (:func:`sparknet.model_io.save_model`: a JSON net, safetensors weights) is the MLflow
@@ -24,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["SparkNetPyfunc", "save_pyfunc_model", "log_pyfunc_model", "signature_of", "score_frame", "ARTIFACT"]
+__all__ = ["SparkNetPyfunc", "save_pyfunc_model", "log_pyfunc_model", "signature_of", "score_frame", "input_columns",
+           "ARTIFACT", "FEATURES"]
 
 ARTIFACT = "sparknet_model"
 """The name of the model folder among the MLflow model's artifacts."""
@@ -47,12 +49,30 @@ class SparkNetPyfunc(_PythonModel):
         return score_frame(self.saved, model_input)
 
 
+FEATURES = [{"name": "features", "kind": "array"}]
+"""The input of a model that does not say which columns it trained on: one ``features`` column of arrays."""
+
+
+def input_columns(saved) -> list[dict]:
+    """The columns a model takes, in order, each a number or an array a row: those of the table it trained on, as
+    its metadata says (:func:`sparknet._parquet.feature_columns`), else :data:`FEATURES`."""
+    return (saved.manifest or {}).get("metadata", {}).get("features") or FEATURES
+
+
 def _features(saved, model_input) -> np.ndarray:
-    """A pandas frame (a ``features`` column of arrays, or numeric columns) or an array -> float32 ``[n, ...]``."""
+    """A pandas frame (the model's :func:`input_columns`, joined in order; a ``features`` column of arrays; or
+    numeric columns) or an array -> float32 ``[n, ...]``."""
     import pandas as pd
 
+    names = [c["name"] for c in input_columns(saved)]
     if isinstance(model_input, pd.DataFrame):
-        if "features" in model_input.columns:
+        if set(names) <= set(model_input.columns):
+            import pyarrow as pa
+
+            from sparknet._parquet import _joined
+
+            x = _joined(pa.Table.from_pandas(model_input[names], preserve_index=False), names)
+        elif "features" in model_input.columns:
             x = np.stack([np.asarray(v, dtype=np.float32).reshape(-1) for v in model_input["features"]])
         else:
             x = model_input.to_numpy(dtype=np.float32)
@@ -79,8 +99,8 @@ def score_frame(saved, model_input):
 
 
 def signature_of(saved):
-    """The MLflow signature of a model: a ``features`` column of float arrays in; ``prediction`` (and
-    ``probability``) out, as :func:`score_frame` gives them for the net's task."""
+    """The MLflow signature of a model: its :func:`input_columns` in (a number, or an array of floats, a row);
+    ``prediction`` (and ``probability``) out, as :func:`score_frame` gives them for the net's task."""
     import torch
     from mlflow.models import ModelSignature
     from mlflow.types import DataType
@@ -98,7 +118,8 @@ def signature_of(saved):
         out = [ColSpec(vector, "prediction"), ColSpec(vector, "probability")]
     else:
         out = [ColSpec(DataType.double, "prediction"), ColSpec(vector, "probability")]
-    return ModelSignature(inputs=Schema([ColSpec(vector, "features")]), outputs=Schema(out))
+    inputs = [ColSpec(DataType.double if c["kind"] == "number" else vector, c["name"]) for c in input_columns(saved)]
+    return ModelSignature(inputs=Schema(inputs), outputs=Schema(out))
 
 
 def save_pyfunc_model(model_dir: str | os.PathLike, path: str | os.PathLike) -> str:
@@ -117,7 +138,11 @@ def save_pyfunc_model(model_dir: str | os.PathLike, path: str | os.PathLike) -> 
     saved = load_model(model_dir)
     if saved.input_shape is None:
         raise ValueError(f"the model folder {model_dir} does not say its input shape; an MLflow signature needs it")
-    example = pd.DataFrame({"features": [[0.0] * int(np.prod(saved.input_shape))]})
+    columns = input_columns(saved)
+    arrays = [c["name"] for c in columns if c["kind"] == "array"]
+    width = int(np.prod(saved.input_shape)) - (len(columns) - len(arrays))  # of the one array, where there is one
+    example = None if len(arrays) > 1 else pd.DataFrame(  # the widths of several arrays are not kept
+        {c["name"]: [0.0 if c["kind"] == "number" else [0.0] * width] for c in columns})
     with warnings.catch_warnings():  # MLflow's advice to type-hint predict: the signature is given in full
         warnings.filterwarnings("ignore", message=".*type hints.*", category=UserWarning)
         mlflow.pyfunc.save_model(path=str(path), python_model=str(Path(__file__).with_name("_mlflow_code.py")),

@@ -70,7 +70,7 @@ def train_local(run: RunConfig, dist: DistributedConfig | None = None) -> dict:
         failed = False
     finally:
         finish_run(run, sinks, failed=failed, net_params=net_params, weights=net.get_weights(), solver=run.solver(),
-                   config=config)
+                   config=config, features=info.get("features"))
     return summary
 
 

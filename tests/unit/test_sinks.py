@@ -204,3 +204,43 @@ def test_a_caffe_run_logs_its_model_to_mlflow_without_a_model_folder_of_its_own(
         mlflow.set_tracking_uri(None)
     assert model.metadata.signature is not None
     assert list((tmp_path / "scratch").glob("sparknet-model-*")) == []  # the run's scratch folder removed
+
+
+def test_a_model_trained_on_a_tables_own_columns_is_an_mlflow_model_of_those_columns(tmp_path):
+    """sparknet train --features-col rooms,shape,age --mlflow: the MLflow model's signature names the table's columns
+    (numbers as doubles, an array as an array), and mlflow.pyfunc scores a frame of them, joined as training joined
+    them; a frame without one of them is refused by the signature, naming it."""
+    import mlflow
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from mlflow.exceptions import MlflowException
+
+    from sparknet.cli import main
+    from sparknet.model_io import load_model
+
+    rng = np.random.default_rng(0)
+    n = 400
+    rooms, age, shape = rng.integers(1, 6, n), rng.normal(size=n), rng.normal(size=(n, 3))
+    label = (rooms + shape[:, 0] > 3).astype(np.int64)
+    pq.write_table(pa.table({"rooms": rooms, "shape": list(shape), "age": age, "label": label}), tmp_path / "t.parquet")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert main(["train", "--data", str(tmp_path / "t.parquet"), "--features-col", "rooms,shape,age",
+                 "--model", "mlp", "--steps", "40", "--threads", "1", "--mlflow", uri,
+                 "--model-dir", str(tmp_path / "m"), "--quiet"]) == 0
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("sparknet").experiment_id])
+    mlflow.set_tracking_uri(uri)
+    try:
+        model = mlflow.pyfunc.load_model(f"runs:/{run.info.run_id}/model")
+    finally:
+        mlflow.set_tracking_uri(None)
+    inputs = model.metadata.signature.inputs.to_dict()
+    assert [(c["name"], c["type"]) for c in inputs] == [("rooms", "double"), ("shape", "array"), ("age", "double")]
+    frame = pd.DataFrame({"age": age[:8], "rooms": rooms[:8].astype(float), "shape": list(shape[:8])})
+    out = model.predict(frame)  # the columns in any order: joined in the model's
+    joined = np.concatenate([rooms[:8, None], shape[:8], age[:8, None]], axis=1).astype(np.float32)
+    want = load_model(tmp_path / "m").predict(torch.from_numpy(joined)).argmax(1).double().numpy()
+    assert list(out["prediction"]) == list(want)
+    with pytest.raises(MlflowException, match="age"):
+        model.predict(frame.drop(columns=["age"]))

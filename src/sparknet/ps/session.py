@@ -484,7 +484,7 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
         failed = False
     finally:  # the server's final copy saved (--model-dir) and logged (--mlflow) as one process's weights are
         finish_run(run, sinks, failed=failed, net_params=net_params, weights=sess.weights, solver=run.solver(),
-                   config=config)
+                   config=config, features=info.get("features"))
     return summary
 
 

@@ -64,9 +64,9 @@ _RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", 
 """RunConfig fields that become estimator Params."""
 _DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs",
                 "weight_ema", "target_accuracy", "target_loss", "patience", "monitor", "min_delta", "data_mode",
-                "stream_buffer_mb", "compression", "auto_tau", "auto_tau_target", "outer_lr", "outer_momentum", "easgd_beta", "overlap", "fragments",
-                "eval_overlap", "procs_per_worker", "shard_replica", "model_parallel", "parallel_plan",
-                "max_weight_bytes")
+                "stream_buffer_mb", "compression", "auto_tau", "auto_tau_target", "outer_lr", "outer_momentum",
+                "easgd_beta", "overlap", "fragments", "eval_overlap", "procs_per_worker", "shard_replica",
+                "model_parallel", "parallel_plan", "max_weight_bytes")
 """DistributedConfig fields that become estimator Params."""
 _DOC_OVERRIDES = {
     "workers": "Number of workers K (default: the session's default parallelism).",
@@ -459,8 +459,9 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
                                      image_shape=image_shape)
                 summary = _plain(result.summary)
                 metrics.write({"event": "summary", **summary})
+            features = [] if kind == "binary" else [{"name": features_col, "kind": "array"}]  # an MLflow input
             files = model_io.pack_model(net_params, result.weights, solver=solver, config=config, input_shape=shape,
-                                         metadata={"summary": summary})
+                                         metadata={"summary": summary, "features": features})
             failed = False
         finally:  # the MLflow model is made from the model's folder
             close_sinks(sinks, failed=failed, write_model=lambda path: model_io.write_model_files(path, files))

@@ -22,7 +22,7 @@ import numpy as np
 
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
 from sparknet._fs import is_uri
-from sparknet._parquet import TEST_FRACTION, footer_facts, table_info
+from sparknet._parquet import TEST_FRACTION, feature_columns, footer_facts, table_info
 from sparknet._enums import CompressionKind
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.datasets import SyntheticImages, cache_root
@@ -181,19 +181,19 @@ def spark_table(spark, run: RunConfig) -> tuple:
     from pyspark.sql.types import ArrayType
 
     facts = _footers(run)
-    table = _spark_parquet(spark, run.data, "--data", run, schema=_spark_schema(facts))
+    table, features = _spark_parquet(spark, run.data, "--data", run, schema=_spark_schema(facts))
     if facts is not None:  # the footers said: no Spark job
-        features, label, rows = facts.features, facts.label, facts.rows
+        first_features, label, rows = facts.features, facts.label, facts.rows
     else:
         first = table.select("features", "label").head(1)
         if not first:
             raise ValueError(f"{run.data} holds no rows")
-        (features, label), rows = first[0], None
+        (first_features, label), rows = first[0], None
     sequence = isinstance(table.schema["label"].dataType, ArrayType)  # token ids of one vocabulary, or numbers
     needed = ("label", "features") if sequence else ("label",)
     if run.task.float_labels:  # numbers or 0s and 1s, checked as the executors convert them
         rows = table.count() if rows is None else rows
-        info = table_info((len(features),), None, outputs=len(label) if sequence else 1)
+        info = table_info((len(first_features),), None, outputs=len(label) if sequence else 1)
     else:
         if facts is not None and all(name in facts.largest for name in needed):
             largest = [facts.largest[name] for name in needed]
@@ -202,9 +202,10 @@ def spark_table(spark, run: RunConfig) -> tuple:
             *largest, rows = table.agg(*largest, F.count(F.lit(1))).first()  # one job: the labels and the rows
         if None in largest:
             raise ValueError(f"{run.data}: every row's label is null; sparknet train needs class ids in 'label'")
-        info = table_info((len(features),), *largest, len(label) if sequence else None)
+        info = table_info((len(first_features),), *largest, len(label) if sequence else None)
+    info["features"] = features
     if run.validation_data is not None:
-        return table, _spark_parquet(spark, run.validation_data, "--validation-data", run), info
+        return table, _spark_parquet(spark, run.validation_data, "--validation-data", run)[0], info
     share = min(TEST_FRACTION, SPARK_TEST_ROWS / max(rows, 1))
     # a row's side by a seeded hash of its values: the same rows wherever they are read from and however they are
     # partitioned, with no sort of every partition (randomSplit's, over the features' arrays too)
@@ -242,12 +243,14 @@ def _spark_schema(facts):
         return None
 
 
-def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None):
+def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None) -> tuple:
     """The Parquet table at ``uri`` as Spark reads it, as ``features`` and ``label`` columns: the columns
     ``--features-col`` (joined into one array where it names several) and ``--label-col`` name, checked to be there
-    (a ``file://`` one on a cluster: checked to be seen by every host)."""
+    (a ``file://`` one on a cluster: checked to be seen by every host); and its feature columns
+    (:func:`sparknet._parquet.feature_columns`)."""
     from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
+    from pyspark.sql.types import BooleanType, NumericType
 
     from sparknet.spark.data import _feature_expr
     from sparknet.spark.shared_path import check_shared_path
@@ -263,10 +266,12 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None):
         raise ValueError(f"{flag} {uri} has no {' or '.join(map(repr, missing))} column (its columns: "
                          f"{', '.join(table.columns)}); sparknet train reads {', '.join(map(repr, columns))} "
                          "(--features-col, --label-col)")
+    features = feature_columns([(name, isinstance(table.schema[name].dataType, (NumericType, BooleanType)))
+                                for name in run.feature_columns])
     if columns == ("features", "label"):
-        return table
+        return table, features
     return table.select(_feature_expr(table, list(run.feature_columns), None)[0].alias("features"),
-                        F.col(run.label_col).alias("label"))
+                        F.col(run.label_col).alias("label")), features
 
 
 def training_frame(spark, run: RunConfig, train, partitions: int | None = None):
@@ -354,7 +359,7 @@ def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOption
         failed = False
     finally:
         finish_run(run, sinks, failed=failed, net_params=net_params, weights=result.weights if result else None,
-                   solver=run.solver(), config=config)
+                   solver=run.solver(), config=config, features=info.get("features"))
     return summary
 
 
