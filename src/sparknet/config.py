@@ -565,9 +565,6 @@ class DistributedConfig:
             if self.strategy is Strategy.ASYNC:
                 raise ValueError("weight_ema averages the global weights of the round loop; the async strategy has "
                                  "no rounds: drop --weight-ema or choose another strategy")
-            if self.resume:
-                raise ValueError("weight_ema with resume: checkpoints do not hold the moving average, so a resumed "
-                                 "run could not continue it exactly; drop --weight-ema or --resume")
 
     def _check_patience(self) -> None:
         """--patience's own rules, and the settings it cannot stand beside."""
@@ -582,12 +579,9 @@ class DistributedConfig:
         if self.strategy is Strategy.ASYNC:
             raise ValueError("--patience follows the evaluations of the round loop; the async strategy has no rounds: "
                              "drop --patience or choose another strategy")
-        if self.resume:
-            raise ValueError("--patience with --resume: checkpoints do not hold the best weights scored so far, so a "
-                             "resumed run could not return them; drop --patience or --resume")
-        if self.shard_replica or self.model_parallel > 1:
-            raise ValueError("--patience returns the best weights a rank scored whole; a replica cut over its "
-                             "processes (--shard-replica, --model-parallel) returns its last state: drop --patience")
+        if self.resume and self.eval_overlap:
+            raise ValueError("--patience with --eval-overlap and --resume: a checkpoint is written before its round "
+                             "is scored, so a resumed run would not judge that round; drop --eval-overlap to resume")
 
     _STRATEGY_SETTINGS: ClassVar[dict] = {Strategy.DILOCO: ("outer_lr", "outer_momentum"),
                                           Strategy.EASGD: ("easgd_beta",)}

@@ -25,6 +25,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
+from typing import ClassVar
 
 import torch
 
@@ -95,6 +96,8 @@ class EarlyStop:
     best_round: int | None = None
     since: int = 0
     """Evaluations since the best."""
+    scores: dict | None = None
+    """The best evaluation's metrics and ``loss`` (what the fit's summary reports of the weights it returns)."""
     weights: torch.Tensor | None = field(default=None, repr=False)
     """A copy of the best weights."""
 
@@ -107,6 +110,7 @@ class EarlyStop:
             better = value > self.best + self.min_delta if self.on_score else value < self.best - self.min_delta
         if better:
             self.best, self.best_round, self.since, self.weights = value, r, 0, weights.clone()
+            self.scores = {**scored.metrics, "loss": scored.loss}
         else:
             self.since += 1
 
@@ -117,13 +121,14 @@ class EarlyStop:
 
     def counters(self) -> dict:
         """What a restart needs beside the best weights (:meth:`restore`)."""
-        return {"best": self.best, "best_round": self.best_round, "since": self.since}
+        return {"best": self.best, "best_round": self.best_round, "since": self.since, "scores": self.scores}
 
     def restore(self, counters: dict | None, weights: torch.Tensor | None) -> None:
-        """Continue from :meth:`counters` and the best weights (a restarted stage); afresh where either is missing."""
+        """Continue from :meth:`counters` and the best weights (a restarted stage, a resumed fit); afresh where either
+        is missing."""
         if counters and counters.get("best_round") is not None and weights is not None:
             self.best, self.best_round, self.since = counters["best"], counters["best_round"], counters["since"]
-            self.weights = weights
+            self.scores, self.weights = counters.get("scores"), weights
 
 
 @dataclass(frozen=True)
@@ -269,22 +274,34 @@ class ResumeState(Progress):
     best: torch.Tensor | None = None
     """The best weights early stopping has scored (those of ``early_stop["best_round"]``)."""
 
+    def returned(self, plan: FitPlan) -> torch.Tensor:
+        """The weights a fit of ``plan`` that ended in this state returns: the best scored where it stops early, else
+        the moving average where it keeps one, else the global weights."""
+        if plan.early_stop is not None and self.best is not None:
+            return self.best
+        return self.average if plan.weight_ema is not None else self.global_flat
+
     def progress(self) -> Progress:
         """The loop's counters, to continue from."""
         return Progress(**{f.name: getattr(self, f.name) for f in fields(Progress)})
 
+    _KEPT: ClassVar[tuple[str, ...]] = ("iteration", "downlink", "auto_tau", "average", "early_stop", "best")
+    """What a checkpoint keeps of the state beside the loop's counters, the strategy's and the workers' states (the
+    moving average and early stopping's best weights where the fit has them)."""
+
     def counters(self) -> dict:
-        """The fields a checkpoint's state holds beside the weights and the workers' states."""
-        return {**vars(self.progress()), "iteration": self.iteration, "downlink": self.downlink,
-                "auto_tau": self.auto_tau}
+        """The fields a checkpoint's state holds beside the weights, the strategy's and the workers' states (the
+        moving average and early stopping's where the fit keeps them)."""
+        kept = {key: getattr(self, key) for key in self._KEPT}
+        return {**vars(self.progress()), **{key: value for key, value in kept.items()
+                                            if value is not None or key not in ("average", "early_stop", "best")}}
 
     @classmethod
     def from_checkpoint(cls, rounds_done: int, state: dict) -> ResumeState:
         """The state a checkpoint of round ``rounds_done`` holds (``state``: what :meth:`counters` wrote, the
         strategy's and the workers')."""
         return cls(round=rounds_done, **{key: state[key] for key in ("steps_done", "samples_done", "total_bytes")},
-                   **{key: state.get(key) for key in ("strategy", "iteration", "downlink", "auto_tau")},
-                   workers=state.get("workers") or {})
+                   **{key: state.get(key) for key in ("strategy", *cls._KEPT)}, workers=state.get("workers") or {})
 
 
 @dataclass(kw_only=True)
@@ -332,8 +349,37 @@ class FitPlan:
                               budget=None if budget >= 1.0 else budget, overlap=dist.eval_overlap)
         early = None if dist.patience is None else EarlyStop(dist.patience, dist.min_delta,
                                                              on_score=dist.monitor == "score")
+        average = None
+        if resume is not None and resume.round:  # the moving average and early stopping go on as the resumed fit
+            if dist.weight_ema is not None:  # left them
+                if resume.average is None:
+                    log.warning("the checkpoint of round %d holds no moving average: it starts from its weights",
+                                resume.round)
+                else:
+                    average = WeightAverage(dist.weight_ema, torch.as_tensor(resume.average, dtype=torch.float32))
+            if early is not None:
+                if resume.best is None:
+                    log.warning("the checkpoint of round %d holds no best weights of early stopping: it counts "
+                                "afresh from there", resume.round)
+                else:
+                    early.restore(resume.early_stop, torch.as_tensor(resume.best, dtype=torch.float32))
         return cls(strategy=strategy, stop=stop, evaluation=evaluation, auto=auto, weight_ema=dist.weight_ema,
-                   progress=Progress() if resume is None else resume.progress(), early_stop=early)
+                   average=average, progress=Progress() if resume is None else resume.progress(), early_stop=early)
+
+    def kept_state(self) -> dict:
+        """The :class:`ResumeState` fields of the moving average and early stopping, as they are now (a checkpoint's;
+        none where the fit keeps neither)."""
+        early = self.early_stop
+        return {"average": None if self.average is None else self.average.flat,
+                **({} if early is None or early.weights is None else {"early_stop": early.counters(),
+                                                                       "best": early.weights})}
+
+    def without_state(self) -> FitPlan:
+        """The plan without the moving average and early stopping's best weights (a barrier stage's ranks take
+        those from the state the stage starts from, not from the plan it is shipped)."""
+        early = self.early_stop
+        return replace(self, average=None, early_stop=None if early is None else
+                       EarlyStop(early.patience, early.min_delta, on_score=early.on_score))
 
 
 class Exchange(abc.ABC):
@@ -471,7 +517,7 @@ def returned_summary(rounds: list[dict], decay: float | None) -> dict:
     ``test_global_loss`` the last global weights' scores on the validation data (the last round's
     ``val_<metric>``). Stopped early (``--patience``, the last round's ``best_round``): ``returned_weights`` is
     ``"best"`` and ``best_round`` the round whose weights (or average) the fit returns, its ``test_<metric>`` fields
-    that round's (:func:`sparknet.metrics.returned_scores`).
+    that round's (the last record's ``best_scores``: :func:`sparknet.metrics.returned_scores`).
     """
     last = rounds[-1] if rounds else {}
     out = {}
@@ -610,7 +656,7 @@ def _loop(exchange: Exchange, fit: FitPlan, global_flat: torch.Tensor, check: _E
         if reason is not None:
             record["stop_reason"] = reason
             if early is not None and early.best_round is not None:
-                record["best_round"] = early.best_round
+                record.update(best_round=early.best_round, best_scores=early.scores)
         record["wall_s"] = time.perf_counter() - t0
         exchange.round_done(record, global_flat, progress)
         record["wall_s"] = time.perf_counter() - t0

@@ -216,15 +216,16 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 
 def returned_scores(rounds: list[dict], averaged: bool) -> tuple[dict, float] | None:
-    """``(metrics, loss)`` of the weights a fit returns on its validation data, as its last round's record has them
-    (or, where the fit stopped early, the record of its ``best_round``): its ``val_`` fields, or its ``val_ema_``
-    ones where the fit returns the moving average (``averaged``). A fit's last round is scored on the whole
-    validation set (:func:`sparknet.loop.run_rounds`), as is every round early stopping judges, so they are what a
-    test pass of those weights gives (its loss to rounding, where a screen's rows and the rest were scored apart).
-    ``None`` where the record has no such fields (no validation data, or no round)."""
+    """``(metrics, loss)`` of the weights a fit returns on its validation data, as its last round's record has them:
+    its ``val_`` fields, or its ``val_ema_`` ones where the fit returns the moving average (``averaged``), or, where
+    the fit stopped early and returns its best weights, its ``best_scores``. A fit's last round is scored on the
+    whole validation set (:func:`sparknet.loop.run_rounds`), as is every round early stopping judges, so they are
+    what a test pass of those weights gives (its loss to rounding, where a screen's rows and the rest were scored
+    apart). ``None`` where the record has no such fields (no validation data, or no round)."""
     last = rounds[-1] if rounds else {}
-    if last.get("best_round") is not None:
-        last = next((h for h in reversed(rounds) if h.get("round") == last["best_round"]), last)
+    if last.get("best_scores") is not None:
+        best = dict(last["best_scores"])
+        return best, best.pop("loss")
     prefix = "val_ema_" if averaged else "val_"
     if f"{prefix}loss" not in last:
         return None

@@ -104,8 +104,9 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
         eval_every = 1 if config.toward_target else EVAL_EVERY_STEPS
     every = 1 if config.tau is None else -(-eval_every // config.tau)  # whole rounds of tau steps
     strategy = Average()
-    resume = ResumeState() if start is None else ResumeState(round=int(start["round"]), steps_done=int(start["steps"]),
-                                                             samples_done=int(start["samples"]))
+    resume = ResumeState() if start is None else ResumeState(
+        round=int(start["round"]), steps_done=int(start["steps"]), samples_done=int(start["samples"]),
+        **{key: start.get(key) for key in ("average", "early_stop", "best")})
     records: list[dict] = []
     with MetricsLogger(run.metrics_out, progress=not run.quiet, total=run.steps, sinks=sinks,
                        early_stop=config.toward_target) as metrics:
@@ -125,7 +126,8 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
             if checkpoints is not None and (checkpoints.due(progress.round) or "stop_reason" in record):
                 net.set_flat(exchange.latest)  # what the next round starts from
                 state = {"engine": "local", "steps": progress.steps_done, "samples": progress.samples_done,
-                         "train_s": exchange.train_s, "solver": net.solver_state(), "torch_rng": torch.get_rng_state()}
+                         "train_s": exchange.train_s, "solver": net.solver_state(), "torch_rng": torch.get_rng_state(),
+                         **{key: value for key, value in plan.kept_state().items() if value is not None}}
                 checkpoints.save(progress.round, net.get_weights(), state)
             if "val_loss" not in record and "screen_loss" not in record:
                 return

@@ -26,7 +26,7 @@ VAL = blobs(200, seed=2)
 def _fit(spark, engine: str, fault: str | None = None, **dist):
     options = EngineOptions()
     options.fault = fault
-    config = DistributedConfig(workers=2, engine=engine, tau=3, rounds=12, eval_budget=1.0, **dist)
+    config = DistributedConfig(**{"workers": 2, "engine": engine, "tau": 3, "rounds": 12, "eval_budget": 1.0, **dist})
     return SparkTrainer(mlp(), WorkerConfig(solver=SOLVER, batch_size=8, seed=3), dist=config, options=options).fit(
         partitioned_rdd(spark.sparkContext, PARTS), validation=VAL)
 
@@ -123,3 +123,20 @@ def test_the_estimator_stops_on_its_validation_rows_and_its_model_holds_the_best
     assert s["stop_reason"] == "patience" and s["best_round"] == 1 and 3 <= s["rounds"] < 12
     held_out = model.transform(df.filter("is_val")).toPandas()
     assert (held_out["label"] == held_out["prediction"]).mean() == pytest.approx(s["test_accuracy"])
+
+
+@pytest.mark.parametrize("engine", ["rounds", "barrier"])
+@pytest.mark.parametrize("kept", [{"patience": 3, "min_delta": 10.0}, {"weight_ema": 0.5},
+                                  {"patience": 2, "weight_ema": 0.5}])
+def test_a_resumed_fit_goes_on_with_the_moving_average_and_the_best_weights_as_the_uninterrupted_one(
+        spark, tmp_path, engine, kept):
+    whole = _fit(spark, engine, **kept, rounds=6)
+    ckpt = str(tmp_path / "ckpt")
+    first = _fit(spark, engine, **kept, rounds=2, checkpoint_dir=ckpt, checkpoint_every=1)
+    assert first.summary["checkpoints"] == [1, 2]
+    resumed = _fit(spark, engine, **kept, rounds=6, checkpoint_dir=ckpt, resume=True)
+    assert resumed.summary["resumed_from"] == 2
+    assert [h["round"] for h in resumed.history] == [h["round"] for h in whole.history][2:]
+    assert torch.equal(resumed.weights.to_flat(torch.float32), whole.weights.to_flat(torch.float32))
+    for key in ("returned_weights", "best_round", "stop_reason", "test_loss"):
+        assert resumed.summary.get(key) == whole.summary.get(key), key

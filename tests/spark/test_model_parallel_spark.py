@@ -323,7 +323,7 @@ def test_a_split_worker_streams_its_partitions_as_the_whole_replica_does(spark):
 
 
 @pytest.mark.parametrize("stream", [{"fragments": 2}, {"overlap": True},
-                                    {"data_mode": "stream", "parts": _quarters(96)}])
+                                    {"data_mode": "stream", "parts": _quarters(96)}, {"weight_ema": 0.5}])
 def test_a_resumed_split_fit_repeats_the_uninterrupted_one_bitwise(spark, tmp_path, stream):
     import shutil
 
@@ -337,7 +337,8 @@ def test_a_resumed_split_fit_repeats_the_uninterrupted_one_bitwise(spark, tmp_pa
         shutil.rmtree(ckpt / f"ckpt-{r:08d}")
     resumed = _replica_fit(spark, True, checkpoint_dir=str(ckpt), checkpoint_every=2, resume=True, **stream)
     assert resumed.summary["resumed_from"] == 2 and [h["round"] for h in resumed.history] == [3, 4, 5]
-    # DiLoCo's outer momentum, each process's part of its own momentum and of its streamed weights survived the stop
+    # DiLoCo's outer momentum, each process's part of its own momentum and of its streamed weights (or of the moving
+    # average of the weights) survived the stop
     assert torch.equal(resumed.weights.to_flat(torch.float32), whole.weights.to_flat(torch.float32))
 
 
@@ -399,3 +400,27 @@ def test_what_cannot_run_is_refused_clearly(spark, tmp_path, caplog, extra, mess
         code = main(argv + extra)
     assert code == 2
     assert message in caplog.text
+
+
+@pytest.mark.parametrize("shape", [{"workers": 4, "model_parallel": 2},
+                                   {"workers": 2, "procs_per_worker": 2, "shard_replica": True}])
+def test_a_replica_cut_over_its_processes_stops_early_returns_its_best_weights_and_resumes(spark, tmp_path, shape):
+    # no evaluation betters the first by 10: round 1's weights (joined from their parts on the driver) are returned
+    def fit(rounds, **extra):
+        config = DistributedConfig(engine="barrier", strategy="diloco", tau=3, rounds=rounds, eval_budget=1.0,
+                                   **shape, **extra)
+        worker = WorkerConfig(solver=SolverConfig(base_lr=0.1, momentum=0.9), batch_size=8, seed=5)
+        return SparkTrainer(_dsl_mlp(), worker, dist=config, spark=spark).fit(
+            partitioned_rdd(spark.sparkContext, _quarters()), validation=blobs(100, seed=9))
+
+    stopped = fit(8, patience=3, min_delta=10.0)
+    assert [h["round"] for h in stopped.history] == [1, 2, 3, 4]
+    assert stopped.summary["best_round"] == 1 and stopped.summary["returned_weights"] == "best"
+    first = fit(1)
+    assert torch.allclose(stopped.weights.to_flat(torch.float32), first.weights.to_flat(torch.float32), atol=1e-6)
+    assert stopped.summary["test_loss"] == pytest.approx(first.summary["test_loss"], rel=1e-5)
+    ckpt = str(tmp_path / "ckpt")
+    fit(2, patience=3, min_delta=10.0, checkpoint_dir=ckpt, checkpoint_every=1)
+    resumed = fit(8, patience=3, min_delta=10.0, checkpoint_dir=ckpt, resume=True)  # the count goes on from round 2
+    assert [h["round"] for h in resumed.history] == [3, 4] and resumed.summary["best_round"] == 1
+    assert torch.equal(resumed.weights.to_flat(torch.float32), stopped.weights.to_flat(torch.float32))

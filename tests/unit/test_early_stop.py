@@ -93,7 +93,8 @@ def test_the_rule_itself():
     assert early.best_round == 2 and early.since == 1 and not early.exhausted
     copy = EarlyStop(2)
     copy.restore(early.counters(), early.weights)
-    assert copy.counters() == {"best": 1.0, "best_round": 2, "since": 1} and torch.equal(copy.weights, torch.ones(1))
+    assert copy.counters() == {"best": 1.0, "best_round": 2, "since": 1, "scores": {"loss": 1.0}}
+    assert torch.equal(copy.weights, torch.ones(1))
     fresh = EarlyStop(2)
     fresh.restore(early.counters(), None)  # no weights: the count starts afresh rather than return what it lost
     assert fresh.best_round is None and fresh.since == 0
@@ -123,9 +124,7 @@ def test_one_process_returns_and_saves_the_best_weights(tmp_path):
     ({"monitor": "score"}, "give --patience N too"),
     ({"min_delta": 0.1}, "give --patience N too"),
     ({"patience": 2, "strategy": "async"}, "async strategy has no rounds"),
-    ({"patience": 2, "checkpoint_dir": "c", "resume": True}, "checkpoints do not hold the best weights"),
-    ({"patience": 2, "engine": "barrier", "workers": 2, "procs_per_worker": 2, "shard_replica": True},
-     "--shard-replica, --model-parallel"),
+    ({"patience": 2, "checkpoint_dir": "c", "resume": True, "eval_overlap": True}, "drop --eval-overlap to resume"),
     ({"patience": 2, "monitor": "accuracy"}, "monitor"),
 ])
 def test_settings_it_cannot_stand_beside_are_refused(settings, refusal):
@@ -137,3 +136,21 @@ def test_a_caffe_run_whose_tests_are_its_solver_s_refuses_it():
     with pytest.raises(ValueError, match="--patience"):
         check_road(Road.CAFFE, RunConfig(), DistributedConfig(patience=2), CaffeTrainFlags(solver="s.prototxt"))
     assert DistributedConfig(patience=2).toward_target  # evaluations end the run: they come as toward a target
+
+
+@pytest.mark.parametrize("kept", [{"patience": 3, "min_delta": 10.0}, {"weight_ema": 0.5}])
+def test_one_process_resumes_with_the_moving_average_and_the_best_weights_as_it_left_them(tmp_path, kept):
+    def run(steps, name, resume=False):
+        config = RunConfig(model="mlp", dataset="synthetic", steps=steps, batch_size=32, threads=1, quiet=True,
+                           lr=0.05, model_dir=str(tmp_path / f"model-{name}"))
+        dist = DistributedConfig(tau=20, checkpoint_dir=str(tmp_path / name), checkpoint_every=1, resume=resume,
+                                 **kept)
+        return train_local(config, dist), load_model(tmp_path / f"model-{name}").weights.to_flat(torch.float32)
+
+    whole, whole_weights = run(140, "whole")
+    run(40, "split")
+    resumed, resumed_weights = run(140, "split", resume=True)
+    assert resumed["resumed_from_step"] == 40 and resumed["steps"] == whole["steps"]
+    assert torch.equal(resumed_weights, whole_weights)
+    for key in ("returned_weights", "best_round", "stop_reason", "test_loss"):
+        assert resumed.get(key) == whole.get(key), key

@@ -355,7 +355,7 @@ class BarrierStage:
             parts = ()
             if dist.shard_replica or run.split is not None:  # each rank of a sharded or split replica gets its own
                 parts = tuple(sc.broadcast(part) for part in _cut_parts(run, start))  # part of the state, no more
-                flat, begin = None, replace(begin, strategy=None, average=None)
+                flat, begin = None, replace(begin, strategy=None, average=None, best=None)
                 run.broadcasts.extend(parts)
             payload_bc = sc.broadcast((pack_spec(spec), None if flat is None else np.asarray(flat, dtype=np.float32),
                                        begin))
@@ -369,7 +369,7 @@ class BarrierStage:
                                 collective_timeout_s=opts.collective_timeout_s, procs_per_worker=dist.procs_per_worker,
                                 shard_replica=dist.shard_replica, split=run.split, model_parallel=dist.model_parallel,
                                 store=None if store is None else f"{host}:{store.port}"),
-                fit=run.plan, endpoint=receiver.endpoint, channel_bytes=cap, keys=receiver.client_keys,
+                fit=run.plan.without_state(), endpoint=receiver.endpoint, channel_bytes=cap, keys=receiver.client_keys,
                 restart=self.restart, state_every_rounds=opts.state_every_rounds,
                 checkpoint_every=self.checkpoints.every if self.checkpoints is not None else None,
                 streaming=dist.streaming(), staged=run.source is not run.chunks, parts=parts)
@@ -418,8 +418,7 @@ class BarrierStage:
                 deadline = time.perf_counter() + opts.collective_timeout_s
                 while self.final is None and (left := deadline - time.perf_counter()) > 0:
                     if parts and self.latest is not None and self.latest.round >= last:
-                        joined = self.latest.average if run.plan.weight_ema is not None else self.latest.global_flat
-                        self.final = torch.as_tensor(joined, dtype=torch.float32)
+                        self.final = torch.as_tensor(self.latest.returned(run.plan), dtype=torch.float32)
                     elif (msg := receiver.recv(min(1.0, left))) is not None:
                         self._handle(msg, time.perf_counter())
         finally:
@@ -456,13 +455,15 @@ class BarrierStage:
 
 def _cut_parts(run: EngineRun, start: ResumeState) -> list[dict]:
     """A sharded or split replica's starting state in the parts its ranks hold (:meth:`~sparknet.net.Net.
-    cut_layouts`): the global weights, the strategy's flat state and the weights' moving average, each cut."""
+    cut_layouts`): the global weights, the strategy's flat state, the weights' moving average and early stopping's
+    best weights, each cut."""
     dist, net = run.dist, run.driver_net
     whole = torch.as_tensor(start.global_flat, dtype=torch.float32)
-    average = None if start.average is None else torch.as_tensor(np.asarray(start.average, np.float32))
+    average, best = (None if flat is None else torch.as_tensor(np.asarray(flat, np.float32))
+                     for flat in (start.average, start.best))
     split = None if run.split is None else (dist.model_parallel, split_dims(net.module, dist.model_parallel, run.split))
     layouts = net.cut_layouts(split, dist.procs_per_worker // dist.model_parallel if dist.shard_replica else 1)
-    return [{"layout": layout, **cut_state({"global": whole, "average": average}, whole.numel(), layout),
+    return [{"layout": layout, **cut_state({"global": whole, "average": average, "best": best}, whole.numel(), layout),
              "strategy": None if start.strategy is None else cut_state(start.strategy, whole.numel(), layout)}
             for layout in layouts]
 

@@ -557,7 +557,7 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
     # the starting weights as the broadcast brought them (float32, this process's own copy: nothing writes into a
     # global buffer, each round makes a new one), not copied again
     global_flat = None if params.parts else torch.from_numpy(_own_float32(init_flat))
-    average = start.average
+    average, best = start.average, start.best
     place: dict = {}
     outer = {"rank": group_rank, "world": workers}
     layout, state_part, strategy_state = None, None, start.strategy
@@ -589,12 +589,13 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
             if parts != mine["layout"]:
                 raise RuntimeError(f"{'FSDP2' if sharded else 'the split'} gave rank {group_rank} the parts {parts} of "
                                    f"the weights, where the driver cut them as {mine['layout']}")
-            global_flat, strategy_state, average = mine["global"], mine["strategy"], mine["average"]
+            global_flat, strategy_state, average, best = mine["global"], mine["strategy"], mine["average"], mine["best"]
         else:  # a Spark Connect stage's ranks get the whole state in the stage's plan, and cut it
             whole = global_flat.numel()
-            if average is not None:
-                average = torch.as_tensor(np.asarray(average, dtype=np.float32))
-            global_flat, average = cut_state({"global": global_flat, "average": average}, whole, parts).values()
+            average, best = (None if flat is None else torch.as_tensor(np.asarray(flat, dtype=np.float32))
+                             for flat in (average, best))
+            global_flat, average, best = cut_state({"global": global_flat, "average": average, "best": best}, whole,
+                                                   parts).values()
             if strategy_state is not None:
                 strategy_state = cut_state(strategy_state, whole, parts)
         net.set_flat(global_flat)
@@ -615,8 +616,8 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
     if fit.weight_ema is not None:  # a restarted stage continues the average rank 0 last sent
         fit.average = WeightAverage(fit.weight_ema, global_flat if average is None else
                                     torch.from_numpy(np.array(average, dtype=np.float32, copy=True)))
-    if fit.early_stop is not None and start.best is not None:  # and early stopping, from the best rank 0 last sent
-        fit.early_stop.restore(start.early_stop, torch.from_numpy(np.array(start.best, dtype=np.float32, copy=True)))
+    if fit.early_stop is not None and best is not None:  # and early stopping, from the best weights rank 0 last sent
+        fit.early_stop.restore(start.early_stop, torch.from_numpy(np.array(best, dtype=np.float32, copy=True)))
     exchange = _BarrierExchange(net, strategy, **outer, state=state, has_data=has_data,
                                 validation=val, validation_rows=val_rows,
                                 compression=spec.compression, link=spec.link,

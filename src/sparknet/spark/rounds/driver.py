@@ -325,11 +325,12 @@ class SparkRoundsExchange(Exchange):
         if not self._want_state:
             log.warning("round %d: the run stopped on %s before a checkpoint round; the final checkpoint holds "
                         "no worker solver state, so a resume from it restarts the workers' solvers", r, reason)
+        plan = run.plan
         record["checkpoint"] = run.save_checkpoint("rounds", ResumeState(
             **vars(progress), global_flat=global_flat,
             workers=self._worker_states if self._want_state else {},
             downlink=None if self.down is None else self.down.state_dict(),
-            auto_tau=None if run.plan.auto is None else run.plan.auto.state_dict()))
+            auto_tau=None if plan.auto is None else plan.auto.state_dict(), **plan.kept_state()))
 
 
 def _fatal(acc: Partial | None) -> Partial | None:
