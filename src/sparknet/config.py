@@ -252,6 +252,10 @@ class RunConfig:
     """Policy factor (Caffe's LeNet solver: inv with gamma 1e-4, power 0.75)."""
     power: float = 0.75
     """Policy exponent."""
+    lr_warmup: int = 0
+    """Steps over which the learning rate rises linearly to the policy's (0: none)."""
+    min_lr: float = 0.0
+    """The cosine policy's floor: the rate falls from --lr to this over --steps."""
     seed: int = 0
     """Seed of the weights and of the data order."""
     threads: int | None = None
@@ -322,6 +326,7 @@ class RunConfig:
         if self.data is None and self.dataset not in dataset_names():
             raise ValueError(f"unknown data set {self.dataset!r}; choose one of {', '.join(dataset_names())}, or "
                              "train on a Parquet table with --data")
+        self.solver()  # the solver's own checks (--min-lr with --lr-policy cosine...), before anything starts
 
     @property
     def feature_columns(self) -> tuple[str, ...]:
@@ -332,7 +337,7 @@ class RunConfig:
         """The solver these settings describe."""
         return SolverConfig(type=self.solver_type, base_lr=self.lr, momentum=self.momentum,
                             weight_decay=self.weight_decay, lr_policy=self.lr_policy, gamma=self.gamma,
-                            power=self.power, max_iter=self.steps)
+                            power=self.power, max_iter=self.steps, lr_warmup=self.lr_warmup, min_lr=self.min_lr)
 
     def worker(self) -> WorkerConfig:
         """What each worker does under these settings (one thread per worker unless --threads says)."""

@@ -100,6 +100,11 @@ class SolverConfig:
     """Iterations at which the multistep policy multiplies by ``gamma``."""
     max_iter: int = 10000
     """Horizon of the poly and cosine policies."""
+    lr_warmup: int = 0
+    """Iterations over which the rate rises linearly to the policy's: at iteration t below it, (t + 1) / lr_warmup
+    of the policy's rate (the gradual warm-up of large-batch SGD and of transformers; 0: none)."""
+    min_lr: float = 0.0
+    """The cosine policy's floor: its rate falls from base_lr to this at max_iter (PyTorch's eta_min)."""
     iter_size: int = 1
     """Gradient accumulation: minibatches per update."""
     clip_gradients: float = -1.0
@@ -152,6 +157,13 @@ class SolverConfig:
             raise ValueError(f"stepvalues must increase, got {self.stepvalues}")
         if self.max_iter <= 0:
             raise ValueError(f"max_iter must be positive, got {self.max_iter}")
+        if self.lr_warmup < 0:
+            raise ValueError(f"lr_warmup must be 0 or more iterations, got {self.lr_warmup}")
+        if self.min_lr and self.lr_policy is not LRPolicy.COSINE:
+            raise ValueError(f"min_lr is the cosine policy's floor; the {self.lr_policy.value} policy has none: give "
+                             "--lr-policy cosine, or drop min_lr")
+        if not 0.0 <= self.min_lr <= self.base_lr:
+            raise ValueError(f"min_lr must be in [0, base_lr = {self.base_lr}], got {self.min_lr}")
         if self.type is SolverType.NESTEROV and self.momentum == 0:
             raise ValueError("the Nesterov solver needs a non-zero momentum")
         for name in ("iter_size", "line_search_evals", "cg_restart", "history_size"):
@@ -201,8 +213,15 @@ _POLICIES: dict[LRPolicy, Callable[[SolverConfig, int], float]] = {
 
 
 def lr_multiplier(config: SolverConfig, iteration: int) -> float:
-    """The factor the policy applies to ``base_lr`` at ``iteration`` (Caffe's formulas)."""
-    return _POLICIES[config.lr_policy](config, iteration)
+    """The factor the policy applies to ``base_lr`` at ``iteration`` (Caffe's formulas; the cosine policy's falls to
+    ``min_lr``), times the linear warm-up's during the first ``lr_warmup`` iterations."""
+    factor = _POLICIES[config.lr_policy](config, iteration)
+    if config.min_lr:
+        floor = config.min_lr / config.base_lr
+        factor = floor + (1.0 - floor) * factor
+    if iteration < config.lr_warmup:
+        factor *= (iteration + 1) / config.lr_warmup
+    return factor
 
 
 def _iteration(value, name: str) -> int:

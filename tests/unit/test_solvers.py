@@ -131,3 +131,61 @@ def test_stepvalues_that_are_not_whole_numbers_are_refused_clearly(bad):
     assert SolverConfig(lr_policy="multistep", stepvalues=[100, 200.0]).stepvalues == (100, 200)  # JSON's 200.0
     with pytest.raises(ValueError, match="stepvalues must hold whole numbers of iterations"):
         SolverConfig(lr_policy="multistep", stepvalues=[100, bad])
+
+
+def test_a_linear_warm_up_rises_to_the_policy_and_cosine_falls_to_its_floor():
+    c = SolverConfig(base_lr=0.1, lr_policy="cosine", max_iter=100, lr_warmup=10, min_lr=0.01)
+    # (t + 1) / W of the policy's rate for t < W, then the policy's: cosine from base_lr to min_lr over max_iter
+    assert [lr_multiplier(c, t) for t in (0, 4, 9)] == pytest.approx([0.1 * (0.1 + 0.9 * 0.5 * (1 + math.cos(
+        math.pi * t / 100))) / 0.1 * (t + 1) / 10 for t in (0, 4, 9)])
+    assert lr_multiplier(c, 10) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.1)))
+    assert lr_multiplier(c, 100) == pytest.approx(0.1) and lr_multiplier(c, 500) == pytest.approx(0.1)
+    fixed = SolverConfig(lr_policy="fixed", lr_warmup=4)
+    assert [lr_multiplier(fixed, t) for t in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    plain = SolverConfig(lr_policy="inv", gamma=1e-4, power=0.75)  # no warm-up, no floor: Caffe's formula exactly
+    assert lr_multiplier(plain, 1000) == (1.0 + 1e-4 * 1000) ** -0.75
+
+
+def test_the_scheduler_warms_up_the_optimizer_and_so_does_a_net():
+    from sparknet import zoo
+    from sparknet.net import Net
+
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt, sched = build_optimizer([p], SolverConfig(base_lr=0.1, lr_policy="fixed", lr_warmup=2))
+    seen = []
+    for _ in range(3):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert seen == pytest.approx([0.05, 0.1, 0.1])
+    net = Net(zoo.mlp(input_shape=[4], hidden=[4], num_classes=2, batch_size=4),
+              SolverConfig(base_lr=0.2, lr_policy="fixed", lr_warmup=4))
+    net.set_training_data((torch.randn(16, 4), torch.randint(0, 2, (16,))))
+    net.train(1)
+    assert net.learning_rate == pytest.approx(0.1)  # the rate of the step that follows: 2 / 4 of 0.2
+
+
+@pytest.mark.parametrize("settings, refusal", [
+    ({"lr_warmup": -1}, "lr_warmup must be 0 or more"),
+    ({"min_lr": 0.01}, "min_lr is the cosine policy's floor"),
+    ({"lr_policy": "cosine", "min_lr": -0.1}, "min_lr must be in"),
+    ({"lr_policy": "cosine", "base_lr": 0.01, "min_lr": 0.1}, "min_lr must be in"),
+])
+def test_warm_up_and_floor_settings_are_checked(settings, refusal):
+    with pytest.raises(ValueError, match=refusal):
+        SolverConfig(**settings)
+
+
+def test_the_command_line_and_a_caffe_run_take_the_warm_up_and_the_floor():
+    from sparknet._fields import from_args
+    from sparknet.caffe.cli import _SOLVER_SETTINGS
+    from sparknet.cli import parse_args
+    from sparknet.config import RunConfig
+
+    args = parse_args(["train", "--lr", "0.1", "--lr-policy", "cosine", "--lr-warmup", "50", "--min-lr", "0.001",
+                       "--steps", "500"])
+    solver = from_args(RunConfig, args).solver()
+    assert (solver.lr_warmup, solver.min_lr, solver.max_iter) == (50, 0.001, 500)
+    assert {"lr_warmup", "min_lr"} <= set(_SOLVER_SETTINGS)  # over a Caffe solver file's settings too
+    with pytest.raises(ValueError, match="min_lr is the cosine policy's floor"):
+        from_args(RunConfig, parse_args(["train", "--min-lr", "0.001"]))
