@@ -21,7 +21,7 @@ from sparknet.solvers import LRPolicy, SolverConfig, SolverType
 
 __all__ = ["Engine", "Strategy", "CompressionKind", "Precision", "Compute", "WorkerConfig", "RunConfig",
            "DistributedConfig", "EngineOptions", "CaffeTrainFlags", "TrainConfig", "parse_enum",
-           "parse_plan"]
+           "parse_plan", "column_names"]
 
 
 class Engine(str, enum.Enum):
@@ -331,7 +331,7 @@ class RunConfig:
     @property
     def feature_columns(self) -> tuple[str, ...]:
         """The feature columns --features-col names, in order."""
-        return tuple(name.strip() for name in self.features_col.split(","))
+        return column_names(self.features_col)
 
     def solver(self) -> SolverConfig:
         """The solver these settings describe."""
@@ -345,6 +345,11 @@ class RunConfig:
                             threads=self.threads or 1, device=self.device, steps=self.steps,
                             gpus_per_worker=self.gpus_per_worker,
                             compute=Compute(self.precision, self.compile, self.channels_last))
+
+
+def column_names(text: str) -> tuple[str, ...]:
+    """The columns a flag such as ``--features-col a,b,c`` names, in order."""
+    return tuple(name.strip() for name in text.split(","))
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from sparknet._fields import OldName
+from sparknet.config import column_names
 from sparknet.spark.backend import run_with_deadline
 from sparknet.spark.session import get_session, is_connect
 from sparknet.spark.shared_path import check_shared_path
@@ -124,7 +125,7 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
     model = SparkNetModel.fromModelFolder(str(model_dir), allow_pickle=allow_pickle, **params)
     if features_col is None:  # the columns the model trained on
         features_col = ((model.config or {}).get("run") or {}).get("features_col") or "features"
-    columns = [name.strip() for name in features_col.split(",")]
+    columns = list(column_names(features_col))
     if len(columns) == 1:
         model.set(model.featuresCol, columns[0])
 
