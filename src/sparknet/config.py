@@ -244,6 +244,8 @@ class RunConfig:
     """Base learning rate."""
     momentum: float = 0.9
     """Momentum (Adam's beta1)."""
+    momentum2: float = 0.999
+    """Adam's and AdamW's beta2."""
     weight_decay: float = 5e-4
     """L2 weight decay."""
     lr_policy: LRPolicy = LRPolicy.INV
@@ -256,6 +258,8 @@ class RunConfig:
     """Steps over which the learning rate rises linearly to the policy's (0: none)."""
     min_lr: float = 0.0
     """The cosine policy's floor: the rate falls from --lr to this over --steps."""
+    clip_gradients: float = -1.0
+    """Clip the gradient's global L2 norm to this, where positive (as Caffe's clip_gradients)."""
     seed: int = 0
     """Seed of the weights and of the data order."""
     threads: int | None = None
@@ -337,7 +341,8 @@ class RunConfig:
         """The solver these settings describe."""
         return SolverConfig(type=self.solver_type, base_lr=self.lr, momentum=self.momentum,
                             weight_decay=self.weight_decay, lr_policy=self.lr_policy, gamma=self.gamma,
-                            power=self.power, max_iter=self.steps, lr_warmup=self.lr_warmup, min_lr=self.min_lr)
+                            power=self.power, max_iter=self.steps, lr_warmup=self.lr_warmup, min_lr=self.min_lr,
+                            momentum2=self.momentum2, clip_gradients=self.clip_gradients)
 
     def worker(self) -> WorkerConfig:
         """What each worker does under these settings (one thread per worker unless --threads says)."""

@@ -176,16 +176,17 @@ def test_warm_up_and_floor_settings_are_checked(settings, refusal):
         SolverConfig(**settings)
 
 
-def test_the_command_line_and_a_caffe_run_take_the_warm_up_and_the_floor():
+def test_the_command_line_and_a_caffe_run_take_the_warm_up_the_floor_beta2_and_clipping():
     from sparknet._fields import from_args
     from sparknet.caffe.cli import _SOLVER_SETTINGS
     from sparknet.cli import parse_args
     from sparknet.config import RunConfig
 
     args = parse_args(["train", "--lr", "0.1", "--lr-policy", "cosine", "--lr-warmup", "50", "--min-lr", "0.001",
-                       "--steps", "500"])
+                       "--steps", "500", "--solver-type", "adamw", "--momentum2", "0.99", "--clip-gradients", "1"])
     solver = from_args(RunConfig, args).solver()
     assert (solver.lr_warmup, solver.min_lr, solver.max_iter) == (50, 0.001, 500)
-    assert {"lr_warmup", "min_lr"} <= set(_SOLVER_SETTINGS)  # over a Caffe solver file's settings too
+    assert (solver.momentum2, solver.clip_gradients) == (0.99, 1.0)
+    assert {"lr_warmup", "min_lr", "momentum2", "clip_gradients"} <= set(_SOLVER_SETTINGS)  # over a Caffe solver file
     with pytest.raises(ValueError, match="min_lr is the cosine policy's floor"):
         from_args(RunConfig, parse_args(["train", "--min-lr", "0.001"]))

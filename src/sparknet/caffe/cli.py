@@ -64,7 +64,7 @@ __all__ = ["CaffeTrainFlags", "train_caffe_files", "describe_net", "describe_sol
 _RUN_SETTINGS = {"steps": "max_iter", "batch_size": "batch_size", "seed": "seed", "eval_every": "test_interval"}
 _SOLVER_SETTINGS = {"solver_type": "type", "lr": "base_lr", "momentum": "momentum", "weight_decay": "weight_decay",
                     "lr_policy": "lr_policy", "gamma": "gamma", "power": "power", "lr_warmup": "lr_warmup",
-                    "min_lr": "min_lr"}
+                    "min_lr": "min_lr", "momentum2": "momentum2", "clip_gradients": "clip_gradients"}
 
 
 def train_caffe_files(run: RunConfig, dist: DistributedConfig, flags: CaffeTrainFlags, options=None) -> dict:

@@ -58,9 +58,9 @@ __all__ = ["SparkNetEstimator", "SparkNetModel"]
 
 log = logging.getLogger(__name__)
 
-_RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", "weight_decay", "lr_policy",
-               "gamma", "power", "lr_warmup", "min_lr", "seed", "threads", "device", "gpus_per_worker", "precision",
-               "compile", "channels_last", "metrics_out", "quiet", "mlflow")
+_RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", "momentum2", "weight_decay",
+               "lr_policy", "gamma", "power", "lr_warmup", "min_lr", "clip_gradients", "seed", "threads", "device",
+               "gpus_per_worker", "precision", "compile", "channels_last", "metrics_out", "quiet", "mlflow")
 """RunConfig fields that become estimator Params."""
 _DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs",
                 "weight_ema", "target_accuracy", "target_loss", "patience", "monitor", "min_delta", "data_mode",
