@@ -54,9 +54,11 @@ FEATURES = [{"name": "features", "kind": "array"}]
 
 
 def input_columns(saved) -> list[dict]:
-    """The columns a model takes, in order, each a number or an array a row: those of the table it trained on, as
-    its metadata says (:func:`sparknet._parquet.feature_columns`), else :data:`FEATURES`."""
-    return (saved.manifest or {}).get("metadata", {}).get("features") or FEATURES
+    """The columns a model takes, in order, each a number or an array a row: those of the table it trained on
+    (:func:`sparknet.model_io.input_columns`), else :data:`FEATURES`."""
+    from sparknet.model_io import input_columns as trained_on
+
+    return trained_on(saved) or FEATURES
 
 
 def _features(saved, model_input) -> np.ndarray:

@@ -365,6 +365,12 @@ def unpack_model(files: Mapping[str, bytes], *, device: str | torch.device = "cp
                       input_shape=None if shape is None else tuple(shape), manifest=manifest)
 
 
+def input_columns(saved: SavedModel) -> list[dict] | None:
+    """The columns of the table a model trained on, in order, each ``{"name", "kind"}`` (a number or an array a row:
+    :func:`sparknet._parquet.feature_columns`), as its metadata keeps them; ``None`` where it does not say."""
+    return (saved.manifest.get("metadata") or {}).get("features") or None
+
+
 # -- folders ---------------------------------------------------------------------------------
 def write_model_files(path: str | os.PathLike, files: Mapping[str, bytes], *,
                       overwrite: bool = False) -> Path | str:

@@ -137,3 +137,18 @@ def test_check_shared_path_asks_the_executors_about_plain_paths_and_file_uris():
     for path in ("/only/here", "file:///only/here", "relative/path"):
         with pytest.raises(AssertionError, match="asked Spark"):
             check_shared_path(_NoSpark("spark://h:7077"), path, what="--data")
+
+
+def test_predict_reads_the_columns_the_model_trained_on_from_its_folder(spark, model_and_data, tmp_path):
+    """A model whose folder keeps the table's own columns (as sparknet train and the Estimator write them) is scored
+    on those columns with no --features-col: numbers and an array, joined in the order it trained on."""
+    _, _, net, x = model_and_data
+    folder = save_model(tmp_path / "model", net, metadata={"features": [
+        {"name": "first", "kind": "number"}, {"name": "rest", "kind": "array"}]})
+    data = tmp_path / "named.parquet"
+    pq.write_table(pa.table({"rest": list(x[:, 1:]), "first": x[:, 0], "id": np.arange(60)}), data)
+    out = tmp_path / "scored"
+    assert predict(folder, str(data), str(out), spark=spark).rows == 60
+    table = pq.read_table(out).to_pandas().sort_values("id")
+    assert list(table.columns) == ["rest", "first", "id", "prediction", "probability"]
+    np.testing.assert_array_equal(table["prediction"].to_numpy(), _expected(net, x)[0].astype(np.float64))

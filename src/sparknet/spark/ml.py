@@ -606,6 +606,13 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
         """The run configuration the model folder holds (``sparknet train``'s settings), or ``None``."""
         return self._loaded().config
 
+    @property
+    def trainedColumns(self) -> list[str] | None:
+        """The feature columns of the table the model trained on, in order, as its folder says (``None`` where it
+        does not: a model made by hand)."""
+        columns = model_io.input_columns(self._loaded())
+        return None if columns is None else [c["name"] for c in columns]
+
     def _loaded(self) -> model_io.SavedModel:
         if self._saved is None:
             self._saved = model_io.unpack_model(self._require_files(), allow_pickle=self._allow_pickle)
