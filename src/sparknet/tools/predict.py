@@ -91,8 +91,8 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
         Spark master URL for a new session (default ``local[*]``).
     features_col : str, optional
         The feature column, or several (numbers, arrays or ML vectors), comma-separated, joined in that order
-        into one array (default: the columns the model was trained on, as ``sparknet train --features-col``
-        recorded them, else ``features``).
+        into one array (default: the columns the model was trained on, as its folder records them
+        (:attr:`~sparknet.spark.ml.SparkNetModel.trainedColumns`), else ``features``).
     prediction_col, probability_col : str
         Output column names (an empty name leaves that column out).
     probability_vector : bool
