@@ -100,7 +100,7 @@ def finish_run(run: RunConfig, sinks: list, *, failed: bool, net_params=None, we
     """Save the model folder (when asked and training succeeded), then close the sinks (an MLflow sink logs the
     model as an MLflow model: from ``run.model_dir``, or from a folder saved for it alone). ``saved``: a model
     folder the run wrote itself (a Caffe run's), which the sinks log as it is; ``features``: the columns of a table
-    the model trained on (:func:`sparknet._parquet.feature_columns`, the data's ``info["features"]``), kept in its
+    the model trained on (:func:`sparknet._parquet.feature_column`, the data's ``info["features"]``), kept in its
     metadata for its MLflow signature."""
 
     def write(path: str):

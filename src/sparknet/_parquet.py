@@ -23,7 +23,7 @@ import pyarrow as pa
 from sparknet._enums import Task
 from sparknet.datasets import ArrayDataset
 
-__all__ = ["read_parquet_dataset", "features_to_numpy", "table_info", "feature_columns"]
+__all__ = ["read_parquet_dataset", "features_to_numpy", "table_info", "feature_column", "arrow_feature_column"]
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +72,20 @@ def _joined(table, columns: Sequence[str]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
 
 
-def feature_columns(types: Sequence[tuple[str, bool]]) -> list[dict]:
-    """What a model keeps of the columns it trained on (its metadata's ``"features"``, which its MLflow signature
-    reads): each column's name, and whether it holds a number a row or an array (or ML vector), from ``types``:
-    ``(name, whether a number)`` pairs in order."""
-    return [{"name": name, "kind": "number" if number else "array"} for name, number in types]
+def feature_column(name: str, number: bool, values: str) -> dict:
+    """What a model keeps of a column it trained on (its metadata's ``"features"``, which its MLflow signature reads):
+    its name, whether it holds a number a row or an array (or ML vector), and what its values are (``"long"``,
+    ``"double"`` or ``"boolean"``)."""
+    return {"name": name, "kind": "number" if number else "array", "values": values}
+
+
+def arrow_feature_column(name: str, arrow_type) -> dict:
+    """:func:`feature_column` of a column of this Arrow type."""
+    listed = pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or \
+        pa.types.is_fixed_size_list(arrow_type)
+    value = arrow_type.value_type if listed else arrow_type
+    values = "long" if pa.types.is_integer(value) else "boolean" if pa.types.is_boolean(value) else "double"
+    return feature_column(name, _is_number(arrow_type), values)
 
 
 def _is_number(arrow_type) -> bool:
@@ -252,7 +261,7 @@ def _facts(opened: list, columns: Sequence[str]) -> FooterFacts | None:
 def _read_arrays(path: str, features_col: str | Sequence[str], label_col: str, flag: str = "--data", *,
                  task: Task = Task.CLASSIFICATION) -> tuple[np.ndarray, np.ndarray, list[dict]]:
     """The features and labels of the Parquet file or folder at ``path`` (a path or a URI), checked, and its feature
-    columns (:func:`feature_columns`)."""
+    columns (:func:`feature_column`)."""
     import pyarrow.parquet as pq
     from pyarrow import fs as pafs
 
@@ -271,7 +280,7 @@ def _read_arrays(path: str, features_col: str | Sequence[str], label_col: str, f
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     names = [features_col] if isinstance(features_col, str) else list(features_col)
-    return x, y, feature_columns([(name, _is_number(table.schema.field(name).type)) for name in names])
+    return x, y, [arrow_feature_column(name, table.schema.field(name).type) for name in names]
 
 
 def _arrays(table, features_col: str | Sequence[str], label_col: str,

@@ -49,7 +49,7 @@ class SparkNetPyfunc(_PythonModel):
         return score_frame(self.saved, model_input)
 
 
-FEATURES = [{"name": "features", "kind": "array"}]
+FEATURES = [{"name": "features", "kind": "array", "values": "double"}]
 """The input of a model that does not say which columns it trained on: one ``features`` column of arrays."""
 
 
@@ -101,7 +101,8 @@ def score_frame(saved, model_input):
 
 
 def signature_of(saved):
-    """The MLflow signature of a model: its :func:`input_columns` in (a number, or an array of floats, a row);
+    """The MLflow signature of a model: its :func:`input_columns` in (a number or an array a row, of the types the
+    table it trained on had);
     ``prediction`` (and ``probability``) out, as :func:`score_frame` gives them for the net's task."""
     import torch
     from mlflow.models import ModelSignature
@@ -120,7 +121,10 @@ def signature_of(saved):
         out = [ColSpec(vector, "prediction"), ColSpec(vector, "probability")]
     else:
         out = [ColSpec(DataType.double, "prediction"), ColSpec(vector, "probability")]
-    inputs = [ColSpec(DataType.double if c["kind"] == "number" else vector, c["name"]) for c in input_columns(saved)]
+    inputs = []
+    for c in input_columns(saved):  # the table's own types: MLflow refuses what it cannot convert safely to them
+        values = DataType[c.get("values", "double")]
+        inputs.append(ColSpec(values if c["kind"] == "number" else Array(values), c["name"]))
     return ModelSignature(inputs=Schema(inputs), outputs=Schema(out))
 
 
@@ -143,8 +147,10 @@ def save_pyfunc_model(model_dir: str | os.PathLike, path: str | os.PathLike) -> 
     columns = input_columns(saved)
     arrays = [c["name"] for c in columns if c["kind"] == "array"]
     width = int(np.prod(saved.input_shape)) - (len(columns) - len(arrays))  # of the one array, where there is one
+    zero = {"long": 0, "boolean": False}  # a zero of each column's own type (else 0.0)
     example = None if len(arrays) > 1 else pd.DataFrame(  # the widths of several arrays are not kept
-        {c["name"]: [0.0 if c["kind"] == "number" else [0.0] * width] for c in columns})
+        {c["name"]: [zero.get(c.get("values"), 0.0) if c["kind"] == "number" else
+                     [zero.get(c.get("values"), 0.0)] * width] for c in columns})
     with warnings.catch_warnings():  # MLflow's advice to type-hint predict: the signature is given in full
         warnings.filterwarnings("ignore", message=".*type hints.*", category=UserWarning)
         mlflow.pyfunc.save_model(path=str(path), python_model=str(Path(__file__).with_name("_mlflow_code.py")),

@@ -367,7 +367,7 @@ def unpack_model(files: Mapping[str, bytes], *, device: str | torch.device = "cp
 
 def input_columns(saved: SavedModel) -> list[dict] | None:
     """The columns of the table a model trained on, in order, each ``{"name", "kind"}`` (a number or an array a row:
-    :func:`sparknet._parquet.feature_columns`), as its metadata keeps them; ``None`` where it does not say."""
+    :func:`sparknet._parquet.feature_column`), as its metadata keeps them; ``None`` where it does not say."""
     return (saved.manifest.get("metadata") or {}).get("features") or None
 
 

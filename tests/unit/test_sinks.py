@@ -208,7 +208,7 @@ def test_a_caffe_run_logs_its_model_to_mlflow_without_a_model_folder_of_its_own(
 
 def test_a_model_trained_on_a_tables_own_columns_is_an_mlflow_model_of_those_columns(tmp_path):
     """sparknet train --features-col rooms,shape,age --mlflow: the MLflow model's signature names the table's columns
-    (numbers as doubles, an array as an array), and mlflow.pyfunc scores a frame of them, joined as training joined
+    (of the table's own types), and mlflow.pyfunc scores a frame of them, joined as training joined
     them; a frame without one of them is refused by the signature, naming it."""
     import mlflow
     import pandas as pd
@@ -236,8 +236,10 @@ def test_a_model_trained_on_a_tables_own_columns_is_an_mlflow_model_of_those_col
     finally:
         mlflow.set_tracking_uri(None)
     inputs = model.metadata.signature.inputs.to_dict()
-    assert [(c["name"], c["type"]) for c in inputs] == [("rooms", "double"), ("shape", "array"), ("age", "double")]
-    frame = pd.DataFrame({"age": age[:8], "rooms": rooms[:8].astype(float), "shape": list(shape[:8])})
+    # the table's own types: a column of whole numbers takes whole numbers (MLflow refuses floats for it)
+    assert [(c["name"], c["type"]) for c in inputs] == [("rooms", "long"), ("shape", "array"), ("age", "double")]
+    assert inputs[1]["items"] == {"type": "double"}
+    frame = pd.DataFrame({"age": age[:8], "rooms": rooms[:8], "shape": list(shape[:8])})
     out = model.predict(frame)  # the columns in any order: joined in the model's
     joined = np.concatenate([rooms[:8, None], shape[:8], age[:8, None]], axis=1).astype(np.float32)
     want = load_model(tmp_path / "m").predict(torch.from_numpy(joined)).argmax(1).double().numpy()

@@ -42,6 +42,7 @@ from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, Default
                              DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter)
 
 from sparknet import model_io, zoo
+from sparknet._parquet import feature_column
 from sparknet._fields import base_type, field_docs
 from sparknet.config import DistributedConfig, RunConfig
 from sparknet.layers import NetParams
@@ -461,7 +462,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
                                      image_shape=image_shape)
                 summary = _plain(result.summary)
                 metrics.write({"event": "summary", **summary})
-            features = [] if kind == "binary" else [{"name": features_col, "kind": "array"}]  # an MLflow input
+            features = [] if kind == "binary" else [feature_column(features_col, False, "double")]  # MLflow's input
             files = model_io.pack_model(net_params, result.weights, solver=solver, config=config, input_shape=shape,
                                          metadata={"summary": summary, "features": features})
             failed = False

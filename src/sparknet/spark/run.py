@@ -22,7 +22,7 @@ import numpy as np
 
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
 from sparknet._fs import is_uri
-from sparknet._parquet import TEST_FRACTION, feature_columns, footer_facts, table_info
+from sparknet._parquet import TEST_FRACTION, feature_column, footer_facts, table_info
 from sparknet._enums import CompressionKind
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.datasets import SyntheticImages, cache_root
@@ -247,10 +247,10 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None) -> t
     """The Parquet table at ``uri`` as Spark reads it, as ``features`` and ``label`` columns: the columns
     ``--features-col`` (joined into one array where it names several) and ``--label-col`` name, checked to be there
     (a ``file://`` one on a cluster: checked to be seen by every host); and its feature columns
-    (:func:`sparknet._parquet.feature_columns`)."""
+    (:func:`sparknet._parquet.feature_column`)."""
     from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
-    from pyspark.sql.types import BooleanType, NumericType
+    from pyspark.sql.types import ArrayType, BooleanType, IntegralType, NumericType
 
     from sparknet.spark.data import _feature_expr
     from sparknet.spark.shared_path import check_shared_path
@@ -266,8 +266,13 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None) -> t
         raise ValueError(f"{flag} {uri} has no {' or '.join(map(repr, missing))} column (its columns: "
                          f"{', '.join(table.columns)}); sparknet train reads {', '.join(map(repr, columns))} "
                          "(--features-col, --label-col)")
-    features = feature_columns([(name, isinstance(table.schema[name].dataType, (NumericType, BooleanType)))
-                                for name in run.feature_columns])
+    features = []
+    for name in run.feature_columns:
+        dtype = table.schema[name].dataType
+        value = dtype.elementType if isinstance(dtype, ArrayType) else dtype
+        features.append(feature_column(name, isinstance(dtype, (NumericType, BooleanType)),
+                                       "long" if isinstance(value, IntegralType) else
+                                       "boolean" if isinstance(value, BooleanType) else "double"))
     if columns == ("features", "label"):
         return table, features
     return table.select(_feature_expr(table, list(run.feature_columns), None)[0].alias("features"),
