@@ -28,6 +28,10 @@ COMMANDS = (
     "train --help",
     "train --model lenet --dataset mnist --lrr 0.05",  # one process's road, mistyped
     "train --model lenet --dataset mnist --workers 2 --lrr 0.05",  # Spark's road (its JVM started ahead), mistyped
+    "train --model lenet --dataset mnist --min-lr 0.001",  # a solver setting its policy has not (before: at the run)
+    "caffe --help",
+    "experiment --help",
+    "experiment speedup-grid --help",
 )
 """What a user types that trains nothing."""
 
