@@ -591,9 +591,6 @@ class DistributedConfig:
             raise ValueError(f"patience counts evaluations without betterment, at least 1, got {self.patience}")
         if not (math.isfinite(self.min_delta) and self.min_delta >= 0.0):
             raise ValueError(f"min_delta must be a finite number, 0 or more, got {self.min_delta}")
-        if self.strategy is Strategy.ASYNC:
-            raise ValueError("--patience follows the evaluations of the round loop; the async strategy has no rounds: "
-                             "drop --patience or choose another strategy")
         if self.resume and self.eval_overlap:
             raise ValueError("--patience with --eval-overlap and --resume: a checkpoint is written before its round "
                              "is scored, so a resumed run would not judge that round; drop --eval-overlap to resume")

@@ -418,3 +418,32 @@ def test_an_epochs_default_deadline_follows_the_measured_step_time():
     assert sess._epoch_deadline(slow, 60) == pytest.approx(20 * 0.6 * 60)  # a step budget ends it sooner
     assert sess._epoch_deadline([{"steps": 10, "train_s": 1.0, "comm_s": 0.0}], None) == 600.0  # at least 10 min
     assert AsyncSession(_mlp(), epoch_timeout_s=5.0)._epoch_deadline(slow, None) == 5.0  # the user's wins
+
+
+def test_an_async_run_stops_early_returns_the_best_epoch_and_resumes_counting(spark, tmp_path):
+    """--patience with the parameter server: every epoch is judged; no epoch betters the first by 10 (a loss cannot
+    fall so far), so the third after it stops the run, whose model is the server's copy after epoch 0 (it scores
+    what that epoch's record says). A checkpoint keeps the count and the best copy: a resumed run counts on."""
+    from sparknet.checkpoint import CheckpointManager
+    from sparknet.model_io import load_model
+    from sparknet._app import load_training_data
+
+    run = RunConfig(model="mlp", dataset="synthetic", steps=10_000, batch_size=50, lr=0.05, seed=0, quiet=True,
+                    model_dir=str(tmp_path / "model"), metrics_out=str(tmp_path / "m.jsonl"))
+    folder = str(tmp_path / "ck")
+
+    def fit(epochs: int, **dist) -> dict:
+        return run_async(run, DistributedConfig(workers=2, strategy="async", tau=10, epochs=epochs, patience=3,
+                                                min_delta=10.0, checkpoint_dir=folder, checkpoint_every=1, **dist))
+
+    first = fit(2)  # two epochs: epoch 0 the best, one without betterment
+    assert first["best_epoch"] == 0 and "stop_reason" not in first and first["returned_weights"] == "best"
+    assert CheckpointManager(folder).load().state["early_stop"]["since"] == 1
+    epochs = [json.loads(line) for line in open(tmp_path / "m.jsonl") if '"epoch"' in line]
+    resumed = fit(8, resume=True)  # epochs 2 and 3 without betterment: the third in a row stops it
+    assert resumed["epochs"] == 4 and resumed["stop_reason"] == "patience" and resumed["best_epoch"] == 0
+    assert resumed["test_loss"] == epochs[0]["test_loss"]
+    saved, (_, test, _) = load_model(tmp_path / "model"), load_training_data(run)
+    net = Net(saved.net_params)
+    net.set_weights(saved.weights)
+    assert net.evaluate(test).loss == pytest.approx(epochs[0]["test_loss"], rel=1e-5)

@@ -123,7 +123,6 @@ def test_one_process_returns_and_saves_the_best_weights(tmp_path):
     ({"patience": 2, "min_delta": -0.1}, "min_delta must be a finite number"),
     ({"monitor": "score"}, "give --patience N too"),
     ({"min_delta": 0.1}, "give --patience N too"),
-    ({"patience": 2, "strategy": "async"}, "async strategy has no rounds"),
     ({"patience": 2, "checkpoint_dir": "c", "resume": True, "eval_overlap": True}, "drop --eval-overlap to resume"),
     ({"patience": 2, "monitor": "accuracy"}, "monitor"),
 ])

@@ -35,6 +35,7 @@ from sparknet.checkpoint import CheckpointError, open_checkpoints
 from sparknet.config import Compute, TrainConfig, check_at_least
 from sparknet.errors import EngineError
 from sparknet.faults import faults_from
+from sparknet.loop import EarlyStop
 from sparknet.metrics import MetricsLogger
 from sparknet.net import Net
 from sparknet.parallel.runner import split_budget
@@ -131,14 +132,21 @@ class AsyncSession:
         self.metrics: dict = {"epochs": [], "test_accuracy_by_epoch": []}
         self._iteration = self.net.iteration
         self._epochs_done = 0
+        self._last: WeightCollection | None = None  # the server's last copy, where the net holds the best weights
         self._validation = validation_data is not None
         if self._validation:
             self.net.set_validation_data(validation_data)
 
     @property
     def weights(self) -> WeightCollection:
-        """The trained weights (the server's final copy), a copy."""
+        """The trained weights (the server's final copy, or the best scored where :meth:`run` stopped early), a
+        copy."""
         return self.net.get_weights()
+
+    @property
+    def last_weights(self) -> WeightCollection:
+        """The server's last copy of the weights (what a checkpoint holds, to go on training from), a copy."""
+        return self.net.get_weights() if self._last is None else self._last
 
     @property
     def epochs_done(self) -> int:
@@ -221,7 +229,7 @@ class AsyncSession:
             epochs: int = 1, shuffle_within_partition: bool = True, repartition_between_epochs: bool = True,
             feed_names: tuple[str, str] | None = None, num_workers: int | None = None, steps: int | None = None,
             image_shape=None, validation_data=None, target_accuracy: float | None = None,
-            on_epoch: Callable[[dict], None] | None = None) -> dict:
+            on_epoch: Callable[[dict], None] | None = None, early_stop=None) -> dict:
         """Train asynchronously on ``data`` for ``epochs`` passes; returns :attr:`metrics`.
 
         Parameters
@@ -257,6 +265,11 @@ class AsyncSession:
             Stop after the first epoch reaching this validation score (accuracy; R-squared for a regression net).
         on_epoch : callable, optional
             Called on the driver with each epoch's record.
+        early_stop : EarlyStop, optional
+            Early stopping (:class:`sparknet.loop.EarlyStop`, ``--patience``): every epoch's validation result is
+            judged, the run stops once ``patience`` epochs in a row have not bettered the best, and the net ends
+            with the best weights scored (:attr:`last_weights` keeps the server's last copy); :attr:`metrics` then
+            says ``best_epoch`` and its test scores.
         """
         if data is None:
             raise ValueError("run() needs data: a DataFrame, an RDD of (ndarray, label), or local arrays")
@@ -308,6 +321,7 @@ class AsyncSession:
         evaluate = self._validation
 
         t_run = time.perf_counter()
+        self._last = None
         server = ParameterServer(self.net.get_flat().numpy(), self.combiner, host=self._server_host(sc),
                                  port=self.port, num_workers=K)
         # a NetParams net travels as data; a plain module in the job's closure (Spark's cloudpickle), on the CPU
@@ -360,6 +374,10 @@ class AsyncSession:
                                    **{f"test_{k}": v for k, v in ev.metrics.items()}, "test_loss": ev.loss})
                     self.metrics["test_accuracy_by_epoch"].append(record["test_accuracy"])
                     score = ev.score
+                    if early_stop is not None:
+                        early_stop.observe(epoch, ev, self.net.get_flat())
+                        if early_stop.exhausted:
+                            record.update(stop_reason="patience", best_epoch=early_stop.best_round)
                 history.append(record)
                 self.metrics["epochs"].append(record)
                 log.info("epoch %d: %d steps per worker, loss %.4f, %d pushes, staleness %.2f, %.1f s%s", epoch,
@@ -370,6 +388,10 @@ class AsyncSession:
                 if target_accuracy is not None and evaluate and score >= target_accuracy:
                     log.info("test score %.4f reached the target %.4f", score, target_accuracy)
                     break
+                if record.get("stop_reason") == "patience":
+                    log.info("%d epochs without a better test %s than epoch %d's: stopping", early_stop.patience,
+                             "score" if early_stop.on_score else "loss", early_stop.best_round)
+                    break
                 if repartition_between_epochs and e < epochs - 1:
                     rdd = (rdd.mapPartitionsWithIndex(_worker.scatter(self.seed, epoch, K))
                            .partitionBy(K, spark_data.partition_key).values())
@@ -377,6 +399,13 @@ class AsyncSession:
             server.stop()
             cached.unpersist()
         self._finish_metrics(server.stats(), history, tasks, K, tau, t_run)
+        if early_stop is not None and early_stop.weights is not None:  # the best weights scored, not the last
+            self._last = self.net.get_weights()
+            self.net.set_flat(early_stop.weights)
+            best = dict(early_stop.scores)
+            self.metrics.update({"returned_weights": "best", "best_epoch": early_stop.best_round,
+                                 "test_accuracy": best.get("accuracy"), "test_loss": best.pop("loss"),
+                                 **{f"test_{k}": v for k, v in best.items()}})
         return self.metrics
 
     def _epoch_deadline(self, last: list[dict] | None, steps_left: int | None) -> float:
@@ -462,6 +491,8 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
     config = {**TrainConfig(run=run, dist=dist).to_dict(), "combiner": cfg.combiner}
     checkpoints, ckpt = open_checkpoints(dist, config, net)
     done = 0  # local steps a worker took before this run (a resumed one)
+    early = None if dist.patience is None else EarlyStop(dist.patience, dist.min_delta,
+                                                         on_score=dist.monitor == "score")
     if ckpt is not None:
         if ckpt.state.get("engine") != "ps":
             raise CheckpointError(f"checkpoint {ckpt.path} was written by the {ckpt.state.get('engine')!r} engine; "
@@ -470,6 +501,8 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
         net.set_weights(ckpt.weights)
         sess.continue_from(int(ckpt.state["epochs"]), int(ckpt.state["iteration"]))
         done = int(ckpt.state["steps"])
+        if early is not None and ckpt.state.get("best") is not None:  # early stopping goes on as the run left it
+            early.restore(ckpt.state.get("early_stop"), ckpt.state["best"].to(torch.float32))
         log.info("resuming from %s: epoch %d, step %d", ckpt.path, sess.epochs_done, done)
     warmup = None
     if dist.warmup_steps and ckpt is None:  # a resumed run had its warm-up before its checkpoint
@@ -480,7 +513,7 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
     try:
         summary = _train_async(run, dist, sess, train, test, combiner=cfg.combiner, sinks=sinks,
                                steps=max(steps - done, 0), epochs=max(epochs - sess.epochs_done, 0), done=done,
-                               checkpoints=checkpoints, on_round=on_round, warmup=warmup)
+                               checkpoints=checkpoints, on_round=on_round, warmup=warmup, early=early)
         failed = False
     finally:  # the server's final copy saved (--model-dir) and logged (--mlflow) as one process's weights are
         finish_run(run, sinks, failed=failed, net_params=net_params, weights=sess.weights, solver=run.solver(),
@@ -500,16 +533,20 @@ def _warm_up(net: Net, train, steps: int) -> dict:
 
 
 def _train_async(run, dist, sess: AsyncSession, train, test, *, combiner: str, sinks: list, steps: int, epochs: int,
-                 done: int, checkpoints, on_round: Callable[[dict], None] | None, warmup: dict | None = None) -> dict:
+                 done: int, checkpoints, on_round: Callable[[dict], None] | None, warmup: dict | None = None,
+                 early=None) -> dict:
     """:func:`run_async`'s training: ``sess`` run on ``train`` for ``steps`` more local steps a worker (``done``
     taken before), every epoch's record written and shown and, where due and at the end, the server's copy
-    checkpointed; then its summary (with the driver's ``warmup``, where it had one)."""
+    checkpointed (with early stopping's best weights and count, ``early``, where the run keeps them); then its
+    summary (with the driver's ``warmup``, where it had one)."""
     K = dist.workers
     taken = {"steps": done, "saved": sess.epochs_done if done else None}  # a resumed run's start is saved already
 
     def save() -> None:
         state = {"engine": "ps", "epochs": sess.epochs_done, "steps": taken["steps"], "iteration": sess.iteration}
-        checkpoints.save(sess.epochs_done, sess.weights, state)
+        if early is not None and early.weights is not None:
+            state.update(early_stop=early.counters(), best=early.weights)
+        checkpoints.save(sess.epochs_done, sess.last_weights, state)
         taken["saved"] = sess.epochs_done
 
     with MetricsLogger(run.metrics_out, progress=not run.quiet, total=done + steps, sinks=sinks,
@@ -531,8 +568,10 @@ def _train_async(run, dist, sess: AsyncSession, train, test, *, combiner: str, s
         if epochs and steps:
             m = sess.run(data=train, batch_size=run.batch_size, tau=dist.tau, epochs=epochs,
                          num_workers=K, steps=steps, validation_data=test, target_accuracy=dist.target_accuracy,
-                         on_epoch=emit)
-        else:  # resumed at the run's end: nothing left to train, the weights it ended with scored
+                         on_epoch=emit, early_stop=early)
+        else:  # resumed at the run's end: nothing left to train, the weights it ended with (the best) scored
+            if early is not None and early.weights is not None:
+                sess.net.set_flat(early.weights)
             sess.net.set_validation_data(test)
             scored = sess.net.evaluate()
             m = {"steps_per_worker": 0, "samples": 0, "wall_s": 0.0, "train_s": 0.0, "samples_per_s": None,
@@ -552,6 +591,9 @@ def _train_async(run, dist, sess: AsyncSession, train, test, *, combiner: str, s
             "test_accuracy_by_epoch": m["test_accuracy_by_epoch"],
             **{k: v for k, v in m.items() if k.startswith("test_") and k != "test_accuracy_by_epoch"},
             **({"resumed_from_step": done} if done else {}), **({"warmup": warmup} if warmup else {}),
+            **{k: m[k] for k in ("returned_weights", "best_epoch") if k in m},
+            **({"stop_reason": "patience"} if sess.metrics["epochs"] and
+               sess.metrics["epochs"][-1].get("stop_reason") == "patience" else {}),
         }
         metrics.write(summary)
     return summary
