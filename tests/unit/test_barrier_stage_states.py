@@ -82,8 +82,8 @@ def test_rank_0_sends_a_rounds_states_before_its_record():
     exchange = object.__new__(_BarrierExchange)  # the parts round_done reads, no process group
     vars(exchange).update(
         params=StagePlan(group=None, fit=None, checkpoint_every=2),
-        fit=SimpleNamespace(auto=None, average=None, early_stop=None), history=[], reports=True, state_part=None, holds_state=True,
-        has_data=True, task=0, link=None, eval_link_s=0.0, streaming=None,
+        fit=SimpleNamespace(auto=None, average=None, early_stop=None), history=[], reports=True, state_part=None,
+        holds_state=True, has_data=True, task=0, link=None, eval_link_s=0.0, streaming=None,
         step=SimpleNamespace(state=WorkerState(local_flat=None, extra={})),
         net=SimpleNamespace(iteration=20, solver_state=lambda copy_tensors: {"momentum": torch.zeros(N)}),
         strategy=SimpleNamespace(state_dict=lambda: {}),
@@ -158,7 +158,8 @@ def test_a_rank_whose_state_did_not_leave_tells_the_driver_after_it():
         sent.append(record)
         return payload is None
 
-    rank = SimpleNamespace(params=StagePlan(group=None, fit=None), fit=SimpleNamespace(auto=None, average=None, early_stop=None),
+    rank = SimpleNamespace(params=StagePlan(group=None, fit=None),
+                           fit=SimpleNamespace(auto=None, average=None, early_stop=None),
                            sender=SimpleNamespace(send=send), link=None, holds_state=True, net=SimpleNamespace(
                                iteration=6), state_part=None, strategy=SimpleNamespace(state_dict=lambda: {}),
                            has_data=True, reports=True, history=[], task=0)
