@@ -141,7 +141,10 @@ def test_check_shared_path_asks_the_executors_about_plain_paths_and_file_uris():
 
 def test_predict_reads_the_columns_the_model_trained_on_from_its_folder(spark, model_and_data, tmp_path):
     """A model whose folder keeps the table's own columns (as sparknet train and the Estimator write them) is scored
-    on those columns with no --features-col: numbers and an array, joined in the order it trained on."""
+    on those columns with no --features-col, by predict and by the model's transform: numbers and an array, joined in
+    the order it trained on."""
+    from pyspark.sql import functions as F
+
     _, _, net, x = model_and_data
     folder = save_model(tmp_path / "model", net, metadata={"features": [
         {"name": "first", "kind": "number"}, {"name": "rest", "kind": "array"}]})
@@ -152,3 +155,12 @@ def test_predict_reads_the_columns_the_model_trained_on_from_its_folder(spark, m
     table = pq.read_table(out).to_pandas().sort_values("id")
     assert list(table.columns) == ["rest", "first", "id", "prediction", "probability"]
     np.testing.assert_array_equal(table["prediction"].to_numpy(), _expected(net, x)[0].astype(np.float64))
+    # the model's own transform takes them too, where its featuresCol is not set and the data has no such column
+    from sparknet.spark.ml import SparkNetModel
+
+    model = SparkNetModel.fromModelFolder(str(folder))
+    assert model.trainedColumns == ["first", "rest"]
+    scored = model.transform(spark.read.parquet(str(data))).toPandas().sort_values("id")
+    np.testing.assert_array_equal(scored["prediction"].to_numpy(), _expected(net, x)[0].astype(np.float64))
+    with pytest.raises(ValueError, match="features column 'rest' is"):  # a column named: that column alone
+        model.setFeaturesCol("rest").transform(spark.read.parquet(str(data)).withColumn("rest", F.lit(1.0)))

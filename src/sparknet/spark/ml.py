@@ -660,7 +660,7 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
         from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
 
         self._require_files()
-        kind, feats = _features_as_array(dataset.schema, self.getFeaturesCol())
+        kind, feats = self._scored_input(dataset)
         shape = self.getImageShape() if self.isDefined(self.imageShape) else None
         if kind == "binary" and shape is None:
             raise ValueError("binary features need imageShape")
@@ -709,6 +709,20 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
         cols += [array_to_vector(F.col(f"{tmp}.{name}")).alias(col)
                  for col, name in ((prob_col, "probability"), (raw_col, "raw")) if col]
         return scored.select(*cols)
+
+    def _scored_input(self, dataset):
+        """The kind and Column of what :meth:`transform` scores: ``featuresCol`` where it is set or the data has it;
+        else the columns the model trained on (:attr:`trainedColumns`) where the data has them all, joined in order
+        where they are several."""
+        col = self.getFeaturesCol()
+        trained = None if self.isSet(self.featuresCol) or col in dataset.columns else self.trainedColumns
+        if trained and set(trained) <= set(dataset.columns):
+            if len(trained) > 1:
+                from sparknet.spark.data import _feature_expr
+
+                return "array", _feature_expr(dataset, trained, None)[0]
+            col = trained[0]
+        return _features_as_array(dataset.schema, col)
 
     # -- persistence ------------------------------------------------------------------------------
     @classmethod

@@ -123,11 +123,9 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
               "rawPredictionCol": "", "scoreBatchSize": score_batch_size, "threads": threads}
     params = {k: v for k, v in params.items() if v is not None}
     model = SparkNetModel.fromModelFolder(str(model_dir), allow_pickle=allow_pickle, **params)
-    if features_col is None:  # the columns the model trained on (an older folder says them in its settings)
-        columns = model.trainedColumns or list(column_names(((model.config or {}).get("run") or {}).get(
-            "features_col") or "features"))
-    else:
-        columns = list(column_names(features_col))
+    if features_col is None and model.trainedColumns is None:  # an older folder says them in its settings only
+        features_col = ((model.config or {}).get("run") or {}).get("features_col")
+    columns = [] if features_col is None else list(column_names(features_col))  # none: the model's own
     if len(columns) == 1:
         model.set(model.featuresCol, columns[0])
 
