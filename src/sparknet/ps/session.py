@@ -322,6 +322,8 @@ class AsyncSession:
 
         t_run = time.perf_counter()
         self._last = None
+        for key in ("stop_reason", "returned_weights", "best_epoch"):  # an earlier run's early stop
+            self.metrics.pop(key, None)
         server = ParameterServer(self.net.get_flat().numpy(), self.combiner, host=self._server_host(sc),
                                  port=self.port, num_workers=K)
         # a NetParams net travels as data; a plain module in the job's closure (Spark's cloudpickle), on the CPU
@@ -370,8 +372,7 @@ class AsyncSession:
                 score = None
                 if evaluate:
                     ev = self.net.evaluate()  # the task's metrics; its score (accuracy, or R-squared) is the target's
-                    record.update({"test_accuracy": ev.metrics.get("accuracy"),
-                                   **{f"test_{k}": v for k, v in ev.metrics.items()}, "test_loss": ev.loss})
+                    record.update(_test_fields(ev.metrics, ev.loss))
                     self.metrics["test_accuracy_by_epoch"].append(record["test_accuracy"])
                     score = ev.score
                     if early_stop is not None:
@@ -389,6 +390,7 @@ class AsyncSession:
                     log.info("test score %.4f reached the target %.4f", score, target_accuracy)
                     break
                 if record.get("stop_reason") == "patience":
+                    self.metrics["stop_reason"] = "patience"
                     log.info("%d epochs without a better test %s than epoch %d's: stopping", early_stop.patience,
                              "score" if early_stop.on_score else "loss", early_stop.best_round)
                     break
@@ -403,9 +405,8 @@ class AsyncSession:
             self._last = self.net.get_weights()
             self.net.set_flat(early_stop.weights)
             best = dict(early_stop.scores)
-            self.metrics.update({"returned_weights": "best", "best_epoch": early_stop.best_round,
-                                 "test_accuracy": best.get("accuracy"), "test_loss": best.pop("loss"),
-                                 **{f"test_{k}": v for k, v in best.items()}})
+            loss = best.pop("loss")
+            self.metrics.update(returned_weights="best", best_epoch=early_stop.best_round, **_test_fields(best, loss))
         return self.metrics
 
     def _epoch_deadline(self, last: list[dict] | None, steps_left: int | None) -> float:
@@ -457,6 +458,12 @@ class AsyncSession:
             "test_loss": history[-1].get("test_loss") if history else None,
             "tasks": tasks,
         })
+
+
+def _test_fields(metrics: dict, loss: float) -> dict:
+    """An evaluation's scores as an epoch record and the summary name them (``test_accuracy`` is there for every
+    task: ``None`` where the task has no accuracy)."""
+    return {"test_accuracy": metrics.get("accuracy"), **{f"test_{k}": v for k, v in metrics.items()}, "test_loss": loss}
 
 
 def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
@@ -575,8 +582,7 @@ def _train_async(run, dist, sess: AsyncSession, train, test, *, combiner: str, s
             sess.net.set_validation_data(test)
             scored = sess.net.evaluate()
             m = {"steps_per_worker": 0, "samples": 0, "wall_s": 0.0, "train_s": 0.0, "samples_per_s": None,
-                 "test_accuracy": scored.metrics.get("accuracy"), **{f"test_{k}": v for k, v in scored.metrics.items()},
-                 "test_loss": scored.loss, "pushes": 0, "duplicate_pushes": 0,
+                 **_test_fields(scored.metrics, scored.loss), "pushes": 0, "duplicate_pushes": 0,
                  "pulls": 0, "staleness_mean": 0.0, "staleness_max": 0, "staleness_histogram": {}, "rejected": {},
                  "bytes_communicated": 0, "test_accuracy_by_epoch": []}
         if checkpoints is not None and taken["saved"] != sess.epochs_done:
@@ -591,9 +597,7 @@ def _train_async(run, dist, sess: AsyncSession, train, test, *, combiner: str, s
             "test_accuracy_by_epoch": m["test_accuracy_by_epoch"],
             **{k: v for k, v in m.items() if k.startswith("test_") and k != "test_accuracy_by_epoch"},
             **({"resumed_from_step": done} if done else {}), **({"warmup": warmup} if warmup else {}),
-            **{k: m[k] for k in ("returned_weights", "best_epoch") if k in m},
-            **({"stop_reason": "patience"} if sess.metrics["epochs"] and
-               sess.metrics["epochs"][-1].get("stop_reason") == "patience" else {}),
+            **{k: m[k] for k in ("returned_weights", "best_epoch", "stop_reason") if k in m},
         }
         metrics.write(summary)
     return summary
