@@ -287,14 +287,11 @@ class ResumeState(Progress):
 
     _KEPT: ClassVar[tuple[str, ...]] = ("iteration", "downlink", "auto_tau", "average", "early_stop", "best")
     """What a checkpoint keeps of the state beside the loop's counters, the strategy's and the workers' states (the
-    moving average and early stopping's best weights where the fit has them)."""
+    moving average and early stopping's best weights ``None`` where the fit has none)."""
 
     def counters(self) -> dict:
-        """The fields a checkpoint's state holds beside the weights, the strategy's and the workers' states (the
-        moving average and early stopping's where the fit keeps them)."""
-        kept = {key: getattr(self, key) for key in self._KEPT}
-        return {**vars(self.progress()), **{key: value for key, value in kept.items()
-                                            if value is not None or key not in ("average", "early_stop", "best")}}
+        """The fields a checkpoint's state holds beside the weights, the strategy's and the workers' states."""
+        return {**vars(self.progress()), **{key: getattr(self, key) for key in self._KEPT}}
 
     @classmethod
     def from_checkpoint(cls, rounds_done: int, state: dict) -> ResumeState:
@@ -368,11 +365,12 @@ class FitPlan:
 
     def kept_state(self) -> dict:
         """The :class:`ResumeState` fields of the moving average and early stopping, as they are now (a checkpoint's;
-        none where the fit keeps neither)."""
+        ``None`` where the fit keeps no such thing)."""
+        average = None if self.average is None else self.average.flat
         early = self.early_stop
-        return {"average": None if self.average is None else self.average.flat,
-                **({} if early is None or early.weights is None else {"early_stop": early.counters(),
-                                                                       "best": early.weights})}
+        if early is None or early.weights is None:
+            return {"average": average, "early_stop": None, "best": None}
+        return {"average": average, "early_stop": early.counters(), "best": early.weights}
 
     def without_state(self) -> FitPlan:
         """The plan without the moving average and early stopping's best weights (a barrier stage's ranks take

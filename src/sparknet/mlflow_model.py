@@ -102,8 +102,8 @@ def score_frame(saved, model_input):
 
 def signature_of(saved):
     """The MLflow signature of a model: its :func:`input_columns` in (a number or an array a row, of the types the
-    table it trained on had);
-    ``prediction`` (and ``probability``) out, as :func:`score_frame` gives them for the net's task."""
+    table it trained on had); ``prediction`` (and ``probability``) out, as :func:`score_frame` gives them for the
+    net's task."""
     import torch
     from mlflow.models import ModelSignature
     from mlflow.types import DataType

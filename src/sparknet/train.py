@@ -127,7 +127,7 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
                 net.set_flat(exchange.latest)  # what the next round starts from
                 state = {"engine": "local", "steps": progress.steps_done, "samples": progress.samples_done,
                          "train_s": exchange.train_s, "solver": net.solver_state(), "torch_rng": torch.get_rng_state(),
-                         **{key: value for key, value in plan.kept_state().items() if value is not None}}
+                         **plan.kept_state()}
                 checkpoints.save(progress.round, net.get_weights(), state)
             if "val_loss" not in record and "screen_loss" not in record:
                 return
