@@ -134,11 +134,13 @@ def _vectors_to_numpy(rows: list) -> np.ndarray:
 
 
 def read_parquet_dataset(path: str, features_col: str | Sequence[str] = "features", label_col: str = "label", *,
-                         validation: str | None = None, task: Task = Task.CLASSIFICATION):
+                         validation: str | None = None, task: Task = Task.CLASSIFICATION,
+                         weight_col: str | None = None):
     """``(train, test, info)`` from a Parquet file or folder (a path, or a URI pyarrow reads: ``file://``,
     ``s3://``/``s3a://``, ``gs://``, ``hdfs://``); the last 10% of rows are the test set, or, with ``validation``,
     every row trains and ``validation``'s rows (the same columns) are the test set. ``task``: what the labels are
-    (class ids, numbers, or 0s and 1s).
+    (class ids, numbers, or 0s and 1s). ``weight_col``: a column of the training rows' sample weights (numbers >= 0),
+    as float32 ``info["weights"]``, one for each row of ``train`` (the test rows are scored unweighted).
 
     Raises
     ------
@@ -147,12 +149,14 @@ def read_parquet_dataset(path: str, features_col: str | Sequence[str] = "feature
     ValueError
         Naming ``path`` and what is wrong: not Parquet, a column missing or of another type, null
         values, NaN or infinite features, rows of different lengths, labels that are not class ids (not
-        numbers, or not 0s and 1s, for ``task``), fewer than 2 rows.
+        numbers, or not 0s and 1s, for ``task``), fewer than 2 rows, sample weights that are null, negative or not
+        finite.
     """
-    x, y, columns = _read_arrays(path, features_col, label_col, task=task)
+    x, y, columns, weights = _read_arrays(path, features_col, label_col, task=task, weight_col=weight_col)
     if validation is None:
         n_test = max(1, int(len(x) * TEST_FRACTION))
         train, test = ArrayDataset(x[:-n_test], y[:-n_test]), ArrayDataset(x[-n_test:], y[-n_test:])
+        weights = None if weights is None else weights[:-n_test]
     else:
         train = ArrayDataset(x, y)
         test = ArrayDataset(*_read_arrays(validation, features_col, label_col, "--validation-data", task=task)[:2])
@@ -167,7 +171,17 @@ def read_parquet_dataset(path: str, features_col: str | Sequence[str] = "feature
         info = table_info(x.shape[1:], max(int(y.max()), int(test.y.max())),
                           max(int(x.max()), int(test.x.max())) if y.ndim == 2 else None,
                           y.shape[1] if y.ndim == 2 else None)
-    return train, test, {**info, "features": columns}
+    return train, test, {**info, "features": columns, **({} if weights is None else {"weights": weights})}
+
+
+def labels_with_weights(y: np.ndarray, weights) -> tuple[np.ndarray, int]:
+    """Labels ``[n]`` or ``[n, L]`` and the rows' sample weights -> (float32 ``[n, L + 1]``, the weight last, as a
+    net trained on weights takes its labels; how many weights are null, NaN, infinite or negative). Class ids stay
+    exact: float32 holds whole numbers up to 2^24."""
+    n = len(y)
+    w = np.asarray(weights, dtype=np.float64).reshape(n)
+    bad = int(n - (np.isfinite(w) & (w >= 0)).sum())
+    return np.column_stack([np.asarray(y).reshape(n, -1).astype(np.float32), w.astype(np.float32)]), bad
 
 
 def table_info(sample_shape: tuple, label_max: int | None, feature_max: int | None = None, seq_len: int | None = None,
@@ -259,9 +273,9 @@ def _facts(opened: list, columns: Sequence[str]) -> FooterFacts | None:
 
 
 def _read_arrays(path: str, features_col: str | Sequence[str], label_col: str, flag: str = "--data", *,
-                 task: Task = Task.CLASSIFICATION) -> tuple[np.ndarray, np.ndarray, list[dict]]:
-    """The features and labels of the Parquet file or folder at ``path`` (a path or a URI), checked, and its feature
-    columns (:func:`feature_column`)."""
+                 task: Task = Task.CLASSIFICATION, weight_col: str | None = None):
+    """The features and labels of the Parquet file or folder at ``path`` (a path or a URI), checked, its feature
+    columns (:func:`feature_column`), and the float32 weights of ``weight_col`` (``None`` without)."""
     import pyarrow.parquet as pq
     from pyarrow import fs as pafs
 
@@ -277,10 +291,25 @@ def _read_arrays(path: str, features_col: str | Sequence[str], label_col: str, f
                          "of Parquet files") from exc
     try:
         x, y = _arrays(table, features_col, label_col, task)
+        weights = None if weight_col is None else _weights(table, weight_col)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
     names = [features_col] if isinstance(features_col, str) else list(features_col)
-    return x, y, [arrow_feature_column(name, table.schema.field(name).type) for name in names]
+    return x, y, [arrow_feature_column(name, table.schema.field(name).type) for name in names], weights
+
+
+def _weights(table, weight_col: str) -> np.ndarray:
+    """A table's column of sample weights as float32, checked: numbers, none null, negative or not finite."""
+    if weight_col not in table.column_names:
+        raise ValueError(f"the table has no weight column {weight_col!r} (columns: {table.column_names})")
+    column = table.column(weight_col)
+    if not _is_number(column.type):
+        raise ValueError(f"weight column {weight_col!r} has type {column.type}; sample weights are numbers")
+    w = np.asarray(column.cast(pa.float64()).fill_null(np.nan).to_numpy(), dtype=np.float64)
+    bad = labels_with_weights(np.zeros(len(w)), w)[1]
+    if bad:
+        raise ValueError(f"{bad} rows have a null, NaN, infinite or negative sample weight; weights are numbers >= 0")
+    return w.astype(np.float32)
 
 
 def _arrays(table, features_col: str | Sequence[str], label_col: str,

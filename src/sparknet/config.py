@@ -229,6 +229,9 @@ class RunConfig:
     vectors), comma-separated, joined in that order into one array."""
     label_col: str = "label"
     """--data's label column."""
+    weight_col: str | None = None
+    """--data's column of sample weights (numbers >= 0): a row of weight w counts w times in its batch's loss (0: not
+    at all); the test scores stay unweighted."""
     task: Task = field(default=Task.CLASSIFICATION, metadata={"choices": lambda: _CLI_TASKS})
     """What a --data table's label column holds: class ids (classification), numbers or a list of them to predict
     (regression: the mlp's last layer as wide as a label, a Euclidean loss, scored by R-squared, the score
@@ -306,15 +309,20 @@ class RunConfig:
             if model_name(self.model) != "mlp":
                 raise ValueError(f"--task {self.task.value} trains --model mlp (its last layer as wide as a label); "
                                  f"{self.model} is a classifier")
-        if self.data is None and (self.features_col, self.label_col) != ("features", "label"):
-            raise ValueError("--features-col and --label-col name the columns of a --data table: give --data too")
+        if self.data is None and ((self.features_col, self.label_col) != ("features", "label")
+                                  or self.weight_col is not None):
+            raise ValueError("--features-col, --label-col and --weight-col name the columns of a --data table: give "
+                             "--data too")
         columns = self.feature_columns
-        if not all(columns) or not self.label_col.strip():
-            raise ValueError(f"--features-col and --label-col name columns, got {self.features_col!r} and "
-                             f"{self.label_col!r}")
-        if len(set(columns)) != len(columns) or self.label_col in columns:
-            raise ValueError(f"--features-col {self.features_col} and --label-col {self.label_col} name a column "
-                             "twice; each column is a feature or the label")
+        if not all(columns) or not self.label_col.strip() or (self.weight_col is not None
+                                                               and not self.weight_col.strip()):
+            raise ValueError(f"--features-col, --label-col and --weight-col name columns, got {self.features_col!r}, "
+                             f"{self.label_col!r} and {self.weight_col!r}")
+        named = [*columns, self.label_col, *([self.weight_col] if self.weight_col is not None else [])]
+        if len(set(named)) != len(named):
+            raise ValueError(f"--features-col {self.features_col}, --label-col {self.label_col} and --weight-col "
+                             f"{self.weight_col} name a column twice; each column is a feature, the label or the "
+                             "weight")
         if self.validation_data is not None and self.data is None:
             raise ValueError("--validation-data holds the held-out rows of a --data table: give --data too")
         if self.batch_size < 1:

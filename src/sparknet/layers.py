@@ -1635,16 +1635,28 @@ class _LSTM(nn.LSTM):
         return super().forward(x)[0]
 
 
-class _SoftmaxLoss(nn.Module):
+class _RowLoss(nn.Module):
+    """A loss module that also takes each row's sample weight (``weight``, ``[N]``): the loss is then that of a batch
+    in which row ``i`` counts ``weight[i]`` times, so weights of 1 give the unweighted loss and a row of weight 0 adds
+    nothing (what a ``weight_col`` of the Spark data path, or ``--weight-col``, asks of a layer-DSL net)."""
+
+    def weighted(self, rows: Tensor, weight: Tensor, count: Tensor | float = 1.0) -> Tensor:
+        """``sum_i w_i * rows_i`` over the weighted count of what the unweighted loss divides by: ``count`` of it for
+        each unit of weight (a tensor: each row's own count)."""
+        w = weight.reshape(-1).to(rows.dtype)
+        return (rows.reshape(len(w), -1).sum(1) * w).sum() / (w * count).sum().clamp_min(1e-12)
+
+
+class _SoftmaxLoss(_RowLoss):
     def __init__(self, axis: int, ndim: int, ignore_label: int | None, normalization: str):
         super().__init__()
         self.axis, self.normalization = axis, normalization
         self.ignore = -100 if ignore_label is None else ignore_label  # -100: cross_entropy's default
         self.last_axis = axis == ndim - 1  # classes last: [N, C] or [B, T, C]
 
-    def forward(self, logits: Tensor, labels: Tensor) -> Tensor:
+    def forward(self, logits: Tensor, labels: Tensor, weight: Tensor | None = None) -> Tensor:
         labels = labels.long()
-        if self.normalization == "valid" and logits.dim() == 2 and labels.dim() == 1:
+        if weight is None and self.normalization == "valid" and logits.dim() == 2 and labels.dim() == 1:
             return F.cross_entropy(logits, labels, ignore_index=self.ignore)  # the common case
         classes = logits.shape[self.axis]
         if self.last_axis:
@@ -1652,6 +1664,14 @@ class _SoftmaxLoss(nn.Module):
         else:
             outer = math.prod(logits.shape[:self.axis])
             x, t = logits.reshape(outer, classes, -1), labels.reshape(outer, -1)
+        if weight is not None:  # each row's positions, summed, then weighed
+            rows = F.cross_entropy(x, t, ignore_index=self.ignore, reduction="none").reshape(len(logits), -1)
+            if self.normalization == "valid":
+                return self.weighted(rows, weight, (t.reshape(len(logits), -1) != self.ignore).sum(1))
+            if self.normalization == "none":
+                return (rows.sum(1) * weight.to(rows.dtype)).sum()
+            per_row = rows.shape[1] if self.normalization == "full" else math.prod(logits.shape[1:self.axis])
+            return self.weighted(rows, weight, per_row)
         if self.normalization == "valid":
             return F.cross_entropy(x, t, ignore_index=self.ignore)
         total = F.cross_entropy(x, t, ignore_index=self.ignore, reduction="sum")
@@ -1662,29 +1682,38 @@ class _SoftmaxLoss(nn.Module):
         return total
 
 
-class _EuclideanLoss(nn.Module):
-    def forward(self, a: Tensor, b: Tensor) -> Tensor:
+class _EuclideanLoss(_RowLoss):
+    def forward(self, a: Tensor, b: Tensor, weight: Tensor | None = None) -> Tensor:
         diff = a - b.reshape(a.shape).to(a.dtype)
+        if weight is not None:
+            return self.weighted(diff * diff, weight, 2.0)
         return (diff * diff).sum() / (2 * a.shape[0])
 
 
-class _SigmoidCrossEntropyLoss(nn.Module):
-    def forward(self, logits: Tensor, targets: Tensor) -> Tensor:
+class _SigmoidCrossEntropyLoss(_RowLoss):
+    def forward(self, logits: Tensor, targets: Tensor, weight: Tensor | None = None) -> Tensor:
         targets = targets.reshape(logits.shape).to(logits.dtype)
+        if weight is not None:
+            return self.weighted(F.binary_cross_entropy_with_logits(logits, targets, reduction="none"), weight)
         return F.binary_cross_entropy_with_logits(logits, targets, reduction="sum") / logits.shape[0]
 
 
-class _ContrastiveLoss(_Options):
-    _options = ("margin", "legacy")
+class _ContrastiveLoss(_RowLoss):
+    def __init__(self, margin: float, legacy: bool):
+        super().__init__()
+        self.margin, self.legacy = margin, legacy
 
-    def forward(self, a: Tensor, b: Tensor, similar: Tensor) -> Tensor:
+    def forward(self, a: Tensor, b: Tensor, similar: Tensor, weight: Tensor | None = None) -> Tensor:
         dist_sq = (a - b).pow(2).flatten(1).sum(1)
         y = similar.reshape(-1).to(a.dtype)
         if self.legacy:
             dissimilar = (self.margin - dist_sq).clamp_min(0.0)
         else:
             dissimilar = (self.margin - dist_sq.clamp_min(1e-12).sqrt()).clamp_min(0.0).pow(2)
-        return (y * dist_sq + (1 - y) * dissimilar).sum() / (2 * a.shape[0])
+        pairs = y * dist_sq + (1 - y) * dissimilar
+        if weight is not None:
+            return self.weighted(pairs, weight, 2.0)
+        return pairs.sum() / (2 * a.shape[0])
 
 
 class _Accuracy(_Options):
@@ -1999,9 +2028,11 @@ class GraphModule(nn.Module):
         return steps
 
     @staticmethod
-    def _execute(steps: list[_Step], blobs: dict[str, Tensor]) -> dict[str, Tensor]:
+    def _execute(steps: list[_Step], blobs: dict[str, Tensor], weight: Tensor | None = None) -> dict[str, Tensor]:
         for module, bottoms, tops in steps:
-            if len(bottoms) == 1:
+            if weight is not None and isinstance(module, _RowLoss):  # rows' sample weights: the loss layers'
+                out = module(*[blobs[b] for b in bottoms], weight=weight)
+            elif len(bottoms) == 1:
                 out = module(blobs[bottoms[0]])
             else:
                 out = module(*[blobs[b] for b in bottoms])
@@ -2039,8 +2070,16 @@ class GraphModule(nn.Module):
         blobs = self._inputs(x, y, self._pred_inputs, "forward")
         return self._execute(self._pred_steps, blobs)[self.prediction_blob]
 
-    def loss(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    def loss(self, x: Tensor, y: Tensor, weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """The weighted sum of the loss tops and the prediction blob, from one pass.
+
+        Parameters
+        ----------
+        x, y : Tensor
+            The feature input and the labels.
+        weight : Tensor, optional
+            Each row's sample weight (``[N]``, numbers >= 0): every loss layer is then the loss of a batch in which
+            row ``i`` counts ``weight[i]`` times (weights of 1: the unweighted loss).
 
         Returns
         -------
@@ -2049,7 +2088,7 @@ class GraphModule(nn.Module):
         """
         if not self._loss_items:
             raise ValueError(f"net {self.net_params.name!r} has no loss layer")
-        blobs = self._execute(self._loss_steps, self._inputs(x, y, self._loss_inputs, "loss"))
+        blobs = self._execute(self._loss_steps, self._inputs(x, y, self._loss_inputs, "loss"), weight)
         total: Tensor | None = None
         for top, weight in self._loss_items:
             value = blobs[top] if weight == 1.0 else blobs[top] * weight

@@ -233,10 +233,7 @@ class _GraphAdapter:
         self.module = module
 
     def loss(self, x, y, w=None):
-        if w is not None:
-            raise ValueError("sample weights need a torch.nn.Module net and a torch loss (loss=); a layer-DSL net's "
-                             "loss layers take no weights")
-        return self.module.loss(x, y)
+        return self.module.loss(x, y) if w is None else self.module.loss(x, y, w)
 
     def predict(self, x):
         return self.module(x)

@@ -136,6 +136,36 @@ def test_named_columns_train_several_feature_columns_joined_in_order(tmp_path):
     assert saved.net.evaluate((x[held], y[held])).metrics["r2"] == pytest.approx(records[-1]["test_r2"], abs=1e-6)
 
 
+def _half_wrong(tmp_path, rows: int = 3000) -> tuple[str, str]:
+    """A table whose every other row holds the wrong class at weight 0 (``w``), and a clean table to test on."""
+    x, test_x = _features(rows, 7), _features(500, 8)
+    right = (x[:, 0] > 0).astype(np.int64)
+    wrong = np.arange(rows) % 2 == 1
+    pq.write_table(pa.table({"features": pa.array(list(x), pa.list_(pa.float32())),
+                             "label": np.where(wrong, 1 - right, right), "w": np.where(wrong, 0, 1)}),
+                   tmp_path / "half_wrong.parquet")
+    return str(tmp_path / "half_wrong.parquet"), _write(tmp_path / "clean.parquet", test_x,
+                                                         (test_x[:, 0] > 0).astype(np.int64))
+
+
+def test_weight_col_weighs_each_row_s_loss_so_rows_of_weight_0_teach_nothing(tmp_path):
+    data, clean = _half_wrong(tmp_path)
+    flags = ("--data", data, "--validation-data", clean, "--steps", "300", "--lr", "0.05")
+    code, weighed = _train(tmp_path, "weighed", *flags, "--weight-col", "w")
+    assert code == 0 and weighed[-1]["test_accuracy"] > 0.95, weighed[-1]
+    code, plain = _train(tmp_path, "plain", *flags)  # the wrong rows cancel the right ones
+    assert code == 0 and plain[-1]["test_accuracy"] < 0.75, plain[-1]
+
+
+def test_a_weight_that_is_negative_null_or_not_finite_is_refused(tmp_path):
+    for bad in (-1.0, None, float("nan"), float("inf")):
+        weights = pa.array([1.0, 2.0, bad, 0.0])
+        pq.write_table(pa.table({"features": pa.array([[0.0]] * 4), "label": [0, 1, 0, 1], "w": weights}),
+                       tmp_path / "t.parquet")
+        with pytest.raises(ValueError, match="1 rows have a null, NaN, infinite or negative sample weight"):
+            _parquet.read_parquet_dataset(str(tmp_path / "t.parquet"), weight_col="w")
+
+
 def test_named_columns_that_are_not_there_or_not_features_are_refused_by_name(tmp_path, caplog):
     x = _features(10, 5)
     pq.write_table(pa.table({"a": pa.array(x[:, 0]), "name": pa.array(["n"] * 10), "y": pa.array([0, 1] * 5)}),
@@ -147,10 +177,17 @@ def test_named_columns_that_are_not_there_or_not_features_are_refused_by_name(tm
         _parquet.read_parquet_dataset(data, ["a", "name"], "y")
     with pytest.raises(ValueError, match="name a column twice"):
         RunConfig(data=data, features_col="a,y", label_col="y")
-    with pytest.raises(ValueError, match="--features-col and --label-col name the columns of a --data table"):
-        RunConfig(label_col="y")
-    with pytest.raises(ValueError, match="name columns, got 'a,' and 'y'"):
+    with pytest.raises(ValueError, match="name a column twice"):
+        RunConfig(data=data, features_col="a", label_col="y", weight_col="a")
+    for flags in ({"label_col": "y"}, {"weight_col": "w"}):
+        with pytest.raises(ValueError, match="--weight-col name the columns of a --data table: give --data too"):
+            RunConfig(**flags)
+    with pytest.raises(ValueError, match="name columns, got 'a,', 'y' and None"):
         RunConfig(data=data, features_col="a,", label_col="y")
+    with pytest.raises(ValueError, match="no weight column 'w'"):
+        _parquet.read_parquet_dataset(data, "a", "y", weight_col="w")
+    with pytest.raises(ValueError, match="weight column 'name' has type string; sample weights are numbers"):
+        _parquet.read_parquet_dataset(data, "a", "y", weight_col="name")
 
 
 def test_the_footers_of_a_local_table_say_its_rows_first_row_and_largest_values(tmp_path):

@@ -384,6 +384,46 @@ def test_accuracy_top_k_and_total_loss_weights():
     assert module.loss_blobs == {"loss": 0.5}
 
 
+_COUNTS = torch.tensor([2.0, 0.0, 1.0, 3.0, 1.0, 1.0])
+
+
+@pytest.mark.parametrize("layers, x, y", [
+    ([SoftmaxWithLoss("loss", ["data", "label"])], torch.randn(6, 5), torch.randint(0, 5, (6,))),
+    ([SoftmaxWithLoss("loss", ["data", "label"], axis=2, ignore_label=-1)], torch.randn(6, 3, 5),
+     torch.tensor([[0, 4, 2], [1, -1, 3], [-1, -1, 0], [2, 2, -1], [4, 0, 1], [3, -1, -1]])),
+    *[([SoftmaxWithLoss("loss", ["data", "label"], normalization=norm)], torch.randn(6, 4, 3, 3),
+       torch.randint(0, 4, (6, 3, 3))) for norm in ("valid", "full", "batch_size", "none")],
+    ([EuclideanLoss("loss", ["data", "label"], loss_weight=2.0)], torch.randn(6, 3), torch.randn(6, 3)),
+    ([SigmoidCrossEntropyLoss("loss", ["data", "label"])], torch.randn(6, 3), torch.rand(6, 3)),
+    ([SoftmaxWithLoss("ce", ["data", "label"]), SigmoidCrossEntropyLoss("bce", ["data", "target"])],
+     torch.randn(6, 4), torch.randint(0, 4, (6,))),
+], ids=["softmax", "sequence-ignore", "valid", "full", "batch_size", "none", "euclidean", "sigmoid", "two-losses"])
+def test_sample_weights_count_each_row_that_many_times(layers, x, y):
+    shape = [6, *y.shape[1:]]
+    inputs = [data(x.shape), RDDLayer("label", shape=shape, dtype="int64" if not y.is_floating_point() else "float32")]
+    if any("target" in layer.bottoms for layer in layers):  # a second loss, on a blob of the features
+        inputs.append(ReshapeLayer("target", ["data"], shape=[0, -1]))
+    module = NetParams(*inputs, *layers).build()
+    rows = torch.arange(6).repeat_interleave(_COUNTS.long())  # each row as many times as its weight
+    weighted, _ = module.loss(x, y, _COUNTS)
+    repeated, _ = module.loss(x[rows], y[rows])
+    torch.testing.assert_close(weighted, repeated)
+    ones, _ = module.loss(x, y, torch.ones(6))
+    torch.testing.assert_close(ones, module.loss(x, y)[0])
+    nothing, _ = module.loss(x, y, torch.zeros(6))  # no weight at all: no loss, and a gradient of zeros
+    assert nothing.item() == 0.0
+
+
+def test_contrastive_loss_weighs_pairs():
+    a, b, sim = torch.randn(6, 3), torch.randn(6, 3), torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 1.0])
+    for legacy in (False, True):
+        loss = NetParams(data((6, 3), "a"), data((6, 3), "b"), data((6,), "sim"),
+                         ContrastiveLoss("contrast", ["a", "b", "sim"], margin=2.0, legacy_version=legacy)
+                         ).build().layer_module("contrast")
+        rows = torch.arange(6).repeat_interleave(_COUNTS.long())
+        torch.testing.assert_close(loss(a, b, sim, weight=_COUNTS), loss(a[rows], b[rows], sim[rows]))
+
+
 # --------------------------------------------------------------------------- GraphModule
 
 

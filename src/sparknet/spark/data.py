@@ -310,14 +310,14 @@ _CHUNK_SCHEMA = "x binary, y binary, width long, label_width long, info string"
 
 def _with_weights(y: np.ndarray, weights, info: ChunkCounts) -> np.ndarray:
     """Labels ``[n]`` or ``[n, L]`` and an Arrow column of sample weights -> float32 ``[n, L + 1]``, the weight
-    last (class ids stay exact: float32 holds integers up to 2^24). Null, NaN, infinite or negative weights
-    are counted."""
-    n = len(y)
-    if n == 0:
+    last (:func:`sparknet._parquet.labels_with_weights`). Null, NaN, infinite or negative weights are counted."""
+    from sparknet._parquet import labels_with_weights
+
+    if len(y) == 0:
         return np.zeros((0, (y.shape[1] if y.ndim == 2 else 1) + 1), np.float32)
-    w = np.asarray(weights.fill_null(np.nan).to_numpy(zero_copy_only=False), dtype=np.float64)
-    info.bad_w += int(n - (np.isfinite(w) & (w >= 0)).sum())
-    return np.column_stack([y.reshape(n, -1).astype(np.float32), w.astype(np.float32)])
+    out, bad = labels_with_weights(y, weights.fill_null(np.nan).to_numpy(zero_copy_only=False))
+    info.bad_w += bad
+    return out
 
 
 @dataclass(frozen=True)
@@ -1172,8 +1172,9 @@ def label_type(y) -> type:
     return np.float32 if np.issubdtype(np.asarray(y).dtype, np.floating) else np.int64
 
 
-def arrays_table(x, y):
-    """Local arrays as an Arrow table: ``features`` list<float> (list<long> for integer ids), ``label``.
+def arrays_table(x, y, weights=None):
+    """Local arrays as an Arrow table: ``features`` list<float> (list<long> for integer ids), ``label`` (and
+    ``weight``, a double a row, of ``weights``).
 
     ``label`` is long, or list<long> with one class id per position when ``y`` is ``[N, T]`` (a sequence); float
     (list<float>: a vector a row) where ``y`` holds floating-point numbers (:func:`label_type`).
@@ -1193,10 +1194,11 @@ def arrays_table(x, y):
     x = np.ascontiguousarray(x, dtype=np.int64 if np.issubdtype(x.dtype, np.integer) else np.float32)
     kind = label_type(y)
     label = list_column(np.ascontiguousarray(y, dtype=kind)) if y.ndim == 2 else pa.array(y.astype(kind))
-    return pa.table({"features": list_column(x), "label": label})
+    weight = {} if weights is None else {"weight": pa.array(np.asarray(weights, dtype=np.float64).reshape(len(x)))}
+    return pa.table({"features": list_column(x), "label": label, **weight})
 
 
-def frame_from_arrays(spark, x, y):
+def frame_from_arrays(spark, x, y, weights=None):
     """Local arrays as a DataFrame whose rows travel through Spark, not through a path on the driver's disk.
 
     The table of :func:`arrays_table` is cut into pieces of at most :data:`SHIP_BYTES`, each an
@@ -1206,7 +1208,7 @@ def frame_from_arrays(spark, x, y):
     import pyarrow as pa
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    table = arrays_table(x, y)
+    table = arrays_table(x, y, weights)
     step = max(1, SHIP_BYTES * max(1, table.num_rows) // max(1, table.nbytes))
     options = pa.ipc.IpcWriteOptions(compression="zstd")
     pieces = []

@@ -181,7 +181,8 @@ def spark_table(spark, run: RunConfig) -> tuple:
     from pyspark.sql.types import ArrayType
 
     facts = _footers(run)
-    table, features = _spark_parquet(spark, run.data, "--data", run, schema=_spark_schema(facts))
+    table, features = _spark_parquet(spark, run.data, "--data", run, schema=_spark_schema(facts),
+                                     weight_col=run.weight_col)
     if facts is not None:  # the footers said: no Spark job
         first_features, label, rows = facts.features, facts.label, facts.rows
     else:
@@ -243,11 +244,11 @@ def _spark_schema(facts):
         return None
 
 
-def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None) -> tuple:
-    """The Parquet table at ``uri`` as Spark reads it, as ``features`` and ``label`` columns: the columns
-    ``--features-col`` (joined into one array where it names several) and ``--label-col`` name, checked to be there
-    (a ``file://`` one on a cluster: checked to be seen by every host); and its feature columns
-    (:func:`sparknet._parquet.feature_column`)."""
+def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None, weight_col: str | None = None) -> tuple:
+    """The Parquet table at ``uri`` as Spark reads it, as ``features`` and ``label`` columns (and ``weight``, of
+    ``weight_col``): the columns ``--features-col`` (joined into one array where it names several) and ``--label-col``
+    name, checked to be there (a ``file://`` one on a cluster: checked to be seen by every host); and its feature
+    columns (:func:`sparknet._parquet.feature_column`)."""
     from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
     from pyspark.sql.types import ArrayType, BooleanType, IntegralType, NumericType
@@ -260,12 +261,12 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None) -> t
         table = (spark.read if schema is None else spark.read.schema(schema)).parquet(uri)
     except AnalysisException as e:
         raise FileNotFoundError(f"{flag} {uri}: Spark cannot read it as Parquet ({str(e).splitlines()[0]})") from None
-    columns = (*run.feature_columns, run.label_col)
+    columns = (*run.feature_columns, run.label_col, *([weight_col] if weight_col is not None else []))
     missing = [c for c in columns if c not in table.columns]
     if missing:
         raise ValueError(f"{flag} {uri} has no {' or '.join(map(repr, missing))} column (its columns: "
                          f"{', '.join(table.columns)}); sparknet train reads {', '.join(map(repr, columns))} "
-                         "(--features-col, --label-col)")
+                         "(--features-col, --label-col, --weight-col)")
     features = []
     for name in run.feature_columns:
         dtype = table.schema[name].dataType
@@ -275,14 +276,16 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None) -> t
                                        "boolean" if isinstance(value, BooleanType) else "double"))
     if columns == ("features", "label"):
         return table, features
+    weight = [] if weight_col is None else [F.col(weight_col).alias("weight")]
     return table.select(_feature_expr(table, list(run.feature_columns), None)[0].alias("features"),
-                        F.col(run.label_col).alias("label")), features
+                        F.col(run.label_col).alias("label"), *weight), features
 
 
-def training_frame(spark, run: RunConfig, train, partitions: int | None = None):
+def training_frame(spark, run: RunConfig, train, partitions: int | None = None, weights=None):
     """The training rows as a DataFrame: ``train`` of the data set, or of ``--data`` without its test rows; on a
     local master dealt to ``partitions`` partitions (:func:`dataset_frame`); of a ``--data`` URI, the DataFrame
-    Spark reads (:func:`spark_table`).
+    Spark reads (:func:`spark_table`). A ``--data`` table's rows with their ``weights`` (``--weight-col``) travel
+    through Spark as a ``weight`` column (:func:`sparknet.spark.data.frame_from_arrays`).
 
     ``--data`` holds its test set in its last rows (see :mod:`sparknet._parquet`); the Spark
     engines train on the same rows one process trains on, written once beside the cache under
@@ -290,6 +293,8 @@ def training_frame(spark, run: RunConfig, train, partitions: int | None = None):
     """
     if is_dataframe(train):
         return train
+    if weights is not None:
+        return frame_from_arrays(spark, train.x, train.y, weights)
     if run.data is None or not is_local_master(spark.sparkContext.master):
         return dataset_frame(spark, run.dataset, train, partitions)
     root = Path(run.data).resolve()
@@ -322,7 +327,7 @@ def train_distributed(run: RunConfig, dist: DistributedConfig, options: EngineOp
 
 def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOptions | None, train, test, info,
            net_params, ages: dict | None = None) -> dict:
-    df = training_frame(spark, run, train, dist.ranks)
+    df = training_frame(spark, run, train, dist.ranks, info.get("weights"))
     config = TrainConfig(run=run, dist=dist).to_dict()
     sinks = run_sinks(run, config)
     failed = True
@@ -346,7 +351,7 @@ def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOption
                      f"{len(train) / dist.workers:.0f} rows per worker" if hasattr(train, "__len__") else
                      "the rows read where they live")
             age = process_age_s()
-            result = trainer.fit(df, validation=test)
+            result = trainer.fit(df, validation=test, weight_col=None if run.weight_col is None else "weight")
             summary = {"event": "summary", "model": run.model,
                        "dataset": run.dataset if run.data is None else run.data, "master": spark.sparkContext.master,
                        "steps": result.summary.get("total_steps"), **result.summary,

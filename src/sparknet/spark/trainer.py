@@ -240,8 +240,9 @@ class SparkTrainer:
             DataFrame needs no label column, an RDD holds feature arrays, and the validation data is
             features alone.
         weight_col : str, optional
-            A DataFrame column of sample weights (numbers >= 0): each worker's loss is the weighted
-            mean of its rows' losses (a plain module and a torch loss; metrics stay unweighted).
+            A DataFrame column of sample weights (numbers >= 0): a row of weight w counts w times in its
+            batch's loss — a plain module's, the weighted mean of its rows' losses; a layer-DSL net's, each loss
+            layer's (:meth:`sparknet.layers.GraphModule.loss`). Metrics stay unweighted.
         image_shape : sequence of int, optional
             Shape of one sample (e.g. ``[1, 28, 28]``); needed for binary features and for plain
             modules that take more than a flat vector. With ``features_as="dict"``, a dict of shapes by
@@ -275,9 +276,6 @@ class SparkTrainer:
             if getattr(dist, target) is not None and validation is None:
                 raise ValueError(f"{target} needs validation data to measure it on")
         task = self._fit_task(label_col)
-        if weight_col is not None and not isinstance(self.net, torch.nn.Module):
-            raise ValueError("sample weights (weight_col) need a torch.nn.Module net and a torch loss (loss=); a "
-                             "layer-DSL net's loss layers take no weights")
         if task is Task.UNLABELLED:
             label_col = None
             if dist.target_accuracy is not None:
