@@ -141,6 +141,39 @@ def test_pipeline_save_load_gives_identical_predictions(fitted, data, tmp_path):
     assert saved.solver is not None and saved.config["dist"]["tau"] == 10
 
 
+def test_features_cols_train_on_a_table_s_own_columns_as_an_assembler_would(fitted, data):
+    from pyspark.sql import functions as F
+
+    train, test = data
+    model = _estimator(featuresCols=COLUMNS).fit(train)  # no VectorAssembler: the same rows, joined in order
+    assert model.trainedColumns == COLUMNS
+    assert model.weights.allclose(fitted.stages[-1].weights, rtol=0, atol=0)
+    pred, prob = _predictions(model.transform(test))  # the same columns joined where the data has no features
+    pred_a, prob_a = _predictions(fitted.transform(test))
+    assert np.array_equal(pred, pred_a) and np.array_equal(prob, prob_a)
+    mixed = train.select(F.array(*COLUMNS[:5]).alias("head"), *COLUMNS[5:], "label")  # an array and numbers
+    assert _estimator(featuresCols=["head", *COLUMNS[5:]]).fit(mixed).weights.allclose(model.weights, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="set featuresCol .* or featuresCols .*, not both"):
+        _estimator(featuresCols=COLUMNS, featuresCol="features").fit(train)
+    with pytest.raises(ValueError, match="name a column twice"):
+        _estimator(featuresCols=COLUMNS, labelCol="x0").fit(train)
+    with pytest.raises(ValueError, match="featuresCols must name one or more distinct columns"):
+        _estimator(featuresCols=["x0", "x0"])
+
+
+def test_weight_col_weighs_each_row_s_loss(data):
+    from pyspark.sql import functions as F
+
+    train, test = data
+    unheard = train.withColumn("w", (F.col("label") != 2).cast("double"))  # class 2's rows weigh nothing
+    model = _estimator(featuresCols=COLUMNS, weightCol="w", rounds=8).fit(unheard)
+    pred, _ = _predictions(model.transform(test))
+    plain, _ = _predictions(_estimator(featuresCols=COLUMNS, rounds=8).fit(unheard).transform(test))
+    assert (pred == 2).mean() < 0.05 < (plain == 2).mean(), ((pred == 2).mean(), (plain == 2).mean())
+    with pytest.raises(ValueError, match="weight column 'nope' not found"):
+        _estimator(featuresCols=COLUMNS, weightCol="nope").fit(train)
+
+
 def test_model_from_a_net_trained_in_process_scores_arrays(spark, data):
     from pyspark.sql import functions as F
 

@@ -678,11 +678,23 @@ def _column_type(df, name: str, what: str):
 
 
 def _is_number(dtype) -> bool:
-    """Whether a Spark SQL type is a number type."""
+    """Whether a Spark SQL type is a number type (a boolean a 0 or 1, as pyarrow's reader of a table takes it)."""
     from pyspark.sql import types as T
 
     return isinstance(dtype, (T.FloatType, T.DoubleType, T.IntegerType, T.LongType, T.ShortType, T.ByteType,
-                              T.DecimalType))
+                              T.DecimalType, T.BooleanType))
+
+
+def spark_feature_column(name: str, dtype) -> dict:
+    """:func:`sparknet._parquet.feature_column` of a Spark column of type ``dtype``: a number, or an array or ML
+    vector (of doubles)."""
+    from pyspark.sql import types as T
+
+    from sparknet._parquet import feature_column
+
+    value = dtype.elementType if isinstance(dtype, T.ArrayType) else dtype
+    return feature_column(name, _is_number(dtype), "long" if isinstance(value, T.IntegralType) else
+                          "boolean" if isinstance(value, T.BooleanType) else "double")
 
 
 def _label_expr(df, label_col: str):

@@ -37,12 +37,11 @@ from typing import Any
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionCol, HasProbabilityCol,
-                                     HasRawPredictionCol, HasValidationIndicatorCol)
+                                     HasRawPredictionCol, HasValidationIndicatorCol, HasWeightCol)
 from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, DefaultParamsWritable,
                              DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter)
 
 from sparknet import model_io, zoo
-from sparknet._parquet import feature_column
 from sparknet._fields import base_type, field_docs
 from sparknet.config import DistributedConfig, RunConfig
 from sparknet.layers import NetParams
@@ -180,6 +179,14 @@ def _to_net_dict(value) -> dict:
                     "for a plain torch.nn.Module use sparknet.spark.SparkTrainer and SparkNetModel.from_net")
 
 
+def _to_columns(value) -> list[str]:
+    """typeConverter of ``featuresCols``: distinct, non-empty column names."""
+    names = TypeConverters.toListString(value)
+    if not names or not all(n.strip() for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"featuresCols must name one or more distinct columns, got {value!r}")
+    return names
+
+
 def _to_shape(value) -> list[int]:
     shape = TypeConverters.toListInt(value)
     if not shape or any(d < 1 for d in shape):
@@ -231,13 +238,18 @@ class _ScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, HasRaw
         self._setDefault(device="cpu", scoreBatchSize=1024)
 
 
-class _EstimatorParams(_ScoringParams, HasLabelCol, HasValidationIndicatorCol):
-    """Training params: one per chosen config field, plus ``net``."""
+class _EstimatorParams(_ScoringParams, HasLabelCol, HasValidationIndicatorCol, HasWeightCol):
+    """Training params: one per chosen config field, plus ``net``, ``featuresCols`` and ``weightCol``."""
 
     net: Param[dict] = Param(Params._dummy(), "net",
                              "The network: a sparknet NetParams (kept as NetParams.to_dict()). When unset, "
                              "the zoo model named by 'model' is made to fit the data.",
                              typeConverter=_to_net_dict)
+    featuresCols: Param[list[str]] = Param(
+        Params._dummy(), "featuresCols",
+        "Several feature columns (numbers, arrays or ML vectors), joined in this order into each row's features, "
+        "instead of featuresCol: the model keeps their names (trainedColumns) and transform joins the same columns "
+        "of the data it scores.", typeConverter=_to_columns)
 
     def __init__(self) -> None:
         super().__init__()
@@ -282,6 +294,16 @@ def _features_as_array(schema, col: str):
         return "binary", F.col(col)
     raise ValueError(f"features column {col!r} is {dt.simpleString()}; it must be an ML Vector, an array of "
                      "numbers, or binary (with imageShape)")
+
+
+def _features_of(dataset, columns: Sequence[str]):
+    """The kind and Column of the feature ``columns`` of ``dataset``: one column as :func:`_features_as_array` takes
+    it; several (numbers, arrays or ML vectors) joined in order into one array."""
+    if len(columns) == 1:
+        return _features_as_array(dataset.schema, columns[0])
+    from sparknet.spark.data import _feature_expr
+
+    return "array", _feature_expr(dataset, list(columns), None)[0]
 
 
 class _Persisted(MLReadable, MLWritable):
@@ -396,7 +418,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
         if need_shape and kind == "binary":
             raise ValueError("binary features need imageShape to size the model")
         if need_shape or "num_classes" in takes:
-            _, feats = _features_as_array(dataset.schema, self.getFeaturesCol())
+            _, feats = _features_of(dataset, self._feature_columns())
             label = F.col(self.getLabelCol())
             if numbers:  # how many numbers a row's label holds
                 top = F.max(F.size(label)) if isinstance(dataset.schema[self.getLabelCol()].dataType,
@@ -417,16 +439,32 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
         log.info("using zoo model %s(%s)", key, kwargs)
         return zoo.get_model(key, **kwargs)
 
+    def _feature_columns(self) -> list[str]:
+        """The columns the net trains on: ``featuresCols`` where set, else ``featuresCol``."""
+        if self.isDefined(self.featuresCols) and self.getFeaturesCols():
+            if self.isSet(self.featuresCol):
+                raise ValueError("set featuresCol (one column) or featuresCols (several columns), not both")
+            return self.getFeaturesCols()
+        return [self.getFeaturesCol()]
+
     # -- fit --------------------------------------------------------------------------------------
     def _fit(self, dataset) -> SparkNetModel:
         from pyspark.sql import functions as F
 
+        from sparknet.spark.data import spark_feature_column
+
         spark = dataset.sparkSession
         run, dist = self.configs(default_workers=session_parallelism(spark))
-        features_col, label_col = self.getFeaturesCol(), self.getLabelCol()
-        kind, _ = _features_as_array(dataset.schema, features_col)
-        if label_col not in dataset.schema.fieldNames():
-            raise ValueError(f"label column {label_col!r} not found; the DataFrame has {dataset.schema.fieldNames()}")
+        columns, label_col = self._feature_columns(), self.getLabelCol()
+        weight_col = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else None
+        kind, _ = _features_of(dataset, columns)
+        for what, col in (("label", label_col), ("weight", weight_col)):
+            if col is not None and col not in dataset.schema.fieldNames():
+                raise ValueError(f"{what} column {col!r} not found; the DataFrame has {dataset.schema.fieldNames()}")
+        named = [*columns, label_col, *([weight_col] if weight_col else [])]
+        if len(set(named)) != len(named):
+            raise ValueError(f"the features {columns}, the label {label_col!r} and the weight {weight_col!r} name a "
+                             "column twice; each column is a feature, the label or the weight")
         train, validation = dataset, None
         if self.isDefined(self.validationIndicatorCol) and self.getValidationIndicatorCol():
             ind = self.getValidationIndicatorCol()
@@ -458,11 +496,12 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
                                early_stop=dist.toward_target) as metrics:
                 trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, task=task,
                                                    on_round=round_reporter(metrics), options=self.engineOptions())
-                result = trainer.fit(train, validation, features_col=features_col, label_col=label_col,
-                                     image_shape=image_shape)
+                result = trainer.fit(train, validation, features_col=columns[0] if len(columns) == 1 else columns,
+                                     label_col=label_col, weight_col=weight_col, image_shape=image_shape)
                 summary = _plain(result.summary)
                 metrics.write({"event": "summary", **summary})
-            features = [] if kind == "binary" else [feature_column(features_col, False, "double")]  # MLflow's input
+            features = [] if kind == "binary" else [spark_feature_column(c, dataset.schema[c].dataType)
+                                                    for c in columns]  # MLflow's input, and what transform joins
             files = model_io.pack_model(net_params, result.weights, solver=solver, config=config, input_shape=shape,
                                          metadata={"summary": summary, "features": features})
             failed = False
@@ -716,13 +755,7 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
         where they are several."""
         col = self.getFeaturesCol()
         trained = None if self.isSet(self.featuresCol) or col in dataset.columns else self.trainedColumns
-        if trained and set(trained) <= set(dataset.columns):
-            if len(trained) > 1:
-                from sparknet.spark.data import _feature_expr
-
-                return "array", _feature_expr(dataset, trained, None)[0]
-            col = trained[0]
-        return _features_as_array(dataset.schema, col)
+        return _features_of(dataset, trained if trained and set(trained) <= set(dataset.columns) else [col])
 
     # -- persistence ------------------------------------------------------------------------------
     @classmethod

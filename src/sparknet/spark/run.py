@@ -22,7 +22,7 @@ import numpy as np
 
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
 from sparknet._fs import is_uri
-from sparknet._parquet import TEST_FRACTION, feature_column, footer_facts, table_info
+from sparknet._parquet import TEST_FRACTION, footer_facts, table_info
 from sparknet._enums import CompressionKind
 from sparknet.config import DistributedConfig, RunConfig, TrainConfig
 from sparknet.datasets import SyntheticImages, cache_root
@@ -251,9 +251,7 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None, weig
     columns (:func:`sparknet._parquet.feature_column`)."""
     from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, BooleanType, IntegralType, NumericType
-
-    from sparknet.spark.data import _feature_expr
+    from sparknet.spark.data import _feature_expr, spark_feature_column
     from sparknet.spark.shared_path import check_shared_path
 
     check_shared_path(spark, uri, what=flag)
@@ -267,13 +265,7 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None, weig
         raise ValueError(f"{flag} {uri} has no {' or '.join(map(repr, missing))} column (its columns: "
                          f"{', '.join(table.columns)}); sparknet train reads {', '.join(map(repr, columns))} "
                          "(--features-col, --label-col, --weight-col)")
-    features = []
-    for name in run.feature_columns:
-        dtype = table.schema[name].dataType
-        value = dtype.elementType if isinstance(dtype, ArrayType) else dtype
-        features.append(feature_column(name, isinstance(dtype, (NumericType, BooleanType)),
-                                       "long" if isinstance(value, IntegralType) else
-                                       "boolean" if isinstance(value, BooleanType) else "double"))
+    features = [spark_feature_column(name, table.schema[name].dataType) for name in run.feature_columns]
     if columns == ("features", "label"):
         return table, features
     weight = [] if weight_col is None else [F.col(weight_col).alias("weight")]
