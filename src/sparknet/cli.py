@@ -218,16 +218,16 @@ def _run_train(args: argparse.Namespace) -> int:
 
 
 def _run_version(args: argparse.Namespace) -> int:
-    import torch
+    from importlib.metadata import PackageNotFoundError, version
 
-    info = {"sparknet": __version__, "python": platform.python_version(), "torch": torch.__version__}
-    try:
-        import pyspark  # heavy: loaded only to read its version
+    def installed(name: str) -> str | None:  # as its package says, with nothing of it loaded
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return None
 
-        info["pyspark"] = pyspark.__version__
-    except ImportError:
-        info["pyspark"] = None
-    print(json.dumps(info))
+    print(json.dumps({"sparknet": __version__, "python": platform.python_version(), "torch": installed("torch"),
+                      "pyspark": installed("pyspark")}))
     return 0
 
 

@@ -54,7 +54,10 @@ def test_a_config_file_value_is_checked_as_a_flag_is(tmp_path, caplog):
 def test_version(capsys):
     assert main(["version"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["torch"].startswith("2.13")
+    assert info["torch"].startswith("2.13") and info["pyspark"].startswith("4.")
+    out = _python("-c", "import sys\nfrom sparknet.cli import main\nmain(['version'])\n"
+                        "print(sorted({'torch', 'pyspark'} & set(sys.modules)))")
+    assert out.returncode == 0 and out.stdout.splitlines()[-1] == "[]", out  # read from the packages, not loaded
 
 
 def test_save_model_and_tensorboard(tmp_path):
