@@ -136,6 +136,21 @@ def test_dataframe_input_and_other_combiners(spark, combiner):
     assert m["pushes"] == sum(_pushes(t["rows"], 30, 3) for t in m["tasks"])
 
 
+def test_a_dataframe_s_weight_col_weighs_each_row_on_the_workers(spark):
+    train, test = _data(900, 0), _data(300, 1)
+    rows = [(row.tolist(), int(label), float(label != 2)) for row, label in zip(train.x, train.y)]
+    df = spark.createDataFrame(rows, "features array<float>, label long, w double").repartition(2)
+
+    def class_2_predicted(weight_col):
+        sess = AsyncSession(_mlp(), SolverConfig(base_lr=0.05), seed=1)
+        sess.run(data=df, batch_size=30, tau=3, epochs=2, weight_col=weight_col)
+        return float((sess.net.predict(test.x).argmax(1) == 2).float().mean())
+
+    assert class_2_predicted("w") < 0.05 < class_2_predicted(None)  # class 2's rows weigh nothing
+    with pytest.raises(ValueError, match="weight_col names a DataFrame column"):
+        AsyncSession(_mlp(), seed=1).run(data=(train.x, train.y), weight_col="w")
+
+
 def test_local_arrays_and_a_user_train_step_returning_a_loss(spark):
     import torch
 

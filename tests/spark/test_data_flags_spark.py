@@ -1,7 +1,8 @@
 """``sparknet train --data``'s flags on Spark (local[2]): ``--task``'s numbers and label sets train an mlp on the
 rounds engine (a URI read where it lives; a path dealt from the driver's files) and on the parameter server;
 ``--features-col``/``--label-col`` name a table's own columns, ``--weight-col`` its rows' sample weights (a path's
-rows travel through Spark with them, a URI's are read where they live); ``sparknet predict`` scores each saved model
+rows travel through Spark with them, a URI's are read where they live; the parameter server's workers weigh them
+too); ``sparknet predict`` scores each saved model
 as its task says, on the columns it trained on."""
 
 from __future__ import annotations
@@ -109,8 +110,11 @@ def test_a_table_s_own_columns_named_by_a_uri_train_and_predict_reads_the_same_c
                  "--out", str(tmp_path / "again"), "--features-col", "width"]) == 2  # one column: not the net's
 
 
-@pytest.mark.parametrize("where, engine", [("path", "barrier"), ("uri", "rounds")])
-def test_weight_col_weighs_each_row_on_both_engines(spark, tmp_path, where, engine):
+@pytest.mark.parametrize("where, road", [("path", ("--engine", "barrier", "--rounds", "4")),
+                                         ("uri", ("--engine", "rounds", "--rounds", "4")),
+                                         ("path", ("--strategy", "async", "--epochs", "2"))],
+                         ids=["path-barrier", "uri-rounds", "path-async"])
+def test_weight_col_weighs_each_row_on_both_engines_and_the_parameter_server(spark, tmp_path, where, road):
     x, test_x = (np.random.default_rng(seed).normal(size=(rows, 6)).astype(np.float32)
                  for seed, rows in ((7, 3000), (8, 400)))
     right = (x[:, 0] > 0).astype(np.int64)
@@ -120,6 +124,6 @@ def test_weight_col_weighs_each_row_on_both_engines(spark, tmp_path, where, engi
                    tmp_path / "t.parquet")
     clean = _write(tmp_path / "clean.parquet", test_x, (test_x[:, 0] > 0).astype(np.int64))
     data = (tmp_path / "t.parquet").as_uri() if where == "uri" else str(tmp_path / "t.parquet")
-    code, summary = _train(tmp_path, where, "--data", data, "--validation-data", clean, "--engine", engine,
-                           "--weight-col", "w", "--tau", "50", "--rounds", "4", "--lr", "0.05")
+    code, summary = _train(tmp_path, where, "--data", data, "--validation-data", clean, *road, "--weight-col", "w",
+                           "--tau", "50", "--lr", "0.05")
     assert code == 0 and summary["test_accuracy"] > 0.95, summary

@@ -70,6 +70,8 @@ class TaskSpec:
     after the steps before that push, on its ``attempt``."""
     loss: Callable | None = None
     """The loss of a plain module."""
+    weighted: bool = False
+    """The labels carry each row's sample weight last (:class:`sparknet.net.Net`'s ``weighted``)."""
     keys: ClientKeys | None = field(default=None, repr=False)
     """The server's keys a worker connects with (its secret key never in a repr or a log line); the session
     always sets them: a task without them cannot reach the server."""
@@ -139,7 +141,7 @@ def _build_net(spec: TaskSpec, index: int):
     keep_freed_memory()
     seed = round_seed(spec.seed, index, spec.epoch)
     net = Net(model, SolverConfig.from_dict(spec.solver), loss=spec.loss, batch_size=spec.batch_size,
-              device=spec.device, seed=seed, compute=spec.compute)
+              device=spec.device, seed=seed, compute=spec.compute, weighted=spec.weighted)
     if spec.iteration:
         net.set_iteration(spec.iteration)
     return net

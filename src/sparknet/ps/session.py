@@ -31,8 +31,10 @@ import numpy as np
 import torch
 
 from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
+from sparknet._parquet import labels_with_weights
 from sparknet.checkpoint import CheckpointError, open_checkpoints
 from sparknet.config import Compute, TrainConfig, check_at_least
+from sparknet.datasets import ArrayDataset
 from sparknet.errors import EngineError
 from sparknet.faults import faults_from
 from sparknet.loop import EarlyStop
@@ -184,15 +186,17 @@ class AsyncSession:
                         if time.monotonic() - server.last_heard > stall_s else None)
 
     # -- data -----------------------------------------------------------------------------------
-    def _blocks(self, data, sc, group, num_workers, feed_names, image_shape, sample_shape):
-        """(RDD of (x, y) blocks with ``num_workers`` partitions, the RDD to unpersist, rows per partition)."""
+    def _blocks(self, data, sc, group, num_workers, feed_names, image_shape, sample_shape, weight_col=None):
+        """(RDD of (x, y) blocks with ``num_workers`` partitions, the RDD to unpersist, rows per partition); a
+        DataFrame's ``weight_col`` rides last in each row's labels."""
         from pyspark import StorageLevel  # optional dependency: needed only once data is dealt
 
         expected_len = math.prod(sample_shape) if sample_shape else None
         if spark_data.is_dataframe(data) or spark_data.is_rdd(data):
             features_col, label_col = feed_names
             chunks, _ = spark_data.chunk_rdd(data, features_col=features_col, label_col=label_col,
-                                        image_shape=image_shape, expected_len=expected_len, num_partitions=num_workers)
+                                        image_shape=image_shape, expected_len=expected_len, num_partitions=num_workers,
+                                        weight_col=weight_col)
             chunks.persist(StorageLevel.MEMORY_AND_DISK)
             try:
                 _, total = spark_data.checked_partitions(sc, group, chunks, timeout_s=self.data_timeout_s,
@@ -229,7 +233,7 @@ class AsyncSession:
             epochs: int = 1, shuffle_within_partition: bool = True, repartition_between_epochs: bool = True,
             feed_names: tuple[str, str] | None = None, num_workers: int | None = None, steps: int | None = None,
             image_shape=None, validation_data=None, target_accuracy: float | None = None,
-            on_epoch: Callable[[dict], None] | None = None, early_stop=None) -> dict:
+            on_epoch: Callable[[dict], None] | None = None, early_stop=None, weight_col: str | None = None) -> dict:
         """Train asynchronously on ``data`` for ``epochs`` passes; returns :attr:`metrics`.
 
         Parameters
@@ -270,9 +274,15 @@ class AsyncSession:
             judged, the run stops once ``patience`` epochs in a row have not bettered the best, and the net ends
             with the best weights scored (:attr:`last_weights` keeps the server's last copy); :attr:`metrics` then
             says ``best_epoch`` and its test scores.
+        weight_col : str, optional
+            A DataFrame column of sample weights (numbers >= 0): a row of weight w counts w times in its batch's
+            loss. Local arrays carry their weights as their labels' last value, with a net made ``weighted``.
         """
         if data is None:
             raise ValueError("run() needs data: a DataFrame, an RDD of (ndarray, label), or local arrays")
+        if weight_col is not None and not spark_data.is_dataframe(data):
+            raise ValueError("weight_col names a DataFrame column; local arrays carry each row's weight as their "
+                             "labels' last value, trained by a Net made with weighted=True")
         check_at_least(1, batch_size=batch_size, tau=tau, epochs=epochs, steps=steps)
         if target_accuracy is not None and not 0 < target_accuracy <= 1:
             raise ValueError(f"target_accuracy is a fraction in (0, 1], got {target_accuracy}")
@@ -329,7 +339,8 @@ class AsyncSession:
         # a NetParams net travels as data; a plain module in the job's closure (Spark's cloudpickle), on the CPU
         net_spec = ({"netparams": net_params.to_dict()} if hasattr(net_params, "to_dict")
                     else {"module": copy.deepcopy(self.net.module).cpu()})
-        rdd, cached, rows = self._blocks(data, sc, group, K, feed_names, image_shape, sample_shape)  # last: it caches
+        # last: it caches
+        rdd, cached, rows = self._blocks(data, sc, group, K, feed_names, image_shape, sample_shape, weight_col)
         solver = self.net.solver.to_dict()
         steps_done = 0
         history: list[dict] = []
@@ -349,7 +360,7 @@ class AsyncSession:
                     iteration=self._iteration, shuffle=bool(shuffle_within_partition), sample_shape=sample_shape,
                     timeout_s=self.request_timeout_s, threads=self.threads, device=self.device, compute=self.compute,
                     steps=None if steps is None else steps - steps_done, train_step=train_step,
-                    loss=self.loss, faults=self.faults)
+                    loss=self.loss, faults=self.faults, weighted=self.net.weighted or weight_col is not None)
                 before = server.stats()
                 t0 = time.perf_counter()
                 deadline = self._epoch_deadline(tasks[-K:] if tasks else None,
@@ -485,11 +496,15 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
     check_road(Road.PARAMETER_SERVER, run, dist)
     seed_everything(run.seed)
     train, test, info = load_training_data(run)
+    weights = info.get("weights")  # --weight-col's: the labels carry each row's weight last
+    if weights is not None:
+        train = ArrayDataset(train.x, labels_with_weights(train.y, weights)[0])
     K = dist.workers
     spark = get_session(dist.resolved_master, app_name="sparknet-async")
     net_params = build_model(run, info)
     split_budget(net_params, dist)  # --max-weight-bytes
-    net = Net(net_params, run.solver(), batch_size=run.batch_size, seed=run.seed, task=run.task)
+    net = Net(net_params, run.solver(), batch_size=run.batch_size, seed=run.seed, task=run.task,
+              weighted=weights is not None)
     sess = AsyncSession(net, combiner=cfg.combiner, seed=run.seed, host=cfg.ps_host, threads=run.threads or 1,
                         device=run.device, spark=spark, compute=run.worker().compute)
     per_worker = max(1, (len(train) // K) // run.batch_size)
