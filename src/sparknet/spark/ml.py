@@ -220,6 +220,11 @@ class _ScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, HasRaw
         Params._dummy(), "imageShape",
         "Shape of one sample without the batch dimension (e.g. [1, 28, 28]); flat features are reshaped "
         "to it (default: the net's input shape).", typeConverter=_to_shape)
+    featuresCols: Param[list[str]] = Param(
+        Params._dummy(), "featuresCols",
+        "Several feature columns (numbers, arrays or ML vectors), joined in this order into each row's features, "
+        "instead of featuresCol: a model fit on them keeps their names (trainedColumns) and its transform joins the "
+        "same columns of the data it scores.", typeConverter=_to_columns)
     threads: Param[int] = _CONFIG_PARAMS["threads"]
     device: Param[str] = _CONFIG_PARAMS["device"]
     scoreBatchSize: Param[int] = Param(Params._dummy(), "scoreBatchSize",
@@ -237,6 +242,14 @@ class _ScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, HasRaw
         super().__init__()
         self._setDefault(device="cpu", scoreBatchSize=1024)
 
+    def _named_columns(self) -> list[str] | None:
+        """``featuresCols`` where it is set (``None`` where not)."""
+        if not (self.isDefined(self.featuresCols) and self.getFeaturesCols()):
+            return None
+        if self.isSet(self.featuresCol):
+            raise ValueError("set featuresCol (one column) or featuresCols (several columns), not both")
+        return self.getFeaturesCols()
+
 
 class _EstimatorParams(_ScoringParams, HasLabelCol, HasValidationIndicatorCol, HasWeightCol):
     """Training params: one per chosen config field, plus ``net``, ``featuresCols`` and ``weightCol``."""
@@ -245,11 +258,6 @@ class _EstimatorParams(_ScoringParams, HasLabelCol, HasValidationIndicatorCol, H
                              "The network: a sparknet NetParams (kept as NetParams.to_dict()). When unset, "
                              "the zoo model named by 'model' is made to fit the data.",
                              typeConverter=_to_net_dict)
-    featuresCols: Param[list[str]] = Param(
-        Params._dummy(), "featuresCols",
-        "Several feature columns (numbers, arrays or ML vectors), joined in this order into each row's features, "
-        "instead of featuresCol: the model keeps their names (trainedColumns) and transform joins the same columns "
-        "of the data it scores.", typeConverter=_to_columns)
 
     def __init__(self) -> None:
         super().__init__()
@@ -441,11 +449,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
 
     def _feature_columns(self) -> list[str]:
         """The columns the net trains on: ``featuresCols`` where set, else ``featuresCol``."""
-        if self.isDefined(self.featuresCols) and self.getFeaturesCols():
-            if self.isSet(self.featuresCol):
-                raise ValueError("set featuresCol (one column) or featuresCols (several columns), not both")
-            return self.getFeaturesCols()
-        return [self.getFeaturesCol()]
+        return self._named_columns() or [self.getFeaturesCol()]
 
     # -- fit --------------------------------------------------------------------------------------
     def _fit(self, dataset) -> SparkNetModel:
@@ -750,12 +754,15 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
         return scored.select(*cols)
 
     def _scored_input(self, dataset):
-        """The kind and Column of what :meth:`transform` scores: ``featuresCol`` where it is set or the data has it;
-        else the columns the model trained on (:attr:`trainedColumns`) where the data has them all, joined in order
-        where they are several."""
-        col = self.getFeaturesCol()
-        trained = None if self.isSet(self.featuresCol) or col in dataset.columns else self.trainedColumns
-        return _features_of(dataset, trained if trained and set(trained) <= set(dataset.columns) else [col])
+        """The kind and Column of what :meth:`transform` scores: ``featuresCols`` where set, joined in order;
+        ``featuresCol`` where it is set or the data has it; else the columns the model trained on
+        (:attr:`trainedColumns`) where the data has them all, joined in order where they are several."""
+        columns = self._named_columns()
+        if columns is None:
+            col = self.getFeaturesCol()
+            trained = None if self.isSet(self.featuresCol) or col in dataset.columns else self.trainedColumns
+            columns = trained if trained and set(trained) <= set(dataset.columns) else [col]
+        return _features_of(dataset, columns)
 
     # -- persistence ------------------------------------------------------------------------------
     @classmethod

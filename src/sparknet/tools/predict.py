@@ -44,9 +44,6 @@ APP_NAME = "sparknet-predict"
 """The name of the Spark session ``sparknet predict`` starts."""
 
 
-JOINED_FEATURES = "sparknet_features"
-"""The column several feature columns are joined into while they are scored (not written; another name where the
-data has a column of its own so named)."""
 PREDICT_TIMEOUT_S = 24 * 3600.0
 """Default longest wait for ``sparknet predict``'s scoring and writing job (``--timeout``)."""
 
@@ -128,6 +125,8 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
     columns = [] if features_col is None else list(column_names(features_col))  # none: the model's own
     if len(columns) == 1:
         model.set(model.featuresCol, columns[0])
+    elif columns:  # joined in order as the model scores them
+        model.set(model.featuresCols, columns)
 
     own_session = spark is None and _no_active_session()
     if spark is None:
@@ -139,17 +138,7 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
         df = spark.read.parquet(data)
         if partitions is not None:
             df = df.repartition(partitions)
-        joined = None
-        if len(columns) > 1:  # one array made of them, under a name the data does not use, dropped after
-            from sparknet.spark.data import _feature_expr
-            from sparknet.spark.trainer import _unused_column
-
-            joined = _unused_column(df, JOINED_FEATURES)
-            df = df.withColumn(joined, _feature_expr(df, columns, None)[0])
-            model.set(model.featuresCol, joined)
         scored = model.transform(df)
-        if joined:
-            scored = scored.drop(joined)
         if not probability_vector:  # a classifier's probability, a regressor's several outputs: plain arrays
             from pyspark.ml.functions import vector_to_array
             from pyspark.ml.linalg import VectorUDT
