@@ -174,6 +174,33 @@ def test_weight_col_weighs_each_row_s_loss(data):
         _estimator(featuresCols=COLUMNS, weightCol="nope").fit(train)
 
 
+def test_a_plain_module_trains_with_its_own_loss_and_its_model_saves(data, tmp_path):
+    from pyspark.ml import Pipeline
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+
+    from sparknet.spark.ml import SparkNetEstimator, SparkNetModel
+
+    train, test = data
+    module = torch.nn.Sequential(torch.nn.Linear(WIDTH, 16), torch.nn.ReLU(), torch.nn.Linear(16, CLASSES))
+    before = [p.detach().clone() for p in module.parameters()]
+    est = SparkNetEstimator(module, loss=torch.nn.CrossEntropyLoss(label_smoothing=0.05), featuresCols=COLUMNS,
+                            workers=2, tau=10, rounds=8, lr=0.05, batchSize=32, seed=0)
+    model = est.fit(train)
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters()))  # a copy trained, not the user's
+    scored = model.transform(test)
+    accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored)
+    assert accuracy > 0.7 and model.trainedColumns == COLUMNS and model.getImageShape() == [WIDTH], accuracy
+    model.save(str(tmp_path / "model"))
+    loaded = SparkNetModel.load(str(tmp_path / "model"), allow_pickle=True)  # the module is a pickle: trusted only
+    assert np.array_equal(_predictions(loaded.transform(test))[1], _predictions(scored)[1])
+    with pytest.raises(ValueError, match="pickle"):
+        SparkNetModel.load(str(tmp_path / "model"))
+    with pytest.raises(ValueError, match="an estimator of a plain torch.nn.Module is not saved"):
+        Pipeline(stages=[est]).write().save(str(tmp_path / "pipeline"))
+    with pytest.raises(ValueError, match="a NetParams net carries its own loss layers"):
+        SparkNetEstimator(zoo.mlp(input_shape=[WIDTH], hidden=[16], num_classes=CLASSES), loss=torch.nn.MSELoss())
+
+
 def test_model_from_a_net_trained_in_process_scores_arrays(spark, data):
     from pyspark.sql import functions as F
 

@@ -51,7 +51,7 @@ from sparknet.spark.backend import Held, run_with_deadline
 from sparknet.spark.session import is_connect, session_parallelism
 from sparknet.spark.scoring import score_batches
 from sparknet.spark.shared_path import check_shared_path
-from sparknet.spark.trainer import EngineOptions, SparkTrainer
+from sparknet.spark.trainer import EngineOptions, SparkTrainer, _copy_module
 from sparknet.labels import Task, parse_task
 
 __all__ = ["SparkNetEstimator", "SparkNetModel"]
@@ -176,7 +176,7 @@ def _to_net_dict(value) -> dict:
     if hasattr(value, "to_dict") and hasattr(value, "build"):
         return value.to_dict()
     raise TypeError(f"net must be a sparknet NetParams (or its to_dict()), got {type(value).__name__}; "
-                    "for a plain torch.nn.Module use sparknet.spark.SparkTrainer and SparkNetModel.from_net")
+                    "a plain torch.nn.Module is not a Param: give it as SparkNetEstimator(module, loss=...)")
 
 
 def _to_columns(value) -> list[str]:
@@ -335,9 +335,14 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
 
     Parameters
     ----------
-    net : NetParams, optional
-        The network (kept as its ``to_dict()``). Default: the zoo model named by ``model``,
-        sized to the data (input shape from the features, classes from the labels).
+    net : NetParams or torch.nn.Module, optional
+        The network: a NetParams (kept as its ``to_dict()``, a Param), or any plain ``torch.nn.Module`` whose
+        ``forward(x)`` returns predictions (kept as :attr:`module`; each fit trains a copy of it, as Horovod's
+        ``TorchEstimator`` does). Default: the zoo model named by ``model``, sized to the data (input shape from
+        the features, classes from the labels).
+    loss : callable, optional
+        A plain module's ``loss(prediction, y)`` (default: cross entropy; a regression loss such as
+        ``torch.nn.MSELoss()`` makes the model a regressor). A NetParams net carries its own loss layers.
     callbacks : callable or sequence of callables, optional
         Each is called with every round record of ``fit`` (the records ``metricsOut`` writes and the
         model's ``history`` keeps: ``round``, ``loss``, ``val_accuracy``, ``samples``, ``wall_s``...), as
@@ -354,11 +359,24 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
     ValueError
         An unknown parameter or a bad value (unknown engine or strategy, ``tau=0``), at once;
         settings that clash with each other, when ``fit`` starts and before any training.
+
+    Notes
+    -----
+    An estimator of a plain module is not saved (``write``, a Pipeline's ``save``): its Params are JSON and the module
+    would be a pickle. Its fitted :class:`SparkNetModel` is, and loads with ``allow_pickle=True``.
     """
 
-    def __init__(self, net=None, *, callbacks=None, **params: Any) -> None:
+    def __init__(self, net=None, *, loss=None, callbacks=None, **params: Any) -> None:
+        import torch
+
         super().__init__()
-        if net is not None:
+        self.module = net if isinstance(net, torch.nn.Module) else None
+        """The plain ``torch.nn.Module`` this estimator trains a copy of (``None``: a NetParams net or the zoo's)."""
+        if loss is not None and (self.module is None or not callable(loss)):
+            raise ValueError("loss= is a plain torch.nn.Module's loss, a callable loss(prediction, y); a NetParams "
+                             "net carries its own loss layers")
+        self.loss = loss
+        if net is not None and self.module is None:
             params["net"] = net
         self.callbacks = [] if callbacks is None else [callbacks] if callable(callbacks) else list(callbacks)
         if not all(callable(c) for c in self.callbacks):
@@ -370,8 +388,16 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
         _set_params(self, params)
         return self
 
+    def write(self) -> MLWriter:
+        """Spark ML writer of the params (refused for a plain module: see the class's notes)."""
+        if self.module is not None:
+            raise ValueError("an estimator of a plain torch.nn.Module is not saved: its Params are JSON and the module "
+                             "would be a pickle; save the fitted SparkNetModel (SparkNetModel.load(path, "
+                             "allow_pickle=True) reads it), or give the net as NetParams")
+        return super().write()
+
     def getNet(self):
-        """The NetParams, or None when the zoo model named by ``model`` is used."""
+        """The NetParams, or None when a plain module (:attr:`module`) or the zoo model named by ``model`` is used."""
         if not self.isDefined(self.net) or self.getOrDefault(self.net) is None:
             return None
         return NetParams.from_dict(self.getOrDefault(self.net))
@@ -481,7 +507,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
                 raise ValueError(f"{param} needs validation rows: set validationIndicatorCol")
         image_shape = self.getImageShape() if self.isDefined(self.imageShape) else None
         net_params = self.getNet()
-        if net_params is None:
+        if net_params is None and self.module is None:
             net_params = self._zoo_net(train, run, image_shape, kind)
         shape = tuple(image_shape) if image_shape is not None else model_io.input_shape_of(net_params)
         if kind == "binary" and image_shape is None:
@@ -493,12 +519,18 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
         task = self.getTask() if self.isDefined(self.task) else None
         config = {"run": _plain(run), "dist": _plain(dist)}
         sinks = make_sinks(mlflow_uri=run.mlflow, run_name=f"{run.model}-estimator", params=config)
+        if sinks and self.module is not None:
+            log.warning("MLflow gets this fit's params and metrics, not its model: a plain module's model would be "
+                        "a pickle (SparkNetModel.save keeps it)")
         failed = True
+        files = None
         try:
             with MetricsLogger(run.metrics_out, progress=not run.quiet, total=rounds_total(run.steps, dist),
                                sinks=[*sinks, *map(_rounds_only, getattr(self, "callbacks", ()))],
                                early_stop=dist.toward_target) as metrics:
-                trainer = SparkTrainer.from_config(net_params, run, dist, spark=spark, task=task,
+                # a plain module: this fit's own copy (a CrossValidator fits one estimator many times)
+                net = net_params if self.module is None else _copy_module(self.module)
+                trainer = SparkTrainer.from_config(net, run, dist, spark=spark, task=task, loss=self.loss,
                                                    on_round=round_reporter(metrics), options=self.engineOptions())
                 result = trainer.fit(train, validation, features_col=columns[0] if len(columns) == 1 else columns,
                                      label_col=label_col, weight_col=weight_col, image_shape=image_shape)
@@ -506,12 +538,15 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
                 metrics.write({"event": "summary", **summary})
             features = [] if kind == "binary" else [spark_feature_column(c, dataset.schema[c].dataType)
                                                     for c in columns]  # MLflow's input, and what transform joins
-            files = model_io.pack_model(net_params, result.weights, solver=solver, config=config, input_shape=shape,
-                                         metadata={"summary": summary, "features": features})
+            shape = shape or tuple(result.summary["sample_shape"])  # a plain module's: the data's
+            files = model_io.pack_model(result.net.module if net_params is None else net_params, result.weights,
+                                        solver=solver, config=config, input_shape=shape,
+                                        metadata={"summary": summary, "features": features})
             failed = False
         finally:  # the MLflow model is made from the model's folder
-            close_sinks(sinks, failed=failed, write_model=lambda path: model_io.write_model_files(path, files))
-        model = SparkNetModel._from_files(files, allow_pickle=False)
+            close_sinks(sinks, failed=failed, write_model=None if self.module is not None else
+                        lambda path: model_io.write_model_files(path, files))
+        model = SparkNetModel._from_files(files, allow_pickle=self.module is not None)  # made here: trusted
         self._copyValues(model)
         if shape is not None and not model.isSet(model.imageShape):
             model._set(imageShape=list(shape))
