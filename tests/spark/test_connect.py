@@ -194,3 +194,22 @@ def test_estimator_fits_transforms_saves_and_loads(spark, tmp_path):
     assert first == again
     est.save(str(tmp_path / "estimator"))
     assert SparkNetEstimator.load(str(tmp_path / "estimator")).getOrDefault("tau") == 10
+
+
+def test_estimator_of_a_plain_module_on_a_table_s_own_columns_with_weights(spark):
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+
+    from sparknet.spark.ml import SparkNetEstimator
+
+    x, y = blobs(800, seed=5)
+    df = spark.createDataFrame([(float(a), float(b), int(label), float(label != 2)) for (a, b), label in zip(x, y)],
+                               "a double, b double, label long, w double")
+    est = SparkNetEstimator(mlp(0), loss=torch.nn.CrossEntropyLoss(), featuresCols=["a", "b"], weightCol="w",
+                            workers=2, tau=10, rounds=6, lr=0.1, batchSize=32, seed=0, engine="barrier")
+    model = est.fit(df)
+    assert model.trainedColumns == ["a", "b"]
+    scored = model.transform(df)
+    predicted = [r.prediction for r in scored.select("prediction").collect()]
+    assert predicted.count(2.0) < 0.05 * len(predicted)  # class 2's rows weigh nothing
+    right = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored.filter("label != 2"))
+    assert right >= 0.9, right
