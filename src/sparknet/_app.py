@@ -50,8 +50,9 @@ def load_training_data(run: RunConfig):
     vocabulary for text).
     """
     if run.data is not None:
-        return read_parquet_dataset(run.data, run.feature_columns, run.label_col, validation=run.validation_data,
-                                    task=run.task, weight_col=run.weight_col)
+        labels = run.label_columns
+        return read_parquet_dataset(run.data, run.feature_columns, labels[0] if len(labels) == 1 else labels,
+                                    validation=run.validation_data, task=run.task, weight_col=run.weight_col)
     if run.dataset == "shakespeare":  # RunConfig spells data sets and models as the registries do
         corpus = datasets.shakespeare()
         seq_len = 256 if run.model == "gpt_char" else 100  # nanoGPT's context; char_lstm's sequences

@@ -133,13 +133,15 @@ def _vectors_to_numpy(rows: list) -> np.ndarray:
     return out
 
 
-def read_parquet_dataset(path: str, features_col: str | Sequence[str] = "features", label_col: str = "label", *,
+def read_parquet_dataset(path: str, features_col: str | Sequence[str] = "features",
+                         label_col: str | Sequence[str] = "label", *,
                          validation: str | None = None, task: Task = Task.CLASSIFICATION,
                          weight_col: str | None = None):
     """``(train, test, info)`` from a Parquet file or folder (a path, or a URI pyarrow reads: ``file://``,
     ``s3://``/``s3a://``, ``gs://``, ``hdfs://``); the last 10% of rows are the test set, or, with ``validation``,
     every row trains and ``validation``'s rows (the same columns) are the test set. ``task``: what the labels are
-    (class ids, numbers, or 0s and 1s). ``weight_col``: a column of the training rows' sample weights (numbers >= 0),
+    (class ids, numbers, or 0s and 1s; numbers, or 0s and 1s, may be several columns, joined in order into one array a
+    row). ``weight_col``: a column of the training rows' sample weights (numbers >= 0),
     as float32 ``info["weights"]``, one for each row of ``train`` (the test rows are scored unweighted).
 
     Raises
@@ -272,7 +274,7 @@ def _facts(opened: list, columns: Sequence[str]) -> FooterFacts | None:
                        spark.decode() if spark is not None else None)
 
 
-def _read_arrays(path: str, features_col: str | Sequence[str], label_col: str, flag: str = "--data", *,
+def _read_arrays(path: str, features_col: str | Sequence[str], label_col: str | Sequence[str], flag: str = "--data", *,
                  task: Task = Task.CLASSIFICATION, weight_col: str | None = None):
     """The features and labels of the Parquet file or folder at ``path`` (a path or a URI), checked, its feature
     columns (:func:`feature_column`), and the float32 weights of ``weight_col`` (``None`` without)."""
@@ -312,18 +314,24 @@ def _weights(table, weight_col: str) -> np.ndarray:
     return w.astype(np.float32)
 
 
-def _arrays(table, features_col: str | Sequence[str], label_col: str,
+def _arrays(table, features_col: str | Sequence[str], label_col: str | Sequence[str],
             task: Task = Task.CLASSIFICATION) -> tuple[np.ndarray, np.ndarray]:
     """The features (float32 ``[rows, values]``; of several columns, joined in order) and labels (int64 class ids;
-    float32 numbers or 0s and 1s, as ``task`` says) of a table, checked for training."""
+    float32 numbers or 0s and 1s, as ``task`` says, of several columns joined in order) of a table, checked for
+    training."""
     columns = [features_col] if isinstance(features_col, str) else list(features_col)
-    for col in (*columns, label_col):
+    labels = [label_col] if isinstance(label_col, str) else list(label_col)
+    for col in (*columns, *labels):
         if col not in table.column_names:
             raise ValueError(f"the table has no column {col!r} (columns: {table.column_names}); it needs "
                              f"{', '.join(map(repr, columns))} (an array of numbers or an ML Vector, or numbers) "
-                             f"and {label_col!r} (the labels)")
+                             f"and {', '.join(map(repr, labels))} (the labels)")
     x = _joined(table, columns)
-    if task.float_labels:
+    if len(labels) > 1 and not task.float_labels:
+        raise ValueError(f"the label columns {', '.join(map(repr, labels))} are several: class ids are one column")
+    if len(labels) > 1:  # each a number (or an array of them) a row, joined in order
+        y = np.concatenate([_values_to_numpy(table.column(c), c, task).reshape(len(x), -1) for c in labels], axis=1)
+    elif task.float_labels:
         y = _values_to_numpy(table.column(label_col), label_col, task)
     else:
         y = _labels_to_numpy(table.column(label_col), label_col)

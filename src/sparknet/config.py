@@ -228,7 +228,8 @@ class RunConfig:
     """--data's feature column: an array of numbers or an ML vector; or several columns (numbers, arrays or
     vectors), comma-separated, joined in that order into one array."""
     label_col: str = "label"
-    """--data's label column."""
+    """--data's label column; with --task regression or multilabel, several number columns, comma-separated, joined
+    in that order into one array a row."""
     weight_col: str | None = None
     """--data's column of sample weights (numbers >= 0): a row of weight w counts w times in its batch's loss (0: not
     at all); the test scores stay unweighted."""
@@ -313,12 +314,15 @@ class RunConfig:
                                   or self.weight_col is not None):
             raise ValueError("--features-col, --label-col and --weight-col name the columns of a --data table: give "
                              "--data too")
-        columns = self.feature_columns
-        if not all(columns) or not self.label_col.strip() or (self.weight_col is not None
-                                                               and not self.weight_col.strip()):
+        columns, labels = self.feature_columns, self.label_columns
+        if not all(columns) or not all(labels) or (self.weight_col is not None and not self.weight_col.strip()):
             raise ValueError(f"--features-col, --label-col and --weight-col name columns, got {self.features_col!r}, "
                              f"{self.label_col!r} and {self.weight_col!r}")
-        named = [*columns, self.label_col, *([self.weight_col] if self.weight_col is not None else [])]
+        if len(labels) > 1 and not self.task.float_labels:
+            raise ValueError(f"--label-col {self.label_col} names several columns: the numbers of --task regression "
+                             "or the 0s and 1s of --task multilabel, joined into one array a row; class ids are one "
+                             "column")
+        named = [*columns, *labels, *([self.weight_col] if self.weight_col is not None else [])]
         if len(set(named)) != len(named):
             raise ValueError(f"--features-col {self.features_col}, --label-col {self.label_col} and --weight-col "
                              f"{self.weight_col} name a column twice; each column is a feature, the label or the "
@@ -344,6 +348,11 @@ class RunConfig:
     def feature_columns(self) -> tuple[str, ...]:
         """The feature columns --features-col names, in order."""
         return column_names(self.features_col)
+
+    @property
+    def label_columns(self) -> tuple[str, ...]:
+        """The label columns --label-col names, in order (several: one array of numbers a row)."""
+        return column_names(self.label_col)
 
     def solver(self) -> SolverConfig:
         """The solver these settings describe."""

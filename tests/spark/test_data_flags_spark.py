@@ -127,3 +127,12 @@ def test_weight_col_weighs_each_row_on_both_engines_and_the_parameter_server(spa
     code, summary = _train(tmp_path, where, "--data", data, "--validation-data", clean, *road, "--weight-col", "w",
                            "--tau", "50", "--lr", "0.05")
     assert code == 0 and summary["test_accuracy"] > 0.95, summary
+
+
+def test_several_label_columns_of_a_uri_are_one_array_of_numbers_a_row(spark, tmp_path):
+    x, y = regression_table(2400, outputs=2, seed=0)
+    pq.write_table(pa.table({"features": pa.array(list(x), pa.list_(pa.float32())), "p": y[:, 0], "q": y[:, 1]}),
+                   tmp_path / "t.parquet")
+    code, summary = _train(tmp_path, "uri", "--data", (tmp_path / "t.parquet").as_uri(), "--label-col", "p,q",
+                           "--task", "regression", "--tau", "25", "--rounds", "12", "--lr", "0.02")
+    assert code == 0 and summary["test_r2"] > 0.95, summary

@@ -54,6 +54,30 @@ def test_a_double_label_and_mse_train_on_the_rounds_engine_to_r2_above_0_95(spar
     assert "val_accuracy" not in rounds[-1] and {"val_r2", "val_rmse", "val_mae", "val_loss"} <= set(rounds[-1])
 
 
+def test_several_label_columns_are_one_array_of_numbers_a_row(spark):
+    x, y = regression_table(1200, outputs=2)
+    rows = [([float(v) for v in a], [float(v) for v in b], float(b[0]), float(b[1])) for a, b in zip(x, y)]
+    # not repartitioned: a round-robin repartition orders rows by the columns a fit selects, which differ here
+    df = spark.createDataFrame(rows, "features array<double>, both array<double>, p double, q float")
+    vx, vy = regression_table(300, outputs=2, seed=1)
+
+    def fit(label_col, net=None):
+        trainer = SparkTrainer(net or _net(2), WorkerConfig(solver=SolverConfig(base_lr=0.02, momentum=0.9),
+                                                            batch_size=32, seed=1),
+                               DistributedConfig(workers=2, tau=25, rounds=6), loss=torch.nn.MSELoss(), spark=spark)
+        return trainer.fit(df, validation=(vx, vy), label_col=label_col)
+
+    joined = fit(["p", "q"])
+    assert joined.summary["test_r2"] > 0.9, joined.summary
+    as_array = fit("both")  # q is a float: joined as doubles of the same values as the array's
+    assert joined.weights.allclose(as_array.weights, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="class ids are one column"):
+        SparkTrainer(_net(2), WorkerConfig(), DistributedConfig(workers=2, tau=5, rounds=1), spark=spark).fit(
+            df, label_col=["p", "q"])
+    with pytest.raises(ValueError, match="label column 'features' has type array<double>; several label columns"):
+        fit(["p", "features"])
+
+
 def test_target_accuracy_is_a_target_on_r2(spark):
     x, y = regression_table(1600)
     vx, vy = regression_table(400, seed=1)
@@ -276,6 +300,26 @@ def test_an_estimator_without_a_net_sizes_the_zoo_mlp_to_the_task_s_labels(spark
     assert 1 - ((prediction - truth) ** 2).sum() / ((truth - truth.mean(0)) ** 2).sum() > 0.9
     with pytest.raises(ValueError, match="the zoo model 'lenet' is a classifier; task 'regression' takes model"):
         SparkNetEstimator(model="lenet", task="regression", workers=2, rounds=1).fit(_frame(spark, x, y))
+
+
+def test_an_estimator_s_label_cols_are_one_array_of_numbers_a_row(spark):
+    from sparknet.spark.ml import SparkNetEstimator
+
+    x, y = regression_table(1200, outputs=2)
+    rows = [([float(v) for v in a], [float(v) for v in b], float(b[0]), float(b[1])) for a, b in zip(x, y)]
+    df = spark.createDataFrame(rows, "features array<double>, both array<double>, p double, q double")  # one order
+
+    def fit(**labels):
+        return SparkNetEstimator(model="mlp", task="regression", workers=2, tau=25, rounds=4, lr=0.02, momentum=0.9,
+                                 batch_size=32, seed=1, **labels).fit(df)
+
+    joined = fit(labelCols=["p", "q"])
+    assert joined.net.net_params.layers[-2].num_outputs == 2  # the zoo mlp sized to the two columns
+    assert joined.weights.allclose(fit(labelCol="both").weights, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="set labelCol .* or labelCols .*, not both"):
+        fit(labelCols=["p", "q"], labelCol="both")
+    with pytest.raises(ValueError, match="class ids are one column"):
+        SparkNetEstimator(model="mlp", workers=2, rounds=1, labelCols=["p", "q"]).fit(df)
 
 
 def test_the_estimator_is_a_regressor_that_spark_s_regression_evaluator_and_cross_validator_take(spark):

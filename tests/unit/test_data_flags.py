@@ -136,6 +136,23 @@ def test_named_columns_train_several_feature_columns_joined_in_order(tmp_path):
     assert saved.net.evaluate((x[held], y[held])).metrics["r2"] == pytest.approx(records[-1]["test_r2"], abs=1e-6)
 
 
+@pytest.mark.parametrize("task", ["regression", "multilabel"])
+def test_several_label_columns_train_as_one_array_of_them(tmp_path, task):
+    x = _features(1500, 9)
+    y = _numbers(x, 2) if task == "regression" else _label_sets(x)
+    kind = pa.float64() if task == "regression" else pa.int64()
+    pq.write_table(pa.table({"features": pa.array(list(x), pa.list_(pa.float32())),
+                             "label": pa.array(list(y), pa.list_(kind)),
+                             **{f"y{i}": pa.array(y[:, i], kind) for i in range(y.shape[1])}}), tmp_path / "t.parquet")
+    flags = ("--data", str(tmp_path / "t.parquet"), "--task", task, "--steps", "200", "--lr", "0.05")
+    code, joined = _train(tmp_path, "joined", *flags, "--label-col", ",".join(f"y{i}" for i in range(y.shape[1])))
+    assert code == 0
+    code, as_array = _train(tmp_path, "array", *flags)  # the same numbers, as one array column
+    assert code == 0 and joined[-1]["test_loss"] == as_array[-1]["test_loss"], (joined[-1], as_array[-1])
+    with pytest.raises(ValueError, match="--label-col y0,y1 names several columns: .*class ids are one column"):
+        RunConfig(data=str(tmp_path / "t.parquet"), label_col="y0,y1")
+
+
 def _half_wrong(tmp_path, rows: int = 3000) -> tuple[str, str]:
     """A table whose every other row holds the wrong class at weight 0 (``w``), and a clean table to test on."""
     x, test_x = _features(rows, 7), _features(500, 8)

@@ -697,10 +697,19 @@ def spark_feature_column(name: str, dtype) -> dict:
                           "boolean" if isinstance(value, T.BooleanType) else "double")
 
 
-def _label_expr(df, label_col: str):
+def _label_expr(df, label_col: str | Sequence[str]):
+    """A DataFrame's label column as the chunks take it (class ids as longs, numbers as doubles, either one a row or
+    an array of them); several number columns as one array of doubles a row (a regression's or a multi-label net's
+    labels)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
+    if not isinstance(label_col, str):
+        for name in label_col:
+            if not _is_number(dtype := _column_type(df, name, "label")):
+                raise ValueError(f"label column {name!r} has type {dtype.simpleString()}; several label columns are "
+                                 "numbers, joined in order into one array a row")
+        return F.array(*[F.col(name).cast(T.DoubleType()) for name in label_col])
     dtype = _column_type(df, label_col, "label")
     element = dtype.elementType if isinstance(dtype, T.ArrayType) else dtype  # an array: one label per position
     whole = isinstance(element, (T.IntegerType, T.LongType, T.ShortType, T.ByteType, T.BooleanType))
@@ -731,9 +740,9 @@ def is_rdd(obj) -> bool:
     return hasattr(obj, "mapPartitions") and hasattr(obj, "getNumPartitions") and not is_dataframe(obj)
 
 
-def chunk_input(data, *, features_col: str | Sequence[str] = "features", label_col: str | None = "label",
-                image_shape=None, expected_len: int | None = None, num_partitions: int | None = None,
-                float_labels: bool = False, weight_col: str | None = None):
+def chunk_input(data, *, features_col: str | Sequence[str] = "features",
+                label_col: str | Sequence[str] | None = "label", image_shape=None, expected_len: int | None = None,
+                num_partitions: int | None = None, float_labels: bool = False, weight_col: str | None = None):
     """``(DataFrame, convert, FeatureSource)``: a DataFrame's feature and label columns (and weight), in
     ``num_partitions`` partitions, and the ``mapInArrow`` function (:class:`ArrowChunks`) that turns its batches into
     rows of chunk bytes: what :func:`chunk_frame` runs, for a task function that does more with the chunks where they
@@ -761,7 +770,8 @@ def chunk_input(data, *, features_col: str | Sequence[str] = "features", label_c
                              float_labels=float_labels, weight_col=weight_col)
 
 
-def arrow_chunks(kind: str, sc, *, features_col: str | Sequence[str] = "features", label_col: str | None = "label",
+def arrow_chunks(kind: str, sc, *, features_col: str | Sequence[str] = "features",
+                 label_col: str | Sequence[str] | None = "label",
                  image_shape=None, expected_len: int | None = None, float_labels: bool = False,
                  weight_col: str | None = None) -> tuple[ArrowChunks, FeatureSource]:
     """``(convert, FeatureSource)`` for feature columns of ``kind`` (:func:`chunk_input`'s names; ``sc``, the
@@ -770,6 +780,7 @@ def arrow_chunks(kind: str, sc, *, features_col: str | Sequence[str] = "features
     image_numel = int(np.prod(image_shape)) if image_shape else None
     if kind in ("binary", "image"):
         expected_len = image_numel
+    label_col = label_col if label_col is None or isinstance(label_col, str) else ", ".join(label_col)
     convert = ArrowChunks(kind, expected_len, image_numel, label_col, float_labels,
                           tuple(image_shape) if image_shape else None, weight_col is not None, chunk_bytes_for(sc))
     named = (f"column {features_col!r}" if isinstance(features_col, str)

@@ -258,6 +258,10 @@ class _EstimatorParams(_ScoringParams, HasLabelCol, HasValidationIndicatorCol, H
                              "The network: a sparknet NetParams (kept as NetParams.to_dict()). When unset, "
                              "the zoo model named by 'model' is made to fit the data.",
                              typeConverter=_to_net_dict)
+    labelCols: Param[list[str]] = Param(
+        Params._dummy(), "labelCols",
+        "Several label columns of numbers (task regression) or of 0s and 1s (task multilabel), joined in this order "
+        "into one array a row, instead of labelCol.", typeConverter=_to_columns)
 
     def __init__(self) -> None:
         super().__init__()
@@ -453,10 +457,14 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
             raise ValueError("binary features need imageShape to size the model")
         if need_shape or "num_classes" in takes:
             _, feats = _features_of(dataset, self._feature_columns())
-            label = F.col(self.getLabelCol())
+            labels = self._label_columns()
+            label = F.col(labels[0])
             if numbers:  # how many numbers a row's label holds
-                top = F.max(F.size(label)) if isinstance(dataset.schema[self.getLabelCol()].dataType,
-                                                         ArrayType) else F.max(F.lit(1))
+                top = F.max(F.size(label)) if len(labels) == 1 and isinstance(dataset.schema[labels[0]].dataType,
+                                                                              ArrayType) else F.max(F.lit(len(labels)))
+            elif len(labels) > 1:
+                raise ValueError("labelCols are the numbers of task 'regression' or the 0s and 1s of task "
+                                 "'multilabel'; class ids are one column (labelCol)")
             else:
                 top = F.max(label)
             sizes = dataset.agg(top.alias("top"), F.max(F.size(feats)).alias("width"))
@@ -477,6 +485,14 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
         """The columns the net trains on: ``featuresCols`` where set, else ``featuresCol``."""
         return self._named_columns() or [self.getFeaturesCol()]
 
+    def _label_columns(self) -> list[str]:
+        """The columns the net learns: ``labelCols`` where set, else ``labelCol``."""
+        if not (self.isDefined(self.labelCols) and self.getLabelCols()):
+            return [self.getLabelCol()]
+        if self.isSet(self.labelCol):
+            raise ValueError("set labelCol (one column) or labelCols (several columns), not both")
+        return self.getLabelCols()
+
     # -- fit --------------------------------------------------------------------------------------
     def _fit(self, dataset) -> SparkNetModel:
         from pyspark.sql import functions as F
@@ -485,16 +501,17 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
 
         spark = dataset.sparkSession
         run, dist = self.configs(default_workers=session_parallelism(spark))
-        columns, label_col = self._feature_columns(), self.getLabelCol()
+        columns, labels = self._feature_columns(), self._label_columns()
+        label_col = labels[0] if len(labels) == 1 else labels
         weight_col = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else None
         kind, _ = _features_of(dataset, columns)
-        for what, col in (("label", label_col), ("weight", weight_col)):
+        for what, col in (*(("label", c) for c in labels), ("weight", weight_col)):
             if col is not None and col not in dataset.schema.fieldNames():
                 raise ValueError(f"{what} column {col!r} not found; the DataFrame has {dataset.schema.fieldNames()}")
-        named = [*columns, label_col, *([weight_col] if weight_col else [])]
+        named = [*columns, *labels, *([weight_col] if weight_col else [])]
         if len(set(named)) != len(named):
-            raise ValueError(f"the features {columns}, the label {label_col!r} and the weight {weight_col!r} name a "
-                             "column twice; each column is a feature, the label or the weight")
+            raise ValueError(f"the features {columns}, the labels {labels} and the weight {weight_col!r} name a "
+                             "column twice; each column is a feature, a label or the weight")
         train, validation = dataset, None
         if self.isDefined(self.validationIndicatorCol) and self.getValidationIndicatorCol():
             ind = self.getValidationIndicatorCol()

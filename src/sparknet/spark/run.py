@@ -251,7 +251,7 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None, weig
     columns (:func:`sparknet._parquet.feature_column`)."""
     from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
-    from sparknet.spark.data import _feature_expr, spark_feature_column
+    from sparknet.spark.data import _feature_expr, _label_expr, spark_feature_column
     from sparknet.spark.shared_path import check_shared_path
 
     check_shared_path(spark, uri, what=flag)
@@ -259,7 +259,7 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None, weig
         table = (spark.read if schema is None else spark.read.schema(schema)).parquet(uri)
     except AnalysisException as e:
         raise FileNotFoundError(f"{flag} {uri}: Spark cannot read it as Parquet ({str(e).splitlines()[0]})") from None
-    columns = (*run.feature_columns, run.label_col, *([weight_col] if weight_col is not None else []))
+    columns = (*run.feature_columns, *run.label_columns, *([weight_col] if weight_col is not None else []))
     missing = [c for c in columns if c not in table.columns]
     if missing:
         raise ValueError(f"{flag} {uri} has no {' or '.join(map(repr, missing))} column (its columns: "
@@ -269,8 +269,10 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None, weig
     if columns == ("features", "label"):
         return table, features
     weight = [] if weight_col is None else [F.col(weight_col).alias("weight")]
+    labels = run.label_columns  # several: one array of doubles a row
     return table.select(_feature_expr(table, list(run.feature_columns), None)[0].alias("features"),
-                        F.col(run.label_col).alias("label"), *weight), features
+                        (F.col(labels[0]) if len(labels) == 1 else _label_expr(table, labels)).alias("label"),
+                        *weight), features
 
 
 def training_frame(spark, run: RunConfig, train, partitions: int | None = None, weights=None):

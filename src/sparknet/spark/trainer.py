@@ -214,7 +214,7 @@ class SparkTrainer:
 
     # -- fit ----------------------------------------------------------------------------------
     def fit(self, train, validation=None, *, features_col: str | Sequence[str] = "features",
-            label_col: str | None = "label", weight_col: str | None = None,
+            label_col: str | Sequence[str] | None = "label", weight_col: str | None = None,
             image_shape=None, initial_weights=None, features_as: str = "concat") -> TrainResult:
         """Train on ``train`` (a DataFrame or an RDD of ``(ndarray, label)``).
 
@@ -238,7 +238,8 @@ class SparkTrainer:
             as a dict (``features_as="dict"``). ``label_col=None`` (or
             ``task="unlabelled"``) trains without labels: the loss takes the input (an autoencoder), the
             DataFrame needs no label column, an RDD holds feature arrays, and the validation data is
-            features alone.
+            features alone. ``label_col`` may be a list of number columns, joined in order into one array a
+            row, for a net that learns numbers or label sets (a regression or multi-label task).
         weight_col : str, optional
             A DataFrame column of sample weights (numbers >= 0): a row of weight w counts w times in its
             batch's loss — a plain module's, the weighted mean of its rows' losses; a layer-DSL net's, each loss
@@ -276,6 +277,14 @@ class SparkTrainer:
             if getattr(dist, target) is not None and validation is None:
                 raise ValueError(f"{target} needs validation data to measure it on")
         task = self._fit_task(label_col)
+        if label_col is not None and not isinstance(label_col, str):
+            label_col = list(label_col)
+            if not label_col or len(set(label_col)) != len(label_col):
+                raise ValueError(f"label_col names one or more distinct columns, got {label_col}")
+            if not task.float_labels:
+                raise ValueError("several label columns are the numbers or the 0s and 1s of a regression or a "
+                                 "multi-label net, joined in order into one array a row; class ids are one column "
+                                 f"(this fit's task is {task.value})")
         if task is Task.UNLABELLED:
             label_col = None
             if dist.target_accuracy is not None:
