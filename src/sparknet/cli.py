@@ -246,6 +246,8 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None] | str]]
     "predict": ("score Parquet data with a saved model through Spark (adds prediction, and a classifier's "
                 "probability)",
                 "sparknet.tools.predict:configure_command"),
+    "evaluate": ("the loss and the metrics of a saved model on labelled Parquet data, scored through Spark",
+                 "sparknet.tools.predict:configure_evaluate"),
     "experiment": ("reproduce the SparkNet paper's experiments (JSON + PNG per experiment)",
                    "sparknet.experiments.cli:configure_command"),
     "data": ("make a data set at scale on Spark's executors as Parquet (extended-mnist)",

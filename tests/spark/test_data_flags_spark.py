@@ -136,3 +136,22 @@ def test_several_label_columns_of_a_uri_are_one_array_of_numbers_a_row(spark, tm
     code, summary = _train(tmp_path, "uri", "--data", (tmp_path / "t.parquet").as_uri(), "--label-col", "p,q",
                            "--task", "regression", "--tau", "25", "--rounds", "12", "--lr", "0.02")
     assert code == 0 and summary["test_r2"] > 0.95, summary
+
+
+def test_evaluate_gives_a_saved_model_s_test_scores_again_on_its_held_out_rows(spark, tmp_path, capsys):
+    x, y = regression_table(2000, outputs=2, seed=0)
+    pq.write_table(pa.table({"features": pa.array(list(x), pa.list_(pa.float32())), "p": y[:, 0], "q": y[:, 1]}),
+                   tmp_path / "t.parquet")
+    vx, vy = regression_table(300, outputs=2, seed=1)
+    pq.write_table(pa.table({"features": pa.array(list(vx), pa.list_(pa.float32())), "p": vy[:, 0], "q": vy[:, 1]}),
+                   tmp_path / "v.parquet")
+    code, summary = _train(tmp_path, "run", "--data", str(tmp_path / "t.parquet"), "--validation-data",
+                           str(tmp_path / "v.parquet"), "--label-col", "p,q", "--task", "regression", "--tau", "25",
+                           "--rounds", "4", "--lr", "0.02", "--model-dir", str(tmp_path / "model"))
+    assert code == 0
+    capsys.readouterr()
+    assert main(["evaluate", "--model-dir", str(tmp_path / "model"), "--data", str(tmp_path / "v.parquet")]) == 0
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the label columns: the model's own
+    assert metrics["rows"] == 300
+    for name in ("loss", "r2", "rmse", "mae"):
+        assert metrics[name] == pytest.approx(summary[f"test_{name}"], rel=1e-5), (name, metrics, summary)

@@ -201,6 +201,28 @@ def test_a_plain_module_trains_with_its_own_loss_and_its_model_saves(data, tmp_p
         SparkNetEstimator(zoo.mlp(input_shape=[WIDTH], hidden=[16], num_classes=CLASSES), loss=torch.nn.MSELoss())
 
 
+def test_evaluate_scores_where_the_rows_live_as_a_fit_scores_its_test_set(data):
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    from pyspark.sql import functions as F
+
+    train, test = data
+    model = _estimator(featuresCols=COLUMNS).fit(train)
+    metrics = model.evaluate(test.repartition(3))
+    scored = model.transform(test)
+    assert metrics["rows"] == 200
+    assert metrics["accuracy"] == MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored)
+    x = np.array(test.select(*COLUMNS).collect(), dtype=np.float32)
+    y = np.array([r.label for r in test.select("label").collect()])
+    on_driver = model.net.evaluate((x, y))  # the loss and the metrics of the driver's net on the same rows
+    assert metrics["loss"] == pytest.approx(on_driver.loss, rel=1e-5)
+    assert metrics["accuracy"] == pytest.approx(on_driver.accuracy)
+    with pytest.raises(ValueError, match=r"labels range over \[0, 7\] but the net has 3 classes"):
+        model.evaluate(test.withColumn("label", F.when(F.col("label") == 2, 7).otherwise(F.col("label"))))
+    with pytest.raises(ValueError, match="1 rows have a null label"):
+        model.evaluate(test.withColumn("label", F.when(F.monotonically_increasing_id() == 0, None)
+                                       .otherwise(F.col("label"))))
+
+
 def test_model_from_a_net_trained_in_process_scores_arrays(spark, data):
     from pyspark.sql import functions as F
 

@@ -29,6 +29,7 @@ import functools
 import inspect
 import json
 import logging
+import math
 import os
 import typing
 from collections.abc import Iterator, Mapping, Sequence
@@ -43,7 +44,7 @@ from pyspark.ml.util import (DefaultParamsReadable, DefaultParamsReader, Default
 
 from sparknet import model_io, zoo
 from sparknet._fields import base_type, field_docs
-from sparknet.config import DistributedConfig, RunConfig
+from sparknet.config import DistributedConfig, RunConfig, column_names
 from sparknet.layers import NetParams
 from sparknet.metrics import MetricsLogger, json_safe, round_reporter, rounds_total
 from sparknet.sinks import close_sinks, make_sinks
@@ -558,7 +559,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
             shape = shape or tuple(result.summary["sample_shape"])  # a plain module's: the data's
             files = model_io.pack_model(result.net.module if net_params is None else net_params, result.weights,
                                         solver=solver, config=config, input_shape=shape,
-                                        metadata={"summary": summary, "features": features})
+                                        metadata={"summary": summary, "features": features, "labels": labels})
             failed = False
         finally:  # the MLflow model is made from the model's folder
             close_sinks(sinks, failed=failed, write_model=None if self.module is not None else
@@ -723,13 +724,82 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
 
     def _outputs(self, shape) -> int:
         """Output values per row (a probe on the driver)."""
+        return int(self._probe(shape).numel())
+
+    def _probe(self, shape):
+        """The net's output for one row of zeros of ``shape`` (default: the model's own sample shape)."""
         import torch
 
         shape = tuple(shape) if shape else self._loaded().input_shape
         if shape is None:
             raise ValueError("set imageShape: the model does not know the shape of one sample")
         with torch.no_grad():  # reshaped to the net's own input, as the model's predict does
-            return int(self._loaded().predict(torch.zeros(1, *shape)).numel())
+            return self._loaded().predict(torch.zeros(1, *shape))
+
+    def evaluate(self, dataset, labelCol: str | Sequence[str] | None = None, *,
+                 timeout_s: float | None = 24 * 3600.0) -> dict:
+        """The model's loss and its task's metrics on the labelled rows of ``dataset``, scored where they live: each
+        partition's task adds up what the metrics are made of, and the driver joins the sums (the metrics a fit
+        reports as ``test_*``: accuracy, and top-5 accuracy past five classes; R², RMSE and MAE; a multi-label net's
+        accuracy, F1 and AUC).
+
+        Parameters
+        ----------
+        dataset : DataFrame
+            The features as :meth:`transform` reads them, and the labels.
+        labelCol : str or list of str, optional
+            The label column, or several number columns joined in order (default: what the model's folder says it
+            trained on, else ``label``).
+        timeout_s : float or None
+            Longest wait for the job (default a day); past it the job is cancelled.
+
+        Returns
+        -------
+        dict
+            ``rows`` scored, ``loss`` (the net's loss layers'; ``None`` for a plain module, whose loss its files do
+            not hold) and each metric by name. Rows a fit would refuse (null or NaN labels, class ids the net does
+            not have...) are a ``ValueError`` that says how many and why.
+        """
+        import uuid
+
+        from sparknet.labels import Task
+        from sparknet.net import EvalResult
+        from sparknet.spark import data as spark_data
+        from sparknet.spark.scoring import evaluation_sums
+
+        self._require_files()
+        task = self.resolvedTask()
+        if task is Task.UNLABELLED:
+            raise ValueError("a net trained without labels has no metrics to evaluate; its loss is its score")
+        trained = self._loaded().manifest.get("metadata") or {}  # the estimator's labels, or sparknet train's flag
+        labels = labelCol or trained.get("labels") or ((self.config or {}).get("run") or {}).get("label_col") or "label"
+        labels = list(column_names(labels)) if isinstance(labels, str) else list(labels)
+        kind, feats = self._scored_input(dataset)
+        shape = self.getImageShape() if self.isDefined(self.imageShape) else self._loaded().input_shape
+        if shape is None:
+            raise ValueError("set imageShape: the model does not know the shape of one sample")
+        classes = int(self._probe(shape).shape[-1]) if task is Task.CLASSIFICATION else None
+        label = spark_data._label_expr(dataset, labels[0] if len(labels) == 1 else labels)
+        session = dataset.sparkSession
+        bc = Held(self._require_files()) if is_connect(session) else self._broadcast(session.sparkContext)
+        threads = self.getThreads() if self.isDefined(self.threads) and self.getThreads() else 1
+        sums = functools.partial(evaluation_sums, key=self.modelId, files_bc=bc, kind=kind, shape=list(shape),
+                                 threads=int(threads), chunk=int(self.getScoreBatchSize()), device=self.getDevice(),
+                                 allow_pickle=self._allow_pickle, task=task.value, label_col=", ".join(labels),
+                                 num_classes=classes)
+        frame = dataset.select(feats.alias("features"), label.alias("label")).mapInArrow(sums,
+                                                                                          "info string, result string")
+        rows = run_with_deadline(session if is_connect(session) else session.sparkContext,
+                                 f"sparknet-evaluate-{uuid.uuid4().hex[:12]}", "sparknet: evaluate the model",
+                                 frame.collect, timeout_s=timeout_s, what="the evaluation job")
+        spark_data.check_stats([json.loads(r["info"]) for r in rows], what="the data evaluated on",
+                               expected_len=None if kind in ("binary", "image") else int(math.prod(shape)),
+                               num_classes=classes, sample_shape=tuple(shape), task=task)
+        parts = [json.loads(r["result"]) for r in rows]
+        result = functools.reduce(EvalResult.joined, [EvalResult.of(task, p["samples"], p["loss_sum"], p["sums"])
+                                                      for p in parts if p["samples"]])
+        loss = None if math.isnan(result.loss) else result.loss
+        return {"rows": result.samples, "loss": loss, **result.metrics}
 
     def _broadcast(self, sc):
         """One broadcast of the model files per SparkContext (kept while this model lives)."""

@@ -10,6 +10,7 @@ Python daemon sparknet's sessions start loads it before it forks (:mod:`sparknet
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections import OrderedDict
@@ -20,10 +21,10 @@ import numpy as np
 import torch
 
 from sparknet import model_io
-from sparknet.labels import Task, parse_task, score_columns
+from sparknet.labels import Task, parse_task, score_columns, task_sums
 from sparknet.spark.rounds.executor import task_device
 
-__all__ = ["score_batches", "cached_model", "decode_features", "executor_device", "BUILDS"]
+__all__ = ["score_batches", "evaluation_sums", "cached_model", "decode_features", "executor_device", "BUILDS"]
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +108,45 @@ def score_batches(batches, *, key: str, files_bc, kind: str, shape, threads: int
         else:
             yield pd.DataFrame({"prediction": [] if task is Task.MULTILABEL else np.zeros(0), "probability": [],
                                 "raw": []})
+
+
+def evaluation_sums(batches, *, key: str, files_bc, kind: str, shape, threads: int, chunk: int, device: str,
+                    allow_pickle: bool, task: str, label_col: str | None, num_classes: int | None) -> Iterator:
+    """One partition's share of :meth:`SparkNetModel.evaluate <sparknet.spark.ml.SparkNetModel.evaluate>`: Arrow
+    batches of (features, label) -> one batch of one row, ``info`` (what the rows hold and what is wrong with them,
+    as a fit counts them: :class:`~sparknet.spark.data.ChunkCounts`) and ``result`` (the rows scored, their loss sum
+    and the task's additive sums, :func:`sparknet.labels.task_sums`). Rows a fit would refuse are counted, not
+    scored: the driver names them. The loss is the net's own (its loss layers) where the model holds a layer-DSL net
+    of the task scored; a plain module's loss is not in its files (``NaN``)."""
+    import json
+
+    import pyarrow as pa
+
+    from sparknet.spark.data import ArrowChunks, ChunkCounts
+
+    torch.set_num_threads(threads)
+    model = cached_model(key, files_bc, device, allow_pickle)
+    task = parse_task(task)
+    shape = tuple(shape)
+    width = int(np.prod(shape))
+    convert = ArrowChunks(kind, width, width if kind in ("binary", "image") else None, label_col, task.float_labels,
+                          shape)
+    own_loss = model.net_params is not None and model.net.task is task
+    counts, rows, loss_sum, sums = ChunkCounts(), 0, 0.0, None
+    for x, y, info in convert.chunks(batches):
+        counts.add(info)
+        if info.refused or not len(y) or (num_classes is not None and (y.min() < 0 or y.max() >= num_classes)):
+            continue
+        for start in range(0, len(y), chunk):
+            xb, yb = x[start:start + chunk].reshape(-1, *shape), y[start:start + chunk]
+            with torch.no_grad():
+                if own_loss:
+                    result = model.net.evaluate((xb, yb), batch_size=chunk)
+                    loss, part = result.loss * result.samples, list(result.sums)
+                else:
+                    loss, part = math.nan, task_sums(task, model.predict(torch.from_numpy(xb)), torch.from_numpy(yb))
+            rows, loss_sum = rows + len(yb), loss_sum + loss
+            sums = part if sums is None else [a + b for a, b in zip(sums, part)]
+    result = {"samples": rows, "loss_sum": loss_sum, "sums": sums}
+    yield pa.RecordBatch.from_arrays([pa.array([json.dumps(counts.to_dict())]), pa.array([json.dumps(result)])],
+                                     names=["info", "result"])

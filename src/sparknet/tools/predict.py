@@ -1,4 +1,6 @@
-"""``sparknet predict``: batch scoring of Parquet data through Spark with a saved model.
+"""``sparknet predict``: batch scoring of Parquet data through Spark with a saved model; ``sparknet evaluate``: its
+loss and metrics on labelled Parquet data, scored where the rows live (:meth:`SparkNetModel.evaluate
+<sparknet.spark.ml.SparkNetModel.evaluate>`).
 
 Reads a sparknet model folder (:mod:`sparknet.model_io`) and a Parquet data set, scores
 every row with :meth:`sparknet.spark.ml.SparkNetModel.transform` (an Arrow-batched pandas
@@ -37,7 +39,7 @@ from sparknet.spark.backend import run_with_deadline
 from sparknet.spark.session import get_session, is_connect
 from sparknet.spark.shared_path import check_shared_path
 
-__all__ = ["PredictResult", "predict"]
+__all__ = ["PredictResult", "predict", "evaluate"]
 
 log = logging.getLogger(__name__)
 APP_NAME = "sparknet-predict"
@@ -110,35 +112,18 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
         and :class:`~sparknet.errors.DeadlineExceeded` says which tasks had not finished. ``None``:
         no deadline.
     """
-    from sparknet.spark.ml import SparkNetModel  # imports pyspark: loaded when scoring starts
-
-    if "://" not in data and not Path(data).exists():
-        raise FileNotFoundError(f"no Parquet data at {data}")
     if "://" not in out and Path(out).exists() and not overwrite:
         raise ValueError(f"{out} exists; pass --overwrite (overwrite=True) to replace it")
-    params = {"predictionCol": prediction_col, "probabilityCol": probability_col,
-              "rawPredictionCol": "", "scoreBatchSize": score_batch_size, "threads": threads}
-    params = {k: v for k, v in params.items() if v is not None}
-    model = SparkNetModel.fromModelFolder(str(model_dir), allow_pickle=allow_pickle, **params)
-    if features_col is None and model.trainedColumns is None:  # an older folder says them in its settings only
-        features_col = ((model.config or {}).get("run") or {}).get("features_col")
-    columns = [] if features_col is None else list(column_names(features_col))  # none: the model's own
-    if len(columns) == 1:
-        model.set(model.featuresCol, columns[0])
-    elif columns:  # joined in order as the model scores them
-        model.set(model.featuresCols, columns)
-
+    model = _model(model_dir, data, features_col, allow_pickle, predictionCol=prediction_col,
+                   probabilityCol=probability_col, rawPredictionCol="", scoreBatchSize=score_batch_size,
+                   threads=threads)
     own_session = spark is None and _no_active_session()
     if spark is None:
         spark = get_session(master, app_name=APP_NAME)
     t0 = time.perf_counter()
     try:
-        check_shared_path(spark, data, what="--data")
         check_shared_path(spark, out, what="--out", write=True)
-        df = spark.read.parquet(data)
-        if partitions is not None:
-            df = df.repartition(partitions)
-        scored = model.transform(df)
+        scored = model.transform(_table(spark, data, partitions))
         if not probability_vector:  # a classifier's probability, a regressor's several outputs: plain arrays
             from pyspark.ml.functions import vector_to_array
             from pyspark.ml.linalg import VectorUDT
@@ -163,6 +148,55 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
             spark.stop()
     log.info("scored %d rows with %s into %s in %.1f s", result.rows, model_dir, out, result.seconds)
     return result
+
+
+def evaluate(model_dir: str | os.PathLike, data: str, *, spark=None, master: str | None = None,
+             features_col: str | None = None, label_col: str | None = None, score_batch_size: int | None = None,
+             threads: int | None = None, partitions: int | None = None, allow_pickle: bool = False,
+             timeout_s: float | None = PREDICT_TIMEOUT_S) -> dict:
+    """A saved model's loss and its task's metrics on a labelled Parquet data set, each partition scored where it
+    lives and the sums joined on the driver (:meth:`~sparknet.spark.ml.SparkNetModel.evaluate`); ``rows``,
+    ``loss``, each metric by name, and ``seconds``. ``label_col``: the label column, or several number columns,
+    comma-separated (default: what the model trained on, else ``label``); the rest as :func:`predict` takes them."""
+    model = _model(model_dir, data, features_col, allow_pickle, scoreBatchSize=score_batch_size, threads=threads)
+    own_session = spark is None and _no_active_session()
+    if spark is None:
+        spark = get_session(master, app_name=APP_NAME)
+    t0 = time.perf_counter()
+    try:
+        metrics = model.evaluate(_table(spark, data, partitions), label_col, timeout_s=timeout_s)
+    finally:
+        model.unpersist()
+        if own_session:
+            spark.stop()
+    return {**metrics, "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _model(model_dir, data: str, features_col: str | None, allow_pickle: bool, **params):
+    """The saved model, set to score ``features_col`` (default: the columns it trained on); ``params`` the
+    :class:`~sparknet.spark.ml.SparkNetModel` Params given (``None``: its default)."""
+    from sparknet.spark.ml import SparkNetModel  # imports pyspark: loaded when scoring starts
+
+    if "://" not in data and not Path(data).exists():
+        raise FileNotFoundError(f"no Parquet data at {data}")
+    model = SparkNetModel.fromModelFolder(str(model_dir), allow_pickle=allow_pickle,
+                                          **{k: v for k, v in params.items() if v is not None})
+    if features_col is None and model.trainedColumns is None:  # an older folder says them in its settings only
+        features_col = ((model.config or {}).get("run") or {}).get("features_col")
+    columns = [] if features_col is None else list(column_names(features_col))  # none: the model's own
+    if len(columns) == 1:
+        model.set(model.featuresCol, columns[0])
+    elif columns:  # joined in order as the model scores them
+        model.set(model.featuresCols, columns)
+    return model
+
+
+def _table(spark, data: str, partitions: int | None):
+    """The Parquet data at ``data`` as Spark reads it (repartitioned to ``partitions``), checked to be where every
+    host reads it."""
+    check_shared_path(spark, data, what="--data")
+    df = spark.read.parquet(data)
+    return df if partitions is None else df.repartition(partitions)
 
 
 def _no_active_session() -> bool:
@@ -199,6 +233,34 @@ def configure_command(p: argparse.ArgumentParser) -> None:
     # _session and _app_name: the master and the name of the session it starts (python -m sparknet starts it while
     # torch loads)
     p.set_defaults(_run=_run, _session=lambda args: args.master or "local[*]", _app_name=APP_NAME)
+
+
+def configure_evaluate(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``sparknet evaluate`` (``sparknet.cli`` lists the command)."""
+    p.add_argument("--model-dir", required=True, help="sparknet model folder (as sparknet train --model-dir saves it)")
+    p.add_argument("--data", required=True, help="labelled Parquet file or folder to evaluate on")
+    p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    p.add_argument("--features-col", default=None,
+                   help="feature column, or several, comma-separated, joined in that order (default: the columns "
+                        "the model was trained on, else features)")
+    p.add_argument("--label-col", default=None,
+                   help="label column, or several number columns, comma-separated (default: the model's, else label)")
+    p.add_argument("--score-batch-size", type=int, default=None, help="rows per forward pass (default 1024)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per scoring task (default 1)")
+    p.add_argument("--partitions", type=int, default=None, help="repartition the input first")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="allow a model folder holding a pickled torch module (trusted files only)")
+    p.add_argument("--timeout", type=float, default=PREDICT_TIMEOUT_S,
+                   help="seconds the evaluation job may take before it is cancelled (default: a day)")
+    p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
+    p.set_defaults(_run=_run_evaluate, _session=lambda args: args.master or "local[*]", _app_name=APP_NAME)
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    print(json.dumps(evaluate(args.model_dir, args.data, master=args.master, features_col=args.features_col,
+                              label_col=args.label_col, score_batch_size=args.score_batch_size, threads=args.threads,
+                              partitions=args.partitions, allow_pickle=args.allow_pickle, timeout_s=args.timeout)))
+    return 0
 
 
 def _run(args: argparse.Namespace) -> int:
