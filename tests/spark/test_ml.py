@@ -218,6 +218,8 @@ def test_evaluate_scores_where_the_rows_live_as_a_fit_scores_its_test_set(data):
     assert metrics["accuracy"] == pytest.approx(on_driver.accuracy)
     with pytest.raises(ValueError, match=r"labels range over \[0, 7\] but the net has 3 classes"):
         model.evaluate(test.withColumn("label", F.when(F.col("label") == 2, 7).otherwise(F.col("label"))))
+    with pytest.raises(ValueError, match="the data evaluated on holds no rows"):
+        model.evaluate(test.limit(0))
     with pytest.raises(ValueError, match="1 rows have a null label"):
         model.evaluate(test.withColumn("label", F.when(F.monotonically_increasing_id() == 0, None)
                                        .otherwise(F.col("label"))))

@@ -792,7 +792,10 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
         rows = run_with_deadline(session if is_connect(session) else session.sparkContext,
                                  f"sparknet-evaluate-{uuid.uuid4().hex[:12]}", "sparknet: evaluate the model",
                                  frame.collect, timeout_s=timeout_s, what="the evaluation job")
-        spark_data.check_stats([json.loads(r["info"]) for r in rows], what="the data evaluated on",
+        stats = [json.loads(r["info"]) for r in rows]
+        if not sum(stat["rows"] for stat in stats):
+            raise ValueError("the data evaluated on holds no rows")
+        spark_data.check_stats(stats, what="the data evaluated on",
                                expected_len=None if kind in ("binary", "image") else int(math.prod(shape)),
                                num_classes=classes, sample_shape=tuple(shape), task=task)
         parts = [json.loads(r["result"]) for r in rows]
