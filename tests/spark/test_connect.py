@@ -187,6 +187,7 @@ def test_estimator_fits_transforms_saves_and_loads(spark, tmp_path):
     assert {"prediction", "probability", "rawPrediction"} <= set(scored.columns)
     accuracy = MulticlassClassificationEvaluator(metricName="accuracy").evaluate(scored)
     assert accuracy >= 0.9
+    assert model.evaluate(df)["accuracy"] == accuracy  # scored where the rows live, over Connect too
     model.save(str(tmp_path / "model"))
     loaded = SparkNetModel.load(str(tmp_path / "model"))
     first = [r.prediction for r in scored.select("prediction").limit(20).collect()]
