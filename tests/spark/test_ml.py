@@ -157,7 +157,7 @@ def test_features_cols_train_on_a_table_s_own_columns_as_an_assembler_would(fitt
         _estimator(featuresCols=COLUMNS, featuresCol="features").fit(train)
     with pytest.raises(ValueError, match="name a column twice"):
         _estimator(featuresCols=COLUMNS, labelCol="x0").fit(train)
-    with pytest.raises(ValueError, match="featuresCols must name one or more distinct columns"):
+    with pytest.raises(ValueError, match="featuresCols names one or more distinct columns"):
         _estimator(featuresCols=["x0", "x0"])
 
 

@@ -180,12 +180,16 @@ def _to_net_dict(value) -> dict:
                     "a plain torch.nn.Module is not a Param: give it as SparkNetEstimator(module, loss=...)")
 
 
-def _to_columns(value) -> list[str]:
-    """typeConverter of ``featuresCols``: distinct, non-empty column names."""
-    names = TypeConverters.toListString(value)
-    if not names or not all(n.strip() for n in names) or len(set(names)) != len(names):
-        raise ValueError(f"featuresCols must name one or more distinct columns, got {value!r}")
-    return names
+def _to_columns(pname: str):
+    """typeConverter of a Param of distinct, non-empty column names (``featuresCols``, ``labelCols``)."""
+
+    def convert(value) -> list[str]:
+        names = TypeConverters.toListString(value)
+        if not names or not all(n.strip() for n in names) or len(set(names)) != len(names):
+            raise ValueError(f"{pname} names one or more distinct columns, got {value!r}")
+        return names
+
+    return convert
 
 
 def _to_shape(value) -> list[int]:
@@ -225,7 +229,7 @@ class _ScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, HasRaw
         Params._dummy(), "featuresCols",
         "Several feature columns (numbers, arrays or ML vectors), joined in this order into each row's features, "
         "instead of featuresCol: a model fit on them keeps their names (trainedColumns) and its transform joins the "
-        "same columns of the data it scores.", typeConverter=_to_columns)
+        "same columns of the data it scores.", typeConverter=_to_columns("featuresCols"))
     threads: Param[int] = _CONFIG_PARAMS["threads"]
     device: Param[str] = _CONFIG_PARAMS["device"]
     scoreBatchSize: Param[int] = Param(Params._dummy(), "scoreBatchSize",
@@ -253,7 +257,7 @@ class _ScoringParams(HasFeaturesCol, HasPredictionCol, HasProbabilityCol, HasRaw
 
 
 class _EstimatorParams(_ScoringParams, HasLabelCol, HasValidationIndicatorCol, HasWeightCol):
-    """Training params: one per chosen config field, plus ``net``, ``featuresCols`` and ``weightCol``."""
+    """Training params: one per chosen config field, plus ``net``, ``labelCols`` and Spark ML's ``weightCol``."""
 
     net: Param[dict] = Param(Params._dummy(), "net",
                              "The network: a sparknet NetParams (kept as NetParams.to_dict()). When unset, "
@@ -262,7 +266,7 @@ class _EstimatorParams(_ScoringParams, HasLabelCol, HasValidationIndicatorCol, H
     labelCols: Param[list[str]] = Param(
         Params._dummy(), "labelCols",
         "Several label columns of numbers (task regression) or of 0s and 1s (task multilabel), joined in this order "
-        "into one array a row, instead of labelCol.", typeConverter=_to_columns)
+        "into one array a row, instead of labelCol.", typeConverter=_to_columns("labelCols"))
 
     def __init__(self) -> None:
         super().__init__()
