@@ -545,7 +545,6 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
             log.warning("MLflow gets this fit's params and metrics, not its model: a plain module's model would be "
                         "a pickle (SparkNetModel.save keeps it)")
         failed = True
-        files = None
         try:
             with MetricsLogger(run.metrics_out, progress=not run.quiet, total=rounds_total(run.steps, dist),
                                sinks=[*sinks, *map(_rounds_only, getattr(self, "callbacks", ()))],
