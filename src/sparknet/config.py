@@ -608,9 +608,6 @@ class DistributedConfig:
             raise ValueError(f"patience counts evaluations without betterment, at least 1, got {self.patience}")
         if not (math.isfinite(self.min_delta) and self.min_delta >= 0.0):
             raise ValueError(f"min_delta must be a finite number, 0 or more, got {self.min_delta}")
-        if self.resume and self.eval_overlap:
-            raise ValueError("--patience with --eval-overlap and --resume: a checkpoint is written before its round "
-                             "is scored, so a resumed run would not judge that round; drop --eval-overlap to resume")
 
     _STRATEGY_SETTINGS: ClassVar[dict] = {Strategy.DILOCO: ("outer_lr", "outer_momentum"),
                                           Strategy.EASGD: ("easgd_beta",)}

@@ -100,9 +100,13 @@ class EarlyStop:
     """The best evaluation's metrics and ``loss`` (what the fit's summary reports of the weights it returns)."""
     weights: torch.Tensor | None = field(default=None, repr=False)
     """A copy of the best weights."""
+    judged: int = 0
+    """The last round observed (a checkpoint written before its round was scored, behind the next one, is of a later
+    round: a fit resumed from it scores that round first)."""
 
     def observe(self, r: int, scored: EvalResult, weights: torch.Tensor) -> None:
         """Round ``r``'s whole-set result ``scored`` of ``weights`` (copied where they are the best so far)."""
+        self.judged = r
         value = scored.score if self.on_score else scored.loss
         if self.best is None:
             better = math.isfinite(value)
@@ -121,14 +125,15 @@ class EarlyStop:
 
     def counters(self) -> dict:
         """What a restart needs beside the best weights (:meth:`restore`)."""
-        return {"best": self.best, "best_round": self.best_round, "since": self.since, "scores": self.scores}
+        return {"best": self.best, "best_round": self.best_round, "since": self.since, "scores": self.scores,
+                "judged": self.judged}
 
     def restore(self, counters: dict | None, weights: torch.Tensor | None) -> None:
         """Continue from :meth:`counters` and the best weights (a restarted stage, a resumed fit); afresh where either
         is missing."""
         if counters and counters.get("best_round") is not None and weights is not None:
             self.best, self.best_round, self.since = counters["best"], counters["best_round"], counters["since"]
-            self.scores, self.weights = counters.get("scores"), weights
+            self.scores, self.weights, self.judged = counters.get("scores"), weights, counters.get("judged", 0)
 
 
 @dataclass(frozen=True)
@@ -571,7 +576,13 @@ def _loop(exchange: Exchange, fit: FitPlan, global_flat: torch.Tensor, check: _E
     strategy, stop, progress, auto, average = fit.strategy, fit.stop, fit.progress, fit.auto, fit.average
     early = fit.early_stop
     K = exchange.workers
-    pending: tuple[dict, tuple] | None = None  # (record, (future, weights)) of the round scored behind this one
+    # (round, record, (future, weights)) of the round scored behind this one
+    pending: tuple[int, dict | None, tuple] | None = None
+    if check.behind is not None and early is not None and early.judged < progress.round:
+        # resumed from a checkpoint written before its round was scored: scored behind the next round, as it would
+        # have been (its record was never written, and is not now)
+        behind = check.submit(progress.round, global_flat, {})
+        pending = None if behind is None else (progress.round, None, behind)
 
     def judged() -> torch.Tensor:  # the weights a target, and early stopping, judge: the average's where it is kept
         return global_flat if average is None else average.flat
@@ -628,11 +639,11 @@ def _loop(exchange: Exchange, fit: FitPlan, global_flat: torch.Tensor, check: _E
         else:  # the previous round's score decides; this round's is scored while the next one trains
             scored = None
             if pending is not None:
-                (earlier, (future, weights)), pending = pending, None
+                (earlier_round, earlier, (future, weights)), pending = pending, None
                 scored = future.result()
                 if early is not None and scored is not None:
-                    early.observe(earlier["round"], scored, weights)
-                if on_record is not None:
+                    early.observe(earlier_round, scored, weights)
+                if on_record is not None and earlier is not None:
                     on_record(earlier)
         reason = stop.reason(r, progress.steps_done, progress.samples_done, scored)
         if reason is None and early is not None and early.exhausted:
@@ -659,7 +670,7 @@ def _loop(exchange: Exchange, fit: FitPlan, global_flat: torch.Tensor, check: _E
         exchange.round_done(record, global_flat, progress)
         record["wall_s"] = time.perf_counter() - t0
         if behind is not None:
-            pending = (record, behind)
+            pending = (r, record, behind)
         elif on_record is not None:
             on_record(record)
         if reason is not None:

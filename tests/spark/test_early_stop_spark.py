@@ -140,3 +140,23 @@ def test_a_resumed_fit_goes_on_with_the_moving_average_and_the_best_weights_as_t
     assert torch.equal(resumed.weights.to_flat(torch.float32), whole.weights.to_flat(torch.float32))
     for key in ("returned_weights", "best_round", "stop_reason", "test_loss"):
         assert resumed.summary.get(key) == whole.summary.get(key), key
+
+
+@pytest.mark.parametrize("kept", [{"patience": 3, "min_delta": 10.0}, {"patience": 2, "weight_ema": 0.5}])
+def test_a_fit_scored_behind_its_rounds_resumes_from_a_checkpoint_of_a_round_not_yet_scored(spark, tmp_path, kept):
+    # with --eval-overlap a round is scored while the next one trains, so round 2's checkpoint is written before
+    # round 2 is judged: the resumed fit scores it behind its first round, as the uninterrupted fit did (without,
+    # the first stop would come a round late)
+    import shutil
+
+    every = tmp_path / "every"
+    whole = _fit(spark, "rounds", **kept, eval_overlap=True, rounds=6, checkpoint_dir=str(every), checkpoint_every=1,
+                 checkpoint_keep=10)
+    second = tmp_path / "second"
+    shutil.copytree(every / "ckpt-00000002", second / "ckpt-00000002")
+    resumed = _fit(spark, "rounds", **kept, eval_overlap=True, rounds=6, checkpoint_dir=str(second), resume=True)
+    assert resumed.summary["resumed_from"] == 2
+    assert [h["round"] for h in resumed.history] == [h["round"] for h in whole.history][2:]
+    assert torch.equal(resumed.weights.to_flat(torch.float32), whole.weights.to_flat(torch.float32))
+    for key in ("returned_weights", "best_round", "stop_reason", "test_loss"):
+        assert resumed.summary.get(key) == whole.summary.get(key), key
