@@ -1,4 +1,5 @@
-"""How long ``sparknet predict`` takes from its start: a LeNet model folder scores MNIST's 10,000 test digits.
+"""How long ``sparknet predict`` takes from its start: a LeNet model folder scores MNIST's 10,000 test digits; and
+``sparknet evaluate``, the same model's loss and accuracy on them, beside it.
 
     python benchmarks/predict_command.py --baseline-rev HEAD~3 --repeats 3 --out benchmarks/results/predict_command.json
 
@@ -7,7 +8,8 @@ It trains LeNet for 300 steps in this process, saves its model folder and writes
 tree (with ``--baseline-rev``, that commit's ``src`` in a worktree, alternated with this tree's), from a folder outside
 both, each timed from its process's start to its end (Python, the Spark session and its JVM, the model, the scoring
 job and the Parquet written), with the load average sampled before and during. Every run's predictions are checked
-against the first's. Time nothing else while it runs.
+against the first's. After each of this tree's runs ``python -m sparknet evaluate`` scores the same rows, timed the
+same way; its accuracy is checked against the one the written predictions give. Time nothing else while it runs.
 """
 
 from __future__ import annotations
@@ -47,6 +49,20 @@ def _model_and_data(where: Path) -> tuple[Path, Path]:
     return Path(folder), where / "mnist_test.parquet"
 
 
+def _evaluate(folder: Path, data: Path, env: dict, scored: Path) -> dict:
+    """``sparknet evaluate`` on ``data``, timed from its start; its accuracy checked against ``scored``'s."""
+    run = timed_command([sys.executable, "-m", "sparknet", "evaluate", "--model-dir", str(folder), "--data", str(data)],
+                        cwd=Path(os.sep), env=env, timeout_s=600)
+    result = json.loads([line for line in run["stdout_tail"].splitlines() if line.startswith("{")][-1])
+    table = pq.read_table(scored, columns=["label", "prediction"]).to_pandas()
+    accuracy = float((table["label"] == table["prediction"]).mean())
+    if abs(result["accuracy"] - accuracy) > 1e-12:
+        raise SystemExit(f"evaluate's accuracy {result['accuracy']} is not the predictions' {accuracy}")
+    return {"command_wall_s": run["command_wall_s"], "job_s": result["seconds"], "rows": result["rows"],
+            "accuracy": result["accuracy"], "loss": result["loss"],
+            **{k: v for k, v in run.items() if k.startswith("load_average")}}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-rev", default=None, help="a commit to run beside this tree")
@@ -77,6 +93,11 @@ def main(argv=None) -> int:
                                                   **{k: v for k, v in run.items() if k.startswith("load_average")}})
                 print(f"{name} {i}: {wall:.2f} s from the command's start, the scoring job {result['seconds']} s",
                       flush=True)
+                if name == "this tree":
+                    evaluated = _evaluate(folder, data, env, out)
+                    runs.setdefault("evaluate", []).append(evaluated)
+                    print(f"evaluate {i}: {evaluated['command_wall_s']:.2f} s from the command's start, accuracy "
+                          f"{evaluated['accuracy']}", flush=True)
     medians = {name: statistics.median(r["command_wall_s"] for r in rs) for name, rs in runs.items()}
     print(json.dumps(medians))
     save_json({"commit": commit_of(), "baseline_rev": args.baseline_rev,
