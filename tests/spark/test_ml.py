@@ -225,6 +225,22 @@ def test_evaluate_scores_where_the_rows_live_as_a_fit_scores_its_test_set(data):
                                        .otherwise(F.col("label"))))
 
 
+def test_validation_fraction_holds_out_a_seeded_share_of_the_rows_and_scores_them(data):
+    from sparknet.spark.data import held_out
+
+    train, _ = data
+    model = _estimator(featuresCols=COLUMNS, validationFraction=0.25, patience=2, rounds=6).fit(train)
+    held = train.filter(held_out(0, [*COLUMNS, "label"], 0.25))  # the estimator's seed, its columns
+    assert 60 < held.count() < 140  # of 400
+    s = model.summary
+    assert s["returned_weights"] == "best"
+    assert model.evaluate(held)["accuracy"] == pytest.approx(s["test_accuracy"])  # its scores: those rows'
+    with pytest.raises(ValueError, match="not both"):
+        _estimator(validationFraction=0.2, validationIndicatorCol="x0").fit(train)
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        _estimator(validationFraction=1.0)
+
+
 def test_model_from_a_net_trained_in_process_scores_arrays(spark, data):
     from pyspark.sql import functions as F
 

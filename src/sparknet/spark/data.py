@@ -722,6 +722,19 @@ def _label_expr(df, label_col: str | Sequence[str]):
                      "array<double>) for a regression loss")
 
 
+HASH_BUCKETS = 1_000_000
+"""Buckets of the seeded row hash that holds rows out (:func:`held_out`)."""
+
+
+def held_out(seed: int, columns: Sequence[str], share: float):
+    """A boolean Column: whether a row is among a seeded ``share`` of the rows, by a hash of its ``columns``' values —
+    the same rows wherever they are read from and however they are partitioned, with no sort of every partition
+    (``randomSplit``'s, over the features' arrays too)."""
+    from pyspark.sql import functions as F
+
+    return F.pmod(F.xxhash64(F.lit(seed), *columns), F.lit(HASH_BUCKETS)) < round(share * HASH_BUCKETS)
+
+
 def is_dataframe(obj) -> bool:
     return type(obj).__name__ == "DataFrame" and hasattr(obj, "schema") and hasattr(obj, "mapInArrow")
 

@@ -192,6 +192,14 @@ def _to_columns(pname: str):
     return convert
 
 
+def _to_fraction(value) -> float:
+    """typeConverter of ``validationFraction``: a share strictly between 0 and 1."""
+    share = TypeConverters.toFloat(value)
+    if not 0.0 < share < 1.0:
+        raise ValueError(f"validationFraction is a share of the rows strictly between 0 and 1, got {value!r}")
+    return share
+
+
 def _to_shape(value) -> list[int]:
     shape = TypeConverters.toListInt(value)
     if not shape or any(d < 1 for d in shape):
@@ -263,6 +271,11 @@ class _EstimatorParams(_ScoringParams, HasLabelCol, HasValidationIndicatorCol, H
                              "The network: a sparknet NetParams (kept as NetParams.to_dict()). When unset, "
                              "the zoo model named by 'model' is made to fit the data.",
                              typeConverter=_to_net_dict)
+    validationFraction: Param[float] = Param(
+        Params._dummy(), "validationFraction",
+        "A share of the rows (between 0 and 1) held out and evaluated on, not trained on, instead of "
+        "validationIndicatorCol's: the rows a hash of their feature and label values, seeded by seed, picks (the "
+        "same rows on every fit of the same data and seed, however it is partitioned).", typeConverter=_to_fraction)
     labelCols: Param[list[str]] = Param(
         Params._dummy(), "labelCols",
         "Several label columns of numbers (task regression) or of 0s and 1s (task multilabel), joined in this order "
@@ -502,7 +515,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
     def _fit(self, dataset) -> SparkNetModel:
         from pyspark.sql import functions as F
 
-        from sparknet.spark.data import spark_feature_column
+        from sparknet.spark.data import held_out, spark_feature_column
 
         spark = dataset.sparkSession
         run, dist = self.configs(default_workers=session_parallelism(spark))
@@ -518,15 +531,23 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
             raise ValueError(f"the features {columns}, the labels {labels} and the weight {weight_col!r} name a "
                              "column twice; each column is a feature, a label or the weight")
         train, validation = dataset, None
+        fraction = self.getOrDefault(self.validationFraction) if self.isDefined(self.validationFraction) else None
+        held = None
         if self.isDefined(self.validationIndicatorCol) and self.getValidationIndicatorCol():
             ind = self.getValidationIndicatorCol()
             if ind not in dataset.schema.fieldNames():
                 raise ValueError(f"validation indicator column {ind!r} not found")
-            train = dataset.filter(~F.coalesce(F.col(ind).cast("boolean"), F.lit(False)))
-            validation = dataset.filter(F.coalesce(F.col(ind).cast("boolean"), F.lit(False)))
+            if fraction:
+                raise ValueError("set validationIndicatorCol (the rows it marks) or validationFraction (a share of "
+                                 "the rows), not both")
+            held = F.coalesce(F.col(ind).cast("boolean"), F.lit(False))
+        elif fraction:  # a seeded share, by a hash of what each row holds
+            held = held_out(run.seed, [*columns, *labels], fraction)
+        if held is not None:
+            train, validation = dataset.filter(~held), dataset.filter(held)
         for param in ("targetAccuracy", "targetLoss", "patience"):
             if getattr(dist, _PARAM_ORIGIN[param][1]) is not None and validation is None:
-                raise ValueError(f"{param} needs validation rows: set validationIndicatorCol")
+                raise ValueError(f"{param} needs validation rows: set validationIndicatorCol or validationFraction")
         image_shape = self.getImageShape() if self.isDefined(self.imageShape) else None
         net_params = self.getNet()
         if net_params is None and self.module is None:

@@ -29,7 +29,7 @@ from sparknet.datasets import SyntheticImages, cache_root
 from sparknet.metrics import MetricsLogger, process_age_s, round_reporter, rounds_total
 from sparknet.roads import Road, check_road
 from sparknet.spark.backend import python_workers_starting
-from sparknet.spark.data import DealtRows, arrays_table, frame_from_arrays, is_dataframe, label_type
+from sparknet.spark.data import DealtRows, arrays_table, frame_from_arrays, held_out, is_dataframe, label_type
 from sparknet.spark.session import get_session, is_local_master
 from sparknet.spark.trainer import EngineOptions, SparkTrainer
 
@@ -169,8 +169,6 @@ def synthetic_frame(spark, images: SyntheticImages, partitions: int | None = Non
 SPARK_TEST_ROWS = 10_000
 """The most rows a ``--data`` URI Spark reads holds out for testing when no ``--validation-data`` is given (the
 driver scores them)."""
-HASH_BUCKETS = 1_000_000
-"""Buckets of the seeded row hash that holds a ``--data`` URI's rows out (a share of them is held out)."""
 
 
 def spark_table(spark, run: RunConfig) -> tuple:
@@ -208,9 +206,7 @@ def spark_table(spark, run: RunConfig) -> tuple:
     if run.validation_data is not None:
         return table, _spark_parquet(spark, run.validation_data, "--validation-data", run)[0], info
     share = min(TEST_FRACTION, SPARK_TEST_ROWS / max(rows, 1))
-    # a row's side by a seeded hash of its values: the same rows wherever they are read from and however they are
-    # partitioned, with no sort of every partition (randomSplit's, over the features' arrays too)
-    held = F.pmod(F.xxhash64(F.lit(run.seed), "features", "label"), F.lit(HASH_BUCKETS)) < round(share * HASH_BUCKETS)
+    held = held_out(run.seed, ("features", "label"), share)
     log.info("%s: %d rows; a seeded %.2g%% of them held out for testing", run.data, rows, 100 * share)
     return table.filter(~held), table.filter(held), info
 
