@@ -195,6 +195,13 @@ def test_a_plain_module_trains_with_its_own_loss_and_its_model_saves(data, tmp_p
     assert np.array_equal(_predictions(loaded.transform(test))[1], _predictions(scored)[1])
     with pytest.raises(ValueError, match="pickle"):
         SparkNetModel.load(str(tmp_path / "model"))
+    folder = model.saveModelFolder(str(tmp_path / "folder"))  # the task its fit was for, in the folder
+    regressor = SparkNetEstimator(torch.nn.Linear(WIDTH, 1), loss=torch.nn.MSELoss(), featuresCols=COLUMNS, workers=2,
+                                  tau=5, rounds=1).fit(train)
+    regressor.saveModelFolder(str(tmp_path / "regressor"))
+    assert SparkNetModel.fromModelFolder(str(tmp_path / "regressor"), allow_pickle=True).resolvedTask().value == \
+        "regression"
+    assert SparkNetModel.fromModelFolder(folder, allow_pickle=True).resolvedTask().value == "classification"
     with pytest.raises(ValueError, match="an estimator of a plain torch.nn.Module is not saved"):
         Pipeline(stages=[est]).write().save(str(tmp_path / "pipeline"))
     with pytest.raises(ValueError, match="a NetParams net carries its own loss layers"):

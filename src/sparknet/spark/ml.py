@@ -583,7 +583,8 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
             shape = shape or tuple(result.summary["sample_shape"])  # a plain module's: the data's
             files = model_io.pack_model(result.net.module if net_params is None else net_params, result.weights,
                                         solver=solver, config=config, input_shape=shape,
-                                        metadata={"summary": summary, "features": features, "labels": labels})
+                                        metadata={"summary": summary, "features": features, "labels": labels,
+                                                  "task": trainer.task.value})
             failed = False
         finally:  # the MLflow model is made from the model's folder
             close_sinks(sinks, failed=failed, write_model=None if self.module is not None else
@@ -741,10 +742,12 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
 
     # -- scoring ----------------------------------------------------------------------------------
     def resolvedTask(self) -> Task:
-        """The ``task`` Param when set, else what the net's loss says."""
+        """The ``task`` Param when set, else the task the model was fit for (an estimator's model folder says it: a
+        plain module's files hold no loss), else what the net's loss says."""
         if self.isDefined(self.task) and self.getTask():
             return parse_task(self.getTask())
-        return self.net.task
+        fit_for = (self._loaded().manifest.get("metadata") or {}).get("task")
+        return parse_task(fit_for) if fit_for else self.net.task
 
     def _outputs(self, shape) -> int:
         """Output values per row (a probe on the driver)."""
