@@ -122,8 +122,9 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
         spark = get_session(master, app_name=APP_NAME)
     t0 = time.perf_counter()
     try:
+        df = _table(spark, data, partitions)  # --data checked first, then --out
         check_shared_path(spark, out, what="--out", write=True)
-        scored = model.transform(_table(spark, data, partitions))
+        scored = model.transform(df)
         if not probability_vector:  # a classifier's probability, a regressor's several outputs: plain arrays
             from pyspark.ml.functions import vector_to_array
             from pyspark.ml.linalg import VectorUDT
