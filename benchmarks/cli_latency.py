@@ -57,7 +57,8 @@ def main(argv=None) -> int:
                 for name, src in trees.items()}
         for env in envs.values():
             env.pop("PYTHONDONTWRITEBYTECODE", None)
-            _timed(["train", "--help"], env)  # writes the tree's bytecode: not counted
+            for warm in (["train", "--help"], ["version"]):  # write the tree's bytecode (and torch's, where an older
+                _timed(warm, env)  # tree's version loads it): not counted
         runs = {name: {command: [] for command in COMMANDS} for name in trees}
         for i in range(args.repeats):
             for command in COMMANDS:
