@@ -243,7 +243,7 @@ def test_validation_fraction_holds_out_a_seeded_share_of_the_rows_and_scores_the
     assert s["returned_weights"] == "best"
     assert model.evaluate(held)["accuracy"] == pytest.approx(s["test_accuracy"])  # its scores: those rows'
     with pytest.raises(ValueError, match="not both"):
-        _estimator(validationFraction=0.2, validationIndicatorCol="x0").fit(train)
+        _estimator(featuresCols=COLUMNS, validationFraction=0.2, validationIndicatorCol="x0").fit(train)
     with pytest.raises(ValueError, match="strictly between 0 and 1"):
         _estimator(validationFraction=1.0)
 
