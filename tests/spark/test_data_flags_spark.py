@@ -155,3 +155,15 @@ def test_evaluate_gives_a_saved_model_s_test_scores_again_on_its_held_out_rows(s
     assert metrics["rows"] == 300
     for name in ("loss", "r2", "rmse", "mae"):
         assert metrics[name] == pytest.approx(summary[f"test_{name}"], rel=1e-5), (name, metrics, summary)
+
+
+def test_a_model_of_one_number_column_scores_that_column(spark, tmp_path):
+    a = np.random.default_rng(4).normal(size=600)
+    pq.write_table(pa.table({"a": a, "label": (a > 0).astype(np.int64)}), tmp_path / "one.parquet")
+    data = str(tmp_path / "one.parquet")
+    assert main(["train", "--data", data, "--features-col", "a", "--model", "mlp", "--steps", "200", "--quiet",
+                 "--model-dir", str(tmp_path / "model")]) == 0  # one process
+    assert main(["predict", "--model-dir", str(tmp_path / "model"), "--data", data, "--out",
+                 str(tmp_path / "scored")]) == 0  # before: refused, a number column taken for a features vector
+    scored = pq.read_table(tmp_path / "scored").to_pandas()
+    assert (scored["prediction"] == scored["label"]).mean() > 0.95

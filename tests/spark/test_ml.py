@@ -153,6 +153,11 @@ def test_features_cols_train_on_a_table_s_own_columns_as_an_assembler_would(fitt
     assert np.array_equal(pred, pred_a) and np.array_equal(prob, prob_a)
     mixed = train.select(F.array(*COLUMNS[:5]).alias("head"), *COLUMNS[5:], "label")  # an array and numbers
     assert _estimator(featuresCols=["head", *COLUMNS[5:]]).fit(mixed).weights.allclose(model.weights, rtol=0, atol=0)
+    from sparknet.spark.ml import SparkNetEstimator
+
+    one = SparkNetEstimator(zoo.mlp(input_shape=[1], hidden=[4], num_classes=CLASSES), featuresCols=["x0"], workers=2,
+                            tau=5, rounds=1, seed=0).fit(train)  # one number column: an array of one
+    assert one.trainedColumns == ["x0"] and one.transform(test).filter("prediction >= 0").count() == 200
     with pytest.raises(ValueError, match="set featuresCol .* or featuresCols .*, not both"):
         _estimator(featuresCols=COLUMNS, featuresCol="features").fit(train)
     with pytest.raises(ValueError, match="name a column twice"):

@@ -326,11 +326,12 @@ def _features_as_array(schema, col: str):
                      "numbers, or binary (with imageShape)")
 
 
-def _features_of(dataset, columns: Sequence[str]):
-    """The kind and Column of the feature ``columns`` of ``dataset``: one column as :func:`_features_as_array` takes
-    it; several (numbers, arrays or ML vectors) joined in order into one array."""
-    if len(columns) == 1:
-        return _features_as_array(dataset.schema, columns[0])
+def _features_of(dataset, columns: str | Sequence[str]):
+    """The kind and Column of the features of ``dataset``: ``featuresCol``, one column, as
+    :func:`_features_as_array` takes it; a list of a table's columns (numbers, arrays or ML vectors: ``featuresCols``,
+    or the columns a model trained on) joined in order into one array, a number an array of one."""
+    if isinstance(columns, str):
+        return _features_as_array(dataset.schema, columns)
     from sparknet.spark.data import _feature_expr
 
     return "array", _feature_expr(dataset, list(columns), None)[0]
@@ -499,9 +500,9 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
         log.info("using zoo model %s(%s)", key, kwargs)
         return zoo.get_model(key, **kwargs)
 
-    def _feature_columns(self) -> list[str]:
-        """The columns the net trains on: ``featuresCols`` where set, else ``featuresCol``."""
-        return self._named_columns() or [self.getFeaturesCol()]
+    def _feature_columns(self) -> str | list[str]:
+        """What the net trains on: ``featuresCols`` where set, else ``featuresCol``."""
+        return self._named_columns() or self.getFeaturesCol()
 
     def _label_columns(self) -> list[str]:
         """The columns the net learns: ``labelCols`` where set, else ``labelCol``."""
@@ -520,13 +521,14 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
         spark = dataset.sparkSession
         run, dist = self.configs(default_workers=session_parallelism(spark))
         columns, labels = self._feature_columns(), self._label_columns()
+        names = [columns] if isinstance(columns, str) else columns
         label_col = labels[0] if len(labels) == 1 else labels
         weight_col = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else None
         kind, _ = _features_of(dataset, columns)
         for what, col in (*(("label", c) for c in labels), ("weight", weight_col)):
             if col is not None and col not in dataset.schema.fieldNames():
                 raise ValueError(f"{what} column {col!r} not found; the DataFrame has {dataset.schema.fieldNames()}")
-        named = [*columns, *labels, *([weight_col] if weight_col else [])]
+        named = [*names, *labels, *([weight_col] if weight_col else [])]
         if len(set(named)) != len(named):
             raise ValueError(f"the features {columns}, the labels {labels} and the weight {weight_col!r} name a "
                              "column twice; each column is a feature, a label or the weight")
@@ -542,7 +544,7 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
                                  "the rows), not both")
             held = F.coalesce(F.col(ind).cast("boolean"), F.lit(False))
         elif fraction:  # a seeded share, by a hash of what each row holds
-            held = held_out(run.seed, [*columns, *labels], fraction)
+            held = held_out(run.seed, [*names, *labels], fraction)
         if held is not None:
             train, validation = dataset.filter(~held), dataset.filter(held)
         for param in ("targetAccuracy", "targetLoss", "patience"):
@@ -574,12 +576,12 @@ class SparkNetEstimator(Estimator, _EstimatorParams, _Persisted, DefaultParamsRe
                 net = net_params if self.module is None else _copy_module(self.module)
                 trainer = SparkTrainer.from_config(net, run, dist, spark=spark, task=task, loss=self.loss,
                                                    on_round=round_reporter(metrics), options=self.engineOptions())
-                result = trainer.fit(train, validation, features_col=columns[0] if len(columns) == 1 else columns,
+                result = trainer.fit(train, validation, features_col=columns,
                                      label_col=label_col, weight_col=weight_col, image_shape=image_shape)
                 summary = _plain(result.summary)
                 metrics.write({"event": "summary", **summary})
             features = [] if kind == "binary" else [spark_feature_column(c, dataset.schema[c].dataType)
-                                                    for c in columns]  # MLflow's input, and what transform joins
+                                                    for c in names]  # MLflow's input, and what transform joins
             shape = shape or tuple(result.summary["sample_shape"])  # a plain module's: the data's
             files = model_io.pack_model(result.net.module if net_params is None else net_params, result.weights,
                                         solver=solver, config=config, input_shape=shape,
@@ -913,7 +915,7 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
         if columns is None:
             col = self.getFeaturesCol()
             trained = None if self.isSet(self.featuresCol) or col in dataset.columns else self.trainedColumns
-            columns = trained if trained and set(trained) <= set(dataset.columns) else [col]
+            columns = trained if trained and set(trained) <= set(dataset.columns) else col
         return _features_of(dataset, columns)
 
     # -- persistence ------------------------------------------------------------------------------
