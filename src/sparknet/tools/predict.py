@@ -212,10 +212,6 @@ def configure_command(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", dest="model_dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS, action=OldName)
     p.add_argument("--data", required=True, help="Parquet file or folder to score")
     p.add_argument("--out", required=True, help="Parquet folder to write")
-    p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
-    p.add_argument("--features-col", default=None,
-                   help="feature column, or several, comma-separated, joined in that order (default: the columns "
-                        "the model was trained on, else features)")
     p.add_argument("--prediction-col", default="prediction",
                    help="output column of the class, or the numbers (default prediction)")
     p.add_argument("--probability-col", default="probability",
@@ -223,38 +219,38 @@ def configure_command(p: argparse.ArgumentParser) -> None:
     p.add_argument("--probability-vector", action="store_true",
                    help="write probability (and a regressor's several outputs) as Spark ML vectors, not array<double>")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    p.add_argument("--score-batch-size", type=int, default=None, help="rows per forward pass (default 1024)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads per scoring task (default 1)")
-    p.add_argument("--partitions", type=int, default=None, help="repartition the input first")
-    p.add_argument("--allow-pickle", action="store_true",
-                   help="allow a model folder holding a pickled torch module (trusted files only)")
-    p.add_argument("--timeout", type=float, default=PREDICT_TIMEOUT_S,
-                   help="seconds the scoring and writing job may take before it is cancelled (default: a day)")
-    p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
-    # _session and _app_name: the master and the name of the session it starts (python -m sparknet starts it while
-    # torch loads)
-    p.set_defaults(_run=_run, _session=lambda args: args.master or "local[*]", _app_name=APP_NAME)
+    _scoring_flags(p, "the scoring and writing job")
+    p.set_defaults(_run=_run)
 
 
 def configure_evaluate(p: argparse.ArgumentParser) -> None:
     """The arguments of ``sparknet evaluate`` (``sparknet.cli`` lists the command)."""
     p.add_argument("--model-dir", required=True, help="sparknet model folder (as sparknet train --model-dir saves it)")
     p.add_argument("--data", required=True, help="labelled Parquet file or folder to evaluate on")
+    p.add_argument("--label-col", default=None,
+                   help="label column, or several number columns, comma-separated (default: the model's, else label)")
+    _scoring_flags(p, "the evaluation job")
+    p.set_defaults(_run=_run_evaluate)
+
+
+def _scoring_flags(p: argparse.ArgumentParser, job: str) -> None:
+    """The flags ``predict`` and ``evaluate`` share: the session, the columns the model reads, how its tasks score,
+    the job's deadline."""
     p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
     p.add_argument("--features-col", default=None,
                    help="feature column, or several, comma-separated, joined in that order (default: the columns "
                         "the model was trained on, else features)")
-    p.add_argument("--label-col", default=None,
-                   help="label column, or several number columns, comma-separated (default: the model's, else label)")
     p.add_argument("--score-batch-size", type=int, default=None, help="rows per forward pass (default 1024)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per scoring task (default 1)")
     p.add_argument("--partitions", type=int, default=None, help="repartition the input first")
     p.add_argument("--allow-pickle", action="store_true",
                    help="allow a model folder holding a pickled torch module (trusted files only)")
     p.add_argument("--timeout", type=float, default=PREDICT_TIMEOUT_S,
-                   help="seconds the evaluation job may take before it is cancelled (default: a day)")
+                   help=f"seconds {job} may take before it is cancelled (default: a day)")
     p.add_argument("--verbose", action="store_true", help="debug logging, Spark's included")
-    p.set_defaults(_run=_run_evaluate, _session=lambda args: args.master or "local[*]", _app_name=APP_NAME)
+    # _session and _app_name: the master and the name of the session it starts (python -m sparknet starts it while
+    # torch loads)
+    p.set_defaults(_session=lambda args: args.master or "local[*]", _app_name=APP_NAME)
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
