@@ -182,8 +182,12 @@ def labels_with_weights(y: np.ndarray, weights) -> tuple[np.ndarray, int]:
     exact: float32 holds whole numbers up to 2^24."""
     n = len(y)
     w = np.asarray(weights, dtype=np.float64).reshape(n)
-    bad = int(n - (np.isfinite(w) & (w >= 0)).sum())
-    return np.column_stack([np.asarray(y).reshape(n, -1).astype(np.float32), w.astype(np.float32)]), bad
+    return np.column_stack([np.asarray(y).reshape(n, -1).astype(np.float32), w.astype(np.float32)]), bad_weights(w)
+
+
+def bad_weights(weights: np.ndarray) -> int:
+    """How many sample weights are NaN (null), infinite or negative."""
+    return int(len(weights) - (np.isfinite(weights) & (weights >= 0)).sum())
 
 
 def table_info(sample_shape: tuple, label_max: int | None, feature_max: int | None = None, seq_len: int | None = None,
@@ -308,8 +312,7 @@ def _weights(table, weight_col: str) -> np.ndarray:
     if not _is_number(column.type):
         raise ValueError(f"weight column {weight_col!r} has type {column.type}; sample weights are numbers")
     w = np.asarray(column.cast(pa.float64()).fill_null(np.nan).to_numpy(), dtype=np.float64)
-    bad = labels_with_weights(np.zeros(len(w)), w)[1]
-    if bad:
+    if bad := bad_weights(w):
         raise ValueError(f"{bad} rows have a null, NaN, infinite or negative sample weight; weights are numbers >= 0")
     return w.astype(np.float32)
 
