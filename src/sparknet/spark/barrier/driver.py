@@ -314,6 +314,15 @@ class BarrierStage:
                                                                           or r in cp.written)]:
                 del self.pending[r]
 
+    def _assembled(self, r: int) -> bool:
+        """Whether round ``r``'s checkpoint has every state it is made of (or is written, or none is kept, or a rank
+        said its state was lost)."""
+        if self.checkpoints is None or r in self.checkpoints.written or r in self.lost:
+            return True
+        slot = self.pending.get(r)
+        return slot is not None and slot["state"] is not None and \
+            len(slot["workers"]) >= sum(1 for n in self.fit.rows if n > 0)
+
     def _maybe_checkpoint(self, r: int) -> None:
         slot = self.pending.get(r)
         if slot is None or slot["state"] is None:
@@ -411,13 +420,15 @@ class BarrierStage:
             while (msg := receiver.recv(0.5 if "error" in outcome else 0.0)) is not None:
                 self._handle(msg, time.perf_counter())  # records that raced the end of the stage
             result = [r for r in outcome.get("rows") or [] if r[0] == "result" and not r[2]]
-            if self.final is None and result:
+            if result:
                 # rank 0 sent its final weights over the channel, or a sharded replica's ranks sent them in parts as
-                # the last round's state: they may still be on their way
+                # the last round's state; and every rank its last round's state, which its checkpoint is made of:
+                # they may still be on their way
                 last = max((h["round"] for h in result[0][3]), default=0)
                 deadline = time.perf_counter() + opts.collective_timeout_s
-                while self.final is None and (left := deadline - time.perf_counter()) > 0:
-                    if parts and self.latest is not None and self.latest.round >= last:
+                while (self.final is None or not self._assembled(last)) and \
+                        (left := deadline - time.perf_counter()) > 0:
+                    if self.final is None and parts and self.latest is not None and self.latest.round >= last:
                         self.final = torch.as_tensor(self.latest.returned(run.plan), dtype=torch.float32)
                     elif (msg := receiver.recv(min(1.0, left))) is not None:
                         self._handle(msg, time.perf_counter())
