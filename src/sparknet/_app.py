@@ -27,7 +27,7 @@ import torch
 from sparknet import datasets, zoo
 from sparknet._fs import filesystem
 from sparknet.model_io import save_model
-from sparknet._parquet import read_parquet_dataset
+from sparknet._parquet import labels_with_weights, read_parquet_dataset
 from sparknet.config import RunConfig
 from sparknet.sinks import close_sinks, make_sinks
 
@@ -67,6 +67,16 @@ def load_training_data(run: RunConfig):
         vocab = int(max(train.x.max(), train.y.max())) + 1
         info.update(vocab_size=vocab, seq_len=int(train.x.shape[1]), num_classes=vocab)
     return train, test, info
+
+
+def training_rows(train, info: dict):
+    """``(rows, weighted)``: the training rows a net in this process trains on, and whether their labels carry each
+    row's sample weight last (``--weight-col``'s, ``info["weights"]``: :func:`sparknet._parquet.labels_with_weights`),
+    as a ``Net(weighted=True)`` takes them."""
+    weights = info.get("weights")
+    if weights is None:
+        return train, False
+    return datasets.ArrayDataset(train.x, labels_with_weights(train.y, weights)[0]), True
 
 
 def build_model(run: RunConfig, info: dict):

@@ -18,8 +18,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
-from sparknet._parquet import labels_with_weights
+from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything, training_rows
 from sparknet.checkpoint import CheckpointError, open_checkpoints
 from sparknet.config import EVAL_EVERY_STEPS, DistributedConfig, RunConfig, TrainConfig
 from sparknet.labels import Task
@@ -55,10 +54,10 @@ def train_local(run: RunConfig, dist: DistributedConfig | None = None) -> dict:
     net_params = build_model(run, info)
     if dist is not None and dist.max_weight_bytes is not None:
         split_budget(net_params, dist)
-    weights = info.get("weights")  # --weight-col's: the labels carry each row's weight last
+    rows, weighted = training_rows(train, info)
     net = Net(net_params, run.solver(), batch_size=run.batch_size, device=run.device, seed=run.seed,
-              compute=run.worker().compute, task=run.task, weighted=weights is not None)
-    net.set_training_data(train if weights is None else (train.x, labels_with_weights(train.y, weights)[0]))
+              compute=run.worker().compute, task=run.task, weighted=weighted)
+    net.set_training_data(rows)
     net.set_validation_data(test)
     config = {"run": TrainConfig(run=run).to_dict()["run"]}
     checkpoints, start = _local_checkpoints(dist, net, config)

@@ -30,11 +30,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
-from sparknet._parquet import labels_with_weights
+from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything, training_rows
 from sparknet.checkpoint import CheckpointError, open_checkpoints
 from sparknet.config import Compute, TrainConfig, check_at_least
-from sparknet.datasets import ArrayDataset
 from sparknet.errors import EngineError
 from sparknet.faults import faults_from
 from sparknet.loop import EarlyStop
@@ -496,15 +494,12 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
     check_road(Road.PARAMETER_SERVER, run, dist)
     seed_everything(run.seed)
     train, test, info = load_training_data(run)
-    weights = info.get("weights")  # --weight-col's: the labels carry each row's weight last
-    if weights is not None:
-        train = ArrayDataset(train.x, labels_with_weights(train.y, weights)[0])
+    train, weighted = training_rows(train, info)
     K = dist.workers
     spark = get_session(dist.resolved_master, app_name="sparknet-async")
     net_params = build_model(run, info)
     split_budget(net_params, dist)  # --max-weight-bytes
-    net = Net(net_params, run.solver(), batch_size=run.batch_size, seed=run.seed, task=run.task,
-              weighted=weights is not None)
+    net = Net(net_params, run.solver(), batch_size=run.batch_size, seed=run.seed, task=run.task, weighted=weighted)
     sess = AsyncSession(net, combiner=cfg.combiner, seed=run.seed, host=cfg.ps_host, threads=run.threads or 1,
                         device=run.device, spark=spark, compute=run.worker().compute)
     per_worker = max(1, (len(train) // K) // run.batch_size)
