@@ -180,9 +180,11 @@ def labels_with_weights(y: np.ndarray, weights) -> tuple[np.ndarray, int]:
     """Labels ``[n]`` or ``[n, L]`` and the rows' sample weights -> (float32 ``[n, L + 1]``, the weight last, as a
     net trained on weights takes its labels; how many weights are null, NaN, infinite or negative). Class ids stay
     exact: float32 holds whole numbers up to 2^24."""
+    y = np.asarray(y)
     n = len(y)
     w = np.asarray(weights, dtype=np.float64).reshape(n)
-    return np.column_stack([np.asarray(y).reshape(n, -1).astype(np.float32), w.astype(np.float32)]), bad_weights(w)
+    labels = y.reshape(n, y.shape[1] if y.ndim == 2 else 1).astype(np.float32)  # no rows: still L columns
+    return np.column_stack([labels, w.astype(np.float32)]), bad_weights(w)
 
 
 def bad_weights(weights: np.ndarray) -> int:

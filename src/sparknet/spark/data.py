@@ -313,8 +313,6 @@ def _with_weights(y: np.ndarray, weights, info: ChunkCounts) -> np.ndarray:
     last (:func:`sparknet._parquet.labels_with_weights`). Null, NaN, infinite or negative weights are counted."""
     from sparknet._parquet import labels_with_weights
 
-    if len(y) == 0:
-        return np.zeros((0, (y.shape[1] if y.ndim == 2 else 1) + 1), np.float32)
     out, bad = labels_with_weights(y, weights.fill_null(np.nan).to_numpy(zero_copy_only=False))
     info.bad_w += bad
     return out
