@@ -247,6 +247,7 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None, weig
     columns (:func:`sparknet._parquet.feature_column`)."""
     from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
+
     from sparknet.spark.data import _feature_expr, _label_expr, spark_feature_column
     from sparknet.spark.shared_path import check_shared_path
 

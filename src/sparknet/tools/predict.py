@@ -26,6 +26,7 @@ Examples
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -117,11 +118,8 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
     model = _model(model_dir, data, features_col, allow_pickle, predictionCol=prediction_col,
                    probabilityCol=probability_col, rawPredictionCol="", scoreBatchSize=score_batch_size,
                    threads=threads)
-    own_session = spark is None and _no_active_session()
-    if spark is None:
-        spark = get_session(master, app_name=APP_NAME)
-    t0 = time.perf_counter()
-    try:
+    with _session(spark, master, model) as spark:
+        t0 = time.perf_counter()
         df = _table(spark, data, partitions)  # --data checked first, then --out
         check_shared_path(spark, out, what="--out", write=True)
         scored = model.transform(df)
@@ -143,10 +141,6 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
         result = run_with_deadline(spark if is_connect(spark) else spark.sparkContext, group,
                                    f"sparknet predict: score {data} into {out}", write, timeout_s=timeout_s,
                                    what="the scoring and writing job")
-    finally:
-        model.unpersist()
-        if own_session:
-            spark.stop()
     log.info("scored %d rows with %s into %s in %.1f s", result.rows, model_dir, out, result.seconds)
     return result
 
@@ -160,22 +154,31 @@ def evaluate(model_dir: str | os.PathLike, data: str, *, spark=None, master: str
     ``loss``, each metric by name, and ``seconds``. ``label_col``: the label column, or several number columns,
     comma-separated (default: what the model trained on, else ``label``); the rest as :func:`predict` takes them."""
     model = _model(model_dir, data, features_col, allow_pickle, scoreBatchSize=score_batch_size, threads=threads)
-    own_session = spark is None and _no_active_session()
-    if spark is None:
-        spark = get_session(master, app_name=APP_NAME)
-    t0 = time.perf_counter()
-    try:
+    with _session(spark, master, model) as spark:
+        t0 = time.perf_counter()
         metrics = model.evaluate(_table(spark, data, partitions), label_col, timeout_s=timeout_s)
-    finally:
-        model.unpersist()
-        if own_session:
-            spark.stop()
     return {**metrics, "seconds": round(time.perf_counter() - t0, 2)}
 
 
+@contextlib.contextmanager
+def _session(spark, master: str | None, model):
+    """The session to score in: ``spark``, else the one running, else one started for ``master`` and stopped after;
+    the model's broadcast dropped after."""
+    own = spark is None and _no_active_session()
+    if spark is None:
+        spark = get_session(master, app_name=APP_NAME)
+    try:
+        yield spark
+    finally:
+        model.unpersist()
+        if own:
+            spark.stop()
+
+
 def _model(model_dir, data: str, features_col: str | None, allow_pickle: bool, **params):
-    """The saved model, set to score ``features_col`` (default: the columns it trained on); ``params`` the
-    :class:`~sparknet.spark.ml.SparkNetModel` Params given (``None``: its default)."""
+    """The saved model, set to score ``features_col`` (default: the columns it trained on), once a local ``data``
+    is found there (before any session starts); ``params`` the :class:`~sparknet.spark.ml.SparkNetModel` Params
+    given (``None``: its default)."""
     from sparknet.spark.ml import SparkNetModel  # imports pyspark: loaded when scoring starts
 
     if "://" not in data and not Path(data).exists():
