@@ -313,7 +313,8 @@ def _with_weights(y: np.ndarray, weights, info: ChunkCounts) -> np.ndarray:
     last (:func:`sparknet._parquet.labels_with_weights`). Null, NaN, infinite or negative weights are counted."""
     from sparknet._parquet import labels_with_weights
 
-    out, bad = labels_with_weights(y, weights.fill_null(np.nan).to_numpy(zero_copy_only=False))
+    # a refused piece keeps no rows, so none of its weights
+    out, bad = labels_with_weights(y, weights.fill_null(np.nan).to_numpy(zero_copy_only=False) if len(y) else [])
     info.bad_w += bad
     return out
 
