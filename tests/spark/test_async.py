@@ -151,6 +151,25 @@ def test_a_dataframe_s_weight_col_weighs_each_row_on_the_workers(spark):
         AsyncSession(_mlp(), seed=1).run(data=(train.x, train.y), weight_col="w")
 
 
+def test_a_dataframe_of_numbers_in_two_label_columns_trains_a_regression_net(spark):
+    """A regression net's DataFrame keeps its labels as numbers (not class ids) on the workers and in the
+    validation rows; two label columns are joined in order into one array a row."""
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(6, 2))
+
+    def frame(n):
+        x = rng.normal(size=(n, 6))
+        y = x @ w + 0.5
+        return spark.createDataFrame([(r.tolist(), float(p), float(q)) for r, (p, q) in zip(x, y)],
+                                     "features array<double>, p double, q double").repartition(2)
+
+    sess = AsyncSession(zoo.mlp(input_shape=[6], hidden=[16], num_classes=2, task="regression"),
+                        SolverConfig(base_lr=0.02, momentum=0.5), seed=1)
+    m = sess.run(data=frame(1600), feed_names=("features", ["p", "q"]), batch_size=32, tau=5, epochs=8,
+                 validation_data=frame(300))
+    assert m["test_r2"] > 0.95 and m["test_accuracy"] is None, m
+
+
 def test_local_arrays_and_a_user_train_step_returning_a_loss(spark):
     import torch
 

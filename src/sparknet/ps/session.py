@@ -25,7 +25,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -193,13 +193,15 @@ class AsyncSession:
         if spark_data.is_dataframe(data) or spark_data.is_rdd(data):
             features_col, label_col = feed_names
             chunks, _ = spark_data.chunk_rdd(data, features_col=features_col, label_col=label_col,
-                                        image_shape=image_shape, expected_len=expected_len, num_partitions=num_workers,
-                                        weight_col=weight_col)
+                                             image_shape=image_shape, expected_len=expected_len,
+                                             num_partitions=num_workers, float_labels=self.net.task.float_labels,
+                                             weight_col=weight_col)
             chunks.persist(StorageLevel.MEMORY_AND_DISK)
             try:
                 _, total = spark_data.checked_partitions(sc, group, chunks, timeout_s=self.data_timeout_s,
-                                                    expected_len=expected_len, num_classes=None,
-                                                    num_workers=num_workers, sample_shape=sample_shape)
+                                                         expected_len=expected_len, num_classes=None,
+                                                         num_workers=num_workers, sample_shape=sample_shape,
+                                                         task=self.net.task)
             except BaseException:
                 chunks.unpersist()
                 raise
@@ -229,8 +231,8 @@ class AsyncSession:
     # -- training -------------------------------------------------------------------------------
     def run(self, train_step: Callable | None = None, data=None, *, batch_size: int = 64, tau: int = 10,
             epochs: int = 1, shuffle_within_partition: bool = True, repartition_between_epochs: bool = True,
-            feed_names: tuple[str, str] | None = None, num_workers: int | None = None, steps: int | None = None,
-            image_shape=None, validation_data=None, target_accuracy: float | None = None,
+            feed_names: tuple[str, str | Sequence[str]] | None = None, num_workers: int | None = None,
+            steps: int | None = None, image_shape=None, validation_data=None, target_accuracy: float | None = None,
             on_epoch: Callable[[dict], None] | None = None, early_stop=None, weight_col: str | None = None) -> dict:
         """Train asynchronously on ``data`` for ``epochs`` passes; returns :attr:`metrics`.
 
@@ -252,9 +254,10 @@ class AsyncSession:
             Each task visits its rows in a random order.
         repartition_between_epochs : bool
             Move every row to a random partition (seeded) before the next epoch.
-        feed_names : (str, str), optional
-            The feature and label columns of a DataFrame (default ``("features", "label")``), or the fields of an
-            RDD of Rows or dicts (default: the RDD holds ``(x, y)`` pairs).
+        feed_names : (str, str or list of str), optional
+            The feature and label columns of a DataFrame (default ``("features", "label")``; several label columns
+            of numbers, for a regression or multi-label net, are joined in order into one array a row), or the
+            fields of an RDD of Rows or dicts (default: the RDD holds ``(x, y)`` pairs).
         num_workers : int, optional
             Partitions, one task each (default: the data's partition count; 2 for local arrays).
         steps : int, optional
@@ -322,7 +325,7 @@ class AsyncSession:
                     lambda: spark_data.collect_arrays(
                         spark_validation, features_col=feed_names[0], label_col=feed_names[1],
                         image_shape=image_shape, expected_len=math.prod(sample_shape) if sample_shape else None,
-                        num_classes=None, sample_shape=sample_shape),
+                        num_classes=None, sample_shape=sample_shape, task=self.net.task),
                     timeout_s=self.data_timeout_s, what="collecting the validation data")
             self.net.set_validation_data(validation_data)
             self._validation = True
