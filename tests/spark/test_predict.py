@@ -90,7 +90,7 @@ def test_missing_inputs_are_clear(spark, model_and_data, tmp_path):
         predict(tmp_path / "nope", str(data), str(tmp_path / "o"), spark=spark)
     with pytest.raises(FileNotFoundError, match="no Parquet data"):
         predict(folder, str(tmp_path / "nope.parquet"), str(tmp_path / "o"), spark=spark)
-    with pytest.raises(ValueError, match="features column"):
+    with pytest.raises(ValueError, match="feature column .pixels. not found"):
         predict(folder, str(data), str(tmp_path / "o"), spark=spark, features_col="pixels")
 
 
@@ -162,5 +162,5 @@ def test_predict_reads_the_columns_the_model_trained_on_from_its_folder(spark, m
     assert model.trainedColumns == ["first", "rest"]
     scored = model.transform(spark.read.parquet(str(data))).toPandas().sort_values("id")
     np.testing.assert_array_equal(scored["prediction"].to_numpy(), _expected(net, x)[0].astype(np.float64))
-    with pytest.raises(ValueError, match="features column 'rest' is"):  # a column named: that column alone
+    with pytest.raises(ValueError, match="feature column 'rest' has type double"):  # a column named: that column alone
         model.setFeaturesCol("rest").transform(spark.read.parquet(str(data)).withColumn("rest", F.lit(1.0)))

@@ -526,9 +526,11 @@ def choose_data_mode(requested, partition_bytes: int, sc, *,
 
 
 # -- driver side --------------------------------------------------------------------------------
-def _feature_expr(df, features_col, image_shape):
-    """(column expression as array<float> or binary, kind) for a DataFrame's feature column, or for a
-    list of columns (numbers, arrays or ML vectors) concatenated in order into one array<float>."""
+def feature_column(df, features_col) -> tuple:
+    """(column expression, kind) for a DataFrame's feature column, or for a list of columns (numbers, arrays or ML
+    vectors) concatenated in order into one array<float>: kind ``"array"`` (array<float>), ``"binary"`` (the bytes)
+    or ``"image"`` (Spark's image source: its ``data`` bytes). The shape of bytes is the caller's to know
+    (:func:`_feature_expr` checks it is given); any other type is refused by name."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -547,17 +549,23 @@ def _feature_expr(df, features_col, image_shape):
 
         return vector_to_array(F.col(features_col), "float32"), "array"
     if isinstance(dtype, T.BinaryType):
-        if not image_shape:
-            raise ValueError(f"feature column {features_col!r} is binary: pass image_shape= (e.g. [1, 28, 28]) "
-                             "so its bytes can be read as uint8 pixels, float32 values or encoded image files")
         return F.col(features_col), "binary"
     if isinstance(dtype, T.StructType) and {"data", "height", "width", "nChannels"} <= set(dtype.fieldNames()):
-        if not image_shape or len(image_shape) != 3:
-            raise ValueError(f"feature column {features_col!r} holds images (Spark's image source): pass "
-                             "image_shape=[channels, height, width] (every image must have that shape)")
         return F.col(features_col).getField("data"), "image"
     raise ValueError(f"feature column {features_col!r} has type {dtype.simpleString()}; expected array<float>, "
                      "array<double>, an ML Vector, or binary with image_shape")
+
+
+def _feature_expr(df, features_col, image_shape):
+    """:func:`feature_column`, binary and image columns given the ``image_shape`` their bytes are read in."""
+    expr, kind = feature_column(df, features_col)
+    if kind == "binary" and not image_shape:
+        raise ValueError(f"feature column {features_col!r} is binary: pass image_shape= (e.g. [1, 28, 28]) "
+                         "so its bytes can be read as uint8 pixels, float32 values or encoded image files")
+    if kind == "image" and (not image_shape or len(image_shape) != 3):
+        raise ValueError(f"feature column {features_col!r} holds images (Spark's image source): pass "
+                         "image_shape=[channels, height, width] (every image must have that shape)")
+    return expr, kind
 
 
 FEATURES_AS = ("concat", "dict")
@@ -662,7 +670,7 @@ def _column_array(df, name: str, refusal: str):
     dtype = _column_type(df, name, "feature")
     if _is_number(dtype):
         return F.array(F.col(name).cast(T.FloatType())), True
-    expr, kind = _feature_expr(df, name, None)
+    expr, kind = feature_column(df, name)
     if kind != "array":
         raise ValueError(refusal.format(name=name, type=dtype.simpleString()))
     return expr, False
@@ -752,6 +760,17 @@ def is_rdd(obj) -> bool:
     return hasattr(obj, "mapPartitions") and hasattr(obj, "getNumPartitions") and not is_dataframe(obj)
 
 
+def weight_expr(data, weight_col: str):
+    """A DataFrame's column of sample weights as doubles (what :class:`ArrowChunks` with ``weighted`` reads last); a
+    column of anything but numbers is refused by name."""
+    from pyspark.sql import functions as F
+
+    if not _is_number(weight_type := _column_type(data, weight_col, "weight")):
+        raise ValueError(f"weight column {weight_col!r} has type {weight_type.simpleString()}; sample weights are "
+                         "numbers")
+    return F.col(weight_col).cast("double")
+
+
 def chunk_input(data, *, features_col: str | Sequence[str] = "features",
                 label_col: str | Sequence[str] | None = "label", image_shape=None, expected_len: int | None = None,
                 num_partitions: int | None = None, float_labels: bool = False, weight_col: str | None = None):
@@ -767,10 +786,7 @@ def chunk_input(data, *, features_col: str | Sequence[str] = "features",
     label = F.lit(0).cast("long") if label_col is None else _label_expr(data, label_col)
     columns = [feat.alias("f"), label.alias("y")]
     if weight_col is not None:
-        if not _is_number(weight_type := _column_type(data, weight_col, "weight")):
-            raise ValueError(f"weight column {weight_col!r} has type {weight_type.simpleString()}; sample weights are "
-                             "numbers")
-        columns.append(F.col(weight_col).cast("double").alias("w"))
+        columns.append(weight_expr(data, weight_col).alias("w"))
     df = data.select(*columns)
     connect = is_connect(data)
     # over Spark Connect the partition count cannot be asked without running a job: always dealt out

@@ -248,7 +248,7 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None, weig
     from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
 
-    from sparknet.spark.data import _feature_expr, _label_expr, spark_feature_column
+    from sparknet.spark.data import _label_expr, feature_column, spark_feature_column
     from sparknet.spark.shared_path import check_shared_path
 
     check_shared_path(spark, uri, what=flag)
@@ -267,7 +267,7 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None, weig
         return table, features
     weight = [] if weight_col is None else [F.col(weight_col).alias("weight")]
     labels = run.label_columns  # several: one array of doubles a row
-    return table.select(_feature_expr(table, list(run.feature_columns), None)[0].alias("features"),
+    return table.select(feature_column(table, list(run.feature_columns))[0].alias("features"),
                         (F.col(labels[0]) if len(labels) == 1 else _label_expr(table, labels)).alias("label"),
                         *weight), features
 
