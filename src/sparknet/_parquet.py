@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from sparknet._enums import Task
 from sparknet.datasets import ArrayDataset
+from sparknet.labels import bad_weights
 
 __all__ = ["read_parquet_dataset", "features_to_numpy", "table_info", "feature_column", "arrow_feature_column"]
 
@@ -185,11 +186,6 @@ def labels_with_weights(y: np.ndarray, weights) -> tuple[np.ndarray, int]:
     w = np.asarray(weights, dtype=np.float64).reshape(n)
     labels = y.reshape(n, y.shape[1] if y.ndim == 2 else 1).astype(np.float32)  # no rows: still L columns
     return np.column_stack([labels, w.astype(np.float32)]), bad_weights(w)
-
-
-def bad_weights(weights: np.ndarray) -> int:
-    """How many sample weights are NaN (null), infinite or negative."""
-    return int(len(weights) - (np.isfinite(weights) & (weights >= 0)).sum())
 
 
 def table_info(sample_shape: tuple, label_max: int | None, feature_max: int | None = None, seq_len: int | None = None,

@@ -72,13 +72,34 @@ def infer_task(loss=None, net_params=None, task=None) -> Task:
     return Task.CLASSIFICATION
 
 
-def regression_sums(pred: torch.Tensor, y: torch.Tensor) -> list[float]:
-    """``[SSE, SAE, Σy, Σy², values]`` of one batch (float64)."""
+def bad_weights(weights: np.ndarray) -> int:
+    """How many sample weights are NaN (null), infinite or negative."""
+    return int(len(weights) - (np.isfinite(weights) & (weights >= 0)).sum())
+
+
+def _per_value(weight: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor | None:
+    """Each row's sample weight (``[n]``) for each of the row's label values, as float64 of ``y``'s shape."""
+    if weight is None:
+        return None
+    w = torch.as_tensor(weight).detach().to(y.device, torch.float64).reshape(-1)
+    if len(w) != len(y):
+        raise ValueError(f"{len(w)} sample weights for {len(y)} rows of labels")
+    return w.reshape(len(w), *[1] * (y.dim() - 1)).expand(y.shape)
+
+
+def regression_sums(pred: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> list[float]:
+    """``[SSE, SAE, Σy, Σy², values]`` of one batch (float64); with each row's sample ``weight`` (``[n]``), each sum
+    weighs a row's values by it, and ``values`` is their total weight (the weighted R², RMSE and MAE)."""
+    w = _per_value(weight, y)
     p, t = pred.detach().reshape(-1).double(), y.detach().reshape(-1).double()
     if p.numel() != t.numel():
         raise ValueError(f"cannot compare predictions of shape {tuple(pred.shape)} with labels of shape "
                          f"{tuple(y.shape)}")
     err = p - t
+    if w is not None:
+        w = w.reshape(-1)
+        return [float((w * err * err).sum()), float((w * err.abs()).sum()), float((w * t).sum()),
+                float((w * t * t).sum()), float(w.sum())]
     return [float((err * err).sum()), float(err.abs().sum()), float(t.sum()), float((t * t).sum()), float(t.numel())]
 
 
@@ -91,20 +112,27 @@ def regression_metrics(sums) -> dict[str, float]:
     return {"r2": 1.0 - sse / sst if sst > 0 else math.nan, "rmse": math.sqrt(max(sse, 0.0) / m), "mae": sae / m}
 
 
-def multilabel_sums(pred: torch.Tensor, y: torch.Tensor) -> list[float]:
+def multilabel_sums(pred: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> list[float]:
     """``[right, values, TP_1..TP_L, FP_1..FP_L, FN_1..FN_L, POS_1..POS_L, NEG_1..NEG_L]`` of one batch: an
     output above 0 is a 1; ``POS_l``/``NEG_l`` are label l's :data:`AUC_BINS` counts of the sigmoids of the
-    outputs of its positive and negative rows."""
+    outputs of its positive and negative rows. With each row's sample ``weight`` (``[n]``) a row counts that many
+    times in every count."""
     logits = pred.detach().reshape(len(pred), -1)
     p = logits > 0
     t = y.detach().reshape(len(y), -1) > 0.5
     if p.shape != t.shape:
         raise ValueError(f"cannot compare predictions of shape {tuple(pred.shape)} with labels of shape "
                          f"{tuple(y.shape)}")
-    tp, fp, fn = (p & t).sum(0), (p & ~t).sum(0), (~p & t).sum(0)
     labels = p.shape[1]
     bins = (torch.sigmoid(logits.double()) * AUC_BINS).long().clamp_(0, AUC_BINS - 1)
     slot = bins + AUC_BINS * torch.arange(labels).unsqueeze(0)  # label l's bins at l * AUC_BINS ...
+    w = _per_value(weight, t)
+    if w is not None:
+        tp, fp, fn = (w * (p & t)).sum(0), (w * (p & ~t)).sum(0), (w * (~p & t)).sum(0)
+        hist = [torch.bincount(slot[m], w[m], minlength=labels * AUC_BINS).double() for m in (t, ~t)]
+        return [float((w * (p == t)).sum()), float(w.sum()), *tp.tolist(), *fp.tolist(), *fn.tolist(),
+                *hist[0].tolist(), *hist[1].tolist()]
+    tp, fp, fn = (p & t).sum(0), (p & ~t).sum(0), (~p & t).sum(0)
     hist = [torch.bincount(slot[mask], minlength=labels * AUC_BINS).double() for mask in (t, ~t)]
     return [float((p == t).sum()), float(t.numel()), *tp.double().tolist(), *fp.double().tolist(),
             *fn.double().tolist(), *hist[0].tolist(), *hist[1].tolist()]
@@ -135,22 +163,29 @@ def multilabel_metrics(sums) -> dict[str, float]:
             "auc": sum(aucs) / len(aucs) if aucs else math.nan}
 
 
-def classification_sums(pred: torch.Tensor, y: torch.Tensor) -> list[float]:
+def classification_sums(pred: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> list[float]:
     """``[right, labels, top-k right, wide]`` of one batch: the arg-max and the :data:`TOP_K` highest outputs
     against the class ids (class axis last, or axis 1 as in Caffe); ``wide`` is 1 when there are more than
-    :data:`TOP_K` classes (0 for one output a label, an output above 0 being class 1)."""
+    :data:`TOP_K` classes (0 for one output a label, an output above 0 being class 1). With each row's sample
+    ``weight`` (``[n]``) a row's labels count that many times (the weighted accuracy)."""
+    w = _per_value(weight, y)
+
+    def count(hits: torch.Tensor) -> float:
+        return float(hits.sum()) if w is None else float((w * hits).sum())
+
+    labels = float(y.numel()) if w is None else float(w.sum())
     if pred.dim() == y.dim() and pred.shape == y.shape:  # binary outputs
-        right = float(((pred > 0).long() == y.long()).sum())
-        return [right, float(y.numel()), right, 0.0]
+        right = count((pred > 0).long() == y.long())
+        return [right, labels, right, 0.0]
     if pred.dim() != y.dim() + 1:
         raise ValueError(f"cannot compare predictions of shape {tuple(pred.shape)} with labels of shape "
                          f"{tuple(y.shape)}")
     scores = pred if pred.shape[:-1] == y.shape else pred.movedim(1, -1)
-    right = float((scores.argmax(-1) == y).sum())
+    right = count(scores.argmax(-1) == y)
     if scores.shape[-1] <= TOP_K:
-        return [right, float(y.numel()), right, 0.0]
+        return [right, labels, right, 0.0]
     top = scores.topk(TOP_K, dim=-1).indices
-    return [right, float(y.numel()), float((top == y.unsqueeze(-1)).any(-1).sum()), 1.0]
+    return [right, labels, count((top == y.unsqueeze(-1)).any(-1)), 1.0]
 
 
 def classification_metrics(sums) -> dict[str, float]:
@@ -162,11 +197,13 @@ def classification_metrics(sums) -> dict[str, float]:
     return out
 
 
-def task_sums(task: Task, pred: torch.Tensor, y: torch.Tensor) -> list[float]:
-    """The additive sums a batch adds to a labelled task's metrics."""
+def task_sums(task: Task, pred: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> list[float]:
+    """The additive sums a batch adds to a labelled task's metrics; with each row's sample ``weight`` (``[n]``), of
+    the weighted metrics (a row of weight w counts as w rows)."""
     if task is Task.REGRESSION:
-        return regression_sums(pred, y)
-    return multilabel_sums(pred, y) if task is Task.MULTILABEL else classification_sums(pred, y)
+        return regression_sums(pred, y, weight)
+    sums = multilabel_sums if task is Task.MULTILABEL else classification_sums
+    return sums(pred, y, weight)
 
 
 def task_width(task: Task, label_shape: tuple[int, ...]) -> int:

@@ -33,7 +33,7 @@ from sparknet.config import Compute, Precision
 from sparknet.layers import NetParams
 from sparknet.optimizers import build_optimizer
 from sparknet.solvers import SolverConfig, check_gradient_hook, lr_multiplier
-from sparknet.labels import Task, infer_task, task_metrics, task_sums
+from sparknet.labels import Task, bad_weights, infer_task, task_metrics, task_sums
 from sparknet.weights import WeightCollection, local_box, local_view, module_layouts, whole_box, whole_weights
 
 __all__ = ["Net", "Compute", "Precision", "TrainStats", "EvalResult", "FeatureDict", "resolve_device", "fixed_sample"]
@@ -81,22 +81,32 @@ class EvalResult:
     """The additive sums the metrics come from (:func:`sparknet.labels.task_sums`); none for a net without labels."""
     task: Task | None = field(default=None, repr=False, compare=False)
     """The task the metrics are of (what :meth:`joined` needs)."""
+    weight: float | None = None
+    """The rows' total sample weight, when each row was weighed (the loss and the metrics are then means over it,
+    a row of weight w counting as w rows); ``None``: each row counted once."""
 
     @property
     def score(self) -> float:
         """The metric a target is set on: accuracy, or R² for a regression net."""
         return self.metrics.get("r2", self.accuracy)
 
+    @property
+    def counted(self) -> float:
+        """What the loss is a mean over: the rows' total :attr:`weight`, else the rows."""
+        return self.samples if self.weight is None else self.weight
+
     @classmethod
-    def of(cls, task: Task, samples: int, loss_sum: float, sums=None) -> EvalResult:
+    def of(cls, task: Task, samples: int, loss_sum: float, sums=None, weight: float | None = None) -> EvalResult:
         """The result of ``samples`` rows whose losses add up to ``loss_sum``, with the task's additive ``sums``
-        (:func:`sparknet.labels.task_sums`; none for a net without labels). No rows: NaN scores."""
-        loss = loss_sum / samples if samples else math.nan
+        (:func:`sparknet.labels.task_sums`; none for a net without labels). ``weight``: the rows' total sample weight
+        when the losses and the sums weighed each row. No rows (or no weight): NaN scores."""
+        counted = samples if weight is None else weight
+        loss = loss_sum / counted if counted else math.nan
         if task is Task.UNLABELLED or not samples or sums is None:
-            return cls(loss=loss, accuracy=math.nan, samples=samples, task=task)
+            return cls(loss=loss, accuracy=math.nan, samples=samples, task=task, weight=weight)
         metrics = task_metrics(task, sums)
         return cls(loss=loss, accuracy=metrics.get("accuracy", math.nan), samples=samples, metrics=metrics,
-                   sums=tuple(sums), task=task)
+                   sums=tuple(sums), task=task, weight=weight)
 
     def joined(self, other: EvalResult) -> EvalResult:
         """The result over this one's rows and ``other``'s, which share none (a screen's and the rest's)."""
@@ -108,8 +118,9 @@ class EvalResult:
         if task is None:
             raise ValueError("results of no known task cannot be joined")
         sums = None if task is Task.UNLABELLED else [a + b for a, b in zip(self.sums, other.sums)]
+        weight = None if self.weight is None and other.weight is None else self.counted + other.counted
         return EvalResult.of(task, self.samples + other.samples,
-                             self.loss * self.samples + other.loss * other.samples, sums)
+                             self.loss * self.counted + other.loss * other.counted, sums, weight)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -517,12 +528,12 @@ class Net:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _loss(self, what: str, xb: torch.Tensor, yb: torch.Tensor, weighted: bool = False):
-        """The model's loss and prediction; torch's bare ``Target 7 is out of bounds`` as an error that says which
-        labels and what to do."""
+    def _loss(self, what: str, xb: torch.Tensor, yb: torch.Tensor, weight: torch.Tensor | None = None):
+        """The model's loss (weighing each row by ``weight``, ``[n]``, when given) and prediction; torch's bare
+        ``Target 7 is out of bounds`` as an error that says which labels and what to do."""
         try:
             with self._autocast():
-                return self._forward_loss(self._layout(xb), *(self._split_weights(yb) if weighted else (yb,)))
+                return self._forward_loss(self._layout(xb), yb, *(() if weight is None else (weight,)))
         except IndexError as exc:
             if self.task is not Task.CLASSIFICATION:  # labels that index nothing: the net's own error
                 raise
@@ -560,7 +571,7 @@ class Net:
             opt.zero_grad(set_to_none=True)
             losses = []
             for xb, yb in batches:
-                loss, _ = self._loss("training data", xb, yb, weighted=self.weighted)
+                loss, _ = self._loss("training data", xb, *(self._split_weights(yb) if self.weighted else (yb,)))
                 (loss / iter_size if iter_size > 1 else loss).backward()
                 losses.append(loss.detach())
             return losses
@@ -642,13 +653,15 @@ class Net:
     # -- evaluation ------------------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, data=None, num_steps: int | None = None, batch_size: int = EVAL_BATCH, *,
-                 sample: int | None = None, rest_of: int | None = None) -> EvalResult:
+                 sample: int | None = None, rest_of: int | None = None, weights=None) -> EvalResult:
         """Mean loss and accuracy on the validation data (or on ``data``), ``batch_size`` rows at a time.
 
         ``sample``: score at most this many rows, a fixed random sample of them (the same rows on
         every call for data of the same length): a quick estimate of the whole set's accuracy.
         ``rest_of``: score the rows that a ``sample`` of that many leaves out (none when it takes every row); the
         sample's result :meth:`EvalResult.joined` with this one is the whole set's.
+        ``weights``: each row's sample weight (``[n]``, numbers >= 0): the loss and the metrics weigh each row by it,
+        as Spark's evaluators do with a ``weightCol`` (a row of weight w counts as w rows).
         """
         if data is not None:
             x, y = self._fit_input(*_collect(data, self._label_ndim, None))
@@ -656,16 +669,21 @@ class Net:
             x, y = self._val
         else:
             raise ValueError("no validation data: call set_validation_data() first")
+        w = None if weights is None else _as_tensor(weights, name="weights").to(torch.float64).reshape(-1)
+        if w is not None and (len(w) != len(x) or bad_weights(w.numpy())):
+            raise ValueError(f"weights: {len(w)} for {len(x)} rows, {bad_weights(w.numpy())} of them NaN, infinite "
+                             "or negative; give one number >= 0 a row")
         if sample is not None and rest_of is not None:
             raise ValueError("score a sample or the rest of one, not both")
+        rows = None
         if sample is not None and sample < len(x):
             rows = torch.tensor(fixed_sample(len(x), sample))
-            x, y = x[rows], y[rows]
         elif rest_of:
             rest = np.ones(len(x), dtype=bool)
             rest[fixed_sample(len(x), rest_of) if rest_of < len(x) else slice(None)] = False
             rows = torch.from_numpy(np.flatnonzero(rest))
-            x, y = x[rows], y[rows]
+        if rows is not None:
+            x, y, w = x[rows], y[rows], None if w is None else w[rows]
         was_training = self.module.training
         self.module.eval()
         n = len(x) if num_steps is None else min(len(x), num_steps * batch_size)
@@ -675,14 +693,15 @@ class Net:
             for start in range(0, n, batch_size):
                 xb = x[start:start + batch_size].to(self.device)
                 yb = y[start:start + batch_size].to(self.device)
-                loss, pred = self._loss("validation data", xb, yb)
-                loss_sum += loss.item() * len(xb)
+                wb = None if w is None else w[start:start + batch_size].to(self.device)
+                loss, pred = self._loss("validation data", xb, yb, None if wb is None else wb.to(torch.float32))
+                loss_sum += loss.item() * (len(xb) if wb is None else float(wb.sum()))
                 if self.task is not Task.UNLABELLED:
-                    batch = task_sums(self.task, pred, yb)
+                    batch = task_sums(self.task, pred, yb, wb)
                     sums = batch if sums is None else [a + b for a, b in zip(sums, batch)]
         finally:
             self.module.train(was_training)
-        return EvalResult.of(self.task, n, loss_sum, sums)
+        return EvalResult.of(self.task, n, loss_sum, sums, None if w is None else float(w[:n].sum()))
 
     def test(self, num_steps: int | None = None) -> float:
         """The task's score on the validation data (accuracy, or R²): all of it, or ``num_steps`` batches of 1000."""

@@ -155,6 +155,23 @@ def test_evaluate_gives_a_saved_model_s_test_scores_again_on_its_held_out_rows(s
     assert metrics["rows"] == 300
     for name in ("loss", "r2", "rmse", "mae"):
         assert metrics[name] == pytest.approx(summary[f"test_{name}"], rel=1e-5), (name, metrics, summary)
+    # --weight-col: a row of weight w scores as w copies of it (whole numbers here, so the copies can be written)
+    w = np.arange(300) % 3
+    pq.write_table(pa.table({"features": pa.array(list(vx), pa.list_(pa.float32())), "p": vy[:, 0], "q": vy[:, 1],
+                             "w": w}), tmp_path / "vw.parquet")
+    rows = np.repeat(np.arange(300), w)
+    pq.write_table(pa.table({"features": pa.array(list(vx[rows]), pa.list_(pa.float32())), "p": vy[rows, 0],
+                             "q": vy[rows, 1]}), tmp_path / "copies.parquet")
+    scores = []
+    for data, flags in (("vw", ["--weight-col", "w"]), ("copies", [])):
+        assert main(["evaluate", "--model-dir", str(tmp_path / "model"), "--data", str(tmp_path / f"{data}.parquet"),
+                     *flags]) == 0
+        scores.append(json.loads(capsys.readouterr().out.strip().splitlines()[-1]))
+    weighted, copies = scores
+    assert weighted["rows"] == 300 and weighted["weight"] == copies["rows"] == w.sum() and "weight" not in copies
+    for name in ("loss", "r2", "rmse", "mae"):
+        assert weighted[name] == pytest.approx(copies[name], rel=1e-6), (name, weighted, copies)
+    assert weighted["rmse"] != pytest.approx(metrics["rmse"], rel=1e-4)
 
 
 def test_a_model_of_one_number_column_scores_that_column(spark, tmp_path):

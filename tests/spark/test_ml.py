@@ -213,6 +213,29 @@ def test_a_plain_module_trains_with_its_own_loss_and_its_model_saves(data, tmp_p
         SparkNetEstimator(zoo.mlp(input_shape=[WIDTH], hidden=[16], num_classes=CLASSES), loss=torch.nn.MSELoss())
 
 
+def test_cross_validator_tunes_an_estimator_of_a_plain_module_every_fit_from_the_same_start(data):
+    """CrossValidator copies the estimator for each param map and fits it on each fold: every fit trains its own
+    copy of the module from the weights the user gave, so the learning rate that trains wins and the module given
+    stays as it was."""
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+
+    from sparknet.spark.ml import SparkNetEstimator
+
+    train, test = data
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(WIDTH, 16), torch.nn.ReLU(), torch.nn.Linear(16, CLASSES))
+    before = [p.detach().clone() for p in module.parameters()]
+    est = SparkNetEstimator(module, loss=torch.nn.CrossEntropyLoss(), featuresCols=COLUMNS, workers=2, tau=10,
+                            rounds=4, lr=0.05, batchSize=32, seed=0)
+    grid = ParamGridBuilder().addGrid(est.lr, [1e-6, 0.05]).build()
+    evaluator = MulticlassClassificationEvaluator(metricName="accuracy")
+    cv = CrossValidator(estimator=est, estimatorParamMaps=grid, evaluator=evaluator, numFolds=2, seed=7).fit(train)
+    assert cv.avgMetrics[1] > 0.7 and cv.avgMetrics[1] > cv.avgMetrics[0] + 0.2, cv.avgMetrics
+    assert evaluator.evaluate(cv.bestModel.transform(test)) > 0.7
+    assert all(torch.equal(a, b) for a, b in zip(before, module.parameters()))
+
+
 def test_evaluate_scores_where_the_rows_live_as_a_fit_scores_its_test_set(data):
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
     from pyspark.sql import functions as F
@@ -235,6 +258,36 @@ def test_evaluate_scores_where_the_rows_live_as_a_fit_scores_its_test_set(data):
     with pytest.raises(ValueError, match="1 rows have a null label"):
         model.evaluate(test.withColumn("label", F.when(F.monotonically_increasing_id() == 0, None)
                                        .otherwise(F.col("label"))))
+
+
+def test_evaluate_with_a_weight_col_gives_spark_s_weighted_accuracy(data):
+    """evaluate(weightCol=) weighs each row's loss and hits by its sample weight: the accuracy Spark's evaluator
+    gives with the same weightCol, the loss the driver's net gives the same rows and weights; weights of one give
+    the unweighted scores; bad weights are counted and named."""
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    from pyspark.sql import functions as F
+
+    train, test = data
+    model = _estimator(featuresCols=COLUMNS).fit(train)
+    weighted = test.withColumn("w", F.abs((F.col("x0") * 7).cast("long")) % 4 * 0.5)  # 0, 0.5, 1 or 1.5
+    metrics = model.evaluate(weighted.repartition(3), weightCol="w")
+    w = np.array([r.w for r in weighted.select("w").collect()])
+    assert metrics["rows"] == 200 and metrics["weight"] == pytest.approx(w.sum()) and (w == 0).any()
+    spark_accuracy = MulticlassClassificationEvaluator(metricName="accuracy", weightCol="w").evaluate(
+        model.transform(weighted))
+    assert metrics["accuracy"] == pytest.approx(spark_accuracy, rel=1e-12)
+    assert metrics["accuracy"] != pytest.approx(model.evaluate(test)["accuracy"], rel=1e-6)  # the weights tell
+    x = np.array(weighted.select(*COLUMNS).collect(), dtype=np.float32)
+    y = np.array([r.label for r in weighted.select("label").collect()])
+    assert metrics["loss"] == pytest.approx(model.net.evaluate((x, y), weights=w).loss, rel=1e-5)
+    ones = model.evaluate(test.withColumn("w", F.lit(1)), weightCol="w")
+    plain = model.evaluate(test)
+    assert ones["accuracy"] == plain["accuracy"] and ones["loss"] == pytest.approx(plain["loss"], rel=1e-6)
+    with pytest.raises(ValueError, match="1 rows have a null, NaN, infinite or negative sample weight"):
+        model.evaluate(test.withColumn("w", F.when(F.monotonically_increasing_id() == 0, -1.0).otherwise(1.0)),
+                       weightCol="w")
+    with pytest.raises(ValueError, match="weight column 'name' has type string; sample weights are numbers"):
+        model.evaluate(test.withColumn("name", F.lit("a")), weightCol="name")
 
 
 def test_validation_fraction_holds_out_a_seeded_share_of_the_rows_and_scores_them(data):
@@ -396,9 +449,9 @@ def test_bad_settings_fail_before_training(spark, data):
     jobs_before = len(tracker.getJobIdsForGroup())
     with pytest.raises(ValueError, match="give tau, round_seconds"):
         _estimator(tau=None).fit(assembled)
-    with pytest.raises(ValueError, match="features column 'nope' not found"):
+    with pytest.raises(ValueError, match="feature column 'nope' not found"):
         _estimator(featuresCol="nope").fit(assembled)
-    with pytest.raises(ValueError, match="features column 'x0' is double"):
+    with pytest.raises(ValueError, match="feature column 'x0' has type double"):
         _estimator(featuresCol="x0").fit(assembled)
     with pytest.raises(ValueError, match="targetAccuracy needs validation rows"):
         _estimator(targetAccuracy=0.9).fit(assembled)

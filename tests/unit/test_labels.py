@@ -176,3 +176,68 @@ def test_a_weighted_net_s_loss_is_the_weighted_mean_of_its_rows_losses():
     want = float((per * w).sum() / w.sum())
     stats = net.train(1)
     assert math.isclose(stats.loss, want, rel_tol=1e-6)
+
+
+def _repeated(w: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Each row ``i`` of the tensors ``w[i]`` times (whole-number weights)."""
+    rows = torch.repeat_interleave(torch.arange(len(w)), w.long())
+    return [t[rows] for t in tensors]
+
+
+@pytest.mark.parametrize("case", ["classes", "top_k", "binary", "positions", "regression", "numbers", "multilabel"])
+def test_weighted_sums_count_a_row_of_weight_w_as_w_rows(case):
+    """Every task's sums weighed by whole-number weights equal those of each row repeated that many times; a row of
+    weight 0 adds nothing. The metrics are those of the repeated rows, to rounding."""
+    from sparknet.labels import task_metrics, task_sums
+
+    g = torch.Generator().manual_seed(1)
+    n = 40
+    pred, y, task = {
+        "classes": lambda: (torch.randn(n, 4, generator=g), torch.randint(0, 4, (n,), generator=g), Task.CLASSIFICATION),
+        "top_k": lambda: (torch.randn(n, 9, generator=g), torch.randint(0, 9, (n,), generator=g), Task.CLASSIFICATION),
+        "binary": lambda: (torch.randn(n, generator=g), torch.randint(0, 2, (n,), generator=g), Task.CLASSIFICATION),
+        "positions": lambda: (torch.randn(n, 6, 3, generator=g), torch.randint(0, 6, (n, 3), generator=g),
+                              Task.CLASSIFICATION),
+        "regression": lambda: (torch.randn(n, generator=g), torch.randn(n, generator=g), Task.REGRESSION),
+        "numbers": lambda: (torch.randn(n, 3, generator=g), torch.randn(n, 3, generator=g), Task.REGRESSION),
+        "multilabel": lambda: (torch.randn(n, 3, generator=g), torch.randint(0, 2, (n, 3), generator=g).float(),
+                               Task.MULTILABEL),
+    }[case]()
+    w = torch.randint(0, 4, (n,), generator=g).double()
+    assert (w == 0).any()
+    weighted = task_sums(task, pred, y, w)
+    repeated = task_sums(task, *_repeated(w, pred, y))
+    assert weighted == pytest.approx(repeated, rel=1e-12, abs=1e-9)
+    assert task_metrics(task, weighted) == pytest.approx(task_metrics(task, repeated), rel=1e-12)
+    assert task_sums(task, pred, y, torch.ones(n)) == pytest.approx(task_sums(task, pred, y), rel=1e-12)
+    with pytest.raises(ValueError, match="3 sample weights for 40 rows"):
+        task_sums(task, pred, y, w[:3])
+
+
+@pytest.mark.parametrize("kind", ["module", "layers", "regression"])
+def test_evaluate_with_weights_scores_as_the_rows_repeated(kind):
+    """Net.evaluate(weights=) gives the loss and metrics of each row repeated its weight's times, in batches that cut
+    the rows anywhere; weights of 1 give the unweighted result; bad weights are refused by count."""
+    torch.manual_seed(0)
+    x = torch.randn(30, 8, 3) if kind == "regression" else torch.randn(30, 3)
+    if kind == "module":
+        net = Net(torch.nn.Linear(3, 7), SolverConfig(), batch_size=8)
+        y = torch.randint(0, 7, (30,))
+    elif kind == "layers":
+        net = Net(zoo.mlp(input_shape=(3,), hidden=(5,), num_classes=7), SolverConfig(), batch_size=8)
+        y = torch.randint(0, 7, (30,))
+    else:
+        net = Net(_euclidean_net(), SolverConfig(), batch_size=8)
+        x, y = x[:, 0, :], torch.randn(30, 1)
+    w = torch.randint(0, 4, (30,)).double()
+    got = net.evaluate((x, y), batch_size=7, weights=w)
+    want = net.evaluate(tuple(_repeated(w, x, y)), batch_size=1000)
+    assert got.samples == 30 and got.weight == float(w.sum()) == want.samples and want.weight is None
+    assert got.loss == pytest.approx(want.loss, rel=1e-5)
+    assert got.metrics == pytest.approx(want.metrics, rel=1e-6)  # float32 outputs of batches cut apart
+    ones = net.evaluate((x, y), batch_size=7, weights=np.ones(30))
+    plain = net.evaluate((x, y), batch_size=7)
+    assert ones.loss == pytest.approx(plain.loss, rel=1e-6) and ones.metrics == pytest.approx(plain.metrics)
+    for bad, message in ((w[:5], "5 for 30 rows"), (torch.full((30,), -1.0), "30 of them NaN, infinite or negative")):
+        with pytest.raises(ValueError, match=message):
+            net.evaluate((x, y), weights=bad)

@@ -305,36 +305,17 @@ def _set_params(instance: Params, params: Mapping[str, Any]) -> None:
 
 
 # -- column handling ------------------------------------------------------------------------------
-def _features_as_array(schema, col: str):
-    """The features column's kind (``"vector"``, ``"array"`` or ``"binary"``; a clear ValueError for anything else)
-    and a Column of ``array<float>`` (or binary) for it."""
-    from pyspark.ml.functions import vector_to_array
-    from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import ArrayType, BinaryType, NumericType
-
-    if col not in schema.fieldNames():
-        raise ValueError(f"features column {col!r} not found; the DataFrame has {schema.fieldNames()}")
-    dt = schema[col].dataType
-    if isinstance(dt, VectorUDT):
-        return "vector", vector_to_array(F.col(col), "float32")
-    if isinstance(dt, ArrayType) and isinstance(dt.elementType, NumericType):
-        return "array", F.col(col).cast("array<float>")
-    if isinstance(dt, BinaryType):
-        return "binary", F.col(col)
-    raise ValueError(f"features column {col!r} is {dt.simpleString()}; it must be an ML Vector, an array of "
-                     "numbers, or binary (with imageShape)")
-
-
 def _features_of(dataset, columns: str | Sequence[str]):
-    """The kind and Column of the features of ``dataset``: ``featuresCol``, one column, as
-    :func:`_features_as_array` takes it; a list of a table's columns (numbers, arrays or ML vectors: ``featuresCols``,
-    or the columns a model trained on) joined in order into one array, a number an array of one."""
-    if isinstance(columns, str):
-        return _features_as_array(dataset.schema, columns)
-    from sparknet.spark.data import _feature_expr
+    """The kind (``"array"`` or ``"binary"``) and Column of the features of ``dataset``: one column (numbers in an
+    array or an ML vector, or bytes), or a list of a table's columns (numbers, arrays or ML vectors: ``featuresCols``,
+    or the columns a model trained on) joined in order into one array (:func:`sparknet.spark.data.feature_column`)."""
+    from sparknet.spark.data import feature_column
 
-    return "array", _feature_expr(dataset, list(columns), None)[0]
+    expr, kind = feature_column(dataset, columns if isinstance(columns, str) else list(columns))
+    if kind == "image":
+        raise ValueError(f"feature column {columns!r} holds Spark's images; the estimator and its model read an "
+                         "array of numbers, an ML vector or binary with imageShape: select the image's data bytes")
+    return kind, expr
 
 
 class _Persisted(MLReadable, MLWritable):
@@ -765,7 +746,7 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
         with torch.no_grad():  # reshaped to the net's own input, as the model's predict does
             return self._loaded().predict(torch.zeros(1, *shape))
 
-    def evaluate(self, dataset, labelCol: str | Sequence[str] | None = None, *,
+    def evaluate(self, dataset, labelCol: str | Sequence[str] | None = None, *, weightCol: str | None = None,
                  timeout_s: float | None = 24 * 3600.0) -> dict:
         """The model's loss and its task's metrics on the labelled rows of ``dataset``, scored where they live: each
         partition's task adds up what the metrics are made of, and the driver joins the sums (the metrics a fit
@@ -779,15 +760,20 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
         labelCol : str or list of str, optional
             The label column, or several number columns joined in order (default: what the model's folder says it
             trained on, else ``label``).
+        weightCol : str, optional
+            A column of sample weights (numbers >= 0): the loss and every metric weigh each row by it, a row of
+            weight w counting as w rows (the weighted metrics of Spark's evaluators with their ``weightCol``).
+            Default: each row counts once.
         timeout_s : float or None
             Longest wait for the job (default a day); past it the job is cancelled.
 
         Returns
         -------
         dict
-            ``rows`` scored, ``loss`` (the net's loss layers'; ``None`` for a plain module, whose loss its files do
-            not hold) and each metric by name. Rows a fit would refuse (null or NaN labels, class ids the net does
-            not have...) are a ``ValueError`` that says how many and why.
+            ``rows`` scored (and their total ``weight`` with ``weightCol``), ``loss`` (the net's loss layers';
+            ``None`` for a plain module, whose loss its files do not hold) and each metric by name. Rows a fit would
+            refuse (null or NaN labels or weights, class ids the net does not have...) are a ``ValueError`` that says
+            how many and why.
         """
         import uuid
 
@@ -815,9 +801,10 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
         sums = functools.partial(evaluation_sums, key=self.modelId, files_bc=bc, kind=kind, shape=list(shape),
                                  threads=int(threads), chunk=int(self.getScoreBatchSize()), device=self.getDevice(),
                                  allow_pickle=self._allow_pickle, task=task.value, label_col=", ".join(labels),
-                                 num_classes=classes)
-        frame = dataset.select(feats.alias("features"), label.alias("label")).mapInArrow(sums,
-                                                                                          "info string, result string")
+                                 num_classes=classes, weighted=weightCol is not None)
+        weight = [] if weightCol is None else [spark_data.weight_expr(dataset, weightCol).alias("weight")]
+        frame = dataset.select(feats.alias("features"), label.alias("label"), *weight).mapInArrow(
+            sums, "info string, result string")
         rows = run_with_deadline(session if is_connect(session) else session.sparkContext,
                                  f"sparknet-evaluate-{uuid.uuid4().hex[:12]}", "sparknet: evaluate the model",
                                  frame.collect, timeout_s=timeout_s, what="the evaluation job")
@@ -828,10 +815,11 @@ class SparkNetModel(Model, _ScoringParams, _Persisted):
                                expected_len=None if kind in ("binary", "image") else int(math.prod(shape)),
                                num_classes=classes, sample_shape=tuple(shape), task=task)
         parts = [json.loads(r["result"]) for r in rows]
-        result = functools.reduce(EvalResult.joined, [EvalResult.of(task, p["samples"], p["loss_sum"], p["sums"])
-                                                      for p in parts if p["samples"]])
+        result = functools.reduce(EvalResult.joined, [EvalResult.of(task, p["samples"], p["loss_sum"], p["sums"],
+                                                                    p["weight"]) for p in parts if p["samples"]])
         loss = None if math.isnan(result.loss) else result.loss
-        return {"rows": result.samples, "loss": loss, **result.metrics}
+        weight = {} if result.weight is None else {"weight": result.weight}
+        return {"rows": result.samples, **weight, "loss": loss, **result.metrics}
 
     def _broadcast(self, sc):
         """One broadcast of the model files per SparkContext (kept while this model lives)."""

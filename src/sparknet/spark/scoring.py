@@ -111,13 +111,15 @@ def score_batches(batches, *, key: str, files_bc, kind: str, shape, threads: int
 
 
 def evaluation_sums(batches, *, key: str, files_bc, kind: str, shape, threads: int, chunk: int, device: str,
-                    allow_pickle: bool, task: str, label_col: str | None, num_classes: int | None) -> Iterator:
+                    allow_pickle: bool, task: str, label_col: str | None, num_classes: int | None,
+                    weighted: bool = False) -> Iterator:
     """One partition's share of :meth:`SparkNetModel.evaluate <sparknet.spark.ml.SparkNetModel.evaluate>`: Arrow
-    batches of (features, label) -> one batch of one row, ``info`` (what the rows hold and what is wrong with them,
-    as a fit counts them: :class:`~sparknet.spark.data.ChunkCounts`) and ``result`` (the rows scored, their loss sum
-    and the task's additive sums, :func:`sparknet.labels.task_sums`). Rows a fit would refuse are counted, not
-    scored: the driver names them. The loss is the net's own (its loss layers) where the model holds a layer-DSL net
-    of the task scored; a plain module's loss is not in its files (``NaN``)."""
+    batches of (features, label[, weight]) -> one batch of one row, ``info`` (what the rows hold and what is wrong
+    with them, as a fit counts them: :class:`~sparknet.spark.data.ChunkCounts`) and ``result`` (the rows scored,
+    their total ``weight`` when ``weighted``, their loss sum and the task's additive sums,
+    :func:`sparknet.labels.task_sums`, each row weighed by its sample weight when ``weighted``). Rows a fit would
+    refuse are counted, not scored: the driver names them. The loss is the net's own (its loss layers) where the
+    model holds a layer-DSL net of the task scored; a plain module's loss is not in its files (``NaN``)."""
     import json
 
     import pyarrow as pa
@@ -130,23 +132,33 @@ def evaluation_sums(batches, *, key: str, files_bc, kind: str, shape, threads: i
     shape = tuple(shape)
     width = int(np.prod(shape))
     convert = ArrowChunks(kind, width, width if kind in ("binary", "image") else None, label_col, task.float_labels,
-                          shape)
+                          shape, weighted=weighted)
     own_loss = model.net_params is not None and model.net.task is task
-    counts, rows, loss_sum, sums = ChunkCounts(), 0, 0.0, None
+    counts, rows, weight, loss_sum, sums = ChunkCounts(), 0, 0.0, 0.0, None
     for x, y, info in convert.chunks(batches):
         counts.add(info)
-        if info.refused or not len(y) or (num_classes is not None and (y.min() < 0 or y.max() >= num_classes)):
+        if info.refused or not len(y) or info.bad_w:
+            continue
+        w = None
+        if weighted:  # float32 labels with the weight last (a fit's, _with_weights)
+            y, w = y[:, :-1], y[:, -1].astype(np.float64)
+            y = y[:, 0] if y.shape[1] == 1 else y
+            y = y if task.float_labels else y.astype(np.int64)
+        if num_classes is not None and (y.min() < 0 or y.max() >= num_classes):
             continue
         for start in range(0, len(y), chunk):
             xb, yb = x[start:start + chunk].reshape(-1, *shape), y[start:start + chunk]
+            wb = None if w is None else w[start:start + chunk]
             with torch.no_grad():
                 if own_loss:
-                    result = model.net.evaluate((xb, yb), batch_size=chunk)
-                    loss, part = result.loss * result.samples, list(result.sums)
+                    result = model.net.evaluate((xb, yb), batch_size=chunk, weights=wb)
+                    loss, part = result.loss * result.counted if result.counted else 0.0, list(result.sums)
                 else:
-                    loss, part = math.nan, task_sums(task, model.predict(torch.from_numpy(xb)), torch.from_numpy(yb))
+                    loss, part = math.nan, task_sums(task, model.predict(torch.from_numpy(xb)), torch.from_numpy(yb),
+                                                     None if wb is None else torch.from_numpy(wb))
             rows, loss_sum = rows + len(yb), loss_sum + loss
+            weight += len(yb) if wb is None else float(wb.sum())
             sums = part if sums is None else [a + b for a, b in zip(sums, part)]
-    result = {"samples": rows, "loss_sum": loss_sum, "sums": sums}
+    result = {"samples": rows, "weight": weight if weighted else None, "loss_sum": loss_sum, "sums": sums}
     yield pa.RecordBatch.from_arrays([pa.array([json.dumps(counts.to_dict())]), pa.array([json.dumps(result)])],
                                      names=["info", "result"])

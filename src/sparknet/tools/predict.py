@@ -146,17 +146,19 @@ def predict(model_dir: str | os.PathLike, data: str, out: str, *, spark=None, ma
 
 
 def evaluate(model_dir: str | os.PathLike, data: str, *, spark=None, master: str | None = None,
-             features_col: str | None = None, label_col: str | None = None, score_batch_size: int | None = None,
-             threads: int | None = None, partitions: int | None = None, allow_pickle: bool = False,
-             timeout_s: float | None = PREDICT_TIMEOUT_S) -> dict:
+             features_col: str | None = None, label_col: str | None = None, weight_col: str | None = None,
+             score_batch_size: int | None = None, threads: int | None = None, partitions: int | None = None,
+             allow_pickle: bool = False, timeout_s: float | None = PREDICT_TIMEOUT_S) -> dict:
     """A saved model's loss and its task's metrics on a labelled Parquet data set, each partition scored where it
     lives and the sums joined on the driver (:meth:`~sparknet.spark.ml.SparkNetModel.evaluate`); ``rows``,
     ``loss``, each metric by name, and ``seconds``. ``label_col``: the label column, or several number columns,
-    comma-separated (default: what the model trained on, else ``label``); the rest as :func:`predict` takes them."""
+    comma-separated (default: what the model trained on, else ``label``); ``weight_col``: a column of sample weights
+    each row's loss and metrics are weighed by (default: each row counts once); the rest as :func:`predict` takes
+    them."""
     model = _model(model_dir, data, features_col, allow_pickle, scoreBatchSize=score_batch_size, threads=threads)
     with _session(spark, master, model) as spark:
         t0 = time.perf_counter()
-        metrics = model.evaluate(_table(spark, data, partitions), label_col, timeout_s=timeout_s)
+        metrics = model.evaluate(_table(spark, data, partitions), label_col, weightCol=weight_col, timeout_s=timeout_s)
     return {**metrics, "seconds": round(time.perf_counter() - t0, 2)}
 
 
@@ -232,6 +234,9 @@ def configure_evaluate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="labelled Parquet file or folder to evaluate on")
     p.add_argument("--label-col", default=None,
                    help="label column, or several number columns, comma-separated (default: the model's, else label)")
+    p.add_argument("--weight-col", default=None,
+                   help="column of sample weights (numbers >= 0): the loss and the metrics weigh each row by it "
+                        "(default: each row counts once)")
     _scoring_flags(p, "the evaluation job")
     p.set_defaults(_run=_run_evaluate)
 
@@ -258,7 +263,8 @@ def _scoring_flags(p: argparse.ArgumentParser, job: str) -> None:
 
 def _run_evaluate(args: argparse.Namespace) -> int:
     print(json.dumps(evaluate(args.model_dir, args.data, master=args.master, features_col=args.features_col,
-                              label_col=args.label_col, score_batch_size=args.score_batch_size, threads=args.threads,
+                              label_col=args.label_col, weight_col=args.weight_col,
+                              score_batch_size=args.score_batch_size, threads=args.threads,
                               partitions=args.partitions, allow_pickle=args.allow_pickle, timeout_s=args.timeout)))
     return 0
 
