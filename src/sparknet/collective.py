@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from sparknet._enums import CompressionKind
-from sparknet.config import Streaming
+from sparknet.config import Profile, Streaming
 from sparknet.labels import Task, task_width
 from sparknet.loop import Exchange, RoundPlan, RoundUpdate, check_streaming, late_update, whole_or
 from sparknet.net import EvalResult
@@ -123,6 +123,8 @@ class CollectiveExchange(Exchange):
     scoring : ProcessGroup, optional
         Where the validation shares are summed instead of ``everyone`` (a sharded replica: a worker's ranks score
         its share together, so the sums run over ``group``).
+    profile : Profile, optional
+        Trace one of this rank's rounds with torch's profiler, its files named ``name`` (default ``rank-<rank>``).
     """
 
     def __init__(self, net, strategy: TrainingStrategy, *, rank: int, world: int, group=None,
@@ -132,7 +134,7 @@ class CollectiveExchange(Exchange):
                  after_train: Callable[[object, int], None] | None = None, engine: str = "barrier",
                  train: Callable | None = None, validation_rows: int | None = None,
                  streaming: Streaming | None = None, ranks: WorkerRanks | None = None, everyone=None,
-                 scoring=None):
+                 scoring=None, profile: Profile | None = None, name: str | None = None):
         self.net, self.strategy, self.rank, self.world, self.group = net, strategy, rank, world, group
         self.everyone = group if everyone is None else everyone
         self.scoring = self.everyone if scoring is None else scoring
@@ -144,7 +146,8 @@ class CollectiveExchange(Exchange):
         self._layouts = net.cut_layouts(*net.cuts) if sharded else None
         self._layout = net.shard_layout() if sharded else None
         self.step = WorkerStep(net, strategy, state=state, compression=compression, streaming=streaming,
-                               seed=seed_for_round, after_train=after_train, train=train, ranks=ranks)
+                               seed=seed_for_round, after_train=after_train, train=train, ranks=ranks,
+                               profile=profile, name=name or f"rank-{rank}")
         self._arrived: slice | None = None  # the part whose new global weights this rank takes next round
         self._in_flight: _InFlight | _Done | None = None  # an overlapped exchange on its way (or kept, finished)
         self.workers = world

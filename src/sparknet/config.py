@@ -175,6 +175,24 @@ class Compute:
         object.__setattr__(self, "precision", parse_enum(Precision, self.precision, "precision"))
 
 
+@dataclass(frozen=True)
+class Profile:
+    """Which of a worker's rounds torch's profiler traces, and where the traces go (``--profile-dir``): each worker
+    writes ``<name>-round<R>.json``, a Chrome trace of its local work in that round (its steps, its update taken and
+    compressed; TensorBoard's profiler, Perfetto and ``chrome://tracing`` read it), and ``<name>-round<R>.txt``, its
+    ops by their own CPU time. ``name`` is ``worker-<i>`` (``rank-<r>`` for the barrier engine's processes)."""
+
+    folder: str
+    """A folder every worker can write: a path (on each worker's host), or a URI (``s3a://``, ``hdfs://``...)."""
+    round: int = 1
+    """The round traced, counted from 0 over the fit (default the second: the first pays for warming up)."""
+
+    def __post_init__(self):
+        if not str(self.folder).strip():
+            raise ValueError("--profile-dir names a folder for the traces, got an empty name")
+        check_at_least(0, profile_round=self.round)
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkerConfig:
     """What every worker does on its own: its update rule, minibatch, seed, threads and device, and how many
@@ -198,6 +216,8 @@ class WorkerConfig:
     """GPUs each worker asks Spark for, on the training stage only (1/n: n workers share one GPU)."""
     compute: Compute = field(default_factory=Compute)
     """Mixed precision, compilation and memory order of every worker's net."""
+    profile: Profile | None = None
+    """Trace one round of every worker with torch's profiler (:class:`Profile`)."""
 
     def __post_init__(self):
         check_at_least(1, batch_size=self.batch_size, threads=self.threads, steps=self.steps)
@@ -293,6 +313,12 @@ class RunConfig:
     """Also write TensorBoard event files to this folder."""
     mlflow: str | None = None
     """Also log to MLflow at this tracking URI or path ('': the run active in the program, else ./mlflow.db)."""
+    profile_dir: str | None = None
+    """Trace one round of every worker with torch's profiler into this folder (a path on each worker's host, or a
+    URI): <worker>-round<R>.json, a Chrome trace (TensorBoard, Perfetto), and <worker>-round<R>.txt, its ops by
+    their own CPU time."""
+    profile_round: int = 1
+    """The round --profile-dir traces, counted from 0 (default the second: the first pays for warming up)."""
 
     def __post_init__(self):
         self.solver_type = SolverType.parse(self.solver_type)
@@ -342,7 +368,10 @@ class RunConfig:
         if self.data is None and self.dataset not in dataset_names():
             raise ValueError(f"unknown data set {self.dataset!r}; choose one of {', '.join(dataset_names())}, or "
                              "train on a Parquet table with --data")
+        if self.profile_round != 1 and self.profile_dir is None:
+            raise ValueError("--profile-round says which round --profile-dir traces: give --profile-dir too")
         self.solver()  # the solver's own checks (--min-lr with --lr-policy cosine...), before anything starts
+        self.worker()  # and the profile's
 
     @property
     def feature_columns(self) -> tuple[str, ...]:
@@ -366,7 +395,9 @@ class RunConfig:
         return WorkerConfig(solver=self.solver(), batch_size=self.batch_size, seed=self.seed,
                             threads=self.threads or 1, device=self.device, steps=self.steps,
                             gpus_per_worker=self.gpus_per_worker,
-                            compute=Compute(self.precision, self.compile, self.channels_last))
+                            compute=Compute(self.precision, self.compile, self.channels_last),
+                            profile=None if self.profile_dir is None else Profile(self.profile_dir,
+                                                                                  self.profile_round))
 
 
 def column_names(text: str) -> tuple[str, ...]:

@@ -30,7 +30,7 @@ from typing import ClassVar
 import torch
 
 from sparknet._enums import CompressionKind
-from sparknet.config import Streaming
+from sparknet.config import Profile, Streaming
 from sparknet.errors import EngineError, NonFiniteUpdate
 from sparknet.net import EvalResult
 from sparknet.step import WorkerStep, sum_stats
@@ -832,6 +832,8 @@ class InProcessExchange(Exchange):
     metrics : MetricsLogger, optional
         One-process training's progress line, moved every ``piece`` local steps; a NaN loss then stops the run at
         once (``nan_message``, with ``loss`` and ``step``). Kept: :attr:`steps_done`, :attr:`train_s`, :attr:`latest`.
+    profile : Profile, optional
+        Trace one round of every worker with torch's profiler (``worker-<i>``).
     """
 
     engine = "local"
@@ -839,7 +841,8 @@ class InProcessExchange(Exchange):
     def __init__(self, nets: Sequence, strategy: TrainingStrategy, *, evaluator=None,
                  compression: CompressionKind | str = CompressionKind.NONE, metrics=None, piece: int = 50,
                  nan_message: str = "the loss became {loss} at step {step}; lower the learning rate (--lr) or check "
-                                    "the data for NaN values", streaming: Streaming | None = None):
+                                    "the data for NaN values", streaming: Streaming | None = None,
+                 profile: Profile | None = None):
         self.nets, self.strategy, self.evaluator = list(nets), strategy, evaluator
         self._scorer = NetScorer(evaluator)
         check_streaming(strategy, streaming)
@@ -850,8 +853,9 @@ class InProcessExchange(Exchange):
         self.compressor = make_compressor(compression)
         self.compression = self.compressor.kind
         self.steps = [WorkerStep(net, strategy, compression=compression, streaming=streaming, gradient_hook=False,
-                                 train=None if metrics is None else self._pieces(net))
-                      for net in self.nets]
+                                 train=None if metrics is None else self._pieces(net), profile=profile,
+                                 name=f"worker-{i}")
+                      for i, net in enumerate(self.nets)]
         self._down: Downlink | None = None
         self._delivered: torch.Tensor | None = None  # the global weights the last message carried
         self.bytes_moved = 0

@@ -56,14 +56,14 @@ _UNREAD: dict[Road, tuple[str, str | None, dict[type, tuple[str, ...] | None]]] 
                         EngineOptions: None, AsyncConfig: None, CaffeTrainFlags: None}),
     Road.PARAMETER_SERVER: ("the async strategy's parameter server (epochs, not rounds, each evaluated and, with "
                             "--checkpoint-dir, checkpointed; no Spark engine)", "choose another --strategy",
-                            {RunConfig: ("eval_every", "gpus_per_worker"),
+                            {RunConfig: ("eval_every", "gpus_per_worker", "profile_dir", "profile_round"),
                              DistributedConfig: ("engine", "rounds", "eval_every_rounds", "eval_screen_rows",
                                                  "eval_budget", "eval_overlap", *_EXCHANGE),
                              EngineOptions: None, CaffeTrainFlags: None}),
     Road.SPARK: ("a run on Spark", None, {RunConfig: ("eval_every",), AsyncConfig: None, CaffeTrainFlags: None}),
     Road.CAFFE: ("a Caffe run (its net's data layers say what trains on what; --caffe-sources binds others)", None,
                  {RunConfig: ("model", "dataset", "data", "validation_data", "features_col", "label_col", "weight_col",
-                              "task"),
+                              "task", "profile_dir", "profile_round"),
                   AsyncConfig: None}),
 }
 """Each road, what to do instead, and the settings it does not read (``None``: none of that kind); given, they are

@@ -16,21 +16,24 @@ No pyspark import.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
+import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from sparknet._enums import CompressionKind
-from sparknet.config import Streaming
+from sparknet.config import Profile, Streaming
 from sparknet.net import TrainStats
 from sparknet.strategies import TrainingStrategy, WorkerState, allreduce_gradients, make_compressor
 
 __all__ = ["worker_seed", "round_seed", "seed_draws", "finite_update", "WorkerStream", "StepResult", "WorkerStep",
-           "WorkerRanks", "sum_stats"]
+           "WorkerRanks", "sum_stats", "round_trace"]
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,34 @@ def sum_stats(parts: list[TrainStats]) -> TrainStats:
     return TrainStats(steps=steps, samples=sum(p.samples for p in parts), loss=loss,
                       last_loss=parts[-1].last_loss if parts else math.nan, wall_s=sum(p.wall_s for p in parts),
                       finite=all(p.finite for p in parts))
+
+
+@contextlib.contextmanager
+def round_trace(profile: Profile | None, round_index: int, name: str):
+    """Trace what runs inside with torch's profiler when ``round_index`` is ``profile``'s round, and write the trace
+    and its table of ops (:class:`~sparknet.config.Profile`) into its folder as ``name``; otherwise nothing. A round
+    that fails writes nothing."""
+    if profile is None or round_index != profile.round:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    from sparknet._fs import filesystem
+
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if torch.cuda.is_initialized() else [])]
+    with torch_profile(activities=activities, record_shapes=True) as prof:
+        yield
+    fs, folder = filesystem(profile.folder)
+    fs.create_dir(folder, recursive=True)
+    stem = f"{folder}/{name}-round{round_index}"
+    with tempfile.TemporaryDirectory(prefix="sparknet-profile-") as tmp:  # the trace is written to a local file
+        prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
+        with open(os.path.join(tmp, "trace.json"), "rb") as src, fs.open_output_stream(stem + ".json") as out:
+            out.write(src.read())
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+    with fs.open_output_stream(stem + ".txt") as out:
+        out.write(table.encode())
+    log.info("%s: round %d traced into %s.json", name, round_index, stem)
 
 
 class WorkerStream:
@@ -239,12 +270,15 @@ class WorkerStep:
         process group, as K nets in one process).
     ranks : WorkerRanks, optional
         This worker is several processes: their gradients are averaged every step, their counts pooled.
+    profile : Profile, optional
+        Trace one of the worker's rounds with torch's profiler (:func:`round_trace`), its files named ``name``.
     """
 
     def __init__(self, net, strategy: TrainingStrategy, *, state: WorkerState | None = None,
                  compression: CompressionKind | str = CompressionKind.NONE, streaming: Streaming | None = None,
                  seed: Callable[[int], int] | None = None, after_train: Callable | None = None,
-                 train: Callable | None = None, gradient_hook: bool = True, ranks: WorkerRanks | None = None):
+                 train: Callable | None = None, gradient_hook: bool = True, ranks: WorkerRanks | None = None,
+                 profile: Profile | None = None, name: str = "worker-0"):
         if train is not None and (ranks is not None or gradient_hook and strategy.needs_gradient_hook):
             raise ValueError(f"{strategy!r} or a worker of several processes allreduces gradients inside net.train; "
                              "a custom train loop cannot run it")
@@ -263,6 +297,7 @@ class WorkerStep:
         self.ranks = ranks
         if ranks is not None and ranks.averages:
             self.hook = ranks.after_backward
+        self.profile, self.name = profile, name
 
     def run(self, steps: int, global_flat: torch.Tensor, *, round: int = 0, seconds: float | None = None,
             part: slice | None = None, arrived: slice | None = None) -> StepResult:
@@ -271,6 +306,11 @@ class WorkerStep:
         Streamed, the worker goes on from its own weights, first taking the new global weights of ``arrived``
         (the part that came back), and sends its progress on ``part``.
         """
+        with round_trace(self.profile, round, self.name):
+            return self._run(steps, global_flat, round, seconds, part, arrived)
+
+    def _run(self, steps: int, global_flat: torch.Tensor, round: int, seconds: float | None, part: slice | None,
+             arrived: slice | None) -> StepResult:
         net, strategy, stream = self.net, self.strategy, self.stream
         global_flat = global_flat.cpu()  # the exchange's buffers are on the CPU; set_flat moves them to the device
         if self.streaming is None:

@@ -115,7 +115,7 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
                                    dataset_rows=net.num_training_samples, resume=resume)
         progress = plan.progress
         score, said = ("r2", "R-squared") if net.task is Task.REGRESSION else ("accuracy", "accuracy")  # its target
-        exchange = InProcessExchange([net], strategy, evaluator=net, metrics=metrics)
+        exchange = InProcessExchange([net], strategy, evaluator=net, metrics=metrics, profile=run.worker().profile)
         exchange.score_shown_as = "r2" if score == "r2" else "acc"
         exchange.steps_done = progress.steps_done
         if start is not None:

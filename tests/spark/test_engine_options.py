@@ -200,3 +200,26 @@ def test_an_overlapped_streamed_barrier_fit_trains_and_moves_one_fragment_a_roun
     with pytest.raises(ValueError, match="average or diloco"):
         SparkTrainer(_mlp(), dist=DistributedConfig(workers=2, engine="barrier", rounds=1, overlap=True),
                      strategy=Sync())
+
+
+@pytest.mark.parametrize("engine, names", [("rounds", ["worker-0", "worker-1"]), ("barrier", ["rank-0", "rank-1"])])
+def test_profile_traces_one_round_of_every_worker_into_the_folder(data, engine, names, tmp_path):
+    """WorkerConfig(profile=) has torch's profiler trace the asked round of every worker where it trains: a Chrome
+    trace of the round's ops (its steps: matrix products, the solver's step) and their table, one of each a worker;
+    the other rounds are not traced."""
+    import json
+
+    from sparknet.config import Profile
+
+    rdd, val = data
+    trainer = SparkTrainer(_mlp(), WorkerConfig(solver=SOLVER, batch_size=8, seed=4,
+                                                profile=Profile(str(tmp_path / "traces"), round=2)),
+                           DistributedConfig(workers=2, engine=engine, tau=4, rounds=4))
+    trainer.fit(rdd, validation=val)
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == sorted(
+        f"{n}-round2.{ext}" for n in names for ext in ("json", "txt"))
+    for name in names:
+        events = json.loads((tmp_path / "traces" / f"{name}-round2.json").read_text())["traceEvents"]
+        ops = {e.get("name") for e in events}
+        assert "aten::addmm" in ops and any(str(op).startswith("Optimizer.step") for op in ops), sorted(ops)[:20]
+        assert "aten::addmm" in (tmp_path / "traces" / f"{name}-round2.txt").read_text()

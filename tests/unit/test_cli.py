@@ -348,6 +348,8 @@ def test_import_sparknet_and_its_session_module_load_no_torch():
      "engine) does not read --compression, --link-latency: choose another --strategy, or drop them"),
     ("--workers 2 --strategy async --engine barrier --rounds 3", "does not read --engine, --rounds"),
     ("--workers 2 --strategy async --eval-every 10", "does not read --eval-every"),
+    ("--workers 2 --strategy async --profile-dir p", "does not read --profile-dir"),
+    ("--solver s.prototxt --profile-dir p --profile-round 3", "does not read --profile-dir, --profile-round"),
     ("--solver s.prototxt --model mlp", "a Caffe run (its net's data layers say what trains on what"),
     ("--solver s.prototxt --target-accuracy 0.9", "a Caffe run of one worker in this process (its tests and "
                                                   "snapshots are its solver's) does not read --target-accuracy"),
@@ -417,3 +419,20 @@ def test_the_local_engine_trains_one_worker_in_this_process(tmp_path):
     summary = read_metrics(out)[-1]
     assert summary["event"] == "summary" and summary["engine"] == "local" and summary["steps"] == 20
     assert main(["train", "--engine", "local", "--workers", "2", "--quiet"]) == 2
+
+
+def test_profile_dir_traces_one_round_of_a_run_in_one_process(tmp_path, caplog):
+    """--profile-dir has torch's profiler trace round --profile-round of the worker: a Chrome trace and its table of
+    ops by their own CPU time; --profile-round alone, or a round below 0, is refused."""
+    folder = tmp_path / "traces"
+    assert main(["train", "--model", "mlp", "--dataset", "synthetic", "--steps", "60", "--tau", "20", "--quiet",
+                 "--profile-dir", str(folder), "--profile-round", "0"]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["worker-0-round0.json", "worker-0-round0.txt"]
+    events = json.loads((folder / "worker-0-round0.json").read_text())["traceEvents"]
+    assert {"aten::addmm", "aten::mm"} <= {e.get("name") for e in events}
+    table = (folder / "worker-0-round0.txt").read_text()
+    assert "Self CPU" in table and "aten::addmm" in table
+    assert main(["train", "--profile-round", "2"]) == 2
+    assert "--profile-round says which round --profile-dir traces: give --profile-dir too" in caplog.text
+    assert main(["train", "--profile-dir", str(folder), "--profile-round", "-1"]) == 2
+    assert "profile_round must be at least 0" in caplog.text

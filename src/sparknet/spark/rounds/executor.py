@@ -695,7 +695,8 @@ def _train_round(spec_bc, weights_bc, task: RoundTask, index: int, record: dict 
         global_flat = _receive(spec, entry.state, message, task) if compressed else torch.from_numpy(message)
         step = WorkerStep(net, spec.strategy, state=entry.state, compression=spec.compression,
                           seed=lambda r: round_seed(spec.worker.seed, index, r),
-                          after_train=fault_hook(spec.faults, index, report.attempt))
+                          after_train=fault_hook(spec.faults, index, report.attempt), profile=spec.worker.profile,
+                          name=f"worker-{index}")
         result = step.run(task.plan.steps, global_flat, round=round_index, seconds=task.plan.seconds)
         stats, finite, sends = result.stats, result.finite, result.counts
         encoded = None if result.message is None else result.message.numpy()
