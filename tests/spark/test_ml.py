@@ -236,6 +236,15 @@ def test_cross_validator_tunes_an_estimator_of_a_plain_module_every_fit_from_the
     assert all(torch.equal(a, b) for a, b in zip(before, module.parameters()))
 
 
+def test_profile_dir_traces_a_round_of_each_of_the_estimator_s_workers(data, tmp_path):
+    train, _ = data
+    _estimator(featuresCols=COLUMNS, rounds=2, profileDir=str(tmp_path / "traces"), profileRound=1).fit(train)
+    assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == [
+        f"worker-{i}-round1.{ext}" for i in (0, 1) for ext in ("json", "txt")]
+    with pytest.raises(ValueError, match="profile_round must be at least 0"):
+        _estimator(profileDir="t", profileRound=-1)
+
+
 def test_evaluate_scores_where_the_rows_live_as_a_fit_scores_its_test_set(data):
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
     from pyspark.sql import functions as F

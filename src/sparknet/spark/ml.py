@@ -61,7 +61,8 @@ log = logging.getLogger(__name__)
 
 _RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", "momentum2", "weight_decay",
                "lr_policy", "gamma", "power", "lr_warmup", "min_lr", "clip_gradients", "seed", "threads", "device",
-               "gpus_per_worker", "precision", "compile", "channels_last", "metrics_out", "quiet", "mlflow")
+               "gpus_per_worker", "precision", "compile", "channels_last", "metrics_out", "quiet", "mlflow",
+               "profile_dir", "profile_round")
 """RunConfig fields that become estimator Params."""
 _DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs",
                 "weight_ema", "target_accuracy", "target_loss", "patience", "monitor", "min_delta", "data_mode",
@@ -99,12 +100,12 @@ def _as_many_workers(fname: str, value) -> dict | None:
 _NEIGHBOURS = {DistributedConfig: ({"engine": "barrier", "workers": 2, "procs_per_worker": 2},
                                    {"engine": "barrier", "workers": 2, "model_parallel": 2}, _as_many_workers,
                                    {"patience": 1}),
-               RunConfig: ({"lr_policy": "cosine"},)}
+               RunConfig: ({"lr_policy": "cosine"}, {"profile_dir": "profiles"})}
 """Fields a param's value is checked beside when it cannot stand beside the defaults (each set in turn, or made from
 the field and its value): --overlap, --fragments, --procs-per-worker and --model-parallel need the barrier engine and
 more than one worker (--model-parallel M a multiple of M), --shard-replica several processes, --parallel-plan a
-model-parallel degree, --monitor and --min-delta --patience, --min-lr the cosine policy, which other params of the
-same estimator set."""
+model-parallel degree, --monitor and --min-delta --patience, --min-lr the cosine policy, --profile-round a
+--profile-dir, which other params of the same estimator set."""
 
 
 def _beside_neighbours(cls, fname: str, value, alone: ValueError):
