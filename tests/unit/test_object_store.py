@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -284,3 +285,13 @@ def test_unwritable_schemes_are_refused_before_training(uri, hint, monkeypatch, 
     with pytest.raises(ValueError, match=hint):
         mio.save_model(uri, _net())
     assert not list(tmp_path.iterdir())  # not taken for a local folder name
+
+
+def test_profile_traces_are_written_to_s3(s3):
+    """--profile-dir takes a URI: the trace and its table go where every worker can write them."""
+    import json
+
+    train_local(replace(_run(40), profile_dir=s3.uri("profiles/run1"), profile_round=1), DistributedConfig(tau=20))
+    assert s3.keys("profiles/run1") == ["profiles/run1/worker-0-round1.json", "profiles/run1/worker-0-round1.txt"]
+    body = s3.client.get_object(Bucket=BUCKET, Key="profiles/run1/worker-0-round1.json")["Body"].read()
+    assert "aten::addmm" in {e.get("name") for e in json.loads(body)["traceEvents"]}
