@@ -193,7 +193,8 @@ def test_weighted_sums_count_a_row_of_weight_w_as_w_rows(case):
     g = torch.Generator().manual_seed(1)
     n = 40
     pred, y, task = {
-        "classes": lambda: (torch.randn(n, 4, generator=g), torch.randint(0, 4, (n,), generator=g), Task.CLASSIFICATION),
+        "classes": lambda: (torch.randn(n, 4, generator=g), torch.randint(0, 4, (n,), generator=g),
+                            Task.CLASSIFICATION),
         "top_k": lambda: (torch.randn(n, 9, generator=g), torch.randint(0, 9, (n,), generator=g), Task.CLASSIFICATION),
         "binary": lambda: (torch.randn(n, generator=g), torch.randint(0, 2, (n,), generator=g), Task.CLASSIFICATION),
         "positions": lambda: (torch.randn(n, 6, 3, generator=g), torch.randint(0, 6, (n, 3), generator=g),
