@@ -21,8 +21,11 @@ def rig_session(cluster, name: str, **conf: str):
     os.environ["PYSPARK_PYTHON"] = sys.executable
     from pyspark.sql import SparkSession
 
+    from sparknet.spark.session import SPREAD_SETTINGS
+
     builder = SparkSession.builder.master(cluster.master).appName(name)
-    for key, value in {**cluster.driver_conf(), "spark.ui.enabled": "false", "spark.python.worker.reuse": "true",
+    for key, value in {**cluster.driver_conf(), **SPREAD_SETTINGS, "spark.ui.enabled": "false",
+                       "spark.python.worker.reuse": "true",
                        "spark.python.unix.domain.socket.enabled": "true",
                        "spark.ui.showConsoleProgress": "false", "spark.task.maxFailures": "4",
                        # as get_session does: the first session of the test process starts its JVM, and MNIST

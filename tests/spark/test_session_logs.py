@@ -435,3 +435,14 @@ def test_the_command_scores_the_same_with_its_session_started_ahead_or_its_jvm_a
         scored[setting] = pq.read_table(tmp_path / f"scored-{setting}").to_pandas().sort_values("id")
     assert len(scored["1"]) == 40 and scored["1"]["prediction"].tolist() == scored["0"]["prediction"].tolist()
     assert np.array_equal(np.stack(scored["1"]["probability"]), np.stack(scored["0"]["probability"]))
+
+
+def test_a_session_sparknet_starts_spreads_a_shuffle_s_partitions_over_the_hosts_unless_told(clean_env):
+    """A shuffle's reduce tasks are placed with no preference for the hosts holding its map output (a small table
+    dealt into K partitions would otherwise be staged on the one host that read it); the user's setting, in the
+    session's conf or Spark's defaults, wins."""
+    key = "spark.shuffle.reduceLocality.enabled"
+    assert spark_session.session_settings("spark://h:7077")[key] == "false"
+    assert spark_session.session_settings("spark://h:7077", {key: "true"})[key] == "true"
+    (clean_env / "spark-defaults.conf").write_text(f"{key} true\n")
+    assert key not in spark_session.session_settings("spark://h:7077")

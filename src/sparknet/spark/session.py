@@ -368,6 +368,14 @@ def driver_memory() -> str:
     return f"{min(16, max(2, (total // 4) >> 30))}g"
 
 
+SPREAD_SETTINGS = {"spark.shuffle.reduceLocality.enabled": "false"}
+"""What spreads a fit's workers over the hosts: a shuffle's reduce tasks would prefer the hosts that hold most of its
+map output, so a table read by few tasks and dealt into K partitions (``repartition(K)``) would be staged on those
+few hosts, and each worker's rounds run where its rows are staged. Seen on two hosts with a table of one file: both
+partitions on one host in 6 jobs of 6; on both hosts in 6 of 6 with this set. Sparknet deals rows out to spread them,
+and reads none of its shuffles' outputs twice: nothing is lost."""
+
+
 def _user_sets_driver_memory(conf: dict | None) -> bool:
     return ("spark.driver.memory" in (conf or {}) or "spark.driver.memory" in _spark_defaults()
             or "--driver-memory" in os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
@@ -403,6 +411,7 @@ def session_settings(master: str | None, conf: dict | None = None, level: str | 
         settings["spark.driver.memory"] = driver_memory()
     if DAEMON_MODULE_KEY not in _spark_defaults():
         settings[DAEMON_MODULE_KEY] = DAEMON_MODULE  # workers forked with torch and sparknet already loaded
+    settings.update({key: value for key, value in SPREAD_SETTINGS.items() if key not in _spark_defaults()})
     settings.update({key: str(value) for key, value in (conf or {}).items()})
     settings.update(quiet_log_settings(master, settings, level))
     driver_options = str(settings.get(_JAVA_OPTIONS["driver"], _spark_defaults().get(_JAVA_OPTIONS["driver"], "")))
