@@ -97,16 +97,21 @@ def round_trace(profile: Profile | None, round_index: int, name: str):
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if torch.cuda.is_initialized() else [])]
     with torch_profile(activities=activities, record_shapes=True) as prof:
         yield
-    fs, folder = filesystem(profile.folder)
-    fs.create_dir(folder, recursive=True)
-    stem = f"{folder}/{name}-round{round_index}"
-    with tempfile.TemporaryDirectory(prefix="sparknet-profile-") as tmp:  # the trace is written to a local file
-        prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
-        with open(os.path.join(tmp, "trace.json"), "rb") as src, fs.open_output_stream(stem + ".json") as out:
-            out.write(src.read())
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
-    with fs.open_output_stream(stem + ".txt") as out:
-        out.write(table.encode())
+    try:  # a trace that cannot be written costs the fit nothing but the trace
+        fs, folder = filesystem(profile.folder)
+        fs.create_dir(folder, recursive=True)
+        stem = f"{folder}/{name}-round{round_index}"
+        with tempfile.TemporaryDirectory(prefix="sparknet-profile-") as tmp:  # the trace is written to a local file
+            prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
+            with open(os.path.join(tmp, "trace.json"), "rb") as src, fs.open_output_stream(stem + ".json") as out:
+                out.write(src.read())
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=30)
+        with fs.open_output_stream(stem + ".txt") as out:
+            out.write(table.encode())
+    except (OSError, ValueError) as exc:
+        log.warning("%s: round %d's trace could not be written to %s (%s); the fit goes on without it", name,
+                    round_index, profile.folder, exc)
+        return
     log.info("%s: round %d traced into %s.json", name, round_index, stem)
 
 

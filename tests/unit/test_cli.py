@@ -432,6 +432,10 @@ def test_profile_dir_traces_one_round_of_a_run_in_one_process(tmp_path, caplog):
     assert {"aten::addmm", "aten::mm"} <= {e.get("name") for e in events}
     table = (folder / "worker-0-round0.txt").read_text()
     assert "Self CPU" in table and "aten::addmm" in table
+    (tmp_path / "a-file").write_text("")  # a folder that cannot be made: the run goes on and says why
+    assert main(["train", "--model", "mlp", "--dataset", "synthetic", "--steps", "40", "--tau", "20", "--quiet",
+                 "--profile-dir", str(tmp_path / "a-file" / "traces")]) == 0
+    assert "round 1's trace could not be written to" in caplog.text and "the fit goes on without it" in caplog.text
     assert main(["train", "--profile-round", "2"]) == 2
     assert "--profile-round says which round --profile-dir traces: give --profile-dir too" in caplog.text
     assert main(["train", "--profile-dir", str(folder), "--profile-round", "-1"]) == 2
