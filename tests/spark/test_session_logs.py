@@ -446,3 +446,12 @@ def test_a_session_sparknet_starts_spreads_a_shuffle_s_partitions_over_the_hosts
     assert spark_session.session_settings("spark://h:7077", {key: "true"})[key] == "true"
     (clean_env / "spark-defaults.conf").write_text(f"{key} true\n")
     assert key not in spark_session.session_settings("spark://h:7077")
+
+
+def test_a_session_of_the_user_s_own_on_a_cluster_is_told_how_to_spread_the_workers():
+    for master, value, told in (("spark://h:7077", None, True), ("spark://h:7077", "true", True),
+                                ("spark://h:7077", "false", False), ("local[4]", None, False),
+                                ("local-cluster[2,1,1024]", "true", False), ("yarn", " False ", False)):
+        message = spark_session.spread_warning(master, value)
+        assert (message is not None) == told, (master, value)
+    assert "set to false" in spark_session.spread_warning("yarn", None)

@@ -780,7 +780,7 @@ def chunk_input(data, *, features_col: str | Sequence[str] = "features",
     are made (the rounds engine's staging, :func:`sparknet.spark.rounds.executor.stage_frame`)."""
     from pyspark.sql import functions as F
 
-    from sparknet.spark.session import is_connect
+    from sparknet.spark.session import is_connect, warn_unspread
 
     feat, kind = _feature_expr(data, features_col, image_shape)
     label = F.lit(0).cast("long") if label_col is None else _label_expr(data, label_col)
@@ -792,6 +792,7 @@ def chunk_input(data, *, features_col: str | Sequence[str] = "features",
     # over Spark Connect the partition count cannot be asked without running a job: always dealt out
     if num_partitions is not None and (connect or data.inputFiles() or df.rdd.getNumPartitions() != num_partitions):
         df = df.repartition(num_partitions)
+        warn_unspread(data.sparkSession)
     session = data.sparkSession
     return df, *arrow_chunks(kind, session if connect else session.sparkContext, features_col=features_col,
                              label_col=label_col, image_shape=image_shape, expected_len=expected_len,

@@ -368,12 +368,38 @@ def driver_memory() -> str:
     return f"{min(16, max(2, (total // 4) >> 30))}g"
 
 
-SPREAD_SETTINGS = {"spark.shuffle.reduceLocality.enabled": "false"}
+SPREAD_KEY = "spark.shuffle.reduceLocality.enabled"
+SPREAD_SETTINGS = {SPREAD_KEY: "false"}
 """What spreads a fit's workers over the hosts: a shuffle's reduce tasks would prefer the hosts that hold most of its
 map output, so a table read by few tasks and dealt into K partitions (``repartition(K)``) would be staged on those
 few hosts, and each worker's rounds run where its rows are staged. Seen on two hosts with a table of one file: both
 partitions on one host in 6 jobs of 6; on both hosts in 6 of 6 with this set. Sparknet deals rows out to spread them,
 and reads none of its shuffles' outputs twice: nothing is lost."""
+
+
+_SPREAD_WARNED: set[str] = set()
+
+
+def spread_warning(master: str, reduce_locality: str | None) -> str | None:
+    """What to tell a user whose session on a cluster ``master`` places a shuffle's reduce tasks by its map output
+    (``spark.shuffle.reduceLocality.enabled`` not ``false``: :data:`SPREAD_SETTINGS`); ``None`` where nothing."""
+    if is_local_master(master) or str(reduce_locality).strip().lower() == "false":
+        return None
+    return ("spark.shuffle.reduceLocality.enabled is not false in this session: Spark may stage the workers' rows on "
+            "the few hosts that read the table, and the workers train where their rows are staged; start the "
+            "session with it set to false (sessions sparknet starts do) to spread them over the hosts")
+
+
+def warn_unspread(spark) -> None:
+    """Log :func:`spread_warning` once per master and process, where it applies to ``spark`` (a session or
+    SparkContext)."""
+    master = session_master(spark)
+    if master in _SPREAD_WARNED:
+        return
+    message = spread_warning(master, spark_setting(spark if is_connect(spark) else _context(spark), SPREAD_KEY))
+    if message is not None:
+        _SPREAD_WARNED.add(master)
+        log.warning("%s", message)
 
 
 def _user_sets_driver_memory(conf: dict | None) -> bool:
