@@ -187,7 +187,9 @@ def test_a_restarted_stage_whose_tasks_cannot_all_start_is_started_again(spark):
     x, y = blobs(16)
     rdd = partitioned_rdd(sc, [(x[:8], y[:8]), (x[8:], y[8:])])
 
-    holder = _slot_holder(sc, "hold-a-slot-at-restart", 8)  # queued while the stage runs: a slot when it fails
+    # queued while the stage runs: a slot when it fails, held twice the rendezvous deadline (which leaves a stage that
+    # can start room to start on two loaded cores)
+    holder = _slot_holder(sc, "hold-a-slot-at-restart", 12)
 
     def on_round(record):
         if record["round"] == 1 and holder.ident is None:
@@ -195,7 +197,7 @@ def test_a_restarted_stage_whose_tasks_cannot_all_start_is_started_again(spark):
 
     trainer = SparkTrainer(mlp(), WorkerConfig(batch_size=4),
                            DistributedConfig(workers=2, engine="barrier", tau=1, rounds=6), on_round=on_round,
-                           options=EngineOptions(rendezvous_timeout_s=3.0, max_restarts=6,
+                           options=EngineOptions(rendezvous_timeout_s=6.0, max_restarts=6,
                                                  fault="rank=1,round=2,kind=kill"))
     try:
         result = trainer.fit(rdd)
