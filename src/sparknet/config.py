@@ -370,8 +370,7 @@ class RunConfig:
                              "train on a Parquet table with --data")
         if self.profile_round != 1 and self.profile_dir is None:
             raise ValueError("--profile-round says which round --profile-dir traces: give --profile-dir too")
-        self.solver()  # the solver's own checks (--min-lr with --lr-policy cosine...), before anything starts
-        self.worker()  # and the profile's
+        self.worker()  # the solver's own checks (--min-lr with --lr-policy cosine...) and the profile's, up front
 
     @property
     def feature_columns(self) -> tuple[str, ...]:

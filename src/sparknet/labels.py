@@ -77,10 +77,11 @@ def bad_weights(weights: np.ndarray) -> int:
     return int(len(weights) - (np.isfinite(weights) & (weights >= 0)).sum())
 
 
-def _per_value(weight: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor | None:
-    """Each row's sample weight (``[n]``) for each of the row's label values, as float64 of ``y``'s shape."""
+def _per_value(weight: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+    """Each row's sample weight (``[n]``) for each of the row's label values, as float64 of ``y``'s shape; no weights:
+    a weight of 1 each (the plain counts and sums, exactly: a product by 1.0 is exact, as are sums of 1.0s)."""
     if weight is None:
-        return None
+        return torch.ones((), dtype=torch.float64, device=y.device).expand(y.shape)
     w = torch.as_tensor(weight).detach().to(y.device, torch.float64).reshape(-1)
     if len(w) != len(y):
         raise ValueError(f"{len(w)} sample weights for {len(y)} rows of labels")
@@ -90,17 +91,14 @@ def _per_value(weight: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor | N
 def regression_sums(pred: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> list[float]:
     """``[SSE, SAE, Σy, Σy², values]`` of one batch (float64); with each row's sample ``weight`` (``[n]``), each sum
     weighs a row's values by it, and ``values`` is their total weight (the weighted R², RMSE and MAE)."""
-    w = _per_value(weight, y)
+    w = _per_value(weight, y).reshape(-1)
     p, t = pred.detach().reshape(-1).double(), y.detach().reshape(-1).double()
     if p.numel() != t.numel():
         raise ValueError(f"cannot compare predictions of shape {tuple(pred.shape)} with labels of shape "
                          f"{tuple(y.shape)}")
     err = p - t
-    if w is not None:
-        w = w.reshape(-1)
-        return [float((w * err * err).sum()), float((w * err.abs()).sum()), float((w * t).sum()),
-                float((w * t * t).sum()), float(w.sum())]
-    return [float((err * err).sum()), float(err.abs().sum()), float(t.sum()), float((t * t).sum()), float(t.numel())]
+    return [float((w * err * err).sum()), float((w * err.abs()).sum()), float((w * t).sum()),
+            float((w * t * t).sum()), float(w.sum())]
 
 
 def regression_metrics(sums) -> dict[str, float]:
@@ -127,15 +125,10 @@ def multilabel_sums(pred: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | 
     bins = (torch.sigmoid(logits.double()) * AUC_BINS).long().clamp_(0, AUC_BINS - 1)
     slot = bins + AUC_BINS * torch.arange(labels).unsqueeze(0)  # label l's bins at l * AUC_BINS ...
     w = _per_value(weight, t)
-    if w is not None:
-        tp, fp, fn = (w * (p & t)).sum(0), (w * (p & ~t)).sum(0), (w * (~p & t)).sum(0)
-        hist = [torch.bincount(slot[m], w[m], minlength=labels * AUC_BINS).double() for m in (t, ~t)]
-        return [float((w * (p == t)).sum()), float(w.sum()), *tp.tolist(), *fp.tolist(), *fn.tolist(),
-                *hist[0].tolist(), *hist[1].tolist()]
-    tp, fp, fn = (p & t).sum(0), (p & ~t).sum(0), (~p & t).sum(0)
-    hist = [torch.bincount(slot[mask], minlength=labels * AUC_BINS).double() for mask in (t, ~t)]
-    return [float((p == t).sum()), float(t.numel()), *tp.double().tolist(), *fp.double().tolist(),
-            *fn.double().tolist(), *hist[0].tolist(), *hist[1].tolist()]
+    tp, fp, fn = (w * (p & t)).sum(0), (w * (p & ~t)).sum(0), (w * (~p & t)).sum(0)
+    hist = [torch.bincount(slot[m], w[m], minlength=labels * AUC_BINS).double() for m in (t, ~t)]
+    return [float((w * (p == t)).sum()), float(w.sum()), *tp.tolist(), *fp.tolist(), *fn.tolist(),
+            *hist[0].tolist(), *hist[1].tolist()]
 
 
 def _auc(pos: list[float], neg: list[float]) -> float | None:
@@ -171,9 +164,9 @@ def classification_sums(pred: torch.Tensor, y: torch.Tensor, weight: torch.Tenso
     w = _per_value(weight, y)
 
     def count(hits: torch.Tensor) -> float:
-        return float(hits.sum()) if w is None else float((w * hits).sum())
+        return float((w * hits).sum())
 
-    labels = float(y.numel()) if w is None else float(w.sum())
+    labels = float(w.sum())
     if pred.dim() == y.dim() and pred.shape == y.shape:  # binary outputs
         right = count((pred > 0).long() == y.long())
         return [right, labels, right, 0.0]

@@ -669,10 +669,11 @@ class Net:
             x, y = self._val
         else:
             raise ValueError("no validation data: call set_validation_data() first")
-        w = None if weights is None else _as_tensor(weights, name="weights").to(torch.float64).reshape(-1)
-        if w is not None and (len(w) != len(x) or bad_weights(w.numpy())):
-            raise ValueError(f"weights: {len(w)} for {len(x)} rows, {bad_weights(w.numpy())} of them NaN, infinite "
-                             "or negative; give one number >= 0 a row")
+        w = None if weights is None else _as_tensor(weights, name="weights").to("cpu", torch.float64).reshape(-1)
+        bad = 0 if w is None else bad_weights(w.numpy())
+        if w is not None and (len(w) != len(x) or bad):
+            raise ValueError(f"weights: {len(w)} for {len(x)} rows, {bad} of them NaN, infinite or negative; give "
+                             "one number >= 0 a row")
         if sample is not None and rest_of is not None:
             raise ValueError("score a sample or the rest of one, not both")
         rows = None
