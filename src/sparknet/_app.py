@@ -79,6 +79,13 @@ def training_rows(train, info: dict):
     return datasets.ArrayDataset(train.x, labels_with_weights(train.y, weights)[0]), True
 
 
+def validation_rows(test, info: dict):
+    """The test rows a net scores: ``test``, or ``(x, y, w)`` with each row's sample weight where ``--weight-col``
+    gave them some (``info["test_weights"]``), as :meth:`sparknet.net.Net.set_validation_data` takes them."""
+    weights = info.get("test_weights")
+    return test if weights is None else (test.x, test.y, weights)
+
+
 def build_model(run: RunConfig, info: dict):
     """The zoo model ``run.model`` shaped for the data ``info`` describes."""
     kwargs: dict = {"batch_size": run.batch_size}

@@ -142,8 +142,9 @@ def read_parquet_dataset(path: str, features_col: str | Sequence[str] = "feature
     ``s3://``/``s3a://``, ``gs://``, ``hdfs://``); the last 10% of rows are the test set, or, with ``validation``,
     every row trains and ``validation``'s rows (the same columns) are the test set. ``task``: what the labels are
     (class ids, numbers, or 0s and 1s; numbers, or 0s and 1s, may be several columns, joined in order into one array a
-    row). ``weight_col``: a column of the training rows' sample weights (numbers >= 0),
-    as float32 ``info["weights"]``, one for each row of ``train`` (the test rows are scored unweighted).
+    row). ``weight_col``: a column of sample weights (numbers >= 0), as float32 ``info["weights"]``, one for each
+    row of ``train``, and ``info["test_weights"]``, one for each test row (``validation``'s where it has the column;
+    without it, its rows are scored unweighted).
 
     Raises
     ------
@@ -159,10 +160,12 @@ def read_parquet_dataset(path: str, features_col: str | Sequence[str] = "feature
     if validation is None:
         n_test = max(1, int(len(x) * TEST_FRACTION))
         train, test = ArrayDataset(x[:-n_test], y[:-n_test]), ArrayDataset(x[-n_test:], y[-n_test:])
-        weights = None if weights is None else weights[:-n_test]
+        weights, test_weights = (None, None) if weights is None else (weights[:-n_test], weights[-n_test:])
     else:
         train = ArrayDataset(x, y)
-        test = ArrayDataset(*_read_arrays(validation, features_col, label_col, "--validation-data", task=task)[:2])
+        tx, ty, _, test_weights = _read_arrays(validation, features_col, label_col, "--validation-data", task=task,
+                                               weight_col=weight_col, weight_optional=True)
+        test = ArrayDataset(tx, ty)
         if test.x.shape[1:] != x.shape[1:] or test.y.shape[1:] != y.shape[1:]:
             raise ValueError(f"{validation}: its rows hold {test.x.shape[1:]} features and {test.y.shape[1:]} labels "
                              f"each, {path}'s {x.shape[1:]} and {y.shape[1:]}: held-out rows are of the same table")
@@ -174,7 +177,8 @@ def read_parquet_dataset(path: str, features_col: str | Sequence[str] = "feature
         info = table_info(x.shape[1:], max(int(y.max()), int(test.y.max())),
                           max(int(x.max()), int(test.x.max())) if y.ndim == 2 else None,
                           y.shape[1] if y.ndim == 2 else None)
-    return train, test, {**info, "features": columns, **({} if weights is None else {"weights": weights})}
+    return train, test, {**info, "features": columns, **({} if weights is None else {"weights": weights}),
+                         **({} if test_weights is None else {"test_weights": test_weights})}
 
 
 def labels_with_weights(y: np.ndarray, weights) -> tuple[np.ndarray, int]:
@@ -277,9 +281,10 @@ def _facts(opened: list, columns: Sequence[str]) -> FooterFacts | None:
 
 
 def _read_arrays(path: str, features_col: str | Sequence[str], label_col: str | Sequence[str], flag: str = "--data", *,
-                 task: Task = Task.CLASSIFICATION, weight_col: str | None = None):
+                 task: Task = Task.CLASSIFICATION, weight_col: str | None = None, weight_optional: bool = False):
     """The features and labels of the Parquet file or folder at ``path`` (a path or a URI), checked, its feature
-    columns (:func:`feature_column`), and the float32 weights of ``weight_col`` (``None`` without)."""
+    columns (:func:`feature_column`), and the float32 weights of ``weight_col`` (``None`` without, or, with
+    ``weight_optional``, where the table has no such column)."""
     import pyarrow.parquet as pq
     from pyarrow import fs as pafs
 
@@ -295,6 +300,9 @@ def _read_arrays(path: str, features_col: str | Sequence[str], label_col: str | 
                          "of Parquet files") from exc
     try:
         x, y = _arrays(table, features_col, label_col, task)
+        if weight_optional and weight_col is not None and weight_col not in table.column_names:
+            log.warning("%s %s has no weight column %r: its rows are scored unweighted", flag, path, weight_col)
+            weight_col = None
         weights = None if weight_col is None else _weights(table, weight_col)
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None

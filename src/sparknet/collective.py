@@ -426,22 +426,26 @@ def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, k
                     waited: dict | None = None, sample: int | None = None, rest_of: int | None = None) -> EvalResult:
     """Loss and metrics of the global weights over every rank's share of the validation rows.
 
-    One allreduce of (count, loss) and the task's :func:`~sparknet.labels.task_sums` over ``group``, so
-    every rank gets the same numbers; ``net`` gets its own weights back afterwards when ``keep_local``
-    (EASGD). ``sample``: each rank scores at most that many of its rows (a fixed random sample); ``rest_of``: each
-    rank scores the rows such a sample leaves out.
+    One allreduce of (count, loss, the rows' total sample weight where ``validation`` is ``(x, y, w)``) and the task's
+    :func:`~sparknet.labels.task_sums` over ``group``, so every rank gets the same numbers; ``net`` gets its own
+    weights back afterwards when ``keep_local`` (EASGD). ``sample``: each rank scores at most that many of its rows (a
+    fixed random sample); ``rest_of``: each rank scores the rows such a sample leaves out.
     """
     unlabelled = net.task is Task.UNLABELLED
     local = net.get_flat() if keep_local else None
     net.set_flat(global_flat)
-    x, y = validation
-    t = torch.zeros(2 + (0 if unlabelled else task_width(net.task, tuple(y.shape[1:]))), dtype=torch.float64)
-    res = net.evaluate((x, y), sample=sample, rest_of=rest_of) if len(x) else None
-    if res is not None and res.samples:  # (count, loss sum) and the task's sums
-        t[:] = torch.tensor([float(res.samples), res.loss * res.samples, *res.sums], dtype=torch.float64)
+    x, y, w = (*validation, None)[:3]
+    head = 2 if w is None else 3  # (count, loss sum[, weight])
+    t = torch.zeros(head + (0 if unlabelled else task_width(net.task, tuple(y.shape[1:]))), dtype=torch.float64)
+    res = net.evaluate((x, y), sample=sample, rest_of=rest_of, weights=w) if len(x) else None
+    if res is not None and res.samples:
+        loss_sum = res.loss * res.counted if res.counted else 0.0  # a share of weight 0 has a NaN mean loss
+        t[:] = torch.tensor([float(res.samples), loss_sum, *([] if w is None else [res.weight]),
+                             *res.sums], dtype=torch.float64)
     if link is not None and waited is not None:
         waited["link_s"] += link.wait_allreduce(t.numel() * 8, dist.get_world_size(group))
     dist.all_reduce(t, group=group)
     if local is not None:
         net.set_flat(local)
-    return EvalResult.of(net.task, int(t[0]), float(t[1]), None if unlabelled else t[2:].tolist())
+    return EvalResult.of(net.task, int(t[0]), float(t[1]), None if unlabelled else t[head:].tolist(),
+                         None if w is None else float(t[2]))

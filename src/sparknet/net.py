@@ -311,6 +311,16 @@ def _collect(data, expected_label_ndim: int | None, batched: bool | None) -> tup
     return x, y
 
 
+def _row_weights(weights, rows: int) -> torch.Tensor:
+    """Sample weights of ``rows`` rows as float64 on the CPU, checked: one number >= 0 a row."""
+    w = _as_tensor(weights, name="weights").to("cpu", torch.float64).reshape(-1)
+    bad = bad_weights(w.numpy())
+    if len(w) != rows or bad:
+        raise ValueError(f"weights: {len(w)} for {rows} rows, {bad} of them NaN, infinite or negative; give one "
+                         "number >= 0 a row")
+    return w
+
+
 def shard_units(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules :meth:`Net.shard` gives FSDP2 as units, each gathering its weights whole while it computes: each
     layer of a layer-DSL net that has weights, any other module whole."""
@@ -424,7 +434,7 @@ class Net:
         self._gen = torch.Generator().manual_seed(seed if seed is not None else torch.initial_seed() % (2**31))
         self._train: tuple[torch.Tensor, torch.Tensor] | None = None
         self._stream = None  # a RowStream, or a split copy's SharedStream
-        self._val: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._val: tuple[torch.Tensor, ...] | None = None  # (x, y), or (x, y, w) with each row's sample weight
         self._shuffle = True
         self._perm: torch.Tensor | None = None
         self._pos = 0
@@ -463,12 +473,22 @@ class Net:
         self._perm, self._pos, self.epoch = None, 0, 0
 
     def set_validation_data(self, data, *, batched: bool | None = None) -> None:
-        """Give the net the data :meth:`test` measures accuracy on."""
+        """Give the net the data :meth:`test` and :meth:`evaluate` score. ``(x, y, w)`` arrays give each row's sample
+        weight too (``[n]``, numbers >= 0), which every evaluation of them weighs each row by (:meth:`evaluate`)."""
+        weights = None
+        if isinstance(data, tuple) and len(data) == 3 and hasattr(data[0], "shape"):
+            *data, weights = data
+            data = tuple(data)
         x, y = self._fit_input(*_collect(data, self._label_ndim, batched))
         if len(x) == 0:
             raise ValueError("validation data is empty")
         _check_finite(x, "validation data")
-        self._val = (x, y)
+        self._val = (x, y) if weights is None else (x, y, _row_weights(weights, len(x)))
+
+    @property
+    def validation_weight(self) -> float | None:
+        """The validation rows' total sample weight (``None``: they came with none, or there are none)."""
+        return float(self._val[2].sum()) if self._val is not None and len(self._val) > 2 else None
 
     def _fit_input(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Reshape flat feature rows to the net's input shape; a clear error when they cannot fit."""
@@ -661,19 +681,18 @@ class Net:
         ``rest_of``: score the rows that a ``sample`` of that many leaves out (none when it takes every row); the
         sample's result :meth:`EvalResult.joined` with this one is the whole set's.
         ``weights``: each row's sample weight (``[n]``, numbers >= 0): the loss and the metrics weigh each row by it,
-        as Spark's evaluators do with a ``weightCol`` (a row of weight w counts as w rows).
+        as Spark's evaluators do with a ``weightCol`` (a row of weight w counts as w rows); by default, those the
+        validation data was given with (:meth:`set_validation_data`).
         """
         if data is not None:
             x, y = self._fit_input(*_collect(data, self._label_ndim, None))
+            w = None
         elif self._val is not None:
-            x, y = self._val
+            x, y, w = (*self._val, None)[:3]
         else:
             raise ValueError("no validation data: call set_validation_data() first")
-        w = None if weights is None else _as_tensor(weights, name="weights").to("cpu", torch.float64).reshape(-1)
-        bad = 0 if w is None else bad_weights(w.numpy())
-        if w is not None and (len(w) != len(x) or bad):
-            raise ValueError(f"weights: {len(w)} for {len(x)} rows, {bad} of them NaN, infinite or negative; give "
-                             "one number >= 0 a row")
+        if weights is not None:
+            w = _row_weights(weights, len(x))
         if sample is not None and rest_of is not None:
             raise ValueError("score a sample or the rest of one, not both")
         rows = None

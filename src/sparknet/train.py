@@ -18,7 +18,8 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything, training_rows
+from sparknet._app import (build_model, finish_run, load_training_data, run_sinks, seed_everything, training_rows,
+                           validation_rows)
 from sparknet.checkpoint import CheckpointError, open_checkpoints
 from sparknet.config import EVAL_EVERY_STEPS, DistributedConfig, RunConfig, TrainConfig
 from sparknet.labels import Task
@@ -58,7 +59,7 @@ def train_local(run: RunConfig, dist: DistributedConfig | None = None) -> dict:
     net = Net(net_params, run.solver(), batch_size=run.batch_size, device=run.device, seed=run.seed,
               compute=run.worker().compute, task=run.task, weighted=weighted)
     net.set_training_data(rows)
-    net.set_validation_data(test)
+    net.set_validation_data(validation_rows(test, info))
     config = {"run": TrainConfig(run=run).to_dict()["run"]}
     checkpoints, start = _local_checkpoints(dist, net, config)
     log.info("training %s on %s: %d samples, %d steps of %d, %d threads", run.model, run.dataset,
@@ -160,7 +161,7 @@ def _train_loop(run: RunConfig, net: Net, *, sinks: list, info: dict, threads: i
             "train_s": exchange.train_s,
             "samples_per_s": progress.samples_done / exchange.train_s if exchange.train_s else None,
             "test_accuracy": scores.get("accuracy"), **{f"test_{k}": v for k, v in scores.items()},
-            "test_loss": loss, "threads": threads,
+            "test_loss": loss, "validation_weight": net.validation_weight, "threads": threads,
             "rounds": progress.round, "bytes_communicated": 0,
             "stop_reason": records[-1].get("stop_reason") if records else None,
             **returned_summary(records, config.weight_ema),

@@ -114,19 +114,33 @@ def test_a_table_s_own_columns_named_by_a_uri_train_and_predict_reads_the_same_c
                                          ("uri", ("--engine", "rounds", "--rounds", "4")),
                                          ("path", ("--strategy", "async", "--epochs", "2"))],
                          ids=["path-barrier", "uri-rounds", "path-async"])
-def test_weight_col_weighs_each_row_on_both_engines_and_the_parameter_server(spark, tmp_path, where, road):
-    x, test_x = (np.random.default_rng(seed).normal(size=(rows, 6)).astype(np.float32)
-                 for seed, rows in ((7, 3000), (8, 400)))
-    right = (x[:, 0] > 0).astype(np.int64)
-    wrong = np.arange(len(x)) % 2 == 1  # every other row the wrong class, of weight 0: the unweighted net learns 50%
-    pq.write_table(pa.table({"features": pa.array(list(x), pa.list_(pa.float32())),
-                             "label": np.where(wrong, 1 - right, right), "w": np.where(wrong, 0, 2)}),
-                   tmp_path / "t.parquet")
-    clean = _write(tmp_path / "clean.parquet", test_x, (test_x[:, 0] > 0).astype(np.int64))
-    data = (tmp_path / "t.parquet").as_uri() if where == "uri" else str(tmp_path / "t.parquet")
-    code, summary = _train(tmp_path, where, "--data", data, "--validation-data", clean, *road, "--weight-col", "w",
+def test_weight_col_weighs_each_row_on_both_engines_and_the_parameter_server(spark, tmp_path, where, road, caplog):
+    """Training and held-out rows alike: every other row holds the wrong class at weight 0, so a net trained
+    unweighted learns 50%, and held-out rows scored unweighted would score near 50% whatever the net. Held-out rows
+    without the weight column are scored unweighted, and the fit says so."""
+    def table(name, seed, rows, weighted=True):
+        x = np.random.default_rng(seed).normal(size=(rows, 6)).astype(np.float32)
+        right = (x[:, 0] > 0).astype(np.int64)
+        wrong = np.arange(len(x)) % 2 == 1
+        columns = {"features": pa.array(list(x), pa.list_(pa.float32())),
+                   "label": np.where(wrong, 1 - right, right), "w": np.where(wrong, 0, 2)}
+        if not weighted:  # the right classes, no weights
+            columns = {"features": columns["features"], "label": right}
+        pq.write_table(pa.table(columns), tmp_path / f"{name}.parquet")
+        path = tmp_path / f"{name}.parquet"
+        return path.as_uri() if where == "uri" else str(path)
+
+    data, held = table("t", 7, 3000), table("held", 8, 400)
+    code, summary = _train(tmp_path, where, "--data", data, "--validation-data", held, *road, "--weight-col", "w",
                            "--tau", "50", "--lr", "0.05")
-    assert code == 0 and summary["test_accuracy"] > 0.95, summary
+    assert code == 0 and summary["test_accuracy"] > 0.95 and summary["validation_weight"] == 400, summary
+    if where == "uri":
+        with caplog.at_level("WARNING"):
+            code, summary = _train(tmp_path, "clean", "--data", data, "--validation-data",
+                                   table("clean", 9, 200, weighted=False), "--engine", "rounds", "--rounds", "2",
+                                   "--weight-col", "w", "--tau", "50", "--lr", "0.05")
+        assert code == 0 and summary["validation_weight"] is None and summary["test_accuracy"] > 0.9, summary
+        assert "clean.parquet has no weight column 'w': its rows are scored unweighted" in caplog.text
 
 
 def test_several_label_columns_of_a_uri_are_one_array_of_numbers_a_row(spark, tmp_path):

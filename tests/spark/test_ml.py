@@ -167,11 +167,20 @@ def test_features_cols_train_on_a_table_s_own_columns_as_an_assembler_would(fitt
 
 
 def test_weight_col_weighs_each_row_s_loss(data):
+    """weightCol weighs the training rows' loss and the held-out rows' scores: the fit's test scores are what
+    evaluate(weightCol=) gives its validation rows."""
     from pyspark.sql import functions as F
 
     train, test = data
     unheard = train.withColumn("w", (F.col("label") != 2).cast("double"))  # class 2's rows weigh nothing
-    model = _estimator(featuresCols=COLUMNS, weightCol="w", rounds=8).fit(unheard)
+    held = unheard.withColumn("held", F.abs((F.col("x1") * 11).cast("long")) % 5 == 0)
+    model = _estimator(featuresCols=COLUMNS, weightCol="w", rounds=8, validationIndicatorCol="held").fit(held)
+    validation = held.filter("held")
+    scores = model.evaluate(validation, weightCol="w")
+    assert model.summary["validation_weight"] == scores["weight"] < scores["rows"]
+    assert model.summary["test_accuracy"] == pytest.approx(scores["accuracy"], rel=1e-12)
+    assert model.summary["test_loss"] == pytest.approx(scores["loss"], rel=1e-5)
+    assert model.summary["test_accuracy"] != pytest.approx(model.evaluate(validation)["accuracy"], rel=1e-6)
     pred, _ = _predictions(model.transform(test))
     plain, _ = _predictions(_estimator(featuresCols=COLUMNS, rounds=8).fit(unheard).transform(test))
     assert (pred == 2).mean() < 0.05 < (plain == 2).mean(), ((pred == 2).mean(), (plain == 2).mean())

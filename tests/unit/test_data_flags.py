@@ -174,6 +174,26 @@ def test_weight_col_weighs_each_row_s_loss_so_rows_of_weight_0_teach_nothing(tmp
     assert code == 0 and plain[-1]["test_accuracy"] < 0.75, plain[-1]
 
 
+def test_weight_col_weighs_the_held_out_rows_scores_too(tmp_path, caplog):
+    """The held-out tail of a --data table is scored with its weights (its wrong rows, of weight 0, count for
+    nothing); a --validation-data table with the weight column is too, one without it is scored unweighted."""
+    data, clean = _half_wrong(tmp_path)
+    flags = ("--data", data, "--steps", "300", "--lr", "0.05", "--weight-col", "w")
+    code, records = _train(tmp_path, "tail", *flags)
+    summary = records[-1]
+    assert code == 0 and summary["validation_weight"] == 150  # the last 300 rows, every other one of weight 1
+    assert summary["test_accuracy"] > 0.95, summary  # an unweighted score of these rows is near 0.5
+    assert [r["test_accuracy"] for r in records if r["event"] == "eval"][-1] == summary["test_accuracy"]
+    code, records = _train(tmp_path, "own", *flags, "--validation-data", data)
+    assert code == 0 and records[-1]["validation_weight"] == 1500 and records[-1]["test_accuracy"] > 0.95
+    with caplog.at_level("WARNING"):
+        code, records = _train(tmp_path, "clean", *flags, "--validation-data", clean)
+    assert code == 0 and records[-1]["validation_weight"] is None and records[-1]["test_accuracy"] > 0.95
+    assert "has no weight column 'w': its rows are scored unweighted" in caplog.text
+    code, records = _train(tmp_path, "plain", "--data", data, "--steps", "30", "--lr", "0.05")
+    assert code == 0 and records[-1]["validation_weight"] is None
+
+
 def test_a_weight_that_is_negative_null_or_not_finite_is_refused(tmp_path):
     for bad in (-1.0, None, float("nan"), float("inf")):
         weights = pa.array([1.0, 2.0, bad, 0.0])

@@ -242,3 +242,28 @@ def test_evaluate_with_weights_scores_as_the_rows_repeated(kind):
     for bad, message in ((w[:5], "5 for 30 rows"), (torch.full((30,), -1.0), "30 of them NaN, infinite or negative")):
         with pytest.raises(ValueError, match=message):
             net.evaluate((x, y), weights=bad)
+
+
+def test_validation_data_with_weights_is_scored_weighted_by_every_evaluation():
+    """(x, y, w) validation data: evaluate() and test() weigh each row as evaluate(weights=) does, a screen joined
+    with the rows it left out gives the whole set's scores, and the rows' total weight is the net's
+    validation_weight; data given to evaluate() is its own (unweighted unless weights come with it)."""
+    torch.manual_seed(0)
+    net = Net(zoo.mlp(input_shape=(3,), hidden=(5,), num_classes=4), SolverConfig(), batch_size=8)
+    x, y, w = torch.randn(40, 3), torch.randint(0, 4, (40,)), torch.randint(0, 4, (40,)).double()
+    assert net.validation_weight is None
+    net.set_validation_data((x.numpy(), y.numpy(), w.numpy()))
+    want = net.evaluate((x, y), weights=w)
+    got = net.evaluate()
+    assert (got.loss, got.metrics, got.weight) == (want.loss, want.metrics, want.weight)
+    assert net.validation_weight == float(w.sum()) and net.test() == want.score
+    joined = net.evaluate(sample=15).joined(net.evaluate(rest_of=15))
+    assert joined.weight == want.weight and joined.loss == pytest.approx(want.loss, rel=1e-6)
+    assert joined.metrics == pytest.approx(want.metrics, rel=1e-9)
+    assert net.evaluate((x, y)).weight is None  # other data: its own rows, each once
+    net.set_validation_data((x, y))
+    assert net.validation_weight is None and net.evaluate().weight is None
+    with pytest.raises(ValueError, match="39 for 40 rows"):
+        net.set_validation_data((x, y, w[1:]))
+    with pytest.raises(ValueError, match="1 of them NaN, infinite or negative"):
+        net.set_validation_data((x, y, torch.cat([w[1:], torch.tensor([math.nan])])))

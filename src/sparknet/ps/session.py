@@ -30,7 +30,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything, training_rows
+from sparknet._app import (build_model, finish_run, load_training_data, run_sinks, seed_everything, training_rows,
+                           validation_rows)
 from sparknet.checkpoint import CheckpointError, open_checkpoints
 from sparknet.config import Compute, TrainConfig, check_at_least
 from sparknet.errors import EngineError
@@ -498,6 +499,7 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
     seed_everything(run.seed)
     train, test, info = load_training_data(run)
     train, weighted = training_rows(train, info)
+    test = validation_rows(test, info)
     K = dist.workers
     spark = get_session(dist.resolved_master, app_name="sparknet-async")
     net_params = build_model(run, info)
@@ -607,7 +609,7 @@ def _train_async(run, dist, sess: AsyncSession, train, test, *, combiner: str, s
             **{k: m[k] for k in ("samples", "wall_s", "train_s", "samples_per_s", "test_accuracy", "test_loss",
                                  "pushes", "duplicate_pushes", "pulls", "staleness_mean", "staleness_max",
                                  "staleness_histogram", "rejected", "bytes_communicated")},
-            "test_accuracy_by_epoch": m["test_accuracy_by_epoch"],
+            "test_accuracy_by_epoch": m["test_accuracy_by_epoch"], "validation_weight": sess.net.validation_weight,
             **{k: v for k, v in m.items() if k.startswith("test_") and k != "test_accuracy_by_epoch"},
             **({"resumed_from_step": done} if done else {}), **({"warmup": warmup} if warmup else {}),
             **{k: m[k] for k in ("returned_weights", "best_epoch", "stop_reason") if k in m},

@@ -319,6 +319,15 @@ def _with_weights(y: np.ndarray, weights, info: ChunkCounts) -> np.ndarray:
     return out
 
 
+def split_weights(y: np.ndarray, label_width: int, float_labels: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Float32 labels with each row's sample weight last (:func:`_with_weights`) -> (the labels: ``[n]`` where
+    ``label_width`` is 0, one label a row, else ``[n, label_width]``; float32 with ``float_labels``, else int64 class
+    ids) and the weights as float64."""
+    labels, w = y[:, :-1], y[:, -1].astype(np.float64)
+    labels = labels if label_width else labels[:, 0]
+    return (labels if float_labels else labels.astype(np.int64)), w
+
+
 @dataclass(frozen=True)
 class ArrowChunks:
     """Arrow batches of (features, label[, weight]) -> chunks. :meth:`chunks` gives them to a task that uses them
@@ -639,11 +648,11 @@ def dict_features(df, layout, column: str):
 
 
 def dict_arrays(data, layout):
-    """Local validation data for a net that takes a dict: ``({column: array}, labels)`` becomes flat rows in
-    the layout's order; anything else is returned as it is (already flat rows)."""
-    if not (isinstance(data, tuple) and len(data) == 2 and isinstance(data[0], dict)):
+    """Local validation data for a net that takes a dict: ``({column: array}, labels)`` (and sample weights)
+    becomes flat rows in the layout's order; anything else is returned as it is (already flat rows)."""
+    if not (isinstance(data, tuple) and len(data) in (2, 3) and isinstance(data[0], dict)):
         return data
-    columns, y = data
+    columns, y, *weights = data
     names = [name for name, _ in layout]
     if set(columns) != set(names):
         raise ValueError(f"validation data: the dict holds columns {sorted(columns)}, the net takes {names}")
@@ -657,7 +666,7 @@ def dict_arrays(data, layout):
             raise ValueError(f"validation data: column {name!r} has shape {a.shape}; the net takes {n} rows of "
                              f"shape {shape}")
         parts.append(a.reshape(n, -1).astype(np.float32, copy=False))
-    return np.concatenate(parts, axis=1), y
+    return np.concatenate(parts, axis=1), y, *weights
 
 
 def _column_array(df, name: str, refusal: str):
@@ -1133,10 +1142,17 @@ def head_rows(quotas: list[int]):
 
 
 def local_arrays(data, *, sample_shape, what: str = "validation data",
-                 task: Task = Task.CLASSIFICATION) -> tuple[np.ndarray, np.ndarray]:
+                 task: Task = Task.CLASSIFICATION) -> tuple:
     """``(x, y)`` numpy arrays of an ArrayDataset, an ``(x, y)`` pair or a list of pairs, in the net's shape
     (float32 labels for regression and multi-label, else int64 class ids; a net without labels takes
-    an array of features, its labels zeros)."""
+    an array of features, its labels zeros). An ``(x, y, w)`` triple gives ``(x, y, w)``: and each row's sample
+    weight, as float64 (checked where the net takes them, :meth:`sparknet.net.Net.set_validation_data`)."""
+    if isinstance(data, tuple) and len(data) == 3 and hasattr(data[0], "shape"):
+        x, y = local_arrays(data[:2], sample_shape=sample_shape, what=what, task=task)
+        w = np.asarray(data[2])
+        if w.dtype.kind not in "biuf":
+            raise ValueError(f"{what}: sample weights are {w.dtype}, not numbers")
+        return x, y, w.astype(np.float64).reshape(-1)
     if task is Task.UNLABELLED:
         x = np.asarray(data.x if hasattr(data, "x") else data[0] if isinstance(data, tuple) else data)
         data = (x, np.zeros(len(x), np.int64))
@@ -1188,22 +1204,26 @@ def local_arrays(data, *, sample_shape, what: str = "validation data",
 
 def collect_arrays(data, *, features_col: str, label_col: str, image_shape, expected_len: int | None,
                    num_classes: int | None, sample_shape, what: str = "validation data",
-                   task: Task = Task.CLASSIFICATION):
-    """A DataFrame or RDD collected to the driver as checked ``(x, y)`` arrays."""
+                   task: Task = Task.CLASSIFICATION, weight_col: str | None = None) -> tuple:
+    """A DataFrame or RDD collected to the driver as checked ``(x, y)`` arrays; ``(x, y, w)`` with a DataFrame's
+    ``weight_col``, its rows' sample weights (float64)."""
+    float_labels = task.float_labels or weight_col is not None  # the weight travels last in float32 labels
     if is_dataframe(data):  # DataFrame operations alone (a Spark Connect session has no RDDs)
         frame, _ = chunk_frame(data, features_col=features_col, label_col=label_col, image_shape=image_shape,
-                               expected_len=expected_len, float_labels=task.float_labels)
-        chunks = frame_chunks(frame.collect(), task.float_labels)
+                               expected_len=expected_len, float_labels=float_labels, weight_col=weight_col)
+        chunks = frame_chunks(frame.collect(), float_labels)
     else:
         rdd, _ = chunk_rdd(data, features_col=features_col, label_col=label_col, image_shape=image_shape,
-                           expected_len=expected_len, float_labels=task.float_labels)
+                           expected_len=expected_len, float_labels=float_labels, weight_col=weight_col)
         chunks = rdd.collect()
     x, y, info = merge_chunks(chunks)
-    check_stats([info], what=what, expected_len=expected_len, num_classes=num_classes, sample_shape=sample_shape,
-                task=task)
+    checked = check_stats([info], what=what, expected_len=expected_len, num_classes=num_classes,
+                          sample_shape=sample_shape, task=task)
     if sample_shape is not None:
         x = x.reshape(len(x), *sample_shape)
-    return x, y
+    if weight_col is None:
+        return x, y
+    return x, *split_weights(y, checked["label_width"], task.float_labels)
 
 
 def describe_skew(rows_per_partition: list[int]) -> str | None:

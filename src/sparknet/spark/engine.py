@@ -45,7 +45,7 @@ class EngineRun:
     plan: FitPlan
     """The fit's rules: strategy, stopping, evaluation, automatic tau, moving average, counters to go on from."""
     validation: tuple | None
-    """The validation rows as ``(x, y)`` arrays, or ``None``."""
+    """The validation rows as ``(x, y)`` arrays, or ``(x, y, w)`` with each row's sample weight; ``None``: none."""
     driver_net: Net
     """The driver's net: evaluates the global weights and writes them into checkpoints."""
     broadcasts: list

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything
+from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything, validation_rows
 from sparknet._fs import is_uri
 from sparknet._parquet import TEST_FRACTION, footer_facts, table_info
 from sparknet._enums import CompressionKind
@@ -203,8 +203,9 @@ def spark_table(spark, run: RunConfig) -> tuple:
             raise ValueError(f"{run.data}: every row's label is null; sparknet train needs class ids in 'label'")
         info = table_info((len(first_features),), *largest, len(label) if sequence else None)
     info["features"] = features
-    if run.validation_data is not None:
-        return table, _spark_parquet(spark, run.validation_data, "--validation-data", run)[0], info
+    if run.validation_data is not None:  # scored with its weights where it has --weight-col's column
+        return table, _spark_parquet(spark, run.validation_data, "--validation-data", run, weight_col=run.weight_col,
+                                     weight_optional=True)[0], info
     share = min(TEST_FRACTION, SPARK_TEST_ROWS / max(rows, 1))
     held = held_out(run.seed, ("features", "label"), share)
     log.info("%s: %d rows; a seeded %.2g%% of them held out for testing", run.data, rows, 100 * share)
@@ -240,11 +241,12 @@ def _spark_schema(facts):
         return None
 
 
-def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None, weight_col: str | None = None) -> tuple:
+def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None, weight_col: str | None = None,
+                   weight_optional: bool = False) -> tuple:
     """The Parquet table at ``uri`` as Spark reads it, as ``features`` and ``label`` columns (and ``weight``, of
-    ``weight_col``): the columns ``--features-col`` (joined into one array where it names several) and ``--label-col``
-    name, checked to be there (a ``file://`` one on a cluster: checked to be seen by every host); and its feature
-    columns (:func:`sparknet._parquet.feature_column`)."""
+    ``weight_col``; with ``weight_optional``, where the table has it): the columns ``--features-col`` (joined into one
+    array where it names several) and ``--label-col`` name, checked to be there (a ``file://`` one on a cluster:
+    checked to be seen by every host); and its feature columns (:func:`sparknet._parquet.feature_column`)."""
     from pyspark.errors import AnalysisException
     from pyspark.sql import functions as F
 
@@ -256,6 +258,9 @@ def _spark_parquet(spark, uri: str, flag: str, run: RunConfig, schema=None, weig
         table = (spark.read if schema is None else spark.read.schema(schema)).parquet(uri)
     except AnalysisException as e:
         raise FileNotFoundError(f"{flag} {uri}: Spark cannot read it as Parquet ({str(e).splitlines()[0]})") from None
+    if weight_optional and weight_col is not None and weight_col not in table.columns:
+        log.warning("%s %s has no weight column %r: its rows are scored unweighted", flag, uri, weight_col)
+        weight_col = None
     columns = (*run.feature_columns, *run.label_columns, *([weight_col] if weight_col is not None else []))
     missing = [c for c in columns if c not in table.columns]
     if missing:
@@ -342,7 +347,8 @@ def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOption
                      f"{len(train) / dist.workers:.0f} rows per worker" if hasattr(train, "__len__") else
                      "the rows read where they live")
             age = process_age_s()
-            result = trainer.fit(df, validation=test, weight_col=None if run.weight_col is None else "weight")
+            result = trainer.fit(df, validation=validation_rows(test, info),
+                                 weight_col=None if run.weight_col is None else "weight")
             summary = {"event": "summary", "model": run.model,
                        "dataset": run.dataset if run.data is None else run.data, "master": spark.sparkContext.master,
                        "steps": result.summary.get("total_steps"), **result.summary,

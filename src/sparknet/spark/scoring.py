@@ -124,7 +124,7 @@ def evaluation_sums(batches, *, key: str, files_bc, kind: str, shape, threads: i
 
     import pyarrow as pa
 
-    from sparknet.spark.data import ArrowChunks, ChunkCounts
+    from sparknet.spark.data import ArrowChunks, ChunkCounts, split_weights
 
     torch.set_num_threads(threads)
     model = cached_model(key, files_bc, device, allow_pickle)
@@ -140,10 +140,8 @@ def evaluation_sums(batches, *, key: str, files_bc, kind: str, shape, threads: i
         if info.refused or not len(y) or info.bad_w:
             continue
         w = None
-        if weighted:  # float32 labels with the weight last (a fit's, _with_weights)
-            y, w = y[:, :-1], y[:, -1].astype(np.float64)
-            y = y[:, 0] if y.shape[1] == 1 else y
-            y = y if task.float_labels else y.astype(np.int64)
+        if weighted:  # float32 labels with the weight last (a fit's)
+            y, w = split_weights(y, info.label_lengths[0] if info.label_lengths else 0, task.float_labels)
         if num_classes is not None and (y.min() < 0 or y.max() >= num_classes):
             continue
         for start in range(0, len(y), chunk):

@@ -229,9 +229,12 @@ class SparkTrainer:
             ``dist.workers`` partitions (kept as they are when it already has that many; uneven and empty
             ones work). :class:`~sparknet.spark.data.DealtRows` (``sparknet.spark.run.dataset_frame`` with
             ``partitions``) are a data set in files on this machine, staged by the tasks that read them.
-        validation : DataFrame, RDD, ArrayDataset or (x, y) arrays, optional
+        validation : DataFrame, RDD, ArrayDataset, (x, y) or (x, y, w) arrays, optional
             Evaluated on the driver (rounds) or in shards on the workers (barrier) every
-            ``dist.eval_every_rounds`` rounds, and at the end.
+            ``dist.eval_every_rounds`` rounds, and at the end. A DataFrame that holds ``weight_col``, and
+            ``(x, y, w)`` arrays, are scored with each row weighed by its sample weight (a row of weight w counts
+            as w rows in the loss and the metrics, as Spark's evaluators count it); the summary's
+            ``validation_weight`` is then the rows' total weight.
         features_col, label_col : str
             Column names of a DataFrame. ``features_col`` may be a list of columns (numbers, arrays,
             ML vectors), concatenated in that order into each row's features, or passed to the net
@@ -243,7 +246,8 @@ class SparkTrainer:
         weight_col : str, optional
             A DataFrame column of sample weights (numbers >= 0): a row of weight w counts w times in its
             batch's loss — a plain module's, the weighted mean of its rows' losses; a layer-DSL net's, each loss
-            layer's (:meth:`sparknet.layers.GraphModule.loss`). Metrics stay unweighted.
+            layer's (:meth:`sparknet.layers.GraphModule.loss`). A validation DataFrame that has the column is
+            scored with its weights.
         image_shape : sequence of int, optional
             Shape of one sample (e.g. ``[1, 28, 28]``); needed for binary features and for plain
             modules that take more than a flat vector. With ``features_as="dict"``, a dict of shapes by
@@ -435,7 +439,7 @@ class SparkTrainer:
                 raise ValueError(f"{who} needs data in every partition (rows per partition: {self._rows})")
             val = self._data_job(sc, group, "sparknet: collect the validation data",
                                  lambda: self._validation(validation, sample_shape, num_classes, features_col,
-                                                          label_col, image_shape, task),
+                                                          label_col, image_shape, task, weight_col),
                                  "the validation data's collection")
             mark("checked")  # and the validation rows collected
             if val is not None:
@@ -495,6 +499,8 @@ class SparkTrainer:
             **returned_summary(rounds, dist.weight_ema),
             "data_rows": int(total["rows"]), "rows_per_partition": total["rows_per_partition"],
             "sample_shape": list(sample_shape), "num_classes": num_classes, "input": source.description,
+            # the validation rows' total sample weight, where their scores weigh each row (none: each row once)
+            "validation_weight": driver_net.validation_weight,
             "feature_columns": None if layout is None else {name: list(shape) for name, shape in layout},
             "data_mode": data_mode.value, "data_mode_reason": data_mode_why,
             "warmup": warmup, "fit_phases_s": phases, "retries": sum(h.get("retries", 0) for h in rounds),
@@ -593,19 +599,28 @@ class SparkTrainer:
         """One Spark action on the fit's data, waited for at most ``options.data_timeout_s``."""
         return run_with_deadline(sc, group, description, action, timeout_s=self.options.data_timeout_s, what=what)
 
-    def _validation(self, validation, sample_shape, num_classes, features_col, label_col, image_shape, task):
+    def _validation(self, validation, sample_shape, num_classes, features_col, label_col, image_shape, task,
+                    weight_col):
+        """The validation rows as ``(x, y)`` arrays, or ``(x, y, w)`` where they come with sample weights: a
+        DataFrame's ``weight_col``, or a third array."""
         if validation is None:
             return None
         if spark_data.is_dataframe(validation) or spark_data.is_rdd(validation):
-            x, y = spark_data.collect_arrays(validation, features_col=features_col, label_col=label_col,
-                                        image_shape=image_shape, expected_len=math.prod(sample_shape),
-                                        num_classes=num_classes, sample_shape=sample_shape, task=task)
+            if weight_col is not None and not (spark_data.is_dataframe(validation)
+                                               and weight_col in validation.columns):
+                log.info("the validation data has no weight column %r: its rows are scored unweighted", weight_col)
+                weight_col = None
+            val = spark_data.collect_arrays(validation, features_col=features_col, label_col=label_col,
+                                            image_shape=image_shape, expected_len=math.prod(sample_shape),
+                                            num_classes=num_classes, sample_shape=sample_shape, task=task,
+                                            weight_col=weight_col)
         else:
-            x, y = spark_data.local_arrays(validation, sample_shape=sample_shape, task=task)
+            val = spark_data.local_arrays(validation, sample_shape=sample_shape, task=task)
+        y = val[1]
         if num_classes is not None and len(y) and (y.min() < 0 or y.max() >= num_classes):
             raise ValueError(f"validation data: labels range over [{y.min()}, {y.max()}] but the net has "
                              f"{num_classes} classes")
-        return x, y
+        return val
 
     def _warmup(self, sc, group, chunks, staged, total, driver_net: Net, sample_shape) -> dict:
         """``warmup_steps`` on the driver, on a bounded sample of the training data: each partition's first rows,

@@ -403,11 +403,11 @@ def _rank(ctx, rank: int, payload_bc, params: StagePlan, val_bc, chunks):
     freeze_heap()  # no full garbage collection of torch's modules in the middle of a round
     val, val_rows = None, None
     if val_bc is not None:
-        vx, vy = val_bc.value
-        # a sharded replica's or a split copy's ranks score their share together; otherwise each rank its own
+        # (x, y) or (x, y, w): a sharded replica's or a split copy's ranks score their share together; otherwise
+        # each rank its own
         parts = params.group.parts
         share = slice(group_rank // parts, None, world // parts) if params.group.parted else slice(rank, None, world)
-        val, val_rows = (vx[share], vy[share]), len(vx)
+        val, val_rows = tuple(a[share] for a in val_bc.value), len(val_bc.value[0])
     sender = store = None
     history: list[dict] = []
     try:
