@@ -137,16 +137,25 @@ def test_dataframe_input_and_other_combiners(spark, combiner):
 
 
 def test_a_dataframe_s_weight_col_weighs_each_row_on_the_workers(spark):
+    """And on the driver, where the validation rows' weights weigh their scores."""
     train, test = _data(900, 0), _data(300, 1)
-    rows = [(row.tolist(), int(label), float(label != 2)) for row, label in zip(train.x, train.y)]
-    df = spark.createDataFrame(rows, "features array<float>, label long, w double").repartition(2)
+
+    def frame(ds):
+        rows = [(row.tolist(), int(label), float(label != 2)) for row, label in zip(ds.x, ds.y)]
+        return spark.createDataFrame(rows, "features array<float>, label long, w double").repartition(2)
+
+    df, held = frame(train), frame(test)
 
     def class_2_predicted(weight_col):
         sess = AsyncSession(_mlp(), SolverConfig(base_lr=0.05), seed=1)
-        sess.run(data=df, batch_size=30, tau=3, epochs=2, weight_col=weight_col)
-        return float((sess.net.predict(test.x).argmax(1) == 2).float().mean())
+        m = sess.run(data=df, batch_size=30, tau=3, epochs=2, weight_col=weight_col, validation_data=held)
+        return float((sess.net.predict(test.x).argmax(1) == 2).float().mean()), sess, m
 
-    assert class_2_predicted("w") < 0.05 < class_2_predicted(None)  # class 2's rows weigh nothing
+    share, sess, m = class_2_predicted("w")
+    assert share < 0.05 < class_2_predicted(None)[0]  # class 2's rows weigh nothing
+    w = (test.y != 2).astype(np.float64)
+    assert sess.net.validation_weight == w.sum()  # and count for nothing in the test scores
+    assert m["test_accuracy"] == pytest.approx(sess.net.evaluate((test.x, test.y), weights=w).accuracy, rel=1e-12)
     with pytest.raises(ValueError, match="weight_col names a DataFrame column"):
         AsyncSession(_mlp(), seed=1).run(data=(train.x, train.y), weight_col="w")
 

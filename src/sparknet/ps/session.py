@@ -265,8 +265,9 @@ class AsyncSession:
             Most local steps per worker over the whole run (the last epoch stops early).
         image_shape : sequence of int, optional
             Shape of one sample for a plain module (a NetParams net knows its own).
-        validation_data : ArrayDataset, (x, y), DataFrame or RDD, optional
-            Evaluated on the driver after every epoch.
+        validation_data : ArrayDataset, (x, y), (x, y, w), DataFrame or RDD, optional
+            Evaluated on the driver after every epoch; each row weighed by its sample weight where the arrays have
+            a third (``w``) or the DataFrame has ``weight_col``.
         target_accuracy : float, optional
             Stop after the first epoch reaching this validation score (accuracy; R-squared for a regression net).
         on_epoch : callable, optional
@@ -326,7 +327,8 @@ class AsyncSession:
                     lambda: spark_data.collect_arrays(
                         spark_validation, features_col=feed_names[0], label_col=feed_names[1],
                         image_shape=image_shape, expected_len=math.prod(sample_shape) if sample_shape else None,
-                        num_classes=None, sample_shape=sample_shape, task=self.net.task),
+                        num_classes=None, sample_shape=sample_shape, task=self.net.task,
+                        weight_col=weight_col if weight_col in getattr(spark_validation, "columns", ()) else None),
                     timeout_s=self.data_timeout_s, what="collecting the validation data")
             self.net.set_validation_data(validation_data)
             self._validation = True
