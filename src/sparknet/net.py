@@ -483,7 +483,12 @@ class Net:
         if len(x) == 0:
             raise ValueError("validation data is empty")
         _check_finite(x, "validation data")
-        self._val = (x, y) if weights is None else (x, y, _row_weights(weights, len(x)))
+        if weights is not None:
+            weights = _row_weights(weights, len(x))
+            if not weights.any():
+                raise ValueError(f"validation data: all {len(x)} rows have a sample weight of 0, so no score "
+                                 "could be measured on them")
+        self._val = (x, y) if weights is None else (x, y, weights)
 
     @property
     def validation_weight(self) -> float | None:

@@ -267,3 +267,5 @@ def test_validation_data_with_weights_is_scored_weighted_by_every_evaluation():
         net.set_validation_data((x, y, w[1:]))
     with pytest.raises(ValueError, match="1 of them NaN, infinite or negative"):
         net.set_validation_data((x, y, torch.cat([w[1:], torch.tensor([math.nan])])))
+    with pytest.raises(ValueError, match="all 40 rows have a sample weight of 0"):
+        net.set_validation_data((x, y, np.zeros(40)))
