@@ -6,8 +6,9 @@ The table holds 60,000 rows of 64 numbers, a class among 10 and a weight column 
 what the plain run learns. Each run is ``sparknet train --data TABLE --model mlp --steps STEPS`` in one process (one
 thread), the two alternated ``--repeats`` times, each timed from its command's start with the load average sampled
 before and during; the summary's ``samples_per_s`` is the training loop's own rate. The weighted loss is each loss
-layer's per-row branch (``sparknet.layers._RowLoss``), its labels one float column wider. Time nothing else while it
-runs.
+layer's per-row branch (``sparknet.layers._RowLoss``), its labels one float column wider; the weighted run's held-out
+rows (the table's last 6,000) are scored with their weights too (``validation_weight`` in the records). Time nothing
+else while it runs.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ def main(argv=None) -> int:
                 result = json.loads([line for line in run["stdout_tail"].splitlines() if line.startswith("{")][-1])
                 runs[name].append({"command_wall_s": run["command_wall_s"], "samples_per_s": result["samples_per_s"],
                                    "test_accuracy": result["test_accuracy"], "test_loss": result["test_loss"],
+                                   "validation_weight": result.get("validation_weight"),
                                    **{k: v for k, v in run.items() if k.startswith("load_average")}})
                 print(f"{name} {i}: {run['command_wall_s']:.2f} s from the command's start, "
                       f"{result['samples_per_s']:.0f} samples/s, accuracy {result['test_accuracy']}", flush=True)
