@@ -208,9 +208,10 @@ def _run_train(args: argparse.Namespace) -> int:
     summary = train_command(run, dist, options=options, caffe=caffe, parameter_server=parameter_server)
     keys = ("test_accuracy", "test_r2", "test_rmse", "test_mae", "test_f1", "test_auc", "test_loss", "wall_s",
             "samples_per_s", "steps", "rounds", "weight_bytes_per_worker", "rounds_transport", "data_mode",
-            "first_round_s", "best_round", "best_epoch")
-    # a score the task does not have (a regressor's accuracy) is left out, not printed as null
-    result = {k: summary.get(k) for k in keys if k in summary and not (k.startswith("test_") and summary[k] is None)}
+            "first_round_s", "best_round", "best_epoch", "validation_weight")
+    # a score the task does not have (a regressor's accuracy), or no weights, is left out, not printed as null
+    result = {k: summary.get(k) for k in keys
+              if k in summary and not ((k.startswith("test_") or k == "validation_weight") and summary[k] is None)}
     # wall_s is the fit (setup, rounds, evaluations); command_s what the user waited, from the process's start
     result["command_s"] = process_age_s()
     print(json.dumps(result))  # --quiet too: the run's result
