@@ -206,9 +206,13 @@ def test_estimator_of_a_plain_module_on_a_table_s_own_columns_with_weights(spark
     df = spark.createDataFrame([(float(a), float(b), int(label), float(label != 2)) for (a, b), label in zip(x, y)],
                                "a double, b double, label long, w double")
     est = SparkNetEstimator(mlp(0), loss=torch.nn.CrossEntropyLoss(), featuresCols=["a", "b"], weightCol="w",
-                            workers=2, tau=10, rounds=6, lr=0.1, batchSize=32, seed=0, engine="barrier")
+                            workers=2, tau=10, rounds=6, lr=0.1, batchSize=32, seed=0, engine="barrier",
+                            validationFraction=0.25)
     model = est.fit(df)
     assert model.trainedColumns == ["a", "b"]
+    # the held-out rows scored with their weights: class 2's, never predicted, count for nothing (unweighted, the
+    # accuracy would be about two thirds)
+    assert 0 < model.summary["validation_weight"] < 0.25 * 800 and model.summary["test_accuracy"] >= 0.9, model.summary
     scored = model.transform(df)
     predicted = [r.prediction for r in scored.select("prediction").collect()]
     assert predicted.count(2.0) < 0.05 * len(predicted)  # class 2's rows weigh nothing
