@@ -180,12 +180,14 @@ class Profile:
     """Which of a worker's rounds torch's profiler traces, and where the traces go (``--profile-dir``): each worker
     writes ``<name>-round<R>.json``, a Chrome trace of its local work in that round (its steps, its update taken and
     compressed; TensorBoard's profiler, Perfetto and ``chrome://tracing`` read it), and ``<name>-round<R>.txt``, its
-    ops by their own CPU time. ``name`` is ``worker-<i>`` (``rank-<r>`` for the barrier engine's processes)."""
+    ops by their own CPU time. ``name`` is ``worker-<i>`` (``rank-<r>`` for the barrier engine's processes). The
+    parameter server's workers trace an epoch (their steps, pulls and pushes): ``ps-worker-<i>-epoch<E>``."""
 
     folder: str
     """A folder every worker can write: a path (on each worker's host), or a URI (``s3a://``, ``hdfs://``...)."""
     round: int = 1
-    """The round traced, counted from 0 over the fit (default the second: the first pays for warming up)."""
+    """The round traced (the parameter server's: the epoch), counted from 0 over the fit (default the second: the
+    first pays for warming up)."""
 
     def __post_init__(self):
         if not str(self.folder).strip():
@@ -316,9 +318,10 @@ class RunConfig:
     profile_dir: str | None = None
     """Trace one round of every worker with torch's profiler into this folder (a path on each worker's host, or a
     URI): <worker>-round<R>.json, a Chrome trace (TensorBoard, Perfetto), and <worker>-round<R>.txt, its ops by
-    their own CPU time."""
+    their own CPU time (with --strategy async, ps-worker-<i>-epoch<E>: an epoch of each worker)."""
     profile_round: int = 1
-    """The round --profile-dir traces, counted from 0 (default the second: the first pays for warming up)."""
+    """The round --profile-dir traces, counted from 0 (default the second: the first pays for warming up; with
+    --strategy async, the epoch)."""
 
     def __post_init__(self):
         self.solver_type = SolverType.parse(self.solver_type)

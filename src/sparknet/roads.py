@@ -56,7 +56,7 @@ _UNREAD: dict[Road, tuple[str, str | None, dict[type, tuple[str, ...] | None]]] 
                         EngineOptions: None, AsyncConfig: None, CaffeTrainFlags: None}),
     Road.PARAMETER_SERVER: ("the async strategy's parameter server (epochs, not rounds, each evaluated and, with "
                             "--checkpoint-dir, checkpointed; no Spark engine)", "choose another --strategy",
-                            {RunConfig: ("eval_every", "gpus_per_worker", "profile_dir", "profile_round"),
+                            {RunConfig: ("eval_every", "gpus_per_worker"),
                              DistributedConfig: ("engine", "rounds", "eval_every_rounds", "eval_screen_rows",
                                                  "eval_budget", "eval_overlap", *_EXCHANGE),
                              EngineOptions: None, CaffeTrainFlags: None}),

@@ -83,10 +83,11 @@ def sum_stats(parts: list[TrainStats]) -> TrainStats:
 
 
 @contextlib.contextmanager
-def round_trace(profile: Profile | None, round_index: int, name: str):
+def round_trace(profile: Profile | None, round_index: int, name: str, unit: str = "round"):
     """Trace what runs inside with torch's profiler when ``round_index`` is ``profile``'s round, and write the trace
-    and its table of ops (:class:`~sparknet.config.Profile`) into its folder as ``name``; otherwise nothing. A round
-    that fails writes nothing."""
+    and its table of ops (:class:`~sparknet.config.Profile`) into its folder as ``<name>-<unit><round_index>``
+    (``unit``: ``"epoch"`` for the parameter server's workers); otherwise nothing. A round that fails writes
+    nothing."""
     if profile is None or round_index != profile.round:
         yield
         return
@@ -100,7 +101,7 @@ def round_trace(profile: Profile | None, round_index: int, name: str):
     try:  # a trace that cannot be written costs the fit nothing but the trace
         fs, folder = filesystem(profile.folder)
         fs.create_dir(folder, recursive=True)
-        stem = f"{folder}/{name}-round{round_index}"
+        stem = f"{folder}/{name}-{unit}{round_index}"
         with tempfile.TemporaryDirectory(prefix="sparknet-profile-") as tmp:  # the trace is written to a local file
             prof.export_chrome_trace(os.path.join(tmp, "trace.json"))
             with open(os.path.join(tmp, "trace.json"), "rb") as src, fs.open_output_stream(stem + ".json") as out:
@@ -109,10 +110,10 @@ def round_trace(profile: Profile | None, round_index: int, name: str):
         with fs.open_output_stream(stem + ".txt") as out:
             out.write(table.encode())
     except (OSError, ValueError) as exc:
-        log.warning("%s: round %d's trace could not be written to %s (%s); the fit goes on without it", name,
+        log.warning("%s: %s %d's trace could not be written to %s (%s); the fit goes on without it", name, unit,
                     round_index, profile.folder, exc)
         return
-    log.info("%s: round %d traced into %s.json", name, round_index, stem)
+    log.info("%s: %s %d traced into %s.json", name, unit, round_index, stem)
 
 
 class WorkerStream:

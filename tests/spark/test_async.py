@@ -490,3 +490,19 @@ def test_an_async_run_stops_early_returns_the_best_epoch_and_resumes_counting(sp
     net = Net(saved.net_params)
     net.set_weights(saved.weights)
     assert net.evaluate(test).loss == pytest.approx(epochs[0]["test_loss"], rel=1e-5)
+
+
+def test_profile_dir_traces_one_epoch_of_every_worker(spark, tmp_path):
+    """--profile-dir with the parameter server: each worker's epoch --profile-round (its steps, pulls and pushes)
+    as a Chrome trace and a table of its ops; the other epochs are not traced."""
+    folder = tmp_path / "traces"
+    run = RunConfig(model="mlp", dataset="synthetic", steps=10_000, batch_size=50, lr=0.05, seed=0, quiet=True,
+                    profile_dir=str(folder), profile_round=1)
+    summary = run_async(run, DistributedConfig(workers=2, strategy="async", tau=10, epochs=2))
+    assert summary["epochs"] == 2
+    assert sorted(p.name for p in folder.iterdir()) == [f"ps-worker-{i}-epoch1.{kind}" for i in (0, 1)
+                                                        for kind in ("json", "txt")]
+    trace = json.loads((folder / "ps-worker-0-epoch1.json").read_text())
+    names = {event.get("name", "") for event in trace["traceEvents"]}
+    assert any("addmm" in name or "linear" in name for name in names)  # the epoch's steps
+    assert "Self CPU" in (folder / "ps-worker-1-epoch1.txt").read_text()

@@ -348,7 +348,6 @@ def test_import_sparknet_and_its_session_module_load_no_torch():
      "engine) does not read --compression, --link-latency: choose another --strategy, or drop them"),
     ("--workers 2 --strategy async --engine barrier --rounds 3", "does not read --engine, --rounds"),
     ("--workers 2 --strategy async --eval-every 10", "does not read --eval-every"),
-    ("--workers 2 --strategy async --profile-dir p", "does not read --profile-dir"),
     ("--solver s.prototxt --profile-dir p --profile-round 3", "does not read --profile-dir, --profile-round"),
     ("--solver s.prototxt --model mlp", "a Caffe run (its net's data layers say what trains on what"),
     ("--solver s.prototxt --target-accuracy 0.9", "a Caffe run of one worker in this process (its tests and "

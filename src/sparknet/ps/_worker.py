@@ -21,9 +21,9 @@ import torch
 from sparknet._malloc import keep_freed_memory
 from sparknet._transport import ClientKeys
 from sparknet.layers import NetParams
-from sparknet.step import round_seed
+from sparknet.step import round_seed, round_trace
 from sparknet.faults import due_fault
-from sparknet.config import Compute
+from sparknet.config import Compute, Profile
 from sparknet.net import Net
 from sparknet.ps.client import PSClient
 from sparknet.ps.wire import Status
@@ -72,6 +72,9 @@ class TaskSpec:
     """The loss of a plain module."""
     weighted: bool = False
     """The labels carry each row's sample weight last (:class:`sparknet.net.Net`'s ``weighted``)."""
+    profile: Profile | None = None
+    """Trace the task's epoch with torch's profiler where it is the epoch ``profile`` names (``--profile-dir``):
+    ``ps-worker-<i>-epoch<E>`` (:func:`sparknet.step.round_trace`)."""
     keys: ClientKeys | None = field(default=None, repr=False)
     """The server's keys a worker connects with (its secret key never in a repr or a log line); the session
     always sets them: a task without them cannot reach the server."""
@@ -207,8 +210,9 @@ def _train_partition(spec: TaskSpec, index: int, blocks: Iterable) -> Iterator[d
     record["rows"], record["precision"] = len(y), net.compute.precision.value
     loss_sum = 0.0
     losses = 0
-    with PSClient(spec.endpoint, spec.job_id, spec.secret, keys=spec.keys, worker=index, attempt=wire_attempt(),
-                  timeout=spec.timeout_s) as client:
+    with (PSClient(spec.endpoint, spec.job_id, spec.secret, keys=spec.keys, worker=index, attempt=wire_attempt(),
+                   timeout=spec.timeout_s) as client,
+          round_trace(spec.profile, spec.epoch, f"ps-worker-{index}", unit="epoch")):  # its pulls and pushes too
         reply = client.pull(0)
         record["comm_s"] += reply.latency_s
         net.set_flat(torch.from_numpy(reply.weights))

@@ -33,7 +33,7 @@ import torch
 from sparknet._app import (build_model, finish_run, load_training_data, run_sinks, seed_everything, training_rows,
                            validation_rows)
 from sparknet.checkpoint import CheckpointError, open_checkpoints
-from sparknet.config import Compute, TrainConfig, check_at_least
+from sparknet.config import Compute, Profile, TrainConfig, check_at_least
 from sparknet.errors import EngineError
 from sparknet.faults import faults_from
 from sparknet.loop import EarlyStop
@@ -105,13 +105,18 @@ class AsyncSession:
     fault : str, optional
         Injected faults for reliability tests (:mod:`sparknet.faults`, e.g. ``rank=1,round=2,kind=kill``): worker
         ``rank`` fails before its ``round``-th push of an epoch, on that attempt only.
+    profile : Profile, optional
+        Trace every worker's epoch ``profile.round`` (counted from 0 over the session's epochs) with torch's
+        profiler, its steps, pulls and pushes: ``ps-worker-<i>-epoch<E>.json`` and ``.txt`` in ``profile.folder``
+        (:class:`~sparknet.config.Profile`, ``--profile-dir``).
     """
 
     def __init__(self, net, solver: SolverConfig | None = None, *, combiner: str | Combiner = "delta", loss=None,
                  seed: int = 0, host: str | None = None, port: int = 0, threads: int = 1, device: str = "cpu",
                  request_timeout_s: float = 120.0, epoch_timeout_s: float | None = None,
                  stall_timeout_s: float | None = 600.0, data_timeout_s: float = 3600.0, spark=None,
-                 validation_data=None, fault: str | None = None, compute: Compute | None = None):
+                 validation_data=None, fault: str | None = None, compute: Compute | None = None,
+                 profile: Profile | None = None):
         self.net = net if isinstance(net, Net) else Net(net, solver, loss=loss, seed=seed)
         self.combiner = make_combiner(combiner)
         self.loss = loss
@@ -122,6 +127,7 @@ class AsyncSession:
         check_at_least(1, threads=self.threads)
         self.device = device
         self.compute = compute or Compute()
+        self.profile = profile
         for name, value in (("request_timeout_s", request_timeout_s), ("epoch_timeout_s", epoch_timeout_s),
                             ("stall_timeout_s", stall_timeout_s), ("data_timeout_s", data_timeout_s)):
             if value is not None and not value > 0:
@@ -364,7 +370,8 @@ class AsyncSession:
                     iteration=self._iteration, shuffle=bool(shuffle_within_partition), sample_shape=sample_shape,
                     timeout_s=self.request_timeout_s, threads=self.threads, device=self.device, compute=self.compute,
                     steps=None if steps is None else steps - steps_done, train_step=train_step,
-                    loss=self.loss, faults=self.faults, weighted=self.net.weighted or weight_col is not None)
+                    loss=self.loss, faults=self.faults, weighted=self.net.weighted or weight_col is not None,
+                    profile=self.profile)
                 before = server.stats()
                 t0 = time.perf_counter()
                 deadline = self._epoch_deadline(tasks[-K:] if tasks else None,
@@ -508,7 +515,7 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
     split_budget(net_params, dist)  # --max-weight-bytes
     net = Net(net_params, run.solver(), batch_size=run.batch_size, seed=run.seed, task=run.task, weighted=weighted)
     sess = AsyncSession(net, combiner=cfg.combiner, seed=run.seed, host=cfg.ps_host, threads=run.threads or 1,
-                        device=run.device, spark=spark, compute=run.worker().compute)
+                        device=run.device, spark=spark, compute=run.worker().compute, profile=run.worker().profile)
     per_worker = max(1, (len(train) // K) // run.batch_size)
     epochs = math.ceil(dist.epochs) if dist.epochs is not None else math.ceil(run.steps / per_worker)
     steps = run.steps if dist.epochs is None else min(run.steps, math.ceil(dist.epochs * per_worker))
