@@ -101,6 +101,9 @@ class CollectiveExchange(Exchange):
         This rank's share of the validation rows.
     validation_rows : int, optional
         Validation rows over all ranks (a screen scores its share of a sample of them).
+    outputs : int, optional
+        The net's outputs (a classifier's classes): the width of the validation shares' summed scores, F1 by class
+        among them (default: a classifier's accuracies alone; :func:`evaluate_shards`).
     compression : str
         Codec of the updates (``none``: one sum-allreduce).
     link : LinkModel, optional
@@ -134,7 +137,7 @@ class CollectiveExchange(Exchange):
                  after_train: Callable[[object, int], None] | None = None, engine: str = "barrier",
                  train: Callable | None = None, validation_rows: int | None = None,
                  streaming: Streaming | None = None, ranks: WorkerRanks | None = None, everyone=None,
-                 scoring=None, profile: Profile | None = None, name: str | None = None):
+                 scoring=None, profile: Profile | None = None, name: str | None = None, outputs: int | None = None):
         self.net, self.strategy, self.rank, self.world, self.group = net, strategy, rank, world, group
         self.everyone = group if everyone is None else everyone
         self.scoring = self.everyone if scoring is None else scoring
@@ -152,7 +155,7 @@ class CollectiveExchange(Exchange):
         self._in_flight: _InFlight | _Done | None = None  # an overlapped exchange on its way (or kept, finished)
         self.workers = world
         self.has_data, self.validation, self.link = has_data, validation, link
-        self.validation_rows = validation_rows
+        self.validation_rows, self.outputs = validation_rows, outputs
         self.codec, self.engine = self.step.codec, engine
         # the codec of every column of a sharded worker, to count its bytes: a split one's int8 chunks its own boxes
         self._column_codecs = None if self._layouts is None or self.codec is None else [
@@ -417,31 +420,36 @@ class CollectiveExchange(Exchange):
 
         result = evaluate_shards(self.net, global_flat, self.validation, group=self.scoring,
                                  keep_local=self.strategy.keeps_local_weights or self.streaming is not None,
-                                 link=self.link, waited=waited, sample=per_rank(rows), rest_of=per_rank(rest_of))
+                                 link=self.link, waited=waited, sample=per_rank(rows), rest_of=per_rank(rest_of),
+                                 outputs=self.outputs)
         self.eval_link_s = waited["link_s"]
         return result
 
 
 def evaluate_shards(net, global_flat: torch.Tensor, validation, *, group=None, keep_local: bool = False, link=None,
-                    waited: dict | None = None, sample: int | None = None, rest_of: int | None = None) -> EvalResult:
+                    waited: dict | None = None, sample: int | None = None, rest_of: int | None = None,
+                    outputs: int | None = None) -> EvalResult:
     """Loss and metrics of the global weights over every rank's share of the validation rows.
 
     One allreduce of (count, loss, the rows' total sample weight where ``validation`` is ``(x, y, w)``) and the task's
     :func:`~sparknet.labels.task_sums` over ``group``, so every rank gets the same numbers; ``net`` gets its own
     weights back afterwards when ``keep_local`` (EASGD). ``sample``: each rank scores at most that many of its rows (a
-    fixed random sample); ``rest_of``: each rank scores the rows such a sample leaves out.
+    fixed random sample); ``rest_of``: each rank scores the rows such a sample leaves out. ``outputs``: the net's
+    (a classifier's classes), so that its F1 by class sums too; without, its accuracies alone
+    (:func:`~sparknet.labels.task_width`).
     """
     unlabelled = net.task is Task.UNLABELLED
     local = net.get_flat() if keep_local else None
     net.set_flat(global_flat)
     x, y, w = (*validation, None)[:3]
     head = 2 if w is None else 3  # (count, loss sum[, weight])
-    t = torch.zeros(head + (0 if unlabelled else task_width(net.task, tuple(y.shape[1:]))), dtype=torch.float64)
+    width = 0 if unlabelled else task_width(net.task, tuple(y.shape[1:]), outputs)
+    t = torch.zeros(head + width, dtype=torch.float64)
     res = net.evaluate((x, y), sample=sample, rest_of=rest_of, weights=w) if len(x) else None
     if res is not None and res.samples:
         loss_sum = res.loss * res.counted if res.counted else 0.0  # a share of weight 0 has a NaN mean loss
         t[:] = torch.tensor([float(res.samples), loss_sum, *([] if w is None else [res.weight]),
-                             *res.sums], dtype=torch.float64)
+                             *res.sums[:width]], dtype=torch.float64)
     if link is not None and waited is not None:
         waited["link_s"] += link.wait_allreduce(t.numel() * 8, dist.get_world_size(group))
     dist.all_reduce(t, group=group)

@@ -159,8 +159,10 @@ def multilabel_metrics(sums) -> dict[str, float]:
 def classification_sums(pred: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None = None) -> list[float]:
     """``[right, labels, top-k right, wide]`` of one batch: the arg-max and the :data:`TOP_K` highest outputs
     against the class ids (class axis last, or axis 1 as in Caffe); ``wide`` is 1 when there are more than
-    :data:`TOP_K` classes (0 for one output a label, an output above 0 being class 1). With each row's sample
-    ``weight`` (``[n]``) a row's labels count that many times (the weighted accuracy)."""
+    :data:`TOP_K` classes (0 for one output a label, an output above 0 being class 1). One class id a row adds each
+    class's rows predicted right, rows predicted and rows labelled (``C`` of each: the outputs, or 2 for one output a
+    label), what :func:`classification_metrics` weighs F1 and precision by class from, as Spark's evaluators do.
+    With each row's sample ``weight`` (``[n]``) a row's labels count that many times (the weighted metrics)."""
     w = _per_value(weight, y)
 
     def count(hits: torch.Tensor) -> float:
@@ -168,25 +170,50 @@ def classification_sums(pred: torch.Tensor, y: torch.Tensor, weight: torch.Tenso
 
     labels = float(w.sum())
     if pred.dim() == y.dim() and pred.shape == y.shape:  # binary outputs
-        right = count((pred > 0).long() == y.long())
-        return [right, labels, right, 0.0]
+        predicted = (pred > 0).long()
+        right = count(predicted == y.long())
+        return [right, labels, right, 0.0, *_by_class(predicted, y, w, 2)]
     if pred.dim() != y.dim() + 1:
         raise ValueError(f"cannot compare predictions of shape {tuple(pred.shape)} with labels of shape "
                          f"{tuple(y.shape)}")
     scores = pred if pred.shape[:-1] == y.shape else pred.movedim(1, -1)
-    right = count(scores.argmax(-1) == y)
+    predicted = scores.argmax(-1)
+    right = count(predicted == y)
+    by_class = _by_class(predicted, y, w, max(scores.shape[-1], 2))
     if scores.shape[-1] <= TOP_K:
-        return [right, labels, right, 0.0]
+        return [right, labels, right, 0.0, *by_class]
     top = scores.topk(TOP_K, dim=-1).indices
-    return [right, labels, count((top == y.unsqueeze(-1)).any(-1)), 1.0]
+    return [right, labels, count((top == y.unsqueeze(-1)).any(-1)), 1.0, *by_class]
+
+
+def _by_class(predicted: torch.Tensor, y: torch.Tensor, w: torch.Tensor, classes: int) -> list[float]:
+    """Each of ``classes`` classes' weight of rows predicted right, of rows predicted and of rows labelled (one class
+    id a row; none for a label a position, a sequence's)."""
+    if y.dim() != 1:
+        return []
+    y = y.long()
+    hit = predicted == y
+    counts = [torch.bincount(ids, weights=weights, minlength=classes)[:classes]
+              for ids, weights in ((y[hit], w[hit]), (predicted, w.contiguous()), (y, w.contiguous()))]
+    return torch.cat(counts).tolist()
 
 
 def classification_metrics(sums) -> dict[str, float]:
-    """Accuracy, and top-k accuracy for more than :data:`TOP_K` classes, from summed :func:`classification_sums`."""
-    right, labels, top, wide = (float(v) for v in sums)
+    """Accuracy, top-k accuracy for more than :data:`TOP_K` classes and, for one class id a row, Spark's ``f1`` and
+    ``weighted_precision`` (each class's F1 and precision weighed by its share of the labels; a class never
+    predicted has a precision of 0), from summed :func:`classification_sums`."""
+    right, labels, top, wide = (float(v) for v in sums[:4])
     out = {"accuracy": right / labels if labels else math.nan}
     if wide > 0:
         out[f"top{TOP_K}_accuracy"] = top / labels if labels else math.nan
+    if len(sums) > 4:
+        tp, predicted, actual = np.asarray(sums[4:], dtype=np.float64).reshape(3, -1)
+        share = actual / labels if labels else np.full_like(actual, math.nan)
+        precision = np.divide(tp, predicted, out=np.zeros_like(tp), where=predicted > 0)
+        recall = np.divide(tp, actual, out=np.zeros_like(tp), where=actual > 0)
+        f1 = np.divide(2 * precision * recall, precision + recall, out=np.zeros_like(tp),
+                       where=precision + recall > 0)
+        out.update(f1=float(share @ f1), weighted_precision=float(share @ precision))
     return out
 
 
@@ -199,11 +226,17 @@ def task_sums(task: Task, pred: torch.Tensor, y: torch.Tensor, weight: torch.Ten
     return sums(pred, y, weight)
 
 
-def task_width(task: Task, label_shape: tuple[int, ...]) -> int:
-    """How many numbers :func:`task_sums` gives for labels of ``label_shape`` (one row's)."""
+def task_width(task: Task, label_shape: tuple[int, ...], outputs: int | None = None) -> int:
+    """How many numbers :func:`task_sums` gives for labels of ``label_shape`` (one row's) and a net of ``outputs``
+    outputs (a classifier's: its classes, or 1 for one output a label; ``None``: the first four, its accuracies'
+    sums, alone)."""
     if task is Task.REGRESSION:
         return 5
-    return 2 + math.prod(label_shape) * (3 + 2 * AUC_BINS) if task is Task.MULTILABEL else 4
+    if task is Task.MULTILABEL:
+        return 2 + math.prod(label_shape) * (3 + 2 * AUC_BINS)
+    if label_shape or outputs is None:  # a class id a position; or the accuracies' sums alone
+        return 4
+    return 4 + 3 * max(outputs, 2)
 
 
 def task_metrics(task: Task, sums) -> dict[str, float]:

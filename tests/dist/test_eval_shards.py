@@ -41,10 +41,11 @@ def _rank(rank, out, task, weighted):
     w = _weights(weighted)
     rows = slice(0, _SPLIT) if rank == 0 else slice(_SPLIT, None)
     share = (x[rows], y[rows]) if w is None else (x[rows], y[rows], w[rows])
-    res = evaluate_shards(net, net.get_flat(), share)
+    outputs = net.predict(x[:1]).shape[-1]  # a classifier's classes: its F1 by class sums too
+    res = evaluate_shards(net, net.get_flat(), share, outputs=outputs)
     # a screen of 25 rows a rank (all 20 of rank 1's), then the rows it left out: joined, the whole set again
-    screen = evaluate_shards(net, net.get_flat(), share, sample=25)
-    rest = evaluate_shards(net, net.get_flat(), share, rest_of=25)
+    screen = evaluate_shards(net, net.get_flat(), share, sample=25, outputs=outputs)
+    rest = evaluate_shards(net, net.get_flat(), share, rest_of=25, outputs=outputs)
     joined = screen.joined(rest)
     out[rank] = (res.loss, res.samples, res.weight, dict(res.metrics), (screen.samples, rest.samples),
                  (joined.loss, joined.samples, joined.weight, dict(joined.metrics)))
@@ -52,7 +53,7 @@ def _rank(rank, out, task, weighted):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("task,metrics", [("classification", {"accuracy", "top5_accuracy"}),
+@pytest.mark.parametrize("task,metrics", [("classification", {"accuracy", "top5_accuracy", "f1", "weighted_precision"}),
                                           ("multilabel", {"accuracy", "f1", "auc"}),
                                           ("regression", {"r2", "rmse", "mae"})])
 def test_two_ranks_score_as_one_pass(task, metrics, weighted):

@@ -68,6 +68,10 @@ def test_trainer_fits_with_the_barrier_engine(spark):
     assert result.summary["test_accuracy"] >= 0.9
     # the returned weights are what rank 0 ended with: scoring them here gives the last record's accuracy
     assert result.summary["test_accuracy"] == pytest.approx(result.history[-1]["val_accuracy"], abs=1e-9)
+    # the ranks' shares summed are the whole set's scores, F1 by class among them
+    here = result.net.evaluate()
+    for name in ("accuracy", "f1", "weighted_precision"):
+        assert result.summary[f"test_{name}"] == pytest.approx(here.metrics[name], abs=1e-9), name
 
 
 def test_a_worker_of_two_processes_trains_sharded_from_a_connect_session(spark):

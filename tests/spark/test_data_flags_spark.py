@@ -134,6 +134,7 @@ def test_weight_col_weighs_each_row_on_both_engines_and_the_parameter_server(spa
     code, summary = _train(tmp_path, where, "--data", data, "--validation-data", held, *road, "--weight-col", "w",
                            "--tau", "50", "--lr", "0.05")
     assert code == 0 and summary["test_accuracy"] > 0.95 and summary["validation_weight"] == 400, summary
+    assert summary["test_f1"] > 0.95 and summary["test_weighted_precision"] > 0.95, summary  # the barrier's shards too
     if where == "uri":
         with caplog.at_level("WARNING"):
             code, summary = _train(tmp_path, "clean", "--data", data, "--validation-data",

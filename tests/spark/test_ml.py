@@ -279,9 +279,9 @@ def test_evaluate_scores_where_the_rows_live_as_a_fit_scores_its_test_set(data):
 
 
 def test_evaluate_with_a_weight_col_gives_spark_s_weighted_accuracy(data):
-    """evaluate(weightCol=) weighs each row's loss and hits by its sample weight: the accuracy Spark's evaluator
-    gives with the same weightCol, the loss the driver's net gives the same rows and weights; weights of one give
-    the unweighted scores; bad weights are counted and named."""
+    """evaluate(weightCol=) weighs each row's loss and hits by its sample weight: the accuracy, F1 and weighted
+    precision Spark's evaluator gives with the same weightCol (and without it, unweighted), the loss the driver's net
+    gives the same rows and weights; weights of one give the unweighted scores; bad weights are counted and named."""
     from pyspark.ml.evaluation import MulticlassClassificationEvaluator
     from pyspark.sql import functions as F
 
@@ -291,9 +291,12 @@ def test_evaluate_with_a_weight_col_gives_spark_s_weighted_accuracy(data):
     metrics = model.evaluate(weighted.repartition(3), weightCol="w")
     w = np.array([r.w for r in weighted.select("w").collect()])
     assert metrics["rows"] == 200 and metrics["weight"] == pytest.approx(w.sum()) and (w == 0).any()
-    spark_accuracy = MulticlassClassificationEvaluator(metricName="accuracy", weightCol="w").evaluate(
-        model.transform(weighted))
-    assert metrics["accuracy"] == pytest.approx(spark_accuracy, rel=1e-12)
+    scored, unweighted = model.transform(weighted), model.evaluate(weighted)
+    for ours, theirs in (("accuracy", "accuracy"), ("f1", "f1"), ("weighted_precision", "weightedPrecision")):
+        for weight_col, got in (("w", metrics), (None, unweighted)):  # and every row once
+            spark_value = MulticlassClassificationEvaluator(
+                metricName=theirs, **({"weightCol": weight_col} if weight_col else {})).evaluate(scored)
+            assert got[ours] == pytest.approx(spark_value, rel=1e-12), (ours, weight_col)
     assert metrics["accuracy"] != pytest.approx(model.evaluate(test)["accuracy"], rel=1e-6)  # the weights tell
     x = np.array(weighted.select(*COLUMNS).collect(), dtype=np.float32)
     y = np.array([r.label for r in weighted.select("label").collect()])

@@ -141,11 +141,48 @@ def test_top_k_accuracy_counts_a_label_among_the_k_highest_outputs_past_k_classe
     # a class axis at 1 (Caffe's layout, a label per position) is read the same way
     seq = torch.randn(4, 10, 7)  # [n, classes, positions]
     ys = torch.randint(0, 10, (4, 7))
-    assert classification_metrics(classification_sums(seq, ys)) == classification_metrics(
-        classification_sums(seq.movedim(1, -1).reshape(-1, 10), ys.reshape(-1)))
-    # five classes or fewer: accuracy alone
+    flat = classification_metrics(classification_sums(seq.movedim(1, -1).reshape(-1, 10), ys.reshape(-1)))
+    assert classification_metrics(classification_sums(seq, ys)) == {k: flat[k] for k in ("accuracy", "top5_accuracy")}
+    # five classes or fewer: no top-k accuracy
     assert set(classification_metrics(classification_sums(torch.randn(8, 5), torch.randint(0, 5, (8,))))) == {
-        "accuracy"}
+        "accuracy", "f1", "weighted_precision"}
+
+
+@pytest.mark.parametrize("binary", [False, True])
+def test_f1_and_precision_weigh_each_class_by_its_share_of_the_labels_as_spark_does(binary):
+    """Spark's MulticlassClassificationEvaluator's f1 and weightedPrecision: each class's F1 and precision (0 for a
+    class never predicted) weighed by its share of the labels; sample weights count a row w times; batches add up."""
+    from sparknet.labels import classification_metrics, classification_sums
+
+    torch.manual_seed(1)
+    n, classes = 300, 4
+    logits = torch.randn(n) if binary else torch.randn(n, classes)
+    y = torch.randint(0, 2 if binary else classes, (n,))
+    if not binary:
+        logits[:, 3] -= 10.0  # class 3 is never predicted: its precision is 0, its F1 too
+    w = torch.randint(0, 3, (n,)).double()
+
+    def spark_like(weights):
+        predicted = ((logits > 0).long() if binary else logits.argmax(1)).numpy()
+        truth, weights = y.numpy(), weights.numpy()
+        total, f1, precision = weights.sum(), 0.0, 0.0
+        for c in range(2 if binary else classes):
+            tp = weights[(predicted == c) & (truth == c)].sum()
+            p = tp / weights[predicted == c].sum() if weights[predicted == c].sum() else 0.0
+            r = tp / weights[truth == c].sum() if weights[truth == c].sum() else 0.0
+            share = weights[truth == c].sum() / total
+            f1 += share * (2 * p * r / (p + r) if p + r else 0.0)
+            precision += share * p
+        return f1, precision
+
+    for weights in (None, w):
+        halves = [classification_sums(logits[s], y[s], None if weights is None else weights[s])
+                  for s in (slice(0, 170), slice(170, None))]
+        m = classification_metrics([a + b for a, b in zip(*halves)])
+        f1, precision = spark_like(torch.ones(n, dtype=torch.float64) if weights is None else weights)
+        assert m["f1"] == pytest.approx(f1, rel=1e-12) and m["weighted_precision"] == pytest.approx(precision,
+                                                                                                   rel=1e-12)
+        assert 0 < m["f1"] < 1 and m["f1"] != m["accuracy"]
 
 
 def test_a_multilabel_net_learns_two_independent_labels():

@@ -457,6 +457,7 @@ class SparkTrainer:
                 worker_net = copy.deepcopy(net).to("meta" if dist.shard_replica else "cpu")
             spec = WorkerSpec(fit_id=fit_id, net=worker_net, loss=self.loss, worker=worker, task=task,
                               weighted=weight_col is not None, strategy=self.strategy, sample_shape=tuple(sample_shape),
+                              outputs=outputs,
                               start_iteration=dist.warmup_steps, staging_dir=self.options.staging_dir,
                               stream=data_mode is spark_data.DataMode.STREAM,
                               stream_buffer_bytes=dist.stream_buffer_mb << 20,

@@ -625,7 +625,8 @@ def _round_loop(net, spec: WorkerSpec, rank: int, group_rank: int, init_flat, da
                                 after_train=fault_hook(spec.faults, rank, params.restart),
                                 params=params, fit=fit, sender=sender, history=history, store=store,
                                 streaming=params.streaming, task=rank, reports=group_rank == 0,
-                                state_part=state_part, profile=spec.worker.profile, name=f"rank-{rank}")
+                                state_part=state_part, profile=spec.worker.profile, name=f"rank-{rank}",
+                                outputs=spec.outputs)
     if saved is not None and has_data and saved.get("stream") is not None:  # a streamed worker's own weights
         exchange.load_stream_state(saved["stream"])
     final = run_rounds(exchange, fit, global_flat)

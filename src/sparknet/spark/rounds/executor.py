@@ -110,6 +110,9 @@ class WorkerSpec:
     """What the net learns: class ids, or numbers (float labels)."""
     weighted: bool = False
     """The labels carry each row's sample weight last (a ``weight_col``)."""
+    outputs: int | None = None
+    """The net's outputs as the driver's probe found them (a classifier's classes): what the barrier's ranks sum
+    the validation shares' scores over (:func:`sparknet.collective.evaluate_shards`)."""
     relay: RelayAddress | None = None
     """The rounds engine's :class:`~sparknet.spark._relay.RelayAddress`: where the tasks fetch the round's weights
     and put their updates (``None``: through Spark's broadcasts and task results)."""
