@@ -188,13 +188,15 @@ def classification_sums(pred: torch.Tensor, y: torch.Tensor, weight: torch.Tenso
 
 def _by_class(predicted: torch.Tensor, y: torch.Tensor, w: torch.Tensor, classes: int) -> list[float]:
     """Each of ``classes`` classes' weight of rows predicted right, of rows predicted and of rows labelled (one class
-    id a row; none for a label a position, a sequence's)."""
+    id a row; none for a label a position, a sequence's). A label no output stands for (an ignored index, -100)
+    is no class's."""
     if y.dim() != 1:
         return []
     y = y.long()
-    hit = predicted == y
-    counts = [torch.bincount(ids, weights=weights, minlength=classes)[:classes]
-              for ids, weights in ((y[hit], w[hit]), (predicted, w.contiguous()), (y, w.contiguous()))]
+    known = (y >= 0) & (y < classes)
+    hit = known & (predicted == y)
+    counts = [torch.bincount(ids, weights=weights, minlength=classes)
+              for ids, weights in ((y[hit], w[hit]), (predicted, w.contiguous()), (y[known], w[known]))]
     return torch.cat(counts).tolist()
 
 

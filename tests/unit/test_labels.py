@@ -183,6 +183,9 @@ def test_f1_and_precision_weigh_each_class_by_its_share_of_the_labels_as_spark_d
         assert m["f1"] == pytest.approx(f1, rel=1e-12) and m["weighted_precision"] == pytest.approx(precision,
                                                                                                    rel=1e-12)
         assert 0 < m["f1"] < 1 and m["f1"] != m["accuracy"]
+    if not binary:  # a label no output stands for (an ignored index) is no class's, and wrong
+        sums = classification_sums(logits[:3], torch.tensor([0, -100, 9]))
+        assert sum(sums[4 + 2 * classes:]) == 1.0 and classification_metrics(sums)["accuracy"] <= 1 / 3
 
 
 def test_a_multilabel_net_learns_two_independent_labels():
