@@ -79,7 +79,7 @@ def training_rows(train, info: dict):
     return datasets.ArrayDataset(train.x, labels_with_weights(train.y, weights)[0]), True
 
 
-def validation_rows(test, info: dict):
+def scored_rows(test, info: dict):
     """The test rows a net scores: ``test``, or ``(x, y, w)`` with each row's sample weight where ``--weight-col``
     gave them some (``info["test_weights"]``), as :meth:`sparknet.net.Net.set_validation_data` takes them."""
     weights = info.get("test_weights")

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from sparknet._app import (build_model, finish_run, load_training_data, run_sinks, seed_everything, training_rows,
-                           validation_rows)
+                           scored_rows)
 from sparknet.checkpoint import CheckpointError, open_checkpoints
 from sparknet.config import EVAL_EVERY_STEPS, DistributedConfig, RunConfig, TrainConfig
 from sparknet.labels import Task
@@ -59,7 +59,7 @@ def train_local(run: RunConfig, dist: DistributedConfig | None = None) -> dict:
     net = Net(net_params, run.solver(), batch_size=run.batch_size, device=run.device, seed=run.seed,
               compute=run.worker().compute, task=run.task, weighted=weighted)
     net.set_training_data(rows)
-    net.set_validation_data(validation_rows(test, info))
+    net.set_validation_data(scored_rows(test, info))
     config = {"run": TrainConfig(run=run).to_dict()["run"]}
     checkpoints, start = _local_checkpoints(dist, net, config)
     log.info("training %s on %s: %d samples, %d steps of %d, %d threads", run.model, run.dataset,

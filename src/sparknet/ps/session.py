@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from sparknet._app import (build_model, finish_run, load_training_data, run_sinks, seed_everything, training_rows,
-                           validation_rows)
+                           scored_rows)
 from sparknet.checkpoint import CheckpointError, open_checkpoints
 from sparknet.config import Compute, Profile, TrainConfig, check_at_least
 from sparknet.errors import EngineError
@@ -508,7 +508,7 @@ def run_async(run, dist, *, combiner: str = "delta", ps_host: str | None = None,
     seed_everything(run.seed)
     train, test, info = load_training_data(run)
     train, weighted = training_rows(train, info)
-    test = validation_rows(test, info)
+    test = scored_rows(test, info)
     K = dist.workers
     spark = get_session(dist.resolved_master, app_name="sparknet-async")
     net_params = build_model(run, info)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything, validation_rows
+from sparknet._app import build_model, finish_run, load_training_data, run_sinks, seed_everything, scored_rows
 from sparknet._fs import is_uri
 from sparknet._parquet import TEST_FRACTION, footer_facts, table_info
 from sparknet._enums import CompressionKind
@@ -347,7 +347,7 @@ def _train(spark, run: RunConfig, dist: DistributedConfig, options: EngineOption
                      f"{len(train) / dist.workers:.0f} rows per worker" if hasattr(train, "__len__") else
                      "the rows read where they live")
             age = process_age_s()
-            result = trainer.fit(df, validation=validation_rows(test, info),
+            result = trainer.fit(df, validation=scored_rows(test, info),
                                  weight_col=None if run.weight_col is None else "weight")
             summary = {"event": "summary", "model": run.model,
                        "dataset": run.dataset if run.data is None else run.data, "master": spark.sparkContext.master,
