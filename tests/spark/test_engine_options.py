@@ -126,8 +126,8 @@ def test_the_link_waits_what_the_model_says(data):
     assert rounds.summary["link_s"] == pytest.approx(2 * 2 * link.delay(4 * P))
 
     barrier = _fit(data, "barrier", rounds=2, compression="int8", options=EngineOptions(link=link))
-    # + the evaluation's: count, loss and a classifier's four sums, float64
-    per_round = link.allgather_delay(4 * FIELDS + INT8, 2) + link.allreduce_delay(6 * 8, 2)
+    # + the evaluation's: count, loss, a classifier's four sums and its three counts of each of its 3 classes, float64
+    per_round = link.allgather_delay(4 * FIELDS + INT8, 2) + link.allreduce_delay((2 + 4 + 3 * 3) * 8, 2)
     assert [h["link_s"] for h in barrier.history] == pytest.approx([per_round] * 2)
 
     sync = _fit(data, "barrier", rounds=2, tau=3, strategy="sync", options=EngineOptions(link=LinkModel(0.05)))
