@@ -203,7 +203,8 @@ def _by_class(predicted: torch.Tensor, y: torch.Tensor, w: torch.Tensor, classes
 def classification_metrics(sums) -> dict[str, float]:
     """Accuracy, top-k accuracy for more than :data:`TOP_K` classes and, for one class id a row, Spark's ``f1`` and
     ``weighted_precision`` (each class's F1 and precision weighed by its share of the labels; a class never
-    predicted has a precision of 0), from summed :func:`classification_sums`."""
+    predicted has a precision of 0) and ``macro_f1`` (the mean F1 of the classes labelled or predicted, every class
+    alike, as scikit-learn's macro average), from summed :func:`classification_sums`."""
     right, labels, top, wide = (float(v) for v in sums[:4])
     out = {"accuracy": right / labels if labels else math.nan}
     if wide > 0:
@@ -215,7 +216,9 @@ def classification_metrics(sums) -> dict[str, float]:
         recall = np.divide(tp, actual, out=np.zeros_like(tp), where=actual > 0)
         f1 = np.divide(2 * precision * recall, precision + recall, out=np.zeros_like(tp),
                        where=precision + recall > 0)
-        out.update(f1=float(share @ f1), weighted_precision=float(share @ precision))
+        seen = (actual > 0) | (predicted > 0)
+        out.update(f1=float(share @ f1), weighted_precision=float(share @ precision),
+                   macro_f1=float(f1[seen].mean()) if seen.any() else math.nan)
     return out
 
 

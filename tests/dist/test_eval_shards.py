@@ -53,7 +53,8 @@ def _rank(rank, out, task, weighted):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("task,metrics", [("classification", {"accuracy", "top5_accuracy", "f1", "weighted_precision"}),
+@pytest.mark.parametrize("task,metrics", [("classification", {"accuracy", "top5_accuracy", "f1", "weighted_precision",
+                                                                             "macro_f1"}),
                                           ("multilabel", {"accuracy", "f1", "auc"}),
                                           ("regression", {"r2", "rmse", "mae"})])
 def test_two_ranks_score_as_one_pass(task, metrics, weighted):

@@ -145,13 +145,14 @@ def test_top_k_accuracy_counts_a_label_among_the_k_highest_outputs_past_k_classe
     assert classification_metrics(classification_sums(seq, ys)) == {k: flat[k] for k in ("accuracy", "top5_accuracy")}
     # five classes or fewer: no top-k accuracy
     assert set(classification_metrics(classification_sums(torch.randn(8, 5), torch.randint(0, 5, (8,))))) == {
-        "accuracy", "f1", "weighted_precision"}
+        "accuracy", "f1", "weighted_precision", "macro_f1"}
 
 
 @pytest.mark.parametrize("binary", [False, True])
 def test_f1_and_precision_weigh_each_class_by_its_share_of_the_labels_as_spark_does(binary):
     """Spark's MulticlassClassificationEvaluator's f1 and weightedPrecision: each class's F1 and precision (0 for a
-    class never predicted) weighed by its share of the labels; sample weights count a row w times; batches add up."""
+    class never predicted) weighed by its share of the labels; the macro F1, every class labelled or predicted
+    alike; sample weights count a row w times; batches add up."""
     from sparknet.labels import classification_metrics, classification_sums
 
     torch.manual_seed(1)
@@ -165,7 +166,7 @@ def test_f1_and_precision_weigh_each_class_by_its_share_of_the_labels_as_spark_d
     def spark_like(weights):
         predicted = ((logits > 0).long() if binary else logits.argmax(1)).numpy()
         truth, weights = y.numpy(), weights.numpy()
-        total, f1, precision = weights.sum(), 0.0, 0.0
+        total, f1, precision, by_class = weights.sum(), 0.0, 0.0, []
         for c in range(2 if binary else classes):
             tp = weights[(predicted == c) & (truth == c)].sum()
             p = tp / weights[predicted == c].sum() if weights[predicted == c].sum() else 0.0
@@ -173,16 +174,18 @@ def test_f1_and_precision_weigh_each_class_by_its_share_of_the_labels_as_spark_d
             share = weights[truth == c].sum() / total
             f1 += share * (2 * p * r / (p + r) if p + r else 0.0)
             precision += share * p
-        return f1, precision
+            if weights[(truth == c) | (predicted == c)].sum():
+                by_class.append(2 * p * r / (p + r) if p + r else 0.0)
+        return f1, precision, sum(by_class) / len(by_class)
 
     for weights in (None, w):
         halves = [classification_sums(logits[s], y[s], None if weights is None else weights[s])
                   for s in (slice(0, 170), slice(170, None))]
         m = classification_metrics([a + b for a, b in zip(*halves)])
-        f1, precision = spark_like(torch.ones(n, dtype=torch.float64) if weights is None else weights)
+        f1, precision, macro = spark_like(torch.ones(n, dtype=torch.float64) if weights is None else weights)
         assert m["f1"] == pytest.approx(f1, rel=1e-12) and m["weighted_precision"] == pytest.approx(precision,
                                                                                                    rel=1e-12)
-        assert 0 < m["f1"] < 1 and m["f1"] != m["accuracy"]
+        assert 0 < m["f1"] < 1 and m["f1"] != m["accuracy"] and m["macro_f1"] == pytest.approx(macro, rel=1e-12)
     if not binary:  # a label no output stands for (an ignored index) is no class's, and wrong
         sums = classification_sums(logits[:3], torch.tensor([0, -100, 9]))
         assert sum(sums[4 + 2 * classes:]) == 1.0 and classification_metrics(sums)["accuracy"] <= 1 / 3
