@@ -75,8 +75,8 @@ class EvalResult:
     samples: int
     metrics: dict = field(default_factory=dict)
     """The task's metrics by name: ``accuracy`` (and ``top5_accuracy`` past five classes; ``f1`` and
-    ``weighted_precision`` for one class id a row, as Spark's evaluators weigh them, and ``macro_f1``) for classes; ``r2``, ``rmse`` and
-    ``mae`` for numbers; ``accuracy``, ``f1`` and ``auc`` for label sets; none for a net without
+    ``weighted_precision`` for one class id a row, as Spark's evaluators weigh them, and ``macro_f1``) for classes;
+    ``r2``, ``rmse`` and ``mae`` for numbers; ``accuracy``, ``f1`` and ``auc`` for label sets; none for a net without
     labels (its loss alone)."""
     sums: tuple = ()
     """The additive sums the metrics come from (:func:`sparknet.labels.task_sums`); none for a net without labels."""
