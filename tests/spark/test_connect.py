@@ -70,7 +70,7 @@ def test_trainer_fits_with_the_barrier_engine(spark):
     assert result.summary["test_accuracy"] == pytest.approx(result.history[-1]["val_accuracy"], abs=1e-9)
     # the ranks' shares summed are the whole set's scores, F1 by class among them
     here = result.net.evaluate()
-    for name in ("accuracy", "f1", "weighted_precision"):
+    for name in ("accuracy", "f1", "weighted_precision", "macro_f1"):
         assert result.summary[f"test_{name}"] == pytest.approx(here.metrics[name], abs=1e-9), name
 
 
