@@ -334,7 +334,7 @@ class AsyncSession:
                         spark_validation, features_col=feed_names[0], label_col=feed_names[1],
                         image_shape=image_shape, expected_len=math.prod(sample_shape) if sample_shape else None,
                         num_classes=None, sample_shape=sample_shape, task=self.net.task,
-                        weight_col=weight_col if weight_col in getattr(spark_validation, "columns", ()) else None),
+                        weight_col=weight_col),
                     timeout_s=self.data_timeout_s, what="collecting the validation data")
             self.net.set_validation_data(validation_data)
             self._validation = True

@@ -1205,8 +1205,12 @@ def local_arrays(data, *, sample_shape, what: str = "validation data",
 def collect_arrays(data, *, features_col: str, label_col: str, image_shape, expected_len: int | None,
                    num_classes: int | None, sample_shape, what: str = "validation data",
                    task: Task = Task.CLASSIFICATION, weight_col: str | None = None) -> tuple:
-    """A DataFrame or RDD collected to the driver as checked ``(x, y)`` arrays; ``(x, y, w)`` with a DataFrame's
-    ``weight_col``, its rows' sample weights (float64)."""
+    """A DataFrame or RDD collected to the driver as checked ``(x, y)`` arrays; ``(x, y, w)`` where ``weight_col`` is
+    a column of the DataFrame, its rows' sample weights (float64). Data without that column (an RDD has none) is
+    collected unweighted, and the log says so."""
+    if weight_col is not None and not (is_dataframe(data) and weight_col in data.columns):
+        log.info("%s has no weight column %r: its rows are scored unweighted", what, weight_col)
+        weight_col = None
     float_labels = task.float_labels or weight_col is not None  # the weight travels last in float32 labels
     if is_dataframe(data):  # DataFrame operations alone (a Spark Connect session has no RDDs)
         frame, _ = chunk_frame(data, features_col=features_col, label_col=label_col, image_shape=image_shape,

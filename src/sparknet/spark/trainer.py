@@ -607,10 +607,6 @@ class SparkTrainer:
         if validation is None:
             return None
         if spark_data.is_dataframe(validation) or spark_data.is_rdd(validation):
-            if weight_col is not None and not (spark_data.is_dataframe(validation)
-                                               and weight_col in validation.columns):
-                log.info("the validation data has no weight column %r: its rows are scored unweighted", weight_col)
-                weight_col = None
             val = spark_data.collect_arrays(validation, features_col=features_col, label_col=label_col,
                                             image_shape=image_shape, expected_len=math.prod(sample_shape),
                                             num_classes=num_classes, sample_shape=sample_shape, task=task,
