@@ -501,6 +501,10 @@ class DistributedConfig:
     eval_overlap: bool = False
     """Rounds engine: score each round's weights on the driver in a thread while the next round trains, off the
     round's critical path; records come out, and the target is judged, one round late."""
+    eval_sharded: bool = False
+    """Rounds engine: keep the validation rows in Spark, cached in one partition a worker, and score each evaluation
+    as one Spark job over them on the executors; the driver never holds the held-out rows (for a validation set
+    larger than the driver's memory, or faster on executors with cores of their own)."""
     weight_ema: float | None = None
     """Keep a moving average of the global weights over rounds with this decay per round (in (0, 1), e.g. 0.9;
     the first rounds use min(decay, (1 + r) / (10 + r))): every evaluation also scores it (val_ema_<metric>),
@@ -614,6 +618,12 @@ class DistributedConfig:
         if self.eval_overlap and self.engine is not Engine.ROUNDS:
             raise ValueError(f"eval_overlap (--eval-overlap) scores the weights on the driver behind the rounds "
                              f"engine's jobs; the {self.engine.value} engine evaluates on its workers, in the round")
+        if self.eval_sharded and self.engine is not Engine.ROUNDS:
+            raise ValueError(f"eval_sharded (--eval-sharded) scores the rounds engine's weights in a Spark job of "
+                             f"their own; the {self.engine.value} engine evaluates on its workers, in the round")
+        if self.eval_sharded and self.eval_overlap:
+            raise ValueError("eval_sharded (--eval-sharded) scores the weights on the executors, eval_overlap "
+                             "(--eval-overlap) in a thread on the driver: choose one")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be at least 1 round, got {self.checkpoint_every}")
         if self.resume and not self.checkpoint_dir:

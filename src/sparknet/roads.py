@@ -52,13 +52,14 @@ _UNREAD: dict[Road, tuple[str, str | None, dict[type, tuple[str, ...] | None]]] 
     Road.ONE_PROCESS: ("a run of one worker in this process, without Spark,",
                        "train on Spark with --workers K, or with --master URL for one worker",
                        {RunConfig: ("gpus_per_worker",),
-                        DistributedConfig: ("strategy", "master", "eval_every_rounds", "warmup_steps", *_EXCHANGE),
+                        DistributedConfig: ("strategy", "master", "eval_every_rounds", "eval_sharded", "warmup_steps",
+                                            *_EXCHANGE),
                         EngineOptions: None, AsyncConfig: None, CaffeTrainFlags: None}),
     Road.PARAMETER_SERVER: ("the async strategy's parameter server (epochs, not rounds, each evaluated and, with "
                             "--checkpoint-dir, checkpointed; no Spark engine)", "choose another --strategy",
                             {RunConfig: ("eval_every", "gpus_per_worker"),
                              DistributedConfig: ("engine", "rounds", "eval_every_rounds", "eval_screen_rows",
-                                                 "eval_budget", "eval_overlap", *_EXCHANGE),
+                                                 "eval_budget", "eval_overlap", "eval_sharded", *_EXCHANGE),
                              EngineOptions: None, CaffeTrainFlags: None}),
     Road.SPARK: ("a run on Spark", None, {RunConfig: ("eval_every",), AsyncConfig: None, CaffeTrainFlags: None}),
     Road.CAFFE: ("a Caffe run (its net's data layers say what trains on what; --caffe-sources binds others)", None,
@@ -70,7 +71,7 @@ _UNREAD: dict[Road, tuple[str, str | None, dict[type, tuple[str, ...] | None]]] 
 refused."""
 
 _JUDGED = ("target_accuracy", "target_loss", "patience", "monitor", "min_delta", "eval_every_rounds",
-           "eval_screen_rows", "eval_budget", "eval_overlap")
+           "eval_screen_rows", "eval_budget", "eval_overlap", "eval_sharded")
 """What sparknet's own evaluation of a fit reads: when to score the weights, and the target (or the early stop) it
 judges."""
 

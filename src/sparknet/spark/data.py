@@ -1208,9 +1208,7 @@ def collect_arrays(data, *, features_col: str, label_col: str, image_shape, expe
     """A DataFrame or RDD collected to the driver as checked ``(x, y)`` arrays; ``(x, y, w)`` where ``weight_col`` is
     a column of the DataFrame, its rows' sample weights (float64). Data without that column (an RDD has none) is
     collected unweighted, and the log says so."""
-    if weight_col is not None and not (is_dataframe(data) and weight_col in data.columns):
-        log.info("%s has no weight column %r: its rows are scored unweighted", what, weight_col)
-        weight_col = None
+    weight_col = weight_column(data, weight_col, what)
     float_labels = task.float_labels or weight_col is not None  # the weight travels last in float32 labels
     if is_dataframe(data):  # DataFrame operations alone (a Spark Connect session has no RDDs)
         frame, _ = chunk_frame(data, features_col=features_col, label_col=label_col, image_shape=image_shape,
@@ -1228,6 +1226,15 @@ def collect_arrays(data, *, features_col: str, label_col: str, image_shape, expe
     if weight_col is None:
         return x, y
     return x, *split_weights(y, checked["label_width"], task.float_labels)
+
+
+def weight_column(data, weight_col: str | None, what: str) -> str | None:
+    """``weight_col`` where ``data`` is a DataFrame that has that column, else ``None`` (an RDD has none), and the log
+    says its rows are scored unweighted."""
+    if weight_col is not None and not (is_dataframe(data) and weight_col in data.columns):
+        log.info("%s has no weight column %r: its rows are scored unweighted", what, weight_col)
+        return None
+    return weight_col
 
 
 def describe_skew(rows_per_partition: list[int]) -> str | None:

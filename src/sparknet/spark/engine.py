@@ -44,8 +44,9 @@ class EngineRun:
     """The global weights to start from."""
     plan: FitPlan
     """The fit's rules: strategy, stopping, evaluation, automatic tau, moving average, counters to go on from."""
-    validation: tuple | None
-    """The validation rows as ``(x, y)`` arrays, or ``(x, y, w)`` with each row's sample weight; ``None``: none."""
+    validation: Any
+    """The validation rows as ``(x, y)`` arrays, or ``(x, y, w)`` with each row's sample weight; where they stay in
+    Spark (``eval_sharded``), their :class:`~sparknet.spark.rounds.validation.ValidationShards`; ``None``: none."""
     driver_net: Net
     """The driver's net: evaluates the global weights and writes them into checkpoints."""
     broadcasts: list

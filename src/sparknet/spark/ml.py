@@ -67,8 +67,8 @@ _RUN_FIELDS = ("model", "steps", "batch_size", "solver_type", "lr", "momentum", 
 _DIST_FIELDS = ("workers", "engine", "strategy", "tau", "round_seconds", "warmup_steps", "rounds", "epochs",
                 "weight_ema", "target_accuracy", "target_loss", "patience", "monitor", "min_delta", "data_mode",
                 "stream_buffer_mb", "compression", "auto_tau", "auto_tau_target", "outer_lr", "outer_momentum",
-                "easgd_beta", "overlap", "fragments", "eval_overlap", "procs_per_worker", "shard_replica",
-                "model_parallel", "parallel_plan", "max_weight_bytes")
+                "easgd_beta", "overlap", "fragments", "eval_overlap", "eval_sharded", "procs_per_worker",
+                "shard_replica", "model_parallel", "parallel_plan", "max_weight_bytes")
 """DistributedConfig fields that become estimator Params."""
 _DOC_OVERRIDES = {
     "workers": "Number of workers K (default: the session's default parallelism).",

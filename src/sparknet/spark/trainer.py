@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from sparknet._malloc import keep_freed_memory
+from sparknet._parquet import labels_with_weights
 from sparknet.checkpoint import CheckpointError, RoundCheckpoints, open_checkpoints, set_rng_state
 from sparknet.config import DistributedConfig, Engine, RunConfig, WorkerConfig, check_per_step_strategy
 from sparknet.errors import EngineError, WorkerOutOfMemory
@@ -58,6 +59,7 @@ from sparknet.spark.engine import EngineOptions, EngineRun
 from sparknet.spark.rounds.executor import (WorkerSpec, cleanup_partition, stage_frame, stage_hands, stage_partition,
                                             staged_head)
 from sparknet.spark.rounds.driver import run_rounds_engine
+from sparknet.spark.rounds.validation import ValidationShards, shard_stats
 from sparknet.spark.session import get_session, is_connect, is_local_master, session_parallelism
 from sparknet.strategies import TrainingStrategy, make_strategy
 from sparknet.labels import Task, infer_task
@@ -392,6 +394,7 @@ class SparkTrainer:
         mark("planned")
         staged = None
         broadcasts = []
+        persisted = []  # the validation rows' chunks, where they stay in Spark (eval_sharded)
         ahead = pool = None
         stop_warmup = threading.Event()
         if dist.warmup_steps and resume is None and dealt is not None:
@@ -437,12 +440,16 @@ class SparkTrainer:
                 who = ("a strategy that allreduces gradients every step" if self.strategy.needs_gradient_hook else
                        f"a worker of several processes (its {dist.procs_per_worker} processes step together)")
                 raise ValueError(f"{who} needs data in every partition (rows per partition: {self._rows})")
-            val = self._data_job(sc, group, "sparknet: collect the validation data",
-                                 lambda: self._validation(validation, sample_shape, num_classes, features_col,
-                                                          label_col, image_shape, task, weight_col),
-                                 "the validation data's collection")
-            mark("checked")  # and the validation rows collected
-            if val is not None:
+            if dist.eval_sharded and validation is not None:
+                val = self._validation_shards(sc, group, validation, persisted, level, sample_shape,
+                                              num_classes, features_col, label_col, image_shape, task, weight_col)
+            else:
+                val = self._data_job(sc, group, "sparknet: collect the validation data",
+                                     lambda: self._validation(validation, sample_shape, num_classes, features_col,
+                                                              label_col, image_shape, task, weight_col),
+                                     "the validation data's collection")
+            mark("checked")  # and the validation rows collected, or counted where they stay
+            if val is not None and not isinstance(val, ValidationShards):
                 driver_net.set_validation_data(val)
             warmup = None
             if ahead is not None:
@@ -484,14 +491,16 @@ class SparkTrainer:
             if pool is not None:  # a fit that failed before it needed the warm-up ends it at its next step
                 stop_warmup.set()
                 pool.shutdown(wait=True)
-            self._cleanup(sc, group, fit_id, staged, chunks, broadcasts)
+            self._cleanup(sc, group, fit_id, staged, chunks, broadcasts, persisted)
 
         driver_net.set_flat(global_flat)
         rounds = [h for h in history if h.get("event") == "round"]
         test = returned_scores(rounds, dist.weight_ema is not None)
         if test is None and val is not None:  # no round scored the weights returned (a resumed fit with none left)
-            scored = driver_net.evaluate()
-            test = scored.metrics, scored.loss
+            test = extra.pop("final_scores", None)  # scored where the validation rows are
+            if test is None:
+                scored = driver_net.evaluate()
+                test = scored.metrics, scored.loss
         summary = {
             "engine": dist.engine.value, "strategy": getattr(self.strategy.name, "value", str(self.strategy.name)),
             "workers": K, "procs_per_worker": dist.procs_per_worker, "tau": dist.tau,
@@ -501,7 +510,7 @@ class SparkTrainer:
             "data_rows": int(total["rows"]), "rows_per_partition": total["rows_per_partition"],
             "sample_shape": list(sample_shape), "num_classes": num_classes, "input": source.description,
             # the validation rows' total sample weight, where their scores weigh each row (none: each row once)
-            "validation_weight": driver_net.validation_weight,
+            "validation_weight": val.weight if isinstance(val, ValidationShards) else driver_net.validation_weight,
             "feature_columns": None if layout is None else {name: list(shape) for name, shape in layout},
             "data_mode": data_mode.value, "data_mode_reason": data_mode_why,
             "warmup": warmup, "fit_phases_s": phases, "retries": sum(h.get("retries", 0) for h in rounds),
@@ -619,6 +628,51 @@ class SparkTrainer:
                              f"{num_classes} classes")
         return val
 
+    def _validation_shards(self, sc, group, validation, persisted: list, level, sample_shape, num_classes,
+                           features_col, label_col, image_shape, task, weight_col) -> ValidationShards:
+        """The validation rows kept in Spark (``eval_sharded``), one partition a worker, persisted (and put in
+        ``persisted`` for the fit's cleanup). A DataFrame or an RDD is converted into chunks as the training rows are,
+        then counted and checked in one job: the driver holds none of its rows. Local arrays, checked here, are cut
+        into as many contiguous slices (their rows in order, so a screen scores the rows the driver's net would) and
+        handed to Spark once, through one shuffle, as :func:`~sparknet.spark.data.without_local_data` hands the
+        training rows: not in every evaluation's tasks."""
+        K = self.dist.workers
+        if spark_data.is_dataframe(validation) or spark_data.is_rdd(validation):
+            weight_col = spark_data.weight_column(validation, weight_col, "validation data")
+            chunks, _ = spark_data.chunk_rdd(validation, features_col=features_col, label_col=label_col,
+                                             image_shape=image_shape, expected_len=math.prod(sample_shape),
+                                             num_partitions=K, float_labels=task.float_labels or weight_col is not None,
+                                             weight_col=weight_col)
+            chunks = spark_data.without_local_data(chunks, K)
+            persisted.append(chunks.persist(level))
+            stats = self._data_job(sc, group, "sparknet: convert, check and count the validation data where it stays",
+                                   chunks.mapPartitionsWithIndex(shard_stats(weight_col is not None)).collect,
+                                   "the validation data's conversion and check")
+            _, total = spark_data.checked_partitions(sc, group, chunks, timeout_s=None, stats=stats,
+                                                     expected_len=math.prod(sample_shape), num_classes=num_classes,
+                                                     num_workers=None, sample_shape=sample_shape, task=task,
+                                                     what="validation data")
+            rows, label_width = tuple(total["rows_per_partition"]), int(total["label_width"])
+            weight = math.fsum(s["weight"] for s in stats) if weight_col is not None else None
+        else:
+            arrays = self._validation(validation, sample_shape, num_classes, features_col, label_col, image_shape,
+                                      task, weight_col)
+            x, y = arrays[0], arrays[1]
+            w = arrays[2] if len(arrays) == 3 else None
+            labels = y if w is None else labels_with_weights(y, w)[0]
+            bounds = np.linspace(0, len(x), K + 1).astype(int)
+            chunks = spark_data.folded(sc.parallelize([(x[a:b], labels[a:b], None)
+                                                       for a, b in zip(bounds[:-1], bounds[1:])], K), K)
+            persisted.append(chunks.persist(level))
+            rows, label_width = tuple(int(n) for n in np.diff(bounds)), y.shape[1] if y.ndim == 2 else 0
+            weight = None if w is None else math.fsum(np.asarray(w, dtype=np.float64))
+        if weight is not None and not weight > 0:
+            raise ValueError(f"validation data: all {sum(rows)} rows have a sample weight of 0, so no score "
+                             "could be measured on them")
+        log.info("validation data: %d rows in %d partitions stay in Spark; each evaluation scores them there",
+                 sum(rows), len(rows))
+        return ValidationShards(chunks=chunks, rows=rows, label_width=label_width, weight=weight)
+
     def _warmup(self, sc, group, chunks, staged, total, driver_net: Net, sample_shape) -> dict:
         """``warmup_steps`` on the driver, on a bounded sample of the training data: each partition's first rows,
         read where the stage job wrote them (``staged``), else taken from its chunks (the rows converted again where
@@ -723,7 +777,7 @@ class SparkTrainer:
 
     # -- cleanup ------------------------------------------------------------------------------
     @staticmethod
-    def _cleanup(sc, group, fit_id, staged, chunks, broadcasts) -> None:
+    def _cleanup(sc, group, fit_id, staged, chunks, broadcasts, persisted=()) -> None:
         if staged is not None:
             try:
                 run_with_deadline(sc, group, "sparknet: remove staged data",
@@ -733,6 +787,8 @@ class SparkTrainer:
                 log.warning("could not remove the staged training data of fit %s: %s", fit_id, exc)
             quietly(staged.unpersist)
         quietly(chunks.unpersist)
+        for rdd in persisted:
+            quietly(rdd.unpersist)
         for bc in broadcasts:
             quietly(bc.destroy)
 

@@ -29,8 +29,10 @@ from sparknet.spark.session import is_local_master
 from sparknet._tensortree import unpack_tree
 from sparknet.spark._relay import RoundRelay
 from sparknet.spark.engine import EngineRun
+from sparknet.metrics import returned_scores
 from sparknet.spark.rounds.executor import (ROUND_TASK, Partial, RoundTask, WorkerStatus, combine, decode_updates,
                                            pack_spec, run_round, run_round_from_chunks)
+from sparknet.spark.rounds.validation import ShardedScorer, ValidationShards
 from sparknet.strategies import Downlink, make_compressor
 
 __all__ = ["SparkRoundsExchange", "run_rounds_engine"]
@@ -46,13 +48,17 @@ class SparkRoundsExchange(Exchange):
     ``None``, or once a task could not reach it: Spark's broadcasts and results. When the driver holds the workers'
     states (``EngineOptions.worker_state_on_driver``), the tasks send theirs every round, and a partition that moves to a
     host without its state continues from the driver's copy. The round's tasks ask for ``profile``'s resources (a
-    worker's GPU share: :mod:`sparknet.spark.resources`).
+    worker's GPU share: :mod:`sparknet.spark.resources`). ``scorer`` scores the global weights: the driver's net on
+    the validation rows it holds (by default), or a :class:`~sparknet.spark.rounds.validation.ShardedScorer` where
+    they stay in Spark.
     """
 
     engine = "rounds"
 
-    def __init__(self, run: EngineRun, spec_bc, relay=None, profile=None):
+    def __init__(self, run: EngineRun, spec_bc, relay=None, profile=None,
+                 scorer: NetScorer | ShardedScorer | None = None):
         self.run, self.sc, self.group, self.spec_bc, self.driver_net = run, run.sc, run.group, spec_bc, run.driver_net
+        self.scorer = scorer or NetScorer(run.driver_net)
         self.profile = profile
         self.staged, self.chunks, self.workers = run.source, run.chunks, run.dist.workers
         self.compression = run.spec.compression
@@ -301,10 +307,12 @@ class SparkRoundsExchange(Exchange):
 
     @property
     def validation_rows(self) -> int | None:
+        if isinstance(self.scorer, ShardedScorer):
+            return self.scorer.rows
         return None if self.driver_net._val is None else len(self.driver_net._val[0])
 
     def evaluate(self, global_flat: torch.Tensor, rows: int | None = None, rest_of: int | None = None):
-        return NetScorer(self.driver_net).evaluate(global_flat, rows, rest_of)
+        return self.scorer.evaluate(global_flat, rows, rest_of)
 
     def background_evaluator(self) -> NetScorer:
         """A copy of the driver's net (sharing its validation and warm-up tensors, which nothing writes) that scores
@@ -346,8 +354,9 @@ def _fatal(acc: Partial | None) -> Partial | None:
 def run_rounds_engine(run: EngineRun):
     """The rounds engine's fit: :func:`sparknet.loop.run_rounds` over a :class:`SparkRoundsExchange`.
 
-    The validation data is evaluated on the driver, by ``run.driver_net``. Returns the final global weights, the
-    round records and the engine's summary fields.
+    The validation data is evaluated on the driver, by ``run.driver_net``, or where it stays in Spark
+    (:class:`~sparknet.spark.rounds.validation.ValidationShards`, one job an evaluation). Returns the final global
+    weights, the round records and the engine's summary fields.
     """
     sc, spec, relay = run.sc, run.spec, None
     if run.options.rounds_transport == "socket":
@@ -361,19 +370,30 @@ def run_rounds_engine(run: EngineRun):
         profile, gpus = gpu_profile(sc, spec.worker.gpus_per_worker)
         spec_bc = sc.broadcast(pack_spec(spec))
         run.broadcasts.append(spec_bc)
-        exchange = SparkRoundsExchange(run, spec_bc, relay, profile)
+        scorer = None
+        if isinstance(run.validation, ValidationShards):
+            scorer = ShardedScorer(sc, run.group, run.validation, spec_bc, profile=profile,
+                                   timeout_s=run.options.round_timeout_s)
+        exchange = SparkRoundsExchange(run, spec_bc, relay, profile, scorer)
         history: list[dict] = []
 
         def on_record(record: dict) -> None:
             history.append(record)
             run.emit(record, exchange.latest)
 
+        extra = {}
         with job_group(sc, run.group, f"sparknet rounds ({run.dist.workers} workers)"):  # each round names itself
             global_flat = run_rounds(exchange, run.plan, run.global_flat, on_record=on_record, t0=run.t_fit)
+            rounds = [h for h in history if h.get("event") == "round"]
+            if scorer is not None and returned_scores(rounds, run.dist.weight_ema is not None) is None:
+                scored = scorer.evaluate(global_flat)  # no round scored the weights returned (a resumed fit)
+                extra["final_scores"] = scored.metrics, scored.loss
+        if scorer is not None:
+            extra["evaluation_jobs"] = scorer.jobs
         return global_flat, history, {"rerun_partitions": exchange.rerun_partitions,
                                       "elastic_rounds": exchange.elastic_rounds,
                                       "rounds_transport": "spark" if exchange.relay is None else "socket",
-                                      "gpu_scheduling": gpus}
+                                      "gpu_scheduling": gpus, "eval_sharded": scorer is not None, **extra}
     finally:
         if relay is not None:
             relay.close()
