@@ -59,6 +59,9 @@
 #   k8_every   the rounds engine at K = 8 evaluating every round, with and without its evaluations in a driver thread
 #              (two cores, by hand: K = 8 evaluating every round stopped at 750 steps; the lab's K = 8 under the 5%
 #              budget, at 1,000; 104 s)
+#   k8_sharded the rounds engine at K = 8 evaluating every round, on the driver and on its executors, where the test
+#              rows stay (--eval-sharded: one Spark job an evaluation; two cores, by hand, K = 2: the same 1.2-1.4 s an
+#              evaluation after the first, the first 0.6 s more, as the rows go to Spark; about 100 s)
 #   k8_timed   the two engines at K = 8 with rounds of 1.5 s in place of 50 steps: no worker waits for the slowest
 #   k16        the same as k8 for K = 16, without the one-process runs, with the barrier engine (275 s before the
 #              slow-momentum run; simulated, K = 16 to 99%: 1,000 / 950 steps a worker averaging, 450 / 650 with slow
@@ -114,6 +117,7 @@ for name in "$@"; do
     k8_warm) need=200; cmd="$T99 --workers 8 --threads 1,8 --warmup-steps 500 --only 'one process|warm-up' --timeout 120" ;;
     k8_engines) need=115; cmd="$T99 --workers 8 --only '8 workers' --timeout 100" ;;
     k8_every) need=110; cmd="$T99 --workers 8 --only 'rounds, 8 workers' --eval-budget 1 --eval-overlap --timeout 100" ;;
+    k8_sharded) need=110; cmd="$T99 --workers 8 --only 'rounds, 8 workers' --eval-budget 1 --eval-sharded --timeout 100" ;;
     k8_timed) need=140; cmd="$T99 --workers 8 --only '8 workers' --round-seconds 1.5 --timeout 100" ;;
     k16_driver) need=150; cmd="$T99 --workers 16 --only 'barrier, 16 workers' --eval-budget 1 --timeout 70 --out $out/k16_driver_all.json; OMP_NUM_THREADS=1 $T99 --workers 16 --only 'barrier, 16 workers' --eval-budget 1 --timeout 70" ;;
     k16) need=280; cmd="$T99 --workers 16 --threads 1 --slow-momentum 0.7 --only '=rounds, 16 workers|=barrier, 16 workers|=rounds, 16 workers, slow momentum 0.7|16 processes' --timeout 120" ;;

@@ -69,13 +69,15 @@ RUNS: dict[str, list[str]] = {}
 
 def runs_for(workers: list[int], threads: list[int], shapes: list[str] = (),
              round_seconds: float | None = None, overlap: bool = False,
-             warmup: list[int] = (), slow_momentum: list[float] = ()) -> dict[str, list[str]]:
+             warmup: list[int] = (), slow_momentum: list[float] = (), sharded: bool = False) -> dict[str, list[str]]:
     """The runs of one call: one process with each of ``threads``, then each engine with each of ``workers`` (a
     process with several threads may take twice the steps, so that it gets to the target), then the barrier engine
     with each ``KxG[@LR]`` of ``shapes``. With ``round_seconds``, each engine's rounds end after that many seconds
     instead of τ steps (``--round-seconds``): no worker waits for the slowest, whose samples weigh less. With
     ``overlap``, the rounds engine scores each round's weights in a driver thread while the next round trains
-    (``--eval-overlap``): the evaluations leave the rounds' critical path, the target is seen a round late. For
+    (``--eval-overlap``): the evaluations leave the rounds' critical path, the target is seen a round late. With
+    ``sharded``, the rounds engine scores each round's weights on its executors, where the test rows stay
+    (``--eval-sharded``: one Spark job an evaluation, the driver's cores idle). For
     each W of ``warmup``, each engine also starts from W steps on the driver (``--warmup-steps W``, all the driver's
     cores, on the first rows of each partition, at most 20,000). For each M of ``slow_momentum``, each engine also
     averages with slow momentum M (``--strategy diloco --outer-lr 1 --outer-momentum M``: the average's change taken
@@ -90,6 +92,8 @@ def runs_for(workers: list[int], threads: list[int], shapes: list[str] = (),
         runs[f"rounds, {k} workers{timed}"] = spark
         if overlap:
             runs[f"rounds, {k} workers{timed}, overlapped evaluation"] = [*spark, "--eval-overlap"]
+        if sharded:
+            runs[f"rounds, {k} workers{timed}, sharded evaluation"] = [*spark, "--eval-sharded"]
         runs[f"barrier, {k} workers{timed}"] = [*spark, "--engine", "barrier"]
         for w in warmup:
             runs[f"rounds, {k} workers{timed}, {w} warm-up steps"] = [*spark, "--warmup-steps", str(w)]
@@ -279,6 +283,8 @@ def main(argv=None) -> int:
                    help="each engine's rounds end after this many seconds instead of tau = 50 steps")
     p.add_argument("--eval-overlap", action="store_true",
                    help="also the rounds engine with its evaluations in a driver thread (--eval-overlap)")
+    p.add_argument("--eval-sharded", action="store_true",
+                   help="also the rounds engine with its evaluations on its executors (--eval-sharded)")
     p.add_argument("--warmup-steps", default="",
                    help="comma-separated W: also each engine started from W steps on the driver (--warmup-steps)")
     p.add_argument("--slow-momentum", default="",
@@ -305,7 +311,7 @@ def main(argv=None) -> int:
     TRAIN[:] = train_args(args.dataset, args.target)
     RUNS.update(runs_for(workers, threads, shapes, args.round_seconds, args.eval_overlap,
                          [int(w) for w in args.warmup_steps.split(",") if w],
-                         [float(m) for m in args.slow_momentum.split(",") if m]))
+                         [float(m) for m in args.slow_momentum.split(",") if m], args.eval_sharded))
     os.environ["SPARKNET_BENCH_EVAL_BUDGET"] = str(args.eval_budget)  # the runs and the DDP processes read it
     os.environ["SPARKNET_BENCH_DATASET"], os.environ["SPARKNET_BENCH_TARGET"] = args.dataset, str(args.target)
     BARE_STEPS[0] = args.bare_steps

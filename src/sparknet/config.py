@@ -502,7 +502,7 @@ class DistributedConfig:
     """Rounds engine: score each round's weights on the driver in a thread while the next round trains, off the
     round's critical path; records come out, and the target is judged, one round late."""
     eval_sharded: bool = False
-    """Rounds engine: keep the validation rows in Spark, cached in one partition a worker, and score each evaluation
+    """Rounds engine: keep the validation rows in Spark, cached in a partition a task slot, and score each evaluation
     as one Spark job over them on the executors; the driver never holds the held-out rows (for a validation set
     larger than the driver's memory, or faster on executors with cores of their own)."""
     weight_ema: float | None = None

@@ -32,6 +32,16 @@ def test_slow_momentum_runs_average_with_an_outer_nesterov_step_cold_and_warm(mo
     assert _processes("rounds, 8 workers, slow momentum 0.7, 500 warm-up steps") == 8
 
 
+def test_the_evaluations_other_places_are_runs_of_the_rounds_engine_beside_its_plain_run(monkeypatch):
+    monkeypatch.setattr(time_to_99, "TRAIN", ["sparknet", "train"])
+    runs = runs_for([8], [1], overlap=True, sharded=True)
+    plain = runs["rounds, 8 workers"]
+    assert runs["rounds, 8 workers, overlapped evaluation"] == [*plain, "--eval-overlap"]
+    assert runs["rounds, 8 workers, sharded evaluation"] == [*plain, "--eval-sharded"]
+    assert "barrier, 8 workers, sharded evaluation" not in runs  # the barrier engine scores on its ranks already
+    assert selected(list(runs), "rounds, 8 workers") == [name for name in runs if name.startswith("rounds")]
+
+
 def test_only_picks_runs_by_a_part_of_their_name_or_by_the_whole_name():
     names = ["one process, 1 thread", "rounds, 8 workers", "rounds, 8 workers, slow momentum 0.7",
              "barrier, 8 workers", "barrier, 8 workers, slow momentum 0.7", "torch_distributor, 8 processes"]

@@ -630,13 +630,14 @@ class SparkTrainer:
 
     def _validation_shards(self, sc, group, validation, persisted: list, level, sample_shape, num_classes,
                            features_col, label_col, image_shape, task, weight_col) -> ValidationShards:
-        """The validation rows kept in Spark (``eval_sharded``), one partition a worker, persisted (and put in
+        """The validation rows kept in Spark (``eval_sharded``) in a partition a task slot of the session (at least
+        one a worker: an evaluation runs between rounds, when every slot is free), persisted (and put in
         ``persisted`` for the fit's cleanup). A DataFrame or an RDD is converted into chunks as the training rows are,
         then counted and checked in one job: the driver holds none of its rows. Local arrays, checked here, are cut
         into as many contiguous slices (their rows in order, so a screen scores the rows the driver's net would) and
         handed to Spark once, through one shuffle, as :func:`~sparknet.spark.data.without_local_data` hands the
         training rows: not in every evaluation's tasks."""
-        K = self.dist.workers
+        K = max(self.dist.workers, session_parallelism(sc))
         if spark_data.is_dataframe(validation) or spark_data.is_rdd(validation):
             weight_col = spark_data.weight_column(validation, weight_col, "validation data")
             chunks, _ = spark_data.chunk_rdd(validation, features_col=features_col, label_col=label_col,

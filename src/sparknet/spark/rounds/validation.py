@@ -1,7 +1,7 @@
 """The rounds engine's evaluation on the executors (``--eval-sharded``): the validation rows stay in Spark.
 
 The fit converts its validation data into chunks as it does its training rows (:func:`sparknet.spark.data.chunk_rdd`,
-one partition a worker), keeps them persisted and counts and checks them in one job (:func:`shard_stats`), so the
+a partition a task slot), keeps them persisted and counts and checks them in one job (:func:`shard_stats`), so the
 driver never holds a held-out row. Each evaluation is then one Spark job over those partitions
 (:class:`ShardedScorer`): the weights go out in a broadcast, every task scores its partition's rows with a net of its
 own, built from the fit's :class:`~sparknet.spark.rounds.executor.WorkerSpec` once per Python worker and fit
@@ -40,7 +40,8 @@ class ValidationShards:
     in place of arrays."""
 
     chunks: Any
-    """The persisted RDD of the rows' chunks (:func:`sparknet.spark.data.chunk_rdd`), one partition a worker."""
+    """The persisted RDD of the rows' chunks (:func:`sparknet.spark.data.chunk_rdd`), a partition a task slot of the
+    session (at least one a worker)."""
     rows: tuple[int, ...]
     """Rows per partition, in partition order."""
     label_width: int
