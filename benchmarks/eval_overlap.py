@@ -46,7 +46,8 @@ def one_run(args, mode: str) -> dict:
     summary = next(r for r in reversed(records) if r.get("event") == "summary")
     run.pop("stdout_tail", None)
     run.update(mode=mode, rounds=len(rounds), first_round_s=summary.get("first_round_s"),
-               rounds_s=round(sum(r["round_s"] for r in rounds), 2), eval_s=round(sum(r.get("eval_s", 0.0) for r in rounds), 2),
+               rounds_s=round(sum(r["round_s"] for r in rounds), 2),
+               eval_s=round(sum(r.get("eval_s", 0.0) for r in rounds), 2),
                test_accuracy=summary.get("test_accuracy"), fit_wall_s=round(summary["wall_s"], 2))
     print(json.dumps(run), flush=True)
     return run
