@@ -348,6 +348,10 @@ def test_import_sparknet_and_its_session_module_load_no_torch():
      "engine) does not read --compression, --link-latency: choose another --strategy, or drop them"),
     ("--workers 2 --strategy async --engine barrier --rounds 3", "does not read --engine, --rounds"),
     ("--workers 2 --strategy async --eval-every 10", "does not read --eval-every"),
+    ("--eval-sharded", "a run of one worker in this process, without Spark, does not read --eval-sharded"),
+    ("--workers 2 --strategy async --eval-sharded", "does not read --eval-sharded"),
+    ("--solver s.prototxt --workers 2 --eval-sharded", "a Caffe run on the rounds engine (its test nets "
+     "score the weights, at its test_interval) does not read --eval-sharded"),
     ("--solver s.prototxt --profile-dir p --profile-round 3", "does not read --profile-dir, --profile-round"),
     ("--solver s.prototxt --model mlp", "a Caffe run (its net's data layers say what trains on what"),
     ("--solver s.prototxt --target-accuracy 0.9", "a Caffe run of one worker in this process (its tests and "

@@ -637,14 +637,14 @@ class SparkTrainer:
         into as many contiguous slices (their rows in order, so a screen scores the rows the driver's net would) and
         handed to Spark once, through one shuffle, as :func:`~sparknet.spark.data.without_local_data` hands the
         training rows: not in every evaluation's tasks."""
-        K = max(self.dist.workers, session_parallelism(sc))
+        parts = max(self.dist.workers, session_parallelism(sc))
         if spark_data.is_dataframe(validation) or spark_data.is_rdd(validation):
             weight_col = spark_data.weight_column(validation, weight_col, "validation data")
             chunks, _ = spark_data.chunk_rdd(validation, features_col=features_col, label_col=label_col,
                                              image_shape=image_shape, expected_len=math.prod(sample_shape),
-                                             num_partitions=K, float_labels=task.float_labels or weight_col is not None,
-                                             weight_col=weight_col)
-            chunks = spark_data.without_local_data(chunks, K)
+                                             num_partitions=parts, weight_col=weight_col,
+                                             float_labels=task.float_labels or weight_col is not None)
+            chunks = spark_data.without_local_data(chunks, parts)
             persisted.append(chunks.persist(level))
             stats = self._data_job(sc, group, "sparknet: convert, check and count the validation data where it stays",
                                    chunks.mapPartitionsWithIndex(shard_stats(weight_col is not None)).collect,
@@ -661,9 +661,9 @@ class SparkTrainer:
             x, y = arrays[0], arrays[1]
             w = arrays[2] if len(arrays) == 3 else None
             labels = y if w is None else labels_with_weights(y, w)[0]
-            bounds = np.linspace(0, len(x), K + 1).astype(int)
+            bounds = np.linspace(0, len(x), parts + 1).astype(int)
             chunks = spark_data.folded(sc.parallelize([(x[a:b], labels[a:b], None)
-                                                       for a, b in zip(bounds[:-1], bounds[1:])], K), K)
+                                                       for a, b in zip(bounds[:-1], bounds[1:])], parts), parts)
             persisted.append(chunks.persist(level))
             rows, label_width = tuple(int(n) for n in np.diff(bounds)), y.shape[1] if y.ndim == 2 else 0
             weight = None if w is None else math.fsum(np.asarray(w, dtype=np.float64))
